@@ -1,0 +1,121 @@
+package beacon
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func validInstance() Instance {
+	return Instance{
+		Namespace: "prod", Component: "vllm", Endpoint: "generate", ID: "3f2a9c0d11e4b5a7",
+		Address: "10.0.0.7:9000", Transport: "grpc",
+		Metadata:     map[string]string{"zone": "a", "weight": "3"},
+		Status:       StatusServing,
+		RegisteredAt: time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC),
+	}
+}
+
+func TestInstanceJSONRoundTrip(t *testing.T) {
+	in := validInstance()
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, field := range []string{`"namespace":"prod"`, `"id":"3f2a9c0d11e4b5a7"`, `"status":"serving"`, `"registered_at":"2026-11-22T10:00:00Z"`, `"transport":"grpc"`} {
+		if !strings.Contains(string(b), field) {
+			t.Errorf("JSON %s lacks %s", b, field)
+		}
+	}
+	out, err := UnmarshalInstance(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !out.Equal(in) {
+		t.Fatalf("round trip: got %+v, want %+v", out, in)
+	}
+}
+
+func TestInstanceValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Instance)
+		want   error
+	}{
+		{"ok", func(*Instance) {}, nil},
+		{"url address", func(i *Instance) { i.Address = "nats://127.0.0.1:4222/subject" }, nil},
+		{"ipv6", func(i *Instance) { i.Address = "[::1]:80" }, nil},
+		{"bad namespace", func(i *Instance) { i.Namespace = "Prod" }, ErrInvalidName},
+		{"bad id", func(i *Instance) { i.ID = "42" }, ErrInvalidID},
+		{"no address", func(i *Instance) { i.Address = "" }, ErrInvalidAddress},
+		{"no port", func(i *Instance) { i.Address = "10.0.0.7" }, ErrInvalidAddress},
+		{"port 0", func(i *Instance) { i.Address = "10.0.0.7:0" }, ErrInvalidAddress},
+		{"port too big", func(i *Instance) { i.Address = "10.0.0.7:65536" }, ErrInvalidAddress},
+		{"space", func(i *Instance) { i.Address = "10.0.0.7 :80" }, ErrInvalidAddress},
+		{"metadata too large", func(i *Instance) { i.Metadata = map[string]string{"k": strings.Repeat("v", 4096)} }, ErrMetadataTooLarge},
+		{"metadata at limit", func(i *Instance) { i.Metadata = map[string]string{"k": strings.Repeat("v", 4095)} }, nil},
+		{"empty metadata key", func(i *Instance) { i.Metadata = map[string]string{"": "v"} }, ErrInvalidMetadata},
+		{"bad status", func(i *Instance) { i.Status = "up" }, ErrInvalid},
+		{"bad transport", func(i *Instance) { i.Transport = "GRPC" }, ErrInvalid},
+	}
+	for _, tt := range tests {
+		in := validInstance()
+		tt.mutate(&in)
+		err := in.Validate()
+		if tt.want == nil {
+			if err != nil {
+				t.Errorf("%s: unexpected error %v", tt.name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, tt.want) || !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: got %v, want %v", tt.name, err, tt.want)
+		}
+	}
+}
+
+func TestUnmarshalInstanceRejects(t *testing.T) {
+	for _, s := range []string{``, `{`, `[]`, `{"namespace":"prod"}`, `{} {}`, `"x"`} {
+		if _, err := UnmarshalInstance([]byte(s)); err == nil {
+			t.Errorf("UnmarshalInstance(%q) accepted", s)
+		}
+	}
+}
+
+func FuzzUnmarshalInstance(f *testing.F) {
+	b, _ := json.Marshal(validInstance())
+	f.Add(b)
+	f.Add([]byte(`{"namespace":"a","component":"b","endpoint":"c","id":"0000000000000001","address":"h:1"}`))
+	f.Add([]byte(`{"metadata":{"a":1}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		in, err := UnmarshalInstance(data)
+		if err != nil {
+			return
+		}
+		// Whatever decodes is valid and survives a round trip.
+		if err := in.ValidateWith(1 << 20); err != nil {
+			t.Fatalf("decoded invalid instance: %v", err)
+		}
+		again, err := json.Marshal(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := UnmarshalInstance(again)
+		if err != nil || !back.Equal(in) {
+			t.Fatalf("round trip of %s: %+v, %v", again, back, err)
+		}
+	})
+}
+
+func FuzzValidateAddress(f *testing.F) {
+	for _, s := range []string{"h:1", "[::1]:80", "nats://x:4222", "x", ":80", "h:99999"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if err := ValidateAddress(s); err != nil && !errors.Is(err, ErrInvalidAddress) {
+			t.Fatalf("error %v is not ErrInvalidAddress", err)
+		}
+	})
+}

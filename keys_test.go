@@ -1,0 +1,131 @@
+package beacon
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestKeyspaceRoundTrip(t *testing.T) {
+	for _, root := range []string{"", "/beacon", "/a/b"} {
+		ks, err := NewKeyspace(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := Ref{Namespace: "prod", Component: "vllm", Endpoint: "generate", ID: "3f2a9c0d11e4b5a7"}
+		key := ks.Key(r)
+		if want := root + "/services/prod/vllm/generate/3f2a9c0d11e4b5a7"; key != want {
+			t.Fatalf("Key = %q, want %q", key, want)
+		}
+		got, err := ks.Parse(key)
+		if err != nil || got != r {
+			t.Fatalf("Parse(%q) = %v, %v", key, got, err)
+		}
+		if !strings.HasPrefix(key, ks.Prefix(Query{Namespace: "prod", Component: "vllm"})) {
+			t.Fatalf("key %q not under its prefix", key)
+		}
+	}
+}
+
+func TestKeyspaceBadRoots(t *testing.T) {
+	for _, root := range []string{"beacon", "/beacon/", "//x", "/a//b"} {
+		if _, err := NewKeyspace(root); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("NewKeyspace(%q) = %v, want ErrInvalidKey", root, err)
+		}
+	}
+}
+
+func TestParseRejectsKeysOutsideLayout(t *testing.T) {
+	ks, _ := NewKeyspace("/beacon")
+	for _, key := range []string{
+		"",
+		"/services/prod/vllm/generate/3f2a9c0d11e4b5a7", // wrong root
+		"/beacon/services/prod/vllm/generate",
+		"/beacon/services/prod/vllm/generate/3f2a9c0d11e4b5a7/extra",
+		"/beacon/services/Prod/vllm/generate/3f2a9c0d11e4b5a7",
+		"/beacon/services/prod/vllm/generate/xyz",
+		"/beacon/services/prod//generate/3f2a9c0d11e4b5a7",
+	} {
+		if _, err := ks.Parse(key); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Parse(%q) = %v, want a validation error", key, err)
+		}
+	}
+}
+
+func TestPrefixIsolation(t *testing.T) {
+	var ks Keyspace
+	a := ks.Prefix(Query{Namespace: "a"})
+	ab := ks.Key(Ref{Namespace: "ab", Component: "c", Endpoint: "e", ID: "0000000000000001"})
+	if strings.HasPrefix(ab, a) {
+		t.Fatalf("prefix %q matches key %q of another namespace", a, ab)
+	}
+	if got := ks.Prefix(Query{}); got != "/services/" {
+		t.Fatalf("Prefix(all) = %q", got)
+	}
+}
+
+func TestParseQuery(t *testing.T) {
+	tests := []struct {
+		in   string
+		want Query
+		ok   bool
+	}{
+		{"", Query{}, true},
+		{"prod", Query{Namespace: "prod"}, true},
+		{"prod/vllm", Query{Namespace: "prod", Component: "vllm"}, true},
+		{"prod/vllm/generate", Query{"prod", "vllm", "generate"}, true},
+		{"prod/vllm/generate/x", Query{}, false},
+		{"prod//generate", Query{}, false},
+		{"Prod", Query{}, false},
+		{"prod/", Query{}, false},
+	}
+	for _, tt := range tests {
+		got, err := ParseQuery(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("ParseQuery(%q) = %v, %v; want %v ok=%v", tt.in, got, err, tt.want, tt.ok)
+		}
+		if err == nil && got.String() != tt.in {
+			t.Errorf("Query.String() = %q, want %q", got.String(), tt.in)
+		}
+	}
+	if err := (Query{Component: "x"}).Validate(); err == nil || !strings.Contains(err.Error(), "namespace") {
+		t.Errorf("component without namespace: %v", err)
+	}
+}
+
+func FuzzKeyspaceParse(f *testing.F) {
+	f.Add("", "/services/prod/vllm/generate/3f2a9c0d11e4b5a7")
+	f.Add("/beacon", "/beacon/services/a/b/c/0000000000000000")
+	f.Add("/x", "/x/services/a/b/c/d/e")
+	f.Fuzz(func(t *testing.T, root, key string) {
+		ks, err := NewKeyspace(root)
+		if err != nil {
+			return
+		}
+		r, err := ks.Parse(key)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Parse error %v is not ErrInvalid", err)
+			}
+			return
+		}
+		if back := ks.Key(r); back != key {
+			t.Fatalf("Parse(%q) = %v, which renders back as %q", key, r, back)
+		}
+	})
+}
+
+func FuzzParseQuery(f *testing.F) {
+	for _, s := range []string{"", "a", "a/b", "a/b/c", "a/b/c/d", "/", "a//c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		q, err := ParseQuery(s)
+		if err != nil {
+			return
+		}
+		if q.String() != s {
+			t.Fatalf("ParseQuery(%q).String() = %q", s, q.String())
+		}
+	})
+}

@@ -1,0 +1,82 @@
+package beacon
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"strconv"
+)
+
+// MaxLabelLength is the longest namespace, component or endpoint name: the
+// length of a DNS label.
+const MaxLabelLength = 63
+
+// LabelRule is the rule every namespace, component and endpoint obeys, as
+// error messages state it.
+const LabelRule = "must be a DNS label: 1-63 lower-case letters, digits or '-', starting and ending with a letter or digit"
+
+// IDRule is the rule instance IDs obey, as error messages state it.
+const IDRule = "must be 16 lower-case hex digits, e.g. 3f2a9c0d11e4b5a7"
+
+// IDLength is the number of hex digits in an instance ID.
+const IDLength = 16
+
+// ValidateLabel checks that value is a DNS label (RFC 1123, lower case) and
+// returns a *FieldError naming field otherwise.
+func ValidateLabel(field, value string) error {
+	if !isLabel(value) {
+		return fieldError(ErrInvalidName, field, value, LabelRule)
+	}
+	return nil
+}
+
+func isLabel(s string) bool {
+	if len(s) == 0 || len(s) > MaxLabelLength {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9':
+		case c == '-' && i > 0 && i < len(s)-1:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// ValidateID checks that id is an instance ID: exactly 16 lower-case hex
+// digits.
+func ValidateID(id string) error {
+	if !isID(id) {
+		return fieldError(ErrInvalidID, "instance id", id, IDRule)
+	}
+	return nil
+}
+
+func isID(s string) bool {
+	if len(s) != IDLength {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// NewID returns a fresh random instance ID (64 bits from crypto/rand).
+func NewID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms.
+	return FormatID(binary.BigEndian.Uint64(b[:]))
+}
+
+// FormatID renders a 64-bit number as an instance ID (zero-padded hex).
+func FormatID(n uint64) string {
+	s := strconv.FormatUint(n, 16)
+	const zeros = "0000000000000000"
+	return zeros[:IDLength-len(s)] + s
+}

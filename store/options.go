@@ -1,0 +1,136 @@
+package store
+
+import (
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
+
+// Limits every backend enforces, so that data written through one backend
+// fits every other.
+const (
+	// MaxKeySize is the longest key, in bytes.
+	MaxKeySize = 1 << 10
+	// MaxValueSize is the largest value, in bytes (512 KiB). It leaves room
+	// below etcd's 1.5 MiB request limit and NATS's 1 MiB payload limit.
+	MaxValueSize = 512 << 10
+	// MinLeaseTTL is the shortest lease.
+	MinLeaseTTL = time.Second
+	// MaxLeaseTTL is the longest lease.
+	MaxLeaseTTL = 24 * time.Hour
+)
+
+// WriteOption modifies one Create, Put or Update.
+type WriteOption func(*WriteOptions)
+
+// WriteOptions is the result of applying WriteOptions; backends read it.
+type WriteOptions struct {
+	// Lease binds the key to a lease (NoLease by default).
+	Lease LeaseID
+}
+
+// WithLease binds the written key to the lease: when the lease ends, the key
+// is deleted. Writing to a lease that has ended fails with ErrLeaseNotFound.
+func WithLease(id LeaseID) WriteOption {
+	return func(o *WriteOptions) { o.Lease = id }
+}
+
+// ApplyWriteOptions folds opts into WriteOptions.
+func ApplyWriteOptions(opts []WriteOption) WriteOptions {
+	var o WriteOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// DeleteOption modifies one Delete.
+type DeleteOption func(*DeleteOptions)
+
+// DeleteOptions is the result of applying DeleteOptions.
+type DeleteOptions struct {
+	// IfModRevision, when non-zero, deletes only if the key's ModRevision
+	// equals it.
+	IfModRevision int64
+}
+
+// IfModRevision deletes only if the key was not written since revision rev.
+func IfModRevision(rev int64) DeleteOption {
+	return func(o *DeleteOptions) { o.IfModRevision = rev }
+}
+
+// ApplyDeleteOptions folds opts into DeleteOptions.
+func ApplyDeleteOptions(opts []DeleteOption) DeleteOptions {
+	var o DeleteOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// ValidateKey checks a key: 1 to MaxKeySize bytes of valid UTF-8.
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalidKey)
+	case len(key) > MaxKeySize:
+		return fmt.Errorf("%w: key of %d bytes is longer than the %d-byte limit", ErrInvalidKey, len(key), MaxKeySize)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: key %q is not valid UTF-8", ErrInvalidKey, key)
+	}
+	return nil
+}
+
+// ValidatePrefix checks a List or Watch prefix: empty (everything) or a
+// valid key.
+func ValidatePrefix(prefix string) error {
+	if prefix == "" {
+		return nil
+	}
+	return ValidateKey(prefix)
+}
+
+// ValidateValue checks a value's size.
+func ValidateValue(value []byte) error {
+	if len(value) > MaxValueSize {
+		return fmt.Errorf("%w: %d bytes is more than the %d-byte limit", ErrValueTooLarge, len(value), MaxValueSize)
+	}
+	return nil
+}
+
+// ValidateTTL checks a lease TTL.
+func ValidateTTL(ttl time.Duration) error {
+	if ttl < MinLeaseTTL || ttl > MaxLeaseTTL {
+		return fmt.Errorf("%w: %v is outside [%v, %v]", ErrInvalidTTL, ttl, MinLeaseTTL, MaxLeaseTTL)
+	}
+	return nil
+}
+
+// ValidateWrite checks the key and value of a write.
+func ValidateWrite(key string, value []byte) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	return ValidateValue(value)
+}
+
+// ValidateOps checks every op of a transaction.
+func ValidateOps(ops []Op) error {
+	if len(ops) == 0 {
+		return fmt.Errorf("store: empty transaction")
+	}
+	seen := make(map[string]bool, len(ops))
+	for _, op := range ops {
+		if err := ValidateWrite(op.Key, op.Value); err != nil {
+			return err
+		}
+		if op.Kind != OpPut && op.Kind != OpDelete {
+			return fmt.Errorf("store: op on %q has unknown kind %d", op.Key, op.Kind)
+		}
+		if seen[op.Key] {
+			return fmt.Errorf("%w: key %q appears twice in one transaction", ErrInvalidKey, op.Key)
+		}
+		seen[op.Key] = true
+	}
+	return nil
+}
