@@ -1,0 +1,40 @@
+package bench
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReportTable(t *testing.T) {
+	r := Report{Scenario: "register", Setup: "1 node"}
+	r.Add(Row{Metric: "registrations/s", Unit: "1/s", Beacon: 3000, Baseline: 1000, HigherIsBetter: true, Goal: 3})
+	r.Add(Row{Metric: "p99", Unit: "ms", Beacon: 2, Baseline: 1, Goal: 1})
+	var buf bytes.Buffer
+	if err := r.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{"3.00x", ">= 3.00x met", "<= 1.00x MISSED", "raw etcd"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var s []time.Duration
+	for i := 1; i <= 100; i++ {
+		s = append(s, time.Duration(i)*time.Millisecond)
+	}
+	if got := Percentile(s, 50); got != 50*time.Millisecond {
+		t.Errorf("p50 = %v", got)
+	}
+	if got := Percentile(s, 99); got != 99*time.Millisecond {
+		t.Errorf("p99 = %v", got)
+	}
+	if got := Percentile(nil, 99); got != 0 {
+		t.Errorf("empty = %v", got)
+	}
+}

@@ -1,0 +1,22 @@
+// Command beacon is the Beacon discovery plane in one binary: the server
+// (embedded etcd, HTTP API, metrics), the registry CLI (register, ls, watch),
+// cluster bootstrap tokens, the etcd proxy and benchmarks.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := rootCmd.ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "beacon:", err)
+		os.Exit(1)
+	}
+}
