@@ -55,7 +55,9 @@ type Report struct {
 func (r *Report) Add(row Row) { r.Rows = append(r.Rows, row) }
 
 // Note appends a free-form line printed under the table.
-func (r *Report) Note(format string, args ...any) { r.Notes = append(r.Notes, fmt.Sprintf(format, args...)) }
+func (r *Report) Note(format string, args ...any) {
+	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
+}
 
 // WriteTable prints the report as an aligned table.
 func (r *Report) WriteTable(w io.Writer) error {
