@@ -96,10 +96,12 @@ type Watcher interface {
 	//     compacted, the last response carries an error matching
 	//     ErrCompacted (a *CompactedError) and the channel closes;
 	//   - any other failure ends the watch with a response whose Err is set;
-	//     cancelling ctx ends it by closing the channel.
+	//   - cancelling ctx, or closing the store, ends it by closing the
+	//     channel (without an error response).
 	//
-	// The channel is always closed eventually; the caller must either
-	// drain it or cancel ctx.
+	// Invalid arguments and a closed store are reported the same way, as
+	// the first response. The channel is always closed eventually; the
+	// caller must either drain it or cancel ctx.
 	Watch(ctx context.Context, prefix string, fromRevision int64) WatchChan
 }
 
