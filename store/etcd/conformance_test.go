@@ -1,0 +1,24 @@
+package etcd_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/store/etcd"
+	"github.com/beaconplane/beacon/store/storetest"
+)
+
+// suiteOptions adapt the conformance suite to etcd.
+var suiteOptions = storetest.Options{
+	// etcd's minimum lease TTL is 1.5 election timeouts, rounded up to
+	// whole seconds: 2 s with the default 1 s election timeout.
+	LeaseTTL: 2 * time.Second,
+	// etcd's lessor checks expiry every 500 ms, then the revoke goes
+	// through raft.
+	ExpiryGrace: time.Second,
+	LeakOptions: leakOptions,
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, factory(nil, etcd.Config{}), suiteOptions)
+}

@@ -1,0 +1,572 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/beaconplane/beacon/store"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+)
+
+// Store is a store.Store over an etcd v3 cluster. Create it with New (or
+// NewFromClient); it is safe for concurrent use.
+type Store struct {
+	cli            *clientv3.Client
+	owned          bool   // Close closes cli
+	endpoints      string // for error messages
+	requestTimeout time.Duration
+	listPageSize   int64
+
+	closed      atomic.Bool
+	mu          sync.Mutex      // orders wg.Add in Watch before wg.Wait in Close
+	closeCtx    context.Context // done at Close: ends every watch
+	closeCancel context.CancelFunc
+	wg          sync.WaitGroup // watch goroutines
+	once        sync.Once
+}
+
+var (
+	_ store.Store      = (*Store)(nil)
+	_ store.Compactor  = (*Store)(nil)
+	_ store.Transactor = (*Store)(nil)
+)
+
+// reconnectBackoff replaces gRPC's default reconnect backoff (1 s growing
+// to 120 s), so that a client finds a cluster that comes back within
+// seconds, not minutes. The jitter spreads many clients' attempts.
+var reconnectBackoff = grpc.WithConnectParams(grpc.ConnectParams{
+	Backoff: backoff.Config{
+		BaseDelay:  250 * time.Millisecond,
+		Multiplier: 1.6,
+		Jitter:     0.2,
+		MaxDelay:   5 * time.Second,
+	},
+	MinConnectTimeout: 5 * time.Second,
+})
+
+// probeKey is the key New reads to check that the cluster answers (the
+// key `etcdctl endpoint health` reads).
+const probeKey = "health"
+
+// New connects to the cluster of cfg and checks that it answers a
+// linearizable read within cfg.DialTimeout (and before ctx ends), so that
+// a wrong endpoint, a stopped cluster, bad credentials or bad TLS files give
+// a clear error here rather than later. An unreachable cluster gives an
+// error matching store.ErrUnavailable that names the endpoints.
+func New(ctx context.Context, cfg Config) (*Store, error) {
+	r, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	ccfg := clientv3.Config{
+		Endpoints:   r.endpoints,
+		DialTimeout: r.dialTimeout,
+		Username:    cfg.Username,
+		Password:    cfg.Password,
+		// Keep-alive pings find a dead connection (a crashed member, a
+		// dropped NAT entry) that would otherwise leave watches silent.
+		// etcd refuses pings more often than every 5 s by default.
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		DialOptions:          []grpc.DialOption{reconnectBackoff},
+		Logger:               zapLogger(cfg.Logger),
+	}
+	if r.tls {
+		if ccfg.TLS, err = cfg.tlsConfig(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Configure != nil {
+		cfg.Configure(&ccfg)
+	}
+	eps := strings.Join(r.endpoints, ",")
+	dctx, cancel := context.WithTimeout(ctx, r.dialTimeout)
+	defer cancel()
+	// With authentication, clientv3.New already authenticates (bounded by
+	// DialTimeout); without, it does not touch the network.
+	cli, err := clientv3.New(ccfg)
+	if err != nil {
+		return nil, dialError(ctx, eps, cfg, r, err)
+	}
+	if _, err := cli.Get(dctx, probeKey, clientv3.WithCountOnly()); err != nil && !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		// Permission denied means the cluster answered: this user may
+		// read only some keys, which is fine.
+		_ = cli.Close()
+		return nil, dialError(ctx, eps, cfg, r, err)
+	}
+	s := newStore(cli, true, r)
+	return s, nil
+}
+
+// dialError explains why New failed and what to check.
+func dialError(ctx context.Context, eps string, cfg Config, r resolved, err error) error {
+	switch {
+	case errors.Is(err, rpctypes.ErrAuthFailed):
+		return fmt.Errorf("etcd: authenticate as %q at %s: %w: check Username and Password (%s, %s)", cfg.Username, eps, err, EnvUsername, EnvPassword)
+	case errors.Is(err, rpctypes.ErrUserEmpty), errors.Is(err, rpctypes.ErrInvalidAuthToken):
+		return fmt.Errorf("etcd: %s requires authentication: %w: set Username and Password (%s, %s)", eps, err, EnvUsername, EnvPassword)
+	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("etcd: connect to %s: %w", eps, ctx.Err())
+	}
+	code := grpcCode(err)
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || code == codes.Unavailable || code == codes.DeadlineExceeded {
+		check := "check that etcd is running there and that the endpoints are right (" + EnvEndpoints + ")"
+		if r.tls {
+			check += ", that the server speaks TLS, that CA (" + EnvCA + ") signed its certificate, and that it accepts the client certificate (" + EnvClientCert + ")"
+		} else {
+			check += ", and whether the server expects TLS (https:// endpoints)"
+		}
+		return fmt.Errorf("%w: etcd at %s did not answer within %v: %w; %s", store.ErrUnavailable, eps, r.dialTimeout, err, check)
+	}
+	return fmt.Errorf("etcd: connect to %s: %w%s", eps, err, hint(err))
+}
+
+// NewFromClient wraps a client the caller made and keeps owning: Close ends
+// the Store's watches but does not close cli. Unary calls without a
+// deadline get DefaultRequestTimeout.
+func NewFromClient(cli *clientv3.Client) *Store {
+	return newStore(cli, false, resolved{
+		endpoints:      cli.Endpoints(),
+		requestTimeout: DefaultRequestTimeout,
+		listPageSize:   DefaultListPageSize,
+	})
+}
+
+func newStore(cli *clientv3.Client, owned bool, r resolved) *Store {
+	s := &Store{
+		cli:            cli,
+		owned:          owned,
+		endpoints:      strings.Join(r.endpoints, ","),
+		requestTimeout: r.requestTimeout,
+		listPageSize:   r.listPageSize,
+	}
+	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
+	return s
+}
+
+// Client returns the etcd client, for callers that need etcd features the
+// store contract does not offer (naming, bootstrap). It stays usable until
+// Close if the Store made it.
+func (s *Store) Client() *clientv3.Client { return s.cli }
+
+// Close ends every watch (their channels close), then closes the client if
+// New made it. It is idempotent; every later call fails with
+// store.ErrClosed.
+func (s *Store) Close() error {
+	var err error
+	s.once.Do(func() {
+		s.mu.Lock()
+		s.closed.Store(true)
+		s.closeCancel()
+		s.mu.Unlock()
+		s.wg.Wait()
+		if s.owned {
+			err = s.cli.Close()
+			if errors.Is(err, context.Canceled) {
+				err = nil
+			}
+		}
+	})
+	return err
+}
+
+// begin checks Close and gives a unary call its context: the caller's,
+// bounded by RequestTimeout if it has no deadline.
+func (s *Store) begin(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if s.closed.Load() {
+		return nil, nil, store.ErrClosed
+	}
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}, nil
+	}
+	c, cancel := context.WithTimeout(ctx, s.requestTimeout)
+	return c, cancel, nil
+}
+
+func fromKV(kv *mvccpb.KeyValue) store.KeyValue {
+	return store.KeyValue{
+		Key:            string(kv.Key),
+		Value:          kv.Value, // the response is ours alone: no copy
+		CreateRevision: kv.CreateRevision,
+		ModRevision:    kv.ModRevision,
+		Lease:          store.LeaseID(kv.Lease),
+	}
+}
+
+// nonNil makes an empty value read back as empty, not nil.
+func nonNil(v []byte) []byte {
+	if v == nil {
+		return []byte{}
+	}
+	return v
+}
+
+// Get implements store.Reader. The read is linearizable.
+func (s *Store) Get(ctx context.Context, key string) (store.KeyValue, error) {
+	if err := store.ValidateKey(key); err != nil {
+		return store.KeyValue{}, err
+	}
+	c, cancel, err := s.begin(ctx)
+	if err != nil {
+		return store.KeyValue{}, err
+	}
+	defer cancel()
+	resp, err := s.cli.Get(c, key)
+	if err != nil {
+		return store.KeyValue{}, s.wrap(ctx, fmt.Sprintf("get %q", key), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return store.KeyValue{}, fmt.Errorf("%w: %q", store.ErrNotFound, key)
+	}
+	kv := fromKV(resp.Kvs[0])
+	kv.Value = nonNil(kv.Value)
+	return kv, nil
+}
+
+// List implements store.Reader. The first page is a linearizable read; the
+// others read at its revision, so the result is one snapshot. If the
+// snapshot is compacted between pages, List starts over (a few times).
+func (s *Store) List(ctx context.Context, prefix string) ([]store.KeyValue, int64, error) {
+	if err := store.ValidatePrefix(prefix); err != nil {
+		return nil, 0, err
+	}
+	c, cancel, err := s.begin(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer cancel()
+	for attempt := 0; ; attempt++ {
+		kvs, rev, err := s.list(c, prefix)
+		if errors.Is(err, rpctypes.ErrCompacted) && attempt < 3 {
+			continue
+		}
+		if err != nil {
+			return nil, 0, s.wrap(ctx, fmt.Sprintf("list %q", prefix), err)
+		}
+		return kvs, rev, nil
+	}
+}
+
+func (s *Store) list(ctx context.Context, prefix string) ([]store.KeyValue, int64, error) {
+	// The range of the prefix; the empty prefix is the whole key space
+	// ("\x00" to the end, as clientv3.WithPrefix does).
+	key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
+	if prefix == "" {
+		key, end = "\x00", "\x00"
+	}
+	var (
+		out []store.KeyValue
+		rev int64
+	)
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(s.listPageSize)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := s.cli.Get(ctx, key, opts...)
+		if err != nil {
+			return nil, 0, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+			out = make([]store.KeyValue, 0, len(resp.Kvs))
+		}
+		for _, kv := range resp.Kvs {
+			out = append(out, fromKV(kv))
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return out, rev, nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+func leaseOpts(o store.WriteOptions) []clientv3.OpOption {
+	if o.Lease == store.NoLease {
+		return nil
+	}
+	return []clientv3.OpOption{clientv3.WithLease(clientv3.LeaseID(o.Lease))}
+}
+
+// Create implements store.Writer with a transaction on the key's create
+// revision.
+func (s *Store) Create(ctx context.Context, key string, value []byte, opts ...store.WriteOption) (int64, error) {
+	if err := store.ValidateWrite(key, value); err != nil {
+		return 0, err
+	}
+	c, cancel, err := s.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer cancel()
+	resp, err := s.cli.Txn(c).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...)).
+		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
+		Commit()
+	if err != nil {
+		return 0, s.wrap(ctx, fmt.Sprintf("create %q", key), err)
+	}
+	if !resp.Succeeded {
+		if kv := elseKV(resp); kv != nil {
+			return 0, fmt.Errorf("%w: %q (created at revision %d)", store.ErrKeyExists, key, kv.CreateRevision)
+		}
+		return 0, fmt.Errorf("%w: %q", store.ErrKeyExists, key)
+	}
+	return resp.Header.Revision, nil
+}
+
+// Put implements store.Writer.
+func (s *Store) Put(ctx context.Context, key string, value []byte, opts ...store.WriteOption) (int64, error) {
+	if err := store.ValidateWrite(key, value); err != nil {
+		return 0, err
+	}
+	c, cancel, err := s.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer cancel()
+	resp, err := s.cli.Put(c, key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...)
+	if err != nil {
+		return 0, s.wrap(ctx, fmt.Sprintf("put %q", key), err)
+	}
+	return resp.Header.Revision, nil
+}
+
+// Update implements store.Writer with a transaction on the key's mod
+// revision; when it fails, the same transaction reads the key to tell a
+// conflict from an absent key.
+func (s *Store) Update(ctx context.Context, key string, value []byte, modRevision int64, opts ...store.WriteOption) (int64, error) {
+	if err := store.ValidateWrite(key, value); err != nil {
+		return 0, err
+	}
+	c, cancel, err := s.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer cancel()
+	resp, err := s.cli.Txn(c).
+		If(casCompares(key, modRevision)...).
+		Then(clientv3.OpPut(key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...)).
+		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
+		Commit()
+	if err != nil {
+		return 0, s.wrap(ctx, fmt.Sprintf("update %q", key), err)
+	}
+	if !resp.Succeeded {
+		return 0, casError(key, modRevision, elseKV(resp))
+	}
+	return resp.Header.Revision, nil
+}
+
+// casCompares is the precondition "key's ModRevision is rev". An absent key
+// compares as ModRevision 0, so rev <= 0 also requires the key to exist.
+func casCompares(key string, rev int64) []clientv3.Cmp {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", rev)}
+	if rev <= 0 {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), ">", 0))
+	}
+	return cmps
+}
+
+// elseKV returns the key read by a failed transaction's Else branch, or
+// nil if it is absent.
+func elseKV(resp *clientv3.TxnResponse) *mvccpb.KeyValue {
+	for _, r := range resp.Responses {
+		if rr := r.GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
+			return rr.Kvs[0]
+		}
+	}
+	return nil
+}
+
+func casError(key string, want int64, kv *mvccpb.KeyValue) error {
+	if kv == nil {
+		return fmt.Errorf("%w: %q", store.ErrNotFound, key)
+	}
+	return fmt.Errorf("%w: %q was written at revision %d, not %d", store.ErrConflict, key, kv.ModRevision, want)
+}
+
+// Delete implements store.Writer. With store.IfModRevision it is a
+// transaction like Update's.
+func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOption) (int64, error) {
+	if err := store.ValidateKey(key); err != nil {
+		return 0, err
+	}
+	o := store.ApplyDeleteOptions(opts)
+	c, cancel, err := s.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer cancel()
+	what := fmt.Sprintf("delete %q", key)
+	if o.IfModRevision == 0 {
+		resp, err := s.cli.Delete(c, key)
+		if err != nil {
+			return 0, s.wrap(ctx, what, err)
+		}
+		if resp.Deleted == 0 {
+			return 0, fmt.Errorf("%w: %q", store.ErrNotFound, key)
+		}
+		return resp.Header.Revision, nil
+	}
+	resp, err := s.cli.Txn(c).
+		If(casCompares(key, o.IfModRevision)...).
+		Then(clientv3.OpDelete(key)).
+		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
+		Commit()
+	if err != nil {
+		return 0, s.wrap(ctx, what, err)
+	}
+	if !resp.Succeeded {
+		return 0, casError(key, o.IfModRevision, elseKV(resp))
+	}
+	return resp.Header.Revision, nil
+}
+
+// Txn implements store.Transactor with one etcd transaction: the
+// preconditions are its compares, the ops its success branch, and its
+// failure branch reads the conditioned keys to name the first that failed.
+// etcd limits a transaction to --max-txn-ops operations (128 by default).
+func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
+	if err := store.ValidateOps(ops); err != nil {
+		return 0, err
+	}
+	c, cancel, err := s.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer cancel()
+	var (
+		cmps  []clientv3.Cmp
+		then  = make([]clientv3.Op, 0, len(ops))
+		reads []clientv3.Op
+		conds []store.Op // the ops with a precondition, in order of reads
+	)
+	for _, op := range ops {
+		if op.IfAbsent {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(op.Key), "=", 0))
+		}
+		if op.IfModRevision != 0 {
+			cmps = append(cmps, casCompares(op.Key, op.IfModRevision)...)
+		}
+		if op.IfAbsent || op.IfModRevision != 0 {
+			reads = append(reads, clientv3.OpGet(op.Key, clientv3.WithKeysOnly()))
+			conds = append(conds, op)
+		}
+		switch op.Kind {
+		case store.OpPut:
+			then = append(then, clientv3.OpPut(op.Key, string(op.Value), leaseOpts(store.WriteOptions{Lease: op.Lease})...))
+		case store.OpDelete:
+			then = append(then, clientv3.OpDelete(op.Key))
+		}
+	}
+	resp, err := s.cli.Txn(c).If(cmps...).Then(then...).Else(reads...).Commit()
+	if err != nil {
+		return 0, s.wrap(ctx, fmt.Sprintf("transaction of %d ops", len(ops)), err)
+	}
+	if resp.Succeeded {
+		return resp.Header.Revision, nil
+	}
+	for i, op := range conds {
+		var kv *mvccpb.KeyValue
+		if rr := resp.Responses[i].GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
+			kv = rr.Kvs[0]
+		}
+		switch {
+		case op.IfAbsent && kv != nil:
+			return 0, &store.ConflictError{Key: op.Key, Err: store.ErrKeyExists}
+		case op.IfModRevision != 0 && kv == nil:
+			return 0, &store.ConflictError{Key: op.Key, Err: store.ErrNotFound}
+		case op.IfModRevision != 0 && kv.ModRevision != op.IfModRevision:
+			return 0, &store.ConflictError{Key: op.Key, Err: store.ErrConflict}
+		}
+	}
+	// Unreachable: etcd evaluated the same compares on the same snapshot.
+	return 0, &store.ConflictError{Key: conds[0].Key, Err: store.ErrConflict}
+}
+
+// Compact implements store.Compactor. Watches from revisions below rev fail
+// with store.ErrCompacted afterwards; compacting to a revision already
+// compacted gives an error matching store.ErrCompacted.
+func (s *Store) Compact(ctx context.Context, rev int64) error {
+	c, cancel, err := s.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	_, err = s.cli.Compact(c, rev)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, rpctypes.ErrFutureRev):
+		return fmt.Errorf("etcd: cannot compact to revision %d: it is after the current revision", rev)
+	case errors.Is(err, rpctypes.ErrCompacted):
+		return fmt.Errorf("%w: etcd compact: revision %d is already compacted", store.ErrCompacted, rev)
+	}
+	return s.wrap(ctx, fmt.Sprintf("compact to %d", rev), err)
+}
+
+// Grant implements store.Leaser. etcd leases have whole-second TTLs: ttl is
+// rounded up, and etcd raises TTLs below its minimum (about 2 s with the
+// default election timeout). The returned Lease has the TTL etcd granted.
+func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, error) {
+	if err := store.ValidateTTL(ttl); err != nil {
+		return store.Lease{}, err
+	}
+	c, cancel, err := s.begin(ctx)
+	if err != nil {
+		return store.Lease{}, err
+	}
+	defer cancel()
+	secs := int64((ttl + time.Second - 1) / time.Second)
+	resp, err := s.cli.Grant(c, secs)
+	if err == nil && resp.Error != "" {
+		err = errors.New(resp.Error)
+	}
+	if err != nil {
+		return store.Lease{}, s.wrap(ctx, fmt.Sprintf("grant lease of %ds", secs), err)
+	}
+	return store.Lease{ID: store.LeaseID(resp.ID), TTL: time.Duration(resp.TTL) * time.Second}, nil
+}
+
+// KeepAlive implements store.Leaser with one keep-alive round trip
+// (clientv3's KeepAliveOnce). It deliberately does not use clientv3's
+// KeepAlive stream: the caller (the registry's Session) owns the cadence,
+// sees every failure, and decides when a lease is lost, instead of a
+// background loop that renews silently and gives up on its own.
+func (s *Store) KeepAlive(ctx context.Context, id store.LeaseID) (time.Duration, error) {
+	c, cancel, err := s.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer cancel()
+	resp, err := s.cli.KeepAliveOnce(c, clientv3.LeaseID(id))
+	if err != nil {
+		return 0, s.wrap(ctx, fmt.Sprintf("keep-alive lease %x", int64(id)), err)
+	}
+	return time.Duration(resp.TTL) * time.Second, nil
+}
+
+// Revoke implements store.Leaser.
+func (s *Store) Revoke(ctx context.Context, id store.LeaseID) error {
+	c, cancel, err := s.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if _, err := s.cli.Revoke(c, clientv3.LeaseID(id)); err != nil {
+		return s.wrap(ctx, fmt.Sprintf("revoke lease %x", int64(id)), err)
+	}
+	return nil
+}

@@ -1,0 +1,154 @@
+package etcd
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/beaconplane/beacon/store"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Watch implements store.Watcher over one etcd watch (clientv3 multiplexes
+// the Store's watches over one gRPC stream).
+//
+//   - Each etcd watch response becomes one store.WatchResponse, so the
+//     events of one revision (a transaction, a lease expiry) stay together.
+//   - fromRevision 0 starts at the revision current when etcd creates the
+//     watch; Watch waits for that (at most RequestTimeout, and not past
+//     ctx or Close), so writes made after it returns are seen.
+//   - If the connection drops, the etcd client reconnects and resumes the
+//     watch from the revision after the last one delivered: no gap, no
+//     repeat, and nothing is delivered during the outage. If that revision
+//     was compacted meanwhile, the watch ends with a *store.CompactedError.
+//   - The watch requires a leader (clientv3.WithRequireLeader): a member
+//     cut off from its cluster's leader ends the watch with an error
+//     matching store.ErrUnavailable instead of leaving it silently stale.
+//   - The watch asks for progress notifications, which let a watch of a
+//     quiet prefix resume from a recent revision after a reconnect rather
+//     than one that may have been compacted. They are not delivered.
+func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) store.WatchChan {
+	ch := make(chan store.WatchResponse, 1)
+	fail := func(err error) store.WatchChan {
+		ch <- store.WatchResponse{Err: err}
+		close(ch)
+		return ch
+	}
+	if err := store.ValidatePrefix(prefix); err != nil {
+		return fail(err)
+	}
+	if fromRevision < 0 {
+		return fail(fmt.Errorf("etcd watch %q: negative start revision %d", prefix, fromRevision))
+	}
+	s.mu.Lock()
+	if s.closed.Load() {
+		s.mu.Unlock()
+		return fail(fmt.Errorf("etcd watch %q: %w", prefix, store.ErrClosed))
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	created := make(chan struct{})
+	go s.watch(ctx, ch, prefix, fromRevision, created)
+	if fromRevision == 0 {
+		t := time.NewTimer(s.requestTimeout)
+		defer t.Stop()
+		select {
+		case <-created:
+		case <-ctx.Done():
+		case <-s.closeCtx.Done():
+		case <-t.C:
+		}
+	}
+	return ch
+}
+
+// watch runs one watch until ctx ends, the Store closes, or the watch
+// fails. It closes created once etcd has created the watch.
+func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix string, from int64, created chan<- struct{}) {
+	defer s.wg.Done()
+	defer close(ch)
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	stop := context.AfterFunc(s.closeCtx, cancel)
+	defer stop()
+
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify(), clientv3.WithProgressNotify()}
+	if from > 0 {
+		opts = append(opts, clientv3.WithRev(from))
+	}
+	// The empty prefix is the whole key space: clientv3.WithPrefix turns
+	// the empty key into the range ["\x00", end).
+	ech := s.cli.Watch(wctx, prefix, opts...)
+	next := from // the first revision not yet delivered (0: not known yet)
+	isCreated := false
+	end := func(err error) {
+		select {
+		case ch <- store.WatchResponse{Err: err}:
+		case <-wctx.Done():
+		}
+	}
+	for {
+		var (
+			wr clientv3.WatchResponse
+			ok bool
+		)
+		select {
+		case wr, ok = <-ech:
+		case <-wctx.Done():
+			return
+		}
+		switch {
+		case wctx.Err() != nil:
+			return // cancelled or closed: close without an error
+		case !ok:
+			// Only a closed client ends a clientv3 watch without a
+			// response; the Store is not closed, so its client was.
+			end(fmt.Errorf("etcd watch %q: %w: the etcd client was closed", prefix, store.ErrClosed))
+			return
+		case wr.CompactRevision != 0:
+			end(&store.CompactedError{Requested: next, CompactRevision: wr.CompactRevision})
+			return
+		case wr.Err() != nil:
+			end(s.wrap(ctx, fmt.Sprintf("watch %q", prefix), wr.Err()))
+			return
+		case wr.Created:
+			if next == 0 {
+				next = wr.Header.Revision + 1
+			}
+			if !isCreated {
+				isCreated = true
+				close(created)
+			}
+			continue
+		case wr.IsProgressNotify():
+			next = max(next, wr.Header.Revision+1)
+			continue
+		}
+		evs := make([]store.Event, 0, len(wr.Events))
+		for _, e := range wr.Events {
+			if e.Kv.ModRevision < next {
+				continue // already delivered (defensive: clientv3 resumes after it)
+			}
+			evs = append(evs, fromEvent(e))
+		}
+		if len(evs) == 0 {
+			continue
+		}
+		next = evs[len(evs)-1].KV.ModRevision + 1
+		select {
+		case ch <- store.WatchResponse{Events: evs}:
+		case <-wctx.Done():
+			return
+		}
+	}
+}
+
+func fromEvent(e *clientv3.Event) store.Event {
+	if e.Type == mvccpb.Event_DELETE {
+		return store.Event{Type: store.EventDelete, KV: store.KeyValue{Key: string(e.Kv.Key), ModRevision: e.Kv.ModRevision}}
+	}
+	kv := fromKV(e.Kv)
+	kv.Value = nonNil(kv.Value)
+	return store.Event{Type: store.EventPut, KV: kv}
+}
