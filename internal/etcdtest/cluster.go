@@ -1,0 +1,224 @@
+package etcdtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// Cluster is a real multi-member etcd cluster running in-process on
+// loopback ports, each member with its own data directory.
+type Cluster struct {
+	tb      testing.TB
+	token   string
+	mu      sync.Mutex
+	members []*Member
+}
+
+// Member is one member of a Cluster.
+type Member struct {
+	Name      string
+	clientURL url.URL
+	peerURL   url.URL
+	dir       string
+	initial   string
+	state     string
+	mu        sync.Mutex
+	etcd      *embed.Etcd
+}
+
+// StartCluster starts an n-member cluster and stops it when the test ends.
+func StartCluster(tb testing.TB, n int) *Cluster {
+	tb.Helper()
+	c := &Cluster{tb: tb, token: fmt.Sprintf("beacon-test-%d", time.Now().UnixNano())}
+	for i := range n {
+		m, err := newMember(fmt.Sprintf("m%d", i+1), tb.TempDir())
+		if err != nil {
+			tb.Fatalf("etcdtest: %v", err)
+		}
+		c.members = append(c.members, m)
+	}
+	initial := c.InitialCluster()
+	for _, m := range c.members {
+		m.initial, m.state = initial, embed.ClusterStateFlagNew
+	}
+	tb.Cleanup(c.Close)
+	// Start every member, then wait: a member is ready only once a
+	// quorum runs.
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, m := range c.members {
+		wg.Go(func() { errs[i] = m.start(c.token) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		tb.Fatalf("etcdtest: start cluster: %v", err)
+	}
+	return c
+}
+
+func newMember(name, dir string) (*Member, error) {
+	cport, err1 := FreePort()
+	pport, err2 := FreePort()
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	return &Member{
+		Name:      name,
+		clientURL: url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", cport)},
+		peerURL:   url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", pport)},
+		dir:       dir,
+	}, nil
+}
+
+func (m *Member) config(token string) *embed.Config {
+	cfg := embed.NewConfig()
+	cfg.Name = m.Name
+	cfg.Dir = m.dir
+	cfg.ListenClientUrls = []url.URL{m.clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{m.clientURL}
+	cfg.ListenPeerUrls = []url.URL{m.peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{m.peerURL}
+	cfg.InitialCluster = m.initial
+	cfg.InitialClusterToken = token
+	cfg.ClusterState = m.state
+	cfg.UnsafeNoFsync = true
+	cfg.TickMs = 50
+	cfg.ElectionMs = 500
+	if os.Getenv("BEACON_TEST_ETCD_LOG") == "" {
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	}
+	return cfg
+}
+
+func (m *Member) start(token string) error {
+	e, err := embed.StartEtcd(m.config(token))
+	if err != nil {
+		return fmt.Errorf("start %s: %w", m.Name, err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return fmt.Errorf("%s failed while starting: %w", m.Name, err)
+	case <-time.After(StartTimeout):
+		e.Close()
+		return fmt.Errorf("%s not ready after %v", m.Name, StartTimeout)
+	}
+	m.mu.Lock()
+	m.etcd = e
+	m.mu.Unlock()
+	return nil
+}
+
+// ClientURL returns the member's client URL.
+func (m *Member) ClientURL() string { return m.clientURL.String() }
+
+// PeerURL returns the member's peer URL.
+func (m *Member) PeerURL() string { return m.peerURL.String() }
+
+// Running reports whether the member is started.
+func (m *Member) Running() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.etcd != nil
+}
+
+// Stop stops the member (idempotent), keeping its data for Restart.
+func (m *Member) Stop() {
+	m.mu.Lock()
+	e := m.etcd
+	m.etcd = nil
+	m.mu.Unlock()
+	if e != nil {
+		e.Close()
+	}
+}
+
+// Members returns the members, in start order.
+func (c *Cluster) Members() []*Member {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Member(nil), c.members...)
+}
+
+// Endpoints returns the client URLs of all members.
+func (c *Cluster) Endpoints() []string {
+	var out []string
+	for _, m := range c.Members() {
+		out = append(out, m.ClientURL())
+	}
+	return out
+}
+
+// PeerURLs returns the peer URLs of all members.
+func (c *Cluster) PeerURLs() []string {
+	var out []string
+	for _, m := range c.Members() {
+		out = append(out, m.PeerURL())
+	}
+	return out
+}
+
+// InitialCluster returns the --initial-cluster string of the members.
+func (c *Cluster) InitialCluster() string {
+	var parts []string
+	for _, m := range c.Members() {
+		parts = append(parts, m.Name+"="+m.PeerURL())
+	}
+	return strings.Join(parts, ",")
+}
+
+// Client returns a client of every member, closed when the test ends.
+func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
+	tb.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		tb.Fatalf("etcdtest: client: %v", err)
+	}
+	tb.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
+// AddMember adds a new member (MemberAdd, then start it joining the
+// existing cluster) and returns it once ready.
+func (c *Cluster) AddMember(tb testing.TB) *Member {
+	tb.Helper()
+	m, err := newMember(fmt.Sprintf("m%d", len(c.Members())+1), tb.TempDir())
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	cli := c.Client(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.MemberAdd(ctx, []string{m.PeerURL()}); err != nil {
+		tb.Fatalf("etcdtest: member add: %v", err)
+	}
+	c.mu.Lock()
+	c.members = append(c.members, m)
+	c.mu.Unlock()
+	m.initial, m.state = c.InitialCluster(), embed.ClusterStateFlagExisting
+	if err := m.start(c.token); err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	return m
+}
+
+// Close stops every member.
+func (c *Cluster) Close() {
+	var wg sync.WaitGroup
+	for _, m := range c.Members() {
+		wg.Go(m.Stop)
+	}
+	wg.Wait()
+}

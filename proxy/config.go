@@ -1,0 +1,301 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/client/pkg/v3/types"
+)
+
+// Mode says which requests the proxy forwards.
+type Mode string
+
+const (
+	// ReadWrite forwards every request (the default; the zero Mode means
+	// ReadWrite).
+	ReadWrite Mode = "readwrite"
+	// ReadOnly forwards reads and watches and refuses every write with gRPC
+	// Unimplemented (HTTP 501) and a message saying the proxy is readonly.
+	ReadOnly Mode = "readonly"
+)
+
+// ParseMode parses "readwrite" or "readonly" (case-insensitive; "" is
+// readwrite).
+func ParseMode(s string) (Mode, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", string(ReadWrite):
+		return ReadWrite, nil
+	case string(ReadOnly):
+		return ReadOnly, nil
+	}
+	return "", fmt.Errorf("%w: %q: use %q or %q", ErrBadMode, s, ReadWrite, ReadOnly)
+}
+
+// Defaults, the values of etcd's v2 proxy flags (--proxy-*).
+const (
+	DefaultListenAddr      = "127.0.0.1:23790"
+	DefaultPeerURL         = "http://localhost:2380"
+	DefaultFailureWait     = 5 * time.Second
+	DefaultRefreshInterval = 30 * time.Second
+	DefaultDialTimeout     = time.Second
+	DefaultWriteTimeout    = 5 * time.Second
+	DefaultStartTimeout    = 30 * time.Second
+	// EmptyRefreshInterval is the refresh interval while no endpoint is
+	// reachable (when RefreshInterval is longer).
+	EmptyRefreshInterval = time.Second
+)
+
+// Config configures a Proxy. The zero value (plus nothing) is a readwrite
+// proxy on 127.0.0.1:23790 in front of the cluster whose member answers at
+// http://localhost:2380.
+//
+// The cluster is found from exactly one of: DiscoveryToken (with
+// DiscoveryEndpoints), DiscoveryURL, DiscoverySRV, InitialCluster, PeerURLs,
+// Endpoints; with none set, PeerURLs defaults to http://localhost:2380.
+// From peer URLs the proxy reads the members' client URLs (GET
+// <peer>/members); from Endpoints it reads them with the Cluster MemberList
+// API. Either way it refreshes them every RefreshInterval.
+type Config struct {
+	// Mode is ReadWrite (zero value) or ReadOnly.
+	Mode Mode
+
+	// ListenAddr is the address Run listens on; default 127.0.0.1:23790.
+	// Serve uses the listener it is given instead.
+	ListenAddr string
+
+	// DiscoveryToken and DiscoveryEndpoints use the etcd v3 discovery
+	// protocol (/_etcd/registry/<token>/...) to find the members' peer
+	// URLs, also when the cluster is full. Both or neither must be set.
+	DiscoveryToken     string
+	DiscoveryEndpoints []string
+
+	// DiscoveryURL is an etcd v2 discovery URL (e.g.
+	// https://discovery.etcd.io/<token> or http://host:2379/v2/keys/_etcd/registry/<token>).
+	DiscoveryURL string
+
+	// DiscoverySRV is a DNS domain whose SRV records _etcd-server-ssl._tcp
+	// and _etcd-server._tcp name the members' peer URLs.
+	// DiscoverySRVName is an optional suffix (_etcd-server-<name>._tcp).
+	DiscoverySRV     string
+	DiscoverySRVName string
+	// DNSServer is the host:port of the DNS server to ask for SRV, A and
+	// AAAA records; empty means the system resolver.
+	DNSServer string
+
+	// InitialCluster is an etcd --initial-cluster string
+	// (name=peerURL,name=peerURL,...).
+	InitialCluster string
+
+	// PeerURLs are members' peer URLs (what `beacon serve` found).
+	PeerURLs []string
+
+	// Endpoints are members' client URLs. The proxy uses them directly
+	// and refreshes the list with MemberList.
+	Endpoints []string
+
+	// FailureWait is how long an endpoint that failed stays out of use;
+	// default 5 s.
+	FailureWait time.Duration
+	// RefreshInterval is how often the member list is re-read; default
+	// 30 s (1 s while no endpoint is reachable).
+	RefreshInterval time.Duration
+	// DialTimeout bounds connecting to a member; default 1 s.
+	DialTimeout time.Duration
+	// WriteTimeout bounds each forwarded write request; default 5 s.
+	// Negative disables it (the client's deadline applies).
+	WriteTimeout time.Duration
+	// ReadTimeout bounds each forwarded read request; zero (default)
+	// disables it: the client's deadline applies.
+	ReadTimeout time.Duration
+	// StartTimeout bounds finding the cluster at start; default 30 s.
+	StartTimeout time.Duration
+
+	// ClientTLS is used to reach members (client and peer URLs with
+	// https); nil uses the system roots for https URLs.
+	ClientTLS *tls.Config
+	// ServerTLS, when set, serves clients over TLS.
+	ServerTLS *tls.Config
+
+	// Username and Password authenticate the proxy's own requests (member
+	// list refresh, health). Client requests always carry the client's
+	// own token.
+	Username, Password string
+
+	// SelfAddrs are extra addresses (host:port or URLs) at which this
+	// proxy is reachable (for example an advertised address behind NAT).
+	// Endpoints matching them, or the listener, are never used.
+	SelfAddrs []string
+
+	// Logger receives the proxy's logs; nil discards them.
+	Logger *slog.Logger
+	// Registry receives the proxy's Prometheus metrics and is served on
+	// /metrics; nil uses a private registry.
+	Registry *prometheus.Registry
+}
+
+// withDefaults returns a copy with zero values replaced.
+func (c Config) withDefaults() Config {
+	if c.Mode == "" {
+		c.Mode = ReadWrite
+	}
+	if c.ListenAddr == "" {
+		c.ListenAddr = DefaultListenAddr
+	}
+	if c.FailureWait == 0 {
+		c.FailureWait = DefaultFailureWait
+	}
+	if c.RefreshInterval == 0 {
+		c.RefreshInterval = DefaultRefreshInterval
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.StartTimeout == 0 {
+		c.StartTimeout = DefaultStartTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.sources() == 0 {
+		c.PeerURLs = []string{DefaultPeerURL}
+	}
+	return c
+}
+
+func (c Config) sources() int {
+	n := 0
+	for _, set := range []bool{
+		c.DiscoveryToken != "" || len(c.DiscoveryEndpoints) > 0,
+		c.DiscoveryURL != "",
+		c.DiscoverySRV != "",
+		c.InitialCluster != "",
+		len(c.PeerURLs) > 0,
+		len(c.Endpoints) > 0,
+	} {
+		if set {
+			n++
+		}
+	}
+	return n
+}
+
+// Validate reports the first problem with the configuration, with what to
+// do about it.
+func (c Config) Validate() error {
+	if _, err := ParseMode(string(c.Mode)); err != nil {
+		return err
+	}
+	if c.sources() > 1 {
+		return fmt.Errorf("%w: set only one of discovery token, discovery URL, discovery SRV, initial cluster, peer URLs or endpoints (flags --discovery-token, --discovery, --discovery-srv, --initial-cluster, --endpoints)", ErrConflictingDiscovery)
+	}
+	if (c.DiscoveryToken == "") != (len(c.DiscoveryEndpoints) == 0) {
+		return fmt.Errorf("%w: both --discovery-token and --discovery-endpoints must be set", ErrBadConfig)
+	}
+	for _, ep := range c.DiscoveryEndpoints {
+		if strings.TrimSpace(ep) == "" {
+			return fmt.Errorf("%w: --discovery-endpoints must not contain empty endpoints", ErrBadConfig)
+		}
+	}
+	if c.DiscoveryURL != "" {
+		u, err := url.Parse(c.DiscoveryURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Trim(u.Path, "/") == "" {
+			return fmt.Errorf("%w: discovery URL %q: want http(s)://host/<token>", ErrBadURL, c.DiscoveryURL)
+		}
+	}
+	if c.DiscoverySRV != "" && strings.ContainsAny(c.DiscoverySRV, "/: ") {
+		return fmt.Errorf("%w: --discovery-srv %q must be a DNS domain such as example.com", ErrBadConfig, c.DiscoverySRV)
+	}
+	if c.DNSServer != "" {
+		if _, _, err := net.SplitHostPort(c.DNSServer); err != nil {
+			return fmt.Errorf("%w: DNS server %q must be host:port: %v", ErrBadConfig, c.DNSServer, err)
+		}
+	}
+	if c.InitialCluster != "" {
+		if _, err := parseInitialCluster(c.InitialCluster); err != nil {
+			return err
+		}
+	}
+	for _, list := range [][]string{c.PeerURLs, c.Endpoints} {
+		if _, err := parseURLs(list); err != nil {
+			return err
+		}
+	}
+	if c.ListenAddr != "" {
+		if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
+			return fmt.Errorf("%w: listen address %q must be host:port: %v", ErrBadConfig, c.ListenAddr, err)
+		}
+	}
+	for name, d := range map[string]time.Duration{
+		"failure wait": c.FailureWait, "refresh interval": c.RefreshInterval,
+		"dial timeout": c.DialTimeout, "read timeout": c.ReadTimeout, "start timeout": c.StartTimeout,
+	} {
+		if d < 0 {
+			return fmt.Errorf("%w: %s %v must not be negative", ErrBadConfig, name, d)
+		}
+	}
+	if (c.Username == "") != (c.Password == "") {
+		return fmt.Errorf("%w: set both username and password, or neither", ErrBadConfig)
+	}
+	return nil
+}
+
+// parseInitialCluster returns the peer URLs of an --initial-cluster string.
+func parseInitialCluster(s string) ([]string, error) {
+	m, err := types.NewURLsMap(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w: initial cluster %q: %v (want name=http://host:2380,...)", ErrBadURL, s, err)
+	}
+	var out []string
+	for _, urls := range m {
+		for _, u := range urls {
+			out = append(out, u.String())
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: initial cluster %q names no member", ErrBadURL, s)
+	}
+	if _, err := parseURLs(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// parseURLs checks member URLs: http or https, a host and a port, no path.
+func parseURLs(list []string) ([]*url.URL, error) {
+	var out []*url.URL
+	for _, s := range list {
+		u, err := parseMemberURL(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+func parseMemberURL(s string) (*url.URL, error) {
+	u, err := url.Parse(strings.TrimSpace(s))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %v", ErrBadURL, s, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("%w: %q: scheme must be http or https (for example http://10.0.0.1:2379)", ErrBadURL, s)
+	}
+	if u.Host == "" || u.Port() == "" {
+		return nil, fmt.Errorf("%w: %q: need host and port (for example http://10.0.0.1:2379)", ErrBadURL, s)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return nil, fmt.Errorf("%w: %q: a member URL has no path", ErrBadURL, s)
+	}
+	u.Path = ""
+	return u, nil
+}

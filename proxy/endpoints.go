@@ -1,0 +1,314 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"slices"
+	"sync"
+	"time"
+)
+
+// endpoint is one member client URL and what the proxy knows about it.
+type endpoint struct {
+	url         string
+	hostport    string // from the URL
+	addr        string // the address a probe connected to (resolved IP:port)
+	failedUntil time.Time
+	lastErr     string
+	self        bool // the proxy's own listener: never used
+	loop        bool // requests sent there came back: never used
+}
+
+// EndpointStatus reports one endpoint, for Proxy.Endpoints and
+// GET /proxy/endpoints.
+type EndpointStatus struct {
+	URL string `json:"url"`
+	// State is "available", "failed" (benched for FailureWait after a
+	// failure), "self" (this proxy's own address) or "loop" (requests
+	// came back to this proxy through it).
+	State     string    `json:"state"`
+	LastError string    `json:"last_error,omitempty"`
+	Until     time.Time `json:"until,omitzero"`
+}
+
+// director keeps the member endpoints in a shuffled order, benches failed
+// ones for failureWait and hands the usable ones to set.
+type director struct {
+	mu          sync.Mutex
+	eps         []*endpoint
+	applied     []string
+	failureWait time.Duration
+	set         func([]string)
+	kick        chan struct{}
+	log         *slog.Logger
+	m           *metrics
+	now         func() time.Time
+}
+
+func newDirector(failureWait time.Duration, log *slog.Logger, m *metrics) *director {
+	return &director{failureWait: failureWait, kick: make(chan struct{}, 1), log: log, m: m, now: time.Now}
+}
+
+// replace installs a fresh endpoint list (shuffled). Failure and loop
+// marks of endpoints that stay in the list are kept.
+func (d *director) replace(list []*endpoint) {
+	rand.Shuffle(len(list), func(i, j int) { list[i], list[j] = list[j], list[i] })
+	d.mu.Lock()
+	old := map[string]*endpoint{}
+	for _, e := range d.eps {
+		old[e.url] = e
+	}
+	for _, e := range list {
+		if o := old[e.url]; o != nil {
+			if o.failedUntil.After(e.failedUntil) {
+				e.failedUntil, e.lastErr = o.failedUntil, o.lastErr
+			}
+			e.loop = e.loop || o.loop
+		}
+	}
+	d.eps = list
+	d.mu.Unlock()
+	d.apply()
+}
+
+// usable reports whether e may receive requests now.
+func (e *endpoint) usable(now time.Time) bool {
+	return !e.self && !e.loop && !now.Before(e.failedUntil)
+}
+
+// available returns the URLs of usable endpoints, in shuffled order.
+func (d *director) available() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.availableLocked()
+}
+
+func (d *director) availableLocked() []string {
+	now := d.now()
+	var out []string
+	for _, e := range d.eps {
+		if e.usable(now) {
+			out = append(out, e.url)
+		}
+	}
+	return out
+}
+
+// known returns every endpoint URL that is not this proxy.
+func (d *director) known() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for _, e := range d.eps {
+		if !e.self && !e.loop {
+			out = append(out, e.url)
+		}
+	}
+	return out
+}
+
+// apply hands the usable endpoints to set when they changed, and updates
+// the metrics. With none usable the previous set stays (requests are
+// refused before they reach it).
+func (d *director) apply() {
+	d.mu.Lock()
+	avail := d.availableLocked()
+	changed := !sameSet(avail, d.applied) && len(avail) > 0
+	if changed {
+		d.applied = slices.Clone(avail)
+	}
+	d.updateMetricsLocked()
+	set := d.set
+	d.mu.Unlock()
+	if changed && set != nil {
+		set(avail)
+	}
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+func (d *director) updateMetricsLocked() {
+	if d.m == nil {
+		return
+	}
+	now := d.now()
+	counts := map[string]float64{"available": 0, "failed": 0, "self": 0, "loop": 0}
+	d.m.endpointUp.Reset()
+	for _, e := range d.eps {
+		st := e.state(now)
+		counts[st]++
+		up := 0.0
+		if st == "available" {
+			up = 1
+		}
+		d.m.endpointUp.WithLabelValues(e.url).Set(up)
+	}
+	for st, n := range counts {
+		d.m.endpoints.WithLabelValues(st).Set(n)
+	}
+}
+
+func (e *endpoint) state(now time.Time) string {
+	switch {
+	case e.self:
+		return "self"
+	case e.loop:
+		return "loop"
+	case now.Before(e.failedUntil):
+		return "failed"
+	}
+	return "available"
+}
+
+// status describes every endpoint.
+func (d *director) status() []EndpointStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.now()
+	out := make([]EndpointStatus, 0, len(d.eps))
+	for _, e := range d.eps {
+		s := EndpointStatus{URL: e.url, State: e.state(now), LastError: e.lastErr}
+		if s.State == "failed" {
+			s.Until = e.failedUntil
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// find returns the endpoint reached at addr (an IP:port a connection went
+// to, or the host:port of its URL).
+func (d *director) findLocked(addr string) *endpoint {
+	for _, e := range d.eps {
+		if e.addr == addr || e.hostport == addr {
+			return e
+		}
+	}
+	return nil
+}
+
+// fail benches the endpoint at addr for failureWait. It reports whether
+// an endpoint was benched now (false if unknown or already benched).
+func (d *director) fail(addr string, err error) bool {
+	d.mu.Lock()
+	e := d.findLocked(addr)
+	now := d.now()
+	if e == nil || now.Before(e.failedUntil) {
+		d.mu.Unlock()
+		return false
+	}
+	e.failedUntil = now.Add(d.failureWait)
+	if err != nil {
+		e.lastErr = err.Error()
+	}
+	url := e.url
+	d.mu.Unlock()
+	d.log.Warn("marked endpoint unavailable", "endpoint", url, "for", d.failureWait, "err", err)
+	if d.m != nil {
+		d.m.upstreamErrors.WithLabelValues(url).Inc()
+	}
+	d.apply()
+	d.wake()
+	return true
+}
+
+// markLoop excludes the endpoint at addr: a request sent there came back.
+func (d *director) markLoop(addr string) {
+	d.mu.Lock()
+	e := d.findLocked(addr)
+	if e == nil || e.loop {
+		d.mu.Unlock()
+		return
+	}
+	e.loop = true
+	url := e.url
+	d.mu.Unlock()
+	d.log.Warn("endpoint forwards back to this proxy (loop); not using it", "endpoint", url)
+	if d.m != nil {
+		d.m.loops.Inc()
+	}
+	d.apply()
+}
+
+// nextWake returns when the next benched endpoint becomes usable again
+// (zero if none is benched).
+func (d *director) nextWake() time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var t time.Time
+	now := d.now()
+	for _, e := range d.eps {
+		if e.failedUntil.After(now) && (t.IsZero() || e.failedUntil.Before(t)) {
+			t = e.failedUntil
+		}
+	}
+	return t
+}
+
+func (d *director) wake() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// probe builds endpoints from client URLs: malformed URLs are dropped
+// (logged), self addresses are marked, and each endpoint is dialed once
+// (bounded by dialTimeout) to find unreachable ones, which start benched.
+func probe(ctx context.Context, urls []string, self *selfMatcher, dialTimeout, failureWait time.Duration, log *slog.Logger) []*endpoint {
+	seen := map[string]bool{}
+	var list []*endpoint
+	for _, s := range urls {
+		u, err := parseMemberURL(s)
+		if err != nil {
+			log.Warn("ignoring malformed member client URL", "url", s, "err", err)
+			continue
+		}
+		key := u.String()
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		list = append(list, &endpoint{url: key, hostport: u.Host})
+	}
+	var wg sync.WaitGroup
+	now := time.Now()
+	for _, e := range list {
+		if self != nil && self.isSelf(ctx, e.hostport) {
+			e.self = true
+			log.Warn("member client URL is this proxy's own address; not forwarding to it (loop)", "endpoint", e.url)
+			continue
+		}
+		wg.Go(func() {
+			conn, err := (&net.Dialer{Timeout: dialTimeout}).DialContext(ctx, "tcp", e.hostport)
+			if err != nil {
+				e.failedUntil = now.Add(failureWait)
+				e.lastErr = err.Error()
+				return
+			}
+			e.addr = conn.RemoteAddr().String()
+			_ = conn.Close()
+		})
+	}
+	wg.Wait()
+	return list
+}
+
+// hostOf returns the host:port of a URL (or the input).
+func hostOf(s string) string {
+	if u, err := url.Parse(s); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return s
+}

@@ -1,0 +1,413 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// frame is an encoded gRPC message the proxy forwards without decoding.
+type frame struct{ data []byte }
+
+// codec passes frames through as bytes and encodes everything else as
+// protobuf, so one server can forward most methods verbatim and still
+// decode the ones it handles itself (Watch, LeaseKeepAlive).
+type codec struct{ proto encoding.CodecV2 }
+
+func newCodec() codec { return codec{proto: encoding.GetCodecV2("proto")} }
+
+func (c codec) Name() string { return "proto" }
+
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if f, ok := v.(*frame); ok {
+		return mem.BufferSlice{mem.SliceBuffer(f.data)}, nil
+	}
+	return c.proto.Marshal(v)
+}
+
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if f, ok := v.(*frame); ok {
+		f.data = data.Materialize()
+		return nil
+	}
+	return c.proto.Unmarshal(data, v)
+}
+
+// methodInfo classifies an RPC for forwarding and readonly mode.
+type methodInfo struct {
+	write  bool                  // refused in readonly mode
+	isW    func(req []byte) bool // decides write from the request (Txn, Alarm)
+	stream bool                  // server-streaming (one request, many responses)
+	retry  bool                  // safe to retry on another endpoint
+	name   string                // method name for metrics
+}
+
+const (
+	kvSvc    = "/etcdserverpb.KV/"
+	leaseSvc = "/etcdserverpb.Lease/"
+	clusSvc  = "/etcdserverpb.Cluster/"
+	mainSvc  = "/etcdserverpb.Maintenance/"
+	authSvc  = "/etcdserverpb.Auth/"
+	elecSvc  = "/v3electionpb.Election/"
+	lockSvc  = "/v3lockpb.Lock/"
+)
+
+// methods lists every etcd v3 RPC. Reads are retried on another endpoint
+// after a transport failure; writes are not (they may have been applied).
+var methods = map[string]methodInfo{
+	kvSvc + "Range":       {retry: true},
+	kvSvc + "RangeStream": {stream: true},
+	kvSvc + "Put":         {write: true},
+	kvSvc + "DeleteRange": {write: true},
+	kvSvc + "Txn":         {isW: txnWrites},
+	kvSvc + "Compact":     {write: true},
+
+	leaseSvc + "LeaseGrant":      {write: true},
+	leaseSvc + "LeaseRevoke":     {write: true},
+	leaseSvc + "LeaseTimeToLive": {retry: true},
+	leaseSvc + "LeaseLeases":     {retry: true},
+
+	clusSvc + "MemberAdd":     {write: true},
+	clusSvc + "MemberRemove":  {write: true},
+	clusSvc + "MemberUpdate":  {write: true},
+	clusSvc + "MemberPromote": {write: true},
+	clusSvc + "MemberList":    {retry: true},
+
+	mainSvc + "Alarm":      {isW: alarmWrites},
+	mainSvc + "Status":     {retry: true},
+	mainSvc + "Defragment": {write: true},
+	mainSvc + "Hash":       {retry: true},
+	mainSvc + "HashKV":     {retry: true},
+	mainSvc + "Snapshot":   {stream: true},
+	mainSvc + "MoveLeader": {write: true},
+	mainSvc + "Downgrade":  {write: true},
+
+	authSvc + "AuthEnable":           {write: true},
+	authSvc + "AuthDisable":          {write: true},
+	authSvc + "AuthStatus":           {retry: true},
+	authSvc + "Authenticate":         {},
+	authSvc + "UserAdd":              {write: true},
+	authSvc + "UserGet":              {retry: true},
+	authSvc + "UserList":             {retry: true},
+	authSvc + "UserDelete":           {write: true},
+	authSvc + "UserChangePassword":   {write: true},
+	authSvc + "UserGrantRole":        {write: true},
+	authSvc + "UserRevokeRole":       {write: true},
+	authSvc + "RoleAdd":              {write: true},
+	authSvc + "RoleGet":              {retry: true},
+	authSvc + "RoleList":             {retry: true},
+	authSvc + "RoleDelete":           {write: true},
+	authSvc + "RoleGrantPermission":  {write: true},
+	authSvc + "RoleRevokePermission": {write: true},
+
+	elecSvc + "Campaign": {write: true},
+	elecSvc + "Proclaim": {write: true},
+	elecSvc + "Leader":   {retry: true},
+	elecSvc + "Observe":  {stream: true},
+	elecSvc + "Resign":   {write: true},
+	lockSvc + "Lock":     {write: true},
+	lockSvc + "Unlock":   {write: true},
+}
+
+func init() {
+	for name, m := range methods {
+		m.name = name
+		methods[name] = m
+	}
+}
+
+// txnWrites reports whether an encoded TxnRequest contains a write in
+// either branch (at any depth). Undecodable requests count as writes.
+func txnWrites(b []byte) bool {
+	var r pb.TxnRequest
+	if err := proto.Unmarshal(b, &r); err != nil {
+		return true
+	}
+	return txnHasWrite(&r)
+}
+
+func txnHasWrite(r *pb.TxnRequest) bool {
+	for _, ops := range [][]*pb.RequestOp{r.Success, r.Failure} {
+		for _, op := range ops {
+			switch v := op.Request.(type) {
+			case *pb.RequestOp_RequestRange:
+			case *pb.RequestOp_RequestTxn:
+				if v.RequestTxn == nil || txnHasWrite(v.RequestTxn) {
+					return true
+				}
+			default:
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// alarmWrites: listing alarms (GET) is a read; activating or disarming one
+// is a write.
+func alarmWrites(b []byte) bool {
+	var r pb.AlarmRequest
+	if err := proto.Unmarshal(b, &r); err != nil {
+		return true
+	}
+	return r.Action != pb.AlarmRequest_GET
+}
+
+// readonlyError is returned for a refused write.
+func readonlyError(method string) error {
+	return status.Errorf(codes.Unimplemented,
+		"proxy: this proxy is readonly: %s is a write and is refused (send writes to a readwrite proxy or to the cluster)", method)
+}
+
+// outgoing builds the metadata to send upstream: the client's metadata
+// (its auth token included) without transport headers, plus this proxy in
+// the via list. It refuses requests that already passed through here.
+func (p *Proxy) outgoing(ctx context.Context) (context.Context, error) {
+	in, _ := metadata.FromIncomingContext(ctx)
+	out := metadata.MD{}
+	for k, v := range in {
+		switch {
+		case k == ":authority", k == "content-type", k == "user-agent", k == "te",
+			strings.HasPrefix(k, "grpc-"), k == viaKey:
+			continue
+		}
+		out[k] = v
+	}
+	via := in.Get(viaKey)
+	for _, v := range via {
+		for _, id := range strings.Split(v, ",") {
+			if strings.TrimSpace(id) == p.id {
+				p.m.loops.Inc()
+				return nil, status.Errorf(codes.FailedPrecondition,
+					"%s: the request already passed through this proxy (%s); an endpoint leads back here", loopMessage, p.id)
+			}
+		}
+	}
+	if len(via) >= maxHops {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s: the request passed through %d proxies", loopMessage, len(via))
+	}
+	out[viaKey] = append(append([]string(nil), via...), p.id)
+	return metadata.NewOutgoingContext(ctx, out), nil
+}
+
+// isLoopError reports whether err is another hop refusing a looping
+// request.
+func isLoopError(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.FailedPrecondition && strings.HasPrefix(s.Message(), loopMessage)
+}
+
+// isTransportError reports whether err comes from reaching the endpoint
+// rather than from etcd (whose messages start "etcdserver:").
+func isTransportError(err error) bool {
+	s, ok := status.FromError(err)
+	if !ok || s.Code() != codes.Unavailable {
+		return false
+	}
+	return !strings.HasPrefix(s.Message(), "etcdserver:")
+}
+
+// isEtcdRetryable reports etcd errors after which a read may be retried.
+func isEtcdRetryable(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.Unavailable && strings.HasPrefix(s.Message(), "etcdserver:")
+}
+
+// noEndpointsError is what clients get when no member can be reached.
+func (p *Proxy) noEndpointsError(last error) error {
+	known := p.dir.known()
+	msg := fmt.Sprintf("%v: no etcd member reachable (%d known: %s)", ErrNoEndpoints, len(known), strings.Join(known, ", "))
+	if last != nil {
+		msg += "; last error: " + status.Convert(last).Message()
+	}
+	return status.Error(codes.Unavailable, msg)
+}
+
+// handleUnknown forwards every RPC the proxy does not implement itself.
+func (p *Proxy) handleUnknown(_ any, ss grpc.ServerStream) error {
+	method, _ := grpc.MethodFromServerStream(ss)
+	info, known := methods[method]
+	label := info.name
+	if !known {
+		label = "unknown"
+	}
+	err := p.forward(ss, method, info, known)
+	p.m.requests.WithLabelValues(label, status.Code(err).String()).Inc()
+	return err
+}
+
+func (p *Proxy) forward(ss grpc.ServerStream, method string, info methodInfo, known bool) error {
+	ctx, err := p.outgoing(ss.Context())
+	if err != nil {
+		return err
+	}
+	if !known {
+		if p.cfg.Mode == ReadOnly {
+			p.m.refused.WithLabelValues("unknown").Inc()
+			return status.Errorf(codes.Unimplemented, "proxy: this proxy is readonly: %s is not known to be a read and is refused", method)
+		}
+		return p.forwardStream(ctx, ss, method, true)
+	}
+	if info.stream {
+		return p.forwardStream(ctx, ss, method, false)
+	}
+	req := new(frame)
+	if err := ss.RecvMsg(req); err != nil {
+		return err
+	}
+	write := info.write || (info.isW != nil && info.isW(req.data))
+	if write && p.cfg.Mode == ReadOnly {
+		p.m.refused.WithLabelValues(method).Inc()
+		return readonlyError(method)
+	}
+	retry := info.retry || (info.isW != nil && !write)
+	resp := new(frame)
+	hdr, trl, err := p.invoke(ctx, method, req, resp, write, retry)
+	if err != nil {
+		return err
+	}
+	_ = ss.SetHeader(hdr)
+	ss.SetTrailer(trl)
+	return ss.SendMsg(resp)
+}
+
+// invoke makes one unary call upstream with ctx's outgoing metadata. A
+// transport failure benches the endpoint; reads (retry) are then retried
+// on the next endpoint, so a member going down fails no read that another
+// member can serve.
+func (p *Proxy) invoke(ctx context.Context, method string, req, resp any, write, retry bool) (hdr, trl metadata.MD, err error) {
+	timeout := p.cfg.ReadTimeout
+	if write {
+		timeout = p.cfg.WriteTimeout
+	}
+	attempts := 1
+	if retry {
+		attempts = len(p.dir.known()) + 1
+	}
+	var last error
+	for i := 0; i < attempts; i++ {
+		if len(p.dir.available()) == 0 {
+			return nil, nil, p.noEndpointsError(last)
+		}
+		if i > 0 {
+			p.m.retries.Inc()
+		}
+		var pr peer.Peer
+		hdr, trl = nil, nil
+		cctx, cancel := ctx, context.CancelFunc(func() {})
+		if timeout > 0 {
+			cctx, cancel = context.WithTimeout(ctx, timeout)
+		}
+		err := p.conn.Invoke(cctx, method, req, resp, grpc.ForceCodecV2(p.codec), grpc.Peer(&pr), grpc.Header(&hdr), grpc.Trailer(&trl),
+			grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.MaxCallSendMsgSize(maxMsgSize))
+		cancel()
+		if err == nil {
+			return hdr, trl, nil
+		}
+		last = err
+		if ctx.Err() != nil {
+			return nil, nil, status.FromContextError(ctx.Err()).Err()
+		}
+		switch {
+		case isLoopError(err):
+			if pr.Addr != nil {
+				p.dir.markLoop(pr.Addr.String())
+			}
+		case isTransportError(err):
+			if pr.Addr != nil {
+				p.dir.fail(pr.Addr.String(), err)
+			}
+		case isEtcdRetryable(err):
+		default:
+			return nil, nil, err
+		}
+	}
+	if isTransportError(last) {
+		return nil, nil, p.noEndpointsError(last)
+	}
+	return nil, nil, last
+}
+
+// maxMsgSize bounds forwarded messages (etcd's own limit applies first).
+const maxMsgSize = 1<<31 - 1
+
+// forwardStream forwards a streaming RPC message by message. bidi streams
+// keep forwarding client messages until the client closes its side.
+func (p *Proxy) forwardStream(ctx context.Context, ss grpc.ServerStream, method string, bidi bool) error {
+	if len(p.dir.available()) == 0 {
+		return p.noEndpointsError(nil)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var pr peer.Peer
+	desc := &grpc.StreamDesc{ServerStreams: true, ClientStreams: bidi}
+	cs, err := p.conn.NewStream(ctx, desc, method, grpc.ForceCodecV2(p.codec), grpc.Peer(&pr),
+		grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.MaxCallSendMsgSize(maxMsgSize))
+	if err != nil {
+		if isTransportError(err) {
+			return p.noEndpointsError(err)
+		}
+		return err
+	}
+	if bidi {
+		go func() {
+			for {
+				f := new(frame)
+				if err := ss.RecvMsg(f); err != nil {
+					if errors.Is(err, io.EOF) {
+						_ = cs.CloseSend()
+					} else {
+						cancel()
+					}
+					return
+				}
+				if err := cs.SendMsg(f); err != nil {
+					return
+				}
+			}
+		}()
+	} else {
+		f := new(frame)
+		if err := ss.RecvMsg(f); err != nil {
+			return err
+		}
+		if err := cs.SendMsg(f); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		if err := cs.CloseSend(); err != nil {
+			return err
+		}
+	}
+	hdr, err := cs.Header()
+	if err == nil && hdr != nil {
+		_ = ss.SendHeader(hdr)
+	}
+	for {
+		f := new(frame)
+		if err := cs.RecvMsg(f); err != nil {
+			ss.SetTrailer(cs.Trailer())
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if isTransportError(err) && pr.Addr != nil {
+				p.dir.fail(pr.Addr.String(), err)
+			}
+			return err
+		}
+		if err := ss.SendMsg(f); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,102 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// etcd's embedded server and clients keep process-wide goroutines.
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+		goleak.IgnoreAnyFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
+		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/client/pkg/v3/logutil.(*MergeLogger).outputLoop"),
+	)
+}
+
+// testTimeout bounds every wait in a test.
+const testTimeout = 30 * time.Second
+
+func testLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("BEACON_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return nil
+}
+
+// startProxy serves cfg on a loopback port until the test ends.
+func startProxy(t testing.TB, cfg Config) *Proxy {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- p.Serve(context.Background(), l) }()
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if err := <-errc; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	select {
+	case <-p.Ready():
+	case err := <-errc:
+		errc <- err
+		t.Fatalf("Serve: %v", err)
+	case <-time.After(testTimeout):
+		t.Fatal("proxy not ready")
+	}
+	return p
+}
+
+// proxyClient is an etcd client of the proxy only.
+func proxyClient(t testing.TB, p *Proxy) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + p.Addr().String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls cond until it holds (only where there is no event to
+// wait on, such as a refresh of the member list).
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}

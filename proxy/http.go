@@ -1,0 +1,207 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	gw "github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/tmc/grpc-websocket-proxy/wsproxy"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	etcdgw "go.etcd.io/etcd/api/v3/etcdserverpb/gw"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	electiongw "go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb/gw"
+	lockgw "go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb/gw"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// HTTP routes served beside the gRPC API on the same listener.
+const (
+	PathGateway   = "/v3/"
+	PathMetrics   = "/metrics"
+	PathHealth    = "/health"
+	PathEndpoints = "/proxy/endpoints"
+)
+
+// serve runs the gRPC and HTTP servers on l until ctx ends.
+func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
+	p.watch = newWatchHub(p, p.client.Watcher)
+	p.lease = newLeaseMux(p)
+	gs := p.newGRPCServer()
+
+	// The JSON gateway calls the proxy's own gRPC server in memory, so
+	// HTTP clients get the same forwarding, fail-over and readonly rules.
+	inner := bufconn.Listen(1 << 20)
+	innerDone := make(chan struct{})
+	go func() { defer close(innerDone); _ = gs.Serve(inner) }()
+	gconn, err := grpc.NewClient("passthrough:///proxy",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return inner.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.MaxCallSendMsgSize(maxMsgSize)))
+	if err != nil {
+		gs.Stop()
+		<-innerDone
+		return err
+	}
+	gwmux, err := newGateway(ctx, gconn)
+	if err != nil {
+		_ = gconn.Close()
+		gs.Stop()
+		<-innerDone
+		return err
+	}
+	hs := &http.Server{Handler: p.httpHandler(gwmux), ReadHeaderTimeout: 10 * time.Second}
+
+	errc := make(chan error, 3)
+	var split *splitListener
+	if p.cfg.ServerTLS != nil {
+		tlsCfg := p.cfg.ServerTLS.Clone()
+		if len(tlsCfg.NextProtos) == 0 {
+			tlsCfg.NextProtos = []string{"h2", "http/1.1"}
+		}
+		hs.TLSConfig = tlsCfg
+		web := hs.Handler
+		hs.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+				gs.ServeHTTP(w, r)
+				return
+			}
+			web.ServeHTTP(w, r)
+		})
+		go func() { errc <- hs.ServeTLS(l, "", "") }()
+	} else {
+		split = newSplitListener(l)
+		go func() { errc <- gs.Serve(split.grpc) }()
+		go func() { errc <- hs.Serve(split.web) }()
+		go func() { errc <- split.serve() }()
+	}
+	refreshDone := make(chan struct{})
+	go func() { defer close(refreshDone); p.refreshLoop(ctx) }()
+	close(p.ready)
+	p.log.Info("proxy serving", "addr", l.Addr().String(), "mode", p.cfg.Mode)
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+
+	// Shut down: stop accepting, let unary calls finish briefly, then end
+	// every stream.
+	if split != nil {
+		_ = split.close()
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = hs.Shutdown(sctx)
+	cancel()
+	_ = hs.Close()
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(time.Second):
+		gs.Stop()
+		<-stopped
+	}
+	<-innerDone
+	_ = gconn.Close()
+	p.watch.close()
+	p.lease.close()
+	<-refreshDone
+	if split != nil {
+		split.wg.Wait()
+	}
+	if serveErr != nil && !errors.Is(serveErr, net.ErrClosed) && !errors.Is(serveErr, http.ErrServerClosed) &&
+		!errors.Is(serveErr, grpc.ErrServerStopped) && ctx.Err() == nil {
+		return serveErr
+	}
+	return nil
+}
+
+// newGateway registers etcd's JSON gateway (the /v3/... paths) over conn,
+// with the same marshalling as an etcd member.
+func newGateway(ctx context.Context, conn *grpc.ClientConn) (*gw.ServeMux, error) {
+	mux := gw.NewServeMux(
+		gw.WithMarshalerOption(gw.MIMEWildcard, &gw.HTTPBodyMarshaler{
+			Marshaler: &gw.JSONPb{
+				MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: false},
+				UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: true},
+			},
+		}),
+	)
+	for _, reg := range []func(context.Context, *gw.ServeMux, *grpc.ClientConn) error{
+		etcdgw.RegisterKVHandler, etcdgw.RegisterWatchHandler, etcdgw.RegisterLeaseHandler,
+		etcdgw.RegisterClusterHandler, etcdgw.RegisterMaintenanceHandler, etcdgw.RegisterAuthHandler,
+		lockgw.RegisterLockHandler, electiongw.RegisterElectionHandler,
+	} {
+		if err := reg(ctx, mux, conn); err != nil {
+			return nil, err
+		}
+	}
+	return mux, nil
+}
+
+func (p *Proxy) httpHandler(gwmux *gw.ServeMux) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(PathGateway, wsproxy.WebsocketProxy(gwmux,
+		wsproxy.WithRequestMutator(func(_ *http.Request, out *http.Request) *http.Request {
+			out.Method = http.MethodPost
+			return out
+		}),
+		wsproxy.WithMaxRespBodyBufferSize(0x7fffffff),
+	))
+	mux.Handle(PathMetrics, promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc(PathHealth, p.handleHealth)
+	mux.HandleFunc(PathEndpoints, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"mode": p.cfg.Mode, "endpoints": p.dir.status()})
+	})
+	return mux
+}
+
+// Health is the body of GET /health.
+type Health struct {
+	Health string `json:"health"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// CheckHealth reads through the proxy's forwarding path (a linearizable
+// one-key range, 1 s deadline, like etcd's grpc-proxy); permission denied
+// still proves the cluster answers.
+func (p *Proxy) CheckHealth(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	ctx = metadata.NewOutgoingContext(ctx, metadata.Pairs(viaKey, p.id))
+	_, _, err := p.invoke(ctx, kvSvc+"Range", &pb.RangeRequest{Key: []byte("health"), CountOnly: true, Limit: 1},
+		new(pb.RangeResponse), false, true)
+	if err != nil && status.Code(err) != codes.PermissionDenied && !errors.Is(err, rpctypes.ErrGRPCPermissionDenied) {
+		return err
+	}
+	return nil
+}
+
+func (p *Proxy) handleHealth(w http.ResponseWriter, r *http.Request) {
+	if err := p.CheckHealth(r.Context()); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, Health{Health: "false", Reason: status.Convert(err).Message()})
+		return
+	}
+	writeJSON(w, http.StatusOK, Health{Health: "true"})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func codeOf(err error) string { return status.Code(err).String() }

@@ -1,0 +1,126 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// http2Preface starts every HTTP/2 connection with prior knowledge, which
+// is how gRPC clients talk over cleartext.
+var http2Preface = []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+
+// sniffTimeout bounds how long a new connection may take to send its
+// first bytes.
+const sniffTimeout = 10 * time.Second
+
+// splitListener accepts connections on one listener and hands each to the
+// gRPC server (HTTP/2 preface) or the HTTP server (anything else), so both
+// share one port while gRPC keeps its native transport.
+type splitListener struct {
+	root      net.Listener
+	grpc, web *chanListener
+	wg        sync.WaitGroup
+}
+
+func newSplitListener(l net.Listener) *splitListener {
+	done := make(chan struct{})
+	var once sync.Once
+	closeAll := func() { once.Do(func() { close(done) }) }
+	return &splitListener{
+		root: l,
+		grpc: &chanListener{addr: l.Addr(), ch: make(chan net.Conn), done: done, close: closeAll},
+		web:  &chanListener{addr: l.Addr(), ch: make(chan net.Conn), done: done, close: closeAll},
+	}
+}
+
+// serve accepts until the root listener is closed.
+func (s *splitListener) serve() error {
+	defer s.wg.Wait()
+	for {
+		c, err := s.root.Accept()
+		if err != nil {
+			s.grpc.close()
+			return err
+		}
+		s.wg.Go(func() { s.route(c) })
+	}
+}
+
+func (s *splitListener) route(c net.Conn) {
+	_ = c.SetReadDeadline(time.Now().Add(sniffTimeout))
+	buf := make([]byte, len(http2Preface))
+	n := 0
+	for n < len(buf) {
+		m, err := c.Read(buf[n:])
+		n += m
+		if !bytes.Equal(buf[:n], http2Preface[:n]) {
+			break
+		}
+		if err != nil {
+			if n == 0 || err != io.EOF {
+				_ = c.Close()
+				return
+			}
+			break
+		}
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	pc := &peekedConn{Conn: c, peeked: buf[:n]}
+	target := s.web
+	if bytes.Equal(buf[:n], http2Preface) {
+		target = s.grpc
+	}
+	select {
+	case target.ch <- pc:
+	case <-target.done:
+		_ = c.Close()
+	}
+}
+
+// close stops accepting.
+func (s *splitListener) close() error {
+	s.grpc.close()
+	return s.root.Close()
+}
+
+// chanListener is a net.Listener fed by splitListener.
+type chanListener struct {
+	addr  net.Addr
+	ch    chan net.Conn
+	done  chan struct{}
+	close func()
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *chanListener) Close() error {
+	l.close()
+	return nil
+}
+
+func (l *chanListener) Addr() net.Addr { return l.addr }
+
+// peekedConn replays the sniffed bytes before reading on.
+type peekedConn struct {
+	net.Conn
+	peeked []byte
+}
+
+func (c *peekedConn) Read(b []byte) (int, error) {
+	if len(c.peeked) > 0 {
+		n := copy(b, c.peeked)
+		c.peeked = c.peeked[n:]
+		return n, nil
+	}
+	return c.Conn.Read(b)
+}

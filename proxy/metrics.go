@@ -1,0 +1,74 @@
+package proxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the proxy's Prometheus series (namespace beacon_proxy).
+type metrics struct {
+	requests        *prometheus.CounterVec // method, code
+	refused         *prometheus.CounterVec // method
+	upstreamErrors  *prometheus.CounterVec // endpoint
+	retries         prometheus.Counter
+	loops           prometheus.Counter
+	refreshes       *prometheus.CounterVec // result
+	endpoints       *prometheus.GaugeVec   // state
+	endpointUp      *prometheus.GaugeVec   // endpoint
+	clientWatchers  prometheus.Gauge
+	upstreamWatches prometheus.Gauge
+	watchStreams    prometheus.Gauge
+	watchEvents     prometheus.Counter
+	watchDropped    prometheus.Counter
+	kaClientStreams prometheus.Gauge
+	kaUpstreams     prometheus.Gauge
+	kaRequests      prometheus.Counter
+	kaForwarded     prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	const ns, sub = "beacon", "proxy"
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "requests_total", Help: "Client RPCs handled by the proxy, by gRPC method and status code."}, []string{"method", "code"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "refused_total", Help: "Write requests refused because the proxy is readonly, by method."}, []string{"method"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "upstream_failures_total", Help: "Forwarded requests that failed on an endpoint (which was then benched), by endpoint."}, []string{"endpoint"}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "retries_total", Help: "Read requests retried on another endpoint after a failure."}),
+		loops: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "loops_detected_total", Help: "Forwarding loops detected (requests that came back to this proxy, or endpoints that are this proxy)."}),
+		refreshes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "refreshes_total", Help: "Member list refreshes, by result."}, []string{"result"}),
+		endpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "endpoints", Help: "Known endpoints by state: available, failed (benched), self (loop)."}, []string{"state"}),
+		endpointUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "endpoint_available", Help: "1 if the endpoint is in use, 0 if benched or excluded."}, []string{"endpoint"}),
+		clientWatchers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "client_watchers", Help: "Watchers opened by clients on the proxy."}),
+		upstreamWatches: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "upstream_watches", Help: "Watches the proxy holds on etcd; identical client watchers share one."}),
+		watchStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "client_watch_streams", Help: "Client Watch streams open on the proxy."}),
+		watchEvents: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "watch_events_total", Help: "Watch events delivered to client watchers."}),
+		watchDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "watch_slow_streams_total", Help: "Client watch streams ended because they did not keep up."}),
+		kaClientStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "keepalive_client_streams", Help: "Client LeaseKeepAlive streams open on the proxy."}),
+		kaUpstreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "keepalive_upstream_streams", Help: "LeaseKeepAlive streams the proxy holds on etcd (shared by all clients)."}),
+		kaRequests: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "keepalive_requests_total", Help: "Lease keep-alive requests received from clients."}),
+		kaForwarded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "keepalive_forwarded_total", Help: "Lease keep-alive requests sent to etcd (concurrent requests for one lease share one)."}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.refused, m.upstreamErrors, m.retries, m.loops,
+		m.refreshes, m.endpoints, m.endpointUp, m.clientWatchers, m.upstreamWatches, m.watchStreams,
+		m.watchEvents, m.watchDropped, m.kaClientStreams, m.kaUpstreams, m.kaRequests, m.kaForwarded} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,428 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/keepalive"
+)
+
+// Proxy is an etcd v3 proxy: one listener serving the etcd gRPC API and
+// its JSON gateway, /metrics and /health, forwarding to the members of one
+// cluster. Create it with New, run it with Serve or Run, stop it with
+// Close or by cancelling the context.
+type Proxy struct {
+	cfg        Config
+	log        *slog.Logger
+	reg        *prometheus.Registry
+	m          *metrics
+	id         string
+	codec      codec
+	httpClient *http.Client
+	dir        *director
+
+	mu    sync.Mutex
+	state int
+	stop  context.CancelFunc
+	done  chan struct{}
+	ready chan struct{}
+	addr  net.Addr
+
+	// Set by Serve before it serves.
+	client *clientv3.Client
+	conn   *grpc.ClientConn
+	watch  *watchHub
+	lease  *leaseMux
+	self   *selfMatcher
+	seeds  []string // peer URLs from discovery
+	peers  []string // peer URLs from the last member list
+}
+
+const (
+	stateNew = iota
+	stateServing
+	stateClosed
+)
+
+// New checks cfg and returns a proxy ready to Serve. It starts nothing.
+func New(cfg Config) (*Proxy, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	mode, _ := ParseMode(string(cfg.Mode))
+	cfg.Mode = mode
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: register metrics: %v", ErrBadConfig, err)
+	}
+	var idb [6]byte
+	_, _ = rand.Read(idb[:])
+	log := cfg.Logger.With("component", "proxy")
+	p := &Proxy{
+		cfg:        cfg,
+		log:        log,
+		reg:        reg,
+		m:          m,
+		id:         hex.EncodeToString(idb[:]),
+		codec:      newCodec(),
+		httpClient: newHTTPClient(cfg.ClientTLS, cfg.DialTimeout),
+		dir:        newDirector(cfg.FailureWait, log, m),
+		done:       make(chan struct{}),
+		ready:      make(chan struct{}),
+	}
+	return p, nil
+}
+
+// Mode returns the proxy's mode.
+func (p *Proxy) Mode() Mode { return p.cfg.Mode }
+
+// Ready is closed once the proxy has found the cluster and serves.
+func (p *Proxy) Ready() <-chan struct{} { return p.ready }
+
+// Done is closed when Serve has returned.
+func (p *Proxy) Done() <-chan struct{} { return p.done }
+
+// Addr returns the listener's address (nil before Serve).
+func (p *Proxy) Addr() net.Addr {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.addr
+}
+
+// Endpoints reports the member endpoints and their state.
+func (p *Proxy) Endpoints() []EndpointStatus { return p.dir.status() }
+
+// Run listens on Config.ListenAddr and serves until ctx ends or Close.
+func (p *Proxy) Run(ctx context.Context) error {
+	l, err := net.Listen("tcp", p.cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("proxy: listen on %s: %w", p.cfg.ListenAddr, err)
+	}
+	return p.Serve(ctx, l)
+}
+
+// Serve finds the cluster (bounded by Config.StartTimeout), then serves
+// clients on l until ctx ends or Close is called; it closes l. It returns
+// nil after a normal stop, and an error if the cluster cannot be found or
+// serving fails. After start, failures only fail the requests they touch.
+func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
+	p.mu.Lock()
+	switch p.state {
+	case stateServing:
+		p.mu.Unlock()
+		return ErrServing
+	case stateClosed:
+		p.mu.Unlock()
+		_ = l.Close()
+		return ErrClosed
+	}
+	p.state = stateServing
+	ctx, cancel := context.WithCancel(ctx)
+	p.stop = cancel
+	p.addr = l.Addr()
+	p.mu.Unlock()
+	defer close(p.done)
+	defer cancel()
+
+	p.self = newSelfMatcher(l.Addr(), p.cfg.SelfAddrs)
+	if err := p.start(ctx); err != nil {
+		_ = l.Close()
+		return err
+	}
+	defer p.client.Close()
+	return p.serve(ctx, l)
+}
+
+// Close stops the proxy and waits (boundedly) for Serve to return. It is
+// safe to call more than once and before Serve.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	prev := p.state
+	p.state = stateClosed
+	stop := p.stop
+	p.mu.Unlock()
+	if prev == stateNew {
+		return nil
+	}
+	if stop != nil {
+		stop()
+	}
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		return errors.New("proxy: close timed out waiting for connections to end")
+	}
+	return nil
+}
+
+// start finds the cluster and connects to it.
+func (p *Proxy) start(ctx context.Context) error {
+	sctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
+	defer cancel()
+	var lastErr error
+	delay := 100 * time.Millisecond
+	for {
+		list, err := p.initialEndpoints(sctx)
+		if err == nil {
+			usable := 0
+			self := 0
+			for _, e := range list {
+				switch {
+				case e.self:
+					self++
+				case e.usable(time.Now()):
+					usable++
+				}
+			}
+			switch {
+			case len(list) > 0 && self == len(list):
+				return fmt.Errorf("%w: every member client URL is this proxy's own address %s (a loop); point the proxy at the cluster", ErrBadConfig, p.addr)
+			case usable > 0:
+				p.dir.replace(list)
+				return p.connect(list)
+			}
+			var errs []error
+			for _, e := range list {
+				if !e.self {
+					errs = append(errs, fmt.Errorf("%s: %s", e.url, e.lastErr))
+				}
+			}
+			err = fmt.Errorf("%w: no member client URL reachable: %w", ErrNoMembers, errors.Join(errs...))
+		}
+		lastErr = err
+		if isPermanent(err) {
+			return err
+		}
+		p.log.Warn("cluster not reachable yet; retrying", "err", err)
+		select {
+		case <-sctx.Done():
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("proxy: no usable etcd cluster found within %v: %w", p.cfg.StartTimeout, lastErr)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, time.Second)
+	}
+}
+
+// initialEndpoints runs discovery and reads the member list.
+func (p *Proxy) initialEndpoints(ctx context.Context) ([]*endpoint, error) {
+	var urls []string
+	if len(p.cfg.Endpoints) > 0 {
+		urls = p.cfg.Endpoints
+	} else {
+		if p.seeds == nil {
+			seeds, err := p.discoverPeers(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := parseURLs(seeds); err != nil {
+				return nil, permanent(err)
+			}
+			p.seeds = seeds
+			p.log.Info("found cluster peers", "peers", seeds)
+		}
+		ms, err := p.fetchMembers(ctx, p.seeds)
+		if err != nil {
+			return nil, err
+		}
+		clients, peers := clientURLs(ms)
+		if len(clients) == 0 {
+			return nil, fmt.Errorf("%w: the member list names no client URL yet", ErrNoMembers)
+		}
+		p.peers = peers
+		urls = clients
+	}
+	return probe(ctx, urls, p.self, p.cfg.DialTimeout, p.cfg.FailureWait, p.log), nil
+}
+
+// connect creates the upstream client over the usable endpoints.
+func (p *Proxy) connect(list []*endpoint) error {
+	var eps []string
+	for _, e := range list {
+		if e.usable(time.Now()) {
+			eps = append(eps, e.url)
+		}
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            eps,
+		DialTimeout:          p.cfg.DialTimeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		TLS:                  p.cfg.ClientTLS,
+		Logger:               zap.NewNop(),
+		MaxCallSendMsgSize:   maxMsgSize,
+		MaxCallRecvMsgSize:   maxMsgSize,
+		DialOptions: []grpc.DialOption{
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+				MinConnectTimeout: p.cfg.DialTimeout,
+			}),
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("proxy: connect to %v: %w", eps, err)
+	}
+	p.client = cli
+	p.conn = cli.ActiveConnection()
+	p.dir.mu.Lock()
+	p.dir.applied = slices.Clone(eps)
+	p.dir.set = func(eps []string) {
+		p.log.Info("endpoints in use", "endpoints", eps)
+		cli.SetEndpoints(eps...)
+	}
+	p.dir.mu.Unlock()
+	p.log.Info("connected to cluster", "endpoints", eps, "mode", p.cfg.Mode)
+	return nil
+}
+
+// newGRPCServer returns the client-facing gRPC server.
+func (p *Proxy) newGRPCServer() *grpc.Server {
+	gs := grpc.NewServer(
+		grpc.ForceServerCodecV2(p.codec),
+		grpc.UnknownServiceHandler(p.handleUnknown),
+		grpc.MaxRecvMsgSize(maxMsgSize),
+		grpc.MaxSendMsgSize(maxMsgSize),
+		grpc.MaxConcurrentStreams(math.MaxUint32),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: false}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Hour, Timeout: 20 * time.Second}),
+	)
+	gs.RegisterService(&grpc.ServiceDesc{
+		ServiceName: "etcdserverpb.Watch",
+		HandlerType: (*any)(nil),
+		Streams: []grpc.StreamDesc{{
+			StreamName: "Watch", ServerStreams: true, ClientStreams: true,
+			Handler: func(_ any, ss grpc.ServerStream) error {
+				err := p.watch.serve(ss)
+				p.m.requests.WithLabelValues("/etcdserverpb.Watch/Watch", codeOf(err)).Inc()
+				return err
+			},
+		}},
+	}, p)
+	gs.RegisterService(&grpc.ServiceDesc{
+		ServiceName: "etcdserverpb.Lease",
+		HandlerType: (*any)(nil),
+		Streams: []grpc.StreamDesc{{
+			StreamName: "LeaseKeepAlive", ServerStreams: true, ClientStreams: true,
+			Handler: func(_ any, ss grpc.ServerStream) error {
+				err := p.lease.serve(ss)
+				p.m.requests.WithLabelValues(leaseSvc+"LeaseKeepAlive", codeOf(err)).Inc()
+				return err
+			},
+		}},
+	}, p)
+	return gs
+}
+
+// refreshLoop re-reads the member list every RefreshInterval (every
+// second while no endpoint is usable) and puts benched endpoints back in
+// use when their FailureWait is over.
+func (p *Proxy) refreshLoop(ctx context.Context) {
+	next := time.Now().Add(p.cfg.RefreshInterval)
+	for {
+		interval := p.cfg.RefreshInterval
+		if len(p.dir.available()) == 0 && interval > EmptyRefreshInterval {
+			interval = EmptyRefreshInterval
+			if t := time.Now().Add(interval); t.Before(next) {
+				next = t
+			}
+		}
+		wake := next
+		if w := p.dir.nextWake(); !w.IsZero() && w.Before(wake) {
+			wake = w
+		}
+		t := time.NewTimer(time.Until(wake))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		case <-p.dir.kick:
+			t.Stop()
+		}
+		if !time.Now().Before(next) {
+			p.refresh(ctx)
+			next = time.Now().Add(interval)
+		}
+		p.dir.apply()
+	}
+}
+
+// refresh re-reads the member list and re-probes the endpoints.
+func (p *Proxy) refresh(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, max(5*time.Second, 2*p.cfg.DialTimeout))
+	defer cancel()
+	urls, err := p.memberClientURLs(ctx)
+	if err != nil {
+		p.m.refreshes.WithLabelValues("error").Inc()
+		p.log.Warn("member list refresh failed; keeping the known endpoints", "err", err)
+		urls = p.dir.known()
+	} else {
+		p.m.refreshes.WithLabelValues("ok").Inc()
+	}
+	list := probe(ctx, urls, p.self, p.cfg.DialTimeout, p.cfg.FailureWait, p.log)
+	before := p.dir.known()
+	p.dir.replace(list)
+	if after := p.dir.known(); !sameSet(before, after) {
+		p.log.Info("member endpoints changed", "before", before, "after", after)
+	}
+}
+
+// memberClientURLs reads the current members' client URLs.
+func (p *Proxy) memberClientURLs(ctx context.Context) ([]string, error) {
+	if len(p.cfg.Endpoints) > 0 {
+		resp, err := p.client.MemberList(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, m := range resp.Members {
+			if !m.IsLearner {
+				out = append(out, m.ClientURLs...)
+			}
+		}
+		if len(out) == 0 {
+			return nil, errors.New("member list names no client URL")
+		}
+		return out, nil
+	}
+	seen := map[string]bool{}
+	var peers []string
+	for _, u := range append(slices.Clone(p.peers), p.seeds...) {
+		if !seen[u] {
+			seen[u] = true
+			peers = append(peers, u)
+		}
+	}
+	ms, err := p.fetchMembers(ctx, peers)
+	if err != nil {
+		return nil, err
+	}
+	clients, newPeers := clientURLs(ms)
+	if len(clients) == 0 {
+		return nil, errors.New("member list names no client URL")
+	}
+	p.peers = newPeers
+	return clients, nil
+}

@@ -1,0 +1,729 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// Watch coalescing.
+//
+// Client watchers on the same range (same key, range end, auth token and
+// require-leader flag) share upstream watches. An upstream u keeps
+// nextrev: every event with a revision below nextrev has been handed to
+// its receivers, and every event at or above it is still to come. A client
+// watcher w with its own nextrev (the first revision it still needs) may
+// receive from u whenever u.nextrev <= w.nextrev; it skips events below its
+// own nextrev. A watcher "from now" (start revision 0) joins any existing
+// upstream, taking max(current revision+1, u.nextrev) as its start, so
+// identical watches always share one upstream watch. A watcher that needs
+// older history gets its own upstream from its start revision; once that
+// upstream has caught up, the two are merged into the one that is behind
+// (which loses nothing for either side) and the other is cancelled.
+
+// maxQueued bounds the responses waiting for one slow client stream; past
+// it the stream is ended with ResourceExhausted (the client re-watches from
+// its last revision) rather than holding others up or growing without end.
+const maxQueued = 1 << 16
+
+type watchKey struct {
+	key, end      string
+	token         string
+	via           string
+	requireLeader bool
+}
+
+// groupKey selects the clientv3 gRPC watch stream (one per credentials).
+func (k watchKey) group() watchKey {
+	return watchKey{token: k.token, via: k.via, requireLeader: k.requireLeader}
+}
+
+type watchHub struct {
+	p      *Proxy
+	w      clientv3.Watcher
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	groups map[watchKey][]*upstream
+	closed bool
+}
+
+type upstream struct {
+	hub    *watchHub
+	key    watchKey
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	nextrev   int64
+	caughtUp  bool
+	closed    bool
+	receivers map[*cwatcher]struct{}
+}
+
+type cwatcher struct {
+	id      int64
+	s       *cstream
+	key     watchKey
+	prevKV  bool
+	noPut   bool
+	noDel   bool
+	progres bool
+	nextrev int64     // guarded by up.mu
+	up      *upstream // guarded by hub.mu
+}
+
+// cstream is one client Watch stream.
+type cstream struct {
+	hub    *watchHub
+	ss     grpc.ServerStream
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	rctx   context.Context // outgoing metadata for the proxy's own calls
+
+	mu       sync.Mutex
+	watchers map[int64]*cwatcher
+	nextID   int64
+	queue    []*pb.WatchResponse
+	signal   chan struct{}
+	pending  map[*upstream]bool // progress requested, not yet answered
+	wantProg bool
+}
+
+func newWatchHub(p *Proxy, w clientv3.Watcher) *watchHub {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &watchHub{p: p, w: w, ctx: ctx, cancel: cancel, groups: map[watchKey][]*upstream{}}
+}
+
+// close cancels every upstream watch and waits for their goroutines.
+func (h *watchHub) close() {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+	h.cancel()
+	h.wg.Wait()
+}
+
+// serve handles one client Watch stream.
+func (h *watchHub) serve(ss grpc.ServerStream) error {
+	rctx, err := h.p.outgoing(ss.Context())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancelCause(ss.Context())
+	s := &cstream{hub: h, ss: ss, ctx: ctx, cancel: cancel, rctx: rctx,
+		watchers: map[int64]*cwatcher{}, signal: make(chan struct{}, 1), pending: map[*upstream]bool{}}
+	h.p.m.watchStreams.Inc()
+	defer h.p.m.watchStreams.Dec()
+
+	recvErr := make(chan error, 1)
+	go func() { recvErr <- s.recvLoop() }()
+	sendErr := s.sendLoop()
+	cancel(nil)
+	rerr := <-recvErr
+	s.detachAll()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	if sendErr != nil {
+		return sendErr
+	}
+	if rerr != nil && !errors.Is(rerr, io.EOF) && status.Code(rerr) != codes.Canceled {
+		return rerr
+	}
+	return nil
+}
+
+func (s *cstream) recvLoop() error {
+	defer s.cancel(nil)
+	for {
+		req := new(pb.WatchRequest)
+		if err := s.ss.RecvMsg(req); err != nil {
+			return err
+		}
+		switch r := req.RequestUnion.(type) {
+		case *pb.WatchRequest_CreateRequest:
+			if r.CreateRequest != nil {
+				s.create(r.CreateRequest)
+			}
+		case *pb.WatchRequest_CancelRequest:
+			if r.CancelRequest != nil {
+				s.cancelWatch(r.CancelRequest.WatchId)
+			}
+		case *pb.WatchRequest_ProgressRequest:
+			s.requestProgress()
+		}
+	}
+}
+
+// enqueue adds responses for the client without blocking.
+func (s *cstream) enqueue(rs ...*pb.WatchResponse) {
+	s.mu.Lock()
+	if len(s.queue)+len(rs) > maxQueued {
+		s.mu.Unlock()
+		s.hub.p.m.watchDropped.Inc()
+		s.cancel(status.Errorf(codes.ResourceExhausted,
+			"proxy: watch stream too slow: more than %d responses waiting; re-create the watches from the last revision received", maxQueued))
+		return
+	}
+	s.queue = append(s.queue, rs...)
+	s.mu.Unlock()
+	select {
+	case s.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (s *cstream) sendLoop() error {
+	for {
+		select {
+		case <-s.ctx.Done():
+			return nil
+		case <-s.signal:
+		}
+		s.mu.Lock()
+		batch := s.queue
+		s.queue = nil
+		s.mu.Unlock()
+		for _, r := range batch {
+			if err := s.ss.SendMsg(r); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func watchCanceled(hdr *pb.ResponseHeader, id int64, reason string) *pb.WatchResponse {
+	if hdr == nil {
+		hdr = &pb.ResponseHeader{}
+	}
+	return &pb.WatchResponse{Header: hdr, WatchId: id, Created: true, Canceled: true, CancelReason: reason}
+}
+
+// create handles a WatchCreateRequest.
+func (s *cstream) create(cr *pb.WatchCreateRequest) {
+	h := s.hub
+	id := cr.WatchId
+	s.mu.Lock()
+	if id == clientv3.AutoWatchID {
+		for s.watchers[s.nextID] != nil {
+			s.nextID++
+		}
+		id = s.nextID
+		s.nextID++
+	} else if s.watchers[id] != nil {
+		s.mu.Unlock()
+		s.enqueue(watchCanceled(nil, id, "mvcc: duplicate watch ID"))
+		return
+	}
+	s.mu.Unlock()
+
+	key, end := string(cr.Key), string(cr.RangeEnd)
+	if end != "" && end != "\x00" && end <= key {
+		s.enqueue(watchCanceled(nil, id, "proxy: invalid watch range: range end must be greater than key"))
+		return
+	}
+	if cr.StartRevision < 0 {
+		s.enqueue(watchCanceled(nil, id, rpctypes.ErrCompacted.Error()))
+		return
+	}
+	// A count-only serializable Range checks the client may read the
+	// range (with its own token) and gives the current revision.
+	rk, re := cr.Key, cr.RangeEnd
+	if len(rk) == 0 {
+		rk, re = []byte{0}, []byte{0}
+	}
+	rresp := new(pb.RangeResponse)
+	_, _, err := h.p.invoke(s.rctx, kvSvc+"Range", &pb.RangeRequest{Key: rk, RangeEnd: re, Serializable: true, CountOnly: true, Limit: 1},
+		rresp, false, true)
+	if err != nil {
+		s.enqueue(watchCanceled(nil, id, status.Convert(err).Message()))
+		return
+	}
+	md, _ := metadata.FromIncomingContext(s.ss.Context())
+	w := &cwatcher{id: id, s: s, prevKV: cr.PrevKv, progres: cr.ProgressNotify,
+		key: watchKey{key: key, end: end,
+			token:         strings.Join(append(md.Get(rpctypes.TokenFieldNameGRPC), md.Get("authorization")...), ","),
+			via:           strings.Join(md.Get(viaKey), ","),
+			requireLeader: slices.Contains(md.Get(rpctypes.MetadataRequireLeaderKey), rpctypes.MetadataHasLeader)}}
+	for _, f := range cr.Filters {
+		switch f {
+		case pb.WatchCreateRequest_NOPUT:
+			w.noPut = true
+		case pb.WatchCreateRequest_NODELETE:
+			w.noDel = true
+		}
+	}
+	s.mu.Lock()
+	if s.ctx.Err() != nil {
+		s.mu.Unlock()
+		return
+	}
+	if s.watchers[id] != nil {
+		s.mu.Unlock()
+		s.enqueue(watchCanceled(nil, id, "mvcc: duplicate watch ID"))
+		return
+	}
+	s.watchers[id] = w
+	s.mu.Unlock()
+	if !h.attach(w, cr.StartRevision, rresp.Header) {
+		s.mu.Lock()
+		delete(s.watchers, id)
+		s.mu.Unlock()
+		s.enqueue(watchCanceled(rresp.Header, id, "proxy: closing"))
+		return
+	}
+	h.p.m.clientWatchers.Inc()
+}
+
+// attach puts w on a fitting upstream (or a new one) and queues its
+// created response before any event.
+func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool {
+	if hdr == nil {
+		hdr = &pb.ResponseHeader{}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	current := hdr.Revision
+	want := start
+	if want == 0 {
+		want = current + 1
+	}
+	ups := h.groups[w.key]
+	var best *upstream
+	for _, u := range ups {
+		u.mu.Lock()
+		ok := !u.closed && u.nextrev <= want
+		u.mu.Unlock()
+		if ok {
+			best = u
+			break
+		}
+	}
+	if best == nil && start == 0 {
+		// From now: the most recent upstream also counts as now.
+		for _, u := range ups {
+			u.mu.Lock()
+			if !u.closed && (best == nil || u.nextrev < best.nextrev) {
+				best = u
+			}
+			u.mu.Unlock()
+		}
+	}
+	created := func(u *upstream, next int64) {
+		rev := current
+		if start == 0 {
+			rev = next - 1
+		}
+		w.nextrev = next
+		w.up = u
+		w.s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, rev), WatchId: w.id, Created: true})
+		u.receivers[w] = struct{}{}
+	}
+	if best != nil {
+		best.mu.Lock()
+		created(best, max(want, best.nextrev))
+		best.mu.Unlock()
+		return true
+	}
+	u := h.newUpstream(w.key, want, start == 0)
+	u.mu.Lock()
+	created(u, want)
+	u.mu.Unlock()
+	return true
+}
+
+// newUpstream starts an upstream watch from rev; h.mu is held.
+func (h *watchHub) newUpstream(k watchKey, rev int64, current bool) *upstream {
+	md := metadata.MD{}
+	if k.token != "" {
+		md.Set(rpctypes.TokenFieldNameGRPC, k.token)
+	}
+	via := []string{}
+	if k.via != "" {
+		via = strings.Split(k.via, ",")
+	}
+	md.Set(viaKey, append(via, h.p.id)...)
+	ctx := metadata.NewOutgoingContext(h.ctx, md)
+	if k.requireLeader {
+		ctx = clientv3.WithRequireLeader(ctx)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	u := &upstream{hub: h, key: k, ctx: ctx, cancel: cancel, nextrev: rev, caughtUp: current, receivers: map[*cwatcher]struct{}{}}
+	h.groups[k] = append(h.groups[k], u)
+	h.p.m.upstreamWatches.Inc()
+	opts := []clientv3.OpOption{clientv3.WithRev(rev), clientv3.WithPrevKV(), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
+	if k.end != "" {
+		opts = append(opts, clientv3.WithRange(k.end))
+	}
+	wch := h.w.Watch(ctx, k.key, opts...)
+	h.wg.Go(func() { u.run(wch) })
+	return u
+}
+
+func (u *upstream) run(wch clientv3.WatchChan) {
+	h := u.hub
+	var lastErr error
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			lastErr = err
+		}
+		u.dispatch(&wr)
+		h.maybeMerge(u)
+	}
+	// The channel closed: cancelled by us, or the watch failed.
+	reason := "proxy: upstream watch ended"
+	if lastErr != nil {
+		reason = lastErr.Error()
+	}
+	u.end(nil, 0, reason)
+}
+
+// dispatch hands one upstream response to the receivers.
+func (u *upstream) dispatch(wr *clientv3.WatchResponse) {
+	if wr.Canceled || wr.CompactRevision != 0 {
+		reason := wr.CancelReason
+		if err := wr.Err(); err != nil {
+			reason = err.Error()
+		}
+		u.end(wr.Header, wr.CompactRevision, reason)
+		return
+	}
+	hdr := wr.Header
+	if hdr == nil {
+		hdr = &pb.ResponseHeader{}
+	}
+	m := u.hub.p.m
+	var done []*cstream
+	u.mu.Lock()
+	switch {
+	case wr.Created:
+		if !u.caughtUp {
+			defer u.hub.requestProgress(u.key)
+		}
+	case wr.IsProgressNotify():
+		u.nextrev = max(u.nextrev, hdr.Revision+1)
+		u.caughtUp = true
+		for w := range u.receivers {
+			w.nextrev = max(w.nextrev, hdr.Revision+1)
+			if w.progres {
+				w.s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, hdr.Revision), WatchId: w.id})
+			}
+			if w.s.progressDone(u) {
+				done = append(done, w.s)
+			}
+		}
+	default:
+		if len(wr.Events) == 0 {
+			break
+		}
+		last := wr.Events[len(wr.Events)-1].Kv.ModRevision
+		u.nextrev = max(u.nextrev, last+1)
+		if hdr.Revision == last {
+			u.caughtUp = true
+		}
+		for w := range u.receivers {
+			var evs []*mvccpb.Event
+			for _, ev := range wr.Events {
+				if ev.Kv.ModRevision < w.nextrev {
+					continue
+				}
+				if (ev.Type == mvccpb.PUT && w.noPut) || (ev.Type == mvccpb.DELETE && w.noDel) {
+					continue
+				}
+				e := (*mvccpb.Event)(ev)
+				if !w.prevKV && e.PrevKv != nil {
+					e = &mvccpb.Event{Type: e.Type, Kv: e.Kv}
+				}
+				evs = append(evs, e)
+			}
+			w.nextrev = max(w.nextrev, last+1)
+			if len(evs) > 0 {
+				w.s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, hdr.Revision), WatchId: w.id, Events: evs})
+				m.watchEvents.Add(float64(len(evs)))
+			}
+		}
+		if !u.caughtUp {
+			defer u.hub.requestProgress(u.key)
+		}
+	}
+	u.mu.Unlock()
+	for _, s := range done {
+		s.answerProgress()
+	}
+}
+
+// end cancels every receiver of u (compaction, permission loss, upstream
+// failure) and removes u.
+func (u *upstream) end(hdr *pb.ResponseHeader, compactRev int64, reason string) {
+	h := u.hub
+	h.mu.Lock()
+	u.mu.Lock()
+	already := u.closed
+	u.closed = true
+	recv := u.receivers
+	u.receivers = map[*cwatcher]struct{}{}
+	u.mu.Unlock()
+	if !already {
+		h.removeLocked(u)
+	}
+	h.mu.Unlock()
+	u.cancel()
+	if hdr == nil {
+		hdr = &pb.ResponseHeader{}
+	}
+	for w := range recv {
+		s := w.s
+		s.mu.Lock()
+		if s.watchers[w.id] == w {
+			delete(s.watchers, w.id)
+			h.p.m.clientWatchers.Dec()
+		}
+		s.mu.Unlock()
+		s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, hdr.Revision), WatchId: w.id, Canceled: true, CompactRevision: compactRev, CancelReason: reason})
+		if s.progressDone(u) {
+			s.answerProgress()
+		}
+	}
+}
+
+// removeLocked drops u from its group; h.mu is held.
+func (h *watchHub) removeLocked(u *upstream) {
+	ups := h.groups[u.key]
+	if i := slices.Index(ups, u); i >= 0 {
+		ups = slices.Delete(ups, i, i+1)
+		h.p.m.upstreamWatches.Dec()
+	}
+	if len(ups) == 0 {
+		delete(h.groups, u.key)
+	} else {
+		h.groups[u.key] = ups
+	}
+}
+
+// maybeMerge folds upstreams of u's range into one: the receivers of the
+// upstream that is ahead move to the one that is behind (and caught up).
+func (h *watchHub) maybeMerge(u *upstream) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ups := h.groups[u.key]
+	if len(ups) < 2 {
+		return
+	}
+	for _, v := range ups {
+		if v == u {
+			continue
+		}
+		if h.moveLocked(u, v) || h.moveLocked(v, u) {
+			return
+		}
+	}
+}
+
+// moveLocked moves every receiver of from to to, if to is caught up and
+// not ahead of from; h.mu is held.
+func (h *watchHub) moveLocked(from, to *upstream) bool {
+	from.mu.Lock()
+	to.mu.Lock()
+	ok := !from.closed && !to.closed && to.caughtUp && to.nextrev <= from.nextrev
+	if ok {
+		for w := range from.receivers {
+			to.receivers[w] = struct{}{}
+			w.up = to
+			w.s.mu.Lock()
+			if w.s.pending[from] {
+				delete(w.s.pending, from)
+				w.s.pending[to] = true
+			}
+			w.s.mu.Unlock()
+		}
+		from.receivers = map[*cwatcher]struct{}{}
+		from.closed = true
+	}
+	to.mu.Unlock()
+	from.mu.Unlock()
+	if ok {
+		h.removeLocked(from)
+		from.cancel()
+	}
+	return ok
+}
+
+// cancelWatch handles a client's WatchCancelRequest.
+func (s *cstream) cancelWatch(id int64) {
+	s.mu.Lock()
+	w := s.watchers[id]
+	delete(s.watchers, id)
+	s.mu.Unlock()
+	if w == nil {
+		return
+	}
+	s.hub.detach(w)
+	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: id, Canceled: true})
+}
+
+// detach removes w from its upstream, cancelling the upstream when it has
+// no receiver left.
+func (h *watchHub) detach(w *cwatcher) {
+	h.mu.Lock()
+	u := w.up
+	if u == nil {
+		h.mu.Unlock()
+		return
+	}
+	u.mu.Lock()
+	_, was := u.receivers[w]
+	delete(u.receivers, w)
+	empty := len(u.receivers) == 0 && !u.closed
+	if empty {
+		u.closed = true
+	}
+	u.mu.Unlock()
+	if empty {
+		h.removeLocked(u)
+	}
+	h.mu.Unlock()
+	if was {
+		h.p.m.clientWatchers.Dec()
+	}
+	if empty {
+		u.cancel()
+	}
+}
+
+func (s *cstream) detachAll() {
+	s.mu.Lock()
+	ws := make([]*cwatcher, 0, len(s.watchers))
+	for _, w := range s.watchers {
+		ws = append(ws, w)
+	}
+	s.watchers = map[int64]*cwatcher{}
+	s.mu.Unlock()
+	for _, w := range ws {
+		s.hub.detach(w)
+	}
+}
+
+// requestProgress asks etcd for a progress notification on the gRPC watch
+// stream of k's credentials (answered once its watches are synced).
+func (h *watchHub) requestProgress(k watchKey) {
+	h.mu.Lock()
+	var ctx context.Context
+	for key, ups := range h.groups {
+		if key.group() == k.group() && len(ups) > 0 {
+			ctx = ups[0].ctx
+			break
+		}
+	}
+	h.mu.Unlock()
+	if ctx != nil {
+		_ = h.w.RequestProgress(ctx)
+	}
+}
+
+// requestProgress handles a client's WatchProgressRequest: once every
+// upstream feeding this stream has reported progress, the client gets a
+// progress notification (watch ID -1) at the lowest revision all its
+// watchers have fully received.
+func (s *cstream) requestProgress() {
+	h := s.hub
+	h.mu.Lock()
+	s.mu.Lock()
+	ups := map[*upstream]bool{}
+	for _, w := range s.watchers {
+		if w.up != nil {
+			ups[w.up] = true
+		}
+	}
+	s.pending = ups
+	s.wantProg = len(ups) > 0
+	s.mu.Unlock()
+	keys := map[watchKey]bool{}
+	for u := range ups {
+		keys[u.key.group()] = true
+	}
+	h.mu.Unlock()
+	if len(ups) == 0 {
+		// No watcher: answer with the current revision.
+		rresp := new(pb.RangeResponse)
+		if _, _, err := h.p.invoke(s.rctx, kvSvc+"Range", &pb.RangeRequest{Key: []byte{0}, RangeEnd: []byte{0}, Serializable: true, CountOnly: true, Limit: 1},
+			rresp, false, true); err == nil {
+			s.enqueue(&pb.WatchResponse{Header: rresp.Header, WatchId: clientv3.InvalidWatchID})
+		}
+		return
+	}
+	for u := range ups {
+		if keys[u.key.group()] {
+			delete(keys, u.key.group())
+			_ = h.w.RequestProgress(u.ctx)
+		}
+	}
+}
+
+// progressDone records that u reported progress; it reports whether the
+// client's progress request is now complete.
+func (s *cstream) progressDone(u *upstream) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.wantProg || !s.pending[u] {
+		return false
+	}
+	delete(s.pending, u)
+	if len(s.pending) == 0 {
+		s.wantProg = false
+		return true
+	}
+	return false
+}
+
+// answerProgress sends the progress notification for a completed request.
+func (s *cstream) answerProgress() {
+	h := s.hub
+	h.mu.Lock()
+	s.mu.Lock()
+	ws := make([]*cwatcher, 0, len(s.watchers))
+	for _, w := range s.watchers {
+		ws = append(ws, w)
+	}
+	s.mu.Unlock()
+	var rev int64 = -1
+	for _, w := range ws {
+		if u := w.up; u != nil {
+			u.mu.Lock()
+			if r := w.nextrev - 1; rev < 0 || r < rev {
+				rev = r
+			}
+			u.mu.Unlock()
+		}
+	}
+	h.mu.Unlock()
+	if rev < 0 {
+		return
+	}
+	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{Revision: rev}, WatchId: clientv3.InvalidWatchID})
+}
+
+// withRevision copies a response header with another revision.
+func withRevision(h *pb.ResponseHeader, rev int64) *pb.ResponseHeader {
+	if h == nil {
+		return &pb.ResponseHeader{Revision: rev}
+	}
+	return &pb.ResponseHeader{ClusterId: h.ClusterId, MemberId: h.MemberId, Revision: rev, RaftTerm: h.RaftTerm}
+}
