@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/beaconplane/beacon/server"
+	"github.com/beaconplane/beacon/store/backend"
+	"github.com/spf13/cobra"
+	"go.uber.org/zap/zapcore"
+)
+
+func init() { rootCmd.AddCommand(newServeCmd()) }
+
+func newServeCmd() *cobra.Command {
+	var (
+		cfg          server.Config
+		etcdLogLevel string
+		etcdAuth     *backendFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run Beacon: embedded etcd, HTTP API, health and metrics",
+		Long: `Run Beacon's server. By default it starts a single-node embedded etcd (clients on
+127.0.0.1:2379, peers on 127.0.0.1:2380, data in ./beacon.data) that etcdctl and
+any etcd v3 client use unchanged, and an HTTP listener on 127.0.0.1:9379 with
+/healthz, /readyz, /metrics and the HTTP API.
+
+With --etcd-endpoints it runs no etcd and fronts an external cluster instead
+(credentials from ETCD_AUTH_* or the --etcd-* flags). With
+BEACON_DISCOVERY_BACKEND=memory|file|nats (or --backend) the HTTP API runs on
+that backend without etcd.
+
+It stops gracefully on SIGINT or SIGTERM.
+
+Environment (flags win): BEACON_DISCOVERY_BACKEND, ETCD_AUTH_USERNAME,
+ETCD_AUTH_PASSWORD, ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY,
+BEACON_LOG_LEVEL.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			cfg.Logger = logger
+			var lvl zapcore.Level
+			if err := lvl.UnmarshalText([]byte(etcdLogLevel)); err != nil {
+				return fmt.Errorf("--etcd-log-level %q: must be debug, info, warn or error", etcdLogLevel)
+			}
+			cfg.EtcdLogLevel = &lvl
+			cfg.Backend = etcdAuth.config()
+			srv, err := server.New(cfg)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if err := srv.Start(ctx); err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), srv.Banner())
+			if err := srv.Wait(ctx); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "beacon serve stopped")
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Name, "name", server.DefaultName, "etcd member name")
+	f.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir, "embedded etcd data directory (created if missing)")
+	f.StringSliceVar(&cfg.ListenClientURLs, "listen-client-urls", []string{server.DefaultClientURL}, "URLs where embedded etcd serves clients")
+	f.StringSliceVar(&cfg.AdvertiseClientURLs, "advertise-client-urls", nil, "client URLs advertised to the cluster (default: --listen-client-urls)")
+	f.StringSliceVar(&cfg.ListenPeerURLs, "listen-peer-urls", []string{server.DefaultPeerURL}, "URLs where embedded etcd talks to other members")
+	f.StringSliceVar(&cfg.AdvertisePeerURLs, "initial-advertise-peer-urls", nil, "peer URLs advertised to the cluster (default: --listen-peer-urls)")
+	f.StringVar(&cfg.InitialCluster, "initial-cluster", "", "initial cluster, name=peerURL,... (default: this member alone)")
+	f.StringVar(&cfg.InitialClusterState, "initial-cluster-state", "new", "new or existing")
+	f.StringVar(&cfg.InitialClusterToken, "initial-cluster-token", "beacon", "initial cluster token")
+	f.StringVar(&cfg.HTTPAddr, "http-addr", server.DefaultHTTPAddr, "HTTP API, health and metrics listener")
+	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "front this external etcd cluster instead of running embedded etcd")
+	f.StringVar(&etcdLogLevel, "etcd-log-level", "warn", "lowest level of embedded etcd's logs to show")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "graceful shutdown bound")
+	etcdAuth = addBackendFlags(cmd, "etcd-")
+	f.StringVar(&etcdAuth.backend, "backend", backend.FromEnv().BackendName(), "store backend: etcd, memory, file or nats (env "+backend.EnvVar+")")
+	return cmd
+}

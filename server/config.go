@@ -1,0 +1,229 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/backend"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zapcore"
+)
+
+// Defaults of `beacon serve`: loopback only, the ports etcd users expect.
+const (
+	DefaultName            = "beacon"
+	DefaultDataDir         = "beacon.data"
+	DefaultClientURL       = "http://127.0.0.1:2379"
+	DefaultPeerURL         = "http://127.0.0.1:2380"
+	DefaultHTTPAddr        = "127.0.0.1:9379"
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+// Config configures a Server. The zero value runs a single-node embedded
+// etcd with the defaults above; see Validate for the rules.
+type Config struct {
+	// Name is the etcd member name; DefaultName when empty.
+	Name string
+	// DataDir holds the embedded etcd's data; DefaultDataDir when empty.
+	// It is created if missing.
+	DataDir string
+	// ListenClientURLs are where embedded etcd serves clients (etcdctl,
+	// any etcd v3 client); [DefaultClientURL] when empty.
+	ListenClientURLs []string
+	// AdvertiseClientURLs are the client URLs told to other members and
+	// clients; ListenClientURLs when empty (they must then be concrete,
+	// not 0.0.0.0).
+	AdvertiseClientURLs []string
+	// ListenPeerURLs are where embedded etcd talks to other members;
+	// [DefaultPeerURL] when empty.
+	ListenPeerURLs []string
+	// AdvertisePeerURLs are the peer URLs told to other members;
+	// ListenPeerURLs when empty.
+	AdvertisePeerURLs []string
+	// InitialCluster is etcd's --initial-cluster (name=peerURL,...); a
+	// single-node cluster of this member when empty.
+	InitialCluster string
+	// InitialClusterState is "new" (default) or "existing".
+	InitialClusterState string
+	// InitialClusterToken is etcd's --initial-cluster-token; "beacon" when
+	// empty.
+	InitialClusterToken string
+
+	// EtcdEndpoints, when set, make the server a stateless front over this
+	// external etcd cluster instead of running embedded etcd. Credentials
+	// and TLS for it are in Backend.Etcd.
+	EtcdEndpoints []string
+
+	// Backend is the store behind the HTTP API. Its name is "etcd" by
+	// default: the embedded etcd, or the external one of EtcdEndpoints.
+	// Other backends ("memory", "file", "nats") run without etcd: no etcd
+	// client port and no v3 bootstrap discovery.
+	Backend backend.Config
+
+	// Store, when set, is used instead of opening Backend (embedders and
+	// tests inject one). The server does not close it.
+	Store store.Store
+
+	// HTTPAddr is the HTTP API, metrics and health listener;
+	// DefaultHTTPAddr when empty.
+	HTTPAddr string
+
+	// ShutdownTimeout bounds graceful shutdown; DefaultShutdownTimeout when
+	// zero.
+	ShutdownTimeout time.Duration
+
+	// Logger receives the server's logs and, through EtcdLogLevel, the
+	// embedded etcd's; nil discards them.
+	Logger *slog.Logger
+	// EtcdLogLevel is the lowest level of etcd's own logs that is passed
+	// to Logger; zapcore.WarnLevel by default (the zero value is Info, so
+	// set it explicitly; New treats an unset level as Warn).
+	EtcdLogLevel *zapcore.Level
+	// Registerer receives Beacon's metrics; a new registry when nil. The
+	// /metrics endpoint serves it together with etcd's metrics.
+	Registerer prometheus.Registerer
+	// Gatherer is what /metrics serves; derived from Registerer when nil.
+	Gatherer prometheus.Gatherer
+}
+
+// embedded reports whether the server runs embedded etcd.
+func (c *Config) embedded() bool {
+	return c.Store == nil && len(c.EtcdEndpoints) == 0 && c.Backend.BackendName() == backend.Etcd
+}
+
+// withDefaults returns a copy with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir
+	}
+	if len(c.ListenClientURLs) == 0 {
+		c.ListenClientURLs = []string{DefaultClientURL}
+	}
+	if len(c.AdvertiseClientURLs) == 0 {
+		c.AdvertiseClientURLs = c.ListenClientURLs
+	}
+	if len(c.ListenPeerURLs) == 0 {
+		c.ListenPeerURLs = []string{DefaultPeerURL}
+	}
+	if len(c.AdvertisePeerURLs) == 0 {
+		c.AdvertisePeerURLs = c.ListenPeerURLs
+	}
+	if c.InitialCluster == "" {
+		pairs := make([]string, len(c.AdvertisePeerURLs))
+		for i, u := range c.AdvertisePeerURLs {
+			pairs[i] = c.Name + "=" + u
+		}
+		c.InitialCluster = strings.Join(pairs, ",")
+	}
+	if c.InitialClusterState == "" {
+		c.InitialClusterState = "new"
+	}
+	if c.InitialClusterToken == "" {
+		c.InitialClusterToken = "beacon"
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = DefaultHTTPAddr
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	return c
+}
+
+// Validate checks the configuration (after defaults) and returns every
+// problem found, each saying which setting is wrong and why.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if len(c.EtcdEndpoints) > 0 && c.Backend.BackendName() != backend.Etcd {
+		errs = append(errs, fmt.Errorf("--etcd-endpoints is set but the backend is %q: choose one", c.Backend.BackendName()))
+	}
+	if c.Store == nil && !c.embedded() {
+		b := c.Backend
+		if len(c.EtcdEndpoints) > 0 {
+			b.Etcd.Endpoints = c.EtcdEndpoints
+		}
+		if err := b.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.embedded() {
+		for _, set := range []struct {
+			flag string
+			urls []string
+		}{
+			{"listen-client-urls", c.ListenClientURLs},
+			{"advertise-client-urls", c.AdvertiseClientURLs},
+			{"listen-peer-urls", c.ListenPeerURLs},
+			{"initial-advertise-peer-urls", c.AdvertisePeerURLs},
+		} {
+			for _, u := range set.urls {
+				if err := validateURL(u, strings.HasPrefix(set.flag, "listen")); err != nil {
+					errs = append(errs, fmt.Errorf("--%s %q: %w", set.flag, u, err))
+				}
+			}
+		}
+		if c.InitialClusterState != "new" && c.InitialClusterState != "existing" {
+			errs = append(errs, fmt.Errorf("--initial-cluster-state %q: must be new or existing", c.InitialClusterState))
+		}
+		if !validName(c.Name) {
+			errs = append(errs, fmt.Errorf("--name %q: use letters, digits, '-', '_' or '.'", c.Name))
+		}
+		if filepath.Clean(c.DataDir) == "/" {
+			errs = append(errs, fmt.Errorf("--data-dir %q: refusing to use the root directory", c.DataDir))
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--http-addr %q: must be host:port, e.g. 127.0.0.1:9379", c.HTTPAddr))
+	}
+	if c.ShutdownTimeout < 0 {
+		errs = append(errs, fmt.Errorf("shutdown timeout %v: must not be negative", c.ShutdownTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// validateURL checks an etcd URL: http or https, a host and a port, no path.
+func validateURL(s string, listen bool) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("not a URL: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return errors.New("scheme must be http or https, e.g. http://127.0.0.1:2379")
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil || port == "" {
+		return errors.New("must include a host and a port, e.g. http://127.0.0.1:2379")
+	}
+	if u.Path != "" && u.Path != "/" {
+		return errors.New("must not have a path")
+	}
+	if !listen {
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			return errors.New("an advertised URL must be reachable, not " + host + ": set it explicitly")
+		}
+	}
+	return nil
+}
+
+func validName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,400 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/zapslog"
+	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/backend"
+	etcdstore "github.com/beaconplane/beacon/store/etcd"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
+	"go.uber.org/zap/zapcore"
+)
+
+// etcdStartTimeout bounds how long embedded etcd may take to become ready
+// when the caller's context has no deadline.
+const etcdStartTimeout = 60 * time.Second
+
+// Server is `beacon serve`: embedded etcd (or a front over an external
+// cluster, or another backend), and one HTTP listener for the API, health
+// and metrics. Create it with New, then Start (or Run); Close stops it.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	reg    prometheus.Registerer
+	gather prometheus.Gatherer
+
+	mu        sync.Mutex
+	started   bool
+	etcd      *embed.Etcd
+	client    *clientv3.Client // in-process client of the embedded etcd
+	store     store.Store
+	ownsStore bool
+	httpLn    net.Listener
+	httpSrv   *http.Server
+	stopHTTP  context.CancelFunc // ends long-lived HTTP streams (SSE)
+	wg        sync.WaitGroup
+	errc      chan error
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New validates cfg and returns a server that is not yet running.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	s := &Server{cfg: cfg, log: cfg.Logger, errc: make(chan error, 4)}
+	if s.log == nil {
+		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s.reg, s.gather = cfg.Registerer, cfg.Gatherer
+	if s.reg == nil {
+		r := prometheus.NewRegistry()
+		s.reg = r
+		if s.gather == nil {
+			s.gather = prometheus.Gatherers{r, prometheus.DefaultGatherer}
+		}
+	}
+	if s.gather == nil {
+		s.gather = prometheus.DefaultGatherer
+	}
+	return s, nil
+}
+
+// Start brings the server up and returns once it is ready: embedded etcd
+// has joined its cluster (or the external backend answered) and the HTTP
+// listener accepts connections. On error everything started is stopped.
+func (s *Server) Start(ctx context.Context) (err error) {
+	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return errors.New("server: already started")
+	}
+	s.started = true
+	s.mu.Unlock()
+	defer func() {
+		if err != nil {
+			_ = s.Close()
+		}
+	}()
+	// Take the HTTP port first: a port in use fails fast, before etcd
+	// writes anything to the data directory.
+	ln, err := listen(s.cfg.HTTPAddr, "--http-addr")
+	if err != nil {
+		return err
+	}
+	s.httpLn = ln
+
+	switch {
+	case s.cfg.Store != nil:
+		s.store = s.cfg.Store
+	case s.cfg.embedded():
+		if err := s.startEtcd(ctx); err != nil {
+			return err
+		}
+		s.client = v3client.New(s.etcd.Server)
+		s.store, s.ownsStore = etcdstore.NewFromClient(s.client), true
+	default:
+		b := s.cfg.Backend
+		if len(s.cfg.EtcdEndpoints) > 0 {
+			b.Etcd.Endpoints = s.cfg.EtcdEndpoints
+		}
+		if b.Etcd.Logger == nil {
+			b.Etcd.Logger = s.log
+		}
+		st, err := backend.Open(ctx, b)
+		if err != nil {
+			return fmt.Errorf("open %s backend: %w", b.BackendName(), err)
+		}
+		s.store, s.ownsStore = st, true
+	}
+	s.startHTTP()
+	return nil
+}
+
+// Run starts the server, serves until ctx is done or a component fails,
+// then shuts down gracefully.
+func (s *Server) Run(ctx context.Context) error {
+	if err := s.Start(ctx); err != nil {
+		return err
+	}
+	return s.Wait(ctx)
+}
+
+// Wait serves a started server until ctx is done or a component fails,
+// then shuts down gracefully.
+func (s *Server) Wait(ctx context.Context) error {
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-s.errc:
+		s.log.Error("server component failed; shutting down", "err", runErr)
+	}
+	return errors.Join(runErr, s.Close())
+}
+
+// Close shuts down gracefully within the configured timeout: the HTTP
+// listener stops (open streams end), then the store and embedded etcd.
+// Close is idempotent.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		var errs []error
+		s.mu.Lock()
+		httpSrv, ln := s.httpSrv, s.httpLn
+		s.mu.Unlock()
+		if s.stopHTTP != nil {
+			s.stopHTTP()
+		}
+		if httpSrv != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+			if err := httpSrv.Shutdown(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+				_ = httpSrv.Close()
+			}
+			cancel()
+		} else if ln != nil {
+			_ = ln.Close()
+		}
+		if s.ownsStore && s.store != nil {
+			if err := s.store.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close store: %w", err))
+			}
+		}
+		if s.client != nil {
+			_ = s.client.Close()
+		}
+		if s.etcd != nil {
+			s.etcd.Close()
+		}
+		s.wg.Wait()
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
+
+// Store returns the store behind the API (nil before Start).
+func (s *Server) Store() store.Store { return s.store }
+
+// EtcdClient returns an in-process client of the embedded etcd (nil when
+// not embedded).
+func (s *Server) EtcdClient() *clientv3.Client { return s.client }
+
+// Endpoints reports where the server listens.
+type Endpoints struct {
+	// ClientURLs are the embedded etcd's client URLs (empty when not
+	// embedded).
+	ClientURLs []string
+	// PeerURLs are the embedded etcd's peer URLs.
+	PeerURLs []string
+	// HTTP is the base URL of the HTTP API, health and metrics.
+	HTTP string
+	// Backend says what stores the data: "embedded etcd", "etcd at ...",
+	// "memory", ...
+	Backend string
+	// DataDir is the embedded etcd's data directory.
+	DataDir string
+}
+
+// Endpoints returns the addresses actually bound (useful with port 0).
+func (s *Server) Endpoints() Endpoints {
+	var ep Endpoints
+	if s.httpLn != nil {
+		ep.HTTP = "http://" + s.httpLn.Addr().String()
+	}
+	switch {
+	case s.etcd != nil:
+		for _, l := range s.etcd.Clients {
+			ep.ClientURLs = append(ep.ClientURLs, schemeOf(s.cfg.ListenClientURLs)+"://"+l.Addr().String())
+		}
+		for _, p := range s.etcd.Peers {
+			ep.PeerURLs = append(ep.PeerURLs, schemeOf(s.cfg.ListenPeerURLs)+"://"+p.Listener.Addr().String())
+		}
+		ep.Backend, ep.DataDir = "embedded etcd", s.cfg.DataDir
+	case s.cfg.Store != nil:
+		ep.Backend = "injected store"
+	case len(s.cfg.EtcdEndpoints) > 0:
+		ep.Backend = "external etcd at " + strings.Join(s.cfg.EtcdEndpoints, ",")
+	default:
+		ep.Backend = s.cfg.Backend.BackendName()
+	}
+	return ep
+}
+
+func schemeOf(urls []string) string {
+	if len(urls) > 0 && strings.HasPrefix(urls[0], "https:") {
+		return "https"
+	}
+	return "http"
+}
+
+// Banner is the short description `beacon serve` prints once ready.
+func (s *Server) Banner() string {
+	ep := s.Endpoints()
+	var b strings.Builder
+	fmt.Fprintf(&b, "beacon serve is ready (%s)\n", ep.Backend)
+	if len(ep.ClientURLs) > 0 {
+		fmt.Fprintf(&b, "  etcd clients  %s   (etcdctl --endpoints=%s ...)\n", strings.Join(ep.ClientURLs, ","), strings.Join(ep.ClientURLs, ","))
+		fmt.Fprintf(&b, "  etcd peers    %s\n", strings.Join(ep.PeerURLs, ","))
+		fmt.Fprintf(&b, "  data dir      %s\n", ep.DataDir)
+	}
+	fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
+	return b.String()
+}
+
+// startEtcd starts embedded etcd and waits until it is ready.
+func (s *Server) startEtcd(ctx context.Context) error {
+	if err := checkDataDir(s.cfg.DataDir); err != nil {
+		return err
+	}
+	ecfg, err := s.etcdConfig()
+	if err != nil {
+		return err
+	}
+	e, err := embed.StartEtcd(ecfg)
+	if err != nil {
+		return explainEtcdError(err)
+	}
+	s.etcd = e
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, etcdStartTimeout)
+		defer cancel()
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		return fmt.Errorf("embedded etcd failed while starting: %w", explainEtcdError(err))
+	case <-ctx.Done():
+		return fmt.Errorf("embedded etcd not ready (has the cluster a quorum? see --initial-cluster): %w", context.Cause(ctx))
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case err, ok := <-e.Err():
+			if ok && err != nil {
+				s.fail(fmt.Errorf("embedded etcd: %w", err))
+			}
+		case <-e.Server.StopNotify():
+			// Stopped by Close, or by etcd itself (e.g. removed from
+			// its cluster); Close is idempotent, so report either way.
+			s.fail(errors.New("embedded etcd stopped"))
+		}
+	}()
+	return nil
+}
+
+// fail reports a component failure to Run without blocking.
+func (s *Server) fail(err error) {
+	select {
+	case s.errc <- err:
+	default:
+	}
+}
+
+func (s *Server) etcdConfig() (*embed.Config, error) {
+	c := s.cfg
+	ec := embed.NewConfig()
+	ec.Name = c.Name
+	ec.Dir = c.DataDir
+	var err error
+	parse := func(flag string, in []string) []url.URL {
+		out := make([]url.URL, 0, len(in))
+		for _, raw := range in {
+			u, perr := url.Parse(raw)
+			if perr != nil {
+				err = errors.Join(err, fmt.Errorf("--%s %q: %w", flag, raw, perr))
+				continue
+			}
+			out = append(out, *u)
+		}
+		return out
+	}
+	ec.ListenClientUrls = parse("listen-client-urls", c.ListenClientURLs)
+	ec.AdvertiseClientUrls = parse("advertise-client-urls", c.AdvertiseClientURLs)
+	ec.ListenPeerUrls = parse("listen-peer-urls", c.ListenPeerURLs)
+	ec.AdvertisePeerUrls = parse("initial-advertise-peer-urls", c.AdvertisePeerURLs)
+	if err != nil {
+		return nil, err
+	}
+	ec.InitialCluster = c.InitialCluster
+	ec.ClusterState = c.InitialClusterState
+	ec.InitialClusterToken = c.InitialClusterToken
+	level := zapcore.WarnLevel
+	if c.EtcdLogLevel != nil {
+		level = *c.EtcdLogLevel
+	}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapslog.New(s.log.With("component", "etcd"), level))
+	return ec, nil
+}
+
+// checkDataDir creates the data directory if needed and checks that it is
+// a writable directory, so that a bad --data-dir gives one clear line.
+func checkDataDir(dir string) error {
+	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+		return fmt.Errorf("--data-dir %q exists and is not a directory: choose another path", dir)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("--data-dir %q cannot be created: %w", dir, unwrapPath(err))
+	}
+	probe, err := os.CreateTemp(dir, ".beacon-probe-*")
+	if err != nil {
+		return fmt.Errorf("--data-dir %q is not writable: %w", dir, unwrapPath(err))
+	}
+	name := probe.Name()
+	_ = probe.Close()
+	_ = os.Remove(name)
+	if abs, err := filepath.Abs(dir); err == nil && abs == "/" {
+		return fmt.Errorf("--data-dir %q: refusing to use the root directory", dir)
+	}
+	return nil
+}
+
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// listen opens a TCP listener, turning "address in use" into advice.
+func listen(addr, flag string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("%s %s: address already in use (is another beacon serve running?): choose another with %s", flag, addr, flag)
+		}
+		return nil, fmt.Errorf("%s %s: %w", flag, addr, err)
+	}
+	return ln, nil
+}
+
+// explainEtcdError adds advice to embedded etcd's start errors.
+func explainEtcdError(err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%w: a port of --listen-client-urls or --listen-peer-urls is in use (another beacon serve or etcd?): choose other URLs", err)
+	}
+	if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EROFS) {
+		return fmt.Errorf("%w: check --data-dir permissions", err)
+	}
+	return err
+}

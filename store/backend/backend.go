@@ -1,0 +1,88 @@
+// Package backend opens a store by backend name: the one place where
+// BEACON_DISCOVERY_BACKEND is interpreted. Programs (the beacon binary,
+// servers) use it; libraries take a store.Store and need not import it,
+// since it links every backend.
+package backend
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/etcd"
+	"github.com/beaconplane/beacon/store/memory"
+)
+
+// Backend names, as BEACON_DISCOVERY_BACKEND spells them.
+const (
+	Etcd       = "etcd"
+	Memory     = "memory"
+	File       = "file"
+	NATS       = "nats"
+	Kubernetes = "kubernetes"
+)
+
+// EnvVar selects the backend.
+const EnvVar = "BEACON_DISCOVERY_BACKEND"
+
+// Config selects and configures a backend. The zero value is etcd with its
+// own defaults (http://localhost:2379).
+type Config struct {
+	// Name is the backend: etcd (default), memory, file or nats.
+	Name string
+	// Etcd configures the etcd backend.
+	Etcd etcd.Config
+	// Memory configures the memory backend.
+	Memory memory.Options
+}
+
+// FromEnv reads BEACON_DISCOVERY_BACKEND and each backend's own variables
+// (ETCD_ENDPOINTS and ETCD_AUTH_* for etcd, ...).
+func FromEnv() Config {
+	return Config{
+		Name: strings.TrimSpace(os.Getenv(EnvVar)),
+		Etcd: etcd.ConfigFromEnv(),
+	}
+}
+
+// name returns the backend name with its default.
+func (c Config) name() string {
+	if c.Name == "" {
+		return Etcd
+	}
+	return c.Name
+}
+
+// Validate checks the name and the chosen backend's configuration.
+func (c Config) Validate() error {
+	switch n := c.name(); n {
+	case Etcd:
+		return c.Etcd.Validate()
+	case Memory:
+		return nil
+	case Kubernetes:
+		return fmt.Errorf("backend %q: the Kubernetes-native registry is not part of this build; use etcd, memory, file or nats", n)
+	default:
+		return fmt.Errorf("backend %q (%s): unknown; use etcd, memory, file or nats", n, EnvVar)
+	}
+}
+
+// Open validates c and opens the store. For remote backends it checks that
+// the backend is reachable, failing with a clear error after the backend's
+// dial timeout.
+func Open(ctx context.Context, c Config) (store.Store, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	switch c.name() {
+	case Memory:
+		return memory.New(c.Memory), nil
+	default:
+		return etcd.New(ctx, c.Etcd)
+	}
+}
+
+// BackendName returns the backend c selects (etcd when unset).
+func (c Config) BackendName() string { return c.name() }
