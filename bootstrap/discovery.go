@@ -1,0 +1,518 @@
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/client/pkg/v3/types"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Progress is a snapshot of a Join or GetCluster in flight, given to the
+// WithProgress callback whenever it changes.
+type Progress struct {
+	Token string
+	// Size is the cluster size (0 until the size key has been read).
+	Size int
+	// Registered is how many of the Size slots are taken.
+	Registered int
+	// Members are the registered members that form the cluster so far,
+	// in registration order (at most Size).
+	Members []Member
+	// Err, when set, is the failure to reach the discovery service that
+	// is about to be retried after RetryIn; Attempt counts the failures
+	// in a row.
+	Err     error
+	RetryIn time.Duration
+	Attempt int
+}
+
+// String renders the progress for humans, e.g. "2 of 3 members registered
+// (infra1, infra2)".
+func (p Progress) String() string {
+	if p.Err != nil {
+		return fmt.Sprintf("discovery service unreachable (attempt %d): %v; retrying in %v",
+			p.Attempt, p.Err, p.RetryIn.Round(time.Millisecond))
+	}
+	names := make([]string, len(p.Members))
+	for i, m := range p.Members {
+		names[i] = m.Name
+	}
+	return fmt.Sprintf("%d of %d members registered (%s)", p.Registered, p.Size, strings.Join(names, ", "))
+}
+
+// Option modifies one Join or GetCluster call.
+type Option func(*callOptions)
+
+type callOptions struct {
+	progress func(Progress)
+}
+
+// WithProgress calls fn, from the calling goroutine, each time the number
+// of registered members changes and before each retry. fn must not block
+// for long.
+func WithProgress(fn func(Progress)) Option {
+	return func(o *callOptions) { o.progress = fn }
+}
+
+// Join registers a member under cfg.Token and waits until the cluster is
+// full, as etcd's v3 discovery does at bootstrap, and returns the cluster:
+// start the member's etcd with Cluster.InitialCluster as its initial
+// cluster and Cluster.Token as its initial cluster token, and the member
+// IDs etcd computes will be the IDs registered.
+//
+// The registration is the key MembersPrefix/<MemberID(peerURLs, token)>
+// with the value MemberValue(name, peerURLs). A member that joins again
+// with the same name and peer URLs (after a restart) keeps its place.
+//
+// Join fails at once with ErrSizeNotFound or ErrBadSizeKey, with
+// ErrFullCluster if Size members registered before it, with
+// ErrDuplicateName or ErrDuplicateURL if another member already claims the
+// name or a peer URL, and with ErrAccessDenied on bad credentials. It
+// retries anything else (an unreachable service, a lost watch, a
+// compacted revision) with capped exponential backoff until ctx ends; give
+// ctx a deadline to bound the wait.
+func Join(ctx context.Context, cfg Config, name string, peerURLs []string, opts ...Option) (Cluster, error) {
+	if err := cfg.Validate(); err != nil {
+		return Cluster{}, err
+	}
+	if err := ValidateName(name); err != nil {
+		return Cluster{}, err
+	}
+	urls, err := CanonicalPeerURLs(peerURLs)
+	if err != nil {
+		return Cluster{}, err
+	}
+	self := MemberKey(cfg.Token, memberID(urls, cfg.Token))
+	value := memberValue(name, urls)
+
+	d := newDiscovery(cfg, opts)
+	defer d.close()
+	if err := d.list(ctx); err != nil {
+		return Cluster{}, err
+	}
+	if i := d.reg.index(self); i < 0 || d.reg.members[i].Value != value {
+		if i < 0 && d.reg.full() {
+			return Cluster{}, d.fullError(name)
+		}
+		if err := d.reg.conflict(self, name, urls); err != nil {
+			return Cluster{}, err
+		}
+		if err := d.register(ctx, self, value); err != nil {
+			return Cluster{}, err
+		}
+	}
+	if err := d.wait(ctx, self, value); err != nil {
+		return Cluster{}, err
+	}
+	if i := d.reg.index(self); i < 0 || i >= d.reg.size {
+		return Cluster{}, d.fullError(name)
+	}
+	return d.reg.status().Cluster()
+}
+
+// GetCluster reads the cluster of cfg.Token without registering: it waits
+// until the first Size members have registered (bounded by ctx) and
+// returns them, also when more registered later (etcd's GetCluster, which
+// proxies use to find a cluster that is already full). Errors are those of
+// Join, except ErrFullCluster.
+func GetCluster(ctx context.Context, cfg Config, opts ...Option) (Cluster, error) {
+	if err := cfg.Validate(); err != nil {
+		return Cluster{}, err
+	}
+	d := newDiscovery(cfg, opts)
+	defer d.close()
+	if err := d.list(ctx); err != nil {
+		return Cluster{}, err
+	}
+	if err := d.wait(ctx, "", ""); err != nil {
+		return Cluster{}, err
+	}
+	return d.reg.status().Cluster()
+}
+
+// discovery is one Join or GetCluster call.
+type discovery struct {
+	cfg      Config
+	lg       *slog.Logger
+	cli      *clientv3.Client
+	ownCli   bool
+	progress func(Progress)
+	reg      *registry
+	failures int // consecutive failures to reach the service
+	reported struct{ size, registered int }
+	warned   map[string]bool // skipped keys already logged
+}
+
+func newDiscovery(cfg Config, opts []Option) *discovery {
+	var o callOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return &discovery{
+		cfg:      cfg,
+		lg:       cfg.logger().With("discovery-token", cfg.Token),
+		cli:      cfg.Client,
+		progress: o.progress,
+		reg:      newRegistry(cfg.Token),
+		warned:   make(map[string]bool),
+	}
+}
+
+func (d *discovery) close() {
+	if d.ownCli && d.cli != nil {
+		_ = d.cli.Close()
+	}
+}
+
+// client dials the service on first use (dialing can fail when
+// credentials are set, since the client then authenticates at once).
+func (d *discovery) client() (*clientv3.Client, error) {
+	if d.cli != nil {
+		return d.cli, nil
+	}
+	cc, err := d.cfg.ClientConfig()
+	if err != nil {
+		return nil, err
+	}
+	cli, err := clientv3.New(cc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", strings.Join(d.cfg.Endpoints, ","), err)
+	}
+	d.cli, d.ownCli = cli, true
+	return cli, nil
+}
+
+// list re-reads the token's registry (size key and members, one
+// consistent read), retrying until it succeeds, fails permanently or ctx
+// ends.
+func (d *discovery) list(ctx context.Context) error {
+	return d.retry(ctx, "cluster status check", func(ctx context.Context) error {
+		cli, err := d.client()
+		if err != nil {
+			return err
+		}
+		reg, err := readRegistry(ctx, cli, d.cfg.Token, d.cfg.requestTimeout())
+		if err != nil {
+			return err
+		}
+		d.reg = reg
+		for _, s := range reg.skipped {
+			if !d.warned[s.Key] {
+				d.warned[s.Key] = true
+				d.lg.Warn(s.Reason, "memberKey", s.Key, "memberInfo", s.Value)
+			}
+		}
+		return reg.sizeErr
+	})
+}
+
+// readRegistry reads a token's size key and registrations at one revision.
+func readRegistry(ctx context.Context, cli *clientv3.Client, token string, timeout time.Duration) (*registry, error) {
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := cli.Get(rctx, TokenPrefix(token), clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	reg := newRegistry(token)
+	reg.rev = resp.Header.Revision
+	sizeKey, members := SizeKey(token), MembersPrefix(token)
+	sizeSeen := false
+	for _, kv := range resp.Kvs {
+		switch key := string(kv.Key); {
+		case key == sizeKey:
+			reg.setSize(kv.Value, true)
+			sizeSeen = true
+		case strings.HasPrefix(key, members):
+			reg.put(key, string(kv.Value), kv.CreateRevision)
+		}
+	}
+	if !sizeSeen {
+		reg.setSize(nil, false)
+	}
+	return reg, nil
+}
+
+// register writes the member's key (a plain put, as etcd does, so that a
+// member registering again keeps its create revision and its place) and
+// records it locally; the next watch starts before the put, so that
+// registrations racing with it are seen in order.
+func (d *discovery) register(ctx context.Context, key, value string) error {
+	return d.retry(ctx, "register member itself", func(ctx context.Context) error {
+		cli, err := d.client()
+		if err != nil {
+			return err
+		}
+		rctx, cancel := context.WithTimeout(ctx, d.cfg.requestTimeout())
+		defer cancel()
+		resp, err := cli.Put(rctx, key, value, clientv3.WithPrevKV())
+		if err != nil {
+			return err
+		}
+		createRev := resp.Header.Revision
+		if resp.PrevKv != nil {
+			createRev = resp.PrevKv.CreateRevision
+		}
+		d.reg.put(key, value, createRev)
+		d.lg.Debug("registered member itself", "memberKey", key, "memberInfo", value)
+		return nil
+	})
+}
+
+var (
+	errRelist      = errors.New("bootstrap: registry changed under the watch; re-listing")
+	errSelfRemoved = errors.New("bootstrap: this member's registration was deleted; registering again")
+)
+
+// wait keeps the registry up to date until it is full. self, when set, is
+// this member's key: if it disappears (deleted by hand), wait registers it
+// again with value.
+func (d *discovery) wait(ctx context.Context, self, value string) error {
+	for {
+		d.report()
+		if d.reg.full() {
+			return nil
+		}
+		err := d.watch(ctx, self)
+		switch {
+		case err == nil:
+			d.report()
+			return nil
+		case ctx.Err() != nil:
+			return d.waitError(ctx)
+		case errors.Is(err, errRelist), errors.Is(err, errSelfRemoved):
+			// The size key changed or was deleted, or history was
+			// compacted: re-read the registry at once.
+		default:
+			// The watch failed (lost leader, lost connection): back off,
+			// then re-read the registry.
+			if err := d.backoff(ctx, "waiting for peers", err); err != nil {
+				return err
+			}
+		}
+		if err := d.list(ctx); err != nil {
+			return err
+		}
+		if self != "" && d.reg.index(self) < 0 && !d.reg.full() {
+			if err := d.register(ctx, self, value); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// watch applies registry changes from the revision after the last read
+// until the registry is full (nil), the registry must be re-read
+// (errRelist, errSelfRemoved) or the watch fails.
+func (d *discovery) watch(ctx context.Context, self string) error {
+	cli, err := d.client()
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	token := d.cfg.Token
+	sizeKey, members := SizeKey(token), MembersPrefix(token)
+	wch := cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(d.reg.rev+1))
+	for {
+		var wresp clientv3.WatchResponse
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case wresp, ok = <-wch:
+		}
+		if !ok {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return errors.New("bootstrap: watch closed by the client")
+		}
+		if wresp.CompactRevision != 0 {
+			d.lg.Warn("discovery registry history compacted while waiting; re-listing",
+				"compactRevision", wresp.CompactRevision)
+			return errRelist
+		}
+		if err := wresp.Err(); err != nil {
+			return fmt.Errorf("watch %s: %w", TokenPrefix(token), err)
+		}
+		for _, ev := range wresp.Events {
+			key := string(ev.Kv.Key)
+			switch {
+			case key == sizeKey:
+				return errRelist
+			case !strings.HasPrefix(key, members):
+			case ev.Type == mvccpb.DELETE:
+				d.reg.remove(key)
+				if key == self {
+					return errSelfRemoved
+				}
+			default:
+				d.reg.put(key, string(ev.Kv.Value), ev.Kv.CreateRevision)
+				if i := len(d.reg.skipped) - 1; i >= 0 && d.reg.skipped[i].Key == key && !d.warned[key] {
+					d.warned[key] = true
+					d.lg.Warn(d.reg.skipped[i].Reason, "memberKey", key, "memberInfo", d.reg.skipped[i].Value)
+				}
+			}
+		}
+		if wresp.Header.Revision > d.reg.rev {
+			d.reg.rev = wresp.Header.Revision
+		}
+		if d.reg.full() {
+			return nil
+		}
+		d.report()
+	}
+}
+
+// retry runs op until it succeeds; it returns at once on permanent errors
+// and when ctx ends.
+func (d *discovery) retry(ctx context.Context, step string, op func(context.Context) error) error {
+	for {
+		err := op(ctx)
+		if err == nil {
+			d.failures = 0
+			return nil
+		}
+		if ctx.Err() != nil {
+			return d.unavailable(ctx, err)
+		}
+		if perr := permanent(err); perr != nil {
+			return perr
+		}
+		if err := d.backoff(ctx, step, err); err != nil {
+			return err
+		}
+	}
+}
+
+// backoff waits before the next attempt after a failure.
+func (d *discovery) backoff(ctx context.Context, step string, cause error) error {
+	d.failures++
+	first, limit := d.cfg.backoff()
+	wait := first
+	for i := 1; i < d.failures && wait < limit; i++ {
+		wait *= 2
+	}
+	wait = min(wait, limit)
+	wait += time.Duration(rand.Int64N(int64(wait)/10 + 1))
+	d.lg.Warn("retry connecting to discovery service", "reason", step, "backoff", wait, "attempt", d.failures, "error", cause)
+	if d.progress != nil {
+		p := d.snapshot()
+		p.Err, p.RetryIn, p.Attempt = cause, wait, d.failures
+		d.progress(p)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return d.unavailable(ctx, cause)
+	}
+}
+
+// permanent returns the error to give up with, or nil to retry.
+func permanent(err error) error {
+	switch {
+	case errors.Is(err, ErrSizeNotFound), errors.Is(err, ErrBadSizeKey), errors.Is(err, ErrInvalidConfig):
+		return err
+	case errors.Is(err, rpctypes.ErrAuthNotEnabled):
+		return nil
+	}
+	code := status.Code(err)
+	var ee rpctypes.EtcdError
+	if errors.As(rpctypes.Error(err), &ee) {
+		code = ee.Code()
+	}
+	if code == codes.Unauthenticated || code == codes.PermissionDenied ||
+		errors.Is(err, rpctypes.ErrAuthFailed) || errors.Is(err, rpctypes.ErrUserEmpty) {
+		return fmt.Errorf("%w: %v (check the discovery user and password, and the role's permission on %s)",
+			ErrAccessDenied, err, RegistryPrefix)
+	}
+	return nil
+}
+
+func (d *discovery) unavailable(ctx context.Context, last error) error {
+	return fmt.Errorf("%w: %w after %d failed attempts to reach %s; last error: %v",
+		ErrUnavailable, context.Cause(ctx), max(d.failures, 1), d.endpoints(), last)
+}
+
+func (d *discovery) waitError(ctx context.Context) error {
+	p := d.snapshot()
+	return fmt.Errorf("bootstrap: token %q: %w while waiting for peers: %s",
+		d.cfg.Token, context.Cause(ctx), p.String())
+}
+
+func (d *discovery) fullError(name string) error {
+	st := d.reg.status()
+	names := make([]string, 0, st.Size)
+	for _, m := range st.In() {
+		names = append(names, m.Name)
+	}
+	return fmt.Errorf("%w: token %q already has its %d members (%s), so %q cannot join; "+
+		"do not reuse a discovery token: create a new one with `beacon token new`, or add the member to the running cluster with `etcdctl member add`",
+		ErrFullCluster, d.cfg.Token, st.Size, strings.Join(names, ", "), name)
+}
+
+func (d *discovery) endpoints() string {
+	if d.cfg.Client != nil {
+		return strings.Join(d.cfg.Client.Endpoints(), ",")
+	}
+	return strings.Join(d.cfg.Endpoints, ",")
+}
+
+func (d *discovery) snapshot() Progress {
+	st := d.reg.status()
+	return Progress{Token: d.cfg.Token, Size: st.Size, Registered: st.Registered(), Members: st.In()}
+}
+
+// report calls the progress callback when the count changed.
+func (d *discovery) report() {
+	p := d.snapshot()
+	if p.Size == d.reported.size && p.Registered == d.reported.registered {
+		return
+	}
+	d.reported.size, d.reported.registered = p.Size, p.Registered
+	d.lg.Debug("discovery progress", "size", p.Size, "registered", p.Registered)
+	if d.progress != nil {
+		d.progress(p)
+	}
+}
+
+// conflict reports another member that already claims the name or one of
+// the peer URLs.
+func (r *registry) conflict(self, name string, urls []string) error {
+	for _, m := range r.members {
+		if m.Key == self {
+			continue
+		}
+		if m.Name == name {
+			return fmt.Errorf("%w: member %q is already registered under token %q as %s (%s); give each member its own name",
+				ErrDuplicateName, name, r.token, m.Key, m.Value)
+		}
+		theirs, err := types.NewURLs(m.PeerURLs)
+		if err != nil {
+			continue // not a valid registration; the initial cluster check reports it
+		}
+		for _, u := range theirs.StringSlice() {
+			for _, mine := range urls {
+				if u == mine {
+					return fmt.Errorf("%w: %s is already registered under token %q by member %q (%s)",
+						ErrDuplicateURL, mine, r.token, m.Name, m.Key)
+				}
+			}
+		}
+	}
+	return nil
+}

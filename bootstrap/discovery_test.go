@@ -1,0 +1,386 @@
+package bootstrap_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/bootstrap"
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func TestJoinMembersAgreeAndLateMemberIsRefused(t *testing.T) {
+	srv := registryServer(t)
+	tok, cli := createToken(t, 3)
+	cfg := config(srv, tok)
+	ctx := testCtx(t, 20*time.Second)
+
+	names := []string{"m1", "m2", "m3"}
+	results := make([]<-chan joinResult, len(names))
+	for i, n := range names {
+		results[i] = joinAsync(t, ctx, cfg, n, peerURL(i))
+	}
+	var first bootstrap.Cluster
+	for i := range names {
+		r := await(t, results[i], "join "+names[i])
+		if r.err != nil {
+			t.Fatalf("join %s: %v", names[i], r.err)
+		}
+		if i == 0 {
+			first = r.cluster
+			continue
+		}
+		if r.cluster.InitialCluster != first.InitialCluster {
+			t.Fatalf("members disagree: %q vs %q", r.cluster.InitialCluster, first.InitialCluster)
+		}
+	}
+	if first.Token != tok || first.Size != 3 || len(first.Members) != 3 {
+		t.Fatalf("cluster %+v", first)
+	}
+	// The initial cluster lists the members in registration order, and
+	// each key is the ID etcd will compute.
+	var parts []string
+	for i, m := range first.Members {
+		if i > 0 && m.CreateRevision <= first.Members[i-1].CreateRevision {
+			t.Fatalf("members out of order: %+v", first.Members)
+		}
+		id, err := bootstrap.MemberID(m.PeerURLs, tok)
+		if err != nil || m.Key != bootstrap.MemberKey(tok, id) || m.ID != bootstrap.FormatID(id) {
+			t.Fatalf("member %s registered under %s, want ID %x (%v)", m.Name, m.Key, id, err)
+		}
+		parts = append(parts, m.Value)
+	}
+	if first.InitialCluster != strings.Join(parts, ",") {
+		t.Fatalf("initial cluster %q", first.InitialCluster)
+	}
+
+	// A fourth member is refused before it registers.
+	_, err := bootstrap.Join(ctx, cfg, "m4", []string{peerURL(4)})
+	if !errors.Is(err, bootstrap.ErrFullCluster) || !strings.Contains(err.Error(), "discovery: cluster is full") {
+		t.Fatalf("fourth join: %v", err)
+	}
+	st, err := bootstrap.TokenStatus(ctx, cli, tok)
+	if err != nil || len(st.Members) != 3 || st.State != bootstrap.StateFull {
+		t.Fatalf("status after the fourth: %+v, %v", st, err)
+	}
+
+	// A member that restarts and joins again gets the same answer.
+	again, err := bootstrap.Join(ctx, cfg, "m2", []string{peerURL(1)})
+	if err != nil || again.InitialCluster != first.InitialCluster {
+		t.Fatalf("rejoin: %q, %v", again.InitialCluster, err)
+	}
+}
+
+func TestJoinReportsProgress(t *testing.T) {
+	srv := registryServer(t)
+	tok, _ := createToken(t, 2)
+	cfg := config(srv, tok)
+	ctx := testCtx(t, 20*time.Second)
+
+	progress := make(chan bootstrap.Progress, 10)
+	first := joinAsync(t, ctx, cfg, "a", peerURL(0), bootstrap.WithProgress(func(p bootstrap.Progress) { progress <- p }))
+	p := await(t, progress, "first progress")
+	if p.Size != 2 || p.Registered != 1 || p.Members[0].Name != "a" || p.String() != "1 of 2 members registered (a)" {
+		t.Fatalf("first progress %+v %q", p, p)
+	}
+	if _, err := bootstrap.Join(ctx, cfg, "b", []string{peerURL(1)}); err != nil {
+		t.Fatal(err)
+	}
+	p = await(t, progress, "second progress")
+	if p.Registered != 2 || p.String() != "2 of 2 members registered (a, b)" {
+		t.Fatalf("second progress %+v", p)
+	}
+	if r := await(t, first, "first join"); r.err != nil || r.cluster.InitialCluster != "a="+peerURL(0)+",b="+peerURL(1) {
+		t.Fatalf("first join: %+v", r)
+	}
+}
+
+func TestJoinFailsAtOnceOnMissingOrBadSize(t *testing.T) {
+	srv := registryServer(t)
+	cli := client(t, srv)
+	ctx := testCtx(t, 10*time.Second)
+	cfg := config(srv, newToken(t))
+	start := time.Now()
+	if _, err := bootstrap.Join(ctx, cfg, "a", []string{peerURL(0)}); !errors.Is(err, bootstrap.ErrSizeNotFound) ||
+		!strings.Contains(err.Error(), "discovery: size key not found") {
+		t.Fatalf("no token: %v", err)
+	}
+	for _, bad := range []string{"0", "-2", "three", " 3"} {
+		tok := newToken(t)
+		if _, err := cli.Put(ctx, bootstrap.SizeKey(tok), bad); err != nil {
+			t.Fatal(err)
+		}
+		cfg := config(srv, tok)
+		if _, err := bootstrap.GetCluster(ctx, cfg); !errors.Is(err, bootstrap.ErrBadSizeKey) {
+			t.Fatalf("size %q: %v", bad, err)
+		}
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("size errors took %v: they must not be retried", d)
+	}
+}
+
+func TestJoinUnreachableServiceRetriesUntilDeadline(t *testing.T) {
+	port, err := etcdtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := bootstrap.Config{
+		Token:           "unreachable",
+		Endpoints:       []string{"http://127.0.0.1:" + itoa(port)},
+		RequestTimeout:  200 * time.Millisecond,
+		RetryBackoff:    50 * time.Millisecond,
+		MaxRetryBackoff: 100 * time.Millisecond,
+	}
+	var mu sync.Mutex
+	var retries []bootstrap.Progress
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = bootstrap.Join(ctx, cfg, "a", []string{peerURL(0)}, bootstrap.WithProgress(func(p bootstrap.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		retries = append(retries, p)
+	}))
+	if !errors.Is(err, bootstrap.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("unreachable: %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("Join returned %v after its deadline", d)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(retries) < 2 || retries[0].Err == nil || retries[0].Attempt != 1 || retries[1].Attempt != 2 {
+		t.Fatalf("retries not reported: %+v", retries)
+	}
+	if !strings.Contains(retries[0].String(), "discovery service unreachable (attempt 1)") {
+		t.Fatalf("progress text %q", retries[0])
+	}
+	t.Logf("error at deadline: %v", err)
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// The member's watch starts from a revision that compaction removed: it
+// re-lists instead of failing or spinning (etcd's own client spins).
+func TestJoinSurvivesCompaction(t *testing.T) {
+	srv := registryServer(t)
+	tok, cli := createToken(t, 2)
+	cfg := config(srv, tok)
+	ctx := testCtx(t, 20*time.Second)
+
+	hold := make(chan struct{})
+	var once sync.Once
+	reached := make(chan struct{})
+	res := joinAsync(t, ctx, cfg, "a", peerURL(0), bootstrap.WithProgress(func(p bootstrap.Progress) {
+		once.Do(func() { close(reached); <-hold }) // before the first watch
+	}))
+	await(t, reached, "first member registered")
+	if _, err := bootstrap.Join(testCtx(t, 50*time.Millisecond), cfg, "b", []string{peerURL(1)}); err != nil {
+		// b sees the token full at once.
+		t.Fatalf("second join: %v", err)
+	}
+	put, err := cli.Put(ctx, "/unrelated", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, put.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	close(hold)
+	r := await(t, res, "join after compaction")
+	if r.err != nil || len(r.cluster.Members) != 2 {
+		t.Fatalf("join after compaction: %+v", r)
+	}
+}
+
+func TestTokenRemovedWhileWaiting(t *testing.T) {
+	srv := registryServer(t)
+	tok, cli := createToken(t, 3)
+	ctx := testCtx(t, 20*time.Second)
+	progress := make(chan bootstrap.Progress, 10)
+	res := joinAsync(t, ctx, config(srv, tok), "a", peerURL(0), bootstrap.WithProgress(func(p bootstrap.Progress) { progress <- p }))
+	await(t, progress, "registered")
+	if _, err := bootstrap.RemoveToken(ctx, cli, tok); err != nil {
+		t.Fatal(err)
+	}
+	if r := await(t, res, "join"); !errors.Is(r.err, bootstrap.ErrSizeNotFound) {
+		t.Fatalf("join after token removal: %v", r.err)
+	}
+}
+
+func TestDeletedRegistrationIsWrittenAgain(t *testing.T) {
+	srv := registryServer(t)
+	tok, cli := createToken(t, 2)
+	ctx := testCtx(t, 20*time.Second)
+	cfg := config(srv, tok)
+	progress := make(chan bootstrap.Progress, 10)
+	res := joinAsync(t, ctx, cfg, "a", peerURL(0), bootstrap.WithProgress(func(p bootstrap.Progress) { progress <- p }))
+	await(t, progress, "registered")
+	id, _ := bootstrap.MemberID([]string{peerURL(0)}, tok)
+	key := bootstrap.MemberKey(tok, id)
+	del, err := cli.Delete(ctx, key)
+	if err != nil || del.Deleted != 1 {
+		t.Fatalf("delete: %v", err)
+	}
+	// Wait for the member to write its key again.
+	w := cli.Watch(ctx, key, clientv3.WithRev(del.Header.Revision+1))
+	for ev := range w {
+		if len(ev.Events) > 0 && ev.Events[0].IsCreate() {
+			break
+		}
+	}
+	if _, err := bootstrap.Join(ctx, cfg, "b", []string{peerURL(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if r := await(t, res, "join"); r.err != nil || len(r.cluster.Members) != 2 || r.cluster.Members[0].Name != "a" {
+		t.Fatalf("join: %+v", r)
+	}
+}
+
+func TestRestartedMemberKeepsItsPlace(t *testing.T) {
+	srv := registryServer(t)
+	tok, _ := createToken(t, 3)
+	cfg := config(srv, tok)
+	ctx := testCtx(t, 20*time.Second)
+
+	// a registers, then "crashes" (its context ends) while waiting.
+	crash, cancel := context.WithCancel(ctx)
+	progress := make(chan bootstrap.Progress, 10)
+	res := joinAsync(t, crash, cfg, "a", peerURL(0), bootstrap.WithProgress(func(p bootstrap.Progress) { progress <- p }))
+	await(t, progress, "a registered")
+	cancel()
+	if r := await(t, res, "a"); !errors.Is(r.err, context.Canceled) || !strings.Contains(r.err.Error(), "1 of 3 members registered (a)") {
+		t.Fatalf("cancelled join: %v", r.err)
+	}
+	b := joinAsync(t, ctx, cfg, "b", peerURL(1))
+	a := joinAsync(t, ctx, cfg, "a", peerURL(0)) // restarted
+	c := joinAsync(t, ctx, cfg, "c", peerURL(2))
+	for _, ch := range []<-chan joinResult{a, b, c} {
+		r := await(t, ch, "join")
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if got := r.cluster.Members[0].Name; got != "a" {
+			t.Fatalf("first member %s, want a (registered first)", got)
+		}
+	}
+}
+
+func TestDuplicateNameOrURLIsRefused(t *testing.T) {
+	srv := registryServer(t)
+	tok, cli := createToken(t, 3)
+	cfg := config(srv, tok)
+	ctx := testCtx(t, 20*time.Second)
+	if _, err := cli.Put(ctx, bootstrap.MembersPrefix(tok)+"/1", "a="+peerURL(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bootstrap.Join(ctx, cfg, "a", []string{peerURL(5)}); !errors.Is(err, bootstrap.ErrDuplicateName) {
+		t.Fatalf("duplicate name: %v", err)
+	}
+	if _, err := bootstrap.Join(ctx, cfg, "z", []string{peerURL(6), peerURL(0)}); !errors.Is(err, bootstrap.ErrDuplicateURL) {
+		t.Fatalf("duplicate URL: %v", err)
+	}
+	if _, err := bootstrap.Join(ctx, cfg, "z", []string{"10.0.0.1:2380"}); !errors.Is(err, bootstrap.ErrInvalidMember) {
+		t.Fatalf("malformed URL: %v", err)
+	}
+	if _, err := bootstrap.Join(ctx, cfg, "z=1", []string{peerURL(7)}); !errors.Is(err, bootstrap.ErrInvalidMember) {
+		t.Fatalf("malformed name: %v", err)
+	}
+}
+
+func TestGetClusterReturnsFirstNOfAFullToken(t *testing.T) {
+	srv := registryServer(t)
+	tok, cli := createToken(t, 2)
+	cfg := config(srv, tok)
+	ctx := testCtx(t, 20*time.Second)
+
+	// GetCluster waits while the token is not full.
+	got := make(chan joinResult, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c, err := bootstrap.GetCluster(ctx, cfg)
+		got <- joinResult{c, err}
+	}()
+	t.Cleanup(wg.Wait)
+	for i, n := range []string{"x", "y", "z"} { // written as etcd writes them
+		id, _ := bootstrap.MemberID([]string{peerURL(i)}, tok)
+		if _, err := cli.Put(ctx, bootstrap.MemberKey(tok, id), n+"="+peerURL(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := await(t, got, "GetCluster")
+	if r.err != nil || r.cluster.InitialCluster != "x="+peerURL(0)+",y="+peerURL(1) {
+		t.Fatalf("GetCluster while waiting: %+v", r)
+	}
+	full, err := bootstrap.GetCluster(ctx, cfg)
+	if err != nil || full.InitialCluster != r.cluster.InitialCluster {
+		t.Fatalf("GetCluster of a full token: %+v, %v", full, err)
+	}
+	st, err := bootstrap.TokenStatus(ctx, cli, tok)
+	if err != nil || len(st.Late()) != 1 || st.Late()[0].Name != "z" {
+		t.Fatalf("status: %+v, %v", st, err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := bootstrap.Config{Token: "t", Endpoints: []string{"http://127.0.0.1:2379"}}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*bootstrap.Config){
+		"no token":        func(c *bootstrap.Config) { c.Token = "" },
+		"bad token":       func(c *bootstrap.Config) { c.Token = "a/b" },
+		"no endpoints":    func(c *bootstrap.Config) { c.Endpoints = nil },
+		"empty endpoint":  func(c *bootstrap.Config) { c.Endpoints = []string{" "} },
+		"joined":          func(c *bootstrap.Config) { c.Endpoints = []string{"a:1,b:2"} },
+		"negative":        func(c *bootstrap.Config) { c.RequestTimeout = -time.Second },
+		"backoff order":   func(c *bootstrap.Config) { c.RetryBackoff, c.MaxRetryBackoff = time.Minute, time.Second },
+		"cert but no key": func(c *bootstrap.Config) { c.CertFile = "c.pem" },
+	} {
+		c := ok
+		mut(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if !errors.Is(err, bootstrap.ErrInvalidConfig) && !errors.Is(err, bootstrap.ErrInvalidToken) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// Discovery over TLS with client certificates and user/password, and a
+// clear, unretried error for a wrong password.
+func TestJoinOverTLSWithAuth(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{Name: "secure-registry", TLS: true, User: "disc", Password: "s3cret"})
+	cli := client(t, srv)
+	ctx := testCtx(t, 20*time.Second)
+	tok := newToken(t)
+	if _, err := bootstrap.CreateToken(ctx, cli, tok, 1); err != nil {
+		t.Fatal(err)
+	}
+	certs := srv.Certs()
+	cfg := bootstrap.Config{
+		Token: tok, Endpoints: srv.Endpoints(),
+		CertFile: certs.ClientCert, KeyFile: certs.ClientKey, CACertFile: certs.CA,
+		User: "disc:s3cret",
+	}
+	c, err := bootstrap.Join(ctx, cfg, "solo", []string{peerURL(0)})
+	if err != nil || c.InitialCluster != "solo="+peerURL(0) {
+		t.Fatalf("join over TLS: %+v, %v", c, err)
+	}
+	cfg.User, cfg.Password = "disc", "wrong"
+	start := time.Now()
+	if _, err := bootstrap.GetCluster(ctx, cfg); !errors.Is(err, bootstrap.ErrAccessDenied) {
+		t.Fatalf("wrong password: %v", err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatal("wrong password was retried")
+	}
+}

@@ -1,0 +1,203 @@
+package bootstrap
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TokenPath is where NewHandler serves the token API; mount the handler at
+// both TokenPath and TokenPath + "/".
+const TokenPath = "/v1/tokens"
+
+// maxBody bounds request bodies of the token API.
+const maxBody = 64 << 10
+
+// CreateTokenRequest is the body of POST /v1/tokens.
+type CreateTokenRequest struct {
+	// Size is the cluster size; 0 means 3.
+	Size int `json:"size,omitempty"`
+	// Token is the token to create; empty means a fresh NewToken().
+	Token string `json:"token,omitempty"`
+}
+
+// CreateTokenResponse is the answer to POST /v1/tokens.
+type CreateTokenResponse struct {
+	Token     string   `json:"token"`
+	Size      int      `json:"size"`
+	Endpoints []string `json:"endpoints"`
+	// Flags are the flags to give every member (etcd 3.6+ or beacon
+	// serve), from MemberFlags.
+	Flags    string `json:"flags"`
+	Revision int64  `json:"revision"`
+}
+
+// TokenStatusResponse is the answer to GET /v1/tokens/{token}.
+type TokenStatusResponse struct {
+	Status
+	// Registered is how many of the Size slots are taken.
+	Registered int `json:"registered"`
+	// InitialCluster is set once the token is full.
+	InitialCluster string `json:"initial_cluster,omitempty"`
+}
+
+// RemoveTokenResponse is the answer to DELETE /v1/tokens/{token}.
+type RemoveTokenResponse struct {
+	Token   string `json:"token"`
+	Deleted int64  `json:"deleted"`
+}
+
+// ErrorResponse is the body of every error of Beacon's HTTP API.
+type ErrorResponse struct {
+	// Code is one of invalid_argument, not_found, already_exists,
+	// failed_precondition (a token whose size key is missing or bad, or
+	// whose registrations do not form a valid cluster),
+	// method_not_allowed, unavailable, internal.
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// NewHandler returns the HTTP API for v3 discovery tokens, served by
+// `beacon serve` over the etcd it runs (cli):
+//
+//	POST   /v1/tokens          {"size":3} or {"size":3,"token":"…"} → 201 CreateTokenResponse
+//	GET    /v1/tokens/{token}  → 200 TokenStatusResponse
+//	DELETE /v1/tokens/{token}  → 200 RemoveTokenResponse
+//
+// endpoints are the discovery service's client URLs that members should
+// use (they appear in the answer to POST). Errors are JSON ErrorResponse
+// bodies. logger (nil: discard) receives one line per token created or
+// removed and every internal error.
+func NewHandler(cli *clientv3.Client, endpoints []string, logger *slog.Logger) http.Handler {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	h := &tokenHandler{cli: cli, endpoints: endpoints, lg: logger.With("component", "bootstrap-tokens")}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+TokenPath, h.create)
+	mux.HandleFunc("GET "+TokenPath+"/{token}", h.status)
+	mux.HandleFunc("DELETE "+TokenPath+"/{token}", h.remove)
+	mux.HandleFunc(TokenPath, h.methodNotAllowed("POST"))
+	mux.HandleFunc(TokenPath+"/{token}", h.methodNotAllowed("GET, DELETE"))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s; the token API is %s and %s/{token}", r.URL.Path, TokenPath, TokenPath))
+	})
+	return mux
+}
+
+type tokenHandler struct {
+	cli       *clientv3.Client
+	endpoints []string
+	lg        *slog.Logger
+}
+
+func (h *tokenHandler) create(w http.ResponseWriter, r *http.Request) {
+	var req CreateTokenRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+		writeError(w, http.StatusBadRequest, "invalid_argument",
+			fmt.Sprintf("request body: %v; send JSON like {\"size\": 3}", err))
+		return
+	}
+	if req.Size == 0 {
+		req.Size = 3
+	}
+	if req.Token == "" {
+		req.Token = NewToken()
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), DefaultRequestTimeout)
+	defer cancel()
+	rev, err := CreateToken(ctx, h.cli, req.Token, req.Size)
+	if err != nil {
+		h.fail(w, "create token", err)
+		return
+	}
+	h.lg.Info("discovery token created", "token", req.Token, "size", req.Size)
+	writeJSON(w, http.StatusCreated, CreateTokenResponse{
+		Token: req.Token, Size: req.Size, Endpoints: h.endpoints,
+		Flags: MemberFlags(req.Token, h.endpoints), Revision: rev,
+	})
+}
+
+func (h *tokenHandler) status(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), DefaultRequestTimeout)
+	defer cancel()
+	st, err := TokenStatus(ctx, h.cli, r.PathValue("token"))
+	if err != nil && !errors.Is(err, ErrSizeNotFound) && !errors.Is(err, ErrBadSizeKey) {
+		h.fail(w, "token status", err)
+		return
+	}
+	if err != nil {
+		// The registrations are still worth showing; the error says what
+		// is wrong with the token.
+		writeError(w, http.StatusConflict, "failed_precondition", err.Error())
+		return
+	}
+	resp := TokenStatusResponse{Status: st, Registered: st.Registered()}
+	if st.State == StateFull {
+		if resp.InitialCluster, err = st.InitialCluster(); err != nil {
+			writeError(w, http.StatusConflict, "failed_precondition", err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (h *tokenHandler) remove(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), DefaultRequestTimeout)
+	defer cancel()
+	token := r.PathValue("token")
+	n, err := RemoveToken(ctx, h.cli, token)
+	if err != nil {
+		h.fail(w, "remove token", err)
+		return
+	}
+	h.lg.Info("discovery token removed", "token", token, "keys", n)
+	writeJSON(w, http.StatusOK, RemoveTokenResponse{Token: token, Deleted: n})
+}
+
+func (h *tokenHandler) methodNotAllowed(allow string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+			fmt.Sprintf("%s %s is not supported; use %s", r.Method, r.URL.Path, allow))
+	}
+}
+
+// fail maps an error to a status and code.
+func (h *tokenHandler) fail(w http.ResponseWriter, op string, err error) {
+	switch {
+	case errors.Is(err, ErrInvalidToken), errors.Is(err, ErrInvalidSize):
+		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
+	case errors.Is(err, ErrTokenNotFound):
+		writeError(w, http.StatusNotFound, "not_found", err.Error())
+	case errors.Is(err, ErrTokenExists):
+		writeError(w, http.StatusConflict, "already_exists", err.Error())
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		writeError(w, http.StatusServiceUnavailable, "unavailable",
+			fmt.Sprintf("%s: the discovery registry did not answer within %v: %v", op, DefaultRequestTimeout, err))
+	default:
+		h.lg.Error("token API failed", "op", op, "error", err)
+		writeError(w, http.StatusInternalServerError, "internal", fmt.Sprintf("%s: %v", op, err))
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, kind, msg string) {
+	writeJSON(w, code, ErrorResponse{Code: kind, Message: strings.TrimSpace(msg)})
+}

@@ -1,0 +1,112 @@
+package bootstrap
+
+import (
+	"path"
+	"strconv"
+
+	"github.com/google/uuid"
+)
+
+// RegistryPrefix is where etcd's v3 discovery keeps every token.
+const RegistryPrefix = "/_etcd/registry"
+
+// Limits on what Beacon accepts when it creates a token.
+const (
+	// MaxTokenLen is the longest token, in bytes.
+	MaxTokenLen = 128
+	// MaxSize is the largest cluster size CreateToken accepts. It only
+	// catches typos: etcd recommends 3, 5 or 7 voting members.
+	MaxSize = 1000
+)
+
+// NewToken returns a fresh random token: a version 4 UUID in lower case,
+// the convention of etcd's documentation.
+func NewToken() string { return uuid.NewString() }
+
+// ValidateToken checks a token. etcd itself accepts any string, but a token
+// becomes part of registry keys through path.Join, so Beacon accepts only
+// 1 to MaxTokenLen characters of [A-Za-z0-9._-] starting with a letter or
+// digit. UUIDs in either case, discovery.etcd.io's 32 hex digits and names
+// like "prod-cluster-1" all fit.
+func ValidateToken(token string) error {
+	switch {
+	case token == "":
+		return invalid(ErrInvalidToken, "empty token: create one with `beacon token new`")
+	case len(token) > MaxTokenLen:
+		return invalid(ErrInvalidToken, "token of %d bytes is longer than the %d-byte limit", len(token), MaxTokenLen)
+	case !isAlnum(token[0]):
+		return invalid(ErrInvalidToken, "token %q must start with a letter or digit", shorten(token))
+	}
+	for i := 0; i < len(token); i++ {
+		if c := token[i]; !isAlnum(c) && c != '-' && c != '_' && c != '.' {
+			return invalid(ErrInvalidToken, "token %q has %q at byte %d: use only letters, digits, '-', '_' and '.'",
+				shorten(token), rune(c), i)
+		}
+	}
+	return nil
+}
+
+func isAlnum(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}
+
+// ValidateSize checks a cluster size for a new token: 1 to MaxSize.
+func ValidateSize(size int) error {
+	if size < 1 || size > MaxSize {
+		return invalid(ErrInvalidSize, "size %d: a cluster has 1 to %d members (3, 5 or 7 is usual)", size, MaxSize)
+	}
+	return nil
+}
+
+// ParseSize parses a size key's value exactly as etcd does (a base-10
+// integer greater than 0, sign allowed, no spaces); anything else is
+// ErrBadSizeKey.
+func ParseSize(value string) (int, error) {
+	n, err := strconv.ParseInt(value, 10, 0)
+	if err != nil || n <= 0 {
+		return 0, invalidValue(ErrBadSizeKey, value, "want a base-10 integer greater than 0")
+	}
+	return int(n), nil
+}
+
+// TokenPrefix is the prefix of every key of the token, with a trailing
+// slash so that it never matches another token ("/_etcd/registry/<token>/").
+func TokenPrefix(token string) string { return path.Join(RegistryPrefix, token) + "/" }
+
+// SizeKey is the key holding the cluster size,
+// "/_etcd/registry/<token>/_config/size".
+func SizeKey(token string) string { return path.Join(RegistryPrefix, token, "_config/size") }
+
+// MembersPrefix is the prefix etcd lists and watches for registrations,
+// "/_etcd/registry/<token>/members" — without a trailing slash, as etcd
+// uses it, so that Beacon counts exactly the keys etcd counts.
+func MembersPrefix(token string) string { return path.Join(RegistryPrefix, token, "members") }
+
+// MemberKey is the registration key of a member,
+// "/_etcd/registry/<token>/members/<id>", with the ID in lower-case hex
+// without padding (etcd's types.ID.String()).
+func MemberKey(token string, id uint64) string {
+	return path.Join(MembersPrefix(token), FormatID(id))
+}
+
+// FormatID renders a member ID as etcd does: lower-case hex, no padding.
+func FormatID(id uint64) string { return strconv.FormatUint(id, 16) }
+
+// ParseID parses a member ID exactly as FormatID (and etcd) render it:
+// lower-case hex without leading zeros.
+func ParseID(s string) (uint64, error) {
+	id, err := strconv.ParseUint(s, 16, 64)
+	if err != nil || FormatID(id) != s {
+		return 0, invalid(ErrInvalidMember, "member ID %q: want lower-case hex without leading zeros, as etcd writes it", shorten(s))
+	}
+	return id, nil
+}
+
+// shorten keeps messages readable when the input is huge.
+func shorten(s string) string {
+	const limit = 80
+	if len(s) <= limit {
+		return s
+	}
+	return s[:limit] + "…(" + strconv.Itoa(len(s)) + " bytes)"
+}

@@ -1,0 +1,88 @@
+package bootstrap
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestRegistryOrdersByCreateRevisionAndTakesFirstN(t *testing.T) {
+	const tok = "t"
+	r := newRegistry(tok)
+	r.setSize([]byte("2"), true)
+	mp := MembersPrefix(tok) + "/"
+	r.put(mp+"c", "c=http://c:1", 9)
+	if r.full() {
+		t.Fatal("full with 1 member of 2")
+	}
+	r.put(mp+"a", "a=http://a:1", 5)
+	r.put(mp+"b", "b=http://b:1", 7)
+	r.put(mp+"bad", "no-equals-sign", 6)
+	r.put(MembersPrefix(tok)+"X", "x=http://x:1", 11) // etcd's prefix quirk: counted
+	r.put(mp+"a", "a=http://a:1", 5)                  // re-registration keeps its place
+
+	st := r.status()
+	if st.State != StateFull || st.Registered() != 2 {
+		t.Fatalf("state %s, registered %d", st.State, st.Registered())
+	}
+	var order []string
+	for _, m := range st.Members {
+		order = append(order, m.Name)
+	}
+	if got := strings.Join(order, ","); got != "a,b,c,x" {
+		t.Fatalf("order %s", got)
+	}
+	if len(st.Skipped) != 1 || st.Skipped[0].Reason != "invalid peer info returned from discovery service" {
+		t.Fatalf("skipped %+v", st.Skipped)
+	}
+	ic, err := st.InitialCluster()
+	if err != nil || ic != "a=http://a:1,b=http://b:1" {
+		t.Fatalf("initial cluster %q, %v", ic, err)
+	}
+	if late := st.Late(); len(late) != 2 || late[0].Name != "c" {
+		t.Fatalf("late %+v", late)
+	}
+
+	r.remove(mp + "a")
+	if st := r.status(); st.In()[0].Name != "b" || st.In()[1].Name != "c" {
+		t.Fatalf("after delete: %+v", st.In())
+	}
+}
+
+func TestInitialClusterChecks(t *testing.T) {
+	mk := func(vals ...string) Status {
+		r := newRegistry("t")
+		r.setSize([]byte("2"), true)
+		for i, v := range vals {
+			r.put(MembersPrefix("t")+"/"+string(rune('a'+i)), v, int64(i+1))
+		}
+		return r.status()
+	}
+	for _, tc := range []struct {
+		vals []string
+		want error
+	}{
+		{[]string{"a=http://a:1", "b=ftp://b:1"}, ErrInvalidURL},
+		{[]string{"a=http://a:1", "a=http://b:1"}, ErrDuplicateName},
+		{[]string{"a=http://a:1", "b=http://a:1"}, ErrDuplicateURL},
+	} {
+		if _, err := mk(tc.vals...).InitialCluster(); !errors.Is(err, tc.want) {
+			t.Errorf("%q: %v, want %v", tc.vals, err, tc.want)
+		}
+	}
+	if _, err := mk("a=http://a:1").InitialCluster(); err == nil {
+		t.Error("initial cluster of a waiting token")
+	}
+}
+
+func TestSizeErrors(t *testing.T) {
+	r := newRegistry("t")
+	r.setSize(nil, false)
+	if !errors.Is(r.sizeErr, ErrSizeNotFound) || !strings.Contains(r.sizeErr.Error(), "discovery: size key not found") {
+		t.Fatalf("missing size: %v", r.sizeErr)
+	}
+	r.setSize([]byte("0"), true)
+	if !errors.Is(r.sizeErr, ErrBadSizeKey) || r.full() {
+		t.Fatalf("bad size: %v", r.sizeErr)
+	}
+}
