@@ -80,13 +80,13 @@ func TestCanonicalPeerURLsRejects(t *testing.T) {
 	}{
 		{nil, ErrInvalidMember},
 		{[]string{""}, ErrInvalidMember},
-		{[]string{"10.0.0.1:2380"}, ErrInvalidMember},               // no scheme
-		{[]string{"ftp://10.0.0.1:2380"}, ErrInvalidMember},         // bad scheme
-		{[]string{"http://10.0.0.1"}, ErrInvalidMember},             // no port
-		{[]string{"http://10.0.0.1:2380/path"}, ErrInvalidMember},   // path
-		{[]string{"http://10.0.0.1:2380?a=b"}, ErrInvalidMember},    // '=' breaks the value format
-		{[]string{"http://a:1,http://b:2"}, ErrInvalidMember},       // two URLs in one element
-		{[]string{"http://a:1", "HTTP://a:1"}, ErrDuplicateURL},     // same URL twice
+		{[]string{"10.0.0.1:2380"}, ErrInvalidMember},             // no scheme
+		{[]string{"ftp://10.0.0.1:2380"}, ErrInvalidMember},       // bad scheme
+		{[]string{"http://10.0.0.1"}, ErrInvalidMember},           // no port
+		{[]string{"http://10.0.0.1:2380/path"}, ErrInvalidMember}, // path
+		{[]string{"http://10.0.0.1:2380?a=b"}, ErrInvalidMember},  // '=' breaks the value format
+		{[]string{"http://a:1,http://b:2"}, ErrInvalidMember},     // two URLs in one element
+		{[]string{"http://a:1", "HTTP://a:1"}, ErrDuplicateURL},   // same URL twice
 		{[]string{"http://a:1", "http://b:1", "http://a:1"}, ErrDuplicateURL},
 	} {
 		if _, err := CanonicalPeerURLs(tc.urls); !errors.Is(err, tc.want) {
