@@ -290,7 +290,7 @@ func parseEndpoint(s string) (endpoint, error) {
 	if host == "" {
 		return ep, fmt.Errorf("endpoint %q has no host", s)
 	}
-	if strings.ContainsAny(host, "/[]@%") {
+	if !validHost(host) {
 		return ep, fmt.Errorf("endpoint %q: host %q is not a host name or IP address", s, host)
 	}
 	n, err := strconv.Atoi(port)
@@ -299,6 +299,20 @@ func parseEndpoint(s string) (endpoint, error) {
 	}
 	ep.Host, ep.Port = host, n
 	return ep, nil
+}
+
+// validHost accepts IP addresses and names of letters, digits, '.', '-'
+// and '_'.
+func validHost(h string) bool {
+	if strings.Contains(h, ":") {
+		return net.ParseIP(h) != nil
+	}
+	for _, r := range h {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // unwrapAddrError drops net.AddrError's repetition of the address.

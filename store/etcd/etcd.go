@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"strings"
@@ -81,35 +82,38 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		DialOptions:          []grpc.DialOption{reconnectBackoff},
 		Logger:               zapLogger(cfg.Logger),
 	}
+	var tlsCfg *tls.Config
 	if r.tls {
-		if ccfg.TLS, err = cfg.tlsConfig(); err != nil {
+		if tlsCfg, err = cfg.tlsConfig(); err != nil {
 			return nil, err
 		}
+		ccfg.TLS = tlsCfg
 	}
 	if cfg.Configure != nil {
 		cfg.Configure(&ccfg)
 	}
-	eps := strings.Join(r.endpoints, ",")
+	fail := func(err error) error { return dialError(ctx, cfg, r, tlsCfg, err) }
 	dctx, cancel := context.WithTimeout(ctx, r.dialTimeout)
 	defer cancel()
 	// With authentication, clientv3.New already authenticates (bounded by
 	// DialTimeout); without, it does not touch the network.
 	cli, err := clientv3.New(ccfg)
 	if err != nil {
-		return nil, dialError(ctx, eps, cfg, r, err)
+		return nil, fail(err)
 	}
 	if _, err := cli.Get(dctx, probeKey, clientv3.WithCountOnly()); err != nil && !errors.Is(err, rpctypes.ErrPermissionDenied) {
 		// Permission denied means the cluster answered: this user may
 		// read only some keys, which is fine.
 		_ = cli.Close()
-		return nil, dialError(ctx, eps, cfg, r, err)
+		return nil, fail(err)
 	}
 	s := newStore(cli, true, r)
 	return s, nil
 }
 
 // dialError explains why New failed and what to check.
-func dialError(ctx context.Context, eps string, cfg Config, r resolved, err error) error {
+func dialError(ctx context.Context, cfg Config, r resolved, tlsCfg *tls.Config, err error) error {
+	eps := strings.Join(r.endpoints, ",")
 	switch {
 	case errors.Is(err, rpctypes.ErrAuthFailed):
 		return fmt.Errorf("etcd: authenticate as %q at %s: %w: check Username and Password (%s, %s)", cfg.Username, eps, err, EnvUsername, EnvPassword)
@@ -120,13 +124,11 @@ func dialError(ctx context.Context, eps string, cfg Config, r resolved, err erro
 	}
 	code := grpcCode(err)
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || code == codes.Unavailable || code == codes.DeadlineExceeded {
-		check := "check that etcd is running there and that the endpoints are right (" + EnvEndpoints + ")"
-		if r.tls {
-			check += ", that the server speaks TLS, that CA (" + EnvCA + ") signed its certificate, and that it accepts the client certificate (" + EnvClientCert + ")"
-		} else {
-			check += ", and whether the server expects TLS (https:// endpoints)"
+		msg := fmt.Errorf("%w: etcd at %s did not answer within %v: %w", store.ErrUnavailable, eps, r.dialTimeout, err)
+		if ctx.Err() != nil { // no time left to look closer
+			return fmt.Errorf("%w; check that etcd runs there and the endpoints (%s) are right", msg, EnvEndpoints)
 		}
-		return fmt.Errorf("%w: etcd at %s did not answer within %v: %w; %s", store.ErrUnavailable, eps, r.dialTimeout, err, check)
+		return fmt.Errorf("%w; %s", msg, diagnose(ctx, cfg, r, tlsCfg))
 	}
 	return fmt.Errorf("etcd: connect to %s: %w%s", eps, err, hint(err))
 }
