@@ -124,10 +124,11 @@ func dialError(ctx context.Context, cfg Config, r resolved, tlsCfg *tls.Config, 
 	}
 	code := grpcCode(err)
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || code == codes.Unavailable || code == codes.DeadlineExceeded {
-		msg := fmt.Errorf("%w: etcd at %s did not answer within %v: %w", store.ErrUnavailable, eps, r.dialTimeout, err)
-		if ctx.Err() != nil { // no time left to look closer
-			return fmt.Errorf("%w; check that etcd runs there and the endpoints (%s) are right", msg, EnvEndpoints)
+		if ctx.Err() != nil { // the caller's deadline: no time left to look closer
+			return fmt.Errorf("%w: etcd at %s did not answer before the caller's deadline: %w; check that etcd runs there and the endpoints (%s) are right",
+				store.ErrUnavailable, eps, ctx.Err(), EnvEndpoints)
 		}
+		msg := fmt.Errorf("%w: etcd at %s did not answer within %v (DialTimeout): %w", store.ErrUnavailable, eps, r.dialTimeout, err)
 		return fmt.Errorf("%w; %s", msg, diagnose(ctx, cfg, r, tlsCfg))
 	}
 	return fmt.Errorf("etcd: connect to %s: %w%s", eps, err, hint(err))
