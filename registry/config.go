@@ -1,0 +1,155 @@
+package registry
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Lease TTL bounds and default.
+const (
+	// DefaultLeaseTTL is the session lease TTL when neither Config.LeaseTTL
+	// nor BEACON_LEASE_TTL sets one.
+	DefaultLeaseTTL = 10 * time.Second
+	// MinLeaseTTL and MaxLeaseTTL bound every lease the registry grants.
+	// (etcd raises TTLs below its own minimum, about 2 s, to that minimum.)
+	MinLeaseTTL = time.Second
+	MaxLeaseTTL = time.Hour
+	// LeaseTTLEnv names the environment variable ConfigFromEnv reads.
+	LeaseTTLEnv = "BEACON_LEASE_TTL"
+	// DefaultWatchLinger is how long a shared store watch outlives its last
+	// watcher, so that a consumer that reconnects (an SSE client, a gRPC
+	// channel) finds it warm and can resume.
+	DefaultWatchLinger = 30 * time.Second
+	// maxRetryCap bounds the default retry backoff.
+	maxRetryCap = 5 * time.Second
+)
+
+// Config configures a StoreRegistry. The zero value is valid: keys under
+// "/services/", a 10 s lease, 4 KiB of metadata, no logs, no metrics.
+type Config struct {
+	// Root is the keyspace root: "" (keys start with /services/) or a path
+	// like "/beacon" (keys start with /beacon/services/).
+	Root string
+	// LeaseTTL is the TTL of the session lease, kept alive every TTL/3.
+	// Zero means DefaultLeaseTTL; otherwise it must be in [1 s, 1 h].
+	LeaseTTL time.Duration
+	// MaxMetadataSize bounds an instance's metadata (keys plus values, in
+	// bytes). Zero means beacon.DefaultMaxMetadataSize (4 KiB). Larger
+	// metadata is refused, never truncated.
+	MaxMetadataSize int
+	// RetryMax caps the backoff between attempts to recover a lost lease
+	// or a broken watch. Zero means min(LeaseTTL/3, 5 s).
+	RetryMax time.Duration
+	// DrainGrace is how long Drain keeps an instance advertised as
+	// draining before removing it, unless the call says otherwise. Zero:
+	// remove it as soon as the draining status is written.
+	DrainGrace time.Duration
+	// WatchLinger is how long a shared store watch stays open after its
+	// last watcher closed. Zero means DefaultWatchLinger; negative means
+	// close at once.
+	WatchLinger time.Duration
+	// Logger receives the registry's logs (lease loss and recovery,
+	// conflicts, watch trouble). Nil means discard.
+	Logger *slog.Logger
+	// Metrics registers the registry's Prometheus collectors. Nil means no
+	// metrics. Collectors already registered by another registry on the
+	// same Registerer are shared.
+	Metrics prometheus.Registerer
+}
+
+// ConfigFromEnv returns a Config with LeaseTTL read from BEACON_LEASE_TTL
+// (a Go duration such as "10s", or a number of seconds), or an error naming
+// the variable if it is malformed or out of range.
+func ConfigFromEnv() (Config, error) {
+	var c Config
+	v := strings.TrimSpace(os.Getenv(LeaseTTLEnv))
+	if v == "" {
+		return c, nil
+	}
+	ttl, err := ParseTTL(v)
+	if err != nil {
+		return c, fmt.Errorf("%s: %w", LeaseTTLEnv, err)
+	}
+	c.LeaseTTL = ttl
+	return c, nil
+}
+
+// ParseTTL parses a lease TTL: a Go duration ("10s", "1m30s") or a whole
+// number of seconds ("10"), within [MinLeaseTTL, MaxLeaseTTL].
+func ParseTTL(s string) (time.Duration, error) {
+	var ttl time.Duration
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n > int64(MaxLeaseTTL/time.Second) || n < 0 {
+			return 0, fmt.Errorf("%w: %q is outside [%v, %v]", ErrInvalidTTL, s, MinLeaseTTL, MaxLeaseTTL)
+		}
+		ttl = time.Duration(n) * time.Second
+	} else {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %q is not a duration like 10s or a number of seconds", ErrInvalidTTL, s)
+		}
+		ttl = d
+	}
+	if err := ValidateTTL(ttl); err != nil {
+		return 0, err
+	}
+	return ttl, nil
+}
+
+// ValidateTTL checks that ttl is in [MinLeaseTTL, MaxLeaseTTL].
+func ValidateTTL(ttl time.Duration) error {
+	if ttl < MinLeaseTTL || ttl > MaxLeaseTTL {
+		return fmt.Errorf("%w: %v is outside [%v, %v]", ErrInvalidTTL, ttl, MinLeaseTTL, MaxLeaseTTL)
+	}
+	return nil
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if _, err := beacon.NewKeyspace(c.Root); err != nil {
+		return fmt.Errorf("%w: Root: %w", ErrInvalidConfig, err)
+	}
+	if c.LeaseTTL != 0 {
+		if err := ValidateTTL(c.LeaseTTL); err != nil {
+			return fmt.Errorf("%w: LeaseTTL: %w", ErrInvalidConfig, err)
+		}
+	}
+	if c.MaxMetadataSize < 0 {
+		return fmt.Errorf("%w: MaxMetadataSize %d is negative; use 0 for the default (%d bytes)",
+			ErrInvalidConfig, c.MaxMetadataSize, beacon.DefaultMaxMetadataSize)
+	}
+	if c.RetryMax < 0 {
+		return fmt.Errorf("%w: RetryMax %v is negative; use 0 for the default", ErrInvalidConfig, c.RetryMax)
+	}
+	if c.DrainGrace < 0 {
+		return fmt.Errorf("%w: DrainGrace %v is negative", ErrInvalidConfig, c.DrainGrace)
+	}
+	return nil
+}
+
+// withDefaults returns c with every zero value replaced by its default.
+func (c Config) withDefaults() Config {
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.MaxMetadataSize == 0 {
+		c.MaxMetadataSize = beacon.DefaultMaxMetadataSize
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = min(c.LeaseTTL/3, maxRetryCap)
+	}
+	if c.WatchLinger == 0 {
+		c.WatchLinger = DefaultWatchLinger
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}

@@ -1,0 +1,56 @@
+// Package registry is Beacon's service registry: processes register the
+// instances they serve, callers list and watch them, and nothing goes
+// silently wrong when the store has a bad minute.
+//
+// # Registering
+//
+// A StoreRegistry (New) works over any store.Store. It holds one session:
+// one lease for all the instances the process registers, granted at the
+// first Register and kept alive every TTL/3. If the lease is lost (it
+// expired, was revoked, or the store was unreachable for a whole TTL), the
+// session does not give up and does not exit the process: it retries with
+// capped backoff, forever, gets a lease again and re-registers every
+// instance with the same ID. Each transition (active, lost, recovered,
+// closed) is delivered on States and counted in Prometheus metrics.
+//
+// Registration is create-if-absent: a second process claiming a live
+// instance ID gets an error matching beacon.ErrAlreadyRegistered, never an
+// overwrite, also when the session re-registers after a loss (the instance
+// is then reported in StateChange.Conflicts and Registration.Err, and the
+// session keeps trying to reclaim the ID).
+//
+//	reg, err := r.Register(ctx, beacon.Instance{Namespace: "prod", Component: "api",
+//		Endpoint: "http", Address: "10.0.0.5:8080"})
+//	...
+//	err = reg.Update(ctx, func(in *beacon.Instance) { in.Address = "10.0.0.5:8081" })
+//	...
+//	err = reg.Drain(ctx, registry.DrainGrace(5*time.Second)) // draining, then removed
+//
+// # Discovering
+//
+// List returns a consistent snapshot and its revision. Watch returns a
+// Watcher whose first Batch is the snapshot (possibly empty): the synced
+// moment. Then come ordered Added, Updated and Removed events. After a
+// reconnect or a compaction the watch re-lists and delivers the difference
+// against what the consumer saw: no missed removal, no phantom removal, and a
+// changed address under the same ID as Updated. Watchers of one prefix in
+// one registry share one store watch; each consumer's events are coalesced
+// from its own position, so a slow consumer never blocks the others and
+// always converges to the latest state. Ending a watch (Close, or its
+// context) never delivers removals or an empty list: Instances keeps the
+// last view. FromRevision resumes a watch after a Batch.Revision.
+//
+// Pickers (NewRoundRobin, NewRandom, NewP2C) choose an instance from a
+// watcher's view for each call.
+//
+// # Leases owned by the caller
+//
+// Servers that register instances on behalf of remote clients (the HTTP
+// API) give each client its own lease: GrantLease, RegisterLeased (or
+// RegisterWithTTL for both in one call), Heartbeat, UpdateLeased,
+// DeregisterLeased and RevokeLease apply the same validation and uniqueness
+// rules as Register.
+//
+// docs/registry.md describes the key and value format, the watch
+// guarantees and the metrics.
+package registry

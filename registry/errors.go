@@ -1,0 +1,28 @@
+package registry
+
+import "errors"
+
+// Sentinel errors. Validation failures are *beacon.FieldError values
+// (matching beacon.ErrInvalid); an ID held by another registration matches
+// beacon.ErrAlreadyRegistered; an unknown instance beacon.ErrNotFound.
+var (
+	// ErrClosed is returned by every call after the registry was closed.
+	ErrClosed = errors.New("registry: closed")
+	// ErrWatchClosed is returned by Watcher.Next after the watch ended
+	// (Close, or its context done).
+	ErrWatchClosed = errors.New("registry: watch closed")
+	// ErrLeaseLost reports that the session's lease ended (expired, or the
+	// store could not be reached for a whole TTL). The session is granting
+	// a new lease and re-registering every instance.
+	ErrLeaseLost = errors.New("registry: lease lost; re-registering")
+	// ErrLeaseMismatch reports an instance bound to another lease than the
+	// one the caller presented.
+	ErrLeaseMismatch = errors.New("registry: instance is bound to another lease")
+	// ErrIdentityChanged reports an Update that changed the instance's
+	// namespace, component, endpoint, ID or registration time.
+	ErrIdentityChanged = errors.New("registry: update may not change the instance's identity")
+	// ErrInvalidTTL reports a lease TTL outside [MinLeaseTTL, MaxLeaseTTL].
+	ErrInvalidTTL = errors.New("registry: invalid lease TTL")
+	// ErrInvalidConfig reports a Config that does not validate.
+	ErrInvalidConfig = errors.New("registry: invalid config")
+)

@@ -1,0 +1,441 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/store"
+	"github.com/google/btree"
+)
+
+// The watch side. One feed per watched prefix holds the shared state: the
+// current instances (a copy-on-write B-tree), the store revision they are
+// at, and a bounded log of recent changes. One goroutine per feed lists the
+// prefix, watches it from the listing's revision + 1, and re-lists after
+// compaction or a broken watch. Watchers never receive pushed events: each
+// keeps a pointer to the immutable version of the tree it last delivered and,
+// when it asks for more, computes the difference to the current version —
+// from the log when it still covers the gap, by walking both trees when it
+// does not. A slow watcher therefore costs nothing while it is slow, never
+// blocks the feed or other watchers, and always catches up to the latest
+// state in one batch.
+
+// btreeDegree is the B-tree degree of feed state.
+const btreeDegree = 16
+
+// minLogLen is the least number of changes a feed keeps for watchers to
+// catch up from (it keeps at least as many as it has instances).
+const minLogLen = 4096
+
+// item is one instance in a feed. Items are immutable once in a tree.
+type item struct {
+	key    string
+	inst   beacon.Instance
+	create int64
+	mod    int64
+}
+
+func itemLess(a, b *item) bool { return a.key < b.key }
+
+// change is one entry of a feed's log.
+type change struct {
+	seq    uint64
+	rev    int64
+	key    string
+	before *item // nil: absent before the change
+	after  *item // nil: absent after it
+	resync bool  // found by re-listing
+}
+
+// version is an immutable copy of a feed's state.
+type version struct {
+	tree    *btree.BTreeG[*item]
+	seq     uint64
+	rev     int64
+	relists uint64
+}
+
+// hub owns the feeds of one registry.
+type hub struct {
+	r      *StoreRegistry
+	mu     sync.Mutex
+	feeds  map[string]*feed
+	closed bool
+}
+
+func newHub(r *StoreRegistry) *hub {
+	return &hub{r: r, feeds: make(map[string]*feed)}
+}
+
+// acquire returns the feed of q's prefix, starting it if needed.
+func (h *hub) acquire(q beacon.Query) (*feed, error) {
+	prefix := h.r.ks.Prefix(q)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, ErrClosed
+	}
+	f := h.feeds[prefix]
+	if f == nil {
+		ctx, cancel := context.WithCancel(h.r.ctx)
+		f = &feed{
+			h:      h,
+			prefix: prefix,
+			ctx:    ctx,
+			cancel: cancel,
+			tree:   btree.NewG(btreeDegree, itemLess),
+			wake:   make(chan struct{}),
+		}
+		h.feeds[prefix] = f
+		h.r.m.addWatchStreams(1)
+		h.r.wg.Add(1)
+		go f.run()
+	}
+	f.refs++
+	if f.linger != nil {
+		f.linger.Stop()
+		f.linger = nil
+	}
+	return f, nil
+}
+
+// release drops one reference to f; the last one stops it after the
+// linger period.
+func (h *hub) release(f *feed) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f.refs--
+	if f.refs > 0 || h.closed || h.feeds[f.prefix] != f {
+		return
+	}
+	if h.r.cfg.WatchLinger <= 0 {
+		h.stopLocked(f)
+		return
+	}
+	f.linger = time.AfterFunc(h.r.cfg.WatchLinger, func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if f.refs == 0 && !h.closed && h.feeds[f.prefix] == f {
+			h.stopLocked(f)
+		}
+	})
+}
+
+func (h *hub) stopLocked(f *feed) {
+	delete(h.feeds, f.prefix)
+	h.r.m.addWatchStreams(-1)
+	if f.linger != nil {
+		f.linger.Stop()
+		f.linger = nil
+	}
+	f.cancel()
+}
+
+// close stops every feed; watchers then get ErrClosed.
+func (h *hub) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for _, f := range h.feeds {
+		h.stopLocked(f)
+		f.fail(ErrClosed)
+	}
+}
+
+// streams returns the number of shared store watches (for tests and
+// benchmarks).
+func (h *hub) streams() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.feeds)
+}
+
+// WatchStreams returns the number of store watches the registry holds: one
+// per watched prefix, shared by all its watchers (plus those lingering).
+func (r *StoreRegistry) WatchStreams() int { return r.hub.streams() }
+
+// feed is the shared state of one watched prefix.
+type feed struct {
+	h      *hub
+	prefix string
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// Guarded by h.mu.
+	refs   int
+	linger *time.Timer
+
+	mu       sync.Mutex
+	tree     *btree.BTreeG[*item]
+	rev      int64
+	seq      uint64
+	log      []change // changes floorSeq+1 .. seq
+	floorSeq uint64   // every change after it is in log
+	floorRev int64    // every change at a revision above it is in log
+	snap     *version // cached version at (seq, rev)
+	relists  uint64   // re-listings after the first listing
+	synced   bool
+	stale    error  // set while disconnected
+	staleGen uint64 // counts disconnections
+	err      error  // terminal
+	wake     chan struct{}
+}
+
+// notifyLocked wakes every watcher waiting for news.
+func (f *feed) notifyLocked() {
+	close(f.wake)
+	f.wake = make(chan struct{})
+}
+
+// fail ends the feed for good (the registry or the store closed).
+func (f *feed) fail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = err
+		f.notifyLocked()
+	}
+}
+
+func (f *feed) setStale(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stale == nil {
+		f.staleGen++
+	}
+	f.stale = err
+	f.notifyLocked()
+}
+
+// versionLocked returns an immutable copy of the current state.
+func (f *feed) versionLocked() *version {
+	if f.snap == nil || f.snap.seq != f.seq || f.snap.rev != f.rev || f.snap.relists != f.relists {
+		f.snap = &version{tree: f.tree.Clone(), seq: f.seq, rev: f.rev, relists: f.relists}
+	}
+	return f.snap
+}
+
+// run lists, watches and re-lists until the feed is stopped.
+func (f *feed) run() {
+	defer f.h.r.wg.Done()
+	r := f.h.r
+	log := r.log.With("prefix", f.prefix)
+	bo := newBackoff(r.cfg.RetryMax)
+	for f.ctx.Err() == nil {
+		kvs, rev, err := r.st.List(f.ctx, f.prefix)
+		if err != nil {
+			if f.ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, store.ErrClosed) {
+				f.fail(fmt.Errorf("registry: watch %s: %w", f.prefix, err))
+				return
+			}
+			f.setStale(fmt.Errorf("registry: watch %s: list: %w", f.prefix, err))
+			d := bo.next()
+			log.Warn("watch cannot list; retrying", "err", err, "retry_in", d)
+			if !sleep(f.ctx, d) {
+				return
+			}
+			continue
+		}
+		f.applyListing(kvs, rev)
+		bo.reset()
+
+		err = f.follow(rev + 1)
+		if f.ctx.Err() != nil {
+			return
+		}
+		switch {
+		case errors.Is(err, store.ErrCompacted):
+			r.m.resync("compacted")
+			log.Info("watch fell behind compaction; re-listing", "err", err)
+		case errors.Is(err, store.ErrClosed):
+			f.fail(fmt.Errorf("registry: watch %s: %w", f.prefix, err))
+			return
+		default:
+			r.m.resync("error")
+			log.Warn("watch broke; re-listing", "err", err)
+		}
+	}
+}
+
+var errWatchEnded = errors.New("store watch ended")
+
+// follow applies the store's watch from rev until it fails.
+func (f *feed) follow(rev int64) error {
+	ctx, cancel := context.WithCancel(f.ctx)
+	defer cancel()
+	ch := f.h.r.st.Watch(ctx, f.prefix, rev)
+	for {
+		select {
+		case resp, ok := <-ch:
+			if !ok {
+				return errWatchEnded
+			}
+			if resp.Err != nil {
+				return resp.Err
+			}
+			f.applyEvents(resp.Events)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// parse turns a stored key/value into an item, or nil if it is not a valid
+// instance.
+func (f *feed) parse(kv store.KeyValue) *item {
+	in, err := f.h.r.decode(kv)
+	if err != nil {
+		f.h.r.invalidValue(kv.Key, err)
+		return nil
+	}
+	return &item{key: kv.Key, inst: in, create: kv.CreateRevision, mod: kv.ModRevision}
+}
+
+// applyListing replaces the state with a listing at rev. After the first
+// listing, every difference is logged as a change at rev.
+func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
+	items := make([]*item, 0, len(kvs))
+	for _, kv := range kvs {
+		if it := f.parse(kv); it != nil {
+			items = append(items, it)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.synced {
+		for _, it := range items {
+			f.tree.ReplaceOrInsert(it)
+		}
+		f.rev, f.floorRev, f.synced = rev, rev, true
+		f.stale = nil
+		f.notifyLocked()
+		return
+	}
+	if rev < f.rev {
+		// Restored from a backup? Revisions before this listing mean
+		// nothing any more: nobody can resume from them.
+		f.h.r.log.Warn("store revision went backwards; watchers resuming from older revisions get a snapshot",
+			"prefix", f.prefix, "was", f.rev, "now", rev)
+		f.log, f.floorSeq, f.floorRev = nil, f.seq, rev
+	}
+	f.relists++
+	fresh := make(map[string]*item, len(items))
+	for _, it := range items {
+		fresh[it.key] = it
+	}
+	var gone []*item
+	f.tree.Ascend(func(old *item) bool {
+		if fresh[old.key] == nil {
+			gone = append(gone, old)
+		}
+		return true
+	})
+	for _, old := range gone {
+		f.tree.Delete(old)
+		f.appendLocked(change{rev: rev, key: old.key, before: old, resync: true})
+	}
+	for _, it := range items {
+		old, _ := f.tree.Get(it)
+		if old != nil && old.mod == it.mod && old.create == it.create {
+			continue // unchanged: keep the item watchers already hold
+		}
+		if old != nil && old.inst.Equal(it.inst) {
+			f.tree.ReplaceOrInsert(it)
+			continue // rewritten with the same value (e.g. re-registered)
+		}
+		f.tree.ReplaceOrInsert(it)
+		f.appendLocked(change{rev: rev, key: it.key, before: old, after: it, resync: true})
+	}
+	f.rev = rev
+	f.stale = nil
+	f.trimLocked()
+	f.notifyLocked()
+}
+
+// applyEvents applies one watch response.
+func (f *feed) applyEvents(evs []store.Event) {
+	if len(evs) == 0 {
+		return
+	}
+	var parsed []*item
+	for _, e := range evs {
+		if e.Type == store.EventPut {
+			parsed = append(parsed, f.parse(e.KV))
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	last := f.rev
+	i := 0
+	for _, e := range evs {
+		var it *item
+		if e.Type == store.EventPut {
+			it = parsed[i]
+			i++
+		}
+		rev := e.Revision()
+		if rev <= f.rev {
+			continue // already in the state (a listing overtook the watch)
+		}
+		last = max(last, rev)
+		switch e.Type {
+		case store.EventPut:
+			if it == nil {
+				continue // not an instance: keep the last valid value, if any
+			}
+			old, _ := f.tree.ReplaceOrInsert(it)
+			if old != nil && old.inst.Equal(it.inst) {
+				continue
+			}
+			f.appendLocked(change{rev: rev, key: it.key, before: old, after: it})
+		case store.EventDelete:
+			old, ok := f.tree.Delete(&item{key: e.KV.Key})
+			if ok {
+				f.appendLocked(change{rev: rev, key: old.key, before: old})
+			}
+		}
+	}
+	if last == f.rev {
+		return
+	}
+	f.rev = last
+	f.trimLocked()
+	f.notifyLocked()
+}
+
+func (f *feed) appendLocked(c change) {
+	f.seq++
+	c.seq = f.seq
+	f.log = append(f.log, c)
+}
+
+// trimLocked keeps the log at most twice its allowance, dropping the oldest
+// half when it grows past that (amortised O(1) per change).
+func (f *feed) trimLocked() {
+	keep := max(minLogLen, f.tree.Len())
+	if len(f.log) <= 2*keep {
+		return
+	}
+	drop := len(f.log) - keep
+	f.floorSeq = f.log[drop-1].seq
+	f.floorRev = max(f.floorRev, f.log[drop-1].rev)
+	f.log = slices.Clone(f.log[drop:])
+}
+
+// since returns the log entries after seq, or false if some were trimmed.
+// The returned slice is never modified afterwards.
+func (f *feed) sinceLocked(seq uint64) ([]change, bool) {
+	if seq < f.floorSeq {
+		return nil, false
+	}
+	i := int(seq - f.floorSeq)
+	return f.log[i:len(f.log):len(f.log)], true
+}

@@ -1,0 +1,187 @@
+package registry
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the registry's Prometheus collectors. Every method is a no-op
+// on a nil *metrics (Config.Metrics nil). Counts are kept with Inc/Dec, so
+// several registries registering on one Registerer add up correctly.
+type metrics struct {
+	state             *prometheus.GaugeVec
+	leaseLosses       prometheus.Counter
+	recoveries        prometheus.Counter
+	keepAliveFailures prometheus.Counter
+	registrations     prometheus.Gauge
+	conflicts         prometheus.Gauge
+	watchStreams      prometheus.Gauge
+	watchers          prometheus.Gauge
+	resyncs           *prometheus.CounterVec
+	invalid           prometheus.Counter
+}
+
+// Metric names, documented in docs/registry.md.
+const (
+	metricState             = "beacon_registry_session_state"
+	metricLeaseLosses       = "beacon_registry_lease_losses_total"
+	metricRecoveries        = "beacon_registry_lease_recoveries_total"
+	metricKeepAliveFailures = "beacon_registry_keepalive_failures_total"
+	metricRegistrations     = "beacon_registry_registrations"
+	metricConflicts         = "beacon_registry_registration_conflicts"
+	metricWatchStreams      = "beacon_registry_watch_streams"
+	metricWatchers          = "beacon_registry_watchers"
+	metricResyncs           = "beacon_registry_watch_resyncs_total"
+	metricInvalid           = "beacon_registry_invalid_values_total"
+)
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: metricState,
+			Help: "Number of registry sessions in each state (idle, active, lost, recovered, closed).",
+		}, []string{"state"}),
+		leaseLosses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricLeaseLosses,
+			Help: "Session leases lost (expired, revoked elsewhere, or unreachable store for a whole TTL).",
+		}),
+		recoveries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricRecoveries,
+			Help: "Recoveries after a lease loss: a lease held again and the instances re-registered.",
+		}),
+		keepAliveFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricKeepAliveFailures,
+			Help: "Failed keep-alive attempts of session leases.",
+		}),
+		registrations: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: metricRegistrations,
+			Help: "Instances registered through registry sessions (including conflicted ones).",
+		}),
+		conflicts: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: metricConflicts,
+			Help: "Registered instances not advertised because another live process holds their ID.",
+		}),
+		watchStreams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: metricWatchStreams,
+			Help: "Shared store watches (one per watched prefix, shared by every watcher of it).",
+		}),
+		watchers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: metricWatchers,
+			Help: "Open registry watchers.",
+		}),
+		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricResyncs,
+			Help: "Re-lists of a shared watch after compaction or a lost connection.",
+		}, []string{"reason"}),
+		invalid: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricInvalid,
+			Help: "Stored values under the services prefix that are not valid instances (skipped).",
+		}),
+	}
+	var err error
+	m.state = register(reg, m.state, &err)
+	m.leaseLosses = register(reg, m.leaseLosses, &err)
+	m.recoveries = register(reg, m.recoveries, &err)
+	m.keepAliveFailures = register(reg, m.keepAliveFailures, &err)
+	m.registrations = register(reg, m.registrations, &err)
+	m.conflicts = register(reg, m.conflicts, &err)
+	m.watchStreams = register(reg, m.watchStreams, &err)
+	m.watchers = register(reg, m.watchers, &err)
+	m.resyncs = register(reg, m.resyncs, &err)
+	m.invalid = register(reg, m.invalid, &err)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the collector already registered under
+// the same description.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		if *errp == nil {
+			*errp = err
+		}
+	}
+	return c
+}
+
+func (m *metrics) setState(from, to State) {
+	if m == nil {
+		return
+	}
+	if from != to {
+		m.state.WithLabelValues(from.String()).Dec()
+	}
+	m.state.WithLabelValues(to.String()).Inc()
+}
+
+func (m *metrics) initState(s State) {
+	if m != nil {
+		m.state.WithLabelValues(s.String()).Inc()
+	}
+}
+
+func (m *metrics) leaseLost() {
+	if m != nil {
+		m.leaseLosses.Inc()
+	}
+}
+
+func (m *metrics) recovered() {
+	if m != nil {
+		m.recoveries.Inc()
+	}
+}
+
+func (m *metrics) keepAliveFailed() {
+	if m != nil {
+		m.keepAliveFailures.Inc()
+	}
+}
+
+func (m *metrics) addRegistrations(n int) {
+	if m != nil {
+		m.registrations.Add(float64(n))
+	}
+}
+
+func (m *metrics) addConflicts(n int) {
+	if m != nil && n != 0 {
+		m.conflicts.Add(float64(n))
+	}
+}
+
+func (m *metrics) addWatchStreams(n int) {
+	if m != nil {
+		m.watchStreams.Add(float64(n))
+	}
+}
+
+func (m *metrics) addWatchers(n int) {
+	if m != nil {
+		m.watchers.Add(float64(n))
+	}
+}
+
+func (m *metrics) resync(reason string) {
+	if m != nil {
+		m.resyncs.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *metrics) invalidValue() {
+	if m != nil {
+		m.invalid.Inc()
+	}
+}

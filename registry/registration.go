@@ -1,0 +1,594 @@
+package registry
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/store"
+)
+
+// registration is one instance registered through the session.
+type registration struct {
+	r   *StoreRegistry
+	s   *session
+	key string
+	ref beacon.Ref
+
+	pub atomic.Pointer[beacon.Instance] // what Instance returns
+
+	opMu sync.Mutex // serialises Update, Drain and Close
+
+	// wmu is held during every store write of this registration, by the
+	// caller's goroutine or the session's.
+	wmu     sync.Mutex
+	inst    beacon.Instance
+	val     []byte
+	lease   store.LeaseID
+	modRev  int64
+	removed bool
+
+	// Guarded by s.mu.
+	admitted bool   // written once and tracked by the session
+	epoch    uint64 // lease epoch the key was last written in
+	err      error  // why it is not advertised (conflict), or nil
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ Registration = (*registration)(nil)
+
+// spawn runs fn in a goroutine the registry owns, unless it is closed.
+func (r *StoreRegistry) spawn(fn func()) bool {
+	r.hub.mu.Lock()
+	defer r.hub.mu.Unlock()
+	if r.hub.closed {
+		return false
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		fn()
+	}()
+	return true
+}
+
+// Register implements Registrar. Concurrent registrations are written
+// together, in one transaction per batch, when the store supports
+// transactions.
+func (r *StoreRegistry) Register(ctx context.Context, in beacon.Instance) (Registration, error) {
+	if r.closed.Load() {
+		return nil, ErrClosed
+	}
+	in, val, err := r.prepare(in)
+	if err != nil {
+		return nil, err
+	}
+	reg := &registration{r: r, s: r.sess, key: r.ks.Key(in.Ref()), ref: in.Ref(), inst: in, val: val}
+	reg.pub.Store(&in)
+	if err := r.sess.reserve(reg); err != nil {
+		return nil, err
+	}
+	if err := r.register(ctx, reg); err != nil {
+		r.sess.unreserve(reg)
+		return nil, err
+	}
+	return reg, nil
+}
+
+func (r *StoreRegistry) register(ctx context.Context, reg *registration) error {
+	for {
+		lease, epoch, err := r.sess.acquire(ctx)
+		if err != nil {
+			return err
+		}
+		reg.wmu.Lock()
+		rev, err := r.create(ctx, reg.key, reg.val, lease)
+		if errors.Is(err, store.ErrKeyExists) {
+			// Ours from an earlier lease is taken over; anyone else's is a
+			// conflict.
+			var wrote bool
+			wrote, err = r.sess.writeOne(ctx, reg, reg.val, lease, epoch)
+			if err == nil && !wrote {
+				r.sess.mu.Lock()
+				err = reg.err
+				r.sess.mu.Unlock()
+			}
+			if err == nil {
+				rev = reg.modRev
+			}
+		}
+		if err == nil {
+			reg.modRev, reg.lease = rev, lease
+		}
+		reg.wmu.Unlock()
+		switch {
+		case err == nil:
+			r.sess.admit(reg, epoch)
+			return nil
+		case errors.Is(err, beacon.ErrAlreadyRegistered):
+			return err
+		case errors.Is(err, store.ErrLeaseNotFound):
+			r.sess.leaseGone(lease, err)
+			continue
+		case errors.Is(err, store.ErrInvalidKey), errors.Is(err, store.ErrValueTooLarge), errors.Is(err, store.ErrClosed):
+			return fmt.Errorf("registry: register %s: %w", reg.ref, err)
+		}
+		// The write may have been applied: make sure nothing stays behind.
+		r.cleanup(reg.key, lease, reg.val, reg)
+		return fmt.Errorf("registry: register %s: %w", reg.ref, err)
+	}
+}
+
+// create writes a new key bound to lease, batching with concurrent creates
+// when the store supports transactions.
+func (r *StoreRegistry) create(ctx context.Context, key string, val []byte, lease store.LeaseID) (int64, error) {
+	if r.creates != nil {
+		return r.creates.create(ctx, key, val, lease)
+	}
+	return r.st.Create(ctx, key, val, store.WithLease(lease))
+}
+
+// cleanup deletes key if it holds val under lease and no other
+// registration claims it: the remains of a write whose outcome the caller
+// never learnt (owner is the registration that attempted it, or nil).
+func (r *StoreRegistry) cleanup(key string, lease store.LeaseID, val []byte, owner *registration) {
+	r.retryInBackground(func(ctx context.Context) error {
+		kv, err := r.st.Get(ctx, key)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if kv.Lease != lease || !bytes.Equal(kv.Value, val) || r.sess.claimed(key, owner) {
+			return nil
+		}
+		return r.deleteAt(ctx, key, kv.ModRevision)
+	})
+}
+
+// undo deletes the write of key at modRev, unless the key changed since.
+func (r *StoreRegistry) undo(key string, modRev int64) {
+	r.retryInBackground(func(ctx context.Context) error { return r.deleteAt(ctx, key, modRev) })
+}
+
+func (r *StoreRegistry) deleteAt(ctx context.Context, key string, modRev int64) error {
+	_, err := r.st.Delete(ctx, key, store.IfModRevision(modRev))
+	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrConflict) {
+		return nil
+	}
+	return err
+}
+
+// retryInBackground runs fn until it succeeds, with backoff, at most 10
+// times, in a goroutine the registry owns. (Close revokes the session
+// lease, which removes whatever is left.)
+func (r *StoreRegistry) retryInBackground(fn func(ctx context.Context) error) {
+	r.spawn(func() {
+		bo := newBackoff(r.cfg.RetryMax)
+		for range 10 {
+			ctx, cancel := r.opContext()
+			err := fn(ctx)
+			cancel()
+			if err == nil || r.ctx.Err() != nil {
+				return
+			}
+			r.log.Debug("background cleanup failed; retrying", "err", err)
+			if !sleep(r.ctx, bo.next()) {
+				return
+			}
+		}
+	})
+}
+
+// reserve claims reg's key in this process.
+func (s *session) reserve(reg *registration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == StateClosed {
+		return ErrClosed
+	}
+	if _, ok := s.regs[reg.key]; ok {
+		return fmt.Errorf("%w: %s is already registered by this process", beacon.ErrAlreadyRegistered, reg.ref)
+	}
+	s.regs[reg.key] = reg
+	return nil
+}
+
+func (s *session) unreserve(reg *registration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.regs[reg.key] == reg && !reg.admitted {
+		delete(s.regs, reg.key)
+	}
+}
+
+// claimed reports whether a registration other than owner holds key.
+func (s *session) claimed(key string, owner *registration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	reg, ok := s.regs[key]
+	return ok && reg != owner
+}
+
+// admit starts tracking a registration written in epoch. If the lease
+// changed meanwhile, the loop writes it again under the new one.
+func (s *session) admit(reg *registration, epoch uint64) {
+	s.mu.Lock()
+	if s.regs[reg.key] != reg {
+		s.mu.Unlock()
+		return
+	}
+	reg.admitted = true
+	reg.epoch = epoch
+	reg.err = nil
+	stale := epoch != s.epoch
+	s.r.m.addRegistrations(1)
+	s.mu.Unlock()
+	if stale {
+		s.kickLoop()
+	}
+}
+
+// Instance implements Registration.
+func (reg *registration) Instance() beacon.Instance { return reg.pub.Load().Clone() }
+
+// Err implements Registration.
+func (reg *registration) Err() error {
+	s := reg.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case !reg.admitted:
+		return nil
+	case reg.err != nil:
+		return reg.err
+	case s.state == StateLost:
+		return ErrLeaseLost
+	case reg.epoch != s.epoch:
+		return fmt.Errorf("%w: %s not yet written under the new lease", ErrLeaseLost, reg.ref)
+	}
+	return nil
+}
+
+// Update implements Registration.
+func (reg *registration) Update(ctx context.Context, mutate func(*beacon.Instance)) error {
+	reg.opMu.Lock()
+	defer reg.opMu.Unlock()
+	return reg.update(ctx, mutate)
+}
+
+func (reg *registration) update(ctx context.Context, mutate func(*beacon.Instance)) error {
+	r := reg.r
+	cur := *reg.pub.Load()
+	next := cur.Clone()
+	mutate(&next)
+	if next.Namespace != cur.Namespace || next.Component != cur.Component || next.Endpoint != cur.Endpoint ||
+		next.ID != cur.ID || !next.RegisteredAt.Equal(cur.RegisteredAt) {
+		return fmt.Errorf("%w (%s)", ErrIdentityChanged, cur.Ref())
+	}
+	next.RegisteredAt = cur.RegisteredAt
+	if next.Status == "" {
+		next.Status = beacon.StatusServing
+	}
+	if err := next.ValidateWith(r.cfg.MaxMetadataSize); err != nil {
+		return err
+	}
+	val, err := encode(next)
+	if err != nil {
+		return err
+	}
+	for {
+		if r.closed.Load() {
+			return ErrClosed
+		}
+		lease, epoch, err := reg.s.acquire(ctx)
+		if err != nil {
+			return err
+		}
+		reg.wmu.Lock()
+		if reg.removed {
+			reg.wmu.Unlock()
+			return fmt.Errorf("registry: update %s: %w", reg.ref, errRemoved)
+		}
+		reg.s.mu.Lock()
+		current := reg.epoch == epoch && reg.err == nil
+		reg.s.mu.Unlock()
+		if current && reg.lease == lease {
+			var rev int64
+			rev, err = r.st.Update(ctx, reg.key, val, reg.modRev, store.WithLease(lease))
+			if err == nil {
+				reg.inst, reg.val, reg.modRev = next, val, rev
+				reg.pub.Store(&next)
+				reg.wmu.Unlock()
+				return nil
+			}
+		}
+		if !current || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
+			// Not written under this lease yet, or changed under us:
+			// settle it key by key (never overwriting another process).
+			_, err = reg.s.writeOne(ctx, reg, val, lease, epoch)
+			if err == nil {
+				reg.s.mu.Lock()
+				err = reg.err
+				reg.s.mu.Unlock()
+			}
+			if err == nil {
+				reg.inst = next
+				reg.pub.Store(&next)
+				reg.wmu.Unlock()
+				return nil
+			}
+		}
+		reg.wmu.Unlock()
+		switch {
+		case errors.Is(err, store.ErrLeaseNotFound):
+			reg.s.leaseGone(lease, err)
+			continue
+		case errors.Is(err, beacon.ErrAlreadyRegistered):
+			return err
+		}
+		// Unknown outcome: have the session write the registration again
+		// (with what it advertises) on its next pass.
+		reg.s.mu.Lock()
+		reg.epoch = 0
+		reg.s.mu.Unlock()
+		reg.s.kickLoop()
+		return fmt.Errorf("registry: update %s: %w", reg.ref, err)
+	}
+}
+
+var errRemoved = errors.New("registration closed")
+
+// Drain implements Registration.
+func (reg *registration) Drain(ctx context.Context, opts ...DrainOption) error {
+	o := drainOptions{grace: reg.r.cfg.DrainGrace}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	reg.opMu.Lock()
+	err := reg.update(ctx, func(in *beacon.Instance) { in.Status = beacon.StatusDraining })
+	reg.opMu.Unlock()
+	if errors.Is(err, errRemoved) {
+		return nil
+	}
+	if err == nil && o.grace > 0 {
+		sleep(ctx, o.grace)
+	}
+	if cerr := reg.Close(); cerr != nil {
+		return errors.Join(err, cerr)
+	}
+	if err != nil {
+		return fmt.Errorf("registry: drain %s: marking it draining failed, removed it anyway: %w", reg.ref, err)
+	}
+	return nil
+}
+
+// Close implements Registration.
+func (reg *registration) Close() error {
+	reg.closeOnce.Do(func() { reg.closeErr = reg.close() })
+	return reg.closeErr
+}
+
+func (reg *registration) close() error {
+	reg.opMu.Lock()
+	defer reg.opMu.Unlock()
+	r, s := reg.r, reg.s
+	s.mu.Lock()
+	if s.regs[reg.key] == reg {
+		delete(s.regs, reg.key)
+		if reg.admitted {
+			s.r.m.addRegistrations(-1)
+		}
+	}
+	conflicted := reg.err != nil
+	s.mu.Unlock()
+	reg.wmu.Lock()
+	defer reg.wmu.Unlock()
+	reg.removed = true
+	if r.closed.Load() || conflicted || reg.modRev == 0 {
+		return nil // revoked with the lease, or never written
+	}
+	ctx, cancel := r.opContext()
+	defer cancel()
+	err := r.deleteIfOurs(ctx, reg.key, reg.modRev)
+	if err != nil && !errors.Is(err, ErrClosed) {
+		// Keep trying in the background: the key is bound to the session
+		// lease, which is kept alive, so it must not be left behind.
+		r.cleanup(reg.key, reg.lease, reg.val, reg)
+		return fmt.Errorf("registry: deregister %s: %w (retrying in the background)", reg.ref, err)
+	}
+	return nil
+}
+
+// deleteIfOurs deletes key if it is still the write at modRev, or bound to
+// one of the session's leases.
+func (r *StoreRegistry) deleteIfOurs(ctx context.Context, key string, modRev int64) error {
+	for range 8 {
+		_, err := r.st.Delete(ctx, key, store.IfModRevision(modRev))
+		switch {
+		case err == nil, errors.Is(err, store.ErrNotFound):
+			return nil
+		case !errors.Is(err, store.ErrConflict):
+			return err
+		}
+		kv, err := r.st.Get(ctx, key)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !r.sess.ours(kv.Lease) {
+			return nil // someone else's now
+		}
+		modRev = kv.ModRevision
+	}
+	return fmt.Errorf("registry: %s keeps changing; giving up deleting it", key)
+}
+
+// batcher commits concurrent creates together: whoever finds no commit in
+// flight commits everything queued (group commit), so a lone Register costs
+// one transaction and a burst costs one per maxTxnOps registrations.
+type batcher struct {
+	r     *StoreRegistry
+	mu    sync.Mutex
+	queue []*createOp
+	busy  bool
+}
+
+type createOp struct {
+	key   string
+	val   []byte
+	lease store.LeaseID
+	done  chan struct{}
+	rev   int64
+	err   error
+	state atomic.Int32 // opPending, opAbandoned or opDone
+}
+
+const (
+	opPending int32 = iota
+	opAbandoned
+	opDone
+)
+
+func (b *batcher) create(ctx context.Context, key string, val []byte, lease store.LeaseID) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	op := &createOp{key: key, val: val, lease: lease, done: make(chan struct{})}
+	b.mu.Lock()
+	b.queue = append(b.queue, op)
+	lead := !b.busy
+	b.busy = true
+	b.mu.Unlock()
+	if lead {
+		b.flushOne()
+	}
+	select {
+	case <-op.done:
+		return op.rev, op.err
+	case <-ctx.Done():
+		if op.state.CompareAndSwap(opPending, opAbandoned) {
+			return 0, ctx.Err()
+		}
+		<-op.done
+		return op.rev, op.err
+	}
+}
+
+// flushOne commits one batch, then hands the rest of the queue to a
+// goroutine so that the leader's caller returns.
+func (b *batcher) flushOne() {
+	b.mu.Lock()
+	n := min(len(b.queue), maxTxnOps)
+	batch := append([]*createOp(nil), b.queue[:n]...)
+	b.queue = b.queue[n:]
+	b.mu.Unlock()
+	b.commit(batch)
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.busy = false
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	if !b.r.spawn(b.drain) {
+		b.failAll(ErrClosed)
+	}
+}
+
+func (b *batcher) drain() {
+	for {
+		b.mu.Lock()
+		if len(b.queue) == 0 {
+			b.busy = false
+			b.mu.Unlock()
+			return
+		}
+		n := min(len(b.queue), maxTxnOps)
+		batch := append([]*createOp(nil), b.queue[:n]...)
+		b.queue = b.queue[n:]
+		b.mu.Unlock()
+		b.commit(batch)
+	}
+}
+
+func (b *batcher) failAll(err error) {
+	b.mu.Lock()
+	q := b.queue
+	b.queue = nil
+	b.busy = false
+	b.mu.Unlock()
+	for _, op := range q {
+		b.finish(op, 0, err)
+	}
+}
+
+func (b *batcher) commit(batch []*createOp) {
+	ctx, cancel := b.r.opContext()
+	defer cancel()
+	for len(batch) > 0 {
+		// Drop what callers gave up on before it was sent.
+		live := batch[:0]
+		for _, op := range batch {
+			if op.state.Load() == opAbandoned {
+				close(op.done)
+				continue
+			}
+			live = append(live, op)
+		}
+		batch = live
+		if len(batch) == 0 {
+			return
+		}
+		ops := make([]store.Op, len(batch))
+		for i, op := range batch {
+			ops[i] = store.Op{Kind: store.OpPut, Key: op.key, Value: op.val, Lease: op.lease, IfAbsent: true}
+		}
+		rev, err := b.r.tx.Txn(ctx, ops...)
+		if err == nil {
+			for _, op := range batch {
+				b.finish(op, rev, nil)
+			}
+			return
+		}
+		var ce *store.ConflictError
+		if errors.As(err, &ce) {
+			for i, op := range batch {
+				if op.key == ce.Key {
+					b.finish(op, 0, fmt.Errorf("%w: %q", store.ErrKeyExists, op.key))
+					batch = append(batch[:i:i], batch[i+1:]...)
+					break
+				}
+			}
+			if len(batch) == len(ops) { // the conflict named no key of ours
+				for _, op := range batch {
+					b.finish(op, 0, err)
+				}
+				return
+			}
+			continue
+		}
+		for _, op := range batch {
+			b.finish(op, 0, err)
+		}
+		return
+	}
+}
+
+// finish completes op; a write whose caller gave up meanwhile is undone.
+func (b *batcher) finish(op *createOp, rev int64, err error) {
+	op.rev, op.err = rev, err
+	if !op.state.CompareAndSwap(opPending, opDone) && err == nil {
+		b.r.undo(op.key, rev)
+	}
+	close(op.done)
+}

@@ -1,0 +1,188 @@
+package registry
+
+import (
+	"context"
+	"time"
+
+	"github.com/beaconplane/beacon"
+)
+
+// Registry is the discovery interface: processes register the instances they
+// serve, callers list and watch them. Implementations: *StoreRegistry over
+// any store.Store (etcd, memory, file, nats) and, later, registry/kube.
+//
+// Registry composes the small interfaces below; code that only registers
+// should accept a Registrar, code that only discovers a Discoverer.
+type Registry interface {
+	Registrar
+	Discoverer
+	// Close ends every registration of this registry (revoking its lease)
+	// and every watch. It is idempotent and bounded by the lease TTL.
+	Close() error
+}
+
+// Registrar registers instances.
+type Registrar interface {
+	// Register advertises the instance until the returned Registration is
+	// closed or drained, or the registry is closed. Empty fields are
+	// filled: ID with beacon.NewID(), Status with serving, RegisteredAt with
+	// the current time. The instance is validated first (names, address,
+	// metadata size): nothing is written for a bad instance.
+	//
+	// An ID held by another live registration (in any process) gives an
+	// error matching beacon.ErrAlreadyRegistered; it is never overwritten.
+	Register(ctx context.Context, in beacon.Instance) (Registration, error)
+}
+
+// Discoverer lists and watches instances.
+type Discoverer interface {
+	// List returns the instances q selects, sorted by key (namespace,
+	// component, endpoint, ID), and the store revision of that consistent
+	// snapshot. A watch that resumes from that revision (FromRevision)
+	// continues it without gap.
+	List(ctx context.Context, q beacon.Query) ([]beacon.Instance, int64, error)
+	// Watch follows the instances q selects. It returns at once, without
+	// waiting for the network; the first Batch is the snapshot (see
+	// Watcher). The watch ends when ctx is done or the Watcher is closed;
+	// ending it never produces Removed events or an empty list.
+	Watch(ctx context.Context, q beacon.Query, opts ...WatchOption) (Watcher, error)
+}
+
+// Registration is one registered instance.
+type Registration interface {
+	// Instance returns the instance as this process advertises it.
+	Instance() beacon.Instance
+	// Update changes the instance: mutate receives a copy and may change
+	// Address, Transport, Metadata and Status; the identity (namespace,
+	// component, endpoint, ID, registered_at) must stay as it is. The new
+	// instance is validated and written with compare-and-swap; on an error
+	// nothing changes (also after a recovery, which re-registers the
+	// instance as it was before the failed Update).
+	Update(ctx context.Context, mutate func(*beacon.Instance)) error
+	// Drain marks the instance draining (resolvers stop sending new work
+	// to it), waits for the grace period (DrainGrace option, default
+	// Config.DrainGrace) or until ctx is done, then deregisters it. The
+	// removal happens even if ctx ends early.
+	Drain(ctx context.Context, opts ...DrainOption) error
+	// Close deregisters the instance now. It is idempotent, bounded by the
+	// lease TTL, and a no-op after Drain.
+	Close() error
+	// Err reports why the instance is not advertised right now, or nil: an
+	// error matching beacon.ErrAlreadyRegistered if, after a lease loss,
+	// another live process took the ID (the registry keeps trying to
+	// reclaim it), or ErrLeaseLost while the session recovers.
+	Err() error
+}
+
+// Watcher delivers the changes to the instances a Watch selects.
+//
+// The first Batch is the synced moment: a Snapshot holding every instance
+// selected (possibly none), or, for a watch that resumed with FromRevision,
+// the Changes since that revision. After it come Changes and Resync batches
+// in revision order. Events are coalesced per consumer: a consumer that
+// reads slowly receives, for every instance that changed, one event taking
+// it from what the consumer last saw to the latest state, so it never
+// blocks other watchers and always converges to the latest state.
+//
+// When the watch loses its connection to the store it delivers one Stale
+// batch (Err says why) and keeps retrying; once reconnected it re-lists and
+// delivers a Resync batch (possibly empty) with the difference against what
+// the consumer already saw: no missed removal, no phantom removal, and a
+// changed address under the same ID as Updated.
+type Watcher interface {
+	// Next blocks until there is a batch to deliver, ctx is done, or the
+	// watch ends. It returns ErrWatchClosed after Close or once the Watch
+	// context is done, ErrClosed after the registry closed, and ctx.Err()
+	// when ctx is done. It must not be called concurrently with itself.
+	Next(ctx context.Context) (Batch, error)
+	// Instances returns the consumer's current view: every instance
+	// delivered so far and not removed, sorted by key. It is safe to call
+	// concurrently with Next, and keeps the last view after the watch ends
+	// (local cancellation never empties it).
+	Instances() []beacon.Instance
+	// Close ends the watch. It is idempotent.
+	Close() error
+}
+
+// BatchKind says how to apply a Batch.
+type BatchKind uint8
+
+const (
+	// Snapshot replaces the consumer's state: Events holds every selected
+	// instance as Added (possibly none). It is always the first batch of a
+	// watch, unless the watch resumed (FromRevision) and the changes since
+	// that revision were still available.
+	Snapshot BatchKind = iota + 1
+	// Changes holds the changes since the previous batch.
+	Changes
+	// Resync holds the difference between what the consumer saw and the
+	// state after a reconnect or compaction re-list. Apply it like Changes.
+	Resync
+	// Stale reports that the watch lost the store and is retrying: the view
+	// may be out of date. Events is empty and Err says why; a Resync batch
+	// follows when the watch is back.
+	Stale
+)
+
+func (k BatchKind) String() string {
+	switch k {
+	case Snapshot:
+		return "snapshot"
+	case Changes:
+		return "changes"
+	case Resync:
+		return "resync"
+	case Stale:
+		return "stale"
+	}
+	return "unknown"
+}
+
+// MarshalText renders the kind as snapshot, changes, resync or stale.
+func (k BatchKind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// Batch is one delivery of a Watcher.
+type Batch struct {
+	Kind BatchKind
+	// Events are ordered by revision (then key). Each carries the revision
+	// of its change; changes found by re-listing carry the listing's
+	// revision. A Removed event carries the last state the consumer saw.
+	Events []beacon.Event
+	// Revision is the store revision the consumer's view is at once the
+	// batch is applied. It is the point to resume from: a watch with
+	// FromRevision(Revision) continues after this batch. (Resume only at
+	// batch boundaries: events inside a batch are coalesced.)
+	Revision int64
+	// Err is set on Stale batches.
+	Err error
+}
+
+// WatchOption modifies one Watch.
+type WatchOption func(*watchOptions)
+
+type watchOptions struct {
+	fromRevision int64
+}
+
+// FromRevision resumes a watch after revision rev (a Batch.Revision the
+// consumer already applied, e.g. an SSE Last-Event-ID). If the changes
+// since rev are still available, the first batch is Changes with exactly
+// those changes (possibly none); otherwise it is a Snapshot, and the
+// consumer must replace its state. Zero means a fresh watch.
+func FromRevision(rev int64) WatchOption {
+	return func(o *watchOptions) { o.fromRevision = rev }
+}
+
+// DrainOption modifies one Drain.
+type DrainOption func(*drainOptions)
+
+type drainOptions struct {
+	grace    time.Duration
+	hasGrace bool
+}
+
+// DrainGrace sets how long the instance stays advertised as draining before
+// it is removed.
+func DrainGrace(d time.Duration) DrainOption {
+	return func(o *drainOptions) { o.grace, o.hasGrace = d, true }
+}

@@ -1,0 +1,777 @@
+package registry
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/store"
+)
+
+// maxTxnOps bounds the operations of one transaction (etcd's default
+// --max-txn-ops is 128).
+const maxTxnOps = 128
+
+// statesBuffer is the capacity of the States channel.
+const statesBuffer = 16
+
+// oldLeasesKept is how many previous leases a session remembers, so that it
+// recognises its own keys still bound to one of them.
+const oldLeasesKept = 8
+
+// session holds the registry's lease: it grants it at the first Register,
+// keeps it alive every TTL/3 in one goroutine (loop), and when the lease is
+// lost, retries forever with capped backoff to get a new one and write every
+// registration again with the same IDs.
+//
+// Registrations are written in epochs: every lease change starts a new
+// epoch, and the loop writes every registration whose epoch is behind.
+type session struct {
+	r *StoreRegistry
+
+	startSem chan struct{} // held while the first lease is granted
+
+	mu       sync.Mutex
+	state    State
+	started  bool
+	lease    store.LeaseID
+	ttl      time.Duration // as granted
+	epoch    uint64
+	lastOK   time.Time     // start of the last successful keep-alive (or grant)
+	suspect  bool          // the lost lease may still be alive: try it first
+	ready    chan struct{} // closed while state is active or recovered
+	regs     map[string]*registration
+	old      []store.LeaseID // previous leases, newest last
+	conflict int             // registrations in conflict, as last reported
+	kick     chan struct{}
+
+	statesMu     sync.Mutex
+	states       chan StateChange
+	statesClosed bool
+}
+
+func newSession(r *StoreRegistry) *session {
+	s := &session{
+		r:        r,
+		startSem: make(chan struct{}, 1),
+		ready:    make(chan struct{}),
+		regs:     make(map[string]*registration),
+		kick:     make(chan struct{}, 1),
+		states:   make(chan StateChange, statesBuffer),
+	}
+	r.m.initState(StateIdle)
+	return s
+}
+
+func (s *session) currentState() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+func (s *session) currentLease() store.LeaseID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == StateActive || s.state == StateRecovered {
+		return s.lease
+	}
+	return store.NoLease
+}
+
+// ours reports whether id is a lease this session holds or held.
+func (s *session) oursLocked(id store.LeaseID) bool {
+	return id != store.NoLease && (id == s.lease || slices.Contains(s.old, id))
+}
+
+func (s *session) ours(id store.LeaseID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.oursLocked(id)
+}
+
+// setLeaseLocked switches to a new lease and starts a new epoch.
+func (s *session) setLeaseLocked(l store.LeaseID, ttl time.Duration) {
+	if s.lease != store.NoLease && s.lease != l && !slices.Contains(s.old, s.lease) {
+		s.old = append(s.old, s.lease)
+		if len(s.old) > oldLeasesKept {
+			s.old = s.old[1:]
+		}
+	}
+	s.lease, s.ttl = l, ttl
+	s.epoch++
+	s.lastOK = time.Now()
+}
+
+func (s *session) setStateLocked(to State) {
+	s.r.m.setState(s.state, to)
+	s.state = to
+}
+
+// emit delivers a state change, dropping the oldest undelivered one if the
+// buffer is full.
+func (s *session) emit(c StateChange) {
+	c.At = time.Now()
+	s.statesMu.Lock()
+	defer s.statesMu.Unlock()
+	if s.statesClosed {
+		return
+	}
+	for {
+		select {
+		case s.states <- c:
+			return
+		default:
+		}
+		select {
+		case <-s.states:
+		default:
+		}
+	}
+}
+
+// conflictsLocked lists the registrations another process holds.
+func (s *session) conflictsLocked() []beacon.Ref {
+	var out []beacon.Ref
+	for _, reg := range s.regs {
+		if reg.admitted && errors.Is(reg.err, beacon.ErrAlreadyRegistered) {
+			out = append(out, reg.ref)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+// changeLocked builds a StateChange for the current state.
+func (s *session) changeLocked(err error) StateChange {
+	c := StateChange{State: s.state, Err: err}
+	if s.state == StateActive || s.state == StateRecovered {
+		c.Lease = s.lease
+	}
+	conflicts := s.conflictsLocked()
+	s.r.m.addConflicts(len(conflicts) - s.conflict)
+	s.conflict = len(conflicts)
+	c.Conflicts = conflicts
+	for _, reg := range s.regs {
+		if reg.admitted && reg.err == nil {
+			c.Registered++
+		}
+	}
+	if c.Err == nil && len(conflicts) > 0 {
+		c.Err = fmt.Errorf("%w: %d instance(s) held by another live process; retrying", beacon.ErrAlreadyRegistered, len(conflicts))
+	}
+	return c
+}
+
+func (s *session) kickLoop() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// acquire returns the current lease and epoch, granting the first lease if
+// needed and waiting (bounded by ctx) while a lost lease is recovered.
+func (s *session) acquire(ctx context.Context) (store.LeaseID, uint64, error) {
+	for {
+		s.mu.Lock()
+		switch s.state {
+		case StateClosed:
+			s.mu.Unlock()
+			return 0, 0, ErrClosed
+		case StateActive, StateRecovered:
+			l, e := s.lease, s.epoch
+			s.mu.Unlock()
+			return l, e, nil
+		}
+		started, ready := s.started, s.ready
+		s.mu.Unlock()
+		if !started {
+			if err := s.start(ctx); err != nil {
+				return 0, 0, err
+			}
+			continue
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return 0, 0, fmt.Errorf("%w (waiting for the session to recover: %w)", ctx.Err(), ErrLeaseLost)
+		case <-s.r.ctx.Done():
+			return 0, 0, ErrClosed
+		}
+	}
+}
+
+// start grants the first lease and starts the keep-alive loop.
+func (s *session) start(ctx context.Context) error {
+	select {
+	case s.startSem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.startSem }()
+	s.mu.Lock()
+	started := s.started
+	s.mu.Unlock()
+	if started {
+		return nil
+	}
+	l, err := s.r.st.Grant(ctx, s.r.cfg.LeaseTTL)
+	if err != nil {
+		return fmt.Errorf("registry: grant the session lease: %w", err)
+	}
+	s.mu.Lock()
+	if s.state == StateClosed {
+		s.mu.Unlock()
+		s.revoke(l.ID, l.TTL)
+		return ErrClosed
+	}
+	s.setLeaseLocked(l.ID, l.TTL)
+	s.started = true
+	s.setStateLocked(StateActive)
+	close(s.ready)
+	c := s.changeLocked(nil)
+	s.mu.Unlock()
+	if !s.r.spawn(s.loop) {
+		return ErrClosed
+	}
+	s.r.log.Info("session lease granted", "lease", fmt.Sprintf("%x", l.ID), "ttl", l.TTL)
+	s.emit(c)
+	return nil
+}
+
+// leaseGone is called when a write found the lease ended.
+func (s *session) leaseGone(l store.LeaseID, err error) {
+	s.markLost(l, err, false)
+}
+
+// markLost moves the session to StateLost if l is still its lease.
+func (s *session) markLost(l store.LeaseID, err error, suspect bool) {
+	s.mu.Lock()
+	if s.lease != l || (s.state != StateActive && s.state != StateRecovered) {
+		s.mu.Unlock()
+		return
+	}
+	s.setStateLocked(StateLost)
+	s.suspect = suspect
+	s.ready = make(chan struct{})
+	c := s.changeLocked(fmt.Errorf("%w: %w", ErrLeaseLost, err))
+	s.mu.Unlock()
+	s.r.m.leaseLost()
+	s.r.log.Error("session lease lost: instances are not advertised until re-registered; retrying",
+		"lease", fmt.Sprintf("%x", l), "err", err)
+	s.emit(c)
+	s.kickLoop()
+}
+
+// loop keeps the lease alive, recovers it when lost, and writes the
+// registrations whose epoch is behind.
+func (s *session) loop() {
+	timer := time.NewTimer(s.interval())
+	defer timer.Stop()
+	bo := newBackoff(s.r.cfg.RetryMax)
+	lastReconcile := time.Now()
+	for {
+		select {
+		case <-s.r.ctx.Done():
+			return
+		case <-timer.C:
+		case <-s.kick:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+		}
+		next := s.interval()
+		if s.currentState() == StateLost {
+			s.recover()
+			bo.reset()
+		} else if d, ok := s.keepAlive(bo); !ok {
+			next = d
+		} else {
+			bo.reset()
+			// Write late registrations at once; retry conflicts once per
+			// keep-alive interval.
+			if s.hasStale() || time.Since(lastReconcile) >= s.interval() {
+				s.reconcileStale()
+				lastReconcile = time.Now()
+			}
+		}
+		if s.r.ctx.Err() != nil {
+			return
+		}
+		timer.Reset(next)
+	}
+}
+
+func (s *session) interval() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ttl := s.ttl
+	if ttl == 0 {
+		ttl = s.r.cfg.LeaseTTL
+	}
+	return max(ttl/3, 10*time.Millisecond)
+}
+
+// keepAlive renews the lease once. It returns ok, or the delay before the
+// next attempt.
+func (s *session) keepAlive(bo *backoff) (time.Duration, bool) {
+	s.mu.Lock()
+	l, ttl, deadline := s.lease, s.ttl, s.lastOK.Add(s.ttl)
+	s.mu.Unlock()
+	remaining := time.Until(deadline)
+	if remaining <= 0 {
+		s.markLost(l, fmt.Errorf("no successful keep-alive for %v (the lease TTL)", ttl), true)
+		return 0, false
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(s.r.ctx, min(ttl/3, remaining))
+	granted, err := s.r.st.KeepAlive(ctx, l)
+	cancel()
+	switch {
+	case err == nil:
+		s.mu.Lock()
+		if s.lease == l {
+			s.lastOK = start
+			s.ttl = granted
+		}
+		s.mu.Unlock()
+		return 0, true
+	case s.r.ctx.Err() != nil:
+		return 0, false
+	case errors.Is(err, store.ErrLeaseNotFound):
+		s.markLost(l, err, false)
+		return 0, false
+	}
+	s.r.m.keepAliveFailed()
+	d := min(bo.next(), max(time.Until(deadline)/2, 0))
+	s.r.log.Warn("session keep-alive failed; retrying", "lease", fmt.Sprintf("%x", l),
+		"err", err, "retry_in", d, "lease_expires_in", time.Until(deadline).Round(time.Millisecond))
+	return d, false
+}
+
+// recover gets a lease again (the old one if it is still alive, else a new
+// one) and writes every registration, retrying with backoff until it
+// succeeds or the registry closes.
+func (s *session) recover() {
+	bo := newBackoff(s.r.cfg.RetryMax)
+	for attempt := 1; ; attempt++ {
+		err := s.tryRecover()
+		if err == nil {
+			return
+		}
+		if s.r.ctx.Err() != nil {
+			return
+		}
+		d := bo.next()
+		s.r.log.Warn("session recovery failed; retrying", "attempt", attempt, "err", err, "retry_in", d)
+		if !sleep(s.r.ctx, d) {
+			return
+		}
+	}
+}
+
+func (s *session) tryRecover() error {
+	s.mu.Lock()
+	old, suspect := s.lease, s.suspect
+	s.mu.Unlock()
+	ctx, cancel := s.r.opContext()
+	defer cancel()
+	var (
+		lease store.LeaseID
+		ttl   time.Duration
+	)
+	if suspect && old != store.NoLease {
+		granted, err := s.r.st.KeepAlive(ctx, old)
+		switch {
+		case err == nil:
+			lease, ttl = old, granted
+		case errors.Is(err, store.ErrLeaseNotFound):
+			s.mu.Lock()
+			s.suspect = false
+			s.mu.Unlock()
+		default:
+			return fmt.Errorf("keep-alive of the previous lease: %w", err)
+		}
+	}
+	if lease == store.NoLease {
+		l, err := s.r.st.Grant(ctx, s.r.cfg.LeaseTTL)
+		if err != nil {
+			return fmt.Errorf("grant a new lease: %w", err)
+		}
+		lease, ttl = l.ID, l.TTL
+	}
+	s.mu.Lock()
+	if s.state == StateClosed {
+		s.mu.Unlock()
+		if lease != old {
+			s.revoke(lease, ttl)
+		}
+		return ErrClosed
+	}
+	s.setLeaseLocked(lease, ttl)
+	// Until the registrations are written, a failure may leave the lease
+	// alive: try it first next time.
+	s.suspect = true
+	epoch := s.epoch
+	s.mu.Unlock()
+
+	n, err := s.reconcile(ctx, lease, epoch, false)
+	if err != nil {
+		if errors.Is(err, store.ErrLeaseNotFound) {
+			s.mu.Lock()
+			s.suspect = false
+			s.mu.Unlock()
+		}
+		return fmt.Errorf("re-register with lease %x: %w", lease, err)
+	}
+	s.mu.Lock()
+	if s.state != StateLost || s.lease != lease {
+		s.mu.Unlock()
+		return nil
+	}
+	s.suspect = false
+	s.setStateLocked(StateRecovered)
+	close(s.ready)
+	c := s.changeLocked(nil)
+	s.mu.Unlock()
+	s.r.m.recovered()
+	s.r.log.Info("session recovered: instances re-registered", "lease", fmt.Sprintf("%x", lease),
+		"written", n, "registered", c.Registered, "conflicts", len(c.Conflicts))
+	if len(c.Conflicts) > 0 {
+		s.logConflicts(c.Conflicts)
+	}
+	s.emit(c)
+	return nil
+}
+
+func (s *session) logConflicts(refs []beacon.Ref) {
+	for _, ref := range refs {
+		s.r.log.Error("instance ID held by another live process: not advertised; retrying to reclaim it",
+			"instance", ref.String())
+	}
+}
+
+func (s *session) hasStale() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, reg := range s.regs {
+		if reg.admitted && reg.epoch != s.epoch {
+			return true
+		}
+	}
+	return false
+}
+
+// reconcileStale writes the registrations whose epoch is behind (admitted
+// after a recovery started) and retries conflicts, reporting a change in
+// the conflicts.
+func (s *session) reconcileStale() {
+	s.mu.Lock()
+	if s.state != StateActive && s.state != StateRecovered {
+		s.mu.Unlock()
+		return
+	}
+	lease, epoch, before := s.lease, s.epoch, s.conflict
+	s.mu.Unlock()
+	ctx, cancel := s.r.opContext()
+	defer cancel()
+	if _, err := s.reconcile(ctx, lease, epoch, true); err != nil {
+		if errors.Is(err, store.ErrLeaseNotFound) {
+			s.leaseGone(lease, err)
+			return
+		}
+		if s.r.ctx.Err() == nil {
+			s.r.log.Warn("writing registrations failed; retrying", "err", err)
+		}
+		return
+	}
+	s.mu.Lock()
+	if s.state != StateActive && s.state != StateRecovered {
+		s.mu.Unlock()
+		return
+	}
+	after := len(s.conflictsLocked())
+	if after == before {
+		s.mu.Unlock()
+		return
+	}
+	c := s.changeLocked(nil)
+	s.mu.Unlock()
+	if after > before {
+		s.logConflicts(c.Conflicts)
+	} else {
+		s.r.log.Info("reclaimed instance IDs", "conflicts_left", after)
+	}
+	s.emit(c)
+}
+
+// reconcile writes every admitted registration whose epoch is behind epoch
+// (and, with retryConflicts, those in conflict) under lease. It returns the
+// number of keys written.
+func (s *session) reconcile(ctx context.Context, lease store.LeaseID, epoch uint64, retryConflicts bool) (int, error) {
+	s.mu.Lock()
+	var todo []*registration
+	for _, reg := range s.regs {
+		if !reg.admitted {
+			continue
+		}
+		if reg.epoch != epoch || (retryConflicts && reg.err != nil) {
+			todo = append(todo, reg)
+		}
+	}
+	s.mu.Unlock()
+	if len(todo) == 0 {
+		return 0, nil
+	}
+	sort.Slice(todo, func(i, j int) bool { return todo[i].key < todo[j].key })
+
+	// Read what the store holds under each endpoint prefix once, rather
+	// than one Get per instance.
+	current := make(map[string]store.KeyValue)
+	listed := make(map[string]bool)
+	for _, reg := range todo {
+		p := s.r.ks.Prefix(beacon.Query{Namespace: reg.ref.Namespace, Component: reg.ref.Component, Endpoint: reg.ref.Endpoint})
+		if listed[p] {
+			continue
+		}
+		kvs, _, err := s.r.st.List(ctx, p)
+		if err != nil {
+			return 0, fmt.Errorf("list %s: %w", p, err)
+		}
+		listed[p] = true
+		for _, kv := range kvs {
+			current[kv.Key] = kv
+		}
+	}
+
+	written := 0
+	for len(todo) > 0 {
+		n := min(len(todo), maxTxnOps)
+		chunk := todo[:n]
+		todo = todo[n:]
+		w, err := s.writeChunk(ctx, chunk, current, lease, epoch)
+		written += w
+		if err != nil {
+			return written, err
+		}
+		if err := s.keepAliveDuring(ctx, lease); err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// keepAliveDuring renews the lease during a long reconcile.
+func (s *session) keepAliveDuring(ctx context.Context, lease store.LeaseID) error {
+	s.mu.Lock()
+	due := s.lease == lease && time.Since(s.lastOK) >= s.ttl/3
+	s.mu.Unlock()
+	if !due {
+		return nil
+	}
+	start := time.Now()
+	granted, err := s.r.st.KeepAlive(ctx, lease)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.lease == lease {
+		s.lastOK, s.ttl = start, granted
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// writeChunk writes up to maxTxnOps registrations: in one transaction when
+// the store has them, falling back to one key at a time for keys that
+// changed under it.
+func (s *session) writeChunk(ctx context.Context, chunk []*registration, current map[string]store.KeyValue, lease store.LeaseID, epoch uint64) (int, error) {
+	for _, reg := range chunk {
+		reg.wmu.Lock()
+	}
+	defer func() {
+		for _, reg := range chunk {
+			reg.wmu.Unlock()
+		}
+	}()
+	type write struct {
+		reg *registration
+		op  store.Op
+	}
+	var writes []write
+	for _, reg := range chunk {
+		if reg.removed {
+			continue
+		}
+		kv, exists := current[reg.key]
+		switch {
+		case !exists:
+			writes = append(writes, write{reg, store.Op{Kind: store.OpPut, Key: reg.key, Value: reg.val, Lease: lease, IfAbsent: true}})
+		case kv.Lease == lease && bytes.Equal(kv.Value, reg.val):
+			reg.modRev, reg.lease = kv.ModRevision, lease
+			s.setWritten(reg, epoch, nil)
+		case s.ours(kv.Lease):
+			writes = append(writes, write{reg, store.Op{Kind: store.OpPut, Key: reg.key, Value: reg.val, Lease: lease, IfModRevision: kv.ModRevision}})
+		default:
+			s.setWritten(reg, epoch, holderError(reg.ref, kv))
+		}
+	}
+	written := 0
+	if s.r.tx != nil {
+		for len(writes) > 0 {
+			ops := make([]store.Op, len(writes))
+			for i, w := range writes {
+				ops[i] = w.op
+			}
+			rev, err := s.r.tx.Txn(ctx, ops...)
+			if err == nil {
+				for _, w := range writes {
+					w.reg.modRev, w.reg.lease = rev, lease
+					s.setWritten(w.reg, epoch, nil)
+				}
+				return written + len(writes), nil
+			}
+			var ce *store.ConflictError
+			if !errors.As(err, &ce) {
+				return written, err
+			}
+			// One key changed since the listing: settle it alone.
+			i := slices.IndexFunc(writes, func(w write) bool { return w.reg.key == ce.Key })
+			if i < 0 {
+				return written, err
+			}
+			w := writes[i]
+			writes = slices.Delete(writes, i, i+1)
+			ok, err := s.writeOne(ctx, w.reg, w.reg.val, lease, epoch)
+			if err != nil {
+				return written, err
+			}
+			if ok {
+				written++
+			}
+		}
+		return written, nil
+	}
+	for _, w := range writes {
+		ok, err := s.writeOne(ctx, w.reg, w.reg.val, lease, epoch)
+		if err != nil {
+			return written, err
+		}
+		if ok {
+			written++
+		}
+	}
+	return written, nil
+}
+
+// writeOne makes the store hold val at reg's key under lease, without ever
+// overwriting a key another process holds. reg.wmu must be held. It reports
+// whether it wrote; a conflict is recorded on reg, not returned.
+func (s *session) writeOne(ctx context.Context, reg *registration, val []byte, lease store.LeaseID, epoch uint64) (bool, error) {
+	for range 8 {
+		kv, err := s.r.st.Get(ctx, reg.key)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			rev, err := s.r.st.Create(ctx, reg.key, val, store.WithLease(lease))
+			if errors.Is(err, store.ErrKeyExists) {
+				continue
+			}
+			if err != nil {
+				return false, err
+			}
+			reg.modRev, reg.lease, reg.val = rev, lease, val
+			s.setWritten(reg, epoch, nil)
+			return true, nil
+		case err != nil:
+			return false, err
+		case kv.Lease == lease && bytes.Equal(kv.Value, val):
+			reg.modRev, reg.lease, reg.val = kv.ModRevision, lease, val
+			s.setWritten(reg, epoch, nil)
+			return false, nil
+		case s.ours(kv.Lease):
+			rev, err := s.r.st.Update(ctx, reg.key, val, kv.ModRevision, store.WithLease(lease))
+			if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return false, err
+			}
+			reg.modRev, reg.lease, reg.val = rev, lease, val
+			s.setWritten(reg, epoch, nil)
+			return true, nil
+		default:
+			s.setWritten(reg, epoch, holderError(reg.ref, kv))
+			return false, nil
+		}
+	}
+	return false, fmt.Errorf("registry: %s keeps changing under us; retrying later", reg.ref)
+}
+
+// holderError describes a key another process holds.
+func holderError(ref beacon.Ref, kv store.KeyValue) error {
+	if kv.Lease == store.NoLease {
+		return fmt.Errorf("%w: %s is stored without a lease (written by someone else since revision %d); not overwriting it",
+			beacon.ErrAlreadyRegistered, ref, kv.CreateRevision)
+	}
+	return fmt.Errorf("%w: %s is held by another live process (lease %x, since revision %d); not overwriting it",
+		beacon.ErrAlreadyRegistered, ref, kv.Lease, kv.CreateRevision)
+}
+
+// setWritten records the outcome of writing reg in epoch.
+func (s *session) setWritten(reg *registration, epoch uint64, err error) {
+	s.mu.Lock()
+	reg.epoch = epoch
+	reg.err = err
+	s.mu.Unlock()
+}
+
+// close revokes the lease and closes States.
+func (s *session) close() error {
+	s.mu.Lock()
+	prev := s.state
+	lease, ttl, started := s.lease, s.ttl, s.started
+	s.setStateLocked(StateClosed)
+	n := 0
+	for _, reg := range s.regs {
+		if reg.admitted {
+			n++
+		}
+	}
+	s.r.m.addRegistrations(-n)
+	s.r.m.addConflicts(-s.conflict)
+	s.conflict = 0
+	s.regs = map[string]*registration{}
+	s.mu.Unlock()
+	var err error
+	if started && prev != StateClosed {
+		err = s.revoke(lease, ttl)
+	}
+	s.emit(StateChange{State: StateClosed, Err: err})
+	s.statesMu.Lock()
+	s.statesClosed = true
+	close(s.states)
+	s.statesMu.Unlock()
+	return err
+}
+
+// revoke ends a lease within one TTL. A lease already gone is fine.
+func (s *session) revoke(l store.LeaseID, ttl time.Duration) error {
+	if ttl <= 0 {
+		ttl = s.r.cfg.LeaseTTL
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ttl)
+	defer cancel()
+	if err := s.r.st.Revoke(ctx, l); err != nil && !errors.Is(err, store.ErrLeaseNotFound) && !errors.Is(err, store.ErrClosed) {
+		return fmt.Errorf("registry: revoke lease %x: %w", l, err)
+	}
+	return nil
+}

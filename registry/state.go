@@ -1,0 +1,70 @@
+package registry
+
+import (
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/store"
+)
+
+// State is the state of a registry's session: the one lease a process holds
+// for all its registrations.
+type State uint8
+
+const (
+	// StateIdle: no lease yet (nothing registered so far).
+	StateIdle State = iota
+	// StateActive: the lease is held and every registration is written.
+	StateActive
+	// StateLost: the lease ended (expired, revoked by someone else, or the
+	// store was unreachable for a whole TTL). The instances are not
+	// advertised; the session retries with capped backoff, forever, to get
+	// a new lease and re-register them with the same IDs.
+	StateLost
+	// StateRecovered: after a loss, a lease is held again and the
+	// registrations are written again (except those whose IDs another live
+	// process took meanwhile: see StateChange.Conflicts). The session works
+	// as in StateActive.
+	StateRecovered
+	// StateClosed: the registry was closed and its lease revoked.
+	StateClosed
+)
+
+func (s State) String() string {
+	switch s {
+	case StateIdle:
+		return "idle"
+	case StateActive:
+		return "active"
+	case StateLost:
+		return "lost"
+	case StateRecovered:
+		return "recovered"
+	case StateClosed:
+		return "closed"
+	}
+	return "unknown"
+}
+
+// MarshalText renders the state as idle, active, lost, recovered or closed.
+func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// StateChange is one transition of the session, delivered on
+// StoreRegistry.States.
+type StateChange struct {
+	State State
+	// Lease is the lease held in the new state (store.NoLease when none).
+	Lease store.LeaseID
+	// At is when the transition happened.
+	At time.Time
+	// Err says why the lease was lost (StateLost), or, with Conflicts, why
+	// some instances are not advertised.
+	Err error
+	// Registered is the number of instances advertised in this state.
+	Registered int
+	// Conflicts lists the instances whose IDs another live process holds:
+	// they are not advertised, and the session keeps trying to reclaim
+	// them (each attempt is a create-if-absent, never an overwrite). A
+	// StateChange with the same State and fewer Conflicts reports progress.
+	Conflicts []beacon.Ref
+}

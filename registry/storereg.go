@@ -1,0 +1,239 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/store"
+)
+
+// StoreRegistry is the Registry over any store.Store: etcd (the default),
+// memory, file or nats. Create it with New; Close it to revoke its lease and
+// end its watches. It is safe for concurrent use.
+//
+// One StoreRegistry holds one session: one lease for every instance it
+// registers, granted at the first Register and kept alive every TTL/3. Use
+// one StoreRegistry per process.
+//
+// The registry does not own the store: closing the registry leaves the
+// store open, and the caller closes it afterwards.
+type StoreRegistry struct {
+	st  store.Store
+	tx  store.Transactor // nil if the store has no transactions
+	cfg Config
+	ks  beacon.Keyspace
+	log *slog.Logger
+	m   *metrics
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // every goroutine the registry starts
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+
+	sess    *session
+	hub     *hub
+	creates *batcher
+}
+
+var (
+	_ Registry   = (*StoreRegistry)(nil)
+	_ Registrar  = (*StoreRegistry)(nil)
+	_ Discoverer = (*StoreRegistry)(nil)
+)
+
+// New returns a registry over st. It does not contact the store: the lease
+// is granted by the first Register.
+func New(st store.Store, cfg Config) (*StoreRegistry, error) {
+	if st == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	ks, _ := beacon.NewKeyspace(cfg.Root) // validated above
+	m, err := newMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("%w: metrics: %w", ErrInvalidConfig, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &StoreRegistry{
+		st:     st,
+		cfg:    cfg,
+		ks:     ks,
+		log:    cfg.Logger.With("component", "registry"),
+		m:      m,
+		ctx:    ctx,
+		cancel: cancel,
+	}
+	if tx, ok := st.(store.Transactor); ok {
+		r.tx = tx
+		r.creates = &batcher{r: r}
+	}
+	r.sess = newSession(r)
+	r.hub = newHub(r)
+	return r, nil
+}
+
+// Keyspace returns the key layout the registry reads and writes.
+func (r *StoreRegistry) Keyspace() beacon.Keyspace { return r.ks }
+
+// LeaseTTL returns the TTL the session asks for.
+func (r *StoreRegistry) LeaseTTL() time.Duration { return r.cfg.LeaseTTL }
+
+// MaxMetadataSize returns the metadata limit instances are checked against.
+func (r *StoreRegistry) MaxMetadataSize() int { return r.cfg.MaxMetadataSize }
+
+// States delivers the session's state changes (active, lost, recovered,
+// closed). The channel is buffered; if the reader falls behind, the oldest
+// changes are dropped so that the latest is always delivered. It is closed
+// by Close, after the StateClosed change.
+func (r *StoreRegistry) States() <-chan StateChange { return r.sess.states }
+
+// State returns the session's current state.
+func (r *StoreRegistry) State() State { return r.sess.currentState() }
+
+// Lease returns the session's current lease (store.NoLease before the
+// first Register and while the lease is lost).
+func (r *StoreRegistry) Lease() store.LeaseID { return r.sess.currentLease() }
+
+// Close ends every watch, revokes the session lease (deleting every
+// instance registered through this registry, so that watchers see them go)
+// within a timeout of one lease TTL, and closes States. It is idempotent.
+// The store stays open.
+func (r *StoreRegistry) Close() error {
+	var err error
+	r.closeOnce.Do(func() {
+		r.closed.Store(true)
+		r.hub.close()
+		r.cancel()
+		r.wg.Wait()
+		err = r.sess.close()
+	})
+	return err
+}
+
+// opContext bounds one store operation the registry does on its own behalf
+// (not for a caller's context) by the lease TTL and by Close.
+func (r *StoreRegistry) opContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.ctx, r.cfg.LeaseTTL)
+}
+
+// prepare fills an instance's defaults, validates it and encodes it.
+func (r *StoreRegistry) prepare(in beacon.Instance) (beacon.Instance, []byte, error) {
+	in = in.Clone()
+	if in.ID == "" {
+		in.ID = beacon.NewID()
+	}
+	if in.Status == "" {
+		in.Status = beacon.StatusServing
+	}
+	if in.RegisteredAt.IsZero() {
+		in.RegisteredAt = time.Now().UTC().Truncate(time.Millisecond)
+	} else {
+		in.RegisteredAt = in.RegisteredAt.UTC()
+	}
+	if err := in.ValidateWith(r.cfg.MaxMetadataSize); err != nil {
+		return beacon.Instance{}, nil, err
+	}
+	val, err := encode(in)
+	if err != nil {
+		return beacon.Instance{}, nil, err
+	}
+	return in, val, nil
+}
+
+func encode(in beacon.Instance) ([]byte, error) {
+	val, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("registry: encode instance %s: %w", in.Ref(), err)
+	}
+	if err := store.ValidateValue(val); err != nil {
+		return nil, fmt.Errorf("registry: instance %s: %w", in.Ref(), err)
+	}
+	return val, nil
+}
+
+// decode parses a stored key/value into an instance, checking that the
+// value belongs at its key.
+func (r *StoreRegistry) decode(kv store.KeyValue) (beacon.Instance, error) {
+	ref, err := r.ks.Parse(kv.Key)
+	if err != nil {
+		return beacon.Instance{}, err
+	}
+	in, err := beacon.UnmarshalInstance(kv.Value)
+	if err != nil {
+		return beacon.Instance{}, fmt.Errorf("value at %s: %w", kv.Key, err)
+	}
+	if in.Ref() != ref {
+		return beacon.Instance{}, fmt.Errorf("value at %s describes instance %s: key and value disagree", kv.Key, in.Ref())
+	}
+	return in, nil
+}
+
+// List implements Discoverer. Values that are not valid instances are
+// skipped (and counted in beacon_registry_invalid_values_total).
+func (r *StoreRegistry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance, int64, error) {
+	if err := q.Validate(); err != nil {
+		return nil, 0, err
+	}
+	if r.closed.Load() {
+		return nil, 0, ErrClosed
+	}
+	kvs, rev, err := r.st.List(ctx, r.ks.Prefix(q))
+	if err != nil {
+		return nil, 0, fmt.Errorf("registry: list %q: %w", q.String(), err)
+	}
+	out := make([]beacon.Instance, 0, len(kvs))
+	for _, kv := range kvs {
+		in, err := r.decode(kv)
+		if err != nil {
+			r.invalidValue(kv.Key, err)
+			continue
+		}
+		out = append(out, in)
+	}
+	return out, rev, nil
+}
+
+// Get returns one instance, or an error matching beacon.ErrNotFound.
+func (r *StoreRegistry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
+	in, _, err := r.get(ctx, ref)
+	return in, err
+}
+
+// get returns the instance and its key/value (for its lease and revision).
+func (r *StoreRegistry) get(ctx context.Context, ref beacon.Ref) (beacon.Instance, store.KeyValue, error) {
+	if err := ref.Validate(); err != nil {
+		return beacon.Instance{}, store.KeyValue{}, err
+	}
+	if r.closed.Load() {
+		return beacon.Instance{}, store.KeyValue{}, ErrClosed
+	}
+	kv, err := r.st.Get(ctx, r.ks.Key(ref))
+	if errors.Is(err, store.ErrNotFound) {
+		return beacon.Instance{}, store.KeyValue{}, fmt.Errorf("%w: %s", beacon.ErrNotFound, ref)
+	}
+	if err != nil {
+		return beacon.Instance{}, store.KeyValue{}, fmt.Errorf("registry: get %s: %w", ref, err)
+	}
+	in, err := r.decode(kv)
+	if err != nil {
+		return beacon.Instance{}, store.KeyValue{}, fmt.Errorf("registry: get %s: %w", ref, err)
+	}
+	return in, kv, nil
+}
+
+func (r *StoreRegistry) invalidValue(key string, err error) {
+	r.m.invalidValue()
+	r.log.Warn("skipping a stored value that is not a valid instance", "key", key, "err", err)
+}
