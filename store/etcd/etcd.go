@@ -189,6 +189,11 @@ func (s *Store) begin(ctx context.Context) (context.Context, context.CancelFunc,
 	if s.closed.Load() {
 		return nil, nil, store.ErrClosed
 	}
+	if s.cli.Ctx().Err() != nil {
+		// Closed by its owner (NewFromClient). Fail now: clientv3 would
+		// retry the call against the closed connection for seconds.
+		return nil, nil, fmt.Errorf("%w: the etcd client was closed", store.ErrClosed)
+	}
 	if _, ok := ctx.Deadline(); ok {
 		return ctx, func() {}, nil
 	}

@@ -1,0 +1,112 @@
+package etcd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/store"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestWrapMapsErrors(t *testing.T) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://127.0.0.1:1"}, Logger: zap.NewNop()})
+	if err != nil { // clientv3.New does not dial
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	s := newStore(cli, false, resolved{endpoints: []string{"http://127.0.0.1:1"}, requestTimeout: 5 * time.Second})
+	live := context.Background()
+	cancelled, cancel := context.WithCancel(live)
+	cancel()
+	expired, cancel2 := context.WithDeadline(live, time.Now().Add(-time.Second))
+	defer cancel2()
+
+	for _, tc := range []struct {
+		name   string
+		parent context.Context
+		err    error
+		is     []error
+		isNot  []error
+		substr string
+	}{
+		{"lease not found", live, rpctypes.ErrLeaseNotFound, []error{store.ErrLeaseNotFound}, nil, `store: lease not found (expired or revoked): etcd op "k"`},
+		{"lease not found, grpc form", live, rpctypes.Error(rpctypes.ErrGRPCLeaseNotFound), []error{store.ErrLeaseNotFound}, nil, ""},
+		{"compacted", live, rpctypes.ErrCompacted, []error{store.ErrCompacted}, nil, ""},
+		{"no leader", live, rpctypes.ErrNoLeader, []error{store.ErrUnavailable, rpctypes.ErrNoLeader}, nil, "no leader"},
+		{"server timeout", live, rpctypes.ErrTimeout, []error{store.ErrUnavailable}, nil, "127.0.0.1:1"},
+		{"transport", live, status.Error(codes.Unavailable, "connection refused"), []error{store.ErrUnavailable}, nil, "connection refused"},
+		{"request timeout", live, context.DeadlineExceeded, []error{store.ErrUnavailable, context.DeadlineExceeded}, nil, "within 5s (RequestTimeout)"},
+		{"caller deadline", expired, context.DeadlineExceeded, []error{store.ErrUnavailable, context.DeadlineExceeded}, nil, "before the caller's deadline"},
+		{"caller cancel", cancelled, context.Canceled, []error{context.Canceled}, []error{store.ErrUnavailable}, ""},
+		{"permission denied", live, rpctypes.ErrPermissionDenied, []error{rpctypes.ErrPermissionDenied}, []error{store.ErrUnavailable}, "lack permission"},
+		{"too large", live, rpctypes.ErrRequestTooLarge, []error{rpctypes.ErrRequestTooLarge}, nil, "--max-request-bytes"},
+		{"no space", live, rpctypes.ErrNoSpace, []error{rpctypes.ErrNoSpace}, nil, "NOSPACE"},
+		{"other", live, errors.New("boom"), nil, []error{store.ErrUnavailable}, `etcd op "k": boom`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := s.wrap(tc.parent, `op "k"`, tc.err)
+			for _, target := range tc.is {
+				if !errors.Is(got, target) {
+					t.Errorf("%v does not match %v", got, target)
+				}
+			}
+			for _, target := range tc.isNot {
+				if errors.Is(got, target) {
+					t.Errorf("%v matches %v", got, target)
+				}
+			}
+			if !strings.Contains(got.Error(), tc.substr) {
+				t.Errorf("%q does not contain %q", got, tc.substr)
+			}
+		})
+	}
+	if s.wrap(live, "x", nil) != nil {
+		t.Error("wrap(nil) is not nil")
+	}
+	_ = s.Close()
+	if got := s.wrap(live, "x", rpctypes.ErrTimeout); !errors.Is(got, store.ErrClosed) {
+		t.Errorf("after Close: %v", got)
+	}
+}
+
+func TestZapToSlog(t *testing.T) {
+	var buf bytes.Buffer
+	l := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	z := zapLogger(l).Named("etcd-client").With(zap.String("endpoint", "e1"))
+	z.Debug("dropped: below the handler's level")
+	z.Warn("retrying", zap.Error(fmt.Errorf("boom")), zap.Duration("backoff", time.Second), zap.Strings("eps", []string{"a", "b"}))
+	var rec map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
+		t.Fatalf("want exactly one JSON record, got %q: %v", buf.String(), err)
+	}
+	for k, want := range map[string]any{"level": "WARN", "msg": "retrying", "logger": "etcd-client", "endpoint": "e1", "error": "boom"} {
+		if rec[k] != want {
+			t.Errorf("%s = %v, want %v (record %v)", k, rec[k], want, rec)
+		}
+	}
+	if rec["backoff"] == nil || rec["eps"] == nil {
+		t.Errorf("fields lost: %v", rec)
+	}
+	if zapLogger(nil).Core().Enabled(zap.ErrorLevel) {
+		t.Error("nil logger is not a no-op")
+	}
+}
+
+func TestConfigLogValueRedactsPassword(t *testing.T) {
+	var buf bytes.Buffer
+	slog.New(slog.NewTextHandler(&buf, nil)).Info("cfg", "etcd", Config{Username: "u", Password: "hunter2"})
+	if strings.Contains(buf.String(), "hunter2") || !strings.Contains(buf.String(), "REDACTED") {
+		t.Fatalf("log line %q", buf.String())
+	}
+}
