@@ -70,13 +70,16 @@ func TestStopAndRestart(t *testing.T) {
 	// Every call fails, by the caller's deadline or by RequestTimeout.
 	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 300*time.Millisecond) }
 	calls := map[string]func(context.Context) error{
-		"Get":       func(c context.Context) error { _, err := s.Get(c, "/r/a"); return err },
-		"List":      func(c context.Context) error { _, _, err := s.List(c, "/r/"); return err },
-		"Put":       func(c context.Context) error { _, err := s.Put(c, "/r/x", nil); return err },
-		"Create":    func(c context.Context) error { _, err := s.Create(c, "/r/x", nil); return err },
-		"Update":    func(c context.Context) error { _, err := s.Update(c, "/r/a", nil, r1); return err },
-		"Delete":    func(c context.Context) error { _, err := s.Delete(c, "/r/a"); return err },
-		"Txn":       func(c context.Context) error { _, err := s.Txn(c, store.Op{Kind: store.OpDelete, Key: "/r/a"}); return err },
+		"Get":    func(c context.Context) error { _, err := s.Get(c, "/r/a"); return err },
+		"List":   func(c context.Context) error { _, _, err := s.List(c, "/r/"); return err },
+		"Put":    func(c context.Context) error { _, err := s.Put(c, "/r/x", nil); return err },
+		"Create": func(c context.Context) error { _, err := s.Create(c, "/r/x", nil); return err },
+		"Update": func(c context.Context) error { _, err := s.Update(c, "/r/a", nil, r1); return err },
+		"Delete": func(c context.Context) error { _, err := s.Delete(c, "/r/a"); return err },
+		"Txn": func(c context.Context) error {
+			_, err := s.Txn(c, store.Op{Kind: store.OpDelete, Key: "/r/a"})
+			return err
+		},
 		"Grant":     func(c context.Context) error { _, err := s.Grant(c, time.Minute); return err },
 		"KeepAlive": func(c context.Context) error { _, err := s.KeepAlive(c, l.ID); return err },
 		"Revoke":    func(c context.Context) error { return s.Revoke(c, l.ID) },
