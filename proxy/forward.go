@@ -299,6 +299,9 @@ func (p *Proxy) invoke(ctx context.Context, method string, req, resp any, write,
 	var last error
 	for i := 0; i < attempts; i++ {
 		if len(p.dir.available()) == 0 {
+			if isLoopError(last) {
+				return nil, nil, last
+			}
 			return nil, nil, p.noEndpointsError(last)
 		}
 		if i > 0 {

@@ -143,6 +143,7 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 	p.mu.Unlock()
 	defer close(p.done)
 	defer cancel()
+	defer p.httpClient.CloseIdleConnections()
 
 	p.self = newSelfMatcher(l.Addr(), p.cfg.SelfAddrs)
 	if err := p.start(ctx); err != nil {

@@ -93,6 +93,8 @@ func (m *Member) config(token string) *embed.Config {
 	cfg.InitialClusterToken = token
 	cfg.ClusterState = m.state
 	cfg.UnsafeNoFsync = true
+	// Tests add members right after start.
+	cfg.StrictReconfigCheck = false
 	cfg.TickMs = 50
 	cfg.ElectionMs = 500
 	if os.Getenv("BEACON_TEST_ETCD_LOG") == "" {
@@ -214,11 +216,35 @@ func (c *Cluster) AddMember(tb testing.TB) *Member {
 	return m
 }
 
-// Close stops every member.
+// Close stops every member: followers first, so that the leader does not
+// wait to hand its leadership to a member that is going away.
 func (c *Cluster) Close() {
 	var wg sync.WaitGroup
+	var leaders []*Member
 	for _, m := range c.Members() {
+		if m.isLeader() {
+			leaders = append(leaders, m)
+			continue
+		}
 		wg.Go(m.Stop)
 	}
 	wg.Wait()
+	for _, m := range leaders {
+		m.Stop()
+	}
+}
+
+func (m *Member) isLeader() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.etcd != nil && m.etcd.Server.Leader() == m.etcd.Server.MemberID()
+}
+
+// Restart starts a stopped member again on its data and ports.
+func (c *Cluster) Restart(m *Member) error {
+	if m.Running() {
+		return errors.New("etcdtest: restart of a running member")
+	}
+	m.state = embed.ClusterStateFlagExisting
+	return m.start(c.token)
 }

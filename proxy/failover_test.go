@@ -1,0 +1,268 @@
+package proxy
+
+import (
+	"bytes"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestFailoverUnderLoad kills a member while clients read and write
+// through the proxy: no read fails, the dead endpoint is benched, and it
+// comes back into use after it restarts.
+func TestFailoverUnderLoad(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	p := startProxy(t, Config{PeerURLs: c.PeerURLs(), FailureWait: 500 * time.Millisecond, RefreshInterval: 300 * time.Millisecond})
+	cli := proxyClient(t, p)
+	ctx := ctxT(t)
+	if _, err := cli.Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	// Kill a follower: the cluster keeps its leader, so every failed read
+	// would be the proxy's fault.
+	direct := c.Client(t)
+	st, err := direct.Status(ctx, c.Endpoints()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var victim *etcdtest.Member
+	for _, m := range c.Members() {
+		s, err := direct.Status(ctx, m.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Header.MemberId != st.Leader {
+			victim = m
+			break
+		}
+	}
+
+	var reads, failed atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := cli.Get(ctx, "k"); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+				reads.Add(1)
+			}
+		})
+	}
+	eventually(t, "reads before the kill", func() bool { return reads.Load() > 200 })
+	victim.Stop()
+	before := reads.Load()
+	eventually(t, "the dead endpoint benched", func() bool { return endpointState(p, victim.ClientURL()) == "failed" })
+	eventually(t, "reads after the kill", func() bool { return reads.Load() > before+500 })
+	close(stop)
+	wg.Wait()
+	if n := failed.Load(); n != 0 {
+		t.Fatalf("%d of %d reads failed through the proxy during fail-over; first: %v", n, reads.Load(), firstErr.Load())
+	}
+	if _, err := cli.Put(ctx, "k", "after"); err != nil {
+		t.Fatalf("write after fail-over: %v", err)
+	}
+	if err := restart(c, victim); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the restarted endpoint back in use", func() bool { return endpointState(p, victim.ClientURL()) == "available" })
+}
+
+func restart(c *etcdtest.Cluster, m *etcdtest.Member) error { return c.Restart(m) }
+
+func endpointState(p *Proxy, url string) string {
+	for _, e := range p.Endpoints() {
+		if e.URL == url {
+			return e.State
+		}
+	}
+	return "absent"
+}
+
+// TestAllMembersDown: with every member stopped, requests fail at once
+// with Unavailable (gRPC) / 503 (HTTP) and a message saying no member is
+// reachable; the proxy stays up and recovers when members return.
+func TestAllMembersDown(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	p := startProxy(t, Config{PeerURLs: c.PeerURLs(), FailureWait: 200 * time.Millisecond})
+	cli := proxyClient(t, p)
+	ctx := ctxT(t)
+	if _, err := cli.Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range c.Members() {
+		m.Stop()
+	}
+	_, err := cli.Get(ctx, "k", clientv3.WithSerializable())
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "no etcd member reachable") {
+		t.Fatalf("get with all members down: %v; want Unavailable saying no member is reachable", err)
+	}
+	code, body := post(t, "http://"+p.Addr().String()+"/v3/kv/range", `{"key":"aw=="}`)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "no etcd member reachable") {
+		t.Fatalf("HTTP range with all members down: %d %s", code, body)
+	}
+	resp, err := httpClient(t).Get("http://" + p.Addr().String() + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/health with all members down: %d", resp.StatusCode)
+	}
+	var wg sync.WaitGroup
+	for _, m := range c.Members() {
+		wg.Go(func() {
+			if err := restart(c, m); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	eventually(t, "reads through the proxy again", func() bool {
+		_, err := cli.Get(ctx, "k")
+		return err == nil
+	})
+}
+
+// TestMembershipChangePickedUpAtRefresh adds and removes a member; the
+// proxy's endpoints follow at the next refresh.
+func TestMembershipChangePickedUpAtRefresh(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	p := startProxy(t, Config{InitialCluster: c.InitialCluster(), RefreshInterval: 200 * time.Millisecond})
+	m4 := c.AddMember(t)
+	eventually(t, "the new member's endpoint", func() bool { return endpointState(p, m4.ClientURL()) == "available" })
+
+	first := c.Members()[0]
+	direct := c.Client(t)
+	ctx := ctxT(t)
+	list, err := direct.MemberList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range list.Members {
+		if m.Name == first.Name {
+			if _, err := direct.MemberRemove(ctx, m.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	eventually(t, "the removed member's endpoint gone", func() bool { return endpointState(p, first.ClientURL()) == "absent" })
+	cli := proxyClient(t, p)
+	if _, err := cli.Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLoopDetection: an endpoint that is the proxy itself (by another
+// name) is never used; two proxies pointing at each other detect the loop
+// from the via metadata instead of forwarding forever.
+func TestLoopDetection(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	self := "http://localhost:" + itoaT(port)
+	var logs syncBuffer
+	p, err := New(Config{Endpoints: append(c.Endpoints(), self), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveOn(t, p, l)
+	if st := endpointState(p, self); st != "self" {
+		t.Fatalf("own address %s is %q, want self", self, st)
+	}
+	if !strings.Contains(logs.String(), "this proxy's own address") {
+		t.Errorf("no warning logged about the loop: %s", logs.String())
+	}
+	cli := proxyClient(t, p)
+	ctx := ctxT(t)
+	for range 20 {
+		if _, err := cli.Put(ctx, "k", "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A -> B -> A.
+	la, _ := net.Listen("tcp", "127.0.0.1:0")
+	lb, _ := net.Listen("tcp", "127.0.0.1:0")
+	a, err := New(Config{Endpoints: []string{"http://" + lb.Addr().String()}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Config{Endpoints: []string{"http://" + la.Addr().String()}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveOn(t, a, la)
+	serveOn(t, b, lb)
+	acli := proxyClient(t, a)
+	_, err = acli.Get(ctx, "k")
+	if err == nil || !strings.Contains(err.Error(), "loop") {
+		t.Fatalf("request around a loop: %v, want a loop error", err)
+	}
+	if n := value(t, a.m.loops) + value(t, b.m.loops); n == 0 {
+		t.Error("loops_detected_total is 0")
+	}
+	if st := endpointState(a, "http://"+lb.Addr().String()); st != "loop" {
+		t.Errorf("A's endpoint B is %q, want loop", st)
+	}
+}
+
+func itoaT(i int) string { return strconv.Itoa(i) }
+
+// serveOn serves p on l until the test ends.
+func serveOn(t *testing.T, p *Proxy, l net.Listener) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() { errc <- p.Serve(t.Context(), l) }()
+	t.Cleanup(func() {
+		_ = p.Close()
+		<-errc
+	})
+	select {
+	case <-p.Ready():
+	case err := <-errc:
+		errc <- err
+		t.Fatalf("Serve: %v", err)
+	case <-time.After(testTimeout):
+		t.Fatal("proxy not ready")
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
