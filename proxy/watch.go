@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -280,14 +281,14 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 	}
 	s.watchers[id] = w
 	s.mu.Unlock()
+	h.p.m.clientWatchers.Inc()
 	if !h.attach(w, cr.StartRevision, rresp.Header) {
+		h.p.m.clientWatchers.Dec()
 		s.mu.Lock()
 		delete(s.watchers, id)
 		s.mu.Unlock()
 		s.enqueue(watchCanceled(rresp.Header, id, "proxy: closing"))
-		return
 	}
-	h.p.m.clientWatchers.Inc()
 }
 
 // attach puts w on a fitting upstream (or a new one) and queues its
@@ -652,7 +653,7 @@ func (s *cstream) requestProgress() {
 			ups[w.up] = true
 		}
 	}
-	s.pending = ups
+	s.pending = maps.Clone(ups)
 	s.wantProg = len(ups) > 0
 	s.mu.Unlock()
 	keys := map[watchKey]bool{}

@@ -1,0 +1,158 @@
+package proxy
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestWatchCoalescing opens many identical watches from several clients:
+// they share one upstream watch, each sees every event exactly once, and
+// cancelling them all ends the upstream watch.
+func TestWatchCoalescing(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	p := startProxy(t, Config{PeerURLs: c.PeerURLs()})
+	ctx := ctxT(t)
+	const clients, perClient = 5, 40
+	var chans []clientv3.WatchChan
+	var clis []*clientv3.Client
+	for range clients {
+		cli := proxyClient(t, p)
+		clis = append(clis, cli)
+		for range perClient {
+			wch := cli.Watch(ctx, "/svc/a", clientv3.WithCreatedNotify())
+			if wr := <-wch; !wr.Created {
+				t.Fatalf("not created: %+v", wr)
+			}
+			chans = append(chans, wch)
+		}
+	}
+	if n := value(t, p.m.clientWatchers); n != clients*perClient {
+		t.Fatalf("client_watchers = %v, want %d", n, clients*perClient)
+	}
+	if n := value(t, p.m.upstreamWatches); n != 1 {
+		t.Fatalf("upstream_watches = %v, want 1 for %d identical watches", n, clients*perClient)
+	}
+	direct := c.Client(t)
+	for i := range 3 {
+		if _, err := direct.Put(ctx, "/svc/a", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for n, wch := range chans {
+		var got []string
+		for len(got) < 3 {
+			wr := <-wch
+			if wr.Err() != nil {
+				t.Fatalf("watch %d: %v", n, wr.Err())
+			}
+			for _, ev := range wr.Events {
+				got = append(got, string(ev.Kv.Value))
+			}
+		}
+		if fmt.Sprint(got) != "[0 1 2]" {
+			t.Fatalf("watch %d got %v", n, got)
+		}
+	}
+
+	// A watcher from an old revision replays history on its own upstream,
+	// then joins the shared one.
+	hist := clis[0].Watch(ctx, "/svc/a", clientv3.WithRev(1))
+	var got []string
+	for len(got) < 3 {
+		wr := <-hist
+		for _, ev := range wr.Events {
+			got = append(got, string(ev.Kv.Value))
+		}
+	}
+	if fmt.Sprint(got) != "[0 1 2]" {
+		t.Fatalf("history watch got %v", got)
+	}
+	if _, err := direct.Put(ctx, "/svc/a", "3"); err != nil {
+		t.Fatal(err)
+	}
+	if wr := <-hist; len(wr.Events) != 1 || string(wr.Events[0].Kv.Value) != "3" {
+		t.Fatalf("history watch after catch-up: %+v", wr)
+	}
+	eventually(t, "history upstream merged", func() bool { return value(t, p.m.upstreamWatches) == 1 })
+
+	// Progress requests are answered (etcd#19710).
+	if err := clis[1].RequestProgress(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wch := chans[perClient]
+	for {
+		wr := <-wch
+		if len(wr.Events) > 0 {
+			continue // the put of "3"
+		}
+		if !wr.IsProgressNotify() || wr.Header.Revision < 5 {
+			t.Fatalf("want a progress notification, got %+v", wr)
+		}
+		break
+	}
+
+	for _, cli := range clis {
+		if err := cli.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "upstream watches ended", func() bool {
+		return value(t, p.m.upstreamWatches) == 0 && value(t, p.m.clientWatchers) == 0
+	})
+}
+
+// TestWatchFiltersAndCompaction: per-watcher options apply on a shared
+// upstream, and a compacted start revision cancels with the compact
+// revision like etcd.
+func TestWatchFiltersAndCompaction(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	p := startProxy(t, Config{Endpoints: c.Endpoints()})
+	cli := proxyClient(t, p)
+	ctx := ctxT(t)
+	all := cli.Watch(ctx, "/k", clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify())
+	noPut := cli.Watch(ctx, "/k", clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	<-all
+	<-noPut
+	direct := c.Client(t)
+	if _, err := direct.Put(ctx, "/k/1", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := direct.Put(ctx, "/k/1", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := direct.Delete(ctx, "/k/1"); err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for len(types) < 3 {
+		wr := <-all
+		for _, ev := range wr.Events {
+			types = append(types, ev.Type.String())
+			if ev.Type == clientv3.EventTypeDelete && (ev.PrevKv == nil || string(ev.PrevKv.Value) != "b") {
+				t.Errorf("delete without prev kv: %+v", ev)
+			}
+		}
+	}
+	wr := <-noPut
+	if len(wr.Events) != 1 || wr.Events[0].Type != clientv3.EventTypeDelete {
+		t.Fatalf("NOPUT watcher got %+v", wr.Events)
+	}
+	if value(t, p.m.upstreamWatches) != 1 {
+		t.Errorf("upstream_watches = %v, want 1", value(t, p.m.upstreamWatches))
+	}
+	resp, err := direct.Put(ctx, "/k/2", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := direct.Compact(ctx, resp.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	old := cli.Watch(ctx, "/k", clientv3.WithPrefix(), clientv3.WithRev(2))
+	wr = <-old
+	if wr.CompactRevision != resp.Header.Revision || !wr.Canceled {
+		t.Fatalf("watch from a compacted revision: %+v", wr)
+	}
+}
