@@ -1,0 +1,3 @@
+package file_test
+
+func runChild() bool { return false }

@@ -1,0 +1,97 @@
+package file
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+)
+
+// Environment variables read by ConfigFromEnv.
+const (
+	// EnvDir names the store directory.
+	EnvDir = "BEACON_FILE_DIR"
+	// EnvHistory sets Config.History (a number of revisions).
+	EnvHistory = "BEACON_FILE_HISTORY"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultHistory      = 10_000
+	DefaultPollInterval = 50 * time.Millisecond
+	DefaultReapInterval = 250 * time.Millisecond
+	// safetyPoll is how often the log is checked even when filesystem
+	// notifications work, in case one is missed.
+	safetyPoll = time.Second
+)
+
+// Config configures a file store. Only Dir is required.
+type Config struct {
+	// Dir is the store directory, shared by every process on the host
+	// that uses the store. It is created if missing; an existing directory
+	// must be empty or hold a Beacon store.
+	Dir string
+	// History is how many recent revisions watches can resume from;
+	// older ones are compacted (the log is truncated). Zero means
+	// DefaultHistory.
+	History int
+	// PollInterval is how often the log is polled for other processes'
+	// writes when filesystem notifications are unavailable or disabled.
+	// Zero means DefaultPollInterval.
+	PollInterval time.Duration
+	// ReapInterval is how often the store looks for expired leases (of
+	// any process) to delete their keys. Zero means DefaultReapInterval.
+	ReapInterval time.Duration
+	// DisableNotify turns off filesystem notifications (inotify) and
+	// polls instead.
+	DisableNotify bool
+	// Logger receives warnings about recovery actions (a torn log tail
+	// repaired, stale temporary files removed). Nil discards them.
+	Logger *slog.Logger
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Dir == "" {
+		errs = append(errs, fmt.Errorf("file: no store directory: set %s or Config.Dir", EnvDir))
+	}
+	if c.History < 0 {
+		errs = append(errs, fmt.Errorf("file: History %d is negative", c.History))
+	}
+	if c.PollInterval < 0 || c.ReapInterval < 0 {
+		errs = append(errs, fmt.Errorf("file: PollInterval and ReapInterval must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) withDefaults() Config {
+	if c.History == 0 {
+		c.History = DefaultHistory
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.ReapInterval == 0 {
+		c.ReapInterval = DefaultReapInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// ConfigFromEnv reads BEACON_FILE_DIR and BEACON_FILE_HISTORY.
+func ConfigFromEnv() (Config, error) {
+	c := Config{Dir: os.Getenv(EnvDir)}
+	if v := os.Getenv(EnvHistory); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return Config{}, fmt.Errorf("file: %s=%q: want a positive number of revisions", EnvHistory, v)
+		}
+		c.History = n
+	}
+	return c, c.Validate()
+}

@@ -1,0 +1,275 @@
+package file
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/beaconplane/beacon/store"
+)
+
+// Leases are files in leases/, named by the lease ID in hex and holding the
+// TTL. A lease's deadline is the file's modification time plus its TTL:
+// KeepAlive touches the file. Any process may end an expired lease: under
+// the write lock it deletes the lease's keys in one revision and removes the
+// file, so a crashed process's keys expire while other processes run (or
+// as soon as one opens the store).
+
+func (s *Store) leasePath(id store.LeaseID) string {
+	return s.path(leaseDir, fmt.Sprintf("%016x", uint64(id)))
+}
+
+// leaseState reads a lease: whether it exists, whether it has expired, and
+// its TTL. A lease file that cannot be parsed counts as expired, so that it
+// is cleaned up with its keys.
+func (s *Store) leaseState(id store.LeaseID) (exists, expired bool, ttl time.Duration, err error) {
+	fi, err := os.Stat(s.leasePath(id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, false, 0, nil
+	}
+	if err != nil {
+		return false, false, 0, fmt.Errorf("file: cannot read lease %x: %w", id, err)
+	}
+	s.mu.Lock()
+	ttl, ok := s.leaseTTLs[id]
+	s.mu.Unlock()
+	if !ok {
+		b, err := os.ReadFile(s.leasePath(id))
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, false, 0, nil
+		}
+		if err != nil {
+			return false, false, 0, fmt.Errorf("file: cannot read lease %x: %w", id, err)
+		}
+		if ttl, err = parseLease(b); err != nil {
+			s.logger.Warn("lease file is damaged; ending the lease", "lease", fmt.Sprintf("%x", id), "err", err)
+			return true, true, 0, nil
+		}
+		s.mu.Lock()
+		s.leaseTTLs[id] = ttl
+		s.mu.Unlock()
+	}
+	return true, time.Now().After(fi.ModTime().Add(ttl)), ttl, nil
+}
+
+// leaseAliveLocked checks a lease a write binds a key to. Called with the
+// write lock and s.mu held.
+func (s *Store) leaseAliveLocked(id store.LeaseID) error {
+	s.mu.Unlock()
+	exists, expired, _, err := s.leaseState(id)
+	s.mu.Lock()
+	switch {
+	case err != nil:
+		return err
+	case !exists:
+		return fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, id)
+	case expired:
+		s.wakeReaper()
+		return fmt.Errorf("%w: lease %x expired", store.ErrLeaseNotFound, id)
+	}
+	return nil
+}
+
+func (s *Store) wakeReaper() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Grant implements store.Leaser. The TTL is kept to the millisecond.
+func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, error) {
+	if err := store.ValidateTTL(ttl); err != nil {
+		return store.Lease{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return store.Lease{}, err
+	}
+	if s.isClosed() {
+		return store.Lease{}, store.ErrClosed
+	}
+	ttl = ttl.Round(time.Millisecond)
+	b, _ := json.Marshal(leaseInfo{TTLMillis: ttl.Milliseconds()})
+	for range 10 {
+		var r [8]byte
+		_, _ = rand.Read(r[:])
+		id := store.LeaseID(binary.LittleEndian.Uint64(r[:]) >> 1)
+		if id == store.NoLease {
+			continue
+		}
+		tmp := s.path(leaseDir, "lease"+tmpInfix+randHex())
+		if err := writeSynced(tmp, b); err != nil {
+			return store.Lease{}, fmt.Errorf("file: cannot grant a lease: %w", err)
+		}
+		// Link fails if the name exists, so IDs are never reused.
+		err := os.Link(tmp, s.leasePath(id))
+		_ = os.Remove(tmp)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return store.Lease{}, fmt.Errorf("file: cannot grant a lease: %w", err)
+		}
+		if err := syncDir(s.path(leaseDir)); err != nil {
+			return store.Lease{}, err
+		}
+		s.mu.Lock()
+		s.leaseTTLs[id] = ttl
+		s.mu.Unlock()
+		return store.Lease{ID: id, TTL: ttl}, nil
+	}
+	return store.Lease{}, errors.New("file: cannot grant a lease: no free lease ID after 10 attempts")
+}
+
+func writeSynced(p string, b []byte) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(p)
+	}
+	return err
+}
+
+// KeepAlive implements store.Leaser.
+func (s *Store) KeepAlive(ctx context.Context, id store.LeaseID) (time.Duration, error) {
+	var ttl time.Duration
+	err := s.locked(ctx, func() error {
+		exists, expired, t, err := s.leaseState(id)
+		switch {
+		case err != nil:
+			return err
+		case !exists:
+			return fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, id)
+		case expired:
+			if err := s.endLeaseLocked(id); err != nil {
+				return err
+			}
+			return fmt.Errorf("%w: lease %x expired", store.ErrLeaseNotFound, id)
+		}
+		now := time.Now()
+		if err := os.Chtimes(s.leasePath(id), now, now); err != nil {
+			return fmt.Errorf("file: cannot renew lease %x: %w", id, err)
+		}
+		ttl = t
+		return nil
+	})
+	return ttl, err
+}
+
+// Revoke implements store.Leaser.
+func (s *Store) Revoke(ctx context.Context, id store.LeaseID) error {
+	return s.locked(ctx, func() error {
+		exists, _, _, err := s.leaseState(id)
+		if err != nil {
+			return err
+		}
+		if !exists {
+			return fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, id)
+		}
+		return s.endLeaseLocked(id)
+	})
+}
+
+// endLeaseLocked deletes the lease's keys in one revision, then the lease
+// file. A crash in between leaves a lease file without keys, which the
+// next reaper removes. The caller holds the write lock.
+func (s *Store) endLeaseLocked(id store.LeaseID) error {
+	s.mu.Lock()
+	keys := make([]string, 0, len(s.leaseKeys[id]))
+	for k := range s.leaseKeys[id] {
+		keys = append(keys, k)
+	}
+	next := s.rev + 1
+	s.mu.Unlock()
+	if len(keys) > 0 {
+		slices.Sort(keys)
+		events := make([]store.Event, len(keys))
+		for i, k := range keys {
+			events[i] = store.Event{Type: store.EventDelete, KV: store.KeyValue{Key: k, ModRevision: next}}
+		}
+		if err := s.appendLocked(record{kind: recCommit, rev: next, events: events}); err != nil {
+			return err
+		}
+	}
+	if err := os.Remove(s.leasePath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("file: cannot remove lease %x: %w", id, err)
+	}
+	s.mu.Lock()
+	delete(s.leaseTTLs, id)
+	s.mu.Unlock()
+	if err := syncDir(s.path(leaseDir)); err != nil {
+		return err
+	}
+	return s.maybeCompactLocked()
+}
+
+// reapExpired ends every expired lease (of any process), and every lease
+// that keys are bound to but whose file is gone.
+func (s *Store) reapExpired(ctx context.Context) {
+	entries, err := os.ReadDir(s.path(leaseDir))
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Warn("cannot scan leases", "err", err)
+		}
+		return
+	}
+	var due []store.LeaseID
+	present := make(map[store.LeaseID]bool, len(entries))
+	for _, e := range entries {
+		if strings.Contains(e.Name(), tmpInfix) {
+			continue
+		}
+		n, err := strconv.ParseUint(e.Name(), 16, 64)
+		if err != nil || n == 0 || n > 1<<63-1 {
+			continue
+		}
+		id := store.LeaseID(n)
+		present[id] = true
+		if _, expired, _, err := s.leaseState(id); err == nil && expired {
+			due = append(due, id)
+		}
+	}
+	s.mu.Lock()
+	for id := range s.leaseKeys {
+		if !present[id] {
+			due = append(due, id) // orphaned keys
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range due {
+		err := s.locked(ctx, func() error {
+			exists, expired, _, err := s.leaseState(id)
+			if err != nil || (exists && !expired) {
+				return err // renewed meanwhile
+			}
+			s.mu.Lock()
+			orphan := !exists && len(s.leaseKeys[id]) > 0
+			s.mu.Unlock()
+			if !exists && !orphan {
+				return nil // ended by another process meanwhile
+			}
+			return s.endLeaseLocked(id)
+		})
+		if err != nil && ctx.Err() == nil && !errors.Is(err, store.ErrClosed) {
+			s.logger.Warn("cannot end an expired lease", "lease", fmt.Sprintf("%x", id), "err", err)
+		}
+	}
+}
