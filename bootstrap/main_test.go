@@ -40,11 +40,20 @@ func TestMain(m *testing.M) {
 }
 
 // leakOptions ignores the process-wide goroutines the etcd server and
-// client libraries start once and never stop.
+// client libraries start once and never stop, and the peer connections
+// between embedded etcd members, which outlive their Close (etcd never
+// closes the idle connections of its peer transport).
 func leakOptions() []goleak.Option {
 	return []goleak.Option{
 		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
 		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+		goleak.IgnoreAnyFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
+		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/client/pkg/v3/logutil.(*MergeLogger).outputLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*connReader).abortPendingRead"),
 	}
 }
 
