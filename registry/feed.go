@@ -62,10 +62,11 @@ type version struct {
 
 // hub owns the feeds of one registry.
 type hub struct {
-	r      *StoreRegistry
-	mu     sync.Mutex
-	feeds  map[string]*feed
-	closed bool
+	r       *StoreRegistry
+	mu      sync.Mutex
+	feeds   map[string]*feed
+	closed  bool
+	probing bool
 }
 
 func newHub(r *StoreRegistry) *hub {
@@ -95,6 +96,11 @@ func (h *hub) acquire(q beacon.Query) (*feed, error) {
 		h.r.m.addWatchStreams(1)
 		h.r.wg.Add(1)
 		go f.run()
+		if !h.probing {
+			h.probing = true
+			h.r.wg.Add(1)
+			go h.probe()
+		}
 	}
 	f.refs++
 	if f.linger != nil {
@@ -147,6 +153,69 @@ func (h *hub) close() {
 	}
 }
 
+// probe checks that the store answers, while any feed exists. A store
+// watch stays silent while the store is unreachable (the etcd client
+// reconnects on its own), so without this a feed could not tell "nothing
+// changed" from "cannot know": on a failed probe every feed turns stale
+// (its watchers get a Stale batch), and on the first success after that
+// every feed re-lists, so that its watchers get a Resync batch with the
+// difference.
+func (h *hub) probe() {
+	defer h.r.wg.Done()
+	r := h.r
+	interval := max(r.cfg.RetryMax, time.Second)
+	key := r.ks.Prefix(beacon.Query{}) // never a key: the answer is "not found"
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+		feeds := h.list()
+		if len(feeds) == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(r.ctx, interval)
+		_, err := r.st.Get(ctx, key)
+		cancel()
+		switch {
+		case r.ctx.Err() != nil:
+			return
+		case err == nil || errors.Is(err, store.ErrNotFound):
+			if failing {
+				failing = false
+				r.log.Info("store reachable again; re-listing watched prefixes", "watches", len(feeds))
+				for _, f := range feeds {
+					f.relist()
+				}
+			}
+		case errors.Is(err, store.ErrClosed):
+			// The feeds find out on their own.
+		default:
+			if !failing {
+				r.log.Warn("store unreachable: watches may be stale until it answers again", "err", err)
+			}
+			failing = true
+			for _, f := range feeds {
+				f.setStale(fmt.Errorf("registry: store unreachable: %w", err))
+			}
+		}
+	}
+}
+
+func (h *hub) list() []*feed {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]*feed, 0, len(h.feeds))
+	for _, f := range h.feeds {
+		out = append(out, f)
+	}
+	return out
+}
+
 // streams returns the number of shared store watches (for tests and
 // benchmarks).
 func (h *hub) streams() int {
@@ -184,6 +253,18 @@ type feed struct {
 	staleGen uint64 // counts disconnections
 	err      error  // terminal
 	wake     chan struct{}
+	unfollow context.CancelFunc // ends the current store watch
+	forced   bool               // unfollow was called by relist
+}
+
+// relist makes a stale feed drop its store watch and list again.
+func (f *feed) relist() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stale != nil && f.unfollow != nil {
+		f.forced = true
+		f.unfollow()
+	}
 }
 
 // notifyLocked wakes every watcher waiting for news.
@@ -251,7 +332,13 @@ func (f *feed) run() {
 		if f.ctx.Err() != nil {
 			return
 		}
+		f.mu.Lock()
+		forced := f.forced
+		f.forced = false
+		f.mu.Unlock()
 		switch {
+		case forced:
+			r.m.resync("reconnect")
 		case errors.Is(err, store.ErrCompacted):
 			r.m.resync("compacted")
 			log.Info("watch fell behind compaction; re-listing", "err", err)
@@ -271,6 +358,14 @@ var errWatchEnded = errors.New("store watch ended")
 func (f *feed) follow(rev int64) error {
 	ctx, cancel := context.WithCancel(f.ctx)
 	defer cancel()
+	f.mu.Lock()
+	f.unfollow = cancel
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.unfollow = nil
+		f.mu.Unlock()
+	}()
 	ch := f.h.r.st.Watch(ctx, f.prefix, rev)
 	for {
 		select {
