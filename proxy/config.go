@@ -283,18 +283,19 @@ func parseURLs(list []string) ([]*url.URL, error) {
 }
 
 func parseMemberURL(s string) (*url.URL, error) {
+	const want = "want scheme http or https, a host and a port, e.g. http://10.0.0.1:2379"
 	u, err := url.Parse(strings.TrimSpace(s))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %q: %v", ErrBadURL, s, err)
+		return nil, fmt.Errorf("%w: %q: %s", ErrBadURL, s, want)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("%w: %q: scheme must be http or https (for example http://10.0.0.1:2379)", ErrBadURL, s)
+		return nil, fmt.Errorf("%w: %q: %s", ErrBadURL, s, want)
 	}
 	if u.Host == "" || u.Port() == "" {
-		return nil, fmt.Errorf("%w: %q: need host and port (for example http://10.0.0.1:2379)", ErrBadURL, s)
+		return nil, fmt.Errorf("%w: %q: no port: %s", ErrBadURL, s, want)
 	}
 	if u.Path != "" && u.Path != "/" {
-		return nil, fmt.Errorf("%w: %q: a member URL has no path", ErrBadURL, s)
+		return nil, fmt.Errorf("%w: %q: a member URL has no path: %s", ErrBadURL, s, want)
 	}
 	u.Path = ""
 	return u, nil
