@@ -1,0 +1,188 @@
+package bootstrap_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/bootstrap"
+)
+
+func TestTokenAdmin(t *testing.T) {
+	srv := registryServer(t)
+	cli := client(t, srv)
+	ctx := testCtx(t, 20*time.Second)
+	tok := bootstrap.NewToken()
+	if err := bootstrap.ValidateToken(tok); err != nil {
+		t.Fatalf("NewToken gave %q: %v", tok, err)
+	}
+	if _, err := bootstrap.TokenStatus(ctx, cli, tok); !errors.Is(err, bootstrap.ErrTokenNotFound) {
+		t.Fatalf("status of a new token: %v", err)
+	}
+	if _, err := bootstrap.CreateToken(ctx, cli, tok, 3); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Get(ctx, bootstrap.SizeKey(tok))
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "3" {
+		t.Fatalf("size key: %v, %v", resp, err)
+	}
+	// Single use: the same token again is refused, also once members
+	// registered and even when only members remain.
+	if _, err := bootstrap.CreateToken(ctx, cli, tok, 5); !errors.Is(err, bootstrap.ErrTokenExists) || !strings.Contains(err.Error(), "size 3") {
+		t.Fatalf("reused token: %v", err)
+	}
+	orphan := bootstrap.NewToken()
+	if _, err := cli.Put(ctx, bootstrap.MembersPrefix(orphan)+"/1", "a=http://a:1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bootstrap.CreateToken(ctx, cli, orphan, 3); !errors.Is(err, bootstrap.ErrTokenExists) ||
+		!strings.Contains(err.Error(), "1 members registered") {
+		t.Fatalf("token with members only: %v", err)
+	}
+	if _, err := bootstrap.TokenStatus(ctx, cli, orphan); !errors.Is(err, bootstrap.ErrSizeNotFound) {
+		t.Fatalf("status without size: %v", err)
+	}
+	for _, bad := range []struct {
+		tok  string
+		size int
+		want error
+	}{
+		{"a/b", 3, bootstrap.ErrInvalidToken},
+		{bootstrap.NewToken(), 0, bootstrap.ErrInvalidSize},
+		{bootstrap.NewToken(), -1, bootstrap.ErrInvalidSize},
+		{bootstrap.NewToken(), bootstrap.MaxSize + 1, bootstrap.ErrInvalidSize},
+	} {
+		if _, err := bootstrap.CreateToken(ctx, cli, bad.tok, bad.size); !errors.Is(err, bad.want) {
+			t.Errorf("CreateToken(%q, %d) = %v, want %v", bad.tok, bad.size, err, bad.want)
+		}
+	}
+
+	n, err := bootstrap.RemoveToken(ctx, cli, tok)
+	if err != nil || n != 1 {
+		t.Fatalf("remove: %d, %v", n, err)
+	}
+	if _, err := bootstrap.RemoveToken(ctx, cli, tok); !errors.Is(err, bootstrap.ErrTokenNotFound) {
+		t.Fatalf("remove twice: %v", err)
+	}
+	// Removal never touches a token whose name extends this one.
+	other := tok + "x"
+	if _, err := bootstrap.CreateToken(ctx, cli, other, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bootstrap.CreateToken(ctx, cli, tok, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bootstrap.RemoveToken(ctx, cli, tok); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bootstrap.TokenStatus(ctx, cli, other); err != nil {
+		t.Fatalf("neighbour token: %v", err)
+	}
+	if got := bootstrap.MemberFlags(tok, []string{"http://a:2379", "http://b:2379"}); got !=
+		"--discovery-token="+tok+" --discovery-endpoints=http://a:2379,http://b:2379" {
+		t.Fatalf("flags %q", got)
+	}
+}
+
+func TestTokenHTTPAPI(t *testing.T) {
+	srv := registryServer(t)
+	cli := client(t, srv)
+	h := bootstrap.NewHandler(cli, srv.Endpoints(), nil)
+	ts := httptest.NewServer(h)
+	t.Cleanup(ts.Close)
+	call := func(method, path, body string, out any) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, ts.URL+path, strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			t.Fatalf("%s %s: content type %q: %s", method, path, ct, b)
+		}
+		if resp.StatusCode >= 300 {
+			var e bootstrap.ErrorResponse
+			if err := json.Unmarshal(b, &e); err != nil || e.Code == "" || e.Message == "" {
+				t.Fatalf("%s %s: error body %s", method, path, b)
+			}
+			if out, ok := out.(*bootstrap.ErrorResponse); ok {
+				*out = e
+			}
+			return resp.StatusCode
+		}
+		if out != nil {
+			if err := json.NewDecoder(bytes.NewReader(b)).Decode(out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp.StatusCode
+	}
+
+	var created bootstrap.CreateTokenResponse
+	if code := call("POST", "/v1/tokens", `{"size": 2}`, &created); code != 201 || created.Size != 2 ||
+		created.Flags != bootstrap.MemberFlags(created.Token, srv.Endpoints()) {
+		t.Fatalf("create: %d %+v", code, created)
+	}
+	var def bootstrap.CreateTokenResponse
+	if code := call("POST", "/v1/tokens", "", &def); code != 201 || def.Size != 3 {
+		t.Fatalf("create with defaults: %d %+v", code, def)
+	}
+	var e bootstrap.ErrorResponse
+	for body, code := range map[string]string{
+		`{"size": 0}`: "", `{"size": -2}`: "invalid_argument", `{"size": "3"}`: "invalid_argument",
+		`{"size": 3, "tok": "x"}`: "invalid_argument", `{"token": "a/b"}`: "invalid_argument", `not json`: "invalid_argument",
+	} {
+		got := call("POST", "/v1/tokens", body, &e)
+		if code == "" {
+			continue // size 0 means the default
+		}
+		if got != 400 || e.Code != code {
+			t.Errorf("POST %s: %d %+v", body, got, e)
+		}
+	}
+	if code := call("POST", "/v1/tokens", `{"token": "`+created.Token+`"}`, &e); code != 409 || e.Code != "already_exists" {
+		t.Fatalf("reuse: %d %+v", code, e)
+	}
+
+	var st bootstrap.TokenStatusResponse
+	if code := call("GET", "/v1/tokens/"+created.Token, "", &st); code != 200 || st.State != bootstrap.StateWaiting || st.Registered != 0 {
+		t.Fatalf("status: %d %+v", code, st)
+	}
+	ctx := testCtx(t, 20*time.Second)
+	cfg := config(srv, created.Token)
+	first := joinAsync(t, ctx, cfg, "a", peerURL(0))
+	if _, err := bootstrap.Join(ctx, cfg, "b", []string{peerURL(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if r := await(t, first, "first join"); r.err != nil {
+		t.Fatal(r.err)
+	}
+	if code := call("GET", "/v1/tokens/"+created.Token, "", &st); code != 200 || st.State != bootstrap.StateFull ||
+		st.InitialCluster == "" || st.Registered != 2 {
+		t.Fatalf("full status: %d %+v", code, st)
+	}
+	if code := call("GET", "/v1/tokens/nope", "", &e); code != 404 || e.Code != "not_found" {
+		t.Fatalf("unknown token: %d %+v", code, e)
+	}
+	var rm bootstrap.RemoveTokenResponse
+	if code := call("DELETE", "/v1/tokens/"+created.Token, "", &rm); code != 200 || rm.Deleted != 3 {
+		t.Fatalf("remove: %d %+v", code, rm)
+	}
+	if code := call("PUT", "/v1/tokens/x", "", &e); code != 405 || e.Code != "method_not_allowed" {
+		t.Fatalf("PUT: %d %+v", code, e)
+	}
+	if code := call("GET", "/v1/tokens", "", &e); code != 405 {
+		t.Fatalf("GET list: %d %+v", code, e)
+	}
+	if code := call("GET", "/v1/other", "", &e); code != 404 {
+		t.Fatalf("other path: %d", code)
+	}
+}
