@@ -51,6 +51,14 @@ type Config struct {
 	// draining before removing it, unless the call says otherwise. Zero:
 	// remove it as soon as the draining status is written.
 	DrainGrace time.Duration
+	// VerifyInterval is how often the session checks that the store still
+	// holds every registration as written, so that a key deleted or
+	// overwritten by someone else (an operator with etcdctl, a buggy tool)
+	// is re-registered or reported as a conflict instead of silently
+	// missing. Each check lists the registrations' endpoint prefixes. Zero
+	// means every 10 keep-alive intervals (10 × LeaseTTL/3); negative
+	// disables the check.
+	VerifyInterval time.Duration
 	// WatchLinger is how long a shared store watch stays open after its
 	// last watcher closed. Zero means DefaultWatchLinger; negative means
 	// close at once.
@@ -144,6 +152,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RetryMax == 0 {
 		c.RetryMax = min(c.LeaseTTL/3, maxRetryCap)
+	}
+	if c.VerifyInterval == 0 {
+		c.VerifyInterval = 10 * (c.LeaseTTL / 3)
 	}
 	if c.WatchLinger == 0 {
 		c.WatchLinger = DefaultWatchLinger

@@ -275,7 +275,7 @@ func (s *session) loop() {
 	timer := time.NewTimer(s.interval())
 	defer timer.Stop()
 	bo := newBackoff(s.r.cfg.RetryMax)
-	lastReconcile := time.Now()
+	lastReconcile, lastVerify := time.Now(), time.Now()
 	for {
 		select {
 		case <-s.r.ctx.Done():
@@ -298,9 +298,13 @@ func (s *session) loop() {
 		} else {
 			bo.reset()
 			// Write late registrations at once; retry conflicts once per
-			// keep-alive interval.
-			if s.hasStale() || time.Since(lastReconcile) >= s.interval() {
-				s.reconcileStale()
+			// keep-alive interval; check every key now and then.
+			switch {
+			case s.r.cfg.VerifyInterval > 0 && time.Since(lastVerify) >= s.r.cfg.VerifyInterval:
+				s.reconcileStale(verifyAll)
+				lastReconcile, lastVerify = time.Now(), time.Now()
+			case s.hasStale() || time.Since(lastReconcile) >= s.interval():
+				s.reconcileStale(staleAndConflicts)
 				lastReconcile = time.Now()
 			}
 		}
@@ -424,7 +428,7 @@ func (s *session) tryRecover() error {
 	epoch := s.epoch
 	s.mu.Unlock()
 
-	n, err := s.reconcile(ctx, lease, epoch, false)
+	n, err := s.reconcile(ctx, lease, epoch, staleOnly)
 	if err != nil {
 		if errors.Is(err, store.ErrLeaseNotFound) {
 			s.mu.Lock()
@@ -471,10 +475,19 @@ func (s *session) hasStale() bool {
 	return false
 }
 
+// reconcileMode selects the registrations reconcile looks at.
+type reconcileMode uint8
+
+const (
+	staleOnly         reconcileMode = iota // epoch behind the lease
+	staleAndConflicts                      // and those another process holds
+	verifyAll                              // every registration
+)
+
 // reconcileStale writes the registrations whose epoch is behind (admitted
-// after a recovery started) and retries conflicts, reporting a change in
-// the conflicts.
-func (s *session) reconcileStale() {
+// after a recovery started) and retries conflicts (or, with verifyAll,
+// checks every registration), reporting a change in the conflicts.
+func (s *session) reconcileStale(mode reconcileMode) {
 	s.mu.Lock()
 	if s.state != StateActive && s.state != StateRecovered {
 		s.mu.Unlock()
@@ -484,7 +497,7 @@ func (s *session) reconcileStale() {
 	s.mu.Unlock()
 	ctx, cancel := s.r.opContext()
 	defer cancel()
-	if _, err := s.reconcile(ctx, lease, epoch, true); err != nil {
+	if _, err := s.reconcile(ctx, lease, epoch, mode); err != nil {
 		if errors.Is(err, store.ErrLeaseNotFound) {
 			s.leaseGone(lease, err)
 			return
@@ -514,17 +527,16 @@ func (s *session) reconcileStale() {
 	s.emit(c)
 }
 
-// reconcile writes every admitted registration whose epoch is behind epoch
-// (and, with retryConflicts, those in conflict) under lease. It returns the
-// number of keys written.
-func (s *session) reconcile(ctx context.Context, lease store.LeaseID, epoch uint64, retryConflicts bool) (int, error) {
+// reconcile makes the store hold the admitted registrations mode selects,
+// as written under lease, in epoch. It returns the number of keys written.
+func (s *session) reconcile(ctx context.Context, lease store.LeaseID, epoch uint64, mode reconcileMode) (int, error) {
 	s.mu.Lock()
 	var todo []*registration
 	for _, reg := range s.regs {
 		if !reg.admitted {
 			continue
 		}
-		if reg.epoch != epoch || (retryConflicts && reg.err != nil) {
+		if reg.epoch != epoch || (mode >= staleAndConflicts && reg.err != nil) || mode == verifyAll {
 			todo = append(todo, reg)
 		}
 	}
@@ -615,6 +627,13 @@ func (s *session) writeChunk(ctx context.Context, chunk []*registration, current
 		kv, exists := current[reg.key]
 		switch {
 		case !exists:
+			s.mu.Lock()
+			vanished := reg.epoch == epoch && reg.err == nil
+			s.mu.Unlock()
+			if vanished {
+				s.r.log.Warn("registered instance vanished from the store (deleted by someone else?); registering it again",
+					"instance", reg.ref.String())
+			}
 			writes = append(writes, write{reg, store.Op{Kind: store.OpPut, Key: reg.key, Value: reg.val, Lease: lease, IfAbsent: true}})
 		case kv.Lease == lease && bytes.Equal(kv.Value, reg.val):
 			reg.modRev, reg.lease = kv.ModRevision, lease
