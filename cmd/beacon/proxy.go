@@ -1,0 +1,157 @@
+package main
+
+import (
+	"crypto/tls"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/beaconplane/beacon/proxy"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+)
+
+func init() { rootCmd.AddCommand(newProxyCmd()) }
+
+// msDuration is a duration flag that, like etcd's --proxy-* flags, also
+// accepts a bare number of milliseconds.
+type msDuration struct{ d *time.Duration }
+
+func (m msDuration) String() string {
+	if m.d == nil {
+		return "0s"
+	}
+	return m.d.String()
+}
+
+func (m msDuration) Set(s string) error {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		*m.d = time.Duration(n) * time.Millisecond
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration such as 5s or a number of milliseconds")
+	}
+	*m.d = d
+	return nil
+}
+
+func (m msDuration) Type() string { return "duration" }
+
+func newProxyCmd() *cobra.Command {
+	var (
+		cfg                   proxy.Config
+		mode                  string
+		cacert, cert, key     string
+		listenCert, listenKey string
+	)
+	cfg.FailureWait = proxy.DefaultFailureWait
+	cfg.RefreshInterval = proxy.DefaultRefreshInterval
+	cfg.DialTimeout = proxy.DefaultDialTimeout
+	cfg.WriteTimeout = proxy.DefaultWriteTimeout
+	cfg.StartTimeout = proxy.DefaultStartTimeout
+	cmd := &cobra.Command{
+		Use:   "proxy",
+		Short: "Run a readwrite or readonly proxy of an etcd cluster",
+		Long: `Run an etcd v3 proxy: one listener (default 127.0.0.1:23790) serving the etcd
+gRPC API (KV, Watch, Lease, Cluster, Maintenance, Auth, Lock, Election), the
+etcd JSON gateway (/v3/kv/range, /v3/watch, ...), /metrics and /health.
+
+--mode readwrite (default) forwards everything; --mode readonly forwards reads
+and watches and refuses every write with gRPC Unimplemented / HTTP 501.
+
+The cluster is found from one of, in this order: --discovery-token with
+--discovery-endpoints (etcd v3 discovery; works when the cluster is full),
+--discovery (etcd v2 discovery URL), --discovery-srv (DNS SRV records),
+--initial-cluster, --endpoints (client URLs), else http://localhost:2380. The
+members' client URLs are re-read every --proxy-refresh-interval (every second
+while none is reachable); a failed endpoint is benched for
+--proxy-failure-wait. Endpoints that are the proxy itself are never used.
+Identical watches share one etcd watch; lease keep-alives share one stream.
+
+Environment (flags win): BEACON_PROXY_MODE, BEACON_PROXY_LISTEN, ETCD_AUTH_CA,
+ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
+		Example: `  beacon proxy --initial-cluster infra1=http://10.0.0.1:2380,infra2=http://10.0.0.2:2380
+  beacon proxy --mode readonly --discovery-token $TOKEN --discovery-endpoints http://disc:2379
+  beacon proxy --discovery-srv example.com --discovery-dns-server 10.0.0.53:53`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			m, err := proxy.ParseMode(mode)
+			if err != nil {
+				return fmt.Errorf("--mode: %w", err)
+			}
+			cfg.Mode = m
+			cfg.Logger = logger
+			if cacert != "" || cert != "" || key != "" {
+				tlsCfg, err := (&transport.TLSInfo{TrustedCAFile: cacert, CertFile: cert, KeyFile: key}).ClientConfig()
+				if err != nil {
+					return fmt.Errorf("TLS to etcd (--cacert/--cert/--key): %w", err)
+				}
+				cfg.ClientTLS = tlsCfg
+			}
+			if listenCert != "" || listenKey != "" {
+				c, err := tls.LoadX509KeyPair(listenCert, listenKey)
+				if err != nil {
+					return fmt.Errorf("--listen-cert/--listen-key: %w", err)
+				}
+				cfg.ServerTLS = &tls.Config{Certificates: []tls.Certificate{c}, MinVersion: tls.VersionTLS12}
+			}
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			cfg.Registry = reg
+			p, err := proxy.New(cfg)
+			if err != nil {
+				return err
+			}
+			go func() {
+				select {
+				case <-p.Ready():
+					fmt.Fprintf(cmd.OutOrStdout(), "beacon proxy (%s) serving on %s; endpoints: %s\n",
+						p.Mode(), p.Addr(), describeEndpoints(p.Endpoints()))
+				case <-p.Done():
+				}
+			}()
+			return p.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&mode, "mode", envOr("BEACON_PROXY_MODE", "readwrite"), "readwrite or readonly (env BEACON_PROXY_MODE)")
+	f.StringVar(&cfg.ListenAddr, "listen-addr", envOr("BEACON_PROXY_LISTEN", proxy.DefaultListenAddr), "address to serve gRPC and HTTP on (env BEACON_PROXY_LISTEN)")
+	f.StringVar(&cfg.DiscoveryToken, "discovery-token", "", "etcd v3 discovery token (with --discovery-endpoints)")
+	f.StringSliceVar(&cfg.DiscoveryEndpoints, "discovery-endpoints", nil, "client URLs of the etcd cluster holding the v3 discovery token")
+	f.StringVar(&cfg.DiscoveryURL, "discovery", "", "etcd v2 discovery URL, e.g. https://discovery.etcd.io/<token>")
+	f.StringVar(&cfg.DiscoverySRV, "discovery-srv", "", "DNS domain with _etcd-server(-ssl)._tcp SRV records of the members")
+	f.StringVar(&cfg.DiscoverySRVName, "discovery-srv-name", "", "suffix of the SRV service name (_etcd-server-<name>._tcp)")
+	f.StringVar(&cfg.DNSServer, "discovery-dns-server", "", "host:port of the DNS server for --discovery-srv (default: system resolver)")
+	f.StringVar(&cfg.InitialCluster, "initial-cluster", "", "members' peer URLs as name=http://host:2380,...")
+	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "members' client URLs, e.g. http://10.0.0.1:2379 (refreshed with MemberList)")
+	f.Var(msDuration{&cfg.FailureWait}, "proxy-failure-wait", "how long a failed endpoint stays out of use (duration or milliseconds)")
+	f.Var(msDuration{&cfg.RefreshInterval}, "proxy-refresh-interval", "how often to re-read the member list (duration or milliseconds)")
+	f.Var(msDuration{&cfg.DialTimeout}, "proxy-dial-timeout", "timeout to connect to a member (duration or milliseconds)")
+	f.Var(msDuration{&cfg.WriteTimeout}, "proxy-write-timeout", "timeout of each forwarded write (duration or milliseconds)")
+	f.Var(msDuration{&cfg.ReadTimeout}, "proxy-read-timeout", "timeout of each forwarded read; 0 disables (duration or milliseconds)")
+	f.Var(msDuration{&cfg.StartTimeout}, "start-timeout", "how long to look for a reachable cluster at start")
+	f.StringSliceVar(&cfg.SelfAddrs, "advertise-addr", nil, "other addresses this proxy is reached at (never forwarded to)")
+	f.StringVar(&cacert, "cacert", envOr("ETCD_AUTH_CA", ""), "CA file to verify members' certificates (env ETCD_AUTH_CA)")
+	f.StringVar(&cert, "cert", envOr("ETCD_AUTH_CLIENT_CERT", ""), "client certificate for members (env ETCD_AUTH_CLIENT_CERT)")
+	f.StringVar(&key, "key", envOr("ETCD_AUTH_CLIENT_KEY", ""), "client key for members (env ETCD_AUTH_CLIENT_KEY)")
+	f.StringVar(&listenCert, "listen-cert", "", "serve clients over TLS with this certificate")
+	f.StringVar(&listenKey, "listen-key", "", "key of --listen-cert")
+	return cmd
+}
+
+func describeEndpoints(eps []proxy.EndpointStatus) string {
+	var parts []string
+	for _, e := range eps {
+		parts = append(parts, e.URL+" ("+e.State+")")
+	}
+	return strings.Join(parts, ", ")
+}
