@@ -1,0 +1,117 @@
+package publish
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric names, shared by every resolver scheme (the "scheme" label tells
+// them apart), so that one Registerer can serve both beacon and etcd
+// resolvers.
+const (
+	MetricResolvers = "beacon_naming_resolvers"
+	MetricUpdates   = "beacon_naming_state_updates_total"
+	MetricErrors    = "beacon_naming_resolver_errors_total"
+	MetricSkipped   = "beacon_naming_skipped_total"
+	MetricResyncs   = "beacon_naming_resyncs_total"
+)
+
+// Reasons, the values of the "reason" label.
+const (
+	ReasonStale       = "stale"        // the watch lost its backend
+	ReasonWatchFailed = "watch_failed" // the watch ended with an error
+	ReasonClosed      = "closed"       // the registry or store is closed
+	ReasonNoInstances = "no_instances" // nothing to dial
+	ReasonCompacted   = "compacted"    // the watch fell behind compaction
+	ReasonReconnect   = "reconnect"    // the backend answers again
+	ReasonInvalidJSON = "invalid_json" // a stored value that is not JSON
+	ReasonNoAddr      = "no_addr"      // a stored value without Addr
+	ReasonNotDialable = "not_dialable" // an address gRPC cannot dial
+	ReasonDuplicate   = "duplicate_address"
+)
+
+// Metrics are the Prometheus collectors of the naming resolvers. The zero
+// value is not usable; NewMetrics always returns working collectors, which
+// are only exported when a Registerer was given.
+type Metrics struct {
+	resolvers *prometheus.GaugeVec
+	updates   *prometheus.CounterVec
+	errors    *prometheus.CounterVec
+	skipped   *prometheus.CounterVec
+	resyncs   *prometheus.CounterVec
+}
+
+// NewMetrics returns the collectors, registered on reg when it is not nil.
+// Collectors that reg already holds (another builder registered them) are
+// shared.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		resolvers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricResolvers,
+			Help: "Name resolvers running (one per gRPC channel and target).",
+		}, []string{"scheme"}),
+		updates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricUpdates,
+			Help: "Resolver states pushed to gRPC (each a full list of endpoints).",
+		}, []string{"scheme"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricErrors,
+			Help: "Errors reported to gRPC by name resolvers, by reason (stale, watch_failed, closed, no_instances).",
+		}, []string{"scheme", "reason"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricSkipped,
+			Help: "Entries left out of a resolver state, by reason (invalid_json, no_addr, not_dialable, duplicate_address).",
+		}, []string{"scheme", "reason"}),
+		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricResyncs,
+			Help: "Full re-listings after a broken watch, by reason (compacted, watch_failed, reconnect).",
+		}, []string{"scheme", "reason"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	m.resolvers = register(reg, m.resolvers, &err)
+	m.updates = register(reg, m.updates, &err)
+	m.errors = register(reg, m.errors, &err)
+	m.skipped = register(reg, m.skipped, &err)
+	m.resyncs = register(reg, m.resyncs, &err)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the identical collector reg already has.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		if *errp == nil {
+			*errp = err
+		}
+	}
+	return c
+}
+
+// AddResolvers adds n (possibly negative) to the running resolvers.
+func (m *Metrics) AddResolvers(scheme string, n int) {
+	m.resolvers.WithLabelValues(scheme).Add(float64(n))
+}
+
+// Update counts one state pushed to gRPC.
+func (m *Metrics) Update(scheme string) { m.updates.WithLabelValues(scheme).Inc() }
+
+// Error counts one error reported to gRPC.
+func (m *Metrics) Error(scheme, reason string) { m.errors.WithLabelValues(scheme, reason).Inc() }
+
+// Skipped counts one entry left out of a state.
+func (m *Metrics) Skipped(scheme, reason string) { m.skipped.WithLabelValues(scheme, reason).Inc() }
+
+// Resync counts one re-listing.
+func (m *Metrics) Resync(scheme, reason string) { m.resyncs.WithLabelValues(scheme, reason).Inc() }

@@ -1,0 +1,175 @@
+// Package publish holds what Beacon's gRPC name resolvers share: turning a
+// list of entries into a resolver.State (full state, every time), the
+// error reporting that keeps a channel from going silently stale, retry
+// backoff, and metrics.
+package publish
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/attributes"
+	"google.golang.org/grpc/resolver"
+)
+
+// Entry is one endpoint to publish.
+type Entry struct {
+	// Key identifies the entry (a store key); it orders entries and names
+	// them in logs.
+	Key string
+	// Addr is the address to dial: host:port.
+	Addr string
+	// Attrs are set as the Endpoint's Attributes and as the Address's
+	// BalancerAttributes. Every value must be comparable or implement
+	// Equal(any) bool.
+	Attrs *attributes.Attributes
+}
+
+func (e Entry) equal(o Entry) bool {
+	return e.Key == o.Key && e.Addr == o.Addr && e.Attrs.Equal(o.Attrs)
+}
+
+// Publisher pushes states to one gRPC ClientConn. It is used by one
+// goroutine.
+type Publisher struct {
+	cc     resolver.ClientConn
+	scheme string
+	target string
+	m      *Metrics
+	log    *slog.Logger
+
+	published bool    // a state was pushed
+	errored   bool    // an error was reported after it
+	last      []Entry // what was pushed
+	skips     map[skip]bool
+}
+
+type skip struct{ key, addr, reason string }
+
+// New returns a Publisher for cc. target names the channel's target in logs.
+func New(cc resolver.ClientConn, scheme, target string, m *Metrics, log *slog.Logger) *Publisher {
+	return &Publisher{cc: cc, scheme: scheme, target: target, m: m, log: log, skips: map[skip]bool{}}
+}
+
+// Publish pushes entries, in the order given, as the complete state: one
+// Endpoint with one Address per entry. Entries whose address gRPC cannot
+// dial (not host:port) and entries repeating an earlier entry's address are
+// left out, logged once and counted. If nothing is left, Publish pushes an
+// empty state (so that balancers drop their connections) and reports
+// empty as the error, so that RPCs fail fast with it instead of waiting.
+// A state equal to the last one pushed, with no error reported since, is
+// not pushed again.
+func (p *Publisher) Publish(entries []Entry, empty error) {
+	kept := make([]Entry, 0, len(entries))
+	seen := make(map[string]bool, len(entries))
+	skips := make(map[skip]bool)
+	for _, e := range entries {
+		reason := ""
+		switch {
+		case !Dialable(e.Addr):
+			reason = ReasonNotDialable
+		case seen[e.Addr]:
+			reason = ReasonDuplicate
+		}
+		if reason != "" {
+			s := skip{e.Key, e.Addr, reason}
+			skips[s] = true
+			if !p.skips[s] {
+				p.m.Skipped(p.scheme, reason)
+				p.log.Warn("endpoint left out of the resolver state", "target", p.target,
+					"key", e.Key, "addr", e.Addr, "reason", reason)
+			}
+			continue
+		}
+		seen[e.Addr] = true
+		kept = append(kept, e)
+	}
+	p.skips = skips
+	if p.published && !p.errored && slices.EqualFunc(kept, p.last, Entry.equal) {
+		return
+	}
+	p.published, p.errored, p.last = true, false, kept
+	p.m.Update(p.scheme)
+	if len(kept) == 0 {
+		_ = p.cc.UpdateState(resolver.State{Endpoints: []resolver.Endpoint{}})
+		p.m.Error(p.scheme, ReasonNoInstances)
+		p.log.Debug("no endpoints; RPCs fail fast until one appears", "target", p.target, "err", empty)
+		p.cc.ReportError(empty)
+		return
+	}
+	state := resolver.State{
+		Endpoints: make([]resolver.Endpoint, len(kept)),
+		Addresses: make([]resolver.Address, len(kept)),
+	}
+	for i, e := range kept {
+		addr := resolver.Address{Addr: e.Addr, BalancerAttributes: e.Attrs}
+		state.Addresses[i] = addr
+		state.Endpoints[i] = resolver.Endpoint{
+			Addresses:  []resolver.Address{{Addr: e.Addr}},
+			Attributes: e.Attrs,
+		}
+	}
+	if err := p.cc.UpdateState(state); err != nil {
+		// A watch-driven resolver has nothing to re-resolve: the next
+		// change pushes a new state.
+		p.log.Debug("gRPC did not accept the resolver state", "target", p.target, "err", err)
+	}
+	p.log.Debug("resolver state pushed", "target", p.target, "endpoints", len(kept))
+}
+
+// Error reports err to gRPC and counts it under reason. The next Publish
+// pushes its state even if it did not change.
+func (p *Publisher) Error(reason string, err error) {
+	p.errored = true
+	p.m.Error(p.scheme, reason)
+	p.cc.ReportError(err)
+}
+
+// Dialable reports whether gRPC can dial addr as is: host:port with a
+// non-empty host and a port in 1-65535.
+func Dialable(addr string) bool {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 1 && n <= 65535
+}
+
+// Backoff is capped exponential backoff with jitter.
+type Backoff struct {
+	Min, Max time.Duration
+	cur      time.Duration
+}
+
+// Next returns the next delay: Min, then doubling up to Max, each with up
+// to 20% of jitter subtracted.
+func (b *Backoff) Next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.Min
+	} else {
+		b.cur = min(2*b.cur, b.Max)
+	}
+	jitter := time.Duration(rand.Int64N(int64(b.cur)/5 + 1))
+	return b.cur - jitter
+}
+
+// Reset starts over at Min.
+func (b *Backoff) Reset() { b.cur = 0 }
+
+// Sleep waits d or until ctx is done; it reports whether d elapsed.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
