@@ -272,7 +272,7 @@ func TestInvalidValuesAreSkipped(t *testing.T) {
 	bad := map[string]string{
 		ks.Key(beacon.Ref{Namespace: ns, Component: "api", Endpoint: "http", ID: beacon.FormatID(2)}): "not json",
 		ks.Key(beacon.Ref{Namespace: ns, Component: "api", Endpoint: "http", ID: beacon.FormatID(3)}): `{"namespace":"x"}`,
-		ks.Prefix(beacon.Query{Namespace: ns}) + "api/http/not-an-id":                                `{}`,
+		ks.Prefix(beacon.Query{Namespace: ns}) + "api/http/not-an-id":                                 `{}`,
 	}
 	other := good
 	other.ID = beacon.FormatID(9) // a valid instance stored under another ID's key
@@ -463,4 +463,3 @@ func FuzzWatchConverges(f *testing.F) {
 		<-readDone
 	})
 }
-
