@@ -55,6 +55,9 @@ type Config struct {
 	// InitialClusterToken is etcd's --initial-cluster-token; "beacon" when
 	// empty.
 	InitialClusterToken string
+	// Discovery joins a new cluster through an etcd v3 discovery token
+	// instead of InitialCluster (see DiscoveryConfig, discovery.go).
+	Discovery DiscoveryConfig
 
 	// EtcdEndpoints, when set, make the server a stateless front over this
 	// external etcd cluster instead of running embedded etcd. Credentials
@@ -118,7 +121,7 @@ func (c Config) withDefaults() Config {
 	if len(c.AdvertisePeerURLs) == 0 {
 		c.AdvertisePeerURLs = c.ListenPeerURLs
 	}
-	if c.InitialCluster == "" {
+	if c.InitialCluster == "" && !c.Discovery.joining() {
 		pairs := make([]string, len(c.AdvertisePeerURLs))
 		for i, u := range c.AdvertisePeerURLs {
 			pairs[i] = c.Name + "=" + u
@@ -183,6 +186,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--data-dir %q: refusing to use the root directory", c.DataDir))
 		}
 	}
+	errs = append(errs, c.Discovery.validate(c)...)
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--http-addr %q: must be host:port, e.g. 127.0.0.1:9379", c.HTTPAddr))
 	}

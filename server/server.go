@@ -19,11 +19,9 @@ import (
 	"github.com/beaconplane/beacon/internal/zapslog"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/backend"
-	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 	"go.uber.org/zap/zapcore"
 )
 
@@ -51,6 +49,7 @@ type Server struct {
 	stopHTTP  context.CancelFunc // ends long-lived HTTP streams (SSE)
 	wg        sync.WaitGroup
 	errc      chan error
+	boot      bootstrapState // discovery fallback proxy (discovery.go)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -107,11 +106,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	case s.cfg.Store != nil:
 		s.store = s.cfg.Store
 	case s.cfg.embedded():
-		if err := s.startEtcd(ctx); err != nil {
+		if err := s.startMember(ctx); err != nil { // discovery.go
 			return err
 		}
-		s.client = v3client.New(s.etcd.Server)
-		s.store, s.ownsStore = etcdstore.NewFromClient(s.client), true
 	default:
 		b := s.cfg.Backend
 		if len(s.cfg.EtcdEndpoints) > 0 {
@@ -173,6 +170,7 @@ func (s *Server) Close() error {
 		} else if ln != nil {
 			_ = ln.Close()
 		}
+		s.boot.close()
 		if s.ownsStore && s.store != nil {
 			if err := s.store.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close store: %w", err))
@@ -228,6 +226,8 @@ func (s *Server) Endpoints() Endpoints {
 			ep.PeerURLs = append(ep.PeerURLs, schemeOf(s.cfg.ListenPeerURLs)+"://"+p.Listener.Addr().String())
 		}
 		ep.Backend, ep.DataDir = "embedded etcd", s.cfg.DataDir
+	case s.fallbackProxy() != nil:
+		ep.Backend = "proxy of the discovery token's full cluster at " + s.fallbackProxy().Addr().String()
 	case s.cfg.Store != nil:
 		ep.Backend = "injected store"
 	case len(s.cfg.EtcdEndpoints) > 0:

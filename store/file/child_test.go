@@ -1,3 +1,331 @@
 package file_test
 
-func runChild() bool { return false }
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/file"
+)
+
+// Child processes are this test binary re-executed with childEnv set to a
+// role; they print one line per acknowledged step on stdout.
+const (
+	childEnv    = "BEACON_FILE_TEST_CHILD"
+	childDirEnv = "BEACON_FILE_TEST_DIR"
+	childArgEnv = "BEACON_FILE_TEST_ARG"
+)
+
+func runChild() bool {
+	role := os.Getenv(childEnv)
+	if role == "" {
+		return false
+	}
+	if err := child(role, os.Getenv(childDirEnv), os.Getenv(childArgEnv)); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+	return true
+}
+
+func child(role, dir, arg string) error {
+	ctx := context.Background()
+	s, err := file.Open(ctx, file.Config{Dir: dir})
+	if role == "open" { // report the error of Open itself
+		if err != nil {
+			fmt.Println("error", err)
+			return nil
+		}
+		fmt.Println("ok")
+		return s.Close()
+	}
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	out := bufio.NewWriter(os.Stdout)
+	switch role {
+	case "writer": // writes until killed, printing each acknowledged write
+		for i := 0; ; i++ {
+			key := fmt.Sprintf("/kill/k%02d", i%20)
+			val := bytes.Repeat([]byte{byte('a' + i%26)}, 128<<10)
+			copy(val, fmt.Sprintf("%08d", i))
+			rev, err := s.Put(ctx, key, val)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "ack %s %d %d\n", key, rev, i)
+			out.Flush()
+		}
+	case "holder": // holds a lease with keys, keeping it alive, until killed
+		l, err := s.Grant(ctx, time.Second)
+		if err != nil {
+			return err
+		}
+		for _, k := range []string{"/held/a", "/held/b", "/held/c"} {
+			if _, err := s.Put(ctx, k, []byte("v"), store.WithLease(l.ID)); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(out, "ready %x\n", l.ID)
+		out.Flush()
+		for {
+			time.Sleep(l.TTL / 3) // a keep-alive loop: the process's own pace
+			if _, err := s.KeepAlive(ctx, l.ID); err != nil {
+				return err
+			}
+		}
+	case "counter": // arg increments of /counter by compare-and-swap
+		n, _ := strconv.Atoi(arg)
+		for done := 0; done < n; {
+			kv, err := s.Get(ctx, "/counter")
+			if err != nil {
+				return err
+			}
+			v, _ := strconv.Atoi(string(kv.Value))
+			_, err = s.Update(ctx, "/counter", []byte(strconv.Itoa(v+1)), kv.ModRevision)
+			switch {
+			case err == nil:
+				done++
+			case !errors.Is(err, store.ErrConflict):
+				return err
+			}
+		}
+		fmt.Fprintln(out, "done")
+		out.Flush()
+	default:
+		return fmt.Errorf("unknown role %q", role)
+	}
+	return nil
+}
+
+// startChild starts a child process in role on dir; lines receives its
+// stdout lines and is closed when it exits.
+func startChild(t *testing.T, role, dir, arg string, attr *syscall.SysProcAttr) (*exec.Cmd, <-chan string) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startChildExe(t, exe, role, dir, arg, attr)
+}
+
+func startChildExe(t *testing.T, exe, role, dir, arg string, attr *syscall.SysProcAttr) (*exec.Cmd, <-chan string) {
+	t.Helper()
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+role, childDirEnv+"="+dir, childArgEnv+"="+arg)
+	cmd.SysProcAttr = attr
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 1024)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		wg.Wait()
+		_ = cmd.Wait()
+		if t.Failed() && stderr.Len() > 0 {
+			t.Logf("child %s stderr:\n%s", role, stderr.String())
+		}
+	})
+	return cmd, lines
+}
+
+func nextLine(t *testing.T, lines <-chan string, timeout time.Duration) string {
+	t.Helper()
+	select {
+	case l, ok := <-lines:
+		if !ok {
+			t.Fatal("child exited early")
+		}
+		return l
+	case <-time.After(timeout):
+		t.Fatalf("no line from the child within %v", timeout)
+		return ""
+	}
+}
+
+// A writer killed with SIGKILL at an arbitrary moment (three times over)
+// loses nothing it acknowledged, leaves nothing that stops the store from
+// opening, and the store takes writes again afterwards.
+func TestKilledWriterLosesNothingAcknowledged(t *testing.T) {
+	dir := t.TempDir()
+	type ack struct {
+		rev int64
+		i   int
+	}
+	acked := map[string]ack{}
+	for round := range 3 {
+		cmd, lines := startChild(t, "writer", dir, "", nil)
+		record := func(l string) {
+			var key string
+			var a ack
+			if _, err := fmt.Sscanf(l, "ack %s %d %d", &key, &a.rev, &a.i); err == nil {
+				acked[key] = a
+			}
+		}
+		for range 15 + 10*round {
+			record(nextLine(t, lines, 30*time.Second))
+		}
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		// Every line printed before the kill is an acknowledged write.
+		for l := range lines {
+			record(l)
+		}
+		s := open(t, file.Config{Dir: dir})
+		ctx := context.Background()
+		for key, a := range acked {
+			kv, err := s.Get(ctx, key)
+			if err != nil {
+				t.Fatalf("round %d: acknowledged %s@%d lost: %v", round, key, a.rev, err)
+			}
+			got, _ := strconv.Atoi(string(kv.Value[:8]))
+			if kv.ModRevision < a.rev || got < a.i {
+				t.Fatalf("round %d: %s holds write %d@%d, but write %d@%d was acknowledged", round, key, got, kv.ModRevision, a.i, a.rev)
+			}
+		}
+		if _, err := s.Put(ctx, "/after-kill", []byte("ok")); err != nil {
+			t.Fatalf("round %d: write after the kill: %v", round, err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(acked) == 0 {
+		t.Fatal("no acknowledged writes")
+	}
+}
+
+// A process killed while holding a lease: its keys expire (another process
+// reaps them) and a watcher sees all of them deleted at one revision.
+func TestKilledLeaseHolderKeysExpire(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, file.Config{Dir: dir})
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, rev, err := s.List(ctx, "/held/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := s.Watch(ctx, "/held/", rev+1)
+	cmd, lines := startChild(t, "holder", dir, "", nil)
+	if l := nextLine(t, lines, 30*time.Second); !strings.HasPrefix(l, "ready") {
+		t.Fatalf("child: %q", l)
+	}
+	puts := 0
+	for puts < 3 {
+		select {
+		case resp := <-w:
+			if resp.Err != nil {
+				t.Fatal(resp.Err)
+			}
+			puts += len(resp.Events)
+		case <-ctx.Done():
+			t.Fatal("puts of the child not seen")
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	select {
+	case resp := <-w:
+		if resp.Err != nil {
+			t.Fatal(resp.Err)
+		}
+		if len(resp.Events) != 3 {
+			t.Fatalf("expiry delivered %d events in the first response, want 3 at once", len(resp.Events))
+		}
+		for _, e := range resp.Events {
+			if e.Type != store.EventDelete || e.Revision() != resp.Events[0].Revision() {
+				t.Fatalf("expiry events are not deletions at one revision: %+v", resp.Events)
+			}
+		}
+		t.Logf("keys of the killed process expired %v after the kill (TTL 1s)", time.Since(killed).Round(time.Millisecond))
+	case <-ctx.Done():
+		t.Fatal("keys of the killed lease holder never expired")
+	}
+}
+
+// Processes incrementing one counter by compare-and-swap never lose an
+// increment: the file lock serialises them.
+func TestConcurrentProcessesCAS(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, file.Config{Dir: dir})
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := s.Put(ctx, "/counter", []byte("0")); err != nil {
+		t.Fatal(err)
+	}
+	_, rev, err := s.List(ctx, "/counter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := s.Watch(ctx, "/counter", rev+1)
+	const procs, each = 3, 40
+	var all []<-chan string
+	for range procs {
+		_, lines := startChild(t, "counter", dir, strconv.Itoa(each), nil)
+		all = append(all, lines)
+	}
+	for _, lines := range all {
+		if l := nextLine(t, lines, 60*time.Second); l != "done" {
+			t.Fatalf("child: %q", l)
+		}
+	}
+	// The watcher in this process sees every increment, in order.
+	last := 0
+	for last < procs*each {
+		select {
+		case resp := <-w:
+			if resp.Err != nil {
+				t.Fatal(resp.Err)
+			}
+			for _, e := range resp.Events {
+				v, _ := strconv.Atoi(string(e.KV.Value))
+				if v != last+1 {
+					t.Fatalf("watch saw counter %d after %d", v, last)
+				}
+				last = v
+			}
+		case <-ctx.Done():
+			t.Fatalf("watch saw the counter reach %d of %d", last, procs*each)
+		}
+	}
+	kv, err := s.Get(ctx, "/counter")
+	if err != nil || string(kv.Value) != strconv.Itoa(procs*each) {
+		t.Fatalf("counter = %q, %v; want %d", kv.Value, err, procs*each)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/beaconplane/beacon/store"
@@ -91,43 +92,43 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, erro
 	if err := store.ValidateTTL(ttl); err != nil {
 		return store.Lease{}, err
 	}
-	if err := ctx.Err(); err != nil {
-		return store.Lease{}, err
-	}
-	if s.isClosed() {
-		return store.Lease{}, store.ErrClosed
-	}
 	ttl = ttl.Round(time.Millisecond)
 	b, _ := json.Marshal(leaseInfo{TTLMillis: ttl.Milliseconds()})
-	for range 10 {
-		var r [8]byte
-		_, _ = rand.Read(r[:])
-		id := store.LeaseID(binary.LittleEndian.Uint64(r[:]) >> 1)
-		if id == store.NoLease {
-			continue
+	var lease store.Lease
+	// Under the lock, because Open removes temporary files left by crashes.
+	err := s.locked(ctx, func() error {
+		for range 10 {
+			var r [8]byte
+			_, _ = rand.Read(r[:])
+			id := store.LeaseID(binary.LittleEndian.Uint64(r[:]) >> 1)
+			if id == store.NoLease {
+				continue
+			}
+			tmp := s.path(leaseDir, "lease"+tmpInfix+randHex())
+			if err := writeSynced(tmp, b); err != nil {
+				return fmt.Errorf("file: cannot grant a lease: %w", err)
+			}
+			// Link fails if the name exists, so IDs are never reused.
+			err := os.Link(tmp, s.leasePath(id))
+			_ = os.Remove(tmp)
+			if errors.Is(err, fs.ErrExist) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("file: cannot grant a lease: %w", err)
+			}
+			if err := syncDir(s.path(leaseDir)); err != nil {
+				return err
+			}
+			s.mu.Lock()
+			s.leaseTTLs[id] = ttl
+			s.mu.Unlock()
+			lease = store.Lease{ID: id, TTL: ttl}
+			return nil
 		}
-		tmp := s.path(leaseDir, "lease"+tmpInfix+randHex())
-		if err := writeSynced(tmp, b); err != nil {
-			return store.Lease{}, fmt.Errorf("file: cannot grant a lease: %w", err)
-		}
-		// Link fails if the name exists, so IDs are never reused.
-		err := os.Link(tmp, s.leasePath(id))
-		_ = os.Remove(tmp)
-		if errors.Is(err, fs.ErrExist) {
-			continue
-		}
-		if err != nil {
-			return store.Lease{}, fmt.Errorf("file: cannot grant a lease: %w", err)
-		}
-		if err := syncDir(s.path(leaseDir)); err != nil {
-			return store.Lease{}, err
-		}
-		s.mu.Lock()
-		s.leaseTTLs[id] = ttl
-		s.mu.Unlock()
-		return store.Lease{ID: id, TTL: ttl}, nil
-	}
-	return store.Lease{}, errors.New("file: cannot grant a lease: no free lease ID after 10 attempts")
+		return errors.New("file: cannot grant a lease: no free lease ID after 10 attempts")
+	})
+	return lease, err
 }
 
 func writeSynced(p string, b []byte) error {
@@ -148,30 +149,72 @@ func writeSynced(p string, b []byte) error {
 	return err
 }
 
-// KeepAlive implements store.Leaser.
+// KeepAlive implements store.Leaser. It does not take the store's write
+// lock (writers may hold it through an fsync), only a lock on the lease
+// file, which a reaper also takes before ending the lease.
 func (s *Store) KeepAlive(ctx context.Context, id store.LeaseID) (time.Duration, error) {
-	var ttl time.Duration
-	err := s.locked(ctx, func() error {
-		exists, expired, t, err := s.leaseState(id)
-		switch {
-		case err != nil:
-			return err
-		case !exists:
-			return fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, id)
-		case expired:
-			if err := s.endLeaseLocked(id); err != nil {
-				return err
-			}
-			return fmt.Errorf("%w: lease %x expired", store.ErrLeaseNotFound, id)
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if s.isClosed() {
+		return 0, store.ErrClosed
+	}
+	f, err := os.Open(s.leasePath(id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, id)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("file: cannot renew lease %x: %w", id, err)
+	}
+	defer f.Close()
+	if err := flockFile(ctx, f); err != nil {
+		return 0, err
+	}
+	defer func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, fmt.Errorf("file: cannot renew lease %x: %w", id, err)
+	}
+	if st.Nlink == 0 { // ended while we waited for the lock
+		return 0, fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, id)
+	}
+	exists, expired, ttl, err := s.leaseState(id)
+	switch {
+	case err != nil:
+		return 0, err
+	case !exists:
+		return 0, fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, id)
+	case expired:
+		s.wakeReaper()
+		return 0, fmt.Errorf("%w: lease %x expired", store.ErrLeaseNotFound, id)
+	}
+	now := time.Now()
+	if err := os.Chtimes(s.leasePath(id), now, now); err != nil {
+		return 0, fmt.Errorf("file: cannot renew lease %x: %w", id, err)
+	}
+	return ttl, nil
+}
+
+// flockFile takes an exclusive lock on f, polling so ctx can cancel.
+func flockFile(ctx context.Context, f *os.File) error {
+	delay := 20 * time.Microsecond
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return nil
 		}
-		now := time.Now()
-		if err := os.Chtimes(s.leasePath(id), now, now); err != nil {
-			return fmt.Errorf("file: cannot renew lease %x: %w", id, err)
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			return fmt.Errorf("file: cannot lock %s: %w", f.Name(), err)
 		}
-		ttl = t
-		return nil
-	})
-	return ttl, err
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, 5*time.Millisecond)
+	}
 }
 
 // Revoke implements store.Leaser.
@@ -184,14 +227,28 @@ func (s *Store) Revoke(ctx context.Context, id store.LeaseID) error {
 		if !exists {
 			return fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, id)
 		}
-		return s.endLeaseLocked(id)
+		return s.endLeaseLocked(id, false)
 	})
 }
 
 // endLeaseLocked deletes the lease's keys in one revision, then the lease
 // file. A crash in between leaves a lease file without keys, which the
 // next reaper removes. The caller holds the write lock.
-func (s *Store) endLeaseLocked(id store.LeaseID) error {
+func (s *Store) endLeaseLocked(id store.LeaseID, onlyIfExpired bool) error {
+	// Exclude a concurrent KeepAlive: it holds the lease file's lock
+	// while it checks the deadline and renews.
+	if f, err := os.Open(s.leasePath(id)); err == nil {
+		defer f.Close()
+		if err := flockFile(context.Background(), f); err != nil {
+			return err
+		}
+		defer func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }()
+		if onlyIfExpired {
+			if exists, expired, _, err := s.leaseState(id); err != nil || (exists && !expired) {
+				return err // renewed meanwhile
+			}
+		}
+	}
 	s.mu.Lock()
 	keys := make([]string, 0, len(s.leaseKeys[id]))
 	for k := range s.leaseKeys[id] {
@@ -266,7 +323,7 @@ func (s *Store) reapExpired(ctx context.Context) {
 			if !exists && !orphan {
 				return nil // ended by another process meanwhile
 			}
-			return s.endLeaseLocked(id)
+			return s.endLeaseLocked(id, true)
 		})
 		if err != nil && ctx.Err() == nil && !errors.Is(err, store.ErrClosed) {
 			s.logger.Warn("cannot end an expired lease", "lease", fmt.Sprintf("%x", id), "err", err)

@@ -1,0 +1,172 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/bootstrap"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// createToken makes a v3 discovery token in a server's embedded etcd.
+func createToken(t *testing.T, registry *Server, size int) bootstrap.CreateTokenResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tok := bootstrap.NewToken()
+	if _, err := bootstrap.CreateToken(ctx, registry.EtcdClient(), tok, size); err != nil {
+		t.Fatal(err)
+	}
+	eps := registry.Endpoints().ClientURLs
+	return bootstrap.CreateTokenResponse{Token: tok, Size: size, Endpoints: eps, Flags: bootstrap.MemberFlags(tok, eps)}
+}
+
+// discoveryConfig is a server config that joins the token.
+func discoveryConfig(t *testing.T, name string, created bootstrap.CreateTokenResponse) Config {
+	cfg := testConfig(t)
+	cfg.Name = name
+	cfg.Discovery.Token = created.Token
+	cfg.Discovery.Endpoints = created.Endpoints
+	cfg.Discovery.Timeout = 60 * time.Second
+	return cfg
+}
+
+// startServers starts servers concurrently (members of a discovery token
+// are ready only once all have joined).
+func startServers(t *testing.T, cfgs ...Config) []*Server {
+	t.Helper()
+	servers := make([]*Server, len(cfgs))
+	errs := make([]error, len(cfgs))
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, cfg := range cfgs {
+		s, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		servers[i] = s
+		t.Cleanup(func() { _ = s.Close() })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.Start(ctx)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return servers
+}
+
+// Three `beacon serve` nodes form one 3-member embedded etcd cluster
+// through a token made on a fourth; a late node is refused (exit) or
+// serves as a proxy of the cluster (proxy); a restarted node comes back
+// from its data without the token.
+func TestServersBootstrapThroughDiscoveryToken(t *testing.T) {
+	registry := startServer(t, testConfig(t))
+	created := createToken(t, registry, 3)
+	cfgs := []Config{
+		discoveryConfig(t, "b1", created), discoveryConfig(t, "b2", created), discoveryConfig(t, "b3", created),
+	}
+	servers := startServers(t, cfgs...)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	for _, s := range servers {
+		ml, err := s.EtcdClient().MemberList(ctx)
+		if err != nil || len(ml.Members) != 3 {
+			t.Fatalf("%s: members %v, %v", s.cfg.Name, ml, err)
+		}
+	}
+	if _, err := servers[0].Store().Put(ctx, "/hello", []byte("cluster")); err != nil {
+		t.Fatal(err)
+	}
+	if kv, err := servers[2].Store().Get(ctx, "/hello"); err != nil || string(kv.Value) != "cluster" {
+		t.Fatalf("read on another member: %q, %v", kv.Value, err)
+	}
+	st, err := bootstrap.TokenStatus(ctx, registry.EtcdClient(), created.Token)
+	if err != nil || st.State != bootstrap.StateFull {
+		t.Fatalf("token status: %+v, %v", st, err)
+	}
+
+	// A fourth node with --discovery-fallback=exit (the default) is refused.
+	late, err := New(discoveryConfig(t, "b4", created))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := late.Start(ctx); !errors.Is(err, bootstrap.ErrFullCluster) || !strings.Contains(err.Error(), "discovery: cluster is full") {
+		t.Fatalf("late node: %v", err)
+	}
+
+	// With --discovery-fallback=proxy it serves the cluster as a proxy.
+	pcfg := discoveryConfig(t, "b5", created)
+	pcfg.Discovery.Fallback = FallbackProxy
+	px := startServer(t, pcfg)
+	if !strings.Contains(px.Banner(), "proxy") {
+		t.Fatalf("proxy banner:\n%s", px.Banner())
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: pcfg.ListenClientURLs, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	resp, err := cli.Get(ctx, "/hello")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "cluster" {
+		t.Fatalf("read through the fallback proxy: %v, %v", resp, err)
+	}
+	if kv, err := px.Store().Get(ctx, "/hello"); err != nil || string(kv.Value) != "cluster" {
+		t.Fatalf("the proxy node's store: %q, %v", kv.Value, err)
+	}
+	if err := px.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A restarted member starts from its data; the token is not read
+	// again (the registry may even be gone).
+	if err := servers[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := registry.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again := startServer(t, cfgs[1])
+	if kv, err := again.Store().Get(ctx, "/hello"); err != nil || string(kv.Value) != "cluster" {
+		t.Fatalf("restarted member: %q, %v", kv.Value, err)
+	}
+}
+
+func TestDiscoveryConfigErrors(t *testing.T) {
+	base := func() Config {
+		c := testConfig(t)
+		c.Discovery.Token, c.Discovery.Endpoints = "tok", []string{"http://127.0.0.1:2379"}
+		return c
+	}
+	for name, tc := range map[string]struct {
+		mut  func(*Config)
+		want string
+	}{
+		"token only":      {func(c *Config) { c.Discovery.Endpoints = nil }, "both --discovery-token and --discovery-endpoints"},
+		"endpoints only":  {func(c *Config) { c.Discovery.Token = "" }, "both --discovery-token and --discovery-endpoints"},
+		"initial cluster": {func(c *Config) { c.InitialCluster = "a=http://127.0.0.1:1" }, "--initial-cluster and --discovery-token"},
+		"external etcd":   {func(c *Config) { c.EtcdEndpoints = []string{"http://127.0.0.1:1"} }, "embedded etcd"},
+		"existing":        {func(c *Config) { c.InitialClusterState = "existing" }, "must be new"},
+		"fallback":        {func(c *Config) { c.Discovery.Fallback = "retry" }, "--discovery-fallback"},
+		"bad token":       {func(c *Config) { c.Discovery.Token = "a/b" }, "invalid token"},
+	} {
+		c := base()
+		tc.mut(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+	if err := base().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,67 @@
+// Package file is a store.Store kept in a directory and shared, with no
+// daemon, by the processes of one host (BEACON_DISCOVERY_BACKEND=file,
+// BEACON_FILE_DIR=/path).
+//
+// # Layout
+//
+//	beacon-store.json   format marker (format and version); a non-empty
+//	                    directory without it is refused (ErrNotStore)
+//	lock                every change holds an exclusive flock on it
+//	wal/<rev>.log       the write-ahead event log, in segments named by
+//	                    their first revision
+//	snapshot            the state at the last log truncation
+//	leases/<id>         one file per lease; deadline = mtime + TTL
+//
+// # How it works
+//
+// The log is the source of truth. A writer takes the lock, catches up with
+// the log (applying records other processes appended), checks its
+// precondition (create-if-absent, compare-and-swap, lease alive) against that
+// state, appends one record for the new revision and fdatasyncs it before
+// acknowledging. Every process keeps the state and a window of history in
+// memory by following the log: it is woken by inotify (fsnotify) when the log
+// grows, polls every PollInterval when notifications are unavailable, and
+// also catches up before every read, so a read sees every write acknowledged
+// before it began. Watches are served from the in-memory history, so they
+// resume from any revision in the window, in any process.
+//
+// Leases are files. KeepAlive touches the file (under the lock); any process
+// that finds a lease past its deadline ends it: under the lock it deletes all
+// the lease's keys in one revision, then removes the file. So the keys of a
+// process that crashed expire while any other process has the store open,
+// or as soon as one opens it.
+//
+// Compaction truncates the log: when it holds twice History revisions, a
+// writer writes a snapshot (temporary file, fsync, rename, fsync of the
+// directory), seals the segment, starts a new one and deletes the segments
+// below the window. Watches from before the window end with a
+// *store.CompactedError. Compact does the same on demand.
+//
+// # Guarantees
+//
+// The whole store contract holds, across processes: one global revision,
+// create-if-absent and compare-and-swap under the lock, lease expiry deleting
+// all keys at one revision, ordered exactly-once watches. There are no
+// caveats in the conformance suite. Transactions (store.Transactor) are not
+// offered.
+//
+// # Crashes and damage
+//
+//   - A write interrupted by a crash (even SIGKILL mid-write) was never
+//     acknowledged; the torn record it leaves at the end of the log is cut
+//     off by the next process that takes the lock, with a warning logged.
+//   - Temporary files left by an interrupted snapshot or lease grant are
+//     removed on Open.
+//   - A lease file that cannot be parsed ends the lease (its keys are
+//     deleted), with a warning.
+//   - Any other damage (a checksum mismatch inside the log followed by more
+//     data, a damaged snapshot) is refused with ErrCorrupt naming the file
+//     and offset, and nothing is changed: move the directory away and restore
+//     it from a backup.
+//
+// # Limits
+//
+// One host only: flock and inotify do not work across machines, and lease
+// deadlines use the host's clock. Every process holds the current state and
+// the history window in memory. Each write costs one fdatasync.
+package file
