@@ -1,0 +1,84 @@
+package registry_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/registry"
+)
+
+func TestParseTTL(t *testing.T) {
+	good := map[string]time.Duration{"10s": 10 * time.Second, "10": 10 * time.Second, "1m30s": 90 * time.Second, "1h": time.Hour, "1": time.Second}
+	for s, want := range good {
+		got, err := registry.ParseTTL(s)
+		if err != nil || got != want {
+			t.Errorf("ParseTTL(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"", "0", "0s", "500ms", "-5s", "61m", "3601", "ten", "10x", "99999999999999999999"} {
+		if _, err := registry.ParseTTL(s); !errors.Is(err, registry.ErrInvalidTTL) {
+			t.Errorf("ParseTTL(%q): %v, want ErrInvalidTTL", s, err)
+		}
+	}
+}
+
+func FuzzParseTTL(f *testing.F) {
+	for _, s := range []string{"10s", "10", "1h", "0", "-1", "1e9", "5m0.5s", "9223372036854775807"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ttl, err := registry.ParseTTL(s)
+		if err != nil {
+			if !errors.Is(err, registry.ErrInvalidTTL) {
+				t.Fatalf("ParseTTL(%q): error %v does not match ErrInvalidTTL", s, err)
+			}
+			return
+		}
+		if ttl < registry.MinLeaseTTL || ttl > registry.MaxLeaseTTL {
+			t.Fatalf("ParseTTL(%q) = %v, outside the bounds", s, ttl)
+		}
+	})
+}
+
+func TestConfigValidate(t *testing.T) {
+	bad := map[string]registry.Config{
+		"root without slash":  {Root: "beacon"},
+		"root trailing slash": {Root: "/beacon/"},
+		"ttl too short":       {LeaseTTL: 100 * time.Millisecond},
+		"ttl too long":        {LeaseTTL: 2 * time.Hour},
+		"negative metadata":   {MaxMetadataSize: -1},
+		"negative retry":      {RetryMax: -time.Second},
+		"negative drain":      {DrainGrace: -time.Second},
+	}
+	for name, c := range bad {
+		if err := c.Validate(); !errors.Is(err, registry.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
+		if _, err := registry.New(newMemoryStore(t), c); !errors.Is(err, registry.ErrInvalidConfig) {
+			t.Errorf("New with %s: %v", name, err)
+		}
+	}
+	if err := (registry.Config{}).Validate(); err != nil {
+		t.Fatalf("zero Config: %v", err)
+	}
+	if _, err := registry.New(nil, registry.Config{}); !errors.Is(err, registry.ErrInvalidConfig) {
+		t.Fatalf("nil store: %v", err)
+	}
+}
+
+func TestConfigFromEnv(t *testing.T) {
+	t.Setenv(registry.LeaseTTLEnv, "15s")
+	c, err := registry.ConfigFromEnv()
+	if err != nil || c.LeaseTTL != 15*time.Second {
+		t.Fatalf("ConfigFromEnv = %+v, %v", c, err)
+	}
+	t.Setenv(registry.LeaseTTLEnv, "soon")
+	if _, err := registry.ConfigFromEnv(); !errors.Is(err, registry.ErrInvalidTTL) {
+		t.Fatalf("bad %s: %v", registry.LeaseTTLEnv, err)
+	}
+	t.Setenv(registry.LeaseTTLEnv, "")
+	if c, err := registry.ConfigFromEnv(); err != nil || c.LeaseTTL != 0 {
+		t.Fatalf("unset: %+v, %v", c, err)
+	}
+}

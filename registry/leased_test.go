@@ -1,0 +1,191 @@
+package registry_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/registry/registrytest"
+	"github.com/beaconplane/beacon/store"
+)
+
+// TestLeasedLifecycle walks the HTTP API's building blocks on every
+// backend: register with a TTL, heartbeat, update, deregister; the instance
+// vanishes when its client stops heartbeating.
+func TestLeasedLifecycle(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			st := b.store(t)
+			r := newRegistry(t, st, registry.Config{LeaseTTL: b.ttl})
+			ns := uniqueNS()
+			ctx := within(t, 30*time.Second)
+			q := beacon.Query{Namespace: ns}
+			w, err := r.Watch(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Close()
+			v := registrytest.NewView()
+			next(t, ctx, w, v)
+
+			in, lease, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), b.ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if beacon.ValidateID(in.ID) != nil || in.Status != beacon.StatusServing || in.RegisteredAt.IsZero() || lease.ID == store.NoLease {
+				t.Fatalf("registered %+v with lease %+v", in, lease)
+			}
+			if lease.TTL < b.ttl {
+				t.Fatalf("granted TTL %v < asked %v", lease.TTL, b.ttl)
+			}
+			for v.Len() != 1 {
+				next(t, ctx, w, v)
+			}
+			if got, _ := r.Get(ctx, in.Ref()); !got.Equal(in) {
+				t.Fatalf("Get = %+v, want %+v", got, in)
+			}
+			ttl, err := r.Heartbeat(ctx, in.Ref(), lease.ID)
+			if err != nil || ttl != lease.TTL {
+				t.Fatalf("Heartbeat = %v, %v", ttl, err)
+			}
+			up, err := r.UpdateLeased(ctx, in.Ref(), lease.ID, func(i *beacon.Instance) { i.Address = "10.0.0.2:80" })
+			if err != nil || up.Address != "10.0.0.2:80" {
+				t.Fatalf("UpdateLeased = %+v, %v", up, err)
+			}
+			for {
+				if got, _ := v.Get(in.Ref().String()); got.Address == "10.0.0.2:80" {
+					break
+				}
+				next(t, ctx, w, v)
+			}
+			if err := r.DeregisterLeased(ctx, in.Ref(), lease.ID); err != nil {
+				t.Fatal(err)
+			}
+			for v.Len() != 0 {
+				next(t, ctx, w, v)
+			}
+			if _, err := r.Heartbeat(ctx, in.Ref(), lease.ID); !errors.Is(err, beacon.ErrNotFound) {
+				t.Fatalf("heartbeat of a deregistered instance: %v", err)
+			}
+			if err := r.RevokeLease(ctx, lease.ID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.KeepAliveLease(ctx, lease.ID); !errors.Is(err, beacon.ErrNotFound) || !errors.Is(err, store.ErrLeaseNotFound) {
+				t.Fatalf("keep-alive of a revoked lease: %v", err)
+			}
+
+			// A client that stops heartbeating disappears within its TTL.
+			gone, l2, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.3:80"), b.ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for v.Len() != 1 {
+				next(t, ctx, w, v)
+			}
+			start := time.Now()
+			for v.Len() != 0 {
+				next(t, ctx, w, v)
+			}
+			if d := time.Since(start); d > l2.TTL+2*time.Second {
+				t.Fatalf("expired after %v with a TTL of %v", d, l2.TTL)
+			}
+			if _, err := r.Heartbeat(ctx, gone.Ref(), l2.ID); !errors.Is(err, beacon.ErrNotFound) {
+				t.Fatalf("heartbeat after expiry: %v", err)
+			}
+		})
+	}
+}
+
+// TestLeasedBadInput: every kind of bad input gets a clear error matching
+// the sentinel the HTTP layer maps to a status, and writes nothing.
+func TestLeasedBadInput(t *testing.T) {
+	st := newMemoryStore(t)
+	r := newRegistry(t, st, registry.Config{})
+	ns := uniqueNS()
+	ctx := within(t, 30*time.Second)
+
+	for _, ttl := range []time.Duration{0, -time.Second, 500 * time.Millisecond, 2 * time.Hour} {
+		if _, _, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), ttl); !errors.Is(err, registry.ErrInvalidTTL) {
+			t.Errorf("TTL %v: %v", ttl, err)
+		}
+	}
+	big := inst(ns, "10.0.0.1:80")
+	big.Metadata = map[string]string{"k": strings.Repeat("v", 5000)}
+	if _, _, err := r.RegisterWithTTL(ctx, big, time.Minute); !errors.Is(err, beacon.ErrMetadataTooLarge) {
+		t.Errorf("metadata over 4 KiB: %v", err)
+	}
+	if _, _, err := r.RegisterWithTTL(ctx, inst("Bad", "10.0.0.1:80"), time.Minute); !errors.Is(err, beacon.ErrInvalidName) {
+		t.Errorf("bad namespace: %v", err)
+	}
+	if _, _, err := r.RegisterWithTTL(ctx, inst(ns, "localhost"), time.Minute); !errors.Is(err, beacon.ErrInvalidAddress) {
+		t.Errorf("address without a port: %v", err)
+	}
+	// Uniqueness: a live ID cannot be taken, by a leased or a session
+	// registration; the failed attempt leaves no lease behind.
+	held, lease, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dup := inst(ns, "10.0.0.2:80")
+	dup.ID = held.ID
+	if _, _, err := r.RegisterWithTTL(ctx, dup, time.Minute); !errors.Is(err, beacon.ErrAlreadyRegistered) {
+		t.Errorf("duplicate ID: %v", err)
+	}
+	if _, err := r.Register(ctx, dup); !errors.Is(err, beacon.ErrAlreadyRegistered) {
+		t.Errorf("duplicate ID through the session: %v", err)
+	}
+	if got, _ := r.Get(ctx, held.Ref()); got.Address != "10.0.0.1:80" {
+		t.Fatalf("held instance overwritten: %+v", got)
+	}
+	// Unknown IDs, wrong leases, the session's own lease.
+	unknown := beacon.Ref{Namespace: ns, Component: "api", Endpoint: "http", ID: beacon.NewID()}
+	if _, err := r.Heartbeat(ctx, unknown, lease.ID); !errors.Is(err, beacon.ErrNotFound) {
+		t.Errorf("heartbeat of an unknown ID: %v", err)
+	}
+	if err := r.DeregisterLeased(ctx, unknown, lease.ID); !errors.Is(err, beacon.ErrNotFound) {
+		t.Errorf("deregister of an unknown ID: %v", err)
+	}
+	other, err := r.GrantLease(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Heartbeat(ctx, held.Ref(), other.ID); !errors.Is(err, registry.ErrLeaseMismatch) {
+		t.Errorf("heartbeat with another lease: %v", err)
+	}
+	if err := r.DeregisterLeased(ctx, held.Ref(), other.ID); !errors.Is(err, registry.ErrLeaseMismatch) {
+		t.Errorf("deregister with another lease: %v", err)
+	}
+	if _, err := r.UpdateLeased(ctx, held.Ref(), lease.ID, func(i *beacon.Instance) { i.ID = beacon.NewID() }); !errors.Is(err, registry.ErrIdentityChanged) {
+		t.Errorf("update of the ID: %v", err)
+	}
+	if _, err := r.UpdateLeased(ctx, held.Ref(), lease.ID, func(i *beacon.Instance) { i.Address = "" }); !errors.Is(err, beacon.ErrInvalidAddress) {
+		t.Errorf("update to an empty address: %v", err)
+	}
+	if _, err := r.Heartbeat(ctx, beacon.Ref{Namespace: ns}, lease.ID); !errors.Is(err, beacon.ErrInvalid) {
+		t.Errorf("heartbeat of a malformed ref: %v", err)
+	}
+	if _, err := r.KeepAliveLease(ctx, store.NoLease); !errors.Is(err, beacon.ErrInvalid) {
+		t.Errorf("keep-alive of lease 0: %v", err)
+	}
+	sessionReg, err := r.Register(ctx, inst(ns, "10.0.0.5:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RevokeLease(ctx, r.Lease()); !errors.Is(err, registry.ErrLeaseMismatch) {
+		t.Errorf("revoking the session lease through the leased API: %v", err)
+	}
+	if _, err := r.Heartbeat(ctx, sessionReg.Instance().Ref(), r.Lease()); !errors.Is(err, registry.ErrLeaseMismatch) {
+		t.Errorf("heartbeat with the session lease: %v", err)
+	}
+	if _, _, err := r.RegisterLeased(ctx, inst(ns, "10.0.0.6:80"), lease.ID+1000); !errors.Is(err, beacon.ErrNotFound) {
+		t.Errorf("register with an unknown lease: %v", err)
+	}
+	list, _, err := r.List(ctx, beacon.Query{Namespace: ns})
+	if err != nil || len(list) != 2 {
+		t.Fatalf("after the bad input List has %d instances, %v; want the 2 good ones", len(list), err)
+	}
+}
