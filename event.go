@@ -1,5 +1,7 @@
 package beacon
 
+import "fmt"
+
 // EventType says what happened to an instance.
 type EventType uint8
 
@@ -29,6 +31,17 @@ func (t EventType) String() string {
 
 // MarshalText renders the type as added, updated or removed.
 func (t EventType) MarshalText() ([]byte, error) { return []byte(t.String()), nil }
+
+// UnmarshalText parses added, updated or removed.
+func (t *EventType) UnmarshalText(b []byte) error {
+	for _, c := range []EventType{Added, Updated, Removed} {
+		if string(b) == c.String() {
+			*t = c
+			return nil
+		}
+	}
+	return fmt.Errorf("beacon: unknown event type %q: want added, updated or removed", b)
+}
 
 // Event is one change to the set of instances a watcher follows.
 type Event struct {

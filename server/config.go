@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/backend"
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,6 +74,19 @@ type Config struct {
 	// Store, when set, is used instead of opening Backend (embedders and
 	// tests inject one). The server does not close it.
 	Store store.Store
+
+	// Registry configures the registry behind the HTTP API (key root,
+	// metadata limit); its Logger and Metrics are the server's.
+	Registry registry.Config
+
+	// V2BaseURL is the URL under which clients reach the v2 discovery
+	// service, without trailing slash; http://<HTTPAddr>/v2/discovery when
+	// empty (with 127.0.0.1 for an unspecified host). Tokens from /new are
+	// V2BaseURL/<token>.
+	V2BaseURL string
+	// V2TokenMaxAge is how long a v2 discovery token lives; the v2
+	// service's default (7 days) when zero.
+	V2TokenMaxAge time.Duration
 
 	// HTTPAddr is the HTTP API, metrics and health listener;
 	// DefaultHTTPAddr when empty.
@@ -189,6 +203,17 @@ func (c Config) Validate() error {
 	errs = append(errs, c.Discovery.validate(c)...)
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--http-addr %q: must be host:port, e.g. 127.0.0.1:9379", c.HTTPAddr))
+	}
+	if err := c.Registry.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.V2BaseURL != "" {
+		if u, err := url.Parse(c.V2BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.HasSuffix(c.V2BaseURL, "/") {
+			errs = append(errs, fmt.Errorf("--v2-base-url %q: want an http(s) URL without trailing slash, e.g. http://10.0.0.1:9379/v2/discovery", c.V2BaseURL))
+		}
+	}
+	if c.V2TokenMaxAge < 0 {
+		errs = append(errs, fmt.Errorf("--v2-token-ttl %v: must not be negative", c.V2TokenMaxAge))
 	}
 	if c.ShutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("shutdown timeout %v: must not be negative", c.ShutdownTimeout))

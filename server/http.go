@@ -2,13 +2,21 @@ package server
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"time"
 
+	"github.com/beaconplane/beacon/bootstrap"
+	v2 "github.com/beaconplane/beacon/bootstrap/v2"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/server/registryapi"
+	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // readyTimeout bounds the store round trip of /readyz.
@@ -16,7 +24,7 @@ const readyTimeout = 2 * time.Second
 
 // startHTTP builds the routes and serves them on the listener taken in
 // Start.
-func (s *Server) startHTTP() {
+func (s *Server) startHTTP() error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -24,7 +32,9 @@ func (s *Server) startHTTP() {
 	})
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{ErrorLog: slogErrorLog{s}}))
-	s.mountAPIs(mux)
+	if err := s.mountAPIs(mux); err != nil {
+		return err
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopHTTP = cancel
@@ -44,11 +54,85 @@ func (s *Server) startHTTP() {
 			s.fail(err)
 		}
 	}()
+	return nil
 }
 
-// mountAPIs adds the capability APIs (registry, bootstrap tokens, v2
-// discovery) that need the store.
-func (s *Server) mountAPIs(mux *http.ServeMux) {}
+//go:embed openapi.json
+var openAPI []byte
+
+// mountAPIs adds the capability APIs that need the store: the registry
+// API, the OpenAPI document, and the bootstrap APIs (discovery.go).
+func (s *Server) mountAPIs(mux *http.ServeMux) error {
+	rcfg := s.cfg.Registry
+	rcfg.Logger, rcfg.Metrics = s.log, s.reg
+	reg, err := registry.New(s.store, rcfg)
+	if err != nil {
+		return fmt.Errorf("registry: %w", err)
+	}
+	s.registry = reg
+	api, err := registryapi.New(reg, registryapi.Options{Logger: s.log, Metrics: s.reg})
+	if err != nil {
+		return fmt.Errorf("registry API: %w", err)
+	}
+	for _, p := range registryapi.Routes() {
+		mux.Handle(p, api)
+	}
+	mux.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(openAPI)
+	})
+	if cli := s.etcdClient(); cli != nil {
+		tokens := bootstrap.NewHandler(cli, s.clientEndpoints(), s.log)
+		mux.Handle(bootstrap.TokenPath, tokens)
+		mux.Handle(bootstrap.TokenPath+"/", tokens)
+	}
+	base := s.cfg.V2BaseURL
+	if base == "" {
+		base = "http://" + loopbackIfUnspecified(s.httpLn.Addr().String()) + V2Path
+	}
+	v2svc, err := v2.New(v2.Config{Store: s.store, BaseURL: base, MaxAge: s.cfg.V2TokenMaxAge, Logger: s.log})
+	if err != nil {
+		return fmt.Errorf("v2 discovery: %w", err)
+	}
+	s.v2 = v2svc
+	mux.Handle(V2Path+"/", http.StripPrefix(V2Path, v2svc))
+	return nil
+}
+
+// V2Path is where the discovery.etcd.io-compatible v2 service is mounted.
+const V2Path = "/v2/discovery"
+
+// etcdClient returns a client of the etcd the server runs or fronts (nil
+// for other backends).
+func (s *Server) etcdClient() *clientv3.Client {
+	if s.client != nil {
+		return s.client
+	}
+	if es, ok := s.store.(*etcdstore.Store); ok {
+		return es.Client()
+	}
+	return nil
+}
+
+// clientEndpoints are the etcd client URLs members and clients should use.
+func (s *Server) clientEndpoints() []string {
+	if s.etcd != nil {
+		return s.cfg.AdvertiseClientURLs
+	}
+	return s.cfg.EtcdEndpoints
+}
+
+// loopbackIfUnspecified turns 0.0.0.0:port / [::]:port into 127.0.0.1:port.
+func loopbackIfUnspecified(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
+}
 
 type readiness struct {
 	Status string            `json:"status"`

@@ -16,7 +16,9 @@ import (
 	"syscall"
 	"time"
 
+	v2 "github.com/beaconplane/beacon/bootstrap/v2"
 	"github.com/beaconplane/beacon/internal/zapslog"
+	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/backend"
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,6 +47,8 @@ type Server struct {
 	store     store.Store
 	ownsStore bool
 	httpLn    net.Listener
+	registry  *registry.StoreRegistry
+	v2        *v2.Service
 	httpSrv   *http.Server
 	stopHTTP  context.CancelFunc // ends long-lived HTTP streams (SSE)
 	wg        sync.WaitGroup
@@ -123,8 +127,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		}
 		s.store, s.ownsStore = st, true
 	}
-	s.startHTTP()
-	return nil
+	return s.startHTTP()
 }
 
 // Run starts the server, serves until ctx is done or a component fails,
@@ -171,6 +174,14 @@ func (s *Server) Close() error {
 			_ = ln.Close()
 		}
 		s.boot.close()
+		if s.v2 != nil {
+			_ = s.v2.Close()
+		}
+		if s.registry != nil {
+			if err := s.registry.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close registry: %w", err))
+			}
+		}
 		if s.ownsStore && s.store != nil {
 			if err := s.store.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close store: %w", err))
@@ -187,6 +198,9 @@ func (s *Server) Close() error {
 	})
 	return s.closeErr
 }
+
+// Registry returns the registry behind the HTTP API (nil before Start).
+func (s *Server) Registry() *registry.StoreRegistry { return s.registry }
 
 // Store returns the store behind the API (nil before Start).
 func (s *Server) Store() store.Store { return s.store }

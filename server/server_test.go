@@ -277,3 +277,81 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenAPIDescribesServedRoutes checks every operation of the OpenAPI
+// document against the running server: none may hit the mux's "no route"
+// or "method not allowed".
+func TestOpenAPIDescribesServedRoutes(t *testing.T) {
+	s := startServer(t, testConfig(t))
+	base := s.Endpoints().HTTP
+	code, body := get(t, base+"/v1/openapi.json")
+	if code != 200 {
+		t.Fatalf("/v1/openapi.json = %d", code)
+	}
+	var doc struct {
+		OpenAPI string                                `json:"openapi"`
+		Paths   map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	if err := json.Unmarshal([]byte(body), &doc); err != nil || doc.OpenAPI == "" || len(doc.Paths) < 5 {
+		t.Fatalf("OpenAPI document: %v (%d paths)", err, len(doc.Paths))
+	}
+	fill := strings.NewReplacer("{namespace}", "prod", "{component}", "api", "{endpoint}", "http",
+		"{id}", "00000000000000a1", "{token}", "no-such-token")
+	for path, ops := range doc.Paths {
+		for method := range ops {
+			if method == "parameters" {
+				continue
+			}
+			req, err := http.NewRequest(strings.ToUpper(method), base+fill.Replace(path), strings.NewReader("{}"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+			if err != nil {
+				cancel()
+				t.Fatalf("%s %s: %v", method, path, err)
+			}
+			b := make([]byte, 512)
+			n, _ := io.ReadFull(resp.Body, b)
+			resp.Body.Close()
+			cancel()
+			if resp.StatusCode == http.StatusMethodNotAllowed || (resp.StatusCode == 404 && strings.HasPrefix(string(b[:n]), "404 page not found")) {
+				t.Errorf("%s %s is documented but not served (%d %q)", method, path, resp.StatusCode, b[:n])
+			}
+		}
+	}
+}
+
+func TestRegistryAPIOverEmbeddedEtcd(t *testing.T) {
+	s := startServer(t, testConfig(t))
+	base := s.Endpoints().HTTP
+	resp, err := http.Post(base+"/v1/registry/instances", "application/json",
+		strings.NewReader(`{"namespace":"prod","component":"api","endpoint":"http","id":"00000000000000a1","address":"10.0.0.1:80","ttl":"20s"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 201 {
+		t.Fatalf("register: %d %s", resp.StatusCode, b)
+	}
+	// Any etcd client sees the instance at its documented key, bound to a
+	// lease of the requested TTL.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: s.Endpoints().ClientURLs, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	gr, err := cli.Get(ctx, "/services/prod/api/http/00000000000000a1")
+	if err != nil || len(gr.Kvs) != 1 || !strings.Contains(string(gr.Kvs[0].Value), `"address":"10.0.0.1:80"`) {
+		t.Fatalf("etcd Get: %v %v", gr, err)
+	}
+	ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(gr.Kvs[0].Lease))
+	if err != nil || ttl.GrantedTTL != 20 {
+		t.Fatalf("lease: %+v %v", ttl, err)
+	}
+}

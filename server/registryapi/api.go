@@ -1,0 +1,468 @@
+// Package registryapi is the HTTP API of Beacon's service registry, served by
+// `beacon serve` for clients that do not speak Go: register an instance
+// with a TTL, heartbeat, update, deregister, list with filters, and watch as
+// Server-Sent Events resumable with Last-Event-ID.
+//
+// Every HTTP registration gets its own lease: the instance disappears when
+// its client stops heartbeating for one TTL, exactly like a Go worker's.
+// Errors are JSON bodies {"code": "...", "message": "..."}; the server
+// serves the OpenAPI document of the whole API at /v1/openapi.json. docs/registry.md describes the
+// API with examples.
+package registryapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Paths of the API.
+const (
+	InstancesPath = "/v1/registry/instances"
+	WatchPath     = "/v1/registry/watch"
+)
+
+// maxBody bounds request bodies: an instance with the largest metadata
+// fits many times over.
+const maxBody = 64 << 10
+
+// Options configure the API. The zero value is usable.
+type Options struct {
+	// Logger receives one line per registration and deregistration and
+	// every internal error; nil discards.
+	Logger *slog.Logger
+	// Metrics registers the API's collectors; nil means none.
+	Metrics prometheus.Registerer
+	// KeepAliveInterval is how often an idle watch stream sends an SSE
+	// comment so that proxies keep it open; 15 s when zero.
+	KeepAliveInterval time.Duration
+}
+
+// Handler serves the API. Create it with New.
+type Handler struct {
+	reg       *registry.StoreRegistry
+	log       *slog.Logger
+	mux       *http.ServeMux
+	keepAlive time.Duration
+	m         *metrics
+}
+
+// New returns the API over reg.
+func New(reg *registry.StoreRegistry, opts Options) (*Handler, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.KeepAliveInterval == 0 {
+		opts.KeepAliveInterval = 15 * time.Second
+	}
+	m, err := newMetrics(opts.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	h := &Handler{reg: reg, log: opts.Logger.With("component", "registry-api"), keepAlive: opts.KeepAliveInterval, m: m}
+	mux := http.NewServeMux()
+	h.handle(mux, "POST "+InstancesPath, h.register)
+	h.handle(mux, "GET "+InstancesPath, h.list)
+	one := InstancesPath + "/{namespace}/{component}/{endpoint}/{id}"
+	h.handle(mux, "GET "+one, h.get)
+	h.handle(mux, "PATCH "+one, h.update)
+	h.handle(mux, "DELETE "+one, h.deregister)
+	h.handle(mux, "POST "+one+"/heartbeat", h.heartbeat)
+	h.handle(mux, "GET "+WatchPath, h.watch)
+	for _, p := range []string{InstancesPath, one, one + "/heartbeat", WatchPath} {
+		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+				fmt.Sprintf("%s is not allowed on %s; see /v1/openapi.json", r.Method, r.URL.Path))
+		})
+	}
+	h.mux = mux
+	return h, nil
+}
+
+// Routes lists the patterns the handler serves, for mounting.
+func Routes() []string {
+	return []string{InstancesPath, InstancesPath + "/", WatchPath}
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// handle registers fn under pattern, counting requests by route and code.
+func (h *Handler) handle(mux *http.ServeMux, pattern string, fn http.HandlerFunc) {
+	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+		fn(rec, r)
+		h.m.request(pattern, rec.code)
+	})
+}
+
+// RegisterRequest is the body of POST /v1/registry/instances.
+type RegisterRequest struct {
+	Namespace string            `json:"namespace"`
+	Component string            `json:"component"`
+	Endpoint  string            `json:"endpoint"`
+	ID        string            `json:"id,omitempty"`
+	Address   string            `json:"address"`
+	Transport string            `json:"transport,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	// TTL is the lease TTL: a duration string ("15s") or a number of
+	// seconds; 10 s when absent. It must be within [1 s, 1 h].
+	TTL TTL `json:"ttl,omitempty"`
+}
+
+// RegisterResponse is the answer to a registration.
+type RegisterResponse struct {
+	Instance beacon.Instance `json:"instance"`
+	// Lease is the lease ID, in hex, to present on heartbeat, update and
+	// deregister.
+	Lease string `json:"lease"`
+	// TTLSeconds is the granted TTL: heartbeat well within it (every
+	// third of it is the usual cadence).
+	TTLSeconds float64 `json:"ttl_seconds"`
+}
+
+// LeaseRequest is the body of a heartbeat.
+type LeaseRequest struct {
+	Lease string `json:"lease"`
+}
+
+// HeartbeatResponse is the answer to a heartbeat.
+type HeartbeatResponse struct {
+	TTLSeconds float64 `json:"ttl_seconds"`
+}
+
+// UpdateRequest is the body of PATCH on an instance: the fields to change.
+type UpdateRequest struct {
+	Lease     string             `json:"lease"`
+	Address   *string            `json:"address,omitempty"`
+	Transport *string            `json:"transport,omitempty"`
+	Metadata  *map[string]string `json:"metadata,omitempty"`
+	Status    *beacon.Status     `json:"status,omitempty"`
+}
+
+// ListResponse is the answer to GET /v1/registry/instances.
+type ListResponse struct {
+	Revision  int64             `json:"revision"`
+	Instances []beacon.Instance `json:"instances"`
+}
+
+// TTL is a lease TTL in JSON: "15s" or 15.
+type TTL time.Duration
+
+// UnmarshalJSON accepts a duration string or a number of seconds.
+func (t *TTL) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		d, err := registry.ParseTTL(s)
+		if err != nil {
+			return fmt.Errorf("ttl: %w", err)
+		}
+		*t = TTL(d)
+		return nil
+	}
+	var n float64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf(`ttl: %w: want a duration like "15s" or a number of seconds`, registry.ErrInvalidTTL)
+	}
+	d := time.Duration(n * float64(time.Second))
+	if err := registry.ValidateTTL(d); err != nil {
+		return fmt.Errorf("ttl: %w", err)
+	}
+	*t = TTL(d)
+	return nil
+}
+
+func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
+	var req RegisterRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	ttl := time.Duration(req.TTL)
+	if ttl == 0 {
+		ttl = registry.DefaultLeaseTTL
+	}
+	in := beacon.Instance{
+		Namespace: req.Namespace, Component: req.Component, Endpoint: req.Endpoint, ID: req.ID,
+		Address: req.Address, Transport: req.Transport, Metadata: req.Metadata,
+	}
+	out, lease, err := h.reg.RegisterWithTTL(r.Context(), in, ttl)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.log.Info("registered", "instance", out.Ref().String(), "address", out.Address, "lease", formatLease(lease.ID), "ttl", lease.TTL)
+	writeJSON(w, http.StatusCreated, RegisterResponse{Instance: out, Lease: formatLease(lease.ID), TTLSeconds: lease.TTL.Seconds()})
+}
+
+func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
+	ref, ok := pathRef(w, r)
+	if !ok {
+		return
+	}
+	var req LeaseRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	lease, ok := parseLease(w, req.Lease)
+	if !ok {
+		return
+	}
+	ttl, err := h.reg.Heartbeat(r.Context(), ref, lease)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, HeartbeatResponse{TTLSeconds: ttl.Seconds()})
+}
+
+func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
+	ref, ok := pathRef(w, r)
+	if !ok {
+		return
+	}
+	var req UpdateRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	lease, ok := parseLease(w, req.Lease)
+	if !ok {
+		return
+	}
+	out, err := h.reg.UpdateLeased(r.Context(), ref, lease, func(in *beacon.Instance) {
+		if req.Address != nil {
+			in.Address = *req.Address
+		}
+		if req.Transport != nil {
+			in.Transport = *req.Transport
+		}
+		if req.Metadata != nil {
+			in.Metadata = *req.Metadata
+		}
+		if req.Status != nil {
+			in.Status = *req.Status
+		}
+	})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *Handler) deregister(w http.ResponseWriter, r *http.Request) {
+	ref, ok := pathRef(w, r)
+	if !ok {
+		return
+	}
+	lease, ok := parseLease(w, r.URL.Query().Get("lease"))
+	if !ok {
+		return
+	}
+	if err := h.reg.DeregisterLeased(r.Context(), ref, lease); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	// The lease was this client's alone: end it too.
+	if err := h.reg.RevokeLease(r.Context(), lease); err != nil && !errors.Is(err, beacon.ErrNotFound) {
+		h.log.Warn("revoking the lease of a deregistered instance failed; it expires by itself", "lease", formatLease(lease), "err", err)
+	}
+	h.log.Info("deregistered", "instance", ref.String())
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
+	ref, ok := pathRef(w, r)
+	if !ok {
+		return
+	}
+	in, err := h.reg.Get(r.Context(), ref)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, in)
+}
+
+func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
+	q, ok := query(w, r)
+	if !ok {
+		return
+	}
+	ins, rev, err := h.reg.List(r.Context(), q)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if status := r.URL.Query().Get("status"); status != "" {
+		if status != string(beacon.StatusServing) && status != string(beacon.StatusDraining) {
+			writeError(w, http.StatusBadRequest, "invalid_argument", fmt.Sprintf("status %q: must be serving or draining", status))
+			return
+		}
+		kept := ins[:0]
+		for _, in := range ins {
+			if string(in.Status) == status {
+				kept = append(kept, in)
+			}
+		}
+		ins = kept
+	}
+	if ins == nil {
+		ins = []beacon.Instance{}
+	}
+	writeJSON(w, http.StatusOK, ListResponse{Revision: rev, Instances: ins})
+}
+
+// query reads the namespace/component/endpoint filters.
+func query(w http.ResponseWriter, r *http.Request) (beacon.Query, bool) {
+	v := r.URL.Query()
+	for k := range v {
+		switch k {
+		case "namespace", "component", "endpoint", "status", "since":
+		default:
+			writeError(w, http.StatusBadRequest, "invalid_argument",
+				fmt.Sprintf("unknown query parameter %q; filters are namespace, component, endpoint and status", k))
+			return beacon.Query{}, false
+		}
+	}
+	q := beacon.Query{Namespace: v.Get("namespace"), Component: v.Get("component"), Endpoint: v.Get("endpoint")}
+	if err := q.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
+		return beacon.Query{}, false
+	}
+	return q, true
+}
+
+func pathRef(w http.ResponseWriter, r *http.Request) (beacon.Ref, bool) {
+	ref := beacon.Ref{
+		Namespace: r.PathValue("namespace"), Component: r.PathValue("component"),
+		Endpoint: r.PathValue("endpoint"), ID: r.PathValue("id"),
+	}
+	if err := ref.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
+		return beacon.Ref{}, false
+	}
+	return ref, true
+}
+
+func formatLease(id store.LeaseID) string { return strconv.FormatUint(uint64(id), 16) }
+
+// ParseLease parses a lease ID as the API renders it (hex).
+func ParseLease(s string) (store.LeaseID, error) {
+	n, err := strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, 64)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("lease %q: want the hex lease ID returned at registration", s)
+	}
+	return store.LeaseID(n), nil
+}
+
+func parseLease(w http.ResponseWriter, s string) (store.LeaseID, bool) {
+	if s == "" {
+		writeError(w, http.StatusBadRequest, "invalid_argument", "lease is required: the hex lease ID returned at registration")
+		return 0, false
+	}
+	id, err := ParseLease(s)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
+		return 0, false
+	}
+	return id, true
+}
+
+// decode reads a JSON body strictly: bounded, one object, no unknown
+// fields.
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		writeError(w, http.StatusUnsupportedMediaType, "invalid_argument", fmt.Sprintf("Content-Type %q: send application/json", ct))
+		return false
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		switch {
+		case errors.As(err, &mbe):
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_argument", fmt.Sprintf("body larger than %d bytes", maxBody))
+		case errors.Is(err, io.EOF):
+			writeError(w, http.StatusBadRequest, "invalid_argument", "empty body: send a JSON object")
+		case errors.Is(err, registry.ErrInvalidTTL):
+			writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
+		default:
+			writeError(w, http.StatusBadRequest, "invalid_argument", "malformed JSON body: "+err.Error())
+		}
+		return false
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "invalid_argument", "malformed JSON body: more than one JSON value")
+		return false
+	}
+	return true
+}
+
+// ErrorResponse is the body of every error.
+type ErrorResponse struct {
+	// Code is invalid_argument, not_found, already_registered,
+	// lease_mismatch, method_not_allowed, unavailable or internal.
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// fail maps a registry error to a status and code.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, beacon.ErrInvalid), errors.Is(err, registry.ErrInvalidTTL), errors.Is(err, registry.ErrIdentityChanged):
+		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
+	case errors.Is(err, beacon.ErrAlreadyRegistered):
+		writeError(w, http.StatusConflict, "already_registered", err.Error())
+	case errors.Is(err, registry.ErrLeaseMismatch):
+		writeError(w, http.StatusConflict, "lease_mismatch", err.Error())
+	case errors.Is(err, beacon.ErrNotFound), errors.Is(err, store.ErrNotFound):
+		writeError(w, http.StatusNotFound, "not_found", err.Error())
+	case errors.Is(err, store.ErrUnavailable), errors.Is(err, registry.ErrClosed), errors.Is(err, store.ErrClosed):
+		writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+	case r.Context().Err() != nil:
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "request ended: "+err.Error())
+	default:
+		h.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+	}
+}
+
+func writeError(w http.ResponseWriter, code int, kind, msg string) {
+	writeJSON(w, code, ErrorResponse{Code: kind, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.code = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// Flush lets SSE streams flush through the recorder.
+func (s *statusRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the real writer.
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }

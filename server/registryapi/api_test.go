@@ -1,0 +1,405 @@
+package registryapi
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store/memory"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newAPI serves the API over a registry on a memory store, on a real HTTP
+// server on loopback.
+func newAPI(t *testing.T) (*httptest.Server, *registry.StoreRegistry) {
+	t.Helper()
+	st := memory.New(memory.Options{})
+	reg, err := registry.New(st, registry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := New(reg, Options{KeepAliveInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+		_ = reg.Close()
+		_ = st.Close()
+	})
+	return srv, reg
+}
+
+type reply struct {
+	code int
+	body []byte
+}
+
+func (r reply) decode(t *testing.T, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.body, v); err != nil {
+		t.Fatalf("decode %s: %v", r.body, err)
+	}
+}
+
+// wantError checks an error reply's status and code.
+func (r reply) wantError(t *testing.T, status int, code string) ErrorResponse {
+	t.Helper()
+	var e ErrorResponse
+	if r.code != status {
+		t.Fatalf("status %d, want %d: %s", r.code, status, r.body)
+	}
+	r.decode(t, &e)
+	if e.Code != code || e.Message == "" {
+		t.Fatalf("error %+v, want code %q and a message", e, code)
+	}
+	return e
+}
+
+func do(t *testing.T, method, url, body string) reply {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply{resp.StatusCode, b}
+}
+
+func register(t *testing.T, base, body string) RegisterResponse {
+	t.Helper()
+	r := do(t, "POST", base+InstancesPath, body)
+	if r.code != http.StatusCreated {
+		t.Fatalf("register: %d %s", r.code, r.body)
+	}
+	var out RegisterResponse
+	r.decode(t, &out)
+	return out
+}
+
+func instanceURL(base string, in beacon.Instance) string {
+	return base + InstancesPath + "/" + in.Ref().String()
+}
+
+func TestRegisterListGetHeartbeatUpdateDeregister(t *testing.T) {
+	srv, _ := newAPI(t)
+	base := srv.URL
+	reg := register(t, base, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80","metadata":{"zone":"a"},"ttl":"30s"}`)
+	if beacon.ValidateID(reg.Instance.ID) != nil || reg.Lease == "" || reg.TTLSeconds != 30 || reg.Instance.Status != beacon.StatusServing {
+		t.Fatalf("registration: %+v", reg)
+	}
+
+	var list ListResponse
+	do(t, "GET", base+InstancesPath+"?namespace=prod&component=api", "").decode(t, &list)
+	if len(list.Instances) != 1 || list.Instances[0].ID != reg.Instance.ID || list.Revision == 0 {
+		t.Fatalf("list: %+v", list)
+	}
+	do(t, "GET", base+InstancesPath+"?namespace=other", "").decode(t, &list)
+	if len(list.Instances) != 0 || list.Instances == nil {
+		t.Fatalf("list of another namespace: %+v", list)
+	}
+
+	var got beacon.Instance
+	do(t, "GET", instanceURL(base, reg.Instance), "").decode(t, &got)
+	if !got.Equal(reg.Instance) {
+		t.Fatalf("get: %+v, want %+v", got, reg.Instance)
+	}
+
+	hb := do(t, "POST", instanceURL(base, reg.Instance)+"/heartbeat", fmt.Sprintf(`{"lease":%q}`, reg.Lease))
+	if hb.code != 200 || !strings.Contains(string(hb.body), `"ttl_seconds":30`) {
+		t.Fatalf("heartbeat: %d %s", hb.code, hb.body)
+	}
+
+	up := do(t, "PATCH", instanceURL(base, reg.Instance), fmt.Sprintf(`{"lease":%q,"address":"10.0.0.2:80","status":"draining"}`, reg.Lease))
+	if up.code != 200 {
+		t.Fatalf("update: %d %s", up.code, up.body)
+	}
+	up.decode(t, &got)
+	if got.Address != "10.0.0.2:80" || got.Status != beacon.StatusDraining || got.Metadata["zone"] != "a" {
+		t.Fatalf("updated: %+v", got)
+	}
+	do(t, "GET", base+InstancesPath+"?status=serving", "").decode(t, &list)
+	if len(list.Instances) != 0 {
+		t.Fatalf("status=serving lists a draining instance: %+v", list)
+	}
+
+	if r := do(t, "DELETE", instanceURL(base, reg.Instance)+"?lease="+reg.Lease, ""); r.code != http.StatusNoContent {
+		t.Fatalf("deregister: %d %s", r.code, r.body)
+	}
+	do(t, "GET", instanceURL(base, reg.Instance), "").wantError(t, 404, "not_found")
+	do(t, "DELETE", instanceURL(base, reg.Instance)+"?lease="+reg.Lease, "").wantError(t, 404, "not_found")
+	// The lease ended with the deregistration: heartbeats are refused.
+	do(t, "POST", instanceURL(base, reg.Instance)+"/heartbeat", fmt.Sprintf(`{"lease":%q}`, reg.Lease)).wantError(t, 404, "not_found")
+}
+
+func TestBadInput(t *testing.T) {
+	srv, _ := newAPI(t)
+	base := srv.URL
+	good := register(t, base, `{"namespace":"prod","component":"api","endpoint":"http","id":"00000000000000a1","address":"10.0.0.1:80"}`)
+	tests := []struct {
+		name, method, path, body string
+		status                   int
+		code, mention            string
+	}{
+		{"bad namespace", "POST", InstancesPath, `{"namespace":"Prod","component":"api","endpoint":"http","address":"h:1"}`, 400, "invalid_argument", "namespace"},
+		{"bad address", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"nowhere"}`, 400, "invalid_argument", "address"},
+		{"metadata over 4 KiB", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","metadata":{"k":"` + strings.Repeat("v", 4096) + `"}}`, 400, "invalid_argument", "metadata"},
+		{"ttl too short", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":"500ms"}`, 400, "invalid_argument", "ttl"},
+		{"ttl too long", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":7200}`, 400, "invalid_argument", "ttl"},
+		{"ttl garbage", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":"soon"}`, 400, "invalid_argument", "ttl"},
+		{"malformed JSON", "POST", InstancesPath, `{"namespace":`, 400, "invalid_argument", "malformed JSON"},
+		{"unknown field", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","adress":"x"}`, 400, "invalid_argument", "adress"},
+		{"two objects", "POST", InstancesPath, `{} {}`, 400, "invalid_argument", "more than one"},
+		{"duplicate id", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","id":"00000000000000a1","address":"h:2"}`, 409, "already_registered", "00000000000000a1"},
+		{"bad filter", "GET", InstancesPath + "?component=api", "", 400, "invalid_argument", "namespace"},
+		{"unknown filter", "GET", InstancesPath + "?nmespace=prod", "", 400, "invalid_argument", "nmespace"},
+		{"bad status filter", "GET", InstancesPath + "?status=up", "", 400, "invalid_argument", "status"},
+		{"heartbeat unknown id", "POST", InstancesPath + "/prod/api/http/00000000000000ff/heartbeat", `{"lease":"` + good.Lease + `"}`, 404, "not_found", "00000000000000ff"},
+		{"heartbeat bad id", "POST", InstancesPath + "/prod/api/http/xyz/heartbeat", `{"lease":"1"}`, 400, "invalid_argument", "instance id"},
+		{"heartbeat no lease", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{}`, 400, "invalid_argument", "lease"},
+		{"heartbeat bad lease", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{"lease":"zz"}`, 400, "invalid_argument", "lease"},
+		{"heartbeat other lease", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{"lease":"7777"}`, 409, "lease_mismatch", "lease"},
+		{"deregister unknown", "DELETE", InstancesPath + "/prod/api/http/00000000000000ff?lease=" + good.Lease, "", 404, "not_found", "00000000000000ff"},
+		{"update bad address", "PATCH", InstancesPath + "/prod/api/http/00000000000000a1", `{"lease":"` + good.Lease + `","address":"x"}`, 400, "invalid_argument", "address"},
+		{"method", "PUT", InstancesPath, `{}`, 405, "method_not_allowed", "PUT"},
+		{"watch bad since", "GET", WatchPath + "?since=yesterday", "", 400, "invalid_argument", "revision"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := do(t, tt.method, base+tt.path, tt.body).wantError(t, tt.status, tt.code)
+			if !strings.Contains(e.Message, tt.mention) {
+				t.Fatalf("message %q does not mention %q", e.Message, tt.mention)
+			}
+		})
+	}
+	// Nothing was half-written: only the good registration exists.
+	var list ListResponse
+	do(t, "GET", base+InstancesPath, "").decode(t, &list)
+	if len(list.Instances) != 1 || list.Instances[0].Address != "10.0.0.1:80" {
+		t.Fatalf("after bad input: %+v", list)
+	}
+	if r := do(t, "POST", base+InstancesPath, ""); r.code != 400 {
+		t.Fatalf("empty body: %d", r.code)
+	}
+	req, _ := http.NewRequest("POST", base+InstancesPath, strings.NewReader("namespace=x"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnsupportedMediaType {
+		t.Fatalf("form body: %d", resp.StatusCode)
+	}
+}
+
+// sse reads Server-Sent Events from a watch stream.
+type sse struct {
+	resp *http.Response
+	sc   *bufio.Scanner
+}
+
+type sseEvent struct{ event, id, data string }
+
+func openWatch(t *testing.T, url string, lastID string) *sse {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		cancel()
+		t.Fatalf("watch: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	t.Cleanup(func() { cancel(); resp.Body.Close() })
+	return &sse{resp: resp, sc: bufio.NewScanner(resp.Body)}
+}
+
+// next returns the next event (skipping comments and the retry field),
+// failing after the deadline.
+func (s *sse) next(t *testing.T) sseEvent {
+	t.Helper()
+	type result struct {
+		ev  sseEvent
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		var ev sseEvent
+		for s.sc.Scan() {
+			line := s.sc.Text()
+			switch {
+			case line == "":
+				if ev.event != "" {
+					ch <- result{ev: ev}
+					return
+				}
+			case strings.HasPrefix(line, "event: "):
+				ev.event = strings.TrimPrefix(line, "event: ")
+			case strings.HasPrefix(line, "id: "):
+				ev.id = strings.TrimPrefix(line, "id: ")
+			case strings.HasPrefix(line, "data: "):
+				ev.data = strings.TrimPrefix(line, "data: ")
+			}
+		}
+		ch <- result{err: fmt.Errorf("stream ended: %v", s.sc.Err())}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		return r.ev
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event within 10s")
+		return sseEvent{}
+	}
+}
+
+func TestWatchStreamAndResume(t *testing.T) {
+	srv, _ := newAPI(t)
+	base := srv.URL
+	first := register(t, base, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80"}`)
+
+	w := openWatch(t, base+WatchPath+"?namespace=prod", "")
+	snap := w.next(t)
+	var sm SnapshotMessage
+	if err := json.Unmarshal([]byte(snap.data), &sm); err != nil || snap.event != "snapshot" || len(sm.Instances) != 1 || snap.id != fmt.Sprint(sm.Revision) {
+		t.Fatalf("snapshot: %+v (%v)", snap, err)
+	}
+
+	second := register(t, base, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.2:80"}`)
+	added := w.next(t)
+	var em EventMessage
+	if err := json.Unmarshal([]byte(added.data), &em); err != nil || added.event != "added" || em.Instance.ID != second.Instance.ID || added.id == "" {
+		t.Fatalf("added: %+v (%v)", added, err)
+	}
+	// Another namespace is not in this stream.
+	register(t, base, `{"namespace":"dev","component":"api","endpoint":"http","address":"10.0.0.3:80"}`)
+	do(t, "PATCH", instanceURL(base, first.Instance), fmt.Sprintf(`{"lease":%q,"address":"10.0.0.9:80"}`, first.Lease))
+	updated := w.next(t)
+	if err := json.Unmarshal([]byte(updated.data), &em); err != nil || updated.event != "updated" || em.Instance.Address != "10.0.0.9:80" {
+		t.Fatalf("updated: %+v (%v)", updated, err)
+	}
+	resumeFrom := updated.id
+
+	// Changes while disconnected are delivered on resume, and nothing
+	// from before.
+	do(t, "DELETE", instanceURL(base, second.Instance)+"?lease="+second.Lease, "")
+	w2 := openWatch(t, base+WatchPath+"?namespace=prod", resumeFrom)
+	removed := w2.next(t)
+	if err := json.Unmarshal([]byte(removed.data), &em); err != nil || removed.event != "removed" || em.Instance.ID != second.Instance.ID {
+		t.Fatalf("resumed stream: %+v (%v)", removed, err)
+	}
+	// A resume with nothing new says it is in sync.
+	w3 := openWatch(t, base+WatchPath+"?namespace=prod&since="+removed.id, "")
+	if ev := w3.next(t); ev.event != "synced" || ev.id != removed.id {
+		t.Fatalf("resume with nothing new: %+v", ev)
+	}
+}
+
+func TestLeaseExpiryRemovesHTTPRegistration(t *testing.T) {
+	srv, _ := newAPI(t)
+	base := srv.URL
+	w := openWatch(t, base+WatchPath, "")
+	if ev := w.next(t); ev.event != "snapshot" {
+		t.Fatalf("first event %+v", ev)
+	}
+	reg := register(t, base, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80","ttl":1}`)
+	if ev := w.next(t); ev.event != "added" {
+		t.Fatalf("want added, got %+v", ev)
+	}
+	// No heartbeat: the instance goes when its lease expires.
+	start := time.Now()
+	ev := w.next(t)
+	if ev.event != "removed" || !strings.Contains(ev.data, reg.Instance.ID) {
+		t.Fatalf("want removed, got %+v", ev)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("removal took %v for a 1 s TTL", took)
+	}
+}
+
+func TestTTLJSON(t *testing.T) {
+	for in, want := range map[string]time.Duration{`"15s"`: 15 * time.Second, `15`: 15 * time.Second, `"1m"`: time.Minute, `1.5`: 1500 * time.Millisecond} {
+		var ttl TTL
+		if err := json.Unmarshal([]byte(in), &ttl); err != nil || time.Duration(ttl) != want {
+			t.Errorf("TTL %s = %v, %v", in, time.Duration(ttl), err)
+		}
+	}
+	for _, in := range []string{`"0s"`, `0`, `-1`, `"2h"`, `true`, `"x"`} {
+		var ttl TTL
+		if err := json.Unmarshal([]byte(in), &ttl); err == nil {
+			t.Errorf("TTL %s accepted as %v", in, time.Duration(ttl))
+		}
+	}
+}
+
+func FuzzRegisterBody(f *testing.F) {
+	f.Add([]byte(`{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80","ttl":"10s"}`))
+	f.Add([]byte(`{"namespace":"prod","ttl":1e309}`))
+	f.Add([]byte(`{"metadata":{"a":"b"},"ttl":-5}`))
+	st := memory.New(memory.Options{})
+	reg, err := registry.New(st, registry.Config{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer st.Close()
+	defer reg.Close()
+	h, err := New(reg, Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req := httptest.NewRequest("POST", InstancesPath, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		switch rec.Code {
+		case 201, 400, 409, 413:
+		default:
+			t.Fatalf("status %d for %q: %s", rec.Code, body, rec.Body)
+		}
+		if rec.Code != 201 {
+			var e ErrorResponse
+			if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Code == "" {
+				t.Fatalf("error body %q for %q", rec.Body, body)
+			}
+		}
+	})
+}
