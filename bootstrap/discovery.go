@@ -43,6 +43,9 @@ func (p Progress) String() string {
 		return fmt.Sprintf("discovery service unreachable (attempt %d): %v; retrying in %v",
 			p.Attempt, p.Err, p.RetryIn.Round(time.Millisecond))
 	}
+	if len(p.Members) == 0 {
+		return fmt.Sprintf("0 of %d members registered", p.Size)
+	}
 	names := make([]string, len(p.Members))
 	for i, m := range p.Members {
 		names[i] = m.Name

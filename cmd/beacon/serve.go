@@ -79,6 +79,7 @@ BEACON_LOG_LEVEL.`,
 	f.StringVar(&etcdLogLevel, "etcd-log-level", "warn", "lowest level of embedded etcd's logs to show")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "graceful shutdown bound")
 	etcdAuth = addBackendFlags(cmd, "etcd-")
+	addDiscoveryFlags(cmd, &cfg.Discovery) // serve_discovery.go
 	f.StringVar(&etcdAuth.backend, "backend", backend.FromEnv().BackendName(), "store backend: etcd, memory, file or nats (env "+backend.EnvVar+")")
 	return cmd
 }
