@@ -119,9 +119,13 @@ func inst(id, addr string, md map[string]string) beacon.Instance {
 	}
 }
 
-func added(in beacon.Instance) beacon.Event   { return beacon.Event{Type: beacon.Added, Instance: in} }
-func updated(in beacon.Instance) beacon.Event { return beacon.Event{Type: beacon.Updated, Instance: in} }
-func removed(in beacon.Instance) beacon.Event { return beacon.Event{Type: beacon.Removed, Instance: in} }
+func added(in beacon.Instance) beacon.Event { return beacon.Event{Type: beacon.Added, Instance: in} }
+func updated(in beacon.Instance) beacon.Event {
+	return beacon.Event{Type: beacon.Updated, Instance: in}
+}
+func removed(in beacon.Instance) beacon.Event {
+	return beacon.Event{Type: beacon.Removed, Instance: in}
+}
 
 func draining(in beacon.Instance) beacon.Instance {
 	in.Status = beacon.StatusDraining

@@ -100,6 +100,7 @@ func (r *nameResolver) follow(bo *publish.Backoff) error {
 		if err != nil {
 			return err
 		}
+		r.log.Debug("registry batch", "kind", batch.Kind, "events", len(batch.Events), "revision", batch.Revision)
 		switch batch.Kind {
 		case registry.Stale:
 			// Keep the last state (balancers keep using the instances they

@@ -86,12 +86,8 @@ func TestResolverNoInstancesFailsFast(t *testing.T) {
 	w := d.next()
 	cc, _ := buildResolver(t, d)
 
-	w.send(registry.Snapshot) // nothing registered
-	i, st := cc.WaitState(t, 0, "[]")
-	if st.Endpoints == nil {
-		t.Error("empty state has nil Endpoints; want an empty list")
-	}
-	i, err := cc.WaitError(t, i, "none registered")
+	w.send(registry.Snapshot) // nothing registered: only the error
+	i, err := cc.WaitError(t, 0, "none registered")
 	if !errors.Is(err, naming.ErrNoInstances) || !strings.Contains(err.Error(), target) {
 		t.Errorf("error = %v; want ErrNoInstances naming the target", err)
 	}
@@ -100,10 +96,13 @@ func TestResolverNoInstancesFailsFast(t *testing.T) {
 	w.send(registry.Changes, added(a))
 	i, _ = cc.WaitState(t, i, "[10.0.0.1:50051]")
 
-	// Draining the last instance empties the channel, with an error that
-	// says why.
+	// Draining the last instance empties the channel (so that balancers
+	// drop their connections), with an error that says why.
 	w.send(registry.Changes, updated(draining(a)))
-	i, _ = cc.WaitState(t, i, "[]")
+	i, st := cc.WaitState(t, i, "[]")
+	if st.Endpoints == nil {
+		t.Error("empty state has nil Endpoints; want an empty list")
+	}
 	cc.WaitError(t, i, "1 registered, 1 draining")
 }
 

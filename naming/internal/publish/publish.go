@@ -59,9 +59,10 @@ func New(cc resolver.ClientConn, scheme, target string, m *Metrics, log *slog.Lo
 // Publish pushes entries, in the order given, as the complete state: one
 // Endpoint with one Address per entry. Entries whose address gRPC cannot
 // dial (not host:port) and entries repeating an earlier entry's address are
-// left out, logged once and counted. If nothing is left, Publish pushes an
-// empty state (so that balancers drop their connections) and reports
-// empty as the error, so that RPCs fail fast with it instead of waiting.
+// left out, logged once and counted. If nothing is left, Publish reports
+// empty as the error, so that RPCs fail fast with it instead of waiting,
+// after pushing an empty state if the last state had endpoints (so that
+// balancers drop their connections).
 // A state equal to the last one pushed, with no error reported since, is
 // not pushed again.
 func (p *Publisher) Publish(entries []Entry, empty error) {
@@ -93,15 +94,22 @@ func (p *Publisher) Publish(entries []Entry, empty error) {
 	if p.published && !p.errored && slices.EqualFunc(kept, p.last, Entry.equal) {
 		return
 	}
+	hadEndpoints := len(p.last) > 0
 	p.published, p.errored, p.last = true, false, kept
-	p.m.Update(p.scheme)
 	if len(kept) == 0 {
-		_ = p.cc.UpdateState(resolver.State{Endpoints: []resolver.Endpoint{}})
+		if hadEndpoints {
+			// Make the balancer drop its connections. (Until the error
+			// below arrives, pick_first fails RPCs with its own
+			// "produced zero addresses".)
+			p.m.Update(p.scheme)
+			_ = p.cc.UpdateState(resolver.State{Endpoints: []resolver.Endpoint{}})
+		}
 		p.m.Error(p.scheme, ReasonNoInstances)
 		p.log.Debug("no endpoints; RPCs fail fast until one appears", "target", p.target, "err", empty)
 		p.cc.ReportError(empty)
 		return
 	}
+	p.m.Update(p.scheme)
 	state := resolver.State{
 		Endpoints: make([]resolver.Endpoint, len(kept)),
 		Addresses: make([]resolver.Address, len(kept)),
