@@ -1,0 +1,494 @@
+package registry_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/registry/registrytest"
+	"github.com/beaconplane/beacon/store/etcd"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+)
+
+// Fault drills against real embedded etcd. Leases are etcd's shortest
+// (2 s) to keep them fast; every wait is on an event with a deadline.
+
+// TestDrillSIGKILL (drill a): a registrant process killed with SIGKILL
+// (no deregistration, no revoke) disappears from watchers within the lease
+// TTL + 1 s, and nothing is removed before the kill.
+func TestDrillSIGKILL(t *testing.T) {
+	t.Parallel()
+	ns := uniqueNS()
+	const n = 5
+	watching := newRegistry(t, newEtcdStore(t, nil, etcd.Config{}), registry.Config{})
+	ctx := within(t, 60*time.Second)
+	q := beacon.Query{Namespace: ns}
+	w, err := watching.Watch(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v := registrytest.NewView()
+	next(t, ctx, w, v)
+
+	c := startChild(t, server.Endpoints(), ns, n, etcdTTL)
+	for v.Len() < n {
+		b := next(t, ctx, w, v)
+		for _, e := range b.Events {
+			if e.Type == beacon.Removed {
+				t.Fatalf("false removal of %s before the kill", e.Instance.Ref())
+			}
+		}
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	for v.Len() > 0 {
+		next(t, ctx, w, v)
+	}
+	took := time.Since(killed)
+	t.Logf("SIGKILL → all %d instances removed after %v (TTL %v)", n, took.Round(time.Millisecond), etcdTTL)
+	if took > etcdTTL+time.Second {
+		t.Fatalf("removal took %v, more than TTL + 1 s", took)
+	}
+}
+
+// TestDrillEtcdRestart (drill b): etcd stops for 2 × TTL and restarts on the
+// same data directory. Watchers report stale during the outage; the
+// registrant's session reports lost, then recovers within one TTL of etcd's
+// return with every instance under its ID; a registrant that died during
+// the outage is removed; watchers converge to exactly the live set.
+func TestDrillEtcdRestart(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	// The etcd client's reconnect backoff (up to 5 s in store/etcd) bounds
+	// how soon any client finds etcd again; with 2 s leases the drill
+	// needs it below the TTL. (With the default 10 s TTL the default is
+	// fine.)
+	cfg := etcd.Config{Endpoints: srv.Endpoints(), RequestTimeout: 500 * time.Millisecond, Configure: fastReconnect}
+	ctx := within(t, 120*time.Second)
+	ns := uniqueNS()
+	q := beacon.Query{Namespace: ns}
+
+	live := newRegistry(t, newEtcdStore(t, srv, cfg), registry.Config{LeaseTTL: etcdTTL})
+	doomedStore := newEtcdStore(t, srv, cfg)
+	doomed := newRegistry(t, doomedStore, registry.Config{LeaseTTL: etcdTTL})
+	watching := newRegistry(t, newEtcdStore(t, srv, cfg), registry.Config{LeaseTTL: etcdTTL})
+	for i := range 20 {
+		if _, err := live.Register(ctx, inst(ns, fmt.Sprintf("10.0.0.%d:80", i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5 {
+		if _, err := doomed.Register(ctx, inst(ns, fmt.Sprintf("10.9.0.%d:80", i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitState(t, live, 5*time.Second, registry.StateActive)
+	w, err := watching.Watch(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v := registrytest.NewView()
+	for v.Len() < 25 {
+		next(t, ctx, w, v)
+	}
+	wantLive, _, err := live.List(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var liveOnly []beacon.Instance
+	for _, in := range wantLive {
+		if in.Address[:5] == "10.0." {
+			liveOnly = append(liveOnly, in)
+		}
+	}
+
+	stopped := time.Now()
+	srv.Stop()
+	t.Logf("etcd stopped in %v", time.Since(stopped).Round(time.Millisecond))
+	// The doomed process dies during the outage: it can neither keep its
+	// lease alive nor revoke it.
+	_ = doomedStore.Close()
+
+	// During the outage: the session reports lost, the watcher stale.
+	outage := time.After(2 * etcdTTL)
+	sawLost, sawStale := false, false
+	for !sawLost || !sawStale {
+		select {
+		case c := <-live.States():
+			sawLost = sawLost || c.State == registry.StateLost
+		case <-outage:
+			t.Fatalf("after 2 × TTL of outage: lost reported %v, stale reported %v", sawLost, sawStale)
+		default:
+			nctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			b, err := w.Next(nctx)
+			cancel()
+			if err == nil {
+				if err := v.Apply(b); err != nil {
+					t.Fatal(err)
+				}
+				sawStale = sawStale || b.Kind == registry.Stale
+				for _, e := range b.Events {
+					t.Fatalf("event during the outage: %v %s", e.Type, e.Instance.Ref())
+				}
+			}
+		}
+	}
+	if v.Len() != 25 {
+		t.Fatalf("the stale view changed during the outage: %v", v)
+	}
+	<-outage
+
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	rec := waitState(t, live, 10*time.Second, registry.StateRecovered)
+	recoveredIn := time.Since(back)
+	if rec.Registered != 20 || len(rec.Conflicts) != 0 {
+		t.Fatalf("recovered %+v", rec)
+	}
+	// Every registration is back, under its ID.
+	got, _, err := live.List(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, in := range got {
+		have[in.Ref().String()] = true
+	}
+	for _, in := range liveOnly {
+		if !have[in.Ref().String()] {
+			t.Fatalf("%s not registered after the recovery", in.Ref())
+		}
+	}
+	// The watcher converges to exactly the live set (the doomed lease
+	// expires one TTL after etcd's return).
+	deadline := time.Now().Add(2*etcdTTL + 2*time.Second)
+	sawResync := false
+	for !v.Equal(liveOnly) {
+		nctx, cancel := context.WithDeadline(ctx, deadline)
+		b, err := w.Next(nctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("watcher did not converge to the 20 live instances: %v (view has %d)", err, v.Len())
+		}
+		sawResync = sawResync || b.Kind == registry.Resync
+		if err := v.Apply(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	converged := time.Since(back)
+	t.Logf("etcd back: session recovered in %v, watcher converged to the live set in %v (resync batch: %v)",
+		recoveredIn.Round(time.Millisecond), converged.Round(time.Millisecond), sawResync)
+	if recoveredIn > etcdTTL {
+		t.Fatalf("session recovered %v after etcd's return, more than one TTL", recoveredIn)
+	}
+	if !sawResync {
+		t.Fatal("no resync batch after the stale one")
+	}
+}
+
+// fastReconnect caps the etcd client's reconnect backoff at 500 ms.
+func fastReconnect(c *clientv3.Config) {
+	c.DialOptions = append(c.DialOptions, grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
+		MinConnectTimeout: time.Second,
+	}))
+}
+
+// cutProxy forwards TCP to a target until Cut, which drops every
+// connection and refuses new ones until Restore.
+type cutProxy struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  map[net.Conn]bool
+	wg     sync.WaitGroup
+}
+
+func startProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{l: l, target: target, conns: map[net.Conn]bool{}}
+	p.wg.Add(1)
+	go p.serve()
+	t.Cleanup(func() {
+		_ = l.Close()
+		p.Cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *cutProxy) Endpoint() string { return "http://" + p.l.Addr().String() }
+
+func (p *cutProxy) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		p.conns[c], p.conns[up] = true, true
+		p.wg.Add(2)
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			defer p.wg.Done()
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+		}
+		go pipe(up, c)
+		go pipe(c, up)
+	}
+}
+
+// Cut drops every connection and refuses new ones.
+func (p *cutProxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	clear(p.conns)
+}
+
+// Restore accepts connections again.
+func (p *cutProxy) Restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = false
+}
+
+// TestDrillCompactionWhileDisconnected (drill c): a watcher's connection to
+// etcd is cut; meanwhile instances are added, changed, removed, one comes
+// and goes, and etcd compacts its history past the watcher's position. Once
+// the connection is back, the watcher delivers exactly the difference:
+// Added for the new one, Updated for the changed address, Removed for the
+// gone one, and nothing for the one it never saw.
+func TestDrillCompactionWhileDisconnected(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	u, err := url.Parse(srv.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, u.Host)
+	ctx := within(t, 60*time.Second)
+	ns := uniqueNS()
+	q := beacon.Query{Namespace: ns}
+
+	direct := newEtcdStore(t, srv, etcd.Config{})
+	reg := newRegistry(t, direct, registry.Config{LeaseTTL: etcdTTL})
+	watching := newRegistry(t, newEtcdStore(t, nil, etcd.Config{Endpoints: []string{proxy.Endpoint()}, RequestTimeout: 500 * time.Millisecond}),
+		registry.Config{LeaseTTL: etcdTTL})
+
+	a, err := reg.Register(ctx, inst(ns, "10.0.0.1:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := reg.Register(ctx, inst(ns, "10.0.0.2:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := reg.Register(ctx, inst(ns, "10.0.0.3:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := watching.Watch(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v := registrytest.NewView()
+	for v.Len() < 3 {
+		next(t, ctx, w, v)
+	}
+
+	proxy.Cut()
+	if err := a.Update(ctx, func(in *beacon.Instance) { in.Address = "10.1.0.1:80" }); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := reg.Register(ctx, inst(ns, "10.0.0.4:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	phantom, err := reg.Register(ctx, inst(ns, "10.0.0.5:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := phantom.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, rev, err := direct.List(ctx, "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := direct.Compact(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+
+	// The watcher notices it cannot reach etcd...
+	for {
+		nb := next(t, ctx, w, v)
+		if len(nb.Events) != 0 {
+			t.Fatalf("events while disconnected: %+v", nb.Events)
+		}
+		if nb.Kind == registry.Stale {
+			break
+		}
+	}
+	proxy.Restore()
+	// ...and, once back, delivers exactly the difference.
+	got := map[string]beacon.EventType{}
+	for {
+		nb := next(t, ctx, w, v)
+		if nb.Kind == registry.Stale {
+			continue
+		}
+		if nb.Kind != registry.Resync {
+			t.Fatalf("first batch after reconnecting is %v, want resync", nb.Kind)
+		}
+		for _, e := range nb.Events {
+			got[e.Instance.Address] = e.Type
+		}
+		break
+	}
+	want := map[string]beacon.EventType{"10.1.0.1:80": beacon.Updated, "10.0.0.2:80": beacon.Removed, "10.0.0.4:80": beacon.Added}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("resync delivered %v, want %v", got, want)
+	}
+	list, _, err := reg.List(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !v.Equal(list) {
+		t.Fatalf("watcher %v, List %d", v, len(list))
+	}
+	_, _ = c, d
+}
+
+// TestDrillSlowConsumer (drill d): one consumer that does not read while
+// 2,000 changes happen never holds back ten fast consumers of the same
+// shared watch, and catches up with one event per changed instance.
+func TestDrillSlowConsumer(t *testing.T) {
+	t.Parallel()
+	ctx := within(t, 120*time.Second)
+	ns := uniqueNS()
+	q := beacon.Query{Namespace: ns}
+	writer := newRegistry(t, newEtcdStore(t, nil, etcd.Config{}), registry.Config{LeaseTTL: etcdTTL})
+	watching := newRegistry(t, newEtcdStore(t, nil, etcd.Config{}), registry.Config{})
+	const instances, updates, fastN = 20, 2000, 10
+	var regs []registry.Registration
+	for i := range instances {
+		reg, err := writer.Register(ctx, inst(ns, fmt.Sprintf("10.0.0.%d:80", i+1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		regs = append(regs, reg)
+	}
+	open := func() (registry.Watcher, *registrytest.View) {
+		w, err := watching.Watch(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Close() })
+		v := registrytest.NewView()
+		next(t, ctx, w, v)
+		return w, v
+	}
+	slow, sv := open()
+	final := fmt.Sprintf("10.%d.%d.1:80", (updates/instances-1)/250, (updates/instances-1)%250)
+	var wg sync.WaitGroup
+	errs := make(chan error, fastN)
+	for range fastN {
+		w, v := open()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				b, err := w.Next(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if err := v.Apply(b); err != nil {
+					errs <- err
+					return
+				}
+				if in, _ := v.Get(regs[0].Instance().Ref().String()); in.Address == final {
+					return
+				}
+			}
+		}()
+	}
+	start := time.Now()
+	for u := range updates {
+		reg := regs[u%instances]
+		round := u / instances
+		if err := reg.Update(ctx, func(in *beacon.Instance) {
+			in.Address = fmt.Sprintf("10.%d.%d.%d:80", round/250, round%250, u%instances+1)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wrote := time.Since(start)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case err := <-errs:
+		t.Fatal(err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("fast consumers did not reach the final state while the slow one was idle")
+	}
+	caughtUp := time.Since(start)
+	before := sv.Events
+	want, _, err := watching.List(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for !sv.Equal(want) {
+		next(t, ctx, slow, sv)
+	}
+	t.Logf("%d updates written in %v; %d fast consumers had them all %v after the first write; the slow one caught up with %d events",
+		updates, wrote.Round(time.Millisecond), fastN, caughtUp.Round(time.Millisecond), sv.Events-before)
+	if n := sv.Events - before; n > instances {
+		t.Fatalf("slow consumer caught up with %d events for %d instances", n, instances)
+	}
+}
