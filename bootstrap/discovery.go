@@ -113,6 +113,12 @@ func Join(ctx context.Context, cfg Config, name string, peerURLs []string, opts 
 		if err := d.register(ctx, self, value); err != nil {
 			return Cluster{}, err
 		}
+		// Read again, as etcd does: a watch must start after the current
+		// revision to be served at once; one that starts in the past (before
+		// the put) waits for etcd's 100 ms catch-up loop.
+		if err := d.list(ctx); err != nil {
+			return Cluster{}, err
+		}
 	}
 	if err := d.wait(ctx, self, value); err != nil {
 		return Cluster{}, err
@@ -248,8 +254,7 @@ func readRegistry(ctx context.Context, cli *clientv3.Client, token string, timeo
 
 // register writes the member's key (a plain put, as etcd does, so that a
 // member registering again keeps its create revision and its place) and
-// records it locally; the next watch starts before the put, so that
-// registrations racing with it are seen in order.
+// records it locally.
 func (d *discovery) register(ctx context.Context, key, value string) error {
 	return d.retry(ctx, "register member itself", func(ctx context.Context) error {
 		cli, err := d.client()
@@ -308,6 +313,9 @@ func (d *discovery) wait(ctx context.Context, self, value string) error {
 		}
 		if self != "" && d.reg.index(self) < 0 && !d.reg.full() {
 			if err := d.register(ctx, self, value); err != nil {
+				return err
+			}
+			if err := d.list(ctx); err != nil {
 				return err
 			}
 		}
