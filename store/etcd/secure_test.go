@@ -15,12 +15,25 @@ import (
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/beaconplane/beacon/store/storetest"
+	"go.etcd.io/etcd/server/v3/embed"
+	"golang.org/x/crypto/bcrypt"
 )
 
 const (
 	testUser     = "beacon"
 	testPassword = "s3cret"
 )
+
+// authServer starts a server with authentication (and TLS if asked). Its
+// password hashes use bcrypt's minimum cost: at etcd's default every
+// authentication costs ~100 ms of CPU (seconds under -race), and the suite
+// authenticates once per check, all in parallel.
+func authServer(t *testing.T, useTLS bool) *etcdtest.Server {
+	return etcdtest.Start(t, etcdtest.Options{
+		TLS: useTLS, User: testUser, Password: testPassword,
+		Configure: func(c *embed.Config) { c.BcryptCost = uint(bcrypt.MinCost) },
+	})
+}
 
 // secureConfig is the configuration that reaches srv: its CA and client
 // certificate if it serves TLS, and the test user if it has auth.
@@ -38,7 +51,7 @@ func secureConfig(srv *etcdtest.Server, withAuth bool) etcd.Config {
 // TestConformanceTLSAndAuth runs the whole suite over mutual TLS with
 // user/password authentication: every call carries both.
 func TestConformanceTLSAndAuth(t *testing.T) {
-	srv := etcdtest.Start(t, etcdtest.Options{TLS: true, User: testUser, Password: testPassword})
+	srv := authServer(t, true)
 	storetest.Run(t, factory(srv, secureConfig(srv, true)), suiteOptions)
 }
 
@@ -46,16 +59,15 @@ func TestConformanceTLSAndAuth(t *testing.T) {
 // a lease and a watch.
 func TestTLSOnlyAndAuthOnly(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name string
-		opts etcdtest.Options
-	}{
-		{"tls", etcdtest.Options{TLS: true}},
-		{"auth", etcdtest.Options{User: testUser, Password: testPassword}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			srv := etcdtest.Start(t, tc.opts)
-			s := newStore(t, srv, secureConfig(srv, tc.opts.User != ""))
+	for _, auth := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tls", true: "auth"}[auth], func(t *testing.T) {
+			var srv *etcdtest.Server
+			if auth {
+				srv = authServer(t, false)
+			} else {
+				srv = etcdtest.Start(t, etcdtest.Options{TLS: true})
+			}
+			s := newStore(t, srv, secureConfig(srv, auth))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			l, err := s.Grant(ctx, time.Minute)
@@ -93,7 +105,7 @@ func TestTLSOnlyAndAuthOnly(t *testing.T) {
 func TestNewFailures(t *testing.T) {
 	t.Parallel()
 	tlsSrv := etcdtest.Start(t, etcdtest.Options{TLS: true})
-	authSrv := etcdtest.Start(t, etcdtest.Options{User: testUser, Password: testPassword})
+	authSrv := authServer(t, false)
 	certs := tlsSrv.Certs()
 	other, err := testcerts.Write(t.TempDir()) // a CA that signed nothing of the server's
 	if err != nil {
@@ -113,15 +125,15 @@ func TestNewFailures(t *testing.T) {
 
 	for _, tc := range []struct {
 		name   string
-		cfg    etcd.Config
+		cfg    etcd.Config // DialTimeout 500ms unless set
 		is     error
 		substr []string
 	}{
 		{"unreachable endpoint", etcd.Config{Endpoints: []string{closed}},
 			store.ErrUnavailable, []string{"http://" + closed, "did not answer within 500ms (DialTimeout)", "connection refused", "is etcd running there"}},
-		{"wrong password", etcd.Config{Endpoints: authSrv.Endpoints(), Username: testUser, Password: "wrong"},
+		{"wrong password", etcd.Config{Endpoints: authSrv.Endpoints(), Username: testUser, Password: "wrong", DialTimeout: 10 * time.Second},
 			nil, []string{`authenticate as "beacon"`, "authentication failed", etcd.EnvPassword}},
-		{"no credentials", etcd.Config{Endpoints: authSrv.Endpoints()},
+		{"no credentials", etcd.Config{Endpoints: authSrv.Endpoints(), DialTimeout: 10 * time.Second},
 			nil, []string{"requires authentication", etcd.EnvUsername}},
 		{"missing client certificate", etcd.Config{Endpoints: tlsSrv.Endpoints(), CA: certs.CA},
 			store.ErrUnavailable, []string{"certificate required", "set ClientCert and ClientKey", etcd.EnvClientCert}},
@@ -146,7 +158,9 @@ func TestNewFailures(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			tc.cfg.DialTimeout = dial
+			if tc.cfg.DialTimeout == 0 {
+				tc.cfg.DialTimeout = dial
+			}
 			start := time.Now()
 			s, err := etcd.New(context.Background(), tc.cfg)
 			took := time.Since(start)
@@ -156,7 +170,7 @@ func TestNewFailures(t *testing.T) {
 			}
 			t.Logf("after %v: %v", took.Round(time.Millisecond), err)
 			// The dial timeout, then at most a second of diagnosis.
-			if limit := dial + 2*time.Second; took > limit {
+			if limit := tc.cfg.DialTimeout + 2*time.Second; took > limit {
 				t.Errorf("New took %v, more than %v", took, limit)
 			}
 			if tc.is != nil && !errors.Is(err, tc.is) {
