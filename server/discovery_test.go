@@ -3,12 +3,15 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testpeer"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -168,5 +171,46 @@ func TestDiscoveryConfigErrors(t *testing.T) {
 	}
 	if err := base().Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Three Debian etcd 3.4 members bootstrap a cluster with
+// --discovery=<beacon serve>/v2/discovery/<token>; a fourth is told the
+// cluster is full.
+func TestEtcd34MembersBootstrapThroughServerV2Discovery(t *testing.T) {
+	bin := testpeer.Binary(t, "apt-get install -y etcd-server (Debian's etcd 3.4, which still speaks v2 discovery)", "/usr/bin/etcd", "etcd")
+	s := startServer(t, testConfig(t))
+	code, durl := get(t, s.Endpoints().HTTP+V2Path+"/new?size=3")
+	if code != 200 || !strings.HasPrefix(durl, s.Endpoints().HTTP+V2Path+"/") {
+		t.Fatalf("/new: %d %q", code, durl)
+	}
+	args := []string{"--discovery", durl, "--discovery-fallback", "exit", "--logger", "zap", "--log-level", "warn"}
+	var members []*etcdtest.Process
+	for i := 1; i <= 3; i++ {
+		members = append(members, etcdtest.StartProcess(t, bin, fmt.Sprintf("e%d", i), args...))
+	}
+	deadline := time.Now().Add(45 * time.Second)
+	for _, m := range members {
+		m.WaitHealthy(t, deadline)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{members[2].ClientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ml, err := cli.MemberList(ctx)
+	if err != nil || len(ml.Members) != 3 {
+		t.Fatalf("member list: %v, %v", ml, err)
+	}
+	late := etcdtest.StartProcess(t, bin, "e4", args...)
+	select {
+	case <-late.Exited():
+		if late.Err() == nil || !strings.Contains(late.Output(), "discovery: cluster is full") {
+			t.Fatalf("fourth member: exit %v, output:\n%s", late.Err(), late.Output())
+		}
+	case <-ctx.Done():
+		t.Fatal("fourth member did not exit")
 	}
 }

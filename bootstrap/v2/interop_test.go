@@ -1,14 +1,12 @@
 package v2_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,90 +18,12 @@ import (
 	"go.uber.org/zap"
 )
 
-// etcdProc is a running etcd 3.4 member (Debian's etcd-server).
-type etcdProc struct {
-	name, clientURL, peerURL string
-	cmd                      *exec.Cmd
-	mu                       sync.Mutex
-	out                      bytes.Buffer
-	exited                   chan struct{}
-	err                      error
-}
-
-func (p *etcdProc) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
-
-func (p *etcdProc) log() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
-
-// startEtcd34 starts a member that bootstraps through the v2 discovery URL.
-func startEtcd34(t *testing.T, bin, name, discoveryURL string) *etcdProc {
+// startEtcd34 starts a Debian etcd 3.4 member that bootstraps through the
+// v2 discovery URL.
+func startEtcd34(t *testing.T, bin, name, discoveryURL string) *etcdtest.Process {
 	t.Helper()
-	cport, err1 := etcdtest.FreePort()
-	pport, err2 := etcdtest.FreePort()
-	if err1 != nil || err2 != nil {
-		t.Fatal(err1, err2)
-	}
-	p := &etcdProc{
-		name:      name,
-		clientURL: "http://127.0.0.1:" + strconv.Itoa(cport),
-		peerURL:   "http://127.0.0.1:" + strconv.Itoa(pport),
-		exited:    make(chan struct{}),
-	}
-	p.cmd = exec.Command(bin,
-		"--name", name, "--data-dir", t.TempDir(),
-		"--listen-client-urls", p.clientURL, "--advertise-client-urls", p.clientURL,
-		"--listen-peer-urls", p.peerURL, "--initial-advertise-peer-urls", p.peerURL,
-		"--discovery", discoveryURL, "--discovery-fallback", "exit",
+	return etcdtest.StartProcess(t, bin, name, "--discovery", discoveryURL, "--discovery-fallback", "exit",
 		"--logger", "zap", "--log-level", "warn")
-	p.cmd.Stdout, p.cmd.Stderr = p, p
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-		if t.Failed() {
-			t.Logf("etcd %s output:\n%s", name, p.log())
-		}
-	})
-	return p
-}
-
-// waitHealthy polls the member's /health (etcd 3.4 offers no event to wait
-// on) until it reports a leader, or fails the test at the deadline.
-func (p *etcdProc) waitHealthy(t *testing.T, deadline time.Time) {
-	t.Helper()
-	for {
-		select {
-		case <-p.exited:
-			t.Fatalf("etcd %s exited: %v", p.name, p.err)
-		default:
-		}
-		resp, err := http.Get(p.clientURL + "/health")
-		if err == nil {
-			var b bytes.Buffer
-			_, _ = b.ReadFrom(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 && strings.Contains(b.String(), `"health":"true"`) {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("etcd %s not healthy by the deadline", p.name)
-		}
-		time.Sleep(50 * time.Millisecond) // polling an external process: no event exists
-	}
 }
 
 // Three real etcd 3.4 members bootstrap a cluster with
@@ -136,17 +56,17 @@ func TestEtcd34MembersBootstrapThroughV2Service(t *testing.T) {
 		t.Fatal(err)
 	}
 	durl := svc.TokenURL(token)
-	var members []*etcdProc
+	var members []*etcdtest.Process
 	for i := 1; i <= 3; i++ {
 		members = append(members, startEtcd34(t, bin, fmt.Sprintf("v%d", i), durl))
 	}
 	deadline := time.Now().Add(45 * time.Second)
 	for _, m := range members {
-		m.waitHealthy(t, deadline)
+		m.WaitHealthy(t, deadline)
 	}
 
 	// One cluster of three, whose member IDs are the registered keys.
-	mcli, err := clientv3.New(clientv3.Config{Endpoints: []string{members[0].clientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	mcli, err := clientv3.New(clientv3.Config{Endpoints: []string{members[0].ClientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,9 +101,9 @@ func TestEtcd34MembersBootstrapThroughV2Service(t *testing.T) {
 
 	late := startEtcd34(t, bin, "v4", durl)
 	select {
-	case <-late.exited:
-		if late.err == nil || !strings.Contains(late.log(), "discovery: cluster is full") {
-			t.Fatalf("fourth member: exit %v, output:\n%s", late.err, late.log())
+	case <-late.Exited():
+		if late.Err() == nil || !strings.Contains(late.Output(), "discovery: cluster is full") {
+			t.Fatalf("fourth member: exit %v, output:\n%s", late.Err(), late.Output())
 		}
 	case <-ctx.Done():
 		t.Fatal("fourth member did not exit")
