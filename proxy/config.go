@@ -46,6 +46,7 @@ const (
 	DefaultDialTimeout     = time.Second
 	DefaultWriteTimeout    = 5 * time.Second
 	DefaultStartTimeout    = 30 * time.Second
+	DefaultUpstreamConns   = 4
 	// EmptyRefreshInterval is the refresh interval while no endpoint is
 	// reachable (when RefreshInterval is longer).
 	EmptyRefreshInterval = time.Second
@@ -115,17 +116,15 @@ type Config struct {
 	ReadTimeout time.Duration
 	// StartTimeout bounds finding the cluster at start; default 30 s.
 	StartTimeout time.Duration
+	// UpstreamConns is the number of connections the proxy spreads
+	// requests over (each balanced over the endpoints); default 4.
+	UpstreamConns int
 
 	// ClientTLS is used to reach members (client and peer URLs with
 	// https); nil uses the system roots for https URLs.
 	ClientTLS *tls.Config
 	// ServerTLS, when set, serves clients over TLS.
 	ServerTLS *tls.Config
-
-	// Username and Password authenticate the proxy's own requests (member
-	// list refresh, health). Client requests always carry the client's
-	// own token.
-	Username, Password string
 
 	// SelfAddrs are extra addresses (host:port or URLs) at which this
 	// proxy is reachable (for example an advertised address behind NAT).
@@ -161,6 +160,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StartTimeout == 0 {
 		c.StartTimeout = DefaultStartTimeout
+	}
+	if c.UpstreamConns == 0 {
+		c.UpstreamConns = DefaultUpstreamConns
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -242,8 +244,8 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: %s %v must not be negative", ErrBadConfig, name, d)
 		}
 	}
-	if (c.Username == "") != (c.Password == "") {
-		return fmt.Errorf("%w: set both username and password, or neither", ErrBadConfig)
+	if c.UpstreamConns < 0 || c.UpstreamConns > 64 {
+		return fmt.Errorf("%w: upstream connections %d must be between 1 and 64", ErrBadConfig, c.UpstreamConns)
 	}
 	return nil
 }

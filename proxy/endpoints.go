@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -46,7 +47,13 @@ type director struct {
 	log         *slog.Logger
 	m           *metrics
 	now         func() time.Time
+	nAvail      atomic.Int32 // usable endpoints, for the request path
+	nKnown      atomic.Int32 // endpoints that are not this proxy
 }
+
+// availableCount and knownCount are lock-free for the request path.
+func (d *director) availableCount() int { return int(d.nAvail.Load()) }
+func (d *director) knownCount() int     { return int(d.nKnown.Load()) }
 
 func newDirector(failureWait time.Duration, log *slog.Logger, m *metrics) *director {
 	return &director{failureWait: failureWait, kick: make(chan struct{}, 1), log: log, m: m, now: time.Now}
@@ -116,6 +123,14 @@ func (d *director) known() []string {
 func (d *director) apply() {
 	d.mu.Lock()
 	avail := d.availableLocked()
+	d.nAvail.Store(int32(len(avail)))
+	known := 0
+	for _, e := range d.eps {
+		if !e.self && !e.loop {
+			known++
+		}
+	}
+	d.nKnown.Store(int32(known))
 	changed := !sameSet(avail, d.applied) && len(avail) > 0
 	if changed {
 		d.applied = slices.Clone(avail)

@@ -31,22 +31,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 	}
 	// Kill a follower: the cluster keeps its leader, so every failed read
 	// would be the proxy's fault.
-	direct := c.Client(t)
-	st, err := direct.Status(ctx, c.Endpoints()[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var victim *etcdtest.Member
-	for _, m := range c.Members() {
-		s, err := direct.Status(ctx, m.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.Header.MemberId != st.Leader {
-			victim = m
-			break
-		}
-	}
+	victim := follower(t, c)
 
 	var reads, failed atomic.Int64
 	var firstErr atomic.Value
@@ -151,9 +136,9 @@ func TestMembershipChangePickedUpAtRefresh(t *testing.T) {
 	m4 := c.AddMember(t)
 	eventually(t, "the new member's endpoint", func() bool { return endpointState(p, m4.ClientURL()) == "available" })
 
-	first := c.Members()[0]
 	direct := c.Client(t)
 	ctx := ctxT(t)
+	first := follower(t, c) // removing the leader would stall writes for an election
 	list, err := direct.MemberList(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -265,4 +250,22 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// follower returns a member that is not the leader.
+func follower(t *testing.T, c *etcdtest.Cluster) *etcdtest.Member {
+	t.Helper()
+	direct := c.Client(t)
+	ctx := ctxT(t)
+	for _, m := range c.Members() {
+		s, err := direct.Status(ctx, m.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Header.MemberId != s.Leader {
+			return m
+		}
+	}
+	t.Fatal("no follower")
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -171,21 +172,15 @@ func readonlyError(method string) error {
 		"proxy: this proxy is readonly: %s is a write and is refused (send writes to a readwrite proxy or to the cluster)", method)
 }
 
-// outgoing builds the metadata to send upstream: the client's metadata
-// (its auth token included) without transport headers, plus this proxy in
-// the via list. It refuses requests that already passed through here.
+// forwardKeys are the client metadata keys etcd reads: the auth token
+// (gRPC and gateway forms), require-leader and the client API version.
+var forwardKeys = []string{rpctypes.TokenFieldNameGRPC, "authorization", rpctypes.MetadataRequireLeaderKey, rpctypes.MetadataClientAPIVersionKey}
+
+// outgoing builds the metadata to send upstream: what etcd reads from the
+// client's metadata (its auth token included), plus this proxy in the via
+// list. It refuses requests that already passed through here.
 func (p *Proxy) outgoing(ctx context.Context) (context.Context, error) {
-	in, _ := metadata.FromIncomingContext(ctx)
-	out := metadata.MD{}
-	for k, v := range in {
-		switch {
-		case k == ":authority", k == "content-type", k == "user-agent", k == "te",
-			strings.HasPrefix(k, "grpc-"), k == viaKey:
-			continue
-		}
-		out[k] = v
-	}
-	via := in.Get(viaKey)
+	via := metadata.ValueFromIncomingContext(ctx, viaKey)
 	for _, v := range via {
 		for _, id := range strings.Split(v, ",") {
 			if strings.TrimSpace(id) == p.id {
@@ -198,8 +193,17 @@ func (p *Proxy) outgoing(ctx context.Context) (context.Context, error) {
 	if len(via) >= maxHops {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: the request passed through %d proxies", loopMessage, len(via))
 	}
-	out[viaKey] = append(append([]string(nil), via...), p.id)
-	return metadata.NewOutgoingContext(ctx, out), nil
+	kv := make([]string, 0, 2*(len(via)+3))
+	for _, k := range forwardKeys {
+		for _, v := range metadata.ValueFromIncomingContext(ctx, k) {
+			kv = append(kv, k, v)
+		}
+	}
+	for _, v := range via {
+		kv = append(kv, viaKey, v)
+	}
+	kv = append(kv, viaKey, p.id)
+	return metadata.NewOutgoingContext(ctx, metadata.Pairs(kv...)), nil
 }
 
 // isLoopError reports whether err is another hop refusing a looping
@@ -244,7 +248,7 @@ func (p *Proxy) handleUnknown(_ any, ss grpc.ServerStream) error {
 		label = "unknown"
 	}
 	err := p.forward(ss, method, info, known)
-	p.m.requests.WithLabelValues(label, status.Code(err).String()).Inc()
+	p.m.request(label, err)
 	return err
 }
 
@@ -267,20 +271,94 @@ func (p *Proxy) forward(ss grpc.ServerStream, method string, info methodInfo, kn
 	if err := ss.RecvMsg(req); err != nil {
 		return err
 	}
+	resp, hdr, trl, err := p.unary(ctx, method, info, req)
+	if err != nil {
+		return err
+	}
+	if len(hdr) > 0 {
+		_ = ss.SetHeader(hdr)
+	}
+	if len(trl) > 0 {
+		ss.SetTrailer(trl)
+	}
+	return ss.SendMsg(resp)
+}
+
+// unary forwards one unary request (ctx carries the outgoing metadata).
+func (p *Proxy) unary(ctx context.Context, method string, info methodInfo, req *frame) (*frame, metadata.MD, metadata.MD, error) {
 	write := info.write || (info.isW != nil && info.isW(req.data))
 	if write && p.cfg.Mode == ReadOnly {
 		p.m.refused.WithLabelValues(method).Inc()
-		return readonlyError(method)
+		return nil, nil, nil, readonlyError(method)
 	}
 	retry := info.retry || (info.isW != nil && !write)
 	resp := new(frame)
 	hdr, trl, err := p.invoke(ctx, method, req, resp, write, retry)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	_ = ss.SetHeader(hdr)
-	ss.SetTrailer(trl)
-	return ss.SendMsg(resp)
+	return resp, hdr, trl, nil
+}
+
+// unaryHandler serves a known unary method on the server's unary path
+// (cheaper than the generic stream path).
+func (p *Proxy) unaryHandler(method string) grpc.MethodHandler {
+	info := methods[method]
+	return func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+		resp, err := p.serveUnary(ctx, method, info, dec)
+		p.m.request(method, err)
+		if err != nil {
+			return nil, err
+		}
+		return resp, nil
+	}
+}
+
+func (p *Proxy) serveUnary(ctx context.Context, method string, info methodInfo, dec func(any) error) (*frame, error) {
+	req := new(frame)
+	if err := dec(req); err != nil {
+		return nil, err
+	}
+	octx, err := p.outgoing(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, hdr, trl, err := p.unary(octx, method, info, req)
+	if err != nil {
+		return nil, err
+	}
+	if len(hdr) > 0 {
+		_ = grpc.SetHeader(ctx, hdr)
+	}
+	if len(trl) > 0 {
+		_ = grpc.SetTrailer(ctx, trl)
+	}
+	return resp, nil
+}
+
+// serviceDescs describes the etcd services with their unary methods, so
+// that those take the unary path; streaming methods not handled specially
+// fall through to handleUnknown.
+func (p *Proxy) serviceDescs() []*grpc.ServiceDesc {
+	bySvc := map[string]*grpc.ServiceDesc{}
+	for name, info := range methods {
+		if info.stream {
+			continue
+		}
+		i := strings.LastIndex(name, "/")
+		svc, m := name[1:i], name[i+1:]
+		d := bySvc[svc]
+		if d == nil {
+			d = &grpc.ServiceDesc{ServiceName: svc, HandlerType: (*any)(nil)}
+			bySvc[svc] = d
+		}
+		d.Methods = append(d.Methods, grpc.MethodDesc{MethodName: m, Handler: p.unaryHandler(name)})
+	}
+	out := make([]*grpc.ServiceDesc, 0, len(bySvc))
+	for _, d := range bySvc {
+		out = append(out, d)
+	}
+	return out
 }
 
 // invoke makes one unary call upstream with ctx's outgoing metadata. A
@@ -294,11 +372,11 @@ func (p *Proxy) invoke(ctx context.Context, method string, req, resp any, write,
 	}
 	attempts := 1
 	if retry {
-		attempts = len(p.dir.known()) + 1
+		attempts = p.dir.knownCount() + 1
 	}
 	var last error
 	for i := 0; i < attempts; i++ {
-		if len(p.dir.available()) == 0 {
+		if p.dir.availableCount() == 0 {
 			if isLoopError(last) {
 				return nil, nil, last
 			}
@@ -307,15 +385,17 @@ func (p *Proxy) invoke(ctx context.Context, method string, req, resp any, write,
 		if i > 0 {
 			p.m.retries.Inc()
 		}
+		// etcd sets no response metadata on its unary RPCs (everything is
+		// in the response header message), so none is copied back.
 		var pr peer.Peer
-		hdr, trl = nil, nil
-		cctx, cancel := ctx, context.CancelFunc(func() {})
+		var err error
 		if timeout > 0 {
-			cctx, cancel = context.WithTimeout(ctx, timeout)
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			err = p.pickConn().Invoke(cctx, method, req, resp, p.forceCodec, grpc.Peer(&pr))
+			cancel()
+		} else {
+			err = p.pickConn().Invoke(ctx, method, req, resp, p.forceCodec, grpc.Peer(&pr))
 		}
-		err := p.conn.Invoke(cctx, method, req, resp, grpc.ForceCodecV2(p.codec), grpc.Peer(&pr), grpc.Header(&hdr), grpc.Trailer(&trl),
-			grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.MaxCallSendMsgSize(maxMsgSize))
-		cancel()
 		if err == nil {
 			return hdr, trl, nil
 		}
@@ -349,15 +429,14 @@ const maxMsgSize = 1<<31 - 1
 // forwardStream forwards a streaming RPC message by message. bidi streams
 // keep forwarding client messages until the client closes its side.
 func (p *Proxy) forwardStream(ctx context.Context, ss grpc.ServerStream, method string, bidi bool) error {
-	if len(p.dir.available()) == 0 {
+	if p.dir.availableCount() == 0 {
 		return p.noEndpointsError(nil)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var pr peer.Peer
 	desc := &grpc.StreamDesc{ServerStreams: true, ClientStreams: bidi}
-	cs, err := p.conn.NewStream(ctx, desc, method, grpc.ForceCodecV2(p.codec), grpc.Peer(&pr),
-		grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.MaxCallSendMsgSize(maxMsgSize))
+	cs, err := p.pickConn().NewStream(ctx, desc, method, grpc.ForceCodecV2(p.codec), grpc.Peer(&pr))
 	if err != nil {
 		if isTransportError(err) {
 			return p.noEndpointsError(err)
@@ -413,4 +492,12 @@ func (p *Proxy) forwardStream(ctx context.Context, ss grpc.ServerStream, method 
 			return err
 		}
 	}
+}
+
+// pickConn spreads requests over the upstream connections.
+func (p *Proxy) pickConn() *grpc.ClientConn {
+	if len(p.conns) == 1 {
+		return p.conns[0]
+	}
+	return p.conns[p.next.Add(1)%uint32(len(p.conns))]
 }

@@ -77,7 +77,7 @@ func (lm *leaseMux) serve(ss grpc.ServerStream) error {
 	if _, err := p.outgoing(ss.Context()); err != nil {
 		return err
 	}
-	if len(p.dir.available()) == 0 {
+	if p.dir.availableCount() == 0 {
 		return p.noEndpointsError(nil)
 	}
 	in, _ := metadata.FromIncomingContext(ss.Context())
@@ -212,11 +212,11 @@ func (up *kaUpstream) run() {
 	for up.ctx.Err() == nil {
 		sctx, scancel := context.WithCancel(up.ctx)
 		var pr peer.Peer
-		cs, err := p.conn.NewStream(sctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true},
+		cs, err := p.conns[0].NewStream(sctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true},
 			leaseSvc+"LeaseKeepAlive", grpc.ForceCodecV2(p.codec), grpc.Peer(&pr))
 		if err != nil {
 			scancel()
-			if len(p.dir.available()) == 0 {
+			if p.dir.availableCount() == 0 {
 				up.failAll(p.noEndpointsError(err))
 			}
 			select {

@@ -1,7 +1,11 @@
 package proxy
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc/status"
 )
 
 // metrics are the proxy's Prometheus series (namespace beacon_proxy).
@@ -23,6 +27,22 @@ type metrics struct {
 	kaUpstreams     prometheus.Gauge
 	kaRequests      prometheus.Counter
 	kaForwarded     prometheus.Counter
+
+	reqCache sync.Map // reqKey -> prometheus.Counter
+}
+
+type reqKey struct{ method, code string }
+
+// request counts one handled RPC.
+func (m *metrics) request(method string, err error) {
+	k := reqKey{method, status.Code(err).String()}
+	if c, ok := m.reqCache.Load(k); ok {
+		c.(prometheus.Counter).Inc()
+		return
+	}
+	c := m.requests.WithLabelValues(k.method, k.code)
+	m.reqCache.Store(k, c)
+	c.Inc()
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -71,4 +91,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+func gaugeValue(g prometheus.Gauge) int {
+	var d dto.Metric
+	if err := g.Write(&d); err != nil || d.Gauge == nil {
+		return 0
+	}
+	return int(d.Gauge.GetValue())
 }

@@ -10,8 +10,10 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,6 +35,7 @@ type Proxy struct {
 	m          *metrics
 	id         string
 	codec      codec
+	forceCodec grpc.CallOption
 	httpClient *http.Client
 	dir        *director
 
@@ -44,8 +47,10 @@ type Proxy struct {
 	addr  net.Addr
 
 	// Set by Serve before it serves.
-	client *clientv3.Client
-	conn   *grpc.ClientConn
+	client *clientv3.Client   // watches, member list
+	pool   *pool              // forwarding
+	conns  []*grpc.ClientConn // pool.conns
+	next   atomic.Uint32
 	watch  *watchHub
 	lease  *leaseMux
 	self   *selfMatcher
@@ -85,6 +90,7 @@ func New(cfg Config) (*Proxy, error) {
 		m:          m,
 		id:         hex.EncodeToString(idb[:]),
 		codec:      newCodec(),
+		forceCodec: grpc.ForceCodecV2(newCodec()),
 		httpClient: newHTTPClient(cfg.ClientTLS, cfg.DialTimeout),
 		dir:        newDirector(cfg.FailureWait, log, m),
 		done:       make(chan struct{}),
@@ -150,7 +156,10 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 		_ = l.Close()
 		return err
 	}
-	defer p.client.Close()
+	defer func() {
+		p.pool.close()
+		_ = p.client.Close()
+	}()
 	return p.serve(ctx, l)
 }
 
@@ -285,13 +294,18 @@ func (p *Proxy) connect(list []*endpoint) error {
 	if err != nil {
 		return fmt.Errorf("proxy: connect to %v: %w", eps, err)
 	}
-	p.client = cli
-	p.conn = cli.ActiveConnection()
+	pl, err := newPool(p.cfg.UpstreamConns, eps, p.cfg.ClientTLS, p.cfg.DialTimeout)
+	if err != nil {
+		_ = cli.Close()
+		return fmt.Errorf("proxy: connect to %v: %w", eps, err)
+	}
+	p.client, p.pool, p.conns = cli, pl, pl.conns
 	p.dir.mu.Lock()
 	p.dir.applied = slices.Clone(eps)
 	p.dir.set = func(eps []string) {
 		p.log.Info("endpoints in use", "endpoints", eps)
 		cli.SetEndpoints(eps...)
+		pl.set(eps)
 	}
 	p.dir.mu.Unlock()
 	p.log.Info("connected to cluster", "endpoints", eps, "mode", p.cfg.Mode)
@@ -302,6 +316,8 @@ func (p *Proxy) connect(list []*endpoint) error {
 func (p *Proxy) newGRPCServer() *grpc.Server {
 	gs := grpc.NewServer(
 		grpc.ForceServerCodecV2(p.codec),
+		// Reused stream workers keep their grown stacks.
+		grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))),
 		grpc.UnknownServiceHandler(p.handleUnknown),
 		grpc.MaxRecvMsgSize(maxMsgSize),
 		grpc.MaxSendMsgSize(maxMsgSize),
@@ -309,6 +325,20 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: false}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Hour, Timeout: 20 * time.Second}),
 	)
+	for _, d := range p.serviceDescs() {
+		switch d.ServiceName {
+		case "etcdserverpb.Lease":
+			d.Streams = append(d.Streams, grpc.StreamDesc{
+				StreamName: "LeaseKeepAlive", ServerStreams: true, ClientStreams: true,
+				Handler: func(_ any, ss grpc.ServerStream) error {
+					err := p.lease.serve(ss)
+					p.m.request(leaseSvc+"LeaseKeepAlive", err)
+					return err
+				},
+			})
+		}
+		gs.RegisterService(d, p)
+	}
 	gs.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "etcdserverpb.Watch",
 		HandlerType: (*any)(nil),
@@ -316,19 +346,7 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 			StreamName: "Watch", ServerStreams: true, ClientStreams: true,
 			Handler: func(_ any, ss grpc.ServerStream) error {
 				err := p.watch.serve(ss)
-				p.m.requests.WithLabelValues("/etcdserverpb.Watch/Watch", codeOf(err)).Inc()
-				return err
-			},
-		}},
-	}, p)
-	gs.RegisterService(&grpc.ServiceDesc{
-		ServiceName: "etcdserverpb.Lease",
-		HandlerType: (*any)(nil),
-		Streams: []grpc.StreamDesc{{
-			StreamName: "LeaseKeepAlive", ServerStreams: true, ClientStreams: true,
-			Handler: func(_ any, ss grpc.ServerStream) error {
-				err := p.lease.serve(ss)
-				p.m.requests.WithLabelValues(leaseSvc+"LeaseKeepAlive", codeOf(err)).Inc()
+				p.m.request("/etcdserverpb.Watch/Watch", err)
 				return err
 			},
 		}},
@@ -343,7 +361,7 @@ func (p *Proxy) refreshLoop(ctx context.Context) {
 	next := time.Now().Add(p.cfg.RefreshInterval)
 	for {
 		interval := p.cfg.RefreshInterval
-		if len(p.dir.available()) == 0 && interval > EmptyRefreshInterval {
+		if p.dir.availableCount() == 0 && interval > EmptyRefreshInterval {
 			interval = EmptyRefreshInterval
 			if t := time.Now().Add(interval); t.Before(next) {
 				next = t
@@ -426,4 +444,29 @@ func (p *Proxy) memberClientURLs(ctx context.Context) ([]string, error) {
 	}
 	p.peers = newPeers
 	return clients, nil
+}
+
+// Stats are the proxy's current counts (also exported as metrics).
+type Stats struct {
+	// ClientWatchers are watchers clients hold on the proxy;
+	// UpstreamWatches are the watches the proxy holds on etcd for them.
+	ClientWatchers, UpstreamWatches int
+	// ClientWatchStreams are clients' Watch streams.
+	ClientWatchStreams int
+	// KeepAliveClientStreams share KeepAliveUpstreamStreams.
+	KeepAliveClientStreams, KeepAliveUpstreamStreams int
+	// AvailableEndpoints are the endpoints in use.
+	AvailableEndpoints int
+}
+
+// Stats returns the current counts.
+func (p *Proxy) Stats() Stats {
+	return Stats{
+		ClientWatchers:           gaugeValue(p.m.clientWatchers),
+		UpstreamWatches:          gaugeValue(p.m.upstreamWatches),
+		ClientWatchStreams:       gaugeValue(p.m.watchStreams),
+		KeepAliveClientStreams:   gaugeValue(p.m.kaClientStreams),
+		KeepAliveUpstreamStreams: gaugeValue(p.m.kaUpstreams),
+		AvailableEndpoints:       p.dir.availableCount(),
+	}
 }

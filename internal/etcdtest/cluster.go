@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -19,8 +20,9 @@ import (
 // Cluster is a real multi-member etcd cluster running in-process on
 // loopback ports, each member with its own data directory.
 type Cluster struct {
-	tb      testing.TB
 	token   string
+	dir     string
+	fsync   bool
 	mu      sync.Mutex
 	members []*Member
 }
@@ -33,6 +35,7 @@ type Member struct {
 	dir       string
 	initial   string
 	state     string
+	fsync     bool
 	mu        sync.Mutex
 	etcd      *embed.Etcd
 }
@@ -40,11 +43,34 @@ type Member struct {
 // StartCluster starts an n-member cluster and stops it when the test ends.
 func StartCluster(tb testing.TB, n int) *Cluster {
 	tb.Helper()
-	c := &Cluster{tb: tb, token: fmt.Sprintf("beacon-test-%d", time.Now().UnixNano())}
+	c, err := NewCluster(n, ClusterOptions{Dir: tb.TempDir()})
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// ClusterOptions configure NewCluster.
+type ClusterOptions struct {
+	// Dir holds the members' data directories (required).
+	Dir string
+	// Fsync makes members sync their WAL like production etcd (tests
+	// skip it by default for speed).
+	Fsync bool
+}
+
+// NewCluster starts an n-member cluster with data under opts.Dir; the
+// caller must Close it.
+func NewCluster(n int, opts ClusterOptions) (*Cluster, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("etcdtest: ClusterOptions.Dir is required")
+	}
+	c := &Cluster{token: fmt.Sprintf("beacon-test-%d", time.Now().UnixNano()), dir: opts.Dir, fsync: opts.Fsync}
 	for i := range n {
-		m, err := newMember(fmt.Sprintf("m%d", i+1), tb.TempDir())
+		m, err := c.newMember(fmt.Sprintf("m%d", i+1))
 		if err != nil {
-			tb.Fatalf("etcdtest: %v", err)
+			return nil, err
 		}
 		c.members = append(c.members, m)
 	}
@@ -52,7 +78,6 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 	for _, m := range c.members {
 		m.initial, m.state = initial, embed.ClusterStateFlagNew
 	}
-	tb.Cleanup(c.Close)
 	// Start every member, then wait: a member is ready only once a
 	// quorum runs.
 	errs := make([]error, n)
@@ -62,12 +87,14 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		tb.Fatalf("etcdtest: start cluster: %v", err)
+		c.Close()
+		return nil, fmt.Errorf("start cluster: %w", err)
 	}
-	return c
+	return c, nil
 }
 
-func newMember(name, dir string) (*Member, error) {
+func (c *Cluster) newMember(name string) (*Member, error) {
+	dir := filepath.Join(c.dir, name)
 	cport, err1 := FreePort()
 	pport, err2 := FreePort()
 	if err := errors.Join(err1, err2); err != nil {
@@ -78,6 +105,7 @@ func newMember(name, dir string) (*Member, error) {
 		clientURL: url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", cport)},
 		peerURL:   url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", pport)},
 		dir:       dir,
+		fsync:     c.fsync,
 	}, nil
 }
 
@@ -92,7 +120,7 @@ func (m *Member) config(token string) *embed.Config {
 	cfg.InitialCluster = m.initial
 	cfg.InitialClusterToken = token
 	cfg.ClusterState = m.state
-	cfg.UnsafeNoFsync = true
+	cfg.UnsafeNoFsync = !m.fsync
 	// Tests add members right after start.
 	cfg.StrictReconfigCheck = false
 	cfg.TickMs = 50
@@ -196,7 +224,7 @@ func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
 // existing cluster) and returns it once ready.
 func (c *Cluster) AddMember(tb testing.TB) *Member {
 	tb.Helper()
-	m, err := newMember(fmt.Sprintf("m%d", len(c.Members())+1), tb.TempDir())
+	m, err := c.newMember(fmt.Sprintf("m%d", len(c.Members())+1))
 	if err != nil {
 		tb.Fatalf("etcdtest: %v", err)
 	}
