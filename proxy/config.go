@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 )
@@ -201,6 +202,11 @@ func (c Config) Validate() error {
 	}
 	if (c.DiscoveryToken == "") != (len(c.DiscoveryEndpoints) == 0) {
 		return fmt.Errorf("%w: both --discovery-token and --discovery-endpoints must be set", ErrBadConfig)
+	}
+	if c.DiscoveryToken != "" {
+		if err := bootstrap.ValidateToken(c.DiscoveryToken); err != nil {
+			return fmt.Errorf("%w: --discovery-token: %w", ErrBadConfig, err)
+		}
 	}
 	for _, ep := range c.DiscoveryEndpoints {
 		if strings.TrimSpace(ep) == "" {

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/miekg/dns"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -66,64 +67,31 @@ func (p *Proxy) discoverPeers(ctx context.Context) ([]string, error) {
 }
 
 // discoverV3 reads the first size members registered under the token with
-// the etcd v3 discovery protocol; unlike joining, a full cluster is fine.
+// the etcd v3 discovery protocol (bootstrap.GetCluster: like etcd's
+// GetCluster, a full cluster is fine), waiting for them within ctx.
 func (p *Proxy) discoverV3(ctx context.Context) ([]string, error) {
-	ccfg := clientv3.Config{
+	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   p.cfg.DiscoveryEndpoints,
 		DialTimeout: max(p.cfg.DialTimeout, 2*time.Second),
 		TLS:         p.cfg.ClientTLS,
 		Logger:      zap.NewNop(),
 		Context:     ctx,
-	}
-	cli, err := clientv3.New(ccfg)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: discovery endpoints %v: %v", ErrDiscovery, p.cfg.DiscoveryEndpoints, err)
 	}
 	defer cli.Close()
-	initial, err := getClusterV3(ctx, cli, p.cfg.DiscoveryToken)
-	if err != nil {
-		return nil, err
+	cl, err := bootstrap.GetCluster(ctx, bootstrap.Config{Token: p.cfg.DiscoveryToken, Client: cli, Logger: p.log})
+	switch {
+	case errors.Is(err, bootstrap.ErrSizeNotFound):
+		return nil, permanent(fmt.Errorf("%w: %w", ErrSizeNotFound, err))
+	case errors.Is(err, bootstrap.ErrBadSizeKey), errors.Is(err, bootstrap.ErrInvalidToken),
+		errors.Is(err, bootstrap.ErrInvalidURL), errors.Is(err, bootstrap.ErrDuplicateName):
+		return nil, permanent(fmt.Errorf("%w: %w", ErrDiscovery, err))
+	case err != nil:
+		return nil, fmt.Errorf("%w: token %q at %v: %w", ErrDiscovery, p.cfg.DiscoveryToken, p.cfg.DiscoveryEndpoints, err)
 	}
-	return parseInitialCluster(initial)
-}
-
-// getClusterV3 is the read-only half of etcd's v3 discovery: the
-// --initial-cluster string of the first size members by creation revision.
-func getClusterV3(ctx context.Context, cli *clientv3.Client, token string) (string, error) {
-	prefix := path.Join("/_etcd/registry", token)
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	resp, err := cli.Get(rctx, path.Join(prefix, "_config/size"))
-	if err != nil {
-		return "", fmt.Errorf("%w: read size of token %q: %v", ErrDiscovery, token, err)
-	}
-	if len(resp.Kvs) == 0 {
-		return "", permanent(fmt.Errorf("%w (token %q: create it with `beacon token new` or put %s)", ErrSizeNotFound, token, path.Join(prefix, "_config/size")))
-	}
-	size, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 0)
-	if err != nil || size <= 0 {
-		return "", permanent(fmt.Errorf("%w: token %q: size key is bad: %q", ErrDiscovery, token, resp.Kvs[0].Value))
-	}
-	mresp, err := cli.Get(rctx, path.Join(prefix, "members"), clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
-	if err != nil {
-		return "", fmt.Errorf("%w: read members of token %q: %v", ErrDiscovery, token, err)
-	}
-	var vals []string
-	for _, kv := range mresp.Kvs {
-		v := strings.TrimSpace(string(kv.Value))
-		if !strings.Contains(v, "=") {
-			continue
-		}
-		vals = append(vals, v)
-		if int64(len(vals)) == size {
-			break
-		}
-	}
-	if len(vals) == 0 {
-		return "", fmt.Errorf("%w: token %q: no member registered yet (0 of %d)", ErrDiscovery, token, size)
-	}
-	return strings.Join(vals, ","), nil
+	return parseInitialCluster(cl.InitialCluster)
 }
 
 // v2Node is a node of the etcd v2 keys API.
