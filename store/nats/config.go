@@ -1,0 +1,202 @@
+package nats
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Environment variables read by ConfigFromEnv. The NATS_* names are those
+// of the nats command-line tool.
+const (
+	EnvURL      = "NATS_URL"
+	EnvCreds    = "NATS_CREDS"
+	EnvUser     = "NATS_USER"
+	EnvPassword = "NATS_PASSWORD"
+	EnvToken    = "NATS_TOKEN"
+	EnvCA       = "NATS_CA"
+	EnvCert     = "NATS_CERT"
+	EnvKey      = "NATS_KEY"
+	EnvDomain   = "NATS_DOMAIN"
+	EnvBucket   = "BEACON_NATS_BUCKET"
+	EnvReplicas = "BEACON_NATS_REPLICAS"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultURL            = "nats://127.0.0.1:4222"
+	DefaultBucket         = "beacon"
+	DefaultHistory        = 64
+	DefaultMarkerTTL      = time.Second
+	DefaultDialTimeout    = 5 * time.Second
+	DefaultRequestTimeout = 5 * time.Second
+	// MinHistory is the least history per key an existing bucket must
+	// keep: watches resume across at most that many writes of one key.
+	MinHistory = 8
+)
+
+var bucketRe = regexp.MustCompile(`^[a-zA-Z0-9_-]+$`)
+
+// Config configures a NATS store. The zero value connects to a local
+// server without authentication and uses the bucket "beacon".
+type Config struct {
+	// URL lists the servers, comma separated (nats:// or tls://).
+	// Default DefaultURL.
+	URL string
+	// CredsFile is a NATS credentials file (JWT and NKey seed).
+	CredsFile string
+	// User and Password authenticate with a user name and password.
+	User, Password string
+	// Token authenticates with a token.
+	Token string
+	// CAFile verifies the server's TLS certificate; CertFile and KeyFile
+	// are a client certificate. Any of them turns TLS on.
+	CAFile, CertFile, KeyFile string
+	// Domain is the JetStream domain, if the server uses one.
+	Domain string
+	// Bucket is the KV bucket (stream KV_<Bucket>). Default "beacon".
+	Bucket string
+	// Replicas of a bucket created by Open (1 to 5). Default 1.
+	Replicas int
+	// History is the number of revisions kept per key in a bucket
+	// created by Open (MinHistory to 64). Default 64.
+	History int
+	// MarkerTTL is how long the markers the server leaves when a lease
+	// expires stay in a bucket created by Open (the stream's subject delete
+	// marker TTL). The server raises every message TTL to at least this, so
+	// it is also the shortest lease. Default 1 s (leases are exact).
+	MarkerTTL time.Duration
+	// DialTimeout bounds connecting. Default 5 s.
+	DialTimeout time.Duration
+	// RequestTimeout bounds each request to the server when the caller's
+	// context has no deadline. Default 5 s.
+	RequestTimeout time.Duration
+	// Name is the client connection name shown by the server.
+	Name string
+	// Logger receives connection events. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	for _, u := range strings.Split(c.URL, ",") {
+		u = strings.TrimSpace(u)
+		if u == "" {
+			if c.URL != "" {
+				errs = append(errs, fmt.Errorf("nats: URL %q has an empty entry", c.URL))
+			}
+			continue
+		}
+		p, err := url.Parse(u)
+		if err != nil || p.Host == "" {
+			errs = append(errs, fmt.Errorf("nats: server URL %q is not a URL like nats://host:4222", u))
+			continue
+		}
+		switch p.Scheme {
+		case "nats", "tls", "ws", "wss":
+		default:
+			errs = append(errs, fmt.Errorf("nats: server URL %q: scheme must be nats, tls, ws or wss", u))
+		}
+	}
+	if (c.User == "") != (c.Password == "") {
+		errs = append(errs, errors.New("nats: set both user and password, or neither"))
+	}
+	if n := btoi(c.User != "") + btoi(c.Token != "") + btoi(c.CredsFile != ""); n > 1 {
+		errs = append(errs, errors.New("nats: choose one of user/password, token and credentials file"))
+	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		errs = append(errs, errors.New("nats: a client certificate needs both the certificate and the key file"))
+	}
+	for _, f := range []string{c.CredsFile, c.CAFile, c.CertFile, c.KeyFile} {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			errs = append(errs, fmt.Errorf("nats: %w", err))
+		}
+	}
+	if c.Bucket != "" && !bucketRe.MatchString(c.Bucket) {
+		errs = append(errs, fmt.Errorf("nats: bucket name %q: use letters, digits, '-' and '_'", c.Bucket))
+	}
+	if c.Replicas < 0 || c.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("nats: replicas %d: must be 1 to 5", c.Replicas))
+	}
+	if c.History != 0 && (c.History < MinHistory || c.History > 64) {
+		errs = append(errs, fmt.Errorf("nats: history %d: must be %d to 64", c.History, MinHistory))
+	}
+	if c.MarkerTTL != 0 && (c.MarkerTTL < time.Second || c.MarkerTTL%time.Second != 0) {
+		errs = append(errs, fmt.Errorf("nats: marker TTL %v: must be whole seconds, at least 1s", c.MarkerTTL))
+	}
+	if c.DialTimeout < 0 || c.RequestTimeout < 0 {
+		errs = append(errs, errors.New("nats: timeouts must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (c Config) withDefaults() Config {
+	if c.URL == "" {
+		c.URL = DefaultURL
+	}
+	if c.Bucket == "" {
+		c.Bucket = DefaultBucket
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.History == 0 {
+		c.History = DefaultHistory
+	}
+	if c.MarkerTTL == 0 {
+		c.MarkerTTL = DefaultMarkerTTL
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// ConfigFromEnv reads the configuration from NATS_URL, NATS_CREDS,
+// NATS_USER, NATS_PASSWORD, NATS_TOKEN, NATS_CA, NATS_CERT, NATS_KEY,
+// NATS_DOMAIN, BEACON_NATS_BUCKET and BEACON_NATS_REPLICAS, and validates it.
+func ConfigFromEnv() (Config, error) {
+	c := Config{
+		URL:       os.Getenv(EnvURL),
+		CredsFile: os.Getenv(EnvCreds),
+		User:      os.Getenv(EnvUser),
+		Password:  os.Getenv(EnvPassword),
+		Token:     os.Getenv(EnvToken),
+		CAFile:    os.Getenv(EnvCA),
+		CertFile:  os.Getenv(EnvCert),
+		KeyFile:   os.Getenv(EnvKey),
+		Domain:    os.Getenv(EnvDomain),
+		Bucket:    os.Getenv(EnvBucket),
+	}
+	if v := os.Getenv(EnvReplicas); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return Config{}, fmt.Errorf("nats: %s=%q: want a number from 1 to 5", EnvReplicas, v)
+		}
+		c.Replicas = n
+	}
+	return c, c.Validate()
+}

@@ -1,0 +1,48 @@
+package nats_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/natstest"
+	"github.com/beaconplane/beacon/store"
+	bnats "github.com/beaconplane/beacon/store/nats"
+	"github.com/beaconplane/beacon/store/storetest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, natstest.LeakOptions()...)
+}
+
+func open(tb testing.TB, cfg bnats.Config) *bnats.Store {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := bnats.Open(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("Open: %v", err)
+	}
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	storetest.Run(t, func(tb testing.TB) store.Store {
+		return open(tb, bnats.Config{URL: srv.ClientURL()})
+	}, storetest.Options{
+		// The server expires TTLs on its own timer, up to about a second
+		// late.
+		ExpiryGrace: 3 * time.Second,
+		LeakOptions: natstest.LeakOptions(),
+	})
+}
+
+func BenchmarkNATS(b *testing.B) {
+	srv := natstest.Start(b, natstest.Options{})
+	storetest.Benchmark(b, func(tb testing.TB) store.Store { return open(tb, bnats.Config{URL: srv.ClientURL()}) })
+}
+
+var _ = os.Getenv

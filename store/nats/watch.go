@@ -1,0 +1,347 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/beaconplane/beacon/store"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// maxBatch bounds the events of one watch response (a revision is never
+// split).
+const maxBatch = 1000
+
+// maxTracked bounds the per-watch map of each key's last message, used to
+// detect history a watch needs but the bucket no longer has.
+const maxTracked = 1 << 17
+
+// Watch implements store.Watcher with an ordered consumer on the key
+// subjects under prefix and on the lease subjects, starting at the
+// requested revision (a stream sequence).
+//
+// A watch ends with a *store.CompactedError when the history it needs is
+// gone: the revision is below the bucket's compaction watermark; a key's
+// earlier message was dropped by the per-key history limit (every write
+// names its predecessor, so the gap is seen); or the watch starts (or falls
+// behind) further back than the marker TTL and a lease that keys under the
+// prefix are bound to has ended with its marker already gone (so the
+// revision of their deletion is unknown).
+func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) store.WatchChan {
+	ch := make(chan store.WatchResponse, 1)
+	fail := func(err error) store.WatchChan {
+		ch <- store.WatchResponse{Err: err}
+		close(ch)
+		return ch
+	}
+	if err := store.ValidatePrefix(prefix); err != nil {
+		return fail(err)
+	}
+	if fromRevision < 0 {
+		return fail(fmt.Errorf("store: watch from negative revision %d", fromRevision))
+	}
+	if err := s.begin(ctx); err != nil {
+		return fail(err)
+	}
+	// Pin the start now, so that a watch "from now" sees every write made
+	// after Watch returns.
+	msgs, now, err := s.multiLast(ctx, []string{s.metaSubject(), s.compactSubject()}, 0)
+	if err != nil {
+		return fail(err)
+	}
+	var watermark int64 = 1
+	for i := range msgs {
+		if msgs[i].subject == s.compactSubject() {
+			watermark, _ = strconv.ParseInt(string(msgs[i].data), 10, 64)
+		}
+	}
+	from := uint64(fromRevision)
+	if from == 0 {
+		from = now + 1
+	}
+	if int64(from) < watermark {
+		return fail(&store.CompactedError{Requested: int64(from), CompactRevision: watermark})
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return fail(store.ErrClosed)
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go s.watch(ctx, ch, prefix, from, now)
+	return ch
+}
+
+func (s *Store) retention() time.Duration { return s.markerTTL * 3 / 4 }
+
+type watcher struct {
+	s       *Store
+	prefix  string
+	filter  string // key subject filter of prefix
+	exact   bool
+	from    uint64
+	last    map[string]uint64 // key → its last message seen by this watch
+	live    map[string]bool   // key → whether this watch has it existing
+	pruned  uint64            // last keys of deleted keys below this were dropped
+	pending []store.Event
+}
+
+func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix string, from, now uint64) {
+	defer s.wg.Done()
+	defer close(ch)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	send := func(resp store.WatchResponse) bool {
+		select {
+		case ch <- resp:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	filter, exact := prefixFilter(prefix)
+	w := &watcher{s: s, prefix: prefix, filter: s.pre + "k." + filter, exact: exact, from: from, last: map[string]uint64{}, live: map[string]bool{}}
+	if err := w.checkRetention(ctx, now); err != nil {
+		if ctx.Err() == nil {
+			send(store.WatchResponse{Err: err})
+		}
+		return
+	}
+	cons, err := s.js.OrderedConsumer(ctx, s.stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{w.filter, s.pre + "l.>"},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    from,
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			send(store.WatchResponse{Err: s.unavailable("watch", err)})
+		}
+		return
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		if ctx.Err() == nil {
+			send(store.WatchResponse{Err: s.unavailable("watch", err)})
+		}
+		return
+	}
+	defer func() {
+		it.Stop()
+		// Delete the server's consumer now rather than when it times out.
+		if info := cons.CachedInfo(); info != nil {
+			dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
+			_ = s.js.DeleteConsumer(dctx, s.stream, info.Name)
+			dcancel()
+		}
+	}()
+	// caughtUp is when the watch last had nothing pending. Lease-end
+	// markers written since then live for the marker TTL, so the watch must
+	// not fall further behind than the retention window.
+	caughtUp := time.Now()
+	var behind bool
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return
+			}
+			send(store.WatchResponse{Err: s.unavailable("watch", err)})
+			return
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			send(store.WatchResponse{Err: fmt.Errorf("nats: watch: %w", err)})
+			return
+		}
+		if behind && time.Since(caughtUp) > s.retention() {
+			// Lease-end markers may have expired before this watch got to
+			// them: make sure none that matters did.
+			if err := w.verifyLeases(ctx, meta.Sequence.Stream); err != nil {
+				if ctx.Err() == nil {
+					send(store.WatchResponse{Err: err})
+				}
+				return
+			}
+			caughtUp = time.Now()
+		}
+		m := rawMsg{subject: msg.Subject(), seq: meta.Sequence.Stream, time: meta.Timestamp, header: msg.Headers(), data: msg.Data()}
+		if err := w.handle(ctx, &m); err != nil {
+			if ctx.Err() == nil {
+				send(store.WatchResponse{Err: err})
+			}
+			return
+		}
+		behind = meta.NumPending > 0
+		if !behind {
+			caughtUp = time.Now()
+		}
+		if len(w.pending) > 0 && (!behind || len(w.pending) >= maxBatch) {
+			if !send(store.WatchResponse{Events: w.pending}) {
+				return
+			}
+			w.pending = nil
+		}
+	}
+}
+
+// checkRetention verifies the leases when the start revision is older than
+// the markers of lease ends live.
+func (w *watcher) checkRetention(ctx context.Context, now uint64) error {
+	if w.from > now {
+		return nil
+	}
+	first, err := w.s.firstSince(ctx, time.Now().Add(-w.s.retention()))
+	if err != nil {
+		return err
+	}
+	if first != nil && first.seq <= w.from {
+		return nil
+	}
+	return w.verifyLeases(ctx, now+1)
+}
+
+// verifyLeases fails if a key under the prefix is bound to a lease whose
+// subject is empty: the lease ended, and the marker that said when is gone.
+func (w *watcher) verifyLeases(ctx context.Context, at uint64) error {
+	msgs, _, err := w.s.snapshotAt(ctx, w.prefix, 0)
+	if err != nil {
+		return err
+	}
+	ids := map[store.LeaseID]bool{}
+	for i := range msgs {
+		if !isEnd(msgs[i].header) {
+			if id := parseLeaseID(msgs[i].header.Get(hdrLease)); id != store.NoLease {
+				ids[id] = true
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	seen := map[store.LeaseID]bool{}
+	subjects := make([]string, 0, len(ids))
+	for id := range ids {
+		subjects = append(subjects, w.s.leaseSubject(id))
+	}
+	for len(subjects) > 0 {
+		n := min(len(subjects), 1000)
+		part, _, err := w.s.multiLast(ctx, append(subjects[:n:n], w.s.metaSubject()), 0)
+		if err != nil {
+			return err
+		}
+		for i := range part {
+			if hex, ok := strings.CutPrefix(part[i].subject, w.s.pre+"l."); ok {
+				seen[parseLeaseID(hex)] = true
+			}
+		}
+		subjects = subjects[n:]
+	}
+	for id := range ids {
+		if !seen[id] {
+			return &store.CompactedError{Requested: int64(w.from), CompactRevision: int64(at)}
+		}
+	}
+	return nil
+}
+
+// handle turns one stream message into events.
+func (w *watcher) handle(ctx context.Context, m *rawMsg) error {
+	s := w.s
+	if hex, ok := strings.CutPrefix(m.subject, s.pre+"l."); ok {
+		if !isEnd(m.header) {
+			return nil // grant, keep-alive or write touching the lease
+		}
+		return w.leaseEnded(ctx, parseLeaseID(hex), m.seq)
+	}
+	tokens, ok := strings.CutPrefix(m.subject, s.pre+"k.")
+	if !ok {
+		return nil
+	}
+	key, err := decodeKey(tokens)
+	if err != nil || !strings.HasPrefix(key, w.prefix) {
+		return nil
+	}
+	// Every write names the key's previous message: one at or after the
+	// watch's start that this watch did not see was dropped.
+	if p := m.header.Get(hdrPrev); p != "" {
+		prev, _ := strconv.ParseUint(p, 10, 64)
+		if seen, ok := w.last[key]; prev >= w.from && (!ok || seen != prev) {
+			return &store.CompactedError{Requested: int64(prev), CompactRevision: int64(m.seq)}
+		}
+	}
+	w.track(key, m.seq, isEnd(m.header))
+	switch {
+	case m.header.Get(hdrReap) != "":
+		// The key went when its lease ended; this watch saw that, unless
+		// the lease-end marker expired before it got there.
+		if w.live[key] {
+			return &store.CompactedError{Requested: int64(w.from), CompactRevision: int64(m.seq)}
+		}
+		return nil
+	case isEnd(m.header):
+		w.live[key] = false
+		w.pending = append(w.pending, store.Event{Type: store.EventDelete, KV: store.KeyValue{Key: key, ModRevision: int64(m.seq)}})
+		return nil
+	}
+	if m.header.Get(hdrCreate) == "" && w.live[key] {
+		// A creation of a key this watch has existing: its deletion (by
+		// a lease end whose marker expired) was missed.
+		return &store.CompactedError{Requested: int64(w.from), CompactRevision: int64(m.seq)}
+	}
+	w.live[key] = true
+	w.pending = append(w.pending, store.Event{Type: store.EventPut, KV: decodeKV(key, m)})
+	return nil
+}
+
+func (w *watcher) track(key string, seq uint64, deleted bool) {
+	w.last[key] = seq
+	if len(w.last) <= maxTracked || !deleted {
+		return
+	}
+	// Forget deleted keys; a later write naming one of them as its
+	// predecessor is then taken as a gap (a false, safe compaction).
+	for k, v := range w.last {
+		if v < seq && !w.live[k] {
+			delete(w.last, k)
+			delete(w.live, k)
+		}
+	}
+	w.pruned = seq
+}
+
+// leaseEnded emits, at the lease-end revision, the deletion of every key
+// under the prefix that was bound to the lease just before it.
+func (w *watcher) leaseEnded(ctx context.Context, id store.LeaseID, seq uint64) error {
+	msgs, _, err := w.s.snapshotAt(ctx, w.prefix, seq-1)
+	if err != nil {
+		return err
+	}
+	dead := map[string]bool{}
+	for i := range msgs {
+		m := &msgs[i]
+		tokens, ok := strings.CutPrefix(m.subject, w.s.pre+"k.")
+		if !ok || isEnd(m.header) || parseLeaseID(m.header.Get(hdrLease)) != id {
+			continue
+		}
+		if key, err := decodeKey(tokens); err == nil && strings.HasPrefix(key, w.prefix) {
+			dead[key] = true
+		}
+	}
+	for _, key := range sortKeys(dead) {
+		w.live[key] = false
+		w.pending = append(w.pending, store.Event{Type: store.EventDelete, KV: store.KeyValue{Key: key, ModRevision: int64(seq)}})
+	}
+	return nil
+}
