@@ -1,0 +1,108 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/bootstrap"
+	"github.com/beaconplane/beacon/internal/etcdtest"
+)
+
+// TestTokenCommands runs docs/bootstrap.md's walk-through against a real
+// etcd registry: token new, status --watch while two `beacon serve` nodes
+// join through the token, status as a table and as JSON, rm.
+func TestTokenCommands(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{Name: "registry"})
+	ep := srv.Endpoint()
+	dir := t.TempDir()
+
+	created := startBeacon(t, dir, nil, "token", "new", "--size", "2", "-o", "json", "--endpoints", ep)
+	if err := created.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("token new: %v\n%s", err, created.errOut())
+	}
+	var resp bootstrap.CreateTokenResponse
+	if err := json.Unmarshal([]byte(created.out()), &resp); err != nil || resp.Size != 2 || bootstrap.ValidateToken(resp.Token) != nil {
+		t.Fatalf("token new -o json: %v\n%s", err, created.out())
+	}
+	tok := resp.Token
+
+	watch := startBeacon(t, dir, nil, "token", "status", tok, "--watch", "--wait", "90s", "--endpoints", ep)
+	watch.waitLine(t, "0 of 2 members registered", 30*time.Second)
+
+	var nodes []*beacon
+	for _, name := range []string{"n1", "n2"} {
+		client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
+		n := startBeacon(t, dir, nil, "serve", "--name", name, "--data-dir", name+".data",
+			"--listen-client-urls", client, "--listen-peer-urls", peer, "--http-addr", strings.TrimPrefix(httpURL, "http://"),
+			"--discovery-token", tok, "--discovery-endpoints", ep)
+		nodes = append(nodes, n)
+	}
+	watch.waitLine(t, "2 of 2 members registered", 60*time.Second)
+	if err := watch.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("status --watch: %v\n%s", err, watch.errOut())
+	}
+	for _, want := range []string{"State:  full", "n1", "n2", "Initial cluster: "} {
+		if !strings.Contains(watch.out(), want) {
+			t.Fatalf("status --watch lacks %q:\n%s", want, watch.out())
+		}
+	}
+	for _, n := range nodes {
+		n.waitLine(t, "beacon serve is ready", 60*time.Second)
+	}
+
+	// A third node is refused with etcd's message, in one line.
+	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
+	late := startBeacon(t, dir, nil, "serve", "--name", "n3", "--data-dir", "n3.data",
+		"--listen-client-urls", client, "--listen-peer-urls", peer, "--http-addr", strings.TrimPrefix(httpURL, "http://"),
+		"--discovery-token", tok, "--discovery-endpoints", ep)
+	if err := late.wait(t, 60*time.Second); err == nil || !strings.Contains(late.errOut(), "beacon: failed to join discovery cluster: discovery: cluster is full") {
+		t.Fatalf("late node: %v\n%s", err, late.errOut())
+	}
+
+	st := startBeacon(t, dir, nil, "token", "status", tok, "-o", "json", "--endpoints", ep)
+	if err := st.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("status: %v\n%s", err, st.errOut())
+	}
+	var status bootstrap.TokenStatusResponse
+	if err := json.Unmarshal([]byte(st.out()), &status); err != nil || status.State != bootstrap.StateFull || status.Registered != 2 ||
+		status.InitialCluster == "" {
+		t.Fatalf("status -o json: %v\n%s", err, st.out())
+	}
+
+	rm := startBeacon(t, dir, nil, "token", "rm", tok, "--endpoints", ep)
+	if err := rm.wait(t, 30*time.Second); err != nil || !strings.Contains(rm.out(), "Removed token "+tok+" (3 keys)") {
+		t.Fatalf("rm: %v\n%s%s", err, rm.out(), rm.errOut())
+	}
+	gone := startBeacon(t, dir, nil, "token", "status", tok, "--endpoints", ep)
+	if err := gone.wait(t, 30*time.Second); err == nil || !strings.Contains(gone.errOut(), "token not found") {
+		t.Fatalf("status of a removed token: %v\n%s", err, gone.errOut())
+	}
+	for _, n := range nodes {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, n := range nodes {
+		_ = n.wait(t, 60*time.Second)
+	}
+}
+
+func TestTokenBadInput(t *testing.T) {
+	for _, args := range [][]string{
+		{"token", "new", "--size", "0"},
+		{"token", "new", "--token", "a/b"},
+		{"token", "status", "a/b"},
+		{"token", "status"},
+		{"token", "new", "-o", "yaml", "--endpoints", "http://127.0.0.1:1"},
+	} {
+		b := startBeacon(t, t.TempDir(), nil, args...)
+		if err := b.wait(t, 30*time.Second); err == nil {
+			t.Errorf("%v succeeded", args)
+			continue
+		}
+		if lines := strings.Count(strings.TrimSpace(b.errOut()), "\n"); lines > 0 || !strings.HasPrefix(b.errOut(), "beacon: ") {
+			t.Errorf("%v: want one line of error, got:\n%s", args, b.errOut())
+		}
+	}
+}
