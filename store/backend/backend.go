@@ -12,7 +12,9 @@ import (
 
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
+	"github.com/beaconplane/beacon/store/file"
 	"github.com/beaconplane/beacon/store/memory"
+	"github.com/beaconplane/beacon/store/nats"
 )
 
 // Backend names, as BEACON_DISCOVERY_BACKEND spells them.
@@ -36,14 +38,22 @@ type Config struct {
 	Etcd etcd.Config
 	// Memory configures the memory backend.
 	Memory memory.Options
+	// File configures the file backend (BEACON_FILE_DIR, ...).
+	File file.Config
+	// NATS configures the NATS backend (NATS_URL, ...).
+	NATS nats.Config
 }
 
 // FromEnv reads BEACON_DISCOVERY_BACKEND and each backend's own variables
 // (ETCD_ENDPOINTS and ETCD_AUTH_* for etcd, ...).
 func FromEnv() Config {
+	fileCfg, _ := file.ConfigFromEnv() // errors are reported by Validate
+	natsCfg, _ := nats.ConfigFromEnv()
 	return Config{
 		Name: strings.TrimSpace(os.Getenv(EnvVar)),
 		Etcd: etcd.ConfigFromEnv(),
+		File: fileCfg,
+		NATS: natsCfg,
 	}
 }
 
@@ -62,6 +72,10 @@ func (c Config) Validate() error {
 		return c.Etcd.Validate()
 	case Memory:
 		return nil
+	case File:
+		return c.File.Validate()
+	case NATS:
+		return c.NATS.Validate()
 	case Kubernetes:
 		return fmt.Errorf("backend %q: the Kubernetes-native registry is not part of this build; use etcd, memory, file or nats", n)
 	default:
@@ -79,6 +93,10 @@ func Open(ctx context.Context, c Config) (store.Store, error) {
 	switch c.name() {
 	case Memory:
 		return memory.New(c.Memory), nil
+	case File:
+		return file.Open(ctx, c.File)
+	case NATS:
+		return nats.Open(ctx, c.NATS)
 	default:
 		return etcd.New(ctx, c.Etcd)
 	}

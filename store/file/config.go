@@ -50,11 +50,13 @@ type Config struct {
 	// Logger receives warnings about recovery actions (a torn log tail
 	// repaired, stale temporary files removed). Nil discards them.
 	Logger *slog.Logger
+
+	envErr error // a bad environment variable, reported by Validate
 }
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
-	var errs []error
+	errs := []error{c.envErr}
 	if c.Dir == "" {
 		errs = append(errs, fmt.Errorf("file: no store directory: set %s or Config.Dir", EnvDir))
 	}
@@ -83,15 +85,17 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// ConfigFromEnv reads BEACON_FILE_DIR and BEACON_FILE_HISTORY.
+// ConfigFromEnv reads BEACON_FILE_DIR and BEACON_FILE_HISTORY and
+// validates the result. The configuration is returned even when it is
+// invalid; its Validate reports the same error.
 func ConfigFromEnv() (Config, error) {
 	c := Config{Dir: os.Getenv(EnvDir)}
 	if v := os.Getenv(EnvHistory); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 {
-			return Config{}, fmt.Errorf("file: %s=%q: want a positive number of revisions", EnvHistory, v)
+			c.envErr = fmt.Errorf("file: %s=%q: want a positive number of revisions", EnvHistory, v)
 		}
-		c.History = n
+		c.History = max(n, 0)
 	}
 	return c, c.Validate()
 }

@@ -81,11 +81,13 @@ type Config struct {
 	Name string
 	// Logger receives connection events. Nil discards them.
 	Logger *slog.Logger
+
+	envErr error // a bad environment variable, reported by Validate
 }
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
-	var errs []error
+	errs := []error{c.envErr}
 	for _, u := range strings.Split(c.URL, ",") {
 		u = strings.TrimSpace(u)
 		if u == "" {
@@ -178,6 +180,8 @@ func (c Config) withDefaults() Config {
 // ConfigFromEnv reads the configuration from NATS_URL, NATS_CREDS,
 // NATS_USER, NATS_PASSWORD, NATS_TOKEN, NATS_CA, NATS_CERT, NATS_KEY,
 // NATS_DOMAIN, BEACON_NATS_BUCKET and BEACON_NATS_REPLICAS, and validates it.
+// The configuration is returned even when it is invalid; its Validate
+// reports the same error.
 func ConfigFromEnv() (Config, error) {
 	c := Config{
 		URL:       os.Getenv(EnvURL),
@@ -194,7 +198,7 @@ func ConfigFromEnv() (Config, error) {
 	if v := os.Getenv(EnvReplicas); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			return Config{}, fmt.Errorf("nats: %s=%q: want a number from 1 to 5", EnvReplicas, v)
+			c.envErr = fmt.Errorf("nats: %s=%q: want a number from 1 to 5", EnvReplicas, v)
 		}
 		c.Replicas = n
 	}
