@@ -8,6 +8,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/naming"
+	"github.com/beaconplane/beacon/naming/internal/netcut"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store/etcd"
@@ -49,7 +50,7 @@ func TestStaleWhileEtcdUnreachableThenRecovers(t *testing.T) {
 
 	// The client reaches etcd through a connection we can cut; its
 	// registry probes the store every second (a third of a 3 s TTL).
-	cut := startNetCut(t, strings.TrimPrefix(server.Endpoint(), "http://"))
+	cut := netcut.Start(t, strings.TrimPrefix(server.Endpoint(), "http://"))
 	st, err := etcd.New(ctx, etcd.Config{Endpoints: []string{cut.Addr()}, RequestTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -46,6 +46,7 @@ type Publisher struct {
 	published bool    // a state was pushed
 	errored   bool    // an error was reported after it
 	last      []Entry // what was pushed
+	lastEmpty string  // the error reported with an empty state
 	skips     map[skip]bool
 }
 
@@ -63,8 +64,8 @@ func New(cc resolver.ClientConn, scheme, target string, m *Metrics, log *slog.Lo
 // empty as the error, so that RPCs fail fast with it instead of waiting,
 // after pushing an empty state if the last state had endpoints (so that
 // balancers drop their connections).
-// A state equal to the last one pushed, with no error reported since, is
-// not pushed again.
+// A state equal to the last one pushed (with the same error, if empty),
+// with no error reported since, is not pushed again.
 func (p *Publisher) Publish(entries []Entry, empty error) {
 	kept := make([]Entry, 0, len(entries))
 	seen := make(map[string]bool, len(entries))
@@ -91,11 +92,15 @@ func (p *Publisher) Publish(entries []Entry, empty error) {
 		kept = append(kept, e)
 	}
 	p.skips = skips
-	if p.published && !p.errored && slices.EqualFunc(kept, p.last, Entry.equal) {
+	emptyMsg := ""
+	if len(kept) == 0 && empty != nil {
+		emptyMsg = empty.Error()
+	}
+	if p.published && !p.errored && slices.EqualFunc(kept, p.last, Entry.equal) && emptyMsg == p.lastEmpty {
 		return
 	}
 	hadEndpoints := len(p.last) > 0
-	p.published, p.errored, p.last = true, false, kept
+	p.published, p.errored, p.last, p.lastEmpty = true, false, kept, emptyMsg
 	if len(kept) == 0 {
 		if hadEndpoints {
 			// Make the balancer drop its connections. (Until the error

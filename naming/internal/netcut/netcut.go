@@ -1,4 +1,8 @@
-package naming_test
+// Package netcut is a loopback TCP proxy for tests: it sits between
+// clients and a server and cuts the network between them (and restores it)
+// without stopping the server, so that an outage starts and ends at a
+// known moment.
+package netcut
 
 import (
 	"io"
@@ -7,11 +11,10 @@ import (
 	"testing"
 )
 
-// netCut is a loopback TCP proxy in front of a server, to cut the network
-// between clients and the server (and restore it) without stopping the
-// server: Cut closes every connection and refuses new ones until Restore.
-type netCut struct {
-	t        *testing.T
+// Proxy forwards connections to one upstream address. Cut closes every
+// connection and refuses new ones until Restore.
+type Proxy struct {
+	t        testing.TB
 	upstream string
 	addr     string
 
@@ -21,9 +24,11 @@ type netCut struct {
 	wg    sync.WaitGroup
 }
 
-func startNetCut(t *testing.T, upstream string) *netCut {
+// Start starts a proxy to upstream (host:port) on a free loopback port and
+// stops it when the test ends.
+func Start(t testing.TB, upstream string) *Proxy {
 	t.Helper()
-	n := &netCut{t: t, upstream: upstream, conns: map[net.Conn]bool{}}
+	n := &Proxy{t: t, upstream: upstream, conns: map[net.Conn]bool{}}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -38,9 +43,9 @@ func startNetCut(t *testing.T, upstream string) *netCut {
 }
 
 // Addr is where clients connect.
-func (n *netCut) Addr() string { return n.addr }
+func (n *Proxy) Addr() string { return n.addr }
 
-func (n *netCut) serve(lis net.Listener) {
+func (n *Proxy) serve(lis net.Listener) {
 	n.mu.Lock()
 	n.lis = lis
 	n.mu.Unlock()
@@ -73,7 +78,7 @@ func (n *netCut) serve(lis net.Listener) {
 	}()
 }
 
-func (n *netCut) track(cs ...net.Conn) bool {
+func (n *Proxy) track(cs ...net.Conn) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.lis == nil {
@@ -89,7 +94,7 @@ func (n *netCut) track(cs ...net.Conn) bool {
 }
 
 // Cut closes the listener and every connection.
-func (n *netCut) Cut() {
+func (n *Proxy) Cut() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.lis != nil {
@@ -103,7 +108,7 @@ func (n *netCut) Cut() {
 }
 
 // Restore listens again on the same address.
-func (n *netCut) Restore() {
+func (n *Proxy) Restore() {
 	lis, err := net.Listen("tcp", n.addr)
 	if err != nil {
 		n.t.Fatalf("restore %s: %v", n.addr, err)

@@ -1,0 +1,386 @@
+package etcdnaming
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/beaconplane/beacon/naming/internal/publish"
+	"github.com/beaconplane/beacon/store"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/resolver"
+)
+
+// retryMin is the first backoff delay after a failure.
+const retryMin = 50 * time.Millisecond
+
+// Builder is a grpc-go resolver.Builder for etcd:///<target>, reading the
+// endpoints that etcd's endpoint manager (or Manager) writes under
+// "<target>/". It replaces etcd's go.etcd.io/etcd/client/v3/naming/resolver
+// and fixes what goes wrong there: after a watch error or a compaction it
+// lists again and pushes the full state (etcd's goes silent for good);
+// while the store is unreachable it reports the stale view to gRPC; with no
+// endpoints it reports an error so RPCs fail fast; endpoint metadata
+// reaches balancers as attributes that are safe to compare (etcd#19700).
+// Pass it with grpc.WithResolvers; it is not registered globally.
+type Builder struct {
+	st       store.Store
+	scheme   string
+	probe    time.Duration
+	retryMax time.Duration
+	log      *slog.Logger
+	m        *publish.Metrics
+}
+
+var _ resolver.Builder = (*Builder)(nil)
+
+// NewBuilder returns a Builder over st (for an existing etcd client:
+// etcd.NewFromClient(cli)). It contacts nothing. Options: WithLogger,
+// WithMetrics, WithScheme, WithProbeInterval, WithRetryMax.
+func NewBuilder(st store.Store, opts ...Option) (*Builder, error) {
+	if st == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	}
+	o, m, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if !validScheme(o.scheme) {
+		return nil, fmt.Errorf("%w: scheme %q must be lower-case letters, digits, '+', '-' or '.', starting with a letter",
+			ErrInvalidConfig, o.scheme)
+	}
+	return &Builder{
+		st:       st,
+		scheme:   o.scheme,
+		probe:    o.probe,
+		retryMax: max(o.retryMax, retryMin),
+		log:      o.log.With("component", "etcdnaming", "scheme", o.scheme),
+		m:        m,
+	}, nil
+}
+
+// DialOption returns grpc.WithResolvers(b).
+func (b *Builder) DialOption() grpc.DialOption { return grpc.WithResolvers(b) }
+
+// Scheme implements resolver.Builder.
+func (b *Builder) Scheme() string { return b.scheme }
+
+// Build implements resolver.Builder. It never waits for the network. The
+// target is etcd:///<target> (or etcd:<target>), as for etcd's resolver;
+// an authority, query or fragment, or a target ending in '/', gives an
+// error matching ErrInvalidTarget.
+func (b *Builder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
+	raw := t.URL.String()
+	target, err := parseURL(b.scheme, &t.URL, raw)
+	if err != nil {
+		return nil, err
+	}
+	log := b.log.With("target", raw)
+	r := &etcdResolver{
+		b:       b,
+		target:  target,
+		prefix:  target + "/",
+		raw:     raw,
+		pub:     publish.New(cc, b.scheme, raw, b.m, log),
+		log:     log,
+		health:  make(chan struct{}, 1),
+		invalid: make(map[string]int64),
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	b.m.AddResolvers(b.scheme, 1)
+	r.wg.Add(2)
+	go r.run()
+	go r.probe()
+	return r, nil
+}
+
+// ParseTarget returns the key prefix (without its trailing '/') that an
+// etcd:///<target> gRPC target names.
+func ParseTarget(target string) (string, error) {
+	u, err := url.Parse(target)
+	if err != nil {
+		return "", fmt.Errorf("%w %q: not a URL (%v); write etcd:///<target>", ErrInvalidTarget, target, err)
+	}
+	return parseURL(Scheme, u, target)
+}
+
+// parseURL reads the target as etcd's resolver does (the path, or the
+// opaque part, without one leading '/'), and rejects what etcd's ignores.
+func parseURL(scheme string, u *url.URL, raw string) (string, error) {
+	form := scheme + ":///<target>"
+	switch {
+	case u.Scheme != scheme:
+		return "", fmt.Errorf("%w %q: scheme must be %q; write %s", ErrInvalidTarget, raw, scheme, form)
+	case u.User != nil || u.Host != "":
+		return "", fmt.Errorf("%w %q: has authority %q, which etcd targets do not use; write %s:///%s%s (three slashes)",
+			ErrInvalidTarget, raw, u.Host, scheme, u.Host, u.EscapedPath())
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return "", fmt.Errorf("%w %q: query parameters and fragments are not supported; write %s", ErrInvalidTarget, raw, form)
+	}
+	target := u.Path
+	if target == "" {
+		target = u.Opaque
+	}
+	target = strings.TrimPrefix(target, "/")
+	if err := validateTarget(target); err != nil {
+		return "", fmt.Errorf("%w (from %q; write %s)", err, raw, form)
+	}
+	return target, nil
+}
+
+func validScheme(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z':
+		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// etcdResolver follows one target for one channel. run owns the view and
+// every call to the ClientConn; probe checks the store.
+type etcdResolver struct {
+	b      *Builder
+	target string
+	prefix string
+	raw    string
+	pub    *publish.Publisher
+	log    *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// Set by probe, read by run.
+	down    atomic.Bool
+	downErr atomic.Pointer[error]
+	health  chan struct{} // nudged when down changes
+
+	// Owned by run.
+	reportedDown bool
+	invalid      map[string]int64 // key → mod revision of the invalid value logged
+}
+
+// ResolveNow implements resolver.Resolver; changes arrive by watch, so
+// there is nothing to do.
+func (r *etcdResolver) ResolveNow(resolver.ResolveNowOptions) {}
+
+// Close implements resolver.Resolver.
+func (r *etcdResolver) Close() {
+	r.cancel()
+	r.wg.Wait()
+}
+
+var (
+	errReconnected = errors.New("store answers again")
+	errWatchClosed = errors.New("store watch closed")
+)
+
+// run lists, publishes, watches from the listing's revision + 1, and lists
+// again whenever the watch ends, until Close.
+func (r *etcdResolver) run() {
+	defer r.wg.Done()
+	defer r.b.m.AddResolvers(r.b.scheme, -1)
+	bo := publish.Backoff{Min: retryMin, Max: r.b.retryMax}
+	for r.ctx.Err() == nil {
+		kvs, rev, err := r.b.st.List(r.ctx, r.prefix)
+		if err != nil {
+			if r.ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, store.ErrClosed) {
+				r.closed(err)
+				return
+			}
+			d := bo.Next()
+			r.log.Warn("cannot list endpoints; retrying", "err", err, "retry_in", d)
+			r.pub.Error(publish.ReasonWatchFailed, fmt.Errorf("%w: %s: list: %w", ErrStale, r.raw, err))
+			if !publish.Sleep(r.ctx, d) {
+				return
+			}
+			continue
+		}
+		view := make(map[string]decoded, len(kvs))
+		for _, kv := range kvs {
+			r.apply(view, store.Event{Type: store.EventPut, KV: kv})
+		}
+		r.reportedDown = false
+		r.publish(view)
+
+		err = r.follow(rev+1, view)
+		switch {
+		case r.ctx.Err() != nil:
+			return
+		case errors.Is(err, errReconnected):
+			r.b.m.Resync(r.b.scheme, publish.ReasonReconnect)
+			r.log.Info("store answers again; re-listing")
+			bo.Reset()
+		case errors.Is(err, store.ErrCompacted):
+			// Not an outage: list again at once.
+			r.b.m.Resync(r.b.scheme, publish.ReasonCompacted)
+			r.log.Info("watch fell behind compaction; re-listing", "err", err)
+			bo.Reset()
+		case errors.Is(err, store.ErrClosed), errors.Is(err, errWatchClosed):
+			r.closed(err)
+			return
+		default:
+			r.b.m.Resync(r.b.scheme, publish.ReasonWatchFailed)
+			d := bo.Next()
+			r.log.Warn("watch failed; re-listing", "err", err, "retry_in", d)
+			r.pub.Error(publish.ReasonWatchFailed, fmt.Errorf("%w: %s: watch: %w", ErrStale, r.raw, err))
+			if !publish.Sleep(r.ctx, d) {
+				return
+			}
+		}
+	}
+}
+
+// closed reports that the store is closed for good and waits for Close.
+func (r *etcdResolver) closed(err error) {
+	r.log.Error("store closed; the channel can no longer follow its endpoints", "err", err)
+	r.pub.Error(publish.ReasonClosed, fmt.Errorf("%w: %s: %w", ErrStale, r.raw, err))
+	<-r.ctx.Done()
+}
+
+// follow applies the watch from rev to view, publishing after every
+// response (one store revision: a multi-endpoint update arrives whole),
+// until the watch ends or the store answers again after an outage.
+func (r *etcdResolver) follow(rev int64, view map[string]decoded) error {
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	ch := r.b.st.Watch(ctx, r.prefix, rev)
+	for {
+		select {
+		case resp, ok := <-ch:
+			if !ok {
+				if r.ctx.Err() != nil {
+					return r.ctx.Err()
+				}
+				// Only a closed store ends a watch without an error.
+				return errWatchClosed
+			}
+			if resp.Err != nil {
+				return resp.Err
+			}
+			for _, ev := range resp.Events {
+				r.apply(view, ev)
+			}
+			r.publish(view)
+		case <-r.health:
+			down := r.down.Load()
+			switch {
+			case down && !r.reportedDown:
+				r.reportedDown = true
+				err := errors.New("unknown error")
+				if p := r.downErr.Load(); p != nil {
+					err = *p
+				}
+				r.log.Warn("store unreachable; keeping the last known endpoints", "err", err)
+				r.pub.Error(publish.ReasonStale, fmt.Errorf("%w: %s: store unreachable: %w", ErrStale, r.raw, err))
+			case !down && r.reportedDown:
+				return errReconnected
+			}
+		case <-r.ctx.Done():
+			return r.ctx.Err()
+		}
+	}
+}
+
+// apply applies one store event to view. A value that is not an endpoint
+// removes the key (its writer no longer advertises the old value) and is
+// logged and counted once per value.
+func (r *etcdResolver) apply(view map[string]decoded, ev store.Event) {
+	key := ev.KV.Key
+	if ev.Type == store.EventDelete {
+		delete(view, key)
+		delete(r.invalid, key)
+		return
+	}
+	d, err := decode(ev.KV.Value)
+	if err != nil {
+		delete(view, key)
+		if r.invalid[key] != ev.KV.ModRevision {
+			r.invalid[key] = ev.KV.ModRevision
+			r.b.m.Skipped(r.b.scheme, skipReason(err))
+			r.log.Warn("skipping a value that is not an endpoint", "key", key, "revision", ev.KV.ModRevision, "err", err)
+		}
+		return
+	}
+	delete(r.invalid, key)
+	view[key] = d
+}
+
+// publish pushes view, sorted by key.
+func (r *etcdResolver) publish(view map[string]decoded) {
+	keys := make([]string, 0, len(view))
+	for k := range view {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	entries := make([]publish.Entry, len(keys))
+	for i, k := range keys {
+		d := view[k]
+		entries[i] = publish.Entry{Key: k, Addr: d.ep.Addr, Attrs: attributesOf(k, d)}
+	}
+	var empty error
+	if !slices.ContainsFunc(entries, func(e publish.Entry) bool { return publish.Dialable(e.Addr) }) {
+		switch {
+		case len(view) > 0:
+			empty = fmt.Errorf("%w under %q (%s): %d endpoint(s), none with an address gRPC can dial (want host:port)",
+				ErrNoEndpoints, r.prefix, r.raw, len(view))
+		case len(r.invalid) > 0:
+			empty = fmt.Errorf("%w under %q (%s): %d key(s) hold values that are not endpoints",
+				ErrNoEndpoints, r.prefix, r.raw, len(r.invalid))
+		default:
+			empty = fmt.Errorf("%w under %q (%s): none registered", ErrNoEndpoints, r.prefix, r.raw)
+		}
+	}
+	r.pub.Publish(entries, empty)
+}
+
+// probe checks that the store answers, every probe interval, and nudges
+// run when that changes: a store watch stays silent while the store is
+// unreachable, so without the probe an outage would look like "nothing
+// changed".
+func (r *etcdResolver) probe() {
+	defer r.wg.Done()
+	t := time.NewTicker(r.b.probe)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(r.ctx, r.b.probe)
+		_, err := r.b.st.Get(ctx, r.prefix)
+		cancel()
+		if r.ctx.Err() != nil || errors.Is(err, store.ErrClosed) {
+			continue // run finds out on its own
+		}
+		down := err != nil && !errors.Is(err, store.ErrNotFound)
+		if down {
+			r.downErr.Store(&err)
+		}
+		if r.down.Swap(down) != down {
+			select {
+			case r.health <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
