@@ -66,7 +66,7 @@ func addrs(eps []string) []resolver.Address {
 	out := make([]resolver.Address, 0, len(eps))
 	for _, ep := range eps {
 		if u, err := url.Parse(ep); err == nil && u.Host != "" {
-			out = append(out, resolver.Address{Addr: u.Host})
+			out = append(out, resolver.Address{Addr: u.Host, ServerName: u.Hostname()})
 		}
 	}
 	return out

@@ -103,6 +103,7 @@ type cstream struct {
 	signal   chan struct{}
 	pending  map[*upstream]bool // progress requested, not yet answered
 	wantProg bool
+	closed   bool // the stream has ended: no new watcher
 }
 
 func newWatchHub(p *Proxy, w clientv3.Watcher) *watchHub {
@@ -131,29 +132,36 @@ func (h *watchHub) serve(ss grpc.ServerStream) error {
 	h.p.m.watchStreams.Inc()
 	defer h.p.m.watchStreams.Dec()
 
-	recvErr := make(chan error, 1)
-	go func() { recvErr <- s.recvLoop() }()
+	// The receive loop ends by itself once this handler has returned
+	// (gRPC then fails its RecvMsg); watchers it still creates after that
+	// are detached by create itself.
+	go func() {
+		if err := s.recvLoop(); err != nil && status.Code(err) != codes.Canceled {
+			s.cancel(err)
+		}
+	}()
 	sendErr := s.sendLoop()
 	cancel(nil)
-	rerr := <-recvErr
 	s.detachAll()
-	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
+		if status.Code(err) == codes.Unknown && ss.Context().Err() != nil {
+			return nil
+		}
 		return err
 	}
-	if sendErr != nil {
-		return sendErr
-	}
-	if rerr != nil && !errors.Is(rerr, io.EOF) && status.Code(rerr) != codes.Canceled {
-		return rerr
-	}
-	return nil
+	return sendErr
 }
 
 func (s *cstream) recvLoop() error {
-	defer s.cancel(nil)
 	for {
 		req := new(pb.WatchRequest)
 		if err := s.ss.RecvMsg(req); err != nil {
+			if errors.Is(err, io.EOF) {
+				// The client closed its side (the JSON gateway does after
+				// the request body): keep sending events, as etcd does.
+				return nil
+			}
+			s.cancel(nil)
 			return err
 		}
 		switch r := req.RequestUnion.(type) {
@@ -270,7 +278,7 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 		}
 	}
 	s.mu.Lock()
-	if s.ctx.Err() != nil {
+	if s.closed {
 		s.mu.Unlock()
 		return
 	}
@@ -288,6 +296,13 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 		delete(s.watchers, id)
 		s.mu.Unlock()
 		s.enqueue(watchCanceled(rresp.Header, id, "proxy: closing"))
+		return
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		h.detach(w) // the stream ended while this watcher was being attached
 	}
 }
 
@@ -611,6 +626,7 @@ func (h *watchHub) detach(w *cwatcher) {
 
 func (s *cstream) detachAll() {
 	s.mu.Lock()
+	s.closed = true
 	ws := make([]*cwatcher, 0, len(s.watchers))
 	for _, w := range s.watchers {
 		ws = append(ws, w)
