@@ -509,7 +509,8 @@ func (r *registry) conflict(self, name string, urls []string) error {
 			continue
 		}
 		if m.Name == name {
-			return fmt.Errorf("%w: member %q is already registered under token %q as %s (%s); give each member its own name",
+			return fmt.Errorf("%w: member %q is already registered under token %q as %s (%s); give each member its own name "+
+				"(if this member's peer URLs changed since it registered, the token cannot be used any more: create a new one)",
 				ErrDuplicateName, name, r.token, m.Key, m.Value)
 		}
 		theirs, err := types.NewURLs(m.PeerURLs)
