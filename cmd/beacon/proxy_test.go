@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+func TestProxyCommandServesAndStops(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	addr := strings.TrimPrefix(freeURL(t), "http://")
+	b := startBeacon(t, t.TempDir(), nil, "proxy", "--mode", "readonly", "--endpoints", srv.Endpoint(), "--listen-addr", addr,
+		"--proxy-refresh-interval", "500", "--log-level", "warn")
+	b.waitLine(t, "serving on "+addr, 30*time.Second)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.Get(ctx, "k"); err != nil {
+		t.Fatalf("get through beacon proxy: %v", err)
+	}
+	if _, err := cli.Put(ctx, "k", "v"); err == nil || !strings.Contains(err.Error(), "readonly") {
+		t.Fatalf("put through a readonly beacon proxy: %v", err)
+	}
+	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("beacon proxy exited with %v after SIGTERM\nstderr:\n%s", err, b.errOut())
+	}
+}
+
+func TestProxyCommandBadInput(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"proxy", "--mode", "readmostly"}, "unknown mode"},
+		{[]string{"proxy", "--initial-cluster", "a=http://127.0.0.1:2380", "--discovery-srv", "example.com"}, "conflicting discovery"},
+		{[]string{"proxy", "--discovery-token", "abc"}, "--discovery-endpoints"},
+		{[]string{"proxy", "--endpoints", "10.0.0.1:2379"}, "http or https"},
+		{[]string{"proxy", "--proxy-failure-wait", "soon"}, "milliseconds"},
+	}
+	for _, tt := range tests {
+		b := startBeacon(t, t.TempDir(), nil, tt.args...)
+		err := b.wait(t, 30*time.Second)
+		if err == nil {
+			t.Errorf("%v: exit status 0", tt.args)
+			continue
+		}
+		stderr := strings.TrimSpace(b.errOut())
+		if !strings.Contains(stderr, tt.want) || !strings.HasPrefix(stderr, "beacon: ") {
+			t.Errorf("%v: stderr %q, want a 'beacon: ' line containing %q", tt.args, stderr, tt.want)
+		}
+	}
+}
+
+func TestMsDuration(t *testing.T) {
+	var d time.Duration
+	v := msDuration{&d}
+	for in, want := range map[string]time.Duration{"5000": 5 * time.Second, "1s": time.Second, "250ms": 250 * time.Millisecond, "0": 0} {
+		if err := v.Set(in); err != nil || d != want {
+			t.Errorf("Set(%q) = %v, %v; want %v", in, d, err, want)
+		}
+	}
+	if err := v.Set("soon"); err == nil {
+		t.Error("Set(soon) succeeded")
+	}
+}
