@@ -21,14 +21,18 @@ func grpcCode(err error) codes.Code {
 }
 
 // wrap maps an error of the etcd client, for the operation what (e.g.
-// `put "/k"`) called with the caller's context parent, to the store
-// sentinels, with short context.
-func (s *Store) wrap(parent context.Context, what string, err error) error {
+// `put "/k"`) called with the caller's context parent (c is the context
+// the call ran with), to the store sentinels, with short context.
+func (s *Store) wrap(parent, c context.Context, what string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if s.closed.Load() {
+	cause := context.Cause(c)
+	if s.closed.Load() || cause == errClosedDuringCall {
 		return fmt.Errorf("etcd %s: %w", what, store.ErrClosed)
+	}
+	if cause == errRequestTimeout {
+		return fmt.Errorf("%w: etcd %s: no answer from %s within %v (RequestTimeout)", store.ErrUnavailable, what, s.endpoints, s.requestTimeout)
 	}
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):

@@ -32,8 +32,9 @@ type Store struct {
 	mu          sync.Mutex      // orders wg.Add in Watch before wg.Wait in Close
 	closeCtx    context.Context // done at Close: ends every watch
 	closeCancel context.CancelFunc
-	wg          sync.WaitGroup // watch goroutines
+	wg          sync.WaitGroup // watch goroutines and the watchdog
 	once        sync.Once
+	wd          watchdog // bounds calls without a deadline
 }
 
 var (
@@ -154,6 +155,12 @@ func newStore(cli *clientv3.Client, owned bool, r resolved) *Store {
 		listPageSize:   r.listPageSize,
 	}
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
+	s.wd.calls = make(map[*timedCall]struct{})
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.wd.run(s.requestTimeout, s.closeCtx.Done())
+	}()
 	return s
 }
 
@@ -162,9 +169,9 @@ func newStore(cli *clientv3.Client, owned bool, r resolved) *Store {
 // Close if the Store made it.
 func (s *Store) Client() *clientv3.Client { return s.cli }
 
-// Close ends every watch (their channels close), then closes the client if
-// New made it. It is idempotent; every later call fails with
-// store.ErrClosed.
+// Close ends every watch (their channels close) and every call still
+// running without a deadline of its own, then closes the client if New
+// made it. It is idempotent; every later call fails with store.ErrClosed.
 func (s *Store) Close() error {
 	var err error
 	s.once.Do(func() {
@@ -183,9 +190,10 @@ func (s *Store) Close() error {
 	return err
 }
 
-// begin checks Close and gives a unary call its context: the caller's,
-// bounded by RequestTimeout if it has no deadline.
-func (s *Store) begin(ctx context.Context) (context.Context, context.CancelFunc, error) {
+// begin checks Close and gives a unary call its context: the caller's if
+// it has a deadline, otherwise one the watchdog ends after RequestTimeout.
+// end must be called when the call returns.
+func (s *Store) begin(ctx context.Context) (c context.Context, end func(), err error) {
 	if s.closed.Load() {
 		return nil, nil, store.ErrClosed
 	}
@@ -195,11 +203,13 @@ func (s *Store) begin(ctx context.Context) (context.Context, context.CancelFunc,
 		return nil, nil, fmt.Errorf("%w: the etcd client was closed", store.ErrClosed)
 	}
 	if _, ok := ctx.Deadline(); ok {
-		return ctx, func() {}, nil
+		return ctx, nop, nil
 	}
-	c, cancel := context.WithTimeout(ctx, s.requestTimeout)
-	return c, cancel, nil
+	c, end = s.wd.begin(ctx)
+	return c, end, nil
 }
+
+func nop() {}
 
 func fromKV(kv *mvccpb.KeyValue) store.KeyValue {
 	return store.KeyValue{
@@ -224,14 +234,14 @@ func (s *Store) Get(ctx context.Context, key string) (store.KeyValue, error) {
 	if err := store.ValidateKey(key); err != nil {
 		return store.KeyValue{}, err
 	}
-	c, cancel, err := s.begin(ctx)
+	c, end, err := s.begin(ctx)
 	if err != nil {
 		return store.KeyValue{}, err
 	}
-	defer cancel()
+	defer end()
 	resp, err := s.cli.Get(c, key)
 	if err != nil {
-		return store.KeyValue{}, s.wrap(ctx, fmt.Sprintf("get %q", key), err)
+		return store.KeyValue{}, s.wrap(ctx, c, fmt.Sprintf("get %q", key), err)
 	}
 	if len(resp.Kvs) == 0 {
 		return store.KeyValue{}, fmt.Errorf("%w: %q", store.ErrNotFound, key)
@@ -248,18 +258,18 @@ func (s *Store) List(ctx context.Context, prefix string) ([]store.KeyValue, int6
 	if err := store.ValidatePrefix(prefix); err != nil {
 		return nil, 0, err
 	}
-	c, cancel, err := s.begin(ctx)
+	c, end, err := s.begin(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	defer cancel()
+	defer end()
 	for attempt := 0; ; attempt++ {
 		kvs, rev, err := s.list(c, prefix)
 		if errors.Is(err, rpctypes.ErrCompacted) && attempt < 3 {
 			continue
 		}
 		if err != nil {
-			return nil, 0, s.wrap(ctx, fmt.Sprintf("list %q", prefix), err)
+			return nil, 0, s.wrap(ctx, c, fmt.Sprintf("list %q", prefix), err)
 		}
 		return kvs, rev, nil
 	}
@@ -312,18 +322,18 @@ func (s *Store) Create(ctx context.Context, key string, value []byte, opts ...st
 	if err := store.ValidateWrite(key, value); err != nil {
 		return 0, err
 	}
-	c, cancel, err := s.begin(ctx)
+	c, end, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer cancel()
+	defer end()
 	resp, err := s.cli.Txn(c).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...)).
 		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
 		Commit()
 	if err != nil {
-		return 0, s.wrap(ctx, fmt.Sprintf("create %q", key), err)
+		return 0, s.wrap(ctx, c, fmt.Sprintf("create %q", key), err)
 	}
 	if !resp.Succeeded {
 		if kv := elseKV(resp); kv != nil {
@@ -339,14 +349,14 @@ func (s *Store) Put(ctx context.Context, key string, value []byte, opts ...store
 	if err := store.ValidateWrite(key, value); err != nil {
 		return 0, err
 	}
-	c, cancel, err := s.begin(ctx)
+	c, end, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer cancel()
+	defer end()
 	resp, err := s.cli.Put(c, key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...)
 	if err != nil {
-		return 0, s.wrap(ctx, fmt.Sprintf("put %q", key), err)
+		return 0, s.wrap(ctx, c, fmt.Sprintf("put %q", key), err)
 	}
 	return resp.Header.Revision, nil
 }
@@ -358,18 +368,18 @@ func (s *Store) Update(ctx context.Context, key string, value []byte, modRevisio
 	if err := store.ValidateWrite(key, value); err != nil {
 		return 0, err
 	}
-	c, cancel, err := s.begin(ctx)
+	c, end, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer cancel()
+	defer end()
 	resp, err := s.cli.Txn(c).
 		If(casCompares(key, modRevision)...).
 		Then(clientv3.OpPut(key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...)).
 		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
 		Commit()
 	if err != nil {
-		return 0, s.wrap(ctx, fmt.Sprintf("update %q", key), err)
+		return 0, s.wrap(ctx, c, fmt.Sprintf("update %q", key), err)
 	}
 	if !resp.Succeeded {
 		return 0, casError(key, modRevision, elseKV(resp))
@@ -412,16 +422,16 @@ func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOpti
 		return 0, err
 	}
 	o := store.ApplyDeleteOptions(opts)
-	c, cancel, err := s.begin(ctx)
+	c, end, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer cancel()
+	defer end()
 	what := fmt.Sprintf("delete %q", key)
 	if o.IfModRevision == 0 {
 		resp, err := s.cli.Delete(c, key)
 		if err != nil {
-			return 0, s.wrap(ctx, what, err)
+			return 0, s.wrap(ctx, c, what, err)
 		}
 		if resp.Deleted == 0 {
 			return 0, fmt.Errorf("%w: %q", store.ErrNotFound, key)
@@ -434,7 +444,7 @@ func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOpti
 		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
 		Commit()
 	if err != nil {
-		return 0, s.wrap(ctx, what, err)
+		return 0, s.wrap(ctx, c, what, err)
 	}
 	if !resp.Succeeded {
 		return 0, casError(key, o.IfModRevision, elseKV(resp))
@@ -450,11 +460,11 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 	if err := store.ValidateOps(ops); err != nil {
 		return 0, err
 	}
-	c, cancel, err := s.begin(ctx)
+	c, end, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer cancel()
+	defer end()
 	var (
 		cmps  []clientv3.Cmp
 		then  = make([]clientv3.Op, 0, len(ops))
@@ -481,7 +491,7 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 	}
 	resp, err := s.cli.Txn(c).If(cmps...).Then(then...).Else(reads...).Commit()
 	if err != nil {
-		return 0, s.wrap(ctx, fmt.Sprintf("transaction of %d ops", len(ops)), err)
+		return 0, s.wrap(ctx, c, fmt.Sprintf("transaction of %d ops", len(ops)), err)
 	}
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
@@ -508,11 +518,11 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 // with store.ErrCompacted afterwards; compacting to a revision already
 // compacted gives an error matching store.ErrCompacted.
 func (s *Store) Compact(ctx context.Context, rev int64) error {
-	c, cancel, err := s.begin(ctx)
+	c, end, err := s.begin(ctx)
 	if err != nil {
 		return err
 	}
-	defer cancel()
+	defer end()
 	_, err = s.cli.Compact(c, rev)
 	switch {
 	case err == nil:
@@ -522,7 +532,7 @@ func (s *Store) Compact(ctx context.Context, rev int64) error {
 	case errors.Is(err, rpctypes.ErrCompacted):
 		return fmt.Errorf("%w: etcd compact: revision %d is already compacted", store.ErrCompacted, rev)
 	}
-	return s.wrap(ctx, fmt.Sprintf("compact to %d", rev), err)
+	return s.wrap(ctx, c, fmt.Sprintf("compact to %d", rev), err)
 }
 
 // Grant implements store.Leaser. etcd leases have whole-second TTLs: ttl is
@@ -532,18 +542,18 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, erro
 	if err := store.ValidateTTL(ttl); err != nil {
 		return store.Lease{}, err
 	}
-	c, cancel, err := s.begin(ctx)
+	c, end, err := s.begin(ctx)
 	if err != nil {
 		return store.Lease{}, err
 	}
-	defer cancel()
+	defer end()
 	secs := int64((ttl + time.Second - 1) / time.Second)
 	resp, err := s.cli.Grant(c, secs)
 	if err == nil && resp.Error != "" {
 		err = errors.New(resp.Error)
 	}
 	if err != nil {
-		return store.Lease{}, s.wrap(ctx, fmt.Sprintf("grant lease of %ds", secs), err)
+		return store.Lease{}, s.wrap(ctx, c, fmt.Sprintf("grant lease of %ds", secs), err)
 	}
 	return store.Lease{ID: store.LeaseID(resp.ID), TTL: time.Duration(resp.TTL) * time.Second}, nil
 }
@@ -554,27 +564,27 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, erro
 // sees every failure, and decides when a lease is lost, instead of a
 // background loop that renews silently and gives up on its own.
 func (s *Store) KeepAlive(ctx context.Context, id store.LeaseID) (time.Duration, error) {
-	c, cancel, err := s.begin(ctx)
+	c, end, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer cancel()
+	defer end()
 	resp, err := s.cli.KeepAliveOnce(c, clientv3.LeaseID(id))
 	if err != nil {
-		return 0, s.wrap(ctx, fmt.Sprintf("keep-alive lease %x", int64(id)), err)
+		return 0, s.wrap(ctx, c, fmt.Sprintf("keep-alive lease %x", int64(id)), err)
 	}
 	return time.Duration(resp.TTL) * time.Second, nil
 }
 
 // Revoke implements store.Leaser.
 func (s *Store) Revoke(ctx context.Context, id store.LeaseID) error {
-	c, cancel, err := s.begin(ctx)
+	c, end, err := s.begin(ctx)
 	if err != nil {
 		return err
 	}
-	defer cancel()
+	defer end()
 	if _, err := s.cli.Revoke(c, clientv3.LeaseID(id)); err != nil {
-		return s.wrap(ctx, fmt.Sprintf("revoke lease %x", int64(id)), err)
+		return s.wrap(ctx, c, fmt.Sprintf("revoke lease %x", int64(id)), err)
 	}
 	return nil
 }

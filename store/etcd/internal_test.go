@@ -32,30 +32,44 @@ func TestWrapMapsErrors(t *testing.T) {
 	expired, cancel2 := context.WithDeadline(live, time.Now().Add(-time.Second))
 	defer cancel2()
 
+	// timedOut and closedUnder are call contexts the watchdog ended.
+	ended := func(cause error) func(context.Context) context.Context {
+		return func(p context.Context) context.Context {
+			c, cancel := context.WithCancelCause(p)
+			cancel(cause)
+			return c
+		}
+	}
 	for _, tc := range []struct {
 		name   string
 		parent context.Context
+		call   func(context.Context) context.Context // the call's context; the parent if nil
 		err    error
 		is     []error
 		isNot  []error
 		substr string
 	}{
-		{"lease not found", live, rpctypes.ErrLeaseNotFound, []error{store.ErrLeaseNotFound}, nil, `store: lease not found (expired or revoked): etcd op "k"`},
-		{"lease not found, grpc form", live, rpctypes.Error(rpctypes.ErrGRPCLeaseNotFound), []error{store.ErrLeaseNotFound}, nil, ""},
-		{"compacted", live, rpctypes.ErrCompacted, []error{store.ErrCompacted}, nil, ""},
-		{"no leader", live, rpctypes.ErrNoLeader, []error{store.ErrUnavailable, rpctypes.ErrNoLeader}, nil, "no leader"},
-		{"server timeout", live, rpctypes.ErrTimeout, []error{store.ErrUnavailable}, nil, "127.0.0.1:1"},
-		{"transport", live, status.Error(codes.Unavailable, "connection refused"), []error{store.ErrUnavailable}, nil, "connection refused"},
-		{"request timeout", live, context.DeadlineExceeded, []error{store.ErrUnavailable, context.DeadlineExceeded}, nil, "within 5s (RequestTimeout)"},
-		{"caller deadline", expired, context.DeadlineExceeded, []error{store.ErrUnavailable, context.DeadlineExceeded}, nil, "before the caller's deadline"},
-		{"caller cancel", cancelled, context.Canceled, []error{context.Canceled}, []error{store.ErrUnavailable}, ""},
-		{"permission denied", live, rpctypes.ErrPermissionDenied, []error{rpctypes.ErrPermissionDenied}, []error{store.ErrUnavailable}, "lack permission"},
-		{"too large", live, rpctypes.ErrRequestTooLarge, []error{rpctypes.ErrRequestTooLarge}, nil, "--max-request-bytes"},
-		{"no space", live, rpctypes.ErrNoSpace, []error{rpctypes.ErrNoSpace}, nil, "NOSPACE"},
-		{"other", live, errors.New("boom"), nil, []error{store.ErrUnavailable}, `etcd op "k": boom`},
+		{"lease not found", live, nil, rpctypes.ErrLeaseNotFound, []error{store.ErrLeaseNotFound}, nil, `store: lease not found (expired or revoked): etcd op "k"`},
+		{"lease not found, grpc form", live, nil, rpctypes.Error(rpctypes.ErrGRPCLeaseNotFound), []error{store.ErrLeaseNotFound}, nil, ""},
+		{"compacted", live, nil, rpctypes.ErrCompacted, []error{store.ErrCompacted}, nil, ""},
+		{"no leader", live, nil, rpctypes.ErrNoLeader, []error{store.ErrUnavailable, rpctypes.ErrNoLeader}, nil, "no leader"},
+		{"server timeout", live, nil, rpctypes.ErrTimeout, []error{store.ErrUnavailable}, nil, "127.0.0.1:1"},
+		{"transport", live, nil, status.Error(codes.Unavailable, "connection refused"), []error{store.ErrUnavailable}, nil, "connection refused"},
+		{"deadline error", live, nil, context.DeadlineExceeded, []error{store.ErrUnavailable, context.DeadlineExceeded}, nil, "within 5s (RequestTimeout)"},
+		{"request timeout", live, ended(errRequestTimeout), context.Canceled, []error{store.ErrUnavailable}, []error{context.Canceled}, "no answer from http://127.0.0.1:1 within 5s (RequestTimeout)"},
+		{"closed during the call", live, ended(errClosedDuringCall), context.Canceled, []error{store.ErrClosed}, []error{store.ErrUnavailable}, ""},
+		{"caller deadline", expired, nil, context.DeadlineExceeded, []error{store.ErrUnavailable, context.DeadlineExceeded}, nil, "before the caller's deadline"},
+		{"caller cancel", cancelled, nil, context.Canceled, []error{context.Canceled}, []error{store.ErrUnavailable}, ""},
+		{"permission denied", live, nil, rpctypes.ErrPermissionDenied, []error{rpctypes.ErrPermissionDenied}, []error{store.ErrUnavailable}, "lack permission"},
+		{"too large", live, nil, rpctypes.ErrRequestTooLarge, []error{rpctypes.ErrRequestTooLarge}, nil, "--max-request-bytes"},
+		{"no space", live, nil, rpctypes.ErrNoSpace, []error{rpctypes.ErrNoSpace}, nil, "NOSPACE"},
+		{"other", live, nil, errors.New("boom"), nil, []error{store.ErrUnavailable}, `etcd op "k": boom`},
 	} {
+		if tc.call == nil {
+			tc.call = func(p context.Context) context.Context { return p }
+		}
 		t.Run(tc.name, func(t *testing.T) {
-			got := s.wrap(tc.parent, `op "k"`, tc.err)
+			got := s.wrap(tc.parent, tc.call(tc.parent), `op "k"`, tc.err)
 			for _, target := range tc.is {
 				if !errors.Is(got, target) {
 					t.Errorf("%v does not match %v", got, target)
@@ -71,11 +85,11 @@ func TestWrapMapsErrors(t *testing.T) {
 			}
 		})
 	}
-	if s.wrap(live, "x", nil) != nil {
+	if s.wrap(live, live, "x", nil) != nil {
 		t.Error("wrap(nil) is not nil")
 	}
 	_ = s.Close()
-	if got := s.wrap(live, "x", rpctypes.ErrTimeout); !errors.Is(got, store.ErrClosed) {
+	if got := s.wrap(live, live, "x", rpctypes.ErrTimeout); !errors.Is(got, store.ErrClosed) {
 		t.Errorf("after Close: %v", got)
 	}
 }
@@ -108,5 +122,51 @@ func TestConfigLogValueRedactsPassword(t *testing.T) {
 	slog.New(slog.NewTextHandler(&buf, nil)).Info("cfg", "etcd", Config{Username: "u", Password: "hunter2"})
 	if strings.Contains(buf.String(), "hunter2") || !strings.Contains(buf.String(), "REDACTED") {
 		t.Fatalf("log line %q", buf.String())
+	}
+}
+
+func TestWatchdog(t *testing.T) {
+	const timeout = 80 * time.Millisecond
+	w := &watchdog{calls: map[*timedCall]struct{}{}}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); w.run(timeout, stop) }()
+
+	// A call that returns in time is forgotten and not cancelled.
+	c, end := w.begin(context.Background())
+	end()
+	if context.Cause(c) != context.Canceled {
+		t.Fatalf("ended call: cause %v", context.Cause(c))
+	}
+
+	// A call that runs too long is cancelled after timeout..9/8 timeout.
+	start := time.Now()
+	c, end = w.begin(context.Background())
+	defer end()
+	select {
+	case <-c.Done():
+	case <-time.After(10 * timeout):
+		t.Fatal("overdue call not cancelled")
+	}
+	took := time.Since(start)
+	if context.Cause(c) != errRequestTimeout || took < timeout {
+		t.Fatalf("cancelled after %v (timeout %v), cause %v", took, timeout, context.Cause(c))
+	}
+
+	// Close cancels the calls still running, and later calls at once.
+	c, end = w.begin(context.Background())
+	defer end()
+	close(stop)
+	<-done
+	if context.Cause(c) != errClosedDuringCall {
+		t.Fatalf("call running at close: cause %v", context.Cause(c))
+	}
+	c, end = w.begin(context.Background())
+	defer end()
+	if context.Cause(c) != errClosedDuringCall {
+		t.Fatalf("call after close: cause %v", context.Cause(c))
+	}
+	if n := len(w.calls); n != 0 {
+		t.Fatalf("%d calls still tracked", n)
 	}
 }

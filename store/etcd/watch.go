@@ -110,7 +110,7 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			end(&store.CompactedError{Requested: next, CompactRevision: wr.CompactRevision})
 			return
 		case wr.Err() != nil:
-			end(s.wrap(ctx, fmt.Sprintf("watch %q", prefix), wr.Err()))
+			end(s.wrap(ctx, wctx, fmt.Sprintf("watch %q", prefix), wr.Err()))
 			return
 		case wr.Created:
 			if next == 0 {
