@@ -352,9 +352,13 @@ func (reg *registration) Drain(ctx context.Context, opts ...DrainOption) error {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	// Marking draining is bounded by the TTL, not by ctx: ending ctx ends
+	// the grace period, not the drain.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reg.r.cfg.LeaseTTL)
 	reg.opMu.Lock()
-	err := reg.update(ctx, func(in *beacon.Instance) { in.Status = beacon.StatusDraining })
+	err := reg.update(mctx, func(in *beacon.Instance) { in.Status = beacon.StatusDraining })
 	reg.opMu.Unlock()
+	cancel()
 	if errors.Is(err, errRemoved) {
 		return nil
 	}

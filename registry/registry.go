@@ -61,8 +61,9 @@ type Registration interface {
 	Update(ctx context.Context, mutate func(*beacon.Instance)) error
 	// Drain marks the instance draining (resolvers stop sending new work
 	// to it), waits for the grace period (DrainGrace option, default
-	// Config.DrainGrace) or until ctx is done, then deregisters it. The
-	// removal happens even if ctx ends early.
+	// Config.DrainGrace) or until ctx is done, then deregisters it. Ending
+	// ctx ends the grace period early; the draining mark and the removal
+	// are each bounded by the lease TTL and happen regardless.
 	Drain(ctx context.Context, opts ...DrainOption) error
 	// Close deregisters the instance now. It is idempotent, bounded by the
 	// lease TTL, and a no-op after Drain.

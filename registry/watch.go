@@ -38,7 +38,9 @@ func (r *StoreRegistry) Watch(ctx context.Context, q beacon.Query, opts ...Watch
 	}
 	w := &watcher{r: r, f: f, from: o.fromRevision, done: make(chan struct{})}
 	r.m.addWatchers(1)
-	w.stop = context.AfterFunc(ctx, func() { _ = w.Close() })
+	// The callback must not read w.stop: it is written after AfterFunc
+	// returns, with no ordering against the callback.
+	w.stop = context.AfterFunc(ctx, w.end)
 	return w, nil
 }
 
@@ -61,15 +63,18 @@ var _ Watcher = (*watcher)(nil)
 
 // Close implements Watcher.
 func (w *watcher) Close() error {
+	w.stop()
+	w.end()
+	return nil
+}
+
+// end ends the watch (Close, or its context done).
+func (w *watcher) end() {
 	w.closeOnce.Do(func() {
 		close(w.done)
-		if w.stop != nil {
-			w.stop()
-		}
 		w.r.hub.release(w.f)
 		w.r.m.addWatchers(-1)
 	})
-	return nil
 }
 
 func (w *watcher) ended() error {

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	core "github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/spf13/cobra"
+)
+
+func init() { rootCmd.AddCommand(newLsCmd()) }
+
+func newLsCmd() *cobra.Command {
+	var (
+		conn   *registryConn
+		output string
+	)
+	cmd := &cobra.Command{
+		Use:   "ls [namespace[/component[/endpoint]]]",
+		Short: "List registered instances",
+		Long: `List the instances registered under a namespace, component or endpoint (all of
+them without an argument), as a table or, with -o json, as one JSON object with
+the store revision of the listing and the instances (the stored value format).
+
+` + registryEnvHelp,
+		Example: `  beacon ls
+  beacon ls prod/api
+  beacon ls prod/api/http -o json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, "table", "json"); err != nil {
+				return err
+			}
+			var q core.Query
+			if len(args) == 1 {
+				var err error
+				if q, err = core.ParseQuery(args[0]); err != nil {
+					return err
+				}
+			}
+			ctx := cmd.Context()
+			st, r, err := conn.open(ctx, registry.Config{})
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			defer r.Close()
+			rctx, cancel := conn.requestCtx(ctx)
+			defer cancel()
+			ins, rev, err := r.List(rctx, q)
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return writeListJSON(cmd.OutOrStdout(), ins, rev)
+			}
+			return writeListTable(cmd.OutOrStdout(), ins, time.Now())
+		},
+	}
+	conn = addRegistryConnFlags(cmd)
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
+	return cmd
+}
+
+// listJSON is the output of `beacon ls -o json`.
+type listJSON struct {
+	Revision  int64             `json:"revision"`
+	Instances []core.Instance `json:"instances"`
+}
+
+func writeListJSON(w io.Writer, ins []core.Instance, rev int64) error {
+	if ins == nil {
+		ins = []core.Instance{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(listJSON{Revision: rev, Instances: ins})
+}
+
+func writeListTable(w io.Writer, ins []core.Instance, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INSTANCE\tADDRESS\tTRANSPORT\tSTATUS\tAGE\tMETADATA")
+	for _, in := range ins {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", in.Ref(), in.Address, dash(in.Transport), in.Status,
+			age(now.Sub(in.RegisteredAt)), dash(sortedMeta(in.Metadata)))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(ins) == 0 {
+		_, err := fmt.Fprintln(w, "(no instances)")
+		return err
+	}
+	return nil
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// age renders a duration like kubectl: 45s, 3m, 2h, 5d.
+func age(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}

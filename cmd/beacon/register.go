@@ -1,0 +1,296 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	core "github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/backend"
+	"github.com/spf13/cobra"
+)
+
+func init() { rootCmd.AddCommand(newRegisterCmd()) }
+
+// registryEnvHelp explains how the registry commands reach the store.
+const registryEnvHelp = `The registry lives in a store: by default the etcd of beacon serve (or any
+etcd), reached with --endpoints or ETCD_ENDPOINTS (default
+http://localhost:2379) and, if needed, --user/--password or
+ETCD_AUTH_USERNAME/ETCD_AUTH_PASSWORD and --cacert/--cert/--key or
+ETCD_AUTH_CA/ETCD_AUTH_CLIENT_CERT/ETCD_AUTH_CLIENT_KEY. --backend or
+BEACON_DISCOVERY_BACKEND picks another store (memory is process-local: useful
+for trying the commands, not for sharing). Flags win over variables.`
+
+// registryConn holds the flags that reach the registry.
+type registryConn struct {
+	flags   *backendFlags
+	root    string
+	timeout time.Duration
+}
+
+func addRegistryConnFlags(cmd *cobra.Command) *registryConn {
+	c := &registryConn{flags: addBackendFlags(cmd, "")}
+	f := cmd.Flags()
+	f.StringVar(&c.root, "root", "", `keyspace root: keys live under <root>/services/ (e.g. "/beacon")`)
+	f.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on connecting to the store and on each request")
+	return c
+}
+
+// open opens the store and a registry over it. The caller closes both,
+// the registry first.
+func (c *registryConn) open(ctx context.Context, cfg registry.Config) (store.Store, *registry.StoreRegistry, error) {
+	if c.timeout <= 0 {
+		return nil, nil, fmt.Errorf("--timeout %v: must be positive", c.timeout)
+	}
+	cfg.Root = c.root
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("--root %q: %w", c.root, err)
+	}
+	bcfg := c.flags.config()
+	bcfg.Etcd.DialTimeout, bcfg.Etcd.RequestTimeout = c.timeout, c.timeout
+	if err := bcfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	dctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	st, err := backend.Open(dctx, bcfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open %s backend: %w", bcfg.BackendName(), err)
+	}
+	r, err := registry.New(st, cfg)
+	if err != nil {
+		_ = st.Close()
+		return nil, nil, err
+	}
+	return st, r, nil
+}
+
+func (c *registryConn) requestCtx(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(parent, c.timeout)
+}
+
+// checkOutput validates an -o value.
+func checkOutput(flag string, allowed ...string) error {
+	for _, a := range allowed {
+		if flag == a {
+			return nil
+		}
+	}
+	return fmt.Errorf("-o %q: want %s", flag, strings.Join(allowed, " or "))
+}
+
+// parseEndpoint parses the ns/component/endpoint argument of register.
+func parseEndpoint(arg string) (core.Query, error) {
+	q, err := core.ParseQuery(arg)
+	if err != nil {
+		return q, err
+	}
+	if q.Endpoint == "" {
+		return q, fmt.Errorf("%q: want namespace/component/endpoint, e.g. prod/api/http", arg)
+	}
+	return q, nil
+}
+
+// parseMeta parses repeated --meta key=value flags.
+func parseMeta(pairs []string) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	md := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--meta %q: want key=value", p)
+		}
+		if _, dup := md[k]; dup {
+			return nil, fmt.Errorf("--meta %q: key %q given twice", p, k)
+		}
+		md[k] = v
+	}
+	return md, nil
+}
+
+func newRegisterCmd() *cobra.Command {
+	var (
+		conn      *registryConn
+		addr      string
+		id        string
+		transport string
+		meta      []string
+		ttl       string
+		drain     time.Duration
+		output    string
+	)
+	cmd := &cobra.Command{
+		Use:   "register namespace/component/endpoint --addr host:port",
+		Short: "Register an instance and keep it alive until interrupted",
+		Long: `Register one instance of namespace/component/endpoint at --addr and keep its
+lease alive until interrupted (SIGINT or SIGTERM); then deregister it (after
+--drain of draining status, if set) and exit. It prints the instance and every
+change of the session's state: if the lease is lost (etcd unreachable for a
+whole TTL), the instance is registered again, under the same ID, as soon as the
+store answers.
+
+Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
+
+` + registryEnvHelp,
+		Example: `  beacon register prod/api/http --addr 10.0.0.5:8080 --meta zone=a --meta weight=10
+  beacon register prod/llm/generate --addr 10.0.0.6:9000 --transport tcp --ttl 5s -o json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, "text", "json"); err != nil {
+				return err
+			}
+			q, err := parseEndpoint(args[0])
+			if err != nil {
+				return err
+			}
+			md, err := parseMeta(meta)
+			if err != nil {
+				return err
+			}
+			lease, err := registry.ParseTTL(ttl)
+			if err != nil {
+				return fmt.Errorf("--ttl: %w", err)
+			}
+			if drain < 0 {
+				return fmt.Errorf("--drain %v: must not be negative", drain)
+			}
+			in := core.Instance{Namespace: q.Namespace, Component: q.Component, Endpoint: q.Endpoint,
+				ID: id, Address: addr, Transport: transport, Metadata: md}
+			if in.ID != "" {
+				if err := core.ValidateID(in.ID); err != nil {
+					return fmt.Errorf("--id: %w", err)
+				}
+			}
+			probe := in
+			if probe.ID == "" {
+				probe.ID = "0000000000000000"
+			}
+			if err := probe.Validate(); err != nil {
+				return err
+			}
+			logger, err := newLogger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			st, r, err := conn.open(ctx, registry.Config{LeaseTTL: lease, Logger: logger})
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			defer r.Close()
+			return runRegister(ctx, cmd.OutOrStdout(), conn, r, in, drain, output == "json")
+		},
+	}
+	conn = addRegistryConnFlags(cmd)
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", "", "address where callers reach the instance: host:port or a URL (required)")
+	f.StringVar(&id, "id", "", "instance ID, 16 lower-case hex digits (default: a random one)")
+	f.StringVar(&transport, "transport", "", "protocol spoken at --addr: grpc, http, tcp, nats...")
+	f.StringArrayVar(&meta, "meta", nil, "metadata key=value (repeatable; 4 KiB in total)")
+	f.StringVar(&ttl, "ttl", envOr(registry.LeaseTTLEnv, registry.DefaultLeaseTTL.String()), "lease TTL, e.g. 10s (env "+registry.LeaseTTLEnv+")")
+	f.DurationVar(&drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it")
+	f.StringVarP(&output, "output", "o", "text", "text or json (one JSON object per line)")
+	_ = cmd.MarkFlagRequired("addr")
+	return cmd
+}
+
+// registerLine is one line of `beacon register -o json`.
+type registerLine struct {
+	Event     string           `json:"event"` // registered, state, deregistered
+	Instance  *core.Instance `json:"instance,omitempty"`
+	State     string           `json:"state,omitempty"`
+	Lease     string           `json:"lease,omitempty"`
+	TTL       string           `json:"ttl,omitempty"`
+	Error     string           `json:"error,omitempty"`
+	Conflicts []string         `json:"conflicts,omitempty"`
+}
+
+func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *registry.StoreRegistry, in core.Instance, drain time.Duration, asJSON bool) error {
+	emit := func(l registerLine, text string) {
+		if asJSON {
+			_ = json.NewEncoder(out).Encode(l)
+			return
+		}
+		fmt.Fprintln(out, text)
+	}
+	rctx, cancel := conn.requestCtx(ctx)
+	reg, err := r.Register(rctx, in)
+	cancel()
+	if err != nil {
+		return err
+	}
+	got := reg.Instance()
+	lease := fmt.Sprintf("%x", r.Lease())
+	emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: r.LeaseTTL().String()},
+		fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), got.Address, lease, r.LeaseTTL()))
+	for {
+		select {
+		case c, ok := <-r.States():
+			if !ok {
+				return nil
+			}
+			l := registerLine{Event: "state", State: c.State.String()}
+			text := "state " + c.State.String()
+			if c.Lease != store.NoLease {
+				l.Lease = fmt.Sprintf("%x", c.Lease)
+				text += " (lease " + l.Lease + ")"
+			}
+			if c.Err != nil {
+				l.Error = c.Err.Error()
+				text += ": " + c.Err.Error()
+			}
+			for _, ref := range c.Conflicts {
+				l.Conflicts = append(l.Conflicts, ref.String())
+			}
+			if len(c.Conflicts) > 0 {
+				text += " (conflicts: " + strings.Join(l.Conflicts, ", ") + ")"
+			}
+			emit(l, text)
+		case <-ctx.Done():
+			// Deregister with a fresh, bounded context: ctx is done.
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain+r.LeaseTTL())
+			defer cancel()
+			var err error
+			if drain > 0 {
+				emit(registerLine{Event: "draining", Instance: &got}, fmt.Sprintf("draining %s for %v", got.Ref(), drain))
+				err = reg.Drain(dctx, registry.DrainGrace(drain))
+			} else {
+				err = reg.Close()
+			}
+			if err != nil {
+				return fmt.Errorf("deregister %s: %w (its lease expires within %v anyway)", got.Ref(), err, r.LeaseTTL())
+			}
+			emit(registerLine{Event: "deregistered", Instance: &got}, fmt.Sprintf("deregistered %s", got.Ref()))
+			return nil
+		}
+	}
+}
+
+// sortedMeta renders metadata as k=v,k=v in key order.
+func sortedMeta(md map[string]string) string {
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for i, k := range keys {
+		keys[i] = k + "=" + md[k]
+	}
+	return strings.Join(keys, ",")
+}
+
+// isInterrupt reports whether err is the end of a command's context.
+func isInterrupt(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, registry.ErrWatchClosed))
+}
+

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"encoding/json"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/etcdtest"
+)
+
+// TestRegisterLsWatch runs the registry commands against a real etcd:
+// watch sees the snapshot, the registration and the removal; ls lists it as
+// a table and as JSON; register deregisters on SIGINT.
+func TestRegisterLsWatch(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ep := srv.Endpoint()
+	dir := t.TempDir()
+
+	w := startBeacon(t, dir, nil, "watch", "prod", "--endpoints", ep)
+	w.waitLine(t, "synced   0 instance(s)", 30*time.Second)
+
+	reg := startBeacon(t, dir, nil, "register", "prod/api/http", "--addr", "10.0.0.5:8080", "--meta", "zone=a",
+		"--meta", "weight=10", "--transport", "http", "--ttl", "2s", "--endpoints", ep)
+	line := reg.waitLine(t, "registered prod/api/http/", 30*time.Second)
+	id := regexp.MustCompile(`prod/api/http/([0-9a-f]{16})`).FindStringSubmatch(line)
+	if id == nil {
+		t.Fatalf("no instance ID in %q", line)
+	}
+	added := w.waitLine(t, "added", 10*time.Second)
+	if !strings.Contains(added, id[1]) || !strings.Contains(added, "10.0.0.5:8080") || !strings.Contains(added, "weight=10,zone=a") {
+		t.Fatalf("watch printed %q", added)
+	}
+
+	ls := startBeacon(t, dir, nil, "ls", "prod/api", "--endpoints", ep)
+	if err := ls.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("ls: %v\n%s", err, ls.errOut())
+	}
+	for _, want := range []string{"INSTANCE", "prod/api/http/" + id[1], "10.0.0.5:8080", "http", "serving", "weight=10,zone=a"} {
+		if !strings.Contains(ls.out(), want) {
+			t.Fatalf("ls table lacks %q:\n%s", want, ls.out())
+		}
+	}
+	lsj := startBeacon(t, dir, nil, "ls", "prod", "-o", "json", "--endpoints", ep)
+	if err := lsj.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("ls -o json: %v\n%s", err, lsj.errOut())
+	}
+	var listing struct {
+		Revision  int64 `json:"revision"`
+		Instances []struct {
+			ID       string            `json:"id"`
+			Address  string            `json:"address"`
+			Metadata map[string]string `json:"metadata"`
+			Status   string            `json:"status"`
+		} `json:"instances"`
+	}
+	if err := json.Unmarshal([]byte(lsj.out()), &listing); err != nil {
+		t.Fatalf("ls -o json: %v\n%s", err, lsj.out())
+	}
+	if listing.Revision == 0 || len(listing.Instances) != 1 || listing.Instances[0].ID != id[1] ||
+		listing.Instances[0].Metadata["zone"] != "a" || listing.Instances[0].Status != "serving" {
+		t.Fatalf("ls -o json = %+v", listing)
+	}
+
+	if err := reg.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	reg.waitLine(t, "deregistered prod/api/http/"+id[1], 10*time.Second)
+	if err := reg.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("register exited with %v after SIGINT\n%s", err, reg.errOut())
+	}
+	removed := w.waitLine(t, "removed", 10*time.Second)
+	if !strings.Contains(removed, id[1]) {
+		t.Fatalf("watch printed %q", removed)
+	}
+	if err := w.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("watch exited with %v after SIGINT\n%s", err, w.errOut())
+	}
+}
+
+// TestWatchJSONAndDrain: watch -o json prints one object per line; register
+// --drain advertises draining before removing the instance.
+func TestWatchJSONAndDrain(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ep := srv.Endpoint()
+	dir := t.TempDir()
+	w := startBeacon(t, dir, nil, "watch", "-o", "json", "--endpoints", ep)
+	w.waitLine(t, `"kind":"synced"`, 30*time.Second)
+	reg := startBeacon(t, dir, nil, "register", "prod/llm/generate", "--addr", "10.0.0.6:9000", "--id", "00000000000000b1",
+		"--drain", "200ms", "-o", "json", "--endpoints", ep)
+	reg.waitLine(t, `"event":"registered"`, 30*time.Second)
+	var ev struct {
+		Kind     string `json:"kind"`
+		Type     string `json:"type"`
+		Revision int64  `json:"revision"`
+		Instance struct {
+			ID     string `json:"id"`
+			Status string `json:"status"`
+		} `json:"instance"`
+	}
+	if err := json.Unmarshal([]byte(w.waitLine(t, `"type":"added"`, 10*time.Second)), &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Kind != "changes" || ev.Instance.ID != "00000000000000b1" || ev.Revision == 0 {
+		t.Fatalf("added line %+v", ev)
+	}
+	if err := reg.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(w.waitLine(t, `"type":"updated"`, 10*time.Second)), &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Instance.Status != "draining" {
+		t.Fatalf("updated line %+v, want draining", ev)
+	}
+	w.waitLine(t, `"type":"removed"`, 10*time.Second)
+	reg.waitLine(t, `"event":"deregistered"`, 10*time.Second)
+	if err := reg.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("register: %v\n%s", err, reg.errOut())
+	}
+}
+
+// TestRegistryCommandsBadInput: bad input fails with one clear line and a
+// non-zero exit, before touching the network.
+func TestRegistryCommandsBadInput(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"register", "prod/api", "--addr", "10.0.0.1:80"}, "want namespace/component/endpoint"},
+		{[]string{"register", "prod/api/http"}, `required flag(s) "addr" not set`},
+		{[]string{"register", "Prod/api/http", "--addr", "10.0.0.1:80"}, "invalid namespace"},
+		{[]string{"register", "prod/api/http", "--addr", "nope"}, "invalid address"},
+		{[]string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--meta", "novalue"}, "--meta"},
+		{[]string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--ttl", "0s"}, "--ttl"},
+		{[]string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--ttl", "2h"}, "--ttl"},
+		{[]string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--id", "XYZ"}, "--id"},
+		{[]string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "-o", "yaml"}, "-o"},
+		{[]string{"ls", "a/b/c/d"}, "invalid query"},
+		{[]string{"ls", "-o", "yaml"}, "-o"},
+		{[]string{"ls", "--root", "beacon"}, "--root"},
+		{[]string{"ls", "--backend", "zookeeper"}, "unknown"},
+		{[]string{"watch", "--from-revision", "-1"}, "--from-revision"},
+		{[]string{"watch", "prod", "extra"}, "accepts at most 1 arg"},
+		{[]string{"ls", "--endpoints", "http://127.0.0.1:1", "--timeout", "1s"}, "did not answer"},
+	}
+	for _, tt := range tests {
+		b := startBeacon(t, t.TempDir(), nil, tt.args...)
+		err := b.wait(t, 30*time.Second)
+		if err == nil {
+			t.Errorf("%v: exit status 0", tt.args)
+			continue
+		}
+		stderr := strings.TrimSpace(b.errOut())
+		if !strings.Contains(stderr, tt.want) || !strings.HasPrefix(stderr, "beacon: ") {
+			t.Errorf("%v: stderr %q, want a 'beacon: ' line containing %q", tt.args, stderr, tt.want)
+		}
+	}
+}
+
+// TestLsMemoryBackend: BEACON_DISCOVERY_BACKEND=memory works (a
+// process-local, empty registry).
+func TestLsMemoryBackend(t *testing.T) {
+	b := startBeacon(t, t.TempDir(), []string{"BEACON_DISCOVERY_BACKEND=memory"}, "ls")
+	if err := b.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("ls with the memory backend: %v\n%s", err, b.errOut())
+	}
+	if !strings.Contains(b.out(), "(no instances)") {
+		t.Fatalf("ls printed %q", b.out())
+	}
+}

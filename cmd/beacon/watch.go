@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	core "github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/spf13/cobra"
+)
+
+func init() { rootCmd.AddCommand(newWatchCmd()) }
+
+func newWatchCmd() *cobra.Command {
+	var (
+		conn   *registryConn
+		output string
+		from   int64
+	)
+	cmd := &cobra.Command{
+		Use:   "watch [namespace[/component[/endpoint]]]",
+		Short: "Follow registered instances: a snapshot, then every change",
+		Long: `Print the instances registered under a namespace, component or endpoint (all of
+them without an argument), one line per instance, then a "synced" line, then
+one line per change (added, updated, removed) until interrupted. If the store
+becomes unreachable it prints a "stale" line and keeps trying; once back it
+prints the difference ("resync" lines). With -o json every line is one JSON
+object: {"kind","type","revision","instance"}, {"kind":"synced",...} or
+{"kind":"stale","error"}.
+
+--from-revision resumes after a revision printed earlier: the changes since
+then, if still available, else a fresh snapshot.
+
+` + registryEnvHelp,
+		Example: `  beacon watch prod/api
+  beacon watch prod -o json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, "text", "json"); err != nil {
+				return err
+			}
+			var q core.Query
+			if len(args) == 1 {
+				var err error
+				if q, err = core.ParseQuery(args[0]); err != nil {
+					return err
+				}
+			}
+			if from < 0 {
+				return fmt.Errorf("--from-revision %d: must not be negative", from)
+			}
+			logger, err := newLogger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			st, r, err := conn.open(ctx, registry.Config{Logger: logger})
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			defer r.Close()
+			return runWatch(ctx, cmd.OutOrStdout(), r, q, from, output == "json")
+		},
+	}
+	conn = addRegistryConnFlags(cmd)
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json (one JSON object per line)")
+	cmd.Flags().Int64Var(&from, "from-revision", 0, "resume after this revision (a revision printed earlier)")
+	return cmd
+}
+
+// watchLine is one line of `beacon watch -o json`.
+type watchLine struct {
+	Kind     string           `json:"kind"` // snapshot, changes, resync, synced, stale
+	Type     string           `json:"type,omitempty"`
+	Revision int64            `json:"revision,omitempty"`
+	Count    *int             `json:"count,omitempty"`
+	Instance *core.Instance `json:"instance,omitempty"`
+	Error    string           `json:"error,omitempty"`
+}
+
+func runWatch(ctx context.Context, out io.Writer, r registry.Discoverer, q core.Query, from int64, asJSON bool) error {
+	var opts []registry.WatchOption
+	if from > 0 {
+		opts = append(opts, registry.FromRevision(from))
+	}
+	w, err := r.Watch(ctx, q, opts...)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	enc := json.NewEncoder(out)
+	synced := false
+	for {
+		b, err := w.Next(ctx)
+		if err != nil {
+			if isInterrupt(ctx, err) {
+				return nil
+			}
+			return err
+		}
+		if b.Kind == registry.Stale {
+			if asJSON {
+				_ = enc.Encode(watchLine{Kind: "stale", Revision: b.Revision, Error: b.Err.Error()})
+			} else {
+				fmt.Fprintf(out, "stale: %v (retrying; the last view still holds)\n", b.Err)
+			}
+			continue
+		}
+		for _, e := range b.Events {
+			in := e.Instance
+			if asJSON {
+				_ = enc.Encode(watchLine{Kind: b.Kind.String(), Type: e.Type.String(), Revision: e.Revision, Instance: &in})
+				continue
+			}
+			fmt.Fprintf(out, "%-8s %-7s %s %s %s rev=%d%s\n", b.Kind, e.Type, in.Ref(), in.Address, in.Status, e.Revision, metaSuffix(in.Metadata))
+		}
+		if !synced || b.Kind == registry.Resync {
+			synced = true
+			n := len(w.Instances())
+			if asJSON {
+				_ = enc.Encode(watchLine{Kind: "synced", Revision: b.Revision, Count: &n})
+			} else {
+				fmt.Fprintf(out, "synced   %d instance(s) at revision %d\n", n, b.Revision)
+			}
+		}
+	}
+}
+
+func metaSuffix(md map[string]string) string {
+	if len(md) == 0 {
+		return ""
+	}
+	return " " + sortedMeta(md)
+}
