@@ -68,7 +68,7 @@ the store revision of the listing and the instances (the stored value format).
 
 // listJSON is the output of `beacon ls -o json`.
 type listJSON struct {
-	Revision  int64             `json:"revision"`
+	Revision  int64           `json:"revision"`
 	Instances []core.Instance `json:"instances"`
 }
 

@@ -206,13 +206,13 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 
 // registerLine is one line of `beacon register -o json`.
 type registerLine struct {
-	Event     string           `json:"event"` // registered, state, deregistered
+	Event     string         `json:"event"` // registered, state, deregistered
 	Instance  *core.Instance `json:"instance,omitempty"`
-	State     string           `json:"state,omitempty"`
-	Lease     string           `json:"lease,omitempty"`
-	TTL       string           `json:"ttl,omitempty"`
-	Error     string           `json:"error,omitempty"`
-	Conflicts []string         `json:"conflicts,omitempty"`
+	State     string         `json:"state,omitempty"`
+	Lease     string         `json:"lease,omitempty"`
+	TTL       string         `json:"ttl,omitempty"`
+	Error     string         `json:"error,omitempty"`
+	Conflicts []string       `json:"conflicts,omitempty"`
 }
 
 func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *registry.StoreRegistry, in core.Instance, drain time.Duration, asJSON bool) error {
@@ -293,4 +293,3 @@ func sortedMeta(md map[string]string) string {
 func isInterrupt(ctx context.Context, err error) bool {
 	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, registry.ErrWatchClosed))
 }
-

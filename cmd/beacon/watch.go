@@ -73,12 +73,12 @@ then, if still available, else a fresh snapshot.
 
 // watchLine is one line of `beacon watch -o json`.
 type watchLine struct {
-	Kind     string           `json:"kind"` // snapshot, changes, resync, synced, stale
-	Type     string           `json:"type,omitempty"`
-	Revision int64            `json:"revision,omitempty"`
-	Count    *int             `json:"count,omitempty"`
+	Kind     string         `json:"kind"` // snapshot, changes, resync, synced, stale
+	Type     string         `json:"type,omitempty"`
+	Revision int64          `json:"revision,omitempty"`
+	Count    *int           `json:"count,omitempty"`
 	Instance *core.Instance `json:"instance,omitempty"`
-	Error    string           `json:"error,omitempty"`
+	Error    string         `json:"error,omitempty"`
 }
 
 func runWatch(ctx context.Context, out io.Writer, r registry.Discoverer, q core.Query, from int64, asJSON bool) error {
