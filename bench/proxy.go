@@ -176,6 +176,24 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 		}
 	}
 
+	// One client alone: the latency the extra hop adds, without queueing.
+	var seqDirect, seqVia loadResult
+	for range 2 {
+		a, err := load(ctx, directClis[:1], cfg.Duration/4, 1, ops[0].op)
+		if err != nil {
+			return nil, err
+		}
+		b, err := load(ctx, proxyClis[:1], cfg.Duration/4, 1, ops[0].op)
+		if err != nil {
+			return nil, err
+		}
+		seqDirect.add(a)
+		seqVia.add(b)
+	}
+	r.Add(Row{Metric: "range p50, 1 client", Unit: "ms", Beacon: Ms(Percentile(seqVia.lat, 50)), Baseline: Ms(Percentile(seqDirect.lat, 50))})
+	r.Note("the proxy adds %.0f µs to a range from a lone client (one more gRPC hop on loopback)",
+		float64(Percentile(seqVia.lat, 50)-Percentile(seqDirect.lat, 50))/float64(time.Microsecond))
+
 	cfg.Logger.Info("measuring watches", "watches", cfg.Watches)
 	direct, err := watchFanout(ctx, eps, cfg, nil)
 	if err != nil {
