@@ -41,24 +41,8 @@ func memBuilder(t *testing.T, r registry.Discoverer, opts ...naming.Option) *nam
 // untilAll calls until every backend in names has served a call.
 func untilAll(ctx context.Context, t *testing.T, cc *grpc.ClientConn, names ...string) {
 	t.Helper()
-	want := make(map[string]bool)
-	for _, n := range names {
-		want[n] = true
-	}
-	seen := map[string]bool{}
-	var last error
-	if _, err := namingtest.CallUntil(ctx, cc, func(name string, err error) bool {
-		if err != nil {
-			last = err
-			return false
-		}
-		if !want[name] {
-			t.Fatalf("call served by %s; want only %v", name, names)
-		}
-		seen[name] = true
-		return len(seen) == len(want)
-	}); err != nil {
-		t.Fatalf("backends %v not all reached (saw %v, last error %v): %v", names, seen, last, err)
+	if err := namingtest.ReachAll(ctx, cc, names...); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -66,26 +50,8 @@ func untilAll(ctx context.Context, t *testing.T, cc *grpc.ClientConn, names ...s
 // and fails if a later call of n more reaches another backend.
 func untilOnly(ctx context.Context, t *testing.T, cc *grpc.ClientConn, n int, names ...string) {
 	t.Helper()
-	allowed := make(map[string]bool)
-	for _, name := range names {
-		allowed[name] = true
-	}
-	run := 0
-	if _, err := namingtest.CallUntil(ctx, cc, func(name string, err error) bool {
-		if err != nil || !allowed[name] {
-			run = 0
-			return false
-		}
-		run++
-		return run == n
-	}); err != nil {
-		t.Fatalf("calls never settled on %v: %v", names, err)
-	}
-	for range n {
-		name, err := namingtest.Call(ctx, cc)
-		if err != nil || !allowed[name] {
-			t.Fatalf("after settling on %v, a call went to %q (err %v)", names, name, err)
-		}
+	if err := namingtest.SettleOn(ctx, cc, n, names...); err != nil {
+		t.Fatal(err)
 	}
 }
 

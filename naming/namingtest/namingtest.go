@@ -214,3 +214,62 @@ func CallUntil(ctx context.Context, cc grpc.ClientConnInterface, done func(backe
 		}
 	}
 }
+
+// ReachAll calls cc until every backend in names has served a call. A call
+// served by a backend not in names is an error.
+func ReachAll(ctx context.Context, cc grpc.ClientConnInterface, names ...string) error {
+	want := make(map[string]bool, len(names))
+	for _, n := range names {
+		want[n] = true
+	}
+	seen := map[string]bool{}
+	var last, stray error
+	_, err := CallUntil(ctx, cc, func(name string, err error) bool {
+		switch {
+		case err != nil:
+			last = err
+			return false
+		case !want[name]:
+			stray = fmt.Errorf("namingtest: call served by %s; want only %v", name, names)
+			return true
+		}
+		seen[name] = true
+		return len(seen) == len(want)
+	})
+	if stray != nil {
+		return stray
+	}
+	if err != nil {
+		return fmt.Errorf("namingtest: backends %v not all reached (saw %v, last error %v): %w", names, seen, last, err)
+	}
+	return nil
+}
+
+// SettleOn calls cc until n calls in a row were served by backends in
+// names, then makes n more and fails if any of them goes elsewhere.
+func SettleOn(ctx context.Context, cc grpc.ClientConnInterface, n int, names ...string) error {
+	allowed := make(map[string]bool, len(names))
+	for _, name := range names {
+		allowed[name] = true
+	}
+	run := 0
+	var last string
+	if _, err := CallUntil(ctx, cc, func(name string, err error) bool {
+		last = name
+		if err != nil || !allowed[name] {
+			run = 0
+			return false
+		}
+		run++
+		return run == n
+	}); err != nil {
+		return fmt.Errorf("namingtest: calls never settled on %v (last served by %q): %w", names, last, err)
+	}
+	for range n {
+		name, err := Call(ctx, cc)
+		if err != nil || !allowed[name] {
+			return fmt.Errorf("namingtest: after settling on %v, a call went to %q (err %v)", names, name, err)
+		}
+	}
+	return nil
+}
