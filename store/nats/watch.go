@@ -16,6 +16,9 @@ import (
 // split).
 const maxBatch = 1000
 
+// maxHold bounds how long a watch holds events to batch them.
+const maxHold = 2 * time.Millisecond
+
 // maxTracked bounds the per-watch map of each key's last message, used to
 // detect history a watch needs but the bucket no longer has.
 const maxTracked = 1 << 17
@@ -151,6 +154,7 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 	// not fall further behind than the retention window.
 	caughtUp := time.Now()
 	var behind bool
+	var pendingSince time.Time
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
@@ -187,11 +191,16 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		if !behind {
 			caughtUp = time.Now()
 		}
-		if len(w.pending) > 0 && (!behind || len(w.pending) >= maxBatch) {
+		if len(w.pending) > 0 && pendingSince.IsZero() {
+			pendingSince = time.Now()
+		}
+		// Batch while more is pending, but never hold an event long: other
+		// clients' keep-alives may keep something pending all the time.
+		if len(w.pending) > 0 && (!behind || len(w.pending) >= maxBatch || time.Since(pendingSince) > maxHold) {
 			if !send(store.WatchResponse{Events: w.pending}) {
 				return
 			}
-			w.pending = nil
+			w.pending, pendingSince = nil, time.Time{}
 		}
 	}
 }
