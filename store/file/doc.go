@@ -41,9 +41,9 @@
 //
 // The whole store contract holds, across processes: one global revision,
 // create-if-absent and compare-and-swap under the lock, lease expiry deleting
-// all keys at one revision, ordered exactly-once watches. There are no
-// caveats in the conformance suite. Transactions (store.Transactor) are not
-// offered.
+// all keys at one revision, ordered exactly-once watches, and transactions
+// (store.Transactor: several writes in one revision, all or nothing). There
+// are no caveats in the conformance suite.
 //
 // # Crashes and damage
 //

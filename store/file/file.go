@@ -85,8 +85,9 @@ type Store struct {
 }
 
 var (
-	_ store.Store     = (*Store)(nil)
-	_ store.Compactor = (*Store)(nil)
+	_ store.Store      = (*Store)(nil)
+	_ store.Compactor  = (*Store)(nil)
+	_ store.Transactor = (*Store)(nil)
 )
 
 // Open opens the store in cfg.Dir, creating it if the directory is missing
@@ -966,4 +967,63 @@ func (s *Store) background() {
 			s.logger.Warn("cannot follow the log", "err", err)
 		}
 	}
+}
+
+// Txn implements store.Transactor: every precondition is checked and every
+// op applied at one revision, under the lock, in one log record.
+func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
+	if err := store.ValidateOps(ops); err != nil {
+		return 0, err
+	}
+	var rev int64
+	err := s.locked(ctx, func() error {
+		s.mu.Lock()
+		next := s.rev + 1
+		var events []store.Event
+		for _, op := range ops {
+			old, exists := s.data.Get(&store.KeyValue{Key: op.Key})
+			switch {
+			case op.IfAbsent && exists:
+				s.mu.Unlock()
+				return &store.ConflictError{Key: op.Key, Err: store.ErrKeyExists}
+			case op.IfModRevision != 0 && !exists:
+				s.mu.Unlock()
+				return &store.ConflictError{Key: op.Key, Err: store.ErrNotFound}
+			case op.IfModRevision != 0 && old.ModRevision != op.IfModRevision:
+				s.mu.Unlock()
+				return &store.ConflictError{Key: op.Key, Err: store.ErrConflict}
+			}
+			switch {
+			case op.Kind == store.OpPut:
+				if op.Lease != store.NoLease {
+					if err := s.leaseAliveLocked(op.Lease); err != nil {
+						s.mu.Unlock()
+						return fmt.Errorf("%w (for %q)", err, op.Key)
+					}
+				}
+				kv := store.KeyValue{Key: op.Key, Value: bytes.Clone(op.Value), CreateRevision: next, ModRevision: next, Lease: op.Lease}
+				if kv.Value == nil {
+					kv.Value = []byte{}
+				}
+				if exists {
+					kv.CreateRevision = old.CreateRevision
+				}
+				events = append(events, store.Event{Type: store.EventPut, KV: kv})
+			case exists: // a delete of an absent key is a no-op
+				events = append(events, store.Event{Type: store.EventDelete, KV: store.KeyValue{Key: op.Key, ModRevision: next}})
+			}
+		}
+		cur := s.rev
+		s.mu.Unlock()
+		if len(events) == 0 {
+			rev = cur
+			return nil
+		}
+		if err := s.appendLocked(record{kind: recCommit, rev: next, events: events}); err != nil {
+			return err
+		}
+		rev = next
+		return s.maybeCompactLocked()
+	})
+	return rev, err
 }
