@@ -22,6 +22,7 @@ import (
 // client without credentials is refused by etcd, not served by the proxy's
 // identity (etcd#10008).
 func TestAuthPassthrough(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t, etcdtest.Options{User: "alice", Password: "secret"})
 	p := startProxy(t, Config{Endpoints: srv.Endpoints()})
 	ctx := ctxT(t)
@@ -65,6 +66,7 @@ func TestAuthPassthrough(t *testing.T) {
 // TestTLSBothSides: the proxy reaches a TLS etcd with a client certificate
 // and serves its own clients over TLS (gRPC and HTTP on one port).
 func TestTLSBothSides(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t, etcdtest.Options{TLS: true})
 	certs := srv.Certs()
 	serverCert, err := tls.LoadX509KeyPair(certs.ServerCert, certs.ServerKey)

@@ -39,6 +39,7 @@ func sorted(s []string) []string {
 // TestDiscoveryV3Token finds the cluster from a v3 discovery token, also
 // when more members registered than the size (a full cluster).
 func TestDiscoveryV3Token(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	disc := etcdtest.Start(t, etcdtest.Options{Name: "discovery"})
 	ctx := ctxT(t)
@@ -81,6 +82,7 @@ func TestDiscoveryV3Token(t *testing.T) {
 // v2 keys API (Debian's etcd 3.4 with --enable-v2, like a self-hosted
 // discovery registry).
 func TestDiscoveryV2URL(t *testing.T) {
+	t.Parallel()
 	bin := testpeer.Binary(t, "apt-get install -y etcd-server", "/usr/bin/etcd", "etcd")
 	base := startEtcdV2(t, bin)
 	c := etcdtest.StartCluster(t, 3)
@@ -171,6 +173,7 @@ func v2put(t *testing.T, u, value string) {
 // TestDiscoverySRV finds the peers from SRV records served by a real DNS
 // server (miekg/dns) on loopback.
 func TestDiscoverySRV(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	records := map[string][]dns.RR{}
 	add := func(s string) {
@@ -235,6 +238,7 @@ func startDNS(t *testing.T, records map[string][]dns.RR) string {
 // TestBadInputAtStart: configuration mistakes fail New or Serve with a
 // clear error; nothing is served.
 func TestBadInputAtStart(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		cfg  Config

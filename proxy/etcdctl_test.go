@@ -60,6 +60,7 @@ func (c ctl) must(args ...string) string {
 // KV, transactions, leases, watch, member list and endpoint status; and a
 // readonly proxy refusing its writes.
 func TestEtcdctlThroughProxy(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{PeerURLs: c.PeerURLs()})
 	e := ctl{t: t, bin: buildEtcdctl(t), ep: p.Addr().String()}
@@ -148,6 +149,7 @@ func TestEtcdctlThroughProxy(t *testing.T) {
 // TestDebianEtcdctl34ThroughProxy: the etcd 3.4 etcdctl from Debian
 // (etcd-client) works through the proxy too.
 func TestDebianEtcdctl34ThroughProxy(t *testing.T) {
+	t.Parallel()
 	bin := testpeer.Binary(t, "apt-get install -y etcd-client", "/usr/bin/etcdctl")
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{Endpoints: c.Endpoints()})

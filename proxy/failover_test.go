@@ -22,6 +22,7 @@ import (
 // through the proxy: no read fails, the dead endpoint is benched, and it
 // comes back into use after it restarts.
 func TestFailoverUnderLoad(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{PeerURLs: c.PeerURLs(), FailureWait: 500 * time.Millisecond, RefreshInterval: 300 * time.Millisecond})
 	cli := proxyClient(t, p)
@@ -87,6 +88,7 @@ func endpointState(p *Proxy, url string) string {
 // with Unavailable (gRPC) / 503 (HTTP) and a message saying no member is
 // reachable; the proxy stays up and recovers when members return.
 func TestAllMembersDown(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{PeerURLs: c.PeerURLs(), FailureWait: 200 * time.Millisecond})
 	cli := proxyClient(t, p)
@@ -131,6 +133,7 @@ func TestAllMembersDown(t *testing.T) {
 // TestMembershipChangePickedUpAtRefresh adds and removes a member; the
 // proxy's endpoints follow at the next refresh.
 func TestMembershipChangePickedUpAtRefresh(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{InitialCluster: c.InitialCluster(), RefreshInterval: 200 * time.Millisecond})
 	m4 := c.AddMember(t)
@@ -161,6 +164,7 @@ func TestMembershipChangePickedUpAtRefresh(t *testing.T) {
 // name) is never used; two proxies pointing at each other detect the loop
 // from the via metadata instead of forwarding forever.
 func TestLoopDetection(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

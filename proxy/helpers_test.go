@@ -127,3 +127,12 @@ func value(t testing.TB, m prometheus.Metric) float64 {
 	t.Fatalf("metric %v is neither counter nor gauge", m.Desc())
 	return 0
 }
+
+func mustListen(t testing.TB) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}

@@ -15,6 +15,7 @@ import (
 // through the proxy, and /metrics shows client watchers against upstream
 // watches.
 func TestHTTPGatewayWatchAndMetrics(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{PeerURLs: c.PeerURLs()})
 	base := "http://" + p.Addr().String()

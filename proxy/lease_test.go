@@ -13,6 +13,7 @@ import (
 // share one upstream stream, and leases kept alive through the proxy
 // outlive their TTL.
 func TestLeaseKeepAliveMultiplexed(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{PeerURLs: c.PeerURLs()})
 	ctx := ctxT(t)

@@ -8,6 +8,7 @@ import (
 )
 
 func TestReadWriteWatchThroughProxy(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{PeerURLs: c.PeerURLs()})
 	cli := proxyClient(t, p)

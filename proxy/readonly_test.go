@@ -30,6 +30,7 @@ func grpcConn(t *testing.T, p *Proxy) *grpc.ClientConn {
 // v3 API through a readonly proxy and expects Unimplemented with a message
 // naming readonly; reads still work.
 func TestReadonlyRefusesEveryWriteOverGRPC(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{Mode: ReadOnly, Endpoints: c.Endpoints()})
 	conn := grpcConn(t, p)
@@ -137,6 +138,7 @@ func TestReadonlyRefusesEveryWriteOverGRPC(t *testing.T) {
 // TestReadonlyRefusesEveryWriteOverHTTP does the same over the JSON
 // gateway: 501 and a body saying readonly.
 func TestReadonlyRefusesEveryWriteOverHTTP(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{Mode: ReadOnly, PeerURLs: c.PeerURLs()})
 	base := "http://" + p.Addr().String()

@@ -12,6 +12,7 @@ import (
 // they share one upstream watch, each sees every event exactly once, and
 // cancelling them all ends the upstream watch.
 func TestWatchCoalescing(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{PeerURLs: c.PeerURLs()})
 	ctx := ctxT(t)
@@ -108,6 +109,7 @@ func TestWatchCoalescing(t *testing.T) {
 // upstream, and a compacted start revision cancels with the compact
 // revision like etcd.
 func TestWatchFiltersAndCompaction(t *testing.T) {
+	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{Endpoints: c.Endpoints()})
 	cli := proxyClient(t, p)
