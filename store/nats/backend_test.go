@@ -355,3 +355,54 @@ func TestCrashedClientKeysExpire(t *testing.T) {
 }
 
 var _ = os.Getenv
+
+// A transaction is one revision: its keys all carry it, and a watch that
+// starts anywhere inside it (its messages have consecutive sequences)
+// gets all its events in one response.
+func TestTransactionIsOneRevision(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	s := open(t, bnats.Config{URL: srv.ClientURL()})
+	defer s.Close()
+	ctx := ctxT(t, 20*time.Second)
+	l, err := s.Grant(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.Put(ctx, "/tx/a", []byte("0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := s.Txn(ctx,
+		store.Op{Kind: store.OpPut, Key: "/tx/a", Value: []byte("1"), IfModRevision: before},
+		store.Op{Kind: store.OpPut, Key: "/tx/b", Value: []byte("1"), Lease: l.ID, IfAbsent: true},
+		store.Op{Kind: store.OpPut, Key: "/tx/c", Value: []byte("1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"/tx/a", "/tx/b", "/tx/c"} {
+		if kv, err := s.Get(ctx, k); err != nil || kv.ModRevision != rev {
+			t.Fatalf("Get(%s) after the transaction at %d: %+v, %v", k, rev, kv, err)
+		}
+	}
+	for from := before + 1; from <= rev; from++ {
+		resp := <-s.Watch(ctx, "/tx/", from)
+		if resp.Err != nil || len(resp.Events) != 3 {
+			t.Fatalf("watch from %d (transaction at %d): %+v", from, rev, resp)
+		}
+		for _, e := range resp.Events {
+			if e.Revision() != rev {
+				t.Fatalf("watch from %d: event %s at %d, want %d", from, e.KV.Key, e.Revision(), rev)
+			}
+		}
+	}
+	if _, err := s.Update(ctx, "/tx/c", []byte("2"), rev); err != nil {
+		t.Fatalf("Update at the transaction's revision: %v", err)
+	}
+	// Revoking the lease deletes the transaction's leased key.
+	if err := s.Revoke(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "/tx/b"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("leased key after revoke: %v", err)
+	}
+}

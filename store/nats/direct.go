@@ -71,6 +71,26 @@ type getReq struct {
 	Batch     int        `json:"batch,omitempty"`
 }
 
+// bySeq returns the message at seq, or nil if there is none.
+func (s *Store) bySeq(ctx context.Context, seq uint64) (*rawMsg, error) {
+	ctx, cancel := s.reqCtx(ctx)
+	defer cancel()
+	body, _ := json.Marshal(getReq{Seq: seq})
+	m, err := s.nc.RequestWithContext(ctx, s.directPre, body)
+	if err != nil {
+		return nil, s.unavailable("read", err)
+	}
+	switch st := m.Header.Get("Status"); st {
+	case "":
+	case "404":
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("nats: direct get of sequence %d: status %s %s", seq, st, m.Header.Get("Description"))
+	}
+	r, err := parseRaw(m)
+	return &r, err
+}
+
 // firstSince returns the first message stored at or after t, or nil.
 func (s *Store) firstSince(ctx context.Context, t time.Time) (*rawMsg, error) {
 	ctx, cancel := s.reqCtx(ctx)

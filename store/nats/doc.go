@@ -51,11 +51,20 @@
 // ordered consumer from the requested revision on the prefix's subjects
 // and the lease subjects.
 //
+// # Transactions
+//
+// Txn (store.Transactor) writes one atomic batch: a message per write, each
+// with a compare-and-swap on its key, plus the touches of the leases
+// involved. The batch's messages get consecutive stream sequences; every
+// write of it carries the sequence of the last one as its revision (headers
+// Nats-Batch-Sequence and Beacon-Batch), so the transaction is one revision,
+// and a watch that starts inside it reads its earlier messages too.
+// Revisions therefore skip numbers, which the contract allows.
+//
 // # Caveats
 //
-// The conformance suite passes with no caveat. Transactions
-// (store.Transactor) are not offered. Watches resume from any revision the
-// bucket still holds, with these limits, each reported as a
+// The conformance suite passes with no caveat. Watches resume from any
+// revision the bucket still holds, with these limits, each reported as a
 // *store.CompactedError rather than a silent gap:
 //
 //   - below the watermark set by Compact;

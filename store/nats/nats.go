@@ -42,6 +42,7 @@ const (
 	hdrCreate    = "Beacon-Create" // create revision when the write updates a key
 	hdrLease     = "Beacon-Lease"  // lease ID (hex) the key is bound to
 	hdrReap      = "Beacon-Reap"   // a deletion of a key whose lease had ended
+	hdrBatchSize = "Beacon-Batch"  // messages in the atomic batch this one is part of
 	hdrKVOp      = "KV-Operation"
 	hdrMarker    = "Nats-Marker-Reason"
 	hdrTTL       = "Nats-TTL"
@@ -74,8 +75,9 @@ type Store struct {
 }
 
 var (
-	_ store.Store     = (*Store)(nil)
-	_ store.Compactor = (*Store)(nil)
+	_ store.Store      = (*Store)(nil)
+	_ store.Compactor  = (*Store)(nil)
+	_ store.Transactor = (*Store)(nil)
 )
 
 func (s *Store) keySubject(key string) string { return s.pre + "k." + encodeKey(key) }
@@ -321,7 +323,8 @@ func isEnd(h nats.Header) bool {
 
 // decodeKV builds the KeyValue of a put message of key.
 func decodeKV(key string, m *rawMsg) store.KeyValue {
-	kv := store.KeyValue{Key: key, Value: m.data, CreateRevision: int64(m.seq), ModRevision: int64(m.seq)}
+	rev := logicalRev(m)
+	kv := store.KeyValue{Key: key, Value: m.data, CreateRevision: rev, ModRevision: rev}
 	if kv.Value == nil {
 		kv.Value = []byte{}
 	}
@@ -330,6 +333,25 @@ func decodeKV(key string, m *rawMsg) store.KeyValue {
 	}
 	kv.Lease = parseLeaseID(m.header.Get(hdrLease))
 	return kv
+}
+
+// batchPos returns the position (1-based) and size of the atomic batch m
+// was written in, or 0, 0.
+func batchPos(m *rawMsg) (int, int) {
+	n, err1 := strconv.Atoi(m.header.Get(hdrBatchSize))
+	i, err2 := strconv.Atoi(m.header.Get(hdrBatchSeq))
+	if err1 != nil || err2 != nil || i < 1 || i > n {
+		return 0, 0
+	}
+	return i, n
+}
+
+// logicalRev is the revision of a message: its sequence, or for a message
+// of an atomic batch (a transaction) the sequence of the batch's last
+// message, so that every write of a transaction has one revision.
+func logicalRev(m *rawMsg) int64 {
+	i, n := batchPos(m)
+	return int64(m.seq) + int64(n-i)
 }
 
 func parseLeaseID(s string) store.LeaseID {
@@ -442,9 +464,16 @@ func ttlHeader(d time.Duration) string {
 // publish writes m, after the lease touches in one atomic batch if there
 // are any, and returns m's sequence.
 func (s *Store) publish(ctx context.Context, touches []*nats.Msg, m *nats.Msg) (uint64, error) {
+	return s.publishAll(ctx, append(touches, m))
+}
+
+// publishAll writes msgs, in one atomic batch if there are several, and
+// returns the sequence of the last.
+func (s *Store) publishAll(ctx context.Context, all []*nats.Msg) (uint64, error) {
 	ctx, cancel := s.reqCtx(ctx)
 	defer cancel()
-	if len(touches) == 0 {
+	m := all[len(all)-1]
+	if len(all) == 1 {
 		ack, err := s.js.PublishMsg(ctx, m)
 		if err != nil {
 			if isConflict(err) {
@@ -455,10 +484,10 @@ func (s *Store) publish(ctx context.Context, touches []*nats.Msg, m *nats.Msg) (
 		return ack.Sequence, nil
 	}
 	id := nuid.Next()
-	all := append(touches, m)
 	for i, msg := range all {
 		msg.Header.Set(hdrBatchID, id)
 		msg.Header.Set(hdrBatchSeq, strconv.Itoa(i+1))
+		msg.Header.Set(hdrBatchSize, strconv.Itoa(len(all)))
 		if i < len(all)-1 {
 			if err := s.nc.PublishMsg(msg); err != nil {
 				return 0, s.unavailable("write", err)
@@ -776,6 +805,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]store.KeyValue, int6
 	keyPre := s.pre + "k."
 	var out []store.KeyValue
 	leases := map[store.LeaseID]bool{}
+	phys := map[string]uint64{} // leased key → sequence of its message
 	for i := range msgs {
 		m := &msgs[i]
 		tokens, ok := strings.CutPrefix(m.subject, keyPre)
@@ -789,6 +819,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]store.KeyValue, int6
 		kv := decodeKV(key, m)
 		if kv.Lease != store.NoLease {
 			leases[kv.Lease] = true
+			phys[key] = m.seq
 		}
 		out = append(out, kv)
 	}
@@ -805,7 +836,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]store.KeyValue, int6
 			}
 			return false
 		})
-		s.reap(ctx, dead)
+		s.reap(ctx, dead, phys)
 	}
 	slices.SortFunc(out, func(a, b store.KeyValue) int { return strings.Compare(a.Key, b.Key) })
 	return out, int64(rev), nil
@@ -881,13 +912,14 @@ func (s *Store) Compact(ctx context.Context, rev int64) error {
 
 // reap deletes keys whose lease has ended (they are gone already; this
 // frees their messages). The deletions are marked, and watches skip them.
-func (s *Store) reap(ctx context.Context, kvs []store.KeyValue) {
+func (s *Store) reap(ctx context.Context, kvs []store.KeyValue, phys map[string]uint64) {
 	for _, kv := range kvs {
+		seq := strconv.FormatUint(phys[kv.Key], 10)
 		m := nats.NewMsg(s.keySubject(kv.Key))
 		m.Header.Set(hdrKVOp, "DEL")
 		m.Header.Set(hdrReap, fmt.Sprintf("%x", uint64(kv.Lease)))
-		m.Header.Set(hdrExpSubj, strconv.FormatInt(kv.ModRevision, 10))
-		m.Header.Set(hdrPrev, strconv.FormatInt(kv.ModRevision, 10))
+		m.Header.Set(hdrExpSubj, seq)
+		m.Header.Set(hdrPrev, seq)
 		if _, err := s.publish(ctx, nil, m); err != nil && !isConflict(err) {
 			return
 		}
@@ -902,4 +934,90 @@ func sortKeys(m map[string]bool) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Txn implements store.Transactor with one atomic batch: a message per
+// write (with a compare-and-swap on each key's last message) plus the
+// touches of the leases involved. The batch's messages get consecutive
+// sequences; all of them carry the revision of the last one.
+func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
+	if err := store.ValidateOps(ops); err != nil {
+		return 0, err
+	}
+	if err := s.begin(ctx); err != nil {
+		return 0, err
+	}
+	for attempt := 0; ; attempt++ {
+		states := make([]keyState, len(ops))
+		for i, op := range ops {
+			var err error
+			if states[i], err = s.readKey(ctx, op.Key); err != nil {
+				return 0, err
+			}
+			st := states[i]
+			switch {
+			case op.IfAbsent && st.kv != nil:
+				return 0, &store.ConflictError{Key: op.Key, Err: store.ErrKeyExists}
+			case op.IfModRevision != 0 && st.kv == nil:
+				return 0, &store.ConflictError{Key: op.Key, Err: store.ErrNotFound}
+			case op.IfModRevision != 0 && st.kv.ModRevision != op.IfModRevision:
+				return 0, &store.ConflictError{Key: op.Key, Err: store.ErrConflict}
+			}
+		}
+		var touches, writes []*nats.Msg
+		touched := map[store.LeaseID]bool{}
+		touch := func(id store.LeaseID, l leaseState) {
+			if !touched[id] {
+				touched[id] = true
+				touches = append(touches, s.touch(id, l))
+			}
+		}
+		for i, op := range ops {
+			st := states[i]
+			m := nats.NewMsg(s.keySubject(op.Key))
+			seq := strconv.FormatUint(st.seq, 10)
+			m.Header.Set(hdrExpSubj, seq)
+			m.Header.Set(hdrPrev, seq)
+			if st.kv != nil && st.kv.Lease != store.NoLease && (op.Kind == store.OpDelete || st.kv.Lease != op.Lease) {
+				touch(st.kv.Lease, st.lease)
+			}
+			switch {
+			case op.Kind == store.OpPut:
+				if op.Lease != store.NoLease && !touched[op.Lease] {
+					l, err := s.lease(ctx, op.Lease)
+					if err != nil {
+						return 0, err
+					}
+					if !l.live {
+						return 0, fmt.Errorf("%w: lease %x (for %q)", store.ErrLeaseNotFound, op.Lease, op.Key)
+					}
+					touch(op.Lease, l)
+				}
+				m.Data = op.Value
+				if st.kv != nil {
+					m.Header.Set(hdrCreate, strconv.FormatInt(st.kv.CreateRevision, 10))
+				}
+				if op.Lease != store.NoLease {
+					m.Header.Set(hdrLease, fmt.Sprintf("%x", uint64(op.Lease)))
+				}
+			case st.kv != nil:
+				m.Header.Set(hdrKVOp, "DEL")
+			default:
+				continue // deleting an absent key does nothing
+			}
+			writes = append(writes, m)
+		}
+		if len(writes) == 0 {
+			_, now, err := s.multiLast(ctx, []string{s.metaSubject()}, 0)
+			return int64(now), err
+		}
+		seq, err := s.publishAll(ctx, append(touches, writes...))
+		if isConflict(err) {
+			if err := backoff(ctx, attempt); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		return int64(seq), err
+	}
 }

@@ -155,6 +155,8 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 	caughtUp := time.Now()
 	var behind bool
 	var pendingSince time.Time
+	var holdUntil uint64 // the last message of a transaction being read
+	backfilled := false  // only the first message can start inside one
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
@@ -181,6 +183,23 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			caughtUp = time.Now()
 		}
 		m := rawMsg{subject: msg.Subject(), seq: meta.Sequence.Stream, time: meta.Timestamp, header: msg.Headers(), data: msg.Data()}
+		if i, n := batchPos(&m); n > 1 {
+			// A transaction: its messages share the revision of its last
+			// one, and go out in one response.
+			holdUntil = max(holdUntil, m.seq+uint64(n-i))
+			if first := m.seq - uint64(i-1); first < w.from && !backfilled {
+				// The watch starts inside the transaction: read its
+				// earlier messages too.
+				backfilled = true
+				if err := w.backfill(ctx, first); err != nil {
+					if ctx.Err() == nil {
+						send(store.WatchResponse{Err: err})
+					}
+					return
+				}
+			}
+		}
+		backfilled = true
 		if err := w.handle(ctx, &m); err != nil {
 			if ctx.Err() == nil {
 				send(store.WatchResponse{Err: err})
@@ -196,13 +215,33 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		}
 		// Batch while more is pending, but never hold an event long: other
 		// clients' keep-alives may keep something pending all the time.
-		if len(w.pending) > 0 && (!behind || len(w.pending) >= maxBatch || time.Since(pendingSince) > maxHold) {
+		// Behind on a transaction's messages, wait for the rest of it
+		// (all of it is in the stream already).
+		whole := !behind || m.seq >= holdUntil
+		if len(w.pending) > 0 && whole && (!behind || len(w.pending) >= maxBatch || time.Since(pendingSince) > maxHold) {
 			if !send(store.WatchResponse{Events: w.pending}) {
 				return
 			}
 			w.pending, pendingSince = nil, time.Time{}
 		}
 	}
+}
+
+// backfill handles the messages of a transaction from first up to the
+// watch's start.
+func (w *watcher) backfill(ctx context.Context, first uint64) error {
+	for seq := first; seq < w.from; seq++ {
+		m, err := w.s.bySeq(ctx, seq)
+		if err != nil {
+			return err
+		}
+		if m != nil {
+			if err := w.handle(ctx, m); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // checkRetention verifies the leases when the start revision is older than
@@ -301,7 +340,7 @@ func (w *watcher) handle(ctx context.Context, m *rawMsg) error {
 		return nil
 	case isEnd(m.header):
 		w.live[key] = false
-		w.pending = append(w.pending, store.Event{Type: store.EventDelete, KV: store.KeyValue{Key: key, ModRevision: int64(m.seq)}})
+		w.pending = append(w.pending, store.Event{Type: store.EventDelete, KV: store.KeyValue{Key: key, ModRevision: logicalRev(m)}})
 		return nil
 	}
 	if m.header.Get(hdrCreate) == "" && w.live[key] {
