@@ -155,7 +155,6 @@ func newStore(cli *clientv3.Client, owned bool, r resolved) *Store {
 		listPageSize:   r.listPageSize,
 	}
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
-	s.wd.calls = make(map[*timedCall]struct{})
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -192,8 +191,8 @@ func (s *Store) Close() error {
 
 // begin checks Close and gives a unary call its context: the caller's if
 // it has a deadline, otherwise one the watchdog ends after RequestTimeout.
-// end must be called when the call returns.
-func (s *Store) begin(ctx context.Context) (c context.Context, end func(), err error) {
+// The caller must pass tc to s.wd.end when the call returns.
+func (s *Store) begin(ctx context.Context) (c context.Context, tc *timedCall, err error) {
 	if s.closed.Load() {
 		return nil, nil, store.ErrClosed
 	}
@@ -203,13 +202,11 @@ func (s *Store) begin(ctx context.Context) (c context.Context, end func(), err e
 		return nil, nil, fmt.Errorf("%w: the etcd client was closed", store.ErrClosed)
 	}
 	if _, ok := ctx.Deadline(); ok {
-		return ctx, nop, nil
+		return ctx, nil, nil
 	}
-	c, end = s.wd.begin(ctx)
-	return c, end, nil
+	c, tc = s.wd.begin(ctx)
+	return c, tc, nil
 }
-
-func nop() {}
 
 func fromKV(kv *mvccpb.KeyValue) store.KeyValue {
 	return store.KeyValue{
@@ -234,11 +231,11 @@ func (s *Store) Get(ctx context.Context, key string) (store.KeyValue, error) {
 	if err := store.ValidateKey(key); err != nil {
 		return store.KeyValue{}, err
 	}
-	c, end, err := s.begin(ctx)
+	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return store.KeyValue{}, err
 	}
-	defer end()
+	defer s.wd.end(tc)
 	resp, err := s.cli.Get(c, key)
 	if err != nil {
 		return store.KeyValue{}, s.wrap(ctx, c, fmt.Sprintf("get %q", key), err)
@@ -258,11 +255,11 @@ func (s *Store) List(ctx context.Context, prefix string) ([]store.KeyValue, int6
 	if err := store.ValidatePrefix(prefix); err != nil {
 		return nil, 0, err
 	}
-	c, end, err := s.begin(ctx)
+	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	defer end()
+	defer s.wd.end(tc)
 	for attempt := 0; ; attempt++ {
 		kvs, rev, err := s.list(c, prefix)
 		if errors.Is(err, rpctypes.ErrCompacted) && attempt < 3 {
@@ -322,11 +319,11 @@ func (s *Store) Create(ctx context.Context, key string, value []byte, opts ...st
 	if err := store.ValidateWrite(key, value); err != nil {
 		return 0, err
 	}
-	c, end, err := s.begin(ctx)
+	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer end()
+	defer s.wd.end(tc)
 	resp, err := s.cli.Txn(c).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...)).
@@ -349,11 +346,11 @@ func (s *Store) Put(ctx context.Context, key string, value []byte, opts ...store
 	if err := store.ValidateWrite(key, value); err != nil {
 		return 0, err
 	}
-	c, end, err := s.begin(ctx)
+	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer end()
+	defer s.wd.end(tc)
 	resp, err := s.cli.Put(c, key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...)
 	if err != nil {
 		return 0, s.wrap(ctx, c, fmt.Sprintf("put %q", key), err)
@@ -368,11 +365,11 @@ func (s *Store) Update(ctx context.Context, key string, value []byte, modRevisio
 	if err := store.ValidateWrite(key, value); err != nil {
 		return 0, err
 	}
-	c, end, err := s.begin(ctx)
+	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer end()
+	defer s.wd.end(tc)
 	resp, err := s.cli.Txn(c).
 		If(casCompares(key, modRevision)...).
 		Then(clientv3.OpPut(key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...)).
@@ -422,11 +419,11 @@ func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOpti
 		return 0, err
 	}
 	o := store.ApplyDeleteOptions(opts)
-	c, end, err := s.begin(ctx)
+	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer end()
+	defer s.wd.end(tc)
 	what := fmt.Sprintf("delete %q", key)
 	if o.IfModRevision == 0 {
 		resp, err := s.cli.Delete(c, key)
@@ -460,11 +457,11 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 	if err := store.ValidateOps(ops); err != nil {
 		return 0, err
 	}
-	c, end, err := s.begin(ctx)
+	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer end()
+	defer s.wd.end(tc)
 	var (
 		cmps  []clientv3.Cmp
 		then  = make([]clientv3.Op, 0, len(ops))
@@ -518,11 +515,11 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 // with store.ErrCompacted afterwards; compacting to a revision already
 // compacted gives an error matching store.ErrCompacted.
 func (s *Store) Compact(ctx context.Context, rev int64) error {
-	c, end, err := s.begin(ctx)
+	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return err
 	}
-	defer end()
+	defer s.wd.end(tc)
 	_, err = s.cli.Compact(c, rev)
 	switch {
 	case err == nil:
@@ -542,11 +539,11 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, erro
 	if err := store.ValidateTTL(ttl); err != nil {
 		return store.Lease{}, err
 	}
-	c, end, err := s.begin(ctx)
+	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return store.Lease{}, err
 	}
-	defer end()
+	defer s.wd.end(tc)
 	secs := int64((ttl + time.Second - 1) / time.Second)
 	resp, err := s.cli.Grant(c, secs)
 	if err == nil && resp.Error != "" {
@@ -564,11 +561,11 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, erro
 // sees every failure, and decides when a lease is lost, instead of a
 // background loop that renews silently and gives up on its own.
 func (s *Store) KeepAlive(ctx context.Context, id store.LeaseID) (time.Duration, error) {
-	c, end, err := s.begin(ctx)
+	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer end()
+	defer s.wd.end(tc)
 	resp, err := s.cli.KeepAliveOnce(c, clientv3.LeaseID(id))
 	if err != nil {
 		return 0, s.wrap(ctx, c, fmt.Sprintf("keep-alive lease %x", int64(id)), err)
@@ -578,11 +575,11 @@ func (s *Store) KeepAlive(ctx context.Context, id store.LeaseID) (time.Duration,
 
 // Revoke implements store.Leaser.
 func (s *Store) Revoke(ctx context.Context, id store.LeaseID) error {
-	c, end, err := s.begin(ctx)
+	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return err
 	}
-	defer end()
+	defer s.wd.end(tc)
 	if _, err := s.cli.Revoke(c, clientv3.LeaseID(id)); err != nil {
 		return s.wrap(ctx, c, fmt.Sprintf("revoke lease %x", int64(id)), err)
 	}

@@ -127,46 +127,55 @@ func TestConfigLogValueRedactsPassword(t *testing.T) {
 
 func TestWatchdog(t *testing.T) {
 	const timeout = 80 * time.Millisecond
-	w := &watchdog{calls: map[*timedCall]struct{}{}}
+	w := &watchdog{}
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() { defer close(done); w.run(timeout, stop) }()
 
 	// A call that returns in time is forgotten and not cancelled.
-	c, end := w.begin(context.Background())
-	end()
+	c, tc := w.begin(context.Background())
+	w.end(tc)
 	if context.Cause(c) != context.Canceled {
 		t.Fatalf("ended call: cause %v", context.Cause(c))
 	}
 
-	// A call that runs too long is cancelled after timeout..9/8 timeout.
+	// Calls that run too long are cancelled after timeout..9/8 timeout,
+	// the others are left alone whatever their order of ending.
 	start := time.Now()
-	c, end = w.begin(context.Background())
-	defer end()
+	c1, tc1 := w.begin(context.Background())
+	defer w.end(tc1)
+	_, tc2 := w.begin(context.Background())
+	c3, tc3 := w.begin(context.Background())
+	defer w.end(tc3)
+	w.end(tc2) // from the middle of the list
 	select {
-	case <-c.Done():
+	case <-c3.Done():
 	case <-time.After(10 * timeout):
 		t.Fatal("overdue call not cancelled")
 	}
 	took := time.Since(start)
-	if context.Cause(c) != errRequestTimeout || took < timeout {
-		t.Fatalf("cancelled after %v (timeout %v), cause %v", took, timeout, context.Cause(c))
+	for _, c := range []context.Context{c1, c3} {
+		if context.Cause(c) != errRequestTimeout || took < timeout {
+			t.Fatalf("cancelled after %v (timeout %v), cause %v", took, timeout, context.Cause(c))
+		}
 	}
 
 	// Close cancels the calls still running, and later calls at once.
-	c, end = w.begin(context.Background())
-	defer end()
+	c, tc = w.begin(context.Background())
+	defer w.end(tc)
 	close(stop)
 	<-done
 	if context.Cause(c) != errClosedDuringCall {
 		t.Fatalf("call running at close: cause %v", context.Cause(c))
 	}
-	c, end = w.begin(context.Background())
-	defer end()
+	c, tc = w.begin(context.Background())
+	defer w.end(tc)
 	if context.Cause(c) != errClosedDuringCall {
 		t.Fatalf("call after close: cause %v", context.Cause(c))
 	}
-	if n := len(w.calls); n != 0 {
-		t.Fatalf("%d calls still tracked", n)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.head != nil || w.tail != nil {
+		t.Fatal("calls still tracked after close")
 	}
 }

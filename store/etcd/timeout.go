@@ -24,35 +24,71 @@ const ticksPerTimeout = 8
 // goroutine per Store cancels the calls that have run for RequestTimeout.
 // Close cancels every call still running.
 type watchdog struct {
-	tick  atomic.Int64 // advanced every timeout/ticksPerTimeout
-	mu    sync.Mutex
-	calls map[*timedCall]struct{}
-	done  bool
+	tick atomic.Int64 // advanced every timeout/ticksPerTimeout
+	mu   sync.Mutex
+	// The running calls, oldest first: calls are appended with the tick
+	// read under mu, so the list is in start order and the watchdog only
+	// looks at its front.
+	head, tail *timedCall
+	done       bool
 }
 
 type timedCall struct {
-	start  int64
-	cancel context.CancelCauseFunc
+	start      int64
+	cancel     context.CancelCauseFunc
+	prev, next *timedCall
+	listed     bool
 }
 
-// begin returns the context of a call and the function that ends it.
-func (w *watchdog) begin(ctx context.Context) (context.Context, func()) {
+// begin returns the context of a call and its handle for end.
+func (w *watchdog) begin(ctx context.Context) (context.Context, *timedCall) {
 	c, cancel := context.WithCancelCause(ctx)
-	tc := &timedCall{start: w.tick.Load(), cancel: cancel}
+	tc := &timedCall{cancel: cancel}
 	w.mu.Lock()
 	if w.done {
 		w.mu.Unlock()
 		cancel(errClosedDuringCall)
-		return c, func() {}
+		return c, tc
 	}
-	w.calls[tc] = struct{}{}
+	tc.start = w.tick.Load()
+	tc.listed, tc.prev = true, w.tail
+	if w.tail != nil {
+		w.tail.next = tc
+	} else {
+		w.head = tc
+	}
+	w.tail = tc
 	w.mu.Unlock()
-	return c, func() {
-		w.mu.Lock()
-		delete(w.calls, tc)
-		w.mu.Unlock()
-		cancel(nil)
+	return c, tc
+}
+
+// end forgets a call that returned; tc may be nil (a call with its own
+// deadline).
+func (w *watchdog) end(tc *timedCall) {
+	if tc == nil {
+		return
 	}
+	w.mu.Lock()
+	w.unlinkLocked(tc)
+	w.mu.Unlock()
+	tc.cancel(nil)
+}
+
+func (w *watchdog) unlinkLocked(tc *timedCall) {
+	if !tc.listed {
+		return
+	}
+	if tc.prev != nil {
+		tc.prev.next = tc.next
+	} else {
+		w.head = tc.next
+	}
+	if tc.next != nil {
+		tc.next.prev = tc.prev
+	} else {
+		w.tail = tc.prev
+	}
+	tc.prev, tc.next, tc.listed = nil, nil, false
 }
 
 // errClosedDuringCall is the cancellation cause of calls Close ended.
@@ -68,23 +104,23 @@ func (w *watchdog) run(timeout time.Duration, stop <-chan struct{}) {
 		case <-stop:
 			w.mu.Lock()
 			w.done = true
-			for tc := range w.calls {
+			for w.head != nil {
+				tc := w.head
+				w.unlinkLocked(tc)
 				tc.cancel(errClosedDuringCall)
 			}
-			clear(w.calls)
 			w.mu.Unlock()
 			return
 		case <-t.C:
 		}
-		now := w.tick.Add(1)
 		w.mu.Lock()
-		for tc := range w.calls {
-			// Started at tick start, so it has run more than
-			// now-start-1 ticks: cancel once that reaches the timeout.
-			if now-tc.start > ticksPerTimeout {
-				tc.cancel(errRequestTimeout)
-				delete(w.calls, tc)
-			}
+		now := w.tick.Add(1)
+		// A call started at tick start has run more than now-start-1
+		// ticks: cancel it once that reaches the timeout.
+		for w.head != nil && now-w.head.start > ticksPerTimeout {
+			tc := w.head
+			w.unlinkLocked(tc)
+			tc.cancel(errRequestTimeout)
 		}
 		w.mu.Unlock()
 	}
