@@ -1,0 +1,279 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/registry"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// liveHeapBytes returns the heap in use after two garbage collections.
+func liveHeapBytes() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// RunEtcdServerChild is the memory scenario's server process (`beacon bench
+// etcd-server`): an embedded etcd alone in its process. It prints
+// "endpoint <url>", then answers each "heap" line on stdin with "heap
+// <bytes>" (the heap after GC), and stops when stdin closes.
+func RunEtcdServerChild(ctx context.Context, noFsync bool, stdin io.Reader, out io.Writer) error {
+	srv, err := etcdtest.New(etcdtest.Options{Name: "bench-memory", Configure: func(c *embed.Config) {
+		c.UnsafeNoFsync = noFsync
+	}})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	fmt.Fprintln(out, "endpoint", srv.Endpoint())
+	sc := bufio.NewScanner(stdin)
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) == "heap" {
+			fmt.Fprintln(out, "heap", liveHeapBytes())
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil
+}
+
+// serverChild is an etcd server process started by the memory scenario.
+type serverChild struct {
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	lines    *bufio.Scanner
+	endpoint string
+}
+
+func startServerChild(ctx context.Context, exe []string, noFsync bool) (*serverChild, error) {
+	argv := append(append([]string{}, exe...), "bench", "etcd-server")
+	if noFsync {
+		argv = append(argv, "--no-fsync")
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &serverChild{cmd: cmd, stdin: stdin, lines: bufio.NewScanner(stdout)}
+	if !c.lines.Scan() {
+		c.stop()
+		return nil, fmt.Errorf("bench: etcd server child: %w", errChildExited)
+	}
+	ep, ok := strings.CutPrefix(c.lines.Text(), "endpoint ")
+	if !ok {
+		c.stop()
+		return nil, fmt.Errorf("bench: etcd server child printed %q", c.lines.Text())
+	}
+	c.endpoint = ep
+	return c, nil
+}
+
+func (c *serverChild) heap() (uint64, error) {
+	if _, err := fmt.Fprintln(c.stdin, "heap"); err != nil {
+		return 0, err
+	}
+	if !c.lines.Scan() {
+		return 0, fmt.Errorf("bench: etcd server child: %w", errChildExited)
+	}
+	v, ok := strings.CutPrefix(c.lines.Text(), "heap ")
+	if !ok {
+		return 0, fmt.Errorf("bench: etcd server child printed %q", c.lines.Text())
+	}
+	return strconv.ParseUint(v, 10, 64)
+}
+
+func (c *serverChild) stop() {
+	_ = c.stdin.Close()
+	done := make(chan struct{})
+	go func() { _ = c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// perItem is (after - before) / n, in bytes, never negative.
+func perItem(before, after uint64, n int) float64 {
+	if after < before || n == 0 {
+		return 0
+	}
+	return float64(after-before) / float64(n)
+}
+
+// RunMemory measures the etcd server's heap per registered instance
+// (Beacon: one lease for all; raw: a lease each), with the server alone in
+// a child process, and this process's heap per watcher (Beacon: watchers
+// sharing one etcd watch; raw: one etcd watch each).
+func RunMemory(ctx context.Context, cfg RegistryConfig) (*Report, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(cfg.Endpoints) > 0 {
+		return nil, fmt.Errorf("bench memory measures a server it starts itself; it does not take --endpoints")
+	}
+	exe, err := cfg.executable()
+	if err != nil {
+		return nil, err
+	}
+	n, m := cfg.MemInstances, cfg.MemWatchers
+	const ttl = time.Hour
+
+	serverPer := func(side string, register func(eps []string) (func(), error)) (float64, error) {
+		srv, err := startServerChild(ctx, exe, cfg.NoFsync)
+		if err != nil {
+			return 0, err
+		}
+		defer srv.stop()
+		before, err := srv.heap()
+		if err != nil {
+			return 0, err
+		}
+		cfg.Logger.Info("memory: registering", "side", side, "instances", n)
+		release, err := register([]string{srv.endpoint})
+		if err != nil {
+			return 0, err
+		}
+		defer release()
+		after, err := srv.heap()
+		if err != nil {
+			return 0, err
+		}
+		return perItem(before, after, n), nil
+	}
+	rawServer, err := serverPer("raw", func(eps []string) (func(), error) {
+		cli, err := rawClient(eps)
+		if err != nil {
+			return nil, err
+		}
+		_, _, err = run(ctx, n, 64, func(ctx context.Context, i int) error {
+			in := benchInstance("mem", "raw", i)
+			l, err := cli.Grant(ctx, int64(ttl/time.Second))
+			if err != nil {
+				return err
+			}
+			_, err = cli.Put(ctx, rawKey(in), rawValue(in), clientv3.WithLease(l.ID))
+			return err
+		})
+		return func() { _ = cli.Close() }, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	beaconServer, err := serverPer("beacon", func(eps []string) (func(), error) {
+		st, err := beaconStore(ctx, eps)
+		if err != nil {
+			return nil, err
+		}
+		r, err := registry.New(st, registry.Config{LeaseTTL: ttl})
+		if err != nil {
+			_ = st.Close()
+			return nil, err
+		}
+		_, _, err = run(ctx, n, 64, func(ctx context.Context, i int) error {
+			_, err := r.Register(ctx, benchInstance("mem", "beacon", i))
+			return err
+		})
+		return func() { _ = r.Close(); _ = st.Close() }, err
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// Client memory per watcher, against one more server child.
+	srv, err := startServerChild(ctx, exe, cfg.NoFsync)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.stop()
+	eps := []string{srv.endpoint}
+	st, err := beaconStore(ctx, eps)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	r, err := registry.New(st, registry.Config{WatchLinger: -1})
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	const watched = 10
+	for i := range watched {
+		if _, err := r.Register(ctx, benchInstance("mem", "watch", i)); err != nil {
+			return nil, err
+		}
+	}
+	cfg.Logger.Info("memory: opening watchers", "side", "beacon", "watchers", m)
+	before := liveHeapBytes()
+	ws := make([]registry.Watcher, m)
+	for i := range ws {
+		if ws[i], err = r.Watch(ctx, beacon.Query{Namespace: "mem", Component: "watch"}); err != nil {
+			return nil, err
+		}
+		if _, err := ws[i].Next(ctx); err != nil {
+			return nil, err
+		}
+	}
+	beaconClient := perItem(before, liveHeapBytes(), m)
+	for _, w := range ws {
+		_ = w.Close()
+	}
+	ws = nil
+
+	cfg.Logger.Info("memory: opening watchers", "side", "raw", "watchers", m)
+	cli, err := rawClient(eps)
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	before = liveHeapBytes()
+	chans := make([]clientv3.WatchChan, m)
+	for i := range chans {
+		chans[i] = cli.Watch(wctx, "/services/mem/watch/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+		if resp := <-chans[i]; !resp.Created {
+			return nil, fmt.Errorf("bench: raw watch not created: %v", resp.Err())
+		}
+	}
+	rawPerWatcher := perItem(before, liveHeapBytes(), m)
+	runtime.KeepAlive(chans)
+	runtime.KeepAlive(ws)
+
+	rep := &Report{
+		Scenario: "memory",
+		Setup: fmt.Sprintf("embedded etcd 3.7 alone in a child process; %d instances registered per side (Beacon: one lease; raw: one lease each, same JSON values); %d watchers per side in this process",
+			n, m),
+	}
+	rep.Add(Row{Metric: fmt.Sprintf("etcd server heap per registered instance, %d", n), Unit: "bytes", Beacon: beaconServer, Baseline: rawServer, Goal: 1})
+	rep.Add(Row{Metric: fmt.Sprintf("client heap per watcher, %d watchers", m), Unit: "bytes", Beacon: beaconClient, Baseline: rawPerWatcher, Goal: 1})
+	rep.Note("server heap: the etcd process's heap after GC, before and after registering; client heap: this process's, before and after opening the watchers (each has received its snapshot)")
+	return rep, nil
+}

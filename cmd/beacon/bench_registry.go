@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/beaconplane/beacon/bench"
+	"github.com/spf13/cobra"
+)
+
+// The registry scenarios: `beacon bench register | watch | failover |
+// memory`, each beside its raw etcd client baseline.
+func init() {
+	benchCmd.AddCommand(
+		newRegistryBenchCmd("register", "Registrations/s: one Beacon session (shared lease, batching) vs raw grant + put per instance",
+			`Registers --instances instances with --concurrency workers, then --sequential
+with one worker, through Beacon's registry (one session: one lease for all,
+concurrent registrations batched into transactions) and with the raw etcd
+client (grant a lease + put, per instance), against the same etcd, with the
+same values. Goal: at least 3x the raw rate with concurrent workers.`,
+			bench.RunRegister, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
+				f := cmd.Flags()
+				f.IntVar(&cfg.Instances, "instances", 5000, "instances registered by the concurrent workers")
+				f.IntVar(&cfg.Concurrency, "concurrency", 64, "concurrent workers")
+				f.IntVar(&cfg.Sequential, "sequential", 300, "instances registered by one worker")
+			}),
+		newRegistryBenchCmd("watch", "Register → watcher latency with 1, 100, 1000 watchers: one shared watch vs one etcd watch each",
+			`For each watcher count, opens that many Beacon watchers of one query in one
+process (sharing one etcd watch) and as many raw etcd watches, then registers
+--samples instances one at a time, alternating Beacon and raw, and measures the
+time from each write until every watcher has it (p50, p99). It also counts the
+etcd server's watchers (etcd_debugging_mvcc_watcher_total): Beacon must add
+exactly one. Goal: Beacon's latency at most 1.0x the raw one.`,
+			bench.RunWatch, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
+				f := cmd.Flags()
+				f.IntSliceVar(&cfg.Watchers, "watchers", []int{1, 100, 1000}, "watcher counts to measure")
+				f.IntVar(&cfg.Samples, "samples", 50, "registrations measured per watcher count")
+			}),
+		newRegistryBenchCmd("failover", "SIGKILL → removal observed: beacon register children vs raw keep-alive children",
+			`Starts --children "beacon register" processes and as many raw etcd client
+processes (grant + put + keep-alive), each holding one instance with a --ttl
+lease, waits 1.5 TTL (any removal then is a false removal), kills them all with
+SIGKILL and measures when a watcher sees each instance go: TTL + x. Goal: p99
+at most TTL + 1 s, no false removal.`,
+			bench.RunFailover, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
+				f := cmd.Flags()
+				f.IntVar(&cfg.Children, "children", 10, "registrant processes per side")
+				f.DurationVar(&cfg.TTL, "ttl", 2*time.Second, "lease TTL of the registrants (etcd's minimum is 2s)")
+			}),
+		newRegistryBenchCmd("memory", "Server memory per registered instance, client memory per watcher",
+			`Measures the heap (after GC) of an etcd server running in a child process
+before and after registering --mem-instances instances through Beacon (one
+lease) and with the raw client (one lease each), and the heap of this process
+before and after opening --mem-watchers watchers (Beacon: one shared etcd watch;
+raw: one etcd watch each). Use --mem-instances 100000 for the large run.`,
+			bench.RunMemory, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
+				f := cmd.Flags()
+				f.IntVar(&cfg.MemInstances, "mem-instances", 10_000, "instances registered per side")
+				f.IntVar(&cfg.MemWatchers, "mem-watchers", 10_000, "watchers opened per side")
+			}),
+	)
+}
+
+func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Context, cfg bench.RegistryConfig) (*bench.Report, error),
+	flags func(*cobra.Command, *bench.RegistryConfig)) *cobra.Command {
+	var (
+		cfg    bench.RegistryConfig
+		output string
+	)
+	cmd := &cobra.Command{
+		Use:   name,
+		Short: short,
+		Long:  long + "\n\nBy default it starts its own embedded etcd (with fsync, like production); --endpoints measures an existing one.",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" {
+				return fmt.Errorf("-o %q: want table or json", output)
+			}
+			logger, err := newLogger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			cfg.Logger = logger
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			rep, err := runFn(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return rep.WriteJSON(cmd.OutOrStdout())
+			}
+			return rep.WriteTable(cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd client URLs to measure against (default: an embedded etcd)")
+	f.BoolVar(&cfg.NoFsync, "no-fsync", false, "run the embedded etcd without fsync")
+	f.StringVarP(&output, "output", "o", "table", "table or json")
+	flags(cmd, &cfg)
+	return cmd
+}
+
+// Hidden helpers the scenarios run as child processes.
+func init() {
+	var (
+		endpoints []string
+		key, val  string
+		ttl       time.Duration
+		noFsync   bool
+	)
+	raw := &cobra.Command{
+		Use:    "raw-registrant",
+		Short:  "Child of bench failover: a raw etcd client holding one key under a kept-alive lease",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return bench.RunRawRegistrant(cmd.Context(), endpoints, key, val, ttl, cmd.InOrStdin(), cmd.OutOrStdout())
+		},
+	}
+	raw.Flags().StringSliceVar(&endpoints, "endpoints", nil, "etcd endpoints")
+	raw.Flags().StringVar(&key, "key", "", "key to hold")
+	raw.Flags().StringVar(&val, "value", "", "value to hold")
+	raw.Flags().DurationVar(&ttl, "ttl", 2*time.Second, "lease TTL")
+	srv := &cobra.Command{
+		Use:    "etcd-server",
+		Short:  "Child of bench memory: an embedded etcd alone in its process, reporting its heap",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return bench.RunEtcdServerChild(cmd.Context(), noFsync, cmd.InOrStdin(), cmd.OutOrStdout())
+		},
+	}
+	srv.Flags().BoolVar(&noFsync, "no-fsync", false, "run without fsync")
+	benchCmd.AddCommand(raw, srv)
+}
