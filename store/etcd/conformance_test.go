@@ -16,7 +16,9 @@ var suiteOptions = storetest.Options{
 	// etcd's lessor checks expiry every 500 ms, then the revoke goes
 	// through raft.
 	ExpiryGrace: time.Second,
-	LeakOptions: leakOptions,
+	// No LeakOptions: the embedded server's long-lived goroutines predate
+	// the leak check, and those serving a connection end, within goleak's
+	// retries, once the client closes it.
 }
 
 func TestConformance(t *testing.T) {

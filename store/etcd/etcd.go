@@ -515,6 +515,9 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 // with store.ErrCompacted afterwards; compacting to a revision already
 // compacted gives an error matching store.ErrCompacted.
 func (s *Store) Compact(ctx context.Context, rev int64) error {
+	if rev <= 0 {
+		return fmt.Errorf("etcd: cannot compact to revision %d: revisions start at 1", rev)
+	}
 	c, tc, err := s.begin(ctx)
 	if err != nil {
 		return err

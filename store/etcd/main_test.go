@@ -33,16 +33,13 @@ func run(m *testing.M) int {
 	if code == 0 {
 		// With the server stopped, no goroutine of ours or of etcd's may
 		// remain.
-		if err := goleak.Find(leakOptions...); err != nil {
+		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak: goroutines left after the tests:", err)
 			return 1
 		}
 	}
 	return code
 }
-
-// leakOptions are the goroutines the embedded server leaves behind.
-var leakOptions []goleak.Option
 
 // newStore connects a new Store to srv (the shared server if nil) and
 // closes it when the test ends.

@@ -28,6 +28,9 @@ import (
 //   - The watch asks for progress notifications, which let a watch of a
 //     quiet prefix resume from a recent revision after a reconnect rather
 //     than one that may have been compacted. They are not delivered.
+//   - A consumer that falls behind never blocks writers or other watches:
+//     the etcd client buffers the responses it has not taken, in memory
+//     and without a bound, so drain the channel promptly.
 func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) store.WatchChan {
 	ch := make(chan store.WatchResponse, 1)
 	fail := func(err error) store.WatchChan {
