@@ -418,7 +418,11 @@ func (p *Proxy) invoke(ctx context.Context, method string, req, resp any, write,
 		}
 	}
 	if isTransportError(last) {
-		return nil, nil, p.noEndpointsError(last)
+		if p.dir.availableCount() == 0 || retry {
+			return nil, nil, p.noEndpointsError(last)
+		}
+		return nil, nil, status.Errorf(codes.Unavailable,
+			"proxy: the member failed during the request, which was not retried because it may have been applied: %s", status.Convert(last).Message())
 	}
 	return nil, nil, last
 }

@@ -35,6 +35,7 @@ type Proxy struct {
 	m          *metrics
 	id         string
 	codec      codec
+	watchQueue int // responses a client watch stream may have waiting
 	forceCodec grpc.CallOption
 	httpClient *http.Client
 	dir        *director
@@ -90,6 +91,7 @@ func New(cfg Config) (*Proxy, error) {
 		m:          m,
 		id:         hex.EncodeToString(idb[:]),
 		codec:      newCodec(),
+		watchQueue: maxQueued,
 		forceCodec: grpc.ForceCodecV2(newCodec()),
 		httpClient: newHTTPClient(cfg.ClientTLS, cfg.DialTimeout),
 		dir:        newDirector(cfg.FailureWait, log, m),

@@ -104,6 +104,7 @@ type cstream struct {
 	pending  map[*upstream]bool // progress requested, not yet answered
 	wantProg bool
 	closed   bool // the stream has ended: no new watcher
+	overflow bool // the queue overflowed: the stream is being ended
 }
 
 func newWatchHub(p *Proxy, w clientv3.Watcher) *watchHub {
@@ -182,11 +183,17 @@ func (s *cstream) recvLoop() error {
 // enqueue adds responses for the client without blocking.
 func (s *cstream) enqueue(rs ...*pb.WatchResponse) {
 	s.mu.Lock()
-	if len(s.queue)+len(rs) > maxQueued {
+	if s.overflow {
+		s.mu.Unlock()
+		return
+	}
+	if len(s.queue)+len(rs) > s.hub.p.watchQueue {
+		s.overflow = true
+		s.queue = nil
 		s.mu.Unlock()
 		s.hub.p.m.watchDropped.Inc()
 		s.cancel(status.Errorf(codes.ResourceExhausted,
-			"proxy: watch stream too slow: more than %d responses waiting; re-create the watches from the last revision received", maxQueued))
+			"proxy: watch stream too slow: more than %d responses waiting; re-create the watches from the last revision received", s.hub.p.watchQueue))
 		return
 	}
 	s.queue = append(s.queue, rs...)

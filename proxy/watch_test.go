@@ -2,10 +2,14 @@ package proxy
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestWatchCoalescing opens many identical watches from several clients:
@@ -156,5 +160,59 @@ func TestWatchFiltersAndCompaction(t *testing.T) {
 	wr = <-old
 	if wr.CompactRevision != resp.Header.Revision || !wr.Canceled {
 		t.Fatalf("watch from a compacted revision: %+v", wr)
+	}
+}
+
+// TestSlowWatchStream: a client stream that stops reading is ended with
+// ResourceExhausted once its queue is full, and does not hold up other
+// watchers of the same upstream watch.
+func TestSlowWatchStream(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.StartCluster(t, 3)
+	p, err := New(Config{PeerURLs: c.PeerURLs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.watchQueue = 50
+	serveOn(t, p, mustListen(t))
+	ctx := ctxT(t)
+	slow, err := pb.NewWatchClient(grpcConn(t, p)).Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := slow.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("s")}}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := slow.Recv(); err != nil || !r.Created {
+		t.Fatalf("created: %v %v", r, err)
+	}
+	fast := proxyClient(t, p).Watch(ctx, "s")
+	direct := c.Client(t)
+	const n = 400
+	val := strings.Repeat("x", 2048)
+	for range n {
+		if _, err := direct.Put(ctx, "s", val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := 0
+	for got < n {
+		wr := <-fast
+		if wr.Err() != nil {
+			t.Fatalf("fast watcher: %v", wr.Err())
+		}
+		got += len(wr.Events)
+	}
+	for {
+		_, err := slow.Recv()
+		if err != nil {
+			if status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("slow stream ended with %v, want ResourceExhausted", err)
+			}
+			break
+		}
+	}
+	if value(t, p.m.watchDropped) != 1 {
+		t.Errorf("watch_slow_streams_total = %v", value(t, p.m.watchDropped))
 	}
 }
