@@ -76,6 +76,11 @@ type Config struct {
 	// URLs, also when the cluster is full. Both or neither must be set.
 	DiscoveryToken     string
 	DiscoveryEndpoints []string
+	// Discovery, when set, is the full v3 discovery configuration
+	// (credentials, TLS files, timeouts, or an existing Client) used
+	// instead of DiscoveryToken and DiscoveryEndpoints; `beacon serve
+	// --discovery-fallback=proxy` passes its own.
+	Discovery *bootstrap.Config
 
 	// DiscoveryURL is an etcd v2 discovery URL (e.g.
 	// https://discovery.etcd.io/<token> or http://host:2379/v2/keys/_etcd/registry/<token>).
@@ -177,7 +182,7 @@ func (c Config) withDefaults() Config {
 func (c Config) sources() int {
 	n := 0
 	for _, set := range []bool{
-		c.DiscoveryToken != "" || len(c.DiscoveryEndpoints) > 0,
+		c.DiscoveryToken != "" || len(c.DiscoveryEndpoints) > 0 || c.Discovery != nil,
 		c.DiscoveryURL != "",
 		c.DiscoverySRV != "",
 		c.InitialCluster != "",
@@ -199,6 +204,14 @@ func (c Config) Validate() error {
 	}
 	if c.sources() > 1 {
 		return fmt.Errorf("%w: set only one of discovery token, discovery URL, discovery SRV, initial cluster, peer URLs or endpoints (flags --discovery-token, --discovery, --discovery-srv, --initial-cluster, --endpoints)", ErrConflictingDiscovery)
+	}
+	if c.Discovery != nil {
+		if c.DiscoveryToken != "" || len(c.DiscoveryEndpoints) > 0 {
+			return fmt.Errorf("%w: set Discovery or DiscoveryToken/DiscoveryEndpoints, not both", ErrConflictingDiscovery)
+		}
+		if err := c.Discovery.Validate(); err != nil {
+			return fmt.Errorf("%w: discovery: %w", ErrBadConfig, err)
+		}
 	}
 	if (c.DiscoveryToken == "") != (len(c.DiscoveryEndpoints) == 0) {
 		return fmt.Errorf("%w: both --discovery-token and --discovery-endpoints must be set", ErrBadConfig)

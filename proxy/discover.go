@@ -53,7 +53,7 @@ func isPermanent(err error) bool {
 func (p *Proxy) discoverPeers(ctx context.Context) ([]string, error) {
 	c := p.cfg
 	switch {
-	case c.DiscoveryToken != "":
+	case c.DiscoveryToken != "" || c.Discovery != nil:
 		return p.discoverV3(ctx)
 	case c.DiscoveryURL != "":
 		return p.discoverV2(ctx, c.DiscoveryURL)
@@ -70,18 +70,27 @@ func (p *Proxy) discoverPeers(ctx context.Context) ([]string, error) {
 // the etcd v3 discovery protocol (bootstrap.GetCluster: like etcd's
 // GetCluster, a full cluster is fine), waiting for them within ctx.
 func (p *Proxy) discoverV3(ctx context.Context) ([]string, error) {
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   p.cfg.DiscoveryEndpoints,
-		DialTimeout: max(p.cfg.DialTimeout, 2*time.Second),
-		TLS:         p.cfg.ClientTLS,
-		Logger:      zap.NewNop(),
-		Context:     ctx,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w: discovery endpoints %v: %v", ErrDiscovery, p.cfg.DiscoveryEndpoints, err)
+	var dcfg bootstrap.Config
+	if p.cfg.Discovery != nil {
+		dcfg = *p.cfg.Discovery
+	} else {
+		cli, err := clientv3.New(clientv3.Config{
+			Endpoints:   p.cfg.DiscoveryEndpoints,
+			DialTimeout: max(p.cfg.DialTimeout, 2*time.Second),
+			TLS:         p.cfg.ClientTLS,
+			Logger:      zap.NewNop(),
+			Context:     ctx,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: discovery endpoints %v: %v", ErrDiscovery, p.cfg.DiscoveryEndpoints, err)
+		}
+		defer cli.Close()
+		dcfg = bootstrap.Config{Token: p.cfg.DiscoveryToken, Client: cli}
 	}
-	defer cli.Close()
-	cl, err := bootstrap.GetCluster(ctx, bootstrap.Config{Token: p.cfg.DiscoveryToken, Client: cli, Logger: p.log})
+	if dcfg.Logger == nil {
+		dcfg.Logger = p.log
+	}
+	cl, err := bootstrap.GetCluster(ctx, dcfg)
 	switch {
 	case errors.Is(err, bootstrap.ErrSizeNotFound):
 		return nil, permanent(fmt.Errorf("%w: %w", ErrSizeNotFound, err))
@@ -89,7 +98,7 @@ func (p *Proxy) discoverV3(ctx context.Context) ([]string, error) {
 		errors.Is(err, bootstrap.ErrInvalidURL), errors.Is(err, bootstrap.ErrDuplicateName):
 		return nil, permanent(fmt.Errorf("%w: %w", ErrDiscovery, err))
 	case err != nil:
-		return nil, fmt.Errorf("%w: token %q at %v: %w", ErrDiscovery, p.cfg.DiscoveryToken, p.cfg.DiscoveryEndpoints, err)
+		return nil, fmt.Errorf("%w: token %q: %w", ErrDiscovery, dcfg.Token, err)
 	}
 	return parseInitialCluster(cl.InitialCluster)
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/internal/testpeer"
 	"github.com/miekg/dns"
@@ -64,6 +65,12 @@ func TestDiscoveryV3Token(t *testing.T) {
 	cli := proxyClient(t, p)
 	if _, err := cli.Put(ctx, "k", "v"); err != nil {
 		t.Fatal(err)
+	}
+
+	// The same through a full bootstrap.Config (what beacon serve passes).
+	q2 := startProxy(t, Config{Discovery: &bootstrap.Config{Token: tok, Endpoints: disc.Endpoints()}})
+	if got, want := endpointURLs(q2), sorted(c.Endpoints()); !slices.Equal(got, want) {
+		t.Fatalf("endpoints via Config.Discovery %v, want %v", got, want)
 	}
 
 	// A token without a size key fails at start, at once.
