@@ -1,0 +1,33 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestNamingScenarioSmall runs the naming scenario with a few trials on an
+// embedded etcd.
+func TestNamingScenarioSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and gRPC servers")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep, err := RunNaming(ctx, NamingConfig{Backends: 2, Trials: 3, Callers: 2, Quiet: 50 * time.Millisecond, DrainGrace: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != 8 {
+		t.Fatalf("%d rows: %+v", len(rep.Rows), rep.Rows)
+	}
+	for _, r := range rep.Rows {
+		if strings.Contains(r.Metric, "drain first: failed calls") && (r.Beacon != 0 || r.Baseline != 0) {
+			t.Errorf("%s: Beacon %v, etcd %v; want 0", r.Metric, r.Beacon, r.Baseline)
+		}
+		if strings.HasSuffix(r.Metric, "p50") && (r.Beacon > 1000 || r.Baseline > 1000) {
+			t.Errorf("%s: Beacon %v ms, etcd %v ms", r.Metric, r.Beacon, r.Baseline)
+		}
+	}
+}
