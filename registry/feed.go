@@ -49,7 +49,6 @@ type change struct {
 	key    string
 	before *item // nil: absent before the change
 	after  *item // nil: absent after it
-	resync bool  // found by re-listing
 }
 
 // version is an immutable copy of a feed's state.
@@ -435,7 +434,7 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 	})
 	for _, old := range gone {
 		f.tree.Delete(old)
-		f.appendLocked(change{rev: rev, key: old.key, before: old, resync: true})
+		f.appendLocked(change{rev: rev, key: old.key, before: old})
 	}
 	for _, it := range items {
 		old, _ := f.tree.Get(it)
@@ -447,7 +446,7 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 			continue // rewritten with the same value (e.g. re-registered)
 		}
 		f.tree.ReplaceOrInsert(it)
-		f.appendLocked(change{rev: rev, key: it.key, before: old, after: it, resync: true})
+		f.appendLocked(change{rev: rev, key: it.key, before: old, after: it})
 	}
 	f.rev = rev
 	f.stale = nil
