@@ -155,7 +155,7 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 	caughtUp := time.Now()
 	var behind bool
 	var pendingSince time.Time
-	var holdUntil uint64 // the last message of a transaction being read
+	var skipUntil uint64 // the last message of a transaction read ahead
 	backfilled := false  // only the first message can start inside one
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
@@ -183,15 +183,15 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			caughtUp = time.Now()
 		}
 		m := rawMsg{subject: msg.Subject(), seq: meta.Sequence.Stream, time: meta.Timestamp, header: msg.Headers(), data: msg.Data()}
-		if i, n := batchPos(&m); n > 1 {
-			// A transaction: its messages share the revision of its last
-			// one, and go out in one response.
-			holdUntil = max(holdUntil, m.seq+uint64(n-i))
-			if first := m.seq - uint64(i-1); first < w.from && !backfilled {
-				// The watch starts inside the transaction: read its
+		i, n := batchPos(&m)
+		if m.seq <= skipUntil {
+			i, n = 0, 0 // read already, with the rest of its transaction
+		}
+		if n > 1 && !backfilled {
+			if first := m.seq - uint64(i-1); first < w.from {
+				// The watch starts inside a transaction: read its
 				// earlier messages too.
-				backfilled = true
-				if err := w.backfill(ctx, first); err != nil {
+				if err := w.readRange(ctx, first, w.from-1); err != nil {
 					if ctx.Err() == nil {
 						send(store.WatchResponse{Err: err})
 					}
@@ -200,7 +200,17 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			}
 		}
 		backfilled = true
-		if err := w.handle(ctx, &m); err != nil {
+		if m.seq > skipUntil {
+			err = w.handle(ctx, &m)
+		}
+		if err == nil && i < n {
+			// A transaction is one revision and goes out in one response:
+			// read the rest of it now (a direct get waits until the whole
+			// batch is stored).
+			skipUntil = m.seq + uint64(n-i)
+			err = w.readRange(ctx, m.seq+1, skipUntil)
+		}
+		if err != nil {
 			if ctx.Err() == nil {
 				send(store.WatchResponse{Err: err})
 			}
@@ -215,10 +225,7 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		}
 		// Batch while more is pending, but never hold an event long: other
 		// clients' keep-alives may keep something pending all the time.
-		// Behind on a transaction's messages, wait for the rest of it
-		// (all of it is in the stream already).
-		whole := !behind || m.seq >= holdUntil
-		if len(w.pending) > 0 && whole && (!behind || len(w.pending) >= maxBatch || time.Since(pendingSince) > maxHold) {
+		if len(w.pending) > 0 && (!behind || len(w.pending) >= maxBatch || time.Since(pendingSince) > maxHold) {
 			if !send(store.WatchResponse{Events: w.pending}) {
 				return
 			}
@@ -227,10 +234,10 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 	}
 }
 
-// backfill handles the messages of a transaction from first up to the
-// watch's start.
-func (w *watcher) backfill(ctx context.Context, first uint64) error {
-	for seq := first; seq < w.from; seq++ {
+// readRange handles the messages from..to (inclusive) of a transaction,
+// read directly rather than through the consumer.
+func (w *watcher) readRange(ctx context.Context, from, to uint64) error {
+	for seq := from; seq <= to; seq++ {
 		m, err := w.s.bySeq(ctx, seq)
 		if err != nil {
 			return err
