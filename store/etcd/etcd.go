@@ -209,8 +209,12 @@ func (s *Store) begin(ctx context.Context) (c context.Context, tc *timedCall, er
 }
 
 func fromKV(kv *mvccpb.KeyValue) store.KeyValue {
+	return fromKVKey(kv, string(kv.Key))
+}
+
+func fromKVKey(kv *mvccpb.KeyValue, key string) store.KeyValue {
 	return store.KeyValue{
-		Key:            string(kv.Key),
+		Key:            key,
 		Value:          kv.Value, // the response is ours alone: no copy
 		CreateRevision: kv.CreateRevision,
 		ModRevision:    kv.ModRevision,
@@ -296,8 +300,21 @@ func (s *Store) list(ctx context.Context, prefix string) ([]store.KeyValue, int6
 			rev = resp.Header.Revision
 			out = make([]store.KeyValue, 0, len(resp.Kvs))
 		}
+		// One string holds the page's keys and each key is a slice of
+		// it: one allocation per page instead of one per key (values
+		// are the response's own bytes already).
+		n := 0
 		for _, kv := range resp.Kvs {
-			out = append(out, fromKV(kv))
+			n += len(kv.Key)
+		}
+		buf := make([]byte, 0, n)
+		for _, kv := range resp.Kvs {
+			buf = append(buf, kv.Key...)
+		}
+		keys := string(buf)
+		for _, kv := range resp.Kvs {
+			out = append(out, fromKVKey(kv, keys[:len(kv.Key)]))
+			keys = keys[len(kv.Key):]
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			return out, rev, nil
