@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/naming/internal/publish"
@@ -94,7 +93,9 @@ func (r *nameResolver) follow(bo *publish.Backoff) error {
 		return err
 	}
 	defer func() { _ = w.Close() }()
-	view := make(map[string]beacon.Instance)
+	view := publish.NewView(beacon.Instance.Equal, func(_ string, in beacon.Instance) (publish.Entry, bool) {
+		return publish.Entry{Addr: in.Address, Attrs: attributesOf(in)}, in.Serving()
+	})
 	for {
 		batch, err := w.Next(r.ctx)
 		if err != nil {
@@ -110,7 +111,7 @@ func (r *nameResolver) follow(bo *publish.Backoff) error {
 			r.pub.Error(publish.ReasonStale, fmt.Errorf("%w: %s: %w", ErrStale, r.target, batch.Err))
 			continue
 		case registry.Snapshot:
-			clear(view)
+			view.Reset()
 		}
 		for _, ev := range batch.Events {
 			ref := ev.Instance.Ref()
@@ -118,9 +119,9 @@ func (r *nameResolver) follow(bo *publish.Backoff) error {
 				continue
 			}
 			if ev.Type == beacon.Removed {
-				delete(view, ref.String())
+				view.Delete(ref.String())
 			} else {
-				view[ref.String()] = ev.Instance
+				view.Set(ref.String(), ev.Instance)
 			}
 		}
 		bo.Reset()
@@ -129,28 +130,11 @@ func (r *nameResolver) follow(bo *publish.Backoff) error {
 }
 
 // publish pushes the serving instances of view, sorted by name.
-func (r *nameResolver) publish(view map[string]beacon.Instance) {
-	keys := make([]string, 0, len(view))
-	for k := range view {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	entries := make([]publish.Entry, 0, len(keys))
-	draining, undialable := 0, 0
-	for _, k := range keys {
-		in := view[k]
-		if !in.Serving() {
-			draining++
-			continue
-		}
-		if !publish.Dialable(in.Address) {
-			undialable++
-		}
-		entries = append(entries, publish.Entry{Key: k, Addr: in.Address, Attrs: attributesOf(in)})
-	}
+func (r *nameResolver) publish(view *publish.View[beacon.Instance]) {
+	entries, undialable := view.Entries()
 	var empty error
 	if len(entries) == undialable {
-		empty = r.noInstances(len(view), draining, undialable)
+		empty = r.noInstances(view.Len(), view.Len()-len(entries), undialable)
 	}
 	r.pub.Publish(entries, empty)
 }

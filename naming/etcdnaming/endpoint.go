@@ -89,6 +89,10 @@ type decoded struct {
 	metadataJSON string
 }
 
+func (d decoded) equal(o decoded) bool {
+	return d.ep.Addr == o.ep.Addr && d.metadataJSON == o.metadataJSON
+}
+
 // Decode reads a stored value the way etcd's endpoint manager does (field
 // names match case-insensitively; Op is ignored: a stored endpoint is
 // present). A value that is not a JSON object, or has no Addr, gives an

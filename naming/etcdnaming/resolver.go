@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -91,7 +90,8 @@ func (b *Builder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.Bu
 		pub:     publish.New(cc, b.scheme, raw, b.m, log),
 		log:     log,
 		health:  make(chan struct{}, 1),
-		invalid: make(map[string]int64),
+		invalid: make(map[string]bool),
+		logged:  make(map[string]int64),
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	b.m.AddResolvers(b.scheme, 1)
@@ -172,7 +172,8 @@ type etcdResolver struct {
 
 	// Owned by run.
 	reportedDown bool
-	invalid      map[string]int64 // key → mod revision of the invalid value logged
+	invalid      map[string]bool  // keys whose value is not an endpoint
+	logged       map[string]int64 // key → mod revision of the invalid value last logged
 }
 
 // ResolveNow implements resolver.Resolver; changes arrive by watch, so
@@ -196,6 +197,9 @@ func (r *etcdResolver) run() {
 	defer r.wg.Done()
 	defer r.b.m.AddResolvers(r.b.scheme, -1)
 	bo := publish.Backoff{Min: retryMin, Max: r.b.retryMax}
+	view := publish.NewView(decoded.equal, func(key string, d decoded) (publish.Entry, bool) {
+		return publish.Entry{Addr: d.ep.Addr, Attrs: attributesOf(key, d)}, true
+	})
 	for r.ctx.Err() == nil {
 		kvs, rev, err := r.b.st.List(r.ctx, r.prefix)
 		if err != nil {
@@ -214,9 +218,15 @@ func (r *etcdResolver) run() {
 			}
 			continue
 		}
-		view := make(map[string]decoded, len(kvs))
+		view.Reset()
+		clear(r.invalid)
 		for _, kv := range kvs {
 			r.apply(view, store.Event{Type: store.EventPut, KV: kv})
+		}
+		for key := range r.logged {
+			if !r.invalid[key] {
+				delete(r.logged, key) // deleted or fixed while the watch was down
+			}
 		}
 		r.reportedDown = false
 		r.publish(view)
@@ -259,7 +269,7 @@ func (r *etcdResolver) closed(err error) {
 // follow applies the watch from rev to view, publishing after every
 // response (one store revision: a multi-endpoint update arrives whole),
 // until the watch ends or the store answers again after an outage.
-func (r *etcdResolver) follow(rev int64, view map[string]decoded) error {
+func (r *etcdResolver) follow(rev int64, view *publish.View[decoded]) error {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
 	ch := r.b.st.Watch(ctx, r.prefix, rev)
@@ -302,46 +312,40 @@ func (r *etcdResolver) follow(rev int64, view map[string]decoded) error {
 
 // apply applies one store event to view. A value that is not an endpoint
 // removes the key (its writer no longer advertises the old value) and is
-// logged and counted once per value.
-func (r *etcdResolver) apply(view map[string]decoded, ev store.Event) {
+// logged and counted once per value (not again when a re-list finds it).
+func (r *etcdResolver) apply(view *publish.View[decoded], ev store.Event) {
 	key := ev.KV.Key
 	if ev.Type == store.EventDelete {
-		delete(view, key)
+		view.Delete(key)
 		delete(r.invalid, key)
+		delete(r.logged, key)
 		return
 	}
 	d, err := decode(ev.KV.Value)
 	if err != nil {
-		delete(view, key)
-		if r.invalid[key] != ev.KV.ModRevision {
-			r.invalid[key] = ev.KV.ModRevision
+		view.Delete(key)
+		r.invalid[key] = true
+		if r.logged[key] != ev.KV.ModRevision {
+			r.logged[key] = ev.KV.ModRevision
 			r.b.m.Skipped(r.b.scheme, skipReason(err))
 			r.log.Warn("skipping a value that is not an endpoint", "key", key, "revision", ev.KV.ModRevision, "err", err)
 		}
 		return
 	}
 	delete(r.invalid, key)
-	view[key] = d
+	delete(r.logged, key)
+	view.Set(key, d)
 }
 
 // publish pushes view, sorted by key.
-func (r *etcdResolver) publish(view map[string]decoded) {
-	keys := make([]string, 0, len(view))
-	for k := range view {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	entries := make([]publish.Entry, len(keys))
-	for i, k := range keys {
-		d := view[k]
-		entries[i] = publish.Entry{Key: k, Addr: d.ep.Addr, Attrs: attributesOf(k, d)}
-	}
+func (r *etcdResolver) publish(view *publish.View[decoded]) {
+	entries, undialable := view.Entries()
 	var empty error
-	if !slices.ContainsFunc(entries, func(e publish.Entry) bool { return publish.Dialable(e.Addr) }) {
+	if len(entries) == undialable {
 		switch {
-		case len(view) > 0:
+		case view.Len() > 0:
 			empty = fmt.Errorf("%w under %q (%s): %d endpoint(s), none with an address gRPC can dial (want host:port)",
-				ErrNoEndpoints, r.prefix, r.raw, len(view))
+				ErrNoEndpoints, r.prefix, r.raw, view.Len())
 		case len(r.invalid) > 0:
 			empty = fmt.Errorf("%w under %q (%s): %d key(s) hold values that are not endpoints",
 				ErrNoEndpoints, r.prefix, r.raw, len(r.invalid))

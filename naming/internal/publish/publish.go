@@ -17,10 +17,10 @@ import (
 	"google.golang.org/grpc/resolver"
 )
 
-// Entry is one endpoint to publish.
+// Entry is one endpoint to publish, as a View builds it.
 type Entry struct {
 	// Key identifies the entry (a store key); it orders entries and names
-	// them in logs.
+	// them in logs. View sets it.
 	Key string
 	// Addr is the address to dial: host:port.
 	Addr string
@@ -28,6 +28,8 @@ type Entry struct {
 	// BalancerAttributes. Every value must be comparable or implement
 	// Equal(any) bool.
 	Attrs *attributes.Attributes
+
+	undialable bool // set by View
 }
 
 func (e Entry) equal(o Entry) bool {
@@ -48,16 +50,18 @@ type Publisher struct {
 	last      []Entry // what was pushed
 	lastEmpty string  // the error reported with an empty state
 	skips     map[skip]bool
+	seen      map[string]bool // scratch: addresses of one Publish
 }
 
 type skip struct{ key, addr, reason string }
 
 // New returns a Publisher for cc. target names the channel's target in logs.
 func New(cc resolver.ClientConn, scheme, target string, m *Metrics, log *slog.Logger) *Publisher {
-	return &Publisher{cc: cc, scheme: scheme, target: target, m: m, log: log, skips: map[skip]bool{}}
+	return &Publisher{cc: cc, scheme: scheme, target: target, m: m, log: log, skips: map[skip]bool{}, seen: map[string]bool{}}
 }
 
-// Publish pushes entries, in the order given, as the complete state: one
+// Publish pushes entries (from View.Entries), in the order given, as the
+// complete state: one
 // Endpoint with one Address per entry. Entries whose address gRPC cannot
 // dial (not host:port) and entries repeating an earlier entry's address are
 // left out, logged once and counted. If nothing is left, Publish reports
@@ -68,18 +72,22 @@ func New(cc resolver.ClientConn, scheme, target string, m *Metrics, log *slog.Lo
 // with no error reported since, is not pushed again.
 func (p *Publisher) Publish(entries []Entry, empty error) {
 	kept := make([]Entry, 0, len(entries))
-	seen := make(map[string]bool, len(entries))
-	skips := make(map[skip]bool)
+	seen := p.seen
+	clear(seen)
+	var skips map[skip]bool
 	for _, e := range entries {
 		reason := ""
 		switch {
-		case !Dialable(e.Addr):
+		case e.undialable:
 			reason = ReasonNotDialable
 		case seen[e.Addr]:
 			reason = ReasonDuplicate
 		}
 		if reason != "" {
 			s := skip{e.Key, e.Addr, reason}
+			if skips == nil {
+				skips = make(map[skip]bool)
+			}
 			skips[s] = true
 			if !p.skips[s] {
 				p.m.Skipped(p.scheme, reason)
@@ -119,13 +127,11 @@ func (p *Publisher) Publish(entries []Entry, empty error) {
 		Endpoints: make([]resolver.Endpoint, len(kept)),
 		Addresses: make([]resolver.Address, len(kept)),
 	}
+	epAddrs := make([]resolver.Address, len(kept)) // one allocation for every endpoint's address
 	for i, e := range kept {
-		addr := resolver.Address{Addr: e.Addr, BalancerAttributes: e.Attrs}
-		state.Addresses[i] = addr
-		state.Endpoints[i] = resolver.Endpoint{
-			Addresses:  []resolver.Address{{Addr: e.Addr}},
-			Attributes: e.Attrs,
-		}
+		state.Addresses[i] = resolver.Address{Addr: e.Addr, BalancerAttributes: e.Attrs}
+		epAddrs[i] = resolver.Address{Addr: e.Addr}
+		state.Endpoints[i] = resolver.Endpoint{Addresses: epAddrs[i : i+1 : i+1], Attributes: e.Attrs}
 	}
 	if err := p.cc.UpdateState(state); err != nil {
 		// A watch-driven resolver has nothing to re-resolve: the next
