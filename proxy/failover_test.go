@@ -96,9 +96,13 @@ func TestAllMembersDown(t *testing.T) {
 	if _, err := cli.Put(ctx, "k", "v"); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range c.Members() {
-		m.Stop()
+	wch := cli.Watch(ctx, "w", clientv3.WithCreatedNotify())
+	if wr := <-wch; !wr.Created {
+		t.Fatalf("watch: %+v", wr)
 	}
+	// (etcd waits up to its request timeout for the proxy's watch stream
+	// before each member stops: this takes a few seconds.)
+	c.StopAll()
 	_, err := cli.Get(ctx, "k", clientv3.WithSerializable())
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "no etcd member reachable") {
 		t.Fatalf("get with all members down: %v; want Unavailable saying no member is reachable", err)
@@ -128,6 +132,18 @@ func TestAllMembersDown(t *testing.T) {
 		_, err := cli.Get(ctx, "k")
 		return err == nil
 	})
+	// The watch opened before the outage resumes: it sees a later put.
+	if _, err := c.Client(t).Put(ctx, "w", "after"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case wr := <-wch:
+		if wr.Err() != nil || len(wr.Events) != 1 || string(wr.Events[0].Kv.Value) != "after" {
+			t.Fatalf("watch after the outage: %+v %v", wr, wr.Err())
+		}
+	case <-ctx.Done():
+		t.Fatal("the watch opened before the outage saw nothing after it")
+	}
 }
 
 // TestMembershipChangePickedUpAtRefresh adds and removes a member; the

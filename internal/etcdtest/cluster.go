@@ -244,9 +244,13 @@ func (c *Cluster) AddMember(tb testing.TB) *Member {
 	return m
 }
 
-// Close stops every member: followers first, so that the leader does not
-// wait to hand its leadership to a member that is going away.
-func (c *Cluster) Close() {
+// Close stops every member (see StopAll); data directories stay.
+func (c *Cluster) Close() { c.StopAll() }
+
+// StopAll stops every member, keeping their data for Restart: followers
+// first, so that the leader does not wait to hand its leadership to a
+// member that is going away.
+func (c *Cluster) StopAll() {
 	var wg sync.WaitGroup
 	var leaders []*Member
 	for _, m := range c.Members() {
