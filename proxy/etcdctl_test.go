@@ -97,6 +97,10 @@ func TestEtcdctlThroughProxy(t *testing.T) {
 	if out := e.must("endpoint", "health"); !strings.Contains(out, "is healthy") {
 		t.Fatalf("endpoint health: %q", out)
 	}
+	// lock uses a session (lease + keep-alive) and etcd's Lock service.
+	if out := e.must("lock", "mylock", "echo", "locked"); !strings.Contains(out, "locked") {
+		t.Fatalf("lock: %q", out)
+	}
 	if out := e.must("del", "foo"); strings.TrimSpace(out) != "1" {
 		t.Fatalf("del: %q", out)
 	}
