@@ -406,3 +406,34 @@ func TestTransactionIsOneRevision(t *testing.T) {
 		t.Fatalf("leased key after revoke: %v", err)
 	}
 }
+
+// When the server goes away, writes fail with store.ErrUnavailable after
+// the request timeout and watches end with it: nothing hangs or goes
+// silent.
+func TestServerGone(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	s := open(t, bnats.Config{URL: srv.ClientURL(), RequestTimeout: time.Second})
+	defer s.Close()
+	ctx := ctxT(t, 30*time.Second)
+	w := s.Watch(ctx, "/gone/", 0)
+	if _, err := s.Put(ctx, "/gone/k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if resp := <-w; resp.Err != nil || len(resp.Events) != 1 {
+		t.Fatalf("before the server went: %+v", resp)
+	}
+	srv.Stop()
+	start := time.Now()
+	if _, err := s.Put(ctx, "/gone/k", []byte("v2")); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Put without a server: %v", err)
+	}
+	select {
+	case resp, ok := <-w:
+		if !ok || !errors.Is(resp.Err, store.ErrUnavailable) {
+			t.Fatalf("watch without a server: %+v (open %v)", resp, ok)
+		}
+		t.Logf("watch ended %v after the server stopped: %v", time.Since(start).Round(time.Millisecond), resp.Err)
+	case <-ctx.Done():
+		t.Fatal("watch went silent when the server stopped")
+	}
+}

@@ -74,8 +74,9 @@ type Config struct {
 	MarkerTTL time.Duration
 	// DialTimeout bounds connecting. Default 5 s.
 	DialTimeout time.Duration
-	// RequestTimeout bounds each request to the server when the caller's
-	// context has no deadline. Default 5 s.
+	// RequestTimeout bounds each request to the server (the caller's
+	// context may end it sooner), and how long a watch survives a lost
+	// connection. Default 5 s.
 	RequestTimeout time.Duration
 	// Name is the client connection name shown by the server.
 	Name string

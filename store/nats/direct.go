@@ -24,10 +24,8 @@ type rawMsg struct {
 // server returns in one response.
 var errTooMany = errors.New("nats: too many subjects for one read")
 
+// reqCtx bounds one request by the request timeout (and by ctx).
 func (s *Store) reqCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
-	}
 	return context.WithTimeout(ctx, s.cfg.RequestTimeout)
 }
 

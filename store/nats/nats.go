@@ -262,14 +262,17 @@ func versionAtLeast(v, min string) bool {
 	return slices.Compare(a[:], b[:]) >= 0
 }
 
+// unavailable wraps a failure to reach the server (including no answer
+// within the request timeout) in store.ErrUnavailable. Cancellation by the
+// caller is returned as is.
 func (s *Store) unavailable(what string, err error) error {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+	if errors.Is(err, context.Canceled) {
 		return err
 	}
 	if errors.Is(err, nats.ErrConnectionClosed) && s.isClosed() {
 		return store.ErrClosed
 	}
-	return fmt.Errorf("%w: nats: cannot %s: %v", store.ErrUnavailable, what, err)
+	return fmt.Errorf("%w: nats: cannot %s: %w", store.ErrUnavailable, what, err)
 }
 
 func (s *Store) isClosed() bool {

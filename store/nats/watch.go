@@ -94,16 +94,36 @@ type watcher struct {
 	pending []store.Event
 }
 
-func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix string, from, now uint64) {
+func (s *Store) watch(parent context.Context, ch chan<- store.WatchResponse, prefix string, from, now uint64) {
 	defer s.wg.Done()
 	defer close(ch)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx := parent
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	go func() {
-		select {
-		case <-s.done:
-			cancel()
-		case <-ctx.Done():
+		// End the watch on Close, and when the connection has been down
+		// longer than the request timeout: a watch never goes silent.
+		tick := time.NewTicker(s.cfg.RequestTimeout / 4)
+		defer tick.Stop()
+		var down time.Time
+		for {
+			select {
+			case <-s.done:
+				cancel(store.ErrClosed)
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				switch {
+				case s.nc.IsConnected():
+					down = time.Time{}
+				case down.IsZero():
+					down = time.Now()
+				case time.Since(down) > s.cfg.RequestTimeout:
+					cancel(fmt.Errorf("%w: nats: watch: disconnected from the server for %v", store.ErrUnavailable, time.Since(down).Round(time.Millisecond)))
+					return
+				}
+			}
 		}
 	}()
 	send := func(resp store.WatchResponse) bool {
@@ -114,6 +134,17 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			return false
 		}
 	}
+	defer func() {
+		// Lost connection: the last response says so (not on cancel or
+		// Close, which just close the channel).
+		if err := context.Cause(ctx); errors.Is(err, store.ErrUnavailable) {
+			select {
+			case ch <- store.WatchResponse{Err: err}:
+			case <-parent.Done():
+			case <-s.done:
+			}
+		}
+	}()
 	filter, exact := prefixFilter(prefix)
 	w := &watcher{s: s, prefix: prefix, filter: s.pre + "k." + filter, exact: exact, from: from, last: map[string]uint64{}, live: map[string]bool{}}
 	if err := w.checkRetention(ctx, now); err != nil {
