@@ -14,7 +14,6 @@ import (
 	"github.com/tmc/grpc-websocket-proxy/wsproxy"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	etcdgw "go.etcd.io/etcd/api/v3/etcdserverpb/gw"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	electiongw "go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb/gw"
 	lockgw "go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb/gw"
 	"google.golang.org/grpc"
@@ -176,17 +175,22 @@ type Health struct {
 }
 
 // CheckHealth reads through the proxy's forwarding path (a linearizable
-// one-key range, 1 s deadline, like etcd's grpc-proxy); permission denied
-// still proves the cluster answers.
+// one-key range, 1 s deadline, like etcd's grpc-proxy); an authentication
+// or permission error still proves the cluster answers.
 func (p *Proxy) CheckHealth(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	ctx = metadata.NewOutgoingContext(ctx, metadata.Pairs(viaKey, p.id))
 	_, _, err := p.invoke(ctx, kvSvc+"Range", &pb.RangeRequest{Key: []byte("health"), CountOnly: true, Limit: 1},
 		new(pb.RangeResponse), false, true)
-	if err != nil && status.Code(err) != codes.PermissionDenied && !errors.Is(err, rpctypes.ErrGRPCPermissionDenied) {
+	switch status.Code(err) {
+	case codes.OK:
+		return nil
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown, codes.Internal, codes.FailedPrecondition:
 		return err
 	}
+	// etcd answered (for example "user name is empty" or "permission
+	// denied" with authentication on): the cluster is up.
 	return nil
 }
 
