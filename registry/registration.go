@@ -437,15 +437,21 @@ func (r *StoreRegistry) deleteIfOurs(ctx context.Context, key string, modRev int
 	return fmt.Errorf("registry: %s keeps changing; giving up deleting it", key)
 }
 
-// batcher commits concurrent creates together: whoever finds no commit in
-// flight commits everything queued (group commit), so a lone Register costs
-// one transaction and a burst costs one per maxTxnOps registrations.
+// batcher commits concurrent creates together: a caller that finds fewer
+// than maxInflight transactions in flight commits everything queued (up to
+// maxTxnOps) itself; callers that find them all busy queue, and the next
+// transaction to finish takes the queue (group commit). A lone Register
+// costs one transaction; a burst one per batch, several batches in flight
+// (etcd folds concurrent proposals into one disk sync).
 type batcher struct {
-	r     *StoreRegistry
-	mu    sync.Mutex
-	queue []*createOp
-	busy  bool
+	r        *StoreRegistry
+	mu       sync.Mutex
+	queue    []*createOp
+	inflight int
 }
+
+// maxInflight bounds the transactions a batcher has in flight.
+const maxInflight = 4
 
 type createOp struct {
 	key   string
@@ -470,11 +476,11 @@ func (b *batcher) create(ctx context.Context, key string, val []byte, lease stor
 	op := &createOp{key: key, val: val, lease: lease, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, op)
-	lead := !b.busy
-	b.busy = true
+	batch := b.takeLocked()
 	b.mu.Unlock()
-	if lead {
-		b.flushOne()
+	if batch != nil {
+		b.commit(batch)
+		b.finished()
 	}
 	select {
 	case <-op.done:
@@ -488,40 +494,37 @@ func (b *batcher) create(ctx context.Context, key string, val []byte, lease stor
 	}
 }
 
-// flushOne commits one batch, then hands the rest of the queue to a
-// goroutine so that the leader's caller returns.
-func (b *batcher) flushOne() {
-	b.mu.Lock()
+// takeLocked returns the next batch if a transaction may start, counting
+// it in flight; nil otherwise.
+func (b *batcher) takeLocked() []*createOp {
+	if len(b.queue) == 0 || b.inflight >= maxInflight {
+		return nil
+	}
 	n := min(len(b.queue), maxTxnOps)
 	batch := append([]*createOp(nil), b.queue[:n]...)
 	b.queue = b.queue[n:]
-	b.mu.Unlock()
-	b.commit(batch)
-	b.mu.Lock()
-	if len(b.queue) == 0 {
-		b.busy = false
-		b.mu.Unlock()
-		return
-	}
-	b.mu.Unlock()
-	if !b.r.spawn(b.drain) {
-		b.failAll(ErrClosed)
-	}
+	b.inflight++
+	return batch
 }
 
-func (b *batcher) drain() {
-	for {
-		b.mu.Lock()
-		if len(b.queue) == 0 {
-			b.busy = false
-			b.mu.Unlock()
-			return
-		}
-		n := min(len(b.queue), maxTxnOps)
-		batch := append([]*createOp(nil), b.queue[:n]...)
-		b.queue = b.queue[n:]
-		b.mu.Unlock()
+// finished ends a transaction; if operations queued meanwhile, a goroutine
+// commits them, so that the caller that committed returns.
+func (b *batcher) finished() {
+	b.mu.Lock()
+	b.inflight--
+	batch := b.takeLocked()
+	b.mu.Unlock()
+	if batch == nil {
+		return
+	}
+	if !b.r.spawn(func() {
 		b.commit(batch)
+		b.finished()
+	}) {
+		for _, op := range batch {
+			b.finish(op, 0, ErrClosed)
+		}
+		b.failAll(ErrClosed)
 	}
 }
 
@@ -529,7 +532,7 @@ func (b *batcher) failAll(err error) {
 	b.mu.Lock()
 	q := b.queue
 	b.queue = nil
-	b.busy = false
+	b.inflight = 0
 	b.mu.Unlock()
 	for _, op := range q {
 		b.finish(op, 0, err)

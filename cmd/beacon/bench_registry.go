@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/beaconplane/beacon/bench"
@@ -21,7 +23,8 @@ client (grant a lease + put, per instance), against the same etcd, with the
 same values. Goal: at least 3x the raw rate with concurrent workers.`,
 			bench.RunRegister, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
 				f := cmd.Flags()
-				f.IntVar(&cfg.Instances, "instances", 5000, "instances registered by the concurrent workers")
+				f.IntVar(&cfg.Instances, "instances", 3000, "instances registered by the concurrent workers")
+				f.IntVar(&cfg.Rounds, "rounds", 3, "rounds alternating raw and Beacon (the median is shown)")
 				f.IntVar(&cfg.Concurrency, "concurrency", 64, "concurrent workers")
 				f.IntVar(&cfg.Sequential, "sequential", 300, "instances registered by one worker")
 			}),
@@ -65,8 +68,9 @@ raw: one etcd watch each). Use --mem-instances 100000 for the large run.`,
 func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Context, cfg bench.RegistryConfig) (*bench.Report, error),
 	flags func(*cobra.Command, *bench.RegistryConfig)) *cobra.Command {
 	var (
-		cfg    bench.RegistryConfig
-		output string
+		cfg        bench.RegistryConfig
+		output     string
+		cpuProfile string
 	)
 	cmd := &cobra.Command{
 		Use:   name,
@@ -85,6 +89,17 @@ func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Contex
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			rep, err := runFn(cmd.Context(), cfg)
 			if err != nil {
 				return err
@@ -99,6 +114,7 @@ func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Contex
 	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd client URLs to measure against (default: an embedded etcd)")
 	f.BoolVar(&cfg.NoFsync, "no-fsync", false, "run the embedded etcd without fsync")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (clients and embedded etcd) to this file")
 	flags(cmd, &cfg)
 	return cmd
 }
