@@ -143,8 +143,9 @@ func RunNaming(ctx context.Context, cfg NamingConfig) (*Report, error) {
 				faster++
 			}
 		}
-		r.Note("%s: per trial, Beacon minus etcd: median %+.2f ms; Beacon as fast or faster in %d of %d trials",
-			sc.name, Ms(Percentile(diffs, 50)), faster, len(diffs))
+		r.Note("%s: means Beacon %.2f ms, etcd %.2f ms; per trial, Beacon minus etcd: median %+.2f ms (middle half %+.2f to %+.2f); Beacon as fast or faster in %d of %d trials",
+			sc.name, Ms(mean(lat[sideBeacon])), Ms(mean(lat[sideEtcd])), Ms(Percentile(diffs, 50)),
+			Ms(Percentile(diffs, 25)), Ms(Percentile(diffs, 75)), faster, len(diffs))
 	}
 	for _, drainFirst := range []bool{true, false} {
 		var res [2]restartResult
@@ -507,4 +508,15 @@ func (nb *namingBench) restart(ctx context.Context, side string, s *slot, drainF
 		return err
 	}
 	return nb.startBackend(ctx, s)
+}
+
+func mean(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum / time.Duration(len(ds))
 }
