@@ -588,11 +588,14 @@ func (s *Store) locked(ctx context.Context, fn func() error) error {
 	return fn()
 }
 
+// writeAt writes to the log; tests replace it to tear a write.
+var writeAt = func(f *os.File, b []byte, off int64) (int, error) { return f.WriteAt(b, off) }
+
 // appendLocked writes rec at the end of the log, syncs it, and applies it.
 // The caller holds the write lock.
 func (s *Store) appendLocked(rec record) error {
 	b := encodeRecord(rec)
-	if _, err := s.seg.WriteAt(b, s.segOff); err != nil {
+	if _, err := writeAt(s.seg, b, s.segOff); err != nil {
 		_ = s.seg.Truncate(s.segOff)
 		return fmt.Errorf("file: cannot append to %s: %w", s.seg.Name(), err)
 	}
