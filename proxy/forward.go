@@ -203,7 +203,9 @@ func (p *Proxy) outgoing(ctx context.Context) (context.Context, error) {
 		kv = append(kv, viaKey, v)
 	}
 	kv = append(kv, viaKey, p.id)
-	return metadata.NewOutgoingContext(ctx, metadata.Pairs(kv...)), nil
+	// A fresh outgoing context (the incoming one carries none) with the
+	// pairs appended lazily: cheaper than building a metadata map.
+	return metadata.AppendToOutgoingContext(metadata.NewOutgoingContext(ctx, nil), kv...), nil
 }
 
 // isLoopError reports whether err is another hop refusing a looping
