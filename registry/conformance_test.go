@@ -1,7 +1,13 @@
 package registry_test
 
 import (
+	"context"
 	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/natstest"
+	"github.com/beaconplane/beacon/store/file"
+	bnats "github.com/beaconplane/beacon/store/nats"
 
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/registrytest"
@@ -10,7 +16,8 @@ import (
 
 // TestConformance runs the Registry conformance suite over every store
 // backend in this module: memory (one store shared by the simulated
-// processes) and etcd (one client per process, on the shared server).
+// processes), etcd and NATS (one client per process, on one server), file
+// (one Store per process on one directory, as processes on one host).
 func TestConformance(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
 		st := newMemoryStore(t)
@@ -25,6 +32,40 @@ func TestConformance(t *testing.T) {
 	t.Run("etcd", func(t *testing.T) {
 		registrytest.Run(t, func(tb testing.TB) registry.Registry {
 			r, err := registry.New(newEtcdStore(tb, nil, etcd.Config{}), registry.Config{LeaseTTL: etcdTTL})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return r
+		}, registrytest.Options{})
+	})
+	t.Run("file", func(t *testing.T) {
+		dir := t.TempDir()
+		registrytest.Run(t, func(tb testing.TB) registry.Registry {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			st, err := file.Open(ctx, file.Config{Dir: dir})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			tb.Cleanup(func() { _ = st.Close() })
+			r, err := registry.New(st, registry.Config{LeaseTTL: registry.MinLeaseTTL})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return r
+		}, registrytest.Options{})
+	})
+	t.Run("nats", func(t *testing.T) {
+		srv := natstest.Start(t, natstest.Options{})
+		registrytest.Run(t, func(tb testing.TB) registry.Registry {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			st, err := bnats.Open(ctx, bnats.Config{URL: srv.ClientURL()})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			tb.Cleanup(func() { _ = st.Close() })
+			r, err := registry.New(st, registry.Config{LeaseTTL: registry.MinLeaseTTL})
 			if err != nil {
 				tb.Fatal(err)
 			}

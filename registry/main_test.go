@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/natstest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
@@ -36,7 +37,7 @@ func run(m *testing.M) int {
 	code := m.Run()
 	server.Close()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := goleak.Find(natstest.LeakOptions()...); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak: goroutines left after the tests:", err)
 			return 1
 		}

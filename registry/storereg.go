@@ -122,10 +122,15 @@ func (r *StoreRegistry) Close() error {
 	return err
 }
 
+// minOpTimeout is the least time the registry gives one store operation it
+// does on its own behalf.
+const minOpTimeout = 5 * time.Second
+
 // opContext bounds one store operation the registry does on its own behalf
-// (not for a caller's context) by the lease TTL and by Close.
+// (a batched write, a recovery step, a cleanup) by max(lease TTL, 5 s) and
+// by Close.
 func (r *StoreRegistry) opContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(r.ctx, r.cfg.LeaseTTL)
+	return context.WithTimeout(r.ctx, max(r.cfg.LeaseTTL, minOpTimeout))
 }
 
 // prepare fills an instance's defaults, validates it and encodes it.
