@@ -34,8 +34,9 @@
 // in one response. Writes and deletes of leased keys are atomic batches that
 // also rewrite the lease record with a compare-and-swap, so no write can
 // slip in after a lease ended (and such a write renews the lease). Keys of
-// an ended lease stay in the stream until a List finds them and deletes
-// them (marked so that watches skip these deletions).
+// an ended lease stay in the stream until a watch sees the lease end or a
+// List finds them; either deletes them (marked so that watches skip these
+// deletions).
 //
 // The server raises every message TTL to the bucket's marker TTL
 // (Config.MarkerTTL, default 1 s), so leases shorter than it are granted
@@ -75,7 +76,7 @@
 //     that deletion is unknown.
 //
 // Compact only sets the watermark; the stream's per-key history bounds its
-// size. A List may write (it deletes keys of ended leases). Write to the
+// size. List and Watch may write (they delete keys of ended leases). Write to the
 // bucket only through this package: other writers break the predecessor
 // chain and the lease rules.
 package nats

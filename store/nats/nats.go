@@ -70,6 +70,8 @@ type Store struct {
 	mu        sync.Mutex
 	closed    bool
 	done      chan struct{}
+	bg        context.Context // ends on Close; for background clean-up
+	bgCancel  context.CancelFunc
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 }
@@ -102,6 +104,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		pre:    "$KV." + cfg.Bucket + ".",
 		done:   make(chan struct{}),
 	}
+	s.bg, s.bgCancel = context.WithCancel(context.Background())
 	api := "$JS.API"
 	if cfg.Domain != "" {
 		api = "$JS." + cfg.Domain + ".API"
@@ -139,6 +142,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s.nc = nc
 	if err := s.setup(ctx); err != nil {
+		s.bgCancel()
 		nc.Close()
 		return nil, err
 	}
@@ -298,6 +302,7 @@ func (s *Store) Close() error {
 		s.closed = true
 		close(s.done)
 		s.mu.Unlock()
+		s.bgCancel()
 	})
 	s.wg.Wait()
 	s.nc.Close()
@@ -911,6 +916,20 @@ func (s *Store) Compact(ctx context.Context, rev int64) error {
 		}
 		return err
 	}
+}
+
+// reapLater reaps in the background (ended by Close).
+func (s *Store) reapLater(kvs []store.KeyValue, phys map[string]uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || len(kvs) == 0 {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.reap(s.bg, kvs, phys)
+	}()
 }
 
 // reap deletes keys whose lease has ended (they are gone already; this

@@ -415,6 +415,8 @@ func (w *watcher) leaseEnded(ctx context.Context, id store.LeaseID, seq uint64) 
 		return err
 	}
 	dead := map[string]bool{}
+	var reap []store.KeyValue
+	phys := map[string]uint64{}
 	for i := range msgs {
 		m := &msgs[i]
 		tokens, ok := strings.CutPrefix(m.subject, w.s.pre+"k.")
@@ -423,8 +425,12 @@ func (w *watcher) leaseEnded(ctx context.Context, id store.LeaseID, seq uint64) 
 		}
 		if key, err := decodeKey(tokens); err == nil && strings.HasPrefix(key, w.prefix) {
 			dead[key] = true
+			reap = append(reap, store.KeyValue{Key: key, Lease: id})
+			phys[key] = m.seq
 		}
 	}
+	// Free the keys' messages (every watch of them tries; one wins).
+	w.s.reapLater(reap, phys)
 	for _, key := range sortKeys(dead) {
 		w.live[key] = false
 		w.pending = append(w.pending, store.Event{Type: store.EventDelete, KV: store.KeyValue{Key: key, ModRevision: int64(seq)}})
