@@ -53,13 +53,14 @@ const (
 	EmptyRefreshInterval = time.Second
 )
 
-// Config configures a Proxy. The zero value (plus nothing) is a readwrite
-// proxy on 127.0.0.1:23790 in front of the cluster whose member answers at
-// http://localhost:2380.
+// Config configures a Proxy. The zero value is a readwrite proxy on
+// 127.0.0.1:23790 in front of the cluster whose member answers at
+// http://localhost:2380, with etcd v2 proxy's timing defaults.
 //
 // The cluster is found from exactly one of: DiscoveryToken (with
-// DiscoveryEndpoints), DiscoveryURL, DiscoverySRV, InitialCluster, PeerURLs,
-// Endpoints; with none set, PeerURLs defaults to http://localhost:2380.
+// DiscoveryEndpoints) or Discovery, DiscoveryURL, DiscoverySRV,
+// InitialCluster, PeerURLs, Endpoints; with none set, PeerURLs defaults to
+// http://localhost:2380.
 // From peer URLs the proxy reads the members' client URLs (GET
 // <peer>/members); from Endpoints it reads them with the Cluster MemberList
 // API. Either way it refreshes them every RefreshInterval.
