@@ -1,0 +1,114 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	c := Config{}.withDefaults()
+	if c.Mode != ReadWrite || c.ListenAddr != DefaultListenAddr || !slices.Equal(c.PeerURLs, []string{DefaultPeerURL}) ||
+		c.FailureWait != 5*time.Second || c.RefreshInterval != 30*time.Second || c.DialTimeout != time.Second ||
+		c.WriteTimeout != 5*time.Second || c.ReadTimeout != 0 || c.UpstreamConns != DefaultUpstreamConns {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if err := (Config{}).Validate(); err != nil {
+		t.Fatalf("zero Config: %v", err)
+	}
+	c = Config{Endpoints: []string{"http://127.0.0.1:2379"}}.withDefaults()
+	if len(c.PeerURLs) != 0 {
+		t.Fatalf("default peer URL added beside endpoints: %v", c.PeerURLs)
+	}
+	if err := (Config{DiscoveryToken: "bad token!", DiscoveryEndpoints: []string{"http://x:1"}}).Validate(); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("bad token: %v", err)
+	}
+}
+
+func TestSelfMatcher(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	loop := newSelfMatcher(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 23790}, []string{"http://proxy.example:9999"})
+	all := newSelfMatcher(&net.TCPAddr{IP: net.IPv4zero, Port: 23790}, nil)
+	other := newSelfMatcher(&net.TCPAddr{IP: net.IPv4(10, 9, 8, 7), Port: 23790}, nil)
+	cases := []struct {
+		m    *selfMatcher
+		addr string
+		want bool
+	}{
+		{loop, "127.0.0.1:23790", true},
+		{loop, "localhost:23790", true},
+		{loop, "[::1]:23790", true},
+		{loop, "127.0.0.1:2379", false},
+		{loop, "10.0.0.1:23790", false},
+		{loop, "proxy.example:9999", true},
+		{loop, "PROXY.example.:9999", true},
+		{all, "127.0.0.1:23790", true},
+		{all, "localhost:23790", true},
+		{all, "127.0.0.1:2379", false},
+		{other, "10.9.8.7:23790", true},
+		{other, "127.0.0.1:23790", false},
+		{other, "no-port", false},
+	}
+	for _, tc := range cases {
+		if got := tc.m.isSelf(ctx, tc.addr); got != tc.want {
+			t.Errorf("isSelf(%q) = %v, want %v", tc.addr, got, tc.want)
+		}
+	}
+}
+
+func TestDirectorBenchAndReturn(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	d := newDirector(5*time.Second, slog.New(slog.DiscardHandler), nil)
+	d.now = func() time.Time { return now }
+	var applied [][]string
+	d.set = func(eps []string) { applied = append(applied, slices.Sorted(slices.Values(eps))) }
+	d.replace([]*endpoint{
+		{url: "http://a:1", hostport: "a:1", addr: "10.0.0.1:1"},
+		{url: "http://b:1", hostport: "b:1", addr: "10.0.0.2:1"},
+		{url: "http://self:1", hostport: "self:1", self: true},
+	})
+	if d.availableCount() != 2 || d.knownCount() != 2 {
+		t.Fatalf("available %d known %d", d.availableCount(), d.knownCount())
+	}
+	if !d.fail("10.0.0.1:1", errors.New("boom")) {
+		t.Fatal("fail by resolved address did not bench")
+	}
+	if d.fail("10.0.0.1:1", nil) {
+		t.Fatal("benched twice")
+	}
+	if got := d.available(); !slices.Equal(got, []string{"http://b:1"}) {
+		t.Fatalf("available after failure: %v", got)
+	}
+	if w := d.nextWake(); !w.Equal(now.Add(5 * time.Second)) {
+		t.Fatalf("next wake %v", w)
+	}
+	// A refresh keeps the bench.
+	d.replace([]*endpoint{{url: "http://a:1", hostport: "a:1"}, {url: "http://b:1", hostport: "b:1"}})
+	if d.availableCount() != 1 {
+		t.Fatalf("refresh reset the bench: %v", d.available())
+	}
+	now = now.Add(5 * time.Second)
+	d.apply()
+	if d.availableCount() != 2 {
+		t.Fatalf("endpoint not back after the failure wait: %v", d.available())
+	}
+	d.markLoop("b:1")
+	if got := d.available(); !slices.Equal(got, []string{"http://a:1"}) {
+		t.Fatalf("after loop mark: %v", got)
+	}
+	want := [][]string{{"http://b:1"}, {"http://a:1", "http://b:1"}, {"http://a:1"}}
+	if !slices.EqualFunc(applied[len(applied)-3:], want, slices.Equal) {
+		t.Fatalf("endpoint sets handed to the client: %v", applied)
+	}
+	st := d.status()
+	if len(st) != 2 {
+		t.Fatalf("status: %+v", st)
+	}
+}
