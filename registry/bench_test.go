@@ -1,0 +1,123 @@
+package registry_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store/memory"
+)
+
+// The in-process costs of the registry, on the memory store (no network):
+// `beacon bench` measures the same paths against etcd beside the raw client.
+
+func BenchmarkRegister(b *testing.B) {
+	st := memory.New(memory.Options{})
+	defer st.Close()
+	r, err := registry.New(st, registry.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			i++
+			if _, err := r.Register(ctx, inst("bench", fmt.Sprintf("10.0.%d.%d:80", i/250%250, i%250))); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkWatchDelivery measures one change reaching every one of n
+// watchers of one shared feed (time per change).
+func BenchmarkWatchDelivery(b *testing.B) {
+	for _, n := range []int{1, 100, 1000} {
+		b.Run(fmt.Sprintf("watchers=%d", n), func(b *testing.B) {
+			st := memory.New(memory.Options{})
+			defer st.Close()
+			r, err := registry.New(st, registry.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			q := beacon.Query{Namespace: "bench"}
+			reg, err := r.Register(ctx, inst("bench", "10.0.0.1:80"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			seen := make(chan struct{}, n)
+			var wg sync.WaitGroup
+			for range n {
+				w, err := r.Watch(ctx, q)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := w.Next(ctx); err != nil {
+					b.Fatal(err)
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						bt, err := w.Next(ctx)
+						if err != nil {
+							return
+						}
+						for range bt.Events {
+							seen <- struct{}{}
+						}
+					}
+				}()
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				if err := reg.Update(ctx, func(in *beacon.Instance) { in.Address = fmt.Sprintf("10.1.%d.%d:80", i/250%250, i%250) }); err != nil {
+					b.Fatal(err)
+				}
+				for range n {
+					select {
+					case <-seen:
+					case <-time.After(10 * time.Second):
+						b.Fatal("a watcher did not get the change")
+					}
+				}
+			}
+			b.StopTimer()
+			cancel()
+			wg.Wait()
+		})
+	}
+}
+
+func BenchmarkList1000(b *testing.B) {
+	st := memory.New(memory.Options{})
+	defer st.Close()
+	r, err := registry.New(st, registry.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	ctx := context.Background()
+	for i := range 1000 {
+		if _, err := r.Register(ctx, inst("bench", fmt.Sprintf("10.0.%d.%d:80", i/250, i%250))); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, _, err := r.List(ctx, beacon.Query{Namespace: "bench"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
