@@ -180,10 +180,13 @@ func (h *hub) probe() {
 		ctx, cancel := context.WithTimeout(r.ctx, interval)
 		_, err := r.st.Get(ctx, key)
 		cancel()
+		unreachable := errors.Is(err, store.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
 		switch {
 		case r.ctx.Err() != nil:
 			return
-		case err == nil || errors.Is(err, store.ErrNotFound):
+		case !unreachable:
+			// Any answer, even an error such as permission denied,
+			// means the store is there.
 			if failing {
 				failing = false
 				r.log.Info("store reachable again; re-listing watched prefixes", "watches", len(feeds))
@@ -191,8 +194,6 @@ func (h *hub) probe() {
 					f.relist()
 				}
 			}
-		case errors.Is(err, store.ErrClosed):
-			// The feeds find out on their own.
 		default:
 			if !failing {
 				r.log.Warn("store unreachable: watches may be stale until it answers again", "err", err)
