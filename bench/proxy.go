@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"runtime"
 	"strings"
@@ -13,8 +12,6 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/beaconplane/beacon/proxy"
-	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -37,6 +34,11 @@ type ProxyConfig struct {
 	Clients, Conns int
 	// Watches is the number of identical client watches [1000].
 	Watches int
+	// ProxyCommand, when set, runs the proxy in its own process, as it is
+	// deployed: the command and its first arguments (the beacon binary and
+	// "proxy"), to which --endpoints, --listen-addr and --log-level are
+	// appended. Empty runs the proxy in this process.
+	ProxyCommand []string
 	// ValueSize of the values put [256].
 	ValueSize int
 	// Logger for progress; nil discards.
@@ -74,6 +76,7 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	cfg.defaults()
 	eps := cfg.Endpoints
 	setup := "external etcd " + strings.Join(eps, ",")
+	var err error
 	if len(eps) == 0 {
 		dir, err := os.MkdirTemp("", "beacon-bench-proxy-")
 		if err != nil {
@@ -92,27 +95,23 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 		}
 		setup = fmt.Sprintf("embedded etcd 3.7, %d member(s) on loopback, %s", cfg.Members, fsync)
 	}
-	p, err := proxy.New(proxy.Config{Endpoints: eps, Registry: prometheus.NewRegistry()})
+	var px proxyUnderTest
+	where := "in this process"
+	if len(cfg.ProxyCommand) > 0 {
+		px, err = startProxyProcess(ctx, cfg.ProxyCommand, eps)
+		where = "in its own process"
+	} else {
+		px, err = startProxyInProcess(ctx, eps)
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("start the proxy: %w", err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+	defer px.stop()
+	proxyEps := []string{"http://" + px.addr()}
+	setup += "; proxy " + where
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		setup += "; load average at start " + strings.Join(strings.Fields(string(b))[:3], " ")
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- p.Serve(ctx, l) }()
-	defer func() {
-		_ = p.Close()
-		<-errc
-	}()
-	select {
-	case <-p.Ready():
-	case err := <-errc:
-		errc <- err
-		return nil, err
-	}
-	proxyEps := []string{"http://" + p.Addr().String()}
 
 	r := &Report{
 		Scenario: "proxy",
@@ -199,7 +198,7 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("watches direct: %w", err)
 	}
-	via, err := watchFanout(ctx, proxyEps, cfg, p)
+	via, err := watchFanout(ctx, proxyEps, cfg, px)
 	if err != nil {
 		return nil, fmt.Errorf("watches through the proxy: %w", err)
 	}
@@ -209,7 +208,7 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 		Beacon: via.heapMiB, Baseline: direct.heapMiB})
 	r.Add(Row{Metric: fmt.Sprintf("one event to all %d watchers", cfg.Watches), Unit: "ms",
 		Beacon: Ms(via.fanout), Baseline: Ms(direct.fanout)})
-	r.Note("heap is the growth of this process's live heap (clients, proxy and embedded etcd all run here) while the watches are open")
+	r.Note("heap is the growth of the live heap of the clients, etcd and the proxy while the watches are open")
 	r.Note("direct: %d watches on etcd; through the proxy: %d client watchers on the proxy share %d etcd watch(es)",
 		direct.upstream, via.clientWatchers, via.upstream)
 	return r, nil
@@ -307,10 +306,14 @@ type watchResult struct {
 
 // watchFanout opens cfg.Watches identical watches, measures the heap they
 // hold and how long one event takes to reach all of them.
-func watchFanout(ctx context.Context, eps []string, cfg ProxyConfig, p *proxy.Proxy) (watchResult, error) {
+func watchFanout(ctx context.Context, eps []string, cfg ProxyConfig, px proxyUnderTest) (watchResult, error) {
 	const perConn = 100
 	conns := (cfg.Watches + perConn - 1) / perConn
 	before := liveHeap()
+	var pxBefore float64
+	if px != nil {
+		pxBefore = px.heap(ctx)
+	}
 	clis, err := clients(eps, conns)
 	if err != nil {
 		return watchResult{}, err
@@ -328,11 +331,15 @@ func watchFanout(ctx context.Context, eps []string, cfg ProxyConfig, p *proxy.Pr
 		chans = append(chans, wch)
 	}
 	res := watchResult{upstream: cfg.Watches, clientWatchers: cfg.Watches}
-	if p != nil {
-		st := p.Stats()
+	res.heapMiB = (float64(liveHeap()) - float64(before)) / (1 << 20)
+	if px != nil {
+		st, err := px.stats(ctx)
+		if err != nil {
+			return watchResult{}, err
+		}
 		res.upstream, res.clientWatchers = st.UpstreamWatches, st.ClientWatchers
+		res.heapMiB += (px.heap(ctx) - pxBefore) / (1 << 20)
 	}
-	res.heapMiB = float64(liveHeap()-before) / (1 << 20)
 	t0 := time.Now()
 	if _, err := clis[0].Put(ctx, key, "x"); err != nil {
 		return watchResult{}, err
