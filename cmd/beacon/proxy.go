@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/proxy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -48,6 +49,7 @@ func newProxyCmd() *cobra.Command {
 		mode                  string
 		cacert, cert, key     string
 		listenCert, listenKey string
+		disc                  bootstrap.Config
 	)
 	cfg.FailureWait = proxy.DefaultFailureWait
 	cfg.RefreshInterval = proxy.DefaultRefreshInterval
@@ -90,6 +92,13 @@ ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
 			}
 			cfg.Mode = m
 			cfg.Logger = logger
+			if disc.User != "" || disc.Password != "" || disc.CACertFile != "" || disc.CertFile != "" || disc.KeyFile != "" {
+				// Credentials or TLS for the discovery service: hand the
+				// token over as a full bootstrap configuration.
+				disc.Token, disc.Endpoints = cfg.DiscoveryToken, cfg.DiscoveryEndpoints
+				cfg.DiscoveryToken, cfg.DiscoveryEndpoints = "", nil
+				cfg.Discovery = &disc
+			}
 			if cacert != "" || cert != "" || key != "" {
 				tlsCfg, err := (&transport.TLSInfo{TrustedCAFile: cacert, CertFile: cert, KeyFile: key}).ClientConfig()
 				if err != nil {
@@ -127,6 +136,11 @@ ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
 	f.StringVar(&cfg.ListenAddr, "listen-addr", envOr("BEACON_PROXY_LISTEN", proxy.DefaultListenAddr), "address to serve gRPC and HTTP on (env BEACON_PROXY_LISTEN)")
 	f.StringVar(&cfg.DiscoveryToken, "discovery-token", "", "etcd v3 discovery token (with --discovery-endpoints)")
 	f.StringSliceVar(&cfg.DiscoveryEndpoints, "discovery-endpoints", nil, "client URLs of the etcd cluster holding the v3 discovery token")
+	f.StringVar(&disc.User, "discovery-user", "", "user for the v3 discovery service (user or user:password)")
+	f.StringVar(&disc.Password, "discovery-password", "", "password for the v3 discovery service")
+	f.StringVar(&disc.CACertFile, "discovery-cacert", "", "CA file to verify the v3 discovery service")
+	f.StringVar(&disc.CertFile, "discovery-cert", "", "client certificate for the v3 discovery service")
+	f.StringVar(&disc.KeyFile, "discovery-key", "", "client key for the v3 discovery service")
 	f.StringVar(&cfg.DiscoveryURL, "discovery", "", "etcd v2 discovery URL, e.g. https://discovery.etcd.io/<token>")
 	f.StringVar(&cfg.DiscoverySRV, "discovery-srv", "", "DNS domain with _etcd-server(-ssl)._tcp SRV records of the members")
 	f.StringVar(&cfg.DiscoverySRVName, "discovery-srv-name", "", "suffix of the SRV service name (_etcd-server-<name>._tcp)")

@@ -47,6 +47,7 @@ func TestProxyCommandBadInput(t *testing.T) {
 		{[]string{"proxy", "--mode", "readmostly"}, "unknown mode"},
 		{[]string{"proxy", "--initial-cluster", "a=http://127.0.0.1:2380", "--discovery-srv", "example.com"}, "conflicting discovery"},
 		{[]string{"proxy", "--discovery-token", "abc"}, "--discovery-endpoints"},
+		{[]string{"proxy", "--discovery-user", "u", "--discovery-password", "p", "--initial-cluster", "a=http://127.0.0.1:2380"}, "token"},
 		{[]string{"proxy", "--endpoints", "10.0.0.1:2379"}, "http or https"},
 		{[]string{"proxy", "--proxy-failure-wait", "soon"}, "milliseconds"},
 	}
