@@ -156,6 +156,9 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 	p.self = newSelfMatcher(l.Addr(), p.cfg.SelfAddrs)
 	if err := p.start(ctx); err != nil {
 		_ = l.Close()
+		if ctx.Err() != nil {
+			return nil // stopped (Close or ctx) before the cluster was found
+		}
 		return err
 	}
 	defer func() {
@@ -169,16 +172,13 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 // safe to call more than once and before Serve.
 func (p *Proxy) Close() error {
 	p.mu.Lock()
-	prev := p.state
 	p.state = stateClosed
 	stop := p.stop
 	p.mu.Unlock()
-	if prev == stateNew {
-		return nil
+	if stop == nil {
+		return nil // Serve never started
 	}
-	if stop != nil {
-		stop()
-	}
+	stop()
 	select {
 	case <-p.done:
 	case <-time.After(10 * time.Second):

@@ -112,3 +112,47 @@ func TestDirectorBenchAndReturn(t *testing.T) {
 		t.Fatalf("status: %+v", st)
 	}
 }
+
+func TestCloseIdempotent(t *testing.T) {
+	t.Parallel()
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Serve(context.Background(), l); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Serve after Close: %v", err)
+	}
+	// Close while still looking for the cluster ends Serve promptly.
+	q, err := New(Config{PeerURLs: []string{"http://127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2 := mustListen(t)
+	errc := make(chan error, 1)
+	go func() { errc <- q.Serve(context.Background(), l2) }()
+	eventually(t, "serving started", func() bool { return q.Addr() != nil })
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("Serve stopped by Close while starting: %v, want nil", err)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("Serve did not return after Close")
+	}
+	if err := q.Serve(context.Background(), mustListen(t)); !errors.Is(err, ErrClosed) && !errors.Is(err, ErrServing) {
+		t.Fatalf("second Serve: %v", err)
+	}
+}
