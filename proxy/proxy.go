@@ -131,8 +131,10 @@ func (p *Proxy) Run(ctx context.Context) error {
 
 // Serve finds the cluster (bounded by Config.StartTimeout), then serves
 // clients on l until ctx ends or Close is called; it closes l. It returns
-// nil after a normal stop, and an error if the cluster cannot be found or
-// serving fails. After start, failures only fail the requests they touch.
+// nil after a normal stop (ctx ended or Close, also while still finding the
+// cluster), and an error if the cluster cannot be found within
+// StartTimeout, the configuration cannot work, or serving fails. After
+// start, failures only fail the requests they touch.
 func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 	p.mu.Lock()
 	switch p.state {
