@@ -176,6 +176,10 @@ func (up *kaUpstream) release(c *kaClient) {
 // request forwards a keep-alive for id unless one is already in flight.
 func (up *kaUpstream) request(id int64, c *kaClient) {
 	up.mu.Lock()
+	if !up.clients[c] {
+		up.mu.Unlock() // the client's stream has ended
+		return
+	}
 	ws := up.waiters[id]
 	if ws == nil {
 		ws = map[*kaClient]int{}
