@@ -152,8 +152,11 @@ func TestMembershipChangePickedUpAtRefresh(t *testing.T) {
 	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
 	p := startProxy(t, Config{InitialCluster: c.InitialCluster(), RefreshInterval: 200 * time.Millisecond})
+	// The same with client URLs, refreshed through MemberList.
+	q := startProxy(t, Config{Endpoints: c.Endpoints(), RefreshInterval: 200 * time.Millisecond})
 	m4 := c.AddMember(t)
 	eventually(t, "the new member's endpoint", func() bool { return endpointState(p, m4.ClientURL()) == "available" })
+	eventually(t, "the new member's endpoint (MemberList)", func() bool { return endpointState(q, m4.ClientURL()) == "available" })
 
 	direct := c.Client(t)
 	ctx := ctxT(t)
@@ -170,6 +173,7 @@ func TestMembershipChangePickedUpAtRefresh(t *testing.T) {
 		}
 	}
 	eventually(t, "the removed member's endpoint gone", func() bool { return endpointState(p, first.ClientURL()) == "absent" })
+	eventually(t, "the removed member's endpoint gone (MemberList)", func() bool { return endpointState(q, first.ClientURL()) == "absent" })
 	cli := proxyClient(t, p)
 	if _, err := cli.Put(ctx, "k", "v"); err != nil {
 		t.Fatal(err)
