@@ -15,6 +15,7 @@ import (
 	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/proxy"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 )
 
@@ -198,14 +199,19 @@ func (s *Server) startFallbackProxy(ctx context.Context, lg *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	d := s.cfg.Discovery
-	p, err := proxy.New(proxy.Config{
-		Mode:               proxy.ReadWrite,
-		ListenAddr:         u.Host,
-		DiscoveryToken:     d.Token,
-		DiscoveryEndpoints: d.Endpoints,
-		Logger:             s.log,
-	})
+	// The whole discovery configuration, so that the proxy reaches the
+	// discovery service with the same TLS and credentials as the member.
+	d := s.cfg.Discovery.Config
+	pcfg := proxy.Config{
+		Mode:       proxy.ReadWrite,
+		ListenAddr: u.Host,
+		Discovery:  &d,
+		Logger:     s.log,
+	}
+	if reg, ok := s.reg.(*prometheus.Registry); ok {
+		pcfg.Registry = reg
+	}
+	p, err := proxy.New(pcfg)
 	if err != nil {
 		return fmt.Errorf("discovery fallback proxy: %w", err)
 	}

@@ -75,6 +75,8 @@ BEACON_LOG_LEVEL.`,
 	f.StringVar(&cfg.InitialClusterState, "initial-cluster-state", "new", "new or existing")
 	f.StringVar(&cfg.InitialClusterToken, "initial-cluster-token", "beacon", "initial cluster token")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", server.DefaultHTTPAddr, "HTTP API, health and metrics listener")
+	f.StringVar(&cfg.V2BaseURL, "v2-base-url", "", "public URL of the v2 discovery service, the prefix of the token URLs /v2/discovery/new answers (default http://<--http-addr>/v2/discovery)")
+	f.DurationVar(&cfg.V2TokenMaxAge, "v2-token-ttl", 0, "how long a v2 discovery token lives (default 168h)")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "front this external etcd cluster instead of running embedded etcd")
 	f.StringVar(&etcdLogLevel, "etcd-log-level", "warn", "lowest level of embedded etcd's logs to show")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "graceful shutdown bound")
