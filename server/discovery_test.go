@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -212,5 +213,53 @@ func TestEtcd34MembersBootstrapThroughServerV2Discovery(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("fourth member did not exit")
+	}
+}
+
+// A member waiting for its discovery peers already answers /healthz (so an
+// orchestrator does not kill it) and says it is starting on /readyz.
+func TestHealthzWhileWaitingForPeers(t *testing.T) {
+	reg := startServer(t, testConfig(t))
+	created := createToken(t, reg, 2)
+	cfg := discoveryConfig(t, "m1", created)
+	port, err := etcdtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", port)
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan error, 1)
+	go func() { started <- s.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-started
+		_ = s.Close()
+	})
+	base := "http://" + cfg.HTTPAddr
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(base + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("/healthz while waiting = %d", resp.StatusCode)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz never answered: %v", err)
+		}
+		select {
+		case err := <-started:
+			t.Fatalf("Start returned %v while one of two members was missing", err)
+		case <-time.After(20 * time.Millisecond): // the listener has no event to wait on
+		}
+	}
+	if code, body := get(t, base+"/readyz"); code != 503 || !strings.Contains(body, "starting") {
+		t.Fatalf("/readyz while waiting = %d %s", code, body)
 	}
 }

@@ -22,27 +22,30 @@ import (
 // readyTimeout bounds the store round trip of /readyz.
 const readyTimeout = 2 * time.Second
 
-// startHTTP builds the routes and serves them on the listener taken in
-// Start.
-func (s *Server) startHTTP() error {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("ok\n"))
+// serveEarly starts serving the listener taken in Start with a minimal
+// handler: /healthz answers at once and /readyz says the server is still
+// starting, so that orchestrators do not kill a member that waits for its
+// discovery peers. startHTTP later installs the full routes.
+func (s *Server) serveEarly() {
+	starting := http.NewServeMux()
+	starting.HandleFunc("GET /healthz", healthz)
+	starting.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		writeReadiness(w, readiness{Status: "starting", Checks: map[string]string{"server": "starting (joining the cluster)"}})
 	})
-	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{ErrorLog: slogErrorLog{s}}))
-	if err := s.mountAPIs(mux); err != nil {
-		return err
-	}
+	starting.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "beacon serve is starting", http.StatusServiceUnavailable)
+	})
+	var h http.Handler = starting
+	s.handler.Store(&h)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopHTTP = cancel
 	srv := &http.Server{
-		Handler:           mux,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			(*s.handler.Load()).ServeHTTP(w, r)
+		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
-		ErrorLog:          nil,
 	}
 	s.mu.Lock()
 	s.httpSrv = srv
@@ -54,7 +57,25 @@ func (s *Server) startHTTP() error {
 			s.fail(err)
 		}
 	}()
+}
+
+// startHTTP builds the full routes and installs them.
+func (s *Server) startHTTP() error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{ErrorLog: slogErrorLog{s}}))
+	if err := s.mountAPIs(mux); err != nil {
+		return err
+	}
+	var h http.Handler = mux
+	s.handler.Store(&h)
 	return nil
+}
+
+func healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("ok\n"))
 }
 
 //go:embed openapi.json
@@ -160,6 +181,10 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	} else {
 		res.Checks["store"] = "ok"
 	}
+	writeReadiness(w, res)
+}
+
+func writeReadiness(w http.ResponseWriter, res readiness) {
 	code := http.StatusOK
 	if res.Status != "ok" {
 		code = http.StatusServiceUnavailable

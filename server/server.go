@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -50,7 +51,8 @@ type Server struct {
 	registry  *registry.StoreRegistry
 	v2        *v2.Service
 	httpSrv   *http.Server
-	stopHTTP  context.CancelFunc // ends long-lived HTTP streams (SSE)
+	handler   atomic.Pointer[http.Handler] // what httpSrv serves: early, then full
+	stopHTTP  context.CancelFunc           // ends long-lived HTTP streams (SSE)
 	wg        sync.WaitGroup
 	errc      chan error
 	boot      bootstrapState // discovery fallback proxy (discovery.go)
@@ -105,6 +107,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 	s.httpLn = ln
+	s.serveEarly()
 
 	switch {
 	case s.cfg.Store != nil:
