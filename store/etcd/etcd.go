@@ -44,14 +44,17 @@ var (
 )
 
 // reconnectBackoff replaces gRPC's default reconnect backoff (1 s growing
-// to 120 s), so that a client finds a cluster that comes back within
-// seconds, not minutes. The jitter spreads many clients' attempts.
+// to 120 s), so that a client finds a cluster that comes back within a
+// second, not minutes: a registry session with a short lease (etcd's
+// minimum is 2 s) must be back before its lease expires. An idle client of
+// a dead cluster costs one connection attempt per second; the jitter
+// spreads many clients' attempts.
 var reconnectBackoff = grpc.WithConnectParams(grpc.ConnectParams{
 	Backoff: backoff.Config{
 		BaseDelay:  250 * time.Millisecond,
 		Multiplier: 1.6,
 		Jitter:     0.2,
-		MaxDelay:   5 * time.Second,
+		MaxDelay:   time.Second,
 	},
 	MinConnectTimeout: 5 * time.Second,
 })
