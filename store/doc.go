@@ -1,8 +1,10 @@
 // Package store defines the key/value contract every Beacon capability stands
 // on, and the errors and limits shared by its backends.
 //
-// A Store is a key space with a global revision that grows by one with every
-// successful write. Its guarantees, checked for every backend by the
+// A Store is a key space with a global revision that grows with every
+// successful write: each write gets a revision larger than every revision
+// before it (etcd, memory and file count by one; NATS skips numbers that its
+// lease records use). Its guarantees, checked for every backend by the
 // conformance suite in store/storetest:
 //
 //   - Reads. Get returns one key. List(prefix) returns every key under the
@@ -32,6 +34,8 @@
 // Compactor (compact history on demand) and Transactor (several writes in one
 // revision, all or nothing).
 //
-// Backends: store/memory (in-process, complete), store/etcd (production).
+// Backends: store/etcd (production), store/memory (in-process), store/file
+// (several processes on one host, no daemon) and store/nats (NATS JetStream
+// KV). store/backend opens one by name (BEACON_DISCOVERY_BACKEND).
 // docs/store.md lists each backend's guarantees and measured costs.
 package store

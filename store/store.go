@@ -55,8 +55,8 @@ type Writer interface {
 	// Put writes the key whether or not it exists.
 	Put(ctx context.Context, key string, value []byte, opts ...WriteOption) (int64, error)
 	// Update writes the key only if its ModRevision equals modRevision
-	// (compare-and-swap). It returns ErrConflict if the key changed and
-	// ErrNotFound if it is absent.
+	// (compare-and-swap; modRevision > 0, as read from the key). It returns
+	// ErrConflict if the key changed and ErrNotFound if it is absent.
 	Update(ctx context.Context, key string, value []byte, modRevision int64, opts ...WriteOption) (int64, error)
 	// Delete removes the key and returns the revision of the deletion. An
 	// absent key gives ErrNotFound; with IfModRevision, a key that changed
@@ -85,7 +85,9 @@ type Leaser interface {
 type Watcher interface {
 	// Watch streams the changes to keys starting with prefix, from
 	// fromRevision on (inclusive); fromRevision 0 means "changes after
-	// now". Guarantees:
+	// the backend established the watch" (for a remote backend, after the
+	// server created it; List then Watch(rev+1) is the exact form).
+	// Guarantees:
 	//
 	//   - events arrive in revision order, each exactly once; the events
 	//     of one revision (a lease expiry, a transaction) arrive in one
@@ -95,6 +97,10 @@ type Watcher interface {
 	//   - if fromRevision (or the point a watch must resume from) has been
 	//     compacted, the last response carries an error matching
 	//     ErrCompacted (a *CompactedError) and the channel closes;
+	//   - a backend that loses its server may keep the watch open, silent,
+	//     and resume it without gap once the server is back (etcd does);
+	//     callers that must know about outages track them separately (the
+	//     registry probes the store);
 	//   - any other failure ends the watch with a response whose Err is set;
 	//   - cancelling ctx, or closing the store, ends it by closing the
 	//     channel (without an error response).
@@ -160,7 +166,9 @@ type Store interface {
 
 // Compactor is implemented by stores whose history can be compacted on
 // demand. After Compact(rev), watches from a revision below rev fail with
-// ErrCompacted.
+// ErrCompacted. Compacting to a revision already compacted fails with an
+// error matching ErrCompacted (not always a *CompactedError: etcd does not
+// say how far it compacted).
 type Compactor interface {
 	Compact(ctx context.Context, revision int64) error
 }
