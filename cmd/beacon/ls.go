@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	core "github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/spf13/cobra"
 )
@@ -35,10 +35,10 @@ the store revision of the listing and the instances (the stored value format).
 			if err := checkOutput(output, "table", "json"); err != nil {
 				return err
 			}
-			var q core.Query
+			var q beacon.Query
 			if len(args) == 1 {
 				var err error
-				if q, err = core.ParseQuery(args[0]); err != nil {
+				if q, err = beacon.ParseQuery(args[0]); err != nil {
 					return err
 				}
 			}
@@ -68,20 +68,20 @@ the store revision of the listing and the instances (the stored value format).
 
 // listJSON is the output of `beacon ls -o json`.
 type listJSON struct {
-	Revision  int64           `json:"revision"`
-	Instances []core.Instance `json:"instances"`
+	Revision  int64             `json:"revision"`
+	Instances []beacon.Instance `json:"instances"`
 }
 
-func writeListJSON(w io.Writer, ins []core.Instance, rev int64) error {
+func writeListJSON(w io.Writer, ins []beacon.Instance, rev int64) error {
 	if ins == nil {
-		ins = []core.Instance{}
+		ins = []beacon.Instance{}
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(listJSON{Revision: rev, Instances: ins})
 }
 
-func writeListTable(w io.Writer, ins []core.Instance, now time.Time) error {
+func writeListTable(w io.Writer, ins []beacon.Instance, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tADDRESS\tTRANSPORT\tSTATUS\tAGE\tMETADATA")
 	for _, in := range ins {

@@ -32,8 +32,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// beacon is a running child `beacon` process.
-type beacon struct {
+// child is a running child `beacon` process.
+type child struct {
 	cmd    *exec.Cmd
 	mu     sync.Mutex
 	stdout bytes.Buffer
@@ -44,7 +44,7 @@ type beacon struct {
 }
 
 // startBeacon starts `beacon args...` in dir with extra environment.
-func startBeacon(t *testing.T, dir string, env []string, args ...string) *beacon {
+func startBeacon(t *testing.T, dir string, env []string, args ...string) *child {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -53,7 +53,7 @@ func startBeacon(t *testing.T, dir string, env []string, args ...string) *beacon
 	cmd := exec.Command(exe)
 	cmd.Dir = dir
 	cmd.Env = append(append(os.Environ(), beaconMainEnv+"="+strings.Join(args, " ")), env...)
-	b := &beacon{cmd: cmd, lines: make(chan string, 100), done: make(chan struct{})}
+	b := &child{cmd: cmd, lines: make(chan string, 100), done: make(chan struct{})}
 	cmd.Stderr = &lockedWriter{mu: &b.mu, w: &b.stderr}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -84,7 +84,7 @@ func startBeacon(t *testing.T, dir string, env []string, args ...string) *beacon
 }
 
 // waitLine waits for a stdout line containing s.
-func (b *beacon) waitLine(t *testing.T, s string, timeout time.Duration) string {
+func (b *child) waitLine(t *testing.T, s string, timeout time.Duration) string {
 	t.Helper()
 	deadline := time.After(timeout)
 	for {
@@ -102,7 +102,7 @@ func (b *beacon) waitLine(t *testing.T, s string, timeout time.Duration) string 
 }
 
 // wait waits for the process to exit.
-func (b *beacon) wait(t *testing.T, timeout time.Duration) error {
+func (b *child) wait(t *testing.T, timeout time.Duration) error {
 	t.Helper()
 	select {
 	case <-b.done:
@@ -113,8 +113,8 @@ func (b *beacon) wait(t *testing.T, timeout time.Duration) error {
 	}
 }
 
-func (b *beacon) out() string    { b.mu.Lock(); defer b.mu.Unlock(); return b.stdout.String() }
-func (b *beacon) errOut() string { b.mu.Lock(); defer b.mu.Unlock(); return b.stderr.String() }
+func (b *child) out() string    { b.mu.Lock(); defer b.mu.Unlock(); return b.stdout.String() }
+func (b *child) errOut() string { b.mu.Lock(); defer b.mu.Unlock(); return b.stderr.String() }
 
 type lockedWriter struct {
 	mu *sync.Mutex

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	core "github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/backend"
@@ -87,8 +87,8 @@ func checkOutput(flag string, allowed ...string) error {
 }
 
 // parseEndpoint parses the ns/component/endpoint argument of register.
-func parseEndpoint(arg string) (core.Query, error) {
-	q, err := core.ParseQuery(arg)
+func parseEndpoint(arg string) (beacon.Query, error) {
+	q, err := beacon.ParseQuery(arg)
 	if err != nil {
 		return q, err
 	}
@@ -163,10 +163,10 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 			if drain < 0 {
 				return fmt.Errorf("--drain %v: must not be negative", drain)
 			}
-			in := core.Instance{Namespace: q.Namespace, Component: q.Component, Endpoint: q.Endpoint,
+			in := beacon.Instance{Namespace: q.Namespace, Component: q.Component, Endpoint: q.Endpoint,
 				ID: id, Address: addr, Transport: transport, Metadata: md}
 			if in.ID != "" {
-				if err := core.ValidateID(in.ID); err != nil {
+				if err := beacon.ValidateID(in.ID); err != nil {
 					return fmt.Errorf("--id: %w", err)
 				}
 			}
@@ -206,16 +206,16 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 
 // registerLine is one line of `beacon register -o json`.
 type registerLine struct {
-	Event     string         `json:"event"` // registered, state, deregistered
-	Instance  *core.Instance `json:"instance,omitempty"`
-	State     string         `json:"state,omitempty"`
-	Lease     string         `json:"lease,omitempty"`
-	TTL       string         `json:"ttl,omitempty"`
-	Error     string         `json:"error,omitempty"`
-	Conflicts []string       `json:"conflicts,omitempty"`
+	Event     string           `json:"event"` // registered, state, deregistered
+	Instance  *beacon.Instance `json:"instance,omitempty"`
+	State     string           `json:"state,omitempty"`
+	Lease     string           `json:"lease,omitempty"`
+	TTL       string           `json:"ttl,omitempty"`
+	Error     string           `json:"error,omitempty"`
+	Conflicts []string         `json:"conflicts,omitempty"`
 }
 
-func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *registry.StoreRegistry, in core.Instance, drain time.Duration, asJSON bool) error {
+func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *registry.StoreRegistry, in beacon.Instance, drain time.Duration, asJSON bool) error {
 	emit := func(l registerLine, text string) {
 		if asJSON {
 			_ = json.NewEncoder(out).Encode(l)

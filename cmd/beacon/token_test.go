@@ -32,7 +32,7 @@ func TestTokenCommands(t *testing.T) {
 	watch := startBeacon(t, dir, nil, "token", "status", tok, "--watch", "--wait", "90s", "--endpoints", ep)
 	watch.waitLine(t, "0 of 2 members registered", 30*time.Second)
 
-	var nodes []*beacon
+	var nodes []*child
 	for _, name := range []string{"n1", "n2"} {
 		client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
 		n := startBeacon(t, dir, nil, "serve", "--name", name, "--data-dir", name+".data",

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 
-	core "github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/spf13/cobra"
 )
@@ -41,10 +41,10 @@ then, if still available, else a fresh snapshot.
 			if err := checkOutput(output, "text", "json"); err != nil {
 				return err
 			}
-			var q core.Query
+			var q beacon.Query
 			if len(args) == 1 {
 				var err error
-				if q, err = core.ParseQuery(args[0]); err != nil {
+				if q, err = beacon.ParseQuery(args[0]); err != nil {
 					return err
 				}
 			}
@@ -73,15 +73,15 @@ then, if still available, else a fresh snapshot.
 
 // watchLine is one line of `beacon watch -o json`.
 type watchLine struct {
-	Kind     string         `json:"kind"` // snapshot, changes, resync, synced, stale
-	Type     string         `json:"type,omitempty"`
-	Revision int64          `json:"revision,omitempty"`
-	Count    *int           `json:"count,omitempty"`
-	Instance *core.Instance `json:"instance,omitempty"`
-	Error    string         `json:"error,omitempty"`
+	Kind     string           `json:"kind"` // snapshot, changes, resync, synced, stale
+	Type     string           `json:"type,omitempty"`
+	Revision int64            `json:"revision,omitempty"`
+	Count    *int             `json:"count,omitempty"`
+	Instance *beacon.Instance `json:"instance,omitempty"`
+	Error    string           `json:"error,omitempty"`
 }
 
-func runWatch(ctx context.Context, out io.Writer, r registry.Discoverer, q core.Query, from int64, asJSON bool) error {
+func runWatch(ctx context.Context, out io.Writer, r registry.Discoverer, q beacon.Query, from int64, asJSON bool) error {
 	var opts []registry.WatchOption
 	if from > 0 {
 		opts = append(opts, registry.FromRevision(from))
