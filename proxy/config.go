@@ -62,8 +62,10 @@ const (
 // InitialCluster, PeerURLs, Endpoints; with none set, PeerURLs defaults to
 // http://localhost:2380.
 // From peer URLs the proxy reads the members' client URLs (GET
-// <peer>/members); from Endpoints it reads them with the Cluster MemberList
-// API. Either way it refreshes them every RefreshInterval.
+// <peer>/members); from Endpoints it uses them as they are. Either way it
+// refreshes them every RefreshInterval with a linearizable MemberList
+// through the cluster, falling back to the peers' /members pages (when it
+// knows peer URLs) if no member answers.
 type Config struct {
 	// Mode is ReadWrite (zero value) or ReadOnly.
 	Mode Mode

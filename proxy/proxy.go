@@ -412,23 +412,36 @@ func (p *Proxy) refresh(ctx context.Context) {
 	}
 }
 
-// memberClientURLs reads the current members' client URLs.
+// memberClientURLs reads the current members' client URLs. It asks the
+// cluster itself first (a linearizable MemberList through the upstream
+// connection, answered by a quorum), and only when that fails, or the
+// proxy was given no client URLs, the peers' /members pages. Peer pages
+// alone can go stale for good: a member removed from the cluster may keep
+// answering with the membership it last knew, itself included.
 func (p *Proxy) memberClientURLs(ctx context.Context) ([]string, error) {
-	if len(p.cfg.Endpoints) > 0 {
-		resp, err := p.client.MemberList(ctx)
-		if err != nil {
-			return nil, err
-		}
-		var out []string
+	// Bounded apart, so that the peers still get their turn when no member
+	// answers through the client connection.
+	mctx, cancel := context.WithTimeout(ctx, max(2*p.cfg.DialTimeout, time.Second))
+	resp, err := p.client.MemberList(mctx)
+	cancel()
+	if err == nil {
+		var clients, peers []string
 		for _, m := range resp.Members {
+			peers = append(peers, m.PeerURLs...)
 			if !m.IsLearner {
-				out = append(out, m.ClientURLs...)
+				clients = append(clients, m.ClientURLs...)
 			}
 		}
-		if len(out) == 0 {
-			return nil, errors.New("member list names no client URL")
+		if len(clients) > 0 {
+			if len(p.cfg.Endpoints) == 0 {
+				p.peers = peers
+			}
+			return clients, nil
 		}
-		return out, nil
+		err = errors.New("member list names no client URL")
+	}
+	if len(p.cfg.Endpoints) > 0 {
+		return nil, err
 	}
 	seen := map[string]bool{}
 	var peers []string
@@ -438,9 +451,9 @@ func (p *Proxy) memberClientURLs(ctx context.Context) ([]string, error) {
 			peers = append(peers, u)
 		}
 	}
-	ms, err := p.fetchMembers(ctx, peers)
-	if err != nil {
-		return nil, err
+	ms, perr := p.fetchMembers(ctx, peers)
+	if perr != nil {
+		return nil, fmt.Errorf("member list through the cluster: %w; through peer URLs: %w", err, perr)
 	}
 	clients, newPeers := clientURLs(ms)
 	if len(clients) == 0 {

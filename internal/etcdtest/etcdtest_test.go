@@ -58,3 +58,19 @@ func TestRestartKeepsDataAndPorts(t *testing.T) {
 		t.Fatalf("after restart: %v, %v", resp, err)
 	}
 }
+
+// TestFreePortUnique: ports handed out are never repeated, even when each
+// is free again the moment it is returned.
+func TestFreePortUnique(t *testing.T) {
+	seen := map[int]bool{}
+	for range 200 {
+		p, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[p] {
+			t.Fatalf("port %d handed out twice", p)
+		}
+		seen[p] = true
+	}
+}

@@ -1,0 +1,12 @@
+//go:build unix
+
+package etcdtest
+
+import (
+	"os"
+	"syscall"
+)
+
+func tryLock(f *os.File) bool {
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
+}
