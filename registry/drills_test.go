@@ -433,7 +433,25 @@ func TestDrillSlowConsumer(t *testing.T) {
 		return w, v
 	}
 	slow, sv := open()
-	final := fmt.Sprintf("10.%d.%d.1:80", (updates/instances-1)/250, (updates/instances-1)%250)
+	// The address of instance i after the last update.
+	lastRound := updates/instances - 1
+	final := func(i int) string {
+		return fmt.Sprintf("10.%d.%d.%d:80", lastRound/250, lastRound%250, i+1)
+	}
+	ids := make([]string, instances)
+	for i, reg := range regs {
+		ids[i] = reg.Instance().Ref().String()
+	}
+	// atFinal reports whether v holds every instance at its last address:
+	// the shared feed has applied every update.
+	atFinal := func(v *registrytest.View) bool {
+		for i, id := range ids {
+			if in, _ := v.Get(id); in.Address != final(i) {
+				return false
+			}
+		}
+		return true
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, fastN)
 	for range fastN {
@@ -451,7 +469,7 @@ func TestDrillSlowConsumer(t *testing.T) {
 					errs <- err
 					return
 				}
-				if in, _ := v.Get(regs[0].Instance().Ref().String()); in.Address == final {
+				if atFinal(v) {
 					return
 				}
 			}
@@ -483,8 +501,15 @@ func TestDrillSlowConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The fast consumers saw the final state, so the feed holds it: the
+	// slow one gets there with one event per instance (in one batch, or
+	// two around a Stale one if the machine is slow enough for the
+	// reachability probe to time out).
 	for !sv.Equal(want) {
 		next(t, ctx, slow, sv)
+	}
+	if !atFinal(sv) {
+		t.Fatalf("slow consumer converged to the listing but not to the last updates: %v", sv)
 	}
 	t.Logf("%d updates written in %v; %d fast consumers had them all %v after the first write; the slow one caught up with %d events",
 		updates, wrote.Round(time.Millisecond), fastN, caughtUp.Round(time.Millisecond), sv.Events-before)

@@ -107,23 +107,25 @@ func TestFollowFeedsPickers(t *testing.T) {
 	}
 	defer w.Close()
 	rr := registry.NewRoundRobin(nil)
+	np := &notifyPicker{Picker: rr, updated: make(chan struct{}, 1)}
 	fctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- registry.Follow(fctx, w, rr) }()
+	go func() { done <- registry.Follow(fctx, w, np) }()
 	reg, err := r.Register(ctx, inst(ns, "10.0.0.1:80"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// No event to wait on from a picker: poll it with a deadline.
-	deadline := time.Now().Add(10 * time.Second)
+	// Wait for the updates Follow makes, until the picker has the
+	// registration (the first update may be the empty snapshot).
 	for {
 		if in, err := rr.Pick(); err == nil && in.ID == reg.Instance().ID {
 			break
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-np.updated:
+		case <-ctx.Done():
 			t.Fatal("the picker never saw the registration")
 		}
-		time.Sleep(time.Millisecond)
 	}
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
@@ -132,5 +134,19 @@ func TestFollowFeedsPickers(t *testing.T) {
 	// Local cancellation leaves the picker as it was.
 	if _, err := rr.Pick(); err != nil {
 		t.Fatalf("after Follow ended: %v", err)
+	}
+}
+
+// notifyPicker signals every Update it passes on to its Picker.
+type notifyPicker struct {
+	registry.Picker
+	updated chan struct{}
+}
+
+func (p *notifyPicker) Update(in []beacon.Instance) {
+	p.Picker.Update(in)
+	select {
+	case p.updated <- struct{}{}:
+	default:
 	}
 }

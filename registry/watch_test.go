@@ -70,7 +70,10 @@ func TestWatchersShareOneUpstreamWatch(t *testing.T) {
 	}
 	before := etcdWatchers(t)
 	q := beacon.Query{Namespace: ns}
-	var ws []registry.Watcher
+	var (
+		ws []registry.Watcher
+		vs []*registrytest.View
+	)
 	for range 100 {
 		w, err := r.Watch(ctx, q)
 		if err != nil {
@@ -78,8 +81,20 @@ func TestWatchersShareOneUpstreamWatch(t *testing.T) {
 		}
 		ws = append(ws, w)
 		v := registrytest.NewView()
+		vs = append(vs, v)
 		if b := next(t, ctx, w, v); b.Kind != registry.Snapshot || v.Len() != 1 {
 			t.Fatalf("first batch %v with %v", b.Kind, v)
+		}
+	}
+	// The snapshot comes from a listing; the store watch starts after it.
+	// A change seen by every watcher proves the store watch is running
+	// (and registered with etcd) before the count is read.
+	if _, err := r.Register(ctx, inst(ns, "10.0.0.2:80")); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range ws {
+		for vs[i].Len() < 2 {
+			next(t, ctx, w, vs[i])
 		}
 	}
 	if n := r.WatchStreams(); n != 1 {
