@@ -189,6 +189,10 @@ func TestBadInput(t *testing.T) {
 		{"heartbeat bad lease", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{"lease":"zz"}`, 400, "invalid_argument", "lease"},
 		{"heartbeat other lease", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{"lease":"7777"}`, 409, "lease_mismatch", "lease"},
 		{"deregister unknown", "DELETE", InstancesPath + "/prod/api/http/00000000000000ff?lease=" + good.Lease, "", 404, "not_found", "00000000000000ff"},
+		{"update unknown", "PATCH", InstancesPath + "/prod/api/http/00000000000000ff", `{"lease":"` + good.Lease + `","address":"h:2"}`, 404, "not_found", "00000000000000ff"},
+		{"get unknown", "GET", InstancesPath + "/prod/api/http/00000000000000ff", "", 404, "not_found", "00000000000000ff"},
+		{"deregister no lease", "DELETE", InstancesPath + "/prod/api/http/00000000000000a1", "", 400, "invalid_argument", "lease"},
+		{"body over 64 KiB", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","metadata":{"k":"` + strings.Repeat("v", 70<<10) + `"}}`, 413, "invalid_argument", "larger than"},
 		{"update bad address", "PATCH", InstancesPath + "/prod/api/http/00000000000000a1", `{"lease":"` + good.Lease + `","address":"x"}`, 400, "invalid_argument", "address"},
 		{"method", "PUT", InstancesPath, `{}`, 405, "method_not_allowed", "PUT"},
 		{"watch bad since", "GET", WatchPath + "?since=yesterday", "", 400, "invalid_argument", "revision"},
@@ -331,6 +335,27 @@ func TestWatchStreamAndResume(t *testing.T) {
 	if ev := w3.next(t); ev.event != "synced" || ev.id != removed.id {
 		t.Fatalf("resume with nothing new: %+v", ev)
 	}
+}
+
+// TestRegistryClosedIsUnavailable: once the registry behind the API is
+// closed (the server is stopping), requests get 503 with a JSON body and
+// open watch streams end with an error event.
+func TestRegistryClosedIsUnavailable(t *testing.T) {
+	srv, reg := newAPI(t)
+	base := srv.URL
+	w := openWatch(t, base+WatchPath, "")
+	if ev := w.next(t); ev.event != "snapshot" {
+		t.Fatalf("first event %+v", ev)
+	}
+	if err := reg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ev := w.next(t); ev.event != "error" || !strings.Contains(ev.data, `"code":"unavailable"`) {
+		t.Fatalf("watch after close: %+v", ev)
+	}
+	do(t, "GET", base+InstancesPath, "").wantError(t, 503, "unavailable")
+	do(t, "POST", base+InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1"}`).wantError(t, 503, "unavailable")
+	do(t, "GET", base+WatchPath, "").wantError(t, 503, "unavailable")
 }
 
 func TestLeaseExpiryRemovesHTTPRegistration(t *testing.T) {
