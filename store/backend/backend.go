@@ -1,7 +1,3 @@
-// Package backend opens a store by backend name: the one place where
-// BEACON_DISCOVERY_BACKEND is interpreted. Programs (the beacon binary,
-// servers) use it; libraries take a store.Store and need not import it,
-// since it links every backend.
 package backend
 
 import (

@@ -1,16 +1,3 @@
-// Package memory is a complete in-process implementation of the store
-// contract: revisions, compare-and-swap, leases that expire, watches that
-// resume from any revision in a bounded history, and compaction.
-//
-// It is a product backend, not a test double: it serves tests, development
-// and single-process deployments (BEACON_DISCOVERY_BACKEND=memory), and it
-// passes the same conformance suite as etcd. Its data lives and dies with
-// the process.
-//
-// Watches read from the store's history rather than from per-watcher
-// buffers: a slow watcher never blocks writers or other watchers, it only
-// falls behind, and if it falls further behind than the history window it
-// ends with a *store.CompactedError, the signal to re-list.
 package memory
 
 import (

@@ -666,7 +666,10 @@ func testCASCounter(t *testing.T, h *harness) {
 					return
 				}
 				var n int
-				fmt.Sscan(string(kv.Value), &n)
+				if _, err := fmt.Sscan(string(kv.Value), &n); err != nil {
+					errc <- fmt.Errorf("counter holds %q, not a number: %w", kv.Value, err)
+					return
+				}
 				_, err = s.Update(ctx, k, []byte(fmt.Sprint(n+1)), kv.ModRevision)
 				switch {
 				case err == nil:
@@ -737,7 +740,7 @@ func testTxnAtomic(t *testing.T, h *harness) {
 	s, ctx := h.store(t), h.ctx(t)
 	tx, ok := s.(store.Transactor)
 	if !ok {
-		t.Skip("backend has no transactions (store.Transactor is optional)")
+		t.Fatalf("%T does not implement store.Transactor: it is optional, so declare the caveat %q (Options.Caveats) saying so", s, "Txn/Atomic")
 	}
 	a, b := h.key("a"), h.key("b")
 	ra := mustPut(t, ctx, s, a, "a0")
@@ -800,7 +803,7 @@ func testWatchCompacted(t *testing.T, h *harness) {
 	if compact == nil {
 		c, ok := s.(store.Compactor)
 		if !ok {
-			t.Fatal("backend neither implements store.Compactor nor sets Options.Compact: declare a caveat")
+			t.Fatalf("%T neither implements store.Compactor nor sets Options.Compact: declare the caveat %q (Options.Caveats) saying why", s, "Watch/Compacted")
 		}
 		compact = func(ctx context.Context, _ store.Store, rev int64) error { return c.Compact(ctx, rev) }
 	}

@@ -1,14 +1,3 @@
-// Package storetest is the conformance suite of the store contract. Every
-// backend runs it from a plain `go test`:
-//
-//	func TestConformance(t *testing.T) {
-//		storetest.Run(t, func(t testing.TB) store.Store { return memory.New(memory.Options{}) }, storetest.Options{})
-//	}
-//
-// Each guarantee of package store is a named check (a subtest). A backend
-// that cannot offer a guarantee lists the check in Options.Caveats with the
-// reason; the check then reports that reason instead of passing silently,
-// and docs/store.md lists it.
 package storetest
 
 import (
@@ -17,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,6 +99,9 @@ var soloChecks = []check{
 // Run runs every check against stores from newStore.
 func Run(t *testing.T, newStore Factory, opts Options) {
 	opts.defaults()
+	if err := checkCaveats(opts.Caveats); err != nil {
+		t.Fatal(err)
+	}
 	t.Run("Contract", func(t *testing.T) {
 		for _, c := range checks {
 			t.Run(c.name, func(t *testing.T) {
@@ -120,6 +113,39 @@ func Run(t *testing.T, newStore Factory, opts Options) {
 	for _, c := range soloChecks {
 		t.Run(c.name, func(t *testing.T) { runCheck(t, c, newStore, opts) })
 	}
+}
+
+// checkCaveats refuses caveats that name no check: a typo or a renamed
+// check would otherwise turn a declared exception into a silent pass or
+// failure.
+func checkCaveats(caveats map[string]string) error {
+	var unknown []string
+	for name, reason := range caveats {
+		if !isCheck(name) {
+			unknown = append(unknown, name)
+		}
+		if strings.TrimSpace(reason) == "" {
+			return fmt.Errorf("storetest: caveat %q has no reason: say why the backend cannot offer the guarantee", name)
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		return fmt.Errorf("storetest: Options.Caveats names unknown checks %q; use the names of CheckNames()", unknown)
+	}
+	return nil
+}
+
+func isCheck(name string) bool {
+	return slices.Contains(CheckNames(), name)
+}
+
+// CheckNames returns the names of every check, in the order they run.
+func CheckNames() []string {
+	names := make([]string, 0, len(checks)+len(soloChecks))
+	for _, c := range append(slices.Clip(checks), soloChecks...) {
+		names = append(names, c.name)
+	}
+	return names
 }
 
 func runCheck(t *testing.T, c check, newStore Factory, opts Options) {

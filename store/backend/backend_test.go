@@ -1,0 +1,135 @@
+package backend_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/backend"
+	"github.com/beaconplane/beacon/store/etcd"
+	"github.com/beaconplane/beacon/store/file"
+	"github.com/beaconplane/beacon/store/memory"
+	"github.com/beaconplane/beacon/store/nats"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// clearEnv unsets every variable FromEnv reads, for the test.
+func clearEnv(t *testing.T) {
+	for _, v := range []string{backend.EnvVar, etcd.EnvEndpoints, etcd.EnvUsername, etcd.EnvPassword,
+		etcd.EnvCA, etcd.EnvClientCert, etcd.EnvClientKey, file.EnvDir, file.EnvHistory, nats.EnvURL} {
+		t.Setenv(v, "")
+	}
+}
+
+func TestNames(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  backend.Config
+		says []string // parts of the error; none for a valid config
+	}{
+		{backend.Config{}, nil},
+		{backend.Config{Name: backend.Memory}, nil},
+		{backend.Config{Name: "zookeeper"}, []string{`backend "zookeeper"`, backend.EnvVar, "use etcd, memory, file or nats"}},
+		{backend.Config{Name: "Etcd"}, []string{`backend "Etcd"`, "unknown"}},
+		{backend.Config{Name: backend.Kubernetes}, []string{"not part of this build", "use etcd, memory, file or nats"}},
+		{backend.Config{Name: backend.File}, []string{file.EnvDir}},
+		{backend.Config{Etcd: etcd.Config{Endpoints: []string{"etcd"}}}, []string{`endpoint "etcd"`}},
+	} {
+		err := tc.cfg.Validate()
+		if len(tc.says) == 0 {
+			if err != nil {
+				t.Errorf("Validate(%q): %v", tc.cfg.Name, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("Validate(%q) accepted %+v", tc.cfg.Name, tc.cfg)
+			continue
+		}
+		for _, s := range tc.says {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("Validate(%q) = %q, which does not say %q", tc.cfg.Name, err, s)
+			}
+		}
+		// Open refuses it the same way, before connecting anywhere.
+		if s, oerr := backend.Open(ctxT(t, 5*time.Second), tc.cfg); oerr == nil || oerr.Error() != err.Error() {
+			if s != nil {
+				s.Close()
+			}
+			t.Errorf("Open(%q) = %v, want %v", tc.cfg.Name, oerr, err)
+		}
+	}
+	if got := (backend.Config{}).BackendName(); got != backend.Etcd {
+		t.Errorf("default backend %q, want %q", got, backend.Etcd)
+	}
+}
+
+func TestFromEnv(t *testing.T) {
+	clearEnv(t)
+	if c := backend.FromEnv(); c.BackendName() != backend.Etcd || c.Etcd.Endpoints != nil {
+		t.Fatalf("FromEnv with nothing set: %+v", c)
+	}
+	t.Setenv(backend.EnvVar, " memory ")
+	t.Setenv(etcd.EnvEndpoints, "http://a:2379, http://b:2379")
+	c := backend.FromEnv()
+	if c.BackendName() != backend.Memory || strings.Join(c.Etcd.Endpoints, ",") != "http://a:2379,http://b:2379" {
+		t.Fatalf("FromEnv: %+v", c)
+	}
+	s, err := backend.Open(ctxT(t, 5*time.Second), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, ok := s.(*memory.Store); !ok {
+		t.Fatalf("backend %q opened a %T", backend.Memory, s)
+	}
+}
+
+// The default backend is etcd at ETCD_ENDPOINTS: it opens a working store
+// against a real server, and an unreachable one fails after the dial
+// timeout with an error naming the endpoint, never a hang.
+func TestEtcd(t *testing.T) {
+	clearEnv(t)
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	t.Setenv(etcd.EnvEndpoints, strings.Join(srv.Endpoints(), ","))
+	s, err := backend.Open(ctxT(t, 10*time.Second), backend.FromEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Put(ctxT(t, 5*time.Second), "/backend/k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	t.Setenv(etcd.EnvEndpoints, closed)
+	cfg := backend.FromEnv()
+	cfg.Etcd.DialTimeout = 500 * time.Millisecond
+	start := time.Now()
+	_, err = backend.Open(ctxT(t, 10*time.Second), cfg)
+	took := time.Since(start)
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), closed) {
+		t.Fatalf("Open of an unreachable etcd: %v", err)
+	}
+	if took > cfg.Etcd.DialTimeout+2*time.Second {
+		t.Fatalf("Open of an unreachable etcd took %v with a %v dial timeout", took, cfg.Etcd.DialTimeout)
+	}
+	t.Logf("after %v: %v", took.Round(time.Millisecond), err)
+}

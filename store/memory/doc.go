@@ -1,0 +1,36 @@
+// Package memory is a complete in-process implementation of the store
+// contract (BEACON_DISCOVERY_BACKEND=memory): revisions, compare-and-swap,
+// leases that expire, watches that resume from any revision in a bounded
+// history, compaction and transactions (store.Compactor, store.Transactor).
+//
+// It is a product backend, not a test double: it serves tests, development
+// and single-process deployments, and it passes the same conformance suite
+// (store/storetest) as etcd, with no caveat. Its data lives and dies with the
+// process; two processes never share a memory store (use store/file on one
+// host).
+//
+//	s := memory.New(memory.Options{History: 10_000})
+//	defer s.Close()
+//
+// # Guarantees and limits
+//
+//   - One mutex orders every operation, so every read sees every write
+//     acknowledged before it began, and each write takes the next revision
+//     (the first write is revision 2, as in etcd).
+//   - Leases expire on a timer at their deadline (the TTL exactly as asked,
+//     no rounding); a lease's keys are deleted in one revision.
+//   - The compaction window: the store keeps the events of the last
+//     Options.History revisions (DefaultHistory, 100,000, when zero; all of
+//     them, until Compact, when negative). A watch from an older revision ends
+//     with a *store.CompactedError, the signal to re-list.
+//   - Watches read from that shared history rather than from per-watcher
+//     buffers: a slow watcher never blocks writers or other watchers, it
+//     only falls behind, and if it falls further behind than the window it
+//     ends with a *store.CompactedError.
+//   - Keys, values and TTLs are checked against the same limits as every
+//     backend (store.MaxKeySize, store.MaxValueSize, store.MinLeaseTTL,
+//     store.MaxLeaseTTL). Memory use is the data plus the window of history.
+//
+// Close ends the expiry goroutine and every watch (their channels close);
+// it is idempotent, and every call after it fails with store.ErrClosed.
+package memory
