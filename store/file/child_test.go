@@ -98,8 +98,9 @@ func child(role, dir, arg string) error {
 		}
 		fmt.Fprintf(out, "ready %x\n", l.ID)
 		out.Flush()
-		for {
-			time.Sleep(l.TTL / 3) // a keep-alive loop: the process's own pace
+		tick := time.NewTicker(l.TTL / 3) // a keep-alive loop: the process's own pace
+		defer tick.Stop()
+		for range tick.C {
 			if _, err := s.KeepAlive(ctx, l.ID); err != nil {
 				return err
 			}
@@ -124,11 +125,13 @@ func child(role, dir, arg string) error {
 		out.Flush()
 	case "stamper": // arg writes, each value the time it was acknowledged
 		n, _ := strconv.Atoi(arg)
+		pace := time.NewTicker(5 * time.Millisecond) // pace the writes like a real client
+		defer pace.Stop()
 		for i := range n {
 			if _, err := s.Put(ctx, fmt.Sprintf("/stamp/%d", i%5), []byte(strconv.FormatInt(time.Now().UnixNano(), 10))); err != nil {
 				return err
 			}
-			time.Sleep(5 * time.Millisecond) // pace the writes like a real client
+			<-pace.C
 		}
 		fmt.Fprintln(out, "done")
 		out.Flush()

@@ -235,7 +235,8 @@ func TestUnwritableDirectory(t *testing.T) {
 
 func TestDataSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // bounds every wait on a watch
+	defer cancel()
 	s := open(t, file.Config{Dir: dir})
 	first, err := s.Put(ctx, "/a", []byte("1"))
 	if err != nil {
@@ -263,7 +264,8 @@ func TestDataSurvivesRestart(t *testing.T) {
 // a snapshot holds the state, and watches from before the window fail.
 func TestHistoryWindowTruncatesTheLog(t *testing.T) {
 	dir := t.TempDir()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // bounds every wait on a watch
+	defer cancel()
 	s := open(t, file.Config{Dir: dir, History: 10})
 	var revs []int64
 	for i := range 50 {
@@ -299,7 +301,8 @@ func TestHistoryWindowTruncatesTheLog(t *testing.T) {
 // reloads the snapshot, and its watchers get a compaction error.
 func TestLaggingProcessReloadsSnapshot(t *testing.T) {
 	dir := t.TempDir()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // bounds every wait on a watch
+	defer cancel()
 	lag := open(t, file.Config{Dir: dir, DisableNotify: true, PollInterval: time.Hour})
 	defer lag.Close()
 	_, from, err := lag.List(ctx, "/")

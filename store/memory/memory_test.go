@@ -58,7 +58,8 @@ func TestSlowWatcherNeverBlocksWriters(t *testing.T) {
 func TestHistoryWindowCompactsOldRevisions(t *testing.T) {
 	s := memory.New(memory.Options{History: 10})
 	defer s.Close()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds every wait on a watch
+	defer cancel()
 	var revs []int64
 	for i := range 30 {
 		rev, err := s.Put(ctx, "/k", []byte(fmt.Sprint(i)))

@@ -2,7 +2,6 @@ package nats_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -44,5 +43,3 @@ func BenchmarkNATS(b *testing.B) {
 	srv := natstest.Start(b, natstest.Options{})
 	storetest.Benchmark(b, func(tb testing.TB) store.Store { return open(tb, bnats.Config{URL: srv.ClientURL()}) })
 }
-
-var _ = os.Getenv
