@@ -38,6 +38,12 @@ type EndpointStatus struct {
 // director keeps the member endpoints in a shuffled order, benches failed
 // ones for failureWait and hands the usable ones to set.
 type director struct {
+	// applyMu orders changes: replace and apply hold it from the moment
+	// they change or read the endpoint states until set has returned, and
+	// status holds it too. So set sees the states in the order they
+	// happened, and an endpoint that status reports gone or benched gets
+	// no new request (set updates the upstream pickers synchronously).
+	applyMu     sync.Mutex
 	mu          sync.Mutex
 	eps         []*endpoint
 	applied     []string
@@ -63,6 +69,8 @@ func newDirector(failureWait time.Duration, log *slog.Logger, m *metrics) *direc
 // marks of endpoints that stay in the list are kept.
 func (d *director) replace(list []*endpoint) {
 	rand.Shuffle(len(list), func(i, j int) { list[i], list[j] = list[j], list[i] })
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
 	d.mu.Lock()
 	old := map[string]*endpoint{}
 	for _, e := range d.eps {
@@ -78,7 +86,7 @@ func (d *director) replace(list []*endpoint) {
 	}
 	d.eps = list
 	d.mu.Unlock()
-	d.apply()
+	d.applyLocked()
 }
 
 // usable reports whether e may receive requests now.
@@ -121,6 +129,13 @@ func (d *director) known() []string {
 // the metrics. With none usable the previous set stays (requests are
 // refused before they reach it).
 func (d *director) apply() {
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
+	d.applyLocked()
+}
+
+// applyLocked is apply with applyMu held.
+func (d *director) applyLocked() {
 	d.mu.Lock()
 	avail := d.availableLocked()
 	d.nAvail.Store(int32(len(avail)))
@@ -186,8 +201,11 @@ func (e *endpoint) state(now time.Time) string {
 	return "available"
 }
 
-// status describes every endpoint.
+// status describes every endpoint, as the upstream connections use them
+// (it waits for a change being applied).
 func (d *director) status() []EndpointStatus {
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := d.now()
@@ -216,6 +234,8 @@ func (d *director) findLocked(addr string) *endpoint {
 // fail benches the endpoint at addr for failureWait. It reports whether
 // an endpoint was benched now (false if unknown or already benched).
 func (d *director) fail(addr string, err error) bool {
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
 	d.mu.Lock()
 	e := d.findLocked(addr)
 	now := d.now()
@@ -233,13 +253,15 @@ func (d *director) fail(addr string, err error) bool {
 	if d.m != nil {
 		d.m.upstreamErrors.WithLabelValues(url).Inc()
 	}
-	d.apply()
+	d.applyLocked()
 	d.wake()
 	return true
 }
 
 // markLoop excludes the endpoint at addr: a request sent there came back.
 func (d *director) markLoop(addr string) {
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
 	d.mu.Lock()
 	e := d.findLocked(addr)
 	if e == nil || e.loop {
@@ -253,7 +275,7 @@ func (d *director) markLoop(addr string) {
 	if d.m != nil {
 		d.m.loops.Inc()
 	}
-	d.apply()
+	d.applyLocked()
 }
 
 // nextWake returns when the next benched endpoint becomes usable again

@@ -231,6 +231,12 @@ func isEtcdRetryable(err error) bool {
 	return ok && s.Code() == codes.Unavailable && strings.HasPrefix(s.Message(), "etcdserver:")
 }
 
+// isStoppedError reports etcd's "server stopped": the member is going down.
+func isStoppedError(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.Unavailable && s.Message() == rpctypes.ErrorDesc(rpctypes.ErrGRPCStopped)
+}
+
 // noEndpointsError is what clients get when no member can be reached.
 func (p *Proxy) noEndpointsError(last error) error {
 	known := p.dir.known()
@@ -415,6 +421,12 @@ func (p *Proxy) invoke(ctx context.Context, method string, req, resp any, write,
 				p.dir.fail(pr.Addr.String(), err)
 			}
 		case isEtcdRetryable(err):
+			// A member that is shutting down (removed from the cluster, or
+			// stopped) answers "server stopped" until its listener closes:
+			// bench it like a member that cannot be reached.
+			if isStoppedError(err) && pr.Addr != nil {
+				p.dir.fail(pr.Addr.String(), err)
+			}
 		default:
 			return nil, nil, err
 		}
