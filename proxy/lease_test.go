@@ -18,11 +18,16 @@ func TestLeaseKeepAliveMultiplexed(t *testing.T) {
 	p := startProxy(t, Config{PeerURLs: c.PeerURLs()})
 	ctx := ctxT(t)
 	const n = 5
+	// etcd's client renews at a third of the TTL: with 5 s, a renewal
+	// may take over 3 s end to end (proxy, follower, leader) before a
+	// lease expires, which holds under -race on two busy cores; 2 s did
+	// not always.
+	const leaseTTL = 5
 	var ids []clientv3.LeaseID
 	var kas []<-chan *clientv3.LeaseKeepAliveResponse
 	for range n {
 		cli := proxyClient(t, p)
-		g, err := cli.Grant(ctx, 2)
+		g, err := cli.Grant(ctx, leaseTTL)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +53,7 @@ func TestLeaseKeepAliveMultiplexed(t *testing.T) {
 		t.Errorf("keepalive_upstream_streams = %v, want 1", v)
 	}
 	// Past two TTLs the keys are still there.
-	deadline := time.After(5 * time.Second)
+	deadline := time.After(2*leaseTTL*time.Second + time.Second)
 	for done := false; !done; {
 		select {
 		case <-deadline:
