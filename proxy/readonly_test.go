@@ -10,6 +10,8 @@ import (
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -37,6 +39,7 @@ func TestReadonlyRefusesEveryWriteOverGRPC(t *testing.T) {
 	ctx := ctxT(t)
 	kv, lease, clus := pb.NewKVClient(conn), pb.NewLeaseClient(conn), pb.NewClusterClient(conn)
 	mt, auth := pb.NewMaintenanceClient(conn), pb.NewAuthClient(conn)
+	lock, elec := v3lockpb.NewLockClient(conn), v3electionpb.NewElectionClient(conn)
 	put := &pb.RequestOp{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{Key: []byte("k")}}}
 	get := &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte("k")}}}
 	nestedWrite := &pb.RequestOp{Request: &pb.RequestOp_RequestTxn{RequestTxn: &pb.TxnRequest{Failure: []*pb.RequestOp{put}}}}
@@ -61,6 +64,10 @@ func TestReadonlyRefusesEveryWriteOverGRPC(t *testing.T) {
 			_, err := mt.Alarm(ctx, &pb.AlarmRequest{Action: pb.AlarmRequest_DEACTIVATE, Alarm: pb.AlarmType_NOSPACE})
 			return err
 		},
+		"Alarm(activate)": func() error {
+			_, err := mt.Alarm(ctx, &pb.AlarmRequest{Action: pb.AlarmRequest_ACTIVATE, Alarm: pb.AlarmType_NOSPACE})
+			return err
+		},
 		"MoveLeader":  func() error { _, err := mt.MoveLeader(ctx, &pb.MoveLeaderRequest{TargetID: 1}); return err },
 		"Downgrade":   func() error { _, err := mt.Downgrade(ctx, &pb.DowngradeRequest{}); return err },
 		"AuthEnable":  func() error { _, err := auth.AuthEnable(ctx, &pb.AuthEnableRequest{}); return err },
@@ -83,6 +90,17 @@ func TestReadonlyRefusesEveryWriteOverGRPC(t *testing.T) {
 			_, err := auth.RoleRevokePermission(ctx, &pb.AuthRoleRevokePermissionRequest{Role: "r"})
 			return err
 		},
+		"Lock":   func() error { _, err := lock.Lock(ctx, &v3lockpb.LockRequest{Name: []byte("l")}); return err },
+		"Unlock": func() error { _, err := lock.Unlock(ctx, &v3lockpb.UnlockRequest{Key: []byte("l/1")}); return err },
+		"Campaign": func() error {
+			_, err := elec.Campaign(ctx, &v3electionpb.CampaignRequest{Name: []byte("e"), Value: []byte("v")})
+			return err
+		},
+		"Proclaim": func() error {
+			_, err := elec.Proclaim(ctx, &v3electionpb.ProclaimRequest{Value: []byte("v")})
+			return err
+		},
+		"Resign": func() error { _, err := elec.Resign(ctx, &v3electionpb.ResignRequest{}); return err },
 		"LeaseKeepAlive": func() error {
 			s, err := lease.LeaseKeepAlive(ctx)
 			if err != nil {
@@ -149,6 +167,7 @@ func TestReadonlyRefusesEveryWriteOverHTTP(t *testing.T) {
 		"/v3/kv/compaction":                   `{"revision":1}`,
 		"/v3/lease/grant":                     `{"TTL":5}`,
 		"/v3/lease/revoke":                    `{"ID":1}`,
+		"/v3/kv/lease/revoke":                 `{"ID":1}`,
 		"/v3/lease/keepalive":                 `{"ID":1}`,
 		"/v3/cluster/member/add":              `{"peerURLs":["http://127.0.0.1:1"]}`,
 		"/v3/cluster/member/remove":           `{"ID":1}`,
@@ -168,6 +187,12 @@ func TestReadonlyRefusesEveryWriteOverHTTP(t *testing.T) {
 		"/v3/auth/role/grant":                 `{"name":"r"}`,
 		"/v3/auth/role/revoke":                `{"role":"r"}`,
 		"/v3/maintenance/transfer-leadership": `{"targetID":1}`,
+		"/v3/maintenance/downgrade":           `{"action":"VALIDATE","version":"3.7"}`,
+		"/v3/lock/lock":                       `{"name":"bA=="}`,
+		"/v3/lock/unlock":                     `{"key":"bA=="}`,
+		"/v3/election/campaign":               `{"name":"ZQ==","value":"dg=="}`,
+		"/v3/election/proclaim":               `{"value":"dg=="}`,
+		"/v3/election/resign":                 `{}`,
 	}
 	for path, body := range writes {
 		code, resp := post(t, base+path, body)
