@@ -50,6 +50,26 @@ type NamingConfig struct {
 	Logger *slog.Logger
 }
 
+// Validate checks the configuration: counts and durations must not be
+// negative (zero takes the default), and a restart needs another backend
+// to carry the load, so Backends must be at least 2 when set.
+func (c NamingConfig) Validate() error {
+	for name, v := range map[string]int{"backends": c.Backends, "trials": c.Trials, "callers": c.Callers} {
+		if v < 0 {
+			return fmt.Errorf("bench: --%s %d: must be positive (0 for the default)", name, v)
+		}
+	}
+	if c.Backends == 1 {
+		return fmt.Errorf("bench: --backends 1: the scenarios take a backend out under load, so at least 2 are needed")
+	}
+	for name, d := range map[string]time.Duration{"pace": c.Pace, "quiet": c.Quiet, "drain-grace": c.DrainGrace} {
+		if d < 0 {
+			return fmt.Errorf("bench: --%s %v: must not be negative (0 for the default)", name, d)
+		}
+	}
+	return nil
+}
+
 func (c *NamingConfig) defaults() {
 	if c.Backends <= 0 {
 		c.Backends = 3
@@ -95,6 +115,9 @@ const (
 //     new one, under continuous load: the goal is zero failed calls. The
 //     same restart without draining first is the reference.
 func RunNaming(ctx context.Context, cfg NamingConfig) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg.defaults()
 	eps := cfg.Endpoints
 	setup := "etcd: external " + strings.Join(eps, ",")

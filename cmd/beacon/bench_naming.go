@@ -30,6 +30,13 @@ Uses an embedded etcd unless --endpoints is given (e.g. a running beacon
 serve). The default run takes about a minute on 2 cores.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Bad input fails at once, not after a minute of measuring.
+			if output != "table" && output != "json" {
+				return fmt.Errorf("-o %q: want table or json", output)
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
@@ -39,13 +46,10 @@ serve). The default run takes about a minute on 2 cores.`,
 			if err != nil {
 				return err
 			}
-			switch output {
-			case "json":
+			if output == "json" {
 				return r.WriteJSON(cmd.OutOrStdout())
-			case "", "table":
-				return r.WriteTable(cmd.OutOrStdout())
 			}
-			return fmt.Errorf("-o %q: want table or json", output)
+			return r.WriteTable(cmd.OutOrStdout())
 		},
 	}
 	f := cmd.Flags()
