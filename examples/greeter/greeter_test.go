@@ -97,7 +97,10 @@ func TestServersAndClient(t *testing.T) {
 		done := make(chan error, 1)
 		go func() {
 			done <- greeter.RunServer(sctx, greeter.ServerConfig{
-				Name: name, Etcd: cfg, DrainGrace: 300 * time.Millisecond,
+				// The client drops a draining server within milliseconds;
+				// a second of grace keeps "no failed call" true on a slow,
+				// loaded machine.
+				Name: name, Etcd: cfg, DrainGrace: time.Second,
 				Ready: func(in beacon.Instance) { ready <- in },
 			})
 		}()
