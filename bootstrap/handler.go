@@ -22,7 +22,9 @@ const maxBody = 64 << 10
 
 // CreateTokenRequest is the body of POST /v1/tokens.
 type CreateTokenRequest struct {
-	// Size is the cluster size; 0 means 3.
+	// Size is the cluster size; 0 (the field left out) means 3. In the
+	// JSON body, a size that is present must be 1 to MaxSize: an explicit
+	// 0 is refused like any other bad size.
 	Size int `json:"size,omitempty"`
 	// Token is the token to create; empty means a fresh NewToken().
 	Token string `json:"token,omitempty"`
@@ -99,16 +101,22 @@ type tokenHandler struct {
 }
 
 func (h *tokenHandler) create(w http.ResponseWriter, r *http.Request) {
-	var req CreateTokenRequest
+	// Size is a pointer here so that an explicit 0 is told apart from a
+	// missing size (the default).
+	var body struct {
+		Size  *int   `json:"size"`
+		Token string `json:"token"`
+	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+	if err := dec.Decode(&body); err != nil && !errors.Is(err, io.EOF) {
 		writeError(w, http.StatusBadRequest, "invalid_argument",
 			fmt.Sprintf("request body: %v; send JSON like {\"size\": 3}", err))
 		return
 	}
-	if req.Size == 0 {
-		req.Size = 3
+	req := CreateTokenRequest{Size: 3, Token: body.Token}
+	if body.Size != nil {
+		req.Size = *body.Size
 	}
 	if req.Token == "" {
 		req.Token = NewToken()
