@@ -1,0 +1,48 @@
+// Package server is `beacon serve`: an embedded etcd member (or a front
+// over an external etcd cluster, or another store backend) and one HTTP
+// listener for Beacon's APIs, health and metrics.
+//
+// # What it runs
+//
+// By default the server runs a single-node etcd (the etcd 3.7 server code,
+// go.etcd.io/etcd/server/v3/embed) with its data in Config.DataDir, serving
+// any etcd v3 client on Config.ListenClientURLs (default
+// http://127.0.0.1:2379) and its peers on Config.ListenPeerURLs (default
+// http://127.0.0.1:2380). A multi-node cluster forms from
+// Config.InitialCluster, as with etcd's --initial-cluster, or through an
+// etcd v3 discovery token (Config.Discovery, etcd's --discovery-* flags):
+// the member registers under the token with package bootstrap, waits until
+// the token's cluster is complete, and starts with the initial cluster the
+// registry gives. When that cluster is already full,
+// DiscoveryConfig.Fallback decides: FallbackExit fails Start with
+// bootstrap.ErrFullCluster; FallbackProxy serves a readwrite etcd proxy
+// (package proxy) of that cluster on the client URL instead of a member.
+// Config.EtcdEndpoints fronts an external cluster instead, and
+// Config.Backend chooses another store (memory, file, nats) without etcd.
+//
+// # HTTP listener
+//
+// One listener, Config.HTTPAddr (default 127.0.0.1:9379), serves:
+//
+//	/healthz, /readyz            liveness, and readiness (etcd ready, store answers)
+//	/metrics                     Prometheus: Beacon's metrics and etcd's
+//	/v1/registry/...             the registry API (package server/registryapi)
+//	/v1/tokens[/{token}]         v3 discovery tokens (bootstrap.NewHandler)
+//	/v2/discovery/...            the discovery.etcd.io-compatible v2 service (package bootstrap/v2)
+//	/v1/openapi.json             the OpenAPI description of the /v1 routes
+//
+// The port is taken first in Start, and /healthz answers from that moment:
+// a member waiting for its discovery peers is alive, and /readyz says it
+// is still starting.
+//
+// # Lifecycle
+//
+// New validates a Config (every zero value has a documented default);
+// Start brings the server up and returns once it serves, stopping
+// everything it started if it fails; Wait serves until the context ends or
+// a component fails; Run is Start then Wait. Close shuts down gracefully
+// within Config.ShutdownTimeout, is idempotent, and waits for every
+// goroutine the server started. The server logs through the injected
+// Config.Logger (etcd's own logs too, at Config.EtcdLogLevel and above) and
+// returns errors that name the flag to change.
+package server
