@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -127,6 +128,26 @@ func TestServersBootstrapThroughDiscoveryToken(t *testing.T) {
 	}
 	if kv, err := px.Store().Get(ctx, "/hello"); err != nil || string(kv.Value) != "cluster" {
 		t.Fatalf("the proxy node's store: %q, %v", kv.Value, err)
+	}
+	// It is a readwrite proxy: writes reach the cluster.
+	if _, err := cli.Put(ctx, "/via-proxy", "written"); err != nil {
+		t.Fatalf("write through the fallback proxy: %v", err)
+	}
+	if kv, err := servers[0].Store().Get(ctx, "/via-proxy"); err != nil || string(kv.Value) != "written" {
+		t.Fatalf("the cluster after a write through the fallback proxy: %q, %v", kv.Value, err)
+	}
+	// The proxy node's token API works on the cluster through the proxy.
+	resp2, err := http.Post(px.Endpoints().HTTP+"/v1/tokens", "application/json", strings.NewReader(`{"size":5}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var made bootstrap.CreateTokenResponse
+	if err := json.NewDecoder(resp2.Body).Decode(&made); err != nil || resp2.StatusCode != http.StatusCreated {
+		t.Fatalf("token created on the proxy node: %d %+v %v", resp2.StatusCode, made, err)
+	}
+	resp2.Body.Close()
+	if st, err := bootstrap.TokenStatus(ctx, servers[0].EtcdClient(), made.Token); err != nil || st.Size != 5 {
+		t.Fatalf("token made through the proxy node, read on the cluster: %+v, %v", st, err)
 	}
 	if err := px.Close(); err != nil {
 		t.Fatal(err)
