@@ -259,6 +259,9 @@ waiting on it fail with "discovery: size key not found".
 	}
 	conn := addTokenConnFlags(cmd)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if err := bootstrap.ValidateToken(args[0]); err != nil {
+			return err
+		}
 		st, err := conn.open(cmd.Context())
 		if err != nil {
 			return err

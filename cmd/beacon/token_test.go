@@ -91,6 +91,9 @@ func TestTokenCommands(t *testing.T) {
 func TestTokenBadInput(t *testing.T) {
 	for _, args := range [][]string{
 		{"token", "new", "--size", "0"},
+		{"token", "new", "--size", "-3"},
+		{"token", "new", "--size", "three"},
+		{"token", "rm", "a/b"},
 		{"token", "new", "--token", "a/b"},
 		{"token", "status", "a/b"},
 		{"token", "status"},
