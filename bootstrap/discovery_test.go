@@ -384,3 +384,37 @@ func TestJoinOverTLSWithAuth(t *testing.T) {
 		t.Fatal("wrong password was retried")
 	}
 }
+
+// The registry goes down while a member waits for its peers and comes
+// back: the wait survives the broken watch (re-reading the registry when
+// it answers again) and ends when the last member registers.
+func TestJoinSurvivesRegistryOutage(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{Name: "outage-registry"})
+	ctx := testCtx(t, 60*time.Second)
+	tok := newToken(t)
+	if _, err := bootstrap.CreateToken(ctx, client(t, srv), tok, 2); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config(srv, tok)
+	progress := make(chan bootstrap.Progress, 100)
+	res := joinAsync(t, ctx, cfg, "a", peerURL(0), bootstrap.WithProgress(func(p bootstrap.Progress) {
+		select {
+		case progress <- p:
+		default:
+		}
+	}))
+	if p := await(t, progress, "a registered"); p.Registered != 1 {
+		t.Fatalf("first progress: %+v", p)
+	}
+	srv.Stop()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bootstrap.Join(ctx, cfg, "b", []string{peerURL(1)}); err != nil {
+		t.Fatalf("join after the outage: %v", err)
+	}
+	r := await(t, res, "the waiting member")
+	if r.err != nil || r.cluster.InitialCluster != "a="+peerURL(0)+",b="+peerURL(1) {
+		t.Fatalf("waiting member after the outage: %+v", r)
+	}
+}
