@@ -129,3 +129,46 @@ func FuzzParseQuery(f *testing.F) {
 		}
 	})
 }
+
+func TestParseRef(t *testing.T) {
+	want := Ref{Namespace: "prod", Component: "vllm", Endpoint: "generate", ID: "3f2a9c0d11e4b5a7"}
+	if got, err := ParseRef(want.String()); err != nil || got != want {
+		t.Fatalf("ParseRef(%q) = %v, %v", want.String(), got, err)
+	}
+	for _, tc := range []struct{ in, says string }{
+		{"", "must be namespace/component/endpoint/id"},
+		{"prod/vllm/generate", "must be namespace/component/endpoint/id"},
+		{"prod/vllm/generate/3f2a9c0d11e4b5a7/x", "must be namespace/component/endpoint/id"},
+		{"Prod/vllm/generate/3f2a9c0d11e4b5a7", `invalid namespace "Prod"`},
+		{"prod/vllm_/generate/3f2a9c0d11e4b5a7", `invalid component "vllm_"`},
+		{"prod/vllm/-gen/3f2a9c0d11e4b5a7", `invalid endpoint "-gen"`},
+		{"prod/vllm/generate/3F2A9C0D11E4B5A7", "must be 16 lower-case hex digits"},
+	} {
+		_, err := ParseRef(tc.in)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("ParseRef(%q) = %v, want an error saying %q", tc.in, err, tc.says)
+		}
+	}
+}
+
+func FuzzParseRef(f *testing.F) {
+	for _, s := range []string{"prod/vllm/generate/3f2a9c0d11e4b5a7", "a/b/c/d", "a/b/c", "/a/b/c/0000000000000000", "a//c/0000000000000000"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := ParseRef(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("ParseRef(%q) error %v is not ErrInvalid", s, err)
+			}
+			return
+		}
+		if r.String() != s || r.Validate() != nil {
+			t.Fatalf("ParseRef(%q) = %v, which renders back as %q", s, r, r.String())
+		}
+		var ks Keyspace
+		if back, err := ks.Parse(ks.Key(r)); err != nil || back != r {
+			t.Fatalf("the key of %v parses as %v, %v", r, back, err)
+		}
+	})
+}
