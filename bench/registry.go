@@ -39,7 +39,7 @@ type RegistryConfig struct {
 	Logger *slog.Logger
 
 	// Register: Instances registered by Concurrency workers (defaults
-	// 5000 and 64); Sequential instances by one worker (default 300).
+	// 3000 and 64); Sequential instances by one worker (default 300).
 	Instances   int
 	Concurrency int
 	Sequential  int
@@ -47,7 +47,8 @@ type RegistryConfig struct {
 	Rounds int
 
 	// Watch: watcher counts (default 1, 100, 1000) and registrations
-	// measured for each (default 30).
+	// measured for each (default 300: with one watcher, p99 is then the
+	// third-slowest sample rather than the slowest).
 	Watchers []int
 	Samples  int
 
@@ -81,7 +82,7 @@ func (c *RegistryConfig) defaults() {
 		c.Watchers = []int{1, 100, 1000}
 	}
 	if c.Samples == 0 {
-		c.Samples = 50
+		c.Samples = 300
 	}
 	if c.Children == 0 {
 		c.Children = 10

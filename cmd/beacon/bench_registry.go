@@ -38,7 +38,7 @@ exactly one. Goal: Beacon's latency at most 1.0x the raw one.`,
 			bench.RunWatch, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
 				f := cmd.Flags()
 				f.IntSliceVar(&cfg.Watchers, "watchers", []int{1, 100, 1000}, "watcher counts to measure")
-				f.IntVar(&cfg.Samples, "samples", 50, "registrations measured per watcher count")
+				f.IntVar(&cfg.Samples, "samples", 300, "registrations measured per watcher count")
 			}),
 		newRegistryBenchCmd("failover", "SIGKILL → removal observed: beacon register children vs raw keep-alive children",
 			`Starts --children "beacon register" processes and as many raw etcd client
