@@ -40,7 +40,13 @@ func Example() {
 		_ = p.Close()
 		<-done
 	}()
-	<-p.Ready()
+	select {
+	case <-p.Ready():
+	case err := <-done:
+		done <- err // for the deferred Close
+		fmt.Println(err)
+		return
+	}
 
 	direct, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), Logger: zap.NewNop()})
 	if err != nil {
