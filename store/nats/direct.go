@@ -32,7 +32,7 @@ func (s *Store) reqCtx(ctx context.Context) (context.Context, context.CancelFunc
 func parseRaw(m *nats.Msg) (rawMsg, error) {
 	r := rawMsg{subject: m.Header.Get("Nats-Subject"), header: m.Header, data: m.Data}
 	seq, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
-	if err != nil || r.subject == "" {
+	if err != nil || seq == 0 || r.subject == "" { // stream sequences start at 1
 		return rawMsg{}, fmt.Errorf("nats: malformed direct get response (subject %q, sequence %q)", r.subject, m.Header.Get("Nats-Sequence"))
 	}
 	r.seq = seq
