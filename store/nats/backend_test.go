@@ -16,6 +16,7 @@ import (
 	"github.com/beaconplane/beacon/internal/testpeer"
 	"github.com/beaconplane/beacon/store"
 	bnats "github.com/beaconplane/beacon/store/nats"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -146,6 +147,7 @@ func TestIncompatibleBuckets(t *testing.T) {
 	for what, edit := range map[string]func(*jetstream.StreamConfig){
 		"revisions per key": func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = 1 },
 		"bucket TTL":        func(c *jetstream.StreamConfig) { c.MaxAge = time.Hour },
+		"refuses messages":  func(c *jetstream.StreamConfig) { c.MaxMsgSize = 64 << 10 },
 	} {
 		cfg := st.CachedInfo().Config
 		edit(&cfg)
@@ -171,6 +173,16 @@ func TestIncompatibleBuckets(t *testing.T) {
 	l, err := s.Grant(ctx, time.Second)
 	if err != nil || l.TTL != 5*time.Second {
 		t.Fatalf("Grant(1s) in a bucket with 5s markers: %+v, %v", l, err)
+	}
+}
+
+// A server whose max_payload is below the value limit is refused at Open,
+// rather than failing the first large write.
+func TestSmallMaxPayload(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = 64 << 10 }})
+	_, err := bnats.Open(ctxT(t, 10*time.Second), bnats.Config{URL: srv.ClientURL()})
+	if !errors.Is(err, bnats.ErrIncompatibleServer) || !strings.Contains(err.Error(), "max_payload is 65536 bytes") {
+		t.Fatalf("Open against a server with a 64 KiB max_payload: %v", err)
 	}
 }
 

@@ -1,7 +1,10 @@
 // Package nats is a store.Store on a NATS JetStream key/value bucket
 // (BEACON_DISCOVERY_BACKEND=nats, NATS_URL=nats://host:4222). It needs
 // nats-server 2.12 or later (per-message TTLs, subject delete markers,
-// atomic batch publish) and refuses older servers with ErrServerTooOld.
+// atomic batch publish) and refuses older servers with ErrServerTooOld, and
+// a server whose max_payload cannot carry a value of store.MaxValueSize
+// with its headers with ErrIncompatibleServer (the NATS default, 1 MB, is
+// enough).
 //
 // # Data model
 //

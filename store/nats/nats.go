@@ -29,7 +29,15 @@ var (
 	// ErrIncompatibleBucket reports an existing bucket whose settings the
 	// store cannot work with; the message says what to change.
 	ErrIncompatibleBucket = errors.New("nats: incompatible bucket")
+	// ErrIncompatibleServer reports a server configured so that the store
+	// cannot keep the contract (a max_payload below the value limit).
+	ErrIncompatibleServer = errors.New("nats: incompatible server")
 )
+
+// minPayload is the smallest message the server and the bucket must
+// accept: the largest value (store.MaxValueSize) plus room for the
+// headers of a write.
+const minPayload = store.MaxValueSize + 16<<10
 
 // MinServerVersion is the oldest nats-server the store works with:
 // per-message TTLs and subject delete markers arrived in 2.11, atomic batch
@@ -154,6 +162,10 @@ func (s *Store) setup(ctx context.Context) error {
 		return fmt.Errorf("%w: nats-server %s lacks per-message TTLs (2.11) and atomic batch publish (2.12), which Beacon's leases need; upgrade the server to %s or later",
 			ErrServerTooOld, v, MinServerVersion)
 	}
+	if mp := s.nc.MaxPayload(); mp < minPayload {
+		return fmt.Errorf("%w: the server's max_payload is %d bytes; Beacon stores values of up to %d bytes (store.MaxValueSize) plus headers, so it needs at least %d: set max_payload: 1MB (the NATS default) in the server configuration",
+			ErrIncompatibleServer, mp, store.MaxValueSize, minPayload)
+	}
 	var err error
 	if s.cfg.Domain != "" {
 		s.js, err = jetstream.NewWithDomain(s.nc, s.cfg.Domain)
@@ -246,6 +258,8 @@ func (s *Store) checkBucket(c jetstream.StreamConfig) error {
 		return bad("it expires every key after %v (bucket TTL); Beacon keys without a lease must not expire: set the stream's max age to 0", c.MaxAge)
 	case !c.AllowDirect || !c.AllowRollup || c.DenyPurge:
 		return bad("direct get and rollups must be allowed (allow_direct, allow_rollup_hdrs) and purge not denied")
+	case c.MaxMsgSize > 0 && c.MaxMsgSize < minPayload:
+		return bad("it refuses messages over %d bytes; Beacon stores values of up to %d bytes plus headers: `nats stream edit %s --max-msg-size -1`", c.MaxMsgSize, store.MaxValueSize, s.stream)
 	case c.Mirror != nil || len(c.Sources) > 0:
 		return bad("mirrors and sourced buckets are not supported")
 	}
