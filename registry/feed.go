@@ -395,12 +395,21 @@ func (f *feed) parse(kv store.KeyValue) *item {
 }
 
 // applyListing replaces the state with a listing at rev. After the first
-// listing, every difference is logged as a change at rev.
+// listing, every difference is logged as a change at rev. A key whose
+// value is not a valid instance keeps its last valid instance, as it does
+// when the garbage arrives through the watch: a re-list never turns it
+// into a removal.
 func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 	items := make([]*item, 0, len(kvs))
+	var invalid map[string]bool // listed keys whose values are not instances
 	for _, kv := range kvs {
 		if it := f.parse(kv); it != nil {
 			items = append(items, it)
+		} else {
+			if invalid == nil {
+				invalid = make(map[string]bool)
+			}
+			invalid[kv.Key] = true
 		}
 	}
 	f.mu.Lock()
@@ -428,7 +437,7 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 	}
 	var gone []*item
 	f.tree.Ascend(func(old *item) bool {
-		if fresh[old.key] == nil {
+		if fresh[old.key] == nil && !invalid[old.key] {
 			gone = append(gone, old)
 		}
 		return true

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -477,4 +478,67 @@ func FuzzWatchConverges(f *testing.F) {
 		_ = slow.Close()
 		<-readDone
 	})
+}
+
+// TestResyncKeepsInstanceOverwrittenWithGarbage: a value overwritten with
+// garbage while a watcher is disconnected is not a removal after the
+// re-list either (as it is not through a live watch): the watcher keeps
+// the last valid instance, and a valid value written later is an update.
+func TestResyncKeepsInstanceOverwrittenWithGarbage(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(server.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, u.Host)
+	ctx := within(t, 60*time.Second)
+	ns := uniqueNS()
+	q := beacon.Query{Namespace: ns}
+	direct := newEtcdStore(t, nil, etcd.Config{})
+	watching := newRegistry(t, newEtcdStore(t, nil, etcd.Config{Endpoints: []string{proxy.Endpoint()}, RequestTimeout: 500 * time.Millisecond}),
+		registry.Config{LeaseTTL: etcdTTL})
+	ks := watching.Keyspace()
+	good := inst(ns, "10.0.0.1:80")
+	good.ID = beacon.FormatID(1)
+	good.RegisteredAt = time.Unix(1, 0).UTC()
+	good.Status = beacon.StatusServing
+	putInstance(t, ctx, direct, ks, good)
+
+	w, err := watching.Watch(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v := registrytest.NewView()
+	if b := next(t, ctx, w, v); b.Kind != registry.Snapshot || v.Len() != 1 {
+		t.Fatalf("first batch %v, view %v", b.Kind, v)
+	}
+
+	proxy.Cut()
+	for next(t, ctx, w, v).Kind != registry.Stale {
+	}
+	if _, err := direct.Put(ctx, ks.Key(good.Ref()), []byte("{broken")); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Restore()
+	for {
+		b := next(t, ctx, w, v)
+		for _, e := range b.Events {
+			t.Fatalf("event after re-listing a key that holds garbage: %v %s", e.Type, e.Instance.Ref())
+		}
+		if b.Kind == registry.Resync {
+			break
+		}
+	}
+	if in, ok := v.Get(good.Ref().String()); !ok || !in.Equal(good) {
+		t.Fatalf("view after the resync: %v", v)
+	}
+
+	changed := good
+	changed.Address = "10.0.0.2:80"
+	putInstance(t, ctx, direct, ks, changed)
+	b := next(t, ctx, w, v)
+	if len(b.Events) != 1 || b.Events[0].Type != beacon.Updated || b.Events[0].Instance.Address != changed.Address {
+		t.Fatalf("after a valid value: %v %+v", b.Kind, b.Events)
+	}
 }
