@@ -31,7 +31,10 @@ object: {"kind","type","revision","instance"}, {"kind":"synced",...} or
 {"kind":"stale","error"}.
 
 --from-revision resumes after a revision printed earlier: the changes since
-then, if still available, else a fresh snapshot.
+then if this process still holds them, else a fresh snapshot (which replaces
+what was printed before). A new beacon watch process starts from the current
+state, so it holds no earlier changes: unless nothing at all was written to
+the store since that revision, it prints a snapshot.
 
 ` + registryEnvHelp,
 		Example: `  beacon watch prod/api
