@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,8 +14,6 @@ import (
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -157,9 +154,9 @@ func TestMembershipChangePickedUpAtRefresh(t *testing.T) {
 	p := startProxy(t, Config{InitialCluster: c.InitialCluster(), RefreshInterval: 200 * time.Millisecond})
 	// The same with client URLs, refreshed through MemberList.
 	q := startProxy(t, Config{Endpoints: c.Endpoints(), RefreshInterval: 200 * time.Millisecond})
-	m4 := addMember(t, c)
-	eventually(t, "the new member's endpoint", func() bool { return endpointState(p, m4.Endpoint()) == "available" })
-	eventually(t, "the new member's endpoint (MemberList)", func() bool { return endpointState(q, m4.Endpoint()) == "available" })
+	m4 := c.AddMember(t)
+	eventually(t, "the new member's endpoint", func() bool { return endpointState(p, m4.ClientURL()) == "available" })
+	eventually(t, "the new member's endpoint (MemberList)", func() bool { return endpointState(q, m4.ClientURL()) == "available" })
 
 	direct := c.Client(t)
 	ctx := ctxT(t)
@@ -181,44 +178,6 @@ func TestMembershipChangePickedUpAtRefresh(t *testing.T) {
 	if _, err := cli.Put(ctx, "k", "v"); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// addMember adds a member to c as etcd's runtime reconfiguration guide
-// does (MemberAdd, then start it with --initial-cluster-state=existing),
-// once every member has applied the addition: the new member checks its
-// configuration against the first peer that answers, and one that has not
-// applied the MemberAdd yet refuses it ("member count is unequal").
-func addMember(t *testing.T, c *etcdtest.Cluster) *etcdtest.Server {
-	t.Helper()
-	port, err := etcdtest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer := url.URL{Scheme: "http", Host: "127.0.0.1:" + itoaT(port)}
-	ctx := ctxT(t)
-	added, err := c.Client(t).MemberAdd(ctx, []string{peer.String()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range c.Members() {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		eventually(t, m.Name+" to apply the member addition", func() bool {
-			l, err := cli.MemberList(ctx, clientv3.WithSerializable())
-			return err == nil && len(l.Members) == len(added.Members)
-		})
-		_ = cli.Close()
-	}
-	initial := c.InitialCluster() + ",new=" + peer.String()
-	return etcdtest.Start(t, etcdtest.Options{Name: "new", Configure: func(cfg *embed.Config) {
-		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-		cfg.InitialCluster = initial
-		cfg.ClusterState = embed.ClusterStateFlagExisting
-		cfg.StrictReconfigCheck = false
-		cfg.TickMs, cfg.ElectionMs = 50, 500
-	}})
 }
 
 // TestLoopDetection: an endpoint that is the proxy itself (by another

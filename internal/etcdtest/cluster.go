@@ -220,8 +220,12 @@ func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
 	return cli
 }
 
-// AddMember adds a new member (MemberAdd, then start it joining the
-// existing cluster) and returns it once ready.
+// AddMember adds a new member as etcd's runtime reconfiguration guide
+// does (MemberAdd, then start it with --initial-cluster-state=existing)
+// and returns it once ready. It starts the member only when every running
+// member has applied the addition: the new member checks its configuration
+// against the first peer that answers, and one that has not applied the
+// MemberAdd yet refuses it ("member count is unequal").
 func (c *Cluster) AddMember(tb testing.TB) *Member {
 	tb.Helper()
 	m, err := c.newMember(fmt.Sprintf("m%d", len(c.Members())+1))
@@ -229,10 +233,18 @@ func (c *Cluster) AddMember(tb testing.TB) *Member {
 		tb.Fatalf("etcdtest: %v", err)
 	}
 	cli := c.Client(tb)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
 	defer cancel()
-	if _, err := cli.MemberAdd(ctx, []string{m.PeerURL()}); err != nil {
+	added, err := cli.MemberAdd(ctx, []string{m.PeerURL()})
+	if err != nil {
 		tb.Fatalf("etcdtest: member add: %v", err)
+	}
+	for _, other := range c.Members() {
+		if other.Running() {
+			if err := other.waitMembers(ctx, len(added.Members)); err != nil {
+				tb.Fatalf("etcdtest: %v", err)
+			}
+		}
 	}
 	c.mu.Lock()
 	c.members = append(c.members, m)
@@ -242,6 +254,29 @@ func (c *Cluster) AddMember(tb testing.TB) *Member {
 		tb.Fatalf("etcdtest: %v", err)
 	}
 	return m
+}
+
+// waitMembers waits until the member's own view of the membership (a
+// serializable MemberList) counts n members.
+func (m *Member) waitMembers(ctx context.Context, n int) error {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		l, err := cli.MemberList(ctx, clientv3.WithSerializable())
+		if err == nil && len(l.Members) == n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s has not applied the member addition (%d members): %w", m.Name, n, ctx.Err())
+		case <-tick.C:
+		}
+	}
 }
 
 // Close stops every member (see StopAll); data directories stay.
