@@ -70,6 +70,7 @@
 // While a watch or call is open, the client pings the server after 10 s
 // without traffic, so a dead connection (a crashed member, a dropped NAT
 // entry) is found in seconds instead of leaving watches silent; after
-// losing a connection it redials with a backoff from 250 ms growing to 5 s.
+// losing a connection it redials with a backoff from 250 ms growing to 1 s
+// (so a short-lease session recovers within its TTL).
 // Config.Configure can change any client setting.
 package etcd
