@@ -78,6 +78,15 @@
 //     the prefix has ended and its marker has expired, so the revision of
 //     that deletion is unknown.
 //
+// Reads are direct gets. In a bucket with Replicas > 1 the server lets any
+// replica that is nearly caught up answer them (nats-server enables direct
+// gets on a follower at 90% synchronised), so a Get or List may miss a write
+// another client has just had acknowledged: reads are consistent snapshots
+// but not linearizable. Writes stay exact (every compare-and-swap is checked
+// by the stream leader), and a watch from a List's revision + 1 still
+// continues it without gap. The conformance suite runs on a single server;
+// with one replica every read is current.
+//
 // Compact only sets the watermark; the stream's per-key history bounds its
 // size. List and Watch may write (they delete keys of ended leases). Write to the
 // bucket only through this package: other writers break the predecessor
