@@ -37,6 +37,9 @@ func (r Row) Met() bool {
 	if r.Goal == 0 {
 		return true
 	}
+	if math.IsNaN(r.Ratio()) {
+		return false // no baseline to compare with
+	}
 	if r.HigherIsBetter {
 		return r.Ratio() >= r.Goal
 	}
@@ -80,8 +83,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 			}
 			goal = fmt.Sprintf("%s %.2fx %s", cmp, row.Goal, verdict)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.2fx\t%s\t\n", row.Metric, row.Unit,
-			FormatValue(row.Beacon), FormatValue(row.Baseline), row.Ratio(), goal)
+		ratio := "-"
+		if r := row.Ratio(); !math.IsNaN(r) {
+			ratio = fmt.Sprintf("%.2fx", r)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", row.Metric, row.Unit,
+			FormatValue(row.Beacon), FormatValue(row.Baseline), ratio, goal)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

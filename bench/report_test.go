@@ -11,6 +11,7 @@ func TestReportTable(t *testing.T) {
 	r := Report{Scenario: "register", Setup: "1 node"}
 	r.Add(Row{Metric: "registrations/s", Unit: "1/s", Beacon: 3000, Baseline: 1000, HigherIsBetter: true, Goal: 3})
 	r.Add(Row{Metric: "p99", Unit: "ms", Beacon: 2, Baseline: 1, Goal: 1})
+	r.Add(Row{Metric: "false removals", Unit: "n", Beacon: 0, Baseline: 0, Goal: 1})
 	var buf bytes.Buffer
 	if err := r.WriteTable(&buf); err != nil {
 		t.Fatal(err)
@@ -20,6 +21,12 @@ func TestReportTable(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
+	}
+	if strings.Contains(out, "NaN") {
+		t.Errorf("a zero baseline printed NaN:\n%s", out)
+	}
+	if err := r.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
 	}
 }
 
