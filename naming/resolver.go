@@ -61,7 +61,7 @@ func (r *nameResolver) Close() {
 func (r *nameResolver) run() {
 	defer close(r.done)
 	defer r.b.m.AddResolvers(r.b.scheme, -1)
-	bo := publish.Backoff{Min: retryMin, Max: r.b.retryMax}
+	bo := publish.Backoff{Min: retryFirst, Max: r.b.retryMax}
 	for {
 		err := r.follow(&bo)
 		if r.ctx.Err() != nil {
@@ -76,8 +76,8 @@ func (r *nameResolver) run() {
 			return
 		}
 		d := bo.Next()
-		r.log.Warn("registry watch ended; watching again", "err", err, "retry_in", d)
 		r.pub.Error(publish.ReasonWatchFailed, fmt.Errorf("%w: %s: %w", ErrWatchEnded, r.target, err))
+		r.log.Warn("registry watch ended; watching again", "err", err, "retry_in", d)
 		if !publish.Sleep(r.ctx, d) {
 			return
 		}
@@ -107,8 +107,8 @@ func (r *nameResolver) follow(bo *publish.Backoff) error {
 			// Keep the last state (balancers keep using the instances they
 			// know) but tell gRPC: RPCs that fail now say why, and the
 			// next batch, a Resync, pushes the full state again.
-			r.log.Warn("registry watch is stale; keeping the last known instances", "err", batch.Err)
 			r.pub.Error(publish.ReasonStale, fmt.Errorf("%w: %s: %w", ErrStale, r.target, batch.Err))
+			r.log.Warn("registry watch is stale; keeping the last known instances", "err", batch.Err)
 			continue
 		case registry.Snapshot:
 			view.Reset()

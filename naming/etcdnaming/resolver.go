@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/resolver"
 )
 
-// retryMin is the first backoff delay after a failure.
-const retryMin = 50 * time.Millisecond
+// retryFirst is the first backoff delay after a failure.
+const retryFirst = 50 * time.Millisecond
 
 // Builder is a grpc-go resolver.Builder for etcd:///<target>, reading the
 // endpoints that etcd's endpoint manager (or Manager) writes under
@@ -59,7 +59,7 @@ func NewBuilder(st store.Store, opts ...Option) (*Builder, error) {
 		st:       st,
 		scheme:   o.scheme,
 		probe:    o.probe,
-		retryMax: max(o.retryMax, retryMin),
+		retryMax: max(o.retryMax, retryFirst),
 		log:      o.log.With("component", "etcdnaming", "scheme", o.scheme),
 		m:        m,
 	}, nil
@@ -196,7 +196,7 @@ var (
 func (r *etcdResolver) run() {
 	defer r.wg.Done()
 	defer r.b.m.AddResolvers(r.b.scheme, -1)
-	bo := publish.Backoff{Min: retryMin, Max: r.b.retryMax}
+	bo := publish.Backoff{Min: retryFirst, Max: r.b.retryMax}
 	view := publish.NewView(decoded.equal, func(key string, d decoded) (publish.Entry, bool) {
 		return publish.Entry{Addr: d.ep.Addr, Attrs: attributesOf(key, d)}, true
 	})
@@ -211,8 +211,8 @@ func (r *etcdResolver) run() {
 				return
 			}
 			d := bo.Next()
-			r.log.Warn("cannot list endpoints; retrying", "err", err, "retry_in", d)
 			r.pub.Error(publish.ReasonWatchFailed, fmt.Errorf("%w: %s: list: %w", ErrStale, r.raw, err))
+			r.log.Warn("cannot list endpoints; retrying", "err", err, "retry_in", d)
 			if !publish.Sleep(r.ctx, d) {
 				return
 			}
@@ -250,8 +250,8 @@ func (r *etcdResolver) run() {
 		default:
 			r.b.m.Resync(r.b.scheme, publish.ReasonWatchFailed)
 			d := bo.Next()
-			r.log.Warn("watch failed; re-listing", "err", err, "retry_in", d)
 			r.pub.Error(publish.ReasonWatchFailed, fmt.Errorf("%w: %s: watch: %w", ErrStale, r.raw, err))
+			r.log.Warn("watch failed; re-listing", "err", err, "retry_in", d)
 			if !publish.Sleep(r.ctx, d) {
 				return
 			}
@@ -299,8 +299,8 @@ func (r *etcdResolver) follow(rev int64, view *publish.View[decoded]) error {
 				if p := r.downErr.Load(); p != nil {
 					err = *p
 				}
-				r.log.Warn("store unreachable; keeping the last known endpoints", "err", err)
 				r.pub.Error(publish.ReasonStale, fmt.Errorf("%w: %s: store unreachable: %w", ErrStale, r.raw, err))
+				r.log.Warn("store unreachable; keeping the last known endpoints", "err", err)
 			case !down && r.reportedDown:
 				return errReconnected
 			}
