@@ -59,7 +59,10 @@ func startProxyInProcess(ctx context.Context, eps []string) (proxyUnderTest, err
 func (ip *inProcess) addr() string                               { return ip.p.Addr().String() }
 func (ip *inProcess) stats(context.Context) (proxy.Stats, error) { return ip.p.Stats(), nil }
 func (ip *inProcess) heap(context.Context) float64               { return 0 }
-func (ip *inProcess) stop()                                      { _ = ip.p.Close(); <-ip.errc }
+func (ip *inProcess) stop() {
+	_ = ip.p.Close()
+	<-ip.errc //nolint:errcheck // what Serve returns after Close is of no interest
+}
 
 // child is a proxy running as its own process.
 type child struct {

@@ -120,7 +120,7 @@ func watchRound(ctx context.Context, cfg RegistryConfig, tgt *etcdTarget, n int)
 	if err != nil {
 		return nil, nil, 0, 0, err
 	}
-	defer rawW.Revoke(context.WithoutCancel(ctx), lease.ID)
+	defer func() { _, _ = rawW.Revoke(context.WithoutCancel(ctx), lease.ID) }()
 
 	// Readers: one process's worth of each.
 	rst, err := beaconStore(ctx, tgt.endpoints)

@@ -218,7 +218,7 @@ func (d *discovery) list(ctx context.Context) error {
 		for _, s := range reg.skipped {
 			if !d.warned[s.Key] {
 				d.warned[s.Key] = true
-				d.lg.Warn(s.Reason, "memberKey", s.Key, "memberInfo", s.Value)
+				d.lg.Warn("skipped a member registration", "reason", s.Reason, "memberKey", s.Key, "memberInfo", s.Value)
 			}
 		}
 		return reg.sizeErr
@@ -372,7 +372,7 @@ func (d *discovery) watch(ctx context.Context, self string) error {
 				d.reg.put(key, string(ev.Kv.Value), ev.Kv.CreateRevision)
 				if i := len(d.reg.skipped) - 1; i >= 0 && d.reg.skipped[i].Key == key && !d.warned[key] {
 					d.warned[key] = true
-					d.lg.Warn(d.reg.skipped[i].Reason, "memberKey", key, "memberInfo", d.reg.skipped[i].Value)
+					d.lg.Warn("skipped a member registration", "reason", d.reg.skipped[i].Reason, "memberKey", key, "memberInfo", d.reg.skipped[i].Value)
 				}
 			}
 		}

@@ -17,8 +17,8 @@ import (
 // registry watch ended with an error.
 const DefaultRetryMax = 5 * time.Second
 
-// retryMin is the first backoff delay.
-const retryMin = 50 * time.Millisecond
+// retryFirst is the first backoff delay.
+const retryFirst = 50 * time.Millisecond
 
 // Builder is a grpc-go resolver.Builder for beacon:///namespace/component/endpoint
 // targets over any registry.Discoverer (the store-backed registry over
@@ -100,7 +100,7 @@ func NewBuilder(d registry.Discoverer, opts ...Option) (*Builder, error) {
 		scheme:   o.scheme,
 		log:      o.log.With("component", "naming", "scheme", o.scheme),
 		m:        m,
-		retryMax: max(o.retryMax, retryMin),
+		retryMax: max(o.retryMax, retryFirst),
 	}, nil
 }
 

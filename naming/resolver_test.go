@@ -63,7 +63,7 @@ func TestResolverFullStateOnEveryBatch(t *testing.T) {
 	}
 	// The legacy address list carries the same attributes for balancers
 	// that read addresses.
-	if len(st.Addresses) != 2 || !st.Addresses[1].BalancerAttributes.Equal(st.Endpoints[1].Attributes) {
+	if len(st.Addresses) != 2 || !st.Addresses[1].BalancerAttributes.Equal(st.Endpoints[1].Attributes) { //nolint:staticcheck // the legacy address list
 		t.Errorf("addresses = %+v", st.Addresses)
 	}
 

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -340,12 +339,4 @@ func probe(ctx context.Context, urls []string, self *selfMatcher, dialTimeout, f
 	}
 	wg.Wait()
 	return list
-}
-
-// hostOf returns the host:port of a URL (or the input).
-func hostOf(s string) string {
-	if u, err := url.Parse(s); err == nil && u.Host != "" {
-		return u.Host
-	}
-	return s
 }

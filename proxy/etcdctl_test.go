@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -19,11 +18,7 @@ import (
 func buildEtcdctl(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "etcdctl")
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = "go"
-	}
-	out, err := exec.Command(goBin, "build", "-o", bin, "github.com/beaconplane/beacon/internal/etcdctl").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/beaconplane/beacon/internal/etcdctl").CombinedOutput()
 	if err != nil {
 		t.Fatalf("build etcdctl: %v\n%s", err, out)
 	}

@@ -207,5 +207,3 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
 }
-
-func codeOf(err error) string { return status.Code(err).String() }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -60,7 +61,7 @@ func (s *splitListener) route(c net.Conn) {
 			break
 		}
 		if err != nil {
-			if n == 0 || err != io.EOF {
+			if n == 0 || !errors.Is(err, io.EOF) {
 				_ = c.Close()
 				return
 			}

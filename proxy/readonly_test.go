@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -106,7 +107,7 @@ func TestReadonlyRefusesEveryWriteOverGRPC(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if err := s.Send(&pb.LeaseKeepAliveRequest{ID: 1}); err != nil && err != io.EOF {
+			if err := s.Send(&pb.LeaseKeepAliveRequest{ID: 1}); err != nil && !errors.Is(err, io.EOF) {
 				return err
 			}
 			_, err = s.Recv()

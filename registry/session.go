@@ -228,7 +228,7 @@ func (s *session) start(ctx context.Context) error {
 	s.mu.Lock()
 	if s.state == StateClosed {
 		s.mu.Unlock()
-		s.revoke(l.ID, l.TTL)
+		_ = s.revoke(l.ID, l.TTL) // best effort: the lease expires anyway
 		return ErrClosed
 	}
 	s.setLeaseLocked(l.ID, l.TTL)
@@ -417,7 +417,7 @@ func (s *session) tryRecover() error {
 	if s.state == StateClosed {
 		s.mu.Unlock()
 		if lease != old {
-			s.revoke(lease, ttl)
+			_ = s.revoke(lease, ttl) // best effort: the lease expires anyway
 		}
 		return ErrClosed
 	}

@@ -222,7 +222,6 @@ func diffLog(old, cur *version, entries []change) []beacon.Event {
 func resumeEvents(entries []change, cur *version) []beacon.Event {
 	type span struct {
 		first *item // state at the resume revision
-		seen  bool
 		last  *item // last state before the latest change
 		rev   int64
 	}

@@ -150,7 +150,7 @@ func (s *Server) discover(ctx context.Context) (proxied bool, err error) {
 				lg.Warn("discovery service unreachable; retrying", "attempt", p.Attempt, "retry-in", p.RetryIn, "error", p.Err)
 				return
 			}
-			lg.Info("discovery progress: "+p.String(), "registered", p.Registered, "size", p.Size)
+			lg.Info("discovery progress", "progress", p.String(), "registered", p.Registered, "size", p.Size)
 		}))
 	switch {
 	case errors.Is(err, bootstrap.ErrFullCluster) && d.Fallback == FallbackProxy:

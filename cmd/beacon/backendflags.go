@@ -1,10 +1,6 @@
 package main
 
 import (
-	"context"
-	"fmt"
-
-	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/backend"
 	"github.com/spf13/cobra"
 )
@@ -56,14 +52,4 @@ func (b *backendFlags) config() backend.Config {
 	cfg.Etcd.Username, cfg.Etcd.Password = b.user, b.password
 	cfg.Etcd.CA, cfg.Etcd.ClientCert, cfg.Etcd.ClientKey = b.cacert, b.cert, b.key
 	return cfg
-}
-
-// open opens the configured store.
-func (b *backendFlags) open(ctx context.Context) (store.Store, error) {
-	cfg := b.config()
-	st, err := backend.Open(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("open %s backend: %w", cfg.BackendName(), err)
-	}
-	return st, nil
 }

@@ -5,10 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 )
 
 // rootCmd is the beacon command. Each subcommand lives in its own file and
@@ -47,25 +45,4 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
-}
-
-// envList splits a comma-separated environment variable.
-func envList(name string, def []string) []string {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	var out []string
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-// flagChanged reports whether the named flag was set on the command line.
-func flagChanged(fs *pflag.FlagSet, name string) bool {
-	f := fs.Lookup(name)
-	return f != nil && f.Changed
 }

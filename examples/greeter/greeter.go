@@ -52,7 +52,9 @@ var ServiceDesc = grpc.ServiceDesc{
 	Metadata: "examples/greeter/greeter.go",
 }
 
-func sayHelloHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+// sayHelloHandler has grpc-go's method handler signature, context second.
+func sayHelloHandler(srv any, ctx context.Context, //nolint:revive // grpc.MethodHandler's signature
+	dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
 	in := new(HelloRequest)
 	if err := dec(in); err != nil {
 		return nil, err

@@ -42,7 +42,7 @@ func TestResolverFollowsEndpoints(t *testing.T) {
 	if js, _ := etcdnaming.MetadataJSON(s.Endpoints[0].Attributes); js != "null" {
 		t.Errorf("MetadataJSON of an endpoint without metadata = %q", js)
 	}
-	if !s.Addresses[1].BalancerAttributes.Equal(s.Endpoints[1].Attributes) {
+	if !s.Addresses[1].BalancerAttributes.Equal(s.Endpoints[1].Attributes) { //nolint:staticcheck // the legacy address list
 		t.Error("addresses lack the endpoint attributes")
 	}
 	if _, ok := etcdnaming.MetadataFrom(attributes.New("x", 1)); ok {

@@ -240,7 +240,7 @@ func ReachAll(ctx context.Context, cc grpc.ClientConnInterface, names ...string)
 		return stray
 	}
 	if err != nil {
-		return fmt.Errorf("namingtest: backends %v not all reached (saw %v, last error %v): %w", names, seen, last, err)
+		return fmt.Errorf("namingtest: backends %v not all reached (saw %v): %w", names, seen, errors.Join(err, last))
 	}
 	return nil
 }
@@ -267,8 +267,11 @@ func SettleOn(ctx context.Context, cc grpc.ClientConnInterface, n int, names ...
 	}
 	for range n {
 		name, err := Call(ctx, cc)
-		if err != nil || !allowed[name] {
-			return fmt.Errorf("namingtest: after settling on %v, a call went to %q (err %v)", names, name, err)
+		if err != nil {
+			return fmt.Errorf("namingtest: after settling on %v, a call failed: %w", names, err)
+		}
+		if !allowed[name] {
+			return fmt.Errorf("namingtest: after settling on %v, a call went to %q", names, name)
 		}
 	}
 	return nil

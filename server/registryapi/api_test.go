@@ -177,7 +177,7 @@ func TestBadInput(t *testing.T) {
 		{"ttl too long", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":7200}`, 400, "invalid_argument", "ttl"},
 		{"ttl garbage", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":"soon"}`, 400, "invalid_argument", "ttl"},
 		{"malformed JSON", "POST", InstancesPath, `{"namespace":`, 400, "invalid_argument", "malformed JSON"},
-		{"unknown field", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","adress":"x"}`, 400, "invalid_argument", "adress"},
+		{"unknown field", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","adress":"x"}`, 400, "invalid_argument", "adress"}, //nolint:misspell // the unknown field
 		{"two objects", "POST", InstancesPath, `{} {}`, 400, "invalid_argument", "more than one"},
 		{"duplicate id", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","id":"00000000000000a1","address":"h:2"}`, 409, "already_registered", "00000000000000a1"},
 		{"bad filter", "GET", InstancesPath + "?component=api", "", 400, "invalid_argument", "namespace"},

@@ -28,10 +28,10 @@ func (s *Store) wrap(parent, c context.Context, what string, err error) error {
 		return nil
 	}
 	cause := context.Cause(c)
-	if s.closed.Load() || cause == errClosedDuringCall {
+	if s.closed.Load() || errors.Is(cause, errClosedDuringCall) {
 		return fmt.Errorf("etcd %s: %w", what, store.ErrClosed)
 	}
-	if cause == errRequestTimeout {
+	if errors.Is(cause, errRequestTimeout) {
 		return fmt.Errorf("%w: etcd %s: no answer from %s within %v (RequestTimeout)", store.ErrUnavailable, what, s.endpoints, s.requestTimeout)
 	}
 	switch {

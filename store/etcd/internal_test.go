@@ -135,7 +135,7 @@ func TestWatchdog(t *testing.T) {
 	// A call that returns in time is forgotten and not cancelled.
 	c, tc := w.begin(context.Background())
 	w.end(tc)
-	if context.Cause(c) != context.Canceled {
+	if !errors.Is(context.Cause(c), context.Canceled) {
 		t.Fatalf("ended call: cause %v", context.Cause(c))
 	}
 
@@ -155,7 +155,7 @@ func TestWatchdog(t *testing.T) {
 	}
 	took := time.Since(start)
 	for _, c := range []context.Context{c1, c3} {
-		if context.Cause(c) != errRequestTimeout || took < timeout {
+		if !errors.Is(context.Cause(c), errRequestTimeout) || took < timeout {
 			t.Fatalf("cancelled after %v (timeout %v), cause %v", took, timeout, context.Cause(c))
 		}
 	}
@@ -165,12 +165,12 @@ func TestWatchdog(t *testing.T) {
 	defer w.end(tc)
 	close(stop)
 	<-done
-	if context.Cause(c) != errClosedDuringCall {
+	if !errors.Is(context.Cause(c), errClosedDuringCall) {
 		t.Fatalf("call running at close: cause %v", context.Cause(c))
 	}
 	c, tc = w.begin(context.Background())
 	defer w.end(tc)
-	if context.Cause(c) != errClosedDuringCall {
+	if !errors.Is(context.Cause(c), errClosedDuringCall) {
 		t.Fatalf("call after close: cause %v", context.Cause(c))
 	}
 	w.mu.Lock()

@@ -183,7 +183,7 @@ func (s *Store) checkMarker(entries []fs.DirEntry) (bool, error) {
 	switch {
 	case err == nil:
 		if _, err := parseMarker(b); err != nil {
-			return false, fmt.Errorf("%w: %s: %v", ErrNotStore, s.path(markerName), err)
+			return false, fmt.Errorf("%w: %s: %w", ErrNotStore, s.path(markerName), err)
 		}
 		return true, nil
 	case !errors.Is(err, fs.ErrNotExist):

@@ -2,6 +2,7 @@ package file
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 
 	"github.com/beaconplane/beacon/store"
@@ -81,7 +82,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	if err != nil || n != len(b) || len(out.events) != 2 || out.events[0].KV.Lease != 9 || out.events[1].Type != store.EventDelete {
 		t.Fatalf("round trip: %+v, %d, %v", out, n, err)
 	}
-	if _, _, err := decodeRecord(b[:len(b)-1]); err != errShort {
+	if _, _, err := decodeRecord(b[:len(b)-1]); !errors.Is(err, errShort) {
 		t.Fatalf("truncated record: %v", err)
 	}
 }

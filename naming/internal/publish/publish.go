@@ -129,7 +129,9 @@ func (p *Publisher) Publish(entries []Entry, empty error) {
 	}
 	epAddrs := make([]resolver.Address, len(kept)) // one allocation for every endpoint's address
 	for i, e := range kept {
-		state.Addresses[i] = resolver.Address{Addr: e.Addr, BalancerAttributes: e.Attrs}
+		// The legacy address list, for balancers that read addresses, carries
+		// the attributes too (these addresses are not inside an endpoint).
+		state.Addresses[i] = resolver.Address{Addr: e.Addr, BalancerAttributes: e.Attrs} //nolint:staticcheck // see above
 		epAddrs[i] = resolver.Address{Addr: e.Addr}
 		state.Endpoints[i] = resolver.Endpoint{Addresses: epAddrs[i : i+1 : i+1], Attributes: e.Attrs}
 	}
