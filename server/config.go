@@ -175,6 +175,9 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.embedded() {
+		// A URL that failed as a listen URL is not reported again when the
+		// advertised URLs default to the listen URLs.
+		failed := map[string]bool{}
 		for _, set := range []struct {
 			flag string
 			urls []string
@@ -184,8 +187,13 @@ func (c Config) Validate() error {
 			{"listen-peer-urls", c.ListenPeerURLs},
 			{"initial-advertise-peer-urls", c.AdvertisePeerURLs},
 		} {
+			listen := strings.HasPrefix(set.flag, "listen")
 			for _, u := range set.urls {
-				if err := validateURL(u, strings.HasPrefix(set.flag, "listen")); err != nil {
+				if !listen && failed[u] {
+					continue
+				}
+				if err := validateURL(u, listen); err != nil {
+					failed[u] = true
 					errs = append(errs, fmt.Errorf("--%s %q: %w", set.flag, u, err))
 				}
 			}

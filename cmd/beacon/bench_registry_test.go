@@ -10,10 +10,7 @@ import (
 // TestBenchCommandsBadInput: the bench commands refuse bad flags with one
 // clear line and a non-zero exit, before starting anything.
 func TestBenchCommandsBadInput(t *testing.T) {
-	tests := []struct {
-		args []string
-		want string
-	}{
+	checkBadInput(t, []badInput{
 		{[]string{"bench", "register", "--instances", "-1"}, "--instances -1"},
 		{[]string{"bench", "register", "-o", "yaml"}, "-o"},
 		{[]string{"bench", "watch", "--watchers", "0"}, "--watchers 0"},
@@ -25,19 +22,7 @@ func TestBenchCommandsBadInput(t *testing.T) {
 		{[]string{"bench", "naming", "--trials", "-1"}, "--trials -1"},
 		{[]string{"bench", "naming", "--drain-grace", "-1s"}, "--drain-grace"},
 		{[]string{"bench", "naming", "-o", "yaml"}, "-o"},
-	}
-	for _, tt := range tests {
-		b := startBeacon(t, t.TempDir(), nil, tt.args...)
-		err := b.wait(t, 30*time.Second)
-		if err == nil {
-			t.Errorf("%v: exit status 0", tt.args)
-			continue
-		}
-		stderr := strings.TrimSpace(b.errOut())
-		if !strings.Contains(stderr, tt.want) || !strings.HasPrefix(stderr, "beacon: ") || strings.Count(stderr, "\n") > 0 {
-			t.Errorf("%v: stderr %q, want one 'beacon: ' line containing %q", tt.args, stderr, tt.want)
-		}
-	}
+	})
 }
 
 // TestBenchWatchSmall runs `beacon bench watch` with tiny sizes and reads

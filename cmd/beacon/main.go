@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -16,7 +17,9 @@ func main() {
 	err := rootCmd.ExecuteContext(ctx)
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "beacon:", err)
+		// One line, whatever the error: several problems (errors.Join)
+		// are listed with "; " between them.
+		fmt.Fprintln(os.Stderr, "beacon:", strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; "))
 		os.Exit(1)
 	}
 }

@@ -165,10 +165,7 @@ func TestServeStartsAndStopsOnSIGTERM(t *testing.T) {
 }
 
 func TestServeBadInputFailsWithOneLine(t *testing.T) {
-	tests := []struct {
-		args []string
-		want string
-	}{
+	checkBadInput(t, []badInput{
 		{[]string{"serve", "--listen-client-urls", "tcp://x:1"}, "scheme must be http or https"},
 		{[]string{"serve", "--http-addr", "nope"}, "--http-addr"},
 		{[]string{"serve", "--initial-cluster-state", "maybe"}, "must be new or existing"},
@@ -176,19 +173,7 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{[]string{"serve", "--log-level", "loud"}, "--log-level"},
 		{[]string{"serve", "--no-such-flag"}, "unknown flag"},
 		{[]string{"serve", "--shutdown-timeout", "soon"}, "invalid argument"},
-	}
-	for _, tt := range tests {
-		b := startBeacon(t, t.TempDir(), nil, tt.args...)
-		err := b.wait(t, 30*time.Second)
-		if err == nil {
-			t.Errorf("%v: exit status 0", tt.args)
-			continue
-		}
-		stderr := strings.TrimSpace(b.errOut())
-		if !strings.Contains(stderr, tt.want) || !strings.HasPrefix(stderr, "beacon: ") {
-			t.Errorf("%v: stderr %q, want a 'beacon: ' line containing %q", tt.args, stderr, tt.want)
-		}
-	}
+	})
 }
 
 func TestServePortInUse(t *testing.T) {
@@ -254,5 +239,29 @@ func TestReadmeServeCommand(t *testing.T) {
 	_ = b.cmd.Process.Signal(syscall.SIGINT)
 	if err := b.wait(t, 30*time.Second); err != nil {
 		t.Fatalf("exit after SIGINT: %v\n%s", err, b.errOut())
+	}
+}
+
+// badInput is a command line that must fail.
+type badInput struct {
+	args []string
+	want string // in the error; "" for any
+}
+
+// checkBadInput runs each command line in its own child process and checks
+// that it exits non-zero with exactly one line of error, "beacon: ...",
+// containing want.
+func checkBadInput(t *testing.T, tests []badInput) {
+	t.Helper()
+	for _, tt := range tests {
+		b := startBeacon(t, t.TempDir(), nil, tt.args...)
+		if err := b.wait(t, 30*time.Second); err == nil {
+			t.Errorf("%v: exit status 0", tt.args)
+			continue
+		}
+		stderr := strings.TrimSpace(b.errOut())
+		if !strings.Contains(stderr, tt.want) || !strings.HasPrefix(stderr, "beacon: ") || strings.Contains(stderr, "\n") {
+			t.Errorf("%v: stderr %q, want one 'beacon: ' line containing %q", tt.args, stderr, tt.want)
+		}
 	}
 }

@@ -40,29 +40,14 @@ func TestProxyCommandServesAndStops(t *testing.T) {
 }
 
 func TestProxyCommandBadInput(t *testing.T) {
-	tests := []struct {
-		args []string
-		want string
-	}{
+	checkBadInput(t, []badInput{
 		{[]string{"proxy", "--mode", "readmostly"}, "unknown mode"},
 		{[]string{"proxy", "--initial-cluster", "a=http://127.0.0.1:2380", "--discovery-srv", "example.com"}, "conflicting discovery"},
 		{[]string{"proxy", "--discovery-token", "abc"}, "--discovery-endpoints"},
 		{[]string{"proxy", "--discovery-user", "u", "--discovery-password", "p", "--initial-cluster", "a=http://127.0.0.1:2380"}, "token"},
 		{[]string{"proxy", "--endpoints", "10.0.0.1:2379"}, "http or https"},
 		{[]string{"proxy", "--proxy-failure-wait", "soon"}, "milliseconds"},
-	}
-	for _, tt := range tests {
-		b := startBeacon(t, t.TempDir(), nil, tt.args...)
-		err := b.wait(t, 30*time.Second)
-		if err == nil {
-			t.Errorf("%v: exit status 0", tt.args)
-			continue
-		}
-		stderr := strings.TrimSpace(b.errOut())
-		if !strings.Contains(stderr, tt.want) || !strings.HasPrefix(stderr, "beacon: ") {
-			t.Errorf("%v: stderr %q, want a 'beacon: ' line containing %q", tt.args, stderr, tt.want)
-		}
-	}
+	})
 }
 
 func TestMsDuration(t *testing.T) {

@@ -128,10 +128,7 @@ func TestWatchJSONAndDrain(t *testing.T) {
 // TestRegistryCommandsBadInput: bad input fails with one clear line and a
 // non-zero exit, before touching the network.
 func TestRegistryCommandsBadInput(t *testing.T) {
-	tests := []struct {
-		args []string
-		want string
-	}{
+	checkBadInput(t, []badInput{
 		{[]string{"register", "prod/api", "--addr", "10.0.0.1:80"}, "want namespace/component/endpoint"},
 		{[]string{"register", "prod/api/http"}, `required flag(s) "addr" not set`},
 		{[]string{"register", "Prod/api/http", "--addr", "10.0.0.1:80"}, "invalid namespace"},
@@ -148,19 +145,7 @@ func TestRegistryCommandsBadInput(t *testing.T) {
 		{[]string{"watch", "--from-revision", "-1"}, "--from-revision"},
 		{[]string{"watch", "prod", "extra"}, "accepts at most 1 arg"},
 		{[]string{"ls", "--endpoints", "http://127.0.0.1:1", "--timeout", "1s"}, "did not answer"},
-	}
-	for _, tt := range tests {
-		b := startBeacon(t, t.TempDir(), nil, tt.args...)
-		err := b.wait(t, 30*time.Second)
-		if err == nil {
-			t.Errorf("%v: exit status 0", tt.args)
-			continue
-		}
-		stderr := strings.TrimSpace(b.errOut())
-		if !strings.Contains(stderr, tt.want) || !strings.HasPrefix(stderr, "beacon: ") {
-			t.Errorf("%v: stderr %q, want a 'beacon: ' line containing %q", tt.args, stderr, tt.want)
-		}
-	}
+	})
 }
 
 // TestLsMemoryBackend: BEACON_DISCOVERY_BACKEND=memory works (a

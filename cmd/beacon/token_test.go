@@ -89,23 +89,14 @@ func TestTokenCommands(t *testing.T) {
 }
 
 func TestTokenBadInput(t *testing.T) {
-	for _, args := range [][]string{
-		{"token", "new", "--size", "0"},
-		{"token", "new", "--size", "-3"},
-		{"token", "new", "--size", "three"},
-		{"token", "rm", "a/b"},
-		{"token", "new", "--token", "a/b"},
-		{"token", "status", "a/b"},
-		{"token", "status"},
-		{"token", "new", "-o", "yaml", "--endpoints", "http://127.0.0.1:1"},
-	} {
-		b := startBeacon(t, t.TempDir(), nil, args...)
-		if err := b.wait(t, 30*time.Second); err == nil {
-			t.Errorf("%v succeeded", args)
-			continue
-		}
-		if lines := strings.Count(strings.TrimSpace(b.errOut()), "\n"); lines > 0 || !strings.HasPrefix(b.errOut(), "beacon: ") {
-			t.Errorf("%v: want one line of error, got:\n%s", args, b.errOut())
-		}
-	}
+	checkBadInput(t, []badInput{
+		{[]string{"token", "new", "--size", "0"}, "--size"},
+		{[]string{"token", "new", "--size", "-3"}, "--size"},
+		{[]string{"token", "new", "--size", "three"}, "--size"},
+		{[]string{"token", "rm", "a/b"}, "a/b"},
+		{[]string{"token", "new", "--token", "a/b"}, "a/b"},
+		{[]string{"token", "status", "a/b"}, "a/b"},
+		{[]string{"token", "status"}, ""},
+		{[]string{"token", "new", "-o", "yaml", "--endpoints", "http://127.0.0.1:1"}, "yaml"},
+	})
 }
