@@ -225,6 +225,19 @@ type cutProxy struct {
 	wg     sync.WaitGroup
 }
 
+// cutRegistry returns a registry that reaches srv through a connection the
+// test can cut, and that cut-able proxy.
+func cutRegistry(t *testing.T, srv *etcdtest.Server) (*cutProxy, *registry.StoreRegistry) {
+	t.Helper()
+	u, err := url.Parse(srv.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, u.Host)
+	st := newEtcdStore(t, nil, etcd.Config{Endpoints: []string{proxy.Endpoint()}, RequestTimeout: 500 * time.Millisecond})
+	return proxy, newRegistry(t, st, registry.Config{LeaseTTL: etcdTTL})
+}
+
 func startProxy(t *testing.T, target string) *cutProxy {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -304,19 +317,13 @@ func (p *cutProxy) Restore() {
 func TestDrillCompactionWhileDisconnected(t *testing.T) {
 	t.Parallel()
 	srv := etcdtest.Start(t, etcdtest.Options{})
-	u, err := url.Parse(srv.Endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startProxy(t, u.Host)
+	proxy, watching := cutRegistry(t, srv)
 	ctx := within(t, 60*time.Second)
 	ns := uniqueNS()
 	q := beacon.Query{Namespace: ns}
 
 	direct := newEtcdStore(t, srv, etcd.Config{})
 	reg := newRegistry(t, direct, registry.Config{LeaseTTL: etcdTTL})
-	watching := newRegistry(t, newEtcdStore(t, nil, etcd.Config{Endpoints: []string{proxy.Endpoint()}, RequestTimeout: 500 * time.Millisecond}),
-		registry.Config{LeaseTTL: etcdTTL})
 
 	a, err := reg.Register(ctx, inst(ns, "10.0.0.1:80"))
 	if err != nil {

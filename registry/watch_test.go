@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -486,17 +485,11 @@ func FuzzWatchConverges(f *testing.F) {
 // the last valid instance, and a valid value written later is an update.
 func TestResyncKeepsInstanceOverwrittenWithGarbage(t *testing.T) {
 	t.Parallel()
-	u, err := url.Parse(server.Endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startProxy(t, u.Host)
+	proxy, watching := cutRegistry(t, server)
 	ctx := within(t, 60*time.Second)
 	ns := uniqueNS()
 	q := beacon.Query{Namespace: ns}
 	direct := newEtcdStore(t, nil, etcd.Config{})
-	watching := newRegistry(t, newEtcdStore(t, nil, etcd.Config{Endpoints: []string{proxy.Endpoint()}, RequestTimeout: 500 * time.Millisecond}),
-		registry.Config{LeaseTTL: etcdTTL})
 	ks := watching.Keyspace()
 	good := inst(ns, "10.0.0.1:80")
 	good.ID = beacon.FormatID(1)
