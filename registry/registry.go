@@ -2,14 +2,16 @@ package registry
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/store"
 )
 
 // Registry is the discovery interface: processes register the instances they
 // serve, callers list and watch them. Implementations: *StoreRegistry over
-// any store.Store (etcd, memory, file, nats) and, later, registry/kube.
+// any store.Store (etcd, memory, file, nats).
 //
 // Registry composes the small interfaces below; code that only registers
 // should accept a Registrar, code that only discovers a Discoverer.
@@ -186,4 +188,64 @@ type drainOptions struct {
 // it is removed.
 func DrainGrace(d time.Duration) DrainOption {
 	return func(o *drainOptions) { o.grace, o.hasGrace = d, true }
+}
+
+// Optional capabilities. Consumers that serve any Registry (the HTTP API,
+// and whatever else `beacon serve` builds on the registry) take the narrow
+// interfaces above and find these by type assertion, as the store does with
+// store.Transactor: every backend serves every consumer, and a capability a
+// backend lacks is refused with a clear error instead of not compiling.
+
+// Getter reads one instance. Registries without it are read through List
+// (see Get).
+type Getter interface {
+	// Get returns the instance at ref, or an error matching
+	// beacon.ErrNotFound.
+	Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, error)
+}
+
+// LeasedRegistrar registers instances on behalf of remote clients (Beacon's
+// HTTP API): each registration is bound to a lease of its own that the
+// client keeps alive, so that it disappears when that client stops, not when
+// the serving process does. *StoreRegistry implements it (see leased.go for
+// the rules); a registry without leases does not, and the HTTP API then
+// refuses registration over HTTP while it still lists and watches.
+type LeasedRegistrar interface {
+	RegisterWithTTL(ctx context.Context, in beacon.Instance, ttl time.Duration) (beacon.Instance, store.Lease, error)
+	Heartbeat(ctx context.Context, ref beacon.Ref, lease store.LeaseID) (time.Duration, error)
+	UpdateLeased(ctx context.Context, ref beacon.Ref, lease store.LeaseID, mutate func(*beacon.Instance)) (beacon.Instance, error)
+	DeregisterLeased(ctx context.Context, ref beacon.Ref, lease store.LeaseID) error
+	RevokeLease(ctx context.Context, lease store.LeaseID) error
+}
+
+// SessionReporter reports the state of a registry's own session: the lease
+// its Register calls are bound to.
+type SessionReporter interface {
+	// State returns the session's current state.
+	State() State
+	// States delivers the session's state changes; see
+	// StoreRegistry.States.
+	States() <-chan StateChange
+}
+
+// Get returns the instance at ref from d: through Getter when d has it,
+// otherwise by listing ref's endpoint. An unknown instance gives an error
+// matching beacon.ErrNotFound.
+func Get(ctx context.Context, d Discoverer, ref beacon.Ref) (beacon.Instance, error) {
+	if err := ref.Validate(); err != nil {
+		return beacon.Instance{}, err
+	}
+	if g, ok := d.(Getter); ok {
+		return g.Get(ctx, ref)
+	}
+	ins, _, err := d.List(ctx, beacon.Query{Namespace: ref.Namespace, Component: ref.Component, Endpoint: ref.Endpoint})
+	if err != nil {
+		return beacon.Instance{}, err
+	}
+	for _, in := range ins {
+		if in.ID == ref.ID {
+			return in, nil
+		}
+	}
+	return beacon.Instance{}, fmt.Errorf("%w: %s", beacon.ErrNotFound, ref)
 }

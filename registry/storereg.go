@@ -48,6 +48,10 @@ var (
 	_ Registry   = (*StoreRegistry)(nil)
 	_ Registrar  = (*StoreRegistry)(nil)
 	_ Discoverer = (*StoreRegistry)(nil)
+
+	_ Getter          = (*StoreRegistry)(nil)
+	_ LeasedRegistrar = (*StoreRegistry)(nil)
+	_ SessionReporter = (*StoreRegistry)(nil)
 )
 
 // New returns a registry over st. It does not contact the store: the lease

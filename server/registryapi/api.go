@@ -51,15 +51,22 @@ type Options struct {
 
 // Handler serves the API. Create it with New.
 type Handler struct {
-	reg       *registry.StoreRegistry
+	reg       registry.Discoverer
+	leased    registry.LeasedRegistrar // nil: the registry cannot register over HTTP
 	log       *slog.Logger
 	mux       *http.ServeMux
 	keepAlive time.Duration
 	m         *metrics
 }
 
-// New returns the API over reg.
-func New(reg *registry.StoreRegistry, opts Options) (*Handler, error) {
+// New returns the API over reg. Lists, gets and watches work over any
+// registry; registration over HTTP needs the registry.LeasedRegistrar
+// capability (every store-backed registry has it) and is otherwise refused
+// with 501 and the code not_implemented.
+func New(reg registry.Discoverer, opts Options) (*Handler, error) {
+	if reg == nil {
+		return nil, errors.New("registryapi: nil registry")
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -70,15 +77,16 @@ func New(reg *registry.StoreRegistry, opts Options) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{reg: reg, log: opts.Logger.With("component", "registry-api"), keepAlive: opts.KeepAliveInterval, m: m}
+	leased, _ := reg.(registry.LeasedRegistrar)
+	h := &Handler{reg: reg, leased: leased, log: opts.Logger.With("component", "registry-api"), keepAlive: opts.KeepAliveInterval, m: m}
 	mux := http.NewServeMux()
-	h.handle(mux, "POST "+InstancesPath, h.register)
+	h.handle(mux, "POST "+InstancesPath, h.needLeases(h.register))
 	h.handle(mux, "GET "+InstancesPath, h.list)
 	one := InstancesPath + "/{namespace}/{component}/{endpoint}/{id}"
 	h.handle(mux, "GET "+one, h.get)
-	h.handle(mux, "PATCH "+one, h.update)
-	h.handle(mux, "DELETE "+one, h.deregister)
-	h.handle(mux, "POST "+one+"/heartbeat", h.heartbeat)
+	h.handle(mux, "PATCH "+one, h.needLeases(h.update))
+	h.handle(mux, "DELETE "+one, h.needLeases(h.deregister))
+	h.handle(mux, "POST "+one+"/heartbeat", h.needLeases(h.heartbeat))
 	h.handle(mux, "GET "+WatchPath, h.watch)
 	for _, p := range []string{InstancesPath, one, one + "/heartbeat", WatchPath} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
@@ -96,6 +104,19 @@ func Routes() []string {
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// needLeases refuses a write when the registry cannot bind registrations
+// to leases of their own.
+func (h *Handler) needLeases(fn http.HandlerFunc) http.HandlerFunc {
+	if h.leased != nil {
+		return fn
+	}
+	return func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, http.StatusNotImplemented, "not_implemented",
+			"this server's registry backend cannot register instances over HTTP (it has no leases); "+
+				"register with the Go library or `beacon register` on the backend itself")
+	}
+}
 
 // handle registers fn under pattern, counting requests by route and code.
 func (h *Handler) handle(mux *http.ServeMux, pattern string, fn http.HandlerFunc) {
@@ -195,7 +216,7 @@ func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
 		Namespace: req.Namespace, Component: req.Component, Endpoint: req.Endpoint, ID: req.ID,
 		Address: req.Address, Transport: req.Transport, Metadata: req.Metadata,
 	}
-	out, lease, err := h.reg.RegisterWithTTL(r.Context(), in, ttl)
+	out, lease, err := h.leased.RegisterWithTTL(r.Context(), in, ttl)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -217,7 +238,7 @@ func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ttl, err := h.reg.Heartbeat(r.Context(), ref, lease)
+	ttl, err := h.leased.Heartbeat(r.Context(), ref, lease)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -238,7 +259,7 @@ func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	out, err := h.reg.UpdateLeased(r.Context(), ref, lease, func(in *beacon.Instance) {
+	out, err := h.leased.UpdateLeased(r.Context(), ref, lease, func(in *beacon.Instance) {
 		if req.Address != nil {
 			in.Address = *req.Address
 		}
@@ -268,12 +289,12 @@ func (h *Handler) deregister(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := h.reg.DeregisterLeased(r.Context(), ref, lease); err != nil {
+	if err := h.leased.DeregisterLeased(r.Context(), ref, lease); err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	// The lease was this client's alone: end it too.
-	if err := h.reg.RevokeLease(r.Context(), lease); err != nil && !errors.Is(err, beacon.ErrNotFound) {
+	if err := h.leased.RevokeLease(r.Context(), lease); err != nil && !errors.Is(err, beacon.ErrNotFound) {
 		h.log.Warn("revoking the lease of a deregistered instance failed; it expires by itself", "lease", formatLease(lease), "err", err)
 	}
 	h.log.Info("deregistered", "instance", ref.String())
@@ -285,7 +306,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	in, err := h.reg.Get(r.Context(), ref)
+	in, err := registry.Get(r.Context(), h.reg, ref)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -411,7 +432,8 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 // ErrorResponse is the body of every error.
 type ErrorResponse struct {
 	// Code is invalid_argument, not_found, already_registered,
-	// lease_mismatch, method_not_allowed, unavailable or internal.
+	// lease_mismatch, method_not_allowed, not_implemented, unavailable or
+	// internal.
 	Code    string `json:"code"`
 	Message string `json:"message"`
 }

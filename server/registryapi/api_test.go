@@ -428,3 +428,51 @@ func FuzzRegisterBody(f *testing.F) {
 		}
 	})
 }
+
+// readOnlyRegistry exposes only the Registry interface of a real registry,
+// hiding its optional capabilities (leases, Get), as a registry without
+// leases would.
+type readOnlyRegistry struct{ registry.Registry }
+
+// TestRegistryWithoutLeases serves a registry that cannot register over
+// HTTP: reads work (Get falls back to List), writes are 501.
+func TestRegistryWithoutLeases(t *testing.T) {
+	st := memory.New(memory.Options{})
+	reg, err := registry.New(st, registry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reg.Close(); _ = st.Close() })
+	h, err := New(readOnlyRegistry{reg}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+
+	ctx := context.Background()
+	r, err := reg.Register(ctx, beacon.Instance{Namespace: "ns", Component: "c", Endpoint: "e", Address: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := r.Instance()
+	var got beacon.Instance
+	do(t, "GET", instanceURL(srv.URL, in), "").decode(t, &got)
+	if got.ID != in.ID || got.Address != in.Address {
+		t.Fatalf("GET = %+v, want %+v", got, in)
+	}
+	missing := in
+	missing.ID = "00000000000000aa"
+	do(t, "GET", instanceURL(srv.URL, missing), "").wantError(t, http.StatusNotFound, "not_found")
+
+	body := `{"namespace":"ns","component":"c","endpoint":"e","address":"127.0.0.1:2"}`
+	do(t, "POST", srv.URL+InstancesPath, body).wantError(t, http.StatusNotImplemented, "not_implemented")
+	do(t, "POST", instanceURL(srv.URL, in)+"/heartbeat", `{"lease":"1"}`).wantError(t, http.StatusNotImplemented, "not_implemented")
+	do(t, "PATCH", instanceURL(srv.URL, in), `{"lease":"1"}`).wantError(t, http.StatusNotImplemented, "not_implemented")
+	do(t, "DELETE", instanceURL(srv.URL, in)+"?lease=1", "").wantError(t, http.StatusNotImplemented, "not_implemented")
+	var list ListResponse
+	do(t, "GET", srv.URL+InstancesPath+"?namespace=ns", "").decode(t, &list)
+	if len(list.Instances) != 1 {
+		t.Fatalf("list = %+v, want the one instance registered with the library", list)
+	}
+}
