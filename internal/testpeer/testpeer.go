@@ -1,5 +1,9 @@
 // Package testpeer finds third-party programs that interop tests run as
-// real peers (for example Debian's etcd 3.4 for the v2 discovery protocol).
+// real peers: Debian packages (Binary; for example Debian's etcd 3.4 for the
+// v2 discovery protocol), peers built from this module's own dependencies
+// (GoBuild; the real etcdctl 3.7.3), and heavy peers built once per CI run
+// from other Go modules by .ci/build-peers into a cache directory (Built;
+// kube-apiserver, CoreDNS, ...).
 //
 // Locally a missing peer skips the test with instructions. In CI, where
 // BEACON_REQUIRE_PEERS=1 is set by .ci/run after it installs every peer, a
@@ -9,6 +13,9 @@ package testpeer
 import (
 	"os"
 	"os/exec"
+	"path"
+	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -43,4 +50,69 @@ func joinQuoted(s []string) string {
 		out += "\"" + c + "\""
 	}
 	return out
+}
+
+// PeersDirEnv names the directory where .ci/build-peers puts the peers it
+// builds from Go modules outside this one (kube-apiserver, CoreDNS, ...),
+// under bin/. Its default is DefaultPeersDir.
+const PeersDirEnv = "BEACON_PEERS_DIR"
+
+// DefaultPeersDir is where .ci/build-peers builds when BEACON_PEERS_DIR is
+// unset: beacon-peers under the user's cache directory.
+func DefaultPeersDir() string {
+	if d := os.Getenv(PeersDirEnv); d != "" {
+		return d
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "beacon-peers")
+	}
+	return filepath.Join(os.TempDir(), "beacon-peers")
+}
+
+// Built returns the path of a peer that .ci/build-peers builds from Go
+// modules (name is its binary's name, e.g. "kube-apiserver"): the one in
+// DefaultPeersDir()/bin, else one in PATH. If there is none, the test is
+// skipped with the command that builds it, or failed when RequireEnv is
+// set.
+func Built(tb testing.TB, name string) string {
+	tb.Helper()
+	p := filepath.Join(DefaultPeersDir(), "bin", name)
+	if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+		return p
+	}
+	return Binary(tb, "bash .ci/build-peers "+name+" (builds it into "+filepath.Dir(p)+")", name)
+}
+
+var (
+	goBuildMu   sync.Mutex
+	goBuildDir  string
+	goBuildDone = map[string]string{}
+)
+
+// GoBuild builds a main package of this module (for example
+// "github.com/beaconplane/beacon/internal/etcdctl", the real etcdctl 3.7.3)
+// once per test process and returns the binary's path. The Go build cache
+// makes it cheap after the first time. It fails the test if the build
+// fails.
+func GoBuild(tb testing.TB, pkg string) string {
+	tb.Helper()
+	goBuildMu.Lock()
+	defer goBuildMu.Unlock()
+	if bin, ok := goBuildDone[pkg]; ok {
+		return bin
+	}
+	if goBuildDir == "" {
+		d, err := os.MkdirTemp("", "beacon-peer-bin-")
+		if err != nil {
+			tb.Fatalf("testpeer: %v", err)
+		}
+		goBuildDir = d // removed by the OS's temp cleaning; binaries are reused within the process
+	}
+	bin := filepath.Join(goBuildDir, path.Base(pkg))
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("testpeer: go build %s: %v\n%s", pkg, err, out)
+	}
+	goBuildDone[pkg] = bin
+	return bin
 }
