@@ -59,8 +59,8 @@ type session struct {
 	regs     map[string]*registration
 	old      []store.LeaseID // previous leases, newest last
 	conflict int             // registrations in conflict, as last reported
-	kick     chan struct{}       // wakes the worker
-	keepKick chan struct{}       // wakes the keeper: the lease changed
+	kick     chan struct{}   // wakes the worker
+	keepKick chan struct{}   // wakes the keeper: the lease changed
 
 	statesMu     sync.Mutex
 	states       chan StateChange
