@@ -177,10 +177,14 @@ func (h *hub) probe() {
 		if len(feeds) == 0 {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(r.ctx, interval)
-		_, err := r.st.Get(ctx, key)
-		cancel()
+		err := h.ping(key, interval)
 		unreachable := errors.Is(err, store.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+		if unreachable && r.ctx.Err() == nil {
+			// Once more at once: one member of several may hang while the
+			// others answer (the next call goes to another one).
+			err = h.ping(key, interval)
+			unreachable = errors.Is(err, store.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+		}
 		switch {
 		case r.ctx.Err() != nil:
 			return
@@ -204,6 +208,16 @@ func (h *hub) probe() {
 			}
 		}
 	}
+}
+
+// ping reads a key that never exists, bounded by d: nil or an error that
+// still proves the store answered (not found, permission denied) means it
+// is reachable.
+func (h *hub) ping(key string, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(h.r.ctx, d)
+	defer cancel()
+	_, err := h.r.st.Get(ctx, key)
+	return err
 }
 
 func (h *hub) list() []*feed {
@@ -339,6 +353,12 @@ func (f *feed) run() {
 		switch {
 		case forced:
 			r.m.resync("reconnect")
+		case errors.Is(err, store.ErrWatchSilent):
+			// The view may have missed changes for as long as the stream
+			// was silent: say so until the listing below replaces it.
+			r.m.resync("silent")
+			f.setStale(fmt.Errorf("registry: watch %s: %w", f.prefix, err))
+			log.Warn("watch stream silent (its store server hangs or is cut off); re-listing", "err", err)
 		case errors.Is(err, store.ErrCompacted):
 			r.m.resync("compacted")
 			log.Info("watch fell behind compaction; re-listing", "err", err)
