@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strconv"
+	"time"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
@@ -49,6 +51,12 @@ type StaleMessage struct {
 //
 // A client resumes with Last-Event-ID (or ?since=) set to the last id it
 // received; if those changes are gone it gets a fresh snapshot.
+//
+// Neither side stays silent: an idle stream carries a comment every
+// KeepAliveInterval, so a client that hears nothing for two intervals knows
+// the stream is dead; and a client that stops reading (a vanished peer, a
+// stuck proxy) is dropped once a write has waited one interval, so that a
+// dead stream never holds a registry watcher.
 func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 	q, ok := query(w, r)
 	if !ok {
@@ -86,10 +94,18 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	bw := bufio.NewWriter(w)
 	flush := func() error {
+		// A client that takes longer than a keep-alive interval to take a
+		// write is gone (or not reading): end its stream.
+		_ = rc.SetWriteDeadline(time.Now().Add(h.keepAlive))
 		if err := bw.Flush(); err != nil {
+			h.dropped(r, err)
 			return err
 		}
-		return rc.Flush()
+		if err := rc.Flush(); err != nil {
+			h.dropped(r, err)
+			return err
+		}
+		return nil
 	}
 	fmt.Fprint(bw, "retry: 1000\n\n")
 	if flush() != nil {
@@ -115,6 +131,16 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// dropped logs a watch stream ended because its client did not take a
+// write in time (or went away).
+func (h *Handler) dropped(r *http.Request, err error) {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return // the client closed the stream itself
+	}
+	h.log.Info("watch stream ended: the client did not take a write within the keep-alive interval",
+		"remote", r.RemoteAddr, "interval", h.keepAlive, "err", err)
 }
 
 func writeBatch(w *bufio.Writer, b registry.Batch) {
