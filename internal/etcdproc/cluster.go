@@ -2,6 +2,7 @@ package etcdproc
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,8 @@ type EtcdMembers struct {
 	Bin string
 	// NoFsync passes --unsafe-no-fsync (faster drills on a shared disk).
 	NoFsync bool
+	// LogLevel is etcd's --log-level ("warn" when empty).
+	LogLevel string
 }
 
 // Name implements Launcher.
@@ -46,8 +49,8 @@ func (e EtcdMembers) Command(m *Member) *exec.Cmd {
 		"--name", m.Name, "--data-dir", m.DataDir,
 		"--listen-client-urls", m.ClientURL, "--advertise-client-urls", m.ClientURL,
 		"--listen-peer-urls", m.PeerURL, "--initial-advertise-peer-urls", m.PeerURL,
-		"--initial-cluster", m.c.initialCluster(), "--initial-cluster-token", m.c.token,
-		"--initial-cluster-state", "new", "--log-level", "warn",
+		"--initial-cluster", m.c.InitialCluster(), "--initial-cluster-token", m.c.token,
+		"--initial-cluster-state", "new", "--log-level", cmp.Or(e.LogLevel, "warn"),
 	}
 	if e.NoFsync {
 		args = append(args, "--unsafe-no-fsync")
@@ -132,7 +135,8 @@ func StartCluster(ctx context.Context, launch Launcher, nw *Network, n int, dir 
 // Token is the cluster's initial cluster token.
 func (c *Cluster) Token() string { return c.token }
 
-func (c *Cluster) initialCluster() string {
+// InitialCluster returns the members as etcd's --initial-cluster value.
+func (c *Cluster) InitialCluster() string {
 	parts := make([]string, 0, len(c.members))
 	for _, m := range c.members {
 		parts = append(parts, m.Name+"="+m.PeerURL)
@@ -250,6 +254,9 @@ func (m *Member) start() error {
 	}()
 	return nil
 }
+
+// Cluster returns the member's cluster.
+func (m *Member) Cluster() *Cluster { return m.c }
 
 // Running reports whether the member's process runs (possibly paused).
 func (m *Member) Running() bool {

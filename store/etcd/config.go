@@ -103,12 +103,13 @@ type Config struct {
 	// check (a hung member is then noticed only by gRPC keep-alive, after
 	// 15 s or more).
 	WatchSilenceTimeout time.Duration
-	// ProbeTimeout bounds the probe of one member (a linearizable read
-	// through that member alone). When a call or a watch of a Store made by
-	// New with several endpoints fails for want of an answer, every member
-	// is probed; members that do not answer while another does are left out
-	// of the client's endpoints (new calls and watches go to the others)
-	// and probed again every ProbeTimeout until they answer. Zero means
+	// ProbeTimeout bounds the probe of one member (its status, asked on a
+	// connection of its own). When a call or a watch of a Store made by New
+	// with several endpoints fails for want of an answer, every member is
+	// probed; members that do not answer while another does, or know no
+	// leader while another does, are left out of the client's endpoints
+	// (new calls and watches go to the others) and probed again every
+	// ProbeTimeout until they answer with a leader. Zero means
 	// DefaultProbeTimeout; negative disables probing.
 	ProbeTimeout time.Duration
 

@@ -10,7 +10,6 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // A member that hangs (a stopped process, a stuck disk, a VM that stalls)
@@ -18,17 +17,18 @@ import (
 // keep-alive pings time out (15 s or more: gRPC pings at most every 10 s).
 // Meanwhile the client's round-robin balancer sends it a share of every
 // call, and each such call waits for its deadline. The prober shortens
-// that: when a call or a watch fails for want of an answer, it probes every
-// member through a client of its own, and leaves those that do not answer
-// (while another one does) out of the client's endpoints, so that new calls
-// and watches go to the members that answer. It probes them again every
-// ProbeTimeout and puts each back as soon as it answers.
+// that: when a call or a watch fails for want of an answer, it asks every
+// member for its status, each on a connection of its own, and leaves out of
+// the client's endpoints those that do not answer while another does (and
+// those that know no leader while another does), so that new calls and
+// watches go to the members that answer. It probes them again every
+// ProbeTimeout and puts each back as soon as it answers with a leader.
 
 // prober tracks which members answer; one per Store made by New with
 // several endpoints.
 type prober struct {
-	all     []string        // every configured endpoint, in order
-	base    clientv3.Config // for the one-endpoint probe clients
+	all     []string // every configured endpoint, in order
+	status  func(ctx context.Context, ep string) (*clientv3.StatusResponse, error)
 	timeout time.Duration
 	set     func(eps ...string) // sets the main client's endpoints
 	log     *slog.Logger
@@ -40,24 +40,22 @@ type prober struct {
 	pending chan struct{}        // closed when the next sweep ends
 	last    time.Time            // end of the last sweep
 	changed chan struct{}        // closed when out changes
-	clients map[string]*clientv3.Client
 }
 
-func newProber(all []string, base clientv3.Config, timeout time.Duration, set func(...string), log *slog.Logger) *prober {
-	base.DialTimeout = timeout
-	base.AutoSyncInterval = 0
-	base.Logger = zap.NewNop() // a failed probe is the expected outcome, not news
-	base.LogConfig = nil
+// newProber probes members with status, which must ask the member at ep
+// alone (clientv3's Status dials it on a connection of its own), and sets
+// the client's endpoints with set.
+func newProber(all []string, status func(context.Context, string) (*clientv3.StatusResponse, error), timeout time.Duration,
+	set func(...string), log *slog.Logger) *prober {
 	return &prober{
 		all:     slices.Clone(all),
-		base:    base,
+		status:  status,
 		timeout: timeout,
 		set:     set,
 		log:     log,
 		wake:    make(chan struct{}, 1),
 		out:     make(map[string]time.Time),
 		changed: make(chan struct{}),
-		clients: make(map[string]*clientv3.Client),
 	}
 }
 
@@ -91,7 +89,6 @@ func (p *prober) excluded() []string {
 // run sweeps when asked and probes the members left out every timeout,
 // until stop is closed.
 func (p *prober) run(stop <-chan struct{}) {
-	defer p.closeClients()
 	t := time.NewTicker(p.timeout)
 	defer t.Stop()
 	for {
@@ -126,8 +123,9 @@ func (p *prober) run(stop <-chan struct{}) {
 	}
 }
 
-// sweep probes the members in use; if some answer and others do not, it
-// leaves the silent ones out.
+// sweep probes the members in use and leaves out those that do not
+// answer while another does, and those that answer without a leader while
+// another has one.
 func (p *prober) sweep(stop <-chan struct{}) {
 	p.mu.Lock()
 	done := p.pending
@@ -147,38 +145,40 @@ func (p *prober) sweep(stop <-chan struct{}) {
 			close(done)
 		}
 	}()
-	ok := p.probeAll(stop, in)
-	var silent []string
-	answered := false
+	got := p.probeAll(stop, in)
+	answered, led := false, false
+	for _, g := range got {
+		answered = answered || g != silent
+		led = led || g == healthy
+	}
+	var bad []string
 	for i, ep := range in {
-		if ok[i] {
-			answered = true
-		} else {
-			silent = append(silent, ep)
+		if (got[i] == silent && answered) || (got[i] == leaderless && led) {
+			bad = append(bad, ep)
 		}
 	}
-	if !answered || len(silent) == 0 {
+	if len(bad) == 0 {
 		return // all answer, or none does: nothing to choose between
 	}
 	p.mu.Lock()
 	now := time.Now()
-	for _, ep := range silent {
+	for _, ep := range bad {
 		p.out[ep] = now
 	}
 	p.mu.Unlock()
 	p.apply()
-	p.log.Warn("etcd member does not answer; sending calls and watches to the other members until it does",
-		"members", silent, "probe_timeout", p.timeout)
+	p.log.Warn("etcd member does not answer (or has no leader); sending calls and watches to the other members until it does",
+		"members", bad, "probe_timeout", p.timeout)
 }
 
 // recheck probes the members left out and puts back those that answer.
 func (p *prober) recheck(stop <-chan struct{}) {
 	out := p.excluded()
-	ok := p.probeAll(stop, out)
+	got := p.probeAll(stop, out)
 	var back []string
 	p.mu.Lock()
 	for i, ep := range out {
-		if ok[i] {
+		if got[i] == healthy {
 			back = append(back, ep)
 			delete(p.out, ep)
 		}
@@ -221,8 +221,17 @@ func (p *prober) apply() {
 	p.set(in...)
 }
 
-// probeAll probes eps in parallel and reports which answered.
-func (p *prober) probeAll(stop <-chan struct{}, eps []string) []bool {
+// A probe's outcome.
+type probeResult uint8
+
+const (
+	silent     probeResult = iota // no answer within the timeout
+	leaderless                    // answers, but knows no leader
+	healthy                       // answers, and follows a leader
+)
+
+// probeAll probes eps in parallel.
+func (p *prober) probeAll(stop <-chan struct{}, eps []string) []probeResult {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
 	go func() {
@@ -232,56 +241,29 @@ func (p *prober) probeAll(stop <-chan struct{}, eps []string) []bool {
 		case <-ctx.Done():
 		}
 	}()
-	ok := make([]bool, len(eps))
+	got := make([]probeResult, len(eps))
 	var wg sync.WaitGroup
 	for i, ep := range eps {
-		wg.Go(func() { ok[i] = p.probe(ctx, ep) })
+		wg.Go(func() { got[i] = p.probe(ctx, ep) })
 	}
 	wg.Wait()
-	return ok
+	return got
 }
 
-// probe reads the probe key through ep alone, linearizably: a member that
-// answers it can serve the store's calls (it reaches the leader).
-func (p *prober) probe(ctx context.Context, ep string) bool {
-	cli, err := p.client(ep)
-	if err != nil {
-		return false
+// probe asks the member at ep alone for its status: a stopped or cut-off
+// member does not answer, and one cut off from its peers (or in an
+// election) knows no leader. The status is the member's own: it answers
+// even when the cluster has no leader, so that a hung leader is told apart
+// from the election that replaces it.
+func (p *prober) probe(ctx context.Context, ep string) probeResult {
+	st, err := p.status(ctx, ep)
+	switch {
+	case errors.Is(err, rpctypes.ErrPermissionDenied):
+		return healthy // it answered; the user may not read its status
+	case err != nil:
+		return silent
+	case st.Leader == 0:
+		return leaderless
 	}
-	_, err = cli.Get(ctx, probeKey, clientv3.WithCountOnly())
-	return err == nil || errors.Is(err, rpctypes.ErrPermissionDenied)
-}
-
-// client returns the probe client of ep, made on first use.
-func (p *prober) client(ep string) (*clientv3.Client, error) {
-	p.mu.Lock()
-	cli := p.clients[ep]
-	p.mu.Unlock()
-	if cli != nil {
-		return cli, nil
-	}
-	cfg := p.base
-	cfg.Endpoints = []string{ep}
-	cli, err := clientv3.New(cfg) // authenticates, bounded by DialTimeout, when credentials are set
-	if err != nil {
-		return nil, err
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if other := p.clients[ep]; other != nil {
-		_ = cli.Close()
-		return other, nil
-	}
-	p.clients[ep] = cli
-	return cli, nil
-}
-
-func (p *prober) closeClients() {
-	p.mu.Lock()
-	clients := p.clients
-	p.clients = map[string]*clientv3.Client{}
-	p.mu.Unlock()
-	for _, cli := range clients {
-		_ = cli.Close()
-	}
+	return healthy
 }
