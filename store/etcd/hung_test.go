@@ -59,6 +59,21 @@ func TestWatchOnHungMemberEnds(t *testing.T) {
 	case <-time.After(3 * silenceBound):
 		t.Fatalf("watch on the hung member still open %v after the pause", 3*silenceBound)
 	}
+	// A watch opened while the member hangs (its gRPC stream never opens)
+	// ends the same way.
+	late := hungStore.Watch(ctx, "/hung/", 1)
+	opened := time.Now()
+	select {
+	case resp, ok := <-late:
+		if !ok || !errors.Is(resp.Err, store.ErrWatchSilent) {
+			t.Fatalf("watch opened on the hung member delivered %+v (open %v), want ErrWatchSilent", resp, ok)
+		}
+		if took := time.Since(opened); took > silenceBound {
+			t.Fatalf("watch opened on the hung member ended after %v, bound %v", took, silenceBound)
+		}
+	case <-time.After(3 * silenceBound):
+		t.Fatal("watch opened on the hung member still open")
+	}
 	// The quiet watch on a healthy member stayed open (progress
 	// notifications answered its checks) for as long.
 	select {

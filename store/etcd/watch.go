@@ -97,8 +97,18 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		opts = append(opts, clientv3.WithRev(from))
 	}
 	// The empty prefix is the whole key space: clientv3.WithPrefix turns
-	// the empty key into the range ["\x00", end).
-	ech := s.cli.Watch(wctx, prefix, opts...)
+	// the empty key into the range ["\x00", end). clientv3's Watch blocks
+	// until it has opened the gRPC stream, which never happens on a hung
+	// member: it runs aside, so that the silence check covers it too.
+	var ech clientv3.WatchChan // nil until Watch returned
+	echc := make(chan clientv3.WatchChan, 1)
+	go func() { echc <- s.cli.Watch(wctx, prefix, opts...) }()
+	defer func() {
+		cancel()
+		if ech == nil {
+			<-echc // Watch returns once wctx is done
+		}
+	}()
 	next := from // the first revision not yet delivered (0: not known yet)
 	isCreated := false
 	end := func(err error) {
@@ -120,6 +130,8 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			ok bool
 		)
 		select {
+		case ech = <-echc:
+			continue
 		case wr, ok = <-ech:
 			heard = time.Now()
 		case <-check:
@@ -128,7 +140,9 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 				continue
 			}
 			if quiet < s.watchSilence {
-				s.requestProgress(wctx)
+				if ech != nil {
+					s.requestProgress(wctx)
+				}
 				continue
 			}
 			if s.prober != nil {
