@@ -84,17 +84,20 @@ func (h *hub) acquire(q beacon.Query) (*feed, error) {
 	if f == nil {
 		ctx, cancel := context.WithCancel(h.r.ctx)
 		f = &feed{
-			h:      h,
-			prefix: prefix,
-			ctx:    ctx,
-			cancel: cancel,
-			tree:   btree.NewG(btreeDegree, itemLess),
-			wake:   make(chan struct{}),
+			h:        h,
+			prefix:   prefix,
+			ctx:      ctx,
+			cancel:   cancel,
+			tree:     btree.NewG(btreeDegree, itemLess),
+			wake:     make(chan struct{}),
+			pending:  make(map[string]*pendingRemoval),
+			holdWake: make(chan struct{}, 1),
 		}
 		h.feeds[prefix] = f
 		h.r.m.addWatchStreams(1)
-		h.r.wg.Add(1)
+		h.r.wg.Add(2)
 		go f.run()
+		go f.expire()
 		if !h.probing {
 			h.probing = true
 			h.r.wg.Add(1)
@@ -204,7 +207,7 @@ func (h *hub) probe() {
 			}
 			failing = true
 			for _, f := range feeds {
-				f.setStale(fmt.Errorf("registry: store unreachable: %w", err))
+				f.setOutage(fmt.Errorf("registry: store unreachable: %w", err))
 			}
 		}
 	}
@@ -269,6 +272,11 @@ type feed struct {
 	wake     chan struct{}
 	unfollow context.CancelFunc // ends the current store watch
 	forced   bool               // unfollow was called by relist
+	outage   bool               // stale because the store was unreachable (not just a silent stream)
+	backAt   time.Time          // when the store last came back from an outage
+	pending  map[string]*pendingRemoval
+	recent   []recentRemoval // recent removals of serving instances (bursts)
+	holdWake chan struct{}   // pokes expire
 }
 
 // relist makes a stale feed drop its store watch and list again.
@@ -295,6 +303,14 @@ func (f *feed) fail(err error) {
 		f.err = err
 		f.notifyLocked()
 	}
+}
+
+// setOutage turns the feed stale because the store is unreachable.
+func (f *feed) setOutage(err error) {
+	f.setStale(err)
+	f.mu.Lock()
+	f.outage = true
+	f.mu.Unlock()
 }
 
 func (f *feed) setStale(err error) {
@@ -331,7 +347,7 @@ func (f *feed) run() {
 				f.fail(fmt.Errorf("registry: watch %s: %w", f.prefix, err))
 				return
 			}
-			f.setStale(fmt.Errorf("registry: watch %s: list: %w", f.prefix, err))
+			f.setOutage(fmt.Errorf("registry: watch %s: list: %w", f.prefix, err))
 			d := bo.next()
 			log.Warn("watch cannot list; retrying", "err", err, "retry_in", d)
 			if !sleep(f.ctx, d) {
@@ -451,6 +467,10 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 		f.log, f.floorSeq, f.floorRev = nil, f.seq, rev
 	}
 	f.relists++
+	now := time.Now()
+	if f.outage {
+		f.outage, f.backAt = false, now
+	}
 	fresh := make(map[string]*item, len(items))
 	for _, it := range items {
 		fresh[it.key] = it
@@ -463,10 +483,10 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 		return true
 	})
 	for _, old := range gone {
-		f.tree.Delete(old)
-		f.appendLocked(change{rev: rev, key: old.key, before: old})
+		f.removeLocked(old, rev, now)
 	}
 	for _, it := range items {
+		f.rewrittenLocked(it.key)
 		old, _ := f.tree.Get(it)
 		if old != nil && old.mod == it.mod && old.create == it.create {
 			continue // unchanged: keep the item watchers already hold
@@ -497,6 +517,7 @@ func (f *feed) applyEvents(evs []store.Event) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	now := time.Now()
 	last := f.rev
 	i := 0
 	for _, e := range evs {
@@ -515,15 +536,15 @@ func (f *feed) applyEvents(evs []store.Event) {
 			if it == nil {
 				continue // not an instance: keep the last valid value, if any
 			}
+			f.rewrittenLocked(it.key)
 			old, _ := f.tree.ReplaceOrInsert(it)
 			if old != nil && old.inst.Equal(it.inst) {
 				continue
 			}
 			f.appendLocked(change{rev: rev, key: it.key, before: old, after: it})
 		case store.EventDelete:
-			old, ok := f.tree.Delete(&item{key: e.KV.Key})
-			if ok {
-				f.appendLocked(change{rev: rev, key: old.key, before: old})
+			if old, ok := f.tree.Get(&item{key: e.KV.Key}); ok {
+				f.removeLocked(old, rev, now)
 			}
 		}
 	}
