@@ -66,7 +66,7 @@ type Config struct {
 	// instance is written again meanwhile (its session re-registered it
 	// with the same ID), watchers see nothing; otherwise they see the
 	// removal when the hold ends. Other removals of serving instances wait
-	// 100 ms (to tell a burst), removals of draining instances none. Zero
+	// 50 ms (to tell a burst), removals of draining instances none. Zero
 	// means a keep-alive interval plus 1 s (LeaseTTL/3 + 1 s), the time a
 	// session takes to notice and re-register; negative delivers every
 	// removal at once. See docs/operations.md.

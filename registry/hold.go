@@ -26,14 +26,14 @@ import (
 // RemovalHold: if the same key is written again meanwhile, the removal is
 // dropped (watchers see nothing, or an update if the value changed);
 // otherwise it is delivered when the hold ends. Every other removal of a
-// serving instance waits only holdCoalesce (to see whether a burst
+// serving instance waits only holdCoalesce (50 ms) (to see whether a burst
 // follows); removals of draining instances are delivered at once.
 //
 // The cost: a consumer keeps an instance that really died in such a burst
 // (a rack that lost power) for up to RemovalHold longer.
 
 const (
-	holdCoalesce = 100 * time.Millisecond // every serving removal waits this long
+	holdCoalesce = 50 * time.Millisecond // every serving removal waits this long
 	burstWindow  = time.Second
 	burstMin     = 3
 )

@@ -76,7 +76,7 @@ func TestMassRevocationIsRiddenOut(t *testing.T) {
 
 // TestMassDeathIsDeliveredAfterHold: a burst of processes that really end
 // (their leases revoked, nobody re-registers) reaches watchers once the
-// hold ends, and a single removal after 100 ms.
+// hold ends, and a single removal after 50 ms.
 func TestMassDeathIsDeliveredAfterHold(t *testing.T) {
 	ctx := within(t, 30*time.Second)
 	ns := uniqueNS()
@@ -104,7 +104,7 @@ func TestMassDeathIsDeliveredAfterHold(t *testing.T) {
 	for v.Len() < 4 {
 		next(t, ctx, w, v)
 	}
-	// One process ends: delivered after the 100 ms coalescing.
+	// One process ends: delivered after the 50 ms coalescing.
 	start := time.Now()
 	if err := fleet[0].Close(); err != nil {
 		t.Fatal(err)

@@ -190,6 +190,7 @@ type watcher struct {
 	err       error
 	stale     int
 	events    int
+	batches   int
 	removals  map[string]int       // removals of each ref since mark
 	tracked   map[string]bool      // refs whose disappearance the trial times
 	goneAt    map[string]time.Time // first batch since mark that left a tracked ref out
@@ -222,13 +223,14 @@ func (r *runner) newWatcher(ctx context.Context, name string, endpoints []string
 func (w *watcher) run() {
 	defer close(w.done)
 	for {
+		b, err := w.w.Next(context.Background())
+		// A held watcher (a slow consumer) sits on the batch it took.
 		w.mu.Lock()
 		gate := w.gate
 		w.mu.Unlock()
 		if gate != nil {
 			<-gate
 		}
-		b, err := w.w.Next(context.Background())
 		now := time.Now()
 		w.mu.Lock()
 		if err != nil {
@@ -238,6 +240,7 @@ func (w *watcher) run() {
 			w.mu.Unlock()
 			return
 		}
+		w.batches++
 		switch b.Kind {
 		case registry.Stale:
 			w.stale++
