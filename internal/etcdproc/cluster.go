@@ -29,6 +29,13 @@ type Launcher interface {
 	Name() string
 }
 
+// Preparer is implemented by a Launcher that must set things up once the
+// members' addresses are known and before they start (a discovery token,
+// say). StartCluster calls it.
+type Preparer interface {
+	Prepare(ctx context.Context, c *Cluster) error
+}
+
 // EtcdMembers runs members from an etcd binary (etcd's own flags; this
 // repository builds one from etcd 3.7.3 as internal/etcdmember).
 type EtcdMembers struct {
@@ -69,6 +76,7 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	members []*Member
+	aux     []*Member // helper processes on the network (not members)
 	closed  bool
 }
 
@@ -82,8 +90,9 @@ type Member struct {
 	HTTPAddr  string // the member's third port (beacon serve's HTTP API)
 	DataDir   string
 
-	c    *Cluster
-	host *host
+	c      *Cluster
+	host   *host
+	launch Launcher // nil: the cluster's
 
 	mu          sync.Mutex
 	cmd         *exec.Cmd
@@ -117,6 +126,12 @@ func StartCluster(ctx context.Context, launch Launcher, nw *Network, n int, dir 
 		}
 		c.members = append(c.members, m)
 	}
+	if p, ok := launch.(Preparer); ok {
+		if err := p.Prepare(ctx, c); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
 	for _, m := range c.members {
 		if err := m.start(); err != nil {
 			c.Close()
@@ -130,6 +145,34 @@ func StartCluster(ctx context.Context, launch Launcher, nw *Network, n int, dir 
 		}
 	}
 	return c, nil
+}
+
+// StartAux starts a helper process on the cluster's network — a place of
+// its own, with its own ports, but not a member (a discovery service, say)
+// — runs it with launch, and waits until it answers /health. Close kills
+// it with the members.
+func (c *Cluster) StartAux(ctx context.Context, name string, launch Launcher) (*Member, error) {
+	h, err := c.net.addHost()
+	if err != nil {
+		return nil, err
+	}
+	m := &Member{
+		Name:      name,
+		ClientURL: fmt.Sprintf("http://%s:%d", h.addr, h.ports["client"]),
+		PeerURL:   fmt.Sprintf("http://%s:%d", h.addr, h.ports["peer"]),
+		HTTPAddr:  fmt.Sprintf("%s:%d", h.addr, h.ports["http"]),
+		DataDir:   filepath.Join(c.dir, name),
+		c:         c,
+		host:      h,
+		launch:    launch,
+	}
+	c.mu.Lock()
+	c.aux = append(c.aux, m)
+	c.mu.Unlock()
+	if err := m.start(); err != nil {
+		return nil, err
+	}
+	return m, m.WaitHealthy(ctx)
 }
 
 // Token is the cluster's initial cluster token.
@@ -212,7 +255,10 @@ func (c *Cluster) Close() {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	for _, m := range c.Members() {
+	c.mu.Lock()
+	all := append(append([]*Member(nil), c.members...), c.aux...)
+	c.mu.Unlock()
+	for _, m := range all {
 		_ = m.Kill()
 	}
 	c.net.Close()
@@ -234,7 +280,11 @@ func (m *Member) start() error {
 		}
 		m.log = f
 	}
-	cmd := m.c.launch.Command(m)
+	launch := m.c.launch
+	if m.launch != nil {
+		launch = m.launch
+	}
+	cmd := launch.Command(m)
 	m.c.net.wrap(m.host, cmd)
 	cmd.Stdout, cmd.Stderr = m.log, m.log
 	// The member dies with this process, even if it is killed.

@@ -121,7 +121,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		if log == nil {
 			log = slog.New(slog.DiscardHandler)
 		}
-		s.prober = newProber(r.endpoints, cli.Status, r.probeTimeout, cli.SetEndpoints, log.With("component", "etcd-store"))
+		s.prober = newProber(r.endpoints, ccfg, r.probeTimeout, cli.SetEndpoints, log.With("component", "etcd-store"))
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()

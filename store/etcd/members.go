@@ -10,6 +10,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // A member that hangs (a stopped process, a stuck disk, a VM that stalls)
@@ -27,8 +28,8 @@ import (
 // prober tracks which members answer; one per Store made by New with
 // several endpoints.
 type prober struct {
-	all     []string // every configured endpoint, in order
-	status  func(ctx context.Context, ep string) (*clientv3.StatusResponse, error)
+	all     []string        // every configured endpoint, in order
+	base    clientv3.Config // of the client that asks for statuses
 	timeout time.Duration
 	set     func(eps ...string) // sets the main client's endpoints
 	log     *slog.Logger
@@ -40,16 +41,19 @@ type prober struct {
 	pending chan struct{}        // closed when the next sweep ends
 	last    time.Time            // end of the last sweep
 	changed chan struct{}        // closed when out changes
+	cli     *clientv3.Client     // asks for statuses; made on first use
 }
 
-// newProber probes members with status, which must ask the member at ep
-// alone (clientv3's Status dials it on a connection of its own), and sets
-// the client's endpoints with set.
-func newProber(all []string, status func(context.Context, string) (*clientv3.StatusResponse, error), timeout time.Duration,
-	set func(...string), log *slog.Logger) *prober {
+// newProber probes members through a client of its own made from base
+// (without logs: a failed probe is the expected outcome, not news), and
+// sets the main client's endpoints with set.
+func newProber(all []string, base clientv3.Config, timeout time.Duration, set func(...string), log *slog.Logger) *prober {
+	base.Logger, base.LogConfig = zap.NewNop(), nil
+	base.AutoSyncInterval = 0
+	base.DialTimeout = timeout
 	return &prober{
 		all:     slices.Clone(all),
-		status:  status,
+		base:    base,
 		timeout: timeout,
 		set:     set,
 		log:     log,
@@ -89,6 +93,11 @@ func (p *prober) excluded() []string {
 // run sweeps when asked and probes the members left out every timeout,
 // until stop is closed.
 func (p *prober) run(stop <-chan struct{}) {
+	defer func() {
+		if p.cli != nil {
+			_ = p.cli.Close()
+		}
+	}()
 	t := time.NewTicker(p.timeout)
 	defer t.Stop()
 	for {
@@ -242,6 +251,19 @@ func (p *prober) probeAll(stop <-chan struct{}, eps []string) []probeResult {
 		}
 	}()
 	got := make([]probeResult, len(eps))
+	p.mu.Lock()
+	if p.cli == nil {
+		// Made here, in the prober's goroutine: with credentials, New
+		// authenticates (bounded by the probe timeout).
+		p.mu.Unlock()
+		cli, err := clientv3.New(p.base)
+		if err != nil {
+			return got // all silent: nothing to choose between
+		}
+		p.mu.Lock()
+		p.cli = cli
+	}
+	p.mu.Unlock()
 	var wg sync.WaitGroup
 	for i, ep := range eps {
 		wg.Go(func() { got[i] = p.probe(ctx, ep) })
@@ -256,7 +278,13 @@ func (p *prober) probeAll(stop <-chan struct{}, eps []string) []probeResult {
 // even when the cluster has no leader, so that a hung leader is told apart
 // from the election that replaces it.
 func (p *prober) probe(ctx context.Context, ep string) probeResult {
-	st, err := p.status(ctx, ep)
+	p.mu.Lock()
+	cli := p.cli
+	p.mu.Unlock()
+	if cli == nil {
+		return silent
+	}
+	st, err := cli.Status(ctx, ep) // dials ep alone
 	switch {
 	case errors.Is(err, rpctypes.ErrPermissionDenied):
 		return healthy // it answered; the user may not read its status
