@@ -24,6 +24,7 @@ import (
 const beaconMainEnv = "BEACON_TEST_RUN_MAIN"
 
 func TestMain(m *testing.M) {
+	selfCommand = testSelfCommand // bench drill's nodes and registrants
 	if os.Getenv(beaconMainEnv) != "" {
 		os.Args = append([]string{"beacon"}, strings.Fields(os.Getenv(beaconMainEnv))...)
 		main()
