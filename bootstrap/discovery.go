@@ -355,7 +355,9 @@ func (d *discovery) watch(ctx context.Context, self string) error {
 	// check.
 	var wch clientv3.WatchChan // nil until Watch returned
 	wchc := make(chan clientv3.WatchChan, 1)
-	go func() { wchc <- cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(d.reg.rev+1)) }()
+	go func() {
+		wchc <- cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(d.reg.rev+1))
+	}()
 	defer func() {
 		cancel()
 		if wch == nil {
