@@ -35,6 +35,11 @@ type DrillConfig struct {
 	// members are `beacon serve` nodes of Self, joined by a discovery
 	// token.
 	EtcdBin string
+	// Expiry, when positive, also lets that many instances expire at once
+	// in both lease layouts (Beacon's sessions: one lease per process, in
+	// ExpiryProcesses processes; and one lease per instance) and measures
+	// how fast etcd deletes them.
+	Expiry, ExpiryProcesses int
 	// Network is DrillNetAuto, DrillNetNetns or DrillNetLoopback.
 	Network string
 	// Dir keeps the members' data and logs ("": a temporary directory,
@@ -64,6 +69,12 @@ func (c DrillConfig) Validate() error {
 	if c.TTL < 2*time.Second || c.TTL > time.Minute {
 		errs = append(errs, fmt.Errorf("--ttl %v: want 2s to 1m (etcd's shortest lease is 2 s)", c.TTL))
 	}
+	if c.Expiry < 0 || c.Expiry > 1_000_000 {
+		errs = append(errs, fmt.Errorf("--expiry %d: want 0 (skip) to 1000000", c.Expiry))
+	}
+	if c.Expiry > 0 && (c.ExpiryProcesses < 1 || c.ExpiryProcesses > c.Expiry) {
+		errs = append(errs, fmt.Errorf("--expiry-processes %d: want 1 to --expiry (%d)", c.ExpiryProcesses, c.Expiry))
+	}
 	switch c.Network {
 	case DrillNetAuto, DrillNetNetns, DrillNetLoopback:
 	default:
@@ -86,12 +97,20 @@ func (c DrillConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// RunDrill runs the drills and returns their results. Members, registrants
-// and watchers are real processes and clients; it cleans up every process
-// and namespace it made, also when it fails.
-func RunDrill(ctx context.Context, c DrillConfig) ([]drill.Result, error) {
+// DrillReport is what RunDrill measured.
+type DrillReport struct {
+	Drills []drill.Result       `json:"drills"`
+	Expiry []drill.ExpiryResult `json:"expiry,omitempty"`
+}
+
+// RunDrill runs the drills (and the expiry measurement) and returns their
+// results. Members, registrants and watchers are real processes and
+// clients; it cleans up every process and namespace it made, also when it
+// fails.
+func RunDrill(ctx context.Context, c DrillConfig) (DrillReport, error) {
+	var rep DrillReport
 	if err := c.Validate(); err != nil {
-		return nil, err
+		return rep, err
 	}
 	network := func() (*etcdproc.Network, error) { return etcdproc.Loopback(), nil }
 	switch c.Network {
@@ -109,7 +128,7 @@ func RunDrill(ctx context.Context, c DrillConfig) ([]drill.Result, error) {
 	if dir == "" {
 		d, err := os.MkdirTemp("", "beacon-drill-")
 		if err != nil {
-			return nil, err
+			return rep, err
 		}
 		defer os.RemoveAll(d)
 		dir = d
@@ -118,7 +137,7 @@ func RunDrill(ctx context.Context, c DrillConfig) ([]drill.Result, error) {
 	if c.EtcdBin != "" {
 		members = etcdproc.EtcdMembers{Bin: c.EtcdBin}
 	}
-	return drill.Run(ctx, drill.Config{
+	cfg := drill.Config{
 		Members:    members,
 		Network:    network,
 		Dir:        dir,
@@ -129,5 +148,15 @@ func RunDrill(ctx context.Context, c DrillConfig) ([]drill.Result, error) {
 		Trials:     c.Trials,
 		Log:        c.Logger,
 		Progress:   c.Progress,
-	}, c.Drills...)
+	}
+	var err error
+	if len(c.Drills) > 0 || c.Expiry == 0 {
+		if rep.Drills, err = drill.Run(ctx, cfg, c.Drills...); err != nil {
+			return rep, err
+		}
+	}
+	if c.Expiry > 0 {
+		rep.Expiry, err = drill.MeasureExpiry(ctx, cfg, c.Expiry, c.ExpiryProcesses)
+	}
+	return rep, err
 }

@@ -57,6 +57,12 @@ leader's takeover, which extends every lease), flaps (removals of live
 instances seen by watchers), stale batches, and convergence p50/max. Goal while
 quorum holds: 0 lost, 0 phantom, 0 flaps.
 
+With --expiry N it also lets N instances expire at once in two lease layouts
+— Beacon's sessions (one lease per process, --expiry-processes processes) and
+one lease per instance — and measures how fast etcd deletes them (etcd revokes
+1,000 leases per second; a lease's keys go in one revision). --drills ""
+--expiry N runs only that.
+
 Partitions need members in network namespaces (root and iproute2); with --net
 auto (the default) the drill uses them when it can and otherwise says why the
 partition drill is skipped. Every process and namespace is removed at the end,
@@ -66,8 +72,13 @@ also on failure.`,
 			if output != "table" && output != "json" {
 				return fmt.Errorf("-o %q: want table or json", output)
 			}
-			if drills != "" {
+			switch {
+			case drills != "":
 				cfg.Drills = strings.Split(drills, ",")
+			case cmd.Flags().Changed("drills"):
+				cfg.Drills = nil // --drills "": only the expiry measurement
+			default:
+				cfg.Drills = drill.All
 			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
@@ -78,19 +89,31 @@ also on failure.`,
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			results, err := bench.RunDrill(cmd.Context(), cfg)
+			rep, err := bench.RunDrill(cmd.Context(), cfg)
 			if output == "json" {
-				if jerr := writeDrillJSON(cmd.OutOrStdout(), results); jerr != nil {
+				if jerr := writeDrillJSON(cmd.OutOrStdout(), rep); jerr != nil {
 					return jerr
 				}
-			} else if terr := drill.WriteTable(cmd.OutOrStdout(), results); terr != nil {
-				return terr
+				return err
+			}
+			if len(rep.Drills) > 0 {
+				if terr := drill.WriteTable(cmd.OutOrStdout(), rep.Drills); terr != nil {
+					return terr
+				}
+			}
+			if len(rep.Expiry) > 0 {
+				fmt.Fprintln(cmd.OutOrStdout())
+				if terr := drill.WriteExpiryTable(cmd.OutOrStdout(), rep.Expiry); terr != nil {
+					return terr
+				}
 			}
 			return err
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&drills, "drills", "", "comma-separated drills to run (default: all)")
+	f.StringVar(&drills, "drills", "", "comma-separated drills to run (default: all; \"\" with --expiry: none)")
+	f.IntVar(&cfg.Expiry, "expiry", 0, "also let this many instances expire at once in both lease layouts (0: skip)")
+	f.IntVar(&cfg.ExpiryProcesses, "expiry-processes", 10, "processes holding Beacon's instances in the expiry measurement")
 	f.IntVar(&cfg.Trials, "trials", 10, "trials per drill (member-hang and partition run at least 2)")
 	f.IntVar(&cfg.Sessions, "sessions", 100, "steady registrants, each with a client of its own")
 	f.IntVar(&cfg.Watchers, "watchers", 4, "watchers, each with a client of its own")
@@ -117,7 +140,7 @@ also on failure.`,
 }
 
 // writeDrillJSON prints the results with durations in milliseconds.
-func writeDrillJSON(w io.Writer, results []drill.Result) error {
+func writeDrillJSON(w io.Writer, rep bench.DrillReport) error {
 	type row struct {
 		drill.Result
 		ConvergeP50Ms float64 `json:"converge_p50_ms"`
@@ -125,10 +148,11 @@ func writeDrillJSON(w io.Writer, results []drill.Result) error {
 		Met           bool    `json:"met"`
 	}
 	out := struct {
-		Scenario string `json:"scenario"`
-		Drills   []row  `json:"drills"`
-	}{Scenario: "drill"}
-	for _, r := range results {
+		Scenario string               `json:"scenario"`
+		Drills   []row                `json:"drills"`
+		Expiry   []drill.ExpiryResult `json:"expiry,omitempty"`
+	}{Scenario: "drill", Expiry: rep.Expiry}
+	for _, r := range rep.Drills {
 		out.Drills = append(out.Drills, row{Result: r, ConvergeP50Ms: ms(r.P50()), ConvergeMaxMs: ms(r.Max()), Met: r.Met()})
 	}
 	enc := json.NewEncoder(w)

@@ -31,6 +31,8 @@ func TestBenchDrillBadInput(t *testing.T) {
 		{[]string{"bench", "drill", "--drills", "meteor"}, "meteor"},
 		{[]string{"bench", "drill", "-o", "yaml"}, "-o"},
 		{[]string{"bench", "drill", "--etcd-bin", "/no/such/etcd"}, "--etcd-bin"},
+		{[]string{"bench", "drill", "--expiry", "-5"}, "--expiry -5"},
+		{[]string{"bench", "drill", "--expiry", "10", "--expiry-processes", "20"}, "--expiry-processes 20"},
 	})
 }
 

@@ -99,3 +99,38 @@ func TestDrills(t *testing.T) {
 		}
 	}
 }
+
+var expiryN = flag.Int("drill.expiry", 2000, "instances left to expire in TestExpiryThroughput")
+
+// TestExpiryThroughput lets drill.expiry instances expire at once in both
+// lease layouts on a real etcd 3.7 member and prints the figures: Beacon's
+// sessions (one lease per process for all its instances) against one lease
+// per instance, which etcd revokes at its fixed pace (1,000 leases/s).
+func TestExpiryThroughput(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes thousands of keys")
+	}
+	bin := testpeer.GoBuild(t, etcdtest.MemberPkg)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	results, err := drill.MeasureExpiry(ctx, drill.Config{
+		Members:    etcdproc.EtcdMembers{Bin: bin, NoFsync: true},
+		Dir:        t.TempDir(),
+		Registrant: func() *exec.Cmd { return exec.Command(exe, "-test.run=^$") },
+	}, *expiryN, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	_ = drill.WriteExpiryTable(&table, results)
+	t.Logf("expiry of %d instances:\n%s", *expiryN, table.String())
+	for _, r := range results {
+		if r.Revisions > r.Leases {
+			t.Errorf("%s: deletions in %d revisions for %d leases (a lease's keys go in one revision)", r.Layout, r.Revisions, r.Leases)
+		}
+	}
+}
