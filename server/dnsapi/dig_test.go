@@ -110,10 +110,10 @@ func TestDigNegativeAnswers(t *testing.T) {
 		{"nope.api.prod.beacon.", "A", "NXDOMAIN", true},
 		{"00000000000000a5.web.api.prod.beacon.", "A", "NXDOMAIN", true}, // draining
 		{"web.api.staging.beacon.", "SRV", "NXDOMAIN", true},
-		{"web.api.prod.beacon.", "MX", "NOERROR", true},                     // NODATA
-		{"web.api.prod.beacon.", "TYPE65280", "NOERROR", true},              // unknown type
+		{"web.api.prod.beacon.", "MX", "NOERROR", true},                    // NODATA
+		{"web.api.prod.beacon.", "TYPE65280", "NOERROR", true},             // unknown type
 		{"00000000000000a1.web.api.prod.beacon.", "AAAA", "NOERROR", true}, // NODATA
-		{"prod.beacon.", "A", "NOERROR", true},                              // empty non-terminal
+		{"prod.beacon.", "A", "NOERROR", true},                             // empty non-terminal
 		{"_tcp.api.prod.beacon.", "SRV", "NOERROR", true},
 		{"beacon.", "A", "NOERROR", true},
 		{"example.com.", "A", "REFUSED", false},

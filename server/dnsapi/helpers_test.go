@@ -1,8 +1,8 @@
 package dnsapi
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"os/exec"
 	"regexp"
 	"strings"
