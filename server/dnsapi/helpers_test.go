@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -186,3 +187,34 @@ func dig(t testing.TB, addr string, args ...string) digResult {
 }
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// testInstance is an instance of prod/api/<endpoint>.
+func testInstance(endpoint, addr string) beacon.Instance {
+	return beacon.Instance{Namespace: "prod", Component: "api", Endpoint: endpoint, Address: addr}
+}
+
+// lockedOutput collects a child process's output, and closes seen once
+// the output holds want.
+type lockedOutput struct {
+	mu   sync.Mutex
+	b    strings.Builder
+	want string
+	seen chan struct{}
+}
+
+func (l *lockedOutput) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n, err := l.b.Write(p)
+	if l.want != "" && strings.Contains(l.b.String(), l.want) {
+		close(l.seen)
+		l.want = ""
+	}
+	return n, err
+}
+
+func (l *lockedOutput) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
