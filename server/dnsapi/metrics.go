@@ -22,6 +22,7 @@ type metrics struct {
 	truncated prometheus.Counter
 	updates   prometheus.Counter
 	noTarget  prometheus.Counter
+	dropped   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
@@ -37,6 +38,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		updates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "beacon_dns_zone_updates_total",
 			Help: "Views of the registry swapped in (one per watch batch applied).",
+		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "beacon_dns_dropped_total",
+			Help: "Packets dropped without an answer: too malformed to answer, or DNS responses (never answered, to avoid loops).",
 		}),
 		noTarget: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "beacon_dns_unanswerable_instances_total",
@@ -59,7 +64,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		})
 	}
 	cs := []prometheus.Collector{
-		m.queries, m.truncated, m.updates, m.noTarget,
+		m.queries, m.truncated, m.updates, m.noTarget, m.dropped,
 		gauge("beacon_dns_instances", "Serving instances in the DNS view.", func(v *view) float64 { return float64(v.zone.instances) }),
 		gauge("beacon_dns_names", "Names in the DNS view that hold records (the size of the answer cache).", func(v *view) float64 { return float64(v.zone.names) }),
 		gauge("beacon_dns_stale_seconds", "Seconds since the registry watch behind DNS lost its store (0 while it is live); past --dns-max-stale names answer SERVFAIL.",

@@ -256,6 +256,24 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	s.m.count(qtype, m.Rcode, m.Truncated)
 }
 
+// accept is miekg/dns's default header check (responses dropped; not one
+// question: FORMERR; opcodes other than QUERY and NOTIFY: NOTIMP), counted.
+func (s *Server) accept(h dns.Header) dns.MsgAcceptAction {
+	a := dns.DefaultMsgAcceptFunc(h)
+	switch a {
+	case dns.MsgReject:
+		s.m.count(0, dns.RcodeFormatError, false)
+	case dns.MsgRejectNotImplemented:
+		s.m.count(0, dns.RcodeNotImplemented, false)
+	case dns.MsgIgnore:
+		s.m.dropped.Inc()
+	}
+	return a
+}
+
+// invalid counts packets too short or broken to answer.
+func (s *Server) invalid([]byte, error) { s.m.dropped.Inc() }
+
 // Listen opens UDP and TCP listeners on the same address (a port of 0
 // picks one free for both), turning "address in use" into advice that
 // names the flag.
@@ -307,14 +325,15 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 		}
 		return errors.New("dnsapi: server closed")
 	}
-	invalid := func([]byte, error) {}
 	if pc != nil {
-		srv := &dns.Server{PacketConn: pc, Handler: s, UDPSize: dns.DefaultMsgSize, MsgInvalidFunc: invalid}
+		srv := &dns.Server{PacketConn: pc, Handler: s, UDPSize: dns.DefaultMsgSize,
+			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid}
 		s.start(srv)
 	}
 	if ln != nil {
 		srv := &dns.Server{Listener: netutil.LimitListener(ln, s.cfg.MaxTCPConns), Handler: s,
-			ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second, MsgInvalidFunc: invalid}
+			ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
+			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid}
 		s.start(srv)
 	}
 	return nil
