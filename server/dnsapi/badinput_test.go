@@ -69,8 +69,8 @@ func TestBadInput(t *testing.T) {
 	// longer than a round trip.)
 	for i, pkt := range [][]byte{
 		nil, {0}, []byte("hello"), make([]byte, 11), make([]byte, 12),
-		{0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 12, 0, 1, 0, 1}, // compression pointer loop
-		{0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 63, 'a'},              // label past the end
+		{0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 12, 0, 1, 0, 1},   // compression pointer loop
+		{0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 63, 'a'},                // label past the end
 		{0, 1, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, // counts with no records
 	} {
 		raw(t, addr, pkt, 200*time.Millisecond)
