@@ -305,7 +305,7 @@ func Listen(addr string) (net.PacketConn, net.Listener, error) {
 
 func listenErr(addr string, err error) error {
 	if errors.Is(err, syscall.EADDRINUSE) {
-		return fmt.Errorf("--dns-addr %s: address already in use (another beacon serve or DNS server?): choose another with --dns-addr, or disable DNS with --dns-addr ''", addr)
+		return fmt.Errorf("--dns-addr %s: address already in use (another beacon serve or DNS server?): choose another with --dns-addr, or disable DNS with --dns-addr=", addr)
 	}
 	return fmt.Errorf("--dns-addr %s: %w", addr, err)
 }
