@@ -83,8 +83,8 @@ type pidHandler struct {
 }
 
 func (h *pidHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *pidHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
-func (h *pidHandler) WithGroup(string) slog.Handler           { return h }
+func (h *pidHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *pidHandler) WithGroup(string) slog.Handler            { return h }
 func (h *pidHandler) Handle(_ context.Context, r slog.Record) error {
 	if r.Message != "coredns started" {
 		return nil

@@ -328,19 +328,24 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 	if pc != nil {
 		srv := &dns.Server{PacketConn: pc, Handler: s, UDPSize: dns.DefaultMsgSize,
 			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid}
-		s.start(srv)
+		if err := s.start(srv); err != nil {
+			if ln != nil {
+				_ = ln.Close()
+			}
+			return err
+		}
 	}
 	if ln != nil {
 		srv := &dns.Server{Listener: netutil.LimitListener(ln, s.cfg.MaxTCPConns), Handler: s,
 			ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid}
-		s.start(srv)
+		return s.start(srv)
 	}
 	return nil
 }
 
-// start runs srv; s.mu is held.
-func (s *Server) start(srv *dns.Server) {
+// start runs srv and returns once it serves; s.mu is held.
+func (s *Server) start(srv *dns.Server) error {
 	started := make(chan struct{})
 	srv.NotifyStartedFunc = func() { close(started) }
 	s.servers = append(s.servers, srv)
@@ -356,7 +361,9 @@ func (s *Server) start(srv *dns.Server) {
 	// Wait until it serves, so that Close never races ActivateAndServe.
 	select {
 	case <-started:
-	case <-errc:
+		return nil
+	case err := <-errc:
+		return fmt.Errorf("dnsapi: serve: %w", err)
 	}
 }
 

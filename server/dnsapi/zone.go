@@ -52,10 +52,6 @@ type node struct {
 	glue []dns.RR
 }
 
-func (n *node) empty() bool {
-	return len(n.a) == 0 && len(n.aaaa) == 0 && len(n.srv) == 0 && len(n.txt) == 0 && n.cname == nil && len(n.soa) == 0
-}
-
 func (n *node) size() int {
 	c := len(n.a) + len(n.aaaa) + len(n.srv) + len(n.txt) + len(n.glue)
 	if n.cname != nil {
