@@ -36,6 +36,7 @@ type zone struct {
 // "<component>.<namespace>" ("" for the component itself).
 type compZone struct {
 	names     map[string]*node
+	cache     map[string]*instRecords // by "<endpoint>/<id>", for the next build
 	instances int
 	records   int
 	skipped   int // serving instances whose address DNS cannot carry
@@ -123,7 +124,8 @@ func (z *zone) with(rev int64, changed map[compID][]beacon.Instance) (nz *zone, 
 	nz.setSerial(rev)
 	for id, ins := range changed {
 		k := id.key()
-		if old := nz.comps[k]; old != nil {
+		old := nz.comps[k]
+		if old != nil {
 			nz.instances -= old.instances
 			nz.names -= len(old.names)
 			delete(nz.comps, k)
@@ -131,7 +133,7 @@ func (z *zone) with(rev int64, changed map[compID][]beacon.Instance) (nz *zone, 
 				delete(nz.namespaces, id.ns)
 			}
 		}
-		cz, n := buildComponent(id, ins, z.domain, z.ttl)
+		cz, n := buildComponent(id, ins, old, z.domain, z.ttl)
 		skipped += n
 		if cz == nil {
 			continue
@@ -217,10 +219,71 @@ func srvNumbers(in beacon.Instance) (prio, weight uint16) {
 	return prio, weight
 }
 
+// instRecords are the records one instance contributes to its
+// component's names, kept from one build to the next while the instance is
+// unchanged: a batch touching one instance of a large component rebuilds
+// the component's name sets, not every record.
+type instRecords struct {
+	in   beacon.Instance // as built
+	ok   bool            // false: the address has no usable host
+	ip   netip.Addr      // valid for an IP address
+	node *node           // <id>.<endpoint>...
+	// Owned by the endpoint name, the component name and the two RFC 2782
+	// names: the A/AAAA record (IP addresses only) and the SRV records
+	// (addresses with a port).
+	epAddr, compAddr               dns.RR
+	epSRV, compSRV, tcpSRV, udpSRV dns.RR
+}
+
+// buildInstance computes an instance's records (see instRecords).
+func buildInstance(in beacon.Instance, compName, domain string, ttl uint32) *instRecords {
+	hdr := func(name string, t uint16) dns.RR_Header {
+		return dns.RR_Header{Name: name, Rrtype: t, Class: dns.ClassINET, Ttl: ttl}
+	}
+	r := &instRecords{in: in}
+	t, ok := addressTarget(in.Address)
+	if !ok {
+		return r
+	}
+	r.ok = true
+	epName := in.Endpoint + "." + compName
+	idName := in.ID + "." + epName
+	n := &node{}
+	srvTarget := idName
+	if t.ip.IsValid() {
+		r.ip = t.ip
+		addAddr(n, addrRR(hdr(idName, 0), t.ip))
+		r.epAddr = addrRR(hdr(epName, 0), t.ip)
+		r.compAddr = addrRR(hdr(compName, 0), t.ip)
+		n.txt = txtRecords(hdr(idName, dns.TypeTXT), in.Metadata)
+	} else {
+		// RFC 1034: a CNAME is alone at its name; RFC 2782: an SRV
+		// target is not an alias, so SRV points at the host itself.
+		n.cname = &dns.CNAME{Hdr: hdr(idName, dns.TypeCNAME), Target: t.host}
+		srvTarget = t.host
+	}
+	if t.port != 0 {
+		prio, weight := srvNumbers(in)
+		srv := func(owner string) dns.RR {
+			return &dns.SRV{Hdr: hdr(owner, dns.TypeSRV), Priority: prio, Weight: weight, Port: t.port, Target: srvTarget}
+		}
+		r.epSRV, r.compSRV = srv(epName), srv(compName)
+		r.tcpSRV = srv("_" + in.Endpoint + "._tcp." + compName)
+		r.udpSRV = srv("_" + in.Endpoint + "._udp." + compName)
+		if n.cname == nil {
+			n.srv = []dns.RR{srv(idName)}
+			n.glue = slices.Concat(n.a, n.aaaa)
+		}
+	}
+	r.node = n
+	return r
+}
+
 // buildComponent precomputes every name of one component from its
-// instances. Draining instances, and instances whose address has no usable
+// instances, reusing the records of instances unchanged since prev (nil
+// for none). Draining instances, and instances whose address has no usable
 // host, are left out. It returns nil when nothing is left.
-func buildComponent(id compID, all []beacon.Instance, domain string, ttl uint32) (cz *compZone, skipped int) {
+func buildComponent(id compID, all []beacon.Instance, prev *compZone, domain string, ttl uint32) (cz *compZone, skipped int) {
 	ins := make([]beacon.Instance, 0, len(all))
 	for _, in := range all {
 		if in.Serving() {
@@ -233,11 +296,8 @@ func buildComponent(id compID, all []beacon.Instance, domain string, ttl uint32)
 	slices.SortFunc(ins, func(a, b beacon.Instance) int {
 		return cmp.Or(cmp.Compare(a.Endpoint, b.Endpoint), cmp.Compare(a.ID, b.ID))
 	})
-	hdr := func(name string, t uint16) dns.RR_Header {
-		return dns.RR_Header{Name: name, Rrtype: t, Class: dns.ClassINET, Ttl: ttl}
-	}
 	compName := id.comp + "." + id.ns + "." + domain
-	cz = &compZone{names: map[string]*node{}}
+	cz = &compZone{names: make(map[string]*node, 4*len(ins)), cache: make(map[string]*instRecords, len(ins))}
 	comp := &node{}
 	compAddrs := map[netip.Addr]bool{}
 
@@ -247,75 +307,52 @@ func buildComponent(id compID, all []beacon.Instance, domain string, ttl uint32)
 		for j < len(ins) && ins[j].Endpoint == ep {
 			j++
 		}
-		epName := ep + "." + compName
-		epNode := &node{}
+		epNode, tcpNode, udpNode := &node{}, &node{}, &node{}
 		addrs := map[netip.Addr]bool{}
 		n := 0
 		for _, in := range ins[i:j] {
-			t, ok := addressTarget(in.Address)
-			if !ok {
+			key := in.Endpoint + "/" + in.ID
+			r := cz.cache[key]
+			if prev != nil {
+				if old := prev.cache[key]; old != nil && old.in.Equal(in) {
+					r = old
+				}
+			}
+			if r == nil {
+				r = buildInstance(in, compName, domain, ttl)
+			}
+			cz.cache[key] = r
+			if !r.ok {
 				cz.skipped++
 				continue
 			}
-			idName := in.ID + "." + epName
-			inNode := &node{}
-			srvTarget := idName
-			switch {
-			case t.ip.IsValid():
-				rr := addrRR(hdr(idName, 0), t.ip)
-				if t.ip.Is4() {
-					inNode.a = []dns.RR{rr}
-				} else {
-					inNode.aaaa = []dns.RR{rr}
+			if r.ip.IsValid() {
+				if !addrs[r.ip] {
+					addrs[r.ip] = true
+					addAddr(epNode, r.epAddr)
 				}
-				if !addrs[t.ip] {
-					addrs[t.ip] = true
-					addAddr(epNode, addrRR(hdr(epName, 0), t.ip))
-				}
-				if !compAddrs[t.ip] {
-					compAddrs[t.ip] = true
-					addAddr(comp, addrRR(hdr(compName, 0), t.ip))
-				}
-			default:
-				// RFC 1034: a CNAME is alone at its name; RFC 2782: an
-				// SRV target is not an alias, so SRV points at the host.
-				inNode.cname = &dns.CNAME{Hdr: hdr(idName, dns.TypeCNAME), Target: t.host}
-				srvTarget = t.host
-			}
-			if inNode.cname == nil {
-				inNode.txt = txtRecords(hdr(idName, dns.TypeTXT), in.Metadata)
-			}
-			if t.port != 0 {
-				prio, weight := srvNumbers(in)
-				srv := func(owner string) dns.RR {
-					return &dns.SRV{Hdr: hdr(owner, dns.TypeSRV), Priority: prio, Weight: weight, Port: t.port, Target: srvTarget}
-				}
-				epNode.srv = append(epNode.srv, srv(epName))
-				comp.srv = append(comp.srv, srv(compName))
-				if inNode.cname == nil {
-					inNode.srv = []dns.RR{srv(idName)}
-					glue := slices.Concat(inNode.a, inNode.aaaa)
-					inNode.glue = glue
-					epNode.glue = append(epNode.glue, glue...)
-					comp.glue = append(comp.glue, glue...)
+				if !compAddrs[r.ip] {
+					compAddrs[r.ip] = true
+					addAddr(comp, r.compAddr)
 				}
 			}
-			cz.names[in.ID+"."+ep] = inNode
+			if r.epSRV != nil {
+				epNode.srv = append(epNode.srv, r.epSRV)
+				tcpNode.srv = append(tcpNode.srv, r.tcpSRV)
+				udpNode.srv = append(udpNode.srv, r.udpSRV)
+				comp.srv = append(comp.srv, r.compSRV)
+				epNode.glue = append(epNode.glue, r.node.glue...)
+				comp.glue = append(comp.glue, r.node.glue...)
+			}
+			cz.names[in.ID+"."+ep] = r.node
 			cz.instances++
 			n++
 		}
 		if n > 0 {
+			tcpNode.glue, udpNode.glue = epNode.glue, epNode.glue
 			cz.names[ep] = epNode
-			for _, proto := range []string{"_tcp", "_udp"} {
-				srvNode := &node{glue: epNode.glue}
-				owner := "_" + ep + "." + proto + "." + compName
-				for _, rr := range epNode.srv {
-					s := *rr.(*dns.SRV)
-					s.Hdr.Name = owner
-					srvNode.srv = append(srvNode.srv, &s)
-				}
-				cz.names["_"+ep+"."+proto] = srvNode
-			}
+			cz.names["_"+ep+"._tcp"] = tcpNode
+			cz.names["_"+ep+"._udp"] = udpNode
 		}
 		i = j
 	}
