@@ -52,7 +52,9 @@ func TestEveryBackend(t *testing.T) {
 		}},
 		{"etcd", func(t *testing.T) func(context.Context) (store.Store, error) {
 			e := etcdtest.Start(t, etcdtest.Options{})
-			return func(ctx context.Context) (store.Store, error) { return etcd.New(ctx, etcd.Config{Endpoints: e.Endpoints()}) }
+			return func(ctx context.Context) (store.Store, error) {
+				return etcd.New(ctx, etcd.Config{Endpoints: e.Endpoints()})
+			}
 		}},
 		{"file", func(t *testing.T) func(context.Context) (store.Store, error) {
 			dir := t.TempDir()
@@ -60,7 +62,9 @@ func TestEveryBackend(t *testing.T) {
 		}},
 		{"nats", func(t *testing.T) func(context.Context) (store.Store, error) {
 			srv := natstest.Start(t, natstest.Options{})
-			return func(ctx context.Context) (store.Store, error) { return bnats.Open(ctx, bnats.Config{URL: srv.ClientURL()}) }
+			return func(ctx context.Context) (store.Store, error) {
+				return bnats.Open(ctx, bnats.Config{URL: srv.ClientURL()})
+			}
 		}},
 	} {
 		t.Run(b.name, func(t *testing.T) {
