@@ -280,7 +280,7 @@ func (s *Server) Banner() string {
 		fmt.Fprintf(&b, "  data dir      %s\n", ep.DataDir)
 	}
 	fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
-	if a := s.DNSAddr(); a != "" {
+	if a := s.DNSAddr(); a != "" && s.dns.srv != nil {
 		fmt.Fprintf(&b, "  DNS           %s udp+tcp, zone %s   (dig @%s -p %s SRV <endpoint>.<component>.<namespace>.%s)\n", a, s.dns.srv.Domain(), hostOf(a), portOf(a), s.dns.srv.Domain())
 	}
 	return b.String()
