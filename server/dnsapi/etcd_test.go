@@ -34,17 +34,21 @@ func etcdRegistry(t *testing.T, srv *etcdtest.Server) *registry.StoreRegistry {
 }
 
 // A registrant process killed with SIGKILL disappears from DNS once its
-// lease expires: resolvable while it lives, NXDOMAIN after.
+// lease expires: resolvable while it lives, NXDOMAIN after, from Beacon and
+// through CoreDNS forwarding the zone to it.
 func TestSIGKILLedRegistrantGoneAfterLease(t *testing.T) {
 	t.Parallel()
 	e := etcdtest.Start(t, etcdtest.Options{})
 	s, addr := startDNS(t, etcdRegistry(t, e), Config{})
+	core := startCoreDNS(t, addr) // and through CoreDNS, as a cluster would see it
 	child, id := startChild(t, e.Endpoint())
 	name := id + ".gen.worker.prod.beacon."
 
 	waitView(t, s, "the child's instance", func() bool { return query(t, addr, "udp", name, dns.TypeA, 0).Rcode == dns.RcodeSuccess })
-	if got := dig(t, addr, "gen.worker.prod.beacon.", "A").rdata("A"); len(got) != 1 || got[0] != "10.9.0.1" {
-		t.Fatalf("A of the child's endpoint = %v", got)
+	for _, server := range []string{addr, core} {
+		if got := dig(t, server, "gen.worker.prod.beacon.", "A").rdata("A"); len(got) != 1 || got[0] != "10.9.0.1" {
+			t.Fatalf("A of the child's endpoint from %s = %v", server, got)
+		}
 	}
 	killed := time.Now()
 	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
@@ -52,8 +56,10 @@ func TestSIGKILLedRegistrantGoneAfterLease(t *testing.T) {
 	}
 	waitView(t, s, "the killed child's instance to go", func() bool { return query(t, addr, "udp", name, dns.TypeA, 0).Rcode == dns.RcodeNameError })
 	gone := time.Since(killed)
-	if res := dig(t, addr, "gen.worker.prod.beacon.", "A"); res.status != "NXDOMAIN" {
-		t.Errorf("endpoint after SIGKILL: %s %v, want NXDOMAIN", res.status, res.answer)
+	for _, server := range []string{addr, core} {
+		if res := dig(t, server, "gen.worker.prod.beacon.", "A"); res.status != "NXDOMAIN" {
+			t.Errorf("endpoint after SIGKILL, from %s: %s %v, want NXDOMAIN", server, res.status, res.answer)
+		}
 	}
 	t.Logf("gone from DNS %v after SIGKILL (lease TTL %v)", gone.Round(time.Millisecond), childTTL)
 }
