@@ -210,6 +210,9 @@ func runDNSPerf(ctx context.Context, cfg DNSConfig, addr, queries string) (dnspe
 	}
 	res, perr := parseDNSPerf(stdout)
 	werr := cmd.Wait()
+	if ctx.Err() != nil {
+		return res, fmt.Errorf("interrupted: %w", context.Cause(ctx))
+	}
 	if err := errors.Join(perr, werr); err != nil {
 		return res, fmt.Errorf("%s %s: %w\n%s", cfg.DNSPerf, strings.Join(args, " "), err, stderr.String())
 	}
