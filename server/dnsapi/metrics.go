@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	cs := []prometheus.Collector{
 		m.queries, m.truncated, m.updates, m.noTarget, m.dropped,
 		gauge("beacon_dns_instances", "Serving instances in the DNS view.", func(v *view) float64 { return float64(v.zone.instances) }),
-		gauge("beacon_dns_names", "Names in the DNS view that hold records (the size of the answer cache).", func(v *view) float64 { return float64(v.zone.names) }),
+		gauge("beacon_dns_names", "Names in the DNS view (the size of the answer cache).", func(v *view) float64 { return float64(v.zone.names) }),
 		gauge("beacon_dns_stale_seconds", "Seconds since the registry watch behind DNS lost its store (0 while it is live); past --dns-max-stale names answer SERVFAIL.",
 			func(v *view) float64 {
 				if v.staleSince.IsZero() {
