@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/natstest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store/etcd"
+	"go.uber.org/goleak"
 )
 
 // The SIGKILL test runs a registrant in a child process: the test binary,
@@ -26,7 +28,22 @@ func TestMain(m *testing.M) {
 	if ep := os.Getenv(childEnv); ep != "" {
 		os.Exit(runChild(ep))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if code == 0 {
+		// Every goroutine of a closed Server (watch loop, listeners,
+		// per-packet handlers) has ended; etcd and NATS leave a few of
+		// their own for a moment.
+		opts := append(natstest.LeakOptions(),
+			goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+			goleak.IgnoreAnyFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
+			goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+			goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"))
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // childTTL is the lease TTL of the child's registration.
