@@ -144,7 +144,7 @@ func (r *runner) run(ctx context.Context, name string) (Result, error) {
 		return res, err
 	}
 	if name == Partition && !c.Network().IsNetns() {
-		res.Skipped = "members are not in network namespaces (needs root and iproute2)"
+		res.Skipped = "members are on loopback, not in network namespaces (those need root and iproute2)"
 		return res, nil
 	}
 	if err := healthy(ctx, c); err != nil {
