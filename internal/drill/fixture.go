@@ -287,14 +287,6 @@ func (w *watcher) matchesLocked() bool {
 	return true
 }
 
-// has reports whether the view lists ref.
-func (w *watcher) has(ref string) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	_, ok := w.view[ref]
-	return ok
-}
-
 // waitFor waits until cond holds on the watcher (checked at every batch),
 // bounded by ctx.
 func (w *watcher) waitFor(ctx context.Context, what string, cond func(w *watcher) bool) error {
