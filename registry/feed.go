@@ -256,27 +256,28 @@ type feed struct {
 	refs   int
 	linger *time.Timer
 
-	mu       sync.Mutex
-	tree     *btree.BTreeG[*item]
-	rev      int64
-	seq      uint64
-	log      []change // changes floorSeq+1 .. seq
-	floorSeq uint64   // every change after it is in log
-	floorRev int64    // every change at a revision above it is in log
-	snap     *version // cached version at (seq, rev)
-	relists  uint64   // re-listings after the first listing
-	synced   bool
-	stale    error  // set while disconnected
-	staleGen uint64 // counts disconnections
-	err      error  // terminal
-	wake     chan struct{}
-	unfollow context.CancelFunc // ends the current store watch
-	forced   bool               // unfollow was called by relist
-	outage   bool               // stale because the store was unreachable (not just a silent stream)
-	backAt   time.Time          // when the store last came back from an outage
-	pending  map[string]*pendingRemoval
-	recent   []recentRemoval // recent removals of serving instances (bursts)
-	holdWake chan struct{}   // pokes expire
+	mu         sync.Mutex
+	tree       *btree.BTreeG[*item]
+	rev        int64
+	seq        uint64
+	log        []change // changes floorSeq+1 .. seq
+	floorSeq   uint64   // every change after it is in log
+	floorRev   int64    // every change at a revision above it is in log
+	snap       *version // cached version at (seq, rev)
+	relists    uint64   // re-listings after the first listing
+	synced     bool
+	stale      error  // set while disconnected
+	staleGen   uint64 // counts disconnections
+	err        error  // terminal
+	wake       chan struct{}
+	unfollow   context.CancelFunc // ends the current store watch
+	forced     bool               // unfollow was called by relist
+	outage     bool               // stale because the store was unreachable (not just a silent stream)
+	backAt     time.Time          // when the store last came back from an outage
+	pending    map[string]*pendingRemoval
+	recent     []recentRemoval // recent removals of serving instances (bursts)
+	holdWake   chan struct{}   // pokes expire
+	holdLogged time.Time       // until when a hold episode was logged
 }
 
 // relist makes a stale feed drop its store watch and list again.

@@ -91,13 +91,15 @@ func (f *feed) removeLocked(old *item, rev int64, now time.Time) {
 				q.held, q.until, n = true, now.Add(hold), n+1
 			}
 		}
-		if n > 0 {
+		if n > 0 && now.After(f.holdLogged) {
+			// One line per episode.
+			f.holdLogged = now.Add(hold)
 			why := "a burst of removals"
 			if afterOutage {
 				why = "removals just after the store came back"
 			}
 			f.h.r.log.Info("holding removals for re-registrations (mass lease expiry or revocation?)",
-				"prefix", f.prefix, "why", why, "held", n, "hold", hold)
+				"prefix", f.prefix, "why", why, "hold", hold)
 		}
 	}
 	f.wakeExpiry()

@@ -317,7 +317,7 @@ func (r *runner) trial(ctx context.Context, e *env, n int, f fault, res *Result)
 	if err := e.seen(ctx, v.id); err != nil {
 		return err
 	}
-	lostBefore, keptBefore := e.fleet.lostCount()
+	lostBefore, keptBefore, revokedBefore := e.fleet.lostCount()
 	whyBefore := e.fleet.whyCount()
 	staleBefore := e.stale()
 	for _, w := range e.watchers {
@@ -387,40 +387,53 @@ func (r *runner) trial(ctx context.Context, e *env, n int, f fault, res *Result)
 		start = to.Add(electionTimeout)
 	}
 	bound := start.Add(r.cfg.TTL + time.Second)
-	r.score(e, e.watchers, v.id, t0, ref, bound, res)
-	// Let any session that lost its lease recover before the next trial
-	// (and before counting: a loss counts once its recovery tells whether
-	// etcd kept the lease).
+	r.scoreTimes(e.watchers, v.id, t0, ref, bound, res)
+	// The fault's aftermath belongs to the trial: a resumed or restarted
+	// member may still act on what it missed (etcd revokes the leases it
+	// believes expired). Watch one more TTL, let every session that lost
+	// its lease recover (a loss counts once its recovery tells whether
+	// etcd kept the lease), and only then count losses and flaps.
+	if err := sleepCtx(ctx, r.cfg.TTL); err != nil {
+		return err
+	}
 	actx, cancel2 := context.WithTimeout(ctx, 3*r.cfg.TTL+30*time.Second)
 	defer cancel2()
 	if err := e.fleet.active(actx); err != nil {
 		return err
 	}
-	r.countLosses(e, n, lostBefore, keptBefore, whyBefore, res)
+	if err := e.converge(ctx, e.watchers, time.Minute); err != nil {
+		return err
+	}
+	r.scoreFlaps(e, e.watchers, res)
+	r.countLosses(e, n, [3]int{lostBefore, keptBefore, revokedBefore}, whyBefore, res)
 	res.Stale += e.stale() - staleBefore
 	takeover := ""
 	if to := lw.takeover(); !to.IsZero() {
 		takeover = fmt.Sprintf(", new leader %v after the fault", to.Sub(t0).Round(10*time.Millisecond))
 	}
-	fmt.Fprintf(r.cfg.Progress, "  trial %d: %s; victim gone from every watcher after %v%s; converged %v; lost %d, flaps %d\n",
+	fmt.Fprintf(r.cfg.Progress, "  trial %d: %s; victim gone from every watcher after %v%s; converged %v; so far lost %d, revoked %d, flaps %d\n",
 		n+1, desc, round(res.Removal[len(res.Removal)-1]), takeover, round(res.Converge[len(res.Converge)-1]),
-		res.Lost, res.Flaps)
-	return e.converge(ctx, e.watchers, time.Minute)
+		res.Lost, res.Revoked, res.Flaps)
+	return nil
 }
 
 // countLosses adds the lease losses since a trial began.
-func (r *runner) countLosses(e *env, n, lostBefore, keptBefore, whyBefore int, res *Result) {
-	lost, kept := e.fleet.lostCount()
-	res.Lost += lost - lostBefore
-	res.Kept += kept - keptBefore
-	if k := kept - keptBefore; k > 0 {
+func (r *runner) countLosses(e *env, n int, before [3]int, whyBefore int, res *Result) {
+	lost, kept, revoked := e.fleet.lostCount()
+	res.Lost += lost - before[0]
+	res.Kept += kept - before[1]
+	res.Revoked += revoked - before[2]
+	if k := revoked - before[2]; k > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("trial %d: etcd revoked %d lease(s) that their sessions had renewed in time (a resumed etcd leader revokes the leases it believes expired); the sessions re-registered", n+1, k))
+	}
+	if k := kept - before[1]; k > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("trial %d: %d session(s) reported their lease lost by their own clock (no keep-alive answered for a TTL) and found, recovering, that etcd had kept it", n+1, k))
 	}
 	e.fleet.mu.Lock()
 	defer e.fleet.mu.Unlock()
 	shown := 0
 	for _, why := range e.fleet.why[whyBefore:] {
-		if strings.Contains(why, "found etcd had kept it") {
+		if strings.Contains(why, "found etcd had kept it") || strings.Contains(why, "renewed in time") {
 			continue
 		}
 		if shown++; shown > 5 {
@@ -457,8 +470,13 @@ func (e *env) stale() int {
 
 // score adds a trial's phantoms, flaps, removal and convergence times.
 func (r *runner) score(e *env, ws []*watcher, victim string, t0, ref, bound time.Time, res *Result) {
+	r.scoreTimes(ws, victim, t0, ref, bound, res)
+	r.scoreFlaps(e, ws, res)
+}
+
+// scoreTimes adds a trial's phantoms, removal and convergence times.
+func (r *runner) scoreTimes(ws []*watcher, victim string, t0, ref, bound time.Time, res *Result) {
 	var removal, converge time.Duration
-	steady := e.fleet.want()
 	for _, w := range ws {
 		w.mu.Lock()
 		gone := w.goneAt[victim]
@@ -469,6 +487,17 @@ func (r *runner) score(e *env, ws []*watcher, victim string, t0, ref, bound time
 		}
 		removal = max(removal, gone.Sub(t0))
 		converge = max(converge, w.converged.Sub(ref))
+		w.mu.Unlock()
+	}
+	res.Removal = append(res.Removal, removal)
+	res.Converge = append(res.Converge, converge)
+}
+
+// scoreFlaps adds the removals of live instances the watchers saw.
+func (r *runner) scoreFlaps(e *env, ws []*watcher, res *Result) {
+	steady := e.fleet.want()
+	for _, w := range ws {
+		w.mu.Lock()
 		flaps, example := 0, ""
 		for id, n := range w.removals {
 			if _, ok := steady[id]; ok {
@@ -482,8 +511,6 @@ func (r *runner) score(e *env, ws []*watcher, victim string, t0, ref, bound time
 		}
 		w.mu.Unlock()
 	}
-	res.Removal = append(res.Removal, removal)
-	res.Converge = append(res.Converge, converge)
 }
 
 // compactionTrial cuts one extra watcher off; meanwhile the victim dies,
@@ -516,7 +543,7 @@ func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result
 			return err
 		}
 	}
-	lostBefore, keptBefore := e.fleet.lostCount()
+	lostBefore, keptBefore, revokedBefore := e.fleet.lostCount()
 	whyBefore, staleBefore := e.fleet.whyCount(), e.stale()
 	for _, w := range all {
 		w.mark(v.id)
@@ -573,7 +600,7 @@ func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result
 	res.Converge, res.Removal = res.Converge[:len(res.Converge)-1], res.Removal[:len(res.Removal)-1]
 	r.score(e, e.watchers, v.id, t0, t0, t0.Add(r.cfg.TTL+time.Second), res)
 	res.Converge[len(res.Converge)-1] = cutConverge
-	r.countLosses(e, n, lostBefore, keptBefore, whyBefore, res)
+	r.countLosses(e, n, [3]int{lostBefore, keptBefore, revokedBefore}, whyBefore, res)
 	res.Stale += e.stale() - staleBefore
 	cut.mu.Lock()
 	cutStale := cut.stale
@@ -611,7 +638,7 @@ func (r *runner) slowTrial(ctx context.Context, e *env, n int, res *Result) erro
 			return err
 		}
 	}
-	lostBefore, keptBefore := e.fleet.lostCount()
+	lostBefore, keptBefore, revokedBefore := e.fleet.lostCount()
 	whyBefore, staleBefore := e.fleet.whyCount(), e.stale()
 	for _, w := range all {
 		w.mark(v.id)
@@ -668,7 +695,7 @@ func (r *runner) slowTrial(ctx context.Context, e *env, n int, res *Result) erro
 	slowConverge := res.Converge[len(res.Converge)-1]
 	res.Converge, res.Removal = res.Converge[:len(res.Converge)-1], res.Removal[:len(res.Removal)-1]
 	res.Converge[len(res.Converge)-1] = slowConverge
-	r.countLosses(e, n, lostBefore, keptBefore, whyBefore, res)
+	r.countLosses(e, n, [3]int{lostBefore, keptBefore, revokedBefore}, whyBefore, res)
 	res.Stale += e.stale() - staleBefore
 	// It sat on the batch it had taken, then one more batch brings it to
 	// the final state: at most one event per changed instance in each.

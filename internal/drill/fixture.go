@@ -34,13 +34,14 @@ type fleet struct {
 	regs   []*registry.StoreRegistry
 	insts  []registry.Registration
 
-	mu    sync.Mutex
-	addrs map[string]string // ref → advertised address
-	lost  int               // leases lost so far (recovered under a new lease)
-	kept  int               // losses by the session's clock whose lease etcd kept
-	open  int               // losses not recovered yet
-	why   []string          // what happened each time
-	wg    sync.WaitGroup
+	mu      sync.Mutex
+	addrs   map[string]string // ref → advertised address
+	lost    int               // leases lost so far (recovered under a new lease)
+	kept    int               // losses by the session's clock whose lease etcd kept
+	revoked int               // leases etcd ended although the session renewed them in time
+	open    int               // losses not recovered yet
+	why     []string          // what happened each time
+	wg      sync.WaitGroup
 }
 
 func (r *runner) newFleet(ctx context.Context, endpoints []string, ns string) (*fleet, error) {
@@ -88,10 +89,16 @@ func (r *runner) newFleet(ctx context.Context, endpoints []string, ns string) (*
 					}
 					f.mu.Lock()
 					f.open--
-					if c.Lease == held {
+					switch {
+					case c.Lease == held:
 						f.kept++
 						f.why = append(f.why, fmt.Sprintf("session %d reported its lease lost by its own clock (%v) and found etcd had kept it", i, lostErr))
-					} else {
+					case errors.Is(lostErr, store.ErrLeaseNotFound):
+						// etcd ended a lease the session had renewed in
+						// time (its own clock had not run out).
+						f.revoked++
+						f.why = append(f.why, fmt.Sprintf("session %d: etcd revoked lease %x, renewed in time: %v", i, held, lostErr))
+					default:
 						f.lost++
 						f.why = append(f.why, fmt.Sprintf("session %d lost lease %x: %v", i, held, lostErr))
 					}
@@ -104,12 +111,13 @@ func (r *runner) newFleet(ctx context.Context, endpoints []string, ns string) (*
 	return f, nil
 }
 
-// lostCount returns the number of leases lost so far, and of losses by
-// the sessions' clocks whose leases etcd kept.
-func (f *fleet) lostCount() (lost, kept int) {
+// lostCount returns the number of leases lost so far, of losses by the
+// sessions' clocks whose leases etcd kept, and of leases etcd revoked
+// although they were renewed in time.
+func (f *fleet) lostCount() (lost, kept, revoked int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.lost, f.kept
+	return f.lost, f.kept, f.revoked
 }
 
 // whyCount returns the number of loss reports so far.
