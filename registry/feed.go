@@ -278,6 +278,7 @@ type feed struct {
 	recent     []recentRemoval // recent removals of serving instances (bursts)
 	holdWake   chan struct{}   // pokes expire
 	holdLogged time.Time       // until when a hold episode was logged
+	burstSeq   int64           // distinct burst keys of re-listed removals
 }
 
 // relist makes a stale feed drop its store watch and list again.
@@ -484,7 +485,10 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 		return true
 	})
 	for _, old := range gone {
-		f.removeLocked(old, rev, now)
+		// Each happened at a revision of its own, unknown here: each
+		// counts apart towards a burst.
+		f.burstSeq++
+		f.removeLocked(old, rev, -f.burstSeq, now)
 	}
 	for _, it := range items {
 		f.rewrittenLocked(it.key)
@@ -545,7 +549,7 @@ func (f *feed) applyEvents(evs []store.Event) {
 			f.appendLocked(change{rev: rev, key: it.key, before: old, after: it})
 		case store.EventDelete:
 			if old, ok := f.tree.Get(&item{key: e.KV.Key}); ok {
-				f.removeLocked(old, rev, now)
+				f.removeLocked(old, rev, rev, now)
 			}
 		}
 	}

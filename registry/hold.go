@@ -55,8 +55,11 @@ type pendingRemoval struct {
 func (f *feed) holdFor() time.Duration { return max(f.h.r.cfg.RemovalHold, 0) }
 
 // removeLocked removes the instance at old.key, seen at revision rev:
-// at once, or later (see above).
-func (f *feed) removeLocked(old *item, rev int64, now time.Time) {
+// at once, or later (see above). Removals found by a re-listing all carry
+// the listing's revision, though they happened at revisions of their own:
+// they pass a distinct burst key each (events pass their revision), so
+// that several of them count as a burst.
+func (f *feed) removeLocked(old *item, rev, burstKey int64, now time.Time) {
 	hold := f.holdFor()
 	if hold <= 0 || !old.inst.Serving() {
 		if p := f.pending[old.key]; p != nil {
@@ -74,14 +77,14 @@ func (f *feed) removeLocked(old *item, rev int64, now time.Time) {
 	// A burst: count the revisions of recent serving removals, this one
 	// included (one lease's keys all go at one revision: one process).
 	keep := f.recent[:0]
-	revs := map[int64]bool{rev: true}
+	revs := map[int64]bool{burstKey: true}
 	for _, r := range f.recent {
 		if now.Sub(r.at) < burstWindow {
 			keep = append(keep, r)
 			revs[r.rev] = true
 		}
 	}
-	f.recent = append(keep, recentRemoval{at: now, rev: rev})
+	f.recent = append(keep, recentRemoval{at: now, rev: burstKey})
 	burst := len(revs) >= burstMin
 	afterOutage := !f.backAt.IsZero() && now.Sub(f.backAt) < hold
 	if burst || afterOutage {

@@ -9,6 +9,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/registrytest"
+	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -152,4 +153,78 @@ func heldRemovals(t *testing.T, reg *prometheus.Registry, outcome string) float6
 		}
 	}
 	return 0
+}
+
+// TestMassRevocationSeenByRelistIsRiddenOut: the same mass revocation,
+// found by a watcher that re-lists (its connection was cut meanwhile) before
+// the sessions noticed: every removal in the listing carries the listing's
+// revision, and still they count as a burst, so nothing reaches the consumer
+// once the sessions re-registered.
+func TestMassRevocationSeenByRelistIsRiddenOut(t *testing.T) {
+	ctx := within(t, 60*time.Second)
+	ns := uniqueNS()
+	admin := newEtcdStore(t, nil, etcd.Config{})
+	// Sessions renew every 2 s: they notice the revocation up to 2 s late,
+	// long after the watcher re-listed.
+	const fleetTTL = 6 * time.Second
+	var fleet []*registry.StoreRegistry
+	for i := range 4 {
+		r := newRegistry(t, newEtcdStore(t, nil, etcd.Config{}), registry.Config{LeaseTTL: fleetTTL})
+		if _, err := r.Register(ctx, inst(ns, fmt.Sprintf("10.0.2.%d:80", i+1))); err != nil {
+			t.Fatal(err)
+		}
+		fleet = append(fleet, r)
+	}
+	proxy, _ := cutRegistry(t, server)
+	st := newEtcdStore(t, nil, etcd.Config{Endpoints: []string{proxy.Endpoint()}, RequestTimeout: 500 * time.Millisecond,
+		WatchSilenceTimeout: time.Second})
+	watching := newRegistry(t, st, registry.Config{LeaseTTL: etcdTTL, RetryMax: 100 * time.Millisecond, RemovalHold: 4 * time.Second})
+	w, err := watching.Watch(ctx, beacon.Query{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v := registrytest.NewView()
+	for v.Len() < 4 {
+		next(t, ctx, w, v)
+	}
+	// Cut until the watcher says it is stale, then revoke every lease and
+	// reconnect at once: the re-list finds the fleet gone.
+	proxy.Cut()
+	for b := next(t, ctx, w, v); b.Kind != registry.Stale; b = next(t, ctx, w, v) {
+	}
+	for _, r := range fleet {
+		if err := admin.Revoke(ctx, r.Lease()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.Restore()
+	recovered := make(chan struct{})
+	go func() {
+		defer close(recovered)
+		for _, r := range fleet {
+			waitState(t, r, 10*time.Second, registry.StateRecovered)
+		}
+	}()
+	deadline := time.Now().Add(fleetTTL/3 + 6*time.Second)
+	for {
+		nctx, cancel := context.WithDeadline(ctx, deadline)
+		b, err := w.Next(nctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		for _, e := range b.Events {
+			if e.Type == beacon.Removed {
+				t.Fatalf("watcher saw %s removed (batch %v)", e.Instance.Ref(), b.Kind)
+			}
+		}
+		if err := v.Apply(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-recovered
+	if v.Len() != 4 {
+		t.Fatalf("view %v", v)
+	}
 }

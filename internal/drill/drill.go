@@ -13,17 +13,22 @@
 //     (their instance was deleted while their process was healthy); apart:
 //     kept (a session's clock ran out but etcd had kept the lease) and
 //     revoked (etcd ended a lease renewed in time);
-//   - phantom: watchers that still listed the dead victim after its bound:
-//     TTL + 1 s after its death, or after the fault ended when etcd could
-//     not expire anything meanwhile, or after a new leader took over (a new
-//     etcd leader extends every lease by its full TTL plus an election
-//     timeout, so the bound then runs from the takeover plus one election
-//     timeout);
+//   - phantom: watchers that still listed the dead victim after its bound
+//     — TTL + 1 s after its death, or after the fault ended when etcd
+//     could not expire anything meanwhile, or after a new leader took over
+//     plus an election timeout (a new etcd leader extends every lease by
+//     its full TTL plus an election timeout) — while trailing etcd's own
+//     deletion of its key (seen by a raw watch on every member) by more
+//     than a second; when etcd itself deleted the key past the bound, the
+//     trial counts as a late expiry instead (etcd's share, not the
+//     watchers');
 //   - flaps: removals of a steady instance seen by a watcher;
 //   - convergence: from the fault (or, for outages, from its end) until
 //     every watcher lists exactly the live fleet.
 //
-// The goal while quorum holds is 0 lost, 0 phantom, 0 flaps. The package
+// The goal while quorum holds is 0 lost, 0 phantom, 0 flaps. Each trial
+// also watches one more TTL after the fault ended, whose aftermath (a
+// resumed etcd leader revoking leases) counts in it. The package
 // has no test dependencies: tests run short drills (internal/drill's own
 // tests), `beacon bench drill` runs hundreds of trials.
 package drill
@@ -172,8 +177,13 @@ type Result struct {
 	// expired (etcd 3.7 behaviour, see docs/operations.md); the sessions
 	// re-register, and watchers ride it out (see Flaps).
 	Revoked int `json:"revoked"`
+	// Phantom counts watchers that listed a dead registrant past its
+	// bound while trailing etcd's own deletion by more than a second.
 	Phantom int `json:"phantom"`
-	Flaps   int `json:"flaps"`
+	// LateExpiry counts trials where etcd itself deleted the dead
+	// registrant's key past the bound (the watchers followed promptly).
+	LateExpiry int `json:"late_expiry"`
+	Flaps      int `json:"flaps"`
 	// Stale counts Stale batches the watchers got (the stale state made
 	// visible).
 	Stale int `json:"stale"`
@@ -182,6 +192,9 @@ type Result struct {
 	// Removal holds, per trial, the latest time after the victim's death
 	// at which a watcher still listed it.
 	Removal []time.Duration `json:"removal_ns"`
+	// Lag holds, per trial, how long the slowest watcher trailed etcd's
+	// deletion of the victim's key.
+	Lag []time.Duration `json:"lag_ns"`
 	// Skipped says why the drill did not run (no root for partitions).
 	Skipped string `json:"skipped,omitempty"`
 	// Notes are remarks of the trials (fault details, events).
@@ -219,18 +232,19 @@ func (r Result) Max() time.Duration { return quantile(r.Converge, 1) }
 // WriteTable prints results, one row per drill.
 func WriteTable(w io.Writer, results []Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DRILL\tMEMBERS\tQUORUM\tTRIALS\tLOST\tKEPT\tREVOKED\tPHANTOM\tFLAPS\tSTALE\tCONVERGE P50\tMAX\tREMOVAL MAX\tGOAL")
+	fmt.Fprintln(tw, "DRILL\tMEMBERS\tQUORUM\tTRIALS\tLOST\tKEPT\tREVOKED\tPHANTOM\tLATE EXPIRY\tFLAPS\tSTALE\tCONVERGE P50\tMAX\tREMOVAL MAX\tLAG MAX\tGOAL")
 	for _, r := range results {
 		if r.Skipped != "" {
-			fmt.Fprintf(tw, "%s\t%d\t-\t0\t-\t-\t-\t-\t-\t-\t-\t-\t-\tskipped: %s\n", r.Drill, r.Members, r.Skipped)
+			fmt.Fprintf(tw, "%s\t%d\t-\t0\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\tskipped: %s\n", r.Drill, r.Members, r.Skipped)
 			continue
 		}
 		goal := "met"
 		if !r.Met() {
 			goal = "MISSED"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t%s\n", r.Drill, r.Members, r.Quorum, r.Trials,
-			r.Lost, r.Kept, r.Revoked, r.Phantom, r.Flaps, r.Stale, round(r.P50()), round(r.Max()), round(quantile(r.Removal, 1)), goal)
+		fmt.Fprintf(tw, "%s\t%d\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t%v\t%s\n", r.Drill, r.Members, r.Quorum, r.Trials,
+			r.Lost, r.Kept, r.Revoked, r.Phantom, r.LateExpiry, r.Flaps, r.Stale, round(r.P50()), round(r.Max()),
+			round(quantile(r.Removal, 1)), round(quantile(r.Lag, 1)), goal)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

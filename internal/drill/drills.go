@@ -86,7 +86,11 @@ type env struct {
 	ns       string
 	fleet    *fleet
 	watchers []*watcher
+	ref      *reference // when etcd deleted what
 }
+
+// key returns the store key of an instance ref.
+func (e *env) key(ref string) string { return "/services/" + ref }
 
 func (r *runner) newEnv(ctx context.Context, c *etcdproc.Cluster) (*env, error) {
 	r.seq++
@@ -95,7 +99,7 @@ func (r *runner) newEnv(ctx context.Context, c *etcdproc.Cluster) (*env, error) 
 	if err != nil {
 		return nil, err
 	}
-	e := &env{c: c, ns: ns, fleet: fl}
+	e := &env{c: c, ns: ns, fleet: fl, ref: newReference(c, "/services/"+ns+"/")}
 	for i := range r.cfg.Watchers {
 		w, err := r.newWatcher(ctx, fmt.Sprintf("w%d", i+1), c.Endpoints(), ns)
 		if err != nil {
@@ -130,6 +134,7 @@ func (e *env) close() {
 		w.close()
 	}
 	e.fleet.close()
+	e.ref.close()
 }
 
 // run runs one drill.
@@ -387,7 +392,7 @@ func (r *runner) trial(ctx context.Context, e *env, n int, f fault, res *Result)
 		start = to.Add(electionTimeout)
 	}
 	bound := start.Add(r.cfg.TTL + time.Second)
-	r.scoreTimes(e.watchers, v.id, t0, ref, bound, res)
+	r.scoreTimes(e, e.watchers, v.id, t0, ref, bound, res)
 	// The fault's aftermath belongs to the trial: a resumed or restarted
 	// member may still act on what it missed (etcd revokes the leases it
 	// believes expired). Watch one more TTL, let every session that lost
@@ -470,20 +475,42 @@ func (e *env) stale() int {
 
 // score adds a trial's phantoms, flaps, removal and convergence times.
 func (r *runner) score(e *env, ws []*watcher, victim string, t0, ref, bound time.Time, res *Result) {
-	r.scoreTimes(ws, victim, t0, ref, bound, res)
+	r.scoreTimes(e, ws, victim, t0, ref, bound, res)
 	r.scoreFlaps(e, ws, res)
 }
 
-// scoreTimes adds a trial's phantoms, removal and convergence times.
-func (r *runner) scoreTimes(ws []*watcher, victim string, t0, ref, bound time.Time, res *Result) {
-	var removal, converge time.Duration
+// lagLimit is how far a watcher may trail etcd's own deletion before a
+// late removal counts against it rather than against etcd.
+const lagLimit = time.Second
+
+// scoreTimes adds a trial's phantoms, removal, lag and convergence times.
+// A watcher that listed the dead registrant past the bound is a phantom
+// when it trailed etcd's deletion by more than lagLimit; when etcd itself
+// deleted the key late (its lessor and commit under load), the trial counts
+// as LateExpiry instead.
+func (r *runner) scoreTimes(e *env, ws []*watcher, victim string, t0, ref, bound time.Time, res *Result) {
+	var removal, converge, lag time.Duration
+	storeGone := e.ref.deletedAt(e.key(victim))
+	late := false
 	for _, w := range ws {
 		w.mu.Lock()
 		gone := w.goneAt[victim]
+		behind := time.Duration(0)
+		if !storeGone.IsZero() {
+			behind = gone.Sub(storeGone)
+		}
+		lag = max(lag, behind)
 		if gone.After(bound) {
-			res.Phantom++
-			res.Notes = append(res.Notes, fmt.Sprintf("trial %d: watcher %s listed the dead registrant %v after its death (bound %v)",
-				res.Trials+1, w.name, gone.Sub(t0).Round(10*time.Millisecond), bound.Sub(t0).Round(10*time.Millisecond)))
+			if storeGone.IsZero() || behind > lagLimit {
+				res.Phantom++
+				res.Notes = append(res.Notes, fmt.Sprintf("trial %d: watcher %s listed the dead registrant %v after its death (bound %v), %v after etcd deleted it",
+					res.Trials+1, w.name, gone.Sub(t0).Round(10*time.Millisecond), bound.Sub(t0).Round(10*time.Millisecond), behind.Round(10*time.Millisecond)))
+			} else if !late {
+				late = true
+				res.LateExpiry++
+				res.Notes = append(res.Notes, fmt.Sprintf("trial %d: etcd deleted the dead registrant's key %v after its death (bound %v); the watchers followed within %v",
+					res.Trials+1, storeGone.Sub(t0).Round(10*time.Millisecond), bound.Sub(t0).Round(10*time.Millisecond), lagLimit))
+			}
 		}
 		removal = max(removal, gone.Sub(t0))
 		converge = max(converge, w.converged.Sub(ref))
@@ -491,6 +518,7 @@ func (r *runner) scoreTimes(ws []*watcher, victim string, t0, ref, bound time.Ti
 	}
 	res.Removal = append(res.Removal, removal)
 	res.Converge = append(res.Converge, converge)
+	res.Lag = append(res.Lag, lag)
 }
 
 // scoreFlaps adds the removals of live instances the watchers saw.
@@ -688,7 +716,7 @@ func (r *runner) slowTrial(ctx context.Context, e *env, n int, res *Result) erro
 		return fmt.Errorf("%w: %w", errNoConvergence, err)
 	}
 	slow.mu.Lock()
-	caughtUp, batches := slow.events-before, slow.batches-beforeBatches
+	caughtUp, batches := slow.events-before, slow.convBatch-beforeBatches
 	slow.mu.Unlock()
 	r.score(e, e.watchers, v.id, t0, t0, t0.Add(r.cfg.TTL+time.Second), res)
 	r.score(e, []*watcher{slow}, v.id, released, released, released.Add(r.cfg.TTL+time.Second), res)

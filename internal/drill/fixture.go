@@ -199,6 +199,7 @@ type watcher struct {
 	stale     int
 	events    int
 	batches   int
+	convBatch int                  // batches when the view first matched wantView
 	removals  map[string]int       // removals of each ref since mark
 	tracked   map[string]bool      // refs whose disappearance the trial times
 	goneAt    map[string]time.Time // first batch since mark that left a tracked ref out
@@ -273,7 +274,7 @@ func (w *watcher) run() {
 			}
 		}
 		if w.wantView != nil && w.converged.IsZero() && w.matchesLocked() {
-			w.converged = now
+			w.converged, w.convBatch = now, w.batches
 		}
 		close(w.changed)
 		w.changed = make(chan struct{})
