@@ -4,7 +4,8 @@
 //
 // Each drill keeps a steady fleet alive — Sessions registries, each with a
 // client of its own as a separate process would have, each holding one
-// instance — and Watchers registries following the fleet. Every trial
+// instance and verifying its keys (a List) every keep-alive interval — and
+// Watchers registries following the fleet. Every trial
 // starts a victim registrant in a child process, injects the drill's fault,
 // kills the victim with SIGKILL at the same moment, ends the fault, and
 // measures:

@@ -53,7 +53,11 @@ func (r *runner) newFleet(ctx context.Context, endpoints []string, ns string) (*
 			return nil, err
 		}
 		f.stores = append(f.stores, st)
-		reg, err := registry.New(st, registry.Config{LeaseTTL: r.cfg.TTL, Logger: r.cfg.Log.With("session", i)})
+		// Every keep-alive interval the session also verifies its keys
+		// (a List): the slow work that once stood in the keep-alive path
+		// runs all through every fault.
+		reg, err := registry.New(st, registry.Config{LeaseTTL: r.cfg.TTL, VerifyInterval: r.cfg.TTL / 3,
+			Logger: r.cfg.Log.With("session", i)})
 		if err != nil {
 			f.close()
 			return nil, err
