@@ -200,6 +200,8 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		next = evs[len(evs)-1].KV.ModRevision + 1
 		select {
 		case ch <- store.WatchResponse{Events: evs}:
+			// Time spent waiting for a slow consumer is not silence.
+			heard = time.Now()
 		case <-wctx.Done():
 			return
 		}
