@@ -82,8 +82,9 @@ func Netns() (*Network, error) {
 		n := &Network{netns: true, slot: slot, lock: f, ip: ip, bridge: fmt.Sprintf("bcn%db", slot)}
 		n.removeLeftovers()
 		if err := n.run("link", "add", n.bridge, "type", "bridge"); err != nil {
+			// Root without the capability (a container): say so.
 			n.Close()
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", ErrNetnsUnavailable, err)
 		}
 		for _, args := range [][]string{
 			{"addr", "add", n.gateway() + "/24", "dev", n.bridge},
