@@ -67,9 +67,11 @@ type Config struct {
 	// with the same ID), watchers see nothing; otherwise they see the
 	// removal when the hold ends. Other removals of serving instances wait
 	// 50 ms (to tell a burst), removals of draining instances none. Zero
-	// means a keep-alive interval plus 1 s (LeaseTTL/3 + 1 s), the time a
-	// session takes to notice and re-register; negative delivers every
-	// removal at once. See docs/operations.md.
+	// means the time a session takes to notice and re-register: a
+	// keep-alive interval, one store call of its recovery lost to a hung
+	// server (min(max(LeaseTTL/3, 1 s), 5 s)) and 1 s (4 s with a 3 s TTL,
+	// 7.7 s with 10 s); negative delivers every removal at once. See
+	// docs/operations.md.
 	RemovalHold time.Duration
 	// WatchLinger is how long a shared store watch stays open after its
 	// last watcher closed. Zero means DefaultWatchLinger; negative means
@@ -172,7 +174,7 @@ func (c Config) withDefaults() Config {
 		c.WatchLinger = DefaultWatchLinger
 	}
 	if c.RemovalHold == 0 {
-		c.RemovalHold = c.LeaseTTL/3 + time.Second
+		c.RemovalHold = keepAliveInterval(c.LeaseTTL) + workTimeoutFor(c.LeaseTTL) + time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

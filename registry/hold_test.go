@@ -68,7 +68,7 @@ func TestMassRevocationIsRiddenOut(t *testing.T) {
 		t.Fatalf("held removals cancelled: %v, want 5 (delivered %v)", got, heldRemovals(t, metrics, "delivered"))
 	}
 	// Nothing arrives after the hold either.
-	nctx, cancel := context.WithTimeout(ctx, ttl/3+2*time.Second)
+	nctx, cancel := context.WithTimeout(ctx, ttl/3+3*time.Second)
 	defer cancel()
 	if b, err := w.Next(nctx); err == nil {
 		t.Fatalf("batch after the hold: %+v", b)
@@ -83,7 +83,7 @@ func TestMassDeathIsDeliveredAfterHold(t *testing.T) {
 	ns := uniqueNS()
 	st := newMemoryStore(t)
 	const ttl = time.Second
-	hold := ttl/3 + time.Second
+	hold := ttl/3 + time.Second + time.Second // keep-alive interval, one lost call, 1 s
 	var fleet []*registry.StoreRegistry
 	for i := range 4 {
 		r, err := registry.New(st, registry.Config{LeaseTTL: ttl})

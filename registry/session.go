@@ -350,8 +350,10 @@ func (s *session) interval() time.Duration {
 // member fails and is retried (the store then reaches another member)
 // instead of holding up recovery and verification. It is a third of the
 // TTL, at least 1 s and at most 5 s.
-func (s *session) workTimeout() time.Duration {
-	return min(max(s.r.cfg.LeaseTTL/3, time.Second), minOpTimeout)
+func (s *session) workTimeout() time.Duration { return workTimeoutFor(s.r.cfg.LeaseTTL) }
+
+func workTimeoutFor(ttl time.Duration) time.Duration {
+	return min(max(ttl/3, time.Second), minOpTimeout)
 }
 
 // bounded runs fn with a context bounded by workTimeout (and by ctx).
