@@ -207,6 +207,9 @@ func (c Config) Validate() error {
 		if filepath.Clean(c.DataDir) == "/" {
 			errs = append(errs, fmt.Errorf("--data-dir %q: refusing to use the root directory", c.DataDir))
 		}
+		if len(errs) == 0 {
+			errs = append(errs, validateInitialCluster(c)...) // startcheck.go
+		}
 	}
 	errs = append(errs, c.Discovery.validate(c)...)
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {

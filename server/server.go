@@ -17,11 +17,11 @@ import (
 	"time"
 
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
-	"github.com/beaconplane/beacon/internal/zapslog"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/backend"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap/zapcore"
@@ -57,6 +57,29 @@ type Server struct {
 	boot      bootstrapState // discovery fallback proxy (discovery.go)
 	closeOnce sync.Once
 	closeErr  error
+	// etcdClosing is set when Close stops embedded etcd (etcdlog.go).
+	etcdClosing atomic.Bool
+	// dataDir is what the data directory held before etcd started, and
+	// etcdReady whether etcd joined its cluster (startcheck.go).
+	dataDir   *dataDirGuard
+	etcdReady bool
+}
+
+// removeFailedFirstStart removes, after a failed first start, what it
+// wrote to the data directory, unless the member had joined a cluster of
+// several members (they now count it as a member: its data must stay).
+func (s *Server) removeFailedFirstStart() {
+	if s.dataDir == nil || !s.dataDir.first {
+		return
+	}
+	if s.etcdReady {
+		if m, err := types.NewURLsMap(s.cfg.InitialCluster); err != nil || len(m) > 1 {
+			return
+		}
+	}
+	if err := s.dataDir.cleanup(); err != nil {
+		s.log.Warn("could not remove what the failed start wrote to the data directory", "data-dir", s.cfg.DataDir, "err", err)
+	}
 }
 
 // New validates cfg and returns a server that is not yet running.
@@ -97,6 +120,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
 			_ = s.Close()
+			s.removeFailedFirstStart()
 		}
 	}()
 	// Take the HTTP port first: a port in use fails fast, before etcd
@@ -112,6 +136,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	case s.cfg.Store != nil:
 		s.store = s.cfg.Store
 	case s.cfg.embedded():
+		// A port in use fails here, before etcd writes to the data
+		// directory (startcheck.go).
+		if err := probePorts(s.cfg); err != nil {
+			return err
+		}
 		if err := s.startMember(ctx); err != nil { // discovery.go
 			return err
 		}
@@ -193,6 +222,14 @@ func (s *Server) Close() error {
 			_ = s.client.Close()
 		}
 		if s.etcd != nil {
+			s.etcdClosing.Store(true) // its listeners' loops end now: not errors (etcdlog.go)
+			if !s.etcdReady {
+				// embed's Close waits for the client servers, which wait
+				// for readiness or for the server to stop: a member
+				// that never became ready (no quorum) must be stopped
+				// first, or Close never returns.
+				s.etcd.Server.HardStop()
+			}
 			s.etcd.Close()
 		}
 		s.wg.Wait()
@@ -277,6 +314,7 @@ func (s *Server) Banner() string {
 
 // startEtcd starts embedded etcd and waits until it is ready.
 func (s *Server) startEtcd(ctx context.Context) error {
+	s.dataDir = guardDataDir(s.cfg.DataDir) // startcheck.go
 	if err := checkDataDir(s.cfg.DataDir); err != nil {
 		return err
 	}
@@ -296,6 +334,7 @@ func (s *Server) startEtcd(ctx context.Context) error {
 	}
 	select {
 	case <-e.Server.ReadyNotify():
+		s.etcdReady = true
 	case err := <-e.Err():
 		return fmt.Errorf("embedded etcd failed while starting: %w", explainEtcdError(err))
 	case <-ctx.Done():
@@ -358,7 +397,7 @@ func (s *Server) etcdConfig() (*embed.Config, error) {
 	if c.EtcdLogLevel != nil {
 		level = *c.EtcdLogLevel
 	}
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapslog.New(s.log.With("component", "etcd"), level))
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(s.log.With("component", "etcd"), level, &s.etcdClosing))
 	return ec, nil
 }
 
