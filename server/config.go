@@ -91,6 +91,10 @@ type Config struct {
 	// HTTPAddr is the HTTP API, metrics and health listener;
 	// DefaultHTTPAddr when empty.
 	HTTPAddr string
+	// CORSAllowedOrigins are the origins ("https://app.example.com", or
+	// "*" for any) whose browser pages may use the HTTP API; none when
+	// empty (see cors.go).
+	CORSAllowedOrigins []string
 
 	// ShutdownTimeout bounds graceful shutdown; DefaultShutdownTimeout when
 	// zero.
@@ -223,6 +227,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--v2-base-url %q: want an http(s) URL without trailing slash, e.g. http://10.0.0.1:9379/v2/discovery", c.V2BaseURL))
 		}
 	}
+	errs = append(errs, validateCORS(c.CORSAllowedOrigins)...) // cors.go
 	if c.V2TokenMaxAge < 0 {
 		errs = append(errs, fmt.Errorf("--v2-token-ttl %v: must not be negative", c.V2TokenMaxAge))
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/backend"
@@ -50,6 +51,7 @@ type Server struct {
 	registry  *registry.StoreRegistry
 	v2        *v2.Service
 	httpSrv   *http.Server
+	routes    *httpapi.Mux                 // the full routes, once installed
 	handler   atomic.Pointer[http.Handler] // what httpSrv serves: early, then full
 	stopHTTP  context.CancelFunc           // ends long-lived HTTP streams (SSE)
 	wg        sync.WaitGroup
