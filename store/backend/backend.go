@@ -61,6 +61,20 @@ func (c Config) name() string {
 	return c.Name
 }
 
+// CheckName reports whether name (empty: etcd) is a backend Open can
+// open; the error says what is wrong without naming where the name came
+// from, so that callers can (a flag or BEACON_DISCOVERY_BACKEND).
+func CheckName(name string) error {
+	switch n := (Config{Name: name}).name(); n {
+	case Etcd, Memory, File, NATS:
+		return nil
+	case Kubernetes:
+		return fmt.Errorf("backend %q: the Kubernetes-native registry is not part of this build; use etcd, memory, file or nats", n)
+	default:
+		return fmt.Errorf("unknown backend %q: use etcd, memory, file or nats", n)
+	}
+}
+
 // Validate checks the name and the chosen backend's configuration.
 func (c Config) Validate() error {
 	switch n := c.name(); n {
