@@ -403,7 +403,7 @@ func TestVersionFromBuildInfo(t *testing.T) {
 func TestLogFormatJSON(t *testing.T) {
 	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
 	b := startBeacon(t, t.TempDir(), nil, "serve", "--log-format", "json", "--log-level", "debug", "--etcd-log-level", "info",
-		"--listen-client-urls", client, "--listen-peer-urls", peer, "--http-addr", strings.TrimPrefix(httpURL, "http://"))
+		"--listen-client-urls", client, "--listen-peer-urls", peer, "--http-addr", strings.TrimPrefix(httpURL, "http://"), "--dns-addr", "127.0.0.1:0")
 	b.waitLine(t, "beacon serve is ready", 60*time.Second)
 	_ = b.cmd.Process.Signal(syscall.SIGINT)
 	if err := b.wait(t, 30*time.Second); err != nil {

@@ -168,9 +168,9 @@ func freeURL(t *testing.T) string {
 func TestServeStartsAndStopsOnSIGTERM(t *testing.T) {
 	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
 	b := startBeacon(t, t.TempDir(), nil, "serve", "--listen-client-urls", client, "--listen-peer-urls", peer,
-		"--http-addr", strings.TrimPrefix(httpURL, "http://"), "--data-dir", "data")
+		"--http-addr", strings.TrimPrefix(httpURL, "http://"), "--data-dir", "data", "--dns-addr", "127.0.0.1:0")
 	b.waitLine(t, "beacon serve is ready", 60*time.Second)
-	b.waitLine(t, "HTTP API", 5*time.Second)
+	b.waitLine(t, "DNS", 5*time.Second)
 	if !strings.Contains(b.out(), client) {
 		t.Fatalf("banner lacks the client URL %s:\n%s", client, b.out())
 	}
@@ -203,6 +203,9 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{args: []string{"serve", "--log-level", "loud"}, want: "--log-level"},
 		{args: []string{"serve", "--no-such-flag"}, want: "unknown flag"},
 		{args: []string{"serve", "--shutdown-timeout", "soon"}, want: "invalid argument"},
+		{args: []string{"serve", "--dns-addr", "nope"}, want: "--dns-addr"},
+		{args: []string{"serve", "--dns-domain", "."}, want: "--dns-domain"},
+		{args: []string{"serve", "--dns-ttl", "100ms"}, want: "--dns-ttl"},
 	})
 }
 
@@ -210,7 +213,7 @@ func TestServePortInUse(t *testing.T) {
 	// A second server on the same ports must fail with a clear line.
 	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
 	args := []string{"serve", "--listen-client-urls", client, "--listen-peer-urls", peer,
-		"--http-addr", strings.TrimPrefix(httpURL, "http://")}
+		"--http-addr", strings.TrimPrefix(httpURL, "http://"), "--dns-addr="}
 	first := startBeacon(t, t.TempDir(), nil, args...)
 	first.waitLine(t, "beacon serve is ready", 60*time.Second)
 	second := startBeacon(t, t.TempDir(), nil, args...)
@@ -305,7 +308,7 @@ func withFreePorts(t *testing.T, args []string) []string {
 	var need []string
 	switch args[0] {
 	case "serve":
-		need = []string{"--listen-client-urls", "--listen-peer-urls", "--http-addr"}
+		need = []string{"--listen-client-urls", "--listen-peer-urls", "--http-addr", "--dns-addr"}
 	case "proxy":
 		need = []string{"--listen-addr"}
 	}
@@ -314,7 +317,7 @@ func withFreePorts(t *testing.T, args []string) []string {
 			continue
 		}
 		u := freeURL(t)
-		if flag == "--http-addr" || flag == "--listen-addr" {
+		if flag == "--http-addr" || flag == "--listen-addr" || flag == "--dns-addr" {
 			u = strings.TrimPrefix(u, "http://")
 		}
 		out = append(out, flag, u)

@@ -16,6 +16,8 @@ import (
 
 	"github.com/beaconplane/beacon/internal/testpeer"
 	"github.com/beaconplane/beacon/server"
+	"github.com/beaconplane/beacon/server/dnsapi"
+	"github.com/miekg/dns"
 )
 
 // The README's set-up runs `go run ./cmd/beacon serve` (every default:
@@ -36,6 +38,7 @@ const (
 	readmeClientURL = "http://127.0.0.1:2379"
 	readmePeerURL   = "http://127.0.0.1:2380"
 	readmeHTTPAddr  = "127.0.0.1:9379"
+	readmeDNSAddr   = "127.0.0.1:9353"
 	readmeDataDir   = "beacon.data"
 )
 
@@ -122,6 +125,11 @@ func checkServeDefaults(t *testing.T) {
 			t.Errorf("%s = %d", url, resp.StatusCode)
 		}
 	}
+	soa := new(dns.Msg)
+	soa.SetQuestion("beacon.", dns.TypeSOA)
+	if r, _, err := (&dns.Client{Net: "tcp", Timeout: 10 * time.Second}).ExchangeContext(ctx, soa, readmeDNSAddr); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Errorf("DNS on %s: %v %v", readmeDNSAddr, r, err)
+	}
 	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(readmePeerURL, "http://"), 5*time.Second)
 	if err != nil {
 		t.Errorf("etcd peer port: %v", err)
@@ -157,7 +165,7 @@ func checkQuietLog(t *testing.T, stderr string) {
 func checkDefaultValues(t *testing.T, readme string) {
 	for got, want := range map[string]string{
 		server.DefaultClientURL: readmeClientURL, server.DefaultPeerURL: readmePeerURL,
-		server.DefaultHTTPAddr: readmeHTTPAddr, server.DefaultDataDir: readmeDataDir,
+		server.DefaultHTTPAddr: readmeHTTPAddr, server.DefaultDataDir: readmeDataDir, dnsapi.DefaultAddr: readmeDNSAddr,
 	} {
 		if got != want {
 			t.Errorf("server default %q, the README documents %q", got, want)
@@ -170,14 +178,14 @@ func checkDefaultValues(t *testing.T, readme string) {
 	if err := help.wait(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{readmeClientURL, readmePeerURL, readmeHTTPAddr, readmeDataDir} {
+	for _, want := range []string{readmeClientURL, readmePeerURL, readmeHTTPAddr, readmeDataDir, readmeDNSAddr} {
 		if !strings.Contains(help.out(), want) {
 			t.Errorf("serve --help does not show the default %s", want)
 		}
 	}
 	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
 	b := startBeacon(t, t.TempDir(), nil, "serve", "--listen-client-urls", client, "--listen-peer-urls", peer,
-		"--http-addr", strings.TrimPrefix(httpURL, "http://"))
+		"--http-addr", strings.TrimPrefix(httpURL, "http://"), "--dns-addr", strings.TrimPrefix(freeURL(t), "http://"))
 	b.waitLine(t, "beacon serve is ready", 60*time.Second)
 	_ = b.cmd.Process.Signal(syscall.SIGINT)
 	if err := b.wait(t, 30*time.Second); err != nil {
