@@ -43,7 +43,7 @@ const (
 )
 
 func TestReadmeServeCommand(t *testing.T) {
-	if os.Getenv(readmeNetnsEnv) != "" {
+	if os.Getenv(readmeNetnsEnv) == "1" {
 		// Inside the namespace: loopback is down in a new one.
 		if err := loopbackUp(); err != nil {
 			t.Fatalf("bring loopback up in the new network namespace: %v", err)
