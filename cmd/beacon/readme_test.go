@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -216,4 +217,136 @@ func loopbackUp() error {
 		return e
 	}
 	return nil
+}
+
+// TestReadmeTourHTTP runs the HTTP part of the README's tour as written,
+// with bash and curl, against a `beacon serve` on free ports: register,
+// heartbeat with the lease the registration returned, list, watch,
+// deregister. Every request must succeed (curl --fail-with-body).
+func TestReadmeTourHTTP(t *testing.T) {
+	curl := testpeer.Binary(t, "apt-get install curl", "curl")
+	bash := testpeer.Binary(t, "apt-get install bash", "bash")
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, tour, ok := strings.Cut(string(readme), "## A tour in five minutes")
+	if !ok {
+		t.Fatal("README.md has no tour")
+	}
+	var cmds []string // the tour's curl commands, continuation lines joined
+	var cur string
+	for _, line := range strings.Split(tour, "\n") {
+		if strings.HasPrefix(line, "## ") {
+			break
+		}
+		if cur == "" && !strings.Contains(line, "curl ") {
+			continue
+		}
+		cur += line + "\n"
+		code, _, _ := strings.Cut(line, " #")
+		if t := strings.TrimSpace(code); strings.HasSuffix(t, "\\") || strings.HasSuffix(t, "|") {
+			continue
+		}
+		cmds = append(cmds, cur)
+		cur = ""
+	}
+	if len(cmds) < 5 || !strings.Contains(strings.Join(cmds, ""), "/heartbeat") {
+		t.Fatalf("the tour's HTTP part (%d commands) registers and heartbeats no more:\n%s", len(cmds), strings.Join(cmds, ""))
+	}
+
+	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
+	addr := strings.TrimPrefix(httpURL, "http://")
+	b := startBeacon(t, t.TempDir(), nil, "serve", "--listen-client-urls", client, "--listen-peer-urls", peer,
+		"--http-addr", addr, "--dns-addr=")
+	b.waitLine(t, "beacon serve is ready", 60*time.Second)
+
+	var script strings.Builder
+	script.WriteString("set -u\n")
+	for i, c := range cmds {
+		c = strings.ReplaceAll(c, "127.0.0.1:9379", addr)
+		c = strings.ReplaceAll(c, "curl -sN ", curl+" -sSN --fail-with-body --max-time 2 ")
+		c = strings.ReplaceAll(c, "curl -s ", curl+" -sS --fail-with-body --max-time 10 ")
+		fmt.Fprintf(&script, "%s\necho \"#%d rc=$?\"\n", strings.TrimRight(c, "\n"), i)
+	}
+	out, err := exec.Command(bash, "-c", script.String()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the tour's commands: %v\n%s", err, out)
+	}
+	for i, c := range cmds {
+		want := fmt.Sprintf("#%d rc=0", i)
+		if strings.Contains(c, "curl -sN") {
+			want = fmt.Sprintf("#%d rc=28", i) // a stream, ended by --max-time
+		}
+		if !strings.Contains(string(out), want) {
+			t.Errorf("tour command %d failed (want %q):\n%s\noutput:\n%s", i, want, c, out)
+		}
+	}
+	for _, want := range []string{`"ttl_seconds":10`, `"instances":[{`, "event: snapshot"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the tour's output lacks %s:\n%s", want, out)
+		}
+	}
+	_ = b.cmd.Process.Signal(syscall.SIGINT)
+	_ = b.wait(t, 30*time.Second)
+}
+
+// TestDocsQuoteURLsWithQuery: in the README and docs/, every URL with a
+// query in a shell command is quoted (zsh takes an unquoted ? for a glob
+// and refuses the command).
+func TestDocsQuoteURLsWithQuery(t *testing.T) {
+	files, _ := filepath.Glob("../../docs/*.md")
+	files = append(files, "../../README.md")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inCode := false
+		for i, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "```") {
+				inCode = !inCode
+				continue
+			}
+			if !inCode || !strings.Contains(line, "curl ") {
+				continue
+			}
+			for _, w := range unquotedWords(line) {
+				if strings.Contains(w, "?") {
+					t.Errorf("%s:%d: quote %q (zsh takes ? for a glob): %s", strings.TrimPrefix(f, "../../"), i+1, w, strings.TrimSpace(line))
+				}
+			}
+		}
+	}
+}
+
+// unquotedWords returns the parts of a shell line outside quotes, up to a
+// comment.
+func unquotedWords(line string) []string {
+	var words []string
+	var cur strings.Builder
+	quote := rune(0)
+	for _, r := range line {
+		switch {
+		case quote != 0:
+			if r == quote {
+				quote = 0
+			}
+		case r == '\'' || r == '"':
+			quote = r
+		case r == '#' && cur.Len() == 0:
+			return words
+		case r == ' ' || r == '\t':
+			if cur.Len() > 0 {
+				words = append(words, cur.String())
+				cur.Reset()
+			}
+		default:
+			cur.WriteRune(r)
+		}
+	}
+	if cur.Len() > 0 {
+		words = append(words, cur.String())
+	}
+	return words
 }
