@@ -314,11 +314,20 @@ func (s *Server) Banner() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "beacon serve is ready (%s)\n", ep.Backend)
 	if len(ep.ClientURLs) > 0 {
-		fmt.Fprintf(&b, "  etcd clients  %s   (etcdctl --endpoints=%s ...)\n", strings.Join(ep.ClientURLs, ","), strings.Join(ep.ClientURLs, ","))
+		// Clients use the advertised URLs (the bound ones may be 0.0.0.0).
+		use := ep.ClientURLs
+		if adv := s.cfg.AdvertiseClientURLs; len(adv) > 0 && !strings.HasSuffix(strings.Join(adv, ","), ":0") && !strings.Contains(strings.Join(adv, ","), ":0,") {
+			use = adv
+		}
+		fmt.Fprintf(&b, "  etcd clients  %s   (etcdctl --endpoints=%s ...)\n", strings.Join(ep.ClientURLs, ","), strings.Join(use, ","))
 		fmt.Fprintf(&b, "  etcd peers    %s\n", strings.Join(ep.PeerURLs, ","))
 		fmt.Fprintf(&b, "  data dir      %s\n", ep.DataDir)
 	}
-	fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
+	if httpAddr := strings.TrimPrefix(ep.HTTP, "http://"); loopbackIfUnspecified(httpAddr) != httpAddr {
+		fmt.Fprintf(&b, "  HTTP API      %s on every interface, e.g. http://%s   (/healthz /readyz /metrics)\n", ep.HTTP, loopbackIfUnspecified(httpAddr))
+	} else {
+		fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
+	}
 	if a := s.DNSAddr(); a != "" && s.dns.srv != nil {
 		fmt.Fprintf(&b, "  DNS           %s udp+tcp, zone %s   (dig @%s -p %s SRV <endpoint>.<component>.<namespace>.%s)\n", a, s.dns.srv.Domain(), hostOf(a), portOf(a), s.dns.srv.Domain())
 	}

@@ -145,3 +145,24 @@ func listTree(t *testing.T, dir string) []string {
 	})
 	return out
 }
+
+// TestBannerNamesReachableURLs: listening on every interface, the banner
+// tells clients the advertised URLs and a reachable HTTP address, not
+// 0.0.0.0.
+func TestBannerNamesReachableURLs(t *testing.T) {
+	cfg := testConfig(t)
+	port, err := etcdtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ListenClientURLs = []string{fmt.Sprintf("http://0.0.0.0:%d", port)}
+	cfg.AdvertiseClientURLs = []string{fmt.Sprintf("http://127.0.0.1:%d", port)}
+	cfg.HTTPAddr = "0.0.0.0:0"
+	s := startServer(t, cfg)
+	banner := s.Banner()
+	for _, want := range []string{fmt.Sprintf("etcdctl --endpoints=http://127.0.0.1:%d ", port), "on every interface, e.g. http://127.0.0.1:"} {
+		if !strings.Contains(banner, want) {
+			t.Errorf("banner lacks %q:\n%s", want, banner)
+		}
+	}
+}
