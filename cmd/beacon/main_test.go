@@ -268,7 +268,7 @@ type badInput struct {
 func checkBadInput(t *testing.T, tests []badInput) {
 	t.Helper()
 	for _, tt := range tests {
-		args := withFreePorts(t, tt.args)
+		args := withFreePorts(t, tt.args, tt.env)
 		b := startBeacon(t, t.TempDir(), tt.env, args...)
 		if err := b.wait(t, 30*time.Second); err == nil {
 			t.Errorf("%v: exit status 0", tt.args)
@@ -290,15 +290,25 @@ func checkBadInput(t *testing.T, tests []badInput) {
 }
 
 // withFreePorts adds free ports for the listeners of serve and proxy that
-// args do not set.
-func withFreePorts(t *testing.T, args []string) []string {
+// args (or env) do not set, and a dead endpoint for a proxy given no
+// cluster: a command line wrongly accepted must neither take a default
+// port nor reach whatever listens on one.
+func withFreePorts(t *testing.T, args, env []string) []string {
 	t.Helper()
 	if len(args) == 0 {
 		return args
 	}
 	has := func(flag string) bool {
 		for _, a := range args {
-			if a == flag || strings.HasPrefix(a, flag+"=") {
+			if a == flag || strings.HasPrefix(a, flag+"=") || (strings.HasPrefix(flag, "--discovery") && strings.HasPrefix(a, flag)) {
+				return true
+			}
+		}
+		return false
+	}
+	hasEnv := func(name string) bool {
+		for _, e := range env {
+			if strings.HasPrefix(e, name+"=") {
 				return true
 			}
 		}
@@ -310,7 +320,12 @@ func withFreePorts(t *testing.T, args []string) []string {
 	case "serve":
 		need = []string{"--listen-client-urls", "--listen-peer-urls", "--http-addr", "--dns-addr"}
 	case "proxy":
-		need = []string{"--listen-addr"}
+		if !hasEnv("BEACON_PROXY_LISTEN") {
+			need = []string{"--listen-addr"}
+		}
+		if !has("--endpoints") && !has("--initial-cluster") && !has("--discovery") {
+			out = append(out, "--endpoints", freeURL(t))
+		}
 	}
 	for _, flag := range need {
 		if has(flag) {

@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -94,7 +95,11 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				return usagef("%v: %w", modeSet, err)
 			}
 			cfg.Mode = m
-			cfg.ListenAddr = lookup(f, "listen-addr", "BEACON_PROXY_LISTEN").val
+			listen := lookup(f, "listen-addr", "BEACON_PROXY_LISTEN")
+			if _, _, err := net.SplitHostPort(listen.val); err != nil {
+				return usagef("%v: must be host:port, e.g. %s", listen, proxy.DefaultListenAddr)
+			}
+			cfg.ListenAddr = listen.val
 			tlsFiles := map[string]*string{"cacert": &cacert, "cert": &cert, "key": &key}
 			var tlsSrc []string
 			for _, fl := range []struct{ flag, env, etcdctl string }{
