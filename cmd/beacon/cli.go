@@ -221,11 +221,3 @@ func flagString(fl *pflag.Flag) string {
 	}
 	return fl.Value.String()
 }
-
-// envOr returns the environment variable or def when it is unset or empty.
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}

@@ -18,9 +18,8 @@ const (
 var (
 	logLevel  string
 	logFormat string
-	// logLevelValue and logFormatValue are the checked settings.
+	// logLevelValue is the checked level.
 	logLevelValue slog.Level
-	logJSON       bool
 )
 
 func addLogFlags(c *cobra.Command) {
@@ -48,12 +47,7 @@ func checkLogSettings(c *cobra.Command) error {
 	}
 	logLevel = lvl.val
 	format := lookup(f, "log-format", envLogFormat)
-	switch format.val {
-	case "text":
-		logJSON = false
-	case "json":
-		logJSON = true
-	default:
+	if format.val != "text" && format.val != "json" {
 		return usagef("%v: must be text or json", format)
 	}
 	logFormat = format.val
