@@ -141,7 +141,9 @@ func TestEtcdctlVariables(t *testing.T) {
 	down := freeURL(t) // nothing listens there
 	lsOK := func(env []string, args ...string) {
 		t.Helper()
-		b := startBeacon(t, t.TempDir(), env, append([]string{"ls", "-o", "json"}, args...)...)
+		// etcd checks the password with bcrypt, which can take seconds
+		// under -race on a busy machine: more than etcdctl's 2 s default.
+		b := startBeacon(t, t.TempDir(), env, append([]string{"ls", "-o", "json", "--dial-timeout", "20s"}, args...)...)
 		if err := b.wait(t, 30*time.Second); err != nil {
 			t.Fatalf("ls %v with %v: %v\n%s", args, env, err, b.errOut())
 		}
