@@ -120,7 +120,7 @@ func Shared(tb testing.TB) *ControlPlane {
 	tb.Helper()
 	api := testpeer.Built(tb, "kube-apiserver")
 	kcm := testpeer.Built(tb, "kube-controller-manager")
-	shared.once.Do(func() { shared.cp, shared.err = Start(api, kcm) })
+	shared.once.Do(func() { shared.cp, shared.err = Start(api, kcm, Options{}) })
 	if shared.err != nil {
 		tb.Fatalf("kubetest: %v", shared.err)
 	}
@@ -135,8 +135,30 @@ func StopShared() {
 	}
 }
 
+// Options adjust a control plane started by New or Start.
+type Options struct {
+	// NoCRD leaves the InstanceSet CRD out (InstallCRD installs it).
+	NoCRD bool
+	// NoControllers runs no kube-controller-manager.
+	NoControllers bool
+}
+
+// New starts a control plane of the test's own (Shared is cheaper), stopped
+// when the test ends.
+func New(tb testing.TB, opts Options) *ControlPlane {
+	tb.Helper()
+	api := testpeer.Built(tb, "kube-apiserver")
+	kcm := testpeer.Built(tb, "kube-controller-manager")
+	cp, err := Start(api, kcm, opts)
+	if err != nil {
+		tb.Fatalf("kubetest: %v", err)
+	}
+	tb.Cleanup(cp.Stop)
+	return cp
+}
+
 // Start starts a control plane from the two binaries.
-func Start(apiBin, kcmBin string) (cp *ControlPlane, err error) {
+func Start(apiBin, kcmBin string, opts Options) (cp *ControlPlane, err error) {
 	dir, err := os.MkdirTemp("", "kubetest-")
 	if err != nil {
 		return nil, err
@@ -171,14 +193,18 @@ func Start(apiBin, kcmBin string) (cp *ControlPlane, err error) {
 	cp.authn = authenticationv1client.NewForConfigOrDie(rc)
 	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
 	defer cancel()
-	if err := cp.InstallCRD(ctx); err != nil {
-		return nil, err
+	if !opts.NoCRD {
+		if err := cp.InstallCRD(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if _, err := cp.Core.Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: NodeName}}, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("create node: %w", err)
 	}
-	if err := cp.startControllerManager(); err != nil {
-		return nil, err
+	if !opts.NoControllers {
+		if err := cp.startControllerManager(); err != nil {
+			return nil, err
+		}
 	}
 	return cp, nil
 }

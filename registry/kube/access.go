@@ -46,6 +46,7 @@ func (r *Registry) writerPermissions() []permission {
 	ns := r.cfg.Pod.Namespace
 	return []permission{
 		{"get", "", "pods", ns, "to check POD_UID against the pod"},
+		{"create", Group, Resource, ns, "to create this process's InstanceSet (server-side apply of a new object)"},
 		{"patch", Group, Resource, ns, "to write this process's InstanceSet (server-side apply)"},
 		{"delete", Group, Resource, ns, "to delete it on Close"},
 		{"list", Group, Resource, ns, "to check instance IDs against other processes and follow this process's InstanceSet"},
@@ -58,6 +59,9 @@ func (r *Registry) writerPermissions() []permission {
 // If the review itself cannot be made, the check is skipped: the requests
 // themselves then fail with an error naming verb and resource.
 func (r *Registry) checkAccess(ctx context.Context, ps []permission) error {
+	if r.noAccessCheck {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
 	type result struct {

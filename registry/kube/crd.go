@@ -74,7 +74,7 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 	spec := apiextensionsv1.JSONSchemaProps{
 		Type:        "object",
 		Description: "What one registering process advertises.",
-		Required:    []string{"pod", "holder", "instances"},
+		Required:    []string{"pod", "holder"},
 		Properties: map[string]apiextensionsv1.JSONSchemaProps{
 			"pod": {
 				Type:        "object",

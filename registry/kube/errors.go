@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"regexp"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -67,6 +68,11 @@ func (r *Registry) explain(o op, err error) error {
 	var st apierrors.APIStatus
 	switch {
 	case apierrors.IsForbidden(err):
+		if m := deniedRE.FindStringSubmatch(apiMessage(err)); m != nil {
+			// The verb the API server checked (creating an object through
+			// server-side apply is a create, not a patch).
+			o.verb = m[1]
+		}
 		return fmt.Errorf("%w: may not %s %s %s (%s): grant it with a Role like deploy/kubernetes/rbac.yaml",
 			ErrForbidden, o.verb, o.resource, o.where(), apiMessage(err))
 	case apierrors.IsUnauthorized(err):
@@ -81,6 +87,9 @@ func (r *Registry) explain(o op, err error) error {
 	}
 	return fmt.Errorf("kube: %s %s %s: %w", o.verb, o.resource, o.where(), err)
 }
+
+// deniedRE finds the verb in an RBAC denial: `... cannot create resource "instancesets" in API group ...`.
+var deniedRE = regexp.MustCompile(`cannot (\w+) resource "`)
 
 // apiMessage returns the API server's message of an API error.
 func apiMessage(err error) string {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -174,7 +173,16 @@ func (w *writer) run() {
 		close(w.settled)
 		w.settled = make(chan struct{})
 		pending := w.gen != w.applied
+		n := len(w.regs)
 		w.mu.Unlock()
+		if err == nil {
+			switch w.r.State() {
+			case registry.StateIdle:
+				w.r.transition(registry.StateActive, nil, n)
+			case registry.StateLost:
+				w.r.transition(registry.StateRecovered, nil, n)
+			}
+		}
 		switch {
 		case err != nil:
 			delay = min(max(2*delay, retryFirst), retryMax)
@@ -577,8 +585,6 @@ func (w *writer) gone(rv int64) {
 	if w.fatal != nil || w.ctx.Err() != nil || w.uid == "" || rv <= w.lastRV || len(w.regs) == 0 {
 		return // stopped, never written, a listing older than the last write, or nothing to advertise
 	}
-	w.r.log.Warn("this process's InstanceSet was deleted by someone else; writing it again",
-		"instanceset", w.ns+"/"+w.name)
 	w.uid = ""
 	w.checkPodThenRewriteLocked()
 }
@@ -600,6 +606,7 @@ func (w *writer) observed(u *unstructured.Unstructured) {
 			"under one identity; give each container its own %s", ErrTakenOver, w.ns, w.name, holder, EnvContainerName)
 		w.r.log.Error("another process took over this process's InstanceSet; its registrations are no longer advertised",
 			"instanceset", w.ns+"/"+w.name, "holder", holder)
+		w.r.transition(registry.StateLost, w.fatal, len(w.regs))
 		close(w.settled)
 		w.settled = make(chan struct{})
 		return
@@ -630,21 +637,17 @@ func (w *writer) checkPodThenRewriteLocked() {
 			w.fatal = fmt.Errorf("kube: pod %s/%s (UID %s) is gone: its InstanceSet was garbage-collected and is not written again",
 				w.ns, w.pod.Name, w.pod.UID)
 			w.r.log.Warn("this process's pod is gone; not writing its InstanceSet again", "pod", w.ns+"/"+w.pod.Name)
+			w.r.transition(registry.StateLost, w.fatal, len(w.regs))
 			close(w.settled)
 			w.settled = make(chan struct{})
 			return
 		}
+		if w.fatal != nil || w.ctx.Err() != nil {
+			return
+		}
+		w.r.log.Warn("this process's InstanceSet was deleted by someone else; writing it again",
+			"instanceset", w.ns+"/"+w.name)
+		w.r.transition(registry.StateLost, fmt.Errorf("kube: InstanceSet %s/%s was deleted; writing it again", w.ns, w.name), len(w.regs))
 		w.bumpLocked()
 	}()
-}
-
-// advertised returns what the process advertises (for tests).
-func (w *writer) advertised() map[beacon.Ref]beacon.Instance {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := make(map[beacon.Ref]beacon.Instance, len(w.regs))
-	for ref, reg := range w.regs {
-		out[ref] = reg.inst
-	}
-	return maps.Clone(out)
 }

@@ -85,6 +85,8 @@ type Registry struct {
 
 	valid *validCache
 
+	noAccessCheck bool // tests: see the requests' own errors
+
 	readMu  sync.Mutex
 	readErr error // result of the reader access check, once done
 	readOK  bool
@@ -94,6 +96,10 @@ type Registry struct {
 
 	writerMu sync.Mutex
 	writer   *writer
+
+	stateMu sync.Mutex
+	state   registry.State
+	states  chan registry.StateChange
 }
 
 var (
@@ -129,7 +135,14 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: metrics: %w", ErrInvalidConfig, err)
 	}
-	r := &Registry{cfg: cfg, log: cfg.Logger.With("component", "registry", "backend", BackendName), m: m, host: rc.Host, valid: newValidCache()}
+	r := &Registry{
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "registry", "backend", BackendName),
+		m:      m,
+		host:   rc.Host,
+		valid:  newValidCache(),
+		states: make(chan registry.StateChange, statesBuffer),
+	}
 	switch {
 	case len(cfg.Namespaces) == 1 && cfg.Namespaces[0] == AllNamespaces:
 		r.namespaces = []string{""}
@@ -282,6 +295,7 @@ func (r *Registry) Close() error {
 		}
 		r.cancel()
 		r.wg.Wait()
+		r.transition(registry.StateClosed, nil, 0)
 	})
 	return r.closeErr
 }
