@@ -19,12 +19,12 @@ const (
 
 // metrics are the registry's collectors; every method is a no-op on nil.
 type metrics struct {
-	invalid       prometheus.Counter
-	writes        *prometheus.CounterVec
-	writeSeconds  prometheus.Histogram
-	relists       prometheus.Counter
-	watching      prometheus.Gauge
-	registered    prometheus.Gauge
+	invalid      prometheus.Counter
+	writes       *prometheus.CounterVec
+	writeSeconds prometheus.Histogram
+	relists      prometheus.Counter
+	watching     prometheus.Gauge
+	registered   prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {

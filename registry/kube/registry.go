@@ -323,10 +323,10 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 		return nil, 0, err
 	}
 	var (
-		mu     sync.Mutex
-		sets   []*setInfo
-		ready  = map[string]bool{}
-		maxRV  int64
+		mu      sync.Mutex
+		sets    []*setInfo
+		ready   = map[string]bool{}
+		maxRV   int64
 		g, gctx = errgroup.WithContext(ctx)
 	)
 	for _, ns := range r.namespaces {

@@ -241,11 +241,11 @@ type sink struct {
 	replace func([]any, string)
 }
 
-func (s *sink) Add(o any) error                   { s.add(o); return nil }
-func (s *sink) Update(o any) error                { s.add(o); return nil }
-func (s *sink) Delete(o any) error                { s.del(o); return nil }
+func (s *sink) Add(o any) error                     { s.add(o); return nil }
+func (s *sink) Update(o any) error                  { s.add(o); return nil }
+func (s *sink) Delete(o any) error                  { s.del(o); return nil }
 func (s *sink) Replace(objs []any, rv string) error { s.replace(objs, rv); return nil }
-func (s *sink) Resync() error                     { return nil }
+func (s *sink) Resync() error                       { return nil }
 
 // probe checks that the API server answers, while the view runs.
 func (v *view) probe() {
