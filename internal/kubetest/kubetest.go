@@ -420,15 +420,18 @@ func (cp *ControlPlane) startControllerManager() error {
 	return nil
 }
 
-// StopAPIServer stops kube-apiserver (gracefully, as a rolling restart
-// would); StartAPIServer starts it again on the same port and etcd.
-func (cp *ControlPlane) StopAPIServer(tb testing.TB) {
+// KillAPIServer kills kube-apiserver (SIGKILL, a crash); StartAPIServer
+// starts it again on the same port and etcd.
+func (cp *ControlPlane) KillAPIServer(tb testing.TB) {
 	tb.Helper()
 	cp.mu.Lock()
 	p := cp.api
 	cp.api = nil
 	cp.mu.Unlock()
-	p.stop()
+	if p != nil {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
 }
 
 // StartAPIServer starts a stopped kube-apiserver again and waits until it

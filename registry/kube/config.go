@@ -185,9 +185,9 @@ func (p Pod) check() error {
 		verb = "are"
 	}
 	return fmt.Errorf("%w: %s %s not set: registering on Kubernetes needs the identity of the pod the process runs in, "+
-		"from the Downward API (in the container's env: POD_NAME from fieldRef metadata.name, POD_NAMESPACE from "+
-		"metadata.namespace, POD_UID from metadata.uid; see deploy/kubernetes/worker.yaml). Outside a pod, "+
-		"register with another backend", ErrNoPodIdentity, strings.Join(missing, ", "), verb)
+		"from the Downward API: in the container's env, valueFrom.fieldRef.fieldPath metadata.name for POD_NAME, "+
+		"metadata.namespace for POD_NAMESPACE and metadata.uid for POD_UID (see deploy/kubernetes/worker.yaml). "+
+		"Outside a pod, register with another backend", ErrNoPodIdentity, strings.Join(missing, ", "), verb)
 }
 
 // resourceName is the name of the pod's (or container's) InstanceSet.

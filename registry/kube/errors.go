@@ -52,6 +52,9 @@ type op struct {
 }
 
 func (o op) where() string {
+	if o.verb == "discover" {
+		return "(API discovery)"
+	}
 	if o.namespace == "" {
 		return "in every namespace (cluster-wide)"
 	}
