@@ -227,7 +227,9 @@ func TestGarbageInstanceSet(t *testing.T) {
 			setField(u, "metadata", map[string]any{"blob": strings.Repeat("x", beacon.DefaultMaxMetadataSize+1)})
 		},
 		func(u *unstructured.Unstructured) { u.SetOwnerReferences(nil) },
-		func(u *unstructured.Unstructured) { _ = unstructured.SetNestedField(u.Object, "another-uid", "spec", "pod", "uid") },
+		func(u *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(u.Object, "another-uid", "spec", "pod", "uid")
+		},
 	} {
 		before := invalid()
 		bad, err := sets.Get(ctx, pod.Name, metav1.GetOptions{})
