@@ -179,6 +179,8 @@ func (w *writer) run() {
 			switch w.r.State() {
 			case registry.StateIdle:
 				w.r.transition(registry.StateActive, nil, n)
+				w.wg.Add(1)
+				go w.logVisibility()
 			case registry.StateLost:
 				w.r.transition(registry.StateRecovered, nil, n)
 			}
@@ -196,6 +198,31 @@ func (w *writer) run() {
 		default:
 			delay = 0
 		}
+	}
+}
+
+// visibilityDelay is how long after its first write the registry checks
+// that its pod is visible to watchers, and logs why if it is not.
+const visibilityDelay = 15 * time.Second
+
+// logVisibility checks once, visibilityDelay after the first write, that
+// watchers can see this process's instances, and logs a warning saying why
+// not ("registered but not visible": the pod is not Ready, or no labelled
+// EndpointSlice lists it).
+func (w *writer) logVisibility() {
+	defer w.wg.Done()
+	if !sleep(w.ctx, visibilityDelay) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, w.r.cfg.Timeout)
+	defer cancel()
+	vis, err := w.r.Visibility(ctx)
+	switch {
+	case w.ctx.Err() != nil:
+	case err != nil:
+		w.r.log.Debug("cannot check whether watchers see this process's instances", "err", err)
+	case !vis.Visible:
+		w.r.log.Warn("registered, but not visible to watchers", "reason", vis.Reason)
 	}
 }
 
