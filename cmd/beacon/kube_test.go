@@ -62,7 +62,8 @@ func TestKubernetesBackend(t *testing.T) {
 	}
 
 	httpURL := freeURL(t)
-	srv := startBeacon(t, dir, nil, append([]string{"serve", "--http-addr", strings.TrimPrefix(httpURL, "http://")}, kube...)...)
+	srv := startBeacon(t, dir, nil, append([]string{"serve", "--http-addr", strings.TrimPrefix(httpURL, "http://"),
+		"--dns-addr", "127.0.0.1:0"}, kube...)...)
 	srv.waitLine(t, "beacon serve is ready (kubernetes)", 60*time.Second)
 	for path, want := range map[string]int{"/readyz": 200, "/v1/registry/instances?namespace=demo": 200} {
 		resp, err := http.Get(httpURL + path)
