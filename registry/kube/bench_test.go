@@ -83,7 +83,7 @@ func (tr *tracker) seen(t beacon.EventType, addr string) {
 }
 
 // watchAll opens n watchers on r, feeding tr until ctx ends.
-func watchAll(b *testing.B, ctx context.Context, r registry.Discoverer, q beacon.Query, n int, tr *tracker) {
+func watchAll(ctx context.Context, b *testing.B, r registry.Discoverer, q beacon.Query, n int, tr *tracker) {
 	b.Helper()
 	var ready sync.WaitGroup
 	for range n {
@@ -113,7 +113,7 @@ func watchAll(b *testing.B, ctx context.Context, r registry.Discoverer, q beacon
 	ready.Wait()
 }
 
-func (s *sample) wait(b *testing.B, ctx context.Context, what string) []time.Duration {
+func (s *sample) wait(ctx context.Context, b *testing.B, what string) []time.Duration {
 	b.Helper()
 	select {
 	case <-s.done:
@@ -124,7 +124,7 @@ func (s *sample) wait(b *testing.B, ctx context.Context, what string) []time.Dur
 	}
 }
 
-func newEtcdSide(b *testing.B, ctx context.Context, n int) *side {
+func newEtcdSide(ctx context.Context, b *testing.B, n int) *side {
 	srv := etcdtest.Start(b, etcdtest.Options{})
 	open := func() registry.Registry {
 		st, err := etcd.New(ctx, etcd.Config{Endpoints: srv.Endpoints()})
@@ -139,15 +139,15 @@ func newEtcdSide(b *testing.B, ctx context.Context, n int) *side {
 		return r
 	}
 	s := &side{name: "etcd", writer: open(), tr: &tracker{want: map[string]*sample{}}}
-	watchAll(b, ctx, open(), beacon.Query{Namespace: "bench"}, n, s.tr)
+	watchAll(ctx, b, open(), beacon.Query{Namespace: "bench"}, n, s.tr)
 	return s
 }
 
-func newKubeSide(b *testing.B, ctx context.Context, cp *kubetest.ControlPlane, n int) (*side, *corev1.Pod) {
+func newKubeSide(ctx context.Context, b *testing.B, cp *kubetest.ControlPlane, n int) (*side, *corev1.Pod) {
 	ns := cp.Namespace(b)
 	pod := cp.ReadyPod(b, ns, "bench")
 	s := &side{name: "kube", writer: cp.Registry(b, ns, pod, nil), tr: &tracker{want: map[string]*sample{}}}
-	watchAll(b, ctx, cp.Registry(b, ns, nil, nil), beacon.Query{Namespace: "bench"}, n, s.tr)
+	watchAll(ctx, b, cp.Registry(b, ns, nil, nil), beacon.Query{Namespace: "bench"}, n, s.tr)
 	return s, pod
 }
 
@@ -155,8 +155,8 @@ func benchRegister(b *testing.B, watchers int) {
 	cp := kubetest.Shared(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
-	kubeSide, _ := newKubeSide(b, ctx, cp, watchers)
-	sides := []*side{newEtcdSide(b, ctx, watchers), kubeSide}
+	kubeSide, _ := newKubeSide(ctx, b, cp, watchers)
+	sides := []*side{newEtcdSide(ctx, b, watchers), kubeSide}
 	added := map[string][]time.Duration{}
 	removed := map[string][]time.Duration{}
 	b.ResetTimer()
@@ -169,12 +169,12 @@ func benchRegister(b *testing.B, watchers int) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			added[s.name] = append(added[s.name], smp.wait(b, wctx, s.name+" added")...)
+			added[s.name] = append(added[s.name], smp.wait(wctx, b, s.name+" added")...)
 			smp = s.tr.expect(beacon.Removed, addr, watchers)
 			if err := reg.Close(); err != nil {
 				b.Fatal(err)
 			}
-			removed[s.name] = append(removed[s.name], smp.wait(b, wctx, s.name+" removed")...)
+			removed[s.name] = append(removed[s.name], smp.wait(wctx, b, s.name+" removed")...)
 			wcancel()
 		}
 	}
@@ -192,8 +192,8 @@ func benchNotReady(b *testing.B) {
 	cp := kubetest.Shared(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
-	k, pod := newKubeSide(b, ctx, cp, 1)
-	e := newEtcdSide(b, ctx, 1)
+	k, pod := newKubeSide(ctx, b, cp, 1)
+	e := newEtcdSide(ctx, b, 1)
 	lat := map[string][]time.Duration{}
 	b.ResetTimer()
 	for i := range b.N {
@@ -204,13 +204,13 @@ func benchNotReady(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		smp.wait(b, wctx, "kube added")
+		smp.wait(wctx, b, "kube added")
 		smp = k.tr.expect(beacon.Removed, addr, 1)
 		pod = cp.SetReady(b, pod, false)
-		lat["kube"] = append(lat["kube"], smp.wait(b, wctx, "kube removed after NotReady")...)
+		lat["kube"] = append(lat["kube"], smp.wait(wctx, b, "kube removed after NotReady")...)
 		smp = k.tr.expect(beacon.Added, addr, 1)
 		pod = cp.SetReady(b, pod, true)
-		smp.wait(b, wctx, "kube added after Ready")
+		smp.wait(wctx, b, "kube added after Ready")
 		_ = reg.Close()
 
 		smp = e.tr.expect(beacon.Added, addr, 1)
@@ -218,10 +218,10 @@ func benchNotReady(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		smp.wait(b, wctx, "etcd added")
+		smp.wait(wctx, b, "etcd added")
 		smp = e.tr.expect(beacon.Removed, addr, 1)
 		_ = ereg.Close()
-		lat["etcd"] = append(lat["etcd"], smp.wait(b, wctx, "etcd removed")...)
+		lat["etcd"] = append(lat["etcd"], smp.wait(wctx, b, "etcd removed")...)
 		wcancel()
 	}
 	b.StopTimer()

@@ -28,8 +28,8 @@ const (
 	EnvNamespaces = "BEACON_KUBE_NAMESPACES"
 )
 
-// AllNamespaces, as the only element of Config.Namespaces (or
-// BEACON_KUBE_NAMESPACES), makes readers watch every namespace.
+// AllNamespaces is the Config.Namespaces (or BEACON_KUBE_NAMESPACES) value
+// that makes readers watch every namespace, as its only element.
 const AllNamespaces = "*"
 
 // DefaultTimeout bounds reaching the API server at Open and each write the
@@ -134,10 +134,10 @@ func (c Config) Validate() error {
 			c.MaxMetadataSize, beacon.DefaultMaxMetadataSize, MaxMetadataSize))
 	}
 	if c.DrainGrace < 0 {
-		errs = append(errs, fmt.Errorf("DrainGrace %v is negative", c.DrainGrace))
+		errs = append(errs, fmt.Errorf("drain grace %v is negative", c.DrainGrace))
 	}
 	if c.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("Timeout %v is negative", c.Timeout))
+		errs = append(errs, fmt.Errorf("timeout %v is negative", c.Timeout))
 	}
 	p := c.Pod
 	if p.Name != "" {

@@ -87,9 +87,8 @@ type Registry struct {
 
 	noAccessCheck bool // tests: see the requests' own errors
 
-	readMu  sync.Mutex
-	readErr error // result of the reader access check, once done
-	readOK  bool
+	readMu sync.Mutex
+	readOK bool
 
 	viewMu sync.Mutex
 	view   *view

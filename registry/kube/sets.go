@@ -101,12 +101,13 @@ func (r *Registry) parseSet(u *unstructured.Unstructured) *setInfo {
 	last, first := r.valid.invalid(string(u.GetUID()), u.GetResourceVersion())
 	if first {
 		r.m.invalidResource()
-		keeps := "contributes no instances"
+		kept := -1 // no valid content seen: it contributes nothing
 		if last != nil {
-			keeps = fmt.Sprintf("keeps its last valid content (%d instances)", len(last.instances))
+			kept = len(last.instances)
 		}
-		r.log.Warn("skipping an InstanceSet that is not valid; it "+keeps,
-			"instanceset", u.GetNamespace()+"/"+u.GetName(), "resourceVersion", u.GetResourceVersion(), "err", err)
+		r.log.Warn("skipping an InstanceSet that is not valid; its last valid content is kept",
+			"instanceset", u.GetNamespace()+"/"+u.GetName(), "resourceVersion", u.GetResourceVersion(),
+			"kept_instances", kept, "err", err)
 	}
 	return last
 }

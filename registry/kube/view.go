@@ -607,10 +607,3 @@ func (v *view) versionLocked() *version {
 	}
 	return v.snap
 }
-
-// podReady reports whether the view sees the pod Ready (for Visibility).
-func (v *view) podReady(uid string) (ready, synced bool) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.readyCount[uid] > 0, v.synced
-}
