@@ -293,3 +293,24 @@ func (cp *ControlPlane) Bind(tb testing.TB, ns, sa string, role *rbacv1.Role) {
 		tb.Fatalf("kubetest: create role binding: %v", err)
 	}
 }
+
+// BindCluster creates the cluster role (its name suffixed with ns, so that
+// tests do not collide) and binds it to the ServiceAccount ns/sa.
+func (cp *ControlPlane) BindCluster(tb testing.TB, ns, sa string, role *rbacv1.ClusterRole) {
+	tb.Helper()
+	ctx := Ctx(tb)
+	role = role.DeepCopy()
+	role.Name += "-" + ns
+	role.ResourceVersion = ""
+	if _, err := cp.RBAC.ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		tb.Fatalf("kubetest: create cluster role: %v", err)
+	}
+	_, err := cp.RBAC.ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name + "-" + sa},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		tb.Fatalf("kubetest: create cluster role binding: %v", err)
+	}
+}

@@ -16,10 +16,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// shippedRole returns the Role of deploy/kubernetes/rbac.yaml.
-func shippedRole(t *testing.T) *rbacv1.Role {
+// shipped decodes the object of kind in a deploy/kubernetes file into out.
+func shipped(t *testing.T, file, kind string, out any) {
 	t.Helper()
-	b, err := os.ReadFile("../../deploy/kubernetes/rbac.yaml")
+	b, err := os.ReadFile("../../deploy/kubernetes/" + file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,17 +28,49 @@ func shippedRole(t *testing.T) *rbacv1.Role {
 		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
 			t.Fatal(err)
 		}
-		if meta.Kind != "Role" {
-			continue
+		if meta.Kind == kind {
+			if err := yaml.UnmarshalStrict([]byte(doc), out); err != nil {
+				t.Fatal(err)
+			}
+			return
 		}
-		var role rbacv1.Role
-		if err := yaml.UnmarshalStrict([]byte(doc), &role); err != nil {
-			t.Fatal(err)
-		}
-		return &role
 	}
-	t.Fatal("no Role in rbac.yaml")
-	return nil
+	t.Fatalf("no %s in %s", kind, file)
+}
+
+// shippedRole returns the Role of deploy/kubernetes/rbac.yaml.
+func shippedRole(t *testing.T) *rbacv1.Role {
+	var role rbacv1.Role
+	shipped(t, "rbac.yaml", "Role", &role)
+	return &role
+}
+
+// A reader of every namespace with only the shipped ClusterRole
+// (rbac-cluster.yaml) lists and watches across namespaces; with only the
+// namespaced Role it is refused, naming the cluster-wide verbs.
+func TestRBACAllNamespaces(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	in := register(t, cp.Registry(t, ns, cp.ReadyPod(t, ns, "w"), nil), inst("10.13.0.1:80")).Instance()
+	var cr rbacv1.ClusterRole
+	shipped(t, "rbac-cluster.yaml", "ClusterRole", &cr)
+	rc := cp.ServiceAccount(t, ns, "all-reader", nil)
+	cp.BindCluster(t, ns, "all-reader", &cr)
+	all := func(c *kube.Config) { c.REST, c.Namespaces = rc, []string{kube.AllNamespaces} }
+	r := cp.Registry(t, ns, nil, all)
+	got, _, err := r.List(kubetest.Ctx(t), beacon.Query{Namespace: "demo", Component: "api"})
+	if err != nil || !slicesHas(got, in) {
+		t.Fatalf("List in every namespace with the ClusterRole: %v, %v", got, err)
+	}
+	f := follow(t, r, beacon.Query{Namespace: "demo"})
+	f.until("the instance", func(v *registrytest.View) bool { return has(v, in) })
+
+	nsOnly := cp.ServiceAccount(t, ns, "ns-reader", shippedRole(t).Rules)
+	_, _, err = cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = nsOnly, []string{kube.AllNamespaces} }).
+		List(kubetest.Ctx(t), beacon.Query{})
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "cluster-wide") {
+		t.Fatalf("List in every namespace with only the Role: %v", err)
+	}
 }
 
 // firstDenial runs every operation (Register with a caller-chosen ID, List,
