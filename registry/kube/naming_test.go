@@ -2,6 +2,7 @@ package kube_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -13,16 +14,18 @@ import (
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store/backend"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 )
 
 // The beacon:/// gRPC resolver over the Kubernetes registry, opened by name
 // as a program does (BEACON_DISCOVERY_BACKEND=kubernetes through
 // store/backend): a real gRPC server registered from a Ready pod is
-// called; once the pod is NotReady, calls fail fast with the resolver's
-// "no serving instances".
+// called; once the pod is NotReady, calls fail fast (Unavailable: no
+// serving instances).
 func TestResolverOverKubernetes(t *testing.T) {
 	cp := kubetest.Shared(t)
 	ns := cp.Namespace(t)
@@ -69,15 +72,22 @@ func TestResolverOverKubernetes(t *testing.T) {
 	}
 	cp.SetReady(t, pod, false)
 	// Wait for the resolver to drop the instance: calls then fail fast.
+	var seen []string
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := hc.Check(cctx, &healthpb.HealthCheckRequest{})
 		cancel()
-		if err != nil && strings.Contains(err.Error(), "no serving instances") {
+		// Dropped: calls fail fast, with the resolver's "no serving
+		// instances" or gRPC's "produced zero addresses" (whichever of the
+		// resolver's empty state and its error the call sees first).
+		if status.Code(err) == codes.Unavailable &&
+			(strings.Contains(err.Error(), "no serving instances") || strings.Contains(err.Error(), "zero addresses")) {
 			break
 		}
+		seen = append(seen, fmt.Sprintf("%v (state %v)", err, cc.GetState()))
 		if ctx.Err() != nil {
-			t.Fatalf("calls still succeed (or fail otherwise: %v) after the pod went NotReady", err)
+			list, _, lerr := r.List(context.Background(), beacon.Query{Namespace: "demo"})
+			t.Fatalf("after the pod went NotReady, calls gave: %v; List = %v, %v", seen, list, lerr)
 		}
 		// The resolver's update is asynchronous; wait for the channel to
 		// leave its current state before calling again.

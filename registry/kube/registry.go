@@ -335,10 +335,15 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 				return r.explain(op{"list", instanceSetsResource, ns}, err)
 			}
 			var parsed []*setInfo
+			present := make(map[string]bool, len(list.Items))
 			for i := range list.Items {
+				present[string(list.Items[i].GetUID())] = true
 				if s := r.parseSet(&list.Items[i]); s != nil {
 					parsed = append(parsed, s)
 				}
+			}
+			if list.GetContinue() == "" {
+				r.valid.retain(ns, present)
 			}
 			mu.Lock()
 			defer mu.Unlock()

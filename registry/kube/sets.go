@@ -98,7 +98,7 @@ func (r *Registry) parseSet(u *unstructured.Unstructured) *setInfo {
 		r.valid.put(s)
 		return s
 	}
-	last, first := r.valid.invalid(string(u.GetUID()), u.GetResourceVersion())
+	last, first := r.valid.invalid(string(u.GetUID()), u.GetNamespace()+"/"+u.GetName(), u.GetResourceVersion())
 	if first {
 		r.m.invalidResource()
 		kept := -1 // no valid content seen: it contributes nothing
@@ -117,11 +117,13 @@ func (r *Registry) parseSet(u *unstructured.Unstructured) *setInfo {
 type validCache struct {
 	mu       sync.Mutex
 	byUID    map[string]*setInfo
-	reported map[string]string // uid -> resourceVersion of the last invalid version reported
+	reported map[string]invalidVersion // by uid: the last invalid version reported
 }
 
+type invalidVersion struct{ key, rv string }
+
 func newValidCache() *validCache {
-	return &validCache{byUID: map[string]*setInfo{}, reported: map[string]string{}}
+	return &validCache{byUID: map[string]*setInfo{}, reported: map[string]invalidVersion{}}
 }
 
 func (c *validCache) put(s *setInfo) {
@@ -132,14 +134,31 @@ func (c *validCache) put(s *setInfo) {
 	}
 }
 
-// invalid returns the last valid content of uid, and whether version rv was
-// not reported yet.
-func (c *validCache) invalid(uid, rv string) (*setInfo, bool) {
+// invalid returns the last valid content of uid (object key), and whether
+// version rv was not reported yet.
+func (c *validCache) invalid(uid, key, rv string) (*setInfo, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	first := c.reported[uid] != rv
-	c.reported[uid] = rv
+	first := c.reported[uid].rv != rv
+	c.reported[uid] = invalidVersion{key: key, rv: rv}
 	return c.byUID[uid], first
+}
+
+// retain forgets the objects of namespace ns ("" for all) whose UIDs a
+// complete listing of it no longer holds (deleted objects).
+func (c *validCache) retain(ns string, present map[string]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for uid, s := range c.byUID {
+		if !present[uid] && inNamespace(s.key, ns) {
+			delete(c.byUID, uid)
+		}
+	}
+	for uid, v := range c.reported {
+		if !present[uid] && inNamespace(v.key, ns) {
+			delete(c.reported, uid)
+		}
+	}
 }
 
 // forget drops a deleted object.
