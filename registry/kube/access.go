@@ -6,9 +6,8 @@ import (
 	"strings"
 	"sync"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // permission is one RBAC permission the registry needs.
@@ -75,14 +74,17 @@ func (r *Registry) checkAccess(ctx context.Context, ps []permission) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rev, err := r.authz.SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
-				Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
-					Namespace: p.namespace, Verb: p.verb, Group: p.group, Resource: p.resource,
+			review := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "authorization.k8s.io/v1",
+				"kind":       "SelfSubjectAccessReview",
+				"spec": map[string]any{"resourceAttributes": map[string]any{
+					"namespace": p.namespace, "verb": p.verb, "group": p.group, "resource": p.resource,
 				}},
-			}, metav1.CreateOptions{})
+			}}
+			res, err := r.dyn.Resource(accessReviewGVR).Create(ctx, review, metav1.CreateOptions{})
 			results[i] = result{p: p, err: err}
 			if err == nil {
-				results[i].allowed = rev.Status.Allowed
+				results[i].allowed, _, _ = unstructured.NestedBool(res.Object, "status", "allowed")
 			}
 		}()
 	}
@@ -109,11 +111,17 @@ func (r *Registry) checkAccess(ctx context.Context, ps []permission) error {
 
 // whoAmI names the authenticated user for error messages.
 func (r *Registry) whoAmI(ctx context.Context) string {
-	res, err := r.authn.SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
-	if err != nil || res.Status.UserInfo.Username == "" {
+	res, err := r.dyn.Resource(subjectReviewGVR).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+	}}, metav1.CreateOptions{})
+	if err != nil {
 		return "this client"
 	}
-	return fmt.Sprintf("user %q", res.Status.UserInfo.Username)
+	name, _, _ := unstructured.NestedString(res.Object, "status", "userInfo", "username")
+	if name == "" {
+		return "this client"
+	}
+	return fmt.Sprintf("user %q", name)
 }
 
 // checkReader checks the reader permissions once (successful checks are

@@ -79,7 +79,7 @@ func (r *Registry) writerFor(ctx context.Context) (*writer, error) {
 		return nil, err
 	}
 	gctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
-	pod, err := r.core.Pods(p.Namespace).Get(gctx, p.Name, metav1.GetOptions{})
+	uid, err := r.podUID(gctx, p.Namespace, p.Name)
 	cancel()
 	switch {
 	case apierrors.IsNotFound(err):
@@ -87,10 +87,10 @@ func (r *Registry) writerFor(ctx context.Context) (*writer, error) {
 			"(fieldRef metadata.name, metadata.namespace)", ErrPodMismatch, p.Name, p.Namespace, EnvPodName, EnvPodNamespace)
 	case err != nil:
 		return nil, r.explain(op{"get", podsResource, p.Namespace}, err)
-	case string(pod.UID) != p.UID:
+	case uid != p.UID:
 		return nil, fmt.Errorf("%w: %s %q is not the UID of pod %s/%s (%s): set %s from the Downward API (fieldRef "+
 			"metadata.uid); with a wrong UID the garbage collector would delete the InstanceSet at once",
-			ErrPodMismatch, EnvPodUID, p.UID, p.Namespace, p.Name, pod.UID, EnvPodUID)
+			ErrPodMismatch, EnvPodUID, p.UID, p.Namespace, p.Name, uid, EnvPodUID)
 	}
 	w := &writer{
 		r:       r,
@@ -656,11 +656,11 @@ func (w *writer) checkPodThenRewriteLocked() {
 	go func() {
 		defer w.wg.Done()
 		ctx, cancel := context.WithTimeout(w.ctx, w.r.cfg.Timeout)
-		pod, err := w.r.core.Pods(w.ns).Get(ctx, w.pod.Name, metav1.GetOptions{})
+		uid, err := w.r.podUID(ctx, w.ns, w.pod.Name)
 		cancel()
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if (apierrors.IsNotFound(err) || (err == nil && string(pod.UID) != w.pod.UID)) && w.fatal == nil {
+		if (apierrors.IsNotFound(err) || (err == nil && uid != w.pod.UID)) && w.fatal == nil {
 			w.fatal = fmt.Errorf("kube: pod %s/%s (UID %s) is gone: its InstanceSet was garbage-collected and is not written again",
 				w.ns, w.pod.Name, w.pod.UID)
 			w.r.log.Warn("this process's pod is gone; not writing its InstanceSet again", "pod", w.ns+"/"+w.pod.Name)

@@ -5,12 +5,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,13 +18,9 @@ import (
 	"github.com/beaconplane/beacon/registry"
 	"golang.org/x/sync/errgroup"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
-	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
-	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
-	discoveryv1client "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -68,12 +63,8 @@ type Registry struct {
 	host       string
 	namespaces []string // watched; [""] for every namespace
 
-	dyn    dynamic.Interface
-	slices discoveryv1client.DiscoveryV1Interface
-	core   corev1client.CoreV1Interface
-	authz  authorizationv1client.AuthorizationV1Interface
-	authn  authenticationv1client.AuthenticationV1Interface
-	disc   discovery.DiscoveryInterface
+	dyn  dynamic.Interface
+	http *http.Client // the dynamic client's: TLS, credentials
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -152,16 +143,8 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	default:
 		r.namespaces = []string{kubeNS}
 	}
-	if r.dyn, err = dynamic.NewForConfig(rc); err == nil {
-		if r.slices, err = discoveryv1client.NewForConfig(rc); err == nil {
-			if r.core, err = corev1client.NewForConfig(rc); err == nil {
-				if r.authz, err = authorizationv1client.NewForConfig(rc); err == nil {
-					if r.authn, err = authenticationv1client.NewForConfig(rc); err == nil {
-						r.disc, err = discovery.NewDiscoveryClientForConfig(rc)
-					}
-				}
-			}
-		}
+	if r.http, err = rest.HTTPClientFor(rc); err == nil {
+		r.dyn, err = dynamic.NewForConfigAndClient(rc, r.http)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: client for %s: %w", ErrInvalidConfig, rc.Host, err)
@@ -232,30 +215,18 @@ func (r *Registry) probe(ctx context.Context) error {
 }
 
 func (r *Registry) discoveryResources(ctx context.Context) (*metav1.APIResourceList, error) {
-	type result struct {
-		res *metav1.APIResourceList
-		err error
-	}
-	// The discovery client takes no context: bound it here.
-	done := make(chan result, 1)
-	go func() {
-		res, err := r.disc.ServerResourcesForGroupVersion(Group + "/" + Version)
-		done <- result{res, err}
-	}()
-	select {
-	case <-ctx.Done():
+	var res metav1.APIResourceList
+	err := r.rawGet(ctx, "/apis/"+Group+"/"+Version, &res)
+	switch {
+	case err == nil:
+		return &res, nil
+	case apierrors.IsNotFound(err):
+		return nil, ErrCRDNotInstalled
+	case ctx.Err() != nil:
 		return nil, fmt.Errorf("%w at %s: no answer within %v: %w; check that the cluster is up and the kubeconfig (%s) "+
 			"or in-cluster configuration points at it", ErrUnreachable, r.host, r.cfg.Timeout, context.Cause(ctx), EnvKubeconfig)
-	case res := <-done:
-		if res.err != nil {
-			err := r.explain(op{verb: "discover", resource: instanceSetsResource}, res.err)
-			if errors.Is(err, ErrCRDNotInstalled) || strings.Contains(err.Error(), "could not find the requested resource") {
-				return nil, ErrCRDNotInstalled
-			}
-			return nil, err
-		}
-		return res.res, nil
 	}
+	return nil, r.explain(op{verb: "discover", resource: instanceSetsResource}, err)
 }
 
 // Ping checks that the API server answers and still serves InstanceSets
@@ -352,18 +323,18 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 			return nil
 		})
 		g.Go(func() error {
-			list, err := r.slices.EndpointSlices(ns).List(gctx, metav1.ListOptions{LabelSelector: discoverySelector})
+			list, rv, err := r.listSlices(gctx, ns, discoverySelector)
 			if err != nil {
-				return r.explain(op{"list", endpointSlicesResource, ns}, err)
+				return err
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			for i := range list.Items {
-				for uid := range readyPods(&list.Items[i]) {
+			for _, s := range list {
+				for uid := range readyPods(s) {
 					ready[uid] = true
 				}
 			}
-			maxRV = max(maxRV, parseRV(list.ResourceVersion))
+			maxRV = max(maxRV, parseRV(rv))
 			return nil
 		})
 	}

@@ -143,19 +143,19 @@ func (r *Registry) viewFor() *view {
 			del:     func(o any) { v.setDeleted(o.(*unstructured.Unstructured)) },
 			replace: func(objs []any, rv string) { v.replaceSets(sets, objs, rv) },
 		})
-		r.runReflector(ctx, logger, sl, &discoveryv1.EndpointSlice{}, &listWatch{
+		r.runReflector(ctx, logger, sl, &unstructured.Unstructured{}, &listWatch{
 			r: r, src: sl, v: v,
 			list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 				o.LabelSelector = discoverySelector
-				return r.slices.EndpointSlices(ns).List(ctx, o)
+				return r.dyn.Resource(endpointSlicesGVR).Namespace(ns).List(ctx, o)
 			},
 			watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 				o.LabelSelector = discoverySelector
-				return r.slices.EndpointSlices(ns).Watch(ctx, o)
+				return r.dyn.Resource(endpointSlicesGVR).Namespace(ns).Watch(ctx, o)
 			},
 		}, &sink{
-			add:     func(o any) { v.sliceChanged(o.(*discoveryv1.EndpointSlice)) },
-			del:     func(o any) { v.sliceDeleted(o.(*discoveryv1.EndpointSlice)) },
+			add:     func(o any) { v.sliceChanged(v.slice(o)) },
+			del:     func(o any) { v.sliceDeleted(v.slice(o)) },
 			replace: func(objs []any, rv string) { v.replaceSlices(sl, objs, rv) },
 		})
 	}
@@ -260,7 +260,7 @@ func (v *view) probe() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
-		err := r.disc.RESTClient().Get().AbsPath("/version").Do(ctx).Error()
+		err := r.rawGet(ctx, "/version", nil)
 		cancel()
 		if r.ctx.Err() != nil {
 			return
@@ -433,6 +433,19 @@ func (v *view) putSetLocked(key string, s *setInfo) map[string]bool {
 	return dirty
 }
 
+// slice converts an EndpointSlice from the reflector; one that does not
+// decode (never seen from a real API server) counts as listing no pod.
+func (v *view) slice(o any) *discoveryv1.EndpointSlice {
+	u := o.(*unstructured.Unstructured)
+	s, err := toSlice(u)
+	if err != nil {
+		v.r.log.Warn("an EndpointSlice does not decode; it counts as listing no ready pod", "err", err)
+		return &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName(),
+			ResourceVersion: u.GetResourceVersion()}}
+	}
+	return s
+}
+
 func (v *view) sliceChanged(s *discoveryv1.EndpointSlice) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -450,7 +463,7 @@ func (v *view) sliceDeleted(s *discoveryv1.EndpointSlice) {
 func (v *view) replaceSlices(src *source, objs []any, rv string) {
 	fresh := make(map[string]map[string]bool, len(objs))
 	for _, o := range objs {
-		s := o.(*discoveryv1.EndpointSlice)
+		s := v.slice(o)
 		fresh[s.Namespace+"/"+s.Name] = readyPods(s)
 	}
 	v.mu.Lock()

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Visibility says whether watchers see this process's instances, and if
@@ -31,14 +30,13 @@ func (r *Registry) Visibility(ctx context.Context) (Visibility, error) {
 	if err := p.check(); err != nil {
 		return Visibility{}, err
 	}
-	list, err := r.slices.EndpointSlices(p.Namespace).List(ctx, metav1.ListOptions{})
+	list, _, err := r.listSlices(ctx, p.Namespace, "")
 	if err != nil {
-		return Visibility{}, r.explain(op{"list", endpointSlicesResource, p.Namespace}, err)
+		return Visibility{}, err
 	}
 	var vis Visibility
 	var unlabelled, notReady []string
-	for i := range list.Items {
-		s := &list.Items[i]
+	for _, s := range list {
 		state, listed := podIn(s, p.UID)
 		if !listed {
 			continue
