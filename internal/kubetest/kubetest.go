@@ -434,6 +434,23 @@ func (cp *ControlPlane) KillAPIServer(tb testing.TB) {
 	}
 }
 
+// PauseAPIServer freezes kube-apiserver (SIGSTOP): connections stay open
+// and nothing answers, as with a hung process. The returned function
+// resumes it (SIGCONT); it also runs when the test ends.
+func (cp *ControlPlane) PauseAPIServer(tb testing.TB) (resume func()) {
+	tb.Helper()
+	cp.mu.Lock()
+	p := cp.api
+	cp.mu.Unlock()
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		tb.Fatalf("kubetest: SIGSTOP kube-apiserver: %v", err)
+	}
+	var once sync.Once
+	resume = func() { once.Do(func() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }) }
+	tb.Cleanup(resume)
+	return resume
+}
+
 // StartAPIServer starts a stopped kube-apiserver again and waits until it
 // is ready.
 func (cp *ControlPlane) StartAPIServer(tb testing.TB) {

@@ -7,6 +7,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/kubetest"
 	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/beaconplane/beacon/registry/registrytest"
 )
 
@@ -62,4 +63,34 @@ func kinds(bs []registry.Batch) []string {
 		out = append(out, b.Kind.String())
 	}
 	return out
+}
+
+// The API server hangs (SIGSTOP: connections open, no answers): the watch
+// is reported stale within the probe's bound (probe interval + Timeout),
+// and once the server answers again it resyncs, without a removal.
+func TestAPIServerHangIsStale(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	in := register(t, cp.Registry(t, ns, cp.ReadyPod(t, ns, "w"), nil), inst("10.14.0.1:80")).Instance()
+	const timeout = 3 * time.Second
+	f := follow(t, cp.Registry(t, ns, nil, func(c *kube.Config) { c.Timeout = timeout }), beacon.Query{Namespace: "demo"})
+	f.until("the instance", func(v *registrytest.View) bool { return has(v, in) })
+
+	resume := cp.PauseAPIServer(t)
+	start := time.Now()
+	stale := false
+	f.until("a stale batch", func(*registrytest.View) bool {
+		stale = stale || f.batches[len(f.batches)-1].Kind == registry.Stale
+		return stale
+	})
+	took := time.Since(start)
+	t.Logf("stale after %v: %v", took.Round(time.Millisecond), f.batches[len(f.batches)-1].Err)
+	if bound := 5*time.Second + timeout + 5*time.Second; took > bound { // probe interval + timeout + scheduling slack
+		t.Errorf("stale after %v, more than %v", took, bound)
+	}
+	resume()
+	f.until("a resync", func(*registrytest.View) bool { return f.batches[len(f.batches)-1].Kind == registry.Resync })
+	if !has(f.v, in) || f.removed(in.Ref()) {
+		t.Fatalf("after the hang: view %v, removed %v", f.v, f.removed(in.Ref()))
+	}
 }
