@@ -1,7 +1,7 @@
 // Package naming lets gRPC clients dial services by name through Beacon:
 // a grpc-go resolver for beacon:///namespace/component/endpoint targets,
 // fed by a registry watch, so it works over every registry backend (etcd,
-// memory, file, NATS).
+// memory, file, NATS, Kubernetes).
 //
 //	reg, err := registry.New(st, registry.Config{}) // any store.Store
 //	...

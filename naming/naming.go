@@ -22,7 +22,7 @@ const retryFirst = 50 * time.Millisecond
 
 // Builder is a grpc-go resolver.Builder for beacon:///namespace/component/endpoint
 // targets over any registry.Discoverer (the store-backed registry over
-// etcd, memory, file or NATS). Pass it to
+// etcd, memory, file or NATS, or a Kubernetes registry). Pass it to
 // grpc.NewClient with grpc.WithResolvers (or use DialOption); it is not
 // registered globally. One Builder serves any number of channels and
 // targets; it is safe for concurrent use.

@@ -28,8 +28,11 @@ var benignAtStart = []string{
 }
 
 // benignAtClose are messages etcd logs when its listeners are closed by
-// its own Close: each serving loop reports that it ended.
+// its own Close: each serving loop reports that it ended, and a stop right
+// after the start cancels the member's first publications.
 var benignAtClose = []string{
+	"failed to update cluster version",
+	"failed to publish local member to cluster through raft",
 	"setting up serving from embedded etcd failed.",
 	"stopping insecure grpc server due to error",
 	"stopped insecure grpc server due to error",

@@ -16,6 +16,9 @@ type backendFlags struct {
 	cacert   string
 	cert     string
 	key      string
+
+	kubeconfig     string   // backend_kube.go
+	kubeNamespaces []string // backend_kube.go
 }
 
 // addBackendFlags registers the flags on cmd. Defaults come from the
@@ -39,5 +42,6 @@ func (b *backendFlags) config() backend.Config {
 	cfg := backend.FromEnv()
 	cfg.Etcd.Username, cfg.Etcd.Password = b.user, b.password
 	cfg.Etcd.CA, cfg.Etcd.ClientCert, cfg.Etcd.ClientKey = b.cacert, b.cert, b.key
+	cfg.DriverEnv = b.kubeEnv()
 	return cfg
 }

@@ -113,11 +113,10 @@ func registeredNames(c *cobra.Command, toComplete string, refs bool) ([]string, 
 	if fl := c.Flags().Lookup("root"); fl != nil {
 		conn.root = fl.Value.String()
 	}
-	st, r, err := conn.open(ctx, registry.Config{})
+	r, err := conn.open(ctx, registry.Config{})
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
 	defer r.Close()
 	var q beacon.Query
 	if i := strings.LastIndex(toComplete, "/"); i > 0 {

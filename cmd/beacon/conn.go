@@ -56,7 +56,10 @@ const connHelp = `Connection (flags win over variables; Beacon's variables over 
 // registryConnHelp adds the backend choice for the registry commands.
 const registryConnHelp = connHelp + `
   --backend       BEACON_DISCOVERY_BACKEND: etcd (default), memory (process-local:
-                  for trying the commands), file (BEACON_FILE_DIR) or nats (NATS_URL)`
+                  for trying the commands), file (BEACON_FILE_DIR), nats (NATS_URL)
+                  or kubernetes
+
+` + kubeEnvHelp
 
 // clientFlags are the connection flags of the client commands, etcdctl's
 // names and defaults.
@@ -70,6 +73,7 @@ type clientFlags struct {
 	dialTimeout        time.Duration
 	commandTimeout     time.Duration
 	timeout            time.Duration // --timeout: sets both (older spelling)
+	kube               *backendFlags // --kubeconfig, --kube-namespaces (backend_kube.go); nil without --backend
 
 	// Set by resolve.
 	dial, command time.Duration
@@ -81,7 +85,9 @@ func addClientFlags(cmd *cobra.Command, withBackend bool) *clientFlags {
 	c := &clientFlags{cmd: cmd}
 	f := cmd.Flags()
 	if withBackend {
-		f.StringVar(&c.backend, "backend", backend.Etcd, "store backend: etcd, memory, file or nats (env "+backend.EnvVar+")")
+		f.StringVar(&c.backend, "backend", backend.Etcd, "backend: etcd, memory, file, nats or kubernetes (env "+backend.EnvVar+")")
+		c.kube = &backendFlags{}
+		addKubeFlags(cmd, c.kube)
 	}
 	f.StringSliceVar(&c.endpoints, "endpoints", []string{etcdstore.DefaultEndpoint}, "etcd endpoints (env ETCD_ENDPOINTS, then ETCDCTL_ENDPOINTS)")
 	f.StringVar(&c.user, "user", "", "etcd user name, or name:password (env ETCD_AUTH_USERNAME, then ETCDCTL_USER)")
@@ -105,10 +111,21 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 	cfg := backend.FromEnv()
 	if f.Lookup("backend") != nil {
 		be := lookup(f, "backend", backend.EnvVar)
+		if be.env == "" && !f.Lookup("backend").Changed {
+			// Unset: FromEnv read BEACON_DISCOVERY_BACKEND, else
+			// Dynamo's DYN_DISCOVERY_BACKEND, else etcd.
+			be.val = cfg.BackendName()
+			if v := os.Getenv(backend.DynamoEnvVar); v != "" {
+				be.env = backend.DynamoEnvVar
+			}
+		}
 		if err := backend.CheckName(be.val); err != nil {
 			return cfg, usagef("%v: %v", be, err)
 		}
 		cfg.Name = be.val
+		if c.kube != nil {
+			cfg.DriverEnv = c.kube.kubeEnv()
+		}
 	} else {
 		cfg.Name = backend.Etcd
 	}
@@ -121,7 +138,7 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 		return cfg, err
 	}
 	if cfg.Name != backend.Etcd {
-		return cfg, usage(cfg.Validate())
+		return cfg, usage(cfg.Validate()) // the backend's own variables, named
 	}
 
 	e := etcdstore.Config{DialTimeout: c.dial, RequestTimeout: c.command}
@@ -290,21 +307,33 @@ func addRegistryConnFlags(cmd *cobra.Command) *registryConn {
 	return c
 }
 
-// open opens the store and a registry over it. The caller closes both,
-// the registry first.
-func (c *registryConn) open(ctx context.Context, cfg registry.Config) (store.Store, *registry.StoreRegistry, error) {
+// open opens the registry of the chosen backend: a registry over its
+// store, or a registry of its own (kubernetes). Closing it closes the
+// store too.
+func (c *registryConn) open(ctx context.Context, cfg registry.Config) (registry.Registry, error) {
 	cfg.Root = c.root
 	if err := cfg.Validate(); err != nil {
-		return nil, nil, usagef("--root %q: %w", c.root, err)
+		return nil, usagef("--root %q: %w", c.root, err)
 	}
-	st, err := c.openStore(ctx)
+	bcfg, err := c.resolve()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	r, err := registry.New(st, cfg)
+	octx, cancel := context.WithTimeout(ctx, c.dial+c.command)
+	defer cancel()
+	r, err := backend.OpenRegistry(octx, bcfg, cfg)
 	if err != nil {
-		_ = st.Close()
-		return nil, nil, err
+		return nil, fmt.Errorf("open %s backend: %w", bcfg.BackendName(), err)
 	}
-	return st, r, nil
+	return r, nil
+}
+
+// backendName is the backend the flags and variables choose ("" when
+// they are wrong: open reports why).
+func (c *registryConn) backendName() string {
+	cfg, err := c.resolve()
+	if err != nil {
+		return ""
+	}
+	return cfg.BackendName()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/backend"
 	"github.com/spf13/cobra"
 )
 
@@ -125,11 +126,13 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 				return err
 			}
 			ctx := cmd.Context()
-			st, r, err := conn.open(ctx, registry.Config{LeaseTTL: lease, Logger: logger})
+			if cmd.Flags().Changed("ttl") && conn.backendName() == backend.Kubernetes {
+				return usagef("--ttl: the kubernetes backend has no lease (an instance is live while its pod is Ready)")
+			}
+			r, err := conn.open(ctx, registry.Config{LeaseTTL: lease, Logger: logger})
 			if err != nil {
 				return err
 			}
-			defer st.Close()
 			defer r.Close()
 			return runRegister(ctx, cmd.OutOrStdout(), conn, r, in, drain, output == "json")
 		},
@@ -158,7 +161,13 @@ type registerLine struct {
 	Conflicts []string         `json:"conflicts,omitempty"`
 }
 
-func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *registry.StoreRegistry, in beacon.Instance, drain time.Duration, asJSON bool) error {
+// leased is what a registry with a session lease (a store registry) adds.
+type leased interface {
+	Lease() store.LeaseID
+	LeaseTTL() time.Duration
+}
+
+func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r registry.Registry, in beacon.Instance, drain time.Duration, asJSON bool) error {
 	emit := func(l registerLine, text string) {
 		if asJSON {
 			_ = json.NewEncoder(out).Encode(l)
@@ -173,12 +182,32 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *regi
 		return err
 	}
 	got := reg.Instance()
-	lease := fmt.Sprintf("%x", r.Lease())
-	emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: r.LeaseTTL().String()},
-		fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), got.Address, lease, r.LeaseTTL()))
+	bound := conn.command // bound on deregistering
+	if l, ok := r.(leased); ok {
+		lease := fmt.Sprintf("%x", l.Lease())
+		bound = l.LeaseTTL()
+		emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: l.LeaseTTL().String()},
+			fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), got.Address, lease, l.LeaseTTL()))
+	} else {
+		emit(registerLine{Event: "registered", Instance: &got},
+			fmt.Sprintf("registered %s at %s; Ctrl-C deregisters", got.Ref(), got.Address))
+	}
+	var states <-chan registry.StateChange
+	if sr, ok := r.(registry.SessionReporter); ok {
+		states = sr.States()
+	}
+	vctx, stopVisibility := context.WithCancel(ctx)
+	defer stopVisibility()
+	visibility := checkVisibility(vctx, r) // backend_kube.go
 	for {
 		select {
-		case c, ok := <-r.States():
+		case l := <-visibility:
+			text := "visible to watchers now"
+			if l.Error != "" {
+				text = l.Error
+			}
+			emit(l, text)
+		case c, ok := <-states:
 			if !ok {
 				return nil
 			}
@@ -201,7 +230,7 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *regi
 			emit(l, text)
 		case <-ctx.Done():
 			// Deregister with a fresh, bounded context: ctx is done.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain+r.LeaseTTL())
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain+bound)
 			defer cancel()
 			var err error
 			if drain > 0 {
@@ -211,7 +240,10 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *regi
 				err = reg.Close()
 			}
 			if err != nil {
-				return fmt.Errorf("deregister %s: %w (its lease expires within %v anyway)", got.Ref(), err, r.LeaseTTL())
+				if _, ok := r.(leased); !ok {
+					return fmt.Errorf("deregister %s: %w", got.Ref(), err)
+				}
+				return fmt.Errorf("deregister %s: %w (its lease expires within %v anyway)", got.Ref(), err, bound)
 			}
 			emit(registerLine{Event: "deregistered", Instance: &got}, fmt.Sprintf("deregistered %s", got.Ref()))
 			return nil

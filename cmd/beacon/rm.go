@@ -12,6 +12,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/backend"
 	"github.com/spf13/cobra"
 )
 
@@ -56,13 +57,16 @@ and for keys written by hand; stop a live worker to take it out of service.
 			}
 			in := cmd.InOrStdin()
 			ctx := cmd.Context()
-			st, r, err := conn.open(ctx, registry.Config{})
+			r, err := conn.open(ctx, registry.Config{})
 			if err != nil {
 				return err
 			}
-			defer st.Close()
 			defer r.Close()
-			return runRm(ctx, cmd.OutOrStdout(), bufio.NewReader(in), conn, st, r, refs, yes, output == "json")
+			sr, ok := r.(*backend.StoreRegistry)
+			if !ok {
+				return usagef("rm deletes registrations from a store (etcd, memory, file, nats); the %s backend's instances belong to their pods: delete the pod or its InstanceSet instead", conn.backendName())
+			}
+			return runRm(ctx, cmd.OutOrStdout(), bufio.NewReader(in), conn, sr.Store(), sr.StoreRegistry, refs, yes, output == "json")
 		},
 	}
 	conn = addRegistryConnFlags(cmd)

@@ -3,7 +3,7 @@
 // registry, from the registry's watch, over UDP and TCP.
 //
 // It is built on registry.Discoverer alone, so it serves every backend
-// (etcd, memory, file, NATS). A Server follows one Watch of
+// (etcd, memory, file, NATS, Kubernetes). A Server follows one Watch of
 // everything the registry holds and folds each batch into an immutable
 // view, precomputed per name (rebuilding only the components a batch
 // touched), which it swaps in atomically: a query is a map lookup and a
