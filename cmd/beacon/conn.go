@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/registry"
-	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/backend"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	"github.com/spf13/cobra"
@@ -245,23 +244,6 @@ func (c *clientFlags) duration(flag, env string) (time.Duration, error) {
 		return 0, usagef("--%s %v: must be positive", flag, d)
 	}
 	return d, nil
-}
-
-// openStore opens the store the flags and variables describe.
-func (c *clientFlags) openStore(ctx context.Context) (store.Store, error) {
-	cfg, err := c.resolve()
-	if err != nil {
-		return nil, err
-	}
-	// etcd bounds its own dial (and explains a failure); other backends
-	// get the dial and command timeouts together.
-	octx, cancel := context.WithTimeout(ctx, c.dial+c.command)
-	defer cancel()
-	st, err := backend.Open(octx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("open %s backend: %w", cfg.BackendName(), err)
-	}
-	return st, nil
 }
 
 // openEtcd connects to etcd (the token commands: tokens live in etcd
