@@ -68,6 +68,11 @@ func startingHandler(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) startHTTP() error {
 	mux := httpapi.NewMux()
 	mux.NotFound = "the routes are listed at /v1/openapi.json"
+	queries, err := queryRules() // openapi.go: every documented route's query is checked
+	if err != nil {
+		return err
+	}
+	mux.Queries = queries
 	mux.Handle("GET /healthz", httpapi.NoQuery(http.HandlerFunc(healthz)))
 	mux.Handle("GET /readyz", httpapi.NoQuery(http.HandlerFunc(s.readyz)))
 	mux.Handle("GET /metrics", httpapi.NoQuery(promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{ErrorLog: slogErrorLog{s}})))

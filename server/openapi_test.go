@@ -35,7 +35,11 @@ import (
 //     parameters, another method, bad bodies) get only documented
 //     statuses, and every JSON body, sent or answered, matches its schema.
 //
-// When it fails, the message says what to add to server/openapi.json.
+// Adding a route means adding it to server/openapi.json, nothing more: the
+// router answers unknown paths and methods with JSON errors, refuses what
+// the documented parameters do not allow (queryRules), and this test
+// finds the route by itself. When it fails, the message says what to add
+// to server/openapi.json.
 func TestOpenAPIMatchesServedRoutes(t *testing.T) {
 	var doc apiDoc
 	if err := json.Unmarshal(openAPI, &doc); err != nil {

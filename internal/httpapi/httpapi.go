@@ -62,7 +62,11 @@ func (e *QueryError) Error() string { return e.msg }
 // ParseQuery parses a raw query strictly: at most MaxQueryParams
 // parameters, valid percent-encoding and no ';' separators, each name at
 // most once. It never drops a parameter silently.
-func ParseQuery(raw string) (url.Values, error) {
+func ParseQuery(raw string) (url.Values, error) { return parseQuery(raw, nil) }
+
+// parseQuery is ParseQuery; names in repeatable may be given more than
+// once.
+func parseQuery(raw string, repeatable []string) (url.Values, error) {
 	if raw == "" {
 		return url.Values{}, nil
 	}
@@ -74,11 +78,37 @@ func ParseQuery(raw string) (url.Values, error) {
 		return nil, &QueryError{"malformed query: " + err.Error()}
 	}
 	for _, name := range sortedKeys(v) {
-		if len(v[name]) > 1 {
+		if len(v[name]) > 1 && !slices.Contains(repeatable, name) {
 			return nil, &QueryError{fmt.Sprintf("query parameter %q is given %d times: give it once", name, len(v[name]))}
 		}
 	}
 	return v, nil
+}
+
+// QueryRule says what a route takes in its query.
+type QueryRule struct {
+	// Params are the parameters the route takes; any other is refused.
+	Params []string
+	// Repeatable are the parameters (among Params) that may be given more
+	// than once.
+	Repeatable []string
+}
+
+// check refuses a query the rule does not allow.
+func (q QueryRule) check(r *http.Request) error {
+	v, err := parseQuery(r.URL.RawQuery, q.Repeatable)
+	if err != nil {
+		return err
+	}
+	for _, name := range sortedKeys(v) {
+		if !slices.Contains(q.Params, name) {
+			if len(q.Params) == 0 {
+				return &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes none", name, r.Method, r.URL.Path)}
+			}
+			return &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes %s", name, r.Method, r.URL.Path, strings.Join(q.Params, ", "))}
+		}
+	}
+	return nil
 }
 
 // Query parses the request's query with ParseQuery and refuses any
@@ -198,6 +228,11 @@ type Mux struct {
 	patterns []string
 	// NotFound, when set, describes the API in the 404's message.
 	NotFound string
+	// Queries, when set, gives the query rule of a registered pattern
+	// (for instance from the API's OpenAPI document): before a route it
+	// knows runs, its query is checked, and anything the rule does not
+	// allow is a 400. Routes it does not know check their own.
+	Queries func(pattern string) (QueryRule, bool)
 }
 
 // NewMux returns an empty Mux.
@@ -267,6 +302,14 @@ var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.Me
 // ServeHTTP routes r; see Mux.
 func (m *Mux) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if _, pattern := m.mux.Handler(r); pattern != "" {
+		if m.Queries != nil {
+			if rule, ok := m.Queries(pattern); ok {
+				if err := rule.check(r); err != nil {
+					WriteError(w, http.StatusBadRequest, CodeInvalidArgument, err.Error())
+					return
+				}
+			}
+		}
 		m.mux.ServeHTTP(w, r)
 		return
 	}

@@ -177,3 +177,35 @@ func TestMuxAnswersJSON(t *testing.T) {
 		t.Error("Serves is wrong")
 	}
 }
+
+// TestMuxQueries: with Queries, a route's query is checked against its
+// rule before the handler runs, whatever the handler does.
+func TestMuxQueries(t *testing.T) {
+	m := NewMux()
+	ran := 0
+	m.HandleFunc("GET /a", func(http.ResponseWriter, *http.Request) { ran++ })
+	m.HandleFunc("GET /free/", func(http.ResponseWriter, *http.Request) { ran++ })
+	m.Queries = func(pattern string) (QueryRule, bool) {
+		if pattern == "GET /a" {
+			return QueryRule{Params: []string{"x", "tag"}, Repeatable: []string{"tag"}}, true
+		}
+		return QueryRule{}, false
+	}
+	for q, want := range map[string]int{
+		"": 200, "x=1": 200, "tag=a&tag=b": 200, "x=1&x=2": 400, "y=1": 400, "%zz": 400,
+	} {
+		w := httptest.NewRecorder()
+		m.ServeHTTP(w, httptest.NewRequest("GET", "/a?"+q, nil))
+		if w.Code != want {
+			t.Errorf("GET /a?%s: %d, want %d: %s", q, w.Code, want, w.Body)
+		}
+	}
+	w := httptest.NewRecorder()
+	m.ServeHTTP(w, httptest.NewRequest("GET", "/free/x?anything=1", nil))
+	if w.Code != 200 {
+		t.Errorf("a route without a rule: %d", w.Code)
+	}
+	if ran != 4 {
+		t.Errorf("handlers ran %d times, want 4 (only for accepted queries)", ran)
+	}
+}
