@@ -70,7 +70,7 @@ also on failure.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
-				return fmt.Errorf("-o %q: want table or json", output)
+				return usagef("-o %q: want table or json", output)
 			}
 			switch {
 			case drills != "":
@@ -87,7 +87,7 @@ also on failure.`,
 			cfg.Logger = logger
 			cfg.Progress = cmd.ErrOrStderr()
 			if err := cfg.Validate(); err != nil {
-				return err
+				return usage(err)
 			}
 			rep, err := bench.RunDrill(cmd.Context(), cfg)
 			if output == "json" {

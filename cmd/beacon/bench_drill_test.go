@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 )
@@ -16,7 +15,11 @@ func testSelfCommand(args ...string) *exec.Cmd {
 		exe = os.Args[0]
 	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), beaconMainEnv+"="+strings.Join(args, " "))
+	encoded, err := json.Marshal(args)
+	if err != nil {
+		panic(err) // a []string always encodes
+	}
+	cmd.Env = append(os.Environ(), beaconMainEnv+"="+string(encoded))
 	return cmd
 }
 
@@ -24,15 +27,15 @@ func testSelfCommand(args ...string) *exec.Cmd {
 // starts.
 func TestBenchDrillBadInput(t *testing.T) {
 	checkBadInput(t, []badInput{
-		{[]string{"bench", "drill", "--trials", "0"}, "--trials 0"},
-		{[]string{"bench", "drill", "--sessions", "-1"}, "--sessions -1"},
-		{[]string{"bench", "drill", "--ttl", "1s"}, "--ttl 1s"},
-		{[]string{"bench", "drill", "--net", "wifi"}, "--net"},
-		{[]string{"bench", "drill", "--drills", "meteor"}, "meteor"},
-		{[]string{"bench", "drill", "-o", "yaml"}, "-o"},
-		{[]string{"bench", "drill", "--etcd-bin", "/no/such/etcd"}, "--etcd-bin"},
-		{[]string{"bench", "drill", "--expiry", "-5"}, "--expiry -5"},
-		{[]string{"bench", "drill", "--expiry", "10", "--expiry-processes", "20"}, "--expiry-processes 20"},
+		{args: []string{"bench", "drill", "--trials", "0"}, want: "--trials 0"},
+		{args: []string{"bench", "drill", "--sessions", "-1"}, want: "--sessions -1"},
+		{args: []string{"bench", "drill", "--ttl", "1s"}, want: "--ttl 1s"},
+		{args: []string{"bench", "drill", "--net", "wifi"}, want: "--net"},
+		{args: []string{"bench", "drill", "--drills", "meteor"}, want: "meteor"},
+		{args: []string{"bench", "drill", "-o", "yaml"}, want: "-o"},
+		{args: []string{"bench", "drill", "--etcd-bin", "/no/such/etcd"}, want: "--etcd-bin"},
+		{args: []string{"bench", "drill", "--expiry", "-5"}, want: "--expiry -5"},
+		{args: []string{"bench", "drill", "--expiry", "10", "--expiry-processes", "20"}, want: "--expiry-processes 20"},
 	})
 }
 

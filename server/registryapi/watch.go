@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/registry"
 )
 
@@ -58,13 +59,17 @@ type StaleMessage struct {
 // stuck proxy) is dropped once a write has waited one interval, so that a
 // dead stream never holds a registry watcher.
 func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
-	q, ok := query(w, r)
+	params, ok := httpapi.CheckQuery(w, r, "namespace", "component", "endpoint", "since")
+	if !ok {
+		return
+	}
+	q, ok := query(w, params)
 	if !ok {
 		return
 	}
 	since := r.Header.Get("Last-Event-ID")
 	if since == "" {
-		since = r.URL.Query().Get("since")
+		since = params["since"]
 	}
 	var opts []registry.WatchOption
 	if since != "" {
