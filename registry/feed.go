@@ -49,6 +49,9 @@ type change struct {
 	key    string
 	before *item // nil: absent before the change
 	after  *item // nil: absent after it
+	// late: a held removal delivered at a revision watchers had already
+	// been given, so that one resuming from that revision gets it too.
+	late bool
 }
 
 // version is an immutable copy of a feed's state.
@@ -277,6 +280,7 @@ type feed struct {
 	pending    map[string]*pendingRemoval
 	recent     []recentRemoval // recent removals of serving instances (bursts)
 	holdWake   chan struct{}   // pokes expire
+	reported   int64           // highest revision a batch was given at
 	holdLogged time.Time       // until when a hold episode was logged
 	burstSeq   int64           // distinct burst keys of re-listed removals
 }

@@ -119,6 +119,9 @@ func (f *feed) rewrittenLocked(key string) {
 	}
 }
 
+// reportedLocked records that a batch is given at rev.
+func (f *feed) reportedLocked(rev int64) { f.reported = max(f.reported, rev) }
+
 // wakeExpiry pokes the expiry goroutine (a new deadline).
 func (f *feed) wakeExpiry() {
 	select {
@@ -148,7 +151,9 @@ func (f *feed) expire() {
 			delete(f.pending, key)
 			if cur, ok := f.tree.Get(p.it); ok && cur == p.it {
 				f.tree.Delete(p.it)
-				f.appendLocked(change{rev: f.rev, key: key, before: p.it})
+				// Logged at the current revision; if a batch was given at
+				// it already, a watcher resuming from it must get it too.
+				f.appendLocked(change{rev: f.rev, key: key, before: p.it, late: f.reported >= f.rev})
 				delivered++
 				if p.held {
 					f.h.r.m.heldRemoval("delivered")

@@ -228,3 +228,69 @@ func TestMassRevocationSeenByRelistIsRiddenOut(t *testing.T) {
 		t.Fatalf("view %v", v)
 	}
 }
+
+// TestHeldRemovalReachesResume: while a burst of removals is held, a
+// watcher is given a batch at a later revision; once the removals are
+// delivered, a watch resumed from that revision still gets them (they
+// happened before it, but the consumer saw the instances listed there).
+func TestHeldRemovalReachesResume(t *testing.T) {
+	ctx := within(t, 30*time.Second)
+	ns := uniqueNS()
+	st := newMemoryStore(t)
+	const ttl = time.Second
+	var fleet []*registry.StoreRegistry
+	for i := range 3 {
+		r, err := registry.New(st, registry.Config{LeaseTTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Register(ctx, inst(ns, fmt.Sprintf("10.0.3.%d:80", i+1))); err != nil {
+			t.Fatal(err)
+		}
+		fleet = append(fleet, r)
+	}
+	watching := newRegistry(t, st, registry.Config{LeaseTTL: ttl})
+	w, err := watching.Watch(ctx, beacon.Query{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v := registrytest.NewView()
+	for v.Len() < 3 {
+		next(t, ctx, w, v)
+	}
+	for _, r := range fleet { // a burst: held
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := watching.Register(ctx, inst(ns, "10.0.3.99:80")); err != nil {
+		t.Fatal(err)
+	}
+	b := next(t, ctx, w, v)
+	if v.Len() != 4 || len(b.Events) != 1 || b.Events[0].Type != beacon.Added {
+		t.Fatalf("during the hold: batch %+v, view %v", b, v)
+	}
+	told := b.Revision
+	for v.Len() != 1 { // the hold ends: the removals arrive
+		next(t, ctx, w, v)
+	}
+	r, err := watching.Watch(ctx, beacon.Query{Namespace: ns}, registry.FromRevision(told))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	rb, err := r.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := 0
+	for _, e := range rb.Events {
+		if e.Type == beacon.Removed {
+			removed++
+		}
+	}
+	if rb.Kind != registry.Changes || removed != 3 {
+		t.Fatalf("resume from %d: %v batch with %d removals (%+v)", told, rb.Kind, removed, rb.Events)
+	}
+}
