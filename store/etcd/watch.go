@@ -147,12 +147,18 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			}
 			if s.prober != nil {
 				// Let the probe leave the silent member out first, so
-				// that the caller's next watch goes elsewhere.
+				// that the caller's next watch goes elsewhere — but never
+				// wait past the stated bound (two probe timeouts: one
+				// sweep may be running, the next is ours).
+				t := time.NewTimer(2 * s.prober.timeout)
 				select {
 				case <-s.prober.suspect():
+				case <-t.C:
 				case <-wctx.Done():
+					t.Stop()
 					return
 				}
+				t.Stop()
 			}
 			end(fmt.Errorf("%w: %w: etcd watch %q: nothing from etcd (no event, no progress notification) for %v; watch again",
 				store.ErrWatchSilent, store.ErrUnavailable, prefix, quiet.Round(time.Millisecond)))
