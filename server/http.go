@@ -68,6 +68,9 @@ func (s *Server) startHTTP() error {
 	if err := s.mountAPIs(mux); err != nil {
 		return err
 	}
+	if err := s.mountDashboard(mux); err != nil { // dashboard.go
+		return fmt.Errorf("dashboard: %w", err)
+	}
 	var h http.Handler = mux
 	s.handler.Store(&h)
 	return nil

@@ -272,6 +272,7 @@ func (s *Server) Banner() string {
 		fmt.Fprintf(&b, "  data dir      %s\n", ep.DataDir)
 	}
 	fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
+	fmt.Fprintf(&b, "  dashboard     %s/ui/\n", ep.HTTP)
 	return b.String()
 }
 
