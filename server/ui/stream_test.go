@@ -1,0 +1,219 @@
+package ui_test
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/server/registryapi"
+	"github.com/beaconplane/beacon/server/ui"
+	"github.com/beaconplane/beacon/store/memory"
+)
+
+// stallProxy forwards TCP connections to a server until stall is called;
+// then it forwards nothing in either direction, as a hung network path or
+// a frozen server would, and the connections stay open. resume drops the
+// connections of the stall and forwards new ones again.
+type stallProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	gate   chan struct{} // closed while traffic flows
+	conns  map[net.Conn]bool
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln, target: target, gate: make(chan struct{}), conns: map[net.Conn]bool{}}
+	close(p.gate)
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *stallProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *stallProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			c.Close()
+			up.Close()
+			return
+		}
+		p.conns[c], p.conns[up] = true, true
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(up, c)
+		go p.pipe(c, up)
+	}
+}
+
+// pipe copies src to dst, holding every chunk while the proxy stalls.
+func (p *stallProxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			gate := p.gate
+			p.mu.Unlock()
+			<-gate
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *stallProxy) stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gate = make(chan struct{})
+}
+
+func (p *stallProxy) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+	close(p.gate)
+}
+
+func (p *stallProxy) close() {
+	p.mu.Lock()
+	p.closed = true
+	for c := range p.conns {
+		c.Close()
+	}
+	select {
+	case <-p.gate:
+	default:
+		close(p.gate)
+	}
+	p.mu.Unlock()
+	p.ln.Close()
+	p.wg.Wait()
+}
+
+// TestDeadStreamReconnectsAndNeverFreezes cuts the page's event stream
+// without closing it (a hung path): the page notices the silence within
+// its bound, says so in a banner, stays usable meanwhile, and once the
+// path is back resumes the watch with Last-Event-ID, showing what changed
+// during the cut without a fresh snapshot.
+func TestDeadStreamReconnectsAndNeverFreezes(t *testing.T) {
+	const (
+		silence   = 1500 * time.Millisecond
+		keepAlive = 200 * time.Millisecond
+	)
+	st := memory.New(memory.Options{})
+	t.Cleanup(func() { _ = st.Close() })
+	reg, err := registry.New(st, registry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reg.Close() })
+	api, err := registryapi.New(reg, registryapi.Options{KeepAliveInterval: keepAlive})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dash, err := ui.New(ui.Options{StreamSilence: silence})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var resumedFrom []string
+	mux := http.NewServeMux()
+	for _, p := range registryapi.Routes() {
+		mux.Handle(p, api)
+	}
+	mux.Handle(ui.Prefix, dash)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == registryapi.WatchPath {
+			mu.Lock()
+			resumedFrom = append(resumedFrom, r.Header.Get("Last-Event-ID"))
+			mu.Unlock()
+		}
+		mux.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	proxy := newStallProxy(t, srv.Listener.Addr().String())
+
+	register(t, reg, beacon.Instance{Namespace: "demo", Component: "web", Endpoint: "http", Address: "10.3.0.1:8080"})
+	p := openPage(t, "http://"+proxy.addr(), "/ui/services/demo/web/http")
+	// Chromium logs the requests that the cut makes fail.
+	p.allowConsole(`Failed to load resource|net::ERR_`)
+	p.waitFor(`document.querySelector('#live').dataset.state === 'live' && document.querySelectorAll('.grid .grow').length === 1`, 5*time.Second)
+	rev := eval[float64](p, `window.beacon.model.revision`)
+
+	proxy.stall()
+	stalled := time.Now()
+	b := register(t, reg, beacon.Instance{Namespace: "demo", Component: "web", Endpoint: "http", Address: "10.3.0.2:8080"})
+	shown := p.waitFor(`!document.querySelector('#banner').hidden && document.querySelector('#banner').textContent.includes('Lost the live event stream')`, silence+3*time.Second)
+	t.Logf("stream cut → banner after %v (silence bound %v)", shown.Sub(stalled), silence)
+	// The last keep-alive before the cut started the silence.
+	if d := shown.Sub(stalled); d < silence-2*keepAlive {
+		t.Errorf("banner after %v, before the silence bound %v", d, silence)
+	}
+	if n := eval[int](p, `document.querySelectorAll('.grid .grow').length`); n != 1 {
+		t.Errorf("%d instances shown while the stream is cut, want the 1 known", n)
+	}
+	p.screenshot("stream-lost")
+
+	// The page stays usable: navigation and filtering answer at once.
+	clicked := time.Now()
+	p.click(`.tabs a[data-section="events"]`)
+	p.typeText(`.toolbar input[type="search"]`, "lost")
+	answered := p.waitFor(`location.pathname === '/ui/events' && [...document.querySelectorAll('.grid .grow')].some(r => r.textContent.includes('lost the watch stream'))`, 2*time.Second)
+	t.Logf("while the stream is dead: navigation and filtering answered in %v", answered.Sub(clicked))
+
+	proxy.resume()
+	p.click(`.tabs a[data-section="services"]`)
+	if eval[bool](p, `!document.querySelector('#banner button').hidden`) {
+		p.click(`#banner button`) // Reconnect now
+	}
+	p.waitFor(fmt.Sprintf(`document.querySelector('#live').dataset.state === 'live' && [...document.querySelectorAll('.grid .grow')].some(r => r.textContent.includes(%s))`, jsString(b.Instance().ID)), 20*time.Second)
+	p.waitFor(`document.querySelector('#banner').hidden`, time.Second)
+	// Resumed from where it stopped: B came as a change, not in a snapshot.
+	if eval[bool](p, `window.beacon.model.events.some(e => e.detail && e.detail.startsWith('re-listed'))`) {
+		t.Errorf("the page re-listed instead of resuming")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	last := resumedFrom[len(resumedFrom)-1]
+	if len(resumedFrom) < 2 || last != fmt.Sprint(int64(rev)) {
+		t.Errorf("watch requests carried Last-Event-ID %q, want the last one to resume from %v", resumedFrom, rev)
+	}
+}
