@@ -14,6 +14,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/ui"
+	"github.com/chromedp/chromedp"
 )
 
 // TestPagesLoadWithoutConsoleErrors opens every page of the dashboard of a
@@ -22,11 +23,11 @@ import (
 func TestPagesLoadWithoutConsoleErrors(t *testing.T) {
 	s := startServer(t, nil)
 	base := s.Endpoints().HTTP
-	for i, addr := range []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"} {
-		register(t, s.Registry(), beacon.Instance{Namespace: "demo", Component: "web", Endpoint: "http", Address: addr, Transport: "http",
-			Metadata: map[string]string{"zone": string(rune('a' + i)), "version": "1.4.2"}})
+	fleet := demoFleet()
+	half := len(fleet) / 2
+	for _, in := range fleet[:half] {
+		register(t, s.Registry(), in)
 	}
-	register(t, s.Registry(), beacon.Instance{Namespace: "demo", Component: "greeter", Endpoint: "grpc", Address: "10.0.1.1:50051", Transport: "grpc"})
 
 	// / redirects to the dashboard, which answers with its CSP.
 	resp, err := http.Get(base + "/")
@@ -41,7 +42,21 @@ func TestPagesLoadWithoutConsoleErrors(t *testing.T) {
 
 	p := openPage(t, base, "/ui/")
 	p.waitFor(`document.querySelector('#live').dataset.state === 'live'`, 5*time.Second)
-	p.waitFor(`document.querySelector('.detail .count').textContent === '4 instances'`, 5*time.Second)
+	p.waitFor(fmt.Sprintf(`document.querySelector('.detail .count').textContent === '%d instances'`, half), 5*time.Second)
+	// The rest joins while the page watches, and one instance drains.
+	var last registry.Registration
+	for _, in := range fleet[half:] {
+		last = register(t, s.Registry(), in)
+	}
+	if err := last.Update(context.Background(), func(in *beacon.Instance) { in.Status = beacon.StatusDraining }); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(fmt.Sprintf(`document.querySelector('.detail .count').textContent === '%d instances' && document.querySelector('.stats .value.warn').textContent === '1'`, len(fleet)), 5*time.Second)
+	// The README's picture: a namespace, one instance draining.
+	eval[any](p, `([...document.querySelectorAll('.tree .titem')].find(r => r.querySelector('.name').textContent === 'payments').click(), null)`)
+	p.waitFor(`location.pathname === '/ui/services/payments' && document.querySelectorAll('.grid .grow').length === 8`, 5*time.Second)
+	p.screenshot("readme")
+	p.click(`.crumbs a`)
 	for _, scheme := range []string{"light", "dark"} {
 		p.colorScheme(scheme)
 		p.screenshot("services-" + scheme)
@@ -55,13 +70,25 @@ func TestPagesLoadWithoutConsoleErrors(t *testing.T) {
 		p.waitFor(`location.pathname === '/ui/bootstrap' && document.querySelector('form.inline input')`, 5*time.Second)
 		p.screenshot("bootstrap-" + scheme)
 		p.click(`.tabs a[data-section="services"]`)
-		p.waitFor(`location.pathname === '/ui/services' && document.querySelectorAll('.grid .grow').length === 4`, 5*time.Second)
+		p.waitFor(fmt.Sprintf(`location.pathname === '/ui/services' && document.querySelectorAll('.grid .grow').length === %d`, len(fleet)), 5*time.Second)
 	}
 	p.colorScheme("light")
 
-	// An endpoint page, by URL.
-	p.navigate("/ui/services/demo/web/http")
-	p.waitFor(`document.querySelector('.detail h1').textContent === 'http' && document.querySelectorAll('.grid .grow').length === 3`, 5*time.Second)
+	// An endpoint page, by URL, with an instance inspected.
+	p.navigate("/ui/services/payments/api/grpc")
+	p.waitFor(`document.querySelector('.detail h1').textContent === 'grpc' && document.querySelectorAll('.grid .grow').length === 4`, 5*time.Second)
+	p.click(`.grid .grow:nth-child(2)`)
+	p.waitFor(`!document.querySelector('.inspector').hidden`, 2*time.Second)
+	p.screenshot("endpoint")
+	// A phone-sized window stacks the tree above the instances.
+	if err := chromedp.Do(p.ctx, chromedp.EmulateViewport(390, 844)); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(`document.querySelector('.side').getBoundingClientRect().bottom <= document.querySelector('.detail').getBoundingClientRect().top + 1`, 2*time.Second)
+	p.screenshot("narrow")
+	if err := chromedp.Do(p.ctx, chromedp.EmulateViewport(1400, 860)); err != nil {
+		t.Fatal(err)
+	}
 	// The cluster page shows the embedded member as leader and healthy.
 	p.navigate("/ui/cluster")
 	p.waitFor(`[...document.querySelectorAll('table.data tbody tr')].some(r => r.textContent.includes('leader') && r.textContent.includes('healthy'))`, 10*time.Second)
@@ -274,8 +301,47 @@ func TestTenThousandInstances(t *testing.T) {
 	// Scrolling to the end shows the last rows.
 	typeClear(p, `.table-tools input`)
 	p.waitFor(`document.querySelector('.detail .count').textContent === '10,250 instances'`, 5*time.Second)
-	eval[any](p, `(document.querySelector('.grid .scroller').scrollTop = 1e9, null)`)
-	p.waitFor(`document.querySelector('.grid .grow:last-child')?.getAttribute('aria-rowindex') === '10251'`, 5*time.Second)
+	bottom := func() string {
+		eval[any](p, `(document.querySelector('.grid .scroller').scrollTop = 1e9, null)`)
+		p.waitFor(`document.querySelector('.grid .grow:last-child')?.getAttribute('aria-rowindex') === '10251'`, 5*time.Second)
+		return eval[string](p, `[...document.querySelectorAll('.grid .grow')].map(r => r.children[2].textContent + ' ' + r.children[1].textContent).join('\n')`)
+	}
+	// The rows kept sorted in place through the burst are the rows of a
+	// fresh sort (clicking the column header twice rebuilds the list).
+	kept := bottom()
+	for _, dir := range []string{"descending", "ascending"} {
+		p.click(`.grid .ghead [role="columnheader"]:nth-child(3) button`)
+		p.waitFor(fmt.Sprintf(`[...document.querySelectorAll('.grid .ghead [role="columnheader"]')].some(h => h.textContent.startsWith('Address') && h.getAttribute('aria-sort') === %q)`, dir), 2*time.Second)
+	}
+	if fresh := bottom(); fresh != kept {
+		t.Errorf("rows after the burst differ from a fresh sort:\nkept:\n%s\nfresh:\n%s", kept, fresh)
+	}
+	if !strings.Contains(kept, "10.200.1.243:80") {
+		t.Errorf("the last rows lack the last burst instance:\n%s", kept)
+	}
+}
+
+// demoFleet is a small, plausible registry for the screenshots.
+func demoFleet() []beacon.Instance {
+	var out []beacon.Instance
+	add := func(ns, comp, ep, transport string, n int, port int, md func(i int) map[string]string) {
+		for i := range n {
+			out = append(out, beacon.Instance{Namespace: ns, Component: comp, Endpoint: ep, Transport: transport,
+				Address: fmt.Sprintf("10.%d.%d.%d:%d", len(ns), len(comp), 11+i, port), Metadata: md(i)})
+		}
+	}
+	zone := func(i int) map[string]string {
+		return map[string]string{"zone": []string{"eu-west-1a", "eu-west-1b", "eu-west-1c"}[i%3], "version": "2.14." + fmt.Sprint(3+i%2)}
+	}
+	add("payments", "api", "grpc", "grpc", 4, 50051, zone)
+	add("search", "query", "http", "http", 6, 8080, func(i int) map[string]string {
+		return map[string]string{"zone": []string{"eu-west-1a", "eu-west-1b"}[i%2], "shard": fmt.Sprint(i % 3), "weight": "100"}
+	})
+	add("demo", "web", "http", "http", 3, 8080, zone)
+	add("payments", "ledger", "grpc", "grpc", 2, 50052, zone)
+	add("search", "indexer", "jobs", "nats", 3, 4222, func(i int) map[string]string { return map[string]string{"queue": "index." + fmt.Sprint(i)} })
+	add("payments", "webhooks", "http", "http", 2, 8443, zone)
+	return out
 }
 
 func registerMany(t *testing.T, r registry.Registrar, n int, mk func(int) beacon.Instance) []registry.Registration {

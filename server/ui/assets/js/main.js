@@ -269,6 +269,7 @@ class App {
         break;
     }
     setText(this.liveText, live);
+    setAttr(this.liveEl, 'title', live);
     setText(this.bannerText, banner);
     setText(this.bannerWait, c.state === 'retrying' && wait > 0 ? `next attempt in ${plural(wait, 'second')}` : '');
     show(this.bannerButton, c.state === 'retrying');

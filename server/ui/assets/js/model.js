@@ -8,6 +8,7 @@ import { metaText } from './format.js';
 
 export const MAX_EVENTS = 10000;
 export const HISTORY_MS = 10 * 60 * 1000;
+const MAX_CHANGES = 100000;
 const HISTORY_STEP_MS = 1000;
 
 export function keyOf(inst) {
@@ -114,9 +115,12 @@ export class Model {
     this.root = new Node('', '', 0, null);
     this.revision = 0;
     this.synced = false;
+    this.since = 0; // when the page first saw the registry
     this.events = [];
     this.eventSeq = 0;
     this.history = new Map();
+    this.changes = [];
+    this.changeSeq = 0;
     this.touched = new Set();
     this.dirty = new Set();
     this.onchange = () => {};
@@ -149,7 +153,10 @@ export class Model {
     const now = Date.now();
     const incoming = msg.instances || [];
     if (!this.synced) {
+      this.since = now;
       for (const inst of incoming) this.upsert(inst, msg.revision, 'snapshot', now, false);
+      // The counts at the moment the page starts watching.
+      this.recordHistory(now);
       this.log({ kind: 'system', rev: msg.revision, t: now, detail: `snapshot: ${incoming.length} instance${incoming.length === 1 ? '' : 's'}` });
     } else {
       const keep = new Set();
@@ -193,6 +200,7 @@ export class Model {
       if (sameInstance(prev, inst)) return 0;
       const wasDraining = rec.draining;
       rec.set(inst);
+      this.logChange('update', rec);
       const ep = this.node([inst.namespace, inst.component, inst.endpoint]);
       if (wasDraining !== rec.draining) this.count(ep, rec.draining ? -1 : 1, rec.draining ? 1 : -1);
       this.bump(ep);
@@ -204,6 +212,7 @@ export class Model {
       return 1;
     }
     const created = new Rec(inst);
+    this.logChange('add', created);
     this.recs.set(key, created);
     let n = this.root;
     let structural = false;
@@ -235,6 +244,7 @@ export class Model {
     const rec = this.recs.get(key);
     if (!rec) return 0;
     this.recs.delete(key);
+    this.logChange('remove', rec);
     let n = this.node([inst.namespace, inst.component, inst.endpoint]);
     n.recs.delete(key);
     this.count(n, rec.draining ? 0 : -1, rec.draining ? -1 : 0);
@@ -253,6 +263,27 @@ export class Model {
     this.log({ kind: 'leave', inst: rec.inst, rev, batch, t: now, detail: '' });
     this.mark('instances');
     return 1;
+  }
+
+  // logChange records what happened to a Rec, so that views can update
+  // their sorted lists in place (changesSince) instead of rebuilding them.
+  logChange(kind, rec) {
+    this.changeSeq += 1;
+    this.changes.push({ seq: this.changeSeq, kind, rec });
+    if (this.changes.length > MAX_CHANGES) {
+      this.changes.splice(0, this.changes.length - MAX_CHANGES / 2);
+    }
+  }
+
+  // changesSince returns the changes after seq, or null when they are no
+  // longer kept (the caller rebuilds).
+  changesSince(seq) {
+    const ch = this.changes;
+    if (seq === this.changeSeq) return [];
+    if (ch.length === 0 || ch[0].seq > seq + 1) return null;
+    let i = ch.length - 1;
+    while (i > 0 && ch[i - 1].seq > seq) i -= 1;
+    return ch.slice(i);
   }
 
   count(ep, dServing, dDraining) {

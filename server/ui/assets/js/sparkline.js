@@ -15,9 +15,11 @@ export class Sparkline {
   }
 
   // draw plots samples [{t, n}] (ascending t, each count holding until the
-  // next) over the window ending now; current is the count now.
-  draw(samples, current, now) {
-    const start = now - HISTORY_MS;
+  // next) from since (at most HISTORY_MS ago) to now; current is the count
+  // now.
+  draw(samples, current, now, since) {
+    const start = Math.max(now - HISTORY_MS, Math.min(since, now));
+    const span = Math.max(1, now - start);
     const pts = [];
     let prev = null;
     for (const p of samples) {
@@ -25,12 +27,12 @@ export class Sparkline {
         prev = p.n;
         continue;
       }
-      // Before the first sample the page was not watching: the line
-      // starts there rather than inventing a count.
-      if (pts.length === 0 && prev !== null) pts.push({ t: start, n: prev });
+      // A node's first sample is its first count since the page watches
+      // (start is never earlier): before it there was none.
+      if (pts.length === 0) pts.push({ t: start, n: prev ?? 0 });
       pts.push({ t: p.t, n: p.n });
     }
-    if (pts.length === 0) pts.push({ t: prev !== null ? start : now, n: prev ?? current });
+    if (pts.length === 0) pts.push({ t: start, n: prev ?? current });
     pts.push({ t: now, n: current });
     let max = 0;
     let min = Infinity;
@@ -39,7 +41,7 @@ export class Sparkline {
       min = Math.min(min, p.n);
     }
     const top = max === 0 ? 1 : max;
-    const x = (t) => ((t - start) / HISTORY_MS) * W;
+    const x = (t) => ((t - start) / span) * W;
     const y = (n) => H - 2 - (n / top) * (H - 4);
     let d = `M${x(pts[0].t).toFixed(1)},${y(pts[0].n).toFixed(1)}`;
     for (let i = 1; i < pts.length; i += 1) {
@@ -47,6 +49,7 @@ export class Sparkline {
     }
     setAttr(this.line, 'd', d);
     setAttr(this.area, 'd', `${d}V${H}H${x(pts[0].t).toFixed(1)}Z`);
-    setAttr(this.el, 'aria-label', `Instance count over the last ${HISTORY_MS / 60000} minutes: between ${num(min)} and ${num(max)}, now ${num(current)}`);
+    const minutes = Math.max(1, Math.round(span / 60000));
+    setAttr(this.el, 'aria-label', `Instance count over the last ${minutes === 1 ? 'minute' : `${minutes} minutes`}: between ${num(min)} and ${num(max)}, now ${num(current)}`);
   }
 }

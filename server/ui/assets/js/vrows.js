@@ -116,7 +116,7 @@ export class Grid {
   // gives a cell's text, badgeClass(i, col) the class of a badge column's
   // badge; a tip column repeats its text as a tooltip. onActivate(i) runs
   // on Enter or click.
-  constructor({ label, columns, rowHeight = 30, idPrefix, cellText, badgeClass, isSelected, onActivate, sort, onSort, template }) {
+  constructor({ label, columns, rowHeight = 30, idPrefix, cellText, badgeClass, isSelected, onActivate, sort, onSort, layout }) {
     this.idPrefix = idPrefix;
     this.cellText = cellText;
     this.badgeClass = badgeClass || (() => '');
@@ -140,7 +140,7 @@ export class Grid {
     this.rows.onResize = (gutter) => {
       this.head.style.paddingRight = `${12 + gutter}px`;
     };
-    this.setColumns(columns, template);
+    this.setColumns(columns, layout);
     this.el.addEventListener('keydown', (ev) => this.onKey(ev));
     this.el.addEventListener('focus', () => {
       if (this.active < 0 && this.count > 0) this.setActive(Math.floor(this.rows.top / this.rows.rowHeight), false);
@@ -155,9 +155,13 @@ export class Grid {
     });
   }
 
-  setColumns(columns, template) {
+  // setColumns sets the columns; layout names the column layout, a class
+  // of the stylesheet (cols-<layout>), which sizes them for the screen.
+  setColumns(columns, layout) {
     this.columns = columns;
-    this.el.style.setProperty('--cols', template);
+    if (this.layout) this.el.classList.remove(`cols-${this.layout}`);
+    this.layout = layout;
+    this.el.classList.add(`cols-${layout}`);
     setAttr(this.el, 'aria-colcount', String(columns.length));
     this.head.replaceChildren(
       ...columns.map((c) => {

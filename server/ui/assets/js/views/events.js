@@ -25,7 +25,6 @@ const COLUMNS = [
   { id: 'detail', title: 'Detail', cls: 'muted', tip: true },
   { id: 'rev', title: 'Revision', cls: 'num mono' },
 ];
-const TEMPLATE = '96px 104px minmax(140px,1.2fr) 136px minmax(130px,1fr) minmax(140px,1.6fr) 84px';
 
 export class EventsView {
   constructor(app, route) {
@@ -64,7 +63,7 @@ export class EventsView {
       label: 'Events, newest first',
       idPrefix: uid('ev'),
       columns: COLUMNS,
-      template: TEMPLATE,
+      layout: 'events',
       rowHeight: ROW,
       cellText: (i, col) => this.cellText(i, col),
       badgeClass: (i) => this.entry(i).kind,

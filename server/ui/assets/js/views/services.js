@@ -2,7 +2,8 @@
 // instances under the selected node.
 
 import { append, h, setAttr, setClass, setText, show, uid } from '../dom.js';
-import { age, dateTime, num, plural } from '../format.js';
+import { age, clock, dateTime, num, plural } from '../format.js';
+import { HISTORY_MS } from '../model.js';
 import { Grid, VirtualRows } from '../vrows.js';
 import { Sparkline } from '../sparkline.js';
 import { BASE, servicesURL } from '../router.js';
@@ -22,8 +23,6 @@ const ALL_COLUMNS = [
   { id: 'meta', title: 'Metadata', cls: 'meta', tip: true },
   { id: 'age', title: 'Age', sortable: true, cls: 'num' },
 ];
-const TEMPLATE_ALL = 'minmax(150px,1.2fr) 136px minmax(140px,1fr) 76px 76px minmax(120px,1.5fr) 64px';
-const TEMPLATE_ENDPOINT = '136px minmax(160px,1fr) 84px 84px minmax(160px,2fr) 72px';
 
 function cmp(a, b) {
   return a < b ? -1 : a > b ? 1 : 0;
@@ -140,12 +139,13 @@ export class ServicesView {
     this.endpointsCard = card('Endpoints', this.nEndpoints);
     this.spark = new Sparkline();
     this.sparkNow = h('span');
+    this.sparkLabel = h('span');
     this.stats = h('div', { class: 'stats' },
       card('Instances', this.nTotal),
       card('Serving', this.nServing),
       card('Draining', this.nDraining),
       this.endpointsCard,
-      h('div', { class: 'card spark' }, h('div', { class: 'head' }, h('span', { text: 'Instances, last 10 minutes' }), this.sparkNow), this.spark.el));
+      h('div', { class: 'card spark' }, h('div', { class: 'head' }, this.sparkLabel, this.sparkNow), this.spark.el));
 
     const instFilterId = uid('inst-filter');
     this.instInput = h('input', {
@@ -164,7 +164,7 @@ export class ServicesView {
       label: 'Instances',
       idPrefix: uid('inst'),
       columns: ALL_COLUMNS,
-      template: TEMPLATE_ALL,
+      layout: 'all',
       sort: this.sort,
       cellText: (i, col) => this.cellText(i, col),
       badgeClass: (i) => (this.list[i].draining ? 'draining' : 'serving'),
@@ -201,7 +201,7 @@ export class ServicesView {
 
   buildColumns() {
     const endpoint = this.path.length === 3;
-    this.grid.setColumns(endpoint ? ALL_COLUMNS.slice(1) : ALL_COLUMNS, endpoint ? TEMPLATE_ENDPOINT : TEMPLATE_ALL);
+    this.grid.setColumns(endpoint ? ALL_COLUMNS.slice(1) : ALL_COLUMNS, endpoint ? 'endpoint' : 'all');
     if (endpoint && this.sort.col === 'service') this.sort = { col: 'address', dir: 1 };
     this.grid.setSort(this.sort);
   }
@@ -389,21 +389,59 @@ export class ServicesView {
     }
   }
 
-  // computeList rebuilds the scope's rows when anything under the scope,
-  // the filter or the sort changed.
+  // computeList keeps the scope's sorted, filtered rows: rebuilt when the
+  // scope, filter or sort changes, otherwise updated in place from the
+  // model's changes (O(n + k log k) for k changes, not a re-sort).
   computeList(node) {
     const f = this.instFilter.trim().toLowerCase();
-    const key = `${node ? `${node.key}#${node.version}` : '-'}|${f}|${this.sort.col}|${this.sort.dir}`;
-    if (key === this.listKey && this.scopeNode === node) return false;
-    this.listKey = key;
-    this.scopeNode = node;
-    const list = [];
-    if (node) node.each((r) => {
-      if (!f || r.search.includes(f)) list.push(r);
-    });
+    const key = `${node ? node.key : '-'}|${f}|${this.sort.col}|${this.sort.dir}`;
     const by = SORTS[this.sort.col] || SORTS.address;
-    const dir = this.sort.dir;
-    list.sort(dir > 0 ? by : (a, b) => by(b, a));
+    const order = this.sort.dir > 0 ? by : (a, b) => by(b, a);
+    const keep = (r) => !f || r.search.includes(f);
+    if (key !== this.listKey || node !== this.scopeNode) {
+      this.listKey = key;
+      this.scopeNode = node;
+      this.listVersion = node ? node.version : -1;
+      this.listSeq = this.model.changeSeq;
+      const list = [];
+      if (node) node.each((r) => {
+        if (keep(r)) list.push(r);
+      });
+      list.sort(order);
+      this.list = list;
+      return true;
+    }
+    if (!node || node.version === this.listVersion) return false;
+    this.listVersion = node.version;
+    const changes = this.model.changesSince(this.listSeq);
+    this.listSeq = this.model.changeSeq;
+    if (changes === null) {
+      this.listKey = '';
+      return this.computeList(node);
+    }
+    const prefix = node.level === 0 ? '' : `${node.key}/`;
+    const out = new Set();
+    const add = new Set();
+    for (const c of changes) {
+      if (!c.rec.key.startsWith(prefix)) continue;
+      // An update may move the row (sort) or change whether it matches.
+      if (c.kind !== 'add') out.add(c.rec);
+      if (c.kind !== 'remove') add.add(c.rec);
+      else add.delete(c.rec);
+    }
+    if (out.size === 0 && add.size === 0) return false;
+    let list = out.size ? this.list.filter((r) => !out.has(r)) : this.list;
+    const ins = [...add].filter((r) => this.model.recs.get(r.key) === r && keep(r)).sort(order);
+    if (ins.length) {
+      const merged = new Array(list.length + ins.length);
+      let i = 0;
+      let j = 0;
+      let k = 0;
+      while (i < list.length && j < ins.length) merged[k++] = order(list[i], ins[j]) <= 0 ? list[i++] : ins[j++];
+      while (i < list.length) merged[k++] = list[i++];
+      while (j < ins.length) merged[k++] = ins[j++];
+      list = merged;
+    }
     this.list = list;
     return true;
   }
@@ -548,8 +586,9 @@ export class ServicesView {
     show(this.endpointsCard, this.path.length < 3);
     setText(this.nEndpoints, num(node ? node.endpoints : 0));
     if (dirty.has('history') || dirty.has('tick') || routeChanged) {
-      this.spark.draw(m.series(this.path.join('/')), total, this.now);
+      this.spark.draw(m.series(this.path.join('/')), total, this.now, m.since || this.now);
       setText(this.sparkNow, num(total));
+      setText(this.sparkLabel, m.since && this.now - m.since < HISTORY_MS ? `Instances since ${clock(m.since).slice(0, 8)}` : `Instances, last ${HISTORY_MS / 60000} minutes`);
     }
 
     // Instances.
