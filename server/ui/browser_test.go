@@ -264,6 +264,12 @@ func (p *page) tryWaitFor(cond string, timeout time.Duration) (time.Time, error)
 	return time.UnixMilli(int64(ms)), nil
 }
 
+// nextFrames waits until the page has rendered n more animation frames.
+func (p *page) nextFrames(n int) {
+	p.t.Helper()
+	eval[any](p, fmt.Sprintf(`new Promise(resolve => { let n = %d; const f = () => (--n <= 0 ? resolve(null) : requestAnimationFrame(f)); requestAnimationFrame(f); })`, n))
+}
+
 func (p *page) click(sel string) {
 	p.t.Helper()
 	if err := chromedp.Do(p.ctx, chromedp.Click(sel, chromedp.NodeVisible)); err != nil {

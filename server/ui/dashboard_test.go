@@ -303,6 +303,7 @@ func TestTenThousandInstances(t *testing.T) {
 	p.waitFor(`document.querySelector('.detail .count').textContent === '10,250 instances'`, 5*time.Second)
 	bottom := func() string {
 		eval[any](p, `(document.querySelector('.grid .scroller').scrollTop = 1e9, null)`)
+		p.nextFrames(2) // the page renders what the clicks and the scroll asked for
 		p.waitFor(`document.querySelector('.grid .grow:last-child')?.getAttribute('aria-rowindex') === '10251'`, 5*time.Second)
 		return eval[string](p, `[...document.querySelectorAll('.grid .grow')].map(r => r.children[2].textContent + ' ' + r.children[1].textContent).join('\n')`)
 	}
