@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/ui"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
@@ -223,12 +225,21 @@ func (s *Server) backendName() string {
 	}
 }
 
-// backendHealth reads the store once, as /readyz does.
+// backendHealth reads the store once, as /readyz does (or, for a registry
+// without a store of its own, lists a namespace nobody uses).
 func (s *Server) backendHealth(ctx context.Context) BackendHealth {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	start := time.Now()
-	_, _, err := s.store.List(ctx, "/beacon-readyz-probe/")
+	var err error
+	var d any = s.registry
+	if s.store != nil {
+		_, _, err = s.store.List(ctx, "/beacon-readyz-probe/")
+	} else if reg, ok := d.(registry.Discoverer); ok {
+		_, _, err = reg.List(ctx, beacon.Query{Namespace: "beacon-health-probe"})
+	} else {
+		err = errors.New("no store and no registry")
+	}
 	h := BackendHealth{Status: "ok", LatencyMS: float64(time.Since(start).Microseconds()) / 1000}
 	if err != nil {
 		h.Status, h.Error = "unavailable", err.Error()
