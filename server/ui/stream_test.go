@@ -4,16 +4,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/registryapi"
 	"github.com/beaconplane/beacon/server/ui"
-	"github.com/beaconplane/beacon/store/memory"
 )
 
 // stallProxy forwards TCP connections to a server until stall is called;
@@ -138,37 +135,19 @@ func TestDeadStreamReconnectsAndNeverFreezes(t *testing.T) {
 		silence   = 1500 * time.Millisecond
 		keepAlive = 200 * time.Millisecond
 	)
-	st := memory.New(memory.Options{})
-	t.Cleanup(func() { _ = st.Close() })
-	reg, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = reg.Close() })
-	api, err := registryapi.New(reg, registryapi.Options{KeepAliveInterval: keepAlive})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dash, err := ui.New(ui.Options{StreamSilence: silence})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	var resumedFrom []string
-	mux := http.NewServeMux()
-	for _, p := range registryapi.Routes() {
-		mux.Handle(p, api)
-	}
-	mux.Handle(ui.Prefix, dash)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == registryapi.WatchPath {
-			mu.Lock()
-			resumedFrom = append(resumedFrom, r.Header.Get("Last-Event-ID"))
-			mu.Unlock()
-		}
-		mux.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
+	srv, reg := startHandlers(t, ui.Options{StreamSilence: silence}, registryapi.Options{KeepAliveInterval: keepAlive},
+		func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == registryapi.WatchPath {
+					mu.Lock()
+					resumedFrom = append(resumedFrom, r.Header.Get("Last-Event-ID"))
+					mu.Unlock()
+				}
+				next.ServeHTTP(w, r)
+			})
+		})
 	proxy := newStallProxy(t, srv.Listener.Addr().String())
 
 	register(t, reg, beacon.Instance{Namespace: "demo", Component: "web", Endpoint: "http", Address: "10.3.0.1:8080"})
