@@ -454,6 +454,11 @@ export class ServicesView {
     this.grid.refresh();
   }
 
+  registeredText() {
+    const t = this.inspectedRegistered;
+    return `${dateTime(t)} (${age(this.now - t)} ago)`;
+  }
+
   closeInspector() {
     this.inspectKey = '';
     this.inspectedSig = '';
@@ -468,9 +473,13 @@ export class ServicesView {
     }
     const rec = this.model.recs.get(this.inspectKey);
     const state = rec ? `${rec.v}` : 'gone';
-    const minute = Math.floor(this.now / 1000);
-    const sig = `${this.inspectKey}|${state}|${minute}`;
-    if (sig === this.inspectedSig) return;
+    const sig = `${this.inspectKey}|${state}`;
+    if (sig === this.inspectedSig) {
+      // Only the age moves: rewrite that text, keep the rest (and any
+      // text the reader selected).
+      if (this.inspectedAge) setText(this.inspectedAge, this.registeredText());
+      return;
+    }
     if (rec) this.inspected = { inst: rec.inst, goneAt: 0, rec };
     else if (this.inspected && !this.inspected.goneAt) this.inspected.goneAt = Date.now();
     this.inspectedSig = sig;
@@ -483,7 +492,7 @@ export class ServicesView {
     const inst = last.inst;
     const status = inst.status || 'serving';
     const md = inst.metadata || {};
-    const registered = Date.parse(inst.registered_at);
+    this.inspectedRegistered = Date.parse(inst.registered_at);
     const close = h('button', {
       type: 'button', class: 'btn small', text: 'Close', 'aria-label': 'Close instance details',
       onclick: () => {
@@ -497,9 +506,10 @@ export class ServicesView {
       ['Address', inst.address],
       ['Transport', inst.transport || '–'],
       ['Status', status],
-      ['Registered', `${dateTime(registered)} (${age(this.now - registered)} ago)`],
     ];
-    const dl = h('dl', { class: 'kv' }, rows.map(([k, v]) => [h('dt', { text: k }), h('dd', { text: v })]));
+    this.inspectedAge = h('dd');
+    setText(this.inspectedAge, this.registeredText());
+    const dl = h('dl', { class: 'kv' }, rows.map(([k, v]) => [h('dt', { text: k }), h('dd', { text: v })]), h('dt', { text: 'Registered' }), this.inspectedAge);
     const keys = Object.keys(md).sort();
     this.inspector.replaceChildren();
     append(this.inspector, [
