@@ -13,7 +13,9 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/server/ui"
+	"github.com/beaconplane/beacon/store/backend"
 	"github.com/chromedp/chromedp"
 )
 
@@ -382,4 +384,19 @@ func registerMany(t *testing.T, r registry.Registrar, n int, mk func(int) beacon
 func typeClear(p *page, sel string) {
 	p.t.Helper()
 	eval[any](p, fmt.Sprintf(`(() => { const el = document.querySelector(%s); el.value = ''; el.dispatchEvent(new Event('input', {bubbles: true})); return null; })()`, jsString(sel)))
+}
+
+// TestPagesWithoutEtcd serves the dashboard over the memory backend: the
+// Cluster page shows the backend's health and no members, the Bootstrap
+// page says tokens need etcd, and the Services page works as with etcd.
+func TestPagesWithoutEtcd(t *testing.T) {
+	s := startServer(t, func(c *server.Config) { c.Backend = backend.Config{Name: backend.Memory} })
+	register(t, s.Registry(), beacon.Instance{Namespace: "mem", Component: "c", Endpoint: "e", Address: "10.5.0.1:80"})
+	p := openPage(t, s.Endpoints().HTTP, "/ui/cluster")
+	p.waitFor(`document.querySelector('.cards')?.textContent.includes('memory') && document.querySelector('.badge.ok')?.textContent === 'healthy' && document.querySelector('.page-body').textContent.includes('no etcd members')`, 10*time.Second)
+	p.screenshot("cluster-memory")
+	p.click(`.tabs a[data-section="bootstrap"]`)
+	p.waitFor(`document.querySelector('.empty h2')?.textContent === 'No discovery tokens on this server'`, 5*time.Second)
+	p.click(`.tabs a[data-section="services"]`)
+	p.waitFor(`document.querySelector('.detail .count').textContent === '1 instance'`, 5*time.Second)
 }
