@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/server/registryapi"
 	"github.com/beaconplane/beacon/server/ui"
 )
@@ -196,4 +198,32 @@ func TestDeadStreamReconnectsAndNeverFreezes(t *testing.T) {
 	if len(resumedFrom) < 2 || last != fmt.Sprint(int64(rev)) {
 		t.Errorf("watch requests carried Last-Event-ID %q, want the last one to resume from %v", resumedFrom, rev)
 	}
+}
+
+// TestBackendLossShowsStale fronts a real etcd that stops under the page:
+// the server's watch turns stale, the page says the server lost its
+// backend (and keeps what it shows), and once etcd is back the page is live
+// again and follows new registrations.
+func TestBackendLossShowsStale(t *testing.T) {
+	etcd := etcdtest.Start(t, etcdtest.Options{})
+	s := startServer(t, func(c *server.Config) { c.EtcdEndpoints = etcd.Endpoints() })
+	register(t, s.Registry(), beacon.Instance{Namespace: "ops", Component: "db", Endpoint: "sql", Address: "10.7.0.1:5432"})
+	p := openPage(t, s.Endpoints().HTTP, "/ui/services/ops/db/sql")
+	p.waitFor(`document.querySelector('#live').dataset.state === 'live' && document.querySelectorAll('.grid .grow').length === 1`, 5*time.Second)
+
+	stopped := time.Now()
+	etcd.Stop()
+	shown := p.waitFor(`document.querySelector('#live').dataset.state === 'stale' && document.querySelector('#banner').textContent.includes('lost its connection to the registry backend')`, 20*time.Second)
+	t.Logf("etcd stopped → stale banner after %v", shown.Sub(stopped))
+	if n := eval[int](p, `document.querySelectorAll('.grid .grow').length`); n != 1 {
+		t.Errorf("%d instances shown while the backend is away, want the 1 known (never blanked)", n)
+	}
+	p.screenshot("backend-stale")
+
+	if err := etcd.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(`document.querySelector('#live').dataset.state === 'live' && document.querySelector('#banner').hidden`, 30*time.Second)
+	reg := register(t, s.Registry(), beacon.Instance{Namespace: "ops", Component: "db", Endpoint: "sql", Address: "10.7.0.2:5432"})
+	p.waitFor(fmt.Sprintf(`[...document.querySelectorAll('.grid .grow')].some(r => r.textContent.includes(%s))`, jsString(reg.Instance().ID)), 5*time.Second)
 }
