@@ -1,11 +1,13 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,7 +17,11 @@ import (
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/ui"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/version"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/etcdserver"
+	"go.etcd.io/etcd/server/v3/storage"
 )
 
 // ClusterPath is the read API of the backend under the registry: etcd's
@@ -42,7 +48,9 @@ func (s *Server) mountDashboard(mux *http.ServeMux) error {
 	}
 	mux.Handle(ui.Prefix, h)
 	mux.Handle("GET /{$}", http.RedirectHandler(ui.Prefix, http.StatusFound))
-	c := &clusterAPI{s: s, sem: make(chan struct{}, 1)}
+	// The dashboard asks who the caller is where the server can tell
+	// (authentication adds GET /v1/auth/whoami).
+	c := &clusterAPI{s: s, sem: make(chan struct{}, 1), whoami: routed(mux, http.MethodGet, whoAmIPath)}
 	mux.HandleFunc("GET "+ClusterPath, c.serve)
 	mux.HandleFunc(ClusterPath, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -133,13 +141,31 @@ type Features struct {
 	// HTTPRegistration: POST /v1/registry/instances (the registry has
 	// leases of its own per registration).
 	HTTPRegistration bool `json:"http_registration"`
+	// Auth: GET /v1/auth/whoami says who the caller is and what the HTTP
+	// API allows it; the dashboard offers actions only where it says so.
+	Auth bool `json:"auth"`
+}
+
+// whoAmIPath is where the HTTP API's authentication says who the caller
+// is and what it may do.
+const whoAmIPath = "/v1/auth/whoami"
+
+// routed reports whether mux has a route for method and path.
+func routed(mux *http.ServeMux, method, path string) bool {
+	r, err := http.NewRequest(method, path, nil)
+	if err != nil {
+		return false
+	}
+	_, pattern := mux.Handler(r)
+	return pattern != ""
 }
 
 type clusterAPI struct {
-	s    *Server
-	sem  chan struct{} // one status round at a time
-	mu   sync.Mutex
-	last *ClusterStatus
+	whoami bool
+	s      *Server
+	sem    chan struct{} // one status round at a time
+	mu     sync.Mutex
+	last   *ClusterStatus
 }
 
 func (c *clusterAPI) serve(w http.ResponseWriter, r *http.Request) {
@@ -176,6 +202,7 @@ func (c *clusterAPI) status(ctx context.Context) (*ClusterStatus, error) {
 	sctx, cancel := context.WithTimeout(context.Background(), memberStatusTimeout+readyTimeout)
 	defer cancel()
 	st := c.s.clusterStatus(sctx)
+	st.Features.Auth = c.whoami
 	c.mu.Lock()
 	c.last = st
 	c.mu.Unlock()
@@ -196,7 +223,7 @@ func (s *Server) clusterStatus(ctx context.Context) *ClusterStatus {
 	}()
 	cli := s.etcdClient()
 	if cli != nil {
-		st.Etcd = etcdStatus(ctx, cli)
+		st.Etcd = s.etcdStatus(ctx, cli)
 	}
 	wg.Wait()
 	var reg any = s.registry
@@ -248,28 +275,46 @@ func (s *Server) backendHealth(ctx context.Context) BackendHealth {
 }
 
 // etcdStatus lists the members and asks each for its status, in parallel,
-// each bounded by memberStatusTimeout.
-func etcdStatus(ctx context.Context, cli *clientv3.Client) *EtcdCluster {
+// each bounded by memberStatusTimeout. The embedded member answers from
+// the etcd server in this process; the others through cli's maintenance
+// API (etcd's Status call).
+func (s *Server) etcdStatus(ctx context.Context, cli *clientv3.Client) *EtcdCluster {
 	out := &EtcdCluster{Members: []EtcdMember{}}
-	lctx, cancel := context.WithTimeout(ctx, memberStatusTimeout)
-	ml, err := cli.MemberList(lctx)
-	cancel()
-	if err != nil {
-		out.Error = err.Error()
-		return out
+	var members []*etcdserverpb.Member
+	var local *etcdserver.EtcdServer
+	if s.etcd != nil {
+		local = s.etcd.Server
+		out.ClusterID = hexID(uint64(local.Cluster().ID()))
+		for _, m := range local.Cluster().Members() {
+			members = append(members, &etcdserverpb.Member{ID: uint64(m.ID), Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs, IsLearner: m.IsLearner})
+		}
+		slices.SortFunc(members, func(a, b *etcdserverpb.Member) int { return cmp.Compare(a.ID, b.ID) })
+	} else {
+		lctx, cancel := context.WithTimeout(ctx, memberStatusTimeout)
+		ml, err := cli.MemberList(lctx)
+		cancel()
+		if err != nil {
+			out.Error = err.Error()
+			return out
+		}
+		if ml.Header != nil {
+			out.ClusterID = hexID(ml.Header.ClusterId)
+		}
+		members = ml.Members
 	}
-	if ml.Header != nil {
-		out.ClusterID = hexID(ml.Header.ClusterId)
-	}
-	out.Members = make([]EtcdMember, len(ml.Members))
-	leaders := make([]uint64, len(ml.Members))
+	out.Members = make([]EtcdMember, len(members))
+	leaders := make([]uint64, len(members))
 	var wg sync.WaitGroup
-	for i, m := range ml.Members {
+	for i, m := range members {
 		out.Members[i] = EtcdMember{
 			ID: hexID(m.ID), Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs, Learner: m.IsLearner,
 		}
 		if out.Members[i].ClientURLs == nil {
 			out.Members[i].ClientURLs = []string{}
+		}
+		if local != nil && uint64(local.MemberID()) == m.ID {
+			leaders[i] = fillStatus(&out.Members[i], localStatus(local))
+			continue
 		}
 		wg.Add(1)
 		go func() {
@@ -309,6 +354,10 @@ func memberStatus(ctx context.Context, cli *clientv3.Client, m *EtcdMember) uint
 		}
 		return 0
 	}
+	if cli.Maintenance == nil {
+		m.Health = "unknown: this server's etcd client cannot ask other members for their status"
+		return 0
+	}
 	var errs []string
 	for _, u := range m.ClientURLs {
 		sctx, cancel := context.WithTimeout(ctx, memberStatusTimeout)
@@ -318,25 +367,58 @@ func memberStatus(ctx context.Context, cli *clientv3.Client, m *EtcdMember) uint
 			errs = append(errs, fmt.Sprintf("%s: %v", u, err))
 			continue
 		}
-		m.Version = resp.Version
-		m.RaftTerm, m.RaftIndex, m.RaftAppliedIndex = resp.RaftTerm, resp.RaftIndex, resp.RaftAppliedIndex
-		m.DBSize, m.DBSizeInUse, m.DBSizeQuota = resp.DbSize, resp.DbSizeInUse, resp.DbSizeQuota
-		if resp.Header != nil {
-			m.Revision = resp.Header.Revision
-		}
-		m.Alarms = resp.Errors
-		switch {
-		case len(resp.Errors) > 0:
-			m.Health = "alarm: " + strings.Join(resp.Errors, "; ")
-		case resp.Leader == 0:
-			m.Health = "no leader: the member cannot reach a quorum"
-		default:
-			m.Healthy, m.Health = true, "ok"
-		}
-		return resp.Leader
+		return fillStatus(m, (*etcdserverpb.StatusResponse)(resp))
 	}
 	m.Health = "did not answer within " + memberStatusTimeout.String() + ": " + strings.Join(errs, "; ")
 	return 0
+}
+
+// fillStatus copies a member's status into m and returns the leader it
+// reports.
+func fillStatus(m *EtcdMember, resp *etcdserverpb.StatusResponse) uint64 {
+	m.Version = resp.Version
+	m.RaftTerm, m.RaftIndex, m.RaftAppliedIndex = resp.RaftTerm, resp.RaftIndex, resp.RaftAppliedIndex
+	m.DBSize, m.DBSizeInUse, m.DBSizeQuota = resp.DbSize, resp.DbSizeInUse, resp.DbSizeQuota
+	if resp.Header != nil {
+		m.Revision = resp.Header.Revision
+	}
+	m.Alarms = resp.Errors
+	switch {
+	case len(resp.Errors) > 0:
+		m.Health = "alarm: " + strings.Join(resp.Errors, "; ")
+	case resp.Leader == 0:
+		m.Health = "no leader: the member cannot reach a quorum"
+	default:
+		m.Healthy, m.Health = true, "ok"
+	}
+	return resp.Leader
+}
+
+// localStatus is etcd's Status answer of the member running in this
+// process, read from the server itself (no RPC, no credentials).
+func localStatus(es *etcdserver.EtcdServer) *etcdserverpb.StatusResponse {
+	resp := &etcdserverpb.StatusResponse{
+		Header:           &etcdserverpb.ResponseHeader{ClusterId: uint64(es.Cluster().ID()), MemberId: uint64(es.MemberID()), Revision: es.KV().Rev(), RaftTerm: es.Term()},
+		Version:          version.Version,
+		Leader:           uint64(es.Leader()),
+		RaftIndex:        es.CommittedIndex(),
+		RaftAppliedIndex: es.AppliedIndex(),
+		RaftTerm:         es.Term(),
+		DbSize:           es.Backend().Size(),
+		DbSizeInUse:      es.Backend().SizeInUse(),
+		IsLearner:        es.IsLearner(),
+		DbSizeQuota:      es.Cfg.QuotaBackendBytes,
+	}
+	if resp.DbSizeQuota == 0 {
+		resp.DbSizeQuota = storage.DefaultQuotaBytes
+	}
+	if resp.Leader == 0 {
+		resp.Errors = append(resp.Errors, "etcdserver: no leader")
+	}
+	for _, a := range es.Alarms() {
+		resp.Errors = append(resp.Errors, a.String())
+	}
+	return resp
 }
 
 func hexID(id uint64) string { return strconv.FormatUint(id, 16) }

@@ -32,6 +32,7 @@ import (
 	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 )
@@ -156,7 +157,16 @@ type page struct {
 // uncaught exception the page produced (see allowConsole).
 func openPage(t *testing.T, base, path string) *page {
 	t.Helper()
-	tab, closeTab := chromedp.NewContext(browser(t))
+	p := newTab(t, base)
+	p.navigate(path)
+	return p
+}
+
+// newTab opens a tab in a browser context of its own (its own cookies and
+// HTTP authentication cache), on nothing yet.
+func newTab(t *testing.T, base string) *page {
+	t.Helper()
+	tab, closeTab := chromedp.NewContext(browser(t), chromedp.WithNewBrowserContext())
 	t.Cleanup(closeTab)
 	ctx, cancel := context.WithTimeout(tab, 3*time.Minute)
 	t.Cleanup(cancel)
@@ -176,8 +186,55 @@ func openPage(t *testing.T, base, path string) *page {
 		}
 	}()
 	t.Cleanup(p.checkConsole)
-	p.navigate(path)
 	return p
+}
+
+// answerAuth makes the tab answer the server's HTTP authentication
+// challenges (the browser's sign-in prompt) with user and password, as a
+// person typing them would; it returns a channel that receives the URL
+// of each request that asked.
+func (p *page) answerAuth(user, password string) <-chan string {
+	p.t.Helper()
+	asked := make(chan string, 16)
+	authEvents := chromedp.Events(p.ctx, fetch.AuthRequired)
+	paused := chromedp.Events(p.ctx, fetch.RequestPaused)
+	call := func(f func(ctx context.Context, t *chromedp.Target) error) { _ = chromedp.Do(p.ctx, chromedp.Func(f)) }
+	go func() {
+		for ev, err := range authEvents {
+			if err != nil {
+				return
+			}
+			select {
+			case asked <- ev.Request.URL:
+			default:
+			}
+			call(func(ctx context.Context, t *chromedp.Target) error {
+				_, err := cdp.Call(ctx, t, fetch.ContinueWithAuth, fetch.ContinueWithAuthParams{RequestID: ev.RequestID,
+					AuthChallengeResponse: &fetch.AuthChallengeResponse{Response: fetch.AuthChallengeResponseResponseProvideCredentials, Username: user, Password: password}})
+				return err
+			})
+		}
+	}()
+	go func() {
+		for ev, err := range paused {
+			if err != nil {
+				return
+			}
+			call(func(ctx context.Context, t *chromedp.Target) error {
+				_, err := cdp.Call(ctx, t, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
+				return err
+			})
+		}
+	}()
+	yes := true
+	err := chromedp.Do(p.ctx, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := cdp.Call(ctx, t, fetch.Enable, fetch.EnableParams{HandleAuthRequests: &yes})
+		return err
+	}))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return asked
 }
 
 func (p *page) navigate(path string) {
@@ -188,8 +245,8 @@ func (p *page) navigate(path string) {
 	p.waitFor(`window.beacon && document.querySelector('main > *:not(.loading)')`, 10*time.Second)
 }
 
-// allowConsole lets console errors matching re pass (a test that cuts the
-// network expects the browser to log failed requests).
+// allowConsole lets console errors whose text and URL match re pass (a
+// test that cuts the network expects the browser to log failed requests).
 func (p *page) allowConsole(re string) {
 	p.mu.Lock()
 	p.allow = append(p.allow, regexp.MustCompile(re))
@@ -208,7 +265,7 @@ func (p *page) checkConsole() {
 		}
 		allowed := false
 		for _, re := range p.allow {
-			allowed = allowed || re.MatchString(m.Text)
+			allowed = allowed || re.MatchString(m.Text+" "+m.URL)
 		}
 		if allowed {
 			p.t.Logf("console (expected): %s", m)

@@ -153,7 +153,7 @@ func TestDeadStreamReconnectsAndNeverFreezes(t *testing.T) {
 	proxy := newStallProxy(t, srv.Listener.Addr().String())
 
 	register(t, reg, beacon.Instance{Namespace: "demo", Component: "web", Endpoint: "http", Address: "10.3.0.1:8080"})
-	p := openPage(t, "http://"+proxy.addr(), "/ui/services/demo/web/http")
+	p := openHandlersPage(t, "http://"+proxy.addr(), "/ui/services/demo/web/http")
 	// Chromium logs the requests that the cut makes fail.
 	p.allowConsole(`Failed to load resource|net::ERR_`)
 	p.waitFor(`document.querySelector('#live').dataset.state === 'live' && document.querySelectorAll('.grid .grow').length === 1`, 5*time.Second)

@@ -8,11 +8,16 @@ import { num, plural } from './format.js';
 import { Model } from './model.js';
 import { BASE, parseRoute } from './router.js';
 import { Stream } from './stream.js';
+import { fetchJSON } from './views/common.js';
 import { ServicesView } from './views/services.js';
 import { EventsView } from './views/events.js';
 import { ClusterView } from './views/cluster.js';
 import { BootstrapView } from './views/bootstrap.js';
 import { NotFoundView } from './views/notfound.js';
+
+// Streams a page opens at most: HTTP/1.1 browsers keep 6 connections per
+// server, and the pages need some for their requests.
+const MAX_STREAMS = 4;
 
 const VIEWS = {
   services: ServicesView,
@@ -30,6 +35,7 @@ class App {
     this.liveText = this.liveEl.querySelector('.live-text');
     this.bannerEl = document.getElementById('banner');
     this.summaryEl = document.getElementById('summary');
+    this.whoEl = document.getElementById('who');
     this.conn = { state: 'connecting', attempt: 0 };
     this.everLive = false;
     this.view = null;
@@ -43,11 +49,87 @@ class App {
     const silence = Number(document.querySelector('meta[name="beacon-stream-silence-ms"]')?.content);
     this.silenceMs = silence > 0 ? silence : 45000;
     this.model.onchange = () => this.schedule();
-    this.stream = new Stream('/v1/registry/watch', {
-      silenceMs: this.silenceMs,
-      onEvent: (type, data) => this.onEvent(type, data),
-      onState: (st) => this.onStreamState(st),
-    });
+    // One watch stream per scope: everything (''), or, for a user who may
+    // read only some namespaces, one per namespace.
+    this.streams = new Map();
+    // What the server offers (/v1/cluster features) and, where it has
+    // authentication, who the caller is (/v1/auth/whoami).
+    this.features = null;
+    this.identity = null;
+    this.scopeNote = '';
+  }
+
+  // may reports whether the HTTP API allows the caller an action, as the
+  // server says (whoami); without that answer, nothing is offered.
+  may(what) {
+    const who = this.identity;
+    if (!who) return false;
+    if (!who.auth_enabled) return true;
+    if (what === 'tokens.write') return !!(who.bootstrap_tokens && who.bootstrap_tokens.write);
+    return false;
+  }
+
+  // loadIdentity learns the server's features and the caller's identity,
+  // and returns the scopes to watch.
+  async loadIdentity() {
+    try {
+      const st = await fetchJSON('/v1/cluster');
+      this.features = st.features || {};
+    } catch {
+      this.features = this.features || {};
+    }
+    this.identity = null;
+    if (this.features.auth) {
+      try {
+        this.identity = await fetchJSON('/v1/auth/whoami');
+      } catch {
+        this.identity = null;
+      }
+    }
+    this.extraDirty.add('identity');
+    this.schedule();
+    const who = this.identity;
+    this.scopeNote = '';
+    if (!who || !who.auth_enabled || !who.authenticated || (who.all_namespaces && who.all_namespaces.read)) return [''];
+    const readable = Object.entries(who.namespaces || {}).filter(([, a]) => a.read).map(([ns]) => ns).sort();
+    if (readable.length > MAX_STREAMS) {
+      this.scopeNote = `${who.user || 'You'} may read ${readable.length} namespaces; the page follows the first ${MAX_STREAMS} (${readable.slice(0, MAX_STREAMS).join(', ')}).`;
+    } else if (readable.length === 0) {
+      this.scopeNote = `${who.user || 'You'} may not read any namespace of the registry: ask for a role that reads /services/<namespace>/.`;
+    }
+    return readable.slice(0, MAX_STREAMS);
+  }
+
+  // follow watches scopes, replacing the streams of other scopes.
+  follow(scopes) {
+    const key = scopes.join(',');
+    if (key === this.scopesKey) return;
+    this.scopesKey = key;
+    for (const [sc, st] of this.streams) {
+      if (!scopes.includes(sc)) {
+        st.stream.stop();
+        this.streams.delete(sc);
+      }
+    }
+    this.model.watch(scopes);
+    if (scopes.length !== 1 || scopes[0] !== '') this.model.system(`following namespaces ${scopes.join(', ') || '(none)'} as ${this.identity?.user || 'this user'}`);
+    for (const sc of scopes) {
+      if (this.streams.has(sc)) continue;
+      const url = sc ? `/v1/registry/watch?namespace=${encodeURIComponent(sc)}` : '/v1/registry/watch';
+      const entry = { conn: { state: 'connecting', attempt: 0 }, live: false };
+      entry.stream = new Stream(url, {
+        silenceMs: this.silenceMs,
+        onEvent: (type, data) => this.onEvent(sc, entry, type, data),
+        onState: (st) => this.onStreamState(entry, st),
+      });
+      this.streams.set(sc, entry);
+      entry.stream.start();
+    }
+    this.updateConn();
+  }
+
+  async connect() {
+    this.follow(await this.loadIdentity());
   }
 
   start() {
@@ -63,14 +145,19 @@ class App {
         }
       }
     });
-    this.bannerButton = h('button', { type: 'button', class: 'btn small', text: 'Reconnect now', onclick: () => this.stream.retryNow() });
+    this.bannerButton = h('button', {
+      type: 'button', class: 'btn small', text: 'Reconnect now',
+      onclick: () => {
+        for (const st of this.streams.values()) st.stream.retryNow();
+      },
+    });
     this.bannerText = h('span', { class: 'grow' });
     // The countdown is not part of the alert: it would be read out every
     // second.
     this.bannerWait = h('span', { class: 'note', 'aria-hidden': 'true' });
     this.bannerEl.append(this.bannerText, this.bannerWait, this.bannerButton);
     this.applyRoute(false);
-    this.stream.start();
+    this.connect();
     setInterval(() => {
       this.extraDirty.add('tick');
       this.schedule();
@@ -166,7 +253,7 @@ class App {
     }
   }
 
-  onEvent(type, data) {
+  onEvent(scope, entry, type, data) {
     const received = performance.now();
     this.stats.events += 1;
     let msg;
@@ -178,7 +265,7 @@ class App {
     }
     switch (type) {
       case 'snapshot': {
-        this.model.snapshot(msg);
+        this.model.snapshot(msg, scope);
         const applied = performance.now();
         this.pendingSnapshot = { instances: (msg.instances || []).length, received, parseApplyMs: applied - received };
         break;
@@ -192,8 +279,9 @@ class App {
         this.model.markSynced(msg.revision);
         break;
       case 'stale':
-        this.setConn({ state: 'stale', error: msg.error || 'backend unreachable' });
+        entry.conn = { state: 'stale', error: msg.error || 'backend unreachable' };
         this.model.system(`the server lost its backend and retries: ${msg.error || 'unreachable'}`);
+        this.updateConn();
         return;
       case 'error':
         this.model.system(`the watch stream failed: ${msg.message || 'error'}`);
@@ -201,23 +289,41 @@ class App {
       default:
         return;
     }
-    if (this.conn.state !== 'live') {
-      if (this.everLive && this.conn.state !== 'stale') this.model.system(`reconnected; up to date at revision ${num(this.model.revision)}`);
+    if (entry.conn.state !== 'live') {
+      if (entry.live && entry.conn.state !== 'stale') this.model.system(`reconnected${scope ? ` (${scope})` : ''}; up to date at revision ${num(this.model.revision)}`);
+      const first = !this.everLive;
+      entry.live = true;
       this.everLive = true;
-      this.setConn({ state: 'live' });
+      entry.conn = { state: 'live' };
+      this.updateConn();
+      // Signed in by the browser on the way (an authentication prompt):
+      // now the server can tell who the caller is, and what it may read.
+      if (first && this.features && this.features.auth && !(this.identity && this.identity.authenticated)) this.connect();
     }
   }
 
-  onStreamState(st) {
-    if (st.state === 'retrying' && (this.conn.state === 'live' || this.conn.state === 'stale')) {
+  onStreamState(entry, st) {
+    if (st.state === 'retrying' && (entry.conn.state === 'live' || entry.conn.state === 'stale')) {
       this.model.system(`lost the watch stream: ${st.error}`);
     }
     if (st.state === 'open') return; // live once the first event arrives
-    if (st.state === 'connecting' && this.conn.state === 'retrying') {
-      this.setConn({ ...this.conn, state: 'connecting', attempt: st.attempt });
-      return;
+    if (st.state === 'connecting' && entry.conn.state === 'retrying') {
+      entry.conn = { ...entry.conn, state: 'connecting', attempt: st.attempt };
+    } else {
+      entry.conn = st;
     }
-    this.setConn(st);
+    this.updateConn();
+  }
+
+  // updateConn shows the worst state of the streams.
+  updateConn() {
+    const order = { retrying: 0, stale: 1, connecting: 2, live: 3 };
+    let worst = { state: 'live' };
+    for (const st of this.streams.values()) {
+      if (order[st.conn.state] < order[worst.state]) worst = st.conn;
+    }
+    if (this.streams.size === 0) worst = { state: this.scopesKey === undefined ? 'connecting' : 'idle' };
+    this.setConn(worst);
   }
 
   setConn(c) {
@@ -240,7 +346,17 @@ class App {
         );
       }
     }
-    if (!(dirty.has('conn') || dirty.has('tick') || dirty.has('sync') || dirty.has('instances'))) return;
+    if (dirty.has('identity')) {
+      const who = this.identity;
+      const shown = !!(who && who.auth_enabled);
+      show(this.whoEl, shown);
+      if (shown) {
+        const name = who.authenticated ? who.user || 'signed in' : 'not signed in';
+        setText(this.whoEl, name);
+        setAttr(this.whoEl, 'title', who.authenticated ? `Signed in as ${who.user || 'a token holder'} (${who.method})${who.roles && who.roles.length ? `, roles ${who.roles.join(', ')}` : ''}` : 'Not signed in: the browser asks for the etcd user and password when the API needs them');
+      }
+    }
+    if (!(dirty.has('conn') || dirty.has('tick') || dirty.has('sync') || dirty.has('instances') || dirty.has('identity'))) return;
     const c = this.conn;
     setAttr(this.liveEl, 'data-state', c.state);
     let live = 'Connecting…';
@@ -265,9 +381,13 @@ class App {
           banner = `Reconnecting to the live event stream…${at}`;
         }
         break;
+      case 'idle':
+        live = 'Nothing to watch';
+        break;
       default:
         break;
     }
+    if (!banner && this.scopeNote) banner = this.scopeNote;
     setText(this.liveText, live);
     setAttr(this.liveEl, 'title', live);
     setText(this.bannerText, banner);

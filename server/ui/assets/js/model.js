@@ -115,6 +115,8 @@ export class Model {
     this.root = new Node('', '', 0, null);
     this.revision = 0;
     this.synced = false;
+    this.scopes = new Set(); // scopes that had their snapshot
+    this.expected = new Set(['']); // scopes the page watches
     this.since = 0; // when the page first saw the registry
     this.events = [];
     this.eventSeq = 0;
@@ -146,30 +148,51 @@ export class Model {
     return n;
   }
 
-  // snapshot replaces the state. The first one fills the page; a later one
-  // (a resumed stream whose changes were compacted away) is applied as the
-  // difference against what the page shows, logged as a resync.
-  snapshot(msg) {
+  // snapshot replaces the state under scope ('' for everything, or one
+  // namespace when the page watches namespaces one by one). A scope's
+  // first snapshot fills the page; a later one (a resumed stream whose
+  // changes were compacted away) is applied as the difference against
+  // what the page shows, logged as a resync.
+  snapshot(msg, scope = '') {
     const now = Date.now();
     const incoming = msg.instances || [];
-    if (!this.synced) {
-      this.since = now;
+    if (!this.scopes.has(scope)) {
+      this.scopes.add(scope);
+      if (!this.since) this.since = now;
       for (const inst of incoming) this.upsert(inst, msg.revision, 'snapshot', now, false);
       // The counts at the moment the page starts watching.
       this.recordHistory(now);
-      this.log({ kind: 'system', rev: msg.revision, t: now, detail: `snapshot: ${incoming.length} instance${incoming.length === 1 ? '' : 's'}` });
+      this.log({ kind: 'system', rev: msg.revision, t: now, detail: `snapshot${scope ? ` of ${scope}` : ''}: ${incoming.length} instance${incoming.length === 1 ? '' : 's'}` });
     } else {
+      const prefix = scope ? `${scope}/` : '';
       const keep = new Set();
       for (const inst of incoming) keep.add(keyOf(inst));
       let changes = 0;
       for (const rec of [...this.recs.values()]) {
-        if (!keep.has(rec.key)) changes += this.remove(rec.inst, msg.revision, 'resync', now);
+        if (rec.key.startsWith(prefix) && !keep.has(rec.key)) changes += this.remove(rec.inst, msg.revision, 'resync', now);
       }
       for (const inst of incoming) changes += this.upsert(inst, msg.revision, 'resync', now, true);
-      this.log({ kind: 'system', rev: msg.revision, t: now, detail: `re-listed after reconnecting: ${changes} change${changes === 1 ? '' : 's'}` });
+      this.log({ kind: 'system', rev: msg.revision, t: now, detail: `re-listed${scope ? ` ${scope}` : ''} after reconnecting: ${changes} change${changes === 1 ? '' : 's'}` });
     }
-    this.synced = true;
-    this.revision = msg.revision;
+    this.synced = [...this.expected].every((sc) => this.scopes.has(sc));
+    if (msg.revision > this.revision) this.revision = msg.revision;
+    this.mark('sync');
+  }
+
+  // watch sets the scopes the page follows; the page is synced once each
+  // has had its snapshot. Instances outside the new scopes are dropped
+  // (the caller may no longer read them).
+  watch(scopes) {
+    this.expected = new Set(scopes);
+    const inScope = (key) => this.expected.has('') || [...this.expected].some((sc) => key.startsWith(`${sc}/`));
+    const now = Date.now();
+    for (const rec of [...this.recs.values()]) {
+      if (!inScope(rec.key)) this.remove(rec.inst, this.revision, 'scope', now, false);
+    }
+    for (const sc of [...this.scopes]) {
+      if (!this.expected.has(sc)) this.scopes.delete(sc);
+    }
+    this.synced = [...this.expected].every((sc) => this.scopes.has(sc));
     this.mark('sync');
   }
 
@@ -239,7 +262,7 @@ export class Model {
     return 1;
   }
 
-  remove(inst, rev, batch, now) {
+  remove(inst, rev, batch, now, logIt = true) {
     const key = keyOf(inst);
     const rec = this.recs.get(key);
     if (!rec) return 0;
@@ -260,7 +283,7 @@ export class Model {
       this.mark('structure');
       n = p;
     }
-    this.log({ kind: 'leave', inst: rec.inst, rev, batch, t: now, detail: '' });
+    if (logIt) this.log({ kind: 'leave', inst: rec.inst, rev, batch, t: now, detail: '' });
     this.mark('instances');
     return 1;
   }

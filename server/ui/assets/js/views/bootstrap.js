@@ -3,7 +3,7 @@
 // token API has no stream, so the page re-reads the token every couple of
 // seconds while it is shown.
 
-import { h, uid } from '../dom.js';
+import { h, show, uid } from '../dom.js';
 import { clock, num } from '../format.js';
 import { BASE } from '../router.js';
 import { Poller, card, fetchJSON } from './common.js';
@@ -38,12 +38,14 @@ export class BootstrapView {
     this.note = h('span', { class: 'note' });
     this.list = h('div');
     this.body = h('div', { class: 'page-body' });
+    // Actions live outside the body that each refresh rewrites.
+    this.actions = h('div', { class: 'actions', hidden: true });
     this.el = h('div', { class: 'page scroll' },
       h('div', { class: 'section-head' }, h('h1', { text: this.token ? 'Bootstrap token' : 'Bootstrap' }), this.note),
       h('p', { class: 'note' }, 'Members of a new etcd cluster (etcd 3.6+ or ', h('code', { text: 'beacon serve' }),
         ') find each other through a discovery token: each registers under it, and the cluster forms once the token\'s size is reached. Create one with ',
         h('code', { text: 'beacon token new --size 3' }), '.'),
-      form, this.list, this.body);
+      form, this.list, this.actions, this.body);
     main.append(this.el);
     this.poller = new Poller(() => this.refresh(), WAITING_MS);
     this.poller.kick();
@@ -53,7 +55,60 @@ export class BootstrapView {
     this.poller.stop();
   }
 
-  update() {}
+  update(dirty) {
+    if (dirty.has('identity') || dirty.has('route')) this.renderActions();
+  }
+
+  // renderActions offers to remove the token when the HTTP API allows the
+  // caller to (whoami); the API decides in the end.
+  renderActions() {
+    const may = this.token && this.found && this.app.may('tokens.write');
+    if (!may) {
+      this.actions.replaceChildren();
+      show(this.actions, false);
+      return;
+    }
+    if (this.actions.__for === this.token && this.actions.childElementCount) {
+      show(this.actions, true);
+      return;
+    }
+    this.actions.__for = this.token;
+    const remove = h('button', {
+      type: 'button', class: 'btn danger', text: 'Remove token…',
+      onclick: () => this.confirmRemove(),
+    });
+    this.actions.replaceChildren(remove);
+    show(this.actions, true);
+  }
+
+  confirmRemove() {
+    const token = this.token;
+    const msg = h('span', { text: `Remove token ${token} and its registrations? Members still waiting on it will fail to bootstrap.` });
+    const yes = h('button', { type: 'button', class: 'btn danger', text: 'Remove' });
+    const no = h('button', {
+      type: 'button', class: 'btn', text: 'Cancel',
+      onclick: () => {
+        this.actions.__for = '';
+        this.renderActions();
+      },
+    });
+    const result = h('span', { class: 'note', role: 'status' });
+    yes.addEventListener('click', async () => {
+      yes.disabled = true;
+      no.disabled = true;
+      try {
+        const res = await fetchJSON(`/v1/tokens/${encodeURIComponent(token)}`, { method: 'DELETE' });
+        this.app.removedToken = `Removed token ${token} (${res.deleted} key${res.deleted === 1 ? '' : 's'}).`;
+        this.app.navigate(`${BASE}bootstrap`);
+      } catch (err) {
+        result.textContent = `The server refused: ${err.message}`;
+        result.className = 'note bad';
+        no.disabled = false;
+      }
+    });
+    this.actions.replaceChildren(h('div', { class: 'confirm', role: 'group', 'aria-label': 'Confirm removal' }, msg, yes, no, result));
+    yes.focus();
+  }
 
   async refresh() {
     if (!this.features) {
@@ -74,6 +129,10 @@ export class BootstrapView {
       return;
     }
     await this.refreshList();
+    if (!this.token && this.app.removedToken) {
+      this.body.replaceChildren(h('p', { class: 'note', role: 'status', text: this.app.removedToken }));
+      this.app.removedToken = '';
+    }
     if (!this.token) {
       this.poller.intervalMs = FULL_MS;
       return;
@@ -85,8 +144,12 @@ export class BootstrapView {
       this.note.textContent = `Checked ${clock(Date.now())}`;
       const msg = err.status === 404 ? `There is no token “${this.token}” (it was never created, or it was removed).` : err.message;
       this.body.replaceChildren(h('div', { class: 'error-box', role: 'alert', text: msg }));
+      this.found = false;
+      this.renderActions();
       return;
     }
+    this.found = true;
+    this.renderActions();
     const full = st.state === 'full';
     this.poller.intervalMs = full ? FULL_MS : WAITING_MS;
     this.note.textContent = `Refreshed ${clock(Date.now())} (every ${(full ? FULL_MS : WAITING_MS) / 1000} s)`;

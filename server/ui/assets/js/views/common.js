@@ -21,13 +21,13 @@ export function card(label, valueEl, cls) {
 
 // fetchJSON GETs a JSON document with a timeout; errors carry the API's
 // message.
-export async function fetchJSON(url, { timeoutMs = 8000, signal } = {}) {
+export async function fetchJSON(url, { timeoutMs = 8000, signal, method = 'GET' } = {}) {
   const ctrl = new AbortController();
   const timer = setTimeout(() => ctrl.abort(new Error(`no answer from ${url} within ${timeoutMs / 1000} s`)), timeoutMs);
   const onAbort = () => ctrl.abort(signal.reason);
   signal?.addEventListener('abort', onAbort);
   try {
-    const resp = await fetch(url, { signal: ctrl.signal, headers: { Accept: 'application/json' }, cache: 'no-store' });
+    const resp = await fetch(url, { method, signal: ctrl.signal, headers: { Accept: 'application/json' }, cache: 'no-store' });
     let body = null;
     try {
       body = await resp.json();
