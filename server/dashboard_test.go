@@ -124,3 +124,14 @@ func TestClusterAPIRefusesWritesAndParameters(t *testing.T) {
 		t.Errorf("GET /no-such-route = %d, want 404 (only / itself redirects)", code)
 	}
 }
+
+func TestRoutedSeesTheMuxRoutes(t *testing.T) {
+	mux := http.NewServeMux()
+	if routed(mux, http.MethodGet, whoAmIPath) {
+		t.Errorf("an empty mux routes %s", whoAmIPath)
+	}
+	mux.HandleFunc("GET "+whoAmIPath, func(http.ResponseWriter, *http.Request) {})
+	if !routed(mux, http.MethodGet, whoAmIPath) || routed(mux, http.MethodGet, "/v1/auth/other") {
+		t.Errorf("routed does not follow the mux")
+	}
+}
