@@ -32,7 +32,6 @@ import (
 	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/emulation"
-	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 )
@@ -187,54 +186,6 @@ func newTab(t *testing.T, base string) *page {
 	}()
 	t.Cleanup(p.checkConsole)
 	return p
-}
-
-// answerAuth makes the tab answer the server's HTTP authentication
-// challenges (the browser's sign-in prompt) with user and password, as a
-// person typing them would; it returns a channel that receives the URL
-// of each request that asked.
-func (p *page) answerAuth(user, password string) <-chan string {
-	p.t.Helper()
-	asked := make(chan string, 16)
-	authEvents := chromedp.Events(p.ctx, fetch.AuthRequired)
-	paused := chromedp.Events(p.ctx, fetch.RequestPaused)
-	call := func(f func(ctx context.Context, t *chromedp.Target) error) { _ = chromedp.Do(p.ctx, chromedp.Func(f)) }
-	go func() {
-		for ev, err := range authEvents {
-			if err != nil {
-				return
-			}
-			select {
-			case asked <- ev.Request.URL:
-			default:
-			}
-			call(func(ctx context.Context, t *chromedp.Target) error {
-				_, err := cdp.Call(ctx, t, fetch.ContinueWithAuth, fetch.ContinueWithAuthParams{RequestID: ev.RequestID,
-					AuthChallengeResponse: &fetch.AuthChallengeResponse{Response: fetch.AuthChallengeResponseResponseProvideCredentials, Username: user, Password: password}})
-				return err
-			})
-		}
-	}()
-	go func() {
-		for ev, err := range paused {
-			if err != nil {
-				return
-			}
-			call(func(ctx context.Context, t *chromedp.Target) error {
-				_, err := cdp.Call(ctx, t, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
-				return err
-			})
-		}
-	}()
-	yes := true
-	err := chromedp.Do(p.ctx, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-		_, err := cdp.Call(ctx, t, fetch.Enable, fetch.EnableParams{HandleAuthRequests: &yes})
-		return err
-	}))
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	return asked
 }
 
 func (p *page) navigate(path string) {
