@@ -39,9 +39,15 @@ const (
 	clusterCacheTTL = time.Second
 )
 
+// router is what mountDashboard registers its routes on: the server's mux.
+type router interface {
+	Handle(pattern string, h http.Handler)
+	HandleFunc(pattern string, f func(http.ResponseWriter, *http.Request))
+}
+
 // mountDashboard serves the web dashboard at ui.Prefix (and redirects / to
 // it) and the cluster read API it needs.
-func (s *Server) mountDashboard(mux *http.ServeMux) error {
+func (s *Server) mountDashboard(mux router) error {
 	h, err := ui.New(ui.Options{})
 	if err != nil {
 		return err
@@ -151,13 +157,19 @@ type Features struct {
 const whoAmIPath = "/v1/auth/whoami"
 
 // routed reports whether mux has a route for method and path.
-func routed(mux *http.ServeMux, method, path string) bool {
-	r, err := http.NewRequest(method, path, nil)
-	if err != nil {
-		return false
+func routed(mux router, method, path string) bool {
+	switch m := mux.(type) {
+	case interface{ Serves(method, path string) bool }:
+		return m.Serves(method, path)
+	case *http.ServeMux:
+		r, err := http.NewRequest(method, path, nil)
+		if err != nil {
+			return false
+		}
+		_, pattern := m.Handler(r)
+		return pattern != ""
 	}
-	_, pattern := mux.Handler(r)
-	return pattern != ""
+	return false
 }
 
 type clusterAPI struct {
