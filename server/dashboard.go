@@ -55,8 +55,10 @@ func (s *Server) mountDashboard(mux router) error {
 	mux.Handle(ui.Prefix, h)
 	mux.Handle("GET /{$}", http.RedirectHandler(ui.Prefix, http.StatusFound))
 	// The dashboard asks who the caller is where the server can tell
-	// (authentication adds GET /v1/auth/whoami).
-	c := &clusterAPI{s: s, sem: make(chan struct{}, 1), whoami: routed(mux, http.MethodGet, whoAmIPath)}
+	// (authentication adds GET /v1/auth/whoami), and lists the discovery
+	// tokens where the token API can.
+	c := &clusterAPI{s: s, sem: make(chan struct{}, 1),
+		whoami: routed(mux, http.MethodGet, whoAmIPath), tokenList: routed(mux, http.MethodGet, tokensPath)}
 	mux.HandleFunc("GET "+ClusterPath, c.serve)
 	mux.HandleFunc(ClusterPath, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -150,16 +152,21 @@ type Features struct {
 	// Auth: GET /v1/auth/whoami says who the caller is and what the HTTP
 	// API allows it; the dashboard offers actions only where it says so.
 	Auth bool `json:"auth"`
+	// TokenList: GET /v1/tokens lists every discovery token.
+	TokenList bool `json:"token_list"`
 }
 
 // whoAmIPath is where the HTTP API's authentication says who the caller
 // is and what it may do.
 const whoAmIPath = "/v1/auth/whoami"
 
-// routed reports whether mux has a route for method and path.
+// routed reports whether mux has a route for method and path: one
+// registered for that method (a route for any method may refuse it).
 func routed(mux router, method, path string) bool {
 	switch m := mux.(type) {
-	case interface{ Serves(method, path string) bool }:
+	case interface {
+		Serves(method, path string) bool
+	}:
 		return m.Serves(method, path)
 	case *http.ServeMux:
 		r, err := http.NewRequest(method, path, nil)
@@ -167,17 +174,21 @@ func routed(mux router, method, path string) bool {
 			return false
 		}
 		_, pattern := m.Handler(r)
-		return pattern != ""
+		return strings.HasPrefix(pattern, method+" ")
 	}
 	return false
 }
 
+// tokensPath is the token API (package bootstrap).
+const tokensPath = "/v1/tokens"
+
 type clusterAPI struct {
-	whoami bool
-	s      *Server
-	sem    chan struct{} // one status round at a time
-	mu     sync.Mutex
-	last   *ClusterStatus
+	whoami    bool
+	tokenList bool
+	s         *Server
+	sem       chan struct{} // one status round at a time
+	mu        sync.Mutex
+	last      *ClusterStatus
 }
 
 func (c *clusterAPI) serve(w http.ResponseWriter, r *http.Request) {
@@ -214,7 +225,7 @@ func (c *clusterAPI) status(ctx context.Context) (*ClusterStatus, error) {
 	sctx, cancel := context.WithTimeout(context.Background(), memberStatusTimeout+readyTimeout)
 	defer cancel()
 	st := c.s.clusterStatus(sctx)
-	st.Features.Auth = c.whoami
+	st.Features.Auth, st.Features.TokenList = c.whoami, c.tokenList
 	c.mu.Lock()
 	c.last = st
 	c.mu.Unlock()

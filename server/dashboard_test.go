@@ -131,7 +131,12 @@ func TestRoutedSeesTheMuxRoutes(t *testing.T) {
 		t.Errorf("an empty mux routes %s", whoAmIPath)
 	}
 	mux.HandleFunc("GET "+whoAmIPath, func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc(tokensPath, func(http.ResponseWriter, *http.Request) {})
 	if !routed(mux, http.MethodGet, whoAmIPath) || routed(mux, http.MethodGet, "/v1/auth/other") {
 		t.Errorf("routed does not follow the mux")
+	}
+	// A route for any method may refuse GET: it does not count.
+	if routed(mux, http.MethodGet, tokensPath) {
+		t.Errorf("routed counts a route of any method")
 	}
 }

@@ -4,7 +4,7 @@
 // seconds while it is shown.
 
 import { h, show, uid } from '../dom.js';
-import { clock, num } from '../format.js';
+import { age, clock, dateTime, num } from '../format.js';
 import { BASE } from '../router.js';
 import { Poller, card, fetchJSON } from './common.js';
 
@@ -171,23 +171,27 @@ export class BootstrapView {
       this.list.replaceChildren(h('p', { class: 'note bad', text: `Listing tokens failed: ${err.message}` }));
       return;
     }
-    const tokens = Array.isArray(res) ? res : res && Array.isArray(res.tokens) ? res.tokens : [];
+    const tokens = res && Array.isArray(res.tokens) ? res.tokens : [];
     if (tokens.length === 0) {
       this.list.replaceChildren(h('p', { class: 'note', text: 'No discovery tokens yet.' }));
       return;
     }
-    const rows = tokens.map((t) => {
-      const registered = t.registered ?? (Array.isArray(t.members) ? t.members.length : t.members) ?? 0;
-      const full = t.full ?? t.state === 'full';
+    // Newest first: a person watching a cluster form just made its token.
+    const rows = [...tokens].reverse().map((t) => {
+      const state = t.problem ? 'problem' : t.full ? 'full' : 'waiting';
+      const created = t.created_at ? Date.parse(t.created_at) : 0;
       return h('tr', {},
         h('td', { class: 'mono' }, h('a', { href: `${BASE}bootstrap/${encodeURIComponent(t.token)}`, text: t.token })),
-        h('td', { class: 'num', text: num(t.size ?? 0) }),
-        h('td', { class: 'num', text: num(Math.min(registered, t.size ?? registered)) }),
-        h('td', {}, h('span', { class: `badge ${full ? 'full' : 'waiting'}`, text: full ? 'full' : 'waiting' })));
+        h('td', { class: 'num', text: t.size ? num(t.size) : '–' }),
+        h('td', { class: 'num', text: num(t.registered || 0) }),
+        h('td', {}, h('span', { class: `badge ${state === 'problem' ? 'bad' : state}`, text: state }), t.problem ? h('div', { class: 'note bad', text: t.problem }) : null),
+        h('td', { class: 'num', text: t.members > (t.registered || 0) ? `${num(t.members - t.registered)} late` : '' }),
+        h('td', { text: created ? `${dateTime(created)} (${age(Date.now() - created)} ago)` : `revision ${num(t.created_revision || 0)}` }));
     });
+    const cols = ['Token', 'Size', 'Registered', 'State', 'Too late', 'Created'];
     this.list.replaceChildren(h('table', { class: 'data' },
-      h('caption', { text: 'Discovery tokens' }),
-      h('thead', {}, h('tr', {}, ['Token', 'Size', 'Registered', 'State'].map((c, i) => h('th', { scope: 'col', class: i === 1 || i === 2 ? 'num' : null, text: c })))),
+      h('caption', { text: `Discovery tokens (${num(tokens.length)})` }),
+      h('thead', {}, h('tr', {}, cols.map((c, i) => h('th', { scope: 'col', class: i === 1 || i === 2 || i === 4 ? 'num' : null, text: c })))),
       h('tbody', {}, rows)));
   }
 
