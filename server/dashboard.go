@@ -52,7 +52,7 @@ func (s *Server) mountDashboard(mux router) error {
 	if err != nil {
 		return err
 	}
-	mux.Handle(ui.Prefix, h)
+	mux.Handle("GET "+ui.Prefix, h)
 	mux.Handle("GET /{$}", http.RedirectHandler(ui.Prefix, http.StatusFound))
 	// The dashboard asks who the caller is where the server can tell
 	// (authentication adds GET /v1/auth/whoami), and lists the discovery
@@ -60,11 +60,16 @@ func (s *Server) mountDashboard(mux router) error {
 	c := &clusterAPI{s: s, sem: make(chan struct{}, 1),
 		whoami: routed(mux, http.MethodGet, whoAmIPath), tokenList: routed(mux, http.MethodGet, tokensPath)}
 	mux.HandleFunc("GET "+ClusterPath, c.serve)
-	mux.HandleFunc(ClusterPath, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", "GET, HEAD")
-		writeAPIError(w, http.StatusMethodNotAllowed, "method_not_allowed",
-			fmt.Sprintf("%s is not allowed on %s: it is read-only; use GET", r.Method, ClusterPath))
-	})
+	if _, ok := mux.(interface {
+		Serves(method, path string) bool
+	}); !ok {
+		// A router that does not answer other methods itself.
+		mux.HandleFunc(ClusterPath, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeAPIError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+				fmt.Sprintf("%s is not allowed on %s: it is read-only; use GET", r.Method, ClusterPath))
+		})
+	}
 	return nil
 }
 
@@ -192,7 +197,7 @@ type clusterAPI struct {
 }
 
 func (c *clusterAPI) serve(w http.ResponseWriter, r *http.Request) {
-	if len(r.URL.Query()) > 0 {
+	if r.URL.RawQuery != "" {
 		writeAPIError(w, http.StatusBadRequest, "invalid_argument", ClusterPath+" takes no query parameters")
 		return
 	}

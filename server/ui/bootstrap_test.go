@@ -30,6 +30,13 @@ func TestBootstrapPageWatchesAClusterForm(t *testing.T) {
 	}
 
 	p := openPage(t, base, "/ui/bootstrap")
+	// Where the server lists tokens (GET /v1/tokens), the page lists them.
+	p.waitFor(`document.querySelector('form.inline input')`, 5*time.Second)
+	listed := fmt.Sprintf(`[...document.querySelectorAll('table.data tbody tr')].some(r => r.textContent.includes(%s) && r.textContent.includes('waiting'))`, jsString(created.Token))
+	if eval[bool](p, `fetch('/v1/cluster').then(r => r.json()).then(s => s.features.token_list)`) {
+		p.waitFor(listed, 5*time.Second)
+		p.screenshot("bootstrap-list")
+	}
 	p.typeText(`form.inline input`, created.Token)
 	p.click(`form.inline button[type="submit"]`)
 	p.waitFor(fmt.Sprintf(`location.pathname === '/ui/bootstrap/' + %s && document.querySelector('.card .value')?.textContent === '0 of 3'`, jsString(created.Token)), 5*time.Second)
