@@ -70,6 +70,8 @@ func TestKeyboardAndLabels(t *testing.T) {
 	p.waitFor(active+`?.getAttribute('aria-expanded') === 'false' && document.querySelectorAll('.tree .titem').length === 7`, time.Second)
 	p.keys(kbRight) // unfold
 	p.waitFor(active+`?.getAttribute('aria-expanded') === 'true' && document.querySelectorAll('.tree .titem').length === 8`, time.Second)
+	p.keys("sh") // type-ahead
+	p.waitFor(active+`?.querySelector('.name').textContent === 'shop'`, time.Second)
 
 	// The grid: Tab in, arrows, Enter inspects, Escape closes.
 	p.keys("\t") // instance filter

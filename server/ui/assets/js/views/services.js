@@ -359,9 +359,27 @@ export class ServicesView {
         if (it) this.go(it.node.key.split('/'));
         break;
       default:
-        handled = false;
+        handled = ev.key.length === 1 && /[a-z0-9-]/i.test(ev.key) && !ev.ctrlKey && !ev.metaKey && !ev.altKey && this.typeahead(ev.key.toLowerCase());
     }
     if (handled) ev.preventDefault();
+  }
+
+  // typeahead moves to the next row whose name starts with what was typed
+  // within the last half second (the ARIA tree pattern's type-ahead).
+  typeahead(ch) {
+    const now = Date.now();
+    this.typed = now - (this.typedAt || 0) < 500 ? this.typed + ch : ch;
+    this.typedAt = now;
+    const n = this.flat.length;
+    const from = this.typed.length === 1 ? this.treeActive + 1 : Math.max(this.treeActive, 0);
+    for (let k = 0; k < n; k += 1) {
+      const i = (from + k) % n;
+      if (this.flat[i].node.name.startsWith(this.typed)) {
+        this.setTreeActive(i);
+        return true;
+      }
+    }
+    return false;
   }
 
   // ---- instances ----
