@@ -354,6 +354,15 @@ export class Model {
       if (drop) h.splice(0, drop);
     }
     this.touched.clear();
+    // Forget the nodes gone for longer than the window (churn of names
+    // must not grow the page's memory).
+    if (now - (this.sweptAt || 0) > 60000) {
+      this.sweptAt = now;
+      for (const [key, h] of this.history) {
+        const last = h[h.length - 1];
+        if (last.n === 0 && last.t < now - HISTORY_MS) this.history.delete(key);
+      }
+    }
     // Called from the frame itself: mark without asking for another frame.
     this.dirty.add('history');
   }
