@@ -281,18 +281,24 @@ func (s *Server) backendName() string {
 }
 
 // backendHealth reads the store once, as /readyz does (or, for a registry
-// without a store of its own, lists a namespace nobody uses).
+// backend without a store, pings it).
 func (s *Server) backendHealth(ctx context.Context) BackendHealth {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	start := time.Now()
 	var err error
 	var d any = s.registry
-	if s.store != nil {
+	switch reg, isReg := d.(registry.Discoverer); {
+	case s.store != nil:
 		_, _, err = s.store.List(ctx, "/beacon-readyz-probe/")
-	} else if reg, ok := d.(registry.Discoverer); ok {
-		_, _, err = reg.List(ctx, beacon.Query{Namespace: "beacon-health-probe"})
-	} else {
+	case isReg:
+		// A registry backend without a store (kubernetes): as /readyz.
+		if p, ok := d.(interface{ Ping(context.Context) error }); ok {
+			err = p.Ping(ctx)
+		} else {
+			_, _, err = reg.List(ctx, beacon.Query{Namespace: "beacon-health-probe"})
+		}
+	default:
 		err = errors.New("no store and no registry")
 	}
 	h := BackendHealth{Status: "ok", LatencyMS: float64(time.Since(start).Microseconds()) / 1000}

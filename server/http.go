@@ -87,14 +87,16 @@ var openAPI []byte
 // mountAPIs adds the capability APIs that need the store: the registry
 // API, the OpenAPI document, and the bootstrap APIs (discovery.go).
 func (s *Server) mountAPIs(mux *http.ServeMux) error {
-	rcfg := s.cfg.Registry
-	rcfg.Logger, rcfg.Metrics = s.log, s.reg
-	reg, err := registry.New(s.store, rcfg)
-	if err != nil {
-		return fmt.Errorf("registry: %w", err)
+	if s.registry == nil {
+		rcfg := s.cfg.Registry
+		rcfg.Logger, rcfg.Metrics = s.log, s.reg
+		reg, err := registry.New(s.store, rcfg)
+		if err != nil {
+			return fmt.Errorf("registry: %w", err)
+		}
+		s.registry = reg
 	}
-	s.registry = reg
-	api, err := registryapi.New(reg, registryapi.Options{Logger: s.log, Metrics: s.reg})
+	api, err := registryapi.New(s.registry, registryapi.Options{Logger: s.log, Metrics: s.reg})
 	if err != nil {
 		return fmt.Errorf("registry API: %w", err)
 	}
@@ -109,6 +111,10 @@ func (s *Server) mountAPIs(mux *http.ServeMux) error {
 		tokens := bootstrap.NewHandler(cli, s.clientEndpoints(), s.log)
 		mux.Handle(bootstrap.TokenPath, tokens)
 		mux.Handle(bootstrap.TokenPath+"/", tokens)
+	}
+	if s.store == nil {
+		mountWithoutStore(mux) // registrybackend.go
+		return nil
 	}
 	base := s.cfg.V2BaseURL
 	if base == "" {
@@ -178,7 +184,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
-	if _, _, err := s.store.List(ctx, "/beacon-readyz-probe/"); err != nil {
+	if s.store == nil {
+		s.registryReadiness(ctx, &res) // registrybackend.go
+	} else if _, _, err := s.store.List(ctx, "/beacon-readyz-probe/"); err != nil {
 		res.Checks["store"] = err.Error()
 		res.Status = "unavailable"
 	} else {
