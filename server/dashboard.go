@@ -3,7 +3,6 @@ package server
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/ui"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
@@ -66,7 +66,7 @@ func (s *Server) mountDashboard(mux router) error {
 		// A router that does not answer other methods itself.
 		mux.HandleFunc(ClusterPath, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", "GET, HEAD")
-			writeAPIError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+			httpapi.WriteError(w, http.StatusMethodNotAllowed, httpapi.CodeMethodNotAllowed,
 				fmt.Sprintf("%s is not allowed on %s: it is read-only; use GET", r.Method, ClusterPath))
 		})
 	}
@@ -198,17 +198,16 @@ type clusterAPI struct {
 
 func (c *clusterAPI) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.RawQuery != "" {
-		writeAPIError(w, http.StatusBadRequest, "invalid_argument", ClusterPath+" takes no query parameters")
+		httpapi.WriteError(w, http.StatusBadRequest, httpapi.CodeInvalidArgument, ClusterPath+" takes no query parameters")
 		return
 	}
 	st, err := c.status(r.Context())
 	if err != nil {
-		writeAPIError(w, http.StatusServiceUnavailable, "unavailable", "request ended: "+err.Error())
+		httpapi.WriteError(w, http.StatusServiceUnavailable, httpapi.CodeUnavailable, "request ended: "+err.Error())
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(st)
+	httpapi.WriteJSON(w, http.StatusOK, st)
 }
 
 // status returns a status at most clusterCacheTTL old, taking a new one
@@ -456,13 +455,3 @@ func localStatus(es *etcdserver.EtcdServer) *etcdserverpb.StatusResponse {
 }
 
 func hexID(id uint64) string { return strconv.FormatUint(id, 16) }
-
-// writeAPIError writes the JSON error body every /v1 route uses.
-func writeAPIError(w http.ResponseWriter, code int, kind, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	}{kind, msg})
-}
