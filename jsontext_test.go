@@ -13,7 +13,7 @@ func TestValidateJSONText(t *testing.T) {
 	for _, ok := range []string{
 		`{"metadata":{"zone":"a"}}`,
 		`{"k":"caf\u00e9 \ud83d\ude00 😀 \ufffd �"}`, // a pair, a real U+FFFD
-		`{"k":"\\ud800"}`, // an escaped backslash, not an escape
+		`{"k":"\\ud800"}`,                           // an escaped backslash, not an escape
 		`{"k":"\"\\\/\b\f\n\r\t"}`,
 		`[1, true, null, "x"]`,
 		``,

@@ -1,8 +1,8 @@
 package registry_test
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 

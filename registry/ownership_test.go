@@ -47,7 +47,9 @@ func TestOwnershipCannotBeHijacked(t *testing.T) {
 				t.Fatalf("heartbeat of an unknown instance: %v", missing)
 			}
 			// The answer for ref, if ref were unknown.
-			wantErr := func(ref beacon.Ref) string { return strings.Replace(missing.Error(), unknown.String(), ref.String(), 1) }
+			wantErr := func(ref beacon.Ref) string {
+				return strings.Replace(missing.Error(), unknown.String(), ref.String(), 1)
+			}
 
 			var guesses []registry.Secret
 			for range 50 {
