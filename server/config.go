@@ -92,6 +92,10 @@ type Config struct {
 	// DefaultHTTPAddr when empty.
 	HTTPAddr string
 
+	// Security configures TLS on every listener, etcd authentication and
+	// resource limits (security.go).
+	Security Security
+
 	// ShutdownTimeout bounds graceful shutdown; DefaultShutdownTimeout when
 	// zero.
 	ShutdownTimeout time.Duration
@@ -209,6 +213,7 @@ func (c Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.Discovery.validate(c)...)
+	errs = append(errs, c.Security.validate(c)...)
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--http-addr %q: must be host:port, e.g. 127.0.0.1:9379", c.HTTPAddr))
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/beaconplane/beacon/proxy"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 )
 
 // Values of DiscoveryConfig.Fallback (etcd's --discovery-fallback).
@@ -119,7 +118,14 @@ func (s *Server) startMember(ctx context.Context) error {
 	if err := s.startEtcd(ctx); err != nil {
 		return err
 	}
-	s.client = v3client.New(s.etcd.Server)
+	if err := s.bootstrapAuth(ctx); err != nil { // authboot.go
+		return err
+	}
+	cli, err := s.embeddedClient()
+	if err != nil {
+		return err
+	}
+	s.client = cli
 	s.store, s.ownsStore = etcdstore.NewFromClient(s.client), true
 	return nil
 }

@@ -41,12 +41,13 @@ func (s *Server) serveEarly() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopHTTP = cancel
 	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Handler: s.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			(*s.handler.Load()).ServeHTTP(w, r)
-		}),
+		})),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
+	s.configureHTTPServer(srv)
 	s.mu.Lock()
 	s.httpSrv = srv
 	s.mu.Unlock()
@@ -91,7 +92,11 @@ func (s *Server) mountAPIs(mux *http.ServeMux) error {
 		return fmt.Errorf("registry: %w", err)
 	}
 	s.registry = reg
-	api, err := registryapi.New(reg, registryapi.Options{Logger: s.log, Metrics: s.reg})
+	if err := s.setupAuth(); err != nil {
+		return err
+	}
+	s.mountAuth(mux)
+	api, err := registryapi.New(reg, s.registryOptions(registryapi.Options{Logger: s.log, Metrics: s.reg}))
 	if err != nil {
 		return fmt.Errorf("registry API: %w", err)
 	}
@@ -103,20 +108,20 @@ func (s *Server) mountAPIs(mux *http.ServeMux) error {
 		_, _ = w.Write(openAPI)
 	})
 	if cli := s.etcdClient(); cli != nil {
-		tokens := bootstrap.NewHandler(cli, s.clientEndpoints(), s.log)
+		tokens := s.guardTokens(bootstrap.NewHandler(cli, s.clientEndpoints(), s.log))
 		mux.Handle(bootstrap.TokenPath, tokens)
 		mux.Handle(bootstrap.TokenPath+"/", tokens)
 	}
 	base := s.cfg.V2BaseURL
 	if base == "" {
-		base = "http://" + loopbackIfUnspecified(s.httpLn.Addr().String()) + V2Path
+		base = s.httpScheme() + "://" + loopbackIfUnspecified(s.httpLn.Addr().String()) + V2Path
 	}
 	v2svc, err := v2.New(v2.Config{Store: s.store, BaseURL: base, MaxAge: s.cfg.V2TokenMaxAge, Logger: s.log})
 	if err != nil {
 		return fmt.Errorf("v2 discovery: %w", err)
 	}
 	s.v2 = v2svc
-	mux.Handle(V2Path+"/", http.StripPrefix(V2Path, v2svc))
+	mux.Handle(V2Path+"/", s.guardV2(http.StripPrefix(V2Path, v2svc)))
 	return nil
 }
 
@@ -175,7 +180,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
-	if _, _, err := s.store.List(ctx, "/beacon-readyz-probe/"); err != nil {
+	if err := s.probeStore(ctx); err != nil {
 		res.Checks["store"] = err.Error()
 		res.Status = "unavailable"
 	} else {

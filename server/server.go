@@ -57,6 +57,7 @@ type Server struct {
 	boot      bootstrapState // discovery fallback proxy (discovery.go)
 	closeOnce sync.Once
 	closeErr  error
+	security  // TLS, authentication, limits (tls.go, auth*.go, limits.go)
 }
 
 // New validates cfg and returns a server that is not yet running.
@@ -69,6 +70,7 @@ func New(cfg Config) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	s.initSecurity()
 	s.reg, s.gather = cfg.Registerer, cfg.Gatherer
 	if s.reg == nil {
 		r := prometheus.NewRegistry()
@@ -105,6 +107,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	if ln, err = s.secureHTTPListener(ln); err != nil {
+		return err
+	}
 	s.httpLn = ln
 	s.serveEarly()
 
@@ -129,7 +134,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		}
 		s.store, s.ownsStore = st, true
 	}
-	return s.startHTTP()
+	if err := s.startHTTP(); err != nil {
+		return err
+	}
+	s.logSecurityWarnings()
+	return nil
 }
 
 // Run starts the server, serves until ctx is done or a component fails,
@@ -176,6 +185,7 @@ func (s *Server) Close() error {
 			_ = ln.Close()
 		}
 		s.boot.close()
+		s.closeSecurity()
 		if s.v2 != nil {
 			_ = s.v2.Close()
 		}
@@ -231,7 +241,7 @@ type Endpoints struct {
 func (s *Server) Endpoints() Endpoints {
 	var ep Endpoints
 	if s.httpLn != nil {
-		ep.HTTP = "http://" + s.httpLn.Addr().String()
+		ep.HTTP = s.httpScheme() + "://" + s.httpLn.Addr().String()
 	}
 	switch {
 	case s.etcd != nil:
@@ -272,6 +282,9 @@ func (s *Server) Banner() string {
 		fmt.Fprintf(&b, "  data dir      %s\n", ep.DataDir)
 	}
 	fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
+	for _, w := range s.securityWarnings() {
+		fmt.Fprintf(&b, "  WARNING       %s\n", w)
+	}
 	return b.String()
 }
 
@@ -359,6 +372,9 @@ func (s *Server) etcdConfig() (*embed.Config, error) {
 		level = *c.EtcdLogLevel
 	}
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapslog.New(s.log.With("component", "etcd"), level))
+	if err := s.applySecurity(ec); err != nil {
+		return nil, err
+	}
 	return ec, nil
 }
 
