@@ -151,11 +151,15 @@ type userLease struct {
 }
 
 func (l *userLease) LeaseGrant(ctx context.Context, in *pb.LeaseGrantRequest, opts ...grpc.CallOption) (*pb.LeaseGrantResponse, error) {
-	return invoke(ctx, l.src, func(ctx context.Context) (*pb.LeaseGrantResponse, error) { return l.LeaseClient.LeaseGrant(ctx, in, opts...) })
+	return invoke(ctx, l.src, func(ctx context.Context) (*pb.LeaseGrantResponse, error) {
+		return l.LeaseClient.LeaseGrant(ctx, in, opts...)
+	})
 }
 
 func (l *userLease) LeaseRevoke(ctx context.Context, in *pb.LeaseRevokeRequest, opts ...grpc.CallOption) (*pb.LeaseRevokeResponse, error) {
-	return invoke(ctx, l.src, func(ctx context.Context) (*pb.LeaseRevokeResponse, error) { return l.LeaseClient.LeaseRevoke(ctx, in, opts...) })
+	return invoke(ctx, l.src, func(ctx context.Context) (*pb.LeaseRevokeResponse, error) {
+		return l.LeaseClient.LeaseRevoke(ctx, in, opts...)
+	})
 }
 
 func (l *userLease) LeaseTimeToLive(ctx context.Context, in *pb.LeaseTimeToLiveRequest, opts ...grpc.CallOption) (*pb.LeaseTimeToLiveResponse, error) {
@@ -165,7 +169,9 @@ func (l *userLease) LeaseTimeToLive(ctx context.Context, in *pb.LeaseTimeToLiveR
 }
 
 func (l *userLease) LeaseLeases(ctx context.Context, in *pb.LeaseLeasesRequest, opts ...grpc.CallOption) (*pb.LeaseLeasesResponse, error) {
-	return invoke(ctx, l.src, func(ctx context.Context) (*pb.LeaseLeasesResponse, error) { return l.LeaseClient.LeaseLeases(ctx, in, opts...) })
+	return invoke(ctx, l.src, func(ctx context.Context) (*pb.LeaseLeasesResponse, error) {
+		return l.LeaseClient.LeaseLeases(ctx, in, opts...)
+	})
 }
 
 // LeaseKeepAlive opens the stream with the current token (etcd does not
@@ -201,11 +207,15 @@ type userAuth struct {
 }
 
 func (a *userAuth) UserGet(ctx context.Context, in *pb.AuthUserGetRequest, opts ...grpc.CallOption) (*pb.AuthUserGetResponse, error) {
-	return invoke(ctx, a.src, func(ctx context.Context) (*pb.AuthUserGetResponse, error) { return a.AuthClient.UserGet(ctx, in, opts...) })
+	return invoke(ctx, a.src, func(ctx context.Context) (*pb.AuthUserGetResponse, error) {
+		return a.AuthClient.UserGet(ctx, in, opts...)
+	})
 }
 
 func (a *userAuth) RoleGet(ctx context.Context, in *pb.AuthRoleGetRequest, opts ...grpc.CallOption) (*pb.AuthRoleGetResponse, error) {
-	return invoke(ctx, a.src, func(ctx context.Context) (*pb.AuthRoleGetResponse, error) { return a.AuthClient.RoleGet(ctx, in, opts...) })
+	return invoke(ctx, a.src, func(ctx context.Context) (*pb.AuthRoleGetResponse, error) {
+		return a.AuthClient.RoleGet(ctx, in, opts...)
+	})
 }
 
 // blankWatcher hides the caller's context values from etcd's in-process
