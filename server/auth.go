@@ -21,6 +21,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/auth"
 	"go.etcd.io/etcd/server/v3/etcdserver"
 )
 
@@ -113,6 +114,16 @@ func unauthenticated(format string, args ...any) error {
 // say what to fix.
 func explainAuthError(id identity, err error) error {
 	e := rpctypes.Error(err)
+	switch {
+	case errors.Is(err, auth.ErrAuthFailed):
+		e = rpctypes.ErrAuthFailed
+	case errors.Is(err, auth.ErrInvalidAuthToken):
+		e = rpctypes.ErrInvalidAuthToken
+	case errors.Is(err, auth.ErrAuthOldRevision):
+		e = rpctypes.ErrAuthOldRevision
+	case errors.Is(err, auth.ErrUserEmpty):
+		e = rpctypes.ErrUserEmpty
+	}
 	switch {
 	case errors.Is(e, rpctypes.ErrAuthFailed):
 		return unauthenticated("etcd refused user %q: wrong user name or password", id.user)
@@ -307,11 +318,12 @@ type authViews struct {
 // viewIdle is how long an unused view stays open.
 const viewIdle = 5 * time.Minute
 
-// Failed authentications: at most maxFails per client address within
-// failWindow, then 429 until the window passes (each costs etcd a bcrypt
-// check).
+// Failed authentications: at most maxFails per client address and user
+// name within failWindow, then 429 until the window passes (each costs
+// etcd a bcrypt check, and guessing passwords must stay slow). Credentials
+// that already succeeded are served from the cache and never throttled.
 const (
-	maxFails   = 10
+	maxFails   = 20
 	failWindow = time.Minute
 )
 
@@ -355,18 +367,26 @@ func (v *authViews) failed(client string) {
 	}
 }
 
+// cached returns the open view of id, acquired, or nil.
+func (v *authViews) cached(id identity) *userView {
+	key := id.key(v.salt)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if uv, ok := v.views[key]; ok && !uv.closed {
+		uv.refs++
+		uv.lastUsed = time.Now()
+		return uv
+	}
+	return nil
+}
+
 // acquire returns the view of id, opening it if needed; release it when
 // the request ends.
 func (v *authViews) acquire(ctx context.Context, id identity) (*userView, error) {
 	key := id.key(v.salt)
-	v.mu.Lock()
-	if uv, ok := v.views[key]; ok && !uv.closed {
-		uv.refs++
-		uv.lastUsed = time.Now()
-		v.mu.Unlock()
+	if uv := v.cached(id); uv != nil {
 		return uv, nil
 	}
-	v.mu.Unlock()
 
 	st, id, err := v.auth.open(ctx, id)
 	if err != nil {

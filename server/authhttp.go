@@ -197,11 +197,14 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, required b
 	case !ok:
 		return authResult{enabled: true}, true
 	}
-	client := remoteHost(r)
+	if uv := st.views.cached(id); uv != nil {
+		return authResult{enabled: true, view: uv}, true
+	}
+	client := remoteHost(r) + " " + strconv.Quote(id.user)
 	if wait := st.views.throttled(client); wait > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(wait.Seconds()))))
 		writeErr(w, http.StatusTooManyRequests, "resource_exhausted",
-			fmt.Sprintf("too many failed authentications from %s: wait %d s", client, max(1, int(wait.Seconds()))))
+			fmt.Sprintf("too many failed authentications as %q from %s: wait %d s", id.user, remoteHost(r), max(1, int(wait.Seconds()))))
 		return authResult{}, false
 	}
 	uv, err := st.views.acquire(r.Context(), id)
@@ -514,10 +517,10 @@ func (s *Server) issueToken(w http.ResponseWriter, r *http.Request) {
 		writeUnauthorized(w, "send the etcd user's name and password with HTTP Basic authentication to get a token")
 		return
 	}
-	client := remoteHost(r)
+	client := remoteHost(r) + " " + strconv.Quote(id.user)
 	if wait := st.views.throttled(client); wait > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(wait.Seconds()))))
-		writeErr(w, http.StatusTooManyRequests, "resource_exhausted", "too many failed authentications: wait")
+		writeErr(w, http.StatusTooManyRequests, "resource_exhausted", fmt.Sprintf("too many failed authentications as %q: wait %d s", id.user, max(1, int(wait.Seconds()))))
 		return
 	}
 	tok, err := st.auth.token(r.Context(), id.user, id.password)
