@@ -444,9 +444,14 @@ func (v *authViews) evictLocked(n int) []*userView {
 
 func (v *authViews) release(uv *userView) {
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	uv.refs--
 	uv.lastUsed = time.Now()
+	// A view dropped while in use closes with its last request.
+	last := uv.closed && uv.refs == 0
+	v.mu.Unlock()
+	if last {
+		uv.close()
+	}
 }
 
 // drop closes the view of an identity whose credentials etcd no longer
@@ -490,7 +495,9 @@ func (v *authViews) closeAll() {
 	all := make([]*userView, 0, len(v.views))
 	for k, uv := range v.views {
 		uv.closed = true
-		all = append(all, uv)
+		if uv.refs == 0 {
+			all = append(all, uv)
+		}
 		delete(v.views, k)
 	}
 	v.mu.Unlock()
