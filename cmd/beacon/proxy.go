@@ -1,7 +1,6 @@
 package main
 
 import (
-	"crypto/tls"
 	"fmt"
 	"strconv"
 	"strings"
@@ -45,11 +44,11 @@ func (m msDuration) Type() string { return "duration" }
 
 func newProxyCmd() *cobra.Command {
 	var (
-		cfg                   proxy.Config
-		mode                  string
-		cacert, cert, key     string
-		listenCert, listenKey string
-		disc                  bootstrap.Config
+		cfg               proxy.Config
+		mode              string
+		cacert, cert, key string
+		listenTLS         *proxyListenTLS
+		disc              bootstrap.Config
 	)
 	cfg.FailureWait = proxy.DefaultFailureWait
 	cfg.RefreshInterval = proxy.DefaultRefreshInterval
@@ -106,12 +105,8 @@ ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
 				}
 				cfg.ClientTLS = tlsCfg
 			}
-			if listenCert != "" || listenKey != "" {
-				c, err := tls.LoadX509KeyPair(listenCert, listenKey)
-				if err != nil {
-					return fmt.Errorf("--listen-cert/--listen-key: %w", err)
-				}
-				cfg.ServerTLS = &tls.Config{Certificates: []tls.Certificate{c}, MinVersion: tls.VersionTLS12}
+			if err := listenTLS.apply(&cfg, logger); err != nil { // proxy_security.go
+				return err
 			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -157,8 +152,8 @@ ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
 	f.StringVar(&cacert, "cacert", envOr("ETCD_AUTH_CA", ""), "CA file to verify members' certificates (env ETCD_AUTH_CA)")
 	f.StringVar(&cert, "cert", envOr("ETCD_AUTH_CLIENT_CERT", ""), "client certificate for members (env ETCD_AUTH_CLIENT_CERT)")
 	f.StringVar(&key, "key", envOr("ETCD_AUTH_CLIENT_KEY", ""), "client key for members (env ETCD_AUTH_CLIENT_KEY)")
-	f.StringVar(&listenCert, "listen-cert", "", "serve clients over TLS with this certificate")
-	f.StringVar(&listenKey, "listen-key", "", "key of --listen-cert")
+	listenTLS = addProxyTLSFlags(cmd)
+	f.UintVar(&cfg.MaxRequestBytes, "max-request-bytes", proxy.DefaultMaxRequestBytes, "largest client request read (etcd's --max-request-bytes)")
 	return cmd
 }
 
