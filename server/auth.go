@@ -198,7 +198,7 @@ func (a *embeddedAuthority) open(ctx context.Context, id identity) (*etcdstore.S
 		return ownedStore(userClient(a.srv, fixedToken(id.token), lg)), id, nil
 	case methodCert:
 		if a.minter == nil {
-			return nil, id, unauthenticated("client certificate of %q accepted, but this server cannot act as an etcd user without a password: run it with --auth-token jwt,... (the default of --auth) or send Basic credentials", id.user)
+			return nil, id, unauthenticated("client certificate of %q accepted, but with etcd's simple tokens this server cannot act as a user without a password: run beacon serve with --auth-token jwt (one member) or jwt,pub-key=...,priv-key=...,sign-method=ES256 (the same files on every member), or send Basic credentials", id.user)
 		}
 		if _, err := a.srv.AuthStore().UserGet(&pb.AuthUserGetRequest{Name: id.user}); err != nil {
 			return nil, id, unauthenticated("the client certificate names %q, which is not an etcd user: add the user (etcdctl user add %s --no-password) or issue the certificate with another CN", id.user, id.user)

@@ -33,6 +33,7 @@ func TestAuthenticationMethods(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := authConfig(t)
+	cfg.Security.AuthToken = "jwt" // to act as a certificate's user
 	cfg.Security.HTTPTLS = TLSFiles{CertFile: p.server.Cert, KeyFile: p.server.Key, TrustedCAFile: p.ca.File}
 	s := startServer(t, cfg)
 	grant(t, rootClient(t, s), "alice", "alice-pw", "readwrite /services/team-a/", "readwrite /beacon-owners/team-a/")

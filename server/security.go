@@ -60,12 +60,14 @@ type Security struct {
 	// RootPassword is the root password itself; `beacon serve` takes it
 	// from the environment (BEACON_ROOT_PASSWORD), never from a flag.
 	RootPassword string
-	// AuthToken is etcd's --auth-token: "simple", or
-	// "jwt,pub-key=...,priv-key=...,sign-method=...,ttl=...". Empty with
-	// Auth means JWT with an ECDSA key pair generated in the data
-	// directory (DataDir/auth/), which lets the HTTP API act as the user
-	// named by a client certificate. A cluster of several members must
-	// give every member the same key files, as etcd requires.
+	// AuthToken is etcd's --auth-token: "simple" (etcd's default, and
+	// the default here), or "jwt,pub-key=...,priv-key=...,sign-method=...,ttl=...",
+	// or just "jwt": JWT with an ECDSA P-256 key pair generated once in
+	// the data directory (DataDir/auth/). With JWT and a private key the
+	// HTTP API can act as the etcd user a client certificate names (it has
+	// no password to authenticate with). Every member of a cluster must
+	// use the same token settings, and for JWT the same key files, as
+	// etcd requires: generated keys suit a single member.
 	AuthToken string
 	// BcryptCost is etcd's --bcrypt-cost, the cost of the password hashes
 	// of users created from now on; etcd's default (10) when zero.
@@ -152,6 +154,11 @@ func (s Security) validate(c Config) []error {
 	}
 	if s.AuthToken != "" {
 		typ, _, _ := strings.Cut(s.AuthToken, ",")
+		if s.AuthToken != "jwt" && typ == "jwt" {
+			if _, err := newJWTMinter(s.AuthToken); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		if typ != "simple" && typ != "jwt" {
 			errs = append(errs, fmt.Errorf("--auth-token %q: want simple, or jwt,pub-key=FILE,priv-key=FILE,sign-method=ES256 (etcd's format)", s.AuthToken))
 		}

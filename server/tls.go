@@ -58,13 +58,15 @@ func etcdTLSInfo(f TLSFiles) transport.TLSInfo {
 // and keys at each handshake; it loads CA files once), its auth token
 // provider and its Host whitelist.
 func (s *Server) applySecurity(ec *embed.Config) error {
-	if s.sec.Auth && s.sec.AuthToken == "" {
+	switch s.sec.AuthToken {
+	case "":
+	case "jwt":
 		tok, err := defaultJWTAuthToken(s.cfg.DataDir, s.sec.AuthTokenTTL)
 		if err != nil {
 			return err
 		}
 		s.authToken = tok
-	} else if s.sec.AuthToken != "" {
+	default:
 		s.authToken = s.sec.AuthToken
 	}
 	if s.sec.ClientTLS.CertFile != "" {

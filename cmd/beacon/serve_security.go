@@ -28,7 +28,7 @@ func addSecurityFlags(cmd *cobra.Command, s *server.Security) {
 	f.BoolVar(&s.Auth, "auth", false, "enable etcd authentication on the embedded cluster (root user created on first start) and authenticate every HTTP API request as its etcd user")
 	f.StringVar(&s.RootPasswordFile, "auth-root-password-file", "", "file holding the etcd root password for --auth (or set "+server.EnvRootPassword+"; never on the command line)")
 	s.RootPassword = os.Getenv(server.EnvRootPassword)
-	f.StringVar(&s.AuthToken, "auth-token", "", "etcd's --auth-token: simple, or jwt,pub-key=FILE,priv-key=FILE,sign-method=ES256[,ttl=5m] (default with --auth: jwt with a key pair generated in --data-dir/auth)")
+	f.StringVar(&s.AuthToken, "auth-token", "", "etcd's --auth-token: simple (default), jwt,pub-key=FILE,priv-key=FILE,sign-method=ES256[,ttl=5m] (the same files on every member), or jwt (a key pair generated in --data-dir/auth: one member); JWT lets the HTTP API accept client certificates as users")
 	f.Var(secondsFlag{&s.AuthTokenTTL}, "auth-token-ttl", "lifetime of an etcd auth token (seconds, or a duration such as 5m)")
 	f.UintVar(&s.BcryptCost, "bcrypt-cost", 0, "etcd's bcrypt cost for new password hashes (default 10)")
 	f.StringSliceVar(&s.HostWhitelist, "host-whitelist", nil, "host names the HTTP API answers to besides IP addresses, localhost and its own URLs (* for any); others get 421")
