@@ -48,10 +48,12 @@ func (r Row) Met() bool {
 
 // Report is the result of one scenario.
 type Report struct {
-	Scenario string   `json:"scenario"`
-	Setup    string   `json:"setup"`
-	Rows     []Row    `json:"rows"`
-	Notes    []string `json:"notes,omitempty"`
+	Scenario string `json:"scenario"`
+	Setup    string `json:"setup"`
+	// BaselineName heads the baseline column; "raw etcd" when empty.
+	BaselineName string   `json:"baseline_name,omitempty"`
+	Rows         []Row    `json:"rows"`
+	Notes        []string `json:"notes,omitempty"`
 }
 
 // Add appends a row.
@@ -69,7 +71,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "%s\n", r.Setup)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "metric\tunit\tbeacon\traw etcd\tratio\tgoal\t")
+	baseline := r.BaselineName
+	if baseline == "" {
+		baseline = "raw etcd"
+	}
+	fmt.Fprintf(tw, "metric\tunit\tbeacon\t%s\tratio\tgoal\t\n", baseline)
 	for _, row := range r.Rows {
 		goal := "-"
 		if row.Goal != 0 {

@@ -55,6 +55,7 @@ type Server struct {
 	wg        sync.WaitGroup
 	errc      chan error
 	boot      bootstrapState // discovery fallback proxy (discovery.go)
+	dns       dnsState       // DNS interface (dns.go)
 	closeOnce sync.Once
 	closeErr  error
 	security  // TLS, authentication, limits (tls.go, auth*.go, limits.go)
@@ -111,6 +112,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 	s.httpLn = ln
+	if err := s.listenDNS(); err != nil { // dns.go
+		return err
+	}
 	s.serveEarly()
 
 	switch {
@@ -138,7 +142,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 	s.logSecurityWarnings()
-	return nil
+	return s.startDNS()
 }
 
 // Run starts the server, serves until ctx is done or a component fails,
@@ -184,6 +188,7 @@ func (s *Server) Close() error {
 		} else if ln != nil {
 			_ = ln.Close()
 		}
+		s.closeDNS()
 		s.boot.close()
 		s.closeSecurity()
 		if s.v2 != nil {
@@ -282,6 +287,9 @@ func (s *Server) Banner() string {
 		fmt.Fprintf(&b, "  data dir      %s\n", ep.DataDir)
 	}
 	fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
+	if a := s.DNSAddr(); a != "" && s.dns.srv != nil {
+		fmt.Fprintf(&b, "  DNS           %s udp+tcp, zone %s   (dig @%s -p %s SRV <endpoint>.<component>.<namespace>.%s)\n", a, s.dns.srv.Domain(), hostOf(a), portOf(a), s.dns.srv.Domain())
+	}
 	for _, w := range s.securityWarnings() {
 		fmt.Fprintf(&b, "  WARNING       %s\n", w)
 	}
