@@ -47,7 +47,7 @@ func TestSecureServeEndToEnd(t *testing.T) {
 	serve := startBeacon(t, dir, nil, "serve", "--data-dir", "data", "--listen-client-urls", client, "--listen-peer-urls", peer,
 		"--http-addr", httpAddr, "--auth", "--auth-root-password-file", pwFile, "--bcrypt-cost", "4",
 		"--cert-file", srvLeaf.Cert, "--key-file", srvLeaf.Key, "--trusted-ca-file", ca.File, "--client-cert-auth",
-		"--http-cert-file", srvLeaf.Cert, "--http-key-file", srvLeaf.Key)
+		"--http-cert-file", srvLeaf.Cert, "--http-key-file", srvLeaf.Key, "--dns-addr=")
 	serve.waitLine(t, "beacon serve is ready", 60*time.Second)
 	if strings.Contains(serve.out(), "WARNING") {
 		t.Fatalf("a loopback, TLS, auth configuration prints warnings:\n%s", serve.out())
@@ -131,7 +131,7 @@ func TestServeWarnsOffLoopback(t *testing.T) {
 	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
 	_, port, _ := strings.Cut(strings.TrimPrefix(httpURL, "http://"), ":")
 	b := startBeacon(t, t.TempDir(), nil, "serve", "--data-dir", "data", "--listen-client-urls", client, "--listen-peer-urls", peer,
-		"--http-addr", "0.0.0.0:"+port)
+		"--http-addr", "0.0.0.0:"+port, "--dns-addr=")
 	b.waitLine(t, "beacon serve is ready", 60*time.Second)
 	b.waitLine(t, "WARNING", 10*time.Second)
 	deadline := time.Now().Add(10 * time.Second)
