@@ -51,6 +51,27 @@ func waitLog(t *testing.T, logs *syncBuffer, want string) {
 	}
 }
 
+// waitLogLine waits until one line of the log holds every string of want.
+func waitLogLine(t *testing.T, logs *syncBuffer, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			all := true
+			for _, w := range want {
+				all = all && strings.Contains(line, w)
+			}
+			if all {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server logged no line with %q; log:\n%s", want, logs.String())
+		}
+		pollPause()
+	}
+}
+
 // pollPause is one step of a loop that waits, with a deadline, for
 // something the server does on its own schedule (a log line, a reload).
 func pollPause() {
@@ -228,7 +249,7 @@ func TestTLSListeners(t *testing.T) {
 				t.Errorf("%s: client error %q does not say %q", c.name, err, c.client)
 			}
 			if c.serverLogs != "" {
-				waitLog(t, logs, c.serverLogs)
+				waitLogLine(t, logs, "rejected connection on client endpoint", c.serverLogs)
 			}
 		}
 		// Beacon's etcd store names the problem instead of timing out.
@@ -246,6 +267,39 @@ func TestTLSListeners(t *testing.T) {
 		}
 		if err := etcdGet(t, "http://"+etcdAddr, nil); err == nil {
 			t.Error("plain gRPC to etcd's TLS port succeeded")
+		}
+	})
+
+	t.Run("etcd peer listener", func(t *testing.T) {
+		peerAddr := strings.TrimPrefix(ep.PeerURLs[0], "https://")
+		if err := handshake(peerAddr, tlsClient(t, p.ca.File, &p.client, "")); err != nil {
+			t.Fatalf("mutual TLS to the peer port with the right certificates: %v", err)
+		}
+		for _, c := range []struct {
+			name, client, serverLogs string
+			cfg                      *tls.Config
+		}{
+			{"untrusted server CA", "certificate signed by unknown authority", "", tlsClient(t, p.other.File, &p.client, "")},
+			{"peer certificate from another CA", "tls:", "unknown authority", tlsClient(t, p.ca.File, &p.stranger, "")},
+			{"expired peer certificate", "tls:", "expired", tlsClient(t, p.ca.File, &p.expired, "")},
+			{"no peer certificate", "tls:", "didn't provide a certificate", tlsClient(t, p.ca.File, nil, "")},
+			{"wrong server name", "not peer.example.com", "", tlsClient(t, p.ca.File, &p.client, "peer.example.com")},
+		} {
+			err := handshake(peerAddr, c.cfg)
+			if err == nil || !strings.Contains(err.Error(), c.client) {
+				t.Errorf("%s: %v, want an error saying %q", c.name, err, c.client)
+			}
+			if c.serverLogs != "" {
+				waitLogLine(t, logs, "rejected connection on peer endpoint", c.serverLogs)
+			}
+		}
+		resp, err := http.Get("http://" + peerAddr + "/members")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("plain HTTP to the TLS peer port: %d %s", resp.StatusCode, b)
+			}
 		}
 	})
 
