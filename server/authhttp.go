@@ -58,10 +58,14 @@ func (s *Server) setupAuth() error {
 			return err
 		}
 		a = &embeddedAuthority{srv: s.etcd.Server, minter: m, log: s.log}
-	case s.cfg.Backend.BackendName() == "etcd" && s.etcdClient() != nil && s.cfg.Store == nil && s.fallbackProxy() == nil:
+	case s.cfg.Backend.BackendName() == "etcd" && s.etcdClient() != nil && s.cfg.Store == nil:
 		cfg := s.cfg.Backend.Etcd
 		if len(s.cfg.EtcdEndpoints) > 0 {
 			cfg.Endpoints = s.cfg.EtcdEndpoints
+		}
+		if s.fallbackProxy() != nil {
+			// The cluster through the discovery fallback proxy.
+			cfg = s.fallbackStore
 		}
 		cfg.Username, cfg.Password, cfg.Configure = "", "", nil
 		var m *jwtMinter

@@ -217,6 +217,10 @@ func (s *Server) startFallbackProxy(ctx context.Context, lg *slog.Logger) error 
 	if reg, ok := s.reg.(*prometheus.Registry); ok {
 		pcfg.Registry = reg
 	}
+	scheme, scfg, err := s.fallbackSecurity(&pcfg) // tls.go
+	if err != nil {
+		return fmt.Errorf("discovery fallback proxy: %w", err)
+	}
 	p, err := proxy.New(pcfg)
 	if err != nil {
 		return fmt.Errorf("discovery fallback proxy: %w", err)
@@ -247,8 +251,10 @@ func (s *Server) startFallbackProxy(ctx context.Context, lg *slog.Logger) error 
 	case <-ctx.Done():
 		return fmt.Errorf("discovery fallback proxy not ready: %w", context.Cause(ctx))
 	}
-	addr := "http://" + p.Addr().String()
-	st, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: []string{addr}, Logger: s.log})
+	addr := scheme + "://" + p.Addr().String()
+	scfg.Endpoints = []string{addr}
+	s.fallbackStore = scfg
+	st, err := etcdstore.New(ctx, scfg)
 	if err != nil {
 		return fmt.Errorf("discovery fallback proxy: reach the cluster through %s: %w", addr, err)
 	}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/tlsfiles"
+	"github.com/beaconplane/beacon/proxy"
+	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
@@ -17,6 +19,9 @@ type security struct {
 	authToken string             // the embedded etcd's --auth-token, resolved
 	hosts     map[string]bool    // Host names the HTTP API answers to
 	httpTLS   *tlsfiles.Reloader // nil: plain HTTP
+	// fallbackStore reaches the cluster through the discovery fallback
+	// proxy (set when the server became one).
+	fallbackStore etcdstore.Config
 }
 
 // initSecurity resolves the security settings; New calls it.
@@ -86,4 +91,31 @@ func (s *Server) applySecurity(ec *embed.Config) error {
 		ec.HostWhitelist = wl
 	}
 	return nil
+}
+
+// fallbackSecurity secures the discovery fallback proxy as the member's
+// client listener would have been: it serves TLS with --cert-file
+// (verifying clients against --trusted-ca-file, required with
+// --client-cert-auth), reaches the cluster's members with the same files,
+// and the server reaches it over TLS, with its own credentials when the
+// cluster has auth on. It returns the configuration of the server's store
+// in front of the proxy (without endpoints).
+func (s *Server) fallbackSecurity(pcfg *proxy.Config) (scheme string, st etcdstore.Config, err error) {
+	user, pw, err := s.selfCredentials()
+	if err != nil {
+		return "", st, err
+	}
+	st = etcdstore.Config{Username: user, Password: pw, Logger: s.log}
+	f := s.sec.ClientTLS
+	if f.CertFile == "" {
+		return "http", st, nil
+	}
+	r, err := tlsfiles.NewReloader(f, s.log.With("component", "fallback-proxy-tls"))
+	if err != nil {
+		return "", st, err
+	}
+	pcfg.ServerTLS = r.ServerConfig("h2", "http/1.1")
+	pcfg.ClientTLS = r.ClientConfig("")
+	st.CA, st.ClientCert, st.ClientKey = f.TrustedCAFile, f.CertFile, f.KeyFile
+	return "https", st, nil
 }

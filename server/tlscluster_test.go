@@ -16,7 +16,8 @@ import (
 // mutual TLS: the discovery client, the members' peer links and their
 // client listeners; and with etcd authentication, which the members enable
 // concurrently. The cluster forms, replicates, and serves its HTTP API as
-// the authenticated user on every member.
+// the authenticated user on every member; a late node serves as a TLS
+// proxy of the full cluster.
 func TestTLSClusterThroughDiscoveryToken(t *testing.T) {
 	p := newPKI(t)
 	files := TLSFiles{CertFile: p.server.Cert, KeyFile: p.server.Key, TrustedCAFile: p.ca.File, ClientCertAuth: true}
@@ -89,5 +90,31 @@ func TestTLSClusterThroughDiscoveryToken(t *testing.T) {
 	kv, err := servers[2].Store().Get(ctx, "/services/hello")
 	if err != nil || string(kv.Value) != "cluster" {
 		t.Fatalf("read on the third member: %q, %v", kv.Value, err)
+	}
+
+	// A late node falls back to a proxy of the full cluster: it serves
+	// TLS where its members' clients would connect, reaches the members
+	// over TLS, and its HTTP API still requires credentials.
+	late := secure(discoveryConfig(t, "t4", created))
+	late.Discovery.CertFile, late.Discovery.KeyFile, late.Discovery.CACertFile = p.client.Cert, p.client.Key, p.ca.File
+	late.Discovery.Fallback = FallbackProxy
+	late.Security.Auth, late.Security.RootPassword = true, rootPassword
+	px := startServer(t, late)
+	pcli, err := clientv3.New(clientv3.Config{Endpoints: late.ListenClientURLs, TLS: tlsCfg, Username: "root", Password: rootPassword, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatalf("TLS client of the fallback proxy: %v", err)
+	}
+	defer pcli.Close()
+	if got, err := pcli.Get(ctx, "/services/hello"); err != nil || len(got.Kvs) != 1 {
+		t.Fatalf("read through the fallback proxy: %v, %v", got, err)
+	}
+	if code, body := get(t, px.Endpoints().HTTP+"/readyz"); code != 200 {
+		t.Fatalf("fallback /readyz: %d %s", code, body)
+	}
+	if r := (as{t: t, base: px.Endpoints().HTTP}).do("GET", "/v1/registry/instances", ""); r.code != 401 {
+		t.Fatalf("fallback HTTP API without credentials: %d %s", r.code, r.body)
+	}
+	if r := (as{t: t, base: px.Endpoints().HTTP, auth: basic("root", rootPassword)}).do("GET", "/v1/registry/instances", ""); r.code != 200 {
+		t.Fatalf("fallback HTTP API as root: %d %s", r.code, r.body)
 	}
 }
