@@ -82,14 +82,13 @@ func (s *Server) setupAuth() error {
 	}
 	rcfg := s.cfg.Registry
 	rcfg.Logger = s.log
-	s.secState.auth = a
-	s.secState.views = newAuthViews(a, rcfg, s.sec.MaxAuthClients, s.log.With("component", "auth"))
+	st := &securityState{auth: a, views: newAuthViews(a, rcfg, s.sec.MaxAuthClients, s.log.With("component", "auth"))}
 	ctx, cancel := context.WithCancel(context.Background())
-	s.secState.stop, s.secState.done = cancel, make(chan struct{})
+	st.stop, st.done = cancel, make(chan struct{})
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		defer close(s.secState.done)
+		defer close(st.done)
 		t := time.NewTicker(time.Minute)
 		defer t.Stop()
 		for {
@@ -97,22 +96,33 @@ func (s *Server) setupAuth() error {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				s.secState.views.sweep()
+				st.views.sweep()
 			}
 		}
 	}()
+	// Requests served while the server starts read it concurrently.
+	s.secState.Store(st)
 	return nil
+}
+
+// state returns the security layer's state; empty before setupAuth (and
+// for backends without users).
+func (s *Server) state() *securityState {
+	if st := s.secState.Load(); st != nil {
+		return st
+	}
+	return &securityState{}
 }
 
 // closeSecurity closes every user view.
 func (s *Server) closeSecurity() {
-	if s.secState.stop != nil {
-		s.secState.stop()
-		<-s.secState.done
+	st := s.secState.Load()
+	if st == nil {
+		return
 	}
-	if s.secState.views != nil {
-		s.secState.views.closeAll()
-	}
+	st.stop()
+	<-st.done
+	st.views.closeAll()
 }
 
 // registryOptions are the registry API's options for authentication and
@@ -178,7 +188,7 @@ type authResult struct {
 // without credentials it returns no view and leaves the refusal to the
 // caller (whoami answers it).
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, required bool) (authResult, bool) {
-	st := s.secState
+	st := s.state()
 	if st.auth == nil {
 		return authResult{}, true
 	}
@@ -273,9 +283,9 @@ func (s *Server) requireAuth(next http.Handler) http.Handler {
 			if sw.code == http.StatusUnauthorized {
 				// etcd no longer accepts the view's credentials (a
 				// changed password, an expired token): drop it.
-				s.secState.views.drop(res.view)
+				s.state().views.drop(res.view)
 			}
-			s.secState.views.release(res.view)
+			s.state().views.release(res.view)
 		}()
 		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), viewKey{}, res.view)))
 	})
@@ -431,7 +441,7 @@ func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
 		writeJSONResp(w, http.StatusOK, out)
 		return
 	}
-	defer s.secState.views.release(uv)
+	defer s.state().views.release(uv)
 	ctx := r.Context()
 	out.Authenticated, out.User, out.Method = true, uv.id.user, uv.id.method
 	ks := uv.reg.Keyspace()
@@ -498,7 +508,7 @@ type TokenResponse struct {
 // issueToken exchanges Basic credentials for an etcd token, so that a
 // browser keeps a token instead of a password.
 func (s *Server) issueToken(w http.ResponseWriter, r *http.Request) {
-	st := s.secState
+	st := s.state()
 	if st.auth == nil {
 		writeErr(w, http.StatusNotImplemented, "not_implemented", "this server's backend has no users: tokens exist only with etcd authentication")
 		return

@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/tls"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/tlsfiles"
@@ -15,7 +16,7 @@ import (
 // security is the state of the security layer inside a Server.
 type security struct {
 	sec       Security // with defaults
-	secState  securityState
+	secState  atomic.Pointer[securityState] // set once etcd is up (setupAuth)
 	authToken string             // the embedded etcd's --auth-token, resolved
 	hosts     map[string]bool    // Host names the HTTP API answers to
 	httpTLS   *tlsfiles.Reloader // nil: plain HTTP

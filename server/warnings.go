@@ -53,12 +53,13 @@ func (s *Server) securityWarnings() []string {
 
 // authEnforced reports whether etcd authentication is on for the HTTP API.
 func (s *Server) authEnforced() bool {
-	if s.secState.auth == nil {
+	a := s.state().auth
+	if a == nil {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	on, _ := s.secState.auth.enabled(ctx)
+	on, _ := a.enabled(ctx)
 	return on
 }
 
