@@ -113,12 +113,23 @@ func (s *Server) hostAllowed(hostport string) bool {
 	return s.hosts[host]
 }
 
-// etcdHostWhitelist is the embedded etcd's --host-whitelist (it checks
-// plain-HTTP requests to its gateway): the same names, plus IP addresses
-// etcd cannot match by pattern, so nil (allow all) when "*" is given.
+// etcdHostWhitelist is the embedded etcd's --host-whitelist, which etcd
+// checks on plain-HTTP requests to its JSON gateway (/v3/kv/..., reachable
+// from a browser page through DNS rebinding): the server's names and the
+// listen and advertised hosts. etcd matches exact names, not "any IP
+// address", so without --host-whitelist it is set only when every client
+// listener is on loopback (clients then name a loopback address or
+// localhost); nil means etcd's default, allow all.
 func (s *Server) etcdHostWhitelist() map[string]struct{} {
-	if s.hosts["*"] || len(s.sec.HostWhitelist) == 0 {
+	if s.hosts["*"] {
 		return nil
+	}
+	if len(s.sec.HostWhitelist) == 0 {
+		for _, raw := range s.cfg.ListenClientURLs {
+			if u, err := url.Parse(raw); err != nil || !isLoopback(u.Hostname()) {
+				return nil
+			}
+		}
 	}
 	out := map[string]struct{}{"127.0.0.1": {}, "::1": {}}
 	for h := range s.hosts {

@@ -52,6 +52,27 @@ func TestHostCheck(t *testing.T) {
 			t.Errorf("Host %q: the refusal does not say how to allow it: %s", host, b)
 		}
 	}
+	// The embedded etcd's JSON gateway (plain HTTP) gets the same names.
+	etcdAddr := strings.TrimPrefix(s.Endpoints().ClientURLs[0], "http://")
+	_, etcdPort, _ := net.SplitHostPort(etcdAddr)
+	for host, want := range map[string]int{
+		"attacker.example:" + etcdPort: http.StatusMisdirectedRequest,
+		"localhost:" + etcdPort:        200,
+		"127.0.0.1:" + etcdPort:        200,
+		"beacon.internal:" + etcdPort:  200,
+	} {
+		req, _ := http.NewRequest("POST", "http://"+etcdAddr+"/v3/kv/range", strings.NewReader(`{"key":"YQ=="}`))
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("etcd gateway with Host %q: %d %s; want %d", host, resp.StatusCode, b, want)
+		}
+	}
 }
 
 // TestBoundedRequests: bodies over the limit are refused, a client that
@@ -144,5 +165,25 @@ func TestBoundedRequests(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no event on the watch stream")
+	}
+}
+
+// TestEtcdGatewayRefusesRebindingByDefault: with every client listener on
+// loopback (the default), the embedded etcd's JSON gateway answers only
+// loopback names, without any flag.
+func TestEtcdGatewayRefusesRebindingByDefault(t *testing.T) {
+	s := startServer(t, testConfig(t))
+	etcdAddr := strings.TrimPrefix(s.Endpoints().ClientURLs[0], "http://")
+	for host, want := range map[string]int{"attacker.example": http.StatusMisdirectedRequest, "localhost": 200, etcdAddr: 200} {
+		req, _ := http.NewRequest("POST", "http://"+etcdAddr+"/v3/kv/range", strings.NewReader(`{"key":"YQ=="}`))
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %q: %d, want %d", host, resp.StatusCode, want)
+		}
 	}
 }
