@@ -15,11 +15,11 @@ import (
 
 // security is the state of the security layer inside a Server.
 type security struct {
-	sec       Security // with defaults
+	sec       Security                      // with defaults
 	secState  atomic.Pointer[securityState] // set once etcd is up (setupAuth)
-	authToken string             // the embedded etcd's --auth-token, resolved
-	hosts     map[string]bool    // Host names the HTTP API answers to
-	httpTLS   *tlsfiles.Reloader // nil: plain HTTP
+	authToken string                        // the embedded etcd's --auth-token, resolved
+	hosts     map[string]bool               // Host names the HTTP API answers to
+	httpTLS   *tlsfiles.Reloader            // nil: plain HTTP
 	// fallbackStore reaches the cluster through the discovery fallback
 	// proxy (set when the server became one).
 	fallbackStore etcdstore.Config
