@@ -85,18 +85,20 @@ var openAPI []byte
 // mountAPIs adds the capability APIs that need the store: the registry
 // API, the OpenAPI document, and the bootstrap APIs (discovery.go).
 func (s *Server) mountAPIs(mux *http.ServeMux) error {
-	rcfg := s.cfg.Registry
-	rcfg.Logger, rcfg.Metrics = s.log, s.reg
-	reg, err := registry.New(s.store, rcfg)
-	if err != nil {
-		return fmt.Errorf("registry: %w", err)
+	if s.registry == nil {
+		rcfg := s.cfg.Registry
+		rcfg.Logger, rcfg.Metrics = s.log, s.reg
+		reg, err := registry.New(s.store, rcfg)
+		if err != nil {
+			return fmt.Errorf("registry: %w", err)
+		}
+		s.registry = reg
 	}
-	s.registry = reg
-	if err := s.setupAuth(); err != nil {
+	if err := s.setupAuth(); err != nil { // authhttp.go
 		return err
 	}
 	s.mountAuth(mux)
-	api, err := registryapi.New(reg, s.registryOptions(registryapi.Options{Logger: s.log, Metrics: s.reg}))
+	api, err := registryapi.New(s.registry, s.registryOptions(registryapi.Options{Logger: s.log, Metrics: s.reg}))
 	if err != nil {
 		return fmt.Errorf("registry API: %w", err)
 	}
@@ -111,6 +113,10 @@ func (s *Server) mountAPIs(mux *http.ServeMux) error {
 		tokens := s.guardTokens(bootstrap.NewHandler(cli, s.clientEndpoints(), s.log))
 		mux.Handle(bootstrap.TokenPath, tokens)
 		mux.Handle(bootstrap.TokenPath+"/", tokens)
+	}
+	if s.store == nil {
+		mountWithoutStore(mux) // registrybackend.go
+		return nil
 	}
 	base := s.cfg.V2BaseURL
 	if base == "" {
@@ -180,7 +186,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
-	if err := s.probeStore(ctx); err != nil {
+	if s.store == nil {
+		s.registryReadiness(ctx, &res) // registrybackend.go
+	} else if err := s.probeStore(ctx); err != nil {
 		res.Checks["store"] = err.Error()
 		res.Status = "unavailable"
 	} else {

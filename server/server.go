@@ -47,7 +47,7 @@ type Server struct {
 	store     store.Store
 	ownsStore bool
 	httpLn    net.Listener
-	registry  *registry.StoreRegistry
+	registry  registry.Registry
 	v2        *v2.Service
 	httpSrv   *http.Server
 	handler   atomic.Pointer[http.Handler] // what httpSrv serves: early, then full
@@ -122,6 +122,10 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		s.store = s.cfg.Store
 	case s.cfg.embedded():
 		if err := s.startMember(ctx); err != nil { // discovery.go
+			return err
+		}
+	case s.cfg.Backend.IsRegistry():
+		if err := s.openRegistryBackend(ctx); err != nil { // registrybackend.go
 			return err
 		}
 	default:
@@ -216,10 +220,14 @@ func (s *Server) Close() error {
 	return s.closeErr
 }
 
-// Registry returns the registry behind the HTTP API (nil before Start).
-func (s *Server) Registry() *registry.StoreRegistry { return s.registry }
+// Registry returns the registry behind the HTTP API (nil before Start): a
+// *registry.StoreRegistry over the store, or the registry of a registry
+// backend (kubernetes). Build on its narrow interfaces
+// (registry.Discoverer); optional capabilities are found by type assertion.
+func (s *Server) Registry() registry.Registry { return s.registry }
 
-// Store returns the store behind the API (nil before Start).
+// Store returns the store behind the API (nil before Start, and for a
+// registry backend such as kubernetes, which has none).
 func (s *Server) Store() store.Store { return s.store }
 
 // EtcdClient returns an in-process client of the embedded etcd (nil when

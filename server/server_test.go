@@ -261,7 +261,7 @@ func TestValidate(t *testing.T) {
 		{"name", Config{Name: "a b"}, "--name"},
 		{"http addr", Config{HTTPAddr: "9379"}, "--http-addr"},
 		{"backend", Config{Backend: backend.Config{Name: "zookeeper"}}, "unknown"},
-		{"kubernetes", Config{Backend: backend.Config{Name: "kubernetes"}}, "not part of this build"},
+		{"kubernetes", Config{Backend: backend.Config{Name: "kubernetes"}}, "not linked into this program"},
 		{"endpoints with memory", Config{EtcdEndpoints: []string{"http://h:2379"}, Backend: backend.Config{Name: "memory"}}, "choose one"},
 	}
 	for _, tt := range tests {

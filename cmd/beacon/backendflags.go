@@ -18,6 +18,9 @@ type backendFlags struct {
 	cacert    string
 	cert      string
 	key       string
+
+	kubeconfig     string   // backend_kube.go
+	kubeNamespaces []string // backend_kube.go
 }
 
 // addBackendFlags registers the flags on cmd. Defaults come from the
@@ -28,7 +31,7 @@ func addBackendFlags(cmd *cobra.Command, prefix string) *backendFlags {
 	b := &backendFlags{prefix: prefix}
 	f := cmd.Flags()
 	if prefix == "" {
-		f.StringVar(&b.backend, "backend", env.BackendName(), "store backend: etcd, memory, file or nats (env "+backend.EnvVar+")")
+		f.StringVar(&b.backend, "backend", env.BackendName(), "backend: etcd, memory, file, nats or kubernetes (env "+backend.EnvVar+")")
 		f.StringSliceVar(&b.endpoints, "endpoints", env.Etcd.Endpoints, "etcd endpoints (env ETCD_ENDPOINTS)")
 	}
 	f.StringVar(&b.user, prefix+"user", env.Etcd.Username, "etcd user name (env ETCD_AUTH_USERNAME)")
@@ -51,5 +54,6 @@ func (b *backendFlags) config() backend.Config {
 	}
 	cfg.Etcd.Username, cfg.Etcd.Password = b.user, b.password
 	cfg.Etcd.CA, cfg.Etcd.ClientCert, cfg.Etcd.ClientKey = b.cacert, b.cert, b.key
+	cfg.DriverEnv = b.kubeEnv()
 	return cfg
 }

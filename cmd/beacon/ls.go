@@ -43,11 +43,10 @@ the store revision of the listing and the instances (the stored value format).
 				}
 			}
 			ctx := cmd.Context()
-			st, r, err := conn.open(ctx, registry.Config{})
+			r, err := conn.open(ctx, registry.Config{})
 			if err != nil {
 				return err
 			}
-			defer st.Close()
 			defer r.Close()
 			rctx, cancel := conn.requestCtx(ctx)
 			defer cancel()

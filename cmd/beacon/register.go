@@ -26,7 +26,9 @@ http://localhost:2379) and, if needed, --user/--password or
 ETCD_AUTH_USERNAME/ETCD_AUTH_PASSWORD and --cacert/--cert/--key or
 ETCD_AUTH_CA/ETCD_AUTH_CLIENT_CERT/ETCD_AUTH_CLIENT_KEY. --backend or
 BEACON_DISCOVERY_BACKEND picks another store (memory is process-local: useful
-for trying the commands, not for sharing). Flags win over variables.`
+for trying the commands, not for sharing). Flags win over variables.
+
+` + kubeEnvHelp
 
 // registryConn holds the flags that reach the registry.
 type registryConn struct {
@@ -37,39 +39,35 @@ type registryConn struct {
 
 func addRegistryConnFlags(cmd *cobra.Command) *registryConn {
 	c := &registryConn{flags: addBackendFlags(cmd, "")}
+	addKubeFlags(cmd, c.flags)
 	f := cmd.Flags()
 	f.StringVar(&c.root, "root", "", `keyspace root: keys live under <root>/services/ (e.g. "/beacon")`)
 	f.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on connecting to the store and on each request")
 	return c
 }
 
-// open opens the store and a registry over it. The caller closes both,
-// the registry first.
-func (c *registryConn) open(ctx context.Context, cfg registry.Config) (store.Store, *registry.StoreRegistry, error) {
+// open opens the registry of the chosen backend (over its store, or a
+// registry backend such as kubernetes). Closing it closes the store too.
+func (c *registryConn) open(ctx context.Context, cfg registry.Config) (registry.Registry, error) {
 	if c.timeout <= 0 {
-		return nil, nil, fmt.Errorf("--timeout %v: must be positive", c.timeout)
+		return nil, fmt.Errorf("--timeout %v: must be positive", c.timeout)
 	}
 	cfg.Root = c.root
 	if err := cfg.Validate(); err != nil {
-		return nil, nil, fmt.Errorf("--root %q: %w", c.root, err)
+		return nil, fmt.Errorf("--root %q: %w", c.root, err)
 	}
 	bcfg := c.flags.config()
 	bcfg.Etcd.DialTimeout, bcfg.Etcd.RequestTimeout = c.timeout, c.timeout
 	if err := bcfg.Validate(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	dctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	st, err := backend.Open(dctx, bcfg)
+	r, err := backend.OpenRegistry(dctx, bcfg, cfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("open %s backend: %w", bcfg.BackendName(), err)
+		return nil, fmt.Errorf("open %s backend: %w", bcfg.BackendName(), err)
 	}
-	r, err := registry.New(st, cfg)
-	if err != nil {
-		_ = st.Close()
-		return nil, nil, err
-	}
-	return st, r, nil
+	return r, nil
 }
 
 func (c *registryConn) requestCtx(parent context.Context) (context.Context, context.CancelFunc) {
@@ -182,11 +180,13 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 				return err
 			}
 			ctx := cmd.Context()
-			st, r, err := conn.open(ctx, registry.Config{LeaseTTL: lease, Logger: logger})
+			if cmd.Flags().Changed("ttl") && conn.flags.config().BackendName() == backend.Kubernetes {
+				return fmt.Errorf("--ttl: the kubernetes backend has no lease (an instance is live while its pod is Ready)")
+			}
+			r, err := conn.open(ctx, registry.Config{LeaseTTL: lease, Logger: logger})
 			if err != nil {
 				return err
 			}
-			defer st.Close()
 			defer r.Close()
 			return runRegister(ctx, cmd.OutOrStdout(), conn, r, in, drain, output == "json")
 		},
@@ -215,7 +215,13 @@ type registerLine struct {
 	Conflicts []string         `json:"conflicts,omitempty"`
 }
 
-func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *registry.StoreRegistry, in beacon.Instance, drain time.Duration, asJSON bool) error {
+// leased is what a registry with a session lease (a store registry) adds.
+type leased interface {
+	Lease() store.LeaseID
+	LeaseTTL() time.Duration
+}
+
+func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r registry.Registry, in beacon.Instance, drain time.Duration, asJSON bool) error {
 	emit := func(l registerLine, text string) {
 		if asJSON {
 			_ = json.NewEncoder(out).Encode(l)
@@ -230,12 +236,32 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *regi
 		return err
 	}
 	got := reg.Instance()
-	lease := fmt.Sprintf("%x", r.Lease())
-	emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: r.LeaseTTL().String()},
-		fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), got.Address, lease, r.LeaseTTL()))
+	bound := conn.timeout // bound on deregistering
+	if l, ok := r.(leased); ok {
+		lease := fmt.Sprintf("%x", l.Lease())
+		bound = l.LeaseTTL()
+		emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: l.LeaseTTL().String()},
+			fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), got.Address, lease, l.LeaseTTL()))
+	} else {
+		emit(registerLine{Event: "registered", Instance: &got},
+			fmt.Sprintf("registered %s at %s; Ctrl-C deregisters", got.Ref(), got.Address))
+	}
+	var states <-chan registry.StateChange
+	if sr, ok := r.(registry.SessionReporter); ok {
+		states = sr.States()
+	}
+	vctx, stopVisibility := context.WithCancel(ctx)
+	defer stopVisibility()
+	visibility := checkVisibility(vctx, r) // backend_kube.go
 	for {
 		select {
-		case c, ok := <-r.States():
+		case l := <-visibility:
+			text := "visible to watchers now"
+			if l.Error != "" {
+				text = l.Error
+			}
+			emit(l, text)
+		case c, ok := <-states:
 			if !ok {
 				return nil
 			}
@@ -258,7 +284,7 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *regi
 			emit(l, text)
 		case <-ctx.Done():
 			// Deregister with a fresh, bounded context: ctx is done.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain+r.LeaseTTL())
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain+bound)
 			defer cancel()
 			var err error
 			if drain > 0 {
@@ -268,7 +294,10 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *regi
 				err = reg.Close()
 			}
 			if err != nil {
-				return fmt.Errorf("deregister %s: %w (its lease expires within %v anyway)", got.Ref(), err, r.LeaseTTL())
+				if _, ok := r.(leased); !ok {
+					return fmt.Errorf("deregister %s: %w", got.Ref(), err)
+				}
+				return fmt.Errorf("deregister %s: %w (its lease expires within %v anyway)", got.Ref(), err, bound)
 			}
 			emit(registerLine{Event: "deregistered", Instance: &got}, fmt.Sprintf("deregistered %s", got.Ref()))
 			return nil

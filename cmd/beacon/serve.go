@@ -29,7 +29,10 @@ TCP) answering for every registered instance (docs/dns.md).
 With --etcd-endpoints it runs no etcd and fronts an external cluster instead
 (credentials from ETCD_AUTH_* or the --etcd-* flags). With
 BEACON_DISCOVERY_BACKEND=memory|file|nats (or --backend) the HTTP API runs on
-that backend without etcd.
+that backend without etcd. With --backend kubernetes it serves the instances
+of InstanceSet custom resources whose pods are Ready (lists and watches;
+registration over HTTP is refused: register from the pods), see
+docs/kubernetes.md and --kubeconfig, --kube-namespaces.
 
 It stops gracefully on SIGINT or SIGTERM.
 
@@ -85,6 +88,7 @@ BEACON_LOG_LEVEL.`,
 	addDiscoveryFlags(cmd, &cfg.Discovery) // serve_discovery.go
 	addSecurityFlags(cmd, &cfg.Security)   // serve_security.go
 	addDNSFlags(cmd, &cfg.DNS)             // serve_dns.go
-	f.StringVar(&etcdAuth.backend, "backend", backend.FromEnv().BackendName(), "store backend: etcd, memory, file or nats (env "+backend.EnvVar+")")
+	f.StringVar(&etcdAuth.backend, "backend", backend.FromEnv().BackendName(), "backend: etcd, memory, file, nats or kubernetes (env "+backend.EnvVar+")")
+	addKubeFlags(cmd, etcdAuth) // backend_kube.go
 	return cmd
 }

@@ -59,11 +59,10 @@ the store since that revision, it prints a snapshot.
 				return err
 			}
 			ctx := cmd.Context()
-			st, r, err := conn.open(ctx, registry.Config{Logger: logger})
+			r, err := conn.open(ctx, registry.Config{Logger: logger})
 			if err != nil {
 				return err
 			}
-			defer st.Close()
 			defer r.Close()
 			return runWatch(ctx, cmd.OutOrStdout(), r, q, from, output == "json")
 		},
