@@ -241,6 +241,9 @@ func TestAuthorizationTable(t *testing.T) {
 					if !strings.Contains(got.body, `"code":"permission_denied"`) || !strings.Contains(got.body, "grant") {
 						t.Errorf("%s %s in %s: 403 does not say what to grant: %s", user, act.name, ns, got.body)
 					}
+					if !strings.Contains(got.body, ns) || !strings.Contains(got.body, user) {
+						t.Errorf("%s %s in %s: 403 does not name the user and the namespace: %s", user, act.name, ns, got.body)
+					}
 				}
 			}
 		}

@@ -277,7 +277,7 @@ func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
 	o, err := leased.RegisterWithTTL(r.Context(), in, ttl)
 	if err != nil {
 		slot.cancel()
-		h.fail(w, r, err)
+		h.fail(w, withNamespace(r, in.Namespace), err)
 		return
 	}
 	slot.commit(o.Instance.Ref(), o.Lease.TTL)
@@ -544,7 +544,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, store.ErrUnauthenticated):
 		writeUnauthenticated(w, err)
 	case errors.Is(err, store.ErrPermissionDenied):
-		writeError(w, http.StatusForbidden, "permission_denied", permissionMessage(r, err))
+		writeError(w, http.StatusForbidden, "permission_denied", permissionMessage(r, h.quota.client(r), namespaceOf(r), err))
 	case errors.Is(err, beacon.ErrNotFound), errors.Is(err, store.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", err.Error())
 	case errors.Is(err, store.ErrUnavailable), errors.Is(err, registry.ErrClosed), errors.Is(err, store.ErrClosed):

@@ -1,6 +1,7 @@
 package registryapi
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"net"
@@ -263,9 +264,12 @@ func writeUnauthenticated(w http.ResponseWriter, err error) {
 		msg+": send the etcd user's name and password (HTTP Basic) or an etcd token (Authorization: Bearer), and authenticate again if the token expired")
 }
 
-// permissionMessage says which permission the request lacked.
-func permissionMessage(r *http.Request, err error) string {
-	ns := r.PathValue("namespace")
+// permissionMessage says which permission the request lacked; who is the
+// client (`user "alice"`), ns the namespace ("" for the path's or query's).
+func permissionMessage(r *http.Request, who, ns string, err error) string {
+	if ns == "" {
+		ns = r.PathValue("namespace")
+	}
 	if ns == "" {
 		ns = r.URL.Query().Get("namespace")
 	}
@@ -277,6 +281,22 @@ func permissionMessage(r *http.Request, err error) string {
 	if r.Method != http.MethodGet {
 		what, grant = "register in", "readwrite on its instance prefix and its ownership-record prefix"
 	}
-	return fmt.Sprintf("permission denied: the etcd user may not %s %s: grant the user a role with %s (`beacon auth grant-namespace` grants both) (%v)",
-		what, where, grant, err)
+	if !strings.HasPrefix(who, "user ") {
+		who = "the etcd user"
+	}
+	return fmt.Sprintf("permission denied: %s may not %s %s: grant it a role with %s (`beacon auth grant-namespace` grants both) (%v)",
+		who, what, where, grant, err)
+}
+
+// nsKey carries the namespace of a request whose namespace is in its body
+// (registration), for error messages.
+type nsKey struct{}
+
+func withNamespace(r *http.Request, ns string) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), nsKey{}, ns))
+}
+
+func namespaceOf(r *http.Request) string {
+	ns, _ := r.Context().Value(nsKey{}).(string)
+	return ns
 }
