@@ -118,6 +118,7 @@ func (r *StoreRegistry) GrantLease(ctx context.Context, ttl time.Duration) (stor
 	if err != nil {
 		return store.Lease{}, fmt.Errorf("registry: grant lease: %w", err)
 	}
+	r.leased.granted(l.ID, l.TTL)
 	return l, nil
 }
 
@@ -131,8 +132,12 @@ func (r *StoreRegistry) KeepAliveLease(ctx context.Context, id store.LeaseID) (t
 	}
 	ttl, err := r.st.KeepAlive(ctx, id)
 	if err != nil {
+		if errors.Is(err, store.ErrLeaseNotFound) {
+			r.leased.ended(id)
+		}
 		return 0, leaseError("keep alive", id, err)
 	}
+	r.leased.renewed(id, ttl)
 	return ttl, nil
 }
 
@@ -145,8 +150,12 @@ func (r *StoreRegistry) RevokeLease(ctx context.Context, id store.LeaseID) error
 		return err
 	}
 	if err := r.st.Revoke(ctx, id); err != nil {
+		if errors.Is(err, store.ErrLeaseNotFound) {
+			r.leased.ended(id)
+		}
 		return leaseError("revoke", id, err)
 	}
+	r.leased.ended(id)
 	return nil
 }
 
@@ -196,6 +205,7 @@ func (r *StoreRegistry) RegisterLeased(ctx context.Context, in beacon.Instance, 
 	rev, err := r.st.Create(ctx, key, val, store.WithLease(lease))
 	switch {
 	case err == nil:
+		r.leased.registered(lease, in.Ref())
 		return in, rev, nil
 	case errors.Is(err, store.ErrKeyExists):
 		return beacon.Instance{}, 0, alreadyRegistered(in.Ref())
@@ -227,12 +237,14 @@ func (r *StoreRegistry) RegisterWithTTL(ctx context.Context, in beacon.Instance,
 	if err := r.writeOwned(ctx, in, val, l.ID, secret); err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 		defer cancel()
+		r.leased.ended(l.ID)
 		if rerr := r.st.Revoke(rctx, l.ID); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
 			r.log.Warn("revoking the lease of a failed registration failed; it expires by itself",
 				"instance", in.Ref().String(), "ttl", l.TTL, "err", rerr)
 		}
 		return Owned{}, err
 	}
+	r.leased.registered(l.ID, in.Ref())
 	return Owned{Instance: in, Lease: l, Secret: secret}, nil
 }
 
@@ -319,10 +331,12 @@ func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Se
 	ttl, err := r.st.KeepAlive(ctx, kv.Lease)
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
+		r.leased.ended(kv.Lease)
 		return 0, notFound(ref)
 	case err != nil:
 		return 0, fmt.Errorf("registry: heartbeat %s: %w", ref, err)
 	}
+	r.leased.renewed(kv.Lease, ttl)
 	return ttl, nil
 }
 
@@ -376,9 +390,11 @@ func (r *StoreRegistry) DeregisterLeased(ctx context.Context, ref beacon.Ref, se
 	err = r.st.Revoke(ctx, kv.Lease)
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
+		r.leased.ended(kv.Lease)
 		return notFound(ref)
 	case err != nil:
 		return fmt.Errorf("registry: deregister %s: %w", ref, err)
 	}
+	r.leased.ended(kv.Lease)
 	return nil
 }

@@ -74,13 +74,13 @@ func basic(user, password string) string {
 	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password))
 }
 
-type answer struct {
+type httpAnswer struct {
 	code   int
 	body   string
 	header http.Header
 }
 
-func (a as) do(method, path, body string, hdr ...string) answer {
+func (a as) do(method, path, body string, hdr ...string) httpAnswer {
 	a.t.Helper()
 	var rd io.Reader
 	if body != "" {
@@ -112,12 +112,12 @@ func (a as) do(method, path, body string, hdr ...string) answer {
 	if err != nil {
 		a.t.Fatal(err)
 	}
-	return answer{resp.StatusCode, string(b), resp.Header}
+	return httpAnswer{resp.StatusCode, string(b), resp.Header}
 }
 
 // stream opens a stream and returns its status (and, for an error, its
 // body), closing it at once.
-func (a as) stream(path string) answer {
+func (a as) stream(path string) httpAnswer {
 	a.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -137,7 +137,7 @@ func (a as) stream(path string) answer {
 		a.t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	out := answer{code: resp.StatusCode, header: resp.Header}
+	out := httpAnswer{code: resp.StatusCode, header: resp.Header}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
 		out.body = string(b)
@@ -189,21 +189,23 @@ func TestAuthorizationTable(t *testing.T) {
 
 	type action struct {
 		name string
-		do   func(a as, user, ns string) answer
+		do   func(a as, user, ns string) httpAnswer
 	}
 	actions := []action{
-		{"list", func(a as, _, ns string) answer { return a.do("GET", registryapi.InstancesPath+"?namespace="+ns, "") }},
-		{"get", func(a as, _, ns string) answer {
+		{"list", func(a as, _, ns string) httpAnswer {
+			return a.do("GET", registryapi.InstancesPath+"?namespace="+ns, "")
+		}},
+		{"get", func(a as, _, ns string) httpAnswer {
 			return a.do("GET", registryapi.InstancesPath+"/"+target[ns].Instance.Ref().String(), "")
 		}},
-		{"watch", func(a as, _, ns string) answer { return a.stream(registryapi.WatchPath + "?namespace=" + ns) }},
-		{"register", func(a as, _, ns string) answer {
+		{"watch", func(a as, _, ns string) httpAnswer { return a.stream(registryapi.WatchPath + "?namespace=" + ns) }},
+		{"register", func(a as, _, ns string) httpAnswer {
 			return a.do("POST", registryapi.InstancesPath, `{"namespace":"`+ns+`","component":"api","endpoint":"http","address":"10.0.0.2:80","ttl":"1m"}`)
 		}},
-		{"heartbeat", func(a as, _, ns string) answer {
+		{"heartbeat", func(a as, _, ns string) httpAnswer {
 			return a.do("POST", registryapi.InstancesPath+"/"+target[ns].Instance.Ref().String()+"/heartbeat", "", registryapi.SecretHeader, target[ns].Secret)
 		}},
-		{"update", func(a as, user, ns string) answer {
+		{"update", func(a as, user, ns string) httpAnswer {
 			return a.do("PATCH", registryapi.InstancesPath+"/"+target[ns].Instance.Ref().String(), `{"metadata":{"by":"`+user+`"}}`, registryapi.SecretHeader, target[ns].Secret)
 		}},
 	}
@@ -311,5 +313,30 @@ func TestAuthorizationTable(t *testing.T) {
 		if r := (as{t: t, base: base}).do("GET", p, ""); r.code != 200 {
 			t.Errorf("%s without credentials: %d %s", p, r.code, r.body)
 		}
+	}
+}
+
+// TestCORSPreflightUnderAuth: a browser page of an allowed origin (the
+// dashboard) can use the API with credentials: its preflight, which
+// carries none, is answered, and it may send Authorization and
+// Beacon-Secret.
+func TestCORSPreflightUnderAuth(t *testing.T) {
+	cfg := authConfig(t)
+	cfg.CORSAllowedOrigins = []string{"https://dash.example"}
+	s := startServer(t, cfg)
+	base := s.Endpoints().HTTP
+	r := as{t: t, base: base}.do("OPTIONS", "/v1/registry/instances", "", "Origin", "https://dash.example",
+		"Access-Control-Request-Method", "POST", "Access-Control-Request-Headers", "authorization, beacon-secret, content-type")
+	if r.code != http.StatusNoContent || !strings.Contains(r.header.Get("Access-Control-Allow-Headers"), "Beacon-Secret") ||
+		!strings.Contains(r.header.Get("Access-Control-Allow-Headers"), "Authorization") {
+		t.Fatalf("preflight under auth: %d %v %s", r.code, r.header, r.body)
+	}
+	r = as{t: t, base: base, auth: basic("root", rootPassword)}.do("GET", "/v1/registry/instances", "", "Origin", "https://dash.example")
+	if r.code != 200 || r.header.Get("Access-Control-Allow-Origin") != "https://dash.example" {
+		t.Fatalf("GET with credentials from the allowed origin: %d %v", r.code, r.header)
+	}
+	r = as{t: t, base: base}.do("GET", "/v1/registry/instances", "", "Origin", "https://dash.example")
+	if r.code != http.StatusUnauthorized || !strings.Contains(r.header.Get("Access-Control-Expose-Headers"), "WWW-Authenticate") {
+		t.Fatalf("GET without credentials from the allowed origin: %d %v", r.code, r.header)
 	}
 }

@@ -150,6 +150,9 @@ func (s *Server) registryOptions(o registryapi.Options) registryapi.Options {
 // metrics, the API description, the authentication API (which handles
 // credentials itself), and the dashboard's static files.
 func publicPath(r *http.Request) bool {
+	if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+		return true // a CORS preflight carries no credentials
+	}
 	switch r.URL.Path {
 	case "/healthz", "/readyz", "/metrics", "/v1/openapi.json", WhoAmIPath, TokenPath:
 		return true
@@ -410,19 +413,22 @@ type WhoAmI struct {
 const maxWhoAmINamespaces = 64
 
 func (s *Server) mountAuth(mux interface {
-	HandleFunc(string, func(http.ResponseWriter, *http.Request))
+	Handle(string, http.Handler)
 },
 ) {
-	mux.HandleFunc("GET "+WhoAmIPath, s.whoami)
-	mux.HandleFunc("POST "+TokenPath, s.issueToken)
-	for _, p := range []string{WhoAmIPath, TokenPath} {
-		allow := map[string]string{WhoAmIPath: "GET", TokenPath: "POST"}[p]
-		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Allow", allow)
-			writeErr(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s: use %s", r.Method, r.URL.Path, allow))
-		})
-	}
+	mux.Handle("GET "+WhoAmIPath, http.HandlerFunc(s.whoami))
+	mux.Handle("POST "+TokenPath, http.HandlerFunc(s.issueToken))
 }
+
+// guarded is a router that wraps every handler registered through it.
+type guarded struct {
+	r interface {
+		Handle(string, http.Handler)
+	}
+	wrap func(http.Handler) http.Handler
+}
+
+func (g guarded) Handle(pattern string, h http.Handler) { g.r.Handle(pattern, g.wrap(h)) }
 
 func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
 	all := Access{Read: true, Write: true}

@@ -91,6 +91,10 @@ type Config struct {
 	// HTTPAddr is the HTTP API, metrics and health listener;
 	// DefaultHTTPAddr when empty.
 	HTTPAddr string
+	// CORSAllowedOrigins are the origins ("https://app.example.com", or
+	// "*" for any) whose browser pages may use the HTTP API; none when
+	// empty (see cors.go).
+	CORSAllowedOrigins []string
 
 	// Security configures TLS on every listener, etcd authentication and
 	// resource limits (security.go).
@@ -215,6 +219,9 @@ func (c Config) Validate() error {
 		if filepath.Clean(c.DataDir) == "/" {
 			errs = append(errs, fmt.Errorf("--data-dir %q: refusing to use the root directory", c.DataDir))
 		}
+		if len(errs) == 0 {
+			errs = append(errs, validateInitialCluster(c)...) // startcheck.go
+		}
 	}
 	errs = append(errs, c.Discovery.validate(c)...)
 	errs = append(errs, c.Security.validate(c)...)
@@ -230,6 +237,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--v2-base-url %q: want an http(s) URL without trailing slash, e.g. http://10.0.0.1:9379/v2/discovery", c.V2BaseURL))
 		}
 	}
+	errs = append(errs, validateCORS(c.CORSAllowedOrigins)...) // cors.go
 	if c.V2TokenMaxAge < 0 {
 		errs = append(errs, fmt.Errorf("--v2-token-ttl %v: must not be negative", c.V2TokenMaxAge))
 	}

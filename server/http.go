@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	_ "embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/beaconplane/beacon/bootstrap"
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/registryapi"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
@@ -32,9 +31,7 @@ func (s *Server) serveEarly() {
 	starting.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		writeReadiness(w, readiness{Status: "starting", Checks: map[string]string{"server": "starting (joining the cluster)"}})
 	})
-	starting.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "beacon serve is starting", http.StatusServiceUnavailable)
-	})
+	starting.HandleFunc("/", startingHandler)
 	var h http.Handler = starting
 	s.handler.Store(&h)
 
@@ -60,16 +57,31 @@ func (s *Server) serveEarly() {
 	}()
 }
 
-// startHTTP builds the full routes and installs them.
+// startingHandler answers every other route while the server starts.
+func startingHandler(w http.ResponseWriter, _ *http.Request) {
+	httpapi.WriteError(w, http.StatusServiceUnavailable, httpapi.CodeUnavailable,
+		"beacon serve is starting (joining its cluster); retry shortly, /readyz says when it is ready")
+}
+
+// startHTTP builds the full routes and installs them. Every route is
+// registered on one httpapi.Mux (unknown paths and methods get JSON 404
+// and 405; /v1/openapi.json documents exactly the registered routes).
 func (s *Server) startHTTP() error {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", healthz)
-	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{ErrorLog: slogErrorLog{s}}))
+	mux := httpapi.NewMux()
+	mux.NotFound = "the routes are listed at /v1/openapi.json"
+	queries, err := queryRules() // openapi.go: every documented route's query is checked
+	if err != nil {
+		return err
+	}
+	mux.Queries = queries
+	mux.Handle("GET /healthz", httpapi.NoQuery(http.HandlerFunc(healthz)))
+	mux.Handle("GET /readyz", httpapi.NoQuery(http.HandlerFunc(s.readyz)))
+	mux.Handle("GET /metrics", httpapi.NoQuery(promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{ErrorLog: slogErrorLog{s}})))
 	if err := s.mountAPIs(mux); err != nil {
 		return err
 	}
-	var h http.Handler = mux
+	s.routes = mux
+	h := cors(s.cfg.CORSAllowedOrigins, s.requireAuth(mux)) // cors.go, authhttp.go
 	s.handler.Store(&h)
 	return nil
 }
@@ -79,12 +91,9 @@ func healthz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ok\n"))
 }
 
-//go:embed openapi.json
-var openAPI []byte
-
 // mountAPIs adds the capability APIs that need the store: the registry
 // API, the OpenAPI document, and the bootstrap APIs (discovery.go).
-func (s *Server) mountAPIs(mux *http.ServeMux) error {
+func (s *Server) mountAPIs(mux *httpapi.Mux) error {
 	if s.registry == nil {
 		rcfg := s.cfg.Registry
 		rcfg.Logger, rcfg.Metrics = s.log, s.reg
@@ -102,17 +111,10 @@ func (s *Server) mountAPIs(mux *http.ServeMux) error {
 	if err != nil {
 		return fmt.Errorf("registry API: %w", err)
 	}
-	for _, p := range registryapi.Routes() {
-		mux.Handle(p, api)
-	}
-	mux.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(openAPI)
-	})
+	api.Register(mux)
+	mux.Handle("GET /v1/openapi.json", httpapi.NoQuery(openAPIHandler(mux))) // openapi.go
 	if cli := s.etcdClient(); cli != nil {
-		tokens := s.guardTokens(bootstrap.NewHandler(cli, s.clientEndpoints(), s.log))
-		mux.Handle(bootstrap.TokenPath, tokens)
-		mux.Handle(bootstrap.TokenPath+"/", tokens)
+		bootstrap.NewTokenAPI(cli, s.clientEndpoints(), s.log).Register(guarded{mux, s.guardTokens}) // authhttp.go
 	}
 	if s.store == nil {
 		mountWithoutStore(mux) // registrybackend.go
@@ -202,9 +204,7 @@ func writeReadiness(w http.ResponseWriter, res readiness) {
 	if res.Status != "ok" {
 		code = http.StatusServiceUnavailable
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(res)
+	httpapi.WriteJSON(w, code, res)
 }
 
 // slogErrorLog adapts the server logger for promhttp.

@@ -2,11 +2,11 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/store/backend"
 )
 
@@ -29,14 +29,10 @@ func (s *Server) openRegistryBackend(ctx context.Context) error {
 }
 
 // mountWithoutStore answers the store-based APIs with 501, saying why.
-func mountWithoutStore(mux *http.ServeMux) {
+func mountWithoutStore(mux *httpapi.Mux) {
 	mux.HandleFunc(V2Path+"/", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusNotImplemented)
-		_ = json.NewEncoder(w).Encode(map[string]string{
-			"error":   "not_implemented",
-			"message": "v2 discovery tokens need a key/value store backend (etcd, memory, file, nats); this server runs a registry backend without one",
-		})
+		httpapi.WriteError(w, http.StatusNotImplemented, "not_implemented",
+			"v2 discovery tokens need a key/value store backend (etcd, memory, file, nats); this server runs a registry backend without one")
 	})
 }
 

@@ -254,7 +254,7 @@ func TestTLSListeners(t *testing.T) {
 		}
 		// Beacon's etcd store names the problem instead of timing out.
 		if err := etcdGet(t, etcdURL, tlsClient(t, p.other.File, &p.client, "")); err == nil {
-			t.Error("an etcd client that does not trust the server's CA got an answer")
+			t.Error("an etcd client that does not trust the server's CA got an httpAnswer")
 		}
 		// Plain text to the TLS port.
 		resp, err := http.Get("http://" + etcdAddr + "/version")

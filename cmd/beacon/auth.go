@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/beaconplane/beacon"
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
@@ -25,9 +24,9 @@ HTTP API of beacon serve acts as each request's etcd user, so a role's key
 prefixes are its namespaces. These helpers grant the prefixes a role needs;
 create users and assign roles with etcdctl (user add, user grant-role).
 
-They talk to etcd as a user allowed to change roles (root), with --endpoints,
---user/--password (or ETCD_ENDPOINTS, ETCD_AUTH_USERNAME, ETCD_AUTH_PASSWORD)
-and --cacert/--cert/--key.`,
+They talk to etcd as a user allowed to change roles (root).
+
+` + connHelp,
 		Example: `  beacon auth grant-namespace team-a-writer team-a --user root
   beacon auth grant-namespace team-a-reader team-a --read-only --user root
   beacon auth grant-bootstrap cluster-admins --user root
@@ -37,29 +36,25 @@ and --cacert/--cert/--key.`,
 	return cmd
 }
 
-// authConn reaches etcd for the auth commands.
+// authConn reaches etcd for the auth commands, with the client commands'
+// connection flags (etcdctl's names).
 type authConn struct {
-	flags   *backendFlags
-	root    string
-	timeout time.Duration
+	*clientFlags
+	root string
 }
 
 func addAuthConnFlags(cmd *cobra.Command) *authConn {
-	c := &authConn{flags: addBackendFlags(cmd, "")}
-	_ = cmd.Flags().MarkHidden("backend")
+	c := &authConn{clientFlags: addClientFlags(cmd, false)}
 	cmd.Flags().StringVar(&c.root, "root", "", `keyspace root of the registry (as beacon serve's registry root), e.g. "/beacon"`)
-	cmd.Flags().DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on connecting and on each request")
 	return c
 }
 
 func (c *authConn) open(ctx context.Context) (*etcdstore.Store, beacon.Keyspace, error) {
 	ks, err := beacon.NewKeyspace(c.root)
 	if err != nil {
-		return nil, ks, fmt.Errorf("--root: %w", err)
+		return nil, ks, usagef("--root: %w", err)
 	}
-	cfg := c.flags.config().Etcd
-	cfg.DialTimeout, cfg.RequestTimeout = c.timeout, c.timeout
-	st, err := etcdstore.New(ctx, cfg)
+	st, err := c.openEtcd(ctx)
 	if err != nil {
 		return nil, ks, err
 	}
@@ -125,10 +120,10 @@ else.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			role, ns := args[0], args[1]
 			if role == "" {
-				return errors.New("ROLE must not be empty")
+				return usage(errors.New("ROLE must not be empty"))
 			}
 			if err := beacon.ValidateLabel("namespace", ns); err != nil {
-				return err
+				return usage(err)
 			}
 			ctx := cmd.Context()
 			st, ks, err := conn.open(ctx)
@@ -144,7 +139,7 @@ else.`,
 					{ks.OwnersPrefix(ns), clientv3.PermissionType(clientv3.PermReadWrite), "ownership records of HTTP registrations"},
 				}
 			}
-			rctx, cancel := context.WithTimeout(ctx, conn.timeout)
+			rctx, cancel := conn.requestCtx(ctx)
 			defer cancel()
 			if err := grantPrefixes(rctx, st.Client(), role, grants); err != nil {
 				return err
@@ -183,7 +178,7 @@ read (token status) only.`,
 			}
 			defer st.Close()
 			grants := []prefixGrant{{"/_etcd/registry/", perm, "v3 discovery tokens"}, {v2.DefaultPrefix, perm, "v2 discovery tokens"}}
-			rctx, cancel := context.WithTimeout(ctx, conn.timeout)
+			rctx, cancel := conn.requestCtx(ctx)
 			defer cancel()
 			if err := grantPrefixes(rctx, st.Client(), args[0], grants); err != nil {
 				return err

@@ -62,7 +62,7 @@ one), with the heap they hold and the time one event takes to reach them all.`,
 			case "", "table":
 				return r.WriteTable(cmd.OutOrStdout())
 			}
-			return fmt.Errorf("-o %q: want table or json", output)
+			return usagef("-o %q: want table or json", output)
 		},
 	}
 	f := cmd.Flags()

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"runtime/pprof"
 	"time"
@@ -79,7 +78,7 @@ func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Contex
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
-				return fmt.Errorf("-o %q: want table or json", output)
+				return usagef("-o %q: want table or json", output)
 			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
@@ -87,7 +86,7 @@ func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Contex
 			}
 			cfg.Logger = logger
 			if err := cfg.Validate(); err != nil {
-				return err
+				return usage(err)
 			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)

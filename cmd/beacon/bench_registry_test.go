@@ -11,17 +11,17 @@ import (
 // clear line and a non-zero exit, before starting anything.
 func TestBenchCommandsBadInput(t *testing.T) {
 	checkBadInput(t, []badInput{
-		{[]string{"bench", "register", "--instances", "-1"}, "--instances -1"},
-		{[]string{"bench", "register", "-o", "yaml"}, "-o"},
-		{[]string{"bench", "watch", "--watchers", "0"}, "--watchers 0"},
-		{[]string{"bench", "watch", "--samples", "-5"}, "--samples -5"},
-		{[]string{"bench", "failover", "--ttl", "100ms"}, "--ttl"},
-		{[]string{"bench", "failover", "--children", "-2"}, "--children -2"},
-		{[]string{"bench", "memory", "--mem-watchers", "-1"}, "--mem-watchers -1"},
-		{[]string{"bench", "naming", "--backends", "1"}, "--backends 1"},
-		{[]string{"bench", "naming", "--trials", "-1"}, "--trials -1"},
-		{[]string{"bench", "naming", "--drain-grace", "-1s"}, "--drain-grace"},
-		{[]string{"bench", "naming", "-o", "yaml"}, "-o"},
+		{args: []string{"bench", "register", "--instances", "-1"}, want: "--instances -1"},
+		{args: []string{"bench", "register", "-o", "yaml"}, want: "-o"},
+		{args: []string{"bench", "watch", "--watchers", "0"}, want: "--watchers 0"},
+		{args: []string{"bench", "watch", "--samples", "-5"}, want: "--samples -5"},
+		{args: []string{"bench", "failover", "--ttl", "100ms"}, want: "--ttl"},
+		{args: []string{"bench", "failover", "--children", "-2"}, want: "--children -2"},
+		{args: []string{"bench", "memory", "--mem-watchers", "-1"}, want: "--mem-watchers -1"},
+		{args: []string{"bench", "naming", "--backends", "1"}, want: "--backends 1"},
+		{args: []string{"bench", "naming", "--trials", "-1"}, want: "--trials -1"},
+		{args: []string{"bench", "naming", "--drain-grace", "-1s"}, want: "--drain-grace"},
+		{args: []string{"bench", "naming", "-o", "yaml"}, want: "-o"},
 	})
 }
 

@@ -100,11 +100,11 @@ func TestKubernetesBackend(t *testing.T) {
 	}
 
 	checkBadInputEnv(t, []string{"KUBECONFIG=" + kc}, []badInput{
-		{[]string{"register", "demo/api/http", "--addr", "10.0.0.1:80", "--backend", "kubernetes"}, "POD_NAME, POD_NAMESPACE, POD_UID are not set"},
-		{[]string{"register", "demo/api/http", "--addr", "10.0.0.1:80", "--backend", "kubernetes", "--ttl", "5s"}, "no lease"},
-		{[]string{"ls", "--backend", "kubernetes", "--kubeconfig", filepath.Join(dir, "nope")}, "no Kubernetes client configuration"},
-		{[]string{"ls", "--backend", "kubernetes", "--kube-namespaces", "*,x"}, `"*" means every namespace`},
-		{[]string{"ls", "--backend", "kubernetes", "--root", "/beacon"}, "does not apply"},
+		{args: []string{"register", "demo/api/http", "--addr", "10.0.0.1:80", "--backend", "kubernetes"}, want: "POD_NAME, POD_NAMESPACE, POD_UID are not set"},
+		{args: []string{"register", "demo/api/http", "--addr", "10.0.0.1:80", "--backend", "kubernetes", "--ttl", "5s"}, want: "no lease"},
+		{args: []string{"ls", "--backend", "kubernetes", "--kubeconfig", filepath.Join(dir, "nope")}, want: "no Kubernetes client configuration"},
+		{args: []string{"ls", "--backend", "kubernetes", "--kube-namespaces", "*,x"}, want: `"*" means every namespace`},
+		{args: []string{"ls", "--backend", "kubernetes", "--root", "/beacon"}, want: "does not apply"},
 	})
 }
 

@@ -13,11 +13,9 @@
 package registryapi
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -25,6 +23,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,7 +69,7 @@ type Handler struct {
 	reg       registry.Discoverer
 	pick      func(*http.Request) (registry.Discoverer, error) // nil: reg for every request
 	log       *slog.Logger
-	mux       *http.ServeMux
+	mux       *httpapi.Mux
 	keepAlive time.Duration
 	m         *metrics
 	quota     *quota
@@ -100,26 +99,34 @@ func New(reg registry.Discoverer, opts Options) (*Handler, error) {
 	}
 	h := &Handler{reg: reg, pick: opts.Registry, log: opts.Logger.With("component", "registry-api"),
 		keepAlive: opts.KeepAliveInterval, m: m, quota: q}
-	mux := http.NewServeMux()
-	h.handle(mux, "POST "+InstancesPath, h.register)
-	h.handle(mux, "GET "+InstancesPath, h.list)
-	one := InstancesPath + "/{namespace}/{component}/{endpoint}/{id}"
-	h.handle(mux, "GET "+one, h.get)
-	h.handle(mux, "PATCH "+one, h.update)
-	h.handle(mux, "DELETE "+one, h.deregister)
-	h.handle(mux, "POST "+one+"/heartbeat", h.heartbeat)
-	h.handle(mux, "GET "+WatchPath, h.watch)
-	for _, p := range []string{InstancesPath, one, one + "/heartbeat", WatchPath} {
-		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed",
-				fmt.Sprintf("%s is not allowed on %s; see /v1/openapi.json", r.Method, r.URL.Path))
-		})
-	}
-	h.mux = mux
+	h.mux = httpapi.NewMux()
+	h.mux.NotFound = "see /v1/openapi.json"
+	h.Register(h.mux)
 	return h, nil
 }
 
-// Routes lists the patterns the handler serves, for mounting.
+// Router is where Register adds the API's routes: an *http.ServeMux, or
+// the server's router.
+type Router interface {
+	Handle(pattern string, h http.Handler)
+}
+
+// Register adds every route of the API to r, with its method, so that the
+// router knows exactly what is served (ServeHTTP serves the same routes
+// through a router of its own).
+func (h *Handler) Register(r Router) {
+	one := InstancesPath + "/{namespace}/{component}/{endpoint}/{id}"
+	h.handle(r, "POST "+InstancesPath, h.register)
+	h.handle(r, "GET "+InstancesPath, h.list)
+	h.handle(r, "GET "+one, h.get)
+	h.handle(r, "PATCH "+one, h.update)
+	h.handle(r, "DELETE "+one, h.deregister)
+	h.handle(r, "POST "+one+"/heartbeat", h.heartbeat)
+	h.handle(r, "GET "+WatchPath, h.watch)
+}
+
+// Routes lists the path prefixes the handler serves, for mounting it as a
+// whole; Register is the finer way.
 func Routes() []string {
 	return []string{InstancesPath, InstancesPath + "/", WatchPath}
 }
@@ -160,12 +167,12 @@ func (h *Handler) leasedFor(w http.ResponseWriter, r *http.Request) (registry.Le
 }
 
 // handle registers fn under pattern, counting requests by route and code.
-func (h *Handler) handle(mux *http.ServeMux, pattern string, fn http.HandlerFunc) {
-	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) handle(mux Router, pattern string, fn http.HandlerFunc) {
+	mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
 		fn(rec, r)
 		h.m.request(pattern, rec.code)
-	})
+	}))
 }
 
 // RegisterRequest is the body of POST /v1/registry/instances.
@@ -253,6 +260,9 @@ func (t *TTL) UnmarshalJSON(b []byte) error {
 }
 
 func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
 	leased, ok := h.leasedFor(w, r)
 	if !ok {
 		return
@@ -304,6 +314,9 @@ func refuseLease(w http.ResponseWriter, lease string) bool {
 }
 
 func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
 	leased, ok := h.leasedFor(w, r)
 	if !ok {
 		return
@@ -313,7 +326,7 @@ func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req HeartbeatRequest
-	if r.ContentLength != 0 && !decodeOptional(w, r, &req) {
+	if r.ContentLength != 0 && !decode(w, r, &req) {
 		return
 	}
 	if refuseLease(w, req.Lease) {
@@ -329,6 +342,9 @@ func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
 	leased, ok := h.leasedFor(w, r)
 	if !ok {
 		return
@@ -366,20 +382,19 @@ func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) deregister(w http.ResponseWriter, r *http.Request) {
+	params, ok := httpapi.CheckQuery(w, r, "lease")
+	if !ok {
+		return
+	}
+	if refuseLease(w, params["lease"]) {
+		return
+	}
 	leased, ok := h.leasedFor(w, r)
 	if !ok {
 		return
 	}
 	ref, ok := pathRef(w, r)
 	if !ok {
-		return
-	}
-	for k := range r.URL.Query() {
-		if k == "lease" {
-			refuseLease(w, "lease")
-			return
-		}
-		writeError(w, http.StatusBadRequest, "invalid_argument", fmt.Sprintf("unknown query parameter %q: deregister takes none", k))
 		return
 	}
 	// The registration's own lease is revoked: the instance and its
@@ -394,6 +409,9 @@ func (h *Handler) deregister(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
 	ref, ok := pathRef(w, r)
 	if !ok {
 		return
@@ -411,8 +429,17 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
-	q, ok := query(w, r)
+	params, ok := httpapi.CheckQuery(w, r, "namespace", "component", "endpoint", "status")
 	if !ok {
+		return
+	}
+	q, ok := query(w, params)
+	if !ok {
+		return
+	}
+	status := params["status"]
+	if status != "" && status != string(beacon.StatusServing) && status != string(beacon.StatusDraining) {
+		writeError(w, http.StatusBadRequest, "invalid_argument", fmt.Sprintf("status %q: must be serving or draining", status))
 		return
 	}
 	reg, ok := h.discoverer(w, r)
@@ -424,11 +451,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if status := r.URL.Query().Get("status"); status != "" {
-		if status != string(beacon.StatusServing) && status != string(beacon.StatusDraining) {
-			writeError(w, http.StatusBadRequest, "invalid_argument", fmt.Sprintf("status %q: must be serving or draining", status))
-			return
-		}
+	if status != "" {
 		kept := ins[:0]
 		for _, in := range ins {
 			if string(in.Status) == status {
@@ -443,19 +466,10 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ListResponse{Revision: rev, Instances: ins})
 }
 
-// query reads the namespace/component/endpoint filters.
-func query(w http.ResponseWriter, r *http.Request) (beacon.Query, bool) {
-	v := r.URL.Query()
-	for k := range v {
-		switch k {
-		case "namespace", "component", "endpoint", "status", "since":
-		default:
-			writeError(w, http.StatusBadRequest, "invalid_argument",
-				fmt.Sprintf("unknown query parameter %q; filters are namespace, component, endpoint and status", k))
-			return beacon.Query{}, false
-		}
-	}
-	q := beacon.Query{Namespace: v.Get("namespace"), Component: v.Get("component"), Endpoint: v.Get("endpoint")}
+// query reads the namespace/component/endpoint filters of checked query
+// parameters.
+func query(w http.ResponseWriter, v map[string]string) (beacon.Query, bool) {
+	q := beacon.Query{Namespace: v["namespace"], Component: v["component"], Endpoint: v["endpoint"]}
 	if err := q.Validate(); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
 		return beacon.Query{}, false
@@ -477,62 +491,17 @@ func pathRef(w http.ResponseWriter, r *http.Request) (beacon.Ref, bool) {
 
 func formatLease(id store.LeaseID) string { return strconv.FormatUint(uint64(id), 16) }
 
-// decode reads a JSON body strictly: bounded, one object, no unknown
-// fields.
+// decode reads a JSON body strictly: a JSON Content-Type (or none),
+// bounded, one object, no unknown fields, not empty.
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		writeError(w, http.StatusUnsupportedMediaType, "invalid_argument", fmt.Sprintf("Content-Type %q: send application/json", ct))
-		return false
-	}
-	return decodeOptional(w, r, v)
+	return httpapi.DecodeJSON(w, r, v, maxBody, registry.ErrInvalidTTL)
 }
 
-// decodeOptional is decode without the Content-Type check, for bodies a
-// request may omit.
-func decodeOptional(w http.ResponseWriter, r *http.Request, v any) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err == nil {
-		// encoding/json would turn invalid UTF-8 into U+FFFD without a
-		// word: refuse it instead.
-		if verr := beacon.ValidateJSONText(body); verr != nil {
-			writeError(w, http.StatusBadRequest, "invalid_argument", "JSON body: "+verr.Error())
-			return false
-		}
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err == nil {
-		err = dec.Decode(v)
-	}
-	if err != nil {
-		var mbe *http.MaxBytesError
-		switch {
-		case errors.As(err, &mbe):
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_argument", fmt.Sprintf("body larger than %d bytes", maxBody))
-		case errors.Is(err, io.EOF):
-			writeError(w, http.StatusBadRequest, "invalid_argument", "empty body: send a JSON object")
-		case errors.Is(err, registry.ErrInvalidTTL):
-			writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
-		default:
-			writeError(w, http.StatusBadRequest, "invalid_argument", "malformed JSON body: "+err.Error())
-		}
-		return false
-	}
-	if dec.More() {
-		writeError(w, http.StatusBadRequest, "invalid_argument", "malformed JSON body: more than one JSON value")
-		return false
-	}
-	return true
-}
-
-// ErrorResponse is the body of every error.
-type ErrorResponse struct {
-	// Code is invalid_argument, unauthenticated, permission_denied,
-	// not_found, already_registered, method_not_allowed,
-	// resource_exhausted, not_implemented, unavailable or internal.
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
+// ErrorResponse is the body of every error: {"code","message"}, the code
+// one of invalid_argument, unauthenticated, permission_denied, not_found,
+// already_registered, method_not_allowed, resource_exhausted,
+// not_implemented, unavailable or internal.
+type ErrorResponse = httpapi.Error
 
 // fail maps a registry error to a status and code.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
@@ -558,14 +527,10 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func writeError(w http.ResponseWriter, code int, kind, msg string) {
-	writeJSON(w, code, ErrorResponse{Code: kind, Message: msg})
+	httpapi.WriteError(w, code, kind, msg)
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
-}
+func writeJSON(w http.ResponseWriter, code int, v any) { httpapi.WriteJSON(w, code, v) }
 
 type statusRecorder struct {
 	http.ResponseWriter

@@ -101,6 +101,26 @@ func names() string {
 	return strings.Join(all[:len(all)-1], ", ") + " or " + all[len(all)-1]
 }
 
+// CheckName reports whether name (empty: etcd) is a backend this program
+// can open (a store, or a linked registry driver); the error says what is
+// wrong without naming where the name came from, so that callers can (a
+// flag or BEACON_DISCOVERY_BACKEND).
+func CheckName(name string) error {
+	switch n := (Config{Name: name}).name(); n {
+	case Etcd, Memory, File, NATS:
+		return nil
+	default:
+		if registry.HasDriver(n) {
+			return nil
+		}
+		if n == Kubernetes {
+			return fmt.Errorf("backend %q: the Kubernetes-native registry is not linked into this program: "+
+				"import _ %q (the beacon command does); or use %s", n, KubernetesImport, names())
+		}
+		return fmt.Errorf("unknown backend %q: use %s", n, names())
+	}
+}
+
 // Validate checks the name and the chosen backend's configuration (a
 // registry driver checks its own settings when it opens).
 func (c Config) Validate() error {
