@@ -187,3 +187,24 @@ func TestEtcdGatewayRefusesRebindingByDefault(t *testing.T) {
 		}
 	}
 }
+
+// TestManyQueryParametersRefused: more than 10,000 query parameters made
+// url.Query drop every filter, so that ?namespace=nothere&... listed and
+// streamed every namespace; now any query the route cannot take is a 400.
+func TestManyQueryParametersRefused(t *testing.T) {
+	s := startServer(t, testConfig(t))
+	base := s.Endpoints().HTTP
+	if r := (as{t: t, base: base}).do("POST", registryapi.InstancesPath, `{"namespace":"secret-ns","component":"api","endpoint":"http","address":"10.0.0.1:80"}`); r.code != 201 {
+		t.Fatalf("register: %d %s", r.code, r.body)
+	}
+	short := "?namespace=nothere" + strings.Repeat("&a", 10_001)        // fits the 64 KiB header limit: 400
+	long := "?namespace=nothere" + strings.Repeat("&namespace=x0000", 10_001) // does not: 431
+	for _, path := range []string{registryapi.InstancesPath, registryapi.WatchPath} {
+		for q, want := range map[string]int{short: http.StatusBadRequest, long: http.StatusRequestHeaderFieldsTooLarge} {
+			r := as{t: t, base: base}.stream(path + q)
+			if r.code != want || strings.Contains(r.body, "secret-ns") {
+				t.Errorf("%s with 10,002 parameters (%d bytes): %d %s; want %d", path, len(q), r.code, r.body, want)
+			}
+		}
+	}
+}
