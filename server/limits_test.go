@@ -197,7 +197,7 @@ func TestManyQueryParametersRefused(t *testing.T) {
 	if r := (as{t: t, base: base}).do("POST", registryapi.InstancesPath, `{"namespace":"secret-ns","component":"api","endpoint":"http","address":"10.0.0.1:80"}`); r.code != 201 {
 		t.Fatalf("register: %d %s", r.code, r.body)
 	}
-	short := "?namespace=nothere" + strings.Repeat("&a", 10_001)        // fits the 64 KiB header limit: 400
+	short := "?namespace=nothere" + strings.Repeat("&a", 10_001)              // fits the 64 KiB header limit: 400
 	long := "?namespace=nothere" + strings.Repeat("&namespace=x0000", 10_001) // does not: 431
 	for _, path := range []string{registryapi.InstancesPath, registryapi.WatchPath} {
 		for q, want := range map[string]int{short: http.StatusBadRequest, long: http.StatusRequestHeaderFieldsTooLarge} {
