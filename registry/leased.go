@@ -371,7 +371,11 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 			return next, nil
 		case errors.Is(err, store.ErrConflict):
 			continue
-		case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrLeaseNotFound):
+		case errors.Is(err, store.ErrNotFound):
+			r.leased.deregistered(kv.Lease, ref) // deleted under us
+			return beacon.Instance{}, notFound(ref)
+		case errors.Is(err, store.ErrLeaseNotFound):
+			r.leased.ended(kv.Lease)
 			return beacon.Instance{}, notFound(ref)
 		}
 		return beacon.Instance{}, fmt.Errorf("registry: update %s: %w", ref, err)
