@@ -129,6 +129,13 @@ type Config struct {
 	// requests over (each balanced over the endpoints); default 4.
 	UpstreamConns int
 
+	// MaxRequestBytes is the largest request the proxy reads from a client
+	// (etcd's --max-request-bytes; its default, 1.5 MiB, when zero): a
+	// larger gRPC message is refused with ResourceExhausted, and a JSON
+	// gateway body over twice that (base64) with 413, before the proxy
+	// buffers it.
+	MaxRequestBytes uint
+
 	// ClientTLS is used to reach members (client and peer URLs with
 	// https); nil uses the system roots for https URLs.
 	ClientTLS *tls.Config
@@ -172,6 +179,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.UpstreamConns == 0 {
 		c.UpstreamConns = DefaultUpstreamConns
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
