@@ -41,6 +41,10 @@ func TestBootstrapPageWatchesAClusterForm(t *testing.T) {
 	p.click(`form.inline button[type="submit"]`)
 	p.waitFor(fmt.Sprintf(`location.pathname === '/ui/bootstrap/' + %s && document.querySelector('.card .value')?.textContent === '0 of 3'`, jsString(created.Token)), 5*time.Second)
 
+	// Without etcd authentication the API lets everyone remove a token
+	// (whoami says so): the page offers it.
+	p.waitFor(`document.querySelector('.actions button')?.textContent === 'Remove token…'`, 5*time.Second)
+
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	joined := make(chan error, 3)
