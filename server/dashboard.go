@@ -22,6 +22,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/etcdserver"
 	"go.etcd.io/etcd/server/v3/storage"
+	"go.uber.org/zap"
 )
 
 // ClusterPath is the read API of the backend under the registry: etcd's
@@ -352,7 +353,7 @@ func (s *Server) etcdStatus(ctx context.Context, cli *clientv3.Client) *EtcdClus
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			leaders[i] = memberStatus(ctx, cli, &out.Members[i])
+			leaders[i] = s.memberStatus(ctx, cli, &out.Members[i])
 		}()
 	}
 	wg.Wait()
@@ -379,7 +380,7 @@ func (s *Server) etcdStatus(ctx context.Context, cli *clientv3.Client) *EtcdClus
 
 // memberStatus fills m with the member's status and returns the leader it
 // reports (0 when it did not answer).
-func memberStatus(ctx context.Context, cli *clientv3.Client, m *EtcdMember) uint64 {
+func (s *Server) memberStatus(ctx context.Context, cli *clientv3.Client, m *EtcdMember) uint64 {
 	if len(m.ClientURLs) == 0 {
 		m.Health = "not started: the member was added but has not joined yet"
 		if m.Name != "" {
@@ -387,23 +388,55 @@ func memberStatus(ctx context.Context, cli *clientv3.Client, m *EtcdMember) uint
 		}
 		return 0
 	}
-	if cli.Maintenance == nil {
-		m.Health = "unknown: this server's etcd client cannot ask other members for their status"
-		return 0
-	}
 	var errs []string
 	for _, u := range m.ClientURLs {
 		sctx, cancel := context.WithTimeout(ctx, memberStatusTimeout)
-		resp, err := cli.Status(sctx, u)
+		resp, err := s.statusOf(sctx, cli, u)
 		cancel()
+		if err == nil && resp.Header != nil && resp.Header.MemberId != 0 && hexID(resp.Header.MemberId) != m.ID {
+			err = fmt.Errorf("answered as member %s", hexID(resp.Header.MemberId))
+		}
 		if err != nil {
 			errs = append(errs, fmt.Sprintf("%s: %v", u, err))
 			continue
 		}
-		return fillStatus(m, (*etcdserverpb.StatusResponse)(resp))
+		return fillStatus(m, resp)
 	}
 	m.Health = "did not answer within " + memberStatusTimeout.String() + ": " + strings.Join(errs, "; ")
 	return 0
+}
+
+// statusOf asks the member at url for its status: through cli's
+// maintenance API, or, when cli has none (the server's in-process client of
+// its embedded member reaches only that member), over a short-lived client
+// of that URL with the embedded member's client TLS and the server's own
+// etcd credentials.
+func (s *Server) statusOf(ctx context.Context, cli *clientv3.Client, url string) (*etcdserverpb.StatusResponse, error) {
+	if cli.Maintenance != nil {
+		resp, err := cli.Status(ctx, url)
+		return (*etcdserverpb.StatusResponse)(resp), err
+	}
+	if s.etcd == nil {
+		return nil, errors.New("this server's etcd client cannot ask members for their status")
+	}
+	cfg := clientv3.Config{Endpoints: []string{url}, DialTimeout: memberStatusTimeout, Logger: zap.NewNop(), Context: ctx}
+	if strings.HasPrefix(url, "https://") {
+		tlsCfg, err := s.etcd.Config().ClientTLSInfo.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("client TLS: %w", err)
+		}
+		cfg.TLS = tlsCfg
+	}
+	if user, pw, err := s.selfCredentials(); err == nil && user != "" {
+		cfg.Username, cfg.Password = user, pw
+	}
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	resp, err := c.Status(ctx, url)
+	return (*etcdserverpb.StatusResponse)(resp), err
 }
 
 // fillStatus copies a member's status into m and returns the leader it

@@ -140,3 +140,28 @@ func TestRoutedSeesTheMuxRoutes(t *testing.T) {
 		t.Errorf("routed counts a route of any method")
 	}
 }
+
+// TestClusterAPIOfEmbeddedMembers asks one of three `beacon serve` nodes
+// forming an embedded etcd cluster: it answers its own status from its
+// etcd server and asks the two others over their client URLs.
+func TestClusterAPIOfEmbeddedMembers(t *testing.T) {
+	registry := startServer(t, testConfig(t))
+	created := createToken(t, registry, 3)
+	servers := startServers(t, discoveryConfig(t, "m1", created), discoveryConfig(t, "m2", created), discoveryConfig(t, "m3", created))
+	st := getCluster(t, servers[0].Endpoints().HTTP)
+	if st.Etcd == nil || len(st.Etcd.Members) != 3 || st.Etcd.Leader == "" {
+		t.Fatalf("etcd: %+v", st.Etcd)
+	}
+	leaders := 0
+	for _, m := range st.Etcd.Members {
+		if m.Leader {
+			leaders++
+		}
+		if !m.Healthy || m.RaftTerm == 0 || m.Revision == 0 || m.DBSize == 0 {
+			t.Errorf("member %s: %+v", m.Name, m)
+		}
+	}
+	if leaders != 1 {
+		t.Errorf("%d leaders", leaders)
+	}
+}
