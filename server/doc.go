@@ -30,6 +30,8 @@
 //	/v1/tokens[/{token}]         v3 discovery tokens (bootstrap.NewHandler)
 //	/v2/discovery/...            the discovery.etcd.io-compatible v2 service (package bootstrap/v2)
 //	/v1/openapi.json             the OpenAPI description of the /v1 routes
+//	/v1/cluster                  etcd members' status or the backend's health (dashboard.go)
+//	/ui/, /                      the web dashboard (package server/ui); / redirects to /ui/
 //	/v1/auth/whoami, /v1/auth/token  who a request is and what it may do; an etcd token for Basic credentials
 //
 // The port is taken first in Start, and /healthz answers from that moment:

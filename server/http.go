@@ -80,6 +80,9 @@ func (s *Server) startHTTP() error {
 	if err := s.mountAPIs(mux); err != nil {
 		return err
 	}
+	if err := s.mountDashboard(mux); err != nil { // dashboard.go
+		return fmt.Errorf("dashboard: %w", err)
+	}
 	s.routes = mux
 	h := cors(s.cfg.CORSAllowedOrigins, s.requireAuth(mux)) // cors.go, authhttp.go
 	s.handler.Store(&h)

@@ -343,6 +343,12 @@ func (s *Server) Banner() string {
 	} else {
 		fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
 	}
+	// Where a browser on this host opens the dashboard.
+	dash := ep.HTTP
+	if httpAddr := strings.TrimPrefix(ep.HTTP, "http://"); loopbackIfUnspecified(httpAddr) != httpAddr {
+		dash = "http://" + loopbackIfUnspecified(httpAddr)
+	}
+	fmt.Fprintf(&b, "  dashboard     %s/ui/\n", dash)
 	if a := s.DNSAddr(); a != "" && s.dns.srv != nil {
 		fmt.Fprintf(&b, "  DNS           %s udp+tcp, zone %s   (dig @%s -p %s SRV <endpoint>.<component>.<namespace>.%s)\n", a, s.dns.srv.Domain(), hostOf(a), portOf(a), s.dns.srv.Domain())
 	}
