@@ -12,6 +12,7 @@ import (
 
 	"github.com/beaconplane/beacon/bootstrap"
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
+	"github.com/beaconplane/beacon/internal/pprofhttp"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/registryapi"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
@@ -67,6 +68,9 @@ func (s *Server) startHTTP() error {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{ErrorLog: slogErrorLog{s}}))
 	if err := s.mountAPIs(mux); err != nil {
 		return err
+	}
+	if s.cfg.EnablePprof {
+		pprofhttp.Mount(mux)
 	}
 	var h http.Handler = mux
 	s.handler.Store(&h)

@@ -82,6 +82,7 @@ BEACON_LOG_LEVEL.`,
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "graceful shutdown bound")
 	etcdAuth = addBackendFlags(cmd, "etcd-")
 	addDiscoveryFlags(cmd, &cfg.Discovery) // serve_discovery.go
+	addPerfFlags(cmd, &cfg)                // serve_perf.go
 	f.StringVar(&etcdAuth.backend, "backend", backend.FromEnv().BackendName(), "store backend: etcd, memory, file or nats (env "+backend.EnvVar+")")
 	return cmd
 }
