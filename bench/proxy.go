@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -78,14 +77,9 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	setup := "external etcd " + strings.Join(eps, ",")
 	var err error
 	if len(eps) == 0 {
-		dir, err := os.MkdirTemp("", "beacon-bench-proxy-")
+		c, err := startLocalEtcd(ctx, cfg.Members, cfg.Fsync)
 		if err != nil {
 			return nil, err
-		}
-		defer os.RemoveAll(dir)
-		c, err := etcdtest.NewCluster(cfg.Members, etcdtest.ClusterOptions{Dir: dir, Fsync: cfg.Fsync})
-		if err != nil {
-			return nil, fmt.Errorf("start embedded etcd: %w", err)
 		}
 		defer c.Close()
 		eps = c.Endpoints()

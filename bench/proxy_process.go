@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/freeport"
 	"github.com/beaconplane/beacon/proxy"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -74,7 +74,7 @@ type child struct {
 }
 
 func startProxyProcess(ctx context.Context, command []string, eps []string) (proxyUnderTest, error) {
-	port, err := etcdtest.FreePort()
+	port, err := freeport.Port()
 	if err != nil {
 		return nil, err
 	}

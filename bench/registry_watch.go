@@ -64,7 +64,7 @@ func RunWatch(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	tgt, err := startTarget(cfg)
+	tgt, err := startTarget(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -121,6 +121,18 @@ func watchRound(ctx context.Context, cfg RegistryConfig, tgt *etcdTarget, n int)
 		return nil, nil, 0, 0, err
 	}
 	defer func() { _, _ = rawW.Revoke(context.WithoutCancel(ctx), lease.ID) }()
+	// Kept alive for as long as the round runs (5k watchers with many
+	// samples take minutes).
+	kctx, stopKeepAlive := context.WithCancel(ctx)
+	defer stopKeepAlive()
+	ka, err := rawW.KeepAlive(kctx, lease.ID)
+	if err != nil {
+		return nil, nil, 0, 0, err
+	}
+	go func() {
+		for range ka { //nolint:revive // drains the keep-alive responses until the round ends
+		}
+	}()
 
 	// Readers: one process's worth of each.
 	rst, err := beaconStore(ctx, tgt.endpoints)
