@@ -75,7 +75,7 @@ type RegistryConfig struct {
 
 func (c *RegistryConfig) defaults() {
 	if c.Instances == 0 {
-		c.Instances = 6000
+		c.Instances = 20000
 	}
 	if len(c.Concurrency) == 0 {
 		c.Concurrency = []int{64, 256}

@@ -437,12 +437,16 @@ func (r *StoreRegistry) deleteIfOurs(ctx context.Context, key string, modRev int
 	return fmt.Errorf("registry: %s keeps changing; giving up deleting it", key)
 }
 
-// batcher commits concurrent creates together: a caller that finds fewer
-// than maxInflight transactions in flight commits everything queued (up to
-// maxTxnOps) itself; callers that find them all busy queue, and the next
-// transaction to finish takes the queue (group commit). A lone Register
-// costs one transaction; a burst one per batch, several batches in flight
-// (etcd folds concurrent proposals into one disk sync).
+// batcher commits concurrent creates together (group commit). A
+// transaction starts when fewer than minInflight are in flight, or when at
+// least targetBatch creates wait; it takes everything waiting (up to
+// maxTxnOps). So a lone Register costs one transaction; W concurrent ones
+// keep about W keys in flight in transactions of targetBatch or more, as
+// many as that takes (at most maxInflight), which is how etcd's write
+// throughput is reached: etcd folds concurrent proposals into one disk
+// sync and applies them in order. A transaction that ends takes what
+// waits if the rule allows, in a goroutine the registry owns, so that the
+// caller that committed it returns.
 type batcher struct {
 	r        *StoreRegistry
 	mu       sync.Mutex
@@ -450,8 +454,16 @@ type batcher struct {
 	inflight int
 }
 
-// maxInflight bounds the transactions a batcher has in flight.
-const maxInflight = 4
+const (
+	// minInflight transactions are started without waiting for a batch,
+	// so that a few concurrent registrations are not serialised.
+	minInflight = 4
+	// targetBatch creates waiting start another transaction beyond
+	// minInflight.
+	targetBatch = 16
+	// maxInflight bounds the transactions a batcher has in flight.
+	maxInflight = 64
+)
 
 type createOp struct {
 	key   string
@@ -497,7 +509,7 @@ func (b *batcher) create(ctx context.Context, key string, val []byte, lease stor
 // takeLocked returns the next batch if a transaction may start, counting
 // it in flight; nil otherwise.
 func (b *batcher) takeLocked() []*createOp {
-	if len(b.queue) == 0 || b.inflight >= maxInflight {
+	if len(b.queue) == 0 || b.inflight >= maxInflight || (b.inflight >= minInflight && len(b.queue) < targetBatch) {
 		return nil
 	}
 	n := min(len(b.queue), maxTxnOps)

@@ -33,7 +33,7 @@ ceiling with --no-ceiling. Against --endpoints the ceiling is skipped (the
 tool writes keys it cannot remove).`,
 			bench.RunRegister, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
 				f := cmd.Flags()
-				f.IntVar(&cfg.Instances, "instances", 6000, "instances registered per round by the concurrent workers")
+				f.IntVar(&cfg.Instances, "instances", 20000, "instances registered per round by the concurrent workers")
 				f.IntVar(&cfg.Rounds, "rounds", 3, "rounds taking the sides in turn (the median is shown, with the spread)")
 				f.IntSliceVar(&cfg.Concurrency, "concurrency", []int{64, 256}, "numbers of concurrent workers to measure")
 				f.IntVar(&cfg.Sequential, "sequential", 300, "instances registered by one worker")
