@@ -48,6 +48,7 @@ const (
 	DefaultWriteTimeout    = 5 * time.Second
 	DefaultStartTimeout    = 30 * time.Second
 	DefaultUpstreamConns   = 4
+	DefaultWatchSilence    = 5 * time.Second
 	// EmptyRefreshInterval is the refresh interval while no endpoint is
 	// reachable (when RefreshInterval is longer).
 	EmptyRefreshInterval = time.Second
@@ -128,6 +129,13 @@ type Config struct {
 	// UpstreamConns is the number of connections the proxy spreads
 	// requests over (each balanced over the endpoints); default 4.
 	UpstreamConns int
+	// WatchSilenceTimeout bounds how long the upstream watches may hear
+	// nothing from their member: after half of it without a response the
+	// proxy sends a progress request, and if that goes unanswered for the
+	// other half the member is benched and the watches move to another
+	// one (or, with none left, the client watchers are cancelled with a
+	// reason). Default 5 s; negative disables the check.
+	WatchSilenceTimeout time.Duration
 
 	// ClientTLS is used to reach members (client and peer URLs with
 	// https); nil uses the system roots for https URLs.
@@ -172,6 +180,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.UpstreamConns == 0 {
 		c.UpstreamConns = DefaultUpstreamConns
+	}
+	if c.WatchSilenceTimeout == 0 {
+		c.WatchSilenceTimeout = DefaultWatchSilence
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

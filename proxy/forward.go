@@ -32,8 +32,11 @@ func newCodec() codec { return codec{proto: encoding.GetCodecV2("proto")} }
 func (c codec) Name() string { return "proto" }
 
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
-	if f, ok := v.(*frame); ok {
-		return mem.BufferSlice{mem.SliceBuffer(f.data)}, nil
+	switch m := v.(type) {
+	case *frame:
+		return mem.BufferSlice{mem.SliceBuffer(m.data)}, nil
+	case *spliced:
+		return m.parts, nil
 	}
 	return c.proto.Marshal(v)
 }

@@ -35,7 +35,11 @@ const (
 
 // serve runs the gRPC and HTTP servers on l until ctx ends.
 func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
-	p.watch = newWatchHub(p, p.client.Watcher)
+	p.watch = newWatchHub(p)
+	if err := p.watch.startMember(); err != nil {
+		return err
+	}
+	p.hubRef.Store(p.watch)
 	p.lease = newLeaseMux(p)
 	gs := p.newGRPCServer()
 
