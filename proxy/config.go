@@ -137,6 +137,22 @@ type Config struct {
 	// reason). Default 5 s; negative disables the check.
 	WatchSilenceTimeout time.Duration
 
+	// CacheMaxStaleness bounds how stale a serializable Range answered
+	// from the proxy's watch-fed cache may be: every answer reflects every
+	// write committed before now minus CacheMaxStaleness, and every write
+	// forwarded by this proxy (see cache.go). Default 1 s; negative turns
+	// the cache off (every read is forwarded). Linearizable reads, reads
+	// at a revision and reads with credentials are never cached.
+	CacheMaxStaleness time.Duration
+	// EnablePprof serves Go's runtime profiles under /debug/pprof/ on the
+	// proxy's listener (etcd's --enable-pprof); off by default.
+	EnablePprof bool
+
+	// CacheMaxBytes bounds the cache's copy of the keyspace (keys, values
+	// and about 96 bytes each); a larger keyspace turns the cache off.
+	// Default 256 MiB.
+	CacheMaxBytes int64
+
 	// ClientTLS is used to reach members (client and peer URLs with
 	// https); nil uses the system roots for https URLs.
 	ClientTLS *tls.Config
@@ -183,6 +199,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WatchSilenceTimeout == 0 {
 		c.WatchSilenceTimeout = DefaultWatchSilence
+	}
+	if c.CacheMaxStaleness == 0 {
+		c.CacheMaxStaleness = DefaultCacheMaxStaleness
+	}
+	if c.CacheMaxBytes == 0 {
+		c.CacheMaxBytes = DefaultCacheMaxBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -276,6 +298,9 @@ func (c Config) Validate() error {
 		if d < 0 {
 			return fmt.Errorf("%w: %s %v must not be negative", ErrBadConfig, name, d)
 		}
+	}
+	if c.CacheMaxBytes < 0 {
+		return fmt.Errorf("%w: cache max bytes %d must not be negative", ErrBadConfig, c.CacheMaxBytes)
 	}
 	if c.UpstreamConns < 0 || c.UpstreamConns > 64 {
 		return fmt.Errorf("%w: upstream connections %d must be between 1 and 64", ErrBadConfig, c.UpstreamConns)

@@ -308,6 +308,9 @@ func (p *Proxy) unary(ctx context.Context, method string, info methodInfo, req *
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	if write && p.cache != nil {
+		p.cache.wrote(resp.data) // reads through the proxy see it (read-your-writes)
+	}
 	return resp, hdr, trl, nil
 }
 
@@ -325,10 +328,15 @@ func (p *Proxy) unaryHandler(method string) grpc.MethodHandler {
 	}
 }
 
-func (p *Proxy) serveUnary(ctx context.Context, method string, info methodInfo, dec func(any) error) (*frame, error) {
+func (p *Proxy) serveUnary(ctx context.Context, method string, info methodInfo, dec func(any) error) (any, error) {
 	req := new(frame)
 	if err := dec(req); err != nil {
 		return nil, err
+	}
+	if method == kvSvc+"Range" && p.cache != nil {
+		if resp, ok := p.cachedRange(ctx, req.data); ok {
+			return resp, nil
+		}
 	}
 	octx, err := p.outgoing(ctx)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/pprofhttp"
 	gw "github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/tmc/grpc-websocket-proxy/wsproxy"
@@ -166,6 +167,9 @@ func (p *Proxy) httpHandler(gwmux *gw.ServeMux) http.Handler {
 	))
 	mux.Handle(PathMetrics, promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc(PathHealth, p.handleHealth)
+	if p.cfg.EnablePprof {
+		pprofhttp.Mount(mux)
+	}
 	mux.HandleFunc(PathEndpoints, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"mode": p.cfg.Mode, "endpoints": p.dir.status()})
 	})

@@ -56,6 +56,7 @@ type Proxy struct {
 	next   atomic.Uint32
 	watch  *watchHub
 	hubRef atomic.Pointer[watchHub] // watch, for the director's callback
+	cache  *rangeCache              // nil when turned off
 	lease  *leaseMux
 	self   *selfMatcher
 	seeds  []string // peer URLs from discovery
@@ -101,6 +102,12 @@ func New(cfg Config) (*Proxy, error) {
 		dir:             newDirector(cfg.FailureWait, log, m),
 		done:            make(chan struct{}),
 		ready:           make(chan struct{}),
+	}
+	if cfg.CacheMaxStaleness > 0 {
+		p.cache = newRangeCache(p)
+	}
+	if err := p.registerCacheMetrics(reg); err != nil {
+		return nil, fmt.Errorf("%w: register metrics: %v", ErrBadConfig, err)
 	}
 	return p, nil
 }

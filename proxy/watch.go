@@ -60,12 +60,17 @@ type watchKey struct {
 	via           string
 	requireLeader bool
 	prevKV        bool
+	stream        string // an internal consumer's own gRPC stream (the cache)
 }
 
 // group selects the clientv3 gRPC watch stream (one per credentials).
 func (k watchKey) group() watchKey {
-	return watchKey{token: k.token, via: k.via, requireLeader: k.requireLeader}
+	return watchKey{token: k.token, via: k.via, requireLeader: k.requireLeader, stream: k.stream}
 }
+
+// streamKey is the metadata key that gives an internal consumer's watches
+// a gRPC stream of their own (etcd ignores it).
+const streamKey = "beacon-proxy-stream"
 
 type watchHub struct {
 	p      *Proxy
@@ -106,8 +111,9 @@ type cwatcher struct {
 	s       *cstream
 	key     watchKey
 	progres bool
-	nextrev int64     // guarded by up.mu
-	up      *upstream // guarded by hub.mu
+	nextrev int64       // guarded by up.mu
+	up      *upstream   // guarded by hub.mu
+	sink    *rangeCache // an internal consumer instead of a client stream (s nil)
 }
 
 // qitem is one response waiting for a client stream: a control response
@@ -494,6 +500,32 @@ func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool
 	return true
 }
 
+// attachSink attaches an internal consumer from revision rev, on its own
+// upstream watch unless one of the same range and stream is at rev.
+func (h *watchHub) attachSink(w *cwatcher, rev int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	var u *upstream
+	for _, v := range h.groups[w.key] {
+		v.mu.Lock()
+		if !v.closed && v.nextrev <= rev {
+			u = v
+		}
+		v.mu.Unlock()
+	}
+	if u == nil {
+		u = h.newUpstream(w.key, rev, false)
+	}
+	u.mu.Lock()
+	w.nextrev, w.up = rev, u
+	u.receivers[w] = struct{}{}
+	u.mu.Unlock()
+	return true
+}
+
 // newUpstream starts an upstream watch from rev; h.mu is held.
 func (h *watchHub) newUpstream(k watchKey, rev int64, current bool) *upstream {
 	u := &upstream{hub: h, key: k, nextrev: rev, caughtUp: current, receivers: map[*cwatcher]struct{}{}}
@@ -519,6 +551,9 @@ func (u *upstream) watchLocked(w clientv3.Watcher) {
 		via = strings.Split(k.via, ",")
 	}
 	md.Set(viaKey, append(via, h.p.id)...)
+	if k.stream != "" {
+		md.Set(streamKey, k.stream)
+	}
 	ctx := metadata.NewOutgoingContext(h.ctx, md)
 	if k.requireLeader {
 		ctx = clientv3.WithRequireLeader(ctx)
@@ -626,6 +661,10 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 		u.caughtUp = true
 		for w := range u.receivers {
 			w.nextrev = max(w.nextrev, hdr.Revision+1)
+			if w.sink != nil {
+				w.sink.progress(hdr.Revision)
+				continue
+			}
 			if w.progres {
 				w.s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, hdr.Revision), WatchId: w.id})
 			}
@@ -648,6 +687,10 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 				continue
 			}
 			w.nextrev = b.last + 1
+			if w.sink != nil {
+				w.sink.apply(b, from)
+				continue
+			}
 			w.s.enqueueEvents(w, b, from)
 		}
 		if !u.caughtUp {
@@ -680,6 +723,10 @@ func (u *upstream) end(hdr *pb.ResponseHeader, compactRev int64, reason string) 
 		hdr = &pb.ResponseHeader{}
 	}
 	for w := range recv {
+		if w.sink != nil {
+			w.sink.ended(reason)
+			continue
+		}
 		s := w.s
 		s.mu.Lock()
 		if s.watchers[w.id] == w {
@@ -737,6 +784,9 @@ func (h *watchHub) moveLocked(from, to *upstream) bool {
 		for w := range from.receivers {
 			to.receivers[w] = struct{}{}
 			w.up = to
+			if w.s == nil {
+				continue
+			}
 			w.s.mu.Lock()
 			if w.s.pending[from] {
 				delete(w.s.pending, from)
@@ -790,7 +840,7 @@ func (h *watchHub) detach(w *cwatcher) {
 		h.removeLocked(u)
 	}
 	h.mu.Unlock()
-	if was {
+	if was && w.sink == nil {
 		h.p.m.clientWatchers.Dec()
 	}
 	if empty {

@@ -159,6 +159,7 @@ ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
 	f.StringVar(&key, "key", envOr("ETCD_AUTH_CLIENT_KEY", ""), "client key for members (env ETCD_AUTH_CLIENT_KEY)")
 	f.StringVar(&listenCert, "listen-cert", "", "serve clients over TLS with this certificate")
 	f.StringVar(&listenKey, "listen-key", "", "key of --listen-cert")
+	addProxyPerfFlags(cmd, &cfg) // proxy_perf.go
 	return cmd
 }
 
