@@ -567,9 +567,10 @@ func (u *upstream) watchLocked(w clientv3.Watcher) {
 	if k.end != "" {
 		opts = append(opts, clientv3.WithRange(k.end))
 	}
-	wch := w.Watch(u.ctx, k.key, opts...)
-	gen := u.gen
-	h.wg.Go(func() { u.run(wch, gen) })
+	// Watch returns once etcd has created the watch: never under a lock
+	// (a hung member would hold it for good).
+	ctx, gen := u.ctx, u.gen
+	h.wg.Go(func() { u.run(w.Watch(ctx, k.key, opts...), gen) })
 }
 
 // restart feeds u from a new watch on w (another member), from the first
