@@ -11,6 +11,7 @@ import (
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -129,3 +130,44 @@ func countEvents(b []byte) int {
 }
 
 func insecureCreds() credentials.TransportCredentials { return insecure.NewCredentials() }
+
+// BenchmarkWatchLatency is the time from a put until every one of 200
+// watchers (over 10 client streams) has it through the proxy, one put at a
+// time; ns/op is that time.
+func BenchmarkWatchLatency(b *testing.B) {
+	srv := etcdtest.Start(b, etcdtest.Options{})
+	p := startProxy(b, Config{Endpoints: srv.Endpoints()})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const watchers, streams = 200, 10
+	key := fmt.Sprintf("latency/%d", time.Now().UnixNano())
+	got := make(chan struct{}, watchers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for s := range streams {
+		cli := proxyClient(b, p)
+		for range watchers / streams {
+			wch := cli.Watch(ctx, key, clientv3.WithCreatedNotify())
+			<-wch
+			wg.Go(func() {
+				for wr := range wch {
+					for range wr.Events {
+						got <- struct{}{}
+					}
+				}
+			})
+		}
+		_ = s
+	}
+	direct := srv.Client(b)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := direct.Put(ctx, key, "x"); err != nil {
+			b.Fatal(err)
+		}
+		for range watchers {
+			<-got
+		}
+	}
+}
