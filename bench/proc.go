@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
@@ -31,7 +32,7 @@ type proc struct {
 
 // startProc starts argv (which must serve etcd's gRPC API on addr) and
 // waits until an etcd client can read through it.
-func startProc(ctx context.Context, name, addr string, argv []string, tmpDir string) (*proc, error) {
+func startProc(ctx context.Context, log *slog.Logger, name, addr string, argv []string, tmpDir string) (*proc, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.SysProcAttr = childAttr() // ends with the benchmark, even if it is killed
 	p := &proc{name: name, addr: addr, cmd: cmd, out: &syncBuf{}, done: make(chan struct{}), tmpDir: tmpDir}
@@ -40,6 +41,7 @@ func startProc(ctx context.Context, name, addr string, argv []string, tmpDir str
 		return nil, fmt.Errorf("bench: start %s (%s): %w", name, argv[0], err)
 	}
 	go func() { _ = cmd.Wait(); close(p.done) }()
+	log.Info("started", "process", name, "pid", cmd.Process.Pid, "addr", addr)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		p.stop()
@@ -89,9 +91,33 @@ func (p *proc) stop() {
 // every Linux platform Go supports).
 const userHZ = 100
 
-// cpu is the CPU time (user + system) the process has used.
+// cpu is the CPU time (user + system) the process has used: the sum of
+// its threads' run times in /proc/<pid>/task/*/schedstat (nanoseconds),
+// or /proc/<pid>/stat's (10 ms ticks) where schedstat is missing.
 func (p *proc) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	pid := p.cmd.Process.Pid
+	if tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); err == nil {
+		var sum time.Duration
+		ok := false
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+			if err != nil {
+				continue
+			}
+			f := strings.Fields(string(b))
+			if len(f) == 0 {
+				continue
+			}
+			if ns, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+				sum += time.Duration(ns)
+				ok = true
+			}
+		}
+		if ok {
+			return sum
+		}
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
 	}

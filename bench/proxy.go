@@ -192,14 +192,14 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	}()
 
 	sides := []*side{{name: sideDirect, eps: eps}}
-	bp, err := startBeaconProxy(ctx, cfg.BeaconCommand, eps)
+	bp, err := startBeaconProxy(ctx, cfg.Logger, cfg.BeaconCommand, eps)
 	if err != nil {
 		return nil, err
 	}
 	defer bp.stop()
 	sides = append(sides, &side{name: sideBeacon, eps: []string{"http://" + bp.addr}, proc: bp})
 	if etcdBin != "" {
-		gp, err := startGRPCProxy(ctx, etcdBin, eps)
+		gp, err := startGRPCProxy(ctx, cfg.Logger, etcdBin, eps)
 		if err != nil {
 			return nil, err
 		}
@@ -296,7 +296,7 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	if up := wm.get(sideBeacon, "upstream"); len(up) > 0 {
 		r.Note("Beacon's proxy held %v etcd watch(es) for the %d identical client watches", up[0], cfg.Watches)
 	}
-	r.Note("ratio: Beacon's proxy over the baseline named in 'vs', each measured in the same round (median of the per-round ratios' spread in brackets); CPU from /proc/<pid>/stat of each proxy process")
+	r.Note("ratio: Beacon's proxy over the baseline named in 'vs', each measured in the same round (median of the per-round ratios' spread in brackets); CPU: the proxy process's threads' run time (/proc/<pid>/task/*/schedstat)")
 	return r, nil
 }
 
@@ -343,18 +343,18 @@ func (m *samples) gpRow(r *Report, metric, unit, what string, goal float64) {
 }
 
 // startBeaconProxy runs `beacon proxy` in front of eps.
-func startBeaconProxy(ctx context.Context, command []string, eps []string) (*proc, error) {
+func startBeaconProxy(ctx context.Context, log *slog.Logger, command []string, eps []string) (*proc, error) {
 	port, err := freeport.Port()
 	if err != nil {
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	argv := append(append([]string{}, command...), "--endpoints", strings.Join(eps, ","), "--listen-addr", addr, "--log-level", "warn")
-	return startProc(ctx, sideBeacon, addr, argv, "")
+	return startProc(ctx, log, sideBeacon, addr, argv, "")
 }
 
 // startGRPCProxy runs `etcd grpc-proxy start` in front of eps.
-func startGRPCProxy(ctx context.Context, etcdBin string, eps []string) (*proc, error) {
+func startGRPCProxy(ctx context.Context, log *slog.Logger, etcdBin string, eps []string) (*proc, error) {
 	port, err := freeport.Port()
 	if err != nil {
 		return nil, err
@@ -370,7 +370,7 @@ func startGRPCProxy(ctx context.Context, etcdBin string, eps []string) (*proc, e
 	}
 	argv := []string{etcdBin, "grpc-proxy", "start", "--endpoints", strings.Join(hosts, ","), "--listen-addr", addr,
 		"--advertise-client-url", addr, "--data-dir", dir}
-	p, err := startProc(ctx, sideGP, addr, argv, dir)
+	p, err := startProc(ctx, log, sideGP, addr, argv, dir)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 	}
@@ -456,9 +456,14 @@ func watchRoundProxy(ctx context.Context, cfg ProxyConfig, s *side, writer *clie
 	if err := putErr.Load(); err != nil {
 		return *err
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for got.Load() < want && ended.Load() < int64(n) && time.Now().Before(deadline) && ctx.Err() == nil {
+	// Until every event is in, every watcher ended, or nothing arrived for
+	// 5 s (a proxy that dropped events: they are counted as lost).
+	seen, progress := got.Load(), time.Now()
+	for got.Load() < want && ended.Load() < int64(n) && time.Since(progress) < 5*time.Second && ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond) // the watchers' goroutines count; nothing to wait on
+		if g := got.Load(); g != seen {
+			seen, progress = g, time.Now()
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -485,10 +490,13 @@ func watchRoundProxy(ctx context.Context, cfg ProxyConfig, s *side, writer *clie
 		m.add(s.name, "after", s.proc.rss()/(1<<20))
 	}
 
-	// Steady rate: the time from each put until each watcher has it.
-	if ended.Load() == int64(n) {
+	// Steady rate: the time from each put until each watcher still open
+	// has it.
+	live := n - int(ended.Load())
+	if live == 0 {
 		return nil // the proxy ended every watch (it dropped the burst)
 	}
+	lat.expect(live)
 	tick := time.NewTicker(time.Second / time.Duration(cfg.LatencyRate))
 	defer tick.Stop()
 	for k := range cfg.LatencyPuts {

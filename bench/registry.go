@@ -258,15 +258,20 @@ func rawKey(in beacon.Instance) string {
 }
 
 // run runs op(i) for i in [0, n) on workers goroutines and returns the
-// total time and each op's latency.
+// total time and each op's latency. An interrupt (ctx) stops new
+// operations but lets those in flight finish (for at most 10 s), so that
+// what they created (a lease, a key) is known and can be removed; the
+// first error stops everything.
 func run(ctx context.Context, n, workers int, op func(ctx context.Context, i int) error) (time.Duration, []time.Duration, error) {
 	lat := make([]time.Duration, n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var errOnce sync.Once
 	var firstErr error
-	ctx, cancel := context.WithCancel(ctx)
+	opCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(10*time.Second, cancel) })
+	defer stop()
 	start := time.Now()
 	for range min(workers, n) {
 		wg.Add(1)
@@ -274,11 +279,11 @@ func run(ctx context.Context, n, workers int, op func(ctx context.Context, i int
 			defer wg.Done()
 			for {
 				i := int(next.Add(1) - 1)
-				if i >= n || ctx.Err() != nil {
+				if i >= n || ctx.Err() != nil || opCtx.Err() != nil {
 					return
 				}
 				t := time.Now()
-				if err := op(ctx, i); err != nil {
+				if err := op(opCtx, i); err != nil {
 					errOnce.Do(func() { firstErr = err; cancel() })
 					return
 				}
@@ -287,6 +292,9 @@ func run(ctx context.Context, n, workers int, op func(ctx context.Context, i int
 		}()
 	}
 	wg.Wait()
+	if firstErr == nil && ctx.Err() != nil {
+		firstErr = ctx.Err()
+	}
 	return time.Since(start), lat, firstErr
 }
 
@@ -488,13 +496,15 @@ func (r *rawRegistrar) op(ns string) func(ctx context.Context, i int) error {
 	}
 }
 
-// revokeAll revokes every lease granted so far (untimed); a lease already
-// gone is not an error.
+// revokeAll revokes every lease granted so far (untimed), also after an
+// interrupt (for at most 30 s); a lease already gone is not an error.
 func (r *rawRegistrar) revokeAll(ctx context.Context) error {
 	r.mu.Lock()
 	ls := r.leases
 	r.leases = nil
 	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
 	_, _, err := run(ctx, len(ls), 32, func(ctx context.Context, i int) error {
 		_, err := r.cli.Revoke(ctx, ls[i])
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {

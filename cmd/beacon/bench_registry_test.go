@@ -22,6 +22,20 @@ func TestBenchCommandsBadInput(t *testing.T) {
 		{[]string{"bench", "naming", "--trials", "-1"}, "--trials -1"},
 		{[]string{"bench", "naming", "--drain-grace", "-1s"}, "--drain-grace"},
 		{[]string{"bench", "naming", "-o", "yaml"}, "-o"},
+		{[]string{"bench", "register", "--concurrency", "0"}, "--concurrency 0"},
+		{[]string{"bench", "register", "--concurrency", "64,-1"}, "--concurrency -1"},
+		{[]string{"bench", "register", "--instances", "99999999999"}, "at most"},
+		{[]string{"bench", "register", "--batch", "500"}, "--batch 500"},
+		{[]string{"bench", "register", "--benchmark-bin", "/nonexistent/benchmark"}, "--benchmark-bin"},
+		{[]string{"bench", "proxy", "--watches", "-1"}, "--watches -1"},
+		{[]string{"bench", "proxy", "--clients", "-5"}, "--clients -5"},
+		{[]string{"bench", "proxy", "--duration", "-1s"}, "--duration"},
+		{[]string{"bench", "proxy", "--value-size", "2000000000"}, "--value-size"},
+		{[]string{"bench", "proxy", "--watches", "5", "--streams", "10"}, "--streams 10"},
+		{[]string{"bench", "proxy", "--etcd-bin", "/nonexistent/etcd"}, "--etcd-bin"},
+		{[]string{"bench", "proxy", "-o", "yaml"}, "-o"},
+		{[]string{"proxy", "--cache-max-staleness", "-1s"}, "--cache-max-staleness"},
+		{[]string{"proxy", "--cache-max-bytes", "0"}, "--cache-max-bytes"},
 	})
 }
 
