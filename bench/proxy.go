@@ -306,7 +306,9 @@ func rotate(s []*side, n int) []*side {
 }
 
 // samples collects one figure per side and round.
-type samples struct{ v map[string]map[string][]float64 }
+type samples struct {
+	v map[string]map[string][]float64
+}
 
 func newSamples() *samples { return &samples{v: map[string]map[string][]float64{}} }
 

@@ -92,10 +92,13 @@ func (r Row) Met() bool {
 
 // Report is the result of one scenario.
 type Report struct {
-	Scenario string   `json:"scenario"`
-	Setup    string   `json:"setup"`
-	Rows     []Row    `json:"rows"`
-	Notes    []string `json:"notes,omitempty"`
+	Scenario string `json:"scenario"`
+	Setup    string `json:"setup"`
+	// BaselineName names the baseline of rows that name none (Row.Against);
+	// "raw etcd" when empty.
+	BaselineName string   `json:"baseline_name,omitempty"`
+	Rows         []Row    `json:"rows"`
+	Notes        []string `json:"notes,omitempty"`
 }
 
 // Add appends a row.
@@ -136,6 +139,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 			}
 		}
 		against := row.Against
+		if against == "" {
+			against = r.BaselineName
+		}
 		if against == "" {
 			against = "raw etcd"
 		}

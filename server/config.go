@@ -92,6 +92,10 @@ type Config struct {
 	// DefaultHTTPAddr when empty.
 	HTTPAddr string
 
+	// DNS configures the DNS interface (dns.go); disabled when DNS.Addr is
+	// empty, as in the zero value (`beacon serve` enables it by default).
+	DNS DNSConfig
+
 	// ShutdownTimeout bounds graceful shutdown; DefaultShutdownTimeout when
 	// zero.
 	ShutdownTimeout time.Duration
@@ -223,6 +227,7 @@ func (c Config) Validate() error {
 	if err := c.Registry.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.DNS.validate()...)
 	if c.V2BaseURL != "" {
 		if u, err := url.Parse(c.V2BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.HasSuffix(c.V2BaseURL, "/") {
 			errs = append(errs, fmt.Errorf("--v2-base-url %q: want an http(s) URL without trailing slash, e.g. http://10.0.0.1:9379/v2/discovery", c.V2BaseURL))

@@ -55,6 +55,7 @@ type Server struct {
 	wg        sync.WaitGroup
 	errc      chan error
 	boot      bootstrapState // discovery fallback proxy (discovery.go)
+	dns       dnsState       // DNS interface (dns.go)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -106,6 +107,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 	s.httpLn = ln
+	if err := s.listenDNS(); err != nil { // dns.go
+		return err
+	}
 	s.serveEarly()
 
 	switch {
@@ -129,7 +133,10 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		}
 		s.store, s.ownsStore = st, true
 	}
-	return s.startHTTP()
+	if err := s.startHTTP(); err != nil {
+		return err
+	}
+	return s.startDNS()
 }
 
 // Run starts the server, serves until ctx is done or a component fails,
@@ -175,6 +182,7 @@ func (s *Server) Close() error {
 		} else if ln != nil {
 			_ = ln.Close()
 		}
+		s.closeDNS()
 		s.boot.close()
 		if s.v2 != nil {
 			_ = s.v2.Close()
@@ -272,6 +280,9 @@ func (s *Server) Banner() string {
 		fmt.Fprintf(&b, "  data dir      %s\n", ep.DataDir)
 	}
 	fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
+	if a := s.DNSAddr(); a != "" && s.dns.srv != nil {
+		fmt.Fprintf(&b, "  DNS           %s udp+tcp, zone %s   (dig @%s -p %s SRV <endpoint>.<component>.<namespace>.%s)\n", a, s.dns.srv.Domain(), hostOf(a), portOf(a), s.dns.srv.Domain())
+	}
 	return b.String()
 }
 

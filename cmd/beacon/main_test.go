@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/miekg/dns"
 	"io"
 	"net/http"
 	"os"
@@ -139,9 +140,9 @@ func freeURL(t *testing.T) string {
 func TestServeStartsAndStopsOnSIGTERM(t *testing.T) {
 	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
 	b := startBeacon(t, t.TempDir(), nil, "serve", "--listen-client-urls", client, "--listen-peer-urls", peer,
-		"--http-addr", strings.TrimPrefix(httpURL, "http://"), "--data-dir", "data")
+		"--http-addr", strings.TrimPrefix(httpURL, "http://"), "--data-dir", "data", "--dns-addr", "127.0.0.1:0")
 	b.waitLine(t, "beacon serve is ready", 60*time.Second)
-	b.waitLine(t, "HTTP API", 5*time.Second)
+	b.waitLine(t, "DNS", 5*time.Second)
 	if !strings.Contains(b.out(), client) {
 		t.Fatalf("banner lacks the client URL %s:\n%s", client, b.out())
 	}
@@ -173,6 +174,9 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{[]string{"serve", "--log-level", "loud"}, "--log-level"},
 		{[]string{"serve", "--no-such-flag"}, "unknown flag"},
 		{[]string{"serve", "--shutdown-timeout", "soon"}, "invalid argument"},
+		{[]string{"serve", "--dns-addr", "nope"}, "--dns-addr"},
+		{[]string{"serve", "--dns-domain", "."}, "--dns-domain"},
+		{[]string{"serve", "--dns-ttl", "100ms"}, "--dns-ttl"},
 	})
 }
 
@@ -180,7 +184,7 @@ func TestServePortInUse(t *testing.T) {
 	// A second server on the same ports must fail with a clear line.
 	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
 	args := []string{"serve", "--listen-client-urls", client, "--listen-peer-urls", peer,
-		"--http-addr", strings.TrimPrefix(httpURL, "http://")}
+		"--http-addr", strings.TrimPrefix(httpURL, "http://"), "--dns-addr="}
 	first := startBeacon(t, t.TempDir(), nil, args...)
 	first.waitLine(t, "beacon serve is ready", 60*time.Second)
 	second := startBeacon(t, t.TempDir(), nil, args...)
@@ -235,6 +239,11 @@ func TestReadmeServeCommand(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Errorf("%s = %d", url, resp.StatusCode)
 		}
+	}
+	soa := new(dns.Msg)
+	soa.SetQuestion("beacon.", dns.TypeSOA)
+	if r, _, err := (&dns.Client{Net: "tcp", Timeout: 10 * time.Second}).ExchangeContext(ctx, soa, "127.0.0.1:9353"); err != nil || r.Rcode != dns.RcodeSuccess {
+		t.Errorf("DNS on 127.0.0.1:9353: %v %v", r, err)
 	}
 	_ = b.cmd.Process.Signal(syscall.SIGINT)
 	if err := b.wait(t, 30*time.Second); err != nil {

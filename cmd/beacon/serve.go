@@ -22,8 +22,9 @@ func newServeCmd() *cobra.Command {
 		Short: "Run Beacon: embedded etcd, HTTP API, health and metrics",
 		Long: `Run Beacon's server. By default it starts a single-node embedded etcd (clients on
 127.0.0.1:2379, peers on 127.0.0.1:2380, data in ./beacon.data) that etcdctl and
-any etcd v3 client use unchanged, and an HTTP listener on 127.0.0.1:9379 with
-/healthz, /readyz, /metrics and the HTTP API.
+any etcd v3 client use unchanged, an HTTP listener on 127.0.0.1:9379 with
+/healthz, /readyz, /metrics and the HTTP API, and DNS on 127.0.0.1:9353 (UDP and
+TCP) answering for every registered instance (docs/dns.md).
 
 With --etcd-endpoints it runs no etcd and fronts an external cluster instead
 (credentials from ETCD_AUTH_* or the --etcd-* flags). With
@@ -83,6 +84,7 @@ BEACON_LOG_LEVEL.`,
 	etcdAuth = addBackendFlags(cmd, "etcd-")
 	addDiscoveryFlags(cmd, &cfg.Discovery) // serve_discovery.go
 	addPerfFlags(cmd, &cfg)                // serve_perf.go
+	addDNSFlags(cmd, &cfg.DNS)             // serve_dns.go
 	f.StringVar(&etcdAuth.backend, "backend", backend.FromEnv().BackendName(), "store backend: etcd, memory, file or nats (env "+backend.EnvVar+")")
 	return cmd
 }

@@ -37,7 +37,7 @@ func TestTokenCommands(t *testing.T) {
 		client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
 		n := startBeacon(t, dir, nil, "serve", "--name", name, "--data-dir", name+".data",
 			"--listen-client-urls", client, "--listen-peer-urls", peer, "--http-addr", strings.TrimPrefix(httpURL, "http://"),
-			"--discovery-token", tok, "--discovery-endpoints", ep)
+			"--discovery-token", tok, "--discovery-endpoints", ep, "--dns-addr=")
 		nodes = append(nodes, n)
 	}
 	watch.waitLine(t, "2 of 2 members registered", 60*time.Second)
@@ -57,7 +57,7 @@ func TestTokenCommands(t *testing.T) {
 	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
 	late := startBeacon(t, dir, nil, "serve", "--name", "n3", "--data-dir", "n3.data",
 		"--listen-client-urls", client, "--listen-peer-urls", peer, "--http-addr", strings.TrimPrefix(httpURL, "http://"),
-		"--discovery-token", tok, "--discovery-endpoints", ep)
+		"--discovery-token", tok, "--discovery-endpoints", ep, "--dns-addr=")
 	if err := late.wait(t, 60*time.Second); err == nil || !strings.Contains(late.errOut(), "beacon: failed to join discovery cluster: discovery: cluster is full") {
 		t.Fatalf("late node: %v\n%s", err, late.errOut())
 	}

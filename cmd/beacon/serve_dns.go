@@ -1,0 +1,17 @@
+package main
+
+import (
+	"github.com/beaconplane/beacon/server"
+	"github.com/beaconplane/beacon/server/dnsapi"
+	"github.com/spf13/cobra"
+)
+
+// addDNSFlags registers the DNS interface's flags on `beacon serve`
+// (docs/dns.md).
+func addDNSFlags(cmd *cobra.Command, d *server.DNSConfig) {
+	f := cmd.Flags()
+	f.StringVar(&d.Addr, "dns-addr", dnsapi.DefaultAddr, "DNS listener, UDP and TCP, answering for every registered instance (empty, --dns-addr=, disables DNS)")
+	f.StringVar(&d.Domain, "dns-domain", dnsapi.DefaultDomain, "zone DNS answers: <endpoint>.<component>.<namespace>.<zone>; other names are refused")
+	f.DurationVar(&d.TTL, "dns-ttl", dnsapi.DefaultTTL, "TTL of DNS answers and of negative answers (whole seconds, 1s-1h)")
+	f.DurationVar(&d.MaxStale, "dns-max-stale", dnsapi.DefaultMaxStale, "how long DNS serves its last view after the registry lost its store, before answering SERVFAIL")
+}

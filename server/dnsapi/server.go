@@ -1,0 +1,386 @@
+package dnsapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/miekg/dns"
+	"golang.org/x/net/netutil"
+)
+
+// Server answers DNS for the instances of a registry. It follows one
+// Watch of everything the registry holds and answers every query from an
+// immutable view built from it (never a store read per query); views are
+// swapped atomically, so queries never wait for updates.
+//
+// Create it with New, give it listeners with Serve; Close stops it.
+type Server struct {
+	cfg Config
+	d   registry.Discoverer
+	log *slog.Logger
+	ans answerer
+	m   *metrics
+
+	view    atomic.Pointer[view]
+	updated atomic.Pointer[chan struct{}]
+
+	// Owned by the watch loop.
+	state map[compID]map[string]beacon.Instance
+
+	mu        sync.Mutex
+	servers   []*dns.Server
+	closed    bool
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+// view is what queries answer from: a zone, and since when the watch
+// behind it has been stale (zero while it is live).
+type view struct {
+	zone       *zone
+	staleSince time.Time
+}
+
+// New validates cfg and starts following d. Until the first snapshot is in
+// (Ready), names under the domain answer SERVFAIL.
+func New(d registry.Discoverer, cfg Config) (*Server, error) {
+	if d == nil {
+		return nil, errors.New("dnsapi: a registry is required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	s := &Server{
+		cfg:   cfg,
+		d:     d,
+		log:   cfg.Logger.With("component", "dns"),
+		ans:   answerer{domain: cfg.Domain, ttl: uint32(cfg.TTL / time.Second), udpSize: cfg.UDPSize},
+		state: map[compID]map[string]beacon.Instance{},
+	}
+	ch := make(chan struct{})
+	s.updated.Store(&ch)
+	m, err := newMetrics(cfg.Metrics, s)
+	if err != nil {
+		return nil, err
+	}
+	s.m = m
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.follow(ctx)
+	}()
+	return s, nil
+}
+
+// Domain returns the zone answered, canonical (lower case, trailing dot).
+func (s *Server) Domain() string { return s.cfg.Domain }
+
+// Ready reports whether the first snapshot of the registry is in.
+func (s *Server) Ready() bool { return s.view.Load() != nil }
+
+// Updated returns a channel closed at the next change of the view (a batch
+// applied, or the watch going stale). Take it before checking a condition,
+// then wait on it: no change is missed.
+func (s *Server) Updated() <-chan struct{} { return *s.updated.Load() }
+
+func (s *Server) swap(v *view) {
+	s.view.Store(v)
+	ch := make(chan struct{})
+	old := s.updated.Swap(&ch)
+	close(*old)
+}
+
+// current returns the zone to answer from, or nil when there is none that
+// may be served: before the first snapshot, or stale for longer than
+// MaxStale.
+func (s *Server) current() *zone {
+	v := s.view.Load()
+	if v == nil {
+		return nil
+	}
+	if !v.staleSince.IsZero() && (s.cfg.MaxStale < 0 || time.Since(v.staleSince) > s.cfg.MaxStale) {
+		return nil
+	}
+	return v.zone
+}
+
+// follow keeps one watch of everything open and applies its batches,
+// re-opening it (with backoff) if it ends with an error.
+func (s *Server) follow(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := s.watch(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		s.markStale(err)
+		if errors.Is(err, registry.ErrClosed) {
+			s.log.Warn("dns: the registry was closed; no more updates", "err", err)
+			return
+		}
+		s.log.Warn("dns: registry watch ended; retrying", "err", err, "retry_in", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (s *Server) watch(ctx context.Context) error {
+	w, err := s.d.Watch(ctx, beacon.Query{})
+	if err != nil {
+		return fmt.Errorf("watch: %w", err)
+	}
+	defer func() { _ = w.Close() }()
+	for {
+		b, err := w.Next(ctx)
+		if err != nil {
+			return err
+		}
+		s.apply(b)
+	}
+}
+
+// markStale keeps serving the last view, and starts the MaxStale clock if
+// it is not running yet.
+func (s *Server) markStale(err error) {
+	v := s.view.Load()
+	if v == nil || !v.staleSince.IsZero() {
+		return
+	}
+	s.log.Warn("dns: the registry watch lost its store; serving the last view for at most --dns-max-stale, then SERVFAIL",
+		"err", err, "max_stale", s.cfg.MaxStale)
+	s.swap(&view{zone: v.zone, staleSince: time.Now()})
+}
+
+// apply folds one batch into the state and swaps in a new view.
+func (s *Server) apply(b registry.Batch) {
+	if b.Kind == registry.Stale {
+		s.markStale(b.Err)
+		return
+	}
+	changed := map[compID]bool{}
+	if b.Kind == registry.Snapshot {
+		for id := range s.state {
+			changed[id] = true
+		}
+		s.state = map[compID]map[string]beacon.Instance{}
+	}
+	for _, e := range b.Events {
+		in := e.Instance
+		id := compID{ns: in.Namespace, comp: in.Component}
+		changed[id] = true
+		key := in.Endpoint + "/" + in.ID
+		if e.Type == beacon.Removed {
+			if c := s.state[id]; c != nil {
+				delete(c, key)
+				if len(c) == 0 {
+					delete(s.state, id)
+				}
+			}
+			continue
+		}
+		c := s.state[id]
+		if c == nil {
+			c = map[string]beacon.Instance{}
+			s.state[id] = c
+		}
+		c[key] = in
+	}
+	lists := make(map[compID][]beacon.Instance, len(changed))
+	for id := range changed {
+		list := make([]beacon.Instance, 0, len(s.state[id]))
+		for _, in := range s.state[id] {
+			list = append(list, in)
+		}
+		lists[id] = list
+	}
+	old := s.view.Load()
+	base := newZone(s.cfg.Domain, s.ans.ttl)
+	if old != nil {
+		base = old.zone
+		if !old.staleSince.IsZero() {
+			s.log.Info("dns: the registry watch is back; answering from the current view", "stale_for", time.Since(old.staleSince).Round(time.Millisecond))
+		}
+	} else {
+		s.log.Info("dns: first registry snapshot in; answering", "domain", s.cfg.Domain)
+	}
+	nz, skipped := base.with(b.Revision, lists)
+	if skipped > 0 {
+		s.m.noTarget.Add(float64(skipped))
+	}
+	s.m.updates.Inc()
+	s.swap(&view{zone: nz})
+}
+
+// bufPool holds UDP answer buffers.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, dns.DefaultMsgSize); return &b }}
+
+// ServeDNS implements dns.Handler.
+func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	_, udp := w.RemoteAddr().(*net.UDPAddr)
+	m := s.ans.answer(s.current(), req, udp)
+	bp := bufPool.Get().(*[]byte)
+	out, err := m.PackBuffer((*bp)[:0])
+	if err != nil {
+		// Never expected: every record was packable when built. Say so
+		// rather than stay silent.
+		s.log.Error("dns: cannot pack answer", "err", err, "question", req.Question)
+		m = &dns.Msg{MsgHdr: dns.MsgHdr{Id: req.Id, Response: true, Opcode: req.Opcode, Rcode: dns.RcodeServerFailure}, Question: m.Question}
+		out, _ = m.PackBuffer((*bp)[:0])
+	}
+	_, _ = w.Write(out)
+	if cap(out) <= dns.DefaultMsgSize {
+		*bp = out[:0]
+		bufPool.Put(bp)
+	}
+	var qtype uint16
+	if len(req.Question) > 0 {
+		qtype = req.Question[0].Qtype
+	}
+	s.m.count(qtype, m.Rcode, m.Truncated)
+}
+
+// accept is miekg/dns's default header check (responses dropped; not one
+// question: FORMERR; opcodes other than QUERY and NOTIFY: NOTIMP), counted.
+func (s *Server) accept(h dns.Header) dns.MsgAcceptAction {
+	a := dns.DefaultMsgAcceptFunc(h)
+	switch a {
+	case dns.MsgReject:
+		s.m.count(0, dns.RcodeFormatError, false)
+	case dns.MsgRejectNotImplemented:
+		s.m.count(0, dns.RcodeNotImplemented, false)
+	case dns.MsgIgnore:
+		s.m.dropped.Inc()
+	}
+	return a
+}
+
+// invalid counts packets too short or broken to answer.
+func (s *Server) invalid([]byte, error) { s.m.dropped.Inc() }
+
+// Listen opens UDP and TCP listeners on the same address (a port of 0
+// picks one free for both), turning "address in use" into advice that
+// names the flag.
+func Listen(addr string) (net.PacketConn, net.Listener, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--dns-addr %q: must be host:port, e.g. %s", addr, DefaultAddr)
+	}
+	for attempt := 0; ; attempt++ {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, nil, listenErr(addr, err)
+		}
+		udpAddr := addr
+		if port == "0" {
+			udpAddr = net.JoinHostPort(host, fmt.Sprint(ln.Addr().(*net.TCPAddr).Port))
+		}
+		pc, err := net.ListenPacket("udp", udpAddr)
+		if err != nil {
+			_ = ln.Close()
+			if port == "0" && errors.Is(err, syscall.EADDRINUSE) && attempt < 10 {
+				continue // the TCP port is taken for UDP: pick another
+			}
+			return nil, nil, listenErr(addr, err)
+		}
+		return pc, ln, nil
+	}
+}
+
+func listenErr(addr string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("--dns-addr %s: address already in use (another beacon serve or DNS server?): choose another with --dns-addr, or disable DNS with --dns-addr=", addr)
+	}
+	return fmt.Errorf("--dns-addr %s: %w", addr, err)
+}
+
+// Serve answers DNS on pc (UDP) and ln (TCP, at most MaxTCPConns
+// connections at once) in the background until Close; either may be nil.
+// The server owns and closes them.
+func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		if pc != nil {
+			_ = pc.Close()
+		}
+		if ln != nil {
+			_ = ln.Close()
+		}
+		return errors.New("dnsapi: server closed")
+	}
+	if pc != nil {
+		srv := &dns.Server{PacketConn: pc, Handler: s, UDPSize: dns.DefaultMsgSize,
+			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid}
+		if err := s.start(srv); err != nil {
+			if ln != nil {
+				_ = ln.Close()
+			}
+			return err
+		}
+	}
+	if ln != nil {
+		srv := &dns.Server{Listener: netutil.LimitListener(ln, s.cfg.MaxTCPConns), Handler: s,
+			ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
+			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid}
+		return s.start(srv)
+	}
+	return nil
+}
+
+// start runs srv and returns once it serves; s.mu is held.
+func (s *Server) start(srv *dns.Server) error {
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	s.servers = append(s.servers, srv)
+	errc := make(chan error, 1)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := srv.ActivateAndServe(); err != nil {
+			s.log.Error("dns: listener failed", "err", err)
+			errc <- err
+		}
+	}()
+	// Wait until it serves, so that Close never races ActivateAndServe.
+	select {
+	case <-started:
+		return nil
+	case err := <-errc:
+		return fmt.Errorf("dnsapi: serve: %w", err)
+	}
+}
+
+// Close stops answering and following the registry. It is idempotent.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		servers := s.servers
+		s.mu.Unlock()
+		for _, srv := range servers {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = srv.ShutdownContext(ctx)
+			cancel()
+		}
+		s.cancel()
+		s.wg.Wait()
+	})
+	return nil
+}

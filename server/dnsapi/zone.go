@@ -1,0 +1,416 @@
+package dnsapi
+
+import (
+	"cmp"
+	"maps"
+	"net"
+	"net/netip"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/beaconplane/beacon"
+	"github.com/miekg/dns"
+)
+
+// A zone is an immutable view of every serving instance as DNS records,
+// precomputed per name so that a query is a map lookup. The watch loop
+// builds a new zone for each batch (reusing the components that did not
+// change) and swaps it in atomically; queries never wait for updates.
+type zone struct {
+	domain string // canonical, e.g. "beacon."
+	ttl    uint32
+	// namespaces counts components per namespace: a namespace is an empty
+	// non-terminal (NODATA, not NXDOMAIN) while it has any.
+	namespaces map[string]int
+	// comps holds each component's names, by "<component>.<namespace>".
+	comps     map[string]*compZone
+	soa       *dns.SOA
+	apex      *node
+	instances int // serving instances answered for
+	names     int // names that hold records
+}
+
+// compZone holds the names of one component, by the prefix before
+// "<component>.<namespace>" ("" for the component itself).
+type compZone struct {
+	names     map[string]*node
+	cache     map[string]*instRecords // by "<endpoint>/<id>", for the next build
+	instances int
+	records   int
+	skipped   int // serving instances whose address DNS cannot carry
+}
+
+// node is one name's records. A name with no records at all is an empty
+// non-terminal (answers NODATA).
+type node struct {
+	a, aaaa, srv, txt []dns.RR
+	soa               []dns.RR // apex only
+	cname             *dns.CNAME
+	// glue holds the A/AAAA records of the SRV targets, for the additional
+	// section of SRV answers.
+	glue []dns.RR
+}
+
+func (n *node) size() int {
+	c := len(n.a) + len(n.aaaa) + len(n.srv) + len(n.txt) + len(n.glue)
+	if n.cname != nil {
+		c++
+	}
+	return c
+}
+
+// entNode is the shared node of empty non-terminals.
+var entNode = &node{}
+
+// newZone returns an empty zone.
+func newZone(domain string, ttl uint32) *zone {
+	z := &zone{domain: domain, ttl: ttl, namespaces: map[string]int{}, comps: map[string]*compZone{}}
+	z.setSerial(0)
+	return z
+}
+
+// setSerial sets the SOA, whose serial follows the store revision so that
+// secondary tooling sees the zone change.
+func (z *zone) setSerial(rev int64) {
+	z.soa = &dns.SOA{
+		Hdr:     dns.RR_Header{Name: z.domain, Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: z.ttl},
+		Ns:      z.domain,
+		Mbox:    "hostmaster." + z.domain,
+		Serial:  uint32(rev),
+		Refresh: 3600, Retry: 600, Expire: 86400,
+		Minttl: z.ttl,
+	}
+	z.apex = &node{soa: []dns.RR{z.soa}}
+}
+
+// lookup finds the node of a name relative to the domain (see splitQName).
+// nil means NXDOMAIN.
+func (z *zone) lookup(rel string) *node {
+	if rel == "" {
+		return z.apex
+	}
+	if strings.IndexByte(rel, '\\') >= 0 {
+		return nil // no name Beacon answers needs an escape
+	}
+	ns, compKey, prefix := splitRel(rel)
+	if compKey == "" {
+		if z.namespaces[ns] > 0 {
+			return entNode
+		}
+		return nil
+	}
+	cz := z.comps[compKey]
+	if cz == nil {
+		return nil
+	}
+	return cz.names[prefix]
+}
+
+// compID names one component.
+type compID struct{ ns, comp string }
+
+func (c compID) key() string { return c.comp + "." + c.ns }
+
+// with returns a new zone in which the given components are rebuilt from
+// their current instances (all instances of the component, serving or
+// not; an empty slice removes the component). Other components are shared
+// with z. skipped counts the serving instances left out (see
+// addressTarget).
+func (z *zone) with(rev int64, changed map[compID][]beacon.Instance) (nz *zone, skipped int) {
+	nz = &zone{domain: z.domain, ttl: z.ttl, namespaces: maps.Clone(z.namespaces), comps: maps.Clone(z.comps),
+		instances: z.instances, names: z.names}
+	nz.setSerial(rev)
+	for id, ins := range changed {
+		k := id.key()
+		old := nz.comps[k]
+		if old != nil {
+			nz.instances -= old.instances
+			nz.names -= len(old.names)
+			delete(nz.comps, k)
+			if nz.namespaces[id.ns]--; nz.namespaces[id.ns] <= 0 {
+				delete(nz.namespaces, id.ns)
+			}
+		}
+		cz, n := buildComponent(id, ins, old, z.domain, z.ttl)
+		skipped += n
+		if cz == nil {
+			continue
+		}
+		nz.comps[k] = cz
+		nz.namespaces[id.ns]++
+		nz.instances += cz.instances
+		nz.names += len(cz.names)
+	}
+	return nz, skipped
+}
+
+// target is where an instance's address points.
+type target struct {
+	ip   netip.Addr // valid for an IP address
+	host string     // canonical name for a hostname address
+	port uint16     // 0 when the address has none (a URL without port)
+}
+
+// addressTarget reads host and port from an instance address: host:port,
+// or a URL (nats://host:4222/subject). ok is false for an address with no
+// usable host (it is then left out of DNS).
+func addressTarget(addr string) (t target, ok bool) {
+	var host, port string
+	if strings.Contains(addr, "://") {
+		u, err := url.Parse(addr)
+		if err != nil {
+			return t, false
+		}
+		host, port = u.Hostname(), u.Port()
+	} else {
+		var err error
+		if host, port, err = net.SplitHostPort(addr); err != nil {
+			return t, false
+		}
+	}
+	if port != "" {
+		p, err := strconv.ParseUint(port, 10, 16)
+		if err != nil || p == 0 {
+			return t, false
+		}
+		t.port = uint16(p)
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		t.ip = ip.Unmap().WithZone("")
+		return t, true
+	}
+	if host == "" || len(host) > 253 || !isHostname(host) {
+		return t, false
+	}
+	t.host = dns.CanonicalName(host)
+	return t, true
+}
+
+// isHostname accepts dot-separated labels of letters, digits, '-' and '_'
+// (underscore for names like _acme; anything else would need escaping).
+func isHostname(h string) bool {
+	h = strings.TrimSuffix(h, ".")
+	for l := range strings.SplitSeq(h, ".") {
+		if l == "" || len(l) > 63 {
+			return false
+		}
+		for i := 0; i < len(l); i++ {
+			c := l[i]
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// srvNumbers reads the SRV priority and weight of an instance from its
+// metadata keys "priority" and "weight" (0-65535); 10 and 10 otherwise.
+func srvNumbers(in beacon.Instance) (prio, weight uint16) {
+	prio, weight = 10, 10
+	if v, err := strconv.ParseUint(in.Metadata["priority"], 10, 16); err == nil {
+		prio = uint16(v)
+	}
+	if v, err := strconv.ParseUint(in.Metadata["weight"], 10, 16); err == nil {
+		weight = uint16(v)
+	}
+	return prio, weight
+}
+
+// instRecords are the records one instance contributes to its
+// component's names, kept from one build to the next while the instance is
+// unchanged: a batch touching one instance of a large component rebuilds
+// the component's name sets, not every record.
+type instRecords struct {
+	in   beacon.Instance // as built
+	ok   bool            // false: the address has no usable host
+	ip   netip.Addr      // valid for an IP address
+	node *node           // <id>.<endpoint>...
+	// Owned by the endpoint name, the component name and the two RFC 2782
+	// names: the A/AAAA record (IP addresses only) and the SRV records
+	// (addresses with a port).
+	epAddr, compAddr               dns.RR
+	epSRV, compSRV, tcpSRV, udpSRV dns.RR
+}
+
+// buildInstance computes an instance's records (see instRecords).
+func buildInstance(in beacon.Instance, compName, domain string, ttl uint32) *instRecords {
+	hdr := func(name string, t uint16) dns.RR_Header {
+		return dns.RR_Header{Name: name, Rrtype: t, Class: dns.ClassINET, Ttl: ttl}
+	}
+	r := &instRecords{in: in}
+	t, ok := addressTarget(in.Address)
+	if !ok {
+		return r
+	}
+	r.ok = true
+	epName := in.Endpoint + "." + compName
+	idName := in.ID + "." + epName
+	n := &node{}
+	srvTarget := idName
+	if t.ip.IsValid() {
+		r.ip = t.ip
+		addAddr(n, addrRR(hdr(idName, 0), t.ip))
+		r.epAddr = addrRR(hdr(epName, 0), t.ip)
+		r.compAddr = addrRR(hdr(compName, 0), t.ip)
+		n.txt = txtRecords(hdr(idName, dns.TypeTXT), in.Metadata)
+	} else {
+		// RFC 1034: a CNAME is alone at its name; RFC 2782: an SRV
+		// target is not an alias, so SRV points at the host itself.
+		n.cname = &dns.CNAME{Hdr: hdr(idName, dns.TypeCNAME), Target: t.host}
+		srvTarget = t.host
+	}
+	if t.port != 0 {
+		prio, weight := srvNumbers(in)
+		srv := func(owner string) dns.RR {
+			return &dns.SRV{Hdr: hdr(owner, dns.TypeSRV), Priority: prio, Weight: weight, Port: t.port, Target: srvTarget}
+		}
+		r.epSRV, r.compSRV = srv(epName), srv(compName)
+		r.tcpSRV = srv("_" + in.Endpoint + "._tcp." + compName)
+		r.udpSRV = srv("_" + in.Endpoint + "._udp." + compName)
+		if n.cname == nil {
+			n.srv = []dns.RR{srv(idName)}
+			n.glue = slices.Concat(n.a, n.aaaa)
+		}
+	}
+	r.node = n
+	return r
+}
+
+// buildComponent precomputes every name of one component from its
+// instances, reusing the records of instances unchanged since prev (nil
+// for none). Draining instances, and instances whose address has no usable
+// host, are left out. It returns nil when nothing is left.
+func buildComponent(id compID, all []beacon.Instance, prev *compZone, domain string, ttl uint32) (cz *compZone, skipped int) {
+	ins := make([]beacon.Instance, 0, len(all))
+	for _, in := range all {
+		if in.Serving() {
+			ins = append(ins, in)
+		}
+	}
+	if len(ins) == 0 {
+		return nil, 0
+	}
+	slices.SortFunc(ins, func(a, b beacon.Instance) int {
+		return cmp.Or(cmp.Compare(a.Endpoint, b.Endpoint), cmp.Compare(a.ID, b.ID))
+	})
+	compName := id.comp + "." + id.ns + "." + domain
+	cz = &compZone{names: make(map[string]*node, 4*len(ins)), cache: make(map[string]*instRecords, len(ins))}
+	comp := &node{}
+	compAddrs := map[netip.Addr]bool{}
+
+	for i := 0; i < len(ins); {
+		ep := ins[i].Endpoint
+		j := i
+		for j < len(ins) && ins[j].Endpoint == ep {
+			j++
+		}
+		epNode, tcpNode, udpNode := &node{}, &node{}, &node{}
+		addrs := map[netip.Addr]bool{}
+		n := 0
+		for _, in := range ins[i:j] {
+			key := in.Endpoint + "/" + in.ID
+			r := cz.cache[key]
+			if prev != nil {
+				if old := prev.cache[key]; old != nil && old.in.Equal(in) {
+					r = old
+				}
+			}
+			if r == nil {
+				r = buildInstance(in, compName, domain, ttl)
+			}
+			cz.cache[key] = r
+			if !r.ok {
+				cz.skipped++
+				continue
+			}
+			if r.ip.IsValid() {
+				if !addrs[r.ip] {
+					addrs[r.ip] = true
+					addAddr(epNode, r.epAddr)
+				}
+				if !compAddrs[r.ip] {
+					compAddrs[r.ip] = true
+					addAddr(comp, r.compAddr)
+				}
+			}
+			if r.epSRV != nil {
+				epNode.srv = append(epNode.srv, r.epSRV)
+				tcpNode.srv = append(tcpNode.srv, r.tcpSRV)
+				udpNode.srv = append(udpNode.srv, r.udpSRV)
+				comp.srv = append(comp.srv, r.compSRV)
+				epNode.glue = append(epNode.glue, r.node.glue...)
+				comp.glue = append(comp.glue, r.node.glue...)
+			}
+			cz.names[in.ID+"."+ep] = r.node
+			cz.instances++
+			n++
+		}
+		if n > 0 {
+			tcpNode.glue, udpNode.glue = epNode.glue, epNode.glue
+			cz.names[ep] = epNode
+			cz.names["_"+ep+"._tcp"] = tcpNode
+			cz.names["_"+ep+"._udp"] = udpNode
+		}
+		i = j
+	}
+	if cz.instances == 0 {
+		return nil, cz.skipped
+	}
+	cz.names[""] = comp
+	cz.names["_tcp"] = entNode
+	cz.names["_udp"] = entNode
+	for _, n := range cz.names {
+		cz.records += n.size()
+	}
+	return cz, cz.skipped
+}
+
+func addrRR(h dns.RR_Header, ip netip.Addr) dns.RR {
+	if ip.Is4() {
+		h.Rrtype = dns.TypeA
+		return &dns.A{Hdr: h, A: net.IP(ip.AsSlice())}
+	}
+	h.Rrtype = dns.TypeAAAA
+	return &dns.AAAA{Hdr: h, AAAA: net.IP(ip.AsSlice())}
+}
+
+func addAddr(n *node, rr dns.RR) {
+	if rr.Header().Rrtype == dns.TypeA {
+		n.a = append(n.a, rr)
+	} else {
+		n.aaaa = append(n.aaaa, rr)
+	}
+}
+
+// txtRecords renders metadata as one TXT record per key, "key=value"
+// (RFC 1464), sorted by key. A pair longer than a TXT string (255 bytes)
+// continues in further strings of the same record, to be concatenated.
+func txtRecords(h dns.RR_Header, md map[string]string) []dns.RR {
+	if len(md) == 0 {
+		return nil
+	}
+	out := make([]dns.RR, 0, len(md))
+	for _, k := range slices.Sorted(maps.Keys(md)) {
+		kv := k + "=" + md[k]
+		var strs []string
+		for len(kv) > 255 {
+			strs = append(strs, escapeTXT(kv[:255]))
+			kv = kv[255:]
+		}
+		strs = append(strs, escapeTXT(kv))
+		out = append(out, &dns.TXT{Hdr: h, Txt: strs})
+	}
+	return out
+}
+
+// escapeTXT escapes a raw string for miekg/dns, which packs TXT strings
+// from presentation format (a backslash starts an escape).
+func escapeTXT(s string) string {
+	if strings.IndexByte(s, '\\') < 0 {
+		return s
+	}
+	return strings.ReplaceAll(s, `\`, `\\`)
+}

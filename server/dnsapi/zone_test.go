@@ -1,0 +1,75 @@
+package dnsapi
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/beaconplane/beacon"
+	"github.com/miekg/dns"
+)
+
+// dumpZone renders every answer of every name of z, sorted, to compare
+// views.
+func dumpZone(z *zone) []string {
+	a := &answerer{domain: z.domain, ttl: z.ttl, udpSize: dns.MaxMsgSize}
+	var out []string
+	for _, ck := range slices.Sorted(maps.Keys(z.comps)) {
+		for _, prefix := range slices.Sorted(maps.Keys(z.comps[ck].names)) {
+			name := ck + "." + z.domain
+			if prefix != "" {
+				name = prefix + "." + name
+			}
+			for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA, dns.TypeSRV, dns.TypeTXT, dns.TypeCNAME} {
+				req := new(dns.Msg)
+				req.SetQuestion(name, qt)
+				m := a.answer(z, req, false)
+				var rrs []string
+				for _, rr := range slices.Concat(m.Answer, m.Extra) {
+					rrs = append(rrs, rr.String())
+				}
+				slices.Sort(rrs)
+				out = append(out, fmt.Sprint(name, " ", dns.TypeToString[qt], " ", dns.RcodeToString[m.Rcode], " ", rrs))
+			}
+		}
+	}
+	return out
+}
+
+// A view rebuilt from the previous one (reusing unchanged instances'
+// records) answers exactly like one built from scratch.
+func TestIncrementalRebuild(t *testing.T) {
+	id := compID{"prod", "api"}
+	ins := []beacon.Instance{
+		{Namespace: "prod", Component: "api", Endpoint: "web", ID: "00000000000000a1", Address: "10.0.0.1:80", Metadata: map[string]string{"k": "1"}},
+		{Namespace: "prod", Component: "api", Endpoint: "web", ID: "00000000000000a2", Address: "10.0.0.2:80"},
+		{Namespace: "prod", Component: "api", Endpoint: "grpc", ID: "00000000000000a3", Address: "h.example:90"},
+		{Namespace: "prod", Component: "api", Endpoint: "grpc", ID: "00000000000000a4", Address: "10.0.0.1:91"},
+	}
+	z0, _ := newZone(DefaultDomain, 5).with(1, map[compID][]beacon.Instance{id: ins})
+
+	changed := slices.Clone(ins)
+	changed[0].Address = "10.0.0.9:80"                // moved
+	changed[1].Metadata = map[string]string{"k": "2"} // new metadata
+	changed[2].Status = beacon.StatusDraining         // leaves
+	changed = append(changed[:3], beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "web", ID: "00000000000000a5", Address: "[::1]:80"})
+
+	incremental, _ := z0.with(2, map[compID][]beacon.Instance{id: changed})
+	fresh, _ := newZone(DefaultDomain, 5).with(2, map[compID][]beacon.Instance{id: changed})
+	got, want := dumpZone(incremental), dumpZone(fresh)
+	if !slices.Equal(got, want) {
+		t.Errorf("incremental view differs from a fresh one:\n%v\nwant\n%v", got, want)
+	}
+	if slices.Equal(dumpZone(z0), want) {
+		t.Error("the change did not change the view")
+	}
+	if incremental.instances != 3 || fresh.names != incremental.names {
+		t.Errorf("instances %d names %d/%d", incremental.instances, incremental.names, fresh.names)
+	}
+	// Removing everything removes the component and its namespace.
+	empty, _ := incremental.with(3, map[compID][]beacon.Instance{id: nil})
+	if len(empty.comps) != 0 || len(empty.namespaces) != 0 || empty.instances != 0 || empty.lookup("prod") != nil {
+		t.Errorf("after removing every instance: %+v", empty)
+	}
+}
