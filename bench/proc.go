@@ -94,8 +94,10 @@ const userHZ = 100
 // cpu is the CPU time (user + system) the process has used: the sum of
 // its threads' run times in /proc/<pid>/task/*/schedstat (nanoseconds),
 // or /proc/<pid>/stat's (10 ms ticks) where schedstat is missing.
-func (p *proc) cpu() time.Duration {
-	pid := p.cmd.Process.Pid
+func (p *proc) cpu() time.Duration { return processCPU(p.cmd.Process.Pid) }
+
+// processCPU is the CPU time process pid has used (see proc.cpu).
+func processCPU(pid int) time.Duration {
 	if tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); err == nil {
 		var sum time.Duration
 		ok := false

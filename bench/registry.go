@@ -165,6 +165,15 @@ type etcdTarget struct {
 	embedded  bool // started by the scenario (its data goes with it)
 	setup     string
 	stop      func()
+	pid       int // etcd's process, when the scenario runs it (0: unknown)
+}
+
+// cpu is the CPU time etcd's process has used (0 when not known).
+func (t *etcdTarget) cpu() time.Duration {
+	if t.pid == 0 {
+		return 0
+	}
+	return processCPU(t.pid)
 }
 
 // startTarget returns cfg's etcd: the given endpoints, or a new
@@ -187,7 +196,7 @@ func startTarget(ctx context.Context, cfg RegistryConfig) (*etcdTarget, error) {
 	if cfg.NoFsync {
 		setup = "single-node etcd 3.7 in its own process (no fsync)"
 	}
-	return &etcdTarget{endpoints: []string{srv.endpoint}, embedded: true, setup: setup, stop: srv.stop}, nil
+	return &etcdTarget{endpoints: []string{srv.endpoint}, embedded: true, setup: setup, stop: srv.stop, pid: srv.cmd.Process.Pid}, nil
 }
 
 func rawClient(eps []string) (*clientv3.Client, error) {
@@ -390,26 +399,33 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	}
 	rate := func(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
 	for wi, workers := range cfg.Concurrency {
-		var bRate, rRate, cRate, bP50, bP99, rP50, rP99, cP99 []float64
+		var bRate, rRate, cRate, bP50, bP99, rP50, rP99, cP99, bCPU, rCPU, cCPU []float64
+		etcdCPU := func(before time.Duration) float64 {
+			return float64(tgt.cpu()-before) / float64(time.Microsecond) / float64(cfg.Instances)
+		}
 		for round := range cfg.Rounds {
 			name := fmt.Sprintf("c%d-%d", wi, round)
 			for k := range 3 {
 				switch (round + k) % 3 {
 				case 0:
 					cfg.Logger.Info("register: beacon", "workers", workers, "round", round)
+					cpu0 := tgt.cpu()
 					b, err := beaconSide(name, cfg.Instances, workers)
 					if err != nil {
 						return nil, err
 					}
+					bCPU = append(bCPU, etcdCPU(cpu0))
 					bRate = append(bRate, rate(cfg.Instances, b.total))
 					bP50 = append(bP50, Ms(Percentile(b.lat, 50)))
 					bP99 = append(bP99, Ms(Percentile(b.lat, 99)))
 				case 1:
 					cfg.Logger.Info("register: raw etcd", "workers", workers, "round", round)
+					cpu0 := tgt.cpu()
 					r, err := rawSide(name, cfg.Instances, workers)
 					if err != nil {
 						return nil, err
 					}
+					rCPU = append(rCPU, etcdCPU(cpu0))
 					rRate = append(rRate, rate(cfg.Instances, r.total))
 					rP50 = append(rP50, Ms(Percentile(r.lat, 50)))
 					rP99 = append(rP99, Ms(Percentile(r.lat, 99)))
@@ -418,10 +434,12 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 						continue
 					}
 					cfg.Logger.Info("register: batched-write ceiling", "workers", workers, "round", round)
+					cpu0 := tgt.cpu()
 					c, err := ceilingSide(cfg.Instances, workers)
 					if err != nil {
 						return nil, err
 					}
+					cCPU = append(cCPU, etcdCPU(cpu0))
 					cRate = append(cRate, c.keysPerSec)
 					cP99 = append(cP99, c.p99ms)
 				}
@@ -436,6 +454,13 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 		rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99, %d workers", workers), Unit: "ms", Against: "raw grant+put"}, bP99, rP99))
 		if benchBin != "" {
 			rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99 vs %d-put txn p99, %d workers", cfg.Batch, workers), Unit: "ms", Against: "txn-put ceiling"}, bP99, cP99))
+		}
+		if tgt.pid != 0 {
+			m := fmt.Sprintf("etcd CPU per registration, %d workers", workers)
+			if benchBin != "" {
+				rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "txn-put ceiling"}, bCPU, cCPU))
+			}
+			rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "raw grant+put"}, bCPU, rCPU))
 		}
 	}
 	var sb, sr []float64
