@@ -117,14 +117,21 @@ type cwatcher struct {
 }
 
 // qitem is one response waiting for a client stream: a control response
-// (created, canceled, progress), or a watcher's events (first, then more,
-// merged while they wait).
+// (created, canceled, progress), or a watcher's events: segments merged
+// while they wait, a list through the stream's segment arena.
 type qitem struct {
-	resp  *pb.WatchResponse
-	w     *cwatcher
-	first seg
-	more  []seg
-	size  int
+	resp        *pb.WatchResponse
+	w           *cwatcher
+	first, last int32 // arena indices of its segments
+	nsegs       int
+	size        int
+}
+
+// segNode is a segment in a stream's arena, linked to the next of its
+// response (-1: the last).
+type segNode struct {
+	seg
+	next int32
 }
 
 // cstream is one client Watch stream.
@@ -139,7 +146,9 @@ type cstream struct {
 	watchers map[int64]*cwatcher
 	nextID   int64
 	queue    []qitem
+	segs     []segNode     // the segments of queue's event responses
 	spare    []qitem       // the sender's last batch, reused
+	spareSeg []segNode
 	open     map[int64]int // watch ID -> index in queue of its mergeable events
 	qbytes   int
 	signal   chan struct{}
@@ -192,7 +201,7 @@ func (h *watchHub) serve(ss grpc.ServerStream) error {
 	cancel(nil)
 	s.detachAll()
 	s.mu.Lock()
-	s.queue, s.spare, s.open = nil, nil, nil // what waits holds shared batches
+	s.queue, s.segs, s.spare, s.spareSeg, s.open = nil, nil, nil, nil, nil // what waits holds shared batches
 	s.mu.Unlock()
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
 		if status.Code(err) == codes.Unknown && ss.Context().Err() != nil {
@@ -264,12 +273,16 @@ func (s *cstream) enqueueEvents(w *cwatcher, b *evBatch, from int64) {
 		s.mu.Unlock()
 		return
 	}
-	if i, ok := s.open[w.id]; ok && s.queue[i].size+b.size <= maxMergeBytes && len(s.queue[i].more) < maxMergeSegs {
+	n := int32(len(s.segs))
+	s.segs = append(s.segs, segNode{seg: seg{b: b, from: from}, next: -1})
+	if i, ok := s.open[w.id]; ok && s.queue[i].size+b.size <= maxMergeBytes && s.queue[i].nsegs < maxMergeSegs {
 		it := &s.queue[i]
-		it.more = append(it.more, seg{b: b, from: from})
+		s.segs[it.last].next = n
+		it.last = n
+		it.nsegs++
 		it.size += b.size
 	} else {
-		s.queue = append(s.queue, qitem{w: w, first: seg{b: b, from: from}, size: b.size})
+		s.queue = append(s.queue, qitem{w: w, first: n, last: n, nsegs: 1, size: b.size})
 		s.open[w.id] = len(s.queue) - 1
 	}
 	s.qbytes += b.size
@@ -297,7 +310,7 @@ func (s *cstream) overflowed() {
 		return
 	}
 	s.overflow = true
-	s.queue, s.open, s.qbytes = nil, map[int64]int{}, 0
+	s.queue, s.segs, s.open, s.qbytes = nil, nil, map[int64]int{}, 0
 	s.mu.Unlock()
 	s.hub.p.m.watchDropped.Inc()
 	s.cancel(status.Errorf(codes.ResourceExhausted,
@@ -318,30 +331,33 @@ func (s *cstream) sendLoop() error {
 		case <-s.signal:
 		}
 		s.mu.Lock()
-		batch := s.queue
-		s.queue = s.spare
-		s.spare = nil
+		batch, segs := s.queue, s.segs
+		s.queue, s.segs = s.spare, s.spareSeg
+		s.spare, s.spareSeg = nil, nil
 		clear(s.open)
 		s.qbytes = 0
 		s.mu.Unlock()
+		events := 0
 		for i := range batch {
 			it := &batch[i]
 			var err error
 			if it.resp != nil {
 				err = s.ss.SendMsg(it.resp)
-			} else if msg, n := splice(it.w, it.first, it.more); msg != nil {
+			} else if msg, n := splice(it.w, segs, it.first, it.nsegs); msg != nil {
 				err = s.ss.SendMsg(msg)
-				m.watchEvents.Add(float64(n))
+				events += n
 			}
 			*it = qitem{} // drop the references to shared batches
 			if err != nil {
 				return err
 			}
 		}
-		if cap(batch) <= keepSpare {
+		clear(segs)
+		m.watchEvents.Add(float64(events))
+		if cap(batch) <= keepSpare && cap(segs) <= 4*keepSpare {
 			s.mu.Lock()
 			if s.spare == nil && len(s.queue) == 0 {
-				s.spare = batch[:0]
+				s.spare, s.spareSeg = batch[:0], segs[:0]
 			}
 			s.mu.Unlock()
 		}

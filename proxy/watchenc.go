@@ -141,8 +141,12 @@ func watchIDPart(id int64) mem.Buffer {
 }
 
 // spliced is a WatchResponse assembled from encoded parts; the codec
-// hands the parts to gRPC as they are.
-type spliced struct{ parts mem.BufferSlice }
+// hands the parts to gRPC as they are. Most have few parts: they live in
+// the same allocation.
+type spliced struct {
+	parts  mem.BufferSlice
+	inline [4]mem.Buffer
+}
 
 // seg is one upstream response's events for a watcher, from revision from.
 type seg struct {
@@ -150,32 +154,33 @@ type seg struct {
 	from int64
 }
 
-// splice assembles a watcher's response from its queued segments: the
-// newest segment's header, the watch ID, the events of every segment. It
-// returns nil when the filters left no event.
-func splice(w *cwatcher, first seg, more []seg) (*spliced, int) {
-	parts := make(mem.BufferSlice, 0, 3+len(more))
-	last := first.b
-	if len(more) > 0 {
-		last = more[len(more)-1].b
+// splice assembles a watcher's response from its queued segments (nsegs
+// of them, linked from first in segs): the newest segment's header, the
+// watch ID, the events of every segment. It returns nil when the filters
+// left no event.
+func splice(w *cwatcher, segs []segNode, first int32, nsegs int) (*spliced, int) {
+	sp := &spliced{}
+	sp.parts = sp.inline[:0]
+	if nsegs+2 > len(sp.inline) {
+		sp.parts = make(mem.BufferSlice, 0, nsegs+2)
 	}
-	parts = append(parts, last.header())
+	sp.parts = append(sp.parts, nil) // the header, once the last segment is known
 	if w.idPart != nil {
-		parts = append(parts, w.idPart)
+		sp.parts = append(sp.parts, w.idPart)
 	}
 	n := 0
-	add := func(s seg) {
+	var last *evBatch
+	for i := first; i >= 0; i = segs[i].next {
+		s := segs[i].seg
+		last = s.b
 		if p, k := s.b.encoded(w.variant).from(s.from); k > 0 {
-			parts = append(parts, p)
+			sp.parts = append(sp.parts, p)
 			n += k
 		}
-	}
-	add(first)
-	for _, s := range more {
-		add(s)
 	}
 	if n == 0 {
 		return nil, 0
 	}
-	return &spliced{parts: parts}, n
+	sp.parts[0] = last.header()
+	return sp, n
 }
