@@ -350,14 +350,26 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	type result struct {
 		total time.Duration
 		lat   []time.Duration
+		cpu   time.Duration // etcd's, while registering (not cleaning up)
+	}
+	// settle lets etcd finish committing a side's cleanup (thousands of
+	// deletions) before the next side is measured.
+	settle := func() {
+		select {
+		case <-time.After(300 * time.Millisecond):
+		case <-ctx.Done():
+		}
 	}
 	rawSide := func(round string, n, workers int) (result, error) {
 		var r result
 		var err error
+		cpu0 := tgt.cpu()
 		r.total, r.lat, err = run(ctx, n, workers, raw.op("raw-"+round))
+		r.cpu = tgt.cpu() - cpu0
 		if rerr := raw.revokeAll(ctx); err == nil {
 			err = rerr
 		}
+		settle()
 		return r, err
 	}
 	beaconSide := func(round string, n, workers int) (result, error) {
@@ -366,11 +378,14 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 		if err != nil {
 			return r, err
 		}
+		defer settle()
 		defer reg.Close() // revokes the session lease: its keys go with it
+		cpu0 := tgt.cpu()
 		r.total, r.lat, err = run(ctx, n, workers, func(ctx context.Context, i int) error {
 			_, err := reg.Register(ctx, benchInstance("beacon-"+round, "reg", i))
 			return err
 		})
+		r.cpu = tgt.cpu() - cpu0
 		return r, err
 	}
 	// The ceiling writes keys of Beacon's key and value sizes, over a key
@@ -400,8 +415,8 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	rate := func(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
 	for wi, workers := range cfg.Concurrency {
 		var bRate, rRate, cRate, bP50, bP99, rP50, rP99, cP99, bCPU, rCPU, cCPU []float64
-		etcdCPU := func(before time.Duration) float64 {
-			return float64(tgt.cpu()-before) / float64(time.Microsecond) / float64(cfg.Instances)
+		etcdCPU := func(d time.Duration) float64 {
+			return float64(d) / float64(time.Microsecond) / float64(cfg.Instances)
 		}
 		for round := range cfg.Rounds {
 			name := fmt.Sprintf("c%d-%d", wi, round)
@@ -409,23 +424,21 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 				switch (round + k) % 3 {
 				case 0:
 					cfg.Logger.Info("register: beacon", "workers", workers, "round", round)
-					cpu0 := tgt.cpu()
 					b, err := beaconSide(name, cfg.Instances, workers)
 					if err != nil {
 						return nil, err
 					}
-					bCPU = append(bCPU, etcdCPU(cpu0))
+					bCPU = append(bCPU, etcdCPU(b.cpu))
 					bRate = append(bRate, rate(cfg.Instances, b.total))
 					bP50 = append(bP50, Ms(Percentile(b.lat, 50)))
 					bP99 = append(bP99, Ms(Percentile(b.lat, 99)))
 				case 1:
 					cfg.Logger.Info("register: raw etcd", "workers", workers, "round", round)
-					cpu0 := tgt.cpu()
 					r, err := rawSide(name, cfg.Instances, workers)
 					if err != nil {
 						return nil, err
 					}
-					rCPU = append(rCPU, etcdCPU(cpu0))
+					rCPU = append(rCPU, etcdCPU(r.cpu))
 					rRate = append(rRate, rate(cfg.Instances, r.total))
 					rP50 = append(rP50, Ms(Percentile(r.lat, 50)))
 					rP99 = append(rP99, Ms(Percentile(r.lat, 99)))
@@ -439,7 +452,8 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 					if err != nil {
 						return nil, err
 					}
-					cCPU = append(cCPU, etcdCPU(cpu0))
+					cCPU = append(cCPU, etcdCPU(tgt.cpu()-cpu0))
+					settle()
 					cRate = append(cRate, c.keysPerSec)
 					cP99 = append(cP99, c.p99ms)
 				}
