@@ -48,8 +48,9 @@ type RegistryConfig struct {
 	// Batch is the transaction size of the batched-write ceiling: etcd's
 	// benchmark tool runs txn-put with Batch puts per transaction and
 	// workers/Batch clients, the same keys in flight as Beacon's workers
-	// (default 16). BenchmarkBin is the tool's path (default: found in
-	// PeersDir()/bin or PATH); NoCeiling skips that side.
+	// (default: the batch Beacon's group commit makes for that many
+	// workers, CeilingBatch). BenchmarkBin is the tool's path (default:
+	// found in PeersDir()/bin or PATH); NoCeiling skips that side.
 	Batch        int
 	BenchmarkBin string
 	NoCeiling    bool
@@ -79,9 +80,6 @@ func (c *RegistryConfig) defaults() {
 	}
 	if len(c.Concurrency) == 0 {
 		c.Concurrency = []int{64, 256}
-	}
-	if c.Batch == 0 {
-		c.Batch = 16
 	}
 	if c.Sequential == 0 {
 		c.Sequential = 300
@@ -307,6 +305,11 @@ func run(ctx context.Context, n, workers int, op func(ctx context.Context, i int
 	return time.Since(start), lat, firstErr
 }
 
+// CeilingBatch is the transaction size Beacon's group commit reaches with
+// workers concurrent registrations (a quarter of them, at most 48; see
+// registry's batcher), which the ceiling uses unless told otherwise.
+func CeilingBatch(workers int) int { return max(1, min(48, (workers+3)/4)) }
+
 // RunRegister measures registrations per second for each number of
 // concurrent workers: Beacon's Register through one session (one shared
 // lease, concurrent registrations batched into transactions) against the
@@ -393,8 +396,14 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	sample := benchInstance("beacon-c0-0", "reg", 0)
 	keySize := len("/bench-beacon" + beacon.ServicesDir + sample.Ref().String())
 	valSize := len(rawValue(sample))
+	batchOf := func(workers int) int {
+		if cfg.Batch > 0 {
+			return cfg.Batch
+		}
+		return CeilingBatch(workers)
+	}
 	ceilingSide := func(n, workers int) (ceilingResult, error) {
-		return runTxnPut(ctx, benchBin, tgt.endpoints, n, workers, cfg.Batch, keySize, valSize)
+		return runTxnPut(ctx, benchBin, tgt.endpoints, n, workers, batchOf(workers), keySize, valSize)
 	}
 
 	// Warm every path up (connections, the session lease).
@@ -408,9 +417,9 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	rep := &Report{
 		Scenario: "register",
 		Setup: fmt.Sprintf("%s; Beacon: one registry session (one lease, concurrent registrations batched into transactions); "+
-			"ceiling: etcd's benchmark txn-put, the same keys in flight as workers, %d puts per transaction, %d-byte keys, %d-byte values; "+
+			"ceiling: etcd's benchmark txn-put, the same keys in flight as workers, in transactions of Beacon's batch size, %d-byte keys, %d-byte values; "+
 			"raw: clientv3 Grant + Put per instance, same values",
-			tgt.setup, cfg.Batch, keySize, valSize),
+			tgt.setup, keySize, valSize),
 	}
 	rate := func(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
 	for wi, workers := range cfg.Concurrency {
@@ -467,7 +476,7 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 		rep.Add(Spread(Row{Metric: fmt.Sprintf("register p50, %d workers", workers), Unit: "ms", Against: "raw grant+put"}, bP50, rP50))
 		rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99, %d workers", workers), Unit: "ms", Against: "raw grant+put"}, bP99, rP99))
 		if benchBin != "" {
-			rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99 vs %d-put txn p99, %d workers", cfg.Batch, workers), Unit: "ms", Against: "txn-put ceiling"}, bP99, cP99))
+			rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99 vs %d-put txn p99, %d workers", batchOf(workers), workers), Unit: "ms", Against: "txn-put ceiling"}, bP99, cP99))
 		}
 		if tgt.pid != 0 {
 			m := fmt.Sprintf("etcd CPU per registration, %d workers", workers)
@@ -498,8 +507,13 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	rep.Note("%d instances per round and worker count, %d rounds, sides in turn (median, with the spread in brackets); then %d instances by one worker",
 		cfg.Instances, cfg.Rounds, cfg.Sequential)
 	if benchBin != "" {
-		rep.Note("ceiling: %s txn-put --clients W/%d --txn-ops %d (W = workers): what etcd commits with as many keys in flight as Beacon's workers",
-			benchBin, cfg.Batch, cfg.Batch)
+		var sizes []string
+		for _, w := range cfg.Concurrency {
+			b := batchOf(w)
+			sizes = append(sizes, fmt.Sprintf("%d workers: --clients %d --txn-ops %d", w, max(1, w/b), b))
+		}
+		rep.Note("ceiling: %s txn-put (%s): what etcd commits with as many keys in flight as Beacon's workers, in transactions as large as Beacon's",
+			benchBin, strings.Join(sizes, "; "))
 	} else if !cfg.NoCeiling {
 		rep.Note("no ceiling against --endpoints: etcd's benchmark tool writes keys it cannot remove")
 	}

@@ -117,7 +117,7 @@ func TestRegistryScenariosSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, 5)
+	checkReport(t, rep, 6)
 	if rep, err = RunWatch(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestRegisterCeiling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, 2*5+2)
+	checkReport(t, rep, 2*7+2) // per worker count: rate (ceiling, raw), p50, p99, p99 vs txn, etcd CPU (ceiling, raw)
 	ceilings := 0
 	for _, r := range rep.Rows {
 		if r.Against == "txn-put ceiling" && strings.HasPrefix(r.Metric, "registrations/s") {

@@ -462,8 +462,9 @@ const (
 	// minInflight is how many transactions the outstanding creates are
 	// spread over before batches reach targetBatch.
 	minInflight = 4
-	// targetBatch creates waiting start another transaction.
-	targetBatch = 16
+	// targetBatch creates waiting start another transaction (etcd's CPU
+	// per registration at 256 workers: 19 µs with 16, 15 µs with 48).
+	targetBatch = 48
 	// maxInflight bounds the transactions a batcher has in flight.
 	maxInflight = 64
 )
