@@ -71,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		clientWatchers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "client_watchers", Help: "Watchers opened by clients on the proxy."}),
 		upstreamWatches: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "upstream_watches", Help: "Watches the proxy holds on etcd; identical client watchers share one."}),
+			Name: "upstream_watches", Help: "Watches the proxy holds on etcd; identical client watchers share one (the serializable cache holds one more while it is on)."}),
 		watchStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "client_watch_streams", Help: "Client Watch streams open on the proxy."}),
 		watchEvents: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
