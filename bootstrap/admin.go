@@ -6,13 +6,15 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // CreateToken creates a token for a cluster of size members: it writes the
-// size key, only if nothing at all exists under the token yet, and returns
-// the revision of the write. A token that exists (even only partly, or
+// size key (and CreatedKey, the time of creation, which etcd ignores),
+// only if nothing at all exists under the token yet, and returns the
+// revision of the write. A token that exists (even only partly, or
 // already used) gives ErrTokenExists: tokens are single-use. The token is
 // checked with ValidateToken and the size with ValidateSize; use NewToken
 // for a fresh one. Give ctx a deadline.
@@ -26,7 +28,8 @@ func CreateToken(ctx context.Context, cli *clientv3.Client, token string, size i
 	prefix := TokenPrefix(token)
 	resp, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(prefix).WithPrefix(), "=", 0)).
-		Then(clientv3.OpPut(SizeKey(token), strconv.Itoa(size))).
+		Then(clientv3.OpPut(SizeKey(token), strconv.Itoa(size)),
+			clientv3.OpPut(CreatedKey(token), time.Now().UTC().Format(time.RFC3339Nano))).
 		Else(clientv3.OpGet(prefix, clientv3.WithPrefix())).
 		Commit()
 	if err != nil {

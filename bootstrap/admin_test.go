@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
+	"github.com/beaconplane/beacon/internal/etcdtest"
 )
 
 func TestTokenAdmin(t *testing.T) {
@@ -64,7 +65,7 @@ func TestTokenAdmin(t *testing.T) {
 	}
 
 	n, err := bootstrap.RemoveToken(ctx, cli, tok)
-	if err != nil || n != 1 {
+	if err != nil || n != 2 { // the size and the creation time
 		t.Fatalf("remove: %d, %v", n, err)
 	}
 	if _, err := bootstrap.RemoveToken(ctx, cli, tok); !errors.Is(err, bootstrap.ErrTokenNotFound) {
@@ -96,9 +97,13 @@ func TestTokenHTTPAPI(t *testing.T) {
 	h := bootstrap.NewHandler(cli, srv.Endpoints(), nil)
 	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
+	contentType := ""
 	call := func(method, path, body string, out any) int {
 		t.Helper()
 		req, _ := http.NewRequest(method, ts.URL+path, strings.NewReader(body))
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -132,10 +137,50 @@ func TestTokenHTTPAPI(t *testing.T) {
 		t.Fatalf("create: %d %+v", code, created)
 	}
 	var def bootstrap.CreateTokenResponse
-	if code := call("POST", "/v1/tokens", "", &def); code != 201 || def.Size != 3 {
+	contentType = "application/JSON; charset=UTF-8" // media types are case-insensitive
+	if code := call("POST", "/v1/tokens", "{}", &def); code != 201 || def.Size != 3 {
 		t.Fatalf("create with defaults: %d %+v", code, def)
 	}
+	contentType = ""
 	var e bootstrap.ErrorResponse
+	// An empty body is refused (it is not "the defaults": send {}), as are
+	// another content type, query parameters and trailing data.
+	if code := call("POST", "/v1/tokens", "", &e); code != 400 || e.Code != "invalid_argument" || !strings.Contains(e.Message, "empty body") {
+		t.Fatalf("empty body: %d %+v", code, e)
+	}
+	contentType = "text/plain"
+	if code := call("POST", "/v1/tokens", `{"size": 3}`, &e); code != 415 {
+		t.Fatalf("text/plain body: %d %+v", code, e)
+	}
+	contentType = ""
+	if code := call("POST", "/v1/tokens?size=3", `{}`, &e); code != 400 || !strings.Contains(e.Message, `unknown query parameter "size"`) {
+		t.Fatalf("query parameter: %d %+v", code, e)
+	}
+	if code := call("POST", "/v1/tokens", `{"size": 3} {}`, &e); code != 400 || !strings.Contains(e.Message, "more than one JSON value") {
+		t.Fatalf("trailing data: %d %+v", code, e)
+	}
+	// The etcd server is shared with other tests: look at this test's
+	// tokens only.
+	var list bootstrap.ListTokensResponse
+	mine := func() []bootstrap.TokenSummary {
+		var out []bootstrap.TokenSummary
+		for _, tok := range list.Tokens {
+			if tok.Token == created.Token || tok.Token == def.Token {
+				out = append(out, tok)
+			}
+		}
+		return out
+	}
+	if code := call("GET", "/v1/tokens", "", &list); code != 200 || len(mine()) != 2 || list.Revision == 0 {
+		t.Fatalf("list: %d %+v", code, list)
+	}
+	for i, want := range []string{created.Token, def.Token} {
+		tok := mine()[i]
+		if tok.Token != want || tok.State != bootstrap.StateWaiting || tok.Full || tok.Registered != 0 || tok.CreatedAt == nil ||
+			time.Since(*tok.CreatedAt) > time.Minute || tok.CreatedRevision == 0 {
+			t.Fatalf("list[%d] = %+v, want %s waiting", i, tok, want)
+		}
+	}
 	for body, code := range map[string]string{
 		`{"size": 0}`: "invalid_argument", `{"size": -2}`: "invalid_argument", `{"size": "3"}`: "invalid_argument",
 		`{"size": 1001}`: "invalid_argument", `{"size": 3, "tok": "x"}`: "invalid_argument",
@@ -172,16 +217,76 @@ func TestTokenHTTPAPI(t *testing.T) {
 		t.Fatalf("unknown token: %d %+v", code, e)
 	}
 	var rm bootstrap.RemoveTokenResponse
-	if code := call("DELETE", "/v1/tokens/"+created.Token, "", &rm); code != 200 || rm.Deleted != 3 {
+	if code := call("GET", "/v1/tokens", "", &list); code != 200 || len(mine()) != 2 || !mine()[0].Full ||
+		mine()[0].Registered != 2 || mine()[0].Members != 2 || mine()[0].State != bootstrap.StateFull {
+		t.Fatalf("list with a full token: %d %+v", code, list)
+	}
+	if code := call("DELETE", "/v1/tokens/"+created.Token, "", &rm); code != 200 || rm.Deleted != 4 {
 		t.Fatalf("remove: %d %+v", code, rm)
 	}
 	if code := call("PUT", "/v1/tokens/x", "", &e); code != 405 || e.Code != "method_not_allowed" {
 		t.Fatalf("PUT: %d %+v", code, e)
 	}
-	if code := call("GET", "/v1/tokens", "", &e); code != 405 {
-		t.Fatalf("GET list: %d %+v", code, e)
+	if code := call("DELETE", "/v1/tokens", "", &e); code != 405 || e.Code != "method_not_allowed" {
+		t.Fatalf("DELETE list: %d %+v", code, e)
 	}
-	if code := call("GET", "/v1/other", "", &e); code != 404 {
+	if code := call("GET", "/v1/other", "", &e); code != 404 || e.Code != "not_found" {
 		t.Fatalf("other path: %d", code)
+	}
+}
+
+// TestListTokens: every token of the registry, with what is known of it:
+// one made by CreateToken (with its creation time), one written by hand as
+// etcd's documentation does (no creation time), one with a bad size and
+// one with registrations but no size key.
+func TestListTokens(t *testing.T) {
+	// An etcd of its own: the listing is of the whole registry.
+	srv := etcdtest.Start(t, etcdtest.Options{Name: "list"})
+	cli := client(t, srv)
+	ctx := testCtx(t, 20*time.Second)
+	made, byHand, bad, orphan := "a-made", "b-by-hand", "c-bad-size", "d-orphan"
+	id, err := bootstrap.MemberID([]string{"http://10.0.0.1:2380"}, made)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bootstrap.CreateToken(ctx, cli, made, 1); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{
+		bootstrap.SizeKey(byHand):                   "2",
+		bootstrap.SizeKey(bad):                      "two",
+		bootstrap.MembersPrefix(orphan) + "/1":      "a=http://10.0.0.1:2380",
+		bootstrap.RegistryPrefix + "/not a token/x": "ignored",
+		bootstrap.MemberKey(made, id):               "m1=http://10.0.0.1:2380",
+	} {
+		if _, err := cli.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := bootstrap.ListTokens(ctx, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bootstrap.TokenSummary{}
+	for _, s := range list.Tokens {
+		got[s.Token] = s
+	}
+	if len(got) != 4 {
+		t.Fatalf("tokens: %+v", list.Tokens)
+	}
+	if s := got[made]; s.Size != 1 || !s.Full || s.State != bootstrap.StateFull || s.Registered != 1 || s.CreatedAt == nil || s.Problem != "" {
+		t.Errorf("created token: %+v", s)
+	}
+	if s := got[byHand]; s.Size != 2 || s.Full || s.State != bootstrap.StateWaiting || s.CreatedAt != nil || s.CreatedRevision == 0 {
+		t.Errorf("token written by hand: %+v", s)
+	}
+	if s := got[bad]; s.Size != 0 || s.State != "" || !strings.Contains(s.Problem, "size key is bad") {
+		t.Errorf("bad size: %+v", s)
+	}
+	if s := got[orphan]; s.Members != 1 || !strings.Contains(s.Problem, "size key not found") {
+		t.Errorf("orphan: %+v", s)
+	}
+	if list.Tokens[0].Token != made {
+		t.Errorf("tokens not in creation order: %+v", list.Tokens)
 	}
 }

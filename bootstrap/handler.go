@@ -2,14 +2,12 @@ package bootstrap
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 
+	"github.com/beaconplane/beacon/internal/httpapi"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -56,43 +54,73 @@ type RemoveTokenResponse struct {
 	Deleted int64  `json:"deleted"`
 }
 
-// ErrorResponse is the body of every error of Beacon's HTTP API.
-type ErrorResponse struct {
-	// Code is one of invalid_argument, not_found, already_exists,
-	// failed_precondition (a token whose size key is missing or bad, or
-	// whose registrations do not form a valid cluster),
-	// method_not_allowed, unavailable, internal.
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
+// ErrorResponse is the body of every error of Beacon's HTTP API:
+// {"code","message"}, the code one of invalid_argument, not_found,
+// already_exists, failed_precondition (a token whose size key is missing
+// or bad, or whose registrations do not form a valid cluster),
+// method_not_allowed, unavailable, internal.
+type ErrorResponse = httpapi.Error
 
-// NewHandler returns the HTTP API for v3 discovery tokens, served by
-// `beacon serve` over the etcd it runs (cli):
+// ListTokensResponse is the answer to GET /v1/tokens.
+type ListTokensResponse = TokenList
+
+// TokenAPI is the HTTP API for v3 discovery tokens, served by `beacon
+// serve` over the etcd it runs or fronts:
 //
+//	GET    /v1/tokens          → 200 ListTokensResponse
 //	POST   /v1/tokens          {"size":3} or {"size":3,"token":"…"} → 201 CreateTokenResponse
 //	GET    /v1/tokens/{token}  → 200 TokenStatusResponse
 //	DELETE /v1/tokens/{token}  → 200 RemoveTokenResponse
 //
-// endpoints are the discovery service's client URLs that members should
-// use (they appear in the answer to POST). Errors are JSON ErrorResponse
-// bodies. logger (nil: discard) receives one line per token created or
-// removed and every internal error.
-func NewHandler(cli *clientv3.Client, endpoints []string, logger *slog.Logger) http.Handler {
+// Errors are JSON ErrorResponse bodies; no route takes query parameters
+// (any is a 400). POST needs a JSON object ({} for the defaults): an empty
+// body, another Content-Type, unknown fields or trailing data are refused.
+type TokenAPI struct {
+	h   *tokenHandler
+	mux *httpapi.Mux
+}
+
+// NewTokenAPI returns the token API over cli. endpoints are the discovery
+// service's client URLs that members should use (they appear in the
+// answer to POST). logger (nil: discard) receives one line per token
+// created or removed and every internal error.
+func NewTokenAPI(cli *clientv3.Client, endpoints []string, logger *slog.Logger) *TokenAPI {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	h := &tokenHandler{cli: cli, endpoints: endpoints, lg: logger.With("component", "bootstrap-tokens")}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+TokenPath, h.create)
-	mux.HandleFunc("GET "+TokenPath+"/{token}", h.status)
-	mux.HandleFunc("DELETE "+TokenPath+"/{token}", h.remove)
-	mux.HandleFunc(TokenPath, h.methodNotAllowed("POST"))
-	mux.HandleFunc(TokenPath+"/{token}", h.methodNotAllowed("GET, DELETE"))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s; the token API is %s and %s/{token}", r.URL.Path, TokenPath, TokenPath))
-	})
-	return mux
+	a := &TokenAPI{
+		h:   &tokenHandler{cli: cli, endpoints: endpoints, lg: logger.With("component", "bootstrap-tokens")},
+		mux: httpapi.NewMux(),
+	}
+	a.mux.NotFound = fmt.Sprintf("the token API is %s and %s/{token}", TokenPath, TokenPath)
+	a.Register(a.mux)
+	return a
 }
+
+// NewHandler returns the token API as an http.Handler (see TokenAPI);
+// mount it at TokenPath and TokenPath + "/", or use NewTokenAPI and
+// Register to add its routes to a router.
+func NewHandler(cli *clientv3.Client, endpoints []string, logger *slog.Logger) http.Handler {
+	return NewTokenAPI(cli, endpoints, logger)
+}
+
+// Router is where Register adds the routes: an *http.ServeMux, or a
+// server's router.
+type Router interface {
+	Handle(pattern string, h http.Handler)
+}
+
+// Register adds the API's routes, with their methods, to r.
+func (a *TokenAPI) Register(r Router) {
+	r.Handle("GET "+TokenPath, http.HandlerFunc(a.h.list))
+	r.Handle("POST "+TokenPath, http.HandlerFunc(a.h.create))
+	r.Handle("GET "+TokenPath+"/{token}", http.HandlerFunc(a.h.status))
+	r.Handle("DELETE "+TokenPath+"/{token}", http.HandlerFunc(a.h.remove))
+}
+
+// ServeHTTP serves the API's routes; other paths get a JSON 404, other
+// methods a JSON 405.
+func (a *TokenAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
 
 type tokenHandler struct {
 	cli       *clientv3.Client
@@ -100,18 +128,31 @@ type tokenHandler struct {
 	lg        *slog.Logger
 }
 
+func (h *tokenHandler) list(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), DefaultRequestTimeout)
+	defer cancel()
+	list, err := ListTokens(ctx, h.cli)
+	if err != nil {
+		h.fail(w, "list tokens", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
 func (h *tokenHandler) create(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
 	// Size is a pointer here so that an explicit 0 is told apart from a
 	// missing size (the default).
 	var body struct {
 		Size  *int   `json:"size"`
 		Token string `json:"token"`
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil && !errors.Is(err, io.EOF) {
-		writeError(w, http.StatusBadRequest, "invalid_argument",
-			fmt.Sprintf("request body: %v; send JSON like {\"size\": 3}", err))
+	if !httpapi.DecodeJSON(w, r, &body, maxBody) {
 		return
 	}
 	req := CreateTokenRequest{Size: 3, Token: body.Token}
@@ -136,6 +177,9 @@ func (h *tokenHandler) create(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *tokenHandler) status(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), DefaultRequestTimeout)
 	defer cancel()
 	st, err := TokenStatus(ctx, h.cli, r.PathValue("token"))
@@ -160,6 +204,9 @@ func (h *tokenHandler) status(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *tokenHandler) remove(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), DefaultRequestTimeout)
 	defer cancel()
 	token := r.PathValue("token")
@@ -170,14 +217,6 @@ func (h *tokenHandler) remove(w http.ResponseWriter, r *http.Request) {
 	}
 	h.lg.Info("discovery token removed", "token", token, "keys", n)
 	writeJSON(w, http.StatusOK, RemoveTokenResponse{Token: token, Deleted: n})
-}
-
-func (h *tokenHandler) methodNotAllowed(allow string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", allow)
-		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed",
-			fmt.Sprintf("%s %s is not supported; use %s", r.Method, r.URL.Path, allow))
-	}
 }
 
 // fail maps an error to a status and code.
@@ -198,14 +237,8 @@ func (h *tokenHandler) fail(w http.ResponseWriter, op string, err error) {
 	}
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
-}
+func writeJSON(w http.ResponseWriter, code int, v any) { httpapi.WriteJSON(w, code, v) }
 
 func writeError(w http.ResponseWriter, code int, kind, msg string) {
-	writeJSON(w, code, ErrorResponse{Code: kind, Message: strings.TrimSpace(msg)})
+	httpapi.WriteError(w, code, kind, msg)
 }

@@ -2,13 +2,24 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 // endpoint is one member client URL and what the proxy knows about it.
@@ -20,15 +31,21 @@ type endpoint struct {
 	lastErr     string
 	self        bool // the proxy's own listener: never used
 	loop        bool // requests sent there came back: never used
+	// unverified: the endpoint failed (a probe or a request) and must
+	// answer a probe as etcd again before it is used, also once its
+	// FailureWait is over.
+	unverified bool
 }
 
 // EndpointStatus reports one endpoint, for Proxy.Endpoints and
 // GET /proxy/endpoints.
 type EndpointStatus struct {
 	URL string `json:"url"`
-	// State is "available", "failed" (benched for FailureWait after a
-	// failure), "self" (this proxy's own address) or "loop" (requests
-	// came back to this proxy through it).
+	// State is "available" (it answered as etcd), "failed" (it did not
+	// answer as etcd, or a request to it failed: benched for FailureWait,
+	// then used again only once it answers as etcd), "self" (this proxy's
+	// own address) or "loop" (requests came back to this proxy through
+	// it).
 	State     string    `json:"state"`
 	LastError string    `json:"last_error,omitempty"`
 	Until     time.Time `json:"until,omitzero"`
@@ -90,7 +107,7 @@ func (d *director) replace(list []*endpoint) {
 
 // usable reports whether e may receive requests now.
 func (e *endpoint) usable(now time.Time) bool {
-	return !e.self && !e.loop && !now.Before(e.failedUntil)
+	return !e.self && !e.loop && !e.unverified && !now.Before(e.failedUntil)
 }
 
 // available returns the URLs of usable endpoints, in shuffled order.
@@ -194,7 +211,7 @@ func (e *endpoint) state(now time.Time) string {
 		return "self"
 	case e.loop:
 		return "loop"
-	case now.Before(e.failedUntil):
+	case now.Before(e.failedUntil), e.unverified:
 		return "failed"
 	}
 	return "available"
@@ -243,6 +260,7 @@ func (d *director) fail(addr string, err error) bool {
 		return false
 	}
 	e.failedUntil = now.Add(d.failureWait)
+	e.unverified = true
 	if err != nil {
 		e.lastErr = err.Error()
 	}
@@ -277,6 +295,44 @@ func (d *director) markLoop(addr string) {
 	d.applyLocked()
 }
 
+// toReprobe returns the endpoints whose FailureWait is over but that have
+// not answered as etcd since they failed.
+func (d *director) toReprobe() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.now()
+	var out []string
+	for _, e := range d.eps {
+		if e.unverified && !e.self && !e.loop && !now.Before(e.failedUntil) {
+			out = append(out, e.url)
+		}
+	}
+	return out
+}
+
+// reprobed records the outcome of probing endpoints again: those that
+// answered as etcd are used again, the others stay benched for another
+// FailureWait.
+func (d *director) reprobed(results []*endpoint) {
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
+	d.mu.Lock()
+	for _, r := range results {
+		for _, e := range d.eps {
+			if e.url != r.url || !e.unverified {
+				continue
+			}
+			if r.unverified {
+				e.failedUntil, e.lastErr = r.failedUntil, r.lastErr
+			} else {
+				e.unverified, e.addr = false, r.addr
+			}
+		}
+	}
+	d.mu.Unlock()
+	d.applyLocked()
+}
+
 // nextWake returns when the next benched endpoint becomes usable again
 // (zero if none is benched).
 func (d *director) nextWake() time.Time {
@@ -285,8 +341,14 @@ func (d *director) nextWake() time.Time {
 	var t time.Time
 	now := d.now()
 	for _, e := range d.eps {
-		if e.failedUntil.After(now) && (t.IsZero() || e.failedUntil.Before(t)) {
-			t = e.failedUntil
+		switch {
+		case e.self || e.loop:
+		case e.failedUntil.After(now):
+			if t.IsZero() || e.failedUntil.Before(t) {
+				t = e.failedUntil
+			}
+		case e.unverified:
+			return now // its bench is over: probe it again now
 		}
 	}
 	return t
@@ -300,9 +362,12 @@ func (d *director) wake() {
 }
 
 // probe builds endpoints from client URLs: malformed URLs are dropped
-// (logged), self addresses are marked, and each endpoint is dialed once
-// (bounded by dialTimeout) to find unreachable ones, which start benched.
-func probe(ctx context.Context, urls []string, self *selfMatcher, dialTimeout, failureWait time.Duration, log *slog.Logger) []*endpoint {
+// (logged), self addresses are marked, and each endpoint is asked for its
+// status once (bounded by max(dialTimeout, probeTimeout)): an endpoint
+// that cannot be reached, or that answers but not as etcd (another HTTP or
+// gRPC server, a port that accepts and stays silent), starts benched with
+// the reason. Only an endpoint that answered as etcd is available.
+func probe(ctx context.Context, urls []string, self *selfMatcher, tlsCfg *tls.Config, dialTimeout, failureWait time.Duration, log *slog.Logger) []*endpoint {
 	seen := map[string]bool{}
 	var list []*endpoint
 	for _, s := range urls {
@@ -319,7 +384,6 @@ func probe(ctx context.Context, urls []string, self *selfMatcher, dialTimeout, f
 		list = append(list, &endpoint{url: key, hostport: u.Host})
 	}
 	var wg sync.WaitGroup
-	now := time.Now()
 	for _, e := range list {
 		if self != nil && self.isSelf(ctx, e.hostport) {
 			e.self = true
@@ -327,16 +391,76 @@ func probe(ctx context.Context, urls []string, self *selfMatcher, dialTimeout, f
 			continue
 		}
 		wg.Go(func() {
-			conn, err := (&net.Dialer{Timeout: dialTimeout}).DialContext(ctx, "tcp", e.hostport)
+			pctx, cancel := context.WithTimeout(ctx, max(dialTimeout, probeTimeout))
+			defer cancel()
+			addr, err := probeEtcd(pctx, e.url, tlsCfg)
 			if err != nil {
-				e.failedUntil = now.Add(failureWait)
+				// From the answer, not the start: a probe that timed out
+				// took longer than a short FailureWait.
+				e.failedUntil = time.Now().Add(failureWait)
 				e.lastErr = err.Error()
+				e.unverified = true
 				return
 			}
-			e.addr = conn.RemoteAddr().String()
-			_ = conn.Close()
+			e.addr = addr
 		})
 	}
 	wg.Wait()
 	return list
+}
+
+// probeTimeout is the least time an endpoint gets to answer a probe.
+const probeTimeout = 2 * time.Second
+
+// probeEtcd asks the endpoint for etcd's Maintenance.Status and returns
+// the address it connected to. An answer counts as etcd's when it is a
+// status, or an error etcd itself sends (a permission or authentication
+// refusal); a transport failure, a timeout, or an Unimplemented from
+// another gRPC server does not.
+func probeEtcd(ctx context.Context, rawURL string, tlsCfg *tls.Config) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", err
+	}
+	creds := insecure.NewCredentials()
+	if u.Scheme == "https" {
+		c := &tls.Config{MinVersion: tls.VersionTLS12}
+		if tlsCfg != nil {
+			c = tlsCfg.Clone()
+		}
+		if c.ServerName == "" {
+			c.ServerName = u.Hostname()
+		}
+		creds = credentials.NewTLS(c)
+	}
+	var remote atomic.Value
+	conn, err := grpc.NewClient("passthrough:///"+u.Host,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			if err == nil {
+				remote.Store(c.RemoteAddr().String())
+			}
+			return c, err
+		}))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_, err = pb.NewMaintenanceClient(conn).Status(ctx, &pb.StatusRequest{})
+	switch status.Code(err) {
+	case codes.OK, codes.PermissionDenied, codes.Unauthenticated, codes.InvalidArgument, codes.FailedPrecondition:
+		addr, _ := remote.Load().(string)
+		return addr, nil
+	case codes.Unimplemented:
+		return "", fmt.Errorf("answers gRPC but is not etcd (%s)", status.Convert(err).Message())
+	case codes.DeadlineExceeded:
+		if remote.Load() != nil {
+			return "", errors.New("accepted the connection but did not answer as etcd in time (is it etcd, and does its cluster have a leader?)")
+		}
+	}
+	if err != nil && remote.Load() != nil {
+		return "", fmt.Errorf("accepted the connection but did not answer as etcd: %s", status.Convert(err).Message())
+	}
+	return "", fmt.Errorf("unreachable: %s", status.Convert(err).Message())
 }

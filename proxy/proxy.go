@@ -279,7 +279,7 @@ func (p *Proxy) initialEndpoints(ctx context.Context) ([]*endpoint, error) {
 		p.peers = peers
 		urls = clients
 	}
-	return probe(ctx, urls, p.self, p.cfg.DialTimeout, p.cfg.FailureWait, p.log), nil
+	return probe(ctx, urls, p.self, p.cfg.ClientTLS, p.cfg.DialTimeout, p.cfg.FailureWait, p.log), nil
 }
 
 // connect creates the upstream client over the usable endpoints.
@@ -401,6 +401,12 @@ func (p *Proxy) refreshLoop(ctx context.Context) {
 		if !time.Now().Before(next) {
 			p.refresh(ctx)
 			next = time.Now().Add(interval)
+		} else if urls := p.dir.toReprobe(); len(urls) > 0 {
+			// Benched endpoints are used again only once they answer
+			// as etcd.
+			pctx, cancel := context.WithTimeout(ctx, max(p.cfg.DialTimeout, probeTimeout)+time.Second)
+			p.dir.reprobed(probe(pctx, urls, p.self, p.cfg.ClientTLS, p.cfg.DialTimeout, p.cfg.FailureWait, p.log))
+			cancel()
 		}
 		p.dir.apply()
 	}
@@ -418,7 +424,7 @@ func (p *Proxy) refresh(ctx context.Context) {
 	} else {
 		p.m.refreshes.WithLabelValues("ok").Inc()
 	}
-	list := probe(ctx, urls, p.self, p.cfg.DialTimeout, p.cfg.FailureWait, p.log)
+	list := probe(ctx, urls, p.self, p.cfg.ClientTLS, p.cfg.DialTimeout, p.cfg.FailureWait, p.log)
 	before := p.dir.known()
 	p.dir.replace(list)
 	if after := p.dir.known(); !sameSet(before, after) {

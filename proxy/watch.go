@@ -146,8 +146,8 @@ type cstream struct {
 	watchers map[int64]*cwatcher
 	nextID   int64
 	queue    []qitem
-	segs     []segNode     // the segments of queue's event responses
-	spare    []qitem       // the sender's last batch, reused
+	segs     []segNode // the segments of queue's event responses
+	spare    []qitem   // the sender's last batch, reused
 	spareSeg []segNode
 	open     map[int64]int // watch ID -> index in queue of its mergeable events
 	qbytes   int

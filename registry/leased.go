@@ -41,6 +41,7 @@ func (r *StoreRegistry) GrantLease(ctx context.Context, ttl time.Duration) (stor
 	if err != nil {
 		return store.Lease{}, fmt.Errorf("registry: grant lease: %w", err)
 	}
+	r.leased.granted(l.ID, l.TTL)
 	return l, nil
 }
 
@@ -53,8 +54,12 @@ func (r *StoreRegistry) KeepAliveLease(ctx context.Context, id store.LeaseID) (t
 	}
 	ttl, err := r.st.KeepAlive(ctx, id)
 	if err != nil {
+		if errors.Is(err, store.ErrLeaseNotFound) {
+			r.leased.ended(id)
+		}
 		return 0, leaseError("keep alive", id, err)
 	}
+	r.leased.renewed(id, ttl)
 	return ttl, nil
 }
 
@@ -65,8 +70,12 @@ func (r *StoreRegistry) RevokeLease(ctx context.Context, id store.LeaseID) error
 		return err
 	}
 	if err := r.st.Revoke(ctx, id); err != nil {
+		if errors.Is(err, store.ErrLeaseNotFound) {
+			r.leased.ended(id)
+		}
 		return leaseError("revoke", id, err)
 	}
+	r.leased.ended(id)
 	return nil
 }
 
@@ -107,6 +116,7 @@ func (r *StoreRegistry) RegisterLeased(ctx context.Context, in beacon.Instance, 
 	rev, err := r.st.Create(ctx, key, val, store.WithLease(lease))
 	switch {
 	case err == nil:
+		r.leased.registered(lease, in.Ref())
 		return in, rev, nil
 	case errors.Is(err, store.ErrKeyExists):
 		if kv, gerr := r.st.Get(ctx, key); gerr == nil {
@@ -138,6 +148,7 @@ func (r *StoreRegistry) RegisterWithTTL(ctx context.Context, in beacon.Instance,
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 		defer cancel()
+		r.leased.ended(l.ID)
 		if rerr := r.st.Revoke(rctx, l.ID); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
 			r.log.Warn("revoking the lease of a failed registration failed; it expires by itself",
 				"lease", fmt.Sprintf("%x", l.ID), "ttl", l.TTL, "err", rerr)
@@ -167,6 +178,9 @@ func (r *StoreRegistry) getLeased(ctx context.Context, ref beacon.Ref, lease sto
 // whose lease ended, gives an error matching beacon.ErrNotFound.
 func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, lease store.LeaseID) (time.Duration, error) {
 	if _, _, err := r.getLeased(ctx, ref, lease); err != nil {
+		if errors.Is(err, beacon.ErrNotFound) {
+			r.leased.deregistered(lease, ref)
+		}
 		return 0, err
 	}
 	return r.KeepAliveLease(ctx, lease)
@@ -225,6 +239,7 @@ func (r *StoreRegistry) DeregisterLeased(ctx context.Context, ref beacon.Ref, le
 		_, err = r.st.Delete(ctx, kv.Key, store.IfModRevision(kv.ModRevision))
 		switch {
 		case err == nil:
+			r.leased.deregistered(lease, ref)
 			return nil
 		case errors.Is(err, store.ErrConflict):
 			continue

@@ -10,6 +10,8 @@ import (
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/registrytest"
 	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/memory"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestLeasedLifecycle walks the HTTP API's building blocks on every
@@ -187,5 +189,76 @@ func TestLeasedBadInput(t *testing.T) {
 	list, _, err := r.List(ctx, beacon.Query{Namespace: ns})
 	if err != nil || len(list) != 2 {
 		t.Fatalf("after the bad input List has %d instances, %v; want the 2 good ones", len(list), err)
+	}
+}
+
+// TestLeasedRegistrationsMetric: beacon_registry_leased_registrations
+// counts the instances registered on leases of their own through the
+// registries of a Registerer, down on deregistration, revocation and on a
+// lease that expired without a renewal through them.
+func TestLeasedRegistrationsMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	st := memory.New(memory.Options{})
+	defer st.Close()
+	r1 := newRegistry(t, st, registry.Config{Metrics: reg})
+	r2 := newRegistry(t, st, registry.Config{Metrics: reg})
+	ctx := within(t, 30*time.Second)
+	count := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "beacon_registry_leased_registrations" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("beacon_registry_leased_registrations is not exported")
+		return 0
+	}
+	ns := uniqueNS()
+	a, la, err := r1.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, lb, err := r2.RegisterWithTTL(ctx, inst(ns, "10.0.0.2:80"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r1.RegisterWithTTL(ctx, inst(ns, "10.0.0.3:80"), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r1.Register(ctx, inst(ns, "10.0.0.4:80")); err != nil { // the session's: not counted here
+		t.Fatal(err)
+	}
+	if got := count(); got != 3 {
+		t.Fatalf("after three HTTP-style registrations: %v", got)
+	}
+	if _, err := r1.Heartbeat(ctx, a.Ref(), la.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.DeregisterLeased(ctx, b.Ref(), lb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(); got != 2 {
+		t.Fatalf("after a deregistration: %v", got)
+	}
+	deadline := time.Now().Add(20 * time.Second) // the 1 s lease, never renewed
+	for count() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("an expired lease still counts: %v", count())
+		}
+		select {
+		case <-time.After(50 * time.Millisecond): // the clock is the event: the TTL
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+	}
+	if err := r1.RevokeLease(ctx, la.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(); got != 0 {
+		t.Fatalf("after a revocation: %v", got)
 	}
 }

@@ -20,6 +20,7 @@ type metrics struct {
 	watchers          prometheus.Gauge
 	resyncs           *prometheus.CounterVec
 	invalid           prometheus.Counter
+	leased            *leasedCollector // leasedmetrics.go
 }
 
 // Metric names, documented in docs/registry.md.
@@ -43,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: metricState,
-			Help: "Number of registry sessions in each state (idle, active, lost, recovered, closed).",
+			Help: "Number of registry sessions in each state (idle, active, lost, recovered, closed); every state is a series, 0 when no session is in it.",
 		}, []string{"state"}),
 		leaseLosses: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: metricLeaseLosses,
@@ -59,7 +60,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		registrations: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: metricRegistrations,
-			Help: "Instances registered through registry sessions (including conflicted ones).",
+			Help: "Instances registered through registry sessions (including conflicted ones); a server's HTTP registrations are in beacon_registry_leased_registrations.",
 		}),
 		conflicts: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: metricConflicts,
@@ -81,6 +82,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: metricInvalid,
 			Help: "Stored values under the services prefix that are not valid instances (skipped).",
 		}),
+		leased: newLeasedCollector(),
 	}
 	var err error
 	m.state = register(reg, m.state, &err)
@@ -93,6 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.watchers = register(reg, m.watchers, &err)
 	m.resyncs = register(reg, m.resyncs, &err)
 	m.invalid = register(reg, m.invalid, &err)
+	m.leased = register(reg, m.leased, &err)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +131,24 @@ func (m *metrics) setState(from, to State) {
 
 func (m *metrics) initState(s State) {
 	if m != nil {
+		// Every state is a series from the start, so that an alert on
+		// state="lost" compares with 0 rather than with nothing.
+		for st := StateIdle; st <= StateClosed; st++ {
+			m.state.WithLabelValues(st.String()).Add(0)
+		}
 		m.state.WithLabelValues(s.String()).Inc()
+	}
+}
+
+func (m *metrics) trackLeased(t *leasedTracker) {
+	if m != nil {
+		m.leased.add(t)
+	}
+}
+
+func (m *metrics) untrackLeased(t *leasedTracker) {
+	if m != nil {
+		m.leased.remove(t)
 	}
 }
 

@@ -382,12 +382,13 @@ beacon_registry_lease_losses_total 1
 # HELP beacon_registry_lease_recoveries_total Recoveries after a lease loss: a lease held again and the instances re-registered.
 # TYPE beacon_registry_lease_recoveries_total counter
 beacon_registry_lease_recoveries_total 1
-# HELP beacon_registry_registrations Instances registered through registry sessions (including conflicted ones).
+# HELP beacon_registry_registrations Instances registered through registry sessions (including conflicted ones); a server's HTTP registrations are in beacon_registry_leased_registrations.
 # TYPE beacon_registry_registrations gauge
 beacon_registry_registrations 2
-# HELP beacon_registry_session_state Number of registry sessions in each state (idle, active, lost, recovered, closed).
+# HELP beacon_registry_session_state Number of registry sessions in each state (idle, active, lost, recovered, closed); every state is a series, 0 when no session is in it.
 # TYPE beacon_registry_session_state gauge
 beacon_registry_session_state{state="active"} 0
+beacon_registry_session_state{state="closed"} 0
 beacon_registry_session_state{state="idle"} 0
 beacon_registry_session_state{state="lost"} 0
 beacon_registry_session_state{state="recovered"} 1

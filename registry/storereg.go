@@ -41,6 +41,7 @@ type StoreRegistry struct {
 	sess    *session
 	hub     *hub
 	creates *batcher
+	leased  *leasedTracker // leasedmetrics.go
 }
 
 var (
@@ -84,6 +85,8 @@ func New(st store.Store, cfg Config) (*StoreRegistry, error) {
 	}
 	r.sess = newSession(r)
 	r.hub = newHub(r)
+	r.leased = newLeasedTracker(cfg.LeaseTTL)
+	m.trackLeased(r.leased)
 	return r, nil
 }
 
@@ -117,6 +120,7 @@ func (r *StoreRegistry) Close() error {
 	var err error
 	r.closeOnce.Do(func() {
 		r.closed.Store(true)
+		r.m.untrackLeased(r.leased)
 		r.hub.close()
 		r.cancel()
 		r.wg.Wait()

@@ -91,6 +91,10 @@ type Config struct {
 	// HTTPAddr is the HTTP API, metrics and health listener;
 	// DefaultHTTPAddr when empty.
 	HTTPAddr string
+	// CORSAllowedOrigins are the origins ("https://app.example.com", or
+	// "*" for any) whose browser pages may use the HTTP API; none when
+	// empty (see cors.go).
+	CORSAllowedOrigins []string
 
 	// DNS configures the DNS interface (dns.go); disabled when DNS.Addr is
 	// empty, as in the zero value (`beacon serve` enables it by default).
@@ -219,6 +223,9 @@ func (c Config) Validate() error {
 		if filepath.Clean(c.DataDir) == "/" {
 			errs = append(errs, fmt.Errorf("--data-dir %q: refusing to use the root directory", c.DataDir))
 		}
+		if len(errs) == 0 {
+			errs = append(errs, validateInitialCluster(c)...) // startcheck.go
+		}
 	}
 	errs = append(errs, c.Discovery.validate(c)...)
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
@@ -233,6 +240,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--v2-base-url %q: want an http(s) URL without trailing slash, e.g. http://10.0.0.1:9379/v2/discovery", c.V2BaseURL))
 		}
 	}
+	errs = append(errs, validateCORS(c.CORSAllowedOrigins)...) // cors.go
 	if c.V2TokenMaxAge < 0 {
 		errs = append(errs, fmt.Errorf("--v2-token-ttl %v: must not be negative", c.V2TokenMaxAge))
 	}

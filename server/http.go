@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	_ "embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/beaconplane/beacon/bootstrap"
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/internal/pprofhttp"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/registryapi"
@@ -33,9 +32,7 @@ func (s *Server) serveEarly() {
 	starting.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		writeReadiness(w, readiness{Status: "starting", Checks: map[string]string{"server": "starting (joining the cluster)"}})
 	})
-	starting.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "beacon serve is starting", http.StatusServiceUnavailable)
-	})
+	starting.HandleFunc("/", startingHandler)
 	var h http.Handler = starting
 	s.handler.Store(&h)
 
@@ -60,19 +57,34 @@ func (s *Server) serveEarly() {
 	}()
 }
 
-// startHTTP builds the full routes and installs them.
+// startingHandler answers every other route while the server starts.
+func startingHandler(w http.ResponseWriter, _ *http.Request) {
+	httpapi.WriteError(w, http.StatusServiceUnavailable, httpapi.CodeUnavailable,
+		"beacon serve is starting (joining its cluster); retry shortly, /readyz says when it is ready")
+}
+
+// startHTTP builds the full routes and installs them. Every route is
+// registered on one httpapi.Mux (unknown paths and methods get JSON 404
+// and 405; /v1/openapi.json documents exactly the registered routes).
 func (s *Server) startHTTP() error {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", healthz)
-	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{ErrorLog: slogErrorLog{s}}))
+	mux := httpapi.NewMux()
+	mux.NotFound = "the routes are listed at /v1/openapi.json"
+	queries, err := queryRules() // openapi.go: every documented route's query is checked
+	if err != nil {
+		return err
+	}
+	mux.Queries = queries
+	mux.Handle("GET /healthz", httpapi.NoQuery(http.HandlerFunc(healthz)))
+	mux.Handle("GET /readyz", httpapi.NoQuery(http.HandlerFunc(s.readyz)))
+	mux.Handle("GET /metrics", httpapi.NoQuery(promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{ErrorLog: slogErrorLog{s}})))
 	if err := s.mountAPIs(mux); err != nil {
 		return err
 	}
 	if s.cfg.EnablePprof {
-		pprofhttp.Mount(mux)
+		pprofhttp.Mount(mux) // not an API route: not in openapi.json
 	}
-	var h http.Handler = mux
+	s.routes = mux
+	h := cors(s.cfg.CORSAllowedOrigins, mux) // cors.go
 	s.handler.Store(&h)
 	return nil
 }
@@ -82,34 +94,30 @@ func healthz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ok\n"))
 }
 
-//go:embed openapi.json
-var openAPI []byte
-
 // mountAPIs adds the capability APIs that need the store: the registry
 // API, the OpenAPI document, and the bootstrap APIs (discovery.go).
-func (s *Server) mountAPIs(mux *http.ServeMux) error {
-	rcfg := s.cfg.Registry
-	rcfg.Logger, rcfg.Metrics = s.log, s.reg
-	reg, err := registry.New(s.store, rcfg)
-	if err != nil {
-		return fmt.Errorf("registry: %w", err)
+func (s *Server) mountAPIs(mux *httpapi.Mux) error {
+	if s.registry == nil {
+		rcfg := s.cfg.Registry
+		rcfg.Logger, rcfg.Metrics = s.log, s.reg
+		reg, err := registry.New(s.store, rcfg)
+		if err != nil {
+			return fmt.Errorf("registry: %w", err)
+		}
+		s.registry = reg
 	}
-	s.registry = reg
-	api, err := registryapi.New(reg, registryapi.Options{Logger: s.log, Metrics: s.reg})
+	api, err := registryapi.New(s.registry, registryapi.Options{Logger: s.log, Metrics: s.reg})
 	if err != nil {
 		return fmt.Errorf("registry API: %w", err)
 	}
-	for _, p := range registryapi.Routes() {
-		mux.Handle(p, api)
-	}
-	mux.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(openAPI)
-	})
+	api.Register(mux)
+	mux.Handle("GET /v1/openapi.json", httpapi.NoQuery(openAPIHandler(mux))) // openapi.go
 	if cli := s.etcdClient(); cli != nil {
-		tokens := bootstrap.NewHandler(cli, s.clientEndpoints(), s.log)
-		mux.Handle(bootstrap.TokenPath, tokens)
-		mux.Handle(bootstrap.TokenPath+"/", tokens)
+		bootstrap.NewTokenAPI(cli, s.clientEndpoints(), s.log).Register(mux)
+	}
+	if s.store == nil {
+		mountWithoutStore(mux) // registrybackend.go
+		return nil
 	}
 	base := s.cfg.V2BaseURL
 	if base == "" {
@@ -179,7 +187,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
-	if _, _, err := s.store.List(ctx, "/beacon-readyz-probe/"); err != nil {
+	if s.store == nil {
+		s.registryReadiness(ctx, &res) // registrybackend.go
+	} else if _, _, err := s.store.List(ctx, "/beacon-readyz-probe/"); err != nil {
 		res.Checks["store"] = err.Error()
 		res.Status = "unavailable"
 	} else {
@@ -193,9 +203,7 @@ func writeReadiness(w http.ResponseWriter, res readiness) {
 	if res.Status != "ok" {
 		code = http.StatusServiceUnavailable
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(res)
+	httpapi.WriteJSON(w, code, res)
 }
 
 // slogErrorLog adapts the server logger for promhttp.

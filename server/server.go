@@ -17,11 +17,12 @@ import (
 	"time"
 
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
-	"github.com/beaconplane/beacon/internal/zapslog"
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/backend"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap/zapcore"
@@ -47,9 +48,10 @@ type Server struct {
 	store     store.Store
 	ownsStore bool
 	httpLn    net.Listener
-	registry  *registry.StoreRegistry
+	registry  registry.Registry
 	v2        *v2.Service
 	httpSrv   *http.Server
+	routes    *httpapi.Mux                 // the full routes, once installed
 	handler   atomic.Pointer[http.Handler] // what httpSrv serves: early, then full
 	stopHTTP  context.CancelFunc           // ends long-lived HTTP streams (SSE)
 	wg        sync.WaitGroup
@@ -58,6 +60,29 @@ type Server struct {
 	dns       dnsState       // DNS interface (dns.go)
 	closeOnce sync.Once
 	closeErr  error
+	// etcdClosing is set when Close stops embedded etcd (etcdlog.go).
+	etcdClosing atomic.Bool
+	// dataDir is what the data directory held before etcd started, and
+	// etcdReady whether etcd joined its cluster (startcheck.go).
+	dataDir   *dataDirGuard
+	etcdReady bool
+}
+
+// removeFailedFirstStart removes, after a failed first start, what it
+// wrote to the data directory, unless the member had joined a cluster of
+// several members (they now count it as a member: its data must stay).
+func (s *Server) removeFailedFirstStart() {
+	if s.dataDir == nil || !s.dataDir.first {
+		return
+	}
+	if s.etcdReady {
+		if m, err := types.NewURLsMap(s.cfg.InitialCluster); err != nil || len(m) > 1 {
+			return
+		}
+	}
+	if err := s.dataDir.cleanup(); err != nil {
+		s.log.Warn("could not remove what the failed start wrote to the data directory", "data-dir", s.cfg.DataDir, "err", err)
+	}
 }
 
 // New validates cfg and returns a server that is not yet running.
@@ -98,6 +123,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
 			_ = s.Close()
+			s.removeFailedFirstStart()
 		}
 	}()
 	// Take the HTTP port first: a port in use fails fast, before etcd
@@ -116,7 +142,16 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	case s.cfg.Store != nil:
 		s.store = s.cfg.Store
 	case s.cfg.embedded():
+		// A port in use fails here, before etcd writes to the data
+		// directory (startcheck.go).
+		if err := probePorts(s.cfg); err != nil {
+			return err
+		}
 		if err := s.startMember(ctx); err != nil { // discovery.go
+			return err
+		}
+	case s.cfg.Backend.IsRegistry():
+		if err := s.openRegistryBackend(ctx); err != nil { // registrybackend.go
 			return err
 		}
 	default:
@@ -201,6 +236,14 @@ func (s *Server) Close() error {
 			_ = s.client.Close()
 		}
 		if s.etcd != nil {
+			s.etcdClosing.Store(true) // its listeners' loops end now: not errors (etcdlog.go)
+			if !s.etcdReady {
+				// embed's Close waits for the client servers, which wait
+				// for readiness or for the server to stop: a member
+				// that never became ready (no quorum) must be stopped
+				// first, or Close never returns.
+				s.etcd.Server.HardStop()
+			}
 			s.etcd.Close()
 		}
 		s.wg.Wait()
@@ -209,10 +252,14 @@ func (s *Server) Close() error {
 	return s.closeErr
 }
 
-// Registry returns the registry behind the HTTP API (nil before Start).
-func (s *Server) Registry() *registry.StoreRegistry { return s.registry }
+// Registry returns the registry behind the HTTP API (nil before Start): a
+// *registry.StoreRegistry over the store, or the registry of a registry
+// backend (kubernetes). Build on its narrow interfaces
+// (registry.Discoverer); optional capabilities are found by type assertion.
+func (s *Server) Registry() registry.Registry { return s.registry }
 
-// Store returns the store behind the API (nil before Start).
+// Store returns the store behind the API (nil before Start, and for a
+// registry backend such as kubernetes, which has none).
 func (s *Server) Store() store.Store { return s.store }
 
 // EtcdClient returns an in-process client of the embedded etcd (nil when
@@ -275,11 +322,20 @@ func (s *Server) Banner() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "beacon serve is ready (%s)\n", ep.Backend)
 	if len(ep.ClientURLs) > 0 {
-		fmt.Fprintf(&b, "  etcd clients  %s   (etcdctl --endpoints=%s ...)\n", strings.Join(ep.ClientURLs, ","), strings.Join(ep.ClientURLs, ","))
+		// Clients use the advertised URLs (the bound ones may be 0.0.0.0).
+		use := ep.ClientURLs
+		if adv := s.cfg.AdvertiseClientURLs; len(adv) > 0 && !strings.HasSuffix(strings.Join(adv, ","), ":0") && !strings.Contains(strings.Join(adv, ","), ":0,") {
+			use = adv
+		}
+		fmt.Fprintf(&b, "  etcd clients  %s   (etcdctl --endpoints=%s ...)\n", strings.Join(ep.ClientURLs, ","), strings.Join(use, ","))
 		fmt.Fprintf(&b, "  etcd peers    %s\n", strings.Join(ep.PeerURLs, ","))
 		fmt.Fprintf(&b, "  data dir      %s\n", ep.DataDir)
 	}
-	fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
+	if httpAddr := strings.TrimPrefix(ep.HTTP, "http://"); loopbackIfUnspecified(httpAddr) != httpAddr {
+		fmt.Fprintf(&b, "  HTTP API      %s on every interface, e.g. http://%s   (/healthz /readyz /metrics)\n", ep.HTTP, loopbackIfUnspecified(httpAddr))
+	} else {
+		fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
+	}
 	if a := s.DNSAddr(); a != "" && s.dns.srv != nil {
 		fmt.Fprintf(&b, "  DNS           %s udp+tcp, zone %s   (dig @%s -p %s SRV <endpoint>.<component>.<namespace>.%s)\n", a, s.dns.srv.Domain(), hostOf(a), portOf(a), s.dns.srv.Domain())
 	}
@@ -288,6 +344,7 @@ func (s *Server) Banner() string {
 
 // startEtcd starts embedded etcd and waits until it is ready.
 func (s *Server) startEtcd(ctx context.Context) error {
+	s.dataDir = guardDataDir(s.cfg.DataDir) // startcheck.go
 	if err := checkDataDir(s.cfg.DataDir); err != nil {
 		return err
 	}
@@ -307,6 +364,7 @@ func (s *Server) startEtcd(ctx context.Context) error {
 	}
 	select {
 	case <-e.Server.ReadyNotify():
+		s.etcdReady = true
 	case err := <-e.Err():
 		return fmt.Errorf("embedded etcd failed while starting: %w", explainEtcdError(err))
 	case <-ctx.Done():
@@ -370,7 +428,7 @@ func (s *Server) etcdConfig() (*embed.Config, error) {
 	if c.EtcdLogLevel != nil {
 		level = *c.EtcdLogLevel
 	}
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapslog.New(s.log.With("component", "etcd"), level))
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(s.log.With("component", "etcd"), level, &s.etcdClosing))
 	return ec, nil
 }
 

@@ -261,7 +261,7 @@ func TestValidate(t *testing.T) {
 		{"name", Config{Name: "a b"}, "--name"},
 		{"http addr", Config{HTTPAddr: "9379"}, "--http-addr"},
 		{"backend", Config{Backend: backend.Config{Name: "zookeeper"}}, "unknown"},
-		{"kubernetes", Config{Backend: backend.Config{Name: "kubernetes"}}, "not part of this build"},
+		{"kubernetes", Config{Backend: backend.Config{Name: "kubernetes"}}, "not linked into this program"},
 		{"endpoints with memory", Config{EtcdEndpoints: []string{"http://h:2379"}, Backend: backend.Config{Name: "memory"}}, "choose one"},
 	}
 	for _, tt := range tests {
@@ -274,58 +274,6 @@ func TestValidate(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: error %v, want %q", tt.name, err, tt.want)
-		}
-	}
-}
-
-// TestOpenAPIDescribesServedRoutes checks every operation of the OpenAPI
-// document against the running server: none may hit the mux's "no route"
-// or "method not allowed".
-func TestOpenAPIDescribesServedRoutes(t *testing.T) {
-	s := startServer(t, testConfig(t))
-	base := s.Endpoints().HTTP
-	code, body := get(t, base+"/v1/openapi.json")
-	if code != 200 {
-		t.Fatalf("/v1/openapi.json = %d", code)
-	}
-	var doc struct {
-		OpenAPI string                                `json:"openapi"`
-		Paths   map[string]map[string]json.RawMessage `json:"paths"`
-	}
-	if err := json.Unmarshal([]byte(body), &doc); err != nil || doc.OpenAPI == "" || len(doc.Paths) < 5 {
-		t.Fatalf("OpenAPI document: %v (%d paths)", err, len(doc.Paths))
-	}
-	fill := strings.NewReplacer("{namespace}", "prod", "{component}", "api", "{endpoint}", "http",
-		"{id}", "00000000000000a1", "{token}", "no-such-token")
-	for path, ops := range doc.Paths {
-		for method := range ops {
-			if method == "parameters" {
-				continue
-			}
-			req, err := http.NewRequest(strings.ToUpper(method), base+fill.Replace(path), strings.NewReader("{}"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			req.Header.Set("Content-Type", "application/json")
-			// Generous under -race on a busy machine; the body is read only
-			// for the refusals looked for, so the watch stream (which
-			// never ends) is closed at once.
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			resp, err := http.DefaultClient.Do(req.WithContext(ctx))
-			if err != nil {
-				cancel()
-				t.Fatalf("%s %s: %v", method, path, err)
-			}
-			b := make([]byte, 512)
-			n := 0
-			if resp.StatusCode == http.StatusMethodNotAllowed || resp.StatusCode == http.StatusNotFound {
-				n, _ = io.ReadFull(resp.Body, b)
-			}
-			resp.Body.Close()
-			cancel()
-			if resp.StatusCode == http.StatusMethodNotAllowed || (resp.StatusCode == 404 && strings.HasPrefix(string(b[:n]), "404 page not found")) {
-				t.Errorf("%s %s is documented but not served (%d %q)", method, path, resp.StatusCode, b[:n])
-			}
 		}
 	}
 }

@@ -32,7 +32,9 @@ const casAttempts = 16
 // Keys API answers are etcd v2 JSON with the X-Etcd-Index header.
 func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.ctx.Err() != nil {
-		http.Error(w, "discovery service is shutting down", http.StatusServiceUnavailable)
+		// etcd's error body for a server that cannot serve; clients
+		// retry a 503.
+		newError(EcodeRaftInternal, "discovery service is shutting down", 0).writeStatus(w, http.StatusServiceUnavailable)
 		return
 	}
 	p := strings.TrimPrefix(r.URL.Path, "/")
@@ -57,8 +59,8 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	parts := strings.Split(strings.TrimSuffix(p, "/"), "/")
 	token := parts[0]
 	if bootstrap.ValidateToken(token) != nil {
-		http.Error(w, fmt.Sprintf("no such path %q: token URLs look like %s/<token> (create one with %s/new)",
-			r.URL.Path, s.cfg.BaseURL, s.cfg.BaseURL), http.StatusNotFound)
+		// What etcd answers for any key that does not exist.
+		newError(EcodeKeyNotFound, RegistryPath+"/"+p, 0).write(w)
 		return
 	}
 	rest := strings.Join(parts[1:], "/")
@@ -148,6 +150,10 @@ func (s *Service) serveNew(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Service) serveHealth(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, "GET")
+		return
+	}
 	if _, err := s.st.Get(r.Context(), s.cfg.Prefix+"health"); err != nil && !errors.Is(err, store.ErrNotFound) {
 		http.Error(w, "unhealthy: store: "+err.Error(), http.StatusServiceUnavailable)
 		return
@@ -297,7 +303,9 @@ func (s *Service) serveWait(w http.ResponseWriter, r *http.Request, k key, kr ke
 		return // the client went away
 	}
 	if s.ctx.Err() != nil {
-		http.Error(w, "discovery service is shutting down", http.StatusServiceUnavailable)
+		// etcd's error body for a server that cannot serve; clients
+		// retry a 503.
+		newError(EcodeRaftInternal, "discovery service is shutting down", 0).writeStatus(w, http.StatusServiceUnavailable)
 		return
 	}
 	// Timeout: 200 with an empty body, which etcd's client answers by

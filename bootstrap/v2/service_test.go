@@ -397,7 +397,9 @@ func TestBadRequests(t *testing.T) {
 	if r := e.do(t, "GET", "/"+strings.Repeat("f", 32), nil); r.status != 404 || r.err.ErrorCode != 100 {
 		t.Errorf("unknown token: %+v", r)
 	}
-	if r := e.do(t, "GET", "/not%20a%20token", nil); r.status != 404 {
+	// A path that cannot be a token is a key that does not exist: etcd's
+	// JSON error, like any other unknown key.
+	if r := e.do(t, "GET", "/not%20a%20token", nil); r.status != 404 || r.err.ErrorCode != 100 || r.err.Cause != "/_etcd/registry/not a token" {
 		t.Errorf("bad token path: %+v", r)
 	}
 	if r := e.do(t, "PATCH", "/"+tok, nil); r.status != 405 {

@@ -80,10 +80,13 @@ func newError(code int, cause string, index int64) *Error {
 func (e *Error) Error() string { return e.Message + " (" + e.Cause + ")" }
 
 // write sends the error as etcd does: X-Etcd-Index, JSON, a newline.
-func (e *Error) write(w http.ResponseWriter) {
+func (e *Error) write(w http.ResponseWriter) { e.writeStatus(w, errorStatus(e.ErrorCode)) }
+
+// writeStatus is write with another status than the code's usual one.
+func (e *Error) writeStatus(w http.ResponseWriter, status int) {
 	w.Header().Set("X-Etcd-Index", strconv.FormatInt(e.Index, 10))
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(errorStatus(e.ErrorCode))
+	w.WriteHeader(status)
 	b, _ := json.Marshal(e)
 	_, _ = w.Write(append(b, '\n'))
 }

@@ -5,19 +5,20 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// backendFlags are the flags that choose and reach a store backend. Client
-// commands (register, ls, watch, token...) use them without a prefix, like
-// etcdctl (--endpoints, --user, --cacert...); serve uses the "etcd-" prefix
-// for the external cluster it may front.
+// backendFlags are serve's flags that reach the external etcd it may front,
+// with the "etcd-" prefix (--etcd-user, --etcd-cacert...). The client
+// commands have etcdctl's unprefixed flags instead (conn.go).
 type backendFlags struct {
-	prefix    string
-	backend   string
-	endpoints []string
-	user      string
-	password  string
-	cacert    string
-	cert      string
-	key       string
+	prefix   string
+	backend  string
+	user     string
+	password string
+	cacert   string
+	cert     string
+	key      string
+
+	kubeconfig     string   // backend_kube.go
+	kubeNamespaces []string // backend_kube.go
 }
 
 // addBackendFlags registers the flags on cmd. Defaults come from the
@@ -27,10 +28,6 @@ func addBackendFlags(cmd *cobra.Command, prefix string) *backendFlags {
 	env := backend.FromEnv()
 	b := &backendFlags{prefix: prefix}
 	f := cmd.Flags()
-	if prefix == "" {
-		f.StringVar(&b.backend, "backend", env.BackendName(), "store backend: etcd, memory, file or nats (env "+backend.EnvVar+")")
-		f.StringSliceVar(&b.endpoints, "endpoints", env.Etcd.Endpoints, "etcd endpoints (env ETCD_ENDPOINTS)")
-	}
 	f.StringVar(&b.user, prefix+"user", env.Etcd.Username, "etcd user name (env ETCD_AUTH_USERNAME)")
 	f.StringVar(&b.password, prefix+"password", env.Etcd.Password, "etcd password (env ETCD_AUTH_PASSWORD)")
 	f.StringVar(&b.cacert, prefix+"cacert", env.Etcd.CA, "CA file to verify etcd's certificate (env ETCD_AUTH_CA)")
@@ -43,13 +40,8 @@ func addBackendFlags(cmd *cobra.Command, prefix string) *backendFlags {
 // describe.
 func (b *backendFlags) config() backend.Config {
 	cfg := backend.FromEnv()
-	if b.backend != "" {
-		cfg.Name = b.backend
-	}
-	if len(b.endpoints) > 0 {
-		cfg.Etcd.Endpoints = b.endpoints
-	}
 	cfg.Etcd.Username, cfg.Etcd.Password = b.user, b.password
 	cfg.Etcd.CA, cfg.Etcd.ClientCert, cfg.Etcd.ClientKey = b.cacert, b.cert, b.key
+	cfg.DriverEnv = b.kubeEnv()
 	return cfg
 }

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/beaconplane/beacon/bench"
 	"github.com/spf13/cobra"
 )
@@ -40,7 +38,7 @@ own connection; no etcd member is started.`,
 			case "", "table":
 				return r.WriteTable(cmd.OutOrStdout())
 			}
-			return fmt.Errorf("-o %q: want table or json", output)
+			return usagef("-o %q: want table or json", output)
 		},
 	}
 	f := cmd.Flags()

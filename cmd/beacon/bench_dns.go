@@ -32,7 +32,7 @@ also on interrupt. The default run takes about a minute.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
-				return fmt.Errorf("-o %q: want table or json", output)
+				return usagef("-o %q: want table or json", output)
 			}
 			// Zero means "default" in bench.DNSConfig; here it was typed.
 			var errs []error
@@ -48,7 +48,7 @@ also on interrupt. The default run takes about a minute.`,
 				errs = append(errs, errors.New("--duration 0s: must be 1s-1h"))
 			}
 			if err := errors.Join(append(errs, cfg.Validate())...); err != nil {
-				return err
+				return usage(err)
 			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/beaconplane/beacon/bench"
 	"github.com/spf13/cobra"
 )
@@ -32,10 +30,10 @@ serve). The default run takes about a minute on 2 cores.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Bad input fails at once, not after a minute of measuring.
 			if output != "table" && output != "json" {
-				return fmt.Errorf("-o %q: want table or json", output)
+				return usagef("-o %q: want table or json", output)
 			}
 			if err := cfg.Validate(); err != nil {
-				return err
+				return usage(err)
 			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {

@@ -45,7 +45,7 @@ stops both proxies and etcd and removes the keys written.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
-				return fmt.Errorf("-o %q: want table or json", output)
+				return usagef("-o %q: want table or json", output)
 			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
@@ -58,7 +58,12 @@ stops both proxies and etcd and removes the keys written.`,
 			}
 			cfg.BeaconCommand = []string{exe, "proxy"}
 			if err := cfg.Validate(); err != nil {
-				return err
+				return usage(err)
+			}
+			if cfg.EtcdBin != "" && !cfg.NoGRPCProxy {
+				if _, err := bench.EtcdPeer.Find(cfg.EtcdBin); err != nil {
+					return usage(err)
+				}
 			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"runtime/pprof"
 	"time"
@@ -93,7 +92,7 @@ func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Contex
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
-				return fmt.Errorf("-o %q: want table or json", output)
+				return usagef("-o %q: want table or json", output)
 			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
@@ -101,7 +100,12 @@ func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Contex
 			}
 			cfg.Logger = logger
 			if err := cfg.Validate(); err != nil {
-				return err
+				return usage(err)
+			}
+			if cfg.BenchmarkBin != "" && !cfg.NoCeiling {
+				if _, err := bench.BenchmarkPeer.Find(cfg.BenchmarkBin); err != nil {
+					return usage(err)
+				}
 			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)

@@ -26,7 +26,7 @@ func newLsCmd() *cobra.Command {
 them without an argument), as a table or, with -o json, as one JSON object with
 the store revision of the listing and the instances (the stored value format).
 
-` + registryEnvHelp,
+` + registryConnHelp,
 		Example: `  beacon ls
   beacon ls prod/api
   beacon ls prod/api/http -o json`,
@@ -39,15 +39,14 @@ the store revision of the listing and the instances (the stored value format).
 			if len(args) == 1 {
 				var err error
 				if q, err = beacon.ParseQuery(args[0]); err != nil {
-					return err
+					return usage(err)
 				}
 			}
 			ctx := cmd.Context()
-			st, r, err := conn.open(ctx, registry.Config{})
+			r, err := conn.open(ctx, registry.Config{})
 			if err != nil {
 				return err
 			}
-			defer st.Close()
 			defer r.Close()
 			rctx, cancel := conn.requestCtx(ctx)
 			defer cancel()

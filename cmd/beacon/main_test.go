@@ -3,9 +3,9 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
-	"github.com/miekg/dns"
 	"io"
 	"net/http"
 	"os"
@@ -25,8 +25,12 @@ import (
 const beaconMainEnv = "BEACON_TEST_RUN_MAIN"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(beaconMainEnv) != "" {
-		os.Args = append([]string{"beacon"}, strings.Fields(os.Getenv(beaconMainEnv))...)
+	if v := os.Getenv(beaconMainEnv); v != "" {
+		var args []string
+		if err := json.Unmarshal([]byte(v), &args); err != nil {
+			args = strings.Fields(v)
+		}
+		os.Args = append([]string{"beacon"}, args...)
 		main()
 		os.Exit(0)
 	}
@@ -47,13 +51,24 @@ type child struct {
 // startBeacon starts `beacon args...` in dir with extra environment.
 func startBeacon(t *testing.T, dir string, env []string, args ...string) *child {
 	t.Helper()
+	return startBeaconIn(t, dir, env, nil, args...)
+}
+
+// startBeaconIn is startBeacon with standard input (nil: none).
+func startBeaconIn(t *testing.T, dir string, env []string, stdin io.Reader, args ...string) *child {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe)
 	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), beaconMainEnv+"="+strings.Join(args, " ")), env...)
+	cmd.Stdin = stdin
+	encoded, err := json.Marshal(args) // keeps empty and spaced arguments
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(append(os.Environ(), beaconMainEnv+"="+string(encoded)), env...)
 	b := &child{cmd: cmd, lines: make(chan string, 100), done: make(chan struct{})}
 	cmd.Stderr = &lockedWriter{mu: &b.mu, w: &b.stderr}
 	out, err := cmd.StdoutPipe()
@@ -114,6 +129,19 @@ func (b *child) wait(t *testing.T, timeout time.Duration) error {
 	}
 }
 
+// exitCode is the exit status of a process that has exited.
+func (b *child) exitCode() int {
+	<-b.done
+	if b.err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(b.err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
 func (b *child) out() string    { b.mu.Lock(); defer b.mu.Unlock(); return b.stdout.String() }
 func (b *child) errOut() string { b.mu.Lock(); defer b.mu.Unlock(); return b.stderr.String() }
 
@@ -163,20 +191,21 @@ func TestServeStartsAndStopsOnSIGTERM(t *testing.T) {
 	if !strings.Contains(b.out(), "beacon serve stopped") {
 		t.Fatalf("no shutdown message:\n%s", b.out())
 	}
+	checkQuietLog(t, b.errOut())
 }
 
 func TestServeBadInputFailsWithOneLine(t *testing.T) {
 	checkBadInput(t, []badInput{
-		{[]string{"serve", "--listen-client-urls", "tcp://x:1"}, "scheme must be http or https"},
-		{[]string{"serve", "--http-addr", "nope"}, "--http-addr"},
-		{[]string{"serve", "--initial-cluster-state", "maybe"}, "must be new or existing"},
-		{[]string{"serve", "--backend", "zookeeper"}, "unknown"},
-		{[]string{"serve", "--log-level", "loud"}, "--log-level"},
-		{[]string{"serve", "--no-such-flag"}, "unknown flag"},
-		{[]string{"serve", "--shutdown-timeout", "soon"}, "invalid argument"},
-		{[]string{"serve", "--dns-addr", "nope"}, "--dns-addr"},
-		{[]string{"serve", "--dns-domain", "."}, "--dns-domain"},
-		{[]string{"serve", "--dns-ttl", "100ms"}, "--dns-ttl"},
+		{args: []string{"serve", "--listen-client-urls", "tcp://x:1"}, want: "scheme must be http or https"},
+		{args: []string{"serve", "--http-addr", "nope"}, want: "--http-addr"},
+		{args: []string{"serve", "--initial-cluster-state", "maybe"}, want: "must be new or existing"},
+		{args: []string{"serve", "--backend", "zookeeper"}, want: "unknown"},
+		{args: []string{"serve", "--log-level", "loud"}, want: "--log-level"},
+		{args: []string{"serve", "--no-such-flag"}, want: "unknown flag"},
+		{args: []string{"serve", "--shutdown-timeout", "soon"}, want: "invalid argument"},
+		{args: []string{"serve", "--dns-addr", "nope"}, want: "--dns-addr"},
+		{args: []string{"serve", "--dns-domain", "."}, want: "--dns-domain"},
+		{args: []string{"serve", "--dns-ttl", "100ms"}, want: "--dns-ttl"},
 	})
 }
 
@@ -201,6 +230,15 @@ func TestVersionAndHelp(t *testing.T) {
 	if err := b.wait(t, 30*time.Second); err != nil || !strings.HasPrefix(b.out(), "beacon ") {
 		t.Fatalf("version: %v %q", err, b.out())
 	}
+	b = startBeacon(t, t.TempDir(), nil, "--version")
+	if err := b.wait(t, 30*time.Second); err != nil || !strings.HasPrefix(b.out(), "beacon ") || !strings.Contains(b.out(), "go.etcd.io/etcd/server/v3") {
+		t.Fatalf("--version: %v %q", err, b.out())
+	}
+	b = startBeacon(t, t.TempDir(), nil, "version", "-o", "json")
+	var v versionInfo
+	if err := b.wait(t, 30*time.Second); err != nil || json.Unmarshal([]byte(b.out()), &v) != nil || v.Go == "" || v.Deps["go.etcd.io/etcd/server/v3"] == "" {
+		t.Fatalf("version -o json: %v %q", err, b.out())
+	}
 	b = startBeacon(t, t.TempDir(), nil, "serve", "--help")
 	if err := b.wait(t, 30*time.Second); err != nil {
 		t.Fatal(err)
@@ -212,65 +250,92 @@ func TestVersionAndHelp(t *testing.T) {
 	}
 }
 
-// TestReadmeServeCommand runs the README's first set-up command as written
-// (`go run ./cmd/beacon serve`, i.e. `beacon serve` with every default) and
-// checks that an etcd client and the HTTP API answer on the documented ports.
-func TestReadmeServeCommand(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cmd := range []string{"go run ./cmd/beacon serve", "go test ./..."} {
-		if !bytes.Contains(readme, []byte(cmd)) {
-			t.Fatalf("README.md no longer gives %q", cmd)
-		}
-	}
-	b := startBeacon(t, t.TempDir(), nil, "serve")
-	b.waitLine(t, "beacon serve is ready", 60*time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, url := range []string{"http://127.0.0.1:2379/health", "http://127.0.0.1:9379/readyz"} {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Errorf("%s = %d", url, resp.StatusCode)
-		}
-	}
-	soa := new(dns.Msg)
-	soa.SetQuestion("beacon.", dns.TypeSOA)
-	if r, _, err := (&dns.Client{Net: "tcp", Timeout: 10 * time.Second}).ExchangeContext(ctx, soa, "127.0.0.1:9353"); err != nil || r.Rcode != dns.RcodeSuccess {
-		t.Errorf("DNS on 127.0.0.1:9353: %v %v", r, err)
-	}
-	_ = b.cmd.Process.Signal(syscall.SIGINT)
-	if err := b.wait(t, 30*time.Second); err != nil {
-		t.Fatalf("exit after SIGINT: %v\n%s", err, b.errOut())
-	}
-}
-
 // badInput is a command line that must fail.
 type badInput struct {
 	args []string
 	want string // in the error; "" for any
+	// exit is the expected exit status: 2 (bad usage) when zero.
+	exit int
+	// env is added to the environment.
+	env []string
 }
 
 // checkBadInput runs each command line in its own child process and checks
-// that it exits non-zero with exactly one line of error, "beacon: ...",
-// containing want.
+// that it exits with the expected status and exactly one line of error,
+// "beacon: ...", containing want. serve and proxy get free ports for every
+// listener the command line leaves to its default: a command line that is
+// wrongly accepted must not take a default port.
 func checkBadInput(t *testing.T, tests []badInput) {
 	t.Helper()
 	for _, tt := range tests {
-		b := startBeacon(t, t.TempDir(), nil, tt.args...)
+		args := withFreePorts(t, tt.args, tt.env)
+		b := startBeacon(t, t.TempDir(), tt.env, args...)
 		if err := b.wait(t, 30*time.Second); err == nil {
 			t.Errorf("%v: exit status 0", tt.args)
 			continue
 		}
+		want := tt.exit
+		if want == 0 {
+			want = exitUsage
+		}
 		stderr := strings.TrimSpace(b.errOut())
-		if !strings.Contains(stderr, tt.want) || !strings.HasPrefix(stderr, "beacon: ") || strings.Contains(stderr, "\n") {
+		if code := b.exitCode(); code != want {
+			t.Errorf("%v: exit status %d, want %d (stderr %q)", tt.args, code, want, stderr)
+		}
+		if !strings.Contains(stderr, tt.want) || !strings.HasPrefix(stderr, "beacon: ") || strings.Contains(stderr, "\n") ||
+			strings.Count(stderr, "beacon: ") != 1 {
 			t.Errorf("%v: stderr %q, want one 'beacon: ' line containing %q", tt.args, stderr, tt.want)
 		}
 	}
+}
+
+// withFreePorts adds free ports for the listeners of serve and proxy that
+// args (or env) do not set, and a dead endpoint for a proxy given no
+// cluster: a command line wrongly accepted must neither take a default
+// port nor reach whatever listens on one.
+func withFreePorts(t *testing.T, args, env []string) []string {
+	t.Helper()
+	if len(args) == 0 {
+		return args
+	}
+	has := func(flag string) bool {
+		for _, a := range args {
+			if a == flag || strings.HasPrefix(a, flag+"=") || (strings.HasPrefix(flag, "--discovery") && strings.HasPrefix(a, flag)) {
+				return true
+			}
+		}
+		return false
+	}
+	hasEnv := func(name string) bool {
+		for _, e := range env {
+			if strings.HasPrefix(e, name+"=") {
+				return true
+			}
+		}
+		return false
+	}
+	out := append([]string(nil), args...)
+	var need []string
+	switch args[0] {
+	case "serve":
+		need = []string{"--listen-client-urls", "--listen-peer-urls", "--http-addr", "--dns-addr"}
+	case "proxy":
+		if !hasEnv("BEACON_PROXY_LISTEN") {
+			need = []string{"--listen-addr"}
+		}
+		if !has("--endpoints") && !has("--initial-cluster") && !has("--discovery") {
+			out = append(out, "--endpoints", freeURL(t))
+		}
+	}
+	for _, flag := range need {
+		if has(flag) {
+			continue
+		}
+		u := freeURL(t)
+		if flag == "--http-addr" || flag == "--listen-addr" || flag == "--dns-addr" {
+			u = strings.TrimPrefix(u, "http://")
+		}
+		out = append(out, flag, u)
+	}
+	return out
 }

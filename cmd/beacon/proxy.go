@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -76,7 +77,8 @@ while none is reachable); a failed endpoint is benched for
 Identical watches share one etcd watch; lease keep-alives share one stream.
 
 Environment (flags win): BEACON_PROXY_MODE, BEACON_PROXY_LISTEN, ETCD_AUTH_CA,
-ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
+ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY (then ETCDCTL_CACERT, ETCDCTL_CERT,
+ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 		Example: `  beacon proxy --initial-cluster infra1=http://10.0.0.1:2380,infra2=http://10.0.0.2:2380
   beacon proxy --mode readonly --discovery-token $TOKEN --discovery-endpoints http://disc:2379
   beacon proxy --discovery-srv example.com --discovery-dns-server 10.0.0.53:53`,
@@ -86,11 +88,42 @@ ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
 			if err != nil {
 				return err
 			}
-			m, err := proxy.ParseMode(mode)
+			f := cmd.Flags()
+			modeSet := lookup(f, "mode", "BEACON_PROXY_MODE")
+			m, err := proxy.ParseMode(modeSet.val)
 			if err != nil {
-				return fmt.Errorf("--mode: %w", err)
+				return usagef("%v: %w", modeSet, err)
 			}
 			cfg.Mode = m
+			listen := lookup(f, "listen-addr", "BEACON_PROXY_LISTEN")
+			if _, _, err := net.SplitHostPort(listen.val); err != nil {
+				return usagef("%v: must be host:port, e.g. %s", listen, proxy.DefaultListenAddr)
+			}
+			cfg.ListenAddr = listen.val
+			tlsFiles := map[string]*string{"cacert": &cacert, "cert": &cert, "key": &key}
+			var tlsSrc []string
+			for _, fl := range []struct{ flag, env, etcdctl string }{
+				{"cacert", "ETCD_AUTH_CA", envEtcdctlCACert},
+				{"cert", "ETCD_AUTH_CLIENT_CERT", envEtcdctlCert},
+				{"key", "ETCD_AUTH_CLIENT_KEY", envEtcdctlKey},
+			} {
+				s := lookup(f, fl.flag, fl.env, fl.etcdctl)
+				*tlsFiles[fl.flag] = s.val
+				if s.val != "" {
+					tlsSrc = append(tlsSrc, s.String())
+				}
+			}
+			// Like every other command, accept host:port endpoints.
+			for i, ep := range cfg.Endpoints {
+				if ep = strings.TrimSpace(ep); ep != "" && !strings.Contains(ep, "://") {
+					scheme := "http://"
+					if len(tlsSrc) > 0 {
+						scheme = "https://"
+					}
+					ep = scheme + ep
+				}
+				cfg.Endpoints[i] = ep
+			}
 			cfg.Logger = logger
 			if disc.User != "" || disc.Password != "" || disc.CACertFile != "" || disc.CertFile != "" || disc.KeyFile != "" {
 				// Credentials or TLS for the discovery service: hand the
@@ -102,14 +135,14 @@ ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
 			if cacert != "" || cert != "" || key != "" {
 				tlsCfg, err := (&transport.TLSInfo{TrustedCAFile: cacert, CertFile: cert, KeyFile: key}).ClientConfig()
 				if err != nil {
-					return fmt.Errorf("TLS to etcd (--cacert/--cert/--key): %w", err)
+					return usagef("TLS to etcd (%s): %w", strings.Join(tlsSrc, ", "), err)
 				}
 				cfg.ClientTLS = tlsCfg
 			}
 			if listenCert != "" || listenKey != "" {
 				c, err := tls.LoadX509KeyPair(listenCert, listenKey)
 				if err != nil {
-					return fmt.Errorf("--listen-cert/--listen-key: %w", err)
+					return usagef("--listen-cert/--listen-key: %w", err)
 				}
 				cfg.ServerTLS = &tls.Config{Certificates: []tls.Certificate{c}, MinVersion: tls.VersionTLS12}
 			}
@@ -118,7 +151,7 @@ ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
 			cfg.Registry = reg
 			p, err := proxy.New(cfg)
 			if err != nil {
-				return err
+				return usage(err) // New only checks the configuration
 			}
 			go func() {
 				select {
@@ -132,8 +165,8 @@ ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&mode, "mode", envOr("BEACON_PROXY_MODE", "readwrite"), "readwrite or readonly (env BEACON_PROXY_MODE)")
-	f.StringVar(&cfg.ListenAddr, "listen-addr", envOr("BEACON_PROXY_LISTEN", proxy.DefaultListenAddr), "address to serve gRPC and HTTP on (env BEACON_PROXY_LISTEN)")
+	f.StringVar(&mode, "mode", "readwrite", "readwrite or readonly (env BEACON_PROXY_MODE)")
+	f.StringVar(&cfg.ListenAddr, "listen-addr", proxy.DefaultListenAddr, "address to serve gRPC and HTTP on (env BEACON_PROXY_LISTEN)")
 	f.StringVar(&cfg.DiscoveryToken, "discovery-token", "", "etcd v3 discovery token (with --discovery-endpoints)")
 	f.StringSliceVar(&cfg.DiscoveryEndpoints, "discovery-endpoints", nil, "client URLs of the etcd cluster holding the v3 discovery token")
 	f.StringVar(&disc.User, "discovery-user", "", "user for the v3 discovery service (user or user:password)")
@@ -146,7 +179,7 @@ ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
 	f.StringVar(&cfg.DiscoverySRVName, "discovery-srv-name", "", "suffix of the SRV service name (_etcd-server-<name>._tcp)")
 	f.StringVar(&cfg.DNSServer, "discovery-dns-server", "", "host:port of the DNS server for --discovery-srv (default: system resolver)")
 	f.StringVar(&cfg.InitialCluster, "initial-cluster", "", "members' peer URLs as name=http://host:2380,...")
-	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "members' client URLs, e.g. http://10.0.0.1:2379 (refreshed with MemberList)")
+	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "members' client URLs, e.g. 10.0.0.1:2379 or https://10.0.0.1:2379 (refreshed with MemberList)")
 	f.Var(msDuration{&cfg.FailureWait}, "proxy-failure-wait", "how long a failed endpoint stays out of use (duration or milliseconds)")
 	f.Var(msDuration{&cfg.RefreshInterval}, "proxy-refresh-interval", "how often to re-read the member list (duration or milliseconds)")
 	f.Var(msDuration{&cfg.DialTimeout}, "proxy-dial-timeout", "timeout to connect to a member (duration or milliseconds)")
@@ -154,9 +187,9 @@ ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY, BEACON_LOG_LEVEL.`,
 	f.Var(msDuration{&cfg.ReadTimeout}, "proxy-read-timeout", "timeout of each forwarded read; 0 disables (duration or milliseconds)")
 	f.Var(msDuration{&cfg.StartTimeout}, "start-timeout", "how long to look for a reachable cluster at start")
 	f.StringSliceVar(&cfg.SelfAddrs, "advertise-addr", nil, "other addresses this proxy is reached at (never forwarded to)")
-	f.StringVar(&cacert, "cacert", envOr("ETCD_AUTH_CA", ""), "CA file to verify members' certificates (env ETCD_AUTH_CA)")
-	f.StringVar(&cert, "cert", envOr("ETCD_AUTH_CLIENT_CERT", ""), "client certificate for members (env ETCD_AUTH_CLIENT_CERT)")
-	f.StringVar(&key, "key", envOr("ETCD_AUTH_CLIENT_KEY", ""), "client key for members (env ETCD_AUTH_CLIENT_KEY)")
+	f.StringVar(&cacert, "cacert", "", "CA file to verify members' certificates (env ETCD_AUTH_CA, then ETCDCTL_CACERT)")
+	f.StringVar(&cert, "cert", "", "client certificate for members (env ETCD_AUTH_CLIENT_CERT, then ETCDCTL_CERT)")
+	f.StringVar(&key, "key", "", "client key for members (env ETCD_AUTH_CLIENT_KEY, then ETCDCTL_KEY)")
 	f.StringVar(&listenCert, "listen-cert", "", "serve clients over TLS with this certificate")
 	f.StringVar(&listenKey, "listen-key", "", "key of --listen-cert")
 	addProxyPerfFlags(cmd, &cfg) // proxy_perf.go

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/beaconplane/beacon/proxy"
@@ -28,13 +27,13 @@ func addProxyPerfFlags(cmd *cobra.Command, cfg *proxy.Config) {
 			}
 		}
 		if cfg.CacheMaxStaleness < 0 {
-			return fmt.Errorf("--cache-max-staleness %v: must not be negative (use --serializable-cache=false to turn the cache off)", cfg.CacheMaxStaleness)
+			return usagef("--cache-max-staleness %v: must not be negative (use --serializable-cache=false to turn the cache off)", cfg.CacheMaxStaleness)
 		}
 		if cfg.CacheMaxStaleness > 0 && cfg.CacheMaxStaleness < 10*time.Millisecond {
-			return fmt.Errorf("--cache-max-staleness %v: at least 10ms (the cache confirms itself twice per bound)", cfg.CacheMaxStaleness)
+			return usagef("--cache-max-staleness %v: at least 10ms (the cache confirms itself twice per bound)", cfg.CacheMaxStaleness)
 		}
 		if cfg.CacheMaxBytes <= 0 {
-			return fmt.Errorf("--cache-max-bytes %d: must be positive (use --serializable-cache=false to turn the cache off)", cfg.CacheMaxBytes)
+			return usagef("--cache-max-bytes %d: must be positive (use --serializable-cache=false to turn the cache off)", cfg.CacheMaxBytes)
 		}
 		if !cache {
 			cfg.CacheMaxStaleness = -1

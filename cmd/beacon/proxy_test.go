@@ -15,7 +15,8 @@ import (
 func TestProxyCommandServesAndStops(t *testing.T) {
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	addr := strings.TrimPrefix(freeURL(t), "http://")
-	b := startBeacon(t, t.TempDir(), nil, "proxy", "--mode", "readonly", "--endpoints", srv.Endpoint(), "--listen-addr", addr,
+	// host:port, without a scheme, as every other command takes it.
+	b := startBeacon(t, t.TempDir(), nil, "proxy", "--mode", "readonly", "--endpoints", strings.TrimPrefix(srv.Endpoint(), "http://"), "--listen-addr", addr,
 		"--proxy-refresh-interval", "500", "--log-level", "warn")
 	b.waitLine(t, "serving on "+addr, 30*time.Second)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
@@ -37,16 +38,18 @@ func TestProxyCommandServesAndStops(t *testing.T) {
 	if err := b.wait(t, 30*time.Second); err != nil {
 		t.Fatalf("beacon proxy exited with %v after SIGTERM\nstderr:\n%s", err, b.errOut())
 	}
+	checkQuietLog(t, b.errOut())
 }
 
 func TestProxyCommandBadInput(t *testing.T) {
 	checkBadInput(t, []badInput{
-		{[]string{"proxy", "--mode", "readmostly"}, "unknown mode"},
-		{[]string{"proxy", "--initial-cluster", "a=http://127.0.0.1:2380", "--discovery-srv", "example.com"}, "conflicting discovery"},
-		{[]string{"proxy", "--discovery-token", "abc"}, "--discovery-endpoints"},
-		{[]string{"proxy", "--discovery-user", "u", "--discovery-password", "p", "--initial-cluster", "a=http://127.0.0.1:2380"}, "token"},
-		{[]string{"proxy", "--endpoints", "10.0.0.1:2379"}, "http or https"},
-		{[]string{"proxy", "--proxy-failure-wait", "soon"}, "milliseconds"},
+		{args: []string{"proxy", "--mode", "readmostly"}, want: "unknown mode"},
+		{args: []string{"proxy", "--initial-cluster", "a=http://127.0.0.1:2380", "--discovery-srv", "example.com"}, want: "conflicting discovery"},
+		{args: []string{"proxy", "--discovery-token", "abc"}, want: "--discovery-endpoints"},
+		{args: []string{"proxy", "--discovery-user", "u", "--discovery-password", "p", "--initial-cluster", "a=http://127.0.0.1:2380"}, want: "token"},
+		{args: []string{"proxy", "--endpoints", "ftp://10.0.0.1:2379"}, want: "http or https"},
+		{args: []string{"proxy", "--cacert", "/no/such/ca.pem", "--endpoints", "10.0.0.1:2379"}, want: "--cacert \"/no/such/ca.pem\""},
+		{args: []string{"proxy", "--proxy-failure-wait", "soon"}, want: "milliseconds"},
 	})
 }
 

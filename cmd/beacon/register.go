@@ -19,63 +19,6 @@ import (
 
 func init() { rootCmd.AddCommand(newRegisterCmd()) }
 
-// registryEnvHelp explains how the registry commands reach the store.
-const registryEnvHelp = `The registry lives in a store: by default the etcd of beacon serve (or any
-etcd), reached with --endpoints or ETCD_ENDPOINTS (default
-http://localhost:2379) and, if needed, --user/--password or
-ETCD_AUTH_USERNAME/ETCD_AUTH_PASSWORD and --cacert/--cert/--key or
-ETCD_AUTH_CA/ETCD_AUTH_CLIENT_CERT/ETCD_AUTH_CLIENT_KEY. --backend or
-BEACON_DISCOVERY_BACKEND picks another store (memory is process-local: useful
-for trying the commands, not for sharing). Flags win over variables.`
-
-// registryConn holds the flags that reach the registry.
-type registryConn struct {
-	flags   *backendFlags
-	root    string
-	timeout time.Duration
-}
-
-func addRegistryConnFlags(cmd *cobra.Command) *registryConn {
-	c := &registryConn{flags: addBackendFlags(cmd, "")}
-	f := cmd.Flags()
-	f.StringVar(&c.root, "root", "", `keyspace root: keys live under <root>/services/ (e.g. "/beacon")`)
-	f.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on connecting to the store and on each request")
-	return c
-}
-
-// open opens the store and a registry over it. The caller closes both,
-// the registry first.
-func (c *registryConn) open(ctx context.Context, cfg registry.Config) (store.Store, *registry.StoreRegistry, error) {
-	if c.timeout <= 0 {
-		return nil, nil, fmt.Errorf("--timeout %v: must be positive", c.timeout)
-	}
-	cfg.Root = c.root
-	if err := cfg.Validate(); err != nil {
-		return nil, nil, fmt.Errorf("--root %q: %w", c.root, err)
-	}
-	bcfg := c.flags.config()
-	bcfg.Etcd.DialTimeout, bcfg.Etcd.RequestTimeout = c.timeout, c.timeout
-	if err := bcfg.Validate(); err != nil {
-		return nil, nil, err
-	}
-	dctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	st, err := backend.Open(dctx, bcfg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("open %s backend: %w", bcfg.BackendName(), err)
-	}
-	r, err := registry.New(st, cfg)
-	if err != nil {
-		_ = st.Close()
-		return nil, nil, err
-	}
-	return st, r, nil
-}
-
-func (c *registryConn) requestCtx(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(parent, c.timeout)
-}
-
 // checkOutput validates an -o value.
 func checkOutput(flag string, allowed ...string) error {
 	for _, a := range allowed {
@@ -83,17 +26,17 @@ func checkOutput(flag string, allowed ...string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("-o %q: want %s", flag, strings.Join(allowed, " or "))
+	return usagef("-o %q: want %s", flag, strings.Join(allowed, " or "))
 }
 
 // parseEndpoint parses the ns/component/endpoint argument of register.
 func parseEndpoint(arg string) (beacon.Query, error) {
 	q, err := beacon.ParseQuery(arg)
 	if err != nil {
-		return q, err
+		return q, usage(err)
 	}
 	if q.Endpoint == "" {
-		return q, fmt.Errorf("%q: want namespace/component/endpoint, e.g. prod/api/http", arg)
+		return q, usagef("%q: want namespace/component/endpoint, e.g. prod/api/http", arg)
 	}
 	return q, nil
 }
@@ -107,10 +50,10 @@ func parseMeta(pairs []string) (map[string]string, error) {
 	for _, p := range pairs {
 		k, v, ok := strings.Cut(p, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("--meta %q: want key=value", p)
+			return nil, usagef("--meta %q: want key=value", p)
 		}
 		if _, dup := md[k]; dup {
-			return nil, fmt.Errorf("--meta %q: key %q given twice", p, k)
+			return nil, usagef("--meta %q: key %q given twice", p, k)
 		}
 		md[k] = v
 	}
@@ -140,7 +83,7 @@ store answers.
 
 Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 
-` + registryEnvHelp,
+` + registryConnHelp,
 		Example: `  beacon register prod/api/http --addr 10.0.0.5:8080 --meta zone=a --meta weight=10
   beacon register prod/llm/generate --addr 10.0.0.6:9000 --transport tcp --ttl 5s -o json`,
 		Args: cobra.ExactArgs(1),
@@ -156,18 +99,19 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 			if err != nil {
 				return err
 			}
-			lease, err := registry.ParseTTL(ttl)
+			ttlSet := lookup(cmd.Flags(), "ttl", registry.LeaseTTLEnv)
+			lease, err := registry.ParseTTL(ttlSet.val)
 			if err != nil {
-				return fmt.Errorf("--ttl: %w", err)
+				return usagef("%v: %w", ttlSet, err)
 			}
 			if drain < 0 {
-				return fmt.Errorf("--drain %v: must not be negative", drain)
+				return usagef("--drain %v: must not be negative", drain)
 			}
 			in := beacon.Instance{Namespace: q.Namespace, Component: q.Component, Endpoint: q.Endpoint,
 				ID: id, Address: addr, Transport: transport, Metadata: md}
 			if in.ID != "" {
 				if err := beacon.ValidateID(in.ID); err != nil {
-					return fmt.Errorf("--id: %w", err)
+					return usagef("--id: %w", err)
 				}
 			}
 			probe := in
@@ -175,18 +119,20 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 				probe.ID = "0000000000000000"
 			}
 			if err := probe.Validate(); err != nil {
-				return err
+				return usage(err)
 			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
-			st, r, err := conn.open(ctx, registry.Config{LeaseTTL: lease, Logger: logger})
+			if cmd.Flags().Changed("ttl") && conn.backendName() == backend.Kubernetes {
+				return usagef("--ttl: the kubernetes backend has no lease (an instance is live while its pod is Ready)")
+			}
+			r, err := conn.open(ctx, registry.Config{LeaseTTL: lease, Logger: logger})
 			if err != nil {
 				return err
 			}
-			defer st.Close()
 			defer r.Close()
 			return runRegister(ctx, cmd.OutOrStdout(), conn, r, in, drain, output == "json")
 		},
@@ -197,7 +143,7 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 	f.StringVar(&id, "id", "", "instance ID, 16 lower-case hex digits (default: a random one)")
 	f.StringVar(&transport, "transport", "", "protocol spoken at --addr: grpc, http, tcp, nats...")
 	f.StringArrayVar(&meta, "meta", nil, "metadata key=value (repeatable; 4 KiB in total)")
-	f.StringVar(&ttl, "ttl", envOr(registry.LeaseTTLEnv, registry.DefaultLeaseTTL.String()), "lease TTL, e.g. 10s (env "+registry.LeaseTTLEnv+")")
+	f.StringVar(&ttl, "ttl", registry.DefaultLeaseTTL.String(), "lease TTL, e.g. 10s (env "+registry.LeaseTTLEnv+")")
 	f.DurationVar(&drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it")
 	f.StringVarP(&output, "output", "o", "text", "text or json (one JSON object per line)")
 	_ = cmd.MarkFlagRequired("addr")
@@ -215,7 +161,13 @@ type registerLine struct {
 	Conflicts []string         `json:"conflicts,omitempty"`
 }
 
-func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *registry.StoreRegistry, in beacon.Instance, drain time.Duration, asJSON bool) error {
+// leased is what a registry with a session lease (a store registry) adds.
+type leased interface {
+	Lease() store.LeaseID
+	LeaseTTL() time.Duration
+}
+
+func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r registry.Registry, in beacon.Instance, drain time.Duration, asJSON bool) error {
 	emit := func(l registerLine, text string) {
 		if asJSON {
 			_ = json.NewEncoder(out).Encode(l)
@@ -230,12 +182,32 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *regi
 		return err
 	}
 	got := reg.Instance()
-	lease := fmt.Sprintf("%x", r.Lease())
-	emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: r.LeaseTTL().String()},
-		fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), got.Address, lease, r.LeaseTTL()))
+	bound := conn.command // bound on deregistering
+	if l, ok := r.(leased); ok {
+		lease := fmt.Sprintf("%x", l.Lease())
+		bound = l.LeaseTTL()
+		emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: l.LeaseTTL().String()},
+			fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), got.Address, lease, l.LeaseTTL()))
+	} else {
+		emit(registerLine{Event: "registered", Instance: &got},
+			fmt.Sprintf("registered %s at %s; Ctrl-C deregisters", got.Ref(), got.Address))
+	}
+	var states <-chan registry.StateChange
+	if sr, ok := r.(registry.SessionReporter); ok {
+		states = sr.States()
+	}
+	vctx, stopVisibility := context.WithCancel(ctx)
+	defer stopVisibility()
+	visibility := checkVisibility(vctx, r) // backend_kube.go
 	for {
 		select {
-		case c, ok := <-r.States():
+		case l := <-visibility:
+			text := "visible to watchers now"
+			if l.Error != "" {
+				text = l.Error
+			}
+			emit(l, text)
+		case c, ok := <-states:
 			if !ok {
 				return nil
 			}
@@ -258,7 +230,7 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *regi
 			emit(l, text)
 		case <-ctx.Done():
 			// Deregister with a fresh, bounded context: ctx is done.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain+r.LeaseTTL())
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain+bound)
 			defer cancel()
 			var err error
 			if drain > 0 {
@@ -268,7 +240,10 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r *regi
 				err = reg.Close()
 			}
 			if err != nil {
-				return fmt.Errorf("deregister %s: %w (its lease expires within %v anyway)", got.Ref(), err, r.LeaseTTL())
+				if _, ok := r.(leased); !ok {
+					return fmt.Errorf("deregister %s: %w", got.Ref(), err)
+				}
+				return fmt.Errorf("deregister %s: %w (its lease expires within %v anyway)", got.Ref(), err, bound)
 			}
 			emit(registerLine{Event: "deregistered", Instance: &got}, fmt.Sprintf("deregistered %s", got.Ref()))
 			return nil

@@ -81,6 +81,8 @@ func TestRegisterLsWatch(t *testing.T) {
 	if err := w.wait(t, 10*time.Second); err != nil {
 		t.Fatalf("watch exited with %v after SIGINT\n%s", err, w.errOut())
 	}
+	checkQuietLog(t, reg.errOut())
+	checkQuietLog(t, w.errOut())
 }
 
 // TestWatchJSONAndDrain: watch -o json prints one object per line; register
@@ -129,22 +131,22 @@ func TestWatchJSONAndDrain(t *testing.T) {
 // non-zero exit, before touching the network.
 func TestRegistryCommandsBadInput(t *testing.T) {
 	checkBadInput(t, []badInput{
-		{[]string{"register", "prod/api", "--addr", "10.0.0.1:80"}, "want namespace/component/endpoint"},
-		{[]string{"register", "prod/api/http"}, `required flag(s) "addr" not set`},
-		{[]string{"register", "Prod/api/http", "--addr", "10.0.0.1:80"}, "invalid namespace"},
-		{[]string{"register", "prod/api/http", "--addr", "nope"}, "invalid address"},
-		{[]string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--meta", "novalue"}, "--meta"},
-		{[]string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--ttl", "0s"}, "--ttl"},
-		{[]string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--ttl", "2h"}, "--ttl"},
-		{[]string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--id", "XYZ"}, "--id"},
-		{[]string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "-o", "yaml"}, "-o"},
-		{[]string{"ls", "a/b/c/d"}, "invalid query"},
-		{[]string{"ls", "-o", "yaml"}, "-o"},
-		{[]string{"ls", "--root", "beacon"}, "--root"},
-		{[]string{"ls", "--backend", "zookeeper"}, "unknown"},
-		{[]string{"watch", "--from-revision", "-1"}, "--from-revision"},
-		{[]string{"watch", "prod", "extra"}, "accepts at most 1 arg"},
-		{[]string{"ls", "--endpoints", "http://127.0.0.1:1", "--timeout", "1s"}, "did not answer"},
+		{args: []string{"register", "prod/api", "--addr", "10.0.0.1:80"}, want: "want namespace/component/endpoint"},
+		{args: []string{"register", "prod/api/http"}, want: `required flag(s) "addr" not set`},
+		{args: []string{"register", "Prod/api/http", "--addr", "10.0.0.1:80"}, want: "invalid namespace"},
+		{args: []string{"register", "prod/api/http", "--addr", "nope"}, want: "invalid address"},
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--meta", "novalue"}, want: "--meta"},
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--ttl", "0s"}, want: "--ttl"},
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--ttl", "2h"}, want: "--ttl"},
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--id", "XYZ"}, want: "--id"},
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "-o", "yaml"}, want: "-o"},
+		{args: []string{"ls", "a/b/c/d"}, want: "invalid query"},
+		{args: []string{"ls", "-o", "yaml"}, want: "-o"},
+		{args: []string{"ls", "--root", "beacon"}, want: "--root"},
+		{args: []string{"ls", "--backend", "zookeeper"}, want: "unknown"},
+		{args: []string{"watch", "--from-revision", "-1"}, want: "--from-revision"},
+		{args: []string{"watch", "prod", "extra"}, want: "accepts at most 1 arg"},
+		{args: []string{"ls", "--endpoints", "http://127.0.0.1:1", "--timeout", "1s"}, want: "did not answer", exit: exitFailure},
 	})
 }
 

@@ -1,11 +1,6 @@
 package main
 
 import (
-	"fmt"
-	"io"
-	"log/slog"
-	"os"
-
 	"github.com/spf13/cobra"
 )
 
@@ -18,31 +13,15 @@ var rootCmd = &cobra.Command{
 registry with leases and watches, etcd-compatible cluster bootstrap, gRPC naming,
 an etcd proxy, and a server that runs it all on embedded etcd.
 
-Flags override environment variables; each command's --help lists both.`,
-	SilenceUsage:  true,
-	SilenceErrors: true,
+Flags override environment variables; each command's --help lists both.
+Exit status: 0 success, 1 failure, 2 bad usage (unknown command or flag, bad
+value of a flag or variable).`,
+	SilenceUsage:      true,
+	SilenceErrors:     true,
+	PersistentPreRunE: preRun, // logging.go
 }
-
-var logLevel string
 
 func init() {
-	rootCmd.PersistentFlags().StringVar(&logLevel, "log-level", envOr("BEACON_LOG_LEVEL", "info"),
-		"log level: debug, info, warn or error (env BEACON_LOG_LEVEL)")
-}
-
-// newLogger returns the process logger, writing text to w.
-func newLogger(w io.Writer) (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: must be debug, info, warn or error", logLevel)
-	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), nil
-}
-
-// envOr returns the environment variable or def when it is unset or empty.
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
+	addLogFlags(rootCmd)    // logging.go
+	addVersionFlag(rootCmd) // version.go
 }

@@ -29,13 +29,16 @@ TCP) answering for every registered instance (docs/dns.md).
 With --etcd-endpoints it runs no etcd and fronts an external cluster instead
 (credentials from ETCD_AUTH_* or the --etcd-* flags). With
 BEACON_DISCOVERY_BACKEND=memory|file|nats (or --backend) the HTTP API runs on
-that backend without etcd.
+that backend without etcd. With --backend kubernetes it serves the instances
+of InstanceSet custom resources whose pods are Ready (lists and watches;
+registration over HTTP is refused: register from the pods), see
+docs/kubernetes.md and --kubeconfig, --kube-namespaces.
 
 It stops gracefully on SIGINT or SIGTERM.
 
 Environment (flags win): BEACON_DISCOVERY_BACKEND, ETCD_AUTH_USERNAME,
 ETCD_AUTH_PASSWORD, ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY,
-BEACON_LOG_LEVEL.`,
+BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := newLogger(cmd.ErrOrStderr())
@@ -45,13 +48,18 @@ BEACON_LOG_LEVEL.`,
 			cfg.Logger = logger
 			var lvl zapcore.Level
 			if err := lvl.UnmarshalText([]byte(etcdLogLevel)); err != nil {
-				return fmt.Errorf("--etcd-log-level %q: must be debug, info, warn or error", etcdLogLevel)
+				return usagef("--etcd-log-level %q: must be debug, info, warn or error", etcdLogLevel)
 			}
 			cfg.EtcdLogLevel = &lvl
+			be := lookup(cmd.Flags(), "backend", backend.EnvVar)
+			if err := backend.CheckName(be.val); err != nil {
+				return usagef("%v: %v", be, err)
+			}
 			cfg.Backend = etcdAuth.config()
+			cfg.Backend.Name = be.val
 			srv, err := server.New(cfg)
 			if err != nil {
-				return err
+				return usage(err) // New only checks the configuration
 			}
 			ctx := cmd.Context()
 			if err := srv.Start(ctx); err != nil {
@@ -76,6 +84,7 @@ BEACON_LOG_LEVEL.`,
 	f.StringVar(&cfg.InitialClusterState, "initial-cluster-state", "new", "new or existing")
 	f.StringVar(&cfg.InitialClusterToken, "initial-cluster-token", "beacon", "initial cluster token")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", server.DefaultHTTPAddr, "HTTP API, health and metrics listener")
+	f.StringSliceVar(&cfg.CORSAllowedOrigins, "cors-allowed-origins", nil, "origins whose browser pages may use the HTTP API, e.g. https://app.example.com, or * for any (default: none, CORS off)")
 	f.StringVar(&cfg.V2BaseURL, "v2-base-url", "", "public URL of the v2 discovery service, the prefix of the token URLs /v2/discovery/new answers (default http://<--http-addr>/v2/discovery)")
 	f.DurationVar(&cfg.V2TokenMaxAge, "v2-token-ttl", 0, "how long a v2 discovery token lives (default 168h)")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "front this external etcd cluster instead of running embedded etcd")
@@ -85,6 +94,7 @@ BEACON_LOG_LEVEL.`,
 	addDiscoveryFlags(cmd, &cfg.Discovery) // serve_discovery.go
 	addPerfFlags(cmd, &cfg)                // serve_perf.go
 	addDNSFlags(cmd, &cfg.DNS)             // serve_dns.go
-	f.StringVar(&etcdAuth.backend, "backend", backend.FromEnv().BackendName(), "store backend: etcd, memory, file or nats (env "+backend.EnvVar+")")
+	f.StringVar(&etcdAuth.backend, "backend", backend.Etcd, "backend: etcd, memory, file, nats or kubernetes (env "+backend.EnvVar+")")
+	addKubeFlags(cmd, etcdAuth) // backend_kube.go
 	return cmd
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -13,63 +14,46 @@ import (
 	"github.com/beaconplane/beacon/bootstrap"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func init() { rootCmd.AddCommand(newTokenCmd()) }
 
-const tokenEnvHelp = `The discovery registry is an etcd cluster (usually beacon serve's embedded
-etcd); reach it with --endpoints or ETCD_ENDPOINTS (default
-http://localhost:2379) and, if needed, --user/--password or
-ETCD_AUTH_USERNAME/ETCD_AUTH_PASSWORD and --cacert/--cert/--key or
-ETCD_AUTH_CA/ETCD_AUTH_CLIENT_CERT/ETCD_AUTH_CLIENT_KEY. Flags win.`
-
 func newTokenCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "token",
-		Short: "Create, inspect and remove cluster bootstrap tokens (etcd v3 discovery)",
+		Short: "Create, list, inspect and remove cluster bootstrap tokens (etcd v3 discovery)",
 		Long: `A discovery token lets the members of a new etcd cluster, or of Beacon servers,
 find each other: create one for N members, start every member with
 --discovery-token and --discovery-endpoints, and the first N to register
 form the cluster. The protocol is etcd's own (etcd 3.6 and later).
 
-` + tokenEnvHelp,
+The tokens live in an etcd cluster (usually beacon serve's embedded etcd),
+reached like etcdctl reaches it: see any subcommand's --help.`,
 	}
-	cmd.AddCommand(newTokenNewCmd(), newTokenStatusCmd(), newTokenRmCmd())
+	cmd.AddCommand(newTokenNewCmd(), newTokenStatusCmd(), newTokenRmCmd(), newTokenLsCmd())
 	return cmd
 }
 
 // tokenConn holds the flags that reach the registry.
 type tokenConn struct {
-	flags   *backendFlags
-	timeout time.Duration
-	output  string
+	*clientFlags
+	output string
 }
 
 func addTokenConnFlags(cmd *cobra.Command) *tokenConn {
-	c := &tokenConn{flags: addBackendFlags(cmd, "")}
 	// Tokens always live in etcd, whatever backend the registry uses.
-	_ = cmd.Flags().MarkHidden("backend")
-	cmd.Flags().DurationVar(&c.timeout, "timeout", 10*time.Second, "bound on connecting and on each request")
+	c := &tokenConn{clientFlags: addClientFlags(cmd, false)}
 	cmd.Flags().StringVarP(&c.output, "output", "o", "table", "table or json")
 	return c
 }
 
 // open connects to the registry etcd.
 func (c *tokenConn) open(ctx context.Context) (*etcdstore.Store, error) {
-	if c.output != "table" && c.output != "json" {
-		return nil, fmt.Errorf("-o %q: want table or json", c.output)
+	if err := checkOutput(c.output, "table", "json"); err != nil {
+		return nil, err
 	}
-	cfg := c.flags.config().Etcd
-	cfg.DialTimeout, cfg.RequestTimeout = c.timeout, c.timeout
-	st, err := etcdstore.New(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("reach the discovery registry: %w", err)
-	}
-	return st, nil
-}
-
-func (c *tokenConn) requestCtx(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(parent, c.timeout)
+	return c.openEtcd(ctx)
 }
 
 func writeTokenJSON(w io.Writer, v any) error {
@@ -88,7 +72,7 @@ func newTokenNewCmd() *cobra.Command {
 the token yet (a token bootstraps one cluster only), and print the flags that
 make etcd 3.6+ members or beacon serve join through it.
 
-` + tokenEnvHelp,
+` + connHelp,
 		Args: cobra.NoArgs,
 	}
 	conn := addTokenConnFlags(cmd)
@@ -96,12 +80,12 @@ make etcd 3.6+ members or beacon serve join through it.
 	cmd.Flags().StringVar(&token, "token", "", "token to create (default: a fresh random UUID)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := bootstrap.ValidateSize(size); err != nil {
-			return fmt.Errorf("--size: %w", err)
+			return usagef("--size: %w", err)
 		}
 		if token == "" {
 			token = bootstrap.NewToken()
 		} else if err := bootstrap.ValidateToken(token); err != nil {
-			return fmt.Errorf("--token: %w", err)
+			return usagef("--token: %w", err)
 		}
 		st, err := conn.open(cmd.Context())
 		if err != nil {
@@ -114,7 +98,7 @@ make etcd 3.6+ members or beacon serve join through it.
 		if err != nil {
 			return err
 		}
-		eps := st.Client().Endpoints()
+		eps := advertisedClientURLs(ctx, st.Client())
 		resp := bootstrap.CreateTokenResponse{Token: token, Size: size, Endpoints: eps, Flags: bootstrap.MemberFlags(token, eps), Revision: rev}
 		out := cmd.OutOrStdout()
 		if conn.output == "json" {
@@ -126,7 +110,7 @@ make etcd 3.6+ members or beacon serve join through it.
 		fmt.Fprintf(out, "  beacon serve --name m1 --listen-peer-urls http://10.0.0.1:2380 --listen-client-urls http://10.0.0.1:2379 %s\n", resp.Flags)
 		fmt.Fprintf(out, "  etcd --name m1 --listen-peer-urls http://10.0.0.1:2380 --initial-advertise-peer-urls http://10.0.0.1:2380 \\\n")
 		fmt.Fprintf(out, "       --listen-client-urls http://10.0.0.1:2379 --advertise-client-urls http://10.0.0.1:2379 %s\n\n", resp.Flags)
-		fmt.Fprintf(out, "Follow the registrations: beacon token status %s --watch\n", token)
+		fmt.Fprintf(out, "Follow the registrations: beacon token status %s --watch --endpoints %s\n", token, strings.Join(eps, ","))
 		return nil
 	}
 	return cmd
@@ -143,16 +127,19 @@ first SIZE form the cluster; later ones were told the cluster is full), and
 once full the --initial-cluster the members use. With --watch, print each
 registration as it happens until the token is full (bounded by --wait).
 
-` + tokenEnvHelp,
+` + connHelp,
 		Args: cobra.ExactArgs(1),
 	}
 	conn := addTokenConnFlags(cmd)
-	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "follow the registrations until the token is full")
+	cmd.Flags().BoolVar(&watch, "watch", false, "follow the registrations until the token is full")
 	cmd.Flags().DurationVar(&wait, "wait", 0, "with --watch, give up after this long (default: until interrupted)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		token := args[0]
 		if err := bootstrap.ValidateToken(token); err != nil {
-			return err
+			return usage(err)
+		}
+		if wait < 0 {
+			return usagef("--wait %v: must not be negative", wait)
 		}
 		st, err := conn.open(cmd.Context())
 		if err != nil {
@@ -176,7 +163,7 @@ registration as it happens until the token is full (bounded by --wait).
 				wctx, wcancel = context.WithTimeout(wctx, wait)
 				defer wcancel()
 			}
-			cfg := bootstrap.Config{Token: token, Client: st.Client(), RequestTimeout: conn.timeout, RetryBackoff: 500 * time.Millisecond, MaxRetryBackoff: 10 * time.Second}
+			cfg := bootstrap.Config{Token: token, Client: st.Client(), RequestTimeout: conn.command, RetryBackoff: 500 * time.Millisecond, MaxRetryBackoff: 10 * time.Second}
 			_, err := bootstrap.GetCluster(wctx, cfg, bootstrap.WithProgress(func(p bootstrap.Progress) {
 				if conn.output == "table" {
 					fmt.Fprintf(out, "%s  %s\n", time.Now().Format("15:04:05"), p)
@@ -254,13 +241,13 @@ func newTokenRmCmd() *cobra.Command {
 		Long: `Remove a token: delete its size key and every registration. Members still
 waiting on it fail with "discovery: size key not found".
 
-` + tokenEnvHelp,
+` + connHelp,
 		Args: cobra.ExactArgs(1),
 	}
 	conn := addTokenConnFlags(cmd)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if err := bootstrap.ValidateToken(args[0]); err != nil {
-			return err
+			return usage(err)
 		}
 		st, err := conn.open(cmd.Context())
 		if err != nil {
@@ -277,6 +264,85 @@ waiting on it fail with "discovery: size key not found".
 			return writeTokenJSON(cmd.OutOrStdout(), bootstrap.RemoveTokenResponse{Token: args[0], Deleted: n})
 		}
 		fmt.Fprintf(cmd.OutOrStdout(), "Removed token %s (%d keys).\n", args[0], n)
+		return nil
+	}
+	return cmd
+}
+
+// advertisedClientURLs returns the client URLs the registry's members
+// advertise (what members on other hosts must use), or, when the member
+// list cannot be read, the endpoints this command used.
+func advertisedClientURLs(ctx context.Context, cli *clientv3.Client) []string {
+	resp, err := cli.MemberList(ctx)
+	if err != nil {
+		return cli.Endpoints()
+	}
+	var urls []string
+	for _, m := range resp.Members {
+		if !m.IsLearner {
+			urls = append(urls, m.ClientURLs...)
+		}
+	}
+	if len(urls) == 0 {
+		return cli.Endpoints()
+	}
+	return urls
+}
+
+func newTokenLsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the registry's tokens: size, registrations, state, creation",
+		Long: `List every token of the discovery registry, oldest first: its size, how many
+members registered (and how many of the size slots they fill), whether it is
+full, and when it was created (revision, and time for tokens made by beacon
+token new or POST /v1/tokens). A token whose size key is missing or bad is
+listed with the problem. -o json prints the same object as GET /v1/tokens.
+
+` + connHelp,
+		Args: cobra.NoArgs,
+	}
+	conn := addTokenConnFlags(cmd)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		st, err := conn.open(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		ctx, cancel := conn.requestCtx(cmd.Context())
+		defer cancel()
+		list, err := bootstrap.ListTokens(ctx, st.Client())
+		if err != nil {
+			return err
+		}
+		out := cmd.OutOrStdout()
+		if conn.output == "json" {
+			return writeTokenJSON(out, list)
+		}
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TOKEN\tSIZE\tREGISTERED\tSTATE\tCREATED")
+		for _, t := range list.Tokens {
+			state, size := string(t.State), strconv.Itoa(t.Size)
+			if t.Problem != "" {
+				state, size = "invalid: "+t.Problem, "-"
+			}
+			created := fmt.Sprintf("rev %d", t.CreatedRevision)
+			if t.CreatedAt != nil {
+				created = t.CreatedAt.Local().Format(time.DateTime) + " (" + created + ")"
+			}
+			reg := strconv.Itoa(t.Members)
+			if t.Problem == "" && t.Members != t.Registered {
+				reg = fmt.Sprintf("%d (%d too late)", t.Registered, t.Members-t.Registered)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Token, size, reg, state, created)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if len(list.Tokens) == 0 {
+			fmt.Fprintln(out, "(no tokens)")
+		}
 		return nil
 	}
 	return cmd

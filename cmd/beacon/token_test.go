@@ -73,7 +73,7 @@ func TestTokenCommands(t *testing.T) {
 	}
 
 	rm := startBeacon(t, dir, nil, "token", "rm", tok, "--endpoints", ep)
-	if err := rm.wait(t, 30*time.Second); err != nil || !strings.Contains(rm.out(), "Removed token "+tok+" (3 keys)") {
+	if err := rm.wait(t, 30*time.Second); err != nil || !strings.Contains(rm.out(), "Removed token "+tok+" (4 keys)") {
 		t.Fatalf("rm: %v\n%s%s", err, rm.out(), rm.errOut())
 	}
 	gone := startBeacon(t, dir, nil, "token", "status", tok, "--endpoints", ep)
@@ -90,13 +90,13 @@ func TestTokenCommands(t *testing.T) {
 
 func TestTokenBadInput(t *testing.T) {
 	checkBadInput(t, []badInput{
-		{[]string{"token", "new", "--size", "0"}, "--size"},
-		{[]string{"token", "new", "--size", "-3"}, "--size"},
-		{[]string{"token", "new", "--size", "three"}, "--size"},
-		{[]string{"token", "rm", "a/b"}, "a/b"},
-		{[]string{"token", "new", "--token", "a/b"}, "a/b"},
-		{[]string{"token", "status", "a/b"}, "a/b"},
-		{[]string{"token", "status"}, ""},
-		{[]string{"token", "new", "-o", "yaml", "--endpoints", "http://127.0.0.1:1"}, "yaml"},
+		{args: []string{"token", "new", "--size", "0"}, want: "--size"},
+		{args: []string{"token", "new", "--size", "-3"}, want: "--size"},
+		{args: []string{"token", "new", "--size", "three"}, want: "--size"},
+		{args: []string{"token", "rm", "a/b"}, want: "a/b"},
+		{args: []string{"token", "new", "--token", "a/b"}, want: "a/b"},
+		{args: []string{"token", "status", "a/b"}, want: "a/b"},
+		{args: []string{"token", "status"}, want: ""},
+		{args: []string{"token", "new", "-o", "yaml", "--endpoints", "http://127.0.0.1:1"}, want: "yaml"},
 	})
 }

@@ -36,7 +36,7 @@ what was printed before). A new beacon watch process starts from the current
 state, so it holds no earlier changes: unless nothing at all was written to
 the store since that revision, it prints a snapshot.
 
-` + registryEnvHelp,
+` + registryConnHelp,
 		Example: `  beacon watch prod/api
   beacon watch prod -o json`,
 		Args: cobra.MaximumNArgs(1),
@@ -48,22 +48,21 @@ the store since that revision, it prints a snapshot.
 			if len(args) == 1 {
 				var err error
 				if q, err = beacon.ParseQuery(args[0]); err != nil {
-					return err
+					return usage(err)
 				}
 			}
 			if from < 0 {
-				return fmt.Errorf("--from-revision %d: must not be negative", from)
+				return usagef("--from-revision %d: must not be negative", from)
 			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
-			st, r, err := conn.open(ctx, registry.Config{Logger: logger})
+			r, err := conn.open(ctx, registry.Config{Logger: logger})
 			if err != nil {
 				return err
 			}
-			defer st.Close()
 			defer r.Close()
 			return runWatch(ctx, cmd.OutOrStdout(), r, q, from, output == "json")
 		},

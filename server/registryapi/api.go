@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,7 +54,7 @@ type Handler struct {
 	reg       registry.Discoverer
 	leased    registry.LeasedRegistrar // nil: the registry cannot register over HTTP
 	log       *slog.Logger
-	mux       *http.ServeMux
+	mux       *httpapi.Mux
 	keepAlive time.Duration
 	m         *metrics
 }
@@ -79,26 +79,34 @@ func New(reg registry.Discoverer, opts Options) (*Handler, error) {
 	}
 	leased, _ := reg.(registry.LeasedRegistrar)
 	h := &Handler{reg: reg, leased: leased, log: opts.Logger.With("component", "registry-api"), keepAlive: opts.KeepAliveInterval, m: m}
-	mux := http.NewServeMux()
-	h.handle(mux, "POST "+InstancesPath, h.needLeases(h.register))
-	h.handle(mux, "GET "+InstancesPath, h.list)
-	one := InstancesPath + "/{namespace}/{component}/{endpoint}/{id}"
-	h.handle(mux, "GET "+one, h.get)
-	h.handle(mux, "PATCH "+one, h.needLeases(h.update))
-	h.handle(mux, "DELETE "+one, h.needLeases(h.deregister))
-	h.handle(mux, "POST "+one+"/heartbeat", h.needLeases(h.heartbeat))
-	h.handle(mux, "GET "+WatchPath, h.watch)
-	for _, p := range []string{InstancesPath, one, one + "/heartbeat", WatchPath} {
-		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed",
-				fmt.Sprintf("%s is not allowed on %s; see /v1/openapi.json", r.Method, r.URL.Path))
-		})
-	}
-	h.mux = mux
+	h.mux = httpapi.NewMux()
+	h.mux.NotFound = "see /v1/openapi.json"
+	h.Register(h.mux)
 	return h, nil
 }
 
-// Routes lists the patterns the handler serves, for mounting.
+// Router is where Register adds the API's routes: an *http.ServeMux, or
+// the server's router.
+type Router interface {
+	Handle(pattern string, h http.Handler)
+}
+
+// Register adds every route of the API to r, with its method, so that the
+// router knows exactly what is served (ServeHTTP serves the same routes
+// through a router of its own).
+func (h *Handler) Register(r Router) {
+	one := InstancesPath + "/{namespace}/{component}/{endpoint}/{id}"
+	h.handle(r, "POST "+InstancesPath, h.needLeases(h.register))
+	h.handle(r, "GET "+InstancesPath, h.list)
+	h.handle(r, "GET "+one, h.get)
+	h.handle(r, "PATCH "+one, h.needLeases(h.update))
+	h.handle(r, "DELETE "+one, h.needLeases(h.deregister))
+	h.handle(r, "POST "+one+"/heartbeat", h.needLeases(h.heartbeat))
+	h.handle(r, "GET "+WatchPath, h.watch)
+}
+
+// Routes lists the path prefixes the handler serves, for mounting it as a
+// whole; Register is the finer way.
 func Routes() []string {
 	return []string{InstancesPath, InstancesPath + "/", WatchPath}
 }
@@ -119,12 +127,12 @@ func (h *Handler) needLeases(fn http.HandlerFunc) http.HandlerFunc {
 }
 
 // handle registers fn under pattern, counting requests by route and code.
-func (h *Handler) handle(mux *http.ServeMux, pattern string, fn http.HandlerFunc) {
-	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) handle(mux Router, pattern string, fn http.HandlerFunc) {
+	mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
 		fn(rec, r)
 		h.m.request(pattern, rec.code)
-	})
+	}))
 }
 
 // RegisterRequest is the body of POST /v1/registry/instances.
@@ -204,6 +212,9 @@ func (t *TTL) UnmarshalJSON(b []byte) error {
 }
 
 func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
 	var req RegisterRequest
 	if !decode(w, r, &req) {
 		return
@@ -226,6 +237,9 @@ func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
 	ref, ok := pathRef(w, r)
 	if !ok {
 		return
@@ -247,6 +261,9 @@ func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
 	ref, ok := pathRef(w, r)
 	if !ok {
 		return
@@ -281,11 +298,15 @@ func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) deregister(w http.ResponseWriter, r *http.Request) {
+	params, ok := httpapi.CheckQuery(w, r, "lease")
+	if !ok {
+		return
+	}
 	ref, ok := pathRef(w, r)
 	if !ok {
 		return
 	}
-	lease, ok := parseLease(w, r.URL.Query().Get("lease"))
+	lease, ok := parseLease(w, params["lease"])
 	if !ok {
 		return
 	}
@@ -302,6 +323,9 @@ func (h *Handler) deregister(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
+	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
 	ref, ok := pathRef(w, r)
 	if !ok {
 		return
@@ -315,8 +339,17 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
-	q, ok := query(w, r)
+	params, ok := httpapi.CheckQuery(w, r, "namespace", "component", "endpoint", "status")
 	if !ok {
+		return
+	}
+	q, ok := query(w, params)
+	if !ok {
+		return
+	}
+	status := params["status"]
+	if status != "" && status != string(beacon.StatusServing) && status != string(beacon.StatusDraining) {
+		writeError(w, http.StatusBadRequest, "invalid_argument", fmt.Sprintf("status %q: must be serving or draining", status))
 		return
 	}
 	ins, rev, err := h.reg.List(r.Context(), q)
@@ -324,11 +357,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if status := r.URL.Query().Get("status"); status != "" {
-		if status != string(beacon.StatusServing) && status != string(beacon.StatusDraining) {
-			writeError(w, http.StatusBadRequest, "invalid_argument", fmt.Sprintf("status %q: must be serving or draining", status))
-			return
-		}
+	if status != "" {
 		kept := ins[:0]
 		for _, in := range ins {
 			if string(in.Status) == status {
@@ -343,19 +372,10 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ListResponse{Revision: rev, Instances: ins})
 }
 
-// query reads the namespace/component/endpoint filters.
-func query(w http.ResponseWriter, r *http.Request) (beacon.Query, bool) {
-	v := r.URL.Query()
-	for k := range v {
-		switch k {
-		case "namespace", "component", "endpoint", "status", "since":
-		default:
-			writeError(w, http.StatusBadRequest, "invalid_argument",
-				fmt.Sprintf("unknown query parameter %q; filters are namespace, component, endpoint and status", k))
-			return beacon.Query{}, false
-		}
-	}
-	q := beacon.Query{Namespace: v.Get("namespace"), Component: v.Get("component"), Endpoint: v.Get("endpoint")}
+// query reads the namespace/component/endpoint filters of checked query
+// parameters.
+func query(w http.ResponseWriter, v map[string]string) (beacon.Query, bool) {
+	q := beacon.Query{Namespace: v["namespace"], Component: v["component"], Endpoint: v["endpoint"]}
 	if err := q.Validate(); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
 		return beacon.Query{}, false
@@ -399,44 +419,16 @@ func parseLease(w http.ResponseWriter, s string) (store.LeaseID, bool) {
 	return id, true
 }
 
-// decode reads a JSON body strictly: bounded, one object, no unknown
-// fields.
+// decode reads a JSON body strictly: a JSON Content-Type (or none),
+// bounded, one object, no unknown fields, not empty.
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		writeError(w, http.StatusUnsupportedMediaType, "invalid_argument", fmt.Sprintf("Content-Type %q: send application/json", ct))
-		return false
-	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var mbe *http.MaxBytesError
-		switch {
-		case errors.As(err, &mbe):
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_argument", fmt.Sprintf("body larger than %d bytes", maxBody))
-		case errors.Is(err, io.EOF):
-			writeError(w, http.StatusBadRequest, "invalid_argument", "empty body: send a JSON object")
-		case errors.Is(err, registry.ErrInvalidTTL):
-			writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
-		default:
-			writeError(w, http.StatusBadRequest, "invalid_argument", "malformed JSON body: "+err.Error())
-		}
-		return false
-	}
-	if dec.More() {
-		writeError(w, http.StatusBadRequest, "invalid_argument", "malformed JSON body: more than one JSON value")
-		return false
-	}
-	return true
+	return httpapi.DecodeJSON(w, r, v, maxBody, registry.ErrInvalidTTL)
 }
 
-// ErrorResponse is the body of every error.
-type ErrorResponse struct {
-	// Code is invalid_argument, not_found, already_registered,
-	// lease_mismatch, method_not_allowed, not_implemented, unavailable or
-	// internal.
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
+// ErrorResponse is the body of every error: {"code","message"}, the code
+// one of invalid_argument, not_found, already_registered, lease_mismatch,
+// method_not_allowed, not_implemented, unavailable or internal.
+type ErrorResponse = httpapi.Error
 
 // fail maps a registry error to a status and code.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
@@ -460,14 +452,10 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func writeError(w http.ResponseWriter, code int, kind, msg string) {
-	writeJSON(w, code, ErrorResponse{Code: kind, Message: msg})
+	httpapi.WriteError(w, code, kind, msg)
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
-}
+func writeJSON(w http.ResponseWriter, code int, v any) { httpapi.WriteJSON(w, code, v) }
 
 type statusRecorder struct {
 	http.ResponseWriter

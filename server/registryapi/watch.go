@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/registry"
 )
 
@@ -50,13 +51,17 @@ type StaleMessage struct {
 // A client resumes with Last-Event-ID (or ?since=) set to the last id it
 // received; if those changes are gone it gets a fresh snapshot.
 func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
-	q, ok := query(w, r)
+	params, ok := httpapi.CheckQuery(w, r, "namespace", "component", "endpoint", "since")
+	if !ok {
+		return
+	}
+	q, ok := query(w, params)
 	if !ok {
 		return
 	}
 	since := r.Header.Get("Last-Event-ID")
 	if since == "" {
-		since = r.URL.Query().Get("since")
+		since = params["since"]
 	}
 	var opts []registry.WatchOption
 	if since != "" {

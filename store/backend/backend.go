@@ -2,10 +2,12 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
 
+	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/beaconplane/beacon/store/file"
@@ -25,10 +27,20 @@ const (
 // EnvVar selects the backend.
 const EnvVar = "BEACON_DISCOVERY_BACKEND"
 
+// DynamoEnvVar is NVIDIA Dynamo's spelling of the selector, read when
+// EnvVar is unset: DYN_DISCOVERY_BACKEND=kubernetes selects kubernetes,
+// =etcd selects etcd; any other value is refused by Validate.
+const DynamoEnvVar = "DYN_DISCOVERY_BACKEND"
+
+// KubernetesImport is the package a program imports to link the
+// kubernetes backend (it registers a registry driver).
+const KubernetesImport = "github.com/beaconplane/beacon/registry/kube"
+
 // Config selects and configures a backend. The zero value is etcd with its
 // own defaults (http://localhost:2379).
 type Config struct {
-	// Name is the backend: etcd (default), memory, file or nats.
+	// Name is the backend: etcd (default), memory, file, nats, or the name
+	// of a registry driver (kubernetes).
 	Name string
 	// Etcd configures the etcd backend.
 	Etcd etcd.Config
@@ -38,6 +50,12 @@ type Config struct {
 	File file.Config
 	// NATS configures the NATS backend (NATS_URL, ...).
 	NATS nats.Config
+	// DriverEnv overrides, for registry drivers (kubernetes), the
+	// environment variables they read their settings from (KUBECONFIG,
+	// BEACON_KUBE_NAMESPACES, ...): programs put their flags here.
+	DriverEnv map[string]string
+
+	aliasErr error // a DYN_DISCOVERY_BACKEND value Beacon does not read
 }
 
 // FromEnv reads BEACON_DISCOVERY_BACKEND and each backend's own variables
@@ -45,12 +63,23 @@ type Config struct {
 func FromEnv() Config {
 	fileCfg, _ := file.ConfigFromEnv() // errors are reported by Validate
 	natsCfg, _ := nats.ConfigFromEnv()
-	return Config{
+	c := Config{
 		Name: strings.TrimSpace(os.Getenv(EnvVar)),
 		Etcd: etcd.ConfigFromEnv(),
 		File: fileCfg,
 		NATS: natsCfg,
 	}
+	if c.Name == "" {
+		switch dyn := strings.TrimSpace(os.Getenv(DynamoEnvVar)); dyn {
+		case "":
+		case Kubernetes, Etcd:
+			c.Name = dyn
+		default:
+			c.aliasErr = fmt.Errorf("%s=%q: Beacon reads only kubernetes or etcd from this variable; set %s to choose another backend",
+				DynamoEnvVar, dyn, EnvVar)
+		}
+	}
+	return c
 }
 
 // name returns the backend name with its default.
@@ -61,8 +90,43 @@ func (c Config) name() string {
 	return c.Name
 }
 
-// Validate checks the name and the chosen backend's configuration.
+// names lists the backends for error messages.
+func names() string {
+	all := []string{Etcd, Memory, File, NATS}
+	for _, d := range registry.Drivers() {
+		if d != Etcd && d != Memory && d != File && d != NATS {
+			all = append(all, d)
+		}
+	}
+	return strings.Join(all[:len(all)-1], ", ") + " or " + all[len(all)-1]
+}
+
+// CheckName reports whether name (empty: etcd) is a backend this program
+// can open (a store, or a linked registry driver); the error says what is
+// wrong without naming where the name came from, so that callers can (a
+// flag or BEACON_DISCOVERY_BACKEND).
+func CheckName(name string) error {
+	switch n := (Config{Name: name}).name(); n {
+	case Etcd, Memory, File, NATS:
+		return nil
+	default:
+		if registry.HasDriver(n) {
+			return nil
+		}
+		if n == Kubernetes {
+			return fmt.Errorf("backend %q: the Kubernetes-native registry is not linked into this program: "+
+				"import _ %q (the beacon command does); or use %s", n, KubernetesImport, names())
+		}
+		return fmt.Errorf("unknown backend %q: use %s", n, names())
+	}
+}
+
+// Validate checks the name and the chosen backend's configuration (a
+// registry driver checks its own settings when it opens).
 func (c Config) Validate() error {
+	if c.aliasErr != nil {
+		return c.aliasErr
+	}
 	switch n := c.name(); n {
 	case Etcd:
 		return c.Etcd.Validate()
@@ -72,19 +136,43 @@ func (c Config) Validate() error {
 		return c.File.Validate()
 	case NATS:
 		return c.NATS.Validate()
-	case Kubernetes:
-		return fmt.Errorf("backend %q: the Kubernetes-native registry is not part of this build; use etcd, memory, file or nats", n)
 	default:
-		return fmt.Errorf("backend %q (%s): unknown; use etcd, memory, file or nats", n, EnvVar)
+		if registry.HasDriver(n) {
+			return nil
+		}
+		if n == Kubernetes {
+			return fmt.Errorf("backend %q: the Kubernetes-native registry is not linked into this program: "+
+				"import _ %q (the beacon command does); or use %s", n, KubernetesImport, names())
+		}
+		return fmt.Errorf("backend %q (%s): unknown; use %s", n, EnvVar, names())
 	}
 }
 
+// IsRegistry reports whether the backend is a registry of its own (a
+// registry driver, such as kubernetes) rather than a store: open it with
+// OpenRegistry.
+func (c Config) IsRegistry() bool {
+	switch c.name() {
+	case Etcd, Memory, File, NATS:
+		return false
+	}
+	return registry.HasDriver(c.name())
+}
+
+// ErrNotAStore reports a backend that is a registry, not a store.
+var ErrNotAStore = errors.New("backend: not a store")
+
 // Open validates c and opens the store. For remote backends it checks that
 // the backend is reachable, failing with a clear error after the backend's
-// dial timeout.
+// dial timeout. A registry backend (kubernetes) has no store: it gives an
+// error matching ErrNotAStore (use OpenRegistry).
 func Open(ctx context.Context, c Config) (store.Store, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
+	}
+	if c.IsRegistry() {
+		return nil, fmt.Errorf("%w: backend %q keeps no key/value store (it is a registry of its own): "+
+			"it serves registration and discovery, not the store, bootstrap and proxy features", ErrNotAStore, c.name())
 	}
 	switch c.name() {
 	case Memory:
@@ -100,3 +188,52 @@ func Open(ctx context.Context, c Config) (store.Store, error) {
 
 // BackendName returns the backend c selects (etcd when unset).
 func (c Config) BackendName() string { return c.name() }
+
+// OpenRegistry opens the registry of the backend c selects: the registry
+// driver of that name (kubernetes), or a registry.StoreRegistry over the
+// store Open opens. Closing the returned registry closes the store too; a
+// store registry keeps its optional capabilities (registry.LeasedRegistrar,
+// registry.SessionReporter, Lease...). rc configures the registry; a driver
+// refuses settings it cannot honour (a key root on Kubernetes).
+func OpenRegistry(ctx context.Context, c Config, rc registry.Config) (registry.Registry, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if c.IsRegistry() {
+		env := c.DriverEnv
+		return registry.OpenDriver(ctx, c.name(), registry.DriverConfig{
+			Registry: rc,
+			Getenv: func(k string) string {
+				if v, ok := env[k]; ok {
+					return v
+				}
+				return os.Getenv(k)
+			},
+		})
+	}
+	st, err := Open(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	r, err := registry.New(st, rc)
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	return &StoreRegistry{StoreRegistry: r, st: st}, nil
+}
+
+// StoreRegistry is a registry.StoreRegistry over a store that
+// OpenRegistry opened: Close closes both.
+type StoreRegistry struct {
+	*registry.StoreRegistry
+	st store.Store
+}
+
+// Store returns the store under the registry.
+func (r *StoreRegistry) Store() store.Store { return r.st }
+
+// Close closes the registry (revoking its lease), then the store.
+func (r *StoreRegistry) Close() error {
+	return errors.Join(r.StoreRegistry.Close(), r.st.Close())
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/backend"
 	"github.com/beaconplane/beacon/store/etcd"
@@ -28,7 +29,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 
 // clearEnv unsets every variable FromEnv reads, for the test.
 func clearEnv(t *testing.T) {
-	for _, v := range []string{backend.EnvVar, etcd.EnvEndpoints, etcd.EnvUsername, etcd.EnvPassword,
+	for _, v := range []string{backend.EnvVar, backend.DynamoEnvVar, etcd.EnvEndpoints, etcd.EnvUsername, etcd.EnvPassword,
 		etcd.EnvCA, etcd.EnvClientCert, etcd.EnvClientKey, file.EnvDir, file.EnvHistory, nats.EnvURL} {
 		t.Setenv(v, "")
 	}
@@ -43,7 +44,7 @@ func TestNames(t *testing.T) {
 		{backend.Config{Name: backend.Memory}, nil},
 		{backend.Config{Name: "zookeeper"}, []string{`backend "zookeeper"`, backend.EnvVar, "use etcd, memory, file or nats"}},
 		{backend.Config{Name: "Etcd"}, []string{`backend "Etcd"`, "unknown"}},
-		{backend.Config{Name: backend.Kubernetes}, []string{"not part of this build", "use etcd, memory, file or nats"}},
+		{backend.Config{Name: backend.Kubernetes}, []string{"not linked into this program", backend.KubernetesImport, "use etcd, memory, file or nats"}},
 		{backend.Config{Name: backend.File}, []string{file.EnvDir}},
 		{backend.Config{Etcd: etcd.Config{Endpoints: []string{"etcd"}}}, []string{`endpoint "etcd"`}},
 	} {
@@ -132,4 +133,51 @@ func TestEtcd(t *testing.T) {
 		t.Fatalf("Open of an unreachable etcd took %v with a %v dial timeout", took, cfg.Etcd.DialTimeout)
 	}
 	t.Logf("after %v: %v", took.Round(time.Millisecond), err)
+}
+
+// DYN_DISCOVERY_BACKEND (Dynamo's selector) is read when
+// BEACON_DISCOVERY_BACKEND is unset; a value Beacon does not read is
+// refused with an error naming the variable.
+func TestDynamoAlias(t *testing.T) {
+	clearEnv(t)
+	t.Setenv(backend.DynamoEnvVar, "kubernetes")
+	if got := backend.FromEnv().BackendName(); got != backend.Kubernetes {
+		t.Fatalf("DYN_DISCOVERY_BACKEND=kubernetes selects %q", got)
+	}
+	t.Setenv(backend.EnvVar, "memory")
+	if got := backend.FromEnv().BackendName(); got != backend.Memory {
+		t.Fatalf("BEACON_DISCOVERY_BACKEND does not win: %q", got)
+	}
+	t.Setenv(backend.EnvVar, "")
+	t.Setenv(backend.DynamoEnvVar, "kv_store")
+	err := backend.FromEnv().Validate()
+	if err == nil || !strings.Contains(err.Error(), backend.DynamoEnvVar+`="kv_store"`) || !strings.Contains(err.Error(), backend.EnvVar) {
+		t.Fatalf("unknown Dynamo backend: %v", err)
+	}
+}
+
+// OpenRegistry opens a registry over a store backend; closing it closes
+// the store. A registry backend is not a store.
+func TestOpenRegistry(t *testing.T) {
+	clearEnv(t)
+	r, err := backend.OpenRegistry(ctxT(t, 5*time.Second), backend.Config{Name: backend.Memory}, registry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr, ok := r.(*backend.StoreRegistry)
+	if !ok {
+		t.Fatalf("OpenRegistry(memory) = %T", r)
+	}
+	if _, ok := r.(registry.LeasedRegistrar); !ok {
+		t.Fatal("the store registry lost its LeasedRegistrar capability")
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sr.Store().Get(ctxT(t, time.Second), "/k"); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("store after Close: %v", err)
+	}
+	if _, err := backend.OpenRegistry(ctxT(t, time.Second), backend.Config{Name: "zookeeper"}, registry.Config{}); err == nil {
+		t.Fatal("OpenRegistry of an unknown backend")
+	}
 }

@@ -1,5 +1,5 @@
-// Package backend opens a store by backend name: the one place where
-// BEACON_DISCOVERY_BACKEND is interpreted. Programs (the beacon binary,
+// Package backend opens a store, or a registry, by backend name: the one
+// place where BEACON_DISCOVERY_BACKEND is interpreted. Programs (the beacon binary,
 // servers) use it; libraries take a store.Store and need not import it,
 // since it links every backend.
 //
@@ -20,8 +20,23 @@
 //	                NATS_CA, NATS_CERT, NATS_KEY, NATS_DOMAIN,
 //	                BEACON_NATS_BUCKET, BEACON_NATS_REPLICAS
 //
-// "kubernetes" is reserved for a Kubernetes-native registry that does not
-// sit on a store.Store and is not part of this build: Validate and Open
-// refuse it with an error that says so. A bad variable is reported by Config.Validate and
-// Open, naming the variable.
+//	kubernetes      a registry, not a store: see below
+//
+// Backends that are registries of their own register a registry driver
+// (see registry.RegisterDriver): "kubernetes" is linked by importing
+// github.com/beaconplane/beacon/registry/kube (the beacon command does), which
+// reads its settings from POD_NAME, POD_NAMESPACE, POD_UID, CONTAINER_NAME,
+// KUBECONFIG and BEACON_KUBE_NAMESPACES (Config.DriverEnv overrides them).
+// Such a backend is opened with OpenRegistry; Open refuses it
+// (ErrNotAStore). DYN_DISCOVERY_BACKEND=kubernetes (NVIDIA Dynamo's spelling)
+// is read when BEACON_DISCOVERY_BACKEND is unset. A program that does not
+// import the driver refuses "kubernetes" with an error naming the import.
+// A bad variable is reported by Config.Validate and Open, naming the
+// variable.
+//
+//	r, err := backend.OpenRegistry(ctx, backend.FromEnv(), registry.Config{})
+//	if err != nil {
+//		return err
+//	}
+//	defer r.Close() // closes the store too
 package backend

@@ -237,6 +237,14 @@ func (c Config) resolve() (resolved, error) {
 	return r, nil
 }
 
+// CheckEndpoint checks one endpoint as Validate does ("host:port",
+// "http://host:port" or "https://host:port"); the error says what is wrong
+// without naming where the endpoint came from, so that callers can.
+func CheckEndpoint(s string) error {
+	_, err := parseEndpoint(s)
+	return err
+}
+
 // endpoint is one parsed endpoint.
 type endpoint struct {
 	Scheme string // "", "http" or "https"

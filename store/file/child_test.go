@@ -44,7 +44,12 @@ func runChild() bool {
 
 func child(role, dir, arg string) error {
 	ctx := context.Background()
-	s, err := file.Open(ctx, file.Config{Dir: dir})
+	cfg := file.Config{Dir: dir}
+	if role == "lister" {
+		// Only its reads may end expired leases, not a timer.
+		cfg.ReapInterval = time.Hour
+	}
+	s, err := file.Open(ctx, cfg)
 	if role == "open" { // report the error of Open itself
 		if err != nil {
 			fmt.Println("error", err)
@@ -134,6 +139,13 @@ func child(role, dir, arg string) error {
 			<-pace.C
 		}
 		fmt.Fprintln(out, "done")
+		out.Flush()
+	case "lister": // lists the prefix arg once, as `beacon ls` does, and prints the count
+		kvs, _, err := s.List(ctx, arg)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "keys %d\n", len(kvs))
 		out.Flush()
 	default:
 		return fmt.Errorf("unknown role %q", role)
@@ -343,9 +355,55 @@ func TestKilledLeaseHolderKeysExpire(t *testing.T) {
 				t.Fatalf("expiry events are not deletions at one revision: %+v", resp.Events)
 			}
 		}
-		t.Logf("keys of the killed process expired %v after the kill (TTL 1s)", time.Since(killed).Round(time.Millisecond))
+		took := time.Since(killed)
+		t.Logf("keys of the killed process expired %v after the kill (TTL 1s)", took.Round(time.Millisecond))
+		if took > 2*time.Second {
+			t.Errorf("a watcher saw the keys of a killed process deleted %v after the kill, more than TTL + 1 s", took)
+		}
 	case <-ctx.Done():
 		t.Fatal("keys of the killed lease holder never expired")
+	}
+}
+
+// TestDeadProcessKeysAreNeverRead: once a killed process's lease deadline
+// has passed, no read returns its keys, in this process or in a new one
+// that opens the store only to list it (as `beacon ls` does), even where
+// no timer has run: a read ends the expired leases of its keys first.
+func TestDeadProcessKeysAreNeverRead(t *testing.T) {
+	const ttl = time.Second // the holder's
+	dir := t.TempDir()
+	s := open(t, file.Config{Dir: dir, ReapInterval: time.Hour})
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd, lines := startChild(t, "holder", dir, "", nil)
+	if l := nextLine(t, lines, 30*time.Second); !strings.HasPrefix(l, "ready") {
+		t.Fatalf("child: %q", l)
+	}
+	if kvs, _, err := s.List(ctx, "/held/"); err != nil || len(kvs) != 3 {
+		t.Fatalf("keys of the live holder: %d, %v", len(kvs), err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = cmd.Process.Wait()
+	// The lease's deadline is at most TTL after the kill (the last renewal
+	// was before it): the event this test is about.
+	deadline := time.Now().Add(ttl)
+	select {
+	case <-time.After(time.Until(deadline)):
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+	// No timer has ended the lease in this process (ReapInterval is an
+	// hour), yet the read does not return the dead process's keys.
+	if kvs, _, err := s.List(ctx, "/held/"); err != nil || len(kvs) != 0 {
+		t.Fatalf("a List after the lease deadline returned %d keys of the dead process (%v)", len(kvs), err)
+	}
+	// A new process that lists at once sees nothing either.
+	_, lines = startChild(t, "lister", dir, "/held/", nil)
+	if l := nextLine(t, lines, 30*time.Second); l != "keys 0" {
+		t.Fatalf("a new process listed %q after the lease deadline, want keys 0", l)
 	}
 }
 

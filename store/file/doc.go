@@ -27,9 +27,12 @@
 //
 // Leases are files. KeepAlive touches the file (under the lock); any process
 // that finds a lease past its deadline ends it: under the lock it deletes all
-// the lease's keys in one revision, then removes the file. So the keys of a
-// process that crashed expire while any other process has the store open,
-// or as soon as one opens it.
+// the lease's keys in one revision, then removes the file. Every process
+// with the store open does so on a timer (ReapInterval, below any TTL), so
+// watchers see a crashed process's keys deleted soon after its deadline,
+// and every read first ends the expired leases of the keys it could
+// return, so no read returns them after the deadline, whether or not a
+// timer has run.
 //
 // Compaction truncates the log: when it holds twice History revisions, a
 // writer writes a snapshot (temporary file, fsync, rename, fsync of the

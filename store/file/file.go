@@ -73,9 +73,12 @@ type Store struct {
 	data      *btree.BTreeG[*store.KeyValue]
 	leaseKeys map[store.LeaseID]map[string]struct{}
 	leaseTTLs map[store.LeaseID]time.Duration
-	events    []store.Event // every event with revision >= compact
-	changed   chan struct{} // closed and replaced when the state changes
-	closed    bool
+	// leaseDeadlines are the deadlines last read from the lease files
+	// (a deadline only moves forward: see expireDue).
+	leaseDeadlines map[store.LeaseID]time.Time
+	events         []store.Event // every event with revision >= compact
+	changed        chan struct{} // closed and replaced when the state changes
+	closed         bool
 
 	done      chan struct{}
 	kick      chan struct{} // wakes the background loop to reap
@@ -105,17 +108,18 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("file: store directory %q: %w", cfg.Dir, err)
 	}
 	s := &Store{
-		cfg:       cfg,
-		dir:       dir,
-		logger:    cfg.Logger.With("store", "file", "dir", dir),
-		rev:       1,
-		compact:   1,
-		data:      btree.NewG(32, func(a, b *store.KeyValue) bool { return a.Key < b.Key }),
-		leaseKeys: make(map[store.LeaseID]map[string]struct{}),
-		leaseTTLs: make(map[store.LeaseID]time.Duration),
-		changed:   make(chan struct{}),
-		done:      make(chan struct{}),
-		kick:      make(chan struct{}, 1),
+		cfg:            cfg,
+		dir:            dir,
+		logger:         cfg.Logger.With("store", "file", "dir", dir),
+		rev:            1,
+		compact:        1,
+		data:           btree.NewG(32, func(a, b *store.KeyValue) bool { return a.Key < b.Key }),
+		leaseKeys:      make(map[store.LeaseID]map[string]struct{}),
+		leaseTTLs:      make(map[store.LeaseID]time.Duration),
+		leaseDeadlines: make(map[store.LeaseID]time.Time),
+		changed:        make(chan struct{}),
+		done:           make(chan struct{}),
+		kick:           make(chan struct{}, 1),
 	}
 	if err := s.open(ctx); err != nil {
 		s.closeFiles()
@@ -741,6 +745,15 @@ func (s *Store) sync(ctx context.Context) error {
 	return s.catchUp(false)
 }
 
+// read prepares a read: it catches up with the log and ends the expired
+// leases of the keys it could return (leases.go).
+func (s *Store) read(ctx context.Context) error {
+	if err := s.sync(ctx); err != nil {
+		return err
+	}
+	return s.expireDue(ctx)
+}
+
 func (s *Store) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -752,7 +765,7 @@ func (s *Store) Get(ctx context.Context, key string) (store.KeyValue, error) {
 	if err := store.ValidateKey(key); err != nil {
 		return store.KeyValue{}, err
 	}
-	if err := s.sync(ctx); err != nil {
+	if err := s.read(ctx); err != nil {
 		return store.KeyValue{}, err
 	}
 	s.mu.Lock()
@@ -769,7 +782,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]store.KeyValue, int6
 	if err := store.ValidatePrefix(prefix); err != nil {
 		return nil, 0, err
 	}
-	if err := s.sync(ctx); err != nil {
+	if err := s.read(ctx); err != nil {
 		return nil, 0, err
 	}
 	s.mu.Lock()

@@ -22,8 +22,13 @@ import (
 // TTL. A lease's deadline is the file's modification time plus its TTL:
 // KeepAlive touches the file. Any process may end an expired lease: under
 // the write lock it deletes the lease's keys in one revision and removes the
-// file, so a crashed process's keys expire while other processes run (or
-// as soon as one opens the store).
+// file. Expiry does not wait for some process to touch the directory at the
+// right moment: every process that has the store open ends expired leases
+// on a timer (ReapInterval, below any TTL), and every read (Get, List, so
+// also the snapshot a watch starts from) first ends the leases of its keys
+// whose deadline has passed. A crashed process's keys are therefore never
+// read after its lease's deadline, by any process, and watchers see them
+// deleted within ReapInterval of it.
 
 func (s *Store) leasePath(id store.LeaseID) string {
 	return s.path(leaseDir, fmt.Sprintf("%016x", uint64(id)))
@@ -59,7 +64,63 @@ func (s *Store) leaseState(id store.LeaseID) (exists, expired bool, ttl time.Dur
 		s.leaseTTLs[id] = ttl
 		s.mu.Unlock()
 	}
-	return true, time.Now().After(fi.ModTime().Add(ttl)), ttl, nil
+	deadline := fi.ModTime().Add(ttl)
+	s.mu.Lock()
+	s.leaseDeadlines[id] = deadline
+	s.mu.Unlock()
+	return true, time.Now().After(deadline), ttl, nil
+}
+
+// expireDue ends, before a read, every lease that keys are bound to and
+// whose deadline has passed (or whose file is gone), so that no read
+// returns the keys of a dead process. Leases whose last known deadline is
+// still ahead cost nothing: a deadline only moves forward (KeepAlive), so
+// only the others are looked at on disk, and the lock is taken only when
+// one has really expired.
+func (s *Store) expireDue(ctx context.Context) error {
+	now := time.Now()
+	s.mu.Lock()
+	var check []store.LeaseID
+	for id := range s.leaseKeys {
+		if d, ok := s.leaseDeadlines[id]; !ok || !now.Before(d) {
+			check = append(check, id)
+		}
+	}
+	s.mu.Unlock()
+	var due []store.LeaseID
+	for _, id := range check {
+		exists, expired, _, err := s.leaseState(id)
+		if err != nil {
+			return err
+		}
+		if !exists || expired {
+			due = append(due, id)
+		}
+	}
+	for _, id := range due {
+		if err := s.endIfExpired(ctx, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// endIfExpired ends lease id under the write lock if it is still expired
+// (or gone with keys still bound to it) once the lock is held.
+func (s *Store) endIfExpired(ctx context.Context, id store.LeaseID) error {
+	return s.locked(ctx, func() error {
+		exists, expired, _, err := s.leaseState(id)
+		if err != nil || (exists && !expired) {
+			return err // renewed meanwhile
+		}
+		s.mu.Lock()
+		orphan := !exists && len(s.leaseKeys[id]) > 0
+		s.mu.Unlock()
+		if !exists && !orphan {
+			return nil // ended by another process meanwhile
+		}
+		return s.endLeaseLocked(id, true)
+	})
 }
 
 // leaseAliveLocked checks a lease a write binds a key to. Called with the
@@ -271,6 +332,7 @@ func (s *Store) endLeaseLocked(id store.LeaseID, onlyIfExpired bool) error {
 	}
 	s.mu.Lock()
 	delete(s.leaseTTLs, id)
+	delete(s.leaseDeadlines, id)
 	s.mu.Unlock()
 	if err := syncDir(s.path(leaseDir)); err != nil {
 		return err
@@ -312,19 +374,7 @@ func (s *Store) reapExpired(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	for _, id := range due {
-		err := s.locked(ctx, func() error {
-			exists, expired, _, err := s.leaseState(id)
-			if err != nil || (exists && !expired) {
-				return err // renewed meanwhile
-			}
-			s.mu.Lock()
-			orphan := !exists && len(s.leaseKeys[id]) > 0
-			s.mu.Unlock()
-			if !exists && !orphan {
-				return nil // ended by another process meanwhile
-			}
-			return s.endLeaseLocked(id, true)
-		})
+		err := s.endIfExpired(ctx, id)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, store.ErrClosed) {
 			s.logger.Warn("cannot end an expired lease", "lease", fmt.Sprintf("%x", id), "err", err)
 		}

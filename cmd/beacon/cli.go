@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// Exit statuses, as etcdctl and most Unix tools use them.
+const (
+	exitOK      = 0
+	exitFailure = 1 // the command ran and failed (unreachable store, port in use, ...)
+	exitUsage   = 2 // the command line or the environment is wrong; nothing was done
+)
+
+// usageError marks bad input: an unknown command or flag, a wrong number
+// of arguments, a value a flag or variable cannot take. It exits with
+// exitUsage.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// usage marks err (nil stays nil) as bad input.
+func usage(err error) error {
+	if err == nil {
+		return nil
+	}
+	var u usageError
+	if errors.As(err, &u) {
+		return err
+	}
+	return usageError{err}
+}
+
+// usagef is usage(fmt.Errorf(...)).
+func usagef(format string, args ...any) error { return usage(fmt.Errorf(format, args...)) }
+
+// cobraUsagePrefixes are the messages of the errors cobra itself returns
+// for bad command lines that do not pass through the hooks set in setup
+// (required flags are checked before any hook runs).
+var cobraUsagePrefixes = []string{"required flag(s)", "if any flags in the group", "none of the flags in the group", "at least one of the flags in the group"}
+
+// exitCode maps an error to the process's exit status.
+func exitCode(err error) int {
+	if err == nil {
+		return exitOK
+	}
+	var u usageError
+	if errors.As(err, &u) {
+		return exitUsage
+	}
+	for _, p := range cobraUsagePrefixes {
+		if strings.HasPrefix(err.Error(), p) {
+			return exitUsage
+		}
+	}
+	return exitFailure
+}
+
+// errorLine renders err as the one line main prints: "beacon: ...", with
+// several problems (errors.Join) separated by "; " and without the
+// "beacon: " of the root package's errors repeated after the program's.
+func errorLine(err error) string {
+	msg := strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
+	for strings.HasPrefix(msg, "beacon: ") {
+		msg = strings.TrimPrefix(msg, "beacon: ")
+	}
+	msg = strings.ReplaceAll(msg, ": beacon: ", ": ")
+	msg = strings.ReplaceAll(msg, "; beacon: ", "; ")
+	return "beacon: " + msg
+}
+
+// execute prepares the command tree and runs it.
+func execute(ctx context.Context, root *cobra.Command, args []string) error {
+	setup(root)
+	root.SetArgs(args)
+	return root.ExecuteContext(ctx)
+}
+
+// setup applies the habits every command shares, also to commands added
+// later by other files: bad flags and argument counts are usage errors,
+// an unknown subcommand is an error (not help), -w/--write-out is an alias
+// of -o/--output, and values complete in the shell.
+func setup(root *cobra.Command) {
+	cobra.EnableTraverseRunHooks = true
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
+	walk(root, func(c *cobra.Command) {
+		c.SilenceUsage, c.SilenceErrors = true, true
+		if c.HasSubCommands() && c.Run == nil && c.RunE == nil {
+			// A group: without a subcommand it shows its help; with an
+			// unknown one it fails (cobra would show help and exit 0).
+			c.Args = unknownSubcommand
+			c.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
+		} else if c.Args != nil {
+			args := c.Args
+			c.Args = func(c *cobra.Command, a []string) error { return usage(args(c, a)) }
+		}
+		addWriteOutAlias(c)
+		registerCompletions(c) // completion.go
+	})
+}
+
+// walk calls fn on c and every command below it.
+func walk(c *cobra.Command, fn func(*cobra.Command)) {
+	fn(c)
+	for _, sub := range c.Commands() {
+		walk(sub, fn)
+	}
+}
+
+// unknownSubcommand refuses arguments to a command group, suggesting the
+// closest subcommand.
+func unknownSubcommand(c *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], c.CommandPath())
+	if c.SuggestionsMinimumDistance <= 0 {
+		c.SuggestionsMinimumDistance = 2
+	}
+	if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += fmt.Sprintf(" (did you mean %q?)", s[0])
+	}
+	var names []string
+	for _, sub := range c.Commands() {
+		if sub.IsAvailableCommand() {
+			names = append(names, sub.Name())
+		}
+	}
+	return usagef("%s; commands: %s (see %s --help)", msg, strings.Join(names, ", "), c.CommandPath())
+}
+
+// addWriteOutAlias gives a command that has -o/--output etcdctl's
+// spelling too, -w/--write-out, bound to the same value.
+func addWriteOutAlias(c *cobra.Command) {
+	f := c.Flags()
+	out := f.Lookup("output")
+	if out == nil || f.Lookup("write-out") != nil {
+		return
+	}
+	short := "w"
+	if f.ShorthandLookup("w") != nil {
+		short = ""
+	}
+	f.VarP(out.Value, "write-out", short, "alias of --output (etcdctl's spelling)")
+}
+
+// outputChanged reports whether -o or -w was given.
+func outputChanged(f *pflag.FlagSet) bool {
+	for _, n := range []string{"output", "write-out"} {
+		if fl := f.Lookup(n); fl != nil && fl.Changed {
+			return true
+		}
+	}
+	return false
+}
+
+// applyWriteOutEnv honours ETCDCTL_WRITE_OUT for a command with -o that
+// was not given one: json selects JSON, simple and table keep the
+// command's human-readable default; anything else is refused, naming the
+// variable.
+func applyWriteOutEnv(c *cobra.Command) error {
+	f := c.Flags()
+	out := f.Lookup("output")
+	v, ok := os.LookupEnv(envWriteOut)
+	if out == nil || !ok || v == "" || outputChanged(f) {
+		return nil
+	}
+	switch v {
+	case "json":
+		return out.Value.Set("json")
+	case "simple", "table":
+		return nil
+	}
+	return usagef("%s=%q: beacon writes json or its human-readable default (%s); unset the variable or pass -o", envWriteOut, v, out.DefValue)
+}
+
+// setting is where a value came from, for error messages: a flag given on
+// the command line, or an environment variable.
+type setting struct {
+	flag string // the flag's name, without dashes
+	env  string // the variable it came from; "" when from the flag or the default
+	val  string
+}
+
+// String names the setting as the user wrote it: --flag "value" or
+// VARIABLE="value".
+func (s setting) String() string {
+	if s.env != "" {
+		return fmt.Sprintf("%s=%q", s.env, s.val)
+	}
+	return fmt.Sprintf("--%s %q", s.flag, s.val)
+}
+
+// lookup returns the value of a string flag if it was given, else of the
+// first of envs that is set and not empty, else the flag's default.
+func lookup(f *pflag.FlagSet, flag string, envs ...string) setting {
+	fl := f.Lookup(flag)
+	if fl.Changed {
+		return setting{flag: flag, val: flagString(fl)}
+	}
+	for _, e := range envs {
+		if v := os.Getenv(e); v != "" {
+			return setting{flag: flag, env: e, val: v}
+		}
+	}
+	return setting{flag: flag, val: flagString(fl)}
+}
+
+// flagString returns a flag's value as the user would write it (a slice
+// flag's items joined with commas).
+func flagString(fl *pflag.Flag) string {
+	if sv, ok := fl.Value.(pflag.SliceValue); ok {
+		return strings.Join(sv.GetSlice(), ",")
+	}
+	return fl.Value.String()
+}

@@ -1,0 +1,431 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/bootstrap"
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/registry"
+	etcdstore "github.com/beaconplane/beacon/store/etcd"
+	"github.com/spf13/cobra"
+)
+
+// TestUsageAndFailuresExitDifferently: bad usage exits 2, a failure at
+// run time 1; an unknown subcommand is an error (with a suggestion), not
+// help with exit 0; errors are one line without "beacon: beacon:".
+func TestUsageAndFailuresExitDifferently(t *testing.T) {
+	checkBadInput(t, []badInput{
+		{args: []string{"token", "stauts"}, want: `unknown command "stauts" for "beacon token" (did you mean "status"?)`},
+		{args: []string{"stauts"}, want: `unknown command "stauts" for "beacon"`},
+		{args: []string{"bench", "nope"}, want: `unknown command "nope" for "beacon bench"`},
+		{args: []string{"ls", "--no-such-flag"}, want: "unknown flag"},
+		{args: []string{"token", "status"}, want: "accepts 1 arg"},
+		{args: []string{"register", "prod/api/http"}, want: `required flag(s) "addr" not set`},
+		{args: []string{"register", "Prod/api/http", "--addr", "10.0.0.1:80"}, want: "invalid namespace"},
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--id", "XYZ"}, want: "--id: invalid instance id"},
+		{args: []string{"ls", "--endpoints", freeURL(t), "--dial-timeout", "500ms"}, want: "refused", exit: exitFailure},
+	})
+	group := startBeacon(t, t.TempDir(), nil, "token")
+	if err := group.wait(t, 30*time.Second); err != nil || !strings.Contains(group.out(), "Available Commands") {
+		t.Fatalf("beacon token without a subcommand: %v, want its help and exit 0\n%s", err, group.out())
+	}
+}
+
+// TestSettingsCheckedByEveryCommand: --log-level and --log-format (and
+// their variables) are checked by every command before it does anything,
+// and the error names the flag or the variable that was wrong.
+func TestSettingsCheckedByEveryCommand(t *testing.T) {
+	setup(rootCmd)
+	// Arguments that get each command past its own checks.
+	args := map[string][]string{
+		"beacon register":     {"prod/api/http", "--addr", "10.0.0.1:80"},
+		"beacon rm":           {"prod/api/http/00000000000000a1"},
+		"beacon token status": {"tok"},
+		"beacon token rm":     {"tok"},
+	}
+	var tests []badInput
+	walk(rootCmd, func(c *cobra.Command) {
+		if c.HasSubCommands() || !c.Runnable() || c.Name() == "help" {
+			return
+		}
+		line := append(strings.Fields(strings.TrimPrefix(c.CommandPath(), "beacon ")), args[c.CommandPath()]...)
+		tests = append(tests,
+			badInput{args: append(append([]string{}, line...), "--log-level", "loud"), want: `--log-level "loud": must be debug, info, warn or error`},
+			badInput{args: append(append([]string{}, line...), "--log-format", "yaml"), want: `--log-format "yaml": must be text or json`},
+			badInput{args: line, env: []string{"BEACON_LOG_LEVEL=loud"}, want: `BEACON_LOG_LEVEL="loud"`},
+		)
+	})
+	if len(tests) < 30 {
+		t.Fatalf("only %d command lines: the command tree was not walked", len(tests))
+	}
+	checkBadInput(t, tests)
+}
+
+// TestEnvironmentErrorsNameTheVariable: a bad value from a variable is
+// reported under the variable's name, not the flag's.
+func TestEnvironmentErrorsNameTheVariable(t *testing.T) {
+	checkBadInput(t, []badInput{
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80"}, env: []string{"BEACON_LEASE_TTL=2h"}, want: `BEACON_LEASE_TTL="2h"`},
+		{args: []string{"ls"}, env: []string{"ETCDCTL_ENDPOINTS=etcd:notaport"}, want: `ETCDCTL_ENDPOINTS="etcd:notaport"`},
+		{args: []string{"ls"}, env: []string{"ETCD_ENDPOINTS=ftp://etcd:2379"}, want: `ETCD_ENDPOINTS="ftp://etcd:2379"`},
+		{args: []string{"ls", "--endpoints", "ftp://etcd:2379"}, want: `--endpoints "ftp://etcd:2379"`},
+		{args: []string{"ls"}, env: []string{"ETCDCTL_DIAL_TIMEOUT=soon"}, want: `ETCDCTL_DIAL_TIMEOUT="soon"`},
+		{args: []string{"ls"}, env: []string{"ETCDCTL_COMMAND_TIMEOUT=-1s"}, want: `ETCDCTL_COMMAND_TIMEOUT="-1s"`},
+		{args: []string{"ls"}, env: []string{"ETCDCTL_WRITE_OUT=fields"}, want: `ETCDCTL_WRITE_OUT="fields"`},
+		{args: []string{"ls"}, env: []string{"ETCDCTL_CACERT=/no/such/ca.pem"}, want: `ETCDCTL_CACERT="/no/such/ca.pem": no such file`},
+		{args: []string{"ls"}, env: []string{"ETCDCTL_USER=root"}, want: `ETCDCTL_USER="root" has no password`},
+		{args: []string{"ls"}, env: []string{"BEACON_DISCOVERY_BACKEND=zookeeper"}, want: `BEACON_DISCOVERY_BACKEND="zookeeper": unknown backend`},
+		{args: []string{"serve"}, env: []string{"BEACON_DISCOVERY_BACKEND=zookeeper"}, want: `BEACON_DISCOVERY_BACKEND="zookeeper"`},
+		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_MODE=readmostly"}, want: `BEACON_PROXY_MODE="readmostly"`},
+		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=23790"}, want: `BEACON_PROXY_LISTEN="23790": must be host:port`},
+		{args: []string{"ls", "--backend", "file"}, want: "BEACON_FILE_DIR"},
+		{args: []string{"ls"}, env: []string{"BEACON_LOG_FORMAT=yaml"}, want: `BEACON_LOG_FORMAT="yaml"`},
+	})
+}
+
+// TestWriteOutIsOutput: every command with -o/--output also takes
+// etcdctl's -w/--write-out, and ETCDCTL_WRITE_OUT=json selects JSON where
+// neither is given.
+func TestWriteOutIsOutput(t *testing.T) {
+	setup(rootCmd)
+	n := 0
+	walk(rootCmd, func(c *cobra.Command) {
+		out := c.Flags().Lookup("output")
+		if out == nil {
+			return
+		}
+		n++
+		wo := c.Flags().Lookup("write-out")
+		if wo == nil || wo.Shorthand != "w" || wo.Value != out.Value {
+			t.Errorf("%s has -o but no -w/--write-out bound to it", c.CommandPath())
+		}
+	})
+	if n < 10 {
+		t.Fatalf("only %d commands with -o", n)
+	}
+	env := []string{"BEACON_DISCOVERY_BACKEND=memory"}
+	for _, tt := range []struct {
+		env  []string
+		args []string
+		json bool
+	}{
+		{env, []string{"ls", "-w", "json"}, true},
+		{env, []string{"ls", "--write-out", "json"}, true},
+		{append(env, "ETCDCTL_WRITE_OUT=json"), []string{"ls"}, true},
+		{append(env, "ETCDCTL_WRITE_OUT=json"), []string{"ls", "-o", "table"}, false},
+		{append(env, "ETCDCTL_WRITE_OUT=table"), []string{"ls"}, false},
+	} {
+		b := startBeacon(t, t.TempDir(), tt.env, tt.args...)
+		if err := b.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("%v: %v\n%s", tt.args, err, b.errOut())
+		}
+		var v map[string]any
+		if isJSON := json.Unmarshal([]byte(b.out()), &v) == nil; isJSON != tt.json {
+			t.Errorf("%v with %v: JSON %v, want %v:\n%s", tt.args, tt.env, isJSON, tt.json, b.out())
+		}
+	}
+}
+
+// TestEtcdctlVariables: the client commands honour ETCDCTL_* where
+// Beacon's own variables are unset; Beacon's win over etcdctl's and flags
+// over both.
+func TestEtcdctlVariables(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{User: "root", Password: "s3cret"})
+	down := freeURL(t) // nothing listens there
+	lsOK := func(env []string, args ...string) {
+		t.Helper()
+		// etcd checks the password with bcrypt, which can take seconds
+		// under -race on a busy machine: more than etcdctl's 2 s default.
+		b := startBeacon(t, t.TempDir(), env, append([]string{"ls", "-o", "json", "--dial-timeout", "20s"}, args...)...)
+		if err := b.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("ls %v with %v: %v\n%s", args, env, err, b.errOut())
+		}
+	}
+	lsFails := func(want string, env []string, args ...string) {
+		t.Helper()
+		b := startBeacon(t, t.TempDir(), env, append([]string{"ls", "--dial-timeout", "1s"}, args...)...)
+		if err := b.wait(t, 30*time.Second); err == nil || !strings.Contains(b.errOut(), want) {
+			t.Fatalf("ls %v with %v: %v, want an error with %q\n%s", args, env, err, want, b.errOut())
+		}
+	}
+	lsOK([]string{"ETCDCTL_ENDPOINTS=" + srv.Endpoint(), "ETCDCTL_USER=root:s3cret"})
+	lsOK([]string{"ETCDCTL_ENDPOINTS=" + srv.Endpoint(), "ETCDCTL_USER=root", "ETCDCTL_PASSWORD=s3cret"})
+	lsOK([]string{"ETCDCTL_ENDPOINTS=" + down, "ETCDCTL_USER=nobody:x"}, "--endpoints", srv.Endpoint(), "--user", "root:s3cret")
+	lsOK([]string{"ETCDCTL_ENDPOINTS=" + down, "ETCD_ENDPOINTS=" + srv.Endpoint(), "ETCD_AUTH_USERNAME=root", "ETCD_AUTH_PASSWORD=s3cret", "ETCDCTL_USER=nobody:x"})
+	lsFails(strings.TrimPrefix(down, "http://"), []string{"ETCDCTL_ENDPOINTS=" + srv.Endpoint(), "ETCD_ENDPOINTS=" + down, "ETCDCTL_USER=root:s3cret"})
+	lsFails("authenticate", []string{"ETCDCTL_ENDPOINTS=" + srv.Endpoint(), "ETCDCTL_USER=root:wrong"})
+}
+
+// TestClientTLSFlags: --cacert/--cert/--key (and ETCDCTL_CACERT/CERT/KEY,
+// and --insecure-skip-tls-verify) reach an etcd that serves TLS and
+// requires client certificates.
+func TestClientTLSFlags(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{TLS: true})
+	c := srv.Certs()
+	ep := srv.Endpoint()
+	hostport := strings.TrimPrefix(ep, "https://")
+	for _, tt := range []struct {
+		name string
+		env  []string
+		args []string
+		want string // "" for success, else in the error
+	}{
+		{"flags", nil, []string{"--endpoints", ep, "--cacert", c.CA, "--cert", c.ClientCert, "--key", c.ClientKey}, ""},
+		{"host:port with TLS files", nil, []string{"--endpoints", hostport, "--cacert", c.CA, "--cert", c.ClientCert, "--key", c.ClientKey}, ""},
+		{"etcdctl variables", []string{"ETCDCTL_ENDPOINTS=" + ep, "ETCDCTL_CACERT=" + c.CA, "ETCDCTL_CERT=" + c.ClientCert, "ETCDCTL_KEY=" + c.ClientKey}, nil, ""},
+		{"beacon variables", []string{"ETCD_ENDPOINTS=" + ep, "ETCD_AUTH_CA=" + c.CA, "ETCD_AUTH_CLIENT_CERT=" + c.ClientCert, "ETCD_AUTH_CLIENT_KEY=" + c.ClientKey}, nil, ""},
+		{"skip verify", nil, []string{"--endpoints", ep, "--insecure-skip-tls-verify", "--cert", c.ClientCert, "--key", c.ClientKey}, ""},
+		{"no client certificate", nil, []string{"--endpoints", ep, "--cacert", c.CA, "--dial-timeout", "1s"}, "client certificate"},
+		{"unknown CA", nil, []string{"--endpoints", ep, "--cert", c.ClientCert, "--key", c.ClientKey, "--dial-timeout", "1s"}, "certificate"},
+	} {
+		for _, cmd := range [][]string{{"ls", "-o", "json"}, {"token", "ls", "-o", "json"}} {
+			b := startBeacon(t, t.TempDir(), tt.env, append(cmd, tt.args...)...)
+			err := b.wait(t, 30*time.Second)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("%s: %v: %v\n%s", tt.name, cmd, err, b.errOut())
+			case tt.want != "" && (err == nil || !strings.Contains(b.errOut(), tt.want)):
+				t.Errorf("%s: %v: %v, want an error with %q\n%s", tt.name, cmd, err, tt.want, b.errOut())
+			}
+		}
+	}
+}
+
+// TestRefusedConnectionIsReportedFast: nothing listening is reported as
+// refused after the dial timeout (etcdctl's 2 s by default), not after a
+// request timeout.
+func TestRefusedConnectionIsReportedFast(t *testing.T) {
+	start := time.Now()
+	b := startBeacon(t, t.TempDir(), nil, "ls", "--endpoints", freeURL(t))
+	if err := b.wait(t, 30*time.Second); err == nil || !strings.Contains(b.errOut(), "connection refused") || b.exitCode() != exitFailure {
+		t.Fatalf("ls against nothing: %v\n%s", err, b.errOut())
+	}
+	// The default dial timeout, the diagnosis (1 s at most) and the start
+	// of a process: far below the 10 s it took before.
+	if took := time.Since(start); took > 6*time.Second {
+		t.Fatalf("a refused connection took %v to report", took)
+	}
+}
+
+// TestRmCommand: rm asks before removing (y removes, anything else keeps,
+// no answer stops), --yes does not ask, and deregister is the same
+// command.
+func TestRmCommand(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ep := srv.Endpoint()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: []string{ep}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	r, err := registry.New(st, registry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	refs := map[string]string{}
+	for _, id := range []string{"00000000000000a1", "00000000000000a2", "00000000000000a3"} {
+		in, _, err := r.RegisterWithTTL(ctx, beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", ID: id, Address: "10.0.0.1:80"}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs[id] = in.Ref().String()
+	}
+	rm := func(stdin string, args ...string) *child {
+		t.Helper()
+		b := startBeaconIn(t, t.TempDir(), nil, strings.NewReader(stdin), append(append([]string{}, args...), "--endpoints", ep)...)
+		_ = b.wait(t, 30*time.Second)
+		return b
+	}
+	live := func() int {
+		t.Helper()
+		ins, _, err := r.List(ctx, beacon.Query{Namespace: "prod"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ins)
+	}
+	if b := rm("n\n", "rm", refs["00000000000000a1"]); b.exitCode() != 0 || !strings.Contains(b.out(), "Remove "+refs["00000000000000a1"]+" (10.0.0.1:80, serving, lease") ||
+		!strings.Contains(b.out(), "kept") || live() != 3 {
+		t.Fatalf("answered n: %d\n%s%s", b.exitCode(), b.out(), b.errOut())
+	}
+	if b := rm("", "rm", refs["00000000000000a1"]); b.exitCode() != exitFailure || !strings.Contains(b.errOut(), "no answer") || live() != 3 {
+		t.Fatalf("no answer: %d\n%s%s", b.exitCode(), b.out(), b.errOut())
+	}
+	if b := rm("y\n", "rm", refs["00000000000000a1"]); b.exitCode() != 0 || !strings.Contains(b.out(), "removed "+refs["00000000000000a1"]) || live() != 2 {
+		t.Fatalf("answered y: %d\n%s%s", b.exitCode(), b.out(), b.errOut())
+	}
+	if b := rm("", "deregister", "--yes", refs["00000000000000a2"], refs["00000000000000a3"]); b.exitCode() != 0 || live() != 0 {
+		t.Fatalf("deregister --yes: %d\n%s%s", b.exitCode(), b.out(), b.errOut())
+	}
+	if b := rm("", "rm", "--yes", refs["00000000000000a1"]); b.exitCode() != exitFailure || !strings.Contains(b.errOut(), "not registered") {
+		t.Fatalf("rm of an instance that is gone: %d\n%s", b.exitCode(), b.errOut())
+	}
+	checkBadInput(t, []badInput{
+		{args: []string{"rm", "prod/api/http"}, want: "want namespace/component/endpoint/id"},
+		{args: []string{"rm"}, want: "requires at least 1 arg"},
+	})
+}
+
+// TestTokenLs lists the registry's tokens as a table and as the JSON of
+// GET /v1/tokens; token new prints the registry's advertised client URLs.
+func TestTokenLs(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ep := srv.Endpoint()
+	hostport := strings.TrimPrefix(ep, "http://")
+	var toks []string
+	for _, size := range []string{"1", "3"} {
+		b := startBeacon(t, t.TempDir(), nil, "token", "new", "--size", size, "--endpoints", hostport)
+		if err := b.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("token new: %v\n%s", err, b.errOut())
+		}
+		if !strings.Contains(b.out(), "--discovery-endpoints="+ep) {
+			t.Errorf("token new does not print the registry's advertised client URL %s:\n%s", ep, b.out())
+		}
+		for _, w := range strings.Fields(b.out()) {
+			if strings.HasPrefix(w, "--discovery-token=") {
+				toks = append(toks, strings.TrimPrefix(w, "--discovery-token="))
+				break
+			}
+		}
+	}
+	b := startBeacon(t, t.TempDir(), nil, "token", "ls", "--endpoints", ep)
+	if err := b.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("token ls: %v\n%s", err, b.errOut())
+	}
+	for _, want := range append([]string{"TOKEN", "SIZE", "REGISTERED", "STATE", "CREATED", "waiting"}, toks...) {
+		if !strings.Contains(b.out(), want) {
+			t.Errorf("token ls lacks %q:\n%s", want, b.out())
+		}
+	}
+	b = startBeacon(t, t.TempDir(), nil, "token", "ls", "-o", "json", "--endpoints", ep)
+	var list bootstrap.ListTokensResponse
+	if err := b.wait(t, 30*time.Second); err != nil || json.Unmarshal([]byte(b.out()), &list) != nil || len(list.Tokens) != 2 ||
+		list.Tokens[0].Token != toks[0] || list.Tokens[0].Size != 1 || list.Tokens[1].Size != 3 || list.Tokens[0].CreatedAt == nil {
+		t.Fatalf("token ls -o json: %v\n%s", err, b.out())
+	}
+}
+
+// TestCompletion completes flag values and, from the registry, names.
+func TestCompletion(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ep := srv.Endpoint()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: []string{ep}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	r, err := registry.New(st, registry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for _, c := range []string{"api", "web"} {
+		if _, _, err := r.RegisterWithTTL(ctx, beacon.Instance{Namespace: "prod", Component: c, Endpoint: "http", ID: "00000000000000a1", Address: "10.0.0.1:80"}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := bootstrap.CreateToken(ctx, st.Client(), "tok-completion", 3); err != nil {
+		t.Fatal(err)
+	}
+	complete := func(args ...string) []string {
+		t.Helper()
+		b := startBeacon(t, t.TempDir(), nil, append([]string{cobra.ShellCompRequestCmd}, args...)...)
+		if err := b.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("__complete %v: %v\n%s", args, err, b.errOut())
+		}
+		var out []string
+		for _, l := range strings.Split(strings.TrimSpace(b.out()), "\n") {
+			if !strings.HasPrefix(l, ":") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ls", "--backend", ""}, "etcd memory file nats"},
+		{[]string{"proxy", "--mode", ""}, "readwrite readonly"},
+		{[]string{"ls", "-o", ""}, "table json"},
+		{[]string{"watch", "-w", ""}, "text json"},
+		{[]string{"serve", "--log-format", ""}, "text json"},
+		{[]string{"ls", "--endpoints", ep, "p"}, "prod/"},
+		{[]string{"ls", "--endpoints", ep, "prod/"}, "prod/api/ prod/web/"},
+		{[]string{"watch", "--endpoints", ep, "prod/w"}, "prod/web/"},
+		{[]string{"ls", "--endpoints", ep, "prod/api/"}, "prod/api/http"},
+		{[]string{"rm", "--endpoints", ep, "prod/api/http/"}, "prod/api/http/00000000000000a1"},
+		{[]string{"token", "status", "--endpoints", ep, "tok-"}, "tok-completion"},
+	} {
+		if got := strings.Join(complete(tt.args...), " "); got != tt.want {
+			t.Errorf("complete %v = %q, want %q", tt.args, got, tt.want)
+		}
+	}
+}
+
+// TestVersionFromBuildInfo: the VCS revision, time and modification flag
+// of the build are reported.
+func TestVersionFromBuildInfo(t *testing.T) {
+	v := versionFrom(&debug.BuildInfo{
+		GoVersion: "go1.26.8",
+		Main:      debug.Module{Path: "github.com/beaconplane/beacon", Version: "(devel)"},
+		Deps:      []*debug.Module{{Path: "go.etcd.io/etcd/server/v3", Version: "v3.7.3"}},
+		Settings: []debug.BuildSetting{
+			{Key: "vcs.revision", Value: "0123456789abcdef0123456789abcdef01234567"},
+			{Key: "vcs.time", Value: "2026-11-25T10:00:00Z"}, {Key: "vcs.modified", Value: "true"},
+		},
+	})
+	if v.Version != "devel" || v.Revision != "0123456789abcdef0123456789abcdef01234567" || v.Time != "2026-11-25T10:00:00Z" ||
+		v.Modified == nil || !*v.Modified || v.Deps["go.etcd.io/etcd/server/v3"] != "v3.7.3" {
+		t.Fatalf("versionFrom = %+v", v)
+	}
+	if text := v.text(); !strings.HasPrefix(text, "beacon devel (0123456789ab, 2026-11-25T10:00:00Z, modified)\n") {
+		t.Fatalf("text:\n%s", text)
+	}
+	b, _ := json.Marshal(v)
+	for _, want := range []string{`"vcs_revision":"0123456789abcdef`, `"vcs_time":"2026-11-25T10:00:00Z"`, `"vcs_modified":true`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("JSON %s lacks %s", b, want)
+		}
+	}
+}
+
+// TestLogFormatJSON: --log-format json makes every log line, etcd's too,
+// one JSON object.
+func TestLogFormatJSON(t *testing.T) {
+	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
+	b := startBeacon(t, t.TempDir(), nil, "serve", "--log-format", "json", "--log-level", "debug", "--etcd-log-level", "info",
+		"--listen-client-urls", client, "--listen-peer-urls", peer, "--http-addr", strings.TrimPrefix(httpURL, "http://"), "--dns-addr", "127.0.0.1:0")
+	b.waitLine(t, "beacon serve is ready", 60*time.Second)
+	_ = b.cmd.Process.Signal(syscall.SIGINT)
+	if err := b.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("serve: %v\n%s", err, b.errOut())
+	}
+	lines, etcd := 0, 0
+	for _, l := range strings.Split(strings.TrimSpace(b.errOut()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil || rec["msg"] == nil || rec["level"] == nil {
+			t.Fatalf("not a JSON log line: %q", l)
+		}
+		lines++
+		if rec["component"] == "etcd" {
+			etcd++
+		}
+	}
+	if lines == 0 || etcd == 0 {
+		t.Fatalf("%d JSON lines, %d of etcd", lines, etcd)
+	}
+	checkQuietLog(t, b.errOut())
+}

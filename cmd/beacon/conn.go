@@ -1,0 +1,321 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store/backend"
+	etcdstore "github.com/beaconplane/beacon/store/etcd"
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The etcdctl variables the client commands honour where Beacon's own
+// (ETCD_ENDPOINTS, ETCD_AUTH_*) are unset.
+const (
+	envEtcdctlEndpoints      = "ETCDCTL_ENDPOINTS"
+	envEtcdctlUser           = "ETCDCTL_USER"
+	envEtcdctlPassword       = "ETCDCTL_PASSWORD"
+	envEtcdctlCACert         = "ETCDCTL_CACERT"
+	envEtcdctlCert           = "ETCDCTL_CERT"
+	envEtcdctlKey            = "ETCDCTL_KEY"
+	envEtcdctlSkipVerify     = "ETCDCTL_INSECURE_SKIP_TLS_VERIFY"
+	envEtcdctlDialTimeout    = "ETCDCTL_DIAL_TIMEOUT"
+	envEtcdctlCommandTimeout = "ETCDCTL_COMMAND_TIMEOUT"
+	envWriteOut              = "ETCDCTL_WRITE_OUT"
+)
+
+// etcdctl's defaults.
+const (
+	defaultDialTimeout    = 2 * time.Second
+	defaultCommandTimeout = 5 * time.Second
+)
+
+// connHelp explains, in every client command's --help, how it reaches the
+// store.
+const connHelp = `Connection (flags win over variables; Beacon's variables over etcdctl's):
+  --endpoints     ETCD_ENDPOINTS, then ETCDCTL_ENDPOINTS (default http://localhost:2379,
+                  beacon serve's embedded etcd); host:port, http:// or https:// URLs
+  --user          ETCD_AUTH_USERNAME, then ETCDCTL_USER (name, or name:password)
+  --password      ETCD_AUTH_PASSWORD, then ETCDCTL_PASSWORD
+  --cacert        ETCD_AUTH_CA, then ETCDCTL_CACERT
+  --cert, --key   ETCD_AUTH_CLIENT_CERT/ETCD_AUTH_CLIENT_KEY, then ETCDCTL_CERT/ETCDCTL_KEY
+  --insecure-skip-tls-verify   ETCDCTL_INSECURE_SKIP_TLS_VERIFY
+  --dial-timeout  ETCDCTL_DIAL_TIMEOUT (default 2s): a refused or silent endpoint fails after it
+  --command-timeout  ETCDCTL_COMMAND_TIMEOUT (default 5s): bound of each request
+  -o/-w           ETCDCTL_WRITE_OUT=json selects JSON output`
+
+// registryConnHelp adds the backend choice for the registry commands.
+const registryConnHelp = connHelp + `
+  --backend       BEACON_DISCOVERY_BACKEND: etcd (default), memory (process-local:
+                  for trying the commands), file (BEACON_FILE_DIR), nats (NATS_URL)
+                  or kubernetes
+
+` + kubeEnvHelp
+
+// clientFlags are the connection flags of the client commands, etcdctl's
+// names and defaults.
+type clientFlags struct {
+	cmd                *cobra.Command
+	backend            string
+	endpoints          []string
+	user, password     string
+	cacert, cert, key  string
+	insecureSkipVerify bool
+	dialTimeout        time.Duration
+	commandTimeout     time.Duration
+	timeout            time.Duration // --timeout: sets both (older spelling)
+	kube               *backendFlags // --kubeconfig, --kube-namespaces (backend_kube.go); nil without --backend
+
+	// Set by resolve.
+	dial, command time.Duration
+}
+
+// addClientFlags registers the connection flags on cmd; withBackend adds
+// --backend (the registry commands can use any store, tokens only etcd).
+func addClientFlags(cmd *cobra.Command, withBackend bool) *clientFlags {
+	c := &clientFlags{cmd: cmd}
+	f := cmd.Flags()
+	if withBackend {
+		f.StringVar(&c.backend, "backend", backend.Etcd, "backend: etcd, memory, file, nats or kubernetes (env "+backend.EnvVar+")")
+		c.kube = &backendFlags{}
+		addKubeFlags(cmd, c.kube)
+	}
+	f.StringSliceVar(&c.endpoints, "endpoints", []string{etcdstore.DefaultEndpoint}, "etcd endpoints (env ETCD_ENDPOINTS, then ETCDCTL_ENDPOINTS)")
+	f.StringVar(&c.user, "user", "", "etcd user name, or name:password (env ETCD_AUTH_USERNAME, then ETCDCTL_USER)")
+	f.StringVar(&c.password, "password", "", "etcd password (env ETCD_AUTH_PASSWORD, then ETCDCTL_PASSWORD)")
+	f.StringVar(&c.cacert, "cacert", "", "CA file to verify etcd's certificate (env ETCD_AUTH_CA, then ETCDCTL_CACERT)")
+	f.StringVar(&c.cert, "cert", "", "client certificate file for etcd (env ETCD_AUTH_CLIENT_CERT, then ETCDCTL_CERT)")
+	f.StringVar(&c.key, "key", "", "client key file for etcd (env ETCD_AUTH_CLIENT_KEY, then ETCDCTL_KEY)")
+	f.BoolVar(&c.insecureSkipVerify, "insecure-skip-tls-verify", false, "do not verify etcd's certificate (testing only; env "+envEtcdctlSkipVerify+")")
+	f.DurationVar(&c.dialTimeout, "dial-timeout", defaultDialTimeout, "bound on connecting to the store (env "+envEtcdctlDialTimeout+")")
+	f.DurationVar(&c.commandTimeout, "command-timeout", defaultCommandTimeout, "bound on each request (env "+envEtcdctlCommandTimeout+")")
+	f.DurationVar(&c.timeout, "timeout", 0, "sets both --dial-timeout and --command-timeout")
+	_ = f.MarkHidden("timeout")
+	return c
+}
+
+// resolve combines flags, Beacon's variables and etcdctl's into the
+// backend configuration, checking each value and naming, on error, the
+// flag or variable it came from.
+func (c *clientFlags) resolve() (backend.Config, error) {
+	f := c.cmd.Flags()
+	cfg := backend.FromEnv()
+	if f.Lookup("backend") != nil {
+		be := lookup(f, "backend", backend.EnvVar)
+		if be.env == "" && !f.Lookup("backend").Changed {
+			// Unset: FromEnv read BEACON_DISCOVERY_BACKEND, else
+			// Dynamo's DYN_DISCOVERY_BACKEND, else etcd.
+			be.val = cfg.BackendName()
+			if v := os.Getenv(backend.DynamoEnvVar); v != "" {
+				be.env = backend.DynamoEnvVar
+			}
+		}
+		if err := backend.CheckName(be.val); err != nil {
+			return cfg, usagef("%v: %v", be, err)
+		}
+		cfg.Name = be.val
+		if c.kube != nil {
+			cfg.DriverEnv = c.kube.kubeEnv()
+		}
+	} else {
+		cfg.Name = backend.Etcd
+	}
+
+	var err error
+	if c.dial, err = c.duration("dial-timeout", envEtcdctlDialTimeout); err != nil {
+		return cfg, err
+	}
+	if c.command, err = c.duration("command-timeout", envEtcdctlCommandTimeout); err != nil {
+		return cfg, err
+	}
+	if cfg.Name != backend.Etcd {
+		return cfg, usage(cfg.Validate()) // the backend's own variables, named
+	}
+
+	e := etcdstore.Config{DialTimeout: c.dial, RequestTimeout: c.command}
+	eps := lookup(f, "endpoints", etcdstore.EnvEndpoints, envEtcdctlEndpoints)
+	if eps.env == "" {
+		e.Endpoints, _ = f.GetStringSlice("endpoints")
+	} else {
+		e.Endpoints = etcdstore.SplitEndpoints(eps.val)
+	}
+	var list []string
+	for _, ep := range e.Endpoints {
+		ep = strings.TrimSpace(ep)
+		if err := etcdstore.CheckEndpoint(ep); err != nil {
+			return cfg, usagef("%v: %v", eps, err)
+		}
+		if !slices.Contains(list, ep) {
+			list = append(list, ep)
+		}
+	}
+	e.Endpoints = list
+
+	user := lookup(f, "user", etcdstore.EnvUsername, envEtcdctlUser)
+	pass := lookup(f, "password", etcdstore.EnvPassword, envEtcdctlPassword)
+	e.Username, e.Password = user.val, pass.val
+	if name, pw, ok := strings.Cut(user.val, ":"); ok {
+		if pass.val != "" {
+			return cfg, usagef("%v gives a password and %v gives another: give it once", user, pass)
+		}
+		e.Username, e.Password = name, pw
+	}
+	switch {
+	case e.Username != "" && e.Password == "":
+		return cfg, usagef("%v has no password: use --user name:password, --password or %s", user, envEtcdctlPassword)
+	case e.Username == "" && e.Password != "":
+		return cfg, usagef("%v is set without a user: set --user (or %s)", pass, envEtcdctlUser)
+	}
+
+	files := map[string]*string{"cacert": &e.CA, "cert": &e.ClientCert, "key": &e.ClientKey}
+	for _, fl := range []struct{ flag, env, etcdctl string }{
+		{"cacert", etcdstore.EnvCA, envEtcdctlCACert},
+		{"cert", etcdstore.EnvClientCert, envEtcdctlCert},
+		{"key", etcdstore.EnvClientKey, envEtcdctlKey},
+	} {
+		s := lookup(f, fl.flag, fl.env, fl.etcdctl)
+		if s.val == "" {
+			continue
+		}
+		if _, err := os.Stat(s.val); err != nil {
+			return cfg, usagef("%v: %v", s, unwrapPathError(err))
+		}
+		*files[fl.flag] = s.val
+	}
+	if (e.ClientCert == "") != (e.ClientKey == "") {
+		return cfg, usagef("--cert and --key (or their variables) go together: set both or neither")
+	}
+
+	skip, _ := f.GetBool("insecure-skip-tls-verify")
+	if fl := f.Lookup("insecure-skip-tls-verify"); !fl.Changed {
+		if v := os.Getenv(envEtcdctlSkipVerify); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return cfg, usagef("%s=%q: want true or false", envEtcdctlSkipVerify, v)
+			}
+			skip = b
+		}
+	}
+	if skip {
+		e.Configure = func(cc *clientv3.Config) {
+			if cc.TLS == nil {
+				cc.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+			}
+			cc.TLS.InsecureSkipVerify = true //nolint:gosec // asked for with --insecure-skip-tls-verify
+		}
+	}
+	if err := e.Validate(); err != nil {
+		return cfg, usage(err)
+	}
+	e.Logger = cfg.Etcd.Logger
+	cfg.Etcd = e
+	return cfg, nil
+}
+
+// duration reads a duration flag, else the old --timeout, else env, else
+// the default; it must be positive.
+func (c *clientFlags) duration(flag, env string) (time.Duration, error) {
+	f := c.cmd.Flags()
+	fl := f.Lookup(flag)
+	d, _ := f.GetDuration(flag)
+	switch {
+	case fl.Changed:
+	case f.Lookup("timeout").Changed:
+		d, _ = f.GetDuration("timeout")
+		flag = "timeout"
+	default:
+		if v := os.Getenv(env); v != "" {
+			p, err := time.ParseDuration(v)
+			if err != nil || p <= 0 {
+				return 0, usagef("%s=%q: want a positive duration such as 2s", env, v)
+			}
+			return p, nil
+		}
+	}
+	if d <= 0 {
+		return 0, usagef("--%s %v: must be positive", flag, d)
+	}
+	return d, nil
+}
+
+// openEtcd connects to etcd (the token commands: tokens live in etcd
+// whatever backend the registry uses).
+func (c *clientFlags) openEtcd(ctx context.Context) (*etcdstore.Store, error) {
+	cfg, err := c.resolve()
+	if err != nil {
+		return nil, err
+	}
+	st, err := etcdstore.New(ctx, cfg.Etcd)
+	if err != nil {
+		return nil, fmt.Errorf("reach the discovery registry: %w", err)
+	}
+	return st, nil
+}
+
+// requestCtx bounds one request by the command timeout.
+func (c *clientFlags) requestCtx(parent context.Context) (context.Context, context.CancelFunc) {
+	d := c.command
+	if d <= 0 {
+		d = defaultCommandTimeout
+	}
+	return context.WithTimeout(parent, d)
+}
+
+// unwrapPathError drops *os.PathError's repetition of the path.
+func unwrapPathError(err error) error {
+	if pe, ok := err.(*os.PathError); ok { //nolint:errorlint // os.Stat returns it unwrapped
+		return pe.Err
+	}
+	return err
+}
+
+// registryConn reaches the registry: the connection flags and --root.
+type registryConn struct {
+	*clientFlags
+	root string
+}
+
+func addRegistryConnFlags(cmd *cobra.Command) *registryConn {
+	c := &registryConn{clientFlags: addClientFlags(cmd, true)}
+	cmd.Flags().StringVar(&c.root, "root", "", `keyspace root: keys live under <root>/services/ (e.g. "/beacon")`)
+	return c
+}
+
+// open opens the registry of the chosen backend: a registry over its
+// store, or a registry of its own (kubernetes). Closing it closes the
+// store too.
+func (c *registryConn) open(ctx context.Context, cfg registry.Config) (registry.Registry, error) {
+	cfg.Root = c.root
+	if err := cfg.Validate(); err != nil {
+		return nil, usagef("--root %q: %w", c.root, err)
+	}
+	bcfg, err := c.resolve()
+	if err != nil {
+		return nil, err
+	}
+	octx, cancel := context.WithTimeout(ctx, c.dial+c.command)
+	defer cancel()
+	r, err := backend.OpenRegistry(octx, bcfg, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open %s backend: %w", bcfg.BackendName(), err)
+	}
+	return r, nil
+}
+
+// backendName is the backend the flags and variables choose ("" when
+// they are wrong: open reports why).
+func (c *registryConn) backendName() string {
+	cfg, err := c.resolve()
+	if err != nil {
+		return ""
+	}
+	return cfg.BackendName()
+}

@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/testpeer"
+)
+
+// The Dockerfile and the systemd unit are checked here, since building an
+// image needs a Docker engine that CI machines may lack (.ci/run builds it
+// when `docker info` works): their structure, and that the serve flags
+// they pass are flags beacon serve takes (and, as root, that serve starts
+// with them, in a network namespace of its own).
+
+// dockerfile is the Dockerfile's instructions, continuation lines joined.
+type instruction struct{ op, args string }
+
+func readDockerfile(t *testing.T) []instruction {
+	t.Helper()
+	f, err := os.Open("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []instruction
+	var cur strings.Builder
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if cur.Len() == 0 && (line == "" || strings.HasPrefix(line, "#")) {
+			continue
+		}
+		if strings.HasSuffix(line, "\\") {
+			cur.WriteString(strings.TrimSuffix(line, "\\") + " ")
+			continue
+		}
+		cur.WriteString(line)
+		op, args, _ := strings.Cut(cur.String(), " ")
+		out = append(out, instruction{strings.ToUpper(op), strings.TrimSpace(args)})
+		cur.Reset()
+	}
+	return out
+}
+
+// TestDockerfile: multi-stage, a static (CGO_ENABLED=0) build of
+// ./cmd/beacon with the Go of go.mod, a final stage with no shell that
+// runs as a non-root user, nothing fetched by ADD from a URL, and a CMD of
+// valid serve flags that listens beyond loopback.
+func TestDockerfile(t *testing.T) {
+	ins := readDockerfile(t)
+	var froms []string
+	var final []instruction
+	for _, in := range ins {
+		if in.op == "FROM" {
+			froms = append(froms, in.args)
+			final = nil
+		}
+		final = append(final, in)
+		if in.op == "ADD" && regexp.MustCompile(`https?://`).MatchString(in.args) {
+			t.Errorf("ADD of a URL (%s): fetch nothing unpinned; COPY from the context or a stage", in.args)
+		}
+	}
+	if len(froms) < 2 {
+		t.Fatalf("%d FROM: want a build stage and a runtime stage", len(froms))
+	}
+	gomod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gover := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(gomod)
+	if gover == nil || !strings.Contains(froms[0], "golang:"+string(gover[1])) {
+		t.Errorf("build stage %q does not use the Go of go.mod (%s)", froms[0], gover)
+	}
+	build := false
+	for _, in := range ins {
+		if in.op == "RUN" && strings.Contains(in.args, "CGO_ENABLED=0 go build") && strings.Contains(in.args, "./cmd/beacon") {
+			build = true
+		}
+	}
+	if !build {
+		t.Error("no RUN CGO_ENABLED=0 go build ... ./cmd/beacon: the binary must be static")
+	}
+	if last := froms[len(froms)-1]; !strings.HasPrefix(last, "scratch") && !strings.Contains(last, "distroless") {
+		t.Errorf("runtime stage %q: use scratch or distroless (no shell, nothing but the binary)", last)
+	}
+	var user, cmd, entry string
+	for _, in := range final {
+		switch in.op {
+		case "USER":
+			user = in.args
+		case "CMD":
+			cmd = in.args
+		case "ENTRYPOINT":
+			entry = in.args
+		case "COPY":
+			if !strings.Contains(in.args, "--from=") {
+				t.Errorf("runtime stage copies from the context (%s): copy from the build stage only", in.args)
+			}
+		}
+	}
+	if u, _, _ := strings.Cut(user, ":"); u == "" || u == "0" || u == "root" {
+		t.Errorf("runtime stage runs as %q: set a non-root USER", user)
+	}
+	var ep, args []string
+	if json.Unmarshal([]byte(entry), &ep) != nil || len(ep) != 1 || !strings.HasSuffix(ep[0], "/beacon") {
+		t.Errorf("ENTRYPOINT %s: want [\"/usr/local/bin/beacon\"]", entry)
+	}
+	if err := json.Unmarshal([]byte(cmd), &args); err != nil || len(args) == 0 || args[0] != "serve" {
+		t.Fatalf("CMD %s: want the exec form of serve and its flags", cmd)
+	}
+	checkServeFlags(t, "Dockerfile CMD", args[1:])
+	joined := strings.Join(args, " ")
+	for _, want := range []string{"0.0.0.0:2379", "0.0.0.0:9379", "--advertise-client-urls", "--data-dir /var/lib/beacon"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("CMD lacks %s: a container must listen beyond its loopback and keep its data in the volume", want)
+		}
+	}
+	ignore, err := os.ReadFile("../../.dockerignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(ignore), "\n") {
+		if l := strings.TrimSpace(line); l == ".git" || l == "/.git" || l == "go.mod" || l == "*.go" {
+			t.Errorf(".dockerignore excludes %s, which the build needs", l)
+		}
+	}
+}
+
+// TestDockerfileCMDServes runs, as root, the Dockerfile's CMD (with a
+// temporary data directory) in a network namespace of its own, where its
+// ports are free, and checks that it becomes ready.
+func TestDockerfileCMDServes(t *testing.T) {
+	if os.Getenv(readmeNetnsEnv) == "docker" {
+		if err := loopbackUp(); err != nil {
+			t.Fatal(err)
+		}
+		var args []string
+		for _, in := range readDockerfile(t) {
+			if in.op == "CMD" {
+				_ = json.Unmarshal([]byte(in.args), &args)
+			}
+		}
+		for i := range args {
+			if i > 0 && args[i-1] == "--data-dir" {
+				args[i] = t.TempDir() + "/data"
+			}
+		}
+		b := startBeacon(t, t.TempDir(), nil, args...)
+		b.waitLine(t, "beacon serve is ready", 60*time.Second)
+		_ = b.cmd.Process.Signal(syscall.SIGTERM)
+		if err := b.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("serve with the Dockerfile's CMD: %v\n%s", err, b.errOut())
+		}
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Log("not root: no network namespace, so the Dockerfile's CMD is checked as flags only (TestDockerfile)")
+		return
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestDockerfileCMDServes$", "-test.v", "-test.timeout=3m")
+	cmd.Env = append(os.Environ(), readmeNetnsEnv+"=docker")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	out, err := cmd.CombinedOutput()
+	if err != nil && strings.Contains(err.Error(), "operation not permitted") && os.Getenv(testpeer.RequireEnv) == "" {
+		t.Logf("cannot make a network namespace (%v): the CMD is checked as flags only", err)
+		return
+	}
+	if err != nil {
+		t.Fatalf("serve with the Dockerfile's CMD, in a network namespace: %v\n%s", err, out)
+	}
+}
+
+// TestSystemdUnit: the unit runs beacon serve, not as root, with valid
+// flags and its data in its state directory, does not restart on bad
+// usage (exit 2), and is hardened.
+func TestSystemdUnit(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/systemd/beacon.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok && !strings.HasPrefix(line, "#") {
+			keys[k] = v
+		}
+	}
+	exec := strings.Fields(keys["ExecStart"])
+	if len(exec) < 2 || !strings.HasSuffix(exec[0], "/beacon") || exec[1] != "serve" {
+		t.Fatalf("ExecStart %q: want beacon serve", keys["ExecStart"])
+	}
+	var flags []string
+	for _, f := range exec[2:] {
+		if !strings.HasPrefix(f, "$") {
+			flags = append(flags, f)
+		}
+	}
+	checkServeFlags(t, "ExecStart", flags)
+	if !strings.Contains(keys["ExecStart"], "--data-dir /var/lib/"+keys["StateDirectory"]) {
+		t.Errorf("ExecStart keeps the data outside StateDirectory %q", keys["StateDirectory"])
+	}
+	if keys["DynamicUser"] != "yes" && (keys["User"] == "" || keys["User"] == "root") {
+		t.Error("the unit runs as root: set DynamicUser=yes or User=")
+	}
+	for k, want := range map[string]string{
+		"Restart": "on-failure", "RestartPreventExitStatus": "2", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
+		"CapabilityBoundingSet": "", "KillSignal": "SIGTERM",
+	} {
+		if got, ok := keys[k]; !ok || got != want {
+			t.Errorf("%s=%q, want %q", k, got, want)
+		}
+	}
+	def, err := os.ReadFile("../../deploy/systemd/beacon.default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(def), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimPrefix(line, "#"), "BEACON_SERVE_FLAGS="); ok {
+			checkServeFlags(t, "beacon.default", strings.Fields(v))
+		}
+	}
+}
+
+// checkServeFlags parses args with beacon serve's own flags.
+func checkServeFlags(t *testing.T, where string, args []string) {
+	t.Helper()
+	cmd := newServeCmd()
+	if err := cmd.ParseFlags(args); err != nil {
+		t.Errorf("%s: %v (flags %q)", where, err, args)
+	}
+	if rest := cmd.Flags().Args(); len(rest) > 0 {
+		t.Errorf("%s: serve takes no arguments, got %q", where, rest)
+	}
+}

@@ -1,0 +1,335 @@
+// Package httpapi holds what every Beacon HTTP API shares, so that they
+// answer alike: JSON bodies in one style (compact, one line, snake_case
+// fields), errors as {"code","message"}, strict query parsing (an
+// unparsable query, too many parameters, an unknown or repeated one is a
+// 400, never silently ignored), strict JSON request bodies, and a router
+// that answers unknown paths (404) and methods (405) with JSON errors and
+// remembers the patterns it serves.
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Error codes of the {"code","message"} error bodies shared by the APIs.
+const (
+	CodeInvalidArgument  = "invalid_argument"
+	CodeNotFound         = "not_found"
+	CodeMethodNotAllowed = "method_not_allowed"
+	CodeUnavailable      = "unavailable"
+	CodeInternal         = "internal"
+)
+
+// Error is the body of every error.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// WriteJSON writes v as one line of compact JSON with the status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// WriteError writes an error body.
+func WriteError(w http.ResponseWriter, status int, code, msg string) {
+	WriteJSON(w, status, Error{Code: code, Message: strings.TrimSpace(msg)})
+}
+
+// MaxQueryParams is the most query parameters any route accepts: Beacon's
+// routes take a handful, so more is refused (with 400) rather than parsed.
+// Go's own parser silently drops a query of more than 10,000.
+const MaxQueryParams = 32
+
+// QueryError is a query that cannot be accepted; its message says why.
+type QueryError struct{ msg string }
+
+func (e *QueryError) Error() string { return e.msg }
+
+// ParseQuery parses a raw query strictly: at most MaxQueryParams
+// parameters, valid percent-encoding and no ';' separators, each name at
+// most once. It never drops a parameter silently.
+func ParseQuery(raw string) (url.Values, error) { return parseQuery(raw, nil) }
+
+// parseQuery is ParseQuery; names in repeatable may be given more than
+// once.
+func parseQuery(raw string, repeatable []string) (url.Values, error) {
+	if raw == "" {
+		return url.Values{}, nil
+	}
+	if n := strings.Count(raw, "&") + 1; n > MaxQueryParams {
+		return nil, &QueryError{fmt.Sprintf("too many query parameters (%d; at most %d)", n, MaxQueryParams)}
+	}
+	v, err := url.ParseQuery(raw)
+	if err != nil {
+		return nil, &QueryError{"malformed query: " + err.Error()}
+	}
+	for _, name := range sortedKeys(v) {
+		if len(v[name]) > 1 && !slices.Contains(repeatable, name) {
+			return nil, &QueryError{fmt.Sprintf("query parameter %q is given %d times: give it once", name, len(v[name]))}
+		}
+	}
+	return v, nil
+}
+
+// QueryRule says what a route takes in its query.
+type QueryRule struct {
+	// Params are the parameters the route takes; any other is refused.
+	Params []string
+	// Repeatable are the parameters (among Params) that may be given more
+	// than once.
+	Repeatable []string
+}
+
+// check refuses a query the rule does not allow.
+func (q QueryRule) check(r *http.Request) error {
+	v, err := parseQuery(r.URL.RawQuery, q.Repeatable)
+	if err != nil {
+		return err
+	}
+	for _, name := range sortedKeys(v) {
+		if !slices.Contains(q.Params, name) {
+			if len(q.Params) == 0 {
+				return &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes none", name, r.Method, r.URL.Path)}
+			}
+			return &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes %s", name, r.Method, r.URL.Path, strings.Join(q.Params, ", "))}
+		}
+	}
+	return nil
+}
+
+// Query parses the request's query with ParseQuery and refuses any
+// parameter not in allowed. The values are returned by name (one each).
+func Query(r *http.Request, allowed ...string) (map[string]string, error) {
+	v, err := ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(v))
+	for _, name := range sortedKeys(v) {
+		if !slices.Contains(allowed, name) {
+			if len(allowed) == 0 {
+				return nil, &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes none", name, r.Method, r.URL.Path)}
+			}
+			return nil, &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes %s", name, r.Method, r.URL.Path, strings.Join(allowed, ", "))}
+		}
+		out[name] = v[name][0]
+	}
+	return out, nil
+}
+
+// CheckQuery is Query for handlers: on error it writes the 400 and
+// returns false.
+func CheckQuery(w http.ResponseWriter, r *http.Request, allowed ...string) (map[string]string, bool) {
+	q, err := Query(r, allowed...)
+	if err != nil {
+		WriteError(w, http.StatusBadRequest, CodeInvalidArgument, err.Error())
+		return nil, false
+	}
+	return q, true
+}
+
+// NoQuery wraps a handler that takes no query parameters: any is a 400.
+func NoQuery(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := CheckQuery(w, r); ok {
+			h.ServeHTTP(w, r)
+		}
+	})
+}
+
+func sortedKeys(v url.Values) []string {
+	keys := make([]string, 0, len(v))
+	for k := range v {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// IsJSON reports whether a Content-Type header value is JSON:
+// application/json in any letter case (media types are case-insensitive),
+// with parameters, a charset only if it is UTF-8.
+func IsJSON(contentType string) bool {
+	mt, params, err := mime.ParseMediaType(contentType)
+	if err != nil || mt != "application/json" {
+		return false
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return false
+	}
+	return true
+}
+
+// DecodeJSON reads a JSON request body strictly into v: a JSON
+// Content-Type (or none), at most limit bytes, exactly one JSON value with
+// no unknown fields; an empty body is refused. On error it writes the
+// 415, 413 or 400 and returns false. A decoding error matching one of
+// plain (an UnmarshalJSON error of a field type) is reported with its own
+// message rather than as malformed JSON.
+func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64, plain ...error) bool {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !IsJSON(ct) {
+		WriteError(w, http.StatusUnsupportedMediaType, CodeInvalidArgument,
+			fmt.Sprintf("Content-Type %q: send application/json", ct))
+		return false
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		switch {
+		case errors.As(err, &mbe):
+			WriteError(w, http.StatusRequestEntityTooLarge, CodeInvalidArgument, fmt.Sprintf("body larger than %d bytes", limit))
+		case errors.Is(err, io.EOF):
+			WriteError(w, http.StatusBadRequest, CodeInvalidArgument, "empty body: send a JSON object")
+		default:
+			for _, p := range plain {
+				if errors.Is(err, p) {
+					WriteError(w, http.StatusBadRequest, CodeInvalidArgument, err.Error())
+					return false
+				}
+			}
+			WriteError(w, http.StatusBadRequest, CodeInvalidArgument, "malformed JSON body: "+err.Error())
+		}
+		return false
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			WriteError(w, http.StatusRequestEntityTooLarge, CodeInvalidArgument, fmt.Sprintf("body larger than %d bytes", limit))
+			return false
+		}
+		WriteError(w, http.StatusBadRequest, CodeInvalidArgument, "malformed JSON body: more than one JSON value")
+		return false
+	}
+	return true
+}
+
+// Mux is an http.ServeMux that answers paths it does not serve with a
+// JSON 404, methods a path does not take with a JSON 405 (and Allow), and
+// remembers the patterns it was given, so that a test can check them
+// against the API's documentation.
+type Mux struct {
+	mux      *http.ServeMux
+	mu       sync.Mutex
+	patterns []string
+	// NotFound, when set, describes the API in the 404's message.
+	NotFound string
+	// Queries, when set, gives the query rule of a registered pattern
+	// (for instance from the API's OpenAPI document): before a route it
+	// knows runs, its query is checked, and anything the rule does not
+	// allow is a 400. Routes it does not know check their own.
+	Queries func(pattern string) (QueryRule, bool)
+}
+
+// NewMux returns an empty Mux.
+func NewMux() *Mux { return &Mux{mux: http.NewServeMux()} }
+
+// Handle registers h for pattern (http.ServeMux's syntax).
+func (m *Mux) Handle(pattern string, h http.Handler) {
+	m.mux.Handle(pattern, h)
+	m.mu.Lock()
+	m.patterns = append(m.patterns, pattern)
+	m.mu.Unlock()
+}
+
+// HandleFunc registers f for pattern.
+func (m *Mux) HandleFunc(pattern string, f func(http.ResponseWriter, *http.Request)) {
+	m.Handle(pattern, http.HandlerFunc(f))
+}
+
+// Patterns returns the registered patterns, in registration order.
+func (m *Mux) Patterns() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.patterns)
+}
+
+// Serves reports whether a request of method for path (with any {name}
+// segment filled by a plausible value) reaches a registered pattern.
+func (m *Mux) Serves(method, path string) bool {
+	r, err := http.NewRequest(method, "http://beacon"+FillPath(path), nil)
+	if err != nil {
+		return false
+	}
+	_, p := m.mux.Handler(r)
+	return p != ""
+}
+
+// FillPath replaces each {name} segment of a path template with a value
+// of that name's shape, for probing routes.
+func FillPath(path string) string {
+	parts := strings.Split(path, "/")
+	for i, p := range parts {
+		if strings.HasPrefix(p, "{") && strings.HasSuffix(p, "}") {
+			name := strings.TrimSuffix(strings.TrimPrefix(p, "{"), "}")
+			parts[i] = pathSample(strings.TrimSuffix(name, "..."))
+		}
+	}
+	return strings.Join(parts, "/")
+}
+
+func pathSample(name string) string {
+	switch name {
+	case "id":
+		return "00000000000000a1"
+	case "namespace":
+		return "prod"
+	case "component":
+		return "api"
+	case "endpoint":
+		return "http"
+	}
+	return "x" + name
+}
+
+// methods a 405 may list.
+var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
+
+// ServeHTTP routes r; see Mux.
+func (m *Mux) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, pattern := m.mux.Handler(r); pattern != "" {
+		if m.Queries != nil {
+			if rule, ok := m.Queries(pattern); ok {
+				if err := rule.check(r); err != nil {
+					WriteError(w, http.StatusBadRequest, CodeInvalidArgument, err.Error())
+					return
+				}
+			}
+		}
+		m.mux.ServeHTTP(w, r)
+		return
+	}
+	var allow []string
+	for _, method := range methods {
+		probe := *r
+		probe.Method = method
+		if _, p := m.mux.Handler(&probe); p != "" {
+			allow = append(allow, method)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		WriteError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed,
+			fmt.Sprintf("%s is not allowed on %s; use %s", r.Method, r.URL.Path, strings.Join(allow, ", ")))
+		return
+	}
+	msg := fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)
+	if m.NotFound != "" {
+		msg += "; " + m.NotFound
+	}
+	WriteError(w, http.StatusNotFound, CodeNotFound, msg)
+}

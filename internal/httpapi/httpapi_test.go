@@ -1,0 +1,211 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+func TestParseQuery(t *testing.T) {
+	many := make([]string, MaxQueryParams+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("p%d=1", i)
+	}
+	// More than Go's own limit of 10,000: url.Values from r.URL.Query()
+	// would be empty, silently dropping a filter.
+	huge := strings.Repeat("x=1&", 10_001) + "namespace=prod"
+	for _, tt := range []struct {
+		raw, want string // want: "" for success, else in the error
+	}{
+		{"", ""},
+		{"namespace=prod&status=serving", ""},
+		{"namespace=", ""},
+		{"namespace=a&namespace=b", "given 2 times"},
+		{"a=%zz", "malformed"},
+		{"a=1;b=2", "malformed"},
+		{strings.Join(many[:MaxQueryParams], "&"), ""},
+		{strings.Join(many, "&"), "too many"},
+		{huge, "too many"},
+	} {
+		_, err := ParseQuery(tt.raw)
+		if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("ParseQuery(%.40q) = %v, want %q", tt.raw, err, tt.want)
+		}
+	}
+}
+
+func TestQueryRefusesUnknown(t *testing.T) {
+	r := httptest.NewRequest("GET", "/v1/x?namespace=a&bogus=1", nil)
+	if _, err := Query(r, "namespace"); err == nil || !strings.Contains(err.Error(), `unknown query parameter "bogus"`) {
+		t.Fatalf("Query = %v", err)
+	}
+	if q, err := Query(r, "namespace", "bogus"); err != nil || q["namespace"] != "a" || q["bogus"] != "1" {
+		t.Fatalf("Query = %v, %v", q, err)
+	}
+	r = httptest.NewRequest("GET", "/healthz?x", nil)
+	if _, err := Query(r); err == nil || !strings.Contains(err.Error(), "takes none") {
+		t.Fatalf("Query with no parameters allowed = %v", err)
+	}
+}
+
+// FuzzParseQuery: ParseQuery never panics, and when it accepts a query it
+// kept every parameter of it, once.
+func FuzzParseQuery(f *testing.F) {
+	for _, s := range []string{"", "a=1", "a=1&a=2", "a=%zz", "a;b", "&&", "a", "=1", "a=1&b=%20"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		v, err := ParseQuery(raw)
+		if err != nil {
+			return
+		}
+		want := 0
+		for _, part := range strings.Split(raw, "&") {
+			if part == "" {
+				continue
+			}
+			want++
+			k, _, _ := strings.Cut(part, "=")
+			key, err := url.QueryUnescape(k)
+			if err != nil {
+				t.Fatalf("accepted %q with an undecodable key %q", raw, k)
+			}
+			if len(v[key]) != 1 {
+				t.Fatalf("accepted %q but parameter %q has %d values", raw, key, len(v[key]))
+			}
+		}
+		if len(v) != want {
+			t.Fatalf("accepted %q: %d parameters, want %d", raw, len(v), want)
+		}
+	})
+}
+
+func TestIsJSON(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"application/json": true, "application/JSON": true, "Application/Json; charset=UTF-8": true,
+		"application/json;charset=utf-8": true, "application/json; charset=latin1": false,
+		"text/plain": false, "application/jsonx": false, "application/x-www-form-urlencoded": false, "": false,
+	} {
+		if got := IsJSON(ct); got != want {
+			t.Errorf("IsJSON(%q) = %v, want %v", ct, got, want)
+		}
+	}
+}
+
+func TestDecodeJSON(t *testing.T) {
+	for _, tt := range []struct {
+		ct, body string
+		code     int
+		want     string
+	}{
+		{"application/json", `{"a":1}`, 0, ""},
+		{"", `{"a":1}`, 0, ""},
+		{"APPLICATION/JSON", `{"a":1}`, 0, ""},
+		{"text/plain", `{"a":1}`, 415, "Content-Type"},
+		{"application/json", ``, 400, "empty body"},
+		{"application/json", `{"b":1}`, 400, "unknown field"},
+		{"application/json", `{"a":1} {}`, 400, "more than one JSON value"},
+		{"application/json", `{"a":"` + strings.Repeat("x", 100) + `"}`, 413, "larger than"},
+		{"application/json", `{"a":`, 400, "malformed"},
+	} {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest("POST", "/", strings.NewReader(tt.body))
+		if tt.ct != "" {
+			r.Header.Set("Content-Type", tt.ct)
+		}
+		var v struct {
+			A any `json:"a"`
+		}
+		ok := DecodeJSON(w, r, &v, 64)
+		if tt.code == 0 {
+			if !ok {
+				t.Errorf("%q %q: refused: %s", tt.ct, tt.body, w.Body)
+			}
+			continue
+		}
+		var e Error
+		_ = json.Unmarshal(w.Body.Bytes(), &e)
+		if ok || w.Code != tt.code || e.Code != CodeInvalidArgument || !strings.Contains(e.Message, tt.want) {
+			t.Errorf("%q %.20q: %d %s, want %d %q", tt.ct, tt.body, w.Code, w.Body, tt.code, tt.want)
+		}
+	}
+}
+
+func TestMuxAnswersJSON(t *testing.T) {
+	m := NewMux()
+	m.NotFound = "see the docs"
+	m.HandleFunc("GET /a/{id}", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, r.PathValue("id")) })
+	m.HandleFunc("DELETE /a/{id}", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) })
+	srv := httptest.NewServer(m)
+	defer srv.Close()
+	for _, tt := range []struct {
+		method, path string
+		code         int
+		allow, code2 string
+	}{
+		{"GET", "/a/1", 200, "", ""},
+		{"PUT", "/a/1", 405, "GET, HEAD, DELETE", CodeMethodNotAllowed},
+		{"GET", "/b", 404, "", CodeNotFound},
+		{"GET", "/a", 404, "", CodeNotFound},
+	} {
+		req, _ := http.NewRequest(tt.method, srv.URL+tt.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.code || resp.Header.Get("Allow") != tt.allow {
+			t.Errorf("%s %s: %d Allow %q, want %d %q", tt.method, tt.path, resp.StatusCode, resp.Header.Get("Allow"), tt.code, tt.allow)
+		}
+		if tt.code2 != "" {
+			var e Error
+			if err := json.Unmarshal(b, &e); err != nil || e.Code != tt.code2 || resp.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("%s %s: body %s", tt.method, tt.path, b)
+			}
+		}
+	}
+	if got := m.Patterns(); len(got) != 2 || got[0] != "GET /a/{id}" {
+		t.Errorf("Patterns = %v", got)
+	}
+	if !m.Serves("GET", "/a/{id}") || m.Serves("POST", "/a/{id}") || m.Serves("GET", "/b") {
+		t.Error("Serves is wrong")
+	}
+}
+
+// TestMuxQueries: with Queries, a route's query is checked against its
+// rule before the handler runs, whatever the handler does.
+func TestMuxQueries(t *testing.T) {
+	m := NewMux()
+	ran := 0
+	m.HandleFunc("GET /a", func(http.ResponseWriter, *http.Request) { ran++ })
+	m.HandleFunc("GET /free/", func(http.ResponseWriter, *http.Request) { ran++ })
+	m.Queries = func(pattern string) (QueryRule, bool) {
+		if pattern == "GET /a" {
+			return QueryRule{Params: []string{"x", "tag"}, Repeatable: []string{"tag"}}, true
+		}
+		return QueryRule{}, false
+	}
+	for q, want := range map[string]int{
+		"": 200, "x=1": 200, "tag=a&tag=b": 200, "x=1&x=2": 400, "y=1": 400, "%zz": 400,
+	} {
+		w := httptest.NewRecorder()
+		m.ServeHTTP(w, httptest.NewRequest("GET", "/a?"+q, nil))
+		if w.Code != want {
+			t.Errorf("GET /a?%s: %d, want %d: %s", q, w.Code, want, w.Body)
+		}
+	}
+	w := httptest.NewRecorder()
+	m.ServeHTTP(w, httptest.NewRequest("GET", "/free/x?anything=1", nil))
+	if w.Code != 200 {
+		t.Errorf("a route without a rule: %d", w.Code)
+	}
+	if ran != 4 {
+		t.Errorf("handlers ran %d times, want 4 (only for accepted queries)", ran)
+	}
+}

@@ -1,0 +1,155 @@
+package kube_test
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry/kube"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"sigs.k8s.io/yaml"
+)
+
+var update = flag.Bool("update", false, "rewrite deploy/kubernetes/crd.yaml from kube.CRD()")
+
+const crdPath = "../../deploy/kubernetes/crd.yaml"
+
+const crdHeader = `# The InstanceSet custom resource definition of Beacon's Kubernetes-native
+# registry (registry/kube). Generated from kube.CRD() by
+#   go test ./registry/kube -run TestCRDYAML -update
+# and checked against it by that test: do not edit by hand.
+#
+#   kubectl apply -f deploy/kubernetes/crd.yaml
+`
+
+// crdYAML renders kube.CRD() as deploy/kubernetes/crd.yaml holds it.
+func crdYAML(t *testing.T) []byte {
+	t.Helper()
+	b, err := yaml.Marshal(kube.CRD())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	delete(m, "status")
+	delete(m["metadata"].(map[string]any), "creationTimestamp")
+	out, err := yaml.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]byte(crdHeader), out...)
+}
+
+// TestCRDYAML checks that the shipped CRD is kube.CRD(), so that the YAML
+// users apply and the definition the tests install cannot drift.
+func TestCRDYAML(t *testing.T) {
+	want := crdYAML(t)
+	if *update {
+		if err := os.WriteFile(crdPath, want, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(crdPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s differs from kube.CRD(); regenerate it with: go test ./registry/kube -run TestCRDYAML -update", crdPath)
+	}
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := yaml.UnmarshalStrict(got[len(crdHeader):], &crd); err != nil {
+		t.Fatalf("%s: %v", crdPath, err)
+	}
+	if crd.Name != kube.CRDName {
+		t.Fatalf("CRD name %q", crd.Name)
+	}
+}
+
+// TestCRDMatchesGoTypes checks the schema against the Go types both ways:
+// every JSON field of InstanceSetSpec and beacon.Instance has a property of
+// the matching type, and every property is a field.
+func TestCRDMatchesGoTypes(t *testing.T) {
+	schema := kube.CRD().Spec.Versions[0].Schema.OpenAPIV3Schema
+	spec := schema.Properties["spec"]
+	compare(t, "spec", reflect.TypeFor[kube.InstanceSetSpec](), spec)
+	if !slices.Contains(schema.Required, "spec") {
+		t.Error("spec is not required")
+	}
+}
+
+func compare(t *testing.T, path string, typ reflect.Type, p apiextensionsv1.JSONSchemaProps) {
+	t.Helper()
+	switch typ.Kind() {
+	case reflect.Struct:
+		if typ == reflect.TypeFor[time.Time]() {
+			if p.Type != "string" || p.Format != "date-time" {
+				t.Errorf("%s: a time is a date-time string, schema says %s/%s", path, p.Type, p.Format)
+			}
+			return
+		}
+		if p.Type != "object" {
+			t.Errorf("%s: Go struct, schema type %q", path, p.Type)
+			return
+		}
+		fields := map[string]reflect.Type{}
+		for f := range typ.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" || name == "-" {
+				continue
+			}
+			fields[name] = f.Type
+		}
+		for name, ft := range fields {
+			sp, ok := p.Properties[name]
+			if !ok {
+				t.Errorf("%s.%s: Go field without a schema property", path, name)
+				continue
+			}
+			compare(t, path+"."+name, ft, sp)
+		}
+		for name := range p.Properties {
+			if _, ok := fields[name]; !ok {
+				t.Errorf("%s.%s: schema property without a Go field", path, name)
+			}
+		}
+		for _, r := range p.Required {
+			if _, ok := fields[r]; !ok {
+				t.Errorf("%s: required %q is no Go field", path, r)
+			}
+		}
+	case reflect.Slice:
+		if p.Type != "array" || p.Items == nil || p.Items.Schema == nil {
+			t.Errorf("%s: Go slice, schema type %q", path, p.Type)
+			return
+		}
+		compare(t, path+"[]", typ.Elem(), *p.Items.Schema)
+	case reflect.Map:
+		if p.Type != "object" || p.AdditionalProperties == nil || p.AdditionalProperties.Schema == nil {
+			t.Errorf("%s: Go map, schema %q without additionalProperties", path, p.Type)
+			return
+		}
+		compare(t, path+"{}", typ.Elem(), *p.AdditionalProperties.Schema)
+	case reflect.String:
+		if p.Type != "string" {
+			t.Errorf("%s: Go string, schema type %q", path, p.Type)
+		}
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		if p.Type != "integer" {
+			t.Errorf("%s: Go integer, schema type %q", path, p.Type)
+		}
+	default:
+		t.Errorf("%s: Go %v not handled by the check", path, typ)
+	}
+}
+
+var _ = filepath.Join
+var _ beacon.Instance

@@ -1,0 +1,64 @@
+// Package kube is Beacon's Kubernetes-native registry: a registry.Registry
+// over the Kubernetes API, for clusters where running an etcd just so that
+// workers find each other is one system too many.
+//
+// # How it works
+//
+// Each registering process writes one InstanceSet custom resource
+// (discovery.beaconplane.io/v1alpha1, CRD()) in its pod's namespace, named
+// after its pod (pod.container in container mode), holding every instance
+// it registers in the value format of every other backend. The resource's
+// ownerReference names the pod (with its UID), so that Kubernetes' garbage
+// collector deletes it with the pod. Writes are server-side applies of the
+// whole resource with one field manager ("beacon"), coalesced when
+// registrations are concurrent.
+//
+// An instance is live while its InstanceSet exists and its pod is Ready in
+// an EndpointSlice labelled DiscoveryLabel=true (matched by
+// targetRef.uid, so a new pod never inherits an old pod's readiness). Put
+// the label on the Service that selects the registering pods; the
+// EndpointSlice controller copies it to the slices. A pod that is not Ready
+// (starting, failing its readiness probe, terminating) is removed for
+// watchers, and added back once Ready: the readiness probe gates discovery.
+// Draining is the instance's status in the resource, as on every backend.
+//
+// There is no lease. What replaces each of its guarantees:
+//
+//   - A crashed process: its pod fails its probes (not Ready: removed) or is
+//     deleted (the EndpointSlice drops it: removed; the garbage collector
+//     then deletes the InstanceSet).
+//   - A clean shutdown: Close deletes the InstanceSet; Registration.Close
+//     removes one instance.
+//   - An instance removed behind the process's back (kubectl delete): the
+//     process follows its own InstanceSet and writes it again (state lost,
+//     then recovered).
+//   - A registration that cannot be written is retried with backoff until
+//     it is; the call that made the change gets the error and its change is
+//     undone.
+//
+// # Reading
+//
+// List reads both resources from the API server. Watch shares one view per
+// registry: for each watched namespace, a reflector (the list-then-watch
+// machinery of client-go's informers) follows InstanceSets and one follows
+// the discovery EndpointSlices. A re-list (410 Gone, API server restart)
+// replaces a namespace's state atomically, so watchers get exactly the
+// difference, never a phantom removal; while the API server cannot be
+// reached, watchers get a Stale batch, then a Resync. Watches cannot resume
+// from a revision: FromRevision always gives a snapshot.
+//
+// An InstanceSet edited by hand into something that is not valid (the CRD's
+// schema refuses most of it; what it cannot express, Beacon checks) is
+// skipped: readers keep the last valid content of that object, count it
+// (beacon_kube_invalid_resources_total) and log it.
+//
+// # Using it
+//
+// Programs open it by name with store/backend.OpenRegistry
+// (BEACON_DISCOVERY_BACKEND=kubernetes) after importing this package, or
+// with Open. Registering needs the pod's identity from the Downward API
+// (POD_NAME, POD_NAMESPACE, POD_UID); readers need none. The manifests
+// (CRD, least-privilege RBAC, example Deployments) are in deploy/kubernetes;
+// docs/kubernetes.md describes installation, variables, differences from
+// etcd and troubleshooting.
+package kube

@@ -1,0 +1,125 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+)
+
+// Sentinel errors. Errors from the API server are wrapped with one of them
+// and a sentence saying what to do.
+var (
+	// ErrInvalidConfig reports a Config that does not validate.
+	ErrInvalidConfig = errors.New("kube: invalid config")
+	// ErrNoPodIdentity reports a Register without the pod identity
+	// (POD_NAME, POD_NAMESPACE, POD_UID).
+	ErrNoPodIdentity = errors.New("kube: no pod identity")
+	// ErrPodMismatch reports a pod identity that names no pod, or a pod
+	// with another UID (the garbage collector would delete the
+	// InstanceSet at once).
+	ErrPodMismatch = errors.New("kube: pod identity does not match the cluster")
+	// ErrCRDNotInstalled reports a cluster without the InstanceSet
+	// CustomResourceDefinition.
+	ErrCRDNotInstalled = errors.New("kube: the InstanceSet custom resource definition (" + CRDName + ") is not installed; " +
+		"install it with: kubectl apply -f deploy/kubernetes/crd.yaml")
+	// ErrForbidden reports an RBAC denial; the message names the verb and
+	// the resource.
+	ErrForbidden = errors.New("kube: forbidden by RBAC")
+	// ErrUnauthorized reports credentials the API server does not accept.
+	ErrUnauthorized = errors.New("kube: the API server does not accept the credentials")
+	// ErrUnreachable reports an API server that did not answer in time.
+	ErrUnreachable = errors.New("kube: the Kubernetes API server is unreachable")
+	// ErrTakenOver reports that another live process writes this process's
+	// InstanceSet (two processes in one pod without CONTAINER_NAME).
+	ErrTakenOver = errors.New("kube: another process took over this process's InstanceSet")
+	// ErrTooLarge reports a registration that would make the InstanceSet
+	// larger than MaxObjectSize or MaxInstances.
+	ErrTooLarge = errors.New("kube: InstanceSet too large")
+)
+
+// op describes one API request for error messages: the RBAC verb, the
+// resource (as RBAC names it), and the namespace ("" for every namespace).
+type op struct {
+	verb      string
+	resource  string
+	namespace string
+}
+
+func (o op) where() string {
+	if o.verb == "discover" {
+		return "(API discovery)"
+	}
+	if o.namespace == "" {
+		return "in every namespace (cluster-wide)"
+	}
+	return fmt.Sprintf("in namespace %q", o.namespace)
+}
+
+// explain turns an error of one API request into an error that says what
+// went wrong and what to do.
+func (r *Registry) explain(o op, err error) error {
+	if err == nil {
+		return nil
+	}
+	host := r.host
+	var st apierrors.APIStatus
+	switch {
+	case apierrors.IsForbidden(err):
+		if m := deniedRE.FindStringSubmatch(apiMessage(err)); m != nil {
+			// The verb the API server checked (creating an object through
+			// server-side apply is a create, not a patch).
+			o.verb = m[1]
+		}
+		return fmt.Errorf("%w: may not %s %s %s (%s): grant it with a Role like deploy/kubernetes/rbac.yaml",
+			ErrForbidden, o.verb, o.resource, o.where(), apiMessage(err))
+	case apierrors.IsUnauthorized(err):
+		return fmt.Errorf("%w at %s (%s): check the kubeconfig or service account token", ErrUnauthorized, host, apiMessage(err))
+	case apierrors.IsNotFound(err) && o.resource == instanceSetsResource && notFoundResource(err):
+		return fmt.Errorf("%w (%s %s %s: %s)", ErrCRDNotInstalled, o.verb, o.resource, o.where(), apiMessage(err))
+	case errors.As(err, &st):
+		return fmt.Errorf("kube: %s %s %s: %w", o.verb, o.resource, o.where(), err)
+	case isUnreachable(err):
+		return fmt.Errorf("%w at %s (%s %s %s): %w; check that the cluster is up and the kubeconfig (%s) or in-cluster "+
+			"configuration points at it", ErrUnreachable, host, o.verb, o.resource, o.where(), err, EnvKubeconfig)
+	}
+	return fmt.Errorf("kube: %s %s %s: %w", o.verb, o.resource, o.where(), err)
+}
+
+// deniedRE finds the verb in an RBAC denial: `... cannot create resource "instancesets" in API group ...`.
+var deniedRE = regexp.MustCompile(`cannot (\w+) resource "`)
+
+// apiMessage returns the API server's message of an API error.
+func apiMessage(err error) string {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		if m := st.Status().Message; m != "" {
+			return m
+		}
+	}
+	return err.Error()
+}
+
+// notFoundResource reports whether a 404 is about the resource type (the
+// CRD is missing) rather than one object.
+func notFoundResource(err error) bool {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return false
+	}
+	d := st.Status().Details
+	return d == nil || d.Name == "" || strings.Contains(st.Status().Message, "could not find the requested resource")
+}
+
+// isUnreachable reports a transport failure or a timeout.
+func isUnreachable(err error) bool {
+	var ne net.Error
+	var ue *url.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) || errors.As(err, &ue) ||
+		apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err)
+}

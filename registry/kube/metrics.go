@@ -1,0 +1,120 @@
+package kube
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric names, documented in docs/kubernetes.md.
+const (
+	metricInvalid       = "beacon_kube_invalid_resources_total"
+	metricWrites        = "beacon_kube_writes_total"
+	metricWriteSeconds  = "beacon_kube_write_duration_seconds"
+	metricRelists       = "beacon_kube_relists_total"
+	metricWatchers      = "beacon_kube_watchers"
+	metricRegistrations = "beacon_kube_registrations"
+)
+
+// metrics are the registry's collectors; every method is a no-op on nil.
+type metrics struct {
+	invalid      prometheus.Counter
+	writes       *prometheus.CounterVec
+	writeSeconds prometheus.Histogram
+	relists      prometheus.Counter
+	watching     prometheus.Gauge
+	registered   prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		invalid: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricInvalid,
+			Help: "InstanceSet versions skipped because they are not valid (their last valid content is kept).",
+		}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricWrites,
+			Help: "Server-side applies of this process's InstanceSet, by result (ok, error).",
+		}, []string{"result"}),
+		writeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    metricWriteSeconds,
+			Help:    "Duration of the server-side applies of this process's InstanceSet.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		relists: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricRelists,
+			Help: "Re-lists of a watched resource after the first listing (410 Gone, a lost connection).",
+		}),
+		watching: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: metricWatchers,
+			Help: "Open watchers of Kubernetes registries.",
+		}),
+		registered: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: metricRegistrations,
+			Help: "Instances registered through Kubernetes registries.",
+		}),
+	}
+	var err error
+	m.invalid = register(reg, m.invalid, &err)
+	m.writes = register(reg, m.writes, &err)
+	m.writeSeconds = register(reg, m.writeSeconds, &err)
+	m.relists = register(reg, m.relists, &err)
+	m.watching = register(reg, m.watching, &err)
+	m.registered = register(reg, m.registered, &err)
+	return m, err
+}
+
+// register registers c, or returns the collector already registered under
+// its name (registries sharing a Registerer share collectors).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		*errp = errors.Join(*errp, err)
+	}
+	return c
+}
+
+func (m *metrics) invalidResource() {
+	if m != nil {
+		m.invalid.Inc()
+	}
+}
+
+func (m *metrics) write(err error, d time.Duration) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.writes.WithLabelValues(result).Inc()
+	m.writeSeconds.Observe(d.Seconds())
+}
+
+func (m *metrics) relist() {
+	if m != nil {
+		m.relists.Inc()
+	}
+}
+
+func (m *metrics) watchers(n int) {
+	if m != nil {
+		m.watching.Add(float64(n))
+	}
+}
+
+func (m *metrics) registrations(n int) {
+	if m != nil {
+		m.registered.Add(float64(n))
+	}
+}

@@ -1,0 +1,169 @@
+package kube_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/registry/kube"
+	"github.com/beaconplane/beacon/registry/registrytest"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// shipped decodes the object of kind in a deploy/kubernetes file into out.
+func shipped(t *testing.T, file, kind string, out any) {
+	t.Helper()
+	b, err := os.ReadFile("../../deploy/kubernetes/" + file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		var meta struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatal(err)
+		}
+		if meta.Kind == kind {
+			if err := yaml.UnmarshalStrict([]byte(doc), out); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no %s in %s", kind, file)
+}
+
+// shippedRole returns the Role of deploy/kubernetes/rbac.yaml.
+func shippedRole(t *testing.T) *rbacv1.Role {
+	var role rbacv1.Role
+	shipped(t, "rbac.yaml", "Role", &role)
+	return &role
+}
+
+// A reader of every namespace with only the shipped ClusterRole
+// (rbac-cluster.yaml) lists and watches across namespaces; with only the
+// namespaced Role it is refused, naming the cluster-wide verbs.
+func TestRBACAllNamespaces(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	in := register(t, cp.Registry(t, ns, cp.ReadyPod(t, ns, "w"), nil), inst("10.13.0.1:80")).Instance()
+	var cr rbacv1.ClusterRole
+	shipped(t, "rbac-cluster.yaml", "ClusterRole", &cr)
+	rc := cp.ServiceAccount(t, ns, "all-reader", nil)
+	cp.BindCluster(t, ns, "all-reader", &cr)
+	all := func(c *kube.Config) { c.REST, c.Namespaces = rc, []string{kube.AllNamespaces} }
+	r := cp.Registry(t, ns, nil, all)
+	got, _, err := r.List(kubetest.Ctx(t), beacon.Query{Namespace: "demo", Component: "api"})
+	if err != nil || !slicesHas(got, in) {
+		t.Fatalf("List in every namespace with the ClusterRole: %v, %v", got, err)
+	}
+	f := follow(t, r, beacon.Query{Namespace: "demo"})
+	f.until("the instance", func(v *registrytest.View) bool { return has(v, in) })
+
+	nsOnly := cp.ServiceAccount(t, ns, "ns-reader", shippedRole(t).Rules)
+	_, _, err = cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = nsOnly, []string{kube.AllNamespaces} }).
+		List(kubetest.Ctx(t), beacon.Query{})
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "cluster-wide") {
+		t.Fatalf("List in every namespace with only the Role: %v", err)
+	}
+}
+
+// firstDenial runs every operation (Register with a caller-chosen ID, List,
+// Watch until its first batch, Close) and returns the first error matching
+// kube.ErrForbidden that names want ("verb resource"), or nil.
+func firstDenial(t *testing.T, r *kube.Registry, want string) error {
+	t.Helper()
+	ctx := kubetest.Ctx(t)
+	var errs []error
+	in := inst("10.6.1.1:80")
+	in.ID = "00000000000000f1"
+	_, err := r.Register(ctx, in)
+	errs = append(errs, err)
+	_, _, err = r.List(ctx, beacon.Query{})
+	errs = append(errs, err)
+	w, err := r.Watch(ctx, beacon.Query{})
+	errs = append(errs, err)
+	if err == nil {
+		b, err := w.Next(ctx)
+		errs = append(errs, err, b.Err)
+		_ = w.Close()
+	}
+	errs = append(errs, r.Close())
+	for _, err := range errs {
+		if errors.Is(err, kube.ErrForbidden) && strings.Contains(err.Error(), want) {
+			return err
+		}
+	}
+	t.Logf("errors: %v", errs)
+	return nil
+}
+
+// A worker and a reader whose ServiceAccounts have exactly the shipped
+// Role register, list and watch; with any one verb of it removed, the
+// operation that needs it fails with an error naming the verb and the
+// resource (so the Role holds no verb that is not used).
+func TestRBAC(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	role := shippedRole(t)
+	pod := cp.ReadyPod(t, ns, "worker")
+
+	worker := cp.ServiceAccount(t, ns, "worker", role.Rules)
+	reader := cp.ServiceAccount(t, ns, "reader", role.Rules)
+	w := cp.Registry(t, ns, pod, func(c *kube.Config) { c.REST = worker })
+	r := cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST = reader })
+	f := follow(t, r, beacon.Query{Namespace: "demo"})
+	reg := register(t, w, inst("10.6.0.1:80"))
+	f.until("the worker's instance", func(v *registrytest.View) bool { return has(v, reg.Instance()) })
+	if vis, err := w.Visibility(kubetest.Ctx(t)); err != nil || !vis.Visible {
+		t.Fatalf("Visibility with the shipped Role: %+v, %v", vis, err)
+	}
+	explicit := inst("10.6.0.2:80")
+	explicit.ID = "00000000000000e1"
+	register(t, w, explicit) // a caller-chosen ID is checked with list
+	if err := w.Close(); err != nil {
+		t.Fatalf("Close (deletes the InstanceSet) with the shipped Role: %v", err)
+	}
+	f.until("the removal", func(v *registrytest.View) bool { return v.Len() == 0 })
+
+	for i, rule := range role.Rules {
+		for _, verb := range rule.Verbs {
+			resource := rule.Resources[0]
+			t.Run(verb+"_"+resource, func(t *testing.T) {
+				rules := make([]rbacv1.PolicyRule, len(role.Rules))
+				for j, r := range role.Rules {
+					rules[j] = *r.DeepCopy()
+				}
+				rules[i].Verbs = slices.DeleteFunc(rules[i].Verbs, func(v string) bool { return v == verb })
+				if len(rules[i].Verbs) == 0 {
+					rules = slices.Delete(rules, i, i+1)
+				}
+				sa := fmt.Sprintf("no-%s-%s", verb, strings.ReplaceAll(resource, ".", "-"))
+				rc := cp.ServiceAccount(t, ns, sa, rules)
+				pod := cp.ReadyPod(t, ns, sa)
+				// With the access pre-check (what users get): the error
+				// names the missing permission before anything is tried.
+				checked := cp.Registry(t, ns, pod, func(c *kube.Config) { c.REST = rc })
+				want := verb + " " + resource
+				if err := firstDenial(t, checked, want); err == nil {
+					t.Fatalf("without %s: no operation failed with an error naming it", want)
+				} else {
+					t.Logf("checked: %v", err)
+				}
+				// Without it, the requests themselves fail: the verb is used.
+				raw := cp.Registry(t, ns, pod, func(c *kube.Config) { c.REST = rc })
+				kube.DisableAccessCheck(raw)
+				if err := firstDenial(t, raw, want); err == nil {
+					t.Fatalf("without %s and without the pre-check, every operation succeeded: the verb is not used", want)
+				} else {
+					t.Logf("unchecked: %v", err)
+				}
+			})
+		}
+	}
+}

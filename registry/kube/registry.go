@@ -1,0 +1,419 @@
+package kube
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"golang.org/x/sync/errgroup"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+func init() {
+	registry.RegisterDriver(BackendName, func(ctx context.Context, dc registry.DriverConfig) (registry.Registry, error) {
+		if dc.Registry.Root != "" {
+			return nil, fmt.Errorf("%w: a key root (%q) does not apply to the %s backend, which stores no keys",
+				ErrInvalidConfig, dc.Registry.Root, BackendName)
+		}
+		cfg := ConfigFromEnv(dc.Env())
+		cfg.MaxMetadataSize = dc.Registry.MaxMetadataSize
+		cfg.DrainGrace = dc.Registry.DrainGrace
+		cfg.Logger, cfg.Metrics = dc.Registry.Logger, dc.Registry.Metrics
+		return Open(ctx, cfg)
+	})
+}
+
+// BackendName is the name this registry is opened by
+// (BEACON_DISCOVERY_BACKEND=kubernetes).
+const BackendName = "kubernetes"
+
+// RBAC names of the resources the registry uses (error messages, access
+// checks).
+const (
+	instanceSetsResource   = Resource + "." + Group
+	endpointSlicesResource = "endpointslices.discovery.k8s.io"
+	podsResource           = "pods"
+)
+
+// Registry is the Kubernetes-native registry.Registry: instances are kept in
+// InstanceSet custom resources (one per registering process, owned by its
+// pod) and are live while their pod is Ready in an EndpointSlice labelled
+// DiscoveryLabel. Create it with Open; Close it to delete its InstanceSet.
+// It is safe for concurrent use; use one per process.
+type Registry struct {
+	cfg        Config
+	log        *slog.Logger
+	m          *metrics
+	host       string
+	namespaces []string // watched; [""] for every namespace
+
+	dyn  dynamic.Interface
+	http *http.Client // the dynamic client's: TLS, credentials
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+
+	valid *validCache
+
+	noAccessCheck bool // tests: see the requests' own errors
+
+	readMu sync.Mutex
+	readOK bool
+
+	viewMu sync.Mutex
+	view   *view
+
+	writerMu sync.Mutex
+	writer   *writer
+
+	stateMu sync.Mutex
+	state   registry.State
+	states  chan registry.StateChange
+}
+
+var (
+	_ registry.Registry   = (*Registry)(nil)
+	_ registry.Registrar  = (*Registry)(nil)
+	_ registry.Discoverer = (*Registry)(nil)
+	_ registry.Getter     = (*Registry)(nil)
+)
+
+// Open connects to the API server and checks, within cfg.Timeout, that it
+// answers and serves the InstanceSet resource: an unreachable server, bad
+// credentials or a missing CRD give an error saying so. Access rights are
+// checked when first needed: reader rights by the first List or Watch,
+// writer rights and the pod identity by the first Register.
+func Open(ctx context.Context, cfg Config) (*Registry, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.MaxMetadataSize == 0 {
+		cfg.MaxMetadataSize = beacon.DefaultMaxMetadataSize
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	rc, kubeNS, err := restConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("%w: metrics: %w", ErrInvalidConfig, err)
+	}
+	r := &Registry{
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "registry", "backend", BackendName),
+		m:      m,
+		host:   rc.Host,
+		valid:  newValidCache(),
+		states: make(chan registry.StateChange, statesBuffer),
+	}
+	switch {
+	case len(cfg.Namespaces) == 1 && cfg.Namespaces[0] == AllNamespaces:
+		r.namespaces = []string{""}
+	case len(cfg.Namespaces) > 0:
+		r.namespaces = slices.Compact(slices.Sorted(slices.Values(cfg.Namespaces)))
+	case cfg.Pod.Namespace != "":
+		r.namespaces = []string{cfg.Pod.Namespace}
+	default:
+		r.namespaces = []string{kubeNS}
+	}
+	if r.http, err = rest.HTTPClientFor(rc); err == nil {
+		r.dyn, err = dynamic.NewForConfigAndClient(rc, r.http)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: client for %s: %w", ErrInvalidConfig, rc.Host, err)
+	}
+	if err := r.probe(ctx); err != nil {
+		return nil, err
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	return r, nil
+}
+
+// restConfig loads the client configuration and the default namespace.
+func restConfig(cfg Config) (*rest.Config, string, error) {
+	if cfg.REST != nil {
+		rc := rest.CopyConfig(cfg.REST)
+		tune(rc)
+		return rc, "default", nil
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if cfg.Kubeconfig != "" {
+		rules.ExplicitPath = cfg.Kubeconfig
+	}
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
+	rc, err := cc.ClientConfig()
+	if err != nil {
+		where := "the default kubeconfig (" + EnvKubeconfig + ", ~/.kube/config) or the in-cluster service account"
+		if cfg.Kubeconfig != "" {
+			where = "kubeconfig " + cfg.Kubeconfig
+		}
+		return nil, "", fmt.Errorf("%w: no Kubernetes client configuration from %s: %w", ErrInvalidConfig, where, err)
+	}
+	ns, _, err := cc.Namespace()
+	if err != nil || ns == "" {
+		ns = "default"
+	}
+	tune(rc)
+	return rc, ns, nil
+}
+
+// tune sets Beacon's client defaults: a user agent, and rate limits that
+// do not throttle a burst of registrations or a re-list.
+func tune(rc *rest.Config) {
+	if rc.UserAgent == "" {
+		rc.UserAgent = "beacon (" + rest.DefaultKubernetesUserAgent() + ")"
+	}
+	if rc.QPS == 0 {
+		rc.QPS = 50
+	}
+	if rc.Burst == 0 {
+		rc.Burst = 100
+	}
+}
+
+// probe checks that the API server answers and serves InstanceSets.
+func (r *Registry) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	res, err := r.discoveryResources(ctx)
+	if err != nil {
+		return err
+	}
+	for _, a := range res.APIResources {
+		if a.Name == Resource {
+			return nil
+		}
+	}
+	return ErrCRDNotInstalled
+}
+
+func (r *Registry) discoveryResources(ctx context.Context) (*metav1.APIResourceList, error) {
+	var res metav1.APIResourceList
+	err := r.rawGet(ctx, "/apis/"+Group+"/"+Version, &res)
+	switch {
+	case err == nil:
+		return &res, nil
+	case apierrors.IsNotFound(err):
+		return nil, ErrCRDNotInstalled
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("%w at %s: no answer within %v: %w; check that the cluster is up and the kubeconfig (%s) "+
+			"or in-cluster configuration points at it", ErrUnreachable, r.host, r.cfg.Timeout, context.Cause(ctx), EnvKubeconfig)
+	}
+	return nil, r.explain(op{verb: "discover", resource: instanceSetsResource}, err)
+}
+
+// Ping checks that the API server answers and still serves InstanceSets
+// (beacon serve's /readyz).
+func (r *Registry) Ping(ctx context.Context) error {
+	if r.closed.Load() {
+		return registry.ErrClosed
+	}
+	return r.probe(ctx)
+}
+
+// Namespaces returns the Kubernetes namespaces List and Watch see ("" means
+// every namespace).
+func (r *Registry) Namespaces() []string { return slices.Clone(r.namespaces) }
+
+// Host returns the API server's URL.
+func (r *Registry) Host() string { return r.host }
+
+// Close ends every watch and deletes this process's InstanceSet (if it
+// registered anything), so that watchers see its instances go at once,
+// within Config.Timeout. It is idempotent.
+func (r *Registry) Close() error {
+	r.closeOnce.Do(func() {
+		r.closed.Store(true)
+		r.writerMu.Lock()
+		w := r.writer
+		r.writerMu.Unlock()
+		if w != nil {
+			r.closeErr = w.close()
+		}
+		r.viewMu.Lock()
+		v := r.view
+		r.viewMu.Unlock()
+		if v != nil {
+			v.fail(registry.ErrClosed)
+		}
+		r.cancel()
+		r.wg.Wait()
+		r.transition(registry.StateClosed, nil, 0)
+	})
+	return r.closeErr
+}
+
+// ObjectName returns the name of the InstanceSet this process writes (the
+// pod's name, or pod.container), or "" without a pod identity.
+func (r *Registry) ObjectName() string {
+	if r.cfg.Pod.Name == "" {
+		return ""
+	}
+	return r.cfg.Pod.resourceName()
+}
+
+// List implements registry.Discoverer: the live instances q selects in the
+// watched namespaces, read from the API server (not a cache), with the
+// largest resourceVersion of the two listings as the revision.
+func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance, int64, error) {
+	if err := q.Validate(); err != nil {
+		return nil, 0, err
+	}
+	if r.closed.Load() {
+		return nil, 0, registry.ErrClosed
+	}
+	if err := r.checkReader(ctx); err != nil {
+		return nil, 0, err
+	}
+	var (
+		mu      sync.Mutex
+		sets    []*setInfo
+		ready   = map[string]bool{}
+		maxRV   int64
+		g, gctx = errgroup.WithContext(ctx)
+	)
+	for _, ns := range r.namespaces {
+		g.Go(func() error {
+			list, err := r.dyn.Resource(GVR).Namespace(ns).List(gctx, metav1.ListOptions{})
+			if err != nil {
+				return r.explain(op{"list", instanceSetsResource, ns}, err)
+			}
+			var parsed []*setInfo
+			present := make(map[string]bool, len(list.Items))
+			for i := range list.Items {
+				present[string(list.Items[i].GetUID())] = true
+				if s := r.parseSet(&list.Items[i]); s != nil {
+					parsed = append(parsed, s)
+				}
+			}
+			if list.GetContinue() == "" {
+				r.valid.retain(ns, present)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			sets = append(sets, parsed...)
+			maxRV = max(maxRV, parseRV(list.GetResourceVersion()))
+			return nil
+		})
+		g.Go(func() error {
+			list, rv, err := r.listSlices(gctx, ns, discoverySelector)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, s := range list {
+				for uid := range readyPods(s) {
+					ready[uid] = true
+				}
+			}
+			maxRV = max(maxRV, parseRV(rv))
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, 0, err
+	}
+	live := liveInstances(sets, func(uid string) bool { return ready[uid] })
+	out := make([]beacon.Instance, 0, len(live))
+	for _, c := range live {
+		if q.Matches(c.inst.Ref()) {
+			out = append(out, c.inst.Clone())
+		}
+	}
+	slices.SortFunc(out, func(a, b beacon.Instance) int { return cmp.Compare(refKey(a.Ref()), refKey(b.Ref())) })
+	return out, max(maxRV, 1), nil
+}
+
+// Get implements registry.Getter.
+func (r *Registry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
+	if err := ref.Validate(); err != nil {
+		return beacon.Instance{}, err
+	}
+	ins, _, err := r.List(ctx, beacon.Query{Namespace: ref.Namespace, Component: ref.Component, Endpoint: ref.Endpoint})
+	if err != nil {
+		return beacon.Instance{}, err
+	}
+	for _, in := range ins {
+		if in.ID == ref.ID {
+			return in, nil
+		}
+	}
+	return beacon.Instance{}, fmt.Errorf("%w: %s", beacon.ErrNotFound, ref)
+}
+
+// discoverySelector selects the EndpointSlices of discovery-enabled
+// Services.
+const discoverySelector = DiscoveryLabel + "=" + DiscoveryLabelValue
+
+// readyPods returns the UIDs of the pods a slice lists as ready. A nil
+// ready condition means ready (the EndpointSlice API's rule); an endpoint
+// without a Pod targetRef is ignored.
+func readyPods(s *discoveryv1.EndpointSlice) map[string]bool {
+	out := map[string]bool{}
+	for _, e := range s.Endpoints {
+		if e.TargetRef == nil || e.TargetRef.Kind != "Pod" || e.TargetRef.UID == "" {
+			continue
+		}
+		if e.Conditions.Ready != nil && !*e.Conditions.Ready {
+			continue
+		}
+		out[string(e.TargetRef.UID)] = true
+	}
+	return out
+}
+
+// opContext bounds one request the registry makes on its own behalf.
+func (r *Registry) opContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.ctx, r.cfg.Timeout)
+}
+
+// newHolder returns a random process incarnation ID.
+func newHolder() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	host, _ := os.Hostname()
+	if len(host) > 32 {
+		host = host[:32]
+	}
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// sleep waits for d or until ctx is done; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

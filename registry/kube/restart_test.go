@@ -1,0 +1,96 @@
+package kube_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/registry/kube"
+	"github.com/beaconplane/beacon/registry/registrytest"
+)
+
+// The API server crashes (SIGKILL) and restarts under a watch, with etcd compacted meanwhile so
+// that the watch cannot resume (410 Gone) and the reflectors re-list: the
+// watcher is told it is stale, then converges to the changes made after
+// the restart, and an instance that never went is never removed (no
+// phantom removal). Not parallel: it restarts the shared API server.
+func TestAPIServerRestart(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	pa, pb := cp.ReadyPod(t, ns, "a"), cp.ReadyPod(t, ns, "b")
+	ra, rb := cp.Registry(t, ns, pa, nil), cp.Registry(t, ns, pb, nil)
+	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo"})
+	a := register(t, ra, inst("10.7.0.1:80")).Instance()
+	b := register(t, rb, inst("10.7.0.2:80")).Instance()
+	f.until("both instances", func(v *registrytest.View) bool { return v.Len() == 2 })
+
+	start := time.Now()
+	cp.KillAPIServer(t)
+	var stale bool
+	f.until("a stale batch", func(*registrytest.View) bool {
+		stale = stale || f.batches[len(f.batches)-1].Kind == registry.Stale
+		return stale
+	})
+	t.Logf("stale after %v", time.Since(start).Round(time.Millisecond))
+	cp.CompactEtcd(t)
+	cp.StartAPIServer(t)
+	t.Logf("API server back after %v", time.Since(start).Round(time.Millisecond))
+
+	c := register(t, ra, inst("10.7.0.3:80")).Instance()
+	cp.SetReady(t, pb, false)
+	f.until("c added and b removed", func(v *registrytest.View) bool {
+		return v.Len() == 2 && has(v, a) && has(v, c)
+	})
+	if f.removed(a.Ref()) {
+		t.Fatal("a was removed at some point: a phantom removal")
+	}
+	resynced := false
+	for _, bt := range f.batches {
+		resynced = resynced || bt.Kind == registry.Resync
+	}
+	if !resynced {
+		t.Fatalf("no resync batch after the stale one: %v", kinds(f.batches))
+	}
+	_ = b
+	t.Logf("converged after %v; batches: %v", time.Since(start).Round(time.Millisecond), kinds(f.batches))
+}
+
+func kinds(bs []registry.Batch) []string {
+	var out []string
+	for _, b := range bs {
+		out = append(out, b.Kind.String())
+	}
+	return out
+}
+
+// The API server hangs (SIGSTOP: connections open, no answers): the watch
+// is reported stale within the probe's bound (probe interval + Timeout),
+// and once the server answers again it resyncs, without a removal.
+func TestAPIServerHangIsStale(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	in := register(t, cp.Registry(t, ns, cp.ReadyPod(t, ns, "w"), nil), inst("10.14.0.1:80")).Instance()
+	const timeout = 3 * time.Second
+	f := follow(t, cp.Registry(t, ns, nil, func(c *kube.Config) { c.Timeout = timeout }), beacon.Query{Namespace: "demo"})
+	f.until("the instance", func(v *registrytest.View) bool { return has(v, in) })
+
+	resume := cp.PauseAPIServer(t)
+	start := time.Now()
+	stale := false
+	f.until("a stale batch", func(*registrytest.View) bool {
+		stale = stale || f.batches[len(f.batches)-1].Kind == registry.Stale
+		return stale
+	})
+	took := time.Since(start)
+	t.Logf("stale after %v: %v", took.Round(time.Millisecond), f.batches[len(f.batches)-1].Err)
+	if bound := 5*time.Second + timeout + 5*time.Second; took > bound { // probe interval + timeout + scheduling slack
+		t.Errorf("stale after %v, more than %v", took, bound)
+	}
+	resume()
+	f.until("a resync", func(*registrytest.View) bool { return f.batches[len(f.batches)-1].Kind == registry.Resync })
+	if !has(f.v, in) || f.removed(in.Ref()) {
+		t.Fatalf("after the hang: view %v, removed %v", f.v, f.removed(in.Ref()))
+	}
+}

@@ -1,0 +1,209 @@
+package kube_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/registry/kube"
+	"github.com/beaconplane/beacon/registry/registrytest"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// An instance is visible only while its pod is Ready in a discovery
+// EndpointSlice: registered before the pod is Ready, it appears when the
+// EndpointSlice controller lists the pod as ready, goes when the pod turns
+// NotReady, and comes back when it is Ready again. Visibility says why it
+// is not visible meanwhile.
+func TestReadinessGatesVisibility(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	pod := cp.Pod(t, ns, "worker")
+	r := cp.Registry(t, ns, pod, nil)
+	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo"})
+	ctx := kubetest.Ctx(t)
+
+	reg := register(t, r, inst("10.1.0.1:80"))
+	in := reg.Instance()
+	if got, _, err := r.List(ctx, beacon.Query{Namespace: "demo"}); err != nil || len(got) != 0 {
+		t.Fatalf("List before the pod is Ready = %v, %v; want nothing", got, err)
+	}
+	vis, err := r.Visibility(ctx)
+	if err != nil || vis.Visible || !strings.Contains(vis.Reason, "in no EndpointSlice") {
+		t.Fatalf("Visibility before the pod has an IP = %+v, %v", vis, err)
+	}
+
+	pod = cp.SetReady(t, pod, true)
+	f.until("the instance once its pod is Ready", func(v *registrytest.View) bool { return has(v, in) })
+	if vis, err := r.Visibility(ctx); err != nil || !vis.Visible {
+		t.Fatalf("Visibility of a Ready pod = %+v, %v", vis, err)
+	}
+
+	cp.SetReady(t, pod, false)
+	f.until("its removal once the pod is NotReady", func(v *registrytest.View) bool { return v.Len() == 0 })
+	vis, err = r.Visibility(ctx)
+	if err != nil || vis.Visible || !strings.Contains(vis.Reason, "is not Ready") {
+		t.Fatalf("Visibility of a NotReady pod = %+v, %v", vis, err)
+	}
+	if got, _, err := r.List(ctx, beacon.Query{Namespace: "demo"}); err != nil || len(got) != 0 {
+		t.Fatalf("List of a NotReady pod = %v, %v", got, err)
+	}
+
+	cp.SetReady(t, pod, true)
+	f.until("the instance back once the pod is Ready again", func(v *registrytest.View) bool { return has(v, in) })
+
+	// An address change without a readiness dip reaches watchers as one
+	// Updated event (Dynamo #12566).
+	events := f.v.Events
+	if err := reg.Update(ctx, func(in *beacon.Instance) { in.Address = "10.1.0.1:81" }); err != nil {
+		t.Fatal(err)
+	}
+	in.Address = "10.1.0.1:81"
+	f.until("the new address", func(v *registrytest.View) bool { return has(v, in) })
+	if f.v.Events != events+1 {
+		t.Fatalf("an address change took %d events", f.v.Events-events)
+	}
+}
+
+// A pod deleted without a graceful shutdown: its instances leave watchers
+// as soon as the EndpointSlice drops it, and the garbage collector deletes
+// its InstanceSet (owned by the pod); the registry does not write it again.
+func TestPodDeletedIsGarbageCollected(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	pod := cp.ReadyPod(t, ns, "doomed")
+	keep := cp.ReadyPod(t, ns, "keeper")
+	r := cp.Registry(t, ns, pod, nil)
+	rk := cp.Registry(t, ns, keep, nil)
+	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo"})
+	gone := register(t, r, inst("10.2.0.1:80")).Instance()
+	stays := register(t, rk, inst("10.2.0.2:80")).Instance()
+	f.until("both instances", func(v *registrytest.View) bool { return v.Len() == 2 })
+
+	states := r.States()
+	cp.DeletePod(t, pod)
+	f.until("the removal of the deleted pod's instance", func(v *registrytest.View) bool {
+		return v.Len() == 1 && has(v, stays)
+	})
+	if !f.removed(gone.Ref()) {
+		t.Fatal("no Removed event")
+	}
+	cp.WaitGone(t, ns, pod.Name)
+	// The registry notices its pod is gone and stops (state lost, for good).
+	for c := range states {
+		if c.State == registry.StateLost {
+			if c.Err == nil || !strings.Contains(c.Err.Error(), "is gone") {
+				t.Fatalf("lost state with %v", c.Err)
+			}
+			break
+		}
+	}
+	if _, err := r.Register(kubetest.Ctx(t), inst("10.2.0.3:80")); err == nil || !strings.Contains(err.Error(), "is gone") {
+		t.Fatalf("Register after the pod is gone: %v", err)
+	}
+}
+
+// The pod's readiness is what counts, not the process: Drain marks the
+// instance draining in the InstanceSet, watchers see the status, then the
+// removal.
+func TestDrain(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	r := cp.Registry(t, ns, cp.ReadyPod(t, ns, "w"), nil)
+	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo"})
+	reg := register(t, r, inst("10.3.0.1:80"))
+	in := reg.Instance()
+	f.until("the instance", func(v *registrytest.View) bool { return has(v, in) })
+	ctx, cancel := context.WithCancel(kubetest.Ctx(t))
+	done := make(chan error, 1)
+	go func() { done <- reg.Drain(ctx, registry.DrainGrace(kubetest.WaitTimeout)) }()
+	in.Status = beacon.StatusDraining
+	f.until("status draining", func(v *registrytest.View) bool { return has(v, in) })
+	cancel()
+	f.until("the removal", func(v *registrytest.View) bool { return v.Len() == 0 })
+	if err := <-done; err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+}
+
+// The InstanceSet is deleted by hand (kubectl delete): the registry writes
+// it again, so that nothing acknowledged is lost; its state goes lost, then
+// recovered.
+func TestDeletedByHandIsWrittenAgain(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	pod := cp.ReadyPod(t, ns, "w")
+	r := cp.Registry(t, ns, pod, nil)
+	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo"})
+	in := register(t, r, inst("10.4.0.1:80")).Instance()
+	f.until("the instance", func(v *registrytest.View) bool { return has(v, in) })
+	states := r.States()
+	if err := cp.Dynamic.Resource(kube.GVR).Namespace(ns).Delete(kubetest.Ctx(t), r.ObjectName(), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var seen []registry.State
+	for c := range states {
+		seen = append(seen, c.State)
+		if c.State == registry.StateRecovered {
+			break
+		}
+	}
+	if !strings.Contains(stateNames(seen), "lost") {
+		t.Fatalf("states %v, want lost then recovered", seen)
+	}
+	f.until("the instance (again, if it went)", func(v *registrytest.View) bool { return has(v, in) })
+	got, _, err := r.List(kubetest.Ctx(t), beacon.Query{Namespace: "demo"})
+	if err != nil || len(got) != 1 || !got[0].Equal(in) {
+		t.Fatalf("List after the re-write = %v, %v", got, err)
+	}
+}
+
+func stateNames(ss []registry.State) string {
+	var b strings.Builder
+	for _, s := range ss {
+		b.WriteString(s.String() + " ")
+	}
+	return b.String()
+}
+
+// Two processes in one pod without CONTAINER_NAME write one InstanceSet:
+// the first one is told (state lost, Err matching ErrTakenOver) instead of
+// being silently overwritten. With CONTAINER_NAME each has its own.
+func TestTakeOverIsReported(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	pod := cp.ReadyPod(t, ns, "shared")
+	first := cp.Registry(t, ns, pod, nil)
+	a := register(t, first, inst("10.5.0.1:80"))
+	states := first.States()
+	second := cp.Registry(t, ns, pod, nil)
+	register(t, second, inst("10.5.0.2:80"))
+	for c := range states {
+		if c.State == registry.StateLost {
+			if !errors.Is(c.Err, kube.ErrTakenOver) {
+				t.Fatalf("lost with %v, want ErrTakenOver", c.Err)
+			}
+			break
+		}
+	}
+	if err := a.Err(); !errors.Is(err, kube.ErrTakenOver) || !strings.Contains(err.Error(), kube.EnvContainerName) {
+		t.Fatalf("Err() = %v", err)
+	}
+
+	// Container mode: one InstanceSet per container, both live.
+	pod2 := cp.ReadyPod(t, ns, "two-containers")
+	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo", Component: "c"})
+	var want []beacon.Instance
+	for _, c := range []string{"left", "right"} {
+		r := cp.Registry(t, ns, pod2, func(cfg *kube.Config) { cfg.Pod.Container = c })
+		if r.ObjectName() != pod2.Name+"."+c {
+			t.Fatalf("object name %q", r.ObjectName())
+		}
+		want = append(want, register(t, r, beacon.Instance{Namespace: "demo", Component: "c", Endpoint: c, Address: "10.5.1.1:80"}).Instance())
+	}
+	f.until("both containers' instances", func(v *registrytest.View) bool { return v.Equal(want) })
+}

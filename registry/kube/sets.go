@@ -1,0 +1,223 @@
+package kube
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// setInfo is the parsed, valid content of one InstanceSet.
+type setInfo struct {
+	key       string // namespace/name
+	uid       string
+	rv        int64
+	podUID    string
+	podName   string
+	holder    string
+	created   time.Time
+	instances []beacon.Instance
+}
+
+// rawSpec is the spec as read: instances are decoded one by one, so that
+// each is checked like a stored value.
+type rawSpec struct {
+	Pod       PodRef            `json:"pod"`
+	Container string            `json:"container"`
+	Holder    string            `json:"holder"`
+	Instances []json.RawMessage `json:"instances"`
+}
+
+// decodeSet parses and checks an InstanceSet: a pod owner whose UID the spec
+// repeats, and instances that are valid (with the metadata limit max) and
+// unique.
+func decodeSet(u *unstructured.Unstructured, maxMetadata int) (*setInfo, error) {
+	s := &setInfo{
+		key:     u.GetNamespace() + "/" + u.GetName(),
+		uid:     string(u.GetUID()),
+		rv:      parseRV(u.GetResourceVersion()),
+		created: u.GetCreationTimestamp().Time,
+	}
+	for _, o := range u.GetOwnerReferences() {
+		if o.Kind == "Pod" && o.APIVersion == "v1" {
+			s.podUID, s.podName = string(o.UID), o.Name
+			break
+		}
+	}
+	if s.podUID == "" {
+		return nil, errors.New("no ownerReference to its Pod (apiVersion v1, kind Pod): it can never be live")
+	}
+	specObj, ok := u.Object["spec"]
+	if !ok {
+		return nil, errors.New("no spec")
+	}
+	raw, err := json.Marshal(specObj)
+	if err != nil {
+		return nil, fmt.Errorf("spec: %w", err)
+	}
+	var spec rawSpec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		return nil, fmt.Errorf("spec: %w", err)
+	}
+	if spec.Pod.UID != s.podUID {
+		return nil, fmt.Errorf("spec.pod.uid %q differs from the ownerReference's pod UID %q", spec.Pod.UID, s.podUID)
+	}
+	s.holder = spec.Holder
+	seen := make(map[beacon.Ref]bool, len(spec.Instances))
+	for i, rawIn := range spec.Instances {
+		in, err := beacon.UnmarshalInstance(rawIn)
+		if err == nil {
+			err = in.ValidateWith(maxMetadata)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("spec.instances[%d]: %w", i, err)
+		}
+		if seen[in.Ref()] {
+			return nil, fmt.Errorf("spec.instances[%d]: %s is listed twice", i, in.Ref())
+		}
+		seen[in.Ref()] = true
+		s.instances = append(s.instances, in)
+	}
+	return s, nil
+}
+
+// parseSet returns the set's valid content: its own, or, if it is not valid
+// (edited by hand into garbage), the last valid content seen for the same
+// object UID, or nil if there is none. An invalid version is counted and
+// logged once.
+func (r *Registry) parseSet(u *unstructured.Unstructured) *setInfo {
+	s, err := decodeSet(u, r.cfg.MaxMetadataSize)
+	if err == nil {
+		r.valid.put(s)
+		return s
+	}
+	last, first := r.valid.invalid(string(u.GetUID()), u.GetNamespace()+"/"+u.GetName(), u.GetResourceVersion())
+	if first {
+		r.m.invalidResource()
+		kept := -1 // no valid content seen: it contributes nothing
+		if last != nil {
+			kept = len(last.instances)
+		}
+		r.log.Warn("skipping an InstanceSet that is not valid; its last valid content is kept",
+			"instanceset", u.GetNamespace()+"/"+u.GetName(), "resourceVersion", u.GetResourceVersion(),
+			"kept_instances", kept, "err", err)
+	}
+	return last
+}
+
+// validCache remembers the last valid content of every InstanceSet by
+// object UID, and which invalid versions were already reported.
+type validCache struct {
+	mu       sync.Mutex
+	byUID    map[string]*setInfo
+	reported map[string]invalidVersion // by uid: the last invalid version reported
+}
+
+type invalidVersion struct{ key, rv string }
+
+func newValidCache() *validCache {
+	return &validCache{byUID: map[string]*setInfo{}, reported: map[string]invalidVersion{}}
+}
+
+func (c *validCache) put(s *setInfo) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old := c.byUID[s.uid]; old == nil || old.rv <= s.rv {
+		c.byUID[s.uid] = s
+	}
+}
+
+// invalid returns the last valid content of uid (object key), and whether
+// version rv was not reported yet.
+func (c *validCache) invalid(uid, key, rv string) (*setInfo, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	first := c.reported[uid].rv != rv
+	c.reported[uid] = invalidVersion{key: key, rv: rv}
+	return c.byUID[uid], first
+}
+
+// retain forgets the objects of namespace ns ("" for all) whose UIDs a
+// complete listing of it no longer holds (deleted objects).
+func (c *validCache) retain(ns string, present map[string]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for uid, s := range c.byUID {
+		if !present[uid] && inNamespace(s.key, ns) {
+			delete(c.byUID, uid)
+		}
+	}
+	for uid, v := range c.reported {
+		if !present[uid] && inNamespace(v.key, ns) {
+			delete(c.reported, uid)
+		}
+	}
+}
+
+// forget drops a deleted object.
+func (c *validCache) forget(uid string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.byUID, uid)
+	delete(c.reported, uid)
+}
+
+// candidate is one instance a set offers.
+type candidate struct {
+	inst beacon.Instance
+	set  *setInfo
+}
+
+// better reports whether a wins over b when two InstanceSets hold the same
+// instance (two processes claimed one caller-chosen ID at the same
+// moment): the older resource, then the smaller namespace/name.
+func better(a, b candidate) bool {
+	if !a.set.created.Equal(b.set.created) {
+		return a.set.created.Before(b.set.created)
+	}
+	return a.set.key < b.set.key
+}
+
+// liveInstances returns the instances of the sets whose pod is ready, one
+// per ref.
+func liveInstances(sets []*setInfo, ready func(podUID string) bool) map[string]candidate {
+	out := map[string]candidate{}
+	for _, s := range sets {
+		if !ready(s.podUID) {
+			continue
+		}
+		for _, in := range s.instances {
+			k := refKey(in.Ref())
+			c := candidate{inst: in, set: s}
+			if old, ok := out[k]; !ok || better(c, old) {
+				out[k] = c
+			}
+		}
+	}
+	return out
+}
+
+// refKey is the sort and map key of an instance: namespace/component/
+// endpoint/id, in the order of the store keys.
+func refKey(r beacon.Ref) string { return r.String() }
+
+// parseRV reads a resourceVersion as a number (0 if it is not one; they
+// are etcd revisions in every API server Beacon knows).
+func parseRV(rv string) int64 {
+	n, err := strconv.ParseInt(rv, 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+func sortInstances(ins []beacon.Instance) {
+	slices.SortFunc(ins, func(a, b beacon.Instance) int { return cmp.Compare(refKey(a.Ref()), refKey(b.Ref())) })
+}

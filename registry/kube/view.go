@@ -1,0 +1,622 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/go-logr/logr"
+	"github.com/google/btree"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// The watch side. One view per registry holds the live instances of every
+// watched namespace: for each namespace, one reflector (list, then watch,
+// re-list after 410 Gone or a lost connection: the machinery of client-go's
+// informers) follows the InstanceSets and one the discovery EndpointSlices,
+// feeding a store of ours. A re-list reaches it as one Replace of the whole
+// namespace, applied atomically, so it produces exactly the difference to
+// what was there: no phantom removal. Every watcher of the registry shares
+// the view.
+//
+// The view keeps the current instances in a copy-on-write B-tree with a
+// bounded log of recent changes. Watchers are never pushed events: each
+// keeps the version of the tree it last delivered and, when it asks for
+// more, computes the difference to the current version (from the log, or
+// by walking both trees when the log no longer covers the gap). A slow
+// watcher costs nothing while it is slow and catches up in one batch.
+//
+// Revisions are the API server's resourceVersions (etcd revisions): the
+// view's revision is the largest one it has seen. They order one view's
+// batches; a watch cannot resume from one (FromRevision always gives a
+// snapshot), because the two resources' histories are not one ordered log.
+
+const (
+	btreeDegree = 16
+	minLogLen   = 4096
+	// probeInterval is how often the view checks that the API server
+	// answers while it runs; a watch that goes silent because the server
+	// hangs is reported Stale within probeInterval + Config.Timeout.
+	probeInterval = 5 * time.Second
+)
+
+type item struct {
+	key  string
+	inst beacon.Instance
+	rev  int64 // revision of its last change
+}
+
+func itemLess(a, b *item) bool { return a.key < b.key }
+
+type change struct {
+	seq    uint64
+	rev    int64
+	key    string
+	before *item
+	after  *item
+}
+
+type version struct {
+	tree    *btree.BTreeG[*item]
+	seq     uint64
+	rev     int64
+	relists uint64
+}
+
+// source is one reflector of the view.
+type source struct {
+	what   string // "instancesets" or "endpointslices"
+	ns     string
+	synced bool
+	err    error
+}
+
+type view struct {
+	r *Registry
+
+	mu         sync.Mutex
+	sets       map[string]*setInfo        // valid content by namespace/name
+	setsByPod  map[string]map[string]bool // pod UID -> set keys
+	refSets    map[string]map[string]bool // ref key -> set keys holding it
+	slices     map[string]map[string]bool // slice namespace/name -> ready pod UIDs
+	readyCount map[string]int             // pod UID -> slices listing it ready
+
+	tree     *btree.BTreeG[*item]
+	rev      int64
+	seq      uint64
+	log      []change
+	floorSeq uint64
+	snap     *version
+	relists  uint64
+	sources  []*source
+	synced   bool
+	probeErr error
+	stale    error
+	staleGen uint64
+	err      error // terminal
+	wake     chan struct{}
+}
+
+// viewFor returns the registry's view, starting it on first use.
+func (r *Registry) viewFor() *view {
+	r.viewMu.Lock()
+	defer r.viewMu.Unlock()
+	if r.view != nil {
+		return r.view
+	}
+	v := &view{
+		r:          r,
+		sets:       map[string]*setInfo{},
+		setsByPod:  map[string]map[string]bool{},
+		refSets:    map[string]map[string]bool{},
+		slices:     map[string]map[string]bool{},
+		readyCount: map[string]int{},
+		tree:       btree.NewG(btreeDegree, itemLess),
+		wake:       make(chan struct{}),
+	}
+	r.view = v
+	logger := logr.FromSlogHandler(r.log.Handler())
+	ctx := klog.NewContext(r.ctx, logger)
+	for _, ns := range r.namespaces {
+		sets := &source{what: Resource, ns: ns}
+		sl := &source{what: "endpointslices", ns: ns}
+		v.sources = append(v.sources, sets, sl)
+		r.runReflector(ctx, logger, sets, &unstructured.Unstructured{}, &listWatch{
+			r: r, src: sets, v: v,
+			list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return r.dyn.Resource(GVR).Namespace(ns).List(ctx, o)
+			},
+			watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return r.dyn.Resource(GVR).Namespace(ns).Watch(ctx, o)
+			},
+		}, &sink{
+			add:     func(o any) { v.setChanged(o.(*unstructured.Unstructured)) },
+			del:     func(o any) { v.setDeleted(o.(*unstructured.Unstructured)) },
+			replace: func(objs []any, rv string) { v.replaceSets(sets, objs, rv) },
+		})
+		r.runReflector(ctx, logger, sl, &unstructured.Unstructured{}, &listWatch{
+			r: r, src: sl, v: v,
+			list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				o.LabelSelector = discoverySelector
+				return r.dyn.Resource(endpointSlicesGVR).Namespace(ns).List(ctx, o)
+			},
+			watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.LabelSelector = discoverySelector
+				return r.dyn.Resource(endpointSlicesGVR).Namespace(ns).Watch(ctx, o)
+			},
+		}, &sink{
+			add:     func(o any) { v.sliceChanged(v.slice(o)) },
+			del:     func(o any) { v.sliceDeleted(v.slice(o)) },
+			replace: func(objs []any, rv string) { v.replaceSlices(sl, objs, rv) },
+		})
+	}
+	r.wg.Add(1)
+	go v.probe()
+	return v
+}
+
+func (r *Registry) runReflector(ctx context.Context, logger logr.Logger, src *source, typ any, lw *listWatch, s *sink) {
+	refl := cache.NewReflectorWithOptions(lw, typ, s, cache.ReflectorOptions{
+		Name:   fmt.Sprintf("beacon %s %s", src.what, nsName(src.ns)),
+		Logger: &logger,
+	})
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		refl.RunWithContext(ctx)
+	}()
+}
+
+func nsName(ns string) string {
+	if ns == "" {
+		return "(all namespaces)"
+	}
+	return ns
+}
+
+// listWatch wraps a resource's list and watch, reporting failures and
+// recoveries to the view (a failing source makes the view stale).
+type listWatch struct {
+	r     *Registry
+	src   *source
+	v     *view
+	list  func(context.Context, metav1.ListOptions) (runtime.Object, error)
+	watch func(context.Context, metav1.ListOptions) (watch.Interface, error)
+}
+
+var (
+	_ cache.ListerWatcher            = (*listWatch)(nil)
+	_ cache.ListerWatcherWithContext = (*listWatch)(nil)
+)
+
+func (lw *listWatch) List(o metav1.ListOptions) (runtime.Object, error) {
+	return lw.ListWithContext(lw.r.ctx, o)
+}
+
+func (lw *listWatch) Watch(o metav1.ListOptions) (watch.Interface, error) {
+	return lw.WatchWithContext(lw.r.ctx, o)
+}
+
+func (lw *listWatch) resource() string {
+	if lw.src.what == Resource {
+		return instanceSetsResource
+	}
+	return endpointSlicesResource
+}
+
+func (lw *listWatch) ListWithContext(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+	obj, err := lw.list(ctx, o)
+	if err != nil && ctx.Err() == nil {
+		lw.v.sourceFailed(lw.src, lw.r.explain(op{"list", lw.resource(), lw.src.ns}, err))
+	}
+	return obj, err
+}
+
+func (lw *listWatch) WatchWithContext(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+	w, err := lw.watch(ctx, o)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		lw.v.sourceFailed(lw.src, lw.r.explain(op{"watch", lw.resource(), lw.src.ns}, err))
+	case err == nil && o.SendInitialEvents == nil:
+		// A watch resumed from the last resourceVersion: nothing was
+		// missed. (A watch-list's initial stream ends with a Replace.)
+		lw.v.sourceOK(lw.src)
+	}
+	return w, err
+}
+
+// sink is the store a reflector writes to.
+type sink struct {
+	add     func(any)
+	del     func(any)
+	replace func([]any, string)
+}
+
+func (s *sink) Add(o any) error                     { s.add(o); return nil }
+func (s *sink) Update(o any) error                  { s.add(o); return nil }
+func (s *sink) Delete(o any) error                  { s.del(o); return nil }
+func (s *sink) Replace(objs []any, rv string) error { s.replace(objs, rv); return nil }
+func (s *sink) Resync() error                       { return nil }
+
+// probe checks that the API server answers, while the view runs.
+func (v *view) probe() {
+	r := v.r
+	defer r.wg.Done()
+	t := time.NewTicker(probeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
+		err := r.rawGet(ctx, "/version", nil)
+		cancel()
+		if r.ctx.Err() != nil {
+			return
+		}
+		if err != nil && !isUnreachable(err) {
+			err = nil // any answer means the server is there
+		}
+		v.mu.Lock()
+		if err != nil {
+			if v.probeErr == nil {
+				r.log.Warn("the API server does not answer: watches may be stale until it does", "err", err)
+			}
+			v.probeErr = fmt.Errorf("%w at %s: %w", ErrUnreachable, r.host, err)
+		} else {
+			v.probeErr = nil
+		}
+		v.updateStaleLocked()
+		v.mu.Unlock()
+	}
+}
+
+func (v *view) sourceFailed(src *source, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if src.err == nil {
+		v.r.log.Warn("watch failing; retrying", "resource", src.what, "namespace", nsName(src.ns), "err", err)
+	}
+	src.err = err
+	v.updateStaleLocked()
+}
+
+func (v *view) sourceOK(src *source) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	src.err = nil
+	v.updateStaleLocked()
+}
+
+func (v *view) updateStaleLocked() {
+	err := v.probeErr
+	for _, s := range v.sources {
+		if err == nil && s.err != nil {
+			err = s.err
+		}
+	}
+	switch {
+	case err != nil && v.stale == nil:
+		v.staleGen++
+		v.stale = err
+		v.notifyLocked()
+	case err != nil:
+		v.stale = err
+	case v.stale != nil:
+		v.stale = nil
+		v.r.log.Info("watches are current again")
+		v.notifyLocked()
+	}
+}
+
+func (v *view) notifyLocked() {
+	close(v.wake)
+	v.wake = make(chan struct{})
+}
+
+// fail ends the view (the registry closed).
+func (v *view) fail(err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.err == nil {
+		v.err = err
+		v.notifyLocked()
+	}
+}
+
+func (v *view) observeRV(rv string) {
+	v.rev = max(v.rev, parseRV(rv))
+}
+
+// setChanged applies an added or updated InstanceSet.
+func (v *view) setChanged(u *unstructured.Unstructured) {
+	s := v.r.parseSet(u) // outside the lock: logs and counts
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.observeRV(u.GetResourceVersion())
+	dirty := v.putSetLocked(u.GetNamespace()+"/"+u.GetName(), s)
+	v.publishLocked(dirty)
+}
+
+func (v *view) setDeleted(u *unstructured.Unstructured) {
+	v.r.valid.forget(string(u.GetUID()))
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.observeRV(u.GetResourceVersion())
+	dirty := v.putSetLocked(u.GetNamespace()+"/"+u.GetName(), nil)
+	v.publishLocked(dirty)
+}
+
+// replaceSets applies a (re-)listing of one source's InstanceSets.
+func (v *view) replaceSets(src *source, objs []any, rv string) {
+	parsed := make(map[string]*setInfo, len(objs))
+	keys := make([]string, 0, len(objs))
+	for _, o := range objs {
+		u := o.(*unstructured.Unstructured)
+		key := u.GetNamespace() + "/" + u.GetName()
+		parsed[key] = v.r.parseSet(u)
+		keys = append(keys, key)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.observeRV(rv)
+	dirty := map[string]bool{}
+	for key := range v.sets {
+		if _, ok := parsed[key]; !ok && inNamespace(key, src.ns) {
+			for k := range v.putSetLocked(key, nil) {
+				dirty[k] = true
+			}
+		}
+	}
+	for _, key := range keys {
+		for k := range v.putSetLocked(key, parsed[key]) {
+			dirty[k] = true
+		}
+	}
+	v.sourceSyncedLocked(src)
+	v.publishLocked(dirty)
+}
+
+func inNamespace(key, ns string) bool {
+	return ns == "" || len(key) > len(ns) && key[:len(ns)] == ns && key[len(ns)] == '/'
+}
+
+// putSetLocked installs the valid content of a set (nil: none) and returns
+// the ref keys whose live instance may have changed.
+func (v *view) putSetLocked(key string, s *setInfo) map[string]bool {
+	dirty := map[string]bool{}
+	if old := v.sets[key]; old != nil {
+		if s == old {
+			return dirty
+		}
+		delete(v.setsByPod[old.podUID], key)
+		if len(v.setsByPod[old.podUID]) == 0 {
+			delete(v.setsByPod, old.podUID)
+		}
+		for _, in := range old.instances {
+			k := refKey(in.Ref())
+			dirty[k] = true
+			delete(v.refSets[k], key)
+			if len(v.refSets[k]) == 0 {
+				delete(v.refSets, k)
+			}
+		}
+		delete(v.sets, key)
+	}
+	if s == nil {
+		return dirty
+	}
+	v.sets[key] = s
+	if v.setsByPod[s.podUID] == nil {
+		v.setsByPod[s.podUID] = map[string]bool{}
+	}
+	v.setsByPod[s.podUID][key] = true
+	for _, in := range s.instances {
+		k := refKey(in.Ref())
+		dirty[k] = true
+		if v.refSets[k] == nil {
+			v.refSets[k] = map[string]bool{}
+		}
+		v.refSets[k][key] = true
+	}
+	return dirty
+}
+
+// slice converts an EndpointSlice from the reflector; one that does not
+// decode (never seen from a real API server) counts as listing no pod.
+func (v *view) slice(o any) *discoveryv1.EndpointSlice {
+	u := o.(*unstructured.Unstructured)
+	s, err := toSlice(u)
+	if err != nil {
+		v.r.log.Warn("an EndpointSlice does not decode; it counts as listing no ready pod", "err", err)
+		return &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: u.GetNamespace(), Name: u.GetName(),
+			ResourceVersion: u.GetResourceVersion()}}
+	}
+	return s
+}
+
+func (v *view) sliceChanged(s *discoveryv1.EndpointSlice) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.observeRV(s.ResourceVersion)
+	v.publishLocked(v.putSliceLocked(s.Namespace+"/"+s.Name, readyPods(s)))
+}
+
+func (v *view) sliceDeleted(s *discoveryv1.EndpointSlice) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.observeRV(s.ResourceVersion)
+	v.publishLocked(v.putSliceLocked(s.Namespace+"/"+s.Name, nil))
+}
+
+func (v *view) replaceSlices(src *source, objs []any, rv string) {
+	fresh := make(map[string]map[string]bool, len(objs))
+	for _, o := range objs {
+		s := v.slice(o)
+		fresh[s.Namespace+"/"+s.Name] = readyPods(s)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.observeRV(rv)
+	dirty := map[string]bool{}
+	for key := range v.slices {
+		if _, ok := fresh[key]; !ok && inNamespace(key, src.ns) {
+			for k := range v.putSliceLocked(key, nil) {
+				dirty[k] = true
+			}
+		}
+	}
+	for key, ready := range fresh {
+		for k := range v.putSliceLocked(key, ready) {
+			dirty[k] = true
+		}
+	}
+	v.sourceSyncedLocked(src)
+	v.publishLocked(dirty)
+}
+
+// putSliceLocked installs the ready pods of a slice (nil: deleted) and
+// returns the ref keys whose live instance may have changed.
+func (v *view) putSliceLocked(key string, ready map[string]bool) map[string]bool {
+	old := v.slices[key]
+	if ready == nil {
+		delete(v.slices, key)
+	} else {
+		v.slices[key] = ready
+	}
+	var flipped []string
+	for uid := range old {
+		if !ready[uid] {
+			v.readyCount[uid]--
+			if v.readyCount[uid] <= 0 {
+				delete(v.readyCount, uid)
+				flipped = append(flipped, uid)
+			}
+		}
+	}
+	for uid := range ready {
+		if !old[uid] {
+			v.readyCount[uid]++
+			if v.readyCount[uid] == 1 {
+				flipped = append(flipped, uid)
+			}
+		}
+	}
+	dirty := map[string]bool{}
+	for _, uid := range flipped {
+		for key := range v.setsByPod[uid] {
+			for _, in := range v.sets[key].instances {
+				dirty[refKey(in.Ref())] = true
+			}
+		}
+	}
+	return dirty
+}
+
+func (v *view) sourceSyncedLocked(src *source) {
+	if src.synced {
+		v.relists++
+		v.r.m.relist()
+	}
+	src.synced = true
+	src.err = nil
+	if !v.synced {
+		all := true
+		for _, s := range v.sources {
+			all = all && s.synced
+		}
+		v.synced = all
+	}
+	v.updateStaleLocked()
+	v.notifyLocked()
+}
+
+// publishLocked recomputes the live instance of every dirty ref and logs
+// the changes.
+func (v *view) publishLocked(dirty map[string]bool) {
+	keys := make([]string, 0, len(dirty))
+	for k := range dirty {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	changed := false
+	for _, k := range keys {
+		var best *candidate
+		for setKey := range v.refSets[k] {
+			s := v.sets[setKey]
+			if v.readyCount[s.podUID] == 0 {
+				continue
+			}
+			for _, in := range s.instances {
+				if refKey(in.Ref()) == k {
+					c := candidate{inst: in, set: s}
+					if best == nil || better(c, *best) {
+						best = &c
+					}
+					break
+				}
+			}
+		}
+		old, _ := v.tree.Get(&item{key: k})
+		switch {
+		case best == nil && old == nil:
+		case best == nil:
+			v.tree.Delete(old)
+			v.appendLocked(change{key: k, before: old})
+			changed = true
+		case old != nil && old.inst.Equal(best.inst):
+		default:
+			it := &item{key: k, inst: best.inst, rev: v.rev}
+			v.tree.ReplaceOrInsert(it)
+			v.appendLocked(change{key: k, before: old, after: it})
+			changed = true
+		}
+	}
+	if changed {
+		v.trimLocked()
+		v.notifyLocked()
+	}
+}
+
+func (v *view) appendLocked(c change) {
+	v.seq++
+	c.seq = v.seq
+	c.rev = v.rev
+	v.log = append(v.log, c)
+}
+
+func (v *view) trimLocked() {
+	keep := max(minLogLen, v.tree.Len())
+	if len(v.log) <= 2*keep {
+		return
+	}
+	drop := len(v.log) - keep
+	v.floorSeq = v.log[drop-1].seq
+	v.log = slices.Clone(v.log[drop:])
+}
+
+func (v *view) sinceLocked(seq uint64) ([]change, bool) {
+	if seq < v.floorSeq {
+		return nil, false
+	}
+	i := int(seq - v.floorSeq)
+	return v.log[i:len(v.log):len(v.log)], true
+}
+
+func (v *view) versionLocked() *version {
+	if v.snap == nil || v.snap.seq != v.seq || v.snap.rev != v.rev || v.snap.relists != v.relists {
+		v.snap = &version{tree: v.tree.Clone(), seq: v.seq, rev: v.rev, relists: v.relists}
+	}
+	return v.snap
+}
