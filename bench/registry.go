@@ -348,7 +348,7 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	raw := &rawRegistrar{cli: cli}
 	// Whatever happens (an error, an interrupt), no raw lease outlives the
 	// run; Beacon's sessions revoke their own lease when closed.
-	defer raw.revokeAll(context.WithoutCancel(ctx))
+	defer func() { _ = raw.revokeAll(context.WithoutCancel(ctx)) }() // best effort: the run's error matters more
 
 	type result struct {
 		total time.Duration
