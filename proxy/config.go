@@ -153,6 +153,13 @@ type Config struct {
 	// Default 256 MiB.
 	CacheMaxBytes int64
 
+	// MaxRequestBytes is the largest request the proxy reads from a client
+	// (etcd's --max-request-bytes; its default, 1.5 MiB, when zero): a
+	// larger gRPC message is refused with ResourceExhausted, and a JSON
+	// gateway body over twice that (base64) with 413, before the proxy
+	// buffers it.
+	MaxRequestBytes uint
+
 	// ClientTLS is used to reach members (client and peer URLs with
 	// https); nil uses the system roots for https URLs.
 	ClientTLS *tls.Config
@@ -205,6 +212,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CacheMaxBytes == 0 {
 		c.CacheMaxBytes = DefaultCacheMaxBytes
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -66,6 +66,7 @@ func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
 		return err
 	}
 	hs := &http.Server{Handler: p.httpHandler(gwmux), ReadHeaderTimeout: 10 * time.Second}
+	p.limitHTTP(hs) // limits.go
 
 	errc := make(chan error, 3)
 	var split *splitListener

@@ -337,7 +337,7 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 		// Reused stream workers keep their grown stacks.
 		grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))),
 		grpc.UnknownServiceHandler(p.handleUnknown),
-		grpc.MaxRecvMsgSize(maxMsgSize),
+		grpc.MaxRecvMsgSize(p.cfg.maxRecvBytes()), // limits.go
 		grpc.MaxSendMsgSize(maxMsgSize),
 		grpc.MaxConcurrentStreams(math.MaxUint32),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: false}),

@@ -354,6 +354,12 @@ func (s *session) keepAlive(bo *backoff) (time.Duration, bool) {
 	case errors.Is(err, store.ErrLeaseNotFound):
 		s.markLost(l, err, false)
 		return 0, false
+	case refused(err):
+		// A changed password or a revoked user: retrying the same
+		// credentials cannot succeed. Say so now rather than after a TTL
+		// of failed keep-alives.
+		s.markLost(l, err, false)
+		return 0, false
 	}
 	s.r.m.keepAliveFailed()
 	d := min(bo.next(), max(time.Until(deadline)/2, 0))
@@ -500,6 +506,15 @@ func (s *session) reconcileStale(mode reconcileMode) {
 	if _, err := s.reconcile(ctx, lease, epoch, mode); err != nil {
 		if errors.Is(err, store.ErrLeaseNotFound) {
 			s.leaseGone(lease, err)
+			return
+		}
+		if refused(err) {
+			// etcd refused the session's credentials or permission (a
+			// changed password, a revoked role): the process may no
+			// longer advertise. Stop keeping the lease alive (its
+			// instances expire with it) and retry until the authority
+			// allows it again; the state says why.
+			s.markLost(lease, err, false)
 			return
 		}
 		if s.r.ctx.Err() == nil {

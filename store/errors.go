@@ -20,6 +20,14 @@ var (
 	// lost connections). The operation may or may not have been applied
 	// if the failure happened after the request was sent.
 	ErrUnavailable = errors.New("store: backend unavailable")
+	// ErrPermissionDenied wraps a refusal by the backend's access control:
+	// the identity the store acts as may not read or write the key (etcd
+	// users and roles). Retrying does not help; granting does.
+	ErrPermissionDenied = errors.New("store: permission denied")
+	// ErrUnauthenticated wraps a refusal of the store's credentials: no
+	// user, a wrong password, or a token that expired or belongs to
+	// another cluster.
+	ErrUnauthenticated = errors.New("store: not authenticated")
 )
 
 // CompactedError reports a watch that asked for history the store no longer

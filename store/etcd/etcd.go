@@ -120,9 +120,9 @@ func dialError(ctx context.Context, cfg Config, r resolved, tlsCfg *tls.Config, 
 	eps := strings.Join(r.endpoints, ",")
 	switch {
 	case errors.Is(err, rpctypes.ErrAuthFailed):
-		return fmt.Errorf("etcd: authenticate as %q at %s: %w: check Username and Password (%s, %s)", cfg.Username, eps, err, EnvUsername, EnvPassword)
-	case errors.Is(err, rpctypes.ErrUserEmpty), errors.Is(err, rpctypes.ErrInvalidAuthToken):
-		return fmt.Errorf("etcd: %s requires authentication: %w: set Username and Password (%s, %s)", eps, err, EnvUsername, EnvPassword)
+		return fmt.Errorf("%w: etcd: authenticate as %q at %s: %w: check Username and Password (%s, %s)", store.ErrUnauthenticated, cfg.Username, eps, err, EnvUsername, EnvPassword)
+	case errors.Is(err, rpctypes.ErrUserEmpty), errors.Is(err, rpctypes.ErrInvalidAuthToken), errors.Is(err, rpctypes.ErrAuthOldRevision):
+		return fmt.Errorf("%w: etcd: %s requires authentication: %w: set Username and Password (%s, %s)", store.ErrUnauthenticated, eps, err, EnvUsername, EnvPassword)
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return fmt.Errorf("etcd: connect to %s: %w", eps, ctx.Err())
 	}
@@ -138,11 +138,21 @@ func dialError(ctx context.Context, cfg Config, r resolved, tlsCfg *tls.Config, 
 	return fmt.Errorf("etcd: connect to %s: %w%s", eps, err, hint(err))
 }
 
+// FromClientOption modifies NewFromClient.
+type FromClientOption func(*bool)
+
+// CloseClient makes the Store own the client: Close closes it too.
+func CloseClient() FromClientOption { return func(owned *bool) { *owned = true } }
+
 // NewFromClient wraps a client the caller made and keeps owning: Close ends
-// the Store's watches but does not close cli. Unary calls without a
-// deadline get DefaultRequestTimeout.
-func NewFromClient(cli *clientv3.Client) *Store {
-	return newStore(cli, false, resolved{
+// the Store's watches but does not close cli (unless CloseClient is given).
+// Unary calls without a deadline get DefaultRequestTimeout.
+func NewFromClient(cli *clientv3.Client, opts ...FromClientOption) *Store {
+	owned := false
+	for _, o := range opts {
+		o(&owned)
+	}
+	return newStore(cli, owned, resolved{
 		endpoints:      cli.Endpoints(),
 		requestTimeout: DefaultRequestTimeout,
 		listPageSize:   DefaultListPageSize,
