@@ -108,6 +108,14 @@ type Config struct {
 	// zero.
 	ShutdownTimeout time.Duration
 
+	// UnsafeNoFsync runs the embedded etcd without syncing its WAL to disk
+	// (etcd's --unsafe-no-fsync): faster, and data may be lost on a crash.
+	// For benchmarks and tests only.
+	UnsafeNoFsync bool
+	// EnablePprof serves Go's runtime profiles under /debug/pprof/ on the
+	// HTTP listener (etcd's --enable-pprof); off by default.
+	EnablePprof bool
+
 	// Logger receives the server's logs and, through EtcdLogLevel, the
 	// embedded etcd's; nil discards them.
 	Logger *slog.Logger

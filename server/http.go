@@ -11,6 +11,7 @@ import (
 	"github.com/beaconplane/beacon/bootstrap"
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
 	"github.com/beaconplane/beacon/internal/httpapi"
+	"github.com/beaconplane/beacon/internal/pprofhttp"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/registryapi"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
@@ -82,6 +83,9 @@ func (s *Server) startHTTP() error {
 	}
 	if err := s.mountDashboard(mux); err != nil { // dashboard.go
 		return fmt.Errorf("dashboard: %w", err)
+	}
+	if s.cfg.EnablePprof {
+		pprofhttp.Mount(mux) // not an API route: not in openapi.json
 	}
 	s.routes = mux
 	h := cors(s.cfg.CORSAllowedOrigins, s.requireAuth(mux)) // cors.go, authhttp.go

@@ -439,6 +439,7 @@ func (s *Server) etcdConfig() (*embed.Config, error) {
 	ec.InitialCluster = c.InitialCluster
 	ec.ClusterState = c.InitialClusterState
 	ec.InitialClusterToken = c.InitialClusterToken
+	ec.UnsafeNoFsync = c.UnsafeNoFsync
 	level := zapcore.WarnLevel
 	if c.EtcdLogLevel != nil {
 		level = *c.EtcdLogLevel

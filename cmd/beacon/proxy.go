@@ -187,6 +187,7 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	f.StringVar(&key, "key", "", "client key for members (env ETCD_AUTH_CLIENT_KEY, then ETCDCTL_KEY)")
 	listenTLS = addProxyTLSFlags(cmd) // proxy_security.go: --cert-file ... and --listen-cert/--listen-key
 	f.UintVar(&cfg.MaxRequestBytes, "max-request-bytes", proxy.DefaultMaxRequestBytes, "largest client request read (etcd's --max-request-bytes)")
+	addProxyPerfFlags(cmd, &cfg) // proxy_perf.go
 	return cmd
 }
 

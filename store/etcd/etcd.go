@@ -495,8 +495,7 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 	var (
 		cmps  []clientv3.Cmp
 		then  = make([]clientv3.Op, 0, len(ops))
-		reads []clientv3.Op
-		conds []store.Op // the ops with a precondition, in order of reads
+		conds []store.Op // the ops with a precondition
 	)
 	for _, op := range ops {
 		if op.IfAbsent {
@@ -506,7 +505,6 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 			cmps = append(cmps, casCompares(op.Key, op.IfModRevision)...)
 		}
 		if op.IfAbsent || op.IfModRevision != 0 {
-			reads = append(reads, clientv3.OpGet(op.Key, clientv3.WithKeysOnly()))
 			conds = append(conds, op)
 		}
 		switch op.Kind {
@@ -516,16 +514,36 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 			then = append(then, clientv3.OpDelete(op.Key))
 		}
 	}
-	resp, err := s.cli.Txn(c).If(cmps...).Then(then...).Else(reads...).Commit()
+	// No Else branch: etcd would decode it with every transaction (twice:
+	// the request and its raft entry) to use it only when a precondition
+	// fails, which costs registrations about a seventh of etcd's CPU. The
+	// rare failure reads the keys at the revision the transaction saw.
+	resp, err := s.cli.Txn(c).If(cmps...).Then(then...).Commit()
 	if err != nil {
 		return 0, s.wrap(ctx, c, fmt.Sprintf("transaction of %d ops", len(ops)), err)
 	}
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
 	}
+	reads := make([]clientv3.Op, len(conds))
+	for i, op := range conds {
+		reads[i] = clientv3.OpGet(op.Key, clientv3.WithKeysOnly(), clientv3.WithRev(resp.Header.Revision))
+	}
+	rresp, err := s.cli.Txn(c).Then(reads...).Commit()
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		// Compacted in between (all but impossible): the keys as they are
+		// now still name the conflict in all but a race.
+		for i, op := range conds {
+			reads[i] = clientv3.OpGet(op.Key, clientv3.WithKeysOnly())
+		}
+		rresp, err = s.cli.Txn(c).Then(reads...).Commit()
+	}
+	if err != nil {
+		return 0, s.wrap(ctx, c, fmt.Sprintf("transaction of %d ops failed a precondition; reading which", len(ops)), err)
+	}
 	for i, op := range conds {
 		var kv *mvccpb.KeyValue
-		if rr := resp.Responses[i].GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
+		if rr := rresp.Responses[i].GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
 			kv = rr.Kvs[0]
 		}
 		switch {
@@ -537,7 +555,8 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 			return 0, &store.ConflictError{Key: op.Key, Err: store.ErrConflict}
 		}
 	}
-	// Unreachable: etcd evaluated the same compares on the same snapshot.
+	// Unreachable unless the keys were read at another revision than the
+	// compares (after a compaction): etcd evaluated them on this snapshot.
 	return 0, &store.ConflictError{Key: conds[0].Key, Err: store.ErrConflict}
 }
 

@@ -1,6 +1,6 @@
 //go:build !unix
 
-package etcdtest
+package freeport
 
 import "os"
 
