@@ -198,6 +198,9 @@ func (in Instance) MarshalJSON() ([]byte, error) {
 func UnmarshalInstance(data []byte) (Instance, error) {
 	type plain Instance
 	var p plain
+	if err := ValidateJSONText(data); err != nil {
+		return Instance{}, fmt.Errorf("beacon: decode instance: %w", err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&p); err != nil {
 		return Instance{}, fmt.Errorf("beacon: decode instance: %w", err)

@@ -7,6 +7,13 @@ import (
 // ServicesDir is the directory under a Keyspace's root that holds instances.
 const ServicesDir = "/services/"
 
+// OwnersDir is the directory under a Keyspace's root that holds the
+// ownership records of registrations made on behalf of remote clients
+// (Beacon's HTTP API): one record per lease, bound to it, under the
+// registration's namespace. It is outside ServicesDir, so the registry
+// never lists or watches it.
+const OwnersDir = "/beacon-owners/"
+
 // Ref names one instance: namespace/component/endpoint/id.
 type Ref struct {
 	Namespace string
@@ -146,6 +153,17 @@ func (k Keyspace) Prefix(q Query) string {
 		p += f + "/"
 	}
 	return p
+}
+
+// OwnersPrefix returns the store prefix of the ownership records of
+// namespace ns (every namespace when ns is empty), e.g.
+// "/beacon-owners/prod/". A role that may register in a namespace over
+// the HTTP API needs write access to it as well as to Prefix.
+func (k Keyspace) OwnersPrefix(ns string) string {
+	if ns == "" {
+		return k.root + OwnersDir
+	}
+	return k.root + OwnersDir + ns + "/"
 }
 
 // Parse returns the ref stored at key, or a *FieldError if key does not

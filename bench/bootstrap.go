@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
-	"github.com/beaconplane/beacon/internal/etcdtest"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3discovery"
@@ -68,9 +67,9 @@ func RunBootstrap(ctx context.Context, cfg BootstrapConfig) (*Report, error) {
 	eps := cfg.Endpoints
 	setup := "registry: external etcd " + strings.Join(eps, ",")
 	if len(eps) == 0 {
-		srv, err := etcdtest.New(etcdtest.Options{Name: "bench-registry"})
+		srv, err := startLocalEtcd(ctx, 1, false)
 		if err != nil {
-			return nil, fmt.Errorf("start embedded etcd: %w", err)
+			return nil, err
 		}
 		defer srv.Close()
 		eps = srv.Endpoints()

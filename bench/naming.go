@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/naming"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"github.com/beaconplane/beacon/registry"
@@ -122,9 +121,9 @@ func RunNaming(ctx context.Context, cfg NamingConfig) (*Report, error) {
 	eps := cfg.Endpoints
 	setup := "etcd: external " + strings.Join(eps, ",")
 	if len(eps) == 0 {
-		srv, err := etcdtest.New(etcdtest.Options{Name: "bench-naming"})
+		srv, err := startLocalEtcd(ctx, 1, false)
 		if err != nil {
-			return nil, fmt.Errorf("start embedded etcd: %w", err)
+			return nil, err
 		}
 		defer srv.Close()
 		eps = srv.Endpoints()

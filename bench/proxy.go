@@ -1,17 +1,21 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/freeport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -19,49 +23,78 @@ import (
 // ProxyConfig configures the proxy scenario. Zero values take the
 // defaults in brackets.
 type ProxyConfig struct {
-	// Endpoints of an etcd cluster to use; empty starts an embedded
-	// cluster of Members members [3] on loopback.
+	// Endpoints of an etcd cluster to use; empty starts a cluster of
+	// Members members [3] on loopback in this process (the server package,
+	// as `beacon serve` runs it).
 	Endpoints []string
 	Members   int
-	// Fsync makes the embedded members sync their WAL like production
-	// etcd does [off: in-memory speed, the proxy's worst case].
+	// Fsync makes the members sync their WAL like production etcd does.
 	Fsync bool
-	// Duration of each load phase [4s]; there are four (range and put,
-	// direct and through the proxy).
+	// Duration of each load phase, per side and round [2s].
 	Duration time.Duration
-	// Clients is the number of concurrent workers [16], spread over
-	// Conns client connections [4].
+	// Rounds: every measurement is made Rounds times [3], the sides in a
+	// different order each round; the median is shown with the spread.
+	Rounds int
+	// Clients is the number of concurrent workers [16], spread over Conns
+	// client connections [4].
 	Clients, Conns int
-	// Watches is the number of identical client watches [1000].
-	Watches int
-	// ProxyCommand, when set, runs the proxy in its own process, as it is
-	// deployed: the command and its first arguments (the beacon binary and
-	// "proxy"), to which --endpoints, --listen-addr and --log-level are
-	// appended. Empty runs the proxy in this process.
-	ProxyCommand []string
+	// Watches identical watches on one key [1000], spread over Streams
+	// client connections [10] (one watch stream each), as etcd's
+	// `benchmark watch` does.
+	Watches, Streams int
+	// BurstPuts are written as fast as 4 writers can, straight to etcd,
+	// for the fan-out measurement [400].
+	BurstPuts int
+	// LatencyPuts are written at LatencyRate per second for the delivery
+	// latency measurement [100 at 50/s].
+	LatencyPuts, LatencyRate int
 	// ValueSize of the values put [256].
 	ValueSize int
+	// BeaconCommand runs Beacon's proxy in its own process: the beacon
+	// binary and "proxy"; --endpoints, --listen-addr and --log-level are
+	// appended. Required.
+	BeaconCommand []string
+	// EtcdBin is an etcd 3.7 binary for etcd's grpc-proxy (`etcd
+	// grpc-proxy start`); found in PeersDir()/bin or PATH when empty.
+	// NoGRPCProxy leaves that side out.
+	EtcdBin     string
+	NoGRPCProxy bool
 	// Logger for progress; nil discards.
 	Logger *slog.Logger
 }
 
 func (c *ProxyConfig) defaults() {
-	if c.Duration <= 0 {
-		c.Duration = 4 * time.Second
-	}
-	if c.Clients <= 0 {
-		c.Clients = 16
-	}
-	if c.Conns <= 0 {
-		c.Conns = 4
-	}
-	if c.Watches <= 0 {
-		c.Watches = 1000
-	}
-	if c.Members <= 0 {
+	if c.Members == 0 {
 		c.Members = 3
 	}
-	if c.ValueSize <= 0 {
+	if c.Duration == 0 {
+		c.Duration = 2 * time.Second
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 3
+	}
+	if c.Clients == 0 {
+		c.Clients = 16
+	}
+	if c.Conns == 0 {
+		c.Conns = 4
+	}
+	if c.Watches == 0 {
+		c.Watches = 1000
+	}
+	if c.Streams == 0 {
+		c.Streams = 10
+	}
+	if c.BurstPuts == 0 {
+		c.BurstPuts = 400
+	}
+	if c.LatencyPuts == 0 {
+		c.LatencyPuts = 100
+	}
+	if c.LatencyRate == 0 {
+		c.LatencyRate = 50
+	}
+	if c.ValueSize == 0 {
 		c.ValueSize = 256
 	}
 	if c.Logger == nil {
@@ -69,23 +102,74 @@ func (c *ProxyConfig) defaults() {
 	}
 }
 
-// RunProxy measures etcd traffic through a readwrite proxy against the same
-// traffic sent straight to etcd, in one run: range and put throughput and
-// latency, and what 1,000 identical watches cost upstream.
+// Validate checks the sizes (zero means the default).
+func (c ProxyConfig) Validate() error {
+	for _, v := range []struct {
+		name       string
+		val, limit int
+	}{
+		{"members", c.Members, 9}, {"rounds", c.Rounds, maxRounds}, {"clients", c.Clients, maxConcurrency},
+		{"conns", c.Conns, 1000}, {"watches", c.Watches, maxWatchers}, {"streams", c.Streams, 10_000},
+		{"burst-puts", c.BurstPuts, maxInstances}, {"latency-puts", c.LatencyPuts, maxInstances},
+		{"latency-rate", c.LatencyRate, 100_000}, {"value-size", c.ValueSize, 1 << 20},
+	} {
+		if v.val < 0 {
+			return fmt.Errorf("bench: --%s %d: must be positive", v.name, v.val)
+		}
+		if v.val > v.limit {
+			return fmt.Errorf("bench: --%s %d: at most %d", v.name, v.val, v.limit)
+		}
+	}
+	if c.Duration < 0 || c.Duration > time.Hour {
+		return fmt.Errorf("bench: --duration %v: must be between 0 (default) and 1h", c.Duration)
+	}
+	if c.Streams > 0 && c.Watches > 0 && c.Streams > c.Watches {
+		return fmt.Errorf("bench: --streams %d: at most --watches (%d)", c.Streams, c.Watches)
+	}
+	if len(c.BeaconCommand) == 0 {
+		return errors.New("bench: no command to run beacon proxy")
+	}
+	return nil
+}
+
+// side is one way to reach etcd: straight, or through a proxy process.
+type side struct {
+	name string
+	eps  []string
+	proc *proc // nil for direct
+	clis []*clientv3.Client
+}
+
+// Names of the sides in the report (and sideBeacon, naming.go's "beacon").
+const (
+	sideDirect = "direct"
+	sideGP     = "etcd grpc-proxy"
+)
+
+// RunProxy measures, in one run, etcd traffic straight to etcd, through
+// Beacon's proxy and through etcd's own grpc-proxy, each proxy in its own
+// process, the sides in turn: range (linearizable and serializable) and
+// put throughput and latency with the proxies' CPU per request, then
+// identical watches: events per second under a burst, CPU per event,
+// events lost, memory, and delivery latency at a steady rate.
 func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	etcdBin := ""
+	if !cfg.NoGRPCProxy {
+		var err error
+		if etcdBin, err = EtcdPeer.Find(cfg.EtcdBin); err != nil {
+			return nil, fmt.Errorf("%w (or leave etcd's grpc-proxy out with --no-grpc-proxy)", err)
+		}
+	}
 	eps := cfg.Endpoints
 	setup := "external etcd " + strings.Join(eps, ",")
-	var err error
 	if len(eps) == 0 {
-		dir, err := os.MkdirTemp("", "beacon-bench-proxy-")
+		c, err := startLocalEtcd(ctx, cfg.Members, cfg.Fsync)
 		if err != nil {
 			return nil, err
-		}
-		defer os.RemoveAll(dir)
-		c, err := etcdtest.NewCluster(cfg.Members, etcdtest.ClusterOptions{Dir: dir, Fsync: cfg.Fsync})
-		if err != nil {
-			return nil, fmt.Errorf("start embedded etcd: %w", err)
 		}
 		defer c.Close()
 		eps = c.Endpoints()
@@ -93,125 +177,377 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 		if cfg.Fsync {
 			fsync = "fsync"
 		}
-		setup = fmt.Sprintf("embedded etcd 3.7, %d member(s) on loopback, %s", cfg.Members, fsync)
+		setup = fmt.Sprintf("etcd 3.7, %d member(s) on loopback in the benchmark's process, %s", cfg.Members, fsync)
 	}
-	var px proxyUnderTest
-	where := "in this process"
-	if len(cfg.ProxyCommand) > 0 {
-		px, err = startProxyProcess(ctx, cfg.ProxyCommand, eps)
-		where = "in its own process"
-	} else {
-		px, err = startProxyInProcess(ctx, eps)
-	}
+	direct, err := clients(eps, 1)
 	if err != nil {
-		return nil, fmt.Errorf("start the proxy: %w", err)
+		return nil, err
 	}
-	defer px.stop()
-	proxyEps := []string{"http://" + px.addr()}
-	setup += "; proxy " + where
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		setup += "; load average at start " + strings.Join(strings.Fields(string(b))[:3], " ")
-	}
+	defer closeAll(direct)
+	// Whatever happens, the keys the scenario wrote go.
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, _ = direct[0].Delete(cctx, "bench/", clientv3.WithPrefix())
+	}()
 
+	sides := []*side{{name: sideDirect, eps: eps}}
+	bp, err := startBeaconProxy(ctx, cfg.Logger, cfg.BeaconCommand, eps)
+	if err != nil {
+		return nil, err
+	}
+	defer bp.stop()
+	sides = append(sides, &side{name: sideBeacon, eps: []string{"http://" + bp.addr}, proc: bp})
+	if etcdBin != "" {
+		gp, err := startGRPCProxy(ctx, cfg.Logger, etcdBin, eps)
+		if err != nil {
+			return nil, err
+		}
+		defer gp.stop()
+		sides = append(sides, &side{name: sideGP, eps: []string{"http://" + gp.addr}, proc: gp})
+	}
+	for _, s := range sides {
+		if s.clis, err = clients(s.eps, cfg.Conns); err != nil {
+			return nil, err
+		}
+		defer closeAll(s.clis)
+	}
 	r := &Report{
 		Scenario: "proxy",
-		Setup: fmt.Sprintf("%s; %d workers over %d connections, %s per phase, %d-byte values, %d watches; GOMAXPROCS=%d",
-			setup, cfg.Clients, cfg.Conns, cfg.Duration, cfg.ValueSize, cfg.Watches, runtime.GOMAXPROCS(0)),
+		Setup: fmt.Sprintf("%s; proxies in their own processes; %d workers over %d connections, %v per phase, %d-byte values; %d watches over %d streams; %d rounds, sides in turn; GOMAXPROCS=%d",
+			setup, cfg.Clients, cfg.Conns, cfg.Duration, cfg.ValueSize, cfg.Watches, cfg.Streams, cfg.Rounds, runtime.GOMAXPROCS(0)),
 	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		r.Setup += "; load average at start " + strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+
 	value := strings.Repeat("v", cfg.ValueSize)
+	for i := range 1000 {
+		if _, err := direct[0].Put(ctx, fmt.Sprintf("bench/k%d", i), value); err != nil {
+			return nil, err
+		}
+	}
 	ops := []struct {
-		name string
-		op   func(ctx context.Context, c *clientv3.Client, i int) error
+		name, metric string
+		op           func(ctx context.Context, c *clientv3.Client, i int) error
+		goalGP       float64
 	}{
-		{"range", func(ctx context.Context, c *clientv3.Client, i int) error {
+		{"range-l", "range (linearizable)", func(ctx context.Context, c *clientv3.Client, i int) error {
 			_, err := c.Get(ctx, fmt.Sprintf("bench/k%d", i%1000))
 			return err
-		}},
-		{"put", func(ctx context.Context, c *clientv3.Client, i int) error {
+		}, 0},
+		{"range-s", "range (serializable)", func(ctx context.Context, c *clientv3.Client, i int) error {
+			_, err := c.Get(ctx, fmt.Sprintf("bench/k%d", i%1000), clientv3.WithSerializable())
+			return err
+		}, 1},
+		{"put", "put", func(ctx context.Context, c *clientv3.Client, i int) error {
 			_, err := c.Put(ctx, fmt.Sprintf("bench/k%d", i%1000), value)
 			return err
-		}},
+		}, 0},
 	}
-	directClis, err := clients(eps, cfg.Conns)
-	if err != nil {
-		return nil, err
-	}
-	defer closeAll(directClis)
-	proxyClis, err := clients(proxyEps, cfg.Conns)
-	if err != nil {
-		return nil, err
-	}
-	defer closeAll(proxyClis)
 	for _, op := range ops {
-		cfg.Logger.Info("measuring", "op", op.name)
-		// Alternate short slices of direct and proxied load so that other
-		// work on the machine weighs on both sides alike.
-		var direct, via loadResult
-		const rounds = 4
-		for i := range rounds {
-			first, second := directClis, proxyClis
-			if i%2 == 1 {
-				first, second = proxyClis, directClis
+		m := newSamples()
+		for round := range cfg.Rounds {
+			for _, s := range rotate(sides, round) {
+				cfg.Logger.Info("proxy: load", "op", op.name, "side", s.name, "round", round)
+				var cpu0 time.Duration
+				if s.proc != nil {
+					cpu0 = s.proc.cpu()
+				}
+				res, err := load(ctx, s.clis, cfg.Duration, cfg.Clients, op.op)
+				if err != nil {
+					return nil, fmt.Errorf("%s through %s: %w", op.name, s.name, err)
+				}
+				m.add(s.name, "rate", res.rate())
+				m.add(s.name, "p50", Ms(Percentile(res.lat, 50)))
+				m.add(s.name, "p99", Ms(Percentile(res.lat, 99)))
+				if s.proc != nil {
+					m.add(s.name, "cpu", float64(s.proc.cpu()-cpu0)/float64(time.Microsecond)/float64(res.ops))
+				}
+				if res.errors > 0 {
+					r.Note("%s through %s, round %d: %d errors", op.name, s.name, round, res.errors)
+				}
 			}
-			a, err := load(ctx, first, cfg.Duration/rounds, cfg.Clients, op.op)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", op.name, err)
-			}
-			b, err := load(ctx, second, cfg.Duration/rounds, cfg.Clients, op.op)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", op.name, err)
-			}
-			if i%2 == 1 {
-				a, b = b, a
-			}
-			direct.add(a)
-			via.add(b)
 		}
-		r.Add(Row{Metric: op.name + " throughput", Unit: "ops/s", Beacon: via.rate(), Baseline: direct.rate(), HigherIsBetter: true, Goal: 0.8})
-		r.Add(Row{Metric: op.name + " p50", Unit: "ms", Beacon: Ms(Percentile(via.lat, 50)), Baseline: Ms(Percentile(direct.lat, 50)), Goal: 1.3})
-		r.Add(Row{Metric: op.name + " p99", Unit: "ms", Beacon: Ms(Percentile(via.lat, 99)), Baseline: Ms(Percentile(direct.lat, 99))})
-		if via.errors+direct.errors > 0 {
-			r.Note("%s: %d errors direct, %d through the proxy", op.name, direct.errors, via.errors)
-		}
+		m.rows(r, op.metric+" throughput", "ops/s", "rate", true, 0, op.goalGP)
+		m.rows(r, op.metric+" p50", "ms", "p50", false, 0, 0)
+		m.rows(r, op.metric+" p99", "ms", "p99", false, 0, 0)
+		m.gpRow(r, "proxy CPU per "+op.metric, "µs", "cpu", 0)
 	}
 
-	// One client alone: the latency the extra hop adds, without queueing.
-	var seqDirect, seqVia loadResult
-	for range 2 {
-		a, err := load(ctx, directClis[:1], cfg.Duration/4, 1, ops[0].op)
-		if err != nil {
-			return nil, err
+	wm := newSamples()
+	for round := range cfg.Rounds {
+		for _, s := range rotate(sides, round) {
+			cfg.Logger.Info("proxy: watches", "side", s.name, "round", round, "watches", cfg.Watches)
+			if err := watchRoundProxy(ctx, cfg, s, direct[0], round, wm, r); err != nil {
+				return nil, fmt.Errorf("watches through %s: %w", s.name, err)
+			}
 		}
-		b, err := load(ctx, proxyClis[:1], cfg.Duration/4, 1, ops[0].op)
-		if err != nil {
-			return nil, err
-		}
-		seqDirect.add(a)
-		seqVia.add(b)
 	}
-	r.Add(Row{Metric: "range p50, 1 client", Unit: "ms", Beacon: Ms(Percentile(seqVia.lat, 50)), Baseline: Ms(Percentile(seqDirect.lat, 50))})
-	r.Note("the proxy adds %.0f µs to a range from a lone client (one more gRPC hop on loopback)",
-		float64(Percentile(seqVia.lat, 50)-Percentile(seqDirect.lat, 50))/float64(time.Microsecond))
-
-	cfg.Logger.Info("measuring watches", "watches", cfg.Watches)
-	direct, err := watchFanout(ctx, eps, cfg, nil)
-	if err != nil {
-		return nil, fmt.Errorf("watches direct: %w", err)
+	burst := fmt.Sprintf("%d watchers, burst of %d puts", cfg.Watches, cfg.BurstPuts)
+	wm.rows(r, "watch fan-out events/s, "+burst, "events/s", "events", true, 0, 1)
+	wm.gpRow(r, "proxy CPU per event delivered, "+burst, "µs", "cpu", 1)
+	wm.rows(r, "events lost, "+burst, "events", "lost", false, 0, 0)
+	wm.gpRow(r, fmt.Sprintf("proxy RSS with %d watchers open, idle", cfg.Watches), "MiB", "idle", 0)
+	wm.gpRow(r, "proxy RSS 2 s after the burst", "MiB", "after", 0)
+	lat := fmt.Sprintf("%d watchers, %d puts/s", cfg.Watches, cfg.LatencyRate)
+	wm.rows(r, "watch delivery p50, "+lat, "ms", "lat50", false, 0, 0)
+	wm.rows(r, "watch delivery p99, "+lat, "ms", "lat99", false, 0, 1)
+	if up := wm.get(sideBeacon, "upstream"); len(up) > 0 {
+		r.Note("Beacon's proxy held %v etcd watch(es) for the %d identical client watches", up[0], cfg.Watches)
 	}
-	via, err := watchFanout(ctx, proxyEps, cfg, px)
-	if err != nil {
-		return nil, fmt.Errorf("watches through the proxy: %w", err)
-	}
-	r.Add(Row{Metric: fmt.Sprintf("etcd watches for %d client watches", cfg.Watches), Unit: "watches",
-		Beacon: float64(via.upstream), Baseline: float64(direct.upstream)})
-	r.Add(Row{Metric: fmt.Sprintf("heap for %d watches", cfg.Watches), Unit: "MiB",
-		Beacon: via.heapMiB, Baseline: direct.heapMiB})
-	r.Add(Row{Metric: fmt.Sprintf("one event to all %d watchers", cfg.Watches), Unit: "ms",
-		Beacon: Ms(via.fanout), Baseline: Ms(direct.fanout)})
-	r.Note("heap is the growth of the live heap of the clients, etcd and the proxy while the watches are open")
-	r.Note("direct: %d watches on etcd; through the proxy: %d client watchers on the proxy share %d etcd watch(es)",
-		direct.upstream, via.clientWatchers, via.upstream)
+	r.Note("ratio: Beacon's proxy over the baseline named in 'vs', each measured in the same round (median of the per-round ratios' spread in brackets); CPU: the proxy process's threads' run time (/proc/<pid>/task/*/schedstat)")
 	return r, nil
+}
+
+func rotate(s []*side, n int) []*side {
+	n %= len(s)
+	return append(append([]*side{}, s[n:]...), s[:n]...)
+}
+
+// samples collects one figure per side and round.
+type samples struct {
+	v map[string]map[string][]float64
+}
+
+func newSamples() *samples { return &samples{v: map[string]map[string][]float64{}} }
+
+func (m *samples) add(side, what string, v float64) {
+	if m.v[side] == nil {
+		m.v[side] = map[string][]float64{}
+	}
+	m.v[side][what] = append(m.v[side][what], v)
+}
+
+func (m *samples) get(side, what string) []float64 { return m.v[side][what] }
+
+// rows adds Beacon's figure against direct and against etcd's
+// grpc-proxy, with the goals given (0: none).
+func (m *samples) rows(r *Report, metric, unit, what string, higher bool, goalDirect, goalGP float64) {
+	b := m.get(sideBeacon, what)
+	if len(b) == 0 {
+		return
+	}
+	r.Add(Spread(Row{Metric: metric, Unit: unit, HigherIsBetter: higher, Goal: goalDirect, Against: sideDirect}, b, m.get(sideDirect, what)))
+	if gp := m.get(sideGP, what); len(gp) > 0 {
+		r.Add(Spread(Row{Metric: metric, Unit: unit, HigherIsBetter: higher, Goal: goalGP, Against: sideGP}, b, gp))
+	}
+}
+
+// gpRow adds Beacon's figure against etcd's grpc-proxy only (the proxies'
+// own costs).
+func (m *samples) gpRow(r *Report, metric, unit, what string, goal float64) {
+	b := m.get(sideBeacon, what)
+	if len(b) == 0 {
+		return
+	}
+	r.Add(Spread(Row{Metric: metric, Unit: unit, Goal: goal, Against: sideGP}, b, m.get(sideGP, what)))
+}
+
+// startBeaconProxy runs `beacon proxy` in front of eps.
+func startBeaconProxy(ctx context.Context, log *slog.Logger, command []string, eps []string) (*proc, error) {
+	port, err := freeport.Port()
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	argv := append(append([]string{}, command...), "--endpoints", strings.Join(eps, ","), "--listen-addr", addr, "--log-level", "warn")
+	return startProc(ctx, log, sideBeacon, addr, argv, "")
+}
+
+// startGRPCProxy runs `etcd grpc-proxy start` in front of eps.
+func startGRPCProxy(ctx context.Context, log *slog.Logger, etcdBin string, eps []string) (*proc, error) {
+	port, err := freeport.Port()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "beacon-bench-grpc-proxy-")
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	var hosts []string
+	for _, ep := range eps {
+		hosts = append(hosts, strings.TrimPrefix(strings.TrimPrefix(ep, "http://"), "https://"))
+	}
+	argv := []string{etcdBin, "grpc-proxy", "start", "--endpoints", strings.Join(hosts, ","), "--listen-addr", addr,
+		"--advertise-client-url", addr, "--data-dir", dir}
+	p, err := startProc(ctx, log, sideGP, addr, argv, dir)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+	}
+	return p, err
+}
+
+// watchRoundProxy opens cfg.Watches watchers through s, then measures a
+// burst (events/s, CPU per event, events lost, memory) and a steady rate
+// (delivery latency), and closes them.
+func watchRoundProxy(ctx context.Context, cfg ProxyConfig, s *side, writer *clientv3.Client, round int, m *samples, r *Report) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	clis, err := clients(s.eps, cfg.Streams)
+	if err != nil {
+		return err
+	}
+	defer closeAll(clis)
+	key := fmt.Sprintf("bench/watch/%s/%d/%d", strings.ReplaceAll(s.name, " ", "-"), round, time.Now().UnixNano())
+	n := cfg.Watches
+	var got, ended, lastNanos atomic.Int64
+	lat := newLatencies(cfg.LatencyPuts, n)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i := range n {
+		wch := clis[i%len(clis)].Watch(ctx, key, clientv3.WithCreatedNotify())
+		select {
+		case wr := <-wch:
+			if !wr.Created {
+				return fmt.Errorf("watch %d not created: %v", i, wr.Err())
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		wg.Go(func() {
+			defer ended.Add(1)
+			for wr := range wch {
+				for _, ev := range wr.Events {
+					v := string(ev.Kv.Value)
+					if s, ok := strings.CutPrefix(v, "l"); ok {
+						if k, err := strconv.Atoi(s); err == nil {
+							lat.got(k, i)
+						}
+						continue
+					}
+					got.Add(1)
+					lastNanos.Store(time.Now().UnixNano())
+				}
+			}
+		})
+	}
+	if s.name == sideBeacon {
+		if up, err := proxyUpstreamWatches(ctx, s.proc.addr); err == nil {
+			m.add(s.name, "upstream", up)
+		}
+	}
+	if s.proc != nil {
+		runtime.GC()
+		m.add(s.name, "idle", s.proc.rss()/(1<<20))
+	}
+
+	// The burst: every watcher must get every event.
+	want := int64(n) * int64(cfg.BurstPuts)
+	var cpu0 time.Duration
+	if s.proc != nil {
+		cpu0 = s.proc.cpu()
+	}
+	start := time.Now()
+	var next atomic.Int64
+	var pw sync.WaitGroup
+	var putErr atomic.Pointer[error]
+	for range 4 {
+		pw.Go(func() {
+			for next.Add(1) <= int64(cfg.BurstPuts) {
+				if _, err := writer.Put(ctx, key, "b"); err != nil {
+					putErr.Store(&err)
+					return
+				}
+			}
+		})
+	}
+	pw.Wait()
+	if err := putErr.Load(); err != nil {
+		return *err
+	}
+	// Until every event is in, every watcher ended, or nothing arrived for
+	// 5 s (a proxy that dropped events: they are counted as lost).
+	seen, progress := got.Load(), time.Now()
+	for got.Load() < want && ended.Load() < int64(n) && time.Since(progress) < 5*time.Second && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond) // the watchers' goroutines count; nothing to wait on
+		if g := got.Load(); g != seen {
+			seen, progress = g, time.Now()
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	received := got.Load()
+	elapsed := time.Duration(lastNanos.Load() - start.UnixNano())
+	if elapsed <= 0 {
+		elapsed = time.Since(start)
+	}
+	m.add(s.name, "events", float64(received)/elapsed.Seconds())
+	m.add(s.name, "lost", float64(want-received))
+	if s.proc != nil {
+		m.add(s.name, "cpu", float64(s.proc.cpu()-cpu0)/float64(time.Microsecond)/float64(max(received, 1)))
+	}
+	if received < want {
+		r.Note("%s, round %d: %d of %d events delivered (%d of %d watchers ended)", s.name, round, received, want, ended.Load(), n)
+	}
+	if s.proc != nil {
+		select {
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		m.add(s.name, "after", s.proc.rss()/(1<<20))
+	}
+
+	// Steady rate: the time from each put until each watcher still open
+	// has it.
+	live := n - int(ended.Load())
+	if live == 0 {
+		return nil // the proxy ended every watch (it dropped the burst)
+	}
+	lat.expect(live)
+	tick := time.NewTicker(time.Second / time.Duration(cfg.LatencyRate))
+	defer tick.Stop()
+	for k := range cfg.LatencyPuts {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		lat.t0[k].Store(time.Now().UnixNano())
+		if _, err := writer.Put(ctx, key, "l"+strconv.Itoa(k)); err != nil {
+			return err
+		}
+	}
+	for k := range cfg.LatencyPuts {
+		select {
+		case <-lat.done[k]:
+		case <-time.After(30 * time.Second):
+			r.Note("%s, round %d: latency sample %d not received by every watcher within 30 s", s.name, round, k)
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	all := lat.all()
+	m.add(s.name, "lat50", Ms(Percentile(all, 50)))
+	m.add(s.name, "lat99", Ms(Percentile(all, 99)))
+	return nil
+}
+
+// proxyUpstreamWatches reads beacon_proxy_upstream_watches from a Beacon
+// proxy's /metrics.
+func proxyUpstreamWatches(ctx context.Context, addr string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "beacon_proxy_upstream_watches "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, errors.New("no beacon_proxy_upstream_watches")
 }
 
 type loadResult struct {
@@ -219,13 +555,6 @@ type loadResult struct {
 	elapsed time.Duration
 	lat     []time.Duration
 	errors  int
-}
-
-func (a *loadResult) add(b loadResult) {
-	a.ops += b.ops
-	a.elapsed += b.elapsed
-	a.lat = append(a.lat, b.lat...)
-	a.errors += b.errors
 }
 
 func (a loadResult) rate() float64 {
@@ -296,71 +625,4 @@ func closeAll(clis []*clientv3.Client) {
 	for _, c := range clis {
 		_ = c.Close()
 	}
-}
-
-type watchResult struct {
-	upstream, clientWatchers int
-	heapMiB                  float64
-	fanout                   time.Duration
-}
-
-// watchFanout opens cfg.Watches identical watches, measures the heap they
-// hold and how long one event takes to reach all of them.
-func watchFanout(ctx context.Context, eps []string, cfg ProxyConfig, px proxyUnderTest) (watchResult, error) {
-	const perConn = 100
-	conns := (cfg.Watches + perConn - 1) / perConn
-	before := liveHeap()
-	var pxBefore float64
-	if px != nil {
-		pxBefore = px.heap(ctx)
-	}
-	clis, err := clients(eps, conns)
-	if err != nil {
-		return watchResult{}, err
-	}
-	defer closeAll(clis)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	key := fmt.Sprintf("bench/watch/%d", time.Now().UnixNano())
-	chans := make([]clientv3.WatchChan, 0, cfg.Watches)
-	for i := range cfg.Watches {
-		wch := clis[i%len(clis)].Watch(wctx, key, clientv3.WithCreatedNotify())
-		if wr := <-wch; !wr.Created || wr.Err() != nil {
-			return watchResult{}, fmt.Errorf("watch %d not created: %v", i, wr.Err())
-		}
-		chans = append(chans, wch)
-	}
-	res := watchResult{upstream: cfg.Watches, clientWatchers: cfg.Watches}
-	res.heapMiB = (float64(liveHeap()) - float64(before)) / (1 << 20)
-	if px != nil {
-		st, err := px.stats(ctx)
-		if err != nil {
-			return watchResult{}, err
-		}
-		res.upstream, res.clientWatchers = st.UpstreamWatches, st.ClientWatchers
-		res.heapMiB += (px.heap(ctx) - pxBefore) / (1 << 20)
-	}
-	t0 := time.Now()
-	if _, err := clis[0].Put(ctx, key, "x"); err != nil {
-		return watchResult{}, err
-	}
-	for i, wch := range chans {
-		select {
-		case wr := <-wch:
-			if len(wr.Events) != 1 {
-				return watchResult{}, fmt.Errorf("watch %d: %d events, err %v", i, len(wr.Events), wr.Err())
-			}
-		case <-time.After(30 * time.Second):
-			return watchResult{}, fmt.Errorf("watch %d got no event", i)
-		}
-	}
-	res.fanout = time.Since(t0)
-	return res, nil
-}
-
-func liveHeap() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"slices"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,11 +17,10 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/registry"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
 
@@ -38,13 +36,24 @@ type RegistryConfig struct {
 	// Logger receives progress; nil discards.
 	Logger *slog.Logger
 
-	// Register: Instances registered by Concurrency workers (defaults
-	// 3000 and 64); Sequential instances by one worker (default 300).
+	// Register: Instances registered by each number of concurrent
+	// workers in Concurrency (defaults 6000, and 64 and 256); Sequential
+	// instances by one worker (default 300).
 	Instances   int
-	Concurrency int
+	Concurrency []int
 	Sequential  int
-	// Rounds alternate raw and Beacon (default 3); the median is shown.
+	// Rounds alternate the sides (default 3); the median is shown with
+	// the spread.
 	Rounds int
+	// Batch is the transaction size of the batched-write ceiling: etcd's
+	// benchmark tool runs txn-put with Batch puts per transaction and
+	// workers/Batch clients, the same keys in flight as Beacon's workers
+	// (default: the batch Beacon's group commit makes for that many
+	// workers, CeilingBatch). BenchmarkBin is the tool's path (default:
+	// found in PeersDir()/bin or PATH); NoCeiling skips that side.
+	Batch        int
+	BenchmarkBin string
+	NoCeiling    bool
 
 	// Watch: watcher counts (default 1, 100, 1000) and registrations
 	// measured for each (default 300: with one watcher, p99 is then the
@@ -67,10 +76,10 @@ type RegistryConfig struct {
 
 func (c *RegistryConfig) defaults() {
 	if c.Instances == 0 {
-		c.Instances = 3000
+		c.Instances = 20000
 	}
-	if c.Concurrency == 0 {
-		c.Concurrency = 64
+	if len(c.Concurrency) == 0 {
+		c.Concurrency = []int{64, 256}
 	}
 	if c.Sequential == 0 {
 		c.Sequential = 300
@@ -101,17 +110,43 @@ func (c *RegistryConfig) defaults() {
 	}
 }
 
-// Validate checks the sizes.
+// Limits of the sizes a scenario accepts: beyond them a run would take
+// hours or exhaust memory, which is a typing mistake rather than a plan.
+const (
+	maxInstances   = 10_000_000
+	maxConcurrency = 100_000
+	maxWatchers    = 1_000_000
+	maxRounds      = 100
+	maxChildren    = 1000
+)
+
+// Validate checks the sizes (zero means the default).
 func (c RegistryConfig) Validate() error {
-	for name, v := range map[string]int{"instances": c.Instances, "concurrency": c.Concurrency, "sequential": c.Sequential,
-		"samples": c.Samples, "rounds": c.Rounds, "children": c.Children, "mem-instances": c.MemInstances, "mem-watchers": c.MemWatchers} {
-		if v < 0 {
-			return fmt.Errorf("bench: --%s %d: must be positive", name, v)
+	for _, v := range []struct {
+		name  string
+		val   int
+		limit int
+	}{
+		{"instances", c.Instances, maxInstances}, {"sequential", c.Sequential, maxInstances},
+		{"samples", c.Samples, maxInstances}, {"rounds", c.Rounds, maxRounds},
+		{"children", c.Children, maxChildren}, {"mem-instances", c.MemInstances, maxInstances},
+		{"mem-watchers", c.MemWatchers, maxWatchers}, {"batch", c.Batch, 128},
+	} {
+		if v.val < 0 {
+			return fmt.Errorf("bench: --%s %d: must be positive", v.name, v.val)
+		}
+		if v.val > v.limit {
+			return fmt.Errorf("bench: --%s %d: at most %d", v.name, v.val, v.limit)
+		}
+	}
+	for _, w := range c.Concurrency {
+		if w <= 0 || w > maxConcurrency {
+			return fmt.Errorf("bench: --concurrency %d: must be between 1 and %d", w, maxConcurrency)
 		}
 	}
 	for _, w := range c.Watchers {
-		if w <= 0 {
-			return fmt.Errorf("bench: --watchers %d: must be positive", w)
+		if w <= 0 || w > maxWatchers {
+			return fmt.Errorf("bench: --watchers %d: must be between 1 and %d", w, maxWatchers)
 		}
 	}
 	if c.TTL != 0 {
@@ -125,29 +160,41 @@ func (c RegistryConfig) Validate() error {
 // etcdTarget is the etcd a scenario measures.
 type etcdTarget struct {
 	endpoints []string
-	embedded  bool
+	embedded  bool // started by the scenario (its data goes with it)
 	setup     string
 	stop      func()
+	pid       int // etcd's process, when the scenario runs it (0: unknown)
 }
 
-// startTarget returns cfg's etcd: the given endpoints, or a new embedded
-// server.
-func startTarget(cfg RegistryConfig) (*etcdTarget, error) {
+// cpu is the CPU time etcd's process has used (0 when not known).
+func (t *etcdTarget) cpu() time.Duration {
+	if t.pid == 0 {
+		return 0
+	}
+	return processCPU(t.pid)
+}
+
+// startTarget returns cfg's etcd: the given endpoints, or a new
+// single-node etcd in a child process (`beacon bench etcd-server`, the
+// server package's embedded etcd), so that the load generator never
+// shares a Go runtime with etcd, as etcd's own benchmark tool does not.
+func startTarget(ctx context.Context, cfg RegistryConfig) (*etcdTarget, error) {
 	if len(cfg.Endpoints) > 0 {
 		return &etcdTarget{endpoints: cfg.Endpoints, setup: "etcd at " + strings.Join(cfg.Endpoints, ","), stop: func() {}}, nil
 	}
-	fsync := !cfg.NoFsync
-	srv, err := etcdtest.New(etcdtest.Options{Name: "bench-registry", Configure: func(c *embed.Config) {
-		c.UnsafeNoFsync = !fsync
-	}})
+	exe, err := cfg.executable()
 	if err != nil {
-		return nil, fmt.Errorf("bench: start embedded etcd: %w", err)
+		return nil, err
 	}
-	setup := "embedded single-node etcd 3.7 (fsync)"
-	if !fsync {
-		setup = "embedded single-node etcd 3.7 (no fsync)"
+	srv, err := startServerChild(ctx, exe, cfg.NoFsync)
+	if err != nil {
+		return nil, fmt.Errorf("bench: start etcd: %w", err)
 	}
-	return &etcdTarget{endpoints: srv.Endpoints(), embedded: true, setup: setup, stop: srv.Close}, nil
+	setup := "single-node etcd 3.7 in its own process (fsync)"
+	if cfg.NoFsync {
+		setup = "single-node etcd 3.7 in its own process (no fsync)"
+	}
+	return &etcdTarget{endpoints: []string{srv.endpoint}, embedded: true, setup: setup, stop: srv.stop, pid: srv.cmd.Process.Pid}, nil
 }
 
 func rawClient(eps []string) (*clientv3.Client, error) {
@@ -218,15 +265,20 @@ func rawKey(in beacon.Instance) string {
 }
 
 // run runs op(i) for i in [0, n) on workers goroutines and returns the
-// total time and each op's latency.
+// total time and each op's latency. An interrupt (ctx) stops new
+// operations but lets those in flight finish (for at most 10 s), so that
+// what they created (a lease, a key) is known and can be removed; the
+// first error stops everything.
 func run(ctx context.Context, n, workers int, op func(ctx context.Context, i int) error) (time.Duration, []time.Duration, error) {
 	lat := make([]time.Duration, n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var errOnce sync.Once
 	var firstErr error
-	ctx, cancel := context.WithCancel(ctx)
+	opCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(10*time.Second, cancel) })
+	defer stop()
 	start := time.Now()
 	for range min(workers, n) {
 		wg.Add(1)
@@ -234,11 +286,11 @@ func run(ctx context.Context, n, workers int, op func(ctx context.Context, i int
 			defer wg.Done()
 			for {
 				i := int(next.Add(1) - 1)
-				if i >= n || ctx.Err() != nil {
+				if i >= n || ctx.Err() != nil || opCtx.Err() != nil {
 					return
 				}
 				t := time.Now()
-				if err := op(ctx, i); err != nil {
+				if err := op(opCtx, i); err != nil {
 					errOnce.Do(func() { firstErr = err; cancel() })
 					return
 				}
@@ -247,19 +299,37 @@ func run(ctx context.Context, n, workers int, op func(ctx context.Context, i int
 		}()
 	}
 	wg.Wait()
+	if firstErr == nil && ctx.Err() != nil {
+		firstErr = ctx.Err()
+	}
 	return time.Since(start), lat, firstErr
 }
 
-// RunRegister measures registrations per second: Beacon's Register through
-// one session (one shared lease, concurrent registrations batched into
-// transactions) against the raw etcd client's "grant a lease + put" per
-// instance, with the same concurrency and the same values.
+// CeilingBatch is the transaction size Beacon's group commit reaches with
+// workers concurrent registrations (a quarter of them, at most 48; see
+// registry's batcher), which the ceiling uses unless told otherwise.
+func CeilingBatch(workers int) int { return max(1, min(48, (workers+3)/4)) }
+
+// RunRegister measures registrations per second for each number of
+// concurrent workers: Beacon's Register through one session (one shared
+// lease, concurrent registrations batched into transactions) against the
+// batched-write ceiling of the same etcd member (etcd's benchmark tool,
+// txn-put with the same keys in flight, in transactions of cfg.Batch
+// puts of the same sizes) and against the raw etcd client's "grant a lease
+// + put" per instance. Rounds alternate the sides in turn.
 func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	tgt, err := startTarget(cfg)
+	benchBin := ""
+	if !cfg.NoCeiling && len(cfg.Endpoints) == 0 {
+		var err error
+		if benchBin, err = BenchmarkPeer.Find(cfg.BenchmarkBin); err != nil {
+			return nil, fmt.Errorf("%w (or skip the ceiling with --no-ceiling)", err)
+		}
+	}
+	tgt, err := startTarget(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -274,106 +344,312 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 		return nil, err
 	}
 	defer st.Close()
-	const ttl = 30 * time.Second
-	ttlSecs := int64(ttl / time.Second)
 
-	var leases []clientv3.LeaseID
-	var leasesMu sync.Mutex
-	rawOp := func(ns string) func(ctx context.Context, i int) error {
-		return func(ctx context.Context, i int) error {
-			in := benchInstance(ns, "reg", i)
-			l, err := cli.Grant(ctx, ttlSecs)
-			if err != nil {
-				return fmt.Errorf("raw grant: %w", err)
-			}
-			if _, err := cli.Put(ctx, rawKey(in), rawValue(in), clientv3.WithLease(l.ID)); err != nil {
-				return fmt.Errorf("raw put: %w", err)
-			}
-			leasesMu.Lock()
-			leases = append(leases, l.ID)
-			leasesMu.Unlock()
-			return nil
-		}
-	}
-	// revokeRaw ends the raw leases (untimed), so that their expiry does
-	// not load etcd during later measurements.
-	revokeRaw := func() error {
-		ls := leases
-		leases = nil
-		_, _, err := run(ctx, len(ls), 32, func(ctx context.Context, i int) error {
-			_, err := cli.Revoke(ctx, ls[i])
-			return err
-		})
-		return err
-	}
+	raw := &rawRegistrar{cli: cli}
+	// Whatever happens (an error, an interrupt), no raw lease outlives the
+	// run; Beacon's sessions revoke their own lease when closed.
+	defer func() { _ = raw.revokeAll(context.WithoutCancel(ctx)) }() // best effort: the run's error matters more
+
 	type result struct {
 		total time.Duration
 		lat   []time.Duration
+		cpu   time.Duration // etcd's, while registering (not cleaning up)
 	}
-	measure := func(round string, n, workers int) (raw, bcn result, err error) {
-		cfg.Logger.Info("register: raw etcd", "round", round, "instances", n, "workers", workers)
-		raw.total, raw.lat, err = run(ctx, n, workers, rawOp("raw-"+round))
+	// settle lets etcd finish committing a side's cleanup (thousands of
+	// deletions) before the next side is measured.
+	settle := func() {
+		select {
+		case <-time.After(300 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+	rawSide := func(round string, n, workers int) (result, error) {
+		var r result
+		var err error
+		cpu0 := tgt.cpu()
+		r.total, r.lat, err = run(ctx, n, workers, raw.op("raw-"+round))
+		r.cpu = tgt.cpu() - cpu0
+		if rerr := raw.revokeAll(ctx); err == nil {
+			err = rerr
+		}
+		settle()
+		return r, err
+	}
+	beaconSide := func(round string, n, workers int) (result, error) {
+		var r result
+		reg, err := registry.New(st, registry.Config{Root: "/bench-beacon", LeaseTTL: 30 * time.Second})
 		if err != nil {
-			return raw, bcn, err
+			return r, err
 		}
-		if err := revokeRaw(); err != nil {
-			return raw, bcn, err
-		}
-		r, err := registry.New(st, registry.Config{Root: "/bench-beacon", LeaseTTL: ttl})
-		if err != nil {
-			return raw, bcn, err
-		}
-		defer r.Close()
-		cfg.Logger.Info("register: beacon", "round", round, "instances", n, "workers", workers)
-		bcn.total, bcn.lat, err = run(ctx, n, workers, func(ctx context.Context, i int) error {
-			_, err := r.Register(ctx, benchInstance("beacon-"+round, "reg", i))
+		defer settle()
+		defer reg.Close() // revokes the session lease: its keys go with it
+		cpu0 := tgt.cpu()
+		r.total, r.lat, err = run(ctx, n, workers, func(ctx context.Context, i int) error {
+			_, err := reg.Register(ctx, benchInstance("beacon-"+round, "reg", i))
 			return err
 		})
-		return raw, bcn, err
+		r.cpu = tgt.cpu() - cpu0
+		return r, err
 	}
-	// Warm both paths up (connections, the session lease), then alternate
-	// the two sides for several rounds and keep each side's median round,
-	// so that other load on the machine (disk syncs above all) hits both.
-	if _, _, err := measure("warmup", 200, cfg.Concurrency); err != nil {
+	// The ceiling writes keys of Beacon's key and value sizes, over a key
+	// space of n keys (later rounds overwrite the same keys).
+	sample := benchInstance("beacon-c0-0", "reg", 0)
+	keySize := len("/bench-beacon" + beacon.ServicesDir + sample.Ref().String())
+	valSize := len(rawValue(sample))
+	batchOf := func(workers int) int {
+		if cfg.Batch > 0 {
+			return cfg.Batch
+		}
+		return CeilingBatch(workers)
+	}
+	ceilingSide := func(n, workers int) (ceilingResult, error) {
+		return runTxnPut(ctx, benchBin, tgt.endpoints, n, workers, batchOf(workers), keySize, valSize)
+	}
+
+	// Warm every path up (connections, the session lease).
+	cfg.Logger.Info("register: warming up")
+	if _, err := rawSide("warmup", 200, cfg.Concurrency[0]); err != nil {
 		return nil, err
 	}
-	median := func(rs []result) result {
-		slices.SortFunc(rs, func(a, b result) int { return cmp.Compare(a.total, b.total) })
-		return rs[len(rs)/2]
+	if _, err := beaconSide("warmup", 200, cfg.Concurrency[0]); err != nil {
+		return nil, err
 	}
-	var conRaws, conBcns, seqRaws, seqBcns []result
+	rep := &Report{
+		Scenario: "register",
+		Setup: fmt.Sprintf("%s; Beacon: one registry session (one lease, concurrent registrations batched into transactions); "+
+			"ceiling: etcd's benchmark txn-put, the same keys in flight as workers, in transactions of Beacon's batch size, %d-byte keys, %d-byte values; "+
+			"raw: clientv3 Grant + Put per instance, same values",
+			tgt.setup, keySize, valSize),
+	}
+	rate := func(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
+	for wi, workers := range cfg.Concurrency {
+		var bRate, rRate, cRate, bP50, bP99, rP50, rP99, cP99, bCPU, rCPU, cCPU []float64
+		etcdCPU := func(d time.Duration) float64 {
+			return float64(d) / float64(time.Microsecond) / float64(cfg.Instances)
+		}
+		for round := range cfg.Rounds {
+			name := fmt.Sprintf("c%d-%d", wi, round)
+			for k := range 3 {
+				switch (round + k) % 3 {
+				case 0:
+					cfg.Logger.Info("register: beacon", "workers", workers, "round", round)
+					b, err := beaconSide(name, cfg.Instances, workers)
+					if err != nil {
+						return nil, err
+					}
+					bCPU = append(bCPU, etcdCPU(b.cpu))
+					bRate = append(bRate, rate(cfg.Instances, b.total))
+					bP50 = append(bP50, Ms(Percentile(b.lat, 50)))
+					bP99 = append(bP99, Ms(Percentile(b.lat, 99)))
+				case 1:
+					cfg.Logger.Info("register: raw etcd", "workers", workers, "round", round)
+					r, err := rawSide(name, cfg.Instances, workers)
+					if err != nil {
+						return nil, err
+					}
+					rCPU = append(rCPU, etcdCPU(r.cpu))
+					rRate = append(rRate, rate(cfg.Instances, r.total))
+					rP50 = append(rP50, Ms(Percentile(r.lat, 50)))
+					rP99 = append(rP99, Ms(Percentile(r.lat, 99)))
+				case 2:
+					if benchBin == "" {
+						continue
+					}
+					cfg.Logger.Info("register: batched-write ceiling", "workers", workers, "round", round)
+					cpu0 := tgt.cpu()
+					c, err := ceilingSide(cfg.Instances, workers)
+					if err != nil {
+						return nil, err
+					}
+					cCPU = append(cCPU, etcdCPU(tgt.cpu()-cpu0))
+					settle()
+					cRate = append(cRate, c.keysPerSec)
+					cP99 = append(cP99, c.p99ms)
+				}
+			}
+		}
+		m := fmt.Sprintf("registrations/s, %d workers", workers)
+		if benchBin != "" {
+			rep.Add(Spread(Row{Metric: m, Unit: "ops/s", HigherIsBetter: true, Goal: 0.8, Against: "txn-put ceiling"}, bRate, cRate))
+		}
+		rep.Add(Spread(Row{Metric: m, Unit: "ops/s", HigherIsBetter: true, Against: "raw grant+put"}, bRate, rRate))
+		rep.Add(Spread(Row{Metric: fmt.Sprintf("register p50, %d workers", workers), Unit: "ms", Against: "raw grant+put"}, bP50, rP50))
+		rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99, %d workers", workers), Unit: "ms", Against: "raw grant+put"}, bP99, rP99))
+		if benchBin != "" {
+			rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99 vs %d-put txn p99, %d workers", batchOf(workers), workers), Unit: "ms", Against: "txn-put ceiling"}, bP99, cP99))
+		}
+		if tgt.pid != 0 {
+			m := fmt.Sprintf("etcd CPU per registration, %d workers", workers)
+			if benchBin != "" {
+				rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "txn-put ceiling"}, bCPU, cCPU))
+			}
+			rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "raw grant+put"}, bCPU, rCPU))
+		}
+	}
+	var sb, sr []float64
+	var sl50b, sl50r []float64
 	for round := range cfg.Rounds {
-		raw, bcn, err := measure(fmt.Sprintf("c%d", round), cfg.Instances, cfg.Concurrency)
+		name := fmt.Sprintf("s%d", round)
+		r, err := rawSide(name, cfg.Sequential, 1)
 		if err != nil {
 			return nil, err
 		}
-		conRaws, conBcns = append(conRaws, raw), append(conBcns, bcn)
-		if raw, bcn, err = measure(fmt.Sprintf("s%d", round), cfg.Sequential, 1); err != nil {
+		b, err := beaconSide(name, cfg.Sequential, 1)
+		if err != nil {
 			return nil, err
 		}
-		seqRaws, seqBcns = append(seqRaws, raw), append(seqBcns, bcn)
+		sb, sr = append(sb, rate(cfg.Sequential, b.total)), append(sr, rate(cfg.Sequential, r.total))
+		sl50b, sl50r = append(sl50b, Ms(Percentile(b.lat, 50))), append(sl50r, Ms(Percentile(r.lat, 50)))
 	}
-	conRaw, conBcn, seqRaw, seqBcn := median(conRaws), median(conBcns), median(seqRaws), median(seqBcns)
-	rate := func(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
-	rep := &Report{
-		Scenario: "register",
-		Setup: fmt.Sprintf("%s; Beacon: one registry session (one lease, concurrent registrations batched into transactions) vs raw clientv3 Grant + Put per instance; same JSON values",
-			tgt.setup),
+	rep.Add(Spread(Row{Metric: "registrations/s, 1 worker", Unit: "ops/s", HigherIsBetter: true, Against: "raw grant+put"}, sb, sr))
+	rep.Add(Spread(Row{Metric: "register p50, 1 worker", Unit: "ms", Against: "raw grant+put"}, sl50b, sl50r))
+
+	rep.Note("%d instances per round and worker count, %d rounds, sides in turn (median, with the spread in brackets); then %d instances by one worker",
+		cfg.Instances, cfg.Rounds, cfg.Sequential)
+	if benchBin != "" {
+		var sizes []string
+		for _, w := range cfg.Concurrency {
+			b := batchOf(w)
+			sizes = append(sizes, fmt.Sprintf("%d workers: --clients %d --txn-ops %d", w, max(1, w/b), b))
+		}
+		rep.Note("ceiling: %s txn-put (%s): what etcd commits with as many keys in flight as Beacon's workers, in transactions as large as Beacon's",
+			benchBin, strings.Join(sizes, "; "))
+	} else if !cfg.NoCeiling {
+		rep.Note("no ceiling against --endpoints: etcd's benchmark tool writes keys it cannot remove")
 	}
-	rep.Add(Row{Metric: fmt.Sprintf("registrations/s, %d workers", cfg.Concurrency), Unit: "ops/s",
-		Beacon: rate(cfg.Instances, conBcn.total), Baseline: rate(cfg.Instances, conRaw.total), HigherIsBetter: true, Goal: 3})
-	rep.Add(Row{Metric: fmt.Sprintf("register latency p50, %d workers", cfg.Concurrency), Unit: "ms",
-		Beacon: Ms(Percentile(conBcn.lat, 50)), Baseline: Ms(Percentile(conRaw.lat, 50))})
-	rep.Add(Row{Metric: fmt.Sprintf("register latency p99, %d workers", cfg.Concurrency), Unit: "ms",
-		Beacon: Ms(Percentile(conBcn.lat, 99)), Baseline: Ms(Percentile(conRaw.lat, 99))})
-	rep.Add(Row{Metric: "registrations/s, 1 worker", Unit: "ops/s",
-		Beacon: rate(cfg.Sequential, seqBcn.total), Baseline: rate(cfg.Sequential, seqRaw.total), HigherIsBetter: true})
-	rep.Add(Row{Metric: "register latency p50, 1 worker", Unit: "ms",
-		Beacon: Ms(Percentile(seqBcn.lat, 50)), Baseline: Ms(Percentile(seqRaw.lat, 50))})
-	rep.Note("%d instances by %d workers, then %d by one worker, %d rounds alternating raw and Beacon (median round shown); each raw registration is 2 round trips (grant, put), each Beacon one (a transaction shared with concurrent registrations)",
-		cfg.Instances, cfg.Concurrency, cfg.Sequential, cfg.Rounds)
-	rep.Note("with fsync, each worker completes about one etcd request per disk sync, so with equal concurrency Beacon's lead approaches 2x when syncs dominate, and grows when etcd's per-request CPU does (see --no-fsync)")
+	rep.Note("each raw registration is 2 round trips (grant, put) and a lease of its own; each Beacon registration is part of a transaction shared with concurrent ones, under the session's one lease")
 	return rep, nil
+}
+
+// rawRegistrar is the raw baseline: a lease and a put per instance. Its
+// leases are long enough for any run (10 minutes), and revoked after each
+// round and at the end, also after an error or interrupt.
+type rawRegistrar struct {
+	cli    *clientv3.Client
+	mu     sync.Mutex
+	leases []clientv3.LeaseID
+}
+
+const rawLeaseTTL = 600 // seconds
+
+func (r *rawRegistrar) op(ns string) func(ctx context.Context, i int) error {
+	return func(ctx context.Context, i int) error {
+		in := benchInstance(ns, "reg", i)
+		l, err := r.cli.Grant(ctx, rawLeaseTTL)
+		if err != nil {
+			return fmt.Errorf("raw grant: %w", err)
+		}
+		r.mu.Lock()
+		r.leases = append(r.leases, l.ID)
+		r.mu.Unlock()
+		if _, err := r.cli.Put(ctx, rawKey(in), rawValue(in), clientv3.WithLease(l.ID)); err != nil {
+			return fmt.Errorf("raw put: %w", err)
+		}
+		return nil
+	}
+}
+
+// revokeAll revokes every lease granted so far (untimed), also after an
+// interrupt (for at most 30 s); a lease already gone is not an error.
+func (r *rawRegistrar) revokeAll(ctx context.Context) error {
+	r.mu.Lock()
+	ls := r.leases
+	r.leases = nil
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	_, _, err := run(ctx, len(ls), 32, func(ctx context.Context, i int) error {
+		_, err := r.cli.Revoke(ctx, ls[i])
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("revoke the raw leases: %w", err)
+	}
+	return nil
+}
+
+// ceilingResult is one run of etcd's benchmark txn-put.
+type ceilingResult struct {
+	keysPerSec float64
+	p50ms      float64
+	p99ms      float64
+}
+
+// runTxnPut runs etcd's benchmark tool: n keys in transactions of batch
+// puts from workers/batch clients, and returns keys per second and the
+// transactions' latency.
+func runTxnPut(ctx context.Context, bin string, eps []string, n, workers, batch, keySize, valSize int) (ceilingResult, error) {
+	clients := max(1, workers/batch)
+	txns := max(1, n/batch)
+	var hosts []string
+	for _, ep := range eps {
+		hosts = append(hosts, strings.TrimPrefix(strings.TrimPrefix(ep, "http://"), "https://"))
+	}
+	args := []string{"--endpoints", strings.Join(hosts, ","), "--clients", strconv.Itoa(clients), "--conns", strconv.Itoa(clients),
+		"txn-put", "--txn-ops", strconv.Itoa(batch), "--total", strconv.Itoa(txns),
+		"--key-size", strconv.Itoa(keySize), "--val-size", strconv.Itoa(valSize), "--key-space-size", strconv.Itoa(max(n, batch))}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ceilingResult{}, ctx.Err()
+		}
+		return ceilingResult{}, fmt.Errorf("bench: %s %s: %w: %s", bin, strings.Join(args, " "), err, lastLines(string(out), 5))
+	}
+	res, err := parseBenchmarkOutput(string(out))
+	if err != nil {
+		return ceilingResult{}, fmt.Errorf("bench: %s %s: %w", bin, strings.Join(args, " "), err)
+	}
+	res.keysPerSec *= float64(batch)
+	return res, nil
+}
+
+// parseBenchmarkOutput reads the summary etcd's benchmark tool prints:
+// requests per second and the latency distribution. A run with errors
+// (an "Error distribution" section) is refused.
+func parseBenchmarkOutput(out string) (ceilingResult, error) {
+	var res ceilingResult
+	if i := strings.Index(out, "Error distribution"); i >= 0 {
+		return res, fmt.Errorf("requests failed: %s", lastLines(out[i:], 5))
+	}
+	found := false
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 2 && f[0] == "Requests/sec:":
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				return res, fmt.Errorf("summary line %q: %w", line, err)
+			}
+			res.keysPerSec, found = v, true
+		case len(f) == 4 && f[1] == "in" && f[3] == "secs.":
+			v, err := strconv.ParseFloat(f[2], 64)
+			if err != nil {
+				continue
+			}
+			switch f[0] {
+			case "50%":
+				res.p50ms = v * 1000
+			case "99%":
+				res.p99ms = v * 1000
+			}
+		}
+	}
+	if !found {
+		return res, fmt.Errorf("no Requests/sec in its output: %s", lastLines(out, 5))
+	}
+	return res, nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " / ")
 }
 
 // errChildExited reports a child process that ended before it was ready.

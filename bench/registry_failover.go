@@ -110,7 +110,7 @@ func RunFailover(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	tgt, err := startTarget(cfg)
+	tgt, err := startTarget(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

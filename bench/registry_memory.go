@@ -13,10 +13,8 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/registry"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 )
 
 // liveHeapBytes returns the heap in use after two garbage collections.
@@ -28,37 +26,50 @@ func liveHeapBytes() uint64 {
 	return ms.HeapAlloc
 }
 
-// RunEtcdServerChild is the memory scenario's server process (`beacon bench
-// etcd-server`): an embedded etcd alone in its process. It prints
-// "endpoint <url>", then answers each "heap" line on stdin with "heap
-// <bytes>" (the heap after GC), and stops when stdin closes.
+// RunEtcdServerChild is the registry scenarios' etcd server (`beacon bench
+// etcd-server`): a single-node etcd, started by the server package like
+// `beacon serve`, alone in its process. It prints "endpoint <url>", then
+// answers each "heap" line on stdin with "heap <bytes>" (the heap after
+// GC), and stops, removing its data, when stdin closes or ctx ends
+// (SIGINT, SIGTERM).
 func RunEtcdServerChild(ctx context.Context, noFsync bool, stdin io.Reader, out io.Writer) error {
-	srv, err := etcdtest.New(etcdtest.Options{Name: "bench-memory", Configure: func(c *embed.Config) {
-		c.UnsafeNoFsync = noFsync
-	}})
+	srv, err := startLocalEtcd(ctx, 1, !noFsync)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
-	fmt.Fprintln(out, "endpoint", srv.Endpoint())
-	sc := bufio.NewScanner(stdin)
-	for sc.Scan() {
-		if strings.TrimSpace(sc.Text()) == "heap" {
-			fmt.Fprintln(out, "heap", liveHeapBytes())
+	fmt.Fprintln(out, "endpoint", srv.Endpoints()[0])
+	lines := make(chan string)
+	go func() { // ends with the process when stdin stays open
+		defer close(lines)
+		sc := bufio.NewScanner(stdin)
+		for sc.Scan() {
+			lines <- strings.TrimSpace(sc.Text())
 		}
-		if ctx.Err() != nil {
-			break
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case l, ok := <-lines:
+			if !ok {
+				return nil
+			}
+			if l == "heap" {
+				fmt.Fprintln(out, "heap", liveHeapBytes())
+			}
 		}
 	}
-	return nil
 }
 
-// serverChild is an etcd server process started by the memory scenario.
+// serverChild is an etcd server process started by the registry
+// scenarios.
 type serverChild struct {
 	cmd      *exec.Cmd
 	stdin    io.WriteCloser
 	lines    *bufio.Scanner
 	endpoint string
+	done     chan struct{}
 }
 
 func startServerChild(ctx context.Context, exe []string, noFsync bool) (*serverChild, error) {
@@ -66,7 +77,7 @@ func startServerChild(ctx context.Context, exe []string, noFsync bool) (*serverC
 	if noFsync {
 		argv = append(argv, "--no-fsync")
 	}
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -79,10 +90,19 @@ func startServerChild(ctx context.Context, exe []string, noFsync bool) (*serverC
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	c := &serverChild{cmd: cmd, stdin: stdin, lines: bufio.NewScanner(stdout)}
-	if !c.lines.Scan() {
+	c := &serverChild{cmd: cmd, stdin: stdin, lines: bufio.NewScanner(stdout), done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(c.done) }()
+	ready := make(chan bool, 1)
+	go func() { ready <- c.lines.Scan() }()
+	select {
+	case ok := <-ready:
+		if !ok {
+			c.stop()
+			return nil, fmt.Errorf("bench: etcd server child: %w", errChildExited)
+		}
+	case <-ctx.Done():
 		c.stop()
-		return nil, fmt.Errorf("bench: etcd server child: %w", errChildExited)
+		return nil, ctx.Err()
 	}
 	ep, ok := strings.CutPrefix(c.lines.Text(), "endpoint ")
 	if !ok {
@@ -107,15 +127,15 @@ func (c *serverChild) heap() (uint64, error) {
 	return strconv.ParseUint(v, 10, 64)
 }
 
+// stop ends the child gracefully (it removes its data) by closing its
+// stdin, and kills it if it has not ended within 30 s.
 func (c *serverChild) stop() {
 	_ = c.stdin.Close()
-	done := make(chan struct{})
-	go func() { _ = c.cmd.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-c.done:
 	case <-time.After(30 * time.Second):
 		_ = c.cmd.Process.Kill()
-		<-done
+		<-c.done
 	}
 }
 

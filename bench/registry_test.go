@@ -6,11 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/testpeer"
 	"github.com/beaconplane/beacon/registry"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 )
@@ -30,7 +33,8 @@ func TestRegistryBenchChild(t *testing.T) {
 	if len(args) == 0 {
 		t.Skip("only runs as a child process of the registry scenarios")
 	}
-	ctx := context.Background()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	opt := func(name string) string {
 		for i, a := range args {
 			if a == name && i+1 < len(args) {
@@ -107,13 +111,13 @@ func TestRegistryScenariosSmall(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg := RegistryConfig{NoFsync: true, Instances: 200, Concurrency: 8, Sequential: 20, Watchers: []int{1, 20}, Samples: 5,
-		Children: 2, MemInstances: 200, MemWatchers: 100, Command: childCommand()}
+	cfg := RegistryConfig{NoFsync: true, Instances: 200, Concurrency: []int{8}, Sequential: 20, Watchers: []int{1, 20}, Samples: 5,
+		Children: 2, MemInstances: 200, MemWatchers: 100, Command: childCommand(), NoCeiling: true, Rounds: 1}
 	rep, err := RunRegister(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, 5)
+	checkReport(t, rep, 6)
 	if rep, err = RunWatch(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -133,8 +137,52 @@ func TestRegistryScenariosSmall(t *testing.T) {
 	checkReport(t, rep, 2)
 }
 
+// TestRegisterCeiling runs the register scenario at a small size with
+// etcd's benchmark tool beside it: the ceiling rows are there, with a
+// positive rate, for both worker counts, and three rounds give a spread.
+func TestRegisterCeiling(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and etcd's benchmark tool")
+	}
+	bin := testpeer.Built(t, "benchmark")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := RunRegister(ctx, RegistryConfig{NoFsync: true, Instances: 320, Concurrency: []int{16, 32}, Sequential: 10,
+		Rounds: 3, Batch: 8, BenchmarkBin: bin, Command: childCommand()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkReport(t, rep, 2*7+2) // per worker count: rate (ceiling, raw), p50, p99, p99 vs txn, etcd CPU (ceiling, raw)
+	ceilings := 0
+	for _, r := range rep.Rows {
+		if r.Against == "txn-put ceiling" && strings.HasPrefix(r.Metric, "registrations/s") {
+			ceilings++
+			if r.Baseline <= 0 || r.Beacon <= 0 || r.Runs != 3 || r.BaselineLo > r.Baseline || r.Baseline > r.BaselineHi {
+				t.Errorf("ceiling row %+v", r)
+			}
+		}
+	}
+	if ceilings != 2 {
+		t.Errorf("%d ceiling rows, want 2", ceilings)
+	}
+}
+
+func TestParseBenchmarkOutput(t *testing.T) {
+	out := "Summary:\n  Total:\t0.3084 secs.\n  Requests/sec:\t1621.1634\n\nLatency distribution:\n  50% in 0.0018 secs.\n  99% in 0.0108 secs.\n"
+	res, err := parseBenchmarkOutput(out)
+	if err != nil || res.keysPerSec != 1621.1634 || res.p50ms != 1.8 || res.p99ms != 10.8 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	for _, bad := range []string{"", "Summary:\n", "Requests/sec:\t1\nError distribution:\n  [10] etcdserver: too many operations in txn request\n"} {
+		if _, err := parseBenchmarkOutput(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
 func TestRegistryConfigValidate(t *testing.T) {
-	for _, c := range []RegistryConfig{{Instances: -1}, {Watchers: []int{0}}, {TTL: time.Millisecond}} {
+	for _, c := range []RegistryConfig{{Instances: -1}, {Watchers: []int{0}}, {TTL: time.Millisecond}, {Instances: 1 << 40},
+		{Concurrency: []int{0}}, {Concurrency: []int{-3}}, {Rounds: 1000}, {Batch: 129}, {Batch: -1}, {Watchers: []int{1 << 30}}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: no error", c)
 		}

@@ -21,19 +21,29 @@ type latencies struct {
 	n       int
 	t0      []atomic.Int64 // write start, unix nanoseconds
 	lat     [][]time.Duration
+	recv    [][]bool // which receivers had each sample
 	pending []atomic.Int64
 	done    []chan struct{}
 }
 
 func newLatencies(samples, receivers int) *latencies {
-	l := &latencies{n: receivers, t0: make([]atomic.Int64, samples), lat: make([][]time.Duration, samples),
+	l := &latencies{n: receivers, t0: make([]atomic.Int64, samples), lat: make([][]time.Duration, samples), recv: make([][]bool, samples),
 		pending: make([]atomic.Int64, samples), done: make([]chan struct{}, samples)}
 	for i := range samples {
 		l.lat[i] = make([]time.Duration, receivers)
+		l.recv[i] = make([]bool, receivers)
 		l.pending[i].Store(int64(receivers))
 		l.done[i] = make(chan struct{})
 	}
 	return l
+}
+
+// expect sets how many receivers each sample waits for (fewer than at
+// creation when some have gone); before any sample is sent.
+func (l *latencies) expect(receivers int) {
+	for i := range l.pending {
+		l.pending[i].Store(int64(receivers))
+	}
 }
 
 // got records that receiver r has sample s.
@@ -42,15 +52,21 @@ func (l *latencies) got(s, r int) {
 		return
 	}
 	l.lat[s][r] = time.Duration(time.Now().UnixNano() - l.t0[s].Load())
+	l.recv[s][r] = true
 	if l.pending[s].Add(-1) == 0 {
 		close(l.done[s])
 	}
 }
 
+// all returns every receiver's delay for every sample it had.
 func (l *latencies) all() []time.Duration {
 	var out []time.Duration
-	for _, s := range l.lat {
-		out = append(out, s...)
+	for i, s := range l.lat {
+		for r, d := range s {
+			if l.recv[i][r] {
+				out = append(out, d)
+			}
+		}
 	}
 	return out
 }
@@ -64,7 +80,7 @@ func RunWatch(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	tgt, err := startTarget(cfg)
+	tgt, err := startTarget(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -121,6 +137,18 @@ func watchRound(ctx context.Context, cfg RegistryConfig, tgt *etcdTarget, n int)
 		return nil, nil, 0, 0, err
 	}
 	defer func() { _, _ = rawW.Revoke(context.WithoutCancel(ctx), lease.ID) }()
+	// Kept alive for as long as the round runs (5k watchers with many
+	// samples take minutes).
+	kctx, stopKeepAlive := context.WithCancel(ctx)
+	defer stopKeepAlive()
+	ka, err := rawW.KeepAlive(kctx, lease.ID)
+	if err != nil {
+		return nil, nil, 0, 0, err
+	}
+	go func() {
+		for range ka { //nolint:revive // drains the keep-alive responses until the round ends
+		}
+	}()
 
 	// Readers: one process's worth of each.
 	rst, err := beaconStore(ctx, tgt.endpoints)

@@ -22,6 +22,50 @@ type Row struct {
 	HigherIsBetter bool `json:"higher_is_better"`
 	// Goal is the target ratio Beacon/baseline (0: none).
 	Goal float64 `json:"goal,omitempty"`
+	// Against names the baseline ("raw etcd" when empty): "direct",
+	// "etcd grpc-proxy", "txn-put ceiling", ...
+	Against string `json:"against,omitempty"`
+	// Runs is how many measurements the figures are the median of (0 or
+	// 1: a single one); the Lo and Hi fields are then their spread, and
+	// RatioLo and RatioHi the spread of the per-run ratios (Beacon and
+	// baseline measured in the same round).
+	Runs       int     `json:"runs,omitempty"`
+	BeaconLo   float64 `json:"beacon_lo,omitempty"`
+	BeaconHi   float64 `json:"beacon_hi,omitempty"`
+	BaselineLo float64 `json:"baseline_lo,omitempty"`
+	BaselineHi float64 `json:"baseline_hi,omitempty"`
+	RatioLo    float64 `json:"ratio_lo,omitempty"`
+	RatioHi    float64 `json:"ratio_hi,omitempty"`
+}
+
+// Spread fills row with the medians of paired runs (beacon[i] and
+// baseline[i] measured in round i) and their spread. Runs without a
+// baseline (0) are left out of the ratios.
+func Spread(row Row, beacon, baseline []float64) Row {
+	row.Runs = max(len(beacon), len(baseline))
+	row.Beacon, row.BeaconLo, row.BeaconHi = medianSpread(beacon)
+	row.Baseline, row.BaselineLo, row.BaselineHi = medianSpread(baseline)
+	var ratios []float64
+	for i := range min(len(beacon), len(baseline)) {
+		if baseline[i] != 0 {
+			ratios = append(ratios, beacon[i]/baseline[i])
+		}
+	}
+	if len(ratios) > 1 {
+		_, row.RatioLo, row.RatioHi = medianSpread(ratios)
+	}
+	return row
+}
+
+// medianSpread returns the median (the lower middle one of an even count),
+// the smallest and the largest value.
+func medianSpread(v []float64) (med, lo, hi float64) {
+	if len(v) == 0 {
+		return 0, 0, 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[(len(s)-1)/2], s[0], s[len(s)-1]
 }
 
 // Ratio is Beacon / baseline (NaN when the baseline is zero).
@@ -50,7 +94,8 @@ func (r Row) Met() bool {
 type Report struct {
 	Scenario string `json:"scenario"`
 	Setup    string `json:"setup"`
-	// BaselineName heads the baseline column; "raw etcd" when empty.
+	// BaselineName names the baseline of rows that name none (Row.Against);
+	// "raw etcd" when empty.
 	BaselineName string   `json:"baseline_name,omitempty"`
 	Rows         []Row    `json:"rows"`
 	Notes        []string `json:"notes,omitempty"`
@@ -64,18 +109,15 @@ func (r *Report) Note(format string, args ...any) {
 	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
 }
 
-// WriteTable prints the report as an aligned table.
+// WriteTable prints the report as an aligned table. A figure that is the
+// median of several runs shows their spread in brackets.
 func (r *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "== %s ==\n", r.Scenario)
 	if r.Setup != "" {
 		fmt.Fprintf(w, "%s\n", r.Setup)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	baseline := r.BaselineName
-	if baseline == "" {
-		baseline = "raw etcd"
-	}
-	fmt.Fprintf(tw, "metric\tunit\tbeacon\t%s\tratio\tgoal\t\n", baseline)
+	fmt.Fprintln(tw, "metric\tunit\tbeacon\tbaseline\tvs\tratio\tgoal\t")
 	for _, row := range r.Rows {
 		goal := "-"
 		if row.Goal != 0 {
@@ -92,9 +134,20 @@ func (r *Report) WriteTable(w io.Writer) error {
 		ratio := "-"
 		if r := row.Ratio(); !math.IsNaN(r) {
 			ratio = fmt.Sprintf("%.2fx", r)
+			if row.Runs > 1 && row.RatioHi != 0 {
+				ratio += fmt.Sprintf(" (%.2f-%.2f)", row.RatioLo, row.RatioHi)
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", row.Metric, row.Unit,
-			FormatValue(row.Beacon), FormatValue(row.Baseline), ratio, goal)
+		against := row.Against
+		if against == "" {
+			against = r.BaselineName
+		}
+		if against == "" {
+			against = "raw etcd"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", row.Metric, row.Unit,
+			withSpread(row.Beacon, row.BeaconLo, row.BeaconHi, row.Runs),
+			withSpread(row.Baseline, row.BaselineLo, row.BaselineHi, row.Runs), against, ratio, goal)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -104,6 +157,13 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	_, err := fmt.Fprintln(w)
 	return err
+}
+
+func withSpread(v, lo, hi float64, runs int) string {
+	if runs < 2 || math.IsNaN(v) || lo == hi {
+		return FormatValue(v)
+	}
+	return fmt.Sprintf("%s (%s-%s)", FormatValue(v), FormatValue(lo), FormatValue(hi))
 }
 
 // WriteJSON prints the report as one JSON object.

@@ -48,6 +48,7 @@ const (
 	DefaultWriteTimeout    = 5 * time.Second
 	DefaultStartTimeout    = 30 * time.Second
 	DefaultUpstreamConns   = 4
+	DefaultWatchSilence    = 5 * time.Second
 	// EmptyRefreshInterval is the refresh interval while no endpoint is
 	// reachable (when RefreshInterval is longer).
 	EmptyRefreshInterval = time.Second
@@ -128,6 +129,36 @@ type Config struct {
 	// UpstreamConns is the number of connections the proxy spreads
 	// requests over (each balanced over the endpoints); default 4.
 	UpstreamConns int
+	// WatchSilenceTimeout bounds how long the upstream watches may hear
+	// nothing from their member: after half of it without a response the
+	// proxy sends a progress request, and if that goes unanswered for the
+	// other half the member is benched and the watches move to another
+	// one (or, with none left, the client watchers are cancelled with a
+	// reason). Default 5 s; negative disables the check.
+	WatchSilenceTimeout time.Duration
+
+	// CacheMaxStaleness bounds how stale a serializable Range answered
+	// from the proxy's watch-fed cache may be: every answer reflects every
+	// write committed before now minus CacheMaxStaleness, and every write
+	// forwarded by this proxy (see cache.go). Default 1 s; negative turns
+	// the cache off (every read is forwarded). Linearizable reads, reads
+	// at a revision and reads with credentials are never cached.
+	CacheMaxStaleness time.Duration
+	// EnablePprof serves Go's runtime profiles under /debug/pprof/ on the
+	// proxy's listener (etcd's --enable-pprof); off by default.
+	EnablePprof bool
+
+	// CacheMaxBytes bounds the cache's copy of the keyspace (keys, values
+	// and about 96 bytes each); a larger keyspace turns the cache off.
+	// Default 256 MiB.
+	CacheMaxBytes int64
+
+	// MaxRequestBytes is the largest request the proxy reads from a client
+	// (etcd's --max-request-bytes; its default, 1.5 MiB, when zero): a
+	// larger gRPC message is refused with ResourceExhausted, and a JSON
+	// gateway body over twice that (base64) with 413, before the proxy
+	// buffers it.
+	MaxRequestBytes uint
 
 	// ClientTLS is used to reach members (client and peer URLs with
 	// https); nil uses the system roots for https URLs.
@@ -172,6 +203,18 @@ func (c Config) withDefaults() Config {
 	}
 	if c.UpstreamConns == 0 {
 		c.UpstreamConns = DefaultUpstreamConns
+	}
+	if c.WatchSilenceTimeout == 0 {
+		c.WatchSilenceTimeout = DefaultWatchSilence
+	}
+	if c.CacheMaxStaleness == 0 {
+		c.CacheMaxStaleness = DefaultCacheMaxStaleness
+	}
+	if c.CacheMaxBytes == 0 {
+		c.CacheMaxBytes = DefaultCacheMaxBytes
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -265,6 +308,9 @@ func (c Config) Validate() error {
 		if d < 0 {
 			return fmt.Errorf("%w: %s %v must not be negative", ErrBadConfig, name, d)
 		}
+	}
+	if c.CacheMaxBytes < 0 {
+		return fmt.Errorf("%w: cache max bytes %d must not be negative", ErrBadConfig, c.CacheMaxBytes)
 	}
 	if c.UpstreamConns < 0 || c.UpstreamConns > 64 {
 		return fmt.Errorf("%w: upstream connections %d must be between 1 and 64", ErrBadConfig, c.UpstreamConns)

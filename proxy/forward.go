@@ -32,8 +32,11 @@ func newCodec() codec { return codec{proto: encoding.GetCodecV2("proto")} }
 func (c codec) Name() string { return "proto" }
 
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
-	if f, ok := v.(*frame); ok {
-		return mem.BufferSlice{mem.SliceBuffer(f.data)}, nil
+	switch m := v.(type) {
+	case *frame:
+		return mem.BufferSlice{mem.SliceBuffer(m.data)}, nil
+	case *spliced:
+		return m.parts, nil
 	}
 	return c.proto.Marshal(v)
 }
@@ -305,6 +308,9 @@ func (p *Proxy) unary(ctx context.Context, method string, info methodInfo, req *
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	if write && p.cache != nil {
+		p.cache.wrote(resp.data) // reads through the proxy see it (read-your-writes)
+	}
 	return resp, hdr, trl, nil
 }
 
@@ -322,10 +328,15 @@ func (p *Proxy) unaryHandler(method string) grpc.MethodHandler {
 	}
 }
 
-func (p *Proxy) serveUnary(ctx context.Context, method string, info methodInfo, dec func(any) error) (*frame, error) {
+func (p *Proxy) serveUnary(ctx context.Context, method string, info methodInfo, dec func(any) error) (any, error) {
 	req := new(frame)
 	if err := dec(req); err != nil {
 		return nil, err
+	}
+	if method == kvSvc+"Range" && p.cache != nil {
+		if resp, ok := p.cachedRange(ctx, req.data); ok {
+			return resp, nil
+		}
 	}
 	octx, err := p.outgoing(ctx)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/pprofhttp"
 	gw "github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/tmc/grpc-websocket-proxy/wsproxy"
@@ -35,7 +36,11 @@ const (
 
 // serve runs the gRPC and HTTP servers on l until ctx ends.
 func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
-	p.watch = newWatchHub(p, p.client.Watcher)
+	p.watch = newWatchHub(p)
+	if err := p.watch.startMember(); err != nil {
+		return err
+	}
+	p.hubRef.Store(p.watch)
 	p.lease = newLeaseMux(p)
 	gs := p.newGRPCServer()
 
@@ -61,6 +66,7 @@ func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
 		return err
 	}
 	hs := &http.Server{Handler: p.httpHandler(gwmux), ReadHeaderTimeout: 10 * time.Second}
+	p.limitHTTP(hs) // limits.go
 
 	errc := make(chan error, 3)
 	var split *splitListener
@@ -162,6 +168,9 @@ func (p *Proxy) httpHandler(gwmux *gw.ServeMux) http.Handler {
 	))
 	mux.Handle(PathMetrics, promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc(PathHealth, p.handleHealth)
+	if p.cfg.EnablePprof {
+		pprofhttp.Mount(mux)
+	}
 	mux.HandleFunc(PathEndpoints, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"mode": p.cfg.Mode, "endpoints": p.dir.status()})
 	})

@@ -73,3 +73,25 @@ func TestHTTPGatewayWatchAndMetrics(t *testing.T) {
 		t.Fatalf("/health: %d %s", resp.StatusCode, b)
 	}
 }
+
+// TestProxyPprof: EnablePprof (--pprof) serves Go's profiles on the
+// proxy's listener, and only then.
+func TestProxyPprof(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	on := startProxy(t, Config{Endpoints: srv.Endpoints(), EnablePprof: true})
+	off := startProxy(t, Config{Endpoints: srv.Endpoints()})
+	for _, tc := range []struct {
+		p    *Proxy
+		want int
+	}{{on, http.StatusOK}, {off, http.StatusNotFound}} {
+		resp, err := http.Get("http://" + tc.p.Addr().String() + "/debug/pprof/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("/debug/pprof/ (EnablePprof %v): %d, want %d", tc.p.cfg.EnablePprof, resp.StatusCode, tc.want)
+		}
+	}
+}

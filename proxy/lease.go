@@ -251,6 +251,16 @@ func (up *kaUpstream) run() {
 				if isTransportError(err) && pr.Addr != nil {
 					p.dir.fail(pr.Addr.String(), err)
 				}
+				if credentialError(err) { // security.go
+					// The clients' token expired or their credentials
+					// changed: reopening with it would fail forever and the
+					// leases would expire silently. End their streams with
+					// etcd's error instead, so that they authenticate again
+					// and reopen with their new token.
+					scancel()
+					up.retire(err)
+					return
+				}
 				break
 			}
 			up.deliver(resp)

@@ -23,6 +23,10 @@ type metrics struct {
 	watchStreams    prometheus.Gauge
 	watchEvents     prometheus.Counter
 	watchDropped    prometheus.Counter
+	watchSilences   prometheus.Counter
+	watchMoves      prometheus.Counter
+	cacheHits       prometheus.Counter
+	cacheMisses     *prometheus.CounterVec // reason
 	kaClientStreams prometheus.Gauge
 	kaUpstreams     prometheus.Gauge
 	kaRequests      prometheus.Counter
@@ -67,13 +71,21 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		clientWatchers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "client_watchers", Help: "Watchers opened by clients on the proxy."}),
 		upstreamWatches: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "upstream_watches", Help: "Watches the proxy holds on etcd; identical client watchers share one."}),
+			Name: "upstream_watches", Help: "Watches the proxy holds on etcd; identical client watchers share one (the serializable cache holds one more while it is on)."}),
 		watchStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "client_watch_streams", Help: "Client Watch streams open on the proxy."}),
 		watchEvents: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "watch_events_total", Help: "Watch events delivered to client watchers."}),
 		watchDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "watch_slow_streams_total", Help: "Client watch streams ended because they did not keep up."}),
+		watchSilences: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "upstream_watch_silences_total", Help: "Times an etcd member sent nothing on a watch stream, not even an answer to a progress request, within the watch silence timeout."}),
+		watchMoves: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "upstream_watch_moves_total", Help: "Times the upstream watches moved to another member (the one they ran on was silent, failed or left)."}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "cache_hits_total", Help: "Serializable ranges answered from the watch-fed cache."}),
+		cacheMisses: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "cache_misses_total", Help: "Serializable ranges the cache could have answered but forwarded, by reason: stale (not confirmed within the staleness bound, or behind a write forwarded by this proxy), loading, off."}, []string{"reason"}),
 		kaClientStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "keepalive_client_streams", Help: "Client LeaseKeepAlive streams open on the proxy."}),
 		kaUpstreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
@@ -85,7 +97,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.refused, m.upstreamErrors, m.retries, m.loops,
 		m.refreshes, m.endpoints, m.endpointUp, m.clientWatchers, m.upstreamWatches, m.watchStreams,
-		m.watchEvents, m.watchDropped, m.kaClientStreams, m.kaUpstreams, m.kaRequests, m.kaForwarded} {
+		m.watchEvents, m.watchDropped, m.watchSilences, m.watchMoves, m.cacheHits, m.cacheMisses, m.kaClientStreams, m.kaUpstreams, m.kaRequests, m.kaForwarded} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -36,9 +36,11 @@ type Proxy struct {
 	id         string
 	codec      codec
 	watchQueue int // responses a client watch stream may have waiting
-	forceCodec grpc.CallOption
-	httpClient *http.Client
-	dir        *director
+	// watchQueueBytes bounds the encoded events waiting for one stream.
+	watchQueueBytes int
+	forceCodec      grpc.CallOption
+	httpClient      *http.Client
+	dir             *director
 
 	mu    sync.Mutex
 	state int
@@ -53,6 +55,8 @@ type Proxy struct {
 	conns  []*grpc.ClientConn // pool.conns
 	next   atomic.Uint32
 	watch  *watchHub
+	hubRef atomic.Pointer[watchHub] // watch, for the director's callback
+	cache  *rangeCache              // nil when turned off
 	lease  *leaseMux
 	self   *selfMatcher
 	seeds  []string // peer URLs from discovery
@@ -85,18 +89,25 @@ func New(cfg Config) (*Proxy, error) {
 	_, _ = rand.Read(idb[:])
 	log := cfg.Logger.With("component", "proxy")
 	p := &Proxy{
-		cfg:        cfg,
-		log:        log,
-		reg:        reg,
-		m:          m,
-		id:         hex.EncodeToString(idb[:]),
-		codec:      newCodec(),
-		watchQueue: maxQueued,
-		forceCodec: grpc.ForceCodecV2(newCodec()),
-		httpClient: newHTTPClient(cfg.ClientTLS, cfg.DialTimeout),
-		dir:        newDirector(cfg.FailureWait, log, m),
-		done:       make(chan struct{}),
-		ready:      make(chan struct{}),
+		cfg:             cfg,
+		log:             log,
+		reg:             reg,
+		m:               m,
+		id:              hex.EncodeToString(idb[:]),
+		codec:           newCodec(),
+		watchQueue:      maxQueued,
+		watchQueueBytes: maxQueuedBytes,
+		forceCodec:      grpc.ForceCodecV2(newCodec()),
+		httpClient:      newHTTPClient(cfg.ClientTLS, cfg.DialTimeout),
+		dir:             newDirector(cfg.FailureWait, log, m),
+		done:            make(chan struct{}),
+		ready:           make(chan struct{}),
+	}
+	if cfg.CacheMaxStaleness > 0 {
+		p.cache = newRangeCache(p)
+	}
+	if err := p.registerCacheMetrics(reg); err != nil {
+		return nil, fmt.Errorf("%w: register metrics: %v", ErrBadConfig, err)
 	}
 	return p, nil
 }
@@ -310,6 +321,9 @@ func (p *Proxy) connect(list []*endpoint) error {
 		p.log.Info("endpoints in use", "endpoints", eps)
 		cli.SetEndpoints(eps...)
 		pl.set(eps)
+		if h := p.watchHub(); h != nil {
+			h.kickMember() // the watches leave a member that is gone
+		}
 	}
 	p.dir.mu.Unlock()
 	p.log.Info("connected to cluster", "endpoints", eps, "mode", p.cfg.Mode)
@@ -323,7 +337,7 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 		// Reused stream workers keep their grown stacks.
 		grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))),
 		grpc.UnknownServiceHandler(p.handleUnknown),
-		grpc.MaxRecvMsgSize(maxMsgSize),
+		grpc.MaxRecvMsgSize(p.cfg.maxRecvBytes()), // limits.go
 		grpc.MaxSendMsgSize(maxMsgSize),
 		grpc.MaxConcurrentStreams(math.MaxUint32),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: false}),
@@ -468,6 +482,9 @@ func (p *Proxy) memberClientURLs(ctx context.Context) ([]string, error) {
 	p.peers = newPeers
 	return clients, nil
 }
+
+// watchHub returns the watch hub once serving (nil before).
+func (p *Proxy) watchHub() *watchHub { return p.hubRef.Load() }
 
 // Stats are the proxy's current counts (also exported as metrics).
 type Stats struct {

@@ -8,68 +8,96 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
 // Watch coalescing.
 //
-// Client watchers on the same range (same key, range end, auth token and
-// require-leader flag) share upstream watches. An upstream u keeps
-// nextrev: every event with a revision below nextrev has been handed to
-// its receivers, and every event at or above it is still to come. A client
-// watcher w with its own nextrev (the first revision it still needs) may
-// receive from u whenever u.nextrev <= w.nextrev; it skips events below its
-// own nextrev. A watcher "from now" (start revision 0) joins any existing
-// upstream, taking max(current revision+1, u.nextrev) as its start, so
-// identical watches always share one upstream watch. A watcher that needs
-// older history gets its own upstream from its start revision; once that
-// upstream has caught up, the two are merged into the one that is behind
-// (which loses nothing for either side) and the other is cancelled.
+// Client watchers on the same range (same key, range end, prev-kv option,
+// auth token and require-leader flag) share upstream watches. An upstream
+// u keeps nextrev: every event with a revision below nextrev has been
+// handed to its receivers, and every event at or above it is still to
+// come. A client watcher w with its own nextrev (the first revision it
+// still needs) may receive from u whenever u.nextrev <= w.nextrev; it skips
+// events below its own nextrev. A watcher "from now" (start revision 0)
+// joins any existing upstream, taking max(current revision+1, u.nextrev)
+// as its start, so identical watches always share one upstream watch. A
+// watcher that needs older history gets its own upstream from its start
+// revision; once that upstream has caught up, the two are merged into the
+// one that is behind (which loses nothing for either side) and the other
+// is cancelled.
+//
+// Delivery (watchenc.go): an upstream response becomes one shared batch;
+// each receiver's stream queues a reference to it, merged with what the
+// same watcher already has waiting, and the stream's sender splices the
+// client response from encoded parts.
 
-// maxQueued bounds the responses waiting for one slow client stream; past
-// it the stream is ended with ResourceExhausted (the client re-watches from
-// its last revision) rather than holding others up or growing without end.
-const maxQueued = 1 << 16
+// Bounds of what waits for one client stream. Past either, the stream is
+// ended with ResourceExhausted (the client re-watches from its last
+// revision) rather than holding others up or growing without end: never a
+// silent drop.
+const (
+	maxQueued      = 1 << 16  // responses
+	maxQueuedBytes = 64 << 20 // encoded bytes of the events waiting
+	// maxMergeBytes and maxMergeSegs bound one merged client response.
+	maxMergeBytes = 1 << 20
+	maxMergeSegs  = 1000
+)
 
 type watchKey struct {
 	key, end      string
 	token         string
 	via           string
 	requireLeader bool
+	prevKV        bool
+	stream        string // an internal consumer's own gRPC stream (the cache)
 }
 
-// groupKey selects the clientv3 gRPC watch stream (one per credentials).
+// group selects the clientv3 gRPC watch stream (one per credentials).
 func (k watchKey) group() watchKey {
-	return watchKey{token: k.token, via: k.via, requireLeader: k.requireLeader}
+	return watchKey{token: k.token, via: k.via, requireLeader: k.requireLeader, stream: k.stream}
 }
+
+// streamKey is the metadata key that gives an internal consumer's watches
+// a gRPC stream of their own (etcd ignores it).
+const streamKey = "beacon-proxy-stream"
 
 type watchHub struct {
 	p      *Proxy
-	w      clientv3.Watcher
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	kick   chan struct{} // the endpoints changed (watchmember.go)
 
-	mu     sync.Mutex
-	groups map[watchKey][]*upstream
-	closed bool
+	mu      sync.Mutex
+	member  string           // the member the upstream watches run on
+	cli     *clientv3.Client // a client of that member alone
+	w       clientv3.Watcher // cli.Watcher
+	leaving error            // why the watches must leave member (nil: they need not)
+	probes  map[watchKey]*silenceProbe
+	groups  map[watchKey][]*upstream
+	closed  bool
 }
 
 type upstream struct {
-	hub    *watchHub
-	key    watchKey
-	ctx    context.Context
-	cancel context.CancelFunc
+	hub   *watchHub
+	key   watchKey
+	heard atomic.Int64 // when a response last came, unix nanoseconds
 
 	mu        sync.Mutex
+	ctx       context.Context
+	cancel    context.CancelFunc
+	gen       int // which watch feeds it (restart starts a new one)
 	nextrev   int64
 	caughtUp  bool
 	closed    bool
@@ -78,14 +106,32 @@ type upstream struct {
 
 type cwatcher struct {
 	id      int64
+	idPart  mem.Buffer // the watch ID, encoded (watchIDPart)
+	variant int        // filterVariant of its filters
 	s       *cstream
 	key     watchKey
-	prevKV  bool
-	noPut   bool
-	noDel   bool
 	progres bool
-	nextrev int64     // guarded by up.mu
-	up      *upstream // guarded by hub.mu
+	nextrev int64       // guarded by up.mu
+	up      *upstream   // guarded by hub.mu
+	sink    *rangeCache // an internal consumer instead of a client stream (s nil)
+}
+
+// qitem is one response waiting for a client stream: a control response
+// (created, canceled, progress), or a watcher's events: segments merged
+// while they wait, a list through the stream's segment arena.
+type qitem struct {
+	resp        *pb.WatchResponse
+	w           *cwatcher
+	first, last int32 // arena indices of its segments
+	nsegs       int
+	size        int
+}
+
+// segNode is a segment in a stream's arena, linked to the next of its
+// response (-1: the last).
+type segNode struct {
+	seg
+	next int32
 }
 
 // cstream is one client Watch stream.
@@ -99,7 +145,12 @@ type cstream struct {
 	mu       sync.Mutex
 	watchers map[int64]*cwatcher
 	nextID   int64
-	queue    []*pb.WatchResponse
+	queue    []qitem
+	segs     []segNode // the segments of queue's event responses
+	spare    []qitem   // the sender's last batch, reused
+	spareSeg []segNode
+	open     map[int64]int // watch ID -> index in queue of its mergeable events
+	qbytes   int
 	signal   chan struct{}
 	pending  map[*upstream]bool // progress requested, not yet answered
 	wantProg bool
@@ -107,17 +158,22 @@ type cstream struct {
 	overflow bool // the queue overflowed: the stream is being ended
 }
 
-func newWatchHub(p *Proxy, w clientv3.Watcher) *watchHub {
+func newWatchHub(p *Proxy) *watchHub {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &watchHub{p: p, w: w, ctx: ctx, cancel: cancel, groups: map[watchKey][]*upstream{}}
+	return &watchHub{p: p, ctx: ctx, cancel: cancel, kick: make(chan struct{}, 1),
+		probes: map[watchKey]*silenceProbe{}, groups: map[watchKey][]*upstream{}}
 }
 
 // close cancels every upstream watch and waits for their goroutines.
 func (h *watchHub) close() {
 	h.mu.Lock()
 	h.closed = true
+	cli := h.cli
 	h.mu.Unlock()
 	h.cancel()
+	if cli != nil {
+		_ = cli.Close()
+	}
 	h.wg.Wait()
 }
 
@@ -129,7 +185,7 @@ func (h *watchHub) serve(ss grpc.ServerStream) error {
 	}
 	ctx, cancel := context.WithCancelCause(ss.Context())
 	s := &cstream{hub: h, ss: ss, ctx: ctx, cancel: cancel, rctx: rctx,
-		watchers: map[int64]*cwatcher{}, signal: make(chan struct{}, 1), pending: map[*upstream]bool{}}
+		watchers: map[int64]*cwatcher{}, open: map[int64]int{}, signal: make(chan struct{}, 1), pending: map[*upstream]bool{}}
 	h.p.m.watchStreams.Inc()
 	defer h.p.m.watchStreams.Dec()
 
@@ -144,6 +200,9 @@ func (h *watchHub) serve(ss grpc.ServerStream) error {
 	sendErr := s.sendLoop()
 	cancel(nil)
 	s.detachAll()
+	s.mu.Lock()
+	s.queue, s.segs, s.spare, s.spareSeg, s.open = nil, nil, nil, nil, nil // what waits holds shared batches
+	s.mu.Unlock()
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
 		if status.Code(err) == codes.Unknown && ss.Context().Err() != nil {
 			return nil
@@ -180,31 +239,91 @@ func (s *cstream) recvLoop() error {
 	}
 }
 
-// enqueue adds responses for the client without blocking.
+// enqueue adds control responses for the client without blocking. A
+// response for one watcher closes that watcher's mergeable events (what
+// follows comes after it); a stream-wide one (watch ID -1) closes all.
 func (s *cstream) enqueue(rs ...*pb.WatchResponse) {
 	s.mu.Lock()
 	if s.overflow {
 		s.mu.Unlock()
 		return
 	}
-	if len(s.queue)+len(rs) > s.hub.p.watchQueue {
-		s.overflow = true
-		s.queue = nil
-		s.mu.Unlock()
-		s.hub.p.m.watchDropped.Inc()
-		s.cancel(status.Errorf(codes.ResourceExhausted,
-			"proxy: watch stream too slow: more than %d responses waiting; re-create the watches from the last revision received", s.hub.p.watchQueue))
+	for _, r := range rs {
+		if r.WatchId == clientv3.InvalidWatchID {
+			clear(s.open)
+		} else {
+			delete(s.open, r.WatchId)
+		}
+		s.queue = append(s.queue, qitem{resp: r})
+	}
+	over := len(s.queue) > s.hub.p.watchQueue
+	s.mu.Unlock()
+	if over {
+		s.overflowed()
 		return
 	}
-	s.queue = append(s.queue, rs...)
+	s.wake()
+}
+
+// enqueueEvents queues batch b's events from revision from for w, merged
+// into w's events that already wait when they fit.
+func (s *cstream) enqueueEvents(w *cwatcher, b *evBatch, from int64) {
+	s.mu.Lock()
+	if s.overflow {
+		s.mu.Unlock()
+		return
+	}
+	n := int32(len(s.segs))
+	s.segs = append(s.segs, segNode{seg: seg{b: b, from: from}, next: -1})
+	if i, ok := s.open[w.id]; ok && s.queue[i].size+b.size <= maxMergeBytes && s.queue[i].nsegs < maxMergeSegs {
+		it := &s.queue[i]
+		s.segs[it.last].next = n
+		it.last = n
+		it.nsegs++
+		it.size += b.size
+	} else {
+		s.queue = append(s.queue, qitem{w: w, first: n, last: n, nsegs: 1, size: b.size})
+		s.open[w.id] = len(s.queue) - 1
+	}
+	s.qbytes += b.size
+	over := len(s.queue) > s.hub.p.watchQueue || s.qbytes > s.hub.p.watchQueueBytes
 	s.mu.Unlock()
+	if over {
+		s.overflowed()
+		return
+	}
+	s.wake()
+}
+
+func (s *cstream) wake() {
 	select {
 	case s.signal <- struct{}{}:
 	default:
 	}
 }
 
+// overflowed ends a stream that fell too far behind.
+func (s *cstream) overflowed() {
+	s.mu.Lock()
+	if s.overflow {
+		s.mu.Unlock()
+		return
+	}
+	s.overflow = true
+	s.queue, s.segs, s.open, s.qbytes = nil, nil, map[int64]int{}, 0
+	s.mu.Unlock()
+	s.hub.p.m.watchDropped.Inc()
+	s.cancel(status.Errorf(codes.ResourceExhausted,
+		"proxy: watch stream too slow: more than %d responses or %d MiB waiting; re-create the watches from the last revision received",
+		s.hub.p.watchQueue, s.hub.p.watchQueueBytes>>20))
+}
+
+// keepSpare bounds the queue capacity a stream keeps between bursts, so
+// that memory goes back to idle after one.
+const keepSpare = 1024
+
 func (s *cstream) sendLoop() error {
+	m := s.hub.p.m
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -212,13 +331,35 @@ func (s *cstream) sendLoop() error {
 		case <-s.signal:
 		}
 		s.mu.Lock()
-		batch := s.queue
-		s.queue = nil
+		batch, segs := s.queue, s.segs
+		s.queue, s.segs = s.spare, s.spareSeg
+		s.spare, s.spareSeg = nil, nil
+		clear(s.open)
+		s.qbytes = 0
 		s.mu.Unlock()
-		for _, r := range batch {
-			if err := s.ss.SendMsg(r); err != nil {
+		events := 0
+		for i := range batch {
+			it := &batch[i]
+			var err error
+			if it.resp != nil {
+				err = s.ss.SendMsg(it.resp)
+			} else if msg, n := splice(it.w, segs, it.first, it.nsegs); msg != nil {
+				err = s.ss.SendMsg(msg)
+				events += n
+			}
+			*it = qitem{} // drop the references to shared batches
+			if err != nil {
 				return err
 			}
+		}
+		clear(segs)
+		m.watchEvents.Add(float64(events))
+		if cap(batch) <= keepSpare && cap(segs) <= 4*keepSpare {
+			s.mu.Lock()
+			if s.spare == nil && len(s.queue) == 0 {
+				s.spare, s.spareSeg = batch[:0], segs[:0]
+			}
+			s.mu.Unlock()
 		}
 	}
 }
@@ -271,19 +412,21 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 		return
 	}
 	md, _ := metadata.FromIncomingContext(s.ss.Context())
-	w := &cwatcher{id: id, s: s, prevKV: cr.PrevKv, progres: cr.ProgressNotify,
-		key: watchKey{key: key, end: end,
+	w := &cwatcher{id: id, idPart: watchIDPart(id), s: s, progres: cr.ProgressNotify,
+		key: watchKey{key: key, end: end, prevKV: cr.PrevKv,
 			token:         strings.Join(append(md.Get(rpctypes.TokenFieldNameGRPC), md.Get("authorization")...), ","),
 			via:           strings.Join(md.Get(viaKey), ","),
 			requireLeader: slices.Contains(md.Get(rpctypes.MetadataRequireLeaderKey), rpctypes.MetadataHasLeader)}}
+	var noPut, noDel bool
 	for _, f := range cr.Filters {
 		switch f {
 		case pb.WatchCreateRequest_NOPUT:
-			w.noPut = true
+			noPut = true
 		case pb.WatchCreateRequest_NODELETE:
-			w.noDel = true
+			noDel = true
 		}
 	}
+	w.variant = filterVariant(noPut, noDel)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -373,8 +516,48 @@ func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool
 	return true
 }
 
+// attachSink attaches an internal consumer from revision rev, on its own
+// upstream watch unless one of the same range and stream is at rev.
+func (h *watchHub) attachSink(w *cwatcher, rev int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	var u *upstream
+	for _, v := range h.groups[w.key] {
+		v.mu.Lock()
+		if !v.closed && v.nextrev <= rev {
+			u = v
+		}
+		v.mu.Unlock()
+	}
+	if u == nil {
+		u = h.newUpstream(w.key, rev, false)
+	}
+	u.mu.Lock()
+	w.nextrev, w.up = rev, u
+	u.receivers[w] = struct{}{}
+	u.mu.Unlock()
+	return true
+}
+
 // newUpstream starts an upstream watch from rev; h.mu is held.
 func (h *watchHub) newUpstream(k watchKey, rev int64, current bool) *upstream {
+	u := &upstream{hub: h, key: k, nextrev: rev, caughtUp: current, receivers: map[*cwatcher]struct{}{}}
+	u.heard.Store(time.Now().UnixNano())
+	h.groups[k] = append(h.groups[k], u)
+	h.p.m.upstreamWatches.Inc()
+	u.mu.Lock()
+	u.watchLocked(h.w)
+	u.mu.Unlock()
+	return u
+}
+
+// watchLocked starts the watch that feeds u, on w from u.nextrev; u.mu
+// (and h.mu) are held.
+func (u *upstream) watchLocked(w clientv3.Watcher) {
+	h, k := u.hub, u.key
 	md := metadata.MD{}
 	if k.token != "" {
 		md.Set(rpctypes.TokenFieldNameGRPC, k.token)
@@ -384,32 +567,79 @@ func (h *watchHub) newUpstream(k watchKey, rev int64, current bool) *upstream {
 		via = strings.Split(k.via, ",")
 	}
 	md.Set(viaKey, append(via, h.p.id)...)
+	if k.stream != "" {
+		md.Set(streamKey, k.stream)
+	}
 	ctx := metadata.NewOutgoingContext(h.ctx, md)
 	if k.requireLeader {
 		ctx = clientv3.WithRequireLeader(ctx)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	u := &upstream{hub: h, key: k, ctx: ctx, cancel: cancel, nextrev: rev, caughtUp: current, receivers: map[*cwatcher]struct{}{}}
-	h.groups[k] = append(h.groups[k], u)
-	h.p.m.upstreamWatches.Inc()
-	opts := []clientv3.OpOption{clientv3.WithRev(rev), clientv3.WithPrevKV(), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
+	u.ctx, u.cancel = context.WithCancel(ctx)
+	u.gen++
+	opts := []clientv3.OpOption{clientv3.WithRev(u.nextrev), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
+	if k.prevKV {
+		opts = append(opts, clientv3.WithPrevKV())
+	}
 	if k.end != "" {
 		opts = append(opts, clientv3.WithRange(k.end))
 	}
-	wch := h.w.Watch(ctx, k.key, opts...)
-	h.wg.Go(func() { u.run(wch) })
-	return u
+	// Watch returns once etcd has created the watch: never under a lock
+	// (a hung member would hold it for good).
+	ctx, gen := u.ctx, u.gen
+	h.wg.Go(func() { u.run(w.Watch(ctx, k.key, opts...), gen) })
 }
 
-func (u *upstream) run(wch clientv3.WatchChan) {
+// restart feeds u from a new watch on w (another member), from the first
+// revision it has not delivered; h.mu is held. It reports whether u was
+// still open.
+func (u *upstream) restart(w clientv3.Watcher) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.closed {
+		return false
+	}
+	u.cancel()
+	u.heard.Store(time.Now().UnixNano())
+	u.watchLocked(w)
+	return true
+}
+
+// context is the context of u's current watch (its metadata selects the
+// gRPC watch stream).
+func (u *upstream) context() context.Context {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.ctx
+}
+
+// stop cancels u's current watch.
+func (u *upstream) stop() {
+	u.mu.Lock()
+	cancel := u.cancel
+	u.mu.Unlock()
+	cancel()
+}
+
+// current reports whether gen is still the watch that feeds u.
+func (u *upstream) current(gen int) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.gen == gen
+}
+
+func (u *upstream) run(wch clientv3.WatchChan, gen int) {
 	h := u.hub
 	var lastErr error
 	for wr := range wch {
+		u.heard.Store(time.Now().UnixNano())
 		if err := wr.Err(); err != nil {
 			lastErr = err
 		}
-		u.dispatch(&wr)
+		u.dispatch(&wr, gen)
 		h.maybeMerge(u)
+	}
+	if !u.current(gen) {
+		return // restarted on another member
 	}
 	// The channel closed: cancelled by us, or the watch failed.
 	reason := "proxy: upstream watch ended"
@@ -419,8 +649,11 @@ func (u *upstream) run(wch clientv3.WatchChan) {
 	u.end(nil, 0, reason)
 }
 
-// dispatch hands one upstream response to the receivers.
-func (u *upstream) dispatch(wr *clientv3.WatchResponse) {
+// dispatch hands one upstream response of watch gen to the receivers.
+func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
+	if !u.current(gen) {
+		return // from the watch on the member the watches left
+	}
 	if wr.Canceled || wr.CompactRevision != 0 {
 		reason := wr.CancelReason
 		if err := wr.Err(); err != nil {
@@ -433,7 +666,6 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse) {
 	if hdr == nil {
 		hdr = &pb.ResponseHeader{}
 	}
-	m := u.hub.p.m
 	var done []*cstream
 	u.mu.Lock()
 	switch {
@@ -446,6 +678,10 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse) {
 		u.caughtUp = true
 		for w := range u.receivers {
 			w.nextrev = max(w.nextrev, hdr.Revision+1)
+			if w.sink != nil {
+				w.sink.progress(hdr.Revision)
+				continue
+			}
 			if w.progres {
 				w.s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, hdr.Revision), WatchId: w.id})
 			}
@@ -457,31 +693,22 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse) {
 		if len(wr.Events) == 0 {
 			break
 		}
-		last := wr.Events[len(wr.Events)-1].Kv.ModRevision
-		u.nextrev = max(u.nextrev, last+1)
-		if hdr.Revision == last {
+		b := newBatch(hdr, wr.Events)
+		u.nextrev = max(u.nextrev, b.last+1)
+		if hdr.Revision == b.last {
 			u.caughtUp = true
 		}
 		for w := range u.receivers {
-			var evs []*mvccpb.Event
-			for _, ev := range wr.Events {
-				if ev.Kv.ModRevision < w.nextrev {
-					continue
-				}
-				if (ev.Type == mvccpb.PUT && w.noPut) || (ev.Type == mvccpb.DELETE && w.noDel) {
-					continue
-				}
-				e := (*mvccpb.Event)(ev)
-				if !w.prevKV && e.PrevKv != nil {
-					e = &mvccpb.Event{Type: e.Type, Kv: e.Kv}
-				}
-				evs = append(evs, e)
+			from := w.nextrev
+			if from > b.last {
+				continue
 			}
-			w.nextrev = max(w.nextrev, last+1)
-			if len(evs) > 0 {
-				w.s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, hdr.Revision), WatchId: w.id, Events: evs})
-				m.watchEvents.Add(float64(len(evs)))
+			w.nextrev = b.last + 1
+			if w.sink != nil {
+				w.sink.apply(b, from)
+				continue
 			}
+			w.s.enqueueEvents(w, b, from)
 		}
 		if !u.caughtUp {
 			defer u.hub.requestProgress(u.key)
@@ -508,11 +735,15 @@ func (u *upstream) end(hdr *pb.ResponseHeader, compactRev int64, reason string) 
 		h.removeLocked(u)
 	}
 	h.mu.Unlock()
-	u.cancel()
+	u.stop()
 	if hdr == nil {
 		hdr = &pb.ResponseHeader{}
 	}
 	for w := range recv {
+		if w.sink != nil {
+			w.sink.ended(reason)
+			continue
+		}
 		s := w.s
 		s.mu.Lock()
 		if s.watchers[w.id] == w {
@@ -570,6 +801,9 @@ func (h *watchHub) moveLocked(from, to *upstream) bool {
 		for w := range from.receivers {
 			to.receivers[w] = struct{}{}
 			w.up = to
+			if w.s == nil {
+				continue
+			}
 			w.s.mu.Lock()
 			if w.s.pending[from] {
 				delete(w.s.pending, from)
@@ -584,7 +818,7 @@ func (h *watchHub) moveLocked(from, to *upstream) bool {
 	from.mu.Unlock()
 	if ok {
 		h.removeLocked(from)
-		from.cancel()
+		from.stop()
 	}
 	return ok
 }
@@ -623,11 +857,11 @@ func (h *watchHub) detach(w *cwatcher) {
 		h.removeLocked(u)
 	}
 	h.mu.Unlock()
-	if was {
+	if was && w.sink == nil {
 		h.p.m.clientWatchers.Dec()
 	}
 	if empty {
-		u.cancel()
+		u.stop()
 	}
 }
 
@@ -652,13 +886,14 @@ func (h *watchHub) requestProgress(k watchKey) {
 	var ctx context.Context
 	for key, ups := range h.groups {
 		if key.group() == k.group() && len(ups) > 0 {
-			ctx = ups[0].ctx
+			ctx = ups[0].context()
 			break
 		}
 	}
+	w := h.w
 	h.mu.Unlock()
 	if ctx != nil {
-		_ = h.w.RequestProgress(ctx)
+		_ = w.RequestProgress(ctx)
 	}
 }
 
@@ -683,6 +918,7 @@ func (s *cstream) requestProgress() {
 	for u := range ups {
 		keys[u.key.group()] = true
 	}
+	w := h.w
 	h.mu.Unlock()
 	if len(ups) == 0 {
 		// No watcher: answer with the current revision.
@@ -696,7 +932,7 @@ func (s *cstream) requestProgress() {
 	for u := range ups {
 		if keys[u.key.group()] {
 			delete(keys, u.key.group())
-			_ = h.w.RequestProgress(u.ctx)
+			_ = w.RequestProgress(u.context())
 		}
 	}
 }

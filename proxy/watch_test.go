@@ -119,9 +119,13 @@ func TestWatchFiltersAndCompaction(t *testing.T) {
 	cli := proxyClient(t, p)
 	ctx := ctxT(t)
 	all := cli.Watch(ctx, "/k", clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify())
-	noPut := cli.Watch(ctx, "/k", clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	noPut := cli.Watch(ctx, "/k", clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	// Without prev-kv: another upstream watch (etcd then reads no previous
+	// values for it).
+	plain := cli.Watch(ctx, "/k", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 	<-all
 	<-noPut
+	<-plain
 	direct := c.Client(t)
 	if _, err := direct.Put(ctx, "/k/1", "a"); err != nil {
 		t.Fatal(err)
@@ -143,11 +147,21 @@ func TestWatchFiltersAndCompaction(t *testing.T) {
 		}
 	}
 	wr := <-noPut
-	if len(wr.Events) != 1 || wr.Events[0].Type != clientv3.EventTypeDelete {
+	if len(wr.Events) != 1 || wr.Events[0].Type != clientv3.EventTypeDelete || wr.Events[0].PrevKv == nil {
 		t.Fatalf("NOPUT watcher got %+v", wr.Events)
 	}
-	if value(t, p.m.upstreamWatches) != 1 {
-		t.Errorf("upstream_watches = %v, want 1", value(t, p.m.upstreamWatches))
+	var plainEvents []*clientv3.Event
+	for len(plainEvents) < 3 {
+		wr := <-plain
+		plainEvents = append(plainEvents, wr.Events...)
+	}
+	for _, ev := range plainEvents {
+		if ev.PrevKv != nil {
+			t.Errorf("watcher without prev-kv got one: %+v", ev)
+		}
+	}
+	if value(t, p.m.upstreamWatches) != 2 {
+		t.Errorf("upstream_watches = %v, want 2 (with and without prev-kv)", value(t, p.m.upstreamWatches))
 	}
 	resp, err := direct.Put(ctx, "/k/2", "x")
 	if err != nil {
@@ -173,7 +187,7 @@ func TestSlowWatchStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.watchQueue = 50
+	p.watchQueueBytes = 100 << 10 // 50 events of 2 KiB
 	serveOn(t, p, mustListen(t))
 	ctx := ctxT(t)
 	slow, err := pb.NewWatchClient(grpcConn(t, p)).Watch(ctx)

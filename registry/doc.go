@@ -51,13 +51,15 @@
 // Pickers (NewRoundRobin, NewRandom, NewP2C) choose an instance from a
 // watcher's view for each call.
 //
-// # Leases owned by the caller
+// # Registrations owned by remote clients
 //
 // Servers that register instances on behalf of remote clients (the HTTP
-// API) give each client its own lease: GrantLease, RegisterLeased (or
-// RegisterWithTTL for both in one call), Heartbeat, UpdateLeased,
-// DeregisterLeased and RevokeLease apply the same validation and uniqueness
-// rules as Register.
+// API) give each registration its own lease and a secret:
+// RegisterWithTTL returns the Secret that Heartbeat, UpdateLeased and
+// DeregisterLeased require (a wrong one answers as an unknown instance).
+// They apply the same validation and uniqueness rules as Register. The
+// lower-level GrantLease, RegisterLeased, KeepAliveLease and RevokeLease
+// trust their in-process caller with lease IDs.
 //
 // docs/registry.md describes the key and value format, the watch
 // guarantees and the metrics.

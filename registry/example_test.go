@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -68,7 +69,8 @@ func Example() {
 }
 
 // The building blocks of an HTTP API: each remote client gets its own
-// lease, keeps it alive with heartbeats, and vanishes when it stops.
+// lease and a secret, keeps the registration alive with heartbeats that
+// present the secret, and vanishes when it stops.
 func ExampleStoreRegistry_RegisterWithTTL() {
 	ctx := context.Background()
 	st := memory.New(memory.Options{})
@@ -79,22 +81,26 @@ func ExampleStoreRegistry_RegisterWithTTL() {
 	}
 	defer r.Close()
 
-	in, lease, err := r.RegisterWithTTL(ctx, beacon.Instance{
+	o, err := r.RegisterWithTTL(ctx, beacon.Instance{
 		Namespace: "prod", Component: "api", Endpoint: "http", Address: "10.0.0.7:8080",
 	}, 15*time.Second)
 	if err != nil {
 		panic(err)
 	}
-	ttl, err := r.Heartbeat(ctx, in.Ref(), lease.ID)
+	ref := o.Instance.Ref()
+	ttl, err := r.Heartbeat(ctx, ref, o.Secret)
 	fmt.Println("heartbeat:", ttl, err)
+	_, err = r.Heartbeat(ctx, ref, registry.NewSecret())
+	fmt.Println("with a guessed secret:", errors.Is(err, beacon.ErrNotFound))
 
-	if err := r.DeregisterLeased(ctx, in.Ref(), lease.ID); err != nil {
+	if err := r.DeregisterLeased(ctx, ref, o.Secret); err != nil {
 		panic(err)
 	}
-	_, err = r.Heartbeat(ctx, in.Ref(), lease.ID)
-	fmt.Println("after deregister:", err != nil)
+	_, err = r.Heartbeat(ctx, ref, o.Secret)
+	fmt.Println("after deregister:", errors.Is(err, beacon.ErrNotFound))
 	// Output:
 	// heartbeat: 15s <nil>
+	// with a guessed secret: true
 	// after deregister: true
 }
 

@@ -194,9 +194,16 @@ func (h *hub) probe() {
 		switch {
 		case r.ctx.Err() != nil:
 			return
+		case !unreachable && refused(err) && h.refusedFeeds(r.ctx, feeds, interval):
+			// The store answers but refuses this registry's user some
+			// watched prefix (a revoked role, a changed password): those
+			// watches are stale with the refusal, which consumers report
+			// (never a silent stop); they re-list once it is lifted.
+			failing = true
 		case !unreachable:
-			// Any answer, even an error such as permission denied,
-			// means the store is there.
+			// Any answer, even an error such as permission denied on
+			// the root (a user limited to some namespaces), means the
+			// store is there.
 			if failing {
 				failing = false
 				r.log.Info("store reachable again; re-listing watched prefixes", "watches", len(feeds))
@@ -224,6 +231,29 @@ func (h *hub) ping(key string, d time.Duration) error {
 	defer cancel()
 	_, err := h.r.st.Get(ctx, key)
 	return err
+}
+
+// refused reports errors that retrying does not cure: the store refused
+// the credentials or the permission.
+func refused(err error) bool {
+	return errors.Is(err, store.ErrPermissionDenied) || errors.Is(err, store.ErrUnauthenticated)
+}
+
+// refusedFeeds reads each feed's own prefix (the registry's root may be
+// outside a limited user's range) and marks stale the feeds the store
+// refuses; it reports whether any was.
+func (h *hub) refusedFeeds(ctx context.Context, feeds []*feed, timeout time.Duration) bool {
+	found := false
+	for _, f := range feeds {
+		fctx, cancel := context.WithTimeout(ctx, timeout)
+		_, err := h.r.st.Get(fctx, f.prefix)
+		cancel()
+		if refused(err) {
+			found = true
+			f.setStale(fmt.Errorf("registry: watch %s: %w", f.prefix, err))
+		}
+	}
+	return found
 }
 
 func (h *hub) list() []*feed {

@@ -108,6 +108,12 @@ func (s *session) renew(l store.LeaseID) {
 		case errors.Is(err, store.ErrLeaseNotFound):
 			s.markLost(l, err, false)
 			return
+		case refused(err):
+			// A changed password or a revoked user: retrying the same
+			// credentials cannot succeed. Say so now rather than after a
+			// TTL of failed keep-alives.
+			s.markLost(l, err, false)
+			return
 		}
 		s.r.m.keepAliveFailed()
 		// An attempt that used up its time already waited: try again at

@@ -2,34 +2,111 @@ package registry
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/store"
 )
 
-// Instances bound to leases the caller owns.
+// Registrations made on behalf of remote clients.
 //
-// A server that registers instances on behalf of remote clients (Beacon's
-// HTTP API) cannot use the session: each client must vanish when *it* stops
-// heartbeating, so each gets its own lease. These methods are the building
-// blocks, with the same validation and uniqueness rules as Register:
+// A server that registers instances for remote clients (Beacon's HTTP API)
+// cannot use the session: each client must vanish when *it* stops
+// heartbeating, so each registration gets a lease of its own. And a lease
+// ID is no credential: etcd hands them out in sequence, so anyone could
+// guess one. RegisterWithTTL therefore returns a Secret, 256 bits from
+// crypto/rand, shown once; the store keeps only its SHA-256, in an
+// ownership record bound to the registration's lease under the keyspace's
+// OwnersPrefix (which the registry never lists), so that every server in
+// front of the same store can check it. Heartbeat, UpdateLeased and
+// DeregisterLeased require the secret:
 //
-//	in, lease, err := r.RegisterWithTTL(ctx, in, 15*time.Second) // grant + create-if-absent
-//	ttl, err := r.Heartbeat(ctx, in.Ref(), lease.ID)             // keep alive
-//	in, err = r.UpdateLeased(ctx, in.Ref(), lease.ID, mutate)     // compare-and-swap
-//	err = r.DeregisterLeased(ctx, in.Ref(), lease.ID)            // delete, then revoke
+//	o, err := r.RegisterWithTTL(ctx, in, 15*time.Second)     // grant + create-if-absent
+//	ttl, err := r.Heartbeat(ctx, o.Instance.Ref(), o.Secret)  // keep alive
+//	in, err = r.UpdateLeased(ctx, ref, o.Secret, mutate)      // compare-and-swap
+//	err = r.DeregisterLeased(ctx, ref, o.Secret)              // revoke its lease
 //
-// Errors: a bad instance or TTL matches beacon.ErrInvalid or ErrInvalidTTL;
-// an ID held by another registration beacon.ErrAlreadyRegistered; an unknown
-// instance, or one whose lease ended, beacon.ErrNotFound; an instance bound
-// to another lease than the one presented ErrLeaseMismatch; an unreachable
-// store store.ErrUnavailable. The session's own lease is never accepted.
+// A wrong or missing secret, an instance without an ownership record (one
+// registered through a session, by the Go library or `beacon register`),
+// an unknown instance and one whose lease ended all give the same error,
+// matching beacon.ErrNotFound with the same message, after a constant-time
+// comparison: the answer tells a guesser nothing. These calls act only on
+// the lease recorded for the registration, never on a lease a caller
+// names, so a session's lease cannot be kept alive or revoked through them.
+//
+// Other errors: a bad instance or TTL matches beacon.ErrInvalid or
+// ErrInvalidTTL; an ID held by another registration
+// beacon.ErrAlreadyRegistered (the message does not reveal the holder's
+// lease); an unreachable store store.ErrUnavailable; a store user without
+// permission store.ErrPermissionDenied.
+
+// SecretBytes is the number of random bytes in a Secret.
+const SecretBytes = 32
+
+// Secret proves the ownership of a registration made with RegisterWithTTL.
+// It prints as REDACTED (String, LogValue); use string(s) to send it to
+// its owner.
+type Secret string
+
+// String redacts the secret, so that it never reaches a log by accident.
+func (Secret) String() string { return "REDACTED" }
+
+// LogValue redacts the secret.
+func (Secret) LogValue() slog.Value { return slog.StringValue("REDACTED") }
+
+// NewSecret returns SecretBytes random bytes from crypto/rand, base64url
+// encoded.
+func NewSecret() Secret {
+	b := make([]byte, SecretBytes)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return Secret(base64.RawURLEncoding.EncodeToString(b))
+}
+
+// hash returns the SHA-256 of the secret. The secret carries 256 random
+// bits, so a fast hash is enough: there is nothing to brute-force.
+func (s Secret) hash() [sha256.Size]byte { return sha256.Sum256([]byte(s)) }
+
+// Owned is a registration made with RegisterWithTTL.
+type Owned struct {
+	// Instance is the instance as written.
+	Instance beacon.Instance
+	// Lease is the registration's own lease (informational: no call
+	// accepts a lease ID as proof of ownership).
+	Lease store.Lease
+	// Secret is the only proof of ownership. It is returned once; the
+	// store keeps its hash.
+	Secret Secret
+}
+
+// ownerRecord is the value stored at the ownership key of a lease.
+type ownerRecord struct {
+	// Ref is the registration the lease was granted for.
+	Ref string `json:"ref"`
+	// SHA256 is the hex SHA-256 of the registration's secret.
+	SHA256 string `json:"sha256"`
+}
+
+// ownerKey is the key of the ownership record of lease, under the
+// registration's namespace.
+func (r *StoreRegistry) ownerKey(ns string, lease store.LeaseID) string {
+	return r.ks.OwnersPrefix(ns) + fmt.Sprintf("%016x", uint64(lease))
+}
+
+// notFound is the one answer to every failed proof of ownership: the same
+// error as an unknown instance.
+func notFound(ref beacon.Ref) error { return fmt.Errorf("%w: %s", beacon.ErrNotFound, ref) }
 
 // GrantLease grants a lease with the given TTL, within [MinLeaseTTL,
-// MaxLeaseTTL], for the caller to keep alive.
+// MaxLeaseTTL], for an in-process caller to keep alive (RegisterLeased).
 func (r *StoreRegistry) GrantLease(ctx context.Context, ttl time.Duration) (store.Lease, error) {
 	if err := ValidateTTL(ttl); err != nil {
 		return store.Lease{}, err
@@ -45,9 +122,10 @@ func (r *StoreRegistry) GrantLease(ctx context.Context, ttl time.Duration) (stor
 	return l, nil
 }
 
-// KeepAliveLease renews a caller-owned lease and returns its TTL. A lease
-// that ended gives an error matching beacon.ErrNotFound and
-// store.ErrLeaseNotFound.
+// KeepAliveLease renews a lease the in-process caller granted and returns
+// its TTL. A lease that ended gives an error matching beacon.ErrNotFound
+// and store.ErrLeaseNotFound. It trusts the caller: never pass it a lease
+// ID received from a remote client (use Heartbeat).
 func (r *StoreRegistry) KeepAliveLease(ctx context.Context, id store.LeaseID) (time.Duration, error) {
 	if err := r.checkLease(id); err != nil {
 		return 0, err
@@ -63,8 +141,10 @@ func (r *StoreRegistry) KeepAliveLease(ctx context.Context, id store.LeaseID) (t
 	return ttl, nil
 }
 
-// RevokeLease ends a caller-owned lease, deleting every instance bound to
-// it. A lease that already ended gives an error matching beacon.ErrNotFound.
+// RevokeLease ends a lease the in-process caller granted, deleting every
+// key bound to it. A lease that already ended gives an error matching
+// beacon.ErrNotFound. It trusts the caller: never pass it a lease ID
+// received from a remote client (use DeregisterLeased).
 func (r *StoreRegistry) RevokeLease(ctx context.Context, id store.LeaseID) error {
 	if err := r.checkLease(id); err != nil {
 		return err
@@ -99,11 +179,20 @@ func leaseError(op string, id store.LeaseID, err error) error {
 	return fmt.Errorf("registry: %s lease %x: %w", op, id, err)
 }
 
-// RegisterLeased writes an instance bound to a lease the caller owns and
-// keeps alive (GrantLease, KeepAliveLease). Empty fields are filled as by
-// Register and the instance is validated; the write is create-if-absent,
-// so an ID held by anyone gives beacon.ErrAlreadyRegistered. It returns the
-// instance as written and the revision of the write.
+// alreadyRegistered reports an ID held by someone else without saying who
+// holds it or with which lease.
+func alreadyRegistered(ref beacon.Ref) error {
+	return fmt.Errorf("%w: %s is held by another live registration; choose another ID, or leave the ID empty to get a fresh one",
+		beacon.ErrAlreadyRegistered, ref)
+}
+
+// RegisterLeased writes an instance bound to a lease the in-process caller
+// owns and keeps alive (GrantLease, KeepAliveLease); several instances may
+// share one lease. Empty fields are filled as by Register and the instance
+// is validated; the write is create-if-absent, so an ID held by anyone
+// gives beacon.ErrAlreadyRegistered. It returns the instance as written
+// and the revision of the write. Instances written this way have no
+// ownership record: the HTTP API cannot act on them.
 func (r *StoreRegistry) RegisterLeased(ctx context.Context, in beacon.Instance, lease store.LeaseID) (beacon.Instance, int64, error) {
 	if err := r.checkLease(lease); err != nil {
 		return beacon.Instance{}, 0, err
@@ -119,80 +208,145 @@ func (r *StoreRegistry) RegisterLeased(ctx context.Context, in beacon.Instance, 
 		r.leased.registered(lease, in.Ref())
 		return in, rev, nil
 	case errors.Is(err, store.ErrKeyExists):
-		if kv, gerr := r.st.Get(ctx, key); gerr == nil {
-			return beacon.Instance{}, 0, holderError(in.Ref(), kv)
-		}
-		return beacon.Instance{}, 0, fmt.Errorf("%w: %s", beacon.ErrAlreadyRegistered, in.Ref())
+		return beacon.Instance{}, 0, alreadyRegistered(in.Ref())
 	case errors.Is(err, store.ErrLeaseNotFound):
 		return beacon.Instance{}, 0, leaseError("register with", lease, err)
 	}
 	return beacon.Instance{}, 0, fmt.Errorf("registry: register %s: %w", in.Ref(), err)
 }
 
-// RegisterWithTTL grants a lease with ttl and writes the instance bound to
-// it, as RegisterLeased. If the write fails, the lease is revoked: nothing
-// is left half-done.
-func (r *StoreRegistry) RegisterWithTTL(ctx context.Context, in beacon.Instance, ttl time.Duration) (beacon.Instance, store.Lease, error) {
+// RegisterWithTTL grants a lease with ttl and writes, in one transaction,
+// the instance and its ownership record, both bound to it. It returns the
+// instance, the lease and the secret that Heartbeat, UpdateLeased and
+// DeregisterLeased require. If anything fails, the lease is revoked:
+// nothing is left half-done.
+func (r *StoreRegistry) RegisterWithTTL(ctx context.Context, in beacon.Instance, ttl time.Duration) (Owned, error) {
 	if err := ValidateTTL(ttl); err != nil {
-		return beacon.Instance{}, store.Lease{}, err
+		return Owned{}, err
 	}
 	// Validate before granting, so that bad input costs no lease.
-	if _, _, err := r.prepare(in); err != nil {
-		return beacon.Instance{}, store.Lease{}, err
+	in, val, err := r.prepare(in)
+	if err != nil {
+		return Owned{}, err
 	}
 	l, err := r.GrantLease(ctx, ttl)
 	if err != nil {
-		return beacon.Instance{}, store.Lease{}, err
+		return Owned{}, err
 	}
-	out, _, err := r.RegisterLeased(ctx, in, l.ID)
-	if err != nil {
+	secret := NewSecret()
+	if err := r.writeOwned(ctx, in, val, l.ID, secret); err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 		defer cancel()
 		r.leased.ended(l.ID)
 		if rerr := r.st.Revoke(rctx, l.ID); rerr != nil && !errors.Is(rerr, store.ErrLeaseNotFound) {
 			r.log.Warn("revoking the lease of a failed registration failed; it expires by itself",
-				"lease", fmt.Sprintf("%x", l.ID), "ttl", l.TTL, "err", rerr)
+				"instance", in.Ref().String(), "ttl", l.TTL, "err", rerr)
 		}
-		return beacon.Instance{}, store.Lease{}, err
+		return Owned{}, err
 	}
-	return out, l, nil
+	r.leased.registered(l.ID, in.Ref())
+	return Owned{Instance: in, Lease: l, Secret: secret}, nil
 }
 
-// getLeased returns the instance at ref if it is bound to lease.
-func (r *StoreRegistry) getLeased(ctx context.Context, ref beacon.Ref, lease store.LeaseID) (beacon.Instance, store.KeyValue, error) {
-	if err := r.checkLease(lease); err != nil {
-		return beacon.Instance{}, store.KeyValue{}, err
+// writeOwned creates the ownership record and the instance, both bound to
+// lease.
+func (r *StoreRegistry) writeOwned(ctx context.Context, in beacon.Instance, val []byte, lease store.LeaseID, secret Secret) error {
+	ref := in.Ref()
+	h := secret.hash()
+	rec, err := json.Marshal(ownerRecord{Ref: ref.String(), SHA256: hex.EncodeToString(h[:])})
+	if err != nil {
+		return fmt.Errorf("registry: encode ownership record: %w", err)
 	}
+	okey, key := r.ownerKey(ref.Namespace, lease), r.ks.Key(ref)
+	if r.tx != nil {
+		_, err = r.tx.Txn(ctx,
+			store.Op{Kind: store.OpPut, Key: okey, Value: rec, Lease: lease, IfAbsent: true},
+			store.Op{Kind: store.OpPut, Key: key, Value: val, Lease: lease, IfAbsent: true})
+	} else {
+		if _, err = r.st.Create(ctx, okey, rec, store.WithLease(lease)); err == nil {
+			_, err = r.st.Create(ctx, key, val, store.WithLease(lease))
+		}
+	}
+	var ce *store.ConflictError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ce) && ce.Key == okey, errors.Is(err, store.ErrKeyExists) && r.tx == nil && r.ownerExists(ctx, okey):
+		// A fresh lease cannot have a record: someone wrote one ahead.
+		return fmt.Errorf("registry: register %s: the ownership record %s of a fresh lease already exists (written by someone else)", ref, okey)
+	case errors.Is(err, store.ErrKeyExists):
+		return alreadyRegistered(ref)
+	}
+	return fmt.Errorf("registry: register %s: %w", ref, err)
+}
+
+func (r *StoreRegistry) ownerExists(ctx context.Context, key string) bool {
+	kv, err := r.st.Get(ctx, key)
+	return err == nil && kv.Key != ""
+}
+
+// verify returns the instance at ref and its key/value if secret proves
+// its ownership, and notFound(ref) otherwise.
+func (r *StoreRegistry) verify(ctx context.Context, ref beacon.Ref, secret Secret) (beacon.Instance, store.KeyValue, error) {
+	presented := secret.hash() // computed on every path
 	in, kv, err := r.get(ctx, ref)
 	if err != nil {
 		return beacon.Instance{}, store.KeyValue{}, err
 	}
-	if kv.Lease != lease {
-		return beacon.Instance{}, store.KeyValue{}, fmt.Errorf("%w: %s is not bound to lease %x", ErrLeaseMismatch, ref, lease)
+	if kv.Lease == store.NoLease || r.sess.ours(kv.Lease) || secret == "" {
+		return beacon.Instance{}, store.KeyValue{}, notFound(ref)
+	}
+	okv, err := r.st.Get(ctx, r.ownerKey(ref.Namespace, kv.Lease))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return beacon.Instance{}, store.KeyValue{}, notFound(ref)
+	case err != nil:
+		return beacon.Instance{}, store.KeyValue{}, fmt.Errorf("registry: read the ownership record of %s: %w", ref, err)
+	}
+	var rec ownerRecord
+	stored, herr := []byte(nil), json.Unmarshal(okv.Value, &rec)
+	if herr == nil {
+		stored, herr = hex.DecodeString(rec.SHA256)
+	}
+	// Compare even when the record is unusable, so that every refusal
+	// costs the same.
+	if len(stored) != sha256.Size {
+		stored = make([]byte, sha256.Size)
+	}
+	match := subtle.ConstantTimeCompare(presented[:], stored) == 1
+	if !match || herr != nil || okv.Lease != kv.Lease || rec.Ref != ref.String() {
+		return beacon.Instance{}, store.KeyValue{}, notFound(ref)
 	}
 	return in, kv, nil
 }
 
-// Heartbeat keeps alive the lease of the instance at ref, which must be
-// bound to lease, and returns the lease's TTL. An unknown instance, or one
-// whose lease ended, gives an error matching beacon.ErrNotFound.
-func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, lease store.LeaseID) (time.Duration, error) {
-	if _, _, err := r.getLeased(ctx, ref, lease); err != nil {
-		if errors.Is(err, beacon.ErrNotFound) {
-			r.leased.deregistered(lease, ref)
-		}
+// Heartbeat keeps alive the lease of the registration at ref, whose secret
+// the caller presents, and returns the lease's TTL. A wrong secret, an
+// unknown instance or an ended lease give notFound.
+func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Secret) (time.Duration, error) {
+	_, kv, err := r.verify(ctx, ref, secret)
+	if err != nil {
 		return 0, err
 	}
-	return r.KeepAliveLease(ctx, lease)
+	ttl, err := r.st.KeepAlive(ctx, kv.Lease)
+	switch {
+	case errors.Is(err, store.ErrLeaseNotFound):
+		r.leased.ended(kv.Lease)
+		return 0, notFound(ref)
+	case err != nil:
+		return 0, fmt.Errorf("registry: heartbeat %s: %w", ref, err)
+	}
+	r.leased.renewed(kv.Lease, ttl)
+	return ttl, nil
 }
 
-// UpdateLeased changes the instance at ref, which must be bound to lease,
-// with compare-and-swap: mutate receives the stored instance and may change
-// Address, Transport, Metadata and Status (not its identity). Concurrent
-// writes are retried. It returns the instance as written.
-func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, lease store.LeaseID, mutate func(*beacon.Instance)) (beacon.Instance, error) {
+// UpdateLeased changes the registration at ref, whose secret the caller
+// presents, with compare-and-swap: mutate receives the stored instance and
+// may change Address, Transport, Metadata and Status (not its identity).
+// Concurrent writes are retried. It returns the instance as written.
+func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret Secret, mutate func(*beacon.Instance)) (beacon.Instance, error) {
 	for range 16 {
-		cur, kv, err := r.getLeased(ctx, ref, lease)
+		cur, kv, err := r.verify(ctx, ref, secret)
 		if err != nil {
 			return beacon.Instance{}, err
 		}
@@ -211,42 +365,40 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, lease 
 		if err != nil {
 			return beacon.Instance{}, err
 		}
-		_, err = r.st.Update(ctx, kv.Key, val, kv.ModRevision, store.WithLease(lease))
+		_, err = r.st.Update(ctx, kv.Key, val, kv.ModRevision, store.WithLease(kv.Lease))
 		switch {
 		case err == nil:
 			return next, nil
 		case errors.Is(err, store.ErrConflict):
 			continue
 		case errors.Is(err, store.ErrNotFound):
-			return beacon.Instance{}, fmt.Errorf("%w: %s", beacon.ErrNotFound, ref)
+			r.leased.deregistered(kv.Lease, ref) // deleted under us
+			return beacon.Instance{}, notFound(ref)
 		case errors.Is(err, store.ErrLeaseNotFound):
-			return beacon.Instance{}, leaseError("update with", lease, err)
+			r.leased.ended(kv.Lease)
+			return beacon.Instance{}, notFound(ref)
 		}
 		return beacon.Instance{}, fmt.Errorf("registry: update %s: %w", ref, err)
 	}
 	return beacon.Instance{}, fmt.Errorf("registry: update %s: %w (too many concurrent writers)", ref, store.ErrConflict)
 }
 
-// DeregisterLeased deletes the instance at ref, which must be bound to
-// lease. The lease itself stays (RevokeLease ends it; a lease that holds
-// one instance can simply be revoked instead, which deletes it too).
-func (r *StoreRegistry) DeregisterLeased(ctx context.Context, ref beacon.Ref, lease store.LeaseID) error {
-	for range 16 {
-		_, kv, err := r.getLeased(ctx, ref, lease)
-		if err != nil {
-			return err
-		}
-		_, err = r.st.Delete(ctx, kv.Key, store.IfModRevision(kv.ModRevision))
-		switch {
-		case err == nil:
-			r.leased.deregistered(lease, ref)
-			return nil
-		case errors.Is(err, store.ErrConflict):
-			continue
-		case errors.Is(err, store.ErrNotFound):
-			return fmt.Errorf("%w: %s", beacon.ErrNotFound, ref)
-		}
+// DeregisterLeased ends the registration at ref, whose secret the caller
+// presents, by revoking its own lease: the instance and its ownership
+// record go in one revision. Nothing else is bound to that lease.
+func (r *StoreRegistry) DeregisterLeased(ctx context.Context, ref beacon.Ref, secret Secret) error {
+	_, kv, err := r.verify(ctx, ref, secret)
+	if err != nil {
+		return err
+	}
+	err = r.st.Revoke(ctx, kv.Lease)
+	switch {
+	case errors.Is(err, store.ErrLeaseNotFound):
+		r.leased.ended(kv.Lease)
+		return notFound(ref)
+	case err != nil:
 		return fmt.Errorf("registry: deregister %s: %w", ref, err)
 	}
-	return fmt.Errorf("registry: deregister %s: %w (too many concurrent writers)", ref, store.ErrConflict)
+	r.leased.ended(kv.Lease)
+	return nil
 }

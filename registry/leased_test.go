@@ -34,9 +34,13 @@ func TestLeasedLifecycle(t *testing.T) {
 			v := registrytest.NewView()
 			next(t, ctx, w, v)
 
-			in, lease, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), b.ttl)
+			o, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), b.ttl)
 			if err != nil {
 				t.Fatal(err)
+			}
+			in, lease, secret := o.Instance, o.Lease, o.Secret
+			if len(secret) < 22 || secret.String() != "REDACTED" {
+				t.Fatalf("secret of %d characters (String %q): want at least 128 bits, redacted when printed", len(secret), secret.String())
 			}
 			if beacon.ValidateID(in.ID) != nil || in.Status != beacon.StatusServing || in.RegisteredAt.IsZero() || lease.ID == store.NoLease {
 				t.Fatalf("registered %+v with lease %+v", in, lease)
@@ -50,11 +54,11 @@ func TestLeasedLifecycle(t *testing.T) {
 			if got, _ := r.Get(ctx, in.Ref()); !got.Equal(in) {
 				t.Fatalf("Get = %+v, want %+v", got, in)
 			}
-			ttl, err := r.Heartbeat(ctx, in.Ref(), lease.ID)
+			ttl, err := r.Heartbeat(ctx, in.Ref(), secret)
 			if err != nil || ttl != lease.TTL {
 				t.Fatalf("Heartbeat = %v, %v", ttl, err)
 			}
-			up, err := r.UpdateLeased(ctx, in.Ref(), lease.ID, func(i *beacon.Instance) { i.Address = "10.0.0.2:80" })
+			up, err := r.UpdateLeased(ctx, in.Ref(), secret, func(i *beacon.Instance) { i.Address = "10.0.0.2:80" })
 			if err != nil || up.Address != "10.0.0.2:80" {
 				t.Fatalf("UpdateLeased = %+v, %v", up, err)
 			}
@@ -64,27 +68,26 @@ func TestLeasedLifecycle(t *testing.T) {
 				}
 				next(t, ctx, w, v)
 			}
-			if err := r.DeregisterLeased(ctx, in.Ref(), lease.ID); err != nil {
+			if err := r.DeregisterLeased(ctx, in.Ref(), secret); err != nil {
 				t.Fatal(err)
 			}
 			for v.Len() != 0 {
 				next(t, ctx, w, v)
 			}
-			if _, err := r.Heartbeat(ctx, in.Ref(), lease.ID); !errors.Is(err, beacon.ErrNotFound) {
+			if _, err := r.Heartbeat(ctx, in.Ref(), secret); !errors.Is(err, beacon.ErrNotFound) {
 				t.Fatalf("heartbeat of a deregistered instance: %v", err)
 			}
-			if err := r.RevokeLease(ctx, lease.ID); err != nil {
-				t.Fatal(err)
-			}
+			// Deregistering revoked the registration's own lease.
 			if _, err := r.KeepAliveLease(ctx, lease.ID); !errors.Is(err, beacon.ErrNotFound) || !errors.Is(err, store.ErrLeaseNotFound) {
-				t.Fatalf("keep-alive of a revoked lease: %v", err)
+				t.Fatalf("keep-alive of the deregistered registration's lease: %v", err)
 			}
 
 			// A client that stops heartbeating disappears within its TTL.
-			gone, l2, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.3:80"), b.ttl)
+			o2, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.3:80"), b.ttl)
 			if err != nil {
 				t.Fatal(err)
 			}
+			gone, l2 := o2.Instance, o2.Lease
 			for v.Len() != 1 {
 				next(t, ctx, w, v)
 			}
@@ -95,7 +98,7 @@ func TestLeasedLifecycle(t *testing.T) {
 			if d := time.Since(start); d > l2.TTL+2*time.Second {
 				t.Fatalf("expired after %v with a TTL of %v", d, l2.TTL)
 			}
-			if _, err := r.Heartbeat(ctx, gone.Ref(), l2.ID); !errors.Is(err, beacon.ErrNotFound) {
+			if _, err := r.Heartbeat(ctx, gone.Ref(), o2.Secret); !errors.Is(err, beacon.ErrNotFound) {
 				t.Fatalf("heartbeat after expiry: %v", err)
 			}
 		})
@@ -111,30 +114,31 @@ func TestLeasedBadInput(t *testing.T) {
 	ctx := within(t, 30*time.Second)
 
 	for _, ttl := range []time.Duration{0, -time.Second, 500 * time.Millisecond, 2 * time.Hour} {
-		if _, _, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), ttl); !errors.Is(err, registry.ErrInvalidTTL) {
+		if _, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), ttl); !errors.Is(err, registry.ErrInvalidTTL) {
 			t.Errorf("TTL %v: %v", ttl, err)
 		}
 	}
 	big := inst(ns, "10.0.0.1:80")
 	big.Metadata = map[string]string{"k": strings.Repeat("v", 5000)}
-	if _, _, err := r.RegisterWithTTL(ctx, big, time.Minute); !errors.Is(err, beacon.ErrMetadataTooLarge) {
+	if _, err := r.RegisterWithTTL(ctx, big, time.Minute); !errors.Is(err, beacon.ErrMetadataTooLarge) {
 		t.Errorf("metadata over 4 KiB: %v", err)
 	}
-	if _, _, err := r.RegisterWithTTL(ctx, inst("Bad", "10.0.0.1:80"), time.Minute); !errors.Is(err, beacon.ErrInvalidName) {
+	if _, err := r.RegisterWithTTL(ctx, inst("Bad", "10.0.0.1:80"), time.Minute); !errors.Is(err, beacon.ErrInvalidName) {
 		t.Errorf("bad namespace: %v", err)
 	}
-	if _, _, err := r.RegisterWithTTL(ctx, inst(ns, "localhost"), time.Minute); !errors.Is(err, beacon.ErrInvalidAddress) {
+	if _, err := r.RegisterWithTTL(ctx, inst(ns, "localhost"), time.Minute); !errors.Is(err, beacon.ErrInvalidAddress) {
 		t.Errorf("address without a port: %v", err)
 	}
 	// Uniqueness: a live ID cannot be taken, by a leased or a session
 	// registration; the failed attempt leaves no lease behind.
-	held, lease, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), time.Minute)
+	owned, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
+	held, lease, secret := owned.Instance, owned.Lease, owned.Secret
 	dup := inst(ns, "10.0.0.2:80")
 	dup.ID = held.ID
-	if _, _, err := r.RegisterWithTTL(ctx, dup, time.Minute); !errors.Is(err, beacon.ErrAlreadyRegistered) {
+	if _, err := r.RegisterWithTTL(ctx, dup, time.Minute); !errors.Is(err, beacon.ErrAlreadyRegistered) {
 		t.Errorf("duplicate ID: %v", err)
 	}
 	if _, err := r.Register(ctx, dup); !errors.Is(err, beacon.ErrAlreadyRegistered) {
@@ -143,45 +147,31 @@ func TestLeasedBadInput(t *testing.T) {
 	if got, _ := r.Get(ctx, held.Ref()); got.Address != "10.0.0.1:80" {
 		t.Fatalf("held instance overwritten: %+v", got)
 	}
-	// Unknown IDs, wrong leases, the session's own lease.
+	// Unknown IDs, wrong secrets, the session's own lease.
 	unknown := beacon.Ref{Namespace: ns, Component: "api", Endpoint: "http", ID: beacon.NewID()}
-	if _, err := r.Heartbeat(ctx, unknown, lease.ID); !errors.Is(err, beacon.ErrNotFound) {
+	if _, err := r.Heartbeat(ctx, unknown, secret); !errors.Is(err, beacon.ErrNotFound) {
 		t.Errorf("heartbeat of an unknown ID: %v", err)
 	}
-	if err := r.DeregisterLeased(ctx, unknown, lease.ID); !errors.Is(err, beacon.ErrNotFound) {
+	if err := r.DeregisterLeased(ctx, unknown, secret); !errors.Is(err, beacon.ErrNotFound) {
 		t.Errorf("deregister of an unknown ID: %v", err)
 	}
-	other, err := r.GrantLease(ctx, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Heartbeat(ctx, held.Ref(), other.ID); !errors.Is(err, registry.ErrLeaseMismatch) {
-		t.Errorf("heartbeat with another lease: %v", err)
-	}
-	if err := r.DeregisterLeased(ctx, held.Ref(), other.ID); !errors.Is(err, registry.ErrLeaseMismatch) {
-		t.Errorf("deregister with another lease: %v", err)
-	}
-	if _, err := r.UpdateLeased(ctx, held.Ref(), lease.ID, func(i *beacon.Instance) { i.ID = beacon.NewID() }); !errors.Is(err, registry.ErrIdentityChanged) {
+	if _, err := r.UpdateLeased(ctx, held.Ref(), secret, func(i *beacon.Instance) { i.ID = beacon.NewID() }); !errors.Is(err, registry.ErrIdentityChanged) {
 		t.Errorf("update of the ID: %v", err)
 	}
-	if _, err := r.UpdateLeased(ctx, held.Ref(), lease.ID, func(i *beacon.Instance) { i.Address = "" }); !errors.Is(err, beacon.ErrInvalidAddress) {
+	if _, err := r.UpdateLeased(ctx, held.Ref(), secret, func(i *beacon.Instance) { i.Address = "" }); !errors.Is(err, beacon.ErrInvalidAddress) {
 		t.Errorf("update to an empty address: %v", err)
 	}
-	if _, err := r.Heartbeat(ctx, beacon.Ref{Namespace: ns}, lease.ID); !errors.Is(err, beacon.ErrInvalid) {
+	if _, err := r.Heartbeat(ctx, beacon.Ref{Namespace: ns}, secret); !errors.Is(err, beacon.ErrInvalid) {
 		t.Errorf("heartbeat of a malformed ref: %v", err)
 	}
 	if _, err := r.KeepAliveLease(ctx, store.NoLease); !errors.Is(err, beacon.ErrInvalid) {
 		t.Errorf("keep-alive of lease 0: %v", err)
 	}
-	sessionReg, err := r.Register(ctx, inst(ns, "10.0.0.5:80"))
-	if err != nil {
+	if _, err := r.Register(ctx, inst(ns, "10.0.0.5:80")); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.RevokeLease(ctx, r.Lease()); !errors.Is(err, registry.ErrLeaseMismatch) {
 		t.Errorf("revoking the session lease through the leased API: %v", err)
-	}
-	if _, err := r.Heartbeat(ctx, sessionReg.Instance().Ref(), r.Lease()); !errors.Is(err, registry.ErrLeaseMismatch) {
-		t.Errorf("heartbeat with the session lease: %v", err)
 	}
 	if _, _, err := r.RegisterLeased(ctx, inst(ns, "10.0.0.6:80"), lease.ID+1000); !errors.Is(err, beacon.ErrNotFound) {
 		t.Errorf("register with an unknown lease: %v", err)
@@ -218,15 +208,15 @@ func TestLeasedRegistrationsMetric(t *testing.T) {
 		return 0
 	}
 	ns := uniqueNS()
-	a, la, err := r1.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), time.Minute)
+	a, err := r1.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, lb, err := r2.RegisterWithTTL(ctx, inst(ns, "10.0.0.2:80"), time.Minute)
+	b, err := r2.RegisterWithTTL(ctx, inst(ns, "10.0.0.2:80"), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := r1.RegisterWithTTL(ctx, inst(ns, "10.0.0.3:80"), time.Second); err != nil {
+	if _, err := r1.RegisterWithTTL(ctx, inst(ns, "10.0.0.3:80"), time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r1.Register(ctx, inst(ns, "10.0.0.4:80")); err != nil { // the session's: not counted here
@@ -235,10 +225,10 @@ func TestLeasedRegistrationsMetric(t *testing.T) {
 	if got := count(); got != 3 {
 		t.Fatalf("after three HTTP-style registrations: %v", got)
 	}
-	if _, err := r1.Heartbeat(ctx, a.Ref(), la.ID); err != nil {
+	if _, err := r1.Heartbeat(ctx, a.Instance.Ref(), a.Secret); err != nil {
 		t.Fatal(err)
 	}
-	if err := r2.DeregisterLeased(ctx, b.Ref(), lb.ID); err != nil {
+	if err := r2.DeregisterLeased(ctx, b.Instance.Ref(), b.Secret); err != nil {
 		t.Fatal(err)
 	}
 	if got := count(); got != 2 {
@@ -255,7 +245,7 @@ func TestLeasedRegistrationsMetric(t *testing.T) {
 			t.Fatal(ctx.Err())
 		}
 	}
-	if err := r1.RevokeLease(ctx, la.ID); err != nil {
+	if err := r1.RevokeLease(ctx, a.Lease.ID); err != nil {
 		t.Fatal(err)
 	}
 	if got := count(); got != 0 {

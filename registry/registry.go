@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/store"
 )
 
 // Registry is the discovery interface: processes register the instances they
@@ -207,15 +206,21 @@ type Getter interface {
 // LeasedRegistrar registers instances on behalf of remote clients (Beacon's
 // HTTP API): each registration is bound to a lease of its own that the
 // client keeps alive, so that it disappears when that client stops, not when
-// the serving process does. *StoreRegistry implements it (see leased.go for
-// the rules); a registry without leases does not, and the HTTP API then
-// refuses registration over HTTP while it still lists and watches.
+// the serving process does; and it is owned by whoever holds the Secret
+// returned at registration, never by whoever names its lease.
+// *StoreRegistry implements it (see leased.go for the rules); a registry
+// without leases does not, and the HTTP API then refuses registration over
+// HTTP while it still lists and watches.
+//
+// Heartbeat, UpdateLeased and DeregisterLeased answer a wrong or missing
+// secret exactly as an unknown instance (an error matching
+// beacon.ErrNotFound, same message), and act only on the registration's
+// own lease.
 type LeasedRegistrar interface {
-	RegisterWithTTL(ctx context.Context, in beacon.Instance, ttl time.Duration) (beacon.Instance, store.Lease, error)
-	Heartbeat(ctx context.Context, ref beacon.Ref, lease store.LeaseID) (time.Duration, error)
-	UpdateLeased(ctx context.Context, ref beacon.Ref, lease store.LeaseID, mutate func(*beacon.Instance)) (beacon.Instance, error)
-	DeregisterLeased(ctx context.Context, ref beacon.Ref, lease store.LeaseID) error
-	RevokeLease(ctx context.Context, lease store.LeaseID) error
+	RegisterWithTTL(ctx context.Context, in beacon.Instance, ttl time.Duration) (Owned, error)
+	Heartbeat(ctx context.Context, ref beacon.Ref, secret Secret) (time.Duration, error)
+	UpdateLeased(ctx context.Context, ref beacon.Ref, secret Secret, mutate func(*beacon.Instance)) (beacon.Instance, error)
+	DeregisterLeased(ctx context.Context, ref beacon.Ref, secret Secret) error
 }
 
 // SessionReporter reports the state of a registry's own session: the lease

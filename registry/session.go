@@ -516,6 +516,15 @@ func (s *session) reconcileStale(mode reconcileMode) {
 			s.leaseGone(lease, err)
 			return
 		}
+		if refused(err) {
+			// etcd refused the session's credentials or permission (a
+			// changed password, a revoked role): the process may no
+			// longer advertise. Stop keeping the lease alive (its
+			// instances expire with it) and retry until the authority
+			// allows it again; the state says why.
+			s.markLost(lease, err, false)
+			return
+		}
 		if s.r.ctx.Err() == nil {
 			s.r.log.Warn("writing registrations failed; retrying", "err", err)
 		}

@@ -43,13 +43,13 @@ func TestDocumentedAlerts(t *testing.T) {
 	reg := httpJSON(t, "POST", base+"/v1/registry/instances", `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80","ttl":"30s"}`)
 	var rr struct {
 		Instance beacon.Instance `json:"instance"`
-		Lease    string          `json:"lease"`
+		Secret   string          `json:"secret"`
 	}
 	if err := json.Unmarshal(reg, &rr); err != nil {
 		t.Fatal(err)
 	}
 	one := base + "/v1/registry/instances/" + rr.Instance.Ref().String()
-	httpJSON(t, "POST", one+"/heartbeat", `{"lease":"`+rr.Lease+`"}`)
+	httpJSON(t, "POST", one+"/heartbeat", ``, "Beacon-Secret", rr.Secret)
 	last := scrape(t, base)
 
 	for _, a := range alerts {
@@ -87,7 +87,7 @@ func TestDocumentedAlerts(t *testing.T) {
 			t.Errorf("%s = %v, want %v", sel, got, want)
 		}
 	}
-	httpJSON(t, "DELETE", one+"?lease="+rr.Lease, "")
+	httpJSON(t, "DELETE", one, "", "Beacon-Secret", rr.Secret)
 	if got := mustSample(t, scrape(t, base), "beacon_registry_leased_registrations"); got != 0 {
 		t.Errorf("leased registrations after deregistration: %v", got)
 	}
@@ -244,10 +244,13 @@ func gatherText(t *testing.T, g prometheus.Gatherer) families {
 	return fams
 }
 
-func httpJSON(t *testing.T, method, url, body string) []byte {
+func httpJSON(t *testing.T, method, url, body string, header ...string) []byte {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

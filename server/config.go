@@ -96,6 +96,10 @@ type Config struct {
 	// empty (see cors.go).
 	CORSAllowedOrigins []string
 
+	// Security configures TLS on every listener, etcd authentication and
+	// resource limits (security.go).
+	Security Security
+
 	// DNS configures the DNS interface (dns.go); disabled when DNS.Addr is
 	// empty, as in the zero value (`beacon serve` enables it by default).
 	DNS DNSConfig
@@ -103,6 +107,14 @@ type Config struct {
 	// ShutdownTimeout bounds graceful shutdown; DefaultShutdownTimeout when
 	// zero.
 	ShutdownTimeout time.Duration
+
+	// UnsafeNoFsync runs the embedded etcd without syncing its WAL to disk
+	// (etcd's --unsafe-no-fsync): faster, and data may be lost on a crash.
+	// For benchmarks and tests only.
+	UnsafeNoFsync bool
+	// EnablePprof serves Go's runtime profiles under /debug/pprof/ on the
+	// HTTP listener (etcd's --enable-pprof); off by default.
+	EnablePprof bool
 
 	// Logger receives the server's logs and, through EtcdLogLevel, the
 	// embedded etcd's; nil discards them.
@@ -220,6 +232,7 @@ func (c Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.Discovery.validate(c)...)
+	errs = append(errs, c.Security.validate(c)...)
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--http-addr %q: must be host:port, e.g. 127.0.0.1:9379", c.HTTPAddr))
 	}

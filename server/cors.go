@@ -16,7 +16,7 @@ import (
 
 // corsAllowHeaders are the request headers a page may send: JSON bodies,
 // SSE resumption and credentials for the API.
-const corsAllowHeaders = "Content-Type, Last-Event-ID, Authorization"
+const corsAllowHeaders = "Content-Type, Last-Event-ID, Authorization, Beacon-Secret"
 
 // validateCORS checks the allowed origins: "*", or scheme://host[:port].
 func validateCORS(origins []string) []error {
@@ -56,7 +56,7 @@ func cors(origins []string, h http.Handler) http.Handler {
 		} else {
 			hdr.Set("Access-Control-Allow-Origin", origin)
 		}
-		hdr.Set("Access-Control-Expose-Headers", "Allow, X-Etcd-Index")
+		hdr.Set("Access-Control-Expose-Headers", "Allow, X-Etcd-Index, Retry-After, WWW-Authenticate")
 		if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
 			// A preflight: say what the page may send, for ten minutes.
 			hdr.Add("Vary", "Access-Control-Request-Method")

@@ -16,7 +16,6 @@ import (
 	"github.com/beaconplane/beacon/proxy"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 )
 
 // Values of DiscoveryConfig.Fallback (etcd's --discovery-fallback).
@@ -119,7 +118,14 @@ func (s *Server) startMember(ctx context.Context) error {
 	if err := s.startEtcd(ctx); err != nil {
 		return err
 	}
-	s.client = v3client.New(s.etcd.Server)
+	if err := s.bootstrapAuth(ctx); err != nil { // authboot.go
+		return err
+	}
+	cli, err := s.embeddedClient()
+	if err != nil {
+		return err
+	}
+	s.client = cli
 	s.store, s.ownsStore = etcdstore.NewFromClient(s.client), true
 	return nil
 }
@@ -211,6 +217,10 @@ func (s *Server) startFallbackProxy(ctx context.Context, lg *slog.Logger) error 
 	if reg, ok := s.reg.(*prometheus.Registry); ok {
 		pcfg.Registry = reg
 	}
+	scheme, scfg, err := s.fallbackSecurity(&pcfg) // tls.go
+	if err != nil {
+		return fmt.Errorf("discovery fallback proxy: %w", err)
+	}
 	p, err := proxy.New(pcfg)
 	if err != nil {
 		return fmt.Errorf("discovery fallback proxy: %w", err)
@@ -241,8 +251,10 @@ func (s *Server) startFallbackProxy(ctx context.Context, lg *slog.Logger) error 
 	case <-ctx.Done():
 		return fmt.Errorf("discovery fallback proxy not ready: %w", context.Cause(ctx))
 	}
-	addr := "http://" + p.Addr().String()
-	st, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: []string{addr}, Logger: s.log})
+	addr := scheme + "://" + p.Addr().String()
+	scfg.Endpoints = []string{addr}
+	s.fallbackStore = scfg
+	st, err := etcdstore.New(ctx, scfg)
 	if err != nil {
 		return fmt.Errorf("discovery fallback proxy: reach the cluster through %s: %w", addr, err)
 	}

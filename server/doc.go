@@ -30,10 +30,25 @@
 //	/v1/tokens[/{token}]         v3 discovery tokens (bootstrap.NewHandler)
 //	/v2/discovery/...            the discovery.etcd.io-compatible v2 service (package bootstrap/v2)
 //	/v1/openapi.json             the OpenAPI description of the /v1 routes
+//	/v1/cluster                  etcd members' status or the backend's health (dashboard.go)
+//	/ui/, /                      the web dashboard (package server/ui); / redirects to /ui/
+//	/v1/auth/whoami, /v1/auth/token  who a request is and what it may do; an etcd token for Basic credentials
 //
 // The port is taken first in Start, and /healthz answers from that moment:
 // a member waiting for its discovery peers is alive, and /readyz says it
 // is still starting.
+//
+// # Security
+//
+// Config.Security configures TLS on the embedded etcd's client and peer
+// listeners and on the HTTP listener (etcd's flag names; certificates
+// re-read when they change), etcd authentication (Security.Auth
+// bootstraps root and enables it), and the bounds of every request (body
+// size, deadlines, per-client caps). With etcd authentication on, each HTTP
+// request authenticates (Basic, Bearer etcd token, or a client
+// certificate's CN) and is served by a view that acts as that etcd user, so
+// that etcd's roles decide; the Host header is checked against the
+// server's names. docs/security.md has the threat model.
 //
 // # Lifecycle
 //

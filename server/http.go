@@ -11,6 +11,7 @@ import (
 	"github.com/beaconplane/beacon/bootstrap"
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
 	"github.com/beaconplane/beacon/internal/httpapi"
+	"github.com/beaconplane/beacon/internal/pprofhttp"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/registryapi"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
@@ -38,12 +39,13 @@ func (s *Server) serveEarly() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopHTTP = cancel
 	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Handler: s.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			(*s.handler.Load()).ServeHTTP(w, r)
-		}),
+		})),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
+	s.configureHTTPServer(srv)
 	s.mu.Lock()
 	s.httpSrv = srv
 	s.mu.Unlock()
@@ -79,8 +81,14 @@ func (s *Server) startHTTP() error {
 	if err := s.mountAPIs(mux); err != nil {
 		return err
 	}
+	if err := s.mountDashboard(mux); err != nil { // dashboard.go
+		return fmt.Errorf("dashboard: %w", err)
+	}
+	if s.cfg.EnablePprof {
+		pprofhttp.Mount(mux) // not an API route: not in openapi.json
+	}
 	s.routes = mux
-	h := cors(s.cfg.CORSAllowedOrigins, mux) // cors.go
+	h := cors(s.cfg.CORSAllowedOrigins, s.requireAuth(mux)) // cors.go, authhttp.go
 	s.handler.Store(&h)
 	return nil
 }
@@ -102,14 +110,18 @@ func (s *Server) mountAPIs(mux *httpapi.Mux) error {
 		}
 		s.registry = reg
 	}
-	api, err := registryapi.New(s.registry, registryapi.Options{Logger: s.log, Metrics: s.reg})
+	if err := s.setupAuth(); err != nil { // authhttp.go
+		return err
+	}
+	s.mountAuth(mux)
+	api, err := registryapi.New(s.registry, s.registryOptions(registryapi.Options{Logger: s.log, Metrics: s.reg}))
 	if err != nil {
 		return fmt.Errorf("registry API: %w", err)
 	}
 	api.Register(mux)
 	mux.Handle("GET /v1/openapi.json", httpapi.NoQuery(openAPIHandler(mux))) // openapi.go
 	if cli := s.etcdClient(); cli != nil {
-		bootstrap.NewTokenAPI(cli, s.clientEndpoints(), s.log).Register(mux)
+		bootstrap.NewTokenAPI(cli, s.clientEndpoints(), s.log).Register(guarded{mux, s.guardTokens}) // authhttp.go
 	}
 	if s.store == nil {
 		mountWithoutStore(mux) // registrybackend.go
@@ -117,14 +129,14 @@ func (s *Server) mountAPIs(mux *httpapi.Mux) error {
 	}
 	base := s.cfg.V2BaseURL
 	if base == "" {
-		base = "http://" + loopbackIfUnspecified(s.httpLn.Addr().String()) + V2Path
+		base = s.httpScheme() + "://" + loopbackIfUnspecified(s.httpLn.Addr().String()) + V2Path
 	}
 	v2svc, err := v2.New(v2.Config{Store: s.store, BaseURL: base, MaxAge: s.cfg.V2TokenMaxAge, Logger: s.log})
 	if err != nil {
 		return fmt.Errorf("v2 discovery: %w", err)
 	}
 	s.v2 = v2svc
-	mux.Handle(V2Path+"/", http.StripPrefix(V2Path, v2svc))
+	mux.Handle(V2Path+"/", s.guardV2(http.StripPrefix(V2Path, v2svc)))
 	return nil
 }
 
@@ -185,7 +197,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	if s.store == nil {
 		s.registryReadiness(ctx, &res) // registrybackend.go
-	} else if _, _, err := s.store.List(ctx, "/beacon-readyz-probe/"); err != nil {
+	} else if err := s.probeStore(ctx); err != nil {
 		res.Checks["store"] = err.Error()
 		res.Status = "unavailable"
 	} else {

@@ -122,7 +122,9 @@ func queryRules() (func(pattern string) (httpapi.QueryRule, bool), error) {
 		if !ok {
 			return httpapi.QueryRule{}, false // a prefix mount, for its own protocol
 		}
-		rule, ok := rules[method+" "+strings.ReplaceAll(path, "...}", "}")]
+		// {name...} wildcards and an exact-match {$} ("GET /{$}" is the
+		// document's "/") are written as OpenAPI paths.
+		rule, ok := rules[method+" "+strings.ReplaceAll(strings.TrimSuffix(path, "{$}"), "...}", "}")]
 		return rule, ok
 	}, nil
 }

@@ -84,9 +84,10 @@ func goPattern(p string) (method, path string) {
 	return "", p
 }
 
-// docPathOf turns a router path ({name...} wildcards) into an OpenAPI one.
+// docPathOf turns a router path ({name...} wildcards, a final {$}) into an
+// OpenAPI one.
 func docPathOf(path string) string {
-	return strings.ReplaceAll(path, "...}", "}")
+	return strings.ReplaceAll(strings.TrimSuffix(path, "{$}"), "...}", "}")
 }
 
 // checkRoutes compares the router's patterns, the document, and the
@@ -217,6 +218,12 @@ type answer struct {
 // matches the documented schemas.
 func (c *apiChecker) do(method, target, contentType, body string) answer {
 	c.t.Helper()
+	return c.doHeader(method, target, contentType, body, nil)
+}
+
+// doHeader is do with extra request headers.
+func (c *apiChecker) doHeader(method, target, contentType, body string, hdr http.Header) answer {
+	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, c.base+target, strings.NewReader(body))
@@ -226,7 +233,13 @@ func (c *apiChecker) do(method, target, contentType, body string) answer {
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	// The route's own answer: a redirect (GET / to the dashboard) is not
+	// followed.
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
 	if err != nil {
 		c.t.Fatalf("%s %s: %v", method, target, err)
 	}
@@ -443,8 +456,10 @@ func (c *apiChecker) registryScenario() {
 	var rr struct {
 		Instance struct{ ID string } `json:"instance"`
 		Lease    string              `json:"lease"`
+		Secret   string              `json:"secret"`
 	}
 	_ = json.Unmarshal(reg.body, &rr)
+	owner := http.Header{"Beacon-Secret": {rr.Secret}}
 	one := coll + "/prod/api/http/" + rr.Instance.ID
 	c.do("POST", coll, "application/json", `{"namespace":"prod","component":"api","endpoint":"http","id":"`+rr.Instance.ID+`","address":"10.0.0.2:80"}`) // 409
 	c.do("POST", coll, "application/json", `{"namespace":"Prod","component":"api","endpoint":"http","address":"10.0.0.2:80","ttl":15}`)                  // 400
@@ -452,17 +467,21 @@ func (c *apiChecker) registryScenario() {
 	c.do("GET", coll+"/prod/api/http/00000000000000ff", "", "") // 404
 	c.do("GET", coll+"/prod/api/http/nothex", "", "")           // 400
 	c.do("GET", coll+"?namespace=prod&status=serving", "", "")
-	c.do("GET", coll+"?component=api", "", "")      // 400: component without namespace
-	c.do("GET", coll+"?status=resting", "", "")     // 400
-	c.do("GET", coll+"?namespace=&status=", "", "") // empty filters: none
-	c.do("POST", one+"/heartbeat", "application/json", `{"lease":"`+rr.Lease+`"}`)
-	c.do("POST", one+"/heartbeat", "application/json", `{"lease":"1"}`) // 404 or 409
-	c.do("POST", one+"/heartbeat", "application/json", `{"lease":"zz"}`)
-	c.do("PATCH", one, "application/json", `{"lease":"`+rr.Lease+`","status":"draining","metadata":{"zone":"b"}}`)
-	c.do("PATCH", one, "application/json", `{"lease":"`+rr.Lease+`","status":"resting"}`)
-	c.do("DELETE", one, "", "")                    // 400: no lease
-	c.do("DELETE", one+"?lease="+rr.Lease, "", "") // 204
-	c.do("DELETE", one+"?lease="+rr.Lease, "", "") // 404
+	c.do("GET", coll+"?component=api", "", "")                                        // 400: component without namespace
+	c.do("GET", coll+"?status=resting", "", "")                                       // 400
+	c.do("GET", coll+"?namespace=&status=", "", "")                                   // empty filters: none
+	c.doHeader("POST", one+"/heartbeat", "", "", owner)                               // 200
+	c.doHeader("POST", one+"/heartbeat", "application/json", `{}`, owner)             // 200
+	c.do("POST", one+"/heartbeat", "application/json", `{}`)                          // 404: no secret
+	c.doHeader("POST", one+"/heartbeat", "", "", http.Header{"Beacon-Secret": {"x"}}) // 404: a wrong one
+	c.do("POST", one+"/heartbeat", "application/json", `{"lease":"`+rr.Lease+`"}`)    // 400: a lease
+	c.doHeader("PATCH", one, "application/json", `{"status":"draining","metadata":{"zone":"b"}}`, owner)
+	c.doHeader("PATCH", one, "application/json", `{"status":"resting"}`, owner)           // 400
+	c.do("PATCH", one, "application/json", `{"lease":"`+rr.Lease+`","status":"serving"}`) // 400: a lease
+	c.do("DELETE", one, "", "")                                                           // 404: no secret
+	c.do("DELETE", one+"?lease="+rr.Lease, "", "")                                        // 400: a lease
+	c.doHeader("DELETE", one, "", "", owner)                                              // 204
+	c.doHeader("DELETE", one, "", "", owner)                                              // 404
 	c.do("GET", "/v1/registry/watch?namespace=prod", "", "")
 	c.do("GET", "/v1/registry/watch?since=x", "", "") // 400
 }

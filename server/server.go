@@ -66,6 +66,7 @@ type Server struct {
 	// etcdReady whether etcd joined its cluster (startcheck.go).
 	dataDir   *dataDirGuard
 	etcdReady bool
+	security  // TLS, authentication, limits (tls.go, auth*.go, limits.go)
 }
 
 // removeFailedFirstStart removes, after a failed first start, what it
@@ -95,6 +96,7 @@ func New(cfg Config) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	s.initSecurity()
 	s.reg, s.gather = cfg.Registerer, cfg.Gatherer
 	if s.reg == nil {
 		r := prometheus.NewRegistry()
@@ -130,6 +132,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	// writes anything to the data directory.
 	ln, err := listen(s.cfg.HTTPAddr, "--http-addr")
 	if err != nil {
+		return err
+	}
+	if ln, err = s.secureHTTPListener(ln); err != nil {
 		return err
 	}
 	s.httpLn = ln
@@ -171,6 +176,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err := s.startHTTP(); err != nil {
 		return err
 	}
+	s.logSecurityWarnings()
 	return s.startDNS()
 }
 
@@ -219,6 +225,7 @@ func (s *Server) Close() error {
 		}
 		s.closeDNS()
 		s.boot.close()
+		s.closeSecurity()
 		if s.v2 != nil {
 			_ = s.v2.Close()
 		}
@@ -286,7 +293,7 @@ type Endpoints struct {
 func (s *Server) Endpoints() Endpoints {
 	var ep Endpoints
 	if s.httpLn != nil {
-		ep.HTTP = "http://" + s.httpLn.Addr().String()
+		ep.HTTP = s.httpScheme() + "://" + s.httpLn.Addr().String()
 	}
 	switch {
 	case s.etcd != nil:
@@ -336,8 +343,17 @@ func (s *Server) Banner() string {
 	} else {
 		fmt.Fprintf(&b, "  HTTP API      %s   (/healthz /readyz /metrics)\n", ep.HTTP)
 	}
+	// Where a browser on this host opens the dashboard.
+	dash := ep.HTTP
+	if httpAddr := strings.TrimPrefix(ep.HTTP, "http://"); loopbackIfUnspecified(httpAddr) != httpAddr {
+		dash = "http://" + loopbackIfUnspecified(httpAddr)
+	}
+	fmt.Fprintf(&b, "  dashboard     %s/ui/\n", dash)
 	if a := s.DNSAddr(); a != "" && s.dns.srv != nil {
 		fmt.Fprintf(&b, "  DNS           %s udp+tcp, zone %s   (dig @%s -p %s SRV <endpoint>.<component>.<namespace>.%s)\n", a, s.dns.srv.Domain(), hostOf(a), portOf(a), s.dns.srv.Domain())
+	}
+	for _, w := range s.securityWarnings() {
+		fmt.Fprintf(&b, "  WARNING       %s\n", w)
 	}
 	return b.String()
 }
@@ -423,11 +439,15 @@ func (s *Server) etcdConfig() (*embed.Config, error) {
 	ec.InitialCluster = c.InitialCluster
 	ec.ClusterState = c.InitialClusterState
 	ec.InitialClusterToken = c.InitialClusterToken
+	ec.UnsafeNoFsync = c.UnsafeNoFsync
 	level := zapcore.WarnLevel
 	if c.EtcdLogLevel != nil {
 		level = *c.EtcdLogLevel
 	}
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(s.log.With("component", "etcd"), level, &s.etcdClosing))
+	if err := s.applySecurity(ec); err != nil {
+		return nil, err
+	}
 	return ec, nil
 }
 

@@ -26,6 +26,14 @@ var (
 	// ErrUnavailable. Re-list, then watch again (a backend with several
 	// servers then uses another one).
 	ErrWatchSilent = errors.New("store: watch stream silent")
+	// ErrPermissionDenied wraps a refusal by the backend's access control:
+	// the identity the store acts as may not read or write the key (etcd
+	// users and roles). Retrying does not help; granting does.
+	ErrPermissionDenied = errors.New("store: permission denied")
+	// ErrUnauthenticated wraps a refusal of the store's credentials: no
+	// user, a wrong password, or a token that expired or belongs to
+	// another cluster.
+	ErrUnauthenticated = errors.New("store: not authenticated")
 )
 
 // CompactedError reports a watch that asked for history the store no longer

@@ -15,25 +15,56 @@ func init() {
 		cfg        bench.ProxyConfig
 		output     string
 		cpuProfile string
-		inProcess  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "proxy",
-		Short: "Proxy vs direct: range/put throughput and latency, 1,000 watches → 1 etcd watch",
-		Long: `Runs a readwrite ` + "`beacon proxy`" + ` process (as deployed; --in-process runs it inside
-the benchmark) in front of etcd (an embedded cluster of --members members on
-loopback, or --endpoints) and measures, in one run, the same load straight to
-etcd and through the proxy: range and put throughput with p50 and
-p99 latency (goals: >= 0.8x throughput, <= 1.3x p50), then --watches identical
-watches on one key (direct: one etcd watch each; through the proxy: they share
-one), with the heap they hold and the time one event takes to reach them all.`,
+		Short: "Beacon's proxy vs etcd's grpc-proxy vs direct: ranges, puts, watch fan-out and latency, CPU per op",
+		Long: `Runs, in one run, the same etcd traffic straight to etcd ("direct"), through
+Beacon's proxy (a ` + "`beacon proxy`" + ` process) and through etcd's own grpc-proxy
+(an ` + "`etcd grpc-proxy start`" + ` process), in front of the same etcd (a cluster of
+--members members on loopback, started in this process the way beacon serve
+starts etcd, or --endpoints), the sides in turn for --rounds rounds:
+
+  - range (linearizable and serializable) and put throughput with p50 and p99
+    latency, and each proxy's CPU per request (from /proc);
+  - --watches identical watches on one key over --streams connections: a burst
+    of --burst-puts puts (events per second delivered, CPU per event, events
+    lost, memory), then --latency-puts at --latency-rate per second (delivery
+    latency p50, p99).
+
+Every figure is the median of the rounds, with the spread; ratios are Beacon
+over direct and over etcd's grpc-proxy. Goals against the grpc-proxy:
+serializable range and fan-out >= 1.0x, CPU per event and delivery p99
+<= 1.0x.
+
+etcd's grpc-proxy is run from an etcd 3.7 binary: --etcd-bin, or "etcd" in
+$BEACON_PEERS_DIR/bin (default ~/.cache/beacon-peers/bin) or PATH; build it
+with "go build -o ~/.cache/beacon-peers/bin/etcd ./internal/etcd" from a
+Beacon checkout, or leave it out with --no-grpc-proxy. An interrupt (Ctrl-C)
+stops both proxies and etcd and removes the keys written.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" {
+				return usagef("-o %q: want table or json", output)
+			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
 			cfg.Logger = logger
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("find the beacon binary to run the proxy: %w", err)
+			}
+			cfg.BeaconCommand = []string{exe, "proxy"}
+			if err := cfg.Validate(); err != nil {
+				return usage(err)
+			}
+			if cfg.EtcdBin != "" && !cfg.NoGRPCProxy {
+				if _, err := bench.EtcdPeer.Find(cfg.EtcdBin); err != nil {
+					return usage(err)
+				}
+			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
 				if err != nil {
@@ -45,37 +76,33 @@ one), with the heap they hold and the time one event takes to reach them all.`,
 				}
 				defer pprof.StopCPUProfile()
 			}
-			if !inProcess {
-				exe, err := os.Executable()
-				if err != nil {
-					return fmt.Errorf("find the beacon binary to run the proxy: %w (or use --in-process)", err)
-				}
-				cfg.ProxyCommand = []string{exe, "proxy"}
-			}
 			r, err := bench.RunProxy(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			switch output {
-			case "json":
+			if output == "json" {
 				return r.WriteJSON(cmd.OutOrStdout())
-			case "", "table":
-				return r.WriteTable(cmd.OutOrStdout())
 			}
-			return usagef("-o %q: want table or json", output)
+			return r.WriteTable(cmd.OutOrStdout())
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd client URLs to measure against (default: an embedded etcd)")
-	f.IntVar(&cfg.Members, "members", 3, "members of the embedded etcd cluster")
-	f.BoolVar(&cfg.Fsync, "fsync", true, "embedded members fsync their WAL like production etcd (--fsync=false: in-memory etcd, the proxy's worst case)")
-	f.DurationVar(&cfg.Duration, "duration", 4*time.Second, "length of each of the four load phases")
+	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd client URLs to measure against (default: a cluster started by the benchmark)")
+	f.IntVar(&cfg.Members, "members", 3, "members of the benchmark's etcd cluster")
+	f.BoolVar(&cfg.Fsync, "fsync", true, "the members fsync their WAL like production etcd (--fsync=false: in-memory speed, the proxies' worst case)")
+	f.IntVar(&cfg.Rounds, "rounds", 3, "rounds, the sides in turn (the median is shown with the spread)")
+	f.DurationVar(&cfg.Duration, "duration", 2*time.Second, "length of each load phase, per side and round")
 	f.IntVar(&cfg.Clients, "clients", 16, "concurrent workers")
 	f.IntVar(&cfg.Conns, "conns", 4, "client connections the workers share")
 	f.IntVar(&cfg.Watches, "watches", 1000, "identical watches to open")
+	f.IntVar(&cfg.Streams, "streams", 10, "connections (one watch stream each) the watches are spread over")
+	f.IntVar(&cfg.BurstPuts, "burst-puts", 400, "puts of the burst, as fast as 4 writers can")
+	f.IntVar(&cfg.LatencyPuts, "latency-puts", 100, "puts of the latency measurement")
+	f.IntVar(&cfg.LatencyRate, "latency-rate", 50, "puts per second of the latency measurement")
 	f.IntVar(&cfg.ValueSize, "value-size", 256, "bytes per value put")
+	f.StringVar(&cfg.EtcdBin, "etcd-bin", "", "etcd 3.7 binary whose grpc-proxy is measured (default: found in $BEACON_PEERS_DIR/bin or PATH)")
+	f.BoolVar(&cfg.NoGRPCProxy, "no-grpc-proxy", false, "leave etcd's grpc-proxy out (no etcd binary needed)")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
-	f.BoolVar(&inProcess, "in-process", false, "run the proxy inside the benchmark process instead of as its own `beacon proxy` process")
-	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (proxy, clients and embedded etcd) to this file")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the benchmark's process (clients and etcd; the proxies have --pprof) to this file")
 	benchCmd.AddCommand(cmd)
 }

@@ -14,18 +14,32 @@ import (
 // memory`, each beside its raw etcd client baseline.
 func init() {
 	benchCmd.AddCommand(
-		newRegistryBenchCmd("register", "Registrations/s: one Beacon session (shared lease, batching) vs raw grant + put per instance",
-			`Registers --instances instances with --concurrency workers, then --sequential
-with one worker, through Beacon's registry (one session: one lease for all,
-concurrent registrations batched into transactions) and with the raw etcd
-client (grant a lease + put, per instance), against the same etcd, with the
-same values. Goal: at least 3x the raw rate with concurrent workers.`,
+		newRegistryBenchCmd("register", "Registrations/s: one Beacon session vs etcd's batched-write ceiling and raw grant + put",
+			`Registers --instances instances with each number of --concurrency workers,
+then --sequential with one worker, through Beacon's registry (one session: one
+lease for all, concurrent registrations batched into transactions), and
+measures beside it, against the same etcd member, in rounds that take the sides
+in turn: the batched-write ceiling (etcd's own benchmark tool, txn-put with as
+many keys in flight as workers, in transactions as large as Beacon's group
+commit makes them (a quarter of the workers, at most 48; --batch to choose),
+of the same key and value sizes) and the raw etcd client (grant a lease + put, per instance). It prints
+the medians of --rounds rounds with their spread, and p50/p99 latency.
+Goal: at least 0.8x the ceiling.
+
+etcd's benchmark tool is found with --benchmark-bin, in
+$BEACON_PEERS_DIR/bin (default ~/.cache/beacon-peers/bin) or in PATH; build
+it with "bash .ci/build-peers benchmark" from a Beacon checkout, or skip the
+ceiling with --no-ceiling. Against --endpoints the ceiling is skipped (the
+tool writes keys it cannot remove).`,
 			bench.RunRegister, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
 				f := cmd.Flags()
-				f.IntVar(&cfg.Instances, "instances", 3000, "instances registered by the concurrent workers")
-				f.IntVar(&cfg.Rounds, "rounds", 3, "rounds alternating raw and Beacon (the median is shown)")
-				f.IntVar(&cfg.Concurrency, "concurrency", 64, "concurrent workers")
+				f.IntVar(&cfg.Instances, "instances", 20000, "instances registered per round by the concurrent workers")
+				f.IntVar(&cfg.Rounds, "rounds", 3, "rounds taking the sides in turn (the median is shown, with the spread)")
+				f.IntSliceVar(&cfg.Concurrency, "concurrency", []int{64, 256}, "numbers of concurrent workers to measure")
 				f.IntVar(&cfg.Sequential, "sequential", 300, "instances registered by one worker")
+				f.IntVar(&cfg.Batch, "batch", 0, "puts per transaction of the batched-write ceiling (etcd benchmark txn-put --txn-ops; default: Beacon's batch for that many workers, a quarter of them up to 48)")
+				f.StringVar(&cfg.BenchmarkBin, "benchmark-bin", "", "path of etcd's benchmark tool (default: found in $BEACON_PEERS_DIR/bin or PATH)")
+				f.BoolVar(&cfg.NoCeiling, "no-ceiling", false, "do not measure the batched-write ceiling (no etcd benchmark tool needed)")
 			}),
 		newRegistryBenchCmd("watch", "Register → watcher latency with 1, 100, 1000 watchers: one shared watch vs one etcd watch each",
 			`For each watcher count, opens that many Beacon watchers of one query in one
@@ -74,7 +88,7 @@ func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Contex
 	cmd := &cobra.Command{
 		Use:   name,
 		Short: short,
-		Long:  long + "\n\nBy default it starts its own embedded etcd (with fsync, like production); --endpoints measures an existing one.",
+		Long:  long + "\n\nBy default it starts its own single-node etcd in a child process (with fsync, like production; --no-fsync without); --endpoints measures an existing one. An interrupt (Ctrl-C) stops it cleanly: leases revoked, child processes stopped, data removed.",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -87,6 +101,11 @@ func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Contex
 			cfg.Logger = logger
 			if err := cfg.Validate(); err != nil {
 				return usage(err)
+			}
+			if cfg.BenchmarkBin != "" && !cfg.NoCeiling {
+				if _, err := bench.BenchmarkPeer.Find(cfg.BenchmarkBin); err != nil {
+					return usage(err)
+				}
 			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
@@ -111,7 +130,7 @@ func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Contex
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd client URLs to measure against (default: an embedded etcd)")
-	f.BoolVar(&cfg.NoFsync, "no-fsync", false, "run the embedded etcd without fsync")
+	f.BoolVar(&cfg.NoFsync, "no-fsync", false, "run the scenario's etcd without fsync")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (clients and embedded etcd) to this file")
 	flags(cmd, &cfg)

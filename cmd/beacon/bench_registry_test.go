@@ -22,6 +22,20 @@ func TestBenchCommandsBadInput(t *testing.T) {
 		{args: []string{"bench", "naming", "--trials", "-1"}, want: "--trials -1"},
 		{args: []string{"bench", "naming", "--drain-grace", "-1s"}, want: "--drain-grace"},
 		{args: []string{"bench", "naming", "-o", "yaml"}, want: "-o"},
+		{args: []string{"bench", "register", "--concurrency", "0"}, want: "--concurrency 0"},
+		{args: []string{"bench", "register", "--concurrency", "64,-1"}, want: "--concurrency -1"},
+		{args: []string{"bench", "register", "--instances", "99999999999"}, want: "at most"},
+		{args: []string{"bench", "register", "--batch", "500"}, want: "--batch 500"},
+		{args: []string{"bench", "register", "--benchmark-bin", "/nonexistent/benchmark"}, want: "--benchmark-bin"},
+		{args: []string{"bench", "proxy", "--watches", "-1"}, want: "--watches -1"},
+		{args: []string{"bench", "proxy", "--clients", "-5"}, want: "--clients -5"},
+		{args: []string{"bench", "proxy", "--duration", "-1s"}, want: "--duration"},
+		{args: []string{"bench", "proxy", "--value-size", "2000000000"}, want: "--value-size"},
+		{args: []string{"bench", "proxy", "--watches", "5", "--streams", "10"}, want: "--streams 10"},
+		{args: []string{"bench", "proxy", "--etcd-bin", "/nonexistent/etcd"}, want: "--etcd-bin"},
+		{args: []string{"bench", "proxy", "-o", "yaml"}, want: "-o"},
+		{args: []string{"proxy", "--cache-max-staleness", "-1s"}, want: "--cache-max-staleness"},
+		{args: []string{"proxy", "--cache-max-bytes", "0"}, want: "--cache-max-bytes"},
 	})
 }
 

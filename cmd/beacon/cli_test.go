@@ -45,10 +45,12 @@ func TestSettingsCheckedByEveryCommand(t *testing.T) {
 	setup(rootCmd)
 	// Arguments that get each command past its own checks.
 	args := map[string][]string{
-		"beacon register":     {"prod/api/http", "--addr", "10.0.0.1:80"},
-		"beacon rm":           {"prod/api/http/00000000000000a1"},
-		"beacon token status": {"tok"},
-		"beacon token rm":     {"tok"},
+		"beacon register":             {"prod/api/http", "--addr", "10.0.0.1:80"},
+		"beacon rm":                   {"prod/api/http/00000000000000a1"},
+		"beacon token status":         {"tok"},
+		"beacon token rm":             {"tok"},
+		"beacon auth grant-namespace": {"writers", "team-a"},
+		"beacon auth grant-bootstrap": {"admins"},
 	}
 	var tests []badInput
 	walk(rootCmd, func(c *cobra.Command) {
@@ -234,7 +236,8 @@ func TestRmCommand(t *testing.T) {
 	defer r.Close()
 	refs := map[string]string{}
 	for _, id := range []string{"00000000000000a1", "00000000000000a2", "00000000000000a3"} {
-		in, _, err := r.RegisterWithTTL(ctx, beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", ID: id, Address: "10.0.0.1:80"}, time.Minute)
+		o, err := r.RegisterWithTTL(ctx, beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", ID: id, Address: "10.0.0.1:80"}, time.Minute)
+		in := o.Instance
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -332,7 +335,7 @@ func TestCompletion(t *testing.T) {
 	}
 	defer r.Close()
 	for _, c := range []string{"api", "web"} {
-		if _, _, err := r.RegisterWithTTL(ctx, beacon.Instance{Namespace: "prod", Component: c, Endpoint: "http", ID: "00000000000000a1", Address: "10.0.0.1:80"}, time.Minute); err != nil {
+		if _, err := r.RegisterWithTTL(ctx, beacon.Instance{Namespace: "prod", Component: c, Endpoint: "http", ID: "00000000000000a1", Address: "10.0.0.1:80"}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}

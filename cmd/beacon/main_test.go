@@ -32,11 +32,25 @@ func TestMain(m *testing.M) {
 			args = strings.Fields(v)
 		}
 		os.Args = append([]string{"beacon"}, args...)
+		// A beacon command that starts beacon again (os.Executable: bench
+		// runs its etcd and proxies as children) starts this test binary
+		// with its own arguments: it must run them, not these again.
+		_ = os.Unsetenv(beaconMainEnv)
+		_ = os.Setenv(beaconArgvEnv, "1")
+		main()
+		os.Exit(0)
+	}
+	if os.Getenv(beaconArgvEnv) != "" {
+		os.Args[0] = "beacon"
 		main()
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
+
+// beaconArgvEnv marks a process started by a beacon command run from the
+// tests: the test binary then is beacon, with the arguments it was given.
+const beaconArgvEnv = "BEACON_TEST_RUN_ARGV"
 
 // child is a running child `beacon` process.
 type child struct {

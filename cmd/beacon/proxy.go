@@ -1,7 +1,6 @@
 package main
 
 import (
-	"crypto/tls"
 	"fmt"
 	"net"
 	"strconv"
@@ -46,11 +45,11 @@ func (m msDuration) Type() string { return "duration" }
 
 func newProxyCmd() *cobra.Command {
 	var (
-		cfg                   proxy.Config
-		mode                  string
-		cacert, cert, key     string
-		listenCert, listenKey string
-		disc                  bootstrap.Config
+		cfg               proxy.Config
+		mode              string
+		cacert, cert, key string
+		listenTLS         *proxyListenTLS
+		disc              bootstrap.Config
 	)
 	cfg.FailureWait = proxy.DefaultFailureWait
 	cfg.RefreshInterval = proxy.DefaultRefreshInterval
@@ -139,12 +138,8 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				}
 				cfg.ClientTLS = tlsCfg
 			}
-			if listenCert != "" || listenKey != "" {
-				c, err := tls.LoadX509KeyPair(listenCert, listenKey)
-				if err != nil {
-					return usagef("--listen-cert/--listen-key: %w", err)
-				}
-				cfg.ServerTLS = &tls.Config{Certificates: []tls.Certificate{c}, MinVersion: tls.VersionTLS12}
+			if err := listenTLS.apply(&cfg, logger); err != nil { // proxy_security.go
+				return usage(err)
 			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -190,8 +185,9 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	f.StringVar(&cacert, "cacert", "", "CA file to verify members' certificates (env ETCD_AUTH_CA, then ETCDCTL_CACERT)")
 	f.StringVar(&cert, "cert", "", "client certificate for members (env ETCD_AUTH_CLIENT_CERT, then ETCDCTL_CERT)")
 	f.StringVar(&key, "key", "", "client key for members (env ETCD_AUTH_CLIENT_KEY, then ETCDCTL_KEY)")
-	f.StringVar(&listenCert, "listen-cert", "", "serve clients over TLS with this certificate")
-	f.StringVar(&listenKey, "listen-key", "", "key of --listen-cert")
+	listenTLS = addProxyTLSFlags(cmd) // proxy_security.go: --cert-file ... and --listen-cert/--listen-key
+	f.UintVar(&cfg.MaxRequestBytes, "max-request-bytes", proxy.DefaultMaxRequestBytes, "largest client request read (etcd's --max-request-bytes)")
+	addProxyPerfFlags(cmd, &cfg) // proxy_perf.go
 	return cmd
 }
 

@@ -221,7 +221,7 @@ func loopbackUp() error {
 
 // TestReadmeTourHTTP runs the HTTP part of the README's tour as written,
 // with bash and curl, against a `beacon serve` on free ports: register,
-// heartbeat with the lease the registration returned, list, watch,
+// heartbeat with the secret the registration returned, list, watch,
 // deregister. Every request must succeed (curl --fail-with-body).
 func TestReadmeTourHTTP(t *testing.T) {
 	curl := testpeer.Binary(t, "apt-get install curl", "curl")

@@ -92,6 +92,8 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "graceful shutdown bound")
 	etcdAuth = addBackendFlags(cmd, "etcd-")
 	addDiscoveryFlags(cmd, &cfg.Discovery) // serve_discovery.go
+	addPerfFlags(cmd, &cfg)                // serve_perf.go
+	addSecurityFlags(cmd, &cfg.Security)   // serve_security.go
 	addDNSFlags(cmd, &cfg.DNS)             // serve_dns.go
 	f.StringVar(&etcdAuth.backend, "backend", backend.Etcd, "backend: etcd, memory, file, nats or kubernetes (env "+backend.EnvVar+")")
 	addKubeFlags(cmd, etcdAuth) // backend_kube.go

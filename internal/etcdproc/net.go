@@ -177,7 +177,7 @@ func (n *Network) addHost() (*host, error) {
 	if !n.netns {
 		h.addr = "127.0.0.1"
 		for _, name := range []string{"client", "peer", "http"} {
-			p, err := freeport.Get()
+			p, err := freeport.Port()
 			if err != nil {
 				return nil, err
 			}

@@ -4,5 +4,5 @@ import "github.com/beaconplane/beacon/internal/freeport"
 
 // FreePort returns a loopback TCP port that is free now and that no other
 // caller, in this process or another on the machine, has been given (see
-// package freeport).
-func FreePort() (int, error) { return freeport.Get() }
+// internal/freeport).
+func FreePort() (int, error) { return freeport.Port() }

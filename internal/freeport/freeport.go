@@ -1,7 +1,8 @@
 // Package freeport hands out loopback TCP ports for servers that must be
-// told their address before they listen, unique across the processes of
-// the machine. It has no test dependencies, so that programs (the drill
-// engine behind `beacon bench drill`) use it as well as tests.
+// told their address before they listen (etcd members name each other's
+// URLs in their configuration), unique across every process on the
+// machine that uses it: tests (through internal/etcdtest) and `beacon
+// bench`, which must not link the test helpers.
 package freeport
 
 import (
@@ -20,7 +21,7 @@ import (
 // (etcd members name each other's URLs in their configuration) cannot come
 // from binding port 0: the port is free only until the listener closes, the
 // kernel may hand the same number out again at once, and it hands ports of
-// the ephemeral range to every outgoing connection. Get therefore picks
+// the ephemeral range to every outgoing connection. Port therefore picks
 // ports below the ephemeral range, checks each can be bound, and reserves it
 // for the life of the process with a lock file, so that no two callers — in
 // this test binary or in another package's, running in parallel — get the
@@ -32,10 +33,10 @@ var (
 	reserved []*os.File // lock files held until the process exits
 )
 
-// Get returns a loopback TCP port that is free now and that no other
-// Get caller, in this process or another on the machine, has been
+// Port returns a loopback TCP port that is free now and that no other
+// Port caller, in this process or another on the machine, has been
 // given.
-func Get() (int, error) {
+func Port() (int, error) {
 	portMu.Lock()
 	defer portMu.Unlock()
 	lo, hi := candidateRange()

@@ -8,6 +8,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/beaconplane/beacon"
 )
 
 // Error codes of the {"code","message"} error bodies shared by the APIs.
@@ -186,9 +189,21 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64, plai
 			fmt.Sprintf("Content-Type %q: send application/json", ct))
 		return false
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err == nil {
+		// encoding/json would turn invalid UTF-8 (and lone surrogate
+		// escapes) into U+FFFD without a word: refuse them instead.
+		if verr := beacon.ValidateJSONText(body); verr != nil {
+			WriteError(w, http.StatusBadRequest, CodeInvalidArgument, "JSON body: "+verr.Error())
+			return false
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err == nil {
+		err = dec.Decode(v)
+	}
+	if err != nil {
 		var mbe *http.MaxBytesError
 		switch {
 		case errors.As(err, &mbe):

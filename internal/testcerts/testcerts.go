@@ -107,3 +107,143 @@ func writePEM(path, typ string, der []byte) error {
 	}
 	return nil
 }
+
+// CA is a throw-away certificate authority that issues certificates on
+// demand: servers for given hosts, clients with a given common name (an
+// etcd user, when client-certificate authentication is on), expired or
+// not-yet-valid ones, for tests of every way TLS can fail.
+type CA struct {
+	// File is the CA certificate's PEM file.
+	File string
+
+	dir    string
+	cert   *x509.Certificate
+	key    *ecdsa.PrivateKey
+	serial int64
+}
+
+// NewCA creates a CA whose certificate is written to dir/<name>.pem.
+func NewCA(dir, name string) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		IsCA:                  true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	ca := &CA{File: filepath.Join(dir, name+".pem"), dir: dir, cert: cert, key: key, serial: 1}
+	if err := writePEM(ca.File, "CERTIFICATE", der); err != nil {
+		return nil, err
+	}
+	return ca, nil
+}
+
+// Leaf is an issued certificate and its key.
+type Leaf struct {
+	Cert, Key string // PEM files
+}
+
+// LeafOptions describe a certificate to issue.
+type LeafOptions struct {
+	// CommonName is the subject CN (for a client, the etcd user name).
+	CommonName string
+	// Hosts are the DNS names and IP addresses a server certificate is
+	// valid for; 127.0.0.1, ::1 and localhost when nil.
+	Hosts []string
+	// Server and Client choose the extended key usages; both when
+	// neither is set.
+	Server, Client bool
+	// NotBefore and NotAfter bound the validity; an hour ago to a day
+	// from now when zero.
+	NotBefore, NotAfter time.Time
+}
+
+// Issue writes a certificate and key signed by the CA to
+// dir/<name>.pem and dir/<name>-key.pem, replacing existing files
+// atomically (rename), as a rotation would.
+func (ca *CA) Issue(name string, o LeafOptions) (Leaf, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return Leaf{}, err
+	}
+	now := time.Now()
+	if o.NotBefore.IsZero() {
+		o.NotBefore = now.Add(-time.Hour)
+	}
+	if o.NotAfter.IsZero() {
+		o.NotAfter = now.Add(24 * time.Hour)
+	}
+	if o.Hosts == nil {
+		o.Hosts = []string{"127.0.0.1", "::1", "localhost"}
+	}
+	if !o.Server && !o.Client {
+		o.Server, o.Client = true, true
+	}
+	var usage []x509.ExtKeyUsage
+	if o.Server {
+		usage = append(usage, x509.ExtKeyUsageServerAuth)
+	}
+	if o.Client {
+		usage = append(usage, x509.ExtKeyUsageClientAuth)
+	}
+	ca.serial++
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(ca.serial),
+		Subject:      pkix.Name{CommonName: o.CommonName},
+		NotBefore:    o.NotBefore,
+		NotAfter:     o.NotAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:  usage,
+	}
+	for _, h := range o.Hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return Leaf{}, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return Leaf{}, err
+	}
+	l := Leaf{Cert: filepath.Join(ca.dir, name+".pem"), Key: filepath.Join(ca.dir, name+"-key.pem")}
+	// The key first: a reader that sees the new certificate finds its key.
+	if err := replacePEM(l.Key, "EC PRIVATE KEY", keyDER); err != nil {
+		return Leaf{}, err
+	}
+	if err := replacePEM(l.Cert, "CERTIFICATE", der); err != nil {
+		return Leaf{}, err
+	}
+	return l, nil
+}
+
+// replacePEM writes path through a temporary file and a rename.
+func replacePEM(path, typ string, der []byte) error {
+	tmp := path + ".tmp"
+	if err := writePEM(tmp, typ, der); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("testcerts: %w", err)
+	}
+	return nil
+}

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"testing"
 	"time"
 
 	"google.golang.org/grpc"
@@ -72,8 +71,17 @@ func NewBackendAt(name, addr string) (*Backend, error) {
 	return b, nil
 }
 
+// TB is the part of testing.TB that Start uses; taking it instead of
+// testing.TB keeps the testing package out of the beacon binary, whose
+// `bench naming` scenario runs these backends.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
 // Start starts a backend and stops it when the test ends.
-func Start(tb testing.TB, name string) *Backend {
+func Start(tb TB, name string) *Backend {
 	tb.Helper()
 	b, err := NewBackend(name)
 	if err != nil {

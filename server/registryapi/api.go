@@ -4,8 +4,10 @@
 // Server-Sent Events resumable with Last-Event-ID.
 //
 // Every HTTP registration gets its own lease: the instance disappears when
-// its client stops heartbeating for one TTL, exactly like a Go worker's.
-// Errors are JSON bodies {"code": "...", "message": "..."}; the server
+// its client stops heartbeating for one TTL, exactly like a Go worker's. It
+// also gets a secret, returned once, that heartbeat, update and deregister
+// require in the Beacon-Secret header; a wrong or missing secret gets the
+// answer an unknown instance gets. Errors are JSON bodies {"code": "...", "message": "..."}; the server
 // serves the OpenAPI document of the whole API at /v1/openapi.json. docs/registry.md describes the
 // API with examples.
 package registryapi
@@ -37,8 +39,21 @@ const (
 // fits many times over.
 const maxBody = 64 << 10
 
+// SecretHeader carries a registration's secret on heartbeat, update and
+// deregister.
+const SecretHeader = "Beacon-Secret"
+
 // Options configure the API. The zero value is usable.
 type Options struct {
+	// Registry, when set, chooses the registry of each request (for
+	// example a view acting as the request's authenticated etcd user);
+	// the registry given to New is then only a default for requests it
+	// returns nil for. Its errors are answered like the registry's (a
+	// store.ErrUnauthenticated 401, a store.ErrPermissionDenied 403).
+	Registry func(*http.Request) (registry.Discoverer, error)
+	// Limits bound the watch streams and registrations of each client
+	// and of all of them; see Limits for the zero value.
+	Limits Limits
 	// Logger receives one line per registration and deregistration and
 	// every internal error; nil discards.
 	Logger *slog.Logger
@@ -52,11 +67,12 @@ type Options struct {
 // Handler serves the API. Create it with New.
 type Handler struct {
 	reg       registry.Discoverer
-	leased    registry.LeasedRegistrar // nil: the registry cannot register over HTTP
+	pick      func(*http.Request) (registry.Discoverer, error) // nil: reg for every request
 	log       *slog.Logger
 	mux       *httpapi.Mux
 	keepAlive time.Duration
 	m         *metrics
+	quota     *quota
 }
 
 // New returns the API over reg. Lists, gets and watches work over any
@@ -77,8 +93,12 @@ func New(reg registry.Discoverer, opts Options) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	leased, _ := reg.(registry.LeasedRegistrar)
-	h := &Handler{reg: reg, leased: leased, log: opts.Logger.With("component", "registry-api"), keepAlive: opts.KeepAliveInterval, m: m}
+	q, err := newQuota(opts.Limits)
+	if err != nil {
+		return nil, err
+	}
+	h := &Handler{reg: reg, pick: opts.Registry, log: opts.Logger.With("component", "registry-api"),
+		keepAlive: opts.KeepAliveInterval, m: m, quota: q}
 	h.mux = httpapi.NewMux()
 	h.mux.NotFound = "see /v1/openapi.json"
 	h.Register(h.mux)
@@ -96,12 +116,12 @@ type Router interface {
 // through a router of its own).
 func (h *Handler) Register(r Router) {
 	one := InstancesPath + "/{namespace}/{component}/{endpoint}/{id}"
-	h.handle(r, "POST "+InstancesPath, h.needLeases(h.register))
+	h.handle(r, "POST "+InstancesPath, h.register)
 	h.handle(r, "GET "+InstancesPath, h.list)
 	h.handle(r, "GET "+one, h.get)
-	h.handle(r, "PATCH "+one, h.needLeases(h.update))
-	h.handle(r, "DELETE "+one, h.needLeases(h.deregister))
-	h.handle(r, "POST "+one+"/heartbeat", h.needLeases(h.heartbeat))
+	h.handle(r, "PATCH "+one, h.update)
+	h.handle(r, "DELETE "+one, h.deregister)
+	h.handle(r, "POST "+one+"/heartbeat", h.heartbeat)
 	h.handle(r, "GET "+WatchPath, h.watch)
 }
 
@@ -113,17 +133,37 @@ func Routes() []string {
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
 
-// needLeases refuses a write when the registry cannot bind registrations
-// to leases of their own.
-func (h *Handler) needLeases(fn http.HandlerFunc) http.HandlerFunc {
-	if h.leased != nil {
-		return fn
+// discoverer returns the registry of the request, or answers the error.
+func (h *Handler) discoverer(w http.ResponseWriter, r *http.Request) (registry.Discoverer, bool) {
+	if h.pick == nil {
+		return h.reg, true
 	}
-	return func(w http.ResponseWriter, _ *http.Request) {
+	d, err := h.pick(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return nil, false
+	}
+	if d == nil {
+		d = h.reg
+	}
+	return d, true
+}
+
+// leasedFor returns the registry of the request as a LeasedRegistrar, or
+// answers 501 when it cannot bind registrations to leases of their own.
+func (h *Handler) leasedFor(w http.ResponseWriter, r *http.Request) (registry.LeasedRegistrar, bool) {
+	d, ok := h.discoverer(w, r)
+	if !ok {
+		return nil, false
+	}
+	l, ok := d.(registry.LeasedRegistrar)
+	if !ok {
 		writeError(w, http.StatusNotImplemented, "not_implemented",
 			"this server's registry backend cannot register instances over HTTP (it has no leases); "+
 				"register with the Go library or `beacon register` on the backend itself")
+		return nil, false
 	}
+	return l, true
 }
 
 // handle registers fn under pattern, counting requests by route and code.
@@ -152,17 +192,23 @@ type RegisterRequest struct {
 // RegisterResponse is the answer to a registration.
 type RegisterResponse struct {
 	Instance beacon.Instance `json:"instance"`
-	// Lease is the lease ID, in hex, to present on heartbeat, update and
-	// deregister.
+	// Secret proves the ownership of the registration: send it in the
+	// Beacon-Secret header on heartbeat, update and deregister. It is
+	// shown only here; the server keeps only its hash.
+	Secret string `json:"secret"`
+	// Lease is the registration's own lease ID, in hex, for reference
+	// (etcdctl lease timetolive). It is not a credential.
 	Lease string `json:"lease"`
 	// TTLSeconds is the granted TTL: heartbeat well within it (every
 	// third of it is the usual cadence).
 	TTLSeconds float64 `json:"ttl_seconds"`
 }
 
-// LeaseRequest is the body of a heartbeat.
-type LeaseRequest struct {
-	Lease string `json:"lease"`
+// HeartbeatRequest is the optional body of a heartbeat. It carries
+// nothing: the secret goes in the Beacon-Secret header.
+type HeartbeatRequest struct {
+	// Lease is refused: a lease ID is not proof of ownership.
+	Lease string `json:"lease,omitempty"`
 }
 
 // HeartbeatResponse is the answer to a heartbeat.
@@ -171,8 +217,10 @@ type HeartbeatResponse struct {
 }
 
 // UpdateRequest is the body of PATCH on an instance: the fields to change.
+// The secret goes in the Beacon-Secret header.
 type UpdateRequest struct {
-	Lease     string             `json:"lease"`
+	// Lease is refused: a lease ID is not proof of ownership.
+	Lease     string             `json:"lease,omitempty"`
 	Address   *string            `json:"address,omitempty"`
 	Transport *string            `json:"transport,omitempty"`
 	Metadata  *map[string]string `json:"metadata,omitempty"`
@@ -215,6 +263,10 @@ func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
 	if _, ok := httpapi.CheckQuery(w, r); !ok {
 		return
 	}
+	leased, ok := h.leasedFor(w, r)
+	if !ok {
+		return
+	}
 	var req RegisterRequest
 	if !decode(w, r, &req) {
 		return
@@ -227,41 +279,74 @@ func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
 		Namespace: req.Namespace, Component: req.Component, Endpoint: req.Endpoint, ID: req.ID,
 		Address: req.Address, Transport: req.Transport, Metadata: req.Metadata,
 	}
-	out, lease, err := h.leased.RegisterWithTTL(r.Context(), in, ttl)
-	if err != nil {
-		h.fail(w, r, err)
+	client := h.quota.client(r)
+	slot, ok := h.quota.reserveRegistration(w, client)
+	if !ok {
 		return
 	}
-	h.log.Info("registered", "instance", out.Ref().String(), "address", out.Address, "lease", formatLease(lease.ID), "ttl", lease.TTL)
-	writeJSON(w, http.StatusCreated, RegisterResponse{Instance: out, Lease: formatLease(lease.ID), TTLSeconds: lease.TTL.Seconds()})
+	o, err := leased.RegisterWithTTL(r.Context(), in, ttl)
+	if err != nil {
+		slot.cancel()
+		h.fail(w, withNamespace(r, in.Namespace), err)
+		return
+	}
+	slot.commit(o.Instance.Ref(), o.Lease.TTL)
+	h.log.Info("registered", "instance", o.Instance.Ref().String(), "address", o.Instance.Address, "ttl", o.Lease.TTL, "client", client)
+	writeJSON(w, http.StatusCreated, RegisterResponse{Instance: o.Instance, Secret: string(o.Secret),
+		Lease: formatLease(o.Lease.ID), TTLSeconds: o.Lease.TTL.Seconds()})
+}
+
+// secret reads the Beacon-Secret header. A missing one is not an error
+// here: it fails like a wrong one.
+func secret(r *http.Request) registry.Secret {
+	return registry.Secret(strings.TrimSpace(r.Header.Get(SecretHeader)))
+}
+
+// refuseLease answers 400 when a request still presents a lease ID as its
+// credential.
+func refuseLease(w http.ResponseWriter, lease string) bool {
+	if lease == "" {
+		return false
+	}
+	writeError(w, http.StatusBadRequest, "invalid_argument",
+		"a lease ID is not proof of ownership: send the secret returned at registration in the "+SecretHeader+" header, and no lease")
+	return true
 }
 
 func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
 	if _, ok := httpapi.CheckQuery(w, r); !ok {
 		return
 	}
+	leased, ok := h.leasedFor(w, r)
+	if !ok {
+		return
+	}
 	ref, ok := pathRef(w, r)
 	if !ok {
 		return
 	}
-	var req LeaseRequest
-	if !decode(w, r, &req) {
+	var req HeartbeatRequest
+	if r.ContentLength != 0 && !decode(w, r, &req) {
 		return
 	}
-	lease, ok := parseLease(w, req.Lease)
-	if !ok {
+	if refuseLease(w, req.Lease) {
 		return
 	}
-	ttl, err := h.leased.Heartbeat(r.Context(), ref, lease)
+	ttl, err := leased.Heartbeat(r.Context(), ref, secret(r))
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
+	h.quota.renewRegistration(ref, ttl)
 	writeJSON(w, http.StatusOK, HeartbeatResponse{TTLSeconds: ttl.Seconds()})
 }
 
 func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
 	if _, ok := httpapi.CheckQuery(w, r); !ok {
+		return
+	}
+	leased, ok := h.leasedFor(w, r)
+	if !ok {
 		return
 	}
 	ref, ok := pathRef(w, r)
@@ -272,11 +357,10 @@ func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	lease, ok := parseLease(w, req.Lease)
-	if !ok {
+	if refuseLease(w, req.Lease) {
 		return
 	}
-	out, err := h.leased.UpdateLeased(r.Context(), ref, lease, func(in *beacon.Instance) {
+	out, err := leased.UpdateLeased(r.Context(), ref, secret(r), func(in *beacon.Instance) {
 		if req.Address != nil {
 			in.Address = *req.Address
 		}
@@ -302,22 +386,24 @@ func (h *Handler) deregister(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if refuseLease(w, params["lease"]) {
+		return
+	}
+	leased, ok := h.leasedFor(w, r)
+	if !ok {
+		return
+	}
 	ref, ok := pathRef(w, r)
 	if !ok {
 		return
 	}
-	lease, ok := parseLease(w, params["lease"])
-	if !ok {
-		return
-	}
-	if err := h.leased.DeregisterLeased(r.Context(), ref, lease); err != nil {
+	// The registration's own lease is revoked: the instance and its
+	// ownership record go together.
+	if err := leased.DeregisterLeased(r.Context(), ref, secret(r)); err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	// The lease was this client's alone: end it too.
-	if err := h.leased.RevokeLease(r.Context(), lease); err != nil && !errors.Is(err, beacon.ErrNotFound) {
-		h.log.Warn("revoking the lease of a deregistered instance failed; it expires by itself", "lease", formatLease(lease), "err", err)
-	}
+	h.quota.releaseRegistration(ref)
 	h.log.Info("deregistered", "instance", ref.String())
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -330,7 +416,11 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	in, err := registry.Get(r.Context(), h.reg, ref)
+	reg, ok := h.discoverer(w, r)
+	if !ok {
+		return
+	}
+	in, err := registry.Get(r.Context(), reg, ref)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -352,7 +442,11 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_argument", fmt.Sprintf("status %q: must be serving or draining", status))
 		return
 	}
-	ins, rev, err := h.reg.List(r.Context(), q)
+	reg, ok := h.discoverer(w, r)
+	if !ok {
+		return
+	}
+	ins, rev, err := reg.List(r.Context(), q)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -397,28 +491,6 @@ func pathRef(w http.ResponseWriter, r *http.Request) (beacon.Ref, bool) {
 
 func formatLease(id store.LeaseID) string { return strconv.FormatUint(uint64(id), 16) }
 
-// ParseLease parses a lease ID as the API renders it (hex).
-func ParseLease(s string) (store.LeaseID, error) {
-	n, err := strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, 64)
-	if err != nil || n == 0 {
-		return 0, fmt.Errorf("lease %q: want the hex lease ID returned at registration", s)
-	}
-	return store.LeaseID(n), nil
-}
-
-func parseLease(w http.ResponseWriter, s string) (store.LeaseID, bool) {
-	if s == "" {
-		writeError(w, http.StatusBadRequest, "invalid_argument", "lease is required: the hex lease ID returned at registration")
-		return 0, false
-	}
-	id, err := ParseLease(s)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
-		return 0, false
-	}
-	return id, true
-}
-
 // decode reads a JSON body strictly: a JSON Content-Type (or none),
 // bounded, one object, no unknown fields, not empty.
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
@@ -426,8 +498,9 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 }
 
 // ErrorResponse is the body of every error: {"code","message"}, the code
-// one of invalid_argument, not_found, already_registered, lease_mismatch,
-// method_not_allowed, not_implemented, unavailable or internal.
+// one of invalid_argument, unauthenticated, permission_denied, not_found,
+// already_registered, method_not_allowed, resource_exhausted,
+// not_implemented, unavailable or internal.
 type ErrorResponse = httpapi.Error
 
 // fail maps a registry error to a status and code.
@@ -437,8 +510,10 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
 	case errors.Is(err, beacon.ErrAlreadyRegistered):
 		writeError(w, http.StatusConflict, "already_registered", err.Error())
-	case errors.Is(err, registry.ErrLeaseMismatch):
-		writeError(w, http.StatusConflict, "lease_mismatch", err.Error())
+	case errors.Is(err, store.ErrUnauthenticated):
+		writeUnauthenticated(w, err)
+	case errors.Is(err, store.ErrPermissionDenied):
+		writeError(w, http.StatusForbidden, "permission_denied", permissionMessage(r, h.quota.client(r), namespaceOf(r), err))
 	case errors.Is(err, beacon.ErrNotFound), errors.Is(err, store.ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", err.Error())
 	case errors.Is(err, store.ErrUnavailable), errors.Is(err, registry.ErrClosed), errors.Is(err, store.ErrClosed):

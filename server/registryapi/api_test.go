@@ -72,6 +72,12 @@ func (r reply) wantError(t *testing.T, status int, code string) ErrorResponse {
 
 func do(t *testing.T, method, url, body string) reply {
 	t.Helper()
+	return doSecret(t, method, url, body, "")
+}
+
+// doSecret is do with a Beacon-Secret header (none when secret is empty).
+func doSecret(t *testing.T, method, url, body, secret string) reply {
+	t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
@@ -82,6 +88,9 @@ func do(t *testing.T, method, url, body string) reply {
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if secret != "" {
+		req.Header.Set(SecretHeader, secret)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -114,7 +123,7 @@ func TestRegisterListGetHeartbeatUpdateDeregister(t *testing.T) {
 	srv, _ := newAPI(t)
 	base := srv.URL
 	reg := register(t, base, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80","metadata":{"zone":"a"},"ttl":"30s"}`)
-	if beacon.ValidateID(reg.Instance.ID) != nil || reg.Lease == "" || reg.TTLSeconds != 30 || reg.Instance.Status != beacon.StatusServing {
+	if beacon.ValidateID(reg.Instance.ID) != nil || reg.Lease == "" || len(reg.Secret) < 22 || reg.TTLSeconds != 30 || reg.Instance.Status != beacon.StatusServing {
 		t.Fatalf("registration: %+v", reg)
 	}
 
@@ -134,12 +143,12 @@ func TestRegisterListGetHeartbeatUpdateDeregister(t *testing.T) {
 		t.Fatalf("get: %+v, want %+v", got, reg.Instance)
 	}
 
-	hb := do(t, "POST", instanceURL(base, reg.Instance)+"/heartbeat", fmt.Sprintf(`{"lease":%q}`, reg.Lease))
+	hb := doSecret(t, "POST", instanceURL(base, reg.Instance)+"/heartbeat", "", reg.Secret)
 	if hb.code != 200 || !strings.Contains(string(hb.body), `"ttl_seconds":30`) {
 		t.Fatalf("heartbeat: %d %s", hb.code, hb.body)
 	}
 
-	up := do(t, "PATCH", instanceURL(base, reg.Instance), fmt.Sprintf(`{"lease":%q,"address":"10.0.0.2:80","status":"draining"}`, reg.Lease))
+	up := doSecret(t, "PATCH", instanceURL(base, reg.Instance), `{"address":"10.0.0.2:80","status":"draining"}`, reg.Secret)
 	if up.code != 200 {
 		t.Fatalf("update: %d %s", up.code, up.body)
 	}
@@ -152,13 +161,13 @@ func TestRegisterListGetHeartbeatUpdateDeregister(t *testing.T) {
 		t.Fatalf("status=serving lists a draining instance: %+v", list)
 	}
 
-	if r := do(t, "DELETE", instanceURL(base, reg.Instance)+"?lease="+reg.Lease, ""); r.code != http.StatusNoContent {
+	if r := doSecret(t, "DELETE", instanceURL(base, reg.Instance), "", reg.Secret); r.code != http.StatusNoContent {
 		t.Fatalf("deregister: %d %s", r.code, r.body)
 	}
 	do(t, "GET", instanceURL(base, reg.Instance), "").wantError(t, 404, "not_found")
-	do(t, "DELETE", instanceURL(base, reg.Instance)+"?lease="+reg.Lease, "").wantError(t, 404, "not_found")
+	doSecret(t, "DELETE", instanceURL(base, reg.Instance), "", reg.Secret).wantError(t, 404, "not_found")
 	// The lease ended with the deregistration: heartbeats are refused.
-	do(t, "POST", instanceURL(base, reg.Instance)+"/heartbeat", fmt.Sprintf(`{"lease":%q}`, reg.Lease)).wantError(t, 404, "not_found")
+	doSecret(t, "POST", instanceURL(base, reg.Instance)+"/heartbeat", "", reg.Secret).wantError(t, 404, "not_found")
 }
 
 func TestBadInput(t *testing.T) {
@@ -183,23 +192,31 @@ func TestBadInput(t *testing.T) {
 		{"bad filter", "GET", InstancesPath + "?component=api", "", 400, "invalid_argument", "namespace"},
 		{"unknown filter", "GET", InstancesPath + "?nmespace=prod", "", 400, "invalid_argument", "nmespace"},
 		{"bad status filter", "GET", InstancesPath + "?status=up", "", 400, "invalid_argument", "status"},
-		{"heartbeat unknown id", "POST", InstancesPath + "/prod/api/http/00000000000000ff/heartbeat", `{"lease":"` + good.Lease + `"}`, 404, "not_found", "00000000000000ff"},
-		{"heartbeat bad id", "POST", InstancesPath + "/prod/api/http/xyz/heartbeat", `{"lease":"1"}`, 400, "invalid_argument", "instance id"},
-		{"heartbeat no lease", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{}`, 400, "invalid_argument", "lease"},
-		{"heartbeat bad lease", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{"lease":"zz"}`, 400, "invalid_argument", "lease"},
-		{"heartbeat other lease", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{"lease":"7777"}`, 409, "lease_mismatch", "lease"},
-		{"deregister unknown", "DELETE", InstancesPath + "/prod/api/http/00000000000000ff?lease=" + good.Lease, "", 404, "not_found", "00000000000000ff"},
-		{"update unknown", "PATCH", InstancesPath + "/prod/api/http/00000000000000ff", `{"lease":"` + good.Lease + `","address":"h:2"}`, 404, "not_found", "00000000000000ff"},
+		{"heartbeat unknown id", "POST", InstancesPath + "/prod/api/http/00000000000000ff/heartbeat", ``, 404, "not_found", "00000000000000ff"},
+		{"heartbeat bad id", "POST", InstancesPath + "/prod/api/http/xyz/heartbeat", ``, 400, "invalid_argument", "instance id"},
+		{"heartbeat without secret", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{}`, 404, "not_found", "00000000000000a1"},
+		{"heartbeat with a lease", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{"lease":"` + good.Lease + `"}`, 400, "invalid_argument", "Beacon-Secret"},
+		{"heartbeat unknown field", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{"secret":"x"}`, 400, "invalid_argument", "secret"},
+		{"deregister unknown", "DELETE", InstancesPath + "/prod/api/http/00000000000000ff", "", 404, "not_found", "00000000000000ff"},
+		{"deregister with a lease", "DELETE", InstancesPath + "/prod/api/http/00000000000000a1?lease=" + good.Lease, "", 400, "invalid_argument", "Beacon-Secret"},
+		{"update unknown", "PATCH", InstancesPath + "/prod/api/http/00000000000000ff", `{"address":"h:2"}`, 404, "not_found", "00000000000000ff"},
+		{"update with a lease", "PATCH", InstancesPath + "/prod/api/http/00000000000000a1", `{"lease":"` + good.Lease + `","address":"h:2"}`, 400, "invalid_argument", "Beacon-Secret"},
+		{"metadata not UTF-8", "POST", InstancesPath, "{\"namespace\":\"prod\",\"component\":\"api\",\"endpoint\":\"http\",\"address\":\"h:1\",\"metadata\":{\"k\":\"\xff\"}}", 400, "invalid_argument", "UTF-8"},
+		{"metadata lone surrogate", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","metadata":{"k":"\ud800"}}`, 400, "invalid_argument", "surrogate"},
 		{"get unknown", "GET", InstancesPath + "/prod/api/http/00000000000000ff", "", 404, "not_found", "00000000000000ff"},
-		{"deregister no lease", "DELETE", InstancesPath + "/prod/api/http/00000000000000a1", "", 400, "invalid_argument", "lease"},
+		{"deregister no secret", "DELETE", InstancesPath + "/prod/api/http/00000000000000a1", "", 404, "not_found", "00000000000000a1"},
 		{"body over 64 KiB", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","metadata":{"k":"` + strings.Repeat("v", 70<<10) + `"}}`, 413, "invalid_argument", "larger than"},
-		{"update bad address", "PATCH", InstancesPath + "/prod/api/http/00000000000000a1", `{"lease":"` + good.Lease + `","address":"x"}`, 400, "invalid_argument", "address"},
+		{"update bad address", "PATCH", InstancesPath + "/prod/api/http/00000000000000a1", `{"address":"x"}`, 400, "invalid_argument", "address"},
 		{"method", "PUT", InstancesPath, `{}`, 405, "method_not_allowed", "PUT"},
 		{"watch bad since", "GET", WatchPath + "?since=yesterday", "", 400, "invalid_argument", "revision"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := do(t, tt.method, base+tt.path, tt.body).wantError(t, tt.status, tt.code)
+			secret := ""
+			if strings.HasPrefix(tt.name, "update bad") {
+				secret = good.Secret
+			}
+			e := doSecret(t, tt.method, base+tt.path, tt.body, secret).wantError(t, tt.status, tt.code)
 			if !strings.Contains(e.Message, tt.mention) {
 				t.Fatalf("message %q does not mention %q", e.Message, tt.mention)
 			}
@@ -315,7 +332,7 @@ func TestWatchStreamAndResume(t *testing.T) {
 	}
 	// Another namespace is not in this stream.
 	register(t, base, `{"namespace":"dev","component":"api","endpoint":"http","address":"10.0.0.3:80"}`)
-	do(t, "PATCH", instanceURL(base, first.Instance), fmt.Sprintf(`{"lease":%q,"address":"10.0.0.9:80"}`, first.Lease))
+	doSecret(t, "PATCH", instanceURL(base, first.Instance), `{"address":"10.0.0.9:80"}`, first.Secret)
 	updated := w.next(t)
 	if err := json.Unmarshal([]byte(updated.data), &em); err != nil || updated.event != "updated" || em.Instance.Address != "10.0.0.9:80" {
 		t.Fatalf("updated: %+v (%v)", updated, err)
@@ -324,7 +341,7 @@ func TestWatchStreamAndResume(t *testing.T) {
 
 	// Changes while disconnected are delivered on resume, and nothing
 	// from before.
-	do(t, "DELETE", instanceURL(base, second.Instance)+"?lease="+second.Lease, "")
+	doSecret(t, "DELETE", instanceURL(base, second.Instance), "", second.Secret)
 	w2 := openWatch(t, base+WatchPath+"?namespace=prod", resumeFrom)
 	removed := w2.next(t)
 	if removed.event == "synced" {
@@ -478,9 +495,9 @@ func TestRegistryWithoutLeases(t *testing.T) {
 
 	body := `{"namespace":"ns","component":"c","endpoint":"e","address":"127.0.0.1:2"}`
 	do(t, "POST", srv.URL+InstancesPath, body).wantError(t, http.StatusNotImplemented, "not_implemented")
-	do(t, "POST", instanceURL(srv.URL, in)+"/heartbeat", `{"lease":"1"}`).wantError(t, http.StatusNotImplemented, "not_implemented")
-	do(t, "PATCH", instanceURL(srv.URL, in), `{"lease":"1"}`).wantError(t, http.StatusNotImplemented, "not_implemented")
-	do(t, "DELETE", instanceURL(srv.URL, in)+"?lease=1", "").wantError(t, http.StatusNotImplemented, "not_implemented")
+	doSecret(t, "POST", instanceURL(srv.URL, in)+"/heartbeat", ``, "s").wantError(t, http.StatusNotImplemented, "not_implemented")
+	doSecret(t, "PATCH", instanceURL(srv.URL, in), `{"address":"h:1"}`, "s").wantError(t, http.StatusNotImplemented, "not_implemented")
+	doSecret(t, "DELETE", instanceURL(srv.URL, in), "", "s").wantError(t, http.StatusNotImplemented, "not_implemented")
 	var list ListResponse
 	do(t, "GET", srv.URL+InstancesPath+"?namespace=ns", "").decode(t, &list)
 	if len(list.Instances) != 1 {

@@ -14,6 +14,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store"
 )
 
 // SnapshotMessage is the data of an SSE "snapshot" event: the whole state.
@@ -56,8 +57,8 @@ type StaleMessage struct {
 // Neither side stays silent: an idle stream carries a comment every
 // KeepAliveInterval, so a client that hears nothing for two intervals knows
 // the stream is dead; and a client that stops reading (a vanished peer, a
-// stuck proxy) is dropped once a write has waited one interval, so that a
-// dead stream never holds a registry watcher.
+// stuck proxy) is dropped once a write has waited an interval and
+// streamWriteTimeout, so that a dead stream never holds a registry watcher.
 func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 	params, ok := httpapi.CheckQuery(w, r, "namespace", "component", "endpoint", "since")
 	if !ok {
@@ -81,13 +82,36 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		opts = append(opts, registry.FromRevision(rev))
 	}
+	reg, ok := h.discoverer(w, r)
+	if !ok {
+		return
+	}
+	release, ok := h.quota.acquireWatch(w, h.quota.client(r))
+	if !ok {
+		return
+	}
+	defer release()
 	ctx := r.Context()
-	wt, err := h.reg.Watch(ctx, q, opts...)
+	wt, err := reg.Watch(ctx, q, opts...)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	defer wt.Close()
+
+	// The first batch decides the status: a watch the user may not make
+	// is refused with 401/403 instead of a stream of stale events.
+	first, err := h.next(ctx, wt)
+	switch {
+	case ctx.Err() != nil:
+		return
+	case err == nil && first.Kind == registry.Stale && refusal(first.Err):
+		h.fail(w, r, first.Err)
+		return
+	case err != nil && !errors.Is(err, context.DeadlineExceeded):
+		h.fail(w, r, err)
+		return
+	}
 	h.m.watches.Inc()
 	defer h.m.watches.Dec()
 
@@ -95,13 +119,17 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("Content-Type", "text/event-stream")
 	hdr.Set("Cache-Control", "no-cache")
 	hdr.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
+	// A stream outlives the server's per-request deadlines: it reads
+	// nothing more, and each write gets its own deadline, beyond the next
+	// keep-alive.
+	_ = rc.SetReadDeadline(time.Time{})
+	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriter(w)
 	flush := func() error {
-		// A client that takes longer than a keep-alive interval to take a
-		// write is gone (or not reading): end its stream.
-		_ = rc.SetWriteDeadline(time.Now().Add(h.keepAlive))
+		// A client that does not take a write within a keep-alive interval
+		// and streamWriteTimeout is gone (or not reading): end its stream.
+		_ = rc.SetWriteDeadline(time.Now().Add(h.keepAlive + streamWriteTimeout))
 		if err := bw.Flush(); err != nil {
 			h.dropped(r, err)
 			return err
@@ -113,13 +141,14 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 		return nil
 	}
 	fmt.Fprint(bw, "retry: 1000\n\n")
+	if err == nil {
+		writeBatch(bw, first)
+	}
 	if flush() != nil {
 		return
 	}
 	for {
-		nctx, cancel := context.WithTimeout(ctx, h.keepAlive)
-		b, err := wt.Next(nctx)
-		cancel()
+		b, err := h.next(ctx, wt)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -127,6 +156,16 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprint(bw, ": keep-alive\n\n")
 		case err != nil:
 			writeSSE(bw, "error", "", ErrorResponse{Code: "unavailable", Message: err.Error()})
+			_ = flush()
+			return
+		case b.Kind == registry.Stale && refusal(b.Err):
+			// Credentials changed or a role was revoked: say so and end
+			// the stream, rather than report a stale view forever.
+			code := "permission_denied"
+			if errors.Is(b.Err, store.ErrUnauthenticated) {
+				code = "unauthenticated"
+			}
+			writeSSE(bw, "error", "", ErrorResponse{Code: code, Message: b.Err.Error()})
 			_ = flush()
 			return
 		default:
@@ -144,8 +183,24 @@ func (h *Handler) dropped(r *http.Request, err error) {
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		return // the client closed the stream itself
 	}
-	h.log.Info("watch stream ended: the client did not take a write within the keep-alive interval",
-		"remote", r.RemoteAddr, "interval", h.keepAlive, "err", err)
+	h.log.Info("watch stream ended: the client did not take a write in time",
+		"remote", r.RemoteAddr, "limit", h.keepAlive+streamWriteTimeout, "err", err)
+}
+
+// streamWriteTimeout bounds one write of a watch stream to a client.
+const streamWriteTimeout = 30 * time.Second
+
+// next waits for the watch's next batch, at most one keep-alive interval.
+func (h *Handler) next(ctx context.Context, wt registry.Watcher) (registry.Batch, error) {
+	nctx, cancel := context.WithTimeout(ctx, h.keepAlive)
+	defer cancel()
+	return wt.Next(nctx)
+}
+
+// refusal reports an error that retrying will not cure: the store refused
+// the credentials or the permission.
+func refusal(err error) bool {
+	return errors.Is(err, store.ErrPermissionDenied) || errors.Is(err, store.ErrUnauthenticated)
 }
 
 func writeBatch(w *bufio.Writer, b registry.Batch) {

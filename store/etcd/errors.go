@@ -70,7 +70,24 @@ func (s *Store) wrapErr(parent, c context.Context, what string, err error) error
 		}
 		return fmt.Errorf("%w: etcd %s at %s: %w", store.ErrUnavailable, what, s.endpoints, err)
 	}
+	switch {
+	case errors.Is(err, rpctypes.ErrPermissionDenied):
+		return fmt.Errorf("%w: etcd %s: %w%s", store.ErrPermissionDenied, what, err, hint(err))
+	case unauthenticated(err):
+		return fmt.Errorf("%w: etcd %s: %w%s", store.ErrUnauthenticated, what, err, hint(err))
+	}
 	return fmt.Errorf("etcd %s: %w%s", what, err, hint(err))
+}
+
+// unauthenticated reports etcd's refusals of the caller's credentials.
+func unauthenticated(err error) bool {
+	for _, e := range []error{rpctypes.ErrUserEmpty, rpctypes.ErrInvalidAuthToken, rpctypes.ErrAuthFailed,
+		rpctypes.ErrAuthOldRevision} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // hint says what to do about the etcd errors a Beacon user can fix.

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testpeer"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// runUntilInterrupted runs the beacon binary with args, waits for a log
+// line containing ready, sends SIGINT, and returns its stderr once it has
+// exited.
+func runUntilInterrupted(t *testing.T, ready string, args ...string) string {
+	t.Helper()
+	bin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/cmd/beacon")
+	cmd := exec.Command(bin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var log strings.Builder
+	seen := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stderr)
+		once := sync.Once{}
+		for sc.Scan() {
+			mu.Lock()
+			log.WriteString(sc.Text() + "\n")
+			mu.Unlock()
+			if strings.Contains(sc.Text(), ready) {
+				once.Do(func() { close(seen) })
+			}
+		}
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	select {
+	case <-seen:
+	case <-done:
+		t.Fatalf("beacon %v exited before %q:\n%s", args, ready, log.String())
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("beacon %v: no %q within 3 minutes", args, ready)
+	}
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { <-done; exited <- cmd.Wait() }()
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		t.Fatalf("beacon %v did not exit within a minute of SIGINT", args)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return log.String()
+}
+
+var pidRE = regexp.MustCompile(`msg=started process=(\S+|"[^"]+") pid=(\d+)`)
+
+// checkChildrenGone checks that every child process the benchmark logged
+// as started has ended.
+func checkChildrenGone(t *testing.T, log string, want int) {
+	t.Helper()
+	ms := pidRE.FindAllStringSubmatch(log, -1)
+	if len(ms) != want {
+		t.Fatalf("%d child processes logged, want %d:\n%s", len(ms), want, log)
+	}
+	for _, m := range ms {
+		pid, _ := strconv.Atoi(m[2])
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			// Gone, or a zombie (Z) not yet reaped by init.
+			if err != nil || strings.Contains(string(b), ") Z ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("child %s (pid %d) still running after the benchmark was interrupted", m[1], pid)
+			}
+			time.Sleep(50 * time.Millisecond) // another process: nothing to wait on
+		}
+	}
+}
+
+// TestBenchProxyInterrupted: Ctrl-C in the middle of `beacon bench proxy`
+// stops both proxy processes and removes every key the benchmark wrote.
+func TestBenchProxyInterrupted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds beacon and etcd")
+	}
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	etcdBin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/etcd")
+	log := runUntilInterrupted(t, "op=range-s", "bench", "proxy", "--endpoints", srv.Endpoint(), "--etcd-bin", etcdBin,
+		"--rounds", "50", "--duration", "300ms", "--watches", "20", "--streams", "2")
+	checkChildrenGone(t, log, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := srv.Client(t).Get(ctx, "bench/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Count != 0 {
+		t.Fatalf("%d keys left under bench/ after the interrupt", resp.Count)
+	}
+}
+
+// TestBenchRegisterInterrupted: Ctrl-C in the middle of `beacon bench
+// register` against an etcd leaves no lease and no key behind.
+func TestBenchRegisterInterrupted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds beacon")
+	}
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	runUntilInterrupted(t, "register: raw etcd", "bench", "register", "--endpoints", srv.Endpoint(),
+		"--rounds", "50", "--instances", "3000", "--concurrency", "64")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cli := srv.Client(t)
+	leases, err := cli.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases.Leases) != 0 {
+		t.Fatalf("%d leases left after the interrupt", len(leases.Leases))
+	}
+	for _, prefix := range []string{"/bench-raw/", "/bench-beacon/"} {
+		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count != 0 {
+			t.Fatalf("%d keys left under %s after the interrupt", resp.Count, prefix)
+		}
+	}
+}

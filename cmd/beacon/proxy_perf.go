@@ -1,0 +1,43 @@
+package main
+
+import (
+	"time"
+
+	"github.com/beaconplane/beacon/proxy"
+	"github.com/spf13/cobra"
+)
+
+// addProxyPerfFlags adds the proxy's watch, cache and profiling flags.
+func addProxyPerfFlags(cmd *cobra.Command, cfg *proxy.Config) {
+	var cache bool
+	f := cmd.Flags()
+	f.BoolVar(&cfg.EnablePprof, "pprof", false, "serve Go runtime profiles under /debug/pprof/ (like etcd's --enable-pprof)")
+	f.BoolVar(&cfg.EnablePprof, "enable-pprof", false, "same as --pprof (etcd's name)")
+	_ = f.MarkHidden("enable-pprof")
+	f.DurationVar(&cfg.WatchSilenceTimeout, "watch-silence-timeout", proxy.DefaultWatchSilence,
+		"move the upstream watches off a member that sends nothing for this long, not even an answer to a progress request (0: default; negative: never)")
+	f.BoolVar(&cache, "serializable-cache", true, "answer serializable ranges from a watch-fed copy of the keyspace, no staler than --cache-max-staleness (linearizable reads and reads with credentials are always forwarded)")
+	f.DurationVar(&cfg.CacheMaxStaleness, "cache-max-staleness", proxy.DefaultCacheMaxStaleness, "bound on how stale a cached serializable read may be")
+	f.Int64Var(&cfg.CacheMaxBytes, "cache-max-bytes", proxy.DefaultCacheMaxBytes, "largest keyspace the serializable cache copies (larger turns it off)")
+	prev := cmd.PreRunE
+	cmd.PreRunE = func(cmd *cobra.Command, args []string) error {
+		if prev != nil {
+			if err := prev(cmd, args); err != nil {
+				return err
+			}
+		}
+		if cfg.CacheMaxStaleness < 0 {
+			return usagef("--cache-max-staleness %v: must not be negative (use --serializable-cache=false to turn the cache off)", cfg.CacheMaxStaleness)
+		}
+		if cfg.CacheMaxStaleness > 0 && cfg.CacheMaxStaleness < 10*time.Millisecond {
+			return usagef("--cache-max-staleness %v: at least 10ms (the cache confirms itself twice per bound)", cfg.CacheMaxStaleness)
+		}
+		if cfg.CacheMaxBytes <= 0 {
+			return usagef("--cache-max-bytes %d: must be positive (use --serializable-cache=false to turn the cache off)", cfg.CacheMaxBytes)
+		}
+		if !cache {
+			cfg.CacheMaxStaleness = -1
+		}
+		return nil
+	}
+}

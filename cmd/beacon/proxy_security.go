@@ -1,0 +1,53 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/beaconplane/beacon/internal/tlsfiles"
+	"github.com/beaconplane/beacon/proxy"
+	"github.com/spf13/cobra"
+)
+
+// proxyListenTLS are `beacon proxy`'s flags for its client-facing
+// listener, with etcd grpc-proxy's names (--cert-file, --key-file,
+// --trusted-ca-file) plus etcd's --client-cert-auth; --listen-cert and
+// --listen-key remain as older names of the first two.
+type proxyListenTLS struct {
+	files                 tlsfiles.Files
+	listenCert, listenKey string
+}
+
+func addProxyTLSFlags(cmd *cobra.Command) *proxyListenTLS {
+	t := &proxyListenTLS{}
+	f := cmd.Flags()
+	f.StringVar(&t.files.CertFile, "cert-file", "", "serve clients over TLS with this certificate (re-read when it changes)")
+	f.StringVar(&t.files.KeyFile, "key-file", "", "key of --cert-file")
+	f.StringVar(&t.files.TrustedCAFile, "trusted-ca-file", "", "verify client certificates against this CA bundle (re-read when it changes)")
+	f.BoolVar(&t.files.ClientCertAuth, "client-cert-auth", false, "require a client certificate signed by --trusted-ca-file (mutual TLS)")
+	f.StringVar(&t.listenCert, "listen-cert", "", "older name of --cert-file")
+	f.StringVar(&t.listenKey, "listen-key", "", "older name of --key-file")
+	return t
+}
+
+// apply sets cfg.ServerTLS from the flags.
+func (t *proxyListenTLS) apply(cfg *proxy.Config, log *slog.Logger) error {
+	if t.files.CertFile == "" {
+		t.files.CertFile = t.listenCert
+	}
+	if t.files.KeyFile == "" {
+		t.files.KeyFile = t.listenKey
+	}
+	if !t.files.Enabled() {
+		return nil
+	}
+	if err := t.files.Validate(""); err != nil {
+		return err
+	}
+	r, err := tlsfiles.NewReloader(t.files, log.With("component", "proxy-tls"))
+	if err != nil {
+		return fmt.Errorf("--cert-file/--key-file: %w", err)
+	}
+	cfg.ServerTLS = r.ServerConfig("h2", "http/1.1")
+	return nil
+}

@@ -1,0 +1,68 @@
+package proxy
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// Defaults of the client-facing limits.
+const (
+	// DefaultMaxRequestBytes is etcd's --max-request-bytes default: the
+	// largest request a member accepts, so the largest the proxy reads.
+	DefaultMaxRequestBytes = 1536 * 1024
+	// grpcOverheadBytes is the allowance for gRPC framing, as etcd adds.
+	grpcOverheadBytes = 512 * 1024
+	// httpRequestTimeout bounds reading a gateway request's body and
+	// writing a unary answer.
+	httpRequestTimeout = 30 * time.Second
+	// httpIdleTimeout closes idle keep-alive connections of the gateway.
+	httpIdleTimeout = 2 * time.Minute
+	// maxHeaderBytes bounds a gateway request's header.
+	maxHeaderBytes = 64 << 10
+)
+
+// maxRecvBytes is the largest gRPC message the proxy accepts from a
+// client: a larger one is refused with ResourceExhausted before it is
+// buffered, as etcd refuses it.
+func (c Config) maxRecvBytes() int {
+	return int(c.MaxRequestBytes) + grpcOverheadBytes
+}
+
+// maxGatewayBody is the largest JSON gateway body: the JSON form carries
+// keys and values in base64 (4/3 of their size) plus field names.
+func (c Config) maxGatewayBody() int64 {
+	return int64(c.MaxRequestBytes)*2 + grpcOverheadBytes
+}
+
+// streamingPaths are the gateway routes that stream (no deadline).
+var streamingPaths = map[string]bool{
+	"/v3/watch":            true,
+	"/v3/lease/keepalive":  true,
+	"/v3/election/observe": true,
+}
+
+// limitHTTP bounds the gateway's HTTP server: header size and time, idle
+// connections, body size, and per-request deadlines on every route that
+// does not stream.
+func (p *Proxy) limitHTTP(hs *http.Server) {
+	hs.MaxHeaderBytes = maxHeaderBytes
+	hs.IdleTimeout = httpIdleTimeout
+	// TLS handshake failures (an untrusted or expired client certificate,
+	// plain text to the TLS port) are logged here.
+	hs.ErrorLog = slog.NewLogLogger(p.log.With("component", "proxy-http").Handler(), slog.LevelWarn)
+	next := hs.Handler
+	limit := p.cfg.maxGatewayBody()
+	hs.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil {
+			r.Body = http.MaxBytesReader(w, r.Body, limit)
+		}
+		if !streamingPaths[r.URL.Path] {
+			rc := http.NewResponseController(w)
+			now := time.Now()
+			_ = rc.SetReadDeadline(now.Add(httpRequestTimeout))
+			_ = rc.SetWriteDeadline(now.Add(httpRequestTimeout))
+		}
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,307 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/keepalive"
+)
+
+// Upstream watch silence.
+//
+// The upstream watches all run on one member at a time, through a client
+// of that member alone, so that the proxy knows which member feeds them.
+// A member can fail in a way no connection error shows: hung (SIGSTOP, a
+// stalled disk, a wedged process) while the kernel still accepts its TCP
+// traffic. So the hub notices silence itself: a gRPC watch stream from
+// which nothing arrived for WatchSilenceTimeout/2 is sent a progress
+// request, which etcd answers at once when the stream's watches are
+// synced; if nothing arrives within another WatchSilenceTimeout/2, the
+// member is silent. The hub then benches it (as a failed endpoint, for
+// forwarding too) and moves every upstream watch to another member, from
+// the revision each has fully delivered: clients see no gap and no
+// duplicate. When no other member is available, the client watchers are
+// cancelled with a reason instead of being left silently stale (they
+// re-create their watches, which fail clearly until a member answers).
+// A member that drops out of the endpoint list (benched after a request
+// failed on it, or removed from the cluster) is left the same way, and a
+// connection that breaks moves the watches at once.
+
+// startMember points the hub at a usable member; it is called once the
+// proxy has found the cluster.
+func (h *watchHub) startMember() error {
+	avail := h.p.dir.available()
+	if len(avail) == 0 {
+		return errors.New("proxy: no etcd member available for watches")
+	}
+	cli, err := h.memberClient(avail[0])
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.member, h.cli, h.w = avail[0], cli, cli.Watcher
+	h.mu.Unlock()
+	h.spawn(func() { h.watchConn(avail[0], cli) })
+	h.spawn(h.monitor)
+	return nil
+}
+
+// watchConn moves the watches off member as soon as its connection fails
+// (after having worked), without waiting for the silence check.
+func (h *watchHub) watchConn(member string, cli *clientv3.Client) {
+	conn := cli.ActiveConnection()
+	ready := false
+	for {
+		st := conn.GetState()
+		switch st {
+		case connectivity.Ready:
+			ready = true
+		case connectivity.TransientFailure:
+			if ready {
+				h.leave(member, fmt.Errorf("proxy: the connection to etcd member %s failed", member))
+				return
+			}
+		case connectivity.Shutdown:
+			return
+		}
+		if !conn.WaitForStateChange(cli.Ctx(), st) {
+			return // the client was closed
+		}
+	}
+}
+
+// memberClient connects to one member only.
+func (h *watchHub) memberClient(member string) (*clientv3.Client, error) {
+	cfg := h.p.cfg
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            []string{member},
+		DialTimeout:          cfg.DialTimeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		TLS:                  cfg.ClientTLS,
+		Logger:               zap.NewNop(),
+		MaxCallSendMsgSize:   maxMsgSize,
+		MaxCallRecvMsgSize:   maxMsgSize,
+		DialOptions: []grpc.DialOption{
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+				MinConnectTimeout: cfg.DialTimeout,
+			}),
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: connect to %s for watches: %w", member, err)
+	}
+	return cli, nil
+}
+
+// spawn runs fn in a goroutine the hub owns, unless the hub is closed
+// (close waits for them).
+func (h *watchHub) spawn(fn func()) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	h.wg.Go(fn)
+	return true
+}
+
+// kickMember asks the monitor to check the hub's member (the director's
+// endpoints changed).
+func (h *watchHub) kickMember() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+// monitor probes silent watch streams and moves the watches off a member
+// that is silent, gone from the endpoints, or unreachable.
+func (h *watchHub) monitor() {
+	timeout := h.p.cfg.WatchSilenceTimeout
+	tick := time.NewTicker(max(timeout/8, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-h.ctx.Done():
+			return
+		case <-tick.C:
+			if timeout > 0 {
+				h.checkSilence(time.Now(), timeout)
+			}
+		case <-h.kick:
+		}
+		h.checkMember()
+	}
+}
+
+// silenceProbe is the silence check of one gRPC watch stream (credentials
+// group).
+type silenceProbe struct {
+	sent time.Time // progress requested, nothing heard since (zero: none)
+}
+
+// checkSilence sends progress requests to streams quiet for timeout/2 and
+// declares the member silent when one stays unanswered for timeout/2.
+func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
+	type quiet struct {
+		ctx   context.Context
+		heard time.Time
+	}
+	h.mu.Lock()
+	streams := map[watchKey]*quiet{}
+	for key, ups := range h.groups {
+		for _, u := range ups {
+			heard := time.Unix(0, u.heard.Load())
+			q := streams[key.group()]
+			if q == nil {
+				streams[key.group()] = &quiet{ctx: u.context(), heard: heard}
+			} else if heard.After(q.heard) {
+				q.heard = heard
+			}
+		}
+	}
+	for g := range h.probes {
+		if streams[g] == nil {
+			delete(h.probes, g)
+		}
+	}
+	var ask []context.Context
+	silent := time.Duration(0)
+	for g, q := range streams {
+		pr := h.probes[g]
+		if pr == nil {
+			pr = &silenceProbe{}
+			h.probes[g] = pr
+		}
+		if !pr.sent.IsZero() && q.heard.After(pr.sent) {
+			pr.sent = time.Time{} // answered (or events came)
+		}
+		switch {
+		case pr.sent.IsZero() && now.Sub(q.heard) >= timeout/2:
+			pr.sent = now
+			ask = append(ask, q.ctx)
+		case !pr.sent.IsZero() && now.Sub(pr.sent) >= timeout/2:
+			silent = max(silent, now.Sub(q.heard))
+		}
+	}
+	w, member := h.w, h.member
+	h.mu.Unlock()
+	for _, ctx := range ask {
+		h.spawn(func() {
+			// RequestProgress finds the stream by ctx's metadata.
+			pctx, cancel := context.WithTimeout(ctx, timeout/2)
+			defer cancel()
+			_ = w.RequestProgress(pctx)
+		})
+	}
+	if silent > 0 {
+		h.p.m.watchSilences.Inc()
+		err := fmt.Errorf("proxy: etcd member %s sent nothing on a watch stream for %v, not even an answer to a progress request", member, silent.Round(time.Millisecond))
+		h.p.log.Warn("upstream watch silent; moving the watches to another member", "member", member, "silent", silent.Round(time.Millisecond))
+		h.leave(member, err)
+	}
+}
+
+// leave benches member (if it is still the hub's) and moves the watches.
+func (h *watchHub) leave(member string, err error) {
+	if u, perr := url.Parse(member); perr == nil {
+		h.p.dir.fail(u.Host, err)
+	}
+	h.mu.Lock()
+	if h.member == member {
+		h.leaving = err
+	}
+	h.mu.Unlock()
+	h.checkMember()
+}
+
+// checkMember moves the watches when the hub's member is no longer an
+// available endpoint, or its connection failed.
+func (h *watchHub) checkMember() {
+	avail := h.p.dir.available()
+	h.mu.Lock()
+	if h.closed || h.cli == nil {
+		h.mu.Unlock()
+		return
+	}
+	member, why := h.member, h.leaving
+	h.mu.Unlock()
+	if why == nil {
+		if !slices.Contains(avail, member) {
+			why = fmt.Errorf("proxy: etcd member %s is no longer an available endpoint", member)
+		} else {
+			return
+		}
+	}
+	var next string
+	for _, ep := range avail {
+		if ep != member {
+			next = ep
+			break
+		}
+	}
+	if next == "" {
+		// Nowhere to go: tell the clients rather than leave them stale.
+		h.endAll(fmt.Sprintf("%v; no other etcd member is available: re-create the watch", why))
+		return
+	}
+	cli, err := h.memberClient(next)
+	if err != nil {
+		h.p.log.Warn("cannot connect to another member for watches", "member", next, "err", err)
+		return
+	}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		_ = cli.Close()
+		return
+	}
+	old := h.cli
+	h.member, h.cli, h.w, h.leaving = next, cli, cli.Watcher, nil
+	clear(h.probes)
+	n := 0
+	for _, ups := range h.groups {
+		for _, u := range ups {
+			if u.restart(cli.Watcher) {
+				n++
+			}
+		}
+	}
+	h.mu.Unlock()
+	h.p.m.watchMoves.Inc()
+	h.p.log.Info("upstream watches moved", "from", member, "to", next, "watches", n, "reason", why)
+	if !h.spawn(func() { _ = old.Close() }) {
+		_ = old.Close()
+	}
+	h.spawn(func() { h.watchConn(next, cli) })
+}
+
+// endAll cancels every upstream watch, and so every client watcher, with
+// reason.
+func (h *watchHub) endAll(reason string) {
+	h.mu.Lock()
+	var ups []*upstream
+	for _, g := range h.groups {
+		ups = append(ups, g...)
+	}
+	h.leaving = nil
+	h.mu.Unlock()
+	if len(ups) > 0 {
+		h.p.log.Warn("ending the client watches", "watches", len(ups), "reason", reason)
+	}
+	for _, u := range ups {
+		u.end(nil, 0, reason)
+	}
+}

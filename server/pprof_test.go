@@ -1,0 +1,31 @@
+package server
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestPprof: --pprof serves Go's profiles on the HTTP address, and only
+// then; the embedded etcd runs without fsync when asked.
+func TestPprof(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.EnablePprof = true
+	cfg.UnsafeNoFsync = true
+	s := startServer(t, cfg)
+	base := s.Endpoints().HTTP
+	if code, body := get(t, base+"/debug/pprof/"); code != http.StatusOK || !strings.Contains(body, "goroutine") {
+		t.Fatalf("/debug/pprof/ with --pprof: %d %.200s", code, body)
+	}
+	if code, _ := get(t, base+"/debug/pprof/heap?debug=1"); code != http.StatusOK {
+		t.Fatalf("/debug/pprof/heap: %d", code)
+	}
+	if !s.etcd.Config().UnsafeNoFsync {
+		t.Error("UnsafeNoFsync not passed to etcd")
+	}
+
+	off := startServer(t, testConfig(t))
+	if code, _ := get(t, off.Endpoints().HTTP+"/debug/pprof/"); code != http.StatusNotFound {
+		t.Fatalf("/debug/pprof/ without --pprof: %d, want 404", code)
+	}
+}

@@ -1,0 +1,227 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/tlsfiles"
+	"github.com/beaconplane/beacon/server/registryapi"
+)
+
+// Defaults of Security.
+const (
+	DefaultMaxBodyBytes   = 1 << 20
+	DefaultRequestTimeout = 30 * time.Second
+	DefaultIdleTimeout    = 2 * time.Minute
+	DefaultMaxAuthClients = 256
+	// DefaultAuthTokenTTL is etcd's --auth-token-ttl default.
+	DefaultAuthTokenTTL = 300 * time.Second
+	// EnvRootPassword holds the root password `beacon serve --auth` sets
+	// up (or authenticates with); never a flag, so that it stays out of
+	// argv and shell history.
+	EnvRootPassword = "BEACON_ROOT_PASSWORD"
+)
+
+// TLSFiles are the PEM files of one listener, named as etcd's flags.
+type TLSFiles = tlsfiles.Files
+
+// Security configures transport security, authentication and resource
+// limits. The zero value is plain HTTP on loopback without authentication
+// (a warning is logged for every listener that is not on loopback), with
+// the default limits.
+type Security struct {
+	// ClientTLS secures the embedded etcd's client listener: etcd's
+	// --cert-file, --key-file, --trusted-ca-file, --client-cert-auth
+	// (https:// in --listen-client-urls).
+	ClientTLS TLSFiles
+	// PeerTLS secures the embedded etcd's peer listener: etcd's
+	// --peer-cert-file, --peer-key-file, --peer-trusted-ca-file,
+	// --peer-client-cert-auth (https:// in --listen-peer-urls).
+	PeerTLS TLSFiles
+	// HTTPTLS serves the HTTP API over HTTPS (--http-cert-file,
+	// --http-key-file, --http-trusted-ca-file, --http-client-cert-auth).
+	// With a trusted CA, a verified client certificate authenticates its
+	// common name as the etcd user, as etcd does on its client port.
+	HTTPTLS TLSFiles
+
+	// Auth enables etcd authentication on the embedded cluster (--auth):
+	// on first start the root user is created with RootPassword (or the
+	// content of RootPasswordFile) and auth is enabled; the HTTP API then
+	// authenticates every request and acts as its etcd user.
+	Auth bool
+	// RootPasswordFile holds the root password (--auth-root-password-file;
+	// the trailing newline is ignored).
+	RootPasswordFile string
+	// RootPassword is the root password itself; `beacon serve` takes it
+	// from the environment (BEACON_ROOT_PASSWORD), never from a flag.
+	RootPassword string
+	// AuthToken is etcd's --auth-token: "simple" (etcd's default, and
+	// the default here), or "jwt,pub-key=...,priv-key=...,sign-method=...,ttl=...",
+	// or just "jwt": JWT with an ECDSA P-256 key pair generated once in
+	// the data directory (DataDir/auth/). With JWT and a private key the
+	// HTTP API can act as the etcd user a client certificate names (it has
+	// no password to authenticate with). Every member of a cluster must
+	// use the same token settings, and for JWT the same key files, as
+	// etcd requires: generated keys suit a single member.
+	AuthToken string
+	// BcryptCost is etcd's --bcrypt-cost, the cost of the password hashes
+	// of users created from now on; etcd's default (10) when zero.
+	BcryptCost uint
+	// AuthTokenTTL is how long a token lives (etcd's --auth-token-ttl for
+	// simple tokens, the ttl of generated JWT keys); DefaultAuthTokenTTL
+	// when zero.
+	AuthTokenTTL time.Duration
+
+	// HostWhitelist are the host names the HTTP API (and the embedded
+	// etcd's HTTP gateway) answer to, etcd's --host-whitelist; requests
+	// with another Host header get 421, which defeats DNS rebinding. IP
+	// addresses and the loopback names are always accepted, and so are the
+	// hosts of the server's own URLs; "*" accepts any.
+	HostWhitelist []string
+
+	// Limits bound watch streams and registrations per client and in all
+	// (registryapi.Limits; the client is the authenticated user, else the
+	// remote address).
+	Limits registryapi.Limits
+	// MaxAuthClients bounds the per-user etcd clients kept for
+	// authenticated requests; DefaultMaxAuthClients when zero.
+	MaxAuthClients int
+	// MaxBodyBytes bounds every request body; DefaultMaxBodyBytes when
+	// zero.
+	MaxBodyBytes int64
+	// RequestTimeout bounds reading a request and writing its answer
+	// (watch streams and waiting v2 requests excepted: they extend their
+	// own deadlines); DefaultRequestTimeout when zero.
+	RequestTimeout time.Duration
+	// IdleTimeout closes keep-alive connections idle this long;
+	// DefaultIdleTimeout when zero.
+	IdleTimeout time.Duration
+}
+
+func (s Security) withDefaults() Security {
+	if s.AuthTokenTTL == 0 {
+		s.AuthTokenTTL = DefaultAuthTokenTTL
+	}
+	if s.MaxAuthClients == 0 {
+		s.MaxAuthClients = DefaultMaxAuthClients
+	}
+	if s.MaxBodyBytes == 0 {
+		s.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if s.RequestTimeout == 0 {
+		s.RequestTimeout = DefaultRequestTimeout
+	}
+	if s.IdleTimeout == 0 {
+		s.IdleTimeout = DefaultIdleTimeout
+	}
+	return s
+}
+
+// validate checks the security settings of c (after defaults).
+func (s Security) validate(c Config) []error {
+	var errs []error
+	for _, t := range []struct {
+		files  TLSFiles
+		prefix string
+	}{{s.ClientTLS, ""}, {s.PeerTLS, "peer-"}, {s.HTTPTLS, "http-"}} {
+		if err := t.files.Validate(t.prefix); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.embedded() {
+		errs = append(errs, schemeMatches("listen-client-urls", c.ListenClientURLs, s.ClientTLS, "")...)
+		errs = append(errs, schemeMatches("listen-peer-urls", c.ListenPeerURLs, s.PeerTLS, "peer-")...)
+	} else {
+		if s.ClientTLS.Enabled() || s.PeerTLS.Enabled() {
+			errs = append(errs, errors.New("--cert-file/--peer-cert-file configure the embedded etcd, which does not run with --etcd-endpoints or a non-etcd --backend: for TLS to an external etcd use --etcd-cacert, --etcd-cert and --etcd-key"))
+		}
+		if s.Auth {
+			errs = append(errs, errors.New("--auth enables authentication on the embedded etcd, which does not run with --etcd-endpoints or a non-etcd --backend: enable auth on the external cluster (etcdctl auth enable) and give beacon serve --etcd-user"))
+		}
+	}
+	if s.Auth && s.RootPasswordFile == "" && s.RootPassword == "" && c.Backend.Etcd.Username == "" {
+		errs = append(errs, fmt.Errorf("--auth needs the root password: put it in a file given with --auth-root-password-file, or in %s (never on the command line)", EnvRootPassword))
+	}
+	if s.RootPasswordFile != "" {
+		if _, err := os.Stat(s.RootPasswordFile); err != nil {
+			errs = append(errs, fmt.Errorf("--auth-root-password-file %q: %w", s.RootPasswordFile, unwrapPath(err)))
+		}
+	}
+	if s.AuthToken != "" {
+		typ, _, _ := strings.Cut(s.AuthToken, ",")
+		if s.AuthToken != "jwt" && typ == "jwt" {
+			if _, err := newJWTMinter(s.AuthToken); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if typ != "simple" && typ != "jwt" {
+			errs = append(errs, fmt.Errorf("--auth-token %q: want simple, or jwt,pub-key=FILE,priv-key=FILE,sign-method=ES256 (etcd's format)", s.AuthToken))
+		}
+	}
+	for _, h := range s.HostWhitelist {
+		if h == "" || strings.ContainsAny(h, "/ ") {
+			errs = append(errs, fmt.Errorf("--host-whitelist %q: want host names (no scheme, path or port), or *", h))
+		}
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"auth-token-ttl", s.AuthTokenTTL}, {"http-request-timeout", s.RequestTimeout}, {"http-idle-timeout", s.IdleTimeout}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("--%s %v: must not be negative", d.flag, d.v))
+		}
+	}
+	if s.MaxBodyBytes < 0 || s.MaxAuthClients < 0 {
+		errs = append(errs, errors.New("--max-body-bytes and --max-auth-clients must not be negative"))
+	}
+	return errs
+}
+
+// schemeMatches checks that URLs use https exactly when TLS files are set.
+func schemeMatches(flag string, urls []string, files TLSFiles, prefix string) []error {
+	var errs []error
+	for _, raw := range urls {
+		u, err := url.Parse(raw)
+		if err != nil {
+			continue // reported by validateURL
+		}
+		switch {
+		case u.Scheme == "https" && files.CertFile == "":
+			errs = append(errs, fmt.Errorf("--%s %q is https: give --%scert-file and --%skey-file", flag, raw, prefix, prefix))
+		case u.Scheme == "http" && files.CertFile != "":
+			errs = append(errs, fmt.Errorf("--%s %q is plain http but --%scert-file is set: use https://", flag, raw, prefix))
+		}
+	}
+	return errs
+}
+
+// rootPassword returns the configured root password.
+func (s Security) rootPassword() (string, error) {
+	if s.RootPasswordFile == "" {
+		return s.RootPassword, nil
+	}
+	b, err := os.ReadFile(s.RootPasswordFile)
+	if err != nil {
+		return "", fmt.Errorf("--auth-root-password-file: %w", err)
+	}
+	pw := strings.TrimRight(string(b), "\r\n")
+	if pw == "" {
+		return "", fmt.Errorf("--auth-root-password-file %q is empty", s.RootPasswordFile)
+	}
+	return pw, nil
+}
+
+// isLoopback reports whether host (a name or IP, possibly empty for "all
+// interfaces") is reachable from this machine only.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,632 @@
+// Services: the namespace → component → endpoint tree with counts, and the
+// instances under the selected node.
+
+import { append, h, setAttr, setClass, setText, show, uid } from '../dom.js';
+import { age, clock, dateTime, num, plural } from '../format.js';
+import { HISTORY_MS } from '../model.js';
+import { Grid, VirtualRows } from '../vrows.js';
+import { Sparkline } from '../sparkline.js';
+import { BASE, servicesURL } from '../router.js';
+import { card, registerHelp } from './common.js';
+
+const KIND = ['', 'namespace', 'component', 'endpoint'];
+const ROW = 30;
+// Above this many endpoints, components start collapsed.
+const MANY_ENDPOINTS = 300;
+
+const ALL_COLUMNS = [
+  { id: 'service', title: 'Service', sortable: true, cls: 'mono' },
+  { id: 'id', title: 'Instance', sortable: true, cls: 'mono' },
+  { id: 'address', title: 'Address', sortable: true, cls: 'mono', tip: true },
+  { id: 'transport', title: 'Transport', sortable: true },
+  { id: 'status', title: 'Status', sortable: true, badge: true },
+  { id: 'meta', title: 'Metadata', cls: 'meta', tip: true },
+  { id: 'age', title: 'Age', sortable: true, cls: 'num' },
+];
+
+function cmp(a, b) {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+const SORTS = {
+  service: (a, b) => cmp(a.key, b.key),
+  id: (a, b) => cmp(a.inst.id, b.inst.id) || cmp(a.key, b.key),
+  address: (a, b) => cmp(a.addrKey, b.addrKey) || cmp(a.key, b.key),
+  transport: (a, b) => cmp(a.inst.transport || '', b.inst.transport || '') || cmp(a.key, b.key),
+  status: (a, b) => cmp(a.draining, b.draining) || cmp(a.addrKey, b.addrKey) || cmp(a.key, b.key),
+  // Ascending age: the youngest registration first.
+  age: (a, b) => b.registeredMs - a.registeredMs || cmp(a.key, b.key),
+};
+
+export class ServicesView {
+  constructor(app, route) {
+    this.app = app;
+    this.model = app.model;
+    this.expanded = new Set();
+    this.collapsed = new Set();
+    this.flat = [];
+    this.treeActive = -1;
+    this.treeDirty = true;
+    this.treeFilter = route.params.get('q') || '';
+    this.statusFilter = route.params.get('status') === 'draining' ? 'draining' : '';
+    this.instFilter = route.params.get('filter') || '';
+    this.sort = { col: 'address', dir: 1 };
+    this.list = [];
+    this.listKey = '';
+    this.inspectKey = '';
+    this.inspected = null;
+    this.setRoute(route);
+  }
+
+  setRoute(route) {
+    if (route.section !== 'services') return false;
+    const changed = this.path === undefined || this.path.join('/') !== route.path.join('/');
+    this.path = route.path;
+    this.inspectKey = route.id ? `${route.path.join('/')}/${route.id}` : changed ? '' : this.inspectKey;
+    for (let i = 1; i < this.path.length; i += 1) {
+      const k = this.path.slice(0, i).join('/');
+      this.expanded.add(k);
+      this.collapsed.delete(k);
+    }
+    this.treeDirty = true;
+    this.listKey = '';
+    if (changed && this.grid) {
+      this.grid.active = -1;
+      this.grid.rows.scrollTo(0);
+      this.buildColumns();
+    }
+    return true;
+  }
+
+  mount(main) {
+    const treeFilterId = uid('tree-filter');
+    this.treeInput = h('input', {
+      id: treeFilterId, type: 'search', placeholder: 'Filter services  ( / )', autocomplete: 'off', spellcheck: 'false', 'data-search': '',
+      oninput: () => {
+        this.treeFilter = this.treeInput.value;
+        this.saveParams();
+        this.treeDirty = true;
+        this.app.schedule();
+      },
+    });
+    this.treeInput.value = this.treeFilter;
+    this.statusSelect = h('select', {
+      'aria-label': 'Which services to show',
+      onchange: () => {
+        this.statusFilter = this.statusSelect.value;
+        this.saveParams();
+        this.treeDirty = true;
+        this.app.schedule();
+      },
+    }, h('option', { value: '', text: 'All services' }), h('option', { value: 'draining', text: 'With draining instances' }));
+    this.statusSelect.value = this.statusFilter;
+    this.rootLink = h('a', { class: 'tree-root', href: BASE + 'services' }, h('span', { class: 'name', text: 'All services' }));
+    this.rootCount = h('span', { class: 'n' });
+    this.rootLink.append(' ', this.rootCount);
+    this.treeId = uid('tree');
+    this.tree = h('div', { class: 'tree', role: 'tree', tabindex: '0', 'aria-label': 'Services' });
+    this.treeRows = new VirtualRows({
+      scroller: this.tree,
+      rowHeight: ROW,
+      createRow: () => this.createTreeRow(),
+      updateRow: (el, i) => this.updateTreeRow(el, i),
+    });
+    this.tree.addEventListener('keydown', (ev) => this.onTreeKey(ev));
+    this.tree.addEventListener('click', (ev) => this.onTreeClick(ev));
+    this.tree.addEventListener('focus', () => {
+      if (this.treeActive < 0 && this.flat.length) this.treeActive = Math.max(0, this.selectedIndex());
+      this.refreshTree();
+    });
+    this.tree.addEventListener('blur', () => this.refreshTree());
+    this.treeEmpty = h('p', { class: 'side-empty', hidden: true });
+    const side = h('aside', { class: 'side', 'aria-label': 'Service tree' },
+      h('div', { class: 'side-tools' },
+        h('label', { class: 'visually-hidden', for: treeFilterId, text: 'Filter services by name' }),
+        this.treeInput,
+        h('div', { class: 'row' }, this.statusSelect)),
+      this.rootLink,
+      this.tree,
+      this.treeEmpty);
+
+    this.crumbs = h('ol', { class: 'crumbs' });
+    this.titleId = uid('title');
+    this.title = h('h1', { id: this.titleId });
+    this.kindEl = h('span', { class: 'kind' });
+    this.nTotal = h('div', { class: 'value' });
+    this.nServing = h('div', { class: 'value ok' });
+    this.nDraining = h('div', { class: 'value warn' });
+    this.nEndpoints = h('div', { class: 'value' });
+    this.endpointsCard = card('Endpoints', this.nEndpoints);
+    this.spark = new Sparkline();
+    this.sparkNow = h('span');
+    this.sparkLabel = h('span');
+    this.stats = h('div', { class: 'stats' },
+      card('Instances', this.nTotal),
+      card('Serving', this.nServing),
+      card('Draining', this.nDraining),
+      this.endpointsCard,
+      h('div', { class: 'card spark' }, h('div', { class: 'head' }, this.sparkLabel, this.sparkNow), this.spark.el));
+
+    const instFilterId = uid('inst-filter');
+    this.instInput = h('input', {
+      id: instFilterId, type: 'search', placeholder: 'Address, ID, status, metadata…', autocomplete: 'off', spellcheck: 'false',
+      oninput: () => {
+        this.instFilter = this.instInput.value;
+        this.saveParams();
+        this.app.schedule();
+      },
+    });
+    this.instInput.value = this.instFilter;
+    this.countEl = h('span', { class: 'count' });
+    this.tools = h('div', { class: 'table-tools' },
+      h('label', { class: 'field', for: instFilterId, text: 'Filter instances' }), this.instInput, this.countEl);
+    this.grid = new Grid({
+      label: 'Instances',
+      idPrefix: uid('inst'),
+      columns: ALL_COLUMNS,
+      layout: 'all',
+      sort: this.sort,
+      cellText: (i, col) => this.cellText(i, col),
+      badgeClass: (i) => (this.list[i].draining ? 'draining' : 'serving'),
+      isSelected: (i) => this.list[i] && this.list[i].key === this.inspectKey,
+      onActivate: (i) => this.inspect(this.list[i]),
+      onSort: (col) => {
+        this.sort = { col, dir: this.sort.col === col ? -this.sort.dir : 1 };
+        this.grid.setSort(this.sort);
+        this.listKey = '';
+        this.app.schedule();
+      },
+    });
+    this.buildColumns();
+    this.grid.el.addEventListener('keydown', (ev) => {
+      if (ev.key === 'Escape' && this.inspectKey) {
+        ev.preventDefault();
+        this.closeInspector();
+      }
+    });
+    this.empty = h('div', { class: 'empty', hidden: true });
+    this.inspector = h('section', { class: 'inspector', 'aria-label': 'Instance details', hidden: true });
+    this.detail = h('section', { class: 'detail', 'aria-labelledby': this.titleId },
+      h('nav', { 'aria-label': 'Breadcrumb' }, this.crumbs),
+      h('div', { class: 'detail-head' }, this.title, this.kindEl),
+      this.stats, this.tools, this.grid.el, this.empty, this.inspector);
+    this.el = h('div', { class: 'services' }, side, this.detail);
+    main.append(this.el);
+  }
+
+  unmount() {
+    this.treeRows.destroy();
+    this.grid.rows.destroy();
+  }
+
+  buildColumns() {
+    const endpoint = this.path.length === 3;
+    this.grid.setColumns(endpoint ? ALL_COLUMNS.slice(1) : ALL_COLUMNS, endpoint ? 'endpoint' : 'all');
+    if (endpoint && this.sort.col === 'service') this.sort = { col: 'address', dir: 1 };
+    this.grid.setSort(this.sort);
+  }
+
+  saveParams() {
+    const p = new URLSearchParams();
+    if (this.treeFilter) p.set('q', this.treeFilter);
+    if (this.statusFilter) p.set('status', this.statusFilter);
+    if (this.instFilter) p.set('filter', this.instFilter);
+    this.app.setParams(p);
+  }
+
+  go(path) {
+    this.app.navigate(servicesURL(path) + location.search);
+  }
+
+  // ---- tree ----
+
+  isExpanded(node, many) {
+    if (this.expanded.has(node.key)) return true;
+    if (this.collapsed.has(node.key)) return false;
+    return node.level === 1 || !many;
+  }
+
+  flatten() {
+    const f = this.treeFilter.trim().toLowerCase();
+    const onlyDraining = this.statusFilter === 'draining';
+    const many = this.model.root.endpoints > MANY_ENDPOINTS;
+    const out = [];
+    const matches = (n) => n.key.includes(f) || (n.level < 3 && n.sorted().some(matches));
+    const visit = (node) => {
+      const kids = node.sorted().filter((c) => (!onlyDraining || c.draining > 0) && (!f || matches(c)));
+      kids.forEach((c, i) => {
+        const expanded = c.level < 3 && (f !== '' || this.isExpanded(c, many));
+        out.push({ node: c, expanded, pos: i + 1, size: kids.length });
+        if (expanded) visit(c);
+      });
+    };
+    visit(this.model.root);
+    const activeKey = this.treeActive >= 0 && this.flat[this.treeActive] ? this.flat[this.treeActive].node.key : '';
+    this.flat = out;
+    this.treeActive = activeKey ? out.findIndex((it) => it.node.key === activeKey) : -1;
+    this.treeRows.setCount(out.length);
+  }
+
+  selectedIndex() {
+    const key = this.path.join('/');
+    return key ? this.flat.findIndex((it) => it.node.key === key) : -1;
+  }
+
+  createTreeRow() {
+    const el = h('div', { class: 'titem', role: 'treeitem' });
+    el.__twisty = h('span', { class: 'twisty', 'aria-hidden': 'true' });
+    el.__name = h('span', { class: 'name' });
+    el.__n = h('span', { class: 'n' });
+    el.__drain = h('span', { class: 'badge draining' });
+    el.append(el.__twisty, el.__name, el.__n, el.__drain);
+    return el;
+  }
+
+  updateTreeRow(el, i) {
+    const it = this.flat[i];
+    const n = it.node;
+    if (el.__index !== i) {
+      el.__index = i;
+      el.id = `${this.treeId}-i${i}`;
+    }
+    setAttr(el, 'aria-level', String(n.level));
+    setAttr(el, 'aria-setsize', String(it.size));
+    setAttr(el, 'aria-posinset', String(it.pos));
+    setAttr(el, 'aria-expanded', n.level < 3 ? String(it.expanded) : null);
+    setAttr(el, 'aria-selected', n.key === this.path.join('/') ? 'true' : 'false');
+    setAttr(el, 'aria-label', `${n.name}, ${KIND[n.level]}, ${plural(n.total, 'instance')}${n.draining ? `, ${num(n.draining)} draining` : ''}`);
+    if (el.__level !== n.level) {
+      el.__level = n.level;
+      el.style.paddingLeft = `${4 + (n.level - 1) * 16}px`;
+    }
+    setClass(el, 'active', i === this.treeActive);
+    setText(el.__twisty, n.level < 3 ? (it.expanded ? '▾' : '▸') : '');
+    setText(el.__name, n.name);
+    setText(el.__n, num(n.total));
+    setText(el.__drain, n.draining ? `${num(n.draining)} draining` : '');
+    show(el.__drain, n.draining > 0);
+  }
+
+  refreshTree() {
+    this.treeRows.render();
+    const el = this.treeActive >= 0 ? this.treeRows.rowElement(this.treeActive) : null;
+    setAttr(this.tree, 'aria-activedescendant', el && document.activeElement === this.tree ? el.id : null);
+  }
+
+  setTreeActive(i) {
+    if (!this.flat.length) return;
+    this.treeActive = Math.max(0, Math.min(i, this.flat.length - 1));
+    this.treeRows.scrollToIndex(this.treeActive);
+    this.refreshTree();
+  }
+
+  toggle(node, open) {
+    const many = this.model.root.endpoints > MANY_ENDPOINTS;
+    const isOpen = this.isExpanded(node, many);
+    if (open === isOpen) return;
+    if (open) {
+      this.expanded.add(node.key);
+      this.collapsed.delete(node.key);
+    } else {
+      this.collapsed.add(node.key);
+      this.expanded.delete(node.key);
+    }
+    this.treeDirty = true;
+    this.app.schedule();
+  }
+
+  onTreeClick(ev) {
+    const row = ev.target instanceof Element ? ev.target.closest('.titem') : null;
+    if (!row || row.__index === undefined) return;
+    const it = this.flat[row.__index];
+    if (!it) return;
+    this.treeActive = row.__index;
+    if (ev.target === row.__twisty && it.node.level < 3) {
+      this.toggle(it.node, !it.expanded);
+      return;
+    }
+    this.go(it.node.key.split('/'));
+  }
+
+  onTreeKey(ev) {
+    const it = this.flat[this.treeActive];
+    let handled = true;
+    switch (ev.key) {
+      case 'ArrowDown':
+        this.setTreeActive(this.treeActive + 1);
+        break;
+      case 'ArrowUp':
+        this.setTreeActive(this.treeActive - 1);
+        break;
+      case 'Home':
+        this.setTreeActive(0);
+        break;
+      case 'End':
+        this.setTreeActive(this.flat.length - 1);
+        break;
+      case 'ArrowRight':
+        if (!it || it.node.level === 3) break;
+        if (!it.expanded && this.treeFilter.trim() === '') this.toggle(it.node, true);
+        else this.setTreeActive(this.treeActive + 1);
+        break;
+      case 'ArrowLeft':
+        if (!it) break;
+        if (it.expanded && it.node.level < 3 && this.treeFilter.trim() === '') this.toggle(it.node, false);
+        else if (it.node.parent && it.node.parent.level > 0) this.setTreeActive(this.flat.findIndex((x) => x.node === it.node.parent));
+        break;
+      case 'Enter':
+      case ' ':
+        if (it) this.go(it.node.key.split('/'));
+        break;
+      default:
+        handled = ev.key.length === 1 && /[a-z0-9-]/i.test(ev.key) && !ev.ctrlKey && !ev.metaKey && !ev.altKey && this.typeahead(ev.key.toLowerCase());
+    }
+    if (handled) ev.preventDefault();
+  }
+
+  // typeahead moves to the next row whose name starts with what was typed
+  // within the last half second (the ARIA tree pattern's type-ahead).
+  typeahead(ch) {
+    const now = Date.now();
+    this.typed = now - (this.typedAt || 0) < 500 ? this.typed + ch : ch;
+    this.typedAt = now;
+    const n = this.flat.length;
+    const from = this.typed.length === 1 ? this.treeActive + 1 : Math.max(this.treeActive, 0);
+    for (let k = 0; k < n; k += 1) {
+      const i = (from + k) % n;
+      if (this.flat[i].node.name.startsWith(this.typed)) {
+        this.setTreeActive(i);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // ---- instances ----
+
+  cellText(i, col) {
+    const r = this.list[i];
+    const inst = r.inst;
+    switch (col) {
+      case 'service':
+        return r.service;
+      case 'id':
+        return inst.id;
+      case 'address':
+        return inst.address;
+      case 'transport':
+        return inst.transport || '–';
+      case 'status':
+        return inst.status || 'serving';
+      case 'meta':
+        return r.meta;
+      case 'age':
+        return age(this.now - r.registeredMs);
+      default:
+        return '';
+    }
+  }
+
+  // computeList keeps the scope's sorted, filtered rows: rebuilt when the
+  // scope, filter or sort changes, otherwise updated in place from the
+  // model's changes (O(n + k log k) for k changes, not a re-sort).
+  computeList(node) {
+    const f = this.instFilter.trim().toLowerCase();
+    const key = `${node ? node.key : '-'}|${f}|${this.sort.col}|${this.sort.dir}`;
+    const by = SORTS[this.sort.col] || SORTS.address;
+    const order = this.sort.dir > 0 ? by : (a, b) => by(b, a);
+    const keep = (r) => !f || r.search.includes(f);
+    if (key !== this.listKey || node !== this.scopeNode) {
+      this.listKey = key;
+      this.scopeNode = node;
+      this.listVersion = node ? node.version : -1;
+      this.listSeq = this.model.changeSeq;
+      const list = [];
+      if (node) node.each((r) => {
+        if (keep(r)) list.push(r);
+      });
+      list.sort(order);
+      this.list = list;
+      return true;
+    }
+    if (!node || node.version === this.listVersion) return false;
+    this.listVersion = node.version;
+    const changes = this.model.changesSince(this.listSeq);
+    this.listSeq = this.model.changeSeq;
+    if (changes === null) {
+      this.listKey = '';
+      return this.computeList(node);
+    }
+    const prefix = node.level === 0 ? '' : `${node.key}/`;
+    const out = new Set();
+    const add = new Set();
+    for (const c of changes) {
+      if (!c.rec.key.startsWith(prefix)) continue;
+      // An update may move the row (sort) or change whether it matches.
+      if (c.kind !== 'add') out.add(c.rec);
+      if (c.kind !== 'remove') add.add(c.rec);
+      else add.delete(c.rec);
+    }
+    if (out.size === 0 && add.size === 0) return false;
+    let list = out.size ? this.list.filter((r) => !out.has(r)) : this.list;
+    const ins = [...add].filter((r) => this.model.recs.get(r.key) === r && keep(r)).sort(order);
+    if (ins.length) {
+      const merged = new Array(list.length + ins.length);
+      let i = 0;
+      let j = 0;
+      let k = 0;
+      while (i < list.length && j < ins.length) merged[k++] = order(list[i], ins[j]) <= 0 ? list[i++] : ins[j++];
+      while (i < list.length) merged[k++] = list[i++];
+      while (j < ins.length) merged[k++] = ins[j++];
+      list = merged;
+    }
+    this.list = list;
+    return true;
+  }
+
+  inspect(rec) {
+    if (!rec) return;
+    this.inspectKey = rec.key;
+    this.inspected = null;
+    this.app.schedule();
+    this.grid.refresh();
+  }
+
+  registeredText() {
+    const t = this.inspectedRegistered;
+    return `${dateTime(t)} (${age(this.now - t)} ago)`;
+  }
+
+  closeInspector() {
+    this.inspectKey = '';
+    this.inspectedSig = '';
+    this.app.schedule();
+    this.grid.refresh();
+  }
+
+  renderInspector() {
+    if (!this.inspectKey) {
+      show(this.inspector, false);
+      return;
+    }
+    const rec = this.model.recs.get(this.inspectKey);
+    const state = rec ? `${rec.v}` : 'gone';
+    const sig = `${this.inspectKey}|${state}`;
+    if (sig === this.inspectedSig) {
+      // Only the age moves: rewrite that text, keep the rest (and any
+      // text the reader selected).
+      if (this.inspectedAge) setText(this.inspectedAge, this.registeredText());
+      return;
+    }
+    if (rec) this.inspected = { inst: rec.inst, goneAt: 0, rec };
+    else if (this.inspected && !this.inspected.goneAt) this.inspected.goneAt = Date.now();
+    this.inspectedSig = sig;
+    const last = this.inspected;
+    if (!last) {
+      this.inspector.replaceChildren(h('p', { class: 'note', text: `Instance ${this.inspectKey} is not registered.` }));
+      show(this.inspector, true);
+      return;
+    }
+    const inst = last.inst;
+    const status = inst.status || 'serving';
+    const md = inst.metadata || {};
+    this.inspectedRegistered = Date.parse(inst.registered_at);
+    const close = h('button', {
+      type: 'button', class: 'btn small', text: 'Close', 'aria-label': 'Close instance details',
+      onclick: () => {
+        this.closeInspector();
+        this.grid.el.focus();
+      },
+    });
+    const rows = [
+      ['Service', `${inst.namespace}/${inst.component}/${inst.endpoint}`],
+      ['Instance ID', inst.id],
+      ['Address', inst.address],
+      ['Transport', inst.transport || '–'],
+      ['Status', status],
+    ];
+    this.inspectedAge = h('dd');
+    setText(this.inspectedAge, this.registeredText());
+    const dl = h('dl', { class: 'kv' }, rows.map(([k, v]) => [h('dt', { text: k }), h('dd', { text: v })]), h('dt', { text: 'Registered' }), this.inspectedAge);
+    const keys = Object.keys(md).sort();
+    this.inspector.replaceChildren();
+    append(this.inspector, [
+      h('header', {}, h('h2', { text: `${inst.namespace}/${inst.component}/${inst.endpoint}/${inst.id}` }),
+        h('span', { class: `badge ${last.goneAt ? 'leave' : status}`, text: last.goneAt ? 'gone' : status }), close),
+      last.goneAt ? h('p', { class: 'note warn', text: `This instance left the registry at ${dateTime(last.goneAt)}; its last known state:` }) : null,
+      dl,
+      h('h3', { class: 'note', text: keys.length ? `Metadata (${keys.length})` : 'No metadata' }),
+      keys.length ? h('dl', { class: 'kv' }, keys.map((k) => [h('dt', { text: k }), h('dd', { text: md[k] })])) : null,
+    ]);
+    show(this.inspector, true);
+  }
+
+  // ---- frame ----
+
+  update(dirty) {
+    const m = this.model;
+    this.now = Date.now();
+    const routeChanged = dirty.has('route');
+    if (this.treeDirty || dirty.has('structure') || dirty.has('sync')) {
+      this.treeDirty = false;
+      this.flatten();
+      if (routeChanged && this.path.length) {
+        const sel = this.selectedIndex();
+        if (sel >= 0) {
+          this.treeActive = sel;
+          this.treeRows.scrollToIndex(sel);
+        }
+      }
+    }
+    this.refreshTree();
+    setText(this.rootCount, m.synced ? num(m.root.total) : '');
+    setAttr(this.rootLink, 'aria-current', this.path.length === 0 ? 'page' : null);
+    const f = this.treeFilter.trim();
+    const noMatch = m.synced && this.flat.length === 0 && m.root.total > 0;
+    setText(this.treeEmpty, noMatch ? (f ? `No service matches “${f}”.` : 'No service has draining instances.') : '');
+    show(this.treeEmpty, noMatch);
+
+    // Header.
+    const node = this.path.length ? m.node(this.path) : m.root;
+    const name = this.path.length ? this.path[this.path.length - 1] : 'All services';
+    setText(this.title, name);
+    setText(this.kindEl, this.path.length ? KIND[this.path.length] : '');
+    if (routeChanged) {
+      this.app.setTitle(this.path.length ? this.path.join('/') : 'Services');
+      const parts = [h('li', {}, h('a', { href: `${BASE}services`, text: 'All services' }))];
+      this.path.forEach((p, i) => {
+        const last = i === this.path.length - 1;
+        parts.push(h('li', {}, last ? h('span', { 'aria-current': 'page', text: p }) : h('a', { href: servicesURL(this.path.slice(0, i + 1)), text: p })));
+      });
+      if (this.path.length === 0) parts[0] = h('li', {}, h('span', { 'aria-current': 'page', text: 'All services' }));
+      this.crumbs.replaceChildren(...parts);
+    }
+
+    // Empty states.
+    const loading = !m.synced;
+    const emptyRegistry = m.synced && m.root.total === 0;
+    const emptyScope = m.synced && !emptyRegistry && !node;
+    const emptyKind = loading ? 'loading' : emptyRegistry ? 'registry' : emptyScope ? `scope:${this.path.join('/')}` : '';
+    if (emptyKind !== this.emptyKind) {
+      this.emptyKind = emptyKind;
+      if (loading) this.empty.replaceChildren(h('p', { text: 'Loading the registry…' }));
+      else if (emptyRegistry) {
+        this.empty.replaceChildren(h('h2', { text: 'No instances registered yet' }), ...registerHelp(this.path));
+      } else if (emptyScope) {
+        this.empty.replaceChildren(
+          h('h2', { text: `No instances in ${this.path.join('/')} right now` }),
+          h('p', { text: 'Instances appear here as soon as they register; instances that left are in the Events page.' }),
+          ...registerHelp(this.path),
+        );
+      }
+      show(this.empty, emptyKind !== '');
+      show(this.stats, !loading && !emptyRegistry);
+      show(this.tools, emptyKind === '');
+      show(this.grid.el, emptyKind === '');
+      setAttr(this.detail, 'aria-busy', loading ? 'true' : null);
+    }
+
+    // Stats and sparkline.
+    const total = node ? node.total : 0;
+    setText(this.nTotal, num(total));
+    setText(this.nServing, num(node ? node.serving : 0));
+    setText(this.nDraining, num(node ? node.draining : 0));
+    show(this.endpointsCard, this.path.length < 3);
+    setText(this.nEndpoints, num(node ? node.endpoints : 0));
+    if (dirty.has('history') || dirty.has('tick') || routeChanged) {
+      this.spark.draw(m.series(this.path.join('/')), total, this.now, m.since || this.now);
+      setText(this.sparkNow, num(total));
+      setText(this.sparkLabel, m.since && this.now - m.since < HISTORY_MS ? `Instances since ${clock(m.since).slice(0, 8)}` : `Instances, last ${HISTORY_MS / 60000} minutes`);
+    }
+
+    // Instances.
+    const listChanged = this.computeList(node);
+    if (listChanged) {
+      this.grid.setCount(this.list.length);
+      const f2 = this.instFilter.trim();
+      setText(this.countEl, f2 ? `${num(this.list.length)} of ${plural(total, 'instance')} match` : plural(this.list.length, 'instance'));
+    }
+    if (listChanged || dirty.has('instances') || dirty.has('tick') || routeChanged) this.grid.refresh();
+    this.renderInspector();
+  }
+}

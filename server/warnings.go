@@ -1,0 +1,71 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+)
+
+// securityWarnings lists the listeners reachable from other machines
+// without TLS or without authentication. Start logs each at warning level
+// and the banner prints them: such a listener lets anyone on the network
+// read the registry, and without authentication write it.
+func (s *Server) securityWarnings() []string {
+	var out []string
+	if s.httpLn != nil {
+		host, _, _ := net.SplitHostPort(s.httpLn.Addr().String())
+		if !isLoopback(host) {
+			if s.httpTLS == nil {
+				out = append(out, fmt.Sprintf("the HTTP API on %s is plain HTTP on a non-loopback address: anyone on the network can read it and see secrets in transit; give --http-cert-file and --http-key-file", s.httpLn.Addr()))
+			}
+			if !s.authEnforced() {
+				out = append(out, fmt.Sprintf("the HTTP API on %s has no authentication on a non-loopback address: anyone who reaches it can register, change and remove instances; run with --auth (embedded etcd) or front an etcd with auth enabled", s.httpLn.Addr()))
+			}
+		}
+	}
+	if s.etcd != nil {
+		for _, set := range []struct {
+			flag string
+			urls []string
+			tls  bool
+			auth bool
+		}{
+			{"--listen-client-urls", s.cfg.ListenClientURLs, s.sec.ClientTLS.CertFile != "", true},
+			{"--listen-peer-urls", s.cfg.ListenPeerURLs, s.sec.PeerTLS.CertFile != "", false},
+		} {
+			for _, raw := range set.urls {
+				u, err := url.Parse(raw)
+				if err != nil || isLoopback(u.Hostname()) {
+					continue
+				}
+				if !set.tls {
+					out = append(out, fmt.Sprintf("%s %s is plain HTTP on a non-loopback address: give the matching --*cert-file and --*key-file (and a trusted CA with client-cert-auth)", set.flag, raw))
+				}
+				if set.auth && !s.authEnforced() && !s.sec.ClientTLS.ClientCertAuth {
+					out = append(out, fmt.Sprintf("%s %s accepts etcd clients without authentication: anyone who reaches it can delete every instance (etcdctl del --prefix /); run with --auth or --client-cert-auth", set.flag, raw))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// authEnforced reports whether etcd authentication is on for the HTTP API.
+func (s *Server) authEnforced() bool {
+	a := s.state().auth
+	if a == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	on, _ := a.enabled(ctx)
+	return on
+}
+
+// logSecurityWarnings logs every warning of securityWarnings.
+func (s *Server) logSecurityWarnings() {
+	for _, w := range s.securityWarnings() {
+		s.log.Warn("SECURITY: listener exposed without protection", "problem", w)
+	}
+}
