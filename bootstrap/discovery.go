@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -14,6 +16,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -277,7 +280,12 @@ func (d *discovery) register(ctx context.Context, key, value string) error {
 	})
 }
 
+// watchSeq numbers the waits' watches, so that each has a gRPC stream of
+// its own (clientv3 shares a stream among watches with equal metadata).
+var watchSeq atomic.Uint64
+
 var (
+	errWatchSilent = errors.New("bootstrap: the discovery service's watch is silent (no event, no progress notification)")
 	errRelist      = errors.New("bootstrap: registry changed under the watch; re-listing")
 	errSelfRemoved = errors.New("bootstrap: this member's registration was deleted; registering again")
 )
@@ -325,23 +333,61 @@ func (d *discovery) wait(ctx context.Context, self, value string) error {
 // watch applies registry changes from the revision after the last read
 // until the registry is full (nil), the registry must be re-read
 // (errRelist, errSelfRemoved) or the watch fails.
+//
+// The wait can last long, so the watch does not trust a quiet stream: once
+// it has heard nothing for half the request timeout it asks its member for
+// a progress notification (on this watch's own gRPC stream), and when it
+// still hears nothing after the whole request timeout (a hung or cut-off
+// member, a dead connection) it fails with errWatchSilent, within 1.25
+// request timeouts, and the registry is read again after the backoff.
 func (d *discovery) watch(ctx context.Context, self string) error {
 	cli, err := d.client()
 	if err != nil {
 		return err
 	}
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx),
+		"beacon-discovery-watch", strconv.FormatUint(watchSeq.Add(1), 10)))
 	defer cancel()
 	token := d.cfg.Token
 	sizeKey, members := SizeKey(token), MembersPrefix(token)
-	wch := cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(d.reg.rev+1))
+	// clientv3's Watch blocks until it has opened the gRPC stream, which
+	// never happens on a hung member: it runs aside, under the silence
+	// check.
+	var wch clientv3.WatchChan // nil until Watch returned
+	wchc := make(chan clientv3.WatchChan, 1)
+	go func() {
+		wchc <- cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(d.reg.rev+1))
+	}()
+	defer func() {
+		cancel()
+		if wch == nil {
+			<-wchc // Watch returns once wctx is done
+		}
+	}()
+	silence := d.cfg.requestTimeout()
+	check := time.NewTicker(silence / 4)
+	defer check.Stop()
+	heard := time.Now()
 	for {
 		var wresp clientv3.WatchResponse
 		var ok bool
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case wch = <-wchc:
+			continue
 		case wresp, ok = <-wch:
+			heard = time.Now()
+		case <-check.C:
+			switch quiet := time.Since(heard); {
+			case quiet >= silence:
+				return fmt.Errorf("%w: nothing from %s for %v", errWatchSilent, d.endpoints(), quiet.Round(time.Millisecond))
+			case quiet >= silence/2 && wch != nil:
+				pctx, pcancel := context.WithTimeout(wctx, silence/4)
+				_ = cli.RequestProgress(pctx) // unanswered, it shows as silence
+				pcancel()
+			}
+			continue
 		}
 		if !ok {
 			if ctx.Err() != nil {

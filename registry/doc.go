@@ -6,7 +6,10 @@
 //
 // A StoreRegistry (New) works over any store.Store. It holds one session:
 // one lease for all the instances the process registers, granted at the
-// first Register and kept alive every TTL/3. If the lease is lost (it
+// first Register and kept alive every TTL/3 by a goroutine that does
+// nothing else (each attempt bounded by TTL/6, at most 2 s, and retried at
+// once after a timeout, so a store server that hangs delays a renewal by
+// one attempt, never past the lease's expiry). If the lease is lost (it
 // expired, was revoked, or the store was unreachable for a whole TTL), the
 // session does not give up and does not exit the process: it retries with
 // capped backoff, forever, gets a lease again and re-registers every
@@ -38,7 +41,12 @@
 // from its own position, so a slow consumer never blocks the others and
 // always converges to the latest state. Ending a watch (Close, or its
 // context) never delivers removals or an empty list: Instances keeps the
-// last view. FromRevision resumes a watch after a Batch.Revision.
+// last view. FromRevision resumes a watch after a Batch.Revision. A watch
+// never stays silently stale: when its store watch goes silent (a store
+// server that hangs) or the store stops answering, watchers get a Stale
+// batch, then a Resync. Removals that look like a fleet's leases lost at
+// once rather than processes gone (a burst, or just after an outage) are
+// held for Config.RemovalHold and dropped if the instances come back.
 //
 // Pickers (NewRoundRobin, NewRandom, NewP2C) choose an instance from a
 // watcher's view for each call.

@@ -226,7 +226,8 @@ type cutProxy struct {
 }
 
 // cutRegistry returns a registry that reaches srv through a connection the
-// test can cut, and that cut-able proxy.
+// test can cut, and that cut-able proxy. Its watches deliver removals at
+// once (RemovalHold negative): the tests check the exact resync batch.
 func cutRegistry(t *testing.T, srv *etcdtest.Server) (*cutProxy, *registry.StoreRegistry) {
 	t.Helper()
 	u, err := url.Parse(srv.Endpoint())
@@ -235,7 +236,7 @@ func cutRegistry(t *testing.T, srv *etcdtest.Server) (*cutProxy, *registry.Store
 	}
 	proxy := startProxy(t, u.Host)
 	st := newEtcdStore(t, nil, etcd.Config{Endpoints: []string{proxy.Endpoint()}, RequestTimeout: 500 * time.Millisecond})
-	return proxy, newRegistry(t, st, registry.Config{LeaseTTL: etcdTTL})
+	return proxy, newRegistry(t, st, registry.Config{LeaseTTL: etcdTTL, RemovalHold: -1})
 }
 
 func startProxy(t *testing.T, target string) *cutProxy {

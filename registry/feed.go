@@ -49,6 +49,9 @@ type change struct {
 	key    string
 	before *item // nil: absent before the change
 	after  *item // nil: absent after it
+	// late: a held removal delivered at a revision watchers had already
+	// been given, so that one resuming from that revision gets it too.
+	late bool
 }
 
 // version is an immutable copy of a feed's state.
@@ -84,17 +87,20 @@ func (h *hub) acquire(q beacon.Query) (*feed, error) {
 	if f == nil {
 		ctx, cancel := context.WithCancel(h.r.ctx)
 		f = &feed{
-			h:      h,
-			prefix: prefix,
-			ctx:    ctx,
-			cancel: cancel,
-			tree:   btree.NewG(btreeDegree, itemLess),
-			wake:   make(chan struct{}),
+			h:        h,
+			prefix:   prefix,
+			ctx:      ctx,
+			cancel:   cancel,
+			tree:     btree.NewG(btreeDegree, itemLess),
+			wake:     make(chan struct{}),
+			pending:  make(map[string]*pendingRemoval),
+			holdWake: make(chan struct{}, 1),
 		}
 		h.feeds[prefix] = f
 		h.r.m.addWatchStreams(1)
-		h.r.wg.Add(1)
+		h.r.wg.Add(2)
 		go f.run()
+		go f.expire()
 		if !h.probing {
 			h.probing = true
 			h.r.wg.Add(1)
@@ -177,10 +183,14 @@ func (h *hub) probe() {
 		if len(feeds) == 0 {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(r.ctx, interval)
-		_, err := r.st.Get(ctx, key)
-		cancel()
+		err := h.ping(key, interval)
 		unreachable := errors.Is(err, store.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+		if unreachable && r.ctx.Err() == nil {
+			// Once more at once: one member of several may hang while the
+			// others answer (the next call goes to another one).
+			err = h.ping(key, interval)
+			unreachable = errors.Is(err, store.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+		}
 		switch {
 		case r.ctx.Err() != nil:
 			return
@@ -207,10 +217,20 @@ func (h *hub) probe() {
 			}
 			failing = true
 			for _, f := range feeds {
-				f.setStale(fmt.Errorf("registry: store unreachable: %w", err))
+				f.setOutage(fmt.Errorf("registry: store unreachable: %w", err))
 			}
 		}
 	}
+}
+
+// ping reads a key that never exists, bounded by d: nil or an error that
+// still proves the store answered (not found, permission denied) means it
+// is reachable.
+func (h *hub) ping(key string, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(h.r.ctx, d)
+	defer cancel()
+	_, err := h.r.st.Get(ctx, key)
+	return err
 }
 
 // refused reports errors that retrying does not cure: the store refused
@@ -269,22 +289,30 @@ type feed struct {
 	refs   int
 	linger *time.Timer
 
-	mu       sync.Mutex
-	tree     *btree.BTreeG[*item]
-	rev      int64
-	seq      uint64
-	log      []change // changes floorSeq+1 .. seq
-	floorSeq uint64   // every change after it is in log
-	floorRev int64    // every change at a revision above it is in log
-	snap     *version // cached version at (seq, rev)
-	relists  uint64   // re-listings after the first listing
-	synced   bool
-	stale    error  // set while disconnected
-	staleGen uint64 // counts disconnections
-	err      error  // terminal
-	wake     chan struct{}
-	unfollow context.CancelFunc // ends the current store watch
-	forced   bool               // unfollow was called by relist
+	mu         sync.Mutex
+	tree       *btree.BTreeG[*item]
+	rev        int64
+	seq        uint64
+	log        []change // changes floorSeq+1 .. seq
+	floorSeq   uint64   // every change after it is in log
+	floorRev   int64    // every change at a revision above it is in log
+	snap       *version // cached version at (seq, rev)
+	relists    uint64   // re-listings after the first listing
+	synced     bool
+	stale      error  // set while disconnected
+	staleGen   uint64 // counts disconnections
+	err        error  // terminal
+	wake       chan struct{}
+	unfollow   context.CancelFunc // ends the current store watch
+	forced     bool               // unfollow was called by relist
+	outage     bool               // stale because the store was unreachable (not just a silent stream)
+	backAt     time.Time          // when the store last came back from an outage
+	pending    map[string]*pendingRemoval
+	recent     []recentRemoval // recent removals of serving instances (bursts)
+	holdWake   chan struct{}   // pokes expire
+	reported   int64           // highest revision a batch was given at
+	holdLogged time.Time       // until when a hold episode was logged
+	burstSeq   int64           // distinct burst keys of re-listed removals
 }
 
 // relist makes a stale feed drop its store watch and list again.
@@ -311,6 +339,14 @@ func (f *feed) fail(err error) {
 		f.err = err
 		f.notifyLocked()
 	}
+}
+
+// setOutage turns the feed stale because the store is unreachable.
+func (f *feed) setOutage(err error) {
+	f.setStale(err)
+	f.mu.Lock()
+	f.outage = true
+	f.mu.Unlock()
 }
 
 func (f *feed) setStale(err error) {
@@ -347,7 +383,7 @@ func (f *feed) run() {
 				f.fail(fmt.Errorf("registry: watch %s: %w", f.prefix, err))
 				return
 			}
-			f.setStale(fmt.Errorf("registry: watch %s: list: %w", f.prefix, err))
+			f.setOutage(fmt.Errorf("registry: watch %s: list: %w", f.prefix, err))
 			d := bo.next()
 			log.Warn("watch cannot list; retrying", "err", err, "retry_in", d)
 			if !sleep(f.ctx, d) {
@@ -369,6 +405,12 @@ func (f *feed) run() {
 		switch {
 		case forced:
 			r.m.resync("reconnect")
+		case errors.Is(err, store.ErrWatchSilent):
+			// The view may have missed changes for as long as the stream
+			// was silent: say so until the listing below replaces it.
+			r.m.resync("silent")
+			f.setStale(fmt.Errorf("registry: watch %s: %w", f.prefix, err))
+			log.Warn("watch stream silent (its store server hangs or is cut off); re-listing", "err", err)
 		case errors.Is(err, store.ErrCompacted):
 			r.m.resync("compacted")
 			log.Info("watch fell behind compaction; re-listing", "err", err)
@@ -461,6 +503,10 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 		f.log, f.floorSeq, f.floorRev = nil, f.seq, rev
 	}
 	f.relists++
+	now := time.Now()
+	if f.outage {
+		f.outage, f.backAt = false, now
+	}
 	fresh := make(map[string]*item, len(items))
 	for _, it := range items {
 		fresh[it.key] = it
@@ -473,10 +519,13 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 		return true
 	})
 	for _, old := range gone {
-		f.tree.Delete(old)
-		f.appendLocked(change{rev: rev, key: old.key, before: old})
+		// Each happened at a revision of its own, unknown here: each
+		// counts apart towards a burst.
+		f.burstSeq++
+		f.removeLocked(old, rev, -f.burstSeq, now)
 	}
 	for _, it := range items {
+		f.rewrittenLocked(it.key)
 		old, _ := f.tree.Get(it)
 		if old != nil && old.mod == it.mod && old.create == it.create {
 			continue // unchanged: keep the item watchers already hold
@@ -507,6 +556,7 @@ func (f *feed) applyEvents(evs []store.Event) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	now := time.Now()
 	last := f.rev
 	i := 0
 	for _, e := range evs {
@@ -525,15 +575,15 @@ func (f *feed) applyEvents(evs []store.Event) {
 			if it == nil {
 				continue // not an instance: keep the last valid value, if any
 			}
+			f.rewrittenLocked(it.key)
 			old, _ := f.tree.ReplaceOrInsert(it)
 			if old != nil && old.inst.Equal(it.inst) {
 				continue
 			}
 			f.appendLocked(change{rev: rev, key: it.key, before: old, after: it})
 		case store.EventDelete:
-			old, ok := f.tree.Delete(&item{key: e.KV.Key})
-			if ok {
-				f.appendLocked(change{rev: rev, key: old.key, before: old})
+			if old, ok := f.tree.Get(&item{key: e.KV.Key}); ok {
+				f.removeLocked(old, rev, rev, now)
 			}
 		}
 	}

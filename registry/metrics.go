@@ -19,6 +19,7 @@ type metrics struct {
 	watchStreams      prometheus.Gauge
 	watchers          prometheus.Gauge
 	resyncs           *prometheus.CounterVec
+	held              *prometheus.CounterVec
 	invalid           prometheus.Counter
 	leased            *leasedCollector // leasedmetrics.go
 }
@@ -34,6 +35,7 @@ const (
 	metricWatchStreams      = "beacon_registry_watch_streams"
 	metricWatchers          = "beacon_registry_watchers"
 	metricResyncs           = "beacon_registry_watch_resyncs_total"
+	metricHeld              = "beacon_registry_watch_held_removals_total"
 	metricInvalid           = "beacon_registry_invalid_values_total"
 )
 
@@ -78,6 +80,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: metricResyncs,
 			Help: "Re-lists of a shared watch after compaction or a lost connection.",
 		}, []string{"reason"}),
+		held: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricHeld,
+			Help: "Removals a watch held back as a likely mass lease loss: cancelled by a re-registration of the same ID, or delivered when the hold ended.",
+		}, []string{"outcome"}),
 		invalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: metricInvalid,
 			Help: "Stored values under the services prefix that are not valid instances (skipped).",
@@ -94,6 +100,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.watchStreams = register(reg, m.watchStreams, &err)
 	m.watchers = register(reg, m.watchers, &err)
 	m.resyncs = register(reg, m.resyncs, &err)
+	m.held = register(reg, m.held, &err)
 	m.invalid = register(reg, m.invalid, &err)
 	m.leased = register(reg, m.leased, &err)
 	if err != nil {
@@ -197,6 +204,12 @@ func (m *metrics) addWatchers(n int) {
 func (m *metrics) resync(reason string) {
 	if m != nil {
 		m.resyncs.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *metrics) heldRemoval(outcome string) {
+	if m != nil {
+		m.held.WithLabelValues(outcome).Inc()
 	}
 }
 

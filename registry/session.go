@@ -26,12 +26,21 @@ const statesBuffer = 16
 const oldLeasesKept = 8
 
 // session holds the registry's lease: it grants it at the first Register,
-// keeps it alive every TTL/3 in one goroutine (loop), and when the lease is
-// lost, retries forever with capped backoff to get a new one and write every
-// registration again with the same IDs.
+// and when the lease is lost, retries forever with capped backoff to get a
+// new one and write every registration again with the same IDs.
+//
+// Two goroutines share the work, so that nothing slow ever stands between
+// the lease and its renewal:
+//   - the keeper (keeper.go) only renews the lease, every TTL/3, each
+//     attempt bounded by keepAliveTimeout (TTL/6, at most 2 s) and retried
+//     at once when it times out, until the lease would expire;
+//   - the worker (loop) does everything else: recovery after a loss,
+//     writing registrations whose epoch is behind, retrying conflicts and
+//     verifying every key now and then, each store call bounded by
+//     workTimeout.
 //
 // Registrations are written in epochs: every lease change starts a new
-// epoch, and the loop writes every registration whose epoch is behind.
+// epoch, and the worker writes every registration whose epoch is behind.
 type session struct {
 	r *StoreRegistry
 
@@ -41,6 +50,7 @@ type session struct {
 	state    State
 	started  bool
 	lease    store.LeaseID
+	held     bool          // the keeper renews lease (cleared when it is lost)
 	ttl      time.Duration // as granted
 	epoch    uint64
 	lastOK   time.Time     // start of the last successful keep-alive (or grant)
@@ -49,7 +59,8 @@ type session struct {
 	regs     map[string]*registration
 	old      []store.LeaseID // previous leases, newest last
 	conflict int             // registrations in conflict, as last reported
-	kick     chan struct{}
+	kick     chan struct{}   // wakes the worker
+	keepKick chan struct{}   // wakes the keeper: the lease changed
 
 	statesMu     sync.Mutex
 	states       chan StateChange
@@ -63,6 +74,7 @@ func newSession(r *StoreRegistry) *session {
 		ready:    make(chan struct{}),
 		regs:     make(map[string]*registration),
 		kick:     make(chan struct{}, 1),
+		keepKick: make(chan struct{}, 1),
 		states:   make(chan StateChange, statesBuffer),
 	}
 	r.m.initState(StateIdle)
@@ -103,9 +115,13 @@ func (s *session) setLeaseLocked(l store.LeaseID, ttl time.Duration) {
 			s.old = s.old[1:]
 		}
 	}
-	s.lease, s.ttl = l, ttl
+	s.lease, s.ttl, s.held = l, ttl, true
 	s.epoch++
 	s.lastOK = time.Now()
+	select {
+	case s.keepKick <- struct{}{}:
+	default:
+	}
 }
 
 func (s *session) setStateLocked(to State) {
@@ -237,7 +253,7 @@ func (s *session) start(ctx context.Context) error {
 	close(s.ready)
 	c := s.changeLocked(nil)
 	s.mu.Unlock()
-	if !s.r.spawn(s.loop) {
+	if !s.r.spawn(s.keeper) || !s.r.spawn(s.loop) {
 		return ErrClosed
 	}
 	s.r.log.Info("session lease granted", "lease", fmt.Sprintf("%x", l.ID), "ttl", l.TTL)
@@ -250,10 +266,19 @@ func (s *session) leaseGone(l store.LeaseID, err error) {
 	s.markLost(l, err, false)
 }
 
-// markLost moves the session to StateLost if l is still its lease.
+// markLost records that lease l ended (or may have: suspect) if it is still
+// the session's lease: the keeper stops renewing it, and an active session
+// moves to StateLost and wakes the worker to recover. During a recovery
+// (already StateLost) it only makes the recovery start over.
 func (s *session) markLost(l store.LeaseID, err error, suspect bool) {
 	s.mu.Lock()
-	if s.lease != l || (s.state != StateActive && s.state != StateRecovered) {
+	if s.lease != l || !s.held {
+		s.mu.Unlock()
+		return
+	}
+	s.held = false
+	if s.state != StateActive && s.state != StateRecovered {
+		s.suspect = suspect
 		s.mu.Unlock()
 		return
 	}
@@ -269,12 +294,12 @@ func (s *session) markLost(l store.LeaseID, err error, suspect bool) {
 	s.kickLoop()
 }
 
-// loop keeps the lease alive, recovers it when lost, and writes the
-// registrations whose epoch is behind.
+// loop is the worker: it recovers the lease when lost and writes the
+// registrations whose epoch is behind. It never renews the lease (the
+// keeper does), so nothing it waits for can cost the lease.
 func (s *session) loop() {
 	timer := time.NewTimer(s.interval())
 	defer timer.Stop()
-	bo := newBackoff(s.r.cfg.RetryMax)
 	lastReconcile, lastVerify := time.Now(), time.Now()
 	for {
 		select {
@@ -289,14 +314,9 @@ func (s *session) loop() {
 				}
 			}
 		}
-		next := s.interval()
 		if s.currentState() == StateLost {
 			s.recover()
-			bo.reset()
-		} else if d, ok := s.keepAlive(bo); !ok {
-			next = d
 		} else {
-			bo.reset()
 			// Write late registrations at once; retry conflicts once per
 			// keep-alive interval; check every key now and then.
 			switch {
@@ -311,7 +331,7 @@ func (s *session) loop() {
 		if s.r.ctx.Err() != nil {
 			return
 		}
-		timer.Reset(next)
+		timer.Reset(s.interval())
 	}
 }
 
@@ -322,50 +342,25 @@ func (s *session) interval() time.Duration {
 	if ttl == 0 {
 		ttl = s.r.cfg.LeaseTTL
 	}
-	return max(ttl/3, 10*time.Millisecond)
+	return keepAliveInterval(ttl)
 }
 
-// keepAlive renews the lease once. It returns ok, or the delay before the
-// next attempt.
-func (s *session) keepAlive(bo *backoff) (time.Duration, bool) {
-	s.mu.Lock()
-	l, ttl, deadline := s.lease, s.ttl, s.lastOK.Add(s.ttl)
-	s.mu.Unlock()
-	remaining := time.Until(deadline)
-	if remaining <= 0 {
-		s.markLost(l, fmt.Errorf("no successful keep-alive for %v (the lease TTL)", ttl), true)
-		return 0, false
-	}
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(s.r.ctx, min(ttl/3, remaining))
-	granted, err := s.r.st.KeepAlive(ctx, l)
-	cancel()
-	switch {
-	case err == nil:
-		s.mu.Lock()
-		if s.lease == l {
-			s.lastOK = start
-			s.ttl = granted
-		}
-		s.mu.Unlock()
-		return 0, true
-	case s.r.ctx.Err() != nil:
-		return 0, false
-	case errors.Is(err, store.ErrLeaseNotFound):
-		s.markLost(l, err, false)
-		return 0, false
-	case refused(err):
-		// A changed password or a revoked user: retrying the same
-		// credentials cannot succeed. Say so now rather than after a TTL
-		// of failed keep-alives.
-		s.markLost(l, err, false)
-		return 0, false
-	}
-	s.r.m.keepAliveFailed()
-	d := min(bo.next(), max(time.Until(deadline)/2, 0))
-	s.r.log.Warn("session keep-alive failed; retrying", "lease", fmt.Sprintf("%x", l),
-		"err", err, "retry_in", d, "lease_expires_in", time.Until(deadline).Round(time.Millisecond))
-	return d, false
+// workTimeout bounds each store call of the worker (a listing, a
+// transaction of up to maxTxnOps writes, a grant): a call stuck on a hung
+// member fails and is retried (the store then reaches another member)
+// instead of holding up recovery and verification. It is a third of the
+// TTL, at least 1 s and at most 5 s.
+func (s *session) workTimeout() time.Duration { return workTimeoutFor(s.r.cfg.LeaseTTL) }
+
+func workTimeoutFor(ttl time.Duration) time.Duration {
+	return min(max(ttl/3, time.Second), minOpTimeout)
+}
+
+// bounded runs fn with a context bounded by workTimeout (and by ctx).
+func (s *session) bounded(ctx context.Context, fn func(ctx context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, s.workTimeout())
+	defer cancel()
+	return fn(cctx)
 }
 
 // recover gets a lease again (the old one if it is still alive, else a new
@@ -400,7 +395,11 @@ func (s *session) tryRecover() error {
 		ttl   time.Duration
 	)
 	if suspect && old != store.NoLease {
-		granted, err := s.r.st.KeepAlive(ctx, old)
+		var granted time.Duration
+		err := s.bounded(ctx, func(ctx context.Context) (err error) {
+			granted, err = s.r.st.KeepAlive(ctx, old)
+			return err
+		})
 		switch {
 		case err == nil:
 			lease, ttl = old, granted
@@ -413,7 +412,11 @@ func (s *session) tryRecover() error {
 		}
 	}
 	if lease == store.NoLease {
-		l, err := s.r.st.Grant(ctx, s.r.cfg.LeaseTTL)
+		var l store.Lease
+		err := s.bounded(ctx, func(ctx context.Context) (err error) {
+			l, err = s.r.st.Grant(ctx, s.r.cfg.LeaseTTL)
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("grant a new lease: %w", err)
 		}
@@ -447,6 +450,11 @@ func (s *session) tryRecover() error {
 	if s.state != StateLost || s.lease != lease {
 		s.mu.Unlock()
 		return nil
+	}
+	if !s.held {
+		// The keeper lost the lease while the registrations were written.
+		s.mu.Unlock()
+		return fmt.Errorf("lease %x lapsed while re-registering", lease)
 	}
 	s.suspect = false
 	s.setStateLocked(StateRecovered)
@@ -570,7 +578,11 @@ func (s *session) reconcile(ctx context.Context, lease store.LeaseID, epoch uint
 		if listed[p] {
 			continue
 		}
-		kvs, _, err := s.r.st.List(ctx, p)
+		var kvs []store.KeyValue
+		err := s.bounded(ctx, func(ctx context.Context) (err error) {
+			kvs, _, err = s.r.st.List(ctx, p)
+			return err
+		})
 		if err != nil {
 			return 0, fmt.Errorf("list %s: %w", p, err)
 		}
@@ -585,37 +597,17 @@ func (s *session) reconcile(ctx context.Context, lease store.LeaseID, epoch uint
 		n := min(len(todo), maxTxnOps)
 		chunk := todo[:n]
 		todo = todo[n:]
-		w, err := s.writeChunk(ctx, chunk, current, lease, epoch)
+		var w int
+		err := s.bounded(ctx, func(ctx context.Context) (err error) {
+			w, err = s.writeChunk(ctx, chunk, current, lease, epoch)
+			return err
+		})
 		written += w
 		if err != nil {
 			return written, err
 		}
-		if err := s.keepAliveDuring(ctx, lease); err != nil {
-			return written, err
-		}
 	}
 	return written, nil
-}
-
-// keepAliveDuring renews the lease during a long reconcile.
-func (s *session) keepAliveDuring(ctx context.Context, lease store.LeaseID) error {
-	s.mu.Lock()
-	due := s.lease == lease && time.Since(s.lastOK) >= s.ttl/3
-	s.mu.Unlock()
-	if !due {
-		return nil
-	}
-	start := time.Now()
-	granted, err := s.r.st.KeepAlive(ctx, lease)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	if s.lease == lease {
-		s.lastOK, s.ttl = start, granted
-	}
-	s.mu.Unlock()
-	return nil
 }
 
 // writeChunk writes up to maxTxnOps registrations: in one transaction when
@@ -773,6 +765,7 @@ func (s *session) close() error {
 	s.mu.Lock()
 	prev := s.state
 	lease, ttl, started := s.lease, s.ttl, s.started
+	s.held = false
 	s.setStateLocked(StateClosed)
 	n := 0
 	for _, reg := range s.regs {

@@ -121,10 +121,16 @@ func (w *watcher) Next(ctx context.Context) (Batch, error) {
 		switch {
 		case old == nil && f.synced:
 			cur := f.versionLocked()
+			f.reportedLocked(cur.rev)
 			var entries []change
 			resume := w.from > 0 && w.from >= f.floorRev && w.from <= f.rev
 			if resume {
-				i := sort.Search(len(f.log), func(i int) bool { return f.log[i].rev > w.from })
+				// Everything after the revision, and the removals held
+				// back and delivered at it after it was reported.
+				i := sort.Search(len(f.log), func(i int) bool { return f.log[i].rev >= w.from })
+				for i < len(f.log) && f.log[i].rev == w.from && !f.log[i].late {
+					i++
+				}
 				entries = f.log[i:len(f.log):len(f.log)]
 			}
 			w.staleGen = f.staleGen
@@ -153,6 +159,9 @@ func (w *watcher) Next(ctx context.Context) (Batch, error) {
 		case f.seq != old.seq || f.rev != old.rev || f.relists != old.relists || (w.needResync && f.stale == nil):
 			cur := f.versionLocked()
 			entries, ok := f.sinceLocked(old.seq)
+			if !ok || len(entries) > 0 || w.needResync || cur.relists != old.relists {
+				f.reportedLocked(cur.rev) // a batch is (most likely) on its way
+			}
 			f.mu.Unlock()
 			var events []beacon.Event
 			if ok {

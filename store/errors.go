@@ -20,6 +20,12 @@ var (
 	// lost connections). The operation may or may not have been applied
 	// if the failure happened after the request was sent.
 	ErrUnavailable = errors.New("store: backend unavailable")
+	// ErrWatchSilent ends a watch that heard nothing from the backend (no
+	// event, no sign of life) for longer than the bound its backend states:
+	// a stream stuck on a hung or partitioned server. It comes with
+	// ErrUnavailable. Re-list, then watch again (a backend with several
+	// servers then uses another one).
+	ErrWatchSilent = errors.New("store: watch stream silent")
 	// ErrPermissionDenied wraps a refusal by the backend's access control:
 	// the identity the store acts as may not read or write the key (etcd
 	// users and roles). Retrying does not help; granting does.

@@ -25,6 +25,7 @@ import (
 const beaconMainEnv = "BEACON_TEST_RUN_MAIN"
 
 func TestMain(m *testing.M) {
+	selfCommand = testSelfCommand // bench drill's nodes and registrants
 	if v := os.Getenv(beaconMainEnv); v != "" {
 		var args []string
 		if err := json.Unmarshal([]byte(v), &args); err != nil {

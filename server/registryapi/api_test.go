@@ -344,12 +344,23 @@ func TestWatchStreamAndResume(t *testing.T) {
 	doSecret(t, "DELETE", instanceURL(base, second.Instance), "", second.Secret)
 	w2 := openWatch(t, base+WatchPath+"?namespace=prod", resumeFrom)
 	removed := w2.next(t)
+	if removed.event == "synced" {
+		// A removal of a serving instance reaches watchers 50 ms after it
+		// happens (the registry tells a mass lease loss from a process
+		// gone); a resume in between is in sync before it.
+		removed = w2.next(t)
+	}
 	if err := json.Unmarshal([]byte(removed.data), &em); err != nil || removed.event != "removed" || em.Instance.ID != second.Instance.ID {
 		t.Fatalf("resumed stream: %+v (%v)", removed, err)
 	}
 	// A resume with nothing new says it is in sync.
+	// (A removal held back while a resumed stream was told it was in sync
+	// at its revision is repeated to a resume from that revision:
+	// removing an absent instance changes nothing.)
 	w3 := openWatch(t, base+WatchPath+"?namespace=prod&since="+removed.id, "")
-	if ev := w3.next(t); ev.event != "synced" || ev.id != removed.id {
+	ev := w3.next(t)
+	repeat := ev.event == "removed" && ev.id == removed.id && ev.data == removed.data
+	if (ev.event != "synced" || ev.id != removed.id) && !repeat {
 		t.Fatalf("resume with nothing new: %+v", ev)
 	}
 }

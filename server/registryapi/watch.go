@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -52,6 +53,12 @@ type StaleMessage struct {
 //
 // A client resumes with Last-Event-ID (or ?since=) set to the last id it
 // received; if those changes are gone it gets a fresh snapshot.
+//
+// Neither side stays silent: an idle stream carries a comment every
+// KeepAliveInterval, so a client that hears nothing for two intervals knows
+// the stream is dead; and a client that stops reading (a vanished peer, a
+// stuck proxy) is dropped once a write has waited an interval and
+// streamWriteTimeout, so that a dead stream never holds a registry watcher.
 func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 	params, ok := httpapi.CheckQuery(w, r, "namespace", "component", "endpoint", "since")
 	if !ok {
@@ -120,11 +127,18 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriter(w)
 	flush := func() error {
+		// A client that does not take a write within a keep-alive interval
+		// and streamWriteTimeout is gone (or not reading): end its stream.
 		_ = rc.SetWriteDeadline(time.Now().Add(h.keepAlive + streamWriteTimeout))
 		if err := bw.Flush(); err != nil {
+			h.dropped(r, err)
 			return err
 		}
-		return rc.Flush()
+		if err := rc.Flush(); err != nil {
+			h.dropped(r, err)
+			return err
+		}
+		return nil
 	}
 	fmt.Fprint(bw, "retry: 1000\n\n")
 	if err == nil {
@@ -161,6 +175,16 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// dropped logs a watch stream ended because its client did not take a
+// write in time (or went away).
+func (h *Handler) dropped(r *http.Request, err error) {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return // the client closed the stream itself
+	}
+	h.log.Info("watch stream ended: the client did not take a write in time",
+		"remote", r.RemoteAddr, "limit", h.keepAlive+streamWriteTimeout, "err", err)
 }
 
 // streamWriteTimeout bounds one write of a watch stream to a client.

@@ -28,6 +28,12 @@ const (
 	DefaultRequestTimeout = 5 * time.Second
 	// DefaultListPageSize is how many keys List reads per request.
 	DefaultListPageSize = 1000
+	// DefaultWatchSilenceTimeout is how long a watch may hear nothing from
+	// etcd before it ends (see Config.WatchSilenceTimeout).
+	DefaultWatchSilenceTimeout = 4 * time.Second
+	// DefaultProbeTimeout bounds one probe of a member (see
+	// Config.ProbeTimeout).
+	DefaultProbeTimeout = time.Second
 )
 
 // The environment variables ConfigFromEnv reads. They are the ones the
@@ -81,6 +87,31 @@ type Config struct {
 	// listings take several requests at one revision (still one
 	// consistent snapshot). Zero means DefaultListPageSize.
 	ListPageSize int
+
+	// WatchSilenceTimeout bounds how long a watch may hear nothing from
+	// etcd: no event and no progress notification. A quiet watch asks its
+	// member for a progress notification after half of it and again every
+	// quarter, so a watch on a healthy member never reaches it; a watch
+	// whose member hangs (a stopped process, a stuck disk) or is cut off
+	// ends with an error matching store.ErrWatchSilent and
+	// store.ErrUnavailable within 1.25 times it plus up to two
+	// ProbeTimeouts: the members are probed first (see ProbeTimeout), so
+	// that the caller's next watch goes to a member that answers. So does a
+	// watch during an outage of the whole cluster (the caller re-lists once
+	// it is back, instead of the etcd client resuming the watch). Each watch has a gRPC stream of its own for
+	// this. Zero means DefaultWatchSilenceTimeout; negative disables the
+	// check (a hung member is then noticed only by gRPC keep-alive, after
+	// 15 s or more).
+	WatchSilenceTimeout time.Duration
+	// ProbeTimeout bounds the probe of one member (its status, asked on a
+	// connection of its own). When a call or a watch of a Store made by New
+	// with several endpoints fails for want of an answer, every member is
+	// probed; members that do not answer while another does, or know no
+	// leader while another does, are left out of the client's endpoints
+	// (new calls and watches go to the others) and probed again every
+	// ProbeTimeout until they answer with a leader. Zero means
+	// DefaultProbeTimeout; negative disables probing.
+	ProbeTimeout time.Duration
 
 	// Logger receives the etcd client's own logs (reconnects, retries).
 	// Nil means discard.
@@ -163,6 +194,8 @@ type resolved struct {
 	dialTimeout    time.Duration
 	requestTimeout time.Duration
 	listPageSize   int64
+	watchSilence   time.Duration // 0: no check
+	probeTimeout   time.Duration // 0: no probes
 }
 
 func invalid(format string, args ...any) error {
@@ -174,6 +207,8 @@ func (c Config) resolve() (resolved, error) {
 		dialTimeout:    c.DialTimeout,
 		requestTimeout: c.RequestTimeout,
 		listPageSize:   int64(c.ListPageSize),
+		watchSilence:   c.WatchSilenceTimeout,
+		probeTimeout:   c.ProbeTimeout,
 	}
 	switch {
 	case c.DialTimeout < 0:
@@ -199,6 +234,18 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if r.listPageSize == 0 {
 		r.listPageSize = DefaultListPageSize
+	}
+	switch {
+	case r.watchSilence == 0:
+		r.watchSilence = DefaultWatchSilenceTimeout
+	case r.watchSilence < 0:
+		r.watchSilence = 0
+	}
+	switch {
+	case r.probeTimeout == 0:
+		r.probeTimeout = DefaultProbeTimeout
+	case r.probeTimeout < 0:
+		r.probeTimeout = 0
 	}
 
 	raw := c.Endpoints

@@ -47,9 +47,11 @@
 //     Session) owns the cadence and sees every failure.
 //   - Watches are etcd watches, one response per etcd response, so the
 //     events of one revision arrive together; see Store.Watch for
-//     reconnects (a watch resumes where it stopped, silently during an
-//     outage), compaction (*store.CompactedError) and leader loss
-//     (store.ErrUnavailable).
+//     reconnects (a short break resumes where it stopped), silence (a
+//     watch that hears nothing — no event, no progress notification it
+//     asked for — for Config.WatchSilenceTimeout ends with
+//     store.ErrWatchSilent), compaction (*store.CompactedError) and leader
+//     loss (store.ErrUnavailable).
 //   - Compact is etcd's compaction of the whole cluster's history: it
 //     affects every client. Production clusters usually compact on their
 //     own (--auto-compaction-retention); a watch that falls behind it ends
@@ -67,10 +69,23 @@
 // calls fail with store.ErrClosed. Other etcd errors (permission denied, a
 // full quota) are wrapped with a hint.
 //
+// # A member that hangs
+//
+// A member that hangs (a stopped process, a stuck disk) still accepts
+// connections: gRPC keeps its connection until keep-alive pings time out
+// (15 s), and meanwhile sends it a share of every call. With several
+// endpoints, a call or watch that gets no answer has the Store probe every
+// member (its status, on a connection of its own, within
+// Config.ProbeTimeout); members that do not answer while another does, or
+// know no leader while another does, are left out of the client's
+// endpoints until a probe finds them answering with a leader (Excluded,
+// ExcludedChanged). A hung member then costs one timed-out call per
+// caller, not one in three.
+//
 // While a watch or call is open, the client pings the server after 10 s
 // without traffic, so a dead connection (a crashed member, a dropped NAT
-// entry) is found in seconds instead of leaving watches silent; after
-// losing a connection it redials with a backoff from 250 ms growing to 1 s
-// (so a short-lease session recovers within its TTL).
-// Config.Configure can change any client setting.
+// entry) is found even without those checks; after losing a connection it
+// redials with a backoff from 250 ms growing to 1 s (so a short-lease
+// session recovers within its TTL). Config.Configure can change any client
+// setting.
 package etcd

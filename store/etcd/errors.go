@@ -27,6 +27,14 @@ func (s *Store) wrap(parent, c context.Context, what string, err error) error {
 	if err == nil {
 		return nil
 	}
+	werr := s.wrapErr(parent, c, what, err)
+	if s.prober != nil && errors.Is(werr, store.ErrUnavailable) {
+		s.prober.suspect() // a member may hang: probe them all
+	}
+	return werr
+}
+
+func (s *Store) wrapErr(parent, c context.Context, what string, err error) error {
 	cause := context.Cause(c)
 	if s.closed.Load() || errors.Is(cause, errClosedDuringCall) {
 		return fmt.Errorf("etcd %s: %w", what, store.ErrClosed)

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,9 @@ type Store struct {
 	endpoints      string // for error messages
 	requestTimeout time.Duration
 	listPageSize   int64
+	watchSilence   time.Duration // 0: watches do not check for silence
+	prober         *prober       // nil: members are not probed
+	watchSeq       atomic.Uint64 // numbers watches: each has a gRPC stream of its own
 
 	closed      atomic.Bool
 	mu          sync.Mutex      // orders wg.Add in Watch before wg.Wait in Close
@@ -112,6 +116,18 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fail(err)
 	}
 	s := newStore(cli, true, r)
+	if len(r.endpoints) > 1 && r.probeTimeout > 0 {
+		log := cfg.Logger
+		if log == nil {
+			log = slog.New(slog.DiscardHandler)
+		}
+		s.prober = newProber(r.endpoints, ccfg, r.probeTimeout, cli.SetEndpoints, log.With("component", "etcd-store"))
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.prober.run(s.closeCtx.Done())
+		}()
+	}
 	return s, nil
 }
 
@@ -156,6 +172,7 @@ func NewFromClient(cli *clientv3.Client, opts ...FromClientOption) *Store {
 		endpoints:      cli.Endpoints(),
 		requestTimeout: DefaultRequestTimeout,
 		listPageSize:   DefaultListPageSize,
+		watchSilence:   DefaultWatchSilenceTimeout,
 	})
 }
 
@@ -166,6 +183,7 @@ func newStore(cli *clientv3.Client, owned bool, r resolved) *Store {
 		endpoints:      strings.Join(r.endpoints, ","),
 		requestTimeout: r.requestTimeout,
 		listPageSize:   r.listPageSize,
+		watchSilence:   r.watchSilence,
 	}
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
@@ -174,6 +192,25 @@ func newStore(cli *clientv3.Client, owned bool, r resolved) *Store {
 		s.wd.run(s.requestTimeout, s.closeCtx.Done())
 	}()
 	return s
+}
+
+// Excluded returns the endpoints the store leaves out now because their
+// members did not answer a probe while others did (see
+// Config.ProbeTimeout), sorted; empty when every member is in use.
+func (s *Store) Excluded() []string {
+	if s.prober == nil {
+		return nil
+	}
+	return s.prober.excluded()
+}
+
+// ExcludedChanged returns a channel closed at the next change of Excluded
+// (nil, never closed, when members are not probed).
+func (s *Store) ExcludedChanged() <-chan struct{} {
+	if s.prober == nil {
+		return nil
+	}
+	return s.prober.changes()
 }
 
 // Client returns the etcd client, for callers that need etcd features the

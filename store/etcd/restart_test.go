@@ -31,7 +31,10 @@ func nextEvent(t *testing.T, w store.WatchChan, key string, rev int64) {
 // TestStopAndRestart stops etcd under a Store: every call fails with
 // ErrUnavailable by its deadline (or RequestTimeout), watches stay open and
 // silent, and once etcd is back, calls work again and watches resume where
-// they stopped, without a gap or a repeat.
+// they stopped, without a gap or a repeat. (This is the etcd client's
+// resume, which the silence check would cut short after
+// WatchSilenceTimeout: it is disabled here; TestWatchSilentWhileDown checks
+// the default.)
 //
 // It runs in parallel with the other tests that start their own server,
 // after the conformance suites (whose leak checks must run alone).
@@ -39,7 +42,7 @@ func TestStopAndRestart(t *testing.T) {
 	t.Parallel()
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	const requestTimeout = 500 * time.Millisecond
-	s := newStore(t, srv, etcd.Config{RequestTimeout: requestTimeout})
+	s := newStore(t, srv, etcd.Config{RequestTimeout: requestTimeout, WatchSilenceTimeout: -1})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 

@@ -3,11 +3,13 @@ package etcd
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/beaconplane/beacon/store"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // Watch implements store.Watcher over one etcd watch (clientv3 multiplexes
@@ -28,6 +30,15 @@ import (
 //   - The watch asks for progress notifications, which let a watch of a
 //     quiet prefix resume from a recent revision after a reconnect rather
 //     than one that may have been compacted. They are not delivered.
+//   - The watch notices its own silence (Config.WatchSilenceTimeout): each
+//     watch has a gRPC stream of its own, and one that has heard nothing
+//     for half the timeout asks its member for a progress notification. A
+//     watch that still hears nothing when the timeout is up (its member
+//     hangs, or is cut off, or the whole cluster is down) ends, within 1.25
+//     times the timeout plus up to two ProbeTimeouts, with an error
+//     matching store.ErrWatchSilent and store.ErrUnavailable, after the
+//     members were probed, so that the next watch goes to a member that
+//     answers.
 //   - A consumer that falls behind never blocks writers or other watches:
 //     the etcd client buffers the responses it has not taken, in memory
 //     and without a bound, so drain the channel promptly.
@@ -71,7 +82,12 @@ func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) st
 func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix string, from int64, created chan<- struct{}) {
 	defer s.wg.Done()
 	defer close(ch)
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	// A stream of its own (clientv3 shares one gRPC stream among watches
+	// with the same metadata): a progress request then tests this watch's
+	// stream, and a new watch after a silent one gets a new stream, on a
+	// member the balancer picks again.
+	id := strconv.FormatUint(s.watchSeq.Add(1), 10)
+	wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), watchIDKey, id))
 	defer cancel()
 	stop := context.AfterFunc(s.closeCtx, cancel)
 	defer stop()
@@ -81,8 +97,18 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		opts = append(opts, clientv3.WithRev(from))
 	}
 	// The empty prefix is the whole key space: clientv3.WithPrefix turns
-	// the empty key into the range ["\x00", end).
-	ech := s.cli.Watch(wctx, prefix, opts...)
+	// the empty key into the range ["\x00", end). clientv3's Watch blocks
+	// until it has opened the gRPC stream, which never happens on a hung
+	// member: it runs aside, so that the silence check covers it too.
+	var ech clientv3.WatchChan // nil until Watch returned
+	echc := make(chan clientv3.WatchChan, 1)
+	go func() { echc <- s.cli.Watch(wctx, prefix, opts...) }()
+	defer func() {
+		cancel()
+		if ech == nil {
+			<-echc // Watch returns once wctx is done
+		}
+	}()
 	next := from // the first revision not yet delivered (0: not known yet)
 	isCreated := false
 	end := func(err error) {
@@ -91,13 +117,52 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		case <-wctx.Done():
 		}
 	}
+	var check <-chan time.Time
+	if s.watchSilence > 0 {
+		t := time.NewTicker(s.watchSilence / 4)
+		defer t.Stop()
+		check = t.C
+	}
+	heard := time.Now() // when etcd last said something on this watch
 	for {
 		var (
 			wr clientv3.WatchResponse
 			ok bool
 		)
 		select {
+		case ech = <-echc:
+			continue
 		case wr, ok = <-ech:
+			heard = time.Now()
+		case <-check:
+			quiet := time.Since(heard)
+			if quiet < s.watchSilence/2 {
+				continue
+			}
+			if quiet < s.watchSilence {
+				if ech != nil {
+					s.requestProgress(wctx)
+				}
+				continue
+			}
+			if s.prober != nil {
+				// Let the probe leave the silent member out first, so
+				// that the caller's next watch goes elsewhere — but never
+				// wait past the stated bound (two probe timeouts: one
+				// sweep may be running, the next is ours).
+				t := time.NewTimer(2 * s.prober.timeout)
+				select {
+				case <-s.prober.suspect():
+				case <-t.C:
+				case <-wctx.Done():
+					t.Stop()
+					return
+				}
+				t.Stop()
+			}
+			end(fmt.Errorf("%w: %w: etcd watch %q: nothing from etcd (no event, no progress notification) for %v; watch again",
+				store.ErrWatchSilent, store.ErrUnavailable, prefix, quiet.Round(time.Millisecond)))
+			return
 		case <-wctx.Done():
 			return
 		}
@@ -141,10 +206,24 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		next = evs[len(evs)-1].KV.ModRevision + 1
 		select {
 		case ch <- store.WatchResponse{Events: evs}:
+			// Time spent waiting for a slow consumer is not silence.
+			heard = time.Now()
 		case <-wctx.Done():
 			return
 		}
 	}
+}
+
+// watchIDKey is the gRPC metadata key that gives each watch a stream of its
+// own.
+const watchIDKey = "beacon-watch"
+
+// requestProgress asks the member behind wctx's stream for a progress
+// notification (answered on that stream once its watches are synced).
+func (s *Store) requestProgress(wctx context.Context) {
+	ctx, cancel := context.WithTimeout(wctx, s.watchSilence/4)
+	defer cancel()
+	_ = s.cli.RequestProgress(ctx) // a failure shows as continued silence
 }
 
 func fromEvent(e *clientv3.Event) store.Event {

@@ -1,0 +1,136 @@
+package drill_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/drill"
+	"github.com/beaconplane/beacon/internal/etcdproc"
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testpeer"
+)
+
+var (
+	trials   = flag.Int("drill.trials", 1, "trials per drill (member-hang and partition run at least 2: a follower and the leader)")
+	sessions = flag.Int("drill.sessions", 20, "steady sessions (each a registry with a client of its own)")
+	only     = flag.String("drill.run", "", "comma-separated drills to run (default: all)")
+	logs     = flag.Bool("drill.log", false, "print the registries' and stores' warnings")
+	keep     = flag.String("drill.dir", "", "keep the members' data and logs in this directory")
+	etcdLog  = flag.String("drill.etcd-log", "warn", "the members' --log-level")
+)
+
+func TestMain(m *testing.M) {
+	if drill.IsRegistrant() {
+		os.Exit(drill.RegistrantMain(os.Stdin, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// TestDrills runs every drill on real etcd 3.7.3 member processes — in
+// network namespaces when run as root (CI), so that the partition drill
+// runs too — and checks the goals: while quorum holds, no steady session
+// loses its lease, no watcher lists a dead registrant beyond its bound, and
+// no watcher sees a live instance removed; in outages, no phantom either.
+// Run with -v to see the figures; -drill.trials for more trials.
+func TestDrills(t *testing.T) {
+	if testing.Short() {
+		t.Skip("drills take about two minutes")
+	}
+	bin := testpeer.GoBuild(t, etcdtest.MemberPkg)
+	network := func() (*etcdproc.Network, error) { return etcdproc.Netns() }
+	if nw, err := etcdproc.Netns(); err != nil {
+		if !errors.Is(err, etcdproc.ErrNetnsUnavailable) || os.Getenv(testpeer.RequireEnv) != "" {
+			t.Fatal(err)
+		}
+		t.Logf("members on loopback, the partition drill is skipped: %v", err)
+		network = func() (*etcdproc.Network, error) { return etcdproc.Loopback(), nil }
+	} else {
+		nw.Close()
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := *keep
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	var progress strings.Builder
+	cfg := drill.Config{
+		Members:    etcdproc.EtcdMembers{Bin: bin, NoFsync: true, LogLevel: *etcdLog},
+		Network:    network,
+		Dir:        dir,
+		Registrant: func() *exec.Cmd { return exec.Command(exe, "-test.run=^$") },
+		Trials:     *trials,
+		Sessions:   *sessions,
+		Progress:   &progress,
+	}
+	if *logs {
+		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	var names []string
+	if *only != "" {
+		names = strings.Split(*only, ",")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	results, err := drill.Run(ctx, cfg, names...)
+	var table strings.Builder
+	_ = drill.WriteTable(&table, results)
+	t.Logf("drills:\n%s\n%s", progress.String(), table.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range results {
+		switch {
+		case r.Skipped != "":
+			if os.Getenv(testpeer.RequireEnv) != "" {
+				t.Errorf("%s did not run: %s", r.Drill, r.Skipped)
+			}
+		case !r.Met():
+			t.Errorf("%s missed its goal: lost %d, phantom %d, flaps %d (quorum %v)", r.Drill, r.Lost, r.Phantom, r.Flaps, r.Quorum)
+		}
+	}
+}
+
+var expiryN = flag.Int("drill.expiry", 2000, "instances left to expire in TestExpiryThroughput")
+
+// TestExpiryThroughput lets drill.expiry instances expire at once in both
+// lease layouts on a real etcd 3.7 member and prints the figures: Beacon's
+// sessions (one lease per process for all its instances) against one lease
+// per instance, which etcd revokes at its fixed pace (1,000 leases/s).
+func TestExpiryThroughput(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes thousands of keys")
+	}
+	bin := testpeer.GoBuild(t, etcdtest.MemberPkg)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	results, err := drill.MeasureExpiry(ctx, drill.Config{
+		Members:    etcdproc.EtcdMembers{Bin: bin, NoFsync: true},
+		Dir:        t.TempDir(),
+		Registrant: func() *exec.Cmd { return exec.Command(exe, "-test.run=^$") },
+	}, *expiryN, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	_ = drill.WriteExpiryTable(&table, results)
+	t.Logf("expiry of %d instances:\n%s", *expiryN, table.String())
+	for _, r := range results {
+		if r.Revisions > r.Leases {
+			t.Errorf("%s: deletions in %d revisions for %d leases (a lease's keys go in one revision)", r.Layout, r.Revisions, r.Leases)
+		}
+	}
+}

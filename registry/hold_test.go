@@ -1,0 +1,296 @@
+package registry_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/registry/registrytest"
+	"github.com/beaconplane/beacon/store/etcd"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TestMassRevocationIsRiddenOut: every lease of a fleet is revoked at once
+// behind its sessions' backs (as a resumed etcd leader does, or etcd after
+// an outage longer than the TTL). The sessions re-register with the same
+// IDs within a keep-alive interval, and a watcher sees nothing at all: the
+// burst of removals was held and cancelled by the re-registrations.
+func TestMassRevocationIsRiddenOut(t *testing.T) {
+	ctx := within(t, 30*time.Second)
+	ns := uniqueNS()
+	st := newMemoryStore(t)
+	const ttl = time.Second
+	var fleet []*registry.StoreRegistry
+	for i := range 5 {
+		r := newRegistry(t, st, registry.Config{LeaseTTL: ttl})
+		if _, err := r.Register(ctx, inst(ns, fmt.Sprintf("10.0.0.%d:80", i+1))); err != nil {
+			t.Fatal(err)
+		}
+		fleet = append(fleet, r)
+	}
+	metrics := prometheus.NewRegistry()
+	watching := newRegistry(t, st, registry.Config{LeaseTTL: ttl, Metrics: metrics})
+	w, err := watching.Watch(ctx, beacon.Query{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v := registrytest.NewView()
+	for v.Len() < 5 {
+		next(t, ctx, w, v)
+	}
+	for _, r := range fleet {
+		if err := st.Revoke(ctx, r.Lease()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every session notices and re-registers.
+	for _, r := range fleet {
+		waitState(t, r, 5*time.Second, registry.StateRecovered)
+	}
+	// A later registration: once the watcher has it, it has applied every
+	// re-registration before it (events come in revision order).
+	if _, err := watching.Register(ctx, inst(ns, "10.0.0.99:80")); err != nil {
+		t.Fatal(err)
+	}
+	for v.Len() < 6 {
+		b := next(t, ctx, w, v)
+		for _, e := range b.Events {
+			if e.Type != beacon.Added || e.Instance.Address != "10.0.0.99:80" {
+				t.Fatalf("watcher saw %v %s during the mass revocation", e.Type, e.Instance.Ref())
+			}
+		}
+	}
+	if got := heldRemovals(t, metrics, "cancelled"); got != 5 {
+		t.Fatalf("held removals cancelled: %v, want 5 (delivered %v)", got, heldRemovals(t, metrics, "delivered"))
+	}
+	// Nothing arrives after the hold either.
+	nctx, cancel := context.WithTimeout(ctx, ttl/3+3*time.Second)
+	defer cancel()
+	if b, err := w.Next(nctx); err == nil {
+		t.Fatalf("batch after the hold: %+v", b)
+	}
+}
+
+// TestMassDeathIsDeliveredAfterHold: a burst of processes that really end
+// (their leases revoked, nobody re-registers) reaches watchers once the
+// hold ends, and a single removal after 50 ms.
+func TestMassDeathIsDeliveredAfterHold(t *testing.T) {
+	ctx := within(t, 30*time.Second)
+	ns := uniqueNS()
+	st := newMemoryStore(t)
+	const ttl = time.Second
+	hold := ttl/3 + time.Second + time.Second // keep-alive interval, one lost call, 1 s
+	var fleet []*registry.StoreRegistry
+	for i := range 4 {
+		r, err := registry.New(st, registry.Config{LeaseTTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Register(ctx, inst(ns, fmt.Sprintf("10.0.1.%d:80", i+1))); err != nil {
+			t.Fatal(err)
+		}
+		fleet = append(fleet, r)
+	}
+	watching := newRegistry(t, st, registry.Config{LeaseTTL: ttl})
+	w, err := watching.Watch(ctx, beacon.Query{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v := registrytest.NewView()
+	for v.Len() < 4 {
+		next(t, ctx, w, v)
+	}
+	// One process ends: delivered after the 50 ms coalescing.
+	start := time.Now()
+	if err := fleet[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	for v.Len() != 3 {
+		next(t, ctx, w, v)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("a single removal took %v", took)
+	}
+	// Three end at once: held, then delivered.
+	start = time.Now()
+	for _, r := range fleet[1:] {
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for v.Len() != 0 {
+		next(t, ctx, w, v)
+	}
+	took := time.Since(start)
+	t.Logf("a burst of 3 removals delivered after %v (hold %v)", took.Round(time.Millisecond), hold)
+	if took < hold-200*time.Millisecond || took > hold+2*time.Second {
+		t.Fatalf("burst delivered after %v, want about %v", took, hold)
+	}
+}
+
+// heldRemovals reads the held-removals counter of one outcome.
+func heldRemovals(t *testing.T, reg *prometheus.Registry, outcome string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "beacon_registry_watch_held_removals_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestMassRevocationSeenByRelistIsRiddenOut: the same mass revocation,
+// found by a watcher that re-lists (its connection was cut meanwhile) before
+// the sessions noticed: every removal in the listing carries the listing's
+// revision, and still they count as a burst, so nothing reaches the consumer
+// once the sessions re-registered.
+func TestMassRevocationSeenByRelistIsRiddenOut(t *testing.T) {
+	ctx := within(t, 60*time.Second)
+	ns := uniqueNS()
+	admin := newEtcdStore(t, nil, etcd.Config{})
+	// Sessions renew every 2 s: they notice the revocation up to 2 s late,
+	// long after the watcher re-listed.
+	const fleetTTL = 6 * time.Second
+	var fleet []*registry.StoreRegistry
+	for i := range 4 {
+		r := newRegistry(t, newEtcdStore(t, nil, etcd.Config{}), registry.Config{LeaseTTL: fleetTTL})
+		if _, err := r.Register(ctx, inst(ns, fmt.Sprintf("10.0.2.%d:80", i+1))); err != nil {
+			t.Fatal(err)
+		}
+		fleet = append(fleet, r)
+	}
+	proxy, _ := cutRegistry(t, server)
+	st := newEtcdStore(t, nil, etcd.Config{Endpoints: []string{proxy.Endpoint()}, RequestTimeout: 500 * time.Millisecond,
+		WatchSilenceTimeout: time.Second})
+	watching := newRegistry(t, st, registry.Config{LeaseTTL: etcdTTL, RetryMax: 100 * time.Millisecond, RemovalHold: 4 * time.Second})
+	w, err := watching.Watch(ctx, beacon.Query{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v := registrytest.NewView()
+	for v.Len() < 4 {
+		next(t, ctx, w, v)
+	}
+	// Cut until the watcher says it is stale, then revoke every lease and
+	// reconnect at once: the re-list finds the fleet gone.
+	proxy.Cut()
+	for b := next(t, ctx, w, v); b.Kind != registry.Stale; b = next(t, ctx, w, v) {
+	}
+	for _, r := range fleet {
+		if err := admin.Revoke(ctx, r.Lease()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.Restore()
+	recovered := make(chan struct{})
+	go func() {
+		defer close(recovered)
+		for _, r := range fleet {
+			waitState(t, r, 10*time.Second, registry.StateRecovered)
+		}
+	}()
+	deadline := time.Now().Add(fleetTTL/3 + 6*time.Second)
+	for {
+		nctx, cancel := context.WithDeadline(ctx, deadline)
+		b, err := w.Next(nctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		for _, e := range b.Events {
+			if e.Type == beacon.Removed {
+				t.Fatalf("watcher saw %s removed (batch %v)", e.Instance.Ref(), b.Kind)
+			}
+		}
+		if err := v.Apply(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-recovered
+	if v.Len() != 4 {
+		t.Fatalf("view %v", v)
+	}
+}
+
+// TestHeldRemovalReachesResume: while a burst of removals is held, a
+// watcher is given a batch at a later revision; once the removals are
+// delivered, a watch resumed from that revision still gets them (they
+// happened before it, but the consumer saw the instances listed there).
+func TestHeldRemovalReachesResume(t *testing.T) {
+	ctx := within(t, 30*time.Second)
+	ns := uniqueNS()
+	st := newMemoryStore(t)
+	const ttl = time.Second
+	var fleet []*registry.StoreRegistry
+	for i := range 3 {
+		r, err := registry.New(st, registry.Config{LeaseTTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Register(ctx, inst(ns, fmt.Sprintf("10.0.3.%d:80", i+1))); err != nil {
+			t.Fatal(err)
+		}
+		fleet = append(fleet, r)
+	}
+	watching := newRegistry(t, st, registry.Config{LeaseTTL: ttl})
+	w, err := watching.Watch(ctx, beacon.Query{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v := registrytest.NewView()
+	for v.Len() < 3 {
+		next(t, ctx, w, v)
+	}
+	for _, r := range fleet { // a burst: held
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := watching.Register(ctx, inst(ns, "10.0.3.99:80")); err != nil {
+		t.Fatal(err)
+	}
+	b := next(t, ctx, w, v)
+	if v.Len() != 4 || len(b.Events) != 1 || b.Events[0].Type != beacon.Added {
+		t.Fatalf("during the hold: batch %+v, view %v", b, v)
+	}
+	told := b.Revision
+	for v.Len() != 1 { // the hold ends: the removals arrive
+		next(t, ctx, w, v)
+	}
+	r, err := watching.Watch(ctx, beacon.Query{Namespace: ns}, registry.FromRevision(told))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	rb, err := r.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := 0
+	for _, e := range rb.Events {
+		if e.Type == beacon.Removed {
+			removed++
+		}
+	}
+	if rb.Kind != registry.Changes || removed != 3 {
+		t.Fatalf("resume from %d: %v batch with %d removals (%+v)", told, rb.Kind, removed, rb.Events)
+	}
+}

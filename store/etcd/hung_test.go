@@ -1,0 +1,217 @@
+package etcd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/etcd"
+)
+
+// Faults on a real 3-member etcd 3.7.3 cluster of processes.
+
+const (
+	silence = 1500 * time.Millisecond // WatchSilenceTimeout in these tests
+	probe   = 500 * time.Millisecond  // ProbeTimeout in these tests
+)
+
+// silenceBound is how soon a watch ends after its last sign of life: 1.25
+// WatchSilenceTimeout, plus the member probe it waits for (at most two
+// probe timeouts), plus scheduling slack on a loaded machine.
+const silenceBound = silence*5/4 + 2*probe + 2*time.Second
+
+// TestWatchOnHungMemberEnds: a watch whose only member is stopped (SIGSTOP:
+// it accepts connections and answers nothing) ends with ErrWatchSilent
+// within its bound, while a quiet watch on a healthy member never does.
+func TestWatchOnHungMemberEnds(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.StartProcessCluster(t, 3, etcdtest.ProcessClusterOptions{})
+	ms := c.Members()
+	cfg := etcd.Config{WatchSilenceTimeout: silence, ProbeTimeout: probe}
+	hungCfg, quietCfg := cfg, cfg
+	hungCfg.Endpoints, quietCfg.Endpoints = []string{ms[0].ClientURL}, []string{ms[1].ClientURL}
+	hungStore, quietStore := newStore(t, nil, hungCfg), newStore(t, nil, quietCfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	hungW := hungStore.Watch(ctx, "/hung/", 0)
+	quietW := quietStore.Watch(ctx, "/hung/", 0)
+	if err := ms[0].Pause(); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	defer func() { _ = ms[0].Resume() }()
+	select {
+	case resp, ok := <-hungW:
+		took := time.Since(paused)
+		if !ok || !errors.Is(resp.Err, store.ErrWatchSilent) || !errors.Is(resp.Err, store.ErrUnavailable) {
+			t.Fatalf("watch on the hung member delivered %+v (open %v), want ErrWatchSilent", resp, ok)
+		}
+		t.Logf("watch on the hung member ended after %v: %v", took.Round(time.Millisecond), resp.Err)
+		if took > silenceBound {
+			t.Fatalf("took %v, bound %v", took, silenceBound)
+		}
+	case <-time.After(3 * silenceBound):
+		t.Fatalf("watch on the hung member still open %v after the pause", 3*silenceBound)
+	}
+	// A watch opened while the member hangs (its gRPC stream never opens)
+	// ends the same way.
+	late := hungStore.Watch(ctx, "/hung/", 1)
+	opened := time.Now()
+	select {
+	case resp, ok := <-late:
+		if !ok || !errors.Is(resp.Err, store.ErrWatchSilent) {
+			t.Fatalf("watch opened on the hung member delivered %+v (open %v), want ErrWatchSilent", resp, ok)
+		}
+		if took := time.Since(opened); took > silenceBound {
+			t.Fatalf("watch opened on the hung member ended after %v, bound %v", took, silenceBound)
+		}
+	case <-time.After(3 * silenceBound):
+		t.Fatal("watch opened on the hung member still open")
+	}
+	// The quiet watch on a healthy member stayed open (progress
+	// notifications answered its checks) for as long.
+	select {
+	case resp, ok := <-quietW:
+		t.Fatalf("quiet watch on a healthy member delivered %+v (open %v)", resp, ok)
+	default:
+	}
+}
+
+// TestHungMemberLeftOut: with one member of three stopped, calls that reach
+// it time out, the store probes the members and leaves the stopped one
+// out, and from then on every call and every new watch goes to the two
+// that answer; once it resumes it is put back.
+func TestHungMemberLeftOut(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.StartProcessCluster(t, 3, etcdtest.ProcessClusterOptions{})
+	s := newStore(t, nil, etcd.Config{Endpoints: c.Endpoints(), WatchSilenceTimeout: silence, ProbeTimeout: probe})
+	writer := newStore(t, nil, etcd.Config{Endpoints: c.Endpoints()[1:]})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	hung := c.Members()[0]
+
+	// Watches spread over the members (each has its own stream).
+	var watches []store.WatchChan
+	for range 6 {
+		watches = append(watches, s.Watch(ctx, "/left/", 0))
+	}
+	if err := hung.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	defer func() { _ = hung.Resume() }()
+
+	// Short calls: those that land on the stopped member time out, and
+	// the first of those has the members probed.
+	timeouts := 0
+	var leftOut time.Duration
+	for i := 0; leftOut == 0; i++ {
+		if time.Since(paused) > 10*time.Second {
+			t.Fatalf("stopped member not left out after %v (%d timeouts): excluded %v", time.Since(paused), timeouts, s.Excluded())
+		}
+		cctx, ccancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := s.Get(cctx, fmt.Sprintf("/left/k%d", i))
+		ccancel()
+		if errors.Is(err, store.ErrUnavailable) {
+			timeouts++
+		} else if !errors.Is(err, store.ErrNotFound) {
+			t.Fatal(err)
+		}
+		if slices.Equal(s.Excluded(), []string{hung.ClientURL}) {
+			leftOut = time.Since(paused)
+		}
+	}
+	t.Logf("stopped member left out %v after the pause (%d calls timed out first)", leftOut.Round(time.Millisecond), timeouts)
+	// From now on (once the client's balancer has applied the new
+	// endpoints, a matter of milliseconds: two calls), no call waits for
+	// the stopped member.
+	for i := range 2 {
+		wctx, wcancel := context.WithTimeout(ctx, time.Second)
+		_, _ = s.Get(wctx, fmt.Sprintf("/left/warm%d", i))
+		wcancel()
+	}
+	for i := range 30 {
+		cctx, ccancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := s.Get(cctx, fmt.Sprintf("/left/again%d", i))
+		ccancel()
+		if !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("call %d after the stopped member was left out: %v", i, err)
+		}
+	}
+	// Every watch either still works or ended as silent (it was on the
+	// stopped member); a new watch then works at once.
+	rev, err := writer.Put(ctx, "/left/x", []byte("1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range watches {
+		select {
+		case resp := <-w:
+			if resp.Err != nil {
+				if !errors.Is(resp.Err, store.ErrWatchSilent) {
+					t.Fatalf("watch %d: %v", i, resp.Err)
+				}
+				t.Logf("watch %d was on the stopped member: %v", i, resp.Err)
+				w = s.Watch(ctx, "/left/", rev)
+				resp = <-w
+			}
+			if resp.Err != nil || len(resp.Events) != 1 || resp.Events[0].Revision() != rev {
+				t.Fatalf("watch %d delivered %+v, want /left/x@%d", i, resp, rev)
+			}
+		case <-time.After(silenceBound):
+			t.Fatalf("watch %d delivered nothing within %v of the write", i, silenceBound)
+		}
+	}
+	// Resumed, the member is probed again and put back.
+	if err := hung.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(10 * time.Second)
+	for {
+		changed := s.ExcludedChanged()
+		if len(s.Excluded()) == 0 {
+			break
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("resumed member still left out: %v", s.Excluded())
+		}
+	}
+}
+
+// TestWatchSilentWhileDown: while the whole cluster is down (its one
+// member killed), a watch does not stay silent: it ends with ErrWatchSilent
+// within its bound, so that its caller reports the outage and re-lists once
+// etcd is back.
+func TestWatchSilentWhileDown(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.StartProcessCluster(t, 1, etcdtest.ProcessClusterOptions{})
+	s := newStore(t, nil, etcd.Config{Endpoints: c.Endpoints(), WatchSilenceTimeout: silence})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w := s.Watch(ctx, "/down/", 0)
+	if err := c.Members()[0].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	select {
+	case resp, ok := <-w:
+		took := time.Since(killed)
+		if !ok || !errors.Is(resp.Err, store.ErrWatchSilent) {
+			t.Fatalf("watch delivered %+v (open %v), want ErrWatchSilent", resp, ok)
+		}
+		t.Logf("watch ended %v after etcd was killed: %v", took.Round(time.Millisecond), resp.Err)
+		if took > silenceBound {
+			t.Fatalf("took %v, bound %v", took, silenceBound)
+		}
+	case <-time.After(3 * silenceBound):
+		t.Fatal("watch still silent")
+	}
+}
