@@ -125,15 +125,18 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 	// keep-alive.
 	_ = rc.SetReadDeadline(time.Time{})
 	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriter(w)
+	// A client that does not take a write within a keep-alive interval
+	// and streamWriteTimeout is gone (or not reading): end its stream.
+	// Every write to the connection is bounded, including those a large
+	// batch makes before the flush.
+	limit := h.keepAlive + streamWriteTimeout
+	bw := bufio.NewWriter(deadlineWriter{w: w, rc: rc, limit: limit})
 	flush := func() error {
-		// A client that does not take a write within a keep-alive interval
-		// and streamWriteTimeout is gone (or not reading): end its stream.
-		_ = rc.SetWriteDeadline(time.Now().Add(h.keepAlive + streamWriteTimeout))
 		if err := bw.Flush(); err != nil {
 			h.dropped(r, err)
 			return err
 		}
+		_ = rc.SetWriteDeadline(time.Now().Add(limit))
 		if err := rc.Flush(); err != nil {
 			h.dropped(r, err)
 			return err
@@ -189,6 +192,20 @@ func (h *Handler) dropped(r *http.Request, err error) {
 
 // streamWriteTimeout bounds one write of a watch stream to a client.
 const streamWriteTimeout = 30 * time.Second
+
+// deadlineWriter gives every write to a stream's connection its own
+// deadline, so that no write blocks forever on a client that stopped
+// reading.
+type deadlineWriter struct {
+	w     http.ResponseWriter
+	rc    *http.ResponseController
+	limit time.Duration
+}
+
+func (d deadlineWriter) Write(p []byte) (int, error) {
+	_ = d.rc.SetWriteDeadline(time.Now().Add(d.limit))
+	return d.w.Write(p)
+}
 
 // next waits for the watch's next batch, at most one keep-alive interval.
 func (h *Handler) next(ctx context.Context, wt registry.Watcher) (registry.Batch, error) {
