@@ -1,8 +1,7 @@
 package registry
 
 import (
-	"errors"
-
+	"github.com/beaconplane/beacon/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -91,39 +90,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		leased: newLeasedCollector(),
 	}
 	var err error
-	m.state = register(reg, m.state, &err)
-	m.leaseLosses = register(reg, m.leaseLosses, &err)
-	m.recoveries = register(reg, m.recoveries, &err)
-	m.keepAliveFailures = register(reg, m.keepAliveFailures, &err)
-	m.registrations = register(reg, m.registrations, &err)
-	m.conflicts = register(reg, m.conflicts, &err)
-	m.watchStreams = register(reg, m.watchStreams, &err)
-	m.watchers = register(reg, m.watchers, &err)
-	m.resyncs = register(reg, m.resyncs, &err)
-	m.held = register(reg, m.held, &err)
-	m.invalid = register(reg, m.invalid, &err)
-	m.leased = register(reg, m.leased, &err)
+	m.state = promreg.Register(reg, m.state, &err)
+	m.leaseLosses = promreg.Register(reg, m.leaseLosses, &err)
+	m.recoveries = promreg.Register(reg, m.recoveries, &err)
+	m.keepAliveFailures = promreg.Register(reg, m.keepAliveFailures, &err)
+	m.registrations = promreg.Register(reg, m.registrations, &err)
+	m.conflicts = promreg.Register(reg, m.conflicts, &err)
+	m.watchStreams = promreg.Register(reg, m.watchStreams, &err)
+	m.watchers = promreg.Register(reg, m.watchers, &err)
+	m.resyncs = promreg.Register(reg, m.resyncs, &err)
+	m.held = promreg.Register(reg, m.held, &err)
+	m.invalid = promreg.Register(reg, m.invalid, &err)
+	m.leased = promreg.Register(reg, m.leased, &err)
 	if err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the collector already registered under
-// the same description.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		if *errp == nil {
-			*errp = err
-		}
-	}
-	return c
 }
 
 func (m *metrics) setState(from, to State) {

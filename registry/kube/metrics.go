@@ -1,9 +1,9 @@
 package kube
 
 import (
-	"errors"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -59,28 +59,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	var err error
-	m.invalid = register(reg, m.invalid, &err)
-	m.writes = register(reg, m.writes, &err)
-	m.writeSeconds = register(reg, m.writeSeconds, &err)
-	m.relists = register(reg, m.relists, &err)
-	m.watching = register(reg, m.watching, &err)
-	m.registered = register(reg, m.registered, &err)
+	m.invalid = promreg.Register(reg, m.invalid, &err)
+	m.writes = promreg.Register(reg, m.writes, &err)
+	m.writeSeconds = promreg.Register(reg, m.writeSeconds, &err)
+	m.relists = promreg.Register(reg, m.relists, &err)
+	m.watching = promreg.Register(reg, m.watching, &err)
+	m.registered = promreg.Register(reg, m.registered, &err)
 	return m, err
-}
-
-// register registers c, or returns the collector already registered under
-// its name (registries sharing a Registerer share collectors).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		*errp = errors.Join(*errp, err)
-	}
-	return c
 }
 
 func (m *metrics) invalidResource() {

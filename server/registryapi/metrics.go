@@ -1,9 +1,9 @@
 package registryapi
 
 import (
-	"errors"
 	"strconv"
 
+	"github.com/beaconplane/beacon/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -28,19 +28,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	// A second API on the same registerer shares the first one's
 	// collectors.
-	if err := reg.Register(m.requests); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return nil, err
-		}
-		m.requests = are.ExistingCollector.(*prometheus.CounterVec)
-	}
-	if err := reg.Register(m.watches); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return nil, err
-		}
-		m.watches = are.ExistingCollector.(prometheus.Gauge)
+	var err error
+	m.requests = promreg.Register(reg, m.requests, &err)
+	m.watches = promreg.Register(reg, m.watches, &err)
+	if err != nil {
+		return nil, err
 	}
 	return m, nil
 }

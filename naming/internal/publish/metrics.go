@@ -1,8 +1,7 @@
 package publish
 
 import (
-	"errors"
-
+	"github.com/beaconplane/beacon/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -72,31 +71,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	var err error
-	m.resolvers = register(reg, m.resolvers, &err)
-	m.updates = register(reg, m.updates, &err)
-	m.errors = register(reg, m.errors, &err)
-	m.skipped = register(reg, m.skipped, &err)
-	m.resyncs = register(reg, m.resyncs, &err)
+	m.resolvers = promreg.Register(reg, m.resolvers, &err)
+	m.updates = promreg.Register(reg, m.updates, &err)
+	m.errors = promreg.Register(reg, m.errors, &err)
+	m.skipped = promreg.Register(reg, m.skipped, &err)
+	m.resyncs = promreg.Register(reg, m.resyncs, &err)
 	if err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the identical collector reg already has.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		if *errp == nil {
-			*errp = err
-		}
-	}
-	return c
 }
 
 // AddResolvers adds n (possibly negative) to the running resolvers.
