@@ -16,6 +16,7 @@ type metrics struct {
 	keepAliveFailures prometheus.Counter
 	registrations     prometheus.Gauge
 	conflicts         prometheus.Gauge
+	drainedElsewhere  prometheus.Counter
 	watchStreams      prometheus.Gauge
 	watchers          prometheus.Gauge
 	resyncs           *prometheus.CounterVec
@@ -32,6 +33,7 @@ const (
 	metricKeepAliveFailures = "beacon_registry_keepalive_failures_total"
 	metricRegistrations     = "beacon_registry_registrations"
 	metricConflicts         = "beacon_registry_registration_conflicts"
+	metricDrainedElsewhere  = "beacon_registry_drained_elsewhere_total"
 	metricWatchStreams      = "beacon_registry_watch_streams"
 	metricWatchers          = "beacon_registry_watchers"
 	metricResyncs           = "beacon_registry_watch_resyncs_total"
@@ -68,6 +70,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: metricConflicts,
 			Help: "Registered instances not advertised because another live process holds their ID.",
 		}),
+		drainedElsewhere: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricDrainedElsewhere,
+			Help: "Instances a registry session advertised serving and found marked draining in the store by someone else (an operator); the session adopted the drain.",
+		}),
 		watchStreams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: metricWatchStreams,
 			Help: "Shared store watches (one per watched prefix, shared by every watcher of it).",
@@ -97,6 +103,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.keepAliveFailures = register(reg, m.keepAliveFailures, &err)
 	m.registrations = register(reg, m.registrations, &err)
 	m.conflicts = register(reg, m.conflicts, &err)
+	m.drainedElsewhere = register(reg, m.drainedElsewhere, &err)
 	m.watchStreams = register(reg, m.watchStreams, &err)
 	m.watchers = register(reg, m.watchers, &err)
 	m.resyncs = register(reg, m.resyncs, &err)
@@ -186,6 +193,12 @@ func (m *metrics) addRegistrations(n int) {
 func (m *metrics) addConflicts(n int) {
 	if m != nil && n != 0 {
 		m.conflicts.Add(float64(n))
+	}
+}
+
+func (m *metrics) drained() {
+	if m != nil {
+		m.drainedElsewhere.Inc()
 	}
 }
 
