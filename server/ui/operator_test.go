@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/server/registryapi"
+	"github.com/chromedp/chromedp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -222,4 +224,62 @@ func TestOperatorActionsInTheDashboard(t *testing.T) {
 			t.Errorf("a server without authentication offers operator actions")
 		}
 	})
+}
+
+// TestOperatorActionsRefuseOtherSites: the browser of an operator signed
+// in to the dashboard visits a page of another site, which tries to drain
+// an instance through it (a no-cors fetch and a form's POST, both sent
+// without a CORS preflight, with the credentials the browser holds for
+// the server). The server refuses both; the instance stays serving.
+func TestOperatorActionsRefuseOtherSites(t *testing.T) {
+	s := startServer(t, func(c *server.Config) {
+		c.Security.Auth = true
+		c.Security.RootPassword = rootPassword
+		c.Security.BcryptCost = 4
+	})
+	base := s.Endpoints().HTTP
+	reg := register(t, s.Registry(), beacon.Instance{Namespace: "team-a", Component: "api", Endpoint: "http", Address: "10.22.0.1:80"})
+	drain := base + registryapi.InstancesPath + "/" + reg.Instance().Ref().String() + "/drain"
+	// Another site: a blank page on another origin (localhost, not
+	// 127.0.0.1).
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = io.WriteString(w, "<!doctype html><title>elsewhere</title><p>elsewhere</p>")
+	}))
+	t.Cleanup(evil.Close)
+	evilURL := strings.Replace(evil.URL, "127.0.0.1", "localhost", 1)
+
+	p := newTab(t, base)
+	p.answerAuth("root", rootPassword)
+	p.allowConsole(`401 \(Unauthorized\)|403 \(Forbidden\)`)
+	p.navigate("/ui/services")
+	p.waitFor(`document.querySelector('#who').textContent === 'root' && document.querySelector('[data-action="drain"]')`, 10*time.Second)
+
+	if err := chromedp.Do(p.ctx, chromedp.Navigate(evilURL)); err != nil {
+		t.Fatal(err)
+	}
+	eval[any](p, fmt.Sprintf(`fetch(%s, {method: 'POST', mode: 'no-cors', credentials: 'include'}).then(() => null, () => null)`, jsString(drain)))
+	code, body := apiAs(t, base, "root", rootPassword, "GET", registryapi.InstancesPath+"/"+reg.Instance().Ref().String(), "")
+	if code != http.StatusOK || !strings.Contains(body, `"status":"serving"`) {
+		t.Fatalf("after another site's fetch: %d %s", code, body)
+	}
+	eval[any](p, fmt.Sprintf(`(() => { const f = document.createElement('form'); f.method = 'POST'; f.action = %s; document.body.append(f); f.submit(); return null; })()`, jsString(drain)))
+	// The form navigates the tab to the server's answer.
+	answered := `location.href === ` + jsString(drain) + ` && document.readyState === 'complete'`
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, err := p.tryWaitFor(answered, time.Second)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the form's answer: %v", err)
+		}
+	}
+	if text := eval[string](p, `document.body.textContent`); !strings.Contains(text, "cross-site request forgery") {
+		t.Errorf("the server answered another site's form with %q", text)
+	}
+	code, body = apiAs(t, base, "root", rootPassword, "GET", registryapi.InstancesPath+"/"+reg.Instance().Ref().String(), "")
+	if code != http.StatusOK || !strings.Contains(body, `"status":"serving"`) {
+		t.Fatalf("after another site's form: %d %s", code, body)
+	}
 }
