@@ -55,7 +55,10 @@ type Config struct {
 	// holds every registration as written, so that a key deleted or
 	// overwritten by someone else (an operator with etcdctl, a buggy tool)
 	// is re-registered or reported as a conflict instead of silently
-	// missing. Each check lists the registrations' endpoint prefixes. Zero
+	// missing; an instance someone else marked draining (an operator, see
+	// Operator) is not rewritten but adopted as draining
+	// (StateChange.Drained). Each check lists the registrations' endpoint
+	// prefixes. Zero
 	// means every 10 keep-alive intervals (10 × LeaseTTL/3); negative
 	// disables the check.
 	VerifyInterval time.Duration

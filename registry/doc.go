@@ -61,6 +61,15 @@
 // lower-level GrantLease, RegisterLeased, KeepAliveLease and RevokeLease
 // trust their in-process caller with lease IDs.
 //
+// # Operator actions
+//
+// An operator may drain or deregister any instance (Operator:
+// DrainInstance keeps its lease, DeregisterInstance deletes its key), as
+// the registry's store identity: Beacon's HTTP API uses a registry acting
+// as the authenticated etcd user, so that etcd's roles decide. A session
+// adopts an operator's drain instead of undoing it (StateChange.Drained),
+// and writes back an instance an operator deregistered.
+//
 // docs/registry.md describes the key and value format, the watch
 // guarantees and the metrics.
 package registry

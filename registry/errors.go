@@ -23,6 +23,10 @@ var (
 	ErrIdentityChanged = errors.New("registry: update may not change the instance's identity")
 	// ErrInvalidTTL reports a lease TTL outside [MinLeaseTTL, MaxLeaseTTL].
 	ErrInvalidTTL = errors.New("registry: invalid lease TTL")
+	// ErrDrainedElsewhere reports instances of a session that someone
+	// else (an operator) marked draining in the store; the session
+	// advertises them draining from then on (StateChange.Drained).
+	ErrDrainedElsewhere = errors.New("registry: instance drained in the store by someone else (an operator?); advertising it as draining")
 	// ErrInvalidConfig reports a Config that does not validate.
 	ErrInvalidConfig = errors.New("registry: invalid config")
 )

@@ -123,3 +123,46 @@ func ExampleNewRoundRobin() {
 	// 10.0.0.3:80
 	// 10.0.0.1:80
 }
+
+// An operator drains a worker's instance in the store (the HTTP API does
+// this as the authenticated etcd user). The worker's session adopts the
+// drain: its own Update keeps it draining unless it sets Status.
+func ExampleStoreRegistry_DrainInstance() {
+	ctx := context.Background()
+	st := memory.New(memory.Options{})
+	defer st.Close()
+	worker, err := registry.New(st, registry.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer worker.Close()
+	operator, err := registry.New(st, registry.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer operator.Close()
+
+	reg, err := worker.Register(ctx, beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http",
+		ID: "00000000000000a1", Address: "10.0.0.5:8080"})
+	if err != nil {
+		panic(err)
+	}
+	in, err := operator.DrainInstance(ctx, reg.Instance().Ref())
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("operator:", in.Ref(), in.Status)
+
+	// The worker changes its metadata: the drain stays.
+	if err := reg.Update(ctx, func(in *beacon.Instance) { in.Metadata = map[string]string{"v": "2"} }); err != nil {
+		panic(err)
+	}
+	stored, err := operator.Get(ctx, reg.Instance().Ref())
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("stored:", stored.Status, stored.Metadata["v"], "worker:", reg.Instance().Status)
+	// Output:
+	// operator: prod/api/http/00000000000000a1 draining
+	// stored: draining 2 worker: draining
+}

@@ -15,6 +15,7 @@ type metrics struct {
 	keepAliveFailures prometheus.Counter
 	registrations     prometheus.Gauge
 	conflicts         prometheus.Gauge
+	drainedElsewhere  prometheus.Counter
 	watchStreams      prometheus.Gauge
 	watchers          prometheus.Gauge
 	resyncs           *prometheus.CounterVec
@@ -31,6 +32,7 @@ const (
 	metricKeepAliveFailures = "beacon_registry_keepalive_failures_total"
 	metricRegistrations     = "beacon_registry_registrations"
 	metricConflicts         = "beacon_registry_registration_conflicts"
+	metricDrainedElsewhere  = "beacon_registry_drained_elsewhere_total"
 	metricWatchStreams      = "beacon_registry_watch_streams"
 	metricWatchers          = "beacon_registry_watchers"
 	metricResyncs           = "beacon_registry_watch_resyncs_total"
@@ -67,6 +69,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: metricConflicts,
 			Help: "Registered instances not advertised because another live process holds their ID.",
 		}),
+		drainedElsewhere: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricDrainedElsewhere,
+			Help: "Instances a registry session advertised serving and found marked draining in the store by someone else (an operator); the session adopted the drain.",
+		}),
 		watchStreams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: metricWatchStreams,
 			Help: "Shared store watches (one per watched prefix, shared by every watcher of it).",
@@ -96,6 +102,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.keepAliveFailures = promreg.Register(reg, m.keepAliveFailures, &err)
 	m.registrations = promreg.Register(reg, m.registrations, &err)
 	m.conflicts = promreg.Register(reg, m.conflicts, &err)
+	m.drainedElsewhere = promreg.Register(reg, m.drainedElsewhere, &err)
 	m.watchStreams = promreg.Register(reg, m.watchStreams, &err)
 	m.watchers = promreg.Register(reg, m.watchers, &err)
 	m.resyncs = promreg.Register(reg, m.resyncs, &err)
@@ -168,6 +175,12 @@ func (m *metrics) addRegistrations(n int) {
 func (m *metrics) addConflicts(n int) {
 	if m != nil && n != 0 {
 		m.conflicts.Add(float64(n))
+	}
+}
+
+func (m *metrics) drained() {
+	if m != nil {
+		m.drainedElsewhere.Inc()
 	}
 }
 

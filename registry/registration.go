@@ -93,7 +93,7 @@ func (r *StoreRegistry) register(ctx context.Context, reg *registration) error {
 			// Ours from an earlier lease is taken over; anyone else's is a
 			// conflict.
 			var wrote bool
-			wrote, err = r.sess.writeOne(ctx, reg, reg.val, lease, epoch)
+			wrote, err = r.sess.writeOne(ctx, reg, reg.val, lease, epoch, drainOverwrite)
 			if err == nil && !wrote {
 				r.sess.mu.Lock()
 				err = reg.err
@@ -264,26 +264,44 @@ func (reg *registration) Update(ctx context.Context, mutate func(*beacon.Instanc
 	return reg.update(ctx, mutate)
 }
 
+// maxDrainAdoptions bounds how often one Update starts again from an
+// instance an operator drained meanwhile.
+const maxDrainAdoptions = 8
+
 func (reg *registration) update(ctx context.Context, mutate func(*beacon.Instance)) error {
+	for range maxDrainAdoptions {
+		cur := *reg.pub.Load()
+		next := cur.Clone()
+		mutate(&next)
+		if next.Namespace != cur.Namespace || next.Component != cur.Component || next.Endpoint != cur.Endpoint ||
+			next.ID != cur.ID || !next.RegisteredAt.Equal(cur.RegisteredAt) {
+			return fmt.Errorf("%w (%s)", ErrIdentityChanged, cur.Ref())
+		}
+		next.RegisteredAt = cur.RegisteredAt
+		if next.Status == "" {
+			next.Status = beacon.StatusServing
+		}
+		if err := next.ValidateWith(reg.r.cfg.MaxMetadataSize); err != nil {
+			return err
+		}
+		val, err := encode(next)
+		if err != nil {
+			return err
+		}
+		// An operator drained the instance in the store: start again
+		// from it, so that the drain stays unless mutate sets Status.
+		if err := reg.write(ctx, next, val); !errors.Is(err, errDrainAdopted) {
+			return err
+		}
+	}
+	return fmt.Errorf("registry: update %s: %w (the instance kept being drained in the store)", reg.ref, store.ErrConflict)
+}
+
+// write makes the store hold next (encoded as val) for reg, under the
+// session's lease, with compare-and-swap. It returns errDrainAdopted when
+// it found (and adopted) an operator's drain instead of writing.
+func (reg *registration) write(ctx context.Context, next beacon.Instance, val []byte) error {
 	r := reg.r
-	cur := *reg.pub.Load()
-	next := cur.Clone()
-	mutate(&next)
-	if next.Namespace != cur.Namespace || next.Component != cur.Component || next.Endpoint != cur.Endpoint ||
-		next.ID != cur.ID || !next.RegisteredAt.Equal(cur.RegisteredAt) {
-		return fmt.Errorf("%w (%s)", ErrIdentityChanged, cur.Ref())
-	}
-	next.RegisteredAt = cur.RegisteredAt
-	if next.Status == "" {
-		next.Status = beacon.StatusServing
-	}
-	if err := next.ValidateWith(r.cfg.MaxMetadataSize); err != nil {
-		return err
-	}
-	val, err := encode(next)
-	if err != nil {
-		return err
-	}
 	for {
 		if r.closed.Load() {
 			return ErrClosed
@@ -312,8 +330,13 @@ func (reg *registration) update(ctx context.Context, mutate func(*beacon.Instanc
 		}
 		if !current || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
 			// Not written under this lease yet, or changed under us:
-			// settle it key by key (never overwriting another process).
-			_, err = reg.s.writeOne(ctx, reg, val, lease, epoch)
+			// settle it key by key (never overwriting another process,
+			// nor an operator's drain).
+			_, err = reg.s.writeOne(ctx, reg, val, lease, epoch, drainYield)
+			if errors.Is(err, errDrainAdopted) {
+				reg.wmu.Unlock()
+				return err
+			}
 			if err == nil {
 				reg.s.mu.Lock()
 				err = reg.err

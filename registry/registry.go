@@ -59,6 +59,10 @@ type Registration interface {
 	// instance is validated and written with compare-and-swap; on an error
 	// nothing changes (also after a recovery, which re-registers the
 	// instance as it was before the failed Update).
+	//
+	// An instance an operator drained in the store (see Operator) stays
+	// draining unless mutate sets Status: mutate may be called again, with
+	// the instance as drained, when Update finds the drain.
 	Update(ctx context.Context, mutate func(*beacon.Instance)) error
 	// Drain marks the instance draining (resolvers stop sending new work
 	// to it), waits for the grace period (DrainGrace option, default
@@ -221,6 +225,37 @@ type LeasedRegistrar interface {
 	Heartbeat(ctx context.Context, ref beacon.Ref, secret Secret) (time.Duration, error)
 	UpdateLeased(ctx context.Context, ref beacon.Ref, secret Secret, mutate func(*beacon.Instance)) (beacon.Instance, error)
 	DeregisterLeased(ctx context.Context, ref beacon.Ref, secret Secret) error
+}
+
+// Operator acts on any instance, whoever registered it: what an operator
+// with write access to the namespace could do with etcdctl, for Beacon's
+// HTTP API and dashboard, which use it through a registry acting as the
+// authenticated etcd user (etcd's roles decide, as for every other write).
+// Neither call needs the registration's secret or touches its lease.
+// *StoreRegistry implements it (see operator.go); a registry without it
+// (kubernetes) does not, and the HTTP API then answers operator actions
+// with 501.
+//
+// Owners see an operator's drain: a session (Register) adopts it, and
+// keeps the instance draining until its own Update sets Status again; an
+// HTTP owner's heartbeats keep working. An operator's deregistration of a
+// live session's instance does not last: the session writes it again (see
+// StateChange.Drained and Config.VerifyInterval). To take a live process
+// out of rotation, drain it (or stop the process); deregister instances
+// whose owner is gone or misbehaving.
+type Operator interface {
+	// DrainInstance marks the instance at ref draining with
+	// compare-and-swap (retried when it changes meanwhile), keeping its
+	// lease and every other field, and returns it as stored. An instance
+	// already draining is returned unchanged. An unknown instance gives
+	// an error matching beacon.ErrNotFound.
+	DrainInstance(ctx context.Context, ref beacon.Ref) (beacon.Instance, error)
+	// DeregisterInstance deletes the key of the instance at ref with
+	// compare-and-swap on the revision it read (retried when it changes
+	// meanwhile), and nothing else: its lease, and what else is bound to
+	// the lease, stay. An unknown instance gives an error matching
+	// beacon.ErrNotFound.
+	DeregisterInstance(ctx context.Context, ref beacon.Ref) error
 }
 
 // SessionReporter reports the state of a registry's own session: the lease

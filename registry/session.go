@@ -632,6 +632,9 @@ func (s *session) writeChunk(ctx context.Context, chunk []*registration, current
 			continue
 		}
 		kv, exists := current[reg.key]
+		if exists && s.ours(kv.Lease) {
+			s.adoptDrain(reg, kv)
+		}
 		switch {
 		case !exists:
 			s.mu.Lock()
@@ -677,7 +680,7 @@ func (s *session) writeChunk(ctx context.Context, chunk []*registration, current
 			}
 			w := writes[i]
 			writes = slices.Delete(writes, i, i+1)
-			ok, err := s.writeOne(ctx, w.reg, w.reg.val, lease, epoch)
+			ok, err := s.writeOne(ctx, w.reg, w.reg.val, lease, epoch, drainAdopt)
 			if err != nil {
 				return written, err
 			}
@@ -688,7 +691,7 @@ func (s *session) writeChunk(ctx context.Context, chunk []*registration, current
 		return written, nil
 	}
 	for _, w := range writes {
-		ok, err := s.writeOne(ctx, w.reg, w.reg.val, lease, epoch)
+		ok, err := s.writeOne(ctx, w.reg, w.reg.val, lease, epoch, drainAdopt)
 		if err != nil {
 			return written, err
 		}
@@ -699,12 +702,38 @@ func (s *session) writeChunk(ctx context.Context, chunk []*registration, current
 	return written, nil
 }
 
+// drainMode says what writeOne does when it finds reg's instance drained
+// in the store by someone else (adoptDrain).
+type drainMode uint8
+
+const (
+	// drainOverwrite writes val regardless (a new registration).
+	drainOverwrite drainMode = iota
+	// drainAdopt adopts the drain and writes reg.val, now draining
+	// (reconciling: val is reg.val).
+	drainAdopt
+	// drainYield adopts the drain and returns errDrainAdopted, so that the
+	// caller (Update) computes its value again from the drained instance.
+	drainYield
+)
+
+// errDrainAdopted tells Update that writeOne adopted an operator's drain.
+var errDrainAdopted = errors.New("registry: adopted a drain made in the store")
+
 // writeOne makes the store hold val at reg's key under lease, without ever
 // overwriting a key another process holds. reg.wmu must be held. It reports
-// whether it wrote; a conflict is recorded on reg, not returned.
-func (s *session) writeOne(ctx context.Context, reg *registration, val []byte, lease store.LeaseID, epoch uint64) (bool, error) {
+// whether it wrote; a conflict is recorded on reg, not returned. mode says
+// what to do with a drain someone else made in the store.
+func (s *session) writeOne(ctx context.Context, reg *registration, val []byte, lease store.LeaseID, epoch uint64, mode drainMode) (bool, error) {
 	for range 8 {
 		kv, err := s.r.st.Get(ctx, reg.key)
+		if err == nil && mode != drainOverwrite && s.ours(kv.Lease) && s.adoptDrain(reg, kv) {
+			if mode == drainYield {
+				reg.modRev, reg.lease = kv.ModRevision, kv.Lease
+				return false, errDrainAdopted
+			}
+			val = reg.val
+		}
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			rev, err := s.r.st.Create(ctx, reg.key, val, store.WithLease(lease))
@@ -740,6 +769,46 @@ func (s *session) writeOne(ctx context.Context, reg *registration, val []byte, l
 		}
 	}
 	return false, fmt.Errorf("registry: %s keeps changing under us; retrying later", reg.ref)
+}
+
+// adoptDrain adopts a drain someone else made in the store: kv, reg's key
+// bound to one of the session's leases, holds reg's instance marked
+// draining while reg advertises it serving. reg then advertises it
+// draining (Instance, and every value the session writes), so that the
+// session never undoes an operator's drain; the owner's Update may set
+// Status again. It logs, counts and reports the adoption, and returns
+// whether it adopted. reg.wmu must be held.
+func (s *session) adoptDrain(reg *registration, kv store.KeyValue) bool {
+	if reg.inst.Status != beacon.StatusServing || bytes.Equal(kv.Value, reg.val) {
+		return false
+	}
+	stored, err := s.r.decode(kv)
+	if err != nil || stored.Status != beacon.StatusDraining {
+		return false
+	}
+	next := reg.inst.Clone()
+	next.Status = beacon.StatusDraining
+	val, err := encode(next)
+	if err != nil {
+		return false
+	}
+	reg.inst, reg.val = next, val
+	reg.pub.Store(&next)
+	s.r.m.drained()
+	s.r.log.Warn("instance drained in the store by someone else (an operator?): advertising it as draining from now on; Update it with Status serving to serve again",
+		"instance", reg.ref.String(), "revision", kv.ModRevision)
+	s.mu.Lock()
+	c := s.changeLocked(nil)
+	s.mu.Unlock()
+	c.Drained = []beacon.Ref{reg.ref}
+	drained := fmt.Errorf("%w: %s", ErrDrainedElsewhere, reg.ref)
+	if c.Err == nil {
+		c.Err = drained
+	} else {
+		c.Err = errors.Join(c.Err, drained)
+	}
+	s.emit(c)
+	return true
 }
 
 // holderError describes a key another process holds.

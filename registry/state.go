@@ -62,6 +62,13 @@ type StateChange struct {
 	Err error
 	// Registered is the number of instances advertised in this state.
 	Registered int
+	// Drained lists instances the session found marked draining in the
+	// store by someone else (an operator; see Operator) while it
+	// advertised them serving. It adopted the drain: their Registration's
+	// Instance shows draining, and nothing the session writes undoes it
+	// until the owner's Update sets Status. Err (matching
+	// ErrDrainedElsewhere) says so; the State is unchanged.
+	Drained []beacon.Ref
 	// Conflicts lists the instances whose IDs another live process holds:
 	// they are not advertised, and the session keeps trying to reclaim
 	// them (each attempt is a create-if-absent, never an overwrite). A

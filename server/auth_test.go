@@ -276,7 +276,7 @@ func TestAuthorizationTable(t *testing.T) {
 		t.Fatalf("whoami: %d %s", r.code, r.body)
 	}
 	if who.User != "alice" || who.Method != "basic" || who.Root || who.AllNamespaces.Read || who.AllNamespaces.Write ||
-		who.Namespaces["team-a"] != (Access{Read: true, Write: true}) || len(who.Namespaces) != 1 || who.BootstrapTokens.Write {
+		who.Namespaces["team-a"] != (Access{Read: true, Write: true, Operate: true}) || len(who.Namespaces) != 1 || who.BootstrapTokens.Write {
 		t.Errorf("whoami alice: %+v", who)
 	}
 	r = as{t: t, base: base, auth: users["bob"]}.do("GET", WhoAmIPath, "")

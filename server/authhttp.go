@@ -134,6 +134,15 @@ func (s *Server) registryOptions(o registryapi.Options) registryapi.Options {
 		}
 		return nil, nil
 	}
+	// Operator actions act only as an authenticated etcd user, through
+	// that user's view: etcd's roles decide. Without authentication there
+	// is nobody to act as, and they are refused.
+	o.Operators = func(r *http.Request) (registry.Discoverer, string) {
+		if uv := viewFrom(r.Context()); uv != nil {
+			return uv.reg, uv.id.user
+		}
+		return nil, ""
+	}
 	o.Limits = s.sec.Limits
 	if o.Limits.Client == nil {
 		o.Limits.Client = func(r *http.Request) string {
@@ -379,6 +388,11 @@ type Access struct {
 	// Write: register, heartbeat, update and deregister (registry),
 	// create and remove (tokens).
 	Write bool `json:"write"`
+	// Operate (registry only): drain and deregister instances that other
+	// clients registered (POST .../drain, .../deregister): readwrite on
+	// the instance prefix, with etcd authentication on (without it there
+	// is no operator identity, and these actions are refused).
+	Operate bool `json:"operate,omitempty"`
 }
 
 // WhoAmI is the answer of GET /v1/auth/whoami: who the request
@@ -386,7 +400,8 @@ type Access struct {
 // dashboard) offers only the actions that will succeed.
 type WhoAmI struct {
 	// AuthEnabled is true when etcd authentication is on; without it
-	// everyone may do everything the HTTP API offers.
+	// everyone may do everything the HTTP API offers, except operator
+	// actions (Access.Operate), which need an authenticated user.
 	AuthEnabled bool `json:"auth_enabled"`
 	// Authenticated is true when the request carried valid credentials.
 	Authenticated bool `json:"authenticated"`
@@ -452,8 +467,15 @@ func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
 	out.Authenticated, out.User, out.Method = true, uv.id.user, uv.id.method
 	ks := uv.reg.Keyspace()
 	may := func(prefix string, write bool) bool { return probe(ctx, uv.cli, prefix, write) == nil }
-	mayRegister := func(ns string) bool {
-		return may(ks.Prefix(beacon.Query{Namespace: ns}), true) && may(ks.OwnersPrefix(ns), true)
+	_, operable := s.registry.(registry.Operator)
+	// access says what the user may do in namespace ns ("" for all).
+	access := func(ns string) Access {
+		prefix := ks.Prefix(beacon.Query{Namespace: ns})
+		a := Access{Read: may(prefix, false)}
+		writer := may(prefix, true)
+		a.Write = writer && may(ks.OwnersPrefix(ns), true)
+		a.Operate = operable && a.Read && writer
+		return a
 	}
 	if uv.id.user != "" {
 		if resp, err := uv.cli.UserGet(ctx, uv.id.user); err == nil {
@@ -472,12 +494,11 @@ func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
 				if len(out.Namespaces) >= maxWhoAmINamespaces {
 					break
 				}
-				out.Namespaces[ns] = Access{Read: may(ks.Prefix(beacon.Query{Namespace: ns}), false), Write: mayRegister(ns)}
+				out.Namespaces[ns] = access(ns)
 			}
 		}
 	}
-	root := ks.Prefix(beacon.Query{})
-	out.AllNamespaces = Access{Read: may(root, false), Write: may(root, true) && may(ks.OwnersPrefix(""), true)}
+	out.AllNamespaces = access("")
 	out.BootstrapTokens = Access{Read: may(tokensPrefix, false), Write: may(tokensPrefix, true)}
 	out.V2Discovery = Access{Read: may(v2Prefix, false), Write: may(v2Prefix, true)}
 	writeJSONResp(w, http.StatusOK, out)

@@ -88,7 +88,11 @@ func (s *Server) startHTTP() error {
 		pprofhttp.Mount(mux) // not an API route: not in openapi.json
 	}
 	s.routes = mux
-	h := cors(s.cfg.CORSAllowedOrigins, s.requireAuth(mux)) // cors.go, authhttp.go
+	guarded, err := crossOriginGuard(s.cfg.CORSAllowedOrigins, s.requireAuth(mux)) // csrf.go, authhttp.go
+	if err != nil {
+		return fmt.Errorf("--cors-allowed-origins: %w", err)
+	}
+	h := cors(s.cfg.CORSAllowedOrigins, guarded) // cors.go
 	s.handler.Store(&h)
 	return nil
 }

@@ -480,6 +480,9 @@ func (c *apiChecker) registryScenario() {
 	c.do("PATCH", one, "application/json", `{"lease":"`+rr.Lease+`","status":"serving"}`) // 400: a lease
 	c.do("DELETE", one, "", "")                                                           // 404: no secret
 	c.do("DELETE", one+"?lease="+rr.Lease, "", "")                                        // 400: a lease
+	c.do("POST", one+"/drain", "", "")                                                    // 403: no operator without authentication
+	c.do("POST", one+"/deregister", "application/json", `{}`)                             // 403
+	c.doHeader("POST", one+"/drain", "", "", owner)                                       // 400: operators send no secret
 	c.doHeader("DELETE", one, "", "", owner)                                              // 204
 	c.doHeader("DELETE", one, "", "", owner)                                              // 404
 	c.do("GET", "/v1/registry/watch?namespace=prod", "", "")

@@ -27,12 +27,25 @@ type WriteOption func(*WriteOptions)
 type WriteOptions struct {
 	// Lease binds the key to a lease (NoLease by default).
 	Lease LeaseID
+	// KeepLease keeps the key bound to the lease it has (see KeepLease);
+	// Lease is then ignored.
+	KeepLease bool
 }
 
 // WithLease binds the written key to the lease: when the lease ends, the key
 // is deleted. Writing to a lease that has ended fails with ErrLeaseNotFound.
 func WithLease(id LeaseID) WriteOption {
 	return func(o *WriteOptions) { o.Lease = id }
+}
+
+// KeepLease writes the key without changing the lease it is bound to
+// (etcd's ignore_lease): for an Update of a key whose lease belongs to
+// someone else. The key must exist (ErrNotFound otherwise); WithLease is
+// ignored. Unlike WithLease of the same lease, it asks nothing about the
+// lease's other keys: etcd checks a writer's permission on every key bound
+// to a lease it attaches, and none for a key that keeps its lease.
+func KeepLease() WriteOption {
+	return func(o *WriteOptions) { o.KeepLease = true }
 }
 
 // ApplyWriteOptions folds opts into WriteOptions.

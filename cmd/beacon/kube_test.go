@@ -85,6 +85,17 @@ func TestKubernetesBackend(t *testing.T) {
 	if resp.StatusCode != http.StatusNotImplemented {
 		t.Fatalf("registration over HTTP on kubernetes: %d, want 501", resp.StatusCode)
 	}
+	// Operator actions need the registry's capability too.
+	for _, action := range []string{"drain", "deregister"} {
+		resp, err := http.Post(httpURL+"/v1/registry/instances/demo/api/http/"+id+"/"+action, "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotImplemented {
+			t.Fatalf("operator %s on kubernetes: %d, want 501", action, resp.StatusCode)
+		}
+	}
 	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
 	if err := srv.wait(t, 30*time.Second); err != nil {
 		t.Fatalf("serve: %v\n%s", err, srv.errOut())

@@ -1,7 +1,9 @@
 // Package registryapi is the HTTP API of Beacon's service registry, served by
 // `beacon serve` for clients that do not speak Go: register an instance
 // with a TTL, heartbeat, update, deregister, list with filters, and watch as
-// Server-Sent Events resumable with Last-Event-ID.
+// Server-Sent Events resumable with Last-Event-ID; and, for an operator
+// authenticated as an etcd user, drain or deregister any instance of a
+// namespace that user may write (operator.go).
 //
 // Every HTTP registration gets its own lease: the instance disappears when
 // its client stops heartbeating for one TTL, exactly like a Go worker's. It
@@ -51,6 +53,14 @@ type Options struct {
 	// returns nil for. Its errors are answered like the registry's (a
 	// store.ErrUnauthenticated 401, a store.ErrPermissionDenied 403).
 	Registry func(*http.Request) (registry.Discoverer, error)
+	// Operators, when set, returns the registry through which a request
+	// may act as an operator (drain or deregister an instance another
+	// client registered), and the operator's name for the logs: a view
+	// acting as the request's authenticated etcd user, whose roles etcd
+	// enforces. A nil registry (no authenticated user) refuses operator
+	// actions with 403; so does a nil Operators. The registry given to New
+	// is never used for them.
+	Operators func(*http.Request) (registry.Discoverer, string)
 	// Limits bound the watch streams and registrations of each client
 	// and of all of them; see Limits for the zero value.
 	Limits Limits
@@ -68,6 +78,7 @@ type Options struct {
 type Handler struct {
 	reg       registry.Discoverer
 	pick      func(*http.Request) (registry.Discoverer, error) // nil: reg for every request
+	operators func(*http.Request) (registry.Discoverer, string)
 	log       *slog.Logger
 	mux       *httpapi.Mux
 	keepAlive time.Duration
@@ -97,7 +108,7 @@ func New(reg registry.Discoverer, opts Options) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{reg: reg, pick: opts.Registry, log: opts.Logger.With("component", "registry-api"),
+	h := &Handler{reg: reg, pick: opts.Registry, operators: opts.Operators, log: opts.Logger.With("component", "registry-api"),
 		keepAlive: opts.KeepAliveInterval, m: m, quota: q}
 	h.mux = httpapi.NewMux()
 	h.mux.NotFound = "see /v1/openapi.json"
@@ -122,6 +133,8 @@ func (h *Handler) Register(r Router) {
 	h.handle(r, "PATCH "+one, h.update)
 	h.handle(r, "DELETE "+one, h.deregister)
 	h.handle(r, "POST "+one+"/heartbeat", h.heartbeat)
+	h.handle(r, "POST "+one+"/drain", h.operatorDrain)           // operator.go
+	h.handle(r, "POST "+one+"/deregister", h.operatorDeregister) // operator.go
 	h.handle(r, "GET "+WatchPath, h.watch)
 }
 

@@ -498,6 +498,8 @@ func TestRegistryWithoutLeases(t *testing.T) {
 	doSecret(t, "POST", instanceURL(srv.URL, in)+"/heartbeat", ``, "s").wantError(t, http.StatusNotImplemented, "not_implemented")
 	doSecret(t, "PATCH", instanceURL(srv.URL, in), `{"address":"h:1"}`, "s").wantError(t, http.StatusNotImplemented, "not_implemented")
 	doSecret(t, "DELETE", instanceURL(srv.URL, in), "", "s").wantError(t, http.StatusNotImplemented, "not_implemented")
+	do(t, "POST", instanceURL(srv.URL, in)+"/drain", "").wantError(t, http.StatusNotImplemented, "not_implemented")
+	do(t, "POST", instanceURL(srv.URL, in)+"/deregister", "").wantError(t, http.StatusNotImplemented, "not_implemented")
 	var list ListResponse
 	do(t, "GET", srv.URL+InstancesPath+"?namespace=ns", "").decode(t, &list)
 	if len(list.Instances) != 1 {

@@ -27,7 +27,11 @@
 // Instance names and metadata are untrusted: the scripts build the DOM
 // with textContent and DOM APIs only, and every response carries a
 // Content-Security-Policy (ContentSecurityPolicy) that forbids inline
-// script. The dashboard is read-only.
+// script. The dashboard is read-only by default: it offers an action
+// (removing a discovery token; draining or deregistering an instance, for
+// a user signed in with etcd authentication who may write its namespace)
+// only where GET /v1/auth/whoami says the HTTP API allows the caller, asks
+// for confirmation in a modal dialog, and lets the API decide.
 //
 // Handler serves the assets under Prefix+"assets/" (404 when unknown) and
 // the application page for every other path under Prefix (the page routes

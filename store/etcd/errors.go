@@ -47,6 +47,9 @@ func (s *Store) wrapErr(parent, c context.Context, what string, err error) error
 		return fmt.Errorf("%w: etcd %s", store.ErrLeaseNotFound, what)
 	case errors.Is(err, rpctypes.ErrCompacted):
 		return fmt.Errorf("%w: etcd %s", store.ErrCompacted, what)
+	case errors.Is(err, rpctypes.ErrKeyNotFound):
+		// A write that keeps the key's lease (ignore_lease) needs the key.
+		return fmt.Errorf("%w: etcd %s", store.ErrNotFound, what)
 	}
 	if perr := parent.Err(); perr != nil {
 		// The caller's context ended first. A deadline means the cluster

@@ -374,6 +374,9 @@ func (s *Store) list(ctx context.Context, prefix string) ([]store.KeyValue, int6
 }
 
 func leaseOpts(o store.WriteOptions) []clientv3.OpOption {
+	if o.KeepLease {
+		return []clientv3.OpOption{clientv3.WithIgnoreLease()}
+	}
 	if o.Lease == store.NoLease {
 		return nil
 	}

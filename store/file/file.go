@@ -842,6 +842,12 @@ func (s *Store) write(ctx context.Context, key string, value []byte, o store.Wri
 		if err := check(old); err != nil {
 			return nil, err
 		}
+		if o.KeepLease {
+			if old == nil {
+				return nil, fmt.Errorf("%w: %q (keeping its lease needs the key)", store.ErrNotFound, key)
+			}
+			o.Lease = old.Lease
+		}
 		if o.Lease != store.NoLease {
 			if err := s.leaseAliveLocked(o.Lease); err != nil {
 				return nil, err

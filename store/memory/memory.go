@@ -198,6 +198,12 @@ func (s *Store) write(ctx context.Context, key string, value []byte, o store.Wri
 	if err := check(old); err != nil {
 		return 0, err
 	}
+	if o.KeepLease {
+		if old == nil {
+			return 0, fmt.Errorf("%w: %q (keeping its lease needs the key)", store.ErrNotFound, key)
+		}
+		o.Lease = old.Lease
+	}
 	if o.Lease != store.NoLease && s.leases[o.Lease] == nil {
 		return 0, fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, o.Lease)
 	}

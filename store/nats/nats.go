@@ -600,16 +600,23 @@ func (s *Store) write(ctx context.Context, key string, value []byte, o store.Wri
 		if err := check(st.kv); err != nil {
 			return 0, err
 		}
+		lease := o.Lease
+		if o.KeepLease {
+			if st.kv == nil {
+				return 0, fmt.Errorf("%w: %q (keeping its lease needs the key)", store.ErrNotFound, key)
+			}
+			lease = st.kv.Lease
+		}
 		var touches []*nats.Msg
-		if o.Lease != store.NoLease {
-			l, err := s.lease(ctx, o.Lease)
+		if lease != store.NoLease {
+			l, err := s.lease(ctx, lease)
 			if err != nil {
 				return 0, err
 			}
 			if !l.live {
-				return 0, fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, o.Lease)
+				return 0, fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, lease)
 			}
-			touches = append(touches, s.touch(o.Lease, l))
+			touches = append(touches, s.touch(lease, l))
 		}
 		m := nats.NewMsg(s.keySubject(key))
 		m.Data = value
@@ -617,13 +624,13 @@ func (s *Store) write(ctx context.Context, key string, value []byte, o store.Wri
 		m.Header.Set(hdrPrev, strconv.FormatUint(st.seq, 10))
 		if st.kv != nil {
 			m.Header.Set(hdrCreate, strconv.FormatInt(st.kv.CreateRevision, 10))
-			if st.kv.Lease != store.NoLease && st.kv.Lease != o.Lease {
+			if st.kv.Lease != store.NoLease && st.kv.Lease != lease {
 				// The old lease must not end unseen before this write.
 				touches = append(touches, s.touch(st.kv.Lease, st.lease))
 			}
 		}
-		if o.Lease != store.NoLease {
-			m.Header.Set(hdrLease, fmt.Sprintf("%x", uint64(o.Lease)))
+		if lease != store.NoLease {
+			m.Header.Set(hdrLease, fmt.Sprintf("%x", uint64(lease)))
 		}
 		seq, err := s.publish(ctx, touches, m)
 		if isConflict(err) {

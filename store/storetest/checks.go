@@ -360,6 +360,49 @@ func testLeaseRebind(t *testing.T, h *harness) {
 	}
 }
 
+// testKeepLease: an Update with KeepLease changes the value and leaves the
+// key bound to its lease (the key still goes with it), whatever WithLease
+// says; it needs the key.
+func testKeepLease(t *testing.T, h *harness) {
+	s, ctx := h.store(t), h.ctx(t)
+	l, err := s.Grant(ctx, 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := s.Grant(ctx, 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := h.key("k")
+	r1 := mustPut(t, ctx, s, k, "leased", store.WithLease(l.ID))
+	r2, err := s.Update(ctx, k, []byte("changed"), r1, store.KeepLease(), store.WithLease(other.ID))
+	if err != nil {
+		t.Fatalf("Update with KeepLease: %v", err)
+	}
+	kv := mustGet(t, ctx, s, k)
+	if string(kv.Value) != "changed" || kv.Lease != l.ID || kv.ModRevision != r2 || kv.CreateRevision != r1 {
+		t.Fatalf("after Update with KeepLease: %q lease %x mod %d create %d, want %q lease %x mod %d create %d",
+			kv.Value, kv.Lease, kv.ModRevision, kv.CreateRevision, "changed", l.ID, r2, r1)
+	}
+	free := h.key("free")
+	rf := mustPut(t, ctx, s, free, "free")
+	if _, err := s.Update(ctx, free, []byte("still free"), rf, store.KeepLease()); err != nil {
+		t.Fatalf("Update with KeepLease of a key without lease: %v", err)
+	}
+	if kv := mustGet(t, ctx, s, free); kv.Lease != store.NoLease || string(kv.Value) != "still free" {
+		t.Fatalf("a key without lease got lease %x (%q)", kv.Lease, kv.Value)
+	}
+	_, err = s.Update(ctx, h.key("absent"), []byte("x"), r1, store.KeepLease())
+	wantErr(t, "Update with KeepLease of an absent key", err, store.ErrNotFound)
+	if err := s.Revoke(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, k); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the key outlived its lease after an Update with KeepLease: %v", err)
+	}
+	_ = s.Revoke(ctx, other.ID)
+}
+
 // writeN puts n keys under the check's prefix and returns their revisions.
 func writeN(t *testing.T, ctx context.Context, h *harness, s store.Store, n int) []int64 {
 	t.Helper()

@@ -74,6 +74,7 @@ var checks = []check{
 	{"Lease/KeepAliveExtends", testKeepAliveExtends},
 	{"Lease/EndedLease", testEndedLease},
 	{"Lease/Rebind", testLeaseRebind},
+	{"Lease/KeepLease", testKeepLease},
 	{"Watch/Ordering", testWatchOrdering},
 	{"Watch/ExactlyOnce", testWatchExactlyOnce},
 	{"Watch/ResumeFromRevision", testWatchResume},

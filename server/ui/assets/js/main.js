@@ -61,12 +61,30 @@ class App {
 
   // may reports whether the HTTP API allows the caller an action, as the
   // server says (whoami); without that answer, nothing is offered.
-  may(what) {
+  // Operator actions on instances ('instances.operate', in namespace ns)
+  // need a signed-in etcd user: never without authentication.
+  may(what, ns) {
     const who = this.identity;
     if (!who) return false;
+    if (what === 'instances.operate') {
+      if (!who.auth_enabled || !who.authenticated) return false;
+      if (who.all_namespaces && who.all_namespaces.operate) return true;
+      const a = who.namespaces && who.namespaces[ns];
+      return !!(a && a.operate);
+    }
     if (!who.auth_enabled) return true;
     if (what === 'tokens.write') return !!(who.bootstrap_tokens && who.bootstrap_tokens.write);
     return false;
+  }
+
+  // operatesAnywhere reports whether the caller may drain or deregister
+  // instances in some namespace (the Services page then has an Actions
+  // column).
+  operatesAnywhere() {
+    const who = this.identity;
+    if (!who || !who.auth_enabled || !who.authenticated) return false;
+    if (who.all_namespaces && who.all_namespaces.operate) return true;
+    return Object.values(who.namespaces || {}).some((a) => a && a.operate);
   }
 
   // loadIdentity learns the server's features and the caller's identity,

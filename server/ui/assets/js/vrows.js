@@ -112,10 +112,11 @@ export class VirtualRows {
 // points at the active row with aria-activedescendant; arrows, Page Up/Down,
 // Home and End move it, Enter activates it.
 export class Grid {
-  // columns: [{id, title, cls, sortable, badge, tip}]; cellText(i, col)
-  // gives a cell's text, badgeClass(i, col) the class of a badge column's
-  // badge; a tip column repeats its text as a tooltip. onActivate(i) runs
-  // on Enter or click.
+  // columns: [{id, title, cls, sortable, badge, tip, create, render}];
+  // cellText(i, col) gives a cell's text, badgeClass(i, col) the class of
+  // a badge column's badge; a tip column repeats its text as a tooltip; a
+  // column with create(cell) and render(cell, i) builds and updates its
+  // cells itself (controls). onActivate(i) runs on Enter or click.
   constructor({ label, columns, rowHeight = 30, idPrefix, cellText, badgeClass, isSelected, onActivate, sort, onSort, layout }) {
     this.idPrefix = idPrefix;
     this.cellText = cellText;
@@ -195,6 +196,11 @@ export class Grid {
     for (const c of this.columns) {
       const cell = h('div', { class: `cell ${c.cls || ''}`, role: 'gridcell' });
       cell.__t = cell;
+      if (c.create) {
+        c.create(cell);
+        row.append(cell);
+        continue;
+      }
       if (c.badge) {
         cell.__t = h('span', { class: 'badge' });
         cell.append(cell.__t);
@@ -216,6 +222,10 @@ export class Grid {
     for (let c = 0; c < this.columns.length; c += 1) {
       const cell = cells[c];
       const col = this.columns[c];
+      if (col.render) {
+        col.render(cell, i);
+        continue;
+      }
       const text = this.cellText(i, col.id);
       setText(cell.__t, text);
       if (col.badge) setAttr(cell.__t, 'class', `badge ${this.badgeClass(i, col.id)}`);

@@ -7,7 +7,7 @@ import { HISTORY_MS } from '../model.js';
 import { Grid, VirtualRows } from '../vrows.js';
 import { Sparkline } from '../sparkline.js';
 import { BASE, servicesURL } from '../router.js';
-import { card, registerHelp } from './common.js';
+import { card, fetchJSON, registerHelp } from './common.js';
 
 const KIND = ['', 'namespace', 'component', 'endpoint'];
 const ROW = 30;
@@ -23,6 +23,10 @@ const ALL_COLUMNS = [
   { id: 'meta', title: 'Metadata', cls: 'meta', tip: true },
   { id: 'age', title: 'Age', sortable: true, cls: 'num' },
 ];
+
+function instanceName(inst) {
+  return `${inst.namespace}/${inst.component}/${inst.endpoint}/${inst.id}`;
+}
 
 function cmp(a, b) {
   return a < b ? -1 : a > b ? 1 : 0;
@@ -55,6 +59,14 @@ export class ServicesView {
     this.listKey = '';
     this.inspectKey = '';
     this.inspected = null;
+    // Operator actions (drain, deregister) are offered only where the
+    // server says the caller may (whoami); the API decides in the end.
+    this.ops = app.operatesAnywhere();
+    this.actionsColumn = {
+      id: 'actions', title: 'Actions', cls: 'ops',
+      create: (cell) => this.createActions(cell),
+      render: (cell, i) => this.renderActions(cell, i),
+    };
     this.setRoute(route);
   }
 
@@ -158,8 +170,10 @@ export class ServicesView {
     });
     this.instInput.value = this.instFilter;
     this.countEl = h('span', { class: 'count' });
+    // The outcome of the last operator action.
+    this.actionStatus = h('span', { class: 'note action-status', role: 'status' });
     this.tools = h('div', { class: 'table-tools' },
-      h('label', { class: 'field', for: instFilterId, text: 'Filter instances' }), this.instInput, this.countEl);
+      h('label', { class: 'field', for: instFilterId, text: 'Filter instances' }), this.instInput, this.countEl, this.actionStatus);
     this.grid = new Grid({
       label: 'Instances',
       idPrefix: uid('inst'),
@@ -190,7 +204,7 @@ export class ServicesView {
       h('nav', { 'aria-label': 'Breadcrumb' }, this.crumbs),
       h('div', { class: 'detail-head' }, this.title, this.kindEl),
       this.stats, this.tools, this.grid.el, this.empty, this.inspector);
-    this.el = h('div', { class: 'services' }, side, this.detail);
+    this.el = h('div', { class: 'services' }, side, this.detail, this.createDialog());
     main.append(this.el);
   }
 
@@ -201,7 +215,13 @@ export class ServicesView {
 
   buildColumns() {
     const endpoint = this.path.length === 3;
-    this.grid.setColumns(endpoint ? ALL_COLUMNS.slice(1) : ALL_COLUMNS, endpoint ? 'endpoint' : 'all');
+    let columns = endpoint ? ALL_COLUMNS.slice(1) : ALL_COLUMNS;
+    let layout = endpoint ? 'endpoint' : 'all';
+    if (this.ops) {
+      columns = [...columns, this.actionsColumn];
+      layout += '-ops';
+    }
+    this.grid.setColumns(columns, layout);
     if (endpoint && this.sort.col === 'service') this.sort = { col: 'address', dir: 1 };
     this.grid.setSort(this.sort);
   }
@@ -518,6 +538,16 @@ export class ServicesView {
         this.grid.el.focus();
       },
     });
+    const name = instanceName(inst);
+    const may = !last.goneAt && this.app.may('instances.operate', inst.namespace);
+    const drain = may && status !== 'draining' ? h('button', {
+      type: 'button', class: 'btn small', text: 'Drain…', 'aria-label': `Drain ${name}`, 'data-action': 'drain',
+      onclick: (ev) => this.confirmAction('drain', inst, ev.currentTarget),
+    }) : null;
+    const deregister = may ? h('button', {
+      type: 'button', class: 'btn small danger', text: 'Deregister…', 'aria-label': `Deregister ${name}`, 'data-action': 'deregister',
+      onclick: (ev) => this.confirmAction('deregister', inst, ev.currentTarget),
+    }) : null;
     const rows = [
       ['Service', `${inst.namespace}/${inst.component}/${inst.endpoint}`],
       ['Instance ID', inst.id],
@@ -532,7 +562,7 @@ export class ServicesView {
     this.inspector.replaceChildren();
     append(this.inspector, [
       h('header', {}, h('h2', { text: `${inst.namespace}/${inst.component}/${inst.endpoint}/${inst.id}` }),
-        h('span', { class: `badge ${last.goneAt ? 'leave' : status}`, text: last.goneAt ? 'gone' : status }), close),
+        h('span', { class: `badge ${last.goneAt ? 'leave' : status}`, text: last.goneAt ? 'gone' : status }), drain, deregister, close),
       last.goneAt ? h('p', { class: 'note warn', text: `This instance left the registry at ${dateTime(last.goneAt)}; its last known state:` }) : null,
       dl,
       h('h3', { class: 'note', text: keys.length ? `Metadata (${keys.length})` : 'No metadata' }),
@@ -541,12 +571,129 @@ export class ServicesView {
     show(this.inspector, true);
   }
 
+  // ---- operator actions ----
+
+  // createActions builds a row's action buttons. They are not tab stops
+  // (the grid is one): keyboard users open the row (Enter) and use the
+  // same buttons in the instance details.
+  createActions(cell) {
+    cell.__drain = h('button', { type: 'button', class: 'btn small', tabindex: '-1', text: 'Drain…', 'data-action': 'drain' });
+    cell.__deregister = h('button', { type: 'button', class: 'btn small danger', tabindex: '-1', text: 'Deregister…', 'data-action': 'deregister' });
+    cell.append(cell.__drain, cell.__deregister);
+    cell.addEventListener('click', (ev) => {
+      const b = ev.target instanceof Element ? ev.target.closest('button') : null;
+      if (!b) return;
+      ev.stopPropagation(); // not a click on the row
+      const r = this.list[cell.parentElement.__index];
+      if (r) this.confirmAction(b.dataset.action, r.inst, this.grid.el);
+    });
+  }
+
+  renderActions(cell, i) {
+    const inst = this.list[i].inst;
+    const may = this.app.may('instances.operate', inst.namespace);
+    show(cell.__drain, may && inst.status !== 'draining');
+    show(cell.__deregister, may);
+    if (may) {
+      const name = instanceName(inst);
+      setAttr(cell.__drain, 'aria-label', `Drain ${name}`);
+      setAttr(cell.__deregister, 'aria-label', `Deregister ${name}`);
+    }
+  }
+
+  // createDialog builds the confirmation dialog of the operator actions: a
+  // modal dialog (focus stays in it, Escape cancels), labelled by its
+  // title and described by its text; Cancel has the focus first.
+  createDialog() {
+    const titleId = uid('op-title');
+    const textId = uid('op-text');
+    this.dlgTitle = h('h2', { id: titleId });
+    this.dlgText = h('p', { id: textId });
+    this.dlgNote = h('p', { class: 'note' });
+    this.dlgError = h('p', { class: 'note bad', role: 'alert', hidden: true });
+    this.dlgCancel = h('button', { type: 'button', class: 'btn', text: 'Cancel', onclick: () => this.dialog.close() });
+    this.dlgConfirm = h('button', { type: 'button', class: 'btn danger', onclick: () => this.runAction() });
+    this.dialog = h('dialog', { class: 'op-dialog', 'aria-labelledby': titleId, 'aria-describedby': textId },
+      this.dlgTitle, this.dlgText, this.dlgNote, this.dlgError, h('div', { class: 'actions' }, this.dlgCancel, this.dlgConfirm));
+    this.dialog.addEventListener('cancel', (ev) => {
+      if (this.dlgBusy) ev.preventDefault(); // the request is under way
+    });
+    this.dialog.addEventListener('close', () => {
+      const back = this.dlgReturn && this.dlgReturn.isConnected ? this.dlgReturn : this.grid.el;
+      this.dlgReturn = null;
+      back.focus();
+    });
+    return this.dialog;
+  }
+
+  // confirmAction asks before draining or deregistering inst; from is
+  // where the focus returns.
+  confirmAction(action, inst, from) {
+    if (this.dlgBusy || !this.app.may('instances.operate', inst.namespace)) return;
+    const name = instanceName(inst);
+    this.pending = { action, inst };
+    this.dlgReturn = from;
+    const who = this.app.identity && this.app.identity.user ? ` as ${this.app.identity.user}` : '';
+    if (action === 'drain') {
+      setText(this.dlgTitle, `Drain ${name}?`);
+      setText(this.dlgText, 'The instance stays registered, marked draining: resolvers and clients stop sending it new work. '
+        + 'Its owner keeps the mark: a Go or CLI process adopts it, and a client that registered over HTTP may set it serving again.');
+      setText(this.dlgConfirm, 'Drain');
+    } else {
+      setText(this.dlgTitle, `Deregister ${name}?`);
+      setText(this.dlgText, 'The instance is removed from the registry now. If the process that registered it is still alive, it registers it again '
+        + 'within its verification interval (about half a minute by default): to take a live process out of rotation, drain it or stop the process. '
+        + 'Deregister instances whose owner is gone or misbehaving; a client that registered over HTTP gets 404 on its next heartbeat.');
+      setText(this.dlgConfirm, 'Deregister');
+    }
+    setText(this.dlgNote, `Address ${inst.address}${inst.transport ? ` (${inst.transport})` : ''}, ${inst.status || 'serving'}. The server does it${who}; etcd checks the permission.`);
+    this.dlgError.textContent = '';
+    show(this.dlgError, false);
+    this.dlgConfirm.disabled = false;
+    this.dlgCancel.disabled = false;
+    this.dialog.showModal();
+    this.dlgCancel.focus();
+  }
+
+  async runAction() {
+    const { action, inst } = this.pending || {};
+    if (!action || this.dlgBusy) return;
+    const name = instanceName(inst);
+    const path = [inst.namespace, inst.component, inst.endpoint, inst.id].map(encodeURIComponent).join('/');
+    this.dlgBusy = true;
+    this.dlgConfirm.disabled = true;
+    this.dlgCancel.disabled = true;
+    show(this.dlgError, false);
+    try {
+      await fetchJSON(`/v1/registry/instances/${path}/${action}`, { method: 'POST' });
+      this.dlgBusy = false;
+      this.dialog.close();
+      setClass(this.actionStatus, 'bad', false);
+      setText(this.actionStatus, `${action === 'drain' ? 'Drained' : 'Deregistered'} ${name}.`);
+    } catch (err) {
+      this.dlgBusy = false;
+      this.dlgError.textContent = `The server refused: ${err.message}`;
+      show(this.dlgError, true);
+      this.dlgConfirm.disabled = false;
+      this.dlgCancel.disabled = false;
+      this.dlgCancel.focus();
+    }
+  }
+
   // ---- frame ----
 
   update(dirty) {
     const m = this.model;
     this.now = Date.now();
     const routeChanged = dirty.has('route');
+    if (dirty.has('identity')) {
+      const ops = this.app.operatesAnywhere();
+      if (ops !== this.ops) {
+        this.ops = ops;
+        this.buildColumns();
+      }
+      this.inspectedSig = '';
+    }
     if (this.treeDirty || dirty.has('structure') || dirty.has('sync')) {
       this.treeDirty = false;
       this.flatten();
@@ -626,7 +773,7 @@ export class ServicesView {
       const f2 = this.instFilter.trim();
       setText(this.countEl, f2 ? `${num(this.list.length)} of ${plural(total, 'instance')} match` : plural(this.list.length, 'instance'));
     }
-    if (listChanged || dirty.has('instances') || dirty.has('tick') || routeChanged) this.grid.refresh();
+    if (listChanged || dirty.has('instances') || dirty.has('tick') || dirty.has('identity') || routeChanged) this.grid.refresh();
     this.renderInspector();
   }
 }

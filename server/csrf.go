@@ -1,0 +1,46 @@
+package server
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/beaconplane/beacon/internal/httpapi"
+)
+
+// Cross-site request forgery. A browser attaches the credentials it holds
+// for the server (HTTP Basic credentials typed into its prompt, a client
+// certificate) to requests that pages of other origins make, and some of
+// those need no CORS preflight: a form's POST, a no-cors fetch. Such a
+// page could make a signed-in operator's browser drain or deregister
+// instances (the operator actions are POSTs without a body) or create
+// tokens. So every request with a method that changes state is refused
+// when the browser says it comes from another origin (Sec-Fetch-Site, or
+// an Origin that is not the server's), unless that origin is one of
+// --cors-allowed-origins ("*": every origin, no check). Clients that are
+// not browsers send neither header and are not affected; the dashboard is
+// same-origin.
+
+// crossOriginGuard wraps h with net/http's CrossOriginProtection, trusting
+// the CORS allowed origins.
+func crossOriginGuard(origins []string, h http.Handler) (http.Handler, error) {
+	if slices.Contains(origins, "*") {
+		return h, nil
+	}
+	p := http.NewCrossOriginProtection()
+	for _, o := range origins {
+		if err := p.AddTrustedOrigin(strings.ToLower(strings.TrimSuffix(o, "/"))); err != nil {
+			return nil, err
+		}
+	}
+	p.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		origin := r.Header.Get("Origin")
+		if origin == "" {
+			origin = "another origin"
+		}
+		httpapi.WriteError(w, http.StatusForbidden, "permission_denied",
+			"cross-origin request refused: a page of "+origin+" may not change this server's state with the browser's credentials "+
+				"(cross-site request forgery); if the page is yours, allow its origin with --cors-allowed-origins")
+	}))
+	return p.Handler(h), nil
+}

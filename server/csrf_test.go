@@ -1,0 +1,86 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/beaconplane/beacon/server/registryapi"
+)
+
+// TestCrossSiteRequestsRefused: a browser sends the credentials it holds
+// for the server (an operator signed in to the dashboard) with requests
+// that pages of other origins make, and a POST needs no preflight. Such
+// requests are refused before anything is done (403, saying why): a
+// drain, a registration, a token; the same requests from the server's own
+// origin, from a CORS-allowed origin and from clients that are not
+// browsers (no Origin, no Sec-Fetch-Site) work, and reads stay allowed.
+func TestCrossSiteRequestsRefused(t *testing.T) {
+	cfg := authConfig(t)
+	cfg.CORSAllowedOrigins = []string{"https://dash.example"}
+	s := startServer(t, cfg)
+	root := rootClient(t, s)
+	grant(t, root, "opal", "opal-pw", "readwrite /services/team-a/", "readwrite /beacon-owners/team-a/")
+	base := s.Endpoints().HTTP
+	opal := as{t: t, base: base, auth: basic("opal", "opal-pw")}
+	r := opal.do("POST", registryapi.InstancesPath, `{"namespace":"team-a","component":"api","endpoint":"http","address":"10.0.0.1:80","ttl":"1m"}`)
+	var owned registryapi.RegisterResponse
+	if r.code != http.StatusCreated || json.Unmarshal([]byte(r.body), &owned) != nil {
+		t.Fatalf("register: %d %s", r.code, r.body)
+	}
+	drain := registryapi.InstancesPath + "/" + owned.Instance.Ref().String() + "/drain"
+	status := func() string {
+		t.Helper()
+		var in struct{ Status string }
+		r := opal.do("GET", registryapi.InstancesPath+"/"+owned.Instance.Ref().String(), "")
+		_ = json.Unmarshal([]byte(r.body), &in)
+		return in.Status
+	}
+	self := strings.TrimSuffix(base, "/")
+
+	// A page of another site, as Chromium sends it (a form's POST, or a
+	// no-cors fetch), and as an older browser does (Origin only).
+	for _, hdr := range [][]string{
+		{"Origin", "https://evil.example", "Sec-Fetch-Site", "cross-site"},
+		{"Origin", "null", "Sec-Fetch-Site", "cross-site"},
+		{"Sec-Fetch-Site", "same-site"},
+		{"Origin", "https://evil.example"},
+	} {
+		for _, req := range []struct{ method, path, body string }{
+			{"POST", drain, ""},
+			{"POST", registryapi.InstancesPath, `{"namespace":"team-a","component":"api","endpoint":"http","address":"10.6.6.6:80"}`},
+			{"POST", "/v1/tokens", `{"size":3}`},
+		} {
+			r := opal.do(req.method, req.path, req.body, hdr...)
+			if r.code != http.StatusForbidden || !strings.Contains(r.body, "cross-site request forgery") || !strings.Contains(r.body, "--cors-allowed-origins") {
+				t.Errorf("%s %s with %v: %d %s, want 403 saying why", req.method, req.path, hdr, r.code, r.body)
+			}
+		}
+		if got := opal.do("GET", registryapi.InstancesPath+"?namespace=team-a", "", hdr...); got.code != http.StatusOK {
+			t.Errorf("a cross-site read with %v: %d %s", hdr, got.code, got.body)
+		}
+	}
+	if st := status(); st != "serving" {
+		t.Fatalf("a refused cross-site drain changed the instance: %s", st)
+	}
+	var list registryapi.ListResponse
+	if r := opal.do("GET", registryapi.InstancesPath+"?namespace=team-a", ""); json.Unmarshal([]byte(r.body), &list) != nil || len(list.Instances) != 1 {
+		t.Fatalf("a refused cross-site registration was written: %s", r.body)
+	}
+
+	// The server's own pages, an allowed origin, and non-browser clients.
+	for _, hdr := range [][]string{
+		{"Origin", self, "Sec-Fetch-Site", "same-origin"},
+		{"Origin", self},
+		{"Origin", "https://dash.example", "Sec-Fetch-Site", "cross-site"},
+		nil,
+	} {
+		if r := opal.do("POST", drain, "", hdr...); r.code != http.StatusOK {
+			t.Errorf("drain with %v: %d %s", hdr, r.code, r.body)
+		}
+	}
+	if st := status(); st != "draining" {
+		t.Fatalf("after the allowed drains: %s", st)
+	}
+}
