@@ -85,4 +85,3 @@ func plain(s string) bool {
 	}
 	return true
 }
-

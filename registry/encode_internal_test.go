@@ -67,7 +67,7 @@ func TestAppendInstanceMatchesMarshalJSON(t *testing.T) {
 // MarshalJSON's or declines.
 func FuzzAppendInstance(f *testing.F) {
 	f.Add("prod", "api", "grpc", "00000000000000ff", "10.0.0.1:9000", "tcp", "zone", "a", "serving", int64(1764075600123000000))
-	f.Add("a&b", "<", ">", `"`, "\\", "\x00", "ü", "\xff", "", int64(-1 << 62))
+	f.Add("a&b", "<", ">", `"`, "\\", "\x00", "ü", "\xff", "", int64(-1<<62))
 	f.Fuzz(func(t *testing.T, ns, comp, ep, id, addr, tr, mk, mv, status string, nanos int64) {
 		in := beacon.Instance{
 			Namespace: ns, Component: comp, Endpoint: ep, ID: id, Address: addr, Transport: tr,
