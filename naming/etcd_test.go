@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/netcut"
 	"github.com/beaconplane/beacon/naming"
-	"github.com/beaconplane/beacon/naming/internal/netcut"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store/etcd"
@@ -50,7 +50,11 @@ func TestStaleWhileEtcdUnreachableThenRecovers(t *testing.T) {
 
 	// The client reaches etcd through a connection we can cut; its
 	// registry probes the store every second (a third of a 3 s TTL).
-	cut := netcut.Start(t, strings.TrimPrefix(server.Endpoint(), "http://"))
+	cut, err := netcut.Start(strings.TrimPrefix(server.Endpoint(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cut.Close() })
 	st, err := etcd.New(ctx, etcd.Config{Endpoints: []string{cut.Addr()}, RequestTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)

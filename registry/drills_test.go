@@ -3,8 +3,6 @@ package registry_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/url"
 	"sync"
 	"syscall"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/netcut"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/registrytest"
 	"github.com/beaconplane/beacon/store/etcd"
@@ -214,21 +213,10 @@ func fastReconnect(c *clientv3.Config) {
 	}))
 }
 
-// cutProxy forwards TCP to a target until Cut, which drops every
-// connection and refuses new ones until Restore.
-type cutProxy struct {
-	l      net.Listener
-	target string
-	mu     sync.Mutex
-	cut    bool
-	conns  map[net.Conn]bool
-	wg     sync.WaitGroup
-}
-
 // cutRegistry returns a registry that reaches srv through a connection the
 // test can cut, and that cut-able proxy. Its watches deliver removals at
 // once (RemovalHold negative): the tests check the exact resync batch.
-func cutRegistry(t *testing.T, srv *etcdtest.Server) (*cutProxy, *registry.StoreRegistry) {
+func cutRegistry(t *testing.T, srv *etcdtest.Server) (*netcut.Proxy, *registry.StoreRegistry) {
 	t.Helper()
 	u, err := url.Parse(srv.Endpoint())
 	if err != nil {
@@ -239,74 +227,14 @@ func cutRegistry(t *testing.T, srv *etcdtest.Server) (*cutProxy, *registry.Store
 	return proxy, newRegistry(t, st, registry.Config{LeaseTTL: etcdTTL, RemovalHold: -1})
 }
 
-func startProxy(t *testing.T, target string) *cutProxy {
+func startProxy(t *testing.T, target string) *netcut.Proxy {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := netcut.Start(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &cutProxy{l: l, target: target, conns: map[net.Conn]bool{}}
-	p.wg.Add(1)
-	go p.serve()
-	t.Cleanup(func() {
-		_ = l.Close()
-		p.Cut()
-		p.wg.Wait()
-	})
+	t.Cleanup(func() { _ = p.Close() })
 	return p
-}
-
-func (p *cutProxy) Endpoint() string { return "http://" + p.l.Addr().String() }
-
-func (p *cutProxy) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.l.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = true, true
-		p.wg.Add(2)
-		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			defer p.wg.Done()
-			_, _ = io.Copy(dst, src)
-			_ = dst.Close()
-			_ = src.Close()
-		}
-		go pipe(up, c)
-		go pipe(c, up)
-	}
-}
-
-// Cut drops every connection and refuses new ones.
-func (p *cutProxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = true
-	for c := range p.conns {
-		_ = c.Close()
-	}
-	clear(p.conns)
-}
-
-// Restore accepts connections again.
-func (p *cutProxy) Restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = false
 }
 
 // TestDrillCompactionWhileDisconnected (drill c): a watcher's connection to

@@ -1,6 +1,10 @@
 package main
 
 import (
+	"io"
+	"os"
+	"runtime/pprof"
+
 	"github.com/spf13/cobra"
 )
 
@@ -17,3 +21,46 @@ runs larger.`,
 }
 
 func init() { rootCmd.AddCommand(benchCmd) }
+
+// benchReport is what a scenario prints.
+type benchReport interface {
+	WriteJSON(io.Writer) error
+	WriteTable(io.Writer) error
+}
+
+// checkBenchOutput refuses an output format no scenario prints, before any
+// measuring starts.
+func checkBenchOutput(output string) error {
+	if output != "table" && output != "json" {
+		return usagef("-o %q: want table or json", output)
+	}
+	return nil
+}
+
+// writeBenchReport prints r as -o asks.
+func writeBenchReport(cmd *cobra.Command, output string, r benchReport) error {
+	if output == "json" {
+		return r.WriteJSON(cmd.OutOrStdout())
+	}
+	return r.WriteTable(cmd.OutOrStdout())
+}
+
+// startCPUProfile writes a CPU profile of this process to path until stop
+// is called; with no path it does nothing.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
+}

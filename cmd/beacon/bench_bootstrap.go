@@ -23,6 +23,9 @@ the last member until every member has its initial cluster (goal: Beacon
 own connection; no etcd member is started.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkBenchOutput(output); err != nil {
+				return err
+			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
@@ -32,13 +35,7 @@ own connection; no etcd member is started.`,
 			if err != nil {
 				return err
 			}
-			switch output {
-			case "json":
-				return r.WriteJSON(cmd.OutOrStdout())
-			case "", "table":
-				return r.WriteTable(cmd.OutOrStdout())
-			}
-			return usagef("-o %q: want table or json", output)
+			return writeBenchReport(cmd, output, r)
 		},
 	}
 	f := cmd.Flags()

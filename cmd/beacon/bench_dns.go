@@ -31,8 +31,8 @@ Needs dnsperf (apt-get install dnsperf) and CoreDNS with the etcd plugin (bash
 also on interrupt. The default run takes about a minute.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return usagef("-o %q: want table or json", output)
+			if err := checkBenchOutput(output); err != nil {
+				return err
 			}
 			// Zero means "default" in bench.DNSConfig; here it was typed.
 			var errs []error
@@ -59,10 +59,7 @@ also on interrupt. The default run takes about a minute.`,
 			if err != nil {
 				return err
 			}
-			if output == "json" {
-				return r.WriteJSON(cmd.OutOrStdout())
-			}
-			return r.WriteTable(cmd.OutOrStdout())
+			return writeBenchReport(cmd, output, r)
 		},
 	}
 	f := cmd.Flags()

@@ -69,8 +69,8 @@ partition drill is skipped. Every process and namespace is removed at the end,
 also on failure.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return usagef("-o %q: want table or json", output)
+			if err := checkBenchOutput(output); err != nil {
+				return err
 			}
 			switch {
 			case drills != "":

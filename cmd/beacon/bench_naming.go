@@ -29,8 +29,8 @@ serve). The default run takes about a minute on 2 cores.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Bad input fails at once, not after a minute of measuring.
-			if output != "table" && output != "json" {
-				return usagef("-o %q: want table or json", output)
+			if err := checkBenchOutput(output); err != nil {
+				return err
 			}
 			if err := cfg.Validate(); err != nil {
 				return usage(err)
@@ -44,10 +44,7 @@ serve). The default run takes about a minute on 2 cores.`,
 			if err != nil {
 				return err
 			}
-			if output == "json" {
-				return r.WriteJSON(cmd.OutOrStdout())
-			}
-			return r.WriteTable(cmd.OutOrStdout())
+			return writeBenchReport(cmd, output, r)
 		},
 	}
 	f := cmd.Flags()

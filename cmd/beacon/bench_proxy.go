@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"runtime/pprof"
 	"time"
 
 	"github.com/beaconplane/beacon/bench"
@@ -44,8 +43,8 @@ Beacon checkout, or leave it out with --no-grpc-proxy. An interrupt (Ctrl-C)
 stops both proxies and etcd and removes the keys written.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return usagef("-o %q: want table or json", output)
+			if err := checkBenchOutput(output); err != nil {
+				return err
 			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
@@ -65,25 +64,16 @@ stops both proxies and etcd and removes the keys written.`,
 					return usage(err)
 				}
 			}
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				if err := pprof.StartCPUProfile(f); err != nil {
-					return err
-				}
-				defer pprof.StopCPUProfile()
+			stop, err := startCPUProfile(cpuProfile)
+			if err != nil {
+				return err
 			}
+			defer stop()
 			r, err := bench.RunProxy(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			if output == "json" {
-				return r.WriteJSON(cmd.OutOrStdout())
-			}
-			return r.WriteTable(cmd.OutOrStdout())
+			return writeBenchReport(cmd, output, r)
 		},
 	}
 	f := cmd.Flags()

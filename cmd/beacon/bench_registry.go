@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
-	"runtime/pprof"
 	"time"
 
 	"github.com/beaconplane/beacon/bench"
@@ -91,8 +89,8 @@ func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Contex
 		Long:  long + "\n\nBy default it starts its own single-node etcd in a child process (with fsync, like production; --no-fsync without); --endpoints measures an existing one. An interrupt (Ctrl-C) stops it cleanly: leases revoked, child processes stopped, data removed.",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return usagef("-o %q: want table or json", output)
+			if err := checkBenchOutput(output); err != nil {
+				return err
 			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
@@ -107,25 +105,16 @@ func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Contex
 					return usage(err)
 				}
 			}
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				if err := pprof.StartCPUProfile(f); err != nil {
-					return err
-				}
-				defer pprof.StopCPUProfile()
+			stop, err := startCPUProfile(cpuProfile)
+			if err != nil {
+				return err
 			}
+			defer stop()
 			rep, err := runFn(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			if output == "json" {
-				return rep.WriteJSON(cmd.OutOrStdout())
-			}
-			return rep.WriteTable(cmd.OutOrStdout())
+			return writeBenchReport(cmd, output, rep)
 		},
 	}
 	f := cmd.Flags()

@@ -34,6 +34,9 @@ func TestBenchCommandsBadInput(t *testing.T) {
 		{args: []string{"bench", "proxy", "--watches", "5", "--streams", "10"}, want: "--streams 10"},
 		{args: []string{"bench", "proxy", "--etcd-bin", "/nonexistent/etcd"}, want: "--etcd-bin"},
 		{args: []string{"bench", "proxy", "-o", "yaml"}, want: "-o"},
+		{args: []string{"bench", "bootstrap", "-o", "yaml"}, want: "-o"},
+		{args: []string{"bench", "dns", "-o", "yaml"}, want: "-o"},
+		{args: []string{"bench", "register", "--cpuprofile", "/nonexistent/dir/cpu.prof", "--no-ceiling", "--instances", "1", "--sequential", "1"}, want: "/nonexistent/dir/cpu.prof", exit: exitFailure},
 		{args: []string{"proxy", "--cache-max-staleness", "-1s"}, want: "--cache-max-staleness"},
 		{args: []string{"proxy", "--cache-max-bytes", "0"}, want: "--cache-max-bytes"},
 	})

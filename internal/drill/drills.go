@@ -12,6 +12,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/etcdproc"
+	"github.com/beaconplane/beacon/internal/netcut"
 	"github.com/beaconplane/beacon/store"
 )
 
@@ -546,12 +547,12 @@ func (r *runner) scoreFlaps(e *env, ws []*watcher, res *Result) {
 // deliver exactly the difference.
 func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result) error {
 	first := e.c.Members()[0]
-	p, err := startProxy(strings.TrimPrefix(first.ClientURL, "http://"))
+	p, err := netcut.Start(strings.TrimPrefix(first.ClientURL, "http://"))
 	if err != nil {
 		return err
 	}
-	defer p.close()
-	cut, err := r.newWatcher(ctx, "cut", []string{p.endpoint()}, e.ns)
+	defer p.Close()
+	cut, err := r.newWatcher(ctx, "cut", []string{p.Endpoint()}, e.ns)
 	if err != nil {
 		return err
 	}
@@ -576,7 +577,7 @@ func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result
 		w.mark(v.id)
 	}
 	t0 := time.Now()
-	p.setCut(true)
+	p.Cut()
 	v.kill()
 	if err := e.fleet.update(ctx, 0, fmt.Sprintf("10.56.%d.1:7000", n%250)); err != nil {
 		return err
@@ -609,7 +610,7 @@ func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result
 		return err
 	}
 	healAt := time.Now()
-	p.setCut(false)
+	p.Restore()
 	want := e.fleet.want()
 	want[newcomer.Instance().Ref().String()] = newcomer.Instance().Address
 	for _, w := range all {

@@ -36,7 +36,7 @@ type Preparer interface {
 }
 
 // EtcdMembers runs members from an etcd binary (etcd's own flags; this
-// repository builds one from etcd 3.7.3 as internal/etcdmember).
+// repository builds one from etcd 3.7.3 as internal/etcd).
 type EtcdMembers struct {
 	// Bin is the etcd binary.
 	Bin string

@@ -1,5 +1,5 @@
 // Package etcdproc runs a cluster of etcd members as separate processes —
-// etcd's own binary (built from etcd 3.7.3 as internal/etcdmember) or
+// etcd's own binary (built from etcd 3.7.3 as internal/etcd) or
 // `beacon serve` nodes — so that fault drills can do to them what happens
 // in production: stop a member (SIGSTOP: it accepts connections and
 // answers nothing), kill it (SIGKILL), restart it on its data, and, with

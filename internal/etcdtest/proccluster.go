@@ -14,7 +14,7 @@ import (
 
 // MemberPkg is the package of the etcd 3.7.3 member binary that process
 // clusters run (built once per test process by testpeer.GoBuild).
-const MemberPkg = "github.com/beaconplane/beacon/internal/etcdmember"
+const MemberPkg = "github.com/beaconplane/beacon/internal/etcd"
 
 // ProcessClusterOptions configure StartProcessCluster.
 type ProcessClusterOptions struct {

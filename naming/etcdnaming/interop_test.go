@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/netcut"
 	"github.com/beaconplane/beacon/naming/etcdnaming"
 	"github.com/beaconplane/beacon/naming/internal/cctest"
-	"github.com/beaconplane/beacon/naming/internal/netcut"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/prometheus/client_golang/prometheus"
@@ -198,7 +198,11 @@ func TestCompactionDuringPartition(t *testing.T) {
 	must(t, m.AddEndpoint(ctx, target+"/b1", etcdnaming.Endpoint{Addr: b1.Addr()}))
 
 	// Both resolvers reach etcd through a connection we can cut.
-	cut := netcut.Start(t, strings.TrimPrefix(server.Endpoint(), "http://"))
+	cut, err := netcut.Start(strings.TrimPrefix(server.Endpoint(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cut.Close() })
 	viaCut := func() *clientv3.Client {
 		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{cut.Addr()}, DialTimeout: 5 * time.Second})
 		must(t, err)
@@ -254,7 +258,11 @@ func TestResolverReportsOutageAndRecovers(t *testing.T) {
 	m := newManager(t, etcdStore(t, server.Client(t)), target)
 	must(t, m.AddEndpoint(ctx, target+"/a", etcdnaming.Endpoint{Addr: "10.0.0.1:1"}))
 
-	cut := netcut.Start(t, strings.TrimPrefix(server.Endpoint(), "http://"))
+	cut, err := netcut.Start(strings.TrimPrefix(server.Endpoint(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cut.Close() })
 	st, err := etcd.New(ctx, etcd.Config{Endpoints: []string{cut.Addr()}})
 	must(t, err)
 	t.Cleanup(func() { _ = st.Close() })
