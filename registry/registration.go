@@ -464,7 +464,13 @@ func (r *StoreRegistry) deleteIfOurs(ctx context.Context, key string, modRev int
 // nothing in flight a create is sent at once; otherwise a transaction
 // starts when the creates waiting reach a threshold: an even share of the
 // outstanding ones (waiting and in flight) over minInflight transactions,
-// at most targetBatch. It takes everything waiting (up to maxTxnOps). So a
+// at most targetBatch. The share is of the most outstanding lately (peak),
+// not of those outstanding at that instant: the callers of a transaction
+// that just ended are on their way back, and counting them out made
+// batches a quarter smaller than the share (12 instead of 16 with 64
+// callers), so etcd ran more, smaller transactions. It takes everything
+// waiting (up to maxTxnOps). What waits is sent at the latest when the
+// transactions in flight have ended. So a
 // lone Register costs one transaction; a few concurrent ones are spread
 // over about minInflight transactions; W concurrent ones keep about W keys
 // in flight in transactions of targetBatch or more, as many as that takes
@@ -479,6 +485,10 @@ type batcher struct {
 	queue    []*createOp
 	inflight int // transactions
 	flying   int // creates in them
+	// peak is the most creates outstanding lately: the largest count
+	// seen, decaying by an eighth (at least one) with every transaction
+	// started.
+	peak int
 }
 
 const (
@@ -541,10 +551,12 @@ func (b *batcher) takeLocked() []*createOp {
 		return nil
 	}
 	outstanding := len(b.queue) + b.flying
-	threshold := min(targetBatch, (outstanding+minInflight-1)/minInflight)
+	b.peak = max(b.peak, outstanding)
+	threshold := min(targetBatch, (b.peak+minInflight-1)/minInflight)
 	if b.inflight > 0 && len(b.queue) < threshold {
 		return nil
 	}
+	b.peak -= (b.peak + 7) / 8
 	n := min(len(b.queue), maxTxnOps)
 	batch := append([]*createOp(nil), b.queue[:n]...)
 	b.queue = b.queue[n:]
@@ -581,7 +593,7 @@ func (b *batcher) failAll(err error) {
 	b.mu.Lock()
 	q := b.queue
 	b.queue = nil
-	b.inflight, b.flying = 0, 0
+	b.inflight, b.flying, b.peak = 0, 0, 0
 	b.mu.Unlock()
 	for _, op := range q {
 		b.finish(op, 0, err)

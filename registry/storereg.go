@@ -165,9 +165,14 @@ func (r *StoreRegistry) prepare(in beacon.Instance) (beacon.Instance, []byte, er
 }
 
 func encode(in beacon.Instance) ([]byte, error) {
-	// MarshalJSON directly: json.Marshal would re-scan and compact what it
-	// returns (an eighth of a registration's CPU), to the same bytes.
-	val, err := in.MarshalJSON()
+	// MarshalJSON's bytes, written directly when the instance allows it
+	// (json.Marshal would also re-scan and compact what MarshalJSON
+	// returns, an eighth of a registration's CPU, to the same bytes).
+	val, ok := appendInstance(make([]byte, 0, 256), in)
+	var err error
+	if !ok {
+		val, err = in.MarshalJSON()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("registry: encode instance %s: %w", in.Ref(), err)
 	}

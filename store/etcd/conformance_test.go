@@ -4,8 +4,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/beaconplane/beacon/store/storetest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // suiteOptions adapt the conformance suite to etcd.
@@ -23,4 +25,19 @@ var suiteOptions = storetest.Options{
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, factory(nil, etcd.Config{}), suiteOptions)
+}
+
+// TestConformanceFromClient runs the suite on stores over a client the
+// caller made, whose transactions go through the client's KV rather than
+// New's direct path.
+func TestConformanceFromClient(t *testing.T) {
+	storetest.Run(t, func(tb testing.TB) store.Store {
+		cli, err := clientv3.New(server.ClientConfig())
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s := etcd.NewFromClient(cli, etcd.CloseClient())
+		tb.Cleanup(func() { _ = s.Close() })
+		return s
+	}, suiteOptions)
 }

@@ -30,6 +30,7 @@ type Store struct {
 	listPageSize   int64
 	watchSilence   time.Duration // 0: watches do not check for silence
 	prober         *prober       // nil: members are not probed
+	direct         *directKV     // nil: transactions go through cli.KV (NewFromClient)
 	watchSeq       atomic.Uint64 // numbers watches: each has a gRPC stream of its own
 
 	closed      atomic.Bool
@@ -116,6 +117,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fail(err)
 	}
 	s := newStore(cli, true, r)
+	s.direct = newDirectKV(cli, ccfg)
 	if len(r.endpoints) > 1 && r.probeTimeout > 0 {
 		log := cfg.Logger
 		if log == nil {
@@ -532,38 +534,27 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 		return 0, err
 	}
 	defer s.wd.end(tc)
-	var (
-		cmps  []clientv3.Cmp
-		then  = make([]clientv3.Op, 0, len(ops))
-		conds []store.Op // the ops with a precondition
-	)
-	for _, op := range ops {
-		if op.IfAbsent {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(op.Key), "=", 0))
-		}
-		if op.IfModRevision != 0 {
-			cmps = append(cmps, casCompares(op.Key, op.IfModRevision)...)
-		}
-		if op.IfAbsent || op.IfModRevision != 0 {
-			conds = append(conds, op)
-		}
-		switch op.Kind {
-		case store.OpPut:
-			then = append(then, clientv3.OpPut(op.Key, string(op.Value), leaseOpts(store.WriteOptions{Lease: op.Lease})...))
-		case store.OpDelete:
-			then = append(then, clientv3.OpDelete(op.Key))
-		}
-	}
 	// No Else branch: etcd would decode it with every transaction (twice:
 	// the request and its raft entry) to use it only when a precondition
 	// fails, which costs registrations about a seventh of etcd's CPU. The
 	// rare failure reads the keys at the revision the transaction saw.
-	resp, err := s.cli.Txn(c).If(cmps...).Then(then...).Commit()
+	var resp *clientv3.TxnResponse
+	if s.direct != nil {
+		resp, err = s.direct.txn(c, txnRequest(ops))
+	} else {
+		resp, err = txnThroughKV(c, s.cli, ops)
+	}
 	if err != nil {
 		return 0, s.wrap(ctx, c, fmt.Sprintf("transaction of %d ops", len(ops)), err)
 	}
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
+	}
+	var conds []store.Op // the ops with a precondition
+	for _, op := range ops {
+		if op.IfAbsent || op.IfModRevision != 0 {
+			conds = append(conds, op)
+		}
 	}
 	reads := make([]clientv3.Op, len(conds))
 	for i, op := range conds {
@@ -598,6 +589,30 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 	// Unreachable unless the keys were read at another revision than the
 	// compares (after a compaction): etcd evaluated them on this snapshot.
 	return 0, &store.ConflictError{Key: conds[0].Key, Err: store.ErrConflict}
+}
+
+// txnThroughKV sends ops as txnRequest does, through kv (the KV of a
+// client from NewFromClient).
+func txnThroughKV(c context.Context, kv clientv3.KV, ops []store.Op) (*clientv3.TxnResponse, error) {
+	var (
+		cmps []clientv3.Cmp
+		then = make([]clientv3.Op, 0, len(ops))
+	)
+	for _, op := range ops {
+		if op.IfAbsent {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(op.Key), "=", 0))
+		}
+		if op.IfModRevision != 0 {
+			cmps = append(cmps, casCompares(op.Key, op.IfModRevision)...)
+		}
+		switch op.Kind {
+		case store.OpPut:
+			then = append(then, clientv3.OpPut(op.Key, string(op.Value), leaseOpts(store.WriteOptions{Lease: op.Lease})...))
+		case store.OpDelete:
+			then = append(then, clientv3.OpDelete(op.Key))
+		}
+	}
+	return kv.Txn(c).If(cmps...).Then(then...).Commit()
 }
 
 // Compact implements store.Compactor. Watches from revisions below rev fail
