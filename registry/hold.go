@@ -22,7 +22,11 @@ import (
 // fleet for every watcher. The feed therefore holds back the removals that
 // look like that — a serving instance removed less than RemovalHold after
 // the store came back from an outage, or in a burst (burstMin removals of
-// serving instances at distinct revisions within burstWindow) — for up to
+// serving instances at distinct revisions within burstWindow, which is
+// etcd's lease-expiry tick: the leases that expire within one tick are
+// revoked together, so independent crashes a few hundred milliseconds
+// apart can show up in twos and threes; a fleet losing its leases shows up
+// as many more) — for up to
 // RemovalHold: if the same key is written again meanwhile, the removal is
 // dropped (watchers see nothing, or an update if the value changed);
 // otherwise it is delivered when the hold ends. Every other removal of a
@@ -34,8 +38,8 @@ import (
 
 const (
 	holdCoalesce = 50 * time.Millisecond // every serving removal waits this long
-	burstWindow  = time.Second
-	burstMin     = 3
+	burstWindow  = 500 * time.Millisecond
+	burstMin     = 5
 )
 
 // recentRemoval is a removal of a serving instance, for burst detection.

@@ -13,6 +13,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// massFleet is a fleet that, losing its leases at once, is a burst (5 or
+// more removals within half a second).
+const massFleet = 6
+
 // TestMassRevocationIsRiddenOut: every lease of a fleet is revoked at once
 // behind its sessions' backs (as a resumed etcd leader does, or etcd after
 // an outage longer than the TTL). The sessions re-register with the same
@@ -24,7 +28,7 @@ func TestMassRevocationIsRiddenOut(t *testing.T) {
 	st := newMemoryStore(t)
 	const ttl = time.Second
 	var fleet []*registry.StoreRegistry
-	for i := range 5 {
+	for i := range massFleet {
 		r := newRegistry(t, st, registry.Config{LeaseTTL: ttl})
 		if _, err := r.Register(ctx, inst(ns, fmt.Sprintf("10.0.0.%d:80", i+1))); err != nil {
 			t.Fatal(err)
@@ -39,7 +43,7 @@ func TestMassRevocationIsRiddenOut(t *testing.T) {
 	}
 	defer w.Close()
 	v := registrytest.NewView()
-	for v.Len() < 5 {
+	for v.Len() < massFleet {
 		next(t, ctx, w, v)
 	}
 	for _, r := range fleet {
@@ -56,7 +60,7 @@ func TestMassRevocationIsRiddenOut(t *testing.T) {
 	if _, err := watching.Register(ctx, inst(ns, "10.0.0.99:80")); err != nil {
 		t.Fatal(err)
 	}
-	for v.Len() < 6 {
+	for v.Len() < massFleet+1 {
 		b := next(t, ctx, w, v)
 		for _, e := range b.Events {
 			if e.Type != beacon.Added || e.Instance.Address != "10.0.0.99:80" {
@@ -64,8 +68,8 @@ func TestMassRevocationIsRiddenOut(t *testing.T) {
 			}
 		}
 	}
-	if got := heldRemovals(t, metrics, "cancelled"); got != 5 {
-		t.Fatalf("held removals cancelled: %v, want 5 (delivered %v)", got, heldRemovals(t, metrics, "delivered"))
+	if got := heldRemovals(t, metrics, "cancelled"); got != massFleet {
+		t.Fatalf("held removals cancelled: %v, want %d (delivered %v)", got, massFleet, heldRemovals(t, metrics, "delivered"))
 	}
 	// Nothing arrives after the hold either.
 	nctx, cancel := context.WithTimeout(ctx, ttl/3+3*time.Second)
@@ -77,7 +81,8 @@ func TestMassRevocationIsRiddenOut(t *testing.T) {
 
 // TestMassDeathIsDeliveredAfterHold: a burst of processes that really end
 // (their leases revoked, nobody re-registers) reaches watchers once the
-// hold ends, and a single removal after 50 ms.
+// hold ends; a single removal, and a few at once (independent crashes
+// whose leases expire in the same tick of etcd's lessor), after 50 ms.
 func TestMassDeathIsDeliveredAfterHold(t *testing.T) {
 	ctx := within(t, 30*time.Second)
 	ns := uniqueNS()
@@ -85,7 +90,8 @@ func TestMassDeathIsDeliveredAfterHold(t *testing.T) {
 	const ttl = time.Second
 	hold := ttl/3 + time.Second + time.Second // keep-alive interval, one lost call, 1 s
 	var fleet []*registry.StoreRegistry
-	for i := range 4 {
+	const few = 3
+	for i := range 1 + few + massFleet {
 		r, err := registry.New(st, registry.Config{LeaseTTL: ttl})
 		if err != nil {
 			t.Fatal(err)
@@ -102,7 +108,7 @@ func TestMassDeathIsDeliveredAfterHold(t *testing.T) {
 	}
 	defer w.Close()
 	v := registrytest.NewView()
-	for v.Len() < 4 {
+	for v.Len() < len(fleet) {
 		next(t, ctx, w, v)
 	}
 	// One process ends: delivered after the 50 ms coalescing.
@@ -110,15 +116,31 @@ func TestMassDeathIsDeliveredAfterHold(t *testing.T) {
 	if err := fleet[0].Close(); err != nil {
 		t.Fatal(err)
 	}
-	for v.Len() != 3 {
+	for v.Len() != len(fleet)-1 {
 		next(t, ctx, w, v)
 	}
 	if took := time.Since(start); took > time.Second {
 		t.Fatalf("a single removal took %v", took)
 	}
-	// Three end at once: held, then delivered.
+	// A fleet ends at once: held, then delivered.
 	start = time.Now()
-	for _, r := range fleet[1:] {
+	for _, r := range fleet[1 : 1+massFleet] {
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for v.Len() != few {
+		next(t, ctx, w, v)
+	}
+	took := time.Since(start)
+	t.Logf("a burst of %d removals delivered after %v (hold %v)", massFleet, took.Round(time.Millisecond), hold)
+	if took < hold-200*time.Millisecond || took > hold+2*time.Second {
+		t.Fatalf("burst delivered after %v, want about %v", took, hold)
+	}
+	// A few end at once (long after the burst): not a burst, delivered as
+	// fast as one.
+	start = time.Now()
+	for _, r := range fleet[1+massFleet:] {
 		if err := r.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -126,10 +148,8 @@ func TestMassDeathIsDeliveredAfterHold(t *testing.T) {
 	for v.Len() != 0 {
 		next(t, ctx, w, v)
 	}
-	took := time.Since(start)
-	t.Logf("a burst of 3 removals delivered after %v (hold %v)", took.Round(time.Millisecond), hold)
-	if took < hold-200*time.Millisecond || took > hold+2*time.Second {
-		t.Fatalf("burst delivered after %v, want about %v", took, hold)
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("%d removals at once took %v: held as a burst", few, took)
 	}
 }
 
@@ -168,7 +188,7 @@ func TestMassRevocationSeenByRelistIsRiddenOut(t *testing.T) {
 	// long after the watcher re-listed.
 	const fleetTTL = 6 * time.Second
 	var fleet []*registry.StoreRegistry
-	for i := range 4 {
+	for i := range massFleet {
 		r := newRegistry(t, newEtcdStore(t, nil, etcd.Config{}), registry.Config{LeaseTTL: fleetTTL})
 		if _, err := r.Register(ctx, inst(ns, fmt.Sprintf("10.0.2.%d:80", i+1))); err != nil {
 			t.Fatal(err)
@@ -185,7 +205,7 @@ func TestMassRevocationSeenByRelistIsRiddenOut(t *testing.T) {
 	}
 	defer w.Close()
 	v := registrytest.NewView()
-	for v.Len() < 4 {
+	for v.Len() < massFleet {
 		next(t, ctx, w, v)
 	}
 	// Cut until the watcher says it is stale, then revoke every lease and
@@ -224,7 +244,7 @@ func TestMassRevocationSeenByRelistIsRiddenOut(t *testing.T) {
 		}
 	}
 	<-recovered
-	if v.Len() != 4 {
+	if v.Len() != massFleet {
 		t.Fatalf("view %v", v)
 	}
 }
@@ -239,7 +259,7 @@ func TestHeldRemovalReachesResume(t *testing.T) {
 	st := newMemoryStore(t)
 	const ttl = time.Second
 	var fleet []*registry.StoreRegistry
-	for i := range 3 {
+	for i := range massFleet {
 		r, err := registry.New(st, registry.Config{LeaseTTL: ttl})
 		if err != nil {
 			t.Fatal(err)
@@ -256,7 +276,7 @@ func TestHeldRemovalReachesResume(t *testing.T) {
 	}
 	defer w.Close()
 	v := registrytest.NewView()
-	for v.Len() < 3 {
+	for v.Len() < massFleet {
 		next(t, ctx, w, v)
 	}
 	for _, r := range fleet { // a burst: held
@@ -268,7 +288,7 @@ func TestHeldRemovalReachesResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := next(t, ctx, w, v)
-	if v.Len() != 4 || len(b.Events) != 1 || b.Events[0].Type != beacon.Added {
+	if v.Len() != massFleet+1 || len(b.Events) != 1 || b.Events[0].Type != beacon.Added {
 		t.Fatalf("during the hold: batch %+v, view %v", b, v)
 	}
 	told := b.Revision
@@ -290,7 +310,7 @@ func TestHeldRemovalReachesResume(t *testing.T) {
 			removed++
 		}
 	}
-	if rb.Kind != registry.Changes || removed != 3 {
+	if rb.Kind != registry.Changes || removed != massFleet {
 		t.Fatalf("resume from %d: %v batch with %d removals (%+v)", told, rb.Kind, removed, rb.Events)
 	}
 }
