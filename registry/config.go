@@ -65,7 +65,7 @@ type Config struct {
 	// RemovalHold is how long a watch holds back the removal of a serving
 	// instance that looks like a lease lost by its whole fleet rather than
 	// a process gone: one less than RemovalHold after the store came back
-	// from an outage, or in a burst (5 or more within half a second). If the
+	// from an outage, or in a burst (5 or more processes' leases within 250 ms). If the
 	// instance is written again meanwhile (its session re-registered it
 	// with the same ID), watchers see nothing; otherwise they see the
 	// removal when the hold ends. Other removals of serving instances wait

@@ -38,6 +38,7 @@ type item struct {
 	inst   beacon.Instance
 	create int64
 	mod    int64
+	lease  store.LeaseID // the key's lease (NoLease where unknown): a burst counts distinct leases
 }
 
 func itemLess(a, b *item) bool { return a.key < b.key }
@@ -463,7 +464,7 @@ func (f *feed) parse(kv store.KeyValue) *item {
 		f.h.r.invalidValue(kv.Key, err)
 		return nil
 	}
-	return &item{key: kv.Key, inst: in, create: kv.CreateRevision, mod: kv.ModRevision}
+	return &item{key: kv.Key, inst: in, create: kv.CreateRevision, mod: kv.ModRevision, lease: kv.Lease}
 }
 
 // applyListing replaces the state with a listing at rev. After the first

@@ -3,6 +3,8 @@ package registry
 import (
 	"fmt"
 	"time"
+
+	"github.com/beaconplane/beacon/store"
 )
 
 // Riding out mass removals.
@@ -21,12 +23,15 @@ import (
 // Delivered as they happen, each is a removal and a re-add of the whole
 // fleet for every watcher. The feed therefore holds back the removals that
 // look like that — a serving instance removed less than RemovalHold after
-// the store came back from an outage, or in a burst (burstMin removals of
-// serving instances at distinct revisions within burstWindow, which is
-// etcd's lease-expiry tick: the leases that expire within one tick are
-// revoked together, so independent crashes a few hundred milliseconds
-// apart can show up in twos and threes; a fleet losing its leases shows up
-// as many more) — for up to
+// the store came back from an outage, or in a burst (removals of serving
+// instances of burstMin distinct leases within burstWindow: one process
+// closing many registrations is one lease, and a fleet losing its leases
+// is many; where a backend names no lease, distinct revisions count; etcd's
+// lessor revokes the leases that expired since its last tick together,
+// every 500 ms, so independent crashes a few hundred milliseconds apart
+// arrive in twos and threes, one tick's worth at a time, while a fleet
+// that loses its leases arrives as many more in one tick; the window is
+// shorter than a tick so that two ticks never add up) — for up to
 // RemovalHold: if the same key is written again meanwhile, the removal is
 // dropped (watchers see nothing, or an update if the value changed);
 // otherwise it is delivered when the hold ends. Every other removal of a
@@ -38,14 +43,22 @@ import (
 
 const (
 	holdCoalesce = 50 * time.Millisecond // every serving removal waits this long
-	burstWindow  = 500 * time.Millisecond
+	burstWindow  = 250 * time.Millisecond
 	burstMin     = 5
 )
 
 // recentRemoval is a removal of a serving instance, for burst detection.
 type recentRemoval struct {
 	at  time.Time
-	rev int64
+	who burstID
+}
+
+// burstID is what a burst counts distinct of: the removed key's lease, or,
+// for a key without one, the removal's revision (or a listing's unique
+// stand-in for it).
+type burstID struct {
+	lease store.LeaseID
+	rev   int64
 }
 
 // pendingRemoval is a removal not delivered yet; its item stays in the tree.
@@ -78,18 +91,22 @@ func (f *feed) removeLocked(old *item, rev, burstKey int64, now time.Time) {
 	}
 	p := &pendingRemoval{it: old, until: now.Add(holdCoalesce)}
 	f.pending[old.key] = p
-	// A burst: count the revisions of recent serving removals, this one
-	// included (one lease's keys all go at one revision: one process).
+	// A burst: count the leases (or revisions) of recent serving removals,
+	// this one included.
+	who := burstID{rev: burstKey}
+	if old.lease != store.NoLease {
+		who = burstID{lease: old.lease}
+	}
 	keep := f.recent[:0]
-	revs := map[int64]bool{burstKey: true}
+	seen := map[burstID]bool{who: true}
 	for _, r := range f.recent {
 		if now.Sub(r.at) < burstWindow {
 			keep = append(keep, r)
-			revs[r.rev] = true
+			seen[r.who] = true
 		}
 	}
-	f.recent = append(keep, recentRemoval{at: now, rev: burstKey})
-	burst := len(revs) >= burstMin
+	f.recent = append(keep, recentRemoval{at: now, who: who})
+	burst := len(seen) >= burstMin
 	afterOutage := !f.backAt.IsZero() && now.Sub(f.backAt) < hold
 	if burst || afterOutage {
 		n := 0

@@ -14,7 +14,7 @@ import (
 )
 
 // massFleet is a fleet that, losing its leases at once, is a burst (5 or
-// more removals within half a second).
+// more removals within 250 ms).
 const massFleet = 6
 
 // TestMassRevocationIsRiddenOut: every lease of a fleet is revoked at once
@@ -312,5 +312,51 @@ func TestHeldRemovalReachesResume(t *testing.T) {
 	}
 	if rb.Kind != registry.Changes || removed != massFleet {
 		t.Fatalf("resume from %d: %v batch with %d removals (%+v)", told, rb.Kind, removed, rb.Events)
+	}
+}
+
+// TestOneProcessClosingManyIsNotHeld: a process that closes many of its
+// registrations one after another (a shutdown without draining) removes
+// them at distinct revisions, but under one lease: not a fleet losing its
+// leases, so watchers see each removal after the 50 ms coalescing, not
+// after RemovalHold.
+func TestOneProcessClosingManyIsNotHeld(t *testing.T) {
+	ctx := within(t, 30*time.Second)
+	ns := uniqueNS()
+	st := newMemoryStore(t)
+	owner := newRegistry(t, st, registry.Config{LeaseTTL: time.Second})
+	var regs []registry.Registration
+	for i := range 2 * massFleet {
+		r, err := owner.Register(ctx, inst(ns, fmt.Sprintf("10.0.4.%d:80", i+1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		regs = append(regs, r)
+	}
+	metrics := prometheus.NewRegistry()
+	watching := newRegistry(t, st, registry.Config{LeaseTTL: 10 * time.Second, Metrics: metrics})
+	w, err := watching.Watch(ctx, beacon.Query{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	v := registrytest.NewView()
+	for v.Len() < len(regs) {
+		next(t, ctx, w, v)
+	}
+	start := time.Now()
+	for _, r := range regs {
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for v.Len() != 0 {
+		next(t, ctx, w, v)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("%d registrations of one process closed: removals took %v (held as a burst)", len(regs), took)
+	}
+	if n := heldRemovals(t, metrics, "delivered") + heldRemovals(t, metrics, "cancelled"); n != 0 {
+		t.Fatalf("%v removals held", n)
 	}
 }
