@@ -3,8 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
-	"fmt"
-	"os"
+	"errors"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/internal/testpeer"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
 )
 
 // runUntilInterrupted runs the beacon binary with args, waits for a log
@@ -85,17 +85,39 @@ func checkChildrenGone(t *testing.T, log string, want int) {
 	}
 	for _, m := range ms {
 		pid, _ := strconv.Atoi(m[2])
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-			// Gone, or a zombie (Z) not yet reaped by init.
-			if err != nil || strings.Contains(string(b), ") Z ") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("child %s (pid %d) still running after the benchmark was interrupted", m[1], pid)
-			}
-			time.Sleep(50 * time.Millisecond) // another process: nothing to wait on
+		if !exitsWithin(t, pid, 10*time.Second) {
+			t.Fatalf("child %s (pid %d) still running after the benchmark was interrupted", m[1], pid)
+		}
+	}
+}
+
+// exitsWithin waits for the exit of pid, a process that is not this one's
+// child, through a pidfd (readable once the process has exited).
+func exitsWithin(t *testing.T, pid int, d time.Duration) bool {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return true // gone, and reaped
+	}
+	if err != nil {
+		t.Fatalf("pidfd_open %d: %v", pid, err)
+	}
+	defer unix.Close(fd)
+	deadline := time.Now().Add(d)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(left.Milliseconds())+1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("poll pidfd of %d: %v", pid, err)
+		}
+		if n > 0 {
+			return true
 		}
 	}
 }
