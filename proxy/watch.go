@@ -102,6 +102,36 @@ type upstream struct {
 	caughtUp  bool
 	closed    bool
 	receivers map[*cwatcher]struct{}
+	// fan groups one batch's receivers by client stream (dispatch's
+	// scratch, emptied after each batch); free keeps its slices.
+	fan  map[*cstream][]fanItem
+	free [][]fanItem
+}
+
+// fanAdd adds fi for stream s to the batch being dispatched; u.mu held.
+func (u *upstream) fanAdd(s *cstream, fi fanItem) {
+	if u.fan == nil {
+		u.fan = map[*cstream][]fanItem{}
+	}
+	ws, ok := u.fan[s]
+	if !ok && len(u.free) > 0 {
+		ws, u.free = u.free[len(u.free)-1], u.free[:len(u.free)-1]
+	}
+	u.fan[s] = append(ws, fi)
+}
+
+// fanOut queues b on every stream fanAdd named, once per stream, and
+// empties the scratch; u.mu held, so that batches reach each stream in
+// order.
+func (u *upstream) fanOut(b *evBatch) {
+	for s, ws := range u.fan {
+		s.enqueueEvents(b, ws)
+		clear(ws)
+		if len(u.free) < 64 && cap(ws) <= 4096 {
+			u.free = append(u.free, ws[:0])
+		}
+		delete(u.fan, s)
+	}
 }
 
 type cwatcher struct {
@@ -265,27 +295,39 @@ func (s *cstream) enqueue(rs ...*pb.WatchResponse) {
 	s.wake()
 }
 
-// enqueueEvents queues batch b's events from revision from for w, merged
-// into w's events that already wait when they fit.
-func (s *cstream) enqueueEvents(w *cwatcher, b *evBatch, from int64) {
+// fanItem is one watcher's share of a batch, from revision from.
+type fanItem struct {
+	w    *cwatcher
+	from int64
+}
+
+// enqueueEvents queues batch b's events for each of ws (all watchers of
+// s), each merged into its events that already wait when they fit. One
+// lock and one wake for all of them: the sender then finds the whole
+// batch at once rather than racing the dispatcher for it watcher by
+// watcher.
+func (s *cstream) enqueueEvents(b *evBatch, ws []fanItem) {
 	s.mu.Lock()
 	if s.overflow {
 		s.mu.Unlock()
 		return
 	}
-	n := int32(len(s.segs))
-	s.segs = append(s.segs, segNode{seg: seg{b: b, from: from}, next: -1})
-	if i, ok := s.open[w.id]; ok && s.queue[i].size+b.size <= maxMergeBytes && s.queue[i].nsegs < maxMergeSegs {
-		it := &s.queue[i]
-		s.segs[it.last].next = n
-		it.last = n
-		it.nsegs++
-		it.size += b.size
-	} else {
-		s.queue = append(s.queue, qitem{w: w, first: n, last: n, nsegs: 1, size: b.size})
-		s.open[w.id] = len(s.queue) - 1
+	for _, fi := range ws {
+		w := fi.w
+		n := int32(len(s.segs))
+		s.segs = append(s.segs, segNode{seg: seg{b: b, from: fi.from}, next: -1})
+		if i, ok := s.open[w.id]; ok && s.queue[i].size+b.size <= maxMergeBytes && s.queue[i].nsegs < maxMergeSegs {
+			it := &s.queue[i]
+			s.segs[it.last].next = n
+			it.last = n
+			it.nsegs++
+			it.size += b.size
+		} else {
+			s.queue = append(s.queue, qitem{w: w, first: n, last: n, nsegs: 1, size: b.size})
+			s.open[w.id] = len(s.queue) - 1
+		}
+		s.qbytes += b.size
 	}
-	s.qbytes += b.size
 	over := len(s.queue) > s.hub.p.watchQueue || s.qbytes > s.hub.p.watchQueueBytes
 	s.mu.Unlock()
 	if over {
@@ -708,8 +750,9 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 				w.sink.apply(b, from)
 				continue
 			}
-			w.s.enqueueEvents(w, b, from)
+			u.fanAdd(w.s, fanItem{w: w, from: from})
 		}
+		u.fanOut(b)
 		if !u.caughtUp {
 			defer u.hub.requestProgress(u.key)
 		}
