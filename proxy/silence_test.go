@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os/exec"
@@ -151,10 +152,28 @@ func TestWatchesLeaveAHungMember(t *testing.T) {
 		t.Fatalf("watch member %q is none of %v", member, eps)
 	}
 	writer := directClient(t, others...)
+	// When the hung member is the leader, writes time out until the other
+	// two elect a new one: retry as a client would, and take a write the
+	// cluster applied although its answer was lost as done (each value is
+	// unique), so that every value is written exactly once.
 	put := func(v string) {
 		t.Helper()
-		if _, err := writer.Put(ctx, "/hung/k", v); err != nil {
-			t.Fatal(err)
+		for {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := writer.Put(pctx, "/hung/k", v)
+			cancel()
+			if err == nil {
+				return
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("put %q: %v", v, err)
+			}
+			gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			resp, gerr := writer.Get(gctx, "/hung/k")
+			cancel()
+			if gerr == nil && len(resp.Kvs) == 1 && string(resp.Kvs[0].Value) == v {
+				return
+			}
 		}
 	}
 	put("before")
