@@ -84,9 +84,10 @@ func TestCutAndRestore(t *testing.T) {
 	}
 	p.Cut()
 	_ = held.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var ne net.Error
 	if _, err := held.Read(make([]byte, 1)); err == nil {
 		t.Fatal("a connection held across the cut still works")
-	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	} else if errors.As(err, &ne) && ne.Timeout() {
 		t.Fatal("a connection held across the cut was not closed")
 	}
 	if err := roundTrip(p.Addr()); err == nil {
