@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"time"
@@ -82,6 +83,52 @@ func (s *Server) startDNS() error {
 	pc, ln := s.dns.pc, s.dns.ln
 	s.dns.pc, s.dns.ln = nil, nil // owned by srv now
 	return srv.Serve(pc, ln)
+}
+
+// dnsReadyTimeout bounds how long Start waits for the DNS interface's
+// first snapshot of the registry.
+const dnsReadyTimeout = 10 * time.Second
+
+// waitDNS waits until DNS answers from the registry's first snapshot, so
+// that a server that says it is ready answers names (before it, they
+// answer SERVFAIL). A registry that cannot list within dnsReadyTimeout is
+// logged, not fatal: /readyz reports DNS as not ready until it can.
+func (s *Server) waitDNS(ctx context.Context) {
+	srv := s.dns.srv
+	if srv == nil {
+		return
+	}
+	t := time.NewTimer(dnsReadyTimeout)
+	defer t.Stop()
+	for {
+		updated := srv.Updated()
+		if srv.Ready() {
+			return
+		}
+		select {
+		case <-updated:
+		case <-t.C:
+			s.log.Warn("dns: no snapshot of the registry yet; names answer SERVFAIL until there is one",
+				"waited", dnsReadyTimeout)
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// dnsReadiness adds the DNS interface's state to a readiness report.
+func (s *Server) dnsReadiness(res *readiness) {
+	srv := s.dns.srv
+	if srv == nil {
+		return
+	}
+	if srv.Ready() {
+		res.Checks["dns"] = "ok"
+		return
+	}
+	res.Checks["dns"] = "waiting for the registry's first snapshot (names answer SERVFAIL)"
+	res.Status = "unavailable"
 }
 
 // closeDNS stops the DNS interface (or releases its ports if it never

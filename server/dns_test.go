@@ -54,6 +54,25 @@ func TestServeDNS(t *testing.T) {
 	}
 }
 
+// A server that says it is ready answers DNS: Start returns once DNS has
+// the registry's first snapshot, so the zone's SOA answers NOERROR at once
+// (not SERVFAIL), and /readyz reports DNS; over embedded etcd, as `beacon
+// serve` runs by default.
+func TestDNSAnswersOnceStarted(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.DNS = DNSConfig{Addr: "127.0.0.1:0"}
+	s := startServer(t, cfg)
+	m := new(dns.Msg)
+	m.SetQuestion("beacon.", dns.TypeSOA)
+	r, _, err := (&dns.Client{Net: "tcp", Timeout: 5 * time.Second}).Exchange(m, s.DNSAddr())
+	if err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+		t.Fatalf("SOA right after Start: %v %v", r, err)
+	}
+	if code, body := get(t, s.Endpoints().HTTP+"/readyz"); code != 200 || !strings.Contains(body, `"dns":"ok"`) {
+		t.Errorf("/readyz = %d %s", code, body)
+	}
+}
+
 // A DNS port in use fails Start with advice, before anything is written;
 // bad DNS settings fail New.
 func TestDNSConfigErrors(t *testing.T) {

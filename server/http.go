@@ -184,8 +184,8 @@ type readiness struct {
 	Checks map[string]string `json:"checks"`
 }
 
-// readyz reports ready when embedded etcd (if any) serves and a read of
-// the store succeeds.
+// readyz reports ready when embedded etcd (if any) serves, a read of the
+// store succeeds, and DNS (if enabled) answers from the registry.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	res := readiness{Status: "ok", Checks: map[string]string{}}
 	if s.etcd != nil {
@@ -207,6 +207,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	} else {
 		res.Checks["store"] = "ok"
 	}
+	s.dnsReadiness(&res) // dns.go
 	writeReadiness(w, res)
 }
 

@@ -177,7 +177,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 	s.logSecurityWarnings()
-	return s.startDNS()
+	if err := s.startDNS(); err != nil { // dns.go
+		return err
+	}
+	s.waitDNS(ctx)
+	return nil
 }
 
 // Run starts the server, serves until ctx is done or a component fails,
