@@ -621,6 +621,11 @@ export class ServicesView {
     this.dialog.addEventListener('close', () => {
       const back = this.dlgReturn && this.dlgReturn.isConnected ? this.dlgReturn : this.grid.el;
       this.dlgReturn = null;
+      // The close event comes a task after the dialog closed: if the
+      // focus has meanwhile moved on elsewhere (the user went on to the
+      // filter, say), leave it there.
+      const a = document.activeElement;
+      if (a && a !== document.body && !this.dialog.contains(a) && !this.grid.el.contains(a)) return;
       back.focus();
     });
     return this.dialog;
