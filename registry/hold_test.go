@@ -9,6 +9,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/registrytest"
+	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -89,18 +90,8 @@ func TestMassDeathIsDeliveredAfterHold(t *testing.T) {
 	st := newMemoryStore(t)
 	const ttl = time.Second
 	hold := ttl/3 + time.Second + time.Second // keep-alive interval, one lost call, 1 s
-	var fleet []*registry.StoreRegistry
 	const few = 3
-	for i := range 1 + few + massFleet {
-		r, err := registry.New(st, registry.Config{LeaseTTL: ttl})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.Register(ctx, inst(ns, fmt.Sprintf("10.0.1.%d:80", i+1))); err != nil {
-			t.Fatal(err)
-		}
-		fleet = append(fleet, r)
-	}
+	fleet := startFleet(t, ctx, st, ns, 1+few+massFleet, ttl, "10.0.1")
 	watching := newRegistry(t, st, registry.Config{LeaseTTL: ttl})
 	w, err := watching.Watch(ctx, beacon.Query{Namespace: ns})
 	if err != nil {
@@ -258,17 +249,7 @@ func TestHeldRemovalReachesResume(t *testing.T) {
 	ns := uniqueNS()
 	st := newMemoryStore(t)
 	const ttl = time.Second
-	var fleet []*registry.StoreRegistry
-	for i := range massFleet {
-		r, err := registry.New(st, registry.Config{LeaseTTL: ttl})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.Register(ctx, inst(ns, fmt.Sprintf("10.0.3.%d:80", i+1))); err != nil {
-			t.Fatal(err)
-		}
-		fleet = append(fleet, r)
-	}
+	fleet := startFleet(t, ctx, st, ns, massFleet, ttl, "10.0.3")
 	watching := newRegistry(t, st, registry.Config{LeaseTTL: ttl})
 	w, err := watching.Watch(ctx, beacon.Query{Namespace: ns})
 	if err != nil {
@@ -359,4 +340,23 @@ func TestOneProcessClosingManyIsNotHeld(t *testing.T) {
 	if n := heldRemovals(t, metrics, "delivered") + heldRemovals(t, metrics, "cancelled"); n != 0 {
 		t.Fatalf("%v removals held", n)
 	}
+}
+
+// startFleet registers n instances, each through a registry (a process)
+// of its own with lease TTL ttl, at addresses subnet.1:80, subnet.2:80, ...
+// The test closes them (their Close is what it watches).
+func startFleet(t *testing.T, ctx context.Context, st store.Store, ns string, n int, ttl time.Duration, subnet string) []*registry.StoreRegistry {
+	t.Helper()
+	var fleet []*registry.StoreRegistry
+	for i := range n {
+		r, err := registry.New(st, registry.Config{LeaseTTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Register(ctx, inst(ns, fmt.Sprintf("%s.%d:80", subnet, i+1))); err != nil {
+			t.Fatal(err)
+		}
+		fleet = append(fleet, r)
+	}
+	return fleet
 }
