@@ -315,20 +315,12 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // and kill the victim, hold, heal, and wait until every watcher lists
 // exactly the fleet.
 func (r *runner) trial(ctx context.Context, e *env, n int, f fault, res *Result) error {
-	v, err := r.startVictim(ctx, e.c.Endpoints(), e.ns, n)
+	ts, err := r.startTrial(ctx, e, e.watchers, n)
 	if err != nil {
 		return err
 	}
+	v := ts.v
 	defer v.kill()
-	if err := e.seen(ctx, v.id); err != nil {
-		return err
-	}
-	lostBefore, keptBefore, revokedBefore := e.fleet.lostCount()
-	whyBefore := e.fleet.whyCount()
-	staleBefore := e.stale()
-	for _, w := range e.watchers {
-		w.mark(v.id)
-	}
 	lw := watchLeader(ctx, e.c)
 	want := e.fleet.want()
 	t0 := time.Now()
@@ -411,8 +403,7 @@ func (r *runner) trial(ctx context.Context, e *env, n int, f fault, res *Result)
 		return err
 	}
 	r.scoreFlaps(e, e.watchers, res)
-	r.countLosses(e, n, [3]int{lostBefore, keptBefore, revokedBefore}, whyBefore, res)
-	res.Stale += e.stale() - staleBefore
+	r.finishTrial(e, n, ts, res)
 	takeover := ""
 	if to := lw.takeover(); !to.IsZero() {
 		takeover = fmt.Sprintf(", new leader %v after the fault", to.Sub(t0).Round(10*time.Millisecond))
@@ -453,10 +444,44 @@ func (r *runner) countLosses(e *env, n int, before [3]int, whyBefore int, res *R
 }
 
 // seen waits until every watcher lists ref.
-func (e *env) seen(ctx context.Context, ref string) error {
+// trialStart is what a trial notes before its fault: its victim, and
+// the counters its result is the difference of.
+type trialStart struct {
+	v          *victim
+	lost       [3]int // lost, kept, revoked
+	why, stale int
+}
+
+// startTrial starts a victim, waits until every watcher of all lists it,
+// notes the counters and marks the victim in every watcher.
+func (r *runner) startTrial(ctx context.Context, e *env, all []*watcher, n int) (*trialStart, error) {
+	v, err := r.startVictim(ctx, e.c.Endpoints(), e.ns, n)
+	if err != nil {
+		return nil, err
+	}
+	if err := seen(ctx, all, v.id); err != nil {
+		v.kill()
+		return nil, err
+	}
+	lost, kept, revoked := e.fleet.lostCount()
+	ts := &trialStart{v: v, lost: [3]int{lost, kept, revoked}, why: e.fleet.whyCount(), stale: e.stale()}
+	for _, w := range all {
+		w.mark(v.id)
+	}
+	return ts, nil
+}
+
+// finishTrial adds what happened since startTrial to res.
+func (r *runner) finishTrial(e *env, n int, ts *trialStart, res *Result) {
+	r.countLosses(e, n, ts.lost, ts.why, res)
+	res.Stale += e.stale() - ts.stale
+}
+
+// seen waits until every watcher lists ref.
+func seen(ctx context.Context, watchers []*watcher, ref string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	for _, w := range e.watchers {
+	for _, w := range watchers {
 		if err := w.waitFor(ctx, "the new registrant", func(w *watcher) bool { _, ok := w.view[ref]; return ok }); err != nil {
 			return err
 		}
@@ -561,21 +586,12 @@ func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result
 	if err := e.converge(ctx, all, time.Minute); err != nil {
 		return err
 	}
-	v, err := r.startVictim(ctx, e.c.Endpoints(), e.ns, n)
+	ts, err := r.startTrial(ctx, e, all, n)
 	if err != nil {
 		return err
 	}
+	v := ts.v
 	defer v.kill()
-	for _, w := range all {
-		if err := w.waitFor(ctx, "the new registrant", func(w *watcher) bool { _, ok := w.view[v.id]; return ok }); err != nil {
-			return err
-		}
-	}
-	lostBefore, keptBefore, revokedBefore := e.fleet.lostCount()
-	whyBefore, staleBefore := e.fleet.whyCount(), e.stale()
-	for _, w := range all {
-		w.mark(v.id)
-	}
 	t0 := time.Now()
 	p.Cut()
 	v.kill()
@@ -628,8 +644,7 @@ func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result
 	res.Converge, res.Removal = res.Converge[:len(res.Converge)-1], res.Removal[:len(res.Removal)-1]
 	r.score(e, e.watchers, v.id, t0, t0, t0.Add(r.cfg.TTL+time.Second), res)
 	res.Converge[len(res.Converge)-1] = cutConverge
-	r.countLosses(e, n, [3]int{lostBefore, keptBefore, revokedBefore}, whyBefore, res)
-	res.Stale += e.stale() - staleBefore
+	r.finishTrial(e, n, ts, res)
 	cut.mu.Lock()
 	cutStale := cut.stale
 	cut.mu.Unlock()
@@ -656,21 +671,12 @@ func (r *runner) slowTrial(ctx context.Context, e *env, n int, res *Result) erro
 	if err := e.converge(ctx, all, time.Minute); err != nil {
 		return err
 	}
-	v, err := r.startVictim(ctx, e.c.Endpoints(), e.ns, n)
+	ts, err := r.startTrial(ctx, e, all, n)
 	if err != nil {
 		return err
 	}
+	v := ts.v
 	defer v.kill()
-	for _, w := range all {
-		if err := w.waitFor(ctx, "the new registrant", func(w *watcher) bool { _, ok := w.view[v.id]; return ok }); err != nil {
-			return err
-		}
-	}
-	lostBefore, keptBefore, revokedBefore := e.fleet.lostCount()
-	whyBefore, staleBefore := e.fleet.whyCount(), e.stale()
-	for _, w := range all {
-		w.mark(v.id)
-	}
 	slow.hold()
 	t0 := time.Now()
 	v.kill()
@@ -723,8 +729,7 @@ func (r *runner) slowTrial(ctx context.Context, e *env, n int, res *Result) erro
 	slowConverge := res.Converge[len(res.Converge)-1]
 	res.Converge, res.Removal = res.Converge[:len(res.Converge)-1], res.Removal[:len(res.Removal)-1]
 	res.Converge[len(res.Converge)-1] = slowConverge
-	r.countLosses(e, n, [3]int{lostBefore, keptBefore, revokedBefore}, whyBefore, res)
-	res.Stale += e.stale() - staleBefore
+	r.finishTrial(e, n, ts, res)
 	// It sat on the batch it had taken; then a few batches (its own feed
 	// may still be catching up) bring it to the final state, with at most
 	// one event per changed instance in each: never one per change.
