@@ -50,7 +50,7 @@ func TestServeDNS(t *testing.T) {
 		}
 	}
 	if code, body := get(t, s.Endpoints().HTTP+"/metrics"); code != 200 || !strings.Contains(body, `beacon_dns_queries_total{qtype="A",rcode="NOERROR"}`) || !strings.Contains(body, "beacon_dns_instances 1") {
-		t.Errorf("/metrics lacks the DNS metrics (%d)", code)
+		t.Errorf("/metrics lacks the DNS metrics (%d):\n%s", code, grepLines(body, "beacon_dns_"))
 	}
 }
 
@@ -111,4 +111,15 @@ func TestDNSConfigErrors(t *testing.T) {
 			t.Errorf("%+v: %v, want %q", tc.dns, err, tc.want)
 		}
 	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

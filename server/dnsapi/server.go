@@ -244,16 +244,18 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		m = &dns.Msg{MsgHdr: dns.MsgHdr{Id: req.Id, Response: true, Opcode: req.Opcode, Rcode: dns.RcodeServerFailure}, Question: m.Question}
 		out, _ = m.PackBuffer((*bp)[:0])
 	}
-	_, _ = w.Write(out)
-	if cap(out) <= dns.DefaultMsgSize {
-		*bp = out[:0]
-		bufPool.Put(bp)
-	}
+	// Counted before the answer leaves, so that a client that has its
+	// answer finds it counted on /metrics.
 	var qtype uint16
 	if len(req.Question) > 0 {
 		qtype = req.Question[0].Qtype
 	}
 	s.m.count(qtype, m.Rcode, m.Truncated)
+	_, _ = w.Write(out)
+	if cap(out) <= dns.DefaultMsgSize {
+		*bp = out[:0]
+		bufPool.Put(bp)
+	}
 }
 
 // accept is miekg/dns's default header check (responses dropped; not one
