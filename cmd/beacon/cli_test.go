@@ -152,7 +152,9 @@ func TestEtcdctlVariables(t *testing.T) {
 	}
 	lsFails := func(want string, env []string, args ...string) {
 		t.Helper()
-		b := startBeacon(t, t.TempDir(), env, append([]string{"ls", "--dial-timeout", "1s"}, args...)...)
+		// Long enough for a TLS-less dial and a password check under load;
+		// a refused endpoint fails at once anyway.
+		b := startBeacon(t, t.TempDir(), env, append([]string{"ls", "--dial-timeout", "20s"}, args...)...)
 		if err := b.wait(t, 30*time.Second); err == nil || !strings.Contains(b.errOut(), want) {
 			t.Fatalf("ls %v with %v: %v, want an error with %q\n%s", args, env, err, want, b.errOut())
 		}

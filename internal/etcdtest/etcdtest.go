@@ -21,6 +21,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // StartTimeout bounds how long a server may take to become ready.
@@ -134,6 +135,11 @@ func (s *Server) config() *embed.Config {
 	cfg.AdvertisePeerUrls = []url.URL{s.peerURL}
 	cfg.InitialCluster = cfg.Name + "=" + s.peerURL.String()
 	cfg.UnsafeNoFsync = true
+	// etcd's --bcrypt-cost at its minimum: at the default cost a password
+	// check takes seconds under -race on a busy two-core machine, longer
+	// than the dial timeouts whose errors tests check (a wrong password
+	// must fail as "authentication failed", not as a timeout).
+	cfg.BcryptCost = uint(bcrypt.MinCost)
 	if s.opts.TLS {
 		cfg.ClientTLSInfo = transport.TLSInfo{
 			CertFile:       s.certs.ServerCert,
