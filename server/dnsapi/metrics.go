@@ -113,7 +113,7 @@ func (m *metrics) count(qtype uint16, rcode int, truncated bool) {
 			tl = dns.TypeToString[countedTypes[ti]]
 		}
 		if ri < len(countedRcodes) {
-			rl = dns.RcodeToString[countedRcodes[ri]]
+			rl = rcodeLabel(countedRcodes[ri])
 		}
 		counter := m.queries.WithLabelValues(tl, rl)
 		cell.Store(&counter)
@@ -123,4 +123,14 @@ func (m *metrics) count(qtype uint16, rcode int, truncated bool) {
 	if truncated {
 		m.truncated.Inc()
 	}
+}
+
+// rcodeLabel names an rcode. miekg/dns names 16 BADSIG (its meaning in a
+// TSIG record); in a query's answer, the only place Beacon sends it, 16 is
+// BADVERS (RFC 6891).
+func rcodeLabel(rcode int) string {
+	if rcode == dns.RcodeBadVers {
+		return "BADVERS"
+	}
+	return dns.RcodeToString[rcode]
 }
