@@ -2,6 +2,7 @@ package dnsapi
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,7 +76,9 @@ func FuzzSplitQName(f *testing.F) {
 		if rel+"."+DefaultDomain != lower {
 			t.Fatalf("%q: rel %q does not rebuild the name", q, rel)
 		}
-		if _, ok := dns.IsDomainName(rel + "."); !ok {
+		// miekg/dns splits escape-aware (the sentinel label shows a
+		// trailing empty one).
+		if slices.Contains(dns.SplitDomainName(rel+".x"), "") {
 			t.Fatalf("%q: rel %q has an empty label", q, rel)
 		}
 		// Never a panic on lookup, and nothing with an escape is found.
