@@ -510,7 +510,9 @@ export class ServicesView {
       return;
     }
     const rec = this.model.recs.get(this.inspectKey);
-    const state = rec ? `${rec.v}` : 'gone';
+    // Before the first snapshot an instance that is not in the model yet
+    // is not known to be absent: say so only once the page has synced.
+    const state = rec ? `${rec.v}` : this.model.synced ? 'gone' : 'loading';
     const sig = `${this.inspectKey}|${state}`;
     if (sig === this.inspectedSig) {
       // Only the age moves: rewrite that text, keep the rest (and any
@@ -523,7 +525,8 @@ export class ServicesView {
     this.inspectedSig = sig;
     const last = this.inspected;
     if (!last) {
-      this.inspector.replaceChildren(h('p', { class: 'note', text: `Instance ${this.inspectKey} is not registered.` }));
+      const text = state === 'loading' ? `Loading instance ${this.inspectKey}…` : `Instance ${this.inspectKey} is not registered.`;
+      this.inspector.replaceChildren(h('p', { class: 'note', text }));
       show(this.inspector, true);
       return;
     }
