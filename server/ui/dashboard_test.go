@@ -228,6 +228,42 @@ func TestUntrustedDataStaysText(t *testing.T) {
 	}
 }
 
+// TestInvisibleCharactersShow registers metadata and an address holding
+// characters that reorder or hide text: a right-to-left override in one
+// value showed the metadata after it reversed ("b=normal" as "lamron=b"),
+// in the list and its tooltip. They show as ⟨U+XXXX⟩, and the text around
+// them in its order; right-to-left text without controls, and the joiners
+// of an emoji, show as they are.
+func TestInvisibleCharactersShow(t *testing.T) {
+	s := startServer(t, nil)
+	reg := register(t, s.Registry(), beacon.Instance{Namespace: "bidi", Component: "c", Endpoint: "e",
+		Address: "http://10.7.0.1:80/\u202eabc",
+		Metadata: map[string]string{"a": "\u202eevil", "b": "normal", "c\u200b": "x\u2066y", "d": "مرحبا", "e": "👩\u200d👩\u200d👧"}})
+	p := openPage(t, s.Endpoints().HTTP, "/ui/services/bidi/c/e/"+reg.Instance().ID)
+	p.waitFor(`document.querySelector('.inspector:not([hidden]) dl')`, 10*time.Second)
+	p.screenshot("invisible-characters")
+	meta := eval[string](p, `document.querySelector('.grid .grow .cell.meta').textContent`)
+	want := "a=⟨U+202E⟩evil  b=normal  c⟨U+200B⟩=x⟨U+2066⟩y  d=مرحبا  e=👩\u200d👩\u200d👧"
+	if meta != want {
+		t.Errorf("metadata cell %q, want %q", meta, want)
+	}
+	if tip := eval[string](p, `document.querySelector('.grid .grow .cell.meta').getAttribute('title')`); tip != want {
+		t.Errorf("metadata tooltip %q, want %q", tip, want)
+	}
+	text := eval[string](p, `document.querySelector('.inspector').textContent`)
+	for _, w := range []string{"http://10.7.0.1:80/⟨U+202E⟩abc", "⟨U+202E⟩evil", "c⟨U+200B⟩", "x⟨U+2066⟩y", "مرحبا"} {
+		if !strings.Contains(text, w) {
+			t.Errorf("the details lack %q:\n%s", w, text)
+		}
+	}
+	if addr := eval[string](p, `[...document.querySelectorAll('.grid .grow .cell')].map(c => c.textContent).find(t => t.startsWith('http://'))`); addr != "http://10.7.0.1:80/⟨U+202E⟩abc" {
+		t.Errorf("address cell %q", addr)
+	}
+	// The filter still finds the raw value.
+	p.typeText(`.table-tools input[type="search"]`, "normal")
+	p.waitFor(`document.querySelectorAll('.grid .grow').length === 1`, 2*time.Second)
+}
+
 // TestTenThousandInstances renders 10,000 instances and measures, in the
 // page, the time from the snapshot's arrival to its first paint, then the
 // frames of a burst of changes while they are shown.
