@@ -237,7 +237,7 @@ func TestUntrustedDataStaysText(t *testing.T) {
 func TestInvisibleCharactersShow(t *testing.T) {
 	s := startServer(t, nil)
 	reg := register(t, s.Registry(), beacon.Instance{Namespace: "bidi", Component: "c", Endpoint: "e",
-		Address: "http://10.7.0.1:80/\u202eabc",
+		Address:  "http://10.7.0.1:80/\u202eabc",
 		Metadata: map[string]string{"a": "\u202eevil", "b": "normal", "c\u200b": "x\u2066y", "d": "مرحبا", "e": "👩\u200d👩\u200d👧"}})
 	p := openPage(t, s.Endpoints().HTTP, "/ui/services/bidi/c/e/"+reg.Instance().ID)
 	p.waitFor(`document.querySelector('.inspector:not([hidden]) dl')`, 10*time.Second)
