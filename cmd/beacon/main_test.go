@@ -221,6 +221,8 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{args: []string{"serve", "--dns-addr", "nope"}, want: "--dns-addr"},
 		{args: []string{"serve", "--dns-domain", "."}, want: "--dns-domain"},
 		{args: []string{"serve", "--dns-ttl", "100ms"}, want: "--dns-ttl"},
+		{args: []string{"serve", "--dns-ttl", "0s"}, want: "--dns-ttl 0s"},
+		{args: []string{"serve", "--dns-domain="}, want: "--dns-domain is empty"},
 	})
 }
 

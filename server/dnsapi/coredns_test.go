@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,20 +23,28 @@ import (
 // forwarded to Beacon. No cache plugin, so that each answer is Beacon's.
 func startCoreDNS(t *testing.T, beaconAddr string) string {
 	t.Helper()
+	return runCoreDNS(t, func(port int) string {
+		return fmt.Sprintf(`beacon:%d {
+    bind 127.0.0.1
+    errors
+    forward . %s
+}
+`, port, beaconAddr)
+	})
+}
+
+// runCoreDNS runs CoreDNS with the Corefile that corefile returns for a
+// free port, and returns its address.
+func runCoreDNS(t *testing.T, corefile func(port int) string) string {
+	t.Helper()
 	bin := testpeer.Built(t, "coredns")
 	port, err := etcdtest.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	corefile := fmt.Sprintf(`beacon:%d {
-    bind 127.0.0.1
-    errors
-    forward . %s
-}
-`, port, beaconAddr)
 	conf := filepath.Join(dir, "Corefile")
-	if err := os.WriteFile(conf, []byte(corefile), 0o600); err != nil {
+	if err := os.WriteFile(conf, []byte(corefile(port)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-conf", conf)
@@ -123,5 +132,77 @@ func TestCoreDNSStubDomain(t *testing.T) {
 	}
 	if got := dig(t, core, "+noedns", "+ignore", "big.api.prod.beacon.", "SRV"); !got.hasFlag("tc") {
 		t.Errorf("SRV of 60 over UDP without EDNS through CoreDNS: flags %v, want tc", got.flags)
+	}
+}
+
+// docsStubDomain returns the CoreDNS server block of docs/dns.md, for port,
+// forwarding to upstreams, and listening on loopback only.
+func docsStubDomain(t *testing.T, port int, upstreams ...string) string {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "dns.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(doc), "```\nbeacon:53 {\n")
+	block, _, ok2 := strings.Cut(block, "```")
+	if !ok || !ok2 || !strings.Contains(block, "forward . 10.96.0.53:9353") {
+		t.Fatal("docs/dns.md: no CoreDNS block `beacon:53 { ... forward . 10.96.0.53:9353 ... }`")
+	}
+	block = strings.Replace(block, "forward . 10.96.0.53:9353", "forward . "+strings.Join(upstreams, " "), 1)
+	return fmt.Sprintf("beacon:%d {\n    bind 127.0.0.1\n%s", port, block)
+}
+
+// The stub domain exactly as docs/dns.md gives it, in front of two Beacon
+// servers of which one answers SERVFAIL (its view went stale): every name
+// resolves after a few retries, because the block does not cache SERVFAIL
+// (CoreDNS's cache does for 5 s by default, so a name whose first query hit
+// the stale server would fail for 5 s whatever the retries).
+func TestCoreDNSDocumentedStubDomain(t *testing.T) {
+	t.Parallel()
+	r := memRegistry(t)
+	good, goodAddr := startDNS(t, r, Config{})
+	broken := memRegistry(t)
+	bad, badAddr := startDNS(t, broken, Config{MaxStale: -1})
+	waitView(t, bad, "the second server's first snapshot", bad.Ready)
+	if err := broken.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitView(t, bad, "the second server's view to go stale", func() bool { return bad.current() == nil })
+	core := runCoreDNS(t, func(port int) string { return docsStubDomain(t, port, goodAddr, badAddr) })
+
+	const names = 10
+	for i := range names {
+		register(t, r, testInstance(fmt.Sprintf("e%d", i), fmt.Sprintf("10.0.0.%d:80", i+1)))
+	}
+	waitView(t, good, "the instances", func() bool { v := good.view.Load(); return v != nil && v.zone.instances == names })
+	servfails := 0
+	for i := range names {
+		name := fmt.Sprintf("e%d.api.prod.beacon.", i)
+		var statuses []string
+		for len(statuses) < 64 {
+			st := dig(t, core, name, "A").status
+			statuses = append(statuses, st)
+			if st == "NOERROR" {
+				break
+			}
+			if st != "SERVFAIL" {
+				t.Fatalf("%s through CoreDNS: %v", name, statuses)
+			}
+			servfails++
+		}
+		if statuses[len(statuses)-1] != "NOERROR" {
+			t.Fatalf("%s through the documented stub domain: %d queries, never NOERROR (SERVFAIL cached?)", name, len(statuses))
+		}
+	}
+	t.Logf("%d names resolved through the documented block, after %d SERVFAILs from the stale server", names, servfails)
+	// Go's resolver, once CoreDNS holds the answer.
+	res := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, core)
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+	defer cancel()
+	if addrs, err := res.LookupHost(ctx, "e0.api.prod.beacon"); err != nil || !slices.Equal(addrs, []string{"10.0.0.1"}) {
+		t.Errorf("Go resolver through the documented stub domain: %v, %v", addrs, err)
 	}
 }

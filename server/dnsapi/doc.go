@@ -29,8 +29,11 @@
 // aliases); a CNAME stands alone at its name (RFC 1034), so such an
 // instance has no TXT record. SRV priority and weight come from the
 // metadata keys "priority" and "weight" (0-65535), 10 otherwise. TXT holds
-// one record per metadata key, "key=value" (RFC 1464), continued in further
-// strings of the record past 255 bytes.
+// one record per metadata key, "key=value" (RFC 1464, with '=' and '`' in
+// keys quoted by '`'), continued in further strings of the record past 255
+// bytes. Instances whose address has no host DNS can carry, or whose <id>
+// name would be longer than 255 bytes, are left out (logged, and counted in
+// beacon_dns_unanswerable_instances).
 //
 // Draining instances are left out, as if deregistered. Answers are
 // shuffled per query.

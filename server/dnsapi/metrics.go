@@ -21,7 +21,6 @@ type metrics struct {
 	cells     [][]atomic.Pointer[prometheus.Counter] // [type][rcode], resolved lazily
 	truncated prometheus.Counter
 	updates   prometheus.Counter
-	noTarget  prometheus.Counter
 	dropped   prometheus.Counter
 }
 
@@ -43,10 +42,6 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "beacon_dns_dropped_total",
 			Help: "Packets dropped without an answer: too malformed to answer, or DNS responses (never answered, to avoid loops).",
 		}),
-		noTarget: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "beacon_dns_unanswerable_instances_total",
-			Help: "Instances left out of DNS when a view was built because their address has no IP or hostname DNS can carry.",
-		}),
 	}
 	m.cells = make([][]atomic.Pointer[prometheus.Counter], len(countedTypes)+1)
 	for i := range m.cells {
@@ -64,8 +59,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		})
 	}
 	cs := []prometheus.Collector{
-		m.queries, m.truncated, m.updates, m.noTarget, m.dropped,
+		m.queries, m.truncated, m.updates, m.dropped,
 		gauge("beacon_dns_instances", "Serving instances in the DNS view.", func(v *view) float64 { return float64(v.zone.instances) }),
+		gauge("beacon_dns_unanswerable_instances", "Serving instances left out of the DNS view: their address has no IP address or host name DNS can carry, or their name would be longer than 255 bytes (the log says which).",
+			func(v *view) float64 { return float64(v.zone.unanswerable) }),
 		gauge("beacon_dns_names", "Names in the DNS view (the size of the answer cache).", func(v *view) float64 { return float64(v.zone.names) }),
 		gauge("beacon_dns_stale_seconds", "Seconds since the registry watch behind DNS lost its store (0 while it is live); past --dns-max-stale names answer SERVFAIL.",
 			func(v *view) float64 {
@@ -113,7 +110,7 @@ func (m *metrics) count(qtype uint16, rcode int, truncated bool) {
 			tl = dns.TypeToString[countedTypes[ti]]
 		}
 		if ri < len(countedRcodes) {
-			rl = dns.RcodeToString[countedRcodes[ri]]
+			rl = rcodeLabel(countedRcodes[ri])
 		}
 		counter := m.queries.WithLabelValues(tl, rl)
 		cell.Store(&counter)
@@ -123,4 +120,14 @@ func (m *metrics) count(qtype uint16, rcode int, truncated bool) {
 	if truncated {
 		m.truncated.Inc()
 	}
+}
+
+// rcodeLabel names an rcode. miekg/dns names 16 BADSIG (its meaning in a
+// TSIG record); in a query's answer, the only place Beacon sends it, 16 is
+// BADVERS (RFC 6891).
+func rcodeLabel(rcode int) string {
+	if rcode == dns.RcodeBadVers {
+		return "BADVERS"
+	}
+	return dns.RcodeToString[rcode]
 }

@@ -42,10 +42,33 @@ func splitQName(qname, domain string) (rel string, inDomain bool) {
 	if n%2 == 1 {
 		return "", false
 	}
-	if rel == "" || strings.Contains(rel, "..") || rel[0] == '.' {
+	if hasEmptyLabel(rel) {
 		return "", false // empty labels: not a name
 	}
 	return rel, true
+}
+
+// hasEmptyLabel reports whether a name in presentation format (without
+// its trailing dot) has an empty label: it is empty, starts with a dot, or
+// has two dots in a row that are not an escaped dot ("a\..b" is the label
+// "a." and the label "b").
+func hasEmptyLabel(name string) bool {
+	atStart := true // at the start of a label
+	for i := 0; i < len(name); i++ {
+		switch name[i] {
+		case '\\':
+			atStart = false
+			i++ // the escaped byte; a \DDD escape's digits are plain bytes
+		case '.':
+			if atStart {
+				return true
+			}
+			atStart = true
+		default:
+			atStart = false
+		}
+	}
+	return atStart
 }
 
 // splitRel splits a relative name into the namespace, the component key

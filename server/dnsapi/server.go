@@ -220,12 +220,25 @@ func (s *Server) apply(b registry.Batch) {
 	} else {
 		s.log.Info("dns: first registry snapshot in; answering", "domain", s.cfg.Domain)
 	}
-	nz, skipped := base.with(b.Revision, lists)
-	if skipped > 0 {
-		s.m.noTarget.Add(float64(skipped))
-	}
+	nz, left := base.with(b.Revision, lists)
+	s.logLeftOut(left)
 	s.m.updates.Inc()
 	s.swap(&view{zone: nz})
+}
+
+// maxLeftOutLogs bounds the instances logged one by one per batch.
+const maxLeftOutLogs = 10
+
+// logLeftOut says which serving instances a batch left out of DNS, and
+// why (beacon_dns_unanswerable_instances counts them).
+func (s *Server) logLeftOut(left []leftOut) {
+	for i, l := range left {
+		if i == maxLeftOutLogs {
+			s.log.Warn("dns: more serving instances left out of DNS", "count", len(left)-i)
+			return
+		}
+		s.log.Warn("dns: serving instance left out of DNS", "instance", l.in.Ref().String(), "address", l.in.Address, "reason", l.why)
+	}
 }
 
 // bufPool holds UDP answer buffers.

@@ -2,6 +2,7 @@ package dnsapi
 
 import (
 	"cmp"
+	"fmt"
 	"maps"
 	"net"
 	"net/netip"
@@ -30,10 +31,16 @@ type zone struct {
 	apex      *node
 	instances int // serving instances answered for
 	names     int // names that hold records
+	// skipped counts, per component key, the serving instances left out
+	// (see buildInstance); unanswerable is their sum.
+	skipped      map[string]int
+	unanswerable int
 }
 
 // compZone holds the names of one component, by the prefix before
-// "<component>.<namespace>" ("" for the component itself).
+// "<component>.<namespace>" ("" for the component itself). A component
+// whose serving instances are all left out has no names and no instances;
+// it is kept for its cache.
 type compZone struct {
 	names     map[string]*node
 	cache     map[string]*instRecords // by "<endpoint>/<id>", for the next build
@@ -66,7 +73,7 @@ var entNode = &node{}
 
 // newZone returns an empty zone.
 func newZone(domain string, ttl uint32) *zone {
-	z := &zone{domain: domain, ttl: ttl, namespaces: map[string]int{}, comps: map[string]*compZone{}}
+	z := &zone{domain: domain, ttl: ttl, namespaces: map[string]int{}, comps: map[string]*compZone{}, skipped: map[string]int{}}
 	z.setSerial(0)
 	return z
 }
@@ -116,11 +123,12 @@ func (c compID) key() string { return c.comp + "." + c.ns }
 // with returns a new zone in which the given components are rebuilt from
 // their current instances (all instances of the component, serving or
 // not; an empty slice removes the component). Other components are shared
-// with z. skipped counts the serving instances left out (see
-// addressTarget).
-func (z *zone) with(rev int64, changed map[compID][]beacon.Instance) (nz *zone, skipped int) {
+// with z. left lists the serving instances newly left out by this build
+// (see buildInstance), for the log; instances left out before and still
+// unchanged are counted in the zone but not listed again.
+func (z *zone) with(rev int64, changed map[compID][]beacon.Instance) (nz *zone, left []leftOut) {
 	nz = &zone{domain: z.domain, ttl: z.ttl, namespaces: maps.Clone(z.namespaces), comps: maps.Clone(z.comps),
-		instances: z.instances, names: z.names}
+		instances: z.instances, names: z.names, skipped: maps.Clone(z.skipped), unanswerable: z.unanswerable}
 	nz.setSerial(rev)
 	for id, ins := range changed {
 		k := id.key()
@@ -129,21 +137,38 @@ func (z *zone) with(rev int64, changed map[compID][]beacon.Instance) (nz *zone, 
 			nz.instances -= old.instances
 			nz.names -= len(old.names)
 			delete(nz.comps, k)
-			if nz.namespaces[id.ns]--; nz.namespaces[id.ns] <= 0 {
-				delete(nz.namespaces, id.ns)
+			if old.instances > 0 {
+				if nz.namespaces[id.ns]--; nz.namespaces[id.ns] <= 0 {
+					delete(nz.namespaces, id.ns)
+				}
 			}
 		}
-		cz, n := buildComponent(id, ins, old, z.domain, z.ttl)
-		skipped += n
+		nz.unanswerable -= nz.skipped[k]
+		delete(nz.skipped, k)
+		cz, n, l := buildComponent(id, ins, old, z.domain, z.ttl)
+		left = append(left, l...)
+		if n > 0 {
+			nz.skipped[k] = n
+			nz.unanswerable += n
+		}
 		if cz == nil {
 			continue
 		}
 		nz.comps[k] = cz
+		if cz.instances == 0 {
+			continue // only instances left out: no names, kept for their cache
+		}
 		nz.namespaces[id.ns]++
 		nz.instances += cz.instances
 		nz.names += len(cz.names)
 	}
-	return nz, skipped
+	return nz, left
+}
+
+// leftOut is a serving instance DNS cannot answer for, and why.
+type leftOut struct {
+	in  beacon.Instance
+	why string
 }
 
 // target is where an instance's address points.
@@ -225,9 +250,10 @@ func srvNumbers(in beacon.Instance) (prio, weight uint16) {
 // the component's name sets, not every record.
 type instRecords struct {
 	in   beacon.Instance // as built
-	ok   bool            // false: the address has no usable host
-	ip   netip.Addr      // valid for an IP address
-	node *node           // <id>.<endpoint>...
+	ok   bool            // false: left out of DNS, for the reason in why
+	why  string
+	ip   netip.Addr // valid for an IP address
+	node *node      // <id>.<endpoint>...
 	// Owned by the endpoint name, the component name and the two RFC 2782
 	// names: the A/AAAA record (IP addresses only) and the SRV records
 	// (addresses with a port).
@@ -243,11 +269,18 @@ func buildInstance(in beacon.Instance, compName, domain string, ttl uint32) *ins
 	r := &instRecords{in: in}
 	t, ok := addressTarget(in.Address)
 	if !ok {
+		r.why = "its address has no IP address or host name DNS can carry"
+		return r
+	}
+	epName := in.Endpoint + "." + compName
+	idName := in.ID + "." + epName
+	// The <id> name is the longest the instance has (longer than the
+	// RFC 2782 names by the ID's label): if it fits, they all do.
+	if len(idName)+1 > maxNameWire {
+		r.why = fmt.Sprintf("its name %s is longer than DNS allows (255 bytes): shorten --dns-domain or its names", idName)
 		return r
 	}
 	r.ok = true
-	epName := in.Endpoint + "." + compName
-	idName := in.ID + "." + epName
 	n := &node{}
 	srvTarget := idName
 	if t.ip.IsValid() {
@@ -279,11 +312,17 @@ func buildInstance(in beacon.Instance, compName, domain string, ttl uint32) *ins
 	return r
 }
 
+// maxNameWire is the longest domain name in wire format (RFC 1035). A
+// canonical name of letter-digit-hyphen labels with its trailing dot takes
+// one byte more on the wire than in text.
+const maxNameWire = 255
+
 // buildComponent precomputes every name of one component from its
 // instances, reusing the records of instances unchanged since prev (nil
-// for none). Draining instances, and instances whose address has no usable
-// host, are left out. It returns nil when nothing is left.
-func buildComponent(id compID, all []beacon.Instance, prev *compZone, domain string, ttl uint32) (cz *compZone, skipped int) {
+// for none). Draining instances, and instances DNS cannot answer for
+// (buildInstance), are left out: skipped counts the latter, and left lists
+// those not already left out by prev. It returns nil when nothing is left.
+func buildComponent(id compID, all []beacon.Instance, prev *compZone, domain string, ttl uint32) (cz *compZone, skipped int, left []leftOut) {
 	ins := make([]beacon.Instance, 0, len(all))
 	for _, in := range all {
 		if in.Serving() {
@@ -291,7 +330,7 @@ func buildComponent(id compID, all []beacon.Instance, prev *compZone, domain str
 		}
 	}
 	if len(ins) == 0 {
-		return nil, 0
+		return nil, 0, nil
 	}
 	slices.SortFunc(ins, func(a, b beacon.Instance) int {
 		return cmp.Or(cmp.Compare(a.Endpoint, b.Endpoint), cmp.Compare(a.ID, b.ID))
@@ -320,6 +359,9 @@ func buildComponent(id compID, all []beacon.Instance, prev *compZone, domain str
 			}
 			if r == nil {
 				r = buildInstance(in, compName, domain, ttl)
+				if !r.ok {
+					left = append(left, leftOut{in: in, why: r.why})
+				}
 			}
 			cz.cache[key] = r
 			if !r.ok {
@@ -357,7 +399,9 @@ func buildComponent(id compID, all []beacon.Instance, prev *compZone, domain str
 		i = j
 	}
 	if cz.instances == 0 {
-		return nil, cz.skipped
+		// Keep the cache of the instances left out, so that the next
+		// build neither rebuilds nor lists them again.
+		return &compZone{cache: cz.cache, skipped: cz.skipped}, cz.skipped, left
 	}
 	cz.names[""] = comp
 	cz.names["_tcp"] = entNode
@@ -365,7 +409,7 @@ func buildComponent(id compID, all []beacon.Instance, prev *compZone, domain str
 	for _, n := range cz.names {
 		cz.records += n.size()
 	}
-	return cz, cz.skipped
+	return cz, cz.skipped, left
 }
 
 func addrRR(h dns.RR_Header, ip netip.Addr) dns.RR {
@@ -386,15 +430,16 @@ func addAddr(n *node, rr dns.RR) {
 }
 
 // txtRecords renders metadata as one TXT record per key, "key=value"
-// (RFC 1464), sorted by key. A pair longer than a TXT string (255 bytes)
-// continues in further strings of the same record, to be concatenated.
+// (RFC 1464: a '=' or '`' in the key is quoted with a '`'), sorted by key.
+// A pair longer than a TXT string (255 bytes) continues in further strings
+// of the same record, to be concatenated.
 func txtRecords(h dns.RR_Header, md map[string]string) []dns.RR {
 	if len(md) == 0 {
 		return nil
 	}
 	out := make([]dns.RR, 0, len(md))
 	for _, k := range slices.Sorted(maps.Keys(md)) {
-		kv := k + "=" + md[k]
+		kv := rfc1464Key.Replace(k) + "=" + md[k]
 		var strs []string
 		for len(kv) > 255 {
 			strs = append(strs, escapeTXT(kv[:255]))
@@ -405,6 +450,9 @@ func txtRecords(h dns.RR_Header, md map[string]string) []dns.RR {
 	}
 	return out
 }
+
+// rfc1464Key quotes the characters RFC 1464 reserves in attribute names.
+var rfc1464Key = strings.NewReplacer("`", "``", "=", "`=")
 
 // escapeTXT escapes a raw string for miekg/dns, which packs TXT strings
 // from presentation format (a backslash starts an escape).

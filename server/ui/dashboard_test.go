@@ -16,6 +16,8 @@ import (
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/server/ui"
 	"github.com/beaconplane/beacon/store/backend"
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/chromedp"
 )
 
@@ -226,6 +228,42 @@ func TestUntrustedDataStaysText(t *testing.T) {
 	}
 }
 
+// TestInvisibleCharactersShow registers metadata and an address holding
+// characters that reorder or hide text: a right-to-left override in one
+// value showed the metadata after it reversed ("b=normal" as "lamron=b"),
+// in the list and its tooltip. They show as ⟨U+XXXX⟩, and the text around
+// them in its order; right-to-left text without controls, and the joiners
+// of an emoji, show as they are.
+func TestInvisibleCharactersShow(t *testing.T) {
+	s := startServer(t, nil)
+	reg := register(t, s.Registry(), beacon.Instance{Namespace: "bidi", Component: "c", Endpoint: "e",
+		Address:  "http://10.7.0.1:80/\u202eabc",
+		Metadata: map[string]string{"a": "\u202eevil", "b": "normal", "c\u200b": "x\u2066y", "d": "مرحبا", "e": "👩\u200d👩\u200d👧"}})
+	p := openPage(t, s.Endpoints().HTTP, "/ui/services/bidi/c/e/"+reg.Instance().ID)
+	p.waitFor(`document.querySelector('.inspector:not([hidden]) dl')`, 10*time.Second)
+	p.screenshot("invisible-characters")
+	meta := eval[string](p, `document.querySelector('.grid .grow .cell.meta').textContent`)
+	want := "a=⟨U+202E⟩evil  b=normal  c⟨U+200B⟩=x⟨U+2066⟩y  d=مرحبا  e=👩\u200d👩\u200d👧"
+	if meta != want {
+		t.Errorf("metadata cell %q, want %q", meta, want)
+	}
+	if tip := eval[string](p, `document.querySelector('.grid .grow .cell.meta').getAttribute('title')`); tip != want {
+		t.Errorf("metadata tooltip %q, want %q", tip, want)
+	}
+	text := eval[string](p, `document.querySelector('.inspector').textContent`)
+	for _, w := range []string{"http://10.7.0.1:80/⟨U+202E⟩abc", "⟨U+202E⟩evil", "c⟨U+200B⟩", "x⟨U+2066⟩y", "مرحبا"} {
+		if !strings.Contains(text, w) {
+			t.Errorf("the details lack %q:\n%s", w, text)
+		}
+	}
+	if addr := eval[string](p, `[...document.querySelectorAll('.grid .grow .cell')].map(c => c.textContent).find(t => t.startsWith('http://'))`); addr != "http://10.7.0.1:80/⟨U+202E⟩abc" {
+		t.Errorf("address cell %q", addr)
+	}
+	// The filter still finds the raw value.
+	p.typeText(`.table-tools input[type="search"]`, "normal")
+	p.waitFor(`document.querySelectorAll('.grid .grow').length === 1`, 2*time.Second)
+}
+
 // TestTenThousandInstances renders 10,000 instances and measures, in the
 // page, the time from the snapshot's arrival to its first paint, then the
 // frames of a burst of changes while they are shown.
@@ -399,4 +437,55 @@ func TestPagesWithoutEtcd(t *testing.T) {
 	p.waitFor(`document.querySelector('.empty h2')?.textContent === 'No discovery tokens on this server'`, 5*time.Second)
 	p.click(`.tabs a[data-section="services"]`)
 	p.waitFor(`document.querySelector('.detail .count').textContent === '1 instance'`, 5*time.Second)
+}
+
+// TestDeepLinkBeforeTheSnapshot opens a link to one instance while the
+// page's watch stream is held back (Chromium pauses the request): until
+// the snapshot arrives the details say they are loading, not that the
+// instance is not registered; then they show it. A link to an instance
+// that is really absent says so once the snapshot is in.
+func TestDeepLinkBeforeTheSnapshot(t *testing.T) {
+	s := startServer(t, nil)
+	reg := register(t, s.Registry(), beacon.Instance{Namespace: "shop", Component: "cart", Endpoint: "http", Address: "10.2.0.9:8080"})
+	id := reg.Instance().ID
+	p := newTab(t, s.Endpoints().HTTP)
+	held := chromedp.Events(p.ctx, fetch.RequestPaused)
+	err := chromedp.Do(p.ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tg, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{{URLPattern: "*/v1/registry/watch*"}}})
+		return err
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.navigate("/ui/services/shop/cart/http/" + id)
+	inspector := `document.querySelector('.inspector')`
+	p.waitFor(inspector+`.textContent.includes('Loading instance shop/cart/http/`+id+`')`, 10*time.Second)
+	var watch fetch.RequestID
+	for ev, err := range held {
+		if err != nil {
+			t.Fatal(err)
+		}
+		watch = ev.RequestID
+		break
+	}
+	p.nextFrames(3) // the page renders while it waits, and says nothing false
+	if text := eval[string](p, inspector+`.textContent`); strings.Contains(text, "not registered") {
+		t.Fatalf("before the snapshot, the details say %q", text)
+	}
+	p.screenshot("deep-link-loading")
+	err = chromedp.Do(p.ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		if _, err := cdp.Call(ctx, tg, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: watch}); err != nil {
+			return err
+		}
+		_, err := cdp.Call(ctx, tg, fetch.Disable, cdp.Empty{})
+		return err
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(inspector+`.textContent.includes('10.2.0.9:8080')`, 10*time.Second)
+
+	// An absent instance: "not registered", once the page knows.
+	p.navigate("/ui/services/shop/cart/http/00000000000000ff")
+	p.waitFor(inspector+`.textContent.includes('Instance shop/cart/http/00000000000000ff is not registered.')`, 10*time.Second)
 }

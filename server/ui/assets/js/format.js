@@ -51,6 +51,25 @@ export function dateTime(ms) {
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
+// HIDDEN matches what changes how the text beside it is shown, or shows
+// nothing at all: bidirectional overrides, embeddings, isolates and marks
+// (a value holding U+202E showed the metadata after it reversed), the
+// zero-width space, word joiner and byte-order mark, and control
+// characters other than tab and newline. Joiners (U+200C, U+200D) stay:
+// emoji and scripts need them.
+const HIDDEN = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u061c\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]/g;
+
+// visible renders untrusted text (addresses, metadata, token members)
+// with every HIDDEN character shown as ⟨U+XXXX⟩, so that one value can
+// neither reorder nor hide the text around it, nor hide its own content.
+export function visible(s) {
+  if (s === undefined || s === null) return '';
+  const str = String(s);
+  HIDDEN.lastIndex = 0;
+  if (!HIDDEN.test(str)) return str;
+  return str.replace(HIDDEN, (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0')}⟩`);
+}
+
 // metaText renders metadata as "k=v  k=v", keys sorted.
 export function metaText(md) {
   if (!md) return '';

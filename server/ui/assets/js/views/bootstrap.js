@@ -4,7 +4,7 @@
 // seconds while it is shown.
 
 import { h, show, uid } from '../dom.js';
-import { age, clock, dateTime, num } from '../format.js';
+import { age, clock, dateTime, num, visible } from '../format.js';
 import { BASE } from '../router.js';
 import { Poller, card, fetchJSON } from './common.js';
 
@@ -218,9 +218,9 @@ export class BootstrapView {
         h('thead', {}, h('tr', {}, ['#', 'Name', 'Member ID', 'Peer URLs', 'Registered at revision', ''].map((c, i) => h('th', { scope: 'col', class: i === 0 || i === 4 ? 'num' : null, text: c })))),
         h('tbody', {}, members.map((m, i) => h('tr', {},
           h('td', { class: 'num', text: String(i + 1) }),
-          h('td', { text: m.name }),
+          h('td', { text: visible(m.name) }),
           h('td', { class: 'mono', text: m.id }),
-          h('td', { class: 'mono', text: (m.peer_urls || []).join(', ') }),
+          h('td', { class: 'mono', text: visible((m.peer_urls || []).join(', ')) }),
           h('td', { class: 'num', text: num(m.create_revision) }),
           h('td', {}, h('span', { class: `badge ${i < size ? 'ok' : 'warn'}`, text: i < size ? 'in the cluster' : 'too late: cluster full' })))))));
     }
@@ -228,7 +228,7 @@ export class BootstrapView {
       out.push(h('table', { class: 'data' },
         h('caption', { text: 'Entries etcd ignores too' }),
         h('thead', {}, h('tr', {}, ['Key', 'Value', 'Why'].map((c) => h('th', { scope: 'col', text: c })))),
-        h('tbody', {}, st.skipped.map((s) => h('tr', {}, h('td', { class: 'mono', text: s.key }), h('td', { class: 'mono', text: s.value }), h('td', { text: s.reason }))))));
+        h('tbody', {}, st.skipped.map((s) => h('tr', {}, h('td', { class: 'mono', text: visible(s.key) }), h('td', { class: 'mono', text: visible(s.value) }), h('td', { text: s.reason }))))));
     }
     if (st.initial_cluster) {
       out.push(h('div', {}, h('h3', { text: 'Initial cluster' }), h('pre', { class: 'mono', text: st.initial_cluster })));

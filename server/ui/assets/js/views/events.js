@@ -2,7 +2,7 @@
 // as the page saw them on the watch stream.
 
 import { h, setAttr, setText, show, uid } from '../dom.js';
-import { clock, num, plural } from '../format.js';
+import { clock, num, plural, visible } from '../format.js';
 import { MAX_EVENTS } from '../model.js';
 import { Grid } from '../vrows.js';
 import { servicesURL } from '../router.js';
@@ -123,9 +123,9 @@ export class EventsView {
       case 'id':
         return inst ? inst.id : '';
       case 'address':
-        return inst ? inst.address : '';
+        return inst ? visible(inst.address) : '';
       case 'detail':
-        return e.batch === 'resync' ? `${e.detail ? `${e.detail}; ` : ''}found by re-listing after a reconnect` : e.detail;
+        return visible(e.batch === 'resync' ? `${e.detail ? `${e.detail}; ` : ''}found by re-listing after a reconnect` : e.detail);
       case 'rev':
         return e.rev ? num(e.rev) : '';
       default:

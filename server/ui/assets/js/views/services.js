@@ -2,7 +2,7 @@
 // instances under the selected node.
 
 import { append, h, setAttr, setClass, setText, show, uid } from '../dom.js';
-import { age, clock, dateTime, num, plural } from '../format.js';
+import { age, clock, dateTime, num, plural, visible } from '../format.js';
 import { HISTORY_MS } from '../model.js';
 import { Grid, VirtualRows } from '../vrows.js';
 import { Sparkline } from '../sparkline.js';
@@ -413,13 +413,13 @@ export class ServicesView {
       case 'id':
         return inst.id;
       case 'address':
-        return inst.address;
+        return visible(inst.address);
       case 'transport':
         return inst.transport || '–';
       case 'status':
         return inst.status || 'serving';
       case 'meta':
-        return r.meta;
+        return visible(r.meta);
       case 'age':
         return age(this.now - r.registeredMs);
       default:
@@ -510,7 +510,9 @@ export class ServicesView {
       return;
     }
     const rec = this.model.recs.get(this.inspectKey);
-    const state = rec ? `${rec.v}` : 'gone';
+    // Before the first snapshot an instance that is not in the model yet
+    // is not known to be absent: say so only once the page has synced.
+    const state = rec ? `${rec.v}` : this.model.synced ? 'gone' : 'loading';
     const sig = `${this.inspectKey}|${state}`;
     if (sig === this.inspectedSig) {
       // Only the age moves: rewrite that text, keep the rest (and any
@@ -523,7 +525,8 @@ export class ServicesView {
     this.inspectedSig = sig;
     const last = this.inspected;
     if (!last) {
-      this.inspector.replaceChildren(h('p', { class: 'note', text: `Instance ${this.inspectKey} is not registered.` }));
+      const text = state === 'loading' ? `Loading instance ${this.inspectKey}…` : `Instance ${this.inspectKey} is not registered.`;
+      this.inspector.replaceChildren(h('p', { class: 'note', text }));
       show(this.inspector, true);
       return;
     }
@@ -551,7 +554,7 @@ export class ServicesView {
     const rows = [
       ['Service', `${inst.namespace}/${inst.component}/${inst.endpoint}`],
       ['Instance ID', inst.id],
-      ['Address', inst.address],
+      ['Address', visible(inst.address)],
       ['Transport', inst.transport || '–'],
       ['Status', status],
     ];
@@ -566,7 +569,7 @@ export class ServicesView {
       last.goneAt ? h('p', { class: 'note warn', text: `This instance left the registry at ${dateTime(last.goneAt)}; its last known state:` }) : null,
       dl,
       h('h3', { class: 'note', text: keys.length ? `Metadata (${keys.length})` : 'No metadata' }),
-      keys.length ? h('dl', { class: 'kv' }, keys.map((k) => [h('dt', { text: k }), h('dd', { text: md[k] })])) : null,
+      keys.length ? h('dl', { class: 'kv' }, keys.map((k) => [h('dt', { text: visible(k) }), h('dd', { text: visible(md[k]) })])) : null,
     ]);
     show(this.inspector, true);
   }
