@@ -123,6 +123,17 @@ func TestClusterAPIRefusesWritesAndParameters(t *testing.T) {
 	if code, _ := get(t, base+"/no-such-route"); code != http.StatusNotFound {
 		t.Errorf("GET /no-such-route = %d, want 404 (only / itself redirects)", code)
 	}
+	// A page takes links with others' parameters (a mail's utm_source):
+	// the dashboard, unlike the API, ignores what it does not know, and
+	// refuses only a query that cannot be parsed.
+	for _, path := range []string{"/?utm_source=mail", "/ui/?utm_source=mail&q=api", "/ui/events?x=1&x=2", "/ui/?status=anything"} {
+		if code, body := get(t, base+path); code != http.StatusOK || !strings.Contains(body, "/ui/assets/js/main.js") {
+			t.Errorf("GET %s = %d, want the page", path, code)
+		}
+	}
+	if code, body := get(t, base+"/ui/?q=%zz"); code != http.StatusBadRequest || !strings.Contains(body, "invalid_argument") {
+		t.Errorf("GET /ui/?q=%%zz = %d %s, want 400", code, body)
+	}
 }
 
 func TestRoutedSeesTheMuxRoutes(t *testing.T) {

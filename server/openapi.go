@@ -100,11 +100,14 @@ func queryRules() (func(pattern string) (httpapi.QueryRule, bool), error) {
 			}
 			var op struct {
 				Parameters []param `json:"parameters"`
+				// XQuery "open": the operation tolerates parameters it
+				// does not take (a page, see httpapi.QueryRule.Open).
+				XQuery string `json:"x-beacon-query"`
 			}
 			if err := json.Unmarshal(raw, &op); err != nil {
 				return nil, fmt.Errorf("openapi.json: %s %s: %w", method, path, err)
 			}
-			rule := httpapi.QueryRule{Params: []string{}}
+			rule := httpapi.QueryRule{Params: []string{}, Open: op.XQuery == "open"}
 			for _, p := range append(shared, op.Parameters...) {
 				if p.In != "query" {
 					continue

@@ -27,6 +27,7 @@ type apiOperation struct {
 	Parameters  []apiParameter         `json:"parameters"`
 	RequestBody *apiBody               `json:"requestBody"`
 	Responses   map[string]apiResponse `json:"responses"`
+	XQuery      string                 `json:"x-beacon-query"`
 }
 
 type apiParameter struct {

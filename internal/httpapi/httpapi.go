@@ -65,11 +65,11 @@ func (e *QueryError) Error() string { return e.msg }
 // ParseQuery parses a raw query strictly: at most MaxQueryParams
 // parameters, valid percent-encoding and no ';' separators, each name at
 // most once. It never drops a parameter silently.
-func ParseQuery(raw string) (url.Values, error) { return parseQuery(raw, nil) }
+func ParseQuery(raw string) (url.Values, error) { return parseQuery(raw, nil, false) }
 
 // parseQuery is ParseQuery; names in repeatable may be given more than
 // once.
-func parseQuery(raw string, repeatable []string) (url.Values, error) {
+func parseQuery(raw string, repeatable []string, anyRepeats bool) (url.Values, error) {
 	if raw == "" {
 		return url.Values{}, nil
 	}
@@ -81,7 +81,7 @@ func parseQuery(raw string, repeatable []string) (url.Values, error) {
 		return nil, &QueryError{"malformed query: " + err.Error()}
 	}
 	for _, name := range sortedKeys(v) {
-		if len(v[name]) > 1 && !slices.Contains(repeatable, name) {
+		if len(v[name]) > 1 && !anyRepeats && !slices.Contains(repeatable, name) {
 			return nil, &QueryError{fmt.Sprintf("query parameter %q is given %d times: give it once", name, len(v[name]))}
 		}
 	}
@@ -95,11 +95,19 @@ type QueryRule struct {
 	// Repeatable are the parameters (among Params) that may be given more
 	// than once.
 	Repeatable []string
+	// Open tolerates parameters not in Params (a page a browser loads,
+	// whose links may carry others' parameters, utm_source and the like);
+	// a query that cannot be parsed is still refused.
+	Open bool
 }
 
 // check refuses a query the rule does not allow.
 func (q QueryRule) check(r *http.Request) error {
-	v, err := parseQuery(r.URL.RawQuery, q.Repeatable)
+	if q.Open {
+		_, err := parseQuery(r.URL.RawQuery, nil, true)
+		return err
+	}
+	v, err := parseQuery(r.URL.RawQuery, q.Repeatable, false)
 	if err != nil {
 		return err
 	}
