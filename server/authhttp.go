@@ -334,16 +334,17 @@ func etcdError(what string, err error) error {
 	return fmt.Errorf("%w: %s: %w", store.ErrUnavailable, what, err)
 }
 
-// needPermission serves h only to users that may read (GET, HEAD) or
-// write (other methods) under prefix; what names the resource in errors.
-func (s *Server) needPermission(prefix, what string, h http.Handler) http.Handler {
+// needPermission serves h only to users that may read (GET, HEAD, unless
+// writes says the request writes) or write (other methods) under prefix;
+// what names the resource in errors.
+func (s *Server) needPermission(prefix, what string, writes func(*http.Request) bool, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		uv := viewFrom(r.Context())
 		if uv == nil {
 			h.ServeHTTP(w, r)
 			return
 		}
-		write := r.Method != http.MethodGet && r.Method != http.MethodHead
+		write := r.Method != http.MethodGet && r.Method != http.MethodHead || writes != nil && writes(r)
 		if err := probe(r.Context(), uv.cli, prefix, write); err != nil {
 			switch {
 			case errors.Is(err, store.ErrPermissionDenied):
@@ -374,11 +375,17 @@ const (
 // guardBootstrap wraps the tokens API and the v2 discovery service with
 // their own permissions.
 func (s *Server) guardTokens(h http.Handler) http.Handler {
-	return s.needPermission(tokensPrefix, "v3 discovery tokens", h)
+	return s.needPermission(tokensPrefix, "v3 discovery tokens", nil, h)
 }
 
 func (s *Server) guardV2(h http.Handler) http.Handler {
-	return s.needPermission(v2Prefix, "v2 discovery tokens", h)
+	return s.needPermission(v2Prefix, "v2 discovery tokens", v2Creates, h)
+}
+
+// v2Creates reports the v2 requests that write although their method is
+// GET: /new creates a token (discovery.etcd.io's protocol uses GET).
+func v2Creates(r *http.Request) bool {
+	return strings.TrimSuffix(r.URL.Path, "/") == V2Path+"/new"
 }
 
 // Access says what a user may do with one kind of data.
