@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -226,17 +227,15 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, required b
 	if uv := st.views.cached(id); uv != nil {
 		return authResult{enabled: true, view: uv}, true
 	}
-	client := remoteHost(r) + " " + strconv.Quote(id.user)
-	if wait := st.views.throttled(client); wait > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(wait.Seconds()))))
-		writeErr(w, http.StatusTooManyRequests, "resource_exhausted",
-			fmt.Sprintf("too many failed authentications as %q from %s: wait %d s", id.user, remoteHost(r), max(1, int(wait.Seconds()))))
+	addr := remoteHost(r)
+	if wait := st.views.throttled(addr, id.user); wait > 0 {
+		writeThrottled(w, addr, id.user, wait)
 		return authResult{}, false
 	}
 	uv, err := st.views.acquire(r.Context(), id)
 	if err != nil {
 		if errors.Is(err, store.ErrUnauthenticated) {
-			st.views.failed(client)
+			st.views.failed(addr, id.user)
 			writeUnauthorized(w, err.Error())
 			return authResult{}, false
 		}
@@ -244,6 +243,16 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, required b
 		return authResult{}, false
 	}
 	return authResult{enabled: true, view: uv}, true
+}
+
+// writeThrottled answers 429 to a client that failed to authenticate too
+// often.
+func writeThrottled(w http.ResponseWriter, addr, user string, wait time.Duration) {
+	secs := max(1, int(math.Ceil(wait.Seconds())))
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	writeErr(w, http.StatusTooManyRequests, "resource_exhausted", fmt.Sprintf(
+		"too many failed authentications from %s (as %q, or as any user from that address): wait %d s, and check the user name and password",
+		addr, user, secs))
 }
 
 // statusWriter records the status of a response.
@@ -565,16 +574,15 @@ func (s *Server) issueToken(w http.ResponseWriter, r *http.Request) {
 		writeUnauthorized(w, "send the etcd user's name and password with HTTP Basic authentication to get a token")
 		return
 	}
-	client := remoteHost(r) + " " + strconv.Quote(id.user)
-	if wait := st.views.throttled(client); wait > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(wait.Seconds()))))
-		writeErr(w, http.StatusTooManyRequests, "resource_exhausted", fmt.Sprintf("too many failed authentications as %q: wait %d s", id.user, max(1, int(wait.Seconds()))))
+	addr := remoteHost(r)
+	if wait := st.views.throttled(addr, id.user); wait > 0 {
+		writeThrottled(w, addr, id.user, wait)
 		return
 	}
 	tok, err := st.auth.token(r.Context(), id.user, id.password)
 	if err != nil {
 		if errors.Is(err, store.ErrUnauthenticated) {
-			st.views.failed(client)
+			st.views.failed(addr, id.user)
 			writeUnauthorized(w, err.Error())
 			return
 		}
