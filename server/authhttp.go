@@ -371,8 +371,38 @@ func (s *Server) needPermission(prefix, what string, writes func(*http.Request) 
 			}
 			return
 		}
+		// The work is done as the server's own etcd user, which needs
+		// the same permission (a least-privilege user limited to the
+		// registry has none here).
+		if cli := s.etcdClient(); cli != nil {
+			if err := probe(r.Context(), cli, prefix, write); err != nil {
+				if errors.Is(err, store.ErrPermissionDenied) || errors.Is(err, store.ErrUnauthenticated) {
+					perm := "read"
+					if write {
+						perm = "readwrite"
+					}
+					writeErr(w, http.StatusForbidden, "permission_denied", fmt.Sprintf(
+						"this server's own etcd user (%s) may not serve %s, which it reads and writes on behalf of its callers: grant it %s on the key prefix %s (beacon auth grant-bootstrap ROLE, then etcdctl user grant-role USER ROLE), or serve them from another server (%v)",
+						s.selfUser(), what, perm, prefix, err))
+					return
+				}
+				writeErr(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+				return
+			}
+		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// selfUser names the etcd user the server acts as, for messages.
+func (s *Server) selfUser() string {
+	if u := s.cfg.Backend.Etcd.Username; u != "" {
+		return strconv.Quote(u) + ", --etcd-user"
+	}
+	if s.etcd != nil {
+		return `"root"`
+	}
+	return "none: give --etcd-user"
 }
 
 // Key prefixes the bootstrap APIs write.
