@@ -61,7 +61,13 @@ func (id identity) key(salt []byte) string {
 // verified client certificate, as etcd does on its client port.
 func credentials(r *http.Request) (identity, bool, error) {
 	if h := r.Header.Get("Authorization"); h != "" {
-		scheme, rest, _ := strings.Cut(h, " ")
+		// The scheme ends at the first space or tab (RFC 9110 allows
+		// only spaces; a tab must not make the credentials part of the
+		// scheme, which an error message quotes).
+		scheme, rest := h, ""
+		if i := strings.IndexAny(h, " \t"); i >= 0 {
+			scheme, rest = h[:i], h[i+1:]
+		}
 		rest = strings.TrimSpace(rest)
 		switch strings.ToLower(scheme) {
 		case "basic":
@@ -80,6 +86,9 @@ func credentials(r *http.Request) (identity, bool, error) {
 			}
 			return identity{method: methodBearer, token: rest, user: jwtUser(rest)}, true, nil
 		default:
+			if len(scheme) > 32 {
+				scheme = scheme[:32] + "…"
+			}
 			return identity{}, false, fmt.Errorf("authorization scheme %q is not supported: use Basic (user:password) or Bearer (an etcd token)", scheme)
 		}
 	}
