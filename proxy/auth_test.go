@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -110,5 +112,70 @@ func TestTLSBothSides(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if err := json.Unmarshal(b, &out); err != nil || len(out.Kvs) != 1 || string(out.Kvs[0].Value) != "v" {
 		t.Fatalf("HTTPS gateway range: %d %s %v", resp.StatusCode, b, err)
+	}
+}
+
+// TestNoIdentityLent: etcd takes the common name of a client certificate
+// as the user of a request without a token (--client-cert-auth). The
+// proxy's certificate here names an etcd root user; a client of the proxy
+// without credentials must still be refused — over gRPC, as a watch, and
+// through the JSON gateway — and write nothing, while a client with its
+// own credentials works and anonymous clients may still authenticate.
+func TestNoIdentityLent(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{TLS: true, User: "beacon-client", Password: "pw"}) // the client certificate's CN
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), ClientTLS: srv.TLSConfig()})
+	ctx := ctxT(t)
+
+	anon := proxyClient(t, p)
+	if _, err := anon.Put(ctx, "/services/pwn", "x"); err == nil || !errors.Is(rpctypes.Error(err), rpctypes.ErrUserEmpty) {
+		t.Fatalf("anonymous put through a proxy with a root certificate: %v, want %v", err, rpctypes.ErrUserEmpty)
+	}
+	if _, err := anon.Get(ctx, "/"); err == nil || !errors.Is(rpctypes.Error(err), rpctypes.ErrUserEmpty) {
+		t.Fatalf("anonymous get: %v, want %v", err, rpctypes.ErrUserEmpty)
+	}
+	if _, err := anon.Get(ctx, "/", clientv3.WithSerializable()); err == nil {
+		t.Fatal("anonymous serializable get (the cache) was served")
+	}
+	if _, err := anon.UserList(ctx); err == nil {
+		t.Fatal("anonymous user list was served")
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if wr := <-anon.Watch(wctx, "/", clientv3.WithPrefix()); !wr.Canceled && wr.Err() == nil {
+		t.Fatalf("anonymous watch was served: %+v", wr)
+	}
+	resp, err := http.Post("http://"+p.Addr().String()+"/v3/kv/put", "application/json", strings.NewReader(`{"key":"L3NlcnZpY2VzL2d3","value":"eA=="}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		t.Fatalf("anonymous JSON gateway put: %d %s", resp.StatusCode, b)
+	}
+	// What etcd serves to anyone still works.
+	if _, err := anon.AuthStatus(ctx); err != nil {
+		t.Fatalf("auth status: %v", err)
+	}
+	if _, err := anon.MemberList(ctx); err != nil {
+		t.Fatalf("member list: %v", err)
+	}
+	// A client with its own credentials authenticates through the proxy.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.Addr().String()}, Username: "beacon-client", Password: "pw",
+		DialTimeout: testTimeout, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Put(ctx, "/services/ok", "1"); err != nil {
+		t.Fatalf("authenticated put: %v", err)
+	}
+	got, err := srv.Client(t).Get(ctx, "/services/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Kvs) != 1 || string(got.Kvs[0].Key) != "/services/ok" {
+		t.Fatalf("keys written: %v, want only /services/ok", got.Kvs)
 	}
 }

@@ -319,6 +319,10 @@ func (p *Proxy) unary(ctx context.Context, method string, info methodInfo, req *
 func (p *Proxy) unaryHandler(method string) grpc.MethodHandler {
 	info := methods[method]
 	return func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+		if err := p.refuseAnonymous(ctx, method); err != nil { // anonymous.go
+			p.m.request(method, err)
+			return nil, err
+		}
 		resp, err := p.serveUnary(ctx, method, info, dec)
 		p.m.request(method, err)
 		if err != nil {

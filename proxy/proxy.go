@@ -59,8 +59,9 @@ type Proxy struct {
 	cache  *rangeCache              // nil when turned off
 	lease  *leaseMux
 	self   *selfMatcher
-	seeds  []string // peer URLs from discovery
-	peers  []string // peer URLs from the last member list
+	anon   anonGuard // anonymous.go
+	seeds  []string  // peer URLs from discovery
+	peers  []string  // peer URLs from the last member list
 }
 
 const (
@@ -337,7 +338,10 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 		// Reused stream workers keep their grown stacks.
 		grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))),
 		grpc.UnknownServiceHandler(p.handleUnknown),
-		grpc.MaxRecvMsgSize(p.cfg.maxRecvBytes()), // limits.go
+		// Unary methods check in unaryHandler (a MethodHandler of its
+		// own, which interceptors do not wrap).
+		grpc.ChainStreamInterceptor(p.anonymousStream), // anonymous.go
+		grpc.MaxRecvMsgSize(p.cfg.maxRecvBytes()),      // limits.go
 		grpc.MaxSendMsgSize(maxMsgSize),
 		grpc.MaxConcurrentStreams(math.MaxUint32),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: false}),

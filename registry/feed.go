@@ -63,11 +63,20 @@ type version struct {
 	relists uint64
 }
 
+// maxLingering bounds the feeds that linger without a watcher. Each is a
+// store watch the registry keeps open for nobody: without a bound, a
+// client that opens and closes watches of ever new prefixes (one at a
+// time, so that no cap on open watches stops it) would keep a store watch
+// per prefix for WatchLinger — thousands a second. Past the bound the
+// feed that has lingered longest stops at once.
+const maxLingering = 64
+
 // hub owns the feeds of one registry.
 type hub struct {
 	r       *StoreRegistry
 	mu      sync.Mutex
 	feeds   map[string]*feed
+	lingerQ []*feed // feeds lingering without a watcher, oldest first
 	closed  bool
 	probing bool
 }
@@ -109,11 +118,21 @@ func (h *hub) acquire(q beacon.Query) (*feed, error) {
 		}
 	}
 	f.refs++
-	if f.linger != nil {
-		f.linger.Stop()
-		f.linger = nil
-	}
+	h.unlingerLocked(f)
 	return f, nil
+}
+
+// unlingerLocked stops f's linger period (it has a watcher again, or
+// stops).
+func (h *hub) unlingerLocked(f *feed) {
+	if f.linger == nil {
+		return
+	}
+	f.linger.Stop()
+	f.linger = nil
+	if i := slices.Index(h.lingerQ, f); i >= 0 {
+		h.lingerQ = slices.Delete(h.lingerQ, i, i+1)
+	}
 }
 
 // release drops one reference to f; the last one stops it after the
@@ -125,7 +144,9 @@ func (h *hub) release(f *feed) {
 	if f.refs > 0 || h.closed || h.feeds[f.prefix] != f {
 		return
 	}
-	if h.r.cfg.WatchLinger <= 0 {
+	if h.r.cfg.WatchLinger <= 0 || f.refused() {
+		// A prefix the store refuses to the registry's user serves
+		// nobody: it does not linger.
 		h.stopLocked(f)
 		return
 	}
@@ -136,15 +157,16 @@ func (h *hub) release(f *feed) {
 			h.stopLocked(f)
 		}
 	})
+	h.lingerQ = append(h.lingerQ, f)
+	for len(h.lingerQ) > maxLingering {
+		h.stopLocked(h.lingerQ[0])
+	}
 }
 
 func (h *hub) stopLocked(f *feed) {
 	delete(h.feeds, f.prefix)
 	h.r.m.addWatchStreams(-1)
-	if f.linger != nil {
-		f.linger.Stop()
-		f.linger = nil
-	}
+	h.unlingerLocked(f)
 	f.cancel()
 }
 
@@ -343,6 +365,15 @@ func (f *feed) fail(err error) {
 }
 
 // setOutage turns the feed stale because the store is unreachable.
+// refused reports whether the store refuses the feed's prefix to the
+// registry's user (its last list or watch failed with a permission or
+// authentication error).
+func (f *feed) refused() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stale != nil && (errors.Is(f.stale, store.ErrPermissionDenied) || errors.Is(f.stale, store.ErrUnauthenticated))
+}
+
 func (f *feed) setOutage(err error) {
 	f.setStale(err)
 	f.mu.Lock()

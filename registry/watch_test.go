@@ -535,3 +535,33 @@ func TestResyncKeepsInstanceOverwrittenWithGarbage(t *testing.T) {
 		t.Fatalf("after a valid value: %v %+v", b.Kind, b.Events)
 	}
 }
+
+// TestLingeringFeedsBounded: a client that opens and closes watches of
+// ever new prefixes, one at a time (no cap on open watches stops it),
+// leaves at most a bounded number of store watches lingering — over real
+// etcd, 200 prefixes once left 200 etcd watches open for the linger period.
+func TestLingeringFeedsBounded(t *testing.T) {
+	r := newRegistry(t, newEtcdStore(t, nil, etcd.Config{}), registry.Config{WatchLinger: time.Minute})
+	ctx := within(t, 60*time.Second)
+	ns := uniqueNS()
+	for i := range 200 {
+		w, err := r.Watch(ctx, beacon.Query{Namespace: ns, Component: fmt.Sprintf("c%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		next(t, ctx, w, registrytest.NewView())
+		_ = w.Close()
+	}
+	if n := r.WatchStreams(); n > 64 {
+		t.Fatalf("%d store watches linger after 200 watches opened and closed one at a time, want at most 64", n)
+	}
+	// The most recent ones linger (a reconnecting client finds its feed).
+	w, err := r.Watch(ctx, beacon.Query{Namespace: ns, Component: "c199"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if n := r.WatchStreams(); n > 64 {
+		t.Fatalf("reopening a lingering watch added a feed: %d", n)
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -59,7 +61,13 @@ func (id identity) key(salt []byte) string {
 // verified client certificate, as etcd does on its client port.
 func credentials(r *http.Request) (identity, bool, error) {
 	if h := r.Header.Get("Authorization"); h != "" {
-		scheme, rest, _ := strings.Cut(h, " ")
+		// The scheme ends at the first space or tab (RFC 9110 allows
+		// only spaces; a tab must not make the credentials part of the
+		// scheme, which an error message quotes).
+		scheme, rest := h, ""
+		if i := strings.IndexAny(h, " \t"); i >= 0 {
+			scheme, rest = h[:i], h[i+1:]
+		}
 		rest = strings.TrimSpace(rest)
 		switch strings.ToLower(scheme) {
 		case "basic":
@@ -78,6 +86,9 @@ func credentials(r *http.Request) (identity, bool, error) {
 			}
 			return identity{method: methodBearer, token: rest, user: jwtUser(rest)}, true, nil
 		default:
+			if len(scheme) > 32 {
+				scheme = scheme[:32] + "…"
+			}
 			return identity{}, false, fmt.Errorf("authorization scheme %q is not supported: use Basic (user:password) or Bearer (an etcd token)", scheme)
 		}
 	}
@@ -319,12 +330,18 @@ type authViews struct {
 const viewIdle = 5 * time.Minute
 
 // Failed authentications: at most maxFails per client address and user
-// name within failWindow, then 429 until the window passes (each costs
-// etcd a bcrypt check, and guessing passwords must stay slow). Credentials
-// that already succeeded are served from the cache and never throttled.
+// name, and maxAddrFails per client address whatever the user names,
+// within failWindow, then 429 until the window passes (each costs etcd a
+// bcrypt check, and guessing passwords must stay slow; the per-address
+// bound keeps a client from spreading guesses over many names, or from
+// flooding the table with unknown names to push its own entries out).
+// Credentials that already succeeded are served from the cache and never
+// throttled. The table holds at most maxFailEntries keys (see failed).
 const (
-	maxFails   = 20
-	failWindow = time.Minute
+	maxFails       = 20
+	maxAddrFails   = 100
+	failWindow     = time.Minute
+	maxFailEntries = 10000
 )
 
 func newAuthViews(a authority, regCfg registry.Config, max int, log *slog.Logger) *authViews {
@@ -333,37 +350,94 @@ func newAuthViews(a authority, regCfg registry.Config, max int, log *slog.Logger
 	return &authViews{auth: a, regCfg: regCfg, salt: salt, max: max, log: log, views: map[string]*userView{}, fails: map[string][]time.Time{}}
 }
 
-// throttled reports how long client must wait after too many failures.
-func (v *authViews) throttled(client string) time.Duration {
+// failKeys are the keys a failure of user from addr counts under: the
+// address and user, and the address alone.
+func failKeys(addr, user string) [2]string {
+	return [2]string{addr + " " + strconv.Quote(user), addr}
+}
+
+// throttled reports how long a client at addr must wait before it may try
+// user's credentials again, after too many failures.
+func (v *authViews) throttled(addr, user string) time.Duration {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	now := time.Now()
-	kept := v.fails[client][:0]
-	for _, t := range v.fails[client] {
+	var wait time.Duration
+	for i, key := range failKeys(addr, user) {
+		kept := v.recentLocked(key, now)
+		limit := maxFails
+		if i == 1 {
+			limit = maxAddrFails
+		}
+		if len(kept) >= limit {
+			wait = max(wait, failWindow-now.Sub(kept[len(kept)-limit]))
+		}
+	}
+	return wait
+}
+
+// recentLocked drops the failures of key older than the window and
+// returns the rest, oldest first.
+func (v *authViews) recentLocked(key string, now time.Time) []time.Time {
+	kept := v.fails[key][:0]
+	for _, t := range v.fails[key] {
 		if now.Sub(t) < failWindow {
 			kept = append(kept, t)
 		}
 	}
 	if len(kept) == 0 {
-		delete(v.fails, client)
-		return 0
+		delete(v.fails, key)
+		return nil
 	}
-	v.fails[client] = kept
-	if len(kept) >= maxFails {
-		return failWindow - now.Sub(kept[0])
-	}
-	return 0
+	v.fails[key] = kept
+	return kept
 }
 
-func (v *authViews) failed(client string) {
+// failed records a failed authentication of user from addr.
+func (v *authViews) failed(addr, user string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.fails[client] = append(v.fails[client], time.Now())
-	if len(v.fails) > 10000 { // bound the table
-		for k := range v.fails {
-			delete(v.fails, k)
-			break
+	now := time.Now()
+	for _, key := range failKeys(addr, user) {
+		v.fails[key] = append(v.fails[key], now)
+		// Only the last maxAddrFails count; older ones need no room.
+		if n := len(v.fails[key]); n > maxAddrFails {
+			v.fails[key] = append(v.fails[key][:0], v.fails[key][n-maxAddrFails:]...)
 		}
+	}
+	if len(v.fails) <= maxFailEntries {
+		return
+	}
+	// Bound the table, down to nine tenths of it so that this work is
+	// rare: forget what the window forgot, then the keys that throttle
+	// nobody, then the others, oldest last failure first — so that a
+	// flood of new entries never pushes out a throttle.
+	for key := range v.fails {
+		v.recentLocked(key, now)
+	}
+	if len(v.fails) <= maxFailEntries {
+		return
+	}
+	type entry struct {
+		key       string
+		throttles bool
+		last      time.Time
+	}
+	all := make([]entry, 0, len(v.fails))
+	for key, ts := range v.fails {
+		all = append(all, entry{key, len(ts) >= maxFails, ts[len(ts)-1]})
+	}
+	slices.SortFunc(all, func(a, b entry) int {
+		if a.throttles != b.throttles {
+			if a.throttles {
+				return 1
+			}
+			return -1
+		}
+		return a.last.Compare(b.last)
+	})
+	for _, e := range all[:len(all)-maxFailEntries*9/10] {
+		delete(v.fails, e.key)
 	}
 }
 

@@ -159,6 +159,8 @@ func TestAuthorizationTable(t *testing.T) {
 	// Dave may write instances but was not granted the ownership prefix.
 	grant(t, root, "dave", "dave-pw", "readwrite /services/team-b/")
 	grant(t, root, "erin", "erin-pw", "readwrite /_etcd/registry/", "readwrite "+v2Prefix)
+	// Frank may read discovery tokens, not create them.
+	grant(t, root, "frank", "frank-pw", "read /_etcd/registry/", "read "+v2Prefix)
 	base := s.Endpoints().HTTP
 
 	users := map[string]string{
@@ -168,6 +170,7 @@ func TestAuthorizationTable(t *testing.T) {
 		"carol": basic("carol", "carol-pw"),
 		"dave":  basic("dave", "dave-pw"),
 		"erin":  basic("erin", "erin-pw"),
+		"frank": basic("frank", "frank-pw"),
 		"anon":  "",
 		"wrong": basic("alice", "not-her-password"),
 		"ghost": basic("nobody", "x"),
@@ -296,16 +299,23 @@ func TestAuthorizationTable(t *testing.T) {
 	}
 
 	// The tokens API and v2 discovery have permissions of their own.
-	for user, code := range map[string]int{"erin": 201, "alice": 403, "anon": 401} {
+	for user, code := range map[string]int{"erin": 201, "frank": 403, "alice": 403, "anon": 401} {
 		r := as{t: t, base: base, auth: users[user]}.do("POST", "/v1/tokens", `{"size":3}`)
 		if r.code != code {
 			t.Errorf("%s creates a v3 discovery token: %d %s; want %d", user, r.code, r.body, code)
 		}
 	}
-	for user, code := range map[string]int{"erin": 200, "alice": 403, "anon": 401} {
+	// GET /new creates a token (discovery.etcd.io's protocol): a write,
+	// whatever its method.
+	for user, code := range map[string]int{"erin": 200, "frank": 403, "alice": 403, "anon": 401} {
 		r := as{t: t, base: base, auth: users[user]}.do("GET", V2Path+"/new?size=3", "")
 		if r.code != code {
 			t.Errorf("%s creates a v2 discovery token: %d %s; want %d", user, r.code, r.body, code)
+		}
+	}
+	for user, code := range map[string]int{"erin": 200, "frank": 200, "alice": 403} {
+		if r := (as{t: t, base: base, auth: users[user]}).do("GET", "/v1/tokens", ""); r.code != code {
+			t.Errorf("%s lists the v3 discovery tokens: %d %s; want %d", user, r.code, r.body, code)
 		}
 	}
 	// Health, readiness and metrics stay public.

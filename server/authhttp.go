@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -226,17 +227,15 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, required b
 	if uv := st.views.cached(id); uv != nil {
 		return authResult{enabled: true, view: uv}, true
 	}
-	client := remoteHost(r) + " " + strconv.Quote(id.user)
-	if wait := st.views.throttled(client); wait > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(wait.Seconds()))))
-		writeErr(w, http.StatusTooManyRequests, "resource_exhausted",
-			fmt.Sprintf("too many failed authentications as %q from %s: wait %d s", id.user, remoteHost(r), max(1, int(wait.Seconds()))))
+	addr := remoteHost(r)
+	if wait := st.views.throttled(addr, id.user); wait > 0 {
+		writeThrottled(w, addr, id.user, wait)
 		return authResult{}, false
 	}
 	uv, err := st.views.acquire(r.Context(), id)
 	if err != nil {
 		if errors.Is(err, store.ErrUnauthenticated) {
-			st.views.failed(client)
+			st.views.failed(addr, id.user)
 			writeUnauthorized(w, err.Error())
 			return authResult{}, false
 		}
@@ -244,6 +243,16 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, required b
 		return authResult{}, false
 	}
 	return authResult{enabled: true, view: uv}, true
+}
+
+// writeThrottled answers 429 to a client that failed to authenticate too
+// often.
+func writeThrottled(w http.ResponseWriter, addr, user string, wait time.Duration) {
+	secs := max(1, int(math.Ceil(wait.Seconds())))
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	writeErr(w, http.StatusTooManyRequests, "resource_exhausted", fmt.Sprintf(
+		"too many failed authentications from %s (as %q, or as any user from that address): wait %d s, and check the user name and password",
+		addr, user, secs))
 }
 
 // statusWriter records the status of a response.
@@ -334,16 +343,17 @@ func etcdError(what string, err error) error {
 	return fmt.Errorf("%w: %s: %w", store.ErrUnavailable, what, err)
 }
 
-// needPermission serves h only to users that may read (GET, HEAD) or
-// write (other methods) under prefix; what names the resource in errors.
-func (s *Server) needPermission(prefix, what string, h http.Handler) http.Handler {
+// needPermission serves h only to users that may read (GET, HEAD, unless
+// writes says the request writes) or write (other methods) under prefix;
+// what names the resource in errors.
+func (s *Server) needPermission(prefix, what string, writes func(*http.Request) bool, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		uv := viewFrom(r.Context())
 		if uv == nil {
 			h.ServeHTTP(w, r)
 			return
 		}
-		write := r.Method != http.MethodGet && r.Method != http.MethodHead
+		write := r.Method != http.MethodGet && r.Method != http.MethodHead || writes != nil && writes(r)
 		if err := probe(r.Context(), uv.cli, prefix, write); err != nil {
 			switch {
 			case errors.Is(err, store.ErrPermissionDenied):
@@ -361,8 +371,38 @@ func (s *Server) needPermission(prefix, what string, h http.Handler) http.Handle
 			}
 			return
 		}
+		// The work is done as the server's own etcd user, which needs
+		// the same permission (a least-privilege user limited to the
+		// registry has none here).
+		if cli := s.etcdClient(); cli != nil {
+			if err := probe(r.Context(), cli, prefix, write); err != nil {
+				if errors.Is(err, store.ErrPermissionDenied) || errors.Is(err, store.ErrUnauthenticated) {
+					perm := "read"
+					if write {
+						perm = "readwrite"
+					}
+					writeErr(w, http.StatusForbidden, "permission_denied", fmt.Sprintf(
+						"this server's own etcd user (%s) may not serve %s, which it reads and writes on behalf of its callers: grant it %s on the key prefix %s (beacon auth grant-bootstrap ROLE, then etcdctl user grant-role USER ROLE), or serve them from another server (%v)",
+						s.selfUser(), what, perm, prefix, err))
+					return
+				}
+				writeErr(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+				return
+			}
+		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// selfUser names the etcd user the server acts as, for messages.
+func (s *Server) selfUser() string {
+	if u := s.cfg.Backend.Etcd.Username; u != "" {
+		return strconv.Quote(u) + ", --etcd-user"
+	}
+	if s.etcd != nil {
+		return `"root"`
+	}
+	return "none: give --etcd-user"
 }
 
 // Key prefixes the bootstrap APIs write.
@@ -374,11 +414,17 @@ const (
 // guardBootstrap wraps the tokens API and the v2 discovery service with
 // their own permissions.
 func (s *Server) guardTokens(h http.Handler) http.Handler {
-	return s.needPermission(tokensPrefix, "v3 discovery tokens", h)
+	return s.needPermission(tokensPrefix, "v3 discovery tokens", nil, h)
 }
 
 func (s *Server) guardV2(h http.Handler) http.Handler {
-	return s.needPermission(v2Prefix, "v2 discovery tokens", h)
+	return s.needPermission(v2Prefix, "v2 discovery tokens", v2Creates, h)
+}
+
+// v2Creates reports the v2 requests that write although their method is
+// GET: /new creates a token (discovery.etcd.io's protocol uses GET).
+func v2Creates(r *http.Request) bool {
+	return strings.TrimSuffix(r.URL.Path, "/") == V2Path+"/new"
 }
 
 // Access says what a user may do with one kind of data.
@@ -558,16 +604,15 @@ func (s *Server) issueToken(w http.ResponseWriter, r *http.Request) {
 		writeUnauthorized(w, "send the etcd user's name and password with HTTP Basic authentication to get a token")
 		return
 	}
-	client := remoteHost(r) + " " + strconv.Quote(id.user)
-	if wait := st.views.throttled(client); wait > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(wait.Seconds()))))
-		writeErr(w, http.StatusTooManyRequests, "resource_exhausted", fmt.Sprintf("too many failed authentications as %q: wait %d s", id.user, max(1, int(wait.Seconds()))))
+	addr := remoteHost(r)
+	if wait := st.views.throttled(addr, id.user); wait > 0 {
+		writeThrottled(w, addr, id.user, wait)
 		return
 	}
 	tok, err := st.auth.token(r.Context(), id.user, id.password)
 	if err != nil {
 		if errors.Is(err, store.ErrUnauthenticated) {
-			st.views.failed(client)
+			st.views.failed(addr, id.user)
 			writeUnauthorized(w, err.Error())
 			return
 		}

@@ -167,6 +167,21 @@ func TestLeastPrivilegeFront(t *testing.T) {
 	if r := svc.do("POST", "/v1/tokens", `{"size":3}`); r.code != http.StatusForbidden {
 		t.Fatalf("tokens as svc: %d %s", r.code, r.body)
 	}
+	// A caller with that permission, through a server whose own user
+	// lacks it (the server does the work): 403 saying what to grant the
+	// server's user, never a 500 or etcd's bare "permission denied".
+	grant(t, root, "boot", "boot-pw", "readwrite /_etcd/registry/", "readwrite "+v2Prefix)
+	boot := as{t: t, base: base, auth: basic("boot", "boot-pw")}
+	for _, req := range [][2]string{{"POST", "/v1/tokens"}, {"GET", "/v1/tokens"}, {"GET", V2Path + "/new?size=3"}, {"GET", V2Path + "/0123456789abcdef0123456789abcdef"}} {
+		body := ""
+		if req[0] == "POST" {
+			body = `{"size":3}`
+		}
+		r := boot.do(req[0], req[1], body)
+		if r.code != http.StatusForbidden || !strings.Contains(r.body, `own etcd user (\"svc\"`) || !strings.Contains(r.body, "grant") {
+			t.Errorf("%s %s by a bootstrap user through a least-privilege server: %d %s", req[0], req[1], r.code, r.body)
+		}
+	}
 }
 
 // TestEmbeddedHonoursCredentials: auth enabled on the embedded etcd behind

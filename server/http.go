@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
@@ -140,8 +142,40 @@ func (s *Server) mountAPIs(mux *httpapi.Mux) error {
 		return fmt.Errorf("v2 discovery: %w", err)
 	}
 	s.v2 = v2svc
-	mux.Handle(V2Path+"/", s.guardV2(http.StripPrefix(V2Path, v2svc)))
+	mux.Handle(V2Path+"/", s.guardV2(limitV2Waits(api, http.StripPrefix(V2Path, v2svc))))
 	return nil
+}
+
+// limitV2Waits counts each v2 long poll (wait=true), which holds a store
+// watch for up to a minute, against the watch-stream caps of its client
+// and of the server.
+func limitV2Waits(api *registryapi.Handler, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !v2Waits(r) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		release, ok := api.HoldStream(w, r)
+		if !ok {
+			return
+		}
+		defer release()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// v2Waits reports a v2 discovery long poll: wait given as etcd's v2 API
+// reads it (strconv.ParseBool: true, 1, t, ...).
+func v2Waits(r *http.Request) bool {
+	if !strings.HasPrefix(r.URL.Path, V2Path+"/") {
+		return false
+	}
+	v, ok := r.URL.Query()["wait"]
+	if !ok || len(v) == 0 {
+		return false
+	}
+	b, err := strconv.ParseBool(v[0])
+	return err == nil && b
 }
 
 // V2Path is where the discovery.etcd.io-compatible v2 service is mounted.

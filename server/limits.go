@@ -57,7 +57,7 @@ func (s *Server) requestDeadline(r *http.Request) time.Duration {
 	switch {
 	case r.URL.Path == registryapi.WatchPath:
 		return -1
-	case strings.HasPrefix(r.URL.Path, V2Path+"/") && r.URL.Query().Get("wait") == "true":
+	case v2Waits(r):
 		// A v2 wait is held up to the service's wait timeout.
 		return v2.DefaultWaitTimeout + s.sec.RequestTimeout
 	}

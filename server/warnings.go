@@ -42,10 +42,18 @@ func (s *Server) securityWarnings() []string {
 				if !set.tls {
 					out = append(out, fmt.Sprintf("%s %s is plain HTTP on a non-loopback address: give the matching --*cert-file and --*key-file (and a trusted CA with client-cert-auth)", set.flag, raw))
 				}
+				if !set.auth && set.tls && !s.sec.PeerTLS.ClientCertAuth {
+					out = append(out, fmt.Sprintf("%s %s accepts any TLS client as a member (no --peer-client-cert-auth): anyone who reaches it can take part in the cluster's consensus; give --peer-client-cert-auth and --peer-trusted-ca-file", set.flag, raw))
+				}
 				if set.auth && !s.authEnforced() && !s.sec.ClientTLS.ClientCertAuth {
 					out = append(out, fmt.Sprintf("%s %s accepts etcd clients without authentication: anyone who reaches it can delete every instance (etcdctl del --prefix /); run with --auth or --client-cert-auth", set.flag, raw))
 				}
 			}
+		}
+	}
+	if s.dns.addr != "" {
+		if host, _, err := net.SplitHostPort(s.dns.addr); err == nil && !isLoopback(host) {
+			out = append(out, fmt.Sprintf("DNS on %s answers anyone on the network, without authentication or encryption, with every instance this server's etcd user may read: keep --dns-addr on loopback or a trusted network, or give the server an --etcd-user limited to the namespaces DNS should publish", s.dns.addr))
 		}
 	}
 	return out

@@ -153,6 +153,10 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				case <-p.Ready():
 					fmt.Fprintf(cmd.OutOrStdout(), "beacon proxy (%s) serving on %s; endpoints: %s\n",
 						p.Mode(), p.Addr(), describeEndpoints(p.Endpoints()))
+					if w := proxyExposureWarning(p.Addr(), cfg.ServerTLS != nil); w != "" {
+						logger.Warn("SECURITY: listener exposed without protection", "problem", w)
+						fmt.Fprintf(cmd.OutOrStdout(), "  WARNING  %s\n", w)
+					}
 				case <-p.Done():
 				}
 			}()

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net"
 
 	"github.com/beaconplane/beacon/internal/tlsfiles"
 	"github.com/beaconplane/beacon/proxy"
@@ -50,4 +51,21 @@ func (t *proxyListenTLS) apply(cfg *proxy.Config, log *slog.Logger) error {
 	}
 	cfg.ServerTLS = r.ServerConfig("h2", "http/1.1")
 	return nil
+}
+
+// proxyExposureWarning says why a proxy listener reachable from other
+// machines is exposed: plain text on a non-loopback address (tokens and
+// passwords cross the network in the clear). Empty when it is not.
+func proxyExposureWarning(addr net.Addr, tls bool) string {
+	if addr == nil || tls {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
+		return ""
+	}
+	return fmt.Sprintf("the proxy on %s is plain text on a non-loopback address: anyone on the network can read its clients' etcd tokens and passwords and the data; give --cert-file and --key-file (and --trusted-ca-file with --client-cert-auth)", addr)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/base64"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/internal/testcerts"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -127,13 +129,15 @@ func TestSecureServeEndToEnd(t *testing.T) {
 // TestServeWarnsOffLoopback: a listener on every interface without TLS or
 // auth is announced loudly.
 func TestServeWarnsOffLoopback(t *testing.T) {
-	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
+	client, peer, httpURL, dnsURL := freeURL(t), freeURL(t), freeURL(t), freeURL(t)
 	_, port, _ := strings.Cut(strings.TrimPrefix(httpURL, "http://"), ":")
+	_, dnsPort, _ := strings.Cut(strings.TrimPrefix(dnsURL, "http://"), ":")
 	b := startBeacon(t, t.TempDir(), nil, "serve", "--data-dir", "data", "--listen-client-urls", client, "--listen-peer-urls", peer,
-		"--http-addr", "0.0.0.0:"+port, "--dns-addr=")
+		"--http-addr", "0.0.0.0:"+port, "--dns-addr", "0.0.0.0:"+dnsPort)
 	b.waitLine(t, "beacon serve is ready", 60*time.Second)
-	b.waitLine(t, "--http-cert-file", 10*time.Second) // plain HTTP off loopback
-	b.waitLine(t, "--auth", 10*time.Second)           // and no authentication
+	b.waitLine(t, "--http-cert-file", 10*time.Second)                           // plain HTTP off loopback
+	b.waitLine(t, "--auth", 10*time.Second)                                     // and no authentication
+	b.waitLine(t, ":"+dnsPort+" answers anyone on the network", 10*time.Second) // DNS answers anyone
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(b.errOut(), "SECURITY") {
 		if time.Now().After(deadline) {
@@ -141,5 +145,21 @@ func TestServeWarnsOffLoopback(t *testing.T) {
 		}
 		tick := time.NewTimer(50 * time.Millisecond)
 		<-tick.C
+	}
+}
+
+// TestProxyWarnsOffLoopback: beacon proxy on every interface without TLS
+// is announced loudly; on loopback it is not.
+func TestProxyWarnsOffLoopback(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	_, port, _ := strings.Cut(strings.TrimPrefix(freeURL(t), "http://"), ":")
+	b := startBeacon(t, t.TempDir(), nil, "proxy", "--endpoints", srv.Endpoint(), "--listen-addr", "0.0.0.0:"+port)
+	b.waitLine(t, "serving on", 30*time.Second)
+	b.waitLine(t, ":"+port+" is plain text on a non-loopback address", 10*time.Second)
+	if w := proxyExposureWarning(&net.TCPAddr{IP: net.IPv6loopback, Port: 1}, false); w != "" {
+		t.Errorf("loopback proxy warns: %s", w)
+	}
+	if w := proxyExposureWarning(&net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1}, true); w != "" {
+		t.Errorf("TLS proxy warns: %s", w)
 	}
 }

@@ -110,7 +110,7 @@ func (q *quota) acquireWatch(w http.ResponseWriter, client string) (release func
 	defer q.mu.Unlock()
 	switch {
 	case q.watches[client] >= q.maxWatchesClient:
-		tooMany(w, watchRetryAfter, fmt.Sprintf("client %s has %d watch streams open on this server, the most one client may hold: close some (one stream can watch a whole namespace)", client, q.watches[client]))
+		tooMany(w, watchRetryAfter, fmt.Sprintf("client %s has %d watch streams (and v2 discovery waits) open on this server, the most one client may hold: close some (one stream can watch a whole namespace)", client, q.watches[client]))
 		return nil, false
 	case q.nWatches >= q.maxWatches:
 		tooMany(w, watchRetryAfter, fmt.Sprintf("this server holds %d watch streams, its limit: use another server of the cluster or retry later", q.nWatches))
@@ -129,6 +129,14 @@ func (q *quota) acquireWatch(w http.ResponseWriter, client string) (release func
 			}
 		})
 	}, true
+}
+
+// HoldStream counts a long-lived request of r's client other than a
+// watch stream of this API (a v2 discovery long poll, say) against the
+// same caps as watch streams, or answers 429 with Retry-After and
+// returns false. Call release when the request ends.
+func (h *Handler) HoldStream(w http.ResponseWriter, r *http.Request) (release func(), ok bool) {
+	return h.quota.acquireWatch(w, h.quota.client(r))
 }
 
 // regSlot is a registration in flight.

@@ -215,3 +215,38 @@ func TestWatchSilentWhileDown(t *testing.T) {
 		t.Fatal("watch still silent")
 	}
 }
+
+// TestWatchFromNextRevisionOnQuietStore: a watch from the revision after
+// a listing, on a store nobody writes to, stays open. etcd answers no
+// progress request while its revision is below a watch's start, so such a
+// watch used to end as silent every WatchSilenceTimeout (a fresh cluster's
+// registry re-listed every 4 s, DNS flapped, v2 discovery waits failed
+// after 4 s with 500).
+func TestWatchFromNextRevisionOnQuietStore(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{}) // nobody else writes here
+	s := newStore(t, srv, etcd.Config{WatchSilenceTimeout: silence, ProbeTimeout: probe})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, rev, err := s.List(ctx, "/quiet/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := s.Watch(ctx, "/quiet/", rev+1)
+	select {
+	case resp := <-w:
+		t.Fatalf("watch from revision %d (store at %d) delivered %+v before any write", rev+1, rev, resp)
+	case <-time.After(2 * silenceBound): // several silence timeouts
+	}
+	if _, err := s.Put(ctx, "/quiet/k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case resp := <-w:
+		if resp.Err != nil || len(resp.Events) != 1 || resp.Events[0].KV.Key != "/quiet/k" {
+			t.Fatalf("after the write: %+v", resp)
+		}
+	case <-time.After(silenceBound):
+		t.Fatal("the write was not delivered")
+	}
+}

@@ -32,7 +32,11 @@ import (
 //     than one that may have been compacted. They are not delivered.
 //   - The watch notices its own silence (Config.WatchSilenceTimeout): each
 //     watch has a gRPC stream of its own, and one that has heard nothing
-//     for half the timeout asks its member for a progress notification. A
+//     for half the timeout asks its member for a progress notification
+//     (etcd answers none while its revision is below the watch's start —
+//     a watch from the revision after a listing, on a store nobody wrote
+//     since — so such a watch instead reads the revision, and a store
+//     still behind its start owes it nothing and counts as heard). A
 //     watch that still hears nothing when the timeout is up (its member
 //     hangs, or is cut off, or the whole cluster is down) ends, within 1.25
 //     times the timeout plus up to two ProbeTimeouts, with an error
@@ -124,6 +128,7 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		check = t.C
 	}
 	heard := time.Now() // when etcd last said something on this watch
+	var seen int64      // the newest revision etcd reported on this watch
 	for {
 		var (
 			wr clientv3.WatchResponse
@@ -134,15 +139,29 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			continue
 		case wr, ok = <-ech:
 			heard = time.Now()
+			if ok {
+				seen = max(seen, wr.Header.Revision)
+			}
 		case <-check:
 			quiet := time.Since(heard)
 			if quiet < s.watchSilence/2 {
 				continue
 			}
 			if quiet < s.watchSilence {
-				if ech != nil {
-					s.requestProgress(wctx)
+				if ech == nil {
+					continue
 				}
+				if from > seen && s.behind(wctx, prefix, from) {
+					// etcd answers no progress request until its
+					// revision reaches the watch's start (a watch from
+					// the revision after a listing, on a store nobody
+					// wrote since): a read that says the store is still
+					// behind it shows the cluster answers and that no
+					// event is due.
+					heard = time.Now()
+					continue
+				}
+				s.requestProgress(wctx)
 				continue
 			}
 			if s.prober != nil {
@@ -224,6 +243,15 @@ func (s *Store) requestProgress(wctx context.Context) {
 	ctx, cancel := context.WithTimeout(wctx, s.watchSilence/4)
 	defer cancel()
 	_ = s.cli.RequestProgress(ctx) // a failure shows as continued silence
+}
+
+// behind reports whether a read of the cluster's revision answers below
+// rev, within a quarter of the silence timeout.
+func (s *Store) behind(wctx context.Context, prefix string, rev int64) bool {
+	ctx, cancel := context.WithTimeout(wctx, s.watchSilence/4)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, prefix, clientv3.WithCountOnly(), clientv3.WithLimit(1))
+	return err == nil && resp.Header != nil && resp.Header.Revision < rev
 }
 
 func fromEvent(e *clientv3.Event) store.Event {
