@@ -8,6 +8,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -49,4 +51,75 @@ func TestTxnRequestMatchesClientv3(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTxnSummaryMatchesProto: the transaction codec decodes the header
+// and the outcome exactly as the full protobuf decoding does, whatever
+// the responses, and hands other messages to the proto codec.
+func TestTxnSummaryMatchesProto(t *testing.T) {
+	hdr := &pb.ResponseHeader{ClusterId: 1 << 60, MemberId: 7, Revision: 1<<40 + 3, RaftTerm: 9}
+	for name, resp := range map[string]*pb.TxnResponse{
+		"empty":     {},
+		"succeeded": {Header: hdr, Succeeded: true},
+		"with puts": {Header: hdr, Succeeded: true, Responses: []*pb.ResponseOp{
+			{Response: &pb.ResponseOp_ResponsePut{ResponsePut: &pb.PutResponse{Header: hdr}}},
+			{Response: &pb.ResponseOp_ResponsePut{ResponsePut: &pb.PutResponse{Header: hdr}}},
+		}},
+		"failed with ranges": {Header: hdr, Responses: []*pb.ResponseOp{
+			{Response: &pb.ResponseOp_ResponseRange{ResponseRange: &pb.RangeResponse{Header: hdr, Count: 3}}},
+		}},
+	} {
+		b, err := proto.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got pb.TxnResponse
+		codec := txnCodec{encoding.GetCodecV2("proto")}
+		// In one buffer and split in two, as gRPC may hand it over.
+		for _, data := range []mem.BufferSlice{{mem.SliceBuffer(b)}, split(b)} {
+			got = pb.TxnResponse{}
+			if err := codec.Unmarshal(data, &got); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if got.Succeeded != resp.Succeeded || !proto.Equal(got.Header, resp.Header) || got.Responses != nil {
+				t.Errorf("%s: got %v, want the header and outcome of %v", name, &got, resp)
+			}
+		}
+	}
+	// Anything else goes through the proto codec.
+	rr := &pb.RangeResponse{Header: hdr, Count: 2}
+	b, _ := proto.Marshal(rr)
+	var got pb.RangeResponse
+	if err := (txnCodec{encoding.GetCodecV2("proto")}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &got); err != nil || !proto.Equal(&got, rr) {
+		t.Errorf("range response through the codec: %v %v", &got, err)
+	}
+}
+
+func split(b []byte) mem.BufferSlice {
+	h := len(b) / 2
+	return mem.BufferSlice{mem.SliceBuffer(b[:h]), mem.SliceBuffer(b[h:])}
+}
+
+// FuzzTxnSummary: on any input the summary decoder never panics, and
+// where the full protobuf decoding accepts it, agrees with it.
+func FuzzTxnSummary(f *testing.F) {
+	hdr := &pb.ResponseHeader{Revision: 42}
+	for _, r := range []*pb.TxnResponse{{}, {Header: hdr, Succeeded: true}, {Header: hdr, Responses: []*pb.ResponseOp{{Response: &pb.ResponseOp_ResponsePut{ResponsePut: &pb.PutResponse{Header: hdr}}}}}} {
+		b, _ := proto.Marshal(r)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var got pb.TxnResponse
+		err := decodeTxnSummary(b, &got)
+		var full pb.TxnResponse
+		if proto.Unmarshal(b, &full) != nil {
+			return
+		}
+		if err != nil {
+			t.Fatalf("summary refused what proto accepts: %v", err)
+		}
+		if got.Succeeded != full.Succeeded || !proto.Equal(got.Header, full.Header) {
+			t.Fatalf("summary %v, proto %v", &got, &full)
+		}
+	})
 }
