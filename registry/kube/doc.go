@@ -15,9 +15,10 @@
 //
 // An instance is live while its InstanceSet exists and its pod is Ready in
 // an EndpointSlice labelled DiscoveryLabel=true (matched by
-// targetRef.uid, so a new pod never inherits an old pod's readiness). Put
-// the label on the Service that selects the registering pods; the
-// EndpointSlice controller copies it to the slices. A pod that is not Ready
+// targetRef.uid in the pod's own namespace, so a new pod never inherits an
+// old pod's readiness, and a slice of another namespace never vouches for
+// it). Put the label on the Service that selects the registering pods;
+// the EndpointSlice controller copies it to the slices. A pod that is not Ready
 // (starting, failing its readiness probe, terminating) is removed for
 // watchers, and added back once Ready: the readiness probe gates discovery.
 // Draining is the instance's status in the resource, as on every backend.

@@ -330,8 +330,8 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 			mu.Lock()
 			defer mu.Unlock()
 			for _, s := range list {
-				for uid := range readyPods(s) {
-					ready[uid] = true
+				for pod := range readyPods(s) {
+					ready[pod] = true
 				}
 			}
 			maxRV = max(maxRV, parseRV(rv))
@@ -341,7 +341,7 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 	if err := g.Wait(); err != nil {
 		return nil, 0, err
 	}
-	live := liveInstances(sets, func(uid string) bool { return ready[uid] })
+	live := liveInstances(sets, func(pod string) bool { return ready[pod] })
 	out := make([]beacon.Instance, 0, len(live))
 	for _, c := range live {
 		if q.Matches(c.inst.Ref()) {
@@ -373,19 +373,24 @@ func (r *Registry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, er
 // Services.
 const discoverySelector = DiscoveryLabel + "=" + DiscoveryLabelValue
 
-// readyPods returns the UIDs of the pods a slice lists as ready. A nil
-// ready condition means ready (the EndpointSlice API's rule); an endpoint
-// without a Pod targetRef is ignored.
+// readyPods returns the pods a slice lists as ready, as podKeys in the
+// slice's namespace. A nil ready condition means ready (the EndpointSlice
+// API's rule); an endpoint without a Pod targetRef, or whose targetRef
+// names another namespace, is ignored: a slice speaks only for the pods of
+// its own namespace.
 func readyPods(s *discoveryv1.EndpointSlice) map[string]bool {
 	out := map[string]bool{}
 	for _, e := range s.Endpoints {
 		if e.TargetRef == nil || e.TargetRef.Kind != "Pod" || e.TargetRef.UID == "" {
 			continue
 		}
+		if e.TargetRef.Namespace != "" && e.TargetRef.Namespace != s.Namespace {
+			continue
+		}
 		if e.Conditions.Ready != nil && !*e.Conditions.Ready {
 			continue
 		}
-		out[string(e.TargetRef.UID)] = true
+		out[podKey(s.Namespace, string(e.TargetRef.UID))] = true
 	}
 	return out
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/beaconplane/beacon/registry/registrytest"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -206,4 +208,51 @@ func TestTakeOverIsReported(t *testing.T) {
 		want = append(want, register(t, r, beacon.Instance{Namespace: "demo", Component: "c", Endpoint: c, Address: "10.5.1.1:80"}).Instance())
 	}
 	f.until("both containers' instances", func(v *registrytest.View) bool { return v.Equal(want) })
+}
+
+// Only an EndpointSlice of the pod's own namespace says whether it is
+// Ready: a labelled slice someone wrote in another namespace, naming the
+// pod's UID as ready, does not make a NotReady pod's instances live for a
+// reader of both namespaces (List and Watch).
+func TestReadinessOnlyFromThePodsNamespace(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns, other := cp.Namespace(t), cp.Namespace(t)
+	ctx := kubetest.Ctx(t)
+	pod := cp.Pod(t, ns, "not-ready")
+	hidden := register(t, cp.Registry(t, ns, pod, nil), inst("10.6.0.1:80")).Instance()
+
+	ready := true
+	forged := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "forged", Labels: map[string]string{kube.DiscoveryLabel: kube.DiscoveryLabelValue}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{
+			Addresses:  []string{"192.0.2.10"},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready},
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: pod.Name, UID: pod.UID},
+		}, {
+			Addresses:  []string{"192.0.2.11"},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready},
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Name: pod.Name, UID: pod.UID},
+		}},
+	}
+	if _, err := cp.Slices.EndpointSlices(other).Create(ctx, forged, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	reader := cp.Registry(t, ns, nil, func(c *kube.Config) { c.Namespaces = []string{ns, other} })
+	f := follow(t, reader, beacon.Query{Namespace: "demo"})
+	// A live instance in the other namespace, made Ready after the forged
+	// slice was written: once a watcher has it, the slice's reflector has
+	// passed the forged slice.
+	marker := register(t, cp.Registry(t, other, cp.ReadyPod(t, other, "marker"), nil), inst("10.6.0.2:80")).Instance()
+	f.until("the other namespace's instance", func(v *registrytest.View) bool { return has(v, marker) })
+	if _, ok := f.v.Get(hidden.Ref().String()); ok {
+		t.Fatalf("a slice of namespace %s made a NotReady pod of %s visible to watchers: %v", other, ns, f.v)
+	}
+	got, _, err := reader.List(ctx, beacon.Query{Namespace: "demo"})
+	if err != nil || !registrytest.SameInstances(got, []beacon.Instance{marker}) {
+		t.Fatalf("List = %v, %v; want only %s", got, err, marker.Ref())
+	}
+	// Its own namespace's slice still decides.
+	cp.SetReady(t, pod, true)
+	f.until("the instance once its pod is Ready", func(v *registrytest.View) bool { return has(v, hidden) })
 }

@@ -21,6 +21,7 @@ type setInfo struct {
 	rv        int64
 	podUID    string
 	podName   string
+	pod       string // namespace/pod UID: readiness is looked up by it (podKey)
 	holder    string
 	created   time.Time
 	instances []beacon.Instance
@@ -69,6 +70,7 @@ func decodeSet(u *unstructured.Unstructured, maxMetadata int) (*setInfo, error) 
 	if spec.Pod.UID != s.podUID {
 		return nil, fmt.Errorf("spec.pod.uid %q differs from the ownerReference's pod UID %q", spec.Pod.UID, s.podUID)
 	}
+	s.pod = podKey(u.GetNamespace(), s.podUID)
 	s.holder = spec.Holder
 	seen := make(map[beacon.Ref]bool, len(spec.Instances))
 	for i, rawIn := range spec.Instances {
@@ -187,10 +189,10 @@ func better(a, b candidate) bool {
 
 // liveInstances returns the instances of the sets whose pod is ready, one
 // per ref.
-func liveInstances(sets []*setInfo, ready func(podUID string) bool) map[string]candidate {
+func liveInstances(sets []*setInfo, ready func(pod string) bool) map[string]candidate {
 	out := map[string]candidate{}
 	for _, s := range sets {
-		if !ready(s.podUID) {
+		if !ready(s.pod) {
 			continue
 		}
 		for _, in := range s.instances {
@@ -203,6 +205,12 @@ func liveInstances(sets []*setInfo, ready func(podUID string) bool) map[string]c
 	}
 	return out
 }
+
+// podKey is the key of a pod's readiness: its namespace and UID. Only an
+// EndpointSlice of the pod's own namespace says whether it is Ready (a
+// slice someone wrote in another namespace cannot make it so for readers
+// of both).
+func podKey(namespace, uid string) string { return namespace + "/" + uid }
 
 // refKey is the sort and map key of an instance: namespace/component/
 // endpoint/id, in the order of the store keys.

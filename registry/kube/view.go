@@ -85,10 +85,10 @@ type view struct {
 
 	mu         sync.Mutex
 	sets       map[string]*setInfo        // valid content by namespace/name
-	setsByPod  map[string]map[string]bool // pod UID -> set keys
+	setsByPod  map[string]map[string]bool // podKey -> set keys
 	refSets    map[string]map[string]bool // ref key -> set keys holding it
-	slices     map[string]map[string]bool // slice namespace/name -> ready pod UIDs
-	readyCount map[string]int             // pod UID -> slices listing it ready
+	slices     map[string]map[string]bool // slice namespace/name -> ready podKeys
+	readyCount map[string]int             // podKey -> slices listing it ready
 
 	tree     *btree.BTreeG[*item]
 	rev      int64
@@ -400,9 +400,9 @@ func (v *view) putSetLocked(key string, s *setInfo) map[string]bool {
 		if s == old {
 			return dirty
 		}
-		delete(v.setsByPod[old.podUID], key)
-		if len(v.setsByPod[old.podUID]) == 0 {
-			delete(v.setsByPod, old.podUID)
+		delete(v.setsByPod[old.pod], key)
+		if len(v.setsByPod[old.pod]) == 0 {
+			delete(v.setsByPod, old.pod)
 		}
 		for _, in := range old.instances {
 			k := refKey(in.Ref())
@@ -418,10 +418,10 @@ func (v *view) putSetLocked(key string, s *setInfo) map[string]bool {
 		return dirty
 	}
 	v.sets[key] = s
-	if v.setsByPod[s.podUID] == nil {
-		v.setsByPod[s.podUID] = map[string]bool{}
+	if v.setsByPod[s.pod] == nil {
+		v.setsByPod[s.pod] = map[string]bool{}
 	}
-	v.setsByPod[s.podUID][key] = true
+	v.setsByPod[s.pod][key] = true
 	for _, in := range s.instances {
 		k := refKey(in.Ref())
 		dirty[k] = true
@@ -496,26 +496,26 @@ func (v *view) putSliceLocked(key string, ready map[string]bool) map[string]bool
 		v.slices[key] = ready
 	}
 	var flipped []string
-	for uid := range old {
-		if !ready[uid] {
-			v.readyCount[uid]--
-			if v.readyCount[uid] <= 0 {
-				delete(v.readyCount, uid)
-				flipped = append(flipped, uid)
+	for pod := range old {
+		if !ready[pod] {
+			v.readyCount[pod]--
+			if v.readyCount[pod] <= 0 {
+				delete(v.readyCount, pod)
+				flipped = append(flipped, pod)
 			}
 		}
 	}
-	for uid := range ready {
-		if !old[uid] {
-			v.readyCount[uid]++
-			if v.readyCount[uid] == 1 {
-				flipped = append(flipped, uid)
+	for pod := range ready {
+		if !old[pod] {
+			v.readyCount[pod]++
+			if v.readyCount[pod] == 1 {
+				flipped = append(flipped, pod)
 			}
 		}
 	}
 	dirty := map[string]bool{}
-	for _, uid := range flipped {
-		for key := range v.setsByPod[uid] {
+	for _, pod := range flipped {
+		for key := range v.setsByPod[pod] {
 			for _, in := range v.sets[key].instances {
 				dirty[refKey(in.Ref())] = true
 			}
@@ -555,7 +555,7 @@ func (v *view) publishLocked(dirty map[string]bool) {
 		var best *candidate
 		for setKey := range v.refSets[k] {
 			s := v.sets[setKey]
-			if v.readyCount[s.podUID] == 0 {
+			if v.readyCount[s.pod] == 0 {
 				continue
 			}
 			for _, in := range s.instances {
