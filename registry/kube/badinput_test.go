@@ -230,12 +230,24 @@ func TestGarbageInstanceSet(t *testing.T) {
 		func(u *unstructured.Unstructured) {
 			_ = unstructured.SetNestedField(u.Object, "another-uid", "spec", "pod", "uid")
 		},
+		func(u *unstructured.Unstructured) { // owned, consistently, by another live pod: not the pod it is named after
+			u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: other.Name, UID: other.UID}})
+			_ = unstructured.SetNestedField(u.Object, map[string]any{"name": other.Name, "uid": string(other.UID)}, "spec", "pod")
+		},
+		func(u *unstructured.Unstructured) { // the spec names a pod other than its owner
+			u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}})
+			_ = unstructured.SetNestedField(u.Object, map[string]any{"name": other.Name, "uid": string(pod.UID)}, "spec", "pod")
+		},
 	} {
 		before := invalid()
-		bad, err := sets.Get(ctx, pod.Name, metav1.GetOptions{})
+		cur, err := sets.Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Each garbage alone, on the valid content (not on the previous
+		// garbage, which would keep it invalid whatever this one does).
+		bad := setObject(pod, good)
+		bad.SetResourceVersion(cur.GetResourceVersion())
 		garbage(bad)
 		if _, err := sets.Update(ctx, bad, metav1.UpdateOptions{}); err != nil { // as kubectl edit does
 			t.Fatalf("garbage %d: %v", i, err)

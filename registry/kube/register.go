@@ -639,7 +639,8 @@ func (w *writer) observed(u *unstructured.Unstructured) {
 		return
 	}
 	s, err := decodeSet(u, w.r.cfg.MaxMetadataSize)
-	if err == nil && slices.EqualFunc(s.instances, w.lastSpec, func(a, b beacon.Instance) bool { return a.Equal(b) }) {
+	if err == nil && s.podUID == w.pod.UID && s.podName == w.pod.Name &&
+		slices.EqualFunc(s.instances, w.lastSpec, func(a, b beacon.Instance) bool { return a.Equal(b) }) {
 		w.lastRV = rv
 		return
 	}

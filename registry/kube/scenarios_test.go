@@ -3,6 +3,8 @@ package kube_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -14,6 +16,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // An instance is visible only while its pod is Ready in a discovery
@@ -255,4 +259,63 @@ func TestReadinessOnlyFromThePodsNamespace(t *testing.T) {
 	// Its own namespace's slice still decides.
 	cp.SetReady(t, pod, true)
 	f.until("the instance once its pod is Ready", func(v *registrytest.View) bool { return has(v, hidden) })
+}
+
+// A process's InstanceSet edited by hand to be owned by another live pod
+// (ownerReference and spec.pod both naming it, so that it would follow
+// that pod's readiness and outlive its own): the process writes its own
+// pod back, and readers never take the edited version.
+func TestOwnerEditedByHandIsRestored(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	pod, other := cp.ReadyPod(t, ns, "owner"), cp.ReadyPod(t, ns, "intruder")
+	r := cp.Registry(t, ns, pod, nil)
+	in := register(t, r, inst("10.7.0.1:80")).Instance()
+	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo"})
+	f.until("the instance", func(v *registrytest.View) bool { return has(v, in) })
+
+	ctx := kubetest.Ctx(t)
+	sets := cp.Dynamic.Resource(kube.GVR).Namespace(ns)
+	w, err := sets.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + r.ObjectName()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	patch := fmt.Sprintf(`[{"op":"replace","path":"/metadata/ownerReferences/0/uid","value":%q},`+
+		`{"op":"replace","path":"/metadata/ownerReferences/0/name","value":%q},`+
+		`{"op":"replace","path":"/spec/pod","value":{"name":%q,"uid":%q}}]`, other.UID, other.Name, other.Name, other.UID)
+	edited, err := sets.Patch(ctx, r.ObjectName(), types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("watch ended")
+			}
+			u, ok := ev.Object.(*unstructured.Unstructured)
+			if !ok || parseRV(u.GetResourceVersion()) <= parseRV(edited.GetResourceVersion()) {
+				continue
+			}
+			if uid, _, _ := unstructured.NestedString(u.Object, "spec", "pod", "uid"); uid != string(pod.UID) {
+				continue
+			}
+		case <-ctx.Done():
+			t.Fatalf("the process did not write its own pod back (spec.pod of the edit: %v)", edited.Object["spec"])
+		}
+		break
+	}
+	if f.removed(in.Ref()) {
+		t.Fatalf("the edit removed the instance for watchers")
+	}
+	got, _, err := cp.Registry(t, ns, nil, nil).List(ctx, beacon.Query{Namespace: "demo"})
+	if err != nil || !registrytest.SameInstances(got, []beacon.Instance{in}) {
+		t.Fatalf("a new reader's List = %v, %v; want %s", got, err, in.Ref())
+	}
+}
+
+func parseRV(rv string) int64 {
+	n, _ := strconv.ParseInt(rv, 10, 64)
+	return n
 }
