@@ -53,8 +53,9 @@ type writer struct {
 	uid      types.UID
 	lastRV   int64
 	lastSpec []beacon.Instance
-	tried    bool          // a write was attempted
-	settled  chan struct{} // closed and replaced after every attempt
+	inflight []beacon.Instance // what the write under way applies (nil: none)
+	tried    bool              // a write was attempted
+	settled  chan struct{}     // closed and replaced after every attempt
 	kick     chan struct{}
 
 	ctx    context.Context
@@ -146,6 +147,7 @@ func (w *writer) run() {
 		body, err := w.bodyLocked()
 		spec := w.specLocked()
 		w.tried = true
+		w.inflight = spec
 		w.mu.Unlock()
 
 		var obj *unstructured.Unstructured
@@ -166,9 +168,10 @@ func (w *writer) run() {
 		w.mu.Lock()
 		w.attempt = max(w.attempt, g)
 		w.lastErr = err
+		w.inflight = nil
 		if err == nil {
 			w.applied = max(w.applied, g)
-			w.uid, w.lastRV, w.lastSpec = obj.GetUID(), parseRV(obj.GetResourceVersion()), spec
+			w.uid, w.lastRV, w.lastSpec = obj.GetUID(), max(w.lastRV, parseRV(obj.GetResourceVersion())), spec
 		}
 		close(w.settled)
 		w.settled = make(chan struct{})
@@ -639,8 +642,13 @@ func (w *writer) observed(u *unstructured.Unstructured) {
 		return
 	}
 	s, err := decodeSet(u, w.r.cfg.MaxMetadataSize)
+	same := func(spec []beacon.Instance) bool {
+		return slices.EqualFunc(s.instances, spec, func(a, b beacon.Instance) bool { return a.Equal(b) })
+	}
+	// The write under way may be seen before its answer is: its content is
+	// this process's own, not an edit.
 	if err == nil && s.podUID == w.pod.UID && s.podName == w.pod.Name &&
-		slices.EqualFunc(s.instances, w.lastSpec, func(a, b beacon.Instance) bool { return a.Equal(b) }) {
+		(same(w.lastSpec) || (w.inflight != nil && same(w.inflight))) {
 		w.lastRV = rv
 		return
 	}

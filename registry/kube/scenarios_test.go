@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/beaconplane/beacon"
@@ -13,6 +15,7 @@ import (
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/beaconplane/beacon/registry/registrytest"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -318,4 +321,71 @@ func TestOwnerEditedByHandIsRestored(t *testing.T) {
 func parseRV(rv string) int64 {
 	n, _ := strconv.ParseInt(rv, 10, 64)
 	return n
+}
+
+// A process's own writes are not edits by someone else: the watch of its
+// InstanceSet often delivers a write before the write's answer arrives, and
+// that must neither be logged as an edit nor cost a second write.
+func TestOwnWritesAreNotEdits(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	metrics := prometheus.NewRegistry()
+	logs := &countingHandler{match: "changed by someone else"}
+	r := cp.Registry(t, ns, cp.ReadyPod(t, ns, "w"), func(c *kube.Config) {
+		c.Metrics, c.Logger = metrics, slog.New(logs)
+	})
+	ctx := kubetest.Ctx(t)
+	reg := register(t, r, inst("10.8.0.1:80"))
+	const updates = 40
+	for i := range updates {
+		if err := reg.Update(ctx, func(in *beacon.Instance) { in.Metadata = map[string]string{"n": strconv.Itoa(i)} }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := reg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	writes := counterValue(t, metrics, "beacon_kube_writes_total", "ok")
+	if n := logs.n.Load(); n != 0 || writes != updates+2 {
+		t.Fatalf("%d writes for %d changes, %d logged as edits by someone else", int(writes), updates+2, n)
+	}
+}
+
+// countingHandler counts the log records whose message contains match.
+type countingHandler struct {
+	match string
+	n     atomic.Int64
+}
+
+func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countingHandler) Handle(_ context.Context, rec slog.Record) error {
+	if strings.Contains(rec.Message, h.match) {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
+
+// counterValue returns the value of a counter with one label value.
+func counterValue(t *testing.T, g prometheus.Gatherer, name, label string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetValue() == label {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{%s} in the registry", name, label)
+	return 0
 }
