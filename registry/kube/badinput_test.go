@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -33,14 +34,107 @@ func TestCRDNotInstalled(t *testing.T) {
 		t.Fatalf("Open without the CRD: %v", err)
 	}
 	t.Log(err)
-	if err := cp.InstallCRD(kubetest.Ctx(t)); err != nil {
+	ctx := kubetest.Ctx(t)
+	crds := cp.Extension.CustomResourceDefinitions()
+
+	// A CRD of another version: installed, but not Beacon's.
+	other := kube.CRD()
+	other.Spec.Versions[0].Name = "v1beta1"
+	if _, err := crds.Create(ctx, other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	r, err := kube.Open(kubetest.Ctx(t), kube.Config{REST: cp.Admin()})
-	if err != nil {
-		t.Fatalf("Open after installing the CRD: %v", err)
+	waitCRD(t, cp, func(c *apiextensionsv1.CustomResourceDefinition) bool { return established(c) })
+	_, err = kube.Open(ctx, kube.Config{REST: cp.Admin()})
+	if !errors.Is(err, kube.ErrCRDMismatch) || !strings.Contains(err.Error(), "v1beta1") ||
+		!strings.Contains(err.Error(), "kubectl apply -f deploy/kubernetes/crd.yaml") {
+		t.Fatalf("Open with a CRD of version v1beta1: %v", err)
 	}
-	_ = r.Close()
+	t.Log(err)
+	if err := crds.Delete(ctx, kube.CRDName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCRD(t, cp, func(c *apiextensionsv1.CustomResourceDefinition) bool { return c == nil })
+
+	// An older schema without a field Beacon writes: readers work, a
+	// registration says the CRD is not this Beacon's.
+	old := kube.CRD()
+	delete(old.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"].Properties, "holder")
+	if _, err := crds.Create(ctx, old, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCRD(t, cp, func(c *apiextensionsv1.CustomResourceDefinition) bool { return established(c) })
+	ns := cp.Namespace(t)
+	pod := cp.SetReady(t, cp.Pod(t, ns, "w"), true)
+	r := cp.Registry(t, ns, pod, nil)
+	if _, _, err := r.List(ctx, beacon.Query{}); err != nil {
+		t.Fatalf("List with the older schema: %v", err)
+	}
+	_, err = r.Register(ctx, inst("10.12.0.1:80"))
+	if !errors.Is(err, kube.ErrCRDMismatch) || !strings.Contains(err.Error(), "holder") {
+		t.Fatalf("Register with a schema without spec.holder: %v", err)
+	}
+	t.Log(err)
+
+	// Beacon's own CRD over it: registering works.
+	cur, err := crds.Get(ctx, kube.CRDName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec = kube.CRD().Spec
+	if _, err := crds.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for { // until the API server applies with the new schema
+		_, err := r.Register(ctx, inst("10.12.0.1:80"))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, kube.ErrCRDMismatch) || ctx.Err() != nil {
+			t.Fatalf("Register after installing Beacon's CRD: %v", err)
+		}
+	}
+}
+
+// waitCRD waits until the InstanceSet CRD (nil once deleted) satisfies ok.
+func waitCRD(t *testing.T, cp *kubetest.ControlPlane, ok func(*apiextensionsv1.CustomResourceDefinition) bool) {
+	t.Helper()
+	ctx := kubetest.Ctx(t)
+	crds := cp.Extension.CustomResourceDefinitions()
+	for {
+		list, err := crds.List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + kube.CRDName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cur *apiextensionsv1.CustomResourceDefinition
+		if len(list.Items) > 0 {
+			cur = &list.Items[0]
+		}
+		if ok(cur) {
+			return
+		}
+		w, err := crds.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + kube.CRDName, ResourceVersion: list.ResourceVersion})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-w.ResultChan():
+		case <-ctx.Done():
+			t.Fatalf("waiting for the CRD: %v", ctx.Err())
+		}
+		w.Stop()
+	}
+}
+
+func established(c *apiextensionsv1.CustomResourceDefinition) bool {
+	if c == nil {
+		return false
+	}
+	for _, cond := range c.Status.Conditions {
+		if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }
 
 // An API server that refuses connections, and one that accepts them and

@@ -28,6 +28,11 @@ var (
 	// CustomResourceDefinition.
 	ErrCRDNotInstalled = errors.New("kube: the InstanceSet custom resource definition (" + CRDName + ") is not installed; " +
 		"install it with: kubectl apply -f deploy/kubernetes/crd.yaml")
+	// ErrCRDMismatch reports an InstanceSet CustomResourceDefinition that
+	// is installed but is not the one this Beacon needs (another version,
+	// or an older schema that lacks fields Beacon writes).
+	ErrCRDMismatch = errors.New("kube: the installed InstanceSet custom resource definition (" + CRDName + ") is not " +
+		"the one this Beacon needs; install its own with: kubectl apply -f deploy/kubernetes/crd.yaml")
 	// ErrForbidden reports an RBAC denial; the message names the verb and
 	// the resource.
 	ErrForbidden = errors.New("kube: forbidden by RBAC")
@@ -82,6 +87,9 @@ func (r *Registry) explain(o op, err error) error {
 		return fmt.Errorf("%w at %s (%s): check the kubeconfig or service account token", ErrUnauthorized, host, apiMessage(err))
 	case apierrors.IsNotFound(err) && o.resource == instanceSetsResource && notFoundResource(err):
 		return fmt.Errorf("%w (%s %s %s: %s)", ErrCRDNotInstalled, o.verb, o.resource, o.where(), apiMessage(err))
+	case o.resource == instanceSetsResource && strings.Contains(apiMessage(err), "field not declared in schema"):
+		// Server-side apply of a field the installed schema lacks.
+		return fmt.Errorf("%w (%s %s %s: %s)", ErrCRDMismatch, o.verb, o.resource, o.where(), apiMessage(err))
 	case errors.As(err, &st):
 		return fmt.Errorf("kube: %s %s %s: %w", o.verb, o.resource, o.where(), err)
 	case isUnreachable(err):

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -221,12 +222,28 @@ func (r *Registry) discoveryResources(ctx context.Context) (*metav1.APIResourceL
 	case err == nil:
 		return &res, nil
 	case apierrors.IsNotFound(err):
-		return nil, ErrCRDNotInstalled
+		return nil, r.groupVersions(ctx)
 	case ctx.Err() != nil:
 		return nil, fmt.Errorf("%w at %s: no answer within %v: %w; check that the cluster is up and the kubeconfig (%s) "+
 			"or in-cluster configuration points at it", ErrUnreachable, r.host, r.cfg.Timeout, context.Cause(ctx), EnvKubeconfig)
 	}
 	return nil, r.explain(op{verb: "discover", resource: instanceSetsResource}, err)
+}
+
+// groupVersions tells, once the API server has no InstanceSet version of
+// Beacon's, whether the group is served at all: a CRD of another version
+// is not the same as none.
+func (r *Registry) groupVersions(ctx context.Context) error {
+	var g metav1.APIGroup
+	if err := r.rawGet(ctx, "/apis/"+Group, &g); err != nil || len(g.Versions) == 0 {
+		return ErrCRDNotInstalled
+	}
+	var served []string
+	for _, v := range g.Versions {
+		served = append(served, v.Version)
+	}
+	return fmt.Errorf("%w: the API server serves %s in version %s, and this Beacon reads and writes %s",
+		ErrCRDMismatch, Group, strings.Join(served, ", "), Version)
 }
 
 // Ping checks that the API server answers and still serves InstanceSets
