@@ -177,6 +177,34 @@ func TestUnreachable(t *testing.T) {
 			t.Logf("after %v: %v", took.Round(time.Millisecond), err)
 		})
 	}
+	// The caller's deadline, shorter than Timeout, is the bound the error
+	// names (beacon's commands give Open theirs).
+	t.Run("caller's deadline", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+		defer cancel()
+		_, err := kube.Open(ctx, kube.Config{REST: &rest.Config{Host: "https://" + hole.Addr().String()}, Timeout: time.Minute})
+		if !errors.Is(err, kube.ErrUnreachable) || !strings.Contains(err.Error(), "no answer within 1.5s") {
+			t.Fatalf("Open with a 1.5 s deadline: %v", err)
+		}
+	})
+}
+
+// An API server whose certificate the client does not trust answered: the
+// error says so (not "unreachable"), and what to check.
+func TestUntrustedCertificate(t *testing.T) {
+	cp := kubetest.Shared(t)
+	for name, rc := range map[string]*rest.Config{
+		"no CA":      {Host: cp.Host()},
+		"another CA": {Host: cp.Host(), TLSClientConfig: rest.TLSClientConfig{CAData: cp.Admin().CertData}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := kube.Open(kubetest.Ctx(t), kube.Config{REST: rc, Timeout: 5 * time.Second})
+			if !errors.Is(err, kube.ErrUntrusted) || errors.Is(err, kube.ErrUnreachable) || !strings.Contains(err.Error(), "certificate-authority") {
+				t.Fatalf("Open: %v", err)
+			}
+			t.Log(err)
+		})
+	}
 }
 
 // Registering needs the pod's identity: missing variables are named with

@@ -87,7 +87,13 @@ func (r *Registry) rawGet(ctx context.Context, path string, out any) error {
 		if json.Unmarshal(body, &st) == nil && st.Kind == "Status" {
 			return &apierrors.StatusError{ErrStatus: st}
 		}
-		return apierrors.NewGenericServerResponse(resp.StatusCode, http.MethodGet, schema.GroupResource{}, "", strings.TrimSpace(string(body)), 0, false)
+		e := apierrors.NewGenericServerResponse(resp.StatusCode, http.MethodGet, schema.GroupResource{}, "", strings.TrimSpace(string(body)), 0, false)
+		if text := strings.TrimSpace(string(body)); text != "" && len(text) < 512 {
+			// Not the API server's Status (say, a plain HTTP request to its
+			// HTTPS port): what it said is all there is to go on.
+			e.ErrStatus.Message = fmt.Sprintf("%s (HTTP %d: %s)", e.ErrStatus.Message, resp.StatusCode, text)
+		}
+		return e
 	}
 	if out == nil {
 		return nil

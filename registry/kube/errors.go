@@ -2,6 +2,8 @@ package kube
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -40,6 +42,10 @@ var (
 	ErrUnauthorized = errors.New("kube: the API server does not accept the credentials")
 	// ErrUnreachable reports an API server that did not answer in time.
 	ErrUnreachable = errors.New("kube: the Kubernetes API server is unreachable")
+	// ErrUntrusted reports an API server whose TLS certificate the client
+	// configuration does not trust (a wrong CA, or a server name the
+	// certificate does not cover).
+	ErrUntrusted = errors.New("kube: the Kubernetes API server's certificate is not trusted")
 	// ErrTakenOver reports that another live process writes this process's
 	// InstanceSet (two processes in one pod without CONTAINER_NAME).
 	ErrTakenOver = errors.New("kube: another process took over this process's InstanceSet")
@@ -92,6 +98,10 @@ func (r *Registry) explain(o op, err error) error {
 		return fmt.Errorf("%w (%s %s %s: %s)", ErrCRDMismatch, o.verb, o.resource, o.where(), apiMessage(err))
 	case errors.As(err, &st):
 		return fmt.Errorf("kube: %s %s %s: %w", o.verb, o.resource, o.where(), err)
+	case isCertificateError(err):
+		return fmt.Errorf("%w at %s (%s %s %s): %w; the server answered, with a certificate the client does not trust: check "+
+			"the kubeconfig's certificate-authority (%s) or the in-cluster service account's ca.crt, and that the server "+
+			"URL names a host the certificate covers", ErrUntrusted, host, o.verb, o.resource, o.where(), err, EnvKubeconfig)
 	case isUnreachable(err):
 		return fmt.Errorf("%w at %s (%s %s %s): %w; check that the cluster is up and the kubeconfig (%s) or in-cluster "+
 			"configuration points at it", ErrUnreachable, host, o.verb, o.resource, o.where(), err, EnvKubeconfig)
@@ -122,6 +132,18 @@ func notFoundResource(err error) bool {
 	}
 	d := st.Status().Details
 	return d == nil || d.Name == "" || strings.Contains(st.Status().Message, "could not find the requested resource")
+}
+
+// isCertificateError reports a TLS verification failure of the server's
+// certificate.
+func isCertificateError(err error) bool {
+	var (
+		cv *tls.CertificateVerificationError
+		ua x509.UnknownAuthorityError
+		he x509.HostnameError
+		ci x509.CertificateInvalidError
+	)
+	return errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci)
 }
 
 // isUnreachable reports a transport failure or a timeout.

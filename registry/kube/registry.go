@@ -201,9 +201,10 @@ func tune(rc *rest.Config) {
 
 // probe checks that the API server answers and serves InstanceSets.
 func (r *Registry) probe(ctx context.Context) error {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	res, err := r.discoveryResources(ctx)
+	res, err := r.discoveryResources(ctx, start)
 	if err != nil {
 		return err
 	}
@@ -215,7 +216,10 @@ func (r *Registry) probe(ctx context.Context) error {
 	return ErrCRDNotInstalled
 }
 
-func (r *Registry) discoveryResources(ctx context.Context) (*metav1.APIResourceList, error) {
+// discoveryResources reads the API server's resources of Beacon's group
+// version; start is when the caller began waiting (for the error's bound,
+// which ctx's deadline, the caller's or Config.Timeout, sets).
+func (r *Registry) discoveryResources(ctx context.Context, start time.Time) (*metav1.APIResourceList, error) {
 	var res metav1.APIResourceList
 	err := r.rawGet(ctx, "/apis/"+Group+"/"+Version, &res)
 	switch {
@@ -223,9 +227,13 @@ func (r *Registry) discoveryResources(ctx context.Context) (*metav1.APIResourceL
 		return &res, nil
 	case apierrors.IsNotFound(err):
 		return nil, r.groupVersions(ctx)
-	case ctx.Err() != nil:
+	case ctx.Err() != nil && !isCertificateError(err):
+		bound := r.cfg.Timeout
+		if dl, ok := ctx.Deadline(); ok {
+			bound = dl.Sub(start).Round(100 * time.Millisecond)
+		}
 		return nil, fmt.Errorf("%w at %s: no answer within %v: %w; check that the cluster is up and the kubeconfig (%s) "+
-			"or in-cluster configuration points at it", ErrUnreachable, r.host, r.cfg.Timeout, context.Cause(ctx), EnvKubeconfig)
+			"or in-cluster configuration points at it", ErrUnreachable, r.host, bound, context.Cause(ctx), EnvKubeconfig)
 	}
 	return nil, r.explain(op{verb: "discover", resource: instanceSetsResource}, err)
 }
