@@ -205,6 +205,11 @@ func TestUntrustedCertificate(t *testing.T) {
 			t.Log(err)
 		})
 	}
+	// Plain HTTP to the HTTPS port: what the server answered is in the error.
+	_, err := kube.Open(kubetest.Ctx(t), kube.Config{REST: &rest.Config{Host: strings.Replace(cp.Host(), "https://", "http://", 1)}})
+	if err == nil || !strings.Contains(err.Error(), "HTTP 400: Client sent an HTTP request to an HTTPS server") {
+		t.Fatalf("Open over http://: %v", err)
+	}
 }
 
 // Registering needs the pod's identity: missing variables are named with
