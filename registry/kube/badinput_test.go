@@ -1,11 +1,13 @@
 package kube_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -276,6 +278,40 @@ func TestConfig(t *testing.T) {
 		if !errors.Is(err, kube.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("Validate(%+v) = %v, want it to say %q", tc.cfg, err, tc.says)
 		}
+	}
+}
+
+// Readers without POD_NAMESPACE or BEACON_KUBE_NAMESPACES watch the
+// kubeconfig context's namespace; one that is no namespace name is an
+// error, not a silently empty registry.
+func TestKubeconfigNamespace(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	dir := t.TempDir()
+	for _, tc := range []struct{ namespace, says string }{
+		{ns, ""},
+		{"Bad_NS", `the kubeconfig context's namespace "Bad_NS"`},
+		{"", ""}, // none: "default"
+	} {
+		kc := filepath.Join(dir, "kubeconfig-"+tc.namespace)
+		if err := kubetest.WriteKubeconfig(kc, cp.Admin(), tc.namespace); err != nil {
+			t.Fatal(err)
+		}
+		r, err := kube.Open(kubetest.Ctx(t), kube.Config{Kubeconfig: kc})
+		if tc.says != "" {
+			if !errors.Is(err, kube.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("Open with namespace %q in the kubeconfig: %v", tc.namespace, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("Open with namespace %q in the kubeconfig: %v", tc.namespace, err)
+		}
+		want := cmp.Or(tc.namespace, "default")
+		if got := r.Namespaces(); len(got) != 1 || got[0] != want {
+			t.Errorf("namespaces %q, want %q", got, want)
+		}
+		_ = r.Close()
 	}
 }
 

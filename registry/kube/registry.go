@@ -21,6 +21,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -142,6 +143,10 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	case cfg.Pod.Namespace != "":
 		r.namespaces = []string{cfg.Pod.Namespace}
 	default:
+		if msgs := validation.IsDNS1123Label(kubeNS); len(msgs) > 0 {
+			return nil, fmt.Errorf("%w: the kubeconfig context's namespace %q, which readers watch when neither %s nor %s "+
+				"is set, is not a namespace name: %s", ErrInvalidConfig, kubeNS, EnvNamespaces, EnvPodNamespace, strings.Join(msgs, "; "))
+		}
 		r.namespaces = []string{kubeNS}
 	}
 	if r.http, err = rest.HTTPClientFor(rc); err == nil {
