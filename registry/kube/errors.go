@@ -87,8 +87,13 @@ func (r *Registry) explain(o op, err error) error {
 			// server-side apply is a create, not a patch).
 			o.verb = m[1]
 		}
-		return fmt.Errorf("%w: may not %s %s %s (%s): grant it with a Role like deploy/kubernetes/rbac.yaml",
-			ErrForbidden, o.verb, o.resource, o.where(), apiMessage(err))
+		if strings.Contains(apiMessage(err), `User "system:anonymous"`) {
+			return fmt.Errorf("%w: the API server took this client for system:anonymous, so it may not %s %s %s (%s): the "+
+				"kubeconfig's user (%s) or the in-cluster service account token holds no credentials it accepts",
+				ErrForbidden, o.verb, o.resource, o.where(), apiMessage(err), EnvKubeconfig)
+		}
+		return fmt.Errorf("%w: may not %s %s %s (%s): %s",
+			ErrForbidden, o.verb, o.resource, o.where(), apiMessage(err), grantHint(o.namespace == "" && o.verb != "discover"))
 	case apierrors.IsUnauthorized(err):
 		return fmt.Errorf("%w at %s (%s): check the kubeconfig or service account token", ErrUnauthorized, host, apiMessage(err))
 	case apierrors.IsNotFound(err) && o.resource == instanceSetsResource && notFoundResource(err):

@@ -13,6 +13,7 @@ import (
 	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/beaconplane/beacon/registry/registrytest"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 )
 
@@ -68,9 +69,27 @@ func TestRBACAllNamespaces(t *testing.T) {
 	nsOnly := cp.ServiceAccount(t, ns, "ns-reader", shippedRole(t).Rules)
 	_, _, err = cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = nsOnly, []string{kube.AllNamespaces} }).
 		List(kubetest.Ctx(t), beacon.Query{})
-	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "cluster-wide") {
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "cluster-wide") ||
+		!strings.Contains(err.Error(), "rbac-cluster.yaml") {
 		t.Fatalf("List in every namespace with only the Role: %v", err)
 	}
+	// Without the pre-check, the request's own denial says the same.
+	r = cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = nsOnly, []string{kube.AllNamespaces} })
+	kube.DisableAccessCheck(r)
+	if _, _, err = r.List(kubetest.Ctx(t), beacon.Query{}); !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "rbac-cluster.yaml") {
+		t.Fatalf("List in every namespace with only the Role, no access check: %v", err)
+	}
+}
+
+// A client without credentials (system:anonymous) is told to fix its
+// credentials, not to grant a Role.
+func TestAnonymous(t *testing.T) {
+	cp := kubetest.Shared(t)
+	_, err := kube.Open(kubetest.Ctx(t), kube.Config{REST: &rest.Config{Host: cp.Host(), TLSClientConfig: rest.TLSClientConfig{CAData: cp.Admin().CAData}}})
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "system:anonymous") || strings.Contains(err.Error(), "grant it") {
+		t.Fatalf("Open without credentials: %v", err)
+	}
+	t.Log(err)
 }
 
 // firstDenial runs every operation (Register with a caller-chosen ID, List,
