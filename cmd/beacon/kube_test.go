@@ -30,7 +30,9 @@ func TestKubernetesBackend(t *testing.T) {
 	}
 	kube := []string{"--backend", "kubernetes", "--kubeconfig", kc}
 	pod := cp.Pod(t, ns, "worker")
-	podEnv := []string{"POD_NAME=" + pod.Name, "POD_NAMESPACE=" + ns, "POD_UID=" + string(pod.UID)}
+	// CONTAINER_NAME empty: pod mode, whatever the environment the test
+	// runs in sets.
+	podEnv := []string{"POD_NAME=" + pod.Name, "POD_NAMESPACE=" + ns, "POD_UID=" + string(pod.UID), "CONTAINER_NAME="}
 
 	w := startBeacon(t, dir, nil, append([]string{"watch", "demo"}, kube...)...)
 	w.waitLine(t, "synced   0 instance(s)", 60*time.Second)

@@ -232,6 +232,10 @@ func TestPodIdentity(t *testing.T) {
 		{kube.Pod{Name: pod.Name, Namespace: ns}, kube.ErrNoPodIdentity, []string{"POD_UID is not set"}},
 		{kube.Pod{Name: pod.Name, Namespace: ns, UID: "0f0f0f0f-0000-0000-0000-000000000000"}, kube.ErrPodMismatch, []string{"POD_UID", string(pod.UID)}},
 		{kube.Pod{Name: "nosuchpod", Namespace: ns, UID: string(pod.UID)}, kube.ErrPodMismatch, []string{`no pod "nosuchpod"`}},
+		// Container mode names a container of the pod (a CONTAINER_NAME
+		// the environment sets for something else must not pass).
+		{kube.Pod{Name: pod.Name, Namespace: ns, UID: string(pod.UID), Container: "sidecar"}, kube.ErrPodMismatch,
+			[]string{`CONTAINER_NAME "sidecar" is not a container of pod`, "it has main"}},
 	} {
 		r := cp.Registry(t, ns, nil, func(c *kube.Config) { c.Pod = tc.pod })
 		_, err := r.Register(ctx, inst("10.8.0.1:80"))

@@ -58,11 +58,30 @@ func (r *Registry) listSlices(ctx context.Context, ns, selector string) ([]*disc
 // podUID returns the UID of pod ns/name, or an error matching
 // apierrors.IsNotFound.
 func (r *Registry) podUID(ctx context.Context, ns, name string) (string, error) {
+	uid, _, err := r.podInfo(ctx, ns, name)
+	return uid, err
+}
+
+// podInfo returns the UID of pod ns/name and the names of its containers
+// (init containers too: a sidecar is one), or an error matching
+// apierrors.IsNotFound.
+func (r *Registry) podInfo(ctx context.Context, ns, name string) (string, []string, error) {
 	u, err := r.dyn.Resource(podsGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return string(u.GetUID()), nil
+	var names []string
+	for _, field := range []string{"containers", "initContainers"} {
+		list, _, _ := unstructured.NestedSlice(u.Object, "spec", field)
+		for _, c := range list {
+			if m, ok := c.(map[string]any); ok {
+				if n, ok := m["name"].(string); ok {
+					names = append(names, n)
+				}
+			}
+		}
+	}
+	return string(u.GetUID()), names, nil
 }
 
 // rawGet GETs an API path with the client's credentials and decodes the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -80,7 +81,7 @@ func (r *Registry) writerFor(ctx context.Context) (*writer, error) {
 		return nil, err
 	}
 	gctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
-	uid, err := r.podUID(gctx, p.Namespace, p.Name)
+	uid, containers, err := r.podInfo(gctx, p.Namespace, p.Name)
 	cancel()
 	switch {
 	case apierrors.IsNotFound(err):
@@ -92,6 +93,10 @@ func (r *Registry) writerFor(ctx context.Context) (*writer, error) {
 		return nil, fmt.Errorf("%w: %s %q is not the UID of pod %s/%s (%s): set %s from the Downward API (fieldRef "+
 			"metadata.uid); with a wrong UID the garbage collector would delete the InstanceSet at once",
 			ErrPodMismatch, EnvPodUID, p.UID, p.Namespace, p.Name, uid, EnvPodUID)
+	case p.Container != "" && !slices.Contains(containers, p.Container):
+		return nil, fmt.Errorf("%w: %s %q is not a container of pod %s/%s (it has %s): in container mode each registering "+
+			"container sets it to its own name; unset it for one InstanceSet per pod", ErrPodMismatch, EnvContainerName,
+			p.Container, p.Namespace, p.Name, strings.Join(containers, ", "))
 	}
 	w := &writer{
 		r:       r,

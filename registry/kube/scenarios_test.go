@@ -204,7 +204,7 @@ func TestTakeOverIsReported(t *testing.T) {
 	}
 
 	// Container mode: one InstanceSet per container, both live.
-	pod2 := cp.ReadyPod(t, ns, "two-containers")
+	pod2 := cp.ReadyPod(t, ns, "two-containers", "left", "right")
 	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo", Component: "c"})
 	var want []beacon.Instance
 	for _, c := range []string{"left", "right"} {
