@@ -93,9 +93,10 @@ func TestKubernetesBackend(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusNotImplemented {
-			t.Fatalf("operator %s on kubernetes: %d, want 501", action, resp.StatusCode)
+		if resp.StatusCode != http.StatusNotImplemented || !strings.Contains(string(body), "drain from the registering process") {
+			t.Fatalf("operator %s on kubernetes: %d %s, want 501 saying how to drain", action, resp.StatusCode, body)
 		}
 	}
 	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
