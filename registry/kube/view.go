@@ -428,9 +428,9 @@ func (v *view) updateStaleLocked() {
 // is Ready, would look removed, then added). The source that re-lists first
 // starts the round and ends the other sources' watches with 410 Gone, so
 // that they re-list too; changes that arrive meanwhile are held, in order.
-// A round ends at the latest maxHold after it began (checked by the probe),
-// so that a resource that keeps failing (its RBAC revoked) does not freeze
-// the others.
+// A round ends at the latest maxHold after it began (checked by the probe,
+// so within maxHold + probeInterval), so that a resource that keeps failing
+// (its RBAC revoked) does not freeze the others.
 const maxHold = 10 * time.Second
 
 // relistedLocked records src's re-listing in the current round, starting
