@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -316,6 +317,47 @@ func TestKubeconfigNamespace(t *testing.T) {
 			t.Errorf("namespaces %q, want %q", got, want)
 		}
 		_ = r.Close()
+	}
+}
+
+// Kubeconfig files as kubectl reads them: a KUBECONFIG list with a missing
+// file works; a kubeconfig that names no cluster, and no kubeconfig at all
+// outside a pod, say what is missing (not client-go's KUBERNETES_MASTER).
+func TestKubeconfigFiles(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	if err := kubetest.WriteKubeconfig(good, cp.Admin(), ns); err != nil {
+		t.Fatal(err)
+	}
+	list := filepath.Join(dir, "missing") + string(filepath.ListSeparator) + good
+	r, err := kube.Open(kubetest.Ctx(t), kube.Config{Kubeconfig: list})
+	if err != nil {
+		t.Fatalf("Open with the list %s: %v", list, err)
+	}
+	if got := r.Namespaces(); len(got) != 1 || got[0] != ns {
+		t.Errorf("namespaces %q from the list, want %q", got, ns)
+	}
+	_ = r.Close()
+
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = kube.Open(kubetest.Ctx(t), kube.Config{Kubeconfig: empty})
+	if !errors.Is(err, kube.ErrInvalidConfig) || !strings.Contains(err.Error(), "names no cluster to use") ||
+		strings.Contains(err.Error(), "KUBERNETES_MASTER") {
+		t.Errorf("Open with a kubeconfig without a context: %v", err)
+	}
+
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("HOME", dir)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	_, err = kube.Open(kubetest.Ctx(t), kube.Config{})
+	if !errors.Is(err, kube.ErrInvalidConfig) || !strings.Contains(err.Error(), "not in a pod with a service account") ||
+		strings.Contains(err.Error(), "KUBERNETES_MASTER") {
+		t.Errorf("Open without any configuration: %v", err)
 	}
 }
 

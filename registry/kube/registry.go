@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -170,7 +171,11 @@ func restConfig(cfg Config) (*rest.Config, string, error) {
 		return rc, "default", nil
 	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	if cfg.Kubeconfig != "" {
+	switch files := filepath.SplitList(cfg.Kubeconfig); {
+	case len(files) > 1:
+		// KUBECONFIG's list of files, merged as kubectl merges them.
+		rules.Precedence = files
+	case cfg.Kubeconfig != "":
 		rules.ExplicitPath = cfg.Kubeconfig
 	}
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
@@ -179,6 +184,20 @@ func restConfig(cfg Config) (*rest.Config, string, error) {
 		where := "the default kubeconfig (" + EnvKubeconfig + ", ~/.kube/config) or the in-cluster service account"
 		if cfg.Kubeconfig != "" {
 			where = "kubeconfig " + cfg.Kubeconfig
+		}
+		if clientcmd.IsEmptyConfig(err) {
+			// client-go's own words advise KUBERNETES_MASTER, which is not
+			// the way: say what is missing.
+			if cfg.Kubeconfig != "" {
+				return nil, "", fmt.Errorf("%w: kubeconfig %s names no cluster to use (no current-context, or its context names "+
+					"no cluster with a server): set one with kubectl config use-context, or point %s at another file",
+					ErrInvalidConfig, cfg.Kubeconfig, EnvKubeconfig)
+			}
+			_, inCluster := rest.InClusterConfig()
+			return nil, "", fmt.Errorf("%w: no Kubernetes client configuration: no kubeconfig (%s unset or naming no cluster, "+
+				"~/.kube/config absent), and not in a pod with a service account (%v): set %s (or --kubeconfig) outside a "+
+				"cluster; in a pod, keep the service account token mounted (automountServiceAccountToken)",
+				ErrInvalidConfig, EnvKubeconfig, inCluster, EnvKubeconfig)
 		}
 		return nil, "", fmt.Errorf("%w: no Kubernetes client configuration from %s: %w", ErrInvalidConfig, where, err)
 	}
