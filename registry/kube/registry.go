@@ -422,11 +422,19 @@ func (r *Registry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, er
 // Services.
 const discoverySelector = DiscoveryLabel + "=" + DiscoveryLabelValue
 
-// readyPods returns the pods a slice lists as ready, as podKeys in the
-// slice's namespace. A nil ready condition means ready (the EndpointSlice
-// API's rule); an endpoint without a Pod targetRef, or whose targetRef
-// names another namespace, is ignored: a slice speaks only for the pods of
-// its own namespace.
+// endpointReady reports whether an endpoint's pod is Ready: ready, and,
+// where the slice says so, serving and not terminating. A Service with
+// publishNotReadyAddresses gets slices whose ready is always true; their
+// serving condition is the pod's readiness. A nil condition means true
+// (the EndpointSlice API's rule).
+func endpointReady(c discoveryv1.EndpointConditions) bool {
+	return (c.Ready == nil || *c.Ready) && (c.Serving == nil || *c.Serving) && (c.Terminating == nil || !*c.Terminating)
+}
+
+// readyPods returns the pods a slice lists as Ready (endpointReady), as
+// podKeys in the slice's namespace. An endpoint without a Pod targetRef,
+// or whose targetRef names another namespace, is ignored: a slice speaks
+// only for the pods of its own namespace.
 func readyPods(s *discoveryv1.EndpointSlice) map[string]bool {
 	out := map[string]bool{}
 	for _, e := range s.Endpoints {
@@ -436,7 +444,7 @@ func readyPods(s *discoveryv1.EndpointSlice) map[string]bool {
 		if e.TargetRef.Namespace != "" && e.TargetRef.Namespace != s.Namespace {
 			continue
 		}
-		if e.Conditions.Ready != nil && !*e.Conditions.Ready {
+		if !endpointReady(e.Conditions) {
 			continue
 		}
 		out[podKey(s.Namespace, string(e.TargetRef.UID))] = true

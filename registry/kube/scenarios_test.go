@@ -389,3 +389,43 @@ func counterValue(t *testing.T, g prometheus.Gatherer, name, label string) float
 	t.Fatalf("no %s{%s} in the registry", name, label)
 	return 0
 }
+
+// A labelled Service with publishNotReadyAddresses (a StatefulSet's
+// headless Service often has it) gets EndpointSlices whose ready condition
+// is true for every pod; its serving condition is the pod's readiness, and
+// it is what gates discovery there: a NotReady pod stays invisible.
+func TestPublishNotReadyAddresses(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	ctx := kubetest.Ctx(t)
+	_, err := cp.Core.Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "peers", Labels: map[string]string{kube.DiscoveryLabel: kube.DiscoveryLabelValue}},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: corev1.ClusterIPNone, PublishNotReadyAddresses: true,
+			Selector: map[string]string{kubetest.PodLabel: "true"},
+			Ports:    []corev1.ServicePort{{Name: "http", Port: 80}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := cp.SetReady(t, cp.Pod(t, ns, "starting"), false)
+	cp.WaitEndpoint(t, pod, true) // the peers slice lists it, ready=true (serving=false)
+	r := cp.Registry(t, ns, pod, nil)
+	hidden := register(t, r, inst("10.9.2.1:80")).Instance()
+	reader := cp.Registry(t, ns, nil, nil)
+	f := follow(t, reader, beacon.Query{Namespace: "demo"})
+	marker := register(t, cp.Registry(t, ns, cp.ReadyPod(t, ns, "ready"), nil), inst("10.9.2.2:80")).Instance()
+	f.until("the Ready pod's instance", func(v *registrytest.View) bool { return has(v, marker) })
+	if _, ok := f.v.Get(hidden.Ref().String()); ok {
+		t.Fatalf("a NotReady pod's instance is visible through a publishNotReadyAddresses Service: %v", f.v)
+	}
+	if got, _, err := reader.List(ctx, beacon.Query{Namespace: "demo"}); err != nil || !registrytest.SameInstances(got, []beacon.Instance{marker}) {
+		t.Fatalf("List = %v, %v; want only %s", got, err, marker.Ref())
+	}
+	if vis, err := r.Visibility(ctx); err != nil || vis.Visible || !strings.Contains(vis.Reason, "is not Ready") {
+		t.Fatalf("Visibility of the NotReady pod = %+v, %v", vis, err)
+	}
+	cp.SetReady(t, pod, true)
+	f.until("the instance once its pod is Ready", func(v *registrytest.View) bool { return has(v, hidden) })
+}
