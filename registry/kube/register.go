@@ -161,8 +161,11 @@ func (w *writer) run() {
 			start := time.Now()
 			obj, err = w.r.dyn.Resource(GVR).Namespace(w.ns).Patch(ctx, w.name, types.ApplyPatchType, body,
 				metav1.PatchOptions{FieldManager: FieldManager, Force: ptr(true)})
-			cancel()
 			w.r.m.write(err, time.Since(start))
+			if err == nil {
+				obj, err = w.converge(ctx, obj, spec)
+			}
+			cancel()
 			if err != nil {
 				err = w.r.explain(op{"patch", instanceSetsResource, w.ns}, err)
 			}
@@ -207,6 +210,68 @@ func (w *writer) run() {
 			delay = 0
 		}
 	}
+}
+
+// converge removes from the InstanceSet what other field managers keep in
+// it beside what this process applies — an instance added with kubectl
+// edit, a field set in one of this process's instances, another owner —
+// which a server-side apply cannot remove, since it removes only what its
+// own field manager set. It JSON-patches the object as written (obj) until
+// it holds exactly want, each operation guarded by a test of what it
+// changes; a failed guard (the object changed meanwhile) is an error, and
+// the write is retried.
+func (w *writer) converge(ctx context.Context, obj *unstructured.Unstructured, want []beacon.Instance) (*unstructured.Unstructured, error) {
+	mine := make(map[beacon.Ref]beacon.Instance, len(want))
+	for _, in := range want {
+		mine[in.Ref()] = in
+	}
+	for range 3 {
+		var ops []map[string]any
+		guarded := func(path string, test any, op map[string]any) {
+			ops = append(ops, map[string]any{"op": "test", "path": path, "value": test}, op)
+		}
+		owners, _, _ := unstructured.NestedSlice(obj.Object, "metadata", "ownerReferences")
+		for i := len(owners) - 1; i >= 0; i-- {
+			o, _ := owners[i].(map[string]any)
+			if uid, _ := o["uid"].(string); uid != w.pod.UID {
+				path := fmt.Sprintf("/metadata/ownerReferences/%d", i)
+				guarded(path+"/uid", o["uid"], map[string]any{"op": "remove", "path": path})
+			}
+		}
+		if c, ok, _ := unstructured.NestedString(obj.Object, "spec", "container"); ok && c != w.pod.Container && w.pod.Container == "" {
+			guarded("/spec/container", c, map[string]any{"op": "remove", "path": "/spec/container"})
+		}
+		items, _, _ := unstructured.NestedSlice(obj.Object, "spec", "instances")
+		for i := len(items) - 1; i >= 0; i-- { // from the end: removals leave earlier indexes alone
+			raw, _ := json.Marshal(items[i])
+			in, err := beacon.UnmarshalInstance(raw)
+			m, _ := items[i].(map[string]any)
+			path := fmt.Sprintf("/spec/instances/%d", i)
+			want, ok := mine[in.Ref()]
+			switch {
+			case err != nil || !ok:
+				guarded(path+"/id", m["id"], map[string]any{"op": "remove", "path": path})
+			case !in.Equal(want):
+				guarded(path+"/id", m["id"], map[string]any{"op": "replace", "path": path, "value": want})
+			}
+		}
+		if len(ops) == 0 {
+			return obj, nil
+		}
+		body, err := json.Marshal(ops)
+		if err != nil {
+			return nil, fmt.Errorf("kube: encode a JSON patch: %w", err)
+		}
+		w.r.log.Warn("removing what someone else added to this process's InstanceSet", "instanceset", w.ns+"/"+w.name, "patch", string(body))
+		start := time.Now()
+		obj, err = w.r.dyn.Resource(GVR).Namespace(w.ns).Patch(ctx, w.name, types.JSONPatchType, body,
+			metav1.PatchOptions{FieldManager: FieldManager})
+		w.r.m.write(err, time.Since(start))
+		if err != nil {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("kube: InstanceSet %s/%s keeps changing under this process's writes", w.ns, w.name)
 }
 
 // visibilityDelay is how long after its first write the registry checks
@@ -652,7 +717,8 @@ func (w *writer) observed(u *unstructured.Unstructured) {
 	}
 	// The write under way may be seen before its answer is: its content is
 	// this process's own, not an edit.
-	if err == nil && s.podUID == w.pod.UID && s.podName == w.pod.Name &&
+	foreignOwner := slices.ContainsFunc(u.GetOwnerReferences(), func(o metav1.OwnerReference) bool { return string(o.UID) != w.pod.UID })
+	if err == nil && s.podUID == w.pod.UID && s.podName == w.pod.Name && !foreignOwner &&
 		(same(w.lastSpec) || (w.inflight != nil && same(w.inflight))) {
 		w.lastRV = rv
 		return

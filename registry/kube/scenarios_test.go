@@ -2,6 +2,7 @@ package kube_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -278,37 +279,14 @@ func TestOwnerEditedByHandIsRestored(t *testing.T) {
 	f.until("the instance", func(v *registrytest.View) bool { return has(v, in) })
 
 	ctx := kubetest.Ctx(t)
-	sets := cp.Dynamic.Resource(kube.GVR).Namespace(ns)
-	w, err := sets.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + r.ObjectName()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
 	patch := fmt.Sprintf(`[{"op":"replace","path":"/metadata/ownerReferences/0/uid","value":%q},`+
 		`{"op":"replace","path":"/metadata/ownerReferences/0/name","value":%q},`+
 		`{"op":"replace","path":"/spec/pod","value":{"name":%q,"uid":%q}}]`, other.UID, other.Name, other.Name, other.UID)
-	edited, err := sets.Patch(ctx, r.ObjectName(), types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		select {
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				t.Fatal("watch ended")
-			}
-			u, ok := ev.Object.(*unstructured.Unstructured)
-			if !ok || parseRV(u.GetResourceVersion()) <= parseRV(edited.GetResourceVersion()) {
-				continue
-			}
-			if uid, _, _ := unstructured.NestedString(u.Object, "spec", "pod", "uid"); uid != string(pod.UID) {
-				continue
-			}
-		case <-ctx.Done():
-			t.Fatalf("the process did not write its own pod back (spec.pod of the edit: %v)", edited.Object["spec"])
-		}
-		break
-	}
+	editAndWait(t, cp, ns, r.ObjectName(), patch, func(u *unstructured.Unstructured) bool {
+		uid, _, _ := unstructured.NestedString(u.Object, "spec", "pod", "uid")
+		owners := u.GetOwnerReferences()
+		return uid == string(pod.UID) && len(owners) == 1 && owners[0].UID == pod.UID
+	})
 	if f.removed(in.Ref()) {
 		t.Fatalf("the edit removed the instance for watchers")
 	}
@@ -428,4 +406,71 @@ func TestPublishNotReadyAddresses(t *testing.T) {
 	}
 	cp.SetReady(t, pod, true)
 	f.until("the instance once its pod is Ready", func(v *registrytest.View) bool { return has(v, hidden) })
+}
+
+// editAndWait JSON-patches InstanceSet ns/name as kubectl would, then waits
+// for a later version of it that satisfies restored.
+func editAndWait(t *testing.T, cp *kubetest.ControlPlane, ns, name, patch string, restored func(*unstructured.Unstructured) bool) {
+	t.Helper()
+	ctx := kubetest.Ctx(t)
+	sets := cp.Dynamic.Resource(kube.GVR).Namespace(ns)
+	w, err := sets.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	edited, err := sets.Patch(ctx, name, types.JSONPatchType, []byte(patch), metav1.PatchOptions{FieldManager: "kubectl-edit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("watch ended")
+			}
+			u, ok := ev.Object.(*unstructured.Unstructured)
+			if ok && parseRV(u.GetResourceVersion()) > parseRV(edited.GetResourceVersion()) && restored(u) {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatalf("the process did not restore its InstanceSet after %s: %v", patch, edited.Object)
+		}
+	}
+}
+
+// What a server-side apply cannot remove, because another field manager
+// set it (kubectl edit), the process removes from its InstanceSet: an
+// instance added by hand, fields set in one of its instances, a container
+// in pod mode, another owner. Readers end with exactly what it registered.
+func TestForeignEditsAreRemoved(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	pod, other := cp.ReadyPod(t, ns, "owner"), cp.ReadyPod(t, ns, "other")
+	r := cp.Registry(t, ns, pod, nil)
+	in := register(t, r, inst("10.7.2.1:80")).Instance()
+	mine := func(u *unstructured.Unstructured) bool {
+		items, _, _ := unstructured.NestedSlice(u.Object, "spec", "instances")
+		if len(items) != 1 {
+			return false
+		}
+		raw, _ := json.Marshal(items[0])
+		got, err := beacon.UnmarshalInstance(raw)
+		_, container, _ := unstructured.NestedString(u.Object, "spec", "container")
+		owners := u.GetOwnerReferences()
+		return err == nil && got.Equal(in) && !container && len(owners) == 1 && owners[0].UID == pod.UID
+	}
+	for _, patch := range []string{
+		`[{"op":"add","path":"/spec/instances/-","value":{"namespace":"demo","component":"api","endpoint":"http",` +
+			`"id":"00000000000000ff","address":"10.66.0.1:80","status":"serving","registered_at":"2026-01-01T00:00:00Z"}}]`,
+		`[{"op":"add","path":"/spec/instances/0/metadata","value":{"injected":"1"}},{"op":"replace","path":"/spec/instances/0/transport","value":"grpc"}]`,
+		`[{"op":"add","path":"/spec/container","value":"main"}]`,
+		fmt.Sprintf(`[{"op":"add","path":"/metadata/ownerReferences/-","value":{"apiVersion":"v1","kind":"Pod","name":%q,"uid":%q}}]`, other.Name, other.UID),
+	} {
+		editAndWait(t, cp, ns, r.ObjectName(), patch, mine)
+	}
+	got, _, err := cp.Registry(t, ns, nil, nil).List(kubetest.Ctx(t), beacon.Query{Namespace: "demo"})
+	if err != nil || !registrytest.SameInstances(got, []beacon.Instance{in}) {
+		t.Fatalf("List after the edits = %v, %v; want only %s", got, err, in.Ref())
+	}
 }
