@@ -254,7 +254,7 @@ func (lw *listWatch) WatchWithContext(ctx context.Context, o metav1.ListOptions)
 
 // relistingWatch passes a watch's events on to a reflector, and can end it
 // with 410 Gone, which makes the reflector re-list (the view's way of
-// re-reading a resource that did not fail itself, see holdLocked).
+// re-reading a resource that did not fail itself, see relistedLocked).
 type relistingWatch struct {
 	inner    watch.Interface
 	out      chan watch.Event
