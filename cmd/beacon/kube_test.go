@@ -30,7 +30,9 @@ func TestKubernetesBackend(t *testing.T) {
 	}
 	kube := []string{"--backend", "kubernetes", "--kubeconfig", kc}
 	pod := cp.Pod(t, ns, "worker")
-	podEnv := []string{"POD_NAME=" + pod.Name, "POD_NAMESPACE=" + ns, "POD_UID=" + string(pod.UID)}
+	// CONTAINER_NAME empty: pod mode, whatever the environment the test
+	// runs in sets.
+	podEnv := []string{"POD_NAME=" + pod.Name, "POD_NAMESPACE=" + ns, "POD_UID=" + string(pod.UID), "CONTAINER_NAME="}
 
 	w := startBeacon(t, dir, nil, append([]string{"watch", "demo"}, kube...)...)
 	w.waitLine(t, "synced   0 instance(s)", 60*time.Second)
@@ -91,9 +93,10 @@ func TestKubernetesBackend(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusNotImplemented {
-			t.Fatalf("operator %s on kubernetes: %d, want 501", action, resp.StatusCode)
+		if resp.StatusCode != http.StatusNotImplemented || !strings.Contains(string(body), "drain from the registering process") {
+			t.Fatalf("operator %s on kubernetes: %d %s, want 501 saying how to drain", action, resp.StatusCode, body)
 		}
 	}
 	_ = srv.cmd.Process.Signal(syscall.SIGTERM)

@@ -69,16 +69,20 @@ func (cp *ControlPlane) Service(tb testing.TB, ns, name string, discovery bool) 
 }
 
 // Pod creates a pod bound to the test node (no kubelet runs it), labelled
-// so that the namespace's Service selects it. It is not Ready until
-// SetReady.
-func (cp *ControlPlane) Pod(tb testing.TB, ns, name string) *corev1.Pod {
+// so that the namespace's Service selects it, with the given containers
+// (none: one, "main"). It is not Ready until SetReady.
+func (cp *ControlPlane) Pod(tb testing.TB, ns, name string, containers ...string) *corev1.Pod {
 	tb.Helper()
+	if len(containers) == 0 {
+		containers = []string{"main"}
+	}
+	var cs []corev1.Container
+	for _, c := range containers {
+		cs = append(cs, corev1.Container{Name: c, Image: "beacon.invalid/test"})
+	}
 	pod, err := cp.Core.Pods(ns).Create(Ctx(tb), &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{PodLabel: "true"}},
-		Spec: corev1.PodSpec{
-			NodeName:   NodeName,
-			Containers: []corev1.Container{{Name: "main", Image: "beacon.invalid/test"}},
-		},
+		Spec:       corev1.PodSpec{NodeName: NodeName, Containers: cs},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		tb.Fatalf("kubetest: create pod: %v", err)
@@ -126,9 +130,9 @@ func (cp *ControlPlane) SetReady(tb testing.TB, pod *corev1.Pod, ready bool) *co
 
 // ReadyPod creates a pod, makes it Ready and waits until the EndpointSlice
 // controller lists it as ready.
-func (cp *ControlPlane) ReadyPod(tb testing.TB, ns, name string) *corev1.Pod {
+func (cp *ControlPlane) ReadyPod(tb testing.TB, ns, name string, containers ...string) *corev1.Pod {
 	tb.Helper()
-	pod := cp.SetReady(tb, cp.Pod(tb, ns, name), true)
+	pod := cp.SetReady(tb, cp.Pod(tb, ns, name, containers...), true)
 	cp.WaitEndpoint(tb, pod, true)
 	return pod
 }

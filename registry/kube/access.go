@@ -90,6 +90,7 @@ func (r *Registry) checkAccess(ctx context.Context, ps []permission) error {
 	}
 	wg.Wait()
 	var denied []string
+	clusterWide := false
 	for _, res := range results {
 		if res.err != nil {
 			if isUnreachable(res.err) {
@@ -100,13 +101,22 @@ func (r *Registry) checkAccess(ctx context.Context, ps []permission) error {
 		}
 		if !res.allowed {
 			denied = append(denied, res.p.String()+" ("+res.p.why+")")
+			clusterWide = clusterWide || res.p.namespace == ""
 		}
 	}
 	if len(denied) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %s may not %s: grant it with a Role like deploy/kubernetes/rbac.yaml bound to its ServiceAccount",
-		ErrForbidden, r.whoAmI(ctx), strings.Join(denied, "; "))
+	return fmt.Errorf("%w: %s may not %s: %s", ErrForbidden, r.whoAmI(ctx), strings.Join(denied, "; "), grantHint(clusterWide))
+}
+
+// grantHint says which shipped RBAC grants what was denied: the namespaced
+// Role, or, for every namespace, the ClusterRole.
+func grantHint(clusterWide bool) string {
+	if clusterWide {
+		return "reading every namespace needs a ClusterRole: grant it with deploy/kubernetes/rbac-cluster.yaml, its binding naming the ServiceAccount"
+	}
+	return "grant it with a Role like deploy/kubernetes/rbac.yaml bound to its ServiceAccount"
 }
 
 // whoAmI names the authenticated user for error messages.

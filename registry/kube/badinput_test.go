@@ -1,11 +1,14 @@
 package kube_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -33,14 +37,107 @@ func TestCRDNotInstalled(t *testing.T) {
 		t.Fatalf("Open without the CRD: %v", err)
 	}
 	t.Log(err)
-	if err := cp.InstallCRD(kubetest.Ctx(t)); err != nil {
+	ctx := kubetest.Ctx(t)
+	crds := cp.Extension.CustomResourceDefinitions()
+
+	// A CRD of another version: installed, but not Beacon's.
+	other := kube.CRD()
+	other.Spec.Versions[0].Name = "v1beta1"
+	if _, err := crds.Create(ctx, other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	r, err := kube.Open(kubetest.Ctx(t), kube.Config{REST: cp.Admin()})
-	if err != nil {
-		t.Fatalf("Open after installing the CRD: %v", err)
+	waitCRD(t, cp, func(c *apiextensionsv1.CustomResourceDefinition) bool { return established(c) })
+	_, err = kube.Open(ctx, kube.Config{REST: cp.Admin()})
+	if !errors.Is(err, kube.ErrCRDMismatch) || !strings.Contains(err.Error(), "v1beta1") ||
+		!strings.Contains(err.Error(), "kubectl apply -f deploy/kubernetes/crd.yaml") {
+		t.Fatalf("Open with a CRD of version v1beta1: %v", err)
 	}
-	_ = r.Close()
+	t.Log(err)
+	if err := crds.Delete(ctx, kube.CRDName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCRD(t, cp, func(c *apiextensionsv1.CustomResourceDefinition) bool { return c == nil })
+
+	// An older schema without a field Beacon writes: readers work, a
+	// registration says the CRD is not this Beacon's.
+	old := kube.CRD()
+	delete(old.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"].Properties, "holder")
+	if _, err := crds.Create(ctx, old, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCRD(t, cp, func(c *apiextensionsv1.CustomResourceDefinition) bool { return established(c) })
+	ns := cp.Namespace(t)
+	pod := cp.SetReady(t, cp.Pod(t, ns, "w"), true)
+	r := cp.Registry(t, ns, pod, nil)
+	if _, _, err := r.List(ctx, beacon.Query{}); err != nil {
+		t.Fatalf("List with the older schema: %v", err)
+	}
+	_, err = r.Register(ctx, inst("10.12.0.1:80"))
+	if !errors.Is(err, kube.ErrCRDMismatch) || !strings.Contains(err.Error(), "holder") {
+		t.Fatalf("Register with a schema without spec.holder: %v", err)
+	}
+	t.Log(err)
+
+	// Beacon's own CRD over it: registering works.
+	cur, err := crds.Get(ctx, kube.CRDName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec = kube.CRD().Spec
+	if _, err := crds.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for { // until the API server applies with the new schema
+		_, err := r.Register(ctx, inst("10.12.0.1:80"))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, kube.ErrCRDMismatch) || ctx.Err() != nil {
+			t.Fatalf("Register after installing Beacon's CRD: %v", err)
+		}
+	}
+}
+
+// waitCRD waits until the InstanceSet CRD (nil once deleted) satisfies ok.
+func waitCRD(t *testing.T, cp *kubetest.ControlPlane, ok func(*apiextensionsv1.CustomResourceDefinition) bool) {
+	t.Helper()
+	ctx := kubetest.Ctx(t)
+	crds := cp.Extension.CustomResourceDefinitions()
+	for {
+		list, err := crds.List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + kube.CRDName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cur *apiextensionsv1.CustomResourceDefinition
+		if len(list.Items) > 0 {
+			cur = &list.Items[0]
+		}
+		if ok(cur) {
+			return
+		}
+		w, err := crds.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + kube.CRDName, ResourceVersion: list.ResourceVersion})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-w.ResultChan():
+		case <-ctx.Done():
+			t.Fatalf("waiting for the CRD: %v", ctx.Err())
+		}
+		w.Stop()
+	}
+}
+
+func established(c *apiextensionsv1.CustomResourceDefinition) bool {
+	if c == nil {
+		return false
+	}
+	for _, cond := range c.Status.Conditions {
+		if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }
 
 // An API server that refuses connections, and one that accepts them and
@@ -83,6 +180,39 @@ func TestUnreachable(t *testing.T) {
 			t.Logf("after %v: %v", took.Round(time.Millisecond), err)
 		})
 	}
+	// The caller's deadline, shorter than Timeout, is the bound the error
+	// names (beacon's commands give Open theirs).
+	t.Run("caller's deadline", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+		defer cancel()
+		_, err := kube.Open(ctx, kube.Config{REST: &rest.Config{Host: "https://" + hole.Addr().String()}, Timeout: time.Minute})
+		if !errors.Is(err, kube.ErrUnreachable) || !strings.Contains(err.Error(), "no answer within 1.5s") {
+			t.Fatalf("Open with a 1.5 s deadline: %v", err)
+		}
+	})
+}
+
+// An API server whose certificate the client does not trust answered: the
+// error says so (not "unreachable"), and what to check.
+func TestUntrustedCertificate(t *testing.T) {
+	cp := kubetest.Shared(t)
+	for name, rc := range map[string]*rest.Config{
+		"no CA":      {Host: cp.Host()},
+		"another CA": {Host: cp.Host(), TLSClientConfig: rest.TLSClientConfig{CAData: cp.Admin().CertData}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := kube.Open(kubetest.Ctx(t), kube.Config{REST: rc, Timeout: 5 * time.Second})
+			if !errors.Is(err, kube.ErrUntrusted) || errors.Is(err, kube.ErrUnreachable) || !strings.Contains(err.Error(), "certificate-authority") {
+				t.Fatalf("Open: %v", err)
+			}
+			t.Log(err)
+		})
+	}
+	// Plain HTTP to the HTTPS port: what the server answered is in the error.
+	_, err := kube.Open(kubetest.Ctx(t), kube.Config{REST: &rest.Config{Host: strings.Replace(cp.Host(), "https://", "http://", 1)}})
+	if err == nil || !strings.Contains(err.Error(), "HTTP 400: Client sent an HTTP request to an HTTPS server") {
+		t.Fatalf("Open over http://: %v", err)
+	}
 }
 
 // Registering needs the pod's identity: missing variables are named with
@@ -103,6 +233,10 @@ func TestPodIdentity(t *testing.T) {
 		{kube.Pod{Name: pod.Name, Namespace: ns}, kube.ErrNoPodIdentity, []string{"POD_UID is not set"}},
 		{kube.Pod{Name: pod.Name, Namespace: ns, UID: "0f0f0f0f-0000-0000-0000-000000000000"}, kube.ErrPodMismatch, []string{"POD_UID", string(pod.UID)}},
 		{kube.Pod{Name: "nosuchpod", Namespace: ns, UID: string(pod.UID)}, kube.ErrPodMismatch, []string{`no pod "nosuchpod"`}},
+		// Container mode names a container of the pod (a CONTAINER_NAME
+		// the environment sets for something else must not pass).
+		{kube.Pod{Name: pod.Name, Namespace: ns, UID: string(pod.UID), Container: "sidecar"}, kube.ErrPodMismatch,
+			[]string{`CONTAINER_NAME "sidecar" is not a container of pod`, "it has main"}},
 	} {
 		r := cp.Registry(t, ns, nil, func(c *kube.Config) { c.Pod = tc.pod })
 		_, err := r.Register(ctx, inst("10.8.0.1:80"))
@@ -149,6 +283,81 @@ func TestConfig(t *testing.T) {
 		if !errors.Is(err, kube.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("Validate(%+v) = %v, want it to say %q", tc.cfg, err, tc.says)
 		}
+	}
+}
+
+// Readers without POD_NAMESPACE or BEACON_KUBE_NAMESPACES watch the
+// kubeconfig context's namespace; one that is no namespace name is an
+// error, not a silently empty registry.
+func TestKubeconfigNamespace(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	dir := t.TempDir()
+	for _, tc := range []struct{ namespace, says string }{
+		{ns, ""},
+		{"Bad_NS", `the kubeconfig context's namespace "Bad_NS"`},
+		{"", ""}, // none: "default"
+	} {
+		kc := filepath.Join(dir, "kubeconfig-"+tc.namespace)
+		if err := kubetest.WriteKubeconfig(kc, cp.Admin(), tc.namespace); err != nil {
+			t.Fatal(err)
+		}
+		r, err := kube.Open(kubetest.Ctx(t), kube.Config{Kubeconfig: kc})
+		if tc.says != "" {
+			if !errors.Is(err, kube.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("Open with namespace %q in the kubeconfig: %v", tc.namespace, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("Open with namespace %q in the kubeconfig: %v", tc.namespace, err)
+		}
+		want := cmp.Or(tc.namespace, "default")
+		if got := r.Namespaces(); len(got) != 1 || got[0] != want {
+			t.Errorf("namespaces %q, want %q", got, want)
+		}
+		_ = r.Close()
+	}
+}
+
+// Kubeconfig files as kubectl reads them: a KUBECONFIG list with a missing
+// file works; a kubeconfig that names no cluster, and no kubeconfig at all
+// outside a pod, say what is missing (not client-go's KUBERNETES_MASTER).
+func TestKubeconfigFiles(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	if err := kubetest.WriteKubeconfig(good, cp.Admin(), ns); err != nil {
+		t.Fatal(err)
+	}
+	list := filepath.Join(dir, "missing") + string(filepath.ListSeparator) + good
+	r, err := kube.Open(kubetest.Ctx(t), kube.Config{Kubeconfig: list})
+	if err != nil {
+		t.Fatalf("Open with the list %s: %v", list, err)
+	}
+	if got := r.Namespaces(); len(got) != 1 || got[0] != ns {
+		t.Errorf("namespaces %q from the list, want %q", got, ns)
+	}
+	_ = r.Close()
+
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = kube.Open(kubetest.Ctx(t), kube.Config{Kubeconfig: empty})
+	if !errors.Is(err, kube.ErrInvalidConfig) || !strings.Contains(err.Error(), "names no cluster to use") ||
+		strings.Contains(err.Error(), "KUBERNETES_MASTER") {
+		t.Errorf("Open with a kubeconfig without a context: %v", err)
+	}
+
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("HOME", dir)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	_, err = kube.Open(kubetest.Ctx(t), kube.Config{})
+	if !errors.Is(err, kube.ErrInvalidConfig) || !strings.Contains(err.Error(), "not in a pod with a service account") ||
+		strings.Contains(err.Error(), "KUBERNETES_MASTER") {
+		t.Errorf("Open without any configuration: %v", err)
 	}
 }
 
@@ -230,12 +439,24 @@ func TestGarbageInstanceSet(t *testing.T) {
 		func(u *unstructured.Unstructured) {
 			_ = unstructured.SetNestedField(u.Object, "another-uid", "spec", "pod", "uid")
 		},
+		func(u *unstructured.Unstructured) { // owned, consistently, by another live pod: not the pod it is named after
+			u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: other.Name, UID: other.UID}})
+			_ = unstructured.SetNestedField(u.Object, map[string]any{"name": other.Name, "uid": string(other.UID)}, "spec", "pod")
+		},
+		func(u *unstructured.Unstructured) { // the spec names a pod other than its owner
+			u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}})
+			_ = unstructured.SetNestedField(u.Object, map[string]any{"name": other.Name, "uid": string(pod.UID)}, "spec", "pod")
+		},
 	} {
 		before := invalid()
-		bad, err := sets.Get(ctx, pod.Name, metav1.GetOptions{})
+		cur, err := sets.Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Each garbage alone, on the valid content (not on the previous
+		// garbage, which would keep it invalid whatever this one does).
+		bad := setObject(pod, good)
+		bad.SetResourceVersion(cur.GetResourceVersion())
 		garbage(bad)
 		if _, err := sets.Update(ctx, bad, metav1.UpdateOptions{}); err != nil { // as kubectl edit does
 			t.Fatalf("garbage %d: %v", i, err)

@@ -58,11 +58,30 @@ func (r *Registry) listSlices(ctx context.Context, ns, selector string) ([]*disc
 // podUID returns the UID of pod ns/name, or an error matching
 // apierrors.IsNotFound.
 func (r *Registry) podUID(ctx context.Context, ns, name string) (string, error) {
+	uid, _, err := r.podInfo(ctx, ns, name)
+	return uid, err
+}
+
+// podInfo returns the UID of pod ns/name and the names of its containers
+// (init containers too: a sidecar is one), or an error matching
+// apierrors.IsNotFound.
+func (r *Registry) podInfo(ctx context.Context, ns, name string) (string, []string, error) {
 	u, err := r.dyn.Resource(podsGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return string(u.GetUID()), nil
+	var names []string
+	for _, field := range []string{"containers", "initContainers"} {
+		list, _, _ := unstructured.NestedSlice(u.Object, "spec", field)
+		for _, c := range list {
+			if m, ok := c.(map[string]any); ok {
+				if n, ok := m["name"].(string); ok {
+					names = append(names, n)
+				}
+			}
+		}
+	}
+	return string(u.GetUID()), names, nil
 }
 
 // rawGet GETs an API path with the client's credentials and decodes the
@@ -87,7 +106,13 @@ func (r *Registry) rawGet(ctx context.Context, path string, out any) error {
 		if json.Unmarshal(body, &st) == nil && st.Kind == "Status" {
 			return &apierrors.StatusError{ErrStatus: st}
 		}
-		return apierrors.NewGenericServerResponse(resp.StatusCode, http.MethodGet, schema.GroupResource{}, "", strings.TrimSpace(string(body)), 0, false)
+		e := apierrors.NewGenericServerResponse(resp.StatusCode, http.MethodGet, schema.GroupResource{}, "", strings.TrimSpace(string(body)), 0, false)
+		if text := strings.TrimSpace(string(body)); text != "" && len(text) < 512 {
+			// Not the API server's Status (say, a plain HTTP request to its
+			// HTTPS port): what it said is all there is to go on.
+			e.ErrStatus.Message = fmt.Sprintf("%s (HTTP %d: %s)", e.ErrStatus.Message, resp.StatusCode, text)
+		}
+		return e
 	}
 	if out == nil {
 		return nil

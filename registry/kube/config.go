@@ -45,9 +45,10 @@ type Config struct {
 	// otherwise it is loaded from Kubeconfig, the default kubeconfig rules,
 	// or the in-cluster service account.
 	REST *rest.Config
-	// Kubeconfig is the kubeconfig file to load; empty means the default
-	// rules (KUBECONFIG, then ~/.kube/config), falling back to the
-	// in-cluster configuration.
+	// Kubeconfig is the kubeconfig file to load, or a list of files
+	// (separated as in PATH, as KUBECONFIG may hold) merged as kubectl
+	// merges them; empty means the default rules (KUBECONFIG, then
+	// ~/.kube/config), falling back to the in-cluster configuration.
 	Kubeconfig string
 	// Namespaces are the Kubernetes namespaces whose instances List and
 	// Watch see. Empty means Pod.Namespace, else the kubeconfig context's

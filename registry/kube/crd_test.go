@@ -12,8 +12,11 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/kubetest"
 	"github.com/beaconplane/beacon/registry/kube"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -153,3 +156,65 @@ func compare(t *testing.T, path string, typ reflect.Type, p apiextensionsv1.JSON
 
 var _ = filepath.Join
 var _ beacon.Instance
+
+// The schema and Beacon's own validation agree at their edges, on the real
+// API server (server-side dry run): every instance Beacon accepts, at the
+// limits of each field, is accepted; what the schema is there to refuse
+// (and Beacon refuses too) is refused.
+func TestCRDAgreesWithValidation(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	pod := cp.Pod(t, ns, "schema")
+	sets := cp.Dynamic.Resource(kube.GVR).Namespace(ns)
+	base := beacon.Instance{Namespace: "demo", Component: "api", Endpoint: "http", ID: "00000000000000a1",
+		Address: "10.0.0.1:80", Status: beacon.StatusServing, RegisteredAt: time.Date(2026, 1, 2, 3, 4, 5, 6e6, time.UTC)}
+	label63 := strings.Repeat("a", 62) + "9"
+	bigMeta := map[string]string{"k": strings.Repeat("é", (beacon.DefaultMaxMetadataSize-1)/2)}
+	accepted := map[string]func(*beacon.Instance){
+		"labels of 63":          func(in *beacon.Instance) { in.Namespace, in.Component, in.Endpoint = label63, label63, label63 },
+		"address of 1024 bytes": func(in *beacon.Instance) { in.Address = "h" + strings.Repeat("x", 1024-len("h:80")-1) + ":80" },
+		"URL address":           func(in *beacon.Instance) { in.Address = "nats://10.0.0.1:4222/subject?x=1" },
+		"IPv6 address":          func(in *beacon.Instance) { in.Address = "[2001:db8::1]:443" },
+		"transport of 32":       func(in *beacon.Instance) { in.Transport = strings.Repeat("a", 28) + ".b+-" },
+		"metadata at the limit": func(in *beacon.Instance) { in.Metadata = bigMeta },
+		"unicode metadata key":  func(in *beacon.Instance) { in.Metadata = map[string]string{"zone/ü:1": "", "x": "line\nbreak"} },
+		"draining":              func(in *beacon.Instance) { in.Status = beacon.StatusDraining },
+		"year 1":                func(in *beacon.Instance) { in.RegisteredAt = time.Date(1, 1, 1, 0, 0, 0, 1e6, time.UTC) },
+		"year 9999":             func(in *beacon.Instance) { in.RegisteredAt = time.Date(9999, 12, 31, 23, 59, 59, 999e6, time.UTC) },
+		"ID ffff…":              func(in *beacon.Instance) { in.ID = "ffffffffffffffff" },
+	}
+	for name, mutate := range accepted {
+		in := base.Clone()
+		mutate(&in)
+		if err := in.Validate(); err != nil {
+			t.Fatalf("%s: not valid in Go: %v", name, err)
+		}
+		if _, err := sets.Apply(kubetest.Ctx(t), pod.Name, setObject(pod, in), dryRun()); err != nil {
+			t.Errorf("%s: valid in Go, refused by the schema: %v", name, err)
+		}
+	}
+	refused := map[string]func(*beacon.Instance){
+		"label of 64":          func(in *beacon.Instance) { in.Component = label63 + "a" },
+		"label with a dot":     func(in *beacon.Instance) { in.Endpoint = "a.b" },
+		"ID of 15":             func(in *beacon.Instance) { in.ID = "000000000000001" },
+		"upper-case ID":        func(in *beacon.Instance) { in.ID = "00000000000000A1" },
+		"address of 1025":      func(in *beacon.Instance) { in.Address = strings.Repeat("x", 1022) + ":80" },
+		"upper-case transport": func(in *beacon.Instance) { in.Transport = "GRPC" },
+		"transport of 33":      func(in *beacon.Instance) { in.Transport = strings.Repeat("a", 33) },
+		"status up":            func(in *beacon.Instance) { in.Status = "up" },
+	}
+	for name, mutate := range refused {
+		in := base.Clone()
+		mutate(&in)
+		if err := in.Validate(); err == nil {
+			t.Fatalf("%s: valid in Go", name)
+		}
+		if _, err := sets.Apply(kubetest.Ctx(t), pod.Name, setObject(pod, in), dryRun()); !apierrors.IsInvalid(err) {
+			t.Errorf("%s: invalid in Go, the schema took it: %v", name, err)
+		}
+	}
+}
+
+func dryRun() metav1.ApplyOptions {
+	return metav1.ApplyOptions{FieldManager: "schema-test", Force: true, DryRun: []string{metav1.DryRunAll}}
+}

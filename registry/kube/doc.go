@@ -15,9 +15,10 @@
 //
 // An instance is live while its InstanceSet exists and its pod is Ready in
 // an EndpointSlice labelled DiscoveryLabel=true (matched by
-// targetRef.uid, so a new pod never inherits an old pod's readiness). Put
-// the label on the Service that selects the registering pods; the
-// EndpointSlice controller copies it to the slices. A pod that is not Ready
+// targetRef.uid in the pod's own namespace, so a new pod never inherits an
+// old pod's readiness, and a slice of another namespace never vouches for
+// it). Put the label on the Service that selects the registering pods;
+// the EndpointSlice controller copies it to the slices. A pod that is not Ready
 // (starting, failing its readiness probe, terminating) is removed for
 // watchers, and added back once Ready: the readiness probe gates discovery.
 // Draining is the instance's status in the resource, as on every backend.
@@ -41,10 +42,11 @@
 // List reads both resources from the API server. Watch shares one view per
 // registry: for each watched namespace, a reflector (the list-then-watch
 // machinery of client-go's informers) follows InstanceSets and one follows
-// the discovery EndpointSlices. A re-list (410 Gone, API server restart)
-// replaces a namespace's state atomically, so watchers get exactly the
-// difference, never a phantom removal; while the API server cannot be
-// reached, watchers get a Stale batch, then a Resync. Watches cannot resume
+// the discovery EndpointSlices. A re-list (410 Gone, API server restart, a
+// failed watch) re-reads every watched resource, and watchers get the
+// difference as one Resync once all are re-read, never a phantom removal;
+// while the API server cannot be reached, watchers get a Stale batch, then
+// a Resync. Watches cannot resume
 // from a revision: FromRevision always gives a snapshot.
 //
 // An InstanceSet edited by hand into something that is not valid (the CRD's

@@ -2,6 +2,8 @@ package kube
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -28,6 +30,11 @@ var (
 	// CustomResourceDefinition.
 	ErrCRDNotInstalled = errors.New("kube: the InstanceSet custom resource definition (" + CRDName + ") is not installed; " +
 		"install it with: kubectl apply -f deploy/kubernetes/crd.yaml")
+	// ErrCRDMismatch reports an InstanceSet CustomResourceDefinition that
+	// is installed but is not the one this Beacon needs (another version,
+	// or an older schema that lacks fields Beacon writes).
+	ErrCRDMismatch = errors.New("kube: the installed InstanceSet custom resource definition (" + CRDName + ") is not " +
+		"the one this Beacon needs; install its own with: kubectl apply -f deploy/kubernetes/crd.yaml")
 	// ErrForbidden reports an RBAC denial; the message names the verb and
 	// the resource.
 	ErrForbidden = errors.New("kube: forbidden by RBAC")
@@ -35,6 +42,10 @@ var (
 	ErrUnauthorized = errors.New("kube: the API server does not accept the credentials")
 	// ErrUnreachable reports an API server that did not answer in time.
 	ErrUnreachable = errors.New("kube: the Kubernetes API server is unreachable")
+	// ErrUntrusted reports an API server whose TLS certificate the client
+	// configuration does not trust (a wrong CA, or a server name the
+	// certificate does not cover).
+	ErrUntrusted = errors.New("kube: the Kubernetes API server's certificate is not trusted")
 	// ErrTakenOver reports that another live process writes this process's
 	// InstanceSet (two processes in one pod without CONTAINER_NAME).
 	ErrTakenOver = errors.New("kube: another process took over this process's InstanceSet")
@@ -76,14 +87,26 @@ func (r *Registry) explain(o op, err error) error {
 			// server-side apply is a create, not a patch).
 			o.verb = m[1]
 		}
-		return fmt.Errorf("%w: may not %s %s %s (%s): grant it with a Role like deploy/kubernetes/rbac.yaml",
-			ErrForbidden, o.verb, o.resource, o.where(), apiMessage(err))
+		if strings.Contains(apiMessage(err), `User "system:anonymous"`) {
+			return fmt.Errorf("%w: the API server took this client for system:anonymous, so it may not %s %s %s (%s): the "+
+				"kubeconfig's user (%s) or the in-cluster service account token holds no credentials it accepts",
+				ErrForbidden, o.verb, o.resource, o.where(), apiMessage(err), EnvKubeconfig)
+		}
+		return fmt.Errorf("%w: may not %s %s %s (%s): %s",
+			ErrForbidden, o.verb, o.resource, o.where(), apiMessage(err), grantHint(o.namespace == "" && o.verb != "discover"))
 	case apierrors.IsUnauthorized(err):
 		return fmt.Errorf("%w at %s (%s): check the kubeconfig or service account token", ErrUnauthorized, host, apiMessage(err))
 	case apierrors.IsNotFound(err) && o.resource == instanceSetsResource && notFoundResource(err):
 		return fmt.Errorf("%w (%s %s %s: %s)", ErrCRDNotInstalled, o.verb, o.resource, o.where(), apiMessage(err))
+	case o.resource == instanceSetsResource && strings.Contains(apiMessage(err), "field not declared in schema"):
+		// Server-side apply of a field the installed schema lacks.
+		return fmt.Errorf("%w (%s %s %s: %s)", ErrCRDMismatch, o.verb, o.resource, o.where(), apiMessage(err))
 	case errors.As(err, &st):
 		return fmt.Errorf("kube: %s %s %s: %w", o.verb, o.resource, o.where(), err)
+	case isCertificateError(err):
+		return fmt.Errorf("%w at %s (%s %s %s): %w; the server answered, with a certificate the client does not trust: check "+
+			"the kubeconfig's certificate-authority (%s) or the in-cluster service account's ca.crt, and that the server "+
+			"URL names a host the certificate covers", ErrUntrusted, host, o.verb, o.resource, o.where(), err, EnvKubeconfig)
 	case isUnreachable(err):
 		return fmt.Errorf("%w at %s (%s %s %s): %w; check that the cluster is up and the kubeconfig (%s) or in-cluster "+
 			"configuration points at it", ErrUnreachable, host, o.verb, o.resource, o.where(), err, EnvKubeconfig)
@@ -114,6 +137,18 @@ func notFoundResource(err error) bool {
 	}
 	d := st.Status().Details
 	return d == nil || d.Name == "" || strings.Contains(st.Status().Message, "could not find the requested resource")
+}
+
+// isCertificateError reports a TLS verification failure of the server's
+// certificate.
+func isCertificateError(err error) bool {
+	var (
+		cv *tls.CertificateVerificationError
+		ua x509.UnknownAuthorityError
+		he x509.HostnameError
+		ci x509.CertificateInvalidError
+	)
+	return errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci)
 }
 
 // isUnreachable reports a transport failure or a timeout.

@@ -37,7 +37,7 @@ func TestResolverOverKubernetes(t *testing.T) {
 	t.Setenv(backend.EnvVar, "")
 	t.Setenv(backend.DynamoEnvVar, "kubernetes")
 	t.Setenv("KUBECONFIG", kc)
-	for k, v := range map[string]string{"POD_NAME": pod.Name, "POD_NAMESPACE": ns, "POD_UID": string(pod.UID)} {
+	for k, v := range map[string]string{"POD_NAME": pod.Name, "POD_NAMESPACE": ns, "POD_UID": string(pod.UID), "CONTAINER_NAME": ""} {
 		t.Setenv(k, v)
 	}
 	ctx := kubetest.Ctx(t)

@@ -13,29 +13,38 @@ import (
 	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/beaconplane/beacon/registry/registrytest"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 )
 
-// shipped decodes the object of kind in a deploy/kubernetes file into out.
-func shipped(t *testing.T, file, kind string, out any) {
+// shipped decodes the (first) object of kind in a deploy/kubernetes file
+// into out.
+func shipped(t *testing.T, file, kind string, out any) { shippedNamed(t, file, kind, "", out) }
+
+// shippedNamed decodes the object of kind named name ("" for the first)
+// in a deploy/kubernetes file into out.
+func shippedNamed(t *testing.T, file, kind, name string, out any) {
 	t.Helper()
 	b, err := os.ReadFile("../../deploy/kubernetes/" + file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, doc := range strings.Split(string(b), "\n---\n") {
-		var meta struct{ Kind string }
+		var meta struct {
+			Kind     string
+			Metadata struct{ Name string }
+		}
 		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
 			t.Fatal(err)
 		}
-		if meta.Kind == kind {
+		if meta.Kind == kind && (name == "" || meta.Metadata.Name == name) {
 			if err := yaml.UnmarshalStrict([]byte(doc), out); err != nil {
 				t.Fatal(err)
 			}
 			return
 		}
 	}
-	t.Fatalf("no %s in %s", kind, file)
+	t.Fatalf("no %s %q in %s", kind, name, file)
 }
 
 // shippedRole returns the Role of deploy/kubernetes/rbac.yaml.
@@ -68,9 +77,27 @@ func TestRBACAllNamespaces(t *testing.T) {
 	nsOnly := cp.ServiceAccount(t, ns, "ns-reader", shippedRole(t).Rules)
 	_, _, err = cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = nsOnly, []string{kube.AllNamespaces} }).
 		List(kubetest.Ctx(t), beacon.Query{})
-	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "cluster-wide") {
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "cluster-wide") ||
+		!strings.Contains(err.Error(), "rbac-cluster.yaml") {
 		t.Fatalf("List in every namespace with only the Role: %v", err)
 	}
+	// Without the pre-check, the request's own denial says the same.
+	r = cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = nsOnly, []string{kube.AllNamespaces} })
+	kube.DisableAccessCheck(r)
+	if _, _, err = r.List(kubetest.Ctx(t), beacon.Query{}); !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "rbac-cluster.yaml") {
+		t.Fatalf("List in every namespace with only the Role, no access check: %v", err)
+	}
+}
+
+// A client without credentials (system:anonymous) is told to fix its
+// credentials, not to grant a Role.
+func TestAnonymous(t *testing.T) {
+	cp := kubetest.Shared(t)
+	_, err := kube.Open(kubetest.Ctx(t), kube.Config{REST: &rest.Config{Host: cp.Host(), TLSClientConfig: rest.TLSClientConfig{CAData: cp.Admin().CAData}}})
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "system:anonymous") || strings.Contains(err.Error(), "grant it") {
+		t.Fatalf("Open without credentials: %v", err)
+	}
+	t.Log(err)
 }
 
 // firstDenial runs every operation (Register with a caller-chosen ID, List,
@@ -113,8 +140,10 @@ func TestRBAC(t *testing.T) {
 	role := shippedRole(t)
 	pod := cp.ReadyPod(t, ns, "worker")
 
+	var readerRole rbacv1.Role
+	shippedNamed(t, "rbac.yaml", "Role", "beacon-discovery-reader", &readerRole)
 	worker := cp.ServiceAccount(t, ns, "worker", role.Rules)
-	reader := cp.ServiceAccount(t, ns, "reader", role.Rules)
+	reader := cp.ServiceAccount(t, ns, "reader", readerRole.Rules)
 	w := cp.Registry(t, ns, pod, func(c *kube.Config) { c.REST = worker })
 	r := cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST = reader })
 	f := follow(t, r, beacon.Query{Namespace: "demo"})
@@ -130,6 +159,31 @@ func TestRBAC(t *testing.T) {
 		t.Fatalf("Close (deletes the InstanceSet) with the shipped Role: %v", err)
 	}
 	f.until("the removal", func(v *registrytest.View) bool { return v.Len() == 0 })
+
+	// The reader's Role writes nothing: a process with it and a pod
+	// identity may not register.
+	readerPod := cp.ReadyPod(t, ns, "reader")
+	_, err := cp.Registry(t, ns, readerPod, func(c *kube.Config) { c.REST = reader }).Register(kubetest.Ctx(t), inst("10.6.0.3:80"))
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "create instancesets") {
+		t.Fatalf("Register with the reader's Role: %v", err)
+	}
+	// Each of its verbs is used by a reader.
+	for i, rule := range readerRole.Rules {
+		for _, verb := range rule.Verbs {
+			rules := make([]rbacv1.PolicyRule, len(readerRole.Rules))
+			for j, r := range readerRole.Rules {
+				rules[j] = *r.DeepCopy()
+			}
+			rules[i].Verbs = slices.DeleteFunc(rules[i].Verbs, func(v string) bool { return v == verb })
+			want := verb + " " + rule.Resources[0]
+			rc := cp.ServiceAccount(t, ns, fmt.Sprintf("reader-no-%s-%s", verb, strings.ReplaceAll(rule.Resources[0], ".", "-")), rules)
+			r := cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST = rc })
+			kube.DisableAccessCheck(r)
+			if err := firstDenial(t, r, want); err == nil {
+				t.Fatalf("a reader without %s never failed: the reader's Role holds a verb readers do not use", want)
+			}
+		}
+	}
 
 	for i, rule := range role.Rules {
 		for _, verb := range rule.Verbs {

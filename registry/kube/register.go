@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,8 +54,9 @@ type writer struct {
 	uid      types.UID
 	lastRV   int64
 	lastSpec []beacon.Instance
-	tried    bool          // a write was attempted
-	settled  chan struct{} // closed and replaced after every attempt
+	inflight []beacon.Instance // what the write under way applies (nil: none)
+	tried    bool              // a write was attempted
+	settled  chan struct{}     // closed and replaced after every attempt
 	kick     chan struct{}
 
 	ctx    context.Context
@@ -79,7 +81,7 @@ func (r *Registry) writerFor(ctx context.Context) (*writer, error) {
 		return nil, err
 	}
 	gctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
-	uid, err := r.podUID(gctx, p.Namespace, p.Name)
+	uid, containers, err := r.podInfo(gctx, p.Namespace, p.Name)
 	cancel()
 	switch {
 	case apierrors.IsNotFound(err):
@@ -91,6 +93,10 @@ func (r *Registry) writerFor(ctx context.Context) (*writer, error) {
 		return nil, fmt.Errorf("%w: %s %q is not the UID of pod %s/%s (%s): set %s from the Downward API (fieldRef "+
 			"metadata.uid); with a wrong UID the garbage collector would delete the InstanceSet at once",
 			ErrPodMismatch, EnvPodUID, p.UID, p.Namespace, p.Name, uid, EnvPodUID)
+	case p.Container != "" && !slices.Contains(containers, p.Container):
+		return nil, fmt.Errorf("%w: %s %q is not a container of pod %s/%s (it has %s): in container mode each registering "+
+			"container sets it to its own name; unset it for one InstanceSet per pod", ErrPodMismatch, EnvContainerName,
+			p.Container, p.Namespace, p.Name, strings.Join(containers, ", "))
 	}
 	w := &writer{
 		r:       r,
@@ -146,6 +152,7 @@ func (w *writer) run() {
 		body, err := w.bodyLocked()
 		spec := w.specLocked()
 		w.tried = true
+		w.inflight = spec
 		w.mu.Unlock()
 
 		var obj *unstructured.Unstructured
@@ -154,8 +161,11 @@ func (w *writer) run() {
 			start := time.Now()
 			obj, err = w.r.dyn.Resource(GVR).Namespace(w.ns).Patch(ctx, w.name, types.ApplyPatchType, body,
 				metav1.PatchOptions{FieldManager: FieldManager, Force: ptr(true)})
-			cancel()
 			w.r.m.write(err, time.Since(start))
+			if err == nil {
+				obj, err = w.converge(ctx, obj, spec)
+			}
+			cancel()
 			if err != nil {
 				err = w.r.explain(op{"patch", instanceSetsResource, w.ns}, err)
 			}
@@ -166,9 +176,10 @@ func (w *writer) run() {
 		w.mu.Lock()
 		w.attempt = max(w.attempt, g)
 		w.lastErr = err
+		w.inflight = nil
 		if err == nil {
 			w.applied = max(w.applied, g)
-			w.uid, w.lastRV, w.lastSpec = obj.GetUID(), parseRV(obj.GetResourceVersion()), spec
+			w.uid, w.lastRV, w.lastSpec = obj.GetUID(), max(w.lastRV, parseRV(obj.GetResourceVersion())), spec
 		}
 		close(w.settled)
 		w.settled = make(chan struct{})
@@ -199,6 +210,68 @@ func (w *writer) run() {
 			delay = 0
 		}
 	}
+}
+
+// converge removes from the InstanceSet what other field managers keep in
+// it beside what this process applies — an instance added with kubectl
+// edit, a field set in one of this process's instances, another owner —
+// which a server-side apply cannot remove, since it removes only what its
+// own field manager set. It JSON-patches the object as written (obj) until
+// it holds exactly want, each operation guarded by a test of what it
+// changes; a failed guard (the object changed meanwhile) is an error, and
+// the write is retried.
+func (w *writer) converge(ctx context.Context, obj *unstructured.Unstructured, want []beacon.Instance) (*unstructured.Unstructured, error) {
+	mine := make(map[beacon.Ref]beacon.Instance, len(want))
+	for _, in := range want {
+		mine[in.Ref()] = in
+	}
+	for range 3 {
+		var ops []map[string]any
+		guarded := func(path string, test any, op map[string]any) {
+			ops = append(ops, map[string]any{"op": "test", "path": path, "value": test}, op)
+		}
+		owners, _, _ := unstructured.NestedSlice(obj.Object, "metadata", "ownerReferences")
+		for i := len(owners) - 1; i >= 0; i-- {
+			o, _ := owners[i].(map[string]any)
+			if uid, _ := o["uid"].(string); uid != w.pod.UID {
+				path := fmt.Sprintf("/metadata/ownerReferences/%d", i)
+				guarded(path+"/uid", o["uid"], map[string]any{"op": "remove", "path": path})
+			}
+		}
+		if c, ok, _ := unstructured.NestedString(obj.Object, "spec", "container"); ok && c != w.pod.Container && w.pod.Container == "" {
+			guarded("/spec/container", c, map[string]any{"op": "remove", "path": "/spec/container"})
+		}
+		items, _, _ := unstructured.NestedSlice(obj.Object, "spec", "instances")
+		for i := len(items) - 1; i >= 0; i-- { // from the end: removals leave earlier indexes alone
+			raw, _ := json.Marshal(items[i])
+			in, err := beacon.UnmarshalInstance(raw)
+			m, _ := items[i].(map[string]any)
+			path := fmt.Sprintf("/spec/instances/%d", i)
+			want, ok := mine[in.Ref()]
+			switch {
+			case err != nil || !ok:
+				guarded(path+"/id", m["id"], map[string]any{"op": "remove", "path": path})
+			case !in.Equal(want):
+				guarded(path+"/id", m["id"], map[string]any{"op": "replace", "path": path, "value": want})
+			}
+		}
+		if len(ops) == 0 {
+			return obj, nil
+		}
+		body, err := json.Marshal(ops)
+		if err != nil {
+			return nil, fmt.Errorf("kube: encode a JSON patch: %w", err)
+		}
+		w.r.log.Warn("removing what someone else added to this process's InstanceSet", "instanceset", w.ns+"/"+w.name, "patch", string(body))
+		start := time.Now()
+		obj, err = w.r.dyn.Resource(GVR).Namespace(w.ns).Patch(ctx, w.name, types.JSONPatchType, body,
+			metav1.PatchOptions{FieldManager: FieldManager})
+		w.r.m.write(err, time.Since(start))
+		if err != nil {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("kube: InstanceSet %s/%s keeps changing under this process's writes", w.ns, w.name)
 }
 
 // visibilityDelay is how long after its first write the registry checks
@@ -639,7 +712,14 @@ func (w *writer) observed(u *unstructured.Unstructured) {
 		return
 	}
 	s, err := decodeSet(u, w.r.cfg.MaxMetadataSize)
-	if err == nil && slices.EqualFunc(s.instances, w.lastSpec, func(a, b beacon.Instance) bool { return a.Equal(b) }) {
+	same := func(spec []beacon.Instance) bool {
+		return slices.EqualFunc(s.instances, spec, func(a, b beacon.Instance) bool { return a.Equal(b) })
+	}
+	// The write under way may be seen before its answer is: its content is
+	// this process's own, not an edit.
+	foreignOwner := slices.ContainsFunc(u.GetOwnerReferences(), func(o metav1.OwnerReference) bool { return string(o.UID) != w.pod.UID })
+	if err == nil && s.podUID == w.pod.UID && s.podName == w.pod.Name && !foreignOwner &&
+		(same(w.lastSpec) || (w.inflight != nil && same(w.inflight))) {
 		w.lastRV = rv
 		return
 	}

@@ -9,7 +9,9 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +22,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -141,6 +144,10 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	case cfg.Pod.Namespace != "":
 		r.namespaces = []string{cfg.Pod.Namespace}
 	default:
+		if msgs := validation.IsDNS1123Label(kubeNS); len(msgs) > 0 {
+			return nil, fmt.Errorf("%w: the kubeconfig context's namespace %q, which readers watch when neither %s nor %s "+
+				"is set, is not a namespace name: %s", ErrInvalidConfig, kubeNS, EnvNamespaces, EnvPodNamespace, strings.Join(msgs, "; "))
+		}
 		r.namespaces = []string{kubeNS}
 	}
 	if r.http, err = rest.HTTPClientFor(rc); err == nil {
@@ -164,7 +171,11 @@ func restConfig(cfg Config) (*rest.Config, string, error) {
 		return rc, "default", nil
 	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	if cfg.Kubeconfig != "" {
+	switch files := filepath.SplitList(cfg.Kubeconfig); {
+	case len(files) > 1:
+		// KUBECONFIG's list of files, merged as kubectl merges them.
+		rules.Precedence = files
+	case cfg.Kubeconfig != "":
 		rules.ExplicitPath = cfg.Kubeconfig
 	}
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
@@ -173,6 +184,20 @@ func restConfig(cfg Config) (*rest.Config, string, error) {
 		where := "the default kubeconfig (" + EnvKubeconfig + ", ~/.kube/config) or the in-cluster service account"
 		if cfg.Kubeconfig != "" {
 			where = "kubeconfig " + cfg.Kubeconfig
+		}
+		if clientcmd.IsEmptyConfig(err) {
+			// client-go's own words advise KUBERNETES_MASTER, which is not
+			// the way: say what is missing.
+			if cfg.Kubeconfig != "" {
+				return nil, "", fmt.Errorf("%w: kubeconfig %s names no cluster to use (no current-context, or its context names "+
+					"no cluster with a server): set one with kubectl config use-context, or point %s at another file",
+					ErrInvalidConfig, cfg.Kubeconfig, EnvKubeconfig)
+			}
+			_, inCluster := rest.InClusterConfig()
+			return nil, "", fmt.Errorf("%w: no Kubernetes client configuration: no kubeconfig (%s unset or naming no cluster, "+
+				"~/.kube/config absent), and not in a pod with a service account (%v): set %s (or --kubeconfig) outside a "+
+				"cluster; in a pod, keep the service account token mounted (automountServiceAccountToken)",
+				ErrInvalidConfig, EnvKubeconfig, inCluster, EnvKubeconfig)
 		}
 		return nil, "", fmt.Errorf("%w: no Kubernetes client configuration from %s: %w", ErrInvalidConfig, where, err)
 	}
@@ -200,9 +225,10 @@ func tune(rc *rest.Config) {
 
 // probe checks that the API server answers and serves InstanceSets.
 func (r *Registry) probe(ctx context.Context) error {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	res, err := r.discoveryResources(ctx)
+	res, err := r.discoveryResources(ctx, start)
 	if err != nil {
 		return err
 	}
@@ -214,19 +240,42 @@ func (r *Registry) probe(ctx context.Context) error {
 	return ErrCRDNotInstalled
 }
 
-func (r *Registry) discoveryResources(ctx context.Context) (*metav1.APIResourceList, error) {
+// discoveryResources reads the API server's resources of Beacon's group
+// version; start is when the caller began waiting (for the error's bound,
+// which ctx's deadline, the caller's or Config.Timeout, sets).
+func (r *Registry) discoveryResources(ctx context.Context, start time.Time) (*metav1.APIResourceList, error) {
 	var res metav1.APIResourceList
 	err := r.rawGet(ctx, "/apis/"+Group+"/"+Version, &res)
 	switch {
 	case err == nil:
 		return &res, nil
 	case apierrors.IsNotFound(err):
-		return nil, ErrCRDNotInstalled
-	case ctx.Err() != nil:
+		return nil, r.groupVersions(ctx)
+	case ctx.Err() != nil && !isCertificateError(err):
+		bound := r.cfg.Timeout
+		if dl, ok := ctx.Deadline(); ok {
+			bound = dl.Sub(start).Round(100 * time.Millisecond)
+		}
 		return nil, fmt.Errorf("%w at %s: no answer within %v: %w; check that the cluster is up and the kubeconfig (%s) "+
-			"or in-cluster configuration points at it", ErrUnreachable, r.host, r.cfg.Timeout, context.Cause(ctx), EnvKubeconfig)
+			"or in-cluster configuration points at it", ErrUnreachable, r.host, bound, context.Cause(ctx), EnvKubeconfig)
 	}
 	return nil, r.explain(op{verb: "discover", resource: instanceSetsResource}, err)
+}
+
+// groupVersions tells, once the API server has no InstanceSet version of
+// Beacon's, whether the group is served at all: a CRD of another version
+// is not the same as none.
+func (r *Registry) groupVersions(ctx context.Context) error {
+	var g metav1.APIGroup
+	if err := r.rawGet(ctx, "/apis/"+Group, &g); err != nil || len(g.Versions) == 0 {
+		return ErrCRDNotInstalled
+	}
+	var served []string
+	for _, v := range g.Versions {
+		served = append(served, v.Version)
+	}
+	return fmt.Errorf("%w: the API server serves %s in version %s, and this Beacon reads and writes %s",
+		ErrCRDMismatch, Group, strings.Join(served, ", "), Version)
 }
 
 // Ping checks that the API server answers and still serves InstanceSets
@@ -330,8 +379,8 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 			mu.Lock()
 			defer mu.Unlock()
 			for _, s := range list {
-				for uid := range readyPods(s) {
-					ready[uid] = true
+				for pod := range readyPods(s) {
+					ready[pod] = true
 				}
 			}
 			maxRV = max(maxRV, parseRV(rv))
@@ -341,7 +390,7 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 	if err := g.Wait(); err != nil {
 		return nil, 0, err
 	}
-	live := liveInstances(sets, func(uid string) bool { return ready[uid] })
+	live := liveInstances(sets, func(pod string) bool { return ready[pod] })
 	out := make([]beacon.Instance, 0, len(live))
 	for _, c := range live {
 		if q.Matches(c.inst.Ref()) {
@@ -373,19 +422,32 @@ func (r *Registry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, er
 // Services.
 const discoverySelector = DiscoveryLabel + "=" + DiscoveryLabelValue
 
-// readyPods returns the UIDs of the pods a slice lists as ready. A nil
-// ready condition means ready (the EndpointSlice API's rule); an endpoint
-// without a Pod targetRef is ignored.
+// endpointReady reports whether an endpoint's pod is Ready: ready, and,
+// where the slice says so, serving and not terminating. A Service with
+// publishNotReadyAddresses gets slices whose ready is always true; their
+// serving condition is the pod's readiness. A nil condition means true
+// (the EndpointSlice API's rule).
+func endpointReady(c discoveryv1.EndpointConditions) bool {
+	return (c.Ready == nil || *c.Ready) && (c.Serving == nil || *c.Serving) && (c.Terminating == nil || !*c.Terminating)
+}
+
+// readyPods returns the pods a slice lists as Ready (endpointReady), as
+// podKeys in the slice's namespace. An endpoint without a Pod targetRef,
+// or whose targetRef names another namespace, is ignored: a slice speaks
+// only for the pods of its own namespace.
 func readyPods(s *discoveryv1.EndpointSlice) map[string]bool {
 	out := map[string]bool{}
 	for _, e := range s.Endpoints {
 		if e.TargetRef == nil || e.TargetRef.Kind != "Pod" || e.TargetRef.UID == "" {
 			continue
 		}
-		if e.Conditions.Ready != nil && !*e.Conditions.Ready {
+		if e.TargetRef.Namespace != "" && e.TargetRef.Namespace != s.Namespace {
 			continue
 		}
-		out[string(e.TargetRef.UID)] = true
+		if !endpointReady(e.Conditions) {
+			continue
+		}
+		out[podKey(s.Namespace, string(e.TargetRef.UID))] = true
 	}
 	return out
 }

@@ -1,11 +1,13 @@
 package kube_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/internal/netcut"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/beaconplane/beacon/registry/registrytest"
@@ -93,4 +95,58 @@ func TestAPIServerHangIsStale(t *testing.T) {
 	if !has(f.v, in) || f.removed(in.Ref()) {
 		t.Fatalf("after the hang: view %v, removed %v", f.v, f.removed(in.Ref()))
 	}
+}
+
+// A pod replaced under the same name (a StatefulSet's), its new process
+// registering the same caller-chosen ID, while a reader is cut off from
+// the API server, which then restarts with etcd compacted: the reader's
+// watches cannot resume (410 Gone) and its InstanceSets and EndpointSlices
+// are re-listed, as one step. Watchers get one Resync in which the
+// instance is Updated (its registration time), never Removed then Added,
+// which re-listing the InstanceSets (the new pod's UID) before the
+// EndpointSlices (that UID Ready), or the other way round, gave. Not
+// parallel: it restarts the shared API server.
+func TestRelistIsOneStep(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	proxy, err := netcut.Start(strings.TrimPrefix(cp.Host(), "https://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	rc := cp.Admin()
+	rc.Host = "https://" + proxy.Addr()
+	f := follow(t, cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST = rc }), beacon.Query{Namespace: "demo"})
+
+	in := inst("10.7.1.1:80")
+	in.ID = "00000000000000d1"
+	pod := cp.ReadyPod(t, ns, "stateful-0")
+	first := register(t, cp.Registry(t, ns, pod, nil), in).Instance()
+	f.until("the instance", func(v *registrytest.View) bool { return has(v, first) })
+
+	proxy.Cut()
+	f.until("a stale batch", func(*registrytest.View) bool { return f.batches[len(f.batches)-1].Kind == registry.Stale })
+	since := len(f.batches)
+	cp.DeletePod(t, pod)
+	cp.WaitGone(t, ns, pod.Name) // garbage-collected
+	pod = cp.ReadyPod(t, ns, "stateful-0")
+	in.RegisteredAt = first.RegisteredAt.Add(time.Second)
+	second := register(t, cp.Registry(t, ns, pod, nil), in).Instance()
+	cp.KillAPIServer(t)
+	cp.CompactEtcd(t)
+	cp.StartAPIServer(t)
+	proxy.Restore()
+
+	f.until("the new registration", func(v *registrytest.View) bool {
+		got, ok := v.Get(second.Ref().String())
+		return ok && got.Equal(second)
+	})
+	for _, b := range f.batches[since:] {
+		for _, e := range b.Events {
+			if e.Type == beacon.Removed {
+				t.Fatalf("%s was removed when the reader re-listed (batches %v): a phantom removal", e.Instance.Ref(), kinds(f.batches[since:]))
+			}
+		}
+	}
+	t.Logf("batches after the cut: %v", kinds(f.batches[since-1:]))
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +22,7 @@ type setInfo struct {
 	rv        int64
 	podUID    string
 	podName   string
+	pod       string // namespace/pod UID: readiness is looked up by it (podKey)
 	holder    string
 	created   time.Time
 	instances []beacon.Instance
@@ -35,9 +37,10 @@ type rawSpec struct {
 	Instances []json.RawMessage `json:"instances"`
 }
 
-// decodeSet parses and checks an InstanceSet: a pod owner whose UID the spec
-// repeats, and instances that are valid (with the metadata limit max) and
-// unique.
+// decodeSet parses and checks an InstanceSet: a pod owner whose UID and
+// name the spec repeats, an object named after that pod (pod.container in
+// container mode), as the registering process names it, and instances that
+// are valid (with the metadata limit max) and unique.
 func decodeSet(u *unstructured.Unstructured, maxMetadata int) (*setInfo, error) {
 	s := &setInfo{
 		key:     u.GetNamespace() + "/" + u.GetName(),
@@ -45,13 +48,13 @@ func decodeSet(u *unstructured.Unstructured, maxMetadata int) (*setInfo, error) 
 		rv:      parseRV(u.GetResourceVersion()),
 		created: u.GetCreationTimestamp().Time,
 	}
+	var owners []string
 	for _, o := range u.GetOwnerReferences() {
 		if o.Kind == "Pod" && o.APIVersion == "v1" {
-			s.podUID, s.podName = string(o.UID), o.Name
-			break
+			owners = append(owners, string(o.UID))
 		}
 	}
-	if s.podUID == "" {
+	if len(owners) == 0 {
 		return nil, errors.New("no ownerReference to its Pod (apiVersion v1, kind Pod): it can never be live")
 	}
 	specObj, ok := u.Object["spec"]
@@ -66,9 +69,23 @@ func decodeSet(u *unstructured.Unstructured, maxMetadata int) (*setInfo, error) 
 	if err := json.Unmarshal(raw, &spec); err != nil {
 		return nil, fmt.Errorf("spec: %w", err)
 	}
-	if spec.Pod.UID != s.podUID {
-		return nil, fmt.Errorf("spec.pod.uid %q differs from the ownerReference's pod UID %q", spec.Pod.UID, s.podUID)
+	for _, o := range u.GetOwnerReferences() {
+		if o.Kind == "Pod" && o.APIVersion == "v1" && string(o.UID) == spec.Pod.UID && o.UID != "" {
+			s.podUID, s.podName = string(o.UID), o.Name
+			break
+		}
 	}
+	switch {
+	case s.podUID == "":
+		return nil, fmt.Errorf("spec.pod.uid %q differs from the ownerReference's pod UID %q", spec.Pod.UID, strings.Join(owners, ", "))
+	case s.podName != spec.Pod.Name:
+		return nil, fmt.Errorf("spec.pod.name %q differs from the ownerReference's pod name %q", spec.Pod.Name, s.podName)
+	}
+	if want := (Pod{Name: spec.Pod.Name, Container: spec.Container}).resourceName(); u.GetName() != want {
+		return nil, fmt.Errorf("named %q, but the InstanceSet of pod %q (container %q) is named %q: it names another pod",
+			u.GetName(), spec.Pod.Name, spec.Container, want)
+	}
+	s.pod = podKey(u.GetNamespace(), s.podUID)
 	s.holder = spec.Holder
 	seen := make(map[beacon.Ref]bool, len(spec.Instances))
 	for i, rawIn := range spec.Instances {
@@ -187,10 +204,10 @@ func better(a, b candidate) bool {
 
 // liveInstances returns the instances of the sets whose pod is ready, one
 // per ref.
-func liveInstances(sets []*setInfo, ready func(podUID string) bool) map[string]candidate {
+func liveInstances(sets []*setInfo, ready func(pod string) bool) map[string]candidate {
 	out := map[string]candidate{}
 	for _, s := range sets {
-		if !ready(s.podUID) {
+		if !ready(s.pod) {
 			continue
 		}
 		for _, in := range s.instances {
@@ -203,6 +220,12 @@ func liveInstances(sets []*setInfo, ready func(podUID string) bool) map[string]c
 	}
 	return out
 }
+
+// podKey is the key of a pod's readiness: its namespace and UID. Only an
+// EndpointSlice of the pod's own namespace says whether it is Ready (a
+// slice someone wrote in another namespace cannot make it so for readers
+// of both).
+func podKey(namespace, uid string) string { return namespace + "/" + uid }
 
 // refKey is the sort and map key of an instance: namespace/component/
 // endpoint/id, in the order of the store keys.

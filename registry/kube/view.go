@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/google/btree"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -78,6 +79,8 @@ type source struct {
 	ns     string
 	synced bool
 	err    error
+	round  uint64          // the last re-listing round it took part in (relistedLocked)
+	watch  *relistingWatch // its current watch, if any
 }
 
 type view struct {
@@ -85,10 +88,10 @@ type view struct {
 
 	mu         sync.Mutex
 	sets       map[string]*setInfo        // valid content by namespace/name
-	setsByPod  map[string]map[string]bool // pod UID -> set keys
+	setsByPod  map[string]map[string]bool // podKey -> set keys
 	refSets    map[string]map[string]bool // ref key -> set keys holding it
-	slices     map[string]map[string]bool // slice namespace/name -> ready pod UIDs
-	readyCount map[string]int             // pod UID -> slices listing it ready
+	slices     map[string]map[string]bool // slice namespace/name -> ready podKeys
+	readyCount map[string]int             // podKey -> slices listing it ready
 
 	tree     *btree.BTreeG[*item]
 	rev      int64
@@ -101,9 +104,16 @@ type view struct {
 	synced   bool
 	probeErr error
 	stale    error
-	staleGen uint64
-	err      error // terminal
-	wake     chan struct{}
+	// held, when not nil, are the ref keys whose changes a hold keeps
+	// back during a re-listing round (relistedLocked); heldRelists the
+	// re-listings it covers.
+	held        map[string]bool
+	heldSince   time.Time
+	heldRelists uint64
+	round       uint64
+	staleGen    uint64
+	err         error // terminal
+	wake        chan struct{}
 }
 
 // viewFor returns the registry's view, starting it on first use.
@@ -222,17 +232,86 @@ func (lw *listWatch) ListWithContext(ctx context.Context, o metav1.ListOptions) 
 }
 
 func (lw *listWatch) WatchWithContext(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-	w, err := lw.watch(ctx, o)
-	switch {
-	case err != nil && ctx.Err() == nil:
-		lw.v.sourceFailed(lw.src, lw.r.explain(op{"watch", lw.resource(), lw.src.ns}, err))
-	case err == nil && o.SendInitialEvents == nil:
-		// A watch resumed from the last resourceVersion: nothing was
-		// missed. (A watch-list's initial stream ends with a Replace.)
-		lw.v.sourceOK(lw.src)
+	if o.SendInitialEvents == nil && lw.v.failed(lw.src) {
+		// Resuming after a failure would replay what this resource missed
+		// while the other resources replay theirs, in no common order (a
+		// pod replaced meanwhile would look removed, then added): the
+		// source re-lists instead, and the view applies the re-listings of
+		// every source as one step (see relistedLocked).
+		return nil, apierrors.NewResourceExpired("beacon: re-listing " + lw.src.what + " after the watch failed")
 	}
-	return w, err
+	w, err := lw.watch(ctx, o)
+	if err != nil {
+		if ctx.Err() == nil {
+			lw.v.sourceFailed(lw.src, lw.r.explain(op{"watch", lw.resource(), lw.src.ns}, err))
+		}
+		return nil, err
+	}
+	rw := newRelistingWatch(w)
+	lw.v.watching(lw.src, rw, o.SendInitialEvents == nil)
+	return rw, nil
 }
+
+// relistingWatch passes a watch's events on to a reflector, and can end it
+// with 410 Gone, which makes the reflector re-list (the view's way of
+// re-reading a resource that did not fail itself, see relistedLocked).
+type relistingWatch struct {
+	inner    watch.Interface
+	out      chan watch.Event
+	stop     chan struct{} // closed by Stop
+	relist   chan struct{} // closed by Relist
+	stopOnce sync.Once
+	relOnce  sync.Once
+	done     chan struct{} // closed when forward returns
+}
+
+func newRelistingWatch(inner watch.Interface) *relistingWatch {
+	w := &relistingWatch{inner: inner, out: make(chan watch.Event), stop: make(chan struct{}),
+		relist: make(chan struct{}), done: make(chan struct{})}
+	go w.forward() // ends with the inner watch, Stop or Relist; Stop waits for it
+	return w
+}
+
+func (w *relistingWatch) forward() {
+	defer close(w.done)
+	defer close(w.out)
+	in := w.inner.ResultChan()
+	for {
+		var ev watch.Event
+		select {
+		case e, ok := <-in:
+			if !ok {
+				return
+			}
+			ev = e
+		case <-w.relist:
+			ev = watch.Event{Type: watch.Error, Object: &apierrors.NewResourceExpired("beacon: re-listing with the other resources").ErrStatus}
+		case <-w.stop:
+			return
+		}
+		select {
+		case w.out <- ev:
+		case <-w.stop:
+			return
+		}
+		if ev.Type == watch.Error {
+			return
+		}
+	}
+}
+
+// Relist ends the watch with 410 Gone.
+func (w *relistingWatch) Relist() { w.relOnce.Do(func() { close(w.relist) }) }
+
+func (w *relistingWatch) Stop() {
+	w.stopOnce.Do(func() {
+		close(w.stop)
+		w.inner.Stop()
+	})
+	<-w.done
+}
+
+func (w *relistingWatch) ResultChan() <-chan watch.Event { return w.out }
 
 // sink is the store a reflector writes to.
 type sink struct {
@@ -278,6 +357,10 @@ func (v *view) probe() {
 			v.probeErr = nil
 		}
 		v.updateStaleLocked()
+		if v.held != nil && time.Since(v.heldSince) >= maxHold {
+			r.log.Warn("publishing re-listed resources while others still fail", "held_for", time.Since(v.heldSince).Round(time.Second), "err", v.stale)
+			v.releaseLocked()
+		}
 		v.mu.Unlock()
 	}
 }
@@ -292,11 +375,27 @@ func (v *view) sourceFailed(src *source, err error) {
 	v.updateStaleLocked()
 }
 
-func (v *view) sourceOK(src *source) {
+// failed reports whether src's last list or watch failed (it has not
+// re-listed since).
+func (v *view) failed(src *source) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	src.err = nil
-	v.updateStaleLocked()
+	return src.err != nil
+}
+
+// watching records src's new watch; resumed (not a watch-list's initial
+// stream, which ends with a Replace) means nothing was missed.
+func (v *view) watching(src *source, w *relistingWatch, resumed bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	src.watch = w
+	if resumed && v.held != nil && src.round != v.round {
+		w.Relist() // a round is under way: this source must re-list too
+	}
+	if resumed {
+		src.err = nil
+		v.updateStaleLocked()
+	}
 }
 
 func (v *view) updateStaleLocked() {
@@ -318,6 +417,56 @@ func (v *view) updateStaleLocked() {
 		v.r.log.Info("watches are current again")
 		v.notifyLocked()
 	}
+}
+
+// A re-listing (after 410 Gone, an API server restart, or a failure) is a
+// round: every source re-lists, and what they change is applied but not
+// published until all have, so that watchers get the round as one Resync
+// computed from the state of every resource after it, never the mixture of
+// one resource's new state with another's old one (a pod replaced meanwhile,
+// its InstanceSet re-listed before the EndpointSlice saying that its new UID
+// is Ready, would look removed, then added). The source that re-lists first
+// starts the round and ends the other sources' watches with 410 Gone, so
+// that they re-list too; changes that arrive meanwhile are held, in order.
+// A round ends at the latest maxHold after it began (checked by the probe,
+// so within maxHold + probeInterval), so that a resource that keeps failing
+// (its RBAC revoked) does not freeze the others.
+const maxHold = 10 * time.Second
+
+// relistedLocked records src's re-listing in the current round, starting
+// one if none is under way, and ends the round once every source re-listed.
+func (v *view) relistedLocked(src *source) {
+	if v.held == nil {
+		v.round++
+		v.held = map[string]bool{}
+		v.heldSince = time.Now()
+		for _, s := range v.sources {
+			if s != src && s.watch != nil {
+				s.watch.Relist()
+			}
+		}
+	}
+	src.round = v.round
+	v.heldRelists++
+	for _, s := range v.sources {
+		if s.round != v.round {
+			return
+		}
+	}
+	v.releaseLocked()
+}
+
+// releaseLocked publishes what a round held back.
+func (v *view) releaseLocked() {
+	if v.held == nil {
+		return
+	}
+	held := v.held
+	v.held = nil
+	v.relists += v.heldRelists
+	v.heldRelists = 0
+	v.publishLocked(held)
+	v.notifyLocked()
 }
 
 func (v *view) notifyLocked() {
@@ -400,9 +549,9 @@ func (v *view) putSetLocked(key string, s *setInfo) map[string]bool {
 		if s == old {
 			return dirty
 		}
-		delete(v.setsByPod[old.podUID], key)
-		if len(v.setsByPod[old.podUID]) == 0 {
-			delete(v.setsByPod, old.podUID)
+		delete(v.setsByPod[old.pod], key)
+		if len(v.setsByPod[old.pod]) == 0 {
+			delete(v.setsByPod, old.pod)
 		}
 		for _, in := range old.instances {
 			k := refKey(in.Ref())
@@ -418,10 +567,10 @@ func (v *view) putSetLocked(key string, s *setInfo) map[string]bool {
 		return dirty
 	}
 	v.sets[key] = s
-	if v.setsByPod[s.podUID] == nil {
-		v.setsByPod[s.podUID] = map[string]bool{}
+	if v.setsByPod[s.pod] == nil {
+		v.setsByPod[s.pod] = map[string]bool{}
 	}
-	v.setsByPod[s.podUID][key] = true
+	v.setsByPod[s.pod][key] = true
 	for _, in := range s.instances {
 		k := refKey(in.Ref())
 		dirty[k] = true
@@ -496,26 +645,26 @@ func (v *view) putSliceLocked(key string, ready map[string]bool) map[string]bool
 		v.slices[key] = ready
 	}
 	var flipped []string
-	for uid := range old {
-		if !ready[uid] {
-			v.readyCount[uid]--
-			if v.readyCount[uid] <= 0 {
-				delete(v.readyCount, uid)
-				flipped = append(flipped, uid)
+	for pod := range old {
+		if !ready[pod] {
+			v.readyCount[pod]--
+			if v.readyCount[pod] <= 0 {
+				delete(v.readyCount, pod)
+				flipped = append(flipped, pod)
 			}
 		}
 	}
-	for uid := range ready {
-		if !old[uid] {
-			v.readyCount[uid]++
-			if v.readyCount[uid] == 1 {
-				flipped = append(flipped, uid)
+	for pod := range ready {
+		if !old[pod] {
+			v.readyCount[pod]++
+			if v.readyCount[pod] == 1 {
+				flipped = append(flipped, pod)
 			}
 		}
 	}
 	dirty := map[string]bool{}
-	for _, uid := range flipped {
-		for key := range v.setsByPod[uid] {
+	for _, pod := range flipped {
+		for key := range v.setsByPod[pod] {
 			for _, in := range v.sets[key].instances {
 				dirty[refKey(in.Ref())] = true
 			}
@@ -525,10 +674,7 @@ func (v *view) putSliceLocked(key string, ready map[string]bool) map[string]bool
 }
 
 func (v *view) sourceSyncedLocked(src *source) {
-	if src.synced {
-		v.relists++
-		v.r.m.relist()
-	}
+	relist := src.synced
 	src.synced = true
 	src.err = nil
 	if !v.synced {
@@ -539,12 +685,22 @@ func (v *view) sourceSyncedLocked(src *source) {
 		v.synced = all
 	}
 	v.updateStaleLocked()
+	if relist {
+		v.r.m.relist()
+		v.relistedLocked(src)
+	}
 	v.notifyLocked()
 }
 
 // publishLocked recomputes the live instance of every dirty ref and logs
 // the changes.
 func (v *view) publishLocked(dirty map[string]bool) {
+	if v.held != nil {
+		for k := range dirty {
+			v.held[k] = true
+		}
+		return
+	}
 	keys := make([]string, 0, len(dirty))
 	for k := range dirty {
 		keys = append(keys, k)
@@ -555,7 +711,7 @@ func (v *view) publishLocked(dirty map[string]bool) {
 		var best *candidate
 		for setKey := range v.refSets[k] {
 			s := v.sets[setKey]
-			if v.readyCount[s.podUID] == 0 {
+			if v.readyCount[s.pod] == 0 {
 				continue
 			}
 			for _, in := range s.instances {

@@ -77,7 +77,7 @@ func podIn(s *discoveryv1.EndpointSlice, uid string) (ready, listed bool) {
 			continue
 		}
 		listed = true
-		if e.Conditions.Ready == nil || *e.Conditions.Ready {
+		if endpointReady(e.Conditions) {
 			return true, true
 		}
 	}

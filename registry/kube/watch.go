@@ -140,7 +140,7 @@ func (w *watcher) Next(ctx context.Context) (registry.Batch, error) {
 			v.mu.Unlock()
 			return registry.Batch{Kind: registry.Stale, Err: err, Revision: old.rev}, nil
 
-		case v.seq != old.seq || v.relists != old.relists || (w.needResync && v.stale == nil):
+		case v.seq != old.seq || v.relists != old.relists || (w.needResync && v.stale == nil && v.held == nil):
 			cur := v.versionLocked()
 			entries, ok := v.sinceLocked(old.seq)
 			v.mu.Unlock()

@@ -64,7 +64,9 @@ func (h *Handler) operatorFor(w http.ResponseWriter, r *http.Request) (registry.
 func writeNoOperator(w http.ResponseWriter) {
 	writeError(w, http.StatusNotImplemented, "not_implemented",
 		"this server's registry backend cannot drain or deregister instances for operators; "+
-			"use the backend's own tools (with the kubernetes backend: kubectl on the registering pod's resource)")
+			"with the kubernetes backend, drain from the registering process (Registration.Drain; beacon register --drain "+
+			"when stopped) or take its pod out of service (kubectl delete pod, or a failing readiness probe): the process "+
+			"writes back any edit of its InstanceSet")
 }
 
 // operatorRequest checks what every operator action takes: no query, a
