@@ -30,6 +30,12 @@ import (
 //   - The watch asks for progress notifications, which let a watch of a
 //     quiet prefix resume from a recent revision after a reconnect rather
 //     than one that may have been compacted. They are not delivered.
+//     A watch from fromRevision > 1 opens its etcd watch one revision
+//     earlier (and drops that revision's events): etcd answers progress
+//     requests only for watches that do not start ahead of its revision,
+//     and the revision after a listing is ahead of it until some write.
+//     A fromRevision further ahead than that hears no progress either,
+//     and on a quiet key space ends as silent (below) until it is due.
 //   - The watch notices its own silence (Config.WatchSilenceTimeout): each
 //     watch has a gRPC stream of its own, and one that has heard nothing
 //     for half the timeout asks its member for a progress notification. A
@@ -92,17 +98,37 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 	stop := context.AfterFunc(s.closeCtx, cancel)
 	defer stop()
 
-	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify(), clientv3.WithProgressNotify()}
-	if from > 0 {
-		opts = append(opts, clientv3.WithRev(from))
-	}
 	// The empty prefix is the whole key space: clientv3.WithPrefix turns
 	// the empty key into the range ["\x00", end). clientv3's Watch blocks
 	// until it has opened the gRPC stream, which never happens on a hung
 	// member: it runs aside, so that the silence check covers it too.
-	var ech clientv3.WatchChan // nil until Watch returned
-	echc := make(chan clientv3.WatchChan, 1)
-	go func() { echc <- s.cli.Watch(wctx, prefix, opts...) }()
+	var (
+		ech  clientv3.WatchChan // nil until Watch returned
+		echc chan clientv3.WatchChan
+		// margin: the etcd watch starts one revision before from. etcd
+		// (3.6.8 and later) answers a progress request only once the
+		// store's revision has reached every watch's start revision, so
+		// a watch from the revision after a listing — the usual
+		// list-then-watch — would hear nothing on a quiet key space
+		// until some write, and end as silent. From one revision
+		// earlier it is answered at once; the events of that revision
+		// are dropped below, as already delivered.
+		margin = from > 1
+	)
+	open := func(rev int64) {
+		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify(), clientv3.WithProgressNotify()}
+		if rev > 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		c := make(chan clientv3.WatchChan, 1)
+		ech, echc = nil, c
+		go func() { c <- s.cli.Watch(wctx, prefix, opts...) }()
+	}
+	if margin {
+		open(from - 1)
+	} else {
+		open(from)
+	}
 	defer func() {
 		cancel()
 		if ech == nil {
@@ -174,6 +200,13 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			// response; the Store is not closed, so its client was.
 			end(fmt.Errorf("etcd watch %q: %w: the etcd client was closed", prefix, store.ErrClosed))
 			return
+		case wr.CompactRevision != 0 && margin && wr.CompactRevision <= next:
+			// Only the margin's revision is compacted, not the ones
+			// asked for: watch again from next, without a margin
+			// (clientv3 closed the compacted watch).
+			margin = false
+			open(next)
+			continue
 		case wr.CompactRevision != 0:
 			end(&store.CompactedError{Requested: next, CompactRevision: wr.CompactRevision})
 			return
