@@ -102,6 +102,9 @@ type upstream struct {
 	caughtUp  bool
 	closed    bool
 	receivers map[*cwatcher]struct{}
+	// margin: the current watch opened one revision before nextrev (see
+	// watchLocked); noMargin: never again (that revision was compacted).
+	margin, noMargin bool
 	// fan groups one batch's receivers by client stream (dispatch's
 	// scratch, emptied after each batch); free keeps its slices.
 	fan  map[*cstream][]fanItem
@@ -618,7 +621,19 @@ func (u *upstream) watchLocked(w clientv3.Watcher) {
 	}
 	u.ctx, u.cancel = context.WithCancel(ctx)
 	u.gen++
-	opts := []clientv3.OpOption{clientv3.WithRev(u.nextrev), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
+	// One revision early: etcd (3.6.8 and later) answers a progress
+	// request only once its revision has reached the start revision of
+	// every watch on the stream, and a watch "from now" starts at the
+	// revision after the current one. On a quiet cluster such a watch
+	// heard nothing, the silence check took the member for hung, benched
+	// it and cancelled the clients' watches. The events of the extra
+	// revision are below every receiver's nextrev: dispatch skips them.
+	from := u.nextrev
+	u.margin = !u.noMargin && from > 1
+	if u.margin {
+		from--
+	}
+	opts := []clientv3.OpOption{clientv3.WithRev(from), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
 	if k.prevKV {
 		opts = append(opts, clientv3.WithPrevKV())
 	}
@@ -696,6 +711,9 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	if !u.current(gen) {
 		return // from the watch on the member the watches left
 	}
+	if wr.CompactRevision != 0 && u.retryWithoutMargin(wr.CompactRevision, gen) {
+		return
+	}
 	if wr.Canceled || wr.CompactRevision != 0 {
 		reason := wr.CancelReason
 		if err := wr.Err(); err != nil {
@@ -761,6 +779,22 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	for _, s := range done {
 		s.answerProgress()
 	}
+}
+
+// retryWithoutMargin restarts u's watch from nextrev itself when watch gen
+// opened one revision early and only that revision is compacted: nothing
+// a receiver needs is gone.
+func (u *upstream) retryWithoutMargin(compactRev int64, gen int) bool {
+	h := u.hub
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	u.mu.Lock()
+	ok := !h.closed && u.gen == gen && u.margin && !u.closed && compactRev <= u.nextrev
+	if ok {
+		u.noMargin = true
+	}
+	u.mu.Unlock()
+	return ok && u.restart(h.w)
 }
 
 // end cancels every receiver of u (compaction, permission loss, upstream
