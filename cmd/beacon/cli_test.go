@@ -25,6 +25,11 @@ func TestUsageAndFailuresExitDifferently(t *testing.T) {
 		{args: []string{"token", "stauts"}, want: `unknown command "stauts" for "beacon token" (did you mean "status"?)`},
 		{args: []string{"stauts"}, want: `unknown command "stauts" for "beacon"`},
 		{args: []string{"bench", "nope"}, want: `unknown command "nope" for "beacon bench"`},
+		// cobra's own commands, added when it executes, follow the same habits.
+		{args: []string{"completion", "powershel"}, want: `unknown command "powershel" for "beacon completion" (did you mean "powershell"?)`},
+		{args: []string{"completion", "bash", "extra"}, want: `unknown command "extra" for "beacon completion bash"`},
+		{args: []string{"help", "stauts"}, want: `unknown command "stauts" for "beacon"`},
+		{args: []string{"help", "token", "stauts"}, want: `unknown command "stauts" for "beacon token" (did you mean "status"?)`},
 		{args: []string{"ls", "--no-such-flag"}, want: "unknown flag"},
 		{args: []string{"token", "status"}, want: "accepts 1 arg"},
 		{args: []string{"register", "prod/api/http"}, want: `required flag(s) "addr" not set`},
@@ -360,7 +365,8 @@ func TestCompletion(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"ls", "--backend", ""}, "etcd memory file nats"},
+		{[]string{"ls", "--backend", ""}, "etcd memory file nats kubernetes"},
+		{[]string{"serve", "--backend", ""}, "etcd memory file nats kubernetes"},
 		{[]string{"proxy", "--mode", ""}, "readwrite readonly"},
 		{[]string{"ls", "-o", ""}, "table json"},
 		{[]string{"watch", "-w", ""}, "text json"},

@@ -90,14 +90,21 @@ func (c Config) name() string {
 	return c.Name
 }
 
-// names lists the backends for error messages.
-func names() string {
+// Names lists the backends this program can open: the stores, then the
+// linked registry drivers (kubernetes).
+func Names() []string {
 	all := []string{Etcd, Memory, File, NATS}
 	for _, d := range registry.Drivers() {
 		if d != Etcd && d != Memory && d != File && d != NATS {
 			all = append(all, d)
 		}
 	}
+	return all
+}
+
+// names lists the backends for error messages.
+func names() string {
+	all := Names()
 	return strings.Join(all[:len(all)-1], ", ") + " or " + all[len(all)-1]
 }
 
