@@ -353,10 +353,19 @@ func (d *discovery) watch(ctx context.Context, self string) error {
 	// clientv3's Watch blocks until it has opened the gRPC stream, which
 	// never happens on a hung member: it runs aside, under the silence
 	// check.
+	//
+	// The watch opens at the revision of the last read, not the one after:
+	// etcd (3.6.8 and later) answers a progress request only once its
+	// revision has reached the start revision of every watch on the
+	// stream, so a watch from the next revision heard nothing while no
+	// one wrote anywhere, and the wait on a healthy but quiet service
+	// reported it silent every request timeout. The events of the last
+	// read's revision are in the registry already: skipped below.
+	from := d.reg.rev + 1
 	var wch clientv3.WatchChan // nil until Watch returned
 	wchc := make(chan clientv3.WatchChan, 1)
 	go func() {
-		wchc <- cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(d.reg.rev+1))
+		wchc <- cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(max(from-1, 1)))
 	}()
 	defer func() {
 		cancel()
@@ -406,6 +415,7 @@ func (d *discovery) watch(ctx context.Context, self string) error {
 		for _, ev := range wresp.Events {
 			key := string(ev.Kv.Key)
 			switch {
+			case ev.Kv.ModRevision < from: // read already
 			case key == sizeKey:
 				return errRelist
 			case !strings.HasPrefix(key, members):
