@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -445,6 +449,7 @@ func (d *discovery) watch(ctx context.Context, self string) error {
 // retry runs op until it succeeds; it returns at once on permanent errors
 // and when ctx ends.
 func (d *discovery) retry(ctx context.Context, step string, op func(context.Context) error) error {
+	var last error // the last failure, explained
 	for {
 		err := op(ctx)
 		if err == nil {
@@ -452,15 +457,63 @@ func (d *discovery) retry(ctx context.Context, step string, op func(context.Cont
 			return nil
 		}
 		if ctx.Err() != nil {
-			return d.unavailable(ctx, err)
+			if last == nil {
+				last = err
+			}
+			return d.unavailable(ctx, last) // what the attempts found, not the deadline
 		}
 		if perr := permanent(err); perr != nil {
 			return perr
 		}
+		err = d.explain(ctx, err)
+		last = err
 		if err := d.backoff(ctx, step, err); err != nil {
 			return err
 		}
 	}
+}
+
+// probeTimeout bounds the connection check of one discovery endpoint.
+const probeTimeout = time.Second
+
+// explain adds to a request that timed out what a connection to each
+// endpoint finds (the etcd client only reports the deadline): a refused
+// connection, an unknown host, no route. Endpoints that accept
+// connections are not mentioned.
+func (d *discovery) explain(ctx context.Context, err error) error {
+	if d.cfg.Client != nil || !(errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded ||
+		status.Code(err) == codes.Unavailable) {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	found := make([]string, len(d.cfg.Endpoints))
+	var wg sync.WaitGroup
+	for i, ep := range d.cfg.Endpoints {
+		host := ep
+		if u, perr := url.Parse(ep); perr == nil && u.Host != "" {
+			host = u.Host
+		}
+		wg.Go(func() {
+			var dl net.Dialer
+			conn, derr := dl.DialContext(ctx, "tcp", host)
+			if derr != nil {
+				var oe *net.OpError
+				if errors.As(derr, &oe) && oe.Err != nil {
+					derr = oe.Err
+				}
+				found[i] = fmt.Sprintf("%s: %v (is the discovery service running there, and is that its client port?)", host, derr)
+				return
+			}
+			_ = conn.Close()
+		})
+	}
+	wg.Wait()
+	found = slices.DeleteFunc(found, func(s string) bool { return s == "" })
+	if len(found) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w; %s", err, strings.Join(found, "; "))
 }
 
 // backoff waits before the next attempt after a failure.
