@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -437,4 +438,27 @@ func TestLogFormatJSON(t *testing.T) {
 		t.Fatalf("%d JSON lines, %d of etcd", lines, etcd)
 	}
 	checkQuietLog(t, b.errOut())
+}
+
+// TestJSONLogDurations: durations in JSON logs read as in the text logs
+// ("10s"), not as nanoseconds.
+func TestJSONLogDurations(t *testing.T) {
+	oldFormat, oldLevel := logFormat, logLevel
+	defer func() { logFormat, logLevel = oldFormat, oldLevel }()
+	logFormat, logLevel = "json", "info"
+	var buf strings.Builder
+	lg, err := newLogger(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lg.Info("session lease granted", "ttl", 10*time.Second, slog.Group("g", slog.Duration("took", 1500*time.Millisecond)))
+	var rec struct {
+		TTL string `json:"ttl"`
+		G   struct {
+			Took string `json:"took"`
+		} `json:"g"`
+	}
+	if err := json.Unmarshal([]byte(buf.String()), &rec); err != nil || rec.TTL != "10s" || rec.G.Took != "1.5s" {
+		t.Fatalf("JSON log line %s (%v): want \"ttl\":\"10s\" and \"took\":\"1.5s\"", buf.String(), err)
+	}
 }
