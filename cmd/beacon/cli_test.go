@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"os"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -95,6 +96,22 @@ func TestEnvironmentErrorsNameTheVariable(t *testing.T) {
 		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=23790"}, want: `BEACON_PROXY_LISTEN="23790": must be host:port`},
 		{args: []string{"ls", "--backend", "file"}, want: "BEACON_FILE_DIR"},
 		{args: []string{"ls"}, env: []string{"BEACON_LOG_FORMAT=yaml"}, want: `BEACON_LOG_FORMAT="yaml"`},
+	})
+	// A TLS file that exists but holds no certificate is bad usage too, named
+	// as given: the store named its own variable (ETCD_AUTH_CA) for
+	// --cacert and --etcd-cacert, and the command exited 1.
+	notPEM := t.TempDir() + "/not.pem"
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dead := freeURL(t)
+	checkBadInput(t, []badInput{
+		{args: []string{"ls", "--cacert", notPEM, "--endpoints", dead}, want: `--cacert "` + notPEM + `" holds no PEM certificate`},
+		{args: []string{"ls", "--endpoints", dead}, env: []string{"ETCDCTL_CACERT=" + notPEM}, want: `ETCDCTL_CACERT="` + notPEM + `" holds no PEM certificate`},
+		{args: []string{"ls", "--cert", notPEM, "--key", notPEM, "--endpoints", dead}, want: `--cert "` + notPEM + `" with --key`},
+		{args: []string{"serve", "--etcd-endpoints", dead, "--etcd-cacert", notPEM}, want: `--etcd-cacert "` + notPEM + `" holds no PEM certificate`},
+		{args: []string{"serve", "--etcd-endpoints", dead}, env: []string{"ETCD_AUTH_CA=" + notPEM}, want: `ETCD_AUTH_CA="` + notPEM + `" holds no PEM certificate`},
+		{args: []string{"serve", "--etcd-endpoints", dead, "--etcd-cert", notPEM}, want: `--etcd-cert and --etcd-key (or their variables) go together`},
 	})
 }
 

@@ -55,6 +55,11 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			if err := backend.CheckName(be.val); err != nil {
 				return usagef("%v: %v", be, err)
 			}
+			if len(cfg.EtcdEndpoints) > 0 {
+				if err := etcdAuth.checkTLSFiles(cmd.Flags()); err != nil {
+					return err
+				}
+			}
 			cfg.Backend = etcdAuth.config()
 			cfg.Backend.Name = be.val
 			srv, err := server.New(cfg)
