@@ -221,6 +221,8 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{args: []string{"serve", "--dns-addr", "nope"}, want: "--dns-addr"},
 		{args: []string{"serve", "--dns-domain", "."}, want: "--dns-domain"},
 		{args: []string{"serve", "--dns-ttl", "100ms"}, want: "--dns-ttl"},
+		// etcd would replace it by its default, with a warning at every start.
+		{args: []string{"serve", "--bcrypt-cost", "99"}, want: "--bcrypt-cost 99: must be 4 to 31"},
 	})
 }
 
