@@ -112,7 +112,23 @@ func TestEnvironmentErrorsNameTheVariable(t *testing.T) {
 		{args: []string{"serve", "--etcd-endpoints", dead, "--etcd-cacert", notPEM}, want: `--etcd-cacert "` + notPEM + `" holds no PEM certificate`},
 		{args: []string{"serve", "--etcd-endpoints", dead}, env: []string{"ETCD_AUTH_CA=" + notPEM}, want: `ETCD_AUTH_CA="` + notPEM + `" holds no PEM certificate`},
 		{args: []string{"serve", "--etcd-endpoints", dead, "--etcd-cert", notPEM}, want: `--etcd-cert and --etcd-key (or their variables) go together`},
+		// The kubernetes driver reads its settings as variables: a flag's
+		// bad value was reported under the variable's name, exit 1.
+		{args: []string{"ls", "--backend", "kubernetes", "--kube-namespaces", "Bad_NS"}, want: `--kube-namespaces "Bad_NS": namespace "Bad_NS"`},
+		{args: []string{"ls", "--backend", "kubernetes"}, env: []string{"BEACON_KUBE_NAMESPACES=Bad_NS"}, want: `BEACON_KUBE_NAMESPACES="Bad_NS"`},
+		{args: []string{"ls", "--backend", "kubernetes", "--kubeconfig", "/no/such/kubeconfig"}, want: `--kubeconfig "/no/such/kubeconfig": no such file`},
+		{args: []string{"serve", "--backend", "kubernetes"}, env: []string{"KUBECONFIG=/no/such/kubeconfig"}, want: `KUBECONFIG="/no/such/kubeconfig": no such file`},
+		// Dynamo's selector: a value Beacon does not read is bad usage, and
+		// serve honours it as the client commands do.
+		{args: []string{"ls"}, env: []string{"DYN_DISCOVERY_BACKEND=nats"}, want: `DYN_DISCOVERY_BACKEND="nats"`},
+		{args: []string{"serve"}, env: []string{"DYN_DISCOVERY_BACKEND=nats"}, want: `DYN_DISCOVERY_BACKEND="nats"`},
+		{args: []string{"serve"}, env: []string{"DYN_DISCOVERY_BACKEND=kubernetes", "KUBECONFIG=/no/such/kubeconfig"}, want: `KUBECONFIG="/no/such/kubeconfig"`},
 	})
+	// A backend flag overrides Dynamo's selector, whatever its value.
+	b := startBeacon(t, t.TempDir(), []string{"DYN_DISCOVERY_BACKEND=nats"}, "ls", "--backend", "memory")
+	if err := b.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("ls --backend memory with DYN_DISCOVERY_BACKEND=nats: %v\n%s", err, b.errOut())
+	}
 }
 
 // TestWriteOutIsOutput: every command with -o/--output also takes

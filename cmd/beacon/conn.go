@@ -114,6 +114,9 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 		if be.env == "" && !f.Lookup("backend").Changed {
 			// Unset: FromEnv read BEACON_DISCOVERY_BACKEND, else
 			// Dynamo's DYN_DISCOVERY_BACKEND, else etcd.
+			if err := cfg.SelectorError(); err != nil {
+				return cfg, usage(err)
+			}
 			be.val = cfg.BackendName()
 			if v := os.Getenv(backend.DynamoEnvVar); v != "" {
 				be.env = backend.DynamoEnvVar
@@ -124,6 +127,11 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 		}
 		cfg.Name = be.val
 		if c.kube != nil {
+			if be.val == backend.Kubernetes {
+				if err := c.kube.checkKube(f); err != nil {
+					return cfg, err
+				}
+			}
 			cfg.DriverEnv = c.kube.kubeEnv()
 		}
 	} else {

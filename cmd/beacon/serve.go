@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/store/backend"
@@ -52,8 +53,24 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			}
 			cfg.EtcdLogLevel = &lvl
 			be := lookup(cmd.Flags(), "backend", backend.EnvVar)
+			if be.env == "" && !cmd.Flags().Changed("backend") {
+				// Neither the flag nor BEACON_DISCOVERY_BACKEND: Dynamo's
+				// DYN_DISCOVERY_BACKEND, as for the client commands.
+				env := backend.FromEnv()
+				if err := env.SelectorError(); err != nil {
+					return usage(err)
+				}
+				if v := os.Getenv(backend.DynamoEnvVar); v != "" {
+					be = setting{flag: "backend", env: backend.DynamoEnvVar, val: env.BackendName()}
+				}
+			}
 			if err := backend.CheckName(be.val); err != nil {
 				return usagef("%v: %v", be, err)
+			}
+			if be.val == backend.Kubernetes {
+				if err := etcdAuth.checkKube(cmd.Flags()); err != nil {
+					return err
+				}
 			}
 			if len(cfg.EtcdEndpoints) > 0 {
 				if err := etcdAuth.checkTLSFiles(cmd.Flags()); err != nil {
