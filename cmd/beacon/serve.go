@@ -37,7 +37,8 @@ docs/kubernetes.md and --kubeconfig, --kube-namespaces.
 
 It stops gracefully on SIGINT or SIGTERM.
 
-Environment (flags win): BEACON_DISCOVERY_BACKEND, ETCD_AUTH_USERNAME,
+Environment (flags win): BEACON_DISCOVERY_BACKEND (else Dynamo's
+DYN_DISCOVERY_BACKEND=kubernetes|etcd), ETCD_AUTH_USERNAME,
 ETCD_AUTH_PASSWORD, ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY,
 BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 		Args: cobra.NoArgs,
