@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/beaconplane/beacon/store"
@@ -30,12 +31,13 @@ import (
 //   - The watch asks for progress notifications, which let a watch of a
 //     quiet prefix resume from a recent revision after a reconnect rather
 //     than one that may have been compacted. They are not delivered.
-//     A watch from fromRevision > 1 opens its etcd watch one revision
-//     earlier (and drops that revision's events): etcd answers progress
-//     requests only for watches that do not start ahead of its revision,
-//     and the revision after a listing is ahead of it until some write.
-//     A fromRevision further ahead than that hears no progress either,
-//     and on a quiet key space ends as silent (below) until it is due.
+//     etcd answers progress requests only for watches that do not start
+//     ahead of its revision, and the revision after a listing is ahead of
+//     it until some write: such a watch, once quiet for half the silence
+//     timeout, is opened again from the last revision etcd reported (the
+//     events it then repeats are dropped). It is not opened early from the
+//     start, because etcd delivers the events of a watch that starts in
+//     the past only from its next sync, up to 100 ms later.
 //   - The watch notices its own silence (Config.WatchSilenceTimeout): each
 //     watch has a gRPC stream of its own, and one that has heard nothing
 //     for half the timeout asks its member for a progress notification. A
@@ -103,37 +105,33 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 	// until it has opened the gRPC stream, which never happens on a hung
 	// member: it runs aside, so that the silence check covers it too.
 	var (
-		ech  clientv3.WatchChan // nil until Watch returned
-		echc chan clientv3.WatchChan
-		// margin: the etcd watch starts one revision before from. etcd
-		// (3.6.8 and later) answers a progress request only once the
-		// store's revision has reached every watch's start revision, so
-		// a watch from the revision after a listing — the usual
-		// list-then-watch — would hear nothing on a quiet key space
-		// until some write, and end as silent. From one revision
-		// earlier it is answered at once; the events of that revision
-		// are dropped below, as already delivered.
-		margin = from > 1
+		ech      clientv3.WatchChan // nil until Watch returned
+		echc     chan clientv3.WatchChan
+		unwatch  context.CancelFunc // ends the current etcd watch
+		opens    sync.WaitGroup     // the goroutines calling Watch
+		openedAt int64              // the revision the current etcd watch started from (0: now)
+		known    int64              // the highest revision etcd reported on this watch
+		reopened bool               // opened one revision early already, or must not be
 	)
 	open := func(rev int64) {
+		if unwatch != nil {
+			unwatch()
+		}
 		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify(), clientv3.WithProgressNotify()}
 		if rev > 0 {
 			opts = append(opts, clientv3.WithRev(rev))
 		}
+		// A context of its own with the same metadata: the same gRPC
+		// stream, and cancelling it ends only this etcd watch.
+		octx, ocancel := context.WithCancel(wctx)
 		c := make(chan clientv3.WatchChan, 1)
-		ech, echc = nil, c
-		go func() { c <- s.cli.Watch(wctx, prefix, opts...) }()
+		ech, echc, unwatch, openedAt = nil, c, ocancel, rev
+		opens.Go(func() { c <- s.cli.Watch(octx, prefix, opts...) })
 	}
-	if margin {
-		open(from - 1)
-	} else {
-		open(from)
-	}
+	open(from)
 	defer func() {
 		cancel()
-		if ech == nil {
-			<-echc // Watch returns once wctx is done
-		}
+		opens.Wait() // Watch returns once its context is done
 	}()
 	next := from // the first revision not yet delivered (0: not known yet)
 	isCreated := false
@@ -166,7 +164,21 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 				continue
 			}
 			if quiet < s.watchSilence {
-				if ech != nil {
+				switch {
+				case ech == nil:
+				case openedAt > known && known > 0 && !reopened:
+					// etcd (3.6.8 and later) answers a progress request
+					// only once its revision has reached the start of
+					// every watch on the stream, and this one started
+					// ahead of it (the revision after a listing, on a
+					// key space nobody wrote to since): it would never
+					// be answered, and a healthy member would look
+					// hung. Watch again from the last revision etcd
+					// reported (its events are below next: dropped);
+					// its created response is the sign of life.
+					reopened = true
+					open(known)
+				default:
 					s.requestProgress(wctx)
 				}
 				continue
@@ -200,11 +212,9 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			// response; the Store is not closed, so its client was.
 			end(fmt.Errorf("etcd watch %q: %w: the etcd client was closed", prefix, store.ErrClosed))
 			return
-		case wr.CompactRevision != 0 && margin && wr.CompactRevision <= next:
-			// Only the margin's revision is compacted, not the ones
-			// asked for: watch again from next, without a margin
-			// (clientv3 closed the compacted watch).
-			margin = false
+		case wr.CompactRevision != 0 && openedAt > 0 && openedAt < next && wr.CompactRevision <= next:
+			// Only revisions below next are compacted, which the watch
+			// reopened earlier did not need: watch from next again.
 			open(next)
 			continue
 		case wr.CompactRevision != 0:
@@ -214,6 +224,7 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			end(s.wrap(ctx, wctx, fmt.Sprintf("watch %q", prefix), wr.Err()))
 			return
 		case wr.Created:
+			known = max(known, wr.Header.Revision)
 			if next == 0 {
 				next = wr.Header.Revision + 1
 			}
@@ -223,9 +234,11 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			}
 			continue
 		case wr.IsProgressNotify():
+			known = max(known, wr.Header.Revision)
 			next = max(next, wr.Header.Revision+1)
 			continue
 		}
+		known = max(known, wr.Header.Revision)
 		evs := make([]store.Event, 0, len(wr.Events))
 		for _, e := range wr.Events {
 			if e.Kv.ModRevision < next {
