@@ -102,9 +102,12 @@ type upstream struct {
 	caughtUp  bool
 	closed    bool
 	receivers map[*cwatcher]struct{}
-	// margin: the current watch opened one revision before nextrev (see
-	// watchLocked); noMargin: never again (that revision was compacted).
-	margin, noMargin bool
+	// openedAt is the revision the current watch started from, known the
+	// highest revision etcd reported on u's watches. early: the current
+	// watch was opened at known, below nextrev (see checkSilence);
+	// wantEarly: the next one is; noEarly: never again (compacted).
+	openedAt, known           int64
+	early, wantEarly, noEarly bool
 	// fan groups one batch's receivers by client stream (dispatch's
 	// scratch, emptied after each batch); free keeps its slices.
 	fan  map[*cstream][]fanItem
@@ -621,18 +624,14 @@ func (u *upstream) watchLocked(w clientv3.Watcher) {
 	}
 	u.ctx, u.cancel = context.WithCancel(ctx)
 	u.gen++
-	// One revision early: etcd (3.6.8 and later) answers a progress
-	// request only once its revision has reached the start revision of
-	// every watch on the stream, and a watch "from now" starts at the
-	// revision after the current one. On a quiet cluster such a watch
-	// heard nothing, the silence check took the member for hung, benched
-	// it and cancelled the clients' watches. The events of the extra
-	// revision are below every receiver's nextrev: dispatch skips them.
+	// From nextrev, unless checkSilence asked for a watch from the last
+	// revision etcd reported (dispatch skips the events below nextrev).
 	from := u.nextrev
-	u.margin = !u.noMargin && from > 1
-	if u.margin {
-		from--
+	u.early = u.wantEarly && !u.noEarly && u.known > 0 && u.known < from
+	if u.early {
+		from = u.known
 	}
+	u.wantEarly, u.openedAt = false, from
 	opts := []clientv3.OpOption{clientv3.WithRev(from), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
 	if k.prevKV {
 		opts = append(opts, clientv3.WithPrevKV())
@@ -728,6 +727,7 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	}
 	var done []*cstream
 	u.mu.Lock()
+	u.known = max(u.known, hdr.Revision)
 	switch {
 	case wr.Created:
 		if !u.caughtUp {
@@ -782,16 +782,16 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 }
 
 // retryWithoutMargin restarts u's watch from nextrev itself when watch gen
-// opened one revision early and only that revision is compacted: nothing
-// a receiver needs is gone.
+// opened early (below nextrev) and only revisions below nextrev are
+// compacted: nothing a receiver needs is gone.
 func (u *upstream) retryWithoutMargin(compactRev int64, gen int) bool {
 	h := u.hub
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	u.mu.Lock()
-	ok := !h.closed && u.gen == gen && u.margin && !u.closed && compactRev <= u.nextrev
+	ok := !h.closed && u.gen == gen && u.early && !u.closed && compactRev <= u.nextrev
 	if ok {
-		u.noMargin = true
+		u.noEarly = true
 	}
 	u.mu.Unlock()
 	return ok && u.restart(h.w)
