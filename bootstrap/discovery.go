@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -353,10 +357,19 @@ func (d *discovery) watch(ctx context.Context, self string) error {
 	// clientv3's Watch blocks until it has opened the gRPC stream, which
 	// never happens on a hung member: it runs aside, under the silence
 	// check.
+	//
+	// The watch opens at the revision of the last read, not the one after:
+	// etcd (3.6.8 and later) answers a progress request only once its
+	// revision has reached the start revision of every watch on the
+	// stream, so a watch from the next revision heard nothing while no
+	// one wrote anywhere, and the wait on a healthy but quiet service
+	// reported it silent every request timeout. The events of the last
+	// read's revision are in the registry already: skipped below.
+	from := d.reg.rev + 1
 	var wch clientv3.WatchChan // nil until Watch returned
 	wchc := make(chan clientv3.WatchChan, 1)
 	go func() {
-		wchc <- cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(d.reg.rev+1))
+		wchc <- cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(max(from-1, 1)))
 	}()
 	defer func() {
 		cancel()
@@ -406,6 +419,7 @@ func (d *discovery) watch(ctx context.Context, self string) error {
 		for _, ev := range wresp.Events {
 			key := string(ev.Kv.Key)
 			switch {
+			case ev.Kv.ModRevision < from: // read already
 			case key == sizeKey:
 				return errRelist
 			case !strings.HasPrefix(key, members):
@@ -435,6 +449,7 @@ func (d *discovery) watch(ctx context.Context, self string) error {
 // retry runs op until it succeeds; it returns at once on permanent errors
 // and when ctx ends.
 func (d *discovery) retry(ctx context.Context, step string, op func(context.Context) error) error {
+	var last error // the last failure, explained
 	for {
 		err := op(ctx)
 		if err == nil {
@@ -442,15 +457,63 @@ func (d *discovery) retry(ctx context.Context, step string, op func(context.Cont
 			return nil
 		}
 		if ctx.Err() != nil {
-			return d.unavailable(ctx, err)
+			if last == nil {
+				last = err
+			}
+			return d.unavailable(ctx, last) // what the attempts found, not the deadline
 		}
 		if perr := permanent(err); perr != nil {
 			return perr
 		}
+		err = d.explain(ctx, err)
+		last = err
 		if err := d.backoff(ctx, step, err); err != nil {
 			return err
 		}
 	}
+}
+
+// probeTimeout bounds the connection check of one discovery endpoint.
+const probeTimeout = time.Second
+
+// explain adds to a request that timed out what a connection to each
+// endpoint finds (the etcd client only reports the deadline): a refused
+// connection, an unknown host, no route. Endpoints that accept
+// connections are not mentioned.
+func (d *discovery) explain(ctx context.Context, err error) error {
+	if d.cfg.Client != nil || !(errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded ||
+		status.Code(err) == codes.Unavailable) {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	found := make([]string, len(d.cfg.Endpoints))
+	var wg sync.WaitGroup
+	for i, ep := range d.cfg.Endpoints {
+		host := ep
+		if u, perr := url.Parse(ep); perr == nil && u.Host != "" {
+			host = u.Host
+		}
+		wg.Go(func() {
+			var dl net.Dialer
+			conn, derr := dl.DialContext(ctx, "tcp", host)
+			if derr != nil {
+				var oe *net.OpError
+				if errors.As(derr, &oe) && oe.Err != nil {
+					derr = oe.Err
+				}
+				found[i] = fmt.Sprintf("%s: %v (is the discovery service running there, and is that its client port?)", host, derr)
+				return
+			}
+			_ = conn.Close()
+		})
+	}
+	wg.Wait()
+	found = slices.DeleteFunc(found, func(s string) bool { return s == "" })
+	if len(found) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w; %s", err, strings.Join(found, "; "))
 }
 
 // backoff waits before the next attempt after a failure.

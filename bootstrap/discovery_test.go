@@ -170,6 +170,11 @@ func TestJoinUnreachableServiceRetriesUntilDeadline(t *testing.T) {
 	if !strings.Contains(retries[0].String(), "discovery service unreachable (attempt 1)") {
 		t.Fatalf("progress text %q", retries[0])
 	}
+	// The etcd client only says its deadline passed; the retry says why.
+	if want := "127.0.0.1:" + itoa(port) + ": connect: connection refused"; !strings.Contains(retries[0].Err.Error(), want) ||
+		!strings.Contains(err.Error(), want) {
+		t.Fatalf("retry %q, error %q: want %q in both", retries[0].Err, err, want)
+	}
 	t.Logf("error at deadline: %v", err)
 }
 

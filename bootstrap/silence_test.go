@@ -67,3 +67,50 @@ func TestWaitNoticesSilentService(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitOnQuietServiceIsNotSilent: a member waiting for its peers through
+// a healthy discovery service that nobody writes to keeps its watch: no
+// retry, no "silent". etcd answers a progress request only once its
+// revision has reached the watch's start, and the wait's watch started at
+// the revision after its last read: every request timeout `beacon serve`
+// logged "discovery service unreachable; retrying" while waiting. The
+// service is this test's own: another test's write would advance the
+// revision and hide the fault.
+func TestWaitOnQuietServiceIsNotSilent(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	cfg := config(srv, newToken(t))
+	cfg.RequestTimeout = time.Second
+	ctx := testCtx(t, time.Minute)
+	if _, err := bootstrap.CreateToken(ctx, client(t, srv), cfg.Token, 2); err != nil {
+		t.Fatal(err)
+	}
+	progress := make(chan bootstrap.Progress, 100)
+	first := joinAsync(t, ctx, cfg, "a", peerURL(0), bootstrap.WithProgress(func(p bootstrap.Progress) {
+		select {
+		case progress <- p:
+		default:
+		}
+	}))
+	for p := await(t, progress, "the first registration"); p.Registered != 1; p = await(t, progress, "the first registration") {
+	}
+	// Three request timeouts: the watch would have ended within 1.25.
+	quiet := time.NewTimer(3 * cfg.RequestTimeout)
+	defer quiet.Stop()
+	for waiting := true; waiting; {
+		select {
+		case p := <-progress:
+			if p.Err != nil {
+				t.Fatalf("waiting on a quiet, healthy service: %v", p.Err)
+			}
+		case <-quiet.C:
+			waiting = false
+		}
+	}
+	second := joinAsync(t, ctx, cfg, "b", peerURL(1))
+	for _, ch := range []<-chan joinResult{first, second} {
+		if r := await(t, ch, "the join"); r.err != nil || len(r.cluster.Members) != 2 {
+			t.Fatalf("join: %+v", r)
+		}
+	}
+}

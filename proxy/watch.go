@@ -102,6 +102,12 @@ type upstream struct {
 	caughtUp  bool
 	closed    bool
 	receivers map[*cwatcher]struct{}
+	// openedAt is the revision the current watch started from, known the
+	// highest revision etcd reported on u's watches. early: the current
+	// watch was opened at known, below nextrev (see checkSilence);
+	// wantEarly: the next one is; noEarly: never again (compacted).
+	openedAt, known           int64
+	early, wantEarly, noEarly bool
 	// fan groups one batch's receivers by client stream (dispatch's
 	// scratch, emptied after each batch); free keeps its slices.
 	fan  map[*cstream][]fanItem
@@ -618,7 +624,15 @@ func (u *upstream) watchLocked(w clientv3.Watcher) {
 	}
 	u.ctx, u.cancel = context.WithCancel(ctx)
 	u.gen++
-	opts := []clientv3.OpOption{clientv3.WithRev(u.nextrev), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
+	// From nextrev, unless checkSilence asked for a watch from the last
+	// revision etcd reported (dispatch skips the events below nextrev).
+	from := u.nextrev
+	u.early = u.wantEarly && !u.noEarly && u.known > 0 && u.known < from
+	if u.early {
+		from = u.known
+	}
+	u.wantEarly, u.openedAt = false, from
+	opts := []clientv3.OpOption{clientv3.WithRev(from), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
 	if k.prevKV {
 		opts = append(opts, clientv3.WithPrevKV())
 	}
@@ -696,6 +710,9 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	if !u.current(gen) {
 		return // from the watch on the member the watches left
 	}
+	if wr.CompactRevision != 0 && u.retryWithoutMargin(wr.CompactRevision, gen) {
+		return
+	}
 	if wr.Canceled || wr.CompactRevision != 0 {
 		reason := wr.CancelReason
 		if err := wr.Err(); err != nil {
@@ -710,6 +727,7 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	}
 	var done []*cstream
 	u.mu.Lock()
+	u.known = max(u.known, hdr.Revision)
 	switch {
 	case wr.Created:
 		if !u.caughtUp {
@@ -761,6 +779,22 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	for _, s := range done {
 		s.answerProgress()
 	}
+}
+
+// retryWithoutMargin restarts u's watch from nextrev itself when watch gen
+// opened early (below nextrev) and only revisions below nextrev are
+// compacted: nothing a receiver needs is gone.
+func (u *upstream) retryWithoutMargin(compactRev int64, gen int) bool {
+	h := u.hub
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	u.mu.Lock()
+	ok := !h.closed && u.gen == gen && u.early && !u.closed && compactRev <= u.nextrev
+	if ok {
+		u.noEarly = true
+	}
+	u.mu.Unlock()
+	return ok && u.restart(h.w)
 }
 
 // end cancels every receiver of u (compaction, permission loss, upstream

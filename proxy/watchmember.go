@@ -161,8 +161,14 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 	}
 	h.mu.Lock()
 	streams := map[watchKey]*quiet{}
+	ahead := map[watchKey][]*upstream{} // per stream: watches etcd cannot answer progress requests for
 	for key, ups := range h.groups {
 		for _, u := range ups {
+			u.mu.Lock()
+			if u.openedAt > u.known && u.known > 0 && !u.early && !u.noEarly && !u.closed {
+				ahead[key.group()] = append(ahead[key.group()], u)
+			}
+			u.mu.Unlock()
 			heard := time.Unix(0, u.heard.Load())
 			q := streams[key.group()]
 			if q == nil {
@@ -191,6 +197,26 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 		switch {
 		case pr.sent.IsZero() && now.Sub(q.heard) >= timeout/2:
 			pr.sent = now
+			// etcd (3.6.8 and later) answers a progress request only once
+			// its revision has reached the start of every watch on the
+			// stream; a watch "from now" starts at the revision after
+			// etcd's, so on a quiet cluster the member looked hung (and
+			// was benched). Such watches start again from the last
+			// revision etcd reported: their created responses are the
+			// answer. (Opening every watch that early would delay its
+			// first events to etcd's next sync of watchers in the past,
+			// up to 100 ms.)
+			// (Not u.restart: the silence is still measured from the
+			// last response, so that a hung member is noticed as soon.)
+			for _, u := range ahead[g] {
+				u.mu.Lock()
+				if !u.closed {
+					u.wantEarly = true
+					u.cancel()
+					u.watchLocked(h.w)
+				}
+				u.mu.Unlock()
+			}
 			ask = append(ask, q.ctx)
 		case !pr.sent.IsZero() && now.Sub(pr.sent) >= timeout/2:
 			silent = max(silent, now.Sub(q.heard))

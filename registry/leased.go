@@ -336,7 +336,7 @@ func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Se
 	case err != nil:
 		return 0, fmt.Errorf("registry: heartbeat %s: %w", ref, err)
 	}
-	r.leased.renewed(kv.Lease, ttl)
+	r.leased.heartbeat(kv.Lease, ref, ttl)
 	return ttl, nil
 }
 

@@ -251,4 +251,30 @@ func TestLeasedRegistrationsMetric(t *testing.T) {
 	if got := count(); got != 0 {
 		t.Fatalf("after a revocation: %v", got)
 	}
+	// A registration heartbeated through a registry that did not make it
+	// (the server restarted, or the client's heartbeats go to another
+	// server) counts there from its first heartbeat: it stayed 0 while
+	// the instance was live and kept alive through it.
+	other := prometheus.NewRegistry()
+	r3 := newRegistry(t, st, registry.Config{Metrics: other})
+	c, err := r1.RegisterWithTTL(ctx, inst(ns, "10.0.0.5:80"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r3.Heartbeat(ctx, c.Instance.Ref(), c.Secret); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := other.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := -1.0
+	for _, mf := range mfs {
+		if mf.GetName() == "beacon_registry_leased_registrations" {
+			got = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	if got != 1 {
+		t.Fatalf("a registry that heartbeats a registration made elsewhere counts %v of it, want 1", got)
+	}
 }

@@ -15,8 +15,10 @@ import (
 const metricLeased = "beacon_registry_leased_registrations"
 
 // leasedTracker knows the instances a registry registered on caller-owned
-// leases and until when each lease is alive: the TTL from its grant or its
-// last renewal through this registry. An instance stops counting when it
+// leases, or renewed through it (a heartbeat after a restart, or through
+// another server than the one that registered), and until when each lease
+// is alive: the TTL from its grant or its last renewal through this
+// registry. An instance stops counting when it
 // is deregistered, its lease revoked or found ended, or its deadline
 // passes without a renewal through this registry (its client stopped
 // heartbeating: the store deletes it then too).
@@ -66,6 +68,17 @@ func (t *leasedTracker) renewed(id store.LeaseID, ttl time.Duration) {
 	}
 }
 
+// heartbeat records a renewal through this registry of ref's lease, which
+// may have been granted elsewhere (by the process before a restart, or by
+// another server): the instance counts from now on.
+func (t *leasedTracker) heartbeat(id store.LeaseID, ref beacon.Ref, ttl time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entry(id)
+	e.ttl, e.deadline = ttl, time.Now().Add(ttl)
+	e.refs[ref] = struct{}{}
+}
+
 func (t *leasedTracker) deregistered(id store.LeaseID, ref beacon.Ref) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -107,7 +120,7 @@ type leasedCollector struct {
 func newLeasedCollector() *leasedCollector {
 	return &leasedCollector{
 		desc: prometheus.NewDesc(metricLeased,
-			"Instances registered through this process on leases of their own (the HTTP API's registrations) whose lease is alive as far as the process knows: not deregistered, revoked or expired without a heartbeat through it.",
+			"Instances registered, or heartbeated, through this process on leases of their own (the HTTP API's registrations) whose lease is alive as far as the process knows: not deregistered, revoked or expired without a heartbeat through it.",
 			nil, nil),
 		sources: map[*leasedTracker]struct{}{},
 	}

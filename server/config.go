@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -233,8 +234,8 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.Discovery.validate(c)...)
 	errs = append(errs, c.Security.validate(c)...)
-	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-		errs = append(errs, fmt.Errorf("--http-addr %q: must be host:port, e.g. 127.0.0.1:9379", c.HTTPAddr))
+	if !isHostPort(c.HTTPAddr) {
+		errs = append(errs, fmt.Errorf("--http-addr %q: must be host:port (port 0-65535), e.g. 127.0.0.1:9379", c.HTTPAddr))
 	}
 	if err := c.Registry.Validate(); err != nil {
 		errs = append(errs, err)
@@ -256,6 +257,18 @@ func (c Config) Validate() error {
 }
 
 // validateURL checks an etcd URL: http or https, a host and a port, no path.
+// isHostPort reports whether addr is host:port with a port number from 0
+// to 65535 (net.Listen would refuse another only when the server starts,
+// as a run-time failure).
+func isHostPort(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	return err == nil && n <= 65535
+}
+
 func validateURL(s string, listen bool) error {
 	u, err := url.Parse(s)
 	if err != nil {

@@ -147,14 +147,13 @@ func (s *Server) discover(ctx context.Context) (proxied bool, err error) {
 		defer cancel()
 	}
 	bcfg := d.Config
-	bcfg.Logger = lg
+	bcfg.Logger = s.log.With("component", "discovery") // bootstrap adds the token
 	lg.Info("joining the cluster through the discovery token", "discovery-endpoints", strings.Join(d.Endpoints, ","),
 		"peer-urls", strings.Join(s.cfg.AdvertisePeerURLs, ","))
 	cluster, err := bootstrap.Join(ctx, bcfg, s.cfg.Name, s.cfg.AdvertisePeerURLs,
 		bootstrap.WithProgress(func(p bootstrap.Progress) {
 			if p.Err != nil {
-				lg.Warn("discovery service unreachable; retrying", "attempt", p.Attempt, "retry-in", p.RetryIn, "error", p.Err)
-				return
+				return // bootstrap logged the retry, with its reason
 			}
 			lg.Info("discovery progress", "progress", p.String(), "registered", p.Registered, "size", p.Size)
 		}))

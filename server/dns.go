@@ -32,8 +32,8 @@ func (c DNSConfig) validate() []error {
 		return nil
 	}
 	var errs []error
-	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
-		errs = append(errs, fmt.Errorf("--dns-addr %q: must be host:port, e.g. %s (or empty to disable DNS)", c.Addr, dnsapi.DefaultAddr))
+	if !isHostPort(c.Addr) {
+		errs = append(errs, fmt.Errorf("--dns-addr %q: must be host:port (port 0-65535), e.g. %s (or empty to disable DNS)", c.Addr, dnsapi.DefaultAddr))
 	}
 	if err := c.dnsapi().Validate(); err != nil {
 		errs = append(errs, err)

@@ -28,8 +28,11 @@ var benignAtStart = []string{
 }
 
 // benignAtClose are messages etcd logs when its listeners are closed by
-// its own Close: each serving loop reports that it ended, and a stop right
-// after the start cancels the member's first publications.
+// its own Close: each serving loop reports that it ended, a stop right
+// after the start cancels the member's first publications, and a member
+// of a cluster closes its streams to its peers (and refuses the peers'
+// attempts to reconnect once its transport has forgotten them). The other
+// members' own messages about the departure keep their level.
 var benignAtClose = []string{
 	"failed to update cluster version",
 	"failed to publish local member to cluster through raft",
@@ -38,6 +41,10 @@ var benignAtClose = []string{
 	"stopped insecure grpc server due to error",
 	"stopping secure grpc server due to error",
 	"stopped secure grpc server due to error",
+	"closed TCP streaming connection with remote peer",
+	"lost TCP streaming connection with remote peer",
+	"peer became inactive (message send to peer failed)",
+	"failed to find remote peer in cluster",
 }
 
 // etcdLogger returns the zap logger given to embedded etcd: its entries at

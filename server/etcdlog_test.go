@@ -25,10 +25,11 @@ func TestEtcdLogQuietsOnlyItsKnownNoise(t *testing.T) {
 	closing.Store(true)
 	lg.Error("setting up serving from embedded etcd failed.", zap.String("error", "mux: server closed"))
 	lg.Warn("failed to update cluster version", zap.String("error", "etcdserver: request cancelled"))
+	lg.Warn("lost TCP streaming connection with remote peer", zap.String("error", "context canceled"))
 	lg.Error("a real error while closing")
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	want := []string{"level=INFO msg=\"simple token", "level=ERROR msg=\"setting up", "level=WARN msg=\"some other",
-		"level=DEBUG msg=\"setting up", "level=DEBUG msg=\"failed to update", "level=ERROR msg=\"a real error"}
+		"level=DEBUG msg=\"setting up", "level=DEBUG msg=\"failed to update", "level=DEBUG msg=\"lost TCP", "level=ERROR msg=\"a real error"}
 	if len(lines) != len(want) {
 		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), buf.String())
 	}

@@ -545,6 +545,11 @@ func (c *apiChecker) healthScenario() {
 			c.t.Errorf("GET %s: %d", p, a.code)
 		}
 	}
+	// The dashboard's errors are JSON too (an unknown asset was a
+	// text/plain 404).
+	if a := c.do("GET", "/ui/assets/nope.js", "", ""); a.code != http.StatusNotFound {
+		c.t.Errorf("GET /ui/assets/nope.js: %d, want 404", a.code)
+	}
 }
 
 // recorder is a minimal http.ResponseWriter.

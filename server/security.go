@@ -179,6 +179,12 @@ func (s Security) validate(c Config) []error {
 	if s.MaxBodyBytes < 0 || s.MaxAuthClients < 0 {
 		errs = append(errs, errors.New("--max-body-bytes and --max-auth-clients must not be negative"))
 	}
+	// etcd replaces a cost outside bcrypt's range by its default, with a
+	// warning at every start: refuse it instead.
+	const minBcryptCost, maxBcryptCost = 4, 31 // golang.org/x/crypto/bcrypt's MinCost and MaxCost
+	if s.BcryptCost != 0 && (s.BcryptCost < minBcryptCost || s.BcryptCost > maxBcryptCost) {
+		errs = append(errs, fmt.Errorf("--bcrypt-cost %d: must be %d to %d (etcd's default is 10)", s.BcryptCost, minBcryptCost, maxBcryptCost))
+	}
 	return errs
 }
 

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // The kubernetes backend: registry/kube registers itself as a registry
@@ -43,6 +46,36 @@ func (b *backendFlags) kubeEnv() map[string]string {
 		env[kube.EnvNamespaces] = strings.Join(b.kubeNamespaces, ",")
 	}
 	return env
+}
+
+// checkKube checks the kubernetes backend's settings before the driver
+// opens, naming the flag or the variable each came from (the driver sees
+// them all as variables): the namespaces are DNS labels, or "*" alone; an
+// explicit kubeconfig file exists.
+func (b *backendFlags) checkKube(f *pflag.FlagSet) error {
+	ns := lookup(f, "kube-namespaces", kube.EnvNamespaces)
+	if ns.val != "" {
+		items := strings.Split(ns.val, ",")
+		for _, n := range items {
+			n = strings.TrimSpace(n)
+			if n == kube.AllNamespaces {
+				if len(items) > 1 {
+					return usagef("%v: %q means every namespace and cannot be combined with others", ns, kube.AllNamespaces)
+				}
+				continue
+			}
+			if msgs := validation.IsDNS1123Label(n); len(msgs) > 0 {
+				return usagef("%v: namespace %q: %s", ns, n, strings.Join(msgs, "; "))
+			}
+		}
+	}
+	kc := lookup(f, "kubeconfig", kube.EnvKubeconfig)
+	if kc.val != "" && !strings.ContainsRune(kc.val, os.PathListSeparator) {
+		if _, err := os.Stat(kc.val); err != nil {
+			return usagef("%v: %v", kc, unwrapPathError(err))
+		}
+	}
+	return nil
 }
 
 // visibilityRetry is how often beacon register re-checks an instance that

@@ -2,7 +2,9 @@ package main
 
 import (
 	"github.com/beaconplane/beacon/store/backend"
+	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // backendFlags are serve's flags that reach the external etcd it may front,
@@ -44,4 +46,11 @@ func (b *backendFlags) config() backend.Config {
 	cfg.Etcd.CA, cfg.Etcd.ClientCert, cfg.Etcd.ClientKey = b.cacert, b.cert, b.key
 	cfg.DriverEnv = b.kubeEnv()
 	return cfg
+}
+
+// checkTLSFiles checks the TLS files for the external etcd (conn.go),
+// naming the flag or the variable each came from.
+func (b *backendFlags) checkTLSFiles(f *pflag.FlagSet) error {
+	return checkTLSFiles(lookup(f, b.prefix+"cacert", etcdstore.EnvCA), lookup(f, b.prefix+"cert", etcdstore.EnvClientCert),
+		lookup(f, b.prefix+"key", etcdstore.EnvClientKey))
 }

@@ -90,8 +90,18 @@ func execute(ctx context.Context, root *cobra.Command, args []string) error {
 func setup(root *cobra.Command) {
 	cobra.EnableTraverseRunHooks = true
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
+	// cobra adds its help and completion commands when it executes, after
+	// this walk: add them now, so that they follow the same habits
+	// (`beacon completion bash extra` and `beacon help stauts` are bad
+	// usage too).
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
 	walk(root, func(c *cobra.Command) {
 		c.SilenceUsage, c.SilenceErrors = true, true
+		if c.Name() == "help" && c.Parent() == root {
+			c.Args = unknownHelpTopic
+			return
+		}
 		if c.HasSubCommands() && c.Run == nil && c.RunE == nil {
 			// A group: without a subcommand it shows its help; with an
 			// unknown one it fails (cobra would show help and exit 0).
@@ -134,6 +144,23 @@ func unknownSubcommand(c *cobra.Command, args []string) error {
 		}
 	}
 	return usagef("%s; commands: %s (see %s --help)", msg, strings.Join(names, ", "), c.CommandPath())
+}
+
+// unknownHelpTopic refuses `beacon help` for a command that does not
+// exist, as unknownSubcommand does for the command itself (cobra prints
+// "Unknown help topic" and the usage, and exits 0).
+func unknownHelpTopic(c *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	found, rest, err := c.Root().Find(args)
+	switch {
+	case err != nil || found == nil:
+		found, rest = c.Root(), args
+	case len(rest) == 0:
+		return nil
+	}
+	return unknownSubcommand(found, rest)
 }
 
 // addWriteOutAlias gives a command that has -o/--output etcdctl's

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
+	"os"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -25,6 +27,11 @@ func TestUsageAndFailuresExitDifferently(t *testing.T) {
 		{args: []string{"token", "stauts"}, want: `unknown command "stauts" for "beacon token" (did you mean "status"?)`},
 		{args: []string{"stauts"}, want: `unknown command "stauts" for "beacon"`},
 		{args: []string{"bench", "nope"}, want: `unknown command "nope" for "beacon bench"`},
+		// cobra's own commands, added when it executes, follow the same habits.
+		{args: []string{"completion", "powershel"}, want: `unknown command "powershel" for "beacon completion" (did you mean "powershell"?)`},
+		{args: []string{"completion", "bash", "extra"}, want: `unknown command "extra" for "beacon completion bash"`},
+		{args: []string{"help", "stauts"}, want: `unknown command "stauts" for "beacon"`},
+		{args: []string{"help", "token", "stauts"}, want: `unknown command "stauts" for "beacon token" (did you mean "status"?)`},
 		{args: []string{"ls", "--no-such-flag"}, want: "unknown flag"},
 		{args: []string{"token", "status"}, want: "accepts 1 arg"},
 		{args: []string{"register", "prod/api/http"}, want: `required flag(s) "addr" not set`},
@@ -87,9 +94,42 @@ func TestEnvironmentErrorsNameTheVariable(t *testing.T) {
 		{args: []string{"serve"}, env: []string{"BEACON_DISCOVERY_BACKEND=zookeeper"}, want: `BEACON_DISCOVERY_BACKEND="zookeeper"`},
 		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_MODE=readmostly"}, want: `BEACON_PROXY_MODE="readmostly"`},
 		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=23790"}, want: `BEACON_PROXY_LISTEN="23790": must be host:port`},
+		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=:99999"}, want: `BEACON_PROXY_LISTEN=":99999": port "99999" is not a number from 0 to 65535`},
 		{args: []string{"ls", "--backend", "file"}, want: "BEACON_FILE_DIR"},
 		{args: []string{"ls"}, env: []string{"BEACON_LOG_FORMAT=yaml"}, want: `BEACON_LOG_FORMAT="yaml"`},
 	})
+	// A TLS file that exists but holds no certificate is bad usage too, named
+	// as given: the store named its own variable (ETCD_AUTH_CA) for
+	// --cacert and --etcd-cacert, and the command exited 1.
+	notPEM := t.TempDir() + "/not.pem"
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dead := freeURL(t)
+	checkBadInput(t, []badInput{
+		{args: []string{"ls", "--cacert", notPEM, "--endpoints", dead}, want: `--cacert "` + notPEM + `" holds no PEM certificate`},
+		{args: []string{"ls", "--endpoints", dead}, env: []string{"ETCDCTL_CACERT=" + notPEM}, want: `ETCDCTL_CACERT="` + notPEM + `" holds no PEM certificate`},
+		{args: []string{"ls", "--cert", notPEM, "--key", notPEM, "--endpoints", dead}, want: `--cert "` + notPEM + `" with --key`},
+		{args: []string{"serve", "--etcd-endpoints", dead, "--etcd-cacert", notPEM}, want: `--etcd-cacert "` + notPEM + `" holds no PEM certificate`},
+		{args: []string{"serve", "--etcd-endpoints", dead}, env: []string{"ETCD_AUTH_CA=" + notPEM}, want: `ETCD_AUTH_CA="` + notPEM + `" holds no PEM certificate`},
+		{args: []string{"serve", "--etcd-endpoints", dead, "--etcd-cert", notPEM}, want: `--etcd-cert and --etcd-key (or their variables) go together`},
+		// The kubernetes driver reads its settings as variables: a flag's
+		// bad value was reported under the variable's name, exit 1.
+		{args: []string{"ls", "--backend", "kubernetes", "--kube-namespaces", "Bad_NS"}, want: `--kube-namespaces "Bad_NS": namespace "Bad_NS"`},
+		{args: []string{"ls", "--backend", "kubernetes"}, env: []string{"BEACON_KUBE_NAMESPACES=Bad_NS"}, want: `BEACON_KUBE_NAMESPACES="Bad_NS"`},
+		{args: []string{"ls", "--backend", "kubernetes", "--kubeconfig", "/no/such/kubeconfig"}, want: `--kubeconfig "/no/such/kubeconfig": no such file`},
+		{args: []string{"serve", "--backend", "kubernetes"}, env: []string{"KUBECONFIG=/no/such/kubeconfig"}, want: `KUBECONFIG="/no/such/kubeconfig": no such file`},
+		// Dynamo's selector: a value Beacon does not read is bad usage, and
+		// serve honours it as the client commands do.
+		{args: []string{"ls"}, env: []string{"DYN_DISCOVERY_BACKEND=nats"}, want: `DYN_DISCOVERY_BACKEND="nats"`},
+		{args: []string{"serve"}, env: []string{"DYN_DISCOVERY_BACKEND=nats"}, want: `DYN_DISCOVERY_BACKEND="nats"`},
+		{args: []string{"serve"}, env: []string{"DYN_DISCOVERY_BACKEND=kubernetes", "KUBECONFIG=/no/such/kubeconfig"}, want: `KUBECONFIG="/no/such/kubeconfig"`},
+	})
+	// A backend flag overrides Dynamo's selector, whatever its value.
+	b := startBeacon(t, t.TempDir(), []string{"DYN_DISCOVERY_BACKEND=nats"}, "ls", "--backend", "memory")
+	if err := b.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("ls --backend memory with DYN_DISCOVERY_BACKEND=nats: %v\n%s", err, b.errOut())
+	}
 }
 
 // TestWriteOutIsOutput: every command with -o/--output also takes
@@ -362,7 +402,8 @@ func TestCompletion(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"ls", "--backend", ""}, "etcd memory file nats"},
+		{[]string{"ls", "--backend", ""}, "etcd memory file nats kubernetes"},
+		{[]string{"serve", "--backend", ""}, "etcd memory file nats kubernetes"},
 		{[]string{"proxy", "--mode", ""}, "readwrite readonly"},
 		{[]string{"ls", "-o", ""}, "table json"},
 		{[]string{"watch", "-w", ""}, "text json"},
@@ -433,4 +474,27 @@ func TestLogFormatJSON(t *testing.T) {
 		t.Fatalf("%d JSON lines, %d of etcd", lines, etcd)
 	}
 	checkQuietLog(t, b.errOut())
+}
+
+// TestJSONLogDurations: durations in JSON logs read as in the text logs
+// ("10s"), not as nanoseconds.
+func TestJSONLogDurations(t *testing.T) {
+	oldFormat, oldLevel := logFormat, logLevel
+	defer func() { logFormat, logLevel = oldFormat, oldLevel }()
+	logFormat, logLevel = "json", "info"
+	var buf strings.Builder
+	lg, err := newLogger(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lg.Info("session lease granted", "ttl", 10*time.Second, slog.Group("g", slog.Duration("took", 1500*time.Millisecond)))
+	var rec struct {
+		TTL string `json:"ttl"`
+		G   struct {
+			Took string `json:"took"`
+		} `json:"g"`
+	}
+	if err := json.Unmarshal([]byte(buf.String()), &rec); err != nil || rec.TTL != "10s" || rec.G.Took != "1.5s" {
+		t.Fatalf("JSON log line %s (%v): want \"ttl\":\"10s\" and \"took\":\"1.5s\"", buf.String(), err)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store/backend"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -23,7 +24,6 @@ const completionTimeout = 2 * time.Second
 
 // flagValues are the values of flags that take one of a few words.
 var flagValues = map[string][]string{
-	"backend":               {"etcd", "memory", "file", "nats"},
 	"mode":                  {"readwrite", "readonly"},
 	"log-level":             {"debug", "info", "warn", "error"},
 	"etcd-log-level":        {"debug", "info", "warn", "error"},
@@ -44,6 +44,8 @@ func registerCompletions(c *cobra.Command) {
 		switch fl.Name {
 		case "output", "write-out":
 			values = formatsIn(c.Flags().Lookup("output").Usage)
+		case "backend":
+			values = backend.Names() // with the linked registry drivers
 		default:
 			values = flagValues[fl.Name]
 		}

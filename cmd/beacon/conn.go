@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"slices"
@@ -113,6 +114,9 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 		if be.env == "" && !f.Lookup("backend").Changed {
 			// Unset: FromEnv read BEACON_DISCOVERY_BACKEND, else
 			// Dynamo's DYN_DISCOVERY_BACKEND, else etcd.
+			if err := cfg.SelectorError(); err != nil {
+				return cfg, usage(err)
+			}
 			be.val = cfg.BackendName()
 			if v := os.Getenv(backend.DynamoEnvVar); v != "" {
 				be.env = backend.DynamoEnvVar
@@ -123,6 +127,11 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 		}
 		cfg.Name = be.val
 		if c.kube != nil {
+			if be.val == backend.Kubernetes {
+				if err := c.kube.checkKube(f); err != nil {
+					return cfg, err
+				}
+			}
 			cfg.DriverEnv = c.kube.kubeEnv()
 		}
 	} else {
@@ -175,24 +184,13 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 		return cfg, usagef("%v is set without a user: set --user (or %s)", pass, envEtcdctlUser)
 	}
 
-	files := map[string]*string{"cacert": &e.CA, "cert": &e.ClientCert, "key": &e.ClientKey}
-	for _, fl := range []struct{ flag, env, etcdctl string }{
-		{"cacert", etcdstore.EnvCA, envEtcdctlCACert},
-		{"cert", etcdstore.EnvClientCert, envEtcdctlCert},
-		{"key", etcdstore.EnvClientKey, envEtcdctlKey},
-	} {
-		s := lookup(f, fl.flag, fl.env, fl.etcdctl)
-		if s.val == "" {
-			continue
-		}
-		if _, err := os.Stat(s.val); err != nil {
-			return cfg, usagef("%v: %v", s, unwrapPathError(err))
-		}
-		*files[fl.flag] = s.val
+	ca := lookup(f, "cacert", etcdstore.EnvCA, envEtcdctlCACert)
+	cert := lookup(f, "cert", etcdstore.EnvClientCert, envEtcdctlCert)
+	key := lookup(f, "key", etcdstore.EnvClientKey, envEtcdctlKey)
+	if err := checkTLSFiles(ca, cert, key); err != nil {
+		return cfg, err
 	}
-	if (e.ClientCert == "") != (e.ClientKey == "") {
-		return cfg, usagef("--cert and --key (or their variables) go together: set both or neither")
-	}
+	e.CA, e.ClientCert, e.ClientKey = ca.val, cert.val, key.val
 
 	skip, _ := f.GetBool("insecure-skip-tls-verify")
 	if fl := f.Lookup("insecure-skip-tls-verify"); !fl.Changed {
@@ -267,6 +265,40 @@ func (c *clientFlags) requestCtx(parent context.Context) (context.Context, conte
 		d = defaultCommandTimeout
 	}
 	return context.WithTimeout(parent, d)
+}
+
+// checkTLSFiles checks the TLS files for etcd before anything connects:
+// each given file exists, the CA file holds a PEM certificate, and the
+// certificate and key go together and load. Errors are bad usage and name
+// the flag or variable the file came from (the store, which only sees the
+// paths, would name its own variables).
+func checkTLSFiles(ca, cert, key setting) error {
+	for _, s := range []setting{ca, cert, key} {
+		if s.val == "" {
+			continue
+		}
+		if _, err := os.Stat(s.val); err != nil {
+			return usagef("%v: %v", s, unwrapPathError(err))
+		}
+	}
+	if (cert.val == "") != (key.val == "") {
+		return usagef("--%s and --%s (or their variables) go together: set both or neither", cert.flag, key.flag)
+	}
+	if ca.val != "" {
+		pem, err := os.ReadFile(ca.val)
+		if err != nil {
+			return usagef("%v: %v", ca, unwrapPathError(err))
+		}
+		if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+			return usagef("%v holds no PEM certificate: give the CA bundle that signed etcd's certificate", ca)
+		}
+	}
+	if cert.val != "" {
+		if _, err := tls.LoadX509KeyPair(cert.val, key.val); err != nil {
+			return usagef("%v with %v: %v", cert, key, err)
+		}
+	}
+	return nil
 }
 
 // unwrapPathError drops *os.PathError's repetition of the path.

@@ -116,7 +116,7 @@ func TestKubernetesBackend(t *testing.T) {
 	checkBadInputEnv(t, []string{"KUBECONFIG=" + kc}, []badInput{
 		{args: []string{"register", "demo/api/http", "--addr", "10.0.0.1:80", "--backend", "kubernetes"}, want: "POD_NAME, POD_NAMESPACE, POD_UID are not set"},
 		{args: []string{"register", "demo/api/http", "--addr", "10.0.0.1:80", "--backend", "kubernetes", "--ttl", "5s"}, want: "no lease"},
-		{args: []string{"ls", "--backend", "kubernetes", "--kubeconfig", filepath.Join(dir, "nope")}, want: "no Kubernetes client configuration"},
+		{args: []string{"ls", "--backend", "kubernetes", "--kubeconfig", filepath.Join(dir, "nope")}, want: `--kubeconfig "` + filepath.Join(dir, "nope") + `": no such file`},
 		{args: []string{"ls", "--backend", "kubernetes", "--kube-namespaces", "*,x"}, want: `"*" means every namespace`},
 		{args: []string{"ls", "--backend", "kubernetes", "--root", "/beacon"}, want: "does not apply"},
 	})

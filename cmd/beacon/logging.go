@@ -65,9 +65,20 @@ func newLogger(w io.Writer) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: level}
 	switch logFormat {
 	case "json":
+		opts.ReplaceAttr = durationText
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	case "text", "":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return nil, usagef("--log-format %q: must be text or json", logFormat)
+}
+
+// durationText writes durations in JSON logs as the text logs and etcd's
+// own JSON logs do ("ttl":"10s"), not as a count of nanoseconds
+// ("ttl":10000000000).
+func durationText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }

@@ -95,8 +95,10 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			}
 			cfg.Mode = m
 			listen := lookup(f, "listen-addr", "BEACON_PROXY_LISTEN")
-			if _, _, err := net.SplitHostPort(listen.val); err != nil {
+			if _, port, err := net.SplitHostPort(listen.val); err != nil {
 				return usagef("%v: must be host:port, e.g. %s", listen, proxy.DefaultListenAddr)
+			} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || n > 65535 {
+				return usagef("%v: port %q is not a number from 0 to 65535", listen, port)
 			}
 			cfg.ListenAddr = listen.val
 			tlsFiles := map[string]*string{"cacert": &cacert, "cert": &cert, "key": &key}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/store/backend"
@@ -36,7 +37,8 @@ docs/kubernetes.md and --kubeconfig, --kube-namespaces.
 
 It stops gracefully on SIGINT or SIGTERM.
 
-Environment (flags win): BEACON_DISCOVERY_BACKEND, ETCD_AUTH_USERNAME,
+Environment (flags win): BEACON_DISCOVERY_BACKEND (else Dynamo's
+DYN_DISCOVERY_BACKEND=kubernetes|etcd), ETCD_AUTH_USERNAME,
 ETCD_AUTH_PASSWORD, ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY,
 BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 		Args: cobra.NoArgs,
@@ -52,8 +54,29 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			}
 			cfg.EtcdLogLevel = &lvl
 			be := lookup(cmd.Flags(), "backend", backend.EnvVar)
+			if be.env == "" && !cmd.Flags().Changed("backend") {
+				// Neither the flag nor BEACON_DISCOVERY_BACKEND: Dynamo's
+				// DYN_DISCOVERY_BACKEND, as for the client commands.
+				env := backend.FromEnv()
+				if err := env.SelectorError(); err != nil {
+					return usage(err)
+				}
+				if v := os.Getenv(backend.DynamoEnvVar); v != "" {
+					be = setting{flag: "backend", env: backend.DynamoEnvVar, val: env.BackendName()}
+				}
+			}
 			if err := backend.CheckName(be.val); err != nil {
 				return usagef("%v: %v", be, err)
+			}
+			if be.val == backend.Kubernetes {
+				if err := etcdAuth.checkKube(cmd.Flags()); err != nil {
+					return err
+				}
+			}
+			if len(cfg.EtcdEndpoints) > 0 {
+				if err := etcdAuth.checkTLSFiles(cmd.Flags()); err != nil {
+					return err
+				}
 			}
 			cfg.Backend = etcdAuth.config()
 			cfg.Backend.Name = be.val

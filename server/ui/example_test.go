@@ -39,5 +39,5 @@ func ExampleNew() {
 	// /ui/                         200 text/html; charset=utf-8 page=true csp=true
 	// /ui/services/demo/web/http   200 text/html; charset=utf-8 page=true csp=true
 	// /ui/assets/js/main.js        200 text/javascript; charset=utf-8 page=false csp=true
-	// /ui/assets/missing.js        404 text/plain; charset=utf-8 page=false csp=true
+	// /ui/assets/missing.js        404 application/json         page=false csp=true
 }

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/beaconplane/beacon/internal/httpapi"
 )
 
 // Prefix is where the dashboard is served. Every path under it that is not
@@ -149,7 +151,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("Cross-Origin-Resource-Policy", "same-origin")
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		hdr.Set("Allow", "GET, HEAD")
-		http.Error(w, fmt.Sprintf("%s is not allowed on the dashboard: it is read with GET", r.Method), http.StatusMethodNotAllowed)
+		httpapi.WriteError(w, http.StatusMethodNotAllowed, httpapi.CodeMethodNotAllowed,
+			fmt.Sprintf("%s is not allowed on the dashboard: it is read with GET", r.Method))
 		return
 	}
 	rel, ok := strings.CutPrefix(r.URL.Path, Prefix)
@@ -160,7 +163,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a := h.index
 	if strings.HasPrefix(rel, assetsDir+"/") {
 		if a = h.files[rel]; a == nil {
-			http.Error(w, "no such dashboard asset: "+rel, http.StatusNotFound)
+			httpapi.WriteError(w, http.StatusNotFound, httpapi.CodeNotFound, "no such dashboard asset: "+rel)
 			return
 		}
 	}

@@ -90,14 +90,21 @@ func (c Config) name() string {
 	return c.Name
 }
 
-// names lists the backends for error messages.
-func names() string {
+// Names lists the backends this program can open: the stores, then the
+// linked registry drivers (kubernetes).
+func Names() []string {
 	all := []string{Etcd, Memory, File, NATS}
 	for _, d := range registry.Drivers() {
 		if d != Etcd && d != Memory && d != File && d != NATS {
 			all = append(all, d)
 		}
 	}
+	return all
+}
+
+// names lists the backends for error messages.
+func names() string {
+	all := Names()
 	return strings.Join(all[:len(all)-1], ", ") + " or " + all[len(all)-1]
 }
 
@@ -124,7 +131,9 @@ func CheckName(name string) error {
 // Validate checks the name and the chosen backend's configuration (a
 // registry driver checks its own settings when it opens).
 func (c Config) Validate() error {
-	if c.aliasErr != nil {
+	if c.aliasErr != nil && c.Name == "" {
+		// Only while the backend is still the variables' choice: a
+		// program that sets Name (from its own flag) overrides them.
 		return c.aliasErr
 	}
 	switch n := c.name(); n {
@@ -188,6 +197,12 @@ func Open(ctx context.Context, c Config) (store.Store, error) {
 
 // BackendName returns the backend c selects (etcd when unset).
 func (c Config) BackendName() string { return c.name() }
+
+// SelectorError reports a selector variable FromEnv could not use (a
+// DYN_DISCOVERY_BACKEND value other than kubernetes or etcd), naming it;
+// Validate reports it too while Name is empty. Programs with a flag that
+// overrides the variables check it only when the flag is not given.
+func (c Config) SelectorError() error { return c.aliasErr }
 
 // OpenRegistry opens the registry of the backend c selects: the registry
 // driver of that name (kubernetes), or a registry.StoreRegistry over the

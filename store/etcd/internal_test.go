@@ -115,6 +115,19 @@ func TestZapToSlog(t *testing.T) {
 	if zapLogger(nil).Core().Enabled(zap.ErrorLevel) {
 		t.Error("nil logger is not a no-op")
 	}
+	// The client's warning about each failed attempt of a retried call is
+	// debug: `beacon serve --etcd-endpoints` of an unreachable etcd printed
+	// it before its one-line error.
+	buf.Reset()
+	z.Warn("retrying of unary invoker failed", zap.Error(fmt.Errorf("boom")))
+	if buf.Len() != 0 {
+		t.Errorf("per-attempt warning logged at info level: %s", buf.String())
+	}
+	var dbg bytes.Buffer
+	zapLogger(slog.New(slog.NewTextHandler(&dbg, &slog.HandlerOptions{Level: slog.LevelDebug}))).Warn("retrying of unary invoker failed")
+	if !strings.Contains(dbg.String(), "level=DEBUG") {
+		t.Errorf("per-attempt warning at debug level: %q", dbg.String())
+	}
 }
 
 func TestConfigLogValueRedactsPassword(t *testing.T) {

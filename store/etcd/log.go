@@ -48,7 +48,16 @@ func (c *slogCore) With(fields []zapcore.Field) zapcore.Core {
 	return &slogCore{h: c.h.WithAttrs(attrs(fields))}
 }
 
+// perAttempt are the etcd client's warnings about each failed attempt of a
+// call it retries (one per attempt, every few hundred milliseconds while
+// etcd is unreachable); the call's own error, which the Store returns with
+// the endpoints and what they answered, says it once. They go to debug.
+var perAttempt = map[string]bool{"retrying of unary invoker failed": true}
+
 func (c *slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if e.Level == zapcore.WarnLevel && perAttempt[e.Message] {
+		e.Level = zapcore.DebugLevel
+	}
 	if c.Enabled(e.Level) {
 		return ce.AddCore(e, c)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/beaconplane/beacon/store"
@@ -30,13 +31,16 @@ import (
 //   - The watch asks for progress notifications, which let a watch of a
 //     quiet prefix resume from a recent revision after a reconnect rather
 //     than one that may have been compacted. They are not delivered.
+//     etcd answers progress requests only for watches that do not start
+//     ahead of its revision, and the revision after a listing is ahead of
+//     it until some write: such a watch, once quiet for half the silence
+//     timeout, is opened again from the last revision etcd reported (the
+//     events it then repeats are dropped). It is not opened early from the
+//     start, because etcd delivers the events of a watch that starts in
+//     the past only from its next sync, up to 100 ms later.
 //   - The watch notices its own silence (Config.WatchSilenceTimeout): each
 //     watch has a gRPC stream of its own, and one that has heard nothing
-//     for half the timeout asks its member for a progress notification
-//     (etcd answers none while its revision is below the watch's start —
-//     a watch from the revision after a listing, on a store nobody wrote
-//     since — so such a watch instead reads the revision, and a store
-//     still behind its start owes it nothing and counts as heard). A
+//     for half the timeout asks its member for a progress notification. A
 //     watch that still hears nothing when the timeout is up (its member
 //     hangs, or is cut off, or the whole cluster is down) ends, within 1.25
 //     times the timeout plus up to two ProbeTimeouts, with an error
@@ -96,22 +100,38 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 	stop := context.AfterFunc(s.closeCtx, cancel)
 	defer stop()
 
-	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify(), clientv3.WithProgressNotify()}
-	if from > 0 {
-		opts = append(opts, clientv3.WithRev(from))
-	}
 	// The empty prefix is the whole key space: clientv3.WithPrefix turns
 	// the empty key into the range ["\x00", end). clientv3's Watch blocks
 	// until it has opened the gRPC stream, which never happens on a hung
 	// member: it runs aside, so that the silence check covers it too.
-	var ech clientv3.WatchChan // nil until Watch returned
-	echc := make(chan clientv3.WatchChan, 1)
-	go func() { echc <- s.cli.Watch(wctx, prefix, opts...) }()
+	var (
+		ech      clientv3.WatchChan // nil until Watch returned
+		echc     chan clientv3.WatchChan
+		unwatch  context.CancelFunc // ends the current etcd watch
+		opens    sync.WaitGroup     // the goroutines calling Watch
+		openedAt int64              // the revision the current etcd watch started from (0: now)
+		known    int64              // the highest revision etcd reported on this watch
+		reopened bool               // opened one revision early already, or must not be
+	)
+	open := func(rev int64) {
+		if unwatch != nil {
+			unwatch()
+		}
+		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify(), clientv3.WithProgressNotify()}
+		if rev > 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		// A context of its own with the same metadata: the same gRPC
+		// stream, and cancelling it ends only this etcd watch.
+		octx, ocancel := context.WithCancel(wctx)
+		c := make(chan clientv3.WatchChan, 1)
+		ech, echc, unwatch, openedAt = nil, c, ocancel, rev
+		opens.Go(func() { c <- s.cli.Watch(octx, prefix, opts...) })
+	}
+	open(from)
 	defer func() {
 		cancel()
-		if ech == nil {
-			<-echc // Watch returns once wctx is done
-		}
+		opens.Wait() // Watch returns once its context is done
 	}()
 	next := from // the first revision not yet delivered (0: not known yet)
 	isCreated := false
@@ -128,7 +148,6 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		check = t.C
 	}
 	heard := time.Now() // when etcd last said something on this watch
-	var seen int64      // the newest revision etcd reported on this watch
 	for {
 		var (
 			wr clientv3.WatchResponse
@@ -139,29 +158,29 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			continue
 		case wr, ok = <-ech:
 			heard = time.Now()
-			if ok {
-				seen = max(seen, wr.Header.Revision)
-			}
 		case <-check:
 			quiet := time.Since(heard)
 			if quiet < s.watchSilence/2 {
 				continue
 			}
 			if quiet < s.watchSilence {
-				if ech == nil {
-					continue
+				switch {
+				case ech == nil:
+				case openedAt > known && known > 0 && !reopened:
+					// etcd (3.6.8 and later) answers a progress request
+					// only once its revision has reached the start of
+					// every watch on the stream, and this one started
+					// ahead of it (the revision after a listing, on a
+					// key space nobody wrote to since): it would never
+					// be answered, and a healthy member would look
+					// hung. Watch again from the last revision etcd
+					// reported (its events are below next: dropped);
+					// its created response is the sign of life.
+					reopened = true
+					open(known)
+				default:
+					s.requestProgress(wctx)
 				}
-				if from > seen && s.behind(wctx, prefix, from) {
-					// etcd answers no progress request until its
-					// revision reaches the watch's start (a watch from
-					// the revision after a listing, on a store nobody
-					// wrote since): a read that says the store is still
-					// behind it shows the cluster answers and that no
-					// event is due.
-					heard = time.Now()
-					continue
-				}
-				s.requestProgress(wctx)
 				continue
 			}
 			if s.prober != nil {
@@ -193,6 +212,11 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			// response; the Store is not closed, so its client was.
 			end(fmt.Errorf("etcd watch %q: %w: the etcd client was closed", prefix, store.ErrClosed))
 			return
+		case wr.CompactRevision != 0 && openedAt > 0 && openedAt < next && wr.CompactRevision <= next:
+			// Only revisions below next are compacted, which the watch
+			// reopened earlier did not need: watch from next again.
+			open(next)
+			continue
 		case wr.CompactRevision != 0:
 			end(&store.CompactedError{Requested: next, CompactRevision: wr.CompactRevision})
 			return
@@ -200,6 +224,7 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			end(s.wrap(ctx, wctx, fmt.Sprintf("watch %q", prefix), wr.Err()))
 			return
 		case wr.Created:
+			known = max(known, wr.Header.Revision)
 			if next == 0 {
 				next = wr.Header.Revision + 1
 			}
@@ -209,9 +234,11 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			}
 			continue
 		case wr.IsProgressNotify():
+			known = max(known, wr.Header.Revision)
 			next = max(next, wr.Header.Revision+1)
 			continue
 		}
+		known = max(known, wr.Header.Revision)
 		evs := make([]store.Event, 0, len(wr.Events))
 		for _, e := range wr.Events {
 			if e.Kv.ModRevision < next {
@@ -243,15 +270,6 @@ func (s *Store) requestProgress(wctx context.Context) {
 	ctx, cancel := context.WithTimeout(wctx, s.watchSilence/4)
 	defer cancel()
 	_ = s.cli.RequestProgress(ctx) // a failure shows as continued silence
-}
-
-// behind reports whether a read of the cluster's revision answers below
-// rev, within a quarter of the silence timeout.
-func (s *Store) behind(wctx context.Context, prefix string, rev int64) bool {
-	ctx, cancel := context.WithTimeout(wctx, s.watchSilence/4)
-	defer cancel()
-	resp, err := s.cli.Get(ctx, prefix, clientv3.WithCountOnly(), clientv3.WithLimit(1))
-	return err == nil && resp.Header != nil && resp.Header.Revision < rev
 }
 
 func fromEvent(e *clientv3.Event) store.Event {

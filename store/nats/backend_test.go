@@ -8,6 +8,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +54,20 @@ func TestConfigValidate(t *testing.T) {
 	c, err := bnats.ConfigFromEnv()
 	if err == nil || !strings.Contains(err.Error(), bnats.EnvReplicas) || c.URL != "nats://127.0.0.1:1" || c.Validate() == nil {
 		t.Fatalf("ConfigFromEnv with a bad %s: %+v, %v", bnats.EnvReplicas, c, err)
+	}
+	// Every error about a value read from the environment names its
+	// variable (a replica count out of range and a missing file did not).
+	for env, val := range map[string]string{bnats.EnvReplicas: "9", bnats.EnvCreds: "/nonexistent/creds",
+		bnats.EnvCA: "/nonexistent/ca.pem", bnats.EnvURL: "http://127.0.0.1:4222", bnats.EnvBucket: "a.b"} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(bnats.EnvReplicas, "")
+			t.Setenv(bnats.EnvURL, "")
+			t.Setenv(env, val)
+			_, err := bnats.ConfigFromEnv()
+			if want := env + "=" + strconv.Quote(val); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("ConfigFromEnv with %s=%s: %v, want an error naming %s", env, val, err, want)
+			}
+		})
 	}
 }
 

@@ -3,6 +3,7 @@ package nats
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
@@ -84,6 +85,18 @@ type Config struct {
 	Logger *slog.Logger
 
 	envErr error // a bad environment variable, reported by Validate
+	// envs names the variable each field was read from (ConfigFromEnv), so
+	// that Validate's messages name what the user set.
+	envs map[string]string
+}
+
+// setting names a field's value as the user gave it: VARIABLE="value" when
+// ConfigFromEnv read it from the environment, else desc "value".
+func (c Config) setting(field, desc, val string) string {
+	if v := c.envs[field]; v != "" {
+		return fmt.Sprintf("%s=%q", v, val)
+	}
+	return fmt.Sprintf("%s %q", desc, val)
 }
 
 // Validate checks the configuration.
@@ -99,13 +112,13 @@ func (c Config) Validate() error {
 		}
 		p, err := url.Parse(u)
 		if err != nil || p.Host == "" {
-			errs = append(errs, fmt.Errorf("nats: server URL %q is not a URL like nats://host:4222", u))
+			errs = append(errs, fmt.Errorf("nats: %s is not a URL like nats://host:4222", c.setting("URL", "server URL", u)))
 			continue
 		}
 		switch p.Scheme {
 		case "nats", "tls", "ws", "wss":
 		default:
-			errs = append(errs, fmt.Errorf("nats: server URL %q: scheme must be nats, tls, ws or wss", u))
+			errs = append(errs, fmt.Errorf("nats: %s: scheme must be nats, tls, ws or wss", c.setting("URL", "server URL", u)))
 		}
 	}
 	if (c.User == "") != (c.Password == "") {
@@ -117,19 +130,26 @@ func (c Config) Validate() error {
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		errs = append(errs, errors.New("nats: a client certificate needs both the certificate and the key file"))
 	}
-	for _, f := range []string{c.CredsFile, c.CAFile, c.CertFile, c.KeyFile} {
-		if f == "" {
+	for _, f := range []struct{ field, desc, path string }{
+		{"CredsFile", "credentials file", c.CredsFile}, {"CAFile", "CA file", c.CAFile},
+		{"CertFile", "certificate file", c.CertFile}, {"KeyFile", "key file", c.KeyFile},
+	} {
+		if f.path == "" {
 			continue
 		}
-		if _, err := os.Stat(f); err != nil {
-			errs = append(errs, fmt.Errorf("nats: %w", err))
+		if _, err := os.Stat(f.path); err != nil {
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			errs = append(errs, fmt.Errorf("nats: %s: %w", c.setting(f.field, f.desc, f.path), err))
 		}
 	}
 	if c.Bucket != "" && !bucketRe.MatchString(c.Bucket) {
-		errs = append(errs, fmt.Errorf("nats: bucket name %q: use letters, digits, '-' and '_'", c.Bucket))
+		errs = append(errs, fmt.Errorf("nats: %s: use letters, digits, '-' and '_'", c.setting("Bucket", "bucket name", c.Bucket)))
 	}
-	if c.Replicas < 0 || c.Replicas > 5 {
-		errs = append(errs, fmt.Errorf("nats: replicas %d: must be 1 to 5", c.Replicas))
+	if (c.Replicas < 0 || c.Replicas > 5) && c.envErr == nil {
+		errs = append(errs, fmt.Errorf("nats: %s: must be 1 to 5", c.setting("Replicas", "replicas", strconv.Itoa(c.Replicas))))
 	}
 	if c.History != 0 && (c.History < MinHistory || c.History > 64) {
 		errs = append(errs, fmt.Errorf("nats: history %d: must be %d to 64", c.History, MinHistory))
@@ -195,6 +215,13 @@ func ConfigFromEnv() (Config, error) {
 		KeyFile:   os.Getenv(EnvKey),
 		Domain:    os.Getenv(EnvDomain),
 		Bucket:    os.Getenv(EnvBucket),
+		envs:      map[string]string{},
+	}
+	for field, env := range map[string]string{"URL": EnvURL, "CredsFile": EnvCreds, "CAFile": EnvCA, "CertFile": EnvCert,
+		"KeyFile": EnvKey, "Bucket": EnvBucket, "Replicas": EnvReplicas} {
+		if os.Getenv(env) != "" {
+			c.envs[field] = env
+		}
 	}
 	if v := os.Getenv(EnvReplicas); v != "" {
 		n, err := strconv.Atoi(v)

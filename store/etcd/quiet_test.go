@@ -1,0 +1,162 @@
+package etcd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/etcd"
+)
+
+// TestQuietWatchFromNextRevisionStaysOpen: the list-then-watch pattern
+// (watch from the listing's revision + 1) on a key space nobody writes to
+// stays open on a healthy member. etcd answers a progress request only for
+// watches that do not start ahead of its revision, so such a watch heard
+// nothing and ended as silent after WatchSilenceTimeout: `beacon serve`
+// logged "watch stream silent" and DNS and SSE watchers went stale on an
+// idle server. The etcd server is this test's own: another test's write
+// would advance the revision and hide the fault.
+func TestQuietWatchFromNextRevisionStaysOpen(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	s := newStore(t, srv, etcd.Config{WatchSilenceTimeout: silence})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	first, err := s.Put(ctx, "/quiet/a", []byte("1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rev, err := s.List(ctx, "/quiet/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rev != first {
+		t.Fatalf("listing at revision %d, want the put's %d (a write nobody expected?)", rev, first)
+	}
+	next := s.Watch(ctx, "/quiet/", rev+1) // the revision after the listing
+	at := s.Watch(ctx, "/quiet/", rev)     // the listing's own revision
+	// Three silence timeouts: the watch would have ended within 1.25.
+	quiet := time.NewTimer(3 * silence)
+	defer quiet.Stop()
+	select {
+	case resp, ok := <-next:
+		t.Fatalf("quiet watch from revision %d (the store's is %d) delivered %+v (open %v) on a healthy member", rev+1, rev, resp, ok)
+	case <-quiet.C:
+	}
+	// The watch from the listing's revision delivers that revision's
+	// put; the one from the next revision does not (the revision it
+	// opened its etcd watch at is not delivered again).
+	select {
+	case resp := <-at:
+		if resp.Err != nil || len(resp.Events) != 1 || resp.Events[0].KV.ModRevision != rev {
+			t.Fatalf("watch from %d delivered %+v, want the put at %d", rev, resp, rev)
+		}
+	default:
+		t.Fatalf("watch from %d delivered nothing, want the put at %d", rev, rev)
+	}
+	second, err := s.Put(ctx, "/quiet/b", []byte("2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := time.Now()
+	for name, w := range map[string]store.WatchChan{"next": next, "at": at} {
+		select {
+		case resp := <-w:
+			if resp.Err != nil || len(resp.Events) != 1 || resp.Events[0].KV.Key != "/quiet/b" || resp.Events[0].KV.ModRevision != second {
+				t.Fatalf("watch %s delivered %+v, want the put of /quiet/b at %d", name, resp, second)
+			}
+		case <-ctx.Done():
+			t.Fatalf("watch %s: no event for the put at %d", name, second)
+		}
+	}
+	t.Logf("put delivered to both watches %v after it was acknowledged", time.Since(put).Round(time.Microsecond))
+}
+
+// TestFirstEventOfAWatchIsNotDelayed: a watch from the revision after a
+// listing delivers a write made right after it opened at once. Opening
+// every etcd watch one revision early (so that etcd answers its progress
+// requests) made etcd deliver its first events only from its next sync of
+// watchers in the past: 80 ms after the write.
+func TestFirstEventOfAWatchIsNotDelayed(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	s := newStore(t, srv, etcd.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const rounds = 10
+	var took []time.Duration
+	for i := range rounds {
+		_, rev, err := s.List(ctx, "/first/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := s.Watch(ctx, "/first/", rev+1) // returns once etcd created the watch
+		start := time.Now()
+		if _, err := s.Put(ctx, fmt.Sprintf("/first/k%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case resp := <-w:
+			if resp.Err != nil || len(resp.Events) != 1 {
+				t.Fatalf("watch from %d: %+v", rev+1, resp)
+			}
+		case <-ctx.Done():
+			t.Fatal("no event")
+		}
+		took = append(took, time.Since(start))
+	}
+	slices.Sort(took)
+	median := took[rounds/2]
+	t.Logf("first event of a new watch: median %v, worst %v after the put", median, took[rounds-1])
+	// etcd's sync of watchers in the past runs every 100 ms; a put and
+	// its delivery take about a millisecond here. The median: Watch from
+	// a revision returns before etcd created the watch, and a put that
+	// overtakes the creation on a loaded machine is delivered by the
+	// next sync; opening every watch early delayed them all.
+	if median > 60*time.Millisecond {
+		t.Fatalf("first event of a new watch: median %v after the put: delivered by etcd's sync of unsynced watchers, not at once", median)
+	}
+}
+
+// TestWatchFromCompactionRevision: a watch from exactly the revision the
+// store was compacted at has all it asked for and delivers it; one from an
+// earlier revision is compacted.
+func TestWatchFromCompactionRevision(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, etcdtest.Start(t, etcdtest.Options{}), etcd.Config{}) // compaction is the whole cluster's
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r1, err := s.Put(ctx, "/compactedge/a", []byte("1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := s.Put(ctx, "/compactedge/b", []byte("2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Compact(ctx, r2); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case resp := <-s.Watch(ctx, "/compactedge/", r2):
+		if resp.Err != nil || len(resp.Events) != 1 || resp.Events[0].KV.ModRevision != r2 {
+			t.Fatalf("watch from the compaction revision %d delivered %+v, want the put at %d", r2, resp, r2)
+		}
+	case <-ctx.Done():
+		t.Fatal("watch from the compaction revision: nothing delivered")
+	}
+	select {
+	case resp := <-s.Watch(ctx, "/compactedge/", r1):
+		var ce *store.CompactedError
+		if !errors.As(resp.Err, &ce) || ce.Requested != r1 || ce.CompactRevision != r2 {
+			t.Fatalf("watch from %d (compacted at %d) delivered %+v, want a CompactedError", r1, r2, resp)
+		}
+	case <-ctx.Done():
+		t.Fatal("watch from a compacted revision: nothing delivered")
+	}
+}
