@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 )
 
 // securityWarnings lists the listeners reachable from other machines
@@ -71,9 +72,28 @@ func (s *Server) authEnforced() bool {
 	return on
 }
 
-// logSecurityWarnings logs every warning of securityWarnings.
+// logSecurityWarnings logs every warning of securityWarnings, and a
+// root password file others may read.
 func (s *Server) logSecurityWarnings() {
 	for _, w := range s.securityWarnings() {
 		s.log.Warn("SECURITY: listener exposed without protection", "problem", w)
 	}
+	if w := passwordFileWarning(s.sec.RootPasswordFile); w != "" {
+		s.log.Warn("SECURITY: secret readable by others", "problem", w)
+	}
+}
+
+// passwordFileWarning says what is wrong with a password file that users
+// other than its owner may read or write ("" if nothing, or no file). It
+// warns rather than refuses: a Kubernetes secret volume mounts files
+// 0644 unless told otherwise (defaultMode), inside a pod of its own.
+func passwordFileWarning(path string) string {
+	if path == "" {
+		return ""
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm()&0o077 == 0 {
+		return ""
+	}
+	return fmt.Sprintf("--auth-root-password-file %s has mode %04o: users other than its owner can read the etcd root password; chmod 600 it (on Kubernetes: defaultMode: 0400 on the secret volume)", path, fi.Mode().Perm())
 }
