@@ -118,12 +118,28 @@ func (q QueryRule) check(r *http.Request) error {
 			}
 			return &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes %s", name, r.Method, r.URL.Path, strings.Join(q.Params, ", "))}
 		}
+		if err := nonEmpty(name, v[name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nonEmpty refuses a parameter given without a value ("?namespace=" or
+// "?namespace"): an empty filter would otherwise read as no filter and
+// select everything, which is never what a caller who named the filter
+// meant.
+func nonEmpty(name string, values []string) error {
+	if slices.Contains(values, "") {
+		return &QueryError{fmt.Sprintf("query parameter %q is empty: give it a value, or leave it out", name)}
 	}
 	return nil
 }
 
 // Query parses the request's query with ParseQuery and refuses any
-// parameter not in allowed. The values are returned by name (one each).
+// parameter not in allowed, and any given with an empty value (an empty
+// filter is not "no filter": leave the parameter out for that). The
+// values are returned by name (one each).
 func Query(r *http.Request, allowed ...string) (map[string]string, error) {
 	v, err := ParseQuery(r.URL.RawQuery)
 	if err != nil {
@@ -136,6 +152,9 @@ func Query(r *http.Request, allowed ...string) (map[string]string, error) {
 				return nil, &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes none", name, r.Method, r.URL.Path)}
 			}
 			return nil, &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes %s", name, r.Method, r.URL.Path, strings.Join(allowed, ", "))}
+		}
+		if err := nonEmpty(name, v[name]); err != nil {
+			return nil, err
 		}
 		out[name] = v[name][0]
 	}

@@ -51,6 +51,13 @@ func TestQueryRefusesUnknown(t *testing.T) {
 	if _, err := Query(r); err == nil || !strings.Contains(err.Error(), "takes none") {
 		t.Fatalf("Query with no parameters allowed = %v", err)
 	}
+	// An empty value is refused, not read as "no filter".
+	for _, q := range []string{"namespace=", "namespace", "namespace=&x=1", "x=1&namespace"} {
+		r = httptest.NewRequest("GET", "/v1/x?"+q, nil)
+		if _, err := Query(r, "namespace", "x"); err == nil || !strings.Contains(err.Error(), `query parameter "namespace" is empty`) {
+			t.Errorf("Query(%q) = %v, want the empty namespace refused", q, err)
+		}
+	}
 }
 
 // FuzzParseQuery: ParseQuery never panics, and when it accepts a query it
@@ -193,6 +200,7 @@ func TestMuxQueries(t *testing.T) {
 	}
 	for q, want := range map[string]int{
 		"": 200, "x=1": 200, "tag=a&tag=b": 200, "x=1&x=2": 400, "y=1": 400, "%zz": 400,
+		"x=": 400, "x": 400, "tag=a&tag=": 400,
 	} {
 		w := httptest.NewRecorder()
 		m.ServeHTTP(w, httptest.NewRequest("GET", "/a?"+q, nil))
