@@ -206,7 +206,10 @@ func IsJSON(contentType string) bool {
 
 // DecodeJSON reads a JSON request body strictly into v: a JSON
 // Content-Type (or none), at most limit bytes, exactly one JSON value with
-// no unknown fields; an empty body is refused. On error it writes the
+// no unknown fields, no key given twice in any object (metadata maps
+// included) and no field named in another letter case than its own
+// ("Address" for "address", which encoding/json accepts); an empty body
+// is refused. On error it writes the
 // 415, 413 or 400 and returns false. A decoding error matching one of
 // plain (an UnmarshalJSON error of a field type) is reported with its own
 // message rather than as malformed JSON.
@@ -255,6 +258,10 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64, plai
 			return false
 		}
 		WriteError(w, http.StatusBadRequest, CodeInvalidArgument, "malformed JSON body: more than one JSON value")
+		return false
+	}
+	if err := strictKeys(body, v); err != nil {
+		WriteError(w, http.StatusBadRequest, CodeInvalidArgument, err.Error())
 		return false
 	}
 	return true
