@@ -284,7 +284,15 @@ func (c *rangeCache) load() {
 	h := c.p.watchHub()
 	ctx, cancel := context.WithTimeout(h.ctx, 5*time.Minute)
 	defer cancel()
-	ctx = metadata.NewOutgoingContext(ctx, metadata.Pairs(viaKey, c.p.id))
+	md := metadata.Pairs(viaKey, c.p.id)
+	// The cache serves only requests without credentials: it reads as one
+	// (never as the proxy's client certificate, anonymous.go).
+	token := ""
+	if c.p.hasClientCert() {
+		token = anonymousToken
+		md.Set(rpctypes.TokenFieldNameGRPC, token)
+	}
+	ctx = metadata.NewOutgoingContext(ctx, md)
 	tree := btree.NewG(32, kvLess)
 	var size, rev int64
 	var hdr *pb.ResponseHeader
@@ -318,7 +326,7 @@ func (c *rangeCache) load() {
 		}
 		key = append(slices.Clone(resp.Kvs[len(resp.Kvs)-1].Key), 0)
 	}
-	w := &cwatcher{id: -1, sink: c, key: watchKey{key: "\x00", end: "\x00", stream: cacheStream}}
+	w := &cwatcher{id: -1, sink: c, key: watchKey{key: "\x00", end: "\x00", stream: cacheStream, token: token}}
 	c.mu.Lock()
 	c.tree, c.bytes, c.rev, c.w = tree, size, rev, w
 	c.cluster, c.member, c.term = hdr.ClusterId, hdr.MemberId, hdr.RaftTerm
@@ -461,7 +469,15 @@ func (c *rangeCache) probe() {
 		}()
 		ctx, cancel := context.WithTimeout(h.ctx, c.maxStale)
 		defer cancel()
-		ctx = metadata.NewOutgoingContext(ctx, metadata.Pairs(viaKey, c.p.id))
+		md := metadata.Pairs(viaKey, c.p.id)
+	// The cache serves only requests without credentials: it reads as one
+	// (never as the proxy's client certificate, anonymous.go).
+	token := ""
+	if c.p.hasClientCert() {
+		token = anonymousToken
+		md.Set(rpctypes.TokenFieldNameGRPC, token)
+	}
+	ctx = metadata.NewOutgoingContext(ctx, md)
 		sent := time.Now()
 		resp := new(pb.RangeResponse)
 		_, _, err := c.p.invoke(ctx, kvSvc+"Range", &pb.RangeRequest{Key: []byte{0}, CountOnly: true}, resp, false, true)

@@ -368,7 +368,7 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 			StreamName: "Watch", ServerStreams: true, ClientStreams: true,
 			Handler: func(_ any, ss grpc.ServerStream) error {
 				err := p.watch.serve(ss)
-				p.m.request("/etcdserverpb.Watch/Watch", err)
+				p.m.request(watchMethod, err)
 				return err
 			},
 		}},

@@ -209,7 +209,7 @@ func (h *watchHub) close() {
 
 // serve handles one client Watch stream.
 func (h *watchHub) serve(ss grpc.ServerStream) error {
-	rctx, err := h.p.outgoing(ss.Context())
+	rctx, err := h.p.outgoing(ss.Context(), watchMethod)
 	if err != nil {
 		return err
 	}
@@ -454,9 +454,13 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 		return
 	}
 	md, _ := metadata.FromIncomingContext(s.ss.Context())
+	token := strings.Join(append(md.Get(rpctypes.TokenFieldNameGRPC), md.Get("authorization")...), ",")
+	if h.p.lendsIdentity(s.ss.Context(), watchMethod) { // anonymous.go
+		token = anonymousToken
+	}
 	w := &cwatcher{id: id, idPart: watchIDPart(id), s: s, progres: cr.ProgressNotify,
 		key: watchKey{key: key, end: end, prevKV: cr.PrevKv,
-			token:         strings.Join(append(md.Get(rpctypes.TokenFieldNameGRPC), md.Get("authorization")...), ","),
+			token:         token,
 			via:           strings.Join(md.Get(viaKey), ","),
 			requireLeader: slices.Contains(md.Get(rpctypes.MetadataRequireLeaderKey), rpctypes.MetadataHasLeader)}}
 	var noPut, noDel bool
