@@ -3,10 +3,13 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
 )
@@ -93,5 +96,76 @@ func TestProxyPprof(t *testing.T) {
 		if resp.StatusCode != tc.want {
 			t.Errorf("/debug/pprof/ (EnablePprof %v): %d, want %d", tc.p.cfg.EnablePprof, resp.StatusCode, tc.want)
 		}
+	}
+}
+
+// TestGatewayDeadlines: a gateway request whose body does not arrive
+// within the request timeout is answered (it was cut without a word), a
+// profile longer than the request timeout is not cut, and a watch over
+// the gateway outlives it.
+func TestGatewayDeadlines(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := startProxyWith(t, Config{Endpoints: srv.Endpoints(), EnablePprof: true}, func(p *Proxy) { p.httpTimeout = time.Second })
+	addr := p.Addr().String()
+
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	fmt.Fprintf(conn, "POST /v3/kv/put HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"key", addr)
+	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+	slow, err := io.ReadAll(conn)
+	if err != nil && !strings.Contains(err.Error(), "reset") {
+		t.Fatalf("slow body: the proxy held the connection: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second || !strings.HasPrefix(string(slow), "HTTP/1.1 4") {
+		t.Fatalf("slow body: after %v answered %q, want a 4xx", took, slow)
+	}
+
+	// A watch over the gateway, past the request timeout.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/v3/watch", strings.NewReader(`{"create_request":{"key":"L3c="}}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("gateway watch: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	lines := make(chan string, 4)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	if l := <-lines; !strings.Contains(l, `"created":true`) {
+		t.Fatalf("gateway watch: %s", l)
+	}
+
+	start = time.Now()
+	presp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=2")
+	if err != nil {
+		t.Fatalf("a 2 s profile with a 1 s request timeout: %v", err)
+	}
+	b, _ := io.ReadAll(presp.Body)
+	presp.Body.Close()
+	if presp.StatusCode != http.StatusOK || len(b) == 0 || time.Since(start) < 2*time.Second {
+		t.Fatalf("a 2 s profile with a 1 s request timeout: %d, %d bytes after %v", presp.StatusCode, len(b), time.Since(start))
+	}
+
+	if _, err := srv.Client(t).Put(context.Background(), "/w", "after"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l, ok := <-lines:
+		if !ok || !strings.Contains(l, `"events"`) {
+			t.Fatalf("gateway watch after the request timeout: %q (open %v)", l, ok)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("gateway watch: no event after the request timeout")
 	}
 }

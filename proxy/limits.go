@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/beaconplane/beacon/internal/pprofhttp"
 )
 
 // Defaults of the client-facing limits.
@@ -20,7 +22,19 @@ const (
 	httpIdleTimeout = 2 * time.Minute
 	// maxHeaderBytes bounds a gateway request's header.
 	maxHeaderBytes = 64 << 10
+	// answerGrace is how long after its read deadline a request may still
+	// be answered.
+	answerGrace = 2 * time.Second
 )
+
+// profileHold is how long a profile request (with --pprof) holds its
+// connection before it answers.
+func (p *Proxy) profileHold(r *http.Request) time.Duration {
+	if !p.cfg.EnablePprof || r.Method != http.MethodGet {
+		return 0
+	}
+	return pprofhttp.Hold(r)
+}
 
 // maxRecvBytes is the largest gRPC message the proxy accepts from a
 // client: a larger one is refused with ResourceExhausted before it is
@@ -57,11 +71,21 @@ func (p *Proxy) limitHTTP(hs *http.Server) {
 		if r.Body != nil {
 			r.Body = http.MaxBytesReader(w, r.Body, limit)
 		}
-		if !streamingPaths[r.URL.Path] {
-			rc := http.NewResponseController(w)
-			now := time.Now()
-			_ = rc.SetReadDeadline(now.Add(httpRequestTimeout))
-			_ = rc.SetWriteDeadline(now.Add(httpRequestTimeout))
+		rc := http.NewResponseController(w)
+		now := time.Now()
+		switch hold := p.profileHold(r); {
+		case streamingPaths[r.URL.Path]:
+		case hold > 0:
+			// A profile holds the request that long before it answers;
+			// the read deadline too, since net/http cancels a request's
+			// context when a read deadline passes.
+			_ = rc.SetReadDeadline(now.Add(hold + p.httpTimeout))
+			_ = rc.SetWriteDeadline(now.Add(hold + p.httpTimeout))
+		default:
+			// The answer may be written a moment after the body stopped
+			// arriving, so that a client too slow to send it is told so.
+			_ = rc.SetReadDeadline(now.Add(p.httpTimeout))
+			_ = rc.SetWriteDeadline(now.Add(p.httpTimeout + answerGrace))
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -41,6 +41,9 @@ type Proxy struct {
 	forceCodec      grpc.CallOption
 	httpClient      *http.Client
 	dir             *director
+	// httpTimeout bounds reading a gateway request and writing a unary
+	// answer (httpRequestTimeout).
+	httpTimeout time.Duration
 
 	mu    sync.Mutex
 	state int
@@ -90,6 +93,7 @@ func New(cfg Config) (*Proxy, error) {
 	_, _ = rand.Read(idb[:])
 	log := cfg.Logger.With("component", "proxy")
 	p := &Proxy{
+		httpTimeout:     httpRequestTimeout,
 		cfg:             cfg,
 		log:             log,
 		reg:             reg,

@@ -16,6 +16,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -238,6 +239,9 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64, plai
 		switch {
 		case errors.As(err, &mbe):
 			WriteError(w, http.StatusRequestEntityTooLarge, CodeInvalidArgument, fmt.Sprintf("body larger than %d bytes", limit))
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			WriteError(w, http.StatusRequestTimeout, CodeInvalidArgument,
+				"the request body did not arrive within the server's request timeout: send it with the request, not slowly after it")
 		case errors.Is(err, io.EOF):
 			WriteError(w, http.StatusBadRequest, CodeInvalidArgument, "empty body: send a JSON object")
 		default:
