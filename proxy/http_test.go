@@ -2,16 +2,20 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestHTTPGatewayWatchAndMetrics: the JSON gateway's streaming watch works
@@ -167,5 +171,64 @@ func TestGatewayDeadlines(t *testing.T) {
 		}
 	case <-time.After(testTimeout):
 		t.Fatal("gateway watch: no event after the request timeout")
+	}
+}
+
+// TestIdleConnectionsClosed: a gRPC connection without calls is closed
+// after the idle time (it was held until a keep-alive two hours later, so
+// one client could hold any number of them); clients reconnect at their
+// next call, and a connection with a watch open is not idle.
+func TestIdleConnectionsClosed(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	// (No silence check: this test is about idle client connections.)
+	p := startProxyWith(t, Config{Endpoints: srv.Endpoints(), WatchSilenceTimeout: -1}, func(p *Proxy) { p.idleTimeout = time.Second })
+	ctx := ctxT(t)
+	cli := proxyClient(t, p)
+	if _, err := cli.Put(ctx, "/a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	wch := cli.Watch(ctx, "/w", clientv3.WithCreatedNotify())
+	if wr := <-wch; !wr.Created {
+		t.Fatalf("watch: %+v", wr)
+	}
+
+	// An HTTP/2 connection that completes its handshake and makes no call.
+	conn, err := net.Dial("tcp", p.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	if _, err := conn.Write([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(testTimeout))
+	var got []byte
+	buf := make([]byte, 4096)
+	goaway := []byte{0x07, 0x00, 0x00, 0x00, 0x00, 0x00} // a GOAWAY frame header (type 7, no flags, stream 0)
+	for !bytes.Contains(got, goaway) {
+		n, err := conn.Read(buf)
+		got = append(got, buf[:n]...)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("an idle gRPC connection is still open after %v", time.Since(start))
+		}
+		if err != nil && !bytes.Contains(got, goaway) {
+			t.Fatalf("the idle connection was closed without a GOAWAY (%v): % x", err, got)
+		}
+	}
+
+	// The client with a watch open was not idle: it still works, and its
+	// watch still delivers.
+	if _, err := cli.Put(ctx, "/w", "after"); err != nil {
+		t.Fatalf("put after the idle time: %v", err)
+	}
+	select {
+	case wr := <-wch:
+		if len(wr.Events) != 1 || string(wr.Events[0].Kv.Value) != "after" {
+			t.Fatalf("watch after the idle time: %+v", wr)
+		}
+	case <-ctx.Done():
+		t.Fatal("the watch got nothing after the idle time")
 	}
 }

@@ -20,8 +20,10 @@ const (
 	httpRequestTimeout = 30 * time.Second
 	// httpIdleTimeout closes idle keep-alive connections of the gateway.
 	httpIdleTimeout = 2 * time.Minute
-	// maxHeaderBytes bounds a gateway request's header.
+	// maxHeaderBytes bounds a gateway request's header, read within
+	// headerTimeout (also the bound of a gRPC connection's handshake).
 	maxHeaderBytes = 64 << 10
+	headerTimeout  = 10 * time.Second
 	// answerGrace is how long after its read deadline a request may still
 	// be answered.
 	answerGrace = 2 * time.Second
@@ -61,7 +63,8 @@ var streamingPaths = map[string]bool{
 // does not stream.
 func (p *Proxy) limitHTTP(hs *http.Server) {
 	hs.MaxHeaderBytes = maxHeaderBytes
-	hs.IdleTimeout = httpIdleTimeout
+	hs.IdleTimeout = p.idleTimeout
+	hs.ReadHeaderTimeout = headerTimeout
 	// TLS handshake failures (an untrusted or expired client certificate,
 	// plain text to the TLS port) are logged here.
 	hs.ErrorLog = slog.NewLogLogger(p.log.With("component", "proxy-http").Handler(), slog.LevelWarn)
