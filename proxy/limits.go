@@ -13,6 +13,10 @@ const (
 	// DefaultMaxRequestBytes is etcd's --max-request-bytes default: the
 	// largest request a member accepts, so the largest the proxy reads.
 	DefaultMaxRequestBytes = 1536 * 1024
+	// DefaultMaxWatchers and DefaultMaxWatchersPerStream bound the
+	// watchers clients open (Config.MaxWatchers).
+	DefaultMaxWatchers          = 100_000
+	DefaultMaxWatchersPerStream = 10_000
 	// grpcOverheadBytes is the allowance for gRPC framing, as etcd adds.
 	grpcOverheadBytes = 512 * 1024
 	// httpRequestTimeout bounds reading a gateway request's body and

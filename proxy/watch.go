@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"slices"
@@ -78,6 +79,8 @@ type watchHub struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	kick   chan struct{} // the endpoints changed (watchmember.go)
+	// watchers counts the client watchers (Config.MaxWatchers).
+	watchers atomic.Int64
 
 	mu      sync.Mutex
 	member  string           // the member the upstream watches run on
@@ -429,7 +432,18 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 		s.enqueue(watchCanceled(nil, id, "mvcc: duplicate watch ID"))
 		return
 	}
+	open := len(s.watchers)
 	s.mu.Unlock()
+	if limit := h.p.cfg.MaxWatchersPerStream; limit > 0 && open >= limit {
+		s.enqueue(watchCanceled(nil, id, fmt.Sprintf(
+			"proxy: this watch stream has %d watchers, the most one stream may have (--max-watchers-per-stream): cancel watches you no longer need", open)))
+		return
+	}
+	if limit := h.p.cfg.MaxWatchers; limit > 0 && h.watchers.Load() >= int64(limit) {
+		s.enqueue(watchCanceled(nil, id, fmt.Sprintf(
+			"proxy: %d watchers are open on this proxy, the most it serves (--max-watchers): retry later, or through another proxy", limit)))
+		return
+	}
 
 	key, end := string(cr.Key), string(cr.RangeEnd)
 	if end != "" && end != "\x00" && end <= key {
@@ -485,9 +499,9 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 	}
 	s.watchers[id] = w
 	s.mu.Unlock()
-	h.p.m.clientWatchers.Inc()
+	h.watcherAdded()
 	if !h.attach(w, cr.StartRevision, rresp.Header) {
-		h.p.m.clientWatchers.Dec()
+		h.watcherRemoved()
 		s.mu.Lock()
 		delete(s.watchers, id)
 		s.mu.Unlock()
@@ -500,6 +514,17 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 	if closed {
 		h.detach(w) // the stream ended while this watcher was being attached
 	}
+}
+
+// watcherAdded and watcherRemoved count client watchers.
+func (h *watchHub) watcherAdded() {
+	h.watchers.Add(1)
+	h.p.m.clientWatchers.Inc()
+}
+
+func (h *watchHub) watcherRemoved() {
+	h.watchers.Add(-1)
+	h.p.m.clientWatchers.Dec()
 }
 
 // attach puts w on a fitting upstream (or a new one) and queues its
@@ -795,7 +820,7 @@ func (u *upstream) end(hdr *pb.ResponseHeader, compactRev int64, reason string) 
 		s.mu.Lock()
 		if s.watchers[w.id] == w {
 			delete(s.watchers, w.id)
-			h.p.m.clientWatchers.Dec()
+			h.watcherRemoved()
 		}
 		s.mu.Unlock()
 		s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, hdr.Revision), WatchId: w.id, Canceled: true, CompactRevision: compactRev, CancelReason: reason})
@@ -905,7 +930,7 @@ func (h *watchHub) detach(w *cwatcher) {
 	}
 	h.mu.Unlock()
 	if was && w.sink == nil {
-		h.p.m.clientWatchers.Dec()
+		h.watcherRemoved()
 	}
 	if empty {
 		u.stop()
