@@ -306,7 +306,6 @@ func TestWatcherCountSurvivesRaces(t *testing.T) {
 	conn := grpcConn(t, p)
 	for round := range 5 {
 		ctx, cancel := context.WithCancel(ctxT(t))
-		var streams []pb.Watch_WatchClient
 		for range 100 {
 			ws, err := pb.NewWatchClient(conn).Watch(ctx)
 			if err != nil {
@@ -318,7 +317,6 @@ func TestWatcherCountSurvivesRaces(t *testing.T) {
 			if r, err := ws.Recv(); err != nil || !r.Created {
 				t.Fatalf("create: %+v %v", r, err)
 			}
-			streams = append(streams, ws)
 		}
 		h := p.watchHub()
 		h.mu.Lock()

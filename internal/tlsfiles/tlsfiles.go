@@ -127,7 +127,7 @@ func NewReloader(f Files, log *slog.Logger) (*Reloader, error) {
 			return nil, err
 		}
 		if warn != "" {
-			log.Warn(warn)
+			log.Warn("TLS certificate not valid yet", "problem", warn)
 		}
 	}
 	r.warnExpiredCAs(m)
