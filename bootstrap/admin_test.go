@@ -192,6 +192,24 @@ func TestTokenHTTPAPI(t *testing.T) {
 			t.Errorf("POST %s: %d %+v", body, got, e)
 		}
 	}
+	// What encoding/json accepts silently (the last of two keys, a field
+	// name in another letter case) and absurd numbers are refused with a
+	// message that names the key or states the range.
+	for body, want := range map[string]string{
+		`{"size": 3, "size": 5}`:         `key "size" is given twice`,
+		`{"Size": 3}`:                    `unknown field "Size": field names are case-sensitive: did you mean "size"?`,
+		`{"size": 1e308}`:                "size 1e308: want a whole number, 1 to 1000",
+		`{"size": 99999999999999999999}`: "size 99999999999999999999: want a whole number, 1 to 1000",
+		`{"size": 3.5}`:                  "size 3.5: want a whole number, 1 to 1000",
+		`{"size": "3"}`:                  `size "3": want a number, 1 to 1000`,
+		`{"size": 3, "TOKEN": "x"}`:      `did you mean "token"?`,
+	} {
+		e = bootstrap.ErrorResponse{}
+		got := call("POST", "/v1/tokens", body, &e)
+		if got != 400 || e.Code != "invalid_argument" || !strings.Contains(e.Message, want) {
+			t.Errorf("POST %s: %d %+v, want 400 saying %q", body, got, e, want)
+		}
+	}
 	if code := call("POST", "/v1/tokens", `{"token": "`+created.Token+`"}`, &e); code != 409 || e.Code != "already_exists" {
 		t.Fatalf("reuse: %d %+v", code, e)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 
 	"github.com/beaconplane/beacon/internal/httpapi"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -149,15 +150,15 @@ func (h *tokenHandler) create(w http.ResponseWriter, r *http.Request) {
 	// Size is a pointer here so that an explicit 0 is told apart from a
 	// missing size (the default).
 	var body struct {
-		Size  *int   `json:"size"`
-		Token string `json:"token"`
+		Size  *sizeField `json:"size"`
+		Token string     `json:"token"`
 	}
-	if !httpapi.DecodeJSON(w, r, &body, maxBody) {
+	if !httpapi.DecodeJSON(w, r, &body, maxBody, ErrInvalidSize) {
 		return
 	}
 	req := CreateTokenRequest{Size: 3, Token: body.Token}
 	if body.Size != nil {
-		req.Size = *body.Size
+		req.Size = int(*body.Size)
 	}
 	if req.Token == "" {
 		req.Token = NewToken()
@@ -241,4 +242,22 @@ func writeJSON(w http.ResponseWriter, code int, v any) { httpapi.WriteJSON(w, co
 
 func writeError(w http.ResponseWriter, code int, kind, msg string) {
 	httpapi.WriteError(w, code, kind, msg)
+}
+
+// sizeField is the size of a token in a JSON body: a JSON number that is
+// a whole number. One that is not, or too large for an int (1e308), is
+// refused stating the range, not as a type error of the decoder.
+type sizeField int
+
+// UnmarshalJSON reads a whole number.
+func (s *sizeField) UnmarshalJSON(b []byte) error {
+	if len(b) == 0 || (b[0] != '-' && (b[0] < '0' || b[0] > '9')) {
+		return invalid(ErrInvalidSize, "size %s: want a number, 1 to %d (3, 5 or 7 is usual)", b, MaxSize)
+	}
+	n, err := strconv.Atoi(string(b))
+	if err != nil {
+		return invalid(ErrInvalidSize, "size %s: want a whole number, 1 to %d (3, 5 or 7 is usual)", b, MaxSize)
+	}
+	*s = sizeField(n)
+	return nil
 }

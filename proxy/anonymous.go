@@ -26,6 +26,23 @@ import (
 // AuthStatus, MemberList, Status, and lease keep-alives (which etcd does
 // not authorize).
 
+// The refusal rests on the cluster's authentication status, asked at most
+// once per authStatusTTL, so it lags an `etcdctl auth enable` by up to that
+// long. What closes the gap is anonymousToken: a request without
+// credentials that the proxy forwards over a certificate-bearing
+// connection carries it as its token. etcd ignores tokens while
+// authentication is off, and refuses a token it did not issue while it is
+// on ("invalid auth token") instead of falling back to the certificate's
+// common name; a request proposed before the switch and applied after it
+// has no user name and is refused at apply. So no request ever acts as
+// the proxy's certificate, whatever the timing.
+
+// anonymousToken is the token of requests without credentials forwarded
+// over a connection that presents a client certificate; no etcd token
+// provider issues it (simple tokens are random letters, a dot and an
+// index; JWTs have three parts).
+const anonymousToken = "beacon-proxy-no-credentials"
+
 // anonymousFree are the etcd calls that need no user.
 var anonymousFree = map[string]bool{
 	authSvc + "Authenticate":       true,
@@ -68,14 +85,23 @@ func hasToken(ctx context.Context) bool {
 	return false
 }
 
+// lendsIdentity reports whether forwarding the request as it is could
+// make etcd take the proxy's client certificate for its user: an etcd
+// call that needs a user, without credentials, over a connection with a
+// client certificate.
+func (p *Proxy) lendsIdentity(ctx context.Context, method string) bool {
+	if !p.hasClientCert() || anonymousFree[method] || hasToken(ctx) {
+		return false
+	}
+	// Others are served by the proxy itself, or refused as unknown.
+	return strings.HasPrefix(method, "/etcdserverpb.") || strings.HasPrefix(method, "/v3electionpb.") || strings.HasPrefix(method, "/v3lockpb.")
+}
+
 // refuseAnonymous returns the error for a request that would act as the
 // proxy's certificate, or nil.
 func (p *Proxy) refuseAnonymous(ctx context.Context, method string) error {
-	if !p.hasClientCert() || anonymousFree[method] || hasToken(ctx) {
+	if !p.lendsIdentity(ctx, method) {
 		return nil
-	}
-	if !strings.HasPrefix(method, "/etcdserverpb.") && !strings.HasPrefix(method, "/v3electionpb.") && !strings.HasPrefix(method, "/v3lockpb.") {
-		return nil // served by the proxy itself, or refused as unknown
 	}
 	on, err := p.authEnabled(ctx)
 	if err != nil {
@@ -104,6 +130,19 @@ func (p *Proxy) authEnabled(ctx context.Context) (bool, error) {
 	}
 	g.on, g.checked = resp.Enabled, time.Now()
 	return g.on, nil
+}
+
+// anonymousError turns etcd's refusal of anonymousToken into its answer
+// to a request without credentials (what a client expects, and answers by
+// authenticating), and makes the next request ask the cluster again.
+func (p *Proxy) anonymousError(ctx context.Context, method string, err error) error {
+	if err == nil || !p.lendsIdentity(ctx, method) || status.Convert(err).Message() != rpctypes.ErrorDesc(rpctypes.ErrGRPCInvalidAuthToken) {
+		return err
+	}
+	p.anon.mu.Lock()
+	p.anon.checked = time.Time{}
+	p.anon.mu.Unlock()
+	return rpctypes.ErrGRPCUserEmpty
 }
 
 // anonymousStream refuses streams (watches, unknown methods) that would act

@@ -179,3 +179,94 @@ func TestNoIdentityLent(t *testing.T) {
 		t.Fatalf("keys written: %v, want only /services/ok", got.Kvs)
 	}
 }
+
+// TestNoIdentityLentWhileAuthTurnsOn: the proxy asks whether the cluster
+// has authentication on at most once per authStatusTTL, so right after
+// `auth enable` it may still believe it off. Even then, a request without
+// credentials does not act as the proxy's certificate (here issued for a
+// user with the root role): etcd refuses the token the proxy puts on it,
+// and the client gets etcd's answer to an anonymous request. With
+// authentication off the same requests work.
+func TestNoIdentityLentWhileAuthTurnsOn(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{TLS: true})
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), ClientTLS: srv.TLSConfig()})
+	ctx := ctxT(t)
+	anon := proxyClient(t, p)
+	if _, err := anon.Put(ctx, "/services/before", "x"); err != nil {
+		t.Fatalf("authentication off: anonymous put: %v", err)
+	}
+	if _, err := anon.Get(ctx, "/services/", clientv3.WithPrefix()); err != nil {
+		t.Fatalf("authentication off: anonymous get: %v", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	wch := anon.Watch(wctx, "/services/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	if wr := <-wch; !wr.Created {
+		t.Fatalf("authentication off: anonymous watch: %+v", wr)
+	}
+
+	admin := srv.Client(t) // its certificate's CN, beacon-client, becomes a root user
+	for _, step := range []func() error{
+		func() error { _, err := admin.UserAdd(ctx, "root", "root-pw"); return err },
+		func() error { _, err := admin.UserGrantRole(ctx, "root", "root"); return err },
+		func() error {
+			_, err := admin.UserAddWithOptions(ctx, "beacon-client", "", &clientv3.UserAddOptions{NoPassword: true})
+			return err
+		},
+		func() error { _, err := admin.UserGrantRole(ctx, "beacon-client", "root"); return err },
+		func() error { _, err := admin.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The proxy still believes authentication off, as it may for up to
+	// authStatusTTL after the switch.
+	stale := func() {
+		p.anon.mu.Lock()
+		p.anon.on, p.anon.checked = false, time.Now().Add(time.Hour)
+		p.anon.mu.Unlock()
+	}
+	for name, call := range map[string]func() error{
+		"put":    func() error { _, err := anon.Put(ctx, "/services/pwn", "x"); return err },
+		"get":    func() error { _, err := anon.Get(ctx, "/services/", clientv3.WithPrefix()); return err },
+		"delete": func() error { _, err := anon.Delete(ctx, "/services/before"); return err },
+		"txn": func() error {
+			_, err := anon.Txn(ctx).Then(clientv3.OpPut("/services/txn", "x")).Commit()
+			return err
+		},
+		"user list": func() error { _, err := anon.UserList(ctx); return err },
+	} {
+		stale()
+		if err := call(); !errors.Is(rpctypes.Error(err), rpctypes.ErrUserEmpty) {
+			t.Errorf("anonymous %s while the proxy believes authentication off: %v, want %v", name, err, rpctypes.ErrUserEmpty)
+		}
+	}
+	stale()
+	if wr := <-anon.Watch(wctx, "/services/", clientv3.WithPrefix()); !wr.Canceled && wr.Err() == nil {
+		t.Errorf("anonymous watch while the proxy believes authentication off: %+v", wr)
+	}
+	stale()
+	resp, err := http.Post("http://"+p.Addr().String()+"/v3/kv/put", "application/json", strings.NewReader(`{"key":"L3NlcnZpY2VzL2d3","value":"eA=="}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		t.Errorf("anonymous JSON gateway put while the proxy believes authentication off: %d %s", resp.StatusCode, b)
+	}
+	// The watch opened before the switch carries the proxy's token too:
+	// it sees nothing of what root writes now.
+	if _, err := admin.Put(ctx, "/services/after", "secret"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := admin.Get(ctx, "/services/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Kvs) != 2 || string(got.Kvs[0].Key) != "/services/after" || string(got.Kvs[1].Key) != "/services/before" {
+		t.Fatalf("keys: %v, want /services/after and /services/before (nothing written or deleted anonymously)", got.Kvs)
+	}
+}

@@ -275,6 +275,26 @@ func (c *rangeCache) start() {
 	}
 }
 
+// token is the token of the cache's own reads and watch. The cache serves
+// only requests without credentials, so it reads as one: never as the
+// proxy's client certificate (anonymous.go). While the cluster has
+// authentication on, its reads are refused and it turns itself off.
+func (c *rangeCache) token() string {
+	if c.p.hasClientCert() {
+		return anonymousToken
+	}
+	return ""
+}
+
+// metadata is the outgoing metadata of the cache's own reads.
+func (c *rangeCache) metadata() metadata.MD {
+	md := metadata.Pairs(viaKey, c.p.id)
+	if t := c.token(); t != "" {
+		md.Set(rpctypes.TokenFieldNameGRPC, t)
+	}
+	return md
+}
+
 // pageSize is the keys per page of the load.
 const pageSize = 1000
 
@@ -284,7 +304,7 @@ func (c *rangeCache) load() {
 	h := c.p.watchHub()
 	ctx, cancel := context.WithTimeout(h.ctx, 5*time.Minute)
 	defer cancel()
-	ctx = metadata.NewOutgoingContext(ctx, metadata.Pairs(viaKey, c.p.id))
+	ctx = metadata.NewOutgoingContext(ctx, c.metadata())
 	tree := btree.NewG(32, kvLess)
 	var size, rev int64
 	var hdr *pb.ResponseHeader
@@ -318,7 +338,7 @@ func (c *rangeCache) load() {
 		}
 		key = append(slices.Clone(resp.Kvs[len(resp.Kvs)-1].Key), 0)
 	}
-	w := &cwatcher{id: -1, sink: c, key: watchKey{key: "\x00", end: "\x00", stream: cacheStream}}
+	w := &cwatcher{id: -1, sink: c, key: watchKey{key: "\x00", end: "\x00", stream: cacheStream, token: c.token()}}
 	c.mu.Lock()
 	c.tree, c.bytes, c.rev, c.w = tree, size, rev, w
 	c.cluster, c.member, c.term = hdr.ClusterId, hdr.MemberId, hdr.RaftTerm
@@ -461,7 +481,7 @@ func (c *rangeCache) probe() {
 		}()
 		ctx, cancel := context.WithTimeout(h.ctx, c.maxStale)
 		defer cancel()
-		ctx = metadata.NewOutgoingContext(ctx, metadata.Pairs(viaKey, c.p.id))
+		ctx = metadata.NewOutgoingContext(ctx, c.metadata())
 		sent := time.Now()
 		resp := new(pb.RangeResponse)
 		_, _, err := c.p.invoke(ctx, kvSvc+"Range", &pb.RangeRequest{Key: []byte{0}, CountOnly: true}, resp, false, true)

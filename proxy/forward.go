@@ -66,6 +66,8 @@ const (
 	authSvc  = "/etcdserverpb.Auth/"
 	elecSvc  = "/v3electionpb.Election/"
 	lockSvc  = "/v3lockpb.Lock/"
+
+	watchMethod = "/etcdserverpb.Watch/Watch"
 )
 
 // methods lists every etcd v3 RPC. Reads are retried on another endpoint
@@ -180,9 +182,10 @@ func readonlyError(method string) error {
 var forwardKeys = []string{rpctypes.TokenFieldNameGRPC, "authorization", rpctypes.MetadataRequireLeaderKey, rpctypes.MetadataClientAPIVersionKey}
 
 // outgoing builds the metadata to send upstream: what etcd reads from the
-// client's metadata (its auth token included), plus this proxy in the via
-// list. It refuses requests that already passed through here.
-func (p *Proxy) outgoing(ctx context.Context) (context.Context, error) {
+// client's metadata (its auth token included, anonymousToken when it has
+// none and the proxy would otherwise lend its identity), plus this proxy
+// in the via list. It refuses requests that already passed through here.
+func (p *Proxy) outgoing(ctx context.Context, method string) (context.Context, error) {
 	via := metadata.ValueFromIncomingContext(ctx, viaKey)
 	for _, v := range via {
 		for _, id := range strings.Split(v, ",") {
@@ -201,6 +204,9 @@ func (p *Proxy) outgoing(ctx context.Context) (context.Context, error) {
 		for _, v := range metadata.ValueFromIncomingContext(ctx, k) {
 			kv = append(kv, k, v)
 		}
+	}
+	if p.lendsIdentity(ctx, method) { // anonymous.go
+		kv = append(kv, rpctypes.TokenFieldNameGRPC, anonymousToken)
 	}
 	for _, v := range via {
 		kv = append(kv, viaKey, v)
@@ -258,13 +264,13 @@ func (p *Proxy) handleUnknown(_ any, ss grpc.ServerStream) error {
 	if !known {
 		label = "unknown"
 	}
-	err := p.forward(ss, method, info, known)
+	err := p.anonymousError(ss.Context(), method, p.forward(ss, method, info, known))
 	p.m.request(label, err)
 	return err
 }
 
 func (p *Proxy) forward(ss grpc.ServerStream, method string, info methodInfo, known bool) error {
-	ctx, err := p.outgoing(ss.Context())
+	ctx, err := p.outgoing(ss.Context(), method)
 	if err != nil {
 		return err
 	}
@@ -324,6 +330,7 @@ func (p *Proxy) unaryHandler(method string) grpc.MethodHandler {
 			return nil, err
 		}
 		resp, err := p.serveUnary(ctx, method, info, dec)
+		err = p.anonymousError(ctx, method, err)
 		p.m.request(method, err)
 		if err != nil {
 			return nil, err
@@ -342,7 +349,7 @@ func (p *Proxy) serveUnary(ctx context.Context, method string, info methodInfo, 
 			return resp, nil
 		}
 	}
-	octx, err := p.outgoing(ctx)
+	octx, err := p.outgoing(ctx, method)
 	if err != nil {
 		return nil, err
 	}

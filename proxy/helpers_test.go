@@ -47,12 +47,22 @@ func testLogger(t testing.TB) *slog.Logger {
 // startProxy serves cfg on a loopback port until the test ends.
 func startProxy(t testing.TB, cfg Config) *Proxy {
 	t.Helper()
+	return startProxyWith(t, cfg, nil)
+}
+
+// startProxyWith is startProxy; adjust changes the proxy before it
+// serves.
+func startProxyWith(t testing.TB, cfg Config, adjust func(*Proxy)) *Proxy {
+	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
 	}
 	p, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
+	}
+	if adjust != nil {
+		adjust(p)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -65,7 +65,7 @@ func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
 		<-innerDone
 		return err
 	}
-	hs := &http.Server{Handler: p.httpHandler(gwmux), ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: p.httpHandler(gwmux)}
 	p.limitHTTP(hs) // limits.go
 
 	errc := make(chan error, 3)

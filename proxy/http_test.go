@@ -2,13 +2,20 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestHTTPGatewayWatchAndMetrics: the JSON gateway's streaming watch works
@@ -93,5 +100,135 @@ func TestProxyPprof(t *testing.T) {
 		if resp.StatusCode != tc.want {
 			t.Errorf("/debug/pprof/ (EnablePprof %v): %d, want %d", tc.p.cfg.EnablePprof, resp.StatusCode, tc.want)
 		}
+	}
+}
+
+// TestGatewayDeadlines: a gateway request whose body does not arrive
+// within the request timeout is answered (it was cut without a word), a
+// profile longer than the request timeout is not cut, and a watch over
+// the gateway outlives it.
+func TestGatewayDeadlines(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := startProxyWith(t, Config{Endpoints: srv.Endpoints(), EnablePprof: true}, func(p *Proxy) { p.httpTimeout = time.Second })
+	addr := p.Addr().String()
+
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	fmt.Fprintf(conn, "POST /v3/kv/put HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"key", addr)
+	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+	slow, err := io.ReadAll(conn)
+	if err != nil && !strings.Contains(err.Error(), "reset") {
+		t.Fatalf("slow body: the proxy held the connection: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second || !strings.HasPrefix(string(slow), "HTTP/1.1 4") {
+		t.Fatalf("slow body: after %v answered %q, want a 4xx", took, slow)
+	}
+
+	// A watch over the gateway, past the request timeout.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/v3/watch", strings.NewReader(`{"create_request":{"key":"L3c="}}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("gateway watch: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	lines := make(chan string, 4)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	if l := <-lines; !strings.Contains(l, `"created":true`) {
+		t.Fatalf("gateway watch: %s", l)
+	}
+
+	start = time.Now()
+	presp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=2")
+	if err != nil {
+		t.Fatalf("a 2 s profile with a 1 s request timeout: %v", err)
+	}
+	b, _ := io.ReadAll(presp.Body)
+	presp.Body.Close()
+	if presp.StatusCode != http.StatusOK || len(b) == 0 || time.Since(start) < 2*time.Second {
+		t.Fatalf("a 2 s profile with a 1 s request timeout: %d, %d bytes after %v", presp.StatusCode, len(b), time.Since(start))
+	}
+
+	if _, err := srv.Client(t).Put(context.Background(), "/w", "after"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l, ok := <-lines:
+		if !ok || !strings.Contains(l, `"events"`) {
+			t.Fatalf("gateway watch after the request timeout: %q (open %v)", l, ok)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("gateway watch: no event after the request timeout")
+	}
+}
+
+// TestIdleConnectionsClosed: a gRPC connection without calls is closed
+// after the idle time (it was held until a keep-alive two hours later, so
+// one client could hold any number of them); clients reconnect at their
+// next call, and a connection with a watch open is not idle.
+func TestIdleConnectionsClosed(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	// (No silence check: this test is about idle client connections.)
+	p := startProxyWith(t, Config{Endpoints: srv.Endpoints(), WatchSilenceTimeout: -1}, func(p *Proxy) { p.idleTimeout = time.Second })
+	ctx := ctxT(t)
+	cli := proxyClient(t, p)
+	if _, err := cli.Put(ctx, "/a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	wch := cli.Watch(ctx, "/w", clientv3.WithCreatedNotify())
+	if wr := <-wch; !wr.Created {
+		t.Fatalf("watch: %+v", wr)
+	}
+
+	// An HTTP/2 connection that completes its handshake and makes no call.
+	conn, err := net.Dial("tcp", p.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	if _, err := conn.Write([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(testTimeout))
+	var got []byte
+	buf := make([]byte, 4096)
+	goaway := []byte{0x07, 0x00, 0x00, 0x00, 0x00, 0x00} // a GOAWAY frame header (type 7, no flags, stream 0)
+	for !bytes.Contains(got, goaway) {
+		n, err := conn.Read(buf)
+		got = append(got, buf[:n]...)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("an idle gRPC connection is still open after %v", time.Since(start))
+		}
+		if err != nil && !bytes.Contains(got, goaway) {
+			t.Fatalf("the idle connection was closed without a GOAWAY (%v): % x", err, got)
+		}
+	}
+
+	// The client with a watch open was not idle: it still works, and its
+	// watch still delivers.
+	if _, err := cli.Put(ctx, "/w", "after"); err != nil {
+		t.Fatalf("put after the idle time: %v", err)
+	}
+	select {
+	case wr := <-wch:
+		if len(wr.Events) != 1 || string(wr.Events[0].Kv.Value) != "after" {
+			t.Fatalf("watch after the idle time: %+v", wr)
+		}
+	case <-ctx.Done():
+		t.Fatal("the watch got nothing after the idle time")
 	}
 }

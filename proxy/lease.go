@@ -74,7 +74,7 @@ func (lm *leaseMux) serve(ss grpc.ServerStream) error {
 		p.m.refused.WithLabelValues(leaseSvc + "LeaseKeepAlive").Inc()
 		return readonlyError(leaseSvc + "LeaseKeepAlive")
 	}
-	if _, err := p.outgoing(ss.Context()); err != nil {
+	if _, err := p.outgoing(ss.Context(), leaseSvc+"LeaseKeepAlive"); err != nil {
 		return err
 	}
 	if p.dir.availableCount() == 0 {

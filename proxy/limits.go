@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/beaconplane/beacon/internal/pprofhttp"
 )
 
 // Defaults of the client-facing limits.
@@ -11,6 +13,10 @@ const (
 	// DefaultMaxRequestBytes is etcd's --max-request-bytes default: the
 	// largest request a member accepts, so the largest the proxy reads.
 	DefaultMaxRequestBytes = 1536 * 1024
+	// DefaultMaxWatchers and DefaultMaxWatchersPerStream bound the
+	// watchers clients open (Config.MaxWatchers).
+	DefaultMaxWatchers          = 100_000
+	DefaultMaxWatchersPerStream = 10_000
 	// grpcOverheadBytes is the allowance for gRPC framing, as etcd adds.
 	grpcOverheadBytes = 512 * 1024
 	// httpRequestTimeout bounds reading a gateway request's body and
@@ -18,9 +24,23 @@ const (
 	httpRequestTimeout = 30 * time.Second
 	// httpIdleTimeout closes idle keep-alive connections of the gateway.
 	httpIdleTimeout = 2 * time.Minute
-	// maxHeaderBytes bounds a gateway request's header.
+	// maxHeaderBytes bounds a gateway request's header, read within
+	// headerTimeout (also the bound of a gRPC connection's handshake).
 	maxHeaderBytes = 64 << 10
+	headerTimeout  = 10 * time.Second
+	// answerGrace is how long after its read deadline a request may still
+	// be answered.
+	answerGrace = 2 * time.Second
 )
+
+// profileHold is how long a profile request (with --pprof) holds its
+// connection before it answers.
+func (p *Proxy) profileHold(r *http.Request) time.Duration {
+	if !p.cfg.EnablePprof || r.Method != http.MethodGet {
+		return 0
+	}
+	return pprofhttp.Hold(r)
+}
 
 // maxRecvBytes is the largest gRPC message the proxy accepts from a
 // client: a larger one is refused with ResourceExhausted before it is
@@ -47,7 +67,8 @@ var streamingPaths = map[string]bool{
 // does not stream.
 func (p *Proxy) limitHTTP(hs *http.Server) {
 	hs.MaxHeaderBytes = maxHeaderBytes
-	hs.IdleTimeout = httpIdleTimeout
+	hs.IdleTimeout = p.idleTimeout
+	hs.ReadHeaderTimeout = headerTimeout
 	// TLS handshake failures (an untrusted or expired client certificate,
 	// plain text to the TLS port) are logged here.
 	hs.ErrorLog = slog.NewLogLogger(p.log.With("component", "proxy-http").Handler(), slog.LevelWarn)
@@ -57,11 +78,21 @@ func (p *Proxy) limitHTTP(hs *http.Server) {
 		if r.Body != nil {
 			r.Body = http.MaxBytesReader(w, r.Body, limit)
 		}
-		if !streamingPaths[r.URL.Path] {
-			rc := http.NewResponseController(w)
-			now := time.Now()
-			_ = rc.SetReadDeadline(now.Add(httpRequestTimeout))
-			_ = rc.SetWriteDeadline(now.Add(httpRequestTimeout))
+		rc := http.NewResponseController(w)
+		now := time.Now()
+		switch hold := p.profileHold(r); {
+		case streamingPaths[r.URL.Path]:
+		case hold > 0:
+			// A profile holds the request that long before it answers;
+			// the read deadline too, since net/http cancels a request's
+			// context when a read deadline passes.
+			_ = rc.SetReadDeadline(now.Add(hold + p.httpTimeout))
+			_ = rc.SetWriteDeadline(now.Add(hold + p.httpTimeout))
+		default:
+			// The answer may be written a moment after the body stopped
+			// arriving, so that a client too slow to send it is told so.
+			_ = rc.SetReadDeadline(now.Add(p.httpTimeout))
+			_ = rc.SetWriteDeadline(now.Add(p.httpTimeout + answerGrace))
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -41,6 +41,10 @@ type Proxy struct {
 	forceCodec      grpc.CallOption
 	httpClient      *http.Client
 	dir             *director
+	// httpTimeout bounds reading a gateway request and writing a unary
+	// answer (httpRequestTimeout); idleTimeout closes connections without
+	// requests (httpIdleTimeout).
+	httpTimeout, idleTimeout time.Duration
 
 	mu    sync.Mutex
 	state int
@@ -90,6 +94,8 @@ func New(cfg Config) (*Proxy, error) {
 	_, _ = rand.Read(idb[:])
 	log := cfg.Logger.With("component", "proxy")
 	p := &Proxy{
+		httpTimeout:     httpRequestTimeout,
+		idleTimeout:     httpIdleTimeout,
 		cfg:             cfg,
 		log:             log,
 		reg:             reg,
@@ -345,7 +351,14 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 		grpc.MaxSendMsgSize(maxMsgSize),
 		grpc.MaxConcurrentStreams(math.MaxUint32),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: false}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Hour, Timeout: 20 * time.Second}),
+		// A connection must finish its HTTP/2 handshake within the time a
+		// gateway request has for its header, and one without any call
+		// for the gateway's idle time is closed (GOAWAY: clients reconnect
+		// at their next call): neither was bounded, so one client could
+		// hold any number of idle connections, and the file descriptors
+		// the proxy needs for its members (limits.go).
+		grpc.ConnectionTimeout(headerTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Hour, Timeout: 20 * time.Second, MaxConnectionIdle: p.idleTimeout}),
 	)
 	for _, d := range p.serviceDescs() {
 		switch d.ServiceName {
@@ -368,7 +381,7 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 			StreamName: "Watch", ServerStreams: true, ClientStreams: true,
 			Handler: func(_ any, ss grpc.ServerStream) error {
 				err := p.watch.serve(ss)
-				p.m.request("/etcdserverpb.Watch/Watch", err)
+				p.m.request(watchMethod, err)
 				return err
 			},
 		}},

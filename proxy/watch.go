@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"slices"
@@ -78,6 +79,8 @@ type watchHub struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	kick   chan struct{} // the endpoints changed (watchmember.go)
+	// watchers counts the client watchers (Config.MaxWatchers).
+	watchers atomic.Int64
 
 	mu      sync.Mutex
 	member  string           // the member the upstream watches run on
@@ -215,7 +218,7 @@ func (h *watchHub) close() {
 
 // serve handles one client Watch stream.
 func (h *watchHub) serve(ss grpc.ServerStream) error {
-	rctx, err := h.p.outgoing(ss.Context())
+	rctx, err := h.p.outgoing(ss.Context(), watchMethod)
 	if err != nil {
 		return err
 	}
@@ -435,7 +438,18 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 		s.enqueue(watchCanceled(nil, id, "mvcc: duplicate watch ID"))
 		return
 	}
+	open := len(s.watchers)
 	s.mu.Unlock()
+	if limit := h.p.cfg.MaxWatchersPerStream; limit > 0 && open >= limit {
+		s.enqueue(watchCanceled(nil, id, fmt.Sprintf(
+			"proxy: this watch stream has %d watchers, the most one stream may have (--max-watchers-per-stream): cancel watches you no longer need", open)))
+		return
+	}
+	if limit := h.p.cfg.MaxWatchers; limit > 0 && h.watchers.Load() >= int64(limit) {
+		s.enqueue(watchCanceled(nil, id, fmt.Sprintf(
+			"proxy: %d watchers are open on this proxy, the most it serves (--max-watchers): retry later, or through another proxy", limit)))
+		return
+	}
 
 	key, end := string(cr.Key), string(cr.RangeEnd)
 	if end != "" && end != "\x00" && end <= key {
@@ -460,9 +474,13 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 		return
 	}
 	md, _ := metadata.FromIncomingContext(s.ss.Context())
+	token := strings.Join(append(md.Get(rpctypes.TokenFieldNameGRPC), md.Get("authorization")...), ",")
+	if h.p.lendsIdentity(s.ss.Context(), watchMethod) { // anonymous.go
+		token = anonymousToken
+	}
 	w := &cwatcher{id: id, idPart: watchIDPart(id), s: s, progres: cr.ProgressNotify,
 		key: watchKey{key: key, end: end, prevKV: cr.PrevKv,
-			token:         strings.Join(append(md.Get(rpctypes.TokenFieldNameGRPC), md.Get("authorization")...), ","),
+			token:         token,
 			via:           strings.Join(md.Get(viaKey), ","),
 			requireLeader: slices.Contains(md.Get(rpctypes.MetadataRequireLeaderKey), rpctypes.MetadataHasLeader)}}
 	var noPut, noDel bool
@@ -487,9 +505,9 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 	}
 	s.watchers[id] = w
 	s.mu.Unlock()
-	h.p.m.clientWatchers.Inc()
+	h.watcherAdded()
 	if !h.attach(w, cr.StartRevision, rresp.Header) {
-		h.p.m.clientWatchers.Dec()
+		h.watcherRemoved()
 		s.mu.Lock()
 		delete(s.watchers, id)
 		s.mu.Unlock()
@@ -502,6 +520,17 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 	if closed {
 		h.detach(w) // the stream ended while this watcher was being attached
 	}
+}
+
+// watcherAdded and watcherRemoved count client watchers.
+func (h *watchHub) watcherAdded() {
+	h.watchers.Add(1)
+	h.p.m.clientWatchers.Inc()
+}
+
+func (h *watchHub) watcherRemoved() {
+	h.watchers.Add(-1)
+	h.p.m.clientWatchers.Dec()
 }
 
 // attach puts w on a fitting upstream (or a new one) and queues its
@@ -821,11 +850,13 @@ func (u *upstream) end(hdr *pb.ResponseHeader, compactRev int64, reason string) 
 			w.sink.ended(reason)
 			continue
 		}
+		// w left u.receivers here (a detach after this finds it gone):
+		// count it out here, even when its stream already dropped it.
+		h.watcherRemoved()
 		s := w.s
 		s.mu.Lock()
 		if s.watchers[w.id] == w {
 			delete(s.watchers, w.id)
-			h.p.m.clientWatchers.Dec()
 		}
 		s.mu.Unlock()
 		s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, hdr.Revision), WatchId: w.id, Canceled: true, CompactRevision: compactRev, CancelReason: reason})
@@ -935,7 +966,7 @@ func (h *watchHub) detach(w *cwatcher) {
 	}
 	h.mu.Unlock()
 	if was && w.sink == nil {
-		h.p.m.clientWatchers.Dec()
+		h.watcherRemoved()
 	}
 	if empty {
 		u.stop()

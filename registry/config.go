@@ -1,9 +1,11 @@
 package registry
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -107,17 +109,22 @@ func ConfigFromEnv() (Config, error) {
 }
 
 // ParseTTL parses a lease TTL: a Go duration ("10s", "1m30s") or a whole
-// number of seconds ("10"), within [MinLeaseTTL, MaxLeaseTTL].
+// number of seconds ("10"), within [MinLeaseTTL, MaxLeaseTTL]. A number
+// or duration too large for a time.Duration is refused as outside the
+// range, like any other.
 func ParseTTL(s string) (time.Duration, error) {
 	var ttl time.Duration
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-		if n > int64(MaxLeaseTTL/time.Second) || n < 0 {
-			return 0, fmt.Errorf("%w: %q is outside [%v, %v]", ErrInvalidTTL, s, MinLeaseTTL, MaxLeaseTTL)
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		if err != nil || n > int64(MaxLeaseTTL/time.Second) || n < 0 {
+			return 0, outsideTTL(fmt.Sprintf("%q", s))
 		}
 		ttl = time.Duration(n) * time.Second
 	} else {
 		d, err := time.ParseDuration(s)
-		if err != nil {
+		switch {
+		case err != nil && durationSyntax.MatchString(s):
+			return 0, outsideTTL(fmt.Sprintf("%q", s)) // it overflows
+		case err != nil:
 			return 0, fmt.Errorf("%w: %q is not a duration like 10s or a number of seconds", ErrInvalidTTL, s)
 		}
 		ttl = d
@@ -126,6 +133,30 @@ func ParseTTL(s string) (time.Duration, error) {
 		return 0, err
 	}
 	return ttl, nil
+}
+
+// ParseTTLSeconds parses a lease TTL given as a number of seconds in
+// JSON's number syntax (possibly fractional or with an exponent: "1.5",
+// "15", "1e1"), within [MinLeaseTTL, MaxLeaseTTL]. A number out of that
+// range, however large ("1e308", "1e400"), is refused saying so, never
+// converted first (it would not fit a time.Duration).
+func ParseTTLSeconds(num string) (time.Duration, error) {
+	n, err := strconv.ParseFloat(num, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return 0, fmt.Errorf("%w: %q is not a number of seconds", ErrInvalidTTL, num)
+	}
+	if err != nil || !(n >= MinLeaseTTL.Seconds() && n <= MaxLeaseTTL.Seconds()) {
+		return 0, outsideTTL(num + " seconds")
+	}
+	return time.Duration(n * float64(time.Second)), nil
+}
+
+// durationSyntax is time.ParseDuration's syntax: a duration that matches
+// it but does not parse is too large.
+var durationSyntax = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
+
+func outsideTTL(what string) error {
+	return fmt.Errorf("%w: %s is outside [%v, %v]", ErrInvalidTTL, what, MinLeaseTTL, MaxLeaseTTL)
 }
 
 // ValidateTTL checks that ttl is in [MinLeaseTTL, MaxLeaseTTL].

@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,10 +22,37 @@ func TestParseTTL(t *testing.T) {
 			t.Errorf("ParseTTL(%q): %v, want ErrInvalidTTL", s, err)
 		}
 	}
+	// However absurd, a number or a duration out of range is refused
+	// with the range, not as a negative duration or as "not a number".
+	for _, s := range []string{"99999999999999999999", "-99999999999999999999", "9999999999h", "99999999999999999999s", "2562048h", "-2562048h"} {
+		_, err := registry.ParseTTL(s)
+		if !errors.Is(err, registry.ErrInvalidTTL) || !strings.Contains(err.Error(), "outside [1s, 1h0m0s]") || strings.Contains(err.Error(), "2562047h") {
+			t.Errorf("ParseTTL(%q): %v, want it outside [1s, 1h0m0s]", s, err)
+		}
+	}
+}
+
+func TestParseTTLSeconds(t *testing.T) {
+	good := map[string]time.Duration{"10": 10 * time.Second, "1.5": 1500 * time.Millisecond, "1e1": 10 * time.Second, "3600": time.Hour, "1": time.Second}
+	for s, want := range good {
+		got, err := registry.ParseTTLSeconds(s)
+		if err != nil || got != want {
+			t.Errorf("ParseTTLSeconds(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"1e308", "-1e308", "1e400", "-1e400", "1e-400", "0", "-0", "0.999", "3600.001", "9223372036.854775807", "1e19"} {
+		_, err := registry.ParseTTLSeconds(s)
+		if !errors.Is(err, registry.ErrInvalidTTL) || !strings.Contains(err.Error(), s+" seconds is outside [1s, 1h0m0s]") {
+			t.Errorf("ParseTTLSeconds(%q): %v, want %s seconds outside [1s, 1h0m0s]", s, err, s)
+		}
+	}
+	if _, err := registry.ParseTTLSeconds("ten"); !errors.Is(err, registry.ErrInvalidTTL) {
+		t.Errorf("ParseTTLSeconds(ten): %v", err)
+	}
 }
 
 func FuzzParseTTL(f *testing.F) {
-	for _, s := range []string{"10s", "10", "1h", "0", "-1", "1e9", "5m0.5s", "9223372036854775807"} {
+	for _, s := range []string{"10s", "10", "1h", "0", "-1", "1e9", "5m0.5s", "9223372036854775807", "9999999999h", "1.5e308"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -249,9 +249,21 @@ func TestAuthorizationTable(t *testing.T) {
 					if !strings.Contains(got.body, ns) || !strings.Contains(got.body, user) {
 						t.Errorf("%s %s in %s: 403 does not name the user and the namespace: %s", user, act.name, ns, got.body)
 					}
+					// ... and names the action refused.
+					verb := map[string]string{"list": "may not read", "get": "may not read", "watch": "may not read",
+						"register": "may not register in", "heartbeat": "may not renew (heartbeat) instances in", "update": "may not update instances in"}[act.name]
+					if !strings.Contains(got.body, verb) {
+						t.Errorf("%s %s in %s: 403 does not say %q: %s", user, act.name, ns, verb, got.body)
+					}
 				}
 			}
 		}
+	}
+
+	// A deregistration refused says so (it once said "register in").
+	if got := (as{t: t, base: base, auth: users["bob"]}).do("DELETE", registryapi.InstancesPath+"/"+target["team-a"].Instance.Ref().String(), "",
+		registryapi.SecretHeader, target["team-a"].Secret); got.code != forbid || !strings.Contains(got.body, `user \"bob\" may not deregister instances in namespace \"team-a\"`) {
+		t.Errorf("bob deregisters in team-a: %d %s, want 403 saying he may not deregister", got.code, got.body)
 	}
 
 	// Nothing refused was written: each namespace holds root's instance,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
+	"github.com/beaconplane/beacon/internal/pprofhttp"
 	"github.com/beaconplane/beacon/server/registryapi"
 )
 
@@ -43,14 +44,28 @@ func (s *Server) guard(next http.Handler) http.Handler {
 		rc := http.NewResponseController(w)
 		switch d := s.requestDeadline(r); {
 		case d < 0: // a stream: it manages its own deadlines
+		case d > s.sec.RequestTimeout:
+			// A long poll (a GET, no body to wait for): the read deadline
+			// is the write deadline, since net/http cancels the request's
+			// context when a read deadline passes, which would end the
+			// poll at the request timeout.
+			_ = rc.SetReadDeadline(time.Now().Add(d))
+			_ = rc.SetWriteDeadline(time.Now().Add(d))
 		default:
+			// The answer may be written a moment after the body stopped
+			// arriving, so that a client too slow to send it is told so
+			// (408) rather than cut off without a word.
 			now := time.Now()
-			_ = rc.SetReadDeadline(now.Add(s.sec.RequestTimeout))
-			_ = rc.SetWriteDeadline(now.Add(d))
+			_ = rc.SetReadDeadline(now.Add(d))
+			_ = rc.SetWriteDeadline(now.Add(d + answerGrace))
 		}
 		next.ServeHTTP(w, r)
 	})
 }
+
+// answerGrace is how long after its read deadline a request may still be
+// answered.
+const answerGrace = 2 * time.Second
 
 // requestDeadline is how long r may take to answer, or -1 for a stream.
 func (s *Server) requestDeadline(r *http.Request) time.Duration {
@@ -60,6 +75,10 @@ func (s *Server) requestDeadline(r *http.Request) time.Duration {
 	case v2Waits(r):
 		// A v2 wait is held up to the service's wait timeout.
 		return v2.DefaultWaitTimeout + s.sec.RequestTimeout
+	case s.cfg.EnablePprof && r.Method == http.MethodGet:
+		if hold := pprofhttp.Hold(r); hold > 0 {
+			return hold + s.sec.RequestTimeout
+		}
 	}
 	return s.sec.RequestTimeout
 }

@@ -117,8 +117,9 @@ func TestBoundedRequests(t *testing.T) {
 		t.Fatalf("body over --max-body-bytes: %d %s", r.code, r.body)
 	}
 
-	// A body that never finishes: the connection is answered or closed
-	// once the request timeout passes.
+	// A body that never finishes: once the request timeout passes, the
+	// client is told so (408) and the connection closed (it was closed
+	// without a word).
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -127,12 +128,40 @@ func TestBoundedRequests(t *testing.T) {
 	start := time.Now()
 	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"names", registryapi.InstancesPath, addr)
 	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
-	if _, err := io.ReadAll(conn); err != nil && !strings.Contains(err.Error(), "reset") {
+	slow, err := io.ReadAll(conn)
+	if err != nil && !strings.Contains(err.Error(), "reset") {
 		t.Fatalf("slow body: the server held the connection: %v", err)
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("slow body cut after %v with a 1 s request timeout", took)
 	}
+	if !strings.HasPrefix(string(slow), "HTTP/1.1 408") || !strings.Contains(string(slow), "did not arrive within the server's request timeout") {
+		t.Fatalf("slow body: answered %q, want 408 saying why", slow)
+	}
+
+	// A v2 discovery long poll outlives the request timeout: it is held
+	// until something changes (it ended, empty, at the request timeout).
+	tokURL := func() string {
+		resp, err := http.Get(base + V2Path + "/new?size=3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.TrimSpace(string(b))
+	}()
+	waited := make(chan string, 1)
+	waitStart := time.Now()
+	go func() {
+		resp, err := http.Get(tokURL + "?wait=true&recursive=true")
+		if err != nil {
+			waited <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		waited <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
 
 	// An idle keep-alive connection is closed.
 	idle, err := net.Dial("tcp", addr)
@@ -151,6 +180,31 @@ func TestBoundedRequests(t *testing.T) {
 	_ = idle.SetReadDeadline(time.Now().Add(15 * time.Second))
 	if _, err := br.ReadByte(); err != io.EOF {
 		t.Fatalf("idle connection: %v, want the server to close it", err)
+	}
+
+	// Past two request timeouts (the idle check above took one), the
+	// wait gets the registration it waited for.
+	if d := 2*time.Second - time.Since(waitStart); d > 0 {
+		select {
+		case got := <-waited:
+			t.Fatalf("v2 wait ended after %v, before anything changed: %s", time.Since(waitStart), got)
+		case <-time.After(d):
+		}
+	}
+	put, _ := http.NewRequest("PUT", tokURL+"/m1", strings.NewReader("value=m1%3Dhttp%3A%2F%2F10.0.0.1%3A2380"))
+	put.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if resp, err := http.DefaultClient.Do(put); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("v2 register: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	select {
+	case got := <-waited:
+		if !strings.HasPrefix(got, "200 ") || !strings.Contains(got, `"action":"create"`) {
+			t.Fatalf("v2 wait: %s, want the registration", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("v2 wait: no answer after the registration")
 	}
 
 	// The stream opened before all this is still served.

@@ -421,6 +421,14 @@ func (c *apiChecker) probeEveryRoute() {
 				if a := c.do(method, target+"?"+q, ct, body); a.code != http.StatusBadRequest {
 					c.t.Errorf("%s %s?%s (given twice): %d, want 400", method, target, q, a.code)
 				}
+				// An empty value is not "no filter": ?namespace= once
+				// listed every namespace.
+				for _, q := range []string{p.Name + "=", p.Name} {
+					a := c.do(method, target+"?"+q, ct, body)
+					if a.code != http.StatusBadRequest || !strings.Contains(string(a.body), "is empty") {
+						c.t.Errorf("%s %s?%s (empty): %d %s, want 400 saying the value is empty", method, target, q, a.code, a.body)
+					}
+				}
 			}
 			if ct != "" {
 				c.do(method, target, "text/plain", body)

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestPprof: --pprof serves Go's profiles on the HTTP address, and only
@@ -12,6 +13,7 @@ func TestPprof(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.EnablePprof = true
 	cfg.UnsafeNoFsync = true
+	cfg.Security.RequestTimeout = time.Second
 	s := startServer(t, cfg)
 	base := s.Endpoints().HTTP
 	if code, body := get(t, base+"/debug/pprof/"); code != http.StatusOK || !strings.Contains(body, "goroutine") {
@@ -19,6 +21,15 @@ func TestPprof(t *testing.T) {
 	}
 	if code, _ := get(t, base+"/debug/pprof/heap?debug=1"); code != http.StatusOK {
 		t.Fatalf("/debug/pprof/heap: %d", code)
+	}
+	// A profile longer than the request timeout is not cut (an empty
+	// reply: `go tool pprof` asks for 30 s, the default request timeout).
+	start := time.Now()
+	if code, body := get(t, base+"/debug/pprof/profile?seconds=2"); code != http.StatusOK || len(body) == 0 {
+		t.Fatalf("a 2 s CPU profile with a 1 s request timeout: %d, %d bytes", code, len(body))
+	}
+	if took := time.Since(start); took < 2*time.Second {
+		t.Fatalf("the 2 s profile answered after %v", took)
 	}
 	if !s.etcd.Config().UnsafeNoFsync {
 		t.Error("UnsafeNoFsync not passed to etcd")

@@ -131,6 +131,14 @@ func (s Security) validate(c Config) []error {
 	}{{s.ClientTLS, ""}, {s.PeerTLS, "peer-"}, {s.HTTPTLS, "http-"}} {
 		if err := t.files.Validate(t.prefix); err != nil {
 			errs = append(errs, err)
+			continue
+		}
+		// An expired certificate is refused now rather than served: etcd
+		// would serve it (its listeners read whatever the files hold).
+		if t.files.CertFile != "" {
+			if _, err := tlsfiles.CheckCertificate(t.files.CertFile, t.files.KeyFile, time.Now()); err != nil {
+				errs = append(errs, fmt.Errorf("--%scert-file: %w", t.prefix, err))
+			}
 		}
 	}
 	if c.embedded() {

@@ -410,3 +410,38 @@ func TestTLSListeners(t *testing.T) {
 		waitLog(t, logs, "TLS files changed")
 	})
 }
+
+// TestExpiredCertificatesRefusedAtStart: an expired certificate on any
+// listener is an error of the configuration naming the flag and the file
+// (etcd would serve it, and every client would refuse it); one not valid
+// yet is a warning.
+func TestExpiredCertificatesRefusedAtStart(t *testing.T) {
+	p := newPKI(t)
+	expired := TLSFiles{CertFile: p.expired.Cert, KeyFile: p.expired.Key}
+	for flag, set := range map[string]func(*Security){
+		"--cert-file":      func(s *Security) { s.ClientTLS = expired },
+		"--peer-cert-file": func(s *Security) { s.PeerTLS = expired },
+		"--http-cert-file": func(s *Security) { s.HTTPTLS = expired },
+	} {
+		cfg := tlsConfig(t, p, io.Discard)
+		set(&cfg.Security)
+		err := cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), flag+": certificate "+p.expired.Cert+" expired at") {
+			t.Errorf("%s expired: %v, want an error naming the flag and the file", flag, err)
+		}
+	}
+	early, err := p.ca.Issue("early", testcerts.LeafOptions{NotBefore: time.Now().Add(time.Hour), NotAfter: time.Now().Add(48 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := tlsConfig(t, p, io.Discard)
+	cfg.Security.PeerTLS.CertFile, cfg.Security.PeerTLS.KeyFile = early.Cert, early.Key
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("a certificate not valid yet: %v, want only a warning", err)
+	}
+	s := &Server{cfg: cfg}
+	s.initSecurity()
+	if w := strings.Join(s.securityWarnings(), "\n"); !strings.Contains(w, "--peer-cert-file: certificate "+early.Cert+" is not valid until") {
+		t.Fatalf("warnings %q: want one for the certificate not valid yet", w)
+	}
+}

@@ -6,6 +6,9 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/tlsfiles"
 )
 
 // securityWarnings lists the listeners reachable from other machines
@@ -50,6 +53,19 @@ func (s *Server) securityWarnings() []string {
 					out = append(out, fmt.Sprintf("%s %s accepts etcd clients without authentication: anyone who reaches it can delete every instance (etcdctl del --prefix /); run with --auth or --client-cert-auth", set.flag, raw))
 				}
 			}
+		}
+	}
+	// A certificate not valid yet (a clock behind the CA's) is refused by
+	// every peer until it is.
+	for _, t := range []struct {
+		files TLSFiles
+		flag  string
+	}{{s.sec.ClientTLS, "--cert-file"}, {s.sec.PeerTLS, "--peer-cert-file"}} { // --http-cert-file: its reloader warns
+		if t.files.CertFile == "" {
+			continue
+		}
+		if warn, err := tlsfiles.CheckCertificate(t.files.CertFile, t.files.KeyFile, time.Now()); err == nil && warn != "" {
+			out = append(out, t.flag+": "+warn)
 		}
 	}
 	if s.dns.addr != "" {

@@ -368,6 +368,10 @@ func TestBadRequests(t *testing.T) {
 			t.Errorf("/new?%s: %d %q", q, r.status, r.body)
 		}
 	}
+	// An empty size is the default, 3, as on discovery.etcd.io.
+	if r := e.do(t, "GET", "/new?size=", nil); r.status != 200 {
+		t.Errorf("/new?size=: %d %q", r.status, r.body)
+	}
 	tok := e.newToken(t, 3)
 	for q, code := range map[string]int{
 		"waitIndex=abc":   203,
@@ -378,6 +382,15 @@ func TestBadRequests(t *testing.T) {
 		"prevValue=x":     209,
 		"waitIndex=-1":    203,
 		"prevExist=sorta": 209,
+		// An empty value is refused, as etcd's v2 API refuses it (it
+		// parses booleans and indexes strictly), not read as absent.
+		"wait=":      209,
+		"wait":       209,
+		"recursive=": 209,
+		"waitIndex=": 203,
+		"sorted=":    209,
+		"quorum=":    209,
+		"prevExist=": 209,
 	} {
 		r := e.do(t, "GET", "/"+tok+"?"+q, nil)
 		if r.status != 400 || r.err.ErrorCode != code || r.err.Message == "" {

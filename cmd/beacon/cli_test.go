@@ -33,6 +33,8 @@ func TestUsageAndFailuresExitDifferently(t *testing.T) {
 		{args: []string{"help", "stauts"}, want: `unknown command "stauts" for "beacon"`},
 		{args: []string{"help", "token", "stauts"}, want: `unknown command "stauts" for "beacon token" (did you mean "status"?)`},
 		{args: []string{"ls", "--no-such-flag"}, want: "unknown flag"},
+		{args: []string{"ls", ""}, want: "the query argument is empty"},
+		{args: []string{"watch", ""}, want: "the query argument is empty"},
 		{args: []string{"token", "status"}, want: "accepts 1 arg"},
 		{args: []string{"register", "prod/api/http"}, want: `required flag(s) "addr" not set`},
 		{args: []string{"register", "Prod/api/http", "--addr", "10.0.0.1:80"}, want: "invalid namespace"},

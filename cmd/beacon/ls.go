@@ -38,8 +38,8 @@ the store revision of the listing and the instances (the stored value format).
 			var q beacon.Query
 			if len(args) == 1 {
 				var err error
-				if q, err = beacon.ParseQuery(args[0]); err != nil {
-					return usage(err)
+				if q, err = parseQueryArg(args[0]); err != nil {
+					return err
 				}
 			}
 			ctx := cmd.Context()

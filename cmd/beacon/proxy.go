@@ -193,6 +193,8 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	f.StringVar(&key, "key", "", "client key for members (env ETCD_AUTH_CLIENT_KEY, then ETCDCTL_KEY)")
 	listenTLS = addProxyTLSFlags(cmd) // proxy_security.go: --cert-file ... and --listen-cert/--listen-key
 	f.UintVar(&cfg.MaxRequestBytes, "max-request-bytes", proxy.DefaultMaxRequestBytes, "largest client request read (etcd's --max-request-bytes)")
+	f.IntVar(&cfg.MaxWatchers, "max-watchers", proxy.DefaultMaxWatchers, "most watchers clients may have open on the proxy (-1: no limit)")
+	f.IntVar(&cfg.MaxWatchersPerStream, "max-watchers-per-stream", proxy.DefaultMaxWatchersPerStream, "most watchers on one client watch stream (one etcd client) (-1: no limit)")
 	addProxyPerfFlags(cmd, &cfg) // proxy_perf.go
 	return cmd
 }

@@ -29,6 +29,21 @@ func checkOutput(flag string, allowed ...string) error {
 	return usagef("-o %q: want %s", flag, strings.Join(allowed, " or "))
 }
 
+// parseQueryArg parses the namespace[/component[/endpoint]] argument of
+// ls and watch. An empty argument is refused: `beacon ls "$NS"` with NS
+// unset would otherwise list every namespace (leave the argument out for
+// that).
+func parseQueryArg(arg string) (beacon.Query, error) {
+	if arg == "" {
+		return beacon.Query{}, usagef("the query argument is empty: give namespace[/component[/endpoint]], or no argument for every namespace")
+	}
+	q, err := beacon.ParseQuery(arg)
+	if err != nil {
+		return q, usage(err)
+	}
+	return q, nil
+}
+
 // parseEndpoint parses the ns/component/endpoint argument of register.
 func parseEndpoint(arg string) (beacon.Query, error) {
 	q, err := beacon.ParseQuery(arg)

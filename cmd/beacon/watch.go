@@ -47,8 +47,8 @@ the store since that revision, it prints a snapshot.
 			var q beacon.Query
 			if len(args) == 1 {
 				var err error
-				if q, err = beacon.ParseQuery(args[0]); err != nil {
-					return usage(err)
+				if q, err = parseQueryArg(args[0]); err != nil {
+					return err
 				}
 			}
 			if from < 0 {

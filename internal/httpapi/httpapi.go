@@ -16,6 +16,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -118,12 +119,28 @@ func (q QueryRule) check(r *http.Request) error {
 			}
 			return &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes %s", name, r.Method, r.URL.Path, strings.Join(q.Params, ", "))}
 		}
+		if err := nonEmpty(name, v[name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nonEmpty refuses a parameter given without a value ("?namespace=" or
+// "?namespace"): an empty filter would otherwise read as no filter and
+// select everything, which is never what a caller who named the filter
+// meant.
+func nonEmpty(name string, values []string) error {
+	if slices.Contains(values, "") {
+		return &QueryError{fmt.Sprintf("query parameter %q is empty: give it a value, or leave it out", name)}
 	}
 	return nil
 }
 
 // Query parses the request's query with ParseQuery and refuses any
-// parameter not in allowed. The values are returned by name (one each).
+// parameter not in allowed, and any given with an empty value (an empty
+// filter is not "no filter": leave the parameter out for that). The
+// values are returned by name (one each).
 func Query(r *http.Request, allowed ...string) (map[string]string, error) {
 	v, err := ParseQuery(r.URL.RawQuery)
 	if err != nil {
@@ -136,6 +153,9 @@ func Query(r *http.Request, allowed ...string) (map[string]string, error) {
 				return nil, &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes none", name, r.Method, r.URL.Path)}
 			}
 			return nil, &QueryError{fmt.Sprintf("unknown query parameter %q: %s %s takes %s", name, r.Method, r.URL.Path, strings.Join(allowed, ", "))}
+		}
+		if err := nonEmpty(name, v[name]); err != nil {
+			return nil, err
 		}
 		out[name] = v[name][0]
 	}
@@ -187,7 +207,10 @@ func IsJSON(contentType string) bool {
 
 // DecodeJSON reads a JSON request body strictly into v: a JSON
 // Content-Type (or none), at most limit bytes, exactly one JSON value with
-// no unknown fields; an empty body is refused. On error it writes the
+// no unknown fields, no key given twice in any object (metadata maps
+// included) and no field named in another letter case than its own
+// ("Address" for "address", which encoding/json accepts); an empty body
+// is refused. On error it writes the
 // 415, 413 or 400 and returns false. A decoding error matching one of
 // plain (an UnmarshalJSON error of a field type) is reported with its own
 // message rather than as malformed JSON.
@@ -216,6 +239,9 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64, plai
 		switch {
 		case errors.As(err, &mbe):
 			WriteError(w, http.StatusRequestEntityTooLarge, CodeInvalidArgument, fmt.Sprintf("body larger than %d bytes", limit))
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			WriteError(w, http.StatusRequestTimeout, CodeInvalidArgument,
+				"the request body did not arrive within the server's request timeout: send it with the request, not slowly after it")
 		case errors.Is(err, io.EOF):
 			WriteError(w, http.StatusBadRequest, CodeInvalidArgument, "empty body: send a JSON object")
 		default:
@@ -236,6 +262,10 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64, plai
 			return false
 		}
 		WriteError(w, http.StatusBadRequest, CodeInvalidArgument, "malformed JSON body: more than one JSON value")
+		return false
+	}
+	if err := strictKeys(body, v); err != nil {
+		WriteError(w, http.StatusBadRequest, CodeInvalidArgument, err.Error())
 		return false
 	}
 	return true

@@ -51,6 +51,13 @@ func TestQueryRefusesUnknown(t *testing.T) {
 	if _, err := Query(r); err == nil || !strings.Contains(err.Error(), "takes none") {
 		t.Fatalf("Query with no parameters allowed = %v", err)
 	}
+	// An empty value is refused, not read as "no filter".
+	for _, q := range []string{"namespace=", "namespace", "namespace=&x=1", "x=1&namespace"} {
+		r = httptest.NewRequest("GET", "/v1/x?"+q, nil)
+		if _, err := Query(r, "namespace", "x"); err == nil || !strings.Contains(err.Error(), `query parameter "namespace" is empty`) {
+			t.Errorf("Query(%q) = %v, want the empty namespace refused", q, err)
+		}
+	}
 }
 
 // FuzzParseQuery: ParseQuery never panics, and when it accepts a query it
@@ -97,6 +104,16 @@ func TestIsJSON(t *testing.T) {
 	}
 }
 
+// rawText has its own syntax (as a TTL has): anything goes, but keys
+// are still not given twice.
+type rawText struct{}
+
+func (*rawText) UnmarshalJSON([]byte) error { return nil }
+
+type embedded struct {
+	Inner int `json:"inner"`
+}
+
 func TestDecodeJSON(t *testing.T) {
 	for _, tt := range []struct {
 		ct, body string
@@ -110,8 +127,22 @@ func TestDecodeJSON(t *testing.T) {
 		{"application/json", ``, 400, "empty body"},
 		{"application/json", `{"b":1}`, 400, "unknown field"},
 		{"application/json", `{"a":1} {}`, 400, "more than one JSON value"},
-		{"application/json", `{"a":"` + strings.Repeat("x", 100) + `"}`, 413, "larger than"},
+		{"application/json", `{"a":"` + strings.Repeat("x", 200) + `"}`, 413, "larger than"},
 		{"application/json", `{"a":`, 400, "malformed"},
+		// What encoding/json accepts silently: duplicates (the last
+		// wins) and field names in another letter case.
+		{"application/json", `{"a":1,"a":2}`, 400, `key "a" is given twice`},
+		{"application/json", `{"a":1,"\u0061":2}`, 400, `key "a" is given twice`},
+		{"application/json", `{"a":{"x":1,"y":{"z":1,"z":2}}}`, 400, `key "a.y.z" is given twice`},
+		{"application/json", `{"a":[{"x":1},{"x":1,"x":1}]}`, 400, `key "a[1].x" is given twice`},
+		{"application/json", `{"A":1}`, 400, `unknown field "A": field names are case-sensitive: did you mean "a"?`},
+		{"application/json", `{"a":{"x":1,"X":2}}`, 0, ""},
+		{"application/json", `{"m":{"k":"1","K":"2"}}`, 0, ""},
+		{"application/json", `{"m":{"k":"1","k":"2"}}`, 400, `key "m.k" is given twice`},
+		{"application/json", `{"t":"5s","M":{}}`, 400, `unknown field "M"`},
+		{"application/json", `{"t":{"x":1,"x":2}}`, 400, `key "t.x" is given twice`},
+		{"application/json", `{"Inner":1}`, 400, `did you mean "inner"?`},
+		{"application/json", `{"inner":1,"p":{"k":"1","k":"1"}}`, 400, `key "p.k" is given twice`},
 	} {
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest("POST", "/", strings.NewReader(tt.body))
@@ -119,9 +150,13 @@ func TestDecodeJSON(t *testing.T) {
 			r.Header.Set("Content-Type", tt.ct)
 		}
 		var v struct {
-			A any `json:"a"`
+			A any               `json:"a"`
+			M map[string]string `json:"m"`
+			T rawText           `json:"t"`
+			embedded
+			P *map[string]string `json:"p"`
 		}
-		ok := DecodeJSON(w, r, &v, 64)
+		ok := DecodeJSON(w, r, &v, 100)
 		if tt.code == 0 {
 			if !ok {
 				t.Errorf("%q %q: refused: %s", tt.ct, tt.body, w.Body)
@@ -193,6 +228,7 @@ func TestMuxQueries(t *testing.T) {
 	}
 	for q, want := range map[string]int{
 		"": 200, "x=1": 200, "tag=a&tag=b": 200, "x=1&x=2": 400, "y=1": 400, "%zz": 400,
+		"x=": 400, "x": 400, "tag=a&tag=": 400,
 	} {
 		w := httptest.NewRecorder()
 		m.ServeHTTP(w, httptest.NewRequest("GET", "/a?"+q, nil))
@@ -207,5 +243,81 @@ func TestMuxQueries(t *testing.T) {
 	}
 	if ran != 4 {
 		t.Errorf("handlers ran %d times, want 4 (only for accepted queries)", ran)
+	}
+}
+
+// FuzzDecodeJSON: DecodeJSON never panics; what it accepts decodes as
+// encoding/json decodes it, and has no key given twice in any object.
+func FuzzDecodeJSON(f *testing.F) {
+	for _, s := range []string{`{"a":1}`, `{"a":1,"a":2}`, `{"A":1}`, `{"m":{"k":"1","k":"2"}}`, `{"a":[{"x":1},{"x":1,"x":2}]}`,
+		`{"a":{"\u0078":1,"x":2}}`, `{"t":{"x":1}}`, `{"inner":1}`, `[]`, `{"a":[[[[[]]]]]}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		type target struct {
+			A any               `json:"a"`
+			M map[string]string `json:"m"`
+			T rawText           `json:"t"`
+			embedded
+		}
+		var v target
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest("POST", "/", strings.NewReader(body))
+		if !DecodeJSON(w, r, &v, 1<<16) {
+			if w.Code != 400 && w.Code != 413 {
+				t.Fatalf("%q refused with %d", body, w.Code)
+			}
+			return
+		}
+		var std target
+		if err := json.Unmarshal([]byte(body), &std); err != nil {
+			t.Fatalf("accepted %q that encoding/json refuses: %v", body, err)
+		}
+		if dup := firstDuplicate(json.NewDecoder(strings.NewReader(body))); dup != "" {
+			t.Fatalf("accepted %q with key %q given twice", body, dup)
+		}
+	})
+}
+
+// firstDuplicate returns a key given twice in one object of the value
+// read from dec, or "".
+func firstDuplicate(dec *json.Decoder) string {
+	type frame struct {
+		obj  bool
+		keys map[string]bool
+		key  bool // the next string token is a key
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if s, ok := tok.(string); ok && top != nil && top.obj && top.key {
+			if top.keys[s] {
+				return s
+			}
+			top.keys[s] = true
+			top.key = false
+			continue
+		}
+		if top != nil && top.obj {
+			top.key = true // a value was read: a key comes next
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{obj: true, keys: map[string]bool{}, key: true})
+		case json.Delim('['):
+			stack = append(stack, &frame{})
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			if len(stack) > 0 && stack[len(stack)-1].obj {
+				stack[len(stack)-1].key = true
+			}
+		}
 	}
 }

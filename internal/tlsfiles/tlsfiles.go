@@ -9,6 +9,7 @@ package tlsfiles
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -82,16 +83,22 @@ func stat(path string) (stamp, error) {
 // Reloader holds the current TLS material of a Files and re-reads it when
 // a file's size or modification time changes (checked at most once per
 // second, at a handshake). A file that cannot be read or parsed, such as a
-// certificate written before its key, leaves the previous material in use
-// and is logged; the next handshake tries again.
+// certificate written before its key or a key that does not match the
+// certificate, leaves the previous material in use and is logged; the
+// next handshake tries again. So does a certificate outside its validity
+// period (expired, or not valid yet) while the one in use is inside its
+// own: a not-yet-valid one is taken as soon as it becomes valid.
 type Reloader struct {
 	files Files
 	log   *slog.Logger
 	base  *tls.Config
+	now   func() time.Time
 
 	mu      sync.Mutex
 	checked time.Time
 	stamps  [3]stamp
+	// refused is the version of the files last refused, logged once.
+	refused [3]stamp
 	cert    *tls.Certificate
 	pool    *x509.CertPool
 	cur     *tls.Config
@@ -100,17 +107,90 @@ type Reloader struct {
 // minCheck is the least time between two checks of the files.
 const minCheck = time.Second
 
-// NewReloader loads the files once (an error names the file) and returns
-// a Reloader.
+// NewReloader loads the files once and returns a Reloader. An error names
+// the file: one that cannot be read or parsed, a key that does not match
+// its certificate, and an expired certificate (every peer that checks
+// dates refuses it: renew it). A certificate not valid yet, and expired
+// certificates in the CA bundle, are logged as warnings.
 func NewReloader(f Files, log *slog.Logger) (*Reloader, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Reloader{files: f, log: log, base: &tls.Config{MinVersion: tls.VersionTLS12}}
-	if err := r.load(); err != nil {
+	r := &Reloader{files: f, log: log, base: &tls.Config{MinVersion: tls.VersionTLS12}, now: time.Now}
+	m, err := r.read()
+	if err != nil {
 		return nil, err
 	}
+	if m.cert != nil {
+		warn, err := checkLeaf(f.CertFile, m.cert.Leaf, r.now())
+		if err != nil {
+			return nil, err
+		}
+		if warn != "" {
+			log.Warn("TLS certificate not valid yet", "problem", warn)
+		}
+	}
+	r.warnExpiredCAs(m)
+	r.use(m)
 	return r, nil
+}
+
+// material is one reading of the files.
+type material struct {
+	stamps [3]stamp
+	cert   *tls.Certificate
+	pool   *x509.CertPool
+	// expiredCAs are the subjects of expired certificates in the bundle.
+	expiredCAs []string
+}
+
+// CheckCertificate reads a certificate and key pair and refuses what
+// NewReloader refuses (a pair that does not load or match, an expired
+// certificate); warn is set when the certificate is not valid yet. It is
+// for files read by others (etcd's listeners), checked once at start.
+func CheckCertificate(certFile, keyFile string, now time.Time) (warn string, err error) {
+	c, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return "", fmt.Errorf("load certificate %s and key %s: %w", certFile, keyFile, err)
+	}
+	leaf := c.Leaf
+	if leaf == nil && len(c.Certificate) > 0 {
+		if leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
+			return "", fmt.Errorf("certificate %s: %w", certFile, err)
+		}
+	}
+	return checkLeaf(certFile, leaf, now)
+}
+
+// checkLeaf refuses an expired certificate and warns of one not valid
+// yet.
+func checkLeaf(certFile string, leaf *x509.Certificate, now time.Time) (warn string, err error) {
+	switch {
+	case leaf == nil:
+	case now.After(leaf.NotAfter):
+		return "", fmt.Errorf("certificate %s expired at %s: renew it (peers refuse an expired certificate)",
+			certFile, leaf.NotAfter.UTC().Format(time.RFC3339))
+	case now.Before(leaf.NotBefore):
+		return fmt.Sprintf("certificate %s is not valid until %s: peers refuse it until then (check this host's clock and the CA's)",
+			certFile, leaf.NotBefore.UTC().Format(time.RFC3339)), nil
+	}
+	return "", nil
+}
+
+// validAt reports whether the certificate of m (if any) is within its
+// validity period at t.
+func (m *material) validAt(t time.Time) bool {
+	if m == nil || m.cert == nil || m.cert.Leaf == nil {
+		return true
+	}
+	return !t.Before(m.cert.Leaf.NotBefore) && !t.After(m.cert.Leaf.NotAfter)
+}
+
+func (r *Reloader) warnExpiredCAs(m *material) {
+	if len(m.expiredCAs) > 0 {
+		r.log.Warn("the CA bundle holds expired certificates: certificates they signed are refused",
+			"ca", r.files.TrustedCAFile, "expired", m.expiredCAs)
+	}
 }
 
 func (r *Reloader) stampsNow() ([3]stamp, error) {
@@ -128,44 +208,57 @@ func (r *Reloader) stampsNow() ([3]stamp, error) {
 	return out, nil
 }
 
-// load reads every file; on error nothing changes.
-func (r *Reloader) load() error {
+// read reads every file.
+func (r *Reloader) read() (*material, error) {
 	st, err := r.stampsNow()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var cert *tls.Certificate
+	m := &material{stamps: st}
 	if r.files.CertFile != "" {
 		c, err := tls.LoadX509KeyPair(r.files.CertFile, r.files.KeyFile)
 		if err != nil {
-			return fmt.Errorf("load certificate %s and key %s: %w", r.files.CertFile, r.files.KeyFile, err)
+			return nil, fmt.Errorf("load certificate %s and key %s: %w", r.files.CertFile, r.files.KeyFile, err)
 		}
 		if c.Leaf == nil && len(c.Certificate) > 0 {
 			c.Leaf, _ = x509.ParseCertificate(c.Certificate[0])
 		}
-		cert = &c
+		m.cert = &c
 	}
-	var pool *x509.CertPool
 	if r.files.TrustedCAFile != "" {
-		pem, err := os.ReadFile(r.files.TrustedCAFile)
+		data, err := os.ReadFile(r.files.TrustedCAFile)
 		if err != nil {
-			return fmt.Errorf("read CA file %s: %w", r.files.TrustedCAFile, err)
+			return nil, fmt.Errorf("read CA file %s: %w", r.files.TrustedCAFile, err)
 		}
-		pool = x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("CA file %s holds no PEM certificate", r.files.TrustedCAFile)
+		m.pool = x509.NewCertPool()
+		if !m.pool.AppendCertsFromPEM(data) {
+			return nil, fmt.Errorf("CA file %s holds no PEM certificate", r.files.TrustedCAFile)
+		}
+		now := r.now()
+		for rest := data; ; {
+			var b *pem.Block
+			if b, rest = pem.Decode(rest); b == nil {
+				break
+			}
+			if c, err := x509.ParseCertificate(b.Bytes); err == nil && now.After(c.NotAfter) {
+				m.expiredCAs = append(m.expiredCAs, c.Subject.String())
+			}
 		}
 	}
-	r.stamps, r.cert, r.pool = st, cert, pool
+	return m, nil
+}
+
+// use makes m the current material.
+func (r *Reloader) use(m *material) {
+	r.stamps, r.cert, r.pool = m.stamps, m.cert, m.pool
 	r.cur = nil
-	return nil
 }
 
 // refresh re-reads the files if they changed.
 func (r *Reloader) refresh() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := time.Now()
+	now := r.now()
 	if now.Sub(r.checked) < minCheck {
 		return
 	}
@@ -177,11 +270,35 @@ func (r *Reloader) refresh() {
 		}
 		return
 	}
-	if err := r.load(); err != nil {
-		r.log.Warn("TLS files changed but cannot be loaded; keeping the previous certificates until they can", "err", err)
+	// Each refused version is logged once, and tried again at each check
+	// (a certificate not valid yet is taken once it is).
+	once := st != r.refused
+	m, err := r.read()
+	if err != nil {
+		if once {
+			r.log.Warn("TLS files changed but cannot be loaded; keeping the previous certificates until they can", "err", err)
+		}
+		r.refused = st
 		return
 	}
-	r.log.Info("TLS files changed; new connections use them", "cert", r.files.CertFile, "ca", r.files.TrustedCAFile)
+	if !m.validAt(now) && (&material{cert: r.cert}).validAt(now) {
+		if once {
+			leaf := m.cert.Leaf
+			r.log.Warn("TLS files changed but the new certificate is outside its validity period; keeping the previous certificate while it is valid",
+				"cert", r.files.CertFile, "not_before", leaf.NotBefore.UTC().Format(time.RFC3339), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339),
+				"previous_not_after", r.cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+		}
+		r.refused = st
+		return
+	}
+	r.use(m)
+	if !m.validAt(now) {
+		r.log.Warn("TLS files changed; the new certificate is outside its validity period, but so was the previous one: new connections use it",
+			"cert", r.files.CertFile, "not_before", m.cert.Leaf.NotBefore.UTC().Format(time.RFC3339), "not_after", m.cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+	} else {
+		r.log.Info("TLS files changed; new connections use them", "cert", r.files.CertFile, "ca", r.files.TrustedCAFile)
+	}
+	r.warnExpiredCAs(m)
 }
 
 // Certificate returns the current certificate (nil without CertFile).

@@ -1,10 +1,14 @@
 package tlsfiles
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -120,5 +124,139 @@ func TestValidate(t *testing.T) {
 	}
 	if err := (Files{}).Validate(""); err != nil {
 		t.Errorf("no files: %v", err)
+	}
+}
+
+// logBuffer collects log lines from any goroutine.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+// recheck lets the next call look at the files again, at now.
+func recheck(r *Reloader, now time.Time) {
+	r.mu.Lock()
+	r.checked = time.Time{}
+	r.now = func() time.Time { return now }
+	r.mu.Unlock()
+}
+
+// TestReloaderRefusesCertificatesOutOfDate: an expired certificate is an
+// error at start; one not valid yet a warning. Rotated to an expired or
+// not-yet-valid certificate, the reloader keeps the valid one in use and
+// warns once; it takes the new one once it becomes valid. Expired
+// certificates in a CA bundle are warned about.
+func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := testcerts.NewCA(dir, "ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	expired := testcerts.LeafOptions{Server: true, NotBefore: now.Add(-48 * time.Hour), NotAfter: now.Add(-time.Hour)}
+	future := testcerts.LeafOptions{Server: true, NotBefore: now.Add(time.Hour), NotAfter: now.Add(48 * time.Hour)}
+
+	old, err := ca.Issue("old", expired)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewReloader(Files{CertFile: old.Cert, KeyFile: old.Key}, nil); err == nil ||
+		!strings.Contains(err.Error(), "certificate "+old.Cert+" expired at") || !strings.Contains(err.Error(), "renew it") {
+		t.Fatalf("an expired certificate at start: %v, want an error naming the file", err)
+	}
+	if _, err := CheckCertificate(old.Cert, old.Key, now); err == nil || !strings.Contains(err.Error(), "expired at") {
+		t.Fatalf("CheckCertificate of an expired certificate: %v", err)
+	}
+	early, err := ca.Issue("early", future)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuffer
+	if _, err := NewReloader(Files{CertFile: early.Cert, KeyFile: early.Key}, logs.logger()); err != nil ||
+		!strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "is not valid until") {
+		t.Fatalf("a certificate not valid yet at start: %v, log %q; want a warning", err, logs.String())
+	}
+	if warn, err := CheckCertificate(early.Cert, early.Key, now); err != nil || !strings.Contains(warn, "is not valid until") {
+		t.Fatalf("CheckCertificate of a certificate not valid yet: %q, %v", warn, err)
+	}
+
+	// A server on a valid certificate, rotated to an expired one.
+	leaf, err := ca.Issue("srv", testcerts.LeafOptions{Server: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs = logBuffer{}
+	r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, logs.logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, r.ServerConfig())
+	client := &tls.Config{RootCAs: pool(t, ca.File), MinVersion: tls.VersionTLS12}
+	first := serial(t, addr, client)
+	if _, err := ca.Issue("srv", expired); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		recheck(r, time.Now())
+		if got := serial(t, addr, client); got != first {
+			t.Fatalf("rotated to an expired certificate: serving serial %s, was %s", got, first)
+		}
+	}
+	if n := strings.Count(logs.String(), "outside its validity period; keeping the previous certificate"); n != 1 {
+		t.Fatalf("%d warnings for one expired certificate, want 1:\n%s", n, logs.String())
+	}
+	// Rotated to one valid from an hour on: kept out until then.
+	if _, err := ca.Issue("srv", future); err != nil {
+		t.Fatal(err)
+	}
+	recheck(r, time.Now())
+	if got := serial(t, addr, client); got != first {
+		t.Fatalf("rotated to a certificate not valid yet: serving serial %s, was %s", got, first)
+	}
+	if n := strings.Count(logs.String(), "outside its validity period; keeping the previous certificate"); n != 2 {
+		t.Fatalf("the certificate not valid yet was not warned about:\n%s", logs.String())
+	}
+	recheck(r, now.Add(2*time.Hour))
+	if got := r.Certificate(); got == nil || got.Leaf.SerialNumber.String() == first || !got.Leaf.NotBefore.Equal(future.NotBefore.Truncate(time.Second)) {
+		t.Fatalf("the new certificate is not used once valid: %+v", got.Leaf)
+	}
+
+	// A CA bundle with an expired CA: loaded, with a warning.
+	oldCA, err := testcerts.NewCA(dir, "old-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := filepath.Join(dir, "bundle.pem")
+	a, _ := os.ReadFile(ca.File)
+	b, _ := os.ReadFile(oldCA.File)
+	if err := os.WriteFile(bundle, append(a, b...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs = logBuffer{}
+	r, err = NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key, TrustedCAFile: bundle}, logs.logger())
+	if err != nil || strings.Contains(logs.String(), "expired") {
+		t.Fatalf("a valid bundle: %v %s", err, logs.String())
+	}
+	recheck(r, now.Add(30*24*time.Hour)) // both CAs expired by then
+	if err := os.WriteFile(bundle, append(b, a...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Pool()
+	if !strings.Contains(logs.String(), "the CA bundle holds expired certificates") || !strings.Contains(logs.String(), "CN=old-ca") {
+		t.Fatalf("no warning for expired CAs in the bundle:\n%s", logs.String())
 	}
 }

@@ -260,12 +260,12 @@ func (t *TTL) UnmarshalJSON(b []byte) error {
 		*t = TTL(d)
 		return nil
 	}
-	var n float64
-	if err := json.Unmarshal(b, &n); err != nil {
+	var num json.Number
+	if err := json.Unmarshal(b, &num); err != nil {
 		return fmt.Errorf(`ttl: %w: want a duration like "15s" or a number of seconds`, registry.ErrInvalidTTL)
 	}
-	d := time.Duration(n * float64(time.Second))
-	if err := registry.ValidateTTL(d); err != nil {
+	d, err := registry.ParseTTLSeconds(num.String())
+	if err != nil {
 		return fmt.Errorf("ttl: %w", err)
 	}
 	*t = TTL(d)

@@ -185,6 +185,18 @@ func TestBadInput(t *testing.T) {
 		{"ttl too short", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":"500ms"}`, 400, "invalid_argument", "ttl"},
 		{"ttl too long", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":7200}`, 400, "invalid_argument", "ttl"},
 		{"ttl garbage", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":"soon"}`, 400, "invalid_argument", "ttl"},
+		{"ttl 1e308", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":1e308}`, 400, "invalid_argument", "ttl: registry: invalid lease TTL: 1e308 seconds is outside [1s, 1h0m0s]"},
+		{"ttl -1e400", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":-1e400}`, 400, "invalid_argument", "-1e400 seconds is outside [1s, 1h0m0s]"},
+		{"ttl 9999999999h", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":"9999999999h"}`, 400, "invalid_argument", `"9999999999h" is outside [1s, 1h0m0s]`},
+		// encoding/json keeps the last of two keys and matches field
+		// names in any letter case: both are refused, naming the key.
+		{"duplicate key", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","address":"h:2"}`, 400, "invalid_argument", `key "address" is given twice`},
+		{"duplicate escaped key", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","addr\u0065ss":"h:2"}`, 400, "invalid_argument", `key "address" is given twice`},
+		{"duplicate metadata key", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","metadata":{"zone":"a","zone":"b"}}`, 400, "invalid_argument", `key "metadata.zone" is given twice`},
+		{"field in another case", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","Address":"h:1"}`, 400, "invalid_argument", `unknown field "Address": field names are case-sensitive: did you mean "address"?`},
+		{"update field in another case", "PATCH", InstancesPath + "/prod/api/http/00000000000000a1", `{"ADDRESS":"h:2"}`, 400, "invalid_argument", `did you mean "address"?`},
+		{"update duplicate metadata", "PATCH", InstancesPath + "/prod/api/http/00000000000000a1", `{"metadata":{"k":"1","k":"2"}}`, 400, "invalid_argument", `key "metadata.k" is given twice`},
+		{"heartbeat field in another case", "POST", InstancesPath + "/prod/api/http/00000000000000a1/heartbeat", `{"Lease":"1"}`, 400, "invalid_argument", `did you mean "lease"?`},
 		{"malformed JSON", "POST", InstancesPath, `{"namespace":`, 400, "invalid_argument", "malformed JSON"},
 		{"unknown field", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","adress":"x"}`, 400, "invalid_argument", "adress"}, //nolint:misspell // the unknown field
 		{"two objects", "POST", InstancesPath, `{} {}`, 400, "invalid_argument", "more than one"},
@@ -213,7 +225,7 @@ func TestBadInput(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			secret := ""
-			if strings.HasPrefix(tt.name, "update bad") {
+			if strings.HasPrefix(tt.name, "update bad") || strings.HasPrefix(tt.name, "update field") || strings.HasPrefix(tt.name, "update duplicate") {
 				secret = good.Secret
 			}
 			e := doSecret(t, tt.method, base+tt.path, tt.body, secret).wantError(t, tt.status, tt.code)
@@ -415,7 +427,7 @@ func TestTTLJSON(t *testing.T) {
 			t.Errorf("TTL %s = %v, %v", in, time.Duration(ttl), err)
 		}
 	}
-	for _, in := range []string{`"0s"`, `0`, `-1`, `"2h"`, `true`, `"x"`} {
+	for _, in := range []string{`"0s"`, `0`, `-1`, `"2h"`, `true`, `"x"`, `1e308`, `-1e308`, `1e400`, `"9999999999h"`, `"99999999999999999999"`} {
 		var ttl TTL
 		if err := json.Unmarshal([]byte(in), &ttl); err == nil {
 			t.Errorf("TTL %s accepted as %v", in, time.Duration(ttl))

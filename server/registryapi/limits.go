@@ -285,15 +285,30 @@ func permissionMessage(r *http.Request, who, ns string, err error) string {
 	if ns != "" {
 		where = fmt.Sprintf("namespace %q", ns)
 	}
-	what, grant := "read", "read on its instance prefix"
-	if r.Method != http.MethodGet {
-		what, grant = "register in", "readwrite on its instance prefix and its ownership-record prefix"
+	what, grant := writeAction(r), "readwrite on its instance prefix and its ownership-record prefix"
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		what, grant = "read", "read on its instance prefix"
 	}
 	if !strings.HasPrefix(who, "user ") {
 		who = "the etcd user"
 	}
 	return fmt.Sprintf("permission denied: %s may not %s %s: grant it a role with %s (`beacon auth grant-namespace` grants both) (%v)",
 		who, what, where, grant, err)
+}
+
+// writeAction names what a writing request of the registry API does, for
+// a permission error ("may not <action> namespace ...").
+func writeAction(r *http.Request) string {
+	switch {
+	case r.Method == http.MethodPatch:
+		return "update instances in"
+	case r.Method == http.MethodDelete:
+		return "deregister instances in"
+	case strings.HasSuffix(r.URL.Path, "/heartbeat"):
+		return "renew (heartbeat) instances in"
+	default:
+		return "register in"
+	}
 }
 
 // nsKey carries the namespace of a request whose namespace is in its body
