@@ -101,6 +101,12 @@ type Security struct {
 	// IdleTimeout closes keep-alive connections idle this long;
 	// DefaultIdleTimeout when zero.
 	IdleTimeout time.Duration
+	// MaxConns bounds the HTTP listener's open connections (further ones
+	// wait in the kernel's accept queue until one closes), so that a
+	// flood of connections cannot take the file descriptors the embedded
+	// etcd needs for its WAL, snapshots and peers. Zero: a quarter of the
+	// process's open-file limit (at least 256).
+	MaxConns int
 }
 
 func (s Security) withDefaults() Security {
@@ -115,6 +121,9 @@ func (s Security) withDefaults() Security {
 	}
 	if s.RequestTimeout == 0 {
 		s.RequestTimeout = DefaultRequestTimeout
+	}
+	if s.MaxConns == 0 {
+		s.MaxConns = defaultMaxConns()
 	}
 	if s.IdleTimeout == 0 {
 		s.IdleTimeout = DefaultIdleTimeout
@@ -186,6 +195,9 @@ func (s Security) validate(c Config) []error {
 	}
 	if s.MaxBodyBytes < 0 || s.MaxAuthClients < 0 {
 		errs = append(errs, errors.New("--max-body-bytes and --max-auth-clients must not be negative"))
+	}
+	if s.MaxConns < 0 || s.MaxConns == 1 {
+		errs = append(errs, fmt.Errorf("--http-max-connections %d: want at least 2 (0 for the default: a quarter of the open-file limit)", s.MaxConns))
 	}
 	// etcd replaces a cost outside bcrypt's range by its default, with a
 	// warning at every start: refuse it instead.

@@ -221,16 +221,14 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{args: []string{"serve", "--dns-addr", "nope"}, want: "--dns-addr"},
 		{args: []string{"serve", "--dns-domain", "."}, want: "--dns-domain"},
 		{args: []string{"serve", "--dns-ttl", "100ms"}, want: "--dns-ttl"},
-<<<<<<< HEAD
 		{args: []string{"serve", "--dns-ttl", "0s"}, want: "--dns-ttl 0s"},
 		{args: []string{"serve", "--dns-domain="}, want: "--dns-domain is empty"},
-=======
 		// etcd would replace it by its default, with a warning at every start.
 		{args: []string{"serve", "--bcrypt-cost", "99"}, want: "--bcrypt-cost 99: must be 4 to 31"},
 		// A port out of range is bad usage, not a failure to listen (exit 1).
 		{args: []string{"serve", "--http-addr", "127.0.0.1:99999"}, want: `--http-addr "127.0.0.1:99999": must be host:port (port 0-65535)`},
 		{args: []string{"serve", "--dns-addr", "127.0.0.1:70000"}, want: `--dns-addr "127.0.0.1:70000"`},
->>>>>>> audit-11
+		{args: []string{"serve", "--http-max-connections", "-1"}, want: "--http-max-connections -1: want at least 2"},
 	})
 }
 

@@ -41,6 +41,7 @@ func addSecurityFlags(cmd *cobra.Command, s *server.Security) {
 	f.Int64Var(&s.MaxBodyBytes, "max-body-bytes", 0, fmt.Sprintf("largest HTTP request body (default %d)", server.DefaultMaxBodyBytes))
 	f.DurationVar(&s.RequestTimeout, "http-request-timeout", 0, fmt.Sprintf("time to read an HTTP request and write its answer; watch streams excepted (default %v)", server.DefaultRequestTimeout))
 	f.DurationVar(&s.IdleTimeout, "http-idle-timeout", 0, fmt.Sprintf("close idle keep-alive connections after this long (default %v)", server.DefaultIdleTimeout))
+	f.IntVar(&s.MaxConns, "http-max-connections", 0, "HTTP connections open at once; further ones wait until one closes (default: a quarter of the open-file limit, at least 256)")
 }
 
 // secondsFlag is etcd's --auth-token-ttl: a number of seconds, or a
