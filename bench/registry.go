@@ -360,7 +360,7 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	raw := &rawRegistrar{cli: cli}
 	// Whatever happens (an error, an interrupt), no raw lease outlives the
 	// run; Beacon's sessions revoke their own lease when closed.
-	defer func() { _ = raw.revokeAll(context.WithoutCancel(ctx)) }() // best effort: the run's error matters more
+	defer func() { _ = raw.revokeAll(ctx) }() // best effort: the run's error matters more
 
 	type result struct {
 		total time.Duration
@@ -563,15 +563,20 @@ func (r *rawRegistrar) op(insts []beacon.Instance) func(ctx context.Context, i i
 	}
 }
 
-// revokeAll revokes every lease granted so far (untimed), also after an
-// interrupt (for at most 30 s); a lease already gone is not an error.
+// revokeAll revokes every lease granted so far: untimed (20,000 revokes
+// with fsync take longer than any fixed bound on a slow or busy machine),
+// and after an interrupt for at most 30 s more; a lease already gone is
+// not an error.
 func (r *rawRegistrar) revokeAll(ctx context.Context) error {
 	r.mu.Lock()
 	ls := r.leases
 	r.leases = nil
 	r.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(30*time.Second, cancel) })
+	defer stop()
+	ctx = rctx
 	_, _, err := run(ctx, len(ls), 32, func(ctx context.Context, i int) error {
 		_, err := r.cli.Revoke(ctx, ls[i])
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
