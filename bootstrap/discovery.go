@@ -280,6 +280,15 @@ func (d *discovery) register(ctx context.Context, key, value string) error {
 	})
 }
 
+// behind reports whether the discovery service answers, within timeout, a
+// read of the token's registry at a revision below rev.
+func behind(ctx context.Context, cli *clientv3.Client, token string, rev int64, timeout time.Duration) bool {
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := cli.Get(rctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	return err == nil && resp.Header != nil && resp.Header.Revision < rev
+}
+
 // watchSeq numbers the waits' watches, so that each has a gRPC stream of
 // its own (clientv3 shares a stream among watches with equal metadata).
 var watchSeq atomic.Uint64
@@ -340,6 +349,14 @@ func (d *discovery) wait(ctx context.Context, self, value string) error {
 // still hears nothing after the whole request timeout (a hung or cut-off
 // member, a dead connection) it fails with errWatchSilent, within 1.25
 // request timeouts, and the registry is read again after the backoff.
+//
+// etcd answers no progress request while its revision is below a watch's
+// start, and this watch starts at the revision after the listing: on a
+// discovery service nobody writes to (the usual case while a member waits
+// for its peers) every request would go unanswered. So while the watch has
+// heard of no revision at or past its start, it first reads the revision,
+// and a service still below the start owes it nothing: that counts as
+// heard.
 func (d *discovery) watch(ctx context.Context, self string) error {
 	cli, err := d.client()
 	if err != nil {
@@ -355,8 +372,9 @@ func (d *discovery) watch(ctx context.Context, self string) error {
 	// check.
 	var wch clientv3.WatchChan // nil until Watch returned
 	wchc := make(chan clientv3.WatchChan, 1)
+	start := d.reg.rev + 1
 	go func() {
-		wchc <- cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(d.reg.rev+1))
+		wchc <- cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(start))
 	}()
 	defer func() {
 		cancel()
@@ -368,6 +386,7 @@ func (d *discovery) watch(ctx context.Context, self string) error {
 	check := time.NewTicker(silence / 4)
 	defer check.Stop()
 	heard := time.Now()
+	var seen int64 // the newest revision heard of on this watch
 	for {
 		var wresp clientv3.WatchResponse
 		var ok bool
@@ -378,11 +397,18 @@ func (d *discovery) watch(ctx context.Context, self string) error {
 			continue
 		case wresp, ok = <-wch:
 			heard = time.Now()
+			if ok {
+				seen = max(seen, wresp.Header.Revision)
+			}
 		case <-check.C:
 			switch quiet := time.Since(heard); {
 			case quiet >= silence:
 				return fmt.Errorf("%w: nothing from %s for %v", errWatchSilent, d.endpoints(), quiet.Round(time.Millisecond))
 			case quiet >= silence/2 && wch != nil:
+				if seen < start && behind(wctx, cli, token, start, silence/4) {
+					heard = time.Now() // nothing is due: see above
+					continue
+				}
 				pctx, pcancel := context.WithTimeout(wctx, silence/4)
 				_ = cli.RequestProgress(pctx) // unanswered, it shows as silence
 				pcancel()

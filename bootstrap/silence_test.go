@@ -67,3 +67,48 @@ func TestWaitNoticesSilentService(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitOnQuietServiceIsNotSilent: a member waiting for its peers on a
+// discovery service nobody writes to keeps its watch. The watch starts at
+// the revision after its listing, and etcd answers no progress request
+// while its revision is below a watch's start, so the wait used to fail as
+// silent every 1.25 request timeouts ("discovery service unreachable;
+// retrying", a re-read of the registry) for as long as it waited.
+func TestWaitOnQuietServiceIsNotSilent(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{}) // nobody else writes here
+	cfg := config(srv, newToken(t))
+	cfg.RequestTimeout = time.Second
+	ctx := testCtx(t, time.Minute)
+	if _, err := bootstrap.CreateToken(ctx, client(t, srv), cfg.Token, 2); err != nil {
+		t.Fatal(err)
+	}
+	progress := make(chan bootstrap.Progress, 100)
+	first := joinAsync(t, ctx, cfg, "a", peerURL(0), bootstrap.WithProgress(func(p bootstrap.Progress) {
+		select {
+		case progress <- p:
+		default:
+		}
+	}))
+	for p := await(t, progress, "the first registration"); p.Registered != 1; p = await(t, progress, "the first registration") {
+	}
+	// Four silence timeouts of nobody writing: no retry may be reported.
+	quiet := time.NewTimer(4 * cfg.RequestTimeout * 5 / 4)
+	defer quiet.Stop()
+	for waiting := true; waiting; {
+		select {
+		case p := <-progress:
+			if p.Err != nil {
+				t.Fatalf("the wait on a quiet service reported %v", p.Err)
+			}
+		case <-quiet.C:
+			waiting = false
+		}
+	}
+	second := joinAsync(t, ctx, cfg, "b", peerURL(1))
+	for _, ch := range []<-chan joinResult{first, second} {
+		if r := await(t, ch, "the join"); r.err != nil || len(r.cluster.Members) != 2 {
+			t.Fatalf("join: %+v", r)
+		}
+	}
+}
