@@ -93,6 +93,10 @@ type upstream struct {
 	hub   *watchHub
 	key   watchKey
 	heard atomic.Int64 // when a response last came, unix nanoseconds
+	// start is the revision the current watch started at, and seen the
+	// newest revision it heard of (etcd answers no progress request on a
+	// stream while its revision is below a watch's start).
+	start, seen atomic.Int64
 
 	mu        sync.Mutex
 	ctx       context.Context
@@ -618,6 +622,8 @@ func (u *upstream) watchLocked(w clientv3.Watcher) {
 	}
 	u.ctx, u.cancel = context.WithCancel(ctx)
 	u.gen++
+	u.start.Store(u.nextrev)
+	u.seen.Store(0)
 	opts := []clientv3.OpOption{clientv3.WithRev(u.nextrev), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
 	if k.prevKV {
 		opts = append(opts, clientv3.WithPrevKV())
@@ -674,6 +680,9 @@ func (u *upstream) run(wch clientv3.WatchChan, gen int) {
 	var lastErr error
 	for wr := range wch {
 		u.heard.Store(time.Now().UnixNano())
+		if u.current(gen) && wr.Header.Revision > u.seen.Load() {
+			u.seen.Store(wr.Header.Revision)
+		}
 		if err := wr.Err(); err != nil {
 			lastErr = err
 		}

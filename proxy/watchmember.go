@@ -26,7 +26,12 @@ import (
 // which nothing arrived for WatchSilenceTimeout/2 is sent a progress
 // request, which etcd answers at once when the stream's watches are
 // synced; if nothing arrives within another WatchSilenceTimeout/2, the
-// member is silent. The hub then benches it (as a failed endpoint, for
+// member is silent. etcd answers no progress request on a stream while its
+// revision is below the start of one of the stream's watches (a client's
+// watch from the revision after its listing, on a cluster nobody writes
+// to): so a stream with such a watch also reads the member's revision, and
+// a member that answers below that start owes the stream nothing, which
+// counts as heard. The hub then benches it (as a failed endpoint, for
 // forwarding too) and moves every upstream watch to another member, from
 // the revision each has fully delivered: clients see no gap and no
 // duplicate. When no other member is available, the client watchers are
@@ -158,6 +163,8 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 	type quiet struct {
 		ctx   context.Context
 		heard time.Time
+		ups   []*upstream
+		ahead *upstream // the watch furthest ahead of what it heard of
 	}
 	h.mu.Lock()
 	streams := map[watchKey]*quiet{}
@@ -166,9 +173,14 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 			heard := time.Unix(0, u.heard.Load())
 			q := streams[key.group()]
 			if q == nil {
-				streams[key.group()] = &quiet{ctx: u.context(), heard: heard}
+				q = &quiet{ctx: u.context(), heard: heard}
+				streams[key.group()] = q
 			} else if heard.After(q.heard) {
 				q.heard = heard
+			}
+			q.ups = append(q.ups, u)
+			if st := u.start.Load(); st > u.seen.Load() && (q.ahead == nil || st > q.ahead.start.Load()) {
+				q.ahead = u
 			}
 		}
 	}
@@ -177,7 +189,7 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 			delete(h.probes, g)
 		}
 	}
-	var ask []context.Context
+	var ask []*quiet
 	silent := time.Duration(0)
 	for g, q := range streams {
 		pr := h.probes[g]
@@ -191,18 +203,26 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 		switch {
 		case pr.sent.IsZero() && now.Sub(q.heard) >= timeout/2:
 			pr.sent = now
-			ask = append(ask, q.ctx)
+			ask = append(ask, q)
 		case !pr.sent.IsZero() && now.Sub(pr.sent) >= timeout/2:
 			silent = max(silent, now.Sub(q.heard))
 		}
 	}
-	w, member := h.w, h.member
+	w, cli, member := h.w, h.cli, h.member
 	h.mu.Unlock()
-	for _, ctx := range ask {
+	for _, q := range ask {
 		h.spawn(func() {
 			// RequestProgress finds the stream by ctx's metadata.
-			pctx, cancel := context.WithTimeout(ctx, timeout/2)
+			pctx, cancel := context.WithTimeout(q.ctx, timeout/2)
 			defer cancel()
+			if q.ahead != nil && cli != nil && behind(pctx, cli, q.ahead) {
+				// Nothing is due (see above): the member answered.
+				now := time.Now().UnixNano()
+				for _, u := range q.ups {
+					u.heard.Store(now)
+				}
+				return
+			}
 			_ = w.RequestProgress(pctx)
 		})
 	}
@@ -212,6 +232,18 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 		h.p.log.Warn("upstream watch silent; moving the watches to another member", "member", member, "silent", silent.Round(time.Millisecond))
 		h.leave(member, err)
 	}
+}
+
+// behind reports whether the member behind cli answers a read of u's range
+// at a revision below the start of u's watch (ctx carries the credentials
+// of u's stream).
+func behind(ctx context.Context, cli *clientv3.Client, u *upstream) bool {
+	opts := []clientv3.OpOption{clientv3.WithCountOnly()}
+	if u.key.end != "" {
+		opts = append(opts, clientv3.WithRange(u.key.end))
+	}
+	resp, err := cli.Get(ctx, u.key.key, opts...)
+	return err == nil && resp.Header != nil && resp.Header.Revision < u.start.Load()
 }
 
 // leave benches member (if it is still the hub's) and moves the watches.
