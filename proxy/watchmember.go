@@ -215,15 +215,14 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 			// RequestProgress finds the stream by ctx's metadata.
 			pctx, cancel := context.WithTimeout(q.ctx, timeout/2)
 			defer cancel()
+			_ = w.RequestProgress(pctx)
 			if q.ahead != nil && cli != nil && behind(pctx, cli, q.ahead) {
 				// Nothing is due (see above): the member answered.
 				now := time.Now().UnixNano()
 				for _, u := range q.ups {
 					u.heard.Store(now)
 				}
-				return
 			}
-			_ = w.RequestProgress(pctx)
 		})
 	}
 	if silent > 0 {
