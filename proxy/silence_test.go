@@ -271,3 +271,54 @@ func TestWatchesCancelledWhenTheOnlyMemberHangs(t *testing.T) {
 		t.Fatal("the etcd client's watcher was left silent")
 	}
 }
+
+// TestWatchFromNextRevisionOnQuietCluster: a client's watch from the
+// revision after its listing (the list-then-watch of every informer and
+// cache), on a cluster nobody writes to, stays open through the proxy, and
+// so does a watch of the same stream from the current revision. etcd
+// answers no progress request on a stream while its revision is below one
+// of the stream's watches' start, so the proxy took the member for silent
+// after WatchSilenceTimeout and, with nowhere to move the watches,
+// cancelled them all ("no other etcd member is available").
+func TestWatchFromNextRevisionOnQuietCluster(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{}) // nobody else writes here
+	const silence = time.Second
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), WatchSilenceTimeout: silence})
+	ctx := ctxT(t)
+	cli := proxyClient(t, p)
+	g, err := cli.Get(ctx, "/quiet/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := cli.Watch(ctx, "/quiet/", clientv3.WithPrefix(), clientv3.WithRev(g.Header.Revision+1), clientv3.WithCreatedNotify())
+	now := cli.Watch(ctx, "/other/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	for _, wch := range []clientv3.WatchChan{ahead, now} {
+		if wr := <-wch; !wr.Created {
+			t.Fatalf("not created: %+v", wr)
+		}
+	}
+	quiet := time.NewTimer(4 * silence)
+	defer quiet.Stop()
+	select {
+	case wr, ok := <-ahead:
+		t.Fatalf("watch from revision %d (cluster at %d) before any write: %+v (open %v); silences %v", g.Header.Revision+1, g.Header.Revision, wr, ok, value(t, p.m.watchSilences))
+	case wr, ok := <-now:
+		t.Fatalf("watch from the current revision before any write: %+v (open %v); silences %v", wr, ok, value(t, p.m.watchSilences))
+	case <-quiet.C:
+	}
+	if n := value(t, p.m.watchSilences); n != 0 {
+		t.Fatalf("%v silences on a quiet cluster", n)
+	}
+	if _, err := cli.Put(ctx, "/quiet/k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case wr := <-ahead:
+		if wr.Err() != nil || len(wr.Events) != 1 || string(wr.Events[0].Kv.Key) != "/quiet/k" {
+			t.Fatalf("after the write: %+v", wr)
+		}
+	case <-ctx.Done():
+		t.Fatal("the write was not delivered")
+	}
+}

@@ -323,12 +323,29 @@ func (r *StoreRegistry) verify(ctx context.Context, ref beacon.Ref, secret Secre
 // Heartbeat keeps alive the lease of the registration at ref, whose secret
 // the caller presents, and returns the lease's TTL. A wrong secret, an
 // unknown instance or an ended lease give notFound.
+//
+// Its store calls are bounded as a session's keep-alives are (a sixth of
+// the lease's TTL, at most 2 s) and one that timed out is tried again at
+// once, while ctx allows: a call that reached a hung store server (an
+// etcd member that accepts connections and answers nothing) costs one
+// attempt, and the next goes to another member (the etcd store leaves the
+// silent one out), instead of the whole heartbeat waiting for the store's
+// request timeout while the lease runs out.
 func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Secret) (time.Duration, error) {
-	_, kv, err := r.verify(ctx, ref, secret)
+	limit := keepAliveTimeout(r.leased.ttl(ref))
+	var kv store.KeyValue
+	err := retryTimedOut(ctx, limit, func(ctx context.Context) (err error) {
+		_, kv, err = r.verify(ctx, ref, secret)
+		return err
+	})
 	if err != nil {
 		return 0, err
 	}
-	ttl, err := r.st.KeepAlive(ctx, kv.Lease)
+	var ttl time.Duration
+	err = retryTimedOut(ctx, limit, func(ctx context.Context) (err error) {
+		ttl, err = r.st.KeepAlive(ctx, kv.Lease)
+		return err
+	})
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
 		r.leased.ended(kv.Lease)
@@ -338,6 +355,24 @@ func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Se
 	}
 	r.leased.heartbeat(kv.Lease, ref, ttl)
 	return ttl, nil
+}
+
+// heartbeatAttempts bounds the attempts of one heartbeat's store call.
+const heartbeatAttempts = 4
+
+// retryTimedOut runs call with a deadline of limit, again at once while an
+// attempt ran out of its time with the store unavailable, up to
+// heartbeatAttempts attempts and while ctx allows.
+func retryTimedOut(ctx context.Context, limit time.Duration, call func(context.Context) error) error {
+	for n := 1; ; n++ {
+		actx, cancel := context.WithTimeout(ctx, limit)
+		err := call(actx)
+		timedOut := actx.Err() != nil
+		cancel()
+		if err == nil || ctx.Err() != nil || !timedOut || !errors.Is(err, store.ErrUnavailable) || n == heartbeatAttempts {
+			return err
+		}
+	}
 }
 
 // UpdateLeased changes the registration at ref, whose secret the caller

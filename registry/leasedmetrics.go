@@ -26,6 +26,7 @@ type leasedTracker struct {
 	fallbackTTL time.Duration // for a lease granted elsewhere, until renewed here
 	mu          sync.Mutex
 	leases      map[store.LeaseID]*leasedEntry
+	byRef       map[beacon.Ref]store.LeaseID
 }
 
 type leasedEntry struct {
@@ -35,7 +36,7 @@ type leasedEntry struct {
 }
 
 func newLeasedTracker(fallbackTTL time.Duration) *leasedTracker {
-	return &leasedTracker{fallbackTTL: fallbackTTL, leases: map[store.LeaseID]*leasedEntry{}}
+	return &leasedTracker{fallbackTTL: fallbackTTL, leases: map[store.LeaseID]*leasedEntry{}, byRef: map[beacon.Ref]store.LeaseID{}}
 }
 
 func (t *leasedTracker) entry(id store.LeaseID) *leasedEntry {
@@ -58,6 +59,30 @@ func (t *leasedTracker) registered(id store.LeaseID, ref beacon.Ref) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.entry(id).refs[ref] = struct{}{}
+	t.byRef[ref] = id
+}
+
+// ttl returns the TTL of the lease of the instance at ref as far as the
+// registry knows (its grant or last renewal here), else the fallback.
+func (t *leasedTracker) ttl(ref beacon.Ref) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.leases[t.byRef[ref]]; e != nil && e.ttl > 0 {
+		return e.ttl
+	}
+	return t.fallbackTTL
+}
+
+// forgetLocked drops lease id and its instances.
+func (t *leasedTracker) forgetLocked(id store.LeaseID) {
+	if e := t.leases[id]; e != nil {
+		for ref := range e.refs {
+			if t.byRef[ref] == id {
+				delete(t.byRef, ref)
+			}
+		}
+	}
+	delete(t.leases, id)
 }
 
 func (t *leasedTracker) renewed(id store.LeaseID, ttl time.Duration) {
@@ -85,12 +110,15 @@ func (t *leasedTracker) deregistered(id store.LeaseID, ref beacon.Ref) {
 	if e := t.leases[id]; e != nil {
 		delete(e.refs, ref)
 	}
+	if t.byRef[ref] == id {
+		delete(t.byRef, ref)
+	}
 }
 
 func (t *leasedTracker) ended(id store.LeaseID) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	delete(t.leases, id)
+	t.forgetLocked(id)
 }
 
 // live counts the instances whose lease is alive as far as the registry
@@ -101,7 +129,7 @@ func (t *leasedTracker) live(now time.Time) int {
 	n := 0
 	for id, e := range t.leases {
 		if now.After(e.deadline) {
-			delete(t.leases, id)
+			t.forgetLocked(id)
 			continue
 		}
 		n += len(e.refs)

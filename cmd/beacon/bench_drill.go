@@ -55,7 +55,9 @@ and prints, per drill: trials, lost leases, phantoms (a dead registrant still
 listed after TTL + 1 s, counted from the fault's end in outages or from a new
 leader's takeover, which extends every lease), flaps (removals of live
 instances seen by watchers), stale batches, and convergence p50/max. Goal while
-quorum holds: 0 lost, 0 phantom, 0 flaps.
+quorum holds: 0 lost, 0 phantom, 0 flaps (a removal of an instance whose lease
+etcd revoked although it was renewed in time, as a resumed etcd leader does, is
+etcd's deletion: noted, not counted against the goal).
 
 With --expiry N it also lets N instances expire at once in two lease layouts
 — Beacon's sessions (one lease per process, --expiry-processes processes) and

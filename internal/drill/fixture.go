@@ -34,14 +34,15 @@ type fleet struct {
 	regs   []*registry.StoreRegistry
 	insts  []registry.Registration
 
-	mu      sync.Mutex
-	addrs   map[string]string // ref → advertised address
-	lost    int               // leases lost so far (recovered under a new lease)
-	kept    int               // losses by the session's clock whose lease etcd kept
-	revoked int               // leases etcd ended although the session renewed them in time
-	open    int               // losses not recovered yet
-	why     []string          // what happened each time
-	wg      sync.WaitGroup
+	mu          sync.Mutex
+	addrs       map[string]string // ref → advertised address
+	lost        int               // leases lost so far (recovered under a new lease)
+	kept        int               // losses by the session's clock whose lease etcd kept
+	revoked     int               // leases etcd ended although the session renewed them in time
+	revokedRefs []string          // the instance of each such lease, in order
+	open        int               // losses not recovered yet
+	why         []string          // what happened each time
+	wg          sync.WaitGroup
 }
 
 func (r *runner) newFleet(ctx context.Context, endpoints []string, ns string) (*fleet, error) {
@@ -70,6 +71,7 @@ func (r *runner) newFleet(ctx context.Context, endpoints []string, ns string) (*
 			return nil, fmt.Errorf("register steady instance %d: %w", i, err)
 		}
 		f.insts = append(f.insts, in)
+		ref := in.Instance().Ref().String()
 		f.addrs[in.Instance().Ref().String()] = in.Instance().Address
 		f.wg.Add(1)
 		go func() {
@@ -101,6 +103,7 @@ func (r *runner) newFleet(ctx context.Context, endpoints []string, ns string) (*
 						// etcd ended a lease the session had renewed in
 						// time (its own clock had not run out).
 						f.revoked++
+						f.revokedRefs = append(f.revokedRefs, ref)
 						f.why = append(f.why, fmt.Sprintf("session %d: etcd revoked lease %x, renewed in time: %v", i, held, lostErr))
 					default:
 						f.lost++

@@ -109,8 +109,10 @@ type Config struct {
 	// probed; members that do not answer while another does, or know no
 	// leader while another does, are left out of the client's endpoints
 	// (new calls and watches go to the others) and probed again every
-	// ProbeTimeout until they answer with a leader. Zero means
-	// DefaultProbeTimeout; negative disables probing.
+	// ProbeTimeout until they answer with a leader. A member that has not
+	// answered a quarter of ProbeTimeout after another answered with a
+	// leader counts as not answering. Zero means DefaultProbeTimeout;
+	// negative disables probing.
 	ProbeTimeout time.Duration
 
 	// Logger receives the etcd client's own logs (reconnects, retries).

@@ -250,3 +250,52 @@ func TestWatchFromNextRevisionOnQuietStore(t *testing.T) {
 		t.Fatal("the write was not delivered")
 	}
 }
+
+// TestHungMemberLeftOutBeforeTheProbeTimeout: a member that does not
+// answer while the others do is left out a quarter of ProbeTimeout after
+// the first call timed out, not a whole ProbeTimeout: every call meanwhile
+// may go to it, and with short leases that window decided whether the
+// HTTP API's heartbeats (which cannot wait long for any one member) kept
+// their registrations.
+func TestHungMemberLeftOutBeforeTheProbeTimeout(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.StartProcessCluster(t, 3, etcdtest.ProcessClusterOptions{})
+	const probeTimeout = 4 * time.Second // long, to tell the two apart
+	s := newStore(t, nil, etcd.Config{Endpoints: c.Endpoints(), ProbeTimeout: probeTimeout})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	hung := c.Members()[0]
+	if err := hung.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hung.Resume() }()
+	var first time.Time // the first call that timed out
+	changed := s.ExcludedChanged()
+	for i := 0; first.IsZero(); i++ {
+		if i > 100 {
+			t.Fatal("no call reached the stopped member")
+		}
+		cctx, ccancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		_, err := s.Get(cctx, fmt.Sprintf("/quick/k%d", i))
+		ccancel()
+		if errors.Is(err, store.ErrUnavailable) {
+			first = time.Now()
+		} else if !errors.Is(err, store.ErrNotFound) {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-changed:
+	case <-time.After(2 * probeTimeout):
+		t.Fatalf("stopped member not left out %v after the first timeout: %v", 2*probeTimeout, s.Excluded())
+	}
+	took := time.Since(first)
+	t.Logf("stopped member left out %v after the first call timed out (ProbeTimeout %v): %v", took.Round(time.Millisecond), probeTimeout, s.Excluded())
+	if !slices.Equal(s.Excluded(), []string{hung.ClientURL}) {
+		t.Fatalf("left out %v, want %v", s.Excluded(), hung.ClientURL)
+	}
+	// A quarter of the timeout, plus slack for a loaded machine.
+	if bound := probeTimeout/4 + 2*time.Second; took > bound {
+		t.Fatalf("left out after %v, bound %v", took, bound)
+	}
+}

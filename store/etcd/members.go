@@ -23,7 +23,9 @@ import (
 // the client's endpoints those that do not answer while another does (and
 // those that know no leader while another does), so that new calls and
 // watches go to the members that answer. It probes them again every
-// ProbeTimeout and puts each back as soon as it answers with a leader.
+// ProbeTimeout and puts each back as soon as it answers with a leader. A
+// sweep waits for the members that do not answer a quarter of the timeout
+// after another answered with a leader, not the whole timeout.
 
 // prober tracks which members answer; one per Store made by New with
 // several endpoints.
@@ -264,11 +266,30 @@ func (p *prober) probeAll(stop <-chan struct{}, eps []string) []probeResult {
 		p.cli = cli
 	}
 	p.mu.Unlock()
-	var wg sync.WaitGroup
-	for i, ep := range eps {
-		wg.Go(func() { got[i] = p.probe(ctx, ep) })
+	// A member that has not answered a while after another answered with
+	// a leader is not waited for until the timeout: a quarter of it (or
+	// twice the time the first answer took, if longer) tells a hung member
+	// from a slow one, and every call meanwhile may be sent to it. One
+	// left out wrongly is put back at the next recheck.
+	type answer struct {
+		i int
+		r probeResult
 	}
-	wg.Wait()
+	answers := make(chan answer, len(eps))
+	start := time.Now()
+	for i, ep := range eps {
+		go func() { answers <- answer{i, p.probe(ctx, ep)} }()
+	}
+	cut := false
+	for range eps { // every probe answers: the goroutines end here
+		a := <-answers
+		got[a.i] = a.r
+		if a.r == healthy && !cut {
+			cut = true
+			t := time.AfterFunc(max(p.timeout/4, 2*time.Since(start)), cancel)
+			defer t.Stop()
+		}
+	}
 	return got
 }
 
