@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/drill"
@@ -94,6 +96,11 @@ func (c DrillConfig) Validate() error {
 			errs = append(errs, fmt.Errorf("--etcd-bin %q: %w", c.EtcdBin, err))
 		}
 	}
+	if c.Dir != "" {
+		if err := dirUsable(c.Dir); err != nil {
+			errs = append(errs, fmt.Errorf("--dir %q: %w", c.Dir, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -159,4 +166,34 @@ func RunDrill(ctx context.Context, c DrillConfig) (DrillReport, error) {
 		rep.Expiry, err = drill.MeasureExpiry(ctx, cfg, c.Expiry, c.ExpiryProcesses)
 	}
 	return rep, err
+}
+
+// dirUsable reports why dir cannot hold the members' data: it, or the
+// nearest of its parents that exists (the drill makes the rest), must be a
+// directory this process can write in. It leaves nothing behind.
+func dirUsable(dir string) error {
+	p := filepath.Clean(dir)
+	for {
+		fi, err := os.Stat(p)
+		if err == nil {
+			if !fi.IsDir() {
+				return fmt.Errorf("%s is not a directory", p)
+			}
+			f, err := os.CreateTemp(p, ".beacon-drill-check-")
+			if err != nil {
+				return fmt.Errorf("cannot write in %s: %w", p, errors.Unwrap(err))
+			}
+			name := f.Name()
+			_ = f.Close()
+			return os.Remove(name)
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return err
+		}
+		p = parent
+	}
 }

@@ -32,6 +32,7 @@ func TestBenchDrillBadInput(t *testing.T) {
 		{args: []string{"bench", "drill", "--ttl", "1s"}, want: "--ttl 1s"},
 		{args: []string{"bench", "drill", "--net", "wifi"}, want: "--net"},
 		{args: []string{"bench", "drill", "--drills", "meteor"}, want: "meteor"},
+		{args: []string{"bench", "drill", "--dir", "/etc/passwd/x"}, want: `--dir "/etc/passwd/x"`},
 		{args: []string{"bench", "drill", "-o", "yaml"}, want: "-o"},
 		{args: []string{"bench", "drill", "--etcd-bin", "/no/such/etcd"}, want: "--etcd-bin"},
 		{args: []string{"bench", "drill", "--expiry", "-5"}, want: "--expiry -5"},
