@@ -367,13 +367,13 @@ func (d *director) wake() {
 // that cannot be reached, or that answers but not as etcd (another HTTP or
 // gRPC server, a port that accepts and stays silent), starts benched with
 // the reason. Only an endpoint that answered as etcd is available.
-func probe(ctx context.Context, urls []string, self *selfMatcher, tlsCfg *tls.Config, dialTimeout, failureWait time.Duration, log *slog.Logger) []*endpoint {
+func probe(ctx context.Context, urls []string, self *selfMatcher, tlsCfg *tls.Config, dialTimeout, failureWait time.Duration, log *slog.Logger, once *onceLog) []*endpoint {
 	seen := map[string]bool{}
 	var list []*endpoint
 	for _, s := range urls {
 		u, err := parseMemberURL(s)
 		if err != nil {
-			log.Warn("ignoring malformed member client URL", "url", s, "err", err)
+			log.Log(ctx, once.level("malformed", s), "ignoring malformed member client URL", "url", s, "err", err)
 			continue
 		}
 		key := u.String()
@@ -387,7 +387,7 @@ func probe(ctx context.Context, urls []string, self *selfMatcher, tlsCfg *tls.Co
 	for _, e := range list {
 		if self != nil && self.isSelf(ctx, e.hostport) {
 			e.self = true
-			log.Warn("member client URL is this proxy's own address; not forwarding to it (loop)", "endpoint", e.url)
+			log.Log(ctx, once.level("self", e.url), "member client URL is this proxy's own address; not forwarding to it (loop)", "endpoint", e.url)
 			continue
 		}
 		wg.Go(func() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -250,6 +251,48 @@ func (p *Proxy) noEndpointsError(last error) error {
 	return status.Error(codes.Unavailable, msg)
 }
 
+// readyStream answers every stream with notReady until the proxy has
+// found the cluster (unary calls check in unaryHandler).
+func (p *Proxy) readyStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := p.notReady(); err != nil {
+		label := info.FullMethod
+		if _, ok := methods[label]; !ok && label != "/etcdserverpb.Watch/Watch" && label != leaseSvc+"LeaseKeepAlive" {
+			label = "unknown"
+		}
+		p.m.request(label, err)
+		if info.IsClientStream {
+			takeFirst(ss)
+		}
+		return err
+	}
+	return handler(srv, ss)
+}
+
+// firstMessageWait bounds how long a refused stream waits for its first
+// message.
+const firstMessageWait = time.Second
+
+// takeFirst waits (boundedly) for the first message of a stream that is
+// about to be refused: a client that sends its request right after opening
+// the stream (every etcd client, and the JSON gateway, which logs an error
+// of its own when its send finds the stream already ended) then gets the
+// refusal as the stream's status. The receiving goroutine ends with the
+// stream.
+func takeFirst(ss grpc.ServerStream) {
+	got := make(chan struct{})
+	go func() {
+		_ = ss.RecvMsg(new(frame))
+		close(got)
+	}()
+	t := time.NewTimer(firstMessageWait)
+	defer t.Stop()
+	select {
+	case <-got:
+	case <-t.C:
+	case <-ss.Context().Done():
+	}
+}
+
 // handleUnknown forwards every RPC the proxy does not implement itself.
 func (p *Proxy) handleUnknown(_ any, ss grpc.ServerStream) error {
 	method, _ := grpc.MethodFromServerStream(ss)
@@ -319,6 +362,10 @@ func (p *Proxy) unary(ctx context.Context, method string, info methodInfo, req *
 func (p *Proxy) unaryHandler(method string) grpc.MethodHandler {
 	info := methods[method]
 	return func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+		if err := p.notReady(); err != nil {
+			p.m.request(method, err)
+			return nil, err
+		}
 		if err := p.refuseAnonymous(ctx, method); err != nil { // anonymous.go
 			p.m.request(method, err)
 			return nil, err
