@@ -65,12 +65,16 @@ type director struct {
 	applied     []string
 	failureWait time.Duration
 	set         func([]string)
-	kick        chan struct{}
-	log         *slog.Logger
-	m           *metrics
-	now         func() time.Time
-	nAvail      atomic.Int32 // usable endpoints, for the request path
-	nKnown      atomic.Int32 // endpoints that are not this proxy
+	// revive is called when an endpoint becomes usable again, so that
+	// connections still backing off from its failure retry at once.
+	revive  func()
+	kick    chan struct{}
+	log     *slog.Logger
+	m       *metrics
+	now     func() time.Time
+	nAvail  atomic.Int32 // usable endpoints, for the request path
+	nKnown  atomic.Int32 // endpoints that are not this proxy
+	recheck atomic.Bool  // checkNow was called
 }
 
 // availableCount and knownCount are lock-free for the request path.
@@ -154,6 +158,7 @@ func (d *director) apply() {
 func (d *director) applyLocked() {
 	d.mu.Lock()
 	avail := d.availableLocked()
+	revived := len(avail) > int(d.nAvail.Load())
 	d.nAvail.Store(int32(len(avail)))
 	known := 0
 	for _, e := range d.eps {
@@ -167,10 +172,13 @@ func (d *director) applyLocked() {
 		d.applied = slices.Clone(avail)
 	}
 	d.updateMetricsLocked()
-	set := d.set
+	set, revive := d.set, d.revive
 	d.mu.Unlock()
 	if changed && set != nil {
 		set(avail)
+	}
+	if revived && revive != nil {
+		revive()
 	}
 }
 
@@ -352,6 +360,18 @@ func (d *director) nextWake() time.Time {
 		}
 	}
 	return t
+}
+
+// checkNow asks the refresh loop to re-read the member list and probe
+// every endpoint at once (at most every EmptyRefreshInterval): a request
+// failed to connect to any of them, and a failure without a connection
+// cannot be pinned on one endpoint. Endpoints that do not answer are
+// then benched with the reason, so that /proxy/endpoints and /health agree
+// within a probe instead of at the next periodic refresh.
+func (d *director) checkNow() {
+	if d.recheck.CompareAndSwap(false, true) {
+		d.wake()
+	}
 }
 
 func (d *director) wake() {

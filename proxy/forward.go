@@ -241,10 +241,15 @@ func isStoppedError(err error) bool {
 	return ok && s.Code() == codes.Unavailable && s.Message() == rpctypes.ErrorDesc(rpctypes.ErrGRPCStopped)
 }
 
-// noEndpointsError is what clients get when no member can be reached.
+// noEndpointsError is what clients get when no member can be reached:
+// none is usable, or none of those believed usable could be connected to
+// (they are being checked).
 func (p *Proxy) noEndpointsError(last error) error {
 	known := p.dir.known()
 	msg := fmt.Sprintf("%v: no etcd member reachable (%d known: %s)", ErrNoEndpoints, len(known), strings.Join(known, ", "))
+	if p.dir.availableCount() > 0 {
+		msg = fmt.Sprintf("proxy: no etcd member could be connected to (%d known: %s; checking them now)", len(known), strings.Join(known, ", "))
+	}
 	if last != nil {
 		msg += "; last error: " + status.Convert(last).Message()
 	}
@@ -481,6 +486,8 @@ func (p *Proxy) invoke(ctx context.Context, method string, req, resp any, write,
 		case isTransportError(err):
 			if pr.Addr != nil {
 				p.dir.fail(pr.Addr.String(), err)
+			} else {
+				p.dir.checkNow() // no member connected: which ones are down?
 			}
 		case isEtcdRetryable(err):
 			// A member that is shutting down (removed from the cluster, or
@@ -519,6 +526,9 @@ func (p *Proxy) forwardStream(ctx context.Context, ss grpc.ServerStream, method 
 	cs, err := p.pickConn().NewStream(ctx, desc, method, grpc.ForceCodecV2(p.codec), grpc.Peer(&pr))
 	if err != nil {
 		if isTransportError(err) {
+			if pr.Addr == nil {
+				p.dir.checkNow()
+			}
 			return p.noEndpointsError(err)
 		}
 		return err

@@ -414,6 +414,10 @@ func (p *Proxy) connect(list []*endpoint) error {
 			h.kickMember() // the watches leave a member that is gone
 		}
 	}
+	p.dir.revive = func() {
+		pl.resetBackoff()
+		cli.ActiveConnection().ResetConnectBackoff()
+	}
 	p.dir.mu.Unlock()
 	p.log.Info("connected to cluster", "endpoints", eps, "mode", p.cfg.Mode)
 	return nil
@@ -465,10 +469,12 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 }
 
 // refreshLoop re-reads the member list every RefreshInterval (every
-// second while no endpoint is usable) and puts benched endpoints back in
-// use when their FailureWait is over.
+// second while no endpoint is usable, and at once, at most every second,
+// when a request could connect to no member) and puts benched endpoints
+// back in use when their FailureWait is over.
 func (p *Proxy) refreshLoop(ctx context.Context) {
 	next := time.Now().Add(p.cfg.RefreshInterval)
+	var last time.Time // the last refresh
 	for {
 		interval := p.cfg.RefreshInterval
 		if p.dir.availableCount() == 0 && interval > EmptyRefreshInterval {
@@ -490,9 +496,18 @@ func (p *Proxy) refreshLoop(ctx context.Context) {
 		case <-p.dir.kick:
 			t.Stop()
 		}
+		if p.dir.recheck.Load() {
+			// A request could connect to no member (director.checkNow):
+			// refresh now, or EmptyRefreshInterval after the last one.
+			if t := last.Add(EmptyRefreshInterval); t.Before(next) {
+				next = t
+			}
+		}
 		if !time.Now().Before(next) {
+			p.dir.recheck.Store(false)
 			p.refresh(ctx)
-			next = time.Now().Add(interval)
+			last = time.Now()
+			next = last.Add(interval)
 		} else if urls := p.dir.toReprobe(); len(urls) > 0 {
 			// Benched endpoints are used again only once they answer
 			// as etcd.

@@ -17,6 +17,7 @@ import (
 	"github.com/beaconplane/beacon/internal/testcerts"
 	"github.com/beaconplane/beacon/internal/tlsfiles"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -293,5 +294,59 @@ func testAnswersWhileFinding(t *testing.T, srv *etcdtest.Server, useTLS bool) {
 	}
 	if out := logs.String(); !strings.Contains(out, `msg="cluster reachable"`) || !strings.Contains(out, "failures=") {
 		t.Errorf("no line saying the cluster is reachable after the failures:\n%s", logs.String())
+	}
+}
+
+// TestLostClusterIsReported: when the only member goes down after start,
+// the first request that fails to connect makes the proxy check its
+// endpoints at once: /proxy/endpoints reports the member failed, with the
+// reason, as /health does, instead of "available" until the next refresh
+// (a minute here); when it is back, the proxy serves again, and a watch
+// opened before rides out the restart (within the silence bound, long
+// here) without a lost event.
+func TestLostClusterIsReported(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), RefreshInterval: time.Minute, FailureWait: 500 * time.Millisecond,
+		WatchSilenceTimeout: 2 * testTimeout})
+	conn := grpcConn(t, p)
+	kv := pb.NewKVClient(conn)
+	ctx := ctxT(t)
+	if _, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	wch := proxyClient(t, p).Watch(ctx, "w", clientv3.WithCreatedNotify())
+	if wr := <-wch; !wr.Created {
+		t.Fatalf("watch: %+v", wr)
+	}
+	srv.Stop()
+	_, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("a")})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Range with the member down: %v, want Unavailable", err)
+	}
+	eventually(t, "the member reported failed", func() bool {
+		eps := p.Endpoints()
+		return len(eps) == 1 && eps[0].State == "failed" && eps[0].LastError != ""
+	})
+	if err := p.CheckHealth(ctx); status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), srv.Endpoint()) {
+		t.Fatalf("health with the member down: %v", err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the proxy to serve again", func() bool { return p.CheckHealth(ctx) == nil })
+	if _, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("a")}); err != nil {
+		t.Fatalf("Range once the member is back: %v", err)
+	}
+	if _, err := srv.Client(t).Put(ctx, "w", "after"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case wr, ok := <-wch:
+		if !ok || wr.Err() != nil || len(wr.Events) != 1 || string(wr.Events[0].Kv.Value) != "after" {
+			t.Fatalf("watch after the restart: %+v %v (open %v)", wr, wr.Err(), ok)
+		}
+	case <-ctx.Done():
+		t.Fatal("the watch opened before the restart saw nothing after it")
 	}
 }

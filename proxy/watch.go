@@ -90,6 +90,7 @@ type watchHub struct {
 	cli     *clientv3.Client // a client of that member alone
 	w       clientv3.Watcher // cli.Watcher
 	leaving error            // why the watches must leave member (nil: they need not)
+	silent  bool             // leaving because member was silent for the timeout
 	probes  map[watchKey]*silenceProbe
 	groups  map[watchKey][]*upstream
 	closed  bool
