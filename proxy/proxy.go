@@ -185,7 +185,11 @@ func (p *Proxy) notReadyReason() string {
 	if f.attempts == 0 || f.lastErr == nil {
 		return msg + "; the first attempt is under way)"
 	}
-	return fmt.Sprintf("%s, %d attempts); last attempt: %v", msg, f.attempts, f.lastErr)
+	attempts := "attempts"
+	if f.attempts == 1 {
+		attempts = "attempt"
+	}
+	return fmt.Sprintf("%s, %d %s); last attempt: %v", msg, f.attempts, attempts, f.lastErr)
 }
 
 // Run listens on Config.ListenAddr and serves until ctx ends or Close.
