@@ -180,6 +180,9 @@ func (p *Proxy) notReadyReason() string {
 	f := &p.finding
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.since.IsZero() {
+		return fmt.Sprintf("%v: not serving (Serve was not called)", ErrNotReady)
+	}
 	msg := fmt.Sprintf("%v: no reachable etcd member found yet %s (looking for %v of at most %v", ErrNotReady,
 		p.cfg.source(), time.Since(f.since).Round(100*time.Millisecond), p.cfg.StartTimeout)
 	if f.attempts == 0 || f.lastErr == nil {
