@@ -386,3 +386,43 @@ func parseMemberURL(s string) (*url.URL, error) {
 	u.Path = ""
 	return u, nil
 }
+
+// source says where the proxy looks for the cluster (for messages; no
+// token, password or URL path).
+func (c Config) source() string {
+	switch {
+	case c.DiscoveryToken != "" || c.Discovery != nil:
+		eps := c.DiscoveryEndpoints
+		if c.Discovery != nil && len(c.Discovery.Endpoints) > 0 {
+			eps = c.Discovery.Endpoints
+		}
+		if len(eps) == 0 {
+			return "through the discovery token"
+		}
+		return "through the discovery token at " + redactedURLs(eps)
+	case c.DiscoveryURL != "":
+		if u, err := url.Parse(c.DiscoveryURL); err == nil && u.Host != "" {
+			return "through the discovery URL at " + u.Scheme + "://" + u.Host
+		}
+		return "through the discovery URL"
+	case c.DiscoverySRV != "":
+		return "through the DNS SRV records of " + c.DiscoverySRV
+	case c.InitialCluster != "":
+		return "from the initial cluster " + c.InitialCluster
+	case len(c.Endpoints) > 0:
+		return "at the member client URLs " + redactedURLs(c.Endpoints)
+	}
+	return "from the peer URLs " + redactedURLs(c.PeerURLs)
+}
+
+// redactedURLs joins URLs with any password hidden.
+func redactedURLs(urls []string) string {
+	out := make([]string, len(urls))
+	for i, s := range urls {
+		out[i] = s
+		if u, err := url.Parse(s); err == nil {
+			out[i] = u.Redacted()
+		}
+	}
+	return strings.Join(out, ", ")
+}

@@ -65,12 +65,16 @@ type director struct {
 	applied     []string
 	failureWait time.Duration
 	set         func([]string)
-	kick        chan struct{}
-	log         *slog.Logger
-	m           *metrics
-	now         func() time.Time
-	nAvail      atomic.Int32 // usable endpoints, for the request path
-	nKnown      atomic.Int32 // endpoints that are not this proxy
+	// revive is called when an endpoint becomes usable again, so that
+	// connections still backing off from its failure retry at once.
+	revive  func()
+	kick    chan struct{}
+	log     *slog.Logger
+	m       *metrics
+	now     func() time.Time
+	nAvail  atomic.Int32 // usable endpoints, for the request path
+	nKnown  atomic.Int32 // endpoints that are not this proxy
+	recheck atomic.Bool  // checkNow was called
 }
 
 // availableCount and knownCount are lock-free for the request path.
@@ -154,6 +158,7 @@ func (d *director) apply() {
 func (d *director) applyLocked() {
 	d.mu.Lock()
 	avail := d.availableLocked()
+	revived := len(avail) > int(d.nAvail.Load())
 	d.nAvail.Store(int32(len(avail)))
 	known := 0
 	for _, e := range d.eps {
@@ -167,10 +172,13 @@ func (d *director) applyLocked() {
 		d.applied = slices.Clone(avail)
 	}
 	d.updateMetricsLocked()
-	set := d.set
+	set, revive := d.set, d.revive
 	d.mu.Unlock()
 	if changed && set != nil {
 		set(avail)
+	}
+	if revived && revive != nil {
+		revive()
 	}
 }
 
@@ -354,6 +362,18 @@ func (d *director) nextWake() time.Time {
 	return t
 }
 
+// checkNow asks the refresh loop to re-read the member list and probe
+// every endpoint at once (at most every EmptyRefreshInterval): a request
+// failed to connect to any of them, and a failure without a connection
+// cannot be pinned on one endpoint. Endpoints that do not answer are
+// then benched with the reason, so that /proxy/endpoints and /health agree
+// within a probe instead of at the next periodic refresh.
+func (d *director) checkNow() {
+	if d.recheck.CompareAndSwap(false, true) {
+		d.wake()
+	}
+}
+
 func (d *director) wake() {
 	select {
 	case d.kick <- struct{}{}:
@@ -367,13 +387,13 @@ func (d *director) wake() {
 // that cannot be reached, or that answers but not as etcd (another HTTP or
 // gRPC server, a port that accepts and stays silent), starts benched with
 // the reason. Only an endpoint that answered as etcd is available.
-func probe(ctx context.Context, urls []string, self *selfMatcher, tlsCfg *tls.Config, dialTimeout, failureWait time.Duration, log *slog.Logger) []*endpoint {
+func probe(ctx context.Context, urls []string, self *selfMatcher, tlsCfg *tls.Config, dialTimeout, failureWait time.Duration, log *slog.Logger, once *onceLog) []*endpoint {
 	seen := map[string]bool{}
 	var list []*endpoint
 	for _, s := range urls {
 		u, err := parseMemberURL(s)
 		if err != nil {
-			log.Warn("ignoring malformed member client URL", "url", s, "err", err)
+			log.Log(ctx, once.level("malformed", s), "ignoring malformed member client URL", "url", s, "err", err)
 			continue
 		}
 		key := u.String()
@@ -387,7 +407,7 @@ func probe(ctx context.Context, urls []string, self *selfMatcher, tlsCfg *tls.Co
 	for _, e := range list {
 		if self != nil && self.isSelf(ctx, e.hostport) {
 			e.self = true
-			log.Warn("member client URL is this proxy's own address; not forwarding to it (loop)", "endpoint", e.url)
+			log.Log(ctx, once.level("self", e.url), "member client URL is this proxy's own address; not forwarding to it (loop)", "endpoint", e.url)
 			continue
 		}
 		wg.Go(func() {

@@ -23,6 +23,10 @@ var (
 	// ErrNoEndpoints: no endpoint is currently usable (returned to clients
 	// as gRPC Unavailable / HTTP 503).
 	ErrNoEndpoints = errors.New("proxy: zero endpoints currently available")
+	// ErrNotReady: the proxy has not found a reachable member of its
+	// cluster yet (returned to clients as gRPC Unavailable / HTTP 503
+	// while it looks, after Serve was called).
+	ErrNotReady = errors.New("proxy: not ready")
 	// ErrClosed: the proxy was closed.
 	ErrClosed = errors.New("proxy: closed")
 	// ErrServing: Serve or Run was called twice.

@@ -91,7 +91,11 @@ func endpointState(p *Proxy, url string) string {
 func TestAllMembersDown(t *testing.T) {
 	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
-	p := startProxy(t, Config{PeerURLs: c.PeerURLs(), FailureWait: 200 * time.Millisecond})
+	// The watch below rides out the outage only within the silence bound
+	// (then it is cancelled, TestWatchesCancelledWhenTheOnlyMemberHangs):
+	// a bound longer than stopping and restarting three members takes
+	// under load.
+	p := startProxy(t, Config{PeerURLs: c.PeerURLs(), FailureWait: 200 * time.Millisecond, WatchSilenceTimeout: 2 * testTimeout})
 	cli := proxyClient(t, p)
 	ctx := ctxT(t)
 	if _, err := cli.Put(ctx, "k", "v"); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -246,14 +247,61 @@ func isStoppedError(err error) bool {
 	return ok && s.Code() == codes.Unavailable && s.Message() == rpctypes.ErrorDesc(rpctypes.ErrGRPCStopped)
 }
 
-// noEndpointsError is what clients get when no member can be reached.
+// noEndpointsError is what clients get when no member can be reached:
+// none is usable, or none of those believed usable could be connected to
+// (they are being checked).
 func (p *Proxy) noEndpointsError(last error) error {
 	known := p.dir.known()
 	msg := fmt.Sprintf("%v: no etcd member reachable (%d known: %s)", ErrNoEndpoints, len(known), strings.Join(known, ", "))
+	if p.dir.availableCount() > 0 {
+		msg = fmt.Sprintf("proxy: no etcd member could be connected to (%d known: %s; checking them now)", len(known), strings.Join(known, ", "))
+	}
 	if last != nil {
 		msg += "; last error: " + status.Convert(last).Message()
 	}
 	return status.Error(codes.Unavailable, msg)
+}
+
+// readyStream answers every stream with notReady until the proxy has
+// found the cluster (unary calls check in unaryHandler).
+func (p *Proxy) readyStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := p.notReady(); err != nil {
+		label := info.FullMethod
+		if _, ok := methods[label]; !ok && label != "/etcdserverpb.Watch/Watch" && label != leaseSvc+"LeaseKeepAlive" {
+			label = "unknown"
+		}
+		p.m.request(label, err)
+		if info.IsClientStream {
+			takeFirst(ss)
+		}
+		return err
+	}
+	return handler(srv, ss)
+}
+
+// firstMessageWait bounds how long a refused stream waits for its first
+// message.
+const firstMessageWait = time.Second
+
+// takeFirst waits (boundedly) for the first message of a stream that is
+// about to be refused: a client that sends its request right after opening
+// the stream (every etcd client, and the JSON gateway, which logs an error
+// of its own when its send finds the stream already ended) then gets the
+// refusal as the stream's status. The receiving goroutine ends with the
+// stream.
+func takeFirst(ss grpc.ServerStream) {
+	got := make(chan struct{})
+	go func() {
+		_ = ss.RecvMsg(new(frame))
+		close(got)
+	}()
+	t := time.NewTimer(firstMessageWait)
+	defer t.Stop()
+	select {
+	case <-got:
+	case <-t.C:
+	case <-ss.Context().Done():
+	}
 }
 
 // handleUnknown forwards every RPC the proxy does not implement itself.
@@ -325,6 +373,10 @@ func (p *Proxy) unary(ctx context.Context, method string, info methodInfo, req *
 func (p *Proxy) unaryHandler(method string) grpc.MethodHandler {
 	info := methods[method]
 	return func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+		if err := p.notReady(); err != nil {
+			p.m.request(method, err)
+			return nil, err
+		}
 		if err := p.refuseAnonymous(ctx, method); err != nil { // anonymous.go
 			p.m.request(method, err)
 			return nil, err
@@ -441,6 +493,8 @@ func (p *Proxy) invoke(ctx context.Context, method string, req, resp any, write,
 		case isTransportError(err):
 			if pr.Addr != nil {
 				p.dir.fail(pr.Addr.String(), err)
+			} else {
+				p.dir.checkNow() // no member connected: which ones are down?
 			}
 		case isEtcdRetryable(err):
 			// A member that is shutting down (removed from the cluster, or
@@ -479,6 +533,9 @@ func (p *Proxy) forwardStream(ctx context.Context, ss grpc.ServerStream, method 
 	cs, err := p.pickConn().NewStream(ctx, desc, method, grpc.ForceCodecV2(p.codec), grpc.Peer(&pr))
 	if err != nil {
 		if isTransportError(err) {
+			if pr.Addr == nil {
+				p.dir.checkNow()
+			}
 			return p.noEndpointsError(err)
 		}
 		return err

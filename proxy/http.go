@@ -34,14 +34,12 @@ const (
 	PathEndpoints = "/proxy/endpoints"
 )
 
-// serve runs the gRPC and HTTP servers on l until ctx ends.
+// serve runs the gRPC and HTTP servers on l until ctx ends. They answer
+// at once; requests get notReady until start has found the cluster.
 func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
-	p.watch = newWatchHub(p)
-	if err := p.watch.startMember(); err != nil {
-		return err
-	}
-	p.hubRef.Store(p.watch)
-	p.lease = newLeaseMux(p)
+	p.finding.mu.Lock()
+	p.finding.since = time.Now()
+	p.finding.mu.Unlock()
 	gs := p.newGRPCServer()
 
 	// The JSON gateway calls the proxy's own gRPC server in memory, so
@@ -56,6 +54,7 @@ func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
 	if err != nil {
 		gs.Stop()
 		<-innerDone
+		_ = l.Close()
 		return err
 	}
 	gwmux, err := newGateway(ctx, gconn)
@@ -63,6 +62,7 @@ func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
 		_ = gconn.Close()
 		gs.Stop()
 		<-innerDone
+		_ = l.Close()
 		return err
 	}
 	hs := &http.Server{Handler: p.httpHandler(gwmux)}
@@ -91,15 +91,41 @@ func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
 		go func() { errc <- hs.Serve(split.web) }()
 		go func() { errc <- split.serve() }()
 	}
-	refreshDone := make(chan struct{})
-	go func() { defer close(refreshDone); p.refreshLoop(ctx) }()
-	close(p.ready)
-	p.log.Info("proxy serving", "addr", l.Addr().String(), "mode", p.cfg.Mode)
+	p.log.Info("proxy listening; finding the etcd cluster", "addr", l.Addr().String(), "mode", p.cfg.Mode)
 
-	var serveErr error
+	// Find the cluster while answering; serving can end first (Close, or
+	// the listener failing), which stops the search.
+	findCtx, stopStart := context.WithCancel(ctx)
+	defer stopStart()
+	startc := make(chan error, 1)
+	go func() { startc <- p.start(findCtx) }()
+	var serveErr, startErr error
+	refreshDone := make(chan struct{})
 	select {
 	case <-ctx.Done():
 	case serveErr = <-errc:
+	case startErr = <-startc:
+		startc = nil
+		if startErr == nil {
+			startErr = p.begin()
+		}
+		if startErr == nil {
+			go func() { defer close(refreshDone); p.refreshLoop(ctx) }()
+			p.started.Store(true)
+			close(p.ready)
+			p.log.Info("proxy serving", "addr", l.Addr().String(), "mode", p.cfg.Mode)
+			select {
+			case <-ctx.Done():
+			case serveErr = <-errc:
+			}
+		}
+	}
+	if startc != nil {
+		stopStart()
+		// Connected or not, Serve closes what it opened.
+		if err := <-startc; err != nil {
+			p.log.Debug("stopped finding the cluster", "err", err)
+		}
 	}
 
 	// Shut down: stop accepting, let unary calls finish briefly, then end
@@ -121,16 +147,35 @@ func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
 	}
 	<-innerDone
 	_ = gconn.Close()
-	p.watch.close()
-	p.lease.close()
-	<-refreshDone
+	if p.started.Load() {
+		p.watch.close()
+		p.lease.close()
+		<-refreshDone
+	} else if p.watch != nil {
+		p.watch.close() // begin failed after the hub started
+	}
 	if split != nil {
 		split.wg.Wait()
+	}
+	if startErr != nil && ctx.Err() == nil {
+		return startErr
 	}
 	if serveErr != nil && !errors.Is(serveErr, net.ErrClosed) && !errors.Is(serveErr, http.ErrServerClosed) &&
 		!errors.Is(serveErr, grpc.ErrServerStopped) && ctx.Err() == nil {
 		return serveErr
 	}
+	return nil
+}
+
+// begin sets up what forwarding needs once start has connected: the
+// upstream watches' member, the keep-alive multiplexer.
+func (p *Proxy) begin() error {
+	p.watch = newWatchHub(p)
+	if err := p.watch.startMember(); err != nil {
+		return err
+	}
+	p.hubRef.Store(p.watch)
+	p.lease = newLeaseMux(p)
 	return nil
 }
 
@@ -172,7 +217,13 @@ func (p *Proxy) httpHandler(gwmux *gw.ServeMux) http.Handler {
 		pprofhttp.Mount(mux)
 	}
 	mux.HandleFunc(PathEndpoints, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"mode": p.cfg.Mode, "endpoints": p.dir.status()})
+		if err := p.notReady(); err != nil {
+			// The endpoints the last attempt to find the cluster tried.
+			writeJSON(w, http.StatusOK, map[string]any{"mode": p.cfg.Mode, "ready": false,
+				"reason": status.Convert(err).Message(), "endpoints": p.Endpoints()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"mode": p.cfg.Mode, "ready": true, "endpoints": p.dir.status()})
 	})
 	return mux
 }
@@ -187,6 +238,9 @@ type Health struct {
 // one-key range, 1 s deadline, like etcd's grpc-proxy); an authentication
 // or permission error still proves the cluster answers.
 func (p *Proxy) CheckHealth(ctx context.Context) error {
+	if err := p.notReady(); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	ctx = metadata.NewOutgoingContext(ctx, metadata.Pairs(viaKey, p.id))

@@ -21,7 +21,9 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 )
 
 // Proxy is an etcd v3 proxy: one listener serving the etcd gRPC API and
@@ -53,6 +55,15 @@ type Proxy struct {
 	ready chan struct{}
 	addr  net.Addr
 
+	// started is set once the cluster was found and everything below is
+	// in place: until then every request is answered with notReady.
+	started atomic.Bool
+	finding finding // what finding the cluster has tried (start)
+	warned  *onceLog
+	// refreshLog bounds the lines of a member list refresh that keeps
+	// failing (every second while no endpoint is usable).
+	refreshLog *failLog
+
 	// Set by Serve before it serves.
 	client *clientv3.Client   // watches, member list
 	pool   *pool              // forwarding
@@ -66,6 +77,16 @@ type Proxy struct {
 	anon   anonGuard // anonymous.go
 	seeds  []string  // peer URLs from discovery
 	peers  []string  // peer URLs from the last member list
+}
+
+// finding is what the proxy tried while it looks for the cluster at
+// start, for the answers it gives meanwhile.
+type finding struct {
+	mu        sync.Mutex
+	since     time.Time
+	attempts  int
+	lastErr   error
+	endpoints []EndpointStatus // the member endpoints of the last attempt
 }
 
 const (
@@ -107,6 +128,8 @@ func New(cfg Config) (*Proxy, error) {
 		forceCodec:      grpc.ForceCodecV2(newCodec()),
 		httpClient:      newHTTPClient(cfg.ClientTLS, cfg.DialTimeout),
 		dir:             newDirector(cfg.FailureWait, log, m),
+		warned:          newOnceLog(),
+		refreshLog:      newFailLog(),
 		done:            make(chan struct{}),
 		ready:           make(chan struct{}),
 	}
@@ -122,7 +145,10 @@ func New(cfg Config) (*Proxy, error) {
 // Mode returns the proxy's mode.
 func (p *Proxy) Mode() Mode { return p.cfg.Mode }
 
-// Ready is closed once the proxy has found the cluster and serves.
+// Ready is closed once the proxy has found the cluster and forwards
+// requests. Before, from the moment Serve is called, it answers on its
+// listener: /health with 503 and every request with gRPC Unavailable (HTTP
+// 503) saying that no reachable member was found yet and what was tried.
 func (p *Proxy) Ready() <-chan struct{} { return p.ready }
 
 // Done is closed when Serve has returned.
@@ -135,8 +161,45 @@ func (p *Proxy) Addr() net.Addr {
 	return p.addr
 }
 
-// Endpoints reports the member endpoints and their state.
-func (p *Proxy) Endpoints() []EndpointStatus { return p.dir.status() }
+// Endpoints reports the member endpoints and their state; before the
+// proxy is ready, those its last attempt to find the cluster tried.
+func (p *Proxy) Endpoints() []EndpointStatus {
+	if !p.started.Load() {
+		p.finding.mu.Lock()
+		defer p.finding.mu.Unlock()
+		return slices.Clone(p.finding.endpoints)
+	}
+	return p.dir.status()
+}
+
+// notReady is the error of a request that comes before the proxy has
+// found the cluster (nil once it has): Unavailable, so that clients retry
+// or go to another endpoint, saying what finding the cluster has tried.
+func (p *Proxy) notReady() error {
+	if p.started.Load() {
+		return nil
+	}
+	return status.Error(codes.Unavailable, p.notReadyReason())
+}
+
+func (p *Proxy) notReadyReason() string {
+	f := &p.finding
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.since.IsZero() {
+		return fmt.Sprintf("%v: not serving (Serve was not called)", ErrNotReady)
+	}
+	msg := fmt.Sprintf("%v: no reachable etcd member found yet %s (looking for %v of at most %v", ErrNotReady,
+		p.cfg.source(), time.Since(f.since).Round(100*time.Millisecond), p.cfg.StartTimeout)
+	if f.attempts == 0 || f.lastErr == nil {
+		return msg + "; the first attempt is under way)"
+	}
+	attempts := "attempts"
+	if f.attempts == 1 {
+		attempts = "attempt"
+	}
+	return fmt.Sprintf("%s, %d %s); last attempt: %v", msg, f.attempts, attempts, f.lastErr)
+}
 
 // Run listens on Config.ListenAddr and serves until ctx ends or Close.
 func (p *Proxy) Run(ctx context.Context) error {
@@ -147,10 +210,12 @@ func (p *Proxy) Run(ctx context.Context) error {
 	return p.Serve(ctx, l)
 }
 
-// Serve finds the cluster (bounded by Config.StartTimeout), then serves
-// clients on l until ctx ends or Close is called; it closes l. It returns
-// nil after a normal stop (ctx ended or Close, also while still finding the
-// cluster), and an error if the cluster cannot be found within
+// Serve answers on l at once and finds the cluster (bounded by
+// Config.StartTimeout), then forwards clients' requests until ctx ends or
+// Close is called; it closes l. Until the cluster is found, /health answers
+// 503 and every request gRPC Unavailable (HTTP 503) saying so (see Ready).
+// It returns nil after a normal stop (ctx ended or Close, also while still
+// finding the cluster), and an error if the cluster cannot be found within
 // StartTimeout, the configuration cannot work, or serving fails. After
 // start, failures only fail the requests they touch.
 func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
@@ -174,16 +239,14 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 	defer p.httpClient.CloseIdleConnections()
 
 	p.self = newSelfMatcher(l.Addr(), p.cfg.SelfAddrs)
-	if err := p.start(ctx); err != nil {
-		_ = l.Close()
-		if ctx.Err() != nil {
-			return nil // stopped (Close or ctx) before the cluster was found
-		}
-		return err
-	}
 	defer func() {
-		p.pool.close()
-		_ = p.client.Close()
+		// start connected, even if serving ended before it was done.
+		if p.pool != nil {
+			p.pool.close()
+		}
+		if p.client != nil {
+			_ = p.client.Close()
+		}
 	}()
 	return p.serve(ctx, l)
 }
@@ -207,14 +270,18 @@ func (p *Proxy) Close() error {
 	return nil
 }
 
-// start finds the cluster and connects to it.
+// start finds the cluster and connects to it. Each attempt is recorded
+// for the answers the proxy gives meanwhile (notReady, /proxy/endpoints),
+// and the retries are logged at a bounded rate.
 func (p *Proxy) start(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
 	defer cancel()
 	var lastErr error
 	delay := 100 * time.Millisecond
+	flog := newFailLog()
 	for {
 		list, err := p.initialEndpoints(sctx)
+		p.tried(list, err)
 		if err == nil {
 			usable := 0
 			self := 0
@@ -230,6 +297,9 @@ func (p *Proxy) start(ctx context.Context) error {
 			case len(list) > 0 && self == len(list):
 				return fmt.Errorf("%w: every member client URL is this proxy's own address %s (a loop); point the proxy at the cluster", ErrBadConfig, p.addr)
 			case usable > 0:
+				if attrs, failed := flog.ok(); failed {
+					p.log.Info("cluster reachable", attrs...)
+				}
 				p.dir.replace(list)
 				return p.connect(list)
 			}
@@ -245,7 +315,11 @@ func (p *Proxy) start(ctx context.Context) error {
 		if isPermanent(err) {
 			return err
 		}
-		p.log.Warn("cluster not reachable yet; retrying", "err", err)
+		p.finding.mu.Lock()
+		p.finding.lastErr = err
+		p.finding.mu.Unlock()
+		lvl, attrs := flog.failed()
+		p.log.Log(ctx, lvl, "cluster not reachable yet; retrying (requests are answered Unavailable meanwhile)", append(attrs, "err", err)...)
 		select {
 		case <-sctx.Done():
 			if ctx.Err() != nil {
@@ -255,6 +329,27 @@ func (p *Proxy) start(ctx context.Context) error {
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, time.Second)
+	}
+}
+
+// tried records an attempt to find the cluster: the endpoints it probed
+// (none when discovery or the member list failed).
+func (p *Proxy) tried(list []*endpoint, err error) {
+	now := time.Now()
+	eps := make([]EndpointStatus, 0, len(list))
+	for _, e := range list {
+		s := EndpointStatus{URL: e.url, State: e.state(now), LastError: e.lastErr}
+		if s.State == "failed" {
+			s.Until = e.failedUntil
+		}
+		eps = append(eps, s)
+	}
+	f := &p.finding
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.attempts++
+	if err != nil || len(list) > 0 {
+		f.endpoints = eps
 	}
 }
 
@@ -286,7 +381,7 @@ func (p *Proxy) initialEndpoints(ctx context.Context) ([]*endpoint, error) {
 		p.peers = peers
 		urls = clients
 	}
-	return probe(ctx, urls, p.self, p.cfg.ClientTLS, p.cfg.DialTimeout, p.cfg.FailureWait, p.log), nil
+	return probe(ctx, urls, p.self, p.cfg.ClientTLS, p.cfg.DialTimeout, p.cfg.FailureWait, p.log, p.warned), nil
 }
 
 // connect creates the upstream client over the usable endpoints.
@@ -332,6 +427,10 @@ func (p *Proxy) connect(list []*endpoint) error {
 			h.kickMember() // the watches leave a member that is gone
 		}
 	}
+	p.dir.revive = func() {
+		pl.resetBackoff()
+		cli.ActiveConnection().ResetConnectBackoff()
+	}
 	p.dir.mu.Unlock()
 	p.log.Info("connected to cluster", "endpoints", eps, "mode", p.cfg.Mode)
 	return nil
@@ -346,8 +445,8 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 		grpc.UnknownServiceHandler(p.handleUnknown),
 		// Unary methods check in unaryHandler (a MethodHandler of its
 		// own, which interceptors do not wrap).
-		grpc.ChainStreamInterceptor(p.anonymousStream), // anonymous.go
-		grpc.MaxRecvMsgSize(p.cfg.maxRecvBytes()),      // limits.go
+		grpc.ChainStreamInterceptor(p.readyStream, p.anonymousStream), // anonymous.go
+		grpc.MaxRecvMsgSize(p.cfg.maxRecvBytes()),                     // limits.go
 		grpc.MaxSendMsgSize(maxMsgSize),
 		grpc.MaxConcurrentStreams(math.MaxUint32),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: false}),
@@ -390,10 +489,12 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 }
 
 // refreshLoop re-reads the member list every RefreshInterval (every
-// second while no endpoint is usable) and puts benched endpoints back in
-// use when their FailureWait is over.
+// second while no endpoint is usable, and at once, at most every second,
+// when a request could connect to no member) and puts benched endpoints
+// back in use when their FailureWait is over.
 func (p *Proxy) refreshLoop(ctx context.Context) {
 	next := time.Now().Add(p.cfg.RefreshInterval)
+	var last time.Time // the last refresh
 	for {
 		interval := p.cfg.RefreshInterval
 		if p.dir.availableCount() == 0 && interval > EmptyRefreshInterval {
@@ -415,14 +516,23 @@ func (p *Proxy) refreshLoop(ctx context.Context) {
 		case <-p.dir.kick:
 			t.Stop()
 		}
+		if p.dir.recheck.Load() {
+			// A request could connect to no member (director.checkNow):
+			// refresh now, or EmptyRefreshInterval after the last one.
+			if t := last.Add(EmptyRefreshInterval); t.Before(next) {
+				next = t
+			}
+		}
 		if !time.Now().Before(next) {
+			p.dir.recheck.Store(false)
 			p.refresh(ctx)
-			next = time.Now().Add(interval)
+			last = time.Now()
+			next = last.Add(interval)
 		} else if urls := p.dir.toReprobe(); len(urls) > 0 {
 			// Benched endpoints are used again only once they answer
 			// as etcd.
 			pctx, cancel := context.WithTimeout(ctx, max(p.cfg.DialTimeout, probeTimeout)+time.Second)
-			p.dir.reprobed(probe(pctx, urls, p.self, p.cfg.ClientTLS, p.cfg.DialTimeout, p.cfg.FailureWait, p.log))
+			p.dir.reprobed(probe(pctx, urls, p.self, p.cfg.ClientTLS, p.cfg.DialTimeout, p.cfg.FailureWait, p.log, p.warned))
 			cancel()
 		}
 		p.dir.apply()
@@ -436,12 +546,16 @@ func (p *Proxy) refresh(ctx context.Context) {
 	urls, err := p.memberClientURLs(ctx)
 	if err != nil {
 		p.m.refreshes.WithLabelValues("error").Inc()
-		p.log.Warn("member list refresh failed; keeping the known endpoints", "err", err)
+		lvl, attrs := p.refreshLog.failed()
+		p.log.Log(ctx, lvl, "member list refresh failed; keeping the known endpoints", append(attrs, "err", err)...)
 		urls = p.dir.known()
 	} else {
 		p.m.refreshes.WithLabelValues("ok").Inc()
+		if attrs, failed := p.refreshLog.ok(); failed {
+			p.log.Info("member list refresh works again", attrs...)
+		}
 	}
-	list := probe(ctx, urls, p.self, p.cfg.ClientTLS, p.cfg.DialTimeout, p.cfg.FailureWait, p.log)
+	list := probe(ctx, urls, p.self, p.cfg.ClientTLS, p.cfg.DialTimeout, p.cfg.FailureWait, p.log, p.warned)
 	before := p.dir.known()
 	p.dir.replace(list)
 	if after := p.dir.known(); !sameSet(before, after) {

@@ -156,3 +156,47 @@ func TestCloseIdempotent(t *testing.T) {
 		t.Fatalf("second Serve: %v", err)
 	}
 }
+
+// TestFailLogBoundsRetryLines: a failure retried every 100 ms for a minute
+// is one WARN, a WARN summary every failLogEvery and the rest DEBUG, and
+// its end is reported once; a new run starts with a WARN again.
+func TestFailLogBoundsRetryLines(t *testing.T) {
+	t.Parallel()
+	f := newFailLog()
+	now := time.Unix(1000, 0)
+	f.now = func() time.Time { return now }
+	count := map[slog.Level]int{}
+	for range 600 {
+		lvl, _ := f.failed()
+		count[lvl]++
+		now = now.Add(100 * time.Millisecond)
+	}
+	// 60 s: the first WARN, then one at 10, 20, ... 50 s.
+	if count[slog.LevelWarn] != 6 || count[slog.LevelDebug] != 600-6 {
+		t.Fatalf("levels: %v", count)
+	}
+	if attrs, ok := f.ok(); !ok || !slices.Contains(attrs, any(600)) {
+		t.Fatalf("end of the run: %v %v", attrs, ok)
+	}
+	if _, ok := f.ok(); ok {
+		t.Fatal("an end reported without a run")
+	}
+	if lvl, _ := f.failed(); lvl != slog.LevelWarn {
+		t.Fatalf("a new run of failures starts at %v", lvl)
+	}
+}
+
+// TestOnceLogWarnsOncePerSubject: the same problem with the same endpoint
+// is a WARN once, DEBUG after; another endpoint gets its own WARN.
+func TestOnceLogWarnsOncePerSubject(t *testing.T) {
+	t.Parallel()
+	o := newOnceLog()
+	var got []slog.Level
+	for range 2 {
+		got = append(got, o.level("self", "http://a"), o.level("self", "http://b"), o.level("malformed", "http://a"))
+	}
+	w, d := slog.LevelWarn, slog.LevelDebug
+	if want := []slog.Level{w, w, w, d, d, d}; !slices.Equal(got, want) {
+		t.Fatalf("levels %v, want %v", got, want)
+	}
+}

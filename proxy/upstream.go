@@ -80,6 +80,14 @@ func (p *pool) set(eps []string) {
 	}
 }
 
+// resetBackoff makes every connection that is backing off from a failure
+// try again now.
+func (p *pool) resetBackoff() {
+	for _, c := range p.conns {
+		c.ResetConnectBackoff()
+	}
+}
+
 func (p *pool) close() {
 	for _, c := range p.conns {
 		_ = c.Close()

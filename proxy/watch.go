@@ -43,10 +43,15 @@ import (
 // same watcher already has waiting, and the stream's sender splices the
 // client response from encoded parts.
 
-// Bounds of what waits for one client stream. Past either, the stream is
-// ended with ResourceExhausted (the client re-watches from its last
-// revision) rather than holding others up or growing without end: never a
-// silent drop.
+// Bounds of what waits for one client stream. A stream is behind when
+// what already waits for it, not yet taken by its sender, is past either
+// bound as a new response arrives: it is then ended with ResourceExhausted
+// (the client re-watches from its last revision) rather than holding others
+// up or growing without end: never a silent drop. A stream within the
+// bounds takes the new response whatever its size, so one upstream
+// response larger than the bounds on its own (a transaction of many large
+// puts) still reaches a client that keeps up; what waits stays below the
+// bounds plus one response.
 const (
 	maxQueued      = 1 << 16  // responses
 	maxQueuedBytes = 64 << 20 // encoded bytes of the events waiting
@@ -87,6 +92,7 @@ type watchHub struct {
 	cli     *clientv3.Client // a client of that member alone
 	w       clientv3.Watcher // cli.Watcher
 	leaving error            // why the watches must leave member (nil: they need not)
+	silent  bool             // leaving because member was silent for the timeout
 	probes  map[watchKey]*silenceProbe
 	groups  map[watchKey][]*upstream
 	closed  bool
@@ -287,6 +293,11 @@ func (s *cstream) enqueue(rs ...*pb.WatchResponse) {
 		s.mu.Unlock()
 		return
 	}
+	if s.behindLocked() {
+		s.mu.Unlock()
+		s.overflowed()
+		return
+	}
 	for _, r := range rs {
 		if r.WatchId == clientv3.InvalidWatchID {
 			clear(s.open)
@@ -295,13 +306,16 @@ func (s *cstream) enqueue(rs ...*pb.WatchResponse) {
 		}
 		s.queue = append(s.queue, qitem{resp: r})
 	}
-	over := len(s.queue) > s.hub.p.watchQueue
 	s.mu.Unlock()
-	if over {
-		s.overflowed()
-		return
-	}
 	s.wake()
+}
+
+// behindLocked reports a stream whose waiting responses, not yet taken by
+// its sender, are past the bounds; s.mu held. It is asked before a new
+// response is queued, so that a stream that has taken everything so far
+// accepts the next one whatever its size.
+func (s *cstream) behindLocked() bool {
+	return len(s.queue) > s.hub.p.watchQueue || s.qbytes > s.hub.p.watchQueueBytes
 }
 
 // fanItem is one watcher's share of a batch, from revision from.
@@ -321,6 +335,11 @@ func (s *cstream) enqueueEvents(b *evBatch, ws []fanItem) {
 		s.mu.Unlock()
 		return
 	}
+	if s.behindLocked() {
+		s.mu.Unlock()
+		s.overflowed()
+		return
+	}
 	for _, fi := range ws {
 		w := fi.w
 		n := int32(len(s.segs))
@@ -337,12 +356,7 @@ func (s *cstream) enqueueEvents(b *evBatch, ws []fanItem) {
 		}
 		s.qbytes += b.size
 	}
-	over := len(s.queue) > s.hub.p.watchQueue || s.qbytes > s.hub.p.watchQueueBytes
 	s.mu.Unlock()
-	if over {
-		s.overflowed()
-		return
-	}
 	s.wake()
 }
 
@@ -365,8 +379,16 @@ func (s *cstream) overflowed() {
 	s.mu.Unlock()
 	s.hub.p.m.watchDropped.Inc()
 	s.cancel(status.Errorf(codes.ResourceExhausted,
-		"proxy: watch stream too slow: more than %d responses or %d MiB waiting; re-create the watches from the last revision received",
-		s.hub.p.watchQueue, s.hub.p.watchQueueBytes>>20))
+		"proxy: watch stream too slow: more than %d responses or %s of events still waiting for it when more came; re-create the watches from the last revision received",
+		s.hub.p.watchQueue, byteSize(s.hub.p.watchQueueBytes)))
+}
+
+// byteSize formats n bytes in MiB, or KiB below 1 MiB.
+func byteSize(n int) string {
+	if n < 1<<20 {
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d MiB", n>>20)
 }
 
 // keepSpare bounds the queue capacity a stream keeps between bursts, so

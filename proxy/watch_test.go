@@ -2,14 +2,18 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -179,19 +183,33 @@ func TestWatchFiltersAndCompaction(t *testing.T) {
 }
 
 // TestSlowWatchStream: a client stream that stops reading is ended with
-// ResourceExhausted once its queue is full, and does not hold up other
-// watchers of the same upstream watch.
+// ResourceExhausted once what waits for it is past its bound, and does not
+// hold up other watchers of the same upstream watch, which get every event.
+//
+// What a stream that does not read absorbs before its queue grows depends
+// on gRPC flow control and on how etcd batches revisions (under load, many
+// in one response): so the slow client has fixed windows (no BDP
+// estimation, which grows them with the measured round trip), and the test
+// writes until the proxy gives up on it, not a fixed count. The fast
+// watcher's margin is the bound: about 128 writes it may fall behind.
 func TestSlowWatchStream(t *testing.T) {
 	t.Parallel()
 	c := etcdtest.StartCluster(t, 3)
-	p, err := New(Config{PeerURLs: c.PeerURLs()})
+	p, err := New(Config{PeerURLs: c.PeerURLs(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.watchQueueBytes = 100 << 10 // 50 events of 2 KiB
+	const size = 8 << 10
+	p.watchQueueBytes = 1 << 20 // 128 events of 8 KiB
 	serveOn(t, p, mustListen(t))
 	ctx := ctxT(t)
-	slow, err := pb.NewWatchClient(grpcConn(t, p)).Watch(ctx)
+	conn, err := grpc.NewClient(p.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	slow, err := pb.NewWatchClient(conn).Watch(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,20 +221,33 @@ func TestSlowWatchStream(t *testing.T) {
 	}
 	fast := proxyClient(t, p).Watch(ctx, "s")
 	direct := c.Client(t)
-	const n = 400
-	val := strings.Repeat("x", 2048)
-	for range n {
-		if _, err := direct.Put(ctx, "s", val); err != nil {
+	val := strings.Repeat("x", size)
+	// The slow stream absorbs its windows (128 KiB), what its sender took,
+	// and the bound (1 MiB) plus one response: a few hundred writes.
+	const most = 2000
+	var last int64
+	n := 0
+	for value(t, p.m.watchDropped) == 0 {
+		if n == most {
+			t.Fatalf("%d writes of %d bytes and the stream that does not read is still served", n, size)
+		}
+		resp, err := direct.Put(ctx, "s", val)
+		if err != nil {
 			t.Fatal(err)
 		}
+		last, n = resp.Header.Revision, n+1
 	}
 	got := 0
 	for got < n {
-		wr := <-fast
-		if wr.Err() != nil {
-			t.Fatalf("fast watcher: %v", wr.Err())
+		wr, ok := <-fast
+		if !ok || wr.Err() != nil {
+			t.Fatalf("fast watcher after %d of %d events: %v (closed: %v)", got, n, wr.Err(), !ok)
 		}
-		got += len(wr.Events)
+		for _, ev := range wr.Events {
+			if got++; ev.Kv.ModRevision == last && got != n {
+				t.Fatalf("fast watcher: revision %d was event %d of %d", last, got, n)
+			}
+		}
 	}
 	for {
 		_, err := slow.Recv()
@@ -227,8 +258,109 @@ func TestSlowWatchStream(t *testing.T) {
 			break
 		}
 	}
-	if value(t, p.m.watchDropped) != 1 {
-		t.Errorf("watch_slow_streams_total = %v", value(t, p.m.watchDropped))
+	if v := value(t, p.m.watchDropped); v != 1 {
+		t.Errorf("watch_slow_streams_total = %v, want 1", v)
+	}
+	t.Logf("the stream that did not read was ended after %d writes of %d bytes", n, size)
+}
+
+// TestWatchResponseLargerThanBound: one upstream response larger than a
+// client stream's bounds on its own (a transaction of many large puts: one
+// revision) reaches every client that keeps up, whole, over gRPC and the
+// JSON gateway; a stream is ended as slow only when what already waits for
+// it is past the bounds, never because of the size of the next response.
+func TestWatchResponseLargerThanBound(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.StartCluster(t, 1)
+	p, err := New(Config{Endpoints: c.Endpoints(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.watchQueueBytes = 64 << 10
+	p.watchQueue = 4
+	serveOn(t, p, mustListen(t))
+	ctx := ctxT(t)
+
+	// A clientv3 watcher, a raw stream with more watchers of the key than
+	// the bound on responses, and a watch over the JSON gateway.
+	cw := proxyClient(t, p).Watch(ctx, "big/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	if wr := <-cw; !wr.Created {
+		t.Fatalf("clientv3 watch: %+v", wr)
+	}
+	const watchers = 10
+	raw, err := pb.NewWatchClient(grpcConn(t, p)).Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range watchers {
+		if err := raw.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("big/"), RangeEnd: []byte("big0")}}}); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := raw.Recv(); err != nil || !r.Created {
+			t.Fatalf("created: %v %v", r, err)
+		}
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.Addr().String()+"/v3/watch",
+		strings.NewReader(`{"create_request":{"key":"YmlnLw==","range_end":"YmlnMA=="}}`))
+	hresp, err := httpClient(t).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hresp.Body.Close()
+	dec := json.NewDecoder(hresp.Body)
+	var created struct {
+		Result struct {
+			Created bool `json:"created"`
+		} `json:"result"`
+	}
+	if err := dec.Decode(&created); err != nil || !created.Result.Created {
+		t.Fatalf("gateway watch: %+v %v", created, err)
+	}
+
+	// 64 puts of 4 KiB in one transaction: one response of 256 KiB of
+	// events, four times the byte bound.
+	const puts, size = 64, 4 << 10
+	val := strings.Repeat("v", size)
+	var ops []clientv3.Op
+	for i := range puts {
+		ops = append(ops, clientv3.OpPut(fmt.Sprintf("big/%02d", i), val))
+	}
+	if _, err := c.Client(t).Txn(ctx).Then(ops...).Commit(); err != nil {
+		t.Fatal(err)
+	}
+
+	for got := 0; got < puts; {
+		wr := <-cw
+		if wr.Err() != nil || wr.Canceled {
+			t.Fatalf("clientv3 watcher after %d of %d events: %v", got, puts, wr.Err())
+		}
+		got += len(wr.Events)
+	}
+	got := map[int64]int{}
+	for n := 0; n < watchers; {
+		r, err := raw.Recv()
+		if err != nil || r.Canceled {
+			t.Fatalf("raw stream after %v: %v %v", got, err, r)
+		}
+		if got[r.WatchId] += len(r.Events); got[r.WatchId] == puts {
+			n++
+		}
+	}
+	for n := 0; n < puts; {
+		var m struct {
+			Result struct {
+				Events   []json.RawMessage `json:"events"`
+				Canceled bool              `json:"canceled"`
+			} `json:"result"`
+			Error any `json:"error"`
+		}
+		if err := dec.Decode(&m); err != nil || m.Error != nil || m.Result.Canceled {
+			t.Fatalf("gateway watch after %d of %d events: %v %+v", n, puts, err, m)
+		}
+		n += len(m.Result.Events)
+	}
+	if v := value(t, p.m.watchDropped); v != 0 {
+		t.Errorf("watch_slow_streams_total = %v, want 0", v)
 	}
 }
 

@@ -67,7 +67,7 @@ func (h *watchHub) watchConn(member string, cli *clientv3.Client) {
 			ready = true
 		case connectivity.TransientFailure:
 			if ready {
-				h.leave(member, fmt.Errorf("proxy: the connection to etcd member %s failed", member))
+				h.leave(member, fmt.Errorf("proxy: the connection to etcd member %s failed", member), false)
 				return
 			}
 		case connectivity.Shutdown:
@@ -236,18 +236,19 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 		h.p.m.watchSilences.Inc()
 		err := fmt.Errorf("proxy: etcd member %s sent nothing on a watch stream for %v, not even an answer to a progress request", member, silent.Round(time.Millisecond))
 		h.p.log.Warn("upstream watch silent; moving the watches to another member", "member", member, "silent", silent.Round(time.Millisecond))
-		h.leave(member, err)
+		h.leave(member, err, true)
 	}
 }
 
-// leave benches member (if it is still the hub's) and moves the watches.
-func (h *watchHub) leave(member string, err error) {
+// leave benches member (if it is still the hub's) and moves the watches;
+// silent: member sent nothing for the silence timeout.
+func (h *watchHub) leave(member string, err error, silent bool) {
 	if u, perr := url.Parse(member); perr == nil {
 		h.p.dir.fail(u.Host, err)
 	}
 	h.mu.Lock()
 	if h.member == member {
-		h.leaving = err
+		h.leaving, h.silent = err, silent
 	}
 	h.mu.Unlock()
 	h.checkMember()
@@ -262,14 +263,14 @@ func (h *watchHub) checkMember() {
 		h.mu.Unlock()
 		return
 	}
-	member, why := h.member, h.leaving
+	member, why, silent := h.member, h.leaving, h.silent
 	h.mu.Unlock()
+	listed := slices.Contains(avail, member)
 	if why == nil {
-		if !slices.Contains(avail, member) {
-			why = fmt.Errorf("proxy: etcd member %s is no longer an available endpoint", member)
-		} else {
+		if listed {
 			return
 		}
+		why = fmt.Errorf("proxy: etcd member %s is no longer an available endpoint", member)
 	}
 	var next string
 	for _, ep := range avail {
@@ -279,6 +280,30 @@ func (h *watchHub) checkMember() {
 		}
 	}
 	if next == "" {
+		if !silent && (len(avail) == 0 || listed) {
+			// No other member, and this one has not been silent for the
+			// timeout (its connection failed, or it was benched: every
+			// member may be down, or restarting). The watches stay: their
+			// client reconnects to the member and resumes each from the
+			// revision it needs, they move as soon as another member is
+			// available, and the silence check still cancels them if
+			// nothing comes within its bound. A member that answers again
+			// keeps them.
+			if listed {
+				h.mu.Lock()
+				cli := h.cli
+				back := h.member == member && h.leaving != nil
+				if back {
+					h.leaving = nil
+				}
+				h.mu.Unlock()
+				if back {
+					// Its connection is watched again.
+					h.spawn(func() { h.watchConn(member, cli) })
+				}
+			}
+			return
+		}
 		// Nowhere to go: tell the clients rather than leave them stale.
 		h.endAll(fmt.Sprintf("%v; no other etcd member is available: re-create the watch", why))
 		return
@@ -295,7 +320,7 @@ func (h *watchHub) checkMember() {
 		return
 	}
 	old := h.cli
-	h.member, h.cli, h.w, h.leaving = next, cli, cli.Watcher, nil
+	h.member, h.cli, h.w, h.leaving, h.silent = next, cli, cli.Watcher, nil, false
 	clear(h.probes)
 	n := 0
 	for _, ups := range h.groups {
@@ -322,7 +347,7 @@ func (h *watchHub) endAll(reason string) {
 	for _, g := range h.groups {
 		ups = append(ups, g...)
 	}
-	h.leaving = nil
+	h.leaving, h.silent = nil, false
 	h.mu.Unlock()
 	if len(ups) > 0 {
 		h.p.log.Warn("ending the client watches", "watches", len(ups), "reason", reason)

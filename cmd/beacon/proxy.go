@@ -75,6 +75,10 @@ while none is reachable); a failed endpoint is benched for
 --proxy-failure-wait. Endpoints that are the proxy itself are never used.
 Identical watches share one etcd watch; lease keep-alives share one stream.
 
+The listener answers at once: until a member answers (within --start-timeout,
+else the proxy exits), /health is 503 and every request gets gRPC Unavailable
+(HTTP 503) saying that no reachable member was found yet and what was tried.
+
 Environment (flags win): BEACON_PROXY_MODE, BEACON_PROXY_LISTEN, ETCD_AUTH_CA,
 ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY (then ETCDCTL_CACERT, ETCDCTL_CERT,
 ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
@@ -186,7 +190,7 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	f.Var(msDuration{&cfg.DialTimeout}, "proxy-dial-timeout", "timeout to connect to a member (duration or milliseconds)")
 	f.Var(msDuration{&cfg.WriteTimeout}, "proxy-write-timeout", "timeout of each forwarded write (duration or milliseconds)")
 	f.Var(msDuration{&cfg.ReadTimeout}, "proxy-read-timeout", "timeout of each forwarded read; 0 disables (duration or milliseconds)")
-	f.Var(msDuration{&cfg.StartTimeout}, "start-timeout", "how long to look for a reachable cluster at start")
+	f.Var(msDuration{&cfg.StartTimeout}, "start-timeout", "how long to look for a reachable cluster at start (requests get Unavailable meanwhile)")
 	f.StringSliceVar(&cfg.SelfAddrs, "advertise-addr", nil, "other addresses this proxy is reached at (never forwarded to)")
 	f.StringVar(&cacert, "cacert", "", "CA file to verify members' certificates (env ETCD_AUTH_CA, then ETCDCTL_CACERT)")
 	f.StringVar(&cert, "cert", "", "client certificate for members (env ETCD_AUTH_CLIENT_CERT, then ETCDCTL_CERT)")

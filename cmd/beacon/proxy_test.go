@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"strings"
 	"syscall"
 	"testing"
@@ -63,5 +65,44 @@ func TestMsDuration(t *testing.T) {
 	}
 	if err := v.Set("soon"); err == nil {
 		t.Error("Set(soon) succeeded")
+	}
+}
+
+// TestProxyCommandAnswersWhileFindingTheCluster: `beacon proxy` pointed at
+// a cluster that is not there answers on its port at once — /health 503
+// saying why — logs its retries at a bounded rate (one WARN, not one per
+// retry), and exits after --start-timeout saying what it tried.
+func TestProxyCommandAnswersWhileFindingTheCluster(t *testing.T) {
+	dead := freeURL(t) // nothing listens there
+	addr := strings.TrimPrefix(freeURL(t), "http://")
+	b := startBeacon(t, t.TempDir(), nil, "proxy", "--endpoints", dead, "--listen-addr", addr, "--start-timeout", "4s")
+	var code int
+	var body []byte
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/health")
+		if err == nil {
+			code = resp.StatusCode
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/health while finding the cluster: %v\nstderr:\n%s", err, b.errOut())
+		}
+		time.Sleep(20 * time.Millisecond) // the port is not bound yet: no event to wait on
+	}
+	if code != http.StatusServiceUnavailable || !strings.Contains(string(body), "not ready: no reachable etcd member found yet") || !strings.Contains(string(body), dead) {
+		t.Fatalf("/health while finding the cluster: %d %s", code, body)
+	}
+	if err := b.wait(t, 30*time.Second); err == nil {
+		t.Fatal("beacon proxy exited 0 without a cluster")
+	}
+	stderr := b.errOut()
+	if !strings.Contains(stderr, "no usable etcd cluster found within 4s") || !strings.Contains(stderr, dead) {
+		t.Fatalf("stderr does not say what was tried:\n%s", stderr)
+	}
+	if n := strings.Count(stderr, `level=WARN msg="cluster not reachable yet`); n != 1 {
+		t.Fatalf("%d WARN lines for the retries of 4 s, want 1:\n%s", n, stderr)
 	}
 }

@@ -82,8 +82,11 @@ type Handler struct {
 	log       *slog.Logger
 	mux       *httpapi.Mux
 	keepAlive time.Duration
-	m         *metrics
-	quota     *quota
+	// writeTimeout is how long one write of a watch stream may wait beyond
+	// a keep-alive interval (streamWriteTimeout; shorter in tests).
+	writeTimeout time.Duration
+	m            *metrics
+	quota        *quota
 }
 
 // New returns the API over reg. Lists, gets and watches work over any
@@ -109,7 +112,7 @@ func New(reg registry.Discoverer, opts Options) (*Handler, error) {
 		return nil, err
 	}
 	h := &Handler{reg: reg, pick: opts.Registry, operators: opts.Operators, log: opts.Logger.With("component", "registry-api"),
-		keepAlive: opts.KeepAliveInterval, m: m, quota: q}
+		keepAlive: opts.KeepAliveInterval, writeTimeout: streamWriteTimeout, m: m, quota: q}
 	h.mux = httpapi.NewMux()
 	h.mux.NotFound = "see /v1/openapi.json"
 	h.Register(h.mux)

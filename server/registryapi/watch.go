@@ -59,6 +59,9 @@ type StaleMessage struct {
 // the stream is dead; and a client that stops reading (a vanished peer, a
 // stuck proxy) is dropped once a write has waited an interval and
 // streamWriteTimeout, so that a dead stream never holds a registry watcher.
+// The bound is on progress, not on the size of what is sent: a large
+// snapshot is written in pieces of writeChunk bytes, each with its own
+// deadline, so a client that reads slowly but steadily gets all of it.
 func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 	params, ok := httpapi.CheckQuery(w, r, "namespace", "component", "endpoint", "since")
 	if !ok {
@@ -129,7 +132,7 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 	// and streamWriteTimeout is gone (or not reading): end its stream.
 	// Every write to the connection is bounded, including those a large
 	// batch makes before the flush.
-	limit := h.keepAlive + streamWriteTimeout
+	limit := h.keepAlive + h.writeTimeout
 	bw := bufio.NewWriter(deadlineWriter{w: w, rc: rc, limit: limit})
 	flush := func() error {
 		if err := bw.Flush(); err != nil {
@@ -187,15 +190,21 @@ func (h *Handler) dropped(r *http.Request, err error) {
 		return // the client closed the stream itself
 	}
 	h.log.Info("watch stream ended: the client did not take a write in time",
-		"remote", r.RemoteAddr, "limit", h.keepAlive+streamWriteTimeout, "err", err)
+		"remote", r.RemoteAddr, "limit", h.keepAlive+h.writeTimeout, "err", err)
 }
 
 // streamWriteTimeout bounds one write of a watch stream to a client.
 const streamWriteTimeout = 30 * time.Second
 
+// writeChunk is the most one deadline of a watch stream covers.
+const writeChunk = 64 << 10
+
 // deadlineWriter gives every write to a stream's connection its own
 // deadline, so that no write blocks forever on a client that stopped
-// reading.
+// reading. A large write (a snapshot of many instances is one) goes in
+// pieces of writeChunk, each with a fresh deadline: a client is dropped
+// when it stops taking data, not because one event is larger than what it
+// can read within one deadline.
 type deadlineWriter struct {
 	w     http.ResponseWriter
 	rc    *http.ResponseController
@@ -203,8 +212,18 @@ type deadlineWriter struct {
 }
 
 func (d deadlineWriter) Write(p []byte) (int, error) {
-	_ = d.rc.SetWriteDeadline(time.Now().Add(d.limit))
-	return d.w.Write(p)
+	n := 0
+	for len(p) > 0 {
+		c := min(len(p), writeChunk)
+		_ = d.rc.SetWriteDeadline(time.Now().Add(d.limit))
+		m, err := d.w.Write(p[:c])
+		n += m
+		if err != nil {
+			return n, err
+		}
+		p = p[c:]
+	}
+	return n, nil
 }
 
 // next waits for the watch's next batch, at most one keep-alive interval.

@@ -1,10 +1,14 @@
 package registryapi
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -112,5 +116,117 @@ func TestWatchDropsClientThatStopsReading(t *testing.T) {
 		if mf.GetName() == "beacon_registry_watchers" && mf.GetMetric()[0].GetGauge().GetValue() != 0 {
 			t.Fatalf("registry watchers still open: %v", mf.GetMetric()[0].GetGauge().GetValue())
 		}
+	}
+}
+
+// smallSendBuffers gives every accepted connection a small kernel send
+// buffer, so that what a client has not read stays in the server.
+type smallSendBuffers struct{ net.Listener }
+
+func (l smallSendBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(16 << 10)
+	}
+	return c, err
+}
+
+// pacedReader reads at most n bytes per tick: a client on a slow link.
+type pacedReader struct {
+	r    io.Reader
+	n    int
+	tick <-chan time.Time
+}
+
+func (p pacedReader) Read(b []byte) (int, error) {
+	<-p.tick
+	return p.r.Read(b[:min(len(b), p.n)])
+}
+
+// TestWatchSlowSteadyClientGetsLargeSnapshot: a snapshot far larger than
+// what a slow client reads within one write deadline still reaches a
+// client that keeps reading: the stream is ended for a client that stops
+// taking data, not for one whose event is larger than one deadline covers.
+func TestWatchSlowSteadyClientGetsLargeSnapshot(t *testing.T) {
+	t.Parallel()
+	st := memory.New(memory.Options{})
+	reg, err := registry.New(st, registry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped := signalHandler{want: "did not take a write in time", once: new(sync.Once), seen: make(chan struct{})}
+	h, err := New(reg, Options{KeepAliveInterval: 200 * time.Millisecond, Logger: slog.New(dropped)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One write may wait 0.5 s; the snapshot takes about 2 s to read.
+	h.writeTimeout = 300 * time.Millisecond
+	srv := httptest.NewUnstartedServer(h)
+	srv.Listener = smallSendBuffers{srv.Listener}
+	srv.Start()
+	defer func() {
+		srv.Close()
+		_ = reg.Close()
+		_ = st.Close()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 850 // about 3 MB
+	md := map[string]string{"pad": strings.Repeat("x", 3500)}
+	for i := range n {
+		if _, err := reg.Register(ctx, beacon.Instance{Namespace: "big", Component: "api", Endpoint: "http",
+			Address: fmt.Sprintf("10.%d.%d.1:80", i/250, i%250), Metadata: md}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 32<<10) })
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	conn, err := d.DialContext(ctx, "tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(50 * time.Second))
+	fmt.Fprintf(conn, "GET %s?namespace=big HTTP/1.1\r\nHost: x\r\n\r\n", WatchPath)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	br := bufio.NewReaderSize(pacedReader{r: conn, n: 32 << 10, tick: tick.C}, 32<<10)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stream never ends by itself: closing the connection ends the
+	// body, which Close alone would drain.
+	defer func() { _ = conn.Close(); _ = resp.Body.Close() }()
+	body := bufio.NewReaderSize(resp.Body, 64<<10)
+	start := time.Now()
+	for {
+		line, err := body.ReadString('\n')
+		if err != nil {
+			t.Fatalf("stream ended before the snapshot, after %v: %v", time.Since(start), err)
+		}
+		if !strings.HasPrefix(line, "data: ") {
+			continue
+		}
+		var snap SnapshotMessage
+		if err := json.Unmarshal([]byte(line[len("data: "):]), &snap); err != nil {
+			t.Fatalf("snapshot data (%d bytes): %v", len(line), err)
+		}
+		if len(snap.Instances) != n {
+			t.Fatalf("snapshot of %d instances, want %d", len(snap.Instances), n)
+		}
+		t.Logf("a snapshot of %d bytes read in %v", len(line), time.Since(start))
+		break
+	}
+	select {
+	case <-dropped.seen:
+		t.Fatal("the stream of a client that kept reading was dropped")
+	default:
 	}
 }
