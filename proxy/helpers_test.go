@@ -68,20 +68,10 @@ func startProxyWith(t testing.TB, cfg Config, adjust func(*Proxy)) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- p.Serve(context.Background(), l) }()
-	t.Cleanup(func() {
-		if err := p.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-		if err := <-errc; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
+	errc := serveChecked(t, p, l)
 	select {
 	case <-p.Ready():
 	case err := <-errc:
-		errc <- err
 		t.Fatalf("Serve: %v", err)
 	case <-time.After(testTimeout):
 		t.Fatal("proxy not ready")
@@ -145,4 +135,25 @@ func mustListen(t testing.TB) net.Listener {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// serveChecked serves p on l until the test ends, when Close and Serve
+// must both succeed; it does not wait for the proxy to be ready. The
+// channel gives Serve's error once, then is closed.
+func serveChecked(t testing.TB, p *Proxy, l net.Listener) <-chan error {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		errc <- p.Serve(context.Background(), l)
+		close(errc)
+	}()
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if err := <-errc; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return errc
 }

@@ -114,16 +114,7 @@ func testAnswersWhileFinding(t *testing.T, srv *etcdtest.Server, useTLS bool) {
 		t.Fatal(err)
 	}
 	l := mustListen(t)
-	errc := make(chan error, 1)
-	go func() { errc <- p.Serve(context.Background(), l) }()
-	t.Cleanup(func() {
-		if err := p.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-		if err := <-errc; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
+	errc := serveChecked(t, p, l)
 	base := scheme + "://" + l.Addr().String()
 	ctx := ctxT(t)
 
