@@ -79,18 +79,7 @@ func TestWatchDropsClientThatStopsReading(t *testing.T) {
 	}
 	// A client with a tiny receive buffer that sends its request and
 	// never reads.
-	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		if err != nil {
-			return err
-		}
-		return serr
-	}}
-	conn, err := d.DialContext(ctx, "tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialSmallBuffer(ctx, t, srv.Listener.Addr().String(), 4096)
 	defer conn.Close()
 	fmt.Fprintf(conn, "GET %s?namespace=big HTTP/1.1\r\nHost: x\r\n\r\n", WatchPath)
 	// The stream blocks on the full socket and is dropped with a log line.
@@ -179,18 +168,7 @@ func TestWatchSlowSteadyClientGetsLargeSnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 32<<10) })
-		if err != nil {
-			return err
-		}
-		return serr
-	}}
-	conn, err := d.DialContext(ctx, "tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialSmallBuffer(ctx, t, srv.Listener.Addr().String(), 32<<10)
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(50 * time.Second))
 	fmt.Fprintf(conn, "GET %s?namespace=big HTTP/1.1\r\nHost: x\r\n\r\n", WatchPath)
@@ -229,4 +207,24 @@ func TestWatchSlowSteadyClientGetsLargeSnapshot(t *testing.T) {
 		t.Fatal("the stream of a client that kept reading was dropped")
 	default:
 	}
+}
+
+// dialSmallBuffer connects to addr with a receive buffer of rcvbuf bytes,
+// so that a server writing to a client that reads slowly (or not at all)
+// blocks soon.
+func dialSmallBuffer(ctx context.Context, t *testing.T, addr string, rcvbuf int) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, rcvbuf) })
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }
