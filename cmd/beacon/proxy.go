@@ -166,7 +166,12 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				case <-p.Done():
 				}
 			}()
-			return p.Run(cmd.Context())
+			l, err := net.Listen("tcp", cfg.ListenAddr)
+			if err != nil {
+				return fmt.Errorf("proxy: listen on %s: %w", cfg.ListenAddr, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "beacon proxy listening on %s; finding the etcd cluster (/health answers 503 until a member does)\n", l.Addr())
+			return p.Serve(cmd.Context(), l)
 		},
 	}
 	f := cmd.Flags()

@@ -76,22 +76,14 @@ func TestProxyCommandAnswersWhileFindingTheCluster(t *testing.T) {
 	dead := freeURL(t) // nothing listens there
 	addr := strings.TrimPrefix(freeURL(t), "http://")
 	b := startBeacon(t, t.TempDir(), nil, "proxy", "--endpoints", dead, "--listen-addr", addr, "--start-timeout", "4s")
-	var code int
-	var body []byte
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addr + "/health")
-		if err == nil {
-			code = resp.StatusCode
-			body, _ = io.ReadAll(resp.Body)
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/health while finding the cluster: %v\nstderr:\n%s", err, b.errOut())
-		}
-		time.Sleep(20 * time.Millisecond) // the port is not bound yet: no event to wait on
+	b.waitLine(t, "beacon proxy listening on "+addr, 3*time.Second) // bound: it answers from now on
+	resp, err := http.Get("http://" + addr + "/health")
+	if err != nil {
+		t.Fatalf("/health while finding the cluster: %v\nstderr:\n%s", err, b.errOut())
 	}
+	code := resp.StatusCode
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
 	if code != http.StatusServiceUnavailable || !strings.Contains(string(body), "not ready: no reachable etcd member found yet") || !strings.Contains(string(body), dead) {
 		t.Fatalf("/health while finding the cluster: %d %s", code, body)
 	}
