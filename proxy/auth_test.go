@@ -145,14 +145,8 @@ func TestNoIdentityLent(t *testing.T) {
 	if wr := <-anon.Watch(wctx, "/", clientv3.WithPrefix()); !wr.Canceled && wr.Err() == nil {
 		t.Fatalf("anonymous watch was served: %+v", wr)
 	}
-	resp, err := http.Post("http://"+p.Addr().String()+"/v3/kv/put", "application/json", strings.NewReader(`{"key":"L3NlcnZpY2VzL2d3","value":"eA=="}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode == http.StatusOK {
-		t.Fatalf("anonymous JSON gateway put: %d %s", resp.StatusCode, b)
+	if code, b := anonymousGatewayPut(t, p); code == http.StatusOK {
+		t.Fatalf("anonymous JSON gateway put: %d %s", code, b)
 	}
 	// What etcd serves to anyone still works.
 	if _, err := anon.AuthStatus(ctx); err != nil {
@@ -248,14 +242,8 @@ func TestNoIdentityLentWhileAuthTurnsOn(t *testing.T) {
 		t.Errorf("anonymous watch while the proxy believes authentication off: %+v", wr)
 	}
 	stale()
-	resp, err := http.Post("http://"+p.Addr().String()+"/v3/kv/put", "application/json", strings.NewReader(`{"key":"L3NlcnZpY2VzL2d3","value":"eA=="}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode == http.StatusOK {
-		t.Errorf("anonymous JSON gateway put while the proxy believes authentication off: %d %s", resp.StatusCode, b)
+	if code, b := anonymousGatewayPut(t, p); code == http.StatusOK {
+		t.Errorf("anonymous JSON gateway put while the proxy believes authentication off: %d %s", code, b)
 	}
 	// The watch opened before the switch carries the proxy's token too:
 	// it sees nothing of what root writes now.
@@ -269,4 +257,17 @@ func TestNoIdentityLentWhileAuthTurnsOn(t *testing.T) {
 	if len(got.Kvs) != 2 || string(got.Kvs[0].Key) != "/services/after" || string(got.Kvs[1].Key) != "/services/before" {
 		t.Fatalf("keys: %v, want /services/after and /services/before (nothing written or deleted anonymously)", got.Kvs)
 	}
+}
+
+// anonymousGatewayPut puts /services/gw through the proxy's JSON gateway
+// without credentials and returns the answer's status and body.
+func anonymousGatewayPut(t *testing.T, p *Proxy) (int, []byte) {
+	t.Helper()
+	resp, err := http.Post("http://"+p.Addr().String()+"/v3/kv/put", "application/json", strings.NewReader(`{"key":"L3NlcnZpY2VzL2d3","value":"eA=="}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
 }
