@@ -243,3 +243,36 @@ func checkServeFlags(t *testing.T, where string, args []string) {
 		t.Errorf("%s: serve takes no arguments, got %q", where, rest)
 	}
 }
+
+// earlyExitReader matches a pipe into a command that may stop reading before
+// its writer is done: head, grep -q/-m, sed's q.
+var earlyExitReader = regexp.MustCompile(`\|\s*(head\b|grep\s+(-\w*[qm]|--quiet|--max-count)|sed\s+(-n\s+)?'?\d*q)`)
+
+// TestCIScriptsSurvivePipefail: the CI scripts run under "set -o pipefail",
+// where "cmd | head -1" fails with exit 141 whenever cmd writes after head
+// has gone (SIGPIPE), which depends on timing: a CI run once died that way
+// after 0 s. No such pipe may appear in them.
+func TestCIScriptsSurvivePipefail(t *testing.T) {
+	scripts, err := os.ReadDir("../../.ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range scripts {
+		body, err := os.ReadFile("../../.ci/" + e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(body), "pipefail") {
+			continue
+		}
+		for i, line := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "#") {
+				continue
+			}
+			if m := earlyExitReader.FindString(line); m != "" {
+				t.Errorf(".ci/%s:%d pipes into %q under pipefail; capture the output first (see first_line in .ci/run): %s",
+					e.Name(), i+1, m, strings.TrimSpace(line))
+			}
+		}
+	}
+}
