@@ -16,6 +16,7 @@ import (
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/registry"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
+	filestore "github.com/beaconplane/beacon/store/file"
 	"github.com/spf13/cobra"
 )
 
@@ -321,6 +322,45 @@ func TestRmCommand(t *testing.T) {
 		{args: []string{"rm", "prod/api/http"}, want: "want namespace/component/endpoint/id"},
 		{args: []string{"rm"}, want: "requires at least 1 arg"},
 	})
+}
+
+// TestFileReadersNeedAStore: ls, watch and rm on the file backend refuse
+// a BEACON_FILE_DIR that does not exist or holds no store (a mistyped
+// directory) with bad usage, and create nothing; once a store exists there,
+// they work.
+func TestFileReadersNeedAStore(t *testing.T) {
+	base := t.TempDir()
+	typo := base + "/stroe"
+	empty := base + "/empty"
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []struct{ path, want string }{{typo, "does not exist: check BEACON_FILE_DIR"}, {empty, "holds no store yet"}} {
+		env := []string{"BEACON_DISCOVERY_BACKEND=file", "BEACON_FILE_DIR=" + dir.path}
+		checkBadInput(t, []badInput{
+			{args: []string{"ls"}, env: env, want: dir.want},
+			{args: []string{"watch", "prod"}, env: env, want: dir.want},
+			{args: []string{"rm", "--yes", "prod/api/http/00000000000000a1"}, env: env, want: dir.want},
+		})
+	}
+	if _, err := os.Stat(typo); !os.IsNotExist(err) {
+		t.Errorf("a reader created the mistyped directory %s (stat: %v)", typo, err)
+	}
+	if entries, err := os.ReadDir(empty); err != nil || len(entries) != 0 {
+		t.Errorf("a reader wrote into the empty directory: %v %v", entries, err)
+	}
+
+	st, err := filestore.Open(context.Background(), filestore.Config{Dir: typo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := startBeacon(t, t.TempDir(), []string{"BEACON_DISCOVERY_BACKEND=file", "BEACON_FILE_DIR=" + typo}, "ls", "-o", "json")
+	if err := b.wait(t, 30*time.Second); err != nil || !strings.Contains(b.out(), `"instances": []`) {
+		t.Fatalf("ls of an existing empty store: %v\n%s%s", err, b.out(), b.errOut())
+	}
 }
 
 // TestTokenLs lists the registry's tokens as a table and as the JSON of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store/backend"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
+	filestore "github.com/beaconplane/beacon/store/file"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -313,6 +315,10 @@ func unwrapPathError(err error) error {
 type registryConn struct {
 	*clientFlags
 	root string
+	// existing: the command only reads or removes what is there (ls,
+	// watch, rm), so a file store must already exist: a mistyped
+	// BEACON_FILE_DIR is an error, not an empty store in a new directory.
+	existing bool
 }
 
 func addRegistryConnFlags(cmd *cobra.Command) *registryConn {
@@ -333,9 +339,13 @@ func (c *registryConn) open(ctx context.Context, cfg registry.Config) (registry.
 	if err != nil {
 		return nil, err
 	}
+	bcfg.File.MustExist = c.existing
 	octx, cancel := context.WithTimeout(ctx, c.dial+c.command)
 	defer cancel()
 	r, err := backend.OpenRegistry(octx, bcfg, cfg)
+	if errors.Is(err, filestore.ErrNoStore) {
+		return nil, usagef("open %s backend: %w", bcfg.BackendName(), err) // BEACON_FILE_DIR names no store
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open %s backend: %w", bcfg.BackendName(), err)
 	}

@@ -61,6 +61,7 @@ the store revision of the listing and the instances (the stored value format).
 		},
 	}
 	conn = addRegistryConnFlags(cmd)
+	conn.existing = true
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
 }

@@ -70,6 +70,7 @@ and for keys written by hand; stop a live worker to take it out of service.
 		},
 	}
 	conn = addRegistryConnFlags(cmd)
+	conn.existing = true
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "remove without asking")
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json (one JSON object per removed instance)")
 	return cmd

@@ -68,6 +68,7 @@ the store since that revision, it prints a snapshot.
 		},
 	}
 	conn = addRegistryConnFlags(cmd)
+	conn.existing = true
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json (one JSON object per line)")
 	cmd.Flags().Int64Var(&from, "from-revision", 0, "resume after this revision (a revision printed earlier)")
 	return cmd

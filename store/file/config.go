@@ -30,8 +30,8 @@ const (
 // Config configures a file store. Only Dir is required.
 type Config struct {
 	// Dir is the store directory, shared by every process on the host
-	// that uses the store. It is created if missing; an existing directory
-	// must be empty or hold a Beacon store.
+	// that uses the store. It is created if missing (unless MustExist); an
+	// existing directory must be empty or hold a Beacon store.
 	Dir string
 	// History is how many recent revisions watches can resume from;
 	// older ones are compacted (the log is truncated). Zero means
@@ -47,6 +47,12 @@ type Config struct {
 	// DisableNotify turns off filesystem notifications (inotify) and
 	// polls instead.
 	DisableNotify bool
+	// MustExist makes Open fail, with an error matching ErrNoStore, when
+	// Dir does not exist or holds no store yet, instead of creating one:
+	// for programs that only read (beacon ls, beacon watch), so that a
+	// mistyped directory is an error rather than an empty listing and a
+	// new directory.
+	MustExist bool
 	// Logger receives warnings about recovery actions (a torn log tail
 	// repaired, stale temporary files removed). Nil discards them.
 	Logger *slog.Logger

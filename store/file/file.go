@@ -35,6 +35,9 @@ var (
 	// ErrCorrupt reports damaged store files that cannot be repaired
 	// automatically (anything but a torn write at the end of the log).
 	ErrCorrupt = errors.New("file: store files are corrupt")
+	// ErrNoStore reports, with Config.MustExist, a directory that does
+	// not exist or holds no store yet.
+	ErrNoStore = errors.New("file: no Beacon file store")
 )
 
 // Names inside the store directory.
@@ -145,6 +148,11 @@ func (s *Store) path(parts ...string) string {
 }
 
 func (s *Store) open(ctx context.Context) error {
+	if s.cfg.MustExist {
+		if err := s.checkExists(); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return fmt.Errorf("file: cannot create store directory %s: %w", s.dir, err)
 	}
@@ -178,6 +186,27 @@ func (s *Store) open(ctx context.Context) error {
 		return err
 	}
 	return s.load()
+}
+
+// checkExists refuses, for Config.MustExist, a directory that does not
+// exist or has no format marker: nothing has ever been stored there, which
+// for a reader most likely means a mistyped directory.
+func (s *Store) checkExists() error {
+	fi, err := os.Stat(s.dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%w: %s does not exist: check %s (the directory is created by the first process that registers, such as beacon register)",
+			ErrNoStore, s.dir, EnvDir)
+	case err != nil:
+		return fmt.Errorf("file: store directory %s: %w", s.dir, err)
+	case !fi.IsDir():
+		return fmt.Errorf("%w: %s is not a directory: check %s", ErrNotStore, s.dir, EnvDir)
+	}
+	if _, err := os.Stat(s.path(markerName)); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %s holds no store yet (no %s): check %s (a store is created by the first process that registers, such as beacon register)",
+			ErrNoStore, s.dir, markerName, EnvDir)
+	}
+	return nil
 }
 
 // checkMarker reports whether the directory holds a valid format marker,

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -181,6 +182,48 @@ func TestUnusableDirectory(t *testing.T) {
 	}
 	if _, err := file.Open(context.Background(), file.Config{}); err == nil || !strings.Contains(err.Error(), file.EnvDir) {
 		t.Fatalf("Open without a directory: %v", err)
+	}
+}
+
+// With MustExist, Open refuses a directory that does not exist or holds no
+// store, and creates nothing; a store made by another Open is opened.
+func TestMustExist(t *testing.T) {
+	ctx := context.Background()
+	missing := filepath.Join(t.TempDir(), "stroe")
+	if _, err := file.Open(ctx, file.Config{Dir: missing, MustExist: true}); !errors.Is(err, file.ErrNoStore) ||
+		!strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), file.EnvDir) {
+		t.Fatalf("Open of a missing directory: %v", err)
+	}
+	if _, err := os.Stat(missing); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Open with MustExist created %s: %v", missing, err)
+	}
+	empty := t.TempDir()
+	if _, err := file.Open(ctx, file.Config{Dir: empty, MustExist: true}); !errors.Is(err, file.ErrNoStore) || !strings.Contains(err.Error(), "holds no store yet") {
+		t.Fatalf("Open of an empty directory: %v", err)
+	}
+	if entries, _ := os.ReadDir(empty); len(entries) != 0 {
+		t.Fatalf("Open with MustExist wrote %v into an empty directory", entries)
+	}
+	f := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(f, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := file.Open(ctx, file.Config{Dir: f, MustExist: true}); !errors.Is(err, file.ErrNotStore) || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("Open of a regular file: %v", err)
+	}
+	s, err := file.Open(ctx, file.Config{Dir: missing})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = file.Open(ctx, file.Config{Dir: missing, MustExist: true})
+	if err != nil {
+		t.Fatalf("Open with MustExist of an existing store: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
 
