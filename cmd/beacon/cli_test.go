@@ -302,7 +302,7 @@ func TestRmCommand(t *testing.T) {
 		}
 		return len(ins)
 	}
-	if b := rm("n\n", "rm", refs["00000000000000a1"]); b.exitCode() != 0 || !strings.Contains(b.out(), "Remove "+refs["00000000000000a1"]+" (10.0.0.1:80, serving, lease") ||
+	if b := rm("n\n", "rm", refs["00000000000000a1"]); b.exitCode() != 0 || !strings.Contains(b.errOut(), "Remove "+refs["00000000000000a1"]+" (10.0.0.1:80, serving, lease") ||
 		!strings.Contains(b.out(), "kept") || live() != 3 {
 		t.Fatalf("answered n: %d\n%s%s", b.exitCode(), b.out(), b.errOut())
 	}

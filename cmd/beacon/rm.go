@@ -66,7 +66,7 @@ and for keys written by hand; stop a live worker to take it out of service.
 			if !ok {
 				return usagef("rm deletes registrations from a store (etcd, memory, file, nats); the %s backend's instances belong to their pods: delete the pod or its InstanceSet instead", conn.backendName())
 			}
-			return runRm(ctx, cmd.OutOrStdout(), bufio.NewReader(in), conn, sr.Store(), sr.StoreRegistry, refs, yes, output == "json")
+			return runRm(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), bufio.NewReader(in), conn, sr.Store(), sr.StoreRegistry, refs, yes, output == "json")
 		},
 	}
 	conn = addRegistryConnFlags(cmd)
@@ -82,7 +82,7 @@ type rmLine struct {
 	Revision int64           `json:"revision"`
 }
 
-func runRm(ctx context.Context, out io.Writer, in *bufio.Reader, conn *registryConn, st store.Store, r *registry.StoreRegistry, refs []beacon.Ref, yes, asJSON bool) error {
+func runRm(ctx context.Context, out, prompt io.Writer, in *bufio.Reader, conn *registryConn, st store.Store, r *registry.StoreRegistry, refs []beacon.Ref, yes, asJSON bool) error {
 	var errs []error
 	for _, ref := range refs {
 		rctx, cancel := conn.requestCtx(ctx)
@@ -107,13 +107,11 @@ func runRm(ctx context.Context, out io.Writer, in *bufio.Reader, conn *registryC
 			desc += ", no lease"
 		}
 		if !yes {
-			fmt.Fprintf(out, "Remove %s (%s)? [y/N] ", ref, desc)
-			answer, err := in.ReadString('\n')
-			if err != nil && answer == "" {
-				fmt.Fprintln(out)
-				return errors.Join(append(errs, fmt.Errorf("no answer for %s (standard input ended): it and the rest were kept; pass --yes to remove without asking", ref))...)
+			ok, err := askYes(prompt, in, fmt.Sprintf("Remove %s (%s)?", ref, desc))
+			if err != nil {
+				return errors.Join(append(errs, fmt.Errorf("no answer for %s (%w): it and the rest were kept; pass --yes to remove without asking", ref, err))...)
 			}
-			if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+			if !ok {
 				fmt.Fprintf(out, "kept %s\n", ref)
 				continue
 			}
@@ -138,4 +136,19 @@ func runRm(ctx context.Context, out io.Writer, in *bufio.Reader, conn *registryC
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// askYes prints question with " [y/N] " on prompt (standard error, as rm -i
+// does, so that -o json output stays JSON) and reads one line of in: true
+// for y or yes (any case). Standard input that ends without an answer is
+// an error ("standard input ended"), never a yes.
+func askYes(out io.Writer, in *bufio.Reader, question string) (bool, error) {
+	fmt.Fprintf(out, "%s [y/N] ", question)
+	answer, err := in.ReadString('\n')
+	if err != nil && answer == "" {
+		fmt.Fprintln(out)
+		return false, errors.New("standard input ended")
+	}
+	a := strings.ToLower(strings.TrimSpace(answer))
+	return a == "y" || a == "yes", nil
 }

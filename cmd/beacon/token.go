@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -237,14 +238,21 @@ func printTokenStatus(out io.Writer, format string, st bootstrap.Status) error {
 func newTokenRmCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rm TOKEN",
-		Short: "Remove a token and all its registrations",
+		Short: "Remove a token and all its registrations (asks first unless --yes)",
 		Long: `Remove a token: delete its size key and every registration. Members still
-waiting on it fail with "discovery: size key not found".
+waiting on it fail with "discovery: size key not found". It shows the token's
+size and registrations and asks first; --yes removes without asking (the
+answer is read from standard input: when that ends without one, nothing is
+removed).
 
 ` + connHelp,
+		Example: `  beacon token rm e773fb07-4ff4-4fcc-afca-a54f83fa0787
+  beacon token rm e773fb07-4ff4-4fcc-afca-a54f83fa0787 --yes`,
 		Args: cobra.ExactArgs(1),
 	}
 	conn := addTokenConnFlags(cmd)
+	var yes bool
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "remove without asking")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		if err := bootstrap.ValidateToken(args[0]); err != nil {
 			return usage(err)
@@ -254,6 +262,29 @@ waiting on it fail with "discovery: size key not found".
 			return err
 		}
 		defer st.Close()
+		if !yes {
+			ctx, cancel := conn.requestCtx(cmd.Context())
+			status, err := bootstrap.TokenStatus(ctx, st.Client(), args[0])
+			cancel()
+			var desc string
+			switch {
+			case errors.Is(err, bootstrap.ErrSizeNotFound) || errors.Is(err, bootstrap.ErrBadSizeKey):
+				desc = fmt.Sprintf("%d registrations, %v", len(status.Members), err)
+			case err != nil:
+				return err
+			default:
+				desc = fmt.Sprintf("size %d, %d registered, %s", status.Size, status.Registered(), status.State)
+			}
+			ok, err := askYes(cmd.ErrOrStderr(), bufio.NewReader(cmd.InOrStdin()),
+				fmt.Sprintf("Remove token %s (%s)? Members still waiting on it will fail.", args[0], desc))
+			if err != nil {
+				return fmt.Errorf("no answer (%w): token %s was kept; pass --yes to remove without asking", err, args[0])
+			}
+			if !ok {
+				fmt.Fprintf(cmd.OutOrStdout(), "kept token %s\n", args[0])
+				return nil
+			}
+		}
 		ctx, cancel := conn.requestCtx(cmd.Context())
 		defer cancel()
 		n, err := bootstrap.RemoveToken(ctx, st.Client(), args[0])

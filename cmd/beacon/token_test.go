@@ -72,9 +72,25 @@ func TestTokenCommands(t *testing.T) {
 		t.Fatalf("status -o json: %v\n%s", err, st.out())
 	}
 
-	rm := startBeacon(t, dir, nil, "token", "rm", tok, "--endpoints", ep)
-	if err := rm.wait(t, 30*time.Second); err != nil || !strings.Contains(rm.out(), "Removed token "+tok+" (4 keys)") {
-		t.Fatalf("rm: %v\n%s%s", err, rm.out(), rm.errOut())
+	// token rm asks first, on stderr; no answer or "n" keeps the token.
+	tokenRm := func(stdin string, args ...string) *child {
+		t.Helper()
+		b := startBeaconIn(t, dir, nil, strings.NewReader(stdin), append([]string{"token", "rm", tok, "--endpoints", ep}, args...)...)
+		_ = b.wait(t, 30*time.Second)
+		return b
+	}
+	prompt := "Remove token " + tok + " (size 2, 2 registered, full)? Members still waiting on it will fail. [y/N]"
+	if rm := tokenRm(""); rm.exitCode() != exitFailure || !strings.Contains(rm.errOut(), prompt) || !strings.Contains(rm.errOut(), "no answer") {
+		t.Fatalf("rm with no answer: %d\n%s%s", rm.exitCode(), rm.out(), rm.errOut())
+	}
+	if rm := tokenRm("n\n"); rm.exitCode() != 0 || !strings.Contains(rm.out(), "kept token "+tok) {
+		t.Fatalf("rm answered n: %d\n%s%s", rm.exitCode(), rm.out(), rm.errOut())
+	}
+	if rm := tokenRm("y\n"); rm.exitCode() != 0 || !strings.Contains(rm.errOut(), prompt) || !strings.Contains(rm.out(), "Removed token "+tok+" (4 keys)") {
+		t.Fatalf("rm answered y: %d\n%s%s", rm.exitCode(), rm.out(), rm.errOut())
+	}
+	if rm := tokenRm("", "--yes"); rm.exitCode() != exitFailure || !strings.Contains(rm.errOut(), "token not found") {
+		t.Fatalf("rm --yes of a removed token: %d\n%s%s", rm.exitCode(), rm.out(), rm.errOut())
 	}
 	gone := startBeacon(t, dir, nil, "token", "status", tok, "--endpoints", ep)
 	if err := gone.wait(t, 30*time.Second); err == nil || !strings.Contains(gone.errOut(), "token not found") {
