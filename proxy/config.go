@@ -170,6 +170,15 @@ type Config struct {
 	// bound when negative.
 	MaxWatchers, MaxWatchersPerStream int
 
+	// MaxStreams bounds the client streams (Watch, LeaseKeepAlive and any
+	// other streaming call) open on the proxy at once: one past it is ended
+	// at once with ResourceExhausted and a message saying what to do. An
+	// empty watch stream costs the proxy about 20 KiB (two goroutines and
+	// gRPC's buffers), and an etcd client needs one watch and one
+	// keep-alive stream. DefaultMaxStreams when zero; no bound when
+	// negative.
+	MaxStreams int
+
 	// ClientTLS is used to reach members (client and peer URLs with
 	// https); nil uses the system roots for https URLs.
 	ClientTLS *tls.Config
@@ -231,6 +240,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxWatchersPerStream == 0 {
 		c.MaxWatchersPerStream = DefaultMaxWatchersPerStream
+	}
+	if c.MaxStreams == 0 {
+		c.MaxStreams = DefaultMaxStreams
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -266,17 +266,24 @@ func (p *Proxy) noEndpointsError(last error) error {
 // found the cluster (unary calls check in unaryHandler).
 func (p *Proxy) readyStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if err := p.notReady(); err != nil {
-		label := info.FullMethod
-		if _, ok := methods[label]; !ok && label != "/etcdserverpb.Watch/Watch" && label != leaseSvc+"LeaseKeepAlive" {
-			label = "unknown"
-		}
-		p.m.request(label, err)
-		if info.IsClientStream {
-			takeFirst(ss)
-		}
+		p.refuseStream(ss, info, err)
 		return err
 	}
 	return handler(srv, ss)
+}
+
+// refuseStream counts a stream refused with err before its handler ran,
+// and lets it take its first message (takeFirst) so that the client sees
+// err as the stream's status.
+func (p *Proxy) refuseStream(ss grpc.ServerStream, info *grpc.StreamServerInfo, err error) {
+	label := info.FullMethod
+	if _, ok := methods[label]; !ok && label != "/etcdserverpb.Watch/Watch" && label != leaseSvc+"LeaseKeepAlive" {
+		label = "unknown"
+	}
+	p.m.request(label, err)
+	if info.IsClientStream {
+		takeFirst(ss)
+	}
 }
 
 // firstMessageWait bounds how long a refused stream waits for its first

@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/pprofhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Defaults of the client-facing limits.
@@ -17,6 +20,9 @@ const (
 	// watchers clients open (Config.MaxWatchers).
 	DefaultMaxWatchers          = 100_000
 	DefaultMaxWatchersPerStream = 10_000
+	// DefaultMaxStreams bounds the client streams open at once
+	// (Config.MaxStreams).
+	DefaultMaxStreams = 10_000
 	// grpcOverheadBytes is the allowance for gRPC framing, as etcd adds.
 	grpcOverheadBytes = 512 * 1024
 	// httpRequestTimeout bounds reading a gateway request's body and
@@ -40,6 +46,27 @@ func (p *Proxy) profileHold(r *http.Request) time.Duration {
 		return 0
 	}
 	return pprofhttp.Hold(r)
+}
+
+// limitStreams is the first stream interceptor: it refuses, with
+// ResourceExhausted and what to do, a client stream past Config.MaxStreams
+// (an empty watch stream costs the proxy two goroutines and gRPC's buffers,
+// about 20 KiB: nothing else bounded how many one client could open), and
+// keeps the client_streams gauge.
+func (p *Proxy) limitStreams(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	n := p.streams.Add(1)
+	defer func() {
+		p.streams.Add(-1)
+		p.m.clientStreams.Dec()
+	}()
+	p.m.clientStreams.Inc()
+	if limit := p.cfg.MaxStreams; limit > 0 && n > int64(limit) {
+		err := status.Errorf(codes.ResourceExhausted,
+			"proxy: %d client streams are open on this proxy, the most it serves (--max-streams): close watch and keep-alive streams you no longer need (an etcd client needs one of each), or raise the limit", limit)
+		p.refuseStream(ss, info, err)
+		return err
+	}
+	return handler(srv, ss)
 }
 
 // maxRecvBytes is the largest gRPC message the proxy accepts from a

@@ -58,6 +58,8 @@ type Proxy struct {
 	// started is set once the cluster was found and everything below is
 	// in place: until then every request is answered with notReady.
 	started atomic.Bool
+	// streams counts the client streams open (limits.go).
+	streams atomic.Int64
 	finding finding // what finding the cluster has tried (start)
 	warned  *onceLog
 	// refreshLog bounds the lines of a member list refresh that keeps
@@ -445,8 +447,8 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 		grpc.UnknownServiceHandler(p.handleUnknown),
 		// Unary methods check in unaryHandler (a MethodHandler of its
 		// own, which interceptors do not wrap).
-		grpc.ChainStreamInterceptor(p.readyStream, p.anonymousStream), // anonymous.go
-		grpc.MaxRecvMsgSize(p.cfg.maxRecvBytes()),                     // limits.go
+		grpc.ChainStreamInterceptor(p.limitStreams, p.readyStream, p.anonymousStream), // limits.go, forward.go, anonymous.go
+		grpc.MaxRecvMsgSize(p.cfg.maxRecvBytes()),                                     // limits.go
 		grpc.MaxSendMsgSize(maxMsgSize),
 		grpc.MaxConcurrentStreams(math.MaxUint32),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: false}),

@@ -426,6 +426,61 @@ func TestWatcherBounds(t *testing.T) {
 	}
 }
 
+// TestStreamBound: at most MaxStreams client streams (watch and lease
+// keep-alive alike) are open at once; one past it ends with
+// ResourceExhausted saying what to do, and a closed stream frees its place
+// (nothing bounded empty watch streams: about 20 KiB each on the proxy).
+func TestStreamBound(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), MaxStreams: 3})
+	ctx := ctxT(t)
+	conn := grpcConn(t, p)
+	watch := func(ctx context.Context) (*pb.WatchResponse, error) {
+		ws, err := pb.NewWatchClient(conn).Watch(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("/k")}}}); err != nil {
+			return nil, err
+		}
+		return ws.Recv()
+	}
+	actx, closeA := context.WithCancel(ctx)
+	defer closeA()
+	for i, c := range []context.Context{actx, ctx} {
+		if r, err := watch(c); err != nil || !r.Created {
+			t.Fatalf("watch stream %d of 3: %+v %v", i+1, r, err)
+		}
+	}
+	lease, err := pb.NewLeaseClient(conn).LeaseGrant(ctx, &pb.LeaseGrantRequest{TTL: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ka, err := pb.NewLeaseClient(conn).LeaseKeepAlive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ka.Send(&pb.LeaseKeepAliveRequest{ID: lease.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := ka.Recv(); err != nil || r.TTL <= 0 {
+		t.Fatalf("keep-alive stream, the 3rd: %+v %v", r, err)
+	}
+	if n := value(t, p.m.clientStreams); n != 3 {
+		t.Fatalf("client_streams = %v, want 3", n)
+	}
+	_, err = watch(ctx)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "3 client streams are open") || !strings.Contains(err.Error(), "--max-streams") {
+		t.Fatalf("a 4th stream: %v, want ResourceExhausted saying why", err)
+	}
+	closeA()
+	eventually(t, "the closed stream's place to free", func() bool { return value(t, p.m.clientStreams) == 2 })
+	if r, err := watch(ctx); err != nil || !r.Created {
+		t.Fatalf("a stream after one closed: %+v %v", r, err)
+	}
+}
+
 // TestWatcherCountSurvivesRaces: the count behind MaxWatchers returns to
 // zero when streams end while their upstream watch ends too (it leaked
 // every watcher whose stream dropped it before the upstream's end counted
