@@ -42,6 +42,10 @@ func (a *answerer) answer(z *zone, req *dns.Msg, udp bool) *dns.Msg {
 	q := req.Question[0]
 	m.Question = []dns.Question{q}
 	size := dns.MinMsgSize
+	if optCount(req) > 1 {
+		m.Rcode = dns.RcodeFormatError // RFC 6891 6.1.1
+		return m
+	}
 	if opt := req.IsEdns0(); opt != nil {
 		m.SetEdns0(uint16(a.udpSize), false)
 		if opt.Version() != ednsVersion {
@@ -108,6 +112,8 @@ func (a *answerer) answer(z *zone, req *dns.Msg, udp bool) *dns.Msg {
 		}
 	case dns.TypeSOA:
 		m.Answer = n.soa
+	case dns.TypeNS:
+		m.Answer = n.ns
 	case dns.TypeANY:
 		m.Answer = []dns.RR{rfc8482(q.Name, a.ttl)}
 	}
@@ -115,6 +121,17 @@ func (a *answerer) answer(z *zone, req *dns.Msg, udp bool) *dns.Msg {
 		m.Ns = []dns.RR{z.soa} // NODATA: the name exists, this type does not
 	}
 	return m
+}
+
+// optCount counts the OPT records of a message's additional section.
+func optCount(m *dns.Msg) int {
+	n := 0
+	for _, rr := range m.Extra {
+		if rr.Header().Rrtype == dns.TypeOPT {
+			n++
+		}
+	}
+	return n
 }
 
 // shuffled returns a copy of rrs in random order: resolvers and clients

@@ -116,6 +116,12 @@ func TestBadInput(t *testing.T) {
 			m.IsEdns0().SetVersion(1)
 			return m
 		}(), dns.RcodeBadVers},
+		{"two OPT records", func() *dns.Msg {
+			m := q("web.api.prod.beacon.", dns.TypeA)
+			m.SetEdns0(1232, false)
+			m.Extra = append(m.Extra, m.Extra[0])
+			return m
+		}(), dns.RcodeFormatError},
 		{"unknown type", q("web.api.prod.beacon.", 65280), dns.RcodeSuccess},
 		{"type 0", q("web.api.prod.beacon.", 0), dns.RcodeSuccess},
 		{"longest name", q(strings.Repeat(strings.Repeat("a", 63)+".", 3)+strings.Repeat("b", 54)+".beacon.", dns.TypeA), dns.RcodeNameError},

@@ -140,6 +140,12 @@ func TestDigNegativeAnswers(t *testing.T) {
 	if got := dig(t, addr, "beacon.", "SOA").rdata("SOA"); len(got) != 1 {
 		t.Errorf("SOA at the apex: %v", got)
 	}
+	if got := dig(t, addr, "beacon.", "NS"); got.status != "NOERROR" || len(got.rdata("NS")) != 1 || got.rdata("NS")[0] != "beacon." {
+		t.Errorf("NS at the apex: %s %v, want the SOA's primary name, beacon.", got.status, got.answer)
+	}
+	if got := dig(t, addr, "web.api.prod.beacon.", "NS"); got.status != "NOERROR" || len(got.answer) != 0 {
+		t.Errorf("NS below the apex: %s %v, want NODATA (no delegation)", got.status, got.answer)
+	}
 	if got := dig(t, addr, "web.api.prod.beacon.", "ANY"); got.status != "NOERROR" || len(got.rdata("HINFO")) != 1 {
 		t.Errorf("ANY: %s %v, want one RFC 8482 HINFO", got.status, got.answer)
 	}

@@ -53,7 +53,7 @@ type compZone struct {
 // non-terminal (answers NODATA).
 type node struct {
 	a, aaaa, srv, txt []dns.RR
-	soa               []dns.RR // apex only
+	soa, ns           []dns.RR // apex only
 	cname             *dns.CNAME
 	// glue holds the A/AAAA records of the SRV targets, for the additional
 	// section of SRV answers.
@@ -89,7 +89,11 @@ func (z *zone) setSerial(rev int64) {
 		Refresh: 3600, Retry: 600, Expire: 86400,
 		Minttl: z.ttl,
 	}
-	z.apex = &node{soa: []dns.RR{z.soa}}
+	// The apex's NS record names the SOA's primary name: Beacon is the
+	// zone's only server, reached by address (a stub domain, a forward),
+	// never by delegation.
+	ns := &dns.NS{Hdr: dns.RR_Header{Name: z.domain, Rrtype: dns.TypeNS, Class: dns.ClassINET, Ttl: z.ttl}, Ns: z.domain}
+	z.apex = &node{soa: []dns.RR{z.soa}, ns: []dns.RR{ns}}
 }
 
 // lookup finds the node of a name relative to the domain (see splitQName).
