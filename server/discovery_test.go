@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/internal/testpeer"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -164,6 +167,48 @@ func TestServersBootstrapThroughDiscoveryToken(t *testing.T) {
 	again := startServer(t, cfgs[1])
 	if kv, err := again.Store().Get(ctx, "/hello"); err != nil || string(kv.Value) != "cluster" {
 		t.Fatalf("restarted member: %q, %v", kv.Value, err)
+	}
+
+	// A member removed from the cluster stops, saying so and what to do
+	// (etcd itself only logs a warning; Beacon said "embedded etcd
+	// stopped"), and so does its next start with the old data.
+	id := again.etcd.Server.MemberID()
+	// etcd refuses to remove a member until the others have been
+	// connected for 5 s (ErrUnhealthy): there is no event to wait on.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		_, err := servers[0].EtcdClient().MemberRemove(ctx, uint64(id))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, rpctypes.ErrUnhealthy) {
+			t.Fatal(err)
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("member remove: %v", err)
+		}
+	}
+	want := []string{"this member (b2, ID " + id.String() + ") was removed from its cluster", "remove --data-dir " + cfgs[1].DataDir, "--initial-cluster-state existing"}
+	check := func(what string, err error) {
+		t.Helper()
+		for _, w := range want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Fatalf("%s: %v, want it to say %q", what, err, w)
+			}
+		}
+	}
+	check("the removed member", again.Wait(ctx))
+	restarted, err := New(cfgs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("the removed member started again", restarted.Start(ctx))
+	_ = restarted.Close()
+	if _, err := os.Stat(filepath.Join(cfgs[1].DataDir, "member")); err != nil {
+		t.Fatalf("the removed member's data is the operator's to remove, not a failed first start's: %v", err)
 	}
 }
 

@@ -62,6 +62,9 @@ type Server struct {
 	closeErr  error
 	// etcdClosing is set when Close stops embedded etcd (etcdlog.go).
 	etcdClosing atomic.Bool
+	// etcdRemoved is set when etcd says this member was removed from its
+	// cluster (etcdlog.go).
+	etcdRemoved atomic.Bool
 	// dataDir is what the data directory held before etcd started, and
 	// etcdReady whether etcd joined its cluster (startcheck.go).
 	dataDir   *dataDirGuard
@@ -387,7 +390,12 @@ func (s *Server) startEtcd(ctx context.Context) error {
 	case <-e.Server.ReadyNotify():
 		s.etcdReady = true
 	case err := <-e.Err():
+		if rerr := s.removedErr(e); rerr != nil {
+			return rerr
+		}
 		return fmt.Errorf("embedded etcd failed while starting: %w", explainEtcdError(err))
+	case <-e.Server.StopNotify():
+		return s.etcdStopped(e)
 	case <-ctx.Done():
 		return fmt.Errorf("embedded etcd not ready (has the cluster a quorum? see --initial-cluster): %w", context.Cause(ctx))
 	}
@@ -402,10 +410,33 @@ func (s *Server) startEtcd(ctx context.Context) error {
 		case <-e.Server.StopNotify():
 			// Stopped by Close, or by etcd itself (e.g. removed from
 			// its cluster); Close is idempotent, so report either way.
-			s.fail(errors.New("embedded etcd stopped"))
+			s.fail(s.etcdStopped(e))
 		}
 	}()
 	return nil
+}
+
+// etcdStopped explains why the embedded etcd stopped on its own: most
+// often this member was removed from its cluster, which etcd reports only
+// as a warning in its log, and which needs the operator to act.
+func (s *Server) etcdStopped(e *embed.Etcd) error {
+	if err := s.removedErr(e); err != nil {
+		return err
+	}
+	return errors.New("embedded etcd stopped on its own (its log above says why)")
+}
+
+// removedErr says what to do when this member has been removed from its
+// cluster (while running, or before it was started again with its old data
+// directory); nil when it has not.
+func (s *Server) removedErr(e *embed.Etcd) error {
+	cluster, ok := e.Server.Cluster().(interface{ IsIDRemoved(types.ID) bool })
+	if !s.etcdRemoved.Load() && (!ok || !cluster.IsIDRemoved(e.Server.MemberID())) {
+		return nil
+	}
+	return fmt.Errorf("embedded etcd stopped: this member (%s, ID %s) was removed from its cluster (etcdctl member remove); "+
+		"it cannot serve again with its data: to rejoin, remove --data-dir %s, add it back (etcdctl member add %s --peer-urls=...) "+
+		"and start it with --initial-cluster-state existing", s.cfg.Name, e.Server.MemberID(), s.cfg.DataDir, s.cfg.Name)
 }
 
 // fail reports a component failure to Run without blocking.
@@ -449,7 +480,7 @@ func (s *Server) etcdConfig() (*embed.Config, error) {
 	if c.EtcdLogLevel != nil {
 		level = *c.EtcdLogLevel
 	}
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(s.log.With("component", "etcd"), level, &s.etcdClosing))
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(s.log.With("component", "etcd"), level, &s.etcdClosing, &s.etcdRemoved))
 	if err := s.applySecurity(ec); err != nil {
 		return nil, err
 	}
