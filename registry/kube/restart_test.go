@@ -87,7 +87,7 @@ func TestAPIServerHangIsStale(t *testing.T) {
 	})
 	took := time.Since(start)
 	t.Logf("stale after %v: %v", took.Round(time.Millisecond), f.batches[len(f.batches)-1].Err)
-	if bound := 5*time.Second + timeout + 5*time.Second; took > bound { // probe interval + timeout + scheduling slack
+	if bound := 5*time.Second + timeout + 10*time.Second; took > bound { // probe interval + timeout + scheduling slack (15.8 s seen with both cores busy)
 		t.Errorf("stale after %v, more than %v", took, bound)
 	}
 	resume()
