@@ -191,7 +191,7 @@ func TestServersBootstrapThroughDiscoveryToken(t *testing.T) {
 			t.Fatalf("member remove: %v", err)
 		}
 	}
-	want := []string{"this member (b2, ID " + id.String() + ") was removed from its cluster", "remove --data-dir " + cfgs[1].DataDir, "--initial-cluster-state existing"}
+	want := []string{"this member (b2, ID " + id.String() + ") was removed from its cluster", "remove --data-dir " + cfgs[1].DataDir, "--initial-cluster-state existing and --initial-cluster set to the list member add prints"}
 	check := func(what string, err error) {
 		t.Helper()
 		for _, w := range want {

@@ -436,7 +436,7 @@ func (s *Server) removedErr(e *embed.Etcd) error {
 	}
 	return fmt.Errorf("embedded etcd stopped: this member (%s, ID %s) was removed from its cluster (etcdctl member remove); "+
 		"it cannot serve again with its data: to rejoin, remove --data-dir %s, add it back (etcdctl member add %s --peer-urls=...) "+
-		"and start it with --initial-cluster-state existing", s.cfg.Name, e.Server.MemberID(), s.cfg.DataDir, s.cfg.Name)
+		"and start it with --initial-cluster-state existing and --initial-cluster set to the list member add prints (ETCD_INITIAL_CLUSTER)", s.cfg.Name, e.Server.MemberID(), s.cfg.DataDir, s.cfg.Name)
 }
 
 // fail reports a component failure to Run without blocking.
