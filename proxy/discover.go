@@ -43,6 +43,13 @@ func (e permanentError) Unwrap() error { return e.err }
 
 func permanent(err error) error { return permanentError{err} }
 
+// sentinelError is err, matching sentinel too, whose message already says
+// what sentinel says: "proxy: " + err's message.
+type sentinelError struct{ sentinel, err error }
+
+func (e sentinelError) Error() string   { return "proxy: " + e.err.Error() }
+func (e sentinelError) Unwrap() []error { return []error{e.sentinel, e.err} }
+
 func isPermanent(err error) bool {
 	var p permanentError
 	return errors.As(err, &p)
@@ -93,7 +100,9 @@ func (p *Proxy) discoverV3(ctx context.Context) ([]string, error) {
 	cl, err := bootstrap.GetCluster(ctx, dcfg)
 	switch {
 	case errors.Is(err, bootstrap.ErrSizeNotFound):
-		return nil, permanent(fmt.Errorf("%w: %w", ErrSizeNotFound, err))
+		// bootstrap's message already starts with "discovery: size key
+		// not found": say it once.
+		return nil, permanent(sentinelError{ErrSizeNotFound, err})
 	case errors.Is(err, bootstrap.ErrBadSizeKey), errors.Is(err, bootstrap.ErrInvalidToken),
 		errors.Is(err, bootstrap.ErrInvalidURL), errors.Is(err, bootstrap.ErrDuplicateName):
 		return nil, permanent(fmt.Errorf("%w: %w", ErrDiscovery, err))

@@ -80,8 +80,9 @@ func TestDiscoveryV3Token(t *testing.T) {
 	}
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
 	err = q.Serve(ctx, l)
-	if !errors.Is(err, ErrSizeNotFound) || !strings.Contains(err.Error(), "missing") {
-		t.Fatalf("token without size: %v, want ErrSizeNotFound naming the token", err)
+	if !errors.Is(err, ErrSizeNotFound) || !errors.Is(err, bootstrap.ErrSizeNotFound) || !strings.Contains(err.Error(), "missing") ||
+		strings.Count(err.Error(), "size key not found") != 1 {
+		t.Fatalf("token without size: %v, want ErrSizeNotFound naming the token, saying so once", err)
 	}
 }
 
