@@ -249,7 +249,10 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r regis
 			defer cancel()
 			var err error
 			if drain > 0 {
-				emit(registerLine{Event: "draining", Instance: &got}, fmt.Sprintf("draining %s for %v", got.Ref(), drain))
+				// The line shows the instance as it is advertised now: draining.
+				draining := got
+				draining.Status = beacon.StatusDraining
+				emit(registerLine{Event: "draining", Instance: &draining}, fmt.Sprintf("draining %s for %v", got.Ref(), drain))
 				err = reg.Drain(dctx, registry.DrainGrace(drain))
 			} else {
 				err = reg.Close()

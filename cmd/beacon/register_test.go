@@ -120,6 +120,9 @@ func TestWatchJSONAndDrain(t *testing.T) {
 	if ev.Instance.Status != "draining" {
 		t.Fatalf("updated line %+v, want draining", ev)
 	}
+	if l := reg.waitLine(t, `"event":"draining"`, 10*time.Second); !strings.Contains(l, `"status":"draining"`) {
+		t.Fatalf("register's draining line %s, want the instance as advertised: draining", l)
+	}
 	w.waitLine(t, `"type":"removed"`, 10*time.Second)
 	reg.waitLine(t, `"event":"deregistered"`, 10*time.Second)
 	if err := reg.wait(t, 10*time.Second); err != nil {
