@@ -180,7 +180,11 @@ func (t *etcdTarget) cpu() time.Duration {
 // shares a Go runtime with etcd, as etcd's own benchmark tool does not.
 func startTarget(ctx context.Context, cfg RegistryConfig) (*etcdTarget, error) {
 	if len(cfg.Endpoints) > 0 {
-		return &etcdTarget{endpoints: cfg.Endpoints, setup: "etcd at " + strings.Join(cfg.Endpoints, ","), stop: func() {}}, nil
+		eps, err := endpointURLs(cfg.Endpoints)
+		if err != nil {
+			return nil, err
+		}
+		return &etcdTarget{endpoints: eps, setup: "etcd at " + strings.Join(eps, ","), stop: func() {}}, nil
 	}
 	exe, err := cfg.executable()
 	if err != nil {
@@ -195,6 +199,23 @@ func startTarget(ctx context.Context, cfg RegistryConfig) (*etcdTarget, error) {
 		setup = "single-node etcd 3.7 in its own process (no fsync)"
 	}
 	return &etcdTarget{endpoints: []string{srv.endpoint}, embedded: true, setup: setup, stop: srv.stop, pid: srv.cmd.Process.Pid}, nil
+}
+
+// endpointURLs checks --endpoints as the other commands do and writes
+// host:port as http://host:port: the scenarios also read etcd's /metrics
+// at the first endpoint, which needs a URL.
+func endpointURLs(eps []string) ([]string, error) {
+	out := make([]string, 0, len(eps))
+	for _, ep := range eps {
+		if err := etcdstore.CheckEndpoint(ep); err != nil {
+			return nil, fmt.Errorf("--endpoints: %w", err)
+		}
+		if !strings.Contains(ep, "://") {
+			ep = "http://" + ep
+		}
+		out = append(out, ep)
+	}
+	return out, nil
 }
 
 func rawClient(eps []string) (*clientv3.Client, error) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/internal/testpeer"
 	"github.com/beaconplane/beacon/registry"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
@@ -186,5 +187,30 @@ func TestRegistryConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: no error", c)
 		}
+	}
+}
+
+// TestWatchAgainstHostPortEndpoint: --endpoints host:port, as every other
+// command takes it, works for the registry scenarios (the watch scenario
+// reads etcd's /metrics at the first endpoint, which failed with "first
+// path segment in URL cannot contain colon"); a bad endpoint is refused
+// naming the flag.
+func TestWatchAgainstHostPortEndpoint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an etcd server")
+	}
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	hostport := strings.TrimPrefix(srv.Endpoint(), "http://")
+	cfg := RegistryConfig{Endpoints: []string{hostport}, Watchers: []int{1}, Samples: 5, Rounds: 1}
+	rep, err := RunWatch(ctx, cfg)
+	if err != nil {
+		t.Fatalf("bench watch --endpoints %s: %v", hostport, err)
+	}
+	checkReport(t, rep, 3)
+	cfg.Endpoints = []string{"tcp://" + hostport}
+	if _, err := RunWatch(ctx, cfg); err == nil || !strings.Contains(err.Error(), "--endpoints") {
+		t.Fatalf("bench watch --endpoints tcp://...: %v, want an error naming --endpoints", err)
 	}
 }
