@@ -24,7 +24,7 @@
 //
 // One listener, Config.HTTPAddr (default 127.0.0.1:9379), serves:
 //
-//	/healthz, /readyz            liveness, and readiness (etcd ready, store answers)
+//	/healthz, /readyz            liveness, and readiness (etcd ready, store answers, DNS has its first snapshot)
 //	/metrics                     Prometheus: Beacon's metrics and etcd's
 //	/v1/registry/...             the registry API (package server/registryapi)
 //	/v1/tokens[/{token}]         v3 discovery tokens (bootstrap.NewHandler)

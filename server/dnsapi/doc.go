@@ -20,7 +20,8 @@
 //	<component>.<namespace>                  A/AAAA and SRV of every endpoint of the component
 //	<id>.<endpoint>.<component>.<namespace>  one instance: A or AAAA, SRV, TXT (metadata)
 //	<namespace>, _tcp.<component>...          exist without records (NODATA, not NXDOMAIN)
-//	the zone apex                            SOA (serial: the store revision of the view)
+//	the zone apex                            SOA (serial: the store revision of the view); NS:
+//	                                         the SOA's primary name, the apex itself
 //
 // An instance address is host:port or a URL (the SRV port is the URL's; a
 // URL without port gets no SRV record). An instance whose host is a name
@@ -46,7 +47,9 @@
 // RFC 8482 HINFO; zone transfers are refused. A UDP answer fits the
 // client's EDNS0 buffer (512 bytes without EDNS0), capped at UDPSize
 // (1232): glue is left out first, then answers with TC set, and the full
-// answer comes over TCP. EDNS versions other than 0 get BADVERS.
+// answer comes over TCP. EDNS versions other than 0 get BADVERS; a query
+// that is not one question, or has more than one OPT record (RFC 6891
+// 6.1.1), gets FORMERR.
 //
 // # Freshness and staleness
 //

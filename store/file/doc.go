@@ -12,6 +12,12 @@
 //	snapshot            the state at the last log truncation
 //	leases/<id>         one file per lease; deadline = mtime + TTL
 //
+// Open creates a missing directory and an empty store in it, unless
+// Config.MustExist is set (the commands that only read or remove: beacon
+// ls, watch, rm): then a directory that does not exist or holds no store
+// yet fails with ErrNoStore, so that a mistyped BEACON_FILE_DIR is an error
+// rather than an empty listing.
+//
 // # How it works
 //
 // The log is the source of truth. A writer takes the lock, catches up with
