@@ -358,7 +358,7 @@ func (s *Server) Banner() string {
 	}
 	fmt.Fprintf(&b, "  dashboard     %s/ui/\n", dash)
 	if a := s.DNSAddr(); a != "" && s.dns.srv != nil {
-		fmt.Fprintf(&b, "  DNS           %s udp+tcp, zone %s   (dig @%s -p %s SRV <endpoint>.<component>.<namespace>.%s)\n", a, s.dns.srv.Domain(), hostOf(a), portOf(a), s.dns.srv.Domain())
+		fmt.Fprintf(&b, "  DNS           %s udp+tcp, zone %s   (dig @%s -p %s SRV <endpoint>.<component>.<namespace>.%s)\n", a, s.dns.srv.Domain(), hostOf(loopbackIfUnspecified(a)), portOf(a), s.dns.srv.Domain())
 	}
 	for _, w := range s.securityWarnings() {
 		fmt.Fprintf(&b, "  WARNING       %s\n", w)

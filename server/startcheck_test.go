@@ -158,9 +158,11 @@ func TestBannerNamesReachableURLs(t *testing.T) {
 	cfg.ListenClientURLs = []string{fmt.Sprintf("http://0.0.0.0:%d", port)}
 	cfg.AdvertiseClientURLs = []string{fmt.Sprintf("http://127.0.0.1:%d", port)}
 	cfg.HTTPAddr = "0.0.0.0:0"
+	cfg.DNS.Addr = "0.0.0.0:0"
 	s := startServer(t, cfg)
 	banner := s.Banner()
-	for _, want := range []string{fmt.Sprintf("etcdctl --endpoints=http://127.0.0.1:%d ", port), "on every interface, e.g. http://127.0.0.1:"} {
+	for _, want := range []string{fmt.Sprintf("etcdctl --endpoints=http://127.0.0.1:%d ", port), "on every interface, e.g. http://127.0.0.1:",
+		"(dig @127.0.0.1 -p "} {
 		if !strings.Contains(banner, want) {
 			t.Errorf("banner lacks %q:\n%s", want, banner)
 		}
