@@ -232,3 +232,67 @@ func etcdWatchers(t *testing.T) float64 {
 	t.Fatal("no etcd_debugging_mvcc_watcher_total metric")
 	return 0
 }
+
+// TestQuietWatchFromAFutureRevisionThroughProxy: a client watch from a
+// revision etcd has not reached yet stays open while other keys are
+// written and compacted below its start. Its upstream, opened again from
+// the last revision etcd had reported (so that etcd answers its progress
+// requests), was compacted, and was then opened from the client's start
+// again for good: etcd answered none of its progress requests, the proxy
+// took its only member for silent (benched it) and cancelled the watch.
+func TestQuietWatchFromAFutureRevisionThroughProxy(t *testing.T) {
+	// Not parallel: it waits for etcd's (process-wide) watcher count.
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	const silence = time.Second
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), WatchSilenceTimeout: silence})
+	cli := proxyClient(t, p)
+	direct := srv.Client(t)
+	ctx := ctxT(t)
+	g, err := direct.Get(ctx, "/future/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := g.Header.Revision + 10
+	before := etcdWatchers(t)
+	w := cli.Watch(ctx, "/future/", clientv3.WithPrefix(), clientv3.WithRev(start), clientv3.WithCreatedNotify())
+	if wr := <-w; !wr.Created {
+		t.Fatalf("not created: %+v", wr)
+	}
+	for etcdWatchers(t) < before+1 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("etcd never created the upstream watch")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	var last int64
+	for i := range 3 {
+		r, err := direct.Put(ctx, fmt.Sprintf("/future-not/%d", i), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Header.Revision
+	}
+	if _, err := direct.Compact(ctx, last); err != nil { // below the watch's start
+		t.Fatal(err)
+	}
+	quiet := time.NewTimer(4 * silence)
+	defer quiet.Stop()
+	select {
+	case wr, ok := <-w:
+		t.Fatalf("quiet watch from %d (store at %d) delivered %+v (open %v, err %v); %v silences", start, last, wr, ok, wr.Err(), value(t, p.m.watchSilences))
+	case <-quiet.C:
+	}
+	if n := value(t, p.m.watchSilences); n != 0 {
+		t.Fatalf("watch_silences = %v on a healthy member", n)
+	}
+	for i := last + 1; i <= start; i++ {
+		if _, err := direct.Put(ctx, fmt.Sprintf("/future/%d", i), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wr := <-w
+	if wr.Err() != nil || len(wr.Events) != 1 || wr.Events[0].Kv.ModRevision != start {
+		t.Fatalf("want the put at %d alone (the ones before are below the start), got %+v", start, wr)
+	}
+}

@@ -190,7 +190,7 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 			}
 			for _, u := range us {
 				u.mu.Lock()
-				if u.openedAt > known && u.known > 0 && !u.early && !u.noEarly && !u.closed {
+				if u.openedAt > known && u.known > 0 && !u.early && !u.closed {
 					ups = append(ups, u)
 				}
 				u.mu.Unlock()
