@@ -253,19 +253,18 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		case wctx.Err() != nil:
 			return // cancelled or closed: close without an error
 		case trial && ok && wr.CompactRevision != 0:
-			// known is compacted: etcd's revision moved on since it
-			// last reported one (writes to other keys, then a
-			// compaction). The current watch missed nothing: it stays.
-			// Its start is now within etcd's revision (progress
-			// requests are answered), unless the store is still behind
-			// it (a watch from a later revision): then from the
-			// revision etcd has now (which this response carries).
+			// The replacement's start is compacted: etcd's revision
+			// moved on since it last reported one (writes to other
+			// keys, then a compaction). The current watch missed
+			// nothing: it stays. Its start is now within etcd's
+			// revision (progress requests are answered), unless etcd is
+			// still behind it (a watch from a later revision): then a
+			// replacement from the revision etcd has now (this
+			// response's, at or above the compaction).
 			dropTrial()
-			if wr.Header.Revision > known {
-				known = wr.Header.Revision
-				if openedAt > known {
-					reopen(known)
-				}
+			known = max(known, wr.Header.Revision)
+			if openedAt > known {
+				reopen(known)
 			}
 			continue
 		case trial && ok && wr.Created && wr.Err() == nil:
