@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -135,5 +136,163 @@ func TestFirstEventThroughProxyIsNotDelayed(t *testing.T) {
 	// them all.
 	if median > 60*time.Millisecond {
 		t.Fatalf("first event: median %v after the put: delivered by etcd's sync of watchers in the past, not at once", median)
+	}
+}
+
+// TestQuietWatchThroughProxyOutlivesCompactionOfOtherKeys: quiet watches
+// through the proxy (from now, and from the revision after a put, with
+// prev-kv) stay open when other keys are written and compacted. The
+// upstream watches started ahead of etcd's revision were opened again,
+// once quiet, from the last revision etcd had reported on their stream —
+// compacted by then: `etcdctl watch` was cancelled with "required revision
+// has been compacted" though none of its events were. Now only a progress
+// request that goes unanswered opens them again.
+func TestQuietWatchThroughProxyOutlivesCompactionOfOtherKeys(t *testing.T) {
+	// Not parallel: it waits for etcd's (process-wide) watcher count.
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	const silence = time.Second
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), WatchSilenceTimeout: silence})
+	cli := proxyClient(t, p)
+	direct := srv.Client(t)
+	ctx := ctxT(t)
+	put, err := direct.Put(ctx, "/quietc/a", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := put.Header.Revision
+	before := etcdWatchers(t)
+	now := cli.Watch(ctx, "/quietc/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	next := cli.Watch(ctx, "/quietc/", clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithCreatedNotify(), clientv3.WithPrevKV())
+	for _, w := range []clientv3.WatchChan{now, next} {
+		if wr := <-w; !wr.Created {
+			t.Fatalf("not created: %+v", wr)
+		}
+	}
+	// The proxy confirms a watch before etcd created its upstream; the
+	// compaction must come after that (a watch created after it is
+	// rightly compacted).
+	for etcdWatchers(t) < before+2 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("etcd never created the upstream watches")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	var last int64
+	for i := range 5 {
+		r, err := direct.Put(ctx, fmt.Sprintf("/quietc-not/%d", i), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Header.Revision
+	}
+	if _, err := direct.Compact(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	quiet := time.NewTimer(3 * silence)
+	defer quiet.Stop()
+	select {
+	case wr, ok := <-now:
+		t.Fatalf("quiet watch from now delivered %+v (open %v, err %v)", wr, ok, wr.Err())
+	case wr, ok := <-next:
+		t.Fatalf("quiet watch from %d delivered %+v (open %v, err %v)", rev+1, wr, ok, wr.Err())
+	case <-quiet.C:
+	}
+	if n := value(t, p.m.watchSilences); n != 0 {
+		t.Fatalf("watch_silences = %v on a healthy member", n)
+	}
+	second, err := direct.Put(ctx, "/quietc/a", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, w := range map[string]clientv3.WatchChan{"now": now, "next": next} {
+		wr := <-w
+		if wr.Err() != nil || len(wr.Events) != 1 || wr.Events[0].Kv.ModRevision != second.Header.Revision {
+			t.Fatalf("watch %s: want the put at %d alone, got %+v", name, second.Header.Revision, wr)
+		}
+		if name == "next" && (wr.Events[0].PrevKv == nil || string(wr.Events[0].PrevKv.Value) != "1") {
+			t.Fatalf("watch with prev-kv: previous value %+v, want 1", wr.Events[0].PrevKv)
+		}
+	}
+}
+
+// etcdWatchers is the number of watchers of every embedded etcd server in
+// this process.
+func etcdWatchers(t *testing.T) float64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "etcd_debugging_mvcc_watcher_total" {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no etcd_debugging_mvcc_watcher_total metric")
+	return 0
+}
+
+// TestQuietWatchFromAFutureRevisionThroughProxy: a client watch from a
+// revision etcd has not reached yet stays open while other keys are
+// written and compacted below its start. Its upstream, opened again from
+// the last revision etcd had reported (so that etcd answers its progress
+// requests), was compacted, and was then opened from the client's start
+// again for good: etcd answered none of its progress requests, the proxy
+// took its only member for silent (benched it) and cancelled the watch.
+func TestQuietWatchFromAFutureRevisionThroughProxy(t *testing.T) {
+	// Not parallel: it waits for etcd's (process-wide) watcher count.
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	const silence = time.Second
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), WatchSilenceTimeout: silence})
+	cli := proxyClient(t, p)
+	direct := srv.Client(t)
+	ctx := ctxT(t)
+	g, err := direct.Get(ctx, "/future/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := g.Header.Revision + 10
+	before := etcdWatchers(t)
+	w := cli.Watch(ctx, "/future/", clientv3.WithPrefix(), clientv3.WithRev(start), clientv3.WithCreatedNotify())
+	if wr := <-w; !wr.Created {
+		t.Fatalf("not created: %+v", wr)
+	}
+	for etcdWatchers(t) < before+1 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("etcd never created the upstream watch")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	var last int64
+	for i := range 3 {
+		r, err := direct.Put(ctx, fmt.Sprintf("/future-not/%d", i), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Header.Revision
+	}
+	if _, err := direct.Compact(ctx, last); err != nil { // below the watch's start
+		t.Fatal(err)
+	}
+	quiet := time.NewTimer(4 * silence)
+	defer quiet.Stop()
+	select {
+	case wr, ok := <-w:
+		t.Fatalf("quiet watch from %d (store at %d) delivered %+v (open %v, err %v); %v silences", start, last, wr, ok, wr.Err(), value(t, p.m.watchSilences))
+	case <-quiet.C:
+	}
+	if n := value(t, p.m.watchSilences); n != 0 {
+		t.Fatalf("watch_silences = %v on a healthy member", n)
+	}
+	for i := last + 1; i <= start; i++ {
+		if _, err := direct.Put(ctx, fmt.Sprintf("/future/%d", i), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wr := <-w
+	if wr.Err() != nil || len(wr.Events) != 1 || wr.Events[0].Kv.ModRevision != start {
+		t.Fatalf("want the put at %d alone (the ones before are below the start), got %+v", start, wr)
 	}
 }

@@ -112,11 +112,11 @@ type upstream struct {
 	closed    bool
 	receivers map[*cwatcher]struct{}
 	// openedAt is the revision the current watch started from, known the
-	// highest revision etcd reported on u's watches. early: the current
-	// watch was opened at known, below nextrev (see checkSilence);
-	// wantEarly: the next one is; noEarly: never again (compacted).
-	openedAt, known           int64
-	early, wantEarly, noEarly bool
+	// highest revision etcd reported on u's watches (or their stream).
+	// early: the current watch was opened at known, below nextrev (see
+	// checkSilence); wantEarly: the next one is.
+	openedAt, known  int64
+	early, wantEarly bool
 	// fan groups one batch's receivers by client stream (dispatch's
 	// scratch, emptied after each batch); free keeps its slices.
 	fan  map[*cstream][]fanItem
@@ -678,7 +678,7 @@ func (u *upstream) watchLocked(w clientv3.Watcher) {
 	// From nextrev, unless checkSilence asked for a watch from the last
 	// revision etcd reported (dispatch skips the events below nextrev).
 	from := u.nextrev
-	u.early = u.wantEarly && !u.noEarly && u.known > 0 && u.known < from
+	u.early = u.wantEarly && u.known > 0 && u.known < from
 	if u.early {
 		from = u.known
 	}
@@ -761,7 +761,7 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	if !u.current(gen) {
 		return // from the watch on the member the watches left
 	}
-	if wr.CompactRevision != 0 && u.retryWithoutMargin(wr.CompactRevision, gen) {
+	if wr.CompactRevision != 0 && wr.Header != nil && u.retryWithoutMargin(wr.CompactRevision, wr.Header.Revision, gen) {
 		return
 	}
 	if wr.Canceled || wr.CompactRevision != 0 {
@@ -832,17 +832,22 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	}
 }
 
-// retryWithoutMargin restarts u's watch from nextrev itself when watch gen
-// opened early (below nextrev) and only revisions below nextrev are
-// compacted: nothing a receiver needs is gone.
-func (u *upstream) retryWithoutMargin(compactRev int64, gen int) bool {
+// retryWithoutMargin restarts u's watch when watch gen opened early (below
+// nextrev) and only revisions below nextrev are compacted: nothing a
+// receiver needs is gone. It restarts from nextrev when etcd's revision
+// (rev, which the compacted response carries) has reached it, and
+// otherwise early again from rev, which is not compacted: a watch that
+// starts ahead of etcd's revision (from a revision in the future) would
+// have its progress requests go unanswered, and the member taken for hung.
+func (u *upstream) retryWithoutMargin(compactRev, rev int64, gen int) bool {
 	h := u.hub
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	u.mu.Lock()
 	ok := !h.closed && u.gen == gen && u.early && !u.closed && compactRev <= u.nextrev
 	if ok {
-		u.noEarly = true
+		u.known = max(u.known, rev)
+		u.wantEarly = u.known < u.nextrev
 	}
 	u.mu.Unlock()
 	return ok && u.restart(h.w)

@@ -149,7 +149,8 @@ func (h *watchHub) monitor() {
 // silenceProbe is the silence check of one gRPC watch stream (credentials
 // group).
 type silenceProbe struct {
-	sent time.Time // progress requested, nothing heard since (zero: none)
+	sent  time.Time // progress requested, nothing heard since (zero: none)
+	early bool      // the watches ahead of etcd's revision were opened again since
 }
 
 // checkSilence sends progress requests to streams quiet for timeout/2 and
@@ -158,25 +159,44 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 	type quiet struct {
 		ctx   context.Context
 		heard time.Time
+		known int64 // the highest revision etcd reported on the stream
 	}
 	h.mu.Lock()
 	streams := map[watchKey]*quiet{}
-	ahead := map[watchKey][]*upstream{} // per stream: watches etcd cannot answer progress requests for
 	for key, ups := range h.groups {
 		for _, u := range ups {
-			u.mu.Lock()
-			if u.openedAt > u.known && u.known > 0 && !u.early && !u.noEarly && !u.closed {
-				ahead[key.group()] = append(ahead[key.group()], u)
-			}
-			u.mu.Unlock()
 			heard := time.Unix(0, u.heard.Load())
+			u.mu.Lock()
+			known := u.known
+			u.mu.Unlock()
 			q := streams[key.group()]
 			if q == nil {
-				streams[key.group()] = &quiet{ctx: u.context(), heard: heard}
-			} else if heard.After(q.heard) {
+				streams[key.group()] = &quiet{ctx: u.context(), heard: heard, known: known}
+				continue
+			}
+			if heard.After(q.heard) {
 				q.heard = heard
 			}
+			q.known = max(q.known, known)
 		}
+	}
+	// ahead lists, per stream, the watches etcd may not answer progress
+	// requests for: started above the last revision etcd reported on it.
+	ahead := func(g watchKey, known int64) []*upstream {
+		var ups []*upstream
+		for key, us := range h.groups {
+			if key.group() != g {
+				continue
+			}
+			for _, u := range us {
+				u.mu.Lock()
+				if u.openedAt > known && u.known > 0 && !u.early && !u.closed {
+					ups = append(ups, u)
+				}
+				u.mu.Unlock()
+			}
+		}
+		return ups
 	}
 	for g := range h.probes {
 		if streams[g] == nil {
@@ -192,32 +212,40 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 			h.probes[g] = pr
 		}
 		if !pr.sent.IsZero() && q.heard.After(pr.sent) {
-			pr.sent = time.Time{} // answered (or events came)
+			pr.sent, pr.early = time.Time{}, false // answered (or events came)
 		}
 		switch {
 		case pr.sent.IsZero() && now.Sub(q.heard) >= timeout/2:
 			pr.sent = now
-			// etcd (3.6.8 and later) answers a progress request only once
-			// its revision has reached the start of every watch on the
-			// stream; a watch "from now" starts at the revision after
-			// etcd's, so on a quiet cluster the member looked hung (and
-			// was benched). Such watches start again from the last
-			// revision etcd reported: their created responses are the
-			// answer. (Opening every watch that early would delay its
-			// first events to etcd's next sync of watchers in the past,
-			// up to 100 ms.)
+			ask = append(ask, q.ctx)
+		case !pr.sent.IsZero() && !pr.early && now.Sub(pr.sent) >= timeout/8 && now.Sub(pr.sent) < timeout/2:
+			// Unanswered so far. etcd (3.6.8 and later) answers a
+			// progress request only once its revision has reached the
+			// start of every watch on the stream; a watch "from now"
+			// starts at the revision after etcd's, so on a quiet cluster
+			// the member looked hung (and was benched). Such watches
+			// start again from the last revision etcd reported on the
+			// stream: their created responses are the answer. (Opening
+			// every watch that early would delay its first events to
+			// etcd's next sync of watchers in the past, up to 100 ms.)
+			// Not at once: when etcd's revision moved on (other keys
+			// were written) the request is answered, and the revision
+			// last reported may have been compacted since — the watch
+			// opened again would be, and its clients told so, though
+			// none of their events were.
 			// (Not u.restart: the silence is still measured from the
 			// last response, so that a hung member is noticed as soon.)
-			for _, u := range ahead[g] {
+			pr.early = true
+			for _, u := range ahead(g, q.known) {
 				u.mu.Lock()
 				if !u.closed {
+					u.known = max(u.known, q.known)
 					u.wantEarly = true
 					u.cancel()
 					u.watchLocked(h.w)
 				}
 				u.mu.Unlock()
 			}
-			ask = append(ask, q.ctx)
 		case !pr.sent.IsZero() && now.Sub(pr.sent) >= timeout/2:
 			silent = max(silent, now.Sub(q.heard))
 		}

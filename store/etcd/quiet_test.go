@@ -11,6 +11,7 @@ import (
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestQuietWatchFromNextRevisionStaysOpen: the list-then-watch pattern
@@ -158,5 +159,138 @@ func TestWatchFromCompactionRevision(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("watch from a compacted revision: nothing delivered")
+	}
+}
+
+// TestQuietWatchOutlivesCompactionOfOtherKeys: a quiet watch from the
+// revision after a listing, on a store where other keys were written and
+// then compacted, stays open. It is opened again from the last revision
+// etcd reported once quiet (etcd answers it no progress request while it
+// starts ahead), and that revision is compacted: the watch ended with a
+// CompactedError although none of its events were, and with revision-mode
+// auto-compaction on a busy store every quiet watch re-listed every half
+// silence timeout.
+func TestQuietWatchOutlivesCompactionOfOtherKeys(t *testing.T) {
+	// Not parallel: it waits for etcd's (process-wide) watcher count.
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	s := newStore(t, srv, etcd.Config{WatchSilenceTimeout: silence})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, rev, err := s.List(ctx, "/compactother/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := etcdWatchers(t)
+	w := s.Watch(ctx, "/compactother/", rev+1)
+	// The compaction must follow the watch's creation (a watch created
+	// after it is rightly compacted).
+	for etcdWatchers(t) <= before {
+		select {
+		case <-ctx.Done():
+			t.Fatal("etcd never created the watch")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	var last int64
+	for i := range 5 {
+		if last, err = s.Put(ctx, fmt.Sprintf("/compactother-not/%d", i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Compact(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	quiet := time.NewTimer(3 * silence)
+	defer quiet.Stop()
+	select {
+	case resp, ok := <-w:
+		t.Fatalf("quiet watch from %d (other keys compacted at %d) delivered %+v (open %v)", rev+1, last, resp, ok)
+	case <-quiet.C:
+	}
+	put, err := s.Put(ctx, "/compactother/a", []byte("1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case resp := <-w:
+		if resp.Err != nil || len(resp.Events) != 1 || resp.Events[0].KV.ModRevision != put {
+			t.Fatalf("watch delivered %+v, want the put at %d", resp, put)
+		}
+	case <-ctx.Done():
+		t.Fatalf("no event for the put at %d", put)
+	}
+}
+
+// etcdWatchers is the number of watchers of every embedded etcd server in
+// this process.
+func etcdWatchers(t *testing.T) float64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "etcd_debugging_mvcc_watcher_total" {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no etcd_debugging_mvcc_watcher_total metric")
+	return 0
+}
+
+// TestQuietWatchFromAFutureRevision: a watch from a revision etcd has not
+// reached yet stays open while other keys are written and compacted below
+// its start. Opened again (once quiet) from the last revision etcd had
+// reported, which is compacted, it was opened from its start again for
+// good, and etcd answers no progress request for a watch ahead of its
+// revision: it ended as silent on a healthy member.
+func TestQuietWatchFromAFutureRevision(t *testing.T) {
+	// Not parallel: it waits for etcd's (process-wide) watcher count.
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	s := newStore(t, srv, etcd.Config{WatchSilenceTimeout: silence})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, rev, err := s.List(ctx, "/future/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := rev + 10
+	before := etcdWatchers(t)
+	w := s.Watch(ctx, "/future/", start)
+	for etcdWatchers(t) <= before {
+		select {
+		case <-ctx.Done():
+			t.Fatal("etcd never created the watch")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	var last int64
+	for i := range 3 {
+		if last, err = s.Put(ctx, fmt.Sprintf("/future-not/%d", i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Compact(ctx, last); err != nil { // below the watch's start
+		t.Fatal(err)
+	}
+	quiet := time.NewTimer(3 * silence)
+	defer quiet.Stop()
+	select {
+	case resp, ok := <-w:
+		t.Fatalf("quiet watch from %d (store at %d) delivered %+v (open %v)", start, last, resp, ok)
+	case <-quiet.C:
+	}
+	for i := last + 1; i <= start; i++ {
+		if _, err := s.Put(ctx, fmt.Sprintf("/future/%d", i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case resp := <-w:
+		if resp.Err != nil || len(resp.Events) != 1 || resp.Events[0].KV.ModRevision != start {
+			t.Fatalf("want the put at %d alone (the ones before are below the start), got %+v", start, resp)
+		}
+	case <-ctx.Done():
+		t.Fatalf("no event for the put at %d", start)
 	}
 }

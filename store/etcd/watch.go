@@ -35,9 +35,13 @@ import (
 //     ahead of its revision, and the revision after a listing is ahead of
 //     it until some write: such a watch, once quiet for half the silence
 //     timeout, is opened again from the last revision etcd reported (the
-//     events it then repeats are dropped). It is not opened early from the
-//     start, because etcd delivers the events of a watch that starts in
-//     the past only from its next sync, up to 100 ms later.
+//     events it then repeats are dropped), on a stream of its own; the
+//     first watch runs on until etcd has synced the new one, and stays if
+//     that revision was compacted meanwhile (other keys written, then
+//     compacted: none of this watch's events are gone, and its start is
+//     no longer ahead). It is not opened early from the start, because
+//     etcd delivers the events of a watch that starts in the past only
+//     from its next sync, up to 100 ms later.
 //   - The watch notices its own silence (Config.WatchSilenceTimeout): each
 //     watch has a gRPC stream of its own, and one that has heard nothing
 //     for half the timeout asks its member for a progress notification. A
@@ -94,9 +98,12 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 	// with the same metadata): a progress request then tests this watch's
 	// stream, and a new watch after a silent one gets a new stream, on a
 	// member the balancer picks again.
-	id := strconv.FormatUint(s.watchSeq.Add(1), 10)
-	wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), watchIDKey, id))
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
+	stream := func() context.Context {
+		return metadata.AppendToOutgoingContext(wctx, watchIDKey, strconv.FormatUint(s.watchSeq.Add(1), 10))
+	}
+	sctx := stream() // the current etcd watch's stream
 	stop := context.AfterFunc(s.closeCtx, cancel)
 	defer stop()
 
@@ -111,22 +118,49 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		opens    sync.WaitGroup     // the goroutines calling Watch
 		openedAt int64              // the revision the current etcd watch started from (0: now)
 		known    int64              // the highest revision etcd reported on this watch
-		reopened bool               // opened one revision early already, or must not be
+		reopened bool               // opened again from known already, or must not be
+		// The watch from known that replaces a quiet watch started ahead
+		// of etcd's revision (see below), on a stream of its own, until
+		// etcd has synced it: the current watch runs on until then, so
+		// that nothing it delivers meanwhile is lost, and stays if known
+		// turns out compacted (etcd creates a watch from a compacted
+		// revision, and says it is compacted only when it syncs it).
+		tch      clientv3.WatchChan
+		tchc     chan clientv3.WatchChan
+		tunwatch context.CancelFunc
+		tfrom    int64
+		tsctx    context.Context
+		tcreated bool
 	)
-	open := func(rev int64) {
-		if unwatch != nil {
-			unwatch()
-		}
+	start := func(sctx context.Context, rev int64) (chan clientv3.WatchChan, context.CancelFunc) {
 		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify(), clientv3.WithProgressNotify()}
 		if rev > 0 {
 			opts = append(opts, clientv3.WithRev(rev))
 		}
-		// A context of its own with the same metadata: the same gRPC
-		// stream, and cancelling it ends only this etcd watch.
-		octx, ocancel := context.WithCancel(wctx)
+		// A context of its own with the stream's metadata: cancelling it
+		// ends only this etcd watch.
+		octx, ocancel := context.WithCancel(sctx)
 		c := make(chan clientv3.WatchChan, 1)
-		ech, echc, unwatch, openedAt = nil, c, ocancel, rev
 		opens.Go(func() { c <- s.cli.Watch(octx, prefix, opts...) })
+		return c, ocancel
+	}
+	open := func(rev int64) {
+		if unwatch != nil {
+			unwatch()
+		}
+		ech, openedAt = nil, rev
+		echc, unwatch = start(sctx, rev)
+	}
+	reopen := func(rev int64) {
+		if tunwatch != nil {
+			tunwatch()
+		}
+		tch, tfrom, tsctx, tcreated = nil, rev, stream(), false
+		tchc, tunwatch = start(tsctx, rev)
+	}
+	dropTrial := func() {
+		tunwatch()
+		tch, tchc, tunwatch, tsctx, tcreated = nil, nil, nil, nil, false
 	}
 	open(from)
 	defer func() {
@@ -150,22 +184,33 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 	heard := time.Now() // when etcd last said something on this watch
 	for {
 		var (
-			wr clientv3.WatchResponse
-			ok bool
+			wr    clientv3.WatchResponse
+			ok    bool
+			trial bool // wr is the replacement watch's
 		)
 		select {
 		case ech = <-echc:
 			continue
+		case tch = <-tchc:
+			continue
 		case wr, ok = <-ech:
 			heard = time.Now()
+		case wr, ok = <-tch:
+			heard = time.Now()
+			trial = true
 		case <-check:
+			if tcreated {
+				// Until etcd has synced the replacement watch (every
+				// 100 ms), which it answers only then.
+				s.requestProgress(tsctx)
+			}
 			quiet := time.Since(heard)
 			if quiet < s.watchSilence/2 {
 				continue
 			}
 			if quiet < s.watchSilence {
 				switch {
-				case ech == nil:
+				case ech == nil, tchc != nil:
 				case openedAt > known && known > 0 && !reopened:
 					// etcd (3.6.8 and later) answers a progress request
 					// only once its revision has reached the start of
@@ -177,9 +222,9 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 					// reported (its events are below next: dropped);
 					// its created response is the sign of life.
 					reopened = true
-					open(known)
+					reopen(known)
 				default:
-					s.requestProgress(wctx)
+					s.requestProgress(sctx)
 				}
 				continue
 			}
@@ -207,6 +252,40 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 		switch {
 		case wctx.Err() != nil:
 			return // cancelled or closed: close without an error
+		case trial && ok && wr.CompactRevision != 0:
+			// The replacement's start is compacted: etcd's revision
+			// moved on since it last reported one (writes to other
+			// keys, then a compaction). The current watch missed
+			// nothing: it stays. Its start is now within etcd's
+			// revision (progress requests are answered), unless etcd is
+			// still behind it (a watch from a later revision): then a
+			// replacement from the revision etcd has now (this
+			// response's, at or above the compaction).
+			dropTrial()
+			known = max(known, wr.Header.Revision)
+			if openedAt > known {
+				reopen(known)
+			}
+			continue
+		case trial && ok && wr.Created && wr.Err() == nil:
+			// Created; etcd syncs it within 100 ms, and then answers a
+			// progress request or sends its events (or says known is
+			// compacted).
+			tcreated = true
+			known = max(known, wr.Header.Revision)
+			s.requestProgress(tsctx)
+			continue
+		case trial && ok && wr.Err() == nil:
+			// Synced: the replacement takes over (its events below next
+			// are dropped below).
+			unwatch()
+			ech, echc, unwatch, openedAt, sctx = tch, nil, tunwatch, tfrom, tsctx
+			tch, tchc, tunwatch, tsctx, tcreated = nil, nil, nil, nil, false
+			if wr.IsProgressNotify() {
+				known = max(known, wr.Header.Revision)
+				next = max(next, wr.Header.Revision+1)
+				continue
+			}
 		case !ok:
 			// Only a closed client ends a clientv3 watch without a
 			// response; the Store is not closed, so its client was.
