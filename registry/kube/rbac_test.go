@@ -221,3 +221,26 @@ func TestRBAC(t *testing.T) {
 		}
 	}
 }
+
+// Ping (beacon serve's /readyz) fails, naming what is denied, when the
+// reader may not read one of its namespaces: it answered ready while every
+// List and Watch failed with the RBAC error.
+func TestPingChecksReadAccess(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns, other := cp.Namespace(t), cp.Namespace(t)
+	var readerRole rbacv1.Role
+	shippedNamed(t, "rbac.yaml", "Role", "beacon-discovery-reader", &readerRole)
+	reader := cp.ServiceAccount(t, ns, "reader", readerRole.Rules)
+	ok := cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = reader, []string{ns} })
+	if err := ok.Ping(kubetest.Ctx(t)); err != nil {
+		t.Fatalf("Ping of a reader of its own namespace: %v", err)
+	}
+	both := cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = reader, []string{ns, other} })
+	err := both.Ping(kubetest.Ctx(t))
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "list instancesets.discovery.beaconplane.io in namespace \""+other+"\"") {
+		t.Fatalf("Ping of a reader of %s and %s, denied in %s: %v", ns, other, other, err)
+	}
+	if _, _, lerr := both.List(kubetest.Ctx(t), beacon.Query{}); !errors.Is(lerr, kube.ErrForbidden) {
+		t.Fatalf("List: %v", lerr)
+	}
+}
