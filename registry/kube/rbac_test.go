@@ -1,8 +1,10 @@
 package kube_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -13,6 +15,7 @@ import (
 	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/beaconplane/beacon/registry/registrytest"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 )
@@ -243,4 +246,90 @@ func TestPingChecksReadAccess(t *testing.T) {
 	if _, _, lerr := both.List(kubetest.Ctx(t), beacon.Query{}); !errors.Is(lerr, kube.ErrForbidden) {
 		t.Fatalf("List: %v", lerr)
 	}
+}
+
+// A registering process whose watch of its own InstanceSet is denied (the
+// Role changed under it, or one without watch and no pre-check) says so:
+// it logged only client-go's raw retries, and a deletion of its InstanceSet
+// then went unnoticed, the instance silently unadvertised. The warning and
+// Registration.Err name the verb and resource; once watch is granted again
+// the writer follows again.
+func TestOwnWatchDeniedIsReported(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	role := shippedRole(t)
+	rules := make([]rbacv1.PolicyRule, len(role.Rules))
+	for i, r := range role.Rules {
+		rules[i] = *r.DeepCopy()
+	}
+	rules[0].Verbs = slices.DeleteFunc(rules[0].Verbs, func(v string) bool { return v == "watch" })
+	rc := cp.ServiceAccount(t, ns, "no-watch", rules)
+	logs := &signalHandler{ch: make(chan slog.Record, 16)}
+	r := cp.Registry(t, ns, cp.ReadyPod(t, ns, "w"), func(c *kube.Config) { c.REST, c.Logger = rc, slog.New(logs) })
+	kube.DisableAccessCheck(r)
+	reg := register(t, r, inst("10.6.2.1:80"))
+	rec := logs.wait(t, "cannot follow this process's InstanceSet")
+	if err := attr(rec, "err"); !strings.Contains(err, "may not watch instancesets.discovery.beaconplane.io in namespace \""+ns+"\"") {
+		t.Fatalf("warning's err = %q, want it to name the verb and resource", err)
+	}
+	if err := reg.Err(); !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "watch instancesets") {
+		t.Fatalf("Registration.Err() = %v, want the denied watch", err)
+	}
+	rules[0].Verbs = append(rules[0].Verbs, "watch")
+	ctx := kubetest.Ctx(t)
+	cur, err := cp.RBAC.Roles(ns).Get(ctx, "no-watch", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Rules = rules
+	if _, err := cp.RBAC.Roles(ns).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	logs.wait(t, "following this process's InstanceSet again")
+	if err := reg.Err(); err != nil {
+		t.Fatalf("Registration.Err() once watch is granted = %v", err)
+	}
+}
+
+// signalHandler passes every log record to ch (dropping when it is full).
+type signalHandler struct{ ch chan slog.Record }
+
+func (h *signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *signalHandler) Handle(_ context.Context, rec slog.Record) error {
+	select {
+	case h.ch <- rec.Clone():
+	default:
+	}
+	return nil
+}
+func (h *signalHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *signalHandler) WithGroup(string) slog.Handler      { return h }
+
+// wait returns the first record whose message contains msg.
+func (h *signalHandler) wait(t *testing.T, msg string) slog.Record {
+	t.Helper()
+	ctx := kubetest.Ctx(t)
+	for {
+		select {
+		case rec := <-h.ch:
+			if strings.Contains(rec.Message, msg) {
+				return rec
+			}
+		case <-ctx.Done():
+			t.Fatalf("no log %q", msg)
+		}
+	}
+}
+
+// attr returns a record's attribute as text.
+func attr(rec slog.Record, key string) string {
+	var out string
+	rec.Attrs(func(a slog.Attr) bool {
+		if a.Key == key {
+			out = a.Value.String()
+			return false
+		}
+		return true
+	})
+	return out
 }
