@@ -333,3 +333,40 @@ func attr(rec slog.Record, key string) string {
 	})
 	return out
 }
+
+// A namespace readers watch that does not exist (a typo in
+// BEACON_KUBE_NAMESPACES) is named: a reader that may read it everywhere
+// listed nothing there in silence ('beacon ls' printed "no instances",
+// exit 0), and one whose Role could not cover it was told to grant a Role,
+// which no namespace that does not exist can hold. The first gets a
+// warning, the second an ErrInvalidConfig naming the namespace (when it
+// may get namespaces; otherwise the RBAC error stands).
+func TestMissingNamespaceIsNamed(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	missing := ns + "-typo"
+	logs := &signalHandler{ch: make(chan slog.Record, 16)}
+	admin := cp.Registry(t, ns, nil, func(c *kube.Config) { c.Namespaces, c.Logger = []string{ns, missing}, slog.New(logs) })
+	if _, _, err := admin.List(kubetest.Ctx(t), beacon.Query{}); err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	if rec := logs.wait(t, "does not exist"); !strings.Contains(attr(rec, "namespaces"), missing) {
+		t.Fatalf("warning names %s, want %s", attr(rec, "namespaces"), missing)
+	}
+
+	var readerRole rbacv1.Role
+	shippedNamed(t, "rbac.yaml", "Role", "beacon-discovery-reader", &readerRole)
+	rc := cp.ServiceAccount(t, ns, "reader", readerRole.Rules)
+	cp.BindCluster(t, ns, "reader", &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "get-namespaces"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get"}}},
+	})
+	r := cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = rc, []string{ns, missing} })
+	_, _, err := r.List(kubetest.Ctx(t), beacon.Query{})
+	if !errors.Is(err, kube.ErrInvalidConfig) || !strings.Contains(err.Error(), "namespace \""+missing+"\" does not exist") {
+		t.Fatalf("List by a reader of %s and the missing %s: %v", ns, missing, err)
+	}
+	if _, err := r.Watch(kubetest.Ctx(t), beacon.Query{}); !errors.Is(err, kube.ErrInvalidConfig) {
+		t.Fatalf("Watch: %v", err)
+	}
+}
