@@ -140,6 +140,10 @@ func (r *Registry) whoAmI(ctx context.Context) string {
 // checkReader checks the reader permissions once (successful checks are
 // remembered).
 func (r *Registry) checkReader(ctx context.Context) error {
+	return unavailable(r.checkReaderOnce(ctx))
+}
+
+func (r *Registry) checkReaderOnce(ctx context.Context) error {
 	r.readMu.Lock()
 	defer r.readMu.Unlock()
 	if r.readOK {

@@ -14,6 +14,7 @@ import (
 	"github.com/beaconplane/beacon/internal/kubetest"
 	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/beaconplane/beacon/registry/registrytest"
+	"github.com/beaconplane/beacon/store"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -243,8 +244,13 @@ func TestPingChecksReadAccess(t *testing.T) {
 	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "list instancesets.discovery.beaconplane.io in namespace \""+other+"\"") {
 		t.Fatalf("Ping of a reader of %s and %s, denied in %s: %v", ns, other, other, err)
 	}
-	if _, _, lerr := both.List(kubetest.Ctx(t), beacon.Query{}); !errors.Is(lerr, kube.ErrForbidden) {
+	// A server over this registry answers 503 "unavailable" (it answered
+	// 500 "internal"): the error also matches store.ErrUnavailable.
+	if _, _, lerr := both.List(kubetest.Ctx(t), beacon.Query{}); !errors.Is(lerr, kube.ErrForbidden) || !errors.Is(lerr, store.ErrUnavailable) {
 		t.Fatalf("List: %v", lerr)
+	}
+	if _, werr := both.Watch(kubetest.Ctx(t), beacon.Query{}); !errors.Is(werr, kube.ErrForbidden) || !errors.Is(werr, store.ErrUnavailable) {
+		t.Fatalf("Watch: %v", werr)
 	}
 }
 

@@ -394,7 +394,7 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return nil, 0, err
+		return nil, 0, unavailable(err)
 	}
 	live := liveInstances(sets, func(pod string) bool { return ready[pod] })
 	out := make([]beacon.Instance, 0, len(live))
