@@ -659,7 +659,8 @@ func (g *registration) Close() error {
 	if err == nil || errors.Is(err, registry.ErrClosed) || errors.Is(err, ErrTakenOver) {
 		return nil
 	}
-	return fmt.Errorf("kube: deregister %s: %w (the removal is retried in the background)", ref, err)
+	return fmt.Errorf("kube: deregister %s: %w (the removal is retried in the background until the registry is closed, "+
+		"which deletes the InstanceSet; the garbage collector deletes it with the pod in any case)", ref, err)
 }
 
 // Err implements registry.Registration: why the instance is not in the
