@@ -42,8 +42,12 @@ the store revision of the listing and the instances (the stored value format).
 					return err
 				}
 			}
+			logger, err := newLogger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
 			ctx := cmd.Context()
-			r, err := conn.open(ctx, registry.Config{})
+			r, err := conn.open(ctx, registry.Config{Logger: logger})
 			if err != nil {
 				return err
 			}

@@ -2,10 +2,13 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
@@ -137,14 +140,67 @@ func (r *Registry) whoAmI(ctx context.Context) string {
 // checkReader checks the reader permissions once (successful checks are
 // remembered).
 func (r *Registry) checkReader(ctx context.Context) error {
+	return unavailable(r.checkReaderOnce(ctx))
+}
+
+func (r *Registry) checkReaderOnce(ctx context.Context) error {
 	r.readMu.Lock()
 	defer r.readMu.Unlock()
 	if r.readOK {
 		return nil
 	}
-	if err := r.checkAccess(ctx, r.readerPermissions()); err != nil {
+	err := r.checkAccess(ctx, r.readerPermissions())
+	missing := r.missingNamespaces(ctx)
+	if len(missing) > 0 && errors.Is(err, ErrForbidden) {
+		// No Role can grant reads in a namespace that does not exist: the
+		// namespace is what is wrong, most likely a typo.
+		return fmt.Errorf("%w: %s %s not exist: check which namespaces readers watch (%s, %s, "+
+			"else the kubeconfig context's namespace)", ErrInvalidConfig, quoteNamespaces(missing), doesNot(missing), EnvNamespaces, EnvPodNamespace)
+	}
+	if err != nil {
 		return err
+	}
+	if len(missing) > 0 {
+		r.log.Warn("a namespace readers watch does not exist: nothing is read there until it is created; check "+
+			EnvNamespaces+" (or "+EnvPodNamespace+", the kubeconfig context's namespace) for a typo",
+			"namespaces", missing)
 	}
 	r.readOK = true
 	return nil
+}
+
+// missingNamespaces returns the watched namespaces that the API server
+// says do not exist. It is best effort: a client that may not get
+// namespaces (a reader with the namespaced Role) learns nothing.
+func (r *Registry) missingNamespaces(ctx context.Context) []string {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	var out []string
+	for _, ns := range r.namespaces {
+		if ns == "" {
+			continue
+		}
+		if err := r.rawGet(ctx, "/api/v1/namespaces/"+ns, nil); apierrors.IsNotFound(err) {
+			out = append(out, ns)
+		}
+	}
+	return out
+}
+
+func quoteNamespaces(nss []string) string {
+	q := make([]string, len(nss))
+	for i, ns := range nss {
+		q[i] = strconv.Quote(ns)
+	}
+	if len(q) == 1 {
+		return "namespace " + q[0]
+	}
+	return "namespaces " + strings.Join(q, ", ")
+}
+
+func doesNot(nss []string) string {
+	if len(nss) == 1 {
+		return "does"
+	}
+	return "do"
 }

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/beaconplane/beacon/store"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
@@ -157,4 +158,31 @@ func isUnreachable(err error) bool {
 	var ue *url.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) || errors.As(err, &ue) ||
 		apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err)
+}
+
+// backendError is a reader's error that comes from the API server or this
+// client's access to it (RBAC, credentials, the CRD, reachability, the
+// namespaces it watches), not from the request: it also matches
+// store.ErrUnavailable, so that a server over this registry (beacon serve)
+// answers 503 "unavailable", as over an etcd it cannot use, instead of 500
+// "internal". Its message is the wrapped error's.
+type backendError struct{ err error }
+
+func (e *backendError) Error() string        { return e.err.Error() }
+func (e *backendError) Unwrap() error        { return e.err }
+func (e *backendError) Is(target error) bool { return target == store.ErrUnavailable }
+
+// unavailable marks err as a backendError when it is one of the registry's
+// errors about the API server or access to it.
+func unavailable(err error) error {
+	for _, s := range []error{ErrForbidden, ErrUnauthorized, ErrUnreachable, ErrUntrusted, ErrCRDNotInstalled, ErrCRDMismatch, ErrInvalidConfig} {
+		if errors.Is(err, s) {
+			return &backendError{err}
+		}
+	}
+	var st apierrors.APIStatus
+	if errors.As(err, &st) || isUnreachable(err) {
+		return &backendError{err}
+	}
+	return err
 }

@@ -1,8 +1,10 @@
 package kube_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -12,7 +14,9 @@ import (
 	"github.com/beaconplane/beacon/internal/kubetest"
 	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/beaconplane/beacon/registry/registrytest"
+	"github.com/beaconplane/beacon/store"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 )
@@ -219,5 +223,156 @@ func TestRBAC(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// Ping (beacon serve's /readyz) fails, naming what is denied, when the
+// reader may not read one of its namespaces: it answered ready while every
+// List and Watch failed with the RBAC error.
+func TestPingChecksReadAccess(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns, other := cp.Namespace(t), cp.Namespace(t)
+	var readerRole rbacv1.Role
+	shippedNamed(t, "rbac.yaml", "Role", "beacon-discovery-reader", &readerRole)
+	reader := cp.ServiceAccount(t, ns, "reader", readerRole.Rules)
+	ok := cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = reader, []string{ns} })
+	if err := ok.Ping(kubetest.Ctx(t)); err != nil {
+		t.Fatalf("Ping of a reader of its own namespace: %v", err)
+	}
+	both := cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = reader, []string{ns, other} })
+	err := both.Ping(kubetest.Ctx(t))
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "list instancesets.discovery.beaconplane.io in namespace \""+other+"\"") {
+		t.Fatalf("Ping of a reader of %s and %s, denied in %s: %v", ns, other, other, err)
+	}
+	// A server over this registry answers 503 "unavailable" (it answered
+	// 500 "internal"): the error also matches store.ErrUnavailable.
+	if _, _, lerr := both.List(kubetest.Ctx(t), beacon.Query{}); !errors.Is(lerr, kube.ErrForbidden) || !errors.Is(lerr, store.ErrUnavailable) {
+		t.Fatalf("List: %v", lerr)
+	}
+	if _, werr := both.Watch(kubetest.Ctx(t), beacon.Query{}); !errors.Is(werr, kube.ErrForbidden) || !errors.Is(werr, store.ErrUnavailable) {
+		t.Fatalf("Watch: %v", werr)
+	}
+}
+
+// A registering process whose watch of its own InstanceSet is denied (the
+// Role changed under it, or one without watch and no pre-check) says so:
+// it logged only client-go's raw retries, and a deletion of its InstanceSet
+// then went unnoticed, the instance silently unadvertised. The warning and
+// Registration.Err name the verb and resource; once watch is granted again
+// the writer follows again.
+func TestOwnWatchDeniedIsReported(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	role := shippedRole(t)
+	rules := make([]rbacv1.PolicyRule, len(role.Rules))
+	for i, r := range role.Rules {
+		rules[i] = *r.DeepCopy()
+	}
+	rules[0].Verbs = slices.DeleteFunc(rules[0].Verbs, func(v string) bool { return v == "watch" })
+	rc := cp.ServiceAccount(t, ns, "no-watch", rules)
+	logs := &signalHandler{ch: make(chan slog.Record, 16)}
+	r := cp.Registry(t, ns, cp.ReadyPod(t, ns, "w"), func(c *kube.Config) { c.REST, c.Logger = rc, slog.New(logs) })
+	kube.DisableAccessCheck(r)
+	reg := register(t, r, inst("10.6.2.1:80"))
+	rec := logs.wait(t, "cannot follow this process's InstanceSet")
+	if err := attr(rec, "err"); !strings.Contains(err, "may not watch instancesets.discovery.beaconplane.io in namespace \""+ns+"\"") {
+		t.Fatalf("warning's err = %q, want it to name the verb and resource", err)
+	}
+	if err := reg.Err(); !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "watch instancesets") {
+		t.Fatalf("Registration.Err() = %v, want the denied watch", err)
+	}
+	rules[0].Verbs = append(rules[0].Verbs, "watch")
+	ctx := kubetest.Ctx(t)
+	cur, err := cp.RBAC.Roles(ns).Get(ctx, "no-watch", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Rules = rules
+	if _, err := cp.RBAC.Roles(ns).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	logs.wait(t, "following this process's InstanceSet again")
+	if err := reg.Err(); err != nil {
+		t.Fatalf("Registration.Err() once watch is granted = %v", err)
+	}
+}
+
+// signalHandler passes every log record to ch (dropping when it is full).
+type signalHandler struct{ ch chan slog.Record }
+
+func (h *signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *signalHandler) Handle(_ context.Context, rec slog.Record) error {
+	select {
+	case h.ch <- rec.Clone():
+	default:
+	}
+	return nil
+}
+func (h *signalHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *signalHandler) WithGroup(string) slog.Handler      { return h }
+
+// wait returns the first record whose message contains msg.
+func (h *signalHandler) wait(t *testing.T, msg string) slog.Record {
+	t.Helper()
+	ctx := kubetest.Ctx(t)
+	for {
+		select {
+		case rec := <-h.ch:
+			if strings.Contains(rec.Message, msg) {
+				return rec
+			}
+		case <-ctx.Done():
+			t.Fatalf("no log %q", msg)
+		}
+	}
+}
+
+// attr returns a record's attribute as text.
+func attr(rec slog.Record, key string) string {
+	var out string
+	rec.Attrs(func(a slog.Attr) bool {
+		if a.Key == key {
+			out = a.Value.String()
+			return false
+		}
+		return true
+	})
+	return out
+}
+
+// A namespace readers watch that does not exist (a typo in
+// BEACON_KUBE_NAMESPACES) is named: a reader that may read it everywhere
+// listed nothing there in silence ('beacon ls' printed "no instances",
+// exit 0), and one whose Role could not cover it was told to grant a Role,
+// which no namespace that does not exist can hold. The first gets a
+// warning, the second an ErrInvalidConfig naming the namespace (when it
+// may get namespaces; otherwise the RBAC error stands).
+func TestMissingNamespaceIsNamed(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	missing := ns + "-typo"
+	logs := &signalHandler{ch: make(chan slog.Record, 16)}
+	admin := cp.Registry(t, ns, nil, func(c *kube.Config) { c.Namespaces, c.Logger = []string{ns, missing}, slog.New(logs) })
+	if _, _, err := admin.List(kubetest.Ctx(t), beacon.Query{}); err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	if rec := logs.wait(t, "does not exist"); !strings.Contains(attr(rec, "namespaces"), missing) {
+		t.Fatalf("warning names %s, want %s", attr(rec, "namespaces"), missing)
+	}
+
+	var readerRole rbacv1.Role
+	shippedNamed(t, "rbac.yaml", "Role", "beacon-discovery-reader", &readerRole)
+	rc := cp.ServiceAccount(t, ns, "reader", readerRole.Rules)
+	cp.BindCluster(t, ns, "reader", &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "get-namespaces"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get"}}},
+	})
+	r := cp.Registry(t, ns, nil, func(c *kube.Config) { c.REST, c.Namespaces = rc, []string{ns, missing} })
+	_, _, err := r.List(kubetest.Ctx(t), beacon.Query{})
+	if !errors.Is(err, kube.ErrInvalidConfig) || !strings.Contains(err.Error(), "namespace \""+missing+"\" does not exist") {
+		t.Fatalf("List by a reader of %s and the missing %s: %v", ns, missing, err)
+	}
+	if _, err := r.Watch(kubetest.Ctx(t), beacon.Query{}); !errors.Is(err, kube.ErrInvalidConfig) {
+		t.Fatalf("Watch: %v", err)
 	}
 }

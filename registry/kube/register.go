@@ -59,6 +59,10 @@ type writer struct {
 	settled  chan struct{}     // closed and replaced after every attempt
 	kick     chan struct{}
 
+	// followErr is why the watch of the process's own InstanceSet fails
+	// (nil while it works): a deletion or edit by hand goes unnoticed.
+	followErr error
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -655,7 +659,8 @@ func (g *registration) Close() error {
 	if err == nil || errors.Is(err, registry.ErrClosed) || errors.Is(err, ErrTakenOver) {
 		return nil
 	}
-	return fmt.Errorf("kube: deregister %s: %w (the removal is retried in the background)", ref, err)
+	return fmt.Errorf("kube: deregister %s: %w (the removal is retried in the background until the registry is closed, "+
+		"which deletes the InstanceSet; the garbage collector deletes it with the pod in any case)", ref, err)
 }
 
 // Err implements registry.Registration: why the instance is not in the
@@ -673,8 +678,36 @@ func (g *registration) Err() error {
 		return w.fatal
 	case w.applied < w.gen && w.lastErr != nil:
 		return fmt.Errorf("kube: not written yet (retrying): %w", w.lastErr)
+	case w.followErr != nil && (errors.Is(w.followErr, ErrForbidden) || errors.Is(w.followErr, ErrUnauthorized)):
+		// Not a passing outage: until it is fixed, a deletion of the
+		// InstanceSet would leave the instance unadvertised, unnoticed.
+		return fmt.Errorf("kube: cannot follow this process's InstanceSet (a deletion or edit by hand would go unnoticed): %w", w.followErr)
 	}
 	return nil
+}
+
+// followed records the outcome of a list or watch of the process's own
+// InstanceSet (verb), logging when following starts failing, changes
+// reason, or works again (a watch opens): without it the writer cannot see its InstanceSet
+// deleted or edited, and client-go alone logs only its raw retries.
+func (w *writer) followed(verb string, err error) {
+	if err != nil && w.ctx.Err() != nil || err == nil && verb != "watch" {
+		return // stopping; or a listing, which alone follows nothing
+	}
+	if err != nil {
+		err = w.r.explain(op{verb, instanceSetsResource, w.ns}, err)
+	}
+	w.mu.Lock()
+	prev := w.followErr
+	w.followErr = err
+	w.mu.Unlock()
+	switch {
+	case err != nil && (prev == nil || prev.Error() != err.Error()):
+		w.r.log.Warn("cannot follow this process's InstanceSet; a deletion or edit by hand goes unnoticed until it can",
+			"instanceset", w.ns+"/"+w.name, "err", err)
+	case err == nil && prev != nil:
+		w.r.log.Info("following this process's InstanceSet again", "instanceset", w.ns+"/"+w.name)
+	}
 }
 
 // gone handles the watch of the process's own InstanceSet seeing it

@@ -278,13 +278,19 @@ func (r *Registry) groupVersions(ctx context.Context) error {
 		ErrCRDMismatch, Group, strings.Join(served, ", "), Version)
 }
 
-// Ping checks that the API server answers and still serves InstanceSets
-// (beacon serve's /readyz).
+// Ping checks that the API server answers, still serves InstanceSets, and
+// lets this client read what List and Watch read in every watched
+// namespace (beacon serve's /readyz): a reader denied one of them would
+// otherwise be ready while every read fails. A granted check is not
+// repeated.
 func (r *Registry) Ping(ctx context.Context) error {
 	if r.closed.Load() {
 		return registry.ErrClosed
 	}
-	return r.probe(ctx)
+	if err := r.probe(ctx); err != nil {
+		return err
+	}
+	return r.checkReader(ctx)
 }
 
 // Namespaces returns the Kubernetes namespaces List and Watch see ("" means
@@ -388,7 +394,7 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return nil, 0, err
+		return nil, 0, unavailable(err)
 	}
 	live := liveInstances(sets, func(pod string) bool { return ready[pod] })
 	out := make([]beacon.Instance, 0, len(live))

@@ -1,6 +1,7 @@
 package kube_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -149,4 +150,22 @@ func TestRelistIsOneStep(t *testing.T) {
 		}
 	}
 	t.Logf("batches after the cut: %v", kinds(f.batches[since-1:]))
+}
+
+// A deregistration that cannot reach the API server says what becomes of
+// the instance: it said only "retried in the background", which a process
+// that exits right after (beacon register on SIGTERM) never does. Not
+// parallel: it stops the shared API server.
+func TestDeregisterUnreachableSaysWhatHappens(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	r := cp.Registry(t, ns, cp.ReadyPod(t, ns, "w"), func(c *kube.Config) { c.Timeout = time.Second })
+	reg := register(t, r, inst("10.7.1.1:80"))
+	cp.KillAPIServer(t)
+	err := reg.Close()
+	cp.StartAPIServer(t)
+	if !errors.Is(err, kube.ErrUnreachable) || !strings.Contains(err.Error(), "until the registry is closed") ||
+		!strings.Contains(err.Error(), "garbage collector deletes it with the pod") {
+		t.Fatalf("Close with the API server down: %v", err)
+	}
 }

@@ -59,9 +59,13 @@ func (r *Registry) Visibility(ctx context.Context) (Visibility, error) {
 		vis.Reason = fmt.Sprintf("pod %s/%s is not Ready in %s: watchers see its instances once its readiness probe "+
 			"passes (a starting or terminating pod is not Ready)", p.Namespace, p.Name, strings.Join(notReady, ", "))
 	case len(unlabelled) > 0:
-		vis.Reason = fmt.Sprintf("pod %s/%s is listed only in %s, which lack the label %s=%s: label the Service "+
+		lack := "which lacks"
+		if len(unlabelled) > 1 {
+			lack = "which lack"
+		}
+		vis.Reason = fmt.Sprintf("pod %s/%s is listed only in %s, %s the label %s=%s: label the Service "+
 			"(kubectl label service <name> %s=%s); the EndpointSlice controller copies it to the slices",
-			p.Namespace, p.Name, strings.Join(unlabelled, ", "), DiscoveryLabel, DiscoveryLabelValue, DiscoveryLabel, DiscoveryLabelValue)
+			p.Namespace, p.Name, strings.Join(unlabelled, ", "), lack, DiscoveryLabel, DiscoveryLabelValue, DiscoveryLabel, DiscoveryLabelValue)
 	default:
 		vis.Reason = fmt.Sprintf("pod %s/%s is in no EndpointSlice: create a Service whose selector matches the pod's "+
 			"labels, labelled %s=%s (see deploy/kubernetes/worker.yaml); a pod without an IP is listed in none",

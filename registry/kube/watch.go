@@ -283,11 +283,15 @@ func (w *writer) follow() {
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = sel
-			return r.dyn.Resource(GVR).Namespace(w.ns).List(ctx, o)
+			obj, err := r.dyn.Resource(GVR).Namespace(w.ns).List(ctx, o)
+			w.followed("list", err)
+			return obj, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = sel
-			return r.dyn.Resource(GVR).Namespace(w.ns).Watch(ctx, o)
+			wi, err := r.dyn.Resource(GVR).Namespace(w.ns).Watch(ctx, o)
+			w.followed("watch", err)
+			return wi, err
 		},
 	}
 	own := func(o any) *unstructured.Unstructured {
