@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
@@ -89,7 +92,7 @@ func writeListTable(w io.Writer, ins []beacon.Instance, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tADDRESS\tTRANSPORT\tSTATUS\tAGE\tMETADATA")
 	for _, in := range ins {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", in.Ref(), in.Address, dash(in.Transport), in.Status,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", in.Ref(), printable(in.Address), dash(in.Transport), in.Status,
 			age(now.Sub(in.RegisteredAt)), dash(sortedMeta(in.Metadata)))
 	}
 	if err := tw.Flush(); err != nil {
@@ -101,6 +104,33 @@ func writeListTable(w io.Writer, ins []beacon.Instance, now time.Time) error {
 	}
 	return nil
 }
+
+// printable escapes, for a terminal, what registrants choose and a
+// terminal would act on instead of showing: control characters (an escape
+// sequence that recolours or clears the screen, a newline that forges an
+// output line, a tab that shifts columns) and format characters (bidi
+// overrides that reorder the text, zero-width characters). They are shown
+// as Go escapes (\x1b, \n, \u202e); -o json output is unaffected.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, unprintable) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if !unprintable(r) {
+			b.WriteRune(r)
+			continue
+		}
+		q := strconv.QuoteRune(r) // '\x1b', '\n', '\u202e'
+		if !strings.HasPrefix(q, "'\\") {
+			q = fmt.Sprintf("'\\u%04x'", r) // a format character Go prints as is
+		}
+		b.WriteString(q[1 : len(q)-1])
+	}
+	return b.String()
+}
+
+func unprintable(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }
 
 func dash(s string) string {
 	if s == "" {

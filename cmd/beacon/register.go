@@ -202,10 +202,10 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r regis
 		lease := fmt.Sprintf("%x", l.Lease())
 		bound = l.LeaseTTL()
 		emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: l.LeaseTTL().String()},
-			fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), got.Address, lease, l.LeaseTTL()))
+			fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), printable(got.Address), lease, l.LeaseTTL()))
 	} else {
 		emit(registerLine{Event: "registered", Instance: &got},
-			fmt.Sprintf("registered %s at %s; Ctrl-C deregisters", got.Ref(), got.Address))
+			fmt.Sprintf("registered %s at %s; Ctrl-C deregisters", got.Ref(), printable(got.Address)))
 	}
 	var states <-chan registry.StateChange
 	if sr, ok := r.(registry.SessionReporter); ok {
@@ -277,7 +277,7 @@ func sortedMeta(md map[string]string) string {
 	}
 	sort.Strings(keys)
 	for i, k := range keys {
-		keys[i] = k + "=" + md[k]
+		keys[i] = printable(k + "=" + md[k])
 	}
 	return strings.Join(keys, ",")
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/etcdtest"
 )
 
@@ -162,5 +163,32 @@ func TestLsMemoryBackend(t *testing.T) {
 	}
 	if !strings.Contains(b.out(), "(no instances)") {
 		t.Fatalf("ls printed %q", b.out())
+	}
+}
+
+// TestTerminalOutputIsEscaped: what registrants choose (metadata, an
+// address, a member's name) reaches a terminal with its control and format
+// characters escaped: an escape sequence, a forged line or a bidi override
+// in a metadata value printed raw by beacon ls recoloured the terminal,
+// added lines or reordered text.
+func TestTerminalOutputIsEscaped(t *testing.T) {
+	in := beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", ID: "00000000000000e1",
+		Address: "10.0.0.1:80", Status: beacon.StatusServing, RegisteredAt: time.Now(),
+		Metadata: map[string]string{"color": "\x1b[31mred\x1b[0m", "note": "a\nprod/api/http/fake 10.6.6.6:80", "file": "\u202egnp.exe", "tab": "a\tb", "zw\u200b": "x", "plain": "ünïcode ok"}}
+	var out strings.Builder
+	if err := writeListTable(&out, []beacon.Instance{in}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	for _, want := range []string{`color=\x1b[31mred\x1b[0m`, `note=a\nprod/api/http/fake 10.6.6.6:80`, `file=\u202egnp.exe`, `tab=a\tb`, `zw\u200b=x`, "plain=ünïcode ok"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.ContainsAny(got, "\x1b\t\u202e\u200b") || strings.Count(got, "\n") != 2 {
+		t.Errorf("table holds raw control or format characters, or extra lines:\n%q", got)
+	}
+	if got := printable("m1\u2066=http://10.0.0.1:2380"); got != `m1\u2066=http://10.0.0.1:2380` {
+		t.Errorf("printable: %q", got)
 	}
 }

@@ -99,7 +99,7 @@ func runRm(ctx context.Context, out, prompt io.Writer, in *bufio.Reader, conn *r
 		inst, derr := beacon.UnmarshalInstance(kv.Value)
 		desc := "an invalid value"
 		if derr == nil {
-			desc = inst.Address + ", " + string(inst.Status)
+			desc = printable(inst.Address) + ", " + string(inst.Status)
 		}
 		if kv.Lease != store.NoLease {
 			desc += fmt.Sprintf(", lease %x", uint64(kv.Lease))

@@ -167,7 +167,7 @@ registration as it happens until the token is full (bounded by --wait).
 			cfg := bootstrap.Config{Token: token, Client: st.Client(), RequestTimeout: conn.command, RetryBackoff: 500 * time.Millisecond, MaxRetryBackoff: 10 * time.Second}
 			_, err := bootstrap.GetCluster(wctx, cfg, bootstrap.WithProgress(func(p bootstrap.Progress) {
 				if conn.output == "table" {
-					fmt.Fprintf(out, "%s  %s\n", time.Now().Format("15:04:05"), p)
+					fmt.Fprintf(out, "%s  %s\n", time.Now().Format("15:04:05"), printable(p.String()))
 				}
 			}))
 			if err != nil {
@@ -220,7 +220,7 @@ func printTokenStatus(out io.Writer, format string, st bootstrap.Status) error {
 			if i >= st.Size {
 				in = "no (cluster was full)"
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", i+1, m.Name, m.ID, strings.Join(m.PeerURLs, ","), in)
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", i+1, printable(m.Name), m.ID, printable(strings.Join(m.PeerURLs, ",")), in)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -230,7 +230,7 @@ func printTokenStatus(out io.Writer, format string, st bootstrap.Status) error {
 		fmt.Fprintf(out, "Skipped %s = %q: %s\n", s.Key, s.Value, s.Reason)
 	}
 	if resp.InitialCluster != "" {
-		fmt.Fprintf(out, "\nInitial cluster: %s\n", resp.InitialCluster)
+		fmt.Fprintf(out, "\nInitial cluster: %s\n", printable(resp.InitialCluster))
 	}
 	return icErr
 }

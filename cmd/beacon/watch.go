@@ -118,7 +118,7 @@ func runWatch(ctx context.Context, out io.Writer, r registry.Discoverer, q beaco
 				_ = enc.Encode(watchLine{Kind: b.Kind.String(), Type: e.Type.String(), Revision: e.Revision, Instance: &in})
 				continue
 			}
-			fmt.Fprintf(out, "%-8s %-7s %s %s %s rev=%d%s\n", b.Kind, e.Type, in.Ref(), in.Address, in.Status, e.Revision, metaSuffix(in.Metadata))
+			fmt.Fprintf(out, "%-8s %-7s %s %s %s rev=%d%s\n", b.Kind, e.Type, in.Ref(), printable(in.Address), in.Status, e.Revision, metaSuffix(in.Metadata))
 		}
 		if !synced || b.Kind == registry.Resync {
 			synced = true
