@@ -107,6 +107,10 @@ func credentials(r *http.Request) (identity, bool, error) {
 type authority interface {
 	// enabled reports whether etcd authentication is on.
 	enabled(ctx context.Context) (bool, error)
+	// revision is etcd's auth revision, which every change of users,
+	// passwords, roles or permissions raises: a view opened at an older
+	// one is checked again (a changed password must stop the old one).
+	revision(ctx context.Context) (uint64, error)
 	// open authenticates id and returns a store whose client acts as it,
 	// and id with its user name filled in. Bad credentials give an error
 	// matching store.ErrUnauthenticated. Closing the store releases the
@@ -160,6 +164,10 @@ type embeddedAuthority struct {
 
 func (a *embeddedAuthority) enabled(context.Context) (bool, error) {
 	return a.srv.AuthStore().IsAuthEnabled(), nil
+}
+
+func (a *embeddedAuthority) revision(context.Context) (uint64, error) {
+	return a.srv.AuthStore().Revision(), nil
 }
 
 func (a *embeddedAuthority) token(ctx context.Context, user, password string) (string, error) {
@@ -233,6 +241,7 @@ type frontAuthority struct {
 	mu      sync.Mutex
 	checked time.Time
 	on      bool
+	rev     uint64 // auth revision, as of checked
 }
 
 // authStatusTTL is how long the external cluster's auth status is cached.
@@ -248,8 +257,19 @@ func (a *frontAuthority) enabled(ctx context.Context) (bool, error) {
 	if err != nil {
 		return a.on, fmt.Errorf("%w: ask etcd whether authentication is enabled: %w", store.ErrUnavailable, err)
 	}
-	a.on, a.checked = resp.Enabled, time.Now()
+	a.on, a.rev, a.checked = resp.Enabled, resp.AuthRevision, time.Now()
 	return a.on, nil
+}
+
+// revision is the external cluster's auth revision, as cached with the
+// auth status (at most authStatusTTL old).
+func (a *frontAuthority) revision(ctx context.Context) (uint64, error) {
+	if _, err := a.enabled(ctx); err != nil {
+		return 0, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.rev, nil
 }
 
 func (a *frontAuthority) token(ctx context.Context, user, password string) (string, error) {
@@ -297,6 +317,7 @@ func (a *frontAuthority) open(ctx context.Context, id identity) (*etcdstore.Stor
 // by the user's concurrent requests.
 type userView struct {
 	id  identity
+	rev uint64 // etcd's auth revision when id was authenticated
 	cli *clientv3.Client // st's client
 	st  *etcdstore.Store
 	reg *registry.StoreRegistry
@@ -441,16 +462,26 @@ func (v *authViews) failed(addr, user string) {
 	}
 }
 
-// cached returns the open view of id, acquired, or nil.
-func (v *authViews) cached(id identity) *userView {
+// cached returns the open view of id, acquired, or nil. A view
+// authenticated before auth revision rev (users, passwords or roles have
+// changed since) is dropped and not returned: its credentials must be
+// checked again, or a changed password would keep working here.
+func (v *authViews) cached(id identity, rev uint64) *userView {
 	key := id.key(v.salt)
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if uv, ok := v.views[key]; ok && !uv.closed {
+	uv, ok := v.views[key]
+	if !ok || uv.closed {
+		v.mu.Unlock()
+		return nil
+	}
+	if uv.rev >= rev {
 		uv.refs++
 		uv.lastUsed = time.Now()
+		v.mu.Unlock()
 		return uv
 	}
+	v.mu.Unlock()
+	v.drop(uv)
 	return nil
 }
 
@@ -458,7 +489,13 @@ func (v *authViews) cached(id identity) *userView {
 // the request ends.
 func (v *authViews) acquire(ctx context.Context, id identity) (*userView, error) {
 	key := id.key(v.salt)
-	if uv := v.cached(id); uv != nil {
+	// The revision is read before the credentials are checked, so that a
+	// change in between makes the next request check them again.
+	rev, err := v.auth.revision(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if uv := v.cached(id, rev); uv != nil {
 		return uv, nil
 	}
 
@@ -474,10 +511,11 @@ func (v *authViews) acquire(ctx context.Context, id identity) (*userView, error)
 		_ = st.Close()
 		return nil, err
 	}
-	uv := &userView{id: id, cli: st.Client(), st: st, reg: reg, refs: 1, lastUsed: time.Now()}
+	var evictOld *userView
+	uv := &userView{id: id, rev: rev, cli: st.Client(), st: st, reg: reg, refs: 1, lastUsed: time.Now()}
 
 	v.mu.Lock()
-	if old, ok := v.views[key]; ok && !old.closed {
+	if old, ok := v.views[key]; ok && !old.closed && old.rev >= rev {
 		// Opened concurrently: keep the first.
 		old.refs++
 		old.lastUsed = time.Now()
@@ -485,9 +523,20 @@ func (v *authViews) acquire(ctx context.Context, id identity) (*userView, error)
 		uv.close()
 		return old, nil
 	}
+	if old, ok := v.views[key]; ok && !old.closed {
+		// Stale (an older auth revision): replaced. Unused, it closes
+		// now; in use, with its last request (release).
+		old.closed = true
+		if old.refs == 0 {
+			evictOld = old
+		}
+	}
 	v.views[key] = uv
 	evict := v.evictLocked(len(v.views) - v.max)
 	v.mu.Unlock()
+	if evictOld != nil {
+		evictOld.close()
+	}
 	for _, e := range evict {
 		e.close()
 	}

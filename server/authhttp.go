@@ -224,7 +224,12 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, required b
 	case !ok:
 		return authResult{enabled: true}, true
 	}
-	if uv := st.views.cached(id); uv != nil {
+	rev, err := st.auth.revision(r.Context())
+	if err != nil {
+		writeErr(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+		return authResult{}, false
+	}
+	if uv := st.views.cached(id, rev); uv != nil {
 		return authResult{enabled: true, view: uv}, true
 	}
 	addr := remoteHost(r)

@@ -121,8 +121,17 @@ func TestAuthenticationMethods(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	if r := oldPw.do("GET", WhoAmIPath, ""); r.code != 200 || !strings.Contains(r.body, `"authenticated":true`) {
+		t.Fatalf("whoami before the change: %d %s", r.code, r.body)
+	}
 	if _, err := rootClient(t, s).UserChangePassword(ctx, "alice", "new-pw"); err != nil {
 		t.Fatal(err)
+	}
+	// First a route that reads nothing from etcd as the user: the cached
+	// view must not vouch for the old password (whoami said
+	// "authenticated":true with it).
+	if r := oldPw.do("GET", WhoAmIPath, ""); r.code != http.StatusUnauthorized {
+		t.Fatalf("whoami with the old password after the change: %d %s", r.code, r.body)
 	}
 	if r := oldPw.do("GET", registryapi.InstancesPath+"?namespace=team-a", ""); r.code != http.StatusUnauthorized {
 		t.Fatalf("old password after the change: %d %s", r.code, r.body)
