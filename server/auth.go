@@ -317,7 +317,7 @@ func (a *frontAuthority) open(ctx context.Context, id identity) (*etcdstore.Stor
 // by the user's concurrent requests.
 type userView struct {
 	id  identity
-	rev uint64 // etcd's auth revision when id was authenticated
+	rev uint64           // etcd's auth revision when id was authenticated
 	cli *clientv3.Client // st's client
 	st  *etcdstore.Store
 	reg *registry.StoreRegistry
