@@ -640,3 +640,33 @@ func writeJSONResp(w http.ResponseWriter, code int, v any) {
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
 }
+
+// rootOnly is a router whose handlers, with etcd authentication on, serve
+// only members of etcd's root role: Go's profiles show the process's
+// command line and stacks, and a CPU profile or trace costs the whole
+// process, so they are the operator's, as etcd's own admin operations are.
+// Without authentication they serve whoever reaches the listener, as
+// etcd's --enable-pprof does.
+type rootOnly struct {
+	mux interface {
+		HandleFunc(string, func(http.ResponseWriter, *http.Request))
+	}
+	s *Server
+}
+
+func (ro rootOnly) HandleFunc(pattern string, h func(http.ResponseWriter, *http.Request)) {
+	ro.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		uv := viewFrom(r.Context())
+		if uv == nil { // authentication off (requireAuth refused the rest)
+			h(w, r)
+			return
+		}
+		resp, err := uv.cli.UserGet(r.Context(), uv.id.user)
+		if err != nil || !slices.Contains(resp.Roles, "root") {
+			writeErr(w, http.StatusForbidden, "permission_denied", fmt.Sprintf(
+				"user %q may not read the runtime profiles (/debug/pprof/: they show the command line and cost the whole process): only members of etcd's root role may (etcdctl user grant-role USER root)", uv.id.user))
+			return
+		}
+		h(w, r)
+	})
+}

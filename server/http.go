@@ -87,7 +87,7 @@ func (s *Server) startHTTP() error {
 		return fmt.Errorf("dashboard: %w", err)
 	}
 	if s.cfg.EnablePprof {
-		pprofhttp.Mount(mux) // not an API route: not in openapi.json
+		pprofhttp.Mount(rootOnly{mux, s}) // not an API route: not in openapi.json
 	}
 	s.routes = mux
 	guarded, err := crossOriginGuard(s.cfg.CORSAllowedOrigins, s.requireAuth(mux)) // csrf.go, authhttp.go

@@ -40,3 +40,26 @@ func TestPprof(t *testing.T) {
 		t.Fatalf("/debug/pprof/ without --pprof: %d, want 404", code)
 	}
 }
+
+// TestPprofUnderAuth: with etcd authentication on, the profiles (which
+// show the command line, and cost the whole process) serve only members of
+// etcd's root role; any authenticated user read them before.
+func TestPprofUnderAuth(t *testing.T) {
+	cfg := authConfig(t)
+	cfg.EnablePprof = true
+	s := startServer(t, cfg)
+	base := s.Endpoints().HTTP
+	grant(t, rootClient(t, s), "carol", "carol-pw", "readwrite /services/team-a/")
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/heap?debug=1", "/debug/pprof/symbol", "/debug/pprof/trace?seconds=0.1"} {
+		if r := (as{t: t, base: base}).do("GET", path, ""); r.code != http.StatusUnauthorized {
+			t.Errorf("%s without credentials: %d %.200s", path, r.code, r.body)
+		}
+		r := as{t: t, base: base, auth: basic("carol", "carol-pw")}.do("GET", path, "")
+		if r.code != http.StatusForbidden || !strings.Contains(r.body, "root") {
+			t.Errorf("%s as carol (no root role): %d %.200s", path, r.code, r.body)
+		}
+		if r := (as{t: t, base: base, auth: basic("root", rootPassword)}).do("GET", path, ""); r.code != http.StatusOK {
+			t.Errorf("%s as root: %d %.200s", path, r.code, r.body)
+		}
+	}
+}
