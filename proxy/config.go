@@ -178,6 +178,12 @@ type Config struct {
 	// keep-alive stream. DefaultMaxStreams when zero; no bound when
 	// negative.
 	MaxStreams int
+	// MaxStreamsPerClient bounds the client streams one client address
+	// has open at once, so that one client cannot take all MaxStreams
+	// from the others. DefaultMaxStreamsPerClient when zero; no bound when
+	// negative (behind a load balancer that does not keep client
+	// addresses, every client has its address: raise it or turn it off).
+	MaxStreamsPerClient int
 
 	// ClientTLS is used to reach members (client and peer URLs with
 	// https); nil uses the system roots for https URLs.
@@ -243,6 +249,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxStreams == 0 {
 		c.MaxStreams = DefaultMaxStreams
+	}
+	if c.MaxStreamsPerClient == 0 {
+		c.MaxStreamsPerClient = DefaultMaxStreamsPerClient
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -183,6 +183,15 @@ func (p *Proxy) begin() error {
 // with the same marshalling as an etcd member.
 func newGateway(ctx context.Context, conn *grpc.ClientConn) (*gw.ServeMux, error) {
 	mux := gw.NewServeMux(
+		// The gateway's calls come over an in-memory connection: the HTTP
+		// client's address travels with them, for the per-client bounds.
+		gw.WithMetadata(func(_ context.Context, r *http.Request) metadata.MD {
+			host, _, err := net.SplitHostPort(r.RemoteAddr)
+			if err != nil {
+				host = r.RemoteAddr
+			}
+			return metadata.Pairs(gatewayClientKey, host)
+		}),
 		gw.WithMarshalerOption(gw.MIMEWildcard, &gw.HTTPBodyMarshaler{
 			Marshaler: &gw.JSONPb{
 				MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: false},

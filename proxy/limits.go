@@ -1,13 +1,17 @@
 package proxy
 
 import (
+	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/pprofhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -23,6 +27,9 @@ const (
 	// DefaultMaxStreams bounds the client streams open at once
 	// (Config.MaxStreams).
 	DefaultMaxStreams = 10_000
+	// DefaultMaxStreamsPerClient bounds those of one client address
+	// (Config.MaxStreamsPerClient).
+	DefaultMaxStreamsPerClient = 1_000
 	// grpcOverheadBytes is the allowance for gRPC framing, as etcd adds.
 	grpcOverheadBytes = 512 * 1024
 	// httpRequestTimeout bounds reading a gateway request's body and
@@ -55,11 +62,30 @@ func (p *Proxy) profileHold(r *http.Request) time.Duration {
 // keeps the client_streams gauge.
 func (p *Proxy) limitStreams(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	n := p.streams.Add(1)
+	client := clientAddr(ss.Context())
+	p.streamsMu.Lock()
+	if p.streamsBy == nil {
+		p.streamsBy = map[string]int{}
+	}
+	p.streamsBy[client]++
+	mine := p.streamsBy[client]
+	p.streamsMu.Unlock()
 	defer func() {
 		p.streams.Add(-1)
 		p.m.clientStreams.Dec()
+		p.streamsMu.Lock()
+		if p.streamsBy[client]--; p.streamsBy[client] <= 0 {
+			delete(p.streamsBy, client)
+		}
+		p.streamsMu.Unlock()
 	}()
 	p.m.clientStreams.Inc()
+	if limit := p.cfg.MaxStreamsPerClient; limit > 0 && mine > limit {
+		err := status.Errorf(codes.ResourceExhausted,
+			"proxy: %s has %d client streams open on this proxy, the most one client address may have (--max-streams-per-client): close watch and keep-alive streams you no longer need (an etcd client needs one of each), or raise the limit", client, limit)
+		p.refuseStream(ss, info, err)
+		return err
+	}
 	if limit := p.cfg.MaxStreams; limit > 0 && n > int64(limit) {
 		err := status.Errorf(codes.ResourceExhausted,
 			"proxy: %d client streams are open on this proxy, the most it serves (--max-streams): close watch and keep-alive streams you no longer need (an etcd client needs one of each), or raise the limit", limit)
@@ -67,6 +93,34 @@ func (p *Proxy) limitStreams(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 		return err
 	}
 	return handler(srv, ss)
+}
+
+// gatewayClientKey is the metadata key under which the JSON gateway
+// passes its HTTP client's address to the proxy's gRPC server.
+const gatewayClientKey = "beacon-proxy-gateway-client"
+
+// clientAddr is the address (host, without the port) of a gRPC call's
+// client, the unit of the per-client bounds. A call of the JSON gateway
+// (in memory) is its HTTP client's: the last value under
+// gatewayClientKey, which the gateway adds after any the HTTP client sent
+// itself (Grpc-Metadata-* headers); from any other connection the key is
+// ignored.
+func clientAddr(ctx context.Context) string {
+	pr, ok := peer.FromContext(ctx)
+	if !ok || pr.Addr == nil {
+		return "unknown"
+	}
+	if pr.Addr.Network() == "bufconn" {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if v := md.Get(gatewayClientKey); len(v) > 0 {
+			return v[len(v)-1]
+		}
+	}
+	host, _, err := net.SplitHostPort(pr.Addr.String())
+	if err != nil {
+		return pr.Addr.String()
+	}
+	return host
 }
 
 // maxRecvBytes is the largest gRPC message the proxy accepts from a

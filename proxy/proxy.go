@@ -58,10 +58,13 @@ type Proxy struct {
 	// started is set once the cluster was found and everything below is
 	// in place: until then every request is answered with notReady.
 	started atomic.Bool
-	// streams counts the client streams open (limits.go).
-	streams atomic.Int64
-	finding finding // what finding the cluster has tried (start)
-	warned  *onceLog
+	// streams counts the client streams open (limits.go), streamsBy
+	// those of each client address.
+	streams   atomic.Int64
+	streamsMu sync.Mutex
+	streamsBy map[string]int
+	finding   finding // what finding the cluster has tried (start)
+	warned    *onceLog
 	// refreshLog bounds the lines of a member list refresh that keeps
 	// failing (every second while no endpoint is usable).
 	refreshLog *failLog

@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -525,5 +527,79 @@ func TestWatcherCountSurvivesRaces(t *testing.T) {
 		cancel()
 		<-done
 		eventually(t, fmt.Sprintf("round %d: the watcher count back to 0", round), func() bool { return h.watchers.Load() == 0 })
+	}
+}
+
+// TestStreamBoundPerClient: one client address may have at most
+// MaxStreamsPerClient streams open, so that it cannot take MaxStreams from
+// the others (one client held all 10,000 and every other was refused).
+// The JSON gateway's streams count for their HTTP client's address, not
+// for the in-memory connection they all share.
+func TestStreamBoundPerClient(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), MaxStreams: 100, MaxStreamsPerClient: 2})
+	ctx := ctxT(t)
+	// from dials the proxy from a loopback source address of its own.
+	from := func(src string) *grpc.ClientConn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		conn, err := grpc.NewClient(p.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		return conn
+	}
+	watch := func(conn *grpc.ClientConn) (*pb.WatchResponse, error) {
+		ws, err := pb.NewWatchClient(conn).Watch(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("/k")}}}); err != nil {
+			return nil, err
+		}
+		return ws.Recv()
+	}
+	greedy, other := from("127.0.0.2"), from("127.0.0.3")
+	for i := range 2 {
+		if r, err := watch(greedy); err != nil || !r.Created {
+			t.Fatalf("stream %d of 127.0.0.2: %+v %v", i+1, r, err)
+		}
+	}
+	_, err := watch(greedy)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "127.0.0.2 has 2 client streams") || !strings.Contains(err.Error(), "--max-streams-per-client") {
+		t.Fatalf("a 3rd stream of 127.0.0.2: %v, want ResourceExhausted saying why", err)
+	}
+	if r, err := watch(other); err != nil || !r.Created {
+		t.Fatalf("a stream of 127.0.0.3 while 127.0.0.2 is at its bound: %+v %v", r, err)
+	}
+
+	// Gateway watches: per HTTP client address.
+	gateway := func(src string) (int, string) {
+		c := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}).DialContext}}
+		t.Cleanup(c.CloseIdleConnections)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.Addr().String()+"/v3/watch",
+			strings.NewReader(`{"create_request":{"key":"L2s="}}`))
+		// A client naming another address for itself is not believed.
+		req.Header.Set("Grpc-Metadata-"+gatewayClientKey, "192.0.2.1")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = resp.Body.Close() })
+		line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+		return resp.StatusCode, line
+	}
+	for i := range 2 {
+		if code, line := gateway("127.0.0.4"); code != 200 || !strings.Contains(line, `"created":true`) {
+			t.Fatalf("gateway stream %d of 127.0.0.4: %d %s", i+1, code, line)
+		}
+	}
+	if _, line := gateway("127.0.0.4"); !strings.Contains(line, "127.0.0.4 has 2 client streams") {
+		t.Fatalf("a 3rd gateway stream of 127.0.0.4: %s, want the per-client refusal", line)
+	}
+	if code, line := gateway("127.0.0.5"); code != 200 || !strings.Contains(line, `"created":true`) {
+		t.Fatalf("a gateway stream of 127.0.0.5: %d %s", code, line)
 	}
 }

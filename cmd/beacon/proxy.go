@@ -205,6 +205,7 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	f.IntVar(&cfg.MaxWatchers, "max-watchers", proxy.DefaultMaxWatchers, "most watchers clients may have open on the proxy (-1: no limit)")
 	f.IntVar(&cfg.MaxWatchersPerStream, "max-watchers-per-stream", proxy.DefaultMaxWatchersPerStream, "most watchers on one client watch stream (one etcd client) (-1: no limit)")
 	f.IntVar(&cfg.MaxStreams, "max-streams", proxy.DefaultMaxStreams, "most client streams (watch, lease keep-alive, ...) open on the proxy at once; an etcd client needs one watch and one keep-alive stream (-1: no limit)")
+	f.IntVar(&cfg.MaxStreamsPerClient, "max-streams-per-client", proxy.DefaultMaxStreamsPerClient, "most client streams one client address may have open at once, so that one client cannot take --max-streams from the others (-1: no limit)")
 	addProxyPerfFlags(cmd, &cfg) // proxy_perf.go
 	return cmd
 }
