@@ -107,7 +107,15 @@ type Security struct {
 	// etcd needs for its WAL, snapshots and peers. Zero: a quarter of the
 	// process's open-file limit (at least 256).
 	MaxConns int
+	// MaxConnsPerClient bounds those of one client address: one past it
+	// is closed at once, so that a client holding connections open (or
+	// reopening them as they time out) cannot take all MaxConns from the
+	// others. DefaultMaxConnsPerClient when zero; no bound when negative.
+	MaxConnsPerClient int
 }
+
+// DefaultMaxConnsPerClient is the default of Security.MaxConnsPerClient.
+const DefaultMaxConnsPerClient = 256
 
 func (s Security) withDefaults() Security {
 	if s.AuthTokenTTL == 0 {
@@ -124,6 +132,9 @@ func (s Security) withDefaults() Security {
 	}
 	if s.MaxConns == 0 {
 		s.MaxConns = defaultMaxConns()
+	}
+	if s.MaxConnsPerClient == 0 {
+		s.MaxConnsPerClient = DefaultMaxConnsPerClient
 	}
 	if s.IdleTimeout == 0 {
 		s.IdleTimeout = DefaultIdleTimeout

@@ -137,7 +137,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	ln = limitConns(ln, s.sec.MaxConns, s.log.With("component", "http"))
+	ln = limitConns(ln, s.sec.MaxConns, s.sec.MaxConnsPerClient, s.log.With("component", "http"))
 	if ln, err = s.secureHTTPListener(ln); err != nil {
 		return err
 	}

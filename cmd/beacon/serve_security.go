@@ -42,6 +42,7 @@ func addSecurityFlags(cmd *cobra.Command, s *server.Security) {
 	f.DurationVar(&s.RequestTimeout, "http-request-timeout", 0, fmt.Sprintf("time to read an HTTP request and write its answer; watch streams excepted (default %v)", server.DefaultRequestTimeout))
 	f.DurationVar(&s.IdleTimeout, "http-idle-timeout", 0, fmt.Sprintf("close idle keep-alive connections after this long (default %v)", server.DefaultIdleTimeout))
 	f.IntVar(&s.MaxConns, "http-max-connections", 0, "HTTP connections open at once; further ones wait until one closes (default: a quarter of the open-file limit, at least 256)")
+	f.IntVar(&s.MaxConnsPerClient, "http-max-connections-per-client", server.DefaultMaxConnsPerClient, "HTTP connections one client address may have open at once; further ones from it are closed at once (-1: no limit)")
 }
 
 // secondsFlag is etcd's --auth-token-ttl: a number of seconds, or a

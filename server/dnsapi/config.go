@@ -31,6 +31,8 @@ const (
 	DefaultUDPSize = 1232
 	// DefaultMaxTCPConns bounds concurrent DNS-over-TCP connections.
 	DefaultMaxTCPConns = 256
+	// DefaultMaxTCPConnsPerClient bounds those of one client address.
+	DefaultMaxTCPConnsPerClient = 32
 )
 
 // Config configures a Server. The zero value serves DefaultDomain with the
@@ -54,6 +56,12 @@ type Config struct {
 	// MaxTCPConns bounds concurrent TCP connections; DefaultMaxTCPConns
 	// when zero.
 	MaxTCPConns int
+	// MaxTCPConnsPerClient bounds the TCP connections of one client
+	// address: one past it is closed at once, so that one client holding
+	// connections open (a query every few seconds keeps one) cannot take
+	// all MaxTCPConns from the others. DefaultMaxTCPConnsPerClient when
+	// zero; no bound when negative.
+	MaxTCPConnsPerClient int
 	// Logger receives the server's logs; nil discards them.
 	Logger *slog.Logger
 	// Metrics receives the server's metrics (beacon_dns_*); nil registers
@@ -77,6 +85,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxTCPConns == 0 {
 		c.MaxTCPConns = DefaultMaxTCPConns
+	}
+	if c.MaxTCPConnsPerClient == 0 {
+		c.MaxTCPConnsPerClient = DefaultMaxTCPConnsPerClient
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/connlimit"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/miekg/dns"
-	"golang.org/x/net/netutil"
 )
 
 // Server answers DNS for the instances of a registry. It follows one
@@ -351,7 +351,7 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 		}
 	}
 	if ln != nil {
-		srv := &dns.Server{Listener: netutil.LimitListener(ln, s.cfg.MaxTCPConns), Handler: s,
+		srv := &dns.Server{Listener: connlimit.Listener(ln, s.cfg.MaxTCPConns, s.cfg.MaxTCPConnsPerClient, s.log, "DNS over TCP"), Handler: s,
 			ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid}
 		return s.start(srv)
