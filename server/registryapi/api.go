@@ -308,6 +308,9 @@ func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
 	}
 	slot.commit(o.Instance.Ref(), o.Lease.TTL)
 	h.log.Info("registered", "instance", o.Instance.Ref().String(), "address", o.Instance.Address, "ttl", o.Lease.TTL, "client", client)
+	// The answer carries the registration's secret: no cache may keep it
+	// (as POST /v1/auth/token's token).
+	w.Header().Set("Cache-Control", "no-store")
 	writeJSON(w, http.StatusCreated, RegisterResponse{Instance: o.Instance, Secret: string(o.Secret),
 		Lease: formatLease(o.Lease.ID), TTLSeconds: o.Lease.TTL.Seconds()})
 }

@@ -518,3 +518,18 @@ func TestRegistryWithoutLeases(t *testing.T) {
 		t.Fatalf("list = %+v, want the one instance registered with the library", list)
 	}
 }
+
+// TestRegisterAnswerNotStored: the answer that carries a registration's
+// secret tells caches not to keep it (it said nothing).
+func TestRegisterAnswerNotStored(t *testing.T) {
+	srv, _ := newAPI(t)
+	resp, err := http.Post(srv.URL+InstancesPath, "application/json",
+		strings.NewReader(`{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80","ttl":"30s"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get("Cache-Control") != "no-store" {
+		t.Fatalf("register: %d, Cache-Control %q; want 201 and no-store", resp.StatusCode, resp.Header.Get("Cache-Control"))
+	}
+}
