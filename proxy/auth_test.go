@@ -271,3 +271,53 @@ func anonymousGatewayPut(t *testing.T, p *Proxy) (int, []byte) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, b
 }
+
+// TestKeepAliveRefusedIsAnswered: etcd refuses a keep-alive of a lease
+// whose keys the user may not write (PermissionDenied, ending the stream).
+// Through the proxy the client got no answer at all, and the proxy reopened
+// the upstream stream and resent the request at once, forever: 10 requests
+// of one read-only user became 32,386 keep-alives in 5 s, half a core of
+// etcd. Now the client gets etcd's error, the proxy backs off, and other
+// clients' keep-alives go on.
+func TestKeepAliveRefusedIsAnswered(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{User: "root", Password: "root-pw"})
+	ctx := ctxT(t)
+	admin, err := clientv3.New(srv.ClientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.UserAdd(ctx, "bob", "bob-pw"); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Endpoints: srv.Endpoints()})
+	as := func(user, pw string) *clientv3.Client {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.Addr().String()}, Username: user, Password: pw,
+			DialTimeout: testTimeout, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cli.Close() })
+		return cli
+	}
+	root, bob := as("root", "root-pw"), as("bob", "bob-pw")
+	g, err := root.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.Put(ctx, "/team-a/x", "v", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	before := value(t, p.m.kaForwarded)
+	_, err = bob.KeepAliveOnce(ctx, g.ID)
+	if !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Fatalf("bob's keep-alive of root's lease: %v, want etcd's %v", err, rpctypes.ErrPermissionDenied)
+	}
+	if n := value(t, p.m.kaForwarded) - before; n > 5 {
+		t.Fatalf("one refused keep-alive was forwarded %v times", n)
+	}
+	if r, err := root.KeepAliveOnce(ctx, g.ID); err != nil || r.TTL <= 0 {
+		t.Fatalf("root's keep-alive after bob's was refused: %+v %v", r, err)
+	}
+}

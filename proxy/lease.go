@@ -231,7 +231,6 @@ func (up *kaUpstream) run() {
 			backoff = min(2*backoff, time.Second)
 			continue
 		}
-		backoff = 50 * time.Millisecond
 		p.m.kaUpstreams.Inc()
 		up.mu.Lock()
 		up.stream = cs
@@ -245,6 +244,7 @@ func (up *kaUpstream) run() {
 		for _, id := range resend {
 			up.send(cs, id)
 		}
+		answered := false
 		for {
 			resp := new(pb.LeaseKeepAliveResponse)
 			if err := cs.RecvMsg(resp); err != nil {
@@ -261,8 +261,17 @@ func (up *kaUpstream) run() {
 					up.retire(err)
 					return
 				}
+				if refusal(err) {
+					// etcd refused one of the keep-alives in flight (a
+					// lease whose keys the user may not write) and ended
+					// the stream: resending them would be refused again,
+					// at once, forever, while their clients heard nothing.
+					// Their clients get etcd's error, as from etcd.
+					up.refuseInflight(err)
+				}
 				break
 			}
+			answered = true
 			up.deliver(resp)
 		}
 		up.mu.Lock()
@@ -270,6 +279,51 @@ func (up *kaUpstream) run() {
 		up.mu.Unlock()
 		scancel()
 		p.m.kaUpstreams.Dec()
+		// A stream that ended before any answer is opened again only after
+		// a pause that grows, so that a failing one is not retried in a
+		// tight loop.
+		if answered {
+			backoff = 50 * time.Millisecond
+			continue
+		}
+		select {
+		case <-up.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// refusal reports whether etcd ended a keep-alive stream because it
+// refused a request on it (a status of its own, not a transport failure
+// or the member going away).
+func refusal(err error) bool {
+	switch status.Code(err) {
+	case codes.PermissionDenied, codes.InvalidArgument, codes.FailedPrecondition, codes.NotFound, codes.OutOfRange:
+		return true
+	}
+	return false
+}
+
+// refuseInflight ends, with err, the client streams waiting for a
+// keep-alive that was sent upstream and not answered when etcd refused
+// one: etcd answers in order, so the refused one is among them. A client
+// sharing the upstream whose keep-alive was merely in flight too sees the
+// error and reopens its stream, as clientv3 does.
+func (up *kaUpstream) refuseInflight(err error) {
+	up.mu.Lock()
+	var cs []*kaClient
+	for id := range up.inflight {
+		for c := range up.waiters[id] {
+			cs = append(cs, c)
+		}
+		delete(up.waiters, id)
+	}
+	clear(up.inflight)
+	up.mu.Unlock()
+	for _, c := range cs {
+		c.cancel(err)
 	}
 }
 
