@@ -41,7 +41,7 @@ func TestHTTPConnectionCap(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitLog(t, &logs, "HTTP connections at their cap")
+	waitLog(t, &logs, "connections at their cap")
 	select {
 	case err := <-done:
 		t.Fatalf("a request past the cap was answered (%v) while 3 connections held it", err)

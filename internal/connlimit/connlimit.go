@@ -16,7 +16,7 @@ import (
 // queue. Of them, at most perAddr come from one client address (host,
 // without the port): one past that is closed at once, without an answer,
 // and its place given back (no bound when perAddr <= 0). Each cap reached
-// is logged at most once a minute, naming what (e.g. "HTTP").
+// is logged at most once a minute, with listener=what (e.g. "HTTP").
 func Listener(ln net.Listener, max, perAddr int, log *slog.Logger, what string) net.Listener {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -45,8 +45,8 @@ func (l *listener) Accept() (net.Conn, error) {
 			l.mu.Lock()
 			if time.Since(l.warned) > time.Minute {
 				l.warned = time.Now()
-				l.log.Warn(l.what+" connections at their cap: new ones wait until one closes (a flood of connections, or raise the open-file limit)",
-					"addr", l.Addr().String(), "max", cap(l.sem))
+				l.log.Warn("connections at their cap: new ones wait until one closes (a flood of connections, or raise the open-file limit)",
+					"listener", l.what, "addr", l.Addr().String(), "max", cap(l.sem))
 			}
 			l.mu.Unlock()
 			l.sem <- struct{}{}
@@ -67,8 +67,8 @@ func (l *listener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			<-l.sem
 			if warn {
-				l.log.Warn(l.what+" connections from one client address at their cap: further ones from it are closed at once (a client holding connections open, or clients behind one address: raise the per-client bound)",
-					"addr", l.Addr().String(), "client", host, "max_per_client", l.perAddr)
+				l.log.Warn("connections from one client address at their cap: further ones from it are closed at once (a client holding connections open, or clients behind one address: raise the per-client bound)",
+					"listener", l.what, "addr", l.Addr().String(), "client", host, "max_per_client", l.perAddr)
 			}
 			continue
 		}
