@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -160,7 +159,7 @@ func TestQuietWatchThroughProxyOutlivesCompactionOfOtherKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	rev := put.Header.Revision
-	before := etcdWatchers(t)
+	before := etcdtest.Watchers(t)
 	now := cli.Watch(ctx, "/quietc/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 	next := cli.Watch(ctx, "/quietc/", clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithCreatedNotify(), clientv3.WithPrevKV())
 	for _, w := range []clientv3.WatchChan{now, next} {
@@ -171,7 +170,7 @@ func TestQuietWatchThroughProxyOutlivesCompactionOfOtherKeys(t *testing.T) {
 	// The proxy confirms a watch before etcd created its upstream; the
 	// compaction must come after that (a watch created after it is
 	// rightly compacted).
-	for etcdWatchers(t) < before+2 {
+	for etcdtest.Watchers(t) < before+2 {
 		select {
 		case <-ctx.Done():
 			t.Fatal("etcd never created the upstream watches")
@@ -216,23 +215,6 @@ func TestQuietWatchThroughProxyOutlivesCompactionOfOtherKeys(t *testing.T) {
 	}
 }
 
-// etcdWatchers is the number of watchers of every embedded etcd server in
-// this process.
-func etcdWatchers(t *testing.T) float64 {
-	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "etcd_debugging_mvcc_watcher_total" {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatal("no etcd_debugging_mvcc_watcher_total metric")
-	return 0
-}
-
 // TestQuietWatchFromAFutureRevisionThroughProxy: a client watch from a
 // revision etcd has not reached yet stays open while other keys are
 // written and compacted below its start. Its upstream, opened again from
@@ -253,12 +235,12 @@ func TestQuietWatchFromAFutureRevisionThroughProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := g.Header.Revision + 10
-	before := etcdWatchers(t)
+	before := etcdtest.Watchers(t)
 	w := cli.Watch(ctx, "/future/", clientv3.WithPrefix(), clientv3.WithRev(start), clientv3.WithCreatedNotify())
 	if wr := <-w; !wr.Created {
 		t.Fatalf("not created: %+v", wr)
 	}
-	for etcdWatchers(t) < before+1 {
+	for etcdtest.Watchers(t) < before+1 {
 		select {
 		case <-ctx.Done():
 			t.Fatal("etcd never created the upstream watch")

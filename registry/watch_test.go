@@ -10,13 +10,13 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/registrytest"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/beaconplane/beacon/store/memory"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
 
 // next applies the next batch of w to v.
@@ -32,31 +32,6 @@ func next(t *testing.T, ctx context.Context, w registry.Watcher, v *registrytest
 	return b
 }
 
-// etcdWatchers reads the number of watchers of the embedded etcd servers in
-// this process (etcd_debugging_mvcc_watcher_total).
-func etcdWatchers(t *testing.T) float64 {
-	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "etcd_debugging_mvcc_watcher_total" {
-			return sum(mf.GetMetric())
-		}
-	}
-	t.Fatal("etcd_debugging_mvcc_watcher_total not found: is the etcd server embedded?")
-	return 0
-}
-
-func sum(ms []*dto.Metric) float64 {
-	s := 0.0
-	for _, m := range ms {
-		s += m.GetGauge().GetValue()
-	}
-	return s
-}
-
 // TestWatchersShareOneUpstreamWatch opens 100 watchers of one query: the
 // registry holds one shared feed, and the etcd server counts exactly one
 // more watcher. (Not parallel: it reads a server-wide gauge.)
@@ -68,7 +43,7 @@ func TestWatchersShareOneUpstreamWatch(t *testing.T) {
 	if _, err := r.Register(ctx, inst(ns, "10.0.0.1:80")); err != nil {
 		t.Fatal(err)
 	}
-	before := etcdWatchers(t)
+	before := etcdtest.Watchers(t)
 	q := beacon.Query{Namespace: ns}
 	var (
 		ws []registry.Watcher
@@ -100,7 +75,7 @@ func TestWatchersShareOneUpstreamWatch(t *testing.T) {
 	if n := r.WatchStreams(); n != 1 {
 		t.Fatalf("registry holds %d store watches for one query, want 1", n)
 	}
-	if d := etcdWatchers(t) - before; d != 1 {
+	if d := etcdtest.Watchers(t) - before; d != 1 {
 		t.Fatalf("etcd counts %v more watchers for 100 registry watchers, want 1", d)
 	}
 	// Another query is another prefix: one more.

@@ -11,7 +11,6 @@ import (
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestQuietWatchFromNextRevisionStaysOpen: the list-then-watch pattern
@@ -180,11 +179,11 @@ func TestQuietWatchOutlivesCompactionOfOtherKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := etcdWatchers(t)
+	before := etcdtest.Watchers(t)
 	w := s.Watch(ctx, "/compactother/", rev+1)
 	// The compaction must follow the watch's creation (a watch created
 	// after it is rightly compacted).
-	for etcdWatchers(t) <= before {
+	for etcdtest.Watchers(t) <= before {
 		select {
 		case <-ctx.Done():
 			t.Fatal("etcd never created the watch")
@@ -221,23 +220,6 @@ func TestQuietWatchOutlivesCompactionOfOtherKeys(t *testing.T) {
 	}
 }
 
-// etcdWatchers is the number of watchers of every embedded etcd server in
-// this process.
-func etcdWatchers(t *testing.T) float64 {
-	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "etcd_debugging_mvcc_watcher_total" {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatal("no etcd_debugging_mvcc_watcher_total metric")
-	return 0
-}
-
 // TestQuietWatchFromAFutureRevision: a watch from a revision etcd has not
 // reached yet stays open while other keys are written and compacted below
 // its start. Opened again (once quiet) from the last revision etcd had
@@ -255,9 +237,9 @@ func TestQuietWatchFromAFutureRevision(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := rev + 10
-	before := etcdWatchers(t)
+	before := etcdtest.Watchers(t)
 	w := s.Watch(ctx, "/future/", start)
-	for etcdWatchers(t) <= before {
+	for etcdtest.Watchers(t) <= before {
 		select {
 		case <-ctx.Done():
 			t.Fatal("etcd never created the watch")
