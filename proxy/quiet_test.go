@@ -170,13 +170,7 @@ func TestQuietWatchThroughProxyOutlivesCompactionOfOtherKeys(t *testing.T) {
 	// The proxy confirms a watch before etcd created its upstream; the
 	// compaction must come after that (a watch created after it is
 	// rightly compacted).
-	for etcdtest.Watchers(t) < before+2 {
-		select {
-		case <-ctx.Done():
-			t.Fatal("etcd never created the upstream watches")
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	etcdtest.WaitWatchers(ctx, t, before+2)
 	var last int64
 	for i := range 5 {
 		r, err := direct.Put(ctx, fmt.Sprintf("/quietc-not/%d", i), "x")
@@ -240,13 +234,7 @@ func TestQuietWatchFromAFutureRevisionThroughProxy(t *testing.T) {
 	if wr := <-w; !wr.Created {
 		t.Fatalf("not created: %+v", wr)
 	}
-	for etcdtest.Watchers(t) < before+1 {
-		select {
-		case <-ctx.Done():
-			t.Fatal("etcd never created the upstream watch")
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	etcdtest.WaitWatchers(ctx, t, before+1)
 	var last int64
 	for i := range 3 {
 		r, err := direct.Put(ctx, fmt.Sprintf("/future-not/%d", i), "x")

@@ -183,13 +183,7 @@ func TestQuietWatchOutlivesCompactionOfOtherKeys(t *testing.T) {
 	w := s.Watch(ctx, "/compactother/", rev+1)
 	// The compaction must follow the watch's creation (a watch created
 	// after it is rightly compacted).
-	for etcdtest.Watchers(t) <= before {
-		select {
-		case <-ctx.Done():
-			t.Fatal("etcd never created the watch")
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	etcdtest.WaitWatchers(ctx, t, before+1)
 	var last int64
 	for i := range 5 {
 		if last, err = s.Put(ctx, fmt.Sprintf("/compactother-not/%d", i), []byte("x")); err != nil {
@@ -239,13 +233,7 @@ func TestQuietWatchFromAFutureRevision(t *testing.T) {
 	start := rev + 10
 	before := etcdtest.Watchers(t)
 	w := s.Watch(ctx, "/future/", start)
-	for etcdtest.Watchers(t) <= before {
-		select {
-		case <-ctx.Done():
-			t.Fatal("etcd never created the watch")
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	etcdtest.WaitWatchers(ctx, t, before+1)
 	var last int64
 	for i := range 3 {
 		if last, err = s.Put(ctx, fmt.Sprintf("/future-not/%d", i), []byte("x")); err != nil {
