@@ -428,6 +428,19 @@ func TestWatcherBounds(t *testing.T) {
 	}
 }
 
+// openWatch opens a watch stream on conn with one watch of key and returns
+// the first response (or the stream's error).
+func openWatch(ctx context.Context, conn *grpc.ClientConn, key string) (*pb.WatchResponse, error) {
+	ws, err := pb.NewWatchClient(conn).Watch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte(key)}}}); err != nil {
+		return nil, err
+	}
+	return ws.Recv()
+}
+
 // TestStreamBound: at most MaxStreams client streams (watch and lease
 // keep-alive alike) are open at once; one past it ends with
 // ResourceExhausted saying what to do, and a closed stream frees its place
@@ -438,16 +451,7 @@ func TestStreamBound(t *testing.T) {
 	p := startProxy(t, Config{Endpoints: srv.Endpoints(), MaxStreams: 3})
 	ctx := ctxT(t)
 	conn := grpcConn(t, p)
-	watch := func(ctx context.Context) (*pb.WatchResponse, error) {
-		ws, err := pb.NewWatchClient(conn).Watch(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if err := ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("/k")}}}); err != nil {
-			return nil, err
-		}
-		return ws.Recv()
-	}
+	watch := func(ctx context.Context) (*pb.WatchResponse, error) { return openWatch(ctx, conn, "/k") }
 	actx, closeA := context.WithCancel(ctx)
 	defer closeA()
 	for i, c := range []context.Context{actx, ctx} {
@@ -551,16 +555,7 @@ func TestStreamBoundPerClient(t *testing.T) {
 		t.Cleanup(func() { _ = conn.Close() })
 		return conn
 	}
-	watch := func(conn *grpc.ClientConn) (*pb.WatchResponse, error) {
-		ws, err := pb.NewWatchClient(conn).Watch(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if err := ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("/k")}}}); err != nil {
-			return nil, err
-		}
-		return ws.Recv()
-	}
+	watch := func(conn *grpc.ClientConn) (*pb.WatchResponse, error) { return openWatch(ctx, conn, "/k") }
 	greedy, other := from("127.0.0.2"), from("127.0.0.3")
 	for i := range 2 {
 		if r, err := watch(greedy); err != nil || !r.Created {
