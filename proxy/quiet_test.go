@@ -171,17 +171,7 @@ func TestQuietWatchThroughProxyOutlivesCompactionOfOtherKeys(t *testing.T) {
 	// compaction must come after that (a watch created after it is
 	// rightly compacted).
 	etcdtest.WaitWatchers(ctx, t, before+2)
-	var last int64
-	for i := range 5 {
-		r, err := direct.Put(ctx, fmt.Sprintf("/quietc-not/%d", i), "x")
-		if err != nil {
-			t.Fatal(err)
-		}
-		last = r.Header.Revision
-	}
-	if _, err := direct.Compact(ctx, last); err != nil {
-		t.Fatal(err)
-	}
+	compactOthers(ctx, t, direct, "/quietc-not/", 5)
 	quiet := time.NewTimer(3 * silence)
 	defer quiet.Stop()
 	select {
@@ -235,17 +225,7 @@ func TestQuietWatchFromAFutureRevisionThroughProxy(t *testing.T) {
 		t.Fatalf("not created: %+v", wr)
 	}
 	etcdtest.WaitWatchers(ctx, t, before+1)
-	var last int64
-	for i := range 3 {
-		r, err := direct.Put(ctx, fmt.Sprintf("/future-not/%d", i), "x")
-		if err != nil {
-			t.Fatal(err)
-		}
-		last = r.Header.Revision
-	}
-	if _, err := direct.Compact(ctx, last); err != nil { // below the watch's start
-		t.Fatal(err)
-	}
+	last := compactOthers(ctx, t, direct, "/future-not/", 3) // below the watch's start
 	quiet := time.NewTimer(4 * silence)
 	defer quiet.Stop()
 	select {
@@ -265,4 +245,23 @@ func TestQuietWatchFromAFutureRevisionThroughProxy(t *testing.T) {
 	if wr.Err() != nil || len(wr.Events) != 1 || wr.Events[0].Kv.ModRevision != start {
 		t.Fatalf("want the put at %d alone (the ones before are below the start), got %+v", start, wr)
 	}
+}
+
+// compactOthers writes n keys under prefix, which no watch of the test
+// watches, compacts the store at the last of them and returns its
+// revision.
+func compactOthers(ctx context.Context, t *testing.T, direct *clientv3.Client, prefix string, n int) int64 {
+	t.Helper()
+	var last int64
+	for i := range n {
+		r, err := direct.Put(ctx, fmt.Sprintf("%s%d", prefix, i), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Header.Revision
+	}
+	if _, err := direct.Compact(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	return last
 }

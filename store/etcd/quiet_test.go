@@ -184,15 +184,7 @@ func TestQuietWatchOutlivesCompactionOfOtherKeys(t *testing.T) {
 	// The compaction must follow the watch's creation (a watch created
 	// after it is rightly compacted).
 	etcdtest.WaitWatchers(ctx, t, before+1)
-	var last int64
-	for i := range 5 {
-		if last, err = s.Put(ctx, fmt.Sprintf("/compactother-not/%d", i), []byte("x")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Compact(ctx, last); err != nil {
-		t.Fatal(err)
-	}
+	last := compactOthers(ctx, t, s, "/compactother-not/", 5)
 	quiet := time.NewTimer(3 * silence)
 	defer quiet.Stop()
 	select {
@@ -234,15 +226,7 @@ func TestQuietWatchFromAFutureRevision(t *testing.T) {
 	before := etcdtest.Watchers(t)
 	w := s.Watch(ctx, "/future/", start)
 	etcdtest.WaitWatchers(ctx, t, before+1)
-	var last int64
-	for i := range 3 {
-		if last, err = s.Put(ctx, fmt.Sprintf("/future-not/%d", i), []byte("x")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Compact(ctx, last); err != nil { // below the watch's start
-		t.Fatal(err)
-	}
+	last := compactOthers(ctx, t, s, "/future-not/", 3) // below the watch's start
 	quiet := time.NewTimer(3 * silence)
 	defer quiet.Stop()
 	select {
@@ -263,4 +247,22 @@ func TestQuietWatchFromAFutureRevision(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatalf("no event for the put at %d", start)
 	}
+}
+
+// compactOthers writes n keys under prefix, which no watch of the test
+// watches, compacts the store at the last of them and returns its
+// revision.
+func compactOthers(ctx context.Context, t *testing.T, s *etcd.Store, prefix string, n int) int64 {
+	t.Helper()
+	var last int64
+	for i := range n {
+		var err error
+		if last, err = s.Put(ctx, fmt.Sprintf("%s%d", prefix, i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Compact(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	return last
 }
