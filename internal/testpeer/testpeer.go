@@ -33,12 +33,18 @@ func Binary(tb testing.TB, install string, candidates ...string) string {
 			return p
 		}
 	}
-	msg := "peer program not found (looked for " + joinQuoted(candidates) + "); install it with: " + install
+	Unavailable(tb, "peer program not found (looked for "+joinQuoted(candidates)+"); install it with: "+install)
+	return ""
+}
+
+// Unavailable skips the test because something it needs is missing (msg
+// says what to install or run), or fails it when RequireEnv is set.
+func Unavailable(tb testing.TB, msg string) {
+	tb.Helper()
 	if os.Getenv(RequireEnv) != "" {
 		tb.Fatal(msg)
 	}
 	tb.Skip(msg)
-	return ""
 }
 
 func joinQuoted(s []string) string {

@@ -1,0 +1,84 @@
+package xdsapi
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store/memory"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// testDeadline bounds every wait of a test.
+const testDeadline = 30 * time.Second
+
+func testContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// memRegistry is a registry over the memory backend, closed with the test.
+func memRegistry(t testing.TB) *registry.StoreRegistry {
+	t.Helper()
+	st := memory.New(memory.Options{})
+	r, err := registry.New(st, registry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = r.Close()
+		_ = st.Close()
+	})
+	return r
+}
+
+// startXDS serves d over ADS on a loopback port chosen by the kernel and
+// returns the server and its address; it is closed with the test.
+func startXDS(t testing.TB, d registry.Discoverer, cfg Config) (*Server, string) {
+	t.Helper()
+	if cfg.Metrics == nil {
+		cfg.Metrics = prometheus.NewRegistry()
+	}
+	s, err := New(d, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = s.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return s, ln.Addr().String()
+}
+
+// bootstrap is a GRPC_XDS_BOOTSTRAP document for a client of the server at
+// addr, without credentials.
+func bootstrap(addr, node string) []byte {
+	return fmt.Appendf(nil, `{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],"node":{"id":%q,"locality":{}}}`, addr, node)
+}
+
+// register registers an instance of demo/greeter/grpc at addr with the
+// given metadata and deregisters it with the test.
+func register(t testing.TB, r registry.Registrar, addr string, meta map[string]string) registry.Registration {
+	t.Helper()
+	reg, err := r.Register(testContext(t), beacon.Instance{
+		Namespace: "demo", Component: "greeter", Endpoint: "grpc", Address: addr, Transport: "grpc", Metadata: meta,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reg.Close() })
+	return reg
+}

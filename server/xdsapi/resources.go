@@ -1,0 +1,363 @@
+package xdsapi
+
+import (
+	"cmp"
+	"math"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/beaconplane/beacon"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// Metadata keys an instance may set to shape how xDS clients route to it.
+// They mean what they mean in DNS (weight and priority of SRV records), so
+// that one registration routes alike through either.
+const (
+	// MetaWeight is the instance's share of its locality's traffic,
+	// 0-65535 (DefaultWeight when absent). xDS carries no weight 0: 0 is
+	// sent as 1, the smallest share.
+	MetaWeight = "weight"
+	// MetaPriority orders instances into failover tiers, 0-65535, lower
+	// first (DefaultPriority when absent); a client uses the next tier
+	// only when the one before has no healthy instance. The distinct
+	// values of a service become xDS priorities 0, 1, ... in order.
+	MetaPriority = "priority"
+	// MetaRegion, MetaZone and MetaSubZone place the instance in a
+	// locality. Clients spread traffic over localities by their weight,
+	// which is the sum of their instances' weights.
+	MetaRegion  = "region"
+	MetaZone    = "zone"
+	MetaSubZone = "sub_zone"
+	// MetaLBPolicy chooses the service's load-balancing policy
+	// (round_robin, the default, ring_hash or least_request): the value
+	// most of its instances carry, ties to the first in that order.
+	MetaLBPolicy = "lb_policy"
+)
+
+// DefaultWeight and DefaultPriority apply to instances that set none, as
+// in DNS.
+const (
+	DefaultWeight   = 10
+	DefaultPriority = 10
+)
+
+// Type URLs of the resources Beacon serves.
+const (
+	ListenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
+	RouteType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+	ClusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	EndpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+)
+
+// Reasons an instance is left out of its ClusterLoadAssignment, or served
+// with a default in place of a value it set (labels of
+// beacon_xds_omitted_endpoints and beacon_xds_defaulted_endpoints).
+const (
+	reasonHostname  = "hostname"          // the address names a host, not an IP (grpc-js and C-core NACK it)
+	reasonURL       = "url"               // the address is a URL, not host:port
+	reasonIPv6Zone  = "ipv6_zone"         // an IPv6 address with a zone (fe80::1%eth0) means nothing elsewhere
+	reasonDuplicate = "duplicate_address" // another instance of the service has the same address
+	reasonWeight    = "invalid_weight"    // weight is not 0-65535: DefaultWeight is used
+	reasonPriority  = "invalid_priority"  // priority is not 0-65535: DefaultPriority is used
+	reasonPolicy    = "invalid_lb_policy" // lb_policy names no policy Beacon serves: ignored
+)
+
+// omission is one instance left out of xDS (or served with a default), and
+// why.
+type omission struct {
+	ref    beacon.Ref
+	addr   string
+	reason string
+	value  string // the offending value, for the log
+}
+
+// marshal encodes m deterministically, so that equal resources give equal
+// bytes and an unchanged resource is never pushed again.
+func marshal(m proto.Message) *anypb.Any {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		// Only messages built here are marshalled: a failure is a bug.
+		panic("xdsapi: marshal " + string(m.ProtoReflect().Descriptor().FullName()) + ": " + err.Error())
+	}
+	return &anypb.Any{TypeUrl: "type.googleapis.com/" + string(m.ProtoReflect().Descriptor().FullName()), Value: b}
+}
+
+// routerFilter is the HTTP router, the last (and only) filter of every
+// Listener: gRPC requires it last.
+var routerFilter = &hcmv3.HttpFilter{
+	Name:       "envoy.filters.http.router",
+	ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: marshal(&routerv3.Router{})},
+}
+
+// buildListener is the API Listener named name that routes every RPC to
+// the cluster: an HttpConnectionManager with an inline route
+// configuration, as proxyless gRPC reads it (gRFC A27).
+func buildListener(name, cluster string) *anypb.Any {
+	hcm := &hcmv3.HttpConnectionManager{
+		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
+			Name: name,
+			VirtualHosts: []*routev3.VirtualHost{{
+				Name:    cluster,
+				Domains: []string{"*"},
+				Routes: []*routev3.Route{{
+					Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: ""}},
+					Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+						ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+					}},
+				}},
+			}},
+		}},
+		HttpFilters: []*hcmv3.HttpFilter{routerFilter},
+	}
+	return marshal(&listenerv3.Listener{
+		Name:        name,
+		ApiListener: &listenerv3.ApiListener{ApiListener: marshal(hcm)},
+	})
+}
+
+// lbPolicies are the policies MetaLBPolicy may name, the default first.
+var lbPolicies = []struct {
+	name   string
+	policy clusterv3.Cluster_LbPolicy
+}{
+	{"round_robin", clusterv3.Cluster_ROUND_ROBIN},
+	{"ring_hash", clusterv3.Cluster_RING_HASH},
+	{"least_request", clusterv3.Cluster_LEAST_REQUEST},
+}
+
+// buildCluster is the EDS Cluster named name, its endpoints over ADS.
+func buildCluster(name string, policy clusterv3.Cluster_LbPolicy) *anypb.Any {
+	return marshal(&clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{
+			EdsConfig: &corev3.ConfigSource{
+				ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+				ResourceApiVersion:    corev3.ApiVersion_V3,
+			},
+			ServiceName: name,
+		},
+		LbPolicy: policy,
+	})
+}
+
+// choosePolicy returns the load-balancing policy most instances name
+// (MetaLBPolicy), and the instances whose value names none.
+func choosePolicy(ins []beacon.Instance) (clusterv3.Cluster_LbPolicy, []omission) {
+	votes := make([]int, len(lbPolicies))
+	var bad []omission
+	for _, in := range ins {
+		v, ok := in.Metadata[MetaLBPolicy]
+		if !ok {
+			continue
+		}
+		i := slices.IndexFunc(lbPolicies, func(p struct {
+			name   string
+			policy clusterv3.Cluster_LbPolicy
+		}) bool {
+			return p.name == v
+		})
+		if i < 0 {
+			bad = append(bad, omission{ref: in.Ref(), addr: in.Address, reason: reasonPolicy, value: v})
+			continue
+		}
+		votes[i]++
+	}
+	best := 0
+	for i, n := range votes {
+		if n > votes[best] {
+			best = i
+		}
+	}
+	return lbPolicies[best].policy, bad
+}
+
+// socketAddress parses an instance's address into what every xDS client
+// accepts: an IP literal and a port. reason says why it cannot be.
+func socketAddress(addr string) (netip.AddrPort, string) {
+	if strings.Contains(addr, "://") {
+		return netip.AddrPort{}, reasonURL
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return netip.AddrPort{}, reasonHostname
+	}
+	if ap.Addr().Zone() != "" {
+		return netip.AddrPort{}, reasonIPv6Zone
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), ""
+}
+
+// uint16Meta reads a 0-65535 metadata value; ok is false when the key is
+// set to anything else.
+func uint16Meta(in beacon.Instance, key string, def uint32) (v uint32, ok bool) {
+	s, set := in.Metadata[key]
+	if !set {
+		return def, true
+	}
+	n, err := strconv.ParseUint(s, 10, 16)
+	if err != nil {
+		return def, false
+	}
+	return uint32(n), true
+}
+
+// endpoint is one instance as its ClusterLoadAssignment carries it.
+type endpoint struct {
+	in       beacon.Instance
+	addr     netip.AddrPort
+	weight   uint32
+	priority uint32
+	locality locality
+}
+
+type locality struct{ region, zone, subZone string }
+
+func localityOf(in beacon.Instance) locality {
+	return locality{region: in.Metadata[MetaRegion], zone: in.Metadata[MetaZone], subZone: in.Metadata[MetaSubZone]}
+}
+
+// endpoints turns a service's instances into the endpoints its
+// ClusterLoadAssignment may carry: an IP address each, no address twice
+// (a serving instance wins over a draining one, then the older
+// registration, then the lower ID), weights and priorities read. The
+// omissions say who was left out or defaulted, and why.
+func endpoints(ins []beacon.Instance) ([]endpoint, []omission) {
+	var out []endpoint
+	var om []omission
+	for _, in := range ins {
+		ap, why := socketAddress(in.Address)
+		if why != "" {
+			om = append(om, omission{ref: in.Ref(), addr: in.Address, reason: why})
+			continue
+		}
+		w, ok := uint16Meta(in, MetaWeight, DefaultWeight)
+		if !ok {
+			om = append(om, omission{ref: in.Ref(), addr: in.Address, reason: reasonWeight, value: in.Metadata[MetaWeight]})
+		}
+		p, ok := uint16Meta(in, MetaPriority, DefaultPriority)
+		if !ok {
+			om = append(om, omission{ref: in.Ref(), addr: in.Address, reason: reasonPriority, value: in.Metadata[MetaPriority]})
+		}
+		out = append(out, endpoint{in: in, addr: ap, weight: max(w, 1), priority: p, locality: localityOf(in)})
+	}
+	// Sort so that, for each address, the instance that keeps it comes
+	// first.
+	slices.SortFunc(out, func(a, b endpoint) int {
+		if c := a.addr.Compare(b.addr); c != 0 {
+			return c
+		}
+		if a.in.Serving() != b.in.Serving() {
+			if a.in.Serving() {
+				return -1
+			}
+			return 1
+		}
+		if c := a.in.RegisteredAt.Compare(b.in.RegisteredAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.in.ID, b.in.ID)
+	})
+	kept := out[:0]
+	for i, e := range out {
+		if i > 0 && e.addr == out[i-1].addr {
+			om = append(om, omission{ref: e.in.Ref(), addr: e.in.Address, reason: reasonDuplicate})
+			continue
+		}
+		kept = append(kept, e)
+	}
+	return kept, om
+}
+
+// buildAssignment is the ClusterLoadAssignment named name of eps:
+// serving instances HEALTHY, draining ones DRAINING (clients send them no
+// new RPCs), grouped into localities per priority. Priorities are
+// contiguous from 0; a locality's weight is the sum of its endpoints'
+// weights (never 0), kept within what clients accept.
+func buildAssignment(name string, eps []endpoint) *anypb.Any {
+	prios := make([]uint32, 0, 4)
+	for _, e := range eps {
+		if !slices.Contains(prios, e.priority) {
+			prios = append(prios, e.priority)
+		}
+	}
+	slices.Sort(prios)
+	type groupKey struct {
+		prio uint32
+		loc  locality
+	}
+	groups := map[groupKey]*endpointv3.LocalityLbEndpoints{}
+	var order []groupKey
+	for _, e := range eps {
+		k := groupKey{prio: uint32(slices.Index(prios, e.priority)), loc: e.locality}
+		g := groups[k]
+		if g == nil {
+			g = &endpointv3.LocalityLbEndpoints{
+				Locality: &corev3.Locality{Region: k.loc.region, Zone: k.loc.zone, SubZone: k.loc.subZone},
+				Priority: k.prio,
+			}
+			groups[k] = g
+			order = append(order, k)
+		}
+		health := corev3.HealthStatus_HEALTHY
+		if !e.in.Serving() {
+			health = corev3.HealthStatus_DRAINING
+		}
+		g.LbEndpoints = append(g.LbEndpoints, &endpointv3.LbEndpoint{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+					Protocol:      corev3.SocketAddress_TCP,
+					Address:       e.addr.Addr().String(),
+					PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(e.addr.Port())},
+				}}},
+			}},
+			HealthStatus:        health,
+			LoadBalancingWeight: wrapperspb.UInt32(e.weight),
+		})
+	}
+	slices.SortFunc(order, func(a, b groupKey) int {
+		return cmp.Or(cmp.Compare(a.prio, b.prio), cmp.Compare(a.loc.region, b.loc.region),
+			cmp.Compare(a.loc.zone, b.loc.zone), cmp.Compare(a.loc.subZone, b.loc.subZone))
+	})
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	for _, k := range order {
+		cla.Endpoints = append(cla.Endpoints, groups[k])
+	}
+	setLocalityWeights(cla.Endpoints)
+	return marshal(cla)
+}
+
+// setLocalityWeights gives each locality the sum of its endpoints' weights.
+// Clients refuse a priority whose locality weights add up past 2^32-1:
+// when they would, every weight of that priority is scaled down to fit
+// (each at least 1).
+func setLocalityWeights(locs []*endpointv3.LocalityLbEndpoints) {
+	sums := make([]uint64, len(locs))
+	total := map[uint32]uint64{}
+	for i, l := range locs {
+		for _, e := range l.LbEndpoints {
+			sums[i] += uint64(e.GetLoadBalancingWeight().GetValue())
+		}
+		total[l.Priority] += sums[i]
+	}
+	for i, l := range locs {
+		w := sums[i]
+		if t := total[l.Priority]; t > math.MaxUint32 {
+			// Leave room for the rounding up of every locality.
+			w = max(1, w*(math.MaxUint32-uint64(len(locs)))/t)
+		}
+		l.LoadBalancingWeight = wrapperspb.UInt32(uint32(w))
+	}
+}

@@ -1,0 +1,336 @@
+package xdsapi
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// Server serves the instances of a registry as xDS resources over ADS,
+// state of the world (what proxyless gRPC clients and Envoy speak). It
+// follows one Watch of everything the registry holds, builds each
+// service's resources once per change, and pushes them to the streams that
+// follow that service.
+//
+// Create it with New; Register it on a gRPC server, or Serve it on a
+// listener; Close stops it.
+type Server struct {
+	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
+
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+	idx *index
+
+	cancel context.CancelFunc
+	done   chan struct{} // closed when Close begins: streams end
+	wg     sync.WaitGroup
+
+	// mu guards the stream counts and the gRPC servers (never held with
+	// the index's lock).
+	mu      sync.Mutex
+	streams int
+	perPeer map[string]int
+	servers []*grpc.Server
+	closed  bool
+	once    sync.Once
+}
+
+var _ discoveryv3.AggregatedDiscoveryServiceServer = (*Server)(nil)
+
+// New validates cfg and starts following d. Until the registry's first
+// snapshot is in (Ready), streams are accepted but answered nothing, so
+// that no client is told a service is empty when it is not.
+func New(d registry.Discoverer, cfg Config) (*Server, error) {
+	if d == nil {
+		return nil, errors.New("xdsapi: a registry is required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "xds"), perPeer: map[string]int{}, done: make(chan struct{})}
+	m, err := newMetrics(cfg.Metrics, s)
+	if err != nil {
+		return nil, err
+	}
+	s.m = m
+	s.idx = newIndex(m)
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := registry.Track(ctx, d, beacon.Query{}, s.apply); err != nil {
+			s.log.Warn("xds: the registry was closed; serving the last state, with no more updates", "err", err)
+		}
+	}()
+	return s, nil
+}
+
+// apply folds a registry batch into the index.
+func (s *Server) apply(b registry.Batch) {
+	wasReady := s.idx.isReady()
+	since, _ := s.idx.stale()
+	if b.Kind == registry.Stale {
+		if since.IsZero() {
+			s.log.Warn("xds: the registry watch lost its store; clients keep the last state Beacon sent until it is back", "err", b.Err)
+		}
+		s.idx.markStale(b.Err)
+		return
+	}
+	fresh := s.idx.apply(b)
+	switch {
+	case !wasReady:
+		s.log.Info("xds: first registry snapshot in; answering")
+	case !since.IsZero():
+		s.log.Info("xds: the registry watch is back; pushing what changed", "stale_for", time.Since(since).Round(time.Millisecond))
+	}
+	s.logOmitted(fresh)
+}
+
+// maxOmittedLogs bounds the instances logged one by one per batch.
+const maxOmittedLogs = 10
+
+// logOmitted says which instances a batch left out of xDS (or served with
+// a default), and why.
+func (s *Server) logOmitted(om []omission) {
+	for i, o := range om {
+		if i == maxOmittedLogs {
+			s.log.Warn("xds: more instances left out of xDS or served with defaults (beacon_xds_omitted_endpoints)", "count", len(om)-i)
+			return
+		}
+		if o.reason == reasonWeight || o.reason == reasonPriority || o.reason == reasonPolicy {
+			s.log.Warn("xds: instance metadata ignored", "instance", o.ref.String(), "reason", o.reason, "value", o.value)
+			continue
+		}
+		s.log.Warn("xds: instance left out of xDS", "instance", o.ref.String(), "address", o.addr, "reason", o.reason)
+	}
+}
+
+// Ready reports whether the registry's first snapshot is in.
+func (s *Server) Ready() bool { return s.idx.isReady() }
+
+// Stale reports since when the registry watch has been cut off from its
+// store (zero while it is live), and why. Clients keep being served the
+// last state meanwhile.
+func (s *Server) Stale() (time.Time, error) { return s.idx.stale() }
+
+// Register adds the ADS service to a gRPC server the caller runs.
+func (s *Server) Register(r grpc.ServiceRegistrar) {
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(r, s)
+}
+
+// keepalive settings of Serve's gRPC server: a client that vanished
+// without closing its connection is noticed within about 40 s; clients
+// may ping as often as every 10 s (C-core pings every 5 min).
+var (
+	serverKeepalive = keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
+	keepalivePolicy = keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}
+)
+
+// Serve serves ADS on ln with a gRPC server of its own (Config's
+// ServerOptions apply) until Close, then returns nil.
+func (s *Server) Serve(ln net.Listener) error {
+	opts := append([]grpc.ServerOption{
+		grpc.KeepaliveParams(serverKeepalive),
+		grpc.KeepaliveEnforcementPolicy(keepalivePolicy),
+	}, s.cfg.ServerOptions...)
+	gs := grpc.NewServer(opts...)
+	s.Register(gs)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = ln.Close()
+		return nil
+	}
+	s.servers = append(s.servers, gs)
+	s.mu.Unlock()
+	err := gs.Serve(ln)
+	if errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return err
+}
+
+// Close ends every stream and stops following the registry. It is
+// idempotent.
+func (s *Server) Close() error {
+	s.once.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		servers := s.servers
+		s.mu.Unlock()
+		close(s.done)
+		for _, gs := range servers {
+			gs.Stop()
+		}
+		s.cancel()
+		s.wg.Wait()
+	})
+	return nil
+}
+
+// admit counts a new stream against MaxStreams and MaxStreamsPerClient; the
+// release func uncounts it.
+func (s *Server) admit(host string) (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return nil, status.Error(codes.Unavailable, "the xDS server is shutting down: connect again")
+	case s.streams >= s.cfg.MaxStreams:
+		s.m.refused.WithLabelValues("max_streams").Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "this server holds its maximum of %d xDS streams (--xds-max-streams): connect to another server, or raise the bound", s.cfg.MaxStreams)
+	case s.cfg.MaxStreamsPerClient > 0 && s.perPeer[host] >= s.cfg.MaxStreamsPerClient:
+		s.m.refused.WithLabelValues("max_streams_per_client").Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "%s holds %d xDS streams, the most one client address may (--xds-max-streams-per-client); a process needs one stream for all its channels", host, s.cfg.MaxStreamsPerClient)
+	}
+	s.streams++
+	s.perPeer[host]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.streams--
+		if s.perPeer[host]--; s.perPeer[host] == 0 {
+			delete(s.perPeer, host)
+		}
+	}, nil
+}
+
+// streamCount returns the open streams.
+func (s *Server) streamCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.streams
+}
+
+// peerHost returns the client's address without its port.
+func peerHost(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return "unknown"
+	}
+	if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+		return host
+	}
+	return p.Addr.String()
+}
+
+// StreamAggregatedResources serves one ADS stream, state of the world.
+func (s *Server) StreamAggregatedResources(ss discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	ctx := ss.Context()
+	host := peerHost(ctx)
+	release, err := s.admit(host)
+	if err != nil {
+		return err
+	}
+	defer release()
+	var access Access
+	if s.cfg.Authorize != nil {
+		if access, err = s.cfg.Authorize(ctx); err != nil {
+			s.m.refused.WithLabelValues("unauthenticated").Inc()
+			return err
+		}
+		if access != nil {
+			defer access.Release()
+		}
+	}
+	st := &stream{
+		srv: s, ctx: ctx, send: ss.Send, peer: host, access: access,
+		wake: make(chan struct{}, 1), types: map[string]*typeState{}, visible: map[string]bool{},
+	}
+	s.idx.addStream(st)
+	defer func() { s.idx.removeStream(st, st.subscribed()) }()
+	defer st.stopTimers()
+	reqs := make(chan *discoveryv3.DiscoveryRequest)
+	recvErr := make(chan error, 1)
+	stop := make(chan struct{})
+	defer close(stop)
+	s.wg.Add(1)
+	go func() { // owned by this handler: ends when the stream does
+		defer s.wg.Done()
+		for {
+			req, err := ss.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	return s.run(st, reqs, recvErr)
+}
+
+// run is the stream's loop: it applies requests and sends what the client
+// is owed, until the stream or the server ends.
+func (s *Server) run(st *stream, reqs <-chan *discoveryv3.DiscoveryRequest, recvErr <-chan error) error {
+	for {
+		select {
+		case req := <-reqs:
+			if err := st.handle(req); err != nil {
+				s.log.Info("xds: stream ended: bad request", "node", st.node.id, "peer", st.peer, "err", err)
+				return err
+			}
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+				return nil
+			}
+			return err
+		case <-st.wake:
+		case <-timerC(st.retry):
+		case <-timerC(st.ackWait):
+		case <-s.done:
+			return status.Error(codes.Unavailable, "the xDS server is shutting down: connect again")
+		}
+		if err := st.flush(); err != nil {
+			if status.Code(err) == codes.DeadlineExceeded {
+				s.m.ackTimeouts.Inc()
+				s.log.Warn("xds: stream ended: the client does not acknowledge responses", "node", st.node.id, "peer", st.peer, "err", err)
+			}
+			return err
+		}
+	}
+}
+
+// DeltaAggregatedResources is not served: proxyless gRPC speaks state of
+// the world only, and so does Beacon.
+func (s *Server) DeltaAggregatedResources(discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
+	return status.Error(codes.Unimplemented, "Beacon serves xDS state of the world over ADS (StreamAggregatedResources), not delta xDS: configure the client for SotW (Envoy: api_type GRPC, not DELTA_GRPC)")
+}
+
+// nodeOf reads who a client is from its first request's node.
+func (s *Server) nodeOf(n *corev3.Node) nodeInfo {
+	return nodeInfo{id: truncate(n.GetId(), 200), cluster: truncate(n.GetCluster(), 200), client: s.m.clientLabel(n.GetUserAgentName()), seen: true}
+}
+
+// nacked counts and logs a client's refusal of a response.
+func (s *Server) nacked(st *stream, ts *typeState, req *discoveryv3.DiscoveryRequest) {
+	typ := "other"
+	if ts.t < numTypes {
+		typ = typeNames[ts.t]
+	}
+	s.m.nacks.WithLabelValues(typ, st.node.client).Inc()
+	s.log.Warn("xds: a client refused (NACKed) a response; it keeps the last version it accepted",
+		"type", typ, "node", st.node.id, "client", st.node.client, "peer", st.peer,
+		"accepted_version", req.GetVersionInfo(), "nonce", req.GetResponseNonce(),
+		"error", truncate(req.GetErrorDetail().GetMessage(), 1000))
+}
