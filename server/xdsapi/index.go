@@ -114,10 +114,12 @@ type index struct {
 	// the index keeps serving what it last knew.
 	staleSince time.Time
 	staleErr   error
+	// updated is closed, and replaced, at every batch applied.
+	updated chan struct{}
 }
 
 func newIndex(m *metrics) *index {
-	x := &index{m: m, services: map[service]*svcState{}, streams: map[*stream]struct{}{}, omitted: map[string]int{}}
+	x := &index{m: m, services: map[service]*svcState{}, streams: map[*stream]struct{}{}, omitted: map[string]int{}, updated: make(chan struct{})}
 	for t := range x.wild {
 		x.wild[t] = map[*stream]struct{}{}
 	}
@@ -148,6 +150,8 @@ func (x *index) newService(svc service) *svcState {
 func (x *index) apply(b registry.Batch) []omission {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	close(x.updated)
+	x.updated = make(chan struct{})
 	if b.Kind == registry.Stale {
 		if x.staleSince.IsZero() {
 			x.staleSince = time.Now()
@@ -274,6 +278,13 @@ func (x *index) stale() (time.Time, error) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	return x.staleSince, x.staleErr
+}
+
+// changes returns a channel closed at the next batch applied.
+func (x *index) changes() <-chan struct{} {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.updated
 }
 
 // isReady reports whether the first snapshot is in.

@@ -86,7 +86,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			func() float64 { return float64(s.streamCount()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "beacon_xds_services", Help: "Services with instances, each served as a Listener, a Cluster and a ClusterLoadAssignment."},
 			func() float64 { n, _ := s.idx.counts(); return float64(n) }),
-		&omittedCollector{idx: s.idx},
+		&omittedCollector{s: s},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "beacon_xds_ready", Help: "1 once xDS holds the registry's first snapshot (streams are answered from then on)."},
 			func() float64 {
 				if s.idx.isReady() {
@@ -145,7 +145,7 @@ func (m *metrics) clientLabel(ua string) string {
 
 // omittedCollector reports beacon_xds_omitted_endpoints by reason, read
 // from the index when scraped.
-type omittedCollector struct{ idx *index }
+type omittedCollector struct{ s *Server }
 
 var omittedDesc = prometheus.NewDesc("beacon_xds_omitted_endpoints",
 	"Instances left out of xDS (reason hostname, url, ipv6_zone, duplicate_address) or served with a default in place of a metadata value (invalid_weight, invalid_priority, invalid_lb_policy); the log names each.",
@@ -154,7 +154,7 @@ var omittedDesc = prometheus.NewDesc("beacon_xds_omitted_endpoints",
 func (c *omittedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- omittedDesc }
 
 func (c *omittedCollector) Collect(ch chan<- prometheus.Metric) {
-	_, om := c.idx.counts()
+	_, om := c.s.idx.counts()
 	for _, r := range []string{reasonHostname, reasonURL, reasonIPv6Zone, reasonDuplicate, reasonWeight, reasonPriority, reasonPolicy} {
 		ch <- prometheus.MustNewConstMetric(omittedDesc, prometheus.GaugeValue, float64(om[r]), r)
 	}

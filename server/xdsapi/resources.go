@@ -106,6 +106,7 @@ var routerFilter = &hcmv3.HttpFilter{
 // configuration, as proxyless gRPC reads it (gRFC A27).
 func buildListener(name, cluster string) *anypb.Any {
 	hcm := &hcmv3.HttpConnectionManager{
+		StatPrefix: cluster, // Envoy requires one; gRPC ignores it
 		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
 			Name: name,
 			VirtualHosts: []*routev3.VirtualHost{{
@@ -339,25 +340,50 @@ func buildAssignment(name string, eps []endpoint) *anypb.Any {
 	return marshal(cla)
 }
 
-// setLocalityWeights gives each locality the sum of its endpoints' weights.
-// Clients refuse a priority whose locality weights add up past 2^32-1:
-// when they would, every weight of that priority is scaled down to fit
-// (each at least 1).
+// setLocalityWeights keeps the weights within what clients accept (they
+// refuse a locality whose endpoint weights add up past 2^32-1, and a
+// priority whose locality weights do) and gives each locality the sum of
+// its endpoints' weights: where a sum would not fit, the weights it adds up
+// are scaled down to fit, each at least 1.
 func setLocalityWeights(locs []*endpointv3.LocalityLbEndpoints) {
+	byPrio := map[uint32][]int{} // locality indexes per priority
 	sums := make([]uint64, len(locs))
-	total := map[uint32]uint64{}
 	for i, l := range locs {
-		for _, e := range l.LbEndpoints {
-			sums[i] += uint64(e.GetLoadBalancingWeight().GetValue())
+		ws := make([]uint64, len(l.LbEndpoints))
+		for j, e := range l.LbEndpoints {
+			ws[j] = uint64(e.GetLoadBalancingWeight().GetValue())
 		}
-		total[l.Priority] += sums[i]
-	}
-	for i, l := range locs {
-		w := sums[i]
-		if t := total[l.Priority]; t > math.MaxUint32 {
-			// Leave room for the rounding up of every locality.
-			w = max(1, w*(math.MaxUint32-uint64(len(locs)))/t)
+		for j, w := range scaleToFit(ws) {
+			l.LbEndpoints[j].LoadBalancingWeight = wrapperspb.UInt32(w)
+			sums[i] += uint64(w)
 		}
-		l.LoadBalancingWeight = wrapperspb.UInt32(uint32(w))
+		byPrio[l.Priority] = append(byPrio[l.Priority], i)
 	}
+	for _, idx := range byPrio {
+		ws := make([]uint64, len(idx))
+		for k, i := range idx {
+			ws[k] = sums[i]
+		}
+		for k, w := range scaleToFit(ws) {
+			locs[idx[k]].LoadBalancingWeight = wrapperspb.UInt32(w)
+		}
+	}
+}
+
+// scaleToFit returns ws if their sum fits in a uint32, else ws scaled down
+// in proportion so that it does, each at least 1.
+func scaleToFit(ws []uint64) []uint32 {
+	var total uint64
+	for _, w := range ws {
+		total += w
+	}
+	out := make([]uint32, len(ws))
+	for i, w := range ws {
+		if total > math.MaxUint32 {
+			// Leave room for the rounding up of every weight to 1.
+			w = max(1, w*(math.MaxUint32-uint64(len(ws)))/total)
+		}
+		out[i] = uint32(w)
+	}
+	return out
 }

@@ -125,6 +125,11 @@ func (s *Server) logOmitted(om []omission) {
 // Ready reports whether the registry's first snapshot is in.
 func (s *Server) Ready() bool { return s.idx.isReady() }
 
+// Updated returns a channel closed at the next change of what Beacon
+// serves (a registry batch applied, or the watch going stale). Take it
+// before checking a condition, then wait on it: no change is missed.
+func (s *Server) Updated() <-chan struct{} { return s.idx.changes() }
+
 // Stale reports since when the registry watch has been cut off from its
 // store (zero while it is live), and why. Clients keep being served the
 // last state meanwhile.

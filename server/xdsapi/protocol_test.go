@@ -1,0 +1,351 @@
+package xdsapi
+
+import (
+	"bytes"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/prometheus/client_golang/prometheus"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// An unknown (or empty) service is answered at once: its Listener and
+// Cluster exist and its assignment is empty, so that a client does not wait
+// for its does-not-exist timer; the first instance then arrives in one
+// push.
+func TestEmptyServiceAnsweredAtOnce(t *testing.T) {
+	r := memRegistry(t)
+	_, addr := startXDS(t, r, Config{})
+	a := dialADS(t, addr, "raw")
+	a.request(ListenerType, []string{"grpc.greeter.demo"}, nil, "")
+	lds := a.recv()
+	if got := names(t, lds); !slices.Equal(got, []string{"grpc.greeter.demo"}) {
+		t.Fatalf("LDS answered %v", got)
+	}
+	a.request(ClusterType, []string{"grpc.greeter.demo"}, nil, "")
+	if got := names(t, a.recv()); !slices.Equal(got, []string{"grpc.greeter.demo"}) {
+		t.Fatalf("CDS answered %v", got)
+	}
+	a.request(EndpointType, []string{"grpc.greeter.demo"}, nil, "")
+	eds := a.recv()
+	if cla := assignments(t, eds)["grpc.greeter.demo"]; cla == nil || len(cla.GetEndpoints()) != 0 {
+		t.Fatalf("EDS answered %v, want an empty assignment", eds)
+	}
+	a.request(EndpointType, []string{"grpc.greeter.demo"}, eds, "")
+	register(t, r, "127.0.0.1:5001", nil)
+	eds = a.recv()
+	if got := addresses(assignments(t, eds)["grpc.greeter.demo"]); !slices.Equal(got, []string{"127.0.0.1:5001/HEALTHY"}) {
+		t.Fatalf("after a registration EDS pushed %v", got)
+	}
+}
+
+// Names that are no Beacon service are answered as resources that do not
+// exist: Listener and Cluster responses leave them out (which tells a
+// client at once), and the stream goes on.
+func TestNonServiceNamesDoNotExist(t *testing.T) {
+	r := memRegistry(t)
+	_, addr := startXDS(t, r, Config{})
+	a := dialADS(t, addr, "raw")
+	bad := []string{"x", "a.b", "a.b.c.d", "Grpc.Greeter.Demo", "a/b", "a/b/c/d", "-a.b.c", "a..c", strings.Repeat("a", 300), "grpc.greeter.demo.beacon"}
+	a.request(ListenerType, bad, nil, "")
+	resp := a.recv()
+	if got := names(t, resp); len(got) != 0 {
+		t.Fatalf("LDS for non-services answered %v", got)
+	}
+	a.request(ListenerType, append(bad, "demo/greeter/grpc"), resp, "")
+	if got := names(t, a.recv()); !slices.Equal(got, []string{"demo/greeter/grpc"}) {
+		t.Fatalf("LDS answered %v", got)
+	}
+}
+
+// One change of a service is marshalled once and pushed only to the
+// streams that follow it, with only that service's assignment.
+func TestOnlyWhatChangedIsPushed(t *testing.T) {
+	r := memRegistry(t)
+	reg := prometheus.NewRegistry()
+	_, addr := startXDS(t, r, Config{Metrics: reg})
+	register(t, r, "127.0.0.1:5001", nil)
+	other, err := r.Register(testContext(t), beacon.Instance{Namespace: "demo", Component: "other", Endpoint: "grpc", Address: "127.0.0.1:6001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	streams := make([]*ads, 3)
+	resps := make([]*discoveryv3.DiscoveryResponse, 3)
+	for i := range streams {
+		streams[i] = dialADS(t, addr, "raw")
+		streams[i].request(EndpointType, []string{"grpc.greeter.demo", "grpc.other.demo"}, nil, "")
+		resps[i] = streams[i].recv()
+		if got := len(resps[i].GetResources()); got != 2 {
+			t.Fatalf("first EDS response holds %d assignments, want 2", got)
+		}
+		streams[i].request(EndpointType, []string{"grpc.greeter.demo", "grpc.other.demo"}, resps[i], "")
+	}
+	before := marshals(t, reg, "endpoint")
+	register(t, r, "127.0.0.1:5002", nil)
+	for i, a := range streams {
+		resp := a.recv()
+		if got := names(t, resp); !slices.Equal(got, []string{"grpc.greeter.demo"}) {
+			t.Fatalf("stream %d: the push holds %v, want only the service that changed", i, got)
+		}
+	}
+	if n := marshals(t, reg, "endpoint") - before; n != 1 {
+		t.Fatalf("one change of one service marshalled %v assignments for 3 streams, want 1", n)
+	}
+}
+
+// marshals returns beacon_xds_marshals_total of a type.
+func marshals(t testing.TB, reg *prometheus.Registry, typ string) float64 {
+	t.Helper()
+	return metricValue(t, reg, "beacon_xds_marshals_total", map[string]string{"type": typ})
+}
+
+// metricValue returns the value of the metric name with exactly the given
+// labels (0 if there is none).
+func metricValue(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue next
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// A client that has not answered a response gets no other of that type:
+// the changes meanwhile are folded into the one it gets after its ACK.
+func TestOneResponseInFlightPerType(t *testing.T) {
+	r := memRegistry(t)
+	_, addr := startXDS(t, r, Config{})
+	a := dialADS(t, addr, "raw")
+	a.request(EndpointType, []string{"grpc.greeter.demo"}, nil, "")
+	first := a.recv()
+	// Three changes while the first response waits for its ACK.
+	register(t, r, "127.0.0.1:5001", nil)
+	register(t, r, "127.0.0.1:5002", nil)
+	register(t, r, "127.0.0.1:5003", nil)
+	// A request of another type is answered meanwhile: the stream is
+	// alive and has seen the changes.
+	a.request(ClusterType, []string{"grpc.greeter.demo"}, nil, "")
+	if resp := a.recv(); resp.GetTypeUrl() != ClusterType {
+		t.Fatalf("got a %s response while the assignment awaited its ACK", resp.GetTypeUrl())
+	}
+	a.request(EndpointType, []string{"grpc.greeter.demo"}, first, "")
+	resp := a.recv()
+	if got := addresses(assignments(t, resp)["grpc.greeter.demo"]); len(got) != 3 {
+		t.Fatalf("after the ACK: %v, want the three instances in one response", got)
+	}
+}
+
+// A client that never answers while newer state waits has its stream ended
+// with a clear error, and the server counts it.
+func TestUnansweredResponseEndsStream(t *testing.T) {
+	r := memRegistry(t)
+	reg := prometheus.NewRegistry()
+	_, addr := startXDS(t, r, Config{AckTimeout: 100 * time.Millisecond, Metrics: reg})
+	a := dialADS(t, addr, "raw")
+	a.request(EndpointType, []string{"grpc.greeter.demo"}, nil, "")
+	a.recv()
+	register(t, r, "127.0.0.1:5001", nil)
+	_, err := a.recvErr()
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "ACK or NACK") {
+		t.Fatalf("stream ended with %v, want DeadlineExceeded saying an ACK is expected", err)
+	}
+	if n := metricValue(t, reg, "beacon_xds_ack_timeouts_total", nil); n != 1 {
+		t.Fatalf("beacon_xds_ack_timeouts_total = %v", n)
+	}
+}
+
+// A NACK is counted per type and client, and logged with the client's
+// reason; the refused version is not sent again.
+func TestNackCountedAndLogged(t *testing.T) {
+	r := memRegistry(t)
+	reg := prometheus.NewRegistry()
+	var logs syncBuffer
+	_, addr := startXDS(t, r, Config{Metrics: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	register(t, r, "127.0.0.1:5001", nil)
+	a := dialADS(t, addr, "test-agent")
+	a.request(ClusterType, []string{"grpc.greeter.demo"}, nil, "")
+	resp := a.recv()
+	a.request(ClusterType, []string{"grpc.greeter.demo"}, resp, "cluster grpc.greeter.demo: no thanks")
+	// The stream goes on: another type is answered, and no second cluster
+	// response comes first.
+	a.request(ListenerType, []string{"grpc.greeter.demo"}, nil, "")
+	if got := a.recv().GetTypeUrl(); got != ListenerType {
+		t.Fatalf("after the NACK the server sent a %s response", got)
+	}
+	if n := metricValue(t, reg, "beacon_xds_nacks_total", map[string]string{"type": "cluster", "client": "test-agent"}); n != 1 {
+		t.Fatalf("beacon_xds_nacks_total{type=cluster,client=test-agent} = %v", n)
+	}
+	if !strings.Contains(logs.String(), "no thanks") || !strings.Contains(logs.String(), "NACK") {
+		t.Fatalf("the NACK was not logged with its reason:\n%s", logs.String())
+	}
+}
+
+// Types Beacon serves none of are answered empty, once per subscription.
+func TestUnknownTypeAnsweredEmpty(t *testing.T) {
+	r := memRegistry(t)
+	_, addr := startXDS(t, r, Config{})
+	a := dialADS(t, addr, "raw")
+	for _, typ := range []string{RouteType, "type.googleapis.com/no.such.Type"} {
+		a.request(typ, []string{"x"}, nil, "")
+		resp := a.recv()
+		if resp.GetTypeUrl() != typ || len(resp.GetResources()) != 0 {
+			t.Fatalf("a request of %s was answered %v", typ, resp)
+		}
+	}
+}
+
+// A wildcard subscription (no names) follows every service the registry
+// holds: services appear and disappear with their instances.
+func TestWildcardFollowsServices(t *testing.T) {
+	r := memRegistry(t)
+	_, addr := startXDS(t, r, Config{})
+	register(t, r, "127.0.0.1:5001", nil)
+	a := dialADS(t, addr, "envoy")
+	a.request(ClusterType, nil, nil, "")
+	resp := a.recv()
+	if got := names(t, resp); !slices.Equal(got, []string{"grpc.greeter.demo"}) {
+		t.Fatalf("wildcard CDS answered %v", got)
+	}
+	a.request(ClusterType, nil, resp, "")
+	other, err := r.Register(testContext(t), beacon.Instance{Namespace: "demo", Component: "other", Endpoint: "grpc", Address: "127.0.0.1:6001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp = a.recv()
+	got := names(t, resp)
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"grpc.greeter.demo", "grpc.other.demo"}) {
+		t.Fatalf("after a new service wildcard CDS pushed %v", got)
+	}
+	a.request(ClusterType, nil, resp, "")
+	if err := other.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(t, a.recv()); !slices.Equal(got, []string{"grpc.greeter.demo"}) {
+		t.Fatalf("after the service left wildcard CDS pushed %v", got)
+	}
+}
+
+// Requests about an older response are ignored, as the protocol says; the
+// current subscription stands.
+func TestStaleNonceIgnored(t *testing.T) {
+	r := memRegistry(t)
+	_, addr := startXDS(t, r, Config{})
+	a := dialADS(t, addr, "raw")
+	a.request(ListenerType, []string{"grpc.greeter.demo"}, nil, "")
+	first := a.recv()
+	a.request(ListenerType, []string{"grpc.greeter.demo", "demo/greeter/grpc"}, first, "")
+	second := a.recv()
+	if len(second.GetResources()) != 2 {
+		t.Fatalf("second LDS response: %v", names(t, second))
+	}
+	// About the first response: ignored (no answer, no change).
+	a.request(ListenerType, []string{"grpc.other.demo"}, first, "")
+	a.request(ClusterType, nil, nil, "")
+	if got := a.recv().GetTypeUrl(); got != ClusterType {
+		t.Fatalf("a request with a stale nonce was answered (%s)", got)
+	}
+}
+
+// Malformed requests end the stream with InvalidArgument, saying what was
+// wrong.
+func TestMalformedRequests(t *testing.T) {
+	r := memRegistry(t)
+	_, addr := startXDS(t, r, Config{MaxNamesPerStream: 10})
+	for _, tc := range []struct {
+		name string
+		send func(a *ads)
+		code codes.Code
+		want string
+	}{
+		{"no type", func(a *ads) { a.request("", []string{"x"}, nil, "") }, codes.InvalidArgument, "type_url"},
+		{"too many names", func(a *ads) { a.request(ListenerType, make([]string, 11), nil, "") }, codes.ResourceExhausted, "at most 10"},
+		{"too many types", func(a *ads) {
+			for i := range maxTypesPerStream + 1 {
+				a.request("type.googleapis.com/t"+strings.Repeat("x", i), nil, nil, "")
+			}
+		}, codes.InvalidArgument, "resource types"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := dialADS(t, addr, "raw")
+			tc.send(a)
+			for {
+				_, err := a.recvErr()
+				if err == nil {
+					continue // answers to the valid requests before the bad one
+				}
+				if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("stream ended with %v, want %v mentioning %q", err, tc.code, tc.want)
+				}
+				return
+			}
+		})
+	}
+}
+
+// One client address may hold at most MaxStreamsPerClient streams.
+func TestStreamsPerClientBounded(t *testing.T) {
+	r := memRegistry(t)
+	reg := prometheus.NewRegistry()
+	_, addr := startXDS(t, r, Config{MaxStreamsPerClient: 2, Metrics: reg})
+	for i := range 2 {
+		a := dialADS(t, addr, "raw")
+		a.request(ClusterType, nil, nil, "")
+		a.recv()
+		_ = i
+	}
+	a := dialADS(t, addr, "raw")
+	a.request(ClusterType, nil, nil, "")
+	_, err := a.recvErr()
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--xds-max-streams-per-client") {
+		t.Fatalf("third stream: %v, want ResourceExhausted naming the flag", err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
