@@ -169,6 +169,22 @@ func (b *Backend) WaitCalls(ctx context.Context, n int) error {
 	}
 }
 
+// ListenMore serves the backend on n more loopback ports chosen by the
+// kernel, and returns their addresses: one server that a service sees as n
+// more instances. They stop with the backend.
+func (b *Backend) ListenMore(n int) ([]string, error) {
+	addrs := make([]string, 0, n)
+	for range n {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return addrs, fmt.Errorf("namingtest: listen: %w", err)
+		}
+		addrs = append(addrs, lis.Addr().String())
+		go func() { _ = b.srv.Serve(lis) }()
+	}
+	return addrs, nil
+}
+
 // Stop stops the server at once, failing calls in flight. It is
 // idempotent.
 func (b *Backend) Stop() {
