@@ -188,4 +188,3 @@ func addresses(cla *endpointv3.ClusterLoadAssignment) []string {
 	}
 	return out
 }
-

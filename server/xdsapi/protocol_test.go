@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/prometheus/client_golang/prometheus"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
