@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -60,7 +61,19 @@ func (id identity) key(salt []byte) string {
 // (Basic user:password, or Bearer <etcd token>), else the common name of a
 // verified client certificate, as etcd does on its client port.
 func credentials(r *http.Request) (identity, bool, error) {
-	if h := r.Header.Get("Authorization"); h != "" {
+	var verified [][]*x509.Certificate
+	if r.TLS != nil {
+		verified = r.TLS.VerifiedChains
+	}
+	return credentialsFrom(r.Header.Get("Authorization"), verified)
+}
+
+// credentialsFrom reads an identity from an Authorization header's value
+// (Basic user:password, or Bearer <etcd token>), else from the common name
+// of a verified client certificate, as etcd does on its client port. The
+// HTTP API and xDS (the authorization metadata) read it alike.
+func credentialsFrom(h string, verified [][]*x509.Certificate) (identity, bool, error) {
+	if h != "" {
 		// The scheme ends at the first space or tab (RFC 9110 allows
 		// only spaces; a tab must not make the credentials part of the
 		// scheme, which an error message quotes).
@@ -92,8 +105,8 @@ func credentials(r *http.Request) (identity, bool, error) {
 			return identity{}, false, fmt.Errorf("authorization scheme %q is not supported: use Basic (user:password) or Bearer (an etcd token)", scheme)
 		}
 	}
-	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
-		cn := r.TLS.VerifiedChains[0][0].Subject.CommonName
+	if len(verified) > 0 && len(verified[0]) > 0 {
+		cn := verified[0][0].Subject.CommonName
 		if cn == "" {
 			return identity{}, false, errors.New("the client certificate has no common name, so it names no etcd user: issue it with CN=<etcd user>, or send Basic or Bearer credentials")
 		}

@@ -105,6 +105,10 @@ type Config struct {
 	// empty, as in the zero value (`beacon serve` enables it by default).
 	DNS DNSConfig
 
+	// XDS configures the xDS interface (xds.go); disabled when XDS.Addr is
+	// empty, as in the zero value (`beacon serve` enables it by default).
+	XDS XDSConfig
+
 	// ShutdownTimeout bounds graceful shutdown; DefaultShutdownTimeout when
 	// zero.
 	ShutdownTimeout time.Duration
@@ -241,6 +245,7 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.DNS.validate()...)
+	errs = append(errs, c.XDS.validate()...)
 	if c.V2BaseURL != "" {
 		if u, err := url.Parse(c.V2BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.HasSuffix(c.V2BaseURL, "/") {
 			errs = append(errs, fmt.Errorf("--v2-base-url %q: want an http(s) URL without trailing slash, e.g. http://10.0.0.1:9379/v2/discovery", c.V2BaseURL))

@@ -242,6 +242,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		res.Checks["store"] = "ok"
 	}
 	s.dnsReadiness(&res) // dns.go
+	s.xdsReadiness(&res) // xds.go
 	writeReadiness(w, res)
 }
 

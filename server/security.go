@@ -48,6 +48,11 @@ type Security struct {
 	// With a trusted CA, a verified client certificate authenticates its
 	// common name as the etcd user, as etcd does on its client port.
 	HTTPTLS TLSFiles
+	// XDSTLS serves xDS over TLS (--xds-cert-file, --xds-key-file,
+	// --xds-trusted-ca-file, --xds-client-cert-auth). With a trusted CA, a
+	// verified client certificate authenticates its common name as the
+	// etcd user, as on the HTTP API.
+	XDSTLS TLSFiles
 
 	// Auth enables etcd authentication on the embedded cluster (--auth):
 	// on first start the root user is created with RootPassword (or the
@@ -148,7 +153,7 @@ func (s Security) validate(c Config) []error {
 	for _, t := range []struct {
 		files  TLSFiles
 		prefix string
-	}{{s.ClientTLS, ""}, {s.PeerTLS, "peer-"}, {s.HTTPTLS, "http-"}} {
+	}{{s.ClientTLS, ""}, {s.PeerTLS, "peer-"}, {s.HTTPTLS, "http-"}, {s.XDSTLS, "xds-"}} {
 		if err := t.files.Validate(t.prefix); err != nil {
 			errs = append(errs, err)
 			continue

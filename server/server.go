@@ -58,6 +58,7 @@ type Server struct {
 	errc      chan error
 	boot      bootstrapState // discovery fallback proxy (discovery.go)
 	dns       dnsState       // DNS interface (dns.go)
+	xds       xdsState       // xDS interface (xds.go)
 	closeOnce sync.Once
 	closeErr  error
 	// etcdClosing is set when Close stops embedded etcd (etcdlog.go).
@@ -145,6 +146,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if err := s.listenDNS(); err != nil { // dns.go
 		return err
 	}
+	if err := s.listenXDS(); err != nil { // xds.go
+		return err
+	}
 	s.serveEarly()
 
 	switch {
@@ -182,6 +186,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	}
 	s.logSecurityWarnings()
 	if err := s.startDNS(); err != nil { // dns.go
+		return err
+	}
+	if err := s.startXDS(); err != nil { // xds.go
 		return err
 	}
 	s.waitDNS(ctx)
@@ -232,6 +239,7 @@ func (s *Server) Close() error {
 			_ = ln.Close()
 		}
 		s.closeDNS()
+		s.closeXDS()
 		s.boot.close()
 		s.closeSecurity()
 		if s.v2 != nil {
@@ -359,6 +367,9 @@ func (s *Server) Banner() string {
 	fmt.Fprintf(&b, "  dashboard     %s/ui/\n", dash)
 	if a := s.DNSAddr(); a != "" && s.dns.srv != nil {
 		fmt.Fprintf(&b, "  DNS           %s udp+tcp, zone %s   (dig @%s -p %s SRV <endpoint>.<component>.<namespace>.%s)\n", a, s.dns.srv.Domain(), hostOf(loopbackIfUnspecified(a)), portOf(a), s.dns.srv.Domain())
+	}
+	if a := s.XDSAddr(); a != "" && s.xds.srv != nil {
+		fmt.Fprintf(&b, "  xDS           %s gRPC ADS   (GRPC_XDS_BOOTSTRAP from: beacon xds bootstrap --server %s; dial xds:///<endpoint>.<component>.<namespace>)\n", a, loopbackIfUnspecified(a))
 	}
 	for _, w := range s.securityWarnings() {
 		fmt.Fprintf(&b, "  WARNING       %s\n", w)

@@ -73,6 +73,16 @@ func (s *Server) securityWarnings() []string {
 			out = append(out, fmt.Sprintf("DNS on %s answers anyone on the network, without authentication or encryption, with every instance this server's etcd user may read: keep --dns-addr on loopback or a trusted network, or give the server an --etcd-user limited to the namespaces DNS should publish", s.dns.addr))
 		}
 	}
+	if s.xds.addr != "" {
+		if host, _, err := net.SplitHostPort(s.xds.addr); err == nil && !isLoopback(host) {
+			if s.sec.XDSTLS.CertFile == "" {
+				out = append(out, fmt.Sprintf("xDS on %s is plain gRPC on a non-loopback address: anyone on the path can read and alter where clients send their traffic; give --xds-cert-file and --xds-key-file", s.xds.addr))
+			}
+			if !s.authEnforced() {
+				out = append(out, fmt.Sprintf("xDS on %s serves every namespace to anyone who reaches it on a non-loopback address: run with --auth (clients then see only what their etcd user may read)", s.xds.addr))
+			}
+		}
+	}
 	return out
 }
 

@@ -341,7 +341,7 @@ func withFreePorts(t *testing.T, args, env []string) []string {
 	var need []string
 	switch args[0] {
 	case "serve":
-		need = []string{"--listen-client-urls", "--listen-peer-urls", "--http-addr", "--dns-addr"}
+		need = []string{"--listen-client-urls", "--listen-peer-urls", "--http-addr", "--dns-addr", "--xds-addr"}
 	case "proxy":
 		if !hasEnv("BEACON_PROXY_LISTEN") {
 			need = []string{"--listen-addr"}
@@ -355,7 +355,7 @@ func withFreePorts(t *testing.T, args, env []string) []string {
 			continue
 		}
 		u := freeURL(t)
-		if flag == "--http-addr" || flag == "--listen-addr" || flag == "--dns-addr" {
+		if flag == "--http-addr" || flag == "--listen-addr" || flag == "--dns-addr" || flag == "--xds-addr" {
 			u = strings.TrimPrefix(u, "http://")
 		}
 		out = append(out, flag, u)

@@ -83,6 +83,9 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			if err := dnsFlags(cmd.Flags(), &cfg.DNS); err != nil {
 				return err
 			}
+			if err := xdsFlags(cmd, &cfg.XDS); err != nil {
+				return err
+			}
 			srv, err := server.New(cfg)
 			if err != nil {
 				return usage(err) // New only checks the configuration
@@ -117,10 +120,11 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	f.StringVar(&etcdLogLevel, "etcd-log-level", "warn", "lowest level of embedded etcd's logs to show")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "graceful shutdown bound")
 	etcdAuth = addBackendFlags(cmd, "etcd-")
-	addDiscoveryFlags(cmd, &cfg.Discovery) // serve_discovery.go
-	addPerfFlags(cmd, &cfg)                // serve_perf.go
-	addSecurityFlags(cmd, &cfg.Security)   // serve_security.go
-	addDNSFlags(cmd, &cfg.DNS)             // serve_dns.go
+	addDiscoveryFlags(cmd, &cfg.Discovery)    // serve_discovery.go
+	addPerfFlags(cmd, &cfg)                   // serve_perf.go
+	addSecurityFlags(cmd, &cfg.Security)      // serve_security.go
+	addDNSFlags(cmd, &cfg.DNS)                // serve_dns.go
+	addXDSFlags(cmd, &cfg.XDS, &cfg.Security) // serve_xds.go
 	f.StringVar(&etcdAuth.backend, "backend", backend.Etcd, "backend: etcd, memory, file, nats or kubernetes (env "+backend.EnvVar+")")
 	addKubeFlags(cmd, etcdAuth) // backend_kube.go
 	return cmd

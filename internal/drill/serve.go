@@ -71,7 +71,7 @@ func (s *ServeNodes) Command(m *etcdproc.Member) *exec.Cmd {
 	s.mu.Unlock()
 	return s.Beacon("serve", "--name", m.Name, "--data-dir", m.DataDir,
 		"--listen-client-urls", m.ClientURL, "--listen-peer-urls", m.PeerURL, "--http-addr", m.HTTPAddr,
-		"--discovery-token", t.token, "--discovery-endpoints", t.endpoint, "--etcd-log-level", "warn", "--dns-addr=")
+		"--discovery-token", t.token, "--discovery-endpoints", t.endpoint, "--etcd-log-level", "warn", "--dns-addr=", "--xds-addr=")
 }
 
 // serveAlone runs a single-node `beacon serve` (the discovery service).
@@ -84,5 +84,5 @@ func (serveAlone) Name() string { return "beacon serve" }
 func (s serveAlone) Command(m *etcdproc.Member) *exec.Cmd {
 	return s.beacon("serve", "--name", m.Name, "--data-dir", m.DataDir,
 		"--listen-client-urls", m.ClientURL, "--listen-peer-urls", m.PeerURL, "--http-addr", m.HTTPAddr,
-		"--etcd-log-level", "warn", "--dns-addr=")
+		"--etcd-log-level", "warn", "--dns-addr=", "--xds-addr=")
 }

@@ -2,7 +2,6 @@ package xdsapi
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -66,7 +65,11 @@ func startXDS(t testing.TB, d registry.Discoverer, cfg Config) (*Server, string)
 // bootstrap is a GRPC_XDS_BOOTSTRAP document for a client of the server at
 // addr, without credentials.
 func bootstrap(addr, node string) []byte {
-	return fmt.Appendf(nil, `{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],"node":{"id":%q,"locality":{}}}`, addr, node)
+	b, err := Bootstrap(BootstrapConfig{Server: addr, NodeID: node})
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 // register registers an instance of demo/greeter/grpc at addr with the

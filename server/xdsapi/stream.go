@@ -222,8 +222,8 @@ func (s *stream) flush() error {
 	if !s.srv.idx.isReady() {
 		return nil // nothing is sent before the registry's first snapshot
 	}
-	if !s.ensureVisible() {
-		return nil // a permission check failed: retried, nothing partial sent
+	if ok, err := s.ensureVisible(); err != nil || !ok {
+		return err // a permission check failed: retried, nothing partial sent
 	}
 	now := time.Now()
 	var firstWait time.Time
@@ -337,8 +337,9 @@ func (s *stream) build(ts *typeState) (res []*anypb.Any, sent map[string]uint64,
 // subscriptions reach that it has not asked about yet. It reports false
 // when a check failed (etcd unreachable): the stream then sends nothing
 // and tries again shortly, rather than answer "does not exist" for
-// resources it may well read.
-func (s *stream) ensureVisible() bool {
+// resources it may well read. An Unauthenticated or PermissionDenied
+// status (the credentials no longer work) is returned: it ends the stream.
+func (s *stream) ensureVisible() (bool, error) {
 	var ask []string
 	seen := map[string]bool{}
 	need := func(ns string) {
@@ -372,18 +373,21 @@ func (s *stream) ensureVisible() bool {
 		ctx, cancel := context.WithTimeout(s.ctx, permissionTimeout)
 		ok, err := s.access.Readable(ctx, ns)
 		cancel()
+		if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
+			return false, err
+		}
 		if err != nil {
 			s.srv.log.Warn("xds: cannot check a client's permission to read a namespace; retrying",
 				"namespace", ns, "node", s.node.id, "peer", s.peer, "err", err)
 			s.retryIn(permissionRetry)
-			return false
+			return false, nil
 		}
 		s.visible[ns] = ok
 		if !ok {
 			s.srv.m.denied.Inc()
 		}
 	}
-	return true
+	return true, nil
 }
 
 // Permission checks are bounded, and retried after a failure.
