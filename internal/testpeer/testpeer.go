@@ -122,3 +122,34 @@ func GoBuild(tb testing.TB, pkg string) string {
 	goBuildDone[pkg] = bin
 	return bin
 }
+
+var pythonGRPC = sync.OnceValue(func() string {
+	for _, p := range []string{"/usr/bin/python3", "python3"} {
+		if path, err := exec.LookPath(p); err == nil && exec.Command(path, "-c", "import grpc").Run() == nil {
+			return path
+		}
+	}
+	return ""
+})
+
+// PythonGRPC returns a python3 whose grpc module is gRPC C-core's
+// (Debian's python3-grpcio; the python3 first in PATH may lack it).
+func PythonGRPC(tb testing.TB) string {
+	tb.Helper()
+	p := pythonGRPC()
+	if p == "" {
+		Unavailable(tb, "no python3 with the grpc module (gRPC C-core): install it with apt-get install python3-grpcio")
+	}
+	return p
+}
+
+// Node returns the node binary, once the npm packages of the project in
+// dir (a directory with a package-lock.json) are installed.
+func Node(tb testing.TB, dir string) string {
+	tb.Helper()
+	node := Binary(tb, "apt-get install nodejs npm", "node", "nodejs")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
+		Unavailable(tb, "the npm packages of "+dir+" are not installed: run npm ci --prefix "+dir)
+	}
+	return node
+}

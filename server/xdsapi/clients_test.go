@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -173,35 +172,13 @@ var nodeDir = filepath.Join("testdata", "node")
 
 func startNodeClient(t testing.TB, addr, target string) client {
 	t.Helper()
-	node := testpeer.Binary(t, "apt-get install nodejs npm", "node", "nodejs")
-	if _, err := os.Stat(filepath.Join(nodeDir, "node_modules", "@grpc", "grpc-js-xds")); err != nil {
-		testpeer.Unavailable(t, "the Node client's npm packages are not installed: run npm ci --prefix server/xdsapi/testdata/node")
-	}
+	node := testpeer.Node(t, nodeDir)
 	return startProc(t, bootstrap(addr, "node-client"), nil, node, filepath.Join(nodeDir, "client.js"), target)
 }
 
-// pythonWithGRPC finds a Python whose grpc module is gRPC C-core's
-// (Debian's python3-grpcio).
-var pythonWithGRPC = sync.OnceValues(func() (string, error) {
-	for _, p := range []string{"/usr/bin/python3", "python3"} {
-		path, err := exec.LookPath(p)
-		if err != nil {
-			continue
-		}
-		if exec.Command(path, "-c", "import grpc").Run() == nil {
-			return path, nil
-		}
-	}
-	return "", errors.New("no python3 with the grpc module (gRPC C-core): install it with apt-get install python3-grpcio")
-})
-
 func startPythonClient(t testing.TB, addr, target string) client {
 	t.Helper()
-	py, err := pythonWithGRPC()
-	if err != nil {
-		testpeer.Unavailable(t, err.Error())
-	}
-	return startProc(t, bootstrap(addr, "python-client"), nil, py, filepath.Join("testdata", "python", "client.py"), target)
+	return startProc(t, bootstrap(addr, "python-client"), nil, testpeer.PythonGRPC(t), filepath.Join("testdata", "python", "client.py"), target)
 }
 
 // reachAll calls c until every backend in names has served a call, or the
