@@ -115,4 +115,3 @@ func startXDS(t *testing.T, ctx context.Context, endpoint string) string {
 	})
 	return ln.Addr().String()
 }
-
