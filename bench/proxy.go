@@ -1,12 +1,10 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"runtime"
 	"strconv"
@@ -531,23 +529,7 @@ func watchRoundProxy(ctx context.Context, cfg ProxyConfig, s *side, writer *clie
 // proxyUpstreamWatches reads beacon_proxy_upstream_watches from a Beacon
 // proxy's /metrics.
 func proxyUpstreamWatches(ctx context.Context, addr string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "beacon_proxy_upstream_watches "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	return 0, errors.New("no beacon_proxy_upstream_watches")
+	return scrape(ctx, "http://"+addr, "beacon_proxy_upstream_watches")
 }
 
 type loadResult struct {

@@ -25,6 +25,9 @@ type Row struct {
 	// Against names the baseline ("raw etcd" when empty): "direct",
 	// "etcd grpc-proxy", "txn-put ceiling", ...
 	Against string `json:"against,omitempty"`
+	// NoBaseline marks a figure measured for Beacon alone (the baseline
+	// and its name print as "-").
+	NoBaseline bool `json:"no_baseline,omitempty"`
 	// Runs is how many measurements the figures are the median of (0 or
 	// 1: a single one); the Lo and Hi fields are then their spread, and
 	// RatioLo and RatioHi the spread of the per-run ratios (Beacon and
@@ -145,9 +148,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 		if against == "" {
 			against = "raw etcd"
 		}
+		baseline := withSpread(row.Baseline, row.BaselineLo, row.BaselineHi, row.Runs)
+		if row.NoBaseline {
+			baseline, against = "-", "-"
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", row.Metric, row.Unit,
-			withSpread(row.Beacon, row.BeaconLo, row.BeaconHi, row.Runs),
-			withSpread(row.Baseline, row.BaselineLo, row.BaselineHi, row.Runs), against, ratio, goal)
+			withSpread(row.Beacon, row.BeaconLo, row.BeaconHi, row.Runs), baseline, against, ratio, goal)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -36,6 +36,7 @@ type Backend struct {
 
 	mu    sync.Mutex
 	calls map[string]int
+	first map[string]time.Time
 	last  map[string]time.Time
 	total int
 	wake  chan struct{} // closed and replaced at every call
@@ -59,6 +60,7 @@ func NewBackendAt(name, addr string) (*Backend, error) {
 		hs:    health.NewServer(),
 		done:  make(chan struct{}),
 		calls: make(map[string]int),
+		first: make(map[string]time.Time),
 		last:  make(map[string]time.Time),
 		wake:  make(chan struct{}),
 	}
@@ -101,6 +103,9 @@ func (b *Backend) count(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h
 	}
 	b.mu.Lock()
 	b.calls[tag]++
+	if _, ok := b.first[tag]; !ok {
+		b.first[tag] = now
+	}
 	b.last[tag] = now
 	b.total++
 	close(b.wake)
@@ -142,11 +147,19 @@ func (b *Backend) LastCall(tag string) time.Time {
 	return b.last[tag]
 }
 
+// FirstCall returns when the first call tagged tag arrived (zero if none).
+func (b *Backend) FirstCall(tag string) time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.first[tag]
+}
+
 // Reset forgets every count.
 func (b *Backend) Reset() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	clear(b.calls)
+	clear(b.first)
 	clear(b.last)
 	b.total = 0
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -103,8 +104,8 @@ type index struct {
 	m *metrics
 
 	mu       sync.RWMutex
-	gen      uint64 // raised by every batch that changes a resource
-	ready    bool   // the registry's first snapshot is in
+	gen      uint64      // raised by every batch that changes a resource
+	ready    atomic.Bool // the registry's first snapshot is in (read without mu)
 	services map[service]*svcState
 	// wild holds, per type, the streams with a wildcard subscription.
 	wild    [numTypes]map[*stream]struct{}
@@ -189,8 +190,8 @@ func (x *index) apply(b registry.Batch) []omission {
 	for _, st := range touched {
 		fresh = append(fresh, x.rebuild(st)...)
 	}
-	if !x.ready {
-		x.ready = true
+	if !x.ready.Load() {
+		x.ready.Store(true)
 		for s := range x.streams {
 			s.notify(1<<numTypes - 1)
 		}
@@ -288,11 +289,7 @@ func (x *index) changes() <-chan struct{} {
 }
 
 // isReady reports whether the first snapshot is in.
-func (x *index) isReady() bool {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	return x.ready
-}
+func (x *index) isReady() bool { return x.ready.Load() }
 
 // addStream and removeStream track the open streams; removeStream drops
 // every subscription of s.

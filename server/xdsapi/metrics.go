@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -69,9 +70,8 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		clients: map[string]string{},
 	}
 	for t := range numTypes + 1 {
-		name := "other"
+		name := typeName(t)
 		if t < numTypes {
-			name = typeNames[t]
 			m.marByType[t] = m.marshals.WithLabelValues(name)
 		}
 		m.respByType[t] = m.responses.WithLabelValues(name)
@@ -113,10 +113,19 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 // marshalled counts n resources of type t encoded.
 func (m *metrics) marshalled(t rtype, n int) { m.marByType[t].Add(float64(n)) }
 
-// sent counts one response of type t holding n resources.
-func (m *metrics) sent(t rtype, n int) {
+// sentResponse counts one response sent.
+func (m *metrics) sentResponse(resp *discoveryv3.DiscoveryResponse) {
+	t, _ := typeOf(resp.GetTypeUrl())
 	m.respByType[t].Inc()
-	m.resByType[t].Add(float64(n))
+	m.resByType[t].Add(float64(len(resp.GetResources())))
+}
+
+// typeName labels a type in metrics and logs.
+func typeName(t rtype) string {
+	if t < numTypes {
+		return typeNames[t]
+	}
+	return "other"
 }
 
 // clientLabel returns the metrics label of a user agent: its name, made

@@ -260,60 +260,98 @@ func (s *Server) StreamAggregatedResources(ss discoveryv3.AggregatedDiscoverySer
 		wake: make(chan struct{}, 1), types: map[string]*typeState{}, visible: map[string]bool{},
 	}
 	s.idx.addStream(st)
-	defer func() { s.idx.removeStream(st, st.subscribed()) }()
-	defer st.stopTimers()
-	reqs := make(chan *discoveryv3.DiscoveryRequest)
+	defer func() {
+		st.mu.Lock()
+		subscribed := st.subscribed()
+		st.mu.Unlock()
+		s.idx.removeStream(st, subscribed)
+	}()
 	recvErr := make(chan error, 1)
-	stop := make(chan struct{})
-	defer close(stop)
 	s.wg.Add(1)
-	go func() { // owned by this handler: ends when the stream does
+	go func() { // owned by this handler: ends with the stream
 		defer s.wg.Done()
-		for {
-			req, err := ss.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case reqs <- req:
-			case <-stop:
-				return
+		recvErr <- s.receive(st, ss)
+	}()
+	return s.run(st, recvErr)
+}
+
+// receive applies the client's requests until the stream ends, waking the
+// sending goroutine when one makes a response due.
+func (s *Server) receive(st *stream, ss discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	for {
+		req, err := ss.Recv()
+		if err != nil {
+			return err
+		}
+		st.mu.Lock()
+		err = st.handle(req)
+		due := st.due()
+		st.mu.Unlock()
+		if err != nil {
+			s.log.Info("xds: stream ended: bad request", "node", st.nodeID(), "peer", st.peer, "err", err)
+			return err
+		}
+		if due {
+			st.kick()
+		}
+	}
+}
+
+// run is the stream's sending loop: it sends what the client is owed
+// whenever the index, an ACK or a timer says so, until the stream or the
+// server ends.
+func (s *Server) run(st *stream, recvErr <-chan error) error {
+	var retry, ackCheck *time.Timer
+	defer func() {
+		for _, t := range []*time.Timer{retry, ackCheck} {
+			if t != nil {
+				t.Stop()
 			}
 		}
 	}()
-	return s.run(st, reqs, recvErr)
-}
-
-// run is the stream's loop: it applies requests and sends what the client
-// is owed, until the stream or the server ends.
-func (s *Server) run(st *stream, reqs <-chan *discoveryv3.DiscoveryRequest, recvErr <-chan error) error {
 	for {
 		select {
-		case req := <-reqs:
-			if err := st.handle(req); err != nil {
-				s.log.Info("xds: stream ended: bad request", "node", st.node.id, "peer", st.peer, "err", err)
-				return err
-			}
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
 				return nil
 			}
 			return err
 		case <-st.wake:
-		case <-timerC(st.retry):
-		case <-timerC(st.ackWait):
+		case <-timerC(retry):
+		case <-timerC(ackCheck):
 		case <-s.done:
 			return status.Error(codes.Unavailable, "the xDS server is shutting down: connect again")
 		}
-		if err := st.flush(); err != nil {
+		out, wait, err := st.prepare(time.Now())
+		if err != nil {
 			if status.Code(err) == codes.DeadlineExceeded {
 				s.m.ackTimeouts.Inc()
-				s.log.Warn("xds: stream ended: the client does not acknowledge responses", "node", st.node.id, "peer", st.peer, "err", err)
+				s.log.Warn("xds: stream ended: the client does not acknowledge responses", "node", st.nodeID(), "peer", st.peer, "err", err)
 			}
 			return err
 		}
+		for _, resp := range out {
+			if err := st.send(resp); err != nil {
+				return err
+			}
+			s.m.sentResponse(resp)
+		}
+		retry = resetTimer(retry, wait.retry)
+		ackCheck = resetTimer(ackCheck, wait.ackCheck)
 	}
+}
+
+// resetTimer arms t (made if nil) to fire after d, or leaves it as it is
+// when d is zero.
+func resetTimer(t *time.Timer, d time.Duration) *time.Timer {
+	if d <= 0 {
+		return t
+	}
+	if t == nil {
+		return time.NewTimer(d)
+	}
+	t.Reset(d)
+	return t
 }
 
 // DeltaAggregatedResources is not served: proxyless gRPC speaks state of
@@ -329,10 +367,7 @@ func (s *Server) nodeOf(n *corev3.Node) nodeInfo {
 
 // nacked counts and logs a client's refusal of a response.
 func (s *Server) nacked(st *stream, ts *typeState, req *discoveryv3.DiscoveryRequest) {
-	typ := "other"
-	if ts.t < numTypes {
-		typ = typeNames[ts.t]
-	}
+	typ := typeName(ts.t)
 	s.m.nacks.WithLabelValues(typ, st.node.client).Inc()
 	s.log.Warn("xds: a client refused (NACKed) a response; it keeps the last version it accepted",
 		"type", typ, "node", st.node.id, "client", st.node.client, "peer", st.peer,

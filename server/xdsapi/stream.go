@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,31 +21,37 @@ const wildcardName = "*"
 // (Beacon serves three; the others are answered empty).
 const maxTypesPerStream = 16
 
-// A stream is one ADS stream, state of the world. Its state is owned by
-// the goroutine that runs it (run); the index reaches it only through
-// notify, which never blocks. Per type it keeps what the client
+// A stream is one ADS stream, state of the world. Two goroutines serve
+// it: the receiving one applies the client's requests (handle), the
+// sending one builds and sends responses (prepare, then send), woken by the
+// index (notify, which never blocks) or by the receiving one when an ACK
+// makes a response due. Per type the stream keeps what the client
 // subscribes to, what was last sent, and whether that response awaits the
 // client's ACK or NACK: Beacon sends one response per type at a time, and
 // the next once the client has answered, so that a slow client gets the
 // latest state rather than a queue of old ones.
+//
+// Lock order: stream.mu, then index.mu.
 type stream struct {
 	srv    *Server
 	ctx    context.Context
 	send   func(*discoveryv3.DiscoveryResponse) error
 	peer   string // client address, for logs and the per-client bound
 	access Access // nil: every namespace is readable
-	node   nodeInfo
 
-	// dirty holds the types the index changed since run last looked;
-	// wake is signalled with it.
+	// dirty holds the types the index changed since the sending goroutine
+	// last looked; wake is signalled with it.
 	dirty atomicMask
 	wake  chan struct{}
 
-	types   map[string]*typeState // by type URL
-	nonce   uint64
-	visible map[string]bool // namespaces the access was asked about
-	retry   *time.Timer     // a visibility check to retry (nil: none)
-	ackWait *time.Timer     // armed while a response awaits its ACK
+	// visible caches the access's answers, per namespace; the sending
+	// goroutine alone uses it.
+	visible map[string]bool
+
+	mu    sync.Mutex
+	node  nodeInfo
+	types map[string]*typeState // by type URL
+	nonce uint64
 }
 
 // nodeInfo is who the client says it is (its first request's node).
@@ -78,14 +85,30 @@ type typeState struct {
 // notify tells the stream that resources of the types in m changed.
 func (s *stream) notify(m typeMask) {
 	s.dirty.or(m)
+	s.kick()
+}
+
+// kick wakes the sending goroutine.
+func (s *stream) kick() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
 }
 
+// due reports whether a response is owed and may be sent now (none of its
+// type awaits an answer). Called with mu held.
+func (s *stream) due() bool {
+	for _, ts := range s.types {
+		if (ts.changed || ts.pending) && ts.awaiting == "" {
+			return true
+		}
+	}
+	return false
+}
+
 // handle applies one request: an ACK or NACK of the last response of its
-// type, and the client's subscription.
+// type, and the client's subscription. Called with mu held.
 func (s *stream) handle(req *discoveryv3.DiscoveryRequest) error {
 	if !s.node.seen {
 		s.node = s.srv.nodeOf(req.GetNode())
@@ -209,110 +232,109 @@ func (s *stream) subscribed() []*svcState {
 	return out
 }
 
-// flush sends, for each type, the response the client is owed, unless one
-// still awaits its answer. It fails the stream when a response has waited
-// past AckTimeout while newer state is held back.
-func (s *stream) flush() error {
+// next says when the sending goroutine must look at the stream again
+// without being woken: to retry a permission check, or to enforce the ACK
+// deadline (zero: no need).
+type next struct{ retry, ackCheck time.Duration }
+
+// prepare returns the responses the client is owed, one per type at most,
+// and records them as sent (they are sent next, without the lock; a failed
+// send ends the stream). It fails the stream when a response has waited
+// past AckTimeout while newer state is held back. Nothing is sent before
+// the registry's first snapshot, nor while a permission check fails.
+func (s *stream) prepare(now time.Time) ([]*discoveryv3.DiscoveryResponse, next, error) {
+	if !s.srv.idx.isReady() {
+		return nil, next{}, nil
+	}
+	if s.access != nil {
+		s.mu.Lock()
+		ask := s.unknownNamespaces()
+		s.mu.Unlock()
+		if ok, err := s.checkVisible(ask); err != nil || !ok {
+			return nil, next{retry: permissionRetry}, err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	dirty := s.dirty.take()
+	var out []*discoveryv3.DiscoveryResponse
+	var wait next
 	for _, ts := range s.types {
 		if ts.t < numTypes && dirty&ts.t.mask() != 0 {
 			ts.pending = true
 		}
-	}
-	if !s.srv.idx.isReady() {
-		return nil // nothing is sent before the registry's first snapshot
-	}
-	if ok, err := s.ensureVisible(); err != nil || !ok {
-		return err // a permission check failed: retried, nothing partial sent
-	}
-	now := time.Now()
-	var firstWait time.Time
-	for _, ts := range s.types {
 		if !ts.pending && !ts.changed {
 			continue
 		}
 		if ts.awaiting != "" {
-			if now.Sub(ts.sentAt) > s.srv.cfg.AckTimeout {
-				return status.Errorf(codes.DeadlineExceeded,
+			left := s.srv.cfg.AckTimeout - now.Sub(ts.sentAt)
+			if left < 0 {
+				return nil, next{}, status.Errorf(codes.DeadlineExceeded,
 					"the client answered no response of type %s for %v (nonce %s) while newer state waited: Beacon sends one response per type and waits for its ACK or NACK",
 					ts.url, s.srv.cfg.AckTimeout, ts.awaiting)
 			}
-			if firstWait.IsZero() || ts.sentAt.Before(firstWait) {
-				firstWait = ts.sentAt
+			if wait.ackCheck == 0 || left < wait.ackCheck {
+				wait.ackCheck = left
 			}
 			continue
 		}
-		if err := s.respond(ts, now); err != nil {
-			return err
+		if resp := s.respond(ts, now); resp != nil {
+			out = append(out, resp)
 		}
 	}
-	if !firstWait.IsZero() {
-		s.armAckWait(firstWait.Add(s.srv.cfg.AckTimeout).Sub(now))
-	}
-	return nil
+	return out, wait, nil
 }
 
-// armAckWait wakes the stream after d, to check the ACK deadline.
-func (s *stream) armAckWait(d time.Duration) {
-	if s.ackWait == nil {
-		s.ackWait = time.NewTimer(d)
-		return
-	}
-	s.ackWait.Reset(d)
-}
-
-// respond builds and sends the response of one type, if the client is owed
-// one.
-func (s *stream) respond(ts *typeState, now time.Time) error {
-	res, sent, version, ok := s.build(ts)
+// respond returns the response of one type, if the client is owed one,
+// and records it as sent. Called with mu held.
+func (s *stream) respond(ts *typeState, now time.Time) *discoveryv3.DiscoveryResponse {
+	res, version, ok := s.build(ts)
 	ts.pending, ts.changed = false, false
 	if !ok {
 		return nil
 	}
 	s.nonce++
 	nonce := strconv.FormatUint(s.nonce, 10)
-	resp := &discoveryv3.DiscoveryResponse{
+	ts.awaiting, ts.sentAt = nonce, now
+	return &discoveryv3.DiscoveryResponse{
 		VersionInfo: strconv.FormatUint(version, 10),
 		Resources:   res,
 		TypeUrl:     ts.url,
 		Nonce:       nonce,
 	}
-	if err := s.send(resp); err != nil {
-		return err
-	}
-	ts.sent, ts.awaiting, ts.sentAt = sent, nonce, now
-	s.srv.m.sent(ts.t, len(res))
-	return nil
 }
 
-// build returns the response a type is owed: for Listener and Cluster
-// every resource subscribed to that exists (sent when that set or a
-// version in it changed, or the subscription did); for assignments those
-// whose version the client has not seen yet. ok is false when there is
-// nothing to send.
-func (s *stream) build(ts *typeState) (res []*anypb.Any, sent map[string]uint64, version uint64, ok bool) {
+// build returns the resources a type is owed, and records what it sends in
+// ts.sent: for Listener and Cluster every resource subscribed to that
+// exists (owed when that set or a version in it changed, or the
+// subscription did); for assignments those whose version the client has
+// not seen yet. ok is false when nothing is owed.
+func (s *stream) build(ts *typeState) (res []*anypb.Any, version uint64, ok bool) {
 	x := s.srv.idx
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	version = x.gen
 	if ts.t == numTypes {
-		return nil, ts.sent, version, ts.changed
+		return nil, version, ts.changed
+	}
+	full := ts.t.fullState()
+	var sent map[string]uint64 // full state: the new set
+	if full {
+		sent = make(map[string]uint64, len(ts.sent))
 	}
 	add := func(name string, st *svcState) {
-		if st == nil || !s.visible[st.svc.ns] {
+		if st == nil || !s.readable(st.svc.ns) {
 			return
 		}
 		r := st.resourceFor(ts.t, name)
-		if !ts.t.fullState() {
-			if v, seen := ts.sent[name]; seen && v == r.version {
-				return
-			}
+		if full {
+			sent[name] = r.version
+		} else if v, seen := ts.sent[name]; seen && v == r.version {
+			return
+		} else {
+			ts.sent[name] = r.version
 		}
 		res = append(res, r.any)
-		if sent == nil {
-			sent = map[string]uint64{}
-		}
-		sent[name] = r.version
 	}
 	for name, st := range ts.names {
 		add(name, st)
@@ -325,21 +347,21 @@ func (s *stream) build(ts *typeState) (res []*anypb.Any, sent map[string]uint64,
 			}
 		}
 	}
-	if ts.t.fullState() {
-		return res, sent, version, ts.changed || !maps.Equal(sent, ts.sent)
+	if !full {
+		return res, version, len(res) > 0
 	}
-	merged := maps.Clone(ts.sent)
-	maps.Copy(merged, sent)
-	return res, merged, version, len(res) > 0
+	owed := ts.changed || !maps.Equal(sent, ts.sent)
+	ts.sent = sent
+	return res, version, owed
 }
 
-// ensureVisible asks the access about every namespace the stream's
-// subscriptions reach that it has not asked about yet. It reports false
-// when a check failed (etcd unreachable): the stream then sends nothing
-// and tries again shortly, rather than answer "does not exist" for
-// resources it may well read. An Unauthenticated or PermissionDenied
-// status (the credentials no longer work) is returned: it ends the stream.
-func (s *stream) ensureVisible() (bool, error) {
+// readable reports whether the client may read a namespace (every one
+// without an access).
+func (s *stream) readable(ns string) bool { return s.access == nil || s.visible[ns] }
+
+// unknownNamespaces returns the namespaces the subscriptions reach that
+// the access was not asked about yet. Called with mu held.
+func (s *stream) unknownNamespaces() []string {
 	var ask []string
 	seen := map[string]bool{}
 	need := func(ns string) {
@@ -350,6 +372,7 @@ func (s *stream) ensureVisible() (bool, error) {
 	}
 	x := s.srv.idx
 	x.mu.RLock()
+	defer x.mu.RUnlock()
 	for _, ts := range s.types {
 		for _, st := range ts.names {
 			if st != nil {
@@ -364,12 +387,16 @@ func (s *stream) ensureVisible() (bool, error) {
 			}
 		}
 	}
-	x.mu.RUnlock()
+	return ask
+}
+
+// checkVisible asks the access about namespaces. It reports false when a
+// check failed (etcd unreachable): the stream then sends nothing and tries
+// again shortly, rather than answer "does not exist" for resources it may
+// well read. An Unauthenticated or PermissionDenied status (the
+// credentials no longer work) is returned: it ends the stream.
+func (s *stream) checkVisible(ask []string) (bool, error) {
 	for _, ns := range ask {
-		if s.access == nil {
-			s.visible[ns] = true
-			continue
-		}
 		ctx, cancel := context.WithTimeout(s.ctx, permissionTimeout)
 		ok, err := s.access.Readable(ctx, ns)
 		cancel()
@@ -378,8 +405,7 @@ func (s *stream) ensureVisible() (bool, error) {
 		}
 		if err != nil {
 			s.srv.log.Warn("xds: cannot check a client's permission to read a namespace; retrying",
-				"namespace", ns, "node", s.node.id, "peer", s.peer, "err", err)
-			s.retryIn(permissionRetry)
+				"namespace", ns, "node", s.nodeID(), "peer", s.peer, "err", err)
 			return false, nil
 		}
 		s.visible[ns] = ok
@@ -390,19 +416,18 @@ func (s *stream) ensureVisible() (bool, error) {
 	return true, nil
 }
 
+// nodeID is the client's node ID, for logs.
+func (s *stream) nodeID() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.node.id
+}
+
 // Permission checks are bounded, and retried after a failure.
 const (
 	permissionTimeout = 5 * time.Second
 	permissionRetry   = time.Second
 )
-
-func (s *stream) retryIn(d time.Duration) {
-	if s.retry == nil {
-		s.retry = time.NewTimer(d)
-		return
-	}
-	s.retry.Reset(d)
-}
 
 // timerC returns t's channel, or nil (never ready) for no timer.
 func timerC(t *time.Timer) <-chan time.Time {
@@ -410,14 +435,6 @@ func timerC(t *time.Timer) <-chan time.Time {
 		return nil
 	}
 	return t.C
-}
-
-func (s *stream) stopTimers() {
-	for _, t := range []*time.Timer{s.retry, s.ackWait} {
-		if t != nil {
-			t.Stop()
-		}
-	}
 }
 
 // sameKeys reports whether a set of names equals the keys of a
