@@ -18,6 +18,7 @@ import (
 	"github.com/beaconplane/beacon/internal/testpeer"
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/server/dnsapi"
+	"github.com/beaconplane/beacon/server/xdsapi"
 	"github.com/miekg/dns"
 )
 
@@ -40,6 +41,7 @@ const (
 	readmePeerURL   = "http://127.0.0.1:2380"
 	readmeHTTPAddr  = "127.0.0.1:9379"
 	readmeDNSAddr   = "127.0.0.1:9353"
+	readmeXDSAddr   = "127.0.0.1:9380"
 	readmeDataDir   = "beacon.data"
 )
 
@@ -131,11 +133,16 @@ func checkServeDefaults(t *testing.T) {
 	if r, _, err := (&dns.Client{Net: "tcp", Timeout: 10 * time.Second}).ExchangeContext(ctx, soa, readmeDNSAddr); err != nil || r.Rcode != dns.RcodeSuccess {
 		t.Errorf("DNS on %s: %v %v", readmeDNSAddr, r, err)
 	}
-	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(readmePeerURL, "http://"), 5*time.Second)
-	if err != nil {
-		t.Errorf("etcd peer port: %v", err)
-	} else {
-		conn.Close()
+	for what, addr := range map[string]string{"etcd peer": strings.TrimPrefix(readmePeerURL, "http://"), "xDS": readmeXDSAddr} {
+		conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Errorf("%s port: %v", what, err)
+		} else {
+			conn.Close()
+		}
+	}
+	if !strings.Contains(b.out(), "xDS           "+readmeXDSAddr) {
+		t.Errorf("banner lacks the xDS listener %s:\n%s", readmeXDSAddr, b.out())
 	}
 	if fi, err := os.Stat(dir + "/" + readmeDataDir + "/member"); err != nil || !fi.IsDir() {
 		t.Errorf("no member in ./%s: %v", readmeDataDir, err)
@@ -167,26 +174,29 @@ func checkDefaultValues(t *testing.T, readme string) {
 	for got, want := range map[string]string{
 		server.DefaultClientURL: readmeClientURL, server.DefaultPeerURL: readmePeerURL,
 		server.DefaultHTTPAddr: readmeHTTPAddr, server.DefaultDataDir: readmeDataDir, dnsapi.DefaultAddr: readmeDNSAddr,
+		xdsapi.DefaultAddr: readmeXDSAddr,
 	} {
 		if got != want {
 			t.Errorf("server default %q, the README documents %q", got, want)
 		}
 	}
-	if !strings.Contains(readme, strings.TrimPrefix(readmeClientURL, "http://")) || !strings.Contains(readme, readmeHTTPAddr) {
-		t.Errorf("README does not document the default ports %s and %s", readmeClientURL, readmeHTTPAddr)
+	if !strings.Contains(readme, strings.TrimPrefix(readmeClientURL, "http://")) || !strings.Contains(readme, readmeHTTPAddr) ||
+		!strings.Contains(readme, readmeXDSAddr) {
+		t.Errorf("README does not document the default ports %s, %s and %s", readmeClientURL, readmeHTTPAddr, readmeXDSAddr)
 	}
 	help := startBeacon(t, t.TempDir(), nil, "serve", "--help")
 	if err := help.wait(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{readmeClientURL, readmePeerURL, readmeHTTPAddr, readmeDataDir, readmeDNSAddr} {
+	for _, want := range []string{readmeClientURL, readmePeerURL, readmeHTTPAddr, readmeDataDir, readmeDNSAddr, readmeXDSAddr} {
 		if !strings.Contains(help.out(), want) {
 			t.Errorf("serve --help does not show the default %s", want)
 		}
 	}
 	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
 	b := startBeacon(t, t.TempDir(), nil, "serve", "--listen-client-urls", client, "--listen-peer-urls", peer,
-		"--http-addr", strings.TrimPrefix(httpURL, "http://"), "--dns-addr", strings.TrimPrefix(freeURL(t), "http://"))
+		"--http-addr", strings.TrimPrefix(httpURL, "http://"), "--dns-addr", strings.TrimPrefix(freeURL(t), "http://"),
+		"--xds-addr", strings.TrimPrefix(freeURL(t), "http://"))
 	b.waitLine(t, "beacon serve is ready", 60*time.Second)
 	_ = b.cmd.Process.Signal(syscall.SIGINT)
 	if err := b.wait(t, 30*time.Second); err != nil {

@@ -24,8 +24,9 @@ func newServeCmd() *cobra.Command {
 		Long: `Run Beacon's server. By default it starts a single-node embedded etcd (clients on
 127.0.0.1:2379, peers on 127.0.0.1:2380, data in ./beacon.data) that etcdctl and
 any etcd v3 client use unchanged, an HTTP listener on 127.0.0.1:9379 with
-/healthz, /readyz, /metrics and the HTTP API, and DNS on 127.0.0.1:9353 (UDP and
-TCP) answering for every registered instance (docs/dns.md).
+/healthz, /readyz, /metrics and the HTTP API, DNS on 127.0.0.1:9353 (UDP and
+TCP) answering for every registered instance (docs/dns.md), and xDS on
+127.0.0.1:9380 for gRPC clients in any language and Envoy (docs/xds.md).
 
 With --etcd-endpoints it runs no etcd and fronts an external cluster instead
 (credentials from ETCD_AUTH_* or the --etcd-* flags). With

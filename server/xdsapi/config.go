@@ -24,6 +24,9 @@ const (
 	// subscribes to, per type (a client that wants every service
 	// subscribes to the wildcard instead).
 	DefaultMaxNamesPerStream = 100_000
+	// DefaultPermissionRecheck is how long a stream trusts its client's
+	// permission to read a namespace before it asks again.
+	DefaultPermissionRecheck = 30 * time.Second
 	// DefaultAckTimeout is how long a response may wait for its ACK or
 	// NACK while newer state is held back before the stream is ended.
 	DefaultAckTimeout = time.Minute
@@ -49,6 +52,10 @@ type Config struct {
 	// PermissionDenied, Unavailable) that says what to do. A nil Access,
 	// or a nil Authorize, lets the client read every namespace.
 	Authorize func(ctx context.Context) (Access, error)
+	// PermissionRecheck is how long a stream trusts an Access's answer
+	// about a namespace: a permission granted or revoked applies to its
+	// subscriptions within this. DefaultPermissionRecheck when zero.
+	PermissionRecheck time.Duration
 	// ServerOptions are given to the gRPC server that Serve starts
 	// (credentials, for one).
 	ServerOptions []grpc.ServerOption
@@ -86,6 +93,9 @@ func (c Config) withDefaults() Config {
 	if c.AckTimeout == 0 {
 		c.AckTimeout = DefaultAckTimeout
 	}
+	if c.PermissionRecheck == 0 {
+		c.PermissionRecheck = DefaultPermissionRecheck
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -100,6 +110,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxNamesPerStream < 0 {
 		errs = append(errs, fmt.Errorf("xds: MaxNamesPerStream %d: must not be negative (0 for the default, %d)", c.MaxNamesPerStream, DefaultMaxNamesPerStream))
+	}
+	if c.PermissionRecheck < 0 {
+		errs = append(errs, fmt.Errorf("xds: PermissionRecheck %v: must not be negative (0 for the default, %v)", c.PermissionRecheck, DefaultPermissionRecheck))
 	}
 	if c.AckTimeout < 0 {
 		errs = append(errs, fmt.Errorf("xds: AckTimeout %v: must not be negative (0 for the default, %v)", c.AckTimeout, DefaultAckTimeout))

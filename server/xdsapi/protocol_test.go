@@ -2,6 +2,7 @@ package xdsapi
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"slices"
 	"strings"
@@ -348,4 +349,55 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// switchAccess lets a test grant and revoke namespaces while streams run.
+type switchAccess struct {
+	mu       sync.Mutex
+	readable map[string]bool
+	released chan struct{}
+}
+
+func (a *switchAccess) Readable(_ context.Context, ns string) (bool, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.readable[ns], nil
+}
+
+func (a *switchAccess) set(ns string, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.readable[ns] = ok
+}
+
+func (a *switchAccess) Release() { close(a.released) }
+
+// A stream sees only the namespaces its Access allows, and a permission
+// granted or revoked later applies to its subscriptions within
+// PermissionRecheck, with no change in the registry.
+func TestPermissionsFollowTheAccess(t *testing.T) {
+	r := memRegistry(t)
+	access := &switchAccess{readable: map[string]bool{"team-a": true}, released: make(chan struct{})}
+	_, addr := startXDS(t, r, Config{PermissionRecheck: 20 * time.Millisecond,
+		Authorize: func(context.Context) (Access, error) { return access, nil }})
+	a := dialADS(t, addr, "raw")
+	both := []string{"grpc.web.team-a", "grpc.web.team-b"}
+	a.request(ListenerType, both, nil, "")
+	resp := a.recv()
+	if got := names(t, resp); !slices.Equal(got, []string{"grpc.web.team-a"}) {
+		t.Fatalf("answered %v, want team-a only", got)
+	}
+	access.set("team-b", true)
+	a.request(ListenerType, both, resp, "")
+	resp = a.recv()
+	got := names(t, resp)
+	slices.Sort(got)
+	if !slices.Equal(got, both) {
+		t.Fatalf("after team-b was granted: %v", got)
+	}
+	access.set("team-a", false)
+	a.request(ListenerType, both, resp, "")
+	if got := names(t, a.recv()); !slices.Equal(got, []string{"grpc.web.team-b"}) {
+		t.Fatalf("after team-a was revoked: %v", got)
+	}
 }

@@ -44,9 +44,11 @@ type stream struct {
 	dirty atomicMask
 	wake  chan struct{}
 
-	// visible caches the access's answers, per namespace; the sending
-	// goroutine alone uses it.
-	visible map[string]bool
+	// visible caches the access's answers, per namespace, asked again
+	// after checkedAt+PermissionRecheck; the sending goroutine alone uses
+	// them.
+	visible   map[string]bool
+	checkedAt time.Time
 
 	mu    sync.Mutex
 	node  nodeInfo
@@ -246,19 +248,17 @@ func (s *stream) prepare(now time.Time) ([]*discoveryv3.DiscoveryResponse, next,
 	if !s.srv.idx.isReady() {
 		return nil, next{}, nil
 	}
+	var wait next
 	if s.access != nil {
-		s.mu.Lock()
-		ask := s.unknownNamespaces()
-		s.mu.Unlock()
-		if ok, err := s.checkVisible(ask); err != nil || !ok {
+		if ok, err := s.refreshVisible(now); err != nil || !ok {
 			return nil, next{retry: permissionRetry}, err
 		}
+		wait.retry = s.srv.cfg.PermissionRecheck - now.Sub(s.checkedAt)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	dirty := s.dirty.take()
 	var out []*discoveryv3.DiscoveryResponse
-	var wait next
 	for _, ts := range s.types {
 		if ts.t < numTypes && dirty&ts.t.mask() != 0 {
 			ts.pending = true
@@ -390,12 +390,25 @@ func (s *stream) unknownNamespaces() []string {
 	return ask
 }
 
-// checkVisible asks the access about namespaces. It reports false when a
-// check failed (etcd unreachable): the stream then sends nothing and tries
-// again shortly, rather than answer "does not exist" for resources it may
-// well read. An Unauthenticated or PermissionDenied status (the
-// credentials no longer work) is returned: it ends the stream.
-func (s *stream) checkVisible(ask []string) (bool, error) {
+// refreshVisible asks the access about the namespaces the subscriptions
+// reach that it was not asked about, and about every one once its answer is
+// PermissionRecheck old (a role granted or revoked applies then); an answer
+// that changed makes every type owed again. It reports false when a check
+// failed (etcd unreachable): the stream then sends nothing and tries again
+// shortly, rather than answer "does not exist" for resources it may well
+// read. An Unauthenticated or PermissionDenied status (the credentials no
+// longer work) is returned: it ends the stream.
+func (s *stream) refreshVisible(now time.Time) (bool, error) {
+	s.mu.Lock()
+	ask := s.unknownNamespaces()
+	s.mu.Unlock()
+	recheck := now.Sub(s.checkedAt) >= s.srv.cfg.PermissionRecheck
+	if recheck {
+		for ns := range s.visible {
+			ask = append(ask, ns)
+		}
+	}
+	answers := make(map[string]bool, len(ask))
 	for _, ns := range ask {
 		ctx, cancel := context.WithTimeout(s.ctx, permissionTimeout)
 		ok, err := s.access.Readable(ctx, ns)
@@ -408,10 +421,27 @@ func (s *stream) checkVisible(ask []string) (bool, error) {
 				"namespace", ns, "node", s.nodeID(), "peer", s.peer, "err", err)
 			return false, nil
 		}
-		s.visible[ns] = ok
-		if !ok {
+		answers[ns] = ok
+	}
+	changed := false
+	for ns, ok := range answers {
+		if old, known := s.visible[ns]; known && old != ok {
+			changed = true
+		}
+		if !ok && !recheck {
 			s.srv.m.denied.Inc()
 		}
+		s.visible[ns] = ok
+	}
+	if recheck {
+		s.checkedAt = now
+	}
+	if changed {
+		s.mu.Lock()
+		for _, ts := range s.types {
+			ts.changed = true
+		}
+		s.mu.Unlock()
 	}
 	return true, nil
 }
