@@ -13,7 +13,6 @@ import (
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"github.com/beaconplane/beacon/server/xdsapi"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	grpccreds "google.golang.org/grpc/credentials"
@@ -49,14 +48,7 @@ func listeners(t *testing.T, addr, authorization string, creds grpccreds.Transpo
 	if authorization != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", authorization)
 	}
-	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: xdsapi.ListenerType, ResourceNames: names}); err != nil {
-		return nil, err
-	}
-	resp, err := st.Recv()
+	resp, err := xdsapi.Fetch(ctx, cc, xdsapi.ListenerType, names...)
 	if err != nil {
 		return nil, err
 	}

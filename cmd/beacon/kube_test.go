@@ -63,10 +63,16 @@ func TestKubernetesBackend(t *testing.T) {
 		t.Fatalf("ls -o json = %s (%v)", ls.out(), err)
 	}
 
-	httpURL := freeURL(t)
+	httpURL, xdsAddr := freeURL(t), strings.TrimPrefix(freeURL(t), "http://")
 	srv := startBeacon(t, dir, nil, append([]string{"serve", "--http-addr", strings.TrimPrefix(httpURL, "http://"),
-		"--dns-addr", "127.0.0.1:0"}, kube...)...)
+		"--dns-addr", "127.0.0.1:0", "--xds-addr", xdsAddr}, kube...)...)
 	srv.waitLine(t, "beacon serve is ready (kubernetes)", 60*time.Second)
+	// xDS serves the Kubernetes registry as any other.
+	get := startBeacon(t, dir, nil, "xds", "get", "--server", xdsAddr, "--type", "endpoint", "http.api.demo")
+	if err := get.wait(t, 30*time.Second); err != nil || !strings.Contains(get.out(), `"address": "10.0.0.5"`) ||
+		!strings.Contains(get.out(), `"portValue": 8080`) {
+		t.Fatalf("xds get: %v\n%s%s", err, get.out(), get.errOut())
+	}
 	for path, want := range map[string]int{"/readyz": 200, "/v1/registry/instances?namespace=demo": 200} {
 		resp, err := http.Get(httpURL + path)
 		if err != nil {

@@ -1,8 +1,21 @@
 package main
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"time"
+
 	"github.com/beaconplane/beacon/server/xdsapi"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/encoding/protojson"
 )
 
 func init() { rootCmd.AddCommand(newXDSCmd()) }
@@ -16,10 +29,103 @@ every namespace/component/endpoint is a Listener, a Cluster and a
 ClusterLoadAssignment that proxyless gRPC clients (Go, C++, Python, Ruby,
 PHP, Java, Node) resolve with the target
 xds:///<endpoint>.<component>.<namespace>, and Envoy with cds_config: ads.
-See docs/xds.md.`,
+bootstrap prints a client's bootstrap file; get prints what the server sends
+for a name. See docs/xds.md.`,
 	}
-	cmd.AddCommand(newXDSBootstrapCmd())
+	cmd.AddCommand(newXDSBootstrapCmd(), newXDSGetCmd())
 	return cmd
+}
+
+func newXDSGetCmd() *cobra.Command {
+	var (
+		server, typ, user, password, cacert, cert, key string
+		timeout                                         time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "get [NAME...]",
+		Short: "Print what Beacon's xDS server sends a client for resource names (JSON)",
+		Long: `Ask Beacon's xDS server once, as a client would, for the resources of --type
+(listener, cluster or endpoint) named NAME (e.g. grpc.greeter.demo; none: every
+service) and print its answer as JSON: what a gRPC client or Envoy gets. A name
+that is no Beacon service, or that the user may not read, is absent.
+
+  beacon xds get --type endpoint grpc.greeter.demo
+
+Under beacon serve --auth give --user and the password in ETCD_AUTH_PASSWORD
+(or --password), or a client certificate (--cacert --cert --key) whose CN is
+the user.`,
+		RunE: func(cmd *cobra.Command, names []string) error {
+			url, ok := xdsapi.TypeURLs[typ]
+			if !ok {
+				return usagef("--type %q: want listener, cluster or endpoint", typ)
+			}
+			creds, err := xdsCredentials(cacert, cert, key)
+			if err != nil {
+				return err
+			}
+			cc, err := grpc.NewClient(server, grpc.WithTransportCredentials(creds))
+			if err != nil {
+				return usagef("--server %q: %v", server, err)
+			}
+			defer cc.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			if password == "" {
+				password = os.Getenv("ETCD_AUTH_PASSWORD")
+			}
+			if user != "" {
+				raw := base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
+				ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Basic "+raw)
+			}
+			resp, err := xdsapi.Fetch(ctx, cc, url, names...)
+			if err != nil {
+				return fmt.Errorf("xds get from %s: %w", server, err)
+			}
+			out, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(resp)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), string(out))
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&server, "server", xdsapi.DefaultAddr, "Beacon's xDS server, host:port")
+	f.StringVar(&typ, "type", "endpoint", "listener, cluster or endpoint")
+	f.StringVar(&user, "user", os.Getenv("ETCD_AUTH_USERNAME"), "etcd user, under --auth (env ETCD_AUTH_USERNAME)")
+	f.StringVar(&password, "password", "", "etcd password (env ETCD_AUTH_PASSWORD)")
+	f.StringVar(&cacert, "cacert", "", "CA file that verifies the xDS server's certificate (connect over TLS)")
+	f.StringVar(&cert, "cert", "", "client certificate file for mutual TLS (its CN is the etcd user)")
+	f.StringVar(&key, "key", "", "client key file for mutual TLS")
+	f.DurationVar(&timeout, "timeout", 10*time.Second, "bound on the answer")
+	return cmd
+}
+
+// xdsCredentials are the transport credentials of beacon xds get.
+func xdsCredentials(cacert, cert, key string) (credentials.TransportCredentials, error) {
+	if cacert == "" {
+		if cert != "" || key != "" {
+			return nil, usagef("--cert and --key need --cacert: a client certificate is sent over TLS, which verifies the server against --cacert")
+		}
+		return insecure.NewCredentials(), nil
+	}
+	pem, err := os.ReadFile(cacert)
+	if err != nil {
+		return nil, usagef("--cacert: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, usagef("--cacert %q holds no PEM certificate", cacert)
+	}
+	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if cert != "" || key != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, usagef("--cert/--key: %v", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return credentials.NewTLS(cfg), nil
 }
 
 func newXDSBootstrapCmd() *cobra.Command {

@@ -1,18 +1,10 @@
 package dnsapi
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/beaconplane/beacon/internal/natstest"
-	"github.com/beaconplane/beacon/registry"
-	"github.com/beaconplane/beacon/store"
-	"github.com/beaconplane/beacon/store/etcd"
-	"github.com/beaconplane/beacon/store/file"
-	"github.com/beaconplane/beacon/store/memory"
-	bnats "github.com/beaconplane/beacon/store/nats"
+	"github.com/beaconplane/beacon/internal/backendtest"
 	"github.com/miekg/dns"
 )
 
@@ -21,56 +13,11 @@ import (
 // server over another, and gone once deregistered.
 func TestEveryBackend(t *testing.T) {
 	t.Parallel()
-	open := func(t *testing.T, f func(ctx context.Context) (store.Store, error)) registry.Registry {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
-		defer cancel()
-		st, err := f(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := registry.New(st, registry.Config{LeaseTTL: registry.MinLeaseTTL})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = r.Close()
-			_ = st.Close()
-		})
-		return r
-	}
-	mem := memory.New(memory.Options{})
-	t.Cleanup(func() { _ = mem.Close() })
-	for _, b := range []struct {
-		name string
-		// stores returns how to open a store of the backend; each call
-		// is a separate client (process) of the same data.
-		stores func(t *testing.T) func(ctx context.Context) (store.Store, error)
-	}{
-		{"memory", func(*testing.T) func(context.Context) (store.Store, error) {
-			return func(context.Context) (store.Store, error) { return mem, nil }
-		}},
-		{"etcd", func(t *testing.T) func(context.Context) (store.Store, error) {
-			e := etcdtest.Start(t, etcdtest.Options{})
-			return func(ctx context.Context) (store.Store, error) {
-				return etcd.New(ctx, etcd.Config{Endpoints: e.Endpoints()})
-			}
-		}},
-		{"file", func(t *testing.T) func(context.Context) (store.Store, error) {
-			dir := t.TempDir()
-			return func(ctx context.Context) (store.Store, error) { return file.Open(ctx, file.Config{Dir: dir}) }
-		}},
-		{"nats", func(t *testing.T) func(context.Context) (store.Store, error) {
-			srv := natstest.Start(t, natstest.Options{})
-			return func(ctx context.Context) (store.Store, error) {
-				return bnats.Open(ctx, bnats.Config{URL: srv.ClientURL()})
-			}
-		}},
-	} {
-		t.Run(b.name, func(t *testing.T) {
+	for _, b := range backendtest.Kinds {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			stores := b.stores(t)
-			server, registrant := open(t, stores), open(t, stores)
+			open := b.Start(t)
+			server, registrant := backendtest.Registry(t, open), backendtest.Registry(t, open)
 			s, addr := startDNS(t, server, Config{})
 			reg := register(t, registrant, testInstance("web", "10.0.0.1:80"))
 			name := reg.Instance().ID + ".web.api.prod.beacon."
@@ -83,7 +30,7 @@ func TestEveryBackend(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitView(t, s, "the instance to go", func() bool { return query(t, addr, "udp", name, dns.TypeA, 0).Rcode == dns.RcodeNameError })
-			t.Logf("%s: deregistration -> NXDOMAIN in %v", b.name, time.Since(start).Round(time.Millisecond))
+			t.Logf("%s: deregistration -> NXDOMAIN in %v", b.Name, time.Since(start).Round(time.Millisecond))
 		})
 	}
 }
