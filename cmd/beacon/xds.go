@@ -39,7 +39,7 @@ for a name. See docs/xds.md.`,
 func newXDSGetCmd() *cobra.Command {
 	var (
 		server, typ, user, password, cacert, cert, key string
-		timeout                                         time.Duration
+		timeout                                        time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "get [NAME...]",

@@ -42,7 +42,9 @@ var Kinds = []Kind{
 	}},
 	{"etcd", func(t testing.TB) Opener {
 		e := etcdtest.Start(t, etcdtest.Options{})
-		return func(ctx context.Context) (store.Store, error) { return etcd.New(ctx, etcd.Config{Endpoints: e.Endpoints()}) }
+		return func(ctx context.Context) (store.Store, error) {
+			return etcd.New(ctx, etcd.Config{Endpoints: e.Endpoints()})
+		}
 	}},
 	{"file", func(t testing.TB) Opener {
 		dir := t.TempDir()
@@ -50,7 +52,9 @@ var Kinds = []Kind{
 	}},
 	{"nats", func(t testing.TB) Opener {
 		srv := natstest.Start(t, natstest.Options{})
-		return func(ctx context.Context) (store.Store, error) { return bnats.Open(ctx, bnats.Config{URL: srv.ClientURL()}) }
+		return func(ctx context.Context) (store.Store, error) {
+			return bnats.Open(ctx, bnats.Config{URL: srv.ClientURL()})
+		}
 	}},
 }
 
