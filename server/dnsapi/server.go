@@ -117,42 +117,11 @@ func (s *Server) current() *zone {
 	return v.zone
 }
 
-// follow keeps one watch of everything open and applies its batches,
-// re-opening it (with backoff) if it ends with an error.
+// follow keeps one watch of everything open and applies its batches
+// (registry.Track re-opens it, with backoff, if it ends with an error).
 func (s *Server) follow(ctx context.Context) {
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		err := s.watch(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		s.markStale(err)
-		if errors.Is(err, registry.ErrClosed) {
-			s.log.Warn("dns: the registry was closed; no more updates", "err", err)
-			return
-		}
-		s.log.Warn("dns: registry watch ended; retrying", "err", err, "retry_in", backoff)
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
-}
-
-func (s *Server) watch(ctx context.Context) error {
-	w, err := s.d.Watch(ctx, beacon.Query{})
-	if err != nil {
-		return fmt.Errorf("watch: %w", err)
-	}
-	defer func() { _ = w.Close() }()
-	for {
-		b, err := w.Next(ctx)
-		if err != nil {
-			return err
-		}
-		s.apply(b)
+	if err := registry.Track(ctx, s.d, beacon.Query{}, s.apply); err != nil {
+		s.log.Warn("dns: the registry was closed; no more updates", "err", err)
 	}
 }
 
