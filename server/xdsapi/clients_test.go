@@ -17,6 +17,8 @@ import (
 	"github.com/beaconplane/beacon/internal/testpeer"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/xds"
 )
 
 // A client is one proxyless gRPC client, of one of the three xDS client
@@ -32,7 +34,7 @@ type client interface {
 // bootstrap pointing at the xDS server at addr.
 type clientKind struct {
 	name  string
-	start func(t testing.TB, addr, target string) client
+	start func(t testing.TB, addr string, targets ...string) multiClient
 }
 
 // clientKinds are the three implementations every scenario runs against.
@@ -49,12 +51,37 @@ func forEachClient(t *testing.T, f func(t *testing.T, k clientKind)) {
 	}
 }
 
-type goCaller struct{ cc *grpc.ClientConn }
+// A multiClient is a client process with channels to several targets, all
+// on its one xDS client (one ADS stream): Call uses the first.
+type multiClient interface {
+	client
+	CallOn(ctx context.Context, i int) (string, error)
+}
 
-func (g goCaller) Call(ctx context.Context) (string, error) { return namingtest.Call(ctx, g.cc) }
+// goCaller is grpc-go's client: channels that share one xDS client.
+type goCaller struct{ ccs []*grpc.ClientConn }
 
-func startGoClient(t testing.TB, addr, target string) client {
-	return goCaller{cc: goClient(t, addr, target)}
+func (g goCaller) Call(ctx context.Context) (string, error) { return g.CallOn(ctx, 0) }
+
+func (g goCaller) CallOn(ctx context.Context, i int) (string, error) {
+	return namingtest.Call(ctx, g.ccs[i])
+}
+
+func startGoClient(t testing.TB, addr string, targets ...string) multiClient {
+	b, err := xds.NewXDSResolverWithConfigForTesting(bootstrap(addr, "go-client"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g goCaller
+	for _, target := range targets {
+		cc, err := grpc.NewClient(target, grpc.WithResolvers(b), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cc.Close() })
+		g.ccs = append(g.ccs, cc)
+	}
+	return g
 }
 
 // procClient is a client in a child process that speaks the line protocol
@@ -93,12 +120,16 @@ type errRPC struct{ Code, Details string }
 
 func (e *errRPC) Error() string { return e.Code + ": " + e.Details }
 
-// Call asks the child for one RPC. A child that does not answer within the
-// call's deadline and a few seconds more fails the test.
-func (p *procClient) Call(ctx context.Context) (string, error) {
+// Call asks the child for one RPC on its first target.
+func (p *procClient) Call(ctx context.Context) (string, error) { return p.CallOn(ctx, 0) }
+
+// CallOn asks the child for one RPC on its i-th target. A child that does
+// not answer within the call's deadline and a few seconds more fails the
+// test.
+func (p *procClient) CallOn(ctx context.Context, i int) (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, err := fmt.Fprintf(p.in, "call %d\n", callTimeout.Milliseconds()); err != nil {
+	if _, err := fmt.Fprintf(p.in, "call %d %d\n", callTimeout.Milliseconds(), i); err != nil {
 		return "", fmt.Errorf("client process: %w", err)
 	}
 	line := make(chan string, 1)
@@ -170,15 +201,15 @@ func startProc(t testing.TB, bootstrapDoc []byte, env []string, name string, arg
 // nodeDir holds the Node client and its npm packages.
 var nodeDir = filepath.Join("testdata", "node")
 
-func startNodeClient(t testing.TB, addr, target string) client {
+func startNodeClient(t testing.TB, addr string, targets ...string) multiClient {
 	t.Helper()
 	node := testpeer.Node(t, nodeDir)
-	return startProc(t, bootstrap(addr, "node-client"), nil, node, filepath.Join(nodeDir, "client.js"), target)
+	return startProc(t, bootstrap(addr, "node-client"), nil, node, append([]string{filepath.Join(nodeDir, "client.js")}, targets...)...)
 }
 
-func startPythonClient(t testing.TB, addr, target string) client {
+func startPythonClient(t testing.TB, addr string, targets ...string) multiClient {
 	t.Helper()
-	return startProc(t, bootstrap(addr, "python-client"), nil, testpeer.PythonGRPC(t), filepath.Join("testdata", "python", "client.py"), target)
+	return startProc(t, bootstrap(addr, "python-client"), nil, testpeer.PythonGRPC(t), append([]string{filepath.Join("testdata", "python", "client.py")}, targets...)...)
 }
 
 // reachAll calls c until every backend in names has served a call, or the

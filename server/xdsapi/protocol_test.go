@@ -401,3 +401,21 @@ func TestPermissionsFollowTheAccess(t *testing.T) {
 		t.Fatalf("after team-a was revoked: %v", got)
 	}
 }
+
+// A client that acknowledged a response and then changes its subscription
+// sends the same nonce again (the last it received): the change is applied
+// and answered, not taken for a request about an older response.
+func TestSubscriptionChangeAfterACK(t *testing.T) {
+	r := memRegistry(t)
+	_, addr := startXDS(t, r, Config{})
+	a := dialADS(t, addr, "raw")
+	a.request(ListenerType, []string{"grpc.greeter.demo"}, nil, "")
+	resp := a.recv()
+	a.request(ListenerType, []string{"grpc.greeter.demo"}, resp, "") // ACK
+	a.request(ListenerType, []string{"grpc.greeter.demo", "grpc.other.demo"}, resp, "")
+	got := names(t, a.recv())
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"grpc.greeter.demo", "grpc.other.demo"}) {
+		t.Fatalf("after a second channel's subscription: %v", got)
+	}
+}

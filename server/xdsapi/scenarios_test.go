@@ -165,3 +165,29 @@ func metricSum(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	}
 	return sum
 }
+
+// One client process with channels to two services (one xDS client, one
+// ADS stream): the second channel's subscription extends the first's
+// after its response was acknowledged, and both route.
+func TestClientsTwoServicesOneStream(t *testing.T) {
+	r := memRegistry(t)
+	_, addr := startXDS(t, r, Config{})
+	one, two := namingtest.Start(t, "one"), namingtest.Start(t, "two")
+	register(t, r, one.Addr(), nil)
+	if _, err := r.Register(testContext(t), beacon.Instance{Namespace: "demo", Component: "other", Endpoint: "grpc", Address: two.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	forEachClient(t, func(t *testing.T, k clientKind) {
+		c := k.start(t, addr, "xds:///grpc.greeter.demo", "xds:///grpc.other.demo")
+		reachAll(t, c, "one")
+		reachAll(t, onTarget{c, 1}, "two")
+	})
+}
+
+// onTarget calls a multiClient's i-th target.
+type onTarget struct {
+	c multiClient
+	i int
+}
+
+func (o onTarget) Call(ctx context.Context) (string, error) { return o.c.CallOn(ctx, o.i) }

@@ -78,10 +78,11 @@ type typeState struct {
 	changed bool
 	// pending is set when the index changed something of this type.
 	pending bool
-	// nonce of the response awaiting the client's answer ("" if none),
-	// and when it was sent.
-	awaiting string
-	sentAt   time.Time
+	// lastNonce is the nonce of the last response sent; awaiting is it
+	// while the client has not answered that response ("" once it has),
+	// and sentAt when it was sent.
+	lastNonce, awaiting string
+	sentAt              time.Time
 }
 
 // notify tells the stream that resources of the types in m changed.
@@ -135,12 +136,16 @@ func (s *stream) handle(req *discoveryv3.DiscoveryRequest) error {
 		s.types[url] = ts
 	}
 	if n := req.GetResponseNonce(); n != "" {
-		if n != ts.awaiting {
+		if n != ts.lastNonce {
 			return nil // about an older response: ignored, as the protocol says
 		}
-		ts.awaiting = ""
-		if d := req.GetErrorDetail(); d != nil {
-			s.srv.nacked(s, ts, req)
+		// The answer to the last response, or (once it was answered) a
+		// change of subscription, which names that response too.
+		if ts.awaiting == n {
+			ts.awaiting = ""
+			if d := req.GetErrorDetail(); d != nil {
+				s.srv.nacked(s, ts, req)
+			}
 		}
 	}
 	return s.subscribe(ts, req.GetResourceNames())
@@ -295,7 +300,7 @@ func (s *stream) respond(ts *typeState, now time.Time) *discoveryv3.DiscoveryRes
 	}
 	s.nonce++
 	nonce := strconv.FormatUint(s.nonce, 10)
-	ts.awaiting, ts.sentAt = nonce, now
+	ts.lastNonce, ts.awaiting, ts.sentAt = nonce, nonce, now
 	return &discoveryv3.DiscoveryResponse{
 		VersionInfo: strconv.FormatUint(version, 10),
 		Resources:   res,
