@@ -3,7 +3,10 @@ package etcdtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +29,10 @@ type ProcessClusterOptions struct {
 	// Fsync makes members sync their WAL (off by default: faster on a
 	// shared disk).
 	Fsync bool
+	// SlowDisk runs the slow-disk build of the member binary
+	// (SlowDiskMemberBin), with fsync on, so that Member.SetFsyncDelay
+	// works.
+	SlowDisk bool
 }
 
 // StartProcessCluster starts an n-member cluster of real etcd 3.7.3
@@ -44,10 +51,15 @@ func StartProcessCluster(tb testing.TB, n int, opts ProcessClusterOptions) *etcd
 			tb.Fatal(err)
 		}
 	}
-	bin := testpeer.GoBuild(tb, MemberPkg)
+	members := etcdproc.EtcdMembers{NoFsync: !opts.Fsync}
+	if opts.SlowDisk {
+		members = etcdproc.EtcdMembers{Bin: SlowDiskMemberBin(tb), FsyncDelay: true}
+	} else {
+		members.Bin = testpeer.GoBuild(tb, MemberPkg)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
 	defer cancel()
-	c, err := etcdproc.StartCluster(ctx, etcdproc.EtcdMembers{Bin: bin, NoFsync: !opts.Fsync}, nw, n, tb.TempDir())
+	c, err := etcdproc.StartCluster(ctx, members, nw, n, tb.TempDir())
 	if err != nil {
 		nw.Close()
 		tb.Fatalf("etcdtest: %v", err)
@@ -81,4 +93,87 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// SlowDiskMemberBin builds the slow-disk etcd 3.7.3 member binary (once
+// per test process) and returns its path: MemberPkg built with the
+// beacon_fsync_delay tag against a copy of etcd's client/pkg module whose
+// fileutil/sync_linux.go is internal/etcd/fsyncdelay/sync_linux.go (an
+// alternate go.mod replaces the module; the Go toolchain allows no overlay
+// of the module cache), so that its WAL syncs wait for the delay
+// etcdproc.Member.SetFsyncDelay sets. Run it with
+// etcdproc.EtcdMembers{FsyncDelay: true} (and fsync on).
+func SlowDiskMemberBin(tb testing.TB) string {
+	tb.Helper()
+	// A fixed place, so that the Go build cache serves later builds.
+	modfile, err := SlowDiskModfile(filepath.Join(testpeer.DefaultPeersDir(), "src", "etcd-slowdisk"))
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	return testpeer.GoBuildWith(tb, "etcd-slowdisk", MemberPkg, "-modfile", modfile, "-tags", FsyncDelayTag)
+}
+
+// FsyncDelayTag is the build tag of the slow-disk member binary.
+const FsyncDelayTag = "beacon_fsync_delay"
+
+// fileutilModule is the etcd module whose fileutil package syncs the WAL.
+const fileutilModule = "go.etcd.io/etcd/client/pkg/v3"
+
+// SlowDiskModfile prepares, in dir (made if needed), what building the slow-disk member
+// binary needs — a copy of etcd's client/pkg module with the delaying
+// fileutil/sync_linux.go, and a go.mod (with go.sum) that is this
+// module's plus a replace of that module by the copy — and returns the
+// go.mod's path for `go build -modfile`. It runs the go command.
+func SlowDiskModfile(dir string) (string, error) {
+	goList := func(args ...string) (string, error) {
+		out, err := exec.Command("go", append([]string{"list"}, args...)...).Output()
+		if err != nil {
+			return "", fmt.Errorf("go list %s: %w", strings.Join(args, " "), err)
+		}
+		return strings.TrimSpace(string(out)), nil
+	}
+	modDir, err := goList("-m", "-f", "{{.Dir}}", fileutilModule)
+	if err != nil {
+		return "", err
+	}
+	self, err := goList("-f", "{{.Dir}}", MemberPkg)
+	if err != nil {
+		return "", err
+	}
+	root, err := goList("-m", "-f", "{{.Dir}}")
+	if err != nil {
+		return "", err
+	}
+	cp := filepath.Join(dir, "client-pkg")
+	if err := os.RemoveAll(cp); err != nil {
+		return "", err
+	}
+	if err := os.CopyFS(cp, os.DirFS(modDir)); err != nil {
+		return "", err
+	}
+	hook, err := os.ReadFile(filepath.Join(self, "fsyncdelay", "sync_linux.go"))
+	if err != nil {
+		return "", err
+	}
+	target := filepath.Join(cp, "fileutil", "sync_linux.go")
+	if err := os.Remove(target); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(target, hook, 0o644); err != nil {
+		return "", err
+	}
+	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		return "", err
+	}
+	gosum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	if err != nil {
+		return "", err
+	}
+	modfile := filepath.Join(dir, "go.mod")
+	gomod = fmt.Appendf(gomod, "\nreplace %s => %s\n", fileutilModule, cp)
+	if err := os.WriteFile(modfile, gomod, 0o644); err != nil {
+		return "", err
+	}
+	return modfile, os.WriteFile(filepath.Join(dir, "go.sum"), gosum, 0o644)
 }
