@@ -92,9 +92,10 @@ func newRegisterCmd() *cobra.Command {
 		Long: `Register one instance of namespace/component/endpoint at --addr and keep its
 lease alive until interrupted (SIGINT or SIGTERM); then deregister it (after
 --drain of draining status, if set) and exit. It prints the instance and every
-change of the session's state: if the lease is lost (etcd unreachable for a
-whole TTL), the instance is registered again, under the same ID, as soon as the
-store answers.
+change of the session's state: if etcd says the lease ended, the instance is
+registered again, under the same ID, as soon as the store answers; while no
+keep-alive is answered for longer than the TTL it prints the lease as
+unconfirmed and keeps renewing it.
 
 Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 

@@ -171,8 +171,13 @@ type Result struct {
 	Lost   int  `json:"lost"`
 	// Kept counts sessions that reported their lease lost by their own
 	// clock (no keep-alive answered for a TTL) and found, recovering, that
-	// etcd had kept it: nothing was deleted.
+	// etcd had kept it: nothing was deleted. Sessions no longer do (they
+	// report such a lease unconfirmed): a non-zero Kept is a regression.
 	Kept int `json:"kept"`
+	// Unconfirmed counts sessions that had no renewal answered for a whole
+	// TTL and reported their lease unconfirmed (they kept renewing it; a
+	// loss followed only if etcd said it ended, and counts in Lost).
+	Unconfirmed int `json:"unconfirmed"`
 	// Revoked counts leases etcd ended although their sessions renewed
 	// them in time: a resumed etcd leader revokes every lease it believes
 	// expired (etcd 3.7 behaviour, see docs/operations.md); the sessions
