@@ -263,6 +263,9 @@ func (s *session) start(ctx context.Context) error {
 		return ErrClosed
 	}
 	s.r.log.Info("session lease granted", "lease", fmt.Sprintf("%x", l.ID), "ttl", l.TTL)
+	if w := TTLWarning(s.r.cfg.LeaseTTL); w != "" {
+		s.r.log.Warn(w, "ttl", s.r.cfg.LeaseTTL, "min_election_ttl", MinElectionTTL)
+	}
 	s.emit(c)
 	return nil
 }

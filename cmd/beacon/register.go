@@ -175,6 +175,7 @@ type registerLine struct {
 	TTL       string           `json:"ttl,omitempty"`
 	Error     string           `json:"error,omitempty"`
 	Conflicts []string         `json:"conflicts,omitempty"`
+	Warning   string           `json:"warning,omitempty"`
 }
 
 // leased is what a registry with a session lease (a store registry) adds.
@@ -202,6 +203,9 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r regis
 	if l, ok := r.(leased); ok {
 		lease := fmt.Sprintf("%x", l.Lease())
 		bound = l.LeaseTTL()
+		if w := registry.TTLWarning(l.LeaseTTL()); w != "" && conn.backendName() == backend.Etcd {
+			emit(registerLine{Event: "warning", Warning: w}, "warning: "+w)
+		}
 		emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: l.LeaseTTL().String()},
 			fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), printable(got.Address), lease, l.LeaseTTL()))
 	} else {
