@@ -264,7 +264,8 @@ func (s *session) start(ctx context.Context) error {
 	}
 	s.r.log.Info("session lease granted", "lease", fmt.Sprintf("%x", l.ID), "ttl", l.TTL)
 	if w := TTLWarning(s.r.cfg.LeaseTTL); w != "" {
-		s.r.log.Warn(w, "ttl", s.r.cfg.LeaseTTL, "min_election_ttl", MinElectionTTL)
+		s.r.log.Warn("lease TTL below the shortest that rides out an etcd leader election", "ttl", s.r.cfg.LeaseTTL,
+			"min_election_ttl", MinElectionTTL, "warning", w)
 	}
 	s.emit(c)
 	return nil

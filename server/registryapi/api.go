@@ -313,7 +313,8 @@ func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
 	h.log.Info("registered", "instance", o.Instance.Ref().String(), "address", o.Instance.Address, "ttl", o.Lease.TTL, "client", client)
 	warning := registry.TTLWarning(o.Lease.TTL)
 	if warning != "" {
-		h.log.Warn(warning, "instance", o.Instance.Ref().String(), "ttl", o.Lease.TTL, "client", client)
+		h.log.Warn("registration TTL below the shortest that rides out an etcd leader election", "instance", o.Instance.Ref().String(),
+			"ttl", o.Lease.TTL, "client", client, "warning", warning)
 	}
 	// The answer carries the registration's secret: no cache may keep it
 	// (as POST /v1/auth/token's token).
