@@ -29,9 +29,17 @@
 //
 // The goal while quorum holds is 0 lost, 0 phantom, 0 flaps. Each trial
 // also watches one more TTL after the fault ended, whose aftermath (a
-// resumed etcd leader revoking leases) counts in it. The package
-// has no test dependencies: tests run short drills (internal/drill's own
-// tests), `beacon bench drill` runs hundreds of trials.
+// resumed etcd leader revoking leases) counts in it.
+//
+// The lease drills (RunLease, lease.go) check every path that keeps a lease
+// alive — Go sessions, `beacon register` processes, HTTP registrations
+// through `beacon serve --etcd-endpoints`, etcd clients through `beacon
+// proxy` — against every kind of member fault (stopped, cut off, slow disk,
+// killed), on a follower and on the leader.
+//
+// The package has no test dependencies: tests run short drills
+// (internal/drill's own tests), `beacon bench drill` runs hundreds of
+// trials.
 package drill
 
 import (
