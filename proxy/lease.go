@@ -291,7 +291,8 @@ func (up *kaUpstream) open(ctx context.Context, avoid string) (grpc.ClientStream
 			addr = pr.Addr.String()
 		}
 		if avoid == "" || addr != avoid || attempt >= 3 || p.dir.availableCount() < 2 {
-			// ctx's cancellation ends it (actx is ctx's child).
+			// The stream ends with ctx (actx is its child); acancel is
+			// released then.
 			context.AfterFunc(ctx, acancel)
 			return cs, addr, nil
 		}

@@ -122,7 +122,7 @@ func (s *session) renew(l store.LeaseID) {
 		d := s.retryDelay(bo, took, limit, deadline)
 		s.r.log.Warn("session keep-alive failed; retrying", "lease", fmt.Sprintf("%x", l),
 			"err", err, "took", took.Round(time.Millisecond), "retry_in", d,
-			"lease_expires_in", time.Until(deadline).Round(time.Millisecond))
+			"since_last_renewal", time.Since(deadline.Add(-ttl)).Round(time.Millisecond), "ttl", ttl)
 		if !sleep(s.r.ctx, d) {
 			return
 		}
