@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/drill"
@@ -23,10 +24,21 @@ const (
 	DrillNetLoopback = "loopback" // members on 127.0.0.1 (no partition drill)
 )
 
+// DrillLease is the name of the lease drills (drill.RunLease) among
+// DrillConfig.Drills.
+const DrillLease = "lease"
+
 // DrillConfig configures `beacon bench drill`.
 type DrillConfig struct {
-	// Drills to run (drill.All when empty).
+	// Drills to run (drill.All when empty); DrillLease runs the lease
+	// drills.
 	Drills []string
+	// LeaseTTLs are the TTLs the lease drills' keepers use besides 3 s
+	// (asserted for follower faults) and registry.MinElectionTTL
+	// (asserted for leader faults); FsyncDelay is their slow disk's delay
+	// per WAL sync (0: the drill's default).
+	LeaseTTLs  []time.Duration
+	FsyncDelay time.Duration
 	// Trials per drill; member-hang and partition run at least 2.
 	Trials int
 	// Sessions (steady registrants, one client each) and Watchers.
@@ -83,13 +95,17 @@ func (c DrillConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("--net %q: want auto, netns or loopback", c.Network))
 	}
 	for _, d := range c.Drills {
-		known := false
-		for _, a := range drill.All {
-			known = known || d == a
+		if !slices.Contains(drill.All, d) && d != DrillLease {
+			errs = append(errs, fmt.Errorf("--drills: unknown drill %q (want some of %v, %s)", d, drill.All, DrillLease))
 		}
-		if !known {
-			errs = append(errs, fmt.Errorf("--drills: unknown drill %q (want some of %v)", d, drill.All))
+	}
+	for _, t := range c.LeaseTTLs {
+		if t < 2*time.Second || t > time.Minute || t%time.Second != 0 {
+			errs = append(errs, fmt.Errorf("--lease-ttls %v: want whole seconds from 2s to 1m (etcd grants whole seconds, 2 s at least)", t))
 		}
+	}
+	if c.FsyncDelay < 0 || c.FsyncDelay > 10*time.Second {
+		errs = append(errs, fmt.Errorf("--fsync-delay %v: want 0 to 10s", c.FsyncDelay))
 	}
 	if c.EtcdBin != "" {
 		if _, err := exec.LookPath(c.EtcdBin); err != nil {
@@ -107,6 +123,7 @@ func (c DrillConfig) Validate() error {
 // DrillReport is what RunDrill measured.
 type DrillReport struct {
 	Drills []drill.Result       `json:"drills"`
+	Lease  []drill.LeaseResult  `json:"lease,omitempty"`
 	Expiry []drill.ExpiryResult `json:"expiry,omitempty"`
 }
 
@@ -157,8 +174,14 @@ func RunDrill(ctx context.Context, c DrillConfig) (DrillReport, error) {
 		Progress:   c.Progress,
 	}
 	var err error
-	if len(c.Drills) > 0 || c.Expiry == 0 {
-		if rep.Drills, err = drill.Run(ctx, cfg, c.Drills...); err != nil {
+	others := slices.DeleteFunc(slices.Clone(c.Drills), func(d string) bool { return d == DrillLease })
+	if len(others) > 0 || (len(c.Drills) == 0 && c.Expiry == 0) {
+		if rep.Drills, err = drill.Run(ctx, cfg, others...); err != nil {
+			return rep, err
+		}
+	}
+	if slices.Contains(c.Drills, DrillLease) {
+		if rep.Lease, err = drill.RunLease(ctx, c.leaseConfig(cfg)); err != nil {
 			return rep, err
 		}
 	}
@@ -166,6 +189,27 @@ func RunDrill(ctx context.Context, c DrillConfig) (DrillReport, error) {
 		rep.Expiry, err = drill.MeasureExpiry(ctx, cfg, c.Expiry, c.ExpiryProcesses)
 	}
 	return rep, err
+}
+
+// leaseConfig is the lease drills' configuration: members of --etcd-bin
+// with fsync on (the slow-disk fault needs the slow-disk build, see
+// internal/etcd/slowdisk; another etcd skips it with the reason), else
+// beacon serve nodes.
+func (c DrillConfig) leaseConfig(cfg drill.Config) drill.LeaseConfig {
+	members := cfg.Members
+	if c.EtcdBin != "" {
+		members = etcdproc.EtcdMembers{Bin: c.EtcdBin, FsyncDelay: true}
+	}
+	return drill.LeaseConfig{
+		Members:    members,
+		Network:    cfg.Network,
+		Dir:        cfg.Dir,
+		Beacon:     c.Self,
+		ExtraTTLs:  c.LeaseTTLs,
+		FsyncDelay: c.FsyncDelay,
+		Log:        c.Logger,
+		Progress:   c.Progress,
+	}
 }
 
 // dirUsable reports why dir cannot hold the members' data: it, or the

@@ -49,6 +49,8 @@ const (
 	DefaultStartTimeout    = 30 * time.Second
 	DefaultUpstreamConns   = 4
 	DefaultWatchSilence    = 5 * time.Second
+	// DefaultKeepAliveSilence is Config.KeepAliveSilenceTimeout's default.
+	DefaultKeepAliveSilence = 500 * time.Millisecond
 	// EmptyRefreshInterval is the refresh interval while no endpoint is
 	// reachable (when RefreshInterval is longer).
 	EmptyRefreshInterval = time.Second
@@ -136,6 +138,16 @@ type Config struct {
 	// one (or, with none left, the client watchers are cancelled with a
 	// reason). Default 5 s; negative disables the check.
 	WatchSilenceTimeout time.Duration
+	// KeepAliveSilenceTimeout bounds how long a lease keep-alive sent on
+	// the shared upstream keep-alive stream may go unanswered (etcd
+	// answers one in milliseconds, or, in an election, once a leader is
+	// back): past it the stream moves to another member, with every
+	// keep-alive its clients wait for sent again, and the silent member is
+	// benched unless it answers a probe (a member in an election does).
+	// Default 500 ms, so that a stream on a hung or cut-off member costs
+	// its clients well under a third of etcd's shortest TTL (2 s);
+	// negative disables the check.
+	KeepAliveSilenceTimeout time.Duration
 
 	// CacheMaxStaleness bounds how stale a serializable Range answered
 	// from the proxy's watch-fed cache may be: every answer reflects every
@@ -231,6 +243,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WatchSilenceTimeout == 0 {
 		c.WatchSilenceTimeout = DefaultWatchSilence
+	}
+	if c.KeepAliveSilenceTimeout == 0 {
+		c.KeepAliveSilenceTimeout = DefaultKeepAliveSilence
 	}
 	if c.CacheMaxStaleness == 0 {
 		c.CacheMaxStaleness = DefaultCacheMaxStaleness

@@ -255,6 +255,16 @@ func (d *director) findLocked(addr string) *endpoint {
 	return nil
 }
 
+// urlAt returns the URL of the endpoint reached at addr ("" if unknown).
+func (d *director) urlAt(addr string) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e := d.findLocked(addr); e != nil {
+		return e.url
+	}
+	return ""
+}
+
 // fail benches the endpoint at addr for failureWait. It reports whether
 // an endpoint was benched now (false if unknown or already benched).
 func (d *director) fail(addr string, err error) bool {

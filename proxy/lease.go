@@ -3,9 +3,11 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -22,6 +24,15 @@ import (
 // client request is forwarded at once (concurrent requests for the same
 // lease share one upstream request) and the response goes back to every
 // client that asked.
+//
+// One stream carries every lease of its clients, so the member it runs on
+// must not hang it: a member that is stopped or cut off keeps the stream's
+// connection open for 15 s or more (gRPC keep-alive), while the clients'
+// leases run out. So a keep-alive unanswered for KeepAliveSilenceTimeout
+// (etcd answers one in milliseconds) moves the stream to another member,
+// with every waiting keep-alive sent again, and the silent member is probed
+// and benched unless it answers (in an election every member is slow, and
+// none is benched for it).
 
 const kaQueue = 256
 
@@ -47,7 +58,9 @@ type kaUpstream struct {
 	clients  map[*kaClient]bool
 	waiters  map[int64]map[*kaClient]int
 	inflight map[int64]bool
+	sentAt   map[int64]time.Time // when each keep-alive in flight was sent on stream
 	stream   grpc.ClientStream
+	member   string // address of stream's member
 	sendMu   sync.Mutex
 }
 
@@ -142,7 +155,8 @@ func (lm *leaseMux) acquire(key string, md metadata.MD, c *kaClient) *kaUpstream
 	if up == nil {
 		ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(lm.ctx, md))
 		up = &kaUpstream{mux: lm, key: key, md: md, ctx: ctx, cancel: cancel,
-			clients: map[*kaClient]bool{}, waiters: map[int64]map[*kaClient]int{}, inflight: map[int64]bool{}}
+			clients: map[*kaClient]bool{}, waiters: map[int64]map[*kaClient]int{}, inflight: map[int64]bool{},
+			sentAt: map[int64]time.Time{}}
 		lm.ups[key] = up
 		lm.wg.Go(up.run)
 	}
@@ -189,6 +203,7 @@ func (up *kaUpstream) request(id int64, c *kaClient) {
 	send := !up.inflight[id] && up.stream != nil
 	if send {
 		up.inflight[id] = true
+		up.sentAt[id] = time.Now()
 	}
 	stream := up.stream
 	up.mu.Unlock()
@@ -209,89 +224,208 @@ func (up *kaUpstream) send(stream grpc.ClientStream, id int64) {
 }
 
 // run keeps one upstream stream open while clients remain, reopening it
-// (on another endpoint) after a failure.
+// (on another endpoint) after a failure or a silence.
 func (up *kaUpstream) run() {
-	p := up.mux.p
 	backoff := 50 * time.Millisecond
+	avoid := "" // a member whose stream went silent
 	for up.ctx.Err() == nil {
 		sctx, scancel := context.WithCancel(up.ctx)
-		var pr peer.Peer
-		cs, err := p.conns[0].NewStream(sctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true},
-			leaseSvc+"LeaseKeepAlive", grpc.ForceCodecV2(p.codec), grpc.Peer(&pr))
+		cs, addr, err := up.open(sctx, avoid)
 		if err != nil {
 			scancel()
-			if p.dir.availableCount() == 0 {
-				up.failAll(p.noEndpointsError(err))
-			}
-			select {
-			case <-up.ctx.Done():
+			if !up.pause(&backoff) {
 				return
-			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, time.Second)
 			continue
 		}
-		p.m.kaUpstreams.Inc()
-		up.mu.Lock()
-		up.stream = cs
-		clear(up.inflight)
-		var resend []int64
-		for id := range up.waiters {
-			up.inflight[id] = true
-			resend = append(resend, id)
-		}
-		up.mu.Unlock()
-		for _, id := range resend {
-			up.send(cs, id)
-		}
-		answered := false
-		for {
-			resp := new(pb.LeaseKeepAliveResponse)
-			if err := cs.RecvMsg(resp); err != nil {
-				if isTransportError(err) && pr.Addr != nil {
-					p.dir.fail(pr.Addr.String(), err)
-				}
-				if credentialError(err) { // security.go
-					// The clients' token expired or their credentials
-					// changed: reopening with it would fail forever and the
-					// leases would expire silently. End their streams with
-					// etcd's error instead, so that they authenticate again
-					// and reopen with their new token.
-					scancel()
-					up.retire(err)
-					return
-				}
-				if refusal(err) {
-					// etcd refused one of the keep-alives in flight (a
-					// lease whose keys the user may not write) and ended
-					// the stream: resending them would be refused again,
-					// at once, forever, while their clients heard nothing.
-					// Their clients get etcd's error, as from etcd.
-					up.refuseInflight(err)
-				}
-				break
-			}
-			answered = true
-			up.deliver(resp)
-		}
-		up.mu.Lock()
-		up.stream = nil
-		up.mu.Unlock()
+		answered, silent := up.serveStream(sctx, scancel, cs, addr)
 		scancel()
-		p.m.kaUpstreams.Dec()
+		avoid = ""
+		if silent {
+			avoid = addr
+		}
 		// A stream that ended before any answer is opened again only after
 		// a pause that grows, so that a failing one is not retried in a
 		// tight loop.
-		if answered {
+		if answered || silent {
 			backoff = 50 * time.Millisecond
 			continue
 		}
-		select {
-		case <-up.ctx.Done():
+		if !up.pause(&backoff) {
 			return
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// pause waits backoff (doubling it, up to a second); false if the
+// upstream ended meanwhile.
+func (up *kaUpstream) pause(backoff *time.Duration) bool {
+	select {
+	case <-up.ctx.Done():
+		return false
+	case <-time.After(*backoff):
+	}
+	*backoff = min(2**backoff, time.Second)
+	return true
+}
+
+// open opens an upstream stream under ctx and returns the address of its
+// member. A stream that lands on avoid (a member that just went silent) is
+// dropped and opened again, a few times, while another member is
+// available.
+func (up *kaUpstream) open(ctx context.Context, avoid string) (grpc.ClientStream, string, error) {
+	p := up.mux.p
+	for attempt := 0; ; attempt++ {
+		actx, acancel := context.WithCancel(ctx)
+		cs, err := p.conns[0].NewStream(actx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true},
+			leaseSvc+"LeaseKeepAlive", grpc.ForceCodecV2(p.codec))
+		if err != nil {
+			acancel()
+			if p.dir.availableCount() == 0 {
+				up.failAll(p.noEndpointsError(err))
+			}
+			return nil, "", err
+		}
+		addr := ""
+		if pr, ok := peer.FromContext(cs.Context()); ok && pr.Addr != nil {
+			addr = pr.Addr.String()
+		}
+		if avoid == "" || addr != avoid || attempt >= 3 || p.dir.availableCount() < 2 {
+			// The stream ends with ctx (actx is its child); acancel is
+			// released then.
+			context.AfterFunc(ctx, acancel)
+			return cs, addr, nil
+		}
+		acancel() // ends the stream on the member to avoid
+	}
+}
+
+// serveStream sends every waiting keep-alive on cs and delivers its
+// answers until it ends (cancel ends it). It reports whether it delivered
+// any answer and whether it ended for a silence.
+func (up *kaUpstream) serveStream(ctx context.Context, cancel context.CancelFunc, cs grpc.ClientStream, addr string) (answered, silent bool) {
+	p := up.mux.p
+	p.m.kaUpstreams.Inc()
+	defer p.m.kaUpstreams.Dec()
+	up.mu.Lock()
+	up.stream, up.member = cs, addr
+	clear(up.inflight)
+	clear(up.sentAt)
+	var resend []int64
+	now := time.Now()
+	for id := range up.waiters {
+		up.inflight[id], up.sentAt[id] = true, now
+		resend = append(resend, id)
+	}
+	up.mu.Unlock()
+	for _, id := range resend {
+		up.send(cs, id)
+	}
+	var wasSilent atomic.Bool
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		wasSilent.Store(up.watchSilence(ctx, addr))
+		cancel()
+	}()
+	defer func() {
+		cancel()
+		<-watchDone
+		up.mu.Lock()
+		up.stream, up.member = nil, ""
+		up.mu.Unlock()
+		silent = wasSilent.Load()
+	}()
+	for {
+		resp := new(pb.LeaseKeepAliveResponse)
+		if err := cs.RecvMsg(resp); err != nil {
+			if isTransportError(err) && addr != "" {
+				p.dir.fail(addr, err)
+			}
+			if credentialError(err) { // security.go
+				// The clients' token expired or their credentials
+				// changed: reopening with it would fail forever and the
+				// leases would expire silently. End their streams with
+				// etcd's error instead, so that they authenticate again
+				// and reopen with their new token.
+				up.retire(err)
+				return answered, false
+			}
+			if refusal(err) {
+				// etcd refused one of the keep-alives in flight (a
+				// lease whose keys the user may not write) and ended
+				// the stream: resending them would be refused again,
+				// at once, forever, while their clients heard nothing.
+				// Their clients get etcd's error, as from etcd.
+				up.refuseInflight(err)
+			}
+			return answered, false
+		}
+		answered = true
+		up.deliver(resp)
+	}
+}
+
+// watchSilence returns true when a keep-alive sent on the stream has gone
+// unanswered for KeepAliveSilenceTimeout (the stream must move), after
+// having the member probed; false when ctx ends first.
+func (up *kaUpstream) watchSilence(ctx context.Context, addr string) bool {
+	p := up.mux.p
+	timeout := p.cfg.KeepAliveSilenceTimeout
+	if timeout <= 0 {
+		<-ctx.Done()
+		return false
+	}
+	t := time.NewTicker(max(timeout/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		waited := up.oldestWait()
+		if waited < timeout {
+			continue
+		}
+		p.m.kaSilences.Inc()
+		p.log.Warn("lease keep-alive unanswered on the upstream stream; moving the stream to another member",
+			"member", addr, "waited", waited.Round(time.Millisecond))
+		if addr != "" {
+			up.mux.wg.Go(func() { p.benchIfSilent(addr) })
+		}
+		return true
+	}
+}
+
+// oldestWait returns how long the oldest keep-alive in flight on the
+// current stream has waited (0: none in flight).
+func (up *kaUpstream) oldestWait() time.Duration {
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	var oldest time.Time
+	for _, at := range up.sentAt {
+		if oldest.IsZero() || at.Before(oldest) {
+			oldest = at
+		}
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	return time.Since(oldest)
+}
+
+// benchIfSilent probes the member at addr (within DialTimeout) and
+// benches it unless it answers as etcd.
+func (p *Proxy) benchIfSilent(addr string) {
+	url := p.dir.urlAt(addr)
+	if url == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(p.lease.ctx, p.cfg.DialTimeout)
+	defer cancel()
+	if _, err := probeEtcd(ctx, url, p.cfg.ClientTLS); err != nil && p.lease.ctx.Err() == nil {
+		p.dir.fail(addr, fmt.Errorf("proxy: a lease keep-alive went unanswered for %v and the member did not answer a probe: %w", p.cfg.KeepAliveSilenceTimeout, err))
 	}
 }
 
@@ -321,6 +455,7 @@ func (up *kaUpstream) refuseInflight(err error) {
 		delete(up.waiters, id)
 	}
 	clear(up.inflight)
+	clear(up.sentAt)
 	up.mu.Unlock()
 	for _, c := range cs {
 		c.cancel(err)
@@ -333,6 +468,7 @@ func (up *kaUpstream) deliver(resp *pb.LeaseKeepAliveResponse) {
 	ws := up.waiters[resp.ID]
 	delete(up.waiters, resp.ID)
 	delete(up.inflight, resp.ID)
+	delete(up.sentAt, resp.ID)
 	up.mu.Unlock()
 	for c, n := range ws {
 		for range n {

@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/etcdproc"
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -76,5 +78,105 @@ func TestLeaseKeepAliveMultiplexed(t *testing.T) {
 	ttl, err := direct.TimeToLive(ctx, ids[0])
 	if err != nil || ttl.TTL != -1 {
 		t.Fatalf("revoked lease TTL: %v %v", ttl, err)
+	}
+}
+
+// keepAliveMember is the address of the member the upstream keep-alive
+// stream runs on ("" if none is open).
+func (p *Proxy) keepAliveMember() string {
+	p.lease.mu.Lock()
+	defer p.lease.mu.Unlock()
+	for _, up := range p.lease.ups {
+		up.mu.Lock()
+		defer up.mu.Unlock()
+		return up.member
+	}
+	return ""
+}
+
+// TestKeepAliveLeavesAHungMember stops (SIGSTOP) the etcd member that the
+// proxy's shared upstream keep-alive stream runs on, for twice the leases'
+// TTL, while the other two keep the cluster going. A stopped member keeps
+// its connection open and answers nothing, so every lease kept alive
+// through the proxy used to expire (the stream stayed on it until gRPC's
+// keep-alive gave up, 15 s). Now the first unanswered keep-alive moves the
+// stream to another member: no client's keep-alive channel closes (etcd's
+// client closes it when no answer came within the TTL), every lease is
+// alive after the pause, and the silence is counted.
+func TestKeepAliveLeavesAHungMember(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("runs a 3-member cluster of etcd processes")
+	}
+	c := etcdtest.StartProcessCluster(t, 3, etcdtest.ProcessClusterOptions{})
+	p := startProxy(t, Config{Endpoints: c.Endpoints()})
+	ctx := ctxT(t)
+	const n, ttl = 5, 3
+	var ids []clientv3.LeaseID
+	var kas []<-chan *clientv3.LeaseKeepAliveResponse
+	for range n {
+		cli := proxyClient(t, p)
+		g, err := cli.Grant(ctx, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ka, err := cli.KeepAlive(ctx, g.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := <-ka; r == nil {
+			t.Fatal("keep-alive channel closed at once")
+		}
+		ids, kas = append(ids, g.ID), append(kas, ka)
+	}
+	member := p.keepAliveMember()
+	var hung *etcdproc.Member
+	var others []string
+	for _, m := range c.Members() {
+		if strings.TrimPrefix(m.ClientURL, "http://") == member {
+			hung = m
+		} else {
+			others = append(others, m.ClientURL)
+		}
+	}
+	if hung == nil {
+		t.Fatalf("the keep-alive stream runs on %q, not a member of %v", member, c.Endpoints())
+	}
+	if err := hung.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hung.Resume() }()
+	// Two TTLs of keep-alives: every channel must stay open.
+	until := time.After(2 * ttl * time.Second)
+	for done := false; !done; {
+		select {
+		case <-until:
+			done = true
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		default:
+		}
+		for i, ka := range kas {
+			select {
+			case r, ok := <-ka:
+				if !ok || r == nil {
+					t.Fatalf("lease %d: the client gave up its keep-alive (no answer within the TTL) while %s hung on %s", i, member, hung.Name)
+				}
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	direct := directClient(t, others...)
+	for i, id := range ids {
+		resp, err := direct.TimeToLive(ctx, id)
+		if err != nil || resp.TTL <= 0 {
+			t.Fatalf("lease %d after the pause: %+v %v", i, resp, err)
+		}
+	}
+	if v := value(t, p.m.kaSilences); v < 1 {
+		t.Errorf("upstream_keepalive_silences_total = %v, want at least 1", v)
+	}
+	if now := p.keepAliveMember(); now == member {
+		t.Errorf("the keep-alive stream is still on the hung member %s", member)
 	}
 }

@@ -32,6 +32,7 @@ type metrics struct {
 	kaUpstreams     prometheus.Gauge
 	kaRequests      prometheus.Counter
 	kaForwarded     prometheus.Counter
+	kaSilences      prometheus.Counter
 
 	reqCache sync.Map // reqKey -> prometheus.Counter
 }
@@ -97,10 +98,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "keepalive_requests_total", Help: "Lease keep-alive requests received from clients."}),
 		kaForwarded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "keepalive_forwarded_total", Help: "Lease keep-alive requests sent to etcd (concurrent requests for one lease share one)."}),
+		kaSilences: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "upstream_keepalive_silences_total", Help: "Times a keep-alive went unanswered on the upstream keep-alive stream for the keep-alive silence timeout and the stream moved to another member."}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.refused, m.upstreamErrors, m.retries, m.loops,
 		m.refreshes, m.endpoints, m.endpointUp, m.clientWatchers, m.clientStreams, m.upstreamWatches, m.watchStreams,
-		m.watchEvents, m.watchDropped, m.watchSilences, m.watchMoves, m.cacheHits, m.cacheMisses, m.kaClientStreams, m.kaUpstreams, m.kaRequests, m.kaForwarded} {
+		m.watchEvents, m.watchDropped, m.watchSilences, m.watchMoves, m.cacheHits, m.cacheMisses, m.kaClientStreams, m.kaUpstreams, m.kaRequests, m.kaForwarded, m.kaSilences} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -24,10 +24,6 @@ func (up *kaUpstream) retire(err error) {
 		delete(lm.ups, up.key)
 	}
 	lm.mu.Unlock()
-	up.mu.Lock()
-	up.stream = nil
-	up.mu.Unlock()
-	up.mux.p.m.kaUpstreams.Dec()
 	up.failAll(err)
 	up.cancel()
 }

@@ -23,6 +23,16 @@ const (
 	// (etcd raises TTLs below its own minimum, about 2 s, to that minimum.)
 	MinLeaseTTL = time.Second
 	MaxLeaseTTL = time.Hour
+	// MinElectionTTL is the shortest lease TTL that rides out an etcd
+	// leader election (etcd's default 1 s election timeout) on every path
+	// that keeps a lease alive, including etcd's own client through `beacon
+	// proxy`, which gives a lease up by its own clock: a lease's last
+	// renewal may be a third of the TTL old when the leader fails, a new
+	// leader is elected within two election timeouts, and the keeper must
+	// then reach it (docs/registry.md derives it; the lease drills of
+	// internal/drill measure it). The registry warns at registration below
+	// it.
+	MinElectionTTL = 5 * time.Second
 	// LeaseTTLEnv names the environment variable ConfigFromEnv reads.
 	LeaseTTLEnv = "BEACON_LEASE_TTL"
 	// DefaultWatchLinger is how long a shared store watch outlives its last
@@ -32,6 +42,19 @@ const (
 	// maxRetryCap bounds the default retry backoff.
 	maxRetryCap = 5 * time.Second
 )
+
+// TTLWarning returns the warning to give about a lease TTL below
+// MinElectionTTL ("" for one at or above it): the registry logs it when a
+// session takes its lease, `beacon register` prints it, and the HTTP API
+// returns it with the registration.
+func TTLWarning(ttl time.Duration) string {
+	if ttl <= 0 || ttl >= MinElectionTTL {
+		return ""
+	}
+	return fmt.Sprintf("lease TTL %v is below %v, the shortest that rides out an etcd leader election on every path: "+
+		"renewals wait up to two election timeouts (2 s) for a new leader, and a keeper that gives a lease up by its own "+
+		"clock (etcd's client, an HTTP client that stops heartbeating) may lose it (docs/registry.md, \"Lease TTL and elections\")", ttl, MinElectionTTL)
+}
 
 // Config configures a StoreRegistry. The zero value is valid: keys under
 // "/services/", a 10 s lease, 4 KiB of metadata, no logs, no metrics.

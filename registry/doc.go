@@ -9,8 +9,11 @@
 // first Register and kept alive every TTL/3 by a goroutine that does
 // nothing else (each attempt bounded by TTL/6, at most 2 s, and retried at
 // once after a timeout, so a store server that hangs delays a renewal by
-// one attempt, never past the lease's expiry). If the lease is lost (it
-// expired, was revoked, or the store was unreachable for a whole TTL), the
+// one attempt, never past the lease's expiry). A lease is lost only when
+// the store says it ended (it expired or was revoked): when no renewal was
+// answered for a whole TTL the session reports it unconfirmed
+// (ErrLeaseUnconfirmed) and goes on renewing it, because etcd may well
+// still hold it (a new leader extends every lease). After a loss the
 // session does not give up and does not exit the process: it retries with
 // capped backoff, forever, gets a lease again and re-registers every
 // instance with the same ID. Each transition (active, lost, recovered,

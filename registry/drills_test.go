@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/beaconplane/beacon/internal/netcut"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/registrytest"
+	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -69,9 +71,11 @@ func TestDrillSIGKILL(t *testing.T) {
 
 // TestDrillEtcdRestart (drill b): etcd stops for 2 × TTL and restarts on the
 // same data directory. Watchers report stale during the outage; the
-// registrant's session reports lost, then recovers within one TTL of etcd's
-// return with every instance under its ID; a registrant that died during
-// the outage is removed; watchers converge to exactly the live set.
+// registrant's session reports its lease unconfirmed, never lost (etcd
+// cannot say), and within one TTL of etcd's return either confirmed (etcd
+// kept the lease) or, only once etcd says the lease ended, lost and
+// recovered, with every instance under its ID; a registrant that died
+// during the outage is removed; watchers converge to exactly the live set.
 func TestDrillEtcdRestart(t *testing.T) {
 	t.Parallel()
 	srv := etcdtest.Start(t, etcdtest.Options{})
@@ -126,15 +130,20 @@ func TestDrillEtcdRestart(t *testing.T) {
 	// lease alive nor revoke it.
 	_ = doomedStore.Close()
 
-	// During the outage: the session reports lost, the watcher stale.
+	// During the outage: the session reports its lease unconfirmed (never
+	// lost), the watcher stale.
+	held := live.Lease()
 	outage := time.After(2 * etcdTTL)
-	sawLost, sawStale := false, false
-	for !sawLost || !sawStale {
+	sawUnconfirmed, sawStale := false, false
+	for !sawUnconfirmed || !sawStale {
 		select {
 		case c := <-live.States():
-			sawLost = sawLost || c.State == registry.StateLost
+			if c.State == registry.StateLost {
+				t.Fatalf("session reported its lease lost while etcd could not be asked: %v", c.Err)
+			}
+			sawUnconfirmed = sawUnconfirmed || errors.Is(c.Err, registry.ErrLeaseUnconfirmed)
 		case <-outage:
-			t.Fatalf("after 2 × TTL of outage: lost reported %v, stale reported %v", sawLost, sawStale)
+			t.Fatalf("after 2 × TTL of outage: unconfirmed reported %v, stale reported %v", sawUnconfirmed, sawStale)
 		default:
 			nctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 			b, err := w.Next(nctx)
@@ -159,10 +168,34 @@ func TestDrillEtcdRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	back := time.Now()
-	rec := waitState(t, live, 10*time.Second, registry.StateRecovered)
+	// Back, etcd says: either it kept the lease (a restarted member
+	// extends every lease as it becomes leader: confirmed, the same lease)
+	// or it ended it (its lessor expired it before it stopped: lost, with
+	// etcd's answer, then recovered under a new lease).
+	var rec registry.StateChange
+	for done := false; !done; {
+		select {
+		case rec = <-live.States():
+			switch {
+			case rec.State == registry.StateLost && !errors.Is(rec.Err, store.ErrLeaseNotFound):
+				t.Fatalf("session reported its lease lost without etcd saying it ended: %v", rec.Err)
+			case rec.State == registry.StateLost:
+				t.Logf("etcd ended the lease while it stopped: %v", rec.Err)
+			case rec.State == registry.StateRecovered:
+				done = true
+			case rec.State == registry.StateActive && rec.Err == nil:
+				if rec.Lease != held {
+					t.Fatalf("confirmed lease %x, held %x", rec.Lease, held)
+				}
+				done = true
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("neither confirmed nor recovered within 10 s of etcd's return (state %v)", live.State())
+		}
+	}
 	recoveredIn := time.Since(back)
 	if rec.Registered != 20 || len(rec.Conflicts) != 0 {
-		t.Fatalf("recovered %+v", rec)
+		t.Fatalf("after etcd's return: %+v, want 20 registered", rec)
 	}
 	// Every registration is back, under its ID.
 	got, _, err := live.List(ctx, q)
@@ -195,10 +228,10 @@ func TestDrillEtcdRestart(t *testing.T) {
 		}
 	}
 	converged := time.Since(back)
-	t.Logf("etcd back: session recovered in %v, watcher converged to the live set in %v (resync batch: %v)",
+	t.Logf("etcd back: session confirmed or recovered its lease in %v, watcher converged to the live set in %v (resync batch: %v)",
 		recoveredIn.Round(time.Millisecond), converged.Round(time.Millisecond), sawResync)
 	if recoveredIn > etcdTTL {
-		t.Fatalf("session recovered %v after etcd's return, more than one TTL", recoveredIn)
+		t.Fatalf("session confirmed or recovered its lease %v after etcd's return, more than one TTL", recoveredIn)
 	}
 	if !sawResync {
 		t.Fatal("no resync batch after the stale one")

@@ -11,10 +11,19 @@ var (
 	// ErrWatchClosed is returned by Watcher.Next after the watch ended
 	// (Close, or its context done).
 	ErrWatchClosed = errors.New("registry: watch closed")
-	// ErrLeaseLost reports that the session's lease ended (expired, or the
-	// store could not be reached for a whole TTL). The session is granting
-	// a new lease and re-registering every instance.
+	// ErrLeaseLost reports that the session's lease ended: the store said
+	// so (it expired, or someone revoked it). The session is granting a
+	// new lease and re-registering every instance.
 	ErrLeaseLost = errors.New("registry: lease lost; re-registering")
+	// ErrLeaseUnconfirmed reports that no keep-alive of the session's
+	// lease was answered for a whole TTL: the store could not be reached,
+	// so whether it still holds the lease is unknown (etcd extends every
+	// lease when a new leader takes over, so after an election it usually
+	// does). The session keeps renewing the same lease and reports it lost
+	// only once the store says it ended (StateChange with this error and
+	// an unchanged State; a later StateChange with no error says a renewal
+	// succeeded).
+	ErrLeaseUnconfirmed = errors.New("registry: no keep-alive answered for a whole TTL; the lease is kept alive until the store says whether it still holds it")
 	// ErrLeaseMismatch reports an instance bound to another lease than the
 	// one the caller presented.
 	ErrLeaseMismatch = errors.New("registry: instance is bound to another lease")

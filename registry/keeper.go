@@ -14,7 +14,8 @@ import (
 // on a hung member can delay a renewal by one attempt at most.
 //
 // The bound: a renewal starts TTL/3 after the last success and leaves 2/3
-// of the TTL before the lease would expire. Each attempt is bounded by
+// of the TTL before the lease would expire (by the session's clock: etcd
+// counts from when it renewed it, and extends every lease at an election). Each attempt is bounded by
 // keepAliveTimeout (TTL/6, at least 100 ms, at most 2 s), and an attempt
 // that timed out is retried at once (the etcd store then sends it to
 // another member: see store/etcd's member probe). So even when every
@@ -70,8 +71,14 @@ func (s *session) keeper() {
 }
 
 // renew keeps lease l alive once, retrying until an attempt succeeds, the
-// lease is found gone, another lease replaced it, or it would have expired
-// (then the session is lost, with the old lease suspected still alive).
+// store says the lease ended (or refuses the credentials), or another
+// lease replaced it. The session's own clock never declares the lease
+// lost: when no attempt was answered for a whole TTL the lease is only
+// unconfirmed (markUnconfirmed), because the store may well still hold it —
+// a new etcd leader extends every lease by its TTL plus an election
+// timeout, so a session that gave up by its own clock during an election
+// re-registered for nothing — and the attempts go on, each one asking the
+// store whether the lease is alive.
 func (s *session) renew(l store.LeaseID) {
 	bo := newBackoff(s.r.cfg.RetryMax)
 	for {
@@ -83,12 +90,10 @@ func (s *session) renew(l store.LeaseID) {
 		ttl := s.ttl
 		deadline := s.lastOK.Add(ttl)
 		s.mu.Unlock()
-		remaining := time.Until(deadline)
-		if remaining <= 0 {
-			s.markLost(l, fmt.Errorf("no successful keep-alive for %v (the lease TTL)", ttl), true)
-			return
+		limit := keepAliveTimeout(ttl)
+		if remaining := time.Until(deadline); remaining > 0 {
+			limit = min(limit, remaining) // unconfirmed is reported on time
 		}
-		limit := min(keepAliveTimeout(ttl), remaining)
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(s.r.ctx, limit)
 		granted, err := s.r.st.KeepAlive(ctx, l)
@@ -96,12 +101,7 @@ func (s *session) renew(l store.LeaseID) {
 		took := time.Since(start)
 		switch {
 		case err == nil:
-			s.mu.Lock()
-			if s.lease == l && s.held {
-				s.lastOK = start
-				s.ttl = granted
-			}
-			s.mu.Unlock()
+			s.renewed(l, start, granted)
 			return
 		case s.r.ctx.Err() != nil:
 			return
@@ -116,18 +116,78 @@ func (s *session) renew(l store.LeaseID) {
 			return
 		}
 		s.r.m.keepAliveFailed()
-		// An attempt that used up its time already waited: try again at
-		// once (a hung member does not get the next one). One that failed
-		// fast (store unreachable) backs off, leaving time for more tries.
-		d := time.Duration(0)
-		if took < limit*3/4 {
-			d = min(bo.next(), max(time.Until(deadline)/4, 0))
+		if !time.Now().Before(deadline) {
+			s.markUnconfirmed(l, ttl, err)
 		}
+		d := s.retryDelay(bo, took, limit, deadline)
 		s.r.log.Warn("session keep-alive failed; retrying", "lease", fmt.Sprintf("%x", l),
 			"err", err, "took", took.Round(time.Millisecond), "retry_in", d,
-			"lease_expires_in", time.Until(deadline).Round(time.Millisecond))
+			"since_last_renewal", time.Since(deadline.Add(-ttl)).Round(time.Millisecond), "ttl", ttl)
 		if !sleep(s.r.ctx, d) {
 			return
 		}
 	}
+}
+
+// retryDelay is the pause before the next keep-alive attempt. An attempt
+// that used up its time already waited: the next goes at once (a hung
+// member does not get it). One that failed fast (store unreachable) backs
+// off, leaving time for more tries before the deadline, and with capped
+// backoff once the deadline has passed.
+func (s *session) retryDelay(bo *backoff, took, limit time.Duration, deadline time.Time) time.Duration {
+	if took >= limit*3/4 {
+		return 0
+	}
+	if remaining := time.Until(deadline); remaining > 0 {
+		return min(bo.next(), remaining/4)
+	}
+	return bo.next()
+}
+
+// renewed records a successful keep-alive of l started at start, and a
+// confirmation if the lease was unconfirmed.
+func (s *session) renewed(l store.LeaseID, start time.Time, granted time.Duration) {
+	s.mu.Lock()
+	if s.lease != l || !s.held {
+		s.mu.Unlock()
+		return
+	}
+	s.lastOK, s.ttl = start, granted
+	was := s.unconfirmed
+	s.setUnconfirmedLocked(false)
+	var c StateChange
+	if was {
+		c = s.changeLocked(nil)
+	}
+	s.mu.Unlock()
+	if was {
+		s.r.log.Info("session lease confirmed: the store renewed it; nothing was lost", "lease", fmt.Sprintf("%x", l), "ttl", granted)
+		s.emit(c)
+	}
+}
+
+// markUnconfirmed reports, once per episode, that no keep-alive of l was
+// answered for a whole TTL (the last attempt failed with err).
+func (s *session) markUnconfirmed(l store.LeaseID, ttl time.Duration, err error) {
+	s.mu.Lock()
+	if s.lease != l || !s.held || s.unconfirmed {
+		s.mu.Unlock()
+		return
+	}
+	s.setUnconfirmedLocked(true)
+	c := s.changeLocked(fmt.Errorf("%w (no answer for %v: %w)", ErrLeaseUnconfirmed, ttl, err))
+	s.mu.Unlock()
+	s.r.log.Error("session lease unconfirmed: no keep-alive answered for a whole TTL; renewing it until the store answers (lost only if it says the lease ended)",
+		"lease", fmt.Sprintf("%x", l), "ttl", ttl, "err", err)
+	s.emit(c)
+}
+
+// setUnconfirmedLocked sets whether the lease is unconfirmed, keeping the
+// metric in step.
+func (s *session) setUnconfirmedLocked(on bool) {
+	if s.unconfirmed == on {
+		return
+	}
+	s.unconfirmed = on
+	s.r.m.setUnconfirmed(on)
 }

@@ -286,17 +286,22 @@ func (r *StoreRegistry) ownerExists(ctx context.Context, key string) bool {
 }
 
 // verify returns the instance at ref and its key/value if secret proves
-// its ownership, and notFound(ref) otherwise.
+// its ownership, and notFound(ref) otherwise. Its reads are linearizable.
 func (r *StoreRegistry) verify(ctx context.Context, ref beacon.Ref, secret Secret) (beacon.Instance, store.KeyValue, error) {
+	return r.verifyWith(ctx, ref, secret, r.st.Get)
+}
+
+// verifyWith is verify, reading the keys with read.
+func (r *StoreRegistry) verifyWith(ctx context.Context, ref beacon.Ref, secret Secret, read func(context.Context, string) (store.KeyValue, error)) (beacon.Instance, store.KeyValue, error) {
 	presented := secret.hash() // computed on every path
-	in, kv, err := r.get(ctx, ref)
+	in, kv, err := r.getWith(ctx, ref, read)
 	if err != nil {
 		return beacon.Instance{}, store.KeyValue{}, err
 	}
 	if kv.Lease == store.NoLease || r.sess.ours(kv.Lease) || secret == "" {
 		return beacon.Instance{}, store.KeyValue{}, notFound(ref)
 	}
-	okv, err := r.st.Get(ctx, r.ownerKey(ref.Namespace, kv.Lease))
+	okv, err := read(ctx, r.ownerKey(ref.Namespace, kv.Lease))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return beacon.Instance{}, store.KeyValue{}, notFound(ref)
@@ -331,13 +336,32 @@ func (r *StoreRegistry) verify(ctx context.Context, ref beacon.Ref, secret Secre
 // attempt, and the next goes to another member (the etcd store leaves the
 // silent one out), instead of the whole heartbeat waiting for the store's
 // request timeout while the lease runs out.
+//
+// The proof of ownership is read locally where the store can (a
+// serializable read: store.LocalReader), so that a heartbeat waits for no
+// round trip through the cluster's leader but the keep-alive's own: with
+// the leader's disk slow, linearizable reads took over a second on every
+// member and the heartbeats of a 3 s lease timed out until it expired. A
+// stale read is safe here: an ownership record never changes while its
+// lease lives, a proof against a record already gone only renews a lease
+// that has ended (notFound), and a proof that fails is checked again with
+// linearizable reads before it is refused.
 func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Secret) (time.Duration, error) {
 	limit := keepAliveTimeout(r.leased.ttl(ref))
 	var kv store.KeyValue
-	err := retryTimedOut(ctx, limit, func(ctx context.Context) (err error) {
-		_, kv, err = r.verify(ctx, ref, secret)
-		return err
-	})
+	err := errNoLocalRead
+	if lr, ok := r.st.(store.LocalReader); ok {
+		err = retryTimedOut(ctx, limit, func(ctx context.Context) (err error) {
+			_, kv, err = r.verifyWith(ctx, ref, secret, lr.GetLocal)
+			return err
+		})
+	}
+	if errors.Is(err, beacon.ErrNotFound) || errors.Is(err, errNoLocalRead) {
+		err = retryTimedOut(ctx, limit, func(ctx context.Context) (err error) {
+			_, kv, err = r.verify(ctx, ref, secret)
+			return err
+		})
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -356,6 +380,9 @@ func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Se
 	r.leased.heartbeat(kv.Lease, ref, ttl)
 	return ttl, nil
 }
+
+// errNoLocalRead stands for a proof of ownership not read locally yet.
+var errNoLocalRead = errors.New("registry: not read locally")
 
 // heartbeatAttempts bounds the attempts of one heartbeat's store call.
 const heartbeatAttempts = 4

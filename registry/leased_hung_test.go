@@ -3,6 +3,7 @@ package registry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -58,15 +59,26 @@ func TestHeartbeatPastAHungMember(t *testing.T) {
 			break
 		}
 	}
-	// Each registration's client heartbeats every TTL/3 for 3 TTLs, gives
-	// each heartbeat TTL/3 before it disconnects, and tries again at once
-	// after a failure.
+	heartbeatThrough(t, ctx, r, owned, ttl)
+	for _, o := range owned {
+		if _, err := st.Get(ctx, "/services/"+o.Instance.Ref().String()); err != nil {
+			t.Errorf("%s: %v", o.Instance.Ref(), err)
+		}
+	}
+}
+
+// heartbeatThrough heartbeats every registration as an HTTP client would:
+// every TTL/3 for 3 TTLs, each heartbeat given TTL/3 before the client
+// disconnects, tried again at once after a failure. It fails the test if
+// a lease is lost.
+func heartbeatThrough(t *testing.T, ctx context.Context, r *registry.StoreRegistry, owned []registry.Owned, ttl time.Duration) {
+	t.Helper()
 	type outcome struct {
 		ok, failed int
 		slowest    time.Duration
 		lost       error
 	}
-	results := make(chan outcome, n)
+	results := make(chan outcome, len(owned))
 	for _, o := range owned {
 		go func() {
 			var out outcome
@@ -100,16 +112,58 @@ func TestHeartbeatPastAHungMember(t *testing.T) {
 			}
 		}()
 	}
-	for range n {
+	for range owned {
 		out := <-results
 		if out.lost != nil {
 			t.Errorf("lease lost while two of three members were healthy: %v", out.lost)
 		}
 		t.Logf("%d heartbeats answered, %d failed; slowest %v", out.ok, out.failed, out.slowest.Round(time.Millisecond))
 	}
-	for _, o := range owned {
-		if _, err := st.Get(ctx, "/services/"+o.Instance.Ref().String()); err != nil {
-			t.Errorf("%s: %v", o.Instance.Ref(), err)
-		}
+}
+
+// TestHeartbeatPastASlowLeader: the same, with the leader's disk slow
+// (every WAL sync waits 500 ms) under a steady write load. Linearizable
+// reads then wait for the leader on every member (over a second), and the
+// heartbeats, whose proof of ownership was read that way, timed out until
+// 10 of 16 leases of 3 s expired (the lease drills). The proof is read
+// locally now (a serializable read), and only the keep-alive goes to the
+// leader.
+func TestHeartbeatPastASlowLeader(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("runs a 3-member cluster of etcd processes")
 	}
+	c := etcdtest.StartProcessCluster(t, 3, etcdtest.ProcessClusterOptions{SlowDisk: true})
+	ctx := within(t, 2*time.Minute)
+	leader, err := c.WaitLeader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newEtcdStore(t, nil, etcd.Config{Endpoints: c.Endpoints()})
+	r := newRegistry(t, st, registry.Config{})
+	const ttl = 3 * time.Second
+	var owned []registry.Owned
+	for i := range 8 {
+		o, err := r.RegisterWithTTL(ctx, beacon.Instance{Namespace: uniqueNS(), Component: "api", Endpoint: "http",
+			Address: fmt.Sprintf("10.0.0.%d:80", i+1)}, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owned = append(owned, o)
+	}
+	// A steady write load: every write waits for the leader's slow sync.
+	writer := newEtcdStore(t, nil, etcd.Config{Endpoints: c.Endpoints()})
+	wctx, stopWrites := context.WithCancel(ctx)
+	defer stopWrites()
+	go func() {
+		for wctx.Err() == nil {
+			_, _ = writer.Put(wctx, "/slow-leader/load", []byte("x"))
+		}
+	}()
+	if err := leader.SetFsyncDelay(500 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = leader.SetFsyncDelay(0) }()
+	t.Logf("leader %s has a slow disk (500 ms per WAL sync)", leader.Name)
+	heartbeatThrough(t, ctx, r, owned, ttl)
 }

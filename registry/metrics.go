@@ -13,6 +13,7 @@ type metrics struct {
 	leaseLosses       prometheus.Counter
 	recoveries        prometheus.Counter
 	keepAliveFailures prometheus.Counter
+	unconfirmed       prometheus.Gauge
 	registrations     prometheus.Gauge
 	conflicts         prometheus.Gauge
 	drainedElsewhere  prometheus.Counter
@@ -30,6 +31,7 @@ const (
 	metricLeaseLosses       = "beacon_registry_lease_losses_total"
 	metricRecoveries        = "beacon_registry_lease_recoveries_total"
 	metricKeepAliveFailures = "beacon_registry_keepalive_failures_total"
+	metricUnconfirmed       = "beacon_registry_lease_unconfirmed"
 	metricRegistrations     = "beacon_registry_registrations"
 	metricConflicts         = "beacon_registry_registration_conflicts"
 	metricDrainedElsewhere  = "beacon_registry_drained_elsewhere_total"
@@ -51,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"state"}),
 		leaseLosses: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: metricLeaseLosses,
-			Help: "Session leases lost (expired, revoked elsewhere, or unreachable store for a whole TTL).",
+			Help: "Session leases lost: the store said the lease ended (expired or revoked).",
 		}),
 		recoveries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: metricRecoveries,
@@ -60,6 +62,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		keepAliveFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: metricKeepAliveFailures,
 			Help: "Failed keep-alive attempts of session leases.",
+		}),
+		unconfirmed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: metricUnconfirmed,
+			Help: "Sessions whose lease no keep-alive renewed for a whole TTL and that the store has not said ended: they keep renewing it (the store unreachable, or an election).",
 		}),
 		registrations: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: metricRegistrations,
@@ -100,6 +106,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.leaseLosses = promreg.Register(reg, m.leaseLosses, &err)
 	m.recoveries = promreg.Register(reg, m.recoveries, &err)
 	m.keepAliveFailures = promreg.Register(reg, m.keepAliveFailures, &err)
+	m.unconfirmed = promreg.Register(reg, m.unconfirmed, &err)
 	m.registrations = promreg.Register(reg, m.registrations, &err)
 	m.conflicts = promreg.Register(reg, m.conflicts, &err)
 	m.drainedElsewhere = promreg.Register(reg, m.drainedElsewhere, &err)
@@ -157,6 +164,17 @@ func (m *metrics) leaseLost() {
 func (m *metrics) recovered() {
 	if m != nil {
 		m.recoveries.Inc()
+	}
+}
+
+func (m *metrics) setUnconfirmed(on bool) {
+	if m == nil {
+		return
+	}
+	if on {
+		m.unconfirmed.Inc()
+	} else {
+		m.unconfirmed.Dec()
 	}
 }
 

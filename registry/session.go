@@ -33,7 +33,9 @@ const oldLeasesKept = 8
 // the lease and its renewal:
 //   - the keeper (keeper.go) only renews the lease, every TTL/3, each
 //     attempt bounded by keepAliveTimeout (TTL/6, at most 2 s) and retried
-//     at once when it times out, until the lease would expire;
+//     at once when it times out, until one succeeds or the store says the
+//     lease ended (never by the session's own clock: past a TTL without an
+//     answer the lease is only unconfirmed);
 //   - the worker (loop) does everything else: recovery after a loss,
 //     writing registrations whose epoch is behind, retrying conflicts and
 //     verifying every key now and then, each store call bounded by
@@ -46,21 +48,24 @@ type session struct {
 
 	startSem chan struct{} // held while the first lease is granted
 
-	mu       sync.Mutex
-	state    State
-	started  bool
-	lease    store.LeaseID
-	held     bool          // the keeper renews lease (cleared when it is lost)
-	ttl      time.Duration // as granted
-	epoch    uint64
-	lastOK   time.Time     // start of the last successful keep-alive (or grant)
-	suspect  bool          // the lost lease may still be alive: try it first
-	ready    chan struct{} // closed while state is active or recovered
-	regs     map[string]*registration
-	old      []store.LeaseID // previous leases, newest last
-	conflict int             // registrations in conflict, as last reported
-	kick     chan struct{}   // wakes the worker
-	keepKick chan struct{}   // wakes the keeper: the lease changed
+	mu      sync.Mutex
+	state   State
+	started bool
+	lease   store.LeaseID
+	held    bool          // the keeper renews lease (cleared when it is lost)
+	ttl     time.Duration // as granted
+	epoch   uint64
+	lastOK  time.Time // start of the last successful keep-alive (or grant)
+	// unconfirmed: no keep-alive of lease answered for a whole TTL, and
+	// the store has not said it ended (keeper.go).
+	unconfirmed bool
+	suspect     bool          // the lost lease may still be alive: try it first
+	ready       chan struct{} // closed while state is active or recovered
+	regs        map[string]*registration
+	old         []store.LeaseID // previous leases, newest last
+	conflict    int             // registrations in conflict, as last reported
+	kick        chan struct{}   // wakes the worker
+	keepKick    chan struct{}   // wakes the keeper: the lease changed
 
 	statesMu     sync.Mutex
 	states       chan StateChange
@@ -116,6 +121,7 @@ func (s *session) setLeaseLocked(l store.LeaseID, ttl time.Duration) {
 		}
 	}
 	s.lease, s.ttl, s.held = l, ttl, true
+	s.setUnconfirmedLocked(false)
 	s.epoch++
 	s.lastOK = time.Now()
 	select {
@@ -257,6 +263,10 @@ func (s *session) start(ctx context.Context) error {
 		return ErrClosed
 	}
 	s.r.log.Info("session lease granted", "lease", fmt.Sprintf("%x", l.ID), "ttl", l.TTL)
+	if w := TTLWarning(s.r.cfg.LeaseTTL); w != "" {
+		s.r.log.Warn("lease TTL below the shortest that rides out an etcd leader election", "ttl", s.r.cfg.LeaseTTL,
+			"min_election_ttl", MinElectionTTL, "warning", w)
+	}
 	s.emit(c)
 	return nil
 }
@@ -277,6 +287,7 @@ func (s *session) markLost(l store.LeaseID, err error, suspect bool) {
 		return
 	}
 	s.held = false
+	s.setUnconfirmedLocked(false)
 	if s.state != StateActive && s.state != StateRecovered {
 		s.suspect = suspect
 		s.mu.Unlock()
@@ -835,6 +846,7 @@ func (s *session) close() error {
 	prev := s.state
 	lease, ttl, started := s.lease, s.ttl, s.started
 	s.held = false
+	s.setUnconfirmedLocked(false)
 	s.setStateLocked(StateClosed)
 	n := 0
 	for _, reg := range s.regs {

@@ -376,7 +376,7 @@ func TestSessionMetrics(t *testing.T) {
 	}
 	defer w.Close()
 	want := `
-# HELP beacon_registry_lease_losses_total Session leases lost (expired, revoked elsewhere, or unreachable store for a whole TTL).
+# HELP beacon_registry_lease_losses_total Session leases lost: the store said the lease ended (expired or revoked).
 # TYPE beacon_registry_lease_losses_total counter
 beacon_registry_lease_losses_total 1
 # HELP beacon_registry_lease_recoveries_total Recoveries after a lease loss: a lease held again and the instances re-registered.

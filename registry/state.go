@@ -16,10 +16,12 @@ const (
 	StateIdle State = iota
 	// StateActive: the lease is held and every registration is written.
 	StateActive
-	// StateLost: the lease ended (expired, revoked by someone else, or the
-	// store was unreachable for a whole TTL). The instances are not
-	// advertised; the session retries with capped backoff, forever, to get
-	// a new lease and re-register them with the same IDs.
+	// StateLost: the store said the lease ended (it expired, or someone
+	// else revoked it). The instances are not advertised; the session
+	// retries with capped backoff, forever, to get a new lease and
+	// re-register them with the same IDs. A lease whose renewals went
+	// unanswered for a whole TTL is not lost but unconfirmed: see
+	// ErrLeaseUnconfirmed.
 	StateLost
 	// StateRecovered: after a loss, a lease is held again and the
 	// registrations are written again (except those whose IDs another live
@@ -58,7 +60,10 @@ type StateChange struct {
 	// At is when the transition happened.
 	At time.Time
 	// Err says why the lease was lost (StateLost), or, with Conflicts, why
-	// some instances are not advertised.
+	// some instances are not advertised, or (matching ErrLeaseUnconfirmed,
+	// with the State unchanged) that no renewal was answered for a whole
+	// TTL; a later StateChange with the same State and no error says a
+	// renewal succeeded again.
 	Err error
 	// Registered is the number of instances advertised in this state.
 	Registered int

@@ -232,13 +232,18 @@ func (r *StoreRegistry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instanc
 
 // get returns the instance and its key/value (for its lease and revision).
 func (r *StoreRegistry) get(ctx context.Context, ref beacon.Ref) (beacon.Instance, store.KeyValue, error) {
+	return r.getWith(ctx, ref, r.st.Get)
+}
+
+// getWith is get, reading the key with read.
+func (r *StoreRegistry) getWith(ctx context.Context, ref beacon.Ref, read func(context.Context, string) (store.KeyValue, error)) (beacon.Instance, store.KeyValue, error) {
 	if err := ref.Validate(); err != nil {
 		return beacon.Instance{}, store.KeyValue{}, err
 	}
 	if r.closed.Load() {
 		return beacon.Instance{}, store.KeyValue{}, ErrClosed
 	}
-	kv, err := r.st.Get(ctx, r.ks.Key(ref))
+	kv, err := read(ctx, r.ks.Key(ref))
 	if errors.Is(err, store.ErrNotFound) {
 		return beacon.Instance{}, store.KeyValue{}, fmt.Errorf("%w: %s", beacon.ErrNotFound, ref)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -31,8 +32,10 @@ import (
 // server): each must name only metrics the server exports and none may
 // fire on a healthy server. It checks what the registry metrics count in
 // a server (its own session idle; the HTTP API's registrations, up on
-// register, down on deregister and on expiry), and that the session alert
-// fires for a process whose etcd went away.
+// register, down on deregister and on expiry), that the lease-unconfirmed
+// alert fires for a process whose etcd went away, and that the session-lost
+// alert fires for a process whose lease etcd ended and that cannot get
+// another.
 func TestDocumentedAlerts(t *testing.T) {
 	alerts := documentedAlerts(t)
 	s := startServer(t, testConfig(t))
@@ -109,46 +112,88 @@ func TestDocumentedAlerts(t *testing.T) {
 		}
 	}
 
-	t.Run("session lost fires", func(t *testing.T) {
+	// A process whose etcd went away cannot renew its lease, nor learn
+	// whether etcd still holds it: unconfirmed (not lost) fires.
+	t.Run("lease unconfirmed fires", func(t *testing.T) {
 		srv := etcdtest.Start(t, etcdtest.Options{})
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		st, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: srv.Endpoints(), DialTimeout: time.Second, RequestTimeout: time.Second})
-		if err != nil {
-			t.Fatal(err)
+		r, promReg := sessionFor(t, etcdstore.Config{Endpoints: srv.Endpoints(), DialTimeout: time.Second, RequestTimeout: time.Second})
+		unconfirmed := findAlert(t, alerts, "registry lease unconfirmed")
+		before := gatherText(t, promReg)
+		if fired, _ := unconfirmed.expr.eval(before, before, time.Minute); fired {
+			t.Fatal("lease unconfirmed fires while the session is active")
 		}
-		defer st.Close()
-		promReg := prometheus.NewRegistry()
-		r, err := registry.New(st, registry.Config{LeaseTTL: 2 * time.Second, Metrics: promReg})
-		if err != nil {
-			t.Fatal(err)
+		srv.Stop()
+		waitChange(t, r, "the lease was not reported unconfirmed with its etcd stopped",
+			func(c registry.StateChange) bool { return errors.Is(c.Err, registry.ErrLeaseUnconfirmed) })
+		after := gatherText(t, promReg)
+		if fired, v := unconfirmed.expr.eval(before, after, time.Minute); !fired {
+			t.Fatalf("lease unconfirmed does not fire for a process whose etcd went away: %v", v)
 		}
-		defer r.Close()
-		if _, err := r.Register(ctx, beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", Address: "10.0.0.3:80"}); err != nil {
-			t.Fatal(err)
-		}
+	})
+	// etcd says the lease ended and no new one can be had (the process's
+	// etcd password was changed): lost fires.
+	t.Run("session lost fires", func(t *testing.T) {
+		srv := etcdtest.Start(t, etcdtest.Options{User: "beacon", Password: "s3cret"})
+		r, promReg := sessionFor(t, etcdstore.Config{Endpoints: srv.Endpoints(), Username: "beacon", Password: "s3cret",
+			DialTimeout: time.Second, RequestTimeout: time.Second})
 		lost := findAlert(t, alerts, "registry session lost")
 		before := gatherText(t, promReg)
 		if fired, _ := lost.expr.eval(before, before, time.Minute); fired {
 			t.Fatal("session lost fires while the session is active")
 		}
-		srv.Stop()
-	wait:
-		for {
-			select {
-			case c := <-r.States():
-				if c.State == registry.StateLost {
-					break wait
-				}
-			case <-ctx.Done():
-				t.Fatal("the session was not lost with its etcd stopped")
-			}
+		root := srv.Client(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := root.UserChangePassword(ctx, "beacon", "changed"); err != nil {
+			t.Fatal(err)
 		}
+		waitChange(t, r, "the session was not lost with its credentials refused",
+			func(c registry.StateChange) bool { return c.State == registry.StateLost })
 		after := gatherText(t, promReg)
 		if fired, v := lost.expr.eval(before, after, time.Minute); !fired {
 			t.Fatalf("session lost does not fire for a process whose lease was lost: %v", v)
 		}
 	})
+}
+
+// sessionFor returns a registry (with its own metrics) over an etcd store
+// of cfg, with one instance registered.
+func sessionFor(t *testing.T, cfg etcdstore.Config) (*registry.StoreRegistry, *prometheus.Registry) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := etcdstore.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	promReg := prometheus.NewRegistry()
+	r, err := registry.New(st, registry.Config{LeaseTTL: 2 * time.Second, Metrics: promReg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	if _, err := r.Register(ctx, beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", Address: "10.0.0.3:80"}); err != nil {
+		t.Fatal(err)
+	}
+	return r, promReg
+}
+
+// waitChange reads r's state changes until ok accepts one (within a
+// minute).
+func waitChange(t *testing.T, r *registry.StoreRegistry, fail string, ok func(registry.StateChange) bool) {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		select {
+		case c := <-r.States():
+			if ok(c) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("%s (state %v)", fail, r.State())
+		}
+	}
 }
 
 // alert is one row of the documented alert table.

@@ -31,8 +31,9 @@
 //     directory end the prefix with "/", as Beacon's own key layout does.
 //
 // Optional capabilities are separate interfaces found by type assertion:
-// Compactor (compact history on demand) and Transactor (several writes in one
-// revision, all or nothing).
+// Compactor (compact history on demand), Transactor (several writes in one
+// revision, all or nothing) and LocalReader (a read served by whichever
+// server answers, without a round trip through a leader).
 //
 // Backends: store/etcd (production), store/memory (in-process), store/file
 // (several processes on one host, no daemon) and store/nats (NATS JetStream

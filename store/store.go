@@ -164,6 +164,16 @@ type Store interface {
 	Close() error
 }
 
+// LocalReader is implemented by stores that can read a key from whichever
+// server the call reaches, without a round trip through the cluster's
+// leader (etcd's serializable read): the answer may trail the latest
+// writes by a little, and it stays fast while the leader is slow (its
+// disk, its load) or being replaced. Callers use it where a stale answer
+// is checked or harmless; an absent key gives ErrNotFound, as Get.
+type LocalReader interface {
+	GetLocal(ctx context.Context, key string) (KeyValue, error)
+}
+
 // Compactor is implemented by stores whose history can be compacted on
 // demand. After Compact(rev), watches from a revision below rev fail with
 // ErrCompacted. Compacting to a revision already compacted fails with an

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,7 +34,7 @@ func init() {
 	)
 	cmd := &cobra.Command{
 		Use:   "drill",
-		Short: "Fault drills on a real 3-member cluster: hung member, partition, leader kill, outages",
+		Short: "Fault drills on a real 3-member cluster: hung member, partition, slow disk, leader kill, outages",
 		Long: `Runs fault drills against the registry on real clusters of processes: by
 default this binary's own "beacon serve" nodes (embedded etcd 3.7.3) that form
 their cluster through a discovery token served by one more "beacon serve", or,
@@ -50,6 +51,11 @@ kills a registrant process with SIGKILL while it injects its fault:
   compaction      a watcher cut off while instances die, move and join and
                   etcd compacts its history
   slow-consumer   a watcher that sits on a batch while 1,000 changes happen
+  lease           every path that keeps a lease alive — Go sessions, "beacon
+                  register" processes, HTTP registrations through a "beacon
+                  serve --etcd-endpoints", etcd clients through a "beacon
+                  proxy" — while a follower, then the leader, is stopped, cut
+                  off, given a slow disk or killed, each for 2 TTL (see below)
 
 and prints, per drill: trials, lost leases, phantoms (a dead registrant still
 listed after TTL + 1 s, counted from the fault's end in outages or from a new
@@ -58,6 +64,18 @@ instances seen by watchers), stale batches, and convergence p50/max. Goal while
 quorum holds: 0 lost, 0 phantom, 0 flaps (a removal of an instance whose lease
 etcd revoked although it was renewed in time, as a resumed etcd leader does, is
 etcd's deletion: noted, not counted against the goal).
+
+The lease drills print, per fault, member, path and TTL: leases lost (ended
+for want of a renewal, given up by their keeper, or reported lost while etcd
+held them), revoked (ended by etcd although renewed in time: a resumed etcd
+leader revokes those it believes expired), sessions that reported their lease
+unconfirmed, failed renewals and the longest gap between answered renewals.
+Every path keeps leases of 3 s (the goal for a follower fault: 0 lost), of
+5 s (the shortest TTL that rides out an election: the goal for a leader
+fault) and of --lease-ttls. The slow-disk fault needs --etcd-bin to be the
+slow-disk build of etcd ("bash .ci/build-peers etcd-slowdisk" builds it into
+~/.cache/beacon-peers/bin/etcd-slowdisk); with other members it is skipped
+with the reason.
 
 With --expiry N it also lets N instances expire at once in two lease layouts
 — Beacon's sessions (one lease per process, --expiry-processes processes) and
@@ -80,7 +98,7 @@ also on failure.`,
 			case cmd.Flags().Changed("drills"):
 				cfg.Drills = nil // --drills "": only the expiry measurement
 			default:
-				cfg.Drills = drill.All
+				cfg.Drills = append(slices.Clone(drill.All), bench.DrillLease)
 			}
 			logger, err := newLogger(cmd.ErrOrStderr())
 			if err != nil {
@@ -103,6 +121,12 @@ also on failure.`,
 					return terr
 				}
 			}
+			if len(rep.Lease) > 0 {
+				fmt.Fprintln(cmd.OutOrStdout())
+				if terr := drill.WriteLeaseTable(cmd.OutOrStdout(), rep.Lease); terr != nil {
+					return terr
+				}
+			}
 			if len(rep.Expiry) > 0 {
 				fmt.Fprintln(cmd.OutOrStdout())
 				if terr := drill.WriteExpiryTable(cmd.OutOrStdout(), rep.Expiry); terr != nil {
@@ -113,7 +137,10 @@ also on failure.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&drills, "drills", "", "comma-separated drills to run (default: all; \"\" with --expiry: none)")
+	f.StringVar(&drills, "drills", "", "comma-separated drills to run (default: all, lease included; \"\" with --expiry: none)")
+	f.DurationSliceVar(&cfg.LeaseTTLs, "lease-ttls", []time.Duration{2 * time.Second, 4 * time.Second},
+		"TTLs the lease drills' keepers also use, besides 3s and 5s (measured, not asserted)")
+	f.DurationVar(&cfg.FsyncDelay, "fsync-delay", 500*time.Millisecond, "the lease drills' slow disk: delay of every WAL sync")
 	f.IntVar(&cfg.Expiry, "expiry", 0, "also let this many instances expire at once in both lease layouts (0: skip)")
 	f.IntVar(&cfg.ExpiryProcesses, "expiry-processes", 10, "processes holding Beacon's instances in the expiry measurement")
 	f.IntVar(&cfg.Trials, "trials", 10, "trials per drill (member-hang and partition run at least 2)")
@@ -149,13 +176,23 @@ func writeDrillJSON(w io.Writer, rep bench.DrillReport) error {
 		ConvergeMaxMs float64 `json:"converge_max_ms"`
 		Met           bool    `json:"met"`
 	}
+	type leaseRow struct {
+		drill.LeaseResult
+		TTLSeconds float64 `json:"ttl_seconds"`
+		MaxGapMs   float64 `json:"max_gap_ms"`
+		Met        bool    `json:"met"`
+	}
 	out := struct {
 		Scenario string               `json:"scenario"`
 		Drills   []row                `json:"drills"`
+		Lease    []leaseRow           `json:"lease,omitempty"`
 		Expiry   []drill.ExpiryResult `json:"expiry,omitempty"`
 	}{Scenario: "drill", Expiry: rep.Expiry}
 	for _, r := range rep.Drills {
 		out.Drills = append(out.Drills, row{Result: r, ConvergeP50Ms: ms(r.P50()), ConvergeMaxMs: ms(r.Max()), Met: r.Met()})
+	}
+	for _, r := range rep.Lease {
+		out.Lease = append(out.Lease, leaseRow{LeaseResult: r, TTLSeconds: r.TTL.Seconds(), MaxGapMs: ms(r.MaxGap), Met: r.Met()})
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -37,6 +37,8 @@ func TestBenchDrillBadInput(t *testing.T) {
 		{args: []string{"bench", "drill", "--etcd-bin", "/no/such/etcd"}, want: "--etcd-bin"},
 		{args: []string{"bench", "drill", "--expiry", "-5"}, want: "--expiry -5"},
 		{args: []string{"bench", "drill", "--expiry", "10", "--expiry-processes", "20"}, want: "--expiry-processes 20"},
+		{args: []string{"bench", "drill", "--lease-ttls", "1500ms"}, want: "--lease-ttls 1.5s"},
+		{args: []string{"bench", "drill", "--fsync-delay", "-1s"}, want: "--fsync-delay -1s"},
 	})
 }
 

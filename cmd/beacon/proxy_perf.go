@@ -18,6 +18,8 @@ func addProxyPerfFlags(cmd *cobra.Command, cfg *proxy.Config) {
 	_ = f.MarkHidden("enable-pprof")
 	f.DurationVar(&cfg.WatchSilenceTimeout, "watch-silence-timeout", proxy.DefaultWatchSilence,
 		"move the upstream watches off a member that sends nothing for this long, not even an answer to a progress request (0: default; negative: never)")
+	f.DurationVar(&cfg.KeepAliveSilenceTimeout, "keepalive-silence-timeout", proxy.DefaultKeepAliveSilence,
+		"move the shared upstream lease keep-alive stream off a member that leaves a keep-alive unanswered this long (0: default; negative: never)")
 	f.BoolVar(&cache, "serializable-cache", true, "answer serializable ranges from a watch-fed copy of the keyspace, no staler than --cache-max-staleness (linearizable reads and reads with credentials are always forwarded)")
 	f.DurationVar(&cfg.CacheMaxStaleness, "cache-max-staleness", proxy.DefaultCacheMaxStaleness, "bound on how stale a cached serializable read may be")
 	f.Int64Var(&cfg.CacheMaxBytes, "cache-max-bytes", proxy.DefaultCacheMaxBytes, "largest keyspace the serializable cache copies (larger turns it off)")

@@ -92,9 +92,10 @@ func newRegisterCmd() *cobra.Command {
 		Long: `Register one instance of namespace/component/endpoint at --addr and keep its
 lease alive until interrupted (SIGINT or SIGTERM); then deregister it (after
 --drain of draining status, if set) and exit. It prints the instance and every
-change of the session's state: if the lease is lost (etcd unreachable for a
-whole TTL), the instance is registered again, under the same ID, as soon as the
-store answers.
+change of the session's state: if etcd says the lease ended, the instance is
+registered again, under the same ID, as soon as the store answers; while no
+keep-alive is answered for longer than the TTL it prints the lease as
+unconfirmed and keeps renewing it.
 
 Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 
@@ -174,6 +175,7 @@ type registerLine struct {
 	TTL       string           `json:"ttl,omitempty"`
 	Error     string           `json:"error,omitempty"`
 	Conflicts []string         `json:"conflicts,omitempty"`
+	Warning   string           `json:"warning,omitempty"`
 }
 
 // leased is what a registry with a session lease (a store registry) adds.
@@ -201,6 +203,9 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r regis
 	if l, ok := r.(leased); ok {
 		lease := fmt.Sprintf("%x", l.Lease())
 		bound = l.LeaseTTL()
+		if w := registry.TTLWarning(l.LeaseTTL()); w != "" && conn.backendName() == backend.Etcd {
+			emit(registerLine{Event: "warning", Warning: w}, "warning: "+w)
+		}
 		emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: l.LeaseTTL().String()},
 			fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), printable(got.Address), lease, l.LeaseTTL()))
 	} else {

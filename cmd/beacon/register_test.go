@@ -24,7 +24,7 @@ func TestRegisterLsWatch(t *testing.T) {
 	w.waitLine(t, "synced   0 instance(s)", 30*time.Second)
 
 	reg := startBeacon(t, dir, nil, "register", "prod/api/http", "--addr", "10.0.0.5:8080", "--meta", "zone=a",
-		"--meta", "weight=10", "--transport", "http", "--ttl", "2s", "--endpoints", ep)
+		"--meta", "weight=10", "--transport", "http", "--ttl", "5s", "--endpoints", ep)
 	line := reg.waitLine(t, "registered prod/api/http/", 30*time.Second)
 	id := regexp.MustCompile(`prod/api/http/([0-9a-f]{16})`).FindStringSubmatch(line)
 	if id == nil {
@@ -190,5 +190,31 @@ func TestTerminalOutputIsEscaped(t *testing.T) {
 	}
 	if got := printable("m1\u2066=http://10.0.0.1:2380"); got != `m1\u2066=http://10.0.0.1:2380` {
 		t.Errorf("printable: %q", got)
+	}
+}
+
+// TestRegisterWarnsBelowElectionTTL: a TTL below registry.MinElectionTTL
+// gets a warning before the registration (a JSON "warning" event with -o
+// json, a "warning:" line otherwise); one at it gets none.
+func TestRegisterWarnsBelowElectionTTL(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	dir := t.TempDir()
+	short := startBeacon(t, dir, nil, "register", "prod/api/http", "--addr", "10.0.0.5:8080", "--ttl", "3s", "-o", "json", "--endpoints", srv.Endpoint())
+	short.waitLine(t, `"event":"registered"`, 30*time.Second)
+	var warning struct{ Event, Warning string }
+	for _, l := range strings.Split(short.out(), "\n") {
+		if strings.Contains(l, `"event":"warning"`) {
+			if err := json.Unmarshal([]byte(l), &warning); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !strings.Contains(warning.Warning, "below 5s, the shortest that rides out an etcd leader election") {
+		t.Fatalf("no election warning for --ttl 3s:\n%s", short.out())
+	}
+	long := startBeacon(t, dir, nil, "register", "prod/api/http", "--addr", "10.0.0.6:8080", "--ttl", "5s", "--endpoints", srv.Endpoint())
+	long.waitLine(t, "registered prod/api/http/", 30*time.Second)
+	if strings.Contains(long.out(), "warning") {
+		t.Fatalf("warning for --ttl 5s:\n%s", long.out())
 	}
 }

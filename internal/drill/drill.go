@@ -29,9 +29,17 @@
 //
 // The goal while quorum holds is 0 lost, 0 phantom, 0 flaps. Each trial
 // also watches one more TTL after the fault ended, whose aftermath (a
-// resumed etcd leader revoking leases) counts in it. The package
-// has no test dependencies: tests run short drills (internal/drill's own
-// tests), `beacon bench drill` runs hundreds of trials.
+// resumed etcd leader revoking leases) counts in it.
+//
+// The lease drills (RunLease, lease.go) check every path that keeps a lease
+// alive — Go sessions, `beacon register` processes, HTTP registrations
+// through `beacon serve --etcd-endpoints`, etcd clients through `beacon
+// proxy` — against every kind of member fault (stopped, cut off, slow disk,
+// killed), on a follower and on the leader.
+//
+// The package has no test dependencies: tests run short drills
+// (internal/drill's own tests), `beacon bench drill` runs hundreds of
+// trials.
 package drill
 
 import (
@@ -171,8 +179,13 @@ type Result struct {
 	Lost   int  `json:"lost"`
 	// Kept counts sessions that reported their lease lost by their own
 	// clock (no keep-alive answered for a TTL) and found, recovering, that
-	// etcd had kept it: nothing was deleted.
+	// etcd had kept it: nothing was deleted. Sessions no longer do (they
+	// report such a lease unconfirmed): a non-zero Kept is a regression.
 	Kept int `json:"kept"`
+	// Unconfirmed counts sessions that had no renewal answered for a whole
+	// TTL and reported their lease unconfirmed (they kept renewing it; a
+	// loss followed only if etcd said it ended, and counts in Lost).
+	Unconfirmed int `json:"unconfirmed"`
 	// Revoked counts leases etcd ended although their sessions renewed
 	// them in time: a resumed etcd leader revokes every lease it believes
 	// expired (etcd 3.7 behaviour, see docs/operations.md); the sessions

@@ -450,9 +450,9 @@ func (r *runner) countLosses(e *env, n int, before [3]int, whyBefore int, res *R
 // trialStart is what a trial notes before its fault: its victim, and
 // the counters its result is the difference of.
 type trialStart struct {
-	v          *victim
-	lost       [3]int // lost, kept, revoked
-	why, stale int
+	v                       *victim
+	lost                    [3]int // lost, kept, revoked
+	why, stale, unconfirmed int
 }
 
 // startTrial starts a victim, waits until every watcher of all lists it,
@@ -467,7 +467,8 @@ func (r *runner) startTrial(ctx context.Context, e *env, all []*watcher, n int) 
 		return nil, err
 	}
 	lost, kept, revoked := e.fleet.lostCount()
-	ts := &trialStart{v: v, lost: [3]int{lost, kept, revoked}, why: e.fleet.whyCount(), stale: e.stale()}
+	ts := &trialStart{v: v, lost: [3]int{lost, kept, revoked}, why: e.fleet.whyCount(), stale: e.stale(),
+		unconfirmed: e.fleet.unconfirmedCount()}
 	e.fleet.mu.Lock()
 	e.revokedMark = len(e.fleet.revokedRefs)
 	e.fleet.mu.Unlock()
@@ -481,6 +482,10 @@ func (r *runner) startTrial(ctx context.Context, e *env, all []*watcher, n int) 
 func (r *runner) finishTrial(e *env, n int, ts *trialStart, res *Result) {
 	r.countLosses(e, n, ts.lost, ts.why, res)
 	res.Stale += e.stale() - ts.stale
+	if k := e.fleet.unconfirmedCount() - ts.unconfirmed; k > 0 {
+		res.Unconfirmed += k
+		res.Notes = append(res.Notes, fmt.Sprintf("trial %d: %d session(s) had no renewal answered for a whole TTL and reported their lease unconfirmed (not lost) until a renewal succeeded or etcd answered", n+1, k))
+	}
 }
 
 // seen waits until every watcher lists ref.

@@ -38,6 +38,7 @@ type fleet struct {
 	addrs       map[string]string // ref → advertised address
 	lost        int               // leases lost so far (recovered under a new lease)
 	kept        int               // losses by the session's clock whose lease etcd kept
+	unconfirmed int               // times a session had no renewal answered for a TTL
 	revoked     int               // leases etcd ended although the session renewed them in time
 	revokedRefs []string          // the instance of each such lease, in order
 	open        int               // losses not recovered yet
@@ -78,7 +79,22 @@ func (r *runner) newFleet(ctx context.Context, endpoints []string, ns string) (*
 			defer f.wg.Done()
 			var held store.LeaseID
 			var lostErr error
+			unconfirmed := false     // no renewal answered for a TTL, etcd not asked yet
+			lostUnconfirmed := false // the loss came after such a TTL
 			for c := range reg.States() {
+				if c.State == registry.StateActive || c.State == registry.StateRecovered {
+					switch {
+					case errors.Is(c.Err, registry.ErrLeaseUnconfirmed):
+						if !unconfirmed {
+							f.mu.Lock()
+							f.unconfirmed++
+							f.mu.Unlock()
+						}
+						unconfirmed = true
+					case c.Err == nil:
+						unconfirmed = false
+					}
+				}
 				switch c.State {
 				case registry.StateActive:
 					held = c.Lease
@@ -86,9 +102,10 @@ func (r *runner) newFleet(ctx context.Context, endpoints []string, ns string) (*
 					f.mu.Lock()
 					if lostErr == nil {
 						f.open++
+						lostUnconfirmed = unconfirmed
 					}
 					f.mu.Unlock()
-					lostErr = c.Err
+					lostErr, unconfirmed = c.Err, false
 				case registry.StateRecovered:
 					if lostErr == nil {
 						continue
@@ -99,9 +116,9 @@ func (r *runner) newFleet(ctx context.Context, endpoints []string, ns string) (*
 					case c.Lease == held:
 						f.kept++
 						f.why = append(f.why, fmt.Sprintf("session %d reported its lease lost by its own clock (%v) and found etcd had kept it", i, lostErr))
-					case errors.Is(lostErr, store.ErrLeaseNotFound):
+					case errors.Is(lostErr, store.ErrLeaseNotFound) && !lostUnconfirmed:
 						// etcd ended a lease the session had renewed in
-						// time (its own clock had not run out).
+						// time (no renewal had gone unanswered for a TTL).
 						f.revoked++
 						f.revokedRefs = append(f.revokedRefs, ref)
 						f.why = append(f.why, fmt.Sprintf("session %d: etcd revoked lease %x, renewed in time: %v", i, held, lostErr))
@@ -125,6 +142,14 @@ func (f *fleet) lostCount() (lost, kept, revoked int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.lost, f.kept, f.revoked
+}
+
+// unconfirmedCount returns how many times so far a session had no renewal
+// answered for a whole TTL.
+func (f *fleet) unconfirmedCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.unconfirmed
 }
 
 // whyCount returns the number of loss reports so far.

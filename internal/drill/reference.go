@@ -22,12 +22,12 @@ type reference struct {
 	clients []*clientv3.Client
 
 	mu      sync.Mutex
-	deleted map[string]time.Time // key → first deletion seen
+	deleted map[string][]time.Time // key → deletions seen (a key may be written again)
 }
 
 func newReference(c *etcdproc.Cluster, prefix string) *reference {
 	ctx, cancel := context.WithCancel(context.Background())
-	ref := &reference{cancel: cancel, deleted: map[string]time.Time{}}
+	ref := &reference{cancel: cancel, deleted: map[string][]time.Time{}}
 	for _, m := range c.Members() {
 		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
@@ -42,8 +42,11 @@ func newReference(c *etcdproc.Cluster, prefix string) *reference {
 					if e.Type != mvccpb.DELETE {
 						continue
 					}
-					if _, seen := ref.deleted[string(e.Kv.Key)]; !seen {
-						ref.deleted[string(e.Kv.Key)] = now
+					// Every member reports each deletion: one a second
+					// after the last seen is a new one.
+					key := string(e.Kv.Key)
+					if ds := ref.deleted[key]; len(ds) == 0 || now.Sub(ds[len(ds)-1]) > time.Second {
+						ref.deleted[key] = append(ds, now)
 					}
 				}
 				ref.mu.Unlock()
@@ -55,9 +58,36 @@ func newReference(c *etcdproc.Cluster, prefix string) *reference {
 
 // deletedAt returns when key was first seen deleted (zero: not yet).
 func (ref *reference) deletedAt(key string) time.Time {
+	return ref.deletedAfter(key, time.Time{})
+}
+
+// deletedAfter returns when key was first seen deleted after t (zero: not
+// yet).
+func (ref *reference) deletedAfter(key string, t time.Time) time.Time {
 	ref.mu.Lock()
 	defer ref.mu.Unlock()
-	return ref.deleted[key]
+	for _, at := range ref.deleted[key] {
+		if at.After(t) {
+			return at
+		}
+	}
+	return time.Time{}
+}
+
+// waitDeleted waits up to within (polling every 10 ms: the deletion was
+// already seen by a client, the raw watches may trail it by a little) for
+// key's first deletion after after and returns when it was seen (zero: not
+// within).
+func (ref *reference) waitDeleted(ctx context.Context, key string, after time.Time, within time.Duration) time.Time {
+	deadline := time.Now().Add(within)
+	for {
+		if at := ref.deletedAfter(key, after); !at.IsZero() || time.Now().After(deadline) {
+			return at
+		}
+		if sleepCtx(ctx, 10*time.Millisecond) != nil {
+			return time.Time{}
+		}
+	}
 }
 
 func (ref *reference) close() {

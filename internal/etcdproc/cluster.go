@@ -44,6 +44,30 @@ type EtcdMembers struct {
 	NoFsync bool
 	// LogLevel is etcd's --log-level ("warn" when empty).
 	LogLevel string
+	// FsyncDelay says that Bin is the slow-disk build of the member binary
+	// (internal/etcd built with the beacon_fsync_delay tag and an overlay
+	// of etcd's fileutil: see internal/etcd/fsyncdelay), whose WAL syncs
+	// wait for the delay Member.SetFsyncDelay sets. It needs NoFsync off:
+	// a member that does not sync never waits.
+	FsyncDelay bool
+}
+
+// FsyncDelayEnv names the file from which the slow-disk build of the
+// member binary reads its fsync delay.
+const FsyncDelayEnv = "BEACON_ETCD_FSYNC_DELAY_FILE"
+
+// fsyncDelayer is a Launcher whose members can be given a slow disk.
+type fsyncDelayer interface {
+	// fsyncDelayFile returns the file from which m reads its fsync delay
+	// ("" when it has none).
+	fsyncDelayFile(m *Member) string
+}
+
+func (e EtcdMembers) fsyncDelayFile(m *Member) string {
+	if !e.FsyncDelay || e.NoFsync {
+		return ""
+	}
+	return filepath.Join(m.c.dir, m.Name+".fsync-delay")
 }
 
 // Name implements Launcher.
@@ -61,7 +85,11 @@ func (e EtcdMembers) Command(m *Member) *exec.Cmd {
 	if e.NoFsync {
 		args = append(args, "--unsafe-no-fsync")
 	}
-	return exec.Command(e.Bin, args...)
+	cmd := exec.Command(e.Bin, args...)
+	if f := e.fsyncDelayFile(m); f != "" {
+		cmd.Env = append(os.Environ(), FsyncDelayEnv+"="+f)
+	}
+	return cmd
 }
 
 // Cluster is a cluster of member processes on a Network. Every method is
@@ -414,6 +442,38 @@ func (m *Member) Heal() error {
 	}
 	m.mu.Lock()
 	m.partitioned = false
+	m.mu.Unlock()
+	return nil
+}
+
+// ErrNoFsyncDelay is returned by SetFsyncDelay for a member that cannot
+// be given a slow disk.
+var ErrNoFsyncDelay = errors.New("etcdproc: this member cannot be given a slow disk")
+
+// SetFsyncDelay makes every WAL sync of the member wait d (0: none) from
+// now on, as a slow or failing disk does, while it runs. Only members of
+// the slow-disk build (EtcdMembers.FsyncDelay, with fsync on) can: for the
+// others the error matches ErrNoFsyncDelay and says why.
+func (m *Member) SetFsyncDelay(d time.Duration) error {
+	fd, ok := m.c.launch.(fsyncDelayer)
+	file := ""
+	if ok {
+		file = fd.fsyncDelayFile(m)
+	}
+	if file == "" {
+		return fmt.Errorf("%w: its members are %s, not the slow-disk build of etcd with fsync on (EtcdMembers.FsyncDelay)", ErrNoFsyncDelay, m.c.launch.Name())
+	}
+	if _, err := os.Stat(file + ".hooked"); err != nil {
+		return fmt.Errorf("%w: %s does not read %s (is its binary the slow-disk build?): %w", ErrNoFsyncDelay, m.Name, file, err)
+	}
+	if err := os.WriteFile(file+".tmp", []byte(d.String()), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(file+".tmp", file); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	fmt.Fprintf(m.log, "=== etcdproc: fsync delay of %s set to %v at %s\n", m.Name, d, time.Now().Format(time.RFC3339Nano))
 	m.mu.Unlock()
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,10 @@ type ProcessClusterOptions struct {
 	// Fsync makes members sync their WAL (off by default: faster on a
 	// shared disk).
 	Fsync bool
+	// SlowDisk runs the slow-disk build of the member binary
+	// (SlowDiskMemberBin), with fsync on, so that Member.SetFsyncDelay
+	// works.
+	SlowDisk bool
 }
 
 // StartProcessCluster starts an n-member cluster of real etcd 3.7.3
@@ -44,10 +49,15 @@ func StartProcessCluster(tb testing.TB, n int, opts ProcessClusterOptions) *etcd
 			tb.Fatal(err)
 		}
 	}
-	bin := testpeer.GoBuild(tb, MemberPkg)
+	members := etcdproc.EtcdMembers{NoFsync: !opts.Fsync}
+	if opts.SlowDisk {
+		members = etcdproc.EtcdMembers{Bin: SlowDiskMemberBin(tb), FsyncDelay: true}
+	} else {
+		members.Bin = testpeer.GoBuild(tb, MemberPkg)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
 	defer cancel()
-	c, err := etcdproc.StartCluster(ctx, etcdproc.EtcdMembers{Bin: bin, NoFsync: !opts.Fsync}, nw, n, tb.TempDir())
+	c, err := etcdproc.StartCluster(ctx, members, nw, n, tb.TempDir())
 	if err != nil {
 		nw.Close()
 		tb.Fatalf("etcdtest: %v", err)
@@ -81,4 +91,22 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// SlowDiskMemberBin builds the slow-disk etcd 3.7.3 member binary (once
+// per test process) and returns its path: MemberPkg built with the
+// beacon_fsync_delay tag against a copy of etcd's client/pkg module whose
+// fileutil/sync_linux.go is internal/etcd/fsyncdelay/sync_linux.go (an
+// alternate go.mod replaces the module; the Go toolchain allows no overlay
+// of the module cache), so that its WAL syncs wait for the delay
+// etcdproc.Member.SetFsyncDelay sets. Run it with
+// etcdproc.EtcdMembers{FsyncDelay: true} (and fsync on).
+func SlowDiskMemberBin(tb testing.TB) string {
+	tb.Helper()
+	// A fixed place, so that the Go build cache serves later builds.
+	modfile, err := etcdproc.SlowDiskModfile(filepath.Join(testpeer.DefaultPeersDir(), "src", "etcd-slowdisk"))
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	return testpeer.GoBuildWith(tb, "etcd-slowdisk", MemberPkg, "-modfile", modfile, "-tags", etcdproc.FsyncDelayTag)
 }

@@ -102,9 +102,18 @@ var (
 // fails.
 func GoBuild(tb testing.TB, pkg string) string {
 	tb.Helper()
+	return GoBuildWith(tb, path.Base(pkg), pkg)
+}
+
+// GoBuildWith builds pkg as GoBuild does, with extra `go build` flags (build
+// tags, an -overlay), into a binary called name: builds of one package
+// with different flags need different names. Each name is built once per
+// test process.
+func GoBuildWith(tb testing.TB, name, pkg string, flags ...string) string {
+	tb.Helper()
 	goBuildMu.Lock()
 	defer goBuildMu.Unlock()
-	if bin, ok := goBuildDone[pkg]; ok {
+	if bin, ok := goBuildDone[name]; ok {
 		return bin
 	}
 	if goBuildDir == "" {
@@ -114,12 +123,13 @@ func GoBuild(tb testing.TB, pkg string) string {
 		}
 		goBuildDir = d // removed by the OS's temp cleaning; binaries are reused within the process
 	}
-	bin := filepath.Join(goBuildDir, path.Base(pkg))
-	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	bin := filepath.Join(goBuildDir, name)
+	args := append(append([]string{"build"}, flags...), "-o", bin, pkg)
+	out, err := exec.Command("go", args...).CombinedOutput()
 	if err != nil {
-		tb.Fatalf("testpeer: go build %s: %v\n%s", pkg, err, out)
+		tb.Fatalf("testpeer: go %v: %v\n%s", args, err, out)
 	}
-	goBuildDone[pkg] = bin
+	goBuildDone[name] = bin
 	return bin
 }
 

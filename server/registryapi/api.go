@@ -218,6 +218,9 @@ type RegisterResponse struct {
 	// TTLSeconds is the granted TTL: heartbeat well within it (every
 	// third of it is the usual cadence).
 	TTLSeconds float64 `json:"ttl_seconds"`
+	// Warning, when set, says that the TTL is below the shortest that
+	// rides out an etcd leader election (registry.TTLWarning).
+	Warning string `json:"warning,omitempty"`
 }
 
 // HeartbeatRequest is the optional body of a heartbeat. It carries
@@ -308,11 +311,16 @@ func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
 	}
 	slot.commit(o.Instance.Ref(), o.Lease.TTL)
 	h.log.Info("registered", "instance", o.Instance.Ref().String(), "address", o.Instance.Address, "ttl", o.Lease.TTL, "client", client)
+	warning := registry.TTLWarning(o.Lease.TTL)
+	if warning != "" {
+		h.log.Warn("registration TTL below the shortest that rides out an etcd leader election", "instance", o.Instance.Ref().String(),
+			"ttl", o.Lease.TTL, "client", client, "warning", warning)
+	}
 	// The answer carries the registration's secret: no cache may keep it
 	// (as POST /v1/auth/token's token).
 	w.Header().Set("Cache-Control", "no-store")
 	writeJSON(w, http.StatusCreated, RegisterResponse{Instance: o.Instance, Secret: string(o.Secret),
-		Lease: formatLease(o.Lease.ID), TTLSeconds: o.Lease.TTL.Seconds()})
+		Lease: formatLease(o.Lease.ID), TTLSeconds: o.Lease.TTL.Seconds(), Warning: warning})
 }
 
 // secret reads the Beacon-Secret header. A missing one is not an error

@@ -533,3 +533,18 @@ func TestRegisterAnswerNotStored(t *testing.T) {
 		t.Fatalf("register: %d, Cache-Control %q; want 201 and no-store", resp.StatusCode, resp.Header.Get("Cache-Control"))
 	}
 }
+
+// TestRegisterWarnsBelowElectionTTL: a registration whose TTL is below
+// registry.MinElectionTTL is answered with a warning that says so; one at
+// it is not.
+func TestRegisterWarnsBelowElectionTTL(t *testing.T) {
+	srv, _ := newAPI(t)
+	short := register(t, srv.URL, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80","ttl":"3s"}`)
+	if !strings.Contains(short.Warning, "below 5s, the shortest that rides out an etcd leader election") {
+		t.Fatalf("TTL 3s answered with warning %q", short.Warning)
+	}
+	long := register(t, srv.URL, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.2:80","ttl":"5s"}`)
+	if long.Warning != "" {
+		t.Fatalf("TTL 5s answered with warning %q", long.Warning)
+	}
+}

@@ -103,13 +103,16 @@ type Config struct {
 	// check (a hung member is then noticed only by gRPC keep-alive, after
 	// 15 s or more).
 	WatchSilenceTimeout time.Duration
-	// ProbeTimeout bounds the probe of one member (its status, asked on a
-	// connection of its own). When a call or a watch of a Store made by New
-	// with several endpoints fails for want of an answer, every member is
-	// probed; members that do not answer while another does, or know no
-	// leader while another does, are left out of the client's endpoints
-	// (new calls and watches go to the others) and probed again every
-	// ProbeTimeout until they answer with a leader. A member that has not
+	// ProbeTimeout bounds the probe of one member (its status, then a
+	// linearizable read, asked on a connection of its own). When a call or
+	// a watch of a Store made by New with several endpoints fails for want
+	// of an answer, every member is probed; members that do not answer
+	// while another does, or know no leader while another does, are left
+	// out of the client's endpoints (new calls and watches go to the
+	// others) and probed again every ProbeTimeout until they answer with a
+	// leader. The read leaves out a member that answers its status but
+	// serves nothing in time (back from a partition before its requests
+	// reach the leader again, or with a slow disk). A member that has not
 	// answered a quarter of ProbeTimeout after another answered with a
 	// leader counts as not answering. Zero means DefaultProbeTimeout;
 	// negative disables probing.

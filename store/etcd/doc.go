@@ -75,12 +75,14 @@
 // connections: gRPC keeps its connection until keep-alive pings time out
 // (15 s), and meanwhile sends it a share of every call. With several
 // endpoints, a call or watch that gets no answer has the Store probe every
-// member (its status, on a connection of its own, within
-// Config.ProbeTimeout); members that do not answer while another does, or
-// know no leader while another does, are left out of the client's
+// member (its status and a linearizable read, on a connection of its own,
+// within Config.ProbeTimeout); members that do not answer while another
+// does, or know no leader while another does, are left out of the client's
 // endpoints until a probe finds them answering with a leader (Excluded,
 // ExcludedChanged). A hung member then costs one timed-out call per
-// caller, not one in three.
+// caller, not one in three. The read also leaves out a member that answers
+// its status but serves nothing in time: one back from a partition whose
+// requests do not reach the leader yet, one with a slow disk.
 //
 // While a watch or call is open, the client pings the server after 10 s
 // without traffic, so a dead connection (a crashed member, a dropped NAT

@@ -43,9 +43,10 @@ type Store struct {
 }
 
 var (
-	_ store.Store      = (*Store)(nil)
-	_ store.Compactor  = (*Store)(nil)
-	_ store.Transactor = (*Store)(nil)
+	_ store.Store       = (*Store)(nil)
+	_ store.Compactor   = (*Store)(nil)
+	_ store.Transactor  = (*Store)(nil)
+	_ store.LocalReader = (*Store)(nil)
 )
 
 // reconnectBackoff replaces gRPC's default reconnect backoff (1 s growing
@@ -284,6 +285,17 @@ func nonNil(v []byte) []byte {
 
 // Get implements store.Reader. The read is linearizable.
 func (s *Store) Get(ctx context.Context, key string) (store.KeyValue, error) {
+	return s.get(ctx, key)
+}
+
+// GetLocal implements store.LocalReader with a serializable read: the
+// member the call reaches answers from its own state, without a round trip
+// through the leader.
+func (s *Store) GetLocal(ctx context.Context, key string) (store.KeyValue, error) {
+	return s.get(ctx, key, clientv3.WithSerializable())
+}
+
+func (s *Store) get(ctx context.Context, key string, opts ...clientv3.OpOption) (store.KeyValue, error) {
 	if err := store.ValidateKey(key); err != nil {
 		return store.KeyValue{}, err
 	}
@@ -292,7 +304,7 @@ func (s *Store) Get(ctx context.Context, key string) (store.KeyValue, error) {
 		return store.KeyValue{}, err
 	}
 	defer s.wd.end(tc)
-	resp, err := s.cli.Get(c, key)
+	resp, err := s.cli.Get(c, key, opts...)
 	if err != nil {
 		return store.KeyValue{}, s.wrap(ctx, c, fmt.Sprintf("get %q", key), err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/etcdproc"
 	"github.com/beaconplane/beacon/internal/etcdtest"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
@@ -297,5 +298,109 @@ func TestHungMemberLeftOutBeforeTheProbeTimeout(t *testing.T) {
 	// A quarter of the timeout, plus slack for a loaded machine.
 	if bound := probeTimeout/4 + 2*time.Second; took > bound {
 		t.Fatalf("left out after %v, bound %v", took, bound)
+	}
+}
+
+// TestSlowMemberLeftOut: a follower whose disk is slow (every WAL sync
+// waits) answers its status at once, but a linearizable read on it waits
+// for its raft log to be applied. Such a member used to be put back at
+// every probe (it answered its status with a leader), so that a share of
+// every call kept waiting on it: the HTTP API's heartbeats, whose store
+// calls each have a sixth of the TTL, lost their leases. Now a call that
+// timed out on it has it left out, it stays out while it is slow, and it
+// is put back once its disk is fast again.
+func TestSlowMemberLeftOut(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.StartProcessCluster(t, 3, etcdtest.ProcessClusterOptions{SlowDisk: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	leader := etcdtest.WaitProcessLeader(t, c, time.Minute)
+	var slow *etcdproc.Member
+	var others []string
+	for _, m := range c.Members() {
+		if m != leader && slow == nil {
+			slow = m
+		} else {
+			others = append(others, m.ClientURL)
+		}
+	}
+	s := newStore(t, nil, etcd.Config{Endpoints: c.Endpoints(), ProbeTimeout: probe})
+	// Writes (each a WAL sync on every member) keep the slow member's
+	// log behind.
+	writer := newStore(t, nil, etcd.Config{Endpoints: others})
+	wctx, stopWrites := context.WithCancel(ctx)
+	writes := make(chan error, 1)
+	go func() {
+		defer close(writes)
+		for wctx.Err() == nil {
+			if _, err := writer.Put(wctx, "/slow/load", []byte("x")); err != nil && wctx.Err() == nil {
+				writes <- err
+				return
+			}
+		}
+	}()
+	defer func() {
+		stopWrites()
+		if err := <-writes; err != nil {
+			t.Errorf("writer: %v", err)
+		}
+	}()
+	const delay = 3 * time.Second
+	if err := slow.SetFsyncDelay(delay); err != nil {
+		t.Fatal(err)
+	}
+	changed := s.ExcludedChanged()
+	timeouts := 0
+	for i := 0; !slices.Equal(s.Excluded(), []string{slow.ClientURL}); i++ {
+		if i > 200 {
+			t.Fatalf("slow member not left out: excluded %v", s.Excluded())
+		}
+		cctx, ccancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := s.Get(cctx, fmt.Sprintf("/slow/k%d", i))
+		ccancel()
+		if err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrUnavailable) {
+			t.Fatal(err)
+		}
+		if errors.Is(err, store.ErrUnavailable) {
+			timeouts++
+			select { // a sweep follows
+			case <-changed:
+				changed = s.ExcludedChanged()
+			case <-time.After(10 * probe):
+			}
+		}
+		if timeouts > 5 {
+			t.Fatalf("%d reads timed out and the slow member is not left out: excluded %v", timeouts, s.Excluded())
+		}
+	}
+	// Out while slow: no read waits for it, through several rechecks (one
+	// per ProbeTimeout), each of which finds it slow again.
+	for i := range 2 {
+		wctx, wcancel := context.WithTimeout(ctx, time.Second)
+		_, _ = s.Get(wctx, fmt.Sprintf("/slow/warm%d", i)) // the balancer applies the endpoints
+		wcancel()
+	}
+	for i := range 30 {
+		cctx, ccancel := context.WithTimeout(ctx, delay/3)
+		_, err := s.Get(cctx, fmt.Sprintf("/slow/again%d", i))
+		ccancel()
+		if !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("read %d after the slow member was left out: %v (excluded %v)", i, err, s.Excluded())
+		}
+	}
+	if !slices.Equal(s.Excluded(), []string{slow.ClientURL}) {
+		t.Fatalf("excluded %v while %s is slow", s.Excluded(), slow.Name)
+	}
+	// A fast disk again: put back.
+	if err := slow.SetFsyncDelay(0); err != nil {
+		t.Fatal(err)
+	}
+	for len(s.Excluded()) > 0 {
+		changed := s.ExcludedChanged()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			t.Fatalf("member with a fast disk again still left out: %v", s.Excluded())
+		}
 	}
 }

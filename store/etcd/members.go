@@ -8,9 +8,11 @@ import (
 	"sync"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // A member that hangs (a stopped process, a stuck disk, a VM that stalls)
@@ -18,14 +20,15 @@ import (
 // keep-alive pings time out (15 s or more: gRPC pings at most every 10 s).
 // Meanwhile the client's round-robin balancer sends it a share of every
 // call, and each such call waits for its deadline. The prober shortens
-// that: when a call or a watch fails for want of an answer, it asks every
-// member for its status, each on a connection of its own, and leaves out of
-// the client's endpoints those that do not answer while another does (and
-// those that know no leader while another does), so that new calls and
-// watches go to the members that answer. It probes them again every
-// ProbeTimeout and puts each back as soon as it answers with a leader. A
-// sweep waits for the members that do not answer a quarter of the timeout
-// after another answered with a leader, not the whole timeout.
+// that: when a call or a watch fails for want of an answer, it probes every
+// member — its status, then a linearizable read, each member on a
+// connection of its own — and leaves out of the client's endpoints those
+// that do not answer both while another does (and those that know no
+// leader while another does), so that new calls and watches go to the
+// members that answer. It probes them again every ProbeTimeout and puts
+// each back as soon as it answers both with a leader. A sweep waits for the
+// members that do not answer a quarter of the timeout after another
+// answered with a leader, not the whole timeout.
 
 // prober tracks which members answer; one per Store made by New with
 // several endpoints.
@@ -293,11 +296,17 @@ func (p *prober) probeAll(stop <-chan struct{}, eps []string) []probeResult {
 	return got
 }
 
-// probe asks the member at ep alone for its status: a stopped or cut-off
-// member does not answer, and one cut off from its peers (or in an
+// probe asks the member at ep alone, on a connection of its own, for its
+// status and then for a linearizable read of probeKey: a stopped or
+// cut-off member answers neither, and one cut off from its peers (or in an
 // election) knows no leader. The status is the member's own: it answers
 // even when the cluster has no leader, so that a hung leader is told apart
-// from the election that replaces it.
+// from the election that replaces it. The read is what calls need: a
+// member can answer its status at once and still serve nothing in time —
+// one back from a partition whose requests to the leader do not get
+// through yet, one whose disk is slow (its reads wait for its raft log to
+// be applied) — and such a member must stay out too (both were seen to
+// cost the HTTP API's heartbeats their leases).
 func (p *prober) probe(ctx context.Context, ep string) probeResult {
 	p.mu.Lock()
 	cli := p.cli
@@ -305,14 +314,30 @@ func (p *prober) probe(ctx context.Context, ep string) probeResult {
 	if cli == nil {
 		return silent
 	}
-	st, err := cli.Status(ctx, ep) // dials ep alone
+	conn, err := cli.Dial(ep) // ep alone
+	if err != nil {
+		return silent
+	}
+	defer conn.Close()
+	st, err := pb.NewMaintenanceClient(conn).Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(true))
 	switch {
-	case errors.Is(err, rpctypes.ErrPermissionDenied):
-		return healthy // it answered; the user may not read its status
+	case denied(err):
+		// It answered; the user may not read its status. The read below
+		// tells whether it serves.
 	case err != nil:
 		return silent
 	case st.Leader == 0:
 		return leaderless
 	}
+	_, err = pb.NewKVClient(conn).Range(ctx, &pb.RangeRequest{Key: []byte(probeKey), CountOnly: true}, grpc.WaitForReady(true))
+	if err != nil && !denied(err) {
+		return silent
+	}
 	return healthy
+}
+
+// denied reports etcd's refusal of a request for want of permission: the
+// member answered.
+func denied(err error) bool {
+	return err != nil && errors.Is(rpctypes.Error(err), rpctypes.ErrPermissionDenied)
 }

@@ -288,3 +288,22 @@ func TestContextCancelIsNotUnavailable(t *testing.T) {
 		t.Fatalf("Get with a cancelled context: %v", err)
 	}
 }
+
+// TestGetLocal: the serializable read returns what Get returns, and
+// ErrNotFound for an absent key.
+func TestGetLocal(t *testing.T) {
+	s := newStore(t, nil, etcd.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rev, err := s.Put(ctx, "/local/k", []byte("v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := s.GetLocal(ctx, "/local/k")
+	if err != nil || string(kv.Value) != "v" || kv.ModRevision != rev {
+		t.Fatalf("GetLocal: %+v, %v (put at %d)", kv, err, rev)
+	}
+	if _, err := s.GetLocal(ctx, "/local/absent"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("GetLocal of an absent key: %v", err)
+	}
+}
