@@ -197,7 +197,7 @@ func (r *StoreRegistry) RegisterLeased(ctx context.Context, in beacon.Instance, 
 	if err := r.checkLease(lease); err != nil {
 		return beacon.Instance{}, 0, err
 	}
-	in, val, err := r.prepare(in)
+	in, val, err := r.prepare(in, r.leased.leaseTTL(lease))
 	if err != nil {
 		return beacon.Instance{}, 0, err
 	}
@@ -225,7 +225,7 @@ func (r *StoreRegistry) RegisterWithTTL(ctx context.Context, in beacon.Instance,
 		return Owned{}, err
 	}
 	// Validate before granting, so that bad input costs no lease.
-	in, val, err := r.prepare(in)
+	in, val, err := r.prepare(in, ttl)
 	if err != nil {
 		return Owned{}, err
 	}
@@ -396,7 +396,7 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 		if err := next.ValidateWith(r.cfg.MaxMetadataSize); err != nil {
 			return beacon.Instance{}, err
 		}
-		val, err := encode(next)
+		val, err := encode(next, storedTTL(kv.Value))
 		if err != nil {
 			return beacon.Instance{}, err
 		}
