@@ -233,31 +233,51 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, required b
 		return authResult{enabled: true, view: uv}, true
 	}
 	addr := remoteHost(r)
-	if wait := st.views.throttled(addr, id.user); wait > 0 {
-		writeThrottled(w, addr, id.user, wait)
+	if wait := st.views.throttled(addr, id); wait > 0 {
+		writeThrottled(w, addr, id.throttleName(), wait)
+		return authResult{}, false
+	}
+	release, ok := gateChecks(w, r, st.views, addr)
+	if !ok {
 		return authResult{}, false
 	}
 	uv, err := st.views.acquire(r.Context(), id)
+	release()
 	if err != nil {
 		if errors.Is(err, store.ErrUnauthenticated) {
-			st.views.failed(addr, id.user)
+			st.views.failed(addr, id.throttleName())
 			writeUnauthorized(w, err.Error())
 			return authResult{}, false
 		}
 		writeErr(w, http.StatusServiceUnavailable, "unavailable", "authenticate with etcd: "+err.Error())
 		return authResult{}, false
 	}
+	st.views.succeeded(id)
 	return authResult{enabled: true, view: uv}, true
 }
 
-// writeThrottled answers 429 to a client that failed to authenticate too
-// often.
+// gateChecks waits until a credential check of addr may run (one at a
+// time for an address with many failures: authViews.gate); it answers 503
+// and returns false if the request ends first.
+func gateChecks(w http.ResponseWriter, r *http.Request, v *authViews, addr string) (release func(), ok bool) {
+	release, err := v.gate(r.Context(), addr)
+	if err != nil {
+		w.Header().Set("Retry-After", "1")
+		writeErr(w, http.StatusServiceUnavailable, "unavailable", fmt.Sprintf(
+			"credential checks from %s run one at a time after many failed authentications from that address; this one did not start before the request ended: retry", addr))
+		return nil, false
+	}
+	return release, true
+}
+
+// writeThrottled answers 429 to a client that failed to authenticate as
+// user too often.
 func writeThrottled(w http.ResponseWriter, addr, user string, wait time.Duration) {
 	secs := max(1, int(math.Ceil(wait.Seconds())))
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
 	writeErr(w, http.StatusTooManyRequests, "resource_exhausted", fmt.Sprintf(
-		"too many failed authentications from %s (as %q, or as any user from that address): wait %d s, and check the user name and password",
-		addr, user, secs))
+		"too many failed authentications as %q from %s: wait %d s, and check the user name and password (other users, and a password etcd accepted lately, are not throttled)",
+		user, addr, secs))
 }
 
 // statusWriter records the status of a response.
@@ -610,20 +630,26 @@ func (s *Server) issueToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	addr := remoteHost(r)
-	if wait := st.views.throttled(addr, id.user); wait > 0 {
-		writeThrottled(w, addr, id.user, wait)
+	if wait := st.views.throttled(addr, id); wait > 0 {
+		writeThrottled(w, addr, id.throttleName(), wait)
+		return
+	}
+	release, ok := gateChecks(w, r, st.views, addr)
+	if !ok {
 		return
 	}
 	tok, err := st.auth.token(r.Context(), id.user, id.password)
+	release()
 	if err != nil {
 		if errors.Is(err, store.ErrUnauthenticated) {
-			st.views.failed(addr, id.user)
+			st.views.failed(addr, id.throttleName())
 			writeUnauthorized(w, err.Error())
 			return
 		}
 		writeErr(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 		return
 	}
+	st.views.succeeded(id)
 	resp := TokenResponse{Token: tok, User: id.user}
 	if s.etcd != nil {
 		resp.TTLSeconds = s.sec.AuthTokenTTL.Seconds()
