@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -285,23 +286,29 @@ func (r *StoreRegistry) ownerExists(ctx context.Context, key string) bool {
 	return err == nil && kv.Key != ""
 }
 
-// verify returns the instance at ref and its key/value if secret proves
-// its ownership, and notFound(ref) otherwise.
-func (r *StoreRegistry) verify(ctx context.Context, ref beacon.Ref, secret Secret) (beacon.Instance, store.KeyValue, error) {
+// errWrongSecret marks a refusal of a registration that has an ownership
+// record: a right secret exists (see refuse). It matches
+// beacon.ErrNotFound, with notFound's message.
+type errWrongSecret struct{ error }
+
+func (e errWrongSecret) Unwrap() error { return e.error }
+
+// owns checks that secret proves the ownership of the registration at ref,
+// stored as kv. It returns notFound(ref) when no secret could (no
+// ownership record: a session's instance, a lease that ended),
+// errWrongSecret when the record is there and secret does not fit it, or
+// the store's error.
+func (r *StoreRegistry) owns(ctx context.Context, ref beacon.Ref, kv store.KeyValue, secret Secret) error {
 	presented := secret.hash() // computed on every path
-	in, kv, err := r.get(ctx, ref)
-	if err != nil {
-		return beacon.Instance{}, store.KeyValue{}, err
-	}
-	if kv.Lease == store.NoLease || r.sess.ours(kv.Lease) || secret == "" {
-		return beacon.Instance{}, store.KeyValue{}, notFound(ref)
+	if kv.Lease == store.NoLease || r.sess.ours(kv.Lease) {
+		return notFound(ref)
 	}
 	okv, err := r.st.Get(ctx, r.ownerKey(ref.Namespace, kv.Lease))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return beacon.Instance{}, store.KeyValue{}, notFound(ref)
+		return notFound(ref)
 	case err != nil:
-		return beacon.Instance{}, store.KeyValue{}, fmt.Errorf("registry: read the ownership record of %s: %w", ref, err)
+		return fmt.Errorf("registry: read the ownership record of %s: %w", ref, err)
 	}
 	var rec ownerRecord
 	stored, herr := []byte(nil), json.Unmarshal(okv.Value, &rec)
@@ -314,15 +321,53 @@ func (r *StoreRegistry) verify(ctx context.Context, ref beacon.Ref, secret Secre
 		stored = make([]byte, sha256.Size)
 	}
 	match := subtle.ConstantTimeCompare(presented[:], stored) == 1
-	if !match || herr != nil || okv.Lease != kv.Lease || rec.Ref != ref.String() {
-		return beacon.Instance{}, store.KeyValue{}, notFound(ref)
+	switch {
+	case herr != nil || okv.Lease != kv.Lease || rec.Ref != ref.String():
+		return notFound(ref)
+	case !match || secret == "":
+		return errWrongSecret{notFound(ref)}
 	}
-	return in, kv, nil
+	return nil
+}
+
+// refuse answers a caller of op ("heartbeat", "update", "deregister") whose secret did
+// not prove its ownership of the registration at ref (err, from owns). An
+// answer must not tell a wrong secret from a right one: where a right
+// secret exists, and the store would refuse this caller the change even
+// with it (a user who may read the namespace but not write it), the answer
+// is the permission error the right secret gets (permissionDenied), else
+// the error of an unknown instance. The store is asked with an update
+// that can never apply (no key has that revision): etcd checks a
+// transaction's permissions — the key's, and those of every key bound to
+// the lease it attaches, as a revocation checks — before its condition,
+// and writes nothing.
+func (r *StoreRegistry) refuse(ctx context.Context, op string, ref beacon.Ref, kv store.KeyValue, err error) error {
+	if _, ok := errors.AsType[errWrongSecret](err); !ok {
+		return err
+	}
+	_, perr := r.st.Update(ctx, kv.Key, kv.Value, math.MaxInt64, store.WithLease(kv.Lease))
+	switch {
+	case errors.Is(perr, store.ErrPermissionDenied):
+		return permissionDenied(op, ref)
+	case perr == nil || errors.Is(perr, store.ErrConflict) || errors.Is(perr, store.ErrNotFound):
+		return notFound(ref)
+	}
+	// The store could not say (unreachable): as for any other call.
+	return fmt.Errorf("registry: %s %s: %w", op, ref, perr)
+}
+
+// permissionDenied is the one answer to a caller the store does not allow
+// op on ref, whether its secret was right or wrong (refuse).
+func permissionDenied(op string, ref beacon.Ref) error {
+	return fmt.Errorf("registry: %s %s: %w", op, ref, store.ErrPermissionDenied)
 }
 
 // Heartbeat keeps alive the lease of the registration at ref, whose secret
 // the caller presents, and returns the lease's TTL. A wrong secret, an
-// unknown instance or an ended lease give notFound.
+// unknown instance or an ended lease give notFound — except to a caller
+// the store does not allow to renew the lease (etcd asks for write
+// permission on its keys), who gets permissionDenied whatever the secret
+// (refuse).
 //
 // Its store calls are bounded as a session's keep-alives are (a sixth of
 // the lease's TTL, at most 2 s) and one that timed out is tried again at
@@ -335,9 +380,21 @@ func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Se
 	limit := keepAliveTimeout(r.leased.ttl(ref))
 	var kv store.KeyValue
 	err := retryTimedOut(ctx, limit, func(ctx context.Context) (err error) {
-		_, kv, err = r.verify(ctx, ref, secret)
-		return err
+		if _, kv, err = r.get(ctx, ref); err != nil {
+			return err
+		}
+		return r.owns(ctx, ref, kv, secret)
 	})
+	if _, wrong := errors.AsType[errWrongSecret](err); wrong {
+		// etcd checks the caller's write permission on the lease's keys
+		// to renew it: answer as the right secret would be answered.
+		refused := err
+		_ = retryTimedOut(ctx, limit, func(ctx context.Context) error {
+			refused = r.refuse(ctx, "heartbeat", ref, kv, err)
+			return refused
+		})
+		return 0, refused
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -350,6 +407,8 @@ func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Se
 	case errors.Is(err, store.ErrLeaseNotFound):
 		r.leased.ended(kv.Lease)
 		return 0, notFound(ref)
+	case errors.Is(err, store.ErrPermissionDenied):
+		return 0, permissionDenied("heartbeat", ref)
 	case err != nil:
 		return 0, fmt.Errorf("registry: heartbeat %s: %w", ref, err)
 	}
@@ -379,9 +438,14 @@ func retryTimedOut(ctx context.Context, limit time.Duration, call func(context.C
 // presents, with compare-and-swap: mutate receives the stored instance and
 // may change Address, Transport, Metadata and Status (not its identity).
 // Concurrent writes are retried. It returns the instance as written.
+//
+// The change is validated before the secret is checked, and a caller the
+// store would not allow the change gets the same error whatever the
+// secret (refuse): no answer tells a right secret from a wrong one unless
+// the secret is right and the change allowed.
 func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret Secret, mutate func(*beacon.Instance)) (beacon.Instance, error) {
 	for range 16 {
-		cur, kv, err := r.verify(ctx, ref, secret)
+		cur, kv, err := r.get(ctx, ref)
 		if err != nil {
 			return beacon.Instance{}, err
 		}
@@ -395,6 +459,9 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 		}
 		if err := next.ValidateWith(r.cfg.MaxMetadataSize); err != nil {
 			return beacon.Instance{}, err
+		}
+		if err := r.owns(ctx, ref, kv, secret); err != nil {
+			return beacon.Instance{}, r.refuse(ctx, "update", ref, kv, err)
 		}
 		val, err := encode(next, storedTTL(kv.Value))
 		if err != nil {
@@ -412,6 +479,8 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 		case errors.Is(err, store.ErrLeaseNotFound):
 			r.leased.ended(kv.Lease)
 			return beacon.Instance{}, notFound(ref)
+		case errors.Is(err, store.ErrPermissionDenied):
+			return beacon.Instance{}, permissionDenied("update", ref)
 		}
 		return beacon.Instance{}, fmt.Errorf("registry: update %s: %w", ref, err)
 	}
@@ -420,17 +489,24 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 
 // DeregisterLeased ends the registration at ref, whose secret the caller
 // presents, by revoking its own lease: the instance and its ownership
-// record go in one revision. Nothing else is bound to that lease.
+// record go in one revision. Nothing else is bound to that lease. A caller
+// the store would not allow it gets the same error whatever the secret
+// (refuse).
 func (r *StoreRegistry) DeregisterLeased(ctx context.Context, ref beacon.Ref, secret Secret) error {
-	_, kv, err := r.verify(ctx, ref, secret)
+	_, kv, err := r.get(ctx, ref)
 	if err != nil {
 		return err
+	}
+	if err := r.owns(ctx, ref, kv, secret); err != nil {
+		return r.refuse(ctx, "deregister", ref, kv, err)
 	}
 	err = r.st.Revoke(ctx, kv.Lease)
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
 		r.leased.ended(kv.Lease)
 		return notFound(ref)
+	case errors.Is(err, store.ErrPermissionDenied):
+		return permissionDenied("deregister", ref)
 	case err != nil:
 		return fmt.Errorf("registry: deregister %s: %w", ref, err)
 	}
