@@ -147,12 +147,12 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				}
 				cfg.ClientTLS = tlsCfg
 			}
-			if err := listenTLS.apply(&cfg, logger); err != nil { // proxy_security.go
-				return usage(err)
-			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			cfg.Registry = reg
+			if err := listenTLS.apply(&cfg, logger); err != nil { // proxy_security.go
+				return usage(err)
+			}
 			p, err := proxy.New(cfg)
 			if err != nil {
 				return usage(err) // New only checks the configuration
