@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -328,38 +327,6 @@ func (r *StoreRegistry) owns(ctx context.Context, ref beacon.Ref, kv store.KeyVa
 		return errWrongSecret{notFound(ref)}
 	}
 	return nil
-}
-
-// refuse answers a caller of op ("heartbeat", "update", "deregister") whose secret did
-// not prove its ownership of the registration at ref (err, from owns). An
-// answer must not tell a wrong secret from a right one: where a right
-// secret exists, and the store would refuse this caller the change even
-// with it (a user who may read the namespace but not write it), the answer
-// is the permission error the right secret gets (permissionDenied), else
-// the error of an unknown instance. The store is asked with an update
-// that can never apply (no key has that revision): etcd checks a
-// transaction's permissions — the key's, and those of every key bound to
-// the lease it attaches, as a revocation checks — before its condition,
-// and writes nothing.
-func (r *StoreRegistry) refuse(ctx context.Context, op string, ref beacon.Ref, kv store.KeyValue, err error) error {
-	if _, ok := errors.AsType[errWrongSecret](err); !ok {
-		return err
-	}
-	_, perr := r.st.Update(ctx, kv.Key, kv.Value, math.MaxInt64, store.WithLease(kv.Lease))
-	switch {
-	case errors.Is(perr, store.ErrPermissionDenied):
-		return permissionDenied(op, ref)
-	case perr == nil || errors.Is(perr, store.ErrConflict) || errors.Is(perr, store.ErrNotFound):
-		return notFound(ref)
-	}
-	// The store could not say (unreachable): as for any other call.
-	return fmt.Errorf("registry: %s %s: %w", op, ref, perr)
-}
-
-// permissionDenied is the one answer to a caller the store does not allow
-// op on ref, whether its secret was right or wrong (refuse).
-func permissionDenied(op string, ref beacon.Ref) error {
-	return fmt.Errorf("registry: %s %s: %w", op, ref, store.ErrPermissionDenied)
 }
 
 // Heartbeat keeps alive the lease of the registration at ref, whose secret

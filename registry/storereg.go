@@ -42,6 +42,7 @@ type StoreRegistry struct {
 	hub     *hub
 	creates *batcher
 	leased  *leasedTracker // leasedmetrics.go
+	perms   permCache      // refuse.go
 }
 
 var (
