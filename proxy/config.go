@@ -192,8 +192,13 @@ type Config struct {
 	MaxStreams int
 	// MaxStreamsPerClient bounds the client streams one client address
 	// has open at once, so that one client cannot take all MaxStreams
-	// from the others. DefaultMaxStreamsPerClient when zero; no bound when
-	// negative (behind a load balancer that does not keep client
+	// from the others. At the bound, a new stream takes the place of the
+	// oldest one of the address on which the client has sent nothing yet
+	// (ended with ResourceExhausted): every process of a host shares its
+	// address, so streams opened and left idle cannot lock out the
+	// others'. Only when every stream of the address has carried a request
+	// is a new one refused. DefaultMaxStreamsPerClient when zero; no bound
+	// when negative (behind a load balancer that does not keep client
 	// addresses, every client has its address: raise it or turn it off).
 	MaxStreamsPerClient int
 

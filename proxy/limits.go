@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"container/list"
 	"context"
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/pprofhttp"
@@ -59,30 +61,23 @@ func (p *Proxy) profileHold(r *http.Request) time.Duration {
 // ResourceExhausted and what to do, a client stream past Config.MaxStreams
 // (an empty watch stream costs the proxy two goroutines and gRPC's buffers,
 // about 20 KiB: nothing else bounded how many one client could open), and
-// keeps the client_streams gauge.
+// keeps the client_streams gauge. Past Config.MaxStreamsPerClient, a
+// silent stream of the same address (one that has carried no request)
+// makes room for the new one; only if there is none is the new one
+// refused.
 func (p *Proxy) limitStreams(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	n := p.streams.Add(1)
 	client := clientAddr(ss.Context())
-	p.streamsMu.Lock()
-	if p.streamsBy == nil {
-		p.streamsBy = map[string]int{}
-	}
-	p.streamsBy[client]++
-	mine := p.streamsBy[client]
-	p.streamsMu.Unlock()
+	cs := newClientStream(ss, p, client)
 	defer func() {
 		p.streams.Add(-1)
 		p.m.clientStreams.Dec()
-		p.streamsMu.Lock()
-		if p.streamsBy[client]--; p.streamsBy[client] <= 0 {
-			delete(p.streamsBy, client)
-		}
-		p.streamsMu.Unlock()
+		p.endStream(cs)
 	}()
 	p.m.clientStreams.Inc()
-	if limit := p.cfg.MaxStreamsPerClient; limit > 0 && mine > limit {
+	if limit := p.cfg.MaxStreamsPerClient; limit > 0 && !p.admitStream(cs, limit) {
 		err := status.Errorf(codes.ResourceExhausted,
-			"proxy: %s has %d client streams open on this proxy, the most one client address may have (--max-streams-per-client): close watch and keep-alive streams you no longer need (an etcd client needs one of each), or raise the limit", client, limit)
+			"proxy: %s has %d client streams open on this proxy, each carrying requests, the most one client address may have (--max-streams-per-client): close watch and keep-alive streams you no longer need (an etcd client needs one of each), or raise the limit", client, limit)
 		p.refuseStream(ss, info, err)
 		return err
 	}
@@ -92,7 +87,104 @@ func (p *Proxy) limitStreams(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 		p.refuseStream(ss, info, err)
 		return err
 	}
-	return handler(srv, ss)
+	return handler(srv, cs)
+}
+
+// clientStreams are the streams of one client address.
+type clientStreams struct {
+	n      int
+	silent list.List // streams that have carried no request, oldest first
+}
+
+// clientStream is a client stream counted against its address's bound.
+// Its context ends when it is shed to make room for a newer one.
+type clientStream struct {
+	grpc.ServerStream
+	p       *Proxy
+	client  string
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	spoke   atomic.Bool
+	elem    *list.Element // in its client's silent list (guarded by p.streamsMu)
+	counted bool          // counted in streamsBy (guarded by p.streamsMu)
+}
+
+func newClientStream(ss grpc.ServerStream, p *Proxy, client string) *clientStream {
+	ctx, cancel := context.WithCancelCause(ss.Context())
+	return &clientStream{ServerStream: ss, p: p, client: client, ctx: ctx, cancel: cancel}
+}
+
+func (s *clientStream) Context() context.Context { return s.ctx }
+
+// RecvMsg notes the first request: the stream is no longer silent.
+func (s *clientStream) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if err == nil && !s.spoke.Swap(true) {
+		s.p.streamsMu.Lock()
+		if s.elem != nil {
+			s.p.streamsBy[s.client].silent.Remove(s.elem)
+			s.elem = nil
+		}
+		s.p.streamsMu.Unlock()
+	}
+	return err
+}
+
+// admitStream counts cs against its client's bound, shedding the
+// client's oldest silent stream if the bound is reached; false if it is
+// reached and none is silent.
+func (p *Proxy) admitStream(cs *clientStream, limit int) bool {
+	p.streamsMu.Lock()
+	if p.streamsBy == nil {
+		p.streamsBy = map[string]*clientStreams{}
+	}
+	c := p.streamsBy[cs.client]
+	if c == nil {
+		c = &clientStreams{}
+		c.silent.Init()
+		p.streamsBy[cs.client] = c
+	}
+	var shed *clientStream
+	if c.n >= limit {
+		e := c.silent.Front()
+		if e == nil {
+			p.streamsMu.Unlock()
+			return false
+		}
+		shed = e.Value.(*clientStream)
+		c.silent.Remove(e)
+		shed.elem = nil
+	}
+	c.n++
+	cs.counted = true
+	if !cs.spoke.Load() {
+		cs.elem = c.silent.PushBack(cs)
+	}
+	p.streamsMu.Unlock()
+	if shed != nil {
+		p.m.shedStreams.Inc()
+		shed.cancel(status.Errorf(codes.ResourceExhausted,
+			"proxy: stream closed to make room: %s has %d client streams open on this proxy, the most one client address may have (--max-streams-per-client), and this one had carried no request", cs.client, limit))
+	}
+	return true
+}
+
+// endStream takes cs out of its client's count.
+func (p *Proxy) endStream(cs *clientStream) {
+	cs.cancel(nil)
+	p.streamsMu.Lock()
+	defer p.streamsMu.Unlock()
+	if !cs.counted {
+		return
+	}
+	c := p.streamsBy[cs.client]
+	if cs.elem != nil {
+		c.silent.Remove(cs.elem)
+		cs.elem = nil
+	}
+	if c.n--; c.n <= 0 {
+		delete(p.streamsBy, cs.client)
+	}
 }
 
 // gatewayClientKey is the metadata key under which the JSON gateway

@@ -20,6 +20,7 @@ type metrics struct {
 	endpointUp      *prometheus.GaugeVec   // endpoint
 	clientWatchers  prometheus.Gauge
 	clientStreams   prometheus.Gauge
+	shedStreams     prometheus.Counter
 	upstreamWatches prometheus.Gauge
 	watchStreams    prometheus.Gauge
 	watchEvents     prometheus.Counter
@@ -74,6 +75,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "client_watchers", Help: "Watchers opened by clients on the proxy."}),
 		clientStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "client_streams", Help: "Client gRPC streams open on the proxy (Watch, LeaseKeepAlive and other streaming calls; bounded by --max-streams)."}),
+		shedStreams: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "shed_streams_total", Help: "Client streams that had carried no request, closed to make room for a new stream of the same client address at --max-streams-per-client."}),
 		upstreamWatches: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "upstream_watches", Help: "Watches the proxy holds on etcd; identical client watchers share one (the serializable cache holds one more while it is on)."}),
 		watchStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
@@ -102,7 +105,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "upstream_keepalive_silences_total", Help: "Times a keep-alive went unanswered on the upstream keep-alive stream for the keep-alive silence timeout and the stream moved to another member."}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.refused, m.upstreamErrors, m.retries, m.loops,
-		m.refreshes, m.endpoints, m.endpointUp, m.clientWatchers, m.clientStreams, m.upstreamWatches, m.watchStreams,
+		m.refreshes, m.endpoints, m.endpointUp, m.clientWatchers, m.clientStreams, m.shedStreams, m.upstreamWatches, m.watchStreams,
 		m.watchEvents, m.watchDropped, m.watchSilences, m.watchMoves, m.cacheHits, m.cacheMisses, m.kaClientStreams, m.kaUpstreams, m.kaRequests, m.kaForwarded, m.kaSilences} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -62,7 +62,7 @@ type Proxy struct {
 	// those of each client address.
 	streams   atomic.Int64
 	streamsMu sync.Mutex
-	streamsBy map[string]int
+	streamsBy map[string]*clientStreams
 	finding   finding // what finding the cluster has tried (start)
 	warned    *onceLog
 	// refreshLog bounds the lines of a member list refresh that keeps

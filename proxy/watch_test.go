@@ -598,3 +598,98 @@ func TestStreamBoundPerClient(t *testing.T) {
 		t.Fatalf("a gateway stream of 127.0.0.5: %d %s", code, line)
 	}
 }
+
+// TestSilentStreamsMakeRoomPerClient: every process of a host shares its
+// address, so streams one of them opens and leaves silent must not lock
+// the others out at MaxStreamsPerClient: a new stream takes the place of
+// the oldest silent one of its address (which ends with
+// ResourceExhausted saying why). Streams that have carried a request are
+// never shed.
+func TestSilentStreamsMakeRoomPerClient(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), MaxStreams: 100, MaxStreamsPerClient: 4})
+	ctx := ctxT(t)
+	from := func(src string) *grpc.ClientConn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		conn, err := grpc.NewClient(p.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		return conn
+	}
+	// One process of 127.0.0.2 opens the address's four places, silent.
+	flood := from("127.0.0.2")
+	var silent []pb.Watch_WatchClient
+	for range 4 {
+		ws, err := pb.NewWatchClient(flood).Watch(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, ws)
+	}
+	eventually(t, "the four silent streams open", func() bool { return value(t, p.m.clientStreams) == 4 })
+	ended := make(chan error, len(silent))
+	for _, ws := range silent {
+		go func() {
+			_, err := ws.Recv()
+			ended <- err
+		}()
+	}
+	// Another process of the same address: its watch and its lease
+	// keep-alive are served, each in place of a silent stream.
+	legit := from("127.0.0.2")
+	if r, err := openWatch(ctx, legit, "/k"); err != nil || !r.Created {
+		t.Fatalf("a watch of another process of 127.0.0.2: %+v %v", r, err)
+	}
+	lease, err := pb.NewLeaseClient(legit).LeaseGrant(ctx, &pb.LeaseGrantRequest{TTL: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ka, err := pb.NewLeaseClient(legit).LeaseKeepAlive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ka.Send(&pb.LeaseKeepAliveRequest{ID: lease.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := ka.Recv(); err != nil || r.TTL <= 0 {
+		t.Fatalf("a keep-alive of another process of 127.0.0.2: %+v %v", r, err)
+	}
+	// Two silent streams made room (the oldest the proxy admitted), and
+	// say why.
+	shed := func(n int) {
+		t.Helper()
+		for range n {
+			err := <-ended
+			if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "closed to make room") ||
+				!strings.Contains(err.Error(), "--max-streams-per-client") {
+				t.Fatalf("a silent stream: %v, want it ended with ResourceExhausted saying why", err)
+			}
+		}
+	}
+	shed(2)
+	if n := value(t, p.m.shedStreams); n != 2 {
+		t.Fatalf("shed_streams_total = %v, want 2", n)
+	}
+	// The remaining places hold two silent streams and two that carry
+	// requests: two more newcomers take the silent ones' places, then the
+	// next is refused — the streams in use are never shed.
+	for range 2 {
+		if r, err := openWatch(ctx, legit, "/k"); err != nil || !r.Created {
+			t.Fatalf("a watch in place of a silent stream: %+v %v", r, err)
+		}
+	}
+	shed(2)
+	if _, err := openWatch(ctx, legit, "/k"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "each carrying requests") {
+		t.Fatalf("a stream past the bound with none silent: %v, want ResourceExhausted", err)
+	}
+	if err := ka.Send(&pb.LeaseKeepAliveRequest{ID: lease.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := ka.Recv(); err != nil || r.TTL <= 0 {
+		t.Fatalf("the keep-alive stream after the bound was reached: %+v %v", r, err)
+	}
+}

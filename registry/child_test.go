@@ -14,6 +14,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
 )
 
@@ -29,8 +30,8 @@ const (
 	childTTLEnv       = "BEACON_REGISTRY_TEST_CHILD_TTL"
 )
 
-// runChild is the child's main: it prints "lease <ttl>", one "id <ref>"
-// per instance, then "ready".
+// runChild is the child's main: it prints one "id <ref>" per instance,
+// "lease <id> <ttl>", then "ready".
 func runChild() int {
 	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, "child:", err)
@@ -78,6 +79,7 @@ type child struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	ids   []string
+	lease store.LeaseID
 }
 
 // startChild starts a child registering n instances in ns and waits until
@@ -131,6 +133,14 @@ func startChild(t *testing.T, endpoints []string, ns string, n int, ttl time.Dur
 			}
 			if id, ok := strings.CutPrefix(line, "id "); ok {
 				c.ids = append(c.ids, id)
+			}
+			if rest, ok := strings.CutPrefix(line, "lease "); ok {
+				id, _, _ := strings.Cut(rest, " ")
+				n, err := strconv.ParseInt(id, 10, 64)
+				if err != nil {
+					t.Fatalf("child printed %q", line)
+				}
+				c.lease = store.LeaseID(n)
 			}
 			if line == "ready" {
 				go func() { // drain the rest

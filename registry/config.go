@@ -87,18 +87,23 @@ type Config struct {
 	// means every 10 keep-alive intervals (10 × LeaseTTL/3); negative
 	// disables the check.
 	VerifyInterval time.Duration
-	// RemovalHold is how long a watch holds back the removal of a serving
-	// instance that looks like a lease lost by its whole fleet rather than
-	// a process gone: one less than RemovalHold after the store came back
-	// from an outage, or in a burst (5 or more processes' leases within 250 ms). If the
-	// instance is written again meanwhile (its session re-registered it
-	// with the same ID), watchers see nothing; otherwise they see the
-	// removal when the hold ends. Other removals of serving instances wait
-	// 50 ms (to tell a burst), removals of draining instances none. Zero
-	// means the time a session takes to notice and re-register: a
-	// keep-alive interval, one store call of its recovery lost to a hung
-	// server (min(max(LeaseTTL/3, 1 s), 5 s)) and 1 s (4 s with a 3 s TTL,
-	// 7.7 s with 10 s); negative delivers every removal at once. See
+	// RemovalHold limits how long a watch holds back the removal of a
+	// serving instance that looks like a lease lost by its whole fleet
+	// rather than a process gone: one seen shortly after the store came
+	// back from an outage, or in a burst (5 or more processes' leases
+	// within 250 ms). If the instance is written again meanwhile (its
+	// session re-registered it with the same ID), watchers see nothing;
+	// otherwise they see the removal when the hold ends. Each removal's
+	// hold is its registrant's, not the watcher's: the time a session
+	// with the lease TTL its stored value declares takes to notice the
+	// loss and re-register — a keep-alive interval, one store call of its
+	// recovery lost to a hung server (min(max(TTL/3, 1 s), 5 s)) and 1 s,
+	// at most that TTL + 1 s (2 s at TTL 1 s, 3 s at 3 s, 7.7 s at 10 s);
+	// an instance whose value declares no TTL is not held. Other removals
+	// of serving instances wait 50 ms (to tell a burst), removals of
+	// draining instances none. Zero means no further limit; positive
+	// shortens every hold to at most RemovalHold (it never lengthens
+	// one); negative delivers every removal at once. See
 	// docs/operations.md.
 	RemovalHold time.Duration
 	// WatchLinger is how long a shared store watch stays open after its
@@ -229,9 +234,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WatchLinger == 0 {
 		c.WatchLinger = DefaultWatchLinger
-	}
-	if c.RemovalHold == 0 {
-		c.RemovalHold = keepAliveInterval(c.LeaseTTL) + workTimeoutFor(c.LeaseTTL) + time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

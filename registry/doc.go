@@ -49,7 +49,9 @@
 // server that hangs) or the store stops answering, watchers get a Stale
 // batch, then a Resync. Removals that look like a fleet's leases lost at
 // once rather than processes gone (a burst, or just after an outage) are
-// held for Config.RemovalHold and dropped if the instances come back.
+// held, each at most as long as its own registrant's lease TTL allows (the
+// TTL its stored value declares, "lease_ttl_ms"; never the watcher's), and
+// dropped if the instances come back; see Config.RemovalHold.
 //
 // Pickers (NewRoundRobin, NewRandom, NewP2C) choose an instance from a
 // watcher's view for each call.

@@ -1,12 +1,74 @@
 package registry
 
 import (
+	"bytes"
+	"encoding/json"
 	"slices"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/store"
 )
+
+// The stored value carries, besides the instance, the TTL of the lease
+// its registrant keeps it alive with ("lease_ttl_ms", whole
+// milliseconds, last member of the object): what the registrant promised
+// about how soon its death shows. Watchers bound how long they may hold
+// back the instance's removal by it (hold.go), whatever their own
+// settings. beacon.UnmarshalInstance ignores the member.
+const (
+	ttlName   = "lease_ttl_ms"
+	ttlMember = `"` + ttlName + `":`
+)
+
+// appendTTL adds the lease_ttl_ms member to the JSON object val (which
+// ends with '}'); a ttl outside [store.MinLeaseTTL, store.MaxLeaseTTL]
+// (0: unknown) adds nothing.
+func appendTTL(val []byte, ttl time.Duration) []byte {
+	if ttl < store.MinLeaseTTL || ttl > store.MaxLeaseTTL || len(val) == 0 || val[len(val)-1] != '}' {
+		return val
+	}
+	val = append(val[:len(val)-1], ',')
+	val = append(val, ttlMember...)
+	val = strconv.AppendInt(val, ttl.Milliseconds(), 10)
+	return append(val, '}')
+}
+
+// storedTTL returns the lease TTL a stored value declares, or 0 if it
+// declares none, or one outside [store.MinLeaseTTL, store.MaxLeaseTTL].
+// val must be a valid JSON object (one beacon.UnmarshalInstance took).
+// The member as Beacon writes it, last, is read without a second parse:
+// in a valid object, `,"lease_ttl_ms":<digits>}` at the very end can
+// only be a member of the object itself.
+func storedTTL(val []byte) time.Duration {
+	if !bytes.Contains(val, []byte(`"`+ttlName+`"`)) {
+		return 0
+	}
+	ms, ok := int64(-1), false
+	if body, found := bytes.CutSuffix(val, []byte("}")); found {
+		if i := bytes.LastIndex(body, []byte(","+ttlMember)); i >= 0 {
+			n, err := strconv.ParseInt(string(body[i+1+len(ttlMember):]), 10, 64)
+			ms, ok = n, err == nil && n >= 0
+		}
+	}
+	if !ok {
+		// The member exactly so named (a struct field would also take
+		// other cases of it).
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(val, &obj) != nil || obj[ttlName] == nil || json.Unmarshal(obj[ttlName], &ms) != nil {
+			return 0
+		}
+	}
+	if ms > store.MaxLeaseTTL.Milliseconds() {
+		return 0
+	}
+	if ttl := time.Duration(ms) * time.Millisecond; ttl >= store.MinLeaseTTL {
+		return ttl
+	}
+	return 0
+}
 
 // appendInstance appends in's stored form, byte for byte what
 // in.MarshalJSON gives, without reflection: encoding/json took about a

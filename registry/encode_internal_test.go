@@ -2,10 +2,12 @@ package registry
 
 import (
 	"bytes"
+	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/store"
 )
 
 func sampleInstance() beacon.Instance {
@@ -92,8 +94,97 @@ func BenchmarkEncodeInstance(b *testing.B) {
 	in := sampleInstance()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := encode(in); err != nil {
+		if _, err := encode(in, 10*time.Second); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestStoredTTL: the lease TTL a value declares is read back as written,
+// from Beacon's own encoding and from any other JSON form of the member;
+// a TTL outside the store's range, or none, reads as 0.
+func TestStoredTTL(t *testing.T) {
+	in := sampleInstance()
+	for _, ttl := range []time.Duration{time.Second, 3 * time.Second, 1500 * time.Millisecond, 10 * time.Second, store.MaxLeaseTTL} {
+		for _, quoted := range []bool{false, true} {
+			x := in.Clone()
+			delete(x.Metadata, "") // not a valid instance
+			if quoted {
+				x.Metadata["q"] = `say "hi"` // encoded by MarshalJSON
+			}
+			val, err := encode(x, ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			back, err := beacon.UnmarshalInstance(val)
+			if err != nil || !back.Equal(x) {
+				t.Fatalf("%s: decoded %+v, %v", val, back, err)
+			}
+			if got := storedTTL(val); got != ttl {
+				t.Errorf("storedTTL(%s) = %v, want %v", val, got, ttl)
+			}
+		}
+	}
+	for _, ttl := range []time.Duration{0, -time.Second, store.MinLeaseTTL - time.Millisecond, store.MaxLeaseTTL + time.Second} {
+		val, err := encode(in, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(val, []byte("lease_ttl_ms")) || storedTTL(val) != 0 {
+			t.Errorf("TTL %v written as %s", ttl, val)
+		}
+	}
+	cases := map[string]time.Duration{
+		`{"lease_ttl_ms":3000,"id":"x"}`:                    3 * time.Second, // not last
+		`{"id":"x", "lease_ttl_ms" : 3000 }`:                3 * time.Second, // spaces
+		`{"lease_ttl_ms":3e3}`:                              0,               // a whole number of milliseconds only
+		`{"lease_ttl_ms":"3000"}`:                           0,               // a string
+		`{"lease_ttl_ms":-3000}`:                            0,
+		`{"lease_ttl_ms":999}`:                              0, // below the store's least TTL
+		`{"lease_ttl_ms":99999999999999999999999}`:          0,
+		`{"metadata":{"lease_ttl_ms":"3000"}}`:              0,               // nested
+		`{"m":{"a":"1","lease_ttl_ms":3000}}`:               0,               // nested, at the end
+		`{"a":"x\",\"lease_ttl_ms\":3000"}`:                 0,               // inside a string
+		`{"lease_ttl_ms":1000,"lease_ttl_ms":2000}`:         2 * time.Second, // the last, as encoding/json
+		`{"lease_ttl_ms":5000,"Lease_TTL_MS":1000}`:         5 * time.Second, // this name exactly
+		`{"address":"h:1","lease_ttl_ms":4000}`:             4 * time.Second,
+		`{"address":"h:1","lease_ttl_ms":86400000}`:         store.MaxLeaseTTL,
+		`{"address":"h:1","lease_ttl_ms":86400001}`:         0,
+		`{"address":"h:1","lease_ttl_ms":4000.5}`:           0,
+		`{"address":"h:1"}`:                                 0,
+		`{"address":"lease_ttl_ms","x":"\"lease_ttl_ms\""}`: 0,
+	}
+	for val, want := range cases {
+		if got := storedTTL([]byte(val)); got != want {
+			t.Errorf("storedTTL(%s) = %v, want %v", val, got, want)
+		}
+	}
+}
+
+// FuzzStoredTTL: for any JSON object, storedTTL agrees with what
+// encoding/json reads from the member (its fast path never reads a
+// member that is not the object's own), and never panics on anything.
+func FuzzStoredTTL(f *testing.F) {
+	f.Add([]byte(`{"address":"h:1","lease_ttl_ms":4000}`))
+	f.Add([]byte(`{"m":{"a":"1","lease_ttl_ms":3000}}`))
+	f.Add([]byte(`{"a":"x\",\"lease_ttl_ms\":3000"}`))
+	f.Add([]byte(`{"lease_ttl_ms":1000,"lease_ttl_ms":2000}`))
+	f.Add([]byte(`{"lease_ttl_ms":3e3}`))
+	f.Add([]byte(`{"lease_ttl_ms":5000,"Lease_TTL_MS":1000}`))
+	f.Fuzz(func(t *testing.T, val []byte) {
+		got := storedTTL(val)
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(val, &obj) != nil {
+			return // not an object: anything but a panic will do
+		}
+		var want time.Duration
+		var ms int64
+		if raw, ok := obj["lease_ttl_ms"]; ok && json.Unmarshal(raw, &ms) == nil &&
+			ms >= store.MinLeaseTTL.Milliseconds() && ms <= store.MaxLeaseTTL.Milliseconds() {
+			want = time.Duration(ms) * time.Millisecond
+		}
+		if got != want {
+			t.Fatalf("storedTTL(%s) = %v, encoding/json reads %v", val, got, want)
+		}
+	})
 }

@@ -39,6 +39,7 @@ type item struct {
 	create int64
 	mod    int64
 	lease  store.LeaseID // the key's lease (NoLease where unknown): a burst counts distinct leases
+	ttl    time.Duration // the lease TTL its value declares (0: none): bounds a hold of its removal
 }
 
 func itemLess(a, b *item) bool { return a.key < b.key }
@@ -103,7 +104,7 @@ func (h *hub) acquire(q beacon.Query) (*feed, error) {
 			cancel:   cancel,
 			tree:     btree.NewG(btreeDegree, itemLess),
 			wake:     make(chan struct{}),
-			pending:  make(map[string]*pendingRemoval),
+			holds:    newHolds(h.r.cfg.RemovalHold),
 			holdWake: make(chan struct{}, 1),
 		}
 		h.feeds[prefix] = f
@@ -312,30 +313,27 @@ type feed struct {
 	refs   int
 	linger *time.Timer
 
-	mu         sync.Mutex
-	tree       *btree.BTreeG[*item]
-	rev        int64
-	seq        uint64
-	log        []change // changes floorSeq+1 .. seq
-	floorSeq   uint64   // every change after it is in log
-	floorRev   int64    // every change at a revision above it is in log
-	snap       *version // cached version at (seq, rev)
-	relists    uint64   // re-listings after the first listing
-	synced     bool
-	stale      error  // set while disconnected
-	staleGen   uint64 // counts disconnections
-	err        error  // terminal
-	wake       chan struct{}
-	unfollow   context.CancelFunc // ends the current store watch
-	forced     bool               // unfollow was called by relist
-	outage     bool               // stale because the store was unreachable (not just a silent stream)
-	backAt     time.Time          // when the store last came back from an outage
-	pending    map[string]*pendingRemoval
-	recent     []recentRemoval // recent removals of serving instances (bursts)
-	holdWake   chan struct{}   // pokes expire
-	reported   int64           // highest revision a batch was given at
-	holdLogged time.Time       // until when a hold episode was logged
-	burstSeq   int64           // distinct burst keys of re-listed removals
+	mu       sync.Mutex
+	tree     *btree.BTreeG[*item]
+	rev      int64
+	seq      uint64
+	log      []change // changes floorSeq+1 .. seq
+	floorSeq uint64   // every change after it is in log
+	floorRev int64    // every change at a revision above it is in log
+	snap     *version // cached version at (seq, rev)
+	relists  uint64   // re-listings after the first listing
+	synced   bool
+	stale    error  // set while disconnected
+	staleGen uint64 // counts disconnections
+	err      error  // terminal
+	wake     chan struct{}
+	unfollow context.CancelFunc // ends the current store watch
+	forced   bool               // unfollow was called by relist
+	outage   bool               // stale because the store was unreachable (not just a silent stream)
+	holds    *holds             // removals held back (hold.go)
+	holdWake chan struct{}      // pokes expire
+	reported int64              // highest revision a batch was given at
+	burstSeq int64              // distinct burst keys of re-listed removals
 }
 
 // relist makes a stale feed drop its store watch and list again.
@@ -495,7 +493,7 @@ func (f *feed) parse(kv store.KeyValue) *item {
 		f.h.r.invalidValue(kv.Key, err)
 		return nil
 	}
-	return &item{key: kv.Key, inst: in, create: kv.CreateRevision, mod: kv.ModRevision, lease: kv.Lease}
+	return &item{key: kv.Key, inst: in, create: kv.CreateRevision, mod: kv.ModRevision, lease: kv.Lease, ttl: storedTTL(kv.Value)}
 }
 
 // applyListing replaces the state with a listing at rev. After the first
@@ -537,7 +535,8 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 	f.relists++
 	now := time.Now()
 	if f.outage {
-		f.outage, f.backAt = false, now
+		f.outage = false
+		f.holds.cameBack(now)
 	}
 	fresh := make(map[string]*item, len(items))
 	for _, it := range items {

@@ -197,7 +197,7 @@ func (r *StoreRegistry) RegisterLeased(ctx context.Context, in beacon.Instance, 
 	if err := r.checkLease(lease); err != nil {
 		return beacon.Instance{}, 0, err
 	}
-	in, val, err := r.prepare(in)
+	in, val, err := r.prepare(in, r.leased.leaseTTL(lease))
 	if err != nil {
 		return beacon.Instance{}, 0, err
 	}
@@ -225,7 +225,7 @@ func (r *StoreRegistry) RegisterWithTTL(ctx context.Context, in beacon.Instance,
 		return Owned{}, err
 	}
 	// Validate before granting, so that bad input costs no lease.
-	in, val, err := r.prepare(in)
+	in, val, err := r.prepare(in, ttl)
 	if err != nil {
 		return Owned{}, err
 	}
@@ -285,28 +285,34 @@ func (r *StoreRegistry) ownerExists(ctx context.Context, key string) bool {
 	return err == nil && kv.Key != ""
 }
 
-// verify returns the instance at ref and its key/value if secret proves
-// its ownership, and notFound(ref) otherwise. Its reads are linearizable.
-func (r *StoreRegistry) verify(ctx context.Context, ref beacon.Ref, secret Secret) (beacon.Instance, store.KeyValue, error) {
-	return r.verifyWith(ctx, ref, secret, r.st.Get)
+// errWrongSecret marks a refusal of a registration that has an ownership
+// record: a right secret exists (see refuse). It matches
+// beacon.ErrNotFound, with notFound's message.
+type errWrongSecret struct{ error }
+
+func (e errWrongSecret) Unwrap() error { return e.error }
+
+// owns checks that secret proves the ownership of the registration at ref,
+// stored as kv. It returns notFound(ref) when no secret could (no
+// ownership record: a session's instance, a lease that ended),
+// errWrongSecret when the record is there and secret does not fit it, or
+// the store's error. Its read is linearizable.
+func (r *StoreRegistry) owns(ctx context.Context, ref beacon.Ref, kv store.KeyValue, secret Secret) error {
+	return r.ownsWith(ctx, ref, kv, secret, r.st.Get)
 }
 
-// verifyWith is verify, reading the keys with read.
-func (r *StoreRegistry) verifyWith(ctx context.Context, ref beacon.Ref, secret Secret, read func(context.Context, string) (store.KeyValue, error)) (beacon.Instance, store.KeyValue, error) {
+// ownsWith is owns, reading the ownership record with read.
+func (r *StoreRegistry) ownsWith(ctx context.Context, ref beacon.Ref, kv store.KeyValue, secret Secret, read func(context.Context, string) (store.KeyValue, error)) error {
 	presented := secret.hash() // computed on every path
-	in, kv, err := r.getWith(ctx, ref, read)
-	if err != nil {
-		return beacon.Instance{}, store.KeyValue{}, err
-	}
-	if kv.Lease == store.NoLease || r.sess.ours(kv.Lease) || secret == "" {
-		return beacon.Instance{}, store.KeyValue{}, notFound(ref)
+	if kv.Lease == store.NoLease || r.sess.ours(kv.Lease) {
+		return notFound(ref)
 	}
 	okv, err := read(ctx, r.ownerKey(ref.Namespace, kv.Lease))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return beacon.Instance{}, store.KeyValue{}, notFound(ref)
+		return notFound(ref)
 	case err != nil:
-		return beacon.Instance{}, store.KeyValue{}, fmt.Errorf("registry: read the ownership record of %s: %w", ref, err)
+		return fmt.Errorf("registry: read the ownership record of %s: %w", ref, err)
 	}
 	var rec ownerRecord
 	stored, herr := []byte(nil), json.Unmarshal(okv.Value, &rec)
@@ -319,15 +325,21 @@ func (r *StoreRegistry) verifyWith(ctx context.Context, ref beacon.Ref, secret S
 		stored = make([]byte, sha256.Size)
 	}
 	match := subtle.ConstantTimeCompare(presented[:], stored) == 1
-	if !match || herr != nil || okv.Lease != kv.Lease || rec.Ref != ref.String() {
-		return beacon.Instance{}, store.KeyValue{}, notFound(ref)
+	switch {
+	case herr != nil || okv.Lease != kv.Lease || rec.Ref != ref.String():
+		return notFound(ref)
+	case !match || secret == "":
+		return errWrongSecret{notFound(ref)}
 	}
-	return in, kv, nil
+	return nil
 }
 
 // Heartbeat keeps alive the lease of the registration at ref, whose secret
 // the caller presents, and returns the lease's TTL. A wrong secret, an
-// unknown instance or an ended lease give notFound.
+// unknown instance or an ended lease give notFound — except to a caller
+// the store does not allow to renew the lease (etcd asks for write
+// permission on its keys), who gets permissionDenied whatever the secret
+// (refuse).
 //
 // Its store calls are bounded as a session's keep-alives are (a sixth of
 // the lease's TTL, at most 2 s) and one that timed out is tried again at
@@ -349,18 +361,30 @@ func (r *StoreRegistry) verifyWith(ctx context.Context, ref beacon.Ref, secret S
 func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Secret) (time.Duration, error) {
 	limit := keepAliveTimeout(r.leased.ttl(ref))
 	var kv store.KeyValue
-	err := errNoLocalRead
-	if lr, ok := r.st.(store.LocalReader); ok {
-		err = retryTimedOut(ctx, limit, func(ctx context.Context) (err error) {
-			_, kv, err = r.verifyWith(ctx, ref, secret, lr.GetLocal)
-			return err
+	prove := func(read func(context.Context, string) (store.KeyValue, error)) error {
+		return retryTimedOut(ctx, limit, func(ctx context.Context) (err error) {
+			if _, kv, err = r.getWith(ctx, ref, read); err != nil {
+				return err
+			}
+			return r.ownsWith(ctx, ref, kv, secret, read)
 		})
 	}
+	err := errNoLocalRead
+	if lr, ok := r.st.(store.LocalReader); ok {
+		err = prove(lr.GetLocal)
+	}
 	if errors.Is(err, beacon.ErrNotFound) || errors.Is(err, errNoLocalRead) {
-		err = retryTimedOut(ctx, limit, func(ctx context.Context) (err error) {
-			_, kv, err = r.verify(ctx, ref, secret)
-			return err
+		err = prove(r.st.Get)
+	}
+	if _, wrong := errors.AsType[errWrongSecret](err); wrong {
+		// etcd checks the caller's write permission on the lease's keys
+		// to renew it: answer as the right secret would be answered.
+		refused := err
+		_ = retryTimedOut(ctx, limit, func(ctx context.Context) error {
+			refused = r.refuse(ctx, "heartbeat", ref, kv, err)
+			return refused
 		})
+		return 0, refused
 	}
 	if err != nil {
 		return 0, err
@@ -374,6 +398,8 @@ func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Se
 	case errors.Is(err, store.ErrLeaseNotFound):
 		r.leased.ended(kv.Lease)
 		return 0, notFound(ref)
+	case errors.Is(err, store.ErrPermissionDenied):
+		return 0, permissionDenied("heartbeat", ref)
 	case err != nil:
 		return 0, fmt.Errorf("registry: heartbeat %s: %w", ref, err)
 	}
@@ -406,9 +432,14 @@ func retryTimedOut(ctx context.Context, limit time.Duration, call func(context.C
 // presents, with compare-and-swap: mutate receives the stored instance and
 // may change Address, Transport, Metadata and Status (not its identity).
 // Concurrent writes are retried. It returns the instance as written.
+//
+// The change is validated before the secret is checked, and a caller the
+// store would not allow the change gets the same error whatever the
+// secret (refuse): no answer tells a right secret from a wrong one unless
+// the secret is right and the change allowed.
 func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret Secret, mutate func(*beacon.Instance)) (beacon.Instance, error) {
 	for range 16 {
-		cur, kv, err := r.verify(ctx, ref, secret)
+		cur, kv, err := r.get(ctx, ref)
 		if err != nil {
 			return beacon.Instance{}, err
 		}
@@ -423,7 +454,10 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 		if err := next.ValidateWith(r.cfg.MaxMetadataSize); err != nil {
 			return beacon.Instance{}, err
 		}
-		val, err := encode(next)
+		if err := r.owns(ctx, ref, kv, secret); err != nil {
+			return beacon.Instance{}, r.refuse(ctx, "update", ref, kv, err)
+		}
+		val, err := encode(next, storedTTL(kv.Value))
 		if err != nil {
 			return beacon.Instance{}, err
 		}
@@ -439,6 +473,8 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 		case errors.Is(err, store.ErrLeaseNotFound):
 			r.leased.ended(kv.Lease)
 			return beacon.Instance{}, notFound(ref)
+		case errors.Is(err, store.ErrPermissionDenied):
+			return beacon.Instance{}, permissionDenied("update", ref)
 		}
 		return beacon.Instance{}, fmt.Errorf("registry: update %s: %w", ref, err)
 	}
@@ -447,17 +483,24 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 
 // DeregisterLeased ends the registration at ref, whose secret the caller
 // presents, by revoking its own lease: the instance and its ownership
-// record go in one revision. Nothing else is bound to that lease.
+// record go in one revision. Nothing else is bound to that lease. A caller
+// the store would not allow it gets the same error whatever the secret
+// (refuse).
 func (r *StoreRegistry) DeregisterLeased(ctx context.Context, ref beacon.Ref, secret Secret) error {
-	_, kv, err := r.verify(ctx, ref, secret)
+	_, kv, err := r.get(ctx, ref)
 	if err != nil {
 		return err
+	}
+	if err := r.owns(ctx, ref, kv, secret); err != nil {
+		return r.refuse(ctx, "deregister", ref, kv, err)
 	}
 	err = r.st.Revoke(ctx, kv.Lease)
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
 		r.leased.ended(kv.Lease)
 		return notFound(ref)
+	case errors.Is(err, store.ErrPermissionDenied):
+		return permissionDenied("deregister", ref)
 	case err != nil:
 		return fmt.Errorf("registry: deregister %s: %w", ref, err)
 	}

@@ -73,6 +73,17 @@ func (t *leasedTracker) ttl(ref beacon.Ref) time.Duration {
 	return t.fallbackTTL
 }
 
+// leaseTTL returns the TTL of lease id as granted or last renewed through
+// this registry, or 0 if it does not know the lease.
+func (t *leasedTracker) leaseTTL(id store.LeaseID) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.leases[id]; e != nil {
+		return e.ttl
+	}
+	return 0
+}
+
 // forgetLocked drops lease id and its instances.
 func (t *leasedTracker) forgetLocked(id store.LeaseID) {
 	if e := t.leases[id]; e != nil {

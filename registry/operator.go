@@ -36,7 +36,7 @@ func (r *StoreRegistry) DrainInstance(ctx context.Context, ref beacon.Ref) (beac
 		}
 		next := cur.Clone()
 		next.Status = beacon.StatusDraining
-		val, err := encode(next)
+		val, err := encode(next, storedTTL(kv.Value))
 		if err != nil {
 			return beacon.Instance{}, err
 		}

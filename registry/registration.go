@@ -65,7 +65,7 @@ func (r *StoreRegistry) Register(ctx context.Context, in beacon.Instance) (Regis
 	if r.closed.Load() {
 		return nil, ErrClosed
 	}
-	in, val, err := r.prepare(in)
+	in, val, err := r.prepare(in, r.cfg.LeaseTTL)
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +284,7 @@ func (reg *registration) update(ctx context.Context, mutate func(*beacon.Instanc
 		if err := next.ValidateWith(reg.r.cfg.MaxMetadataSize); err != nil {
 			return err
 		}
-		val, err := encode(next)
+		val, err := encode(next, reg.r.cfg.LeaseTTL)
 		if err != nil {
 			return err
 		}

@@ -799,7 +799,7 @@ func (s *session) adoptDrain(reg *registration, kv store.KeyValue) bool {
 	}
 	next := reg.inst.Clone()
 	next.Status = beacon.StatusDraining
-	val, err := encode(next)
+	val, err := encode(next, s.r.cfg.LeaseTTL)
 	if err != nil {
 		return false
 	}

@@ -42,6 +42,7 @@ type StoreRegistry struct {
 	hub     *hub
 	creates *batcher
 	leased  *leasedTracker // leasedmetrics.go
+	perms   permCache      // refuse.go
 }
 
 var (
@@ -140,8 +141,9 @@ func (r *StoreRegistry) opContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.ctx, max(r.cfg.LeaseTTL, minOpTimeout))
 }
 
-// prepare fills an instance's defaults, validates it and encodes it.
-func (r *StoreRegistry) prepare(in beacon.Instance) (beacon.Instance, []byte, error) {
+// prepare fills an instance's defaults, validates it and encodes it with
+// the TTL of the lease its registrant keeps it alive with (0: unknown).
+func (r *StoreRegistry) prepare(in beacon.Instance, ttl time.Duration) (beacon.Instance, []byte, error) {
 	in = in.Clone()
 	if in.ID == "" {
 		in.ID = beacon.NewID()
@@ -157,14 +159,16 @@ func (r *StoreRegistry) prepare(in beacon.Instance) (beacon.Instance, []byte, er
 	if err := in.ValidateWith(r.cfg.MaxMetadataSize); err != nil {
 		return beacon.Instance{}, nil, err
 	}
-	val, err := encode(in)
+	val, err := encode(in, ttl)
 	if err != nil {
 		return beacon.Instance{}, nil, err
 	}
 	return in, val, nil
 }
 
-func encode(in beacon.Instance) ([]byte, error) {
+// encode returns the stored value of in: MarshalJSON's object, plus
+// lease_ttl_ms when ttl is known (see storedTTL).
+func encode(in beacon.Instance, ttl time.Duration) ([]byte, error) {
 	// MarshalJSON's bytes, written directly when the instance allows it
 	// (json.Marshal would also re-scan and compact what MarshalJSON
 	// returns, an eighth of a registration's CPU, to the same bytes).
@@ -176,6 +180,7 @@ func encode(in beacon.Instance) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("registry: encode instance %s: %w", in.Ref(), err)
 	}
+	val = appendTTL(val, ttl)
 	if err := store.ValidateValue(val); err != nil {
 		return nil, fmt.Errorf("registry: instance %s: %w", in.Ref(), err)
 	}

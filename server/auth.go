@@ -57,6 +57,18 @@ func (id identity) key(salt []byte) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// throttleName is what failures of id count under, with the client's
+// address: its user name; for a bearer token, the token itself (its user,
+// read from a JWT before the signature is checked, could be anyone's, so
+// forged tokens naming a user must not throttle that user's real ones).
+func (id identity) throttleName() string {
+	if id.method == methodBearer {
+		h := sha256.Sum256([]byte(id.token))
+		return "token " + hex.EncodeToString(h[:8])
+	}
+	return id.user
+}
+
 // credentials reads the request's identity: an Authorization header
 // (Basic user:password, or Bearer <etcd token>), else the common name of a
 // verified client certificate, as etcd does on its client port.
@@ -357,31 +369,47 @@ type authViews struct {
 
 	mu    sync.Mutex
 	views map[string]*userView
-	fails map[string][]time.Time // failed authentications per client address
+	fails map[string][]time.Time // failed authentications per client address, and per address and user
+	good  map[string]time.Time   // credentials (hashed keys) etcd accepted lately, and when
+	gates map[string]*addrGate   // one credential check at a time for addresses past maxAddrFails
 }
 
 // viewIdle is how long an unused view stays open.
 const viewIdle = 5 * time.Minute
 
-// Failed authentications: at most maxFails per client address and user
-// name, and maxAddrFails per client address whatever the user names,
-// within failWindow, then 429 until the window passes (each costs etcd a
-// bcrypt check, and guessing passwords must stay slow; the per-address
-// bound keeps a client from spreading guesses over many names, or from
-// flooding the table with unknown names to push its own entries out).
+// Failed authentications. Each costs etcd a bcrypt check, and guessing
+// passwords must stay slow, but a client address is not a client (every
+// process of a host shares 127.0.0.1, everyone behind a NAT its gateway's
+// address), so failures must not lock out anyone but the user guessed:
+//   - at most maxFails failures per client address and user name within
+//     failWindow, then 429 for that user from that address until the
+//     window passes — unless the credentials presented are ones etcd
+//     accepted within goodFor (a correct password is let through, and
+//     still checked);
+//   - past maxAddrFails failures from one address within the window,
+//     whatever the names, the address's credential checks run one at a
+//     time (addrGate): guesses spread over many names get one check in
+//     flight, answered at etcd's bcrypt pace, while another user's correct
+//     password from that address is checked after the ones before it — a
+//     delay, never a refusal.
+//
 // Credentials that already succeeded are served from the cache and never
-// throttled. The table holds at most maxFailEntries keys (see failed).
+// throttled. The table of failures holds at most maxFailEntries keys (see
+// failed), that of accepted credentials maxGood.
 const (
 	maxFails       = 20
 	maxAddrFails   = 100
 	failWindow     = time.Minute
 	maxFailEntries = 10000
+	goodFor        = 24 * time.Hour
+	maxGood        = 4096
 )
 
 func newAuthViews(a authority, regCfg registry.Config, max int, log *slog.Logger) *authViews {
 	salt := make([]byte, 16)
 	_, _ = randRead(salt)
-	return &authViews{auth: a, regCfg: regCfg, salt: salt, max: max, log: log, views: map[string]*userView{}, fails: map[string][]time.Time{}}
+	return &authViews{auth: a, regCfg: regCfg, salt: salt, max: max, log: log, views: map[string]*userView{},
+		fails: map[string][]time.Time{}, good: map[string]time.Time{}, gates: map[string]*addrGate{}}
 }
 
 // failKeys are the keys a failure of user from addr counts under: the
@@ -391,23 +419,84 @@ func failKeys(addr, user string) [2]string {
 }
 
 // throttled reports how long a client at addr must wait before it may try
-// user's credentials again, after too many failures.
-func (v *authViews) throttled(addr, user string) time.Duration {
+// id's user's credentials again, after too many failures of that user from
+// that address; credentials etcd accepted lately are never throttled.
+func (v *authViews) throttled(addr string, id identity) time.Duration {
+	key := id.key(v.salt)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	now := time.Now()
-	var wait time.Duration
-	for i, key := range failKeys(addr, user) {
-		kept := v.recentLocked(key, now)
-		limit := maxFails
-		if i == 1 {
-			limit = maxAddrFails
-		}
-		if len(kept) >= limit {
-			wait = max(wait, failWindow-now.Sub(kept[len(kept)-limit]))
-		}
+	if at, ok := v.good[key]; ok && now.Sub(at) < goodFor {
+		return 0
 	}
-	return wait
+	kept := v.recentLocked(failKeys(addr, id.throttleName())[0], now)
+	if len(kept) < maxFails {
+		return 0
+	}
+	return failWindow - now.Sub(kept[len(kept)-maxFails])
+}
+
+// succeeded remembers that etcd accepted id's credentials.
+func (v *authViews) succeeded(id identity) {
+	key := id.key(v.salt)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	now := time.Now()
+	v.good[key] = now
+	if len(v.good) <= maxGood {
+		return
+	}
+	// Down to nine tenths, oldest first, so that this work is rare.
+	type entry struct {
+		key string
+		at  time.Time
+	}
+	all := make([]entry, 0, len(v.good))
+	for k, at := range v.good {
+		all = append(all, entry{k, at})
+	}
+	slices.SortFunc(all, func(a, b entry) int { return a.at.Compare(b.at) })
+	for _, e := range all[:len(all)-maxGood*9/10] {
+		delete(v.good, e.key)
+	}
+}
+
+// addrGate lets one credential check of an address run at a time.
+type addrGate struct {
+	ch   chan struct{}
+	refs int
+}
+
+// gate waits, when addr has failed maxAddrFails times within the window,
+// until no other credential check of addr runs; release ends the check.
+// It fails only if ctx ends first.
+func (v *authViews) gate(ctx context.Context, addr string) (release func(), err error) {
+	v.mu.Lock()
+	if len(v.recentLocked(addr, time.Now())) < maxAddrFails {
+		v.mu.Unlock()
+		return func() {}, nil
+	}
+	g := v.gates[addr]
+	if g == nil {
+		g = &addrGate{ch: make(chan struct{}, 1)}
+		v.gates[addr] = g
+	}
+	g.refs++
+	v.mu.Unlock()
+	done := func() {
+		v.mu.Lock()
+		if g.refs--; g.refs == 0 {
+			delete(v.gates, addr)
+		}
+		v.mu.Unlock()
+	}
+	select {
+	case g.ch <- struct{}{}:
+		return func() { <-g.ch; done() }, nil
+	case <-ctx.Done():
+		done()
+		return nil, ctx.Err()
+	}
 }
 
 // recentLocked drops the failures of key older than the window and

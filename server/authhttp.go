@@ -224,40 +224,80 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, required b
 	case !ok:
 		return authResult{enabled: true}, true
 	}
-	rev, err := st.auth.revision(r.Context())
-	if err != nil {
-		writeErr(w, http.StatusServiceUnavailable, "unavailable", err.Error())
-		return authResult{}, false
-	}
-	if uv := st.views.cached(id, rev); uv != nil {
-		return authResult{enabled: true, view: uv}, true
-	}
-	addr := remoteHost(r)
-	if wait := st.views.throttled(addr, id.user); wait > 0 {
-		writeThrottled(w, addr, id.user, wait)
-		return authResult{}, false
-	}
-	uv, err := st.views.acquire(r.Context(), id)
-	if err != nil {
-		if errors.Is(err, store.ErrUnauthenticated) {
-			st.views.failed(addr, id.user)
-			writeUnauthorized(w, err.Error())
-			return authResult{}, false
-		}
-		writeErr(w, http.StatusServiceUnavailable, "unavailable", "authenticate with etcd: "+err.Error())
+	uv, fail := s.checkIdentity(r.Context(), st, remoteHost(r), id)
+	if fail != nil {
+		fail.write(w)
 		return authResult{}, false
 	}
 	return authResult{enabled: true, view: uv}, true
 }
 
-// writeThrottled answers 429 to a client that failed to authenticate too
-// often.
-func writeThrottled(w http.ResponseWriter, addr, user string, wait time.Duration) {
-	secs := max(1, int(math.Ceil(wait.Seconds())))
-	w.Header().Set("Retry-After", strconv.Itoa(secs))
-	writeErr(w, http.StatusTooManyRequests, "resource_exhausted", fmt.Sprintf(
-		"too many failed authentications from %s (as %q, or as any user from that address): wait %d s, and check the user name and password",
-		addr, user, secs))
+// authFailure is why checkIdentity authenticated no one: an HTTP status, an
+// error kind and a message that says what to do (and, for 429 and 503,
+// when to retry).
+type authFailure struct {
+	code       int
+	kind, msg  string
+	retryAfter time.Duration
+}
+
+func (f *authFailure) write(w http.ResponseWriter) {
+	if f.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(f.retryAfter.Seconds())))))
+	}
+	if f.code == http.StatusUnauthorized {
+		writeUnauthorized(w, f.msg)
+		return
+	}
+	writeErr(w, f.code, f.kind, f.msg)
+}
+
+// checkIdentity authenticates id, presented from addr, with etcd (or finds
+// its cached view) and returns a view that acts as it. The HTTP API and
+// xDS authenticate through it alike.
+func (s *Server) checkIdentity(ctx context.Context, st *securityState, addr string, id identity) (*userView, *authFailure) {
+	rev, err := st.auth.revision(ctx)
+	if err != nil {
+		return nil, &authFailure{code: http.StatusServiceUnavailable, kind: "unavailable", msg: err.Error()}
+	}
+	if uv := st.views.cached(id, rev); uv != nil {
+		return uv, nil
+	}
+	var uv *userView
+	fail := guardCheck(ctx, st, addr, id, func(ctx context.Context) (err error) {
+		uv, err = st.views.acquire(ctx, id)
+		return err
+	})
+	return uv, fail
+}
+
+// guardCheck runs check, etcd's verdict on id's credentials presented from
+// addr, unless that address and user failed too often (429), one at a time
+// for an address with many failures; it records the verdict for the
+// throttle. An error of check matching store.ErrUnauthenticated is a 401,
+// any other a 503.
+func guardCheck(ctx context.Context, st *securityState, addr string, id identity, check func(context.Context) error) *authFailure {
+	if wait := st.views.throttled(addr, id); wait > 0 {
+		return &authFailure{code: http.StatusTooManyRequests, kind: "resource_exhausted", retryAfter: wait, msg: fmt.Sprintf(
+			"too many failed authentications as %q from %s: wait %d s, and check the user name and password (other users, and a password etcd accepted lately, are not throttled)",
+			id.throttleName(), addr, max(1, int(math.Ceil(wait.Seconds()))))}
+	}
+	release, err := st.views.gate(ctx, addr)
+	if err != nil {
+		return &authFailure{code: http.StatusServiceUnavailable, kind: "unavailable", retryAfter: time.Second, msg: fmt.Sprintf(
+			"credential checks from %s run one at a time after many failed authentications from that address; this one did not start before the request ended: retry", addr)}
+	}
+	err = check(ctx)
+	release()
+	switch {
+	case errors.Is(err, store.ErrUnauthenticated):
+		st.views.failed(addr, id.throttleName())
+		return &authFailure{code: http.StatusUnauthorized, kind: "unauthenticated", msg: err.Error()}
+	case err != nil:
+		return &authFailure{code: http.StatusServiceUnavailable, kind: "unavailable", msg: "authenticate with etcd: " + err.Error()}
+	}
+	st.views.succeeded(id)
+	return nil
 }
 
 // statusWriter records the status of a response.
@@ -423,13 +463,7 @@ func (s *Server) guardTokens(h http.Handler) http.Handler {
 }
 
 func (s *Server) guardV2(h http.Handler) http.Handler {
-	return s.needPermission(v2Prefix, "v2 discovery tokens", v2Creates, h)
-}
-
-// v2Creates reports the v2 requests that write although their method is
-// GET: /new creates a token (discovery.etcd.io's protocol uses GET).
-func v2Creates(r *http.Request) bool {
-	return strings.TrimSuffix(r.URL.Path, "/") == V2Path+"/new"
+	return s.needPermission(v2Prefix, "v2 discovery tokens", writesDespiteMethod, h) // csrf.go
 }
 
 // Access says what a user may do with one kind of data.
@@ -609,19 +643,12 @@ func (s *Server) issueToken(w http.ResponseWriter, r *http.Request) {
 		writeUnauthorized(w, "send the etcd user's name and password with HTTP Basic authentication to get a token")
 		return
 	}
-	addr := remoteHost(r)
-	if wait := st.views.throttled(addr, id.user); wait > 0 {
-		writeThrottled(w, addr, id.user, wait)
-		return
-	}
-	tok, err := st.auth.token(r.Context(), id.user, id.password)
-	if err != nil {
-		if errors.Is(err, store.ErrUnauthenticated) {
-			st.views.failed(addr, id.user)
-			writeUnauthorized(w, err.Error())
-			return
-		}
-		writeErr(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+	var tok string
+	if fail := guardCheck(r.Context(), st, remoteHost(r), id, func(ctx context.Context) (err error) {
+		tok, err = st.auth.token(ctx, id.user, id.password)
+		return err
+	}); fail != nil {
+		fail.write(w)
 		return
 	}
 	resp := TokenResponse{Token: tok, User: id.user}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -82,5 +83,71 @@ func TestCrossSiteRequestsRefused(t *testing.T) {
 	}
 	if st := status(); st != "draining" {
 		t.Fatalf("after the allowed drains: %s", st)
+	}
+}
+
+// TestStateChangingGETsRefusedCrossSite: GET /v2/discovery/new?size=3
+// creates a token (discovery.etcd.io's protocol uses GET) and was outside
+// the CSRF check, which lets every GET through: a page of another site
+// could create tokens with an image tag. Every request that writes is now
+// checked whatever its method (writesDespiteMethod): refused cross-site,
+// with no token created, while the server's own pages, allowed origins,
+// and clients that are not browsers — curl, etcd's discovery client —
+// still create tokens.
+func TestStateChangingGETsRefusedCrossSite(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.CORSAllowedOrigins = []string{"https://dash.example"}
+	s := startServer(t, cfg)
+	base := s.Endpoints().HTTP
+	anon := as{t: t, base: base}
+	tokens := func() int {
+		t.Helper()
+		kvs, _, err := s.Store().List(context.Background(), v2Prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, kv := range kvs {
+			if strings.HasSuffix(kv.Key, "/_config/size") {
+				n++
+			}
+		}
+		return n
+	}
+	before := tokens()
+	for _, hdr := range [][]string{
+		{"Origin", "https://evil.example", "Sec-Fetch-Site", "cross-site"},
+		{"Sec-Fetch-Site", "cross-site"},
+		{"Sec-Fetch-Site", "same-site"},
+		{"Origin", "https://evil.example"},
+	} {
+		for _, path := range []string{V2Path + "/new?size=3", V2Path + "/new/?size=3", V2Path + "/new"} {
+			r := anon.do("GET", path, "", hdr...)
+			if r.code != http.StatusForbidden || !strings.Contains(r.body, "cross-site request forgery") {
+				t.Errorf("GET %s with %v: %d %s, want 403 saying why", path, hdr, r.code, r.body)
+			}
+		}
+	}
+	if n := tokens(); n != before {
+		t.Fatalf("refused cross-site GETs created %d tokens", n-before)
+	}
+	self := strings.TrimSuffix(base, "/")
+	for _, hdr := range [][]string{
+		nil, // curl, etcd's discovery client
+		{"Origin", self, "Sec-Fetch-Site", "same-origin"},
+		{"Sec-Fetch-Site", "none"}, // typed into the address bar
+		{"Origin", "https://dash.example", "Sec-Fetch-Site", "cross-site"},
+	} {
+		r := anon.do("GET", V2Path+"/new?size=3", "", hdr...)
+		if r.code != http.StatusOK || !strings.HasPrefix(r.body, base+V2Path+"/") {
+			t.Errorf("GET /new with %v: %d %s, want a token URL", hdr, r.code, r.body)
+		}
+	}
+	if n := tokens(); n != before+4 {
+		t.Fatalf("%d tokens created by the allowed GETs, want 4", n-before)
+	}
+	// Reads of the v2 keys API stay allowed cross-site.
+	if r := anon.do("GET", V2Path+"/health", "", "Sec-Fetch-Site", "cross-site"); r.code != http.StatusOK {
+		t.Errorf("a cross-site read: %d %s", r.code, r.body)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/beaconplane/beacon/bootstrap"
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
+	"github.com/beaconplane/beacon/internal/connlimit"
 	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/internal/pprofhttp"
 	"github.com/beaconplane/beacon/registry"
@@ -41,9 +42,12 @@ func (s *Server) serveEarly() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopHTTP = cancel
 	srv := &http.Server{
-		Handler: s.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// connlimit: a connection with a request in flight is never
+		// closed to make room for another (connlimit.go).
+		Handler: connlimit.Handler(s.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			(*s.handler.Load()).ServeHTTP(w, r)
-		})),
+		}))),
+		ConnContext:       connlimit.ConnContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}

@@ -106,16 +106,22 @@ type Security struct {
 	// IdleTimeout closes keep-alive connections idle this long;
 	// DefaultIdleTimeout when zero.
 	IdleTimeout time.Duration
-	// MaxConns bounds the HTTP listener's open connections (further ones
-	// wait in the kernel's accept queue until one closes), so that a
+	// MaxConns bounds the HTTP listener's open connections, so that a
 	// flood of connections cannot take the file descriptors the embedded
-	// etcd needs for its WAL, snapshots and peers. Zero: a quarter of the
-	// process's open-file limit (at least 256).
+	// etcd needs for its WAL, snapshots and peers. At the bound a new
+	// connection takes the place of an idle one (silent ones first);
+	// while every one carries a request, new ones wait in the kernel's
+	// accept queue until one closes (internal/connlimit). Zero: a quarter
+	// of the process's open-file limit (at least 256).
 	MaxConns int
-	// MaxConnsPerClient bounds those of one client address: one past it
-	// is closed at once, so that a client holding connections open (or
-	// reopening them as they time out) cannot take all MaxConns from the
-	// others. DefaultMaxConnsPerClient when zero; no bound when negative.
+	// MaxConnsPerClient bounds those of one client address, so that a
+	// client holding connections open (or reopening them as they time
+	// out) cannot take all MaxConns from the others. Every process of a
+	// host, and everyone behind one NAT or reverse proxy, shares an
+	// address: at the bound, a new connection takes the place of the
+	// address's oldest idle one (silent ones first), and is closed at
+	// once only while every one of them carries a request.
+	// DefaultMaxConnsPerClient when zero; no bound when negative.
 	MaxConnsPerClient int
 }
 

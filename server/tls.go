@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/tls"
 	"net"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -40,7 +41,16 @@ func (s *Server) secureHTTPListener(ln net.Listener) (net.Listener, error) {
 	if s.sec.HTTPTLS.CertFile == "" {
 		return ln, nil
 	}
-	r, err := tlsfiles.NewReloader(s.sec.HTTPTLS, s.log.With("component", "http-tls"))
+	// A rotated certificate must still cover every name the server is
+	// reached by that the one in use covers (its listen address, the
+	// names it answers to).
+	var names []string
+	for h := range s.hosts {
+		names = append(names, h)
+	}
+	slices.Sort(names)
+	r, err := tlsfiles.NewReloader(s.sec.HTTPTLS, tlsfiles.Options{Logger: s.log.With("component", "http-tls"), Listener: "http",
+		Names: tlsfiles.ListenerNames(s.cfg.HTTPAddr, names...), Metrics: s.reg})
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +121,7 @@ func (s *Server) fallbackSecurity(pcfg *proxy.Config) (scheme string, st etcdsto
 	if f.CertFile == "" {
 		return "http", st, nil
 	}
-	r, err := tlsfiles.NewReloader(f, s.log.With("component", "fallback-proxy-tls"))
+	r, err := tlsfiles.NewReloader(f, tlsfiles.Options{Logger: s.log.With("component", "fallback-proxy-tls"), Listener: "fallback-proxy", Metrics: s.reg})
 	if err != nil {
 		return "", st, err
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/testcerts"
+	"github.com/beaconplane/beacon/store/backend"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -443,5 +444,73 @@ func TestExpiredCertificatesRefusedAtStart(t *testing.T) {
 	s.initSecurity()
 	if w := strings.Join(s.securityWarnings(), "\n"); !strings.Contains(w, "--peer-cert-file: certificate "+early.Cert+" is not valid until") {
 		t.Fatalf("warnings %q: want one for the certificate not valid yet", w)
+	}
+}
+
+// TestHTTPSRotationKeepsTheListenersNames: a certificate rotated in
+// without the names clients reach the HTTP API by (its address, localhost)
+// was loaded silently, after which every client failed to verify it. Now
+// the listener keeps the previous certificate, logs an error naming what
+// is missing, and /metrics shows beacon_tls_reloads_total{outcome=
+// "refused_names"} and beacon_tls_files_refused 1; a fixed certificate is
+// then taken.
+func TestHTTPSRotationKeepsTheListenersNames(t *testing.T) {
+	p := newPKI(t)
+	logs := &syncBuffer{}
+	leaf, err := p.ca.Issue("api", testcerts.LeafOptions{Server: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{HTTPAddr: "127.0.0.1:0", Backend: backend.Config{Name: backend.Memory}, Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	cfg.Security.HTTPTLS = TLSFiles{CertFile: leaf.Cert, KeyFile: leaf.Key}
+	s := startServer(t, cfg)
+	base := s.Endpoints().HTTP
+	addr := strings.TrimPrefix(base, "https://")
+	client := tlsClient(t, p.ca.File, nil, "")
+	first := serialOf(t, addr, client)
+	// Each new connection is a handshake, at which the files are checked.
+	getOK := func() string {
+		t.Helper()
+		resp, err := httpsClient(client).Get(base + "/metrics")
+		if err != nil {
+			t.Fatalf("an HTTPS client of the API: %v", err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if _, err := p.ca.Issue("api", testcerts.LeafOptions{Server: true, Hosts: []string{"elsewhere.example"}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "the new certificate does not cover names clients reach this listener by") {
+		getOK()
+		if time.Now().After(deadline) {
+			t.Fatalf("no error for a rotated certificate without the listener's names; log:\n%s", logs.String())
+		}
+		pollPause()
+	}
+	metrics := getOK()
+	if got := serialOf(t, addr, client); got.Cmp(first) != 0 {
+		t.Fatalf("the listener serves the certificate without its names (serial %v, was %v)", got, first)
+	}
+	waitLogLine(t, logs, "level=ERROR", "127.0.0.1", "elsewhere.example")
+	for _, want := range []string{`beacon_tls_reloads_total{listener="http",outcome="refused_names"} 1`, `beacon_tls_files_refused{listener="http"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(metrics, "beacon_tls_"))
+		}
+	}
+	if _, err := p.ca.Issue("api", testcerts.LeafOptions{Server: true}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for serialOf(t, addr, client).Cmp(first) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the fixed certificate is not served")
+		}
+		pollPause()
+	}
+	if m := getOK(); !strings.Contains(m, `beacon_tls_files_refused{listener="http"} 0`) {
+		t.Errorf("/metrics after the fix:\n%s", grepLines(m, "beacon_tls_"))
 	}
 }

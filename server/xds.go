@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -72,7 +73,12 @@ func (s *Server) listenXDS() error {
 		perClient = xdsapi.DefaultMaxStreamsPerClient
 	}
 	s.xds.addr = ln.Addr().String()
-	s.xds.ln = connlimit.Listener(ln, s.sec.MaxConns, perClient, s.log.With("component", "xds"), "xDS")
+	// A gRPC connection carries long-lived streams the listener cannot
+	// see: it would look idle and be shed. Bounds reached refuse instead;
+	// connections with no stream are closed by the gRPC server's idle
+	// timeout (xdsapi).
+	s.xds.ln = connlimit.Listener(ln, connlimit.Options{Max: s.sec.MaxConns, PerAddr: perClient, NeverShed: true,
+		Log: s.log.With("component", "xds"), What: "xDS"})
 	return nil
 }
 
@@ -89,7 +95,8 @@ func (s *Server) startXDS() error {
 		Metrics:             s.reg,
 	}
 	if f := s.sec.XDSTLS; f.CertFile != "" {
-		r, err := tlsfiles.NewReloader(f, s.log.With("component", "xds-tls"))
+		r, err := tlsfiles.NewReloader(f, tlsfiles.Options{Logger: s.log.With("component", "xds-tls"), Listener: "xds",
+			Names: tlsfiles.ListenerNames(s.cfg.XDS.Addr), Metrics: s.reg})
 		if err != nil {
 			return err
 		}
@@ -176,19 +183,23 @@ func (s *Server) authorizeXDS(ctx context.Context) (xdsapi.Access, error) {
 		return nil, status.Error(codes.Unauthenticated, errNoCredentials.Error()+
 			": send the etcd user's credentials in the authorization metadata (Basic base64(user:password), or Bearer and an etcd token), or a client certificate whose common name is the user (--xds-trusted-ca-file)")
 	}
-	host := grpcPeerHost(ctx)
-	if wait := st.views.throttled(host, id.user); wait > 0 {
-		return nil, status.Errorf(codes.ResourceExhausted, "too many failed authentications from %s (as %q): wait %v, and check the user name and password", host, id.user, wait.Round(time.Second))
-	}
-	uv, err := st.views.acquire(ctx, id)
-	if err != nil {
-		if errors.Is(err, store.ErrUnauthenticated) {
-			st.views.failed(host, id.user)
-			return nil, status.Error(codes.Unauthenticated, err.Error())
-		}
-		return nil, status.Errorf(codes.Unavailable, "authenticate with etcd: %v", err)
+	uv, fail := s.checkIdentity(ctx, st, grpcPeerHost(ctx), id)
+	if fail != nil {
+		return nil, fail.grpcStatus()
 	}
 	return &xdsAccess{s: s, uv: uv}, nil
+}
+
+// grpcStatus is the failure as a gRPC status.
+func (f *authFailure) grpcStatus() error {
+	code := codes.Unavailable
+	switch f.code {
+	case http.StatusUnauthorized:
+		code = codes.Unauthenticated
+	case http.StatusTooManyRequests:
+		code = codes.ResourceExhausted
+	}
+	return status.Error(code, f.msg)
 }
 
 // xdsAccess is what one authenticated xDS client may read: what its etcd

@@ -229,6 +229,8 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{args: []string{"serve", "--http-addr", "127.0.0.1:99999"}, want: `--http-addr "127.0.0.1:99999": must be host:port (port 0-65535)`},
 		{args: []string{"serve", "--dns-addr", "127.0.0.1:70000"}, want: `--dns-addr "127.0.0.1:70000"`},
 		{args: []string{"serve", "--http-max-connections", "-1"}, want: "--http-max-connections -1: want at least 2"},
+		// Zero would silently be the default (256).
+		{args: []string{"serve", "--http-max-connections-per-client", "0"}, want: "--http-max-connections-per-client 0: give the most HTTP connections"},
 	})
 }
 

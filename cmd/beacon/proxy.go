@@ -105,6 +105,9 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				return usagef("%v: port %q is not a number from 0 to 65535", listen, port)
 			}
 			cfg.ListenAddr = listen.val
+			if f.Changed("max-streams-per-client") && cfg.MaxStreamsPerClient == 0 {
+				return usagef("--max-streams-per-client 0: give the most streams one client address may have open (at least 1; default %d), or -1 for no limit", proxy.DefaultMaxStreamsPerClient)
+			}
 			tlsFiles := map[string]*string{"cacert": &cacert, "cert": &cert, "key": &key}
 			var tlsSrc []string
 			for _, fl := range []struct{ flag, env, etcdctl string }{
@@ -144,12 +147,12 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				}
 				cfg.ClientTLS = tlsCfg
 			}
-			if err := listenTLS.apply(&cfg, logger); err != nil { // proxy_security.go
-				return usage(err)
-			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			cfg.Registry = reg
+			if err := listenTLS.apply(&cfg, logger); err != nil { // proxy_security.go
+				return usage(err)
+			}
 			p, err := proxy.New(cfg)
 			if err != nil {
 				return usage(err) // New only checks the configuration
@@ -205,7 +208,7 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	f.IntVar(&cfg.MaxWatchers, "max-watchers", proxy.DefaultMaxWatchers, "most watchers clients may have open on the proxy (-1: no limit)")
 	f.IntVar(&cfg.MaxWatchersPerStream, "max-watchers-per-stream", proxy.DefaultMaxWatchersPerStream, "most watchers on one client watch stream (one etcd client) (-1: no limit)")
 	f.IntVar(&cfg.MaxStreams, "max-streams", proxy.DefaultMaxStreams, "most client streams (watch, lease keep-alive, ...) open on the proxy at once; an etcd client needs one watch and one keep-alive stream (-1: no limit)")
-	f.IntVar(&cfg.MaxStreamsPerClient, "max-streams-per-client", proxy.DefaultMaxStreamsPerClient, "most client streams one client address may have open at once, so that one client cannot take --max-streams from the others (-1: no limit)")
+	f.IntVar(&cfg.MaxStreamsPerClient, "max-streams-per-client", proxy.DefaultMaxStreamsPerClient, "most client streams one client address (every local process, everyone behind one NAT) may have open at once, so that one client cannot take --max-streams from the others; at the bound a new stream takes the place of one that has carried no request, and is refused only while every one has (-1: no limit; 0 is refused)")
 	addProxyPerfFlags(cmd, &cfg) // proxy_perf.go
 	return cmd
 }

@@ -45,7 +45,10 @@ func (t *proxyListenTLS) apply(cfg *proxy.Config, log *slog.Logger) error {
 	if err := t.files.Validate(""); err != nil {
 		return err
 	}
-	r, err := tlsfiles.NewReloader(t.files, log.With("component", "proxy-tls"))
+	// A rotated certificate must still cover the listen address (unless
+	// it is a wildcard one: then, some name of the previous certificate).
+	r, err := tlsfiles.NewReloader(t.files, tlsfiles.Options{Logger: log.With("component", "proxy-tls"), Listener: "proxy",
+		Names: tlsfiles.ListenerNames(cfg.ListenAddr), Metrics: cfg.Registry})
 	if err != nil {
 		return fmt.Errorf("--cert-file/--key-file: %w", err)
 	}

@@ -87,6 +87,9 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			if err := xdsFlags(cmd, &cfg.XDS); err != nil {
 				return err
 			}
+			if err := securityFlags(cmd.Flags(), &cfg.Security); err != nil { // serve_security.go
+				return err
+			}
 			srv, err := server.New(cfg)
 			if err != nil {
 				return usage(err) // New only checks the configuration

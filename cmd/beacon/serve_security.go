@@ -9,6 +9,7 @@ import (
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/server/registryapi"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // addSecurityFlags registers `beacon serve`'s TLS, authentication and
@@ -41,8 +42,18 @@ func addSecurityFlags(cmd *cobra.Command, s *server.Security) {
 	f.Int64Var(&s.MaxBodyBytes, "max-body-bytes", 0, fmt.Sprintf("largest HTTP request body (default %d)", server.DefaultMaxBodyBytes))
 	f.DurationVar(&s.RequestTimeout, "http-request-timeout", 0, fmt.Sprintf("time to read an HTTP request and write its answer; watch streams excepted (default %v)", server.DefaultRequestTimeout))
 	f.DurationVar(&s.IdleTimeout, "http-idle-timeout", 0, fmt.Sprintf("close idle keep-alive connections after this long (default %v)", server.DefaultIdleTimeout))
-	f.IntVar(&s.MaxConns, "http-max-connections", 0, "HTTP connections open at once; further ones wait until one closes (default: a quarter of the open-file limit, at least 256)")
-	f.IntVar(&s.MaxConnsPerClient, "http-max-connections-per-client", server.DefaultMaxConnsPerClient, "HTTP connections one client address may have open at once; further ones from it are closed at once (-1: no limit)")
+	f.IntVar(&s.MaxConns, "http-max-connections", 0, "HTTP connections open at once; at the bound a new one takes the place of an idle one (silent ones first), and waits only while every one carries a request (default: a quarter of the open-file limit, at least 256)")
+	f.IntVar(&s.MaxConnsPerClient, "http-max-connections-per-client", server.DefaultMaxConnsPerClient, "HTTP connections one client address (every local process, everyone behind one NAT or proxy) may have open at once; at the bound a new one takes the place of its oldest idle one (silent ones first), and is refused only while every one carries a request (-1: no limit; 0 is refused)")
+}
+
+// securityFlags checks the limit flags whose zero the server would read
+// as "the default": given on the command line, zero is a mistake to
+// report.
+func securityFlags(f *pflag.FlagSet, s *server.Security) error {
+	if f.Changed("http-max-connections-per-client") && s.MaxConnsPerClient == 0 {
+		return usagef("--http-max-connections-per-client 0: give the most HTTP connections one client address may have open (at least 1; default %d), or -1 for no limit", server.DefaultMaxConnsPerClient)
+	}
+	return nil
 }
 
 // secondsFlag is etcd's --auth-token-ttl: a number of seconds, or a

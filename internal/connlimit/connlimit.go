@@ -2,87 +2,268 @@
 // and from one client address, so that a client holding many connections
 // (or reopening them as the server closes them) cannot take every place
 // from the others.
+//
+// One address is not one client: every process of a host shares
+// 127.0.0.1, and everyone behind a NAT or a reverse proxy shares its
+// address. So a bound reached does not refuse the newcomer: it makes room
+// by closing a connection that is doing nothing — the oldest of those
+// that never completed a request (silent: opened and left, or trickling a
+// request that never ends), else the one idle longest since its last
+// request. A connection with a request in flight is never closed for
+// another. Only when every connection of the address has one is a new
+// connection from it refused (closed at once); only when every connection
+// of the listener has one does a new connection wait (in the kernel's
+// accept queue) until one closes. A client that holds idle connections
+// therefore sheds its own first, and cannot lock out those who share its
+// address and make requests.
+//
+// What counts as a request: for a server that marks them (Handler with
+// ConnContext, as net/http allows), from the moment a request's header
+// has been read until its handler returns; for any other server (DNS over
+// TCP), a connection the server has written to has completed a request
+// (such servers write only to answer), and none is ever in flight.
 package connlimit
 
 import (
+	"container/list"
+	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// Listener accepts at most max connections at a time: Accept waits while
-// max are open, so that further clients wait in the kernel's accept
-// queue. Of them, at most perAddr come from one client address (host,
-// without the port): one past that is closed at once, without an answer,
-// and its place given back (no bound when perAddr <= 0). Each cap reached
-// is logged at most once a minute, with listener=what (e.g. "HTTP").
-func Listener(ln net.Listener, max, perAddr int, log *slog.Logger, what string) net.Listener {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+// Options configure a Listener.
+type Options struct {
+	// Max bounds the connections open at once (at least 1).
+	Max int
+	// PerAddr bounds those of one client address (host, without the
+	// port); no bound when <= 0.
+	PerAddr int
+	// Marked says that the server marks each request (Handler and
+	// ConnContext); otherwise a write marks a completed request.
+	Marked bool
+	// NeverShed closes no connection to make room: a bound reached
+	// refuses a new connection (per address) or makes it wait (in all).
+	// For servers whose connections carry long-lived streams the listener
+	// cannot see (gRPC), which would look idle.
+	NeverShed bool
+	// Log receives one line a minute at most per kind of event; nil
+	// discards. What names the listener in it (e.g. "HTTP").
+	Log  *slog.Logger
+	What string
+}
+
+// Listener returns ln bounded as opts say.
+func Listener(ln net.Listener, opts Options) net.Listener {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &listener{Listener: ln, sem: make(chan struct{}, max), perAddr: perAddr, byAddr: map[string]int{}, log: log, what: what}
+	l := &listener{Listener: ln, opts: opts, sem: make(chan struct{}, max(opts.Max, 1)), hosts: map[string]*host{}}
+	l.all.init()
+	return l
+}
+
+// queue orders the connections that may make room: silent ones by
+// accept time, idle ones by the end of their last request.
+type queue struct{ silent, idle list.List }
+
+func (q *queue) init() {
+	q.silent.Init()
+	q.idle.Init()
+}
+
+// victim returns the connection to close to make room, or nil.
+func (q *queue) victim() *conn {
+	if e := q.silent.Front(); e != nil {
+		return e.Value.(*conn)
+	}
+	if e := q.idle.Front(); e != nil {
+		return e.Value.(*conn)
+	}
+	return nil
+}
+
+// victimLocked returns the connection of q to close to make room, or nil
+// (none, or the listener never sheds).
+func (l *listener) victimLocked(q *queue) *conn {
+	if l.opts.NeverShed {
+		return nil
+	}
+	return q.victim()
+}
+
+// host is one client address.
+type host struct {
+	name string
+	n    int // connections open
+	q    queue
 }
 
 type listener struct {
 	net.Listener
-	sem     chan struct{}
-	perAddr int
-	log     *slog.Logger
-	what    string
+	opts Options
+	sem  chan struct{} // a place per open connection
 
-	mu         sync.Mutex
-	byAddr     map[string]int
-	warned     time.Time
-	warnedAddr time.Time
+	mu     sync.Mutex
+	all    queue
+	hosts  map[string]*host
+	warned [3]time.Time // per event kind: when last logged
+}
+
+// Event kinds logged.
+const (
+	evWait = iota
+	evShed
+	evRefuse
+)
+
+// warnLocked reports whether an event of kind k may be logged now (once
+// a minute).
+func (l *listener) warnLocked(k int) bool {
+	if time.Since(l.warned[k]) < time.Minute {
+		return false
+	}
+	l.warned[k] = time.Now()
+	return true
 }
 
 func (l *listener) Accept() (net.Conn, error) {
 	for {
-		select {
-		case l.sem <- struct{}{}:
-		default:
-			l.mu.Lock()
-			if time.Since(l.warned) > time.Minute {
-				l.warned = time.Now()
-				l.log.Warn("connections at their cap: new ones wait until one closes (a flood of connections, or raise the open-file limit)",
-					"listener", l.what, "addr", l.Addr().String(), "max", cap(l.sem))
-			}
-			l.mu.Unlock()
-			l.sem <- struct{}{}
-		}
-		c, err := l.Listener.Accept()
+		nc, err := l.Listener.Accept()
 		if err != nil {
-			<-l.sem
 			return nil, err
 		}
-		host := hostOf(c.RemoteAddr())
-		l.mu.Lock()
-		if l.perAddr > 0 && l.byAddr[host] >= l.perAddr {
-			warn := time.Since(l.warnedAddr) > time.Minute
-			if warn {
-				l.warnedAddr = time.Now()
-			}
-			l.mu.Unlock()
-			_ = c.Close()
-			<-l.sem
-			if warn {
-				l.log.Warn("connections from one client address at their cap: further ones from it are closed at once (a client holding connections open, or clients behind one address: raise the per-client bound)",
-					"listener", l.what, "addr", l.Addr().String(), "client", host, "max_per_client", l.perAddr)
-			}
-			continue
+		if c := l.admit(nc); c != nil {
+			return c, nil
 		}
-		l.byAddr[host]++
-		l.mu.Unlock()
-		return &conn{Conn: c, release: func() {
-			l.mu.Lock()
-			if l.byAddr[host]--; l.byAddr[host] <= 0 {
-				delete(l.byAddr, host)
-			}
-			l.mu.Unlock()
-			<-l.sem
-		}}, nil
 	}
+}
+
+// admit takes places for nc, closing idle connections to make room where
+// a bound is reached; nil if nc was refused (and closed).
+func (l *listener) admit(nc net.Conn) *conn {
+	name := hostOf(nc.RemoteAddr())
+	if l.opts.PerAddr > 0 && !l.roomFor(name) {
+		_ = nc.Close()
+		return nil
+	}
+	l.takePlace()
+	c := &conn{Conn: nc, l: l}
+	l.mu.Lock()
+	h := l.hosts[name]
+	if h == nil {
+		h = &host{name: name}
+		h.q.init()
+		l.hosts[name] = h
+	}
+	h.n++
+	c.host = h
+	l.parkLocked(c)
+	l.mu.Unlock()
+	return c
+}
+
+// roomFor makes room for one more connection from address name if it is
+// at its bound, by closing its oldest idle connection; false if every one
+// of them has a request in flight.
+func (l *listener) roomFor(name string) bool {
+	l.mu.Lock()
+	h := l.hosts[name]
+	if h == nil || h.n < l.opts.PerAddr {
+		l.mu.Unlock()
+		return true
+	}
+	shed := l.victimLocked(&h.q)
+	if shed == nil {
+		warn := l.warnLocked(evRefuse)
+		l.mu.Unlock()
+		if warn {
+			l.opts.Log.Warn("connections from one client address at their cap, each with a request in flight: a further one from it is closed at once (clients behind one address: raise the per-client bound)",
+				"listener", l.opts.What, "addr", l.Addr().String(), "client", name, "max_per_client", l.opts.PerAddr)
+		}
+		return false
+	}
+	warn := l.shedLocked(shed)
+	l.mu.Unlock()
+	_ = shed.Close()
+	if warn {
+		l.opts.Log.Warn("connections from one client address at their cap: closed its oldest idle connection to make room for a new one (a client holding connections open, or clients behind one address)",
+			"listener", l.opts.What, "addr", l.Addr().String(), "client", name, "max_per_client", l.opts.PerAddr)
+	}
+	return true
+}
+
+// takePlace takes one of the listener's places: at the bound, by closing
+// its oldest idle connection, else by waiting until one closes.
+func (l *listener) takePlace() {
+	select {
+	case l.sem <- struct{}{}:
+		return
+	default:
+	}
+	l.mu.Lock()
+	shed := l.victimLocked(&l.all)
+	var warnShed, warnWait bool
+	if shed != nil {
+		warnShed = l.shedLocked(shed)
+	} else {
+		warnWait = l.warnLocked(evWait)
+	}
+	l.mu.Unlock()
+	if shed != nil {
+		_ = shed.Close()
+	}
+	switch {
+	case warnShed:
+		l.opts.Log.Warn("connections at their cap: closed the oldest idle connection to make room for a new one (a flood of connections, or raise the open-file limit)",
+			"listener", l.opts.What, "addr", l.Addr().String(), "max", cap(l.sem))
+	case warnWait:
+		l.opts.Log.Warn("connections at their cap, each with a request in flight: new ones wait until one closes (a flood of connections, or raise the open-file limit)",
+			"listener", l.opts.What, "addr", l.Addr().String(), "max", cap(l.sem))
+	}
+	l.sem <- struct{}{}
+}
+
+// shedLocked takes c out of the queues, to be closed by the caller
+// (outside the lock: closing c takes it); it reports whether to log it
+// (once a minute).
+func (l *listener) shedLocked(c *conn) bool {
+	l.unparkLocked(c)
+	c.shed = true
+	return l.warnLocked(evShed)
+}
+
+// parkLocked queues c, now without a request in flight, behind the others
+// of its kind.
+func (l *listener) parkLocked(c *conn) {
+	if c.shed || c.closed {
+		return
+	}
+	c.parkedIdle = c.served.Load()
+	if c.parkedIdle {
+		c.inAll, c.inHost = l.all.idle.PushBack(c), c.host.q.idle.PushBack(c)
+	} else {
+		c.inAll, c.inHost = l.all.silent.PushBack(c), c.host.q.silent.PushBack(c)
+	}
+}
+
+// unparkLocked takes c out of the queues (a request starts, or it closes).
+func (l *listener) unparkLocked(c *conn) {
+	if c.inAll == nil {
+		return
+	}
+	if c.parkedIdle {
+		l.all.idle.Remove(c.inAll)
+		c.host.q.idle.Remove(c.inHost)
+	} else {
+		l.all.silent.Remove(c.inAll)
+		c.host.q.silent.Remove(c.inHost)
+	}
+	c.inAll, c.inHost = nil, nil
 }
 
 func hostOf(a net.Addr) string {
@@ -99,12 +280,107 @@ func hostOf(a net.Addr) string {
 // conn gives its places back once, when closed.
 type conn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l    *listener
+	host *host
+	once sync.Once
+
+	served atomic.Bool  // a request completed (or, unmarked, an answer written)
+	busy   atomic.Int32 // requests in flight (marked servers)
+
+	// Guarded by l.mu.
+	inAll, inHost *list.Element // in the queues (nil: a request in flight, or gone)
+	parkedIdle    bool          // queued as idle (else as silent)
+	shed, closed  bool
 }
 
 func (c *conn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() {
+		l := c.l
+		l.mu.Lock()
+		l.unparkLocked(c)
+		c.closed = true
+		if c.host.n--; c.host.n <= 0 {
+			delete(l.hosts, c.host.name)
+		}
+		l.mu.Unlock()
+		<-l.sem
+	})
 	return err
+}
+
+// Write marks, on a server that does not mark its requests, a completed
+// request: the connection is idle from now on, queued behind the others.
+func (c *conn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if n > 0 && !c.l.opts.Marked {
+		c.l.mu.Lock()
+		c.l.unparkLocked(c)
+		c.served.Store(true)
+		c.l.parkLocked(c)
+		c.l.mu.Unlock()
+	}
+	return n, err
+}
+
+// begin marks a request in flight on c; end marks it done.
+func (c *conn) begin() {
+	if c.busy.Add(1) != 1 {
+		return
+	}
+	c.l.mu.Lock()
+	c.l.unparkLocked(c)
+	c.l.mu.Unlock()
+}
+
+func (c *conn) end() {
+	c.served.Store(true)
+	if c.busy.Add(-1) != 0 {
+		return
+	}
+	c.l.mu.Lock()
+	if c.busy.Load() == 0 && c.inAll == nil {
+		c.l.parkLocked(c)
+	}
+	c.l.mu.Unlock()
+}
+
+type connKey struct{}
+
+// ConnContext is for http.Server.ConnContext: it keeps the request's
+// connection for Handler.
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+// Handler marks each request h serves as in flight on its connection,
+// from the moment its header has been read until h returns, on a listener
+// with Options.Marked (needs ConnContext). Requests on other connections
+// pass through.
+func Handler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := ours(r.Context().Value(connKey{}))
+		if c == nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		c.begin()
+		defer c.end()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// ours finds the listener's conn under v (a TLS connection wraps it).
+func ours(v any) *conn {
+	for range 4 {
+		switch c := v.(type) {
+		case *conn:
+			return c
+		case *tls.Conn:
+			v = c.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
 }

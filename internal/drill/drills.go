@@ -668,9 +668,9 @@ func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result
 	// The cut watcher is scored from the heal (it could not know before);
 	// the connected ones from the victim's death.
 	// Its bound allows one second more than the others': removals its
-	// re-listing finds just after the store came back are held for the
-	// watch's RemovalHold (4 s at TTL 3 s, as long as TTL + 1 s) before
-	// they are delivered, and the re-listing itself takes its time.
+	// re-listing finds just after the store came back are held as long as
+	// the registrants' TTL allows (3 s at TTL 3 s, at most TTL + 1 s)
+	// before they are delivered, and the re-listing itself takes its time.
 	r.score(e, []*watcher{cut}, v.id, healAt, healAt, healAt.Add(r.cfg.TTL+2*time.Second), res)
 	cutConverge := res.Converge[len(res.Converge)-1]
 	res.Converge, res.Removal = res.Converge[:len(res.Converge)-1], res.Removal[:len(res.Removal)-1]

@@ -13,9 +13,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/beaconplane/beacon/internal/promreg"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Files names the PEM files of one TLS endpoint, as etcd's flags do.
@@ -80,6 +86,26 @@ func stat(path string) (stamp, error) {
 	return stamp{fi.Size(), fi.ModTime()}, nil
 }
 
+// Options say how a Reloader checks and reports rotations.
+type Options struct {
+	// Logger receives the reloads and refusals; nil discards.
+	Logger *slog.Logger
+	// Listener names the listener in logs and metrics ("http", "proxy").
+	Listener string
+	// Names are the host names and IP addresses clients reach the
+	// listener by (its listen address's host unless unspecified, the names
+	// it is advertised under). A rotated certificate that does not cover
+	// one the certificate in use covers is refused while the one in use is
+	// valid: every client reaching the listener by that name would fail
+	// to verify it. Without Names, a rotated certificate that shares no
+	// name or address with the one in use is refused the same way.
+	Names []string
+	// Metrics registers beacon_tls_reloads_total and
+	// beacon_tls_files_refused; nil registers none. Collectors already
+	// registered on it by another Reloader are shared.
+	Metrics prometheus.Registerer
+}
+
 // Reloader holds the current TLS material of a Files and re-reads it when
 // a file's size or modification time changes (checked at most once per
 // second, at a handshake). A file that cannot be read or parsed, such as a
@@ -87,12 +113,21 @@ func stat(path string) (stamp, error) {
 // certificate, leaves the previous material in use and is logged; the
 // next handshake tries again. So does a certificate outside its validity
 // period (expired, or not valid yet) while the one in use is inside its
-// own: a not-yet-valid one is taken as soon as it becomes valid.
+// own: a not-yet-valid one is taken as soon as it becomes valid; and so
+// does a certificate that no longer covers the listener's names (see
+// Options.Names), logged at error level. Each outcome is counted
+// (beacon_tls_reloads_total{listener,outcome}), and
+// beacon_tls_files_refused{listener} is 1 while the files on disk are not
+// the ones in use.
 type Reloader struct {
-	files Files
-	log   *slog.Logger
-	base  *tls.Config
-	now   func() time.Time
+	files    Files
+	log      *slog.Logger
+	listener string
+	names    []string
+	reloads  *prometheus.CounterVec
+	refusing prometheus.Gauge
+	base     *tls.Config
+	now      func() time.Time
 
 	mu      sync.Mutex
 	checked time.Time
@@ -112,11 +147,15 @@ const minCheck = time.Second
 // its certificate, and an expired certificate (every peer that checks
 // dates refuses it: renew it). A certificate not valid yet, and expired
 // certificates in the CA bundle, are logged as warnings.
-func NewReloader(f Files, log *slog.Logger) (*Reloader, error) {
+func NewReloader(f Files, o Options) (*Reloader, error) {
+	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Reloader{files: f, log: log, base: &tls.Config{MinVersion: tls.VersionTLS12}, now: time.Now}
+	r := &Reloader{files: f, log: log, listener: o.Listener, names: o.Names, base: &tls.Config{MinVersion: tls.VersionTLS12}, now: time.Now}
+	if err := r.metrics(o.Metrics); err != nil {
+		return nil, err
+	}
 	m, err := r.read()
 	if err != nil {
 		return nil, err
@@ -270,28 +309,45 @@ func (r *Reloader) refresh() {
 		}
 		return
 	}
-	// Each refused version is logged once, and tried again at each check
-	// (a certificate not valid yet is taken once it is).
+	// Each refused version is logged and counted once, and tried again at
+	// each check (a certificate not valid yet is taken once it is).
 	once := st != r.refused
 	m, err := r.read()
 	if err != nil {
 		if once {
 			r.log.Warn("TLS files changed but cannot be loaded; keeping the previous certificates until they can", "err", err)
 		}
-		r.refused = st
+		r.refuseLocked(st, once, "unreadable")
 		return
 	}
-	if !m.validAt(now) && (&material{cert: r.cert}).validAt(now) {
+	oldValid := (&material{cert: r.cert}).validAt(now)
+	if !m.validAt(now) && oldValid {
 		if once {
 			leaf := m.cert.Leaf
 			r.log.Warn("TLS files changed but the new certificate is outside its validity period; keeping the previous certificate while it is valid",
 				"cert", r.files.CertFile, "not_before", leaf.NotBefore.UTC().Format(time.RFC3339), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339),
 				"previous_not_after", r.cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
 		}
-		r.refused = st
+		r.refuseLocked(st, once, "validity")
 		return
 	}
+	if dropped := r.droppedNames(m); len(dropped) > 0 {
+		if oldValid {
+			if once {
+				r.log.Error("TLS files changed but the new certificate does not cover names clients reach this listener by; keeping the previous certificate while it is valid: reissue it with these names (or addresses) among its subject alternative names",
+					"listener", r.listener, "cert", r.files.CertFile, "missing", dropped, "new_names", certNames(m.cert.Leaf))
+			}
+			r.refuseLocked(st, once, "names")
+			return
+		}
+		r.log.Error("TLS files changed; the new certificate does not cover names clients reach this listener by, but the previous one is no longer valid: new connections use it, and clients reaching it by these names fail to verify it",
+			"listener", r.listener, "cert", r.files.CertFile, "missing", dropped, "new_names", certNames(m.cert.Leaf))
+		r.reloads.WithLabelValues(r.listener, "loaded_names_missing").Inc()
+	} else {
+		r.reloads.WithLabelValues(r.listener, "loaded").Inc()
+	}
 	r.use(m)
+	r.refusing.Set(0)
 	if !m.validAt(now) {
 		r.log.Warn("TLS files changed; the new certificate is outside its validity period, but so was the previous one: new connections use it",
 			"cert", r.files.CertFile, "not_before", m.cert.Leaf.NotBefore.UTC().Format(time.RFC3339), "not_after", m.cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
@@ -299,6 +355,99 @@ func (r *Reloader) refresh() {
 		r.log.Info("TLS files changed; new connections use them", "cert", r.files.CertFile, "ca", r.files.TrustedCAFile)
 	}
 	r.warnExpiredCAs(m)
+}
+
+// refuseLocked records that the files at st are not used, counting it
+// once per version (once).
+func (r *Reloader) refuseLocked(st [3]stamp, once bool, why string) {
+	r.refused = st
+	r.refusing.Set(1)
+	if once {
+		r.reloads.WithLabelValues(r.listener, "refused_"+why).Inc()
+	}
+}
+
+// droppedNames lists the names clients reach the listener by (Names) that
+// the certificate in use covers and m's does not. Without Names, if m's
+// certificate covers none of the names and addresses of the one in use,
+// it lists those: a rotation that keeps none of them is a wrong file.
+func (r *Reloader) droppedNames(m *material) []string {
+	if r.cert == nil || r.cert.Leaf == nil || m.cert == nil || m.cert.Leaf == nil {
+		return nil
+	}
+	old, next := r.cert.Leaf, m.cert.Leaf
+	var dropped []string
+	for _, n := range r.names {
+		if covers(old, n) && !covers(next, n) {
+			dropped = append(dropped, n)
+		}
+	}
+	if len(r.names) > 0 {
+		return dropped
+	}
+	names := certNames(old)
+	for _, n := range names {
+		if strings.HasPrefix(n, "*.") {
+			n = "beacon-name-check" + n[1:] // a name the wildcard covers
+		}
+		if covers(next, n) {
+			return nil
+		}
+	}
+	return names
+}
+
+// covers reports whether c is valid for the host name or IP address n.
+func covers(c *x509.Certificate, n string) bool {
+	return c.VerifyHostname(n) == nil
+}
+
+// certNames lists c's DNS names and IP addresses.
+func certNames(c *x509.Certificate) []string {
+	out := slices.Clone(c.DNSNames)
+	for _, ip := range c.IPAddresses {
+		out = append(out, ip.String())
+	}
+	return out
+}
+
+// ListenerNames returns the names a listener on addr (host:port) is
+// reached by, for Options.Names: its host unless unspecified (0.0.0.0,
+// ::, empty), and the others given (advertised names, URLs' hosts), each
+// once, without "*".
+func ListenerNames(addr string, others ...string) []string {
+	var out []string
+	add := func(h string) {
+		h = strings.ToLower(strings.TrimSuffix(strings.Trim(h, "[]"), "."))
+		if ip := net.ParseIP(h); h == "" || h == "*" || ip != nil && ip.IsUnspecified() || slices.Contains(out, h) {
+			return
+		}
+		out = append(out, h)
+	}
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		add(host)
+	}
+	for _, o := range others {
+		add(o)
+	}
+	return out
+}
+
+// metrics registers the reload collectors with reg (nil: none).
+func (r *Reloader) metrics(reg prometheus.Registerer) error {
+	r.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "beacon_tls_reloads_total",
+		Help: "Changes of a listener's TLS files: loaded, loaded_names_missing (a certificate that does not cover the listener's names, taken because the previous one expired), or refused_unreadable, refused_validity, refused_names (the previous files stay in use)."},
+		[]string{"listener", "outcome"})
+	refused := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "beacon_tls_files_refused",
+		Help: "1 while a listener's TLS files on disk are refused and the previous ones stay in use (see beacon_tls_reloads_total and the log)."},
+		[]string{"listener"})
+	var err error
+	if reg != nil {
+		r.reloads = promreg.Register(reg, r.reloads, &err)
+		refused = promreg.Register(reg, refused, &err)
+	}
+	r.refusing = refused.WithLabelValues(r.listener)
+	return err
 }
 
 // Certificate returns the current certificate (nil without CertFile).

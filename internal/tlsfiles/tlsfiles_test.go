@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/testcerts"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func serve(t *testing.T, cfg *tls.Config) string {
@@ -72,7 +74,7 @@ func TestReloaderRotatesAndKeepsAWorkingPair(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, nil)
+	r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +176,7 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewReloader(Files{CertFile: old.Cert, KeyFile: old.Key}, nil); err == nil ||
+	if _, err := NewReloader(Files{CertFile: old.Cert, KeyFile: old.Key}, Options{}); err == nil ||
 		!strings.Contains(err.Error(), "certificate "+old.Cert+" expired at") || !strings.Contains(err.Error(), "renew it") {
 		t.Fatalf("an expired certificate at start: %v, want an error naming the file", err)
 	}
@@ -186,7 +188,7 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs logBuffer
-	if _, err := NewReloader(Files{CertFile: early.Cert, KeyFile: early.Key}, logs.logger()); err != nil ||
+	if _, err := NewReloader(Files{CertFile: early.Cert, KeyFile: early.Key}, Options{Logger: logs.logger()}); err != nil ||
 		!strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "is not valid until") {
 		t.Fatalf("a certificate not valid yet at start: %v, log %q; want a warning", err, logs.String())
 	}
@@ -200,7 +202,7 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs = logBuffer{}
-	r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, logs.logger())
+	r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Options{Logger: logs.logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +249,7 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs = logBuffer{}
-	r, err = NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key, TrustedCAFile: bundle}, logs.logger())
+	r, err = NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key, TrustedCAFile: bundle}, Options{Logger: logs.logger()})
 	if err != nil || strings.Contains(logs.String(), "expired") {
 		t.Fatalf("a valid bundle: %v %s", err, logs.String())
 	}
@@ -259,4 +261,131 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 	if !strings.Contains(logs.String(), "the CA bundle holds expired certificates") || !strings.Contains(logs.String(), "CN=old-ca") {
 		t.Fatalf("no warning for expired CAs in the bundle:\n%s", logs.String())
 	}
+}
+
+// TestReloaderRefusesCertificateWithoutTheListenersNames: a certificate
+// rotated in that no longer covers a name or address clients reach the
+// listener by was loaded silently, after which every client failed to
+// verify it. Now it is refused while the one in use is valid: the previous
+// certificate stays, an error is logged (once per version of the files),
+// beacon_tls_reloads_total{outcome="refused_names"} counts it and
+// beacon_tls_files_refused is 1; a fixed certificate is then taken. Without
+// names, a certificate that shares none with the one in use is refused the
+// same way. If the one in use has expired, the new one is taken, loudly.
+func TestReloaderRefusesCertificateWithoutTheListenersNames(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := testcerts.NewCA(dir, "ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		names []string
+	}{
+		{"the listener's names", ListenerNames("127.0.0.1:9379", "localhost")},
+		{"no names: the previous certificate's", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			leaf, err := ca.Issue("srv-"+strings.ReplaceAll(c.name, " ", "-"), testcerts.LeafOptions{Server: true, Hosts: []string{"127.0.0.1", "localhost"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs logBuffer
+			reg := prometheus.NewPedanticRegistry()
+			r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Options{Logger: logs.logger(), Listener: "http", Names: c.names, Metrics: reg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := serve(t, r.ServerConfig())
+			client := &tls.Config{RootCAs: pool(t, ca.File), MinVersion: tls.VersionTLS12, ServerName: "localhost"}
+			first := serial(t, addr, client)
+			base := strings.TrimSuffix(filepath.Base(leaf.Cert), ".pem")
+			// Rotated to a certificate for another host only.
+			if _, err := ca.Issue(base, testcerts.LeafOptions{Server: true, Hosts: []string{"other.example"}}); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				recheck(r, time.Now())
+				if got := serial(t, addr, client); got != first {
+					t.Fatalf("a certificate without the listener's names was loaded (serial %s, was %s)", got, first)
+				}
+			}
+			if n := strings.Count(logs.String(), "level=ERROR msg=\"TLS files changed but the new certificate does not cover names"); n != 1 {
+				t.Fatalf("%d error lines for one refused certificate, want 1:\n%s", n, logs.String())
+			}
+			if !strings.Contains(logs.String(), "localhost") || !strings.Contains(logs.String(), "other.example") {
+				t.Fatalf("the error does not name what is missing and what the new certificate has:\n%s", logs.String())
+			}
+			if got := metricValue(t, reg, "beacon_tls_reloads_total", "refused_names"); got != 1 {
+				t.Fatalf("refused_names = %v, want 1", got)
+			}
+			if got := metricValue(t, reg, "beacon_tls_files_refused", ""); got != 1 {
+				t.Fatalf("beacon_tls_files_refused = %v, want 1", got)
+			}
+			// A fixed certificate (the names, and one more) is taken.
+			if _, err := ca.Issue(base, testcerts.LeafOptions{Server: true, Hosts: []string{"127.0.0.1", "localhost", "new.example"}}); err != nil {
+				t.Fatal(err)
+			}
+			recheck(r, time.Now())
+			if got := serial(t, addr, client); got == first {
+				t.Fatal("the fixed certificate is not served")
+			}
+			if metricValue(t, reg, "beacon_tls_reloads_total", "loaded") != 1 || metricValue(t, reg, "beacon_tls_files_refused", "") != 0 {
+				t.Fatal("the fixed certificate was not counted as loaded")
+			}
+			// With the one in use expired, a certificate without the names
+			// is taken (there is nothing better), with an error.
+			if _, err := ca.Issue(base, testcerts.LeafOptions{Server: true, Hosts: []string{"other.example"}}); err != nil {
+				t.Fatal(err)
+			}
+			recheck(r, time.Now().Add(48*time.Hour))
+			if got := r.Certificate(); got == nil || !slices.Equal(got.Leaf.DNSNames, []string{"other.example"}) {
+				t.Fatal("with the previous certificate expired, the new one was not taken")
+			}
+			if !strings.Contains(logs.String(), "but the previous one is no longer valid: new connections use it") ||
+				metricValue(t, reg, "beacon_tls_reloads_total", "loaded_names_missing") != 1 {
+				t.Fatalf("taking a certificate without the names was not logged and counted:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+func TestListenerNames(t *testing.T) {
+	got := ListenerNames("0.0.0.0:9379", "LOCALHOST", "beacon.example.", "*", "[::1]", "localhost", "")
+	want := []string{"localhost", "beacon.example", "::1"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ListenerNames = %q, want %q", got, want)
+	}
+	if got := ListenerNames("10.0.0.5:443"); !slices.Equal(got, []string{"10.0.0.5"}) {
+		t.Fatalf("ListenerNames of a specific address = %q", got)
+	}
+}
+
+// metricValue reads a counter or gauge of reg by name and, for the
+// reloads counter, outcome.
+func metricValue(t *testing.T, reg *prometheus.Registry, name, outcome string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			ok := outcome == ""
+			for _, l := range m.GetLabel() {
+				ok = ok || l.GetName() == "outcome" && l.GetValue() == outcome
+			}
+			if !ok {
+				continue
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
 }

@@ -54,13 +54,16 @@ type Config struct {
 	// zero; 512-65535.
 	UDPSize int
 	// MaxTCPConns bounds concurrent TCP connections; DefaultMaxTCPConns
-	// when zero.
+	// when zero. At the bound, a new connection takes the place of the
+	// one idle longest (internal/connlimit).
 	MaxTCPConns int
 	// MaxTCPConnsPerClient bounds the TCP connections of one client
-	// address: one past it is closed at once, so that one client holding
-	// connections open (a query every few seconds keeps one) cannot take
-	// all MaxTCPConns from the others. DefaultMaxTCPConnsPerClient when
-	// zero; no bound when negative.
+	// address, so that one client holding connections open (a query every
+	// few seconds keeps one) cannot take all MaxTCPConns from the others.
+	// At the bound a new connection from the address takes the place of
+	// its connection idle longest (silent ones first) rather than being
+	// refused: every process of a host shares its address.
+	// DefaultMaxTCPConnsPerClient when zero; no bound when negative.
 	MaxTCPConnsPerClient int
 	// Logger receives the server's logs; nil discards them.
 	Logger *slog.Logger

@@ -141,10 +141,12 @@ func (s *Server) Register(r grpc.ServiceRegistrar) {
 }
 
 // keepalive settings of Serve's gRPC server: a client that vanished
-// without closing its connection is noticed within about 40 s; clients
-// may ping as often as every 10 s (C-core pings every 5 min).
+// without closing its connection is noticed within about 40 s, and a
+// connection that holds no stream for a minute is closed (a client keeps
+// its ADS stream open); clients may ping as often as every 10 s (C-core
+// pings every 5 min).
 var (
-	serverKeepalive = keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
+	serverKeepalive = keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: time.Minute}
 	keepalivePolicy = keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}
 )
 
@@ -152,6 +154,7 @@ var (
 // ServerOptions apply) until Close, then returns nil.
 func (s *Server) Serve(ln net.Listener) error {
 	opts := append([]grpc.ServerOption{
+		grpc.ConnectionTimeout(10 * time.Second), // the TLS and HTTP/2 handshakes
 		grpc.KeepaliveParams(serverKeepalive),
 		grpc.KeepaliveEnforcementPolicy(keepalivePolicy),
 	}, s.cfg.ServerOptions...)

@@ -1,0 +1,376 @@
+package connlimit
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const testDeadline = 30 * time.Second
+
+// echoServer is a server that does not mark requests: it answers each
+// line with the same line (as a DNS-over-TCP server answers each query).
+func echoServer(t *testing.T, opts Options) string {
+	t.Helper()
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := Listener(raw, opts)
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		_ = ln.Close()
+		wg.Wait()
+	})
+	var mu sync.Mutex
+	var open []net.Conn
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range open {
+			_ = c.Close()
+		}
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			open = append(open, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := io.WriteString(c, line); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return raw.Addr().String()
+}
+
+func dialFrom(t *testing.T, src, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: testDeadline}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// ask sends a line and reads the answer.
+func ask(c net.Conn, line string) error {
+	_ = c.SetDeadline(time.Now().Add(testDeadline))
+	if _, err := io.WriteString(c, line+"\n"); err != nil {
+		return err
+	}
+	got, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if got != line+"\n" {
+		return errors.New("wrong answer " + got)
+	}
+	return nil
+}
+
+// closedByServer waits until the server closed c (a read ends with EOF
+// or a reset), or fails at the deadline.
+func closedByServer(t *testing.T, c net.Conn, what string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(testDeadline))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("%s: read data, want the connection closed", what)
+	} else if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("%s: still open after %v", what, testDeadline)
+	}
+}
+
+// stillOpen checks that the server has not closed c: a question is still
+// answered.
+func stillOpen(t *testing.T, c net.Conn, what string) {
+	t.Helper()
+	if err := ask(c, "still there?"); err != nil {
+		t.Fatalf("%s was closed: %v", what, err)
+	}
+}
+
+// TestSilentConnectionsAreShedForNewOnes: one address at its cap with
+// silent connections (opened, never a request) does not lock out a new
+// connection from it: the oldest silent one is closed to make room, and
+// connections that have been answered stay while a silent one is left.
+func TestSilentConnectionsAreShedForNewOnes(t *testing.T) {
+	addr := echoServer(t, Options{Max: 100, PerAddr: 4})
+	answered := dialFrom(t, "127.0.0.2", addr)
+	if err := ask(answered, "hello"); err != nil {
+		t.Fatal(err)
+	}
+	var silent []net.Conn
+	for range 3 {
+		silent = append(silent, dialFrom(t, "127.0.0.2", addr))
+	}
+	// At the cap (1 answered + 3 silent): a 5th connection is served, the
+	// oldest silent one is closed for it.
+	fresh := dialFrom(t, "127.0.0.2", addr)
+	if err := ask(fresh, "let me in"); err != nil {
+		t.Fatalf("a new connection at its address's cap: %v", err)
+	}
+	closedByServer(t, silent[0], "the oldest silent connection")
+	stillOpen(t, answered, "the answered connection")
+	// And again: the next silent one goes, never the answered ones.
+	if err := ask(dialFrom(t, "127.0.0.2", addr), "me too"); err != nil {
+		t.Fatal(err)
+	}
+	closedByServer(t, silent[1], "the next silent connection")
+	stillOpen(t, answered, "the answered connection")
+	stillOpen(t, fresh, "the newer answered connection")
+	// Another address is not concerned.
+	if err := ask(dialFrom(t, "127.0.0.3", addr), "other"); err != nil {
+		t.Fatal(err)
+	}
+	stillOpen(t, silent[2], "a silent connection of 127.0.0.2 while 127.0.0.3 connects")
+}
+
+// TestNeverShedRefusesInstead: a listener whose connections carry streams
+// it cannot see closes none of them to make room: a connection past an
+// address's cap is closed at once, and those it holds live on.
+func TestNeverShedRefusesInstead(t *testing.T) {
+	addr := echoServer(t, Options{Max: 100, PerAddr: 2, NeverShed: true})
+	held := []net.Conn{dialFrom(t, "127.0.0.2", addr), dialFrom(t, "127.0.0.2", addr)}
+	if err := ask(held[0], "hello"); err != nil {
+		t.Fatal(err)
+	}
+	closedByServer(t, dialFrom(t, "127.0.0.2", addr), "a connection past the address's cap")
+	stillOpen(t, held[0], "an answered connection")
+	stillOpen(t, held[1], "a silent connection")
+	if err := ask(dialFrom(t, "127.0.0.3", addr), "other"); err != nil {
+		t.Fatalf("another address: %v", err)
+	}
+}
+
+// TestIdleLongestIsShedWhenNoneIsSilent: with every connection of an
+// address answered at least once, a new one takes the place of the one
+// idle longest (the last to be answered stays).
+func TestIdleLongestIsShedWhenNoneIsSilent(t *testing.T) {
+	addr := echoServer(t, Options{Max: 100, PerAddr: 3})
+	var cs []net.Conn
+	for range 3 {
+		c := dialFrom(t, "127.0.0.2", addr)
+		if err := ask(c, "hi"); err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	// cs[0] answered again: cs[1] is now the one idle longest.
+	if err := ask(cs[0], "again"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ask(dialFrom(t, "127.0.0.2", addr), "new"); err != nil {
+		t.Fatal(err)
+	}
+	closedByServer(t, cs[1], "the connection idle longest")
+	stillOpen(t, cs[0], "the connection answered last but one")
+}
+
+// A marked server: requests in flight are never closed for a newcomer.
+// At an address's cap with every connection in a request, a new one from
+// it is refused (closed at once); at the listener's cap it waits until a
+// connection closes; and silent connections are shed before either.
+func TestRequestsInFlightAreNeverShed(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	ln := Listener(raw, Options{Max: 3, PerAddr: 2, Marked: true, Log: slog.New(slog.NewTextHandler(logs, nil)), What: "test"})
+	release := make(chan struct{})
+	started := make(chan struct{}, 16)
+	srv := &http.Server{
+		ConnContext:       ConnContext,
+		ReadHeaderTimeout: testDeadline,
+		Handler: Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/hold" {
+				started <- struct{}{}
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+			}
+			_, _ = io.WriteString(w, "ok")
+		})),
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	base := "http://" + raw.Addr().String()
+	client := func(src string) *http.Client {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		return &http.Client{Timeout: testDeadline, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
+	}
+	get := func(src, path string) error {
+		resp, err := client(src).Get(base + path)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	// A silent connection of 127.0.0.2, then two requests in flight from
+	// it: the second takes the silent one's place.
+	silent := dialFrom(t, "127.0.0.2", raw.Addr().String())
+	held := make(chan error, 2)
+	for range 2 {
+		go func() { held <- get("127.0.0.2", "/hold") }()
+		<-started
+	}
+	closedByServer(t, silent, "the silent connection")
+	// Both of its places hold a request: a third connection from it is
+	// refused at once.
+	if err := get("127.0.0.2", "/"); err == nil {
+		t.Fatal("a connection past its address's cap, every place holding a request, was served")
+	} else if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("refused only at the deadline: %v", err)
+	}
+	// The listener's cap: a third request in flight from 127.0.0.3 fills
+	// it; a fourth connection waits until one of them ends.
+	go func() { held <- get("127.0.0.3", "/hold") }()
+	<-started
+	waited := make(chan error, 1)
+	go func() { waited <- get("127.0.0.4", "/") }()
+	logs.waitFor(t, "each with a request in flight: new ones wait")
+	select {
+	case err := <-waited:
+		t.Fatalf("a connection past the listener's cap, every place holding a request, was served (%v)", err)
+	default:
+	}
+	close(release)
+	for range 3 {
+		if err := <-held; err != nil {
+			t.Fatalf("a held request: %v", err)
+		}
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("the waiting connection once places freed: %v", err)
+	}
+}
+
+// TestMarkedIdleKeepAliveOutlivesSilentFlood: a client's keep-alive
+// connection, idle between its requests, is not shed while the same
+// address keeps opening silent connections: the silent ones make room for
+// each other.
+func TestMarkedIdleKeepAliveOutlivesSilentFlood(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := Listener(raw, Options{Max: 100, PerAddr: 8, Marked: true})
+	srv := &http.Server{ConnContext: ConnContext, ReadHeaderTimeout: testDeadline,
+		Handler: Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	var dials sync.Mutex
+	dialed := 0
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Lock()
+		dialed++
+		dials.Unlock()
+		return d.DialContext(ctx, network, addr)
+	}}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Timeout: testDeadline, Transport: tr}
+	for i := range 20 {
+		resp, err := client.Get("http://" + raw.Addr().String() + "/")
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		// Between requests, the same address opens more silent
+		// connections than its cap.
+		for range 10 {
+			dialFrom(t, "127.0.0.2", raw.Addr().String())
+		}
+	}
+	dials.Lock()
+	defer dials.Unlock()
+	if dialed != 1 {
+		t.Fatalf("the client dialed %d times: its idle keep-alive connection was closed for silent ones", dialed)
+	}
+}
+
+func TestOurs(t *testing.T) {
+	c := &conn{}
+	if ours(c) != c || ours(tls.Server(c, &tls.Config{})) != c || ours(nil) != nil || ours(strings.NewReader("")) != nil {
+		t.Fatal("ours does not find the listener's connection")
+	}
+}
+
+// syncBuffer collects log lines; waitFor waits for one (on each write,
+// not on a clock).
+type syncBuffer struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	written chan struct{}
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.written != nil {
+		close(b.written)
+		b.written = nil
+	}
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) waitFor(t *testing.T, sub string) {
+	t.Helper()
+	deadline := time.After(testDeadline)
+	for {
+		b.mu.Lock()
+		if strings.Contains(b.buf.String(), sub) {
+			b.mu.Unlock()
+			return
+		}
+		if b.written == nil {
+			b.written = make(chan struct{})
+		}
+		w := b.written
+		b.mu.Unlock()
+		select {
+		case <-w:
+		case <-deadline:
+			t.Fatalf("no log line %q; logs:\n%s", sub, b.buf.String())
+		}
+	}
+}
