@@ -9,12 +9,9 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/internal/mvcc"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// maxBatch bounds the events of one watch response (a revision is never
-// split).
-const maxBatch = 1000
 
 // maxHold bounds how long a watch holds events to batch them.
 const maxHold = 2 * time.Millisecond
@@ -35,26 +32,17 @@ const maxTracked = 1 << 17
 // prefix are bound to has ended with its marker already gone (so the
 // revision of their deletion is unknown).
 func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) store.WatchChan {
-	ch := make(chan store.WatchResponse, 1)
-	fail := func(err error) store.WatchChan {
-		ch <- store.WatchResponse{Err: err}
-		close(ch)
-		return ch
-	}
-	if err := store.ValidatePrefix(prefix); err != nil {
-		return fail(err)
-	}
-	if fromRevision < 0 {
-		return fail(fmt.Errorf("store: watch from negative revision %d", fromRevision))
+	if err := mvcc.CheckWatch(prefix, fromRevision); err != nil {
+		return mvcc.Failed(err)
 	}
 	if err := s.begin(ctx); err != nil {
-		return fail(err)
+		return mvcc.Failed(err)
 	}
 	// Pin the start now, so that a watch "from now" sees every write made
 	// after Watch returns.
 	msgs, now, err := s.multiLast(ctx, []string{s.metaSubject(), s.compactSubject()}, 0)
 	if err != nil {
-		return fail(err)
+		return mvcc.Failed(err)
 	}
 	var watermark int64 = 1
 	for i := range msgs {
@@ -67,15 +55,16 @@ func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) st
 		from = now + 1
 	}
 	if int64(from) < watermark {
-		return fail(&store.CompactedError{Requested: int64(from), CompactRevision: watermark})
+		return mvcc.Failed(&store.CompactedError{Requested: int64(from), CompactRevision: watermark})
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return fail(store.ErrClosed)
+		return mvcc.Failed(store.ErrClosed)
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
+	ch := make(chan store.WatchResponse, 1)
 	go s.watch(ctx, ch, prefix, from, now)
 	return ch
 }
@@ -256,7 +245,7 @@ func (s *Store) watch(parent context.Context, ch chan<- store.WatchResponse, pre
 		}
 		// Batch while more is pending, but never hold an event long: other
 		// clients' keep-alives may keep something pending all the time.
-		if len(w.pending) > 0 && (!behind || len(w.pending) >= maxBatch || time.Since(pendingSince) > maxHold) {
+		if len(w.pending) > 0 && (!behind || len(w.pending) >= mvcc.MaxBatch || time.Since(pendingSince) > maxHold) {
 			if !send(store.WatchResponse{Events: w.pending}) {
 				return
 			}
