@@ -604,21 +604,10 @@ func (s *Store) rotateLocked(w int64) error {
 func (s *Store) writeFileAtomic(name string, data []byte) error {
 	p := s.path(name)
 	tmp := p + tmpInfix + randHex()
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
+	if err := writeSynced(tmp, data); err != nil {
 		return err
 	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, p)
-	}
-	if err != nil {
+	if err := os.Rename(tmp, p); err != nil {
 		_ = os.Remove(tmp)
 		return err
 	}

@@ -190,6 +190,8 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, erro
 	return lease, err
 }
 
+// writeSynced creates p (which must not exist) holding b, synced to disk;
+// on failure it leaves no file behind.
 func writeSynced(p string, b []byte) error {
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {

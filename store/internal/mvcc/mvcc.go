@@ -89,12 +89,10 @@ func (s *Store) Closed() bool {
 
 // Usable returns ctx's error, or store.ErrClosed after Close, or nil.
 func (s *Store) Usable(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
+	if err := s.lock(ctx); err != nil {
 		return err
 	}
-	if s.Closed() {
-		return store.ErrClosed
-	}
+	s.mu.Unlock()
 	return nil
 }
 

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +25,37 @@ func newStore(t *testing.T, m *model, history int64) *mvcc.Store {
 	s := mvcc.New(mvcc.Options{History: history, LeaseAlive: m.leaseAlive})
 	t.Cleanup(s.Close)
 	return s
+}
+
+// setup returns a Store and its model, with n writes of key done.
+func setup(t *testing.T, history int64, n int, key string) (context.Context, *model, *mvcc.Store) {
+	t.Helper()
+	ctx := context.Background()
+	m := newModel()
+	s := newStore(t, m, history)
+	for range n {
+		both(t, ctx, m, s, op{kind: "put", key: key})
+	}
+	return ctx, m, s
+}
+
+// closes reads w until it closes, failing on an error or the deadline.
+func closes(t *testing.T, w store.WatchChan) {
+	t.Helper()
+	deadline := time.After(wait)
+	for {
+		select {
+		case resp, ok := <-w:
+			if !ok {
+				return
+			}
+			if resp.Err != nil {
+				t.Fatalf("the watch ended with %v", resp.Err)
+			}
+		case <-deadline:
+			t.Fatal("the watch did not close")
+		}
+	}
 }
 
 // change is the Change of a model op.
@@ -180,10 +210,8 @@ func randomOp(r *rand.Rand, m *model) op {
 // outcome, revision and key of a long random run equal the model's, and the
 // log replayed by watches from every revision is the model's history.
 func TestRandomChangesMatchTheModel(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
+	ctx, m, s := setup(t, 0, 0, "")
 	m.alive[1], m.alive[2] = true, true
-	s := newStore(t, m, 0)
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 3000 {
 		both(t, ctx, m, s, randomOp(r, m))
@@ -203,9 +231,7 @@ func TestRandomChangesMatchTheModel(t *testing.T) {
 // TestEveryChangeTakesOneRevision: an applied change raises the revision by
 // exactly one; a refused one, and one that changes nothing, take none.
 func TestEveryChangeTakesOneRevision(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
+	ctx, m, s := setup(t, 0, 0, "")
 	for i, c := range []struct {
 		o    op
 		want int64
@@ -274,9 +300,7 @@ func TestChecks(t *testing.T) {
 }
 
 func TestTxnConflictNamesTheKey(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
+	ctx, m, s := setup(t, 0, 0, "")
 	both(t, ctx, m, s, op{kind: "put", key: "a"})
 	_, err := s.Commit(ctx, mvcc.Txn([]store.Op{
 		{Kind: store.OpPut, Key: "b"},
@@ -376,9 +400,7 @@ func TestGetAbsent(t *testing.T) {
 // TestListIsPrefixAndSnapshot: List returns exactly the keys under the
 // prefix, in order, with the revision of the state it read.
 func TestListIsPrefixAndSnapshot(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
+	ctx, m, s := setup(t, 0, 0, "")
 	for _, k := range []string{"a", "a/1", "a/2", "ab", "b", "a/0"} {
 		both(t, ctx, m, s, op{kind: "put", key: k})
 	}
@@ -394,10 +416,8 @@ func TestListIsPrefixAndSnapshot(t *testing.T) {
 // several revisions while a writer runs, each get exactly the model's
 // events from their start, in order, each revision in one response.
 func TestWatchOrderedExactlyOnce(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
+	ctx, m, s := setup(t, 0, 0, "")
 	m.alive[1], m.alive[2] = true, true
-	s := newStore(t, m, 0)
 	r := rand.New(rand.NewPCG(3, 4))
 	type watch struct {
 		prefix string
@@ -437,9 +457,7 @@ func TestWatchOrderedExactlyOnce(t *testing.T) {
 
 // TestWatchFromZeroStartsAfterTheCurrentRevision.
 func TestWatchFromZeroStartsAfterTheCurrentRevision(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
+	ctx, m, s := setup(t, 0, 0, "")
 	both(t, ctx, m, s, op{kind: "put", key: "k", value: "old"})
 	w := s.Watch(ctx, "", 0)
 	both(t, ctx, m, s, op{kind: "put", key: "k", value: "new"})
@@ -453,9 +471,7 @@ func TestWatchFromZeroStartsAfterTheCurrentRevision(t *testing.T) {
 // delivers exactly the events from it on, also from the next revision
 // (nothing yet, then the next write).
 func TestWatchResumesFromEveryRevision(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
+	ctx, m, s := setup(t, 0, 0, "")
 	for i := range 20 {
 		both(t, ctx, m, s, op{kind: "put", key: fmt.Sprintf("k%d", i%3)})
 	}
@@ -473,12 +489,7 @@ func TestWatchResumesFromEveryRevision(t *testing.T) {
 // *store.CompactedError naming both revisions, then closes; from the
 // watermark it works.
 func TestWatchCompacted(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
-	for range 10 {
-		both(t, ctx, m, s, op{kind: "put", key: "k"})
-	}
+	ctx, m, s := setup(t, 0, 10, "k")
 	if err := s.Compact(ctx, 7); err != nil {
 		t.Fatal(err)
 	}
@@ -504,12 +515,7 @@ func TestWatchCompacted(t *testing.T) {
 // TestCompactRefusesBadRevisions: the future is an error that is not a
 // compaction; the watermark or below is a *store.CompactedError.
 func TestCompactRefusesBadRevisions(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
-	for range 5 {
-		both(t, ctx, m, s, op{kind: "put", key: "k"})
-	}
+	ctx, m, s := setup(t, 0, 5, "k")
 	if err := s.Compact(ctx, m.rev+1); err == nil || errors.Is(err, store.ErrCompacted) {
 		t.Fatalf("Compact past the current revision: %v", err)
 	}
@@ -533,9 +539,7 @@ func TestCompactRefusesBadRevisions(t *testing.T) {
 // TestHistoryWindow: with a window of H revisions, each commit compacts
 // what falls out of it, and only that.
 func TestHistoryWindow(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 10)
+	ctx, m, s := setup(t, 10, 0, "")
 	for i := range 30 {
 		both(t, ctx, m, s, op{kind: "put", key: "k"})
 		if c, cur := s.Revisions(); c != max(1, cur-9) {
@@ -554,9 +558,7 @@ func TestHistoryWindow(t *testing.T) {
 // TestSlowWatcherNeverBlocksTheWriter: a watcher nobody reads holds up no
 // write, and once read it delivers every event, in order.
 func TestSlowWatcherNeverBlocksTheWriter(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
+	ctx, _, s := setup(t, 0, 0, "")
 	slow := s.Watch(ctx, "", 1)
 	const n = 5000
 	done := make(chan error, 1)
@@ -589,9 +591,7 @@ func TestSlowWatcherNeverBlocksTheWriter(t *testing.T) {
 // window gets what it had, in order, then a *store.CompactedError asking
 // for the next revision it needed.
 func TestSlowWatcherBehindTheWindowEnds(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 10)
+	ctx, m, s := setup(t, 10, 0, "")
 	slow := s.Watch(ctx, "", 1)
 	for range 3 * mvcc.MaxBatch {
 		both(t, ctx, m, s, op{kind: "put", key: "k"})
@@ -627,9 +627,7 @@ func TestSlowWatcherBehindTheWindowEnds(t *testing.T) {
 // TestBatchesNeverSplitARevision: a backlog goes out MaxBatch events at a
 // time; a revision larger than that goes out whole, in one response.
 func TestBatchesNeverSplitARevision(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
+	ctx, m, s := setup(t, 0, 0, "")
 	for i := range mvcc.MaxBatch + 10 {
 		both(t, ctx, m, s, op{kind: "put", key: fmt.Sprintf("k%d", i)})
 	}
@@ -652,10 +650,8 @@ func TestBatchesNeverSplitARevision(t *testing.T) {
 // key bound to it, sorted, at one revision delivered in one response, and
 // no other key; a lease without keys takes no revision.
 func TestEndLeaseDeletesAllKeysAtOneRevision(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
+	ctx, m, s := setup(t, 0, 0, "")
 	m.alive[1], m.alive[2] = true, true
-	s := newStore(t, m, 0)
 	for _, k := range []string{"c", "a", "b"} {
 		both(t, ctx, m, s, op{kind: "put", key: k, lease: 1})
 	}
@@ -685,10 +681,8 @@ func TestEndLeaseDeletesAllKeysAtOneRevision(t *testing.T) {
 // its last write only; a delete, a put without a lease or with another
 // lease, a transaction and a snapshot all keep the lease → keys map right.
 func TestLeaseBookkeepingFollowsEveryWrite(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
+	ctx, m, s := setup(t, 0, 0, "")
 	m.alive[1], m.alive[2] = true, true
-	s := newStore(t, m, 0)
 	leases := func() map[store.LeaseID]bool {
 		got := map[store.LeaseID]bool{}
 		s.ForEachLease(func(id store.LeaseID) { got[id] = true })
@@ -729,9 +723,7 @@ func TestLeaseBookkeepingFollowsEveryWrite(t *testing.T) {
 // TestPrepareThenApply: Prepare changes nothing; Apply of its batch does
 // what Commit does; a batch with no events names the current revision.
 func TestPrepareThenApply(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
+	ctx, m, s := setup(t, 0, 0, "")
 	both(t, ctx, m, s, op{kind: "put", key: "a"})
 	w := s.Watch(ctx, "", m.rev+1)
 	b, err := s.Prepare(mvcc.Put("b", []byte("v"), nil))
@@ -791,12 +783,7 @@ func TestApplyReplaysHistoryAndRefusesGaps(t *testing.T) {
 // TestInstallReplacesEverything: keys, revision, watermark and history go;
 // a watcher behind the new watermark ends; one at it goes on.
 func TestInstallReplacesEverything(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
-	for range 5 {
-		both(t, ctx, m, s, op{kind: "put", key: "old"})
-	}
+	ctx, m, s := setup(t, 0, 5, "old")
 	behind := s.Watch(ctx, "", m.rev+1)
 	s.Install(20, 21, []store.KeyValue{{Key: "new", Value: []byte("v"), CreateRevision: 19, ModRevision: 20}})
 	resp := <-behind
@@ -819,12 +806,7 @@ func TestInstallReplacesEverything(t *testing.T) {
 
 // TestCompactToOnlyRaisesUpToTheNextRevision.
 func TestCompactToOnlyRaisesUpToTheNextRevision(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
-	for range 5 {
-		both(t, ctx, m, s, op{kind: "put", key: "k"})
-	}
+	ctx, m, s := setup(t, 0, 5, "k")
 	for _, c := range []struct{ to, want int64 }{{3, 3}, {2, 3}, {100, m.rev + 1}, {m.rev, m.rev + 1}} {
 		s.CompactTo(c.to)
 		if got, _ := s.Revisions(); got != c.want {
@@ -838,29 +820,14 @@ func TestCompactToOnlyRaisesUpToTheNextRevision(t *testing.T) {
 // TestWatchPrefixAndCancel: a watch sees only its prefix; cancelling its
 // context closes its channel without an error.
 func TestWatchPrefixAndCancel(t *testing.T) {
-	ctx := context.Background()
-	m := newModel()
-	s := newStore(t, m, 0)
+	ctx, m, s := setup(t, 0, 0, "")
 	wctx, cancel := context.WithCancel(ctx)
 	w := s.Watch(wctx, "p/", 0)
 	both(t, ctx, m, s, op{kind: "put", key: "q/1"})
 	both(t, ctx, m, s, op{kind: "put", key: "p"})
 	quiet(t, ctx, m, s, w, "p/")
 	cancel()
-	deadline := time.After(wait)
-	for {
-		select {
-		case resp, ok := <-w:
-			if !ok {
-				return
-			}
-			if resp.Err != nil {
-				t.Fatalf("cancel delivered %v", resp.Err)
-			}
-		case <-deadline:
-			t.Fatal("cancel did not close the watch")
-		}
-	}
+	closes(t, w)
 }
 
 func TestWatchInvalidArguments(t *testing.T) {
@@ -897,21 +864,11 @@ func TestCloseEndsEverything(t *testing.T) {
 	for i := range 5 {
 		ws = append(ws, s.Watch(ctx, "", int64(i)))
 	}
-	var wg sync.WaitGroup
+	s.Close()
+	s.Close()
 	for _, w := range ws {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for resp := range w {
-				if resp.Err != nil {
-					t.Errorf("Close delivered %v", resp.Err)
-				}
-			}
-		}()
+		closes(t, w)
 	}
-	s.Close()
-	s.Close()
-	wg.Wait()
 	select {
 	case <-s.Done():
 	default:
