@@ -70,3 +70,60 @@ func TestCommitKeepsNoValues(t *testing.T) {
 		t.Fatalf("the buffer keeps a capacity of %d", c)
 	}
 }
+
+// TestReplayKeepsNothingBelowTheWatermark: replaying revisions the state
+// already holds adds to the log only those a watch may still ask for.
+func TestReplayKeepsNothingBelowTheWatermark(t *testing.T) {
+	s := New(Options{})
+	defer s.Close()
+	s.Install(5, 3, nil)
+	for rev := int64(1); rev <= 5; rev++ {
+		if err := s.Apply(rev, []store.Event{{Type: store.EventDelete, KV: store.KeyValue{Key: "k", ModRevision: rev}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(s.log) != 3 || s.log[0].KV.ModRevision != 3 {
+		t.Fatalf("log after replay: %+v", s.log)
+	}
+}
+
+// TestRewriteOnTheSameLeaseAllocatesNoMore: rewriting a key bound to a
+// lease, to the same lease, does not rebuild the lease's key set (a
+// registration's heartbeat does that at every write).
+func TestRewriteOnTheSameLeaseAllocatesNoMore(t *testing.T) {
+	allocs := func(lease store.LeaseID) float64 {
+		s := New(Options{})
+		defer s.Close()
+		opts := []store.WriteOption{store.WithLease(lease)}
+		return testing.AllocsPerRun(200, func() {
+			_, _ = s.Commit(context.Background(), Put("k", []byte("v"), opts))
+		})
+	}
+	if leased, plain := allocs(7), allocs(store.NoLease); leased > plain {
+		t.Fatalf("a rewrite on the same lease allocates %v times, one without a lease %v", leased, plain)
+	}
+}
+
+// TestEveryStateChangeWakesTheWatchers: a commit, an Apply and an Install
+// close the channel waiting watchers block on.
+func TestEveryStateChangeWakesTheWatchers(t *testing.T) {
+	s := New(Options{})
+	defer s.Close()
+	for name, change := range map[string]func(){
+		"commit": func() { fill(t, s, 1) },
+		"apply": func() {
+			_ = s.Apply(s.rev+1, []store.Event{{Type: store.EventDelete, KV: store.KeyValue{Key: "k", ModRevision: s.rev + 1}}})
+		},
+		"install": func() { s.Install(s.rev+1, s.rev+1, nil) },
+	} {
+		s.mu.Lock()
+		ch := s.changed
+		s.mu.Unlock()
+		change()
+		select {
+		case <-ch:
+		default:
+			t.Errorf("%s did not wake the watchers", name)
+		}
+	}
+}

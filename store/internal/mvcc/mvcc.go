@@ -52,7 +52,7 @@ type Store struct {
 // New returns an empty Store at revision 1.
 func New(opts Options) *Store {
 	return &Store{
-		history:    max(opts.History, 0),
+		history:    opts.History,
 		leaseAlive: opts.LeaseAlive,
 		rev:        1,
 		compact:    1,

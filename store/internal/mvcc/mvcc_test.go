@@ -136,6 +136,9 @@ func responses(t *testing.T, w store.WatchChan, n int) [][]store.Event {
 			if !ok || resp.Err != nil {
 				t.Fatalf("watch ended after %d of %d events: %v", got, n, resp.Err)
 			}
+			if len(resp.Events) == 0 {
+				t.Fatalf("a response with neither events nor an error, after %d events", got)
+			}
 			out = append(out, resp.Events)
 			got += len(resp.Events)
 		case <-deadline:
@@ -390,6 +393,9 @@ func TestGetAbsent(t *testing.T) {
 	s := mvcc.New(mvcc.Options{})
 	defer s.Close()
 	if _, err := s.Get(context.Background(), "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(context.Background(), ""); !errors.Is(err, store.ErrInvalidKey) {
 		t.Fatal(err)
 	}
 	if _, _, err := s.List(context.Background(), "\xff"); !errors.Is(err, store.ErrInvalidKey) {
@@ -784,8 +790,13 @@ func TestApplyReplaysHistoryAndRefusesGaps(t *testing.T) {
 // a watcher behind the new watermark ends; one at it goes on.
 func TestInstallReplacesEverything(t *testing.T) {
 	ctx, m, s := setup(t, 0, 5, "old")
+	m.alive[1] = true
+	both(t, ctx, m, s, op{kind: "put", key: "leased", lease: 1})
 	behind := s.Watch(ctx, "", m.rev+1)
 	s.Install(20, 21, []store.KeyValue{{Key: "new", Value: []byte("v"), CreateRevision: 19, ModRevision: 20}})
+	if s.HasKeys(1) {
+		t.Fatal("a key of the old state is still bound to its lease")
+	}
 	resp := <-behind
 	var ce *store.CompactedError
 	if !errors.As(resp.Err, &ce) || ce.Requested != m.rev+1 || ce.CompactRevision != 21 {
@@ -801,6 +812,15 @@ func TestInstallReplacesEverything(t *testing.T) {
 	}
 	if evs := flatten(responses(t, at, 1)); evs[0].Revision() != 21 || evs[0].KV.CreateRevision != 19 {
 		t.Fatalf("after Install: %+v", evs)
+	}
+	// The old history is gone, even below the new state's revision.
+	s.Install(30, 1, nil)
+	from1 := s.Watch(ctx, "", 1)
+	if _, err := s.Commit(ctx, mvcc.Put("marker", nil, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if evs := flatten(responses(t, from1, 1)); evs[0].Revision() != 31 {
+		t.Fatalf("a watch from 1 after Install: %+v", evs)
 	}
 }
 
@@ -843,7 +863,7 @@ func TestWatchInvalidArguments(t *testing.T) {
 		"negative from": {"", -1, nil},
 	} {
 		resp, ok := <-s.Watch(ctx, c.prefix, c.from)
-		if !ok || resp.Err == nil || (c.want != nil && !errors.Is(resp.Err, c.want)) {
+		if !ok || resp.Err == nil || (c.want != nil && !errors.Is(resp.Err, c.want)) || errors.Is(resp.Err, store.ErrCompacted) {
 			t.Errorf("%s: %+v", name, resp)
 		}
 	}
