@@ -29,7 +29,10 @@
 // grows, polls every PollInterval when notifications are unavailable, and
 // also catches up before every read, so a read sees every write acknowledged
 // before it began. Watches are served from the in-memory history, so they
-// resume from any revision in the window, in any process.
+// resume from any revision in the window, in any process. That state, its
+// history and the watches are the MVCC core the memory store also runs on
+// (store/internal/mvcc); this package adds the log, snapshots, lease files
+// and the locking between processes.
 //
 // Leases are files. KeepAlive touches the file (under the lock); any process
 // that finds a lease past its deadline ends it: under the lock it deletes all

@@ -1,7 +1,6 @@
 package file
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -14,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,8 +20,8 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/internal/mvcc"
 	"github.com/fsnotify/fsnotify"
-	"github.com/google/btree"
 )
 
 // Sentinel errors of this package.
@@ -50,13 +48,15 @@ const (
 	tmpInfix     = ".tmp-"
 )
 
-// maxBatch bounds the events of one watch response (a revision is never
-// split).
-const maxBatch = 1000
-
 // Store is a store.Store kept in a directory and shared by the processes of
-// one host. Create it with Open; Close it to release its files and
-// goroutines.
+// one host. Its in-memory state (keys, revisions, the history window,
+// watches, the keys of each lease) is the MVCC core (store/internal/mvcc),
+// fed from the log; the store adds the log, snapshots, lease files and the
+// locking between processes. Create it with Open; Close it to release its
+// files and goroutines.
+//
+// Lock order: wmu, the lock file's flock, tmu, a lease file's flock, the
+// core's lock, lmu.
 type Store struct {
 	cfg    Config
 	dir    string
@@ -65,25 +65,19 @@ type Store struct {
 	lockf *os.File   // flock target: every change holds LOCK_EX on it
 	wmu   sync.Mutex // this process's writers (flock is per open file)
 
-	tmu      sync.Mutex // the log reader: seg, segFirst, segOff
+	tmu      sync.Mutex // the log reader: seg, segFirst, segOff; every change to core
 	seg      *os.File
 	segFirst int64
 	segOff   int64
 
-	mu        sync.Mutex
-	rev       int64
-	compact   int64
-	data      *btree.BTreeG[*store.KeyValue]
-	leaseKeys map[store.LeaseID]map[string]struct{}
+	core *mvcc.Store
+
+	lmu       sync.Mutex // guards leaseTTLs and leaseDeadlines
 	leaseTTLs map[store.LeaseID]time.Duration
 	// leaseDeadlines are the deadlines last read from the lease files
 	// (a deadline only moves forward: see expireDue).
 	leaseDeadlines map[store.LeaseID]time.Time
-	events         []store.Event // every event with revision >= compact
-	changed        chan struct{} // closed and replaced when the state changes
-	closed         bool
 
-	done      chan struct{}
 	kick      chan struct{} // wakes the background loop to reap
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -114,16 +108,12 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		cfg:            cfg,
 		dir:            dir,
 		logger:         cfg.Logger.With("store", "file", "dir", dir),
-		rev:            1,
-		compact:        1,
-		data:           btree.NewG(32, func(a, b *store.KeyValue) bool { return a.Key < b.Key }),
-		leaseKeys:      make(map[store.LeaseID]map[string]struct{}),
 		leaseTTLs:      make(map[store.LeaseID]time.Duration),
 		leaseDeadlines: make(map[store.LeaseID]time.Time),
-		changed:        make(chan struct{}),
-		done:           make(chan struct{}),
 		kick:           make(chan struct{}, 1),
 	}
+	// The history window is kept by the log's compaction records.
+	s.core = mvcc.New(mvcc.Options{LeaseAlive: s.leaseAlive})
 	if err := s.open(ctx); err != nil {
 		s.closeFiles()
 		return nil, err
@@ -292,7 +282,7 @@ func (s *Store) load() error {
 		if err != nil {
 			return fmt.Errorf("%w: %s: %v; move the directory away and restore it from a backup", ErrCorrupt, s.path(snapshotName), err)
 		}
-		s.installSnapshot(snap)
+		s.core.Install(snap.rev, max(snap.compact, 1), snap.kvs)
 	case !errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("file: cannot read %s: %w", s.path(snapshotName), err)
 	}
@@ -300,32 +290,18 @@ func (s *Store) load() error {
 	if err != nil {
 		return err
 	}
+	_, rev := s.core.Revisions()
 	if len(firsts) == 0 {
-		return s.createSegment(s.rev + 1)
+		return s.createSegment(rev + 1)
 	}
-	if firsts[0] > s.rev+1 {
-		return fmt.Errorf("%w: the log starts at revision %d but the state is at revision %d", ErrCorrupt, firsts[0], s.rev)
+	if firsts[0] > rev+1 {
+		return fmt.Errorf("%w: the log starts at revision %d but the state is at revision %d", ErrCorrupt, firsts[0], rev)
 	}
-	if firsts[0] > s.compact {
-		s.compact = firsts[0]
-	}
+	s.core.CompactTo(firsts[0]) // the events below it are gone
 	if err := s.openSegment(firsts[0]); err != nil {
 		return err
 	}
 	return s.catchUp(true)
-}
-
-func (s *Store) installSnapshot(snap snapshot) {
-	s.data.Clear(false)
-	clear(s.leaseKeys)
-	for i := range snap.kvs {
-		kv := snap.kvs[i]
-		s.data.ReplaceOrInsert(&kv)
-		s.bindLocked(kv.Key, kv.Lease)
-	}
-	s.rev = snap.rev
-	s.compact = max(snap.compact, 1)
-	s.events = nil
 }
 
 func (s *Store) openSegment(first int64) error {
@@ -414,10 +390,7 @@ func (s *Store) catchUp(locked bool) error {
 			continue
 		}
 		s.segOff += int64(size)
-		s.mu.Lock()
-		err = s.applyLocked(rec)
-		s.mu.Unlock()
-		if err != nil {
+		if err := s.apply(rec); err != nil {
 			return err
 		}
 	}
@@ -451,11 +424,7 @@ func (s *Store) nextSegment(first int64, locked bool) (bool, error) {
 	if err := s.openSegment(snap.rev + 1); err != nil {
 		return false, nil
 	}
-	s.mu.Lock()
-	s.installSnapshot(snap)
-	s.compact = snap.rev + 1 // the events in between are gone
-	s.notifyLocked()
-	s.mu.Unlock()
+	s.core.Install(snap.rev, snap.rev+1, snap.kvs) // the events in between are gone
 	s.logger.Warn("the log was compacted past this process's position; reloaded the snapshot", "revision", snap.rev)
 	return true, nil
 }
@@ -493,108 +462,23 @@ func (s *Store) tornTail(locked bool, cause error) error {
 	return nil
 }
 
-// applyLocked applies one record to the in-memory state.
-func (s *Store) applyLocked(rec record) error {
+// apply applies one log record to the in-memory state. The caller holds
+// tmu (or is single-threaded in Open).
+func (s *Store) apply(rec record) error {
 	switch rec.kind {
 	case recCompact:
-		if w := min(rec.rev, s.rev+1); w > s.compact {
-			s.compactLocked(w)
-		}
-		return nil
+		s.core.CompactTo(rec.rev)
 	case recCommit:
-	default:
-		return nil
-	}
-	if rec.rev <= s.rev {
-		// Already part of the snapshot's state: history only.
-		if rec.rev >= s.compact {
-			s.events = append(s.events, rec.events...)
+		if err := s.core.Apply(rec.rev, rec.events); err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrCorrupt, s.seg.Name(), err)
 		}
-		return nil
 	}
-	if rec.rev != s.rev+1 {
-		return fmt.Errorf("%w: %s: revision %d follows revision %d", ErrCorrupt, s.seg.Name(), rec.rev, s.rev)
-	}
-	s.rev = rec.rev
-	for _, e := range rec.events {
-		old, _ := s.data.Get(&store.KeyValue{Key: e.KV.Key})
-		if old != nil {
-			s.unbindLocked(old.Key, old.Lease)
-		}
-		if e.Type == store.EventDelete {
-			s.data.Delete(&store.KeyValue{Key: e.KV.Key})
-			continue
-		}
-		kv := e.KV
-		s.data.ReplaceOrInsert(&kv)
-		s.bindLocked(kv.Key, kv.Lease)
-	}
-	s.events = append(s.events, rec.events...)
-	s.notifyLocked()
 	return nil
-}
-
-func (s *Store) bindLocked(key string, id store.LeaseID) {
-	if id == store.NoLease {
-		return
-	}
-	m := s.leaseKeys[id]
-	if m == nil {
-		m = make(map[string]struct{})
-		s.leaseKeys[id] = m
-	}
-	m[key] = struct{}{}
-}
-
-func (s *Store) unbindLocked(key string, id store.LeaseID) {
-	if m := s.leaseKeys[id]; m != nil {
-		delete(m, key)
-		if len(m) == 0 {
-			delete(s.leaseKeys, id)
-		}
-	}
-}
-
-func (s *Store) notifyLocked() {
-	if s.closed {
-		return
-	}
-	close(s.changed)
-	s.changed = make(chan struct{})
-}
-
-func (s *Store) compactLocked(rev int64) {
-	s.compact = rev
-	i := sort.Search(len(s.events), func(i int) bool { return s.events[i].KV.ModRevision >= rev })
-	if i >= len(s.events)/2 {
-		s.events = slices.Clone(s.events[i:])
-	} else {
-		s.events = s.events[i:]
-	}
 }
 
 // flock takes the store's exclusive file lock, polling so that ctx can
 // cancel the wait.
-func (s *Store) flock(ctx context.Context) error {
-	delay := 20 * time.Microsecond
-	for {
-		err := syscall.Flock(int(s.lockf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			return fmt.Errorf("file: cannot lock %s: %w", s.lockf.Name(), err)
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		delay = min(2*delay, 5*time.Millisecond)
-	}
-}
+func (s *Store) flock(ctx context.Context) error { return flockFile(ctx, s.lockf) }
 
 func (s *Store) funlock() { _ = syscall.Flock(int(s.lockf.Fd()), syscall.LOCK_UN) }
 
@@ -606,7 +490,7 @@ func (s *Store) locked(ctx context.Context, fn func() error) error {
 	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	if s.isClosed() {
+	if s.core.Closed() {
 		return store.ErrClosed
 	}
 	if err := s.flock(ctx); err != nil {
@@ -637,55 +521,57 @@ func (s *Store) appendLocked(rec record) error {
 		return fmt.Errorf("file: cannot sync %s: %w", s.seg.Name(), err)
 	}
 	s.segOff += int64(len(b))
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.applyLocked(rec)
+	return s.apply(rec)
 }
 
-// commit runs check against the caught-up state under the write lock; if
-// it returns events, they are written as the next revision.
-func (s *Store) commit(ctx context.Context, check func(next int64) ([]store.Event, error)) (int64, error) {
+// commit writes c as the next revision, if it changes anything, under the
+// write lock, and returns that revision (or the current one).
+func (s *Store) commit(ctx context.Context, c mvcc.Change) (int64, error) {
+	if err := c.Err(); err != nil {
+		return 0, err
+	}
 	var rev int64
 	err := s.locked(ctx, func() error {
-		s.mu.Lock()
-		next := s.rev + 1
-		events, err := check(next)
-		s.mu.Unlock()
-		if err != nil || len(events) == 0 {
+		var changed bool
+		var err error
+		if rev, changed, err = s.commitLocked(c); err != nil || !changed {
 			return err
 		}
-		if err := s.appendLocked(record{kind: recCommit, rev: next, events: events}); err != nil {
-			return err
-		}
-		rev = next
 		return s.maybeCompactLocked()
 	})
 	return rev, err
 }
 
+// commitLocked checks c against the caught-up state and, if it changes
+// anything, appends its events to the log as the next revision and applies
+// them. The caller holds the write lock.
+func (s *Store) commitLocked(c mvcc.Change) (rev int64, changed bool, err error) {
+	b, err := s.core.Prepare(c)
+	if err != nil || len(b.Events) == 0 {
+		return b.Rev, false, err
+	}
+	if err := s.appendLocked(record{kind: recCommit, rev: b.Rev, events: b.Events}); err != nil {
+		return 0, false, err
+	}
+	return b.Rev, true, nil
+}
+
 // maybeCompactLocked truncates the log when it holds twice the history.
 func (s *Store) maybeCompactLocked() error {
-	s.mu.Lock()
-	due := s.rev-s.compact >= 2*int64(s.cfg.History)
-	w := s.rev - int64(s.cfg.History) + 1
-	s.mu.Unlock()
-	if !due {
+	compact, rev := s.core.Revisions()
+	if rev-compact < 2*int64(s.cfg.History) {
 		return nil
 	}
-	return s.rotateLocked(w)
+	return s.rotateLocked(rev - int64(s.cfg.History) + 1)
 }
 
 // rotateLocked compacts to watermark w: it writes a snapshot of the current
 // state, starts a new log segment, and deletes the segments whose events
 // are all below w. The caller holds the write lock.
 func (s *Store) rotateLocked(w int64) error {
-	s.mu.Lock()
-	snap := snapshot{rev: s.rev, compact: max(w, s.compact)}
-	s.data.Ascend(func(kv *store.KeyValue) bool {
-		snap.kvs = append(snap.kvs, *kv)
-		return true
-	})
-	s.mu.Unlock()
+	var snap snapshot
+	snap.rev, snap.compact, snap.kvs = s.core.Snapshot()
+	snap.compact = max(w, snap.compact)
 	if err := s.writeFileAtomic(snapshotName, encodeSnapshot(snap)); err != nil {
 		return fmt.Errorf("file: cannot write snapshot: %w", err)
 	}
@@ -718,21 +604,10 @@ func (s *Store) rotateLocked(w int64) error {
 func (s *Store) writeFileAtomic(name string, data []byte) error {
 	p := s.path(name)
 	tmp := p + tmpInfix + randHex()
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
+	if err := writeSynced(tmp, data); err != nil {
 		return err
 	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, p)
-	}
-	if err != nil {
+	if err := os.Rename(tmp, p); err != nil {
 		_ = os.Remove(tmp)
 		return err
 	}
@@ -760,15 +635,12 @@ func randHex() string {
 // sync applies other processes' writes before a read, so that a read
 // sees every write acknowledged before it started.
 func (s *Store) sync(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
+	if err := s.core.Usable(ctx); err != nil {
 		return err
-	}
-	if s.isClosed() {
-		return store.ErrClosed
 	}
 	s.tmu.Lock()
 	defer s.tmu.Unlock()
-	if s.isClosed() {
+	if s.core.Closed() {
 		return store.ErrClosed
 	}
 	return s.catchUp(false)
@@ -783,12 +655,6 @@ func (s *Store) read(ctx context.Context) error {
 	return s.expireDue(ctx)
 }
 
-func (s *Store) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
 // Get implements store.Reader.
 func (s *Store) Get(ctx context.Context, key string) (store.KeyValue, error) {
 	if err := store.ValidateKey(key); err != nil {
@@ -797,13 +663,7 @@ func (s *Store) Get(ctx context.Context, key string) (store.KeyValue, error) {
 	if err := s.read(ctx); err != nil {
 		return store.KeyValue{}, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	kv, ok := s.data.Get(&store.KeyValue{Key: key})
-	if !ok {
-		return store.KeyValue{}, fmt.Errorf("%w: %q", store.ErrNotFound, key)
-	}
-	return cloneKV(kv), nil
+	return s.core.Get(ctx, key)
 }
 
 // List implements store.Reader.
@@ -814,100 +674,33 @@ func (s *Store) List(ctx context.Context, prefix string) ([]store.KeyValue, int6
 	if err := s.read(ctx); err != nil {
 		return nil, 0, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []store.KeyValue
-	s.data.AscendGreaterOrEqual(&store.KeyValue{Key: prefix}, func(kv *store.KeyValue) bool {
-		if !strings.HasPrefix(kv.Key, prefix) {
-			return false
-		}
-		out = append(out, cloneKV(kv))
-		return true
-	})
-	return out, s.rev, nil
+	return s.core.List(ctx, prefix)
 }
 
 // Create implements store.Writer.
 func (s *Store) Create(ctx context.Context, key string, value []byte, opts ...store.WriteOption) (int64, error) {
-	return s.write(ctx, key, value, store.ApplyWriteOptions(opts), func(old *store.KeyValue) error {
-		if old != nil {
-			return fmt.Errorf("%w: %q (created at revision %d)", store.ErrKeyExists, key, old.CreateRevision)
-		}
-		return nil
-	})
+	return s.commit(ctx, mvcc.Create(key, value, opts))
 }
 
 // Put implements store.Writer.
 func (s *Store) Put(ctx context.Context, key string, value []byte, opts ...store.WriteOption) (int64, error) {
-	return s.write(ctx, key, value, store.ApplyWriteOptions(opts), func(*store.KeyValue) error { return nil })
+	return s.commit(ctx, mvcc.Put(key, value, opts))
 }
 
 // Update implements store.Writer.
 func (s *Store) Update(ctx context.Context, key string, value []byte, modRevision int64, opts ...store.WriteOption) (int64, error) {
-	return s.write(ctx, key, value, store.ApplyWriteOptions(opts), func(old *store.KeyValue) error {
-		return checkModRevision(key, old, modRevision)
-	})
-}
-
-func checkModRevision(key string, old *store.KeyValue, want int64) error {
-	if old == nil {
-		return fmt.Errorf("%w: %q", store.ErrNotFound, key)
-	}
-	if old.ModRevision != want {
-		return fmt.Errorf("%w: %q was written at revision %d, not %d", store.ErrConflict, key, old.ModRevision, want)
-	}
-	return nil
-}
-
-func (s *Store) write(ctx context.Context, key string, value []byte, o store.WriteOptions, check func(*store.KeyValue) error) (int64, error) {
-	if err := store.ValidateWrite(key, value); err != nil {
-		return 0, err
-	}
-	if value == nil {
-		value = []byte{}
-	}
-	return s.commit(ctx, func(next int64) ([]store.Event, error) {
-		old, _ := s.data.Get(&store.KeyValue{Key: key})
-		if err := check(old); err != nil {
-			return nil, err
-		}
-		if o.KeepLease {
-			if old == nil {
-				return nil, fmt.Errorf("%w: %q (keeping its lease needs the key)", store.ErrNotFound, key)
-			}
-			o.Lease = old.Lease
-		}
-		if o.Lease != store.NoLease {
-			if err := s.leaseAliveLocked(o.Lease); err != nil {
-				return nil, err
-			}
-		}
-		kv := store.KeyValue{Key: key, Value: bytes.Clone(value), CreateRevision: next, ModRevision: next, Lease: o.Lease}
-		if old != nil {
-			kv.CreateRevision = old.CreateRevision
-		}
-		return []store.Event{{Type: store.EventPut, KV: kv}}, nil
-	})
+	return s.commit(ctx, mvcc.Update(key, value, modRevision, opts))
 }
 
 // Delete implements store.Writer.
 func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOption) (int64, error) {
-	if err := store.ValidateKey(key); err != nil {
-		return 0, err
-	}
-	o := store.ApplyDeleteOptions(opts)
-	return s.commit(ctx, func(next int64) ([]store.Event, error) {
-		old, ok := s.data.Get(&store.KeyValue{Key: key})
-		if !ok {
-			return nil, fmt.Errorf("%w: %q", store.ErrNotFound, key)
-		}
-		if o.IfModRevision != 0 {
-			if err := checkModRevision(key, old, o.IfModRevision); err != nil {
-				return nil, err
-			}
-		}
-		return []store.Event{{Type: store.EventDelete, KV: store.KeyValue{Key: key, ModRevision: next}}}, nil
-	})
+	return s.commit(ctx, mvcc.Delete(key, opts))
+}
+
+// Txn implements store.Transactor: every precondition is checked and every
+// op applied at one revision, under the lock, in one log record.
+func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
+	return s.commit(ctx, mvcc.Txn(ops))
 }
 
 // Compact implements store.Compactor: watches (in every process) from
@@ -915,37 +708,19 @@ func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOpti
 // segments holding only older revisions are deleted.
 func (s *Store) Compact(ctx context.Context, rev int64) error {
 	return s.locked(ctx, func() error {
-		s.mu.Lock()
-		cur, compact := s.rev, s.compact
-		s.mu.Unlock()
-		switch {
-		case rev > cur:
-			return fmt.Errorf("store: cannot compact to revision %d: the current revision is %d", rev, cur)
-		case rev <= compact:
-			return &store.CompactedError{Requested: rev, CompactRevision: compact}
+		if err := s.core.CheckCompact(rev); err != nil {
+			return err
 		}
 		return s.rotateLocked(rev)
 	})
-}
-
-func cloneKV(kv *store.KeyValue) store.KeyValue {
-	c := *kv
-	if kv.Value != nil {
-		c.Value = bytes.Clone(kv.Value)
-	}
-	return c
 }
 
 // Close stops the store's goroutines, ends its watches and closes its
 // files. It is idempotent; later calls fail with store.ErrClosed. Data
 // stays in the directory, and leases stay until they expire.
 func (s *Store) Close() error {
+	s.core.Close()
 	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		close(s.done)
-		close(s.changed)
-		s.mu.Unlock()
 		if s.notifier != nil {
 			_ = s.notifier.Close()
 		}
@@ -988,13 +763,13 @@ func (s *Store) background() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		<-s.done
+		<-s.core.Done()
 		cancel()
 	}()
 	s.reapExpired(ctx)
 	for {
 		select {
-		case <-s.done:
+		case <-s.core.Done():
 			return
 		case err, ok := <-errs:
 			if ok {
@@ -1018,63 +793,4 @@ func (s *Store) background() {
 			s.logger.Warn("cannot follow the log", "err", err)
 		}
 	}
-}
-
-// Txn implements store.Transactor: every precondition is checked and every
-// op applied at one revision, under the lock, in one log record.
-func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
-	if err := store.ValidateOps(ops); err != nil {
-		return 0, err
-	}
-	var rev int64
-	err := s.locked(ctx, func() error {
-		s.mu.Lock()
-		next := s.rev + 1
-		var events []store.Event
-		for _, op := range ops {
-			old, exists := s.data.Get(&store.KeyValue{Key: op.Key})
-			switch {
-			case op.IfAbsent && exists:
-				s.mu.Unlock()
-				return &store.ConflictError{Key: op.Key, Err: store.ErrKeyExists}
-			case op.IfModRevision != 0 && !exists:
-				s.mu.Unlock()
-				return &store.ConflictError{Key: op.Key, Err: store.ErrNotFound}
-			case op.IfModRevision != 0 && old.ModRevision != op.IfModRevision:
-				s.mu.Unlock()
-				return &store.ConflictError{Key: op.Key, Err: store.ErrConflict}
-			}
-			switch {
-			case op.Kind == store.OpPut:
-				if op.Lease != store.NoLease {
-					if err := s.leaseAliveLocked(op.Lease); err != nil {
-						s.mu.Unlock()
-						return fmt.Errorf("%w (for %q)", err, op.Key)
-					}
-				}
-				kv := store.KeyValue{Key: op.Key, Value: bytes.Clone(op.Value), CreateRevision: next, ModRevision: next, Lease: op.Lease}
-				if kv.Value == nil {
-					kv.Value = []byte{}
-				}
-				if exists {
-					kv.CreateRevision = old.CreateRevision
-				}
-				events = append(events, store.Event{Type: store.EventPut, KV: kv})
-			case exists: // a delete of an absent key is a no-op
-				events = append(events, store.Event{Type: store.EventDelete, KV: store.KeyValue{Key: op.Key, ModRevision: next}})
-			}
-		}
-		cur := s.rev
-		s.mu.Unlock()
-		if len(events) == 0 {
-			rev = cur
-			return nil
-		}
-		if err := s.appendLocked(record{kind: recCommit, rev: next, events: events}); err != nil {
-			return err
-		}
-		rev = next
-		return s.maybeCompactLocked()
-	})
-	return rev, err
 }

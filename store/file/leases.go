@@ -9,13 +9,13 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/internal/mvcc"
 )
 
 // Leases are files in leases/, named by the lease ID in hex and holding the
@@ -45,9 +45,9 @@ func (s *Store) leaseState(id store.LeaseID) (exists, expired bool, ttl time.Dur
 	if err != nil {
 		return false, false, 0, fmt.Errorf("file: cannot read lease %x: %w", id, err)
 	}
-	s.mu.Lock()
+	s.lmu.Lock()
 	ttl, ok := s.leaseTTLs[id]
-	s.mu.Unlock()
+	s.lmu.Unlock()
 	if !ok {
 		b, err := os.ReadFile(s.leasePath(id))
 		if errors.Is(err, fs.ErrNotExist) {
@@ -60,14 +60,14 @@ func (s *Store) leaseState(id store.LeaseID) (exists, expired bool, ttl time.Dur
 			s.logger.Warn("lease file is damaged; ending the lease", "lease", fmt.Sprintf("%x", id), "err", err)
 			return true, true, 0, nil
 		}
-		s.mu.Lock()
+		s.lmu.Lock()
 		s.leaseTTLs[id] = ttl
-		s.mu.Unlock()
+		s.lmu.Unlock()
 	}
 	deadline := fi.ModTime().Add(ttl)
-	s.mu.Lock()
+	s.lmu.Lock()
 	s.leaseDeadlines[id] = deadline
-	s.mu.Unlock()
+	s.lmu.Unlock()
 	return true, time.Now().After(deadline), ttl, nil
 }
 
@@ -79,14 +79,15 @@ func (s *Store) leaseState(id store.LeaseID) (exists, expired bool, ttl time.Dur
 // one has really expired.
 func (s *Store) expireDue(ctx context.Context) error {
 	now := time.Now()
-	s.mu.Lock()
 	var check []store.LeaseID
-	for id := range s.leaseKeys {
-		if d, ok := s.leaseDeadlines[id]; !ok || !now.Before(d) {
+	s.core.ForEachLease(func(id store.LeaseID) {
+		s.lmu.Lock()
+		d, ok := s.leaseDeadlines[id]
+		s.lmu.Unlock()
+		if !ok || !now.Before(d) {
 			check = append(check, id)
 		}
-	}
-	s.mu.Unlock()
+	})
 	var due []store.LeaseID
 	for _, id := range check {
 		exists, expired, _, err := s.leaseState(id)
@@ -113,9 +114,7 @@ func (s *Store) endIfExpired(ctx context.Context, id store.LeaseID) error {
 		if err != nil || (exists && !expired) {
 			return err // renewed meanwhile
 		}
-		s.mu.Lock()
-		orphan := !exists && len(s.leaseKeys[id]) > 0
-		s.mu.Unlock()
+		orphan := !exists && s.core.HasKeys(id)
 		if !exists && !orphan {
 			return nil // ended by another process meanwhile
 		}
@@ -123,12 +122,11 @@ func (s *Store) endIfExpired(ctx context.Context, id store.LeaseID) error {
 	})
 }
 
-// leaseAliveLocked checks a lease a write binds a key to. Called with the
-// write lock and s.mu held.
-func (s *Store) leaseAliveLocked(id store.LeaseID) error {
-	s.mu.Unlock()
+// leaseAlive is the core's check of a lease a write binds a key to: the
+// write holds the write lock, so no process can end the lease before the
+// write is in the log. It runs under the core's lock.
+func (s *Store) leaseAlive(id store.LeaseID) error {
 	exists, expired, _, err := s.leaseState(id)
-	s.mu.Lock()
 	switch {
 	case err != nil:
 		return err
@@ -181,9 +179,9 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, erro
 			if err := syncDir(s.path(leaseDir)); err != nil {
 				return err
 			}
-			s.mu.Lock()
+			s.lmu.Lock()
 			s.leaseTTLs[id] = ttl
-			s.mu.Unlock()
+			s.lmu.Unlock()
 			lease = store.Lease{ID: id, TTL: ttl}
 			return nil
 		}
@@ -192,6 +190,8 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, erro
 	return lease, err
 }
 
+// writeSynced creates p (which must not exist) holding b, synced to disk;
+// on failure it leaves no file behind.
 func writeSynced(p string, b []byte) error {
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
@@ -214,11 +214,8 @@ func writeSynced(p string, b []byte) error {
 // lock (writers may hold it through an fsync), only a lock on the lease
 // file, which a reaper also takes before ending the lease.
 func (s *Store) KeepAlive(ctx context.Context, id store.LeaseID) (time.Duration, error) {
-	if err := ctx.Err(); err != nil {
+	if err := s.core.Usable(ctx); err != nil {
 		return 0, err
-	}
-	if s.isClosed() {
-		return 0, store.ErrClosed
 	}
 	f, err := os.Open(s.leasePath(id))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -310,30 +307,16 @@ func (s *Store) endLeaseLocked(id store.LeaseID, onlyIfExpired bool) error {
 			}
 		}
 	}
-	s.mu.Lock()
-	keys := make([]string, 0, len(s.leaseKeys[id]))
-	for k := range s.leaseKeys[id] {
-		keys = append(keys, k)
-	}
-	next := s.rev + 1
-	s.mu.Unlock()
-	if len(keys) > 0 {
-		slices.Sort(keys)
-		events := make([]store.Event, len(keys))
-		for i, k := range keys {
-			events[i] = store.Event{Type: store.EventDelete, KV: store.KeyValue{Key: k, ModRevision: next}}
-		}
-		if err := s.appendLocked(record{kind: recCommit, rev: next, events: events}); err != nil {
-			return err
-		}
+	if _, _, err := s.commitLocked(mvcc.EndLease(id)); err != nil {
+		return err
 	}
 	if err := os.Remove(s.leasePath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("file: cannot remove lease %x: %w", id, err)
 	}
-	s.mu.Lock()
+	s.lmu.Lock()
 	delete(s.leaseTTLs, id)
 	delete(s.leaseDeadlines, id)
-	s.mu.Unlock()
+	s.lmu.Unlock()
 	if err := syncDir(s.path(leaseDir)); err != nil {
 		return err
 	}
@@ -366,13 +349,11 @@ func (s *Store) reapExpired(ctx context.Context) {
 			due = append(due, id)
 		}
 	}
-	s.mu.Lock()
-	for id := range s.leaseKeys {
+	s.core.ForEachLease(func(id store.LeaseID) {
 		if !present[id] {
 			due = append(due, id) // orphaned keys
 		}
-	}
-	s.mu.Unlock()
+	})
 	for _, id := range due {
 		err := s.endIfExpired(ctx, id)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, store.ErrClosed) {

@@ -14,9 +14,12 @@
 //
 // # Guarantees and limits
 //
-//   - One mutex orders every operation, so every read sees every write
-//     acknowledged before it began, and each write takes the next revision
-//     (the first write is revision 2, as in etcd).
+//   - Keys, revisions, history and watches are the MVCC core shared with
+//     store/file (store/internal/mvcc). One mutex orders every read and
+//     write, so every read sees every write acknowledged before it began,
+//     and each write takes the next revision (the first write is revision
+//     2, as in etcd). Leases are the memory store's own: a table and an
+//     expiry heap under a second mutex, taken after the core's.
 //   - Leases expire on a timer at their deadline (the TTL exactly as asked,
 //     no rounding); a lease's keys are deleted in one revision.
 //   - The compaction window: the store keeps the events of the last

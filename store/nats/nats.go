@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/internal/mvcc"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
@@ -552,60 +553,38 @@ func backoff(ctx context.Context, attempt int) error {
 
 // Create implements store.Writer.
 func (s *Store) Create(ctx context.Context, key string, value []byte, opts ...store.WriteOption) (int64, error) {
-	return s.write(ctx, key, value, store.ApplyWriteOptions(opts), func(old *store.KeyValue) error {
-		if old != nil {
-			return fmt.Errorf("%w: %q (created at revision %d)", store.ErrKeyExists, key, old.CreateRevision)
-		}
-		return nil
-	})
+	return s.write(ctx, mvcc.Create(key, value, opts))
 }
 
 // Put implements store.Writer.
 func (s *Store) Put(ctx context.Context, key string, value []byte, opts ...store.WriteOption) (int64, error) {
-	return s.write(ctx, key, value, store.ApplyWriteOptions(opts), func(*store.KeyValue) error { return nil })
+	return s.write(ctx, mvcc.Put(key, value, opts))
 }
 
 // Update implements store.Writer.
 func (s *Store) Update(ctx context.Context, key string, value []byte, modRevision int64, opts ...store.WriteOption) (int64, error) {
-	return s.write(ctx, key, value, store.ApplyWriteOptions(opts), func(old *store.KeyValue) error {
-		return checkModRevision(key, old, modRevision)
-	})
-}
-
-func checkModRevision(key string, old *store.KeyValue, want int64) error {
-	if old == nil {
-		return fmt.Errorf("%w: %q", store.ErrNotFound, key)
-	}
-	if old.ModRevision != want {
-		return fmt.Errorf("%w: %q was written at revision %d, not %d", store.ErrConflict, key, old.ModRevision, want)
-	}
-	return nil
+	return s.write(ctx, mvcc.Update(key, value, modRevision, opts))
 }
 
 // write reads the key (and the leases involved), checks the precondition,
 // and writes with a compare-and-swap on the key's last message and on every
 // lease involved; a conflict means something changed, and it starts over.
-func (s *Store) write(ctx context.Context, key string, value []byte, o store.WriteOptions, check func(*store.KeyValue) error) (int64, error) {
-	if err := store.ValidateWrite(key, value); err != nil {
+func (s *Store) write(ctx context.Context, c mvcc.Change) (int64, error) {
+	if err := c.Err(); err != nil {
 		return 0, err
 	}
 	if err := s.begin(ctx); err != nil {
 		return 0, err
 	}
+	key := c.Key()
 	for attempt := 0; ; attempt++ {
 		st, err := s.readKey(ctx, key)
 		if err != nil {
 			return 0, err
 		}
-		if err := check(st.kv); err != nil {
+		lease, err := c.Check(st.kv)
+		if err != nil {
 			return 0, err
-		}
-		lease := o.Lease
-		if o.KeepLease {
-			if st.kv == nil {
-				return 0, fmt.Errorf("%w: %q (keeping its lease needs the key)", store.ErrNotFound, key)
-			}
-			lease = st.kv.Lease
 		}
 		var touches []*nats.Msg
 		if lease != store.NoLease {
@@ -619,7 +598,7 @@ func (s *Store) write(ctx context.Context, key string, value []byte, o store.Wri
 			touches = append(touches, s.touch(lease, l))
 		}
 		m := nats.NewMsg(s.keySubject(key))
-		m.Data = value
+		m.Data = c.Value()
 		m.Header.Set(hdrExpSubj, strconv.FormatUint(st.seq, 10))
 		m.Header.Set(hdrPrev, strconv.FormatUint(st.seq, 10))
 		if st.kv != nil {
@@ -645,10 +624,10 @@ func (s *Store) write(ctx context.Context, key string, value []byte, o store.Wri
 
 // Delete implements store.Writer.
 func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOption) (int64, error) {
-	if err := store.ValidateKey(key); err != nil {
+	c := mvcc.Delete(key, opts)
+	if err := c.Err(); err != nil {
 		return 0, err
 	}
-	o := store.ApplyDeleteOptions(opts)
 	if err := s.begin(ctx); err != nil {
 		return 0, err
 	}
@@ -657,13 +636,8 @@ func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOpti
 		if err != nil {
 			return 0, err
 		}
-		if st.kv == nil {
-			return 0, fmt.Errorf("%w: %q", store.ErrNotFound, key)
-		}
-		if o.IfModRevision != 0 {
-			if err := checkModRevision(key, st.kv, o.IfModRevision); err != nil {
-				return 0, err
-			}
+		if _, err := c.Check(st.kv); err != nil {
+			return 0, err
 		}
 		var touches []*nats.Msg
 		if st.kv.Lease != store.NoLease {
@@ -997,14 +971,8 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 			if states[i], err = s.readKey(ctx, op.Key); err != nil {
 				return 0, err
 			}
-			st := states[i]
-			switch {
-			case op.IfAbsent && st.kv != nil:
-				return 0, &store.ConflictError{Key: op.Key, Err: store.ErrKeyExists}
-			case op.IfModRevision != 0 && st.kv == nil:
-				return 0, &store.ConflictError{Key: op.Key, Err: store.ErrNotFound}
-			case op.IfModRevision != 0 && st.kv.ModRevision != op.IfModRevision:
-				return 0, &store.ConflictError{Key: op.Key, Err: store.ErrConflict}
+			if err := mvcc.CheckOp(op, states[i].kv); err != nil {
+				return 0, err
 			}
 		}
 		var touches, writes []*nats.Msg

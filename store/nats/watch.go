@@ -9,12 +9,9 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/internal/mvcc"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// maxBatch bounds the events of one watch response (a revision is never
-// split).
-const maxBatch = 1000
 
 // maxHold bounds how long a watch holds events to batch them.
 const maxHold = 2 * time.Millisecond
@@ -35,26 +32,17 @@ const maxTracked = 1 << 17
 // prefix are bound to has ended with its marker already gone (so the
 // revision of their deletion is unknown).
 func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) store.WatchChan {
-	ch := make(chan store.WatchResponse, 1)
-	fail := func(err error) store.WatchChan {
-		ch <- store.WatchResponse{Err: err}
-		close(ch)
-		return ch
-	}
-	if err := store.ValidatePrefix(prefix); err != nil {
-		return fail(err)
-	}
-	if fromRevision < 0 {
-		return fail(fmt.Errorf("store: watch from negative revision %d", fromRevision))
+	if err := mvcc.CheckWatch(prefix, fromRevision); err != nil {
+		return mvcc.Failed(err)
 	}
 	if err := s.begin(ctx); err != nil {
-		return fail(err)
+		return mvcc.Failed(err)
 	}
 	// Pin the start now, so that a watch "from now" sees every write made
 	// after Watch returns.
 	msgs, now, err := s.multiLast(ctx, []string{s.metaSubject(), s.compactSubject()}, 0)
 	if err != nil {
-		return fail(err)
+		return mvcc.Failed(err)
 	}
 	var watermark int64 = 1
 	for i := range msgs {
@@ -67,15 +55,16 @@ func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) st
 		from = now + 1
 	}
 	if int64(from) < watermark {
-		return fail(&store.CompactedError{Requested: int64(from), CompactRevision: watermark})
+		return mvcc.Failed(&store.CompactedError{Requested: int64(from), CompactRevision: watermark})
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return fail(store.ErrClosed)
+		return mvcc.Failed(store.ErrClosed)
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
+	ch := make(chan store.WatchResponse, 1)
 	go s.watch(ctx, ch, prefix, from, now)
 	return ch
 }
@@ -92,48 +81,23 @@ type watcher struct {
 	live    map[string]bool   // key → whether this watch has it existing
 	pruned  uint64            // last keys of deleted keys below this were dropped
 	pending []store.Event
+
+	// caughtUp is when the watch last had nothing pending. Lease-end
+	// markers written since then live for the marker TTL, so the watch must
+	// not fall further behind than the retention window.
+	caughtUp     time.Time
+	behind       bool      // the consumer has more messages pending
+	pendingSince time.Time // when the oldest pending event was read
+	skipUntil    uint64    // the last message of a transaction read ahead
+	backfilled   bool      // only the first message can start inside one
 }
 
 func (s *Store) watch(parent context.Context, ch chan<- store.WatchResponse, prefix string, from, now uint64) {
 	defer s.wg.Done()
 	defer close(ch)
-	ctx := parent
-	ctx, cancel := context.WithCancelCause(ctx)
+	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
-	go func() {
-		// End the watch on Close, and when the connection has been down
-		// longer than the request timeout: a watch never goes silent.
-		tick := time.NewTicker(s.cfg.RequestTimeout / 4)
-		defer tick.Stop()
-		var down time.Time
-		for {
-			select {
-			case <-s.done:
-				cancel(store.ErrClosed)
-				return
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				switch {
-				case s.nc.IsConnected():
-					down = time.Time{}
-				case down.IsZero():
-					down = time.Now()
-				case time.Since(down) > s.cfg.RequestTimeout:
-					cancel(fmt.Errorf("%w: nats: watch: disconnected from the server for %v", store.ErrUnavailable, time.Since(down).Round(time.Millisecond)))
-					return
-				}
-			}
-		}
-	}()
-	send := func(resp store.WatchResponse) bool {
-		select {
-		case ch <- resp:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
+	go s.endSilentWatch(ctx, cancel)
 	defer func() {
 		// Lost connection: the last response says so (not on cancel or
 		// Close, which just close the channel).
@@ -145,33 +109,78 @@ func (s *Store) watch(parent context.Context, ch chan<- store.WatchResponse, pre
 			}
 		}
 	}()
+	send := func(resp store.WatchResponse) bool {
+		select {
+		case ch <- resp:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	fail := func(err error) {
+		if err != nil && ctx.Err() == nil {
+			send(store.WatchResponse{Err: err})
+		}
+	}
 	filter, exact := prefixFilter(prefix)
 	w := &watcher{s: s, prefix: prefix, filter: s.pre + "k." + filter, exact: exact, from: from, last: map[string]uint64{}, live: map[string]bool{}}
 	if err := w.checkRetention(ctx, now); err != nil {
-		if ctx.Err() == nil {
-			send(store.WatchResponse{Err: err})
-		}
+		fail(err)
 		return
 	}
+	it, stop, err := s.consume(ctx, w.filter, from)
+	if err != nil {
+		fail(err)
+		return
+	}
+	defer stop()
+	fail(w.follow(ctx, it, send))
+}
+
+// endSilentWatch ends the watch on Close, and when the connection has been
+// down longer than the request timeout: a watch never goes silent. It
+// returns when ctx ends.
+func (s *Store) endSilentWatch(ctx context.Context, cancel context.CancelCauseFunc) {
+	tick := time.NewTicker(s.cfg.RequestTimeout / 4)
+	defer tick.Stop()
+	var down time.Time
+	for {
+		select {
+		case <-s.done:
+			cancel(store.ErrClosed)
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			switch {
+			case s.nc.IsConnected():
+				down = time.Time{}
+			case down.IsZero():
+				down = time.Now()
+			case time.Since(down) > s.cfg.RequestTimeout:
+				cancel(fmt.Errorf("%w: nats: watch: disconnected from the server for %v", store.ErrUnavailable, time.Since(down).Round(time.Millisecond)))
+				return
+			}
+		}
+	}
+}
+
+// consume opens an ordered consumer of the key subjects of filter and of
+// the lease subjects, from stream sequence from. stop ends it and deletes
+// it on the server.
+func (s *Store) consume(ctx context.Context, filter string, from uint64) (it jetstream.MessagesContext, stop func(), err error) {
 	cons, err := s.js.OrderedConsumer(ctx, s.stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{w.filter, s.pre + "l.>"},
+		FilterSubjects: []string{filter, s.pre + "l.>"},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    from,
 	})
 	if err != nil {
-		if ctx.Err() == nil {
-			send(store.WatchResponse{Err: s.unavailable("watch", err)})
-		}
-		return
+		return nil, nil, s.unavailable("watch", err)
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		if ctx.Err() == nil {
-			send(store.WatchResponse{Err: s.unavailable("watch", err)})
-		}
-		return
+	if it, err = cons.Messages(); err != nil {
+		return nil, nil, s.unavailable("watch", err)
 	}
-	defer func() {
+	return it, func() {
 		it.Stop()
 		// Delete the server's consumer now rather than when it times out.
 		if info := cons.CachedInfo(); info != nil {
@@ -179,90 +188,96 @@ func (s *Store) watch(parent context.Context, ch chan<- store.WatchResponse, pre
 			_ = s.js.DeleteConsumer(dctx, s.stream, info.Name)
 			dcancel()
 		}
-	}()
-	// caughtUp is when the watch last had nothing pending. Lease-end
-	// markers written since then live for the marker TTL, so the watch must
-	// not fall further behind than the retention window.
-	caughtUp := time.Now()
-	var behind bool
-	var pendingSince time.Time
-	var skipUntil uint64 // the last message of a transaction read ahead
-	backfilled := false  // only the first message can start inside one
+	}, nil
+}
+
+// follow turns the consumer's messages into responses until ctx ends
+// (nil) or something fails (the error, the watch's last response).
+func (w *watcher) follow(ctx context.Context, it jetstream.MessagesContext, send func(store.WatchResponse) bool) error {
+	w.caughtUp = time.Now()
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return
+				return nil
 			}
-			send(store.WatchResponse{Err: s.unavailable("watch", err)})
-			return
+			return w.s.unavailable("watch", err)
 		}
-		meta, err := msg.Metadata()
+		flush, err := w.step(ctx, msg)
 		if err != nil {
-			send(store.WatchResponse{Err: fmt.Errorf("nats: watch: %w", err)})
-			return
+			return err
 		}
-		if behind && time.Since(caughtUp) > s.retention() {
-			// Lease-end markers may have expired before this watch got to
-			// them: make sure none that matters did.
-			if err := w.verifyLeases(ctx, meta.Sequence.Stream); err != nil {
-				if ctx.Err() == nil {
-					send(store.WatchResponse{Err: err})
-				}
-				return
+		if !flush {
+			continue
+		}
+		if !send(store.WatchResponse{Events: w.pending}) {
+			return nil
+		}
+		w.pending, w.pendingSince = nil, time.Time{}
+	}
+}
+
+// step handles one message of the consumer and reports whether the
+// pending events are to go out now.
+func (w *watcher) step(ctx context.Context, msg jetstream.Msg) (bool, error) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return false, fmt.Errorf("nats: watch: %w", err)
+	}
+	if w.behind && time.Since(w.caughtUp) > w.s.retention() {
+		// Lease-end markers may have expired before this watch got to
+		// them: make sure none that matters did.
+		if err := w.verifyLeases(ctx, meta.Sequence.Stream); err != nil {
+			return false, err
+		}
+		w.caughtUp = time.Now()
+	}
+	m := rawMsg{subject: msg.Subject(), seq: meta.Sequence.Stream, time: meta.Timestamp, header: msg.Headers(), data: msg.Data()}
+	if err := w.take(ctx, &m); err != nil {
+		return false, err
+	}
+	w.behind = meta.NumPending > 0
+	if !w.behind {
+		w.caughtUp = time.Now()
+	}
+	if len(w.pending) > 0 && w.pendingSince.IsZero() {
+		w.pendingSince = time.Now()
+	}
+	// Batch while more is pending, but never hold an event long: other
+	// clients' keep-alives may keep something pending all the time.
+	return len(w.pending) > 0 && (!w.behind || len(w.pending) >= mvcc.MaxBatch || time.Since(w.pendingSince) > maxHold), nil
+}
+
+// take handles message m with the rest of its transaction, and for the
+// watch's first message the part of its transaction before the start.
+func (w *watcher) take(ctx context.Context, m *rawMsg) error {
+	i, n := batchPos(m)
+	if m.seq <= w.skipUntil {
+		i, n = 0, 0 // read already, with the rest of its transaction
+	}
+	if n > 1 && !w.backfilled {
+		if first := m.seq - uint64(i-1); first < w.from {
+			// The watch starts inside a transaction: read its earlier
+			// messages too.
+			if err := w.readRange(ctx, first, w.from-1); err != nil {
+				return err
 			}
-			caughtUp = time.Now()
-		}
-		m := rawMsg{subject: msg.Subject(), seq: meta.Sequence.Stream, time: meta.Timestamp, header: msg.Headers(), data: msg.Data()}
-		i, n := batchPos(&m)
-		if m.seq <= skipUntil {
-			i, n = 0, 0 // read already, with the rest of its transaction
-		}
-		if n > 1 && !backfilled {
-			if first := m.seq - uint64(i-1); first < w.from {
-				// The watch starts inside a transaction: read its
-				// earlier messages too.
-				if err := w.readRange(ctx, first, w.from-1); err != nil {
-					if ctx.Err() == nil {
-						send(store.WatchResponse{Err: err})
-					}
-					return
-				}
-			}
-		}
-		backfilled = true
-		if m.seq > skipUntil {
-			err = w.handle(ctx, &m)
-		}
-		if err == nil && i < n {
-			// A transaction is one revision and goes out in one response:
-			// read the rest of it now (a direct get waits until the whole
-			// batch is stored).
-			skipUntil = m.seq + uint64(n-i)
-			err = w.readRange(ctx, m.seq+1, skipUntil)
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				send(store.WatchResponse{Err: err})
-			}
-			return
-		}
-		behind = meta.NumPending > 0
-		if !behind {
-			caughtUp = time.Now()
-		}
-		if len(w.pending) > 0 && pendingSince.IsZero() {
-			pendingSince = time.Now()
-		}
-		// Batch while more is pending, but never hold an event long: other
-		// clients' keep-alives may keep something pending all the time.
-		if len(w.pending) > 0 && (!behind || len(w.pending) >= maxBatch || time.Since(pendingSince) > maxHold) {
-			if !send(store.WatchResponse{Events: w.pending}) {
-				return
-			}
-			w.pending, pendingSince = nil, time.Time{}
 		}
 	}
+	w.backfilled = true
+	if m.seq > w.skipUntil {
+		if err := w.handle(ctx, m); err != nil {
+			return err
+		}
+	}
+	if i < n {
+		// A transaction is one revision and goes out in one response: read
+		// the rest of it now (a direct get waits until the whole batch is
+		// stored).
+		w.skipUntil = m.seq + uint64(n-i)
+		return w.readRange(ctx, m.seq+1, w.skipUntil)
+	}
+	return nil
 }
 
 // readRange handles the messages from..to (inclusive) of a transaction,
