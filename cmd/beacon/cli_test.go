@@ -122,16 +122,45 @@ func TestEnvironmentErrorsNameTheVariable(t *testing.T) {
 		{args: []string{"ls", "--backend", "kubernetes"}, env: []string{"BEACON_KUBE_NAMESPACES=Bad_NS"}, want: `BEACON_KUBE_NAMESPACES="Bad_NS"`},
 		{args: []string{"ls", "--backend", "kubernetes", "--kubeconfig", "/no/such/kubeconfig"}, want: `--kubeconfig "/no/such/kubeconfig": no such file`},
 		{args: []string{"serve", "--backend", "kubernetes"}, env: []string{"KUBECONFIG=/no/such/kubeconfig"}, want: `KUBECONFIG="/no/such/kubeconfig": no such file`},
-		// Dynamo's selector: a value Beacon does not read is bad usage, and
-		// serve honours it as the client commands do.
-		{args: []string{"ls"}, env: []string{"DYN_DISCOVERY_BACKEND=nats"}, want: `DYN_DISCOVERY_BACKEND="nats"`},
+		// Dynamo's selector: a value Dynamo does not accept either is bad
+		// usage listing the accepted ones, and serve honours it as the
+		// client commands do.
+		{args: []string{"ls"}, env: []string{"DYN_DISCOVERY_BACKEND=nats"}, want: `DYN_DISCOVERY_BACKEND="nats": unknown; use kubernetes, etcd, kv_store (etcd), file or mem (memory)`},
 		{args: []string{"serve"}, env: []string{"DYN_DISCOVERY_BACKEND=nats"}, want: `DYN_DISCOVERY_BACKEND="nats"`},
+		{args: []string{"ls"}, env: []string{"DYN_DISCOVERY_BACKEND=file"}, want: `DYN_DISCOVERY_BACKEND=file selects Beacon's file store, whose directory format is not Dynamo's`},
 		{args: []string{"serve"}, env: []string{"DYN_DISCOVERY_BACKEND=kubernetes", "KUBECONFIG=/no/such/kubeconfig"}, want: `KUBECONFIG="/no/such/kubeconfig"`},
 	})
 	// A backend flag overrides Dynamo's selector, whatever its value.
 	b := startBeacon(t, t.TempDir(), []string{"DYN_DISCOVERY_BACKEND=nats"}, "ls", "--backend", "memory")
 	if err := b.wait(t, 30*time.Second); err != nil {
 		t.Fatalf("ls --backend memory with DYN_DISCOVERY_BACKEND=nats: %v\n%s", err, b.errOut())
+	}
+}
+
+// TestDynamoBackendValues: every DYN_DISCOVERY_BACKEND value NVIDIA Dynamo
+// accepts selects Beacon's backend of that kind — kv_store (what Dynamo's
+// older releases and docs say for etcd) exited 2, refused, and so did mem
+// and file. (kubernetes: TestKubernetesBackend.)
+func TestDynamoBackendValues(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	dir := t.TempDir()
+	st, err := filestore.Open(context.Background(), filestore.Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range [][]string{
+		{"DYN_DISCOVERY_BACKEND=kv_store", "ETCD_ENDPOINTS=" + strings.Join(srv.Endpoints(), ",")},
+		{"DYN_DISCOVERY_BACKEND=etcd", "ETCD_ENDPOINTS=" + strings.Join(srv.Endpoints(), ",")},
+		{"DYN_DISCOVERY_BACKEND=mem"},
+		{"DYN_DISCOVERY_BACKEND=file", "BEACON_FILE_DIR=" + dir},
+	} {
+		b := startBeacon(t, t.TempDir(), tc, "ls", "-o", "json")
+		if err := b.wait(t, 30*time.Second); err != nil || !strings.Contains(b.out(), `"instances": []`) {
+			t.Errorf("ls with %v: %v\n%s%s", tc, err, b.out(), b.errOut())
+		}
 	}
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/store/backend"
@@ -38,7 +37,9 @@ docs/kubernetes.md and --kubeconfig, --kube-namespaces.
 It stops gracefully on SIGINT or SIGTERM.
 
 Environment (flags win): BEACON_DISCOVERY_BACKEND (else Dynamo's
-DYN_DISCOVERY_BACKEND=kubernetes|etcd), ETCD_AUTH_USERNAME,
+DYN_DISCOVERY_BACKEND=kubernetes|etcd|kv_store|file|mem, kv_store meaning etcd
+and mem memory; Beacon's backends, keys and file format, not Dynamo's:
+docs/store.md), ETCD_AUTH_USERNAME,
 ETCD_AUTH_PASSWORD, ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY,
 BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 		Args: cobra.NoArgs,
@@ -53,17 +54,9 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				return usagef("--etcd-log-level %q: must be debug, info, warn or error", etcdLogLevel)
 			}
 			cfg.EtcdLogLevel = &lvl
-			be := lookup(cmd.Flags(), "backend", backend.EnvVar)
-			if be.env == "" && !cmd.Flags().Changed("backend") {
-				// Neither the flag nor BEACON_DISCOVERY_BACKEND: Dynamo's
-				// DYN_DISCOVERY_BACKEND, as for the client commands.
-				env := backend.FromEnv()
-				if err := env.SelectorError(); err != nil {
-					return usage(err)
-				}
-				if v := os.Getenv(backend.DynamoEnvVar); v != "" {
-					be = setting{flag: "backend", env: backend.DynamoEnvVar, val: env.BackendName()}
-				}
+			be, err := backendSetting(cmd.Flags())
+			if err != nil {
+				return err
 			}
 			if err := backend.CheckName(be.val); err != nil {
 				return usagef("%v: %v", be, err)
