@@ -7,12 +7,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := notifySignals(context.Background(), os.Stderr) // signals.go
 	err := execute(ctx, rootCmd, os.Args[1:]) // cli.go
 	stop()
 	if err != nil {

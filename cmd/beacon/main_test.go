@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -59,6 +60,7 @@ type child struct {
 	stdout bytes.Buffer
 	lines  chan string
 	stderr bytes.Buffer
+	wrote  chan struct{} // a token after each write to stderr
 	done   chan struct{}
 	err    error
 }
@@ -84,8 +86,8 @@ func startBeaconIn(t *testing.T, dir string, env []string, stdin io.Reader, args
 		t.Fatal(err)
 	}
 	cmd.Env = append(append(os.Environ(), beaconMainEnv+"="+string(encoded)), env...)
-	b := &child{cmd: cmd, lines: make(chan string, 100), done: make(chan struct{})}
-	cmd.Stderr = &lockedWriter{mu: &b.mu, w: &b.stderr}
+	b := &child{cmd: cmd, lines: make(chan string, 100), wrote: make(chan struct{}, 1), done: make(chan struct{})}
+	cmd.Stderr = &lockedWriter{mu: &b.mu, w: &b.stderr, wrote: b.wrote}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -161,14 +163,22 @@ func (b *child) out() string    { b.mu.Lock(); defer b.mu.Unlock(); return b.std
 func (b *child) errOut() string { b.mu.Lock(); defer b.mu.Unlock(); return b.stderr.String() }
 
 type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
+	mu    *sync.Mutex
+	w     io.Writer
+	wrote chan struct{} // if not nil, gets a token after each write
 }
 
 func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(p)
+	n, err := l.w.Write(p)
+	if l.wrote != nil {
+		select {
+		case l.wrote <- struct{}{}:
+		default:
+		}
+	}
+	return n, err
 }
 
 func freeURL(t *testing.T) string {
@@ -207,6 +217,64 @@ func TestServeStartsAndStopsOnSIGTERM(t *testing.T) {
 		t.Fatalf("no shutdown message:\n%s", b.out())
 	}
 	checkQuietLog(t, b.errOut())
+}
+
+// TestServeSecondSignalCutsShutdownShort: the first SIGTERM starts a
+// graceful shutdown that waits (here up to an hour) for a request in
+// flight; a second signal ends it at once, and serve exits 0.
+func TestServeSecondSignalCutsShutdownShort(t *testing.T) {
+	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
+	addr := strings.TrimPrefix(httpURL, "http://")
+	b := startBeacon(t, t.TempDir(), nil, "serve", "--listen-client-urls", client, "--listen-peer-urls", peer,
+		"--http-addr", addr, "--data-dir", "data", "--dns-addr=", "--shutdown-timeout", "1h", "--http-request-timeout", "1h")
+	b.waitLine(t, "beacon serve is ready", 60*time.Second)
+	// A request whose body never comes: in flight until it does.
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "POST /v1/tokens HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"); err != nil {
+		t.Fatal(err)
+	}
+	// The server has it once a second request on another connection is
+	// answered after it (requests are served concurrently).
+	resp, err := http.Get(httpURL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitStderr(t, b, "a second SIGINT or SIGTERM cuts it short", 30*time.Second)
+	if err := b.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.wait(t, 60*time.Second); err != nil {
+		t.Fatalf("beacon serve exited with %v after a second signal\nstderr:\n%s", err, b.errOut())
+	}
+	if !strings.Contains(b.errOut(), "shutdown cut short") || !strings.Contains(b.out(), "beacon serve stopped") {
+		t.Fatalf("stdout:\n%s\nstderr:\n%s", b.out(), b.errOut())
+	}
+}
+
+// waitStderr waits for s on the child's standard error.
+func waitStderr(t *testing.T, b *child, s string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for !strings.Contains(b.errOut(), s) {
+		select {
+		case <-b.done:
+			if strings.Contains(b.errOut(), s) {
+				return
+			}
+			t.Fatalf("beacon exited (%v) before logging %q\nstderr:\n%s", b.err, s, b.errOut())
+		case <-deadline:
+			t.Fatalf("beacon did not log %q within %v\nstderr:\n%s", s, timeout, b.errOut())
+		case <-b.wrote:
+		}
+	}
 }
 
 func TestServeBadInputFailsWithOneLine(t *testing.T) {

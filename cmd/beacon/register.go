@@ -8,6 +8,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -91,7 +92,9 @@ func newRegisterCmd() *cobra.Command {
 		Short: "Register an instance and keep it alive until interrupted",
 		Long: `Register one instance of namespace/component/endpoint at --addr and keep its
 lease alive until interrupted (SIGINT or SIGTERM); then deregister it (after
---drain of draining status, if set) and exit. It prints the instance and every
+--drain of draining status, if set: a second SIGINT or SIGTERM cuts the drain
+short and deregisters at once; a third exits without deregistering, leaving the
+lease to expire) and exit. It prints the instance and every
 change of the session's state: if the lease is lost (etcd unreachable for a
 whole TTL), the instance is registered again, under the same ID, as soon as the
 store answers.
@@ -159,7 +162,7 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 	f.StringVar(&transport, "transport", "", "protocol spoken at --addr: grpc, http, tcp, nats...")
 	f.StringArrayVar(&meta, "meta", nil, "metadata key=value (repeatable; 4 KiB in total)")
 	f.StringVar(&ttl, "ttl", registry.DefaultLeaseTTL.String(), "lease TTL, e.g. 10s (env "+registry.LeaseTTLEnv+")")
-	f.DurationVar(&drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it")
+	f.DurationVar(&drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it (a second signal cuts it short)")
 	f.StringVarP(&output, "output", "o", "text", "text or json (one JSON object per line)")
 	_ = cmd.MarkFlagRequired("addr")
 	return cmd
@@ -244,29 +247,54 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r regis
 			}
 			emit(l, text)
 		case <-ctx.Done():
-			// Deregister with a fresh, bounded context: ctx is done.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain+bound)
-			defer cancel()
-			var err error
-			if drain > 0 {
-				// The line shows the instance as it is advertised now: draining.
-				draining := got
-				draining.Status = beacon.StatusDraining
-				emit(registerLine{Event: "draining", Instance: &draining}, fmt.Sprintf("draining %s for %v", got.Ref(), drain))
-				err = reg.Drain(dctx, registry.DrainGrace(drain))
-			} else {
-				err = reg.Close()
-			}
-			if err != nil {
-				if _, ok := r.(leased); !ok {
-					return fmt.Errorf("deregister %s: %w", got.Ref(), err)
-				}
-				return fmt.Errorf("deregister %s: %w (its lease expires within %v anyway)", got.Ref(), err, bound)
-			}
-			emit(registerLine{Event: "deregistered", Instance: &got}, fmt.Sprintf("deregistered %s", got.Ref()))
-			return nil
+			return deregister(ctx, r, reg, drain, bound, emit)
 		}
 	}
+}
+
+// deregister ends a registration once ctx has ended: after drain of
+// draining status, cut short by a second signal (urgent), then removed.
+// bound bounds the removal.
+func deregister(ctx context.Context, r registry.Registry, reg registry.Registration, drain, bound time.Duration, emit func(registerLine, string)) error {
+	got := reg.Instance()
+	// Deregister with a fresh, bounded context: ctx is done.
+	dctx, cancel := context.WithTimeout(urgent(ctx), drain+bound)
+	defer cancel()
+	var err error
+	if drain > 0 {
+		// The line shows the instance as it is advertised now: draining.
+		draining := got
+		draining.Status = beacon.StatusDraining
+		emit(registerLine{Event: "draining", Instance: &draining},
+			fmt.Sprintf("draining %s for %v (Ctrl-C again, or SIGTERM, removes it now)", got.Ref(), drain))
+		drained := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-dctx.Done():
+				if urgent(ctx).Err() != nil {
+					emit(registerLine{Event: "interrupted", Instance: &draining},
+						fmt.Sprintf("second signal: drain of %s cut short, removing it now", got.Ref()))
+				}
+			case <-drained:
+			}
+		}()
+		err = reg.Drain(dctx, registry.DrainGrace(drain))
+		close(drained)
+		wg.Wait()
+	} else {
+		err = reg.Close()
+	}
+	if err != nil {
+		if _, ok := r.(leased); !ok {
+			return fmt.Errorf("deregister %s: %w", got.Ref(), err)
+		}
+		return fmt.Errorf("deregister %s: %w (its lease expires within %v anyway)", got.Ref(), err, bound)
+	}
+	emit(registerLine{Event: "deregistered", Instance: &got}, fmt.Sprintf("deregistered %s", got.Ref()))
+	return nil
 }
 
 // sortedMeta renders metadata as k=v,k=v in key order.

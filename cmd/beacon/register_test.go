@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"strings"
 	"syscall"
@@ -128,6 +129,44 @@ func TestWatchJSONAndDrain(t *testing.T) {
 	reg.waitLine(t, `"event":"deregistered"`, 10*time.Second)
 	if err := reg.wait(t, 10*time.Second); err != nil {
 		t.Fatalf("register: %v\n%s", err, reg.errOut())
+	}
+}
+
+// TestSecondSignalCutsDrainShort: register --drain 1h, then Ctrl-C starts
+// the drain; a second SIGINT, or a SIGTERM, ends it and deregisters at
+// once — both were ignored for the whole hour (only SIGKILL ended it).
+func TestSecondSignalCutsDrainShort(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ep := srv.Endpoint()
+	dir := t.TempDir()
+	for i, second := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		id := fmt.Sprintf("00000000000000c%d", i)
+		w := startBeacon(t, dir, nil, "watch", "prod/llm", "-o", "json", "--endpoints", ep)
+		w.waitLine(t, `"kind":"synced"`, 30*time.Second)
+		reg := startBeacon(t, dir, nil, "register", "prod/llm/generate", "--addr", "10.0.0.6:9000", "--id", id,
+			"--drain", "1h", "--endpoints", ep)
+		reg.waitLine(t, "registered prod/llm/generate/"+id, 30*time.Second)
+		w.waitLine(t, `"type":"added"`, 10*time.Second)
+		if err := reg.cmd.Process.Signal(syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		if l := reg.waitLine(t, "draining prod/llm/generate/"+id, 10*time.Second); !strings.Contains(l, "Ctrl-C again") {
+			t.Errorf("the draining line does not say how to cut it short: %q", l)
+		}
+		w.waitLine(t, `"status":"draining"`, 10*time.Second)
+		if err := reg.cmd.Process.Signal(second); err != nil {
+			t.Fatal(err)
+		}
+		reg.waitLine(t, "drain of prod/llm/generate/"+id+" cut short", 30*time.Second)
+		reg.waitLine(t, "deregistered prod/llm/generate/"+id, 30*time.Second)
+		w.waitLine(t, `"type":"removed"`, 30*time.Second)
+		if err := reg.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("register after %v: %v\n%s", second, err, reg.errOut())
+		}
+		_ = w.cmd.Process.Signal(syscall.SIGINT)
+		if err := w.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("watch: %v\n%s", err, w.errOut())
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/beaconplane/beacon/server"
@@ -34,7 +35,8 @@ of InstanceSet custom resources whose pods are Ready (lists and watches;
 registration over HTTP is refused: register from the pods), see
 docs/kubernetes.md and --kubeconfig, --kube-namespaces.
 
-It stops gracefully on SIGINT or SIGTERM.
+It stops gracefully on SIGINT or SIGTERM, giving open HTTP requests up to
+--shutdown-timeout to finish; a second signal stops it without waiting.
 
 Environment (flags win): BEACON_DISCOVERY_BACKEND (else Dynamo's
 DYN_DISCOVERY_BACKEND=kubernetes|etcd|kv_store|file|mem, kv_store meaning etcd
@@ -85,6 +87,16 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				return err
 			}
 			fmt.Fprint(cmd.OutOrStdout(), srv.Banner())
+			stopping := context.AfterFunc(ctx, func() {
+				logger.Info("stopping: open HTTP requests get up to --shutdown-timeout to finish; a second SIGINT or SIGTERM cuts it short",
+					"shutdown-timeout", cfg.ShutdownTimeout)
+			})
+			defer stopping()
+			cutShort := context.AfterFunc(urgent(ctx), func() {
+				logger.Warn("second signal: shutdown cut short, requests in flight are not waited for")
+				srv.Abort()
+			})
+			defer cutShort()
 			if err := srv.Wait(ctx); err != nil {
 				return err
 			}
