@@ -11,7 +11,7 @@ import (
 
 func main() {
 	ctx, stop := notifySignals(context.Background(), os.Stderr) // signals.go
-	err := execute(ctx, rootCmd, os.Args[1:]) // cli.go
+	err := execute(ctx, rootCmd, os.Args[1:])                   // cli.go
 	stop()
 	if err != nil {
 		// One line, whatever the error: several problems (errors.Join)
