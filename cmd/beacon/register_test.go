@@ -170,6 +170,67 @@ func TestSecondSignalCutsDrainShort(t *testing.T) {
 	}
 }
 
+// TestRegisterWaitsForTheStore: register started before its store keeps
+// trying, saying so ("state waiting", a log line with the reason), and
+// registers once the store answers — it exited after the 2 s dial timeout,
+// so a worker started before its cluster needed a supervisor loop.
+// --start-timeout bounds the wait; an interrupt ends it; credentials the
+// store refuses are not waited for.
+func TestRegisterWaitsForTheStore(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ep := srv.Endpoint()
+	srv.Stop()
+	dir := t.TempDir()
+	reg := startBeacon(t, dir, nil, "register", "prod/api/http", "--addr", "10.0.0.5:8080", "--id", "00000000000000d1",
+		"--endpoints", ep, "--dial-timeout", "300ms")
+	reg.waitLine(t, "state waiting: ", 30*time.Second)
+	waitStderr(t, reg, "store not reachable; waiting for it until interrupted", 30*time.Second)
+	if !strings.Contains(reg.errOut(), ep) {
+		t.Errorf("the waiting log does not say which endpoint: %s", reg.errOut())
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	reg.waitLine(t, "registered prod/api/http/00000000000000d1", 60*time.Second)
+	if err := reg.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	reg.waitLine(t, "deregistered", 30*time.Second)
+	if err := reg.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("register: %v\n%s", err, reg.errOut())
+	}
+
+	srv.Stop()
+	// Interrupted while waiting: nothing was registered, exit 0.
+	intr := startBeacon(t, dir, nil, "register", "prod/api/http", "--addr", "10.0.0.5:8080", "--endpoints", ep,
+		"--dial-timeout", "300ms", "-o", "json")
+	intr.waitLine(t, `"state":"waiting"`, 30*time.Second)
+	if err := intr.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	intr.waitLine(t, `"event":"stopped"`, 30*time.Second)
+	if err := intr.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("register interrupted while waiting: %v\n%s", err, intr.errOut())
+	}
+	bounded := startBeacon(t, dir, nil, "register", "prod/api/http", "--addr", "10.0.0.5:8080", "--endpoints", ep,
+		"--dial-timeout", "300ms", "--start-timeout", "1s")
+	if err := bounded.wait(t, 30*time.Second); err == nil || bounded.exitCode() != exitFailure ||
+		!strings.Contains(bounded.errOut(), "beacon: the store did not answer within --start-timeout 1s") ||
+		!strings.Contains(bounded.errOut(), "connection refused") {
+		t.Fatalf("register --start-timeout 1s without a store: %v\n%s", err, bounded.errOut())
+	}
+	checkBadInput(t, []badInput{
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.5:8080", "--start-timeout", "-1s"}, want: "--start-timeout -1s: must not be negative"},
+	})
+
+	// Refused credentials are an answer: no waiting.
+	auth := etcdtest.Start(t, etcdtest.Options{User: "root", Password: "s3cret"})
+	checkBadInput(t, []badInput{
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.5:8080", "--endpoints", auth.Endpoint(), "--user", "root:wrong"},
+			want: "authenticate", exit: exitFailure},
+	})
+}
+
 // TestRegistryCommandsBadInput: bad input fails with one clear line and a
 // non-zero exit, before touching the network.
 func TestRegistryCommandsBadInput(t *testing.T) {
