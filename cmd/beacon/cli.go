@@ -208,6 +208,48 @@ func applyWriteOutEnv(c *cobra.Command) error {
 	return usagef("%s=%q: beacon writes json or its human-readable default (%s); unset the variable or pass -o", envWriteOut, v, out.DefValue)
 }
 
+// emptyMeans is the annotation of a flag that takes an empty value on
+// purpose; its value says what empty means, for errors about the others.
+const emptyMeans = "beacon-empty-means"
+
+// allowEmpty marks flag of c as taking an empty value (--flag=) that
+// means what meaning says (the flag's help must say it too).
+func allowEmpty(c *cobra.Command, flag, meaning string) {
+	_ = c.Flags().SetAnnotation(flag, emptyMeans, []string{meaning})
+}
+
+// checkEmptyFlags refuses a flag given an empty value, or a list with an
+// empty item, unless it is marked with allowEmpty: `--endpoints ""` used
+// the default endpoint, `--etcd-endpoints "$UNSET"` ran embedded etcd, and
+// `--data-dir ""` put the data somewhere unsaid, all without a word.
+func checkEmptyFlags(c *cobra.Command) error {
+	var err error
+	c.Flags().VisitAll(func(fl *pflag.Flag) {
+		if err != nil || !fl.Changed || len(fl.Annotations[emptyMeans]) > 0 {
+			return
+		}
+		empty := false
+		if sv, ok := fl.Value.(pflag.SliceValue); ok {
+			items := sv.GetSlice()
+			empty = len(items) == 0
+			for _, it := range items {
+				empty = empty || strings.TrimSpace(it) == ""
+			}
+		} else if fl.Value.Type() == "string" {
+			empty = strings.TrimSpace(fl.Value.String()) == ""
+		}
+		if !empty {
+			return
+		}
+		def := "leave it out"
+		if fl.DefValue != "" && fl.DefValue != "[]" {
+			def += " for its default, " + strings.Trim(fl.DefValue, "[]")
+		}
+		err = usagef("--%s %q: empty (an unset variable?): give a value, or %s", fl.Name, flagString(fl), def)
+	})
+	return err
+}
+
 // setting is where a value came from, for error messages: a flag given on
 // the command line, or an environment variable.
 type setting struct {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"runtime/debug"
@@ -18,6 +19,7 @@ import (
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	filestore "github.com/beaconplane/beacon/store/file"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // TestUsageAndFailuresExitDifferently: bad usage exits 2, a failure at
@@ -78,6 +80,60 @@ func TestSettingsCheckedByEveryCommand(t *testing.T) {
 		t.Fatalf("only %d command lines: the command tree was not walked", len(tests))
 	}
 	checkBadInput(t, tests)
+}
+
+// TestEmptyFlagValuesAreRefused: every string or list flag of every
+// command given an empty value is bad usage naming the flag, unless it is
+// marked as taking one on purpose (--dns-addr=: no DNS): `--endpoints ""`
+// used localhost, `serve --etcd-endpoints "$UNSET"` ran embedded etcd and
+// `--data-dir ""` put the data somewhere unsaid, all without a word.
+func TestEmptyFlagValuesAreRefused(t *testing.T) {
+	setup(rootCmd)
+	n := 0
+	walk(rootCmd, func(c *cobra.Command) {
+		c.Flags().VisitAll(func(fl *pflag.Flag) {
+			sv, isSlice := fl.Value.(pflag.SliceValue)
+			if !isSlice && fl.Value.Type() != "string" {
+				return
+			}
+			orig, origItems, changed := fl.Value.String(), []string(nil), fl.Changed
+			if isSlice {
+				origItems = sv.GetSlice()
+			}
+			if err := c.Flags().Set(fl.Name, ""); err != nil {
+				return // refused by the flag itself (a list of numbers): bad usage
+			}
+			err := checkEmptyFlags(c)
+			if isSlice {
+				_ = sv.Replace(origItems)
+			} else {
+				_ = fl.Value.Set(orig)
+			}
+			fl.Changed = changed
+			n++
+			if len(fl.Annotations[emptyMeans]) > 0 {
+				if err != nil {
+					t.Errorf("%s --%s= (allowed empty): %v", c.CommandPath(), fl.Name, err)
+				}
+				return
+			}
+			if want := fmt.Sprintf("--%s \"\": empty", fl.Name); err == nil || exitCode(err) != exitUsage || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s --%s=: %v, want bad usage saying %q", c.CommandPath(), fl.Name, err, want)
+			}
+		})
+	})
+	if n < 100 {
+		t.Fatalf("only %d flags checked: the command tree was not walked", n)
+	}
+	// End to end, and the variables: blanks are no endpoint either.
+	checkBadInput(t, []badInput{
+		{args: []string{"ls", "--endpoints", ""}, want: `--endpoints "": empty (an unset variable?): give a value, or leave it out for its default, http://localhost:2379`},
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--endpoints", "http://127.0.0.1:1,"}, want: `--endpoints "http://127.0.0.1:1,": empty`},
+		{args: []string{"serve", "--etcd-endpoints", ""}, want: `--etcd-endpoints "": empty`},
+		{args: []string{"serve", "--data-dir", ""}, want: `--data-dir "": empty`},
+		{args: []string{"proxy", "--endpoints", ""}, want: `--endpoints "": empty`},
+		{args: []string{"ls"}, env: []string{"ETCD_ENDPOINTS= "}, want: `ETCD_ENDPOINTS=" ": no endpoint in it`},
+	})
 }
 
 // TestEnvironmentErrorsNameTheVariable: a bad value from a variable is

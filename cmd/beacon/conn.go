@@ -163,6 +163,10 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 			list = append(list, ep)
 		}
 	}
+	if len(list) == 0 {
+		// A variable of blanks; an empty flag is refused before (checkEmptyFlags).
+		return cfg, usagef("%v: no endpoint in it: give host:port or URLs, comma separated, or unset it for %s", eps, etcdstore.DefaultEndpoint)
+	}
 	e.Endpoints = list
 
 	user := lookup(f, "user", etcdstore.EnvUsername, envEtcdctlUser)

@@ -290,7 +290,7 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{args: []string{"serve", "--dns-domain", "."}, want: "--dns-domain"},
 		{args: []string{"serve", "--dns-ttl", "100ms"}, want: "--dns-ttl"},
 		{args: []string{"serve", "--dns-ttl", "0s"}, want: "--dns-ttl 0s"},
-		{args: []string{"serve", "--dns-domain="}, want: "--dns-domain is empty"},
+		{args: []string{"serve", "--dns-domain="}, want: `--dns-domain "": empty (an unset variable?): give a value, or leave it out for its default, beacon.`},
 		// etcd would replace it by its default, with a warning at every start.
 		{args: []string{"serve", "--bcrypt-cost", "99"}, want: "--bcrypt-cost 99: must be 4 to 31"},
 		// A port out of range is bad usage, not a failure to listen (exit 1).

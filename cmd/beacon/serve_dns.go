@@ -14,19 +14,18 @@ func addDNSFlags(cmd *cobra.Command, d *server.DNSConfig) {
 	f.StringVar(&d.Addr, "dns-addr", dnsapi.DefaultAddr, "DNS listener, UDP and TCP, answering for every registered instance (empty, --dns-addr=, disables DNS)")
 	f.StringVar(&d.Domain, "dns-domain", dnsapi.DefaultDomain, "zone DNS answers: <endpoint>.<component>.<namespace>.<zone>; other names are refused")
 	f.DurationVar(&d.TTL, "dns-ttl", dnsapi.DefaultTTL, "TTL of DNS answers and of negative answers (whole seconds, 1s-1h)")
+	allowEmpty(cmd, "dns-addr", "no DNS")
 	f.DurationVar(&d.MaxStale, "dns-max-stale", dnsapi.DefaultMaxStale, "how long DNS serves its last view after the registry lost its store, before answering SERVFAIL (0: SERVFAIL at once)")
 }
 
 // dnsFlags turns the DNS flags into the server's configuration, whose zero
-// values mean "the default": a zone or TTL given as empty or zero is a
-// mistake to report, not the default to apply silently, and a zero
-// --dns-max-stale means no stale answers at all.
+// values mean "the default": a TTL given as zero is a mistake to report,
+// not the default to apply silently (an empty zone is refused with every
+// empty flag, checkEmptyFlags), and a zero --dns-max-stale means no stale
+// answers at all.
 func dnsFlags(f *pflag.FlagSet, d *server.DNSConfig) error {
 	if d.Addr == "" {
 		return nil // DNS disabled: the other flags do not matter
-	}
-	if f.Changed("dns-domain") && d.Domain == "" {
-		return usagef("--dns-domain is empty: give the zone to answer, e.g. %s (to disable DNS, use --dns-addr=)", dnsapi.DefaultDomain)
 	}
 	if f.Changed("dns-ttl") && d.TTL == 0 {
 		return usagef("--dns-ttl 0s: must be whole seconds from 1s to 1h (a zero TTL defeats caching resolvers)")
