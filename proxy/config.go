@@ -125,6 +125,8 @@ type Config struct {
 	// disables it: the client's deadline applies.
 	ReadTimeout time.Duration
 	// StartTimeout bounds finding the cluster at start; default 30 s.
+	// Negative: no bound, look until ctx ends (requests are answered
+	// Unavailable meanwhile).
 	StartTimeout time.Duration
 	// UpstreamConns is the number of connections the proxy spreads
 	// requests over (each balanced over the endpoints); default 4.
@@ -340,7 +342,7 @@ func (c Config) Validate() error {
 	}
 	for name, d := range map[string]time.Duration{
 		"failure wait": c.FailureWait, "refresh interval": c.RefreshInterval,
-		"dial timeout": c.DialTimeout, "read timeout": c.ReadTimeout, "start timeout": c.StartTimeout,
+		"dial timeout": c.DialTimeout, "read timeout": c.ReadTimeout,
 	} {
 		if d < 0 {
 			return fmt.Errorf("%w: %s %v must not be negative", ErrBadConfig, name, d)

@@ -15,6 +15,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/proxy"
 	"github.com/beaconplane/beacon/registry"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	filestore "github.com/beaconplane/beacon/store/file"
@@ -134,6 +135,72 @@ func TestEmptyFlagValuesAreRefused(t *testing.T) {
 		{args: []string{"proxy", "--endpoints", ""}, want: `--endpoints "": empty`},
 		{args: []string{"ls"}, env: []string{"ETCD_ENDPOINTS= "}, want: `ETCD_ENDPOINTS=" ": no endpoint in it`},
 	})
+}
+
+// TestZeroFlagValuesAreRefused: every numeric flag of every command given
+// 0 is bad usage naming the flag, unless it is marked as taking 0 (and its
+// help says what 0 means): `--proxy-refresh-interval 0`, `--max-watches 0`
+// or `--shutdown-timeout 0` silently meant the default.
+func TestZeroFlagValuesAreRefused(t *testing.T) {
+	setup(rootCmd)
+	n := 0
+	walk(rootCmd, func(c *cobra.Command) {
+		c.Flags().VisitAll(func(fl *pflag.Flag) {
+			if !numericFlag(fl) || zeroUnchecked[fl.Name] {
+				return
+			}
+			orig, changed := fl.Value.String(), fl.Changed
+			if err := c.Flags().Set(fl.Name, "0"); err != nil {
+				t.Errorf("%s --%s 0: %v", c.CommandPath(), fl.Name, err)
+				return
+			}
+			err := checkZeroFlags(c)
+			_ = fl.Value.Set(orig)
+			fl.Changed = changed
+			n++
+			if m := fl.Annotations[zeroMeans]; len(m) > 0 {
+				if err != nil {
+					t.Errorf("%s --%s 0 (allowed: %s): %v", c.CommandPath(), fl.Name, m[0], err)
+				}
+				if !strings.Contains(fl.Usage, "0") {
+					t.Errorf("%s --%s: 0 means %q, which its help does not say: %q", c.CommandPath(), fl.Name, m[0], fl.Usage)
+				}
+				return
+			}
+			if want := "--" + fl.Name + " 0"; err == nil || exitCode(err) != exitUsage || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s --%s 0: %v, want bad usage saying %q", c.CommandPath(), fl.Name, err, want)
+			}
+		})
+	})
+	if n < 60 {
+		t.Fatalf("only %d flags checked: the command tree was not walked", n)
+	}
+	checkBadInput(t, []badInput{
+		{args: []string{"proxy", "--proxy-refresh-interval", "0"}, want: `--proxy-refresh-interval 0s: 0 is not a value of this flag`},
+		{args: []string{"proxy", "--proxy-failure-wait", "0"}, want: `--proxy-failure-wait 0s: 0 is not a value of this flag`},
+		{args: []string{"proxy", "--max-watchers", "0"}, want: `--max-watchers 0: 0 is not a value of this flag (not "none", "never" nor "no limit"): give a positive value, or leave it out for its default, 100000; -1 for no limit`},
+		{args: []string{"proxy", "--proxy-write-timeout", "-1s"}, want: `--proxy-write-timeout -1s: must not be negative`},
+		{args: []string{"proxy", "--start-timeout", "-5"}, want: `--start-timeout -5ms: must not be negative`},
+		{args: []string{"serve", "--shutdown-timeout", "0s"}, want: `--shutdown-timeout 0s: 0 is not a value of this flag`},
+		{args: []string{"serve", "--max-watches", "0"}, want: `--max-watches 0: 0 is not a value of this flag`},
+	})
+}
+
+// TestProxyDurationsZero: the proxy's 0s that mean something get that
+// meaning, not the configuration's default (--proxy-write-timeout 0 was a
+// 5 s bound, --start-timeout 0 a 30 s one).
+func TestProxyDurationsZero(t *testing.T) {
+	cmd := newProxyCmd()
+	if err := cmd.Flags().Parse([]string{"--proxy-write-timeout", "0", "--start-timeout", "0", "--proxy-read-timeout", "0"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := proxy.Config{WriteTimeout: 0, StartTimeout: 0}
+	if err := proxyDurations(cmd.Flags(), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.WriteTimeout >= 0 || cfg.StartTimeout >= 0 || cfg.ReadTimeout != 0 {
+		t.Fatalf("write timeout %v, start timeout %v, read timeout %v: want disabled, no bound, disabled", cfg.WriteTimeout, cfg.StartTimeout, cfg.ReadTimeout)
+	}
 }
 
 // TestEnvironmentErrorsNameTheVariable: a bad value from a variable is

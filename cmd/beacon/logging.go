@@ -34,6 +34,9 @@ func preRun(c *cobra.Command, _ []string) error {
 	if err := checkEmptyFlags(c); err != nil { // cli.go
 		return err
 	}
+	if err := checkZeroFlags(c); err != nil { // cli.go
+		return err
+	}
 	if err := checkLogSettings(c); err != nil {
 		return err
 	}

@@ -177,9 +177,11 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 	f.StringVar(&transport, "transport", "", "protocol spoken at --addr: grpc, http, tcp, nats...")
 	f.StringArrayVar(&meta, "meta", nil, "metadata key=value (repeatable; 4 KiB in total)")
 	f.StringVar(&ttl, "ttl", registry.DefaultLeaseTTL.String(), "lease TTL, e.g. 10s (env "+registry.LeaseTTLEnv+")")
-	f.DurationVar(&drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it (a second signal cuts it short)")
+	f.DurationVar(&drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it (a second signal cuts it short; 0, the default: removed at once)")
 	f.StringVarP(&output, "output", "o", "text", "text or json (one JSON object per line)")
 	f.DurationVar(&startTimeout, "start-timeout", 0, "give up (exit 1) if the store has not answered within this long at start; 0: keep trying until interrupted")
+	allowZero(cmd, "drain", "removed at once")
+	allowZero(cmd, "start-timeout", "keep trying until interrupted")
 	_ = cmd.MarkFlagRequired("addr")
 	return cmd
 }

@@ -75,9 +75,7 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			}
 			cfg.Backend = etcdAuth.config()
 			cfg.Backend.Name = be.val
-			if err := dnsFlags(cmd.Flags(), &cfg.DNS); err != nil {
-				return err
-			}
+			dnsFlags(&cfg.DNS)
 			srv, err := server.New(cfg)
 			if err != nil {
 				return usage(err) // New only checks the configuration

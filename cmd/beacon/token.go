@@ -133,7 +133,8 @@ registration as it happens until the token is full (bounded by --wait).
 	}
 	conn := addTokenConnFlags(cmd)
 	cmd.Flags().BoolVar(&watch, "watch", false, "follow the registrations until the token is full")
-	cmd.Flags().DurationVar(&wait, "wait", 0, "with --watch, give up after this long (default: until interrupted)")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "with --watch, give up after this long (0, the default: wait until interrupted)")
+	allowZero(cmd, "wait", "until interrupted")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		token := args[0]
 		if err := bootstrap.ValidateToken(token); err != nil {

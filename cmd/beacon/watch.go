@@ -70,7 +70,8 @@ the store since that revision, it prints a snapshot.
 	conn = addRegistryConnFlags(cmd)
 	conn.existing = true
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json (one JSON object per line)")
-	cmd.Flags().Int64Var(&from, "from-revision", 0, "resume after this revision (a revision printed earlier)")
+	cmd.Flags().Int64Var(&from, "from-revision", 0, "resume after this revision (a revision printed earlier; 0, the default: a snapshot of now)")
+	allowZero(cmd, "from-revision", "a snapshot of now")
 	return cmd
 }
 
