@@ -231,6 +231,17 @@ func TestRegisterWaitsForTheStore(t *testing.T) {
 	})
 }
 
+// TestWatchFromFutureRevision: watch --from-revision beyond the store's
+// revision (one it never gave) is bad usage saying so; it printed a fresh
+// snapshot as if resuming had worked.
+func TestWatchFromFutureRevision(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	checkBadInput(t, []badInput{
+		{args: []string{"watch", "prod", "--from-revision", "99999999", "--endpoints", srv.Endpoint()},
+			want: "--from-revision 99999999: invalid argument: watch from revision 99999999: the store is only at revision"},
+	})
+}
+
 // TestRegistryCommandsBadInput: bad input fails with one clear line and a
 // non-zero exit, before touching the network.
 func TestRegistryCommandsBadInput(t *testing.T) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 
@@ -102,6 +103,9 @@ func runWatch(ctx context.Context, out io.Writer, r registry.Discoverer, q beaco
 		if err != nil {
 			if isInterrupt(ctx, err) {
 				return nil
+			}
+			if errors.Is(err, beacon.ErrInvalid) {
+				return usagef("--from-revision %d: %w", from, err) // one the store never gave
 			}
 			return err
 		}

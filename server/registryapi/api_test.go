@@ -375,6 +375,11 @@ func TestWatchStreamAndResume(t *testing.T) {
 	if (ev.event != "synced" || ev.id != removed.id) && !repeat {
 		t.Fatalf("resume with nothing new: %+v", ev)
 	}
+	// A revision the store never gave is refused, saying so (it was taken
+	// silently as a fresh watch).
+	if e := do(t, "GET", base+WatchPath+"?namespace=prod&since=99999999", "").wantError(t, 400, "invalid_argument"); !strings.Contains(e.Message, "the store is only at revision") {
+		t.Fatalf("resume from a revision never given: %+v", e)
+	}
 }
 
 // TestRegistryClosedIsUnavailable: once the registry behind the API is
