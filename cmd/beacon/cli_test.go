@@ -203,6 +203,33 @@ func TestProxyDurationsZero(t *testing.T) {
 	}
 }
 
+// TestAuthGrantWarnsWithoutAuth: granting on an etcd without
+// authentication works (roles can be prepared before enabling it) but
+// says that nothing checks them yet; it said nothing. With authentication
+// on, no warning. A role name with control characters or spaces is bad
+// usage.
+func TestAuthGrantWarnsWithoutAuth(t *testing.T) {
+	open := etcdtest.Start(t, etcdtest.Options{})
+	for _, args := range [][]string{{"grant-namespace", "team-a-writer", "team-a"}, {"grant-bootstrap", "admins"}} {
+		b := startBeacon(t, t.TempDir(), nil, append(append([]string{"auth"}, args...), "--endpoints", open.Endpoint())...)
+		if err := b.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("auth %v: %v\n%s", args, err, b.errOut())
+		}
+		if !strings.Contains(b.errOut(), "warning: etcd authentication is not enabled on this cluster") {
+			t.Errorf("auth %v without etcd authentication: no warning:\n%s", args, b.errOut())
+		}
+	}
+	secured := etcdtest.Start(t, etcdtest.Options{User: "root", Password: "s3cret"})
+	b := startBeacon(t, t.TempDir(), nil, "auth", "grant-namespace", "team-a-writer", "team-a", "--endpoints", secured.Endpoint(), "--user", "root:s3cret")
+	if err := b.wait(t, 30*time.Second); err != nil || strings.Contains(b.errOut(), "warning") {
+		t.Fatalf("auth grant-namespace with etcd authentication: %v\n%s", err, b.errOut())
+	}
+	checkBadInput(t, []badInput{
+		{args: []string{"auth", "grant-namespace", "team\nwriter", "team-a"}, want: `ROLE "team\nwriter": want a name of printable characters without spaces`},
+		{args: []string{"auth", "grant-bootstrap", "ad mins"}, want: `ROLE "ad mins"`},
+	})
+}
+
 // TestEnvironmentErrorsNameTheVariable: a bad value from a variable is
 // reported under the variable's name, not the flag's.
 func TestEnvironmentErrorsNameTheVariable(t *testing.T) {
