@@ -254,6 +254,11 @@ func TestRegistryCommandsBadInput(t *testing.T) {
 		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--ttl", "0s"}, want: "--ttl"},
 		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--ttl", "2h"}, want: "--ttl"},
 		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--id", "XYZ"}, want: "--id"},
+		// Accepted without a word: control characters in a metadata value,
+		// and a host name DNS cannot carry.
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--meta", "note=two\nlines"}, want: `metadata value for note "two\nlines": must not contain control characters`},
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--meta", "note=a\x00b"}, want: "must not contain control characters"},
+		{args: []string{"register", "prod/api/http", "--addr", strings.Repeat("h", 254) + ":80"}, want: "host name label of 254 bytes"},
 		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "-o", "yaml"}, want: "-o"},
 		{args: []string{"ls", "a/b/c/d"}, want: "invalid query"},
 		{args: []string{"ls", "-o", "yaml"}, want: "-o"},
