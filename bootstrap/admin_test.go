@@ -203,6 +203,11 @@ func TestTokenHTTPAPI(t *testing.T) {
 		`{"size": 3.5}`:                  "size 3.5: want a whole number, 1 to 1000",
 		`{"size": "3"}`:                  `size "3": want a number, 1 to 1000`,
 		`{"size": 3, "TOKEN": "x"}`:      `did you mean "token"?`,
+		// null was taken as absent: the default size, a fresh token.
+		`{"size": null}`:             `"size" is null: null is not a value here`,
+		`{"size": 3, "token": null}`: `"token" is null`,
+		"\x1f\x8b\x08\x00":           "the body is gzip-compressed",
+		"\xef\xbb\xbf{\"size\": 3}":  "byte order mark",
 	} {
 		e = bootstrap.ErrorResponse{}
 		got := call("POST", "/v1/tokens", body, &e)
