@@ -19,6 +19,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -203,6 +204,38 @@ func IsJSON(contentType string) bool {
 		return false
 	}
 	return true
+}
+
+// Accepts reports whether a request's Accept header allows mediaType
+// ("type/subtype"): no Accept, */*, type/* or the type itself, with a
+// quality above zero. A header that cannot be parsed allows everything (as
+// if absent).
+func Accepts(r *http.Request, mediaType string) bool {
+	values := r.Header.Values("Accept")
+	if len(values) == 0 {
+		return true
+	}
+	typ, _, _ := strings.Cut(mediaType, "/")
+	for _, v := range values {
+		for _, item := range strings.Split(v, ",") {
+			if strings.TrimSpace(item) == "" {
+				continue
+			}
+			mt, params, err := mime.ParseMediaType(item)
+			if err != nil {
+				return true
+			}
+			if q, ok := params["q"]; ok {
+				if f, err := strconv.ParseFloat(q, 64); err == nil && f <= 0 {
+					continue
+				}
+			}
+			if mt == "*/*" || mt == typ+"/*" || mt == mediaType {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // DecodeJSON reads a JSON request body strictly into v: a JSON

@@ -206,6 +206,23 @@ func TestDecodeJSONContentEncoding(t *testing.T) {
 	}
 }
 
+func TestAccepts(t *testing.T) {
+	for accept, want := range map[string]bool{
+		"": true, "*/*": true, "text/*": true, "text/event-stream": true, "TEXT/Event-Stream": true,
+		"application/json": false, "application/json, text/event-stream;q=0.5": true,
+		"text/event-stream;q=0": false, "text/html,application/xhtml+xml,*/*;q=0.8": true,
+		"application/json;q=1, */*;q=0": false, "garbage;;": true,
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		if accept != "" {
+			r.Header.Set("Accept", accept)
+		}
+		if got := Accepts(r, "text/event-stream"); got != want {
+			t.Errorf("Accept %q: Accepts(text/event-stream) = %v, want %v", accept, got, want)
+		}
+	}
+}
+
 func TestMuxAnswersJSON(t *testing.T) {
 	m := NewMux()
 	m.NotFound = "see the docs"

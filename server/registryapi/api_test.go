@@ -386,6 +386,31 @@ func TestWatchStreamAndResume(t *testing.T) {
 	if (ev.event != "synced" || ev.id != removed.id) && !repeat {
 		t.Fatalf("resume with nothing new: %+v", ev)
 	}
+	// A client asking for JSON gets 406 saying what the endpoint serves
+	// (the stream was sent anyway); a browser's EventSource, curl's */*
+	// and no Accept get the stream.
+	for accept, status := range map[string]int{"application/json": 406, "text/event-stream": 200, "*/*": 200, "text/html, */*;q=0.8": 200} {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, err := http.NewRequestWithContext(ctx, "GET", base+WatchPath, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Accept", accept)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body []byte
+		if resp.StatusCode != 200 {
+			body, _ = io.ReadAll(resp.Body)
+		}
+		cancel()
+		resp.Body.Close()
+		if resp.StatusCode != status || (status == 406 && (!strings.Contains(string(body), `"code":"not_acceptable"`) ||
+			!strings.Contains(string(body), "send Accept: text/event-stream"))) {
+			t.Fatalf("watch with Accept: %s: %d %s, want %d", accept, resp.StatusCode, body, status)
+		}
+	}
 	// A revision the store never gave is refused, saying so (it was taken
 	// silently as a fresh watch).
 	if e := do(t, "GET", base+WatchPath+"?namespace=prod&since=99999999", "").wantError(t, 400, "invalid_argument"); !strings.Contains(e.Message, "the store is only at revision") {
