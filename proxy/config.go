@@ -4,12 +4,12 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
+	"github.com/beaconplane/beacon/internal/hostport"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 )
@@ -321,8 +321,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --discovery-srv %q must be a DNS domain such as example.com", ErrBadConfig, c.DiscoverySRV)
 	}
 	if c.DNSServer != "" {
-		if _, _, err := net.SplitHostPort(c.DNSServer); err != nil {
-			return fmt.Errorf("%w: DNS server %q must be host:port: %v", ErrBadConfig, c.DNSServer, err)
+		if err := hostport.Check(c.DNSServer); err != nil {
+			return fmt.Errorf("%w: DNS server %q (--discovery-dns-server) %w", ErrBadConfig, c.DNSServer, err)
 		}
 	}
 	if c.InitialCluster != "" {
@@ -336,8 +336,8 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.ListenAddr != "" {
-		if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
-			return fmt.Errorf("%w: listen address %q must be host:port: %v", ErrBadConfig, c.ListenAddr, err)
+		if err := hostport.Check(c.ListenAddr); err != nil {
+			return fmt.Errorf("%w: listen address %q %w", ErrBadConfig, c.ListenAddr, err)
 		}
 	}
 	for name, d := range map[string]time.Duration{

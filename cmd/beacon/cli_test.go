@@ -246,8 +246,8 @@ func TestEnvironmentErrorsNameTheVariable(t *testing.T) {
 		{args: []string{"ls"}, env: []string{"BEACON_DISCOVERY_BACKEND=zookeeper"}, want: `BEACON_DISCOVERY_BACKEND="zookeeper": unknown backend`},
 		{args: []string{"serve"}, env: []string{"BEACON_DISCOVERY_BACKEND=zookeeper"}, want: `BEACON_DISCOVERY_BACKEND="zookeeper"`},
 		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_MODE=readmostly"}, want: `BEACON_PROXY_MODE="readmostly"`},
-		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=23790"}, want: `BEACON_PROXY_LISTEN="23790": must be host:port`},
-		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=:99999"}, want: `BEACON_PROXY_LISTEN=":99999": port "99999" is not a number from 0 to 65535`},
+		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=23790"}, want: `BEACON_PROXY_LISTEN="23790": is a bare port: give host:port`},
+		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=:99999"}, want: `BEACON_PROXY_LISTEN=":99999": must be host:port: port "99999" is not a number from 0 to 65535`},
 		{args: []string{"ls", "--backend", "file"}, want: "BEACON_FILE_DIR"},
 		{args: []string{"ls"}, env: []string{"BEACON_LOG_FORMAT=yaml"}, want: `BEACON_LOG_FORMAT="yaml"`},
 	})

@@ -294,7 +294,14 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		// etcd would replace it by its default, with a warning at every start.
 		{args: []string{"serve", "--bcrypt-cost", "99"}, want: "--bcrypt-cost 99: must be 4 to 31"},
 		// A port out of range is bad usage, not a failure to listen (exit 1).
-		{args: []string{"serve", "--http-addr", "127.0.0.1:99999"}, want: `--http-addr "127.0.0.1:99999": must be host:port (port 0-65535)`},
+		{args: []string{"serve", "--http-addr", "127.0.0.1:99999"}, want: `--http-addr "127.0.0.1:99999": must be host:port: port "99999" is not a number from 0 to 65535`},
+		// A Unix socket was "port is not a number" (proxy) or a bare
+		// "must be host:port": say they are not supported.
+		{args: []string{"serve", "--http-addr", "unix:///run/beacon.sock"}, want: `--http-addr "unix:///run/beacon.sock": is a Unix socket: Unix sockets are not supported here; give host:port`},
+		{args: []string{"serve", "--dns-addr", "unix:///x"}, want: `--dns-addr "unix:///x": is a Unix socket`},
+		{args: []string{"serve", "--listen-client-urls", "unix:///x"}, want: `is a Unix socket: Unix sockets are not supported`},
+		{args: []string{"proxy", "--listen-addr", "unix:///x"}, want: `--listen-addr "unix:///x": is a Unix socket: Unix sockets are not supported here; give host:port, e.g. 127.0.0.1:23790`},
+		{args: []string{"proxy", "--listen-addr", "23790"}, want: `--listen-addr "23790": is a bare port: give host:port (:23790 for every interface`},
 		{args: []string{"serve", "--dns-addr", "127.0.0.1:70000"}, want: `--dns-addr "127.0.0.1:70000"`},
 		{args: []string{"serve", "--http-max-connections", "-1"}, want: "--http-max-connections -1: want at least 2"},
 	})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
+	"github.com/beaconplane/beacon/internal/hostport"
 	"github.com/beaconplane/beacon/proxy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -100,10 +101,8 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			}
 			cfg.Mode = m
 			listen := lookup(f, "listen-addr", "BEACON_PROXY_LISTEN")
-			if _, port, err := net.SplitHostPort(listen.val); err != nil {
-				return usagef("%v: must be host:port, e.g. %s", listen, proxy.DefaultListenAddr)
-			} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || n > 65535 {
-				return usagef("%v: port %q is not a number from 0 to 65535", listen, port)
+			if err := hostport.Check(listen.val); err != nil {
+				return usagef("%v: %w, e.g. %s", listen, err, proxy.DefaultListenAddr)
 			}
 			cfg.ListenAddr = listen.val
 			if err := proxyDurations(f, &cfg); err != nil {
