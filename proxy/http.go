@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/internal/pprofhttp"
 	gw "github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -253,7 +255,17 @@ func (p *Proxy) httpHandler(gwmux *gw.ServeMux) http.Handler {
 			r.URL.Path + ": this listener serves etcd's v3 gRPC API, the JSON gateway under " + PathGateway + ", " +
 			PathHealth + ", " + PathMetrics + " and " + PathEndpoints})
 	})
-	return mux
+	// A repeated Authorization (the gateway's etcd token) would reach etcd
+	// as two tokens, of which it reads one: refuse it, in the gateway's
+	// error shape.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if name, n := httpapi.RepeatedHeader(r, "Authorization", "Content-Type"); name != "" {
+			writeJSON(w, http.StatusBadRequest, map[string]any{"code": int(codes.InvalidArgument),
+				"message": fmt.Sprintf("proxy: the %s header is given %d times: send it once", name, n)})
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // Health is the body of GET /health.

@@ -145,6 +145,22 @@ func TestV2AndUnknownPathsAnswered(t *testing.T) {
 		if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(b), "no such path /nope: this listener serves etcd's v3 gRPC API") {
 			t.Errorf("%s GET /nope: %d %s", mode, resp.StatusCode, b)
 		}
+		// Two etcd tokens: etcd would read one of them.
+		req, err := http.NewRequest("POST", base+"/v3/kv/range", strings.NewReader(`{"key":"Zm9v"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Add("Authorization", "token-a")
+		req.Header.Add("Authorization", "token-b")
+		resp, err = http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "the Authorization header is given 2 times: send it once") {
+			t.Errorf("%s two Authorization headers: %d %s", mode, resp.StatusCode, b)
+		}
 	}
 }
 

@@ -41,9 +41,9 @@ func (s *Server) serveEarly() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopHTTP = cancel
 	srv := &http.Server{
-		Handler: s.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Handler: s.guard(httpapi.RefuseRepeatedHeaders(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			(*s.handler.Load()).ServeHTTP(w, r)
-		})),
+		}))),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}

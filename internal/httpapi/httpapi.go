@@ -206,6 +206,37 @@ func IsJSON(contentType string) bool {
 	return true
 }
 
+// SingleHeaders are the request headers that carry one value: given
+// twice, servers resolve them differently (Go's Header.Get takes the
+// first; a proxy in front may take the last), so a request that repeats
+// one is refused rather than read as either.
+var SingleHeaders = []string{"Authorization", "Beacon-Secret", "Last-Event-ID", "Content-Type", "Origin", "Sec-Fetch-Site"}
+
+// RepeatedHeader returns the first of names that r carries on more than
+// one header line, and on how many; "" if none.
+func RepeatedHeader(r *http.Request, names ...string) (string, int) {
+	for _, name := range names {
+		n := len(r.Header.Values(name))
+		if n > 1 {
+			return name, n
+		}
+	}
+	return "", 0
+}
+
+// RefuseRepeatedHeaders wraps h: a request carrying one of SingleHeaders
+// more than once is answered 400 invalid_argument saying to send one.
+func RefuseRepeatedHeaders(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if name, n := RepeatedHeader(r, SingleHeaders...); name != "" {
+			WriteError(w, http.StatusBadRequest, CodeInvalidArgument,
+				fmt.Sprintf("the %s header is given %d times: send it once (servers and proxies read repeated ones differently)", name, n))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // Accepts reports whether a request's Accept header allows mediaType
 // ("type/subtype"): no Accept, */*, type/* or the type itself, with a
 // quality above zero. A header that cannot be parsed allows everything (as

@@ -206,6 +206,29 @@ func TestDecodeJSONContentEncoding(t *testing.T) {
 	}
 }
 
+func TestRefuseRepeatedHeaders(t *testing.T) {
+	h := RefuseRepeatedHeaders(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) }))
+	for _, tc := range []struct {
+		hdr  [][2]string
+		code int
+	}{
+		{[][2]string{{"Authorization", "Basic a"}}, 204},
+		{[][2]string{{"Authorization", "Basic a"}, {"Authorization", "Bearer b"}}, 400},
+		{[][2]string{{"Content-Type", "application/json"}, {"Content-Type", "text/plain"}}, 400},
+		{[][2]string{{"Accept", "a/b"}, {"Accept", "c/d"}}, 204}, // a list header: repeats are its syntax
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		for _, kv := range tc.hdr {
+			r.Header.Add(kv[0], kv[1])
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != tc.code || (tc.code == 400 && !strings.Contains(w.Body.String(), "is given 2 times: send it once")) {
+			t.Errorf("%v: %d %s", tc.hdr, w.Code, w.Body)
+		}
+	}
+}
+
 func TestAccepts(t *testing.T) {
 	for accept, want := range map[string]bool{
 		"": true, "*/*": true, "text/*": true, "text/event-stream": true, "TEXT/Event-Stream": true,
