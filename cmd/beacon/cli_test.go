@@ -21,6 +21,7 @@ import (
 	filestore "github.com/beaconplane/beacon/store/file"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestUsageAndFailuresExitDifferently: bad usage exits 2, a failure at
@@ -578,6 +579,32 @@ func TestTokenLs(t *testing.T) {
 	if err := b.wait(t, 30*time.Second); err != nil || json.Unmarshal([]byte(b.out()), &list) != nil || len(list.Tokens) != 2 ||
 		list.Tokens[0].Token != toks[0] || list.Tokens[0].Size != 1 || list.Tokens[1].Size != 3 || list.Tokens[0].CreatedAt == nil {
 		t.Fatalf("token ls -o json: %v\n%s", err, b.out())
+	}
+
+	// Two members of a token of 2 that share a name: full, but the
+	// cluster cannot form; ls said plain "full".
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := bootstrap.CreateToken(ctx, cli, "clash", 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, url := range []string{"http://10.9.0.1:2380", "http://10.9.0.2:2380"} {
+		id, err := bootstrap.MemberID([]string{url}, "clash")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(ctx, bootstrap.MemberKey("clash", id), "infra="+url); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b = startBeacon(t, t.TempDir(), nil, "token", "ls", "--endpoints", ep)
+	if err := b.wait(t, 30*time.Second); err != nil || !strings.Contains(b.out(), `full, cannot form: discovery: found duplicate name: "infra" is registered by`) {
+		t.Fatalf("token ls with a name clash: %v\n%s", err, b.out())
 	}
 }
 
