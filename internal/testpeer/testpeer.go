@@ -33,12 +33,22 @@ func Binary(tb testing.TB, install string, candidates ...string) string {
 			return p
 		}
 	}
-	msg := "peer program not found (looked for " + joinQuoted(candidates) + "); install it with: " + install
-	if os.Getenv(RequireEnv) != "" {
-		tb.Fatal(msg)
-	}
-	tb.Skip(msg)
+	Missing(tb, "peer program not found (looked for "+joinQuoted(candidates)+"); install it with: "+install)
 	return ""
+}
+
+// Missing ends a test that cannot run because a peer, a privilege or a
+// tool it needs is missing: it skips it with why (say what is missing and
+// how to get it), or, when RequireEnv is set (CI, where everything is
+// there), fails it. A test that cannot run must never pass having run
+// nothing.
+func Missing(tb testing.TB, why string) {
+	tb.Helper()
+	if os.Getenv(RequireEnv) != "" {
+		tb.Fatal(why + " (" + RequireEnv + " is set: everything the tests need must be there)")
+		return
+	}
+	tb.Skip(why)
 }
 
 func joinQuoted(s []string) string {
