@@ -228,8 +228,8 @@ type starter struct {
 
 // Bounds of the pause between two attempts to reach the store at start.
 const (
-	startRetryMin = 500 * time.Millisecond
-	startRetryMax = 5 * time.Second
+	startRetryFirst = 500 * time.Millisecond
+	startRetryLast  = 5 * time.Second
 )
 
 // register opens the registry and registers in, retrying while the store
@@ -245,7 +245,7 @@ func (s starter) register(ctx context.Context, in beacon.Instance) (registry.Reg
 	var r registry.Registry
 	var prev error // the last attempt's error
 	since := time.Now()
-	delay := startRetryMin
+	delay := startRetryFirst
 	for n := 1; ; n++ {
 		reg, err := s.attempt(wctx, &r, in)
 		if err == nil {
@@ -276,15 +276,15 @@ func (s starter) register(ctx context.Context, in beacon.Instance) (registry.Reg
 		}
 		bound := "until interrupted"
 		if s.timeout > 0 {
-			bound = "for at most --start-timeout " + s.timeout.String()
+			bound = "at most --start-timeout " + s.timeout.String()
 		}
-		s.log.Warn("store not reachable; waiting for it "+bound, "attempt", n, "retry-in", delay,
+		s.log.Warn("store not reachable; waiting for it", "until", bound, "attempt", n, "retry-in", delay,
 			"waited", time.Since(since).Round(time.Millisecond), "err", err)
 		select {
 		case <-wctx.Done():
 		case <-time.After(delay):
 		}
-		delay = min(2*delay, startRetryMax)
+		delay = min(2*delay, startRetryLast)
 	}
 }
 

@@ -184,7 +184,7 @@ func TestRegisterWaitsForTheStore(t *testing.T) {
 	reg := startBeacon(t, dir, nil, "register", "prod/api/http", "--addr", "10.0.0.5:8080", "--id", "00000000000000d1",
 		"--endpoints", ep, "--dial-timeout", "300ms")
 	reg.waitLine(t, "state waiting: ", 30*time.Second)
-	waitStderr(t, reg, "store not reachable; waiting for it until interrupted", 30*time.Second)
+	waitStderr(t, reg, `store not reachable; waiting for it" until="until interrupted"`, 30*time.Second)
 	if !strings.Contains(reg.errOut(), ep) {
 		t.Errorf("the waiting log does not say which endpoint: %s", reg.errOut())
 	}
