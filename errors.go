@@ -3,6 +3,7 @@ package beacon
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
 // Sentinel errors. Every validation failure is a *FieldError that matches
@@ -55,5 +56,9 @@ func shorten(s string) string {
 	if len(s) <= max {
 		return s
 	}
-	return s[:max] + fmt.Sprintf("…(%d bytes)", len(s))
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut-- // not inside a character
+	}
+	return s[:cut] + fmt.Sprintf("…(%d bytes)", len(s))
 }

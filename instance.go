@@ -87,17 +87,26 @@ func (in Instance) Equal(o Instance) bool {
 func (in Instance) Validate() error { return in.ValidateWith(DefaultMaxMetadataSize) }
 
 // ValidateWith is Validate with a caller-chosen metadata limit.
-func (in Instance) ValidateWith(maxMetadata int) error {
+func (in Instance) ValidateWith(maxMetadata int) error { return in.validate(maxMetadata, true) }
+
+// ValidateStored is ValidateWith for an instance read back from a store:
+// it also accepts control characters in metadata values and host names
+// longer than DNS carries, which writers refuse (ValidateMetadata,
+// ValidateAddress) but other or older writers may have stored; readers
+// show them escaped.
+func (in Instance) ValidateStored(maxMetadata int) error { return in.validate(maxMetadata, false) }
+
+func (in Instance) validate(maxMetadata int, write bool) error {
 	if err := in.Ref().Validate(); err != nil {
 		return err
 	}
-	if err := ValidateAddress(in.Address); err != nil {
+	if err := validateAddress(in.Address, write); err != nil {
 		return err
 	}
 	if err := validateTransport(in.Transport); err != nil {
 		return err
 	}
-	if err := ValidateMetadata(in.Metadata, maxMetadata); err != nil {
+	if err := validateMetadata(in.Metadata, maxMetadata, write); err != nil {
 		return err
 	}
 	switch in.Status {
@@ -109,8 +118,13 @@ func (in Instance) ValidateWith(maxMetadata int) error {
 }
 
 // ValidateAddress checks that addr is host:port (port 1-65535) or an
-// absolute URL with a host, with no spaces or control characters.
-func ValidateAddress(addr string) error {
+// absolute URL with a host, with no spaces or control characters, and a
+// host name DNS can carry.
+func ValidateAddress(addr string) error { return validateAddress(addr, true) }
+
+// validateAddress is ValidateAddress; a reader (write false) accepts host
+// names longer than DNS carries, which older writers stored.
+func validateAddress(addr string, write bool) error {
 	const rule = "must be host:port (port 1-65535) or a URL like nats://host:4222"
 	if addr == "" {
 		return fieldError(ErrInvalidAddress, "address", addr, "is required; "+rule)
@@ -128,7 +142,10 @@ func ValidateAddress(addr string) error {
 		if err != nil || u.Scheme == "" || (u.Host == "" && u.Path == "") {
 			return fieldError(ErrInvalidAddress, "address", addr, rule)
 		}
-		return nil
+		if !write {
+			return nil
+		}
+		return checkHostName(addr, u.Hostname())
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil || host == "" {
@@ -136,6 +153,35 @@ func ValidateAddress(addr string) error {
 	}
 	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
 		return fieldError(ErrInvalidAddress, "address", addr, rule)
+	}
+	if !write {
+		return nil
+	}
+	return checkHostName(addr, host)
+}
+
+// checkHostName refuses a host name of addr that DNS cannot carry: a
+// label (between dots) longer than 63 bytes or empty, or more than 253
+// bytes in all (RFC 1035; one trailing dot allowed). Callers would fail to
+// resolve it, and Beacon's DNS could not answer with it. IP addresses and
+// an empty host (a URL of a path) pass.
+func checkHostName(addr, host string) error {
+	if host == "" || net.ParseIP(host) != nil {
+		return nil
+	}
+	name := strings.TrimSuffix(host, ".")
+	for _, label := range strings.Split(name, ".") {
+		switch {
+		case label == "":
+			return fieldError(ErrInvalidAddress, "address", addr, "has an empty label (two dots in a row, or a leading dot) in its host name")
+		case len(label) > 63:
+			return fieldError(ErrInvalidAddress, "address", addr,
+				fmt.Sprintf("has a host name label of %d bytes (%.20s…): DNS carries at most 63 between dots", len(label), label))
+		}
+	}
+	if len(name) > 253 {
+		return fieldError(ErrInvalidAddress, "address", addr,
+			fmt.Sprintf("has a host name of %d bytes: DNS carries at most 253", len(name)))
 	}
 	return nil
 }
@@ -164,8 +210,14 @@ func MetadataSize(md map[string]string) int {
 }
 
 // ValidateMetadata checks keys (non-empty, at most 253 bytes, printable) and
-// values (valid UTF-8), and that the total size is at most max bytes.
-func ValidateMetadata(md map[string]string, max int) error {
+// values (valid UTF-8 without control characters: a newline or NUL breaks
+// every line-based consumer, DNS TXT readers and logs), and that the total
+// size is at most max bytes.
+func ValidateMetadata(md map[string]string, max int) error { return validateMetadata(md, max, true) }
+
+// validateMetadata is ValidateMetadata; a reader (write false) accepts
+// control characters in values.
+func validateMetadata(md map[string]string, max int, write bool) error {
 	if n := MetadataSize(md); n > max {
 		return fieldError(ErrMetadataTooLarge, "metadata", fmt.Sprintf("%d bytes", n),
 			fmt.Sprintf("keys and values may total at most %d bytes; store large data elsewhere and put a reference in metadata", max))
@@ -176,6 +228,10 @@ func ValidateMetadata(md map[string]string, max int) error {
 		}
 		if !utf8.ValidString(v) {
 			return fieldError(ErrInvalidMetadata, "metadata value for "+k, v, "must be valid UTF-8")
+		}
+		if write && strings.ContainsFunc(v, unicode.IsControl) {
+			return fieldError(ErrInvalidMetadata, "metadata value for "+k, v,
+				"must not contain control characters (newline, tab, NUL...): put multi-line or binary data in one line, e.g. as base64")
 		}
 	}
 	return nil
@@ -212,7 +268,7 @@ func UnmarshalInstance(data []byte) (Instance, error) {
 	if in.Status == "" {
 		in.Status = StatusServing
 	}
-	if err := in.ValidateWith(1 << 20); err != nil {
+	if err := in.ValidateStored(1 << 20); err != nil {
 		return Instance{}, fmt.Errorf("beacon: decode instance: %w", err)
 	}
 	return in, nil

@@ -57,6 +57,19 @@ func TestInstanceValidate(t *testing.T) {
 		{"metadata too large", func(i *Instance) { i.Metadata = map[string]string{"k": strings.Repeat("v", 4096)} }, ErrMetadataTooLarge},
 		{"metadata at limit", func(i *Instance) { i.Metadata = map[string]string{"k": strings.Repeat("v", 4095)} }, nil},
 		{"empty metadata key", func(i *Instance) { i.Metadata = map[string]string{"": "v"} }, ErrInvalidMetadata},
+		{"newline in metadata value", func(i *Instance) { i.Metadata = map[string]string{"k": "a\nb"} }, ErrInvalidMetadata},
+		{"NUL in metadata value", func(i *Instance) { i.Metadata = map[string]string{"k": "a\x00b"} }, ErrInvalidMetadata},
+		{"tab in metadata value", func(i *Instance) { i.Metadata = map[string]string{"k": "a\tb"} }, ErrInvalidMetadata},
+		{"C1 control in metadata value", func(i *Instance) { i.Metadata = map[string]string{"k": "a\u0085b"} }, ErrInvalidMetadata},
+		{"printable metadata value", func(i *Instance) { i.Metadata = map[string]string{"k": "a b=c, ünï"} }, nil},
+		{"host label of 63", func(i *Instance) { i.Address = strings.Repeat("a", 63) + ".example.com:80" }, nil},
+		{"host label of 64", func(i *Instance) { i.Address = strings.Repeat("a", 64) + ".example.com:80" }, ErrInvalidAddress},
+		{"host label of 254", func(i *Instance) { i.Address = strings.Repeat("a", 254) + ":80" }, ErrInvalidAddress},
+		{"host name of 253", func(i *Instance) { i.Address = strings.Repeat(strings.Repeat("a", 49)+".", 5) + "abc.:80" }, nil},
+		{"host name of 254", func(i *Instance) { i.Address = strings.Repeat(strings.Repeat("a", 49)+".", 5) + "abcd:80" }, ErrInvalidAddress},
+		{"empty host label", func(i *Instance) { i.Address = "a..example.com:80" }, ErrInvalidAddress},
+		{"URL host label of 64", func(i *Instance) { i.Address = "nats://" + strings.Repeat("a", 64) + ":4222/s" }, ErrInvalidAddress},
+		{"URL without host", func(i *Instance) { i.Address = "unix:///run/app.sock" }, nil},
 		{"bad status", func(i *Instance) { i.Status = "up" }, ErrInvalid},
 		{"bad transport", func(i *Instance) { i.Transport = "GRPC" }, ErrInvalid},
 	}
@@ -73,6 +86,30 @@ func TestInstanceValidate(t *testing.T) {
 		if !errors.Is(err, tt.want) || !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: got %v, want %v", tt.name, err, tt.want)
 		}
+	}
+}
+
+// A stored value with a control character in a metadata value or a host
+// name DNS cannot carry (written by another or an older writer) is still
+// read: only writers refuse them.
+func TestUnmarshalInstanceKeepsStoredControlCharacters(t *testing.T) {
+	in := validInstance()
+	in.Metadata = map[string]string{"note": "two\nlines"}
+	in.Address = strings.Repeat("h", 64) + ":80"
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := UnmarshalInstance(b)
+	if err != nil || out.Metadata["note"] != "two\nlines" {
+		t.Fatalf("UnmarshalInstance: %+v, %v", out.Metadata, err)
+	}
+	if err := in.Validate(); !errors.Is(err, ErrInvalidAddress) {
+		t.Fatalf("a writer accepts it: %v", err)
+	}
+	in.Address = "h:80"
+	if err := in.Validate(); !errors.Is(err, ErrInvalidMetadata) {
+		t.Fatalf("a writer accepts it: %v", err)
 	}
 }
 

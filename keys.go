@@ -2,6 +2,8 @@ package beacon
 
 import (
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // ServicesDir is the directory under a Keyspace's root that holds instances.
@@ -130,6 +132,9 @@ type Keyspace struct {
 func NewKeyspace(root string) (Keyspace, error) {
 	if root != "" && (!strings.HasPrefix(root, "/") || strings.HasSuffix(root, "/") || strings.Contains(root, "//")) {
 		return Keyspace{}, fieldError(ErrInvalidKey, "root", root, `must be empty or a path like "/beacon": leading '/', no trailing '/'`)
+	}
+	if !utf8.ValidString(root) || strings.ContainsFunc(root, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		return Keyspace{}, fieldError(ErrInvalidKey, "root", root, "must be printable UTF-8 without spaces or control characters")
 	}
 	return Keyspace{root: root}, nil
 }

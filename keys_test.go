@@ -28,7 +28,7 @@ func TestKeyspaceRoundTrip(t *testing.T) {
 }
 
 func TestKeyspaceBadRoots(t *testing.T) {
-	for _, root := range []string{"beacon", "/beacon/", "//x", "/a//b"} {
+	for _, root := range []string{"beacon", "/beacon/", "//x", "/a//b", "/bea\ncon", "/a b", "/a\x00", "/\xff"} {
 		if _, err := NewKeyspace(root); !errors.Is(err, ErrInvalidKey) {
 			t.Errorf("NewKeyspace(%q) = %v, want ErrInvalidKey", root, err)
 		}

@@ -2,6 +2,7 @@ package bootstrap_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func TestTokenAdmin(t *testing.T) {
@@ -203,6 +205,11 @@ func TestTokenHTTPAPI(t *testing.T) {
 		`{"size": 3.5}`:                  "size 3.5: want a whole number, 1 to 1000",
 		`{"size": "3"}`:                  `size "3": want a number, 1 to 1000`,
 		`{"size": 3, "TOKEN": "x"}`:      `did you mean "token"?`,
+		// null was taken as absent: the default size, a fresh token.
+		`{"size": null}`:             `"size" is null: null is not a value here`,
+		`{"size": 3, "token": null}`: `"token" is null`,
+		"\x1f\x8b\x08\x00":           "the body is gzip-compressed",
+		"\xef\xbb\xbf{\"size\": 3}":  "byte order mark",
 	} {
 		e = bootstrap.ErrorResponse{}
 		got := call("POST", "/v1/tokens", body, &e)
@@ -307,4 +314,42 @@ func TestListTokens(t *testing.T) {
 	if list.Tokens[0].Token != made {
 		t.Errorf("tokens not in creation order: %+v", list.Tokens)
 	}
+
+	// A full token whose two members share a name cannot form a cluster:
+	// it was listed as plain full; now with the clash, as token status
+	// says it.
+	clash := "e-clash"
+	if _, err := bootstrap.CreateToken(ctx, cli, clash, 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, url := range []string{"http://10.0.0.1:2380", "http://10.0.0.2:2380"} {
+		mid, err := bootstrap.MemberID([]string{url}, clash)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(ctx, bootstrap.MemberKey(clash, mid), "infra="+url); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err = bootstrap.ListTokens(ctx, cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range list.Tokens {
+		if s.Token == clash && (!s.Full || s.Size != 2 || !errors.Is(statusErr(ctx, t, cli, clash), bootstrap.ErrDuplicateName) ||
+			!strings.Contains(s.Problem, `"infra" is registered by`)) {
+			t.Errorf("token whose members share a name: %+v", s)
+		}
+	}
+}
+
+// statusErr is the error a token's initial cluster gives.
+func statusErr(ctx context.Context, t *testing.T, cli *clientv3.Client, token string) error {
+	t.Helper()
+	st, err := bootstrap.TokenStatus(ctx, cli, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.InitialCluster()
+	return err
 }

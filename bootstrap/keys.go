@@ -1,8 +1,10 @@
 package bootstrap
 
 import (
+	"fmt"
 	"path"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -37,11 +39,20 @@ func ValidateToken(token string) error {
 	case !isAlnum(token[0]):
 		return invalid(ErrInvalidToken, "token %q must start with a letter or digit", shorten(token))
 	}
-	for i := 0; i < len(token); i++ {
-		if c := token[i]; !isAlnum(c) && c != '-' && c != '_' && c != '.' {
-			return invalid(ErrInvalidToken, "token %q has %q at byte %d: use only letters, digits, '-', '_' and '.'",
-				shorten(token), rune(c), i)
+	for i, r := range token {
+		if r < utf8.RuneSelf && (isAlnum(byte(r)) || r == '-' || r == '_' || r == '.') {
+			continue
 		}
+		// Name the character itself (a byte of a multi-byte character
+		// printed as a rune was mojibake: 'Ã' for é).
+		what := fmt.Sprintf("%q (U+%04X)", r, r)
+		if r == utf8.RuneError {
+			if _, n := utf8.DecodeRuneInString(token[i:]); n <= 1 {
+				what = fmt.Sprintf("the byte 0x%02x (not UTF-8)", token[i])
+			}
+		}
+		return invalid(ErrInvalidToken, "token %q has %s at byte %d: use only ASCII letters, digits, '-', '_' and '.'",
+			shorten(token), what, i)
 	}
 	return nil
 }
@@ -108,5 +119,9 @@ func shorten(s string) string {
 	if len(s) <= limit {
 		return s
 	}
-	return s[:limit] + "…(" + strconv.Itoa(len(s)) + " bytes)"
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut-- // not inside a character
+	}
+	return s[:cut] + "…(" + strconv.Itoa(len(s)) + " bytes)"
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestValidateToken(t *testing.T) {
@@ -84,12 +85,34 @@ func TestValidateSize(t *testing.T) {
 	}
 }
 
+// The character a token may not hold is named as itself: a non-ASCII
+// character was printed byte by byte as a rune, mojibake ('Ã' for é).
+func TestValidateTokenNamesTheCharacter(t *testing.T) {
+	for token, want := range map[string]string{
+		"tök":                               `token "tök" has 'ö' (U+00F6) at byte 1`,
+		"a\u200bb":                          `has '\u200b' (U+200B) at byte 1`,
+		"a\nb":                              `has '\n' (U+000A) at byte 1`,
+		"ab\xffc":                           `has the byte 0xff (not UTF-8) at byte 2`,
+		strings.Repeat("a", 79) + "é" + "!": `…(82 bytes)" has 'é'`,
+	} {
+		err := ValidateToken(token)
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "Ã") {
+			t.Errorf("ValidateToken(%q) = %v, want it to say %s", token, err, want)
+		}
+	}
+}
+
 func FuzzValidateToken(f *testing.F) {
 	for _, s := range []string{"8A591FAB-1D72-41FA-BDF2-A27162FDA1E0", "", "a/b", "..", "tok\x00", strings.Repeat("x", 200)} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, token string) {
-		if ValidateToken(token) != nil {
+		if err := ValidateToken(token); err != nil {
+			// The message is valid UTF-8 whatever the token (a cut inside
+			// a character, or a byte printed as a rune, was not).
+			if !utf8.ValidString(err.Error()) {
+				t.Fatalf("ValidateToken(%q): message not UTF-8: %q", token, err)
+			}
 			return
 		}
 		// A valid token stays one path element: keys built from it never

@@ -38,7 +38,10 @@ type TokenSummary struct {
 	// written otherwise.
 	CreatedAt *time.Time `json:"created_at,omitempty"`
 	// Problem says what is wrong with a token whose size key is missing
-	// or bad.
+	// or bad (Size 0, no State), or with a full token whose members
+	// cannot form a cluster: two share a name or a peer URL, or a URL
+	// etcd refuses (the error InitialCluster gives; GET /v1/tokens/{token}
+	// and beacon token status give it too).
 	Problem string `json:"problem,omitempty"`
 }
 
@@ -113,6 +116,9 @@ func ListTokens(ctx context.Context, cli *clientv3.Client) (TokenList, error) {
 			s.Size, s.Problem = 0, e.reg.sizeErr.Error()
 		} else {
 			s.State, s.Registered, s.Full = st.State, st.Registered(), st.State == StateFull
+			if _, err := st.InitialCluster(); s.Full && err != nil {
+				s.Problem = err.Error() // listed as plain "full" before
+			}
 		}
 		list.Tokens = append(list.Tokens, s)
 	}

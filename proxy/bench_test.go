@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -256,4 +257,24 @@ func BenchmarkDispatch(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(want), "ns/event")
 		})
 	}
+}
+
+// BenchmarkFirstEventThroughProxy measures what
+// TestFirstEventThroughProxyIsNotDelayed checks works: the time from a put
+// to the first event of a watch created through the proxy right before
+// it. It reports the median and its ratio to firstEventGoal
+// (first-event/goal: at most 1).
+func BenchmarkFirstEventThroughProxy(b *testing.B) {
+	srv := etcdtest.Start(b, etcdtest.Options{})
+	p := startProxy(b, Config{Endpoints: srv.Endpoints()})
+	cli, direct := proxyClient(b, p), srv.Client(b)
+	ctx := ctxT(b)
+	var took []time.Duration
+	for b.Loop() {
+		took = append(took, firstEventsThroughProxy(ctx, b, cli, direct, 1)...)
+	}
+	slices.Sort(took)
+	median := took[len(took)/2]
+	b.ReportMetric(float64(median.Microseconds())/1000, "first-event-median-ms")
+	b.ReportMetric(float64(median)/float64(firstEventGoal), "first-event/goal")
 }

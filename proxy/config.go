@@ -4,12 +4,12 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
+	"github.com/beaconplane/beacon/internal/hostport"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 )
@@ -127,6 +127,8 @@ type Config struct {
 	// disables it: the client's deadline applies.
 	ReadTimeout time.Duration
 	// StartTimeout bounds finding the cluster at start; default 30 s.
+	// Negative: no bound, look until ctx ends (requests are answered
+	// Unavailable meanwhile).
 	StartTimeout time.Duration
 	// UpstreamConns is the number of connections the proxy spreads
 	// requests over (each balanced over the endpoints); default 4.
@@ -339,8 +341,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --discovery-srv %q must be a DNS domain such as example.com", ErrBadConfig, c.DiscoverySRV)
 	}
 	if c.DNSServer != "" {
-		if _, _, err := net.SplitHostPort(c.DNSServer); err != nil {
-			return fmt.Errorf("%w: DNS server %q must be host:port: %v", ErrBadConfig, c.DNSServer, err)
+		if err := hostport.Check(c.DNSServer); err != nil {
+			return fmt.Errorf("%w: DNS server %q (--discovery-dns-server) %w", ErrBadConfig, c.DNSServer, err)
 		}
 	}
 	if c.InitialCluster != "" {
@@ -354,13 +356,13 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.ListenAddr != "" {
-		if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
-			return fmt.Errorf("%w: listen address %q must be host:port: %v", ErrBadConfig, c.ListenAddr, err)
+		if err := hostport.Check(c.ListenAddr); err != nil {
+			return fmt.Errorf("%w: listen address %q %w", ErrBadConfig, c.ListenAddr, err)
 		}
 	}
 	for name, d := range map[string]time.Duration{
 		"failure wait": c.FailureWait, "refresh interval": c.RefreshInterval,
-		"dial timeout": c.DialTimeout, "read timeout": c.ReadTimeout, "start timeout": c.StartTimeout,
+		"dial timeout": c.DialTimeout, "read timeout": c.ReadTimeout,
 	} {
 		if d < 0 {
 			return fmt.Errorf("%w: %s %v must not be negative", ErrBadConfig, name, d)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/internal/pprofhttp"
 	gw "github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -32,7 +34,16 @@ const (
 	PathMetrics   = "/metrics"
 	PathHealth    = "/health"
 	PathEndpoints = "/proxy/endpoints"
+	// PathV2 is etcd's v2 API (/v2/keys, /v2/members, ...), which the
+	// proxy does not forward: it answers why (V2NotProxied).
+	PathV2 = "/v2/"
 )
+
+// V2NotProxied is the message of every request to the etcd v2 API.
+const V2NotProxied = "the etcd v2 API (/v2/keys, /v2/members, ...) is not proxied: beacon proxy forwards etcd's v3 API " +
+	"(gRPC, and the JSON gateway under /v3/). etcd 3.4 turned its v2 API off by default, 3.6 removed the v2 proxy " +
+	"(etcd --proxy) and 3.7 serves no v2 API at all, so a cluster could not answer it; use the v3 API " +
+	"(etcdctl, clientv3, or POST /v3/kv/range ...). etcd 2's proxy flags map to beacon proxy's: docs/proxy.md"
 
 // serve runs the gRPC and HTTP servers on l until ctx ends. They answer
 // at once; requests get notReady until start has found the cluster.
@@ -234,7 +245,27 @@ func (p *Proxy) httpHandler(gwmux *gw.ServeMux) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"mode": p.cfg.Mode, "ready": true, "endpoints": p.dir.status()})
 	})
-	return mux
+	mux.HandleFunc(PathV2, func(w http.ResponseWriter, r *http.Request) {
+		// etcd v2's error shape, so that v2 clients show the message.
+		writeJSON(w, http.StatusNotImplemented, map[string]any{"errorCode": 0, "message": V2NotProxied, "cause": r.URL.Path})
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		// Not a plain-text "404 page not found": say what is served.
+		writeJSON(w, http.StatusNotFound, map[string]any{"code": int(codes.NotFound), "message": "proxy: no such path " +
+			r.URL.Path + ": this listener serves etcd's v3 gRPC API, the JSON gateway under " + PathGateway + ", " +
+			PathHealth + ", " + PathMetrics + " and " + PathEndpoints})
+	})
+	// A repeated Authorization (the gateway's etcd token) would reach etcd
+	// as two tokens, of which it reads one: refuse it, in the gateway's
+	// error shape.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if name, n := httpapi.RepeatedHeader(r, "Authorization", "Content-Type"); name != "" {
+			writeJSON(w, http.StatusBadRequest, map[string]any{"code": int(codes.InvalidArgument),
+				"message": fmt.Sprintf("proxy: the %s header is given %d times: send it once", name, n)})
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // Health is the body of GET /health.

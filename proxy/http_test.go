@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -99,6 +100,66 @@ func TestProxyPprof(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != tc.want {
 			t.Errorf("/debug/pprof/ (EnablePprof %v): %d, want %d", tc.p.cfg.EnablePprof, resp.StatusCode, tc.want)
+		}
+	}
+}
+
+// TestV2AndUnknownPathsAnswered: the etcd v2 keys API through the proxy
+// got a plain-text "404 page not found"; now 501 in etcd v2's error shape
+// saying the v2 API is not proxied and why, in both modes and for every
+// method. Other unknown paths get a JSON 404 naming what is served.
+func TestV2AndUnknownPathsAnswered(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	for _, mode := range []Mode{ReadWrite, ReadOnly} {
+		p := startProxy(t, Config{Endpoints: srv.Endpoints(), Mode: mode})
+		base := "http://" + p.Addr().String()
+		for _, tc := range []struct{ method, path string }{
+			{"GET", "/v2/keys/foo"}, {"PUT", "/v2/keys/foo?value=bar"}, {"GET", "/v2/members"}, {"DELETE", "/v2/keys/_etcd/registry/x"},
+		} {
+			req, err := http.NewRequest(tc.method, base+tc.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body struct {
+				Message string `json:"message"`
+				Cause   string `json:"cause"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusNotImplemented || body.Message != V2NotProxied ||
+				!strings.HasPrefix(tc.path, body.Cause) || resp.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("%s %s %s: %d %+v %v", mode, tc.method, tc.path, resp.StatusCode, body, err)
+			}
+		}
+		resp, err := http.Get(base + "/nope")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(b), "no such path /nope: this listener serves etcd's v3 gRPC API") {
+			t.Errorf("%s GET /nope: %d %s", mode, resp.StatusCode, b)
+		}
+		// Two etcd tokens: etcd would read one of them.
+		req, err := http.NewRequest("POST", base+"/v3/kv/range", strings.NewReader(`{"key":"Zm9v"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Add("Authorization", "token-a")
+		req.Header.Add("Authorization", "token-b")
+		resp, err = http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "the Authorization header is given 2 times: send it once") {
+			t.Errorf("%s two Authorization headers: %d %s", mode, resp.StatusCode, b)
 		}
 	}
 }

@@ -194,8 +194,12 @@ func (p *Proxy) notReadyReason() string {
 	if f.since.IsZero() {
 		return fmt.Sprintf("%v: not serving (Serve was not called)", ErrNotReady)
 	}
-	msg := fmt.Sprintf("%v: no reachable etcd member found yet %s (looking for %v of at most %v", ErrNotReady,
-		p.cfg.source(), time.Since(f.since).Round(100*time.Millisecond), p.cfg.StartTimeout)
+	bound := fmt.Sprintf("of at most %v", p.cfg.StartTimeout)
+	if p.cfg.StartTimeout < 0 {
+		bound = "with no bound"
+	}
+	msg := fmt.Sprintf("%v: no reachable etcd member found yet %s (looking for %v %s", ErrNotReady,
+		p.cfg.source(), time.Since(f.since).Round(100*time.Millisecond), bound)
 	if f.attempts == 0 || f.lastErr == nil {
 		return msg + "; the first attempt is under way)"
 	}
@@ -216,7 +220,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 }
 
 // Serve answers on l at once and finds the cluster (bounded by
-// Config.StartTimeout), then forwards clients' requests until ctx ends or
+// Config.StartTimeout, if positive), then forwards clients' requests until ctx ends or
 // Close is called; it closes l. Until the cluster is found, /health answers
 // 503 and every request gRPC Unavailable (HTTP 503) saying so (see Ready).
 // It returns nil after a normal stop (ctx ended or Close, also while still
@@ -279,7 +283,10 @@ func (p *Proxy) Close() error {
 // for the answers the proxy gives meanwhile (notReady, /proxy/endpoints),
 // and the retries are logged at a bounded rate.
 func (p *Proxy) start(ctx context.Context) error {
-	sctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
+	sctx, cancel := ctx, context.CancelFunc(func() {})
+	if p.cfg.StartTimeout > 0 {
+		sctx, cancel = context.WithTimeout(ctx, p.cfg.StartTimeout)
+	}
 	defer cancel()
 	var lastErr error
 	delay := 100 * time.Millisecond

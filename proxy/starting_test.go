@@ -21,6 +21,7 @@ import (
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -288,6 +289,20 @@ func testAnswersWhileFinding(t *testing.T, srv *etcdtest.Server, useTLS bool) {
 	}
 }
 
+// waitUpstreamReady waits, on gRPC's connectivity state changes, until
+// every connection the proxy forwards over is ready.
+func waitUpstreamReady(ctx context.Context, t *testing.T, p *Proxy) {
+	t.Helper()
+	for i, c := range p.conns {
+		for st := c.GetState(); st != connectivity.Ready; st = c.GetState() {
+			c.Connect()
+			if !c.WaitForStateChange(ctx, st) {
+				t.Fatalf("upstream connection %d still %v: %v", i, st, ctx.Err())
+			}
+		}
+	}
+}
+
 // TestLostClusterIsReported: when the only member goes down after start,
 // the first request that fails to connect makes the proxy check its
 // endpoints at once: /proxy/endpoints reports the member failed, with the
@@ -326,8 +341,13 @@ func TestLostClusterIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the proxy to serve again", func() bool { return p.CheckHealth(ctx) == nil })
+	// The health check went through one upstream connection; a Range may
+	// take another, still waiting out its reconnection backoff (it was
+	// answered Unavailable on a busy machine): wait for that event, every
+	// upstream connection ready again, rather than assume it.
+	waitUpstreamReady(ctx, t, p)
 	if _, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("a")}); err != nil {
-		t.Fatalf("Range once the member is back: %v", err)
+		t.Fatalf("Range once the member is back and every upstream connection is ready: %v", err)
 	}
 	if _, err := srv.Client(t).Put(ctx, "w", "after"); err != nil {
 		t.Fatal(err)

@@ -25,6 +25,10 @@ func TestConfigDefaults(t *testing.T) {
 	if len(c.PeerURLs) != 0 {
 		t.Fatalf("default peer URL added beside endpoints: %v", c.PeerURLs)
 	}
+	// A negative StartTimeout is no bound (beacon proxy --start-timeout 0).
+	if c := (Config{StartTimeout: -1}); c.Validate() != nil || c.withDefaults().StartTimeout != -1 {
+		t.Fatalf("StartTimeout -1: %v, %v", c.Validate(), c.withDefaults().StartTimeout)
+	}
 	if err := (Config{DiscoveryToken: "bad token!", DiscoveryEndpoints: []string{"http://x:1"}}).Validate(); !errors.Is(err, ErrBadConfig) {
 		t.Fatalf("bad token: %v", err)
 	}

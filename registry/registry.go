@@ -174,7 +174,9 @@ type watchOptions struct {
 // consumer already applied, e.g. an SSE Last-Event-ID). If the changes
 // since rev are still available, the first batch is Changes with exactly
 // those changes (possibly none); otherwise it is a Snapshot, and the
-// consumer must replace its state. Zero means a fresh watch.
+// consumer must replace its state. Zero means a fresh watch. On a store
+// registry, a revision beyond the store's current one (never given by this
+// store) makes Next fail with an error matching beacon.ErrInvalid.
 func FromRevision(rev int64) WatchOption {
 	return func(o *watchOptions) { o.fromRevision = rev }
 }

@@ -50,6 +50,8 @@ type watcher struct {
 	f    *feed
 	from int64
 
+	fromChecked bool // from was found not beyond the store's revision
+
 	v          atomic.Pointer[version] // last delivered; nil before the first batch
 	staleGen   uint64                  // last disconnection reported
 	needResync bool                    // a Stale batch awaits its Resync
@@ -119,6 +121,16 @@ func (w *watcher) Next(ctx context.Context) (Batch, error) {
 		wake := f.wake
 		old := w.v.Load()
 		switch {
+		case old == nil && f.synced && w.from > f.rev && !w.fromChecked:
+			// A revision the feed has not reached: the store may have (it
+			// follows this prefix only), or the revision was never given.
+			prefix := f.prefix
+			f.mu.Unlock()
+			if err := w.checkFrom(ctx, prefix); err != nil {
+				return Batch{}, err
+			}
+			continue
+
 		case old == nil && f.synced:
 			cur := f.versionLocked()
 			f.reportedLocked(cur.rev)
@@ -189,6 +201,29 @@ func (w *watcher) Next(ctx context.Context) (Batch, error) {
 			return Batch{}, w.ended()
 		}
 	}
+}
+
+// fromProbe is appended to a watch's key prefix to read the store's
+// revision: a key that cannot be an instance's ("~" is in no name), inside
+// the prefix, so a user who may watch the prefix may read it.
+const fromProbe = "~"
+
+// checkFrom refuses a resume revision beyond the store's current one: a
+// revision the store never gave (another store's, or a typo), which would
+// otherwise be taken silently as a fresh watch. If the store cannot say
+// (unreachable), the watch goes on as a fresh one.
+func (w *watcher) checkFrom(ctx context.Context, prefix string) error {
+	rctx, cancel := w.r.opContext()
+	defer cancel()
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	_, cur, err := w.r.st.List(rctx, prefix+fromProbe)
+	if err == nil && w.from > cur {
+		return fmt.Errorf("%w: watch from revision %d: the store is only at revision %d: resume from a revision "+
+			"this store gave (or watch afresh, without one)", beacon.ErrInvalid, w.from, cur)
+	}
+	w.fromChecked = true
+	return nil
 }
 
 func event(t beacon.EventType, it *item, rev int64) beacon.Event {

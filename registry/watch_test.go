@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -146,9 +147,14 @@ func TestWatchLingerKeepsFeedWarm(t *testing.T) {
 	}
 	_ = b
 
-	// A revision from before the feed existed, or from the future, gets
-	// a snapshot.
-	for _, rev := range []int64{1, first.Revision + 1_000_000} {
+	// A revision from before the feed existed, or one the store reached by
+	// writes outside the watched prefix (the feed never saw it), gets a
+	// snapshot.
+	other, err := st.Put(ctx, "/elsewhere", []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rev := range []int64{1, other} {
 		w3, err := r.Watch(ctx, q, registry.FromRevision(rev))
 		if err != nil {
 			t.Fatal(err)
@@ -161,6 +167,16 @@ func TestWatchLingerKeepsFeedWarm(t *testing.T) {
 	}
 	if _, err := r.Watch(ctx, q, registry.FromRevision(-1)); !errors.Is(err, beacon.ErrInvalid) {
 		t.Fatalf("negative revision: %v", err)
+	}
+	// A revision the store has not reached was never given: it was taken
+	// silently as a fresh watch; now it is refused, saying so.
+	w4, err := r.Watch(ctx, q, registry.FromRevision(other+1_000_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w4.Close()
+	if nb, err := w4.Next(ctx); !errors.Is(err, beacon.ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("the store is only at revision %d", other)) {
+		t.Fatalf("resume from the future: %v, %v", nb.Kind, err)
 	}
 }
 

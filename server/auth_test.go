@@ -362,3 +362,44 @@ func TestCORSPreflightUnderAuth(t *testing.T) {
 		t.Fatalf("GET without credentials from the allowed origin: %d %v", r.code, r.header)
 	}
 }
+
+// TestRepeatedHeadersRefused: two Authorization headers were resolved to
+// the first without a word (a proxy in front may read the last: two
+// readers, two users); now any header that carries one value, given
+// twice, is answered 400 saying to send it once, before authentication.
+func TestRepeatedHeadersRefused(t *testing.T) {
+	s := startServer(t, authConfig(t))
+	base := s.Endpoints().HTTP
+	for _, tc := range []struct {
+		name   string
+		values []string
+	}{
+		{"Authorization", []string{basic("root", rootPassword), basic("nobody", "x")}},
+		{"Authorization", []string{basic("root", rootPassword), basic("root", rootPassword)}},
+		{"Beacon-Secret", []string{"a", "b"}},
+		{"Last-Event-ID", []string{"1", "2"}},
+	} {
+		req, err := http.NewRequest("GET", base+"/v1/registry/instances", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range tc.values {
+			req.Header.Add(tc.name, v)
+		}
+		if tc.name != "Authorization" {
+			req.Header.Set("Authorization", basic("root", rootPassword))
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "the "+tc.name+" header is given 2 times: send it once") {
+			t.Errorf("%s twice: %d %s", tc.name, resp.StatusCode, b)
+		}
+	}
+	if a := (as{t: t, base: base, auth: basic("root", rootPassword)}).do("GET", "/v1/registry/instances", ""); a.code != http.StatusOK {
+		t.Fatalf("one Authorization header: %d %s", a.code, a.body)
+	}
+}

@@ -7,10 +7,10 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/hostport"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/backend"
@@ -238,8 +238,8 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.Discovery.validate(c)...)
 	errs = append(errs, c.Security.validate(c)...)
-	if !isHostPort(c.HTTPAddr) {
-		errs = append(errs, fmt.Errorf("--http-addr %q: must be host:port (port 0-65535), e.g. 127.0.0.1:9379", c.HTTPAddr))
+	if err := hostport.Check(c.HTTPAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--http-addr %q: %w, e.g. 127.0.0.1:9379", c.HTTPAddr, err))
 	}
 	if err := c.Registry.Validate(); err != nil {
 		errs = append(errs, err)
@@ -265,19 +265,13 @@ func (c Config) Validate() error {
 // isHostPort reports whether addr is host:port with a port number from 0
 // to 65535 (net.Listen would refuse another only when the server starts,
 // as a run-time failure).
-func isHostPort(addr string) bool {
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	n, err := strconv.ParseUint(port, 10, 16)
-	return err == nil && n <= 65535
-}
-
 func validateURL(s string, listen bool) error {
 	u, err := url.Parse(s)
 	if err != nil {
 		return fmt.Errorf("not a URL: %w", err)
+	}
+	if strings.HasPrefix(u.Scheme, "unix") {
+		return errors.New("is a Unix socket: Unix sockets are not supported; give an http:// or https:// URL, e.g. http://127.0.0.1:2379")
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return errors.New("scheme must be http or https, e.g. http://127.0.0.1:2379")

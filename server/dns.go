@@ -6,6 +6,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/hostport"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/dnsapi"
 )
@@ -32,8 +33,8 @@ func (c DNSConfig) validate() []error {
 		return nil
 	}
 	var errs []error
-	if !isHostPort(c.Addr) {
-		errs = append(errs, fmt.Errorf("--dns-addr %q: must be host:port (port 0-65535), e.g. %s (or empty to disable DNS)", c.Addr, dnsapi.DefaultAddr))
+	if err := hostport.Check(c.Addr); err != nil {
+		errs = append(errs, fmt.Errorf("--dns-addr %q: %w, e.g. %s (or empty to disable DNS)", c.Addr, err, dnsapi.DefaultAddr))
 	}
 	if err := c.dnsapi().Validate(); err != nil {
 		errs = append(errs, err)

@@ -44,9 +44,9 @@ func (s *Server) serveEarly() {
 	srv := &http.Server{
 		// connlimit: a connection with a request in flight is never
 		// closed to make room for another (connlimit.go).
-		Handler: connlimit.Handler(s.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Handler: connlimit.Handler(s.guard(httpapi.RefuseRepeatedHeaders(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			(*s.handler.Load()).ServeHTTP(w, r)
-		}))),
+		})))),
 		ConnContext:       connlimit.ConnContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },

@@ -61,6 +61,9 @@ type Server struct {
 	xds       xdsState       // xDS interface (xds.go)
 	closeOnce sync.Once
 	closeErr  error
+	// abortCtx bounds Close's graceful part; Abort ends it.
+	abortCtx context.Context
+	abort    context.CancelFunc
 	// etcdClosing is set when Close stops embedded etcd (etcdlog.go).
 	etcdClosing atomic.Bool
 	// etcdRemoved is set when etcd says this member was removed from its
@@ -97,6 +100,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	cfg = cfg.withDefaults()
 	s := &Server{cfg: cfg, log: cfg.Logger, errc: make(chan error, 4)}
+	s.abortCtx, s.abort = context.WithCancel(context.Background())
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -229,9 +233,11 @@ func (s *Server) Close() error {
 			s.stopHTTP()
 		}
 		if httpSrv != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+			ctx, cancel := context.WithTimeout(s.abortCtx, s.cfg.ShutdownTimeout)
 			if err := httpSrv.Shutdown(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+				if s.abortCtx.Err() == nil { // not cut short by Abort on purpose
+					errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+				}
 				_ = httpSrv.Close()
 			}
 			cancel()
@@ -274,6 +280,11 @@ func (s *Server) Close() error {
 	})
 	return s.closeErr
 }
+
+// Abort cuts a graceful Close short, now or while it runs: HTTP requests
+// still in flight are not waited for (their connections are closed). It
+// is safe to call at any time, more than once.
+func (s *Server) Abort() { s.abort() }
 
 // Registry returns the registry behind the HTTP API (nil before Start): a
 // *registry.StoreRegistry over the store, or the registry of a registry

@@ -107,6 +107,27 @@ func (s *Server) logSecurityWarnings() {
 	if w := passwordFileWarning(s.sec.RootPasswordFile); w != "" {
 		s.log.Warn("SECURITY: secret readable by others", "problem", w)
 	}
+	if w := s.unusedRootPasswordWarning(); w != "" {
+		s.log.Warn("SECURITY: authentication is off although a root password is given", "problem", w)
+	}
+}
+
+// unusedRootPasswordWarning says when a root password is given
+// (BEACON_ROOT_PASSWORD or --auth-root-password-file) without --auth while
+// etcd authentication is off: nothing uses it, and whoever set it most
+// likely believes authentication is on. (Without --auth it is used, to
+// authenticate the server itself, only where etcd authentication is
+// already on: a data directory an --auth start enabled it in.)
+func (s *Server) unusedRootPasswordWarning() string {
+	if s.sec.Auth || (s.sec.RootPassword == "" && s.sec.RootPasswordFile == "") || s.authEnforced() {
+		return ""
+	}
+	given := EnvRootPassword + " is set"
+	if s.sec.RootPasswordFile != "" {
+		given = "--auth-root-password-file is given"
+	}
+	return given + " but --auth is not, and etcd authentication is off: the password is unused and every request is " +
+		"served without authentication; add --auth to enable it (or remove the password)"
 }
 
 // passwordFileWarning says what is wrong with a password file that users

@@ -11,6 +11,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/connlimit"
+	"github.com/beaconplane/beacon/internal/hostport"
 	"github.com/beaconplane/beacon/internal/tlsfiles"
 	"github.com/beaconplane/beacon/server/xdsapi"
 	"github.com/beaconplane/beacon/store"
@@ -40,8 +41,8 @@ func (c XDSConfig) validate() []error {
 		return nil
 	}
 	var errs []error
-	if !isHostPort(c.Addr) {
-		errs = append(errs, fmt.Errorf("--xds-addr %q: must be host:port (port 0-65535), e.g. %s (or empty to disable xDS)", c.Addr, xdsapi.DefaultAddr))
+	if err := hostport.Check(c.Addr); err != nil {
+		errs = append(errs, fmt.Errorf("--xds-addr %q: %w, e.g. %s (or empty to disable xDS)", c.Addr, err, xdsapi.DefaultAddr))
 	}
 	if c.MaxStreams < 0 {
 		errs = append(errs, fmt.Errorf("--xds-max-streams %d: must be positive (0 for the default, %d)", c.MaxStreams, xdsapi.DefaultMaxStreams))

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/beaconplane/beacon"
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
@@ -24,7 +28,9 @@ HTTP API of beacon serve acts as each request's etcd user, so a role's key
 prefixes are its namespaces. These helpers grant the prefixes a role needs;
 create users and assign roles with etcdctl (user add, user grant-role).
 
-They talk to etcd as a user allowed to change roles (root).
+They talk to etcd as a user allowed to change roles (root). On a cluster
+without authentication they grant all the same (to prepare roles before
+enabling it) and print a warning: nothing checks roles until it is on.
 
 ` + connHelp,
 		Example: `  beacon auth grant-namespace team-a-writer team-a --user root
@@ -59,6 +65,31 @@ func (c *authConn) open(ctx context.Context) (*etcdstore.Store, beacon.Keyspace,
 		return nil, ks, err
 	}
 	return st, ks, nil
+}
+
+// checkRole refuses a role name etcd would take but nobody could type or
+// read back: empty, not UTF-8, or with spaces or control characters.
+func checkRole(role string) error {
+	if role == "" || !utf8.ValidString(role) || strings.ContainsFunc(role, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) {
+		return usagef("ROLE %q: want a name of printable characters without spaces, e.g. team-a-writer", role)
+	}
+	return nil
+}
+
+// authOffWarning is printed after granting on an etcd without
+// authentication: roles are kept, but nothing checks them until it is on.
+const authOffWarning = "warning: etcd authentication is not enabled on this cluster: every client may still read and " +
+	"write everything, and the role takes effect only once it is (beacon serve --auth, or etcdctl auth enable)"
+
+// warnIfAuthOff prints authOffWarning to w when etcd says authentication
+// is off (granting was allowed, so the user may prepare roles before
+// enabling it; but a grant that protects nothing must not look like one
+// that does).
+func warnIfAuthOff(ctx context.Context, cli *clientv3.Client, w io.Writer) {
+	st, err := cli.AuthStatus(ctx)
+	if err == nil && !st.Enabled {
+		fmt.Fprintln(w, authOffWarning)
+	}
 }
 
 // grantPrefixes creates role if needed and grants it perm on each prefix.
@@ -119,8 +150,8 @@ else.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			role, ns := args[0], args[1]
-			if role == "" {
-				return usage(errors.New("ROLE must not be empty"))
+			if err := checkRole(role); err != nil {
+				return err
 			}
 			if err := beacon.ValidateLabel("namespace", ns); err != nil {
 				return usage(err)
@@ -147,6 +178,7 @@ else.`,
 			for _, g := range grants {
 				fmt.Fprintf(cmd.OutOrStdout(), "role %s: %s on %s (%s)\n", role, permName(g.perm), g.prefix, g.why)
 			}
+			warnIfAuthOff(rctx, st.Client(), cmd.ErrOrStderr())
 			return nil
 		},
 	}
@@ -167,6 +199,9 @@ APIs: /_etcd/registry/ (v3 discovery tokens, /v1/tokens and beacon token) and
 read (token status) only.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkRole(args[0]); err != nil {
+				return err
+			}
 			perm := clientv3.PermissionType(clientv3.PermReadWrite)
 			if readOnly {
 				perm = clientv3.PermissionType(clientv3.PermRead)
@@ -186,6 +221,7 @@ read (token status) only.`,
 			for _, g := range grants {
 				fmt.Fprintf(cmd.OutOrStdout(), "role %s: %s on %s (%s)\n", args[0], permName(g.perm), g.prefix, g.why)
 			}
+			warnIfAuthOff(rctx, st.Client(), cmd.ErrOrStderr())
 			return nil
 		},
 	}

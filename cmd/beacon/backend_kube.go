@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/kube"
+	"github.com/beaconplane/beacon/store"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -27,6 +29,23 @@ BEACON_KUBE_NAMESPACES says which namespaces readers see (default POD_NAMESPACE,
 else the kubeconfig's; "*" for all). Registering needs the pod's identity from
 the Downward API: POD_NAME, POD_NAMESPACE, POD_UID (and CONTAINER_NAME when
 several processes of one pod register).`
+
+// retryableAtStart reports whether register should wait for the store that
+// gave err at start: it did not answer, or not yet (store.ErrUnavailable,
+// which the kubernetes registry also gives for problems waiting does not
+// mend: credentials, RBAC, a missing CRD, a bad configuration).
+func retryableAtStart(err error) bool {
+	if !errors.Is(err, store.ErrUnavailable) || errors.Is(err, store.ErrUnauthenticated) {
+		return false
+	}
+	for _, permanent := range []error{kube.ErrForbidden, kube.ErrUnauthorized, kube.ErrUntrusted,
+		kube.ErrCRDNotInstalled, kube.ErrCRDMismatch, kube.ErrInvalidConfig} {
+		if errors.Is(err, permanent) {
+			return false
+		}
+	}
+	return true
+}
 
 // addKubeFlags adds the kubernetes backend's flags to cmd; they set b's
 // DriverEnv (flags win over the variables).

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+
 	"github.com/beaconplane/beacon/store/backend"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	"github.com/spf13/cobra"
@@ -53,4 +55,23 @@ func (b *backendFlags) config() backend.Config {
 func (b *backendFlags) checkTLSFiles(f *pflag.FlagSet) error {
 	return checkTLSFiles(lookup(f, b.prefix+"cacert", etcdstore.EnvCA), lookup(f, b.prefix+"cert", etcdstore.EnvClientCert),
 		lookup(f, b.prefix+"key", etcdstore.EnvClientKey))
+}
+
+// backendSetting returns the backend the user chose: --backend, else
+// BEACON_DISCOVERY_BACKEND, else Dynamo's DYN_DISCOVERY_BACKEND (as the
+// Beacon backend of that kind, see backend.DynamoName), else etcd. A
+// DYN_DISCOVERY_BACKEND value Dynamo does not accept either is bad usage.
+func backendSetting(f *pflag.FlagSet) (setting, error) {
+	be := lookup(f, "backend", backend.EnvVar)
+	if be.env != "" || f.Changed("backend") {
+		return be, nil
+	}
+	env := backend.FromEnv()
+	if err := env.SelectorError(); err != nil {
+		return be, usage(err)
+	}
+	if os.Getenv(backend.DynamoEnvVar) != "" {
+		be = setting{flag: "backend", env: backend.DynamoEnvVar, val: env.BackendName()}
+	}
+	return be, nil
 }

@@ -151,6 +151,8 @@ also on failure.`,
 	f.StringVar(&cfg.Network, "net", bench.DrillNetAuto, "auto, netns (members in network namespaces: root, iproute2) or loopback")
 	f.StringVar(&cfg.Dir, "dir", "", "keep the members' data and logs here (default: a temporary directory, removed)")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
+	allowEmpty(cmd, "drills", "none (with --expiry)")
+	allowZero(cmd, "expiry", "skip")
 	benchCmd.AddCommand(cmd)
 
 	reg := &cobra.Command{

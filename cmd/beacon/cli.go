@@ -208,6 +208,100 @@ func applyWriteOutEnv(c *cobra.Command) error {
 	return usagef("%s=%q: beacon writes json or its human-readable default (%s); unset the variable or pass -o", envWriteOut, v, out.DefValue)
 }
 
+// emptyMeans is the annotation of a flag that takes an empty value on
+// purpose; its value says what empty means, for errors about the others.
+const emptyMeans = "beacon-empty-means"
+
+// allowEmpty marks flag of c as taking an empty value (--flag=) that
+// means what meaning says (the flag's help must say it too).
+func allowEmpty(c *cobra.Command, flag, meaning string) {
+	if err := c.Flags().SetAnnotation(flag, emptyMeans, []string{meaning}); err != nil {
+		panic(err) // a flag not (yet) defined: a mistake in the command's code
+	}
+}
+
+// checkEmptyFlags refuses a flag given an empty value, or a list with an
+// empty item, unless it is marked with allowEmpty: `--endpoints ""` used
+// the default endpoint, `--etcd-endpoints "$UNSET"` ran embedded etcd, and
+// `--data-dir ""` put the data somewhere unsaid, all without a word.
+func checkEmptyFlags(c *cobra.Command) error {
+	var err error
+	c.Flags().VisitAll(func(fl *pflag.Flag) {
+		if err != nil || !fl.Changed || len(fl.Annotations[emptyMeans]) > 0 {
+			return
+		}
+		empty := false
+		if sv, ok := fl.Value.(pflag.SliceValue); ok {
+			items := sv.GetSlice()
+			empty = len(items) == 0
+			for _, it := range items {
+				empty = empty || strings.TrimSpace(it) == ""
+			}
+		} else if fl.Value.Type() == "string" {
+			empty = strings.TrimSpace(fl.Value.String()) == ""
+		}
+		if !empty {
+			return
+		}
+		def := "leave it out"
+		if fl.DefValue != "" && fl.DefValue != "[]" {
+			def += " for its default, " + strings.Trim(fl.DefValue, "[]")
+		}
+		err = usagef("--%s %q: empty (an unset variable?): give a value, or %s", fl.Name, flagString(fl), def)
+	})
+	return err
+}
+
+// zeroMeans is the annotation of a numeric flag that takes 0 on purpose;
+// its value says what 0 means (the flag's help must say it too).
+const zeroMeans = "beacon-zero-means"
+
+// allowZero marks flag of c as taking 0, meaning what meaning says.
+func allowZero(c *cobra.Command, flag, meaning string) {
+	if err := c.Flags().SetAnnotation(flag, zeroMeans, []string{meaning}); err != nil {
+		panic(err) // a flag not (yet) defined: a mistake in the command's code
+	}
+}
+
+// zeroUnchecked are flags whose 0 is being given its meaning elsewhere
+// (the per-address connection caps, issue 21 §4).
+var zeroUnchecked = map[string]bool{"http-max-connections-per-client": true}
+
+// checkZeroFlags refuses a numeric flag given 0 unless it is marked with
+// allowZero: `--proxy-refresh-interval 0`, `--max-watches 0` or
+// `--shutdown-timeout 0` silently meant the default, which 0 (none? no
+// limit? never?) does not say.
+func checkZeroFlags(c *cobra.Command) error {
+	var err error
+	c.Flags().VisitAll(func(fl *pflag.Flag) {
+		if err != nil || !fl.Changed || len(fl.Annotations[zeroMeans]) > 0 || zeroUnchecked[fl.Name] {
+			return
+		}
+		if v := fl.Value.String(); !numericFlag(fl) || (v != "0" && v != "0s") {
+			return
+		}
+		def := "leave it out for its default"
+		if fl.DefValue != "0" && fl.DefValue != "0s" {
+			def += ", " + fl.DefValue
+		}
+		if strings.Contains(fl.Usage, "-1: no limit") {
+			def += "; -1 for no limit"
+		}
+		err = usagef("--%s %s: 0 is not a value of this flag (not \"none\", \"never\" nor \"no limit\"): give a positive value, or %s", fl.Name, fl.Value, def)
+	})
+	return err
+}
+
+// numericFlag reports whether fl takes a number or a duration.
+func numericFlag(fl *pflag.Flag) bool {
+	switch fl.Value.Type() {
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64",
+		"float32", "float64", "duration":
+		return true
+	}
+	return false
+}
+
 // setting is where a value came from, for error messages: a flag given on
 // the command line, or an environment variable.
 type setting struct {

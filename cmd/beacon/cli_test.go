@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"runtime/debug"
@@ -14,10 +15,13 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/proxy"
 	"github.com/beaconplane/beacon/registry"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	filestore "github.com/beaconplane/beacon/store/file"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestUsageAndFailuresExitDifferently: bad usage exits 2, a failure at
@@ -80,6 +84,153 @@ func TestSettingsCheckedByEveryCommand(t *testing.T) {
 	checkBadInput(t, tests)
 }
 
+// TestEmptyFlagValuesAreRefused: every string or list flag of every
+// command given an empty value is bad usage naming the flag, unless it is
+// marked as taking one on purpose (--dns-addr=: no DNS): `--endpoints ""`
+// used localhost, `serve --etcd-endpoints "$UNSET"` ran embedded etcd and
+// `--data-dir ""` put the data somewhere unsaid, all without a word.
+func TestEmptyFlagValuesAreRefused(t *testing.T) {
+	setup(rootCmd)
+	n := 0
+	walk(rootCmd, func(c *cobra.Command) {
+		c.Flags().VisitAll(func(fl *pflag.Flag) {
+			sv, isSlice := fl.Value.(pflag.SliceValue)
+			if !isSlice && fl.Value.Type() != "string" {
+				return
+			}
+			orig, origItems, changed := fl.Value.String(), []string(nil), fl.Changed
+			if isSlice {
+				origItems = sv.GetSlice()
+			}
+			if err := c.Flags().Set(fl.Name, ""); err != nil {
+				return // refused by the flag itself (a list of numbers): bad usage
+			}
+			err := checkEmptyFlags(c)
+			if isSlice {
+				_ = sv.Replace(origItems)
+			} else {
+				_ = fl.Value.Set(orig)
+			}
+			fl.Changed = changed
+			n++
+			if len(fl.Annotations[emptyMeans]) > 0 {
+				if err != nil {
+					t.Errorf("%s --%s= (allowed empty): %v", c.CommandPath(), fl.Name, err)
+				}
+				return
+			}
+			if want := fmt.Sprintf("--%s \"\": empty", fl.Name); err == nil || exitCode(err) != exitUsage || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s --%s=: %v, want bad usage saying %q", c.CommandPath(), fl.Name, err, want)
+			}
+		})
+	})
+	if n < 100 {
+		t.Fatalf("only %d flags checked: the command tree was not walked", n)
+	}
+	// End to end, and the variables: blanks are no endpoint either.
+	checkBadInput(t, []badInput{
+		{args: []string{"ls", "--endpoints", ""}, want: `--endpoints "": empty (an unset variable?): give a value, or leave it out for its default, http://localhost:2379`},
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--endpoints", "http://127.0.0.1:1,"}, want: `--endpoints "http://127.0.0.1:1,": empty`},
+		{args: []string{"serve", "--etcd-endpoints", ""}, want: `--etcd-endpoints "": empty`},
+		{args: []string{"serve", "--data-dir", ""}, want: `--data-dir "": empty`},
+		{args: []string{"proxy", "--endpoints", ""}, want: `--endpoints "": empty`},
+		{args: []string{"ls"}, env: []string{"ETCD_ENDPOINTS= "}, want: `ETCD_ENDPOINTS=" ": no endpoint in it`},
+	})
+}
+
+// TestZeroFlagValuesAreRefused: every numeric flag of every command given
+// 0 is bad usage naming the flag, unless it is marked as taking 0 (and its
+// help says what 0 means): `--proxy-refresh-interval 0`, `--max-watches 0`
+// or `--shutdown-timeout 0` silently meant the default.
+func TestZeroFlagValuesAreRefused(t *testing.T) {
+	setup(rootCmd)
+	n := 0
+	walk(rootCmd, func(c *cobra.Command) {
+		c.Flags().VisitAll(func(fl *pflag.Flag) {
+			if !numericFlag(fl) || zeroUnchecked[fl.Name] {
+				return
+			}
+			orig, changed := fl.Value.String(), fl.Changed
+			if err := c.Flags().Set(fl.Name, "0"); err != nil {
+				t.Errorf("%s --%s 0: %v", c.CommandPath(), fl.Name, err)
+				return
+			}
+			err := checkZeroFlags(c)
+			_ = fl.Value.Set(orig)
+			fl.Changed = changed
+			n++
+			if m := fl.Annotations[zeroMeans]; len(m) > 0 {
+				if err != nil {
+					t.Errorf("%s --%s 0 (allowed: %s): %v", c.CommandPath(), fl.Name, m[0], err)
+				}
+				if !strings.Contains(fl.Usage, "0") {
+					t.Errorf("%s --%s: 0 means %q, which its help does not say: %q", c.CommandPath(), fl.Name, m[0], fl.Usage)
+				}
+				return
+			}
+			if want := "--" + fl.Name + " 0"; err == nil || exitCode(err) != exitUsage || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s --%s 0: %v, want bad usage saying %q", c.CommandPath(), fl.Name, err, want)
+			}
+		})
+	})
+	if n < 60 {
+		t.Fatalf("only %d flags checked: the command tree was not walked", n)
+	}
+	checkBadInput(t, []badInput{
+		{args: []string{"proxy", "--proxy-refresh-interval", "0"}, want: `--proxy-refresh-interval 0s: 0 is not a value of this flag`},
+		{args: []string{"proxy", "--proxy-failure-wait", "0"}, want: `--proxy-failure-wait 0s: 0 is not a value of this flag`},
+		{args: []string{"proxy", "--max-watchers", "0"}, want: `--max-watchers 0: 0 is not a value of this flag (not "none", "never" nor "no limit"): give a positive value, or leave it out for its default, 100000; -1 for no limit`},
+		{args: []string{"proxy", "--proxy-write-timeout", "-1s"}, want: `--proxy-write-timeout -1s: must not be negative`},
+		{args: []string{"proxy", "--start-timeout", "-5"}, want: `--start-timeout -5ms: must not be negative`},
+		{args: []string{"serve", "--shutdown-timeout", "0s"}, want: `--shutdown-timeout 0s: 0 is not a value of this flag`},
+		{args: []string{"serve", "--max-watches", "0"}, want: `--max-watches 0: 0 is not a value of this flag`},
+	})
+}
+
+// TestProxyDurationsZero: the proxy's 0s that mean something get that
+// meaning, not the configuration's default (--proxy-write-timeout 0 was a
+// 5 s bound, --start-timeout 0 a 30 s one).
+func TestProxyDurationsZero(t *testing.T) {
+	cmd := newProxyCmd()
+	if err := cmd.Flags().Parse([]string{"--proxy-write-timeout", "0", "--start-timeout", "0", "--proxy-read-timeout", "0"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := proxy.Config{WriteTimeout: 0, StartTimeout: 0}
+	if err := proxyDurations(cmd.Flags(), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.WriteTimeout >= 0 || cfg.StartTimeout >= 0 || cfg.ReadTimeout != 0 {
+		t.Fatalf("write timeout %v, start timeout %v, read timeout %v: want disabled, no bound, disabled", cfg.WriteTimeout, cfg.StartTimeout, cfg.ReadTimeout)
+	}
+}
+
+// TestAuthGrantWarnsWithoutAuth: granting on an etcd without
+// authentication works (roles can be prepared before enabling it) but
+// says that nothing checks them yet; it said nothing. With authentication
+// on, no warning. A role name with control characters or spaces is bad
+// usage.
+func TestAuthGrantWarnsWithoutAuth(t *testing.T) {
+	open := etcdtest.Start(t, etcdtest.Options{})
+	for _, args := range [][]string{{"grant-namespace", "team-a-writer", "team-a"}, {"grant-bootstrap", "admins"}} {
+		b := startBeacon(t, t.TempDir(), nil, append(append([]string{"auth"}, args...), "--endpoints", open.Endpoint())...)
+		if err := b.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("auth %v: %v\n%s", args, err, b.errOut())
+		}
+		if !strings.Contains(b.errOut(), "warning: etcd authentication is not enabled on this cluster") {
+			t.Errorf("auth %v without etcd authentication: no warning:\n%s", args, b.errOut())
+		}
+	}
+	secured := etcdtest.Start(t, etcdtest.Options{User: "root", Password: "s3cret"})
+	b := startBeacon(t, t.TempDir(), nil, "auth", "grant-namespace", "team-a-writer", "team-a", "--endpoints", secured.Endpoint(), "--user", "root:s3cret")
+	if err := b.wait(t, 30*time.Second); err != nil || strings.Contains(b.errOut(), "warning") {
+		t.Fatalf("auth grant-namespace with etcd authentication: %v\n%s", err, b.errOut())
+	}
+	checkBadInput(t, []badInput{
+		{args: []string{"auth", "grant-namespace", "team\nwriter", "team-a"}, want: `ROLE "team\nwriter": want a name of printable characters without spaces`},
+		{args: []string{"auth", "grant-bootstrap", "ad mins"}, want: `ROLE "ad mins"`},
+	})
+}
+
 // TestEnvironmentErrorsNameTheVariable: a bad value from a variable is
 // reported under the variable's name, not the flag's.
 func TestEnvironmentErrorsNameTheVariable(t *testing.T) {
@@ -96,8 +247,8 @@ func TestEnvironmentErrorsNameTheVariable(t *testing.T) {
 		{args: []string{"ls"}, env: []string{"BEACON_DISCOVERY_BACKEND=zookeeper"}, want: `BEACON_DISCOVERY_BACKEND="zookeeper": unknown backend`},
 		{args: []string{"serve"}, env: []string{"BEACON_DISCOVERY_BACKEND=zookeeper"}, want: `BEACON_DISCOVERY_BACKEND="zookeeper"`},
 		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_MODE=readmostly"}, want: `BEACON_PROXY_MODE="readmostly"`},
-		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=23790"}, want: `BEACON_PROXY_LISTEN="23790": must be host:port`},
-		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=:99999"}, want: `BEACON_PROXY_LISTEN=":99999": port "99999" is not a number from 0 to 65535`},
+		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=23790"}, want: `BEACON_PROXY_LISTEN="23790": is a bare port: give host:port`},
+		{args: []string{"proxy"}, env: []string{"BEACON_PROXY_LISTEN=:99999"}, want: `BEACON_PROXY_LISTEN=":99999": must be host:port: port "99999" is not a number from 0 to 65535`},
 		{args: []string{"ls", "--backend", "file"}, want: "BEACON_FILE_DIR"},
 		{args: []string{"ls"}, env: []string{"BEACON_LOG_FORMAT=yaml"}, want: `BEACON_LOG_FORMAT="yaml"`},
 	})
@@ -122,16 +273,45 @@ func TestEnvironmentErrorsNameTheVariable(t *testing.T) {
 		{args: []string{"ls", "--backend", "kubernetes"}, env: []string{"BEACON_KUBE_NAMESPACES=Bad_NS"}, want: `BEACON_KUBE_NAMESPACES="Bad_NS"`},
 		{args: []string{"ls", "--backend", "kubernetes", "--kubeconfig", "/no/such/kubeconfig"}, want: `--kubeconfig "/no/such/kubeconfig": no such file`},
 		{args: []string{"serve", "--backend", "kubernetes"}, env: []string{"KUBECONFIG=/no/such/kubeconfig"}, want: `KUBECONFIG="/no/such/kubeconfig": no such file`},
-		// Dynamo's selector: a value Beacon does not read is bad usage, and
-		// serve honours it as the client commands do.
-		{args: []string{"ls"}, env: []string{"DYN_DISCOVERY_BACKEND=nats"}, want: `DYN_DISCOVERY_BACKEND="nats"`},
+		// Dynamo's selector: a value Dynamo does not accept either is bad
+		// usage listing the accepted ones, and serve honours it as the
+		// client commands do.
+		{args: []string{"ls"}, env: []string{"DYN_DISCOVERY_BACKEND=nats"}, want: `DYN_DISCOVERY_BACKEND="nats": unknown; use kubernetes, etcd, kv_store (etcd), file or mem (memory)`},
 		{args: []string{"serve"}, env: []string{"DYN_DISCOVERY_BACKEND=nats"}, want: `DYN_DISCOVERY_BACKEND="nats"`},
+		{args: []string{"ls"}, env: []string{"DYN_DISCOVERY_BACKEND=file"}, want: `DYN_DISCOVERY_BACKEND=file selects Beacon's file store, whose directory format is not Dynamo's`},
 		{args: []string{"serve"}, env: []string{"DYN_DISCOVERY_BACKEND=kubernetes", "KUBECONFIG=/no/such/kubeconfig"}, want: `KUBECONFIG="/no/such/kubeconfig"`},
 	})
 	// A backend flag overrides Dynamo's selector, whatever its value.
 	b := startBeacon(t, t.TempDir(), []string{"DYN_DISCOVERY_BACKEND=nats"}, "ls", "--backend", "memory")
 	if err := b.wait(t, 30*time.Second); err != nil {
 		t.Fatalf("ls --backend memory with DYN_DISCOVERY_BACKEND=nats: %v\n%s", err, b.errOut())
+	}
+}
+
+// TestDynamoBackendValues: every DYN_DISCOVERY_BACKEND value NVIDIA Dynamo
+// accepts selects Beacon's backend of that kind — kv_store (what Dynamo's
+// older releases and docs say for etcd) exited 2, refused, and so did mem
+// and file. (kubernetes: TestKubernetesBackend.)
+func TestDynamoBackendValues(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	dir := t.TempDir()
+	st, err := filestore.Open(context.Background(), filestore.Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range [][]string{
+		{"DYN_DISCOVERY_BACKEND=kv_store", "ETCD_ENDPOINTS=" + strings.Join(srv.Endpoints(), ",")},
+		{"DYN_DISCOVERY_BACKEND=etcd", "ETCD_ENDPOINTS=" + strings.Join(srv.Endpoints(), ",")},
+		{"DYN_DISCOVERY_BACKEND=mem"},
+		{"DYN_DISCOVERY_BACKEND=file", "BEACON_FILE_DIR=" + dir},
+	} {
+		b := startBeacon(t, t.TempDir(), tc, "ls", "-o", "json")
+		if err := b.wait(t, 30*time.Second); err != nil || !strings.Contains(b.out(), `"instances": []`) {
+			t.Errorf("ls with %v: %v\n%s%s", tc, err, b.out(), b.errOut())
+		}
 	}
 }
 
@@ -399,6 +579,32 @@ func TestTokenLs(t *testing.T) {
 	if err := b.wait(t, 30*time.Second); err != nil || json.Unmarshal([]byte(b.out()), &list) != nil || len(list.Tokens) != 2 ||
 		list.Tokens[0].Token != toks[0] || list.Tokens[0].Size != 1 || list.Tokens[1].Size != 3 || list.Tokens[0].CreatedAt == nil {
 		t.Fatalf("token ls -o json: %v\n%s", err, b.out())
+	}
+
+	// Two members of a token of 2 that share a name: full, but the
+	// cluster cannot form; ls said plain "full".
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := bootstrap.CreateToken(ctx, cli, "clash", 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, url := range []string{"http://10.9.0.1:2380", "http://10.9.0.2:2380"} {
+		id, err := bootstrap.MemberID([]string{url}, "clash")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(ctx, bootstrap.MemberKey("clash", id), "infra="+url); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b = startBeacon(t, t.TempDir(), nil, "token", "ls", "--endpoints", ep)
+	if err := b.wait(t, 30*time.Second); err != nil || !strings.Contains(b.out(), `full, cannot form: discovery: found duplicate name: "infra" is registered by`) {
+		t.Fatalf("token ls with a name clash: %v\n%s", err, b.out())
 	}
 }
 

@@ -59,7 +59,10 @@ const connHelp = `Connection (flags win over variables; Beacon's variables over 
 const registryConnHelp = connHelp + `
   --backend       BEACON_DISCOVERY_BACKEND: etcd (default), memory (process-local:
                   for trying the commands), file (BEACON_FILE_DIR), nats (NATS_URL)
-                  or kubernetes
+                  or kubernetes; else Dynamo's DYN_DISCOVERY_BACKEND: kubernetes,
+                  etcd, kv_store (etcd), file (Beacon's file store, in BEACON_FILE_DIR:
+                  not Dynamo's DYN_FILE_KV format) or mem (memory). Keys are Beacon's
+                  (<root>/services/...), not Dynamo's v1/instances/...
 
 ` + kubeEnvHelp
 
@@ -112,17 +115,9 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 	f := c.cmd.Flags()
 	cfg := backend.FromEnv()
 	if f.Lookup("backend") != nil {
-		be := lookup(f, "backend", backend.EnvVar)
-		if be.env == "" && !f.Lookup("backend").Changed {
-			// Unset: FromEnv read BEACON_DISCOVERY_BACKEND, else
-			// Dynamo's DYN_DISCOVERY_BACKEND, else etcd.
-			if err := cfg.SelectorError(); err != nil {
-				return cfg, usage(err)
-			}
-			be.val = cfg.BackendName()
-			if v := os.Getenv(backend.DynamoEnvVar); v != "" {
-				be.env = backend.DynamoEnvVar
-			}
+		be, err := backendSetting(f)
+		if err != nil {
+			return cfg, err
 		}
 		if err := backend.CheckName(be.val); err != nil {
 			return cfg, usagef("%v: %v", be, err)
@@ -167,6 +162,10 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 		if !slices.Contains(list, ep) {
 			list = append(list, ep)
 		}
+	}
+	if len(list) == 0 {
+		// A variable of blanks; an empty flag is refused before (checkEmptyFlags).
+		return cfg, usagef("%v: no endpoint in it: give host:port or URLs, comma separated, or unset it for %s", eps, etcdstore.DefaultEndpoint)
 	}
 	e.Endpoints = list
 

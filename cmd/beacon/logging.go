@@ -31,6 +31,12 @@ func addLogFlags(c *cobra.Command) {
 // preRun runs before every command: it checks the settings every command
 // shares, so that a bad one fails at once whatever the command.
 func preRun(c *cobra.Command, _ []string) error {
+	if err := checkEmptyFlags(c); err != nil { // cli.go
+		return err
+	}
+	if err := checkZeroFlags(c); err != nil { // cli.go
+		return err
+	}
 	if err := checkLogSettings(c); err != nil {
 		return err
 	}

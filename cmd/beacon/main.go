@@ -7,13 +7,11 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := execute(ctx, rootCmd, os.Args[1:]) // cli.go
+	ctx, stop := notifySignals(context.Background(), os.Stderr) // signals.go
+	err := execute(ctx, rootCmd, os.Args[1:])                   // cli.go
 	stop()
 	if err != nil {
 		// One line, whatever the error: several problems (errors.Join)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -59,6 +60,7 @@ type child struct {
 	stdout bytes.Buffer
 	lines  chan string
 	stderr bytes.Buffer
+	wrote  chan struct{} // a token after each write to stderr
 	done   chan struct{}
 	err    error
 }
@@ -84,8 +86,8 @@ func startBeaconIn(t *testing.T, dir string, env []string, stdin io.Reader, args
 		t.Fatal(err)
 	}
 	cmd.Env = append(append(os.Environ(), beaconMainEnv+"="+string(encoded)), env...)
-	b := &child{cmd: cmd, lines: make(chan string, 100), done: make(chan struct{})}
-	cmd.Stderr = &lockedWriter{mu: &b.mu, w: &b.stderr}
+	b := &child{cmd: cmd, lines: make(chan string, 100), wrote: make(chan struct{}, 1), done: make(chan struct{})}
+	cmd.Stderr = &lockedWriter{mu: &b.mu, w: &b.stderr, wrote: b.wrote}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -161,14 +163,22 @@ func (b *child) out() string    { b.mu.Lock(); defer b.mu.Unlock(); return b.std
 func (b *child) errOut() string { b.mu.Lock(); defer b.mu.Unlock(); return b.stderr.String() }
 
 type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
+	mu    *sync.Mutex
+	w     io.Writer
+	wrote chan struct{} // if not nil, gets a token after each write
 }
 
 func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.w.Write(p)
+	n, err := l.w.Write(p)
+	if l.wrote != nil {
+		select {
+		case l.wrote <- struct{}{}:
+		default:
+		}
+	}
+	return n, err
 }
 
 func freeURL(t *testing.T) string {
@@ -209,6 +219,64 @@ func TestServeStartsAndStopsOnSIGTERM(t *testing.T) {
 	checkQuietLog(t, b.errOut())
 }
 
+// TestServeSecondSignalCutsShutdownShort: the first SIGTERM starts a
+// graceful shutdown that waits (here up to an hour) for a request in
+// flight; a second signal ends it at once, and serve exits 0.
+func TestServeSecondSignalCutsShutdownShort(t *testing.T) {
+	client, peer, httpURL := freeURL(t), freeURL(t), freeURL(t)
+	addr := strings.TrimPrefix(httpURL, "http://")
+	b := startBeacon(t, t.TempDir(), nil, "serve", "--listen-client-urls", client, "--listen-peer-urls", peer,
+		"--http-addr", addr, "--data-dir", "data", "--dns-addr=", "--shutdown-timeout", "1h", "--http-request-timeout", "1h")
+	b.waitLine(t, "beacon serve is ready", 60*time.Second)
+	// A request whose body never comes: in flight until it does.
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "POST /v1/tokens HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"); err != nil {
+		t.Fatal(err)
+	}
+	// The server has it once a second request on another connection is
+	// answered after it (requests are served concurrently).
+	resp, err := http.Get(httpURL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitStderr(t, b, "a second SIGINT or SIGTERM cuts it short", 30*time.Second)
+	if err := b.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.wait(t, 60*time.Second); err != nil {
+		t.Fatalf("beacon serve exited with %v after a second signal\nstderr:\n%s", err, b.errOut())
+	}
+	if !strings.Contains(b.errOut(), "shutdown cut short") || !strings.Contains(b.out(), "beacon serve stopped") {
+		t.Fatalf("stdout:\n%s\nstderr:\n%s", b.out(), b.errOut())
+	}
+}
+
+// waitStderr waits for s on the child's standard error.
+func waitStderr(t *testing.T, b *child, s string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for !strings.Contains(b.errOut(), s) {
+		select {
+		case <-b.done:
+			if strings.Contains(b.errOut(), s) {
+				return
+			}
+			t.Fatalf("beacon exited (%v) before logging %q\nstderr:\n%s", b.err, s, b.errOut())
+		case <-deadline:
+			t.Fatalf("beacon did not log %q within %v\nstderr:\n%s", s, timeout, b.errOut())
+		case <-b.wrote:
+		}
+	}
+}
+
 func TestServeBadInputFailsWithOneLine(t *testing.T) {
 	checkBadInput(t, []badInput{
 		{args: []string{"serve", "--listen-client-urls", "tcp://x:1"}, want: "scheme must be http or https"},
@@ -222,11 +290,18 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{args: []string{"serve", "--dns-domain", "."}, want: "--dns-domain"},
 		{args: []string{"serve", "--dns-ttl", "100ms"}, want: "--dns-ttl"},
 		{args: []string{"serve", "--dns-ttl", "0s"}, want: "--dns-ttl 0s"},
-		{args: []string{"serve", "--dns-domain="}, want: "--dns-domain is empty"},
+		{args: []string{"serve", "--dns-domain="}, want: `--dns-domain "": empty (an unset variable?): give a value, or leave it out for its default, beacon.`},
 		// etcd would replace it by its default, with a warning at every start.
 		{args: []string{"serve", "--bcrypt-cost", "99"}, want: "--bcrypt-cost 99: must be 4 to 31"},
 		// A port out of range is bad usage, not a failure to listen (exit 1).
-		{args: []string{"serve", "--http-addr", "127.0.0.1:99999"}, want: `--http-addr "127.0.0.1:99999": must be host:port (port 0-65535)`},
+		{args: []string{"serve", "--http-addr", "127.0.0.1:99999"}, want: `--http-addr "127.0.0.1:99999": must be host:port: port "99999" is not a number from 0 to 65535`},
+		// A Unix socket was "port is not a number" (proxy) or a bare
+		// "must be host:port": say they are not supported.
+		{args: []string{"serve", "--http-addr", "unix:///run/beacon.sock"}, want: `--http-addr "unix:///run/beacon.sock": is a Unix socket: Unix sockets are not supported here; give host:port`},
+		{args: []string{"serve", "--dns-addr", "unix:///x"}, want: `--dns-addr "unix:///x": is a Unix socket`},
+		{args: []string{"serve", "--listen-client-urls", "unix:///x"}, want: `is a Unix socket: Unix sockets are not supported`},
+		{args: []string{"proxy", "--listen-addr", "unix:///x"}, want: `--listen-addr "unix:///x": is a Unix socket: Unix sockets are not supported here; give host:port, e.g. 127.0.0.1:23790`},
+		{args: []string{"proxy", "--listen-addr", "23790"}, want: `--listen-addr "23790": is a bare port: give host:port (:23790 for every interface`},
 		{args: []string{"serve", "--dns-addr", "127.0.0.1:70000"}, want: `--dns-addr "127.0.0.1:70000"`},
 		{args: []string{"serve", "--http-max-connections", "-1"}, want: "--http-max-connections -1: want at least 2"},
 		// Zero would silently be the default (256).

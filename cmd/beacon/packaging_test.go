@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -136,7 +138,9 @@ func TestDockerfile(t *testing.T) {
 
 // TestDockerfileCMDServes runs, as root, the Dockerfile's CMD (with a
 // temporary data directory) in a network namespace of its own, where its
-// ports are free, and checks that it becomes ready.
+// ports are free, and checks that it becomes ready. Without root (or
+// where namespaces are not permitted) it skips, saying why, and fails under
+// BEACON_REQUIRE_PEERS: it reported PASS having run nothing.
 func TestDockerfileCMDServes(t *testing.T) {
 	if os.Getenv(readmeNetnsEnv) == "docker" {
 		if err := loopbackUp(); err != nil {
@@ -162,8 +166,8 @@ func TestDockerfileCMDServes(t *testing.T) {
 		return
 	}
 	if os.Geteuid() != 0 {
-		t.Log("not root: no network namespace, so the Dockerfile's CMD is checked as flags only (TestDockerfile)")
-		return
+		testpeer.Missing(t, fmt.Sprintf("not root (uid %d): cannot make the network namespace the Dockerfile's CMD runs in "+
+			"with its own default ports; its flags are checked by TestDockerfile", os.Geteuid()))
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -173,12 +177,59 @@ func TestDockerfileCMDServes(t *testing.T) {
 	cmd.Env = append(os.Environ(), readmeNetnsEnv+"=docker")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
 	out, err := cmd.CombinedOutput()
-	if err != nil && strings.Contains(err.Error(), "operation not permitted") && os.Getenv(testpeer.RequireEnv) == "" {
-		t.Logf("cannot make a network namespace (%v): the CMD is checked as flags only", err)
-		return
+	if err != nil && strings.Contains(err.Error(), "operation not permitted") {
+		testpeer.Missing(t, fmt.Sprintf("cannot make a network namespace (%v): the Dockerfile's CMD is checked as flags only (TestDockerfile)", err))
 	}
 	if err != nil {
 		t.Fatalf("serve with the Dockerfile's CMD, in a network namespace: %v\n%s", err, out)
+	}
+}
+
+// TestPrivilegedTestsSkipWithoutRoot: the tests that need root (a network
+// namespace) skip, saying why, when run without it, and fail under
+// BEACON_REQUIRE_PEERS: TestDockerfileCMDServes reported PASS having run
+// nothing. As root, this runs them again as nobody (a copy of the test
+// binary nobody may execute); without root, they skip by themselves.
+func TestPrivilegedTestsSkipWithoutRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testpeer.Missing(t, "not root: cannot run the privileged tests as another user (they skip by themselves here)")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := os.MkdirTemp("", "beacon-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	bin := filepath.Join(base, "beacon.test")
+	data, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		require string
+		want    []string
+	}{
+		{"", []string{"--- SKIP: TestDockerfileCMDServes", "--- SKIP: TestReadmeServeCommand", "not root (uid 65534)"}},
+		{"1", []string{"--- FAIL: TestDockerfileCMDServes", "--- FAIL: TestReadmeServeCommand", testpeer.RequireEnv + " is set"}},
+	} {
+		cmd := exec.Command(bin, "-test.run=^(TestDockerfileCMDServes|TestReadmeServeCommand)$", "-test.v")
+		cmd.Env = append(os.Environ(), testpeer.RequireEnv+"="+tc.require, "HOME="+base, "TMPDIR="+base)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, _ := cmd.CombinedOutput()
+		for _, w := range tc.want {
+			if !strings.Contains(string(out), w) {
+				t.Errorf("as nobody, %s=%q: output lacks %q:\n%s", testpeer.RequireEnv, tc.require, w, out)
+			}
+		}
 	}
 }
 

@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
+	"github.com/beaconplane/beacon/internal/hostport"
 	"github.com/beaconplane/beacon/proxy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 )
 
@@ -76,7 +78,7 @@ while none is reachable); a failed endpoint is benched for
 Identical watches share one etcd watch; lease keep-alives share one stream.
 
 The listener answers at once: until a member answers (within --start-timeout,
-else the proxy exits), /health is 503 and every request gets gRPC Unavailable
+else the proxy exits 1; --start-timeout 0 looks until interrupted), /health is 503 and every request gets gRPC Unavailable
 (HTTP 503) saying that no reachable member was found yet and what was tried.
 
 Environment (flags win): BEACON_PROXY_MODE, BEACON_PROXY_LISTEN, ETCD_AUTH_CA,
@@ -99,14 +101,15 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			}
 			cfg.Mode = m
 			listen := lookup(f, "listen-addr", "BEACON_PROXY_LISTEN")
-			if _, port, err := net.SplitHostPort(listen.val); err != nil {
-				return usagef("%v: must be host:port, e.g. %s", listen, proxy.DefaultListenAddr)
-			} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || n > 65535 {
-				return usagef("%v: port %q is not a number from 0 to 65535", listen, port)
+			if err := hostport.Check(listen.val); err != nil {
+				return usagef("%v: %w, e.g. %s", listen, err, proxy.DefaultListenAddr)
 			}
 			cfg.ListenAddr = listen.val
 			if f.Changed("max-streams-per-client") && cfg.MaxStreamsPerClient == 0 {
 				return usagef("--max-streams-per-client 0: give the most streams one client address may have open (at least 1; default %d), or -1 for no limit", proxy.DefaultMaxStreamsPerClient)
+			}
+			if err := proxyDurations(f, &cfg); err != nil {
+				return err
 			}
 			tlsFiles := map[string]*string{"cacert": &cacert, "cert": &cert, "key": &key}
 			var tlsSrc []string
@@ -193,12 +196,12 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	f.StringVar(&cfg.DNSServer, "discovery-dns-server", "", "host:port of the DNS server for --discovery-srv (default: system resolver)")
 	f.StringVar(&cfg.InitialCluster, "initial-cluster", "", "members' peer URLs as name=http://host:2380,...")
 	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "members' client URLs, e.g. 10.0.0.1:2379 or https://10.0.0.1:2379 (refreshed with MemberList)")
-	f.Var(msDuration{&cfg.FailureWait}, "proxy-failure-wait", "how long a failed endpoint stays out of use (duration or milliseconds)")
-	f.Var(msDuration{&cfg.RefreshInterval}, "proxy-refresh-interval", "how often to re-read the member list (duration or milliseconds)")
-	f.Var(msDuration{&cfg.DialTimeout}, "proxy-dial-timeout", "timeout to connect to a member (duration or milliseconds)")
-	f.Var(msDuration{&cfg.WriteTimeout}, "proxy-write-timeout", "timeout of each forwarded write (duration or milliseconds)")
-	f.Var(msDuration{&cfg.ReadTimeout}, "proxy-read-timeout", "timeout of each forwarded read; 0 disables (duration or milliseconds)")
-	f.Var(msDuration{&cfg.StartTimeout}, "start-timeout", "how long to look for a reachable cluster at start (requests get Unavailable meanwhile)")
+	f.Var(msDuration{&cfg.FailureWait}, "proxy-failure-wait", "how long a failed endpoint stays out of use (duration or milliseconds; positive)")
+	f.Var(msDuration{&cfg.RefreshInterval}, "proxy-refresh-interval", "how often to re-read the member list (duration or milliseconds; positive)")
+	f.Var(msDuration{&cfg.DialTimeout}, "proxy-dial-timeout", "timeout to connect to a member (duration or milliseconds; positive)")
+	f.Var(msDuration{&cfg.WriteTimeout}, "proxy-write-timeout", "timeout of each forwarded write; 0 disables: the client's deadline applies (duration or milliseconds)")
+	f.Var(msDuration{&cfg.ReadTimeout}, "proxy-read-timeout", "timeout of each forwarded read; 0, the default, disables: the client's deadline applies (duration or milliseconds)")
+	f.Var(msDuration{&cfg.StartTimeout}, "start-timeout", "how long to look for a reachable cluster at start, then exit 1 (requests get Unavailable meanwhile); 0: look until interrupted")
 	f.StringSliceVar(&cfg.SelfAddrs, "advertise-addr", nil, "other addresses this proxy is reached at (never forwarded to)")
 	f.StringVar(&cacert, "cacert", "", "CA file to verify members' certificates (env ETCD_AUTH_CA, then ETCDCTL_CACERT)")
 	f.StringVar(&cert, "cert", "", "client certificate for members (env ETCD_AUTH_CLIENT_CERT, then ETCDCTL_CERT)")
@@ -210,7 +213,39 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	f.IntVar(&cfg.MaxStreams, "max-streams", proxy.DefaultMaxStreams, "most client streams (watch, lease keep-alive, ...) open on the proxy at once; an etcd client needs one watch and one keep-alive stream (-1: no limit)")
 	f.IntVar(&cfg.MaxStreamsPerClient, "max-streams-per-client", proxy.DefaultMaxStreamsPerClient, "most client streams one client address (every local process, everyone behind one NAT) may have open at once, so that one client cannot take --max-streams from the others; at the bound a new stream takes the place of one that has carried no request, and is refused only while every one has (-1: no limit; 0 is refused)")
 	addProxyPerfFlags(cmd, &cfg) // proxy_perf.go
+	allowZero(cmd, "proxy-write-timeout", "disabled")
+	allowZero(cmd, "proxy-read-timeout", "disabled")
+	allowZero(cmd, "start-timeout", "look until interrupted")
+	allowZero(cmd, "watch-silence-timeout", "the default")
 	return cmd
+}
+
+// proxyDurations checks the proxy's duration flags and gives 0 the meaning
+// their help says (the configuration's 0 is the default): none may be
+// negative; --proxy-write-timeout 0 disables the bound, --start-timeout 0
+// looks for the cluster until interrupted. The others refuse 0
+// (checkZeroFlags): etcd 2 re-read the member list without pause at a
+// --proxy-refresh-interval of 0, Beacon silently used 30 s.
+func proxyDurations(f *pflag.FlagSet, cfg *proxy.Config) error {
+	for _, d := range []struct {
+		flag string
+		v    *time.Duration
+	}{
+		{"proxy-failure-wait", &cfg.FailureWait}, {"proxy-refresh-interval", &cfg.RefreshInterval},
+		{"proxy-dial-timeout", &cfg.DialTimeout}, {"proxy-write-timeout", &cfg.WriteTimeout},
+		{"proxy-read-timeout", &cfg.ReadTimeout}, {"start-timeout", &cfg.StartTimeout},
+	} {
+		if *d.v < 0 {
+			return usagef("--%s %v: must not be negative", d.flag, *d.v)
+		}
+	}
+	if f.Changed("proxy-write-timeout") && cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = -1 // the configuration's "disabled"
+	}
+	if f.Changed("start-timeout") && cfg.StartTimeout == 0 {
+		cfg.StartTimeout = -1 // the configuration's "no bound"
+	}
+	return nil
 }
 
 func describeEndpoints(eps []proxy.EndpointStatus) string {

@@ -68,6 +68,36 @@ func TestMsDuration(t *testing.T) {
 	}
 }
 
+// TestProxyStartTimeoutZero: --start-timeout 0 looks for the cluster until
+// interrupted (it silently meant the default 30 s): the answers meanwhile
+// say there is no bound, and the proxy serves once the cluster comes up.
+func TestProxyStartTimeoutZero(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	srv.Stop()
+	addr := strings.TrimPrefix(freeURL(t), "http://")
+	b := startBeacon(t, t.TempDir(), nil, "proxy", "--endpoints", srv.Endpoint(), "--listen-addr", addr, "--start-timeout", "0")
+	b.waitLine(t, "beacon proxy listening on "+addr, 30*time.Second)
+	resp, err := http.Get("http://" + addr + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "with no bound") {
+		t.Fatalf("/health while finding the cluster: %d %s", resp.StatusCode, body)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	b.waitLine(t, "serving on "+addr, 60*time.Second)
+	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("beacon proxy: %v\n%s", err, b.errOut())
+	}
+}
+
 // TestProxyCommandAnswersWhileFindingTheCluster: `beacon proxy` pointed at
 // a cluster that is not there answers on its port at once — /health 503
 // saying why — logs its retries at a bounded rate (one WARN, not one per

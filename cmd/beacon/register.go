@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -85,17 +87,28 @@ func newRegisterCmd() *cobra.Command {
 		ttl       string
 		drain     time.Duration
 		output    string
+
+		startTimeout time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "register namespace/component/endpoint --addr host:port",
 		Short: "Register an instance and keep it alive until interrupted",
 		Long: `Register one instance of namespace/component/endpoint at --addr and keep its
 lease alive until interrupted (SIGINT or SIGTERM); then deregister it (after
---drain of draining status, if set) and exit. It prints the instance and every
-change of the session's state: if etcd says the lease ended, the instance is
-registered again, under the same ID, as soon as the store answers; while no
-keep-alive is answered for longer than the TTL it prints the lease as
-unconfirmed and keeps renewing it.
+--drain of draining status, if set: a second SIGINT or SIGTERM cuts the drain
+short and deregisters at once; a third exits without deregistering, leaving the
+lease to expire) and exit. It prints the instance and every change of the
+session's state: if etcd says the lease ended, the instance is registered
+again, under the same ID, as soon as the store answers; while no keep-alive is
+answered for longer than the TTL it prints the lease as unconfirmed and keeps
+renewing it.
+
+A store that does not answer at start (not running yet, unreachable) is
+waited for: each attempt is bounded by --dial-timeout and --command-timeout,
+each failure is logged with its reason, and the first is printed as "state
+waiting". --start-timeout bounds the wait (then it exits 1); 0, the default,
+keeps trying until interrupted. Wrong credentials, certificates or settings
+are not waited for.
 
 Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 
@@ -145,12 +158,17 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 			if cmd.Flags().Changed("ttl") && conn.backendName() == backend.Kubernetes {
 				return usagef("--ttl: the kubernetes backend has no lease (an instance is live while its pod is Ready)")
 			}
-			r, err := conn.open(ctx, registry.Config{LeaseTTL: lease, Logger: logger})
-			if err != nil {
-				return err
+			if startTimeout < 0 {
+				return usagef("--start-timeout %v: must not be negative (0: keep trying until interrupted)", startTimeout)
+			}
+			emit := newEmitter(cmd.OutOrStdout(), output == "json")
+			st := starter{conn: conn, cfg: registry.Config{LeaseTTL: lease, Logger: logger}, timeout: startTimeout, log: logger, emit: emit}
+			r, reg, err := st.register(ctx, in)
+			if err != nil || r == nil {
+				return err // r == nil: interrupted before the store answered
 			}
 			defer r.Close()
-			return runRegister(ctx, cmd.OutOrStdout(), conn, r, in, drain, output == "json")
+			return runRegister(ctx, conn, r, reg, drain, emit)
 		},
 	}
 	conn = addRegistryConnFlags(cmd)
@@ -160,15 +178,18 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 	f.StringVar(&transport, "transport", "", "protocol spoken at --addr: grpc, http, tcp, nats...")
 	f.StringArrayVar(&meta, "meta", nil, "metadata key=value (repeatable; 4 KiB in total)")
 	f.StringVar(&ttl, "ttl", registry.DefaultLeaseTTL.String(), "lease TTL, e.g. 10s (env "+registry.LeaseTTLEnv+")")
-	f.DurationVar(&drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it")
+	f.DurationVar(&drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it (a second signal cuts it short; 0, the default: removed at once)")
 	f.StringVarP(&output, "output", "o", "text", "text or json (one JSON object per line)")
+	f.DurationVar(&startTimeout, "start-timeout", 0, "give up (exit 1) if the store has not answered within this long at start; 0: keep trying until interrupted")
+	allowZero(cmd, "drain", "removed at once")
+	allowZero(cmd, "start-timeout", "keep trying until interrupted")
 	_ = cmd.MarkFlagRequired("addr")
 	return cmd
 }
 
 // registerLine is one line of `beacon register -o json`.
 type registerLine struct {
-	Event     string           `json:"event"` // registered, state, deregistered
+	Event     string           `json:"event"` // state (waiting: at start), registered, state, draining, interrupted, deregistered; stopped (before registering)
 	Instance  *beacon.Instance `json:"instance,omitempty"`
 	State     string           `json:"state,omitempty"`
 	Lease     string           `json:"lease,omitempty"`
@@ -184,20 +205,115 @@ type leased interface {
 	LeaseTTL() time.Duration
 }
 
-func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r registry.Registry, in beacon.Instance, drain time.Duration, asJSON bool) error {
-	emit := func(l registerLine, text string) {
+// emitFunc prints one event of register: its JSON line, or its text.
+type emitFunc func(l registerLine, text string)
+
+func newEmitter(out io.Writer, asJSON bool) emitFunc {
+	return func(l registerLine, text string) {
 		if asJSON {
 			_ = json.NewEncoder(out).Encode(l)
 			return
 		}
 		fmt.Fprintln(out, text)
 	}
-	rctx, cancel := conn.requestCtx(ctx)
-	reg, err := r.Register(rctx, in)
-	cancel()
-	if err != nil {
-		return err
+}
+
+// starter registers an instance at start, waiting for a store that does
+// not answer yet.
+type starter struct {
+	conn    *registryConn
+	cfg     registry.Config
+	timeout time.Duration // bound on the wait; 0: none
+	log     *slog.Logger
+	emit    emitFunc
+}
+
+// Bounds of the pause between two attempts to reach the store at start.
+const (
+	startRetryFirst = 500 * time.Millisecond
+	startRetryLast  = 5 * time.Second
+)
+
+// register opens the registry and registers in, retrying while the store
+// does not answer (each attempt bounded by the connection timeouts) until
+// it does, ctx ends (nil registry and error: nothing was registered), or
+// s.timeout passes. Other errors (settings, credentials) end it at once.
+func (s starter) register(ctx context.Context, in beacon.Instance) (registry.Registry, registry.Registration, error) {
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if s.timeout > 0 {
+		wctx, cancel = context.WithTimeout(ctx, s.timeout)
 	}
+	defer cancel()
+	var r registry.Registry
+	var prev error // the last attempt's error
+	since := time.Now()
+	delay := startRetryFirst
+	for n := 1; ; n++ {
+		reg, err := s.attempt(wctx, &r, in)
+		if err == nil {
+			if n > 1 {
+				s.log.Info("store answered; registered", "attempts", n, "waited", time.Since(since).Round(time.Millisecond))
+			}
+			return r, reg, nil
+		}
+		switch {
+		case ctx.Err() != nil:
+			closeRegistry(r)
+			s.emit(registerLine{Event: "stopped", Error: err.Error()},
+				"stopped before the store answered: nothing was registered (last attempt: "+err.Error()+")")
+			return nil, nil, nil
+		case wctx.Err() != nil:
+			closeRegistry(r)
+			if prev != nil {
+				err = prev // the attempt the bound cut short says less
+			}
+			return nil, nil, fmt.Errorf("the store did not answer within --start-timeout %v (%d attempts): %w", s.timeout, n, err)
+		case !retryableAtStart(err):
+			closeRegistry(r)
+			return nil, nil, err
+		}
+		prev = err
+		if n == 1 {
+			s.emit(registerLine{Event: "state", State: "waiting", Error: err.Error()}, "state waiting: "+err.Error())
+		}
+		bound := "until interrupted"
+		if s.timeout > 0 {
+			bound = "at most --start-timeout " + s.timeout.String()
+		}
+		s.log.Warn("store not reachable; waiting for it", "until", bound, "attempt", n, "retry-in", delay,
+			"waited", time.Since(since).Round(time.Millisecond), "err", err)
+		select {
+		case <-wctx.Done():
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, startRetryLast)
+	}
+}
+
+// attempt opens the registry into *r if it is not open yet, then registers
+// in.
+func (s starter) attempt(ctx context.Context, r *registry.Registry, in beacon.Instance) (registry.Registration, error) {
+	if *r == nil {
+		opened, err := s.conn.open(ctx, s.cfg)
+		if err != nil {
+			return nil, err
+		}
+		*r = opened
+	}
+	rctx, cancel := s.conn.requestCtx(ctx)
+	defer cancel()
+	return (*r).Register(rctx, in)
+}
+
+func closeRegistry(r registry.Registry) {
+	if r != nil {
+		_ = r.Close()
+	}
+}
+
+// runRegister keeps reg advertised, printing every change of the session's
+// state, until ctx ends; then it deregisters.
+func runRegister(ctx context.Context, conn *registryConn, r registry.Registry, reg registry.Registration, drain time.Duration, emit emitFunc) error {
 	got := reg.Instance()
 	bound := conn.command // bound on deregistering
 	if l, ok := r.(leased); ok {
@@ -249,29 +365,54 @@ func runRegister(ctx context.Context, out io.Writer, conn *registryConn, r regis
 			}
 			emit(l, text)
 		case <-ctx.Done():
-			// Deregister with a fresh, bounded context: ctx is done.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain+bound)
-			defer cancel()
-			var err error
-			if drain > 0 {
-				// The line shows the instance as it is advertised now: draining.
-				draining := got
-				draining.Status = beacon.StatusDraining
-				emit(registerLine{Event: "draining", Instance: &draining}, fmt.Sprintf("draining %s for %v", got.Ref(), drain))
-				err = reg.Drain(dctx, registry.DrainGrace(drain))
-			} else {
-				err = reg.Close()
-			}
-			if err != nil {
-				if _, ok := r.(leased); !ok {
-					return fmt.Errorf("deregister %s: %w", got.Ref(), err)
-				}
-				return fmt.Errorf("deregister %s: %w (its lease expires within %v anyway)", got.Ref(), err, bound)
-			}
-			emit(registerLine{Event: "deregistered", Instance: &got}, fmt.Sprintf("deregistered %s", got.Ref()))
-			return nil
+			return deregister(ctx, r, reg, drain, bound, emit)
 		}
 	}
+}
+
+// deregister ends a registration once ctx has ended: after drain of
+// draining status, cut short by a second signal (urgent), then removed.
+// bound bounds the removal.
+func deregister(ctx context.Context, r registry.Registry, reg registry.Registration, drain, bound time.Duration, emit emitFunc) error {
+	got := reg.Instance()
+	// Deregister with a fresh, bounded context: ctx is done.
+	dctx, cancel := context.WithTimeout(urgent(ctx), drain+bound)
+	defer cancel()
+	var err error
+	if drain > 0 {
+		// The line shows the instance as it is advertised now: draining.
+		draining := got
+		draining.Status = beacon.StatusDraining
+		emit(registerLine{Event: "draining", Instance: &draining},
+			fmt.Sprintf("draining %s for %v (Ctrl-C again, or SIGTERM, removes it now)", got.Ref(), drain))
+		drained := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-dctx.Done():
+				if urgent(ctx).Err() != nil {
+					emit(registerLine{Event: "interrupted", Instance: &draining},
+						fmt.Sprintf("second signal: drain of %s cut short, removing it now", got.Ref()))
+				}
+			case <-drained:
+			}
+		}()
+		err = reg.Drain(dctx, registry.DrainGrace(drain))
+		close(drained)
+		wg.Wait()
+	} else {
+		err = reg.Close()
+	}
+	if err != nil {
+		if _, ok := r.(leased); !ok {
+			return fmt.Errorf("deregister %s: %w", got.Ref(), err)
+		}
+		return fmt.Errorf("deregister %s: %w (its lease expires within %v anyway)", got.Ref(), err, bound)
+	}
+	emit(registerLine{Event: "deregistered", Instance: &got}, fmt.Sprintf("deregistered %s", got.Ref()))
+	return nil
 }
 
 // sortedMeta renders metadata as k=v,k=v in key order.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"strings"
 	"syscall"
@@ -131,6 +132,116 @@ func TestWatchJSONAndDrain(t *testing.T) {
 	}
 }
 
+// TestSecondSignalCutsDrainShort: register --drain 1h, then Ctrl-C starts
+// the drain; a second SIGINT, or a SIGTERM, ends it and deregisters at
+// once — both were ignored for the whole hour (only SIGKILL ended it).
+func TestSecondSignalCutsDrainShort(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ep := srv.Endpoint()
+	dir := t.TempDir()
+	for i, second := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		id := fmt.Sprintf("00000000000000c%d", i)
+		w := startBeacon(t, dir, nil, "watch", "prod/llm", "-o", "json", "--endpoints", ep)
+		w.waitLine(t, `"kind":"synced"`, 30*time.Second)
+		reg := startBeacon(t, dir, nil, "register", "prod/llm/generate", "--addr", "10.0.0.6:9000", "--id", id,
+			"--drain", "1h", "--endpoints", ep)
+		reg.waitLine(t, "registered prod/llm/generate/"+id, 30*time.Second)
+		w.waitLine(t, `"type":"added"`, 10*time.Second)
+		if err := reg.cmd.Process.Signal(syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		if l := reg.waitLine(t, "draining prod/llm/generate/"+id, 10*time.Second); !strings.Contains(l, "Ctrl-C again") {
+			t.Errorf("the draining line does not say how to cut it short: %q", l)
+		}
+		w.waitLine(t, `"status":"draining"`, 10*time.Second)
+		if err := reg.cmd.Process.Signal(second); err != nil {
+			t.Fatal(err)
+		}
+		reg.waitLine(t, "drain of prod/llm/generate/"+id+" cut short", 30*time.Second)
+		reg.waitLine(t, "deregistered prod/llm/generate/"+id, 30*time.Second)
+		w.waitLine(t, `"type":"removed"`, 30*time.Second)
+		if err := reg.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("register after %v: %v\n%s", second, err, reg.errOut())
+		}
+		_ = w.cmd.Process.Signal(syscall.SIGINT)
+		if err := w.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("watch: %v\n%s", err, w.errOut())
+		}
+	}
+}
+
+// TestRegisterWaitsForTheStore: register started before its store keeps
+// trying, saying so ("state waiting", a log line with the reason), and
+// registers once the store answers — it exited after the 2 s dial timeout,
+// so a worker started before its cluster needed a supervisor loop.
+// --start-timeout bounds the wait; an interrupt ends it; credentials the
+// store refuses are not waited for.
+func TestRegisterWaitsForTheStore(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ep := srv.Endpoint()
+	srv.Stop()
+	dir := t.TempDir()
+	reg := startBeacon(t, dir, nil, "register", "prod/api/http", "--addr", "10.0.0.5:8080", "--id", "00000000000000d1",
+		"--endpoints", ep, "--dial-timeout", "300ms")
+	reg.waitLine(t, "state waiting: ", 30*time.Second)
+	waitStderr(t, reg, `store not reachable; waiting for it" until="until interrupted"`, 30*time.Second)
+	if !strings.Contains(reg.errOut(), ep) {
+		t.Errorf("the waiting log does not say which endpoint: %s", reg.errOut())
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	reg.waitLine(t, "registered prod/api/http/00000000000000d1", 60*time.Second)
+	if err := reg.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	reg.waitLine(t, "deregistered", 30*time.Second)
+	if err := reg.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("register: %v\n%s", err, reg.errOut())
+	}
+
+	srv.Stop()
+	// Interrupted while waiting: nothing was registered, exit 0.
+	intr := startBeacon(t, dir, nil, "register", "prod/api/http", "--addr", "10.0.0.5:8080", "--endpoints", ep,
+		"--dial-timeout", "300ms", "-o", "json")
+	intr.waitLine(t, `"state":"waiting"`, 30*time.Second)
+	if err := intr.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	intr.waitLine(t, `"event":"stopped"`, 30*time.Second)
+	if err := intr.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("register interrupted while waiting: %v\n%s", err, intr.errOut())
+	}
+	bounded := startBeacon(t, dir, nil, "register", "prod/api/http", "--addr", "10.0.0.5:8080", "--endpoints", ep,
+		"--dial-timeout", "300ms", "--start-timeout", "1s")
+	if err := bounded.wait(t, 30*time.Second); err == nil || bounded.exitCode() != exitFailure ||
+		!strings.Contains(bounded.errOut(), "beacon: the store did not answer within --start-timeout 1s") ||
+		!strings.Contains(bounded.errOut(), "connection refused") {
+		t.Fatalf("register --start-timeout 1s without a store: %v\n%s", err, bounded.errOut())
+	}
+	checkBadInput(t, []badInput{
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.5:8080", "--start-timeout", "-1s"}, want: "--start-timeout -1s: must not be negative"},
+	})
+
+	// Refused credentials are an answer: no waiting.
+	auth := etcdtest.Start(t, etcdtest.Options{User: "root", Password: "s3cret"})
+	checkBadInput(t, []badInput{
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.5:8080", "--endpoints", auth.Endpoint(), "--user", "root:wrong"},
+			want: "authenticate", exit: exitFailure},
+	})
+}
+
+// TestWatchFromFutureRevision: watch --from-revision beyond the store's
+// revision (one it never gave) is bad usage saying so; it printed a fresh
+// snapshot as if resuming had worked.
+func TestWatchFromFutureRevision(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	checkBadInput(t, []badInput{
+		{args: []string{"watch", "prod", "--from-revision", "99999999", "--endpoints", srv.Endpoint()},
+			want: "--from-revision 99999999: invalid argument: watch from revision 99999999: the store is only at revision"},
+	})
+}
+
 // TestRegistryCommandsBadInput: bad input fails with one clear line and a
 // non-zero exit, before touching the network.
 func TestRegistryCommandsBadInput(t *testing.T) {
@@ -143,6 +254,11 @@ func TestRegistryCommandsBadInput(t *testing.T) {
 		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--ttl", "0s"}, want: "--ttl"},
 		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--ttl", "2h"}, want: "--ttl"},
 		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--id", "XYZ"}, want: "--id"},
+		// Accepted without a word: control characters in a metadata value,
+		// and a host name DNS cannot carry.
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--meta", "note=two\nlines"}, want: `metadata value for note "two\nlines": must not contain control characters`},
+		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "--meta", "note=a\x00b"}, want: "must not contain control characters"},
+		{args: []string{"register", "prod/api/http", "--addr", strings.Repeat("h", 254) + ":80"}, want: "host name label of 254 bytes"},
 		{args: []string{"register", "prod/api/http", "--addr", "10.0.0.1:80", "-o", "yaml"}, want: "-o"},
 		{args: []string{"ls", "a/b/c/d"}, want: "invalid query"},
 		{args: []string{"ls", "-o", "yaml"}, want: "-o"},

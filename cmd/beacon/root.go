@@ -13,7 +13,10 @@ var rootCmd = &cobra.Command{
 registry with leases and watches, etcd-compatible cluster bootstrap, gRPC naming,
 an etcd proxy, and a server that runs it all on embedded etcd.
 
-Flags override environment variables; each command's --help lists both.
+Flags override environment variables; each command's --help lists both. A
+flag given an empty value (--flag= or --flag "", an unset shell variable) is
+refused, unless its help says what empty means; an empty variable counts as
+unset.
 Exit status: 0 success, 1 failure, 2 bad usage (unknown command or flag, bad
 value of a flag or variable).`,
 	SilenceUsage:      true,

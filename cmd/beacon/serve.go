@@ -1,8 +1,8 @@
 package main
 
 import (
+	"context"
 	"fmt"
-	"os"
 
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/store/backend"
@@ -36,10 +36,13 @@ of InstanceSet custom resources whose pods are Ready (lists and watches;
 registration over HTTP is refused: register from the pods), see
 docs/kubernetes.md and --kubeconfig, --kube-namespaces.
 
-It stops gracefully on SIGINT or SIGTERM.
+It stops gracefully on SIGINT or SIGTERM, giving open HTTP requests up to
+--shutdown-timeout to finish; a second signal stops it without waiting.
 
 Environment (flags win): BEACON_DISCOVERY_BACKEND (else Dynamo's
-DYN_DISCOVERY_BACKEND=kubernetes|etcd), ETCD_AUTH_USERNAME,
+DYN_DISCOVERY_BACKEND=kubernetes|etcd|kv_store|file|mem, kv_store meaning etcd
+and mem memory; Beacon's backends, keys and file format, not Dynamo's:
+docs/store.md), ETCD_AUTH_USERNAME,
 ETCD_AUTH_PASSWORD, ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY,
 BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 		Args: cobra.NoArgs,
@@ -54,17 +57,9 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				return usagef("--etcd-log-level %q: must be debug, info, warn or error", etcdLogLevel)
 			}
 			cfg.EtcdLogLevel = &lvl
-			be := lookup(cmd.Flags(), "backend", backend.EnvVar)
-			if be.env == "" && !cmd.Flags().Changed("backend") {
-				// Neither the flag nor BEACON_DISCOVERY_BACKEND: Dynamo's
-				// DYN_DISCOVERY_BACKEND, as for the client commands.
-				env := backend.FromEnv()
-				if err := env.SelectorError(); err != nil {
-					return usage(err)
-				}
-				if v := os.Getenv(backend.DynamoEnvVar); v != "" {
-					be = setting{flag: "backend", env: backend.DynamoEnvVar, val: env.BackendName()}
-				}
+			be, err := backendSetting(cmd.Flags())
+			if err != nil {
+				return err
 			}
 			if err := backend.CheckName(be.val); err != nil {
 				return usagef("%v: %v", be, err)
@@ -81,9 +76,7 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			}
 			cfg.Backend = etcdAuth.config()
 			cfg.Backend.Name = be.val
-			if err := dnsFlags(cmd.Flags(), &cfg.DNS); err != nil {
-				return err
-			}
+			dnsFlags(&cfg.DNS)
 			if err := xdsFlags(cmd, &cfg.XDS); err != nil {
 				return err
 			}
@@ -99,6 +92,16 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				return err
 			}
 			fmt.Fprint(cmd.OutOrStdout(), srv.Banner())
+			stopping := context.AfterFunc(ctx, func() {
+				logger.Info("stopping: open HTTP requests get up to --shutdown-timeout to finish; a second SIGINT or SIGTERM cuts it short",
+					"shutdown-timeout", cfg.ShutdownTimeout)
+			})
+			defer stopping()
+			cutShort := context.AfterFunc(urgent(ctx), func() {
+				logger.Warn("second signal: shutdown cut short, requests in flight are not waited for")
+				srv.Abort()
+			})
+			defer cutShort()
 			if err := srv.Wait(ctx); err != nil {
 				return err
 			}

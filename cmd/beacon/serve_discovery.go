@@ -28,7 +28,8 @@ func addDiscoveryFlags(cmd *cobra.Command, d *server.DiscoveryConfig) {
 	f.StringVar(&d.User, "discovery-user", "", "v3 discovery: user name, or user:password")
 	f.StringVar(&d.Password, "discovery-password", "", "v3 discovery: password")
 	f.StringVar(&d.Fallback, "discovery-fallback", server.FallbackExit, "when the token's cluster is already full: exit, or proxy (serve a readwrite proxy of that cluster on the client URL)")
-	f.DurationVar(&d.Timeout, "discovery-timeout", 0, "give up waiting for the other members after this long (default: wait until interrupted, as etcd)")
+	f.DurationVar(&d.Timeout, "discovery-timeout", 0, "give up waiting for the other members after this long (0, the default: wait until interrupted, as etcd)")
+	allowZero(cmd, "discovery-timeout", "wait until interrupted")
 }
 
 // insecureFlag is etcd's --discovery-insecure-transport (default true),

@@ -4,7 +4,6 @@ import (
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/server/dnsapi"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 )
 
 // addDNSFlags registers the DNS interface's flags on `beacon serve`
@@ -15,24 +14,16 @@ func addDNSFlags(cmd *cobra.Command, d *server.DNSConfig) {
 	f.StringVar(&d.Domain, "dns-domain", dnsapi.DefaultDomain, "zone DNS answers: <endpoint>.<component>.<namespace>.<zone>; other names are refused")
 	f.DurationVar(&d.TTL, "dns-ttl", dnsapi.DefaultTTL, "TTL of DNS answers and of negative answers (whole seconds, 1s-1h)")
 	f.DurationVar(&d.MaxStale, "dns-max-stale", dnsapi.DefaultMaxStale, "how long DNS serves its last view after the registry lost its store, before answering SERVFAIL (0: SERVFAIL at once)")
+	allowEmpty(cmd, "dns-addr", "no DNS")
+	allowZero(cmd, "dns-max-stale", "SERVFAIL at once")
 }
 
 // dnsFlags turns the DNS flags into the server's configuration, whose zero
-// values mean "the default": a zone or TTL given as empty or zero is a
-// mistake to report, not the default to apply silently, and a zero
+// values mean "the default" (an empty zone and a zero TTL are refused with
+// every empty or zero flag, checkEmptyFlags and checkZeroFlags): a zero
 // --dns-max-stale means no stale answers at all.
-func dnsFlags(f *pflag.FlagSet, d *server.DNSConfig) error {
-	if d.Addr == "" {
-		return nil // DNS disabled: the other flags do not matter
-	}
-	if f.Changed("dns-domain") && d.Domain == "" {
-		return usagef("--dns-domain is empty: give the zone to answer, e.g. %s (to disable DNS, use --dns-addr=)", dnsapi.DefaultDomain)
-	}
-	if f.Changed("dns-ttl") && d.TTL == 0 {
-		return usagef("--dns-ttl 0s: must be whole seconds from 1s to 1h (a zero TTL defeats caching resolvers)")
-	}
-	if d.MaxStale == 0 {
+func dnsFlags(d *server.DNSConfig) {
+	if d.Addr != "" && d.MaxStale == 0 {
 		d.MaxStale = -1 // SERVFAIL as soon as the watch is stale
 	}
-	return nil
 }

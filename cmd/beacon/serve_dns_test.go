@@ -10,7 +10,8 @@ import (
 )
 
 // The DNS flags' zero values are not silently the defaults: an empty zone
-// and a zero TTL are errors, and --dns-max-stale 0s means SERVFAIL as soon
+// and a zero TTL are errors (checkEmptyFlags, checkZeroFlags: as every
+// empty or zero flag, also with DNS disabled), and --dns-max-stale 0s means SERVFAIL as soon
 // as the registry's watch is stale (server.DNSConfig's zero value would
 // mean 30 s).
 func TestDNSFlags(t *testing.T) {
@@ -24,8 +25,9 @@ func TestDNSFlags(t *testing.T) {
 		{args: []string{"--dns-max-stale", "-5s"}, maxStale: -5 * time.Second},
 		{args: []string{"--dns-max-stale", "1m"}, maxStale: time.Minute},
 		{args: []string{"--dns-ttl", "0s"}, err: "--dns-ttl 0s"},
-		{args: []string{"--dns-domain="}, err: "--dns-domain is empty"},
-		{args: []string{"--dns-domain=", "--dns-ttl", "0s", "--dns-addr="}}, // DNS disabled: nothing to check
+		{args: []string{"--dns-domain="}, err: `--dns-domain "": empty`},
+		{args: []string{"--dns-ttl", "0s", "--dns-addr="}, err: "--dns-ttl 0s: 0 is not a value of this flag"},
+		{args: []string{"--dns-ttl", "5s", "--dns-addr="}}, // DNS disabled
 	} {
 		var d server.DNSConfig
 		cmd := &cobra.Command{}
@@ -33,7 +35,13 @@ func TestDNSFlags(t *testing.T) {
 		if err := cmd.Flags().Parse(tc.args); err != nil {
 			t.Fatal(err)
 		}
-		err := dnsFlags(cmd.Flags(), &d)
+		err := checkEmptyFlags(cmd)
+		if err == nil {
+			err = checkZeroFlags(cmd)
+		}
+		if err == nil {
+			dnsFlags(&d)
+		}
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.err)

@@ -133,7 +133,8 @@ registration as it happens until the token is full (bounded by --wait).
 	}
 	conn := addTokenConnFlags(cmd)
 	cmd.Flags().BoolVar(&watch, "watch", false, "follow the registrations until the token is full")
-	cmd.Flags().DurationVar(&wait, "wait", 0, "with --watch, give up after this long (default: until interrupted)")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "with --watch, give up after this long (0, the default: wait until interrupted)")
+	allowZero(cmd, "wait", "until interrupted")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		token := args[0]
 		if err := bootstrap.ValidateToken(token); err != nil {
@@ -329,7 +330,8 @@ func newTokenLsCmd() *cobra.Command {
 members registered (and how many of the size slots they fill), whether it is
 full, and when it was created (revision, and time for tokens made by beacon
 token new or POST /v1/tokens). A token whose size key is missing or bad is
-listed with the problem. -o json prints the same object as GET /v1/tokens.
+listed with the problem, and so is a full token whose members cannot form a
+cluster (two share a name or a peer URL). -o json prints the same object as GET /v1/tokens.
 
 ` + connHelp,
 		Args: cobra.NoArgs,
@@ -355,15 +357,18 @@ listed with the problem. -o json prints the same object as GET /v1/tokens.
 		fmt.Fprintln(tw, "TOKEN\tSIZE\tREGISTERED\tSTATE\tCREATED")
 		for _, t := range list.Tokens {
 			state, size := string(t.State), strconv.Itoa(t.Size)
-			if t.Problem != "" {
+			switch {
+			case t.Problem != "" && t.State == "":
 				state, size = "invalid: "+t.Problem, "-"
+			case t.Problem != "":
+				state += ", cannot form: " + t.Problem // two members share a name, ...
 			}
 			created := fmt.Sprintf("rev %d", t.CreatedRevision)
 			if t.CreatedAt != nil {
 				created = t.CreatedAt.Local().Format(time.DateTime) + " (" + created + ")"
 			}
 			reg := strconv.Itoa(t.Members)
-			if t.Problem == "" && t.Members != t.Registered {
+			if t.State != "" && t.Members != t.Registered {
 				reg = fmt.Sprintf("%d (%d too late)", t.Registered, t.Members-t.Registered)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Token, size, reg, state, created)

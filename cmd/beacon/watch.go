@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 
@@ -70,7 +71,8 @@ the store since that revision, it prints a snapshot.
 	conn = addRegistryConnFlags(cmd)
 	conn.existing = true
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json (one JSON object per line)")
-	cmd.Flags().Int64Var(&from, "from-revision", 0, "resume after this revision (a revision printed earlier)")
+	cmd.Flags().Int64Var(&from, "from-revision", 0, "resume after this revision (a revision printed earlier; 0, the default: a snapshot of now)")
+	allowZero(cmd, "from-revision", "a snapshot of now")
 	return cmd
 }
 
@@ -101,6 +103,9 @@ func runWatch(ctx context.Context, out io.Writer, r registry.Discoverer, q beaco
 		if err != nil {
 			if isInterrupt(ctx, err) {
 				return nil
+			}
+			if errors.Is(err, beacon.ErrInvalid) {
+				return usagef("--from-revision %d: %w", from, err) // one the store never gave
 			}
 			return err
 		}

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"os"
 	"time"
@@ -81,11 +83,19 @@ the user.`,
 			if err != nil {
 				return fmt.Errorf("xds get from %s: %w", server, err)
 			}
-			out, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(resp)
+			raw, err := protojson.Marshal(resp)
 			if err != nil {
 				return err
 			}
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), string(out))
+			// protojson varies its spacing on purpose; print it stable.
+			var compact, out bytes.Buffer
+			if err := json.Compact(&compact, raw); err != nil {
+				return err
+			}
+			if err := json.Indent(&out, compact.Bytes(), "", "  "); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), out.String())
 			return err
 		},
 	}

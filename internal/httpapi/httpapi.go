@@ -19,6 +19,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -205,12 +206,76 @@ func IsJSON(contentType string) bool {
 	return true
 }
 
+// SingleHeaders are the request headers that carry one value: given
+// twice, servers resolve them differently (Go's Header.Get takes the
+// first; a proxy in front may take the last), so a request that repeats
+// one is refused rather than read as either.
+var SingleHeaders = []string{"Authorization", "Beacon-Secret", "Last-Event-ID", "Content-Type", "Origin", "Sec-Fetch-Site"}
+
+// RepeatedHeader returns the first of names that r carries on more than
+// one header line, and on how many; "" if none.
+func RepeatedHeader(r *http.Request, names ...string) (string, int) {
+	for _, name := range names {
+		n := len(r.Header.Values(name))
+		if n > 1 {
+			return name, n
+		}
+	}
+	return "", 0
+}
+
+// RefuseRepeatedHeaders wraps h: a request carrying one of SingleHeaders
+// more than once is answered 400 invalid_argument saying to send one.
+func RefuseRepeatedHeaders(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if name, n := RepeatedHeader(r, SingleHeaders...); name != "" {
+			WriteError(w, http.StatusBadRequest, CodeInvalidArgument,
+				fmt.Sprintf("the %s header is given %d times: send it once (servers and proxies read repeated ones differently)", name, n))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Accepts reports whether a request's Accept header allows mediaType
+// ("type/subtype"): no Accept, */*, type/* or the type itself, with a
+// quality above zero. A header that cannot be parsed allows everything (as
+// if absent).
+func Accepts(r *http.Request, mediaType string) bool {
+	values := r.Header.Values("Accept")
+	if len(values) == 0 {
+		return true
+	}
+	typ, _, _ := strings.Cut(mediaType, "/")
+	for _, v := range values {
+		for _, item := range strings.Split(v, ",") {
+			if strings.TrimSpace(item) == "" {
+				continue
+			}
+			mt, params, err := mime.ParseMediaType(item)
+			if err != nil {
+				return true
+			}
+			if q, ok := params["q"]; ok {
+				if f, err := strconv.ParseFloat(q, 64); err == nil && f <= 0 {
+					continue
+				}
+			}
+			if mt == "*/*" || mt == typ+"/*" || mt == mediaType {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // DecodeJSON reads a JSON request body strictly into v: a JSON
 // Content-Type (or none), at most limit bytes, exactly one JSON value with
 // no unknown fields, no key given twice in any object (metadata maps
-// included) and no field named in another letter case than its own
-// ("Address" for "address", which encoding/json accepts); an empty body
-// is refused. On error it writes the
+// included), no field named in another letter case than its own
+// ("Address" for "address", which encoding/json accepts) and no null
+// (which encoding/json takes as the zero value); an empty body is
+// refused. On error it writes the
 // 415, 413 or 400 and returns false. A decoding error matching one of
 // plain (an UnmarshalJSON error of a field type) is reported with its own
 // message rather than as malformed JSON.
@@ -220,8 +285,17 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64, plai
 			fmt.Sprintf("Content-Type %q: send application/json", ct))
 		return false
 	}
+	if ce := r.Header.Values("Content-Encoding"); len(ce) > 0 && !(len(ce) == 1 && strings.EqualFold(strings.TrimSpace(ce[0]), "identity")) {
+		WriteError(w, http.StatusUnsupportedMediaType, CodeInvalidArgument,
+			fmt.Sprintf("Content-Encoding %q: compressed bodies are not accepted: send the JSON uncompressed, without Content-Encoding", strings.Join(ce, ", ")))
+		return false
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err == nil {
+		if msg := notJSONText(body); msg != "" {
+			WriteError(w, http.StatusBadRequest, CodeInvalidArgument, "JSON body: "+msg)
+			return false
+		}
 		// encoding/json would turn invalid UTF-8 (and lone surrogate
 		// escapes) into U+FFFD without a word: refuse them instead.
 		if verr := beacon.ValidateJSONText(body); verr != nil {
@@ -269,6 +343,28 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64, plai
 		return false
 	}
 	return true
+}
+
+// notJSONText names what a body that is not JSON text at all starts with
+// ("" if none of them): compressed data sent without Content-Encoding, or
+// a byte order mark. Without it they were answered "must be valid UTF-8"
+// or with the JSON parser's "invalid character 'ï'".
+func notJSONText(body []byte) string {
+	for _, m := range []struct {
+		magic []byte
+		what  string
+	}{
+		{[]byte{0x1f, 0x8b}, "is gzip-compressed (it starts with gzip's magic bytes 1f 8b): compressed bodies are not accepted: send the JSON uncompressed"},
+		{[]byte{0x28, 0xb5, 0x2f, 0xfd}, "is zstd-compressed (it starts with zstd's magic bytes): compressed bodies are not accepted: send the JSON uncompressed"},
+		{[]byte{0xef, 0xbb, 0xbf}, "starts with a UTF-8 byte order mark (ef bb bf), which JSON does not allow: send the JSON without it"},
+		{[]byte{0xfe, 0xff}, "starts with a UTF-16 byte order mark (fe ff): send the JSON in UTF-8"},
+		{[]byte{0xff, 0xfe}, "starts with a UTF-16 byte order mark (ff fe): send the JSON in UTF-8"},
+	} {
+		if bytes.HasPrefix(body, m.magic) {
+			return "the body " + m.what
+		}
+	}
+	return ""
 }
 
 // Mux is an http.ServeMux that answers paths it does not serve with a

@@ -143,6 +143,18 @@ func TestDecodeJSON(t *testing.T) {
 		{"application/json", `{"t":{"x":1,"x":2}}`, 400, `key "t.x" is given twice`},
 		{"application/json", `{"Inner":1}`, 400, `did you mean "inner"?`},
 		{"application/json", `{"inner":1,"p":{"k":"1","k":"1"}}`, 400, `key "p.k" is given twice`},
+		// What encoding/json takes as the zero value: null.
+		{"application/json", `{"a":null}`, 400, `"a" is null: null is not a value here: give one, or leave the field out`},
+		{"application/json", `{"m":{"k":null}}`, 400, `"m.k" is null`},
+		{"application/json", `{"p":null}`, 400, `"p" is null`},
+		{"application/json", `{"a":[1,null]}`, 400, `"a[1]" is null`},
+		{"application/json", `null`, 400, "the body is null: send a JSON object"},
+		{"application/json", `{"a":"null"}`, 0, ""},
+		// Bodies that are not JSON text, named.
+		{"application/json", "\x1f\x8b\x08\x00\x00\x00", 400, "the body is gzip-compressed"},
+		{"application/json", "\x28\xb5\x2f\xfd\x00", 400, "the body is zstd-compressed"},
+		{"application/json", "\xef\xbb\xbf{\"a\":1}", 400, "starts with a UTF-8 byte order mark (ef bb bf)"},
+		{"application/json", "\xff\xfe{\x00}\x00", 400, "UTF-16 byte order mark"},
 	} {
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest("POST", "/", strings.NewReader(tt.body))
@@ -167,6 +179,69 @@ func TestDecodeJSON(t *testing.T) {
 		_ = json.Unmarshal(w.Body.Bytes(), &e)
 		if ok || w.Code != tt.code || e.Code != CodeInvalidArgument || !strings.Contains(e.Message, tt.want) {
 			t.Errorf("%q %.20q: %d %s, want %d %q", tt.ct, tt.body, w.Code, w.Body, tt.code, tt.want)
+		}
+	}
+}
+
+// A compressed body is refused by its Content-Encoding before it is read
+// (it was answered "must be valid UTF-8"); identity is no compression.
+func TestDecodeJSONContentEncoding(t *testing.T) {
+	for enc, code := range map[string]int{"gzip": 415, "br": 415, "gzip, identity": 415, "identity": 0, "IDENTITY": 0} {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest("POST", "/", strings.NewReader(`{"a":1}`))
+		r.Header.Set("Content-Encoding", enc)
+		var v struct {
+			A int `json:"a"`
+		}
+		ok := DecodeJSON(w, r, &v, 100)
+		if code == 0 {
+			if !ok {
+				t.Errorf("Content-Encoding %q: refused: %s", enc, w.Body)
+			}
+			continue
+		}
+		if ok || w.Code != code || !strings.Contains(w.Body.String(), "compressed bodies are not accepted: send the JSON uncompressed") {
+			t.Errorf("Content-Encoding %q: %d %s", enc, w.Code, w.Body)
+		}
+	}
+}
+
+func TestRefuseRepeatedHeaders(t *testing.T) {
+	h := RefuseRepeatedHeaders(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) }))
+	for _, tc := range []struct {
+		hdr  [][2]string
+		code int
+	}{
+		{[][2]string{{"Authorization", "Basic a"}}, 204},
+		{[][2]string{{"Authorization", "Basic a"}, {"Authorization", "Bearer b"}}, 400},
+		{[][2]string{{"Content-Type", "application/json"}, {"Content-Type", "text/plain"}}, 400},
+		{[][2]string{{"Accept", "a/b"}, {"Accept", "c/d"}}, 204}, // a list header: repeats are its syntax
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		for _, kv := range tc.hdr {
+			r.Header.Add(kv[0], kv[1])
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != tc.code || (tc.code == 400 && !strings.Contains(w.Body.String(), "is given 2 times: send it once")) {
+			t.Errorf("%v: %d %s", tc.hdr, w.Code, w.Body)
+		}
+	}
+}
+
+func TestAccepts(t *testing.T) {
+	for accept, want := range map[string]bool{
+		"": true, "*/*": true, "text/*": true, "text/event-stream": true, "TEXT/Event-Stream": true,
+		"application/json": false, "application/json, text/event-stream;q=0.5": true,
+		"text/event-stream;q=0": false, "text/html,application/xhtml+xml,*/*;q=0.8": true,
+		"application/json;q=1, */*;q=0": false, "garbage;;": true,
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		if accept != "" {
+			r.Header.Set("Accept", accept)
+		}
+		if got := Accepts(r, "text/event-stream"); got != want {
+			t.Errorf("Accept %q: Accepts(text/event-stream) = %v, want %v", accept, got, want)
 		}
 	}
 }

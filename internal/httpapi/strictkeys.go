@@ -17,7 +17,10 @@ import (
 // names a field of t only in another letter case (the decoder matches
 // {"Address":...} to the field address; the API's names are
 // case-sensitive). A map's keys are free (metadata keeps any key), but
-// not duplicated either.
+// not duplicated either. And a null anywhere: the decoder takes it as the
+// zero value ({"size":null} was the default size, {"metadata":null} in a
+// PATCH left the metadata unchanged, {"k":null} in metadata was ""),
+// which the sender cannot have meant.
 func checkKeys(data []byte, t reflect.Type) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
@@ -38,6 +41,11 @@ func walkKeys(dec *json.Decoder, t reflect.Type, at string) error {
 		t = nil // its own syntax: only duplicates are checked
 	}
 	switch tok {
+	case nil:
+		if at == "" {
+			return errors.New("the body is null: send a JSON object")
+		}
+		return fmt.Errorf("%q is null: null is not a value here: give one, or leave the field out", at)
 	case json.Delim('{'):
 		var fields map[string]reflect.Type
 		var elem reflect.Type

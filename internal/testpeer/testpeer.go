@@ -33,18 +33,22 @@ func Binary(tb testing.TB, install string, candidates ...string) string {
 			return p
 		}
 	}
-	Unavailable(tb, "peer program not found (looked for "+joinQuoted(candidates)+"); install it with: "+install)
+	Missing(tb, "peer program not found (looked for "+joinQuoted(candidates)+"); install it with: "+install)
 	return ""
 }
 
-// Unavailable skips the test because something it needs is missing (msg
-// says what to install or run), or fails it when RequireEnv is set.
-func Unavailable(tb testing.TB, msg string) {
+// Missing ends a test that cannot run because a peer, a privilege or a
+// tool it needs is missing: it skips it with why (say what is missing and
+// how to get it), or, when RequireEnv is set (CI, where everything is
+// there), fails it. A test that cannot run must never pass having run
+// nothing.
+func Missing(tb testing.TB, why string) {
 	tb.Helper()
 	if os.Getenv(RequireEnv) != "" {
-		tb.Fatal(msg)
+		tb.Fatal(why + " (" + RequireEnv + " is set: everything the tests need must be there)")
+		return
 	}
-	tb.Skip(msg)
+	tb.Skip(why)
 }
 
 func joinQuoted(s []string) string {
@@ -148,7 +152,7 @@ func PythonGRPC(tb testing.TB) string {
 	tb.Helper()
 	p := pythonGRPC()
 	if p == "" {
-		Unavailable(tb, "no python3 with the grpc module (gRPC C-core): install it with apt-get install python3-grpcio")
+		Missing(tb, "no python3 with the grpc module (gRPC C-core): install it with apt-get install python3-grpcio")
 	}
 	return p
 }
@@ -159,7 +163,7 @@ func Node(tb testing.TB, dir string) string {
 	tb.Helper()
 	node := Binary(tb, "apt-get install nodejs npm", "node", "nodejs")
 	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
-		Unavailable(tb, "the npm packages of "+dir+" are not installed: run npm ci --prefix "+dir)
+		Missing(tb, "the npm packages of "+dir+" are not installed: run npm ci --prefix "+dir)
 	}
 	return node
 }

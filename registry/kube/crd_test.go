@@ -170,14 +170,15 @@ func TestCRDAgreesWithValidation(t *testing.T) {
 		Address: "10.0.0.1:80", Status: beacon.StatusServing, RegisteredAt: time.Date(2026, 1, 2, 3, 4, 5, 6e6, time.UTC)}
 	label63 := strings.Repeat("a", 62) + "9"
 	bigMeta := map[string]string{"k": strings.Repeat("é", (beacon.DefaultMaxMetadataSize-1)/2)}
+	url1024 := "nats://10.0.0.1:4222/" + strings.Repeat("x", 1024-len("nats://10.0.0.1:4222/"))
 	accepted := map[string]func(*beacon.Instance){
 		"labels of 63":          func(in *beacon.Instance) { in.Namespace, in.Component, in.Endpoint = label63, label63, label63 },
-		"address of 1024 bytes": func(in *beacon.Instance) { in.Address = "h" + strings.Repeat("x", 1024-len("h:80")-1) + ":80" },
+		"address of 1024 bytes": func(in *beacon.Instance) { in.Address = url1024 }, // a URL: so long a host name is no DNS name
 		"URL address":           func(in *beacon.Instance) { in.Address = "nats://10.0.0.1:4222/subject?x=1" },
 		"IPv6 address":          func(in *beacon.Instance) { in.Address = "[2001:db8::1]:443" },
 		"transport of 32":       func(in *beacon.Instance) { in.Transport = strings.Repeat("a", 28) + ".b+-" },
 		"metadata at the limit": func(in *beacon.Instance) { in.Metadata = bigMeta },
-		"unicode metadata key":  func(in *beacon.Instance) { in.Metadata = map[string]string{"zone/ü:1": "", "x": "line\nbreak"} },
+		"unicode metadata key":  func(in *beacon.Instance) { in.Metadata = map[string]string{"zone/ü:1": "", "x": "two words, ü"} },
 		"draining":              func(in *beacon.Instance) { in.Status = beacon.StatusDraining },
 		"year 1":                func(in *beacon.Instance) { in.RegisteredAt = time.Date(1, 1, 1, 0, 0, 0, 1e6, time.UTC) },
 		"year 9999":             func(in *beacon.Instance) { in.RegisteredAt = time.Date(9999, 12, 31, 23, 59, 59, 999e6, time.UTC) },

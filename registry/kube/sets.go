@@ -91,7 +91,7 @@ func decodeSet(u *unstructured.Unstructured, maxMetadata int) (*setInfo, error) 
 	for i, rawIn := range spec.Instances {
 		in, err := beacon.UnmarshalInstance(rawIn)
 		if err == nil {
-			err = in.ValidateWith(maxMetadata)
+			err = in.ValidateStored(maxMetadata)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("spec.instances[%d]: %w", i, err)

@@ -255,8 +255,12 @@ type ListResponse struct {
 // TTL is a lease TTL in JSON: "15s" or 15.
 type TTL time.Duration
 
-// UnmarshalJSON accepts a duration string or a number of seconds.
+// UnmarshalJSON accepts a duration string or a number of seconds; null is
+// refused (json.Unmarshal would read it as "").
 func (t *TTL) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return fmt.Errorf(`%w: "ttl" is null: null is not a value here: give one, or leave the field out for the default`, registry.ErrInvalidTTL)
+	}
 	var s string
 	if err := json.Unmarshal(b, &s); err == nil {
 		d, err := registry.ParseTTL(s)

@@ -221,11 +221,22 @@ func TestBadInput(t *testing.T) {
 		{"update bad address", "PATCH", InstancesPath + "/prod/api/http/00000000000000a1", `{"address":"x"}`, 400, "invalid_argument", "address"},
 		{"method", "PUT", InstancesPath, `{}`, 405, "method_not_allowed", "PUT"},
 		{"watch bad since", "GET", WatchPath + "?since=yesterday", "", 400, "invalid_argument", "revision"},
+		// null was taken as absent (a PATCH of "metadata":null changed
+		// nothing, a metadata value null was ""); control characters in
+		// metadata values and host names DNS cannot carry were accepted.
+		{"update null metadata", "PATCH", InstancesPath + "/prod/api/http/00000000000000a1", `{"metadata":null}`, 400, "invalid_argument", `"metadata" is null`},
+		{"null metadata value", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","metadata":{"k":null}}`, 400, "invalid_argument", `"metadata.k" is null`},
+		{"null ttl", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","ttl":null}`, 400, "invalid_argument", `"ttl" is null`},
+		{"newline in metadata value", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"h:1","metadata":{"k":"a\nb"}}`, 400, "invalid_argument", "control characters"},
+		{"host label of 64", "POST", InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"` + strings.Repeat("h", 64) + `:1"}`, 400, "invalid_argument", "host name label of 64 bytes"},
+		{"gzip body", "POST", InstancesPath, "\x1f\x8b\x08\x00", 400, "invalid_argument", "gzip-compressed"},
+		{"BOM", "POST", InstancesPath, "\xef\xbb\xbf{}", 400, "invalid_argument", "byte order mark"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			secret := ""
-			if strings.HasPrefix(tt.name, "update bad") || strings.HasPrefix(tt.name, "update field") || strings.HasPrefix(tt.name, "update duplicate") {
+			if strings.HasPrefix(tt.name, "update bad") || strings.HasPrefix(tt.name, "update field") || strings.HasPrefix(tt.name, "update duplicate") ||
+				strings.HasPrefix(tt.name, "update null") {
 				secret = good.Secret
 			}
 			e := doSecret(t, tt.method, base+tt.path, tt.body, secret).wantError(t, tt.status, tt.code)
@@ -374,6 +385,36 @@ func TestWatchStreamAndResume(t *testing.T) {
 	repeat := ev.event == "removed" && ev.id == removed.id && ev.data == removed.data
 	if (ev.event != "synced" || ev.id != removed.id) && !repeat {
 		t.Fatalf("resume with nothing new: %+v", ev)
+	}
+	// A client asking for JSON gets 406 saying what the endpoint serves
+	// (the stream was sent anyway); a browser's EventSource, curl's */*
+	// and no Accept get the stream.
+	for accept, status := range map[string]int{"application/json": 406, "text/event-stream": 200, "*/*": 200, "text/html, */*;q=0.8": 200} {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, err := http.NewRequestWithContext(ctx, "GET", base+WatchPath, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Accept", accept)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body []byte
+		if resp.StatusCode != 200 {
+			body, _ = io.ReadAll(resp.Body)
+		}
+		cancel()
+		resp.Body.Close()
+		if resp.StatusCode != status || (status == 406 && (!strings.Contains(string(body), `"code":"not_acceptable"`) ||
+			!strings.Contains(string(body), "send Accept: text/event-stream"))) {
+			t.Fatalf("watch with Accept: %s: %d %s, want %d", accept, resp.StatusCode, body, status)
+		}
+	}
+	// A revision the store never gave is refused, saying so (it was taken
+	// silently as a fresh watch).
+	if e := do(t, "GET", base+WatchPath+"?namespace=prod&since=99999999", "").wantError(t, 400, "invalid_argument"); !strings.Contains(e.Message, "the store is only at revision") {
+		t.Fatalf("resume from a revision never given: %+v", e)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -63,6 +64,13 @@ type StaleMessage struct {
 // snapshot is written in pieces of writeChunk bytes, each with its own
 // deadline, so a client that reads slowly but steadily gets all of it.
 func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
+	if !httpapi.Accepts(r, "text/event-stream") {
+		// It was streamed anyway, to a client that asked for JSON.
+		writeError(w, http.StatusNotAcceptable, "not_acceptable", fmt.Sprintf(
+			"Accept %q: this endpoint streams Server-Sent Events: send Accept: text/event-stream (or no Accept); for the instances as one JSON answer, GET %s",
+			strings.Join(r.Header.Values("Accept"), ", "), InstancesPath))
+		return
+	}
 	params, ok := httpapi.CheckQuery(w, r, "namespace", "component", "endpoint", "since")
 	if !ok {
 		return

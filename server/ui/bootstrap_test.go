@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestBootstrapPageWatchesAClusterForm creates a discovery token and lets
@@ -73,4 +74,43 @@ func TestBootstrapPageWatchesAClusterForm(t *testing.T) {
 	p.navigate("/ui/bootstrap/no-such-token")
 	p.waitFor(`document.querySelector('.error-box')?.textContent.includes('There is no token')`, 5*time.Second)
 	p.allowConsole(`404 \(Not Found\)`)
+}
+
+// TestBootstrapListNamesAClash: a full token whose two members share a
+// name cannot form a cluster; the list showed it as plain "full" while
+// beacon token status named the clash. Now the list says "full: cannot
+// form" with the clash, and the token's page says it too.
+func TestBootstrapListNamesAClash(t *testing.T) {
+	s := startServer(t, nil)
+	base := s.Endpoints().HTTP
+	cli, err := clientv3.New(clientv3.Config{Endpoints: s.Endpoints().ClientURLs, DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const token = "clash-token"
+	if _, err := bootstrap.CreateToken(ctx, cli, token, 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, url := range []string{"http://10.9.0.1:2380", "http://10.9.0.2:2380"} {
+		id, err := bootstrap.MemberID([]string{url}, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(ctx, bootstrap.MemberKey(token, id), "infra="+url); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := openPage(t, base, "/ui/bootstrap")
+	if !eval[bool](p, `fetch('/v1/cluster').then(r => r.json()).then(s => s.features.token_list)`) {
+		t.Fatal("this server lists tokens: the page must too")
+	}
+	p.waitFor(fmt.Sprintf(`[...document.querySelectorAll('table.data tbody tr')].some(r => r.textContent.includes(%s) &&
+		r.querySelector('.badge.bad')?.textContent === 'full: cannot form' && r.textContent.includes('"infra" is registered by'))`, jsString(token)), 10*time.Second)
+	p.screenshot("bootstrap-list-clash")
+	p.navigate("/ui/bootstrap/" + token)
+	p.waitFor(`document.querySelector('.error-box')?.textContent.includes('"infra" is registered by')`, 10*time.Second)
+	p.allowConsole(`409 \(Conflict\)`)
 }

@@ -96,7 +96,7 @@ func chromiumFlags(exe, profile string) []chromedp.ExecAllocatorOption {
 }
 
 // browser starts Chromium once per test process.
-func browser(t *testing.T) context.Context {
+func browser(t testing.TB) context.Context {
 	t.Helper()
 	exe := testpeer.Binary(t, "apt-get install chromium", "chromium", "chromium-browser", "google-chrome-stable", "google-chrome")
 	browserOnce.Do(func() {
@@ -126,7 +126,7 @@ func browser(t *testing.T) context.Context {
 	return browserCtx
 }
 
-func artifacts(t *testing.T) string {
+func artifacts(t testing.TB) string {
 	t.Helper()
 	artifactsOnce.Do(func() {
 		if d := os.Getenv(ArtifactsEnv); d != "" {
@@ -143,7 +143,7 @@ func artifacts(t *testing.T) string {
 
 // page is one browser tab.
 type page struct {
-	t     *testing.T
+	t     testing.TB
 	ctx   context.Context
 	base  string
 	mu    sync.Mutex
@@ -154,7 +154,7 @@ type page struct {
 // openPage opens a tab on base+path and waits until the dashboard runs.
 // At the end of the test it fails the test for any console error or
 // uncaught exception the page produced (see allowConsole).
-func openPage(t *testing.T, base, path string) *page {
+func openPage(t testing.TB, base, path string) *page {
 	t.Helper()
 	p := newTab(t, base)
 	p.navigate(path)
@@ -163,7 +163,7 @@ func openPage(t *testing.T, base, path string) *page {
 
 // newTab opens a tab in a browser context of its own (its own cookies and
 // HTTP authentication cache), on nothing yet.
-func newTab(t *testing.T, base string) *page {
+func newTab(t testing.TB, base string) *page {
 	t.Helper()
 	tab, closeTab := chromedp.NewContext(browser(t), chromedp.WithNewBrowserContext())
 	t.Cleanup(closeTab)
@@ -368,7 +368,7 @@ func jsString(s string) string {
 }
 
 // startServer runs `beacon serve` with embedded etcd on free ports.
-func startServer(t *testing.T, mutate func(*server.Config)) *server.Server {
+func startServer(t testing.TB, mutate func(*server.Config)) *server.Server {
 	t.Helper()
 	port := func() int {
 		p, err := etcdtest.FreePort()

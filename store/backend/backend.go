@@ -28,9 +28,46 @@ const (
 const EnvVar = "BEACON_DISCOVERY_BACKEND"
 
 // DynamoEnvVar is NVIDIA Dynamo's spelling of the selector, read when
-// EnvVar is unset: DYN_DISCOVERY_BACKEND=kubernetes selects kubernetes,
-// =etcd selects etcd; any other value is refused by Validate.
+// EnvVar is unset. Every value Dynamo accepts selects Beacon's backend of
+// that kind (see DynamoName); any other value is refused by Validate.
 const DynamoEnvVar = "DYN_DISCOVERY_BACKEND"
+
+// dynamoNames maps each DYN_DISCOVERY_BACKEND value NVIDIA Dynamo accepts
+// (kubernetes, etcd, file, mem; its older releases' kv_store is etcd) to
+// Beacon's backend of that kind, in the order errors list them. The
+// backends are Beacon's: its key layout (/services/...) and its file
+// store's directory format are not Dynamo's (docs/store.md).
+var dynamoNames = []struct{ dyn, name string }{
+	{"kubernetes", Kubernetes},
+	{"etcd", Etcd},
+	{"kv_store", Etcd},
+	{"file", File},
+	{"mem", Memory},
+}
+
+// DynamoName returns the Beacon backend a DYN_DISCOVERY_BACKEND value
+// selects, and whether Dynamo accepts the value at all.
+func DynamoName(v string) (string, bool) {
+	for _, d := range dynamoNames {
+		if d.dyn == v {
+			return d.name, true
+		}
+	}
+	return "", false
+}
+
+// dynamoValues lists the accepted DYN_DISCOVERY_BACKEND values for errors.
+func dynamoValues() string {
+	var all []string
+	for _, d := range dynamoNames {
+		v := d.dyn
+		if d.name != d.dyn {
+			v += " (" + d.name + ")"
+		}
+		all = append(all, v)
+	}
+	return strings.Join(all[:len(all)-1], ", ") + " or " + all[len(all)-1]
+}
 
 // KubernetesImport is the package a program imports to link the
 // kubernetes backend (it registers a registry driver).
@@ -55,7 +92,8 @@ type Config struct {
 	// BEACON_KUBE_NAMESPACES, ...): programs put their flags here.
 	DriverEnv map[string]string
 
-	aliasErr error // a DYN_DISCOVERY_BACKEND value Beacon does not read
+	aliasErr error  // a DYN_DISCOVERY_BACKEND value Beacon does not read
+	alias    string // the DYN_DISCOVERY_BACKEND value Name came from, if it did
 }
 
 // FromEnv reads BEACON_DISCOVERY_BACKEND and each backend's own variables
@@ -69,14 +107,12 @@ func FromEnv() Config {
 		File: fileCfg,
 		NATS: natsCfg,
 	}
-	if c.Name == "" {
-		switch dyn := strings.TrimSpace(os.Getenv(DynamoEnvVar)); dyn {
-		case "":
-		case Kubernetes, Etcd:
-			c.Name = dyn
-		default:
-			c.aliasErr = fmt.Errorf("%s=%q: Beacon reads only kubernetes or etcd from this variable; set %s to choose another backend",
-				DynamoEnvVar, dyn, EnvVar)
+	if dyn := strings.TrimSpace(os.Getenv(DynamoEnvVar)); c.Name == "" && dyn != "" {
+		if name, ok := DynamoName(dyn); ok {
+			c.Name, c.alias = name, dyn
+		} else {
+			c.aliasErr = fmt.Errorf("%s=%q: unknown; use %s (or set %s to %s)",
+				DynamoEnvVar, dyn, dynamoValues(), EnvVar, names())
 		}
 	}
 	return c
@@ -142,7 +178,14 @@ func (c Config) Validate() error {
 	case Memory:
 		return nil
 	case File:
-		return c.File.Validate()
+		err := c.File.Validate()
+		if dyn, _ := DynamoName(c.alias); err != nil && dyn == File {
+			// Dynamo's file store lives elsewhere (DYN_FILE_KV), in a
+			// format of its own: Beacon's needs a directory of its own.
+			err = fmt.Errorf("%w (%s=%s selects Beacon's file store, whose directory format is not Dynamo's: "+
+				"give it a directory of its own in %s, not Dynamo's DYN_FILE_KV)", err, DynamoEnvVar, c.alias, file.EnvDir)
+		}
+		return err
 	case NATS:
 		return c.NATS.Validate()
 	default:
@@ -199,7 +242,7 @@ func Open(ctx context.Context, c Config) (store.Store, error) {
 func (c Config) BackendName() string { return c.name() }
 
 // SelectorError reports a selector variable FromEnv could not use (a
-// DYN_DISCOVERY_BACKEND value other than kubernetes or etcd), naming it;
+// DYN_DISCOVERY_BACKEND value Dynamo does not accept either), naming it;
 // Validate reports it too while Name is empty. Programs with a flag that
 // overrides the variables check it only when the flag is not given.
 func (c Config) SelectorError() error { return c.aliasErr }

@@ -136,23 +136,50 @@ func TestEtcd(t *testing.T) {
 }
 
 // DYN_DISCOVERY_BACKEND (Dynamo's selector) is read when
-// BEACON_DISCOVERY_BACKEND is unset; a value Beacon does not read is
-// refused with an error naming the variable.
+// BEACON_DISCOVERY_BACKEND is unset: every value Dynamo accepts selects
+// Beacon's backend of that kind (kv_store, mem and file were refused); any
+// other value is refused with an error naming the variable and listing the
+// accepted values.
 func TestDynamoAlias(t *testing.T) {
+	for dyn, want := range map[string]string{
+		"kubernetes": backend.Kubernetes, "etcd": backend.Etcd, "kv_store": backend.Etcd,
+		"file": backend.File, "mem": backend.Memory,
+	} {
+		clearEnv(t)
+		t.Setenv(backend.DynamoEnvVar, dyn)
+		c := backend.FromEnv()
+		if got := c.BackendName(); got != want || c.SelectorError() != nil {
+			t.Errorf("DYN_DISCOVERY_BACKEND=%s selects %q (%v), want %q", dyn, got, c.SelectorError(), want)
+		}
+		if got, ok := backend.DynamoName(dyn); !ok || got != want {
+			t.Errorf("DynamoName(%q) = %q, %v", dyn, got, ok)
+		}
+	}
 	clearEnv(t)
 	t.Setenv(backend.DynamoEnvVar, "kubernetes")
-	if got := backend.FromEnv().BackendName(); got != backend.Kubernetes {
-		t.Fatalf("DYN_DISCOVERY_BACKEND=kubernetes selects %q", got)
-	}
 	t.Setenv(backend.EnvVar, "memory")
 	if got := backend.FromEnv().BackendName(); got != backend.Memory {
 		t.Fatalf("BEACON_DISCOVERY_BACKEND does not win: %q", got)
 	}
 	t.Setenv(backend.EnvVar, "")
-	t.Setenv(backend.DynamoEnvVar, "kv_store")
+	for _, bad := range []string{"nats", "Etcd", "memory", "kv-store"} {
+		t.Setenv(backend.DynamoEnvVar, bad)
+		err := backend.FromEnv().Validate()
+		if err == nil || !strings.Contains(err.Error(), backend.DynamoEnvVar+`="`+bad+`": unknown; use kubernetes, etcd, kv_store (etcd), file or mem (memory)`) ||
+			!strings.Contains(err.Error(), backend.EnvVar) {
+			t.Errorf("DYN_DISCOVERY_BACKEND=%s: %v", bad, err)
+		}
+	}
+	// file selects Beacon's file store, which needs its own directory: the
+	// error says so rather than letting the user think Dynamo's is read.
+	t.Setenv(backend.DynamoEnvVar, "file")
 	err := backend.FromEnv().Validate()
-	if err == nil || !strings.Contains(err.Error(), backend.DynamoEnvVar+`="kv_store"`) || !strings.Contains(err.Error(), backend.EnvVar) {
-		t.Fatalf("unknown Dynamo backend: %v", err)
+	if err == nil || !strings.Contains(err.Error(), file.EnvDir) || !strings.Contains(err.Error(), "not Dynamo's DYN_FILE_KV") {
+		t.Fatalf("DYN_DISCOVERY_BACKEND=file without BEACON_FILE_DIR: %v", err)
+	}
+	t.Setenv(file.EnvDir, t.TempDir())
+	if err := backend.FromEnv().Validate(); err != nil {
+		t.Fatalf("DYN_DISCOVERY_BACKEND=file with BEACON_FILE_DIR: %v", err)
 	}
 }
 

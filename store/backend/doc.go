@@ -28,11 +28,17 @@
 // reads its settings from POD_NAME, POD_NAMESPACE, POD_UID, CONTAINER_NAME,
 // KUBECONFIG and BEACON_KUBE_NAMESPACES (Config.DriverEnv overrides them).
 // Such a backend is opened with OpenRegistry; Open refuses it
-// (ErrNotAStore). DYN_DISCOVERY_BACKEND=kubernetes (NVIDIA Dynamo's spelling)
-// is read when BEACON_DISCOVERY_BACKEND is unset. A program that does not
+// (ErrNotAStore). A program that does not
 // import the driver refuses "kubernetes" with an error naming the import.
 // A bad variable is reported by Config.Validate and Open, naming the
 // variable.
+//
+// NVIDIA Dynamo's selector, DYN_DISCOVERY_BACKEND, is read when
+// BEACON_DISCOVERY_BACKEND is unset; every value Dynamo accepts selects
+// Beacon's backend of that kind (DynamoName): kubernetes, etcd and its
+// older name kv_store, file and mem (memory). The backends stay Beacon's:
+// keys under /services/, not Dynamo's v1/instances/, and the file store in
+// BEACON_FILE_DIR in Beacon's format, not Dynamo's DYN_FILE_KV directory.
 //
 //	r, err := backend.OpenRegistry(ctx, backend.FromEnv(), registry.Config{})
 //	if err != nil {

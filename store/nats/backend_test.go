@@ -69,6 +69,12 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
+	// 0 replicas silently meant the default, 1.
+	t.Setenv(bnats.EnvURL, "")
+	t.Setenv(bnats.EnvReplicas, "0")
+	if _, err := bnats.ConfigFromEnv(); err == nil || !strings.Contains(err.Error(), bnats.EnvReplicas+`="0": want a number from 1 to 5`) {
+		t.Fatalf("ConfigFromEnv with %s=0: %v", bnats.EnvReplicas, err)
+	}
 }
 
 func TestUnreachableServer(t *testing.T) {

@@ -225,7 +225,8 @@ func ConfigFromEnv() (Config, error) {
 	}
 	if v := os.Getenv(EnvReplicas); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil {
+		if err != nil || n == 0 {
+			// 0 would silently be the default, 1.
 			c.envErr = fmt.Errorf("nats: %s=%q: want a number from 1 to 5", EnvReplicas, v)
 		}
 		c.Replicas = n

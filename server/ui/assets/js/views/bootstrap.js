@@ -178,13 +178,15 @@ export class BootstrapView {
     }
     // Newest first: a person watching a cluster form just made its token.
     const rows = [...tokens].reverse().map((t) => {
-      const state = t.problem ? 'problem' : t.full ? 'full' : 'waiting';
+      // A full token whose members cannot form a cluster (two share a
+      // name, ...) has a problem too: not a plain "full".
+      const state = t.problem ? (t.full ? 'full: cannot form' : 'problem') : t.full ? 'full' : 'waiting';
       const created = t.created_at ? Date.parse(t.created_at) : 0;
       return h('tr', {},
         h('td', { class: 'mono' }, h('a', { href: `${BASE}bootstrap/${encodeURIComponent(t.token)}`, text: t.token })),
         h('td', { class: 'num', text: t.size ? num(t.size) : '–' }),
         h('td', { class: 'num', text: num(t.registered || 0) }),
-        h('td', {}, h('span', { class: `badge ${state === 'problem' ? 'bad' : state}`, text: state }), t.problem ? h('div', { class: 'note bad', text: t.problem }) : null),
+        h('td', {}, h('span', { class: `badge ${t.problem ? 'bad' : state}`, text: state }), t.problem ? h('div', { class: 'note bad', text: t.problem }) : null),
         h('td', { class: 'num', text: t.members > (t.registered || 0) ? `${num(t.members - t.registered)} late` : '' }),
         h('td', { text: created ? `${dateTime(created)} (${age(Date.now() - created)} ago)` : `revision ${num(t.created_revision || 0)}` }));
     });
