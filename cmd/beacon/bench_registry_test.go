@@ -39,7 +39,7 @@ func TestBenchCommandsBadInput(t *testing.T) {
 		{args: []string{"bench", "register", "--cpuprofile", "/nonexistent/dir/cpu.prof", "--no-ceiling", "--instances", "1", "--sequential", "1"}, want: "/nonexistent/dir/cpu.prof", exit: exitFailure},
 		{args: []string{"proxy", "--cache-max-staleness", "-1s"}, want: "--cache-max-staleness"},
 		{args: []string{"proxy", "--cache-max-bytes", "0"}, want: "--cache-max-bytes"},
-		{args: []string{"proxy", "--max-streams-per-client", "0"}, want: "--max-streams-per-client 0: give the most streams"},
+		{args: []string{"proxy", "--max-streams-per-client", "0"}, want: "--max-streams-per-client 0: 0 is not a value of this flag"},
 	})
 }
 

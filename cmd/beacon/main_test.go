@@ -71,6 +71,26 @@ func startBeacon(t *testing.T, dir string, env []string, args ...string) *child 
 	return startBeaconIn(t, dir, env, nil, args...)
 }
 
+// withXDSPort gives a `beacon serve` whose test chose its ports (it sets
+// --http-addr) and not the xDS one a free xDS port: xDS is on by default,
+// and no test may depend on its default port being free.
+func withXDSPort(args []string) []string {
+	if len(args) == 0 || args[0] != "serve" {
+		return args
+	}
+	chose := false
+	for _, a := range args {
+		if a == "--xds-addr" || strings.HasPrefix(a, "--xds-addr=") {
+			return args
+		}
+		chose = chose || a == "--http-addr" || strings.HasPrefix(a, "--http-addr=")
+	}
+	if !chose {
+		return args
+	}
+	return append(append([]string(nil), args...), "--xds-addr", "127.0.0.1:0")
+}
+
 // startBeaconIn is startBeacon with standard input (nil: none).
 func startBeaconIn(t *testing.T, dir string, env []string, stdin io.Reader, args ...string) *child {
 	t.Helper()
@@ -81,7 +101,7 @@ func startBeaconIn(t *testing.T, dir string, env []string, stdin io.Reader, args
 	cmd := exec.Command(exe)
 	cmd.Dir = dir
 	cmd.Stdin = stdin
-	encoded, err := json.Marshal(args) // keeps empty and spaced arguments
+	encoded, err := json.Marshal(withXDSPort(args)) // keeps empty and spaced arguments
 	if err != nil {
 		t.Fatal(err)
 	}

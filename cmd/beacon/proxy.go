@@ -105,9 +105,6 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				return usagef("%v: %w, e.g. %s", listen, err, proxy.DefaultListenAddr)
 			}
 			cfg.ListenAddr = listen.val
-			if f.Changed("max-streams-per-client") && cfg.MaxStreamsPerClient == 0 {
-				return usagef("--max-streams-per-client 0: give the most streams one client address may have open (at least 1; default %d), or -1 for no limit", proxy.DefaultMaxStreamsPerClient)
-			}
 			if err := proxyDurations(f, &cfg); err != nil {
 				return err
 			}

@@ -19,6 +19,7 @@ func addXDSFlags(cmd *cobra.Command, x *server.XDSConfig, s *server.Security) {
 	f.StringVar(&s.XDSTLS.KeyFile, "xds-key-file", "", "xDS listener: key file (PEM)")
 	f.StringVar(&s.XDSTLS.TrustedCAFile, "xds-trusted-ca-file", "", "xDS listener: CA bundle that signs client certificates (a verified client certificate's CN is its etcd user)")
 	f.BoolVar(&s.XDSTLS.ClientCertAuth, "xds-client-cert-auth", false, "xDS listener: require a client certificate signed by --xds-trusted-ca-file")
+	allowEmpty(cmd, "xds-addr", "no xDS")
 }
 
 // xdsFlags checks the xDS flags: a zero bound is a mistake to report, not

@@ -58,25 +58,25 @@ func TestExampleClients(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name string
-		cmd  func(t *testing.T) *exec.Cmd
+		argv func(t *testing.T) []string
 	}{
-		{"go", func(t *testing.T) *exec.Cmd {
-			return exec.Command(testpeer.GoBuild(t, "github.com/beaconplane/beacon/examples/xds/client"), "--count", "2", "--interval", "1ms")
+		{"go", func(t *testing.T) []string {
+			return []string{testpeer.GoBuild(t, "github.com/beaconplane/beacon/examples/xds/client"), "--count", "2", "--interval", "1ms"}
 		}},
-		{"python", func(t *testing.T) *exec.Cmd {
-			return exec.Command(testpeer.PythonGRPC(t), filepath.Join("python", "client.py"), "--count", "2", "--interval", "0.001")
+		{"python", func(t *testing.T) []string {
+			return []string{testpeer.PythonGRPC(t), filepath.Join("python", "client.py"), "--count", "2", "--interval", "0.001"}
 		}},
-		{"node", func(t *testing.T) *exec.Cmd {
-			return exec.Command(testpeer.Node(t, "node"), filepath.Join("node", "client.js"), "--count", "2", "--interval", "1")
+		{"node", func(t *testing.T) []string {
+			return []string{testpeer.Node(t, "node"), filepath.Join("node", "client.js"), "--count", "2", "--interval", "1"}
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cmd := c.cmd(t)
-			cmd.Env = append(os.Environ(), "GRPC_XDS_BOOTSTRAP="+bootFile)
-			cmd.WaitDelay = time.Second
+			argv := c.argv(t)
 			cctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
-			go func() { <-cctx.Done(); _ = cmd.Process.Kill() }()
+			cmd := exec.CommandContext(cctx, argv[0], argv[1:]...)
+			cmd.Env = append(os.Environ(), "GRPC_XDS_BOOTSTRAP="+bootFile)
+			cmd.WaitDelay = time.Second
 			out, err := cmd.CombinedOutput()
 			if err != nil || strings.Count(string(out), "reply from one: Hello, xds-") != 2 {
 				t.Fatalf("%v: %v\n%s", cmd.Args, err, out)

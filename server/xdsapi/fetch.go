@@ -2,7 +2,9 @@ package xdsapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
@@ -23,9 +25,9 @@ func Fetch(ctx context.Context, cc grpc.ClientConnInterface, typeURL string, nam
 	if err != nil {
 		return nil, err
 	}
-	if err := st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names}); err != nil {
+	if err := st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("xds: send the request: %w", err)
-	}
+	} // io.EOF: the server ended the stream; Recv says why
 	resp, err := st.Recv()
 	if err != nil {
 		return nil, err

@@ -2,6 +2,8 @@ package xdsapi
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"net"
 	"testing"
 	"time"
@@ -43,6 +45,9 @@ func startXDS(t testing.TB, d registry.Discoverer, cfg Config) (*Server, string)
 	if cfg.Metrics == nil {
 		cfg.Metrics = prometheus.NewRegistry()
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 	s, err := New(d, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +65,14 @@ func startXDS(t testing.TB, d registry.Discoverer, cfg Config) (*Server, string)
 		}
 	})
 	return s, ln.Addr().String()
+}
+
+// testWriter writes a server's log into the test's (shown when it fails).
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
 
 // bootstrap is a GRPC_XDS_BOOTSTRAP document for a client of the server at

@@ -42,7 +42,9 @@ function call() {
       if (count === 0 || calls < count) {
         setTimeout(call, interval);
       } else {
+        // The xDS client keeps its stream to Beacon open: done, exit.
         client.close();
+        process.exit(0);
       }
     });
 }
