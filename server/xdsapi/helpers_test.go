@@ -3,8 +3,8 @@ package xdsapi
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
