@@ -581,16 +581,29 @@ func adsFollower(ctx context.Context, cc *grpc.ClientConn, name string, opened c
 		}
 		at := time.Now()
 		if first {
-			opened <- nil
 			first = false
-		} else {
-			changed <- at
+			if !send(ctx, opened, nil) {
+				return
+			}
+		} else if !send(ctx, changed, at) {
+			return
 		}
 		err = st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: xdsapi.EndpointType, ResourceNames: []string{name},
 			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
 	}
 	if first && ctx.Err() == nil {
-		opened <- fmt.Errorf("bench: ADS stream: %w", err)
+		send(ctx, opened, fmt.Errorf("bench: ADS stream: %w", err))
+	}
+}
+
+// send sends v on ch unless ctx ends first (the reader gave up: a follower
+// must not block its owner's Wait), and says whether it did.
+func send[T any](ctx context.Context, ch chan<- T, v T) bool {
+	select {
+	case ch <- v:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
