@@ -526,7 +526,7 @@ func (d *discovery) backoff(ctx context.Context, step string, cause error) error
 	}
 	wait = min(wait, limit)
 	wait += time.Duration(rand.Int64N(int64(wait)/10 + 1))
-	d.lg.Warn("retry connecting to discovery service", "reason", step, "backoff", wait, "attempt", d.failures, "error", cause)
+	d.lg.Warn("retry connecting to discovery service", "reason", step, "backoff", wait, "attempt", d.failures, "err", cause)
 	if d.progress != nil {
 		p := d.snapshot()
 		p.Err, p.RetryIn, p.Attempt = cause, wait, d.failures

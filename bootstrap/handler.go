@@ -233,7 +233,7 @@ func (h *tokenHandler) fail(w http.ResponseWriter, op string, err error) {
 		writeError(w, http.StatusServiceUnavailable, "unavailable",
 			fmt.Sprintf("%s: the discovery registry did not answer within %v: %v", op, DefaultRequestTimeout, err))
 	default:
-		h.lg.Error("token API failed", "op", op, "error", err)
+		h.lg.Error("token API failed", "op", op, "err", err)
 		writeError(w, http.StatusInternalServerError, "internal", fmt.Sprintf("%s: %v", op, err))
 	}
 }

@@ -159,7 +159,7 @@ func (s *Server) discover(ctx context.Context) (proxied bool, err error) {
 		}))
 	switch {
 	case errors.Is(err, bootstrap.ErrFullCluster) && d.Fallback == FallbackProxy:
-		lg.Warn("discovery cluster full, falling back to proxy", "error", err)
+		lg.Warn("discovery cluster full, falling back to proxy", "err", err)
 		return true, s.startFallbackProxy(ctx, lg)
 	case errors.Is(err, bootstrap.ErrFullCluster):
 		return false, fmt.Errorf("failed to join discovery cluster: %w (--discovery-fallback=%s; use --discovery-fallback=proxy to serve as a proxy of that cluster instead)",

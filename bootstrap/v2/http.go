@@ -141,7 +141,7 @@ func (s *Service) serveNew(w http.ResponseWriter, r *http.Request) {
 	}
 	token, err := s.CreateToken(r.Context(), size)
 	if err != nil {
-		s.lg.Error("creating a discovery token failed", "error", err)
+		s.lg.Error("creating a discovery token failed", "err", err)
 		http.Error(w, "unable to generate token: "+err.Error(), http.StatusServiceUnavailable)
 		return
 	}
@@ -193,7 +193,7 @@ func (s *Service) load(ctx context.Context, k key) (*snapshot, *Error) {
 // which etcd's client retries with backoff.
 func (s *Service) storeError(err error, rev int64) *Error {
 	if s.ctx.Err() == nil && !errors.Is(err, context.Canceled) {
-		s.lg.Error("discovery store request failed", "error", err)
+		s.lg.Error("discovery store request failed", "err", err)
 	}
 	return newError(EcodeRaftInternal, err.Error(), rev)
 }

@@ -315,7 +315,7 @@ func (s *Service) gcLoop() {
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.GCInterval)
 		if _, err := s.CollectGarbage(ctx); err != nil && s.ctx.Err() == nil {
-			s.lg.Error("collecting expired discovery tokens failed; retrying at the next interval", "error", err)
+			s.lg.Error("collecting expired discovery tokens failed; retrying at the next interval", "err", err)
 		}
 		cancel()
 	}

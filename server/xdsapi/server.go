@@ -375,5 +375,5 @@ func (s *Server) nacked(st *stream, ts *typeState, req *discoveryv3.DiscoveryReq
 	s.log.Warn("xds: a client refused (NACKed) a response; it keeps the last version it accepted",
 		"type", typ, "node", st.node.id, "client", st.node.client, "peer", st.peer,
 		"accepted_version", req.GetVersionInfo(), "nonce", req.GetResponseNonce(),
-		"error", truncate(req.GetErrorDetail().GetMessage(), 1000))
+		"client_error", truncate(req.GetErrorDetail().GetMessage(), 1000))
 }
