@@ -1,0 +1,33 @@
+// Package health checks whether an instance serves, apart from whether its
+// process lives (which its lease already says).
+//
+// A Check declares how: the standard gRPC health service (grpc.health.v1,
+// followed through its Watch stream, so that a change is seen when the
+// server pushes it; polled with Check where the server has no Watch), an
+// HTTP GET whose answer must be 2xx (redirects are not followed), a TCP
+// connect, or a TTL the service itself refreshes — an application-level
+// "I am fine", distinct from the lease. Parse reads the command line's
+// form of a check:
+//
+//	grpc | grpc:SERVICE | http:/PATH | tcp | ttl:DURATION
+//
+// and Validate refuses timing that cannot work (intervals outside
+// MinInterval..MaxInterval, a timeout longer than the interval, thresholds
+// of 0), saying what to write instead.
+//
+// A Runner probes one address with one check and turns the results into a
+// verdict with rise and fall thresholds:
+//
+//	            pass                   Fall failures in a row
+//	Unknown ─────────────▶ Passing ─────────────────────────▶ Failing
+//	   │                      ▲                                  │
+//	   │ Fall failures        └──────────────────────────────────┘
+//	   └──in a row──▶ Failing        Rise passes in a row
+//
+// Anything shorter than a threshold changes nothing, which damps an
+// instance flapping faster than the thresholds. Unknown and Passing are
+// served: checks take instances out, they never hold a new one back
+// (fail-open). Every wait is jittered, the first one anywhere within one
+// interval, so that checks declared together (a fleet restarted at once)
+// do not probe together.
+package health

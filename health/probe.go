@@ -1,0 +1,161 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+)
+
+// maxBody is how much of an HTTP check's answer is read (and then
+// dropped): enough to reuse the connection, bounded against a huge body.
+const maxBody = 4 << 10
+
+// Prober probes instances' addresses. Its zero value is ready to use.
+type Prober struct {
+	// HTTP is the client of HTTP checks; nil uses one with redirects off
+	// (a check judges the address it was given, not another).
+	HTTP *http.Client
+	// Dialer opens TCP checks' connections; nil uses a net.Dialer.
+	Dialer *net.Dialer
+}
+
+// Probe runs one probe of c against addr within c's timeout and returns
+// nil if it passed, else why not. A TTL check is not probed: Probe refuses
+// it.
+func (p *Prober) Probe(ctx context.Context, c Check, addr string) error {
+	c = c.WithDefaults()
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	var err error
+	switch c.Kind {
+	case HTTP:
+		err = p.probeHTTP(ctx, addr, c.Path)
+	case TCP:
+		err = p.probeTCP(ctx, addr)
+	case GRPC:
+		err = probeGRPC(ctx, addr, c.Service)
+	default:
+		return fmt.Errorf("health: a %s check is reported by the service, not probed", c.Kind)
+	}
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("no answer within the check's timeout (%s)", c.Timeout)
+	}
+	return err
+}
+
+func (p *Prober) probeHTTP(ctx context.Context, addr, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("User-Agent", "beacon-health-check")
+	client := p.HTTP
+	if client == nil {
+		client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxBody))
+	_ = resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("GET %s answered %s", path, resp.Status)
+	}
+	return nil
+}
+
+func (p *Prober) probeTCP(ctx context.Context, addr string) error {
+	d := p.Dialer
+	if d == nil {
+		d = &net.Dialer{}
+	}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
+}
+
+// probeGRPC calls grpc.health.v1.Health/Check once on a connection of its
+// own.
+func probeGRPC(ctx context.Context, addr, service string) error {
+	cc, err := dialGRPC(addr)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = cc.Close() }()
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		return grpcError(service, err)
+	}
+	return servingError(service, resp.GetStatus())
+}
+
+func dialGRPC(addr string) (*grpc.ClientConn, error) {
+	return grpc.NewClient("passthrough:///"+addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUserAgent("beacon-health-check"))
+}
+
+// errUnimplemented: the server does not serve the method called.
+var errUnimplemented = errors.New("the server does not serve grpc.health.v1.Health (register its health service, or use a tcp check)")
+
+// grpcError says what a failed health RPC means for the check.
+func grpcError(service string, err error) error {
+	switch status.Code(err) {
+	case codes.Unimplemented:
+		return errUnimplemented
+	case codes.NotFound:
+		return fmt.Errorf("the server does not know the service %q (SERVICE_UNKNOWN)", service)
+	}
+	return err
+}
+
+// servingError is nil for SERVING, else why the status fails the check.
+func servingError(service string, s healthpb.HealthCheckResponse_ServingStatus) error {
+	switch s {
+	case healthpb.HealthCheckResponse_SERVING:
+		return nil
+	case healthpb.HealthCheckResponse_SERVICE_UNKNOWN:
+		return fmt.Errorf("the server does not know the service %q (SERVICE_UNKNOWN)", service)
+	}
+	return fmt.Errorf("the server reports %s", s)
+}
+
+// WatchGRPC follows grpc.health.v1.Health/Watch for service at addr and
+// sends each status the server pushes (nil for SERVING, else why not) on
+// out, until ctx ends or the stream fails; it returns why it ended. A
+// server without Watch answers Unimplemented: the caller then polls with
+// Probe.
+func WatchGRPC(ctx context.Context, addr, service string, out chan<- error) error {
+	cc, err := dialGRPC(addr)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = cc.Close() }()
+	stream, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		return grpcError(service, err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return grpcError(service, err)
+		}
+		select {
+		case out <- servingError(service, resp.GetStatus()):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

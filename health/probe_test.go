@@ -1,0 +1,115 @@
+package health
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// grpcServer starts a real grpc-go server on a loopback port, with the
+// standard health service unless bare.
+func grpcServer(t *testing.T, bare bool) (*health.Server, string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	hs := health.NewServer()
+	if !bare {
+		healthpb.RegisterHealthServer(srv, hs)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return hs, lis.Addr().String()
+}
+
+// httpServer starts a real HTTP server answering /ok with 200, /down with
+// 503, /moved with a redirect to /ok and /slow never (until the test ends).
+func httpServer(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("/ok", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("/down", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
+	mux.HandleFunc("/moved", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ok", http.StatusFound) })
+	mux.HandleFunc("/slow", func(http.ResponseWriter, *http.Request) { <-done })
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(func() { close(done); _ = srv.Close() })
+	return lis.Addr().String()
+}
+
+// closedAddr is a loopback address where nothing listens.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	_ = lis.Close()
+	return addr
+}
+
+func TestProbe(t *testing.T) {
+	hs, grpcAddr := grpcServer(t, false)
+	hs.SetServingStatus("up", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus("down", healthpb.HealthCheckResponse_NOT_SERVING)
+	_, bareAddr := grpcServer(t, true)
+	httpAddr, closed := httpServer(t), closedAddr(t)
+	fast := func(c Check) Check { c.Interval, c.Timeout = time.Second, 300*time.Millisecond; return c }
+	for _, tc := range []struct {
+		name  string
+		check Check
+		addr  string
+		says  string // "" for a pass
+	}{
+		{"GRPCServing", Check{Kind: GRPC}, grpcAddr, ""},
+		{"GRPCServiceServing", Check{Kind: GRPC, Service: "up"}, grpcAddr, ""},
+		{"GRPCNotServing", Check{Kind: GRPC, Service: "down"}, grpcAddr, "NOT_SERVING"},
+		{"GRPCServiceUnknown", Check{Kind: GRPC, Service: "nope"}, grpcAddr, `does not know the service "nope"`},
+		{"GRPCNoHealthService", Check{Kind: GRPC}, bareAddr, "does not serve grpc.health.v1.Health"},
+		{"GRPCRefused", Check{Kind: GRPC}, closed, "connection refused"},
+		{"GRPCAgainstHTTP", Check{Kind: GRPC}, httpAddr, ""},
+		{"HTTPOK", Check{Kind: HTTP, Path: "/ok"}, httpAddr, ""},
+		{"HTTP503", Check{Kind: HTTP, Path: "/down"}, httpAddr, "GET /down answered 503 Service Unavailable"},
+		{"HTTPRedirectNotFollowed", Check{Kind: HTTP, Path: "/moved"}, httpAddr, "answered 302"},
+		{"HTTPHung", fast(Check{Kind: HTTP, Path: "/slow"}), httpAddr, "no answer within the check's timeout (300ms)"},
+		{"HTTPRefused", Check{Kind: HTTP, Path: "/ok"}, closed, "connection refused"},
+		{"HTTPAgainstGRPC", Check{Kind: HTTP, Path: "/ok"}, grpcAddr, ""},
+		{"TCPOpen", Check{Kind: TCP}, httpAddr, ""},
+		{"TCPRefused", Check{Kind: TCP}, closed, "connection refused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := (&Prober{}).Probe(context.Background(), tc.check, tc.addr)
+			switch {
+			case tc.name == "GRPCAgainstHTTP" || tc.name == "HTTPAgainstGRPC":
+				if err == nil {
+					t.Fatal("a probe in the wrong protocol passed")
+				}
+			case tc.says == "" && err != nil:
+				t.Fatalf("failed: %v", err)
+			case tc.says != "" && (err == nil || !strings.Contains(err.Error(), tc.says)):
+				t.Fatalf("got %v, want a failure saying %q", err, tc.says)
+			}
+		})
+	}
+}
+
+func TestProbeRefusesTTL(t *testing.T) {
+	if err := (&Prober{}).Probe(context.Background(), Check{Kind: TTL, TTL: time.Minute}, "127.0.0.1:1"); err == nil {
+		t.Fatal("a TTL check was probed")
+	}
+}

@@ -1,0 +1,158 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Runner checks one instance's address with one check until its context
+// ends, and reports each change of verdict. Every wait is jittered,
+// including the first (a fleet restarted at once is not probed at once):
+// the first probe comes within one interval, later ones every interval
+// ±10 %.
+//
+// A gRPC check follows the server's Watch stream, so a change is seen when
+// the server pushes it; the last pushed status counts as one result per
+// interval, so rise and fall mean the same for every kind. A server
+// without Watch is polled with Check. A TTL check counts a failure for
+// every interval in which the last Report is older than the TTL.
+type Runner struct {
+	Check  Check
+	Addr   string
+	Prober *Prober
+	// OnChange is called, from Run's goroutine, with each new status and,
+	// for Failing, the last failure.
+	OnChange func(Status, error)
+	// Jitter returns a number in [0, 1); nil uses math/rand/v2.
+	Jitter func() float64
+
+	mu       sync.Mutex
+	reported time.Time // the last Report of a TTL check
+}
+
+// Report records that a TTL check's service is fine now.
+func (r *Runner) Report() {
+	r.mu.Lock()
+	r.reported = time.Now()
+	r.mu.Unlock()
+}
+
+// Run checks until ctx ends and returns ctx's error.
+func (r *Runner) Run(ctx context.Context) error {
+	c := r.Check.WithDefaults()
+	v := newVerdict(c)
+	observe := func(result error) {
+		if v.observe(result) && r.OnChange != nil {
+			r.OnChange(v.status, v.reason)
+		}
+	}
+	if c.Kind == TTL {
+		r.Report() // a TTL check starts with one TTL of grace
+	}
+	w := grpcWatch{pushed: make(chan error, 1), done: make(chan error, 1)}
+	defer w.stop()
+	timer := time.NewTimer(firstWait(c.Interval, r.jitter()))
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case w.last = <-w.pushed:
+			observe(w.last)
+			continue
+		case err := <-w.done:
+			if w.ended(err) && ctx.Err() == nil {
+				observe(err) // the stream broke: the server is gone
+			}
+			continue
+		case <-timer.C:
+		}
+		timer.Reset(nextWait(c.Interval, r.jitter()))
+		switch {
+		case c.Kind == TTL:
+			observe(r.ttlResult(c.TTL))
+		case c.Kind == GRPC && w.watching:
+			observe(w.last)
+		case c.Kind == GRPC && !w.unsupported:
+			w.start(ctx, r.Addr, c.Service) // its first push is the result
+		default:
+			observe(r.prober().Probe(ctx, c, r.Addr))
+		}
+	}
+}
+
+// firstWait is the wait before a check's first probe, given a jitter j in
+// [0, 1): anywhere within one interval, so that checks declared together
+// (a fleet restarted at once) spread over the interval.
+func firstWait(interval time.Duration, j float64) time.Duration {
+	return time.Duration(j * float64(interval))
+}
+
+// nextWait is the wait between probes: the interval ±10 %, so that checks
+// that started together drift apart.
+func nextWait(interval time.Duration, j float64) time.Duration {
+	return time.Duration((0.9 + 0.2*j) * float64(interval))
+}
+
+// grpcWatch is a Runner's gRPC Watch stream: at most one runs at a time,
+// owned by Run, which stops it before returning.
+type grpcWatch struct {
+	pushed      chan error // each status the server pushes
+	done        chan error // why the stream ended
+	last        error      // the last pushed status
+	watching    bool
+	unsupported bool // the server has no Watch: poll with Check
+	cancel      context.CancelFunc
+}
+
+func (w *grpcWatch) start(ctx context.Context, addr, service string) {
+	ctx, w.cancel = context.WithCancel(ctx)
+	w.watching = true
+	go func() { w.done <- WatchGRPC(ctx, addr, service, w.pushed) }()
+}
+
+// ended records the end of the stream and reports whether err counts as a
+// failed check (a server without Watch is polled instead).
+func (w *grpcWatch) ended(err error) bool {
+	w.watching = false
+	w.cancel()
+	if errors.Is(err, errUnimplemented) {
+		w.unsupported = true
+		return false
+	}
+	return true
+}
+
+func (w *grpcWatch) stop() {
+	if w.watching {
+		w.cancel()
+		_ = <-w.done
+		w.watching = false
+	}
+}
+func (r *Runner) ttlResult(ttl time.Duration) error {
+	r.mu.Lock()
+	age := time.Since(r.reported)
+	r.mu.Unlock()
+	if age > ttl {
+		return errors.New("the service has not reported within its TTL (" + ttl.String() + ")")
+	}
+	return nil
+}
+
+func (r *Runner) prober() *Prober {
+	if r.Prober == nil {
+		return &Prober{}
+	}
+	return r.Prober
+}
+
+func (r *Runner) jitter() float64 {
+	if r.Jitter != nil {
+		return r.Jitter()
+	}
+	return rand.Float64()
+}

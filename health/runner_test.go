@@ -1,0 +1,160 @@
+package health
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type change struct {
+	status Status
+	reason error
+}
+
+// runRunner runs r until the test ends and returns its changes.
+func runRunner(t *testing.T, r *Runner) <-chan change {
+	t.Helper()
+	ch := make(chan change, 16)
+	r.OnChange = func(s Status, err error) { ch <- change{s, err} }
+	if r.Jitter == nil {
+		r.Jitter = func() float64 { return 0 }
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ch
+}
+
+func expect(t *testing.T, ch <-chan change, want Status) change {
+	t.Helper()
+	select {
+	case c := <-ch:
+		if c.status != want {
+			t.Fatalf("status %s (%v), want %s", c.status, c.reason, want)
+		}
+		return c
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no change to %s within 30 s", want)
+	}
+	return change{}
+}
+
+var quick = Check{Interval: MinInterval, Timeout: 400 * time.Millisecond, Rise: 1, Fall: 2}
+
+func with(kind Kind, c Check) Check { c.Kind = kind; return c }
+
+// TestRunnerGRPCWatch: a gRPC check follows the server's Watch: NOT_SERVING
+// takes the instance out, SERVING brings it back.
+func TestRunnerGRPCWatch(t *testing.T) {
+	hs, addr := grpcServer(t, false)
+	ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: addr})
+	expect(t, ch, Passing)
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	if c := expect(t, ch, Failing); c.reason == nil {
+		t.Fatal("failing without a reason")
+	}
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	expect(t, ch, Passing)
+}
+
+// TestRunnerGRPCServerGone: the watched server stops: the broken stream
+// and the failed reconnections count as failures.
+func TestRunnerGRPCServerGone(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, newCheckOnly(true))
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: lis.Addr().String()})
+	expect(t, ch, Passing)
+	srv.Stop()
+	expect(t, ch, Failing)
+}
+
+// checkOnly serves grpc.health.v1 Check but not Watch, as some servers do.
+type checkOnly struct {
+	healthpb.UnimplementedHealthServer
+	serving atomic.Bool
+}
+
+func newCheckOnly(serving bool) *checkOnly {
+	c := &checkOnly{}
+	c.serving.Store(serving)
+	return c
+}
+
+func (c *checkOnly) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	s := healthpb.HealthCheckResponse_NOT_SERVING
+	if c.serving.Load() {
+		s = healthpb.HealthCheckResponse_SERVING
+	}
+	return &healthpb.HealthCheckResponse{Status: s}, nil
+}
+
+// TestRunnerGRPCPollsWithoutWatch: a server without Watch is polled with
+// Check.
+func TestRunnerGRPCPollsWithoutWatch(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	hs := newCheckOnly(true)
+	healthpb.RegisterHealthServer(srv, hs)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: lis.Addr().String()})
+	expect(t, ch, Passing)
+	hs.serving.Store(false)
+	expect(t, ch, Failing)
+	hs.serving.Store(true)
+	expect(t, ch, Passing)
+}
+
+// TestRunnerHTTPUnreachable: an unreachable address fails after Fall
+// probes, with the dial error as the reason.
+func TestRunnerHTTPUnreachable(t *testing.T) {
+	ch := runRunner(t, &Runner{Check: with(HTTP, Check{Path: "/ok", Interval: quick.Interval, Timeout: quick.Timeout, Fall: 2}), Addr: closedAddr(t)})
+	expect(t, ch, Failing)
+}
+
+// TestRunnerTTL: a TTL check fails once the service stops reporting, and
+// passes again at its next report.
+func TestRunnerTTL(t *testing.T) {
+	r := &Runner{Check: Check{Kind: TTL, TTL: MinTTL, Interval: MinInterval, Rise: 1, Fall: 1}}
+	ch := runRunner(t, r)
+	expect(t, ch, Passing) // the grace of one TTL at the start
+	expect(t, ch, Failing)
+	r.Report()
+	expect(t, ch, Passing)
+}
+
+// TestJitter: the first probe comes anywhere within one interval, later
+// ones every interval ±10 %.
+func TestJitter(t *testing.T) {
+	iv := 10 * time.Second
+	for j, want := range map[float64][2]time.Duration{
+		0:     {0, 9 * time.Second},
+		0.5:   {5 * time.Second, 10 * time.Second},
+		0.999: {9990 * time.Millisecond, 10998 * time.Millisecond},
+	} {
+		if got := firstWait(iv, j); got != want[0] {
+			t.Errorf("firstWait(%v) = %s, want %s", j, got, want[0])
+		}
+		if got := nextWait(iv, j); got != want[1] {
+			t.Errorf("nextWait(%v) = %s, want %s", j, got, want[1])
+		}
+	}
+}

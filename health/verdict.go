@@ -1,0 +1,66 @@
+package health
+
+// Status is a check's verdict on an instance.
+type Status string
+
+// The verdicts. An instance whose check has not yet failed Fall times in
+// a row is served (Unknown and Passing): checks take instances out, they
+// never hold a new one back (fail-open).
+const (
+	Unknown Status = "unknown"
+	Passing Status = "passing"
+	Failing Status = "failing"
+)
+
+// verdict turns a check's results into its status with rise and fall
+// thresholds: Fall failures in a row take a served instance out, Rise
+// passes in a row bring a failing one back, and anything shorter changes
+// nothing (which damps an instance flapping faster than the thresholds).
+//
+//	Unknown --pass--> Passing
+//	Unknown --fall failures in a row--> Failing
+//	Passing --fall failures in a row--> Failing
+//	Failing --rise passes in a row--> Passing
+type verdict struct {
+	rise, fall int
+	status     Status
+	streak     int // results in a row that disagree with status
+	reason     error
+}
+
+func newVerdict(c Check) verdict {
+	c = c.WithDefaults()
+	return verdict{rise: c.Rise, fall: c.Fall, status: Unknown}
+}
+
+// observe records one result (nil: passed) and reports whether the status
+// changed.
+func (v *verdict) observe(result error) bool {
+	pass := result == nil
+	if !pass {
+		v.reason = result
+	}
+	if pass && v.status == Unknown {
+		v.status, v.streak, v.reason = Passing, 0, nil
+		return true
+	}
+	if served := v.status != Failing; pass == served {
+		v.streak = 0
+		return false
+	}
+	v.streak++
+	need := v.fall
+	if pass {
+		need = v.rise
+	}
+	if v.streak < need {
+		return false
+	}
+	v.streak = 0
+	if pass {
+		v.status, v.reason = Passing, nil
+	} else {
+		v.status = Failing
+	}
+	return true
+}
