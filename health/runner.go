@@ -129,7 +129,7 @@ func (w *grpcWatch) ended(err error) bool {
 func (w *grpcWatch) stop() {
 	if w.watching {
 		w.cancel()
-		_ = <-w.done
+		w.last = <-w.done // why it ended (cancelled)
 		w.watching = false
 	}
 }
