@@ -8,7 +8,8 @@
 //   - A watch can hang without an error (a member stopped, cut off, a
 //     wedged disk): only silence shows it. A stream quiet for half the
 //     timeout is sent a progress request; one that stays quiet for the
-//     whole timeout is Silent.
+//     whole timeout (its first request unanswered for half of it) is
+//     Silent.
 //   - etcd (3.6.8 and later) answers a progress request only once its
 //     revision has reached the start of every watch on the stream. A watch
 //     from the revision after a listing, on a key space nobody wrote to
@@ -61,8 +62,8 @@
 //	 +--------+-----+
 //	   OnReplacementSynced: the replacement takes over (OpenedAt = Known)
 //
-//	In every phase: OnTick at quiet >= T is Silent (Run ends with a
-//	*SilentError); OnCompacted above Next ends with a *CompactedError.
+//	In every phase: OnTick's Silent verdict (Silence, below) ends Run with
+//	a *SilentError; OnCompacted above Next ends it with a *CompactedError.
 //
 // The silence check of one stream (Silence) is a state machine of its own,
 // also used alone by the proxy, whose upstream watches share a stream:
@@ -72,7 +73,7 @@
 //	    ^                    |  ^  asked T/4 ago     |
 //	    |  Heard (answered)  |  +--------------------+
 //	    +--------------------+
-//	                    quiet >= T: Silent (from any verdict)
+//	   the first ask of the spell unanswered for T/2 (so quiet >= T): Silent
 //
 // # Invariants (each pinned by a named test in state_test.go / watch_test.go)
 //
@@ -84,6 +85,7 @@
 //     quiet spell, and never while another is in flight.
 //   - A compacted replacement leaves the current watch in place.
 //   - A compaction below Next reopens from Next; any other ends the watch.
-//   - Silent only after the whole timeout without a sign of life; time
-//     spent waiting for the consumer is not silence.
+//   - Silent only after the whole timeout without a sign of life and a
+//     progress request unanswered for half of it; time spent waiting for
+//     the consumer is not silence.
 package etcdwatch

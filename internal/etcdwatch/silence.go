@@ -17,8 +17,10 @@ const (
 	// reported is never answered (etcd 3.6.8 and later) and must be
 	// opened again from that revision (Position.Ahead).
 	ReplaceAhead
-	// Silent: nothing for the whole timeout: the member hangs, is cut off,
-	// or the cluster is down. The watch must end (or move) and say so.
+	// Silent: nothing for the whole timeout, and the first progress request
+	// of this quiet spell unanswered for half of it: the member hangs, is
+	// cut off, or the cluster is down. The watch must end (or move) and
+	// say so.
 	Silent
 )
 
@@ -46,13 +48,14 @@ type Silence struct {
 	Timeout time.Duration
 	heard   time.Time // when etcd last said something on the stream
 	asked   time.Time // when a progress request was last sent, unanswered (zero: none)
+	first   time.Time // when the first of them was sent
 	replace bool      // ReplaceAhead said since the stream was last heard
 }
 
 // Start begins the check at now (a new watch, or one moved to another
 // member: its silence is measured from now).
 func (s *Silence) Start(now time.Time) {
-	s.heard, s.asked, s.replace = now, time.Time{}, false
+	s.heard, s.asked, s.first, s.replace = now, time.Time{}, time.Time{}, false
 }
 
 // Heard records that etcd said something at t (a response, or a consumer
@@ -63,7 +66,7 @@ func (s *Silence) Heard(t time.Time) {
 		s.heard = t
 	}
 	if !s.asked.IsZero() && !s.heard.Before(s.asked) {
-		s.asked, s.replace = time.Time{}, false
+		s.asked, s.first, s.replace = time.Time{}, time.Time{}, false
 	}
 }
 
@@ -73,19 +76,18 @@ func (s *Silence) LastHeard() time.Time { return s.heard }
 // Quiet is how long the stream has been quiet at now.
 func (s *Silence) Quiet(now time.Time) time.Duration { return now.Sub(s.heard) }
 
-// Check gives the verdict at now; the owner checks at least every eighth
-// of the timeout.
+// Check gives the verdict at now; the owner checks every eighth of the
+// timeout, so that a silent stream is noticed within 1.25 timeouts.
 func (s *Silence) Check(now time.Time) Verdict {
 	t := s.Timeout
-	quiet := now.Sub(s.heard)
 	switch {
-	case t <= 0 || quiet < t/2:
+	case t <= 0 || now.Sub(s.heard) < t/2:
 		return Listening
-	case quiet >= t:
-		return Silent
 	case s.asked.IsZero():
-		s.asked = now
+		s.asked, s.first = now, now
 		return Ask
+	case now.Sub(s.first) >= t/2:
+		return Silent
 	case !s.replace && now.Sub(s.asked) >= t/8:
 		s.replace = true
 		return ReplaceAhead

@@ -111,6 +111,22 @@ func TestSilenceSilentAtTheTimeout(t *testing.T) {
 	}
 }
 
+func TestSilenceSilentOnlyHalfATimeoutAfterTheFirstAsk(t *testing.T) {
+	s := Silence{Timeout: T}
+	s.Start(at(0))
+	if v := s.Check(at(6)); v != Ask { // the owner checked late
+		t.Fatalf("first check, quiet 6s: %v, want ask", v)
+	}
+	s.Check(at(7)) // replace-ahead
+	s.Check(at(8)) // ask again
+	if v := s.Check(at(9)); v == Silent {
+		t.Fatal("silent 3s after the first ask, want half the timeout")
+	}
+	if v := s.Check(at(10)); v != Silent {
+		t.Fatalf("first ask unanswered for T/2: %v, want silent", v)
+	}
+}
+
 func TestSilenceHeardAnswersTheAsk(t *testing.T) {
 	s := Silence{Timeout: T}
 	s.Start(at(0))
@@ -278,6 +294,7 @@ func TestTickDoesNotReplaceAWatchNotAhead(t *testing.T) {
 
 func TestTickSilent(t *testing.T) {
 	s := watching(10, 12)
+	s.OnTick(at(4)) // ask
 	if tk := s.OnTick(at(8)); tk.Silent != T {
 		t.Fatalf("quiet for T: %+v, want silent for %v", tk, T)
 	}
@@ -289,6 +306,7 @@ func TestHeardPutsOffTheVerdict(t *testing.T) {
 	if tk := s.OnTick(at(9)); tk.Ask || tk.Silent != 0 {
 		t.Fatalf("quiet 3s: %+v, want nothing", tk)
 	}
+	s.OnTick(at(10)) // ask
 	if tk := s.OnTick(at(14)); tk.Silent != T {
 		t.Fatalf("quiet 8s: %+v, want silent", tk)
 	}
