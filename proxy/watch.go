@@ -89,11 +89,11 @@ type watchHub struct {
 	watchers atomic.Int64
 
 	mu      sync.Mutex
-	member  string           // the member the upstream watches run on
-	cli     *clientv3.Client // a client of that member alone
-	w       clientv3.Watcher // cli.Watcher
-	leaving error            // why the watches must leave member (nil: they need not)
-	silent  bool             // leaving because member was silent for the timeout
+	member  string                          // the member the upstream watches run on
+	cli     *clientv3.Client                // a client of that member alone
+	w       clientv3.Watcher                // cli.Watcher
+	leaving error                           // why the watches must leave member (nil: they need not)
+	silent  bool                            // leaving because member was silent for the timeout
 	probes  map[watchKey]*etcdwatch.Silence // the silence check of each gRPC watch stream (watchKey.group)
 	groups  map[watchKey][]*upstream
 	closed  bool
