@@ -56,12 +56,9 @@ func New(rev int64, silence time.Duration, now time.Time) *State {
 // Phase is the current phase.
 func (s *State) Phase() Phase { return s.phase }
 
-// Opened: clientv3's Watch returned the current watch's channel.
-func (s *State) Opened() {
-	if s.phase == Opening {
-		s.phase = Watching
-	}
-}
+// Opened: clientv3's Watch returned the current watch's channel (which
+// follows New or Reopen: the phase is Opening).
+func (s *State) Opened() { s.phase = Watching }
 
 // Reopen: the current watch is replaced by one from rev (Open again).
 func (s *State) Reopen(rev int64) {

@@ -97,6 +97,9 @@ func TestSilenceAsksAgainAfterAQuarter(t *testing.T) {
 	if v := s.Check(at(6)); v != Ask {
 		t.Fatalf("ask unanswered for T/4: %v, want ask again", v)
 	}
+	if v := s.Check(at(6).Add(500 * time.Millisecond)); v != Listening {
+		t.Fatalf("half a second after asking again: %v, want listening", v)
+	}
 }
 
 func TestSilenceSilentAtTheTimeout(t *testing.T) {
