@@ -56,11 +56,11 @@ func New(rev int64, silence time.Duration, now time.Time) *State {
 // Phase is the current phase.
 func (s *State) Phase() Phase { return s.phase }
 
-// Opened: clientv3's Watch returned the current watch's channel (which
+// Opened is the transition: clientv3's Watch returned the current watch's channel (which
 // follows New or Reopen: the phase is Opening).
 func (s *State) Opened() { s.phase = Watching }
 
-// Reopen: the current watch is replaced by one from rev (Open again).
+// Reopen is the transition: the current watch is replaced by one from rev (Open again).
 func (s *State) Reopen(rev int64) {
 	s.OpenedAt, s.phase = rev, Opening
 }
@@ -98,17 +98,17 @@ func (s *State) replace(rev int64) int64 {
 	return rev
 }
 
-// OnHeard: etcd said something at now, on either watch, or the consumer
+// OnHeard is the transition: etcd said something at now, on either watch, or the consumer
 // took a response.
 func (s *State) OnHeard(now time.Time) { s.Silence.Heard(now) }
 
-// OnReplacementCreated: etcd created the replacement at rev.
+// OnReplacementCreated is the transition: etcd created the replacement at rev.
 func (s *State) OnReplacementCreated(rev int64) {
 	s.Reported(rev)
 	s.phase = Syncing
 }
 
-// OnReplacementCompacted: the replacement's start is compacted (etcd's
+// OnReplacementCompacted is the transition: the replacement's start is compacted (etcd's
 // revision moved on since it last reported one: other keys were written,
 // then compacted). The current watch missed nothing and stays; its start
 // is now within etcd's revision (header, at or above the compaction),
@@ -123,14 +123,14 @@ func (s *State) OnReplacementCompacted(header int64) int64 {
 	return 0
 }
 
-// OnReplacementSynced: the replacement answered (progress or events): it
+// OnReplacementSynced is the transition: the replacement answered (progress or events): it
 // takes over, and the caller stops the watch it replaces. The response is
 // then the current watch's.
 func (s *State) OnReplacementSynced() {
 	s.OpenedAt, s.phase = s.from, Watching
 }
 
-// OnCompacted: the current watch's start is compacted at compactRev. If
+// OnCompacted is the transition: the current watch's start is compacted at compactRev. If
 // only revisions below Next are gone (it was opened below Next), it
 // returns the revision to open the watch from again; otherwise the watch
 // has lost events and ends with the error.

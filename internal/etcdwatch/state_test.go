@@ -330,12 +330,22 @@ func replacing(t *testing.T) *State {
 func TestReplacementCreatedIsAskedEveryTick(t *testing.T) {
 	s := replacing(t)
 	s.OnHeard(at(6))
-	s.OnReplacementCreated(10)
-	if s.Phase() != Syncing {
-		t.Fatalf("replacement created: %v, want syncing", s.Phase())
+	s.OnReplacementCreated(12) // etcd moved on to 12 meanwhile
+	if s.Phase() != Syncing || s.Known != 12 {
+		t.Fatalf("replacement created at 12: %v known %d, want syncing, 12", s.Phase(), s.Known)
 	}
 	if tk := s.OnTick(at(7)); !tk.AskReplacement || tk.Ask {
 		t.Fatalf("syncing, quiet 1s: %+v, want the replacement asked, not the current watch", tk)
+	}
+}
+
+func TestTickNoSecondReplacementWhileOneIsInFlight(t *testing.T) {
+	s := replacing(t)
+	s.OnHeard(at(6))
+	s.OnReplacementCreated(10) // Syncing; etcd has not synced it for long
+	s.OnTick(at(10))           // ask (a new quiet spell)
+	if tk := s.OnTick(at(11)); tk.ReplaceFrom != 0 || s.Phase() != Syncing {
+		t.Fatalf("replacement in flight, ask unanswered: %+v in %v, want no second replacement", tk, s.Phase())
 	}
 }
 
