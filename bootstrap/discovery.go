@@ -9,18 +9,16 @@ import (
 	"net"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/etcdwatch"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -284,10 +282,6 @@ func (d *discovery) register(ctx context.Context, key, value string) error {
 	})
 }
 
-// watchSeq numbers the waits' watches, so that each has a gRPC stream of
-// its own (clientv3 shares a stream among watches with equal metadata).
-var watchSeq atomic.Uint64
-
 var (
 	errWatchSilent = errors.New("bootstrap: the discovery service's watch is silent (no event, no progress notification)")
 	errRelist      = errors.New("bootstrap: registry changed under the watch; re-listing")
@@ -338,112 +332,83 @@ func (d *discovery) wait(ctx context.Context, self, value string) error {
 // until the registry is full (nil), the registry must be re-read
 // (errRelist, errSelfRemoved) or the watch fails.
 //
-// The wait can last long, so the watch does not trust a quiet stream: once
-// it has heard nothing for half the request timeout it asks its member for
-// a progress notification (on this watch's own gRPC stream), and when it
-// still hears nothing after the whole request timeout (a hung or cut-off
-// member, a dead connection) it fails with errWatchSilent, within 1.25
-// request timeouts, and the registry is read again after the backoff.
+// The wait can last long, so the watch does not trust a quiet stream
+// (internal/etcdwatch): once it has heard nothing for half the request
+// timeout it asks its member for a progress notification (on this watch's
+// own gRPC stream; a watch ahead of a quiet service's revision is opened
+// again from the revision etcd last reported, so that etcd answers), and
+// when it still hears nothing after the whole request timeout (a hung or
+// cut-off member, a dead connection) it fails with errWatchSilent, within
+// 1.25 request timeouts, and the registry is read again after the backoff.
 func (d *discovery) watch(ctx context.Context, self string) error {
 	cli, err := d.client()
 	if err != nil {
 		return err
 	}
-	wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx),
-		"beacon-discovery-watch", strconv.FormatUint(watchSeq.Add(1), 10)))
-	defer cancel()
 	token := d.cfg.Token
-	sizeKey, members := SizeKey(token), MembersPrefix(token)
-	// clientv3's Watch blocks until it has opened the gRPC stream, which
-	// never happens on a hung member: it runs aside, under the silence
-	// check.
-	//
-	// The watch opens at the revision of the last read, not the one after:
-	// etcd (3.6.8 and later) answers a progress request only once its
-	// revision has reached the start revision of every watch on the
-	// stream, so a watch from the next revision heard nothing while no
-	// one wrote anywhere, and the wait on a healthy but quiet service
-	// reported it silent every request timeout. The events of the last
-	// read's revision are in the registry already: skipped below.
-	from := d.reg.rev + 1
-	var wch clientv3.WatchChan // nil until Watch returned
-	wchc := make(chan clientv3.WatchChan, 1)
-	go func() {
-		wchc <- cli.Watch(wctx, TokenPrefix(token), clientv3.WithPrefix(), clientv3.WithRev(max(from-1, 1)))
-	}()
-	defer func() {
-		cancel()
-		if wch == nil {
-			<-wchc // Watch returns once wctx is done
-		}
-	}()
-	silence := d.cfg.requestTimeout()
-	check := time.NewTicker(silence / 4)
-	defer check.Stop()
-	heard := time.Now()
-	for {
-		var wresp clientv3.WatchResponse
-		var ok bool
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case wch = <-wchc:
-			continue
-		case wresp, ok = <-wch:
-			heard = time.Now()
-		case <-check.C:
-			switch quiet := time.Since(heard); {
-			case quiet >= silence:
-				return fmt.Errorf("%w: nothing from %s for %v", errWatchSilent, d.endpoints(), quiet.Round(time.Millisecond))
-			case quiet >= silence/2 && wch != nil:
-				pctx, pcancel := context.WithTimeout(wctx, silence/4)
-				_ = cli.RequestProgress(pctx) // unanswered, it shows as silence
-				pcancel()
-			}
-			continue
-		}
-		if !ok {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return errors.New("bootstrap: watch closed by the client")
-		}
-		if wresp.CompactRevision != 0 {
-			d.lg.Warn("discovery registry history compacted while waiting; re-listing",
-				"compactRevision", wresp.CompactRevision)
-			return errRelist
-		}
-		if err := wresp.Err(); err != nil {
-			return fmt.Errorf("watch %s: %w", TokenPrefix(token), err)
-		}
-		for _, ev := range wresp.Events {
-			key := string(ev.Kv.Key)
-			switch {
-			case ev.Kv.ModRevision < from: // read already
-			case key == sizeKey:
-				return errRelist
-			case !strings.HasPrefix(key, members):
-			case ev.Type == mvccpb.DELETE:
-				d.reg.remove(key)
-				if key == self {
-					return errSelfRemoved
-				}
-			default:
-				d.reg.put(key, string(ev.Kv.Value), ev.Kv.CreateRevision)
-				if i := len(d.reg.skipped) - 1; i >= 0 && d.reg.skipped[i].Key == key && !d.warned[key] {
-					d.warned[key] = true
-					d.lg.Warn("skipped a member registration", "reason", d.reg.skipped[i].Reason, "memberKey", key, "memberInfo", d.reg.skipped[i].Value)
-				}
-			}
-		}
-		if wresp.Header.Revision > d.reg.rev {
-			d.reg.rev = wresp.Header.Revision
-		}
-		if d.reg.full() {
-			return nil
-		}
-		d.report()
+	err = etcdwatch.Run(clientv3.WithRequireLeader(ctx), etcdwatch.Config{
+		Client:    cli,
+		Key:       TokenPrefix(token),
+		Options:   []clientv3.OpOption{clientv3.WithPrefix()},
+		Silence:   d.cfg.requestTimeout(),
+		StreamKey: "beacon-discovery-watch",
+		Deliver: func(_ context.Context, header int64, evs []*clientv3.Event) error {
+			return d.apply(self, header, evs)
+		},
+	}, d.reg.rev+1)
+	var (
+		ce *etcdwatch.CompactedError
+		se *etcdwatch.SilentError
+	)
+	switch {
+	case errors.Is(err, errFull):
+		return nil
+	case err == nil || ctx.Err() != nil:
+		return ctx.Err()
+	case errors.As(err, &ce):
+		d.lg.Warn("discovery registry history compacted while waiting; re-listing", "compactRevision", ce.CompactRevision)
+		return errRelist
+	case errors.As(err, &se):
+		return fmt.Errorf("%w: nothing from %s for %v", errWatchSilent, d.endpoints(), se.Quiet.Round(time.Millisecond))
+	case errors.Is(err, etcdwatch.ErrClientClosed):
+		return errors.New("bootstrap: watch closed by the client")
+	case errors.Is(err, errRelist), errors.Is(err, errSelfRemoved):
+		return err
 	}
+	return fmt.Errorf("watch %s: %w", TokenPrefix(token), err)
+}
+
+// errFull ends the watch: the registry is full.
+var errFull = errors.New("bootstrap: registry full")
+
+// apply applies one watch response's events to the registry.
+func (d *discovery) apply(self string, header int64, evs []*clientv3.Event) error {
+	sizeKey, members := SizeKey(d.cfg.Token), MembersPrefix(d.cfg.Token)
+	for _, ev := range evs {
+		key := string(ev.Kv.Key)
+		switch {
+		case key == sizeKey:
+			return errRelist
+		case !strings.HasPrefix(key, members):
+		case ev.Type == mvccpb.DELETE:
+			d.reg.remove(key)
+			if key == self {
+				return errSelfRemoved
+			}
+		default:
+			d.reg.put(key, string(ev.Kv.Value), ev.Kv.CreateRevision)
+			if i := len(d.reg.skipped) - 1; i >= 0 && d.reg.skipped[i].Key == key && !d.warned[key] {
+				d.warned[key] = true
+				d.lg.Warn("skipped a member registration", "reason", d.reg.skipped[i].Reason, "memberKey", key, "memberInfo", d.reg.skipped[i].Value)
+			}
+		}
+	}
+	d.reg.rev = max(d.reg.rev, header)
+	if d.reg.full() {
+		return errFull
+	}
+	d.report()
+	return nil
 }
 
 // retry runs op until it succeeds; it returns at once on permanent errors

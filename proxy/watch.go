@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/etcdwatch"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -88,12 +89,12 @@ type watchHub struct {
 	watchers atomic.Int64
 
 	mu      sync.Mutex
-	member  string           // the member the upstream watches run on
-	cli     *clientv3.Client // a client of that member alone
-	w       clientv3.Watcher // cli.Watcher
-	leaving error            // why the watches must leave member (nil: they need not)
-	silent  bool             // leaving because member was silent for the timeout
-	probes  map[watchKey]*silenceProbe
+	member  string                          // the member the upstream watches run on
+	cli     *clientv3.Client                // a client of that member alone
+	w       clientv3.Watcher                // cli.Watcher
+	leaving error                           // why the watches must leave member (nil: they need not)
+	silent  bool                            // leaving because member was silent for the timeout
+	probes  map[watchKey]*etcdwatch.Silence // the silence check of each gRPC watch stream (watchKey.group)
 	groups  map[watchKey][]*upstream
 	closed  bool
 }
@@ -111,12 +112,13 @@ type upstream struct {
 	caughtUp  bool
 	closed    bool
 	receivers map[*cwatcher]struct{}
-	// openedAt is the revision the current watch started from, known the
-	// highest revision etcd reported on u's watches (or their stream).
-	// early: the current watch was opened at known, below nextrev (see
-	// checkSilence); wantEarly: the next one is.
-	openedAt, known  int64
-	early, wantEarly bool
+	// pos.OpenedAt is the revision the current watch started from,
+	// pos.Known the highest revision etcd reported on u's watches (or
+	// their stream); pos.Next is nextrev, set where pos decides.
+	// wantEarly: the next watch starts at Known, below nextrev (see
+	// checkSilence).
+	pos       etcdwatch.Position
+	wantEarly bool
 	// fan groups one batch's receivers by client stream (dispatch's
 	// scratch, emptied after each batch); free keeps its slices.
 	fan  map[*cstream][]fanItem
@@ -206,7 +208,7 @@ type cstream struct {
 func newWatchHub(p *Proxy) *watchHub {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &watchHub{p: p, ctx: ctx, cancel: cancel, kick: make(chan struct{}, 1),
-		probes: map[watchKey]*silenceProbe{}, groups: map[watchKey][]*upstream{}}
+		probes: map[watchKey]*etcdwatch.Silence{}, groups: map[watchKey][]*upstream{}}
 }
 
 // close cancels every upstream watch and waits for their goroutines.
@@ -678,11 +680,10 @@ func (u *upstream) watchLocked(w clientv3.Watcher) {
 	// From nextrev, unless checkSilence asked for a watch from the last
 	// revision etcd reported (dispatch skips the events below nextrev).
 	from := u.nextrev
-	u.early = u.wantEarly && u.known > 0 && u.known < from
-	if u.early {
-		from = u.known
+	if u.wantEarly && u.pos.Known > 0 && u.pos.Known < from {
+		from = u.pos.Known
 	}
-	u.wantEarly, u.openedAt = false, from
+	u.wantEarly, u.pos.OpenedAt = false, from
 	opts := []clientv3.OpOption{clientv3.WithRev(from), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
 	if k.prevKV {
 		opts = append(opts, clientv3.WithPrevKV())
@@ -778,7 +779,7 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	}
 	var done []*cstream
 	u.mu.Lock()
-	u.known = max(u.known, hdr.Revision)
+	u.pos.Reported(hdr.Revision)
 	switch {
 	case wr.Created:
 		if !u.caughtUp {
@@ -844,10 +845,11 @@ func (u *upstream) retryWithoutMargin(compactRev, rev int64, gen int) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	u.mu.Lock()
-	ok := !h.closed && u.gen == gen && u.early && !u.closed && compactRev <= u.nextrev
+	u.pos.Next = u.nextrev
+	ok := !h.closed && u.gen == gen && !u.closed && u.pos.CompactedBelowNext(compactRev)
 	if ok {
-		u.known = max(u.known, rev)
-		u.wantEarly = u.known < u.nextrev
+		u.pos.Reported(rev)
+		u.wantEarly = u.pos.Known < u.nextrev
 	}
 	u.mu.Unlock()
 	return ok && u.restart(h.w)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/etcdwatch"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -146,58 +147,14 @@ func (h *watchHub) monitor() {
 	}
 }
 
-// silenceProbe is the silence check of one gRPC watch stream (credentials
-// group).
-type silenceProbe struct {
-	sent  time.Time // progress requested, nothing heard since (zero: none)
-	early bool      // the watches ahead of etcd's revision were opened again since
-}
-
-// checkSilence sends progress requests to streams quiet for timeout/2 and
-// declares the member silent when one stays unanswered for timeout/2.
+// checkSilence runs the silence check (etcdwatch.Silence) of each gRPC
+// watch stream: progress requests to streams quiet for timeout/2, the
+// watches ahead of etcd's revision opened again from the last revision
+// etcd reported when a request stays unanswered, and the member declared
+// silent when a stream hears nothing for the timeout.
 func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
-	type quiet struct {
-		ctx   context.Context
-		heard time.Time
-		known int64 // the highest revision etcd reported on the stream
-	}
 	h.mu.Lock()
-	streams := map[watchKey]*quiet{}
-	for key, ups := range h.groups {
-		for _, u := range ups {
-			heard := time.Unix(0, u.heard.Load())
-			u.mu.Lock()
-			known := u.known
-			u.mu.Unlock()
-			q := streams[key.group()]
-			if q == nil {
-				streams[key.group()] = &quiet{ctx: u.context(), heard: heard, known: known}
-				continue
-			}
-			if heard.After(q.heard) {
-				q.heard = heard
-			}
-			q.known = max(q.known, known)
-		}
-	}
-	// ahead lists, per stream, the watches etcd may not answer progress
-	// requests for: started above the last revision etcd reported on it.
-	ahead := func(g watchKey, known int64) []*upstream {
-		var ups []*upstream
-		for key, us := range h.groups {
-			if key.group() != g {
-				continue
-			}
-			for _, u := range us {
-				u.mu.Lock()
-				if u.openedAt > known && u.known > 0 && !u.early && !u.closed {
-					ups = append(ups, u)
-				}
-				u.mu.Unlock()
-			}
-		}
-		return ups
-	}
+	streams := h.streamsLocked()
 	for g := range h.probes {
 		if streams[g] == nil {
 			delete(h.probes, g)
@@ -208,46 +165,24 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 	for g, q := range streams {
 		pr := h.probes[g]
 		if pr == nil {
-			pr = &silenceProbe{}
+			pr = &etcdwatch.Silence{Timeout: timeout}
 			h.probes[g] = pr
 		}
-		if !pr.sent.IsZero() && q.heard.After(pr.sent) {
-			pr.sent, pr.early = time.Time{}, false // answered (or events came)
-		}
-		switch {
-		case pr.sent.IsZero() && now.Sub(q.heard) >= timeout/2:
-			pr.sent = now
+		pr.Heard(q.heard)
+		switch pr.Check(now) {
+		case etcdwatch.Ask:
 			ask = append(ask, q.ctx)
-		case !pr.sent.IsZero() && !pr.early && now.Sub(pr.sent) >= timeout/8 && now.Sub(pr.sent) < timeout/2:
-			// Unanswered so far. etcd (3.6.8 and later) answers a
-			// progress request only once its revision has reached the
-			// start of every watch on the stream; a watch "from now"
-			// starts at the revision after etcd's, so on a quiet cluster
-			// the member looked hung (and was benched). Such watches
-			// start again from the last revision etcd reported on the
-			// stream: their created responses are the answer. (Opening
-			// every watch that early would delay its first events to
-			// etcd's next sync of watchers in the past, up to 100 ms.)
+		case etcdwatch.ReplaceAhead:
 			// Not at once: when etcd's revision moved on (other keys
 			// were written) the request is answered, and the revision
 			// last reported may have been compacted since — the watch
-			// opened again would be, and its clients told so, though
-			// none of their events were.
-			// (Not u.restart: the silence is still measured from the
-			// last response, so that a hung member is noticed as soon.)
-			pr.early = true
-			for _, u := range ahead(g, q.known) {
-				u.mu.Lock()
-				if !u.closed {
-					u.known = max(u.known, q.known)
-					u.wantEarly = true
-					u.cancel()
-					u.watchLocked(h.w)
-				}
-				u.mu.Unlock()
-			}
-		case !pr.sent.IsZero() && now.Sub(pr.sent) >= timeout/2:
-			silent = max(silent, now.Sub(q.heard))
+			// opened again would be (retryWithoutMargin then opens it
+			// from nextrev). (Not u.restart: the silence is still
+			// measured from the last response, so that a hung member is
+			// noticed as soon.)
+			h.openAheadEarlyLocked(g, q.known)
+		case etcdwatch.Silent:
+			silent = max(silent, pr.Quiet(now))
 		}
 	}
 	w, member := h.w, h.member
@@ -265,6 +200,64 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 		err := fmt.Errorf("proxy: etcd member %s sent nothing on a watch stream for %v, not even an answer to a progress request", member, silent.Round(time.Millisecond))
 		h.p.log.Warn("upstream watch silent; moving the watches to another member", "member", member, "silent", silent.Round(time.Millisecond))
 		h.leave(member, err, true)
+	}
+}
+
+// quietStream is what the silence check needs of one gRPC watch stream.
+type quietStream struct {
+	ctx   context.Context // a context whose metadata selects the stream
+	heard time.Time       // when a response last came on it
+	known int64           // the highest revision etcd reported on it
+}
+
+// streamsLocked gathers the gRPC watch streams of the upstreams; h.mu is
+// held.
+func (h *watchHub) streamsLocked() map[watchKey]*quietStream {
+	streams := map[watchKey]*quietStream{}
+	for key, ups := range h.groups {
+		for _, u := range ups {
+			heard := time.Unix(0, u.heard.Load())
+			u.mu.Lock()
+			known := u.pos.Known
+			u.mu.Unlock()
+			q := streams[key.group()]
+			if q == nil {
+				streams[key.group()] = &quietStream{ctx: u.context(), heard: heard, known: known}
+				continue
+			}
+			if heard.After(q.heard) {
+				q.heard = heard
+			}
+			q.known = max(q.known, known)
+		}
+	}
+	return streams
+}
+
+// ahead reports whether pos is ahead of etcd once known is reported.
+func ahead(pos *etcdwatch.Position, known int64) bool {
+	pos.Reported(known)
+	return pos.Ahead()
+}
+
+// openAheadEarlyLocked opens again, from known (the last revision etcd
+// reported on stream g), the watches of g that start ahead of it: etcd
+// answers their stream no progress request (etcdwatch.Position.Ahead).
+// Their created responses are the answer. h.mu is held.
+func (h *watchHub) openAheadEarlyLocked(g watchKey, known int64) {
+	for key, us := range h.groups {
+		if key.group() != g {
+			continue
+		}
+		for _, u := range us {
+			u.mu.Lock()
+			if pos := u.pos; !u.closed && u.pos.Known > 0 && ahead(&pos, known) {
+				u.pos, u.wantEarly = pos, true
+				u.cancel()
+				u.watchLocked(h.w)
+			}
+			u.mu.Unlock()
+		}
 	}
 }
 

@@ -282,3 +282,50 @@ func BenchmarkFirstEventOfAWatch(b *testing.B) {
 	b.ReportMetric(float64(median.Microseconds())/1000, "first-event-median-ms")
 	b.ReportMetric(float64(median)/float64(firstEventGoal), "first-event/goal")
 }
+
+// BenchmarkPutDeadline is the guard of the watchdog (timeout.go): paired
+// Puts through the Store, one whose context has no deadline (the watchdog
+// bounds it) and one given a deadline of its own with context.WithTimeout
+// (what every call would cost without the watchdog: a timer on the
+// client, a grpc-timeout header, a timer in the server), alternating which
+// goes first. It reports the medians and deadline/watchdog: above 1 is the
+// watchdog's gain.
+//
+//	go test -run '^$' -bench PutDeadline -benchtime 20000x -count 5 ./store/etcd/
+func BenchmarkPutDeadline(b *testing.B) {
+	s := newStore(b, nil, etcd.Config{})
+	value := make([]byte, 256)
+	ctx := context.Background()
+	wp, dp := prefix(b), prefix(b)
+	viaWatchdog := func(i int) {
+		if _, err := s.Put(ctx, fmt.Sprintf("%s%d", wp, i%1024), value); err != nil {
+			b.Fatal(err)
+		}
+	}
+	withDeadline := func(i int) {
+		c, cancel := context.WithTimeout(ctx, etcd.DefaultRequestTimeout)
+		defer cancel()
+		if _, err := s.Put(c, fmt.Sprintf("%s%d", dp, i%1024), value); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var wd, dl []time.Duration
+	for i := 0; b.Loop(); i++ {
+		first, second := viaWatchdog, withDeadline
+		if i%2 == 1 {
+			first, second = withDeadline, viaWatchdog
+		}
+		t0 := time.Now()
+		first(i)
+		t1 := time.Now()
+		second(i)
+		d0, d1 := t1.Sub(t0), time.Since(t1)
+		if i%2 == 1 {
+			d0, d1 = d1, d0
+		}
+		wd, dl = append(wd, d0), append(dl, d1)
+	}
+	b.ReportMetric(medianNs(wd), "watchdog-ns/op")
+	b.ReportMetric(medianNs(dl), "deadline-ns/op")
+	b.ReportMetric(medianNs(dl)/medianNs(wd), "deadline/watchdog")
+}

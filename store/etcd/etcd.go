@@ -31,7 +31,6 @@ type Store struct {
 	watchSilence   time.Duration // 0: watches do not check for silence
 	prober         *prober       // nil: members are not probed
 	direct         *directKV     // nil: transactions go through cli.KV (NewFromClient)
-	watchSeq       atomic.Uint64 // numbers watches: each has a gRPC stream of its own
 
 	closed      atomic.Bool
 	mu          sync.Mutex      // orders wg.Add in Watch before wg.Wait in Close

@@ -18,8 +18,10 @@ const ticksPerTimeout = 8
 
 // watchdog bounds the calls whose context has no deadline. A deadline per
 // call (context.WithTimeout) costs a timer on the client, a grpc-timeout
-// header and a second timer in the server, for every call; measured against
-// the raw client that was several percent of a Put. Instead each such call
+// header and a second timer in the server, for every call: BenchmarkPutDeadline
+// measures a Put with its own deadline at 1.014–1.025 times one the watchdog
+// bounds (medians of paired Puts, in-process etcd without fsync, 2 cores;
+// December 2026), a gain of about 2% of a Put. Instead each such call
 // gets a plain cancellable context and the tick it started at, and one
 // goroutine per Store cancels the calls that have run for RequestTimeout.
 // Close cancels every call still running.

@@ -1,0 +1,143 @@
+package etcdwatch
+
+import "time"
+
+// Phase is where the watch's etcd watches are (doc.go draws the
+// transitions).
+type Phase int
+
+const (
+	// Opening: the current etcd watch is requested; clientv3's Watch has
+	// not returned (on a hung member it never does).
+	Opening Phase = iota
+	// Watching: the current etcd watch runs alone.
+	Watching
+	// Replacing: a replacement from Known was requested beside the current
+	// watch, which runs on (so that nothing it delivers meanwhile is lost).
+	Replacing
+	// Syncing: etcd created the replacement; it takes over at its first
+	// progress notification or events (etcd syncs it within 100 ms), or is
+	// dropped if Known turned out compacted.
+	Syncing
+)
+
+func (p Phase) String() string {
+	switch p {
+	case Opening:
+		return "opening"
+	case Watching:
+		return "watching"
+	case Replacing:
+		return "replacing"
+	case Syncing:
+		return "syncing"
+	}
+	return "phase(?)"
+}
+
+// State is one self-healing watch without its I/O: Run feeds it what etcd
+// says and the clock's ticks, and does what it answers. Each method is one
+// transition of doc.go's drawing.
+type State struct {
+	Position
+	Silence Silence
+	phase   Phase
+	from    int64 // the replacement's start (Replacing, Syncing)
+}
+
+// New returns the state of a watch opened from rev (0: now) at now, with
+// the silence timeout silence (0 or less: no silence check).
+func New(rev int64, silence time.Duration, now time.Time) *State {
+	s := &State{Position: Position{Next: rev, OpenedAt: rev}, Silence: Silence{Timeout: silence}}
+	s.Silence.Start(now)
+	return s
+}
+
+// Phase is the current phase.
+func (s *State) Phase() Phase { return s.phase }
+
+// Opened is the transition: clientv3's Watch returned the current watch's channel (which
+// follows New or Reopen: the phase is Opening).
+func (s *State) Opened() { s.phase = Watching }
+
+// Reopen is the transition: the current watch is replaced by one from rev (Open again).
+func (s *State) Reopen(rev int64) {
+	s.OpenedAt, s.phase = rev, Opening
+}
+
+// Tick is what the silence check at one tick asks for.
+type Tick struct {
+	Ask            bool          // a progress request on the current watch's stream
+	AskReplacement bool          // a progress request on the replacement's stream
+	ReplaceFrom    int64         // > 0: open a replacement from this revision (its own stream)
+	Silent         time.Duration // > 0: the watch is silent for this long: end it
+}
+
+// OnTick runs the silence check at now.
+func (s *State) OnTick(now time.Time) Tick {
+	var t Tick
+	// Until etcd has synced the replacement (every 100 ms), which it
+	// answers only then.
+	t.AskReplacement = s.phase == Syncing
+	switch s.Silence.Check(now) {
+	case Silent:
+		t.Silent = s.Silence.Quiet(now)
+	case Ask:
+		t.Ask = s.phase == Watching
+	case ReplaceAhead:
+		if s.phase == Watching && s.Ahead() {
+			t.ReplaceFrom = s.replace(s.Known)
+		}
+	}
+	return t
+}
+
+// replace enters Replacing with a replacement from rev.
+func (s *State) replace(rev int64) int64 {
+	s.phase, s.from = Replacing, rev
+	return rev
+}
+
+// OnHeard is the transition: etcd said something at now, on either watch, or the consumer
+// took a response.
+func (s *State) OnHeard(now time.Time) { s.Silence.Heard(now) }
+
+// OnReplacementCreated is the transition: etcd created the replacement at rev.
+func (s *State) OnReplacementCreated(rev int64) {
+	s.Reported(rev)
+	s.phase = Syncing
+}
+
+// OnReplacementCompacted is the transition: the replacement's start is compacted (etcd's
+// revision moved on since it last reported one: other keys were written,
+// then compacted). The current watch missed nothing and stays; its start
+// is now within etcd's revision (header, at or above the compaction),
+// unless it is still ahead (a watch from a later revision): then a
+// replacement from header, returned (0: none).
+func (s *State) OnReplacementCompacted(header int64) int64 {
+	s.Reported(header)
+	s.phase = Watching
+	if s.Ahead() {
+		return s.replace(s.Known)
+	}
+	return 0
+}
+
+// OnReplacementSynced is the transition: the replacement answered (progress or events): it
+// takes over, and the caller stops the watch it replaces. The response is
+// then the current watch's.
+func (s *State) OnReplacementSynced() {
+	s.OpenedAt, s.phase = s.from, Watching
+}
+
+// OnCompacted is the transition: the current watch's start is compacted at compactRev. If
+// only revisions below Next are gone (it was opened below Next), it
+// returns the revision to open the watch from again; otherwise the watch
+// has lost events and ends with the error.
+func (s *State) OnCompacted(compactRev int64) (reopen int64, err error) {
+	if s.CompactedBelowNext(compactRev) {
+		s.Reopen(s.Next)
+		return s.Next, nil
+	}
+	return 0, &CompactedError{Requested: s.Next, CompactRevision: compactRev}
+}
