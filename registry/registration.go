@@ -21,6 +21,7 @@ type registration struct {
 
 	pub atomic.Pointer[beacon.Instance] // what Instance returns
 
+	// Lock order: opMu before wmu before session.mu before stMu.
 	opMu sync.Mutex // serialises Update, Drain and Close
 
 	// wmu is held during every store write of this registration, by the
@@ -32,7 +33,9 @@ type registration struct {
 	modRev  int64
 	removed bool
 
-	// Guarded by s.mu.
+	// stMu guards the outcome of the writes, which the caller's goroutine
+	// and the session's both record and read (outcome, setWritten).
+	stMu     sync.Mutex
 	admitted bool   // written once and tracked by the session
 	epoch    uint64 // lease epoch the key was last written in
 	err      error  // why it is not advertised (conflict), or nil
@@ -42,6 +45,40 @@ type registration struct {
 }
 
 var _ Registration = (*registration)(nil)
+
+// writeOutcome is a registration's standing with the session.
+type writeOutcome struct {
+	admitted bool
+	epoch    uint64
+	err      error
+}
+
+func (reg *registration) outcome() writeOutcome {
+	reg.stMu.Lock()
+	defer reg.stMu.Unlock()
+	return writeOutcome{reg.admitted, reg.epoch, reg.err}
+}
+
+// setWritten records the outcome of writing reg in epoch.
+func (reg *registration) setWritten(epoch uint64, err error) {
+	reg.stMu.Lock()
+	reg.epoch, reg.err = epoch, err
+	reg.stMu.Unlock()
+}
+
+// invalidate has the session write reg again on its next pass.
+func (reg *registration) invalidate() {
+	reg.stMu.Lock()
+	reg.epoch = 0
+	reg.stMu.Unlock()
+}
+
+// admit records reg as written in epoch and tracked by the session.
+func (reg *registration) admit(epoch uint64) {
+	reg.stMu.Lock()
+	reg.admitted, reg.epoch, reg.err = true, epoch, nil
+	reg.stMu.Unlock()
+}
 
 // spawn runs fn in a goroutine the registry owns, unless it is closed.
 func (r *StoreRegistry) spawn(fn func()) bool {
@@ -95,9 +132,7 @@ func (r *StoreRegistry) register(ctx context.Context, reg *registration) error {
 			var wrote bool
 			wrote, err = r.sess.writeOne(ctx, reg, reg.val, lease, epoch, drainOverwrite)
 			if err == nil && !wrote {
-				r.sess.mu.Lock()
-				err = reg.err
-				r.sess.mu.Unlock()
+				err = reg.outcome().err
 			}
 			if err == nil {
 				rev = reg.modRev
@@ -204,7 +239,7 @@ func (s *session) reserve(reg *registration) error {
 func (s *session) unreserve(reg *registration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.regs[reg.key] == reg && !reg.admitted {
+	if s.regs[reg.key] == reg && !reg.outcome().admitted {
 		delete(s.regs, reg.key)
 	}
 }
@@ -225,9 +260,7 @@ func (s *session) admit(reg *registration, epoch uint64) {
 		s.mu.Unlock()
 		return
 	}
-	reg.admitted = true
-	reg.epoch = epoch
-	reg.err = nil
+	reg.admit(epoch)
 	stale := epoch != s.epoch
 	s.r.m.addRegistrations(1)
 	s.mu.Unlock()
@@ -244,14 +277,15 @@ func (reg *registration) Err() error {
 	s := reg.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	o := reg.outcome()
 	switch {
-	case !reg.admitted:
+	case !o.admitted:
 		return nil
-	case reg.err != nil:
-		return reg.err
+	case o.err != nil:
+		return o.err
 	case s.state == StateLost:
 		return ErrLeaseLost
-	case reg.epoch != s.epoch:
+	case o.epoch != s.epoch:
 		return fmt.Errorf("%w: %s not yet written under the new lease", ErrLeaseLost, reg.ref)
 	}
 	return nil
@@ -315,9 +349,8 @@ func (reg *registration) write(ctx context.Context, next beacon.Instance, val []
 			reg.wmu.Unlock()
 			return fmt.Errorf("registry: update %s: %w", reg.ref, errRemoved)
 		}
-		reg.s.mu.Lock()
-		current := reg.epoch == epoch && reg.err == nil
-		reg.s.mu.Unlock()
+		o := reg.outcome()
+		current := o.epoch == epoch && o.err == nil
 		if current && reg.lease == lease {
 			var rev int64
 			rev, err = r.st.Update(ctx, reg.key, val, reg.modRev, store.WithLease(lease))
@@ -338,9 +371,7 @@ func (reg *registration) write(ctx context.Context, next beacon.Instance, val []
 				return err
 			}
 			if err == nil {
-				reg.s.mu.Lock()
-				err = reg.err
-				reg.s.mu.Unlock()
+				err = reg.outcome().err
 			}
 			if err == nil {
 				reg.inst = next
@@ -359,9 +390,7 @@ func (reg *registration) write(ctx context.Context, next beacon.Instance, val []
 		}
 		// Unknown outcome: have the session write the registration again
 		// (with what it advertises) on its next pass.
-		reg.s.mu.Lock()
-		reg.epoch = 0
-		reg.s.mu.Unlock()
+		reg.invalidate()
 		reg.s.kickLoop()
 		return fmt.Errorf("registry: update %s: %w", reg.ref, err)
 	}
@@ -408,13 +437,14 @@ func (reg *registration) close() error {
 	defer reg.opMu.Unlock()
 	r, s := reg.r, reg.s
 	s.mu.Lock()
+	o := reg.outcome()
 	if s.regs[reg.key] == reg {
 		delete(s.regs, reg.key)
-		if reg.admitted {
+		if o.admitted {
 			s.r.m.addRegistrations(-1)
 		}
 	}
-	conflicted := reg.err != nil
+	conflicted := o.err != nil
 	s.mu.Unlock()
 	reg.wmu.Lock()
 	defer reg.wmu.Unlock()
