@@ -289,18 +289,13 @@ func (s *session) writeOne(ctx context.Context, reg *registration, val []byte, l
 			}
 			val = reg.val
 		}
+		var rev int64
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			rev, err := s.r.st.Create(ctx, reg.key, val, store.WithLease(lease))
+			rev, err = s.r.st.Create(ctx, reg.key, val, store.WithLease(lease))
 			if errors.Is(err, store.ErrKeyExists) {
 				continue
 			}
-			if err != nil {
-				return false, err
-			}
-			reg.modRev, reg.lease, reg.val = rev, lease, val
-			reg.setWritten(epoch, nil)
-			return true, nil
 		case err != nil:
 			return false, err
 		case kv.Lease == lease && bytes.Equal(kv.Value, val):
@@ -308,20 +303,20 @@ func (s *session) writeOne(ctx context.Context, reg *registration, val []byte, l
 			reg.setWritten(epoch, nil)
 			return false, nil
 		case s.ours(kv.Lease):
-			rev, err := s.r.st.Update(ctx, reg.key, val, kv.ModRevision, store.WithLease(lease))
+			rev, err = s.r.st.Update(ctx, reg.key, val, kv.ModRevision, store.WithLease(lease))
 			if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
 				continue
 			}
-			if err != nil {
-				return false, err
-			}
-			reg.modRev, reg.lease, reg.val = rev, lease, val
-			reg.setWritten(epoch, nil)
-			return true, nil
 		default:
 			reg.setWritten(epoch, holderError(reg.ref, kv))
 			return false, nil
 		}
+		if err != nil {
+			return false, err
+		}
+		reg.modRev, reg.lease, reg.val = rev, lease, val
+		reg.setWritten(epoch, nil)
+		return true, nil
 	}
 	return false, fmt.Errorf("registry: %s keeps changing under us; retrying later", reg.ref)
 }
