@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/beaconplane/beacon/store"
@@ -33,15 +36,129 @@ func keepAliveTimeout(ttl time.Duration) time.Duration {
 	return min(max(ttl/6, 100*time.Millisecond), 2*time.Second)
 }
 
-// keeper renews the session's lease every TTL/3 while one is held, until
-// the registry closes.
-func (s *session) keeper() {
+// oldLeasesKept is how many previous leases the keeper remembers (ours),
+// so that the session recognises its own keys still bound to one of them:
+// a lease given up without the store saying it ended (a refused renewal,
+// a recovery that started over) lives on until its TTL runs out, and the
+// keys written under it are the session's to take over, not another
+// process's to respect.
+const oldLeasesKept = 8
+
+// leaseVerdicts is what the keeper tells its session. The keeper calls
+// them without holding its own lock; each takes the session's lock, then
+// the keeper's.
+type leaseVerdicts interface {
+	// markLost: the store said lease l ended (or refused the credentials).
+	markLost(l store.LeaseID, err error, suspect bool)
+	// reportUnconfirmed: no renewal of l was answered for a whole TTL.
+	reportUnconfirmed(l store.LeaseID, ttl time.Duration, err error)
+	// reportRenewed: a renewal of l started at start succeeded.
+	reportRenewed(l store.LeaseID, start time.Time, granted time.Duration)
+}
+
+// leaseKeeper holds the session's lease and renews it every TTL/3, in its
+// own goroutine (run), until the registry closes. It owns everything about
+// the lease but its use: which lease, whether it is held (renewed), its
+// TTL as granted, the last renewal, whether it is unconfirmed, and the
+// ring of previous leases. It never declares a lease lost by its own
+// clock (see renew). It takes no lock but its own.
+type leaseKeeper struct {
+	st       store.Store
+	ctx      context.Context // the registry's: ends run and every attempt
+	m        *metrics
+	log      *slog.Logger
+	retryMax time.Duration
+	v        leaseVerdicts
+	kick     chan struct{} // the lease changed: look again
+
+	mu          sync.Mutex
+	lease       store.LeaseID
+	held        bool            // renewed (cleared when lost or closed)
+	ttl         time.Duration   // as granted
+	lastOK      time.Time       // start of the last successful renewal (or grant)
+	unconfirmed bool            // no renewal answered for a whole TTL (and the store did not say it ended)
+	old         []store.LeaseID // previous leases, newest last, at most oldLeasesKept
+}
+
+func newLeaseKeeper(r *StoreRegistry, v leaseVerdicts) *leaseKeeper {
+	return &leaseKeeper{st: r.st, ctx: r.ctx, m: r.m, log: r.log, retryMax: r.cfg.RetryMax, v: v,
+		kick: make(chan struct{}, 1)}
+}
+
+// hold switches to lease l, granted with ttl, and renews it from now on;
+// the lease it replaces joins the ring of previous leases.
+func (k *leaseKeeper) hold(l store.LeaseID, ttl time.Duration) {
+	k.mu.Lock()
+	if k.lease != store.NoLease && k.lease != l && !slices.Contains(k.old, k.lease) {
+		k.old = append(k.old, k.lease)
+		if len(k.old) > oldLeasesKept {
+			k.old = k.old[1:]
+		}
+	}
+	k.lease, k.ttl, k.held = l, ttl, true
+	k.setUnconfirmedLocked(false)
+	k.lastOK = time.Now()
+	k.mu.Unlock()
+	select {
+	case k.kick <- struct{}{}:
+	default:
+	}
+}
+
+// drop stops renewing l and reports whether it was the lease held.
+func (k *leaseKeeper) drop(l store.LeaseID) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.lease != l || !k.held {
+		return false
+	}
+	k.held = false
+	k.setUnconfirmedLocked(false)
+	return true
+}
+
+// holds reports whether l is the lease held.
+func (k *leaseKeeper) holds(l store.LeaseID) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.lease == l && k.held
+}
+
+// current returns the lease (held or not) and its TTL as granted.
+func (k *leaseKeeper) current() (store.LeaseID, time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.lease, k.ttl
+}
+
+// ours reports whether id is the lease or one of the previous ones.
+func (k *leaseKeeper) ours(id store.LeaseID) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return id != store.NoLease && (id == k.lease || slices.Contains(k.old, id))
+}
+
+// interval is the time between renewals of the current lease (of a
+// lease of fallback before the first grant).
+func (k *leaseKeeper) interval(fallback time.Duration) time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	ttl := k.ttl
+	if ttl == 0 {
+		ttl = fallback
+	}
+	return keepAliveInterval(ttl)
+}
+
+// run renews the lease every TTL/3 while one is held, until the registry
+// closes.
+func (k *leaseKeeper) run() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		s.mu.Lock()
-		l, held, due := s.lease, s.held, s.lastOK.Add(keepAliveInterval(s.ttl))
-		s.mu.Unlock()
+		k.mu.Lock()
+		l, held, due := k.lease, k.held, k.lastOK.Add(keepAliveInterval(k.ttl))
+		k.mu.Unlock()
 		wait := time.Until(due)
 		if !held {
 			wait = time.Hour
@@ -55,16 +172,16 @@ func (s *session) keeper() {
 			}
 			timer.Reset(wait)
 			select {
-			case <-s.r.ctx.Done():
+			case <-k.ctx.Done():
 				return
-			case <-s.keepKick:
+			case <-k.kick:
 				continue // the lease changed: look again
 			case <-timer.C:
 				continue // due now (or the lease changed meanwhile)
 			}
 		}
-		s.renew(l)
-		if s.r.ctx.Err() != nil {
+		k.renew(l)
+		if k.ctx.Err() != nil {
 			return
 		}
 	}
@@ -72,58 +189,58 @@ func (s *session) keeper() {
 
 // renew keeps lease l alive once, retrying until an attempt succeeds, the
 // store says the lease ended (or refuses the credentials), or another
-// lease replaced it. The session's own clock never declares the lease
+// lease replaced it. The keeper's own clock never declares the lease
 // lost: when no attempt was answered for a whole TTL the lease is only
-// unconfirmed (markUnconfirmed), because the store may well still hold it —
-// a new etcd leader extends every lease by its TTL plus an election
+// unconfirmed (reportUnconfirmed), because the store may well still hold
+// it — a new etcd leader extends every lease by its TTL plus an election
 // timeout, so a session that gave up by its own clock during an election
 // re-registered for nothing — and the attempts go on, each one asking the
 // store whether the lease is alive.
-func (s *session) renew(l store.LeaseID) {
-	bo := newBackoff(s.r.cfg.RetryMax)
+func (k *leaseKeeper) renew(l store.LeaseID) {
+	bo := newBackoff(k.retryMax)
 	for {
-		s.mu.Lock()
-		if s.lease != l || !s.held {
-			s.mu.Unlock()
+		k.mu.Lock()
+		if k.lease != l || !k.held {
+			k.mu.Unlock()
 			return
 		}
-		ttl := s.ttl
-		deadline := s.lastOK.Add(ttl)
-		s.mu.Unlock()
+		ttl := k.ttl
+		deadline := k.lastOK.Add(ttl)
+		k.mu.Unlock()
 		limit := keepAliveTimeout(ttl)
 		if remaining := time.Until(deadline); remaining > 0 {
 			limit = min(limit, remaining) // unconfirmed is reported on time
 		}
 		start := time.Now()
-		ctx, cancel := context.WithTimeout(s.r.ctx, limit)
-		granted, err := s.r.st.KeepAlive(ctx, l)
+		ctx, cancel := context.WithTimeout(k.ctx, limit)
+		granted, err := k.st.KeepAlive(ctx, l)
 		cancel()
 		took := time.Since(start)
 		switch {
 		case err == nil:
-			s.renewed(l, start, granted)
+			k.v.reportRenewed(l, start, granted)
 			return
-		case s.r.ctx.Err() != nil:
+		case k.ctx.Err() != nil:
 			return
 		case errors.Is(err, store.ErrLeaseNotFound):
-			s.markLost(l, err, false)
+			k.v.markLost(l, err, false)
 			return
 		case refused(err):
 			// A changed password or a revoked user: retrying the same
 			// credentials cannot succeed. Say so now rather than after a
 			// TTL of failed keep-alives.
-			s.markLost(l, err, false)
+			k.v.markLost(l, err, false)
 			return
 		}
-		s.r.m.keepAliveFailed()
+		k.m.keepAliveFailed()
 		if !time.Now().Before(deadline) {
-			s.markUnconfirmed(l, ttl, err)
+			k.v.reportUnconfirmed(l, ttl, err)
 		}
-		d := s.retryDelay(bo, took, limit, deadline)
-		s.r.log.Warn("session keep-alive failed; retrying", "lease", fmt.Sprintf("%x", l),
+		d := retryDelay(bo, took, limit, deadline)
+		k.log.Warn("session keep-alive failed; retrying", "lease", fmt.Sprintf("%x", l),
 			"err", err, "took", took.Round(time.Millisecond), "retry_in", d,
 			"since_last_renewal", time.Since(deadline.Add(-ttl)).Round(time.Millisecond), "ttl", ttl)
-		if !sleep(s.r.ctx, d) {
+		if !sleep(k.ctx, d) {
 			return
 		}
 	}
@@ -134,7 +251,7 @@ func (s *session) renew(l store.LeaseID) {
 // member does not get it). One that failed fast (store unreachable) backs
 // off, leaving time for more tries before the deadline, and with capped
 // backoff once the deadline has passed.
-func (s *session) retryDelay(bo *backoff, took, limit time.Duration, deadline time.Time) time.Duration {
+func retryDelay(bo *backoff, took, limit time.Duration, deadline time.Time) time.Duration {
 	if took >= limit*3/4 {
 		return 0
 	}
@@ -144,50 +261,38 @@ func (s *session) retryDelay(bo *backoff, took, limit time.Duration, deadline ti
 	return bo.next()
 }
 
-// renewed records a successful keep-alive of l started at start, and a
-// confirmation if the lease was unconfirmed.
-func (s *session) renewed(l store.LeaseID, start time.Time, granted time.Duration) {
-	s.mu.Lock()
-	if s.lease != l || !s.held {
-		s.mu.Unlock()
-		return
+// renewed records a successful renewal of l started at start. It reports
+// whether l is held and whether it was unconfirmed (now confirmed).
+func (k *leaseKeeper) renewed(l store.LeaseID, start time.Time, granted time.Duration) (held, was bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.lease != l || !k.held {
+		return false, false
 	}
-	s.lastOK, s.ttl = start, granted
-	was := s.unconfirmed
-	s.setUnconfirmedLocked(false)
-	var c StateChange
-	if was {
-		c = s.changeLocked(nil)
-	}
-	s.mu.Unlock()
-	if was {
-		s.r.log.Info("session lease confirmed: the store renewed it; nothing was lost", "lease", fmt.Sprintf("%x", l), "ttl", granted)
-		s.emit(c)
-	}
+	k.lastOK, k.ttl = start, granted
+	was = k.unconfirmed
+	k.setUnconfirmedLocked(false)
+	return true, was
 }
 
-// markUnconfirmed reports, once per episode, that no keep-alive of l was
-// answered for a whole TTL (the last attempt failed with err).
-func (s *session) markUnconfirmed(l store.LeaseID, ttl time.Duration, err error) {
-	s.mu.Lock()
-	if s.lease != l || !s.held || s.unconfirmed {
-		s.mu.Unlock()
-		return
+// markUnconfirmed records that l went unanswered for a TTL; it reports
+// whether that starts an episode (l held and not yet unconfirmed).
+func (k *leaseKeeper) markUnconfirmed(l store.LeaseID) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.lease != l || !k.held || k.unconfirmed {
+		return false
 	}
-	s.setUnconfirmedLocked(true)
-	c := s.changeLocked(fmt.Errorf("%w (no answer for %v: %w)", ErrLeaseUnconfirmed, ttl, err))
-	s.mu.Unlock()
-	s.r.log.Error("session lease unconfirmed: no keep-alive answered for a whole TTL; renewing it until the store answers (lost only if it says the lease ended)",
-		"lease", fmt.Sprintf("%x", l), "ttl", ttl, "err", err)
-	s.emit(c)
+	k.setUnconfirmedLocked(true)
+	return true
 }
 
 // setUnconfirmedLocked sets whether the lease is unconfirmed, keeping the
-// metric in step.
-func (s *session) setUnconfirmedLocked(on bool) {
-	if s.unconfirmed == on {
+// gauge beacon_registry_lease_unconfirmed in step.
+func (k *leaseKeeper) setUnconfirmedLocked(on bool) {
+	if k.unconfirmed == on {
 		return
 	}
-	s.unconfirmed = on
-	s.r.m.setUnconfirmed(on)
+	k.unconfirmed = on
+	k.m.setUnconfirmed(on)
 }

@@ -21,6 +21,7 @@ type registration struct {
 
 	pub atomic.Pointer[beacon.Instance] // what Instance returns
 
+	// Lock order: opMu before wmu before session.mu before stMu.
 	opMu sync.Mutex // serialises Update, Drain and Close
 
 	// wmu is held during every store write of this registration, by the
@@ -32,7 +33,9 @@ type registration struct {
 	modRev  int64
 	removed bool
 
-	// Guarded by s.mu.
+	// stMu guards the outcome of the writes, which the caller's goroutine
+	// and the session's both record and read (outcome, setWritten).
+	stMu     sync.Mutex
 	admitted bool   // written once and tracked by the session
 	epoch    uint64 // lease epoch the key was last written in
 	err      error  // why it is not advertised (conflict), or nil
@@ -42,6 +45,40 @@ type registration struct {
 }
 
 var _ Registration = (*registration)(nil)
+
+// writeOutcome is a registration's standing with the session.
+type writeOutcome struct {
+	admitted bool
+	epoch    uint64
+	err      error
+}
+
+func (reg *registration) outcome() writeOutcome {
+	reg.stMu.Lock()
+	defer reg.stMu.Unlock()
+	return writeOutcome{reg.admitted, reg.epoch, reg.err}
+}
+
+// setWritten records the outcome of writing reg in epoch.
+func (reg *registration) setWritten(epoch uint64, err error) {
+	reg.stMu.Lock()
+	reg.epoch, reg.err = epoch, err
+	reg.stMu.Unlock()
+}
+
+// invalidate has the session write reg again on its next pass.
+func (reg *registration) invalidate() {
+	reg.stMu.Lock()
+	reg.epoch = 0
+	reg.stMu.Unlock()
+}
+
+// admit records reg as written in epoch and tracked by the session.
+func (reg *registration) admit(epoch uint64) {
+	reg.stMu.Lock()
+	reg.admitted, reg.epoch, reg.err = true, epoch, nil
+	reg.stMu.Unlock()
+}
 
 // spawn runs fn in a goroutine the registry owns, unless it is closed.
 func (r *StoreRegistry) spawn(fn func()) bool {
@@ -95,9 +132,7 @@ func (r *StoreRegistry) register(ctx context.Context, reg *registration) error {
 			var wrote bool
 			wrote, err = r.sess.writeOne(ctx, reg, reg.val, lease, epoch, drainOverwrite)
 			if err == nil && !wrote {
-				r.sess.mu.Lock()
-				err = reg.err
-				r.sess.mu.Unlock()
+				err = reg.outcome().err
 			}
 			if err == nil {
 				rev = reg.modRev
@@ -204,7 +239,7 @@ func (s *session) reserve(reg *registration) error {
 func (s *session) unreserve(reg *registration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.regs[reg.key] == reg && !reg.admitted {
+	if s.regs[reg.key] == reg && !reg.outcome().admitted {
 		delete(s.regs, reg.key)
 	}
 }
@@ -225,9 +260,7 @@ func (s *session) admit(reg *registration, epoch uint64) {
 		s.mu.Unlock()
 		return
 	}
-	reg.admitted = true
-	reg.epoch = epoch
-	reg.err = nil
+	reg.admit(epoch)
 	stale := epoch != s.epoch
 	s.r.m.addRegistrations(1)
 	s.mu.Unlock()
@@ -244,14 +277,15 @@ func (reg *registration) Err() error {
 	s := reg.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	o := reg.outcome()
 	switch {
-	case !reg.admitted:
+	case !o.admitted:
 		return nil
-	case reg.err != nil:
-		return reg.err
+	case o.err != nil:
+		return o.err
 	case s.state == StateLost:
 		return ErrLeaseLost
-	case reg.epoch != s.epoch:
+	case o.epoch != s.epoch:
 		return fmt.Errorf("%w: %s not yet written under the new lease", ErrLeaseLost, reg.ref)
 	}
 	return nil
@@ -315,9 +349,8 @@ func (reg *registration) write(ctx context.Context, next beacon.Instance, val []
 			reg.wmu.Unlock()
 			return fmt.Errorf("registry: update %s: %w", reg.ref, errRemoved)
 		}
-		reg.s.mu.Lock()
-		current := reg.epoch == epoch && reg.err == nil
-		reg.s.mu.Unlock()
+		o := reg.outcome()
+		current := o.epoch == epoch && o.err == nil
 		if current && reg.lease == lease {
 			var rev int64
 			rev, err = r.st.Update(ctx, reg.key, val, reg.modRev, store.WithLease(lease))
@@ -338,9 +371,7 @@ func (reg *registration) write(ctx context.Context, next beacon.Instance, val []
 				return err
 			}
 			if err == nil {
-				reg.s.mu.Lock()
-				err = reg.err
-				reg.s.mu.Unlock()
+				err = reg.outcome().err
 			}
 			if err == nil {
 				reg.inst = next
@@ -359,9 +390,7 @@ func (reg *registration) write(ctx context.Context, next beacon.Instance, val []
 		}
 		// Unknown outcome: have the session write the registration again
 		// (with what it advertises) on its next pass.
-		reg.s.mu.Lock()
-		reg.epoch = 0
-		reg.s.mu.Unlock()
+		reg.invalidate()
 		reg.s.kickLoop()
 		return fmt.Errorf("registry: update %s: %w", reg.ref, err)
 	}
@@ -408,13 +437,14 @@ func (reg *registration) close() error {
 	defer reg.opMu.Unlock()
 	r, s := reg.r, reg.s
 	s.mu.Lock()
+	o := reg.outcome()
 	if s.regs[reg.key] == reg {
 		delete(s.regs, reg.key)
-		if reg.admitted {
+		if o.admitted {
 			s.r.m.addRegistrations(-1)
 		}
 	}
-	conflicted := reg.err != nil
+	conflicted := o.err != nil
 	s.mu.Unlock()
 	reg.wmu.Lock()
 	defer reg.wmu.Unlock()
@@ -458,205 +488,4 @@ func (r *StoreRegistry) deleteIfOurs(ctx context.Context, key string, modRev int
 		modRev = kv.ModRevision
 	}
 	return fmt.Errorf("registry: %s keeps changing; giving up deleting it", key)
-}
-
-// batcher commits concurrent creates together (group commit). With
-// nothing in flight a create is sent at once; otherwise a transaction
-// starts when the creates waiting reach a threshold: an even share of the
-// outstanding ones (waiting and in flight) over minInflight transactions,
-// at most targetBatch. The share is of the most outstanding lately (peak),
-// not of those outstanding at that instant: the callers of a transaction
-// that just ended are on their way back, and counting them out made
-// batches a quarter smaller than the share (12 instead of 16 with 64
-// callers), so etcd ran more, smaller transactions. It takes everything
-// waiting (up to maxTxnOps). What waits is sent at the latest when the
-// transactions in flight have ended. So a
-// lone Register costs one transaction; a few concurrent ones are spread
-// over about minInflight transactions; W concurrent ones keep about W keys
-// in flight in transactions of targetBatch or more, as many as that takes
-// (at most maxInflight), which is how etcd's batched-write throughput is
-// reached: etcd folds concurrent proposals into one disk sync and applies
-// them in order. A transaction that ends takes what waits if the rule
-// allows, in a goroutine the registry owns, so that the caller that
-// committed it returns.
-type batcher struct {
-	r        *StoreRegistry
-	mu       sync.Mutex
-	queue    []*createOp
-	inflight int // transactions
-	flying   int // creates in them
-	// peak is the most creates outstanding lately: the largest count
-	// seen, decaying by an eighth (at least one) with every transaction
-	// started.
-	peak int
-}
-
-const (
-	// minInflight is how many transactions the outstanding creates are
-	// spread over before batches reach targetBatch.
-	minInflight = 4
-	// targetBatch creates waiting start another transaction (etcd's CPU
-	// per registration at 256 workers: 19 µs with 16, 15 µs with 48).
-	targetBatch = 48
-	// maxInflight bounds the transactions a batcher has in flight.
-	maxInflight = 64
-)
-
-type createOp struct {
-	key   string
-	val   []byte
-	lease store.LeaseID
-	done  chan struct{}
-	rev   int64
-	err   error
-	state atomic.Int32 // opPending, opAbandoned or opDone
-}
-
-const (
-	opPending int32 = iota
-	opAbandoned
-	opDone
-)
-
-func (b *batcher) create(ctx context.Context, key string, val []byte, lease store.LeaseID) (int64, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	op := &createOp{key: key, val: val, lease: lease, done: make(chan struct{})}
-	b.mu.Lock()
-	b.queue = append(b.queue, op)
-	batch := b.takeLocked()
-	b.mu.Unlock()
-	if batch != nil {
-		n := len(batch)
-		b.commit(batch)
-		b.finished(n)
-	}
-	select {
-	case <-op.done:
-		return op.rev, op.err
-	case <-ctx.Done():
-		if op.state.CompareAndSwap(opPending, opAbandoned) {
-			return 0, ctx.Err()
-		}
-		<-op.done
-		return op.rev, op.err
-	}
-}
-
-// takeLocked returns the next batch if a transaction may start, counting
-// it in flight; nil otherwise.
-func (b *batcher) takeLocked() []*createOp {
-	if len(b.queue) == 0 || b.inflight >= maxInflight {
-		return nil
-	}
-	outstanding := len(b.queue) + b.flying
-	b.peak = max(b.peak, outstanding)
-	threshold := min(targetBatch, (b.peak+minInflight-1)/minInflight)
-	if b.inflight > 0 && len(b.queue) < threshold {
-		return nil
-	}
-	b.peak -= (b.peak + 7) / 8
-	n := min(len(b.queue), maxTxnOps)
-	batch := append([]*createOp(nil), b.queue[:n]...)
-	b.queue = b.queue[n:]
-	b.inflight++
-	b.flying += n
-	return batch
-}
-
-// finished ends a transaction of n creates; if operations queued
-// meanwhile, a goroutine commits them, so that the caller that committed
-// returns.
-func (b *batcher) finished(n int) {
-	b.mu.Lock()
-	b.inflight--
-	b.flying -= n
-	batch := b.takeLocked()
-	b.mu.Unlock()
-	if batch == nil {
-		return
-	}
-	m := len(batch)
-	if !b.r.spawn(func() {
-		b.commit(batch)
-		b.finished(m)
-	}) {
-		for _, op := range batch {
-			b.finish(op, 0, ErrClosed)
-		}
-		b.failAll(ErrClosed)
-	}
-}
-
-func (b *batcher) failAll(err error) {
-	b.mu.Lock()
-	q := b.queue
-	b.queue = nil
-	b.inflight, b.flying, b.peak = 0, 0, 0
-	b.mu.Unlock()
-	for _, op := range q {
-		b.finish(op, 0, err)
-	}
-}
-
-func (b *batcher) commit(batch []*createOp) {
-	ctx, cancel := b.r.opContext()
-	defer cancel()
-	for len(batch) > 0 {
-		// Drop what callers gave up on before it was sent.
-		live := batch[:0]
-		for _, op := range batch {
-			if op.state.Load() == opAbandoned {
-				close(op.done)
-				continue
-			}
-			live = append(live, op)
-		}
-		batch = live
-		if len(batch) == 0 {
-			return
-		}
-		ops := make([]store.Op, len(batch))
-		for i, op := range batch {
-			ops[i] = store.Op{Kind: store.OpPut, Key: op.key, Value: op.val, Lease: op.lease, IfAbsent: true}
-		}
-		rev, err := b.r.tx.Txn(ctx, ops...)
-		if err == nil {
-			for _, op := range batch {
-				b.finish(op, rev, nil)
-			}
-			return
-		}
-		var ce *store.ConflictError
-		if errors.As(err, &ce) {
-			for i, op := range batch {
-				if op.key == ce.Key {
-					b.finish(op, 0, fmt.Errorf("%w: %q", store.ErrKeyExists, op.key))
-					batch = append(batch[:i:i], batch[i+1:]...)
-					break
-				}
-			}
-			if len(batch) == len(ops) { // the conflict named no key of ours
-				for _, op := range batch {
-					b.finish(op, 0, err)
-				}
-				return
-			}
-			continue
-		}
-		for _, op := range batch {
-			b.finish(op, 0, err)
-		}
-		return
-	}
-}
-
-// finish completes op; a write whose caller gave up meanwhile is undone.
-func (b *batcher) finish(op *createOp, rev int64, err error) {
-	op.rev, op.err = rev, err
-	if !op.state.CompareAndSwap(opPending, opDone) && err == nil {
-		b.r.undo(op.key, rev)
-	}
-	close(op.done)
 }

@@ -82,7 +82,7 @@ func New(st store.Store, cfg Config) (*StoreRegistry, error) {
 	}
 	if tx, ok := st.(store.Transactor); ok {
 		r.tx = tx
-		r.creates = &batcher{r: r}
+		r.creates = newBatcher(batcherDeps{txn: tx.Txn, spawn: r.spawn, opContext: r.opContext, undo: r.undo})
 	}
 	r.sess = newSession(r)
 	r.hub = newHub(r)
