@@ -220,7 +220,7 @@ func runHolds(t *testing.T, limit time.Duration, steps []holdStep) map[string]ti
 	collect := func(now time.Time) time.Duration {
 		ready, next := h.due(now)
 		for _, p := range ready {
-			got[p.it.key] = now.Sub(t0)
+			got[p.it.Key] = now.Sub(t0)
 		}
 		return next
 	}
@@ -240,7 +240,7 @@ func runHolds(t *testing.T, limit time.Duration, steps []holdStep) map[string]ti
 			if st.op == "drain" {
 				status = beacon.StatusDraining
 			}
-			it := &item{key: st.key, inst: beacon.Instance{Status: status}, lease: store.LeaseID(st.who), ttl: st.ttl}
+			it := &item{Key: st.key, Inst: beacon.Instance{Status: status}, Lease: store.LeaseID(st.who), TTL: st.ttl}
 			who := burstID{rev: st.rev}
 			if st.who != 0 {
 				who = burstID{lease: store.LeaseID(st.who)}
