@@ -105,18 +105,16 @@ func (f *feed) refused() bool {
 }
 
 // setOutage turns the feed stale because the store is unreachable.
-func (f *feed) setOutage(err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.conn.setStale(err)
-	f.conn.outage = true
-	f.wake.Notify()
-}
+func (f *feed) setOutage(err error) { f.markStale(err, true) }
 
-func (f *feed) setStale(err error) {
+// setStale turns the feed stale: its view may have missed changes.
+func (f *feed) setStale(err error) { f.markStale(err, false) }
+
+func (f *feed) markStale(err error, outage bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.conn.setStale(err)
+	f.conn.outage = f.conn.outage || outage
 	f.wake.Notify()
 }
 

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry/internal/view"
 )
 
 // Watch implements Discoverer. Watchers of the same query in one registry
@@ -91,32 +92,11 @@ func (w *watcher) Instances() []beacon.Instance {
 
 // Next implements Watcher.
 func (w *watcher) Next(ctx context.Context) (Batch, error) {
-	for {
-		select {
-		case <-w.done:
-			return Batch{}, w.ended()
-		default:
-		}
+	return view.Wait(ctx, w.done, w.ended, func() (Batch, bool, <-chan struct{}, error) {
 		s := w.f.next(&w.cur)
-		switch {
-		case s.err != nil:
-			return Batch{}, s.err
-		case s.ok:
-			return s.batch, nil
-		case s.checkFrom:
-			if err := w.f.checkFrom(ctx, &w.cur); err != nil {
-				return Batch{}, err
-			}
-			continue
-		case s.wake == nil:
-			continue
+		if s.checkFrom {
+			return Batch{}, false, nil, w.f.checkFrom(ctx, &w.cur)
 		}
-		select {
-		case <-s.wake:
-		case <-ctx.Done():
-			return Batch{}, ctx.Err()
-		case <-w.done:
-			return Batch{}, w.ended()
-		}
-	}
+		return s.batch, s.ok, s.wake, s.err
+	})
 }

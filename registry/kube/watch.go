@@ -7,6 +7,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
+	shared "github.com/beaconplane/beacon/registry/internal/view"
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -96,29 +97,10 @@ func (w *watcher) Instances() []beacon.Instance {
 
 // Next implements registry.Watcher.
 func (w *watcher) Next(ctx context.Context) (registry.Batch, error) {
-	for {
-		select {
-		case <-w.done:
-			return registry.Batch{}, w.ended()
-		default:
-		}
+	return shared.Wait(ctx, w.done, w.ended, func() (registry.Batch, bool, <-chan struct{}, error) {
 		s := w.v.next(&w.cur)
-		switch {
-		case s.err != nil:
-			return registry.Batch{}, s.err
-		case s.ok:
-			return s.batch, nil
-		case s.wake == nil:
-			continue
-		}
-		select {
-		case <-s.wake:
-		case <-ctx.Done():
-			return registry.Batch{}, ctx.Err()
-		case <-w.done:
-			return registry.Batch{}, w.ended()
-		}
-	}
+		return s.batch, s.ok, s.wake, s.err
+	})
 }
 
 // follow watches the process's own InstanceSet for the writer.

@@ -43,8 +43,9 @@ func DiffLog(old, cur *Version, entries []Change, match func(*Item) bool) []beac
 	}
 	out := make([]beacon.Event, 0, len(latest))
 	for key, rev := range latest {
-		o, _ := old.Get(key)
-		n, _ := cur.Get(key)
+		probe := &Item{Key: key} // one allocation for both look-ups
+		o, _ := old.tree.Get(probe)
+		n, _ := cur.tree.Get(probe)
 		if e, ok := transition(selected(match, o), selected(match, n), rev); ok {
 			out = append(out, e)
 		}
@@ -66,7 +67,7 @@ func selected(match func(*Item) bool, it *Item) *Item {
 func Resume(entries []Change, cur *Version) []beacon.Event {
 	type span struct {
 		first *Item // state at the resume revision
-		last  *Item // last state before the latest change
+		last  *Item // the state its latest change replaced
 		rev   int64
 	}
 	spans := make(map[string]*span, len(entries))
@@ -76,9 +77,7 @@ func Resume(entries []Change, cur *Version) []beacon.Event {
 			s = &span{first: c.Before}
 			spans[c.Key] = s
 		}
-		if c.Before != nil {
-			s.last = c.Before
-		}
+		s.last = c.Before // the key's last entry, if absent at the end, is its removal
 		s.rev = c.Rev
 	}
 	out := make([]beacon.Event, 0, len(spans))

@@ -1,6 +1,7 @@
 package view
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -130,12 +131,22 @@ func TestDeliverIsLateOnlyOnceABatchWasGivenAtTheRevision(t *testing.T) {
 	v.Given(4)
 	v.Deliver(b)
 	v.Given(5)
+	v.Given(4) // an earlier batch does not undo a later one
 	v.Deliver(c)
 	if v.Deliver(c) || v.Deliver(it("b", "1", 5)) {
 		t.Fatal("Deliver of an item the view does not hold")
 	}
+	d, d2 := it("d", "1", 5), it("d", "2", 6)
+	v.Set(d, 6)
+	v.Set(d2, 6) // written again while its removal was held
+	if v.Deliver(d) {
+		t.Fatal("Deliver of an item replaced since")
+	}
+	if got, _ := v.Get("d"); got != d2 {
+		t.Fatal("Deliver of a replaced item removed its successor")
+	}
 	log, _ := v.Since(0)
-	if len(log) != 3 || log[0].Late || log[1].Late || !log[2].Late || log[2].Rev != 5 {
+	if len(log) < 3 || log[0].Late || log[1].Late || !log[2].Late || log[2].Rev != 5 {
 		t.Fatalf("log %+v", log)
 	}
 }
@@ -186,6 +197,11 @@ func TestSinceGivesTheChangesAfterASeqUntilTrimmed(t *testing.T) {
 	v := New()
 	n := 2*MinLogLen + 1
 	for i := range n {
+		if i == 2*MinLogLen {
+			if _, ok := v.Since(0); !ok {
+				t.Fatal("trimmed within twice the allowance")
+			}
+		}
 		v.Set(it("a", fmt.Sprint(i), int64(i+1)), int64(i+1))
 		v.SetRev(int64(i + 1))
 		v.Trim()
@@ -246,6 +262,15 @@ func TestAfterGivesLaterChangesAndLateOnesAtTheRevision(t *testing.T) {
 		if _, ok := v.After(rev); ok {
 			t.Fatalf("After(%d) resumed", rev)
 		}
+	}
+}
+
+func TestAfterNoRevisionIsNoResume(t *testing.T) {
+	v := New()
+	v.Set(it("a", "1", 1), 1)
+	v.SetRev(1)
+	if _, ok := v.After(0); ok {
+		t.Fatal("a watch without a revision resumed (it gets a snapshot)")
 	}
 }
 
@@ -439,4 +464,42 @@ func describe(evs []beacon.Event) []string {
 		out = append(out, fmt.Sprintf("%v %s %d", e.Type, e.Instance.ID, e.Revision))
 	}
 	return out
+}
+
+func TestWaitAsksAgainAfterEachWakeUntilABatch(t *testing.T) {
+	ended := errors.New("ended")
+	done := make(chan struct{})
+	wake := make(chan struct{})
+	close(wake)
+	asked := 0
+	b, err := Wait(context.Background(), done, func() error { return ended }, func() (int, bool, <-chan struct{}, error) {
+		asked++
+		switch asked {
+		case 1:
+			return 0, false, nil, nil // ask again at once
+		case 2:
+			return 0, false, wake, nil // wait, then ask again
+		}
+		return 7, true, nil, nil
+	})
+	if b != 7 || err != nil || asked != 3 {
+		t.Fatalf("Wait = %d, %v after %d asks", b, err, asked)
+	}
+	boom := errors.New("boom")
+	if _, err := Wait(context.Background(), done, nil, func() (int, bool, <-chan struct{}, error) { return 1, true, nil, boom }); err != boom {
+		t.Fatalf("an error from ask: %v", err)
+	}
+	never := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Wait(ctx, done, nil, func() (int, bool, <-chan struct{}, error) { return 0, false, never, nil }); err != context.Canceled {
+		t.Fatalf("a done context: %v", err)
+	}
+	close(done)
+	if _, err := Wait(context.Background(), done, func() error { return ended }, func() (int, bool, <-chan struct{}, error) {
+		t.Fatal("asked after the watcher ended")
+		return 0, false, nil, nil
+	}); err != ended {
+		t.Fatalf("an ended watcher: %v", err)
+	}
 }

@@ -1,5 +1,7 @@
 package view
 
+import "context"
+
 // Wake lets watchers wait for news: each takes C under its owner's lock,
 // releases the lock and waits; Notify wakes every one of them. Fail ends
 // them all for good. It has no lock: its owner's mutex guards it.
@@ -35,3 +37,35 @@ func (w *Wake) Fail(err error) {
 
 // Err returns the terminal error, if any.
 func (w *Wake) Err() error { return w.err }
+
+// Wait returns the next batch of a watcher: ask gives one (ok), or a
+// channel to wait on before asking again (nil: ask again at once), or an
+// error that ends the wait. It returns early when ctx is done or done is
+// closed (then with ended()).
+func Wait[B any](ctx context.Context, done <-chan struct{}, ended func() error,
+	ask func() (b B, ok bool, wake <-chan struct{}, err error)) (B, error) {
+	var zero B
+	for {
+		select {
+		case <-done:
+			return zero, ended()
+		default:
+		}
+		b, ok, wake, err := ask()
+		switch {
+		case err != nil:
+			return zero, err
+		case ok:
+			return b, nil
+		case wake == nil:
+			continue
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return zero, ctx.Err()
+		case <-done:
+			return zero, ended()
+		}
+	}
+}
