@@ -47,7 +47,7 @@ type feed struct {
 	holdWake chan struct{} // pokes expire (not guarded: a buffered channel)
 }
 
-func newFeed(h *hub, prefix string, ctx context.Context, cancel context.CancelFunc) *feed {
+func newFeed(ctx context.Context, cancel context.CancelFunc, h *hub, prefix string) *feed {
 	return &feed{h: h, prefix: prefix, ctx: ctx, cancel: cancel, view: view.New(),
 		holds: newHolds(h.r.cfg.RemovalHold), holdWake: make(chan struct{}, 1)}
 }

@@ -131,8 +131,8 @@ func TestHoldTable(t *testing.T) {
 		},
 		{
 			name:  "draining removals make no burst",
-			steps: append(fleet(4, "f", 3*s, 0, 0), draining(fleet(3, "d", 3*s, 0, 0))...),
-			want:  merge(deliveredAt(50*ms, keys("f", 4)...), deliveredAt(0, keys("d", 3)...)),
+			steps: append(draining(fleet(3, "d", 3*s, 0, 0)), fleet(4, "f", 3*s, 10*ms, 0)...),
+			want:  merge(deliveredAt(60*ms, keys("f", 4)...), deliveredAt(0, keys("d", 3)...)),
 		},
 		{
 			name:  "a value that declares no TTL is not held",

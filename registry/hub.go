@@ -46,7 +46,7 @@ func (h *hub) acquire(q beacon.Query) (*feed, error) {
 	f := h.feeds[prefix]
 	if f == nil {
 		ctx, cancel := context.WithCancel(h.r.ctx)
-		f = newFeed(h, prefix, ctx, cancel)
+		f = newFeed(ctx, cancel, h, prefix)
 		h.feeds[prefix] = f
 		h.r.m.addWatchStreams(1)
 		h.r.wg.Add(2)

@@ -395,7 +395,7 @@ func TestWakeNotifiesEveryWaiterAndKeepsTheFirstError(t *testing.T) {
 	first := errors.New("first")
 	w.Fail(first)
 	w.Fail(errors.New("second"))
-	if w.Err() != first {
+	if !errors.Is(w.Err(), first) {
 		t.Fatalf("Err = %v", w.Err())
 	}
 	select {
@@ -486,20 +486,20 @@ func TestWaitAsksAgainAfterEachWakeUntilABatch(t *testing.T) {
 		t.Fatalf("Wait = %d, %v after %d asks", b, err, asked)
 	}
 	boom := errors.New("boom")
-	if _, err := Wait(context.Background(), done, nil, func() (int, bool, <-chan struct{}, error) { return 1, true, nil, boom }); err != boom {
+	if _, err := Wait(context.Background(), done, nil, func() (int, bool, <-chan struct{}, error) { return 1, true, nil, boom }); !errors.Is(err, boom) {
 		t.Fatalf("an error from ask: %v", err)
 	}
 	never := make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := Wait(ctx, done, nil, func() (int, bool, <-chan struct{}, error) { return 0, false, never, nil }); err != context.Canceled {
+	if _, err := Wait(ctx, done, nil, func() (int, bool, <-chan struct{}, error) { return 0, false, never, nil }); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a done context: %v", err)
 	}
 	close(done)
 	if _, err := Wait(context.Background(), done, func() error { return ended }, func() (int, bool, <-chan struct{}, error) {
 		t.Fatal("asked after the watcher ended")
 		return 0, false, nil, nil
-	}); err != ended {
+	}); !errors.Is(err, ended) {
 		t.Fatalf("an ended watcher: %v", err)
 	}
 }
