@@ -93,13 +93,23 @@ type pendingRemoval struct {
 
 // holds decides when the removals of one feed are delivered. It is
 // bookkeeping only: every call is given the time (the feed's clock, or a
-// test's), and the feed's mu guards it.
+// test's), and the feed's mu guards it. An item whose removal is pending
+// stays in the feed's view until it is due.
 type holds struct {
 	limit   time.Duration // Config.RemovalHold: negative none, 0 no limit, positive the most
 	pending map[string]*pendingRemoval
 	recent  []recentRemoval // recent removals of serving instances (bursts)
 	backAt  time.Time       // when the store last came back from an outage
 	logged  time.Time       // until when a hold episode was logged
+	listed  int64           // burst IDs handed to re-listed removals (listingID)
+}
+
+// listingID returns a burst ID for a removal found by a re-listing, unlike
+// any other: each such removal happened at a revision of its own, unknown
+// here, and counts apart towards a burst (negative: never a revision).
+func (h *holds) listingID() int64 {
+	h.listed++
+	return -h.listed
 }
 
 func newHolds(limit time.Duration) *holds {
@@ -111,10 +121,10 @@ func newHolds(limit time.Duration) *holds {
 // at once) for a draining instance, an instance whose value declares no
 // TTL, and with a negative limit.
 func (h *holds) holdOf(it *item) time.Duration {
-	if h.limit < 0 || !it.inst.Serving() {
+	if h.limit < 0 || !it.Inst.Serving() {
 		return 0
 	}
-	d := registrantHold(it.ttl)
+	d := registrantHold(it.TTL)
 	if h.limit > 0 {
 		d = min(d, h.limit)
 	}
@@ -133,17 +143,17 @@ type episode struct {
 // a new hold episode starts.
 func (h *holds) remove(it *item, who burstID, now time.Time) (pending bool, ep *episode) {
 	hold := h.holdOf(it)
-	if it.inst.Serving() {
+	if it.Inst.Serving() {
 		h.noteRecent(who, now)
 	}
 	if hold <= 0 {
-		delete(h.pending, it.key)
+		delete(h.pending, it.Key)
 		return false, nil
 	}
-	if h.pending[it.key] != nil {
+	if h.pending[it.Key] != nil {
 		return true, nil // already on its way out
 	}
-	h.pending[it.key] = &pendingRemoval{it: it, at: now, hold: hold, until: now.Add(min(holdCoalesce, hold))}
+	h.pending[it.Key] = &pendingRemoval{it: it, at: now, hold: hold, until: now.Add(min(holdCoalesce, hold))}
 	burst := h.burst()
 	afterOutage := !h.backAt.IsZero() && now.Sub(h.backAt) < hold
 	if !burst && !afterOutage {
@@ -220,15 +230,15 @@ func (h *holds) due(now time.Time) (ready []*pendingRemoval, next time.Duration)
 	return ready, next
 }
 
-// removeLocked removes the instance at old.key, seen at revision rev:
-// at once, or later (see above). Removals found by a re-listing all carry
-// the listing's revision, though they happened at revisions of their own:
-// they pass a distinct burst key each (events pass their revision), so
-// that several of them count as a burst.
+// removeLocked removes the instance old, seen at revision rev: at once,
+// or later (see above). Removals found by a re-listing all carry the
+// listing's revision, though they happened at revisions of their own:
+// they pass a distinct burst key each (listingID; events pass their
+// revision), so that several of them count as a burst.
 func (f *feed) removeLocked(old *item, rev, burstKey int64, now time.Time) {
 	who := burstID{rev: burstKey}
-	if old.lease != store.NoLease {
-		who = burstID{lease: old.lease}
+	if old.Lease != store.NoLease {
+		who = burstID{lease: old.Lease}
 	}
 	pending, ep := f.holds.remove(old, who, now)
 	if ep != nil {
@@ -239,8 +249,7 @@ func (f *feed) removeLocked(old *item, rev, burstKey int64, now time.Time) {
 		f.wakeExpiry()
 		return
 	}
-	f.tree.Delete(old)
-	f.appendLocked(change{rev: rev, key: old.key, before: old})
+	f.view.Delete(old, rev)
 }
 
 // rewrittenLocked notes that key was written: a pending removal of it is
@@ -250,9 +259,6 @@ func (f *feed) rewrittenLocked(key string) {
 		f.h.r.m.heldRemoval("cancelled")
 	}
 }
-
-// reportedLocked records that a batch is given at rev.
-func (f *feed) reportedLocked(rev int64) { f.reported = max(f.reported, rev) }
 
 // wakeExpiry pokes the expiry goroutine (a new deadline).
 func (f *feed) wakeExpiry() {
@@ -269,25 +275,7 @@ func (f *feed) expire() {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
-		f.mu.Lock()
-		ready, next := f.holds.due(time.Now())
-		delivered := 0
-		for _, p := range ready {
-			if cur, ok := f.tree.Get(p.it); ok && cur == p.it {
-				f.tree.Delete(p.it)
-				// Logged at the current revision; if a batch was given at
-				// it already, a watcher resuming from it must get it too.
-				f.appendLocked(change{rev: f.rev, key: p.it.key, before: p.it, late: f.reported >= f.rev})
-				delivered++
-				if p.held {
-					f.h.r.m.heldRemoval("delivered")
-				}
-			}
-		}
-		if delivered > 0 {
-			f.seqDirtyLocked()
-		}
-		f.mu.Unlock()
+		next := f.deliverDue(time.Now())
 		if next < 0 {
 			next = time.Hour
 		}
@@ -301,13 +289,32 @@ func (f *feed) expire() {
 	}
 }
 
-// seqDirtyLocked publishes removals delivered outside a store event.
-func (f *feed) seqDirtyLocked() {
-	f.trimLocked()
-	f.notifyLocked()
+// deliverDue delivers the removals due at now and returns how long until
+// the next one is (negative: none is pending). A removal whose item was
+// replaced meanwhile is dropped.
+func (f *feed) deliverDue(now time.Time) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ready, next := f.holds.due(now)
+	delivered := 0
+	for _, p := range ready {
+		// Logged at the current revision; if a batch was given at it
+		// already, a watcher resuming from it must get it too (Deliver).
+		if f.view.Deliver(p.it) {
+			delivered++
+			if p.held {
+				f.h.r.m.heldRemoval("delivered")
+			}
+		}
+	}
+	if delivered > 0 {
+		f.view.Trim()
+		f.wake.Notify()
+	}
+	return next
 }
 
 // String describes a pending removal (for logs and tests).
 func (p *pendingRemoval) String() string {
-	return fmt.Sprintf("%s until %s (held %v)", p.it.key, p.until.Format(time.RFC3339Nano), p.held)
+	return fmt.Sprintf("%s until %s (held %v)", p.it.Key, p.until.Format(time.RFC3339Nano), p.held)
 }

@@ -65,6 +65,12 @@ func TestHoldTable(t *testing.T) {
 		}
 		return out
 	}
+	draining := func(steps []holdStep) []holdStep {
+		for i := range steps {
+			steps[i].op = "drain"
+		}
+		return steps
+	}
 	deliveredAt := func(d time.Duration, keys ...string) map[string]time.Duration {
 		out := map[string]time.Duration{}
 		for _, k := range keys {
@@ -103,6 +109,30 @@ func TestHoldTable(t *testing.T) {
 			name:  "a draining instance's removal is delivered at once",
 			steps: []holdStep{{at: 0, op: "drain", key: "a", ttl: 3 * s, who: 1}},
 			want:  map[string]time.Duration{"a": 0},
+		},
+		{
+			// The promise the package doc makes: removals of draining
+			// instances are delivered at once — also while a burst or
+			// an outage holds every serving removal back — and count
+			// towards no burst (a fleet draining on purpose is no
+			// mass lease loss).
+			name:  "a draining instance's removal is delivered at once in a burst",
+			steps: append(fleet(5, "r", 3*s, 0, 0), holdStep{at: 10 * ms, op: "drain", key: "d", ttl: 3 * s, who: 99}),
+			want:  merge(deliveredAt(3*s, keys("r", 5)...), deliveredAt(10*ms, "d")),
+		},
+		{
+			name: "a draining instance's removal is delivered at once after an outage",
+			steps: []holdStep{
+				{at: 0, op: "back"},
+				{at: 100 * ms, op: "drain", key: "d", ttl: 3 * s, who: 1},
+				{at: 100 * ms, op: "remove", key: "a", ttl: 3 * s, who: 2},
+			},
+			want: map[string]time.Duration{"d": 100 * ms, "a": 100*ms + 3*s},
+		},
+		{
+			name:  "draining removals make no burst",
+			steps: append(draining(fleet(3, "d", 3*s, 0, 0)), fleet(4, "f", 3*s, 10*ms, 0)...),
+			want:  merge(deliveredAt(60*ms, keys("f", 4)...), deliveredAt(0, keys("d", 3)...)),
 		},
 		{
 			name:  "a value that declares no TTL is not held",
@@ -220,7 +250,7 @@ func runHolds(t *testing.T, limit time.Duration, steps []holdStep) map[string]ti
 	collect := func(now time.Time) time.Duration {
 		ready, next := h.due(now)
 		for _, p := range ready {
-			got[p.it.key] = now.Sub(t0)
+			got[p.it.Key] = now.Sub(t0)
 		}
 		return next
 	}
@@ -240,7 +270,7 @@ func runHolds(t *testing.T, limit time.Duration, steps []holdStep) map[string]ti
 			if st.op == "drain" {
 				status = beacon.StatusDraining
 			}
-			it := &item{key: st.key, inst: beacon.Instance{Status: status}, lease: store.LeaseID(st.who), ttl: st.ttl}
+			it := &item{Key: st.key, Inst: beacon.Instance{Status: status}, Lease: store.LeaseID(st.who), TTL: st.ttl}
 			who := burstID{rev: st.rev}
 			if st.who != 0 {
 				who = burstID{lease: store.LeaseID(st.who)}

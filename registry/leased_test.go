@@ -51,7 +51,7 @@ func TestLeasedLifecycle(t *testing.T) {
 			for v.Len() != 1 {
 				next(t, ctx, w, v)
 			}
-			if got, _ := r.Get(ctx, in.Ref()); !got.Equal(in) {
+			if got, _ := r.Get(ctx, in.Ref()); !registrytest.Same(got, in) {
 				t.Fatalf("Get = %+v, want %+v", got, in)
 			}
 			ttl, err := r.Heartbeat(ctx, in.Ref(), secret)

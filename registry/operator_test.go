@@ -92,14 +92,14 @@ func TestOperatorDrainIsAdopted(t *testing.T) {
 			}
 			want := reg.Instance()
 			want.Status = beacon.StatusDraining
-			if !drained.Equal(want) {
+			if !registrytest.Same(drained, want) {
 				t.Fatalf("DrainInstance = %+v, want %+v", drained, want)
 			}
 			kv, err := b.store(t).Get(ctx, r.Keyspace().Key(ref))
 			if err != nil || kv.Lease != r.Lease() {
 				t.Fatalf("after the drain the key is bound to lease %x (%v), want the session's %x", kv.Lease, err, r.Lease())
 			}
-			if again, err := op.DrainInstance(ctx, ref); err != nil || !again.Equal(want) {
+			if again, err := op.DrainInstance(ctx, ref); err != nil || !registrytest.Same(again, want) {
 				t.Fatalf("draining again: %+v, %v", again, err)
 			}
 
@@ -123,7 +123,7 @@ func TestOperatorDrainIsAdopted(t *testing.T) {
 			}
 			follow(t, w, v, ref, "the removal", func() bool { _, ok := v.Get(ref.String()); return !ok })
 			follow(t, w, v, ref, "the re-registration", func() bool { _, ok := v.Get(ref.String()); return ok })
-			if got, _ := v.Get(ref.String()); !got.Equal(want) {
+			if got, _ := v.Get(ref.String()); !registrytest.Same(got, want) {
 				t.Fatalf("re-registered as %+v, want %+v", got, want)
 			}
 
@@ -185,7 +185,7 @@ func TestOwnerUpdateFindsOperatorDrain(t *testing.T) {
 				t.Fatalf("mutate saw %v, want serving then draining", seen)
 			}
 			got, err := op.Get(ctx, ref)
-			if err != nil || got.Status != beacon.StatusDraining || got.Address != "10.0.0.2:80" || !got.Equal(reg.Instance()) {
+			if err != nil || got.Status != beacon.StatusDraining || got.Address != "10.0.0.2:80" || !registrytest.Same(got, reg.Instance()) {
 				t.Fatalf("after the owner's Update: %+v (%v), the registration shows %+v", got, err, reg.Instance())
 			}
 			waitDrained(t, r, ref, 5*time.Second)

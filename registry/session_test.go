@@ -266,7 +266,7 @@ func TestSessionRewritesVanishedKey(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if got, _ := v.Get(reg.Instance().Ref().String()); !got.Equal(reg.Instance()) {
+			if got, _ := v.Get(reg.Instance().Ref().String()); !registrytest.Same(got, reg.Instance()) {
 				t.Fatalf("re-registered %+v, want %+v", got, reg.Instance())
 			}
 		})

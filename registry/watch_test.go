@@ -291,7 +291,7 @@ func TestInvalidValuesAreSkipped(t *testing.T) {
 	}
 	q := beacon.Query{Namespace: ns}
 	list, _, err := r.List(ctx, q)
-	if err != nil || len(list) != 1 || !list[0].Equal(good) {
+	if err != nil || len(list) != 1 || !registrytest.Same(list[0], good) {
 		t.Fatalf("List = %v, %v; want only the valid instance", list, err)
 	}
 	w, err := r.Watch(ctx, q)
@@ -514,7 +514,7 @@ func TestResyncKeepsInstanceOverwrittenWithGarbage(t *testing.T) {
 			break
 		}
 	}
-	if in, ok := v.Get(good.Ref().String()); !ok || !in.Equal(good) {
+	if in, ok := v.Get(good.Ref().String()); !ok || !registrytest.Same(in, good) {
 		t.Fatalf("view after the resync: %v", v)
 	}
 

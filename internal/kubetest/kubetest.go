@@ -436,11 +436,28 @@ func (cp *ControlPlane) PauseAPIServer(tb testing.TB) (resume func()) {
 }
 
 // StartAPIServer starts a stopped kube-apiserver again and waits until it
-// is ready.
+// is ready, then restarts kube-controller-manager (if it runs). The old
+// controller manager's informers lost the API server: client-go's
+// reflectors retry with a backoff that grows with every failure (up to 30 s
+// plus as much jitter) and resets only after 2 minutes, so after a few
+// restarts the EndpointSlice controller took up to a minute to notice a pod
+// turning Ready, and the next test (TestReadinessGatesVisibility) failed
+// waiting for it. A new one lists at once.
 func (cp *ControlPlane) StartAPIServer(tb testing.TB) {
 	tb.Helper()
 	if err := cp.startAPIServer(); err != nil {
 		tb.Fatalf("kubetest: restart kube-apiserver: %v", err)
+	}
+	cp.mu.Lock()
+	kcm := cp.kcm
+	cp.kcm = nil
+	cp.mu.Unlock()
+	if kcm == nil {
+		return
+	}
+	kcm.stop()
+	if err := cp.startControllerManager(); err != nil {
+		tb.Fatalf("kubetest: restart kube-controller-manager: %v", err)
 	}
 }
 

@@ -502,7 +502,7 @@ func setField(u *unstructured.Unstructured, field string, value any) {
 
 func slicesHas(list []beacon.Instance, in beacon.Instance) bool {
 	for _, x := range list {
-		if x.Equal(in) {
+		if registrytest.Same(x, in) {
 			return true
 		}
 	}

@@ -140,7 +140,7 @@ func TestRelistIsOneStep(t *testing.T) {
 
 	f.until("the new registration", func(v *registrytest.View) bool {
 		got, ok := v.Get(second.Ref().String())
-		return ok && got.Equal(second)
+		return ok && registrytest.Same(got, second)
 	})
 	for _, b := range f.batches[since:] {
 		for _, e := range b.Events {
@@ -168,4 +168,25 @@ func TestDeregisterUnreachableSaysWhatHappens(t *testing.T) {
 		!strings.Contains(err.Error(), "garbage collector deletes it with the pod") {
 		t.Fatalf("Close with the API server down: %v", err)
 	}
+}
+
+// After API server restarts, the EndpointSlice controller follows pods at
+// once: the harness restarts kube-controller-manager with the API server,
+// whose informers otherwise backed off for up to a minute after a few
+// restarts, so that the first test after these (TestReadinessGatesVisibility)
+// waited in vain for the pod it made Ready. Not parallel: it restarts the
+// shared API server.
+func TestControllersFollowAPIServerRestarts(t *testing.T) {
+	cp := kubetest.Shared(t)
+	for range 2 {
+		cp.KillAPIServer(t)
+		cp.StartAPIServer(t)
+	}
+	ns := cp.Namespace(t)
+	pod := cp.Pod(t, ns, "after-restarts")
+	r := cp.Registry(t, ns, pod, nil)
+	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo"})
+	in := register(t, r, inst("10.7.2.1:80")).Instance()
+	cp.SetReady(t, pod, true)
+	f.until("the instance once its pod is Ready", func(v *registrytest.View) bool { return has(v, in) })
 }

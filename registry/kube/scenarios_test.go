@@ -167,7 +167,7 @@ func TestDeletedByHandIsWrittenAgain(t *testing.T) {
 	}
 	f.until("the instance (again, if it went)", func(v *registrytest.View) bool { return has(v, in) })
 	got, _, err := r.List(kubetest.Ctx(t), beacon.Query{Namespace: "demo"})
-	if err != nil || len(got) != 1 || !got[0].Equal(in) {
+	if err != nil || len(got) != 1 || !registrytest.Same(got[0], in) {
 		t.Fatalf("List after the re-write = %v, %v", got, err)
 	}
 }
@@ -458,7 +458,7 @@ func TestForeignEditsAreRemoved(t *testing.T) {
 		got, err := beacon.UnmarshalInstance(raw)
 		_, container, _ := unstructured.NestedString(u.Object, "spec", "container")
 		owners := u.GetOwnerReferences()
-		return err == nil && got.Equal(in) && !container && len(owners) == 1 && owners[0].UID == pod.UID
+		return err == nil && registrytest.Same(got, in) && !container && len(owners) == 1 && owners[0].UID == pod.UID
 	}
 	for _, patch := range []string{
 		`[{"op":"add","path":"/spec/instances/-","value":{"namespace":"demo","component":"api","endpoint":"http",` +

@@ -7,9 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/beaconplane/beacon"
+	shared "github.com/beaconplane/beacon/registry/internal/view"
 	"github.com/go-logr/logr"
-	"github.com/google/btree"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,12 +28,13 @@ import (
 // what was there: no phantom removal. Every watcher of the registry shares
 // the view.
 //
-// The view keeps the current instances in a copy-on-write B-tree with a
-// bounded log of recent changes. Watchers are never pushed events: each
-// keeps the version of the tree it last delivered and, when it asks for
-// more, computes the difference to the current version (from the log, or
-// by walking both trees when the log no longer covers the gap). A slow
-// watcher costs nothing while it is slow and catches up in one batch.
+// The view keeps the current instances in the registry's shared view
+// (registry/internal/view: a copy-on-write B-tree with a bounded log of
+// recent changes). Watchers are never pushed events: each keeps the
+// version it last delivered and, when it asks for more, gets the
+// difference to the current version (from the log, or by walking both
+// trees when the log no longer covers the gap). A slow watcher costs
+// nothing while it is slow and catches up in one batch.
 //
 // Revisions are the API server's resourceVersions (etcd revisions): the
 // view's revision is the largest one it has seen. They order one view's
@@ -42,36 +42,15 @@ import (
 // snapshot), because the two resources' histories are not one ordered log.
 
 const (
-	btreeDegree = 16
-	minLogLen   = 4096
 	// probeInterval is how often the view checks that the API server
 	// answers while it runs; a watch that goes silent because the server
 	// hangs is reported Stale within probeInterval + Config.Timeout.
 	probeInterval = 5 * time.Second
 )
 
-type item struct {
-	key  string
-	inst beacon.Instance
-	rev  int64 // revision of its last change
-}
-
-func itemLess(a, b *item) bool { return a.key < b.key }
-
-type change struct {
-	seq    uint64
-	rev    int64
-	key    string
-	before *item
-	after  *item
-}
-
-type version struct {
-	tree    *btree.BTreeG[*item]
-	seq     uint64
-	rev     int64
-	relists uint64
-}
+// item is one live instance; its Rev is the view's revision when it
+// last changed.
+type item = shared.Item
 
 // source is one reflector of the view.
 type source struct {
@@ -93,13 +72,7 @@ type view struct {
 	slices     map[string]map[string]bool // slice namespace/name -> ready podKeys
 	readyCount map[string]int             // podKey -> slices listing it ready
 
-	tree     *btree.BTreeG[*item]
-	rev      int64
-	seq      uint64
-	log      []change
-	floorSeq uint64
-	snap     *version
-	relists  uint64
+	state    *shared.View // the live instances, their log and versions
 	sources  []*source
 	synced   bool
 	probeErr error
@@ -112,8 +85,7 @@ type view struct {
 	heldRelists uint64
 	round       uint64
 	staleGen    uint64
-	err         error // terminal
-	wake        chan struct{}
+	wake        shared.Wake // news, and the terminal error
 }
 
 // viewFor returns the registry's view, starting it on first use.
@@ -130,8 +102,7 @@ func (r *Registry) viewFor() *view {
 		refSets:    map[string]map[string]bool{},
 		slices:     map[string]map[string]bool{},
 		readyCount: map[string]int{},
-		tree:       btree.NewG(btreeDegree, itemLess),
-		wake:       make(chan struct{}),
+		state:      shared.New(),
 	}
 	r.view = v
 	logger := logr.FromSlogHandler(r.log.Handler())
@@ -463,29 +434,25 @@ func (v *view) releaseLocked() {
 	}
 	held := v.held
 	v.held = nil
-	v.relists += v.heldRelists
+	for range v.heldRelists {
+		v.state.Relisted()
+	}
 	v.heldRelists = 0
 	v.publishLocked(held)
 	v.notifyLocked()
 }
 
-func (v *view) notifyLocked() {
-	close(v.wake)
-	v.wake = make(chan struct{})
-}
+func (v *view) notifyLocked() { v.wake.Notify() }
 
 // fail ends the view (the registry closed).
 func (v *view) fail(err error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.err == nil {
-		v.err = err
-		v.notifyLocked()
-	}
+	v.wake.Fail(err)
 }
 
 func (v *view) observeRV(rv string) {
-	v.rev = max(v.rev, parseRV(rv))
+	v.state.SetRev(max(v.state.Rev(), parseRV(rv)))
 }
 
 // setChanged applies an added or updated InstanceSet.
@@ -724,55 +691,21 @@ func (v *view) publishLocked(dirty map[string]bool) {
 				}
 			}
 		}
-		old, _ := v.tree.Get(&item{key: k})
+		old, _ := v.state.Get(k)
 		switch {
 		case best == nil && old == nil:
 		case best == nil:
-			v.tree.Delete(old)
-			v.appendLocked(change{key: k, before: old})
+			v.state.Delete(old, v.state.Rev())
 			changed = true
-		case old != nil && old.inst.Equal(best.inst):
+		case old != nil && old.Inst.Equal(best.inst):
+			// unchanged: keep the item (and the revision) watchers hold
 		default:
-			it := &item{key: k, inst: best.inst, rev: v.rev}
-			v.tree.ReplaceOrInsert(it)
-			v.appendLocked(change{key: k, before: old, after: it})
+			v.state.Set(&item{Key: k, Inst: best.inst, Rev: v.state.Rev()}, v.state.Rev())
 			changed = true
 		}
 	}
 	if changed {
-		v.trimLocked()
+		v.state.Trim()
 		v.notifyLocked()
 	}
-}
-
-func (v *view) appendLocked(c change) {
-	v.seq++
-	c.seq = v.seq
-	c.rev = v.rev
-	v.log = append(v.log, c)
-}
-
-func (v *view) trimLocked() {
-	keep := max(minLogLen, v.tree.Len())
-	if len(v.log) <= 2*keep {
-		return
-	}
-	drop := len(v.log) - keep
-	v.floorSeq = v.log[drop-1].seq
-	v.log = slices.Clone(v.log[drop:])
-}
-
-func (v *view) sinceLocked(seq uint64) ([]change, bool) {
-	if seq < v.floorSeq {
-		return nil, false
-	}
-	i := int(seq - v.floorSeq)
-	return v.log[i:len(v.log):len(v.log)], true
-}
-
-func (v *view) versionLocked() *version {
-	if v.snap == nil || v.snap.seq != v.seq || v.snap.rev != v.rev || v.snap.relists != v.relists {
-		v.snap = &version{tree: v.tree.Clone(), seq: v.seq, rev: v.rev, relists: v.relists}
-	}
-	return v.snap
 }

@@ -1,15 +1,13 @@
 package kube
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
+	shared "github.com/beaconplane/beacon/registry/internal/view"
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -42,20 +40,17 @@ func (r *Registry) Watch(ctx context.Context, q beacon.Query, opts ...registry.W
 		return nil, err
 	}
 	v := r.viewFor()
-	w := &watcher{r: r, v: v, q: q, done: make(chan struct{})}
+	w := &watcher{r: r, v: v, cur: cursor{q: q}, done: make(chan struct{})}
 	r.m.watchers(1)
 	w.stop = context.AfterFunc(ctx, w.end)
 	return w, nil
 }
 
+// watcher is one consumer of the view: its cursor is its position in it.
 type watcher struct {
-	r *Registry
-	v *view
-	q beacon.Query
-
-	last       atomic.Pointer[version]
-	staleGen   uint64
-	needResync bool
+	r   *Registry
+	v   *view
+	cur cursor
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -86,14 +81,14 @@ func (w *watcher) ended() error {
 
 // Instances implements registry.Watcher.
 func (w *watcher) Instances() []beacon.Instance {
-	v := w.last.Load()
+	v := w.cur.last.Load()
 	if v == nil {
 		return nil
 	}
 	var out []beacon.Instance
-	v.tree.Ascend(func(it *item) bool {
-		if w.q.Matches(it.inst.Ref()) {
-			out = append(out, it.inst.Clone())
+	v.Ascend(func(it *item) bool {
+		if w.cur.matches(it) {
+			out = append(out, it.Inst.Clone())
 		}
 		return true
 	})
@@ -102,174 +97,9 @@ func (w *watcher) Instances() []beacon.Instance {
 
 // Next implements registry.Watcher.
 func (w *watcher) Next(ctx context.Context) (registry.Batch, error) {
-	v := w.v
-	for {
-		select {
-		case <-w.done:
-			return registry.Batch{}, w.ended()
-		default:
-		}
-		v.mu.Lock()
-		if v.err != nil {
-			err := v.err
-			v.mu.Unlock()
-			return registry.Batch{}, err
-		}
-		wake := v.wake
-		old := w.last.Load()
-		switch {
-		case old == nil && v.synced:
-			cur := v.versionLocked()
-			w.staleGen = v.staleGen
-			v.mu.Unlock()
-			w.last.Store(cur)
-			return registry.Batch{Kind: registry.Snapshot, Events: w.snapshot(cur), Revision: cur.rev}, nil
-
-		case old == nil:
-			if v.stale != nil && w.staleGen != v.staleGen {
-				w.staleGen = v.staleGen
-				err := v.stale
-				v.mu.Unlock()
-				return registry.Batch{Kind: registry.Stale, Err: err}, nil
-			}
-
-		case v.stale != nil && w.staleGen != v.staleGen:
-			w.staleGen = v.staleGen
-			w.needResync = true
-			err := v.stale
-			v.mu.Unlock()
-			return registry.Batch{Kind: registry.Stale, Err: err, Revision: old.rev}, nil
-
-		case v.seq != old.seq || v.relists != old.relists || (w.needResync && v.stale == nil && v.held == nil):
-			cur := v.versionLocked()
-			entries, ok := v.sinceLocked(old.seq)
-			v.mu.Unlock()
-			var events []beacon.Event
-			if ok {
-				events = w.diffLog(old, cur, entries)
-			} else {
-				events = w.diffTrees(old, cur)
-			}
-			w.last.Store(cur)
-			kind := registry.Changes
-			if cur.relists != old.relists || w.needResync {
-				kind = registry.Resync
-			}
-			if len(events) > 0 || w.needResync {
-				w.needResync = false
-				return registry.Batch{Kind: kind, Events: events, Revision: cur.rev}, nil
-			}
-			continue
-		}
-		v.mu.Unlock()
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			return registry.Batch{}, ctx.Err()
-		case <-w.done:
-			return registry.Batch{}, w.ended()
-		}
-	}
-}
-
-func (w *watcher) matches(it *item) bool { return it != nil && w.q.Matches(it.inst.Ref()) }
-
-func itemEvent(t beacon.EventType, it *item, rev int64) beacon.Event {
-	return beacon.Event{Type: t, Instance: it.inst.Clone(), Revision: rev}
-}
-
-func (w *watcher) snapshot(v *version) []beacon.Event {
-	out := []beacon.Event{}
-	v.tree.Ascend(func(it *item) bool {
-		if w.matches(it) {
-			out = append(out, itemEvent(beacon.Added, it, it.rev))
-		}
-		return true
-	})
-	return out
-}
-
-// diffLog turns the log entries between two versions into one event per
-// changed instance the query selects.
-func (w *watcher) diffLog(old, cur *version, entries []change) []beacon.Event {
-	latest := make(map[string]int64, len(entries))
-	for _, c := range entries {
-		latest[c.key] = c.rev
-	}
-	var out []beacon.Event
-	for key, rev := range latest {
-		probe := &item{key: key}
-		o, _ := old.tree.Get(probe)
-		n, _ := cur.tree.Get(probe)
-		if !w.matches(o) {
-			o = nil
-		}
-		if !w.matches(n) {
-			n = nil
-		}
-		if e, ok := transition(o, n, rev); ok {
-			out = append(out, e)
-		}
-	}
-	sortEvents(out)
-	return out
-}
-
-// diffTrees compares two versions in full.
-func (w *watcher) diffTrees(old, cur *version) []beacon.Event {
-	var a, b []*item
-	old.tree.Ascend(func(it *item) bool {
-		if w.matches(it) {
-			a = append(a, it)
-		}
-		return true
-	})
-	cur.tree.Ascend(func(it *item) bool {
-		if w.matches(it) {
-			b = append(b, it)
-		}
-		return true
-	})
-	var out []beacon.Event
-	i, j := 0, 0
-	for i < len(a) || j < len(b) {
-		switch {
-		case j == len(b) || (i < len(a) && a[i].key < b[j].key):
-			out = append(out, itemEvent(beacon.Removed, a[i], cur.rev))
-			i++
-		case i == len(a) || b[j].key < a[i].key:
-			out = append(out, itemEvent(beacon.Added, b[j], b[j].rev))
-			j++
-		default:
-			if e, ok := transition(a[i], b[j], b[j].rev); ok {
-				out = append(out, e)
-			}
-			i++
-			j++
-		}
-	}
-	sortEvents(out)
-	return out
-}
-
-func transition(o, n *item, rev int64) (beacon.Event, bool) {
-	switch {
-	case o == nil && n != nil:
-		return itemEvent(beacon.Added, n, rev), true
-	case o != nil && n == nil:
-		return itemEvent(beacon.Removed, o, rev), true
-	case o != nil && n != nil && !o.inst.Equal(n.inst):
-		return itemEvent(beacon.Updated, n, rev), true
-	}
-	return beacon.Event{}, false
-}
-
-func sortEvents(evs []beacon.Event) {
-	slices.SortFunc(evs, func(a, b beacon.Event) int {
-		if c := cmp.Compare(a.Revision, b.Revision); c != 0 {
-			return c
-		}
-		return cmp.Compare(refKey(a.Instance.Ref()), refKey(b.Instance.Ref()))
+	return shared.Wait(ctx, w.done, w.ended, func() (registry.Batch, bool, <-chan struct{}, error) {
+		s := w.v.next(&w.cur)
+		return s.batch, s.ok, s.wake, s.err
 	})
 }
 

@@ -31,7 +31,7 @@ func testRegisterDefaults(t *testing.T, h *harness) {
 		t.Fatalf("Err: %v", err)
 	}
 	got := h.list(t, r, beacon.Query{Namespace: h.ns})
-	if len(got) != 1 || !got[0].Equal(in) {
+	if len(got) != 1 || !Same(got[0], in) {
 		t.Fatalf("List = %s, want exactly %s", describe(got), describe([]beacon.Instance{in}))
 	}
 	// A caller-chosen ID is kept.
@@ -150,7 +150,7 @@ func testUpdateAddress(t *testing.T, h *harness) {
 		t.Fatalf("an address change took %d events, want one Updated", v.Events-events)
 	}
 	in, _ := v.Get(id)
-	if in.Metadata["zone"] != "b" || !in.Equal(reg.Instance()) {
+	if in.Metadata["zone"] != "b" || !Same(in, reg.Instance()) {
 		t.Fatalf("watcher has %+v, registration says %+v", in, reg.Instance())
 	}
 }
@@ -180,11 +180,11 @@ func testUpdateInvalid(t *testing.T, h *harness) {
 	wantErr(t, "update with metadata over the limit", err, beacon.ErrMetadataTooLarge)
 	err = reg.Update(h.ctx(t), func(in *beacon.Instance) { in.Address = "nope" })
 	wantErr(t, "update with a bad address", err, beacon.ErrInvalidAddress)
-	if got := reg.Instance(); !got.Equal(before) {
+	if got := reg.Instance(); !Same(got, before) {
 		t.Fatalf("refused updates changed the registration to %+v", got)
 	}
 	got := h.list(t, r, beacon.Query{Namespace: h.ns})
-	if len(got) != 1 || !got[0].Equal(before) {
+	if len(got) != 1 || !Same(got[0], before) {
 		t.Fatalf("refused updates changed the store: %s", describe(got))
 	}
 }

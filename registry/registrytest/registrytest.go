@@ -273,7 +273,7 @@ func (v *View) Equal(list []beacon.Instance) bool {
 	}
 	for _, in := range list {
 		got, ok := v.byID[in.Ref().String()]
-		if !ok || !got.Equal(in) {
+		if !ok || !Same(got, in) {
 			return false
 		}
 	}

@@ -1,0 +1,50 @@
+// Package view is the versioned state both registries serve watchers
+// from: registry's feeds (one per watched prefix of a store) and
+// registry/kube's view (the InstanceSets and EndpointSlices of the watched
+// namespaces). Each owner applies changes under its own mutex; watchers
+// read immutable versions without it.
+//
+// # The structure
+//
+//	           Set / Delete / Deliver (owner's lock)        Version()
+//	changes ─────────────────────────────▶ View ─────────────────────▶ *Version (immutable)
+//	                                        │                           tree clone, Seq, Rev, Relists
+//	                                        │
+//	        ┌───────────────────────────────┴──────────────────────────────┐
+//	        │ tree: copy-on-write B-tree of *Item by key (the current state) │
+//	        │ rev:  the revision the state is at                             │
+//	        │ log:  Change{Seq, Rev, Key, Before, After, Late}               │
+//	        │       seq floorSeq+1 … seq, revisions above floorRev           │
+//	        │ relists: re-listings so far (a watcher's next batch: Resync)   │
+//	        └────────────────────────────────────────────────────────────────┘
+//
+//	watcher at version old ──▶ Since(old.Seq) ──ok──▶ DiffLog(old, cur)   one event per changed key
+//	                                        └─trimmed─▶ DiffTrees(old, cur) a walk of both trees
+//	new watcher from rev  ──▶ After(rev)  ──ok──▶ Resume(entries, cur)
+//	                                        └─no──▶ Snapshot(cur)
+//
+// # Invariants (each pinned by a named test in view_test.go)
+//
+//   - Set logs a change unless the instance is unchanged (Equal); it
+//     replaces the item either way. Delete and Deliver remove only the
+//     very item the view holds at that key. Load logs nothing.
+//   - Every change has the next Seq; a version is cached until the seq, the
+//     revision or the re-listings change, and never changes afterwards.
+//   - Since(seq) is every change after seq, or false once trimmed; Trim
+//     keeps at least max(MinLogLen, items) changes and at most twice that.
+//   - After(rev) is every change at a later revision plus the Late ones at
+//     rev (removals delivered at rev after a batch was given at rev), or
+//     false when the log no longer reaches back to rev (or after Rebase).
+//   - Applying DiffLog, DiffTrees or Resume to a consumer's state at the
+//     older version gives the newer one (the model test).
+//
+// # What the owners add
+//
+// registry (feed.go) adds the store's list and watch, its connection
+// state (stale, outage), the removal hold (hold.go: an item whose removal
+// is held stays in the view until Deliver) and resume from a revision.
+// registry/kube adds the join of InstanceSets with EndpointSlice readiness
+// and re-listing rounds published as one step; its watchers select by
+// query (the match argument of the diffs). Wake is the wake-up channel and
+// terminal error both share.
+package view
