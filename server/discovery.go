@@ -125,8 +125,8 @@ func (s *Server) startMember(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.client = cli
-	s.store, s.ownsStore = etcdstore.NewFromClient(s.client), true
+	s.member.client = cli
+	s.data.store, s.data.ownsStore = etcdstore.NewFromClient(s.member.client), true
 	return nil
 }
 
@@ -234,9 +234,9 @@ func (s *Server) startFallbackProxy(ctx context.Context, lg *slog.Logger) error 
 	s.boot.mu.Lock()
 	s.boot.proxy, s.boot.stopProxy, s.boot.proxyDone = p, stop, done
 	s.boot.mu.Unlock()
-	s.wg.Add(1)
+	s.life.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
+		defer s.life.wg.Done()
 		defer close(done)
 		if err := p.Serve(pctx, ln); err != nil {
 			serveErr <- err
@@ -257,7 +257,7 @@ func (s *Server) startFallbackProxy(ctx context.Context, lg *slog.Logger) error 
 	if err != nil {
 		return fmt.Errorf("discovery fallback proxy: reach the cluster through %s: %w", addr, err)
 	}
-	s.store, s.ownsStore = st, true
+	s.data.store, s.data.ownsStore = st, true
 	lg.Warn("serving as a readwrite proxy of the discovery token's cluster", "listen", addr)
 	return nil
 }

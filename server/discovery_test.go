@@ -172,7 +172,7 @@ func TestServersBootstrapThroughDiscoveryToken(t *testing.T) {
 	// A member removed from the cluster stops, saying so and what to do
 	// (etcd itself only logs a warning; Beacon said "embedded etcd
 	// stopped"), and so does its next start with the old data.
-	id := again.etcd.Server.MemberID()
+	id := again.member.etcd.Server.MemberID()
 	// etcd refuses to remove a member until the others have been
 	// connected for 5 s (ErrUnhealthy): there is no event to wait on.
 	tick := time.NewTicker(100 * time.Millisecond)

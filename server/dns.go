@@ -75,7 +75,7 @@ func (s *Server) startDNS() error {
 	}
 	cfg := s.cfg.DNS.dnsapi()
 	cfg.Logger, cfg.Metrics = s.log, s.reg
-	var d registry.Discoverer = s.registry
+	var d registry.Discoverer = s.data.registry
 	srv, err := dnsapi.New(d, cfg)
 	if err != nil {
 		return fmt.Errorf("dns: %w", err)
