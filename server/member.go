@@ -28,9 +28,6 @@ type member struct {
 	client *clientv3.Client // in-process client of the embedded etcd
 	// closing is set when Close stops embedded etcd (etcdlog.go).
 	closing atomic.Bool
-	// removed is set when etcd says this member was removed from its
-	// cluster (etcdlog.go).
-	removed atomic.Bool
 	// dataDir is what the data directory held before etcd started, and
 	// ready whether etcd joined its cluster (startcheck.go).
 	dataDir *dataDirGuard
@@ -115,17 +112,19 @@ func (s *Server) startEtcd(ctx context.Context) error {
 				s.fail(fmt.Errorf("embedded etcd: %w", err))
 			}
 		case <-e.Server.StopNotify():
-			// Stopped by Close, or by etcd itself (e.g. removed from
-			// its cluster); Close is idempotent, so report either way.
-			s.fail(s.etcdStopped(e))
+			// Stopped by Close (nothing to report), or by etcd itself
+			// (e.g. removed from its cluster).
+			if !s.member.closing.Load() {
+				s.fail(s.etcdStopped(e))
+			}
 		}
 	}()
 	return nil
 }
 
 // etcdStopped explains why the embedded etcd stopped on its own: most
-// often this member was removed from its cluster, which etcd reports only
-// as a warning in its log, and which needs the operator to act.
+// often this member was removed from its cluster, which etcd reports to no
+// caller (only in its log), and which needs the operator to act.
 func (s *Server) etcdStopped(e *embed.Etcd) error {
 	if err := s.removedErr(e); err != nil {
 		return err
@@ -133,17 +132,78 @@ func (s *Server) etcdStopped(e *embed.Etcd) error {
 	return errors.New("embedded etcd stopped on its own (its log above says why)")
 }
 
+// removedCheckTimeout bounds asking the other members whether this one is
+// still in their cluster.
+const removedCheckTimeout = 5 * time.Second
+
 // removedErr says what to do when this member has been removed from its
 // cluster (while running, or before it was started again with its old data
-// directory); nil when it has not.
+// directory); nil when it has not, or when that cannot be told.
 func (s *Server) removedErr(e *embed.Etcd) error {
-	cluster, ok := e.Server.Cluster().(interface{ IsIDRemoved(types.ID) bool })
-	if !s.member.removed.Load() && (!ok || !cluster.IsIDRemoved(e.Server.MemberID())) {
+	ctx, cancel := context.WithTimeout(s.life.abortCtx, removedCheckTimeout)
+	defer cancel()
+	if !s.memberRemoved(ctx, e) {
 		return nil
 	}
 	return fmt.Errorf("embedded etcd stopped: this member (%s, ID %s) was removed from its cluster (etcdctl member remove); "+
 		"it cannot serve again with its data: to rejoin, remove --data-dir %s, add it back (etcdctl member add %s --peer-urls=...) "+
 		"and start it with --initial-cluster-state existing and --initial-cluster set to the list member add prints (ETCD_INITIAL_CLUSTER)", s.cfg.Name, e.Server.MemberID(), s.cfg.DataDir, s.cfg.Name)
+}
+
+// memberRemoved reports whether the stopped member e is no longer in its
+// cluster, as etcd's API says: removed in the membership it applied
+// itself, or, when it learnt its removal from a peer (etcd stops the
+// member without applying it), absent from the member list the other
+// members serve on their client URLs.
+func (s *Server) memberRemoved(ctx context.Context, e *embed.Etcd) bool {
+	self := e.Server.MemberID()
+	cluster := e.Server.Cluster()
+	if c, ok := cluster.(interface{ IsIDRemoved(types.ID) bool }); ok && c.IsIDRemoved(self) {
+		return true
+	}
+	var endpoints []string
+	for _, m := range cluster.Members() {
+		if m.ID != self {
+			endpoints = append(endpoints, m.ClientURLs...)
+		}
+	}
+	if len(endpoints) == 0 {
+		return false
+	}
+	cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: removedCheckTimeout, Logger: zapFor(s.log)}
+	if f := s.sec.ClientTLS; f.CertFile != "" || f.TrustedCAFile != "" {
+		tlsCfg, err := etcdTLSInfo(f).ClientConfig()
+		if err != nil {
+			return false
+		}
+		cfg.TLS = tlsCfg
+	}
+	absent, err := absentFromCluster(ctx, uint64(self), cfg)
+	if err != nil {
+		s.log.Warn("could not ask the other members whether this one was removed from the cluster", "err", err)
+	}
+	return absent
+}
+
+// absentFromCluster reports whether member id is missing from the member
+// list of the cluster cfg reaches (a linearizable read: a removal the
+// cluster committed is seen).
+func absentFromCluster(ctx context.Context, id uint64, cfg clientv3.Config) (bool, error) {
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return false, err
+	}
+	defer cli.Close()
+	resp, err := cli.MemberList(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, m := range resp.Members {
+		if m.ID == id {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 func (s *Server) etcdConfig() (*embed.Config, error) {
@@ -179,7 +239,7 @@ func (s *Server) etcdConfig() (*embed.Config, error) {
 	if c.EtcdLogLevel != nil {
 		level = *c.EtcdLogLevel
 	}
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(s.log.With("component", "etcd"), level, &s.member.closing, &s.member.removed))
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(s.log.With("component", "etcd"), level, &s.member.closing))
 	if err := s.applySecurity(ec); err != nil {
 		return nil, err
 	}
