@@ -208,7 +208,7 @@ func (a *embeddedAuthority) passwordSource(user, password string) *tokenSource {
 			return "", nil
 		}
 		if user == "" {
-			return "", unauthenticated("etcd authentication is enabled but this server has no credentials: give --etcd-user and --etcd-password (or --auth-root-password-file)")
+			return "", unauthenticated("etcd authentication is enabled but this server has no credentials: give Config.Backend.Etcd.Username and Config.Backend.Etcd.Password (or Config.Security.RootPasswordFile)")
 		}
 		return a.token(ctx, user, password)
 	}}

@@ -28,7 +28,7 @@ func (s *Server) bootstrapAuth(ctx context.Context) error {
 		return err
 	}
 	if pw == "" {
-		return fmt.Errorf("--auth: etcd authentication is not enabled yet, and enabling it needs the root password: put it in --auth-root-password-file or %s", EnvRootPassword)
+		return fmt.Errorf("Config.Security.Auth: etcd authentication is not enabled yet, and enabling it needs the root password: put it in Config.Security.RootPasswordFile or %s", EnvRootPassword)
 	}
 	cli := v3client.New(s.member.etcd.Server)
 	defer cli.Close()
@@ -50,7 +50,7 @@ func (s *Server) bootstrapAuth(ctx context.Context) error {
 					break
 				}
 			}
-			return fmt.Errorf("--auth: %s: %w", st.what, err)
+			return fmt.Errorf("Config.Security.Auth: %s: %w", st.what, err)
 		}
 	}
 	s.log.Info("etcd authentication enabled on the embedded cluster; the root user holds the root role")

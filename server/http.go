@@ -39,7 +39,7 @@ type httpState struct {
 // listenHTTP takes the HTTP port, bounded in connections and secured with
 // TLS when configured.
 func (s *Server) listenHTTP() error {
-	ln, err := listen(s.cfg.HTTPAddr, "--http-addr")
+	ln, err := listen(s.cfg.HTTPAddr, "Config.HTTPAddr")
 	if err != nil {
 		return err
 	}
@@ -152,7 +152,7 @@ func (s *Server) startHTTP() error {
 	s.http.routes = mux
 	guarded, err := crossOriginGuard(s.cfg.CORSAllowedOrigins, s.requireAuth(mux)) // csrf.go, authhttp.go
 	if err != nil {
-		return fmt.Errorf("--cors-allowed-origins: %w", err)
+		return fmt.Errorf("Config.CORSAllowedOrigins: %w", err)
 	}
 	h := cors(s.cfg.CORSAllowedOrigins, guarded) // cors.go
 	s.http.handler.Store(&h)

@@ -101,7 +101,7 @@ func (s *Server) startEtcd(ctx context.Context) error {
 	case <-e.Server.StopNotify():
 		return s.etcdStopped(e)
 	case <-ctx.Done():
-		return fmt.Errorf("embedded etcd not ready (has the cluster a quorum? see --initial-cluster): %w", context.Cause(ctx))
+		return fmt.Errorf("embedded etcd not ready (has the cluster a quorum? see Config.InitialCluster): %w", context.Cause(ctx))
 	}
 	s.life.wg.Add(1)
 	go func() {
@@ -146,8 +146,8 @@ func (s *Server) removedErr(e *embed.Etcd) error {
 		return nil
 	}
 	return fmt.Errorf("embedded etcd stopped: this member (%s, ID %s) was removed from its cluster (etcdctl member remove); "+
-		"it cannot serve again with its data: to rejoin, remove --data-dir %s, add it back (etcdctl member add %s --peer-urls=...) "+
-		"and start it with --initial-cluster-state existing and --initial-cluster set to the list member add prints (ETCD_INITIAL_CLUSTER)", s.cfg.Name, e.Server.MemberID(), s.cfg.DataDir, s.cfg.Name)
+		"it cannot serve again with its data: to rejoin, remove Config.DataDir %s, add it back (etcdctl member add %s --peer-urls=...) "+
+		"and start it with Config.InitialClusterState existing and Config.InitialCluster set to the list member add prints (ETCD_INITIAL_CLUSTER)", s.cfg.Name, e.Server.MemberID(), s.cfg.DataDir, s.cfg.Name)
 }
 
 // memberRemoved reports whether the stopped member e is no longer in its
@@ -250,20 +250,20 @@ func (s *Server) etcdConfig() (*embed.Config, error) {
 // a writable directory, so that a bad --data-dir gives one clear line.
 func checkDataDir(dir string) error {
 	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
-		return fmt.Errorf("--data-dir %q exists and is not a directory: choose another path", dir)
+		return fmt.Errorf("Config.DataDir %q exists and is not a directory: choose another path", dir)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("--data-dir %q cannot be created: %w", dir, unwrapPath(err))
+		return fmt.Errorf("Config.DataDir %q cannot be created: %w", dir, unwrapPath(err))
 	}
 	probe, err := os.CreateTemp(dir, ".beacon-probe-*")
 	if err != nil {
-		return fmt.Errorf("--data-dir %q is not writable: %w", dir, unwrapPath(err))
+		return fmt.Errorf("Config.DataDir %q is not writable: %w", dir, unwrapPath(err))
 	}
 	name := probe.Name()
 	_ = probe.Close()
 	_ = os.Remove(name)
 	if abs, err := filepath.Abs(dir); err == nil && abs == "/" {
-		return fmt.Errorf("--data-dir %q: refusing to use the root directory", dir)
+		return fmt.Errorf("Config.DataDir %q: refusing to use the root directory", dir)
 	}
 	return nil
 }
@@ -279,10 +279,10 @@ func unwrapPath(err error) error {
 // explainEtcdError adds advice to embedded etcd's start errors.
 func explainEtcdError(err error) error {
 	if errors.Is(err, syscall.EADDRINUSE) {
-		return fmt.Errorf("%w: a port of --listen-client-urls or --listen-peer-urls is in use (another beacon serve or etcd?): choose other URLs", err)
+		return fmt.Errorf("%w: a port of Config.ListenClientURLs or Config.ListenPeerURLs is in use (another beacon serve or etcd?): choose other URLs", err)
 	}
 	if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EROFS) {
-		return fmt.Errorf("%w: check --data-dir permissions", err)
+		return fmt.Errorf("%w: check Config.DataDir permissions", err)
 	}
 	return err
 }

@@ -357,14 +357,15 @@ func (s *Server) fail(err error) {
 	}
 }
 
-// listen opens a TCP listener, turning "address in use" into advice.
-func listen(addr, flag string) (net.Listener, error) {
+// listen opens a TCP listener, turning "address in use" into advice that
+// names the Config field of the address.
+func listen(addr, field string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("%s %s: address already in use (is another beacon serve running?): choose another with %s", flag, addr, flag)
+			return nil, fmt.Errorf("%s %s: address already in use (is another beacon serve running?): choose another with %s", field, addr, field)
 		}
-		return nil, fmt.Errorf("%s %s: %w", flag, addr, err)
+		return nil, fmt.Errorf("%s %s: %w", field, addr, err)
 	}
 	return ln, nil
 }

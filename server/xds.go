@@ -42,10 +42,10 @@ func (c XDSConfig) validate() []error {
 	}
 	var errs []error
 	if err := hostport.Check(c.Addr); err != nil {
-		errs = append(errs, fmt.Errorf("--xds-addr %q: %w, e.g. %s (or empty to disable xDS)", c.Addr, err, xdsapi.DefaultAddr))
+		errs = append(errs, fmt.Errorf("Config.XDS.Addr %q: %w, e.g. %s (or empty to disable xDS)", c.Addr, err, xdsapi.DefaultAddr))
 	}
 	if c.MaxStreams < 0 {
-		errs = append(errs, fmt.Errorf("--xds-max-streams %d: must be positive (0 for the default, %d)", c.MaxStreams, xdsapi.DefaultMaxStreams))
+		errs = append(errs, fmt.Errorf("Config.XDS.MaxStreams %d: must be positive (0 for the default, %d)", c.MaxStreams, xdsapi.DefaultMaxStreams))
 	}
 	return errs
 }
@@ -65,7 +65,7 @@ func (s *Server) listenXDS() error {
 	if c.Addr == "" {
 		return nil
 	}
-	ln, err := listen(c.Addr, "--xds-addr")
+	ln, err := listen(c.Addr, "Config.XDS.Addr")
 	if err != nil {
 		return err
 	}
