@@ -77,6 +77,14 @@
 // call its checkIdentity and guardCheck; authViews and loginThrottle
 // each hold their own lock, never both.
 //
+// # Locks
+//
+// No type here takes two locks: lifecycle.mu (started), httpState.mu
+// (srv), bootstrapState.mu, clusterAPI.mu, frontAuthority.mu, authViews.mu,
+// loginThrottle.mu and tokenSource.mu (held while it fetches a token from
+// etcd, which takes none of these) are each released before another is
+// taken.
+//
 // # Lifecycle
 //
 // New validates a Config (every zero value has a documented default).
