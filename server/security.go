@@ -241,9 +241,9 @@ func schemeMatches(urlField string, urls []string, files TLSFiles, tlsField stri
 		}
 		switch {
 		case u.Scheme == "https" && files.CertFile == "":
-			errs = append(errs, fmt.Errorf("Config.%s %q is https: give Config.Security.%s.CertFile and Config.Security.%s.KeyFile", urlField, raw, tlsField, tlsField))
+			errs = append(errs, fmt.Errorf("%s %q is https: give %s and %s", "Config."+urlField, raw, tlsFieldName(tlsField)("CertFile"), tlsFieldName(tlsField)("KeyFile")))
 		case u.Scheme == "http" && files.CertFile != "":
-			errs = append(errs, fmt.Errorf("Config.%s %q is plain http but Config.Security.%s.CertFile is set: use https://", urlField, raw, tlsField))
+			errs = append(errs, fmt.Errorf("%s %q is plain http but %s is set: use https://", "Config."+urlField, raw, tlsFieldName(tlsField)("CertFile")))
 		}
 	}
 	return errs

@@ -49,7 +49,7 @@ func TestWithFlagNames(t *testing.T) {
 		{errors.New("dnsapi.Config.TTL 1ms: must be whole seconds; xdsapi.BootstrapConfig.CertFile needs xdsapi.BootstrapConfig.CACertFile"),
 			"--dns-ttl 1ms: must be whole seconds; --cert needs --cacert"},
 		{errors.New("Config.Security.ClientTLS.CertFile/Config.Security.PeerTLS.CertFile configure the embedded etcd"), "--cert-file/--peer-cert-file configure the embedded etcd"},
-		{errors.New("Config.Registry.Root is wrong. Config.DataDir."), "Config.Registry.Root is wrong. --data-dir."},
+		{errors.New("no flag sets Config.Registry.Root; Config.DataDir. ends a sentence"), "no flag sets Config.Registry.Root; --data-dir. ends a sentence"},
 	} {
 		got := withFlagNames(tc.err)
 		if got.Error() != tc.want {
@@ -63,7 +63,7 @@ func TestWithFlagNames(t *testing.T) {
 		t.Error("nil is not nil")
 	}
 	plain := errors.New("no field here")
-	if withFlagNames(plain) != plain {
+	if fe := new(flagError); errors.As(withFlagNames(plain), &fe) {
 		t.Error("an error naming no field is wrapped")
 	}
 }
