@@ -70,6 +70,16 @@ func TestThrottleCountsPerAddressAndUser(t *testing.T) {
 	if w := th.throttled("192.0.2.1", pw("carol", "x")); w != 0 {
 		t.Fatalf("the window has passed for the first failure, %d remain: wait %v", maxFails-1, w)
 	}
+	// Past maxFails, the wait runs from the oldest failure that still
+	// counts (the maxFails-th newest), not from the oldest kept.
+	th = newLoginThrottle(clk.now)
+	for range maxFails + 5 {
+		th.failed("192.0.2.9", "erin")
+		clk.advance(time.Second)
+	}
+	if w := th.throttled("192.0.2.9", pw("erin", "x")); w != failWindow-time.Duration(maxFails)*time.Second {
+		t.Fatalf("%d failures a second apart: wait %v, want %v", maxFails+5, w, failWindow-time.Duration(maxFails)*time.Second)
+	}
 }
 
 // TestThrottleLetsAcceptedCredentialsThrough: credentials etcd accepted
