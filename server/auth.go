@@ -11,8 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -210,7 +208,7 @@ func (a *embeddedAuthority) passwordSource(user, password string) *tokenSource {
 			return "", nil
 		}
 		if user == "" {
-			return "", unauthenticated("etcd authentication is enabled but this server has no credentials: give --etcd-user and --etcd-password (or --auth-root-password-file)")
+			return "", unauthenticated("etcd authentication is enabled but this server has no credentials: give Config.Backend.Etcd.Username and Config.Backend.Etcd.Password (or Config.Security.RootPasswordFile)")
 		}
 		return a.token(ctx, user, password)
 	}}
@@ -366,202 +364,24 @@ type authViews struct {
 	salt   []byte
 	max    int
 	log    *slog.Logger
+	now    func() time.Time
 
 	mu    sync.Mutex
 	views map[string]*userView
-	fails map[string][]time.Time // failed authentications per client address, and per address and user
-	good  map[string]time.Time   // credentials (hashed keys) etcd accepted lately, and when
-	gates map[string]*addrGate   // one credential check at a time for addresses past maxAddrFails
 }
 
 // viewIdle is how long an unused view stays open.
 const viewIdle = 5 * time.Minute
 
-// Failed authentications. Each costs etcd a bcrypt check, and guessing
-// passwords must stay slow, but a client address is not a client (every
-// process of a host shares 127.0.0.1, everyone behind a NAT its gateway's
-// address), so failures must not lock out anyone but the user guessed:
-//   - at most maxFails failures per client address and user name within
-//     failWindow, then 429 for that user from that address until the
-//     window passes — unless the credentials presented are ones etcd
-//     accepted within goodFor (a correct password is let through, and
-//     still checked);
-//   - past maxAddrFails failures from one address within the window,
-//     whatever the names, the address's credential checks run one at a
-//     time (addrGate): guesses spread over many names get one check in
-//     flight, answered at etcd's bcrypt pace, while another user's correct
-//     password from that address is checked after the ones before it — a
-//     delay, never a refusal.
-//
-// Credentials that already succeeded are served from the cache and never
-// throttled. The table of failures holds at most maxFailEntries keys (see
-// failed), that of accepted credentials maxGood.
-const (
-	maxFails       = 20
-	maxAddrFails   = 100
-	failWindow     = time.Minute
-	maxFailEntries = 10000
-	goodFor        = 24 * time.Hour
-	maxGood        = 4096
-)
+func newAuthViews(a authority, regCfg registry.Config, max int, log *slog.Logger, now func() time.Time) *authViews {
+	return &authViews{auth: a, regCfg: regCfg, salt: newSalt(), max: max, log: log, now: now, views: map[string]*userView{}}
+}
 
-func newAuthViews(a authority, regCfg registry.Config, max int, log *slog.Logger) *authViews {
+// newSalt is a per-process salt for the hashed keys of credentials.
+func newSalt() []byte {
 	salt := make([]byte, 16)
 	_, _ = randRead(salt)
-	return &authViews{auth: a, regCfg: regCfg, salt: salt, max: max, log: log, views: map[string]*userView{},
-		fails: map[string][]time.Time{}, good: map[string]time.Time{}, gates: map[string]*addrGate{}}
-}
-
-// failKeys are the keys a failure of user from addr counts under: the
-// address and user, and the address alone.
-func failKeys(addr, user string) [2]string {
-	return [2]string{addr + " " + strconv.Quote(user), addr}
-}
-
-// throttled reports how long a client at addr must wait before it may try
-// id's user's credentials again, after too many failures of that user from
-// that address; credentials etcd accepted lately are never throttled.
-func (v *authViews) throttled(addr string, id identity) time.Duration {
-	key := id.key(v.salt)
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	now := time.Now()
-	if at, ok := v.good[key]; ok && now.Sub(at) < goodFor {
-		return 0
-	}
-	kept := v.recentLocked(failKeys(addr, id.throttleName())[0], now)
-	if len(kept) < maxFails {
-		return 0
-	}
-	return failWindow - now.Sub(kept[len(kept)-maxFails])
-}
-
-// succeeded remembers that etcd accepted id's credentials.
-func (v *authViews) succeeded(id identity) {
-	key := id.key(v.salt)
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	now := time.Now()
-	v.good[key] = now
-	if len(v.good) <= maxGood {
-		return
-	}
-	// Down to nine tenths, oldest first, so that this work is rare.
-	type entry struct {
-		key string
-		at  time.Time
-	}
-	all := make([]entry, 0, len(v.good))
-	for k, at := range v.good {
-		all = append(all, entry{k, at})
-	}
-	slices.SortFunc(all, func(a, b entry) int { return a.at.Compare(b.at) })
-	for _, e := range all[:len(all)-maxGood*9/10] {
-		delete(v.good, e.key)
-	}
-}
-
-// addrGate lets one credential check of an address run at a time.
-type addrGate struct {
-	ch   chan struct{}
-	refs int
-}
-
-// gate waits, when addr has failed maxAddrFails times within the window,
-// until no other credential check of addr runs; release ends the check.
-// It fails only if ctx ends first.
-func (v *authViews) gate(ctx context.Context, addr string) (release func(), err error) {
-	v.mu.Lock()
-	if len(v.recentLocked(addr, time.Now())) < maxAddrFails {
-		v.mu.Unlock()
-		return func() {}, nil
-	}
-	g := v.gates[addr]
-	if g == nil {
-		g = &addrGate{ch: make(chan struct{}, 1)}
-		v.gates[addr] = g
-	}
-	g.refs++
-	v.mu.Unlock()
-	done := func() {
-		v.mu.Lock()
-		if g.refs--; g.refs == 0 {
-			delete(v.gates, addr)
-		}
-		v.mu.Unlock()
-	}
-	select {
-	case g.ch <- struct{}{}:
-		return func() { <-g.ch; done() }, nil
-	case <-ctx.Done():
-		done()
-		return nil, ctx.Err()
-	}
-}
-
-// recentLocked drops the failures of key older than the window and
-// returns the rest, oldest first.
-func (v *authViews) recentLocked(key string, now time.Time) []time.Time {
-	kept := v.fails[key][:0]
-	for _, t := range v.fails[key] {
-		if now.Sub(t) < failWindow {
-			kept = append(kept, t)
-		}
-	}
-	if len(kept) == 0 {
-		delete(v.fails, key)
-		return nil
-	}
-	v.fails[key] = kept
-	return kept
-}
-
-// failed records a failed authentication of user from addr.
-func (v *authViews) failed(addr, user string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	now := time.Now()
-	for _, key := range failKeys(addr, user) {
-		v.fails[key] = append(v.fails[key], now)
-		// Only the last maxAddrFails count; older ones need no room.
-		if n := len(v.fails[key]); n > maxAddrFails {
-			v.fails[key] = append(v.fails[key][:0], v.fails[key][n-maxAddrFails:]...)
-		}
-	}
-	if len(v.fails) <= maxFailEntries {
-		return
-	}
-	// Bound the table, down to nine tenths of it so that this work is
-	// rare: forget what the window forgot, then the keys that throttle
-	// nobody, then the others, oldest last failure first — so that a
-	// flood of new entries never pushes out a throttle.
-	for key := range v.fails {
-		v.recentLocked(key, now)
-	}
-	if len(v.fails) <= maxFailEntries {
-		return
-	}
-	type entry struct {
-		key       string
-		throttles bool
-		last      time.Time
-	}
-	all := make([]entry, 0, len(v.fails))
-	for key, ts := range v.fails {
-		all = append(all, entry{key, len(ts) >= maxFails, ts[len(ts)-1]})
-	}
-	slices.SortFunc(all, func(a, b entry) int {
-		if a.throttles != b.throttles {
-			if a.throttles {
-				return 1
-			}
-			return -1
-		}
-		return a.last.Compare(b.last)
-	})
-	for _, e := range all[:len(all)-maxFailEntries*9/10] {
-		delete(v.fails, e.key)
-	}
+	return salt
 }
 
 // cached returns the open view of id, acquired, or nil. A view
@@ -578,7 +398,7 @@ func (v *authViews) cached(id identity, rev uint64) *userView {
 	}
 	if uv.rev >= rev {
 		uv.refs++
-		uv.lastUsed = time.Now()
+		uv.lastUsed = v.now()
 		v.mu.Unlock()
 		return uv
 	}
@@ -614,13 +434,13 @@ func (v *authViews) acquire(ctx context.Context, id identity) (*userView, error)
 		return nil, err
 	}
 	var evictOld *userView
-	uv := &userView{id: id, rev: rev, cli: st.Client(), st: st, reg: reg, refs: 1, lastUsed: time.Now()}
+	uv := &userView{id: id, rev: rev, cli: st.Client(), st: st, reg: reg, refs: 1, lastUsed: v.now()}
 
 	v.mu.Lock()
 	if old, ok := v.views[key]; ok && !old.closed && old.rev >= rev {
 		// Opened concurrently: keep the first.
 		old.refs++
-		old.lastUsed = time.Now()
+		old.lastUsed = v.now()
 		v.mu.Unlock()
 		uv.close()
 		return old, nil
@@ -670,7 +490,7 @@ func (v *authViews) evictLocked(n int) []*userView {
 func (v *authViews) release(uv *userView) {
 	v.mu.Lock()
 	uv.refs--
-	uv.lastUsed = time.Now()
+	uv.lastUsed = v.now()
 	// A view dropped while in use closes with its last request.
 	last := uv.closed && uv.refs == 0
 	v.mu.Unlock()
@@ -702,7 +522,7 @@ func (v *authViews) sweep() {
 	v.mu.Lock()
 	var idle []*userView
 	for k, uv := range v.views {
-		if uv.refs == 0 && time.Since(uv.lastUsed) > viewIdle {
+		if uv.refs == 0 && v.now().Sub(uv.lastUsed) > viewIdle {
 			uv.closed = true
 			delete(v.views, k)
 			idle = append(idle, uv)

@@ -20,7 +20,7 @@ import (
 // start. Once auth is on, nothing is changed: the root password given is
 // only used to authenticate.
 func (s *Server) bootstrapAuth(ctx context.Context) error {
-	if !s.sec.Auth || s.etcd.Server.AuthStore().IsAuthEnabled() {
+	if !s.sec.Auth || s.member.etcd.Server.AuthStore().IsAuthEnabled() {
 		return nil
 	}
 	pw, err := s.sec.rootPassword()
@@ -28,9 +28,9 @@ func (s *Server) bootstrapAuth(ctx context.Context) error {
 		return err
 	}
 	if pw == "" {
-		return fmt.Errorf("--auth: etcd authentication is not enabled yet, and enabling it needs the root password: put it in --auth-root-password-file or %s", EnvRootPassword)
+		return fmt.Errorf("Config.Security.Auth: etcd authentication is not enabled yet, and enabling it needs the root password: put it in Config.Security.RootPasswordFile or %s", EnvRootPassword)
 	}
-	cli := v3client.New(s.etcd.Server)
+	cli := v3client.New(s.member.etcd.Server)
 	defer cli.Close()
 	steps := []struct {
 		what string
@@ -46,11 +46,11 @@ func (s *Server) bootstrapAuth(ctx context.Context) error {
 		if err := st.do(); err != nil && (st.done == nil || !errors.Is(err, st.done)) {
 			if errors.Is(err, rpctypes.ErrUserEmpty) || errors.Is(err, rpctypes.ErrPermissionDenied) {
 				// Another member enabled auth meanwhile.
-				if s.etcd.Server.AuthStore().IsAuthEnabled() {
+				if s.member.etcd.Server.AuthStore().IsAuthEnabled() {
 					break
 				}
 			}
-			return fmt.Errorf("--auth: %s: %w", st.what, err)
+			return fmt.Errorf("Config.Security.Auth: %s: %w", st.what, err)
 		}
 	}
 	s.log.Info("etcd authentication enabled on the embedded cluster; the root user holds the root role")
@@ -81,8 +81,8 @@ func (s *Server) embeddedClient() (*clientv3.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &embeddedAuthority{srv: s.etcd.Server, log: s.log}
-	return userClient(s.etcd.Server, a.passwordSource(user, pw), zapFor(s.log)), nil
+	a := &embeddedAuthority{srv: s.member.etcd.Server, log: s.log}
+	return userClient(s.member.etcd.Server, a.passwordSource(user, pw), zapFor(s.log)), nil
 }
 
 // probeStore is the readiness read: one key at the root of the registry's
@@ -90,7 +90,7 @@ func (s *Server) embeddedClient() (*clientv3.Client, error) {
 // the registry prefix may read.
 func (s *Server) probeStore(ctx context.Context) error {
 	key := s.registryPrefix()
-	_, err := s.store.Get(ctx, key)
+	_, err := s.data.store.Get(ctx, key)
 	switch {
 	case err == nil, errors.Is(err, store.ErrNotFound):
 		return nil

@@ -7,12 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/beaconplane/beacon"
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
@@ -40,25 +38,17 @@ func zapFor(l *slog.Logger) *zap.Logger {
 	return zapslog.New(l.With("component", "etcd-client"), zapcore.WarnLevel)
 }
 
-// securityState is what the security layer owns inside a Server.
-type securityState struct {
-	auth  authority  // nil: the backend has no users (memory, file, nats)
-	views *authViews // nil when auth is nil
-	stop  context.CancelFunc
-	done  chan struct{}
-}
-
 // setupAuth builds the authority of the server's backend and the cache of
 // user views, and starts the janitor that closes idle views.
 func (s *Server) setupAuth() error {
 	var a authority
 	switch {
-	case s.etcd != nil:
+	case s.member.etcd != nil:
 		m, err := newJWTMinter(s.authToken)
 		if err != nil {
 			return err
 		}
-		a = &embeddedAuthority{srv: s.etcd.Server, minter: m, log: s.log}
+		a = &embeddedAuthority{srv: s.member.etcd.Server, minter: m, log: s.log}
 	case s.cfg.Backend.BackendName() == "etcd" && s.etcdClient() != nil && s.cfg.Store == nil:
 		cfg := s.cfg.Backend.Etcd
 		if len(s.cfg.EtcdEndpoints) > 0 {
@@ -83,47 +73,27 @@ func (s *Server) setupAuth() error {
 	}
 	rcfg := s.cfg.Registry
 	rcfg.Logger = s.log
-	st := &securityState{auth: a, views: newAuthViews(a, rcfg, s.sec.MaxAuthClients, s.log.With("component", "auth"))}
-	ctx, cancel := context.WithCancel(context.Background())
-	st.stop, st.done = cancel, make(chan struct{})
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer close(st.done)
-		t := time.NewTicker(time.Minute)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				st.views.sweep()
-			}
-		}
-	}()
 	// Requests served while the server starts read it concurrently.
-	s.secState.Store(st)
+	s.authnPtr.Store(newAuthenticator(a, authOptions{
+		Registry: rcfg, MaxViews: s.sec.MaxAuthClients, Log: s.log.With("component", "auth"),
+	}))
 	return nil
 }
 
-// state returns the security layer's state; empty before setupAuth (and
-// for backends without users).
-func (s *Server) state() *securityState {
-	if st := s.secState.Load(); st != nil {
-		return st
+// authn returns the server's authenticator; the zero one (no authority)
+// before setupAuth, and for backends without users.
+func (s *Server) authn() *authenticator {
+	if n := s.authnPtr.Load(); n != nil {
+		return n
 	}
-	return &securityState{}
+	return &authenticator{}
 }
 
-// closeSecurity closes every user view.
+// closeSecurity closes the authenticator (every user view).
 func (s *Server) closeSecurity() {
-	st := s.secState.Load()
-	if st == nil {
-		return
+	if n := s.authnPtr.Load(); n != nil {
+		n.close()
 	}
-	st.stop()
-	<-st.done
-	st.views.closeAll()
 }
 
 // registryOptions are the registry API's options for authentication and
@@ -201,7 +171,7 @@ type authResult struct {
 // without credentials it returns no view and leaves the refusal to the
 // caller (whoami answers it).
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, required bool) (authResult, bool) {
-	st := s.state()
+	st := s.authn()
 	if st.auth == nil {
 		return authResult{}, true
 	}
@@ -224,80 +194,12 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, required b
 	case !ok:
 		return authResult{enabled: true}, true
 	}
-	uv, fail := s.checkIdentity(r.Context(), st, remoteHost(r), id)
+	uv, fail := st.checkIdentity(r.Context(), remoteHost(r), id)
 	if fail != nil {
 		fail.write(w)
 		return authResult{}, false
 	}
 	return authResult{enabled: true, view: uv}, true
-}
-
-// authFailure is why checkIdentity authenticated no one: an HTTP status, an
-// error kind and a message that says what to do (and, for 429 and 503,
-// when to retry).
-type authFailure struct {
-	code       int
-	kind, msg  string
-	retryAfter time.Duration
-}
-
-func (f *authFailure) write(w http.ResponseWriter) {
-	if f.retryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(f.retryAfter.Seconds())))))
-	}
-	if f.code == http.StatusUnauthorized {
-		writeUnauthorized(w, f.msg)
-		return
-	}
-	writeErr(w, f.code, f.kind, f.msg)
-}
-
-// checkIdentity authenticates id, presented from addr, with etcd (or finds
-// its cached view) and returns a view that acts as it. The HTTP API and
-// xDS authenticate through it alike.
-func (s *Server) checkIdentity(ctx context.Context, st *securityState, addr string, id identity) (*userView, *authFailure) {
-	rev, err := st.auth.revision(ctx)
-	if err != nil {
-		return nil, &authFailure{code: http.StatusServiceUnavailable, kind: "unavailable", msg: err.Error()}
-	}
-	if uv := st.views.cached(id, rev); uv != nil {
-		return uv, nil
-	}
-	var uv *userView
-	fail := guardCheck(ctx, st, addr, id, func(ctx context.Context) (err error) {
-		uv, err = st.views.acquire(ctx, id)
-		return err
-	})
-	return uv, fail
-}
-
-// guardCheck runs check, etcd's verdict on id's credentials presented from
-// addr, unless that address and user failed too often (429), one at a time
-// for an address with many failures; it records the verdict for the
-// throttle. An error of check matching store.ErrUnauthenticated is a 401,
-// any other a 503.
-func guardCheck(ctx context.Context, st *securityState, addr string, id identity, check func(context.Context) error) *authFailure {
-	if wait := st.views.throttled(addr, id); wait > 0 {
-		return &authFailure{code: http.StatusTooManyRequests, kind: "resource_exhausted", retryAfter: wait, msg: fmt.Sprintf(
-			"too many failed authentications as %q from %s: wait %d s, and check the user name and password (other users, and a password etcd accepted lately, are not throttled)",
-			id.throttleName(), addr, max(1, int(math.Ceil(wait.Seconds()))))}
-	}
-	release, err := st.views.gate(ctx, addr)
-	if err != nil {
-		return &authFailure{code: http.StatusServiceUnavailable, kind: "unavailable", retryAfter: time.Second, msg: fmt.Sprintf(
-			"credential checks from %s run one at a time after many failed authentications from that address; this one did not start before the request ended: retry", addr)}
-	}
-	err = check(ctx)
-	release()
-	switch {
-	case errors.Is(err, store.ErrUnauthenticated):
-		st.views.failed(addr, id.throttleName())
-		return &authFailure{code: http.StatusUnauthorized, kind: "unauthenticated", msg: err.Error()}
-	case err != nil:
-		return &authFailure{code: http.StatusServiceUnavailable, kind: "unavailable", msg: "authenticate with etcd: " + err.Error()}
-	}
-	st.views.succeeded(id)
-	return nil
 }
 
 // statusWriter records the status of a response.
@@ -349,9 +251,9 @@ func (s *Server) requireAuth(next http.Handler) http.Handler {
 			if sw.code == http.StatusUnauthorized {
 				// etcd no longer accepts the view's credentials (a
 				// changed password, an expired token): drop it.
-				s.state().views.drop(res.view)
+				s.authn().views.drop(res.view)
 			}
-			s.state().views.release(res.view)
+			s.authn().views.release(res.view)
 		}()
 		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), viewKey{}, res.view)))
 	})
@@ -444,7 +346,7 @@ func (s *Server) selfUser() string {
 	if u := s.cfg.Backend.Etcd.Username; u != "" {
 		return strconv.Quote(u) + ", --etcd-user"
 	}
-	if s.etcd != nil {
+	if s.member.etcd != nil {
 		return `"root"`
 	}
 	return "none: give --etcd-user"
@@ -547,12 +449,12 @@ func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
 		writeJSONResp(w, http.StatusOK, out)
 		return
 	}
-	defer s.state().views.release(uv)
+	defer s.authn().views.release(uv)
 	ctx := r.Context()
 	out.Authenticated, out.User, out.Method = true, uv.id.user, uv.id.method
 	ks := uv.reg.Keyspace()
 	may := func(prefix string, write bool) bool { return probe(ctx, uv.cli, prefix, write) == nil }
-	_, operable := s.registry.(registry.Operator)
+	_, operable := s.data.registry.(registry.Operator)
 	// access says what the user may do in namespace ns ("" for all).
 	access := func(ns string) Access {
 		prefix := ks.Prefix(beacon.Query{Namespace: ns})
@@ -620,7 +522,7 @@ type TokenResponse struct {
 // issueToken exchanges Basic credentials for an etcd token, so that a
 // browser keeps a token instead of a password.
 func (s *Server) issueToken(w http.ResponseWriter, r *http.Request) {
-	st := s.state()
+	st := s.authn()
 	if st.auth == nil {
 		writeErr(w, http.StatusNotImplemented, "not_implemented", "this server's backend has no users: tokens exist only with etcd authentication")
 		return
@@ -643,16 +545,13 @@ func (s *Server) issueToken(w http.ResponseWriter, r *http.Request) {
 		writeUnauthorized(w, "send the etcd user's name and password with HTTP Basic authentication to get a token")
 		return
 	}
-	var tok string
-	if fail := guardCheck(r.Context(), st, remoteHost(r), id, func(ctx context.Context) (err error) {
-		tok, err = st.auth.token(ctx, id.user, id.password)
-		return err
-	}); fail != nil {
+	tok, fail := st.token(r.Context(), remoteHost(r), id)
+	if fail != nil {
 		fail.write(w)
 		return
 	}
 	resp := TokenResponse{Token: tok, User: id.user}
-	if s.etcd != nil {
+	if s.member.etcd != nil {
 		resp.TTLSeconds = s.sec.AuthTokenTTL.Seconds()
 		if m, ok := st.auth.(*embeddedAuthority); ok && m.minter != nil {
 			resp.TTLSeconds = m.minter.ttl.Seconds()

@@ -35,10 +35,10 @@ func parseAuthToken(s string) (typ string, opts map[string]string, err error) {
 	for _, p := range parts[1:] {
 		k, v, ok := strings.Cut(p, "=")
 		if !ok || k == "" {
-			return "", nil, fmt.Errorf("--auth-token %q: option %q is not key=value", s, p)
+			return "", nil, fmt.Errorf("Config.Security.AuthToken %q: option %q is not key=value", s, p)
 		}
 		if _, dup := opts[k]; dup {
-			return "", nil, fmt.Errorf("--auth-token %q: option %q given twice", s, k)
+			return "", nil, fmt.Errorf("Config.Security.AuthToken %q: option %q given twice", s, k)
 		}
 		opts[k] = v
 	}
@@ -57,16 +57,16 @@ func newJWTMinter(authToken string) (*jwtMinter, error) {
 	}
 	method := jwt.GetSigningMethod(opts["sign-method"])
 	if method == nil {
-		return nil, fmt.Errorf("--auth-token: sign-method %q is not one etcd knows (ES256, RS256, EdDSA, ...)", opts["sign-method"])
+		return nil, fmt.Errorf("Config.Security.AuthToken: sign-method %q is not one etcd knows (ES256, RS256, EdDSA, ...)", opts["sign-method"])
 	}
 	pemBytes, err := os.ReadFile(opts["priv-key"])
 	if err != nil {
-		return nil, fmt.Errorf("--auth-token priv-key: %w", err)
+		return nil, fmt.Errorf("Config.Security.AuthToken priv-key: %w", err)
 	}
 	m := &jwtMinter{method: method, ttl: 5 * time.Minute}
 	if v := opts["ttl"]; v != "" {
 		if m.ttl, err = time.ParseDuration(v); err != nil {
-			return nil, fmt.Errorf("--auth-token ttl %q: %w", v, err)
+			return nil, fmt.Errorf("Config.Security.AuthToken ttl %q: %w", v, err)
 		}
 	}
 	switch method.(type) {
@@ -82,7 +82,7 @@ func newJWTMinter(authToken string) (*jwtMinter, error) {
 		err = fmt.Errorf("unsupported sign-method %s", method.Alg())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--auth-token priv-key %s: %w", opts["priv-key"], err)
+		return nil, fmt.Errorf("Config.Security.AuthToken priv-key %s: %w", opts["priv-key"], err)
 	}
 	return m, nil
 }
@@ -117,7 +117,7 @@ func defaultJWTAuthToken(dataDir string, ttl time.Duration) (string, error) {
 	priv, pub := filepath.Join(dir, "jwt-es256.key"), filepath.Join(dir, "jwt-es256.pub")
 	if _, err := os.Stat(priv); errors.Is(err, os.ErrNotExist) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return "", fmt.Errorf("--data-dir: create %s: %w", dir, err)
+			return "", fmt.Errorf("Config.DataDir: create %s: %w", dir, err)
 		}
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
@@ -138,7 +138,7 @@ func defaultJWTAuthToken(dataDir string, ttl time.Duration) (string, error) {
 			return "", err
 		}
 	} else if err != nil {
-		return "", fmt.Errorf("--data-dir: %w", err)
+		return "", fmt.Errorf("Config.DataDir: %w", err)
 	}
 	return fmt.Sprintf("jwt,pub-key=%s,priv-key=%s,sign-method=ES256,ttl=%s", pub, priv, ttl), nil
 }

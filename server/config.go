@@ -188,7 +188,7 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
 	if len(c.EtcdEndpoints) > 0 && c.Backend.BackendName() != backend.Etcd {
-		errs = append(errs, fmt.Errorf("--etcd-endpoints is set but the backend is %q: choose one", c.Backend.BackendName()))
+		errs = append(errs, fmt.Errorf("Config.EtcdEndpoints is set but the backend is %q: choose one", c.Backend.BackendName()))
 	}
 	if c.Store == nil && !c.embedded() {
 		b := c.Backend
@@ -224,13 +224,13 @@ func (c Config) Validate() error {
 			}
 		}
 		if c.InitialClusterState != "new" && c.InitialClusterState != "existing" {
-			errs = append(errs, fmt.Errorf("--initial-cluster-state %q: must be new or existing", c.InitialClusterState))
+			errs = append(errs, fmt.Errorf("Config.InitialClusterState %q: must be new or existing", c.InitialClusterState))
 		}
 		if !validName(c.Name) {
-			errs = append(errs, fmt.Errorf("--name %q: use letters, digits, '-', '_' or '.'", c.Name))
+			errs = append(errs, fmt.Errorf("Config.Name %q: use letters, digits, '-', '_' or '.'", c.Name))
 		}
 		if filepath.Clean(c.DataDir) == "/" {
-			errs = append(errs, fmt.Errorf("--data-dir %q: refusing to use the root directory", c.DataDir))
+			errs = append(errs, fmt.Errorf("Config.DataDir %q: refusing to use the root directory", c.DataDir))
 		}
 		if len(errs) == 0 {
 			errs = append(errs, validateInitialCluster(c)...) // startcheck.go
@@ -239,7 +239,7 @@ func (c Config) Validate() error {
 	errs = append(errs, c.Discovery.validate(c)...)
 	errs = append(errs, c.Security.validate(c)...)
 	if err := hostport.Check(c.HTTPAddr); err != nil {
-		errs = append(errs, fmt.Errorf("--http-addr %q: %w, e.g. 127.0.0.1:9379", c.HTTPAddr, err))
+		errs = append(errs, fmt.Errorf("Config.HTTPAddr %q: %w, e.g. 127.0.0.1:9379", c.HTTPAddr, err))
 	}
 	if err := c.Registry.Validate(); err != nil {
 		errs = append(errs, err)
@@ -248,12 +248,12 @@ func (c Config) Validate() error {
 	errs = append(errs, c.XDS.validate()...)
 	if c.V2BaseURL != "" {
 		if u, err := url.Parse(c.V2BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.HasSuffix(c.V2BaseURL, "/") {
-			errs = append(errs, fmt.Errorf("--v2-base-url %q: want an http(s) URL without trailing slash, e.g. http://10.0.0.1:9379/v2/discovery", c.V2BaseURL))
+			errs = append(errs, fmt.Errorf("Config.V2BaseURL %q: want an http(s) URL without trailing slash, e.g. http://10.0.0.1:9379/v2/discovery", c.V2BaseURL))
 		}
 	}
 	errs = append(errs, validateCORS(c.CORSAllowedOrigins)...) // cors.go
 	if c.V2TokenMaxAge < 0 {
-		errs = append(errs, fmt.Errorf("--v2-token-ttl %v: must not be negative", c.V2TokenMaxAge))
+		errs = append(errs, fmt.Errorf("Config.V2TokenMaxAge %v: must not be negative", c.V2TokenMaxAge))
 	}
 	if c.ShutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("shutdown timeout %v: must not be negative", c.ShutdownTimeout))

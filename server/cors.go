@@ -27,7 +27,7 @@ func validateCORS(origins []string) []error {
 		}
 		u, err := url.Parse(o)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
-			errs = append(errs, fmt.Errorf("--cors-allowed-origins %q: want * or an origin such as https://dashboard.example.com (scheme, host, optional port; no path)", o))
+			errs = append(errs, fmt.Errorf("Config.CORSAllowedOrigins %q: want * or an origin such as https://dashboard.example.com (scheme, host, optional port; no path)", o))
 		}
 	}
 	return errs

@@ -44,7 +44,7 @@ func TestCORS(t *testing.T) {
 		t.Errorf("preflight without CORS: %d", r.StatusCode)
 	}
 
-	if err := (Config{CORSAllowedOrigins: []string{"app.example"}}).Validate(); err == nil || !strings.Contains(err.Error(), "--cors-allowed-origins") {
+	if err := (Config{CORSAllowedOrigins: []string{"app.example"}}).Validate(); err == nil || !strings.Contains(err.Error(), "Config.CORSAllowedOrigins") {
 		t.Errorf("an origin without scheme: %v", err)
 	}
 	on := startServer(t, Config{HTTPAddr: "127.0.0.1:0", Backend: backend.Config{Name: backend.Memory},

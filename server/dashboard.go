@@ -254,8 +254,8 @@ func (s *Server) clusterStatus(ctx context.Context) *ClusterStatus {
 		st.Etcd = s.etcdStatus(ctx, cli)
 	}
 	wg.Wait()
-	var reg any = s.registry
-	if sr, ok := reg.(registry.SessionReporter); ok && s.registry != nil {
+	var reg any = s.data.registry
+	if sr, ok := reg.(registry.SessionReporter); ok && s.data.registry != nil {
 		st.Session = &SessionStatus{State: sr.State().String()}
 		if t, ok := reg.(interface{ LeaseTTL() time.Duration }); ok {
 			st.Session.LeaseTTLSeconds = t.LeaseTTL().Seconds()
@@ -268,7 +268,7 @@ func (s *Server) clusterStatus(ctx context.Context) *ClusterStatus {
 
 func (s *Server) backendName() string {
 	switch {
-	case s.etcd != nil, s.etcdClient() != nil:
+	case s.member.etcd != nil, s.etcdClient() != nil:
 		return "etcd"
 	case s.cfg.Store != nil:
 		if _, ok := s.cfg.Store.(*etcdstore.Store); ok {
@@ -287,10 +287,10 @@ func (s *Server) backendHealth(ctx context.Context) BackendHealth {
 	defer cancel()
 	start := time.Now()
 	var err error
-	var d any = s.registry
+	var d any = s.data.registry
 	switch reg, isReg := d.(registry.Discoverer); {
-	case s.store != nil:
-		_, _, err = s.store.List(ctx, "/beacon-readyz-probe/")
+	case s.data.store != nil:
+		_, _, err = s.data.store.List(ctx, "/beacon-readyz-probe/")
 	case isReg:
 		// A registry backend without a store (kubernetes): as /readyz.
 		if p, ok := d.(interface{ Ping(context.Context) error }); ok {
@@ -316,8 +316,8 @@ func (s *Server) etcdStatus(ctx context.Context, cli *clientv3.Client) *EtcdClus
 	out := &EtcdCluster{Members: []EtcdMember{}}
 	var members []*etcdserverpb.Member
 	var local *etcdserver.EtcdServer
-	if s.etcd != nil {
-		local = s.etcd.Server
+	if s.member.etcd != nil {
+		local = s.member.etcd.Server
 		out.ClusterID = hexID(uint64(local.Cluster().ID()))
 		for _, m := range local.Cluster().Members() {
 			members = append(members, &etcdserverpb.Member{ID: uint64(m.ID), Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs, IsLearner: m.IsLearner})
@@ -416,12 +416,12 @@ func (s *Server) statusOf(ctx context.Context, cli *clientv3.Client, url string)
 		resp, err := cli.Status(ctx, url)
 		return (*etcdserverpb.StatusResponse)(resp), err
 	}
-	if s.etcd == nil {
+	if s.member.etcd == nil {
 		return nil, errors.New("this server's etcd client cannot ask members for their status")
 	}
 	cfg := clientv3.Config{Endpoints: []string{url}, DialTimeout: memberStatusTimeout, Logger: zap.NewNop(), Context: ctx}
 	if strings.HasPrefix(url, "https://") {
-		tlsCfg, err := s.etcd.Config().ClientTLSInfo.ClientConfig()
+		tlsCfg, err := s.member.etcd.Config().ClientTLSInfo.ClientConfig()
 		if err != nil {
 			return nil, fmt.Errorf("client TLS: %w", err)
 		}

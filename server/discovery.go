@@ -54,26 +54,26 @@ func (d DiscoveryConfig) joining() bool { return d.Token != "" || len(d.Endpoint
 func (d DiscoveryConfig) validate(c Config) []error {
 	var errs []error
 	if d.Fallback != "" && d.Fallback != FallbackExit && d.Fallback != FallbackProxy {
-		errs = append(errs, fmt.Errorf("--discovery-fallback %q: must be %s or %s", d.Fallback, FallbackExit, FallbackProxy))
+		errs = append(errs, fmt.Errorf("Config.Discovery.Fallback %q: must be %s or %s", d.Fallback, FallbackExit, FallbackProxy))
 	}
 	if d.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("--discovery-timeout %v: must not be negative", d.Timeout))
+		errs = append(errs, fmt.Errorf("Config.Discovery.Timeout %v: must not be negative", d.Timeout))
 	}
 	if !d.joining() {
 		return errs
 	}
 	switch {
 	case d.Token == "" || len(d.Endpoints) == 0:
-		errs = append(errs, errors.New("both --discovery-token and --discovery-endpoints must be set"))
+		errs = append(errs, errors.New("both Config.Discovery.Token and Config.Discovery.Endpoints must be set"))
 	case !c.embedded():
-		errs = append(errs, errors.New("--discovery-token bootstraps the embedded etcd: it cannot be used with --etcd-endpoints or a non-etcd --backend"))
+		errs = append(errs, errors.New("Config.Discovery.Token bootstraps the embedded etcd: it cannot be used with Config.EtcdEndpoints or a non-etcd Config.Backend"))
 	case c.InitialCluster != "":
-		errs = append(errs, errors.New(`--initial-cluster and --discovery-token are both set: choose one (the token's registry gives the initial cluster)`))
+		errs = append(errs, errors.New(`Config.InitialCluster and Config.Discovery.Token are both set: choose one (the token's registry gives the initial cluster)`))
 	case c.InitialClusterState != "new":
-		errs = append(errs, errors.New("--discovery-token bootstraps a new cluster: --initial-cluster-state must be new (to add a member to a running cluster, use etcdctl member add and --initial-cluster)"))
+		errs = append(errs, errors.New("Config.Discovery.Token bootstraps a new cluster: Config.InitialClusterState must be new (to add a member to a running cluster, use etcdctl member add and Config.InitialCluster)"))
 	default:
 		if err := d.Config.Validate(); err != nil {
-			errs = append(errs, fmt.Errorf("--discovery-*: %w", err))
+			errs = append(errs, fmt.Errorf("Config.Discovery: %w", err))
 		}
 	}
 	return errs
@@ -125,8 +125,8 @@ func (s *Server) startMember(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.client = cli
-	s.store, s.ownsStore = etcdstore.NewFromClient(s.client), true
+	s.member.client = cli
+	s.data.store, s.data.ownsStore = etcdstore.NewFromClient(s.member.client), true
 	return nil
 }
 
@@ -162,7 +162,7 @@ func (s *Server) discover(ctx context.Context) (proxied bool, err error) {
 		lg.Warn("discovery cluster full, falling back to proxy", "err", err)
 		return true, s.startFallbackProxy(ctx, lg)
 	case errors.Is(err, bootstrap.ErrFullCluster):
-		return false, fmt.Errorf("failed to join discovery cluster: %w (--discovery-fallback=%s; use --discovery-fallback=proxy to serve as a proxy of that cluster instead)",
+		return false, fmt.Errorf("failed to join discovery cluster: %w (Config.Discovery.Fallback=%s; use Config.Discovery.Fallback=proxy to serve as a proxy of that cluster instead)",
 			err, FallbackExit)
 	case err != nil:
 		return false, fmt.Errorf("failed to join discovery cluster: %w", err)
@@ -224,7 +224,7 @@ func (s *Server) startFallbackProxy(ctx context.Context, lg *slog.Logger) error 
 	if err != nil {
 		return fmt.Errorf("discovery fallback proxy: %w", err)
 	}
-	ln, err := listen(u.Host, "--listen-client-urls")
+	ln, err := listen(u.Host, "Config.ListenClientURLs")
 	if err != nil {
 		return err
 	}
@@ -234,9 +234,9 @@ func (s *Server) startFallbackProxy(ctx context.Context, lg *slog.Logger) error 
 	s.boot.mu.Lock()
 	s.boot.proxy, s.boot.stopProxy, s.boot.proxyDone = p, stop, done
 	s.boot.mu.Unlock()
-	s.wg.Add(1)
+	s.life.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
+		defer s.life.wg.Done()
 		defer close(done)
 		if err := p.Serve(pctx, ln); err != nil {
 			serveErr <- err
@@ -257,7 +257,7 @@ func (s *Server) startFallbackProxy(ctx context.Context, lg *slog.Logger) error 
 	if err != nil {
 		return fmt.Errorf("discovery fallback proxy: reach the cluster through %s: %w", addr, err)
 	}
-	s.store, s.ownsStore = st, true
+	s.data.store, s.data.ownsStore = st, true
 	lg.Warn("serving as a readwrite proxy of the discovery token's cluster", "listen", addr)
 	return nil
 }

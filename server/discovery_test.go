@@ -172,7 +172,7 @@ func TestServersBootstrapThroughDiscoveryToken(t *testing.T) {
 	// A member removed from the cluster stops, saying so and what to do
 	// (etcd itself only logs a warning; Beacon said "embedded etcd
 	// stopped"), and so does its next start with the old data.
-	id := again.etcd.Server.MemberID()
+	id := again.member.etcd.Server.MemberID()
 	// etcd refuses to remove a member until the others have been
 	// connected for 5 s (ErrUnhealthy): there is no event to wait on.
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -191,7 +191,7 @@ func TestServersBootstrapThroughDiscoveryToken(t *testing.T) {
 			t.Fatalf("member remove: %v", err)
 		}
 	}
-	want := []string{"this member (b2, ID " + id.String() + ") was removed from its cluster", "remove --data-dir " + cfgs[1].DataDir, "--initial-cluster-state existing and --initial-cluster set to the list member add prints"}
+	want := []string{"this member (b2, ID " + id.String() + ") was removed from its cluster", "remove Config.DataDir " + cfgs[1].DataDir, "Config.InitialClusterState existing and Config.InitialCluster set to the list member add prints"}
 	check := func(what string, err error) {
 		t.Helper()
 		for _, w := range want {
@@ -222,12 +222,12 @@ func TestDiscoveryConfigErrors(t *testing.T) {
 		mut  func(*Config)
 		want string
 	}{
-		"token only":      {func(c *Config) { c.Discovery.Endpoints = nil }, "both --discovery-token and --discovery-endpoints"},
-		"endpoints only":  {func(c *Config) { c.Discovery.Token = "" }, "both --discovery-token and --discovery-endpoints"},
-		"initial cluster": {func(c *Config) { c.InitialCluster = "a=http://127.0.0.1:1" }, "--initial-cluster and --discovery-token"},
+		"token only":      {func(c *Config) { c.Discovery.Endpoints = nil }, "both Config.Discovery.Token and Config.Discovery.Endpoints"},
+		"endpoints only":  {func(c *Config) { c.Discovery.Token = "" }, "both Config.Discovery.Token and Config.Discovery.Endpoints"},
+		"initial cluster": {func(c *Config) { c.InitialCluster = "a=http://127.0.0.1:1" }, "Config.InitialCluster and Config.Discovery.Token"},
 		"external etcd":   {func(c *Config) { c.EtcdEndpoints = []string{"http://127.0.0.1:1"} }, "embedded etcd"},
 		"existing":        {func(c *Config) { c.InitialClusterState = "existing" }, "must be new"},
-		"fallback":        {func(c *Config) { c.Discovery.Fallback = "retry" }, "--discovery-fallback"},
+		"fallback":        {func(c *Config) { c.Discovery.Fallback = "retry" }, "Config.Discovery.Fallback"},
 		"bad token":       {func(c *Config) { c.Discovery.Token = "a/b" }, "invalid token"},
 	} {
 		c := base()

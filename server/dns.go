@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"syscall"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/hostport"
@@ -34,7 +36,7 @@ func (c DNSConfig) validate() []error {
 	}
 	var errs []error
 	if err := hostport.Check(c.Addr); err != nil {
-		errs = append(errs, fmt.Errorf("--dns-addr %q: %w, e.g. %s (or empty to disable DNS)", c.Addr, err, dnsapi.DefaultAddr))
+		errs = append(errs, fmt.Errorf("Config.DNS.Addr %q: %w, e.g. %s (or empty to disable DNS)", c.Addr, err, dnsapi.DefaultAddr))
 	}
 	if err := c.dnsapi().Validate(); err != nil {
 		errs = append(errs, err)
@@ -61,8 +63,11 @@ func (s *Server) listenDNS() error {
 		return nil
 	}
 	pc, ln, err := dnsapi.Listen(s.cfg.DNS.Addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("Config.DNS.Addr %s: address already in use (another beacon serve or DNS server?): choose another with Config.DNS.Addr, or disable DNS with Config.DNS.Addr=", s.cfg.DNS.Addr)
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("Config.DNS.Addr: %w", err)
 	}
 	s.dns.pc, s.dns.ln, s.dns.addr = pc, ln, ln.Addr().String()
 	return nil
@@ -75,7 +80,7 @@ func (s *Server) startDNS() error {
 	}
 	cfg := s.cfg.DNS.dnsapi()
 	cfg.Logger, cfg.Metrics = s.log, s.reg
-	var d registry.Discoverer = s.registry
+	var d registry.Discoverer = s.data.registry
 	srv, err := dnsapi.New(d, cfg)
 	if err != nil {
 		return fmt.Errorf("dns: %w", err)

@@ -90,7 +90,7 @@ func TestDNSConfigErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = s.Start(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "--dns-addr") || !strings.Contains(err.Error(), "in use") {
+	if err == nil || !strings.Contains(err.Error(), "Config.DNS.Addr") || !strings.Contains(err.Error(), "in use") {
 		t.Errorf("Start with the DNS port taken: %v", err)
 	}
 	if _, statErr := os.Stat(dir); !os.IsNotExist(statErr) {
@@ -100,9 +100,9 @@ func TestDNSConfigErrors(t *testing.T) {
 		dns  DNSConfig
 		want string
 	}{
-		{DNSConfig{Addr: "nope"}, "--dns-addr"},
-		{DNSConfig{Addr: "127.0.0.1:0", Domain: "a..b"}, "--dns-domain"},
-		{DNSConfig{Addr: "127.0.0.1:0", TTL: time.Millisecond}, "--dns-ttl"},
+		{DNSConfig{Addr: "nope"}, "Config.DNS.Addr"},
+		{DNSConfig{Addr: "127.0.0.1:0", Domain: "a..b"}, "dnsapi.Config.Domain"},
+		{DNSConfig{Addr: "127.0.0.1:0", TTL: time.Millisecond}, "dnsapi.Config.TTL"},
 		{DNSConfig{Domain: "a..b"}, ""}, // disabled: not checked
 	} {
 		c := Config{HTTPAddr: "127.0.0.1:0", Backend: backend.Config{Name: backend.Memory}, DNS: tc.dns}

@@ -50,14 +50,61 @@
 // that etcd's roles decide; the Host header is checked against the
 // server's names. docs/security.md has the threat model.
 //
+// # Subsystems
+//
+// A Server is one struct per subsystem, each owning its fields:
+//
+//	Server
+//	├── life      lifecycle: start once, goroutines (wg), failures for Wait, close once, Abort
+//	├── member    the embedded etcd member, its in-process client, its data dir (member.go, discovery.go, startcheck.go)
+//	├── data      the store and registry the APIs serve, the v2 service (server.go, registrybackend.go)
+//	├── http      HTTP listener, server, routes; early then full handler (http.go, dashboard.go, limits.go, csrf.go, cors.go)
+//	├── boot      the discovery fallback proxy (discovery.go)
+//	├── dns       DNS listener and server (dns.go)
+//	├── xds       xDS listener and server (xds.go)
+//	└── security  TLS settings and reloaders, and the authenticator (tls.go, auth*.go)
+//
+// Authentication is one unit, the authenticator (authn.go), constructed
+// with newAuthenticator from an authority (etcd's verdict on credentials:
+// the embedded member in-process, or an external cluster) and its limits:
+//
+//	authenticator
+//	├── authority       enabled? revision? open a user's store; issue a token (auth.go)
+//	├── authViews       cached views acting as users, keyed by salted credential hashes (auth.go)
+//	└── loginThrottle   failures per (address, user); accepted credentials; one check at a time per noisy address (auththrottle.go)
+//
+// The HTTP API (requireAuth, whoami, issueToken) and xDS (authorizeXDS)
+// call its checkIdentity and guardCheck; authViews and loginThrottle
+// each hold their own lock, never both.
+//
+// # Locks
+//
+// No type here takes two locks: lifecycle.mu (started), httpState.mu
+// (srv), bootstrapState.mu, clusterAPI.mu, frontAuthority.mu, authViews.mu,
+// loginThrottle.mu and tokenSource.mu (held while it fetches a token from
+// etcd, which takes none of these) are each released before another is
+// taken.
+//
 // # Lifecycle
 //
-// New validates a Config (every zero value has a documented default);
+// New validates a Config (every zero value has a documented default).
 // Start brings the server up and returns once it serves, stopping
 // everything it started if it fails; Wait serves until the context ends or
 // a component fails; Run is Start then Wait. Close shuts down gracefully
 // within Config.ShutdownTimeout, is idempotent, and waits for every
-// goroutine the server started. The server logs through the injected
-// Config.Logger (etcd's own logs too, at Config.EtcdLogLevel and above) and
-// returns errors that name the flag to change.
+// goroutine the server started.
+//
+//	Start:  listen HTTP, DNS, xDS ─▶ serve /healthz (early) ─▶ open the data
+//	        (embedded member | registry backend | store) ─▶ full HTTP routes ─▶ DNS, xDS ─▶ ready
+//	Close:  HTTP (streams end, requests drain) ─▶ DNS ─▶ xDS ─▶ fallback proxy ─▶ authenticator
+//	        ─▶ v2, registry, store ─▶ in-process client, embedded etcd ─▶ wait for goroutines
+//
+// Every user stops before what it uses. When embedded etcd stops on its
+// own, the server asks etcd whether this member was removed (its applied
+// membership, else the other members' member list) and says what to do.
+//
+// The server logs through the injected Config.Logger (etcd's own logs
+// too, at Config.EtcdLogLevel and above). Its errors name the Config
+// field to change (e.g. Config.HTTPAddr); `beacon serve` says which flag
+// sets it.
 package server

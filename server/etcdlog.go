@@ -47,34 +47,23 @@ var benignAtClose = []string{
 	"failed to find remote peer in cluster",
 }
 
-// removedMessage is what etcd logs, and only then, when it stops because
-// this member was removed from its cluster (every "critical error" its
-// server stops on is that): etcd says it nowhere else a program can read,
-// when the member learns it from a peer rather than by applying its own
-// removal.
-const removedMessage = "data-dir used by this member must be removed"
-
 // etcdLogger returns the zap logger given to embedded etcd: its entries at
 // min or above go to l, with the benign messages above lowered while
-// closing reports false (start) or true (shutdown). removed is set when
-// etcd logs removedMessage.
-func etcdLogger(l *slog.Logger, min zapcore.Level, closing, removed *atomic.Bool) *zap.Logger {
-	return zap.New(&quietCore{Core: zapslog.New(l, min).Core(), closing: closing, removed: removed})
+// closing reports false (start) or true (shutdown).
+func etcdLogger(l *slog.Logger, min zapcore.Level, closing *atomic.Bool) *zap.Logger {
+	return zap.New(&quietCore{Core: zapslog.New(l, min).Core(), closing: closing})
 }
 
 type quietCore struct {
 	zapcore.Core
-	closing, removed *atomic.Bool
+	closing *atomic.Bool
 }
 
 func (c *quietCore) With(fields []zapcore.Field) zapcore.Core {
-	return &quietCore{Core: c.Core.With(fields), closing: c.closing, removed: c.removed}
+	return &quietCore{Core: c.Core.With(fields), closing: c.closing}
 }
 
 func (c *quietCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
-	if e.Message == removedMessage {
-		c.removed.Store(true)
-	}
 	if e.Level >= zapcore.WarnLevel {
 		e.Level = c.level(e)
 	}

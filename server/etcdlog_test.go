@@ -17,7 +17,7 @@ import (
 func TestEtcdLogQuietsOnlyItsKnownNoise(t *testing.T) {
 	var buf bytes.Buffer
 	var closing atomic.Bool
-	lg := etcdLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), zapcore.DebugLevel, &closing, new(atomic.Bool))
+	lg := etcdLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), zapcore.DebugLevel, &closing)
 	lg = lg.With(zap.String("member", "m1"))
 	lg.Warn("simple token is not cryptographically signed")
 	lg.Error("setting up serving from embedded etcd failed.", zap.String("error", "mux: server closed")) // not closing: an error

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
@@ -21,6 +23,60 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// httpState is the HTTP API's: its listener (taken first in Start), its
+// server, the routes once installed, and what it serves (early, then the
+// full routes).
+type httpState struct {
+	ln          net.Listener
+	mu          sync.Mutex   // guards srv: Close may run while Start sets it
+	srv         *http.Server // nil until serveEarly
+	routes      *httpapi.Mux // the full routes, once installed
+	handler     atomic.Pointer[http.Handler]
+	stopStreams context.CancelFunc // ends long-lived HTTP streams (SSE)
+}
+
+// listenHTTP takes the HTTP port, bounded in connections and secured with
+// TLS when configured.
+func (s *Server) listenHTTP() error {
+	ln, err := listen(s.cfg.HTTPAddr, "Config.HTTPAddr")
+	if err != nil {
+		return err
+	}
+	ln = limitConns(ln, s.sec.MaxConns, s.sec.MaxConnsPerClient, s.log.With("component", "http"))
+	if ln, err = s.secureHTTPListener(ln); err != nil {
+		return err
+	}
+	s.http.ln = ln
+	return nil
+}
+
+// closeHTTP ends the long-lived streams and shuts the HTTP server down
+// within Config.ShutdownTimeout (at once after Abort); before serveEarly
+// it closes the listener.
+func (s *Server) closeHTTP() error {
+	s.http.mu.Lock()
+	srv, ln := s.http.srv, s.http.ln
+	s.http.mu.Unlock()
+	if s.http.stopStreams != nil {
+		s.http.stopStreams()
+	}
+	if srv == nil {
+		if ln != nil {
+			_ = ln.Close()
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.life.abortCtx, s.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		_ = srv.Close()
+		if s.life.abortCtx.Err() == nil { // not cut short by Abort on purpose
+			return fmt.Errorf("http shutdown: %w", err)
+		}
+	}
+	return nil
+}
 
 // readyTimeout bounds the store round trip of /readyz.
 const readyTimeout = 2 * time.Second
@@ -37,28 +93,28 @@ func (s *Server) serveEarly() {
 	})
 	starting.HandleFunc("/", startingHandler)
 	var h http.Handler = starting
-	s.handler.Store(&h)
+	s.http.handler.Store(&h)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	s.stopHTTP = cancel
+	s.http.stopStreams = cancel
 	srv := &http.Server{
 		// connlimit: a connection with a request in flight is never
 		// closed to make room for another (connlimit.go).
 		Handler: connlimit.Handler(s.guard(httpapi.RefuseRepeatedHeaders(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			(*s.handler.Load()).ServeHTTP(w, r)
+			(*s.http.handler.Load()).ServeHTTP(w, r)
 		})))),
 		ConnContext:       connlimit.ConnContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
 	s.configureHTTPServer(srv)
-	s.mu.Lock()
-	s.httpSrv = srv
-	s.mu.Unlock()
-	s.wg.Add(1)
+	s.http.mu.Lock()
+	s.http.srv = srv
+	s.http.mu.Unlock()
+	s.life.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
-		if err := srv.Serve(s.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		defer s.life.wg.Done()
+		if err := srv.Serve(s.http.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.fail(err)
 		}
 	}()
@@ -93,13 +149,13 @@ func (s *Server) startHTTP() error {
 	if s.cfg.EnablePprof {
 		pprofhttp.Mount(rootOnly{mux, s}) // not an API route: not in openapi.json
 	}
-	s.routes = mux
+	s.http.routes = mux
 	guarded, err := crossOriginGuard(s.cfg.CORSAllowedOrigins, s.requireAuth(mux)) // csrf.go, authhttp.go
 	if err != nil {
-		return fmt.Errorf("--cors-allowed-origins: %w", err)
+		return fmt.Errorf("Config.CORSAllowedOrigins: %w", err)
 	}
 	h := cors(s.cfg.CORSAllowedOrigins, guarded) // cors.go
-	s.handler.Store(&h)
+	s.http.handler.Store(&h)
 	return nil
 }
 
@@ -111,20 +167,20 @@ func healthz(w http.ResponseWriter, _ *http.Request) {
 // mountAPIs adds the capability APIs that need the store: the registry
 // API, the OpenAPI document, and the bootstrap APIs (discovery.go).
 func (s *Server) mountAPIs(mux *httpapi.Mux) error {
-	if s.registry == nil {
+	if s.data.registry == nil {
 		rcfg := s.cfg.Registry
 		rcfg.Logger, rcfg.Metrics = s.log, s.reg
-		reg, err := registry.New(s.store, rcfg)
+		reg, err := registry.New(s.data.store, rcfg)
 		if err != nil {
 			return fmt.Errorf("registry: %w", err)
 		}
-		s.registry = reg
+		s.data.registry = reg
 	}
 	if err := s.setupAuth(); err != nil { // authhttp.go
 		return err
 	}
 	s.mountAuth(mux)
-	api, err := registryapi.New(s.registry, s.registryOptions(registryapi.Options{Logger: s.log, Metrics: s.reg}))
+	api, err := registryapi.New(s.data.registry, s.registryOptions(registryapi.Options{Logger: s.log, Metrics: s.reg}))
 	if err != nil {
 		return fmt.Errorf("registry API: %w", err)
 	}
@@ -133,19 +189,19 @@ func (s *Server) mountAPIs(mux *httpapi.Mux) error {
 	if cli := s.etcdClient(); cli != nil {
 		bootstrap.NewTokenAPI(cli, s.clientEndpoints(), s.log).Register(guarded{mux, s.guardTokens}) // authhttp.go
 	}
-	if s.store == nil {
+	if s.data.store == nil {
 		mountWithoutStore(mux) // registrybackend.go
 		return nil
 	}
 	base := s.cfg.V2BaseURL
 	if base == "" {
-		base = s.httpScheme() + "://" + loopbackIfUnspecified(s.httpLn.Addr().String()) + V2Path
+		base = s.httpScheme() + "://" + loopbackIfUnspecified(s.http.ln.Addr().String()) + V2Path
 	}
-	v2svc, err := v2.New(v2.Config{Store: s.store, BaseURL: base, MaxAge: s.cfg.V2TokenMaxAge, Logger: s.log})
+	v2svc, err := v2.New(v2.Config{Store: s.data.store, BaseURL: base, MaxAge: s.cfg.V2TokenMaxAge, Logger: s.log})
 	if err != nil {
 		return fmt.Errorf("v2 discovery: %w", err)
 	}
-	s.v2 = v2svc
+	s.data.v2 = v2svc
 	mux.Handle(V2Path+"/", s.guardV2(limitV2Waits(api, http.StripPrefix(V2Path, v2svc))))
 	return nil
 }
@@ -188,10 +244,10 @@ const V2Path = "/v2/discovery"
 // etcdClient returns a client of the etcd the server runs or fronts (nil
 // for other backends).
 func (s *Server) etcdClient() *clientv3.Client {
-	if s.client != nil {
-		return s.client
+	if s.member.client != nil {
+		return s.member.client
 	}
-	if es, ok := s.store.(*etcdstore.Store); ok {
+	if es, ok := s.data.store.(*etcdstore.Store); ok {
 		return es.Client()
 	}
 	return nil
@@ -199,7 +255,7 @@ func (s *Server) etcdClient() *clientv3.Client {
 
 // clientEndpoints are the etcd client URLs members and clients should use.
 func (s *Server) clientEndpoints() []string {
-	if s.etcd != nil {
+	if s.member.etcd != nil {
 		return s.cfg.AdvertiseClientURLs
 	}
 	return s.cfg.EtcdEndpoints
@@ -226,9 +282,9 @@ type readiness struct {
 // store succeeds, and DNS (if enabled) answers from the registry.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	res := readiness{Status: "ok", Checks: map[string]string{}}
-	if s.etcd != nil {
+	if s.member.etcd != nil {
 		select {
-		case <-s.etcd.Server.ReadyNotify():
+		case <-s.member.etcd.Server.ReadyNotify():
 			res.Checks["etcd"] = "ok"
 		default:
 			res.Checks["etcd"] = "not ready"
@@ -237,7 +293,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
-	if s.store == nil {
+	if s.data.store == nil {
 		s.registryReadiness(ctx, &res) // registrybackend.go
 	} else if err := s.probeStore(ctx); err != nil {
 		res.Checks["store"] = err.Error()

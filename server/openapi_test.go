@@ -96,7 +96,7 @@ func checkRoutes(t *testing.T, doc *apiDoc, s *Server) {
 	t.Helper()
 	served := map[string]bool{} // "get /path"
 	var prefixes []string
-	for _, p := range s.routes.Patterns() {
+	for _, p := range s.http.routes.Patterns() {
 		method, path := goPattern(p)
 		if method == "" {
 			if !strings.HasSuffix(path, "/") {
@@ -264,7 +264,7 @@ func (c *apiChecker) doHeader(method, target, contentType, body string, hdr http
 // servesAny reports whether the server serves dp with any method.
 func (c *apiChecker) servesAny(dp string) bool {
 	for _, m := range []string{"GET", "POST", "PUT", "PATCH", "DELETE"} {
-		if c.s.routes.Serves(m, dp) {
+		if c.s.http.routes.Serves(m, dp) {
 			return true
 		}
 	}
@@ -286,7 +286,7 @@ func (c *apiChecker) check(method, target, reqBody string, a answer) {
 		c.checkErrorBody(method, target, a)
 		return
 	}
-	if !c.s.routes.Serves(method, dp) && !c.s.routes.Serves(http.MethodOptions, dp) && !c.servesAny(dp) {
+	if !c.s.http.routes.Serves(method, dp) && !c.s.http.routes.Serves(http.MethodOptions, dp) && !c.servesAny(dp) {
 		// Documented, but not served by this server (the token API
 		// without etcd): a 404 like any unknown path.
 		if a.code != http.StatusNotFound {
@@ -387,7 +387,7 @@ func (c *apiChecker) probeEveryRoute() {
 			}
 			method := strings.ToUpper(m)
 			op, _ := c.doc.operation(dp, m)
-			if !c.s.routes.Serves(method, dp) {
+			if !c.s.http.routes.Serves(method, dp) {
 				continue
 			}
 			body, ct := "", ""

@@ -31,7 +31,7 @@ func TestPprof(t *testing.T) {
 	if took := time.Since(start); took < 2*time.Second {
 		t.Fatalf("the 2 s profile answered after %v", took)
 	}
-	if !s.etcd.Config().UnsafeNoFsync {
+	if !s.member.etcd.Config().UnsafeNoFsync {
 		t.Error("UnsafeNoFsync not passed to etcd")
 	}
 

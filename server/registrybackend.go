@@ -24,7 +24,7 @@ func (s *Server) openRegistryBackend(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("open %s backend: %w", s.cfg.Backend.BackendName(), err)
 	}
-	s.registry = r
+	s.data.registry = r
 	return nil
 }
 
@@ -41,10 +41,10 @@ func mountWithoutStore(mux *httpapi.Mux) {
 // List.
 func (s *Server) registryReadiness(ctx context.Context, res *readiness) {
 	var err error
-	if p, ok := s.registry.(interface{ Ping(context.Context) error }); ok {
+	if p, ok := s.data.registry.(interface{ Ping(context.Context) error }); ok {
 		err = p.Ping(ctx)
 	} else {
-		_, _, err = s.registry.List(ctx, beacon.Query{})
+		_, _, err = s.data.registry.List(ctx, beacon.Query{})
 	}
 	if err != nil {
 		res.Checks["registry"] = err.Error()

@@ -157,10 +157,10 @@ func (s Security) withDefaults() Security {
 func (s Security) validate(c Config) []error {
 	var errs []error
 	for _, t := range []struct {
-		files  TLSFiles
-		prefix string
-	}{{s.ClientTLS, ""}, {s.PeerTLS, "peer-"}, {s.HTTPTLS, "http-"}, {s.XDSTLS, "xds-"}} {
-		if err := t.files.Validate(t.prefix); err != nil {
+		files TLSFiles
+		field string
+	}{{s.ClientTLS, "ClientTLS"}, {s.PeerTLS, "PeerTLS"}, {s.HTTPTLS, "HTTPTLS"}, {s.XDSTLS, "XDSTLS"}} {
+		if err := t.files.Validate(tlsFieldName(t.field)); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -168,27 +168,27 @@ func (s Security) validate(c Config) []error {
 		// would serve it (its listeners read whatever the files hold).
 		if t.files.CertFile != "" {
 			if _, err := tlsfiles.CheckCertificate(t.files.CertFile, t.files.KeyFile, time.Now()); err != nil {
-				errs = append(errs, fmt.Errorf("--%scert-file: %w", t.prefix, err))
+				errs = append(errs, fmt.Errorf("Config.Security.%s.CertFile: %w", t.field, err))
 			}
 		}
 	}
 	if c.embedded() {
-		errs = append(errs, schemeMatches("listen-client-urls", c.ListenClientURLs, s.ClientTLS, "")...)
-		errs = append(errs, schemeMatches("listen-peer-urls", c.ListenPeerURLs, s.PeerTLS, "peer-")...)
+		errs = append(errs, schemeMatches("ListenClientURLs", c.ListenClientURLs, s.ClientTLS, "ClientTLS")...)
+		errs = append(errs, schemeMatches("ListenPeerURLs", c.ListenPeerURLs, s.PeerTLS, "PeerTLS")...)
 	} else {
 		if s.ClientTLS.Enabled() || s.PeerTLS.Enabled() {
-			errs = append(errs, errors.New("--cert-file/--peer-cert-file configure the embedded etcd, which does not run with --etcd-endpoints or a non-etcd --backend: for TLS to an external etcd use --etcd-cacert, --etcd-cert and --etcd-key"))
+			errs = append(errs, errors.New("Config.Security.ClientTLS.CertFile/Config.Security.PeerTLS.CertFile configure the embedded etcd, which does not run with Config.EtcdEndpoints or a non-etcd Config.Backend: for TLS to an external etcd use Config.Backend.Etcd.CA, Config.Backend.Etcd.ClientCert and Config.Backend.Etcd.ClientKey"))
 		}
 		if s.Auth {
-			errs = append(errs, errors.New("--auth enables authentication on the embedded etcd, which does not run with --etcd-endpoints or a non-etcd --backend: enable auth on the external cluster (etcdctl auth enable) and give beacon serve --etcd-user"))
+			errs = append(errs, errors.New("Config.Security.Auth enables authentication on the embedded etcd, which does not run with Config.EtcdEndpoints or a non-etcd Config.Backend: enable auth on the external cluster (etcdctl auth enable) and give beacon serve Config.Backend.Etcd.Username"))
 		}
 	}
 	if s.Auth && s.RootPasswordFile == "" && s.RootPassword == "" && c.Backend.Etcd.Username == "" {
-		errs = append(errs, fmt.Errorf("--auth needs the root password: put it in a file given with --auth-root-password-file, or in %s (never on the command line)", EnvRootPassword))
+		errs = append(errs, fmt.Errorf("Config.Security.Auth needs the root password: put it in a file given with Config.Security.RootPasswordFile, or in %s (never on the command line)", EnvRootPassword))
 	}
 	if s.RootPasswordFile != "" {
 		if _, err := os.Stat(s.RootPasswordFile); err != nil {
-			errs = append(errs, fmt.Errorf("--auth-root-password-file %q: %w", s.RootPasswordFile, unwrapPath(err)))
+			errs = append(errs, fmt.Errorf("Config.Security.RootPasswordFile %q: %w", s.RootPasswordFile, unwrapPath(err)))
 		}
 	}
 	if s.AuthToken != "" {
@@ -199,39 +199,40 @@ func (s Security) validate(c Config) []error {
 			}
 		}
 		if typ != "simple" && typ != "jwt" {
-			errs = append(errs, fmt.Errorf("--auth-token %q: want simple, or jwt,pub-key=FILE,priv-key=FILE,sign-method=ES256 (etcd's format)", s.AuthToken))
+			errs = append(errs, fmt.Errorf("Config.Security.AuthToken %q: want simple, or jwt,pub-key=FILE,priv-key=FILE,sign-method=ES256 (etcd's format)", s.AuthToken))
 		}
 	}
 	for _, h := range s.HostWhitelist {
 		if h == "" || strings.ContainsAny(h, "/ ") {
-			errs = append(errs, fmt.Errorf("--host-whitelist %q: want host names (no scheme, path or port), or *", h))
+			errs = append(errs, fmt.Errorf("Config.Security.HostWhitelist %q: want host names (no scheme, path or port), or *", h))
 		}
 	}
 	for _, d := range []struct {
-		flag string
-		v    time.Duration
-	}{{"auth-token-ttl", s.AuthTokenTTL}, {"http-request-timeout", s.RequestTimeout}, {"http-idle-timeout", s.IdleTimeout}} {
+		field string
+		v     time.Duration
+	}{{"AuthTokenTTL", s.AuthTokenTTL}, {"RequestTimeout", s.RequestTimeout}, {"IdleTimeout", s.IdleTimeout}} {
 		if d.v < 0 {
-			errs = append(errs, fmt.Errorf("--%s %v: must not be negative", d.flag, d.v))
+			errs = append(errs, fmt.Errorf("Config.Security.%s %v: must not be negative", d.field, d.v))
 		}
 	}
 	if s.MaxBodyBytes < 0 || s.MaxAuthClients < 0 {
-		errs = append(errs, errors.New("--max-body-bytes and --max-auth-clients must not be negative"))
+		errs = append(errs, errors.New("Config.Security.MaxBodyBytes and Config.Security.MaxAuthClients must not be negative"))
 	}
 	if s.MaxConns < 0 || s.MaxConns == 1 {
-		errs = append(errs, fmt.Errorf("--http-max-connections %d: want at least 2 (0 for the default: a quarter of the open-file limit)", s.MaxConns))
+		errs = append(errs, fmt.Errorf("Config.Security.MaxConns %d: want at least 2 (0 for the default: a quarter of the open-file limit)", s.MaxConns))
 	}
 	// etcd replaces a cost outside bcrypt's range by its default, with a
 	// warning at every start: refuse it instead.
 	const minBcryptCost, maxBcryptCost = 4, 31 // golang.org/x/crypto/bcrypt's MinCost and MaxCost
 	if s.BcryptCost != 0 && (s.BcryptCost < minBcryptCost || s.BcryptCost > maxBcryptCost) {
-		errs = append(errs, fmt.Errorf("--bcrypt-cost %d: must be %d to %d (etcd's default is 10)", s.BcryptCost, minBcryptCost, maxBcryptCost))
+		errs = append(errs, fmt.Errorf("Config.Security.BcryptCost %d: must be %d to %d (etcd's default is 10)", s.BcryptCost, minBcryptCost, maxBcryptCost))
 	}
 	return errs
 }
 
-// schemeMatches checks that URLs use https exactly when TLS files are set.
-func schemeMatches(flag string, urls []string, files TLSFiles, prefix string) []error {
+// schemeMatches checks that the URLs of Config field urlField use https
+// exactly when the TLS files of Config.Security field tlsField are set.
+func schemeMatches(urlField string, urls []string, files TLSFiles, tlsField string) []error {
 	var errs []error
 	for _, raw := range urls {
 		u, err := url.Parse(raw)
@@ -240,12 +241,18 @@ func schemeMatches(flag string, urls []string, files TLSFiles, prefix string) []
 		}
 		switch {
 		case u.Scheme == "https" && files.CertFile == "":
-			errs = append(errs, fmt.Errorf("--%s %q is https: give --%scert-file and --%skey-file", flag, raw, prefix, prefix))
+			errs = append(errs, fmt.Errorf("%s %q is https: give %s and %s", "Config."+urlField, raw, tlsFieldName(tlsField)("CertFile"), tlsFieldName(tlsField)("KeyFile")))
 		case u.Scheme == "http" && files.CertFile != "":
-			errs = append(errs, fmt.Errorf("--%s %q is plain http but --%scert-file is set: use https://", flag, raw, prefix))
+			errs = append(errs, fmt.Errorf("%s %q is plain http but %s is set: use https://", "Config."+urlField, raw, tlsFieldName(tlsField)("CertFile")))
 		}
 	}
 	return errs
+}
+
+// tlsFieldName names the fields of the TLSFiles in Config.Security's
+// field tls (e.g. "Config.Security.HTTPTLS.CertFile") in errors.
+func tlsFieldName(tls string) func(string) string {
+	return func(field string) string { return "Config.Security." + tls + "." + field }
 }
 
 // rootPassword returns the configured root password.
@@ -255,11 +262,11 @@ func (s Security) rootPassword() (string, error) {
 	}
 	b, err := os.ReadFile(s.RootPasswordFile)
 	if err != nil {
-		return "", fmt.Errorf("--auth-root-password-file: %w", err)
+		return "", fmt.Errorf("Config.Security.RootPasswordFile: %w", err)
 	}
 	pw := strings.TrimRight(string(b), "\r\n")
 	if pw == "" {
-		return "", fmt.Errorf("--auth-root-password-file %q is empty", s.RootPasswordFile)
+		return "", fmt.Errorf("Config.Security.RootPasswordFile %q is empty", s.RootPasswordFile)
 	}
 	return pw, nil
 }

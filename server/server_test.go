@@ -180,7 +180,7 @@ func TestStartErrors(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.HTTPAddr = ln.Addr().String()
 		err = startErr(t, cfg)
-		if !strings.Contains(err.Error(), "address already in use") || !strings.Contains(err.Error(), "--http-addr") {
+		if !strings.Contains(err.Error(), "address already in use") || !strings.Contains(err.Error(), "Config.HTTPAddr") {
 			t.Fatalf("error %q does not explain the port in use", err)
 		}
 	})
@@ -193,7 +193,7 @@ func TestStartErrors(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.ListenClientURLs = []string{"http://" + ln.Addr().String()}
 		err = startErr(t, cfg)
-		if !strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "--listen-client-urls") {
+		if !strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "Config.ListenClientURLs") {
 			t.Fatalf("error %q does not explain the port in use", err)
 		}
 	})
@@ -204,7 +204,7 @@ func TestStartErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		err := startErr(t, cfg)
-		if !strings.Contains(err.Error(), "--data-dir") || !strings.Contains(err.Error(), "not a directory") {
+		if !strings.Contains(err.Error(), "Config.DataDir") || !strings.Contains(err.Error(), "not a directory") {
 			t.Fatalf("error %q does not explain the data dir", err)
 		}
 	})
@@ -262,8 +262,8 @@ func TestValidate(t *testing.T) {
 		{"unspecified advertise", Config{ListenClientURLs: []string{"http://0.0.0.0:2379"}}, "advertised URL must be reachable"},
 		{"listen on all is fine", Config{ListenClientURLs: []string{"http://0.0.0.0:2379"}, AdvertiseClientURLs: []string{"http://10.0.0.1:2379"}}, ""},
 		{"cluster state", Config{InitialClusterState: "old"}, "must be new or existing"},
-		{"name", Config{Name: "a b"}, "--name"},
-		{"http addr", Config{HTTPAddr: "9379"}, "--http-addr"},
+		{"name", Config{Name: "a b"}, "Config.Name"},
+		{"http addr", Config{HTTPAddr: "9379"}, "Config.HTTPAddr"},
 		{"backend", Config{Backend: backend.Config{Name: "zookeeper"}}, "unknown"},
 		{"kubernetes", Config{Backend: backend.Config{Name: "kubernetes"}}, "not linked into this program"},
 		{"endpoints with memory", Config{EtcdEndpoints: []string{"http://h:2379"}, Backend: backend.Config{Name: "memory"}}, "choose one"},

@@ -31,7 +31,7 @@ func validateInitialCluster(c Config) []error {
 	}
 	m, err := types.NewURLsMap(c.InitialCluster)
 	if err != nil {
-		return []error{fmt.Errorf("--initial-cluster %q: %w: want name=http://host:2380,name=http://host:2380", c.InitialCluster, err)}
+		return []error{fmt.Errorf("Config.InitialCluster %q: %w: want name=http://host:2380,name=http://host:2380", c.InitialCluster, err)}
 	}
 	var errs []error
 	owner := map[string]string{}
@@ -43,21 +43,21 @@ func validateInitialCluster(c Config) []error {
 	for _, name := range names {
 		for _, u := range m[name] {
 			if err := validateURL(u.String(), false); err != nil {
-				errs = append(errs, fmt.Errorf("--initial-cluster %q: member %s: %q: %w", c.InitialCluster, name, u.String(), err))
+				errs = append(errs, fmt.Errorf("Config.InitialCluster %q: member %s: %q: %w", c.InitialCluster, name, u.String(), err))
 			}
 			if other, ok := owner[u.String()]; ok && other != name {
-				errs = append(errs, fmt.Errorf("--initial-cluster %q: peer URL %s is given to both %s and %s", c.InitialCluster, u.String(), other, name))
+				errs = append(errs, fmt.Errorf("Config.InitialCluster %q: peer URL %s is given to both %s and %s", c.InitialCluster, u.String(), other, name))
 			}
 			owner[u.String()] = name
 		}
 	}
 	mine, ok := m[c.Name]
 	if !ok {
-		return append(errs, fmt.Errorf("--initial-cluster %q does not name this member (--name %q): add %s=%s", c.InitialCluster, c.Name,
+		return append(errs, fmt.Errorf("Config.InitialCluster %q does not name this member (Config.Name %q): add %s=%s", c.InitialCluster, c.Name,
 			c.Name, strings.Join(c.AdvertisePeerURLs, ",")))
 	}
 	if !sameURLs(mine.StringSlice(), c.AdvertisePeerURLs) {
-		errs = append(errs, fmt.Errorf("--initial-cluster gives %s the peer URLs %s but --initial-advertise-peer-urls (default: --listen-peer-urls) are %s: make them the same",
+		errs = append(errs, fmt.Errorf("Config.InitialCluster gives %s the peer URLs %s but Config.AdvertisePeerURLs (default: Config.ListenPeerURLs) are %s: make them the same",
 			c.Name, strings.Join(mine.StringSlice(), ","), strings.Join(c.AdvertisePeerURLs, ",")))
 	}
 	return errs
@@ -118,7 +118,7 @@ func probePorts(c Config) error {
 	for _, set := range []struct {
 		flag string
 		urls []string
-	}{{"--listen-client-urls", c.ListenClientURLs}, {"--listen-peer-urls", c.ListenPeerURLs}} {
+	}{{"Config.ListenClientURLs", c.ListenClientURLs}, {"Config.ListenPeerURLs", c.ListenPeerURLs}} {
 		for _, raw := range set.urls {
 			u, err := url.Parse(raw)
 			if err != nil {

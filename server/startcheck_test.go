@@ -37,7 +37,7 @@ func TestFailedStartLeavesNothing(t *testing.T) {
 		cfg.DataDir = filepath.Join(t.TempDir(), "beacon.data")
 		cfg.ListenPeerURLs = []string{"http://" + ln.Addr().String()}
 		err = startErr(t, cfg)
-		if !strings.Contains(err.Error(), "--listen-peer-urls") || !strings.Contains(err.Error(), "in use") {
+		if !strings.Contains(err.Error(), "Config.ListenPeerURLs") || !strings.Contains(err.Error(), "in use") {
 			t.Fatalf("error %q does not name the peer port in use", err)
 		}
 		assertAbsent(t, cfg.DataDir)
@@ -47,7 +47,7 @@ func TestFailedStartLeavesNothing(t *testing.T) {
 		cfg.DataDir = filepath.Join(t.TempDir(), "beacon.data")
 		cfg.InitialCluster = "other=" + freeURL()
 		err := startErr(t, cfg)
-		if !strings.Contains(err.Error(), "--initial-cluster") || !strings.Contains(err.Error(), "does not name this member") {
+		if !strings.Contains(err.Error(), "Config.InitialCluster") || !strings.Contains(err.Error(), "does not name this member") {
 			t.Fatalf("error %q", err)
 		}
 		assertAbsent(t, cfg.DataDir)
@@ -62,7 +62,7 @@ func TestFailedStartLeavesNothing(t *testing.T) {
 	t.Run("unparsable initial cluster", func(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.InitialCluster = "a=b=c"
-		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--initial-cluster") {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Config.InitialCluster") {
 			t.Fatalf("Validate = %v", err)
 		}
 	})

@@ -9,7 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/beaconplane/beacon/registry"
+	"time"
+
 	"github.com/beaconplane/beacon/server/registryapi"
 )
 
@@ -36,7 +37,7 @@ func TestFailedAuthenticationsThrottled(t *testing.T) {
 	}
 	// His view closes (as after viewIdle): the next login checks with
 	// etcd again.
-	v := s.state().views
+	v := s.authn().views
 	v.mu.Lock()
 	var daves []*userView
 	for _, uv := range v.views {
@@ -100,28 +101,29 @@ func TestFailedAuthenticationsThrottled(t *testing.T) {
 
 	// The table of failures is bounded; a flood from many addresses does
 	// not push out an entry that throttles.
+	th := s.authn().throttle
 	for range maxFails {
-		v.failed("192.0.2.1", "carol")
+		th.failed("192.0.2.1", "carol")
 	}
 	for i := range 2 * maxFailEntries {
-		v.failed(fmt.Sprintf("198.51.%d.%d", i/250, i%250), fmt.Sprint("spray-", i))
+		th.failed(fmt.Sprintf("198.51.%d.%d", i/250, i%250), fmt.Sprint("spray-", i))
 	}
-	v.mu.Lock()
-	n := len(v.fails)
-	v.mu.Unlock()
+	th.mu.Lock()
+	n := len(th.fails)
+	th.mu.Unlock()
 	if n > maxFailEntries {
 		t.Errorf("failure table holds %d keys, bound %d", n, maxFailEntries)
 	}
-	if v.throttled("192.0.2.1", identity{method: methodBasic, user: "carol", password: "x"}) == 0 {
+	if th.throttled("192.0.2.1", identity{method: methodBasic, user: "carol", password: "x"}) == 0 {
 		t.Error("a flood of failures from other addresses lifted carol's throttle")
 	}
 	// So is the table of accepted credentials.
 	for i := range 2 * maxGood {
-		v.succeeded(identity{method: methodBasic, user: fmt.Sprint("u", i), password: "p"})
+		th.succeeded(identity{method: methodBasic, user: fmt.Sprint("u", i), password: "p"})
 	}
-	v.mu.Lock()
-	n = len(v.good)
-	v.mu.Unlock()
+	th.mu.Lock()
+	n = len(th.good)
+	th.mu.Unlock()
 	if n > maxGood {
 		t.Errorf("accepted-credentials table holds %d keys, bound %d", n, maxGood)
 	}
@@ -132,7 +134,7 @@ func TestFailedAuthenticationsThrottled(t *testing.T) {
 // refusal); an address below it is not gated, and the gates go away with
 // their last check.
 func TestAddressGate(t *testing.T) {
-	v := newAuthViews(nil, registry.Config{}, 1, nil)
+	v := newLoginThrottle(time.Now)
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	ctx := context.Background()

@@ -17,7 +17,7 @@ import (
 // security is the state of the security layer inside a Server.
 type security struct {
 	sec       Security                      // with defaults
-	secState  atomic.Pointer[securityState] // set once etcd is up (setupAuth)
+	authnPtr  atomic.Pointer[authenticator] // set once etcd is up (setupAuth)
 	authToken string                        // the embedded etcd's --auth-token, resolved
 	hosts     map[string]bool               // Host names the HTTP API answers to
 	httpTLS   *tlsfiles.Reloader            // nil: plain HTTP

@@ -420,9 +420,9 @@ func TestExpiredCertificatesRefusedAtStart(t *testing.T) {
 	p := newPKI(t)
 	expired := TLSFiles{CertFile: p.expired.Cert, KeyFile: p.expired.Key}
 	for flag, set := range map[string]func(*Security){
-		"--cert-file":      func(s *Security) { s.ClientTLS = expired },
-		"--peer-cert-file": func(s *Security) { s.PeerTLS = expired },
-		"--http-cert-file": func(s *Security) { s.HTTPTLS = expired },
+		"Config.Security.ClientTLS.CertFile": func(s *Security) { s.ClientTLS = expired },
+		"Config.Security.PeerTLS.CertFile":   func(s *Security) { s.PeerTLS = expired },
+		"Config.Security.HTTPTLS.CertFile":   func(s *Security) { s.HTTPTLS = expired },
 	} {
 		cfg := tlsConfig(t, p, io.Discard)
 		set(&cfg.Security)

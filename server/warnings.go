@@ -17,18 +17,18 @@ import (
 // read the registry, and without authentication write it.
 func (s *Server) securityWarnings() []string {
 	var out []string
-	if s.httpLn != nil {
-		host, _, _ := net.SplitHostPort(s.httpLn.Addr().String())
+	if s.http.ln != nil {
+		host, _, _ := net.SplitHostPort(s.http.ln.Addr().String())
 		if !isLoopback(host) {
 			if s.httpTLS == nil {
-				out = append(out, fmt.Sprintf("the HTTP API on %s is plain HTTP on a non-loopback address: anyone on the network can read it and see secrets in transit; give --http-cert-file and --http-key-file", s.httpLn.Addr()))
+				out = append(out, fmt.Sprintf("the HTTP API on %s is plain HTTP on a non-loopback address: anyone on the network can read it and see secrets in transit; give --http-cert-file and --http-key-file", s.http.ln.Addr()))
 			}
 			if !s.authEnforced() {
-				out = append(out, fmt.Sprintf("the HTTP API on %s has no authentication on a non-loopback address: anyone who reaches it can register, change and remove instances; run with --auth (embedded etcd) or front an etcd with auth enabled", s.httpLn.Addr()))
+				out = append(out, fmt.Sprintf("the HTTP API on %s has no authentication on a non-loopback address: anyone who reaches it can register, change and remove instances; run with --auth (embedded etcd) or front an etcd with auth enabled", s.http.ln.Addr()))
 			}
 		}
 	}
-	if s.etcd != nil {
+	if s.member.etcd != nil {
 		for _, set := range []struct {
 			flag string
 			urls []string
@@ -88,7 +88,7 @@ func (s *Server) securityWarnings() []string {
 
 // authEnforced reports whether etcd authentication is on for the HTTP API.
 func (s *Server) authEnforced() bool {
-	a := s.state().auth
+	a := s.authn().auth
 	if a == nil {
 		return false
 	}

@@ -42,10 +42,10 @@ func (c XDSConfig) validate() []error {
 	}
 	var errs []error
 	if err := hostport.Check(c.Addr); err != nil {
-		errs = append(errs, fmt.Errorf("--xds-addr %q: %w, e.g. %s (or empty to disable xDS)", c.Addr, err, xdsapi.DefaultAddr))
+		errs = append(errs, fmt.Errorf("Config.XDS.Addr %q: %w, e.g. %s (or empty to disable xDS)", c.Addr, err, xdsapi.DefaultAddr))
 	}
 	if c.MaxStreams < 0 {
-		errs = append(errs, fmt.Errorf("--xds-max-streams %d: must be positive (0 for the default, %d)", c.MaxStreams, xdsapi.DefaultMaxStreams))
+		errs = append(errs, fmt.Errorf("Config.XDS.MaxStreams %d: must be positive (0 for the default, %d)", c.MaxStreams, xdsapi.DefaultMaxStreams))
 	}
 	return errs
 }
@@ -65,7 +65,7 @@ func (s *Server) listenXDS() error {
 	if c.Addr == "" {
 		return nil
 	}
-	ln, err := listen(c.Addr, "--xds-addr")
+	ln, err := listen(c.Addr, "Config.XDS.Addr")
 	if err != nil {
 		return err
 	}
@@ -104,16 +104,16 @@ func (s *Server) startXDS() error {
 		s.xds.tls = r
 		cfg.ServerOptions = append(cfg.ServerOptions, grpc.Creds(grpccreds.NewTLS(r.ServerConfig("h2"))))
 	}
-	srv, err := xdsapi.New(s.registry, cfg)
+	srv, err := xdsapi.New(s.data.registry, cfg)
 	if err != nil {
 		return fmt.Errorf("xds: %w", err)
 	}
 	s.xds.srv = srv
 	ln := s.xds.ln
 	s.xds.ln = nil // owned by srv now
-	s.wg.Add(1)
+	s.life.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
+		defer s.life.wg.Done()
 		if err := srv.Serve(ln); err != nil {
 			s.fail(fmt.Errorf("xds: %w", err))
 		}
@@ -165,7 +165,7 @@ func (s *Server) XDSAddr() string { return s.xds.addr }
 // authorization metadata, or a verified client certificate's common
 // name); without, everything.
 func (s *Server) authorizeXDS(ctx context.Context) (xdsapi.Access, error) {
-	st := s.state()
+	st := s.authn()
 	if st.auth == nil {
 		return nil, nil
 	}
@@ -184,7 +184,7 @@ func (s *Server) authorizeXDS(ctx context.Context) (xdsapi.Access, error) {
 		return nil, status.Error(codes.Unauthenticated, errNoCredentials.Error()+
 			": send the etcd user's credentials in the authorization metadata (Basic base64(user:password), or Bearer and an etcd token), or a client certificate whose common name is the user (--xds-trusted-ca-file)")
 	}
-	uv, fail := s.checkIdentity(ctx, st, grpcPeerHost(ctx), id)
+	uv, fail := st.checkIdentity(ctx, grpcPeerHost(ctx), id)
 	if fail != nil {
 		return nil, fail.grpcStatus()
 	}
@@ -224,7 +224,7 @@ func (a *xdsAccess) Readable(ctx context.Context, ns string) (bool, error) {
 	return false, err
 }
 
-func (a *xdsAccess) Release() { a.s.state().views.release(a.uv) }
+func (a *xdsAccess) Release() { a.s.authn().views.release(a.uv) }
 
 // grpcCredentials reads an ADS stream's identity: the authorization
 // metadata, else a verified client certificate's common name.

@@ -42,7 +42,7 @@ func (t *proxyListenTLS) apply(cfg *proxy.Config, log *slog.Logger) error {
 	if !t.files.Enabled() {
 		return nil
 	}
-	if err := t.files.Validate(""); err != nil {
+	if err := t.files.Validate(tlsFlag("")); err != nil {
 		return err
 	}
 	// A rotated certificate must still cover the listen address (unless

@@ -85,11 +85,11 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			}
 			srv, err := server.New(cfg)
 			if err != nil {
-				return usage(err) // New only checks the configuration
+				return usage(withFlagNames(err)) // New only checks the configuration
 			}
 			ctx := cmd.Context()
 			if err := srv.Start(ctx); err != nil {
-				return err
+				return withFlagNames(err)
 			}
 			fmt.Fprint(cmd.OutOrStdout(), srv.Banner())
 			stopping := context.AfterFunc(ctx, func() {
@@ -103,7 +103,7 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			})
 			defer cutShort()
 			if err := srv.Wait(ctx); err != nil {
-				return err
+				return withFlagNames(err)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), "beacon serve stopped")
 			return nil

@@ -157,7 +157,7 @@ gRPC C-core before 1.57 (Python, C++, Ruby, PHP) connect only without TLS.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			b, err := xdsapi.Bootstrap(c)
 			if err != nil {
-				return usage(err)
+				return usage(withFlagNames(err))
 			}
 			_, err = cmd.OutOrStdout().Write(b)
 			return err

@@ -40,25 +40,27 @@ type Files struct {
 // Enabled reports whether any file is set.
 func (f Files) Enabled() bool { return f.CertFile != "" || f.KeyFile != "" || f.TrustedCAFile != "" }
 
-// Validate checks the combination (not the files' contents); flag is the
-// flag prefix to name in errors ("", "peer-", "http-").
-func (f Files) Validate(flag string) error {
+// Validate checks the combination (not the files' contents). name says
+// how errors name a field of Files ("CertFile", "KeyFile",
+// "TrustedCAFile", "ClientCertAuth"): a library names its configuration
+// field, a command the flag that sets it.
+func (f Files) Validate(name func(field string) string) error {
 	var errs []error
 	if (f.CertFile == "") != (f.KeyFile == "") {
-		errs = append(errs, fmt.Errorf("--%scert-file and --%skey-file: give both or neither", flag, flag))
+		errs = append(errs, fmt.Errorf("%s and %s: give both or neither", name("CertFile"), name("KeyFile")))
 	}
 	if f.ClientCertAuth && f.TrustedCAFile == "" {
-		errs = append(errs, fmt.Errorf("--%sclient-cert-auth needs --%strusted-ca-file, the CA that signs client certificates", flag, flag))
+		errs = append(errs, fmt.Errorf("%s needs %s, the CA that signs client certificates", name("ClientCertAuth"), name("TrustedCAFile")))
 	}
 	if f.TrustedCAFile != "" && f.CertFile == "" {
-		errs = append(errs, fmt.Errorf("--%strusted-ca-file without --%scert-file: a listener verifies client certificates only over TLS", flag, flag))
+		errs = append(errs, fmt.Errorf("%s without %s: a listener verifies client certificates only over TLS", name("TrustedCAFile"), name("CertFile")))
 	}
-	for _, p := range []struct{ flag, path string }{{"cert-file", f.CertFile}, {"key-file", f.KeyFile}, {"trusted-ca-file", f.TrustedCAFile}} {
+	for _, p := range []struct{ field, path string }{{"CertFile", f.CertFile}, {"KeyFile", f.KeyFile}, {"TrustedCAFile", f.TrustedCAFile}} {
 		if p.path == "" {
 			continue
 		}
 		if _, err := os.Stat(p.path); err != nil {
-			errs = append(errs, fmt.Errorf("--%s%s %q: %w", flag, p.flag, p.path, unwrapPath(err)))
+			errs = append(errs, fmt.Errorf("%s %q: %w", name(p.field), p.path, unwrapPath(err)))
 		}
 	}
 	return errors.Join(errs...)

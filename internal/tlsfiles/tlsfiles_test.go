@@ -109,6 +109,12 @@ func TestReloaderRotatesAndKeepsAWorkingPair(t *testing.T) {
 	}
 }
 
+// flagName names the fields as a command's --http-* flags would.
+func flagName(field string) string {
+	return map[string]string{"CertFile": "--http-cert-file", "KeyFile": "--http-key-file",
+		"TrustedCAFile": "--http-trusted-ca-file", "ClientCertAuth": "--http-client-cert-auth"}[field]
+}
+
 func TestValidate(t *testing.T) {
 	for _, c := range []struct {
 		f    Files
@@ -119,12 +125,12 @@ func TestValidate(t *testing.T) {
 		{Files{TrustedCAFile: "/nonexistent"}, "without --http-cert-file"},
 		{Files{CertFile: "/nonexistent/c", KeyFile: "/nonexistent/k"}, "no such file"},
 	} {
-		err := c.f.Validate("http-")
+		err := c.f.Validate(flagName)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want %q", c.f, err, c.want)
 		}
 	}
-	if err := (Files{}).Validate(""); err != nil {
+	if err := (Files{}).Validate(flagName); err != nil {
 		t.Errorf("no files: %v", err)
 	}
 }

@@ -99,16 +99,16 @@ func (c Config) withDefaults() Config {
 }
 
 // Validate checks the configuration and returns every problem found, each
-// naming the `beacon serve` flag it comes from.
+// naming the field (dnsapi.Config.Domain ...).
 func (c Config) Validate() error {
 	var errs []error
 	if c.Domain != "" {
 		if err := validateDomain(c.Domain); err != nil {
-			errs = append(errs, fmt.Errorf("--dns-domain %q: %w", c.Domain, err))
+			errs = append(errs, fmt.Errorf("dnsapi.Config.Domain %q: %w", c.Domain, err))
 		}
 	}
 	if c.TTL != 0 && (c.TTL < time.Second || c.TTL > time.Hour || c.TTL%time.Second != 0) {
-		errs = append(errs, fmt.Errorf("--dns-ttl %v: must be whole seconds from 1s to 1h (DNS TTLs are in seconds)", c.TTL))
+		errs = append(errs, fmt.Errorf("dnsapi.Config.TTL %v: must be whole seconds from 1s to 1h (DNS TTLs are in seconds)", c.TTL))
 	}
 	if c.UDPSize != 0 && (c.UDPSize < dns.MinMsgSize || c.UDPSize > dns.MaxMsgSize) {
 		errs = append(errs, fmt.Errorf("UDP size %d: must be %d-%d", c.UDPSize, dns.MinMsgSize, dns.MaxMsgSize))

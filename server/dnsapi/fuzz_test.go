@@ -211,9 +211,9 @@ func TestConfigValidate(t *testing.T) {
 		{Config{Domain: "."}, "root zone"},
 		{Config{Domain: "a..b"}, "label"},
 		{Config{Domain: "a_b."}, "label"},
-		{Config{TTL: 500 * time.Millisecond}, "--dns-ttl"},
+		{Config{TTL: 500 * time.Millisecond}, "dnsapi.Config.TTL"},
 		{Config{TTL: 1500 * time.Millisecond}, "whole seconds"},
-		{Config{TTL: 2 * time.Hour}, "--dns-ttl"},
+		{Config{TTL: 2 * time.Hour}, "dnsapi.Config.TTL"},
 		{Config{UDPSize: 100}, "UDP size"},
 		{Config{MaxTCPConns: -1}, "TCP"},
 	} {

@@ -259,12 +259,12 @@ func (s *Server) accept(h dns.Header) dns.MsgAcceptAction {
 func (s *Server) invalid([]byte, error) { s.m.dropped.Inc() }
 
 // Listen opens UDP and TCP listeners on the same address (a port of 0
-// picks one free for both), turning "address in use" into advice that
-// names the flag.
+// picks one free for both). A port in use gives an error matching
+// syscall.EADDRINUSE.
 func Listen(addr string) (net.PacketConn, net.Listener, error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--dns-addr %q: must be host:port, e.g. %s", addr, DefaultAddr)
+		return nil, nil, fmt.Errorf("dnsapi: DNS address %q: must be host:port, e.g. %s", addr, DefaultAddr)
 	}
 	for attempt := 0; ; attempt++ {
 		ln, err := net.Listen("tcp", addr)
@@ -289,9 +289,9 @@ func Listen(addr string) (net.PacketConn, net.Listener, error) {
 
 func listenErr(addr string, err error) error {
 	if errors.Is(err, syscall.EADDRINUSE) {
-		return fmt.Errorf("--dns-addr %s: address already in use (another beacon serve or DNS server?): choose another with --dns-addr, or disable DNS with --dns-addr=", addr)
+		return fmt.Errorf("dnsapi: DNS address %s: address already in use (another DNS server?): %w", addr, err)
 	}
-	return fmt.Errorf("--dns-addr %s: %w", addr, err)
+	return fmt.Errorf("dnsapi: DNS address %s: %w", addr, err)
 }
 
 // Serve answers DNS on pc (UDP) and ln (TCP, at most MaxTCPConns

@@ -64,34 +64,9 @@ type StaleMessage struct {
 // snapshot is written in pieces of writeChunk bytes, each with its own
 // deadline, so a client that reads slowly but steadily gets all of it.
 func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
-	if !httpapi.Accepts(r, "text/event-stream") {
-		// It was streamed anyway, to a client that asked for JSON.
-		writeError(w, http.StatusNotAcceptable, "not_acceptable", fmt.Sprintf(
-			"Accept %q: this endpoint streams Server-Sent Events: send Accept: text/event-stream (or no Accept); for the instances as one JSON answer, GET %s",
-			strings.Join(r.Header.Values("Accept"), ", "), InstancesPath))
-		return
-	}
-	params, ok := httpapi.CheckQuery(w, r, "namespace", "component", "endpoint", "since")
+	q, opts, ok := watchRequest(w, r)
 	if !ok {
 		return
-	}
-	q, ok := query(w, params)
-	if !ok {
-		return
-	}
-	since := r.Header.Get("Last-Event-ID")
-	if since == "" {
-		since = params["since"]
-	}
-	var opts []registry.WatchOption
-	if since != "" {
-		rev, err := strconv.ParseInt(since, 10, 64)
-		if err != nil || rev < 0 {
-			writeError(w, http.StatusBadRequest, "invalid_argument",
-				fmt.Sprintf("Last-Event-ID / since %q: want the revision (an integer) of the last event received", since))
-			return
-		}
-		opts = append(opts, registry.FromRevision(rev))
 	}
 	reg, ok := h.discoverer(w, r)
 	if !ok {
@@ -125,7 +100,54 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 	}
 	h.m.watches.Inc()
 	defer h.m.watches.Dec()
+	var firstBatch *registry.Batch
+	if err == nil {
+		firstBatch = &first
+	}
+	h.stream(w, r, wt, firstBatch)
+}
 
+// watchRequest reads a watch request: its query, and the revision to
+// resume from (Last-Event-ID, else ?since=). It answers the request
+// itself when it is not one it can serve.
+func watchRequest(w http.ResponseWriter, r *http.Request) (beacon.Query, []registry.WatchOption, bool) {
+	if !httpapi.Accepts(r, "text/event-stream") {
+		// It was streamed anyway, to a client that asked for JSON.
+		writeError(w, http.StatusNotAcceptable, "not_acceptable", fmt.Sprintf(
+			"Accept %q: this endpoint streams Server-Sent Events: send Accept: text/event-stream (or no Accept); for the instances as one JSON answer, GET %s",
+			strings.Join(r.Header.Values("Accept"), ", "), InstancesPath))
+		return beacon.Query{}, nil, false
+	}
+	params, ok := httpapi.CheckQuery(w, r, "namespace", "component", "endpoint", "since")
+	if !ok {
+		return beacon.Query{}, nil, false
+	}
+	q, ok := query(w, params)
+	if !ok {
+		return beacon.Query{}, nil, false
+	}
+	since := r.Header.Get("Last-Event-ID")
+	if since == "" {
+		since = params["since"]
+	}
+	var opts []registry.WatchOption
+	if since != "" {
+		rev, err := strconv.ParseInt(since, 10, 64)
+		if err != nil || rev < 0 {
+			writeError(w, http.StatusBadRequest, "invalid_argument",
+				fmt.Sprintf("Last-Event-ID / since %q: want the revision (an integer) of the last event received", since))
+			return beacon.Query{}, nil, false
+		}
+		opts = append(opts, registry.FromRevision(rev))
+	}
+	return q, opts, true
+}
+
+// stream writes the watch's batches as Server-Sent Events, first (when
+// not nil) first, with keep-alives while nothing happens, until the
+// request ends, the client stops taking writes, or the watch fails.
+func (h *Handler) stream(w http.ResponseWriter, r *http.Request, wt registry.Watcher, first *registry.Batch) {
+	ctx := r.Context()
 	hdr := w.Header()
 	hdr.Set("Content-Type", "text/event-stream")
 	hdr.Set("Cache-Control", "no-cache")
@@ -155,8 +177,8 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 		return nil
 	}
 	fmt.Fprint(bw, "retry: 1000\n\n")
-	if err == nil {
-		writeBatch(bw, first)
+	if first != nil {
+		writeBatch(bw, *first)
 	}
 	if flush() != nil {
 		return

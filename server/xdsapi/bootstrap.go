@@ -34,14 +34,14 @@ func (c BootstrapConfig) Validate() error {
 	if c.Server != "" {
 		host, port, err := net.SplitHostPort(c.Server)
 		if p, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || p < 1 || p > 65535 {
-			errs = append(errs, fmt.Errorf("--server %q: want the xDS server's host:port, e.g. %s", c.Server, DefaultAddr))
+			errs = append(errs, fmt.Errorf("xdsapi.BootstrapConfig.Server %q: want the xDS server's host:port, e.g. %s", c.Server, DefaultAddr))
 		}
 	}
 	if (c.CertFile == "") != (c.KeyFile == "") {
-		errs = append(errs, errors.New("--cert and --key go together: give both for mutual TLS, or neither"))
+		errs = append(errs, errors.New("xdsapi.BootstrapConfig.CertFile and xdsapi.BootstrapConfig.KeyFile go together: give both for mutual TLS, or neither"))
 	}
 	if c.CertFile != "" && c.CACertFile == "" {
-		errs = append(errs, errors.New("--cert needs --cacert: a client certificate is sent over TLS, which verifies the server against --cacert"))
+		errs = append(errs, errors.New("xdsapi.BootstrapConfig.CertFile needs xdsapi.BootstrapConfig.CACertFile: a client certificate is sent over TLS, which verifies the server against xdsapi.BootstrapConfig.CACertFile"))
 	}
 	return errors.Join(errs...)
 }
