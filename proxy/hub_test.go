@@ -558,4 +558,3 @@ func TestHubCancelledWatcherGetsNothingMore(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
-
