@@ -31,7 +31,7 @@ import (
 // one that is behind (which loses nothing for either side) and the other
 // is cancelled.
 //
-// Delivery (watchenc.go): an upstream response becomes one shared batch;
+// Delivery (watchstream.go, watchenc.go): an upstream response becomes one shared batch;
 // each receiver's stream queues a reference to it, merged with what the
 // same watcher already has waiting, and the stream's sender splices the
 // client response from encoded parts.
