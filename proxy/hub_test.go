@@ -391,6 +391,35 @@ func (r *hubRig) check() {
 	}
 }
 
+// checkGroups asserts the hub's structure: the groups hold only open
+// upstreams of their own range (one is closed and removed under the
+// hub's lock at once), each listed once, and every receiver of one points
+// back to it.
+func (r *hubRig) checkGroups() {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	seen := map[*upstream]bool{}
+	for k, ups := range r.h.groups {
+		if len(ups) == 0 {
+			r.t.Fatalf("range %q..%q: an empty group", k.key, k.end)
+		}
+		for _, u := range ups {
+			u.mu.Lock()
+			closed, key := u.closed, u.key
+			var stray bool
+			for w := range u.receivers {
+				stray = stray || w.up != u
+			}
+			u.mu.Unlock()
+			if closed || key != k || seen[u] || stray {
+				r.t.Fatalf("range %q..%q: upstream closed %v, of range %q..%q, listed twice %v, a receiver pointing elsewhere %v",
+					k.key, k.end, closed, key.key, key.end, seen[u], stray)
+			}
+			seen[u] = true
+		}
+	}
+}
+
 // upstreams counts the hub's upstream watches of a range.
 func (r *hubRig) upstreams(key, end string) int {
 	r.h.mu.Lock()
@@ -412,7 +441,7 @@ var hubRanges = [][2]string{{"a", ""}, {"b", ""}, {"a", "\x00"}, {"a", "c"}}
 // share one upstream watch.
 func TestHubDeliversEveryEventOnceInOrderUnderAnyInterleaving(t *testing.T) {
 	for seed := range uint64(40) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+		ok := t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rnd := rand.New(rand.NewPCG(seed, 23))
 			r := newHubRig(t, 3)
 			keys := []string{"a", "b", "c"}
@@ -439,6 +468,7 @@ func TestHubDeliversEveryEventOnceInOrderUnderAnyInterleaving(t *testing.T) {
 						r.etcd.step(ws[rnd.IntN(len(ws))], 1+rnd.IntN(3))
 					}
 				}
+				r.checkGroups()
 			}
 			r.settle()
 			r.check()
@@ -450,6 +480,9 @@ func TestHubDeliversEveryEventOnceInOrderUnderAnyInterleaving(t *testing.T) {
 				}
 			}
 		})
+		if !ok {
+			break // one failing seed says it
+		}
 	}
 }
 

@@ -150,14 +150,7 @@ func (s *cstream) recvLoop() error {
 // response for one watcher closes that watcher's mergeable events (what
 // follows comes after it); a stream-wide one (watch ID -1) closes all.
 func (s *cstream) enqueue(rs ...*pb.WatchResponse) {
-	s.mu.Lock()
-	if s.overflow {
-		s.mu.Unlock()
-		return
-	}
-	if s.behindLocked() {
-		s.mu.Unlock()
-		s.overflowed()
+	if !s.lockToQueue() {
 		return
 	}
 	for _, r := range rs {
@@ -170,6 +163,22 @@ func (s *cstream) enqueue(rs ...*pb.WatchResponse) {
 	}
 	s.mu.Unlock()
 	s.wake()
+}
+
+// lockToQueue locks s.mu to queue a response, unless the stream is being
+// ended, or is behind (it is then ended): it reports whether s.mu is held.
+func (s *cstream) lockToQueue() bool {
+	s.mu.Lock()
+	if s.overflow {
+		s.mu.Unlock()
+		return false
+	}
+	if s.behindLocked() {
+		s.mu.Unlock()
+		s.overflowed()
+		return false
+	}
+	return true
 }
 
 // behindLocked reports a stream whose waiting responses, not yet taken by
@@ -192,14 +201,7 @@ type fanItem struct {
 // batch at once rather than racing the dispatcher for it watcher by
 // watcher.
 func (s *cstream) enqueueEvents(b *evBatch, ws []fanItem) {
-	s.mu.Lock()
-	if s.overflow {
-		s.mu.Unlock()
-		return
-	}
-	if s.behindLocked() {
-		s.mu.Unlock()
-		s.overflowed()
+	if !s.lockToQueue() {
 		return
 	}
 	for _, fi := range ws {
