@@ -237,6 +237,7 @@ type modelWatcher struct {
 	noPut      bool
 	noDel      bool
 	start      int64 // as requested (0: from now)
+	current    int64 // the current revision create's Range gave (maybe behind)
 	createdRev int64 // the head when it was created
 	canceled   bool
 }
@@ -268,6 +269,13 @@ func newHubRig(t *testing.T, streams int) *hubRig {
 // watch creates a client watcher on stream si, as cstream.create does
 // once the range is checked and the current revision known.
 func (r *hubRig) watch(si int, key, end string, start int64, noPut, noDel bool) *modelWatcher {
+	return r.watchBehind(si, key, end, start, noPut, noDel, 0)
+}
+
+// watchBehind is watch with create's Range answered lag revisions behind
+// etcd's head (a serializable read on a member behind the one the
+// upstream watches run on).
+func (r *hubRig) watchBehind(si int, key, end string, start int64, noPut, noDel bool, lag int64) *modelWatcher {
 	s := r.streams[si]
 	id := r.nextID
 	r.nextID++
@@ -277,10 +285,11 @@ func (r *hubRig) watch(si int, key, end string, start int64, noPut, noDel bool) 
 	s.mu.Unlock()
 	r.h.watcherAdded()
 	head := r.etcd.head()
-	if !r.h.attach(w, start, &pb.ResponseHeader{Revision: head}) {
+	current := max(head-lag, 0)
+	if !r.h.attach(w, start, &pb.ResponseHeader{Revision: current}) {
 		r.t.Fatal("attach refused")
 	}
-	m := &modelWatcher{w: w, rec: r.recs[si], key: key, end: end, noPut: noPut, noDel: noDel, start: start, createdRev: head}
+	m := &modelWatcher{w: w, rec: r.recs[si], key: key, end: end, noPut: noPut, noDel: noDel, start: start, current: current, createdRev: head}
 	r.models = append(r.models, m)
 	return m
 }
@@ -291,10 +300,21 @@ func (r *hubRig) cancel(m *modelWatcher) {
 }
 
 // want is the oracle: the revisions m must receive, from the history.
+// A watcher from now gets every event after the revision its created
+// response names (etcd's contract), which must lie between the current
+// revision create was given and etcd's head then.
 func (r *hubRig) want(m *modelWatcher) []int64 {
 	from := m.start
 	if from == 0 {
-		from = m.createdRev + 1
+		resps := m.rec.responses(m.w.id)
+		if len(resps) == 0 {
+			return nil // not yet created: got() has nothing either
+		}
+		created := resps[0].Header.GetRevision()
+		if created < m.current || created > m.createdRev {
+			r.t.Fatalf("watch %d from now: created at revision %d, want between %d (create's current revision) and %d (etcd's then)", m.w.id, created, m.current, m.createdRev)
+		}
+		from = created + 1
 	}
 	r.etcd.mu.Lock()
 	defer r.etcd.mu.Unlock()
@@ -456,7 +476,7 @@ func TestHubDeliversEveryEventOnceInOrderUnderAnyInterleaving(t *testing.T) {
 					if rnd.IntN(2) == 0 {
 						start = 1 + rnd.Int64N(r.etcd.head()+1)
 					}
-					r.watch(rnd.IntN(len(r.streams)), rg[0], rg[1], start, rnd.IntN(5) == 0, rnd.IntN(5) == 0)
+					r.watchBehind(rnd.IntN(len(r.streams)), rg[0], rg[1], start, rnd.IntN(5) == 0, rnd.IntN(5) == 0, rnd.Int64N(3))
 				case op < 3 && len(r.models) > 0:
 					if m := r.models[rnd.IntN(len(r.models))]; !m.canceled {
 						r.cancel(m)

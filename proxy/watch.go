@@ -204,7 +204,7 @@ func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool
 		// From now: the most recent upstream also counts as now.
 		for _, u := range ups {
 			u.mu.Lock()
-			if !u.closed && (best == nil || u.nextrev > best.nextrev) {
+			if !u.closed && (best == nil || u.nextrev < best.nextrev) {
 				best = u
 			}
 			u.mu.Unlock()
