@@ -253,7 +253,7 @@ func newHubRig(t *testing.T, streams int) *hubRig {
 	for range streams {
 		rec := &recStream{ctx: ctx, got: map[int64][]*pb.WatchResponse{}}
 		cctx, ccancel := context.WithCancelCause(ctx)
-		s := newCStream(cctx, ccancel, ctx, r.h, rec)
+		s := newCStream(cctx, ctx, ccancel, r.h, rec)
 		r.streams = append(r.streams, s)
 		r.recs = append(r.recs, rec)
 		r.wg.Go(func() { _ = s.sendLoop() })

@@ -80,7 +80,7 @@ type cstream struct {
 
 // newCStream is the state of client stream ss, ended by cancel; rctx
 // carries its outgoing metadata.
-func newCStream(ctx context.Context, cancel context.CancelCauseFunc, rctx context.Context, h *watchHub, ss grpc.ServerStream) *cstream {
+func newCStream(ctx, rctx context.Context, cancel context.CancelCauseFunc, h *watchHub, ss grpc.ServerStream) *cstream {
 	return &cstream{hub: h, ss: ss, ctx: ctx, cancel: cancel, rctx: rctx,
 		watchers: map[int64]*cwatcher{}, open: map[int64]int{}, signal: make(chan struct{}, 1), pending: map[*upstream]bool{}}
 }
@@ -92,7 +92,7 @@ func (h *watchHub) serve(ss grpc.ServerStream) error {
 		return err
 	}
 	ctx, cancel := context.WithCancelCause(ss.Context())
-	s := newCStream(ctx, cancel, rctx, h, ss)
+	s := newCStream(ctx, rctx, cancel, h, ss)
 	h.p.m.watchStreams.Inc()
 	defer h.p.m.watchStreams.Dec()
 
