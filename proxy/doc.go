@@ -38,4 +38,39 @@
 //	p, err := proxy.New(proxy.Config{PeerURLs: peers, Logger: log, Registry: reg})
 //	if err != nil { ... }
 //	err = p.Run(ctx) // or p.Serve(ctx, listener); p.Close() stops it
+//
+// # Watch hub (design note)
+//
+// Three owners: the hub (watch.go: coalescing and merging, in memory),
+// the client stream and its wire encoding (watchstream.go, watchenc.go),
+// and the servers' lifecycle (lifecycle.go: start, stop(ctx), the order
+// written there). The member the upstream watches run on, and leaving it
+// when it is silent, gone or unreachable, is watchmember.go.
+//
+//	etcd member (one clientv3 client; one gRPC watch stream per credentials)
+//	     │ WatchResponse (events, progress, created, canceled)
+//	     ▼
+//	upstream ─ nextrev: events below it were handed to its receivers
+//	  │  dispatch: one shared evBatch per response; per receiver w,
+//	  │  the events from w.nextrev; maybeMerge after each response
+//	  │      ┌────────────────────────────────────────────────────┐
+//	  │      │ watchHub.groups[watchKey] = upstreams of one range │
+//	  │      │ (key, end, prevKV, token, via, requireLeader)      │
+//	  │      │ merge from → to when mergeable: both open, to      │
+//	  │      │ caught up, to.nextrev <= from.nextrev              │
+//	  │      └────────────────────────────────────────────────────┘
+//	  ▼
+//	cwatcher (nextrev, filters) ──▶ cstream queue: qitems (control
+//	  responses, or a watcher's segments merged while they wait; bounded:
+//	  past maxQueued/maxQueuedBytes the stream ends ResourceExhausted)
+//	     │ sendLoop: splice(header, watch ID, encoded events)
+//	     ▼
+//	client Watch stream
+//
+// A watcher from now joins an upstream of its range at once; one from the
+// past gets its own upstream, merged into the other once caught up.
+// Lock order: watchHub.mu, upstream.mu, then cstream.mu or rangeCache.mu.
+// The invariants are tested in memory in hub_test.go (every watcher gets
+// exactly its events once, in order, under any interleaving; the merge
+// condition), the encoding in watchenc_test.go.
 package proxy

@@ -3,11 +3,9 @@ package proxy
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/httpapi"
@@ -21,10 +19,8 @@ import (
 	lockgw "go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb/gw"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
@@ -44,139 +40,6 @@ const V2NotProxied = "the etcd v2 API (/v2/keys, /v2/members, ...) is not proxie
 	"(gRPC, and the JSON gateway under /v3/). etcd 3.4 turned its v2 API off by default, 3.6 removed the v2 proxy " +
 	"(etcd --proxy) and 3.7 serves no v2 API at all, so a cluster could not answer it; use the v3 API " +
 	"(etcdctl, clientv3, or POST /v3/kv/range ...). etcd 2's proxy flags map to beacon proxy's: docs/proxy.md"
-
-// serve runs the gRPC and HTTP servers on l until ctx ends. They answer
-// at once; requests get notReady until start has found the cluster.
-func (p *Proxy) serve(ctx context.Context, l net.Listener) error {
-	p.finding.mu.Lock()
-	p.finding.since = time.Now()
-	p.finding.mu.Unlock()
-	gs := p.newGRPCServer()
-
-	// The JSON gateway calls the proxy's own gRPC server in memory, so
-	// HTTP clients get the same forwarding, fail-over and readonly rules.
-	inner := bufconn.Listen(1 << 20)
-	innerDone := make(chan struct{})
-	go func() { defer close(innerDone); _ = gs.Serve(inner) }()
-	gconn, err := grpc.NewClient("passthrough:///proxy",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return inner.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsgSize), grpc.MaxCallSendMsgSize(maxMsgSize)))
-	if err != nil {
-		gs.Stop()
-		<-innerDone
-		_ = l.Close()
-		return err
-	}
-	gwmux, err := newGateway(ctx, gconn)
-	if err != nil {
-		_ = gconn.Close()
-		gs.Stop()
-		<-innerDone
-		_ = l.Close()
-		return err
-	}
-	hs := &http.Server{Handler: p.httpHandler(gwmux)}
-	p.limitHTTP(hs) // limits.go
-
-	errc := make(chan error, 3)
-	var split *splitListener
-	if p.cfg.ServerTLS != nil {
-		tlsCfg := p.cfg.ServerTLS.Clone()
-		if len(tlsCfg.NextProtos) == 0 {
-			tlsCfg.NextProtos = []string{"h2", "http/1.1"}
-		}
-		hs.TLSConfig = tlsCfg
-		web := hs.Handler
-		hs.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
-				gs.ServeHTTP(w, r)
-				return
-			}
-			web.ServeHTTP(w, r)
-		})
-		go func() { errc <- hs.ServeTLS(l, "", "") }()
-	} else {
-		split = newSplitListener(l)
-		go func() { errc <- gs.Serve(split.grpc) }()
-		go func() { errc <- hs.Serve(split.web) }()
-		go func() { errc <- split.serve() }()
-	}
-	p.log.Info("proxy listening; finding the etcd cluster", "addr", l.Addr().String(), "mode", p.cfg.Mode)
-
-	// Find the cluster while answering; serving can end first (Close, or
-	// the listener failing), which stops the search.
-	findCtx, stopStart := context.WithCancel(ctx)
-	defer stopStart()
-	startc := make(chan error, 1)
-	go func() { startc <- p.start(findCtx) }()
-	var serveErr, startErr error
-	refreshDone := make(chan struct{})
-	select {
-	case <-ctx.Done():
-	case serveErr = <-errc:
-	case startErr = <-startc:
-		startc = nil
-		if startErr == nil {
-			startErr = p.begin()
-		}
-		if startErr == nil {
-			go func() { defer close(refreshDone); p.refreshLoop(ctx) }()
-			p.started.Store(true)
-			close(p.ready)
-			p.log.Info("proxy serving", "addr", l.Addr().String(), "mode", p.cfg.Mode)
-			select {
-			case <-ctx.Done():
-			case serveErr = <-errc:
-			}
-		}
-	}
-	if startc != nil {
-		stopStart()
-		// Connected or not, Serve closes what it opened.
-		if err := <-startc; err != nil {
-			p.log.Debug("stopped finding the cluster", "err", err)
-		}
-	}
-
-	// Shut down: stop accepting, let unary calls finish briefly, then end
-	// every stream.
-	if split != nil {
-		_ = split.close()
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	_ = hs.Shutdown(sctx)
-	cancel()
-	_ = hs.Close()
-	stopped := make(chan struct{})
-	go func() { gs.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(time.Second):
-		gs.Stop()
-		<-stopped
-	}
-	<-innerDone
-	_ = gconn.Close()
-	if p.started.Load() {
-		p.watch.close()
-		p.lease.close()
-		<-refreshDone
-	} else if p.watch != nil {
-		p.watch.close() // begin failed after the hub started
-	}
-	if split != nil {
-		split.wg.Wait()
-	}
-	if startErr != nil && ctx.Err() == nil {
-		return startErr
-	}
-	if serveErr != nil && !errors.Is(serveErr, net.ErrClosed) && !errors.Is(serveErr, http.ErrServerClosed) &&
-		!errors.Is(serveErr, grpc.ErrServerStopped) && ctx.Err() == nil {
-		return serveErr
-	}
-	return nil
-}
 
 // begin sets up what forwarding needs once start has connected: the
 // upstream watches' member, the keep-alive multiplexer.

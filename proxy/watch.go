@@ -2,10 +2,6 @@ package proxy
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -16,11 +12,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 )
 
 // Watch coalescing.
@@ -39,27 +32,10 @@ import (
 // one that is behind (which loses nothing for either side) and the other
 // is cancelled.
 //
-// Delivery (watchenc.go): an upstream response becomes one shared batch;
+// Delivery (watchstream.go, watchenc.go): an upstream response becomes one shared batch;
 // each receiver's stream queues a reference to it, merged with what the
 // same watcher already has waiting, and the stream's sender splices the
 // client response from encoded parts.
-
-// Bounds of what waits for one client stream. A stream is behind when
-// what already waits for it, not yet taken by its sender, is past either
-// bound as a new response arrives: it is then ended with ResourceExhausted
-// (the client re-watches from its last revision) rather than holding others
-// up or growing without end: never a silent drop. A stream within the
-// bounds takes the new response whatever its size, so one upstream
-// response larger than the bounds on its own (a transaction of many large
-// puts) still reaches a client that keeps up; what waits stays below the
-// bounds plus one response.
-const (
-	maxQueued      = 1 << 16  // responses
-	maxQueuedBytes = 64 << 20 // encoded bytes of the events waiting
-	// maxMergeBytes and maxMergeSegs bound one merged client response.
-	maxMergeBytes = 1 << 20
-	maxMergeSegs  = 1000
-)
 
 type watchKey struct {
 	key, end      string
@@ -79,6 +55,10 @@ func (k watchKey) group() watchKey {
 // a gRPC stream of their own (etcd ignores it).
 const streamKey = "beacon-proxy-stream"
 
+// watchHub coalesces the client watchers into upstream watches.
+// Lock order: watchHub.mu, then upstream.mu (two upstreams only under
+// watchHub.mu: the one whose receivers move, then the other), then
+// cstream.mu or rangeCache.mu, which are innermost.
 type watchHub struct {
 	p      *Proxy
 	ctx    context.Context
@@ -99,6 +79,8 @@ type watchHub struct {
 	closed  bool
 }
 
+// upstream is one upstream watch and the client watchers it feeds.
+// Lock order: watchHub.mu before upstream.mu before cstream.mu.
 type upstream struct {
 	hub   *watchHub
 	key   watchKey
@@ -163,48 +145,6 @@ type cwatcher struct {
 	sink    *rangeCache // an internal consumer instead of a client stream (s nil)
 }
 
-// qitem is one response waiting for a client stream: a control response
-// (created, canceled, progress), or a watcher's events: segments merged
-// while they wait, a list through the stream's segment arena.
-type qitem struct {
-	resp        *pb.WatchResponse
-	w           *cwatcher
-	first, last int32 // arena indices of its segments
-	nsegs       int
-	size        int
-}
-
-// segNode is a segment in a stream's arena, linked to the next of its
-// response (-1: the last).
-type segNode struct {
-	seg
-	next int32
-}
-
-// cstream is one client Watch stream.
-type cstream struct {
-	hub    *watchHub
-	ss     grpc.ServerStream
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	rctx   context.Context // outgoing metadata for the proxy's own calls
-
-	mu       sync.Mutex
-	watchers map[int64]*cwatcher
-	nextID   int64
-	queue    []qitem
-	segs     []segNode // the segments of queue's event responses
-	spare    []qitem   // the sender's last batch, reused
-	spareSeg []segNode
-	open     map[int64]int // watch ID -> index in queue of its mergeable events
-	qbytes   int
-	signal   chan struct{}
-	pending  map[*upstream]bool // progress requested, not yet answered
-	wantProg bool
-	closed   bool // the stream has ended: no new watcher
-	overflow bool // the queue overflowed: the stream is being ended
-}
-
 func newWatchHub(p *Proxy) *watchHub {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &watchHub{p: p, ctx: ctx, cancel: cancel, kick: make(chan struct{}, 1),
@@ -222,328 +162,6 @@ func (h *watchHub) close() {
 		_ = cli.Close()
 	}
 	h.wg.Wait()
-}
-
-// serve handles one client Watch stream.
-func (h *watchHub) serve(ss grpc.ServerStream) error {
-	rctx, err := h.p.outgoing(ss.Context(), watchMethod)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancelCause(ss.Context())
-	s := &cstream{hub: h, ss: ss, ctx: ctx, cancel: cancel, rctx: rctx,
-		watchers: map[int64]*cwatcher{}, open: map[int64]int{}, signal: make(chan struct{}, 1), pending: map[*upstream]bool{}}
-	h.p.m.watchStreams.Inc()
-	defer h.p.m.watchStreams.Dec()
-
-	// The receive loop ends by itself once this handler has returned
-	// (gRPC then fails its RecvMsg); watchers it still creates after that
-	// are detached by create itself.
-	go func() {
-		if err := s.recvLoop(); err != nil && status.Code(err) != codes.Canceled {
-			s.cancel(err)
-		}
-	}()
-	sendErr := s.sendLoop()
-	cancel(nil)
-	s.detachAll()
-	s.mu.Lock()
-	s.queue, s.segs, s.spare, s.spareSeg, s.open = nil, nil, nil, nil, nil // what waits holds shared batches
-	s.mu.Unlock()
-	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
-		if status.Code(err) == codes.Unknown && ss.Context().Err() != nil {
-			return nil
-		}
-		return err
-	}
-	return sendErr
-}
-
-func (s *cstream) recvLoop() error {
-	for {
-		req := new(pb.WatchRequest)
-		if err := s.ss.RecvMsg(req); err != nil {
-			if errors.Is(err, io.EOF) {
-				// The client closed its side (the JSON gateway does after
-				// the request body): keep sending events, as etcd does.
-				return nil
-			}
-			s.cancel(nil)
-			return err
-		}
-		switch r := req.RequestUnion.(type) {
-		case *pb.WatchRequest_CreateRequest:
-			if r.CreateRequest != nil {
-				s.create(r.CreateRequest)
-			}
-		case *pb.WatchRequest_CancelRequest:
-			if r.CancelRequest != nil {
-				s.cancelWatch(r.CancelRequest.WatchId)
-			}
-		case *pb.WatchRequest_ProgressRequest:
-			s.requestProgress()
-		}
-	}
-}
-
-// enqueue adds control responses for the client without blocking. A
-// response for one watcher closes that watcher's mergeable events (what
-// follows comes after it); a stream-wide one (watch ID -1) closes all.
-func (s *cstream) enqueue(rs ...*pb.WatchResponse) {
-	s.mu.Lock()
-	if s.overflow {
-		s.mu.Unlock()
-		return
-	}
-	if s.behindLocked() {
-		s.mu.Unlock()
-		s.overflowed()
-		return
-	}
-	for _, r := range rs {
-		if r.WatchId == clientv3.InvalidWatchID {
-			clear(s.open)
-		} else {
-			delete(s.open, r.WatchId)
-		}
-		s.queue = append(s.queue, qitem{resp: r})
-	}
-	s.mu.Unlock()
-	s.wake()
-}
-
-// behindLocked reports a stream whose waiting responses, not yet taken by
-// its sender, are past the bounds; s.mu held. It is asked before a new
-// response is queued, so that a stream that has taken everything so far
-// accepts the next one whatever its size.
-func (s *cstream) behindLocked() bool {
-	return len(s.queue) > s.hub.p.watchQueue || s.qbytes > s.hub.p.watchQueueBytes
-}
-
-// fanItem is one watcher's share of a batch, from revision from.
-type fanItem struct {
-	w    *cwatcher
-	from int64
-}
-
-// enqueueEvents queues batch b's events for each of ws (all watchers of
-// s), each merged into its events that already wait when they fit. One
-// lock and one wake for all of them: the sender then finds the whole
-// batch at once rather than racing the dispatcher for it watcher by
-// watcher.
-func (s *cstream) enqueueEvents(b *evBatch, ws []fanItem) {
-	s.mu.Lock()
-	if s.overflow {
-		s.mu.Unlock()
-		return
-	}
-	if s.behindLocked() {
-		s.mu.Unlock()
-		s.overflowed()
-		return
-	}
-	for _, fi := range ws {
-		w := fi.w
-		n := int32(len(s.segs))
-		s.segs = append(s.segs, segNode{seg: seg{b: b, from: fi.from}, next: -1})
-		if i, ok := s.open[w.id]; ok && s.queue[i].size+b.size <= maxMergeBytes && s.queue[i].nsegs < maxMergeSegs {
-			it := &s.queue[i]
-			s.segs[it.last].next = n
-			it.last = n
-			it.nsegs++
-			it.size += b.size
-		} else {
-			s.queue = append(s.queue, qitem{w: w, first: n, last: n, nsegs: 1, size: b.size})
-			s.open[w.id] = len(s.queue) - 1
-		}
-		s.qbytes += b.size
-	}
-	s.mu.Unlock()
-	s.wake()
-}
-
-func (s *cstream) wake() {
-	select {
-	case s.signal <- struct{}{}:
-	default:
-	}
-}
-
-// overflowed ends a stream that fell too far behind.
-func (s *cstream) overflowed() {
-	s.mu.Lock()
-	if s.overflow {
-		s.mu.Unlock()
-		return
-	}
-	s.overflow = true
-	s.queue, s.segs, s.open, s.qbytes = nil, nil, map[int64]int{}, 0
-	s.mu.Unlock()
-	s.hub.p.m.watchDropped.Inc()
-	s.cancel(status.Errorf(codes.ResourceExhausted,
-		"proxy: watch stream too slow: more than %d responses or %s of events still waiting for it when more came; re-create the watches from the last revision received",
-		s.hub.p.watchQueue, byteSize(s.hub.p.watchQueueBytes)))
-}
-
-// byteSize formats n bytes in MiB, or KiB below 1 MiB.
-func byteSize(n int) string {
-	if n < 1<<20 {
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d MiB", n>>20)
-}
-
-// keepSpare bounds the queue capacity a stream keeps between bursts, so
-// that memory goes back to idle after one.
-const keepSpare = 1024
-
-func (s *cstream) sendLoop() error {
-	m := s.hub.p.m
-	for {
-		select {
-		case <-s.ctx.Done():
-			return nil
-		case <-s.signal:
-		}
-		s.mu.Lock()
-		batch, segs := s.queue, s.segs
-		s.queue, s.segs = s.spare, s.spareSeg
-		s.spare, s.spareSeg = nil, nil
-		clear(s.open)
-		s.qbytes = 0
-		s.mu.Unlock()
-		events := 0
-		for i := range batch {
-			it := &batch[i]
-			var err error
-			if it.resp != nil {
-				err = s.ss.SendMsg(it.resp)
-			} else if msg, n := splice(it.w, segs, it.first, it.nsegs); msg != nil {
-				err = s.ss.SendMsg(msg)
-				events += n
-			}
-			*it = qitem{} // drop the references to shared batches
-			if err != nil {
-				return err
-			}
-		}
-		clear(segs)
-		m.watchEvents.Add(float64(events))
-		if cap(batch) <= keepSpare && cap(segs) <= 4*keepSpare {
-			s.mu.Lock()
-			if s.spare == nil && len(s.queue) == 0 {
-				s.spare, s.spareSeg = batch[:0], segs[:0]
-			}
-			s.mu.Unlock()
-		}
-	}
-}
-
-func watchCanceled(hdr *pb.ResponseHeader, id int64, reason string) *pb.WatchResponse {
-	if hdr == nil {
-		hdr = &pb.ResponseHeader{}
-	}
-	return &pb.WatchResponse{Header: hdr, WatchId: id, Created: true, Canceled: true, CancelReason: reason}
-}
-
-// create handles a WatchCreateRequest.
-func (s *cstream) create(cr *pb.WatchCreateRequest) {
-	h := s.hub
-	id := cr.WatchId
-	s.mu.Lock()
-	if id == clientv3.AutoWatchID {
-		for s.watchers[s.nextID] != nil {
-			s.nextID++
-		}
-		id = s.nextID
-		s.nextID++
-	} else if s.watchers[id] != nil {
-		s.mu.Unlock()
-		s.enqueue(watchCanceled(nil, id, "mvcc: duplicate watch ID"))
-		return
-	}
-	open := len(s.watchers)
-	s.mu.Unlock()
-	if limit := h.p.cfg.MaxWatchersPerStream; limit > 0 && open >= limit {
-		s.enqueue(watchCanceled(nil, id, fmt.Sprintf(
-			"proxy: this watch stream has %d watchers, the most one stream may have (--max-watchers-per-stream): cancel watches you no longer need", open)))
-		return
-	}
-	if limit := h.p.cfg.MaxWatchers; limit > 0 && h.watchers.Load() >= int64(limit) {
-		s.enqueue(watchCanceled(nil, id, fmt.Sprintf(
-			"proxy: %d watchers are open on this proxy, the most it serves (--max-watchers): retry later, or through another proxy", limit)))
-		return
-	}
-
-	key, end := string(cr.Key), string(cr.RangeEnd)
-	if end != "" && end != "\x00" && end <= key {
-		s.enqueue(watchCanceled(nil, id, "proxy: invalid watch range: range end must be greater than key"))
-		return
-	}
-	if cr.StartRevision < 0 {
-		s.enqueue(watchCanceled(nil, id, rpctypes.ErrCompacted.Error()))
-		return
-	}
-	// A count-only serializable Range checks the client may read the
-	// range (with its own token) and gives the current revision.
-	rk, re := cr.Key, cr.RangeEnd
-	if len(rk) == 0 {
-		rk, re = []byte{0}, []byte{0}
-	}
-	rresp := new(pb.RangeResponse)
-	_, _, err := h.p.invoke(s.rctx, kvSvc+"Range", &pb.RangeRequest{Key: rk, RangeEnd: re, Serializable: true, CountOnly: true, Limit: 1},
-		rresp, false, true)
-	if err != nil {
-		s.enqueue(watchCanceled(nil, id, status.Convert(err).Message()))
-		return
-	}
-	md, _ := metadata.FromIncomingContext(s.ss.Context())
-	token := strings.Join(append(md.Get(rpctypes.TokenFieldNameGRPC), md.Get("authorization")...), ",")
-	if h.p.lendsIdentity(s.ss.Context(), watchMethod) { // anonymous.go
-		token = anonymousToken
-	}
-	w := &cwatcher{id: id, idPart: watchIDPart(id), s: s, progres: cr.ProgressNotify,
-		key: watchKey{key: key, end: end, prevKV: cr.PrevKv,
-			token:         token,
-			via:           strings.Join(md.Get(viaKey), ","),
-			requireLeader: slices.Contains(md.Get(rpctypes.MetadataRequireLeaderKey), rpctypes.MetadataHasLeader)}}
-	var noPut, noDel bool
-	for _, f := range cr.Filters {
-		switch f {
-		case pb.WatchCreateRequest_NOPUT:
-			noPut = true
-		case pb.WatchCreateRequest_NODELETE:
-			noDel = true
-		}
-	}
-	w.variant = filterVariant(noPut, noDel)
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return
-	}
-	if s.watchers[id] != nil {
-		s.mu.Unlock()
-		s.enqueue(watchCanceled(nil, id, "mvcc: duplicate watch ID"))
-		return
-	}
-	s.watchers[id] = w
-	s.mu.Unlock()
-	h.watcherAdded()
-	if !h.attach(w, cr.StartRevision, rresp.Header) {
-		h.watcherRemoved()
-		s.mu.Lock()
-		delete(s.watchers, id)
-		s.mu.Unlock()
-		s.enqueue(watchCanceled(rresp.Header, id, "proxy: closing"))
-		return
-	}
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
-		h.detach(w) // the stream ended while this watcher was being attached
-	}
 }
 
 // watcherAdded and watcherRemoved count client watchers.
@@ -928,12 +546,22 @@ func (h *watchHub) maybeMerge(u *upstream) {
 	}
 }
 
-// moveLocked moves every receiver of from to to, if to is caught up and
-// not ahead of from; h.mu is held.
+// mergeable reports whether the receivers of from may move to to: both
+// open, to caught up (a watcher from now does not wait behind a replay of
+// history), and to not ahead of from (its next revision not above
+// from's, so that no receiver of from misses an event to has already
+// delivered; TestHubMergesOnlyIntoAnUpstreamNotAhead). from.mu and to.mu
+// are held.
+func mergeable(from, to *upstream) bool {
+	return !from.closed && !to.closed && to.caughtUp && to.nextrev <= from.nextrev
+}
+
+// moveLocked moves every receiver of from to to, if mergeable; h.mu is
+// held.
 func (h *watchHub) moveLocked(from, to *upstream) bool {
 	from.mu.Lock()
 	to.mu.Lock()
-	ok := !from.closed && !to.closed && to.caughtUp && to.nextrev <= from.nextrev
+	ok := mergeable(from, to)
 	if ok {
 		for w := range from.receivers {
 			to.receivers[w] = struct{}{}
@@ -958,19 +586,6 @@ func (h *watchHub) moveLocked(from, to *upstream) bool {
 		from.stop()
 	}
 	return ok
-}
-
-// cancelWatch handles a client's WatchCancelRequest.
-func (s *cstream) cancelWatch(id int64) {
-	s.mu.Lock()
-	w := s.watchers[id]
-	delete(s.watchers, id)
-	s.mu.Unlock()
-	if w == nil {
-		return
-	}
-	s.hub.detach(w)
-	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: id, Canceled: true})
 }
 
 // detach removes w from its upstream, cancelling the upstream when it has
@@ -1002,20 +617,6 @@ func (h *watchHub) detach(w *cwatcher) {
 	}
 }
 
-func (s *cstream) detachAll() {
-	s.mu.Lock()
-	s.closed = true
-	ws := make([]*cwatcher, 0, len(s.watchers))
-	for _, w := range s.watchers {
-		ws = append(ws, w)
-	}
-	s.watchers = map[int64]*cwatcher{}
-	s.mu.Unlock()
-	for _, w := range ws {
-		s.hub.detach(w)
-	}
-}
-
 // requestProgress asks etcd for a progress notification on the gRPC watch
 // stream of k's credentials (answered once its watches are synced).
 func (h *watchHub) requestProgress(k watchKey) {
@@ -1032,89 +633,6 @@ func (h *watchHub) requestProgress(k watchKey) {
 	if ctx != nil {
 		_ = w.RequestProgress(ctx)
 	}
-}
-
-// requestProgress handles a client's WatchProgressRequest: once every
-// upstream feeding this stream has reported progress, the client gets a
-// progress notification (watch ID -1) at the lowest revision all its
-// watchers have fully received.
-func (s *cstream) requestProgress() {
-	h := s.hub
-	h.mu.Lock()
-	s.mu.Lock()
-	ups := map[*upstream]bool{}
-	for _, w := range s.watchers {
-		if w.up != nil {
-			ups[w.up] = true
-		}
-	}
-	s.pending = maps.Clone(ups)
-	s.wantProg = len(ups) > 0
-	s.mu.Unlock()
-	keys := map[watchKey]bool{}
-	for u := range ups {
-		keys[u.key.group()] = true
-	}
-	w := h.w
-	h.mu.Unlock()
-	if len(ups) == 0 {
-		// No watcher: answer with the current revision.
-		rresp := new(pb.RangeResponse)
-		if _, _, err := h.p.invoke(s.rctx, kvSvc+"Range", &pb.RangeRequest{Key: []byte{0}, RangeEnd: []byte{0}, Serializable: true, CountOnly: true, Limit: 1},
-			rresp, false, true); err == nil {
-			s.enqueue(&pb.WatchResponse{Header: rresp.Header, WatchId: clientv3.InvalidWatchID})
-		}
-		return
-	}
-	for u := range ups {
-		if keys[u.key.group()] {
-			delete(keys, u.key.group())
-			_ = w.RequestProgress(u.context())
-		}
-	}
-}
-
-// progressDone records that u reported progress; it reports whether the
-// client's progress request is now complete.
-func (s *cstream) progressDone(u *upstream) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.wantProg || !s.pending[u] {
-		return false
-	}
-	delete(s.pending, u)
-	if len(s.pending) == 0 {
-		s.wantProg = false
-		return true
-	}
-	return false
-}
-
-// answerProgress sends the progress notification for a completed request.
-func (s *cstream) answerProgress() {
-	h := s.hub
-	h.mu.Lock()
-	s.mu.Lock()
-	ws := make([]*cwatcher, 0, len(s.watchers))
-	for _, w := range s.watchers {
-		ws = append(ws, w)
-	}
-	s.mu.Unlock()
-	var rev int64 = -1
-	for _, w := range ws {
-		if u := w.up; u != nil {
-			u.mu.Lock()
-			if r := w.nextrev - 1; rev < 0 || r < rev {
-				rev = r
-			}
-			u.mu.Unlock()
-		}
-	}
-	h.mu.Unlock()
-	if rev < 0 {
-		return
-	}
-	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{Revision: rev}, WatchId: clientv3.InvalidWatchID})
 }
 
 // withRevision copies a response header with another revision.

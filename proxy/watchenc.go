@@ -154,11 +154,11 @@ type seg struct {
 	from int64
 }
 
-// splice assembles a watcher's response from its queued segments (nsegs
-// of them, linked from first in segs): the newest segment's header, the
-// watch ID, the events of every segment. It returns nil when the filters
-// left no event.
-func splice(w *cwatcher, segs []segNode, first int32, nsegs int) (*spliced, int) {
+// splice assembles a watcher's response from its queued segments: the
+// newest segment's header, the watch ID, the events of every segment. It
+// returns nil when the filters left no event.
+func splice(w *cwatcher, segs []seg) (*spliced, int) {
+	nsegs := len(segs)
 	sp := &spliced{}
 	sp.parts = sp.inline[:0]
 	if nsegs+2 > len(sp.inline) {
@@ -170,8 +170,7 @@ func splice(w *cwatcher, segs []segNode, first int32, nsegs int) (*spliced, int)
 	}
 	n := 0
 	var last *evBatch
-	for i := first; i >= 0; i = segs[i].next {
-		s := segs[i].seg
+	for _, s := range segs {
 		last = s.b
 		if p, k := s.b.encoded(w.variant).from(s.from); k > 0 {
 			sp.parts = append(sp.parts, p)

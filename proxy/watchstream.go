@@ -1,0 +1,527 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// Bounds of what waits for one client stream. A stream is behind when
+// what already waits for it, not yet taken by its sender, is past either
+// bound as a new response arrives: it is then ended with ResourceExhausted
+// (the client re-watches from its last revision) rather than holding others
+// up or growing without end: never a silent drop. A stream within the
+// bounds takes the new response whatever its size, so one upstream
+// response larger than the bounds on its own (a transaction of many large
+// puts) still reaches a client that keeps up; what waits stays below the
+// bounds plus one response.
+const (
+	maxQueued      = 1 << 16  // responses
+	maxQueuedBytes = 64 << 20 // encoded bytes of the events waiting
+	// maxMergeBytes and maxMergeSegs bound one merged client response.
+	maxMergeBytes = 1 << 20
+	maxMergeSegs  = 1000
+)
+
+// qitem is one response waiting for a client stream: a control response
+// (created, canceled, progress), or a watcher's events: segments merged
+// while they wait.
+//
+// Each qitem has its own segs slice. A per-stream segment arena (every
+// queued segment in one slice, linked by index) was measured against it
+// with BenchmarkDispatch (n=10 alternating runs, 2 shared cores; issue
+// 23): no time gain (per client event 2.75 µs with the arena vs 1.85 µs
+// without at 100 watchers, 1.32 µs vs 0.94 µs at 1000, p > 0.05), fewer
+// allocations (123 vs 404 per upstream event at 1000 watchers) but 14%
+// more bytes: it was removed.
+type qitem struct {
+	resp *pb.WatchResponse
+	w    *cwatcher
+	segs []seg
+	size int
+}
+
+// cstream is one client Watch stream: its watchers, and the responses
+// waiting for its sender. Lock order: cstream.mu is innermost (taken
+// after watchHub.mu and upstream.mu, never before them).
+type cstream struct {
+	hub    *watchHub
+	ss     grpc.ServerStream
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	rctx   context.Context // outgoing metadata for the proxy's own calls
+
+	mu       sync.Mutex
+	watchers map[int64]*cwatcher
+	nextID   int64
+	queue    []qitem
+	spare    []qitem       // the sender's last batch, reused
+	open     map[int64]int // watch ID -> index in queue of its mergeable events
+	qbytes   int
+	signal   chan struct{}
+	pending  map[*upstream]bool // progress requested, not yet answered
+	wantProg bool
+	closed   bool // the stream has ended: no new watcher
+	overflow bool // the queue overflowed: the stream is being ended
+}
+
+// newCStream is the state of client stream ss, ended by cancel; rctx
+// carries its outgoing metadata.
+func newCStream(ctx, rctx context.Context, cancel context.CancelCauseFunc, h *watchHub, ss grpc.ServerStream) *cstream {
+	return &cstream{hub: h, ss: ss, ctx: ctx, cancel: cancel, rctx: rctx,
+		watchers: map[int64]*cwatcher{}, open: map[int64]int{}, signal: make(chan struct{}, 1), pending: map[*upstream]bool{}}
+}
+
+// serve handles one client Watch stream.
+func (h *watchHub) serve(ss grpc.ServerStream) error {
+	rctx, err := h.p.outgoing(ss.Context(), watchMethod)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancelCause(ss.Context())
+	s := newCStream(ctx, rctx, cancel, h, ss)
+	h.p.m.watchStreams.Inc()
+	defer h.p.m.watchStreams.Dec()
+
+	// The receive loop ends by itself once this handler has returned
+	// (gRPC then fails its RecvMsg); watchers it still creates after that
+	// are detached by create itself.
+	go func() {
+		if err := s.recvLoop(); err != nil && status.Code(err) != codes.Canceled {
+			s.cancel(err)
+		}
+	}()
+	sendErr := s.sendLoop()
+	cancel(nil)
+	s.detachAll()
+	s.mu.Lock()
+	s.queue, s.spare, s.open = nil, nil, nil // what waits holds shared batches
+	s.mu.Unlock()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
+		if status.Code(err) == codes.Unknown && ss.Context().Err() != nil {
+			return nil
+		}
+		return err
+	}
+	return sendErr
+}
+
+func (s *cstream) recvLoop() error {
+	for {
+		req := new(pb.WatchRequest)
+		if err := s.ss.RecvMsg(req); err != nil {
+			if errors.Is(err, io.EOF) {
+				// The client closed its side (the JSON gateway does after
+				// the request body): keep sending events, as etcd does.
+				return nil
+			}
+			s.cancel(nil)
+			return err
+		}
+		switch r := req.RequestUnion.(type) {
+		case *pb.WatchRequest_CreateRequest:
+			if r.CreateRequest != nil {
+				s.create(r.CreateRequest)
+			}
+		case *pb.WatchRequest_CancelRequest:
+			if r.CancelRequest != nil {
+				s.cancelWatch(r.CancelRequest.WatchId)
+			}
+		case *pb.WatchRequest_ProgressRequest:
+			s.requestProgress()
+		}
+	}
+}
+
+// enqueue adds control responses for the client without blocking. A
+// response for one watcher closes that watcher's mergeable events (what
+// follows comes after it); a stream-wide one (watch ID -1) closes all.
+func (s *cstream) enqueue(rs ...*pb.WatchResponse) {
+	if !s.lockToQueue() {
+		return
+	}
+	for _, r := range rs {
+		if r.WatchId == clientv3.InvalidWatchID {
+			clear(s.open)
+		} else {
+			delete(s.open, r.WatchId)
+		}
+		s.queue = append(s.queue, qitem{resp: r})
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+// lockToQueue locks s.mu to queue a response, unless the stream is being
+// ended, or is behind (it is then ended): it reports whether s.mu is held.
+func (s *cstream) lockToQueue() bool {
+	s.mu.Lock()
+	if s.overflow {
+		s.mu.Unlock()
+		return false
+	}
+	if s.behindLocked() {
+		s.mu.Unlock()
+		s.overflowed()
+		return false
+	}
+	return true
+}
+
+// behindLocked reports a stream whose waiting responses, not yet taken by
+// its sender, are past the bounds; s.mu held. It is asked before a new
+// response is queued, so that a stream that has taken everything so far
+// accepts the next one whatever its size.
+func (s *cstream) behindLocked() bool {
+	return len(s.queue) > s.hub.p.watchQueue || s.qbytes > s.hub.p.watchQueueBytes
+}
+
+// fanItem is one watcher's share of a batch, from revision from.
+type fanItem struct {
+	w    *cwatcher
+	from int64
+}
+
+// enqueueEvents queues batch b's events for each of ws (all watchers of
+// s), each merged into its events that already wait when they fit. One
+// lock and one wake for all of them: the sender then finds the whole
+// batch at once rather than racing the dispatcher for it watcher by
+// watcher.
+func (s *cstream) enqueueEvents(b *evBatch, ws []fanItem) {
+	if !s.lockToQueue() {
+		return
+	}
+	for _, fi := range ws {
+		w := fi.w
+		if i, ok := s.open[w.id]; ok && s.queue[i].size+b.size <= maxMergeBytes && len(s.queue[i].segs) < maxMergeSegs {
+			it := &s.queue[i]
+			it.segs = append(it.segs, seg{b: b, from: fi.from})
+			it.size += b.size
+		} else {
+			s.queue = append(s.queue, qitem{w: w, segs: []seg{{b: b, from: fi.from}}, size: b.size})
+			s.open[w.id] = len(s.queue) - 1
+		}
+		s.qbytes += b.size
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *cstream) wake() {
+	select {
+	case s.signal <- struct{}{}:
+	default:
+	}
+}
+
+// overflowed ends a stream that fell too far behind.
+func (s *cstream) overflowed() {
+	s.mu.Lock()
+	if s.overflow {
+		s.mu.Unlock()
+		return
+	}
+	s.overflow = true
+	s.queue, s.open, s.qbytes = nil, map[int64]int{}, 0
+	s.mu.Unlock()
+	s.hub.p.m.watchDropped.Inc()
+	s.cancel(status.Errorf(codes.ResourceExhausted,
+		"proxy: watch stream too slow: more than %d responses or %s of events still waiting for it when more came; re-create the watches from the last revision received",
+		s.hub.p.watchQueue, byteSize(s.hub.p.watchQueueBytes)))
+}
+
+// byteSize formats n bytes in MiB, or KiB below 1 MiB.
+func byteSize(n int) string {
+	if n < 1<<20 {
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d MiB", n>>20)
+}
+
+// keepSpare bounds the queue capacity a stream keeps between bursts, so
+// that memory goes back to idle after one.
+const keepSpare = 1024
+
+func (s *cstream) sendLoop() error {
+	m := s.hub.p.m
+	for {
+		select {
+		case <-s.ctx.Done():
+			return nil
+		case <-s.signal:
+		}
+		s.mu.Lock()
+		batch := s.queue
+		s.queue, s.spare = s.spare, nil
+		clear(s.open)
+		s.qbytes = 0
+		s.mu.Unlock()
+		events := 0
+		for i := range batch {
+			it := &batch[i]
+			var err error
+			if it.resp != nil {
+				err = s.ss.SendMsg(it.resp)
+			} else if msg, n := splice(it.w, it.segs); msg != nil {
+				err = s.ss.SendMsg(msg)
+				events += n
+			}
+			*it = qitem{} // drop the references to shared batches
+			if err != nil {
+				return err
+			}
+		}
+		m.watchEvents.Add(float64(events))
+		if cap(batch) <= keepSpare {
+			s.mu.Lock()
+			if s.spare == nil && len(s.queue) == 0 {
+				s.spare = batch[:0]
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+func watchCanceled(hdr *pb.ResponseHeader, id int64, reason string) *pb.WatchResponse {
+	if hdr == nil {
+		hdr = &pb.ResponseHeader{}
+	}
+	return &pb.WatchResponse{Header: hdr, WatchId: id, Created: true, Canceled: true, CancelReason: reason}
+}
+
+// create handles a WatchCreateRequest: a watcher is refused (a canceled
+// response saying why), or attached to an upstream.
+func (s *cstream) create(cr *pb.WatchCreateRequest) {
+	h := s.hub
+	id, reason := s.admit(cr)
+	if reason != "" {
+		s.enqueue(watchCanceled(nil, id, reason))
+		return
+	}
+	// A count-only serializable Range checks the client may read the
+	// range (with its own token) and gives the current revision.
+	rk, re := cr.Key, cr.RangeEnd
+	if len(rk) == 0 {
+		rk, re = []byte{0}, []byte{0}
+	}
+	rresp := new(pb.RangeResponse)
+	_, _, err := h.p.invoke(s.rctx, kvSvc+"Range", &pb.RangeRequest{Key: rk, RangeEnd: re, Serializable: true, CountOnly: true, Limit: 1},
+		rresp, false, true)
+	if err != nil {
+		s.enqueue(watchCanceled(nil, id, status.Convert(err).Message()))
+		return
+	}
+	w := s.newWatcher(id, cr)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	if s.watchers[id] != nil {
+		s.mu.Unlock()
+		s.enqueue(watchCanceled(nil, id, "mvcc: duplicate watch ID"))
+		return
+	}
+	s.watchers[id] = w
+	s.mu.Unlock()
+	h.watcherAdded()
+	if !h.attach(w, cr.StartRevision, rresp.Header) {
+		h.watcherRemoved()
+		s.mu.Lock()
+		delete(s.watchers, id)
+		s.mu.Unlock()
+		s.enqueue(watchCanceled(rresp.Header, id, "proxy: closing"))
+		return
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		h.detach(w) // the stream ended while this watcher was being attached
+	}
+}
+
+// admit chooses the watch ID of cr and checks what needs no etcd: a
+// non-empty reason refuses it.
+func (s *cstream) admit(cr *pb.WatchCreateRequest) (id int64, reason string) {
+	h := s.hub
+	id = cr.WatchId
+	s.mu.Lock()
+	if id == clientv3.AutoWatchID {
+		for s.watchers[s.nextID] != nil {
+			s.nextID++
+		}
+		id = s.nextID
+		s.nextID++
+	} else if s.watchers[id] != nil {
+		s.mu.Unlock()
+		return id, "mvcc: duplicate watch ID"
+	}
+	open := len(s.watchers)
+	s.mu.Unlock()
+	if limit := h.p.cfg.MaxWatchersPerStream; limit > 0 && open >= limit {
+		return id, fmt.Sprintf(
+			"proxy: this watch stream has %d watchers, the most one stream may have (--max-watchers-per-stream): cancel watches you no longer need", open)
+	}
+	if limit := h.p.cfg.MaxWatchers; limit > 0 && h.watchers.Load() >= int64(limit) {
+		return id, fmt.Sprintf(
+			"proxy: %d watchers are open on this proxy, the most it serves (--max-watchers): retry later, or through another proxy", limit)
+	}
+	key, end := string(cr.Key), string(cr.RangeEnd)
+	if end != "" && end != "\x00" && end <= key {
+		return id, "proxy: invalid watch range: range end must be greater than key"
+	}
+	if cr.StartRevision < 0 {
+		return id, rpctypes.ErrCompacted.Error()
+	}
+	return id, ""
+}
+
+// newWatcher is the watcher cr asks for, keyed by its range, options and
+// the client's credentials.
+func (s *cstream) newWatcher(id int64, cr *pb.WatchCreateRequest) *cwatcher {
+	md, _ := metadata.FromIncomingContext(s.ss.Context())
+	token := strings.Join(append(md.Get(rpctypes.TokenFieldNameGRPC), md.Get("authorization")...), ",")
+	if s.hub.p.lendsIdentity(s.ss.Context(), watchMethod) { // anonymous.go
+		token = anonymousToken
+	}
+	w := &cwatcher{id: id, idPart: watchIDPart(id), s: s, progres: cr.ProgressNotify,
+		key: watchKey{key: string(cr.Key), end: string(cr.RangeEnd), prevKV: cr.PrevKv,
+			token:         token,
+			via:           strings.Join(md.Get(viaKey), ","),
+			requireLeader: slices.Contains(md.Get(rpctypes.MetadataRequireLeaderKey), rpctypes.MetadataHasLeader)}}
+	var noPut, noDel bool
+	for _, f := range cr.Filters {
+		switch f {
+		case pb.WatchCreateRequest_NOPUT:
+			noPut = true
+		case pb.WatchCreateRequest_NODELETE:
+			noDel = true
+		}
+	}
+	w.variant = filterVariant(noPut, noDel)
+	return w
+}
+
+// cancelWatch handles a client's WatchCancelRequest.
+func (s *cstream) cancelWatch(id int64) {
+	s.mu.Lock()
+	w := s.watchers[id]
+	delete(s.watchers, id)
+	s.mu.Unlock()
+	if w == nil {
+		return
+	}
+	s.hub.detach(w)
+	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: id, Canceled: true})
+}
+
+func (s *cstream) detachAll() {
+	s.mu.Lock()
+	s.closed = true
+	ws := make([]*cwatcher, 0, len(s.watchers))
+	for _, w := range s.watchers {
+		ws = append(ws, w)
+	}
+	s.watchers = map[int64]*cwatcher{}
+	s.mu.Unlock()
+	for _, w := range ws {
+		s.hub.detach(w)
+	}
+}
+
+// requestProgress handles a client's WatchProgressRequest: once every
+// upstream feeding this stream has reported progress, the client gets a
+// progress notification (watch ID -1) at the lowest revision all its
+// watchers have fully received.
+func (s *cstream) requestProgress() {
+	h := s.hub
+	h.mu.Lock()
+	s.mu.Lock()
+	ups := map[*upstream]bool{}
+	for _, w := range s.watchers {
+		if w.up != nil {
+			ups[w.up] = true
+		}
+	}
+	s.pending = maps.Clone(ups)
+	s.wantProg = len(ups) > 0
+	s.mu.Unlock()
+	keys := map[watchKey]bool{}
+	for u := range ups {
+		keys[u.key.group()] = true
+	}
+	w := h.w
+	h.mu.Unlock()
+	if len(ups) == 0 {
+		// No watcher: answer with the current revision.
+		rresp := new(pb.RangeResponse)
+		if _, _, err := h.p.invoke(s.rctx, kvSvc+"Range", &pb.RangeRequest{Key: []byte{0}, RangeEnd: []byte{0}, Serializable: true, CountOnly: true, Limit: 1},
+			rresp, false, true); err == nil {
+			s.enqueue(&pb.WatchResponse{Header: rresp.Header, WatchId: clientv3.InvalidWatchID})
+		}
+		return
+	}
+	for u := range ups {
+		if keys[u.key.group()] {
+			delete(keys, u.key.group())
+			_ = w.RequestProgress(u.context())
+		}
+	}
+}
+
+// progressDone records that u reported progress; it reports whether the
+// client's progress request is now complete.
+func (s *cstream) progressDone(u *upstream) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.wantProg || !s.pending[u] {
+		return false
+	}
+	delete(s.pending, u)
+	if len(s.pending) == 0 {
+		s.wantProg = false
+		return true
+	}
+	return false
+}
+
+// answerProgress sends the progress notification for a completed request.
+func (s *cstream) answerProgress() {
+	h := s.hub
+	h.mu.Lock()
+	s.mu.Lock()
+	ws := make([]*cwatcher, 0, len(s.watchers))
+	for _, w := range s.watchers {
+		ws = append(ws, w)
+	}
+	s.mu.Unlock()
+	var rev int64 = -1
+	for _, w := range ws {
+		if u := w.up; u != nil {
+			u.mu.Lock()
+			if r := w.nextrev - 1; rev < 0 || r < rev {
+				rev = r
+			}
+			u.mu.Unlock()
+		}
+	}
+	h.mu.Unlock()
+	if rev < 0 {
+		return
+	}
+	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{Revision: rev}, WatchId: clientv3.InvalidWatchID})
+}
