@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 

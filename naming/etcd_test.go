@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/netcut"
+	"github.com/beaconplane/beacon/internal/lab/netcut"
 	"github.com/beaconplane/beacon/naming"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"github.com/beaconplane/beacon/registry"

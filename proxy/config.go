@@ -315,20 +315,20 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: set Discovery or DiscoveryToken/DiscoveryEndpoints, not both", ErrConflictingDiscovery)
 		}
 		if err := c.Discovery.Validate(); err != nil {
-			return fmt.Errorf("%w: discovery: %w", ErrBadConfig, err)
+			return fmt.Errorf("%w: discovery: %w", ErrInvalidConfig, err)
 		}
 	}
 	if (c.DiscoveryToken == "") != (len(c.DiscoveryEndpoints) == 0) {
-		return fmt.Errorf("%w: both --discovery-token and --discovery-endpoints must be set", ErrBadConfig)
+		return fmt.Errorf("%w: both --discovery-token and --discovery-endpoints must be set", ErrInvalidConfig)
 	}
 	if c.DiscoveryToken != "" {
 		if err := bootstrap.ValidateToken(c.DiscoveryToken); err != nil {
-			return fmt.Errorf("%w: --discovery-token: %w", ErrBadConfig, err)
+			return fmt.Errorf("%w: --discovery-token: %w", ErrInvalidConfig, err)
 		}
 	}
 	for _, ep := range c.DiscoveryEndpoints {
 		if strings.TrimSpace(ep) == "" {
-			return fmt.Errorf("%w: --discovery-endpoints must not contain empty endpoints", ErrBadConfig)
+			return fmt.Errorf("%w: --discovery-endpoints must not contain empty endpoints", ErrInvalidConfig)
 		}
 	}
 	if c.DiscoveryURL != "" {
@@ -338,11 +338,11 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.DiscoverySRV != "" && strings.ContainsAny(c.DiscoverySRV, "/: ") {
-		return fmt.Errorf("%w: --discovery-srv %q must be a DNS domain such as example.com", ErrBadConfig, c.DiscoverySRV)
+		return fmt.Errorf("%w: --discovery-srv %q must be a DNS domain such as example.com", ErrInvalidConfig, c.DiscoverySRV)
 	}
 	if c.DNSServer != "" {
 		if err := hostport.Check(c.DNSServer); err != nil {
-			return fmt.Errorf("%w: DNS server %q (--discovery-dns-server) %w", ErrBadConfig, c.DNSServer, err)
+			return fmt.Errorf("%w: DNS server %q (--discovery-dns-server) %w", ErrInvalidConfig, c.DNSServer, err)
 		}
 	}
 	if c.InitialCluster != "" {
@@ -357,7 +357,7 @@ func (c Config) Validate() error {
 	}
 	if c.ListenAddr != "" {
 		if err := hostport.Check(c.ListenAddr); err != nil {
-			return fmt.Errorf("%w: listen address %q %w", ErrBadConfig, c.ListenAddr, err)
+			return fmt.Errorf("%w: listen address %q %w", ErrInvalidConfig, c.ListenAddr, err)
 		}
 	}
 	for name, d := range map[string]time.Duration{
@@ -365,14 +365,14 @@ func (c Config) Validate() error {
 		"dial timeout": c.DialTimeout, "read timeout": c.ReadTimeout,
 	} {
 		if d < 0 {
-			return fmt.Errorf("%w: %s %v must not be negative", ErrBadConfig, name, d)
+			return fmt.Errorf("%w: %s %v must not be negative", ErrInvalidConfig, name, d)
 		}
 	}
 	if c.CacheMaxBytes < 0 {
-		return fmt.Errorf("%w: cache max bytes %d must not be negative", ErrBadConfig, c.CacheMaxBytes)
+		return fmt.Errorf("%w: cache max bytes %d must not be negative", ErrInvalidConfig, c.CacheMaxBytes)
 	}
 	if c.UpstreamConns < 0 || c.UpstreamConns > 64 {
-		return fmt.Errorf("%w: upstream connections %d must be between 1 and 64", ErrBadConfig, c.UpstreamConns)
+		return fmt.Errorf("%w: upstream connections %d must be between 1 and 64", ErrInvalidConfig, c.UpstreamConns)
 	}
 	return nil
 }

@@ -8,8 +8,8 @@ var (
 	ErrBadMode = errors.New("proxy: unknown mode")
 	// ErrConflictingDiscovery: more than one way to find the cluster is set.
 	ErrConflictingDiscovery = errors.New("proxy: conflicting discovery settings")
-	// ErrBadConfig: a setting is invalid.
-	ErrBadConfig = errors.New("proxy: bad configuration")
+	// ErrInvalidConfig: a setting is invalid.
+	ErrInvalidConfig = errors.New("proxy: invalid config")
 	// ErrBadURL: a member, discovery or endpoint URL is malformed.
 	ErrBadURL = errors.New("proxy: malformed URL")
 	// ErrDiscovery: the discovery service answered, but not with a usable

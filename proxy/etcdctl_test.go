@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 
 // buildEtcdctl builds the real etcdctl 3.7.3 (internal/etcdctl).

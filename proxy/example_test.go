@@ -6,7 +6,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/proxy"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"

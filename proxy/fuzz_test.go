@@ -42,7 +42,7 @@ func FuzzConfigValidate(f *testing.F) {
 		if err == nil {
 			return
 		}
-		for _, s := range []error{ErrBadMode, ErrConflictingDiscovery, ErrBadConfig, ErrBadURL} {
+		for _, s := range []error{ErrBadMode, ErrConflictingDiscovery, ErrInvalidConfig, ErrBadURL} {
 			if errors.Is(err, s) {
 				return
 			}

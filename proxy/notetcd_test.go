@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"google.golang.org/grpc"
 )
 

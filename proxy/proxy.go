@@ -114,7 +114,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	m, err := newMetrics(reg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: register metrics: %v", ErrBadConfig, err)
+		return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConfig, err)
 	}
 	var idb [6]byte
 	_, _ = rand.Read(idb[:])
@@ -142,7 +142,7 @@ func New(cfg Config) (*Proxy, error) {
 		p.cache = newRangeCache(p)
 	}
 	if err := p.registerCacheMetrics(reg); err != nil {
-		return nil, fmt.Errorf("%w: register metrics: %v", ErrBadConfig, err)
+		return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConfig, err)
 	}
 	return p, nil
 }
@@ -307,7 +307,7 @@ func (p *Proxy) start(ctx context.Context) error {
 			}
 			switch {
 			case len(list) > 0 && self == len(list):
-				return fmt.Errorf("%w: every member client URL is this proxy's own address %s (a loop); point the proxy at the cluster", ErrBadConfig, p.addr)
+				return fmt.Errorf("%w: every member client URL is this proxy's own address %s (a loop); point the proxy at the cluster", ErrInvalidConfig, p.addr)
 			case usable > 0:
 				if attrs, failed := flog.ok(); failed {
 					p.log.Info("cluster reachable", attrs...)

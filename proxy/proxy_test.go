@@ -3,7 +3,7 @@ package proxy
 import (
 	"testing"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 

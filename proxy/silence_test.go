@@ -11,15 +11,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
 
 // etcdProc is an etcd 3.7 member running as its own process (the
-// internal/etcd binary), so that a test can pause it with SIGSTOP: it
+// internal/lab/etcd binary), so that a test can pause it with SIGSTOP: it
 // then accepts TCP connections and answers nothing, like a hung member.
 type etcdProc struct {
 	name, clientURL, peerURL string
@@ -33,7 +33,7 @@ type etcdProc struct {
 // test ends (paused ones too).
 func startEtcdProcesses(t *testing.T, n int) []*etcdProc {
 	t.Helper()
-	bin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/etcd")
+	bin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/lab/etcd")
 	procs := make([]*etcdProc, n)
 	var initial []string
 	for i := range procs {

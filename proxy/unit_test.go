@@ -29,7 +29,7 @@ func TestConfigDefaults(t *testing.T) {
 	if c := (Config{StartTimeout: -1}); c.Validate() != nil || c.withDefaults().StartTimeout != -1 {
 		t.Fatalf("StartTimeout -1: %v, %v", c.Validate(), c.withDefaults().StartTimeout)
 	}
-	if err := (Config{DiscoveryToken: "bad token!", DiscoveryEndpoints: []string{"http://x:1"}}).Validate(); !errors.Is(err, ErrBadConfig) {
+	if err := (Config{DiscoveryToken: "bad token!", DiscoveryEndpoints: []string{"http://x:1"}}).Validate(); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("bad token: %v", err)
 	}
 }

@@ -30,7 +30,7 @@ const (
 	// renewal may be a third of the TTL old when the leader fails, a new
 	// leader is elected within two election timeouts, and the keeper must
 	// then reach it (docs/registry.md derives it; the lease drills of
-	// internal/drill measure it). The registry warns at registration below
+	// internal/lab/drill measure it). The registry warns at registration below
 	// it.
 	MinElectionTTL = 5 * time.Second
 	// LeaseTTLEnv names the environment variable ConfigFromEnv reads.

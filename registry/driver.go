@@ -22,7 +22,7 @@ import (
 //	import _ "github.com/beaconplane/beacon/registry/kube" // BEACON_DISCOVERY_BACKEND=kubernetes
 //
 // so that a program that does not import it never links its dependencies
-// (client-go). store/backend.OpenRegistry is the one place that maps a
+// (client-go). backend.OpenRegistry is the one place that maps a
 // backend name (BEACON_DISCOVERY_BACKEND) to a store or to a driver.
 
 // Driver opens a registry of one backend.

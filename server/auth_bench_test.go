@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/server/registryapi"
 )
 

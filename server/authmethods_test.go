@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/beaconplane/beacon/internal/testcerts"
+	"github.com/beaconplane/beacon/backend"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/testcerts"
 	"github.com/beaconplane/beacon/server/registryapi"
-	"github.com/beaconplane/beacon/store/backend"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"

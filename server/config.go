@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/internal/hostport"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
-	"github.com/beaconplane/beacon/store/backend"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zapcore"
 )

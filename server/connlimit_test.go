@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/server/registryapi"
-	"github.com/beaconplane/beacon/store/backend"
 )
 
 // A flood of connections cannot take the process's file descriptors, and

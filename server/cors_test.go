@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/store/backend"
+	"github.com/beaconplane/beacon/backend"
 )
 
 // TestCORS: off by default (no Access-Control headers, OPTIONS is a 405);

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/beaconplane/beacon/store/backend"
+	"github.com/beaconplane/beacon/backend"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 )
 
 func getCluster(t *testing.T, base string) ClusterStatus {

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
-	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"

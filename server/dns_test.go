@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/store/backend"
+	"github.com/beaconplane/beacon/backend"
 	"github.com/miekg/dns"
 )
 

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/internal/httpapi"
-	"github.com/beaconplane/beacon/store/backend"
 )
 
 // TestOpenAPIMatchesServedRoutes keeps server/openapi.json and the running

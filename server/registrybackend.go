@@ -6,8 +6,8 @@ import (
 	"net/http"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/internal/httpapi"
-	"github.com/beaconplane/beacon/store/backend"
 )
 
 // Registry backends (kubernetes) keep no key/value store: the server serves

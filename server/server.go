@@ -10,10 +10,10 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/beaconplane/beacon/backend"
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
-	"github.com/beaconplane/beacon/store/backend"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

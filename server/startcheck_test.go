@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 )
 
 // TestFailedStartLeavesNothing: bad input and a port in use stop a first

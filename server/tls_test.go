@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/testcerts"
-	"github.com/beaconplane/beacon/store/backend"
+	"github.com/beaconplane/beacon/backend"
+	"github.com/beaconplane/beacon/internal/testkit/testcerts"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"

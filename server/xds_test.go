@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/testcerts"
+	"github.com/beaconplane/beacon/internal/testkit/testcerts"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"github.com/beaconplane/beacon/server/xdsapi"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"

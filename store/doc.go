@@ -37,6 +37,6 @@
 //
 // Backends: store/etcd (production), store/memory (in-process), store/file
 // (several processes on one host, no daemon) and store/nats (NATS JetStream
-// KV). store/backend opens one by name (BEACON_DISCOVERY_BACKEND).
+// KV). backend opens one by name (BEACON_DISCOVERY_BACKEND).
 // docs/store.md lists each backend's guarantees and measured costs.
 package store

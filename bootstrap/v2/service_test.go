@@ -15,7 +15,7 @@ import (
 	"time"
 
 	v2 "github.com/beaconplane/beacon/bootstrap/v2"
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/store"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	"github.com/beaconplane/beacon/store/memory"

@@ -3,7 +3,7 @@ package main
 import (
 	"os"
 
-	"github.com/beaconplane/beacon/store/backend"
+	"github.com/beaconplane/beacon/backend"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/beaconplane/beacon/bench"
-	"github.com/beaconplane/beacon/internal/drill"
+	"github.com/beaconplane/beacon/internal/lab/bench"
+	"github.com/beaconplane/beacon/internal/lab/drill"
 	"github.com/spf13/cobra"
 )
 

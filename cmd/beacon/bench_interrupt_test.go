@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sys/unix"
 )
@@ -129,7 +129,7 @@ func TestBenchProxyInterrupted(t *testing.T) {
 		t.Skip("builds beacon and etcd")
 	}
 	srv := etcdtest.Start(t, etcdtest.Options{})
-	etcdBin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/etcd")
+	etcdBin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/lab/etcd")
 	log := runUntilInterrupted(t, "op=range-s", "bench", "proxy", "--endpoints", srv.Endpoint(), "--etcd-bin", etcdBin,
 		"--rounds", "50", "--duration", "300ms", "--watches", "20", "--streams", "2")
 	checkChildrenGone(t, log, 2)

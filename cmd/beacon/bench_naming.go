@@ -1,7 +1,7 @@
 package main
 
 import (
-	"github.com/beaconplane/beacon/bench"
+	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
 )
 

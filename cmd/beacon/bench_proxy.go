@@ -5,7 +5,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/beaconplane/beacon/bench"
+	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
 )
 
@@ -38,7 +38,7 @@ serializable range and fan-out >= 1.0x, CPU per event and delivery p99
 
 etcd's grpc-proxy is run from an etcd 3.7 binary: --etcd-bin, or "etcd" in
 $BEACON_PEERS_DIR/bin (default ~/.cache/beacon-peers/bin) or PATH; build it
-with "go build -o ~/.cache/beacon-peers/bin/etcd ./internal/etcd" from a
+with "go build -o ~/.cache/beacon-peers/bin/etcd ./internal/lab/etcd" from a
 Beacon checkout, or leave it out with --no-grpc-proxy. An interrupt (Ctrl-C)
 stops both proxies and etcd and removes the keys written.`,
 		Args: cobra.NoArgs,

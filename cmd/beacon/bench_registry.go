@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/beaconplane/beacon/bench"
+	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
 )
 

@@ -3,7 +3,7 @@ package main
 import (
 	"os"
 
-	"github.com/beaconplane/beacon/bench"
+	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
 )
 
@@ -32,7 +32,7 @@ changes --changes times:
   - beacon serve's memory per idle stream (goal: <= 20 KB).
 
 The probe is built with: go build -o ~/.cache/beacon-peers/bin/beacon-xdsprobe
-./internal/xdsprobe (from a Beacon checkout), or given with --probe-bin. The
+./internal/lab/xdsprobe (from a Beacon checkout), or given with --probe-bin. The
 default run takes about a minute on 2 cores; the documented full size is
 --streams 10000.`,
 		Args: cobra.NoArgs,

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/registry"
-	"github.com/beaconplane/beacon/store/backend"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )

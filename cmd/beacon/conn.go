@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/registry"
-	"github.com/beaconplane/beacon/store/backend"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	filestore "github.com/beaconplane/beacon/store/file"
 	"github.com/spf13/cobra"

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/internal/testkit/kubetest"
 )
 
 // TestKubernetesBackend runs the registry commands and beacon serve with

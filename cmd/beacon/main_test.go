@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 )
 
 // The tests run the beacon command itself in a child process: the test

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 
 // The Dockerfile and the systemd unit are checked here, since building an

@@ -18,7 +18,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/server/dnsapi"
 	"github.com/beaconplane/beacon/server/xdsapi"

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
-	"github.com/beaconplane/beacon/store/backend"
 	"github.com/spf13/cobra"
 )
 

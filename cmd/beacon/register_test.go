@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 )
 
 // TestRegisterLsWatch runs the registry commands against a real etcd:

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/server"
-	"github.com/beaconplane/beacon/store/backend"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap/zapcore"
 )

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 )
 
 // TestTokenCommands runs docs/bootstrap.md's walk-through against a real

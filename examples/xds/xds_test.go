@@ -15,8 +15,8 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/examples/greeter"
-	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/xdsapi"
 	"github.com/beaconplane/beacon/store/etcd"

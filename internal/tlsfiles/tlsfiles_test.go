@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/testcerts"
+	"github.com/beaconplane/beacon/internal/testkit/testcerts"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/netcut"
+	"github.com/beaconplane/beacon/internal/lab/netcut"
 	"github.com/beaconplane/beacon/naming/etcdnaming"
 	"github.com/beaconplane/beacon/naming/internal/cctest"
 	"github.com/beaconplane/beacon/naming/namingtest"

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/internal/testkit/kubetest"
 	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/beaconplane/beacon/registry/registrytest"
 	"github.com/prometheus/client_golang/prometheus"

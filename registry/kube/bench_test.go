@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/bench"
-	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/internal/lab/bench"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/kubetest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store/etcd"
 	corev1 "k8s.io/api/core/v1"

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/internal/testkit/kubetest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/registrytest"
 )

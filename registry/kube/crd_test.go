@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/internal/testkit/kubetest"
 	"github.com/beaconplane/beacon/registry/kube"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"

@@ -14,7 +14,7 @@ func TestClientGoStaysOptIn(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
 	}
-	pkgs := []string{".", "./store", "./store/backend", "./registry", "./naming", "./bootstrap", "./server", "./server/registryapi"}
+	pkgs := []string{".", "./store", "./backend", "./registry", "./naming", "./bootstrap", "./server", "./server/registryapi"}
 	cmd := exec.Command("go", append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, pkgs...)...)
 	cmd.Dir = "../.."
 	out, err := cmd.CombinedOutput()

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/internal/testkit/kubetest"
 	"github.com/beaconplane/beacon/server/dnsapi"
 	"github.com/miekg/dns"
 )

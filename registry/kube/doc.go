@@ -56,7 +56,7 @@
 //
 // # Using it
 //
-// Programs open it by name with store/backend.OpenRegistry
+// Programs open it by name with backend.OpenRegistry
 // (BEACON_DISCOVERY_BACKEND=kubernetes) after importing this package, or
 // with Open. Registering needs the pod's identity from the Downward API
 // (POD_NAME, POD_NAMESPACE, POD_UID); readers need none. The manifests

@@ -6,9 +6,9 @@ import (
 	"log"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/kube"
-	"github.com/beaconplane/beacon/store/backend"
 )
 
 // A worker in a pod registers itself; the pod's identity comes from the

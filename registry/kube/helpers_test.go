@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/internal/testkit/kubetest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/registrytest"
 )

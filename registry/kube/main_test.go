@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/internal/testkit/kubetest"
 )
 
 // TestMain shares one control plane (kube-apiserver, kube-controller-manager

@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/kubetest"
+	"github.com/beaconplane/beacon/backend"
+	"github.com/beaconplane/beacon/internal/testkit/kubetest"
 	"github.com/beaconplane/beacon/naming"
 	"github.com/beaconplane/beacon/registry"
-	"github.com/beaconplane/beacon/store/backend"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -23,7 +23,7 @@ import (
 
 // The beacon:/// gRPC resolver over the Kubernetes registry, opened by name
 // as a program does (BEACON_DISCOVERY_BACKEND=kubernetes through
-// store/backend): a real gRPC server registered from a Ready pod is
+// backend): a real gRPC server registered from a Ready pod is
 // called; once the pod is NotReady, calls fail fast (Unavailable: no
 // serving instances).
 func TestResolverOverKubernetes(t *testing.T) {

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/kubetest"
-	"github.com/beaconplane/beacon/internal/netcut"
+	"github.com/beaconplane/beacon/internal/lab/netcut"
+	"github.com/beaconplane/beacon/internal/testkit/kubetest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/beaconplane/beacon/registry/registrytest"

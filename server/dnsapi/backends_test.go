@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/backendtest"
+	"github.com/beaconplane/beacon/internal/testkit/backendtest"
 	"github.com/miekg/dns"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/miekg/dns"

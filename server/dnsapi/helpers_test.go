@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store/memory"
 	"github.com/miekg/dns"

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/natstest"
+	"github.com/beaconplane/beacon/internal/testkit/natstest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store/etcd"
 	"go.uber.org/goleak"

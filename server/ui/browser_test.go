@@ -1,7 +1,7 @@
 package ui_test
 
 // The dashboard's tests drive a real headless Chromium (Debian's chromium,
-// found through internal/testpeer) with chromedp against a real `beacon
+// found through internal/testkit/testpeer) with chromedp against a real `beacon
 // serve` (embedded etcd) or the real HTTP handlers. This file holds the
 // harness: one browser per test process, one tab per test, the page's
 // console and exceptions captured, waits that run inside the page on DOM
@@ -25,8 +25,8 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/etcdtest"
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/store/etcd"

@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/server/ui"
-	"github.com/beaconplane/beacon/store/backend"
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/chromedp"

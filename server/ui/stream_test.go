@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/server"
 	"github.com/beaconplane/beacon/server/registryapi"
 	"github.com/beaconplane/beacon/server/ui"

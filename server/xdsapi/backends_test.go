@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/backendtest"
+	"github.com/beaconplane/beacon/internal/testkit/backendtest"
 )
 
 // xDS works over every store backend: an instance registered by one

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"

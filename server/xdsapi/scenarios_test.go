@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"github.com/prometheus/client_golang/prometheus"
 )

@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/store/backend"
+	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/store/file"
 )
 
-// BEACON_DISCOVERY_BACKEND=file opens this store through store/backend.
+// BEACON_DISCOVERY_BACKEND=file opens this store through backend.
 func TestBackendFromEnv(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

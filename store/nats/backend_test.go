@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/natstest"
-	"github.com/beaconplane/beacon/internal/testpeer"
+	"github.com/beaconplane/beacon/internal/testkit/natstest"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/store"
 	bnats "github.com/beaconplane/beacon/store/nats"
 	"github.com/nats-io/nats-server/v2/server"

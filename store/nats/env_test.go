@@ -5,12 +5,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/natstest"
-	"github.com/beaconplane/beacon/store/backend"
+	"github.com/beaconplane/beacon/backend"
+	"github.com/beaconplane/beacon/internal/testkit/natstest"
 	bnats "github.com/beaconplane/beacon/store/nats"
 )
 
-// BEACON_DISCOVERY_BACKEND=nats opens this store through store/backend,
+// BEACON_DISCOVERY_BACKEND=nats opens this store through backend,
 // configured from NATS_URL and the BEACON_NATS_* variables.
 func TestBackendFromEnv(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{User: "u", Password: "p"})

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/natstest"
+	"github.com/beaconplane/beacon/internal/testkit/natstest"
 	"github.com/beaconplane/beacon/store"
 	bnats "github.com/beaconplane/beacon/store/nats"
 	"github.com/beaconplane/beacon/store/storetest"

@@ -1,0 +1,610 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/lab/freeport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// ProxyConfig configures the proxy scenario. Zero values take the
+// defaults in brackets.
+type ProxyConfig struct {
+	// Endpoints of an etcd cluster to use; empty starts a cluster of
+	// Members members [3] on loopback in this process (the server package,
+	// as `beacon serve` runs it).
+	Endpoints []string
+	Members   int
+	// Fsync makes the members sync their WAL like production etcd does.
+	Fsync bool
+	// Duration of each load phase, per side and round [2s].
+	Duration time.Duration
+	// Rounds: every measurement is made Rounds times [3], the sides in a
+	// different order each round; the median is shown with the spread.
+	Rounds int
+	// Clients is the number of concurrent workers [16], spread over Conns
+	// client connections [4].
+	Clients, Conns int
+	// Watches identical watches on one key [1000], spread over Streams
+	// client connections [10] (one watch stream each), as etcd's
+	// `benchmark watch` does.
+	Watches, Streams int
+	// BurstPuts are written as fast as 4 writers can, straight to etcd,
+	// for the fan-out measurement [400].
+	BurstPuts int
+	// LatencyPuts are written at LatencyRate per second for the delivery
+	// latency measurement [100 at 50/s].
+	LatencyPuts, LatencyRate int
+	// ValueSize of the values put [256].
+	ValueSize int
+	// BeaconCommand runs Beacon's proxy in its own process: the beacon
+	// binary and "proxy"; --endpoints, --listen-addr and --log-level are
+	// appended. Required.
+	BeaconCommand []string
+	// EtcdBin is an etcd 3.7 binary for etcd's grpc-proxy (`etcd
+	// grpc-proxy start`); found in PeersDir()/bin or PATH when empty.
+	// NoGRPCProxy leaves that side out.
+	EtcdBin     string
+	NoGRPCProxy bool
+	// Logger for progress; nil discards.
+	Logger *slog.Logger
+}
+
+func (c *ProxyConfig) defaults() {
+	if c.Members == 0 {
+		c.Members = 3
+	}
+	if c.Duration == 0 {
+		c.Duration = 2 * time.Second
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 3
+	}
+	if c.Clients == 0 {
+		c.Clients = 16
+	}
+	if c.Conns == 0 {
+		c.Conns = 4
+	}
+	if c.Watches == 0 {
+		c.Watches = 1000
+	}
+	if c.Streams == 0 {
+		c.Streams = 10
+	}
+	if c.BurstPuts == 0 {
+		c.BurstPuts = 400
+	}
+	if c.LatencyPuts == 0 {
+		c.LatencyPuts = 100
+	}
+	if c.LatencyRate == 0 {
+		c.LatencyRate = 50
+	}
+	if c.ValueSize == 0 {
+		c.ValueSize = 256
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Validate checks the sizes (zero means the default).
+func (c ProxyConfig) Validate() error {
+	for _, v := range []struct {
+		name       string
+		val, limit int
+	}{
+		{"members", c.Members, 9}, {"rounds", c.Rounds, maxRounds}, {"clients", c.Clients, maxConcurrency},
+		{"conns", c.Conns, 1000}, {"watches", c.Watches, maxWatchers}, {"streams", c.Streams, 10_000},
+		{"burst-puts", c.BurstPuts, maxInstances}, {"latency-puts", c.LatencyPuts, maxInstances},
+		{"latency-rate", c.LatencyRate, 100_000}, {"value-size", c.ValueSize, 1 << 20},
+	} {
+		if v.val < 0 {
+			return fmt.Errorf("bench: --%s %d: must be positive", v.name, v.val)
+		}
+		if v.val > v.limit {
+			return fmt.Errorf("bench: --%s %d: at most %d", v.name, v.val, v.limit)
+		}
+	}
+	if c.Duration < 0 || c.Duration > time.Hour {
+		return fmt.Errorf("bench: --duration %v: must be between 0 (default) and 1h", c.Duration)
+	}
+	if c.Streams > 0 && c.Watches > 0 && c.Streams > c.Watches {
+		return fmt.Errorf("bench: --streams %d: at most --watches (%d)", c.Streams, c.Watches)
+	}
+	if len(c.BeaconCommand) == 0 {
+		return errors.New("bench: no command to run beacon proxy")
+	}
+	return nil
+}
+
+// side is one way to reach etcd: straight, or through a proxy process.
+type side struct {
+	name string
+	eps  []string
+	proc *proc // nil for direct
+	clis []*clientv3.Client
+}
+
+// Names of the sides in the report (and sideBeacon, naming.go's "beacon").
+const (
+	sideDirect = "direct"
+	sideGP     = "etcd grpc-proxy"
+)
+
+// RunProxy measures, in one run, etcd traffic straight to etcd, through
+// Beacon's proxy and through etcd's own grpc-proxy, each proxy in its own
+// process, the sides in turn: range (linearizable and serializable) and
+// put throughput and latency with the proxies' CPU per request, then
+// identical watches: events per second under a burst, CPU per event,
+// events lost, memory, and delivery latency at a steady rate.
+func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	etcdBin := ""
+	if !cfg.NoGRPCProxy {
+		var err error
+		if etcdBin, err = EtcdPeer.Find(cfg.EtcdBin); err != nil {
+			return nil, fmt.Errorf("%w (or leave etcd's grpc-proxy out with --no-grpc-proxy)", err)
+		}
+	}
+	eps := cfg.Endpoints
+	setup := "external etcd " + strings.Join(eps, ",")
+	if len(eps) == 0 {
+		c, err := startLocalEtcd(ctx, cfg.Members, cfg.Fsync)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		eps = c.Endpoints()
+		fsync := "no fsync"
+		if cfg.Fsync {
+			fsync = "fsync"
+		}
+		setup = fmt.Sprintf("etcd 3.7, %d member(s) on loopback in the benchmark's process, %s", cfg.Members, fsync)
+	}
+	direct, err := clients(eps, 1)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll(direct)
+	// Whatever happens, the keys the scenario wrote go.
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, _ = direct[0].Delete(cctx, "bench/", clientv3.WithPrefix())
+	}()
+
+	sides := []*side{{name: sideDirect, eps: eps}}
+	bp, err := startBeaconProxy(ctx, cfg.Logger, cfg.BeaconCommand, eps)
+	if err != nil {
+		return nil, err
+	}
+	defer bp.stop()
+	sides = append(sides, &side{name: sideBeacon, eps: []string{"http://" + bp.addr}, proc: bp})
+	if etcdBin != "" {
+		gp, err := startGRPCProxy(ctx, cfg.Logger, etcdBin, eps)
+		if err != nil {
+			return nil, err
+		}
+		defer gp.stop()
+		sides = append(sides, &side{name: sideGP, eps: []string{"http://" + gp.addr}, proc: gp})
+	}
+	for _, s := range sides {
+		if s.clis, err = clients(s.eps, cfg.Conns); err != nil {
+			return nil, err
+		}
+		defer closeAll(s.clis)
+	}
+	r := &Report{
+		Scenario: "proxy",
+		Setup: fmt.Sprintf("%s; proxies in their own processes; %d workers over %d connections, %v per phase, %d-byte values; %d watches over %d streams; %d rounds, sides in turn; GOMAXPROCS=%d",
+			setup, cfg.Clients, cfg.Conns, cfg.Duration, cfg.ValueSize, cfg.Watches, cfg.Streams, cfg.Rounds, runtime.GOMAXPROCS(0)),
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		r.Setup += "; load average at start " + strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+
+	value := strings.Repeat("v", cfg.ValueSize)
+	for i := range 1000 {
+		if _, err := direct[0].Put(ctx, fmt.Sprintf("bench/k%d", i), value); err != nil {
+			return nil, err
+		}
+	}
+	ops := []struct {
+		name, metric string
+		op           func(ctx context.Context, c *clientv3.Client, i int) error
+		goalGP       float64
+	}{
+		{"range-l", "range (linearizable)", func(ctx context.Context, c *clientv3.Client, i int) error {
+			_, err := c.Get(ctx, fmt.Sprintf("bench/k%d", i%1000))
+			return err
+		}, 0},
+		{"range-s", "range (serializable)", func(ctx context.Context, c *clientv3.Client, i int) error {
+			_, err := c.Get(ctx, fmt.Sprintf("bench/k%d", i%1000), clientv3.WithSerializable())
+			return err
+		}, 1},
+		{"put", "put", func(ctx context.Context, c *clientv3.Client, i int) error {
+			_, err := c.Put(ctx, fmt.Sprintf("bench/k%d", i%1000), value)
+			return err
+		}, 0},
+	}
+	for _, op := range ops {
+		m := newSamples()
+		for round := range cfg.Rounds {
+			for _, s := range rotate(sides, round) {
+				cfg.Logger.Info("proxy: load", "op", op.name, "side", s.name, "round", round)
+				var cpu0 time.Duration
+				if s.proc != nil {
+					cpu0 = s.proc.cpu()
+				}
+				res, err := load(ctx, s.clis, cfg.Duration, cfg.Clients, op.op)
+				if err != nil {
+					return nil, fmt.Errorf("%s through %s: %w", op.name, s.name, err)
+				}
+				m.add(s.name, "rate", res.rate())
+				m.add(s.name, "p50", Ms(Percentile(res.lat, 50)))
+				m.add(s.name, "p99", Ms(Percentile(res.lat, 99)))
+				if s.proc != nil {
+					m.add(s.name, "cpu", float64(s.proc.cpu()-cpu0)/float64(time.Microsecond)/float64(res.ops))
+				}
+				if res.errors > 0 {
+					r.Note("%s through %s, round %d: %d errors", op.name, s.name, round, res.errors)
+				}
+			}
+		}
+		m.rows(r, op.metric+" throughput", "ops/s", "rate", true, 0, op.goalGP)
+		m.rows(r, op.metric+" p50", "ms", "p50", false, 0, 0)
+		m.rows(r, op.metric+" p99", "ms", "p99", false, 0, 0)
+		m.gpRow(r, "proxy CPU per "+op.metric, "µs", "cpu", 0)
+	}
+
+	wm := newSamples()
+	for round := range cfg.Rounds {
+		for _, s := range rotate(sides, round) {
+			cfg.Logger.Info("proxy: watches", "side", s.name, "round", round, "watches", cfg.Watches)
+			if err := watchRoundProxy(ctx, cfg, s, direct[0], round, wm, r); err != nil {
+				return nil, fmt.Errorf("watches through %s: %w", s.name, err)
+			}
+		}
+	}
+	burst := fmt.Sprintf("%d watchers, burst of %d puts", cfg.Watches, cfg.BurstPuts)
+	wm.rows(r, "watch fan-out events/s, "+burst, "events/s", "events", true, 0, 1)
+	wm.gpRow(r, "proxy CPU per event delivered, "+burst, "µs", "cpu", 1)
+	wm.rows(r, "events lost, "+burst, "events", "lost", false, 0, 0)
+	wm.gpRow(r, fmt.Sprintf("proxy RSS with %d watchers open, idle", cfg.Watches), "MiB", "idle", 0)
+	wm.gpRow(r, "proxy RSS 2 s after the burst", "MiB", "after", 0)
+	lat := fmt.Sprintf("%d watchers, %d puts/s", cfg.Watches, cfg.LatencyRate)
+	wm.rows(r, "watch delivery p50, "+lat, "ms", "lat50", false, 0, 0)
+	wm.rows(r, "watch delivery p99, "+lat, "ms", "lat99", false, 0, 1)
+	if up := wm.get(sideBeacon, "upstream"); len(up) > 0 {
+		r.Note("Beacon's proxy held %v etcd watch(es) for the %d identical client watches", up[0], cfg.Watches)
+	}
+	r.Note("ratio: Beacon's proxy over the baseline named in 'vs', each measured in the same round (median of the per-round ratios' spread in brackets); CPU: the proxy process's threads' run time (/proc/<pid>/task/*/schedstat)")
+	return r, nil
+}
+
+func rotate(s []*side, n int) []*side {
+	n %= len(s)
+	return append(append([]*side{}, s[n:]...), s[:n]...)
+}
+
+// samples collects one figure per side and round.
+type samples struct {
+	v map[string]map[string][]float64
+}
+
+func newSamples() *samples { return &samples{v: map[string]map[string][]float64{}} }
+
+func (m *samples) add(side, what string, v float64) {
+	if m.v[side] == nil {
+		m.v[side] = map[string][]float64{}
+	}
+	m.v[side][what] = append(m.v[side][what], v)
+}
+
+func (m *samples) get(side, what string) []float64 { return m.v[side][what] }
+
+// rows adds Beacon's figure against direct and against etcd's
+// grpc-proxy, with the goals given (0: none).
+func (m *samples) rows(r *Report, metric, unit, what string, higher bool, goalDirect, goalGP float64) {
+	b := m.get(sideBeacon, what)
+	if len(b) == 0 {
+		return
+	}
+	r.Add(Spread(Row{Metric: metric, Unit: unit, HigherIsBetter: higher, Goal: goalDirect, Against: sideDirect}, b, m.get(sideDirect, what)))
+	if gp := m.get(sideGP, what); len(gp) > 0 {
+		r.Add(Spread(Row{Metric: metric, Unit: unit, HigherIsBetter: higher, Goal: goalGP, Against: sideGP}, b, gp))
+	}
+}
+
+// gpRow adds Beacon's figure against etcd's grpc-proxy only (the proxies'
+// own costs).
+func (m *samples) gpRow(r *Report, metric, unit, what string, goal float64) {
+	b := m.get(sideBeacon, what)
+	if len(b) == 0 {
+		return
+	}
+	r.Add(Spread(Row{Metric: metric, Unit: unit, Goal: goal, Against: sideGP}, b, m.get(sideGP, what)))
+}
+
+// startBeaconProxy runs `beacon proxy` in front of eps.
+func startBeaconProxy(ctx context.Context, log *slog.Logger, command []string, eps []string) (*proc, error) {
+	port, err := freeport.Port()
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	argv := append(append([]string{}, command...), "--endpoints", strings.Join(eps, ","), "--listen-addr", addr, "--log-level", "warn")
+	return startProc(ctx, log, sideBeacon, addr, argv, "")
+}
+
+// startGRPCProxy runs `etcd grpc-proxy start` in front of eps.
+func startGRPCProxy(ctx context.Context, log *slog.Logger, etcdBin string, eps []string) (*proc, error) {
+	port, err := freeport.Port()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "beacon-bench-grpc-proxy-")
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	var hosts []string
+	for _, ep := range eps {
+		hosts = append(hosts, strings.TrimPrefix(strings.TrimPrefix(ep, "http://"), "https://"))
+	}
+	argv := []string{etcdBin, "grpc-proxy", "start", "--endpoints", strings.Join(hosts, ","), "--listen-addr", addr,
+		"--advertise-client-url", addr, "--data-dir", dir}
+	p, err := startProc(ctx, log, sideGP, addr, argv, dir)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+	}
+	return p, err
+}
+
+// watchRoundProxy opens cfg.Watches watchers through s, then measures a
+// burst (events/s, CPU per event, events lost, memory) and a steady rate
+// (delivery latency), and closes them.
+func watchRoundProxy(ctx context.Context, cfg ProxyConfig, s *side, writer *clientv3.Client, round int, m *samples, r *Report) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	clis, err := clients(s.eps, cfg.Streams)
+	if err != nil {
+		return err
+	}
+	defer closeAll(clis)
+	key := fmt.Sprintf("bench/watch/%s/%d/%d", strings.ReplaceAll(s.name, " ", "-"), round, time.Now().UnixNano())
+	n := cfg.Watches
+	var got, ended, lastNanos atomic.Int64
+	lat := newLatencies(cfg.LatencyPuts, n)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i := range n {
+		wch := clis[i%len(clis)].Watch(ctx, key, clientv3.WithCreatedNotify())
+		select {
+		case wr := <-wch:
+			if !wr.Created {
+				return fmt.Errorf("watch %d not created: %v", i, wr.Err())
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		wg.Go(func() {
+			defer ended.Add(1)
+			for wr := range wch {
+				for _, ev := range wr.Events {
+					v := string(ev.Kv.Value)
+					if s, ok := strings.CutPrefix(v, "l"); ok {
+						if k, err := strconv.Atoi(s); err == nil {
+							lat.got(k, i)
+						}
+						continue
+					}
+					got.Add(1)
+					lastNanos.Store(time.Now().UnixNano())
+				}
+			}
+		})
+	}
+	if s.name == sideBeacon {
+		if up, err := proxyUpstreamWatches(ctx, s.proc.addr); err == nil {
+			m.add(s.name, "upstream", up)
+		}
+	}
+	if s.proc != nil {
+		runtime.GC()
+		m.add(s.name, "idle", s.proc.rss()/(1<<20))
+	}
+
+	// The burst: every watcher must get every event.
+	want := int64(n) * int64(cfg.BurstPuts)
+	var cpu0 time.Duration
+	if s.proc != nil {
+		cpu0 = s.proc.cpu()
+	}
+	start := time.Now()
+	var next atomic.Int64
+	var pw sync.WaitGroup
+	var putErr atomic.Pointer[error]
+	for range 4 {
+		pw.Go(func() {
+			for next.Add(1) <= int64(cfg.BurstPuts) {
+				if _, err := writer.Put(ctx, key, "b"); err != nil {
+					putErr.Store(&err)
+					return
+				}
+			}
+		})
+	}
+	pw.Wait()
+	if err := putErr.Load(); err != nil {
+		return *err
+	}
+	// Until every event is in, every watcher ended, or nothing arrived for
+	// 5 s (a proxy that dropped events: they are counted as lost).
+	seen, progress := got.Load(), time.Now()
+	for got.Load() < want && ended.Load() < int64(n) && time.Since(progress) < 5*time.Second && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond) // the watchers' goroutines count; nothing to wait on
+		if g := got.Load(); g != seen {
+			seen, progress = g, time.Now()
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	received := got.Load()
+	elapsed := time.Duration(lastNanos.Load() - start.UnixNano())
+	if elapsed <= 0 {
+		elapsed = time.Since(start)
+	}
+	m.add(s.name, "events", float64(received)/elapsed.Seconds())
+	m.add(s.name, "lost", float64(want-received))
+	if s.proc != nil {
+		m.add(s.name, "cpu", float64(s.proc.cpu()-cpu0)/float64(time.Microsecond)/float64(max(received, 1)))
+	}
+	if received < want {
+		r.Note("%s, round %d: %d of %d events delivered (%d of %d watchers ended)", s.name, round, received, want, ended.Load(), n)
+	}
+	if s.proc != nil {
+		select {
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		m.add(s.name, "after", s.proc.rss()/(1<<20))
+	}
+
+	// Steady rate: the time from each put until each watcher still open
+	// has it.
+	live := n - int(ended.Load())
+	if live == 0 {
+		return nil // the proxy ended every watch (it dropped the burst)
+	}
+	lat.expect(live)
+	tick := time.NewTicker(time.Second / time.Duration(cfg.LatencyRate))
+	defer tick.Stop()
+	for k := range cfg.LatencyPuts {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		lat.t0[k].Store(time.Now().UnixNano())
+		if _, err := writer.Put(ctx, key, "l"+strconv.Itoa(k)); err != nil {
+			return err
+		}
+	}
+	for k := range cfg.LatencyPuts {
+		select {
+		case <-lat.done[k]:
+		case <-time.After(30 * time.Second):
+			r.Note("%s, round %d: latency sample %d not received by every watcher within 30 s", s.name, round, k)
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	all := lat.all()
+	m.add(s.name, "lat50", Ms(Percentile(all, 50)))
+	m.add(s.name, "lat99", Ms(Percentile(all, 99)))
+	return nil
+}
+
+// proxyUpstreamWatches reads beacon_proxy_upstream_watches from a Beacon
+// proxy's /metrics.
+func proxyUpstreamWatches(ctx context.Context, addr string) (float64, error) {
+	return scrape(ctx, "http://"+addr, "beacon_proxy_upstream_watches")
+}
+
+type loadResult struct {
+	ops     int
+	elapsed time.Duration
+	lat     []time.Duration
+	errors  int
+}
+
+func (a loadResult) rate() float64 {
+	if a.elapsed <= 0 {
+		return 0
+	}
+	return float64(a.ops) / a.elapsed.Seconds()
+}
+
+// load runs op from workers goroutines over clis for d.
+func load(ctx context.Context, clis []*clientv3.Client, d time.Duration, workers int, op func(context.Context, *clientv3.Client, int) error) (loadResult, error) {
+	// Warm up every connection.
+	for _, c := range clis {
+		if err := op(ctx, c, 0); err != nil {
+			return loadResult{}, err
+		}
+	}
+	var mu sync.Mutex
+	var res loadResult
+	deadline := time.Now().Add(d)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			c := clis[w%len(clis)]
+			var lat []time.Duration
+			n := 0
+			for i := w; time.Now().Before(deadline) && ctx.Err() == nil; i += workers {
+				t0 := time.Now()
+				if err := op(ctx, c, i); err != nil {
+					n++
+					continue
+				}
+				lat = append(lat, time.Since(t0))
+			}
+			mu.Lock()
+			res.lat = append(res.lat, lat...)
+			res.errors += n
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	res.ops = len(res.lat)
+	if ctx.Err() != nil {
+		return loadResult{}, ctx.Err()
+	}
+	if res.ops == 0 {
+		return loadResult{}, errors.New("no operation succeeded")
+	}
+	return res, nil
+}
+
+func clients(eps []string, n int) ([]*clientv3.Client, error) {
+	var out []*clientv3.Client
+	for range n {
+		c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			closeAll(out)
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func closeAll(clis []*clientv3.Client) {
+	for _, c := range clis {
+		_ = c.Close()
+	}
+}
