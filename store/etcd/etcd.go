@@ -179,10 +179,14 @@ func NewFromClient(cli *clientv3.Client, opts ...FromClientOption) *Store {
 }
 
 func newStore(cli *clientv3.Client, owned bool, r resolved) *Store {
+	eps := strings.Join(r.endpoints, ",")
+	if eps == "" { // an in-process client (embedded etcd) has no endpoints
+		eps = "the in-process etcd client"
+	}
 	s := &Store{
 		cli:            cli,
 		owned:          owned,
-		endpoints:      strings.Join(r.endpoints, ","),
+		endpoints:      eps,
 		requestTimeout: r.requestTimeout,
 		listPageSize:   r.listPageSize,
 		watchSilence:   r.watchSilence,
