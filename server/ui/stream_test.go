@@ -183,9 +183,11 @@ func TestDeadStreamReconnectsAndNeverFreezes(t *testing.T) {
 
 	proxy.resume()
 	p.click(`.tabs a[data-section="services"]`)
-	if eval[bool](p, `!document.querySelector('#banner button').hidden`) {
-		p.click(`#banner button`) // Reconnect now
-	}
+	// Reconnect now, if the page has not reconnected on its own already:
+	// checked and clicked in one step, since a separate check raced with the
+	// page hiding the button (the click then waited for it until the
+	// test's deadline).
+	eval[bool](p, `(() => { const b = document.querySelector('#banner button'); if (b && !b.hidden && !document.querySelector('#banner').hidden) { b.click(); return true } return false })()`)
 	p.waitFor(fmt.Sprintf(`document.querySelector('#live').dataset.state === 'live' && [...document.querySelectorAll('.grid .grow')].some(r => r.textContent.includes(%s))`, jsString(b.Instance().ID)), 20*time.Second)
 	p.waitFor(`document.querySelector('#banner').hidden`, time.Second)
 	// Resumed from where it stopped: B came as a change, not in a snapshot.
