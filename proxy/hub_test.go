@@ -36,6 +36,44 @@ type memEtcd struct {
 	mu      sync.Mutex
 	hist    []memEvent
 	watches []*memWatch
+	changed *changes // fired when the hub opens a watch
+}
+
+// changes wakes the test's waits when something they wait for may have
+// happened (the hub opened an upstream watch, or sent a client a
+// response), so that they wait on events rather than on a clock.
+type changes struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newChanges() *changes { return &changes{ch: make(chan struct{})} }
+
+func (c *changes) fire() {
+	c.mu.Lock()
+	close(c.ch)
+	c.ch = make(chan struct{})
+	c.mu.Unlock()
+}
+
+// next is closed at the next fire: take it before looking, then wait on it.
+func (c *changes) next() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ch
+}
+
+// waitChange waits for c's next fire (wake, taken before looking) until
+// deadline, and reports false if the deadline came first.
+func waitChange(wake <-chan struct{}, deadline time.Time) bool {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-wake:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // memWatch is one upstream watch the hub opened on memEtcd.
@@ -59,6 +97,7 @@ func (m *memEtcd) Watch(ctx context.Context, key string, opts ...clientv3.OpOpti
 	}
 	m.watches = append(m.watches, w)
 	m.mu.Unlock()
+	m.changed.fire()
 	go func() {
 		<-ctx.Done()
 		w.mu.Lock()
@@ -73,17 +112,18 @@ func (m *memEtcd) Watch(ctx context.Context, key string, opts ...clientv3.OpOpti
 func (m *memEtcd) watchAt(t *testing.T, i int) *memWatch {
 	deadline := time.Now().Add(hubTimeout)
 	for {
+		wake := m.changed.next()
 		m.mu.Lock()
-		if len(m.watches) > i {
+		n := len(m.watches)
+		if n > i {
 			w := m.watches[i]
 			m.mu.Unlock()
 			return w
 		}
 		m.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatalf("the hub opened %d upstream watches, want %d", len(m.watches), i+1)
+		if !waitChange(wake, deadline) {
+			t.Fatalf("the hub opened %d upstream watches, want %d", n, i+1)
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -188,9 +228,10 @@ func (m *memEtcd) step(w *memWatch, maxEvents int) bool {
 // decoded by protobuf (not by the proxy's splicing).
 type recStream struct {
 	grpc.ServerStream
-	ctx context.Context
-	mu  sync.Mutex
-	got map[int64][]*pb.WatchResponse
+	ctx     context.Context
+	changed *changes // fired at each response
+	mu      sync.Mutex
+	got     map[int64][]*pb.WatchResponse
 }
 
 func (r *recStream) Context() context.Context { return r.ctx }
@@ -207,6 +248,7 @@ func (r *recStream) SendMsg(m any) error {
 	r.mu.Lock()
 	r.got[resp.WatchId] = append(r.got[resp.WatchId], resp)
 	r.mu.Unlock()
+	r.changed.fire()
 	return nil
 }
 
@@ -220,6 +262,7 @@ func (r *recStream) responses(id int64) []*pb.WatchResponse {
 // hubRig is a hub on memEtcd with client streams.
 type hubRig struct {
 	t       *testing.T
+	changed *changes // the hub opened a watch or sent a response
 	h       *watchHub
 	etcd    *memEtcd
 	streams []*cstream
@@ -247,11 +290,12 @@ func newHubRig(t *testing.T, streams int) *hubRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &hubRig{t: t, h: newWatchHub(p), etcd: &memEtcd{}}
+	changed := newChanges()
+	r := &hubRig{t: t, h: newWatchHub(p), etcd: &memEtcd{changed: changed}, changed: changed}
 	r.h.w = r.etcd
 	ctx, cancel := context.WithCancel(context.Background())
 	for range streams {
-		rec := &recStream{ctx: ctx, got: map[int64][]*pb.WatchResponse{}}
+		rec := &recStream{ctx: ctx, changed: changed, got: map[int64][]*pb.WatchResponse{}}
 		cctx, ccancel := context.WithCancelCause(ctx)
 		s := newCStream(cctx, ctx, ccancel, r.h, rec)
 		r.streams = append(r.streams, s)
@@ -360,7 +404,10 @@ func (r *hubRig) got(m *modelWatcher) []int64 {
 // may appear while settling.)
 func (r *hubRig) settle() {
 	deadline := time.Now().Add(hubTimeout)
+	beat := time.NewTicker(5 * time.Millisecond)
+	defer beat.Stop()
 	for {
+		wake := r.changed.next()
 		busy := false
 		for _, w := range r.etcd.open() {
 			if r.etcd.step(w, 1000) {
@@ -378,7 +425,13 @@ func (r *hubRig) settle() {
 			}
 			r.t.Fatalf("the upstream watches did not settle within %v", hubTimeout)
 		}
-		time.Sleep(time.Millisecond) // polling the recorders; no timing asserted
+		// Wait for the hub to answer (a response, or a watch opened);
+		// failing that, for the next beat of the fake etcd, which sends
+		// each synced watch a progress notification as etcd does.
+		select {
+		case <-wake:
+		case <-beat.C:
+		}
 	}
 }
 
@@ -601,13 +654,13 @@ func TestHubCancelledWatcherGetsNothingMore(t *testing.T) {
 	}
 	deadline := time.Now().Add(testTimeout)
 	for {
+		wake := m.rec.changed.next()
 		resps := m.rec.responses(m.w.id)
 		if len(resps) > 0 && resps[len(resps)-1].Canceled {
 			break
 		}
-		if time.Now().After(deadline) {
+		if !waitChange(wake, deadline) {
 			t.Fatalf("no canceled response: %v", resps)
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
