@@ -82,7 +82,7 @@ type Config struct {
 	// Etcd configures the etcd backend.
 	Etcd etcd.Config
 	// Memory configures the memory backend.
-	Memory memory.Options
+	Memory memory.Config
 	// File configures the file backend (BEACON_FILE_DIR, ...).
 	File file.Config
 	// NATS configures the NATS backend (NATS_URL, ...).
@@ -234,7 +234,7 @@ func Open(ctx context.Context, c Config) (store.Store, error) {
 	case NATS:
 		return nats.Open(ctx, c.NATS)
 	default:
-		return etcd.New(ctx, c.Etcd)
+		return etcd.Open(ctx, c.Etcd)
 	}
 }
 

@@ -21,7 +21,7 @@ func BenchmarkChangeToState(b *testing.B) {
 	for _, n := range []int{10, 1000} {
 		b.Run(fmt.Sprintf("instances=%d", n), func(b *testing.B) {
 			ctx := context.Background()
-			st := memory.New(memory.Options{})
+			st := memory.New(memory.Config{})
 			defer func() { _ = st.Close() }()
 			r, err := registry.New(st, registry.Config{})
 			if err != nil {

@@ -55,7 +55,7 @@ func TestStaleWhileEtcdUnreachableThenRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cut.Close() })
-	st, err := etcd.New(ctx, etcd.Config{Endpoints: []string{cut.Addr()}, RequestTimeout: time.Second})
+	st, err := etcd.Open(ctx, etcd.Config{Endpoints: []string{cut.Addr()}, RequestTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

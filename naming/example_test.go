@@ -20,7 +20,7 @@ func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	defer st.Close()
 	reg, err := registry.New(st, registry.Config{})
 	if err != nil {

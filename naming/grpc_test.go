@@ -24,7 +24,7 @@ import (
 // memRegistry is a registry over a fresh memory store.
 func memRegistry(t *testing.T) *registry.StoreRegistry {
 	t.Helper()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
 	return newRegistry(t, st, registry.Config{})
 }

@@ -32,7 +32,7 @@ func TestResolverOnHungMember(t *testing.T) {
 	open := func(endpoints []string) *registry.StoreRegistry {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		st, err := etcd.New(cctx, etcd.Config{Endpoints: endpoints, WatchSilenceTimeout: silence, ProbeTimeout: 500 * time.Millisecond,
+		st, err := etcd.Open(cctx, etcd.Config{Endpoints: endpoints, WatchSilenceTimeout: silence, ProbeTimeout: 500 * time.Millisecond,
 			RequestTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)

@@ -65,7 +65,7 @@ func newEtcdStore(t *testing.T, srv *etcdtest.Server) *etcd.Store {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := etcd.New(ctx, etcd.Config{Endpoints: srv.Endpoints()})
+	s, err := etcd.Open(ctx, etcd.Config{Endpoints: srv.Endpoints()})
 	if err != nil {
 		t.Fatalf("etcd.New: %v", err)
 	}

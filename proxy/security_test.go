@@ -93,7 +93,7 @@ func TestListenerMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := tlsfiles.NewReloader(tlsfiles.Files{CertFile: srvLeaf.Cert, KeyFile: srvLeaf.Key, TrustedCAFile: ca.File, ClientCertAuth: true}, tlsfiles.Options{})
+	r, err := tlsfiles.NewReloader(tlsfiles.Files{CertFile: srvLeaf.Cert, KeyFile: srvLeaf.Key, TrustedCAFile: ca.File, ClientCertAuth: true}, tlsfiles.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

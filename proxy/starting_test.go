@@ -101,7 +101,7 @@ func testAnswersWhileFinding(t *testing.T, srv *etcdtest.Server, useTLS bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := tlsfiles.NewReloader(tlsfiles.Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, tlsfiles.Options{})
+		r, err := tlsfiles.NewReloader(tlsfiles.Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, tlsfiles.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -29,7 +29,7 @@ type batcherRig struct {
 
 func newBatcherRig(t *testing.T) (*batcherRig, *batcher) {
 	t.Helper()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
 	l, err := st.Grant(context.Background(), time.Minute)
 	if err != nil {

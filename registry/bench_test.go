@@ -19,7 +19,7 @@ import (
 // `beacon bench` measures the same paths against etcd beside the raw client.
 
 func BenchmarkRegister(b *testing.B) {
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	defer st.Close()
 	r, err := registry.New(st, registry.Config{})
 	if err != nil {
@@ -100,7 +100,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 func BenchmarkWatchDelivery(b *testing.B) {
 	for _, n := range []int{1, 100, 1000} {
 		b.Run(fmt.Sprintf("watchers=%d", n), func(b *testing.B) {
-			st := memory.New(memory.Options{})
+			st := memory.New(memory.Config{})
 			defer st.Close()
 			r, err := registry.New(st, registry.Config{})
 			if err != nil {
@@ -159,7 +159,7 @@ func BenchmarkWatchDelivery(b *testing.B) {
 }
 
 func BenchmarkList1000(b *testing.B) {
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	defer st.Close()
 	r, err := registry.New(st, registry.Config{})
 	if err != nil {

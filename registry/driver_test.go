@@ -15,7 +15,7 @@ import (
 // its settings read through DriverConfig.Getenv.
 func TestDrivers(t *testing.T) {
 	var got registry.DriverConfig
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
 	registry.RegisterDriver("test-memory", func(_ context.Context, dc registry.DriverConfig) (registry.Registry, error) {
 		got = dc

@@ -15,7 +15,7 @@ import (
 // first, then each change.
 func Example() {
 	ctx := context.Background()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	defer st.Close()
 	r, err := registry.New(st, registry.Config{})
 	if err != nil {
@@ -73,7 +73,7 @@ func Example() {
 // present the secret, and vanishes when it stops.
 func ExampleStoreRegistry_RegisterWithTTL() {
 	ctx := context.Background()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	defer st.Close()
 	r, err := registry.New(st, registry.Config{})
 	if err != nil {
@@ -129,7 +129,7 @@ func ExampleNewRoundRobin() {
 // drain: its own Update keeps it draining unless it sets Status.
 func ExampleStoreRegistry_DrainInstance() {
 	ctx := context.Background()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	defer st.Close()
 	worker, err := registry.New(st, registry.Config{})
 	if err != nil {

@@ -84,7 +84,7 @@ func wait[T any](t *testing.T, ch <-chan T, what string) T {
 // reported nothing; once past it, the lease is reported unconfirmed, never
 // lost (the store did not say it ended).
 func TestKeeperUnconfirmedOnlyPastTheTTL(t *testing.T) {
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	_ = st.Close() // every keep-alive fails at once, without a verdict
 	for _, past := range []bool{false, true} {
 		k, v, failed, cancel := keeperOver(t, st)
@@ -119,7 +119,7 @@ func TestKeeperUnconfirmedOnlyPastTheTTL(t *testing.T) {
 // The store's verdict: a lease it does not know is lost, at the first
 // answer; a renewal it answers is reported with the TTL granted.
 func TestKeeperVerdictsFromTheStore(t *testing.T) {
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
 	k, v, _, _ := keeperOver(t, st)
 	k.hold(12345, time.Minute) // never granted
@@ -158,7 +158,7 @@ func (h *listHook) List(ctx context.Context, prefix string) ([]store.KeyValue, i
 // recovery starts over with another lease rather than declaring itself
 // recovered on a lease nobody renews.
 func TestSessionRecoveryStartsOverWhenItsLeaseLapses(t *testing.T) {
-	st := &listHook{Store: memory.New(memory.Options{})}
+	st := &listHook{Store: memory.New(memory.Config{})}
 	t.Cleanup(func() { _ = st.Close() })
 	r, err := New(st, Config{LeaseTTL: time.Minute})
 	if err != nil {
@@ -189,7 +189,7 @@ func TestSessionRecoveryStartsOverWhenItsLeaseLapses(t *testing.T) {
 // interval), not only at the periodic check of every key: once the other
 // process's lease ends, the session reclaims the ID.
 func TestSessionReclaimsAConflictOnceFreed(t *testing.T) {
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
 	r, err := New(st, Config{LeaseTTL: 3 * time.Second, VerifyInterval: -1})
 	if err != nil {
@@ -238,7 +238,7 @@ func TestSessionReclaimsAConflictOnceFreed(t *testing.T) {
 // woken, writes it at once rather than at its next interval (here 20
 // minutes away).
 func TestSessionWritesStaleRegistrationsWhenWoken(t *testing.T) {
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
 	r, err := New(st, Config{LeaseTTL: time.Hour, VerifyInterval: -1})
 	if err != nil {

@@ -188,7 +188,7 @@ func TestLeasedBadInput(t *testing.T) {
 // lease that expired without a renewal through them.
 func TestLeasedRegistrationsMetric(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	defer st.Close()
 	r1 := newRegistry(t, st, registry.Config{Metrics: reg})
 	r2 := newRegistry(t, st, registry.Config{Metrics: reg})

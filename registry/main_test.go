@@ -61,7 +61,7 @@ func newEtcdStore(tb testing.TB, srv *etcdtest.Server, cfg etcd.Config) *etcd.St
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := etcd.New(ctx, cfg)
+	s, err := etcd.Open(ctx, cfg)
 	if err != nil {
 		tb.Fatalf("etcd.New: %v", err)
 	}
@@ -70,7 +70,7 @@ func newEtcdStore(tb testing.TB, srv *etcdtest.Server, cfg etcd.Config) *etcd.St
 }
 
 func newMemoryStore(tb testing.TB) *memory.Store {
-	s := memory.New(memory.Options{})
+	s := memory.New(memory.Config{})
 	tb.Cleanup(func() { _ = s.Close() })
 	return s
 }

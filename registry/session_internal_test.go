@@ -25,7 +25,7 @@ type sessionRig struct {
 
 func newSessionRig(t *testing.T) *sessionRig {
 	t.Helper()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
 	r, err := New(st, Config{LeaseTTL: time.Minute})
 	if err != nil {

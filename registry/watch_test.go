@@ -350,7 +350,7 @@ func FuzzWatchConverges(f *testing.F) {
 		if len(ops) > 64 {
 			ops = ops[:64]
 		}
-		st := memory.New(memory.Options{History: 8})
+		st := memory.New(memory.Config{History: 8})
 		defer st.Close()
 		r, err := registry.New(st, registry.Config{LeaseTTL: time.Second})
 		if err != nil {

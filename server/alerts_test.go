@@ -162,7 +162,7 @@ func sessionFor(t *testing.T, cfg etcdstore.Config) (*registry.StoreRegistry, *p
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := etcdstore.New(ctx, cfg)
+	st, err := etcdstore.Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

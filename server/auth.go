@@ -328,7 +328,7 @@ func (a *frontAuthority) open(ctx context.Context, id identity) (*etcdstore.Stor
 	default:
 		return nil, id, fmt.Errorf("unknown authentication method %q", id.method)
 	}
-	s, err := etcdstore.New(ctx, cfg)
+	s, err := etcdstore.Open(ctx, cfg)
 	if err != nil {
 		return nil, id, explainAuthError(id, err)
 	}

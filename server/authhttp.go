@@ -98,7 +98,7 @@ func (s *Server) closeSecurity() {
 
 // registryOptions are the registry API's options for authentication and
 // limits.
-func (s *Server) registryOptions(o registryapi.Options) registryapi.Options {
+func (s *Server) registryOptions(o registryapi.Config) registryapi.Config {
 	o.Registry = func(r *http.Request) (registry.Discoverer, error) {
 		if uv := viewFrom(r.Context()); uv != nil {
 			return uv.reg, nil

@@ -23,5 +23,5 @@ func defaultMaxConns() int {
 // idle connection (silent ones first) to make room; requests are marked by
 // connlimit.Handler (serveEarly), so that one in flight is never closed.
 func limitConns(ln net.Listener, n, perAddr int, log *slog.Logger) net.Listener {
-	return connlimit.Listener(ln, connlimit.Options{Max: n, PerAddr: perAddr, Marked: true, Log: log, What: "HTTP"})
+	return connlimit.Listener(ln, connlimit.Config{Max: n, PerAddr: perAddr, Marked: true, Log: log, What: "HTTP"})
 }

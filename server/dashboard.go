@@ -49,7 +49,7 @@ type router interface {
 // mountDashboard serves the web dashboard at ui.Prefix (and redirects / to
 // it) and the cluster read API it needs.
 func (s *Server) mountDashboard(mux router) error {
-	h, err := ui.New(ui.Options{})
+	h, err := ui.New(ui.Config{})
 	if err != nil {
 		return err
 	}

@@ -253,7 +253,7 @@ func (s *Server) startFallbackProxy(ctx context.Context, lg *slog.Logger) error 
 	addr := scheme + "://" + p.Addr().String()
 	scfg.Endpoints = []string{addr}
 	s.fallbackStore = scfg
-	st, err := etcdstore.New(ctx, scfg)
+	st, err := etcdstore.Open(ctx, scfg)
 	if err != nil {
 		return fmt.Errorf("discovery fallback proxy: reach the cluster through %s: %w", addr, err)
 	}

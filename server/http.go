@@ -180,7 +180,7 @@ func (s *Server) mountAPIs(mux *httpapi.Mux) error {
 		return err
 	}
 	s.mountAuth(mux)
-	api, err := registryapi.New(s.data.registry, s.registryOptions(registryapi.Options{Logger: s.log, Metrics: s.reg}))
+	api, err := registryapi.New(s.data.registry, s.registryOptions(registryapi.Config{Logger: s.log, Metrics: s.reg}))
 	if err != nil {
 		return fmt.Errorf("registry API: %w", err)
 	}

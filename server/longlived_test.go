@@ -64,7 +64,7 @@ func longLived(t *testing.T, authToken string) {
 	endpoints := s.Endpoints().ClientURLs
 
 	openRegistry := func(user, pw string) *registry.StoreRegistry {
-		st, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: endpoints, Username: user, Password: pw})
+		st, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: endpoints, Username: user, Password: pw})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,7 +22,7 @@ func sessionAs(t *testing.T, s *Server, user, password string, verify time.Durat
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: s.Endpoints().ClientURLs, Username: user, Password: password})
+	st, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: s.Endpoints().ClientURLs, Username: user, Password: password})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ func (s *Server) secureHTTPListener(ln net.Listener) (net.Listener, error) {
 		names = append(names, h)
 	}
 	slices.Sort(names)
-	r, err := tlsfiles.NewReloader(s.sec.HTTPTLS, tlsfiles.Options{Logger: s.log.With("component", "http-tls"), Listener: "http",
+	r, err := tlsfiles.NewReloader(s.sec.HTTPTLS, tlsfiles.Config{Logger: s.log.With("component", "http-tls"), Listener: "http",
 		Names: tlsfiles.ListenerNames(s.cfg.HTTPAddr, names...), Metrics: s.reg})
 	if err != nil {
 		return nil, err
@@ -121,7 +121,7 @@ func (s *Server) fallbackSecurity(pcfg *proxy.Config) (scheme string, st etcdsto
 	if f.CertFile == "" {
 		return "http", st, nil
 	}
-	r, err := tlsfiles.NewReloader(f, tlsfiles.Options{Logger: s.log.With("component", "fallback-proxy-tls"), Listener: "fallback-proxy", Metrics: s.reg})
+	r, err := tlsfiles.NewReloader(f, tlsfiles.Config{Logger: s.log.With("component", "fallback-proxy-tls"), Listener: "fallback-proxy", Metrics: s.reg})
 	if err != nil {
 		return "", st, err
 	}

@@ -78,7 +78,7 @@ func (s *Server) listenXDS() error {
 	// see: it would look idle and be shed. Bounds reached refuse instead;
 	// connections with no stream are closed by the gRPC server's idle
 	// timeout (xdsapi).
-	s.xds.ln = connlimit.Listener(ln, connlimit.Options{Max: s.sec.MaxConns, PerAddr: perClient, NeverShed: true,
+	s.xds.ln = connlimit.Listener(ln, connlimit.Config{Max: s.sec.MaxConns, PerAddr: perClient, NeverShed: true,
 		Log: s.log.With("component", "xds"), What: "xDS"})
 	return nil
 }
@@ -96,7 +96,7 @@ func (s *Server) startXDS() error {
 		Metrics:             s.reg,
 	}
 	if f := s.sec.XDSTLS; f.CertFile != "" {
-		r, err := tlsfiles.NewReloader(f, tlsfiles.Options{Logger: s.log.With("component", "xds-tls"), Listener: "xds",
+		r, err := tlsfiles.NewReloader(f, tlsfiles.Config{Logger: s.log.With("component", "xds-tls"), Listener: "xds",
 			Names: tlsfiles.ListenerNames(s.cfg.XDS.Addr), Metrics: s.reg})
 		if err != nil {
 			return err

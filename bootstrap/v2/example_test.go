@@ -16,7 +16,7 @@ import (
 // Serve the v2 discovery protocol under /v2/discovery, create a token, and
 // register a member the way etcd's --discovery client does.
 func ExampleService() {
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	defer st.Close()
 	mux := http.NewServeMux()
 	srv := httptest.NewServer(mux)

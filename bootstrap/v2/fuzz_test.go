@@ -85,7 +85,7 @@ func FuzzMatches(f *testing.F) {
 // FuzzHandler sends arbitrary requests: the service never panics, and
 // every keys API answer is etcd v2 JSON with an X-Etcd-Index header.
 func FuzzHandler(f *testing.F) {
-	mem := memory.New(memory.Options{})
+	mem := memory.New(memory.Config{})
 	f.Cleanup(func() { _ = mem.Close() })
 	svc, err := New(Config{Store: mem, BaseURL: "http://disc.example", WaitTimeout: 10 * time.Millisecond})
 	if err != nil {

@@ -51,7 +51,7 @@ type env struct {
 func newEnv(t *testing.T, st store.Store, mod func(*v2.Config)) *env {
 	t.Helper()
 	if st == nil {
-		mem := memory.New(memory.Options{})
+		mem := memory.New(memory.Config{})
 		t.Cleanup(func() { _ = mem.Close() })
 		st = mem
 	}
@@ -131,7 +131,7 @@ func (e *env) newToken(t *testing.T, size int) string {
 // memory backend and Beacon's etcd backend over a real etcd.
 func backends(t *testing.T, fn func(t *testing.T, st store.Store)) {
 	t.Run("memory", func(t *testing.T) {
-		mem := memory.New(memory.Options{})
+		mem := memory.New(memory.Config{})
 		t.Cleanup(func() { _ = mem.Close() })
 		fn(t, mem)
 	})
@@ -424,7 +424,7 @@ func TestBadRequests(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	mem := memory.New(memory.Options{})
+	mem := memory.New(memory.Config{})
 	defer mem.Close()
 	for name, cfg := range map[string]v2.Config{
 		"no store":       {BaseURL: "http://a:1"},

@@ -449,7 +449,7 @@ func TestRmCommand(t *testing.T) {
 	ep := srv.Endpoint()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: []string{ep}})
+	st, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: []string{ep}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -614,7 +614,7 @@ func TestCompletion(t *testing.T) {
 	ep := srv.Endpoint()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: []string{ep}})
+	st, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: []string{ep}})
 	if err != nil {
 		t.Fatal(err)
 	}

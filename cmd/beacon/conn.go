@@ -252,7 +252,7 @@ func (c *clientFlags) openEtcd(ctx context.Context) (*etcdstore.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := etcdstore.New(ctx, cfg.Etcd)
+	st, err := etcdstore.Open(ctx, cfg.Etcd)
 	if err != nil {
 		return nil, fmt.Errorf("reach the discovery registry: %w", err)
 	}

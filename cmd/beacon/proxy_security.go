@@ -47,7 +47,7 @@ func (t *proxyListenTLS) apply(cfg *proxy.Config, log *slog.Logger) error {
 	}
 	// A rotated certificate must still cover the listen address (unless
 	// it is a wildcard one: then, some name of the previous certificate).
-	r, err := tlsfiles.NewReloader(t.files, tlsfiles.Options{Logger: log.With("component", "proxy-tls"), Listener: "proxy",
+	r, err := tlsfiles.NewReloader(t.files, tlsfiles.Config{Logger: log.With("component", "proxy-tls"), Listener: "proxy",
 		Names: tlsfiles.ListenerNames(cfg.ListenAddr), Metrics: cfg.Registry})
 	if err != nil {
 		return fmt.Errorf("--cert-file/--key-file: %w", err)

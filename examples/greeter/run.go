@@ -94,7 +94,7 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 	go func() { served <- srv.Serve(lis) }()
 	defer srv.Stop() // on early returns; after GracefulStop a no-op
 
-	st, err := etcd.New(ctx, cfg.Etcd)
+	st, err := etcd.Open(ctx, cfg.Etcd)
 	if err != nil {
 		return fmt.Errorf("greeter: registry store: %w", err)
 	}
@@ -186,7 +186,7 @@ func RunClient(ctx context.Context, cfg ClientConfig) (ClientStats, error) {
 	if _, err := naming.ParseTarget(cfg.Target); err != nil {
 		return stats, err
 	}
-	st, err := etcd.New(ctx, cfg.Etcd)
+	st, err := etcd.Open(ctx, cfg.Etcd)
 	if err != nil {
 		return stats, fmt.Errorf("greeter: registry store: %w", err)
 	}

@@ -89,7 +89,7 @@ func TestExampleClients(t *testing.T) {
 // serve does, until the test ends; it returns the address.
 func startXDS(t *testing.T, ctx context.Context, endpoint string) string {
 	t.Helper()
-	st, err := etcd.New(ctx, etcd.Config{Endpoints: []string{endpoint}})
+	st, err := etcd.Open(ctx, etcd.Config{Endpoints: []string{endpoint}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,8 +36,8 @@ import (
 	"time"
 )
 
-// Options configure a Listener.
-type Options struct {
+// Config configures a Listener.
+type Config struct {
 	// Max bounds the connections open at once (at least 1).
 	Max int
 	// PerAddr bounds those of one client address (host, without the
@@ -58,7 +58,7 @@ type Options struct {
 }
 
 // Listener returns ln bounded as opts say.
-func Listener(ln net.Listener, opts Options) net.Listener {
+func Listener(ln net.Listener, opts Config) net.Listener {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -105,7 +105,7 @@ type host struct {
 
 type listener struct {
 	net.Listener
-	opts Options
+	opts Config
 	sem  chan struct{} // a place per open connection
 
 	mu     sync.Mutex
@@ -355,7 +355,7 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 
 // Handler marks each request h serves as in flight on its connection,
 // from the moment its header has been read until h returns, on a listener
-// with Options.Marked (needs ConnContext). Requests on other connections
+// with Config.Marked (needs ConnContext). Requests on other connections
 // pass through.
 func Handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

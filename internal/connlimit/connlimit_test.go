@@ -24,7 +24,7 @@ const testDeadline = 30 * time.Second
 
 // echoServer is a server that does not mark requests: it answers each
 // line with the same line (as a DNS-over-TCP server answers each query).
-func echoServer(t *testing.T, opts Options) string {
+func echoServer(t *testing.T, opts Config) string {
 	t.Helper()
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -129,7 +129,7 @@ func stillOpen(t *testing.T, c net.Conn, what string) {
 // connection from it: the oldest silent one is closed to make room, and
 // connections that have been answered stay while a silent one is left.
 func TestSilentConnectionsAreShedForNewOnes(t *testing.T) {
-	addr := echoServer(t, Options{Max: 100, PerAddr: 4})
+	addr := echoServer(t, Config{Max: 100, PerAddr: 4})
 	answered := dialFrom(t, "127.0.0.2", addr)
 	if err := ask(answered, "hello"); err != nil {
 		t.Fatal(err)
@@ -164,7 +164,7 @@ func TestSilentConnectionsAreShedForNewOnes(t *testing.T) {
 // it cannot see closes none of them to make room: a connection past an
 // address's cap is closed at once, and those it holds live on.
 func TestNeverShedRefusesInstead(t *testing.T) {
-	addr := echoServer(t, Options{Max: 100, PerAddr: 2, NeverShed: true})
+	addr := echoServer(t, Config{Max: 100, PerAddr: 2, NeverShed: true})
 	held := []net.Conn{dialFrom(t, "127.0.0.2", addr), dialFrom(t, "127.0.0.2", addr)}
 	if err := ask(held[0], "hello"); err != nil {
 		t.Fatal(err)
@@ -181,7 +181,7 @@ func TestNeverShedRefusesInstead(t *testing.T) {
 // address answered at least once, a new one takes the place of the one
 // idle longest (the last to be answered stays).
 func TestIdleLongestIsShedWhenNoneIsSilent(t *testing.T) {
-	addr := echoServer(t, Options{Max: 100, PerAddr: 3})
+	addr := echoServer(t, Config{Max: 100, PerAddr: 3})
 	var cs []net.Conn
 	for range 3 {
 		c := dialFrom(t, "127.0.0.2", addr)
@@ -211,7 +211,7 @@ func TestRequestsInFlightAreNeverShed(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &syncBuffer{}
-	ln := Listener(raw, Options{Max: 3, PerAddr: 2, Marked: true, Log: slog.New(slog.NewTextHandler(logs, nil)), What: "test"})
+	ln := Listener(raw, Config{Max: 3, PerAddr: 2, Marked: true, Log: slog.New(slog.NewTextHandler(logs, nil)), What: "test"})
 	release := make(chan struct{})
 	started := make(chan struct{}, 16)
 	srv := &http.Server{
@@ -292,7 +292,7 @@ func TestMarkedIdleKeepAliveOutlivesSilentFlood(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := Listener(raw, Options{Max: 100, PerAddr: 8, Marked: true})
+	ln := Listener(raw, Config{Max: 100, PerAddr: 8, Marked: true})
 	srv := &http.Server{ConnContext: ConnContext, ReadHeaderTimeout: testDeadline,
 		Handler: Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))}
 	go func() { _ = srv.Serve(ln) }()

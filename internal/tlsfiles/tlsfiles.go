@@ -88,8 +88,8 @@ func stat(path string) (stamp, error) {
 	return stamp{fi.Size(), fi.ModTime()}, nil
 }
 
-// Options say how a Reloader checks and reports rotations.
-type Options struct {
+// Config says how a Reloader checks and reports rotations.
+type Config struct {
 	// Logger receives the reloads and refusals; nil discards.
 	Logger *slog.Logger
 	// Listener names the listener in logs and metrics ("http", "proxy").
@@ -117,7 +117,7 @@ type Options struct {
 // period (expired, or not valid yet) while the one in use is inside its
 // own: a not-yet-valid one is taken as soon as it becomes valid; and so
 // does a certificate that no longer covers the listener's names (see
-// Options.Names), logged at error level. Each outcome is counted
+// Config.Names), logged at error level. Each outcome is counted
 // (beacon_tls_reloads_total{listener,outcome}), and
 // beacon_tls_files_refused{listener} is 1 while the files on disk are not
 // the ones in use.
@@ -149,7 +149,7 @@ const minCheck = time.Second
 // its certificate, and an expired certificate (every peer that checks
 // dates refuses it: renew it). A certificate not valid yet, and expired
 // certificates in the CA bundle, are logged as warnings.
-func NewReloader(f Files, o Options) (*Reloader, error) {
+func NewReloader(f Files, o Config) (*Reloader, error) {
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -414,7 +414,7 @@ func certNames(c *x509.Certificate) []string {
 }
 
 // ListenerNames returns the names a listener on addr (host:port) is
-// reached by, for Options.Names: its host unless unspecified (0.0.0.0,
+// reached by, for Config.Names: its host unless unspecified (0.0.0.0,
 // ::, empty), and the others given (advertised names, URLs' hosts), each
 // once, without "*".
 func ListenerNames(addr string, others ...string) []string {

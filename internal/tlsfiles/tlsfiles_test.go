@@ -74,7 +74,7 @@ func TestReloaderRotatesAndKeepsAWorkingPair(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Options{})
+	r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewReloader(Files{CertFile: old.Cert, KeyFile: old.Key}, Options{}); err == nil ||
+	if _, err := NewReloader(Files{CertFile: old.Cert, KeyFile: old.Key}, Config{}); err == nil ||
 		!strings.Contains(err.Error(), "certificate "+old.Cert+" expired at") || !strings.Contains(err.Error(), "renew it") {
 		t.Fatalf("an expired certificate at start: %v, want an error naming the file", err)
 	}
@@ -194,7 +194,7 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs logBuffer
-	if _, err := NewReloader(Files{CertFile: early.Cert, KeyFile: early.Key}, Options{Logger: logs.logger()}); err != nil ||
+	if _, err := NewReloader(Files{CertFile: early.Cert, KeyFile: early.Key}, Config{Logger: logs.logger()}); err != nil ||
 		!strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "is not valid until") {
 		t.Fatalf("a certificate not valid yet at start: %v, log %q; want a warning", err, logs.String())
 	}
@@ -208,7 +208,7 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs = logBuffer{}
-	r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Options{Logger: logs.logger()})
+	r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Config{Logger: logs.logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs = logBuffer{}
-	r, err = NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key, TrustedCAFile: bundle}, Options{Logger: logs.logger()})
+	r, err = NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key, TrustedCAFile: bundle}, Config{Logger: logs.logger()})
 	if err != nil || strings.Contains(logs.String(), "expired") {
 		t.Fatalf("a valid bundle: %v %s", err, logs.String())
 	}
@@ -298,7 +298,7 @@ func TestReloaderRefusesCertificateWithoutTheListenersNames(t *testing.T) {
 			}
 			var logs logBuffer
 			reg := prometheus.NewPedanticRegistry()
-			r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Options{Logger: logs.logger(), Listener: "http", Names: c.names, Metrics: reg})
+			r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Config{Logger: logs.logger(), Listener: "http", Names: c.names, Metrics: reg})
 			if err != nil {
 				t.Fatal(err)
 			}

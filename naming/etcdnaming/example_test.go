@@ -19,7 +19,7 @@ import (
 func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	defer st.Close()
 
 	backend, err := namingtest.NewBackend("hello-1")
@@ -64,7 +64,7 @@ func Example() {
 
 func ExampleManager_Update() {
 	ctx := context.Background()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	defer st.Close()
 	m, err := etcdnaming.NewManager(st, "svc")
 	if err != nil {

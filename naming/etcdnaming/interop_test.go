@@ -263,7 +263,7 @@ func TestResolverReportsOutageAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cut.Close() })
-	st, err := etcd.New(ctx, etcd.Config{Endpoints: []string{cut.Addr()}})
+	st, err := etcd.Open(ctx, etcd.Config{Endpoints: []string{cut.Addr()}})
 	must(t, err)
 	t.Cleanup(func() { _ = st.Close() })
 	reg := prometheus.NewRegistry()

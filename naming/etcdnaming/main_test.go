@@ -53,7 +53,7 @@ func testContext(t *testing.T) context.Context {
 
 func memStore(t *testing.T) *memory.Store {
 	t.Helper()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
 	return st
 }

@@ -127,7 +127,7 @@ func (s *sample) wait(ctx context.Context, b *testing.B, what string) []time.Dur
 func newEtcdSide(ctx context.Context, b *testing.B, n int) *side {
 	srv := etcdtest.Start(b, etcdtest.Options{})
 	open := func() registry.Registry {
-		st, err := etcd.New(ctx, etcd.Config{Endpoints: srv.Endpoints()})
+		st, err := etcd.Open(ctx, etcd.Config{Endpoints: srv.Endpoints()})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -3,7 +3,7 @@
 // backend:
 //
 //	func TestConformance(t *testing.T) {
-//		st := memory.New(memory.Options{})
+//		st := memory.New(memory.Config{})
 //		t.Cleanup(func() { st.Close() })
 //		registrytest.Run(t, func(t testing.TB) registry.Registry {
 //			r, err := registry.New(st, registry.Config{})

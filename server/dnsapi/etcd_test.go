@@ -18,7 +18,7 @@ func etcdRegistry(t *testing.T, srv *etcdtest.Server) *registry.StoreRegistry {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
 	defer cancel()
-	st, err := etcd.New(ctx, etcd.Config{Endpoints: srv.Endpoints()})
+	st, err := etcd.Open(ctx, etcd.Config{Endpoints: srv.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 // resolver.
 func Example() {
 	ctx := context.Background()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	defer st.Close()
 	r, err := registry.New(st, registry.Config{})
 	if err != nil {

@@ -24,7 +24,7 @@ const testDeadline = 30 * time.Second
 // memRegistry is a registry over the memory backend, closed with the test.
 func memRegistry(t testing.TB) *registry.StoreRegistry {
 	t.Helper()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	r, err := registry.New(st, registry.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -52,7 +52,7 @@ const childTTL = 2 * time.Second
 func runChild(endpoint string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := etcd.New(ctx, etcd.Config{Endpoints: []string{endpoint}})
+	st, err := etcd.Open(ctx, etcd.Config{Endpoints: []string{endpoint}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1

@@ -320,7 +320,7 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 		}
 	}
 	if ln != nil {
-		srv := &dns.Server{Listener: connlimit.Listener(ln, connlimit.Options{
+		srv := &dns.Server{Listener: connlimit.Listener(ln, connlimit.Config{
 			Max: s.cfg.MaxTCPConns, PerAddr: s.cfg.MaxTCPConnsPerClient, Log: s.log, What: "DNS over TCP"}), Handler: s,
 			ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid}

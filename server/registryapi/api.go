@@ -45,8 +45,8 @@ const maxBody = 64 << 10
 // deregister.
 const SecretHeader = "Beacon-Secret"
 
-// Options configure the API. The zero value is usable.
-type Options struct {
+// Config configures the API. The zero value is usable.
+type Config struct {
 	// Registry, when set, chooses the registry of each request (for
 	// example a view acting as the request's authenticated etcd user);
 	// the registry given to New is then only a default for requests it
@@ -93,7 +93,7 @@ type Handler struct {
 // registry; registration over HTTP needs the registry.LeasedRegistrar
 // capability (every store-backed registry has it) and is otherwise refused
 // with 501 and the code not_implemented.
-func New(reg registry.Discoverer, opts Options) (*Handler, error) {
+func New(reg registry.Discoverer, opts Config) (*Handler, error) {
 	if reg == nil {
 		return nil, errors.New("registryapi: nil registry")
 	}

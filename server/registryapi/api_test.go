@@ -25,12 +25,12 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // server on loopback.
 func newAPI(t *testing.T) (*httptest.Server, *registry.StoreRegistry) {
 	t.Helper()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	reg, err := registry.New(st, registry.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(reg, Options{KeepAliveInterval: 200 * time.Millisecond})
+	h, err := New(reg, Config{KeepAliveInterval: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -480,14 +480,14 @@ func FuzzRegisterBody(f *testing.F) {
 	f.Add([]byte(`{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80","ttl":"10s"}`))
 	f.Add([]byte(`{"namespace":"prod","ttl":1e309}`))
 	f.Add([]byte(`{"metadata":{"a":"b"},"ttl":-5}`))
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	reg, err := registry.New(st, registry.Config{})
 	if err != nil {
 		f.Fatal(err)
 	}
 	defer st.Close()
 	defer reg.Close()
-	h, err := New(reg, Options{})
+	h, err := New(reg, Config{})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -518,13 +518,13 @@ type readOnlyRegistry struct{ registry.Registry }
 // TestRegistryWithoutLeases serves a registry that cannot register over
 // HTTP: reads work (Get falls back to List), writes are 501.
 func TestRegistryWithoutLeases(t *testing.T) {
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	reg, err := registry.New(st, registry.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = reg.Close(); _ = st.Close() })
-	h, err := New(readOnlyRegistry{reg}, Options{})
+	h, err := New(readOnlyRegistry{reg}, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

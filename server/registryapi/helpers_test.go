@@ -15,7 +15,7 @@ import (
 
 func newRegistryForTest(t *testing.T) *registry.StoreRegistry {
 	t.Helper()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	reg, err := registry.New(st, registry.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -106,7 +106,7 @@ func TestHijackAttempts(t *testing.T) {
 func TestLimits(t *testing.T) {
 	reg := newRegistryForTest(t)
 	clientOf := func(r *http.Request) string { return r.Header.Get("X-Test-Client") }
-	h, err := New(reg, Options{KeepAliveInterval: 200 * time.Millisecond, Limits: Limits{
+	h, err := New(reg, Config{KeepAliveInterval: 200 * time.Millisecond, Limits: Limits{
 		MaxWatchesPerClient: 2, MaxWatches: 3, MaxRegistrationsPerClient: 2, MaxRegistrations: 3, Client: clientOf,
 	}})
 	if err != nil {

@@ -22,7 +22,7 @@ import (
 // missing instance, and a request says which of the two it means.
 //
 // There is no secret: the request acts as its authenticated etcd user
-// (Options.Operators), and etcd's roles decide, exactly as if the user ran
+// (Config.Operators), and etcd's roles decide, exactly as if the user ran
 // etcdctl: readwrite on the namespace's instance prefix. A server without
 // authentication has no operator identity and refuses them with 403; a
 // registry without the capability (registry.Operator) answers 501.

@@ -21,7 +21,7 @@ const operatorHeader = "X-Test-Operator"
 func newOperatorAPI(t *testing.T) (*httptest.Server, *registry.StoreRegistry) {
 	t.Helper()
 	reg := newRegistryForTest(t)
-	h, err := New(reg, Options{Operators: func(r *http.Request) (registry.Discoverer, string) {
+	h, err := New(reg, Config{Operators: func(r *http.Request) (registry.Discoverer, string) {
 		if who := r.Header.Get(operatorHeader); who != "" {
 			return reg, who
 		}

@@ -48,7 +48,7 @@ func (h signalHandler) Handle(ctx context.Context, r slog.Record) error {
 // released, instead of the handler blocking on it forever.
 func TestWatchDropsClientThatStopsReading(t *testing.T) {
 	t.Parallel()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	metrics := prometheus.NewRegistry()
 	reg, err := registry.New(st, registry.Config{Metrics: metrics})
 	if err != nil {
@@ -57,7 +57,7 @@ func TestWatchDropsClientThatStopsReading(t *testing.T) {
 	const interval = 200 * time.Millisecond
 	dropped := signalHandler{want: "did not take a write in time",
 		once: new(sync.Once), seen: make(chan struct{})}
-	h, err := New(reg, Options{KeepAliveInterval: interval, Metrics: metrics, Logger: slog.New(dropped)})
+	h, err := New(reg, Config{KeepAliveInterval: interval, Metrics: metrics, Logger: slog.New(dropped)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,13 +138,13 @@ func (p pacedReader) Read(b []byte) (int, error) {
 // taking data, not for one whose event is larger than one deadline covers.
 func TestWatchSlowSteadyClientGetsLargeSnapshot(t *testing.T) {
 	t.Parallel()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	reg, err := registry.New(st, registry.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	dropped := signalHandler{want: "did not take a write in time", once: new(sync.Once), seen: make(chan struct{})}
-	h, err := New(reg, Options{KeepAliveInterval: 200 * time.Millisecond, Logger: slog.New(dropped)})
+	h, err := New(reg, Config{KeepAliveInterval: 200 * time.Millisecond, Logger: slog.New(dropped)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -427,7 +427,7 @@ func runChild() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := etcd.New(ctx, etcd.Config{Endpoints: strings.Split(os.Getenv(childEndpointsEnv), ",")})
+	st, err := etcd.Open(ctx, etcd.Config{Endpoints: strings.Split(os.Getenv(childEndpointsEnv), ",")})
 	if err != nil {
 		return fail(err)
 	}

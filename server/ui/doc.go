@@ -19,7 +19,7 @@
 //
 // Everything live comes from one watch of the registry API
 // (/v1/registry/watch, Server-Sent Events) read with fetch, so that the
-// page notices a silent stream (Options.StreamSilence) and resumes it with
+// page notices a silent stream (Config.StreamSilence) and resumes it with
 // Last-Event-ID. The page renders at most once per animation frame and
 // only the rows in view, so it stays responsive with tens of thousands of
 // instances.

@@ -13,7 +13,7 @@ import (
 // Mount the dashboard on a mux of your own (beacon serve mounts it beside
 // the registry API, whose watch the page follows).
 func ExampleNew() {
-	h, err := ui.New(ui.Options{})
+	h, err := ui.New(ui.Config{})
 	if err != nil {
 		fmt.Println(err)
 		return

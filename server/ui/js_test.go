@@ -13,9 +13,9 @@ import (
 
 // startHandlers serves the dashboard and the registry API over the memory
 // backend, without the rest of beacon serve.
-func startHandlers(t *testing.T, uiOpts ui.Options, apiOpts registryapi.Options, wrap func(http.Handler) http.Handler) (*httptest.Server, *registry.StoreRegistry) {
+func startHandlers(t *testing.T, uiOpts ui.Config, apiOpts registryapi.Config, wrap func(http.Handler) http.Handler) (*httptest.Server, *registry.StoreRegistry) {
 	t.Helper()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
 	reg, err := registry.New(st, registry.Config{})
 	if err != nil {
@@ -60,7 +60,7 @@ func openHandlersPage(t *testing.T, base, path string) *page {
 // cases of the format (CRLF, comments, multi-line data, ids applied at
 // dispatch, retry, fields without a colon) come out as the spec says.
 func TestStreamParserInBrowser(t *testing.T) {
-	srv, _ := startHandlers(t, ui.Options{}, registryapi.Options{}, nil)
+	srv, _ := startHandlers(t, ui.Config{}, registryapi.Config{}, nil)
 	p := openHandlersPage(t, srv.URL, "/ui/events")
 	type result struct {
 		OK       bool   `json:"ok"`
@@ -130,7 +130,7 @@ func TestStreamParserInBrowser(t *testing.T) {
 // the tree, drains, replays that change nothing, a re-list applied as a
 // difference, and sorted lists kept in place.
 func TestModelInBrowser(t *testing.T) {
-	srv, _ := startHandlers(t, ui.Options{}, registryapi.Options{}, nil)
+	srv, _ := startHandlers(t, ui.Config{}, registryapi.Config{}, nil)
 	p := openHandlersPage(t, srv.URL, "/ui/events")
 	got := eval[[]string](p, `(async () => {
   const { Model } = await import('/ui/assets/js/model.js');

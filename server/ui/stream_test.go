@@ -139,7 +139,7 @@ func TestDeadStreamReconnectsAndNeverFreezes(t *testing.T) {
 	)
 	var mu sync.Mutex
 	var resumedFrom []string
-	srv, reg := startHandlers(t, ui.Options{StreamSilence: silence}, registryapi.Options{KeepAliveInterval: keepAlive},
+	srv, reg := startHandlers(t, ui.Config{StreamSilence: silence}, registryapi.Config{KeepAliveInterval: keepAlive},
 		func(next http.Handler) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.URL.Path == registryapi.WatchPath {

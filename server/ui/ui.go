@@ -42,8 +42,8 @@ const ContentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 
 //go:embed assets
 var embedded embed.FS
 
-// Options configure the dashboard. The zero value is usable.
-type Options struct {
+// Config configures the dashboard. The zero value is usable.
+type Config struct {
 	// StreamSilence is how long the page's watch stream may stay silent
 	// before the page reconnects (resuming with Last-Event-ID). It must
 	// exceed the registry API's keep-alive interval; DefaultStreamSilence
@@ -66,7 +66,7 @@ type asset struct {
 }
 
 // New returns the dashboard handler. Mount it at Prefix.
-func New(opts Options) (*Handler, error) {
+func New(opts Config) (*Handler, error) {
 	if opts.StreamSilence == 0 {
 		opts.StreamSilence = DefaultStreamSilence
 	}

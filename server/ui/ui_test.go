@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-func newHandler(t testing.TB, opts Options) *Handler {
+func newHandler(t testing.TB, opts Config) *Handler {
 	t.Helper()
 	h, err := New(opts)
 	if err != nil {
@@ -33,7 +33,7 @@ func do(h http.Handler, method, path string, hdr map[string]string) *httptest.Re
 }
 
 func TestEveryPathUnderPrefixServesTheAppOrAnAsset(t *testing.T) {
-	h := newHandler(t, Options{})
+	h := newHandler(t, Config{})
 	for _, p := range []string{"/ui/", "/ui/services", "/ui/services/demo/web/http", "/ui/events", "/ui/no/such/page",
 		"/ui/%3Cscript%3E", "/ui/..%2f..%2fetc%2fpasswd", "/ui/assets"} {
 		w := do(h, http.MethodGet, p, nil)
@@ -63,7 +63,7 @@ func TestEveryPathUnderPrefixServesTheAppOrAnAsset(t *testing.T) {
 }
 
 func TestSecurityHeadersOnEveryResponse(t *testing.T) {
-	h := newHandler(t, Options{})
+	h := newHandler(t, Config{})
 	for _, p := range []string{"/ui/", "/ui/assets/js/main.js", "/ui/assets/nope.js", "/ui/x"} {
 		for _, m := range []string{http.MethodGet, http.MethodPost} {
 			w := do(h, m, p, nil)
@@ -79,7 +79,7 @@ func TestSecurityHeadersOnEveryResponse(t *testing.T) {
 }
 
 func TestOnlyReads(t *testing.T) {
-	h := newHandler(t, Options{})
+	h := newHandler(t, Config{})
 	for _, m := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch} {
 		w := do(h, m, "/ui/services", nil)
 		if w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") != "GET, HEAD" {
@@ -93,7 +93,7 @@ func TestOnlyReads(t *testing.T) {
 }
 
 func TestRevalidatesWithETagAndCompresses(t *testing.T) {
-	h := newHandler(t, Options{})
+	h := newHandler(t, Config{})
 	w := do(h, http.MethodGet, "/ui/assets/js/main.js", nil)
 	etag := w.Header().Get("ETag")
 	if etag == "" || w.Header().Get("Cache-Control") != "no-cache" {
@@ -121,15 +121,15 @@ func TestRevalidatesWithETagAndCompresses(t *testing.T) {
 }
 
 func TestStreamSilenceReachesThePage(t *testing.T) {
-	w := do(newHandler(t, Options{StreamSilence: 1500 * time.Millisecond}), http.MethodGet, "/ui/", nil)
+	w := do(newHandler(t, Config{StreamSilence: 1500 * time.Millisecond}), http.MethodGet, "/ui/", nil)
 	if !strings.Contains(w.Body.String(), `<meta name="beacon-stream-silence-ms" content="1500">`) {
 		t.Errorf("page lacks the stream silence bound")
 	}
-	w = do(newHandler(t, Options{}), http.MethodGet, "/ui/", nil)
+	w = do(newHandler(t, Config{}), http.MethodGet, "/ui/", nil)
 	if !strings.Contains(w.Body.String(), `content="45000"`) {
 		t.Errorf("page lacks the default stream silence bound")
 	}
-	if _, err := New(Options{StreamSilence: -time.Second}); err == nil {
+	if _, err := New(Config{StreamSilence: -time.Second}); err == nil {
 		t.Errorf("a negative StreamSilence was accepted")
 	}
 }
@@ -172,7 +172,7 @@ func TestAssetsNeverBuildHTMLFromData(t *testing.T) {
 }
 
 func FuzzServePath(f *testing.F) {
-	h := newHandler(f, Options{})
+	h := newHandler(f, Config{})
 	for _, s := range []string{"/ui/", "/ui/assets/js/main.js", "/ui/assets/../../etc/passwd", "/ui/services/a/b/c/0123456789abcdef", "/ui/\x00", "/ui/assets/%2e%2e/"} {
 		f.Add(s)
 	}

@@ -20,7 +20,7 @@ import (
 // test.
 func etcdRegistry(t testing.TB, endpoint string) *registry.StoreRegistry {
 	t.Helper()
-	st, err := etcd.New(testContext(t), etcd.Config{Endpoints: []string{endpoint}, RequestTimeout: time.Second})
+	st, err := etcd.Open(testContext(t), etcd.Config{Endpoints: []string{endpoint}, RequestTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

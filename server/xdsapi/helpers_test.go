@@ -26,7 +26,7 @@ func testContext(t testing.TB) context.Context {
 // memRegistry is a registry over the memory backend, closed with the test.
 func memRegistry(t testing.TB) *registry.StoreRegistry {
 	t.Helper()
-	st := memory.New(memory.Options{})
+	st := memory.New(memory.Config{})
 	r, err := registry.New(st, registry.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 const (
 	// DefaultEndpoint is the endpoint used when Config.Endpoints is empty.
 	DefaultEndpoint = "http://localhost:2379"
-	// DefaultDialTimeout bounds New's connection and first round trip.
+	// DefaultDialTimeout bounds Open's connection and first round trip.
 	DefaultDialTimeout = 5 * time.Second
 	// DefaultRequestTimeout bounds a unary call whose context has no
 	// deadline.
@@ -47,7 +47,7 @@ const (
 	EnvClientKey  = "ETCD_AUTH_CLIENT_KEY"  // client key file (PEM)
 )
 
-// ErrInvalidConfig is wrapped by every error of Config.Validate and by New's
+// ErrInvalidConfig is wrapped by every error of Config.Validate and by Open's
 // errors about TLS files.
 var ErrInvalidConfig = errors.New("etcd: invalid config")
 
@@ -75,7 +75,7 @@ type Config struct {
 	ClientCert string
 	ClientKey  string
 
-	// DialTimeout bounds New: connecting, authenticating and one round
+	// DialTimeout bounds Open: connecting, authenticating and one round
 	// trip to the cluster. Zero means DefaultDialTimeout.
 	DialTimeout time.Duration
 	// RequestTimeout bounds a unary call (Get, Put, Grant, ...) whose
@@ -105,7 +105,7 @@ type Config struct {
 	WatchSilenceTimeout time.Duration
 	// ProbeTimeout bounds the probe of one member (its status, then a
 	// linearizable read, asked on a connection of its own). When a call or
-	// a watch of a Store made by New with several endpoints fails for want
+	// a watch of a Store made by Open with several endpoints fails for want
 	// of an answer, every member is probed; members that do not answer
 	// while another does, or know no leader while another does, are left
 	// out of the client's endpoints (new calls and watches go to the
@@ -123,8 +123,8 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Configure, when set, adjusts the etcd client configuration right
-	// before New dials: keep-alive, message sizes, extra gRPC dial
-	// options (appended options override Beacon's defaults). New has
+	// before Open dials: keep-alive, message sizes, extra gRPC dial
+	// options (appended options override Beacon's defaults). Open has
 	// already set Endpoints, TLS, credentials, timeouts and the logger.
 	Configure func(*clientv3.Config)
 }
@@ -149,7 +149,7 @@ func (c Config) LogValue() slog.Value {
 
 // ConfigFromEnv returns the configuration of the ETCD_* environment
 // variables (see EnvEndpoints and the other Env constants). Unset variables
-// leave their fields at the zero value; call Validate (New does) to check
+// leave their fields at the zero value; call Validate (Open does) to check
 // the result.
 func ConfigFromEnv() Config {
 	return configFromLookup(os.LookupEnv)
@@ -186,7 +186,7 @@ func SplitEndpoints(list string) []string {
 }
 
 // Validate checks the configuration without touching the network or the
-// files it names (New reads those and reports problems with them).
+// files it names (Open reads those and reports problems with them).
 func (c Config) Validate() error {
 	_, err := c.resolve()
 	return err

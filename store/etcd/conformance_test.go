@@ -29,7 +29,7 @@ func TestConformance(t *testing.T) {
 
 // TestConformanceFromClient runs the suite on stores over a client the
 // caller made, whose transactions go through the client's KV rather than
-// New's direct path.
+// Open's direct path.
 func TestConformanceFromClient(t *testing.T) {
 	storetest.Run(t, func(tb testing.TB) store.Store {
 		cli, err := clientv3.New(server.ClientConfig())

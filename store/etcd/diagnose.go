@@ -18,7 +18,7 @@ import (
 // diagnoseTimeout bounds the diagnosis of one endpoint.
 const diagnoseTimeout = time.Second
 
-// diagnose runs when New could not reach the cluster: the etcd client only
+// diagnose runs when Open could not reach the cluster: the etcd client only
 // reports a deadline, so it checks each endpoint itself (a TCP dial, a TLS
 // handshake, and, because a TLS 1.3 server rejects a client certificate
 // only after the handshake, a short read) and says what it found and what

@@ -2,7 +2,7 @@
 // store.Store (with store.Compactor and store.Transactor) over an etcd v3
 // cluster, through go.etcd.io/etcd/client/v3.
 //
-//	s, err := etcd.New(ctx, etcd.ConfigFromEnv()) // ETCD_ENDPOINTS, ETCD_AUTH_*
+//	s, err := etcd.Open(ctx, etcd.ConfigFromEnv()) // ETCD_ENDPOINTS, ETCD_AUTH_*
 //	if err != nil {
 //		return err // unreachable, bad credentials or TLS files: the error says which
 //	}
@@ -16,7 +16,7 @@
 //
 // Config takes the endpoints ("host:port", "http://…" or "https://…"),
 // user/password authentication, and TLS files (CA, client certificate and
-// key); ConfigFromEnv reads them from the ETCD_* variables. New dials and
+// key); ConfigFromEnv reads them from the ETCD_* variables. Open dials and
 // makes one linearizable read within Config.DialTimeout (5 s by default):
 // an unreachable cluster, a wrong password or a TLS mismatch fails there,
 // with an error that names the endpoints and, after checking each endpoint

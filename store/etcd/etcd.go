@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 )
 
-// Store is a store.Store over an etcd v3 cluster. Create it with New (or
+// Store is a store.Store over an etcd v3 cluster. Create it with Open (or
 // NewFromClient); it is safe for concurrent use.
 type Store struct {
 	cli            *clientv3.Client
@@ -64,16 +64,16 @@ var reconnectBackoff = grpc.WithConnectParams(grpc.ConnectParams{
 	MinConnectTimeout: 5 * time.Second,
 })
 
-// probeKey is the key New reads to check that the cluster answers (the
+// probeKey is the key Open reads to check that the cluster answers (the
 // key `etcdctl endpoint health` reads).
 const probeKey = "health"
 
-// New connects to the cluster of cfg and checks that it answers a
+// Open connects to the cluster of cfg and checks that it answers a
 // linearizable read within cfg.DialTimeout (and before ctx ends), so that
 // a wrong endpoint, a stopped cluster, bad credentials or bad TLS files give
 // a clear error here rather than later. An unreachable cluster gives an
 // error matching store.ErrUnavailable that names the endpoints.
-func New(ctx context.Context, cfg Config) (*Store, error) {
+func Open(ctx context.Context, cfg Config) (*Store, error) {
 	r, err := cfg.resolve()
 	if err != nil {
 		return nil, err
@@ -104,7 +104,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	fail := func(err error) error { return dialError(ctx, cfg, r, tlsCfg, err) }
 	dctx, cancel := context.WithTimeout(ctx, r.dialTimeout)
 	defer cancel()
-	// With authentication, clientv3.New already authenticates (bounded by
+	// With authentication, clientv3.Open already authenticates (bounded by
 	// DialTimeout); without, it does not touch the network.
 	cli, err := clientv3.New(ccfg)
 	if err != nil {
@@ -133,7 +133,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// dialError explains why New failed and what to check.
+// dialError explains why Open failed and what to check.
 func dialError(ctx context.Context, cfg Config, r resolved, tlsCfg *tls.Config, err error) error {
 	eps := strings.Join(r.endpoints, ",")
 	switch {
@@ -225,7 +225,7 @@ func (s *Store) ExcludedChanged() <-chan struct{} {
 func (s *Store) Client() *clientv3.Client { return s.cli }
 
 // Close ends every watch (their channels close) and every call still
-// running without a deadline of its own, then closes the client if New
+// running without a deadline of its own, then closes the client if Open
 // made it. It is idempotent; every later call fails with store.ErrClosed.
 func (s *Store) Close() error {
 	var err error

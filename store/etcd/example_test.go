@@ -17,7 +17,7 @@ func Example() {
 	ctx := context.Background()
 	cfg := etcd.ConfigFromEnv()
 	cfg.Logger = slog.Default()
-	s, err := etcd.New(ctx, cfg)
+	s, err := etcd.Open(ctx, cfg)
 	if err != nil {
 		log.Fatal(err) // e.g. "store: backend unavailable: etcd at http://localhost:2379 did not answer within 5s ..."
 	}

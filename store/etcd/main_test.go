@@ -53,7 +53,7 @@ func newStore(tb testing.TB, srv *etcdtest.Server, cfg etcd.Config) *etcd.Store 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := etcd.New(ctx, cfg)
+	s, err := etcd.Open(ctx, cfg)
 	if err != nil {
 		tb.Fatalf("etcd.New: %v", err)
 	}

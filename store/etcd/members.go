@@ -30,7 +30,7 @@ import (
 // members that do not answer a quarter of the timeout after another
 // answered with a leader, not the whole timeout.
 
-// prober tracks which members answer; one per Store made by New with
+// prober tracks which members answer; one per Store made by Open with
 // several endpoints.
 type prober struct {
 	all     []string        // every configured endpoint, in order
@@ -258,7 +258,7 @@ func (p *prober) probeAll(stop <-chan struct{}, eps []string) []probeResult {
 	got := make([]probeResult, len(eps))
 	p.mu.Lock()
 	if p.cli == nil {
-		// Made here, in the prober's goroutine: with credentials, New
+		// Made here, in the prober's goroutine: with credentials, Open
 		// authenticates (bounded by the probe timeout).
 		p.mu.Unlock()
 		cli, err := clientv3.New(p.base)

@@ -100,7 +100,7 @@ func TestTLSOnlyAndAuthOnly(t *testing.T) {
 	}
 }
 
-// TestNewFailures checks that New fails fast and says why, for each way a
+// TestNewFailures checks that Open fails fast and says why, for each way a
 // configuration can be wrong.
 func TestNewFailures(t *testing.T) {
 	t.Parallel()
@@ -162,16 +162,16 @@ func TestNewFailures(t *testing.T) {
 				tc.cfg.DialTimeout = dial
 			}
 			start := time.Now()
-			s, err := etcd.New(context.Background(), tc.cfg)
+			s, err := etcd.Open(context.Background(), tc.cfg)
 			took := time.Since(start)
 			if err == nil {
 				s.Close()
-				t.Fatal("New succeeded")
+				t.Fatal("Open succeeded")
 			}
 			t.Logf("after %v: %v", took.Round(time.Millisecond), err)
 			// The dial timeout, then at most a second of diagnosis.
 			if limit := tc.cfg.DialTimeout + 2*time.Second; took > limit {
-				t.Errorf("New took %v, more than %v", took, limit)
+				t.Errorf("Open took %v, more than %v", took, limit)
 			}
 			if tc.is != nil && !errors.Is(err, tc.is) {
 				t.Errorf("error does not match %v", tc.is)
@@ -186,7 +186,7 @@ func TestNewFailures(t *testing.T) {
 }
 
 // TestNewRespectsContext: a caller's deadline shorter than the dial
-// timeout ends New at the caller's deadline.
+// timeout ends Open at the caller's deadline.
 func TestNewRespectsContext(t *testing.T) {
 	t.Parallel()
 	port, err := etcdtest.FreePort()
@@ -196,11 +196,11 @@ func TestNewRespectsContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = etcd.New(ctx, etcd.Config{Endpoints: []string{"127.0.0.1:" + strconv.Itoa(port)}, DialTimeout: time.Minute})
+	_, err = etcd.Open(ctx, etcd.Config{Endpoints: []string{"127.0.0.1:" + strconv.Itoa(port)}, DialTimeout: time.Minute})
 	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "before the caller's deadline") {
-		t.Fatalf("New: %v", err)
+		t.Fatalf("Open: %v", err)
 	}
 	if took := time.Since(start); took > 2*time.Second {
-		t.Fatalf("New took %v with a 200ms context", took)
+		t.Fatalf("Open took %v with a 200ms context", took)
 	}
 }

@@ -15,7 +15,7 @@ import (
 )
 
 // directKV sends transactions as protobuf requests built in one go, for a
-// client New made. clientv3's builder (Compare, OpPut, Txn.If/Then) costs
+// client Open made. clientv3's builder (Compare, OpPut, Txn.If/Then) costs
 // about ten allocations per operation: it copies each value twice (to a
 // string and back), each key twice, and wraps every op and compare on its
 // own; that was a sixth of the CPU a batched registration costs the

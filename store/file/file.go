@@ -113,7 +113,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		kick:           make(chan struct{}, 1),
 	}
 	// The history window is kept by the log's compaction records.
-	s.core = mvcc.New(mvcc.Options{LeaseAlive: s.leaseAlive})
+	s.core = mvcc.New(mvcc.Config{LeaseAlive: s.leaseAlive})
 	if err := s.open(ctx); err != nil {
 		s.closeFiles()
 		return nil, err

@@ -9,7 +9,7 @@
 // process; two processes never share a memory store (use store/file on one
 // host).
 //
-//	s := memory.New(memory.Options{History: 10_000})
+//	s := memory.New(memory.Config{History: 10_000})
 //	defer s.Close()
 //
 // # Guarantees and limits
@@ -23,7 +23,7 @@
 //   - Leases expire on a timer at their deadline (the TTL exactly as asked,
 //     no rounding); a lease's keys are deleted in one revision.
 //   - The compaction window: the store keeps the events of the last
-//     Options.History revisions (DefaultHistory, 100,000, when zero; all of
+//     Config.History revisions (DefaultHistory, 100,000, when zero; all of
 //     them, until Compact, when negative). A watch from an older revision ends
 //     with a *store.CompactedError, the signal to re-list.
 //   - Watches read from that shared history rather than from per-watcher

@@ -13,7 +13,7 @@ import (
 // expires), and a watcher sees the deletion.
 func Example() {
 	ctx := context.Background()
-	s := memory.New(memory.Options{})
+	s := memory.New(memory.Config{})
 	defer s.Close()
 
 	lease, err := s.Grant(ctx, 10*time.Second)

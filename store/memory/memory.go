@@ -13,11 +13,11 @@ import (
 )
 
 // DefaultHistory is the number of revisions a store keeps for watches to
-// resume from when Options.History is zero.
+// resume from when Config.History is zero.
 const DefaultHistory = 100_000
 
-// Options configure a memory store. The zero value is ready to use.
-type Options struct {
+// Config configures a memory store. The zero value is ready to use.
+type Config struct {
 	// History is how many of the most recent revisions watches can start
 	// from; older revisions are compacted automatically. Zero means
 	// DefaultHistory; negative means keep everything until Compact.
@@ -56,7 +56,7 @@ type lease struct {
 
 // New returns an empty store at revision 1, with its lease expiry goroutine
 // running.
-func New(opts Options) *Store {
+func New(opts Config) *Store {
 	h := opts.History
 	if h == 0 {
 		h = DefaultHistory
@@ -65,7 +65,7 @@ func New(opts Options) *Store {
 		leases: make(map[store.LeaseID]*lease),
 		kick:   make(chan struct{}, 1),
 	}
-	s.core = mvcc.New(mvcc.Options{History: int64(h), LeaseAlive: s.leaseAlive})
+	s.core = mvcc.New(mvcc.Config{History: int64(h), LeaseAlive: s.leaseAlive})
 	s.wg.Add(1)
 	go s.expireLoop()
 	return s

@@ -16,14 +16,14 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(testing.TB) store.Store { return memory.New(memory.Options{}) }, storetest.Options{
+	storetest.Run(t, func(testing.TB) store.Store { return memory.New(memory.Config{}) }, storetest.Options{
 		// Expiry is exact to the timer: no grace needed beyond scheduling.
 		ExpiryGrace: 500 * time.Millisecond,
 	})
 }
 
 func TestSlowWatcherNeverBlocksWriters(t *testing.T) {
-	s := memory.New(memory.Options{})
+	s := memory.New(memory.Config{})
 	defer s.Close()
 	ctx := context.Background()
 	slow := s.Watch(ctx, "/k/", 1) // never read until the writes are done
@@ -56,7 +56,7 @@ func TestSlowWatcherNeverBlocksWriters(t *testing.T) {
 }
 
 func TestHistoryWindowCompactsOldRevisions(t *testing.T) {
-	s := memory.New(memory.Options{History: 10})
+	s := memory.New(memory.Config{History: 10})
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds every wait on a watch
 	defer cancel()
@@ -81,5 +81,5 @@ func TestHistoryWindowCompactsOldRevisions(t *testing.T) {
 }
 
 func BenchmarkMemory(b *testing.B) {
-	storetest.Benchmark(b, func(testing.TB) store.Store { return memory.New(memory.Options{}) })
+	storetest.Benchmark(b, func(testing.TB) store.Store { return memory.New(memory.Config{}) })
 }

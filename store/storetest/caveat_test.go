@@ -18,7 +18,7 @@ type plain struct{ store.Store }
 // A backend without the optional capabilities passes once it declares them
 // as caveats: the suite reports the reasons instead of failing.
 func TestCaveatsForMissingCapabilities(t *testing.T) {
-	storetest.Run(t, func(testing.TB) store.Store { return plain{memory.New(memory.Options{})} }, storetest.Options{
+	storetest.Run(t, func(testing.TB) store.Store { return plain{memory.New(memory.Config{})} }, storetest.Options{
 		Caveats: map[string]string{
 			"Txn/Atomic":      "this wrapper hides store.Transactor",
 			"Watch/Compacted": "this wrapper hides store.Compactor",

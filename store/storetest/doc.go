@@ -2,7 +2,7 @@
 // backend runs it from a plain `go test`, with no flag or build tag:
 //
 //	func TestConformance(t *testing.T) {
-//		storetest.Run(t, func(t testing.TB) store.Store { return memory.New(memory.Options{}) }, storetest.Options{})
+//		storetest.Run(t, func(t testing.TB) store.Store { return memory.New(memory.Config{}) }, storetest.Options{})
 //	}
 //
 // Each guarantee of package store is a named check, a subtest that can be

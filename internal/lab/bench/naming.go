@@ -247,7 +247,7 @@ func newNamingBench(ctx context.Context, cfg NamingConfig, eps []string) (_ *nam
 	for i := range cfg.Backends {
 		s := &slot{i: i}
 		nb.slots = append(nb.slots, s)
-		if s.st, err = etcd.New(ctx, etcd.Config{Endpoints: eps}); err != nil {
+		if s.st, err = etcd.Open(ctx, etcd.Config{Endpoints: eps}); err != nil {
 			return nil, err
 		}
 		if err := nb.startBackend(ctx, s); err != nil {
@@ -256,7 +256,7 @@ func newNamingBench(ctx context.Context, cfg NamingConfig, eps []string) (_ *nam
 	}
 
 	// Beacon's channel: a registry over its own etcd client.
-	st, err := etcd.New(ctx, etcd.Config{Endpoints: eps})
+	st, err := etcd.Open(ctx, etcd.Config{Endpoints: eps})
 	if err != nil {
 		return nil, err
 	}

@@ -223,7 +223,7 @@ func rawClient(eps []string) (*clientv3.Client, error) {
 }
 
 func beaconStore(ctx context.Context, eps []string) (*etcdstore.Store, error) {
-	return etcdstore.New(ctx, etcdstore.Config{Endpoints: eps})
+	return etcdstore.Open(ctx, etcdstore.Config{Endpoints: eps})
 }
 
 // etcdMetric reads one metric (summed over its series) from an etcd

@@ -68,7 +68,7 @@ func childRegister(ctx context.Context, endpoint, id, addr, endpoints string, tt
 	if err != nil {
 		return err
 	}
-	st, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: strings.Split(endpoints, ",")})
+	st, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: strings.Split(endpoints, ",")})
 	if err != nil {
 		return err
 	}

@@ -288,7 +288,7 @@ func newXDSBench(ctx context.Context, cfg XDSConfig, srv *serveProc, probeBin st
 			xb.close()
 		}
 	}()
-	if xb.st, err = etcd.New(ctx, etcd.Config{Endpoints: srv.etcdEps}); err != nil {
+	if xb.st, err = etcd.Open(ctx, etcd.Config{Endpoints: srv.etcdEps}); err != nil {
 		return nil, err
 	}
 	if xb.reg, err = registry.New(xb.st, registry.Config{}); err != nil {

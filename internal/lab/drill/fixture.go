@@ -23,7 +23,7 @@ func (r *runner) openStore(ctx context.Context, endpoints []string) (*etcd.Store
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return etcd.New(ctx, cfg)
+	return etcd.Open(ctx, cfg)
 }
 
 // fleet is the steady registrants: one registry (and client) each, one

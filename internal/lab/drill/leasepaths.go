@@ -221,7 +221,7 @@ func newSessionGroup(ctx context.Context, endpoints []string, ns string, ttl tim
 	g := &sessionGroup{leaseTTL: ttl}
 	for i := range n {
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		st, err := etcd.New(sctx, etcd.Config{Endpoints: endpoints, Logger: log.With("session", i)})
+		st, err := etcd.Open(sctx, etcd.Config{Endpoints: endpoints, Logger: log.With("session", i)})
 		cancel()
 		if err != nil {
 			g.close()

@@ -53,7 +53,7 @@ func RegistrantMain(stdin io.Reader, stdout, stderr io.Writer) int {
 	probe, _ := time.ParseDuration(os.Getenv(envProbe))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := etcd.New(ctx, etcd.Config{
+	st, err := etcd.Open(ctx, etcd.Config{
 		Endpoints:           strings.Split(os.Getenv(envEndpoints), ","),
 		WatchSilenceTimeout: silence,
 		ProbeTimeout:        probe,

@@ -34,7 +34,7 @@ type Kind struct {
 // Kinds are the store backends, each started per test.
 var Kinds = []Kind{
 	{"memory", func(t testing.TB) Opener {
-		mem := memory.New(memory.Options{})
+		mem := memory.New(memory.Config{})
 		t.Cleanup(func() { _ = mem.Close() })
 		// One store, shared: the memory backend lives in one process
 		// (closing it is idempotent; the test's end closes it).
@@ -43,7 +43,7 @@ var Kinds = []Kind{
 	{"etcd", func(t testing.TB) Opener {
 		e := etcdtest.Start(t, etcdtest.Options{})
 		return func(ctx context.Context) (store.Store, error) {
-			return etcd.New(ctx, etcd.Config{Endpoints: e.Endpoints()})
+			return etcd.Open(ctx, etcd.Config{Endpoints: e.Endpoints()})
 		}
 	}},
 	{"file", func(t testing.TB) Opener {

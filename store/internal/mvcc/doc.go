@@ -16,7 +16,7 @@
 //     A refused change writes nothing.
 //   - The event log with its bounds: every event from the compaction
 //     watermark up to the current revision, in revision order. An optional
-//     window (Options.History) compacts older revisions after each commit;
+//     window (Config.History) compacts older revisions after each commit;
 //     Compact and CompactTo move the watermark on demand. A watch from below
 //     the watermark ends with a *store.CompactedError.
 //   - Watchers: each watch is one goroutine that reads the shared log from
@@ -35,7 +35,7 @@
 //
 //   - Lease lifetimes: TTLs, deadlines, expiry and the lease table (memory:
 //     a heap and a timer; file: lease files on disk). The core only asks the
-//     backend, through Options.LeaseAlive, whether a write may bind a lease.
+//     backend, through Config.LeaseAlive, whether a write may bind a lease.
 //   - How a change becomes durable. Memory calls Commit: check and apply
 //     under one lock. File calls Prepare under its write lock, appends the
 //     events to its log, fsyncs, then calls Apply; it also replays other
@@ -47,6 +47,6 @@
 //
 // One mutex guards the whole state, held only for in-memory work: never
 // across a send to a watcher nor any I/O of the core's own. The
-// Options.LeaseAlive hook runs under it, so a backend's lease lock is taken
+// Config.LeaseAlive hook runs under it, so a backend's lease lock is taken
 // after the core's, never before.
 package mvcc

@@ -22,7 +22,7 @@ func fill(t *testing.T, s *Store, n int) {
 // log is resliced, not copied).
 func TestTrimmingTheWindowCopiesNothing(t *testing.T) {
 	allocs := func(history int64) float64 {
-		s := New(Options{History: history})
+		s := New(Config{History: history})
 		defer s.Close()
 		fill(t, s, 300)
 		return testing.AllocsPerRun(500, func() {
@@ -37,7 +37,7 @@ func TestTrimmingTheWindowCopiesNothing(t *testing.T) {
 // TestCompactFreesTheDroppedLog: a compaction that drops most of the log
 // copies the rest, so the dropped events' memory can be freed.
 func TestCompactFreesTheDroppedLog(t *testing.T) {
-	s := New(Options{})
+	s := New(Config{})
 	defer s.Close()
 	fill(t, s, 1000)
 	if err := s.Compact(context.Background(), s.rev-2); err != nil {
@@ -51,7 +51,7 @@ func TestCompactFreesTheDroppedLog(t *testing.T) {
 // TestCommitKeepsNoValues: Commit's reused buffer holds no value after it
 // returns, and does not stay large after a large change.
 func TestCommitKeepsNoValues(t *testing.T) {
-	s := New(Options{})
+	s := New(Config{})
 	defer s.Close()
 	fill(t, s, 3)
 	for _, e := range s.scratch.events[:cap(s.scratch.events)] {
@@ -74,7 +74,7 @@ func TestCommitKeepsNoValues(t *testing.T) {
 // TestReplayKeepsNothingBelowTheWatermark: replaying revisions the state
 // already holds adds to the log only those a watch may still ask for.
 func TestReplayKeepsNothingBelowTheWatermark(t *testing.T) {
-	s := New(Options{})
+	s := New(Config{})
 	defer s.Close()
 	s.Install(5, 3, nil)
 	for rev := int64(1); rev <= 5; rev++ {
@@ -92,7 +92,7 @@ func TestReplayKeepsNothingBelowTheWatermark(t *testing.T) {
 // registration's heartbeat does that at every write).
 func TestRewriteOnTheSameLeaseAllocatesNoMore(t *testing.T) {
 	allocs := func(lease store.LeaseID) float64 {
-		s := New(Options{})
+		s := New(Config{})
 		defer s.Close()
 		opts := []store.WriteOption{store.WithLease(lease)}
 		return testing.AllocsPerRun(200, func() {
@@ -107,7 +107,7 @@ func TestRewriteOnTheSameLeaseAllocatesNoMore(t *testing.T) {
 // TestEveryStateChangeWakesTheWatchers: a commit, an Apply and an Install
 // close the channel waiting watchers block on.
 func TestEveryStateChangeWakesTheWatchers(t *testing.T) {
-	s := New(Options{})
+	s := New(Config{})
 	defer s.Close()
 	for name, change := range map[string]func(){
 		"commit": func() { fill(t, s, 1) },

@@ -13,9 +13,9 @@ import (
 	"github.com/google/btree"
 )
 
-// Options configure a Store. The zero value keeps every revision until
+// Config configures a Store. The zero value keeps every revision until
 // Compact and accepts every lease.
-type Options struct {
+type Config struct {
 	// History is how many of the most recent revisions the event log keeps:
 	// after each commit, older revisions are compacted. Zero (or negative)
 	// keeps every revision until Compact or CompactTo.
@@ -50,7 +50,7 @@ type Store struct {
 }
 
 // New returns an empty Store at revision 1.
-func New(opts Options) *Store {
+func New(opts Config) *Store {
 	return &Store{
 		history:    opts.History,
 		leaseAlive: opts.LeaseAlive,

@@ -22,7 +22,7 @@ const wait = 20 * time.Second
 
 func newStore(t *testing.T, m *model, history int64) *mvcc.Store {
 	t.Helper()
-	s := mvcc.New(mvcc.Options{History: history, LeaseAlive: m.leaseAlive})
+	s := mvcc.New(mvcc.Config{History: history, LeaseAlive: m.leaseAlive})
 	t.Cleanup(s.Close)
 	return s
 }
@@ -362,7 +362,7 @@ func TestCheckOfANonSingleKeyChange(t *testing.T) {
 // value read or watched aliases the Store's.
 func TestValuesAreCopied(t *testing.T) {
 	ctx := context.Background()
-	s := mvcc.New(mvcc.Options{})
+	s := mvcc.New(mvcc.Config{})
 	defer s.Close()
 	v := []byte("abc")
 	if _, err := s.Commit(ctx, mvcc.Put("k", v, nil)); err != nil {
@@ -390,7 +390,7 @@ func TestValuesAreCopied(t *testing.T) {
 }
 
 func TestGetAbsent(t *testing.T) {
-	s := mvcc.New(mvcc.Options{})
+	s := mvcc.New(mvcc.Config{})
 	defer s.Close()
 	if _, err := s.Get(context.Background(), "nope"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatal(err)
@@ -758,7 +758,7 @@ func TestPrepareThenApply(t *testing.T) {
 // changes nothing.
 func TestApplyReplaysHistoryAndRefusesGaps(t *testing.T) {
 	ctx := context.Background()
-	s := mvcc.New(mvcc.Options{})
+	s := mvcc.New(mvcc.Config{})
 	defer s.Close()
 	kv := func(k string, rev int64) store.KeyValue {
 		return store.KeyValue{Key: k, Value: []byte(k), CreateRevision: rev, ModRevision: rev}
@@ -851,7 +851,7 @@ func TestWatchPrefixAndCancel(t *testing.T) {
 }
 
 func TestWatchInvalidArguments(t *testing.T) {
-	s := mvcc.New(mvcc.Options{})
+	s := mvcc.New(mvcc.Config{})
 	defer s.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	for name, c := range map[string]struct {
@@ -879,7 +879,7 @@ func TestWatchInvalidArguments(t *testing.T) {
 // store's last catch-up) does not panic.
 func TestCloseEndsEverything(t *testing.T) {
 	ctx := context.Background()
-	s := mvcc.New(mvcc.Options{})
+	s := mvcc.New(mvcc.Config{})
 	var ws []store.WatchChan
 	for i := range 5 {
 		ws = append(ws, s.Watch(ctx, "", int64(i)))
