@@ -330,7 +330,7 @@ func (c *rangeCache) load() {
 			size += int64(len(kv.Key)+len(kv.Value)) + kvOverhead
 		}
 		if size > c.maxBytes {
-			c.disable(fmt.Sprintf("the keyspace is larger than the cache's %d MiB (--cache-max-bytes)", c.maxBytes>>20), time.Time{})
+			c.disable(fmt.Sprintf("the keyspace is larger than the cache's %d MiB (%s)", c.maxBytes>>20, c.p.cfg.setting("proxy.Config.CacheMaxBytes")), time.Time{})
 			return
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
@@ -423,7 +423,7 @@ func (c *rangeCache) apply(b *evBatch, from int64) {
 	}
 	c.confirmLocked()
 	if c.bytes > c.maxBytes {
-		go c.disable(fmt.Sprintf("the keyspace grew larger than the cache's %d MiB (--cache-max-bytes)", c.maxBytes>>20), time.Time{})
+		go c.disable(fmt.Sprintf("the keyspace grew larger than the cache's %d MiB (%s)", c.maxBytes>>20, c.p.cfg.setting("proxy.Config.CacheMaxBytes")), time.Time{})
 	}
 }
 

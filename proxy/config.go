@@ -10,6 +10,7 @@ import (
 
 	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/internal/hostport"
+	"github.com/beaconplane/beacon/internal/setting"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 )
@@ -220,6 +221,18 @@ type Config struct {
 	// Registry receives the proxy's Prometheus metrics and is served on
 	// /metrics; nil uses a private registry.
 	Registry *prometheus.Registry
+	// SettingName names a setting in what the proxy says while it runs
+	// (answers to clients, logs): it is given a field
+	// ("proxy.Config.MaxStreams") and returns what an operator changes (beacon
+	// proxy: the flag). Nil, or "", names the field. Validate's errors
+	// name fields.
+	SettingName func(field string) string
+}
+
+// setting names field ("proxy.Config.MaxStreams") as c.SettingName
+// does.
+func (c *Config) setting(field string) string {
+	return setting.Namer(c.SettingName).Name(field)
 }
 
 // withDefaults returns a copy with zero values replaced.
@@ -308,41 +321,41 @@ func (c Config) Validate() error {
 		return err
 	}
 	if c.sources() > 1 {
-		return fmt.Errorf("%w: set only one of discovery token, discovery URL, discovery SRV, initial cluster, peer URLs or endpoints (flags --discovery-token, --discovery, --discovery-srv, --initial-cluster, --endpoints)", ErrConflictingDiscovery)
+		return fmt.Errorf("%w: set only one of proxy.Config.DiscoveryToken, proxy.Config.DiscoveryURL, proxy.Config.DiscoverySRV, proxy.Config.InitialCluster, proxy.Config.PeerURLs or proxy.Config.Endpoints", ErrConflictingDiscovery)
 	}
 	if c.Discovery != nil {
 		if c.DiscoveryToken != "" || len(c.DiscoveryEndpoints) > 0 {
-			return fmt.Errorf("%w: set Discovery or DiscoveryToken/DiscoveryEndpoints, not both", ErrConflictingDiscovery)
+			return fmt.Errorf("%w: set proxy.Config.Discovery or proxy.Config.DiscoveryToken and proxy.Config.DiscoveryEndpoints, not both", ErrConflictingDiscovery)
 		}
 		if err := c.Discovery.Validate(); err != nil {
-			return fmt.Errorf("%w: discovery: %w", ErrInvalidConfig, err)
+			return fmt.Errorf("%w: proxy.Config.Discovery: %w", ErrInvalidConfig, err)
 		}
 	}
 	if (c.DiscoveryToken == "") != (len(c.DiscoveryEndpoints) == 0) {
-		return fmt.Errorf("%w: both --discovery-token and --discovery-endpoints must be set", ErrInvalidConfig)
+		return fmt.Errorf("%w: proxy.Config.DiscoveryToken and proxy.Config.DiscoveryEndpoints go together: set both", ErrInvalidConfig)
 	}
 	if c.DiscoveryToken != "" {
 		if err := bootstrap.ValidateToken(c.DiscoveryToken); err != nil {
-			return fmt.Errorf("%w: --discovery-token: %w", ErrInvalidConfig, err)
+			return fmt.Errorf("%w: proxy.Config.DiscoveryToken: %w", ErrInvalidConfig, err)
 		}
 	}
 	for _, ep := range c.DiscoveryEndpoints {
 		if strings.TrimSpace(ep) == "" {
-			return fmt.Errorf("%w: --discovery-endpoints must not contain empty endpoints", ErrInvalidConfig)
+			return fmt.Errorf("%w: proxy.Config.DiscoveryEndpoints must not contain empty endpoints", ErrInvalidConfig)
 		}
 	}
 	if c.DiscoveryURL != "" {
 		u, err := url.Parse(c.DiscoveryURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Trim(u.Path, "/") == "" {
-			return fmt.Errorf("%w: discovery URL %q: want http(s)://host/<token>", ErrBadURL, c.DiscoveryURL)
+			return fmt.Errorf("%w: proxy.Config.DiscoveryURL %q: want http(s)://host/<token>", ErrBadURL, c.DiscoveryURL)
 		}
 	}
 	if c.DiscoverySRV != "" && strings.ContainsAny(c.DiscoverySRV, "/: ") {
-		return fmt.Errorf("%w: --discovery-srv %q must be a DNS domain such as example.com", ErrInvalidConfig, c.DiscoverySRV)
+		return fmt.Errorf("%w: proxy.Config.DiscoverySRV %q must be a DNS domain such as example.com", ErrInvalidConfig, c.DiscoverySRV)
 	}
 	if c.DNSServer != "" {
 		if err := hostport.Check(c.DNSServer); err != nil {
-			return fmt.Errorf("%w: DNS server %q (--discovery-dns-server) %w", ErrInvalidConfig, c.DNSServer, err)
+			return fmt.Errorf("%w: proxy.Config.DNSServer %q %w", ErrInvalidConfig, c.DNSServer, err)
 		}
 	}
 	if c.InitialCluster != "" {
@@ -357,22 +370,22 @@ func (c Config) Validate() error {
 	}
 	if c.ListenAddr != "" {
 		if err := hostport.Check(c.ListenAddr); err != nil {
-			return fmt.Errorf("%w: listen address %q %w", ErrInvalidConfig, c.ListenAddr, err)
+			return fmt.Errorf("%w: proxy.Config.ListenAddr %q %w", ErrInvalidConfig, c.ListenAddr, err)
 		}
 	}
 	for name, d := range map[string]time.Duration{
-		"failure wait": c.FailureWait, "refresh interval": c.RefreshInterval,
-		"dial timeout": c.DialTimeout, "read timeout": c.ReadTimeout,
+		"FailureWait": c.FailureWait, "RefreshInterval": c.RefreshInterval,
+		"DialTimeout": c.DialTimeout, "ReadTimeout": c.ReadTimeout,
 	} {
 		if d < 0 {
-			return fmt.Errorf("%w: %s %v must not be negative", ErrInvalidConfig, name, d)
+			return fmt.Errorf("%w: proxy.Config.%s %v must not be negative", ErrInvalidConfig, name, d)
 		}
 	}
 	if c.CacheMaxBytes < 0 {
-		return fmt.Errorf("%w: cache max bytes %d must not be negative", ErrInvalidConfig, c.CacheMaxBytes)
+		return fmt.Errorf("%w: proxy.Config.CacheMaxBytes %d must not be negative", ErrInvalidConfig, c.CacheMaxBytes)
 	}
 	if c.UpstreamConns < 0 || c.UpstreamConns > 64 {
-		return fmt.Errorf("%w: upstream connections %d must be between 1 and 64", ErrInvalidConfig, c.UpstreamConns)
+		return fmt.Errorf("%w: proxy.Config.UpstreamConns %d must be between 1 and 64", ErrInvalidConfig, c.UpstreamConns)
 	}
 	return nil
 }
@@ -381,7 +394,7 @@ func (c Config) Validate() error {
 func parseInitialCluster(s string) ([]string, error) {
 	m, err := types.NewURLsMap(s)
 	if err != nil {
-		return nil, fmt.Errorf("%w: initial cluster %q: %v (want name=http://host:2380,...)", ErrBadURL, s, err)
+		return nil, fmt.Errorf("%w: proxy.Config.InitialCluster %q: %v (want name=http://host:2380,...)", ErrBadURL, s, err)
 	}
 	var out []string
 	for _, urls := range m {
@@ -390,7 +403,7 @@ func parseInitialCluster(s string) ([]string, error) {
 		}
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: initial cluster %q names no member", ErrBadURL, s)
+		return nil, fmt.Errorf("%w: proxy.Config.InitialCluster %q names no member", ErrBadURL, s)
 	}
 	if _, err := parseURLs(out); err != nil {
 		return nil, err

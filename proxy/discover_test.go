@@ -256,15 +256,15 @@ func TestBadInputAtStart(t *testing.T) {
 		{"unknown mode", Config{Mode: "readmostly"}, ErrBadMode, "readmostly"},
 		{"token and initial cluster", Config{DiscoveryToken: "t", DiscoveryEndpoints: []string{"http://127.0.0.1:2379"}, InitialCluster: "a=http://127.0.0.1:2380"}, ErrConflictingDiscovery, "only one"},
 		{"srv and v2", Config{DiscoverySRV: "example.com", DiscoveryURL: "http://d/x"}, ErrConflictingDiscovery, "only one"},
-		{"token without endpoints", Config{DiscoveryToken: "t"}, ErrInvalidConfig, "--discovery-endpoints"},
-		{"endpoints without token", Config{DiscoveryEndpoints: []string{"http://127.0.0.1:2379"}}, ErrInvalidConfig, "--discovery-token"},
+		{"token without endpoints", Config{DiscoveryToken: "t"}, ErrInvalidConfig, "proxy.Config.DiscoveryEndpoints"},
+		{"endpoints without token", Config{DiscoveryEndpoints: []string{"http://127.0.0.1:2379"}}, ErrInvalidConfig, "proxy.Config.DiscoveryToken"},
 		{"malformed peer URL", Config{PeerURLs: []string{"127.0.0.1:2380"}}, ErrBadURL, "scheme"},
 		{"peer URL without port", Config{PeerURLs: []string{"http://host"}}, ErrBadURL, "port"},
-		{"bad initial cluster", Config{InitialCluster: "nonsense"}, ErrBadURL, "initial cluster"},
-		{"bad v2 URL", Config{DiscoveryURL: "ftp://x/y"}, ErrBadURL, "discovery URL"},
+		{"bad initial cluster", Config{InitialCluster: "nonsense"}, ErrBadURL, "proxy.Config.InitialCluster"},
+		{"bad v2 URL", Config{DiscoveryURL: "ftp://x/y"}, ErrBadURL, "proxy.Config.DiscoveryURL"},
 		{"v2 URL without token", Config{DiscoveryURL: "https://discovery.etcd.io/"}, ErrBadURL, "token"},
 		{"bad DNS server", Config{DiscoverySRV: "example.com", DNSServer: "localhost"}, ErrInvalidConfig, "host:port"},
-		{"negative wait", Config{FailureWait: -time.Second}, ErrInvalidConfig, "failure wait"},
+		{"negative wait", Config{FailureWait: -time.Second}, ErrInvalidConfig, "proxy.Config.FailureWait"},
 	}
 	for _, tc := range cases {
 		_, err := New(tc.cfg)

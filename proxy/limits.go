@@ -77,13 +77,13 @@ func (p *Proxy) limitStreams(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	p.m.clientStreams.Inc()
 	if limit := p.cfg.MaxStreamsPerClient; limit > 0 && !p.admitStream(cs, limit) {
 		err := status.Errorf(codes.ResourceExhausted,
-			"proxy: %s has %d client streams open on this proxy, each carrying requests, the most one client address may have (--max-streams-per-client): close watch and keep-alive streams you no longer need (an etcd client needs one of each), or raise the limit", client, limit)
+			"proxy: %s has %d client streams open on this proxy, each carrying requests, the most one client address may have (%s): close watch and keep-alive streams you no longer need (an etcd client needs one of each), or raise the limit", client, limit, p.cfg.setting("proxy.Config.MaxStreamsPerClient"))
 		p.refuseStream(ss, info, err)
 		return err
 	}
 	if limit := p.cfg.MaxStreams; limit > 0 && n > int64(limit) {
 		err := status.Errorf(codes.ResourceExhausted,
-			"proxy: %d client streams are open on this proxy, the most it serves (--max-streams): close watch and keep-alive streams you no longer need (an etcd client needs one of each), or raise the limit", limit)
+			"proxy: %d client streams are open on this proxy, the most it serves (%s): close watch and keep-alive streams you no longer need (an etcd client needs one of each), or raise the limit", limit, p.cfg.setting("proxy.Config.MaxStreams"))
 		p.refuseStream(ss, info, err)
 		return err
 	}
@@ -164,7 +164,7 @@ func (p *Proxy) admitStream(cs *clientStream, limit int) bool {
 	if shed != nil {
 		p.m.shedStreams.Inc()
 		shed.cancel(status.Errorf(codes.ResourceExhausted,
-			"proxy: stream closed to make room: %s has %d client streams open on this proxy, the most one client address may have (--max-streams-per-client), and this one had carried no request", cs.client, limit))
+			"proxy: stream closed to make room: %s has %d client streams open on this proxy, the most one client address may have (%s), and this one had carried no request", cs.client, limit, p.cfg.setting("proxy.Config.MaxStreamsPerClient")))
 	}
 	return true
 }

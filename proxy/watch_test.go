@@ -404,7 +404,7 @@ func TestWatcherBounds(t *testing.T) {
 		}
 		ids = append(ids, r.WatchId)
 	}
-	if r := create(a, "/a/3"); !r.Canceled || !strings.Contains(r.CancelReason, "this watch stream has 3 watchers") || !strings.Contains(r.CancelReason, "--max-watchers-per-stream") {
+	if r := create(a, "/a/3"); !r.Canceled || !strings.Contains(r.CancelReason, "this watch stream has 3 watchers") || !strings.Contains(r.CancelReason, "proxy.Config.MaxWatchersPerStream") {
 		t.Fatalf("a 4th watcher on the stream: %+v, want it canceled saying why", r)
 	}
 	b := stream()
@@ -477,7 +477,7 @@ func TestStreamBound(t *testing.T) {
 		t.Fatalf("client_streams = %v, want 3", n)
 	}
 	_, err = watch(ctx)
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "3 client streams are open") || !strings.Contains(err.Error(), "--max-streams") {
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "3 client streams are open") || !strings.Contains(err.Error(), "proxy.Config.MaxStreams") {
 		t.Fatalf("a 4th stream: %v, want ResourceExhausted saying why", err)
 	}
 	closeA()
@@ -563,7 +563,7 @@ func TestStreamBoundPerClient(t *testing.T) {
 		}
 	}
 	_, err := watch(greedy)
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "127.0.0.2 has 2 client streams") || !strings.Contains(err.Error(), "--max-streams-per-client") {
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "127.0.0.2 has 2 client streams") || !strings.Contains(err.Error(), "proxy.Config.MaxStreamsPerClient") {
 		t.Fatalf("a 3rd stream of 127.0.0.2: %v, want ResourceExhausted saying why", err)
 	}
 	if r, err := watch(other); err != nil || !r.Created {
@@ -665,7 +665,7 @@ func TestSilentStreamsMakeRoomPerClient(t *testing.T) {
 		for range n {
 			err := <-ended
 			if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "closed to make room") ||
-				!strings.Contains(err.Error(), "--max-streams-per-client") {
+				!strings.Contains(err.Error(), "proxy.Config.MaxStreamsPerClient") {
 				t.Fatalf("a silent stream: %v, want it ended with ResourceExhausted saying why", err)
 			}
 		}

@@ -374,11 +374,11 @@ func (s *cstream) admit(cr *pb.WatchCreateRequest) (id int64, reason string) {
 	s.mu.Unlock()
 	if limit := h.p.cfg.MaxWatchersPerStream; limit > 0 && open >= limit {
 		return id, fmt.Sprintf(
-			"proxy: this watch stream has %d watchers, the most one stream may have (--max-watchers-per-stream): cancel watches you no longer need", open)
+			"proxy: this watch stream has %d watchers, the most one stream may have (%s): cancel watches you no longer need", open, h.p.cfg.setting("proxy.Config.MaxWatchersPerStream"))
 	}
 	if limit := h.p.cfg.MaxWatchers; limit > 0 && h.watchers.Load() >= int64(limit) {
 		return id, fmt.Sprintf(
-			"proxy: %d watchers are open on this proxy, the most it serves (--max-watchers): retry later, or through another proxy", limit)
+			"proxy: %d watchers are open on this proxy, the most it serves (%s): retry later, or through another proxy", limit, h.p.cfg.setting("proxy.Config.MaxWatchers"))
 	}
 	key, end := string(cr.Key), string(cr.RangeEnd)
 	if end != "" && end != "\x00" && end <= key {

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/beaconplane/beacon/internal/setting"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
@@ -180,9 +181,10 @@ func explainAuthError(id identity, err error) error {
 // embeddedAuthority serves identities from the embedded etcd member,
 // in-process.
 type embeddedAuthority struct {
-	srv    *etcdserver.EtcdServer
-	minter *jwtMinter
-	log    *slog.Logger
+	srv     *etcdserver.EtcdServer
+	minter  *jwtMinter
+	log     *slog.Logger
+	setting setting.Namer // names the settings its answers suggest
 }
 
 func (a *embeddedAuthority) enabled(context.Context) (bool, error) {
@@ -208,7 +210,7 @@ func (a *embeddedAuthority) passwordSource(user, password string) *tokenSource {
 			return "", nil
 		}
 		if user == "" {
-			return "", unauthenticated("etcd authentication is enabled but this server has no credentials: give Config.Backend.Etcd.Username and Config.Backend.Etcd.Password (or Config.Security.RootPasswordFile)")
+			return "", unauthenticated("etcd authentication is enabled but this server has no credentials: give %s (or %s)", a.setting.Names("Config.Backend.Etcd.Username", "Config.Backend.Etcd.Password"), a.setting.Name("Config.Security.RootPasswordFile"))
 		}
 		return a.token(ctx, user, password)
 	}}
@@ -240,7 +242,7 @@ func (a *embeddedAuthority) open(ctx context.Context, id identity) (*etcdstore.S
 		return ownedStore(userClient(a.srv, fixedToken(id.token), lg)), id, nil
 	case methodCert:
 		if a.minter == nil {
-			return nil, id, unauthenticated("client certificate of %q accepted, but with etcd's simple tokens this server cannot act as a user without a password: run beacon serve with --auth-token jwt (one member) or jwt,pub-key=...,priv-key=...,sign-method=ES256 (the same files on every member), or send Basic credentials", id.user)
+			return nil, id, unauthenticated("client certificate of %q accepted, but with etcd's simple tokens this server cannot act as a user without a password: run the server with %s jwt (one member) or jwt,pub-key=...,priv-key=...,sign-method=ES256 (the same files on every member), or send Basic credentials", id.user, a.setting.Name("Config.Security.AuthToken"))
 		}
 		if _, err := a.srv.AuthStore().UserGet(&pb.AuthUserGetRequest{Name: id.user}); err != nil {
 			return nil, id, unauthenticated("the client certificate names %q, which is not an etcd user: add the user (etcdctl user add %s --no-password) or issue the certificate with another CN", id.user, id.user)
@@ -256,10 +258,11 @@ func (a *embeddedAuthority) open(ctx context.Context, id identity) (*etcdstore.S
 // frontAuthority serves identities from an external etcd cluster, with a
 // client per identity.
 type frontAuthority struct {
-	cfg    etcdstore.Config // endpoints and TLS, without credentials
-	self   *clientv3.Client // the server's own client
-	minter *jwtMinter
-	log    *slog.Logger
+	cfg     etcdstore.Config // endpoints and TLS, without credentials
+	self    *clientv3.Client // the server's own client
+	minter  *jwtMinter
+	log     *slog.Logger
+	setting setting.Namer // names the settings its answers suggest
 
 	mu      sync.Mutex
 	checked time.Time
@@ -314,7 +317,7 @@ func (a *frontAuthority) open(ctx context.Context, id identity) (*etcdstore.Stor
 		cfg.Configure = func(c *clientv3.Config) { c.Token = tok }
 	case methodCert:
 		if a.minter == nil {
-			return nil, id, unauthenticated("client certificate of %q accepted, but this server cannot act as an etcd user without a password: give it the cluster's JWT signing key (--auth-token jwt,priv-key=...) or send Basic credentials", id.user)
+			return nil, id, unauthenticated("client certificate of %q accepted, but this server cannot act as an etcd user without a password: give it the cluster's JWT signing key (%s jwt,priv-key=...) or send Basic credentials", id.user, a.setting.Name("Config.Security.AuthToken"))
 		}
 		st, err := a.self.AuthStatus(ctx)
 		if err != nil {

@@ -81,7 +81,7 @@ func (s *Server) embeddedClient() (*clientv3.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &embeddedAuthority{srv: s.member.etcd.Server, log: s.log}
+	a := &embeddedAuthority{srv: s.member.etcd.Server, log: s.log, setting: s.cfg.namer()}
 	return userClient(s.member.etcd.Server, a.passwordSource(user, pw), zapFor(s.log)), nil
 }
 
@@ -97,7 +97,7 @@ func (s *Server) probeStore(ctx context.Context) error {
 	case errors.Is(err, store.ErrPermissionDenied):
 		return fmt.Errorf("the server's etcd user may not read %s: grant it read (or readwrite) on that prefix: %w", key, err)
 	case errors.Is(err, store.ErrUnauthenticated):
-		return fmt.Errorf("etcd refused the server's credentials: check --etcd-user/--etcd-password (or --auth-root-password-file): %w", err)
+		return fmt.Errorf("etcd refused the server's credentials: check %s (or %s): %w", s.cfg.setting("Config.Backend.Etcd.Username", "Config.Backend.Etcd.Password"), s.cfg.setting("Config.Security.RootPasswordFile"), err)
 	}
 	return err
 }

@@ -48,7 +48,7 @@ func (s *Server) setupAuth() error {
 		if err != nil {
 			return err
 		}
-		a = &embeddedAuthority{srv: s.member.etcd.Server, minter: m, log: s.log}
+		a = &embeddedAuthority{srv: s.member.etcd.Server, minter: m, log: s.log, setting: s.cfg.namer()}
 	case s.cfg.Backend.BackendName() == "etcd" && s.etcdClient() != nil && s.cfg.Store == nil:
 		cfg := s.cfg.Backend.Etcd
 		if len(s.cfg.EtcdEndpoints) > 0 {
@@ -66,7 +66,7 @@ func (s *Server) setupAuth() error {
 				return err
 			}
 		}
-		a = &frontAuthority{cfg: cfg, self: s.etcdClient(), minter: m, log: s.log}
+		a = &frontAuthority{cfg: cfg, self: s.etcdClient(), minter: m, log: s.log, setting: s.cfg.namer()}
 	}
 	if a == nil {
 		return nil
@@ -344,12 +344,12 @@ func (s *Server) needPermission(prefix, what string, writes func(*http.Request) 
 // selfUser names the etcd user the server acts as, for messages.
 func (s *Server) selfUser() string {
 	if u := s.cfg.Backend.Etcd.Username; u != "" {
-		return strconv.Quote(u) + ", --etcd-user"
+		return strconv.Quote(u) + ", " + s.cfg.setting("Config.Backend.Etcd.Username")
 	}
 	if s.member.etcd != nil {
 		return `"root"`
 	}
-	return "none: give --etcd-user"
+	return "none: give " + s.cfg.setting("Config.Backend.Etcd.Username")
 }
 
 // Key prefixes the bootstrap APIs write.
@@ -533,7 +533,7 @@ func (s *Server) issueToken(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 		return
 	case !on:
-		writeErr(w, http.StatusConflict, "failed_precondition", "etcd authentication is not enabled: no token is needed (start beacon serve with --auth to enable it)")
+		writeErr(w, http.StatusConflict, "failed_precondition", "etcd authentication is not enabled: no token is needed (start the server with "+s.cfg.setting("Config.Security.Auth")+" to enable it)")
 		return
 	}
 	id, ok, err := credentials(r)

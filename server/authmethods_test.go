@@ -226,7 +226,7 @@ func TestEmbeddedHonoursCredentials(t *testing.T) {
 	}
 	// Without credentials: not ready, and the reason says what to give.
 	code, body := get(t, s.Endpoints().HTTP+"/readyz")
-	if code != http.StatusServiceUnavailable || !strings.Contains(body, "--etcd-user") {
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "Config.Backend.Etcd.Username") {
 		t.Fatalf("/readyz without credentials once auth is on: %d %s", code, body)
 	}
 	if err := s.Close(); err != nil {

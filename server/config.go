@@ -12,6 +12,7 @@ import (
 
 	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/internal/hostport"
+	"github.com/beaconplane/beacon/internal/setting"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/prometheus/client_golang/prometheus"
@@ -133,7 +134,21 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Gatherer is what /metrics serves; derived from Registerer when nil.
 	Gatherer prometheus.Gatherer
+	// SettingName names a setting in what the server says while it runs
+	// (answers to clients, warnings, the banner): it is given a field
+	// ("Config.Security.Auth", "xdsapi.Config.MaxStreamsPerClient") and
+	// returns what an operator changes (beacon serve: the flag). Nil, or
+	// "", names the field. Errors New and Start return name fields.
+	SettingName func(field string) string
 }
+
+// setting names fields as c.SettingName does, joined by "and".
+func (c *Config) setting(fields ...string) string {
+	return c.namer().Names(fields...)
+}
+
+// namer is c.SettingName.
+func (c *Config) namer() setting.Namer { return setting.Namer(c.SettingName) }
 
 // embedded reports whether the server runs embedded etcd.
 func (c *Config) embedded() bool {

@@ -26,7 +26,7 @@ import (
 // crossOriginGuard wraps h with net/http's CrossOriginProtection, trusting
 // the CORS allowed origins, and applies it also to the requests
 // writesDespiteMethod names, whatever their method.
-func crossOriginGuard(origins []string, h http.Handler) (http.Handler, error) {
+func crossOriginGuard(origins []string, originsSetting string, h http.Handler) (http.Handler, error) {
 	if slices.Contains(origins, "*") {
 		return h, nil
 	}
@@ -43,7 +43,7 @@ func crossOriginGuard(origins []string, h http.Handler) (http.Handler, error) {
 		}
 		httpapi.WriteError(w, http.StatusForbidden, "permission_denied",
 			"cross-origin request refused: a page of "+origin+" may not change this server's state with the browser's credentials "+
-				"(cross-site request forgery); if the page is yours, allow its origin with --cors-allowed-origins")
+				"(cross-site request forgery); if the page is yours, allow its origin with "+originsSetting)
 	})
 	p.SetDenyHandler(deny)
 	checked := p.Handler(h)

@@ -54,7 +54,7 @@ func TestCrossSiteRequestsRefused(t *testing.T) {
 			{"POST", "/v1/tokens", `{"size":3}`},
 		} {
 			r := opal.do(req.method, req.path, req.body, hdr...)
-			if r.code != http.StatusForbidden || !strings.Contains(r.body, "cross-site request forgery") || !strings.Contains(r.body, "--cors-allowed-origins") {
+			if r.code != http.StatusForbidden || !strings.Contains(r.body, "cross-site request forgery") || !strings.Contains(r.body, "Config.CORSAllowedOrigins") {
 				t.Errorf("%s %s with %v: %d %s, want 403 saying why", req.method, req.path, hdr, r.code, r.body)
 			}
 		}

@@ -79,7 +79,7 @@ func (s *Server) startDNS() error {
 		return nil
 	}
 	cfg := s.cfg.DNS.dnsapi()
-	cfg.Logger, cfg.Metrics = s.log, s.reg
+	cfg.Logger, cfg.Metrics, cfg.SettingName = s.log, s.reg, s.cfg.SettingName
 	var d registry.Discoverer = s.data.registry
 	srv, err := dnsapi.New(d, cfg)
 	if err != nil {

@@ -150,7 +150,7 @@ func (s *Server) startHTTP() error {
 		pprofhttp.Mount(rootOnly{mux, s}) // not an API route: not in openapi.json
 	}
 	s.http.routes = mux
-	guarded, err := crossOriginGuard(s.cfg.CORSAllowedOrigins, s.requireAuth(mux)) // csrf.go, authhttp.go
+	guarded, err := crossOriginGuard(s.cfg.CORSAllowedOrigins, s.cfg.setting("Config.CORSAllowedOrigins"), s.requireAuth(mux)) // csrf.go, authhttp.go
 	if err != nil {
 		return fmt.Errorf("Config.CORSAllowedOrigins: %w", err)
 	}
@@ -180,7 +180,7 @@ func (s *Server) mountAPIs(mux *httpapi.Mux) error {
 		return err
 	}
 	s.mountAuth(mux)
-	api, err := registryapi.New(s.data.registry, s.registryOptions(registryapi.Config{Logger: s.log, Metrics: s.reg}))
+	api, err := registryapi.New(s.data.registry, s.registryOptions(registryapi.Config{Logger: s.log, Metrics: s.reg, SettingName: s.cfg.SettingName}))
 	if err != nil {
 		return fmt.Errorf("registry API: %w", err)
 	}

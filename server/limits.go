@@ -35,7 +35,7 @@ func (s *Server) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !s.hostAllowed(r.Host) {
 			writeErr(w, http.StatusMisdirectedRequest, "misdirected_request",
-				"Host "+quoteHost(r.Host)+" is not a name of this server: add it with --host-whitelist (the check defeats DNS rebinding; IP addresses and localhost always work)")
+				"Host "+quoteHost(r.Host)+" is not a name of this server: add it with "+s.cfg.setting("Config.Security.HostWhitelist")+" (the check defeats DNS rebinding; IP addresses and localhost always work)")
 			return
 		}
 		if r.Body != nil {

@@ -48,7 +48,7 @@ func TestHostCheck(t *testing.T) {
 		if resp.StatusCode != want {
 			t.Errorf("Host %q: %d %s; want %d", host, resp.StatusCode, b, want)
 		}
-		if want == http.StatusMisdirectedRequest && !strings.Contains(string(b), "--host-whitelist") {
+		if want == http.StatusMisdirectedRequest && !strings.Contains(string(b), "Config.Security.HostWhitelist") {
 			t.Errorf("Host %q: the refusal does not say how to allow it: %s", host, b)
 		}
 	}

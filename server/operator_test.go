@@ -322,7 +322,7 @@ func TestOperatorActionsWithoutAuth(t *testing.T) {
 	path := registryapi.InstancesPath + "/" + owned.Instance.Ref().String()
 	for _, action := range []string{"drain", "deregister"} {
 		r := anon.do("POST", path+"/"+action, "")
-		if r.code != http.StatusForbidden || !strings.Contains(r.body, "beacon serve --auth") || !strings.Contains(r.body, "readwrite") {
+		if r.code != http.StatusForbidden || !strings.Contains(r.body, "registryapi.Config.Operators") || !strings.Contains(r.body, "readwrite") {
 			t.Errorf("%s without auth: %d %s", action, r.code, r.body)
 		}
 	}

@@ -249,7 +249,7 @@ func schemeMatches(urlField string, urls []string, files TLSFiles, tlsField stri
 	return errs
 }
 
-// tlsFieldName names the fields of the TLSFiles in Config.Security's
+// tlsFieldName names the fields of the TLSFiles in the security settings'
 // field tls (e.g. "Config.Security.HTTPTLS.CertFile") in errors.
 func tlsFieldName(tls string) func(string) string {
 	return func(field string) string { return "Config.Security." + tls + "." + field }

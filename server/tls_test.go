@@ -442,7 +442,7 @@ func TestExpiredCertificatesRefusedAtStart(t *testing.T) {
 	}
 	s := &Server{cfg: cfg}
 	s.initSecurity()
-	if w := strings.Join(s.securityWarnings(), "\n"); !strings.Contains(w, "--peer-cert-file: certificate "+early.Cert+" is not valid until") {
+	if w := strings.Join(s.securityWarnings(), "\n"); !strings.Contains(w, "Config.Security.PeerTLS.CertFile: certificate "+early.Cert+" is not valid until") {
 		t.Fatalf("warnings %q: want one for the certificate not valid yet", w)
 	}
 }

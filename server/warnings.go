@@ -21,36 +21,38 @@ func (s *Server) securityWarnings() []string {
 		host, _, _ := net.SplitHostPort(s.http.ln.Addr().String())
 		if !isLoopback(host) {
 			if s.httpTLS == nil {
-				out = append(out, fmt.Sprintf("the HTTP API on %s is plain HTTP on a non-loopback address: anyone on the network can read it and see secrets in transit; give --http-cert-file and --http-key-file", s.http.ln.Addr()))
+				out = append(out, fmt.Sprintf("the HTTP API on %s is plain HTTP on a non-loopback address: anyone on the network can read it and see secrets in transit; give %s", s.http.ln.Addr(), s.cfg.setting("Config.Security.HTTPTLS.CertFile", "Config.Security.HTTPTLS.KeyFile")))
 			}
 			if !s.authEnforced() {
-				out = append(out, fmt.Sprintf("the HTTP API on %s has no authentication on a non-loopback address: anyone who reaches it can register, change and remove instances; run with --auth (embedded etcd) or front an etcd with auth enabled", s.http.ln.Addr()))
+				out = append(out, fmt.Sprintf("the HTTP API on %s has no authentication on a non-loopback address: anyone who reaches it can register, change and remove instances; run with %s (embedded etcd) or front an etcd with auth enabled", s.http.ln.Addr(), s.cfg.setting("Config.Security.Auth")))
 			}
 		}
 	}
 	if s.member.etcd != nil {
 		for _, set := range []struct {
-			flag string
-			urls []string
-			tls  bool
-			auth bool
+			field string
+			files [2]string // its certificate and key file settings
+			urls  []string
+			tls   bool
+			auth  bool
 		}{
-			{"--listen-client-urls", s.cfg.ListenClientURLs, s.sec.ClientTLS.CertFile != "", true},
-			{"--listen-peer-urls", s.cfg.ListenPeerURLs, s.sec.PeerTLS.CertFile != "", false},
+			{"Config.ListenClientURLs", [2]string{"Config.Security.ClientTLS.CertFile", "Config.Security.ClientTLS.KeyFile"}, s.cfg.ListenClientURLs, s.sec.ClientTLS.CertFile != "", true},
+			{"Config.ListenPeerURLs", [2]string{"Config.Security.PeerTLS.CertFile", "Config.Security.PeerTLS.KeyFile"}, s.cfg.ListenPeerURLs, s.sec.PeerTLS.CertFile != "", false},
 		} {
+			name := s.cfg.setting(set.field)
 			for _, raw := range set.urls {
 				u, err := url.Parse(raw)
 				if err != nil || isLoopback(u.Hostname()) {
 					continue
 				}
 				if !set.tls {
-					out = append(out, fmt.Sprintf("%s %s is plain HTTP on a non-loopback address: give the matching --*cert-file and --*key-file (and a trusted CA with client-cert-auth)", set.flag, raw))
+					out = append(out, fmt.Sprintf("%s %s is plain HTTP on a non-loopback address: give %s (and a trusted CA with client certificate authentication)", name, raw, s.cfg.setting(set.files[:]...)))
 				}
 				if !set.auth && set.tls && !s.sec.PeerTLS.ClientCertAuth {
-					out = append(out, fmt.Sprintf("%s %s accepts any TLS client as a member (no --peer-client-cert-auth): anyone who reaches it can take part in the cluster's consensus; give --peer-client-cert-auth and --peer-trusted-ca-file", set.flag, raw))
+					out = append(out, fmt.Sprintf("%s %s accepts any TLS client as a member (no %s): anyone who reaches it can take part in the cluster's consensus; give %s", name, raw, s.cfg.setting("Config.Security.PeerTLS.ClientCertAuth"), s.cfg.setting("Config.Security.PeerTLS.ClientCertAuth", "Config.Security.PeerTLS.TrustedCAFile")))
 				}
 				if set.auth && !s.authEnforced() && !s.sec.ClientTLS.ClientCertAuth {
-					out = append(out, fmt.Sprintf("%s %s accepts etcd clients without authentication: anyone who reaches it can delete every instance (etcdctl del --prefix /); run with --auth or --client-cert-auth", set.flag, raw))
+					out = append(out, fmt.Sprintf("%s %s accepts etcd clients without authentication: anyone who reaches it can delete every instance (etcdctl del --prefix /); run with %s or %s", name, raw, s.cfg.setting("Config.Security.Auth"), s.cfg.setting("Config.Security.ClientTLS.ClientCertAuth")))
 				}
 			}
 		}
@@ -59,27 +61,27 @@ func (s *Server) securityWarnings() []string {
 	// every peer until it is.
 	for _, t := range []struct {
 		files TLSFiles
-		flag  string
-	}{{s.sec.ClientTLS, "--cert-file"}, {s.sec.PeerTLS, "--peer-cert-file"}} { // --http-cert-file: its reloader warns
+		field string
+	}{{s.sec.ClientTLS, "Config.Security.ClientTLS.CertFile"}, {s.sec.PeerTLS, "Config.Security.PeerTLS.CertFile"}} { // the HTTP API's: its reloader warns
 		if t.files.CertFile == "" {
 			continue
 		}
 		if warn, err := tlsfiles.CheckCertificate(t.files.CertFile, t.files.KeyFile, time.Now()); err == nil && warn != "" {
-			out = append(out, t.flag+": "+warn)
+			out = append(out, s.cfg.setting(t.field)+": "+warn)
 		}
 	}
 	if s.dns.addr != "" {
 		if host, _, err := net.SplitHostPort(s.dns.addr); err == nil && !isLoopback(host) {
-			out = append(out, fmt.Sprintf("DNS on %s answers anyone on the network, without authentication or encryption, with every instance this server's etcd user may read: keep --dns-addr on loopback or a trusted network, or give the server an --etcd-user limited to the namespaces DNS should publish", s.dns.addr))
+			out = append(out, fmt.Sprintf("DNS on %s answers anyone on the network, without authentication or encryption, with every instance this server's etcd user may read: keep %s on loopback or a trusted network, or give the server an etcd user (%s) limited to the namespaces DNS should publish", s.dns.addr, s.cfg.setting("Config.DNS.Addr"), s.cfg.setting("Config.Backend.Etcd.Username")))
 		}
 	}
 	if s.xds.addr != "" {
 		if host, _, err := net.SplitHostPort(s.xds.addr); err == nil && !isLoopback(host) {
 			if s.sec.XDSTLS.CertFile == "" {
-				out = append(out, fmt.Sprintf("xDS on %s is plain gRPC on a non-loopback address: anyone on the path can read and alter where clients send their traffic; give --xds-cert-file and --xds-key-file", s.xds.addr))
+				out = append(out, fmt.Sprintf("xDS on %s is plain gRPC on a non-loopback address: anyone on the path can read and alter where clients send their traffic; give %s", s.xds.addr, s.cfg.setting("Config.Security.XDSTLS.CertFile", "Config.Security.XDSTLS.KeyFile")))
 			}
 			if !s.authEnforced() {
-				out = append(out, fmt.Sprintf("xDS on %s serves every namespace to anyone who reaches it on a non-loopback address: run with --auth (clients then see only what their etcd user may read)", s.xds.addr))
+				out = append(out, fmt.Sprintf("xDS on %s serves every namespace to anyone who reaches it on a non-loopback address: run with %s (clients then see only what their etcd user may read)", s.xds.addr, s.cfg.setting("Config.Security.Auth")))
 			}
 		}
 	}
@@ -104,7 +106,7 @@ func (s *Server) logSecurityWarnings() {
 	for _, w := range s.securityWarnings() {
 		s.log.Warn("SECURITY: listener exposed without protection", "problem", w)
 	}
-	if w := passwordFileWarning(s.sec.RootPasswordFile); w != "" {
+	if w := passwordFileWarning(s.sec.RootPasswordFile, s.cfg.setting("Config.Security.RootPasswordFile")); w != "" {
 		s.log.Warn("SECURITY: secret readable by others", "problem", w)
 	}
 	if w := s.unusedRootPasswordWarning(); w != "" {
@@ -124,17 +126,18 @@ func (s *Server) unusedRootPasswordWarning() string {
 	}
 	given := EnvRootPassword + " is set"
 	if s.sec.RootPasswordFile != "" {
-		given = "--auth-root-password-file is given"
+		given = s.cfg.setting("Config.Security.RootPasswordFile") + " is given"
 	}
-	return given + " but --auth is not, and etcd authentication is off: the password is unused and every request is " +
-		"served without authentication; add --auth to enable it (or remove the password)"
+	auth := s.cfg.setting("Config.Security.Auth")
+	return given + " but " + auth + " is not, and etcd authentication is off: the password is unused and every request is " +
+		"served without authentication; add " + auth + " to enable it (or remove the password)"
 }
 
 // passwordFileWarning says what is wrong with a password file that users
 // other than its owner may read or write ("" if nothing, or no file). It
 // warns rather than refuses: a Kubernetes secret volume mounts files
 // 0644 unless told otherwise (defaultMode), inside a pod of its own.
-func passwordFileWarning(path string) string {
+func passwordFileWarning(path, name string) string {
 	if path == "" {
 		return ""
 	}
@@ -142,5 +145,5 @@ func passwordFileWarning(path string) string {
 	if err != nil || fi.Mode().Perm()&0o077 == 0 {
 		return ""
 	}
-	return fmt.Sprintf("--auth-root-password-file %s has mode %04o: users other than its owner can read the etcd root password; chmod 600 it (on Kubernetes: defaultMode: 0400 on the secret volume)", path, fi.Mode().Perm())
+	return fmt.Sprintf("%s %s has mode %04o: users other than its owner can read the etcd root password; chmod 600 it (on Kubernetes: defaultMode: 0400 on the secret volume)", name, path, fi.Mode().Perm())
 }

@@ -19,12 +19,12 @@ func TestPasswordFileWarning(t *testing.T) {
 		if err := os.Chmod(p, mode); err != nil {
 			t.Fatal(err)
 		}
-		w := passwordFileWarning(p)
-		if (w != "") != warned || (warned && (!strings.Contains(w, "chmod 600") || !strings.Contains(w, p))) {
+		w := passwordFileWarning(p, "--auth-root-password-file")
+		if (w != "") != warned || (warned && (!strings.Contains(w, "chmod 600") || !strings.Contains(w, p) || !strings.Contains(w, "--auth-root-password-file"))) {
 			t.Errorf("mode %04o: warning %q, want one: %v", mode, w, warned)
 		}
 	}
-	if w := passwordFileWarning(""); w != "" {
+	if w := passwordFileWarning("", "--auth-root-password-file"); w != "" {
 		t.Errorf("no file: %q", w)
 	}
 }

@@ -94,6 +94,7 @@ func (s *Server) startXDS() error {
 		Authorize:           s.authorizeXDS,
 		Logger:              s.log,
 		Metrics:             s.reg,
+		SettingName:         s.cfg.SettingName,
 	}
 	if f := s.sec.XDSTLS; f.CertFile != "" {
 		r, err := tlsfiles.NewReloader(f, tlsfiles.Config{Logger: s.log.With("component", "xds-tls"), Listener: "xds",
@@ -182,7 +183,7 @@ func (s *Server) authorizeXDS(ctx context.Context) (xdsapi.Access, error) {
 		return nil, status.Error(codes.Unauthenticated, err.Error())
 	case !ok:
 		return nil, status.Error(codes.Unauthenticated, errNoCredentials.Error()+
-			": send the etcd user's credentials in the authorization metadata (Basic base64(user:password), or Bearer and an etcd token), or a client certificate whose common name is the user (--xds-trusted-ca-file)")
+			": send the etcd user's credentials in the authorization metadata (Basic base64(user:password), or Bearer and an etcd token), or a client certificate whose common name is the user ("+s.cfg.setting("Config.Security.XDSTLS.TrustedCAFile")+")")
 	}
 	uv, fail := st.checkIdentity(ctx, grpcPeerHost(ctx), id)
 	if fail != nil {

@@ -56,6 +56,32 @@ var configFlags = map[string]string{
 	"Config.Backend.Etcd.ClientCert": "--etcd-cert",
 	"Config.Backend.Etcd.ClientKey":  "--etcd-key",
 
+	// Named in what beacon serve says while it runs (server.Config.SettingName).
+	"dnsapi.Config.MaxStale":            "--dns-max-stale",
+	"xdsapi.Config.MaxStreams":          "--xds-max-streams",
+	"xdsapi.Config.MaxStreamsPerClient": "--xds-max-streams-per-client",
+	"registryapi.Config.Operators":      "--auth",
+
+	// beacon proxy (proxy.Config).
+	"proxy.Config.Discovery":            "--discovery-*",
+	"proxy.Config.DiscoveryToken":       "--discovery-token",
+	"proxy.Config.DiscoveryEndpoints":   "--discovery-endpoints",
+	"proxy.Config.DiscoveryURL":         "--discovery",
+	"proxy.Config.DiscoverySRV":         "--discovery-srv",
+	"proxy.Config.DNSServer":            "--discovery-dns-server",
+	"proxy.Config.InitialCluster":       "--initial-cluster",
+	"proxy.Config.Endpoints":            "--endpoints",
+	"proxy.Config.ListenAddr":           "--listen-addr",
+	"proxy.Config.FailureWait":          "--proxy-failure-wait",
+	"proxy.Config.RefreshInterval":      "--proxy-refresh-interval",
+	"proxy.Config.DialTimeout":          "--proxy-dial-timeout",
+	"proxy.Config.ReadTimeout":          "--proxy-read-timeout",
+	"proxy.Config.CacheMaxBytes":        "--cache-max-bytes",
+	"proxy.Config.MaxStreams":           "--max-streams",
+	"proxy.Config.MaxStreamsPerClient":  "--max-streams-per-client",
+	"proxy.Config.MaxWatchers":          "--max-watchers",
+	"proxy.Config.MaxWatchersPerStream": "--max-watchers-per-stream",
+
 	"xdsapi.BootstrapConfig.Server":     "--server",
 	"xdsapi.BootstrapConfig.CertFile":   "--cert",
 	"xdsapi.BootstrapConfig.KeyFile":    "--key",
@@ -95,6 +121,10 @@ type flagError struct {
 
 func (e *flagError) Error() string { return e.msg }
 func (e *flagError) Unwrap() error { return e.err }
+
+// flagFor is the SettingName of the configurations commands build: the
+// flag that sets field, or "" (the library then names the field).
+func flagFor(field string) string { return configFlags[field] }
 
 // withFlagNames returns err with every configuration field it names (and
 // that a flag sets) replaced by the flag.

@@ -18,11 +18,14 @@ import (
 // TestConfigFlagsNameRealFlags: every flag the table names exists on the
 // command that sets the field.
 func TestConfigFlagsNameRealFlags(t *testing.T) {
-	serve, boot := newServeCmd(), newXDSBootstrapCmd()
+	serve, boot, prox := newServeCmd(), newXDSBootstrapCmd(), newProxyCmd()
 	for field, flag := range configFlags {
 		cmd := serve
-		if strings.HasPrefix(field, "xdsapi.BootstrapConfig.") {
+		switch {
+		case strings.HasPrefix(field, "xdsapi.BootstrapConfig."):
 			cmd = boot
+		case strings.HasPrefix(field, "proxy.Config."):
+			cmd = prox
 		}
 		name := strings.TrimPrefix(flag, "--")
 		if name == "discovery-*" {
@@ -68,17 +71,17 @@ func TestWithFlagNames(t *testing.T) {
 	}
 }
 
-// TestLibraryErrorsNameFieldsNotFlags: the errors the server's packages
-// return (fmt.Errorf, errors.New) name no flag of ours, and every
-// configuration field they name is one a flag sets (so that beacon serve
-// names the flag). Flags of etcdctl, which the messages suggest running,
-// are not ours. Answers to API clients are not errors beacon serve
-// prints: answersToClients lists the one built as an error.
+// TestLibraryErrorsNameFieldsNotFlags: the text the packages of beacon
+// serve and beacon proxy make (errors, answers to clients, warnings, logs,
+// metric help) names no flag of ours, and every configuration field their
+// errors name, or their answers name through SettingName, is one a flag
+// sets (so that the commands name the flag). Flags of etcdctl and nats,
+// which the messages suggest running, are not ours.
 func TestLibraryErrorsNameFieldsNotFlags(t *testing.T) {
 	flag := regexp.MustCompile(`(^|[^a-z0-9-])--[a-z][a-z0-9-]*`)
 	root := filepath.Join("..", "..")
 	var files []string
-	for _, dir := range []string{"server", "server/dnsapi", "server/xdsapi", "internal/tlsfiles"} {
+	for _, dir := range []string{"server", "server/dnsapi", "server/xdsapi", "server/registryapi", "internal/tlsfiles", "proxy"} {
 		m, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)
@@ -99,52 +102,47 @@ func TestLibraryErrorsNameFieldsNotFlags(t *testing.T) {
 			t.Fatal(err)
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
-			call, ok := n.(*ast.CallExpr)
-			if !ok || !isErrorConstructor(call) {
+			lit, ok := n.(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
 				return true
 			}
-			ast.Inspect(call, func(n ast.Node) bool {
-				lit, ok := n.(*ast.BasicLit)
-				if !ok || lit.Kind != token.STRING {
-					return true
-				}
-				s, err := strconv.Unquote(lit.Value)
-				if err != nil {
-					return true
-				}
-				pos := fset.Position(lit.Pos())
-				if m := flag.FindString(s); m != "" && !strings.Contains(s, "etcdctl") && !answersToClients[filepath.Base(path)+":"+s] {
-					t.Errorf("%s: a library error names the flag %s: name the Config field instead", pos, strings.TrimLeft(m, " ("))
-				}
-				for _, loc := range configField.FindAllStringIndex(s, -1) {
-					field := s[loc[0]:loc[1]]
-					if strings.HasPrefix(s[loc[1]:], ".%") {
-						continue // a field path completed by the format's arguments
-					}
-					if _, ok := configFlags[field]; !ok {
-						t.Errorf("%s: %s is named in an error but no flag sets it (add it to configFlags)", pos, field)
-					}
-				}
+			s, err := strconv.Unquote(lit.Value)
+			if err != nil {
 				return true
-			})
-			return false
+			}
+			pos := fset.Position(lit.Pos())
+			if m := flag.FindString(s); m != "" && !namesAnotherTool(s) {
+				t.Errorf("%s: a library names the flag %s: name the Config field instead (through SettingName where the text is not an error)", pos, strings.TrimLeft(m, " ("))
+			}
+			for _, loc := range configField.FindAllStringIndex(s, -1) {
+				field := s[loc[0]:loc[1]]
+				if rest := s[loc[1]:]; strings.HasPrefix(rest, ".%") || rest == "." {
+					continue // a field path completed by the format's arguments, or by code
+				}
+				if _, ok := configFlags[field]; !ok && !noFlag[field] {
+					t.Errorf("%s: %s is named but no flag sets it (add it to configFlags)", pos, field)
+				}
+			}
+			return true
 		})
 	}
 }
 
-// answersToClients are errors the server builds for its HTTP answers,
-// which no command prints (/readyz's reason).
-var answersToClients = map[string]bool{
-	"authboot.go:etcd refused the server's credentials: check --etcd-user/--etcd-password (or --auth-root-password-file): %w": true,
+// namesAnotherTool reports text that suggests running another command,
+// whose flags are not the library's settings: etcdctl, nats, etcd itself,
+// or another beacon subcommand.
+func namesAnotherTool(s string) bool {
+	for _, tool := range []string{"etcdctl ", "nats stream", "etcd --", "beacon xds bootstrap", "beacon register", "beacon auth"} {
+		if strings.Contains(s, tool) {
+			return true
+		}
+	}
+	return false
 }
 
-// isErrorConstructor reports fmt.Errorf and errors.New calls (not gRPC's
-// status.Errorf: those are answers to clients).
-func isErrorConstructor(call *ast.CallExpr) bool {
-	sel, ok := call.Fun.(*ast.SelectorExpr)
-	if !ok {
-		return false
-	}
-	pkg, ok := sel.X.(*ast.Ident)
-	return ok && (pkg.Name == "fmt" && sel.Sel.Name == "Errorf" || pkg.Name == "errors" && sel.Sel.Name == "New")
+// noFlag are fields libraries name that no flag sets: only Go programs
+// set them, so no command's user meets the name.
+var noFlag = map[string]bool{
+	"proxy.Config.PeerURLs":      true,
+	"proxy.Config.UpstreamConns": true,
 }

@@ -227,6 +227,22 @@ func TestServeStartsAndStopsOnSIGTERM(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("/readyz = %d", resp.StatusCode)
 	}
+	// What the server answers while it runs names the flag to change, as
+	// its errors at start do (server.Config.SettingName).
+	req, err := http.NewRequest(http.MethodGet, httpURL+"/readyz", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = "rebound.example"
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMisdirectedRequest || !strings.Contains(string(body), "--host-whitelist") {
+		t.Errorf("a foreign Host: %d %s, want 421 naming --host-whitelist", resp.StatusCode, body)
+	}
 	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

@@ -132,7 +132,7 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 				}
 				cfg.Endpoints[i] = ep
 			}
-			cfg.Logger = logger
+			cfg.Logger, cfg.SettingName = logger, flagFor
 			if disc.User != "" || disc.Password != "" || disc.CACertFile != "" || disc.CertFile != "" || disc.KeyFile != "" {
 				// Credentials or TLS for the discovery service: hand the
 				// token over as a full bootstrap configuration.
@@ -155,7 +155,7 @@ ETCDCTL_KEY), BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			}
 			p, err := proxy.New(cfg)
 			if err != nil {
-				return usage(err) // New only checks the configuration
+				return usage(withFlagNames(err)) // New only checks the configuration
 			}
 			go func() {
 				select {

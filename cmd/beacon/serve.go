@@ -51,7 +51,7 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 			if err != nil {
 				return err
 			}
-			cfg.Logger = logger
+			cfg.Logger, cfg.SettingName = logger, flagFor
 			var lvl zapcore.Level
 			if err := lvl.UnmarshalText([]byte(etcdLogLevel)); err != nil {
 				return usagef("--etcd-log-level %q: must be debug, info, warn or error", etcdLogLevel)

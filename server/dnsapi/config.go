@@ -70,6 +70,11 @@ type Config struct {
 	// Metrics receives the server's metrics (beacon_dns_*); nil registers
 	// none.
 	Metrics prometheus.Registerer
+	// SettingName names a setting in what the server says while it runs
+	// (answers, logs): it is given a field ("dnsapi.Config.MaxStale") and returns
+	// what an operator changes (beacon serve: the flag). Nil, or "", names
+	// the field.
+	SettingName func(field string) string
 }
 
 func (c Config) withDefaults() Config {

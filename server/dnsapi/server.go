@@ -13,6 +13,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/connlimit"
+	"github.com/beaconplane/beacon/internal/setting"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/miekg/dns"
 )
@@ -132,8 +133,8 @@ func (s *Server) markStale(err error) {
 	if v == nil || !v.staleSince.IsZero() {
 		return
 	}
-	s.log.Warn("dns: the registry watch lost its store; serving the last view for at most --dns-max-stale, then SERVFAIL",
-		"err", err, "max_stale", s.cfg.MaxStale)
+	s.log.Warn("dns: the registry watch lost its store; serving the last view for at most its maximum staleness, then SERVFAIL",
+		"err", err, "max_stale", s.cfg.MaxStale, "setting", setting.Namer(s.cfg.SettingName).Name("dnsapi.Config.MaxStale"))
 	s.swap(&view{zone: v.zone, staleSince: time.Now()})
 }
 

@@ -281,7 +281,7 @@ func buildInstance(in beacon.Instance, compName, domain string, ttl uint32) *ins
 	// The <id> name is the longest the instance has (longer than the
 	// RFC 2782 names by the ID's label): if it fits, they all do.
 	if len(idName)+1 > maxNameWire {
-		r.why = fmt.Sprintf("its name %s is longer than DNS allows (255 bytes): shorten --dns-domain or its names", idName)
+		r.why = fmt.Sprintf("its name %s is longer than DNS allows (255 bytes): shorten the zone's domain or the instance's names", idName)
 		return r
 	}
 	r.ok = true

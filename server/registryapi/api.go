@@ -26,6 +26,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/httpapi"
+	"github.com/beaconplane/beacon/internal/setting"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,6 +70,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics registers the API's collectors; nil means none.
 	Metrics prometheus.Registerer
+	// SettingName names a setting in what the server says while it runs
+	// (answers, logs): it is given a field ("registryapi.Config.Operators") and returns
+	// what an operator changes (beacon serve: the flag). Nil, or "", names
+	// the field.
+	SettingName func(field string) string
 	// KeepAliveInterval is how often an idle watch stream sends an SSE
 	// comment so that proxies keep it open; 15 s when zero.
 	KeepAliveInterval time.Duration
@@ -79,6 +85,7 @@ type Handler struct {
 	reg       registry.Discoverer
 	pick      func(*http.Request) (registry.Discoverer, error) // nil: reg for every request
 	operators func(*http.Request) (registry.Discoverer, string)
+	setting   setting.Namer // names the settings its answers suggest
 	log       *slog.Logger
 	mux       *httpapi.Mux
 	keepAlive time.Duration
@@ -111,7 +118,7 @@ func New(reg registry.Discoverer, opts Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{reg: reg, pick: opts.Registry, operators: opts.Operators, log: opts.Logger.With("component", "registry-api"),
+	h := &Handler{reg: reg, pick: opts.Registry, operators: opts.Operators, setting: setting.Namer(opts.SettingName), log: opts.Logger.With("component", "registry-api"),
 		keepAlive: opts.KeepAliveInterval, writeTimeout: streamWriteTimeout, m: m, quota: q}
 	h.mux = httpapi.NewMux()
 	h.mux.NotFound = "see /v1/openapi.json"

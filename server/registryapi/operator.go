@@ -48,7 +48,7 @@ func (h *Handler) operatorFor(w http.ResponseWriter, r *http.Request) (registry.
 	if d == nil {
 		writeError(w, http.StatusForbidden, "permission_denied",
 			"operator actions (drain or deregister an instance that another client registered) act as an authenticated etcd user, "+
-				"and this server authenticates nobody: run `beacon serve --auth` (or front an etcd cluster with authentication enabled) "+
+				"and this server authenticates nobody: run it with "+h.setting.Name("registryapi.Config.Operators")+" (or front an etcd cluster with authentication enabled) "+
 				"and sign in as a user with readwrite permission on the namespace's instance prefix (`beacon auth grant-namespace ROLE NAMESPACE`); "+
 				"the client that registered an instance changes it with its "+SecretHeader+" (PATCH status draining, DELETE)")
 		return nil, "", false

@@ -126,7 +126,7 @@ func TestOperatorActionsNeedAnOperator(t *testing.T) {
 		for _, action := range []string{"/drain", "/deregister"} {
 			real := do(t, "POST", instanceURL(srv.URL, owned.Instance)+action, "")
 			e := real.wantError(t, http.StatusForbidden, "permission_denied")
-			for _, want := range []string{"beacon serve --auth", "readwrite", "beacon auth grant-namespace"} {
+			for _, want := range []string{"registryapi.Config.Operators", "readwrite", "beacon auth grant-namespace"} {
 				if !strings.Contains(e.Message, want) {
 					t.Errorf("%s without an operator: %q does not say %q", action, e.Message, want)
 				}

@@ -328,7 +328,7 @@ func TestStreamsPerClientBounded(t *testing.T) {
 	a := dialADS(t, addr, "raw")
 	a.request(ClusterType, nil, nil, "")
 	_, err := a.recvErr()
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--xds-max-streams-per-client") {
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "xdsapi.Config.MaxStreamsPerClient") {
 		t.Fatalf("third stream: %v, want ResourceExhausted naming the flag", err)
 	}
 }

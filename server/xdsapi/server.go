@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/setting"
 	"github.com/beaconplane/beacon/registry"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -203,10 +204,10 @@ func (s *Server) admit(host string) (release func(), err error) {
 		return nil, status.Error(codes.Unavailable, "the xDS server is shutting down: connect again")
 	case s.streams >= s.cfg.MaxStreams:
 		s.m.refused.WithLabelValues("max_streams").Inc()
-		return nil, status.Errorf(codes.ResourceExhausted, "this server holds its maximum of %d xDS streams (--xds-max-streams): connect to another server, or raise the bound", s.cfg.MaxStreams)
+		return nil, status.Errorf(codes.ResourceExhausted, "this server holds its maximum of %d xDS streams (%s): connect to another server, or raise the bound", s.cfg.MaxStreams, setting.Namer(s.cfg.SettingName).Name("xdsapi.Config.MaxStreams"))
 	case s.cfg.MaxStreamsPerClient > 0 && s.perPeer[host] >= s.cfg.MaxStreamsPerClient:
 		s.m.refused.WithLabelValues("max_streams_per_client").Inc()
-		return nil, status.Errorf(codes.ResourceExhausted, "%s holds %d xDS streams, the most one client address may (--xds-max-streams-per-client); a process needs one stream for all its channels", host, s.cfg.MaxStreamsPerClient)
+		return nil, status.Errorf(codes.ResourceExhausted, "%s holds %d xDS streams, the most one client address may (%s); a process needs one stream for all its channels", host, s.cfg.MaxStreamsPerClient, setting.Namer(s.cfg.SettingName).Name("xdsapi.Config.MaxStreamsPerClient"))
 	}
 	s.streams++
 	s.perPeer[host]++
