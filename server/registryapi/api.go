@@ -351,15 +351,23 @@ func refuseLease(w http.ResponseWriter, lease string) bool {
 	return true
 }
 
-func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
+// ownerRequest checks what a request of the registering client on one
+// instance takes (heartbeat, update): no query, a registry that takes
+// leased registrations, a valid instance path.
+func (h *Handler) ownerRequest(w http.ResponseWriter, r *http.Request) (registry.LeasedRegistrar, beacon.Ref, bool) {
 	if _, ok := httpapi.CheckQuery(w, r); !ok {
-		return
+		return nil, beacon.Ref{}, false
 	}
 	leased, ok := h.leasedFor(w, r)
 	if !ok {
-		return
+		return nil, beacon.Ref{}, false
 	}
 	ref, ok := pathRef(w, r)
+	return leased, ref, ok
+}
+
+func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
+	leased, ref, ok := h.ownerRequest(w, r)
 	if !ok {
 		return
 	}
@@ -380,14 +388,7 @@ func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
-	if _, ok := httpapi.CheckQuery(w, r); !ok {
-		return
-	}
-	leased, ok := h.leasedFor(w, r)
-	if !ok {
-		return
-	}
-	ref, ok := pathRef(w, r)
+	leased, ref, ok := h.ownerRequest(w, r)
 	if !ok {
 		return
 	}

@@ -92,12 +92,19 @@ func operatorRequest(w http.ResponseWriter, r *http.Request) (beacon.Ref, bool) 
 	return ref, true
 }
 
-func (h *Handler) operatorDrain(w http.ResponseWriter, r *http.Request) {
+// operatorAction checks an operator's request (operatorRequest) and finds
+// the operator it acts as (operatorFor).
+func (h *Handler) operatorAction(w http.ResponseWriter, r *http.Request) (registry.Operator, string, beacon.Ref, bool) {
 	ref, ok := operatorRequest(w, r)
 	if !ok {
-		return
+		return nil, "", ref, false
 	}
 	op, who, ok := h.operatorFor(w, r)
+	return op, who, ref, ok
+}
+
+func (h *Handler) operatorDrain(w http.ResponseWriter, r *http.Request) {
+	op, who, ref, ok := h.operatorAction(w, r)
 	if !ok {
 		return
 	}
@@ -111,11 +118,7 @@ func (h *Handler) operatorDrain(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) operatorDeregister(w http.ResponseWriter, r *http.Request) {
-	ref, ok := operatorRequest(w, r)
-	if !ok {
-		return
-	}
-	op, who, ok := h.operatorFor(w, r)
+	op, who, ref, ok := h.operatorAction(w, r)
 	if !ok {
 		return
 	}

@@ -42,9 +42,16 @@ func parseRaw(m *nats.Msg) (rawMsg, error) {
 
 // last returns the last message of subject, or nil if it has none.
 func (s *Store) last(ctx context.Context, subject string) (*rawMsg, error) {
+	return s.directGet(ctx, s.directPre+"."+subject, nil, "of "+subject)
+}
+
+// directGet sends one direct get request (body to subject) and returns the
+// message it answers, or nil if there is none (404); what names the read
+// in errors ("of SUBJECT").
+func (s *Store) directGet(ctx context.Context, subject string, body []byte, what string) (*rawMsg, error) {
 	ctx, cancel := s.reqCtx(ctx)
 	defer cancel()
-	m, err := s.nc.RequestWithContext(ctx, s.directPre+"."+subject, nil)
+	m, err := s.nc.RequestWithContext(ctx, subject, body)
 	if err != nil {
 		return nil, s.unavailable("read", err)
 	}
@@ -53,7 +60,7 @@ func (s *Store) last(ctx context.Context, subject string) (*rawMsg, error) {
 	case "404":
 		return nil, nil
 	default:
-		return nil, fmt.Errorf("nats: direct get of %s: status %s %s", subject, st, m.Header.Get("Description"))
+		return nil, fmt.Errorf("nats: direct get %s: status %s %s", what, st, m.Header.Get("Description"))
 	}
 	r, err := parseRaw(m)
 	return &r, err
@@ -71,42 +78,14 @@ type getReq struct {
 
 // bySeq returns the message at seq, or nil if there is none.
 func (s *Store) bySeq(ctx context.Context, seq uint64) (*rawMsg, error) {
-	ctx, cancel := s.reqCtx(ctx)
-	defer cancel()
 	body, _ := json.Marshal(getReq{Seq: seq})
-	m, err := s.nc.RequestWithContext(ctx, s.directPre, body)
-	if err != nil {
-		return nil, s.unavailable("read", err)
-	}
-	switch st := m.Header.Get("Status"); st {
-	case "":
-	case "404":
-		return nil, nil
-	default:
-		return nil, fmt.Errorf("nats: direct get of sequence %d: status %s %s", seq, st, m.Header.Get("Description"))
-	}
-	r, err := parseRaw(m)
-	return &r, err
+	return s.directGet(ctx, s.directPre, body, fmt.Sprintf("of sequence %d", seq))
 }
 
 // firstSince returns the first message stored at or after t, or nil.
 func (s *Store) firstSince(ctx context.Context, t time.Time) (*rawMsg, error) {
-	ctx, cancel := s.reqCtx(ctx)
-	defer cancel()
 	body, _ := json.Marshal(getReq{StartTime: &t})
-	m, err := s.nc.RequestWithContext(ctx, s.directPre, body)
-	if err != nil {
-		return nil, s.unavailable("read", err)
-	}
-	switch st := m.Header.Get("Status"); st {
-	case "":
-	case "404":
-		return nil, nil
-	default:
-		return nil, fmt.Errorf("nats: direct get by time: status %s %s", st, m.Header.Get("Description"))
-	}
-	r, err := parseRaw(m)
-	return &r, err
+	return s.directGet(ctx, s.directPre, body, "by time")
 }
 
 // multiLast returns the last message of every subject matching the

@@ -551,6 +551,21 @@ func backoff(ctx context.Context, attempt int) error {
 	}
 }
 
+// optimistic runs try until JetStream does not refuse its write for a
+// conflict (another writer changed what try read: it reads again), backing
+// off between attempts, and returns try's error.
+func optimistic(ctx context.Context, try func() error) error {
+	for attempt := 0; ; attempt++ {
+		err := try()
+		if !isConflict(err) {
+			return err
+		}
+		if err := backoff(ctx, attempt); err != nil {
+			return err
+		}
+	}
+}
+
 // Create implements store.Writer.
 func (s *Store) Create(ctx context.Context, key string, value []byte, opts ...store.WriteOption) (int64, error) {
 	return s.write(ctx, mvcc.Create(key, value, opts))
@@ -577,23 +592,24 @@ func (s *Store) write(ctx context.Context, c mvcc.Change) (int64, error) {
 		return 0, err
 	}
 	key := c.Key()
-	for attempt := 0; ; attempt++ {
+	var rev int64
+	err := optimistic(ctx, func() error {
 		st, err := s.readKey(ctx, key)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		lease, err := c.Check(st.kv)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		var touches []*nats.Msg
 		if lease != store.NoLease {
 			l, err := s.lease(ctx, lease)
 			if err != nil {
-				return 0, err
+				return err
 			}
 			if !l.live {
-				return 0, fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, lease)
+				return fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, lease)
 			}
 			touches = append(touches, s.touch(lease, l))
 		}
@@ -612,14 +628,10 @@ func (s *Store) write(ctx context.Context, c mvcc.Change) (int64, error) {
 			m.Header.Set(hdrLease, fmt.Sprintf("%x", uint64(lease)))
 		}
 		seq, err := s.publish(ctx, touches, m)
-		if isConflict(err) {
-			if err := backoff(ctx, attempt); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		return int64(seq), err
-	}
+		rev = int64(seq)
+		return err
+	})
+	return rev, err
 }
 
 // Delete implements store.Writer.
@@ -631,13 +643,14 @@ func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOpti
 	if err := s.begin(ctx); err != nil {
 		return 0, err
 	}
-	for attempt := 0; ; attempt++ {
+	var rev int64
+	err := optimistic(ctx, func() error {
 		st, err := s.readKey(ctx, key)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		if _, err := c.Check(st.kv); err != nil {
-			return 0, err
+			return err
 		}
 		var touches []*nats.Msg
 		if st.kv.Lease != store.NoLease {
@@ -648,14 +661,10 @@ func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOpti
 		m.Header.Set(hdrExpSubj, strconv.FormatUint(st.seq, 10))
 		m.Header.Set(hdrPrev, strconv.FormatUint(st.seq, 10))
 		seq, err := s.publish(ctx, touches, m)
-		if isConflict(err) {
-			if err := backoff(ctx, attempt); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		return int64(seq), err
-	}
+		rev = int64(seq)
+		return err
+	})
+	return rev, err
 }
 
 // Grant implements store.Leaser. The TTL is rounded up to whole seconds.
@@ -698,23 +707,23 @@ func (s *Store) KeepAlive(ctx context.Context, id store.LeaseID) (time.Duration,
 	if err := s.begin(ctx); err != nil {
 		return 0, err
 	}
-	for attempt := 0; ; attempt++ {
+	var ttl time.Duration
+	err := optimistic(ctx, func() error {
 		l, err := s.lease(ctx, id)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		if !l.live {
-			return 0, fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, id)
+			return fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, id)
 		}
 		_, err = s.publish(ctx, nil, s.touch(id, l))
-		if isConflict(err) {
-			if err := backoff(ctx, attempt); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		return l.ttl, err
+		ttl = l.ttl
+		return err
+	})
+	if err != nil {
+		return 0, err
 	}
+	return ttl, nil
 }
 
 // Revoke implements store.Leaser: one message ends the lease, and with it
@@ -723,7 +732,7 @@ func (s *Store) Revoke(ctx context.Context, id store.LeaseID) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
-	for attempt := 0; ; attempt++ {
+	return optimistic(ctx, func() error {
 		l, err := s.lease(ctx, id)
 		if err != nil {
 			return err
@@ -736,14 +745,8 @@ func (s *Store) Revoke(ctx context.Context, id store.LeaseID) error {
 		m.Header.Set(hdrTTL, ttlHeader(s.markerTTL))
 		m.Header.Set(hdrExpSubj, strconv.FormatUint(l.seq, 10))
 		_, err = s.publish(ctx, nil, m)
-		if isConflict(err) {
-			if err := backoff(ctx, attempt); err != nil {
-				return err
-			}
-			continue
-		}
 		return err
-	}
+	})
 }
 
 // snapshotAt reads the last message of every key under prefix as of upTo
@@ -880,7 +883,7 @@ func (s *Store) Compact(ctx context.Context, rev int64) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
-	for attempt := 0; ; attempt++ {
+	return optimistic(ctx, func() error {
 		msgs, now, err := s.multiLast(ctx, []string{s.metaSubject(), s.compactSubject()}, 0)
 		if err != nil {
 			return err
@@ -903,14 +906,8 @@ func (s *Store) Compact(ctx context.Context, rev int64) error {
 		m.Data = []byte(strconv.FormatInt(rev, 10))
 		m.Header.Set(hdrExpSubj, strconv.FormatUint(curSeq, 10))
 		_, err = s.publish(ctx, nil, m)
-		if isConflict(err) {
-			if err := backoff(ctx, attempt); err != nil {
-				return err
-			}
-			continue
-		}
 		return err
-	}
+	})
 }
 
 // reapLater reaps in the background (ended by Close).
@@ -964,15 +961,16 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 	if err := s.begin(ctx); err != nil {
 		return 0, err
 	}
-	for attempt := 0; ; attempt++ {
+	var rev int64
+	err := optimistic(ctx, func() error {
 		states := make([]keyState, len(ops))
 		for i, op := range ops {
 			var err error
 			if states[i], err = s.readKey(ctx, op.Key); err != nil {
-				return 0, err
+				return err
 			}
 			if err := mvcc.CheckOp(op, states[i].kv); err != nil {
-				return 0, err
+				return err
 			}
 		}
 		var touches, writes []*nats.Msg
@@ -997,10 +995,10 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 				if op.Lease != store.NoLease && !touched[op.Lease] {
 					l, err := s.lease(ctx, op.Lease)
 					if err != nil {
-						return 0, err
+						return err
 					}
 					if !l.live {
-						return 0, fmt.Errorf("%w: lease %x (for %q)", store.ErrLeaseNotFound, op.Lease, op.Key)
+						return fmt.Errorf("%w: lease %x (for %q)", store.ErrLeaseNotFound, op.Lease, op.Key)
 					}
 					touch(op.Lease, l)
 				}
@@ -1020,15 +1018,12 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 		}
 		if len(writes) == 0 {
 			_, now, err := s.multiLast(ctx, []string{s.metaSubject()}, 0)
-			return int64(now), err
+			rev = int64(now)
+			return err
 		}
 		seq, err := s.publishAll(ctx, append(touches, writes...))
-		if isConflict(err) {
-			if err := backoff(ctx, attempt); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		return int64(seq), err
-	}
+		rev = int64(seq)
+		return err
+	})
+	return rev, err
 }
