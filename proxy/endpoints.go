@@ -59,6 +59,7 @@ type director struct {
 	// status holds it too. So set sees the states in the order they
 	// happened, and an endpoint that status reports gone or benched gets
 	// no new request (set updates the upstream pickers synchronously).
+	// Lock order: applyMu before mu.
 	applyMu     sync.Mutex
 	mu          sync.Mutex
 	eps         []*endpoint

@@ -36,6 +36,9 @@ import (
 
 const kaQueue = 256
 
+// leaseMux shares one upstream keep-alive stream per member among the
+// clients' keep-alive streams. Lock order: leaseMux.mu before
+// kaUpstream.mu; kaUpstream.sendMu is held with no other.
 type leaseMux struct {
 	p      *Proxy
 	ctx    context.Context
@@ -46,6 +49,9 @@ type leaseMux struct {
 	ups map[string]*kaUpstream
 }
 
+// kaUpstream is one member's keep-alive stream, shared by the clients of
+// a leaseMux. Lock order: leaseMux.mu before mu; sendMu is held with no
+// other.
 type kaUpstream struct {
 	mux *leaseMux
 	key string
