@@ -3,7 +3,9 @@
 //
 // A Check declares how: the standard gRPC health service (grpc.health.v1,
 // followed through its Watch stream, so that a change is seen when the
-// server pushes it; polled with Check where the server has no Watch), an
+// server pushes it, and called with Check once per interval on the same
+// connection, so that a hung server fails too; polled with Check alone
+// where the server has no Watch), an
 // HTTP GET whose answer must be 2xx (redirects are not followed), a TCP
 // connect, or a TTL the service itself refreshes — an application-level
 // "I am fine", distinct from the lease. Parse reads the command line's

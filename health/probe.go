@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -33,21 +34,29 @@ type Prober struct {
 // it.
 func (p *Prober) Probe(ctx context.Context, c Check, addr string) error {
 	c = c.WithDefaults()
-	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
-	defer cancel()
-	var err error
-	switch c.Kind {
-	case HTTP:
-		err = p.probeHTTP(ctx, addr, c.Path)
-	case TCP:
-		err = p.probeTCP(ctx, addr)
-	case GRPC:
-		err = probeGRPC(ctx, addr, c.Service)
-	default:
+	return withTimeout(ctx, c.Timeout, func(ctx context.Context) error {
+		switch c.Kind {
+		case HTTP:
+			return p.probeHTTP(ctx, addr, c.Path)
+		case TCP:
+			return p.probeTCP(ctx, addr)
+		case GRPC:
+			return probeGRPC(ctx, addr, c.Service)
+		}
 		return fmt.Errorf("health: a %s check is reported by the service, not probed", c.Kind)
-	}
-	if err != nil && ctx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("no answer within the check's timeout (%s)", c.Timeout)
+	})
+}
+
+// withTimeout runs probe within timeout and says so when it found no
+// answer in time (a gRPC call says it with its status code
+// DeadlineExceeded, which is not context.DeadlineExceeded).
+func withTimeout(ctx context.Context, timeout time.Duration, probe func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := probe(ctx)
+	timedOut := errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded
+	if err != nil && ctx.Err() != nil && timedOut {
+		return fmt.Errorf("no answer within the check's timeout (%s)", timeout)
 	}
 	return err
 }
@@ -94,6 +103,11 @@ func probeGRPC(ctx context.Context, addr, service string) error {
 		return err
 	}
 	defer func() { _ = cc.Close() }()
+	return checkGRPC(ctx, cc, service)
+}
+
+// checkGRPC calls grpc.health.v1.Health/Check once on cc.
+func checkGRPC(ctx context.Context, cc *grpc.ClientConn, service string) error {
 	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
 	if err != nil {
 		return grpcError(service, err)
@@ -133,27 +147,39 @@ func servingError(service string, s healthpb.HealthCheckResponse_ServingStatus) 
 }
 
 // WatchGRPC follows grpc.health.v1.Health/Watch for service at addr and
-// sends each status the server pushes (nil for SERVING, else why not) on
-// out, until ctx ends or the stream fails; it returns why it ended. A
-// server without Watch answers Unimplemented: the caller then polls with
-// Probe.
+// sends the first status the server pushes and then each change (nil for
+// SERVING, else why not) on out, until ctx ends or the stream fails; it
+// returns why it ended. A status pushed again unchanged is not sent: some
+// servers (grpc-js's grpc-health-check, grpcio-health-checking's) push
+// every status their application sets, a repeated one too, and a repeat is
+// no new result. A server without Watch answers Unimplemented: the caller
+// then polls with Probe.
 func WatchGRPC(ctx context.Context, addr, service string, out chan<- error) error {
 	cc, err := dialGRPC(addr)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = cc.Close() }()
+	return watchGRPC(ctx, cc, service, out)
+}
+
+// watchGRPC is WatchGRPC on cc.
+func watchGRPC(ctx context.Context, cc *grpc.ClientConn, service string, out chan<- error) error {
 	stream, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{Service: service})
 	if err != nil {
 		return grpcError(service, err)
 	}
-	for {
+	for first, last := true, healthpb.HealthCheckResponse_UNKNOWN; ; first = false {
 		resp, err := stream.Recv()
 		if err != nil {
 			return grpcError(service, err)
 		}
+		if !first && resp.GetStatus() == last {
+			continue // pushed again unchanged
+		}
+		last = resp.GetStatus()
 		select {
-		case out <- servingError(service, resp.GetStatus()):
+		case out <- servingError(service, last):
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -68,6 +68,8 @@ func TestProbe(t *testing.T) {
 	hs.SetServingStatus("up", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus("down", healthpb.HealthCheckResponse_NOT_SERVING)
 	_, bareAddr := grpcServer(t, true)
+	hung, hungAddr := scriptedServer(t)
+	hung.stall()
 	httpAddr, closed := httpServer(t), closedAddr(t)
 	fast := func(c Check) Check { c.Interval, c.Timeout = time.Second, 300*time.Millisecond; return c }
 	for _, tc := range []struct {
@@ -82,6 +84,7 @@ func TestProbe(t *testing.T) {
 		{"GRPCServiceUnknown", Check{Kind: GRPC, Service: "nope"}, grpcAddr, `does not know the service "nope"`},
 		{"GRPCNoHealthService", Check{Kind: GRPC}, bareAddr, "does not serve grpc.health.v1.Health"},
 		{"GRPCRefused", Check{Kind: GRPC}, closed, "connection refused"},
+		{"GRPCHung", fast(Check{Kind: GRPC}), hungAddr, "no answer within the check's timeout (300ms)"},
 		{"GRPCAgainstHTTP", Check{Kind: GRPC}, httpAddr, ""},
 		{"HTTPOK", Check{Kind: HTTP, Path: "/ok"}, httpAddr, ""},
 		{"HTTP503", Check{Kind: HTTP, Path: "/down"}, httpAddr, "GET /down answered 503 Service Unavailable"},

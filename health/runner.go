@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc"
 )
 
 // Runner checks one instance's address with one check until its context
@@ -15,9 +17,11 @@ import (
 // ±10 %.
 //
 // A gRPC check follows the server's Watch stream, so a change is seen when
-// the server pushes it; the last pushed status counts as one result per
-// interval, so rise and fall mean the same for every kind. A server
-// without Watch is polled with Check. A TTL check counts a failure for
+// the server pushes it: each pushed change counts as one result when it
+// comes. Once per interval a Check on the stream's connection counts as
+// one more, so that rise and fall mean the same for every kind and a
+// server that stops answering (hung, its stream open but silent) fails
+// too. A server without Watch is polled with Check. A TTL check counts a failure for
 // every interval in which the last Report is older than the TTL.
 type Runner struct {
 	Check  Check
@@ -60,8 +64,8 @@ func (r *Runner) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case w.last = <-w.pushed:
-			observe(w.last)
+		case pushed := <-w.pushed:
+			observe(pushed)
 			continue
 		case err := <-w.done:
 			if w.ended(err) && ctx.Err() == nil {
@@ -75,9 +79,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		case c.Kind == TTL:
 			observe(r.ttlResult(c.TTL))
 		case c.Kind == GRPC && w.watching:
-			observe(w.last)
+			observe(withTimeout(ctx, c.Timeout, func(ctx context.Context) error { return checkGRPC(ctx, w.cc, c.Service) }))
 		case c.Kind == GRPC && !w.unsupported:
-			w.start(ctx, r.Addr, c.Service) // its first push is the result
+			if err := w.start(ctx, r.Addr, c.Service); err != nil {
+				observe(err)
+			} // else its first push is the result
 		default:
 			observe(r.prober().Probe(ctx, c, r.Addr))
 		}
@@ -100,18 +106,23 @@ func nextWait(interval time.Duration, j float64) time.Duration {
 // grpcWatch is a Runner's gRPC Watch stream: at most one runs at a time,
 // owned by Run, which stops it before returning.
 type grpcWatch struct {
-	pushed      chan error // each status the server pushes
+	pushed      chan error // each status change the server pushes
 	done        chan error // why the stream ended
-	last        error      // the last pushed status
+	cc          *grpc.ClientConn
 	watching    bool
 	unsupported bool // the server has no Watch: poll with Check
 	cancel      context.CancelFunc
 }
 
-func (w *grpcWatch) start(ctx context.Context, addr, service string) {
+func (w *grpcWatch) start(ctx context.Context, addr, service string) error {
+	cc, err := dialGRPC(addr)
+	if err != nil {
+		return err
+	}
 	ctx, w.cancel = context.WithCancel(ctx)
-	w.watching = true
-	go func() { w.done <- WatchGRPC(ctx, addr, service, w.pushed) }()
+	w.cc, w.watching = cc, true
+	go func() { w.done <- watchGRPC(ctx, cc, service, w.pushed) }()
+	return nil
 }
 
 // ended records the end of the stream and reports whether err counts as a
@@ -119,6 +130,7 @@ func (w *grpcWatch) start(ctx context.Context, addr, service string) {
 func (w *grpcWatch) ended(err error) bool {
 	w.watching = false
 	w.cancel()
+	_ = w.cc.Close()
 	if errors.Is(err, errUnimplemented) {
 		w.unsupported = true
 		return false
@@ -129,7 +141,8 @@ func (w *grpcWatch) ended(err error) bool {
 func (w *grpcWatch) stop() {
 	if w.watching {
 		w.cancel()
-		w.last = <-w.done // why it ended (cancelled)
+		<-w.done // why it ended (cancelled)
+		_ = w.cc.Close()
 		w.watching = false
 	}
 }

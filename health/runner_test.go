@@ -3,6 +3,8 @@ package health
 import (
 	"context"
 	"net"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -156,5 +158,146 @@ func TestJitter(t *testing.T) {
 		if got := nextWait(iv, j); got != want[1] {
 			t.Errorf("nextWait(%v) = %s, want %s", j, got, want[1])
 		}
+	}
+}
+
+// scripted is a grpc-go health server that does what grpc-go's own does
+// not: its Watch pushes every status set, a repeated one too (as grpc-js's
+// grpc-health-check and grpcio-health-checking do), and it can hang: while
+// stalled, Check answers nothing and Watch pushes nothing, and their
+// connections stay open.
+type scripted struct {
+	healthpb.UnimplementedHealthServer
+	mu       sync.Mutex
+	status   healthpb.HealthCheckResponse_ServingStatus
+	watchers []chan healthpb.HealthCheckResponse_ServingStatus
+	resumed  chan struct{} // open while stalled
+}
+
+// scriptedServer starts a scripted server, serving, on a loopback port.
+func scriptedServer(t *testing.T) (*scripted, string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &scripted{status: healthpb.HealthCheckResponse_SERVING, resumed: make(chan struct{})}
+	close(s.resumed)
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, s)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(func() { s.resume(); srv.Stop() })
+	return s, lis.Addr().String()
+}
+
+func (s *scripted) set(status healthpb.HealthCheckResponse_ServingStatus) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.status = status
+	for _, w := range s.watchers {
+		w <- status
+	}
+}
+
+func (s *scripted) stall() {
+	s.mu.Lock()
+	s.resumed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+func (s *scripted) resume() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.resumed:
+	default:
+		close(s.resumed)
+	}
+}
+
+// await returns once the server is not stalled, or ctx ends.
+func (s *scripted) await(ctx context.Context) error {
+	s.mu.Lock()
+	resumed := s.resumed
+	s.mu.Unlock()
+	select {
+	case <-resumed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *scripted) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	if err := s.await(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &healthpb.HealthCheckResponse{Status: s.status}, nil
+}
+
+func (s *scripted) Watch(_ *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	pushes := make(chan healthpb.HealthCheckResponse_ServingStatus, 16)
+	s.mu.Lock()
+	s.watchers = append(s.watchers, pushes)
+	pushes <- s.status
+	s.mu.Unlock()
+	for {
+		select {
+		case status := <-pushes:
+			if err := s.await(stream.Context()); err != nil {
+				return err
+			}
+			if err := stream.Send(&healthpb.HealthCheckResponse{Status: status}); err != nil {
+				return err
+			}
+		case <-stream.Context().Done():
+			return stream.Context().Err()
+		}
+	}
+}
+
+// TestRunnerGRPCRepeatedPushCountsOnce: a status pushed again unchanged
+// is no new result: Fall pushes of NOT_SERVING in a row fail the check
+// only after Fall results (the first push and Fall-1 intervals).
+func TestRunnerGRPCRepeatedPushCountsOnce(t *testing.T) {
+	s, addr := scriptedServer(t)
+	var ticks atomic.Int64
+	c := with(GRPC, quick)
+	c.Interval, c.Fall = 2*time.Second, 3
+	ch := runRunner(t, &Runner{Check: c, Addr: addr, Jitter: func() float64 { ticks.Add(1); return 0 }})
+	expect(t, ch, Passing)
+	before := ticks.Load()
+	for range c.Fall {
+		s.set(healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+	expect(t, ch, Failing)
+	if got := ticks.Load() - before; got < int64(c.Fall-1) {
+		t.Fatalf("failing %d intervals after %d pushes of NOT_SERVING, want at least %d", got, c.Fall, c.Fall-1)
+	}
+}
+
+// TestRunnerGRPCHungWatch: a server that hangs with its Watch stream open
+// fails the check (each interval's Check finds no answer), and passes
+// again once it answers.
+func TestRunnerGRPCHungWatch(t *testing.T) {
+	s, addr := scriptedServer(t)
+	ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: addr})
+	expect(t, ch, Passing)
+	s.stall()
+	if c := expect(t, ch, Failing); c.reason == nil || !strings.Contains(c.reason.Error(), "no answer within the check's timeout (400ms)") {
+		t.Fatalf("failing because %v, want no answer within the timeout", c.reason)
+	}
+	s.resume()
+	expect(t, ch, Passing)
+}
+
+// TestRunnerGRPCUndialable: an address gRPC cannot dial fails the check,
+// saying why.
+func TestRunnerGRPCUndialable(t *testing.T) {
+	ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: "%zz"})
+	if c := expect(t, ch, Failing); c.reason == nil || !strings.Contains(c.reason.Error(), "invalid URL escape") {
+		t.Fatalf("failing because %v, want the dial error", c.reason)
 	}
 }
