@@ -32,4 +32,12 @@
 // (fail-open). Every wait is jittered, the first one anywhere within one
 // interval, so that checks declared together (a fleet restarted at once)
 // do not probe together.
+//
+// The gRPC checks are tested against the health servers of three
+// implementations: grpc-go's, grpc-js's (Node, npm grpc-health-check) and
+// gRPC C-core's (Python on Debian's python3-grpcio, serving as
+// grpcio-health-checking's servicer does), the last two as child processes
+// (testdata/node, testdata/python). Those two push every status their
+// application sets to a Watch, a repeated one too; a repeat counts as no
+// new result.
 package health
