@@ -2,7 +2,6 @@ package health
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -50,28 +48,11 @@ type peerServer struct {
 	proc   *os.Process
 	in     io.Writer
 	acks   chan string // the answers to "set" lines
-	stderr *lockedBuffer
+	errLog string      // the file of the child's stderr
 
 	mu      sync.Mutex
 	calls   map[string]int // "check SERVICE" and "watch SERVICE" lines seen
 	arrived chan struct{}  // closed and replaced at each call line
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func startNodeServer(t *testing.T) *peerServer {
@@ -99,8 +80,13 @@ func startPeer(t *testing.T, name string, args ...string) *peerServer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, name, args...)
-	s := &peerServer{acks: make(chan string, 16), stderr: &lockedBuffer{}, calls: map[string]int{}, arrived: make(chan struct{})}
-	cmd.Stderr = s.stderr
+	s := &peerServer{acks: make(chan string, 16), errLog: filepath.Join(t.TempDir(), "stderr"), calls: map[string]int{}, arrived: make(chan struct{})}
+	errLog, err := os.Create(s.errLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = errLog.Close() }() // the child writes to its own copy
+	cmd.Stderr = errLog
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -130,17 +116,17 @@ func startPeer(t *testing.T, name string, args ...string) *peerServer {
 		}
 		cancel()
 		if t.Failed() {
-			t.Logf("%s stderr:\n%s", name, s.stderr)
+			t.Logf("%s stderr:\n%s", name, s.stderr())
 		}
 	})
 	select {
 	case p, ok := <-port:
 		if !ok {
-			t.Fatalf("%s ended before saying its port:\n%s", name, s.stderr)
+			t.Fatalf("%s ended before saying its port:\n%s", name, s.stderr())
 		}
 		s.addr = "127.0.0.1:" + p
 	case <-time.After(peerWait):
-		t.Fatalf("%s did not say its port within %s:\n%s", name, peerWait, s.stderr)
+		t.Fatalf("%s did not say its port within %s:\n%s", name, peerWait, s.stderr())
 	}
 	return s
 }
@@ -167,6 +153,15 @@ func (s *peerServer) read(out io.Reader, port chan<- string) {
 	}
 }
 
+// stderr is what the child wrote to its stderr so far.
+func (s *peerServer) stderr() string {
+	b, err := os.ReadFile(s.errLog)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
+}
+
 // set sets service's status on the server and waits until it is set.
 func (s *peerServer) set(t *testing.T, status, service string) {
 	t.Helper()
@@ -179,7 +174,7 @@ func (s *peerServer) set(t *testing.T, status, service string) {
 			t.Fatalf("the server answered %q, want %q", got, want)
 		}
 	case <-time.After(peerWait):
-		t.Fatalf("the server did not set %s %q within %s:\n%s", status, service, peerWait, s.stderr)
+		t.Fatalf("the server did not set %s %q within %s:\n%s", status, service, peerWait, s.stderr())
 	}
 }
 
@@ -276,58 +271,21 @@ func TestInteropWatchUnknownService(t *testing.T) {
 	})
 }
 
-// countedChange is a change of verdict and how many times the Runner had
-// drawn its jitter by then: once at the start and once at each interval's
-// tick, before the tick's result.
-type countedChange struct {
-	change
-	ticks int64
-}
-
-// runCounted runs r until the test ends, with no jitter, and returns its
-// changes and its tick count.
-func runCounted(t *testing.T, r *Runner) (<-chan countedChange, *atomic.Int64) {
-	t.Helper()
-	ticks := &atomic.Int64{}
-	ch := make(chan countedChange, 16)
-	r.Jitter = func() float64 { ticks.Add(1); return 0 }
-	r.OnChange = func(s Status, err error) { ch <- countedChange{change{s, err}, ticks.Load()} }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return ch, ticks
-}
-
-func expectCounted(t *testing.T, ch <-chan countedChange, want Status) countedChange {
-	t.Helper()
-	select {
-	case c := <-ch:
-		if c.status != want {
-			t.Fatalf("status %s (%v), want %s", c.status, c.reason, want)
-		}
-		return c
-	case <-time.After(peerWait):
-		t.Fatalf("no change to %s within %s", want, peerWait)
-	}
-	return countedChange{}
-}
-
 // TestInteropRunnerFollowsWatch: the Runner follows the server's Watch
 // stream: with an interval of 10 minutes, a flip of the status changes
 // the verdict at once, with no Check call, on the one stream.
 func TestInteropRunnerFollowsWatch(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, s *peerServer) {
 		s.set(t, "SERVING", "svc")
-		ch, _ := runCounted(t, &Runner{Check: Check{Kind: GRPC, Service: "svc", Interval: MaxInterval, Rise: 1, Fall: 1}, Addr: s.addr})
-		expectCounted(t, ch, Passing)
+		ch := runRunner(t, &Runner{Check: Check{Kind: GRPC, Service: "svc", Interval: MaxInterval, Rise: 1, Fall: 1}, Addr: s.addr})
+		expect(t, ch, Passing)
 		start := time.Now()
 		s.set(t, "NOT_SERVING", "svc")
-		if c := expectCounted(t, ch, Failing); c.reason == nil || !strings.Contains(c.reason.Error(), "NOT_SERVING") {
+		if c := expect(t, ch, Failing); c.reason == nil || !strings.Contains(c.reason.Error(), "NOT_SERVING") {
 			t.Fatalf("failing because %v, want NOT_SERVING", c.reason)
 		}
 		s.set(t, "SERVING", "svc")
-		expectCounted(t, ch, Passing)
+		expect(t, ch, Passing)
 		if took := time.Since(start); took >= MaxInterval/2 {
 			t.Fatalf("the flips took %s, not less than half an interval", took)
 		}
@@ -344,15 +302,15 @@ func TestInteropRunnerFollowsWatch(t *testing.T) {
 func TestInteropRunnerThresholds(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, s *peerServer) {
 		const rise, fall = 2, 3
-		ch, ticks := runCounted(t, &Runner{Check: Check{Kind: GRPC, Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: rise, Fall: fall}, Addr: s.addr})
-		expectCounted(t, ch, Passing)
+		ch, ticks := runTicked(t, &Runner{Check: Check{Kind: GRPC, Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: rise, Fall: fall}, Addr: s.addr})
+		expect(t, ch, Passing)
 		flip := func(status string, want Status, need int) {
 			t.Helper()
 			before := ticks.Load()
 			for range need {
 				s.set(t, status, "")
 			}
-			c := expectCounted(t, ch, want)
+			c := expect(t, ch, want)
 			if got := c.ticks - before; got < int64(need-1) {
 				t.Fatalf("%s after %d ticks since %d sets of %s, want at least %d: a repeated push counted again", want, got, need, status, need-1)
 			}
@@ -367,11 +325,11 @@ func TestInteropRunnerThresholds(t *testing.T) {
 // Fall intervals, and passes again once it resumes (SIGCONT).
 func TestInteropHungServer(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, s *peerServer) {
-		ch, _ := runCounted(t, &Runner{Check: with(GRPC, quick), Addr: s.addr})
-		expectCounted(t, ch, Passing)
+		ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: s.addr})
+		expect(t, ch, Passing)
 		s.signal(t, syscall.SIGSTOP)
 		const says = "no answer within the check's timeout"
-		if c := expectCounted(t, ch, Failing); c.reason == nil || !strings.Contains(c.reason.Error(), says) {
+		if c := expect(t, ch, Failing); c.reason == nil || !strings.Contains(c.reason.Error(), says) {
 			t.Fatalf("failing because %v, want %q", c.reason, says)
 		}
 		fast := Check{Kind: GRPC, Interval: time.Second, Timeout: 300 * time.Millisecond}
@@ -379,7 +337,7 @@ func TestInteropHungServer(t *testing.T) {
 			t.Fatalf("a probe of the stopped server: %v, want %q", err, says)
 		}
 		s.signal(t, syscall.SIGCONT)
-		expectCounted(t, ch, Passing)
+		expect(t, ch, Passing)
 		if err := (&Prober{}).Probe(context.Background(), fast, s.addr); err != nil {
 			t.Fatalf("a probe of the resumed server: %v", err)
 		}

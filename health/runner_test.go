@@ -19,21 +19,36 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type change struct {
 	status Status
 	reason error
+	// ticks is how many times the Runner had drawn its jitter by then:
+	// once at the start and once at each interval's tick, before its
+	// result.
+	ticks int64
 }
 
-// runRunner runs r until the test ends and returns its changes.
+// runRunner runs r until the test ends and returns its changes. A nil
+// Jitter is 0.
 func runRunner(t *testing.T, r *Runner) <-chan change {
 	t.Helper()
-	ch := make(chan change, 16)
-	r.OnChange = func(s Status, err error) { ch <- change{s, err} }
-	if r.Jitter == nil {
-		r.Jitter = func() float64 { return 0 }
+	ch, _ := runTicked(t, r)
+	return ch
+}
+
+// runTicked is runRunner, and returns the Runner's tick count too.
+func runTicked(t *testing.T, r *Runner) (<-chan change, *atomic.Int64) {
+	t.Helper()
+	ticks := &atomic.Int64{}
+	jitter := r.Jitter
+	if jitter == nil {
+		jitter = func() float64 { return 0 }
 	}
+	r.Jitter = func() float64 { ticks.Add(1); return jitter() }
+	ch := make(chan change, 16)
+	r.OnChange = func(s Status, err error) { ch <- change{s, err, ticks.Load()} }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = r.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return ch
+	return ch, ticks
 }
 
 func expect(t *testing.T, ch <-chan change, want Status) change {
@@ -263,17 +278,15 @@ func (s *scripted) Watch(_ *healthpb.HealthCheckRequest, stream healthpb.Health_
 // only after Fall results (the first push and Fall-1 intervals).
 func TestRunnerGRPCRepeatedPushCountsOnce(t *testing.T) {
 	s, addr := scriptedServer(t)
-	var ticks atomic.Int64
 	c := with(GRPC, quick)
 	c.Interval, c.Fall = 2*time.Second, 3
-	ch := runRunner(t, &Runner{Check: c, Addr: addr, Jitter: func() float64 { ticks.Add(1); return 0 }})
+	ch, ticks := runTicked(t, &Runner{Check: c, Addr: addr})
 	expect(t, ch, Passing)
 	before := ticks.Load()
 	for range c.Fall {
 		s.set(healthpb.HealthCheckResponse_NOT_SERVING)
 	}
-	expect(t, ch, Failing)
-	if got := ticks.Load() - before; got < int64(c.Fall-1) {
+	if got := expect(t, ch, Failing).ticks - before; got < int64(c.Fall-1) {
 		t.Fatalf("failing %d intervals after %d pushes of NOT_SERVING, want at least %d", got, c.Fall, c.Fall-1)
 	}
 }
