@@ -17,8 +17,9 @@ type Kind string
 // The check kinds.
 const (
 	// GRPC follows the standard grpc.health.v1 service of the instance's
-	// address: its Watch stream where the server has it (changes are pushed),
-	// else its Check method once per interval.
+	// address: its Watch stream where the server has it (changes are pushed)
+	// and its Check method once per interval (a hung server fails), else
+	// Check alone.
 	GRPC Kind = "grpc"
 	// HTTP sends GET Path to the instance's address; a 2xx answer passes.
 	HTTP Kind = "http"
