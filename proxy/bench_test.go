@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/etcdwatch"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -215,7 +216,7 @@ func BenchmarkDispatch(b *testing.B) {
 			h := newWatchHub(p)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			u := &upstream{hub: h, key: watchKey{key: "k"}, nextrev: 1, gen: 1, ctx: ctx, cancel: cancel, receivers: map[*cwatcher]struct{}{}}
+			u := &upstream{hub: h, key: watchKey{key: "k"}, pos: etcdwatch.Position{Next: 1}, gen: 1, ctx: ctx, cancel: cancel, receivers: map[*cwatcher]struct{}{}}
 			var streams []*discardStream
 			var wg sync.WaitGroup
 			defer wg.Wait()
