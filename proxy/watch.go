@@ -190,22 +190,12 @@ func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool
 	if want == 0 {
 		want = current + 1
 	}
-	ups := h.groups[w.key]
-	var best *upstream
-	for _, u := range ups {
-		u.mu.Lock()
-		ok := !u.closed && u.pos.Next <= want
-		u.mu.Unlock()
-		if ok {
-			best = u
-			break
-		}
-	}
+	best := h.fittingLocked(w.key, want)
 	if best == nil && start == 0 {
 		// From now: the most recent upstream also counts as now.
-		for _, u := range ups {
+		for _, u := range h.groups[w.key] {
 			u.mu.Lock()
-			if !u.closed && (best == nil || u.pos.Next < best.pos.Next) {
+			if best == nil || u.pos.Next < best.pos.Next {
 				best = u
 			}
 			u.mu.Unlock()
@@ -242,14 +232,7 @@ func (h *watchHub) attachSink(w *cwatcher, rev int64) bool {
 	if h.closed {
 		return false
 	}
-	var u *upstream
-	for _, v := range h.groups[w.key] {
-		v.mu.Lock()
-		if !v.closed && v.pos.Next <= rev {
-			u = v
-		}
-		v.mu.Unlock()
-	}
+	u := h.fittingLocked(w.key, rev)
 	if u == nil {
 		u = h.newUpstream(w.key, rev, false)
 	}
@@ -258,6 +241,22 @@ func (h *watchHub) attachSink(w *cwatcher, rev int64) bool {
 	u.receivers[w] = struct{}{}
 	u.mu.Unlock()
 	return true
+}
+
+// fittingLocked is the first upstream of range k that has handed its
+// receivers nothing at or above rev (its next revision is not above it),
+// so that a watcher from rev loses nothing on it; nil: none. h.mu is held
+// (the groups hold only open upstreams).
+func (h *watchHub) fittingLocked(k watchKey, rev int64) *upstream {
+	for _, u := range h.groups[k] {
+		u.mu.Lock()
+		ok := u.pos.Next <= rev
+		u.mu.Unlock()
+		if ok {
+			return u
+		}
+	}
+	return nil
 }
 
 // newUpstream starts an upstream watch from rev; h.mu is held.
@@ -537,7 +536,10 @@ func (h *watchHub) maybeMerge(u *upstream) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ups := h.groups[u.key]
-	if len(ups) < 2 {
+	if len(ups) < 2 || !slices.Contains(ups, u) {
+		// Alone, or closed meanwhile (out of its group, its watch
+		// stopped): receivers moved to it would get nothing more
+		// (TestHubNeverMergesIntoAClosedUpstream).
 		return
 	}
 	for _, v := range ups {
@@ -550,14 +552,14 @@ func (h *watchHub) maybeMerge(u *upstream) {
 	}
 }
 
-// mergeable reports whether the receivers of from may move to to: both
-// open, to caught up (a watcher from now does not wait behind a replay of
-// history), and to not ahead of from (its next revision not above
-// from's, so that no receiver of from misses an event to has already
-// delivered; TestHubMergesOnlyIntoAnUpstreamNotAhead). from.mu and to.mu
-// are held.
+// mergeable reports whether the receivers of from may move to to (both
+// open: in their group): to caught up (a watcher from now does not wait
+// behind a replay of history), and to not ahead of from (its next
+// revision not above from's, so that no receiver of from misses an event
+// to has already delivered; TestHubMergesOnlyIntoAnUpstreamNotAhead).
+// from.mu and to.mu are held.
 func mergeable(from, to *upstream) bool {
-	return !from.closed && !to.closed && to.caughtUp && to.pos.Next <= from.pos.Next
+	return to.caughtUp && to.pos.Next <= from.pos.Next
 }
 
 // moveLocked moves every receiver of from to to, if mergeable; h.mu is

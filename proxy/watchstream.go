@@ -488,10 +488,10 @@ func (s *cstream) requestProgress() {
 func (s *cstream) progressDone(u *upstream) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.wantProg || !s.pending[u] {
+	if !s.wantProg {
 		return false
 	}
-	delete(s.pending, u)
+	delete(s.pending, u) // one not pending leaves as many pending
 	if len(s.pending) == 0 {
 		s.wantProg = false
 		return true
