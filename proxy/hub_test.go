@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,7 +37,8 @@ type memEtcd struct {
 	mu      sync.Mutex
 	hist    []memEvent
 	watches []*memWatch
-	changed *changes // fired when the hub opens a watch
+	changed *changes     // fired when the hub opens a watch or asks for progress
+	asked   atomic.Int64 // progress requests
 }
 
 // changes wakes the test's waits when something they wait for may have
@@ -127,8 +129,12 @@ func (m *memEtcd) watchAt(t *testing.T, i int) *memWatch {
 	}
 }
 
-func (m *memEtcd) RequestProgress(context.Context) error { return nil }
-func (m *memEtcd) Close() error                          { return nil }
+func (m *memEtcd) RequestProgress(context.Context) error {
+	m.asked.Add(1)
+	m.changed.fire()
+	return nil
+}
+func (m *memEtcd) Close() error { return nil }
 
 func (m *memEtcd) head() int64 {
 	m.mu.Lock()
@@ -912,5 +918,119 @@ func TestAdmitRefusesAnEmptyRange(t *testing.T) {
 		if (reason != "") != c.refused {
 			t.Errorf("range %q..%q: reason %q, want refused %v", c.key, c.end, reason, c.refused)
 		}
+	}
+}
+
+// TestHubStreamIsAsFreshAsItsFreshestWatch: the silence check of a gRPC
+// stream hears it when any of its watches heard etcd last (one quiet
+// watch beside busy ones is no silent stream), and replaces the watches
+// that are ahead from the highest revision etcd reported on any of them
+// (the freshest, least likely compacted).
+func TestHubStreamIsAsFreshAsItsFreshestWatch(t *testing.T) {
+	r := newHubRig(t, 1)
+	for i, key := range []string{"a", "b", "c"} {
+		r.etcd.write(key, false)
+		r.watch(0, key, "", 0, false, false)
+		r.etcd.step(r.etcd.watchAt(t, i), 1) // created at i+1
+	}
+	r.etcd.step(r.etcd.watchAt(t, 2), 1) // progress at 3: the created one is dispatched
+	r.h.mu.Lock()
+	for i, key := range []string{"a", "b", "c"} {
+		r.h.groups[watchKey{key: key}][0].heard.Store(int64([]int{1, 3, 2}[i]) * int64(time.Second))
+	}
+	r.h.mu.Unlock()
+	for range 10 { // the groups are a map: any order
+		r.h.mu.Lock()
+		streams := r.h.streamsLocked()
+		r.h.mu.Unlock()
+		if q := streams[watchKey{}]; len(streams) != 1 || q == nil || q.known != 3 || !q.heard.Equal(time.Unix(3, 0)) {
+			t.Fatalf("streams %v, want one, known 3, heard at 3 s", streams)
+		}
+	}
+}
+
+// TestHubReopenedWatchRepeatsNothing: an upstream watch opened again
+// below the upstream's next revision (from the last revision etcd
+// reported) repeats events its receivers had; they are dropped before
+// the batch is shared (etcdwatch.Position.Fresh), not queued again.
+func TestHubReopenedWatchRepeatsNothing(t *testing.T) {
+	r := newHubRig(t, 0)
+	s := r.bareStream()
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	w := &cwatcher{id: 1, idPart: watchIDPart(1), s: s, key: watchKey{key: "a"}}
+	if !r.h.attach(w, 1, &pb.ResponseHeader{Revision: 3}) {
+		t.Fatal("attach refused")
+	}
+	first := r.etcd.watchAt(t, 0)
+	r.etcd.step(first, 1)  // created
+	r.etcd.step(first, 10) // 1..3
+	r.etcd.step(first, 1)  // progress: the events are dispatched
+	u := w.up
+	r.h.mu.Lock()
+	u.mu.Lock()
+	u.reopenLocked(r.h.w, 2) // as the silence check does, from Known
+	u.mu.Unlock()
+	r.h.mu.Unlock()
+	r.etcd.write("a", false)
+	second := r.etcd.watchAt(t, 1)
+	r.etcd.step(second, 1)  // created
+	r.etcd.step(second, 10) // 2..4: 2 and 3 repeated
+	r.etcd.step(second, 1)  // progress: the events are dispatched
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var revs [][]int64
+	for _, it := range s.queue {
+		for _, sg := range it.segs {
+			var batch []int64
+			for _, ev := range sg.b.events {
+				batch = append(batch, ev.Kv.ModRevision)
+			}
+			revs = append(revs, batch)
+		}
+	}
+	if fmt.Sprint(revs) != "[[1 2 3] [4]]" {
+		t.Fatalf("batches queued %v, want [[1 2 3] [4]]", revs)
+	}
+}
+
+// TestHubUpstreamCatchingUpAsksForProgress: an upstream that replays
+// history asks etcd for progress once created, so that it learns it has
+// caught up (and may merge) without waiting for etcd's periodic
+// notification.
+func TestHubUpstreamCatchingUpAsksForProgress(t *testing.T) {
+	r := newHubRig(t, 1)
+	r.etcd.write("a", false)
+	r.watch(0, "a", "", 1, false, false)
+	before := r.etcd.asked.Load()
+	r.etcd.step(r.etcd.watchAt(t, 0), 1) // created
+	deadline := time.Now().Add(hubTimeout)
+	for {
+		wake := r.changed.next()
+		if r.etcd.asked.Load() > before {
+			return
+		}
+		if !waitChange(wake, deadline) {
+			t.Fatal("an upstream from the past, created, asked for no progress")
+		}
+	}
+}
+
+// TestHubMovedWatchIsHeardFromTheMove: an upstream moved to another
+// member is silent only if that member says nothing from the move on: its
+// silence is measured from then, not from the last response of the
+// member it left.
+func TestHubMovedWatchIsHeardFromTheMove(t *testing.T) {
+	r := newHubRig(t, 1)
+	m := r.watch(0, "a", "", 0, false, false)
+	u := m.w.up
+	u.heard.Store(0)
+	start := time.Now()
+	r.h.mu.Lock()
+	moved := u.restart(r.etcd)
+	r.h.mu.Unlock()
+	if heard := time.Unix(0, u.heard.Load()); !moved || heard.Before(start) {
+		t.Fatalf("moved %v, heard at %v, want at the move (%v) or later", moved, heard, start)
 	}
 }

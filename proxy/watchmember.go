@@ -249,7 +249,7 @@ func (h *watchHub) replaceAheadLocked(g watchKey, known int64) {
 		}
 		for _, u := range us {
 			u.mu.Lock()
-			if !u.closed && u.pos.Known > 0 {
+			if !u.closed {
 				u.pos.Reported(known)
 				if from := u.pos.ReplaceFrom(); from > 0 {
 					u.reopenLocked(h.w, from)
