@@ -102,6 +102,10 @@ type upstream struct {
 	pos etcdwatch.Position
 	// fan groups one batch's receivers by client stream (dispatch's
 	// scratch, emptied after each batch); free keeps its slices.
+	// BenchmarkDispatch with and without them (reuse=all vs nofan, 10
+	// streams, 6 alternating runs of 1000 responses, 2 shared cores):
+	// median 22.3 µs vs 39.6 µs per response at 100 watchers, 208 µs vs
+	// 296 µs at 1000 (faster in 6 of 6 runs each), 33% fewer bytes.
 	fan  map[*cstream][]fanItem
 	free [][]fanItem
 }

@@ -252,7 +252,12 @@ func byteSize(n int) string {
 }
 
 // keepSpare bounds the queue capacity a stream keeps between bursts, so
-// that memory goes back to idle after one.
+// that memory goes back to idle after one. The spare queue's gain,
+// BenchmarkDispatch with and without it (reuse=all vs nospare, 6
+// alternating runs of 1000 responses, 2 shared cores): 34% fewer bytes
+// per response at 1000 watchers (93 KB vs 141 KB), 3% at 100; time: 4.5%
+// faster at 100 watchers (median 22.3 µs vs 23.3 µs, 6 of 6 runs), within
+// the noise at 1000 (208 µs vs 201 µs, 4 of 6 runs faster).
 const keepSpare = 1024
 
 func (s *cstream) sendLoop() error {
