@@ -22,9 +22,10 @@ import (
 // auth token and require-leader flag) share upstream watches. An upstream
 // u keeps an etcdwatch.Position, whose Next (u's nextrev below) says
 // every event with a revision below it has been handed to its receivers,
-// and every event at or above it is still to come. A client watcher w with its own nextrev (the first revision it
-// still needs) may receive from u whenever u.nextrev <= w.nextrev; it skips
-// events below its own nextrev. A watcher "from now" (start revision 0)
+// and every event at or above it is still to come. A client watcher w
+// with its own nextrev (the first revision it still needs) may receive
+// from u whenever u.nextrev <= w.nextrev; it skips events below its own
+// nextrev. A watcher "from now" (start revision 0)
 // joins any existing upstream, taking max(current revision+1, u.nextrev)
 // as its start, so identical watches always share one upstream watch. A
 // watcher that needs older history gets its own upstream from its start
