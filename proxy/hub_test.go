@@ -1034,3 +1034,31 @@ func TestHubMovedWatchIsHeardFromTheMove(t *testing.T) {
 		t.Fatalf("moved %v, heard at %v, want at the move (%v) or later", moved, heard, start)
 	}
 }
+
+// TestHubResponseOfAReplacedWatchIsIgnored: once an upstream is fed by
+// a new watch (moved to another member, or opened again), a response the
+// watch it replaced still had in flight (here: canceled, as a member
+// that is being left may say) is not handed to the receivers: the client
+// watchers stay open and get every event once.
+func TestHubResponseOfAReplacedWatchIsIgnored(t *testing.T) {
+	r := newHubRig(t, 1)
+	r.etcd.write("a", false)
+	m := r.watch(0, "a", "", 1, false, false)
+	old := r.etcd.watchAt(t, 0)
+	r.etcd.step(old, 1) // created
+	r.etcd.step(old, 1) // revision 1
+	old.mu.Lock()       // the old watch's channel stays open until the send below
+	r.h.mu.Lock()
+	m.w.up.restart(r.etcd)
+	r.h.mu.Unlock()
+	old.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 1}, Canceled: true, CancelReason: "the member is leaving"}
+	old.mu.Unlock()
+	r.etcd.write("a", false)
+	r.settle()
+	r.check()
+	for _, resp := range m.rec.responses(m.w.id) {
+		if resp.Canceled {
+			t.Fatalf("the client watcher was cancelled by the replaced watch's response: %v", resp)
+		}
+	}
+}
