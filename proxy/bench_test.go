@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/etcdwatch"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -204,59 +205,79 @@ func (d *discardStream) SendMsg(m any) error {
 // network or etcd: one upstream response of one event handed to watchers
 // identical watchers over 10 client streams, queued, spliced and written
 // by each stream's sender (ns/op is per upstream event, ns/event per
-// client event).
+// client event). The reuse of scratch memory is measured by switching it
+// off: reuse=nofan drops the fan-out scratch (upstream.fan and its free
+// slices) after each response, reuse=nospare each stream's spare queue,
+// as if there were none (both take the streams' locks, as reuse=all does
+// too, so that only the reuse differs).
 func BenchmarkDispatch(b *testing.B) {
 	for _, watchers := range []int{100, 1000} {
-		b.Run(fmt.Sprintf("watchers=%d", watchers), func(b *testing.B) {
-			p, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			h := newWatchHub(p)
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			u := &upstream{hub: h, key: watchKey{key: "k"}, nextrev: 1, gen: 1, ctx: ctx, cancel: cancel, receivers: map[*cwatcher]struct{}{}}
-			var streams []*discardStream
-			var wg sync.WaitGroup
-			defer wg.Wait()
-			defer cancel()
-			for s := range 10 {
-				ds := &discardStream{ctx: ctx, codec: newCodec()}
-				streams = append(streams, ds)
-				cctx, ccancel := context.WithCancelCause(ctx)
-				cs := &cstream{hub: h, ss: ds, ctx: cctx, cancel: ccancel, watchers: map[int64]*cwatcher{},
-					open: map[int64]int{}, signal: make(chan struct{}, 1), pending: map[*upstream]bool{}}
-				wg.Go(func() { _ = cs.sendLoop() })
-				for i := range watchers / 10 {
-					id := int64(s*watchers + i)
-					w := &cwatcher{id: id, idPart: watchIDPart(id), s: cs, nextrev: 1, up: u}
-					cs.watchers[id] = w
-					u.receivers[w] = struct{}{}
-				}
-			}
-			val := make([]byte, 256)
-			want := int64(watchers) * int64(b.N)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := range b.N {
-				rev := int64(i + 1)
-				ev := &clientv3.Event{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte("k"), Value: val, CreateRevision: 1, ModRevision: rev, Version: rev}}
-				u.dispatch(&clientv3.WatchResponse{Header: &pb.ResponseHeader{ClusterId: 1, MemberId: 2, Revision: rev, RaftTerm: 3}, Events: []*clientv3.Event{ev}}, 1)
-			}
-			for {
-				var got int64
-				for _, ds := range streams {
-					got += ds.events.Load()
-				}
-				if got == want {
-					break
-				}
-				runtime.Gosched() // the senders drain in their goroutines
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(want), "ns/event")
-		})
+		for _, reuse := range []string{"all", "nofan", "nospare"} {
+			b.Run(fmt.Sprintf("watchers=%d/reuse=%s", watchers, reuse), func(b *testing.B) { benchDispatch(b, watchers, reuse) })
+		}
 	}
+}
+
+func benchDispatch(b *testing.B, watchers int, reuse string) {
+	p, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := newWatchHub(p)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	u := &upstream{hub: h, key: watchKey{key: "k"}, pos: etcdwatch.Position{Next: 1}, gen: 1, ctx: ctx, cancel: cancel, receivers: map[*cwatcher]struct{}{}}
+	var streams []*discardStream
+	var css []*cstream
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for s := range 10 {
+		ds := &discardStream{ctx: ctx, codec: newCodec()}
+		streams = append(streams, ds)
+		cctx, ccancel := context.WithCancelCause(ctx)
+		cs := &cstream{hub: h, ss: ds, ctx: cctx, cancel: ccancel, watchers: map[int64]*cwatcher{},
+			open: map[int64]int{}, signal: make(chan struct{}, 1), pending: map[*upstream]bool{}}
+		css = append(css, cs)
+		wg.Go(func() { _ = cs.sendLoop() })
+		for i := range watchers / 10 {
+			id := int64(s*watchers + i)
+			w := &cwatcher{id: id, idPart: watchIDPart(id), s: cs, nextrev: 1, up: u}
+			cs.watchers[id] = w
+			u.receivers[w] = struct{}{}
+		}
+	}
+	val := make([]byte, 256)
+	want := int64(watchers) * int64(b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		rev := int64(i + 1)
+		ev := &clientv3.Event{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte("k"), Value: val, CreateRevision: 1, ModRevision: rev, Version: rev}}
+		u.dispatch(&clientv3.WatchResponse{Header: &pb.ResponseHeader{ClusterId: 1, MemberId: 2, Revision: rev, RaftTerm: 3}, Events: []*clientv3.Event{ev}}, 1)
+		if reuse == "nofan" {
+			u.fan, u.free = nil, nil // this goroutine alone dispatches
+		}
+		for _, cs := range css {
+			cs.mu.Lock()
+			if reuse == "nospare" {
+				cs.spare = nil
+			}
+			cs.mu.Unlock()
+		}
+	}
+	for {
+		var got int64
+		for _, ds := range streams {
+			got += ds.events.Load()
+		}
+		if got == want {
+			break
+		}
+		runtime.Gosched() // the senders drain in their goroutines
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(want), "ns/event")
 }
 
 // BenchmarkFirstEventThroughProxy measures what

@@ -50,14 +50,15 @@
 //	etcd member (one clientv3 client; one gRPC watch stream per credentials)
 //	     │ WatchResponse (events, progress, created, canceled)
 //	     ▼
-//	upstream ─ nextrev: events below it were handed to its receivers
+//	upstream ─ pos (etcdwatch.Position): events below pos.Next (its
+//	  │  nextrev) were handed to its receivers; repeats dropped (Fresh)
 //	  │  dispatch: one shared evBatch per response; per receiver w,
 //	  │  the events from w.nextrev; maybeMerge after each response
 //	  │      ┌────────────────────────────────────────────────────┐
 //	  │      │ watchHub.groups[watchKey] = upstreams of one range │
 //	  │      │ (key, end, prevKV, token, via, requireLeader)      │
 //	  │      │ merge from → to when mergeable: both open, to      │
-//	  │      │ caught up, to.nextrev <= from.nextrev              │
+//	  │      │ caught up, to.pos.Next <= from.pos.Next            │
 //	  │      └────────────────────────────────────────────────────┘
 //	  ▼
 //	cwatcher (nextrev, filters) ──▶ cstream queue: qitems (control

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,7 +37,8 @@ type memEtcd struct {
 	mu      sync.Mutex
 	hist    []memEvent
 	watches []*memWatch
-	changed *changes // fired when the hub opens a watch
+	changed *changes     // fired when the hub opens a watch or asks for progress
+	asked   atomic.Int64 // progress requests
 }
 
 // changes wakes the test's waits when something they wait for may have
@@ -127,8 +129,12 @@ func (m *memEtcd) watchAt(t *testing.T, i int) *memWatch {
 	}
 }
 
-func (m *memEtcd) RequestProgress(context.Context) error { return nil }
-func (m *memEtcd) Close() error                          { return nil }
+func (m *memEtcd) RequestProgress(context.Context) error {
+	m.asked.Add(1)
+	m.changed.fire()
+	return nil
+}
+func (m *memEtcd) Close() error { return nil }
 
 func (m *memEtcd) head() int64 {
 	m.mu.Lock()
@@ -269,6 +275,7 @@ type hubRig struct {
 	recs    []*recStream
 	nextID  int64
 	models  []*modelWatcher
+	ups     map[*upstream]bool // every upstream a watcher was attached to
 	wg      sync.WaitGroup
 }
 
@@ -291,7 +298,7 @@ func newHubRig(t *testing.T, streams int) *hubRig {
 		t.Fatal(err)
 	}
 	changed := newChanges()
-	r := &hubRig{t: t, h: newWatchHub(p), etcd: &memEtcd{changed: changed}, changed: changed}
+	r := &hubRig{t: t, h: newWatchHub(p), etcd: &memEtcd{changed: changed}, changed: changed, ups: map[*upstream]bool{}}
 	r.h.w = r.etcd
 	ctx, cancel := context.WithCancel(context.Background())
 	for range streams {
@@ -333,6 +340,9 @@ func (r *hubRig) watchBehind(si int, key, end string, start int64, noPut, noDel 
 	if !r.h.attach(w, start, &pb.ResponseHeader{Revision: current}) {
 		r.t.Fatal("attach refused")
 	}
+	r.h.mu.Lock()
+	r.ups[w.up] = true
+	r.h.mu.Unlock()
 	m := &modelWatcher{w: w, rec: r.recs[si], key: key, end: end, noPut: noPut, noDel: noDel, start: start, current: current, createdRev: head}
 	r.models = append(r.models, m)
 	return m
@@ -467,7 +477,8 @@ func (r *hubRig) check() {
 // checkGroups asserts the hub's structure: the groups hold only open
 // upstreams of their own range (one is closed and removed under the
 // hub's lock at once), each listed once, and every receiver of one points
-// back to it.
+// back to it; an upstream out of its group (its last watcher left, or
+// merged into another) is closed, without receivers, its watch stopped.
 func (r *hubRig) checkGroups() {
 	r.h.mu.Lock()
 	defer r.h.mu.Unlock()
@@ -489,6 +500,17 @@ func (r *hubRig) checkGroups() {
 					k.key, k.end, closed, key.key, key.end, seen[u], stray)
 			}
 			seen[u] = true
+		}
+	}
+	for u := range r.ups {
+		if seen[u] {
+			continue
+		}
+		u.mu.Lock()
+		closed, n, stopped := u.closed, len(u.receivers), u.ctx.Err() != nil
+		u.mu.Unlock()
+		if !closed || n > 0 || !stopped {
+			r.t.Fatalf("an upstream of range %q..%q out of its group: closed %v, %d receivers, watch stopped %v", u.key.key, u.key.end, closed, n, stopped)
 		}
 	}
 }
@@ -661,6 +683,382 @@ func TestHubCancelledWatcherGetsNothingMore(t *testing.T) {
 		}
 		if !waitChange(wake, deadline) {
 			t.Fatalf("no canceled response: %v", resps)
+		}
+	}
+}
+
+// responses waits until m has received n responses, and returns them.
+func (r *hubRig) responses(m *modelWatcher, n int) []*pb.WatchResponse {
+	deadline := time.Now().Add(hubTimeout)
+	for {
+		wake := r.changed.next()
+		if resps := m.rec.responses(m.w.id); len(resps) >= n {
+			return resps
+		}
+		for _, w := range r.etcd.open() {
+			r.etcd.step(w, 1000)
+		}
+		if !waitChange(wake, deadline) {
+			r.t.Fatalf("watch %d: %d responses, want %d", m.w.id, len(m.rec.responses(m.w.id)), n)
+		}
+	}
+}
+
+// TestHubNeverMergesIntoAClosedUpstream: an upstream whose last watcher
+// left is closed and its watch stopped; its goroutine may still run the
+// merge check after a response that was in flight, and the receivers of
+// another upstream must not move to it (they would get nothing more).
+func TestHubNeverMergesIntoAClosedUpstream(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	x := r.watch(0, "a", "", 0, false, false) // from 4
+	r.etcd.step(r.etcd.watchAt(t, 0), 1)      // created: caught up at 3
+	r.etcd.write("b", false)                  // 4, out of range
+	r.watch(0, "a", "", 3, false, false)      // its own upstream, behind the first
+	r.watch(0, "a", "", 1, false, false)      // a third, further behind
+	closed := x.w.up
+	r.cancel(x)
+	v := r.etcd.watchAt(t, 1)
+	r.etcd.step(v, 1) // created
+	r.etcd.step(v, 1) // revision 3
+	r.etcd.step(v, 1) // progress at 4: caught up, next 5, past the closed one's 4
+	r.etcd.step(v, 1) // progress again: the previous merge check is done
+	r.h.maybeMerge(closed)
+	r.checkGroups()
+	r.etcd.write("a", false)
+	r.settle()
+	r.check()
+}
+
+// TestHubLaggingCreateRevision: a watcher from now whose create read a
+// revision behind the upstream it joins (a serializable read on a member
+// behind the watches' member) is created at the revision before the
+// upstream's next one, and gets no event below its start.
+func TestHubLaggingCreateRevision(t *testing.T) {
+	r := newHubRig(t, 2)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	r.watch(0, "a", "", 0, false, false) // from 4
+	up := r.etcd.watchAt(t, 0)
+	r.etcd.step(up, 1) // created at 3
+	r.etcd.write("a", false)
+	r.etcd.step(up, 1) // revision 4: the upstream's next is 5
+	r.etcd.step(up, 1) // progress (the previous response is dispatched)
+	late := r.watchBehind(1, "a", "", 0, false, false, 2)
+	r.etcd.write("a", false)
+	resps := r.responses(late, 2) // created, then the event at 5
+	r.settle()
+	r.check()
+	if len(resps) == 0 || !resps[0].Created || resps[0].Header.GetRevision() != 4 {
+		t.Fatalf("watcher from now, create read revision 2, upstream at 5: first response %v, want created at 4", resps)
+	}
+	if got := r.got(late); !slices.Equal(got, []int64{5}) {
+		t.Fatalf("watcher from now created at 4 got %v, want [5]", got)
+	}
+	if n := r.upstreams("a", ""); n != 1 {
+		t.Fatalf("%d upstream watches, want 1", n)
+	}
+}
+
+// TestHubUpstreamClosedWhenItsLastWatcherLeaves: upstreams merged into
+// one, whose watchers then all leave, end: closed, out of their group,
+// their etcd watch cancelled (checkGroups).
+func TestHubUpstreamClosedWhenItsLastWatcherLeaves(t *testing.T) {
+	r := newHubRig(t, 2)
+	r.etcd.write("a", false)
+	now := r.watch(0, "a", "", 0, false, false)
+	past := r.watch(1, "a", "", 1, false, false)
+	r.settle() // synced: merged into one
+	if n := r.upstreams("a", ""); n != 1 {
+		t.Fatalf("%d upstream watches once synced, want 1", n)
+	}
+	merged := now.w.up
+	r.cancel(past)
+	r.checkGroups()
+	r.cancel(now)
+	r.checkGroups()
+	merged.mu.Lock()
+	closed := merged.closed
+	merged.mu.Unlock()
+	if !closed || r.upstreams("a", "") != 0 {
+		t.Fatalf("last watcher left: upstream closed %v, %d in the group; want closed, none", closed, r.upstreams("a", ""))
+	}
+}
+
+// TestHubWatcherFromTheUpstreamsNextRevisionSharesIt: a watcher whose
+// start is exactly the next revision of an upstream of its range joins
+// it (it has delivered nothing the watcher needs).
+func TestHubWatcherFromTheUpstreamsNextRevisionSharesIt(t *testing.T) {
+	r := newHubRig(t, 1)
+	r.etcd.write("a", false)
+	r.watch(0, "a", "", 0, false, false) // from 2
+	r.watch(0, "a", "", 2, false, false)
+	if n := r.upstreams("a", ""); n != 1 {
+		t.Fatalf("watcher from 2 beside an upstream at 2: %d upstream watches, want 1", n)
+	}
+	r.etcd.write("a", false)
+	r.settle()
+	r.check()
+}
+
+// TestHubProgressAtTheRevisionEveryWatcherHas: a client's progress
+// request is answered once every upstream of its stream reported
+// progress, at the highest revision every watcher of the stream has
+// fully received (the lowest of theirs).
+func TestHubProgressAtTheRevisionEveryWatcherHas(t *testing.T) {
+	r := newHubRig(t, 1)
+	r.etcd.write("a", false)
+	r.watch(0, "a", "", 0, false, false) // created at 1
+	r.watch(0, "b", "", 0, false, false)
+	ua, ub := r.etcd.watchAt(t, 0), r.etcd.watchAt(t, 1)
+	r.etcd.step(ua, 1) // created
+	r.etcd.step(ub, 1)
+	r.streams[0].requestProgress()
+	r.etcd.write("c", false) // 2, in neither range
+	r.etcd.step(ua, 1)       // progress at 2
+	r.etcd.write("c", false) // 3
+	r.etcd.step(ub, 1)       // progress at 3: the request is complete
+	deadline := time.Now().Add(hubTimeout)
+	for {
+		wake := r.changed.next()
+		if resps := r.recs[0].responses(clientv3.InvalidWatchID); len(resps) > 0 {
+			if rev := resps[0].Header.GetRevision(); len(resps) != 1 || rev != 2 {
+				t.Fatalf("progress: %v, want one at revision 2 (the watcher of a has all up to 2, of b up to 3)", resps)
+			}
+			return
+		}
+		if !waitChange(wake, deadline) {
+			t.Fatal("no progress notification")
+		}
+	}
+}
+
+// bareStream is a client stream of r's hub without a sender: what it
+// queues stays in its queue for the test to look at.
+func (r *hubRig) bareStream() *cstream {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	r.t.Cleanup(func() { cancel(nil) })
+	rec := &recStream{ctx: ctx, changed: newChanges(), got: map[int64][]*pb.WatchResponse{}}
+	return newCStream(ctx, ctx, cancel, r.h, rec)
+}
+
+// batchAt is an upstream response of one put of key a at rev, with a
+// value of size bytes.
+func batchAt(rev int64, size int) *evBatch {
+	ev := &mvccpb.Event{Kv: &mvccpb.KeyValue{Key: []byte("a"), Value: make([]byte, size), ModRevision: rev}}
+	return newBatch(&pb.ResponseHeader{Revision: rev}, []*mvccpb.Event{ev})
+}
+
+// TestStreamMergesAWatchersEventsUntilAControlResponse: events waiting
+// for one watcher merge into one response while they fit the bound; a
+// control response for the watcher (a progress notification) ends the
+// merge, so that nothing queued after it is sent before it; a batch past
+// the bound starts a response of its own.
+func TestStreamMergesAWatchersEventsUntilAControlResponse(t *testing.T) {
+	r := newHubRig(t, 0)
+	s := r.bareStream()
+	w := &cwatcher{id: 1, idPart: watchIDPart(1), s: s}
+	fan := []fanItem{{w: w, from: 1}}
+	s.enqueueEvents(batchAt(1, 1), fan)
+	s.enqueueEvents(batchAt(2, 1), fan)
+	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{Revision: 2}, WatchId: 1})
+	s.enqueueEvents(batchAt(3, 1), fan)
+	s.enqueueEvents(batchAt(4, maxMergeBytes), fan)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var shape []string
+	for _, it := range s.queue {
+		if it.resp != nil {
+			shape = append(shape, "progress")
+			continue
+		}
+		shape = append(shape, fmt.Sprintf("%d segments", len(it.segs)))
+	}
+	if want := []string{"2 segments", "progress", "1 segments", "1 segments"}; !slices.Equal(shape, want) {
+		t.Fatalf("queued %v, want %v", shape, want)
+	}
+}
+
+// TestStreamBehindOnlyPastTheBound: a stream with as many responses
+// waiting as its bound still takes the next; past it, the stream ends.
+func TestStreamBehindOnlyPastTheBound(t *testing.T) {
+	r := newHubRig(t, 0)
+	r.h.p.watchQueue = 2
+	s := r.bareStream()
+	for range 3 {
+		s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: 1})
+	}
+	s.mu.Lock()
+	n, over := len(s.queue), s.overflow
+	s.mu.Unlock()
+	if n != 3 || over {
+		t.Fatalf("bound 2, three responses: %d queued, overflow %v; want 3, none", n, over)
+	}
+	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: 1})
+	s.mu.Lock()
+	over = s.overflow
+	s.mu.Unlock()
+	if !over || context.Cause(s.ctx) == nil {
+		t.Fatal("bound 2, three waiting and one more: the stream was not ended")
+	}
+}
+
+// TestAdmitRefusesAnEmptyRange: a range end at or below the key is
+// refused, as etcd refuses it; above it, admitted.
+func TestAdmitRefusesAnEmptyRange(t *testing.T) {
+	s := newHubRig(t, 0).bareStream()
+	for _, c := range []struct {
+		key, end string
+		refused  bool
+	}{{"b", "a", true}, {"b", "b", true}, {"b", "c", false}, {"b", "", false}, {"b", "\x00", false}} {
+		_, reason := s.admit(&pb.WatchCreateRequest{Key: []byte(c.key), RangeEnd: []byte(c.end), WatchId: clientv3.AutoWatchID})
+		if (reason != "") != c.refused {
+			t.Errorf("range %q..%q: reason %q, want refused %v", c.key, c.end, reason, c.refused)
+		}
+	}
+}
+
+// TestHubStreamIsAsFreshAsItsFreshestWatch: the silence check of a gRPC
+// stream hears it when any of its watches heard etcd last (one quiet
+// watch beside busy ones is no silent stream), and replaces the watches
+// that are ahead from the highest revision etcd reported on any of them
+// (the freshest, least likely compacted).
+func TestHubStreamIsAsFreshAsItsFreshestWatch(t *testing.T) {
+	r := newHubRig(t, 1)
+	for i, key := range []string{"a", "b", "c"} {
+		r.etcd.write(key, false)
+		r.watch(0, key, "", 0, false, false)
+		r.etcd.step(r.etcd.watchAt(t, i), 1) // created at i+1
+	}
+	r.etcd.step(r.etcd.watchAt(t, 2), 1) // progress at 3: the created one is dispatched
+	r.h.mu.Lock()
+	for i, key := range []string{"a", "b", "c"} {
+		r.h.groups[watchKey{key: key}][0].heard.Store(int64([]int{1, 3, 2}[i]) * int64(time.Second))
+	}
+	r.h.mu.Unlock()
+	for range 10 { // the groups are a map: any order
+		r.h.mu.Lock()
+		streams := r.h.streamsLocked()
+		r.h.mu.Unlock()
+		if q := streams[watchKey{}]; len(streams) != 1 || q == nil || q.known != 3 || !q.heard.Equal(time.Unix(3, 0)) {
+			t.Fatalf("streams %v, want one, known 3, heard at 3 s", streams)
+		}
+	}
+}
+
+// TestHubReopenedWatchRepeatsNothing: an upstream watch opened again
+// below the upstream's next revision (from the last revision etcd
+// reported) repeats events its receivers had; they are dropped before
+// the batch is shared (etcdwatch.Position.Fresh), not queued again.
+func TestHubReopenedWatchRepeatsNothing(t *testing.T) {
+	r := newHubRig(t, 0)
+	s := r.bareStream()
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	w := &cwatcher{id: 1, idPart: watchIDPart(1), s: s, key: watchKey{key: "a"}}
+	if !r.h.attach(w, 1, &pb.ResponseHeader{Revision: 3}) {
+		t.Fatal("attach refused")
+	}
+	first := r.etcd.watchAt(t, 0)
+	r.etcd.step(first, 1)  // created
+	r.etcd.step(first, 10) // 1..3
+	r.etcd.step(first, 1)  // progress: the events are dispatched
+	u := w.up
+	r.h.mu.Lock()
+	u.mu.Lock()
+	u.reopenLocked(r.h.w, 2) // as the silence check does, from Known
+	u.mu.Unlock()
+	r.h.mu.Unlock()
+	r.etcd.write("a", false)
+	second := r.etcd.watchAt(t, 1)
+	r.etcd.step(second, 1)  // created
+	r.etcd.step(second, 10) // 2..4: 2 and 3 repeated
+	r.etcd.step(second, 1)  // progress: the events are dispatched
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var revs [][]int64
+	for _, it := range s.queue {
+		for _, sg := range it.segs {
+			var batch []int64
+			for _, ev := range sg.b.events {
+				batch = append(batch, ev.Kv.ModRevision)
+			}
+			revs = append(revs, batch)
+		}
+	}
+	if fmt.Sprint(revs) != "[[1 2 3] [4]]" {
+		t.Fatalf("batches queued %v, want [[1 2 3] [4]]", revs)
+	}
+}
+
+// TestHubUpstreamCatchingUpAsksForProgress: an upstream that replays
+// history asks etcd for progress once created, so that it learns it has
+// caught up (and may merge) without waiting for etcd's periodic
+// notification.
+func TestHubUpstreamCatchingUpAsksForProgress(t *testing.T) {
+	r := newHubRig(t, 1)
+	r.etcd.write("a", false)
+	r.watch(0, "a", "", 1, false, false)
+	before := r.etcd.asked.Load()
+	r.etcd.step(r.etcd.watchAt(t, 0), 1) // created
+	deadline := time.Now().Add(hubTimeout)
+	for {
+		wake := r.changed.next()
+		if r.etcd.asked.Load() > before {
+			return
+		}
+		if !waitChange(wake, deadline) {
+			t.Fatal("an upstream from the past, created, asked for no progress")
+		}
+	}
+}
+
+// TestHubMovedWatchIsHeardFromTheMove: an upstream moved to another
+// member is silent only if that member says nothing from the move on: its
+// silence is measured from then, not from the last response of the
+// member it left.
+func TestHubMovedWatchIsHeardFromTheMove(t *testing.T) {
+	r := newHubRig(t, 1)
+	m := r.watch(0, "a", "", 0, false, false)
+	u := m.w.up
+	u.heard.Store(0)
+	start := time.Now()
+	r.h.mu.Lock()
+	moved := u.restart(r.etcd)
+	r.h.mu.Unlock()
+	if heard := time.Unix(0, u.heard.Load()); !moved || heard.Before(start) {
+		t.Fatalf("moved %v, heard at %v, want at the move (%v) or later", moved, heard, start)
+	}
+}
+
+// TestHubResponseOfAReplacedWatchIsIgnored: once an upstream is fed by
+// a new watch (moved to another member, or opened again), a response the
+// watch it replaced still had in flight (here: canceled, as a member
+// that is being left may say) is not handed to the receivers: the client
+// watchers stay open and get every event once.
+func TestHubResponseOfAReplacedWatchIsIgnored(t *testing.T) {
+	r := newHubRig(t, 1)
+	r.etcd.write("a", false)
+	m := r.watch(0, "a", "", 1, false, false)
+	old := r.etcd.watchAt(t, 0)
+	r.etcd.step(old, 1) // created
+	r.etcd.step(old, 1) // revision 1
+	old.mu.Lock()       // the old watch's channel stays open until the send below
+	r.h.mu.Lock()
+	m.w.up.restart(r.etcd)
+	r.h.mu.Unlock()
+	old.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 1}, Canceled: true, CancelReason: "the member is leaving"}
+	old.mu.Unlock()
+	r.etcd.write("a", false)
+	r.settle()
+	r.check()
+	for _, resp := range m.rec.responses(m.w.id) {
+		if resp.Canceled {
+			t.Fatalf("the client watcher was cancelled by the replaced watch's response: %v", resp)
 		}
 	}
 }

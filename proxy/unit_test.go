@@ -204,3 +204,16 @@ func TestOnceLogWarnsOncePerSubject(t *testing.T) {
 		t.Fatalf("levels %v, want %v", got, want)
 	}
 }
+
+// TestAddrsSkipsEndpointsWithoutAHost: an endpoint the pool cannot dial
+// by host and port (no host in its URL) is left out, not dialled as "".
+func TestAddrsSkipsEndpointsWithoutAHost(t *testing.T) {
+	got := addrs([]string{"http://127.0.0.1:2379", "unix:///tmp/etcd.sock", "localhost:2379", "https://etcd-1:2379"})
+	var names []string
+	for _, a := range got {
+		names = append(names, a.Addr+"/"+a.ServerName)
+	}
+	if want := []string{"127.0.0.1:2379/127.0.0.1", "etcd-1:2379/etcd-1"}; !slices.Equal(names, want) {
+		t.Fatalf("addresses %v, want %v", names, want)
+	}
+}

@@ -20,11 +20,12 @@ import (
 //
 // Client watchers on the same range (same key, range end, prev-kv option,
 // auth token and require-leader flag) share upstream watches. An upstream
-// u keeps nextrev: every event with a revision below nextrev has been
-// handed to its receivers, and every event at or above it is still to
-// come. A client watcher w with its own nextrev (the first revision it
-// still needs) may receive from u whenever u.nextrev <= w.nextrev; it skips
-// events below its own nextrev. A watcher "from now" (start revision 0)
+// u keeps an etcdwatch.Position, whose Next (u's nextrev below) says
+// every event with a revision below it has been handed to its receivers,
+// and every event at or above it is still to come. A client watcher w
+// with its own nextrev (the first revision it still needs) may receive
+// from u whenever u.nextrev <= w.nextrev; it skips events below its own
+// nextrev. A watcher "from now" (start revision 0)
 // joins any existing upstream, taking max(current revision+1, u.nextrev)
 // as its start, so identical watches always share one upstream watch. A
 // watcher that needs older history gets its own upstream from its start
@@ -90,19 +91,22 @@ type upstream struct {
 	ctx       context.Context
 	cancel    context.CancelFunc
 	gen       int // which watch feeds it (restart starts a new one)
-	nextrev   int64
 	caughtUp  bool
 	closed    bool
 	receivers map[*cwatcher]struct{}
-	// pos.OpenedAt is the revision the current watch started from,
-	// pos.Known the highest revision etcd reported on u's watches (or
-	// their stream); pos.Next is nextrev, set where pos decides.
-	// wantEarly: the next watch starts at Known, below nextrev (see
-	// checkSilence).
-	pos       etcdwatch.Position
-	wantEarly bool
+	// pos is what u knows of revisions: Next (nextrev) the first one not
+	// yet handed to the receivers, OpenedAt the start of the current
+	// watch, Known the highest revision etcd reported on u's watches (or
+	// their stream). Its policy decides when u's watch is opened again,
+	// and from where (ReplaceFrom, Compacted), and which events it
+	// repeats (Fresh).
+	pos etcdwatch.Position
 	// fan groups one batch's receivers by client stream (dispatch's
 	// scratch, emptied after each batch); free keeps its slices.
+	// BenchmarkDispatch with and without them (reuse=all vs nofan, 10
+	// streams, 6 alternating runs of 1000 responses, 2 shared cores):
+	// median 22.3 µs vs 39.6 µs per response at 100 watchers, 208 µs vs
+	// 296 µs at 1000 (faster in 6 of 6 runs each), 33% fewer bytes.
 	fan  map[*cstream][]fanItem
 	free [][]fanItem
 }
@@ -191,22 +195,12 @@ func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool
 	if want == 0 {
 		want = current + 1
 	}
-	ups := h.groups[w.key]
-	var best *upstream
-	for _, u := range ups {
-		u.mu.Lock()
-		ok := !u.closed && u.nextrev <= want
-		u.mu.Unlock()
-		if ok {
-			best = u
-			break
-		}
-	}
+	best := h.fittingLocked(w.key, want)
 	if best == nil && start == 0 {
 		// From now: the most recent upstream also counts as now.
-		for _, u := range ups {
+		for _, u := range h.groups[w.key] {
 			u.mu.Lock()
-			if !u.closed && (best == nil || u.nextrev < best.nextrev) {
+			if best == nil || u.pos.Next < best.pos.Next {
 				best = u
 			}
 			u.mu.Unlock()
@@ -224,7 +218,7 @@ func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool
 	}
 	if best != nil {
 		best.mu.Lock()
-		created(best, max(want, best.nextrev))
+		created(best, max(want, best.pos.Next))
 		best.mu.Unlock()
 		return true
 	}
@@ -243,14 +237,7 @@ func (h *watchHub) attachSink(w *cwatcher, rev int64) bool {
 	if h.closed {
 		return false
 	}
-	var u *upstream
-	for _, v := range h.groups[w.key] {
-		v.mu.Lock()
-		if !v.closed && v.nextrev <= rev {
-			u = v
-		}
-		v.mu.Unlock()
-	}
+	u := h.fittingLocked(w.key, rev)
 	if u == nil {
 		u = h.newUpstream(w.key, rev, false)
 	}
@@ -261,21 +248,38 @@ func (h *watchHub) attachSink(w *cwatcher, rev int64) bool {
 	return true
 }
 
+// fittingLocked is the first upstream of range k that has handed its
+// receivers nothing at or above rev (its next revision is not above it),
+// so that a watcher from rev loses nothing on it; nil: none. h.mu is held
+// (the groups hold only open upstreams).
+func (h *watchHub) fittingLocked(k watchKey, rev int64) *upstream {
+	for _, u := range h.groups[k] {
+		u.mu.Lock()
+		ok := u.pos.Next <= rev
+		u.mu.Unlock()
+		if ok {
+			return u
+		}
+	}
+	return nil
+}
+
 // newUpstream starts an upstream watch from rev; h.mu is held.
 func (h *watchHub) newUpstream(k watchKey, rev int64, current bool) *upstream {
-	u := &upstream{hub: h, key: k, nextrev: rev, caughtUp: current, receivers: map[*cwatcher]struct{}{}}
+	u := &upstream{hub: h, key: k, pos: etcdwatch.Position{Next: rev}, caughtUp: current, receivers: map[*cwatcher]struct{}{}}
 	u.heard.Store(time.Now().UnixNano())
 	h.groups[k] = append(h.groups[k], u)
 	h.p.m.upstreamWatches.Inc()
 	u.mu.Lock()
-	u.watchLocked(h.w)
+	u.watchLocked(h.w, rev)
 	u.mu.Unlock()
 	return u
 }
 
-// watchLocked starts the watch that feeds u, on w from u.nextrev; u.mu
+// watchLocked starts the watch that feeds u, on w from revision from
+// (u.pos.Next, or below it: dispatch drops the events it repeats); u.mu
 // (and h.mu) are held.
-func (u *upstream) watchLocked(w clientv3.Watcher) {
+func (u *upstream) watchLocked(w clientv3.Watcher, from int64) {
 	h, k := u.hub, u.key
 	md := metadata.MD{}
 	if k.token != "" {
@@ -295,13 +299,7 @@ func (u *upstream) watchLocked(w clientv3.Watcher) {
 	}
 	u.ctx, u.cancel = context.WithCancel(ctx)
 	u.gen++
-	// From nextrev, unless checkSilence asked for a watch from the last
-	// revision etcd reported (dispatch skips the events below nextrev).
-	from := u.nextrev
-	if u.wantEarly && u.pos.Known > 0 && u.pos.Known < from {
-		from = u.pos.Known
-	}
-	u.wantEarly, u.pos.OpenedAt = false, from
+	u.pos.OpenedAt = from
 	opts := []clientv3.OpOption{clientv3.WithRev(from), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
 	if k.prevKV {
 		opts = append(opts, clientv3.WithPrevKV())
@@ -324,10 +322,16 @@ func (u *upstream) restart(w clientv3.Watcher) bool {
 	if u.closed {
 		return false
 	}
-	u.cancel()
 	u.heard.Store(time.Now().UnixNano())
-	u.watchLocked(w)
+	u.reopenLocked(w, u.pos.Next)
 	return true
+}
+
+// reopenLocked feeds u from a new watch on w from revision from, in place
+// of the current one; u.mu (and h.mu) are held.
+func (u *upstream) reopenLocked(w clientv3.Watcher, from int64) {
+	u.cancel()
+	u.watchLocked(w, from)
 }
 
 // context is the context of u's current watch (its metadata selects the
@@ -380,7 +384,7 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	if !u.current(gen) {
 		return // from the watch on the member the watches left
 	}
-	if wr.CompactRevision != 0 && wr.Header != nil && u.retryWithoutMargin(wr.CompactRevision, wr.Header.Revision, gen) {
+	if wr.CompactRevision != 0 && wr.Header != nil && u.reopenCompacted(wr.CompactRevision, wr.Header.Revision, gen) {
 		return
 	}
 	if wr.Canceled || wr.CompactRevision != 0 {
@@ -404,7 +408,7 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 			defer u.hub.requestProgress(u.key)
 		}
 	case wr.IsProgressNotify():
-		u.nextrev = max(u.nextrev, hdr.Revision+1)
+		u.pos.Progress(hdr.Revision)
 		u.caughtUp = true
 		for w := range u.receivers {
 			w.nextrev = max(w.nextrev, hdr.Revision+1)
@@ -423,11 +427,14 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 		if len(wr.Events) == 0 {
 			break
 		}
-		b := newBatch(hdr, wr.Events)
-		u.nextrev = max(u.nextrev, b.last+1)
-		if hdr.Revision == b.last {
+		if hdr.Revision == wr.Events[len(wr.Events)-1].Kv.ModRevision {
 			u.caughtUp = true
 		}
+		evs := u.pos.Fresh(hdr.Revision, wr.Events) // a watch opened below Next repeats some
+		if len(evs) == 0 {
+			break
+		}
+		b := newBatch(hdr, evs)
 		for w := range u.receivers {
 			from := w.nextrev
 			if from > b.last {
@@ -451,26 +458,27 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	}
 }
 
-// retryWithoutMargin restarts u's watch when watch gen opened early (below
-// nextrev) and only revisions below nextrev are compacted: nothing a
-// receiver needs is gone. It restarts from nextrev when etcd's revision
-// (rev, which the compacted response carries) has reached it, and
-// otherwise early again from rev, which is not compacted: a watch that
-// starts ahead of etcd's revision (from a revision in the future) would
-// have its progress requests go unanswered, and the member taken for hung.
-func (u *upstream) retryWithoutMargin(compactRev, rev int64, gen int) bool {
+// reopenCompacted opens u's watch again when watch gen, opened below
+// nextrev, is compacted only below it (etcdwatch.Position.Compacted: from
+// nextrev, or from etcd's revision rev, which the compacted response
+// carries, while nextrev is ahead of it). It reports false when the
+// compaction took events a receiver needs (or gen is no longer u's).
+func (u *upstream) reopenCompacted(compactRev, rev int64, gen int) bool {
 	h := u.hub
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	u.mu.Lock()
-	u.pos.Next = u.nextrev
-	ok := !h.closed && u.gen == gen && !u.closed && u.pos.CompactedBelowNext(compactRev)
-	if ok {
-		u.pos.Reported(rev)
-		u.wantEarly = u.pos.Known < u.nextrev
+	defer u.mu.Unlock()
+	if h.closed || u.gen != gen || u.closed {
+		return false
 	}
-	u.mu.Unlock()
-	return ok && u.restart(h.w)
+	from, err := u.pos.Compacted(compactRev, rev)
+	if err != nil {
+		return false
+	}
+	u.heard.Store(time.Now().UnixNano())
+	u.reopenLocked(h.w, from)
+	return true
 }
 
 // end cancels every receiver of u (compaction, permission loss, upstream
@@ -533,7 +541,10 @@ func (h *watchHub) maybeMerge(u *upstream) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ups := h.groups[u.key]
-	if len(ups) < 2 {
+	if len(ups) < 2 || !slices.Contains(ups, u) {
+		// Alone, or closed meanwhile (out of its group, its watch
+		// stopped): receivers moved to it would get nothing more
+		// (TestHubNeverMergesIntoAClosedUpstream).
 		return
 	}
 	for _, v := range ups {
@@ -546,14 +557,14 @@ func (h *watchHub) maybeMerge(u *upstream) {
 	}
 }
 
-// mergeable reports whether the receivers of from may move to to: both
-// open, to caught up (a watcher from now does not wait behind a replay of
-// history), and to not ahead of from (its next revision not above
-// from's, so that no receiver of from misses an event to has already
-// delivered; TestHubMergesOnlyIntoAnUpstreamNotAhead). from.mu and to.mu
-// are held.
+// mergeable reports whether the receivers of from may move to to (both
+// open: in their group): to caught up (a watcher from now does not wait
+// behind a replay of history), and to not ahead of from (its next
+// revision not above from's, so that no receiver of from misses an event
+// to has already delivered; TestHubMergesOnlyIntoAnUpstreamNotAhead).
+// from.mu and to.mu are held.
 func mergeable(from, to *upstream) bool {
-	return !from.closed && !to.closed && to.caughtUp && to.nextrev <= from.nextrev
+	return to.caughtUp && to.pos.Next <= from.pos.Next
 }
 
 // moveLocked moves every receiver of from to to, if mergeable; h.mu is

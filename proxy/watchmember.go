@@ -176,11 +176,11 @@ func (h *watchHub) checkSilence(now time.Time, timeout time.Duration) {
 			// Not at once: when etcd's revision moved on (other keys
 			// were written) the request is answered, and the revision
 			// last reported may have been compacted since — the watch
-			// opened again would be (retryWithoutMargin then opens it
-			// from nextrev). (Not u.restart: the silence is still
-			// measured from the last response, so that a hung member is
-			// noticed as soon.)
-			h.openAheadEarlyLocked(g, q.known)
+			// opened again would be (reopenCompacted then opens it
+			// again). (Not u.restart: the silence is still measured
+			// from the last response, so that a hung member is noticed
+			// as soon.)
+			h.replaceAheadLocked(g, q.known)
 		case etcdwatch.Silent:
 			silent = max(silent, pr.Quiet(now))
 		}
@@ -234,27 +234,26 @@ func (h *watchHub) streamsLocked() map[watchKey]*quietStream {
 	return streams
 }
 
-// ahead reports whether pos is ahead of etcd once known is reported.
-func ahead(pos *etcdwatch.Position, known int64) bool {
-	pos.Reported(known)
-	return pos.Ahead()
-}
-
-// openAheadEarlyLocked opens again, from known (the last revision etcd
-// reported on stream g), the watches of g that start ahead of it: etcd
-// answers their stream no progress request (etcdwatch.Position.Ahead).
-// Their created responses are the answer. h.mu is held.
-func (h *watchHub) openAheadEarlyLocked(g watchKey, known int64) {
+// replaceAheadLocked opens again, from known (the last revision etcd
+// reported on stream g), each watch of g that starts ahead of it
+// (etcdwatch.Position.ReplaceFrom): etcd answers the stream no progress
+// request while one is. Its created response is the answer. Unlike
+// etcdwatch.State, which lets the current watch run on until its
+// replacement is synced, the watch is replaced at once: on a shared
+// stream, the one ahead would keep every other watch's progress request
+// unanswered. h.mu is held.
+func (h *watchHub) replaceAheadLocked(g watchKey, known int64) {
 	for key, us := range h.groups {
 		if key.group() != g {
 			continue
 		}
 		for _, u := range us {
 			u.mu.Lock()
-			if pos := u.pos; !u.closed && u.pos.Known > 0 && ahead(&pos, known) {
-				u.pos, u.wantEarly = pos, true
-				u.cancel()
-				u.watchLocked(h.w)
+			if !u.closed {
+				u.pos.Reported(known)
+				if from := u.pos.ReplaceFrom(); from > 0 {
+					u.reopenLocked(h.w, from)
+				}
 			}
 			u.mu.Unlock()
 		}

@@ -252,7 +252,12 @@ func byteSize(n int) string {
 }
 
 // keepSpare bounds the queue capacity a stream keeps between bursts, so
-// that memory goes back to idle after one.
+// that memory goes back to idle after one. The spare queue's gain,
+// BenchmarkDispatch with and without it (reuse=all vs nospare, 6
+// alternating runs of 1000 responses, 2 shared cores): 34% fewer bytes
+// per response at 1000 watchers (93 KB vs 141 KB), 3% at 100; time: 4.5%
+// faster at 100 watchers (median 22.3 µs vs 23.3 µs, 6 of 6 runs), within
+// the noise at 1000 (208 µs vs 201 µs, 4 of 6 runs faster).
 const keepSpare = 1024
 
 func (s *cstream) sendLoop() error {
@@ -488,10 +493,10 @@ func (s *cstream) requestProgress() {
 func (s *cstream) progressDone(u *upstream) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.wantProg || !s.pending[u] {
+	if !s.wantProg {
 		return false
 	}
-	delete(s.pending, u)
+	delete(s.pending, u) // one not pending leaves as many pending
 	if len(s.pending) == 0 {
 		s.wantProg = false
 		return true

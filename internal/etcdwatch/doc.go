@@ -1,7 +1,20 @@
 // Package etcdwatch owns the one hard idea of watching etcd: a watch that
-// is never silently stale and never loses or repeats an event. The etcd
-// store (store/etcd), the proxy's upstream watches (proxy) and bootstrap's
-// wait for peers use it; none of them re-derives etcd's watch semantics.
+// is never silently stale and never loses or repeats an event. None of
+// its users re-derives etcd's watch semantics:
+//
+//   - Run (over State) is the whole watch, its I/O included: the etcd
+//     store (store/etcd) and bootstrap's wait for peers use it.
+//   - The proxy's upstream watches (proxy) share one gRPC stream per
+//     credentials, so they use the parts: a Silence per stream, and a
+//     Position per watch, whose policy says when a watch is replaced and
+//     from where (ReplaceFrom, at the stream's ReplaceAhead verdict),
+//     where it opens again when compacted (Compacted) and which events it
+//     repeats (Fresh). State uses the same methods. The one difference
+//     is the stream's: on a shared stream a watch ahead of etcd keeps
+//     every other watch's progress request unanswered, so the proxy
+//     replaces it at once rather than letting it run on until the
+//     replacement is synced (and, the replacement compacted, opens it
+//     again as Compacted says).
 //
 // # The etcd quirks it absorbs
 //
@@ -28,7 +41,8 @@
 //     is no longer ahead of etcd).
 //   - A watch opened below Next whose start is later compacted lost only
 //     revisions it had delivered (Position.CompactedBelowNext): it opens
-//     again from Next. Any other compaction loses events: a
+//     again from Next, or from Known while Next is ahead of etcd
+//     (Position.Compacted). Any other compaction loses events: a
 //     *CompactedError with the first revision the watch still needed.
 //
 // # State machine
@@ -38,7 +52,7 @@
 //
 //	          New(rev)
 //	             |
-//	             v          OnCompacted (below Next: Reopen(Next))
+//	             v          OnCompacted (below Next: Reopen(Compacted))
 //	        +---------+ <-------------------------------------+
 //	        | Opening |                                       |
 //	        +---------+                                       |
@@ -66,7 +80,8 @@
 //	a *SilentError; OnCompacted above Next ends it with a *CompactedError.
 //
 // The silence check of one stream (Silence) is a state machine of its own,
-// also used alone by the proxy, whose upstream watches share a stream:
+// also used without State by the proxy, whose upstream watches share a
+// stream:
 //
 //	   heard (Heard)           quiet >= T/2          asked T/8 ago
 //	Listening ------------> Ask ------------> ReplaceAhead
@@ -84,7 +99,8 @@
 //   - A replacement is opened only for a watch that is Ahead, once per
 //     quiet spell, and never while another is in flight.
 //   - A compacted replacement leaves the current watch in place.
-//   - A compaction below Next reopens from Next; any other ends the watch.
+//   - A compaction below Next reopens from Next (Known if Next is ahead);
+//     any other ends the watch.
 //   - Silent only after the whole timeout without a sign of life and a
 //     progress request unanswered for half of it; time spent waiting for
 //     the consumer is not silence.

@@ -66,6 +66,38 @@ func (p *Position) CompactedBelowNext(compactRev int64) bool {
 	return p.OpenedAt > 0 && p.OpenedAt < p.Next && compactRev <= p.Next
 }
 
+// ReplaceFrom is the replacement policy, asked at a ReplaceAhead verdict
+// of the stream's Silence: a watch that is Ahead is opened again from
+// Known, which etcd has reached, so that it answers the stream's progress
+// requests (the events the new watch repeats, below Next, Fresh drops);
+// it returns that revision, or 0 for a watch that is not Ahead and stays.
+func (p *Position) ReplaceFrom() int64 {
+	if p.Ahead() {
+		return p.Known
+	}
+	return 0
+}
+
+// Compacted is the compaction fall-back of the watch that feeds p: etcd
+// compacted its start at compactRev, in a response at revision header.
+// When only revisions below Next are gone (CompactedBelowNext), it
+// returns the revision to open the watch from again, and records it as
+// OpenedAt: Next, or Known when a watch from Next would be ahead of etcd
+// (it then repeats, and Fresh drops, what lies between). Otherwise the
+// watch lost events: a *CompactedError.
+func (p *Position) Compacted(compactRev, header int64) (from int64, err error) {
+	p.Reported(header)
+	if !p.CompactedBelowNext(compactRev) {
+		return 0, &CompactedError{Requested: p.Next, CompactRevision: compactRev}
+	}
+	from = p.Next
+	if p.Known > 0 && from > p.Known {
+		from = p.Known
+	}
+	p.OpenedAt = from
+	return from, nil
+}
+
 // CompactedError says that the revisions a watch needs are gone.
 type CompactedError struct {
 	Requested       int64 // the first revision the watch still needed

@@ -85,16 +85,19 @@ func (s *State) OnTick(now time.Time) Tick {
 	case Ask:
 		t.Ask = s.phase == Watching
 	case ReplaceAhead:
-		if s.phase == Watching && s.Ahead() {
-			t.ReplaceFrom = s.replace(s.Known)
+		if s.phase == Watching {
+			t.ReplaceFrom = s.replace(s.ReplaceFrom())
 		}
 	}
 	return t
 }
 
-// replace enters Replacing with a replacement from rev.
+// replace enters Replacing with a replacement from rev (0: none, the
+// phase is unchanged).
 func (s *State) replace(rev int64) int64 {
-	s.phase, s.from = Replacing, rev
+	if rev > 0 {
+		s.phase, s.from = Replacing, rev
+	}
 	return rev
 }
 
@@ -113,14 +116,11 @@ func (s *State) OnReplacementCreated(rev int64) {
 // then compacted). The current watch missed nothing and stays; its start
 // is now within etcd's revision (header, at or above the compaction),
 // unless it is still ahead (a watch from a later revision): then a
-// replacement from header, returned (0: none).
+// replacement from header (Position.ReplaceFrom), returned (0: none).
 func (s *State) OnReplacementCompacted(header int64) int64 {
 	s.Reported(header)
 	s.phase = Watching
-	if s.Ahead() {
-		return s.replace(s.Known)
-	}
-	return 0
+	return s.replace(s.ReplaceFrom())
 }
 
 // OnReplacementSynced is the transition: the replacement answered (progress or events): it
@@ -130,14 +130,17 @@ func (s *State) OnReplacementSynced() {
 	s.OpenedAt, s.phase = s.from, Watching
 }
 
-// OnCompacted is the transition: the current watch's start is compacted at compactRev. If
-// only revisions below Next are gone (it was opened below Next), it
-// returns the revision to open the watch from again; otherwise the watch
-// has lost events and ends with the error.
-func (s *State) OnCompacted(compactRev int64) (reopen int64, err error) {
-	if s.CompactedBelowNext(compactRev) {
-		s.Reopen(s.Next)
-		return s.Next, nil
+// OnCompacted is the transition: the current watch's start is compacted
+// at compactRev, in a response at revision header. If only revisions
+// below Next are gone (it was opened below Next), it returns the revision
+// to open the watch from again (Position.Compacted: Next, or Known when
+// Next is ahead of etcd); otherwise the watch has lost events and ends
+// with the error.
+func (s *State) OnCompacted(compactRev, header int64) (reopen int64, err error) {
+	from, err := s.Compacted(compactRev, header)
+	if err != nil {
+		return 0, err
 	}
-	return 0, &CompactedError{Requested: s.Next, CompactRevision: compactRev}
+	s.Reopen(from)
+	return from, nil
 }

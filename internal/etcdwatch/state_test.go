@@ -253,6 +253,56 @@ func TestPositionCompactedBelowNext(t *testing.T) {
 	}
 }
 
+// TestPositionReplaceFrom pins the replacement policy both the etcd store
+// (State) and the proxy's upstream watches use: only a watch ahead of
+// etcd is replaced, from the last revision etcd reported.
+func TestPositionReplaceFrom(t *testing.T) {
+	for _, c := range []struct {
+		openedAt, known, want int64
+	}{
+		{openedAt: 11, known: 10, want: 10},
+		{openedAt: 10, known: 10, want: 0},
+		{openedAt: 11, known: 0, want: 0}, // etcd said nothing yet
+	} {
+		p := Position{OpenedAt: c.openedAt, Next: c.openedAt, Known: c.known}
+		if got := p.ReplaceFrom(); got != c.want {
+			t.Errorf("opened at %d, known %d: replace from %d, want %d", c.openedAt, c.known, got, c.want)
+		}
+	}
+}
+
+// TestPositionCompacted pins the compaction fall-back both users share:
+// opened below Next and compacted only below it, the watch opens again
+// from Next, or from Known when Next is ahead of etcd; anything else is a
+// CompactedError for Next.
+func TestPositionCompacted(t *testing.T) {
+	for _, c := range []struct {
+		openedAt, next, known, compact, header int64
+		want                                   int64 // 0: a CompactedError
+	}{
+		{openedAt: 5, next: 10, known: 9, compact: 8, header: 12, want: 10},
+		{openedAt: 5, next: 10, known: 9, compact: 10, header: 10, want: 10},
+		{openedAt: 5, next: 20, known: 9, compact: 12, header: 15, want: 15}, // Next ahead: from Known
+		{openedAt: 5, next: 20, known: 9, compact: 12, header: 19, want: 19},
+		{openedAt: 5, next: 20, known: 9, compact: 12, header: 20, want: 20},
+		{openedAt: 5, next: 10, known: 9, compact: 11, header: 12, want: 0},
+		{openedAt: 10, next: 10, known: 9, compact: 8, header: 12, want: 0},
+	} {
+		p := Position{OpenedAt: c.openedAt, Next: c.next, Known: c.known}
+		from, err := p.Compacted(c.compact, c.header)
+		var ce *CompactedError
+		switch {
+		case c.want == 0 && (!errors.As(err, &ce) || ce.Requested != c.next || ce.CompactRevision != c.compact):
+			t.Errorf("%+v: from %d, err %v, want a CompactedError for %d at %d", c, from, err, c.next, c.compact)
+		case c.want != 0 && (err != nil || from != c.want || p.OpenedAt != c.want):
+			t.Errorf("%+v: from %d (opened at %d), err %v, want from %d", c, from, p.OpenedAt, err, c.want)
+		}
+		if p.Known != max(c.known, c.header) {
+			t.Errorf("%+v: known %d, want the header's %d", c, p.Known, c.header)
+		}
+	}
+}
+
 func TestOpenedEntersWatching(t *testing.T) {
 	s := New(10, T, at(0))
 	if s.Phase() != Opening {
@@ -400,15 +450,31 @@ func TestCompactedBelowNextReopensFromNext(t *testing.T) {
 	s := replacing(t)
 	s.OnReplacementCreated(10)
 	s.OnReplacementSynced() // opened at 10, next 11
-	from, err := s.OnCompacted(11)
+	from, err := s.OnCompacted(11, 11)
 	if err != nil || from != 11 || s.Phase() != Opening || s.OpenedAt != 11 {
 		t.Fatalf("compacted at 11 (next 11): reopen from %d (%v) in %v opened at %d, want 11 from opening", from, err, s.Phase(), s.OpenedAt)
 	}
 }
 
+// TestCompactedBelowNextAheadReopensFromKnown: a watch from a future
+// revision, replaced and taken over, then compacted below Next while
+// etcd is still below Next, opens again from etcd's revision, not from
+// Next (a watch etcd would answer no progress request of).
+func TestCompactedBelowNextAheadReopensFromKnown(t *testing.T) {
+	s := watching(20, 10)
+	s.OnTick(at(4))
+	s.OnTick(at(5)) // replacement from 10
+	s.OnReplacementCreated(10)
+	s.OnReplacementSynced() // opened at 10, next 20
+	from, err := s.OnCompacted(12, 15)
+	if err != nil || from != 15 || s.Phase() != Opening || s.OpenedAt != 15 || s.Ahead() {
+		t.Fatalf("compacted at 12, etcd at 15, next 20: reopen from %d (%v) in %v opened at %d, want 15 from opening", from, err, s.Phase(), s.OpenedAt)
+	}
+}
+
 func TestCompactedAboveNextEnds(t *testing.T) {
 	s := watching(10, 12)
-	_, err := s.OnCompacted(12)
+	_, err := s.OnCompacted(12, 12)
 	var ce *CompactedError
 	if !errors.As(err, &ce) || ce.Requested != 10 || ce.CompactRevision != 12 {
 		t.Fatalf("compacted at 12, next 10: %v, want a CompactedError for 10 at 12", err)

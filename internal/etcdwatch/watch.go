@@ -216,7 +216,7 @@ func (r *runner) handle(wr clientv3.WatchResponse, ok, repl bool) error {
 	case !ok:
 		return ErrClientClosed
 	case wr.CompactRevision != 0:
-		from, err := st.OnCompacted(wr.CompactRevision)
+		from, err := st.OnCompacted(wr.CompactRevision, wr.Header.Revision)
 		if err != nil {
 			return err
 		}
