@@ -259,7 +259,7 @@ func TestSessionWritesStaleRegistrationsWhenWoken(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := st.Watch(ctx, key, rev+1)
-	reg.(*registration).invalidate()
+	r.sess.rc.invalidate(reg.(*registration))
 	if err := reg.Err(); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("Err of a registration behind the lease = %v, want ErrLeaseLost", err)
 	}

@@ -1,0 +1,243 @@
+package registry
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/store/memory"
+)
+
+// reconcilerRig is a reconciler of a registry over the memory store (never
+// started: these tests drive the reconciler's bookkeeping alone) and the
+// Prometheus registry its metrics go to.
+func reconcilerRig(t *testing.T) (*reconciler, *prometheus.Registry) {
+	t.Helper()
+	st := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = st.Close() })
+	metrics := prometheus.NewRegistry()
+	r, err := New(st, Config{LeaseTTL: time.Hour, Metrics: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r.sess.rc, metrics
+}
+
+func trackedReg(rc *reconciler, id string) *registration {
+	ref := beacon.Ref{Namespace: "ns", Component: "c", Endpoint: "e", ID: id}
+	return &registration{r: rc.r, s: rc.r.sess, rc: rc, key: rc.r.ks.Key(ref), ref: ref}
+}
+
+func gauge(t *testing.T, metrics *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("metric %s not registered", name)
+	return 0
+}
+
+// A key is reserved by one registration at a time; a reservation not
+// admitted is given up by unreserve, an admitted one is not; claimed
+// names the holder.
+func TestReconcilerReservesEachKeyOnce(t *testing.T) {
+	rc, _ := reconcilerRig(t)
+	a, b := trackedReg(rc, "00000000000000a1"), trackedReg(rc, "00000000000000a1")
+	if err := rc.reserve(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.reserve(b); !errors.Is(err, beacon.ErrAlreadyRegistered) {
+		t.Fatalf("second reservation of a key: %v, want ErrAlreadyRegistered", err)
+	}
+	if !rc.claimed(a.key, b) || rc.claimed(a.key, a) || rc.claimed("/other", nil) {
+		t.Fatal("claimed: want true for another registration, false for the holder and for an unknown key")
+	}
+	rc.unreserve(b) // not the holder: nothing happens
+	if !rc.claimed(a.key, nil) {
+		t.Fatal("unreserve of another registration gave up the holder's key")
+	}
+	if !rc.admit(a, 3) {
+		t.Fatal("admit of the holder refused")
+	}
+	rc.unreserve(a)
+	if !rc.claimed(a.key, nil) {
+		t.Fatal("unreserve gave up an admitted registration's key")
+	}
+	rc.remove(a)
+	if err := rc.reserve(b); err != nil {
+		t.Fatalf("reserve after the holder was removed: %v", err)
+	}
+	rc.unreserve(b)
+	if rc.claimed(b.key, nil) {
+		t.Fatal("unreserve kept a reservation never admitted")
+	}
+}
+
+// A registration's standing is what admit, setWritten and invalidate
+// recorded, only for the registration that holds the key; remove returns
+// the last standing and stops tracking it.
+func TestReconcilerRecordsStanding(t *testing.T) {
+	rc, metrics := reconcilerRig(t)
+	a, stranger := trackedReg(rc, "00000000000000b1"), trackedReg(rc, "00000000000000b1")
+	if err := rc.reserve(a); err != nil {
+		t.Fatal(err)
+	}
+	if got := rc.outcome(a); got != (writeOutcome{}) {
+		t.Fatalf("standing of a reservation = %+v, want zero", got)
+	}
+	if rc.admit(stranger, 1) {
+		t.Fatal("admit of a registration that does not hold the key succeeded")
+	}
+	rc.admit(a, 4)
+	if got := rc.outcome(a); got != (writeOutcome{admitted: true, epoch: 4}) {
+		t.Fatalf("after admit = %+v, want admitted in epoch 4", got)
+	}
+	if n := gauge(t, metrics, metricRegistrations); n != 1 {
+		t.Fatalf("registrations gauge after admit = %v, want 1", n)
+	}
+	conflict := errors.New("held elsewhere")
+	rc.setWritten(a, 5, conflict)
+	rc.setWritten(stranger, 9, nil) // not tracked: ignored
+	rc.invalidate(stranger)
+	if got := rc.outcome(a); !got.admitted || got.epoch != 5 || got.err != conflict {
+		t.Fatalf("after setWritten = %+v, want admitted, epoch 5, the conflict", got)
+	}
+	if got := rc.outcome(stranger); got != (writeOutcome{}) {
+		t.Fatalf("standing of an untracked registration = %+v, want zero", got)
+	}
+	rc.invalidate(a)
+	if got := rc.outcome(a); got.epoch != 0 || !got.admitted {
+		t.Fatalf("after invalidate = %+v, want admitted in epoch 0", got)
+	}
+	if got := rc.remove(a); !got.admitted || got.err != conflict {
+		t.Fatalf("remove returned %+v, want the last standing", got)
+	}
+	if got := rc.remove(a); got != (writeOutcome{}) {
+		t.Fatalf("second remove returned %+v, want zero", got)
+	}
+	if n := gauge(t, metrics, metricRegistrations); n != 0 {
+		t.Fatalf("registrations gauge after remove = %v, want 0", n)
+	}
+}
+
+// pending selects by mode: staleOnly those behind the epoch,
+// staleAndConflicts also those in conflict, verifyAll every admitted one;
+// never a reservation not admitted; sorted by key. stale agrees.
+func TestReconcilerPendingByMode(t *testing.T) {
+	rc, _ := reconcilerRig(t)
+	current, behind, conflicted, reserved :=
+		trackedReg(rc, "00000000000000c1"), trackedReg(rc, "00000000000000c2"),
+		trackedReg(rc, "00000000000000c3"), trackedReg(rc, "00000000000000c4")
+	for _, reg := range []*registration{reserved, conflicted, behind, current} {
+		if err := rc.reserve(reg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc.admit(current, 7)
+	rc.admit(behind, 6)
+	rc.admit(conflicted, 7)
+	rc.setWritten(conflicted, 7, beacon.ErrAlreadyRegistered)
+	keys := func(regs []*registration) []string {
+		var out []string
+		for _, reg := range regs {
+			out = append(out, reg.ref.ID)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		mode reconcileMode
+		want []string
+	}{
+		{staleOnly, []string{"00000000000000c2"}},
+		{staleAndConflicts, []string{"00000000000000c2", "00000000000000c3"}},
+		{verifyAll, []string{"00000000000000c1", "00000000000000c2", "00000000000000c3"}},
+	} {
+		if got := keys(rc.pending(7, tc.mode)); !equalStrings(got, tc.want) {
+			t.Errorf("pending(7, %d) = %v, want %v", tc.mode, got, tc.want)
+		}
+	}
+	if !rc.stale(7) {
+		t.Error("stale(7) = false with a registration written in 6")
+	}
+	rc.setWritten(behind, 7, nil)
+	if rc.stale(7) {
+		t.Error("stale(7) = true with every admitted registration written in 7")
+	}
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// report lists the admitted conflicts (sorted), counts the registrations
+// advertised, and keeps the conflicts gauge and the reported count in
+// step; conflicts says now and as last reported; close forgets every
+// registration, zeroes both gauges and refuses new ones.
+func TestReconcilerReportsAndCloses(t *testing.T) {
+	rc, metrics := reconcilerRig(t)
+	ok, x, y, reserved := trackedReg(rc, "00000000000000d1"), trackedReg(rc, "00000000000000d3"),
+		trackedReg(rc, "00000000000000d2"), trackedReg(rc, "00000000000000d4")
+	for _, reg := range []*registration{ok, x, y, reserved} {
+		if err := rc.reserve(reg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, reg := range []*registration{ok, x, y} {
+		rc.admit(reg, 1)
+	}
+	rc.setWritten(x, 1, beacon.ErrAlreadyRegistered)
+	rc.setWritten(y, 1, beacon.ErrAlreadyRegistered)
+	rc.setWritten(ok, 1, errors.New("not a conflict")) // neither advertised nor a conflict
+	if now, reported := rc.conflicts(); now != 2 || reported != 0 {
+		t.Fatalf("conflicts before a report = %d, %d; want 2, 0", now, reported)
+	}
+	conflicts, registered := rc.report()
+	if len(conflicts) != 2 || conflicts[0].ID != "00000000000000d2" || conflicts[1].ID != "00000000000000d3" || registered != 0 {
+		t.Fatalf("report = %v, %d; want d2, d3 and 0 registered", conflicts, registered)
+	}
+	if now, reported := rc.conflicts(); now != 2 || reported != 2 {
+		t.Fatalf("conflicts after a report = %d, %d; want 2, 2", now, reported)
+	}
+	if n := gauge(t, metrics, metricConflicts); n != 2 {
+		t.Fatalf("conflicts gauge = %v, want 2", n)
+	}
+	rc.setWritten(x, 1, nil)
+	rc.setWritten(ok, 1, nil)
+	if conflicts, registered = rc.report(); len(conflicts) != 1 || registered != 2 {
+		t.Fatalf("report = %v, %d; want d2 alone and 2 registered", conflicts, registered)
+	}
+	if n := gauge(t, metrics, metricConflicts); n != 1 {
+		t.Fatalf("conflicts gauge = %v, want 1", n)
+	}
+	rc.close()
+	if n := gauge(t, metrics, metricConflicts); n != 0 {
+		t.Fatalf("conflicts gauge after close = %v, want 0", n)
+	}
+	if n := gauge(t, metrics, metricRegistrations); n != 0 {
+		t.Fatalf("registrations gauge after close = %v, want 0", n)
+	}
+	if rc.claimed(ok.key, nil) || rc.outcome(ok) != (writeOutcome{}) {
+		t.Fatal("close kept a registration")
+	}
+	if err := rc.reserve(trackedReg(rc, "00000000000000d5")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("reserve after close: %v, want ErrClosed", err)
+	}
+}
