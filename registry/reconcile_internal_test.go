@@ -2,6 +2,7 @@ package registry
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -162,7 +163,7 @@ func TestReconcilerPendingByMode(t *testing.T) {
 		{staleAndConflicts, []string{"00000000000000c2", "00000000000000c3"}},
 		{verifyAll, []string{"00000000000000c1", "00000000000000c2", "00000000000000c3"}},
 	} {
-		if got := keys(rc.pending(7, tc.mode)); !equalStrings(got, tc.want) {
+		if got := keys(rc.pending(7, tc.mode)); !slices.Equal(got, tc.want) {
 			t.Errorf("pending(7, %d) = %v, want %v", tc.mode, got, tc.want)
 		}
 	}
@@ -173,18 +174,6 @@ func TestReconcilerPendingByMode(t *testing.T) {
 	if rc.stale(7) {
 		t.Error("stale(7) = true with every admitted registration written in 7")
 	}
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // report lists the admitted conflicts (sorted), counts the registrations
