@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -172,5 +173,45 @@ func TestFeedStaleOncePerDisconnection(t *testing.T) {
 	g.f.setStale(lost)
 	if b := g.batch(c); b.Kind != Stale {
 		t.Fatalf("second disconnection delivered %v, want Stale", b.Kind)
+	}
+}
+
+// A feed the store refuses (the credentials or the permission were
+// withdrawn) is stopped when its last watcher leaves rather than kept
+// warm: lingering would only keep retrying what the store refuses.
+func TestHubStopsARefusedFeedAtOnce(t *testing.T) {
+	st := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = st.Close() })
+	r, err := New(st, Config{WatchLinger: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, refusedFeed := range []bool{false, true} {
+		q := beacon.Query{Namespace: map[bool]string{false: "warm", true: "refused"}[refusedFeed]}
+		w, err := r.Watch(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Next(ctx); err != nil { // listed: nothing clears the stale mark below
+			t.Fatal(err)
+		}
+		if refusedFeed {
+			r.hub.mu.Lock()
+			f := r.hub.feeds[r.ks.Prefix(q)]
+			r.hub.mu.Unlock()
+			f.setStale(fmt.Errorf("registry: watch: %w", store.ErrPermissionDenied))
+		}
+		before := r.WatchStreams()
+		_ = w.Close()
+		want := before
+		if refusedFeed {
+			want--
+		}
+		if got := r.WatchStreams(); got != want {
+			t.Fatalf("refused=%v: %d store watches after the last watcher left, want %d", refusedFeed, got, want)
+		}
 	}
 }
