@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -213,5 +214,52 @@ func TestHubStopsARefusedFeedAtOnce(t *testing.T) {
 		if got := r.WatchStreams(); got != want {
 			t.Fatalf("refused=%v: %d store watches after the last watcher left, want %d", refusedFeed, got, want)
 		}
+	}
+}
+
+// unreachableGets is a store whose Get answers ErrUnavailable while down
+// is set (what the hub's probe asks); everything else reaches the store.
+type unreachableGets struct {
+	store.Store
+	down atomic.Bool
+}
+
+func (s *unreachableGets) Get(ctx context.Context, key string) (store.KeyValue, error) {
+	if s.down.Load() {
+		return store.KeyValue{}, fmt.Errorf("probe: %w", store.ErrUnavailable)
+	}
+	return s.Store.Get(ctx, key)
+}
+
+// When the hub's probe finds the store unreachable, every watcher gets a
+// Stale batch; when it answers again, the probe has every feed re-list,
+// and the watchers get a Resync (the feed's own store watch never broke,
+// so nothing else would end the Stale state).
+func TestProbeRelistsFeedsWhenTheStoreIsBack(t *testing.T) {
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	st := &unreachableGets{Store: mem}
+	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w, err := r.Watch(ctx, beacon.Query{Namespace: "probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
+		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
+	}
+	st.down.Store(true)
+	if b, err := w.Next(ctx); err != nil || b.Kind != Stale || !errors.Is(b.Err, store.ErrUnavailable) {
+		t.Fatalf("while the store is unreachable: %v (%v), %v; want Stale", b.Kind, b.Err, err)
+	}
+	st.down.Store(false)
+	if b, err := w.Next(ctx); err != nil || b.Kind != Resync {
+		t.Fatalf("once the store answers again: %v, %v; want a Resync", b.Kind, err)
 	}
 }
