@@ -366,3 +366,33 @@ func TestHoldEpisodeReportedOnce(t *testing.T) {
 		remove(fmt.Sprint("b", i), 20+i, 5*time.Second)
 	}
 }
+
+// rewritten cancels a pending removal and says whether it was held (the
+// "cancelled" count of held removals): not for one only coalescing, nor
+// for a key with nothing pending.
+func TestHoldRewrittenCountsHeldOnly(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := newHolds(0)
+	remove := func(key string, lease int) {
+		it := &item{Key: key, Inst: beacon.Instance{Status: beacon.StatusServing}, Lease: store.LeaseID(lease), TTL: 3 * time.Second}
+		if pending, _ := h.remove(it, burstID{lease: store.LeaseID(lease)}, t0); !pending {
+			t.Fatalf("removal of %s not pending", key)
+		}
+	}
+	remove("coalescing", 1)
+	if h.rewritten("coalescing") {
+		t.Fatal("a removal only coalescing counted as held")
+	}
+	if h.rewritten("coalescing") || h.rewritten("unknown") {
+		t.Fatal("a key with nothing pending counted as held")
+	}
+	for i := range 5 {
+		remove(fmt.Sprint("burst", i), 10+i)
+	}
+	if !h.rewritten("burst0") {
+		t.Fatal("a removal held in a burst not counted as held")
+	}
+	if ready, _ := h.due(t0.Add(time.Hour)); len(ready) != 4 {
+		t.Fatalf("%d removals delivered, want the 4 not rewritten", len(ready))
+	}
+}
