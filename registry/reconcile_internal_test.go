@@ -1,14 +1,17 @@
 package registry
 
 import (
+	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/memory"
 )
 
@@ -33,6 +36,7 @@ func trackedReg(rc *reconciler, id string) *registration {
 	return &registration{r: rc.r, s: rc.r.sess, rc: rc, key: rc.r.ks.Key(ref), ref: ref}
 }
 
+// gauge reads a gauge or a counter.
 func gauge(t *testing.T, metrics *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := metrics.Gather()
@@ -41,7 +45,8 @@ func gauge(t *testing.T, metrics *prometheus.Registry, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
+			m := mf.GetMetric()[0]
+			return m.GetGauge().GetValue() + m.GetCounter().GetValue()
 		}
 	}
 	t.Fatalf("metric %s not registered", name)
@@ -228,5 +233,198 @@ func TestReconcilerReportsAndCloses(t *testing.T) {
 	}
 	if err := rc.reserve(trackedReg(rc, "00000000000000d5")); !errors.Is(err, ErrClosed) {
 		t.Fatalf("reserve after close: %v, want ErrClosed", err)
+	}
+}
+
+// hookedStore is a memory store that runs a function once, at the next Get
+// of a key or the next transaction (then, before it reaches the store).
+type hookedStore struct {
+	*memory.Store
+	onGet atomic.Pointer[func() (store.KeyValue, error, bool)] // answer instead of the store when the bool is true
+	onTxn atomic.Pointer[func()]
+}
+
+func (h *hookedStore) Get(ctx context.Context, key string) (store.KeyValue, error) {
+	if f := h.onGet.Swap(nil); f != nil {
+		if kv, err, ok := (*f)(); ok {
+			return kv, err
+		}
+	}
+	return h.Store.Get(ctx, key)
+}
+
+func (h *hookedStore) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
+	if f := h.onTxn.Swap(nil); f != nil {
+		(*f)()
+	}
+	return h.Store.Txn(ctx, ops...)
+}
+
+// passRig is a registry over a hooked memory store whose worker never
+// runs a pass on its own (an hour's TTL, no periodic check): the test runs
+// the reconciler's passes itself.
+type passRig struct {
+	t       *testing.T
+	st      *hookedStore
+	r       *StoreRegistry
+	metrics *prometheus.Registry
+}
+
+func newPassRig(t *testing.T) *passRig {
+	t.Helper()
+	st := &hookedStore{Store: memory.New(memory.Config{})}
+	t.Cleanup(func() { _ = st.Close() })
+	metrics := prometheus.NewRegistry()
+	r, err := New(st, Config{LeaseTTL: time.Hour, VerifyInterval: -1, Metrics: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return &passRig{t: t, st: st, r: r, metrics: metrics}
+}
+
+func (g *passRig) register(id uint64, addr string) *registration {
+	g.t.Helper()
+	reg, err := g.r.Register(context.Background(), beacon.Instance{Namespace: "pass", Component: "c", Endpoint: "e",
+		ID: beacon.FormatID(id), Address: addr})
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return reg.(*registration)
+}
+
+// value is a stored value of reg's instance with address addr and status.
+func (g *passRig) value(reg *registration, addr string, status beacon.Status) []byte {
+	g.t.Helper()
+	in := reg.Instance()
+	in.Address, in.Status = addr, status
+	val, err := encode(in, time.Hour)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return val
+}
+
+// stored returns the address and status reg's key holds.
+func (g *passRig) stored(reg *registration) (string, beacon.Status) {
+	g.t.Helper()
+	kv, err := g.st.Store.Get(context.Background(), reg.key)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	in, err := g.r.decode(kv)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return in.Address, in.Status
+}
+
+func (g *passRig) pass(mode reconcileMode) (int, error) {
+	lease, epoch, err := g.r.sess.acquire(context.Background())
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return g.r.sess.rc.reconcile(context.Background(), lease, epoch, mode)
+}
+
+// A key under the session's own lease that holds another value than the
+// registration advertises (written by someone using the lease) is written
+// back, not taken as written.
+func TestReconcilerRestoresItsValueUnderItsLease(t *testing.T) {
+	g := newPassRig(t)
+	reg := g.register(1, "10.0.0.1:80")
+	if _, err := g.st.Store.Put(context.Background(), reg.key, g.value(reg, "10.9.9.9:80", beacon.StatusServing),
+		store.WithLease(g.r.Lease())); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := g.pass(verifyAll); err != nil || n != 1 {
+		t.Fatalf("pass wrote %d keys (%v), want 1", n, err)
+	}
+	if addr, _ := g.stored(reg); addr != "10.0.0.1:80" {
+		t.Fatalf("store holds %s, want the registration's 10.0.0.1:80", addr)
+	}
+}
+
+// A drain made in the store is adopted only from a registration that
+// advertises its instance serving: the owner's own drain is no drain
+// made elsewhere (nothing reported, nothing counted); its value is
+// written back.
+func TestReconcilerAdoptsADrainOnlyOfAServingInstance(t *testing.T) {
+	g := newPassRig(t)
+	reg := g.register(1, "10.0.0.1:80")
+	if err := reg.Update(context.Background(), func(in *beacon.Instance) { in.Status = beacon.StatusDraining }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.st.Store.Put(context.Background(), reg.key, g.value(reg, "10.9.9.9:80", beacon.StatusDraining),
+		store.WithLease(g.r.Lease())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.pass(verifyAll); err != nil {
+		t.Fatal(err)
+	}
+	if n := gauge(t, g.metrics, metricDrainedElsewhere); n != 0 {
+		t.Fatalf("drained elsewhere counted %v times for the owner's own drain", n)
+	}
+	if addr, status := g.stored(reg); addr != "10.0.0.1:80" || status != beacon.StatusDraining {
+		t.Fatalf("store holds %s %s, want the registration's 10.0.0.1:80 draining", addr, status)
+	}
+}
+
+// A create that lost a race (the key appeared after the read found none)
+// reads the key again and settles by what it holds: here another
+// process's live key, a conflict, not an error.
+func TestReconcilerWriteRereadsAfterLosingACreate(t *testing.T) {
+	g := newPassRig(t)
+	reg := g.register(1, "10.0.0.1:80")
+	ctx := context.Background()
+	if _, err := g.st.Store.Delete(ctx, reg.key); err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := g.st.Store.Grant(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.st.Store.Create(ctx, reg.key, []byte(`{"someone":"else"}`), store.WithLease(foreign.ID)); err != nil {
+		t.Fatal(err)
+	}
+	absent := func() (store.KeyValue, error, bool) { return store.KeyValue{}, store.ErrNotFound, true }
+	g.st.onGet.Store(&absent)
+	lease, epoch, err := g.r.sess.acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.wmu.Lock()
+	wrote, conflict, err := g.r.sess.rc.writeOne(ctx, reg, reg.val, lease, epoch, drainAdopt)
+	reg.wmu.Unlock()
+	if wrote || err != nil || !errors.Is(conflict, beacon.ErrAlreadyRegistered) {
+		t.Fatalf("writeOne = %v, conflict %v, err %v; want no write, a conflict, no error", wrote, conflict, err)
+	}
+}
+
+// A transaction that fails on a key changed since the listing (here the
+// first of the chunk) settles that key alone and sends the rest again.
+func TestReconcilerSettlesTheChangedKeyAlone(t *testing.T) {
+	g := newPassRig(t)
+	a, b := g.register(1, "10.0.0.1:80"), g.register(2, "10.0.0.2:80")
+	ctx := context.Background()
+	for _, reg := range []*registration{a, b} {
+		if _, err := g.st.Store.Delete(ctx, reg.key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lease := g.r.Lease()
+	recreate := func() {
+		if _, err := g.st.Store.Create(ctx, a.key, a.val, store.WithLease(lease)); err != nil {
+			t.Error(err)
+		}
+	}
+	g.st.onTxn.Store(&recreate)
+	if _, err := g.pass(verifyAll); err != nil {
+		t.Fatalf("pass with the first key changed under it: %v", err)
+	}
+	for _, reg := range []*registration{a, b} {
+		if addr, _ := g.stored(reg); addr != reg.Instance().Address {
+			t.Fatalf("%s holds %s, want %s", reg.ref, addr, reg.Instance().Address)
+		}
 	}
 }
