@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -426,5 +427,52 @@ func TestReconcilerSettlesTheChangedKeyAlone(t *testing.T) {
 		if addr, _ := g.stored(reg); addr != reg.Instance().Address {
 			t.Fatalf("%s holds %s, want %s", reg.ref, addr, reg.Instance().Address)
 		}
+	}
+}
+
+// A registration closed while a pass had it in hand is not written again
+// (Close deleted its key: the pass must not bring it back).
+func TestReconcilerSkipsAClosedRegistration(t *testing.T) {
+	g := newPassRig(t)
+	reg := g.register(1, "10.0.0.1:80")
+	lease, epoch, err := g.r.sess.acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.r.sess.rc.writeChunk(context.Background(), []*registration{reg}, map[string]store.KeyValue{}, lease, epoch); err != nil {
+		t.Fatal(err)
+	}
+	if kv, err := g.st.Store.Get(context.Background(), reg.key); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("closed registration's key after a pass: %s (%v), want none", kv.Value, err)
+	}
+}
+
+// A key that vanished from the store although it was written under the
+// current lease is reported (someone deleted it), and written again.
+func TestReconcilerReportsAVanishedKey(t *testing.T) {
+	st := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = st.Close() })
+	vanished := make(chan struct{}, 1)
+	r, err := New(st, Config{LeaseTTL: time.Hour, VerifyInterval: -1, Logger: slog.New(signalHandler{
+		msg: "registered instance vanished from the store (deleted by someone else?); registering it again", ch: vanished})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	g := &passRig{t: t, st: &hookedStore{Store: st}, r: r}
+	reg := g.register(1, "10.0.0.1:80")
+	if _, err := st.Delete(context.Background(), reg.key); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := g.pass(verifyAll); err != nil || n != 1 {
+		t.Fatalf("pass wrote %d keys (%v), want 1", n, err)
+	}
+	select {
+	case <-vanished:
+	default:
+		t.Fatal("a key that vanished was written again without a word")
 	}
 }
