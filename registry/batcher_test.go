@@ -321,3 +321,26 @@ func TestBatcherConcurrentCreatesAllLand(t *testing.T) {
 	}
 	t.Logf("%d creates in %d transactions", n, rig.txns.Load())
 }
+
+// An abandoned create whose transaction failed wrote nothing: there is
+// nothing to undo, and undo is not asked.
+func TestBatcherAbandonedAndFailedIsNotUndone(t *testing.T) {
+	rig, b := newBatcherRig(t)
+	batch := rig.ops("a", "b")
+	refused := errors.New("refused")
+	b.txn = func(context.Context, ...store.Op) (int64, error) {
+		batch[0].state.CompareAndSwap(opPending, opAbandoned)
+		return 0, refused
+	}
+	b.commit(batch)
+	<-batch[0].done
+	<-batch[1].done
+	if !errors.Is(batch[1].err, refused) {
+		t.Fatalf("the failed transaction's other create ended with %v, want its error", batch[1].err)
+	}
+	select {
+	case k := <-rig.undone:
+		t.Fatalf("undo asked for %s, which no transaction wrote", k)
+	default:
+	}
+}
