@@ -60,6 +60,25 @@ func (g *feedRig) batch(c *cursor) Batch {
 	return s.batch
 }
 
+// start hands the feed its first listing, kv at rev, and returns a cursor
+// that took its Snapshot.
+func (g *feedRig) start(kv store.KeyValue, rev int64) *cursor {
+	g.t.Helper()
+	g.f.applyListing([]store.KeyValue{kv}, rev)
+	c := &cursor{}
+	wantEvents(g.t, g.batch(c), Snapshot, "added "+g.addr(kv))
+	return c
+}
+
+// addr is the address kv stores.
+func (g *feedRig) addr(kv store.KeyValue) string {
+	in, err := g.r.decode(kv)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return in.Address
+}
+
 // idle fails unless c has nothing to deliver.
 func (g *feedRig) idle(c *cursor) {
 	g.t.Helper()
@@ -94,9 +113,7 @@ func wantEvents(t *testing.T, b Batch, kind BatchKind, want ...string) {
 // broken stream) is delivered as a Resync, never as plain Changes.
 func TestFeedRelistIsAResync(t *testing.T) {
 	g := newFeedRig(t)
-	g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.1:80", 5, 5)}, 10)
-	c := &cursor{}
-	wantEvents(t, g.batch(c), Snapshot, "added 10.0.0.1:80")
+	c := g.start(g.kv(1, "10.0.0.1:80", 5, 5), 10)
 	g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.2:80", 5, 12)}, 12)
 	b := g.batch(c)
 	wantEvents(t, b, Resync, "updated 10.0.0.2:80")
@@ -110,9 +127,7 @@ func TestFeedRelistIsAResync(t *testing.T) {
 // state (a listing overtook the watch): it is ignored, whatever it holds.
 func TestFeedIgnoresEventsTheListingCovers(t *testing.T) {
 	g := newFeedRig(t)
-	g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.1:80", 5, 10)}, 10)
-	c := &cursor{}
-	wantEvents(t, g.batch(c), Snapshot, "added 10.0.0.1:80")
+	c := g.start(g.kv(1, "10.0.0.1:80", 5, 10), 10)
 	at := func(kv store.KeyValue) store.Event { return store.Event{Type: store.EventPut, KV: kv} }
 	g.f.applyEvents([]store.Event{at(g.kv(1, "10.0.0.9:80", 5, 10)), at(g.kv(2, "10.0.0.8:80", 9, 9))})
 	g.idle(c)
@@ -128,9 +143,7 @@ func TestFeedIgnoresEventsTheListingCovers(t *testing.T) {
 // replaced: a restore): it is delivered, not kept as unchanged.
 func TestFeedRelistComparesCreationRevisions(t *testing.T) {
 	g := newFeedRig(t)
-	g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.1:80", 5, 8)}, 10)
-	c := &cursor{}
-	wantEvents(t, g.batch(c), Snapshot, "added 10.0.0.1:80")
+	c := g.start(g.kv(1, "10.0.0.1:80", 5, 8), 10)
 	g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.2:80", 3, 8)}, 10)
 	wantEvents(t, g.batch(c), Resync, "updated 10.0.0.2:80")
 }
@@ -157,9 +170,7 @@ func TestFeedRevisionBackwardsStartsTheHistoryAgain(t *testing.T) {
 // disconnection is reported again.
 func TestFeedStaleOncePerDisconnection(t *testing.T) {
 	g := newFeedRig(t)
-	g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.1:80", 5, 5)}, 10)
-	c := &cursor{}
-	wantEvents(t, g.batch(c), Snapshot, "added 10.0.0.1:80")
+	c := g.start(g.kv(1, "10.0.0.1:80", 5, 5), 10)
 	lost := errors.New("store unreachable")
 	g.f.setOutage(lost)
 	if b := g.batch(c); b.Kind != Stale || !errors.Is(b.Err, lost) || b.Revision != 10 {
