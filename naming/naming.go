@@ -78,9 +78,8 @@ func NewBuilder(d registry.Discoverer, opts ...Option) (*Builder, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if !validScheme(o.scheme) {
-		return nil, fmt.Errorf("%w: scheme %q must be lower-case letters, digits, '+', '-' or '.', starting with a letter",
-			ErrInvalidConfig, o.scheme)
+	if err := publish.CheckScheme(o.scheme); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if o.retryMax < 0 {
 		return nil, fmt.Errorf("%w: retry max %v is negative; use 0 for the default (%v)", ErrInvalidConfig, o.retryMax, DefaultRetryMax)
@@ -143,20 +142,4 @@ func (b *Builder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.Bu
 		return nil, err
 	}
 	return startResolver(b, q, raw, cc), nil
-}
-
-func validScheme(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z':
-		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
-		default:
-			return false
-		}
-	}
-	return true
 }

@@ -262,6 +262,7 @@ func TestBatcherTakeRule(t *testing.T) {
 		{"in flight: below the share waits", 1, 1, 8, 0, 0, 9},
 		{"in flight: the share of the peak goes", 3, 1, 8, 0, 3, 11 - 2},
 		{"peak, not the instant's count, sets the share", 2, 1, 0, 12, 0, 12},
+		{"the share rounds up: a peak of 9 makes 3, so 2 wait", 2, 1, 0, 9, 0, 9},
 		{"share capped at targetBatch", targetBatch, 1, 1000, 0, targetBatch, 1000 + targetBatch - (1000+targetBatch+7)/8},
 		{"below targetBatch with a huge peak waits", targetBatch - 1, 1, 1000, 0, 0, 1000 + targetBatch - 1},
 		{"maxInflight reached waits", 100, maxInflight, 100, 0, 0, 0},
@@ -320,4 +321,27 @@ func TestBatcherConcurrentCreatesAllLand(t *testing.T) {
 		t.Fatalf("store holds %d keys (%v), want %d", len(kvs), err, n)
 	}
 	t.Logf("%d creates in %d transactions", n, rig.txns.Load())
+}
+
+// An abandoned create whose transaction failed wrote nothing: there is
+// nothing to undo, and undo is not asked.
+func TestBatcherAbandonedAndFailedIsNotUndone(t *testing.T) {
+	rig, b := newBatcherRig(t)
+	batch := rig.ops("a", "b")
+	refused := errors.New("refused")
+	b.txn = func(context.Context, ...store.Op) (int64, error) {
+		batch[0].state.CompareAndSwap(opPending, opAbandoned)
+		return 0, refused
+	}
+	b.commit(batch)
+	<-batch[0].done
+	<-batch[1].done
+	if !errors.Is(batch[1].err, refused) {
+		t.Fatalf("the failed transaction's other create ended with %v, want its error", batch[1].err)
+	}
+	select {
+	case k := <-rig.undone:
+		t.Fatalf("undo asked for %s, which no transaction wrote", k)
+	default:
+	}
 }

@@ -200,6 +200,24 @@ func TestHoldTable(t *testing.T) {
 			want: map[string]time.Duration{"short": 4*s + 50*ms, "long": 5*s + 10*s/3 + 10*s/3 + s},
 		},
 		{
+			// The window after an outage is open: a removal exactly its
+			// own hold (3 s at TTL 3 s) after the store came back is no
+			// longer held.
+			name: "a removal exactly its hold after the store came back is not held",
+			steps: []holdStep{
+				{at: 0, op: "back"},
+				{at: 3 * s, op: "remove", key: "a", ttl: 3 * s, who: 1},
+			},
+			want: map[string]time.Duration{"a": 3*s + 50*ms},
+		},
+		{
+			// The burst window is open too: removals exactly 250 ms
+			// apart are not in one burst.
+			name:  "removals exactly the burst window apart are no burst",
+			steps: append(fleet(3, "t", 3*s, 0, 0), fleet(2, "u", 3*s, 250*ms, 0)...),
+			want:  merge(deliveredAt(50*ms, keys("t", 3)...), deliveredAt(300*ms, keys("u", 2)...)),
+		},
+		{
 			name: "removals without a lease count by revision",
 			steps: []holdStep{
 				{at: 0, op: "remove", key: "k0", ttl: 3 * s, rev: -1}, {at: 0, op: "remove", key: "k1", ttl: 3 * s, rev: -2},
@@ -313,4 +331,68 @@ func fmtDeliveries(m map[string]time.Duration) string {
 	}
 	slices.Sort(parts)
 	return strings.Join(parts, " ")
+}
+
+// A hold episode is reported once (one log line): the removal that starts
+// it reports it, with the longest hold; removals held while it lasts do
+// not; one after it ended starts another.
+func TestHoldEpisodeReportedOnce(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := newHolds(0)
+	remove := func(key string, lease int, at time.Duration) *episode {
+		it := &item{Key: key, Inst: beacon.Instance{Status: beacon.StatusServing}, Lease: store.LeaseID(lease), TTL: 3 * time.Second}
+		_, ep := h.remove(it, burstID{lease: store.LeaseID(lease)}, t0.Add(at))
+		return ep
+	}
+	for i := range 4 {
+		if ep := remove(fmt.Sprint("a", i), i+1, 0); ep != nil {
+			t.Fatalf("removal %d reported an episode before a burst: %+v", i, ep)
+		}
+	}
+	ep := remove("a4", 5, 0)
+	if ep == nil || ep.why != "a burst of removals" || ep.longest != 3*time.Second {
+		t.Fatalf("fifth removal at once: episode %+v, want a burst with the longest hold 3s", ep)
+	}
+	if ep := remove("a5", 6, 100*time.Millisecond); ep != nil {
+		t.Fatalf("a removal held during the episode reported it again: %+v", ep)
+	}
+	for i := range 5 {
+		if i == 4 {
+			if ep := remove(fmt.Sprint("b", i), 20+i, 5*time.Second); ep == nil {
+				t.Fatal("a burst after the first episode ended reported no episode")
+			}
+			continue
+		}
+		remove(fmt.Sprint("b", i), 20+i, 5*time.Second)
+	}
+}
+
+// rewritten cancels a pending removal and says whether it was held (the
+// "cancelled" count of held removals): not for one only coalescing, nor
+// for a key with nothing pending.
+func TestHoldRewrittenCountsHeldOnly(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := newHolds(0)
+	remove := func(key string, lease int) {
+		it := &item{Key: key, Inst: beacon.Instance{Status: beacon.StatusServing}, Lease: store.LeaseID(lease), TTL: 3 * time.Second}
+		if pending, _ := h.remove(it, burstID{lease: store.LeaseID(lease)}, t0); !pending {
+			t.Fatalf("removal of %s not pending", key)
+		}
+	}
+	remove("coalescing", 1)
+	if h.rewritten("coalescing") {
+		t.Fatal("a removal only coalescing counted as held")
+	}
+	if h.rewritten("coalescing") || h.rewritten("unknown") {
+		t.Fatal("a key with nothing pending counted as held")
+	}
+	for i := range 5 {
+		remove(fmt.Sprint("burst", i), 10+i)
+	}
+	if !h.rewritten("burst0") {
+		t.Fatal("a removal held in a burst not counted as held")
+	}
+	if ready, _ := h.due(t0.Add(time.Hour)); len(ready) != 4 {
+		t.Fatalf("%d removals delivered, want the 4 not rewritten", len(ready))
+	}
 }

@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -64,7 +65,11 @@ func keeperOver(t *testing.T, st store.Store) (*leaseKeeper, *verdictLog, chan s
 	t.Cleanup(cancel)
 	v := newVerdictLog()
 	failed := make(chan struct{}, 1)
-	k := &leaseKeeper{st: st, ctx: ctx, retryMax: 10 * time.Millisecond, v: v, kick: make(chan struct{}, 1),
+	m, err := newMetrics(nil) // counted, not exported
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &leaseKeeper{st: st, ctx: ctx, m: m, retryMax: 10 * time.Millisecond, v: v, kick: make(chan struct{}, 1),
 		log: slog.New(signalHandler{msg: "session keep-alive failed; retrying", ch: failed})}
 	return k, v, failed, cancel
 }
@@ -259,7 +264,7 @@ func TestSessionWritesStaleRegistrationsWhenWoken(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := st.Watch(ctx, key, rev+1)
-	reg.(*registration).invalidate()
+	r.sess.rc.invalidate(reg.(*registration))
 	if err := reg.Err(); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("Err of a registration behind the lease = %v, want ErrLeaseLost", err)
 	}
@@ -275,4 +280,36 @@ func TestSessionWritesStaleRegistrationsWhenWoken(t *testing.T) {
 		}
 	}
 	t.Fatal("watch ended")
+}
+
+// refusingKeepAlives is a store that refuses every keep-alive, as etcd
+// does once the process's credentials or role were withdrawn.
+type refusingKeepAlives struct{ store.Store }
+
+func (refusingKeepAlives) KeepAlive(context.Context, store.LeaseID) (time.Duration, error) {
+	return 0, fmt.Errorf("keep-alive: %w", store.ErrPermissionDenied)
+}
+
+// A refused keep-alive is a verdict, at the first answer: retrying the same
+// credentials cannot succeed, so the lease is reported lost at once (with
+// the refusal), not retried until a TTL went unanswered.
+func TestKeeperRefusedCredentialsAreLost(t *testing.T) {
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	k, v, failed, cancel := keeperOver(t, refusingKeepAlives{mem})
+	k.hold(7, time.Hour)
+	done := make(chan struct{})
+	go func() { defer close(done); k.renew(7) }()
+	select {
+	case err := <-v.lost:
+		if !errors.Is(err, store.ErrPermissionDenied) {
+			t.Fatalf("lost with %v, want ErrPermissionDenied", err)
+		}
+	case <-failed:
+		t.Fatal("a refused keep-alive was retried")
+	case <-time.After(time.Minute):
+		t.Fatal("no verdict within a minute")
+	}
+	cancel()
+	<-done
 }

@@ -5,9 +5,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the registry's Prometheus collectors. Every method is a no-op
-// on a nil *metrics (Config.Metrics nil). Counts are kept with Inc/Dec, so
-// several registries registering on one Registerer add up correctly.
+// metrics are the registry's Prometheus collectors, as the naming
+// resolvers' (naming/internal/publish) are: newMetrics always returns
+// working collectors, exported only when Config.Metrics is set. Counts are
+// kept with Inc/Dec, so several registries registering on one Registerer
+// add up correctly.
 type metrics struct {
 	state             *prometheus.GaugeVec
 	leaseLosses       prometheus.Counter
@@ -43,9 +45,6 @@ const (
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	if reg == nil {
-		return nil, nil
-	}
 	m := &metrics{
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: metricState,
@@ -101,6 +100,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		leased: newLeasedCollector(),
 	}
+	if reg == nil {
+		return m, nil // counted, not exported
+	}
 	var err error
 	m.state = promreg.Register(reg, m.state, &err)
 	m.leaseLosses = promreg.Register(reg, m.leaseLosses, &err)
@@ -123,9 +125,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 func (m *metrics) setState(from, to State) {
-	if m == nil {
-		return
-	}
 	if from != to {
 		m.state.WithLabelValues(from.String()).Dec()
 	}
@@ -133,44 +132,31 @@ func (m *metrics) setState(from, to State) {
 }
 
 func (m *metrics) initState(s State) {
-	if m != nil {
-		// Every state is a series from the start, so that an alert on
-		// state="lost" compares with 0 rather than with nothing.
-		for st := StateIdle; st <= StateClosed; st++ {
-			m.state.WithLabelValues(st.String()).Add(0)
-		}
-		m.state.WithLabelValues(s.String()).Inc()
+	// Every state is a series from the start, so that an alert on
+	// state="lost" compares with 0 rather than with nothing.
+	for st := StateIdle; st <= StateClosed; st++ {
+		m.state.WithLabelValues(st.String()).Add(0)
 	}
+	m.state.WithLabelValues(s.String()).Inc()
 }
 
 func (m *metrics) trackLeased(t *leasedTracker) {
-	if m != nil {
-		m.leased.add(t)
-	}
+	m.leased.add(t)
 }
 
 func (m *metrics) untrackLeased(t *leasedTracker) {
-	if m != nil {
-		m.leased.remove(t)
-	}
+	m.leased.remove(t)
 }
 
 func (m *metrics) leaseLost() {
-	if m != nil {
-		m.leaseLosses.Inc()
-	}
+	m.leaseLosses.Inc()
 }
 
 func (m *metrics) recovered() {
-	if m != nil {
-		m.recoveries.Inc()
-	}
+	m.recoveries.Inc()
 }
 
 func (m *metrics) setUnconfirmed(on bool) {
-	if m == nil {
-		return
-	}
 	if on {
 		m.unconfirmed.Inc()
 	} else {
@@ -179,55 +165,39 @@ func (m *metrics) setUnconfirmed(on bool) {
 }
 
 func (m *metrics) keepAliveFailed() {
-	if m != nil {
-		m.keepAliveFailures.Inc()
-	}
+	m.keepAliveFailures.Inc()
 }
 
 func (m *metrics) addRegistrations(n int) {
-	if m != nil {
-		m.registrations.Add(float64(n))
-	}
+	m.registrations.Add(float64(n))
 }
 
 func (m *metrics) addConflicts(n int) {
-	if m != nil && n != 0 {
+	if n != 0 {
 		m.conflicts.Add(float64(n))
 	}
 }
 
 func (m *metrics) drained() {
-	if m != nil {
-		m.drainedElsewhere.Inc()
-	}
+	m.drainedElsewhere.Inc()
 }
 
 func (m *metrics) addWatchStreams(n int) {
-	if m != nil {
-		m.watchStreams.Add(float64(n))
-	}
+	m.watchStreams.Add(float64(n))
 }
 
 func (m *metrics) addWatchers(n int) {
-	if m != nil {
-		m.watchers.Add(float64(n))
-	}
+	m.watchers.Add(float64(n))
 }
 
 func (m *metrics) resync(reason string) {
-	if m != nil {
-		m.resyncs.WithLabelValues(reason).Inc()
-	}
+	m.resyncs.WithLabelValues(reason).Inc()
 }
 
 func (m *metrics) heldRemoval(outcome string) {
-	if m != nil {
-		m.held.WithLabelValues(outcome).Inc()
-	}
+	m.held.WithLabelValues(outcome).Inc()
 }
 
 func (m *metrics) invalidValue() {
-	if m != nil {
-		m.invalid.Inc()
-	}
+	m.invalid.Inc()
 }

@@ -7,18 +7,237 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/store"
 )
 
-// The reconciler: the session's worker makes the store hold what its
-// registrations advertise, under the current lease (re-registration
-// after a loss, registrations admitted during a recovery, conflicts
-// retried, a periodic check of every key). It never overwrites a key
-// another process holds (a key bound to a lease that is neither the
-// session's nor one of its previous ones: leaseKeeper.ours), and it never
-// undoes an operator's drain (adoptDrain).
+// reconciler owns the session's registrations: the set of them (by key)
+// and the standing of each with the store (admitted, the lease epoch it
+// was last written in, a conflict). Its worker pass (reconcile, driven by
+// the session's worker) makes the store hold what they advertise under the
+// current lease (re-registration after a loss, registrations admitted
+// during a recovery, conflicts retried, a periodic check of every key). It
+// never overwrites a key another process holds (a key bound to a lease
+// that is neither the session's nor one of its previous ones:
+// leaseKeeper.ours), and it never undoes an operator's drain (adoptDrain).
+//
+// The session keeps the lease and the epoch; the reconciler is told them
+// with each pass. It calls the session (drainAdopted) and the keeper (ours)
+// without holding its own lock.
+type reconciler struct {
+	r     *StoreRegistry // the store, transactions, key space, config, log, metrics
+	k     *leaseKeeper   // which leases are the session's (ours)
+	notes reconcileNotes // the session, told of an adopted drain
+
+	// Lock order: session.mu and registration.wmu before reconciler.mu; it
+	// is held only around its own fields.
+	mu       sync.Mutex
+	closed   bool
+	regs     map[string]tracked // by key: reserved, then admitted
+	conflict int                // registrations in conflict, as last reported
+}
+
+// reconcileNotes is what the reconciler tells its session.
+type reconcileNotes interface {
+	// drainAdopted: the instance of ref was drained in the store by
+	// someone else, and its registration now advertises it draining.
+	drainAdopted(ref beacon.Ref)
+}
+
+// tracked is a registration and its standing, as the reconciler records
+// them (a value in its map, replaced whole under reconciler.mu).
+type tracked struct {
+	reg *registration
+	writeOutcome
+}
+
+// writeOutcome is a registration's standing with the store.
+type writeOutcome struct {
+	admitted bool   // written once and tracked by the session
+	epoch    uint64 // lease epoch the key was last written in
+	err      error  // why it is not advertised (conflict), or nil
+}
+
+func newReconciler(r *StoreRegistry, k *leaseKeeper, notes reconcileNotes) *reconciler {
+	return &reconciler{r: r, k: k, notes: notes, regs: make(map[string]tracked)}
+}
+
+// reserve claims reg's key in this process.
+func (rc *reconciler) reserve(reg *registration) error {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.closed {
+		return ErrClosed
+	}
+	if _, ok := rc.regs[reg.key]; ok {
+		return fmt.Errorf("%w: %s is already registered by this process", beacon.ErrAlreadyRegistered, reg.ref)
+	}
+	rc.regs[reg.key] = tracked{reg: reg}
+	return nil
+}
+
+// unreserve gives up reg's key unless reg was admitted.
+func (rc *reconciler) unreserve(reg *registration) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if t, ok := rc.regs[reg.key]; ok && t.reg == reg && !t.admitted {
+		delete(rc.regs, reg.key)
+	}
+}
+
+// claimed reports whether a registration other than owner holds key.
+func (rc *reconciler) claimed(key string, owner *registration) bool {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	t, ok := rc.regs[key]
+	return ok && t.reg != owner
+}
+
+// admit records reg as written in epoch and tracked; it reports false
+// when reg no longer holds its key (closed meanwhile).
+func (rc *reconciler) admit(reg *registration, epoch uint64) bool {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	t, ok := rc.regs[reg.key]
+	if !ok || t.reg != reg {
+		return false
+	}
+	t.writeOutcome = writeOutcome{admitted: true, epoch: epoch}
+	rc.regs[reg.key] = t
+	rc.r.m.addRegistrations(1)
+	return true
+}
+
+// remove stops tracking reg and returns its last standing.
+func (rc *reconciler) remove(reg *registration) writeOutcome {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	t, ok := rc.regs[reg.key]
+	if !ok || t.reg != reg {
+		return writeOutcome{}
+	}
+	delete(rc.regs, reg.key)
+	if t.admitted {
+		rc.r.m.addRegistrations(-1)
+	}
+	return t.writeOutcome
+}
+
+// outcome returns reg's standing (zero when it is not tracked).
+func (rc *reconciler) outcome(reg *registration) writeOutcome {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if t, ok := rc.regs[reg.key]; ok && t.reg == reg {
+		return t.writeOutcome
+	}
+	return writeOutcome{}
+}
+
+// setWritten records the outcome of writing reg in epoch.
+func (rc *reconciler) setWritten(reg *registration, epoch uint64, err error) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if t, ok := rc.regs[reg.key]; ok && t.reg == reg {
+		t.epoch, t.err = epoch, err
+		rc.regs[reg.key] = t
+	}
+}
+
+// invalidate has the next pass write reg again.
+func (rc *reconciler) invalidate(reg *registration) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if t, ok := rc.regs[reg.key]; ok && t.reg == reg {
+		t.epoch = 0
+		rc.regs[reg.key] = t
+	}
+}
+
+// conflictsLocked lists the admitted registrations another process holds.
+func (rc *reconciler) conflictsLocked() []beacon.Ref {
+	var out []beacon.Ref
+	for _, t := range rc.regs {
+		if t.admitted && errors.Is(t.err, beacon.ErrAlreadyRegistered) {
+			out = append(out, t.reg.ref)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+// conflicts returns the registrations in conflict now and as last
+// reported.
+func (rc *reconciler) conflicts() (now, reported int) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return len(rc.conflictsLocked()), rc.conflict
+}
+
+// report lists the conflicts and counts the registrations advertised,
+// for a StateChange; the conflicts are reported (metric and count).
+func (rc *reconciler) report() (conflicts []beacon.Ref, registered int) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	conflicts = rc.conflictsLocked()
+	rc.r.m.addConflicts(len(conflicts) - rc.conflict)
+	rc.conflict = len(conflicts)
+	for _, t := range rc.regs {
+		if t.admitted && t.err == nil {
+			registered++
+		}
+	}
+	return conflicts, registered
+}
+
+// stale reports whether an admitted registration is behind epoch.
+func (rc *reconciler) stale(epoch uint64) bool {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, t := range rc.regs {
+		if t.admitted && t.epoch != epoch {
+			return true
+		}
+	}
+	return false
+}
+
+// pending returns the admitted registrations mode selects for epoch,
+// sorted by key.
+func (rc *reconciler) pending(epoch uint64, mode reconcileMode) []*registration {
+	rc.mu.Lock()
+	var todo []*registration
+	for _, t := range rc.regs {
+		if !t.admitted {
+			continue
+		}
+		if t.epoch != epoch || (mode >= staleAndConflicts && t.err != nil) || mode == verifyAll {
+			todo = append(todo, t.reg)
+		}
+	}
+	rc.mu.Unlock()
+	sort.Slice(todo, func(i, j int) bool { return todo[i].key < todo[j].key })
+	return todo
+}
+
+// close forgets every registration (the lease is revoked) and refuses
+// new ones.
+func (rc *reconciler) close() {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.closed = true
+	n := 0
+	for _, t := range rc.regs {
+		if t.admitted {
+			n++
+		}
+	}
+	rc.r.m.addRegistrations(-n)
+	rc.r.m.addConflicts(-rc.conflict)
+	rc.conflict = 0
+	rc.regs = map[string]tracked{}
+}
 
 // reconcileMode selects the registrations reconcile looks at.
 type reconcileMode uint8
@@ -29,91 +248,26 @@ const (
 	verifyAll                              // every registration
 )
 
-// reconcileStale writes the registrations whose epoch is behind (admitted
-// after a recovery started) and retries conflicts (or, with verifyAll,
-// checks every registration), reporting a change in the conflicts.
-func (s *session) reconcileStale(mode reconcileMode) {
-	s.mu.Lock()
-	if s.state != StateActive && s.state != StateRecovered {
-		s.mu.Unlock()
-		return
-	}
-	lease, _ := s.k.current()
-	epoch, before := s.epoch, s.conflict
-	s.mu.Unlock()
-	ctx, cancel := s.r.opContext()
-	defer cancel()
-	if _, err := s.reconcile(ctx, lease, epoch, mode); err != nil {
-		if errors.Is(err, store.ErrLeaseNotFound) {
-			s.leaseGone(lease, err)
-			return
-		}
-		if refused(err) {
-			// etcd refused the session's credentials or permission (a
-			// changed password, a revoked role): the process may no
-			// longer advertise. Stop keeping the lease alive (its
-			// instances expire with it) and retry until the authority
-			// allows it again; the state says why.
-			s.markLost(lease, err, false)
-			return
-		}
-		if s.r.ctx.Err() == nil {
-			s.r.log.Warn("writing registrations failed; retrying", "err", err)
-		}
-		return
-	}
-	s.mu.Lock()
-	if s.state != StateActive && s.state != StateRecovered {
-		s.mu.Unlock()
-		return
-	}
-	after := len(s.conflictsLocked())
-	if after == before {
-		s.mu.Unlock()
-		return
-	}
-	c := s.changeLocked(nil)
-	s.mu.Unlock()
-	if after > before {
-		s.logConflicts(c.Conflicts)
-	} else {
-		s.r.log.Info("reclaimed instance IDs", "conflicts_left", after)
-	}
-	s.emit(c)
-}
-
 // reconcile makes the store hold the admitted registrations mode selects,
 // as written under lease, in epoch. It returns the number of keys written.
-func (s *session) reconcile(ctx context.Context, lease store.LeaseID, epoch uint64, mode reconcileMode) (int, error) {
-	s.mu.Lock()
-	var todo []*registration
-	for _, reg := range s.regs {
-		o := reg.outcome()
-		if !o.admitted {
-			continue
-		}
-		if o.epoch != epoch || (mode >= staleAndConflicts && o.err != nil) || mode == verifyAll {
-			todo = append(todo, reg)
-		}
-	}
-	s.mu.Unlock()
+func (rc *reconciler) reconcile(ctx context.Context, lease store.LeaseID, epoch uint64, mode reconcileMode) (int, error) {
+	todo := rc.pending(epoch, mode)
 	if len(todo) == 0 {
 		return 0, nil
 	}
-	sort.Slice(todo, func(i, j int) bool { return todo[i].key < todo[j].key })
 
 	// Read what the store holds under each endpoint prefix once, rather
 	// than one Get per instance.
 	current := make(map[string]store.KeyValue)
 	listed := make(map[string]bool)
 	for _, reg := range todo {
-		p := s.r.ks.Prefix(beacon.Query{Namespace: reg.ref.Namespace, Component: reg.ref.Component, Endpoint: reg.ref.Endpoint})
+		p := rc.r.ks.Prefix(beacon.Query{Namespace: reg.ref.Namespace, Component: reg.ref.Component, Endpoint: reg.ref.Endpoint})
 		if listed[p] {
 			continue
 		}
 		var kvs []store.KeyValue
-		err := s.bounded(ctx, func(ctx context.Context) (err error) {
-			kvs, _, err = s.r.st.List(ctx, p)
+		err := rc.r.bounded(ctx, func(ctx context.Context) (err error) {
+			kvs, _, err = rc.r.st.List(ctx, p)
 			return err
 		})
 		if err != nil {
@@ -131,8 +285,8 @@ func (s *session) reconcile(ctx context.Context, lease store.LeaseID, epoch uint
 		chunk := todo[:n]
 		todo = todo[n:]
 		var w int
-		err := s.bounded(ctx, func(ctx context.Context) (err error) {
-			w, err = s.writeChunk(ctx, chunk, current, lease, epoch)
+		err := rc.r.bounded(ctx, func(ctx context.Context) (err error) {
+			w, err = rc.writeChunk(ctx, chunk, current, lease, epoch)
 			return err
 		})
 		written += w
@@ -146,7 +300,7 @@ func (s *session) reconcile(ctx context.Context, lease store.LeaseID, epoch uint
 // writeChunk writes up to maxTxnOps registrations: in one transaction when
 // the store has them, falling back to one key at a time for keys that
 // changed under it.
-func (s *session) writeChunk(ctx context.Context, chunk []*registration, current map[string]store.KeyValue, lease store.LeaseID, epoch uint64) (int, error) {
+func (rc *reconciler) writeChunk(ctx context.Context, chunk []*registration, current map[string]store.KeyValue, lease store.LeaseID, epoch uint64) (int, error) {
 	for _, reg := range chunk {
 		reg.wmu.Lock()
 	}
@@ -155,13 +309,13 @@ func (s *session) writeChunk(ctx context.Context, chunk []*registration, current
 			reg.wmu.Unlock()
 		}
 	}()
-	writes := s.planWrites(chunk, current, lease, epoch)
-	if s.r.tx != nil {
-		return s.commitWrites(ctx, writes, lease, epoch)
+	writes := rc.planWrites(chunk, current, lease, epoch)
+	if rc.r.tx != nil {
+		return rc.commitWrites(ctx, writes, lease, epoch)
 	}
 	written := 0
 	for _, w := range writes {
-		n, err := s.settle(ctx, w.reg, lease, epoch)
+		n, err := rc.settle(ctx, w.reg, lease, epoch)
 		written += n
 		if err != nil {
 			return written, err
@@ -172,8 +326,8 @@ func (s *session) writeChunk(ctx context.Context, chunk []*registration, current
 
 // settle writes reg alone (writeOne, adopting a drain made in the store)
 // and returns the number of keys written (0 or 1).
-func (s *session) settle(ctx context.Context, reg *registration, lease store.LeaseID, epoch uint64) (int, error) {
-	ok, err := s.writeOne(ctx, reg, reg.val, lease, epoch, drainAdopt)
+func (rc *reconciler) settle(ctx context.Context, reg *registration, lease store.LeaseID, epoch uint64) (int, error) {
+	ok, _, err := rc.writeOne(ctx, reg, reg.val, lease, epoch, drainAdopt)
 	if ok {
 		return 1, err
 	}
@@ -190,31 +344,31 @@ type chunkWrite struct {
 // held at the listing (current): it records those already written under
 // lease and those another process holds, and returns the writes needed.
 // The registrations' wmu must be held.
-func (s *session) planWrites(chunk []*registration, current map[string]store.KeyValue, lease store.LeaseID, epoch uint64) []chunkWrite {
+func (rc *reconciler) planWrites(chunk []*registration, current map[string]store.KeyValue, lease store.LeaseID, epoch uint64) []chunkWrite {
 	var writes []chunkWrite
 	for _, reg := range chunk {
 		if reg.removed {
 			continue
 		}
 		kv, exists := current[reg.key]
-		if exists && s.ours(kv.Lease) {
-			s.adoptDrain(reg, kv)
+		if exists && rc.k.ours(kv.Lease) {
+			rc.adoptDrain(reg, kv)
 		}
 		switch {
 		case !exists:
-			o := reg.outcome()
+			o := rc.outcome(reg)
 			if o.epoch == epoch && o.err == nil {
-				s.r.log.Warn("registered instance vanished from the store (deleted by someone else?); registering it again",
+				rc.r.log.Warn("registered instance vanished from the store (deleted by someone else?); registering it again",
 					"instance", reg.ref.String())
 			}
 			writes = append(writes, chunkWrite{reg, store.Op{Kind: store.OpPut, Key: reg.key, Value: reg.val, Lease: lease, IfAbsent: true}})
 		case kv.Lease == lease && bytes.Equal(kv.Value, reg.val):
 			reg.modRev, reg.lease = kv.ModRevision, lease
-			reg.setWritten(epoch, nil)
-		case s.ours(kv.Lease):
+			rc.setWritten(reg, epoch, nil)
+		case rc.k.ours(kv.Lease):
 			writes = append(writes, chunkWrite{reg, store.Op{Kind: store.OpPut, Key: reg.key, Value: reg.val, Lease: lease, IfModRevision: kv.ModRevision}})
 		default:
-			reg.setWritten(epoch, holderError(reg.ref, kv))
+			rc.setWritten(reg, epoch, holderError(reg.ref, kv))
 		}
 	}
 	return writes
@@ -222,18 +376,18 @@ func (s *session) planWrites(chunk []*registration, current map[string]store.Key
 
 // commitWrites sends writes in one transaction; a key that changed since
 // the listing is settled alone (writeOne) and the rest sent again.
-func (s *session) commitWrites(ctx context.Context, writes []chunkWrite, lease store.LeaseID, epoch uint64) (int, error) {
+func (rc *reconciler) commitWrites(ctx context.Context, writes []chunkWrite, lease store.LeaseID, epoch uint64) (int, error) {
 	written := 0
 	for len(writes) > 0 {
 		ops := make([]store.Op, len(writes))
 		for i, w := range writes {
 			ops[i] = w.op
 		}
-		rev, err := s.r.tx.Txn(ctx, ops...)
+		rev, err := rc.r.tx.Txn(ctx, ops...)
 		if err == nil {
 			for _, w := range writes {
 				w.reg.modRev, w.reg.lease = rev, lease
-				w.reg.setWritten(epoch, nil)
+				rc.setWritten(w.reg, epoch, nil)
 			}
 			return written + len(writes), nil
 		}
@@ -248,7 +402,7 @@ func (s *session) commitWrites(ctx context.Context, writes []chunkWrite, lease s
 		}
 		w := writes[i]
 		writes = slices.Delete(writes, i, i+1)
-		n, err := s.settle(ctx, w.reg, lease, epoch)
+		n, err := rc.settle(ctx, w.reg, lease, epoch)
 		written += n
 		if err != nil {
 			return written, err
@@ -277,48 +431,50 @@ var errDrainAdopted = errors.New("registry: adopted a drain made in the store")
 
 // writeOne makes the store hold val at reg's key under lease, without ever
 // overwriting a key another process holds. reg.wmu must be held. It reports
-// whether it wrote; a conflict is recorded on reg, not returned. mode says
-// what to do with a drain someone else made in the store.
-func (s *session) writeOne(ctx context.Context, reg *registration, val []byte, lease store.LeaseID, epoch uint64, mode drainMode) (bool, error) {
+// whether it wrote, and the conflict it found (also recorded as reg's
+// standing; not an error of the write). mode says what to do with a drain
+// someone else made in the store.
+func (rc *reconciler) writeOne(ctx context.Context, reg *registration, val []byte, lease store.LeaseID, epoch uint64, mode drainMode) (wrote bool, conflict, err error) {
 	for range 8 {
-		kv, err := s.r.st.Get(ctx, reg.key)
-		if err == nil && mode != drainOverwrite && s.ours(kv.Lease) && s.adoptDrain(reg, kv) {
+		kv, err := rc.r.st.Get(ctx, reg.key)
+		if err == nil && mode != drainOverwrite && rc.k.ours(kv.Lease) && rc.adoptDrain(reg, kv) {
 			if mode == drainYield {
 				reg.modRev, reg.lease = kv.ModRevision, kv.Lease
-				return false, errDrainAdopted
+				return false, nil, errDrainAdopted
 			}
 			val = reg.val
 		}
 		var rev int64
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			rev, err = s.r.st.Create(ctx, reg.key, val, store.WithLease(lease))
+			rev, err = rc.r.st.Create(ctx, reg.key, val, store.WithLease(lease))
 			if errors.Is(err, store.ErrKeyExists) {
 				continue
 			}
 		case err != nil:
-			return false, err
+			return false, nil, err
 		case kv.Lease == lease && bytes.Equal(kv.Value, val):
 			reg.modRev, reg.lease, reg.val = kv.ModRevision, lease, val
-			reg.setWritten(epoch, nil)
-			return false, nil
-		case s.ours(kv.Lease):
-			rev, err = s.r.st.Update(ctx, reg.key, val, kv.ModRevision, store.WithLease(lease))
+			rc.setWritten(reg, epoch, nil)
+			return false, nil, nil
+		case rc.k.ours(kv.Lease):
+			rev, err = rc.r.st.Update(ctx, reg.key, val, kv.ModRevision, store.WithLease(lease))
 			if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
 				continue
 			}
 		default:
-			reg.setWritten(epoch, holderError(reg.ref, kv))
-			return false, nil
+			conflict = holderError(reg.ref, kv)
+			rc.setWritten(reg, epoch, conflict)
+			return false, conflict, nil
 		}
 		if err != nil {
-			return false, err
+			return false, nil, err
 		}
 		reg.modRev, reg.lease, reg.val = rev, lease, val
-		reg.setWritten(epoch, nil)
-		return true, nil
+		rc.setWritten(reg, epoch, nil)
+		return true, nil, nil
 	}
-	return false, fmt.Errorf("registry: %s keeps changing under us; retrying later", reg.ref)
+	return false, nil, fmt.Errorf("registry: %s keeps changing under us; retrying later", reg.ref)
 }
 
 // adoptDrain adopts a drain someone else made in the store: kv, reg's key
@@ -328,36 +484,26 @@ func (s *session) writeOne(ctx context.Context, reg *registration, val []byte, l
 // session never undoes an operator's drain; the owner's Update may set
 // Status again. It logs, counts and reports the adoption, and returns
 // whether it adopted. reg.wmu must be held.
-func (s *session) adoptDrain(reg *registration, kv store.KeyValue) bool {
+func (rc *reconciler) adoptDrain(reg *registration, kv store.KeyValue) bool {
 	if reg.inst.Status != beacon.StatusServing || bytes.Equal(kv.Value, reg.val) {
 		return false
 	}
-	stored, err := s.r.decode(kv)
+	stored, err := rc.r.decode(kv)
 	if err != nil || stored.Status != beacon.StatusDraining {
 		return false
 	}
 	next := reg.inst.Clone()
 	next.Status = beacon.StatusDraining
-	val, err := encode(next, s.r.cfg.LeaseTTL)
+	val, err := encode(next, rc.r.cfg.LeaseTTL)
 	if err != nil {
 		return false
 	}
 	reg.inst, reg.val = next, val
 	reg.pub.Store(&next)
-	s.r.m.drained()
-	s.r.log.Warn("instance drained in the store by someone else (an operator?): advertising it as draining from now on; Update it with Status serving to serve again",
+	rc.r.m.drained()
+	rc.r.log.Warn("instance drained in the store by someone else (an operator?): advertising it as draining from now on; Update it with Status serving to serve again",
 		"instance", reg.ref.String(), "revision", kv.ModRevision)
-	s.mu.Lock()
-	c := s.changeLocked(nil)
-	s.mu.Unlock()
-	c.Drained = []beacon.Ref{reg.ref}
-	drained := fmt.Errorf("%w: %s", ErrDrainedElsewhere, reg.ref)
-	if c.Err == nil {
-		c.Err = drained
-	} else {
-		c.Err = errors.Join(c.Err, drained)
-	}
-	s.emit(c)
+	rc.notes.drainAdopted(reg.ref)
 	return true
 }
 

@@ -16,16 +16,19 @@ import (
 type registration struct {
 	r   *StoreRegistry
 	s   *session
+	rc  *reconciler // the session's: its standing with the store
 	key string
 	ref beacon.Ref
 
 	pub atomic.Pointer[beacon.Instance] // what Instance returns
 
-	// Lock order: opMu before wmu before session.mu before stMu.
+	// Lock order: opMu before wmu before session.mu before reconciler.mu.
 	opMu sync.Mutex // serialises Update, Drain and Close
 
 	// wmu is held during every store write of this registration, by the
-	// caller's goroutine or the session's.
+	// caller's goroutine or the session's worker (the reconciler). Its
+	// standing with the store (admitted, epoch written, conflict) is the
+	// reconciler's (writeOutcome).
 	wmu     sync.Mutex
 	inst    beacon.Instance
 	val     []byte
@@ -33,52 +36,11 @@ type registration struct {
 	modRev  int64
 	removed bool
 
-	// stMu guards the outcome of the writes, which the caller's goroutine
-	// and the session's both record and read (outcome, setWritten).
-	stMu     sync.Mutex
-	admitted bool   // written once and tracked by the session
-	epoch    uint64 // lease epoch the key was last written in
-	err      error  // why it is not advertised (conflict), or nil
-
 	closeOnce sync.Once
 	closeErr  error
 }
 
 var _ Registration = (*registration)(nil)
-
-// writeOutcome is a registration's standing with the session.
-type writeOutcome struct {
-	admitted bool
-	epoch    uint64
-	err      error
-}
-
-func (reg *registration) outcome() writeOutcome {
-	reg.stMu.Lock()
-	defer reg.stMu.Unlock()
-	return writeOutcome{reg.admitted, reg.epoch, reg.err}
-}
-
-// setWritten records the outcome of writing reg in epoch.
-func (reg *registration) setWritten(epoch uint64, err error) {
-	reg.stMu.Lock()
-	reg.epoch, reg.err = epoch, err
-	reg.stMu.Unlock()
-}
-
-// invalidate has the session write reg again on its next pass.
-func (reg *registration) invalidate() {
-	reg.stMu.Lock()
-	reg.epoch = 0
-	reg.stMu.Unlock()
-}
-
-// admit records reg as written in epoch and tracked by the session.
-func (reg *registration) admit(epoch uint64) {
-	reg.stMu.Lock()
-	reg.admitted, reg.epoch, reg.err = true, epoch, nil
-	reg.stMu.Unlock()
-}
 
 // spawn runs fn in a goroutine the registry owns, unless it is closed.
 func (r *StoreRegistry) spawn(fn func()) bool {
@@ -106,13 +68,13 @@ func (r *StoreRegistry) Register(ctx context.Context, in beacon.Instance) (Regis
 	if err != nil {
 		return nil, err
 	}
-	reg := &registration{r: r, s: r.sess, key: r.ks.Key(in.Ref()), ref: in.Ref(), inst: in, val: val}
+	reg := &registration{r: r, s: r.sess, rc: r.sess.rc, key: r.ks.Key(in.Ref()), ref: in.Ref(), inst: in, val: val}
 	reg.pub.Store(&in)
-	if err := r.sess.reserve(reg); err != nil {
+	if err := reg.rc.reserve(reg); err != nil {
 		return nil, err
 	}
 	if err := r.register(ctx, reg); err != nil {
-		r.sess.unreserve(reg)
+		reg.rc.unreserve(reg)
 		return nil, err
 	}
 	return reg, nil
@@ -129,10 +91,13 @@ func (r *StoreRegistry) register(ctx context.Context, reg *registration) error {
 		if errors.Is(err, store.ErrKeyExists) {
 			// Ours from an earlier lease is taken over; anyone else's is a
 			// conflict.
-			var wrote bool
-			wrote, err = r.sess.writeOne(ctx, reg, reg.val, lease, epoch, drainOverwrite)
+			var (
+				wrote    bool
+				conflict error
+			)
+			wrote, conflict, err = reg.rc.writeOne(ctx, reg, reg.val, lease, epoch, drainOverwrite)
 			if err == nil && !wrote {
-				err = reg.outcome().err
+				err = conflict
 			}
 			if err == nil {
 				rev = reg.modRev
@@ -181,7 +146,7 @@ func (r *StoreRegistry) cleanup(key string, lease store.LeaseID, val []byte, own
 		if err != nil {
 			return err
 		}
-		if kv.Lease != lease || !bytes.Equal(kv.Value, val) || r.sess.claimed(key, owner) {
+		if kv.Lease != lease || !bytes.Equal(kv.Value, val) || r.sess.rc.claimed(key, owner) {
 			return nil
 		}
 		return r.deleteAt(ctx, key, kv.ModRevision)
@@ -222,47 +187,14 @@ func (r *StoreRegistry) retryInBackground(fn func(ctx context.Context) error) {
 	})
 }
 
-// reserve claims reg's key in this process.
-func (s *session) reserve(reg *registration) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.state == StateClosed {
-		return ErrClosed
-	}
-	if _, ok := s.regs[reg.key]; ok {
-		return fmt.Errorf("%w: %s is already registered by this process", beacon.ErrAlreadyRegistered, reg.ref)
-	}
-	s.regs[reg.key] = reg
-	return nil
-}
-
-func (s *session) unreserve(reg *registration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.regs[reg.key] == reg && !reg.outcome().admitted {
-		delete(s.regs, reg.key)
-	}
-}
-
-// claimed reports whether a registration other than owner holds key.
-func (s *session) claimed(key string, owner *registration) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	reg, ok := s.regs[key]
-	return ok && reg != owner
-}
-
 // admit starts tracking a registration written in epoch. If the lease
-// changed meanwhile, the loop writes it again under the new one.
+// changed meanwhile, the worker writes it again under the new one.
 func (s *session) admit(reg *registration, epoch uint64) {
-	s.mu.Lock()
-	if s.regs[reg.key] != reg {
-		s.mu.Unlock()
+	if !s.rc.admit(reg, epoch) {
 		return
 	}
-	reg.admit(epoch)
+	s.mu.Lock()
 	stale := epoch != s.epoch
-	s.r.m.addRegistrations(1)
 	s.mu.Unlock()
 	if stale {
 		s.kickLoop()
@@ -277,7 +209,7 @@ func (reg *registration) Err() error {
 	s := reg.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	o := reg.outcome()
+	o := reg.rc.outcome(reg)
 	switch {
 	case !o.admitted:
 		return nil
@@ -349,7 +281,7 @@ func (reg *registration) write(ctx context.Context, next beacon.Instance, val []
 			reg.wmu.Unlock()
 			return fmt.Errorf("registry: update %s: %w", reg.ref, errRemoved)
 		}
-		o := reg.outcome()
+		o := reg.rc.outcome(reg)
 		current := o.epoch == epoch && o.err == nil
 		if current && reg.lease == lease {
 			var rev int64
@@ -365,13 +297,14 @@ func (reg *registration) write(ctx context.Context, next beacon.Instance, val []
 			// Not written under this lease yet, or changed under us:
 			// settle it key by key (never overwriting another process,
 			// nor an operator's drain).
-			_, err = reg.s.writeOne(ctx, reg, val, lease, epoch, drainYield)
+			var conflict error
+			_, conflict, err = reg.rc.writeOne(ctx, reg, val, lease, epoch, drainYield)
 			if errors.Is(err, errDrainAdopted) {
 				reg.wmu.Unlock()
 				return err
 			}
 			if err == nil {
-				err = reg.outcome().err
+				err = conflict
 			}
 			if err == nil {
 				reg.inst = next
@@ -390,7 +323,7 @@ func (reg *registration) write(ctx context.Context, next beacon.Instance, val []
 		}
 		// Unknown outcome: have the session write the registration again
 		// (with what it advertises) on its next pass.
-		reg.invalidate()
+		reg.rc.invalidate(reg)
 		reg.s.kickLoop()
 		return fmt.Errorf("registry: update %s: %w", reg.ref, err)
 	}
@@ -435,17 +368,8 @@ func (reg *registration) Close() error {
 func (reg *registration) close() error {
 	reg.opMu.Lock()
 	defer reg.opMu.Unlock()
-	r, s := reg.r, reg.s
-	s.mu.Lock()
-	o := reg.outcome()
-	if s.regs[reg.key] == reg {
-		delete(s.regs, reg.key)
-		if o.admitted {
-			s.r.m.addRegistrations(-1)
-		}
-	}
-	conflicted := o.err != nil
-	s.mu.Unlock()
+	r := reg.r
+	conflicted := reg.rc.remove(reg).err != nil
 	reg.wmu.Lock()
 	defer reg.wmu.Unlock()
 	reg.removed = true

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 
@@ -33,29 +32,28 @@ const statesBuffer = 16
 //   - the worker (loop) does everything else: recovery after a loss,
 //     writing registrations whose epoch is behind, retrying conflicts and
 //     verifying every key now and then, each store call bounded by
-//     workTimeout.
+//     workTimeoutFor the TTL.
 //
 // Registrations are written in epochs: every lease change starts a new
-// epoch, and the worker writes every registration whose epoch is behind
-// (reconcile.go). The states, the parts and their lock order are drawn in
+// epoch, and the worker has the reconciler (reconcile.go), which owns the
+// registrations, write every one whose epoch is behind. The states, the parts and their lock order are drawn in
 // session_design.md.
 type session struct {
 	r *StoreRegistry
 
 	startSem chan struct{} // held while the first lease is granted
 
-	k *leaseKeeper // the lease: which, renewed, unconfirmed, previous ones
+	k  *leaseKeeper // the lease: which, renewed, unconfirmed, previous ones
+	rc *reconciler  // the registrations and their standing (reconcile.go)
 
-	// Lock order: session.mu before leaseKeeper.mu and registration.stMu.
-	mu       sync.Mutex
-	state    State
-	started  bool
-	epoch    uint64
-	suspect  bool          // the lost lease may still be alive: try it first
-	ready    chan struct{} // closed while state is active or recovered
-	regs     map[string]*registration
-	conflict int           // registrations in conflict, as last reported
-	kick     chan struct{} // wakes the worker
+	// Lock order: session.mu before leaseKeeper.mu and reconciler.mu.
+	mu      sync.Mutex
+	state   State
+	started bool
+	epoch   uint64
+	suspect bool          // the lost lease may still be alive: try it first
+	ready   chan struct{} // closed while state is active or recovered
+	kick    chan struct{} // wakes the worker
 
 	statesMu     sync.Mutex
 	states       chan StateChange
@@ -67,11 +65,11 @@ func newSession(r *StoreRegistry) *session {
 		r:        r,
 		startSem: make(chan struct{}, 1),
 		ready:    make(chan struct{}),
-		regs:     make(map[string]*registration),
 		kick:     make(chan struct{}, 1),
 		states:   make(chan StateChange, statesBuffer),
 	}
 	s.k = newLeaseKeeper(r, s)
+	s.rc = newReconciler(r, s.k, s)
 	r.m.initState(StateIdle)
 	return s
 }
@@ -128,37 +126,33 @@ func (s *session) emit(c StateChange) {
 	}
 }
 
-// conflictsLocked lists the registrations another process holds.
-func (s *session) conflictsLocked() []beacon.Ref {
-	var out []beacon.Ref
-	for _, reg := range s.regs {
-		if o := reg.outcome(); o.admitted && errors.Is(o.err, beacon.ErrAlreadyRegistered) {
-			out = append(out, reg.ref)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
-	return out
-}
-
 // changeLocked builds a StateChange for the current state.
 func (s *session) changeLocked(err error) StateChange {
 	c := StateChange{State: s.state, Err: err}
 	if s.state == StateActive || s.state == StateRecovered {
 		c.Lease, _ = s.k.current()
 	}
-	conflicts := s.conflictsLocked()
-	s.r.m.addConflicts(len(conflicts) - s.conflict)
-	s.conflict = len(conflicts)
-	c.Conflicts = conflicts
-	for _, reg := range s.regs {
-		if o := reg.outcome(); o.admitted && o.err == nil {
-			c.Registered++
-		}
-	}
-	if c.Err == nil && len(conflicts) > 0 {
-		c.Err = fmt.Errorf("%w: %d instance(s) held by another live process; retrying", beacon.ErrAlreadyRegistered, len(conflicts))
+	c.Conflicts, c.Registered = s.rc.report()
+	if c.Err == nil && len(c.Conflicts) > 0 {
+		c.Err = fmt.Errorf("%w: %d instance(s) held by another live process; retrying", beacon.ErrAlreadyRegistered, len(c.Conflicts))
 	}
 	return c
+}
+
+// drainAdopted reports that the reconciler adopted a drain of ref made in
+// the store by someone else.
+func (s *session) drainAdopted(ref beacon.Ref) {
+	s.mu.Lock()
+	c := s.changeLocked(nil)
+	s.mu.Unlock()
+	c.Drained = []beacon.Ref{ref}
+	drained := fmt.Errorf("%w: %s", ErrDrainedElsewhere, ref)
+	if c.Err == nil {
+		c.Err = drained
+	} else {
+		c.Err = errors.Join(c.Err, drained)
+	}
+	s.emit(c)
 }
 
 func (s *session) kickLoop() {
@@ -348,20 +342,19 @@ func (s *session) loop() {
 
 func (s *session) interval() time.Duration { return s.k.interval(s.r.cfg.LeaseTTL) }
 
-// workTimeout bounds each store call of the worker (a listing, a
+// workTimeoutFor bounds each store call of the worker (a listing, a
 // transaction of up to maxTxnOps writes, a grant): a call stuck on a hung
 // member fails and is retried (the store then reaches another member)
 // instead of holding up recovery and verification. It is a third of the
 // TTL, at least 1 s and at most 5 s.
-func (s *session) workTimeout() time.Duration { return workTimeoutFor(s.r.cfg.LeaseTTL) }
-
 func workTimeoutFor(ttl time.Duration) time.Duration {
 	return min(max(ttl/3, time.Second), minOpTimeout)
 }
 
-// bounded runs fn with a context bounded by workTimeout (and by ctx).
-func (s *session) bounded(ctx context.Context, fn func(ctx context.Context) error) error {
-	cctx, cancel := context.WithTimeout(ctx, s.workTimeout())
+// bounded runs fn with a context bounded by workTimeoutFor the lease TTL
+// (and by ctx).
+func (r *StoreRegistry) bounded(ctx context.Context, fn func(ctx context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, workTimeoutFor(r.cfg.LeaseTTL))
 	defer cancel()
 	return fn(cctx)
 }
@@ -400,7 +393,7 @@ func (s *session) tryRecover() error {
 	)
 	if suspect && old != store.NoLease {
 		var granted time.Duration
-		err := s.bounded(ctx, func(ctx context.Context) (err error) {
+		err := s.r.bounded(ctx, func(ctx context.Context) (err error) {
 			granted, err = s.r.st.KeepAlive(ctx, old)
 			return err
 		})
@@ -417,7 +410,7 @@ func (s *session) tryRecover() error {
 	}
 	if lease == store.NoLease {
 		var l store.Lease
-		err := s.bounded(ctx, func(ctx context.Context) (err error) {
+		err := s.r.bounded(ctx, func(ctx context.Context) (err error) {
 			l, err = s.r.st.Grant(ctx, s.r.cfg.LeaseTTL)
 			return err
 		})
@@ -441,7 +434,7 @@ func (s *session) tryRecover() error {
 	epoch := s.epoch
 	s.mu.Unlock()
 
-	n, err := s.reconcile(ctx, lease, epoch, staleOnly)
+	n, err := s.rc.reconcile(ctx, lease, epoch, staleOnly)
 	if err != nil {
 		if errors.Is(err, store.ErrLeaseNotFound) {
 			s.mu.Lock()
@@ -485,12 +478,61 @@ func (s *session) logConflicts(refs []beacon.Ref) {
 func (s *session) hasStale() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, reg := range s.regs {
-		if o := reg.outcome(); o.admitted && o.epoch != s.epoch {
-			return true
-		}
+	return s.rc.stale(s.epoch)
+}
+
+// reconcileStale writes the registrations whose epoch is behind (admitted
+// after a recovery started) and retries conflicts (or, with verifyAll,
+// checks every registration), reporting a change in the conflicts.
+func (s *session) reconcileStale(mode reconcileMode) {
+	s.mu.Lock()
+	if s.state != StateActive && s.state != StateRecovered {
+		s.mu.Unlock()
+		return
 	}
-	return false
+	lease, _ := s.k.current()
+	epoch := s.epoch
+	s.mu.Unlock()
+	_, before := s.rc.conflicts()
+	ctx, cancel := s.r.opContext()
+	defer cancel()
+	if _, err := s.rc.reconcile(ctx, lease, epoch, mode); err != nil {
+		if errors.Is(err, store.ErrLeaseNotFound) {
+			s.leaseGone(lease, err)
+			return
+		}
+		if refused(err) {
+			// etcd refused the session's credentials or permission (a
+			// changed password, a revoked role): the process may no
+			// longer advertise. Stop keeping the lease alive (its
+			// instances expire with it) and retry until the authority
+			// allows it again; the state says why.
+			s.markLost(lease, err, false)
+			return
+		}
+		if s.r.ctx.Err() == nil {
+			s.r.log.Warn("writing registrations failed; retrying", "err", err)
+		}
+		return
+	}
+	s.mu.Lock()
+	if s.state != StateActive && s.state != StateRecovered {
+		s.mu.Unlock()
+		return
+	}
+	after, _ := s.rc.conflicts()
+	if after == before {
+		s.mu.Unlock()
+		return
+	}
+	c := s.changeLocked(nil)
+	s.mu.Unlock()
+	if after > before {
+		s.logConflicts(c.Conflicts)
+	} else {
+		s.r.log.Info("reclaimed instance IDs", "conflicts_left", after)
+	}
+	s.emit(c)
 }
 
 // close revokes the lease and closes States.
@@ -501,17 +543,8 @@ func (s *session) close() error {
 	started := s.started
 	s.k.drop(lease)
 	s.setStateLocked(StateClosed)
-	n := 0
-	for _, reg := range s.regs {
-		if reg.outcome().admitted {
-			n++
-		}
-	}
-	s.r.m.addRegistrations(-n)
-	s.r.m.addConflicts(-s.conflict)
-	s.conflict = 0
-	s.regs = map[string]*registration{}
 	s.mu.Unlock()
+	s.rc.close()
 	var err error
 	if started && prev != StateClosed {
 		err = s.revoke(lease, ttl)

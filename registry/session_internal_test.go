@@ -214,6 +214,9 @@ func TestSessionRecoveryReplacesAnEndedSuspectLease(t *testing.T) {
 func TestLeaseRingKeepsTheLastLeases(t *testing.T) {
 	g := newSessionRig(t)
 	k := g.r.sess.k
+	if k.ours(store.NoLease) {
+		t.Fatal("NoLease counted as ours before any lease was held")
+	}
 	const n = oldLeasesKept + 3
 	for i := 1; i <= n; i++ {
 		k.hold(store.LeaseID(i), time.Minute)

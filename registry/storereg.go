@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry/internal/defaults"
 	"github.com/beaconplane/beacon/store"
 )
 
@@ -144,19 +145,8 @@ func (r *StoreRegistry) opContext() (context.Context, context.CancelFunc) {
 // prepare fills an instance's defaults, validates it and encodes it with
 // the TTL of the lease its registrant keeps it alive with (0: unknown).
 func (r *StoreRegistry) prepare(in beacon.Instance, ttl time.Duration) (beacon.Instance, []byte, error) {
-	in = in.Clone()
-	if in.ID == "" {
-		in.ID = beacon.NewID()
-	}
-	if in.Status == "" {
-		in.Status = beacon.StatusServing
-	}
-	if in.RegisteredAt.IsZero() {
-		in.RegisteredAt = time.Now().UTC().Truncate(time.Millisecond)
-	} else {
-		in.RegisteredAt = in.RegisteredAt.UTC()
-	}
-	if err := in.ValidateWith(r.cfg.MaxMetadataSize); err != nil {
+	in, err := defaults.Fill(in, r.cfg.MaxMetadataSize)
+	if err != nil {
 		return beacon.Instance{}, nil, err
 	}
 	val, err := encode(in, ttl)

@@ -3,7 +3,6 @@ package registry
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry/internal/view"
@@ -32,41 +31,29 @@ func (r *StoreRegistry) Watch(ctx context.Context, q beacon.Query, opts ...Watch
 	if err != nil {
 		return nil, err
 	}
-	w := &watcher{r: r, f: f, cur: cursor{from: o.fromRevision}, done: make(chan struct{})}
+	w := &watcher{r: r, f: f, cur: cursor{from: o.fromRevision}}
 	r.m.addWatchers(1)
-	// The callback must not read w.stop: it is written after AfterFunc
-	// returns, with no ordering against the callback.
-	w.stop = context.AfterFunc(ctx, w.end)
+	w.life = view.Begin(ctx, func() {
+		r.hub.release(f)
+		r.m.addWatchers(-1)
+	})
 	return w, nil
 }
 
 // watcher is one consumer of a feed: its cursor is its position in it.
 type watcher struct {
-	r   *StoreRegistry
-	f   *feed
-	cur cursor
-
-	done      chan struct{}
-	closeOnce sync.Once
-	stop      func() bool
+	r    *StoreRegistry
+	f    *feed
+	cur  cursor
+	life *view.Life // ends by Close or the Watch context
 }
 
 var _ Watcher = (*watcher)(nil)
 
 // Close implements Watcher.
 func (w *watcher) Close() error {
-	w.stop()
-	w.end()
+	w.life.End()
 	return nil
-}
-
-// end ends the watch (Close, or its context done).
-func (w *watcher) end() {
-	w.closeOnce.Do(func() {
-		close(w.done)
-		w.r.hub.release(w.f)
-		w.r.m.addWatchers(-1)
-	})
 }
 
 func (w *watcher) ended() error {
@@ -92,7 +79,7 @@ func (w *watcher) Instances() []beacon.Instance {
 
 // Next implements Watcher.
 func (w *watcher) Next(ctx context.Context) (Batch, error) {
-	return view.Wait(ctx, w.done, w.ended, func() (Batch, bool, <-chan struct{}, error) {
+	return view.Wait(ctx, w.life.Done(), w.ended, func() (Batch, bool, <-chan struct{}, error) {
 		s := w.f.next(&w.cur)
 		if s.checkFrom {
 			return Batch{}, false, nil, w.f.checkFrom(ctx, &w.cur)

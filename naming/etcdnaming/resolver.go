@@ -51,9 +51,8 @@ func NewBuilder(st store.Store, opts ...Option) (*Builder, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !validScheme(o.scheme) {
-		return nil, fmt.Errorf("%w: scheme %q must be lower-case letters, digits, '+', '-' or '.', starting with a letter",
-			ErrInvalidConfig, o.scheme)
+	if err := publish.CheckScheme(o.scheme); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return &Builder{
 		st:       st,
@@ -133,22 +132,6 @@ func parseURL(scheme string, u *url.URL, raw string) (string, error) {
 		return "", fmt.Errorf("%w (from %q; write %s)", err, raw, form)
 	}
 	return target, nil
-}
-
-func validScheme(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z':
-		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // etcdResolver follows one target for one channel. run owns the view and

@@ -25,80 +25,6 @@ const labelPattern = `^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 // CRD returns the CustomResourceDefinition of InstanceSet, as
 // deploy/kubernetes/crd.yaml holds it.
 func CRD() *apiextensionsv1.CustomResourceDefinition {
-	str := func(desc string, maxLen int64) apiextensionsv1.JSONSchemaProps {
-		return apiextensionsv1.JSONSchemaProps{Type: "string", Description: desc, MaxLength: &maxLen}
-	}
-	label := func(desc string) apiextensionsv1.JSONSchemaProps {
-		p := str(desc, 63)
-		p.MinLength = ptr[int64](1)
-		p.Pattern = labelPattern
-		return p
-	}
-	count := func(desc string) apiextensionsv1.JSONSchemaProps {
-		return apiextensionsv1.JSONSchemaProps{Type: "integer", Description: desc, Minimum: ptr[float64](0)}
-	}
-	id := str("Instance ID: 16 lower-case hex digits (a string, so that JavaScript keeps every bit).", 16)
-	id.Pattern = `^[0-9a-f]{16}$`
-	address := str("Where callers reach the instance: host:port or a URL.", beacon.MaxAddressLength)
-	address.MinLength = ptr[int64](1)
-	transport := str("Protocol spoken at the address (grpc, http, tcp, nats...); empty if unspecified.", 32)
-	transport.Pattern = `^[a-z0-9.+-]*$`
-	instance := apiextensionsv1.JSONSchemaProps{
-		Type:        "object",
-		Description: "One registered instance, in the value format of every Beacon backend (docs/registry.md).",
-		Required:    []string{"namespace", "component", "endpoint", "id", "address", "status", "registered_at"},
-		Properties: map[string]apiextensionsv1.JSONSchemaProps{
-			"namespace": label("Beacon namespace (a DNS label; not the Kubernetes namespace)."),
-			"component": label("Component (a DNS label)."),
-			"endpoint":  label("Endpoint (a DNS label)."),
-			"id":        id,
-			"address":   address,
-			"transport": transport,
-			"metadata": {
-				Type:          "object",
-				Description:   "Free-form string metadata; keys and values total at most 4 KiB by default (checked by Beacon).",
-				MaxProperties: ptr[int64](MaxMetadataSize),
-				AdditionalProperties: &apiextensionsv1.JSONSchemaPropsOrBool{
-					Allows: true,
-					Schema: &apiextensionsv1.JSONSchemaProps{Type: "string", MaxLength: ptr[int64](MaxMetadataSize)},
-				},
-			},
-			"status": {
-				Type:        "string",
-				Description: "serving, or draining (resolvers send no new work).",
-				Enum:        []apiextensionsv1.JSON{{Raw: []byte(`"serving"`)}, {Raw: []byte(`"draining"`)}},
-			},
-			"registered_at": {Type: "string", Format: "date-time", Description: "When the instance was registered."},
-		},
-	}
-	spec := apiextensionsv1.JSONSchemaProps{
-		Type:        "object",
-		Description: "What one registering process advertises.",
-		Required:    []string{"pod", "holder"},
-		Properties: map[string]apiextensionsv1.JSONSchemaProps{
-			"pod": {
-				Type:        "object",
-				Description: "The pod the process runs in; the ownerReference names the same pod.",
-				Required:    []string{"name", "uid"},
-				Properties: map[string]apiextensionsv1.JSONSchemaProps{
-					"name": str("Pod name.", 253),
-					"uid":  str("Pod UID.", 64),
-				},
-			},
-			"container":     label("Container name, in container mode (one InstanceSet per container)."),
-			"holder":        str("The process incarnation that writes this resource (random per process start).", 64),
-			"instanceCount": count("Number of instances (for kubectl's columns)."),
-			"drainingCount": count("Number of draining instances (for kubectl's columns)."),
-			"instances": {
-				Type:         "array",
-				Description:  "The instances the process registered.",
-				MaxItems:     ptr[int64](MaxInstances),
-				XListType:    ptr("map"),
-				XListMapKeys: []string{"namespace", "component", "endpoint", "id"},
-				Items:        &apiextensionsv1.JSONSchemaPropsOrArray{Schema: &instance},
-			},
-		},
-	}
 	return &apiextensionsv1.CustomResourceDefinition{
 		TypeMeta: metav1.TypeMeta{APIVersion: "apiextensions.k8s.io/v1", Kind: "CustomResourceDefinition"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -120,19 +46,7 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 				Name:    Version,
 				Served:  true,
 				Storage: true,
-				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
-					Type: "object",
-					Description: "The instances one process registered with Beacon (one InstanceSet per pod, or per " +
-						"container). Owned by the pod: deleted with it. An instance is live while this resource " +
-						"exists and its pod is Ready in an EndpointSlice labelled " + DiscoveryLabel + "=true.",
-					Required: []string{"spec"},
-					Properties: map[string]apiextensionsv1.JSONSchemaProps{
-						"apiVersion": {Type: "string"},
-						"kind":       {Type: "string"},
-						"metadata":   {Type: "object"},
-						"spec":       spec,
-					},
-				}},
+				Schema:  &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: ptr(instanceSetSchema())},
 				AdditionalPrinterColumns: []apiextensionsv1.CustomResourceColumnDefinition{
 					{Name: "Pod", Type: "string", JSONPath: ".spec.pod.name"},
 					{Name: "Instances", Type: "integer", JSONPath: ".spec.instanceCount"},
@@ -142,6 +56,124 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 			}},
 		},
 	}
+}
+
+// instanceSetSchema is the schema of a whole InstanceSet.
+func instanceSetSchema() apiextensionsv1.JSONSchemaProps {
+	return apiextensionsv1.JSONSchemaProps{
+		Type: "object",
+		Description: "The instances one process registered with Beacon (one InstanceSet per pod, or per " +
+			"container). Owned by the pod: deleted with it. An instance is live while this resource " +
+			"exists and its pod is Ready in an EndpointSlice labelled " + DiscoveryLabel + "=true.",
+		Required: []string{"spec"},
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"apiVersion": {Type: "string"},
+			"kind":       {Type: "string"},
+			"metadata":   {Type: "object"},
+			"spec":       specSchema(),
+		},
+	}
+}
+
+// specSchema is the schema of an InstanceSet's spec: the process and the
+// instances it advertises.
+func specSchema() apiextensionsv1.JSONSchemaProps {
+	return apiextensionsv1.JSONSchemaProps{
+		Type:        "object",
+		Description: "What one registering process advertises.",
+		Required:    []string{"pod", "holder"},
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"pod": {
+				Type:        "object",
+				Description: "The pod the process runs in; the ownerReference names the same pod.",
+				Required:    []string{"name", "uid"},
+				Properties: map[string]apiextensionsv1.JSONSchemaProps{
+					"name": strSchema("Pod name.", 253),
+					"uid":  strSchema("Pod UID.", 64),
+				},
+			},
+			"container":     labelSchema("Container name, in container mode (one InstanceSet per container)."),
+			"holder":        strSchema("The process incarnation that writes this resource (random per process start).", 64),
+			"instanceCount": countSchema("Number of instances (for kubectl's columns)."),
+			"drainingCount": countSchema("Number of draining instances (for kubectl's columns)."),
+			"instances": {
+				Type:         "array",
+				Description:  "The instances the process registered.",
+				MaxItems:     ptr[int64](MaxInstances),
+				XListType:    ptr("map"),
+				XListMapKeys: []string{"namespace", "component", "endpoint", "id"},
+				Items:        &apiextensionsv1.JSONSchemaPropsOrArray{Schema: ptr(instanceSchema())},
+			},
+		},
+	}
+}
+
+// instanceSchema is the schema of one instance, in the value format of
+// every Beacon backend.
+func instanceSchema() apiextensionsv1.JSONSchemaProps {
+	id := strSchema("Instance ID: 16 lower-case hex digits (a string, so that JavaScript keeps every bit).", 16)
+	id.Pattern = `^[0-9a-f]{16}$`
+	address := strSchema("Where callers reach the instance: host:port or a URL.", beacon.MaxAddressLength)
+	address.MinLength = ptr[int64](1)
+	transport := strSchema("Protocol spoken at the address (grpc, http, tcp, nats...); empty if unspecified.", 32)
+	transport.Pattern = `^[a-z0-9.+-]*$`
+	return apiextensionsv1.JSONSchemaProps{
+		Type:        "object",
+		Description: "One registered instance, in the value format of every Beacon backend (docs/registry.md).",
+		Required:    []string{"namespace", "component", "endpoint", "id", "address", "status", "registered_at"},
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"namespace":     labelSchema("Beacon namespace (a DNS label; not the Kubernetes namespace)."),
+			"component":     labelSchema("Component (a DNS label)."),
+			"endpoint":      labelSchema("Endpoint (a DNS label)."),
+			"id":            id,
+			"address":       address,
+			"transport":     transport,
+			"metadata":      metadataSchema(),
+			"status":        statusSchema(),
+			"registered_at": {Type: "string", Format: "date-time", Description: "When the instance was registered."},
+		},
+	}
+}
+
+// metadataSchema is the schema of an instance's metadata: a string map
+// the schema bounds loosely (Beacon checks the total size).
+func metadataSchema() apiextensionsv1.JSONSchemaProps {
+	return apiextensionsv1.JSONSchemaProps{
+		Type:          "object",
+		Description:   "Free-form string metadata; keys and values total at most 4 KiB by default (checked by Beacon).",
+		MaxProperties: ptr[int64](MaxMetadataSize),
+		AdditionalProperties: &apiextensionsv1.JSONSchemaPropsOrBool{
+			Allows: true,
+			Schema: &apiextensionsv1.JSONSchemaProps{Type: "string", MaxLength: ptr[int64](MaxMetadataSize)},
+		},
+	}
+}
+
+// statusSchema is the schema of an instance's status.
+func statusSchema() apiextensionsv1.JSONSchemaProps {
+	return apiextensionsv1.JSONSchemaProps{
+		Type:        "string",
+		Description: "serving, or draining (resolvers send no new work).",
+		Enum:        []apiextensionsv1.JSON{{Raw: []byte(`"serving"`)}, {Raw: []byte(`"draining"`)}},
+	}
+}
+
+// strSchema is a string of at most maxLen characters.
+func strSchema(desc string, maxLen int64) apiextensionsv1.JSONSchemaProps {
+	return apiextensionsv1.JSONSchemaProps{Type: "string", Description: desc, MaxLength: &maxLen}
+}
+
+// labelSchema is a DNS label.
+func labelSchema(desc string) apiextensionsv1.JSONSchemaProps {
+	p := strSchema(desc, 63)
+	p.MinLength = ptr[int64](1)
+	p.Pattern = labelPattern
+	return p
+}
+
+// countSchema is a count: an integer, at least 0.
+func countSchema(desc string) apiextensionsv1.JSONSchemaProps {
+	return apiextensionsv1.JSONSchemaProps{Type: "integer", Description: desc, Minimum: ptr[float64](0)}
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -17,7 +17,8 @@ const (
 	metricRegistrations = "beacon_kube_registrations"
 )
 
-// metrics are the registry's collectors; every method is a no-op on nil.
+// metrics are the registry's collectors: newMetrics always returns working
+// ones, exported only when a Registerer is given.
 type metrics struct {
 	invalid      prometheus.Counter
 	writes       *prometheus.CounterVec
@@ -28,9 +29,6 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	if reg == nil {
-		return nil, nil
-	}
 	m := &metrics{
 		invalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: metricInvalid,
@@ -58,6 +56,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Instances registered through Kubernetes registries.",
 		}),
 	}
+	if reg == nil {
+		return m, nil // counted, not exported
+	}
 	var err error
 	m.invalid = promreg.Register(reg, m.invalid, &err)
 	m.writes = promreg.Register(reg, m.writes, &err)
@@ -69,15 +70,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 func (m *metrics) invalidResource() {
-	if m != nil {
-		m.invalid.Inc()
-	}
+	m.invalid.Inc()
 }
 
 func (m *metrics) write(err error, d time.Duration) {
-	if m == nil {
-		return
-	}
 	result := "ok"
 	if err != nil {
 		result = "error"
@@ -87,19 +83,13 @@ func (m *metrics) write(err error, d time.Duration) {
 }
 
 func (m *metrics) relist() {
-	if m != nil {
-		m.relists.Inc()
-	}
+	m.relists.Inc()
 }
 
 func (m *metrics) watchers(n int) {
-	if m != nil {
-		m.watching.Add(float64(n))
-	}
+	m.watching.Add(float64(n))
 }
 
 func (m *metrics) registrations(n int) {
-	if m != nil {
-		m.registered.Add(float64(n))
-	}
+	m.registered.Add(float64(n))
 }

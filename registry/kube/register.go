@@ -12,6 +12,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/registry/internal/defaults"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -513,22 +514,7 @@ func (w *writer) checkCluster(ctx context.Context, ref beacon.Ref) error {
 
 // prepare fills an instance's defaults and validates it.
 func (r *Registry) prepare(in beacon.Instance) (beacon.Instance, error) {
-	in = in.Clone()
-	if in.ID == "" {
-		in.ID = beacon.NewID()
-	}
-	if in.Status == "" {
-		in.Status = beacon.StatusServing
-	}
-	if in.RegisteredAt.IsZero() {
-		in.RegisteredAt = time.Now().UTC().Truncate(time.Millisecond)
-	} else {
-		in.RegisteredAt = in.RegisteredAt.UTC()
-	}
-	if err := in.ValidateWith(r.cfg.MaxMetadataSize); err != nil {
-		return beacon.Instance{}, err
-	}
-	return in, nil
+	return defaults.Fill(in, r.cfg.MaxMetadataSize)
 }
 
 // registration is one registered instance.

@@ -3,7 +3,6 @@ package kube
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
@@ -40,36 +39,25 @@ func (r *Registry) Watch(ctx context.Context, q beacon.Query, opts ...registry.W
 		return nil, err
 	}
 	v := r.viewFor()
-	w := &watcher{r: r, v: v, cur: cursor{q: q}, done: make(chan struct{})}
+	w := &watcher{r: r, v: v, cur: cursor{q: q}}
 	r.m.watchers(1)
-	w.stop = context.AfterFunc(ctx, w.end)
+	w.life = shared.Begin(ctx, func() { r.m.watchers(-1) })
 	return w, nil
 }
 
 // watcher is one consumer of the view: its cursor is its position in it.
 type watcher struct {
-	r   *Registry
-	v   *view
-	cur cursor
-
-	done      chan struct{}
-	closeOnce sync.Once
-	stop      func() bool
+	r    *Registry
+	v    *view
+	cur  cursor
+	life *shared.Life // ends by Close or the Watch context
 }
 
 var _ registry.Watcher = (*watcher)(nil)
 
 func (w *watcher) Close() error {
-	w.stop()
-	w.end()
+	w.life.End()
 	return nil
-}
-
-func (w *watcher) end() {
-	w.closeOnce.Do(func() {
-		close(w.done)
-		w.r.m.watchers(-1)
-	})
 }
 
 func (w *watcher) ended() error {
@@ -97,7 +85,7 @@ func (w *watcher) Instances() []beacon.Instance {
 
 // Next implements registry.Watcher.
 func (w *watcher) Next(ctx context.Context) (registry.Batch, error) {
-	return shared.Wait(ctx, w.done, w.ended, func() (registry.Batch, bool, <-chan struct{}, error) {
+	return shared.Wait(ctx, w.life.Done(), w.ended, func() (registry.Batch, bool, <-chan struct{}, error) {
 		s := w.v.next(&w.cur)
 		return s.batch, s.ok, s.wake, s.err
 	})

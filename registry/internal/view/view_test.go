@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/beaconplane/beacon"
 )
@@ -501,5 +502,37 @@ func TestWaitAsksAgainAfterEachWakeUntilABatch(t *testing.T) {
 		return 0, false, nil, nil
 	}); !errors.Is(err, ended) {
 		t.Fatalf("an ended watcher: %v", err)
+	}
+}
+
+// A Life ends once: by End or by its context, whichever is first; release
+// runs once, and Done is closed from then on.
+func TestLifeEndsOnceByEndOrContext(t *testing.T) {
+	for _, byContext := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		released := make(chan struct{}, 2)
+		l := Begin(ctx, func() { released <- struct{}{} })
+		select {
+		case <-l.Done():
+			t.Fatal("Done closed before the Life ended")
+		default:
+		}
+		if byContext {
+			cancel()
+		} else {
+			l.End()
+		}
+		select {
+		case <-l.Done():
+		case <-time.After(time.Minute):
+			t.Fatalf("byContext=%v: Done not closed within a minute", byContext)
+		}
+		<-released
+		l.End()
+		cancel()
+		l.End()
+		if n := len(released); n != 0 {
+			t.Fatalf("byContext=%v: release ran %d more times, want once in all", byContext, n)
+		}
 	}
 }

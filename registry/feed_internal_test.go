@@ -1,0 +1,276 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/memory"
+)
+
+// feedRig drives one feed by hand: no goroutine lists or watches the
+// store, the test hands the feed listings and events (applyListing,
+// applyEvents, markStale) and reads each cursor's next step, so every
+// rule of the feed and the cursor is checked without timing. The oracle
+// is explicit expected kinds, revisions and addresses.
+type feedRig struct {
+	t *testing.T
+	r *StoreRegistry
+	f *feed
+}
+
+func newFeedRig(t *testing.T) *feedRig {
+	t.Helper()
+	st := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = st.Close() })
+	r, err := New(st, Config{RemovalHold: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return &feedRig{t: t, r: r, f: newFeed(ctx, cancel, r.hub, r.ks.Prefix(beacon.Query{Namespace: "feed"}))}
+}
+
+// kv is instance id's stored value with address addr.
+func (g *feedRig) kv(id uint64, addr string, create, mod int64) store.KeyValue {
+	g.t.Helper()
+	in := beacon.Instance{Namespace: "feed", Component: "c", Endpoint: "e", ID: beacon.FormatID(id), Address: addr,
+		Status: beacon.StatusServing, RegisteredAt: time.Unix(1, 0).UTC()}
+	val, err := encode(in, time.Minute)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return store.KeyValue{Key: g.r.ks.Key(in.Ref()), Value: val, CreateRevision: create, ModRevision: mod}
+}
+
+// batch returns c's next batch, failing unless one is ready.
+func (g *feedRig) batch(c *cursor) Batch {
+	g.t.Helper()
+	s := g.f.next(c)
+	if s.err != nil || !s.ok {
+		g.t.Fatalf("no batch ready: %+v", s)
+	}
+	return s.batch
+}
+
+// start hands the feed its first listing, kv at rev, and returns a cursor
+// that took its Snapshot.
+func (g *feedRig) start(kv store.KeyValue, rev int64) *cursor {
+	g.t.Helper()
+	g.f.applyListing([]store.KeyValue{kv}, rev)
+	c := &cursor{}
+	wantEvents(g.t, g.batch(c), Snapshot, "added "+g.addr(kv))
+	return c
+}
+
+// addr is the address kv stores.
+func (g *feedRig) addr(kv store.KeyValue) string {
+	in, err := g.r.decode(kv)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return in.Address
+}
+
+// idle fails unless c has nothing to deliver.
+func (g *feedRig) idle(c *cursor) {
+	g.t.Helper()
+	if s := g.f.next(c); s.ok || s.err != nil {
+		g.t.Fatalf("a batch where none is due: %v %+v (err %v)", s.batch.Kind, s.batch.Events, s.err)
+	}
+}
+
+// addresses lists the events as "type address".
+func addresses(b Batch) []string {
+	var out []string
+	for _, e := range b.Events {
+		out = append(out, e.Type.String()+" "+e.Instance.Address)
+	}
+	return out
+}
+
+func wantEvents(t *testing.T, b Batch, kind BatchKind, want ...string) {
+	t.Helper()
+	got := addresses(b)
+	if b.Kind != kind || len(got) != len(want) {
+		t.Fatalf("batch %v %v, want %v %v", b.Kind, got, kind, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("batch %v %v, want %v %v", b.Kind, got, kind, want)
+		}
+	}
+}
+
+// A re-listing that was not announced by a Stale batch (a compaction, a
+// broken stream) is delivered as a Resync, never as plain Changes.
+func TestFeedRelistIsAResync(t *testing.T) {
+	g := newFeedRig(t)
+	c := g.start(g.kv(1, "10.0.0.1:80", 5, 5), 10)
+	g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.2:80", 5, 12)}, 12)
+	b := g.batch(c)
+	wantEvents(t, b, Resync, "updated 10.0.0.2:80")
+	if b.Revision != 12 {
+		t.Fatalf("Resync at revision %d, want 12", b.Revision)
+	}
+	g.idle(c)
+}
+
+// A watch event at or below the revision the feed holds is already in its
+// state (a listing overtook the watch): it is ignored, whatever it holds.
+func TestFeedIgnoresEventsTheListingCovers(t *testing.T) {
+	g := newFeedRig(t)
+	c := g.start(g.kv(1, "10.0.0.1:80", 5, 10), 10)
+	at := func(kv store.KeyValue) store.Event { return store.Event{Type: store.EventPut, KV: kv} }
+	g.f.applyEvents([]store.Event{at(g.kv(1, "10.0.0.9:80", 5, 10)), at(g.kv(2, "10.0.0.8:80", 9, 9))})
+	g.idle(c)
+	if it, _ := g.f.view.Get(g.kv(1, "", 0, 0).Key); it.Inst.Address != "10.0.0.1:80" {
+		t.Fatalf("an event at the listed revision changed the view: %s", it.Inst.Address)
+	}
+	g.f.applyEvents([]store.Event{at(g.kv(2, "10.0.0.2:80", 11, 11))})
+	wantEvents(t, g.batch(c), Changes, "added 10.0.0.2:80")
+}
+
+// A re-listed key whose modification revision is the same but whose
+// creation revision differs is another write (the store's history was
+// replaced: a restore): it is delivered, not kept as unchanged.
+func TestFeedRelistComparesCreationRevisions(t *testing.T) {
+	g := newFeedRig(t)
+	c := g.start(g.kv(1, "10.0.0.1:80", 5, 8), 10)
+	g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.2:80", 3, 8)}, 10)
+	wantEvents(t, g.batch(c), Resync, "updated 10.0.0.2:80")
+}
+
+// When the store's revision goes backwards the feed's history starts again
+// at the new listing: a watcher resuming from that revision resumes (and
+// gets what came after it), not a snapshot of a history that no longer
+// exists.
+func TestFeedRevisionBackwardsStartsTheHistoryAgain(t *testing.T) {
+	g := newFeedRig(t)
+	g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.1:80", 5, 5)}, 100)
+	g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.1:80", 5, 5), g.kv(2, "10.0.0.2:80", 40, 40)}, 50)
+	g.f.applyEvents([]store.Event{{Type: store.EventPut, KV: g.kv(3, "10.0.0.3:80", 51, 51)}})
+	c := &cursor{from: 50, fromChecked: true}
+	b := g.batch(c)
+	wantEvents(t, b, Changes, "added 10.0.0.3:80")
+	if b.Revision != 51 {
+		t.Fatalf("resumed at revision %d, want 51", b.Revision)
+	}
+}
+
+// A disconnection is reported once with one Stale batch, however often it
+// is marked; after the re-listing clears it (a Resync), the next
+// disconnection is reported again.
+func TestFeedStaleOncePerDisconnection(t *testing.T) {
+	g := newFeedRig(t)
+	c := g.start(g.kv(1, "10.0.0.1:80", 5, 5), 10)
+	lost := errors.New("store unreachable")
+	g.f.setOutage(lost)
+	if b := g.batch(c); b.Kind != Stale || !errors.Is(b.Err, lost) || b.Revision != 10 {
+		t.Fatalf("first batch after a disconnection: %v (err %v) at %d, want Stale at 10", b.Kind, b.Err, b.Revision)
+	}
+	g.f.setOutage(lost)
+	g.f.setStale(lost)
+	g.idle(c)
+	g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.1:80", 5, 5)}, 11)
+	wantEvents(t, g.batch(c), Resync)
+	g.idle(c)
+	g.f.setStale(lost)
+	if b := g.batch(c); b.Kind != Stale {
+		t.Fatalf("second disconnection delivered %v, want Stale", b.Kind)
+	}
+}
+
+// A feed the store refuses (the credentials or the permission were
+// withdrawn) is stopped when its last watcher leaves rather than kept
+// warm: lingering would only keep retrying what the store refuses.
+func TestHubStopsARefusedFeedAtOnce(t *testing.T) {
+	st := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = st.Close() })
+	r, err := New(st, Config{WatchLinger: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, refusedFeed := range []bool{false, true} {
+		q := beacon.Query{Namespace: map[bool]string{false: "warm", true: "refused"}[refusedFeed]}
+		w, err := r.Watch(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Next(ctx); err != nil { // listed: nothing clears the stale mark below
+			t.Fatal(err)
+		}
+		if refusedFeed {
+			r.hub.mu.Lock()
+			f := r.hub.feeds[r.ks.Prefix(q)]
+			r.hub.mu.Unlock()
+			f.setStale(fmt.Errorf("registry: watch: %w", store.ErrPermissionDenied))
+		}
+		before := r.WatchStreams()
+		_ = w.Close()
+		want := before
+		if refusedFeed {
+			want--
+		}
+		if got := r.WatchStreams(); got != want {
+			t.Fatalf("refused=%v: %d store watches after the last watcher left, want %d", refusedFeed, got, want)
+		}
+	}
+}
+
+// unreachableGets is a store whose Get answers ErrUnavailable while down
+// is set (what the hub's probe asks); everything else reaches the store.
+type unreachableGets struct {
+	store.Store
+	down atomic.Bool
+}
+
+func (s *unreachableGets) Get(ctx context.Context, key string) (store.KeyValue, error) {
+	if s.down.Load() {
+		return store.KeyValue{}, fmt.Errorf("probe: %w", store.ErrUnavailable)
+	}
+	return s.Store.Get(ctx, key)
+}
+
+// When the hub's probe finds the store unreachable, every watcher gets a
+// Stale batch; when it answers again, the probe has every feed re-list,
+// and the watchers get a Resync (the feed's own store watch never broke,
+// so nothing else would end the Stale state).
+func TestProbeRelistsFeedsWhenTheStoreIsBack(t *testing.T) {
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	st := &unreachableGets{Store: mem}
+	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w, err := r.Watch(ctx, beacon.Query{Namespace: "probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
+		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
+	}
+	st.down.Store(true)
+	if b, err := w.Next(ctx); err != nil || b.Kind != Stale || !errors.Is(b.Err, store.ErrUnavailable) {
+		t.Fatalf("while the store is unreachable: %v (%v), %v; want Stale", b.Kind, b.Err, err)
+	}
+	st.down.Store(false)
+	if b, err := w.Next(ctx); err != nil || b.Kind != Resync {
+		t.Fatalf("once the store answers again: %v, %v; want a Resync", b.Kind, err)
+	}
+}

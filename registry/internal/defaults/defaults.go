@@ -1,0 +1,32 @@
+// Package defaults fills in what a registrant may leave out of an
+// instance, the same way for every registry backend (the store-backed
+// registry and registry/kube).
+package defaults
+
+import (
+	"time"
+
+	"github.com/beaconplane/beacon"
+)
+
+// Fill returns a copy of in with its defaults filled in — a new ID, status
+// serving, registered now (UTC, to the millisecond) — and RegisteredAt in
+// UTC, validated with a metadata limit of maxMetadata bytes.
+func Fill(in beacon.Instance, maxMetadata int) (beacon.Instance, error) {
+	in = in.Clone()
+	if in.ID == "" {
+		in.ID = beacon.NewID()
+	}
+	if in.Status == "" {
+		in.Status = beacon.StatusServing
+	}
+	if in.RegisteredAt.IsZero() {
+		in.RegisteredAt = time.Now().UTC().Truncate(time.Millisecond)
+	} else {
+		in.RegisteredAt = in.RegisteredAt.UTC()
+	}
+	if err := in.ValidateWith(maxMetadata); err != nil {
+		return beacon.Instance{}, err
+	}
+	return in, nil
+}
