@@ -62,6 +62,9 @@ var configFlags = map[string]string{
 	"xdsapi.Config.MaxStreamsPerClient": "--xds-max-streams-per-client",
 	"registryapi.Config.Operators":      "--auth",
 
+	// The kubernetes backend of every registry command.
+	"kube.Config.Kubeconfig": "--kubeconfig",
+
 	// beacon proxy (proxy.Config).
 	"proxy.Config.Discovery":            "--discovery-*",
 	"proxy.Config.DiscoveryToken":       "--discovery-token",

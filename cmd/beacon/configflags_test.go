@@ -81,7 +81,7 @@ func TestLibraryErrorsNameFieldsNotFlags(t *testing.T) {
 	flag := regexp.MustCompile(`(^|[^a-z0-9-])--[a-z][a-z0-9-]*`)
 	root := filepath.Join("..", "..")
 	var files []string
-	for _, dir := range []string{"server", "server/dnsapi", "server/xdsapi", "server/registryapi", "internal/tlsfiles", "proxy"} {
+	for _, dir := range []string{"server", "server/dnsapi", "server/xdsapi", "server/registryapi", "internal/tlsfiles", "proxy", "registry/kube"} {
 		m, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)

@@ -346,7 +346,7 @@ func (c *registryConn) open(ctx context.Context, cfg registry.Config) (registry.
 		return nil, usagef("open %s backend: %w", bcfg.BackendName(), err) // BEACON_FILE_DIR names no store
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open %s backend: %w", bcfg.BackendName(), err)
+		return nil, withFlagNames(fmt.Errorf("open %s backend: %w", bcfg.BackendName(), err))
 	}
 	return r, nil
 }

@@ -195,7 +195,7 @@ func restConfig(cfg Config) (*rest.Config, string, error) {
 			}
 			_, inCluster := rest.InClusterConfig()
 			return nil, "", fmt.Errorf("%w: no Kubernetes client configuration: no kubeconfig (%s unset or naming no cluster, "+
-				"~/.kube/config absent), and not in a pod with a service account (%v): set %s (or --kubeconfig) outside a "+
+				"~/.kube/config absent), and not in a pod with a service account (%v): set %s (or kube.Config.Kubeconfig) outside a "+
 				"cluster; in a pod, keep the service account token mounted (automountServiceAccountToken)",
 				ErrInvalidConfig, EnvKubeconfig, inCluster, EnvKubeconfig)
 		}
