@@ -29,15 +29,8 @@ var selfCommand = func(args ...string) *exec.Cmd {
 	return exec.Command(exe, args...)
 }
 
-func init() {
-	var (
-		cfg    = bench.DrillConfig{Self: func(args ...string) *exec.Cmd { return selfCommand(args...) }}
-		drills string
-	)
-	cmd := addBenchScenario(benchScenario{
-		use:   "drill",
-		short: "Fault drills on a real 3-member cluster: hung member, partition, slow disk, leader kill, outages",
-		long: `Runs fault drills against the registry on real clusters of processes: by
+// drillHelp is the help of beacon bench drill.
+const drillHelp = `Runs fault drills against the registry on real clusters of processes: by
 default this binary's own "beacon serve" nodes (embedded etcd 3.7.3) that form
 their cluster through a discovery token served by one more "beacon serve", or,
 with --etcd-bin, members of an etcd binary. Each drill keeps --sessions
@@ -88,7 +81,17 @@ one lease per instance — and measures how fast etcd deletes them (etcd revokes
 Partitions need members in network namespaces (root and iproute2); with --net
 auto (the default) the drill uses them when it can and otherwise says why the
 partition drill is skipped. Every process and namespace is removed at the end,
-also on failure.`,
+also on failure.`
+
+func init() {
+	var (
+		cfg    = bench.DrillConfig{Self: func(args ...string) *exec.Cmd { return selfCommand(args...) }}
+		drills string
+	)
+	cmd := addBenchScenario(benchScenario{
+		use:   "drill",
+		short: "Fault drills on a real 3-member cluster: hung member, partition, slow disk, leader kill, outages",
+		long:  drillHelp,
 		flags: func(f *pflag.FlagSet) {
 			f.StringVar(&drills, "drills", "", "comma-separated drills to run (default: all, lease included; \"\" with --expiry: none)")
 			f.DurationSliceVar(&cfg.LeaseTTLs, "lease-ttls", []time.Duration{2 * time.Second, 4 * time.Second},
