@@ -511,13 +511,13 @@ func watchRoundProxy(ctx context.Context, cfg ProxyConfig, s *side, writer *clie
 		}
 	}
 	for k := range cfg.LatencyPuts {
-		select {
-		case <-lat.done[k]:
-		case <-time.After(30 * time.Second):
+		late, err := lat.wait(ctx, k)
+		if err != nil {
+			return err
+		}
+		if late {
 			r.Note("%s, round %d: latency sample %d not received by every watcher within 30 s", s.name, round, k)
 			return nil
-		case <-ctx.Done():
-			return ctx.Err()
 		}
 	}
 	all := lat.all()
