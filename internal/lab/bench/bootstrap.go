@@ -35,12 +35,8 @@ func (c *BootstrapConfig) defaults() {
 	if len(c.Sizes) == 0 {
 		c.Sizes = []int{3, 5, 7}
 	}
-	if c.Rounds <= 0 {
-		c.Rounds = 15
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setPositive(&c.Rounds, 15)
+	setDefault(&c.Logger, discardLogger())
 }
 
 // settle lets the waiting members' watches open and catch up before the

@@ -47,27 +47,13 @@ type DNSConfig struct {
 }
 
 func (c DNSConfig) withDefaults() DNSConfig {
-	if c.Instances == 0 {
-		c.Instances = 10
-	}
-	if c.Duration == 0 {
-		c.Duration = 10 * time.Second
-	}
-	if c.Rounds == 0 {
-		c.Rounds = 2
-	}
-	if c.Clients == 0 {
-		c.Clients = 4
-	}
-	if c.Outstanding == 0 {
-		c.Outstanding = 100
-	}
-	if c.Trials == 0 {
-		c.Trials = 50
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setDefault(&c.Instances, 10)
+	setDefault(&c.Duration, 10*time.Second)
+	setDefault(&c.Rounds, 2)
+	setDefault(&c.Clients, 4)
+	setDefault(&c.Outstanding, 100)
+	setDefault(&c.Trials, 50)
+	setDefault(&c.Logger, discardLogger())
 	return c
 }
 

@@ -70,27 +70,13 @@ func (c NamingConfig) Validate() error {
 }
 
 func (c *NamingConfig) defaults() {
-	if c.Backends <= 0 {
-		c.Backends = 3
-	}
-	if c.Trials <= 0 {
-		c.Trials = 100
-	}
-	if c.Callers <= 0 {
-		c.Callers = 8
-	}
-	if c.Pace <= 0 {
-		c.Pace = time.Millisecond
-	}
-	if c.Quiet <= 0 {
-		c.Quiet = 100 * time.Millisecond
-	}
-	if c.DrainGrace <= 0 {
-		c.DrainGrace = 250 * time.Millisecond
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setPositive(&c.Backends, 3)
+	setPositive(&c.Trials, 100)
+	setPositive(&c.Callers, 8)
+	setPositive(&c.Pace, time.Millisecond)
+	setPositive(&c.Quiet, 100*time.Millisecond)
+	setPositive(&c.DrainGrace, 250*time.Millisecond)
+	setDefault(&c.Logger, discardLogger())
 }
 
 // The two sides, as backends count their calls.

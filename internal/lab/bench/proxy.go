@@ -62,42 +62,18 @@ type ProxyConfig struct {
 }
 
 func (c *ProxyConfig) defaults() {
-	if c.Members == 0 {
-		c.Members = 3
-	}
-	if c.Duration == 0 {
-		c.Duration = 2 * time.Second
-	}
-	if c.Rounds == 0 {
-		c.Rounds = 3
-	}
-	if c.Clients == 0 {
-		c.Clients = 16
-	}
-	if c.Conns == 0 {
-		c.Conns = 4
-	}
-	if c.Watches == 0 {
-		c.Watches = 1000
-	}
-	if c.Streams == 0 {
-		c.Streams = 10
-	}
-	if c.BurstPuts == 0 {
-		c.BurstPuts = 400
-	}
-	if c.LatencyPuts == 0 {
-		c.LatencyPuts = 100
-	}
-	if c.LatencyRate == 0 {
-		c.LatencyRate = 50
-	}
-	if c.ValueSize == 0 {
-		c.ValueSize = 256
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setDefault(&c.Members, 3)
+	setDefault(&c.Duration, 2*time.Second)
+	setDefault(&c.Rounds, 3)
+	setDefault(&c.Clients, 16)
+	setDefault(&c.Conns, 4)
+	setDefault(&c.Watches, 1000)
+	setDefault(&c.Streams, 10)
+	setDefault(&c.BurstPuts, 400)
+	setDefault(&c.LatencyPuts, 100)
+	setDefault(&c.LatencyRate, 50)
+	setDefault(&c.ValueSize, 256)
+	setDefault(&c.Logger, discardLogger())
 }
 
 // Validate checks the sizes (zero means the default).

@@ -75,39 +75,21 @@ type RegistryConfig struct {
 }
 
 func (c *RegistryConfig) defaults() {
-	if c.Instances == 0 {
-		c.Instances = 20000
-	}
+	setDefault(&c.Instances, 20000)
 	if len(c.Concurrency) == 0 {
 		c.Concurrency = []int{64, 256}
 	}
-	if c.Sequential == 0 {
-		c.Sequential = 300
-	}
-	if c.Rounds == 0 {
-		c.Rounds = 3
-	}
+	setDefault(&c.Sequential, 300)
+	setDefault(&c.Rounds, 3)
 	if len(c.Watchers) == 0 {
 		c.Watchers = []int{1, 100, 1000}
 	}
-	if c.Samples == 0 {
-		c.Samples = 300
-	}
-	if c.Children == 0 {
-		c.Children = 10
-	}
-	if c.TTL == 0 {
-		c.TTL = 2 * time.Second
-	}
-	if c.MemInstances == 0 {
-		c.MemInstances = 10_000
-	}
-	if c.MemWatchers == 0 {
-		c.MemWatchers = 10_000
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setDefault(&c.Samples, 300)
+	setDefault(&c.Children, 10)
+	setDefault(&c.TTL, 2*time.Second)
+	setDefault(&c.MemInstances, 10_000)
+	setDefault(&c.MemWatchers, 10_000)
+	setDefault(&c.Logger, discardLogger())
 }
 
 // Limits of the sizes a scenario accepts: beyond them a run would take

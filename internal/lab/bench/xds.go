@@ -81,27 +81,13 @@ func (c XDSConfig) Validate() error {
 }
 
 func (c *XDSConfig) defaults() {
-	if c.Trials <= 0 {
-		c.Trials = 20
-	}
-	if c.Callers <= 0 {
-		c.Callers = 8
-	}
-	if c.Pace <= 0 {
-		c.Pace = time.Millisecond
-	}
-	if c.Quiet <= 0 {
-		c.Quiet = 100 * time.Millisecond
-	}
-	if c.Streams <= 0 {
-		c.Streams = 1000
-	}
-	if c.Changes <= 0 {
-		c.Changes = 20
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setPositive(&c.Trials, 20)
+	setPositive(&c.Callers, 8)
+	setPositive(&c.Pace, time.Millisecond)
+	setPositive(&c.Quiet, 100*time.Millisecond)
+	setPositive(&c.Streams, 1000)
+	setPositive(&c.Changes, 20)
+	setDefault(&c.Logger, discardLogger())
 }
 
 // XDSProbePeer is the xDS client process of the xds scenario: grpc-go's own
