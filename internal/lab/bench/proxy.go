@@ -146,11 +146,19 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 			return nil, fmt.Errorf("%w (or leave etcd's grpc-proxy out with --no-grpc-proxy)", err)
 		}
 	}
-	eps, setup, stopEtcd, err := proxyEtcd(ctx, cfg)
+	eps, stopEtcd, err := givenOrLocalEtcd(ctx, cfg.Endpoints, cfg.Members, cfg.Fsync)
 	if err != nil {
 		return nil, err
 	}
 	defer stopEtcd()
+	setup := "external etcd " + strings.Join(eps, ",")
+	if len(cfg.Endpoints) == 0 {
+		fsync := "no fsync"
+		if cfg.Fsync {
+			fsync = "fsync"
+		}
+		setup = fmt.Sprintf("etcd 3.7, %d member(s) on loopback in the benchmark's process, %s", cfg.Members, fsync)
+	}
 	direct, err := clients(eps, 1)
 	if err != nil {
 		return nil, err
@@ -183,24 +191,6 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	}
 	r.Note("ratio: Beacon's proxy over the baseline named in 'vs', each measured in the same round (median of the per-round ratios' spread in brackets); CPU: the proxy process's threads' run time (/proc/<pid>/task/*/schedstat)")
 	return r, nil
-}
-
-// proxyEtcd returns the etcd the proxy scenario measures: cfg.Endpoints,
-// or a new cluster of cfg.Members members in this process.
-func proxyEtcd(ctx context.Context, cfg ProxyConfig) (eps []string, setup string, stop func(), err error) {
-	if len(cfg.Endpoints) > 0 {
-		return cfg.Endpoints, "external etcd " + strings.Join(cfg.Endpoints, ","), func() {}, nil
-	}
-	c, err := startLocalEtcd(ctx, cfg.Members, cfg.Fsync)
-	if err != nil {
-		return nil, "", nil, err
-	}
-	fsync := "no fsync"
-	if cfg.Fsync {
-		fsync = "fsync"
-	}
-	setup = fmt.Sprintf("etcd 3.7, %d member(s) on loopback in the benchmark's process, %s", cfg.Members, fsync)
-	return c.Endpoints(), setup, func() { c.Close() }, nil
 }
 
 // startSides starts the proxies in front of eps and connects cfg.Conns

@@ -211,37 +211,53 @@ func beaconStore(ctx context.Context, eps []string) (*etcdstore.Store, error) {
 // etcdMetric reads one metric (summed over its series) from an etcd
 // server's /metrics.
 func etcdMetric(ctx context.Context, endpoint, name string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(endpoint, "/")+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s/metrics: %s", endpoint, resp.Status)
-	}
 	sum, found := 0.0, false
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
+	var perr error
+	err := readMetrics(ctx, strings.TrimSuffix(endpoint, "/"), func(line string) bool {
 		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != ' ' && line[len(name)] != '{') {
-			continue
+			return true
 		}
 		f := strings.Fields(line)
 		v, err := strconv.ParseFloat(f[len(f)-1], 64)
 		if err != nil {
-			return 0, fmt.Errorf("metric %s: %q: %w", name, line, err)
+			perr = fmt.Errorf("metric %s: %q: %w", name, line, err)
+			return false
 		}
 		sum, found = sum+v, true
+		return true
+	})
+	if err := errors.Join(err, perr); err != nil {
+		return 0, err
 	}
 	if !found {
 		return 0, fmt.Errorf("metric %s not served by %s", name, endpoint)
 	}
-	return sum, sc.Err()
+	return sum, nil
+}
+
+// readMetrics reads base's /metrics page and calls line with each of its
+// lines until line returns false.
+func readMetrics(ctx context.Context, base string, line func(string) bool) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s/metrics: %s", base, resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if !line(sc.Text()) {
+			return nil
+		}
+	}
+	return sc.Err()
 }
 
 // benchInstance is the instance the scenarios register, and rawValue its

@@ -63,16 +63,8 @@ type registrant struct {
 
 func startRegistrant(ctx context.Context, argv []string, readyMark string) (*registrant, error) {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+	stdin, stdout, err := startPiped(cmd)
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	r := &registrant{cmd: cmd, stdin: stdin, ready: make(chan struct{}), exited: make(chan struct{})}
@@ -89,6 +81,22 @@ func startRegistrant(ctx context.Context, argv []string, readyMark string) (*reg
 		close(r.exited)
 	}()
 	return r, nil
+}
+
+// startPiped starts cmd with pipes to its standard input and from its
+// standard output; its standard error is this process's.
+func startPiped(cmd *exec.Cmd) (stdin io.WriteCloser, stdout io.ReadCloser, err error) {
+	cmd.Stderr = os.Stderr
+	if stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, nil, err
+	}
+	if stdout, err = cmd.StdoutPipe(); err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	return stdin, stdout, nil
 }
 
 func (r *registrant) stop() {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
@@ -78,16 +77,8 @@ func startServerChild(ctx context.Context, exe []string, noFsync bool) (*serverC
 		argv = append(argv, "--no-fsync")
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+	stdin, stdout, err := startPiped(cmd)
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	c := &serverChild{cmd: cmd, stdin: stdin, lines: bufio.NewScanner(stdout), done: make(chan struct{})}

@@ -129,16 +129,22 @@ func (c Config) withDefaults() Config {
 	if c.Store.RequestTimeout == 0 {
 		c.Store.RequestTimeout = c.TTL
 	}
-	if c.Network == nil {
-		c.Network = func() (*etcdproc.Network, error) { return etcdproc.Loopback(), nil }
-	}
-	if c.Log == nil {
-		c.Log = slog.New(slog.DiscardHandler)
-	}
-	if c.Progress == nil {
-		c.Progress = io.Discard
-	}
+	defaultHarness(&c.Network, &c.Log, &c.Progress)
 	return c
+}
+
+// defaultHarness fills in what a drill's configuration leaves out of its
+// surroundings: members on loopback, no log, no progress.
+func defaultHarness(network *func() (*etcdproc.Network, error), log **slog.Logger, progress *io.Writer) {
+	if *network == nil {
+		*network = func() (*etcdproc.Network, error) { return etcdproc.Loopback(), nil }
+	}
+	if *log == nil {
+		*log = slog.New(slog.DiscardHandler)
+	}
+	if *progress == nil {
+		*progress = io.Discard
+	}
 }
 
 // Validate checks the configuration.

@@ -594,6 +594,26 @@ func (r *runner) scoreFlaps(e *env, ws []*watcher, res *Result) {
 	}
 }
 
+// startTrialWith opens one extra watcher, name, through endpoints, waits
+// until it and the steady watchers agree, and starts trial n with all of
+// them. The caller closes the extra watcher.
+func (r *runner) startTrialWith(ctx context.Context, e *env, name string, endpoints []string, n int) (*watcher, *trialStart, error) {
+	extra, err := r.newWatcher(ctx, name, endpoints, e.ns)
+	if err != nil {
+		return nil, nil, err
+	}
+	all := append([]*watcher{extra}, e.watchers...)
+	var ts *trialStart
+	if err = e.converge(ctx, all, time.Minute); err == nil {
+		ts, err = r.startTrial(ctx, e, all, n)
+	}
+	if err != nil {
+		extra.close()
+		return nil, nil, err
+	}
+	return extra, ts, nil
+}
+
 // compactionTrial cuts one extra watcher off; meanwhile the victim dies,
 // an instance changes address, a new one registers, and etcd compacts its
 // history past the cut watcher's position. Healed, that watcher must
@@ -605,19 +625,12 @@ func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result
 		return err
 	}
 	defer p.Close()
-	cut, err := r.newWatcher(ctx, "cut", []string{p.Endpoint()}, e.ns)
+	cut, ts, err := r.startTrialWith(ctx, e, "cut", []string{p.Endpoint()}, n)
 	if err != nil {
 		return err
 	}
 	defer cut.close()
 	all := append([]*watcher{cut}, e.watchers...)
-	if err := e.converge(ctx, all, time.Minute); err != nil {
-		return err
-	}
-	ts, err := r.startTrial(ctx, e, all, n)
-	if err != nil {
-		return err
-	}
 	v := ts.v
 	defer v.kill()
 	t0 := time.Now()
@@ -694,19 +707,11 @@ func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result
 // with at most one event per changed instance, and every other watcher
 // must have had every change meanwhile.
 func (r *runner) slowTrial(ctx context.Context, e *env, n int, res *Result) error {
-	slow, err := r.newWatcher(ctx, "slow", e.c.Endpoints(), e.ns)
+	slow, ts, err := r.startTrialWith(ctx, e, "slow", e.c.Endpoints(), n)
 	if err != nil {
 		return err
 	}
 	defer slow.close()
-	all := append([]*watcher{slow}, e.watchers...)
-	if err := e.converge(ctx, all, time.Minute); err != nil {
-		return err
-	}
-	ts, err := r.startTrial(ctx, e, all, n)
-	if err != nil {
-		return err
-	}
 	v := ts.v
 	defer v.kill()
 	slow.hold()
