@@ -60,15 +60,12 @@ func RunBootstrap(ctx context.Context, cfg BootstrapConfig) (*Report, error) {
 			return nil, fmt.Errorf("size %d: measure clusters of 2 to %d members", n, bootstrap.MaxSize)
 		}
 	}
-	eps, stop, err := givenOrLocalEtcd(ctx, cfg.Endpoints, 1, false)
+	eps, setup, stop, err := givenOrLocalEtcd(ctx, cfg.Endpoints, 1, false,
+		"registry: external etcd ", "registry: embedded etcd 3.7 (1 member, no fsync)")
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
-	setup := "registry: embedded etcd 3.7 (1 member, no fsync)"
-	if len(cfg.Endpoints) > 0 {
-		setup = "registry: external etcd " + strings.Join(eps, ",")
-	}
 	admin, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return nil, err

@@ -174,19 +174,29 @@ func RunDNS(ctx context.Context, cfg DNSConfig) (*Report, error) {
 	if err := measureDNSPerf(ctx, cfg, sides, queries); err != nil {
 		return nil, err
 	}
-	for i := range cfg.Trials {
+	if err := measureFreshness(ctx, cfg.Trials, sides, reg, cli, lease); err != nil {
+		return nil, err
+	}
+	return dnsReport(cfg, sides), nil
+}
+
+// measureFreshness times, trials times per side, a new registration ->
+// the first successful lookup of its name: through Beacon's registry
+// against sides[0], as a SkyDNS record under lease against sides[1].
+func measureFreshness(ctx context.Context, trials int, sides []*dnsSide, reg registry.Registrar, cli *clientv3.Client, lease clientv3.LeaseID) error {
+	for i := range trials {
 		b, err := freshnessBeacon(ctx, reg, sides[0].addr, i)
 		if err != nil {
-			return nil, fmt.Errorf("freshness of Beacon: %w", err)
+			return fmt.Errorf("freshness of Beacon: %w", err)
 		}
 		c, err := freshnessCoreDNS(ctx, cli, lease, sides[1].addr, i)
 		if err != nil {
-			return nil, fmt.Errorf("freshness of CoreDNS: %w", err)
+			return fmt.Errorf("freshness of CoreDNS: %w", err)
 		}
 		sides[0].fresh = append(sides[0].fresh, b)
 		sides[1].fresh = append(sides[1].fresh, c)
 	}
-	return dnsReport(cfg, sides), nil
+	return nil
 }
 
 // findPrograms finds dnsperf and CoreDNS where the configuration leaves

@@ -26,16 +26,17 @@ type localEtcd struct {
 
 // givenOrLocalEtcd returns eps when there are any, else the endpoints of
 // a new cluster of members members on loopback (startLocalEtcd), which
-// stop stops.
-func givenOrLocalEtcd(ctx context.Context, eps []string, members int, fsync bool) (endpoints []string, stop func(), err error) {
+// stop stops. setup says which: external followed by the endpoints, or
+// local.
+func givenOrLocalEtcd(ctx context.Context, eps []string, members int, fsync bool, external, local string) (endpoints []string, setup string, stop func(), err error) {
 	if len(eps) > 0 {
-		return eps, func() {}, nil
+		return eps, external + strings.Join(eps, ","), func() {}, nil
 	}
 	c, err := startLocalEtcd(ctx, members, fsync)
 	if err != nil {
-		return nil, nil, err
+		return nil, "", nil, err
 	}
-	return c.Endpoints(), c.Close, nil
+	return c.Endpoints(), local, c.Close, nil
 }
 
 // startLocalEtcd starts a cluster of members members on loopback, with

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,15 +113,11 @@ func RunNaming(ctx context.Context, cfg NamingConfig) (*Report, error) {
 		return nil, err
 	}
 	cfg.defaults()
-	eps, stop, err := givenOrLocalEtcd(ctx, cfg.Endpoints, 1, false)
+	eps, setup, stop, err := givenOrLocalEtcd(ctx, cfg.Endpoints, 1, false, "etcd: external ", "etcd: embedded 3.7 (1 member, no fsync)")
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
-	setup := "etcd: embedded 3.7 (1 member, no fsync)"
-	if len(cfg.Endpoints) > 0 {
-		setup = "etcd: external " + strings.Join(eps, ",")
-	}
 	nb, err := newNamingBench(ctx, cfg, eps)
 	if err != nil {
 		return nil, err

@@ -146,19 +146,16 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 			return nil, fmt.Errorf("%w (or leave etcd's grpc-proxy out with --no-grpc-proxy)", err)
 		}
 	}
-	eps, stopEtcd, err := givenOrLocalEtcd(ctx, cfg.Endpoints, cfg.Members, cfg.Fsync)
+	fsync := "no fsync"
+	if cfg.Fsync {
+		fsync = "fsync"
+	}
+	eps, setup, stopEtcd, err := givenOrLocalEtcd(ctx, cfg.Endpoints, cfg.Members, cfg.Fsync, "external etcd ",
+		fmt.Sprintf("etcd 3.7, %d member(s) on loopback in the benchmark's process, %s", cfg.Members, fsync))
 	if err != nil {
 		return nil, err
 	}
 	defer stopEtcd()
-	setup := "external etcd " + strings.Join(eps, ",")
-	if len(cfg.Endpoints) == 0 {
-		fsync := "no fsync"
-		if cfg.Fsync {
-			fsync = "fsync"
-		}
-		setup = fmt.Sprintf("etcd 3.7, %d member(s) on loopback in the benchmark's process, %s", cfg.Members, fsync)
-	}
 	direct, err := clients(eps, 1)
 	if err != nil {
 		return nil, err

@@ -507,24 +507,23 @@ func (rb *registerBench) cpuPer(d time.Duration) float64 {
 func (rb *registerBench) concurrent(ctx context.Context, rep *Report, wi, workers int) error {
 	cfg := rb.cfg
 	var b, r, c registerFigures
+	sides := []struct {
+		name    string
+		measure func(ctx context.Context, round string, n, workers int) (registerResult, error)
+		figs    *registerFigures
+	}{{"beacon", rb.beaconSide, &b}, {"raw etcd", rb.rawSide, &r}}
 	for round := range cfg.Rounds {
 		name := fmt.Sprintf("c%d-%d", wi, round)
 		for k := range 3 {
-			switch (round + k) % 3 {
-			case 0:
-				cfg.Logger.Info("register: beacon", "workers", workers, "round", round)
-				res, err := rb.beaconSide(ctx, name, cfg.Instances, workers)
+			switch i := (round + k) % 3; i {
+			case 0, 1:
+				s := sides[i]
+				cfg.Logger.Info("register: "+s.name, "workers", workers, "round", round)
+				res, err := s.measure(ctx, name, cfg.Instances, workers)
 				if err != nil {
 					return err
 				}
-				b.add(rb, cfg.Instances, res)
-			case 1:
-				cfg.Logger.Info("register: raw etcd", "workers", workers, "round", round)
-				res, err := rb.rawSide(ctx, name, cfg.Instances, workers)
-				if err != nil {
-					return err
-				}
-				r.add(rb, cfg.Instances, res)
+				s.figs.add(rb, cfg.Instances, res)
 			case 2:
 				if rb.benchBin == "" {
 					continue

@@ -111,23 +111,17 @@ func (c Config) withDefaults() Config {
 	if c.TTL == 0 {
 		c.TTL = 3 * time.Second
 	}
-	if c.Sessions == 0 {
-		c.Sessions = 20
+	for p, n := range map[*int]int{&c.Sessions: 20, &c.Watchers: 3, &c.Trials: 1} {
+		if *p == 0 {
+			*p = n
+		}
 	}
-	if c.Watchers == 0 {
-		c.Watchers = 3
-	}
-	if c.Trials == 0 {
-		c.Trials = 1
-	}
-	if c.Store.WatchSilenceTimeout == 0 {
-		c.Store.WatchSilenceTimeout = c.TTL / 2
-	}
-	if c.Store.ProbeTimeout == 0 {
-		c.Store.ProbeTimeout = 500 * time.Millisecond
-	}
-	if c.Store.RequestTimeout == 0 {
-		c.Store.RequestTimeout = c.TTL
+	for p, d := range map[*time.Duration]time.Duration{
+		&c.Store.WatchSilenceTimeout: c.TTL / 2, &c.Store.ProbeTimeout: 500 * time.Millisecond, &c.Store.RequestTimeout: c.TTL,
+	} {
+		if *p == 0 {
+			*p = d
+		}
 	}
 	defaultHarness(&c.Network, &c.Log, &c.Progress)
 	return c
