@@ -33,9 +33,11 @@ type benchReport interface {
 }
 
 // benchScenario declares one `beacon bench` scenario command. Every
-// scenario runs the same way: -o is checked, then check refuses bad input
-// (before anything is measured), then run measures with the process logger,
-// and what it returns is printed as -o asks: a table or JSON.
+// scenario runs the same way: -o is checked, then prepare completes the
+// configuration and refuses bad input (before anything is measured), then
+// run measures with the process logger (and a CPU profile, when the
+// scenario has --cpuprofile), and what it returns is printed as -o asks: a
+// table or JSON.
 type benchScenario struct {
 	use, short, long string
 	// flags declares the scenario's own flags (-o is everyone's).
