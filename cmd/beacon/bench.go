@@ -1,11 +1,15 @@
 package main
 
 import (
+	"context"
 	"io"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 
+	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // benchCmd is `beacon bench`. Each scenario is a subcommand in its own file
@@ -26,6 +30,81 @@ func init() { rootCmd.AddCommand(benchCmd) }
 type benchReport interface {
 	WriteJSON(io.Writer) error
 	WriteTable(io.Writer) error
+}
+
+// benchScenario declares one `beacon bench` scenario command. Every
+// scenario runs the same way: -o is checked, then prepare completes the
+// configuration and refuses bad input (before anything is measured), then
+// run measures with the process logger (and a CPU profile, when the
+// scenario has --cpuprofile), and what it returns is printed as -o asks: a
+// table or JSON.
+type benchScenario struct {
+	use, short, long string
+	// flags declares the scenario's own flags (-o is everyone's).
+	flags func(f *pflag.FlagSet)
+	// cpuProfile, when set, is the help of a --cpuprofile flag: a CPU
+	// profile of the benchmark's process while run measures.
+	cpuProfile string
+	// prepare, when set, completes the configuration from cmd (its flags,
+	// its streams) and checks it.
+	prepare func(cmd *cobra.Command) error
+	// run measures. A report returned with an error is printed before the
+	// error is (a drill that failed half-way).
+	run func(ctx context.Context, logger *slog.Logger) (benchReport, error)
+}
+
+// addBenchScenario adds s to `beacon bench`.
+func addBenchScenario(s benchScenario) *cobra.Command {
+	var output, cpuProfile string
+	cmd := &cobra.Command{
+		Use:   s.use,
+		Short: s.short,
+		Long:  s.long,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Bad input fails at once, not after a minute of measuring.
+			if err := checkBenchOutput(output); err != nil {
+				return err
+			}
+			if s.prepare != nil {
+				if err := s.prepare(cmd); err != nil {
+					return err
+				}
+			}
+			logger, err := newLogger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			stop, err := startCPUProfile(cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer stop()
+			r, err := s.run(cmd.Context(), logger)
+			if r != nil {
+				if werr := writeBenchReport(cmd, output, r); werr != nil {
+					return werr
+				}
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	s.flags(f)
+	f.StringVarP(&output, "output", "o", "table", "table or json")
+	if s.cpuProfile != "" {
+		f.StringVar(&cpuProfile, "cpuprofile", "", s.cpuProfile)
+	}
+	benchCmd.AddCommand(cmd)
+	return cmd
+}
+
+// benchResult is what a scenario's run returns: no report with an error.
+func benchResult(r *bench.Report, err error) (benchReport, error) {
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // checkBenchOutput refuses an output format no scenario prints, before any
@@ -63,4 +142,17 @@ func startCPUProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		_ = f.Close()
 	}, nil
+}
+
+// checkPeer checks, when a scenario uses it, the peer program given by its
+// flag (path), so that a wrong path fails before any measuring; an empty
+// path is looked up when the scenario runs.
+func checkPeer(p bench.Peer, path string, used bool) error {
+	if path == "" || !used {
+		return nil
+	}
+	if _, err := p.Find(path); err != nil {
+		return usage(err)
+	}
+	return nil
 }

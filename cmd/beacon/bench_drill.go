@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"slices"
@@ -13,6 +15,7 @@ import (
 	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/beaconplane/beacon/internal/lab/drill"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // selfCommand returns the command that runs this beacon binary with args
@@ -26,16 +29,8 @@ var selfCommand = func(args ...string) *exec.Cmd {
 	return exec.Command(exe, args...)
 }
 
-func init() {
-	var (
-		cfg    = bench.DrillConfig{Self: func(args ...string) *exec.Cmd { return selfCommand(args...) }}
-		drills string
-		output string
-	)
-	cmd := &cobra.Command{
-		Use:   "drill",
-		Short: "Fault drills on a real 3-member cluster: hung member, partition, slow disk, leader kill, outages",
-		Long: `Runs fault drills against the registry on real clusters of processes: by
+// drillHelp is the help of beacon bench drill.
+const drillHelp = `Runs fault drills against the registry on real clusters of processes: by
 default this binary's own "beacon serve" nodes (embedded etcd 3.7.3) that form
 their cluster through a discovery token served by one more "beacon serve", or,
 with --etcd-bin, members of an etcd binary. Each drill keeps --sessions
@@ -86,12 +81,33 @@ one lease per instance — and measures how fast etcd deletes them (etcd revokes
 Partitions need members in network namespaces (root and iproute2); with --net
 auto (the default) the drill uses them when it can and otherwise says why the
 partition drill is skipped. Every process and namespace is removed at the end,
-also on failure.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkBenchOutput(output); err != nil {
-				return err
-			}
+also on failure.`
+
+func init() {
+	var (
+		cfg    = bench.DrillConfig{Self: func(args ...string) *exec.Cmd { return selfCommand(args...) }}
+		drills string
+	)
+	cmd := addBenchScenario(benchScenario{
+		use:   "drill",
+		short: "Fault drills on a real 3-member cluster: hung member, partition, slow disk, leader kill, outages",
+		long:  drillHelp,
+		flags: func(f *pflag.FlagSet) {
+			f.StringVar(&drills, "drills", "", "comma-separated drills to run (default: all, lease included; \"\" with --expiry: none)")
+			f.DurationSliceVar(&cfg.LeaseTTLs, "lease-ttls", []time.Duration{2 * time.Second, 4 * time.Second},
+				"TTLs the lease drills' keepers also use, besides 3s and 5s (measured, not asserted)")
+			f.DurationVar(&cfg.FsyncDelay, "fsync-delay", 500*time.Millisecond, "the lease drills' slow disk: delay of every WAL sync")
+			f.IntVar(&cfg.Expiry, "expiry", 0, "also let this many instances expire at once in both lease layouts (0: skip)")
+			f.IntVar(&cfg.ExpiryProcesses, "expiry-processes", 10, "processes holding Beacon's instances in the expiry measurement")
+			f.IntVar(&cfg.Trials, "trials", 10, "trials per drill (member-hang and partition run at least 2)")
+			f.IntVar(&cfg.Sessions, "sessions", 100, "steady registrants, each with a client of its own")
+			f.IntVar(&cfg.Watchers, "watchers", 4, "watchers, each with a client of its own")
+			f.DurationVar(&cfg.TTL, "ttl", 3*time.Second, "lease TTL of every session")
+			f.StringVar(&cfg.EtcdBin, "etcd-bin", "", "run members from this etcd binary instead of beacon serve nodes")
+			f.StringVar(&cfg.Network, "net", bench.DrillNetAuto, "auto, netns (members in network namespaces: root, iproute2) or loopback")
+			f.StringVar(&cfg.Dir, "dir", "", "keep the members' data and logs here (default: a temporary directory, removed)")
+		},
+		prepare: func(cmd *cobra.Command) error {
 			switch {
 			case drills != "":
 				cfg.Drills = strings.Split(drills, ",")
@@ -100,62 +116,19 @@ also on failure.`,
 			default:
 				cfg.Drills = append(slices.Clone(drill.All), bench.DrillLease)
 			}
-			logger, err := newLogger(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			cfg.Logger = logger
 			cfg.Progress = cmd.ErrOrStderr()
-			if err := cfg.Validate(); err != nil {
-				return usage(err)
-			}
-			rep, err := bench.RunDrill(cmd.Context(), cfg)
-			if output == "json" {
-				if jerr := writeDrillJSON(cmd.OutOrStdout(), rep); jerr != nil {
-					return jerr
-				}
-				return err
-			}
-			if len(rep.Drills) > 0 {
-				if terr := drill.WriteTable(cmd.OutOrStdout(), rep.Drills); terr != nil {
-					return terr
-				}
-			}
-			if len(rep.Lease) > 0 {
-				fmt.Fprintln(cmd.OutOrStdout())
-				if terr := drill.WriteLeaseTable(cmd.OutOrStdout(), rep.Lease); terr != nil {
-					return terr
-				}
-			}
-			if len(rep.Expiry) > 0 {
-				fmt.Fprintln(cmd.OutOrStdout())
-				if terr := drill.WriteExpiryTable(cmd.OutOrStdout(), rep.Expiry); terr != nil {
-					return terr
-				}
-			}
-			return err
+			return usage(cfg.Validate())
 		},
-	}
-	f := cmd.Flags()
-	f.StringVar(&drills, "drills", "", "comma-separated drills to run (default: all, lease included; \"\" with --expiry: none)")
-	f.DurationSliceVar(&cfg.LeaseTTLs, "lease-ttls", []time.Duration{2 * time.Second, 4 * time.Second},
-		"TTLs the lease drills' keepers also use, besides 3s and 5s (measured, not asserted)")
-	f.DurationVar(&cfg.FsyncDelay, "fsync-delay", 500*time.Millisecond, "the lease drills' slow disk: delay of every WAL sync")
-	f.IntVar(&cfg.Expiry, "expiry", 0, "also let this many instances expire at once in both lease layouts (0: skip)")
-	f.IntVar(&cfg.ExpiryProcesses, "expiry-processes", 10, "processes holding Beacon's instances in the expiry measurement")
-	f.IntVar(&cfg.Trials, "trials", 10, "trials per drill (member-hang and partition run at least 2)")
-	f.IntVar(&cfg.Sessions, "sessions", 100, "steady registrants, each with a client of its own")
-	f.IntVar(&cfg.Watchers, "watchers", 4, "watchers, each with a client of its own")
-	f.DurationVar(&cfg.TTL, "ttl", 3*time.Second, "lease TTL of every session")
-	f.StringVar(&cfg.EtcdBin, "etcd-bin", "", "run members from this etcd binary instead of beacon serve nodes")
-	f.StringVar(&cfg.Network, "net", bench.DrillNetAuto, "auto, netns (members in network namespaces: root, iproute2) or loopback")
-	f.StringVar(&cfg.Dir, "dir", "", "keep the members' data and logs here (default: a temporary directory, removed)")
-	f.StringVarP(&output, "output", "o", "table", "table or json")
+		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
+			cfg.Logger = logger
+			rep, err := bench.RunDrill(ctx, cfg)
+			return drillReport(rep), err // printed also after a failure
+		},
+	})
 	allowEmpty(cmd, "drills", "none (with --expiry)")
 	allowZero(cmd, "expiry", "skip")
-	benchCmd.AddCommand(cmd)
 
-	reg := &cobra.Command{
+	benchCmd.AddCommand(&cobra.Command{
 		Use:    "drill-registrant",
 		Short:  "Child of bench drill: a registrant killed by the drill",
 		Hidden: true,
@@ -166,12 +139,38 @@ also on failure.`,
 			}
 			return nil
 		},
-	}
-	benchCmd.AddCommand(reg)
+	})
 }
 
-// writeDrillJSON prints the results with durations in milliseconds.
-func writeDrillJSON(w io.Writer, rep bench.DrillReport) error {
+// drillReport prints the drills' results: a table for each part that ran,
+// or one JSON document.
+type drillReport bench.DrillReport
+
+// WriteTable prints a table per part: the drills, the lease drills and the
+// expiry measurement.
+func (rep drillReport) WriteTable(w io.Writer) error {
+	if len(rep.Drills) > 0 {
+		if err := drill.WriteTable(w, rep.Drills); err != nil {
+			return err
+		}
+	}
+	if len(rep.Lease) > 0 {
+		fmt.Fprintln(w)
+		if err := drill.WriteLeaseTable(w, rep.Lease); err != nil {
+			return err
+		}
+	}
+	if len(rep.Expiry) > 0 {
+		fmt.Fprintln(w)
+		if err := drill.WriteExpiryTable(w, rep.Expiry); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteJSON prints the results with durations in milliseconds.
+func (rep drillReport) WriteJSON(w io.Writer) error {
 	type row struct {
 		drill.Result
 		ConvergeP50Ms float64 `json:"converge_p50_ms"`

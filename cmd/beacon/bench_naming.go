@@ -1,19 +1,20 @@
 package main
 
 import (
+	"context"
+	"log/slog"
+
 	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func init() {
-	var (
-		cfg    bench.NamingConfig
-		output string
-	)
-	cmd := &cobra.Command{
-		Use:   "naming",
-		Short: "gRPC name resolution: Beacon's resolver vs etcd's naming resolver, under load",
-		Long: `Runs two gRPC channels side by side under continuous load against the same
+	var cfg bench.NamingConfig
+	addBenchScenario(benchScenario{
+		use:   "naming",
+		short: "gRPC name resolution: Beacon's resolver vs etcd's naming resolver, under load",
+		long: `Runs two gRPC channels side by side under continuous load against the same
 --backends gRPC servers: one through Beacon's beacon:/// resolver (registry
 over etcd), one through etcd 3.7.3's own naming resolver (etcd:///). Each
 backend registers in both formats under one lease.
@@ -26,35 +27,19 @@ failed calls when instances drain first (goal: 0), and without draining.
 
 Uses an embedded etcd unless --endpoints is given (e.g. a running beacon
 serve). The default run takes about a minute on 2 cores.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			// Bad input fails at once, not after a minute of measuring.
-			if err := checkBenchOutput(output); err != nil {
-				return err
-			}
-			if err := cfg.Validate(); err != nil {
-				return usage(err)
-			}
-			logger, err := newLogger(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			cfg.Logger = logger
-			r, err := bench.RunNaming(cmd.Context(), cfg)
-			if err != nil {
-				return err
-			}
-			return writeBenchReport(cmd, output, r)
+		flags: func(f *pflag.FlagSet) {
+			f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd client URLs (default: an embedded etcd)")
+			f.IntVar(&cfg.Backends, "backends", 3, "gRPC backends")
+			f.IntVar(&cfg.Trials, "trials", 100, "lease revokes, and drains, to measure")
+			f.IntVar(&cfg.Callers, "callers", 8, "goroutines calling through each channel")
+			f.DurationVar(&cfg.Pace, "pace", 0, "pause of each caller between calls (default 1ms)")
+			f.DurationVar(&cfg.Quiet, "quiet", 0, "silence after which a removed backend's last call counts as the last (default 100ms)")
+			f.DurationVar(&cfg.DrainGrace, "drain-grace", 0, "rolling restart: time between draining a backend and stopping it (default 250ms)")
 		},
-	}
-	f := cmd.Flags()
-	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd client URLs (default: an embedded etcd)")
-	f.IntVar(&cfg.Backends, "backends", 3, "gRPC backends")
-	f.IntVar(&cfg.Trials, "trials", 100, "lease revokes, and drains, to measure")
-	f.IntVar(&cfg.Callers, "callers", 8, "goroutines calling through each channel")
-	f.DurationVar(&cfg.Pace, "pace", 0, "pause of each caller between calls (default 1ms)")
-	f.DurationVar(&cfg.Quiet, "quiet", 0, "silence after which a removed backend's last call counts as the last (default 100ms)")
-	f.DurationVar(&cfg.DrainGrace, "drain-grace", 0, "rolling restart: time between draining a backend and stopping it (default 250ms)")
-	f.StringVarP(&output, "output", "o", "table", "table or json")
-	benchCmd.AddCommand(cmd)
+		prepare: func(*cobra.Command) error { return usage(cfg.Validate()) },
+		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
+			cfg.Logger = logger
+			return benchResult(bench.RunNaming(ctx, cfg))
+		},
+	})
 }

@@ -1,24 +1,23 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func init() {
-	var (
-		cfg        bench.ProxyConfig
-		output     string
-		cpuProfile string
-	)
-	cmd := &cobra.Command{
-		Use:   "proxy",
-		Short: "Beacon's proxy vs etcd's grpc-proxy vs direct: ranges, puts, watch fan-out and latency, CPU per op",
-		Long: `Runs, in one run, the same etcd traffic straight to etcd ("direct"), through
+	var cfg bench.ProxyConfig
+	addBenchScenario(benchScenario{
+		use:   "proxy",
+		short: "Beacon's proxy vs etcd's grpc-proxy vs direct: ranges, puts, watch fan-out and latency, CPU per op",
+		long: `Runs, in one run, the same etcd traffic straight to etcd ("direct"), through
 Beacon's proxy (a ` + "`beacon proxy`" + ` process) and through etcd's own grpc-proxy
 (an ` + "`etcd grpc-proxy start`" + ` process), in front of the same etcd (a cluster of
 --members members on loopback, started in this process the way beacon serve
@@ -41,16 +40,25 @@ $BEACON_PEERS_DIR/bin (default ~/.cache/beacon-peers/bin) or PATH; build it
 with "go build -o ~/.cache/beacon-peers/bin/etcd ./internal/lab/etcd" from a
 Beacon checkout, or leave it out with --no-grpc-proxy. An interrupt (Ctrl-C)
 stops both proxies and etcd and removes the keys written.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkBenchOutput(output); err != nil {
-				return err
-			}
-			logger, err := newLogger(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			cfg.Logger = logger
+		flags: func(f *pflag.FlagSet) {
+			f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd client URLs to measure against (default: a cluster started by the benchmark)")
+			f.IntVar(&cfg.Members, "members", 3, "members of the benchmark's etcd cluster")
+			f.BoolVar(&cfg.Fsync, "fsync", true, "the members fsync their WAL like production etcd (--fsync=false: in-memory speed, the proxies' worst case)")
+			f.IntVar(&cfg.Rounds, "rounds", 3, "rounds, the sides in turn (the median is shown with the spread)")
+			f.DurationVar(&cfg.Duration, "duration", 2*time.Second, "length of each load phase, per side and round")
+			f.IntVar(&cfg.Clients, "clients", 16, "concurrent workers")
+			f.IntVar(&cfg.Conns, "conns", 4, "client connections the workers share")
+			f.IntVar(&cfg.Watches, "watches", 1000, "identical watches to open")
+			f.IntVar(&cfg.Streams, "streams", 10, "connections (one watch stream each) the watches are spread over")
+			f.IntVar(&cfg.BurstPuts, "burst-puts", 400, "puts of the burst, as fast as 4 writers can")
+			f.IntVar(&cfg.LatencyPuts, "latency-puts", 100, "puts of the latency measurement")
+			f.IntVar(&cfg.LatencyRate, "latency-rate", 50, "puts per second of the latency measurement")
+			f.IntVar(&cfg.ValueSize, "value-size", 256, "bytes per value put")
+			f.StringVar(&cfg.EtcdBin, "etcd-bin", "", "etcd 3.7 binary whose grpc-proxy is measured (default: found in $BEACON_PEERS_DIR/bin or PATH)")
+			f.BoolVar(&cfg.NoGRPCProxy, "no-grpc-proxy", false, "leave etcd's grpc-proxy out (no etcd binary needed)")
+		},
+		cpuProfile: "write a CPU profile of the benchmark's process (clients and etcd; the proxies have --pprof) to this file",
+		prepare: func(*cobra.Command) error {
 			exe, err := os.Executable()
 			if err != nil {
 				return fmt.Errorf("find the beacon binary to run the proxy: %w", err)
@@ -59,40 +67,11 @@ stops both proxies and etcd and removes the keys written.`,
 			if err := cfg.Validate(); err != nil {
 				return usage(err)
 			}
-			if cfg.EtcdBin != "" && !cfg.NoGRPCProxy {
-				if _, err := bench.EtcdPeer.Find(cfg.EtcdBin); err != nil {
-					return usage(err)
-				}
-			}
-			stop, err := startCPUProfile(cpuProfile)
-			if err != nil {
-				return err
-			}
-			defer stop()
-			r, err := bench.RunProxy(cmd.Context(), cfg)
-			if err != nil {
-				return err
-			}
-			return writeBenchReport(cmd, output, r)
+			return checkPeer(bench.EtcdPeer, cfg.EtcdBin, !cfg.NoGRPCProxy)
 		},
-	}
-	f := cmd.Flags()
-	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd client URLs to measure against (default: a cluster started by the benchmark)")
-	f.IntVar(&cfg.Members, "members", 3, "members of the benchmark's etcd cluster")
-	f.BoolVar(&cfg.Fsync, "fsync", true, "the members fsync their WAL like production etcd (--fsync=false: in-memory speed, the proxies' worst case)")
-	f.IntVar(&cfg.Rounds, "rounds", 3, "rounds, the sides in turn (the median is shown with the spread)")
-	f.DurationVar(&cfg.Duration, "duration", 2*time.Second, "length of each load phase, per side and round")
-	f.IntVar(&cfg.Clients, "clients", 16, "concurrent workers")
-	f.IntVar(&cfg.Conns, "conns", 4, "client connections the workers share")
-	f.IntVar(&cfg.Watches, "watches", 1000, "identical watches to open")
-	f.IntVar(&cfg.Streams, "streams", 10, "connections (one watch stream each) the watches are spread over")
-	f.IntVar(&cfg.BurstPuts, "burst-puts", 400, "puts of the burst, as fast as 4 writers can")
-	f.IntVar(&cfg.LatencyPuts, "latency-puts", 100, "puts of the latency measurement")
-	f.IntVar(&cfg.LatencyRate, "latency-rate", 50, "puts per second of the latency measurement")
-	f.IntVar(&cfg.ValueSize, "value-size", 256, "bytes per value put")
-	f.StringVar(&cfg.EtcdBin, "etcd-bin", "", "etcd 3.7 binary whose grpc-proxy is measured (default: found in $BEACON_PEERS_DIR/bin or PATH)")
-	f.BoolVar(&cfg.NoGRPCProxy, "no-grpc-proxy", false, "leave etcd's grpc-proxy out (no etcd binary needed)")
-	f.StringVarP(&output, "output", "o", "table", "table or json")
-	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the benchmark's process (clients and etcd; the proxies have --pprof) to this file")
-	benchCmd.AddCommand(cmd)
+		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
+			cfg.Logger = logger
+			return benchResult(bench.RunProxy(ctx, cfg))
+		},
+	})
 }

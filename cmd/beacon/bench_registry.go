@@ -2,18 +2,19 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // The registry scenarios: `beacon bench register | watch | failover |
 // memory`, each beside its raw etcd client baseline.
 func init() {
-	benchCmd.AddCommand(
-		newRegistryBenchCmd("register", "Registrations/s: one Beacon session vs etcd's batched-write ceiling and raw grant + put",
-			`Registers --instances instances with each number of --concurrency workers,
+	addRegistryScenario("register", "Registrations/s: one Beacon session vs etcd's batched-write ceiling and raw grant + put",
+		`Registers --instances instances with each number of --concurrency workers,
 then --sequential with one worker, through Beacon's registry (one session: one
 lease for all, concurrent registrations batched into transactions), and
 measures beside it, against the same etcd member, in rounds that take the sides
@@ -29,101 +30,72 @@ $BEACON_PEERS_DIR/bin (default ~/.cache/beacon-peers/bin) or in PATH; build
 it with "bash .ci/build-peers benchmark" from a Beacon checkout, or skip the
 ceiling with --no-ceiling. Against --endpoints the ceiling is skipped (the
 tool writes keys it cannot remove).`,
-			bench.RunRegister, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
-				f := cmd.Flags()
-				f.IntVar(&cfg.Instances, "instances", 20000, "instances registered per round by the concurrent workers")
-				f.IntVar(&cfg.Rounds, "rounds", 3, "rounds taking the sides in turn (the median is shown, with the spread)")
-				f.IntSliceVar(&cfg.Concurrency, "concurrency", []int{64, 256}, "numbers of concurrent workers to measure")
-				f.IntVar(&cfg.Sequential, "sequential", 300, "instances registered by one worker")
-				f.IntVar(&cfg.Batch, "batch", 0, "puts per transaction of the batched-write ceiling (etcd benchmark txn-put --txn-ops; default: Beacon's batch for that many workers, a quarter of them up to 48)")
-				f.StringVar(&cfg.BenchmarkBin, "benchmark-bin", "", "path of etcd's benchmark tool (default: found in $BEACON_PEERS_DIR/bin or PATH)")
-				f.BoolVar(&cfg.NoCeiling, "no-ceiling", false, "do not measure the batched-write ceiling (no etcd benchmark tool needed)")
-			}),
-		newRegistryBenchCmd("watch", "Register → watcher latency with 1, 100, 1000 watchers: one shared watch vs one etcd watch each",
-			`For each watcher count, opens that many Beacon watchers of one query in one
+		bench.RunRegister, func(f *pflag.FlagSet, cfg *bench.RegistryConfig) {
+			f.IntVar(&cfg.Instances, "instances", 20000, "instances registered per round by the concurrent workers")
+			f.IntVar(&cfg.Rounds, "rounds", 3, "rounds taking the sides in turn (the median is shown, with the spread)")
+			f.IntSliceVar(&cfg.Concurrency, "concurrency", []int{64, 256}, "numbers of concurrent workers to measure")
+			f.IntVar(&cfg.Sequential, "sequential", 300, "instances registered by one worker")
+			f.IntVar(&cfg.Batch, "batch", 0, "puts per transaction of the batched-write ceiling (etcd benchmark txn-put --txn-ops; default: Beacon's batch for that many workers, a quarter of them up to 48)")
+			f.StringVar(&cfg.BenchmarkBin, "benchmark-bin", "", "path of etcd's benchmark tool (default: found in $BEACON_PEERS_DIR/bin or PATH)")
+			f.BoolVar(&cfg.NoCeiling, "no-ceiling", false, "do not measure the batched-write ceiling (no etcd benchmark tool needed)")
+		})
+	addRegistryScenario("watch", "Register → watcher latency with 1, 100, 1000 watchers: one shared watch vs one etcd watch each",
+		`For each watcher count, opens that many Beacon watchers of one query in one
 process (sharing one etcd watch) and as many raw etcd watches, then registers
 --samples instances one at a time, alternating Beacon and raw, and measures the
 time from each write until every watcher has it (p50, p99). It also counts the
 etcd server's watchers (etcd_debugging_mvcc_watcher_total): Beacon must add
 exactly one. Goal: Beacon's latency at most 1.0x the raw one.`,
-			bench.RunWatch, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
-				f := cmd.Flags()
-				f.IntSliceVar(&cfg.Watchers, "watchers", []int{1, 100, 1000}, "watcher counts to measure")
-				f.IntVar(&cfg.Samples, "samples", 300, "registrations measured per watcher count")
-			}),
-		newRegistryBenchCmd("failover", "SIGKILL → removal observed: beacon register children vs raw keep-alive children",
-			`Starts --children "beacon register" processes and as many raw etcd client
+		bench.RunWatch, func(f *pflag.FlagSet, cfg *bench.RegistryConfig) {
+			f.IntSliceVar(&cfg.Watchers, "watchers", []int{1, 100, 1000}, "watcher counts to measure")
+			f.IntVar(&cfg.Samples, "samples", 300, "registrations measured per watcher count")
+		})
+	addRegistryScenario("failover", "SIGKILL → removal observed: beacon register children vs raw keep-alive children",
+		`Starts --children "beacon register" processes and as many raw etcd client
 processes (grant + put + keep-alive), each holding one instance with a --ttl
 lease, waits 1.5 TTL (any removal then is a false removal), kills them all with
 SIGKILL and measures when a watcher sees each instance go: TTL + x. Goal: p99
 at most TTL + 1 s, no false removal.`,
-			bench.RunFailover, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
-				f := cmd.Flags()
-				f.IntVar(&cfg.Children, "children", 10, "registrant processes per side")
-				f.DurationVar(&cfg.TTL, "ttl", 2*time.Second, "lease TTL of the registrants (etcd's minimum is 2s)")
-			}),
-		newRegistryBenchCmd("memory", "Server memory per registered instance, client memory per watcher",
-			`Measures the heap (after GC) of an etcd server running in a child process
+		bench.RunFailover, func(f *pflag.FlagSet, cfg *bench.RegistryConfig) {
+			f.IntVar(&cfg.Children, "children", 10, "registrant processes per side")
+			f.DurationVar(&cfg.TTL, "ttl", 2*time.Second, "lease TTL of the registrants (etcd's minimum is 2s)")
+		})
+	addRegistryScenario("memory", "Server memory per registered instance, client memory per watcher",
+		`Measures the heap (after GC) of an etcd server running in a child process
 before and after registering --mem-instances instances through Beacon (one
 lease) and with the raw client (one lease each), and the heap of this process
 before and after opening --mem-watchers watchers (Beacon: one shared etcd watch;
 raw: one etcd watch each). Use --mem-instances 100000 for the large run.`,
-			bench.RunMemory, func(cmd *cobra.Command, cfg *bench.RegistryConfig) {
-				f := cmd.Flags()
-				f.IntVar(&cfg.MemInstances, "mem-instances", 10_000, "instances registered per side")
-				f.IntVar(&cfg.MemWatchers, "mem-watchers", 10_000, "watchers opened per side")
-			}),
-	)
+		bench.RunMemory, func(f *pflag.FlagSet, cfg *bench.RegistryConfig) {
+			f.IntVar(&cfg.MemInstances, "mem-instances", 10_000, "instances registered per side")
+			f.IntVar(&cfg.MemWatchers, "mem-watchers", 10_000, "watchers opened per side")
+		})
 }
 
-func newRegistryBenchCmd(name, short, long string, runFn func(ctx context.Context, cfg bench.RegistryConfig) (*bench.Report, error),
-	flags func(*cobra.Command, *bench.RegistryConfig)) *cobra.Command {
-	var (
-		cfg        bench.RegistryConfig
-		output     string
-		cpuProfile string
-	)
-	cmd := &cobra.Command{
-		Use:   name,
-		Short: short,
-		Long:  long + "\n\nBy default it starts its own single-node etcd in a child process (with fsync, like production; --no-fsync without); --endpoints measures an existing one. An interrupt (Ctrl-C) stops it cleanly: leases revoked, child processes stopped, data removed.",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkBenchOutput(output); err != nil {
-				return err
-			}
-			logger, err := newLogger(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			cfg.Logger = logger
+func addRegistryScenario(name, short, long string, runFn func(ctx context.Context, cfg bench.RegistryConfig) (*bench.Report, error),
+	flags func(*pflag.FlagSet, *bench.RegistryConfig)) {
+	var cfg bench.RegistryConfig
+	addBenchScenario(benchScenario{
+		use:   name,
+		short: short,
+		long:  long + "\n\nBy default it starts its own single-node etcd in a child process (with fsync, like production; --no-fsync without); --endpoints measures an existing one. An interrupt (Ctrl-C) stops it cleanly: leases revoked, child processes stopped, data removed.",
+		flags: func(f *pflag.FlagSet) {
+			f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd client URLs to measure against (default: an embedded etcd)")
+			f.BoolVar(&cfg.NoFsync, "no-fsync", false, "run the scenario's etcd without fsync")
+			flags(f, &cfg)
+		},
+		cpuProfile: "write a CPU profile of the whole run (clients and embedded etcd) to this file",
+		prepare: func(*cobra.Command) error {
 			if err := cfg.Validate(); err != nil {
 				return usage(err)
 			}
-			if cfg.BenchmarkBin != "" && !cfg.NoCeiling {
-				if _, err := bench.BenchmarkPeer.Find(cfg.BenchmarkBin); err != nil {
-					return usage(err)
-				}
-			}
-			stop, err := startCPUProfile(cpuProfile)
-			if err != nil {
-				return err
-			}
-			defer stop()
-			rep, err := runFn(cmd.Context(), cfg)
-			if err != nil {
-				return err
-			}
-			return writeBenchReport(cmd, output, rep)
+			return checkPeer(bench.BenchmarkPeer, cfg.BenchmarkBin, !cfg.NoCeiling)
 		},
-	}
-	f := cmd.Flags()
-	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd client URLs to measure against (default: an embedded etcd)")
-	f.BoolVar(&cfg.NoFsync, "no-fsync", false, "run the scenario's etcd without fsync")
-	f.StringVarP(&output, "output", "o", "table", "table or json")
-	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (clients and embedded etcd) to this file")
-	flags(cmd, &cfg)
-	return cmd
+		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
+			cfg.Logger = logger
+			return benchResult(runFn(ctx, cfg))
+		},
+	})
 }
 
 // Hidden helpers the scenarios run as child processes.

@@ -1,21 +1,21 @@
 package main
 
 import (
+	"context"
+	"log/slog"
 	"os"
 
 	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func init() {
-	var (
-		cfg    bench.XDSConfig
-		output string
-	)
-	cmd := &cobra.Command{
-		Use:   "xds",
-		Short: "xDS: a real xDS client through beacon serve vs Beacon's beacon:/// resolver, and ADS fan-out",
-		Long: `Runs beacon serve (embedded etcd) in a process of its own, a proxyless gRPC
+	var cfg bench.XDSConfig
+	addBenchScenario(benchScenario{
+		use:   "xds",
+		short: "xDS: a real xDS client through beacon serve vs Beacon's beacon:/// resolver, and ADS fan-out",
+		long: `Runs beacon serve (embedded etcd) in a process of its own, a proxyless gRPC
 client (grpc-go's xDS support: the beacon-xdsprobe peer) dialing
 xds:///grpc.xds.bench in another, and Beacon's beacon:/// resolver in this
 one, all calling the same backends under load.
@@ -35,39 +35,26 @@ The probe is built with: go build -o ~/.cache/beacon-peers/bin/beacon-xdsprobe
 ./internal/lab/xdsprobe (from a Beacon checkout), or given with --probe-bin. The
 default run takes about a minute on 2 cores; the documented full size is
 --streams 10000.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkBenchOutput(output); err != nil {
-				return err
-			}
+		flags: func(f *pflag.FlagSet) {
+			f.StringVar(&cfg.ProbeBin, "probe-bin", "", "the xDS client process (default: beacon-xdsprobe in the peers directory, else PATH)")
+			f.IntVar(&cfg.Trials, "trials", 20, "registrations, and drains, to time")
+			f.IntVar(&cfg.Callers, "callers", 8, "goroutines calling through each client")
+			f.DurationVar(&cfg.Pace, "pace", 0, "pause of each caller between calls (default 1ms)")
+			f.DurationVar(&cfg.Quiet, "quiet", 0, "silence after which a drained backend's last call counts as the last (default 100ms)")
+			f.IntVar(&cfg.Streams, "streams", 1000, "ADS streams following one service")
+			f.IntVar(&cfg.Changes, "changes", 20, "changes of that service to time")
+		},
+		prepare: func(*cobra.Command) error {
 			exe, err := os.Executable()
 			if err != nil {
 				return err
 			}
 			cfg.BeaconCommand = []string{exe}
-			if err := cfg.Validate(); err != nil {
-				return usage(err)
-			}
-			logger, err := newLogger(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			cfg.Logger = logger
-			r, err := bench.RunXDS(cmd.Context(), cfg)
-			if err != nil {
-				return err
-			}
-			return writeBenchReport(cmd, output, r)
+			return usage(cfg.Validate())
 		},
-	}
-	f := cmd.Flags()
-	f.StringVar(&cfg.ProbeBin, "probe-bin", "", "the xDS client process (default: beacon-xdsprobe in the peers directory, else PATH)")
-	f.IntVar(&cfg.Trials, "trials", 20, "registrations, and drains, to time")
-	f.IntVar(&cfg.Callers, "callers", 8, "goroutines calling through each client")
-	f.DurationVar(&cfg.Pace, "pace", 0, "pause of each caller between calls (default 1ms)")
-	f.DurationVar(&cfg.Quiet, "quiet", 0, "silence after which a drained backend's last call counts as the last (default 100ms)")
-	f.IntVar(&cfg.Streams, "streams", 1000, "ADS streams following one service")
-	f.IntVar(&cfg.Changes, "changes", 20, "changes of that service to time")
-	f.StringVarP(&output, "output", "o", "table", "table or json")
-	benchCmd.AddCommand(cmd)
+		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
+			cfg.Logger = logger
+			return benchResult(bench.RunXDS(ctx, cfg))
+		},
+	})
 }

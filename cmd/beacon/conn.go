@@ -12,11 +12,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/registry"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	filestore "github.com/beaconplane/beacon/store/file"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -114,25 +116,8 @@ func addClientFlags(cmd *cobra.Command, withBackend bool) *clientFlags {
 func (c *clientFlags) resolve() (backend.Config, error) {
 	f := c.cmd.Flags()
 	cfg := backend.FromEnv()
-	if f.Lookup("backend") != nil {
-		be, err := backendSetting(f)
-		if err != nil {
-			return cfg, err
-		}
-		if err := backend.CheckName(be.val); err != nil {
-			return cfg, usagef("%v: %v", be, err)
-		}
-		cfg.Name = be.val
-		if c.kube != nil {
-			if be.val == backend.Kubernetes {
-				if err := c.kube.checkKube(f); err != nil {
-					return cfg, err
-				}
-			}
-			cfg.DriverEnv = c.kube.kubeEnv()
-		}
-	} else {
-		cfg.Name = backend.Etcd
+	if err := c.resolveBackend(&cfg); err != nil {
+		return cfg, err
 	}
 
 	var err error
@@ -147,44 +132,12 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 	}
 
 	e := etcdstore.Config{DialTimeout: c.dial, RequestTimeout: c.command}
-	eps := lookup(f, "endpoints", etcdstore.EnvEndpoints, envEtcdctlEndpoints)
-	if eps.env == "" {
-		e.Endpoints, _ = f.GetStringSlice("endpoints")
-	} else {
-		e.Endpoints = etcdstore.SplitEndpoints(eps.val)
+	if e.Endpoints, err = resolveEndpoints(f); err != nil {
+		return cfg, err
 	}
-	var list []string
-	for _, ep := range e.Endpoints {
-		ep = strings.TrimSpace(ep)
-		if err := etcdstore.CheckEndpoint(ep); err != nil {
-			return cfg, usagef("%v: %v", eps, err)
-		}
-		if !slices.Contains(list, ep) {
-			list = append(list, ep)
-		}
+	if e.Username, e.Password, err = resolveCredentials(f); err != nil {
+		return cfg, err
 	}
-	if len(list) == 0 {
-		// A variable of blanks; an empty flag is refused before (checkEmptyFlags).
-		return cfg, usagef("%v: no endpoint in it: give host:port or URLs, comma separated, or unset it for %s", eps, etcdstore.DefaultEndpoint)
-	}
-	e.Endpoints = list
-
-	user := lookup(f, "user", etcdstore.EnvUsername, envEtcdctlUser)
-	pass := lookup(f, "password", etcdstore.EnvPassword, envEtcdctlPassword)
-	e.Username, e.Password = user.val, pass.val
-	if name, pw, ok := strings.Cut(user.val, ":"); ok {
-		if pass.val != "" {
-			return cfg, usagef("%v gives a password and %v gives another: give it once", user, pass)
-		}
-		e.Username, e.Password = name, pw
-	}
-	switch {
-	case e.Username != "" && e.Password == "":
-		return cfg, usagef("%v has no password: use --user name:password, --password or %s", user, envEtcdctlPassword)
-	case e.Username == "" && e.Password != "":
-		return cfg, usagef("%v is set without a user: set --user (or %s)", pass, envEtcdctlUser)
-	}
-
 	ca := lookup(f, "cacert", etcdstore.EnvCA, envEtcdctlCACert)
 	cert := lookup(f, "cert", etcdstore.EnvClientCert, envEtcdctlCert)
 	key := lookup(f, "key", etcdstore.EnvClientKey, envEtcdctlKey)
@@ -192,24 +145,8 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 		return cfg, err
 	}
 	e.CA, e.ClientCert, e.ClientKey = ca.val, cert.val, key.val
-
-	skip, _ := f.GetBool("insecure-skip-tls-verify")
-	if fl := f.Lookup("insecure-skip-tls-verify"); !fl.Changed {
-		if v := os.Getenv(envEtcdctlSkipVerify); v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return cfg, usagef("%s=%q: want true or false", envEtcdctlSkipVerify, v)
-			}
-			skip = b
-		}
-	}
-	if skip {
-		e.Configure = func(cc *clientv3.Config) {
-			if cc.TLS == nil {
-				cc.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
-			}
-			cc.TLS.InsecureSkipVerify = true //nolint:gosec // asked for with --insecure-skip-tls-verify
-		}
+	if e.Configure, err = resolveSkipVerify(f); err != nil {
+		return cfg, err
 	}
 	if err := e.Validate(); err != nil {
 		return cfg, usage(err)
@@ -217,6 +154,105 @@ func (c *clientFlags) resolve() (backend.Config, error) {
 	e.Logger = cfg.Etcd.Logger
 	cfg.Etcd = e
 	return cfg, nil
+}
+
+// resolveBackend sets the backend's name (etcd for commands without
+// --backend) and the Kubernetes backend's settings.
+func (c *clientFlags) resolveBackend(cfg *backend.Config) error {
+	f := c.cmd.Flags()
+	if f.Lookup("backend") == nil {
+		cfg.Name = backend.Etcd
+		return nil
+	}
+	be, err := backendSetting(f)
+	if err != nil {
+		return err
+	}
+	if err := backend.CheckName(be.val); err != nil {
+		return usagef("%v: %v", be, err)
+	}
+	cfg.Name = be.val
+	if c.kube != nil {
+		if be.val == backend.Kubernetes {
+			if err := c.kube.checkKube(f); err != nil {
+				return err
+			}
+		}
+		cfg.DriverEnv = c.kube.kubeEnv()
+	}
+	return nil
+}
+
+// resolveEndpoints returns the etcd endpoints, checked, without
+// repetitions.
+func resolveEndpoints(f *pflag.FlagSet) ([]string, error) {
+	var eps []string
+	src := lookup(f, "endpoints", etcdstore.EnvEndpoints, envEtcdctlEndpoints)
+	if src.env == "" {
+		eps, _ = f.GetStringSlice("endpoints")
+	} else {
+		eps = etcdstore.SplitEndpoints(src.val)
+	}
+	var list []string
+	for _, ep := range eps {
+		ep = strings.TrimSpace(ep)
+		if err := etcdstore.CheckEndpoint(ep); err != nil {
+			return nil, usagef("%v: %v", src, err)
+		}
+		if !slices.Contains(list, ep) {
+			list = append(list, ep)
+		}
+	}
+	if len(list) == 0 {
+		// A variable of blanks; an empty flag is refused before (checkEmptyFlags).
+		return nil, usagef("%v: no endpoint in it: give host:port or URLs, comma separated, or unset it for %s", src, etcdstore.DefaultEndpoint)
+	}
+	return list, nil
+}
+
+// resolveCredentials returns the etcd user and password: both or neither.
+func resolveCredentials(f *pflag.FlagSet) (username, password string, err error) {
+	user := lookup(f, "user", etcdstore.EnvUsername, envEtcdctlUser)
+	pass := lookup(f, "password", etcdstore.EnvPassword, envEtcdctlPassword)
+	username, password = user.val, pass.val
+	if name, pw, ok := strings.Cut(user.val, ":"); ok {
+		if pass.val != "" {
+			return "", "", usagef("%v gives a password and %v gives another: give it once", user, pass)
+		}
+		username, password = name, pw
+	}
+	switch {
+	case username != "" && password == "":
+		return "", "", usagef("%v has no password: use --user name:password, --password or %s", user, envEtcdctlPassword)
+	case username == "" && password != "":
+		return "", "", usagef("%v is set without a user: set --user (or %s)", pass, envEtcdctlUser)
+	}
+	return username, password, nil
+}
+
+// resolveSkipVerify returns what turns off the verification of etcd's
+// certificate, when --insecure-skip-tls-verify (or its variable) asks
+// for it; else nil.
+func resolveSkipVerify(f *pflag.FlagSet) (func(*clientv3.Config), error) {
+	skip, _ := f.GetBool("insecure-skip-tls-verify")
+	if fl := f.Lookup("insecure-skip-tls-verify"); !fl.Changed {
+		if v := os.Getenv(envEtcdctlSkipVerify); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return nil, usagef("%s=%q: want true or false", envEtcdctlSkipVerify, v)
+			}
+			skip = b
+		}
+	}
+	if !skip {
+		return nil, nil
+	}
+	return func(cc *clientv3.Config) {
+		if cc.TLS == nil {
+			cc.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		cc.TLS.InsecureSkipVerify = true //nolint:gosec // asked for with --insecure-skip-tls-verify
+	}, nil
 }
 
 // duration reads a duration flag, else the old --timeout, else env, else
@@ -324,6 +360,38 @@ func addRegistryConnFlags(cmd *cobra.Command) *registryConn {
 	c := &registryConn{clientFlags: addClientFlags(cmd, true)}
 	cmd.Flags().StringVar(&c.root, "root", "", `keyspace root: keys live under <root>/services/ (e.g. "/beacon")`)
 	return c
+}
+
+// addExistingRegistryFlags declares the flags of a command that only
+// reads or removes what a registry holds (ls, watch, rm): the connection
+// flags, and -o with its default and help.
+func addExistingRegistryFlags(cmd *cobra.Command, output *string, def, help string) *registryConn {
+	c := addRegistryConnFlags(cmd)
+	c.existing = true
+	cmd.Flags().StringVarP(output, "output", "o", def, help)
+	return c
+}
+
+// openQuery checks -o against formats and the command's optional
+// namespace[/component[/endpoint]] argument (none: every namespace), then
+// opens the registry with the process logger.
+func (c *registryConn) openQuery(cmd *cobra.Command, args []string, output string, formats ...string) (registry.Registry, beacon.Query, error) {
+	var q beacon.Query
+	if err := checkOutput(output, formats...); err != nil {
+		return nil, q, err
+	}
+	if len(args) == 1 {
+		var err error
+		if q, err = parseQueryArg(args[0]); err != nil {
+			return nil, q, err
+		}
+	}
+	logger, err := newLogger(cmd.ErrOrStderr())
+	if err != nil {
+		return nil, q, err
+	}
+	r, err := c.open(cmd.Context(), registry.Config{Logger: logger})
+	return r, q, err
 }
 
 // open opens the registry of the chosen backend: a registry over its

@@ -11,7 +11,6 @@ import (
 	"unicode"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/registry"
 	"github.com/spf13/cobra"
 )
 
@@ -35,27 +34,12 @@ the store revision of the listing and the instances (the stored value format).
   beacon ls prod/api/http -o json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, "table", "json"); err != nil {
-				return err
-			}
-			var q beacon.Query
-			if len(args) == 1 {
-				var err error
-				if q, err = parseQueryArg(args[0]); err != nil {
-					return err
-				}
-			}
-			logger, err := newLogger(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			r, err := conn.open(ctx, registry.Config{Logger: logger})
+			r, q, err := conn.openQuery(cmd, args, output, "table", "json")
 			if err != nil {
 				return err
 			}
 			defer r.Close()
-			rctx, cancel := conn.requestCtx(ctx)
+			rctx, cancel := conn.requestCtx(cmd.Context())
 			defer cancel()
 			ins, rev, err := r.List(rctx, q)
 			if err != nil {
@@ -67,9 +51,7 @@ the store revision of the listing and the instances (the stored value format).
 			return writeListTable(cmd.OutOrStdout(), ins, time.Now())
 		},
 	}
-	conn = addRegistryConnFlags(cmd)
-	conn.existing = true
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
+	conn = addExistingRegistryFlags(cmd, &output, "table", "table or json")
 	return cmd
 }
 

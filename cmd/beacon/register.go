@@ -77,19 +77,22 @@ func parseMeta(pairs []string) (map[string]string, error) {
 	return md, nil
 }
 
-func newRegisterCmd() *cobra.Command {
-	var (
-		conn      *registryConn
-		addr      string
-		id        string
-		transport string
-		meta      []string
-		ttl       string
-		drain     time.Duration
-		output    string
+// registerFlags are beacon register's settings.
+type registerFlags struct {
+	conn      *registryConn
+	addr      string
+	id        string
+	transport string
+	meta      []string
+	ttl       string
+	drain     time.Duration
+	output    string
 
-		startTimeout time.Duration
-	)
+	startTimeout time.Duration
+}
+
+func newRegisterCmd() *cobra.Command {
+	rf := &registerFlags{}
 	cmd := &cobra.Command{
 		Use:   "register namespace/component/endpoint --addr host:port",
 		Short: "Register an instance and keep it alive until interrupted",
@@ -116,75 +119,85 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 		Example: `  beacon register prod/api/http --addr 10.0.0.5:8080 --meta zone=a --meta weight=10
   beacon register prod/llm/generate --addr 10.0.0.6:9000 --transport tcp --ttl 5s -o json`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, "text", "json"); err != nil {
-				return err
-			}
-			q, err := parseEndpoint(args[0])
-			if err != nil {
-				return err
-			}
-			md, err := parseMeta(meta)
-			if err != nil {
-				return err
-			}
-			ttlSet := lookup(cmd.Flags(), "ttl", registry.LeaseTTLEnv)
-			lease, err := registry.ParseTTL(ttlSet.val)
-			if err != nil {
-				return usagef("%v: %w", ttlSet, err)
-			}
-			if drain < 0 {
-				return usagef("--drain %v: must not be negative", drain)
-			}
-			in := beacon.Instance{Namespace: q.Namespace, Component: q.Component, Endpoint: q.Endpoint,
-				ID: id, Address: addr, Transport: transport, Metadata: md}
-			if in.ID != "" {
-				if err := beacon.ValidateID(in.ID); err != nil {
-					return usagef("--id: %w", err)
-				}
-			}
-			probe := in
-			if probe.ID == "" {
-				probe.ID = "0000000000000000"
-			}
-			if err := probe.Validate(); err != nil {
-				return usage(err)
-			}
-			logger, err := newLogger(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			if cmd.Flags().Changed("ttl") && conn.backendName() == backend.Kubernetes {
-				return usagef("--ttl: the kubernetes backend has no lease (an instance is live while its pod is Ready)")
-			}
-			if startTimeout < 0 {
-				return usagef("--start-timeout %v: must not be negative (0: keep trying until interrupted)", startTimeout)
-			}
-			emit := newEmitter(cmd.OutOrStdout(), output == "json")
-			st := starter{conn: conn, cfg: registry.Config{LeaseTTL: lease, Logger: logger}, timeout: startTimeout, log: logger, emit: emit}
-			r, reg, err := st.register(ctx, in)
-			if err != nil || r == nil {
-				return err // r == nil: interrupted before the store answered
-			}
-			defer r.Close()
-			return runRegister(ctx, conn, r, reg, drain, emit)
-		},
+		RunE: rf.run,
 	}
-	conn = addRegistryConnFlags(cmd)
+	rf.conn = addRegistryConnFlags(cmd)
 	f := cmd.Flags()
-	f.StringVar(&addr, "addr", "", "address where callers reach the instance: host:port or a URL (required)")
-	f.StringVar(&id, "id", "", "instance ID, 16 lower-case hex digits (default: a random one)")
-	f.StringVar(&transport, "transport", "", "protocol spoken at --addr: grpc, http, tcp, nats...")
-	f.StringArrayVar(&meta, "meta", nil, "metadata key=value (repeatable; 4 KiB in total)")
-	f.StringVar(&ttl, "ttl", registry.DefaultLeaseTTL.String(), "lease TTL, e.g. 10s (env "+registry.LeaseTTLEnv+")")
-	f.DurationVar(&drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it (a second signal cuts it short; 0, the default: removed at once)")
-	f.StringVarP(&output, "output", "o", "text", "text or json (one JSON object per line)")
-	f.DurationVar(&startTimeout, "start-timeout", 0, "give up (exit 1) if the store has not answered within this long at start; 0: keep trying until interrupted")
+	f.StringVar(&rf.addr, "addr", "", "address where callers reach the instance: host:port or a URL (required)")
+	f.StringVar(&rf.id, "id", "", "instance ID, 16 lower-case hex digits (default: a random one)")
+	f.StringVar(&rf.transport, "transport", "", "protocol spoken at --addr: grpc, http, tcp, nats...")
+	f.StringArrayVar(&rf.meta, "meta", nil, "metadata key=value (repeatable; 4 KiB in total)")
+	f.StringVar(&rf.ttl, "ttl", registry.DefaultLeaseTTL.String(), "lease TTL, e.g. 10s (env "+registry.LeaseTTLEnv+")")
+	f.DurationVar(&rf.drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it (a second signal cuts it short; 0, the default: removed at once)")
+	f.StringVarP(&rf.output, "output", "o", "text", "text or json (one JSON object per line)")
+	f.DurationVar(&rf.startTimeout, "start-timeout", 0, "give up (exit 1) if the store has not answered within this long at start; 0: keep trying until interrupted")
 	allowZero(cmd, "drain", "removed at once")
 	allowZero(cmd, "start-timeout", "keep trying until interrupted")
 	_ = cmd.MarkFlagRequired("addr")
 	return cmd
+}
+
+// run registers the instance the flags and args describe and keeps it
+// until interrupted.
+func (rf *registerFlags) run(cmd *cobra.Command, args []string) error {
+	if err := checkOutput(rf.output, "text", "json"); err != nil {
+		return err
+	}
+	q, err := parseEndpoint(args[0])
+	if err != nil {
+		return err
+	}
+	md, err := parseMeta(rf.meta)
+	if err != nil {
+		return err
+	}
+	ttlSet := lookup(cmd.Flags(), "ttl", registry.LeaseTTLEnv)
+	lease, err := registry.ParseTTL(ttlSet.val)
+	if err != nil {
+		return usagef("%v: %w", ttlSet, err)
+	}
+	if rf.drain < 0 {
+		return usagef("--drain %v: must not be negative", rf.drain)
+	}
+	in := beacon.Instance{Namespace: q.Namespace, Component: q.Component, Endpoint: q.Endpoint,
+		ID: rf.id, Address: rf.addr, Transport: rf.transport, Metadata: md}
+	if err := checkNewInstance(in); err != nil {
+		return err
+	}
+	logger, err := newLogger(cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	if cmd.Flags().Changed("ttl") && rf.conn.backendName() == backend.Kubernetes {
+		return usagef("--ttl: the kubernetes backend has no lease (an instance is live while its pod is Ready)")
+	}
+	if rf.startTimeout < 0 {
+		return usagef("--start-timeout %v: must not be negative (0: keep trying until interrupted)", rf.startTimeout)
+	}
+	emit := newEmitter(cmd.OutOrStdout(), rf.output == "json")
+	st := starter{conn: rf.conn, cfg: registry.Config{LeaseTTL: lease, Logger: logger}, timeout: rf.startTimeout, log: logger, emit: emit}
+	r, reg, err := st.register(ctx, in)
+	if err != nil || r == nil {
+		return err // r == nil: interrupted before the store answered
+	}
+	defer r.Close()
+	return runRegister(ctx, rf.conn, r, reg, rf.drain, emit)
+}
+
+// checkNewInstance checks an instance to register, whose ID may still be
+// unset (then the registry chooses one).
+func checkNewInstance(in beacon.Instance) error {
+	if in.ID != "" {
+		if err := beacon.ValidateID(in.ID); err != nil {
+			return usagef("--id: %w", err)
+		}
+	}
+	probe := in
+	if probe.ID == "" {
+		probe.ID = "0000000000000000"
+	}
+	return usage(probe.Validate())
 }
 
 // registerLine is one line of `beacon register -o json`.

@@ -69,10 +69,8 @@ and for keys written by hand; stop a live worker to take it out of service.
 			return runRm(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), bufio.NewReader(in), conn, sr.Store(), sr.StoreRegistry, refs, yes, output == "json")
 		},
 	}
-	conn = addRegistryConnFlags(cmd)
-	conn.existing = true
+	conn = addExistingRegistryFlags(cmd, &output, "text", "text or json (one JSON object per removed instance)")
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "remove without asking")
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json (one JSON object per removed instance)")
 	return cmd
 }
 

@@ -7,6 +7,7 @@ import (
 	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/server"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap/zapcore"
 )
 
@@ -47,69 +48,24 @@ ETCD_AUTH_PASSWORD, ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY,
 BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := newLogger(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			cfg.Logger, cfg.SettingName = logger, flagFor
-			var lvl zapcore.Level
-			if err := lvl.UnmarshalText([]byte(etcdLogLevel)); err != nil {
-				return usagef("--etcd-log-level %q: must be debug, info, warn or error", etcdLogLevel)
-			}
-			cfg.EtcdLogLevel = &lvl
-			be, err := backendSetting(cmd.Flags())
-			if err != nil {
-				return err
-			}
-			if err := backend.CheckName(be.val); err != nil {
-				return usagef("%v: %v", be, err)
-			}
-			if be.val == backend.Kubernetes {
-				if err := etcdAuth.checkKube(cmd.Flags()); err != nil {
-					return err
-				}
-			}
-			if len(cfg.EtcdEndpoints) > 0 {
-				if err := etcdAuth.checkTLSFiles(cmd.Flags()); err != nil {
-					return err
-				}
-			}
-			cfg.Backend = etcdAuth.config()
-			cfg.Backend.Name = be.val
-			dnsFlags(&cfg.DNS)
-			if err := xdsFlags(cmd, &cfg.XDS); err != nil {
-				return err
-			}
-			if err := securityFlags(cmd.Flags(), &cfg.Security); err != nil { // serve_security.go
-				return err
-			}
-			srv, err := server.New(cfg)
-			if err != nil {
-				return usage(withFlagNames(err)) // New only checks the configuration
-			}
-			ctx := cmd.Context()
-			if err := srv.Start(ctx); err != nil {
-				return withFlagNames(err)
-			}
-			fmt.Fprint(cmd.OutOrStdout(), srv.Banner())
-			stopping := context.AfterFunc(ctx, func() {
-				logger.Info("stopping: open HTTP requests get up to --shutdown-timeout to finish; a second SIGINT or SIGTERM cuts it short",
-					"shutdown-timeout", cfg.ShutdownTimeout)
-			})
-			defer stopping()
-			cutShort := context.AfterFunc(urgent(ctx), func() {
-				logger.Warn("second signal: shutdown cut short, requests in flight are not waited for")
-				srv.Abort()
-			})
-			defer cutShort()
-			if err := srv.Wait(ctx); err != nil {
-				return withFlagNames(err)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), "beacon serve stopped")
-			return nil
+			return runServe(cmd, cfg, etcdLogLevel, etcdAuth)
 		},
 	}
-	f := cmd.Flags()
+	addServeEtcdFlags(cmd.Flags(), &cfg, &etcdLogLevel)
+	etcdAuth = addBackendFlags(cmd, "etcd-")
+	addDiscoveryFlags(cmd, &cfg.Discovery)    // serve_discovery.go
+	addPerfFlags(cmd, &cfg)                   // serve_perf.go
+	addSecurityFlags(cmd, &cfg.Security)      // serve_security.go
+	addDNSFlags(cmd, &cfg.DNS)                // serve_dns.go
+	addXDSFlags(cmd, &cfg.XDS, &cfg.Security) // serve_xds.go
+	cmd.Flags().StringVar(&etcdAuth.backend, "backend", backend.Etcd, "backend: etcd, memory, file, nats or kubernetes (env "+backend.EnvVar+")")
+	addKubeFlags(cmd, etcdAuth) // backend_kube.go
+	return cmd
+}
+
+// addServeEtcdFlags declares the flags of the server's etcd member and
+// listeners, of its v2 discovery service and of its shutdown.
+func addServeEtcdFlags(f *pflag.FlagSet, cfg *server.Config, etcdLogLevel *string) {
 	f.StringVar(&cfg.Name, "name", server.DefaultName, "etcd member name")
 	f.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir, "embedded etcd data directory (created if missing)")
 	f.StringSliceVar(&cfg.ListenClientURLs, "listen-client-urls", []string{server.DefaultClientURL}, "URLs where embedded etcd serves clients")
@@ -124,15 +80,70 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	f.StringVar(&cfg.V2BaseURL, "v2-base-url", "", "public URL of the v2 discovery service, the prefix of the token URLs /v2/discovery/new answers (default http://<--http-addr>/v2/discovery)")
 	f.DurationVar(&cfg.V2TokenMaxAge, "v2-token-ttl", 0, "how long a v2 discovery token lives (default 168h)")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "front this external etcd cluster instead of running embedded etcd")
-	f.StringVar(&etcdLogLevel, "etcd-log-level", "warn", "lowest level of embedded etcd's logs to show")
+	f.StringVar(etcdLogLevel, "etcd-log-level", "warn", "lowest level of embedded etcd's logs to show")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "graceful shutdown bound")
-	etcdAuth = addBackendFlags(cmd, "etcd-")
-	addDiscoveryFlags(cmd, &cfg.Discovery)    // serve_discovery.go
-	addPerfFlags(cmd, &cfg)                   // serve_perf.go
-	addSecurityFlags(cmd, &cfg.Security)      // serve_security.go
-	addDNSFlags(cmd, &cfg.DNS)                // serve_dns.go
-	addXDSFlags(cmd, &cfg.XDS, &cfg.Security) // serve_xds.go
-	f.StringVar(&etcdAuth.backend, "backend", backend.Etcd, "backend: etcd, memory, file, nats or kubernetes (env "+backend.EnvVar+")")
-	addKubeFlags(cmd, etcdAuth) // backend_kube.go
-	return cmd
+}
+
+// runServe runs beacon serve with cfg until the command's context ends.
+func runServe(cmd *cobra.Command, cfg server.Config, etcdLogLevel string, etcdAuth *backendFlags) error {
+	logger, err := newLogger(cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	cfg.Logger, cfg.SettingName = logger, flagFor
+	var lvl zapcore.Level
+	if err := lvl.UnmarshalText([]byte(etcdLogLevel)); err != nil {
+		return usagef("--etcd-log-level %q: must be debug, info, warn or error", etcdLogLevel)
+	}
+	cfg.EtcdLogLevel = &lvl
+	be, err := backendSetting(cmd.Flags())
+	if err != nil {
+		return err
+	}
+	if err := backend.CheckName(be.val); err != nil {
+		return usagef("%v: %v", be, err)
+	}
+	if be.val == backend.Kubernetes {
+		if err := etcdAuth.checkKube(cmd.Flags()); err != nil {
+			return err
+		}
+	}
+	if len(cfg.EtcdEndpoints) > 0 {
+		if err := etcdAuth.checkTLSFiles(cmd.Flags()); err != nil {
+			return err
+		}
+	}
+	cfg.Backend = etcdAuth.config()
+	cfg.Backend.Name = be.val
+	dnsFlags(&cfg.DNS)
+	if err := xdsFlags(cmd, &cfg.XDS); err != nil {
+		return err
+	}
+	if err := securityFlags(cmd.Flags(), &cfg.Security); err != nil { // serve_security.go
+		return err
+	}
+	srv, err := server.New(cfg)
+	if err != nil {
+		return usage(withFlagNames(err)) // New only checks the configuration
+	}
+	ctx := cmd.Context()
+	if err := srv.Start(ctx); err != nil {
+		return withFlagNames(err)
+	}
+	fmt.Fprint(cmd.OutOrStdout(), srv.Banner())
+	stopping := context.AfterFunc(ctx, func() {
+		logger.Info("stopping: open HTTP requests get up to --shutdown-timeout to finish; a second SIGINT or SIGTERM cuts it short",
+			"shutdown-timeout", cfg.ShutdownTimeout)
+	})
+	defer stopping()
+	cutShort := context.AfterFunc(urgent(ctx), func() {
+		logger.Warn("second signal: shutdown cut short, requests in flight are not waited for")
+		srv.Abort()
+	})
+	defer cutShort()
+	if err := srv.Wait(ctx); err != nil {
+		return withFlagNames(err)
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), "beacon serve stopped")
+	return nil
 }

@@ -42,35 +42,18 @@ the store since that revision, it prints a snapshot.
   beacon watch prod -o json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, "text", "json"); err != nil {
-				return err
-			}
-			var q beacon.Query
-			if len(args) == 1 {
-				var err error
-				if q, err = parseQueryArg(args[0]); err != nil {
-					return err
-				}
-			}
 			if from < 0 {
 				return usagef("--from-revision %d: must not be negative", from)
 			}
-			logger, err := newLogger(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			r, err := conn.open(ctx, registry.Config{Logger: logger})
+			r, q, err := conn.openQuery(cmd, args, output, "text", "json")
 			if err != nil {
 				return err
 			}
 			defer r.Close()
-			return runWatch(ctx, cmd.OutOrStdout(), r, q, from, output == "json")
+			return runWatch(cmd.Context(), cmd.OutOrStdout(), r, q, from, output == "json")
 		},
 	}
-	conn = addRegistryConnFlags(cmd)
-	conn.existing = true
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json (one JSON object per line)")
+	conn = addExistingRegistryFlags(cmd, &output, "text", "text or json (one JSON object per line)")
 	cmd.Flags().Int64Var(&from, "from-revision", 0, "resume after this revision (a revision printed earlier; 0, the default: a snapshot of now)")
 	allowZero(cmd, "from-revision", "a snapshot of now")
 	return cmd

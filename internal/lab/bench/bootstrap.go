@@ -35,12 +35,8 @@ func (c *BootstrapConfig) defaults() {
 	if len(c.Sizes) == 0 {
 		c.Sizes = []int{3, 5, 7}
 	}
-	if c.Rounds <= 0 {
-		c.Rounds = 15
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setPositive(&c.Rounds, 15)
+	setDefault(&c.Logger, discardLogger())
 }
 
 // settle lets the waiting members' watches open and catch up before the
@@ -64,17 +60,12 @@ func RunBootstrap(ctx context.Context, cfg BootstrapConfig) (*Report, error) {
 			return nil, fmt.Errorf("size %d: measure clusters of 2 to %d members", n, bootstrap.MaxSize)
 		}
 	}
-	eps := cfg.Endpoints
-	setup := "registry: external etcd " + strings.Join(eps, ",")
-	if len(eps) == 0 {
-		srv, err := startLocalEtcd(ctx, 1, false)
-		if err != nil {
-			return nil, err
-		}
-		defer srv.Close()
-		eps = srv.Endpoints()
-		setup = "registry: embedded etcd 3.7 (1 member, no fsync)"
+	eps, setup, stop, err := givenOrLocalEtcd(ctx, cfg.Endpoints, 1, false,
+		"registry: external etcd ", "registry: embedded etcd 3.7 (1 member, no fsync)")
+	if err != nil {
+		return nil, err
 	}
+	defer stop()
 	admin, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return nil, err

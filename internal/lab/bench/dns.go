@@ -47,27 +47,13 @@ type DNSConfig struct {
 }
 
 func (c DNSConfig) withDefaults() DNSConfig {
-	if c.Instances == 0 {
-		c.Instances = 10
-	}
-	if c.Duration == 0 {
-		c.Duration = 10 * time.Second
-	}
-	if c.Rounds == 0 {
-		c.Rounds = 2
-	}
-	if c.Clients == 0 {
-		c.Clients = 4
-	}
-	if c.Outstanding == 0 {
-		c.Outstanding = 100
-	}
-	if c.Trials == 0 {
-		c.Trials = 50
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setDefault(&c.Instances, 10)
+	setDefault(&c.Duration, 10*time.Second)
+	setDefault(&c.Rounds, 2)
+	setDefault(&c.Clients, 4)
+	setDefault(&c.Outstanding, 100)
+	setDefault(&c.Trials, 50)
+	setDefault(&c.Logger, discardLogger())
 	return c
 }
 
@@ -122,16 +108,8 @@ func RunDNS(ctx context.Context, cfg DNSConfig) (*Report, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	var err error
-	if cfg.DNSPerf == "" {
-		if cfg.DNSPerf, err = findDNSPerf(); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.CoreDNS == "" {
-		if cfg.CoreDNS, err = FindCoreDNS(); err != nil {
-			return nil, err
-		}
+	if err := cfg.findPrograms(); err != nil {
+		return nil, err
 	}
 	log := cfg.Logger
 	dir, err := os.MkdirTemp("", "beacon-bench-dns-")
@@ -157,23 +135,11 @@ func RunDNS(ctx context.Context, cfg DNSConfig) (*Report, error) {
 	if len(etcdURL) == 0 {
 		etcdURL = cfg.EtcdEndpoints
 	}
-	// SkyDNS keys are written under a lease of the run's own and deleted
-	// at the end (even when interrupted); the lease is the last resort.
-	lease, err := cli.Grant(ctx, dnsBenchLease)
-	if err != nil {
-		return nil, fmt.Errorf("etcd lease for the SkyDNS records: %w", err)
-	}
-	stopKeep, err := keepLeaseAlive(ctx, cli, lease.ID)
+	lease, release, err := skydnsLease(ctx, cli)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		stopKeep()
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_, _ = cli.Delete(cctx, skydnsRoot+"/beacon/"+dnsNamespace+"/", clientv3.WithPrefix())
-		_, _ = cli.Revoke(cctx, lease.ID)
-	}()
+	defer release()
 
 	core, err := startCoreDNS(ctx, cfg.CoreDNS, dir, etcdURL, log)
 	if err != nil {
@@ -186,23 +152,14 @@ func RunDNS(ctx context.Context, cfg DNSConfig) (*Report, error) {
 		{name: "coredns", addr: core.addr},
 	}
 	reg := srv.Registry()
-	regs := make([]registry.Registration, 0, cfg.Instances)
+	regs, err := registerBothForms(ctx, reg, cli, lease, cfg.Instances)
 	defer func() {
 		for _, r := range regs {
 			_ = r.Close()
 		}
 	}()
-	for i := range cfg.Instances {
-		in := beacon.Instance{Namespace: dnsNamespace, Component: dnsComponent, Endpoint: dnsEndpoint,
-			Address: fmt.Sprintf("10.%d.%d.%d:%d", 20+i/65536, i/256%256, i%256, 8000+i%1000), Transport: "http"}
-		r, err := reg.Register(ctx, in)
-		if err != nil {
-			return nil, fmt.Errorf("register instance %d: %w", i, err)
-		}
-		regs = append(regs, r)
-		if err := putSkyDNS(ctx, cli, r.Instance(), lease.ID); err != nil {
-			return nil, err
-		}
+	if err != nil {
+		return nil, err
 	}
 	name := dnsEndpoint + "." + dnsComponent + "." + dnsNamespace + "." + dnsZone
 	for _, s := range sides {
@@ -214,30 +171,106 @@ func RunDNS(ctx context.Context, cfg DNSConfig) (*Report, error) {
 	if err := os.WriteFile(queries, []byte(name+" A\n"+name+" SRV\n"), 0o600); err != nil {
 		return nil, err
 	}
-
-	for round := range cfg.Rounds {
-		for _, s := range sides {
-			res, err := runDNSPerf(ctx, cfg, s.addr, queries)
-			if err != nil {
-				return nil, fmt.Errorf("dnsperf against %s: %w", s.name, err)
-			}
-			log.Info("dnsperf run", "side", s.name, "round", round+1, "qps", int(res.qps), "p50", res.percentile(50), "p99", res.percentile(99), "lost", res.lost)
-			s.runs = append(s.runs, res)
-		}
+	if err := measureDNSPerf(ctx, cfg, sides, queries); err != nil {
+		return nil, err
 	}
-	for i := range cfg.Trials {
+	if err := measureFreshness(ctx, cfg.Trials, sides, reg, cli, lease); err != nil {
+		return nil, err
+	}
+	return dnsReport(cfg, sides), nil
+}
+
+// measureFreshness times, trials times per side, a new registration ->
+// the first successful lookup of its name: through Beacon's registry
+// against sides[0], as a SkyDNS record under lease against sides[1].
+func measureFreshness(ctx context.Context, trials int, sides []*dnsSide, reg registry.Registrar, cli *clientv3.Client, lease clientv3.LeaseID) error {
+	for i := range trials {
 		b, err := freshnessBeacon(ctx, reg, sides[0].addr, i)
 		if err != nil {
-			return nil, fmt.Errorf("freshness of Beacon: %w", err)
+			return fmt.Errorf("freshness of Beacon: %w", err)
 		}
-		c, err := freshnessCoreDNS(ctx, cli, lease.ID, sides[1].addr, i)
+		c, err := freshnessCoreDNS(ctx, cli, lease, sides[1].addr, i)
 		if err != nil {
-			return nil, fmt.Errorf("freshness of CoreDNS: %w", err)
+			return fmt.Errorf("freshness of CoreDNS: %w", err)
 		}
 		sides[0].fresh = append(sides[0].fresh, b)
 		sides[1].fresh = append(sides[1].fresh, c)
 	}
-	return dnsReport(cfg, sides), nil
+	return nil
+}
+
+// findPrograms finds dnsperf and CoreDNS where the configuration leaves
+// them out.
+func (c *DNSConfig) findPrograms() error {
+	var err error
+	if c.DNSPerf == "" {
+		if c.DNSPerf, err = findDNSPerf(); err != nil {
+			return err
+		}
+	}
+	if c.CoreDNS == "" {
+		if c.CoreDNS, err = FindCoreDNS(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// skydnsLease grants the lease of the run's SkyDNS records and keeps it
+// alive; release deletes the records and revokes it (the lease's TTL is
+// the last resort, when the run dies).
+func skydnsLease(ctx context.Context, cli *clientv3.Client) (clientv3.LeaseID, func(), error) {
+	lease, err := cli.Grant(ctx, dnsBenchLease)
+	if err != nil {
+		return 0, nil, fmt.Errorf("etcd lease for the SkyDNS records: %w", err)
+	}
+	stopKeep, err := keepLeaseAlive(ctx, cli, lease.ID)
+	if err != nil {
+		return 0, nil, err
+	}
+	return lease.ID, func() {
+		stopKeep()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, _ = cli.Delete(cctx, skydnsRoot+"/beacon/"+dnsNamespace+"/", clientv3.WithPrefix())
+		_, _ = cli.Revoke(cctx, lease.ID)
+	}, nil
+}
+
+// registerBothForms registers n instances in Beacon's registry and writes
+// each as a SkyDNS record under lease; the registrations made are returned
+// also with an error, to be closed.
+func registerBothForms(ctx context.Context, reg registry.Registry, cli *clientv3.Client, lease clientv3.LeaseID, n int) ([]registry.Registration, error) {
+	regs := make([]registry.Registration, 0, n)
+	for i := range n {
+		in := beacon.Instance{Namespace: dnsNamespace, Component: dnsComponent, Endpoint: dnsEndpoint,
+			Address: fmt.Sprintf("10.%d.%d.%d:%d", 20+i/65536, i/256%256, i%256, 8000+i%1000), Transport: "http"}
+		r, err := reg.Register(ctx, in)
+		if err != nil {
+			return regs, fmt.Errorf("register instance %d: %w", i, err)
+		}
+		regs = append(regs, r)
+		if err := putSkyDNS(ctx, cli, r.Instance(), lease); err != nil {
+			return regs, err
+		}
+	}
+	return regs, nil
+}
+
+// measureDNSPerf alternates dnsperf runs of queries against the sides for
+// cfg.Rounds rounds.
+func measureDNSPerf(ctx context.Context, cfg DNSConfig, sides []*dnsSide, queries string) error {
+	for round := range cfg.Rounds {
+		for _, s := range sides {
+			res, err := runDNSPerf(ctx, cfg, s.addr, queries)
+			if err != nil {
+				return fmt.Errorf("dnsperf against %s: %w", s.name, err)
+			}
+			cfg.Logger.Info("dnsperf run", "side", s.name, "round", round+1, "qps", int(res.qps), "p50", res.percentile(50), "p99", res.percentile(99), "lost", res.lost)
+			s.runs = append(s.runs, res)
+		}
+	}
+	return nil
 }
 
 // dnsSide is one server measured.

@@ -24,6 +24,21 @@ type localEtcd struct {
 	eps  []string
 }
 
+// givenOrLocalEtcd returns eps when there are any, else the endpoints of
+// a new cluster of members members on loopback (startLocalEtcd), which
+// stop stops. setup says which: external followed by the endpoints, or
+// local.
+func givenOrLocalEtcd(ctx context.Context, eps []string, members int, fsync bool, external, local string) (endpoints []string, setup string, stop func(), err error) {
+	if len(eps) > 0 {
+		return eps, external + strings.Join(eps, ","), func() {}, nil
+	}
+	c, err := startLocalEtcd(ctx, members, fsync)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return c.Endpoints(), local, c.Close, nil
+}
+
 // startLocalEtcd starts a cluster of members members on loopback, with
 // data in a new temporary directory; fsync false runs them without
 // syncing their WAL (etcd's --unsafe-no-fsync). The caller must Close it.

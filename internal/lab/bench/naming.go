@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,15 +52,25 @@ type NamingConfig struct {
 // negative (zero takes the default), and a restart needs another backend
 // to carry the load, so Backends must be at least 2 when set.
 func (c NamingConfig) Validate() error {
-	for name, v := range map[string]int{"backends": c.Backends, "trials": c.Trials, "callers": c.Callers} {
-		if v < 0 {
-			return fmt.Errorf("bench: --%s %d: must be positive (0 for the default)", name, v)
-		}
+	if err := checkNotNegative(map[string]int{"backends": c.Backends, "trials": c.Trials, "callers": c.Callers},
+		map[string]time.Duration{"pace": c.Pace, "quiet": c.Quiet, "drain-grace": c.DrainGrace}); err != nil {
+		return err
 	}
 	if c.Backends == 1 {
 		return fmt.Errorf("bench: --backends 1: the scenarios take a backend out under load, so at least 2 are needed")
 	}
-	for name, d := range map[string]time.Duration{"pace": c.Pace, "quiet": c.Quiet, "drain-grace": c.DrainGrace} {
+	return nil
+}
+
+// checkNotNegative refuses a negative size or duration (0 is the
+// default), naming its flag.
+func checkNotNegative(sizes map[string]int, durations map[string]time.Duration) error {
+	for name, v := range sizes {
+		if v < 0 {
+			return fmt.Errorf("bench: --%s %d: must be positive (0 for the default)", name, v)
+		}
+	}
+	for name, d := range durations {
 		if d < 0 {
 			return fmt.Errorf("bench: --%s %v: must not be negative (0 for the default)", name, d)
 		}
@@ -70,27 +79,13 @@ func (c NamingConfig) Validate() error {
 }
 
 func (c *NamingConfig) defaults() {
-	if c.Backends <= 0 {
-		c.Backends = 3
-	}
-	if c.Trials <= 0 {
-		c.Trials = 100
-	}
-	if c.Callers <= 0 {
-		c.Callers = 8
-	}
-	if c.Pace <= 0 {
-		c.Pace = time.Millisecond
-	}
-	if c.Quiet <= 0 {
-		c.Quiet = 100 * time.Millisecond
-	}
-	if c.DrainGrace <= 0 {
-		c.DrainGrace = 250 * time.Millisecond
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setPositive(&c.Backends, 3)
+	setPositive(&c.Trials, 100)
+	setPositive(&c.Callers, 8)
+	setPositive(&c.Pace, time.Millisecond)
+	setPositive(&c.Quiet, 100*time.Millisecond)
+	setPositive(&c.DrainGrace, 250*time.Millisecond)
+	setDefault(&c.Logger, discardLogger())
 }
 
 // The two sides, as backends count their calls.
@@ -118,17 +113,11 @@ func RunNaming(ctx context.Context, cfg NamingConfig) (*Report, error) {
 		return nil, err
 	}
 	cfg.defaults()
-	eps := cfg.Endpoints
-	setup := "etcd: external " + strings.Join(eps, ",")
-	if len(eps) == 0 {
-		srv, err := startLocalEtcd(ctx, 1, false)
-		if err != nil {
-			return nil, err
-		}
-		defer srv.Close()
-		eps = srv.Endpoints()
-		setup = "etcd: embedded 3.7 (1 member, no fsync)"
+	eps, setup, stop, err := givenOrLocalEtcd(ctx, cfg.Endpoints, 1, false, "etcd: external ", "etcd: embedded 3.7 (1 member, no fsync)")
+	if err != nil {
+		return nil, err
 	}
+	defer stop()
 	nb, err := newNamingBench(ctx, cfg, eps)
 	if err != nil {
 		return nil, err

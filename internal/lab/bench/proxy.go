@@ -62,42 +62,18 @@ type ProxyConfig struct {
 }
 
 func (c *ProxyConfig) defaults() {
-	if c.Members == 0 {
-		c.Members = 3
-	}
-	if c.Duration == 0 {
-		c.Duration = 2 * time.Second
-	}
-	if c.Rounds == 0 {
-		c.Rounds = 3
-	}
-	if c.Clients == 0 {
-		c.Clients = 16
-	}
-	if c.Conns == 0 {
-		c.Conns = 4
-	}
-	if c.Watches == 0 {
-		c.Watches = 1000
-	}
-	if c.Streams == 0 {
-		c.Streams = 10
-	}
-	if c.BurstPuts == 0 {
-		c.BurstPuts = 400
-	}
-	if c.LatencyPuts == 0 {
-		c.LatencyPuts = 100
-	}
-	if c.LatencyRate == 0 {
-		c.LatencyRate = 50
-	}
-	if c.ValueSize == 0 {
-		c.ValueSize = 256
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setDefault(&c.Members, 3)
+	setDefault(&c.Duration, 2*time.Second)
+	setDefault(&c.Rounds, 3)
+	setDefault(&c.Clients, 16)
+	setDefault(&c.Conns, 4)
+	setDefault(&c.Watches, 1000)
+	setDefault(&c.Streams, 10)
+	setDefault(&c.BurstPuts, 400)
+	setDefault(&c.LatencyPuts, 100)
+	setDefault(&c.LatencyRate, 50)
+	setDefault(&c.ValueSize, 256)
+	setDefault(&c.Logger, discardLogger())
 }
 
 // Validate checks the sizes (zero means the default).
@@ -138,6 +114,14 @@ type side struct {
 	clis []*clientv3.Client
 }
 
+// cpu is the CPU time the side's proxy process has used (0 for direct).
+func (s *side) cpu() time.Duration {
+	if s.proc == nil {
+		return 0
+	}
+	return s.proc.cpu()
+}
+
 // Names of the sides in the report (and sideBeacon, naming.go's "beacon").
 const (
 	sideDirect = "direct"
@@ -162,21 +146,16 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 			return nil, fmt.Errorf("%w (or leave etcd's grpc-proxy out with --no-grpc-proxy)", err)
 		}
 	}
-	eps := cfg.Endpoints
-	setup := "external etcd " + strings.Join(eps, ",")
-	if len(eps) == 0 {
-		c, err := startLocalEtcd(ctx, cfg.Members, cfg.Fsync)
-		if err != nil {
-			return nil, err
-		}
-		defer c.Close()
-		eps = c.Endpoints()
-		fsync := "no fsync"
-		if cfg.Fsync {
-			fsync = "fsync"
-		}
-		setup = fmt.Sprintf("etcd 3.7, %d member(s) on loopback in the benchmark's process, %s", cfg.Members, fsync)
+	fsync := "no fsync"
+	if cfg.Fsync {
+		fsync = "fsync"
 	}
+	eps, setup, stopEtcd, err := givenOrLocalEtcd(ctx, cfg.Endpoints, cfg.Members, cfg.Fsync, "external etcd ",
+		fmt.Sprintf("etcd 3.7, %d member(s) on loopback in the benchmark's process, %s", cfg.Members, fsync))
+	if err != nil {
+		return nil, err
+	}
+	defer stopEtcd()
 	direct, err := clients(eps, 1)
 	if err != nil {
 		return nil, err
@@ -188,27 +167,10 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 		defer cancel()
 		_, _ = direct[0].Delete(cctx, "bench/", clientv3.WithPrefix())
 	}()
-
-	sides := []*side{{name: sideDirect, eps: eps}}
-	bp, err := startBeaconProxy(ctx, cfg.Logger, cfg.BeaconCommand, eps)
+	sides, stopSides, err := startSides(ctx, cfg, etcdBin, eps)
+	defer stopSides()
 	if err != nil {
 		return nil, err
-	}
-	defer bp.stop()
-	sides = append(sides, &side{name: sideBeacon, eps: []string{"http://" + bp.addr}, proc: bp})
-	if etcdBin != "" {
-		gp, err := startGRPCProxy(ctx, cfg.Logger, etcdBin, eps)
-		if err != nil {
-			return nil, err
-		}
-		defer gp.stop()
-		sides = append(sides, &side{name: sideGP, eps: []string{"http://" + gp.addr}, proc: gp})
-	}
-	for _, s := range sides {
-		if s.clis, err = clients(s.eps, cfg.Conns); err != nil {
-			return nil, err
-		}
-		defer closeAll(s.clis)
 	}
 	r := &Report{
 		Scenario: "proxy",
@@ -218,11 +180,57 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		r.Setup += "; load average at start " + strings.Join(strings.Fields(string(b))[:3], " ")
 	}
+	if err := measureOps(ctx, cfg, sides, direct[0], r); err != nil {
+		return nil, err
+	}
+	if err := measureWatches(ctx, cfg, sides, direct[0], r); err != nil {
+		return nil, err
+	}
+	r.Note("ratio: Beacon's proxy over the baseline named in 'vs', each measured in the same round (median of the per-round ratios' spread in brackets); CPU: the proxy process's threads' run time (/proc/<pid>/task/*/schedstat)")
+	return r, nil
+}
 
+// startSides starts the proxies in front of eps and connects cfg.Conns
+// clients to each side: direct, Beacon's proxy and, with etcdBin, etcd's
+// grpc-proxy. stop (also after an error) stops what was started.
+func startSides(ctx context.Context, cfg ProxyConfig, etcdBin string, eps []string) (sides []*side, stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	sides = []*side{{name: sideDirect, eps: eps}}
+	bp, err := startBeaconProxy(ctx, cfg.Logger, cfg.BeaconCommand, eps)
+	if err != nil {
+		return nil, stop, err
+	}
+	stops = append(stops, bp.stop)
+	sides = append(sides, &side{name: sideBeacon, eps: []string{"http://" + bp.addr}, proc: bp})
+	if etcdBin != "" {
+		gp, err := startGRPCProxy(ctx, cfg.Logger, etcdBin, eps)
+		if err != nil {
+			return nil, stop, err
+		}
+		stops = append(stops, gp.stop)
+		sides = append(sides, &side{name: sideGP, eps: []string{"http://" + gp.addr}, proc: gp})
+	}
+	for _, s := range sides {
+		if s.clis, err = clients(s.eps, cfg.Conns); err != nil {
+			return nil, stop, err
+		}
+		stops = append(stops, func() { closeAll(s.clis) })
+	}
+	return sides, stop, nil
+}
+
+// measureOps measures ranges and puts on every side, the sides in turn
+// for cfg.Rounds rounds, and adds the rows.
+func measureOps(ctx context.Context, cfg ProxyConfig, sides []*side, direct *clientv3.Client, r *Report) error {
 	value := strings.Repeat("v", cfg.ValueSize)
 	for i := range 1000 {
-		if _, err := direct[0].Put(ctx, fmt.Sprintf("bench/k%d", i), value); err != nil {
-			return nil, err
+		if _, err := direct.Put(ctx, fmt.Sprintf("bench/k%d", i), value); err != nil {
+			return err
 		}
 	}
 	ops := []struct {
@@ -248,19 +256,16 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 		for round := range cfg.Rounds {
 			for _, s := range rotate(sides, round) {
 				cfg.Logger.Info("proxy: load", "op", op.name, "side", s.name, "round", round)
-				var cpu0 time.Duration
-				if s.proc != nil {
-					cpu0 = s.proc.cpu()
-				}
+				cpu0 := s.cpu()
 				res, err := load(ctx, s.clis, cfg.Duration, cfg.Clients, op.op)
 				if err != nil {
-					return nil, fmt.Errorf("%s through %s: %w", op.name, s.name, err)
+					return fmt.Errorf("%s through %s: %w", op.name, s.name, err)
 				}
 				m.add(s.name, "rate", res.rate())
 				m.add(s.name, "p50", Ms(Percentile(res.lat, 50)))
 				m.add(s.name, "p99", Ms(Percentile(res.lat, 99)))
 				if s.proc != nil {
-					m.add(s.name, "cpu", float64(s.proc.cpu()-cpu0)/float64(time.Microsecond)/float64(res.ops))
+					m.add(s.name, "cpu", float64(s.cpu()-cpu0)/float64(time.Microsecond)/float64(res.ops))
 				}
 				if res.errors > 0 {
 					r.Note("%s through %s, round %d: %d errors", op.name, s.name, round, res.errors)
@@ -272,13 +277,18 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 		m.rows(r, op.metric+" p99", "ms", "p99", false, 0, 0)
 		m.gpRow(r, "proxy CPU per "+op.metric, "µs", "cpu", 0)
 	}
+	return nil
+}
 
+// measureWatches measures identical watches on every side, the sides in
+// turn for cfg.Rounds rounds, and adds the rows.
+func measureWatches(ctx context.Context, cfg ProxyConfig, sides []*side, direct *clientv3.Client, r *Report) error {
 	wm := newSamples()
 	for round := range cfg.Rounds {
 		for _, s := range rotate(sides, round) {
 			cfg.Logger.Info("proxy: watches", "side", s.name, "round", round, "watches", cfg.Watches)
-			if err := watchRoundProxy(ctx, cfg, s, direct[0], round, wm, r); err != nil {
-				return nil, fmt.Errorf("watches through %s: %w", s.name, err)
+			if err := watchRoundProxy(ctx, cfg, s, direct, round, wm, r); err != nil {
+				return fmt.Errorf("watches through %s: %w", s.name, err)
 			}
 		}
 	}
@@ -294,8 +304,7 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	if up := wm.get(sideBeacon, "upstream"); len(up) > 0 {
 		r.Note("Beacon's proxy held %v etcd watch(es) for the %d identical client watches", up[0], cfg.Watches)
 	}
-	r.Note("ratio: Beacon's proxy over the baseline named in 'vs', each measured in the same round (median of the per-round ratios' spread in brackets); CPU: the proxy process's threads' run time (/proc/<pid>/task/*/schedstat)")
-	return r, nil
+	return nil
 }
 
 func rotate(s []*side, n int) []*side {
@@ -388,39 +397,14 @@ func watchRoundProxy(ctx context.Context, cfg ProxyConfig, s *side, writer *clie
 		return err
 	}
 	defer closeAll(clis)
-	key := fmt.Sprintf("bench/watch/%s/%d/%d", strings.ReplaceAll(s.name, " ", "-"), round, time.Now().UnixNano())
-	n := cfg.Watches
-	var got, ended, lastNanos atomic.Int64
-	lat := newLatencies(cfg.LatencyPuts, n)
+	w := &proxyWatchRound{cfg: cfg, s: s, writer: writer, round: round, m: m, r: r,
+		key: fmt.Sprintf("bench/watch/%s/%d/%d", strings.ReplaceAll(s.name, " ", "-"), round, time.Now().UnixNano()),
+		lat: newLatencies(cfg.LatencyPuts, cfg.Watches)}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	for i := range n {
-		wch := clis[i%len(clis)].Watch(ctx, key, clientv3.WithCreatedNotify())
-		select {
-		case wr := <-wch:
-			if !wr.Created {
-				return fmt.Errorf("watch %d not created: %v", i, wr.Err())
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		wg.Go(func() {
-			defer ended.Add(1)
-			for wr := range wch {
-				for _, ev := range wr.Events {
-					v := string(ev.Kv.Value)
-					if s, ok := strings.CutPrefix(v, "l"); ok {
-						if k, err := strconv.Atoi(s); err == nil {
-							lat.got(k, i)
-						}
-						continue
-					}
-					got.Add(1)
-					lastNanos.Store(time.Now().UnixNano())
-				}
-			}
-		})
+	if err := w.open(ctx, &wg, clis); err != nil {
+		return err
 	}
 	if s.name == sideBeacon {
 		if up, err := proxyUpstreamWatches(ctx, s.proc.addr); err == nil {
@@ -431,21 +415,74 @@ func watchRoundProxy(ctx context.Context, cfg ProxyConfig, s *side, writer *clie
 		runtime.GC()
 		m.add(s.name, "idle", s.proc.rss()/(1<<20))
 	}
-
-	// The burst: every watcher must get every event.
-	want := int64(n) * int64(cfg.BurstPuts)
-	var cpu0 time.Duration
-	if s.proc != nil {
-		cpu0 = s.proc.cpu()
+	if err := w.burst(ctx); err != nil {
+		return err
 	}
+	return w.steady(ctx)
+}
+
+// proxyWatchRound is one side's round of the proxy scenario's watches:
+// cfg.Watches identical watches of key, and what they received.
+type proxyWatchRound struct {
+	cfg    ProxyConfig
+	s      *side
+	writer *clientv3.Client
+	key    string
+	round  int
+	m      *samples
+	r      *Report
+
+	got, ended, lastNanos atomic.Int64 // burst events received, watches ended, time of the last event
+	lat                   *latencies   // the steady rate's samples
+}
+
+// open opens the watches over clis, each counted in got (a burst event)
+// or lat (a steady-rate sample, "l<k>") until it ends.
+func (w *proxyWatchRound) open(ctx context.Context, wg *sync.WaitGroup, clis []*clientv3.Client) error {
+	for i := range w.cfg.Watches {
+		wch := clis[i%len(clis)].Watch(ctx, w.key, clientv3.WithCreatedNotify())
+		select {
+		case wr := <-wch:
+			if !wr.Created {
+				return fmt.Errorf("watch %d not created: %v", i, wr.Err())
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		wg.Go(func() {
+			defer w.ended.Add(1)
+			for wr := range wch {
+				for _, ev := range wr.Events {
+					v := string(ev.Kv.Value)
+					if s, ok := strings.CutPrefix(v, "l"); ok {
+						if k, err := strconv.Atoi(s); err == nil {
+							w.lat.got(k, i)
+						}
+						continue
+					}
+					w.got.Add(1)
+					w.lastNanos.Store(time.Now().UnixNano())
+				}
+			}
+		})
+	}
+	return nil
+}
+
+// burst writes cfg.BurstPuts puts from 4 writers, as fast as they can:
+// every watcher must get every event.
+func (w *proxyWatchRound) burst(ctx context.Context) error {
+	s, n, m := w.s, w.cfg.Watches, w.m
+	want := int64(n) * int64(w.cfg.BurstPuts)
+	cpu0 := s.cpu()
 	start := time.Now()
 	var next atomic.Int64
 	var pw sync.WaitGroup
 	var putErr atomic.Pointer[error]
 	for range 4 {
 		pw.Go(func() {
-			for next.Add(1) <= int64(cfg.BurstPuts) {
-				if _, err := writer.Put(ctx, key, "b"); err != nil {
+			for next.Add(1) <= int64(w.cfg.BurstPuts) {
+				if _, err := w.writer.Put(ctx, w.key, "b"); err != nil {
 					putErr.Store(&err)
 					return
 				}
@@ -458,28 +495,28 @@ func watchRoundProxy(ctx context.Context, cfg ProxyConfig, s *side, writer *clie
 	}
 	// Until every event is in, every watcher ended, or nothing arrived for
 	// 5 s (a proxy that dropped events: they are counted as lost).
-	seen, progress := got.Load(), time.Now()
-	for got.Load() < want && ended.Load() < int64(n) && time.Since(progress) < 5*time.Second && ctx.Err() == nil {
+	seen, progress := w.got.Load(), time.Now()
+	for w.got.Load() < want && w.ended.Load() < int64(n) && time.Since(progress) < 5*time.Second && ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond) // the watchers' goroutines count; nothing to wait on
-		if g := got.Load(); g != seen {
+		if g := w.got.Load(); g != seen {
 			seen, progress = g, time.Now()
 		}
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	received := got.Load()
-	elapsed := time.Duration(lastNanos.Load() - start.UnixNano())
+	received := w.got.Load()
+	elapsed := time.Duration(w.lastNanos.Load() - start.UnixNano())
 	if elapsed <= 0 {
 		elapsed = time.Since(start)
 	}
 	m.add(s.name, "events", float64(received)/elapsed.Seconds())
 	m.add(s.name, "lost", float64(want-received))
 	if s.proc != nil {
-		m.add(s.name, "cpu", float64(s.proc.cpu()-cpu0)/float64(time.Microsecond)/float64(max(received, 1)))
+		m.add(s.name, "cpu", float64(s.cpu()-cpu0)/float64(time.Microsecond)/float64(max(received, 1)))
 	}
 	if received < want {
-		r.Note("%s, round %d: %d of %d events delivered (%d of %d watchers ended)", s.name, round, received, want, ended.Load(), n)
+		w.r.Note("%s, round %d: %d of %d events delivered (%d of %d watchers ended)", s.name, w.round, received, want, w.ended.Load(), n)
 	}
 	if s.proc != nil {
 		select {
@@ -489,40 +526,44 @@ func watchRoundProxy(ctx context.Context, cfg ProxyConfig, s *side, writer *clie
 		}
 		m.add(s.name, "after", s.proc.rss()/(1<<20))
 	}
+	return nil
+}
 
-	// Steady rate: the time from each put until each watcher still open
-	// has it.
-	live := n - int(ended.Load())
+// steady writes cfg.LatencyPuts puts at cfg.LatencyRate per second and
+// measures the time from each put until each watcher still open has it.
+func (w *proxyWatchRound) steady(ctx context.Context) error {
+	s, lat := w.s, w.lat
+	live := w.cfg.Watches - int(w.ended.Load())
 	if live == 0 {
 		return nil // the proxy ended every watch (it dropped the burst)
 	}
 	lat.expect(live)
-	tick := time.NewTicker(time.Second / time.Duration(cfg.LatencyRate))
+	tick := time.NewTicker(time.Second / time.Duration(w.cfg.LatencyRate))
 	defer tick.Stop()
-	for k := range cfg.LatencyPuts {
+	for k := range w.cfg.LatencyPuts {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 		lat.t0[k].Store(time.Now().UnixNano())
-		if _, err := writer.Put(ctx, key, "l"+strconv.Itoa(k)); err != nil {
+		if _, err := w.writer.Put(ctx, w.key, "l"+strconv.Itoa(k)); err != nil {
 			return err
 		}
 	}
-	for k := range cfg.LatencyPuts {
-		select {
-		case <-lat.done[k]:
-		case <-time.After(30 * time.Second):
-			r.Note("%s, round %d: latency sample %d not received by every watcher within 30 s", s.name, round, k)
+	for k := range w.cfg.LatencyPuts {
+		late, err := lat.wait(ctx, k)
+		if err != nil {
+			return err
+		}
+		if late {
+			w.r.Note("%s, round %d: latency sample %d not received by every watcher within 30 s", s.name, w.round, k)
 			return nil
-		case <-ctx.Done():
-			return ctx.Err()
 		}
 	}
 	all := lat.all()
-	m.add(s.name, "lat50", Ms(Percentile(all, 50)))
-	m.add(s.name, "lat99", Ms(Percentile(all, 99)))
+	w.m.add(s.name, "lat50", Ms(Percentile(all, 50)))
+	w.m.add(s.name, "lat99", Ms(Percentile(all, 99)))
 	return nil
 }
 

@@ -75,39 +75,21 @@ type RegistryConfig struct {
 }
 
 func (c *RegistryConfig) defaults() {
-	if c.Instances == 0 {
-		c.Instances = 20000
-	}
+	setDefault(&c.Instances, 20000)
 	if len(c.Concurrency) == 0 {
 		c.Concurrency = []int{64, 256}
 	}
-	if c.Sequential == 0 {
-		c.Sequential = 300
-	}
-	if c.Rounds == 0 {
-		c.Rounds = 3
-	}
+	setDefault(&c.Sequential, 300)
+	setDefault(&c.Rounds, 3)
 	if len(c.Watchers) == 0 {
 		c.Watchers = []int{1, 100, 1000}
 	}
-	if c.Samples == 0 {
-		c.Samples = 300
-	}
-	if c.Children == 0 {
-		c.Children = 10
-	}
-	if c.TTL == 0 {
-		c.TTL = 2 * time.Second
-	}
-	if c.MemInstances == 0 {
-		c.MemInstances = 10_000
-	}
-	if c.MemWatchers == 0 {
-		c.MemWatchers = 10_000
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setDefault(&c.Samples, 300)
+	setDefault(&c.Children, 10)
+	setDefault(&c.TTL, 2*time.Second)
+	setDefault(&c.MemInstances, 10_000)
+	setDefault(&c.MemWatchers, 10_000)
+	setDefault(&c.Logger, discardLogger())
 }
 
 // Limits of the sizes a scenario accepts: beyond them a run would take
@@ -229,37 +211,53 @@ func beaconStore(ctx context.Context, eps []string) (*etcdstore.Store, error) {
 // etcdMetric reads one metric (summed over its series) from an etcd
 // server's /metrics.
 func etcdMetric(ctx context.Context, endpoint, name string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(endpoint, "/")+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s/metrics: %s", endpoint, resp.Status)
-	}
 	sum, found := 0.0, false
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
+	var perr error
+	err := readMetrics(ctx, strings.TrimSuffix(endpoint, "/"), func(line string) bool {
 		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != ' ' && line[len(name)] != '{') {
-			continue
+			return true
 		}
 		f := strings.Fields(line)
 		v, err := strconv.ParseFloat(f[len(f)-1], 64)
 		if err != nil {
-			return 0, fmt.Errorf("metric %s: %q: %w", name, line, err)
+			perr = fmt.Errorf("metric %s: %q: %w", name, line, err)
+			return false
 		}
 		sum, found = sum+v, true
+		return true
+	})
+	if err := errors.Join(err, perr); err != nil {
+		return 0, err
 	}
 	if !found {
 		return 0, fmt.Errorf("metric %s not served by %s", name, endpoint)
 	}
-	return sum, sc.Err()
+	return sum, nil
+}
+
+// readMetrics reads base's /metrics page and calls line with each of its
+// lines until line returns false.
+func readMetrics(ctx context.Context, base string, line func(string) bool) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s/metrics: %s", base, resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if !line(sc.Text()) {
+			return nil
+		}
+	}
+	return sc.Err()
 }
 
 // benchInstance is the instance the scenarios register, and rawValue its
@@ -355,10 +353,10 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	benchBin := ""
+	rb := &registerBench{cfg: cfg}
 	if !cfg.NoCeiling && len(cfg.Endpoints) == 0 {
 		var err error
-		if benchBin, err = BenchmarkPeer.Find(cfg.BenchmarkBin); err != nil {
+		if rb.benchBin, err = BenchmarkPeer.Find(cfg.BenchmarkBin); err != nil {
 			return nil, fmt.Errorf("%w (or skip the ceiling with --no-ceiling)", err)
 		}
 	}
@@ -367,86 +365,34 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 		return nil, err
 	}
 	defer tgt.stop()
+	rb.tgt = tgt
 	cli, err := rawClient(tgt.endpoints)
 	if err != nil {
 		return nil, err
 	}
 	defer cli.Close()
-	st, err := beaconStore(ctx, tgt.endpoints)
-	if err != nil {
+	if rb.st, err = beaconStore(ctx, tgt.endpoints); err != nil {
 		return nil, err
 	}
-	defer st.Close()
+	defer rb.st.Close()
 
-	raw := &rawRegistrar{cli: cli}
+	rb.raw = &rawRegistrar{cli: cli}
 	// Whatever happens (an error, an interrupt), no raw lease outlives the
 	// run; Beacon's sessions revoke their own lease when closed.
-	defer func() { _ = raw.revokeAll(ctx) }() // best effort: the run's error matters more
+	defer func() { _ = rb.raw.revokeAll(ctx) }() // best effort: the run's error matters more
 
-	type result struct {
-		total time.Duration
-		lat   []time.Duration
-		cpu   time.Duration // etcd's, while registering (not cleaning up)
-	}
-	// settle lets etcd finish committing a side's cleanup (thousands of
-	// deletions) before the next side is measured.
-	settle := func() {
-		select {
-		case <-time.After(300 * time.Millisecond):
-		case <-ctx.Done():
-		}
-	}
-	rawSide := func(round string, n, workers int) (result, error) {
-		var r result
-		var err error
-		op := raw.op(benchInstances("raw-"+round, n))
-		cpu0 := tgt.cpu()
-		r.total, r.lat, err = run(ctx, n, workers, op)
-		r.cpu = tgt.cpu() - cpu0
-		if rerr := raw.revokeAll(ctx); err == nil {
-			err = rerr
-		}
-		settle()
-		return r, err
-	}
-	beaconSide := func(round string, n, workers int) (result, error) {
-		var r result
-		reg, err := registry.New(st, registry.Config{Root: "/bench-beacon", LeaseTTL: 30 * time.Second})
-		if err != nil {
-			return r, err
-		}
-		defer settle()
-		defer reg.Close() // revokes the session lease: its keys go with it
-		insts := benchInstances("beacon-"+round, n)
-		cpu0 := tgt.cpu()
-		r.total, r.lat, err = run(ctx, n, workers, func(ctx context.Context, i int) error {
-			_, err := reg.Register(ctx, insts[i])
-			return err
-		})
-		r.cpu = tgt.cpu() - cpu0
-		return r, err
-	}
 	// The ceiling writes keys of Beacon's key and value sizes, over a key
 	// space of n keys (later rounds overwrite the same keys).
 	sample := benchInstance("beacon-c0-0", "reg", 0)
-	keySize := len("/bench-beacon" + beacon.ServicesDir + sample.Ref().String())
-	valSize := len(rawValue(sample))
-	batchOf := func(workers int) int {
-		if cfg.Batch > 0 {
-			return cfg.Batch
-		}
-		return CeilingBatch(workers)
-	}
-	ceilingSide := func(n, workers int) (ceilingResult, error) {
-		return runTxnPut(ctx, benchBin, tgt.endpoints, n, workers, batchOf(workers), keySize, valSize)
-	}
+	rb.keySize = len("/bench-beacon" + beacon.ServicesDir + sample.Ref().String())
+	rb.valSize = len(rawValue(sample))
 
 	// Warm every path up (connections, the session lease).
 	cfg.Logger.Info("register: warming up")
-	if _, err := rawSide("warmup", 200, cfg.Concurrency[0]); err != nil {
+	if _, err := rb.rawSide(ctx, "warmup", 200, cfg.Concurrency[0]); err != nil {
 		return nil, err
 	}
-	if _, err := beaconSide("warmup", 200, cfg.Concurrency[0]); err != nil {
+	if _, err := rb.beaconSide(ctx, "warmup", 200, cfg.Concurrency[0]); err != nil {
 		return nil, err
 	}
 	rep := &Report{
@@ -454,106 +400,207 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 		Setup: fmt.Sprintf("%s; Beacon: one registry session (one lease, concurrent registrations batched into transactions); "+
 			"ceiling: etcd's benchmark txn-put, the same keys in flight as workers, in transactions of Beacon's batch size, %d-byte keys, %d-byte values; "+
 			"raw: clientv3 Grant + Put per instance, same values",
-			tgt.setup, keySize, valSize),
+			tgt.setup, rb.keySize, rb.valSize),
 	}
-	rate := func(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
 	for wi, workers := range cfg.Concurrency {
-		var bRate, rRate, cRate, bP50, bP99, rP50, rP99, cP99, bCPU, rCPU, cCPU []float64
-		etcdCPU := func(d time.Duration) float64 {
-			return float64(d) / float64(time.Microsecond) / float64(cfg.Instances)
-		}
-		for round := range cfg.Rounds {
-			name := fmt.Sprintf("c%d-%d", wi, round)
-			for k := range 3 {
-				switch (round + k) % 3 {
-				case 0:
-					cfg.Logger.Info("register: beacon", "workers", workers, "round", round)
-					b, err := beaconSide(name, cfg.Instances, workers)
-					if err != nil {
-						return nil, err
-					}
-					bCPU = append(bCPU, etcdCPU(b.cpu))
-					bRate = append(bRate, rate(cfg.Instances, b.total))
-					bP50 = append(bP50, Ms(Percentile(b.lat, 50)))
-					bP99 = append(bP99, Ms(Percentile(b.lat, 99)))
-				case 1:
-					cfg.Logger.Info("register: raw etcd", "workers", workers, "round", round)
-					r, err := rawSide(name, cfg.Instances, workers)
-					if err != nil {
-						return nil, err
-					}
-					rCPU = append(rCPU, etcdCPU(r.cpu))
-					rRate = append(rRate, rate(cfg.Instances, r.total))
-					rP50 = append(rP50, Ms(Percentile(r.lat, 50)))
-					rP99 = append(rP99, Ms(Percentile(r.lat, 99)))
-				case 2:
-					if benchBin == "" {
-						continue
-					}
-					cfg.Logger.Info("register: batched-write ceiling", "workers", workers, "round", round)
-					cpu0 := tgt.cpu()
-					c, err := ceilingSide(cfg.Instances, workers)
-					if err != nil {
-						return nil, err
-					}
-					cCPU = append(cCPU, etcdCPU(tgt.cpu()-cpu0))
-					settle()
-					cRate = append(cRate, c.keysPerSec)
-					cP99 = append(cP99, c.p99ms)
-				}
-			}
-		}
-		m := fmt.Sprintf("registrations/s, %d workers", workers)
-		if benchBin != "" {
-			rep.Add(Spread(Row{Metric: m, Unit: "ops/s", HigherIsBetter: true, Goal: 0.8, Against: "txn-put ceiling"}, bRate, cRate))
-		}
-		rep.Add(Spread(Row{Metric: m, Unit: "ops/s", HigherIsBetter: true, Against: "raw grant+put"}, bRate, rRate))
-		rep.Add(Spread(Row{Metric: fmt.Sprintf("register p50, %d workers", workers), Unit: "ms", Against: "raw grant+put"}, bP50, rP50))
-		rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99, %d workers", workers), Unit: "ms", Against: "raw grant+put"}, bP99, rP99))
-		if benchBin != "" {
-			rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99 vs %d-put txn p99, %d workers", batchOf(workers), workers), Unit: "ms", Against: "txn-put ceiling"}, bP99, cP99))
-		}
-		if tgt.pid != 0 {
-			m := fmt.Sprintf("etcd CPU per registration, %d workers", workers)
-			if benchBin != "" {
-				rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "txn-put ceiling"}, bCPU, cCPU))
-			}
-			rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "raw grant+put"}, bCPU, rCPU))
-		}
-	}
-	var sb, sr []float64
-	var sl50b, sl50r []float64
-	for round := range cfg.Rounds {
-		name := fmt.Sprintf("s%d", round)
-		r, err := rawSide(name, cfg.Sequential, 1)
-		if err != nil {
+		if err := rb.concurrent(ctx, rep, wi, workers); err != nil {
 			return nil, err
 		}
-		b, err := beaconSide(name, cfg.Sequential, 1)
-		if err != nil {
-			return nil, err
-		}
-		sb, sr = append(sb, rate(cfg.Sequential, b.total)), append(sr, rate(cfg.Sequential, r.total))
-		sl50b, sl50r = append(sl50b, Ms(Percentile(b.lat, 50))), append(sl50r, Ms(Percentile(r.lat, 50)))
 	}
-	rep.Add(Spread(Row{Metric: "registrations/s, 1 worker", Unit: "ops/s", HigherIsBetter: true, Against: "raw grant+put"}, sb, sr))
-	rep.Add(Spread(Row{Metric: "register p50, 1 worker", Unit: "ms", Against: "raw grant+put"}, sl50b, sl50r))
+	if err := rb.sequential(ctx, rep); err != nil {
+		return nil, err
+	}
+	rb.notes(rep)
+	return rep, nil
+}
 
+// registerBench is one run of the register scenario: its sides against
+// one etcd.
+type registerBench struct {
+	cfg      RegistryConfig
+	tgt      *etcdTarget
+	st       *etcdstore.Store
+	raw      *rawRegistrar
+	benchBin string // etcd's benchmark tool; "": no ceiling
+	// keySize and valSize are Beacon's, which the ceiling writes.
+	keySize, valSize int
+}
+
+// registerResult is one side's registrations in one round.
+type registerResult struct {
+	total time.Duration
+	lat   []time.Duration
+	cpu   time.Duration // etcd's, while registering (not cleaning up)
+}
+
+// settle lets etcd finish committing a side's cleanup (thousands of
+// deletions) before the next side is measured.
+func (rb *registerBench) settle(ctx context.Context) {
+	select {
+	case <-time.After(300 * time.Millisecond):
+	case <-ctx.Done():
+	}
+}
+
+// rawSide registers n instances with the raw client from workers, then
+// revokes their leases.
+func (rb *registerBench) rawSide(ctx context.Context, round string, n, workers int) (registerResult, error) {
+	var r registerResult
+	var err error
+	op := rb.raw.op(benchInstances("raw-"+round, n))
+	cpu0 := rb.tgt.cpu()
+	r.total, r.lat, err = run(ctx, n, workers, op)
+	r.cpu = rb.tgt.cpu() - cpu0
+	if rerr := rb.raw.revokeAll(ctx); err == nil {
+		err = rerr
+	}
+	rb.settle(ctx)
+	return r, err
+}
+
+// beaconSide registers n instances through one Beacon session from
+// workers, then closes it (its lease, and so its keys, go).
+func (rb *registerBench) beaconSide(ctx context.Context, round string, n, workers int) (registerResult, error) {
+	var r registerResult
+	reg, err := registry.New(rb.st, registry.Config{Root: "/bench-beacon", LeaseTTL: 30 * time.Second})
+	if err != nil {
+		return r, err
+	}
+	defer rb.settle(ctx)
+	defer reg.Close() // revokes the session lease: its keys go with it
+	insts := benchInstances("beacon-"+round, n)
+	cpu0 := rb.tgt.cpu()
+	r.total, r.lat, err = run(ctx, n, workers, func(ctx context.Context, i int) error {
+		_, err := reg.Register(ctx, insts[i])
+		return err
+	})
+	r.cpu = rb.tgt.cpu() - cpu0
+	return r, err
+}
+
+// batchOf is the ceiling's transaction size for workers.
+func (rb *registerBench) batchOf(workers int) int {
+	if rb.cfg.Batch > 0 {
+		return rb.cfg.Batch
+	}
+	return CeilingBatch(workers)
+}
+
+// registerFigures are one side's figures over the rounds.
+type registerFigures struct{ rate, p50, p99, cpu []float64 }
+
+// add adds a round of n registrations.
+func (f *registerFigures) add(rb *registerBench, n int, r registerResult) {
+	f.cpu = append(f.cpu, rb.cpuPer(r.cpu))
+	f.rate = append(f.rate, float64(n)/r.total.Seconds())
+	f.p50 = append(f.p50, Ms(Percentile(r.lat, 50)))
+	f.p99 = append(f.p99, Ms(Percentile(r.lat, 99)))
+}
+
+// cpuPer is etcd's CPU time d per registration of a round, in µs.
+func (rb *registerBench) cpuPer(d time.Duration) float64 {
+	return float64(d) / float64(time.Microsecond) / float64(rb.cfg.Instances)
+}
+
+// concurrent measures cfg.Instances registrations from workers, the
+// sides in turn for cfg.Rounds rounds, and adds the rows.
+func (rb *registerBench) concurrent(ctx context.Context, rep *Report, wi, workers int) error {
+	cfg := rb.cfg
+	var b, r, c registerFigures
+	sides := []struct {
+		name    string
+		measure func(ctx context.Context, round string, n, workers int) (registerResult, error)
+		figs    *registerFigures
+	}{{"beacon", rb.beaconSide, &b}, {"raw etcd", rb.rawSide, &r}}
+	for round := range cfg.Rounds {
+		name := fmt.Sprintf("c%d-%d", wi, round)
+		for k := range 3 {
+			switch i := (round + k) % 3; i {
+			case 0, 1:
+				s := sides[i]
+				cfg.Logger.Info("register: "+s.name, "workers", workers, "round", round)
+				res, err := s.measure(ctx, name, cfg.Instances, workers)
+				if err != nil {
+					return err
+				}
+				s.figs.add(rb, cfg.Instances, res)
+			case 2:
+				if rb.benchBin == "" {
+					continue
+				}
+				cfg.Logger.Info("register: batched-write ceiling", "workers", workers, "round", round)
+				cpu0 := rb.tgt.cpu()
+				res, err := runTxnPut(ctx, rb.benchBin, rb.tgt.endpoints, cfg.Instances, workers, rb.batchOf(workers), rb.keySize, rb.valSize)
+				if err != nil {
+					return err
+				}
+				c.cpu = append(c.cpu, rb.cpuPer(rb.tgt.cpu()-cpu0))
+				rb.settle(ctx)
+				c.rate = append(c.rate, res.keysPerSec)
+				c.p99 = append(c.p99, res.p99ms)
+			}
+		}
+	}
+	m := fmt.Sprintf("registrations/s, %d workers", workers)
+	if rb.benchBin != "" {
+		rep.Add(Spread(Row{Metric: m, Unit: "ops/s", HigherIsBetter: true, Goal: 0.8, Against: "txn-put ceiling"}, b.rate, c.rate))
+	}
+	rep.Add(Spread(Row{Metric: m, Unit: "ops/s", HigherIsBetter: true, Against: "raw grant+put"}, b.rate, r.rate))
+	rep.Add(Spread(Row{Metric: fmt.Sprintf("register p50, %d workers", workers), Unit: "ms", Against: "raw grant+put"}, b.p50, r.p50))
+	rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99, %d workers", workers), Unit: "ms", Against: "raw grant+put"}, b.p99, r.p99))
+	if rb.benchBin != "" {
+		rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99 vs %d-put txn p99, %d workers", rb.batchOf(workers), workers), Unit: "ms", Against: "txn-put ceiling"}, b.p99, c.p99))
+	}
+	if rb.tgt.pid != 0 {
+		m := fmt.Sprintf("etcd CPU per registration, %d workers", workers)
+		if rb.benchBin != "" {
+			rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "txn-put ceiling"}, b.cpu, c.cpu))
+		}
+		rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "raw grant+put"}, b.cpu, r.cpu))
+	}
+	return nil
+}
+
+// sequential measures cfg.Sequential registrations by one worker, raw
+// then Beacon, for cfg.Rounds rounds, and adds the rows.
+func (rb *registerBench) sequential(ctx context.Context, rep *Report) error {
+	n := rb.cfg.Sequential
+	var b, r registerFigures
+	for round := range rb.cfg.Rounds {
+		name := fmt.Sprintf("s%d", round)
+		rr, err := rb.rawSide(ctx, name, n, 1)
+		if err != nil {
+			return err
+		}
+		br, err := rb.beaconSide(ctx, name, n, 1)
+		if err != nil {
+			return err
+		}
+		b.add(rb, n, br)
+		r.add(rb, n, rr)
+	}
+	rep.Add(Spread(Row{Metric: "registrations/s, 1 worker", Unit: "ops/s", HigherIsBetter: true, Against: "raw grant+put"}, b.rate, r.rate))
+	rep.Add(Spread(Row{Metric: "register p50, 1 worker", Unit: "ms", Against: "raw grant+put"}, b.p50, r.p50))
+	return nil
+}
+
+// notes says what was measured and how the sides differ.
+func (rb *registerBench) notes(rep *Report) {
+	cfg := rb.cfg
 	rep.Note("%d instances per round and worker count, %d rounds, sides in turn (median, with the spread in brackets); then %d instances by one worker",
 		cfg.Instances, cfg.Rounds, cfg.Sequential)
-	if benchBin != "" {
+	if rb.benchBin != "" {
 		var sizes []string
 		for _, w := range cfg.Concurrency {
-			b := batchOf(w)
+			b := rb.batchOf(w)
 			sizes = append(sizes, fmt.Sprintf("%d workers: --clients %d --txn-ops %d", w, max(1, w/b), b))
 		}
 		rep.Note("ceiling: %s txn-put (%s): what etcd commits with as many keys in flight as Beacon's workers, in transactions as large as Beacon's",
-			benchBin, strings.Join(sizes, "; "))
+			rb.benchBin, strings.Join(sizes, "; "))
 	} else if !cfg.NoCeiling {
 		rep.Note("no ceiling against --endpoints: etcd's benchmark tool writes keys it cannot remove")
 	}
 	rep.Note("each raw registration is 2 round trips (grant, put) and a lease of its own; each Beacon registration is part of a transaction shared with concurrent ones, under the session's one lease")
-	return rep, nil
 }
 
 // rawRegistrar is the raw baseline: a lease and a put per instance. Its

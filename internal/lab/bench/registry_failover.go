@@ -63,16 +63,8 @@ type registrant struct {
 
 func startRegistrant(ctx context.Context, argv []string, readyMark string) (*registrant, error) {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+	stdin, stdout, err := startPiped(cmd)
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	r := &registrant{cmd: cmd, stdin: stdin, ready: make(chan struct{}), exited: make(chan struct{})}
@@ -89,6 +81,22 @@ func startRegistrant(ctx context.Context, argv []string, readyMark string) (*reg
 		close(r.exited)
 	}()
 	return r, nil
+}
+
+// startPiped starts cmd with pipes to its standard input and from its
+// standard output; its standard error is this process's.
+func startPiped(cmd *exec.Cmd) (stdin io.WriteCloser, stdout io.ReadCloser, err error) {
+	cmd.Stderr = os.Stderr
+	if stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, nil, err
+	}
+	if stdout, err = cmd.StdoutPipe(); err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	return stdin, stdout, nil
 }
 
 func (r *registrant) stop() {
@@ -115,83 +123,154 @@ func RunFailover(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 		return nil, err
 	}
 	defer tgt.stop()
-	eps := strings.Join(tgt.endpoints, ",")
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
 	// Watchers first.
-	st, err := beaconStore(ctx, tgt.endpoints)
+	killing := make(chan struct{})
+	bSeen, rSeen := newRemovals(killing), newRemovals(killing)
+	stopWatching, err := watchRemovals(ctx, tgt.endpoints, bSeen, rSeen)
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
+	defer stopWatching()
+
+	// The registrants.
+	ttl := cfg.TTL
+	kids := &failoverChildren{}
+	defer kids.stop()
+	if err := kids.start(ctx, exe, tgt.endpoints, cfg.Children, ttl); err != nil {
+		return nil, err
+	}
+	cfg.Logger.Info("failover: registrants ready; waiting 1.5 TTL before the kill", "children", cfg.Children, "ttl", ttl)
+	// Steady state: every instance seen, none removed for 1.5 TTL.
+	steady := time.After(ttl * 3 / 2)
+	if err := waitBoth(steady, func() (int, int) { b, _ := bSeen.count(); r, _ := rSeen.count(); return b, r }, cfg.Children,
+		"bench: watchers saw %d Beacon and %d raw registrants of %d"); err != nil {
+		return nil, err
+	}
+	<-steady
+
+	close(killing)
+	kids.kill(ttl)
+	if err := waitBoth(time.After(ttl+15*time.Second), func() (int, int) { _, b := bSeen.count(); _, r := rSeen.count(); return b, r }, cfg.Children,
+		"bench: after the kill, watchers saw %d Beacon and %d raw removals of %d"); err != nil {
+		return nil, err
+	}
+	return failoverReport(cfg, tgt.setup, bSeen.latencies(kids.ids, kids.beacon), rSeen.latencies(kids.ids, kids.raw), bSeen.falseRm, rSeen.falseRm), nil
+}
+
+// rawFailoverPrefix is where the raw registrants of the failover scenario
+// keep their instances.
+const rawFailoverPrefix = "/bench-raw/failover/"
+
+// failoverQuery is what the Beacon registrants of the failover scenario
+// register under.
+var failoverQuery = beacon.Query{Namespace: "bench", Component: "failover", Endpoint: "generate"}
+
+// removals is what one side's watcher saw: when each instance appeared
+// and disappeared; a removal before killing is closed is a false one.
+type removals struct {
+	killing <-chan struct{}
+	mu      sync.Mutex
+	added   map[string]bool
+	removed map[string]time.Time
+	falseRm int
+}
+
+func newRemovals(killing <-chan struct{}) *removals {
+	return &removals{killing: killing, added: map[string]bool{}, removed: map[string]time.Time{}}
+}
+
+func (s *removals) note(id string, added bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if added {
+		s.added[id] = true
+		return
+	}
+	select {
+	case <-s.killing:
+		s.removed[id] = time.Now()
+	default:
+		s.falseRm++
+	}
+}
+
+func (s *removals) count() (added, removed int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.added), len(s.removed)
+}
+
+// latencies are, for each kid (holding the instance of the same index in
+// ids), the time from its kill to the removal seen.
+func (s *removals) latencies(ids []string, kids []*registrant) []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]time.Duration, len(kids))
+	for i, k := range kids {
+		out[i] = s.removed[ids[i]].Sub(k.killed)
+	}
+	return out
+}
+
+// watchRemovals opens a Beacon watch of failoverQuery and a raw etcd
+// watch of rawFailoverPrefix and notes what they see in b and r until
+// the returned stop is called.
+func watchRemovals(ctx context.Context, eps []string, b, r *removals) (stop func(), err error) {
+	var closers []func()
+	stop = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	st, err := beaconStore(ctx, eps)
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { st.Close() })
 	reg, err := registry.New(st, registry.Config{})
 	if err != nil {
 		return nil, err
 	}
-	defer reg.Close()
-	q := beacon.Query{Namespace: "bench", Component: "failover", Endpoint: "generate"}
-	w, err := reg.Watch(ctx, q)
+	closers = append(closers, func() { reg.Close() })
+	w, err := reg.Watch(ctx, failoverQuery)
 	if err != nil {
 		return nil, err
 	}
-	defer w.Close()
+	closers = append(closers, func() { w.Close() })
 	if _, err := w.Next(ctx); err != nil {
 		return nil, err
 	}
-	cli, err := rawClient(tgt.endpoints)
+	cli, err := rawClient(eps)
 	if err != nil {
 		return nil, err
 	}
-	defer cli.Close()
-	rawPrefix := "/bench-raw/failover/"
-	rawW := cli.Watch(ctx, rawPrefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	closers = append(closers, func() { cli.Close() })
+	wctx, cancel := context.WithCancel(ctx)
+	rawW := cli.Watch(wctx, rawFailoverPrefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 	if resp := <-rawW; !resp.Created {
+		cancel()
 		return nil, fmt.Errorf("bench: raw watch not created: %v", resp.Err())
 	}
-
-	// Observations: when each instance appeared and disappeared.
-	type seen struct {
-		mu      sync.Mutex
-		added   map[string]bool
-		removed map[string]time.Time
-		falseRm int
-	}
-	bSeen := &seen{added: map[string]bool{}, removed: map[string]time.Time{}}
-	rSeen := &seen{added: map[string]bool{}, removed: map[string]time.Time{}}
-	killing := make(chan struct{})
-	note := func(s *seen, id string, added bool) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if added {
-			s.added[id] = true
-			return
-		}
-		select {
-		case <-killing:
-			s.removed[id] = time.Now()
-		default:
-			s.falseRm++
-		}
-	}
-	count := func(s *seen) (added, removed int) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return len(s.added), len(s.removed)
-	}
 	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
+	closers = append(closers, func() { cancel(); wg.Wait() })
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		for {
-			b, err := w.Next(ctx)
+			bt, err := w.Next(wctx)
 			if err != nil {
 				return
 			}
-			for _, e := range b.Events {
-				note(bSeen, e.Instance.ID, e.Type != beacon.Removed)
+			for _, e := range bt.Events {
+				b.note(e.Instance.ID, e.Type != beacon.Removed)
 			}
 		}
 	}()
@@ -200,113 +279,109 @@ func RunFailover(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 		for resp := range rawW {
 			for _, e := range resp.Events {
 				k := string(e.Kv.Key)
-				note(rSeen, k[strings.LastIndex(k, "/")+1:], e.Type == clientv3.EventTypePut)
+				r.note(k[strings.LastIndex(k, "/")+1:], e.Type == clientv3.EventTypePut)
 			}
 		}
 	}()
+	return stop, nil
+}
 
-	// The registrants.
-	ttl := cfg.TTL
-	var beaconKids, rawKids []*registrant
-	ids := make([]string, cfg.Children)
-	defer func() {
-		for _, k := range append(beaconKids, rawKids...) {
-			k.stop()
-		}
-	}()
-	for i := range cfg.Children {
-		ids[i] = beacon.FormatID(uint64(0xfa110000 + i))
-		argv := append(append([]string{}, exe...), "register", "bench/failover/generate", "--addr", fmt.Sprintf("127.0.0.1:%d", 20000+i),
-			"--id", ids[i], "--ttl", ttl.String(), "--endpoints", eps, "-o", "json", "--log-level", "error")
-		k, err := startRegistrant(ctx, argv, `"event":"registered"`)
-		if err != nil {
-			return nil, err
-		}
-		beaconKids = append(beaconKids, k)
-		in := beacon.Instance{Namespace: "bench", Component: "failover", Endpoint: "generate", ID: ids[i], Address: fmt.Sprintf("127.0.0.1:%d", 20000+i)}
-		argv = append(append([]string{}, exe...), "bench", "raw-registrant", "--endpoints", eps, "--key", rawPrefix+ids[i],
-			"--value", rawValue(in), "--ttl", ttl.String())
-		if k, err = startRegistrant(ctx, argv, "ready"); err != nil {
-			return nil, err
-		}
-		rawKids = append(rawKids, k)
-	}
-	for _, k := range append(beaconKids, rawKids...) {
-		select {
-		case <-k.ready:
-		case <-k.exited:
-			return nil, errChildExited
-		case <-time.After(60 * time.Second):
-			return nil, fmt.Errorf("bench: registrant not ready within 60 s")
-		}
-	}
-	cfg.Logger.Info("failover: registrants ready; waiting 1.5 TTL before the kill", "children", cfg.Children, "ttl", ttl)
-	// Steady state: every instance seen, none removed for 1.5 TTL.
-	steady := time.After(ttl * 3 / 2)
+// waitBoth polls counts until both reach n, or fails with msg (formatted
+// with both counts and n) when deadline fires.
+func waitBoth(deadline <-chan time.Time, counts func() (int, int), n int, msg string) error {
 	for {
-		ba, _ := count(bSeen)
-		ra, _ := count(rSeen)
-		if ba == cfg.Children && ra == cfg.Children {
-			break
+		b, r := counts()
+		if b == n && r == n {
+			return nil
 		}
 		select {
-		case <-steady:
-			return nil, fmt.Errorf("bench: watchers saw %d Beacon and %d raw registrants of %d", ba, ra, cfg.Children)
+		case <-deadline:
+			return fmt.Errorf(msg, b, r, n)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	<-steady
+}
 
-	// Kill the children spread over one TTL, so that the kills fall at
-	// every phase of their keep-alive cycles.
-	close(killing)
-	step := ttl / time.Duration(cfg.Children)
+// failoverChildren are the registrant processes of the failover scenario:
+// beacon[i] and raw[i] hold the instance ids[i].
+type failoverChildren struct {
+	ids         []string
+	beacon, raw []*registrant
+}
+
+// start starts n registrants per side and waits until all are ready.
+func (c *failoverChildren) start(ctx context.Context, exe, endpoints []string, n int, ttl time.Duration) error {
+	eps := strings.Join(endpoints, ",")
+	for i := range n {
+		id := beacon.FormatID(uint64(0xfa110000 + i))
+		c.ids = append(c.ids, id)
+		in := beacon.Instance{Namespace: failoverQuery.Namespace, Component: failoverQuery.Component, Endpoint: failoverQuery.Endpoint,
+			ID: id, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i)}
+		argv := append(append([]string{}, exe...), "register", failoverQuery.String(), "--addr", in.Address,
+			"--id", id, "--ttl", ttl.String(), "--endpoints", eps, "-o", "json", "--log-level", "error")
+		k, err := startRegistrant(ctx, argv, `"event":"registered"`)
+		if err != nil {
+			return err
+		}
+		c.beacon = append(c.beacon, k)
+		argv = append(append([]string{}, exe...), "bench", "raw-registrant", "--endpoints", eps, "--key", rawFailoverPrefix+id,
+			"--value", rawValue(in), "--ttl", ttl.String())
+		if k, err = startRegistrant(ctx, argv, "ready"); err != nil {
+			return err
+		}
+		c.raw = append(c.raw, k)
+	}
+	for _, k := range append(c.beacon, c.raw...) {
+		select {
+		case <-k.ready:
+		case <-k.exited:
+			return errChildExited
+		case <-time.After(60 * time.Second):
+			return fmt.Errorf("bench: registrant not ready within 60 s")
+		}
+	}
+	return nil
+}
+
+// kill kills the children with SIGKILL, a pair at a time, spread over one
+// TTL, so that the kills fall at every phase of their keep-alive cycles.
+func (c *failoverChildren) kill(ttl time.Duration) {
+	step := ttl / time.Duration(len(c.ids))
 	next := time.Now()
-	for i := range cfg.Children {
-		for _, k := range []*registrant{beaconKids[i], rawKids[i]} {
+	for i := range c.ids {
+		for _, k := range []*registrant{c.beacon[i], c.raw[i]} {
 			k.killed = time.Now()
 			_ = k.cmd.Process.Signal(syscall.SIGKILL)
 		}
 		next = next.Add(step)
 		time.Sleep(time.Until(next))
 	}
-	deadline := time.After(ttl + 15*time.Second)
-	for {
-		_, br := count(bSeen)
-		_, rr := count(rSeen)
-		if br == cfg.Children && rr == cfg.Children {
-			break
-		}
-		select {
-		case <-deadline:
-			return nil, fmt.Errorf("bench: after the kill, watchers saw %d Beacon and %d raw removals of %d", br, rr, cfg.Children)
-		case <-time.After(10 * time.Millisecond):
-		}
+}
+
+func (c *failoverChildren) stop() {
+	for _, k := range append(c.beacon, c.raw...) {
+		k.stop()
 	}
-	lat := func(s *seen, kids []*registrant) []time.Duration {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		out := make([]time.Duration, len(kids))
-		for i, k := range kids {
-			out[i] = s.removed[ids[i]].Sub(k.killed)
-		}
-		return out
-	}
-	bl, rl := lat(bSeen, beaconKids), lat(rSeen, rawKids)
+}
+
+// failoverReport reports the latencies of removals seen after the kills
+// (bl: Beacon's, rl: raw) and the false removals before them.
+func failoverReport(cfg RegistryConfig, setup string, bl, rl []time.Duration, bFalse, rFalse int) *Report {
+	ttl := cfg.TTL
 	rep := &Report{
 		Scenario: "failover",
 		Setup: fmt.Sprintf("%s; %d `beacon register` processes vs %d raw clientv3 processes (grant, put, KeepAlive), lease TTL %v, killed with SIGKILL after 1.5 TTL, one pair every TTL/%d",
-			tgt.setup, cfg.Children, cfg.Children, ttl, cfg.Children),
+			setup, cfg.Children, cfg.Children, ttl, cfg.Children),
 	}
 	rep.Add(Row{Metric: "SIGKILL → removal seen, p50", Unit: "s", Beacon: Percentile(bl, 50).Seconds(), Baseline: Percentile(rl, 50).Seconds()})
 	rep.Add(Row{Metric: "SIGKILL → removal seen, p99", Unit: "s", Beacon: Percentile(bl, 99).Seconds(), Baseline: Percentile(rl, 99).Seconds()})
 	rep.Add(Row{Metric: "SIGKILL → removal seen, max", Unit: "s", Beacon: Percentile(bl, 100).Seconds(), Baseline: Percentile(rl, 100).Seconds()})
-	rep.Add(Row{Metric: "false removals before the kill", Unit: "events", Beacon: float64(bSeen.falseRm), Baseline: float64(rSeen.falseRm)})
+	rep.Add(Row{Metric: "false removals before the kill", Unit: "events", Beacon: float64(bFalse), Baseline: float64(rFalse)})
 	verdict := "met"
-	if Percentile(bl, 99) > ttl+time.Second || bSeen.falseRm > 0 {
+	if Percentile(bl, 99) > ttl+time.Second || bFalse > 0 {
 		verdict = "MISSED"
 	}
 	rep.Note("goal: Beacon p99 <= TTL + 1 s = %v and no false removal: %s (Beacon p99 = TTL + %v)",
 		ttl+time.Second, verdict, (Percentile(bl, 99) - ttl).Round(time.Millisecond))
-	return rep, nil
+	return rep
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
@@ -78,16 +77,8 @@ func startServerChild(ctx context.Context, exe []string, noFsync bool) (*serverC
 		argv = append(argv, "--no-fsync")
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+	stdin, stdout, err := startPiped(cmd)
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	c := &serverChild{cmd: cmd, stdin: stdin, lines: bufio.NewScanner(stdout), done: make(chan struct{})}
@@ -164,129 +155,18 @@ func RunMemory(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 		return nil, err
 	}
 	n, m := cfg.MemInstances, cfg.MemWatchers
-	const ttl = time.Hour
-
-	serverPer := func(side string, register func(eps []string) (func(), error)) (float64, error) {
-		srv, err := startServerChild(ctx, exe, cfg.NoFsync)
-		if err != nil {
-			return 0, err
-		}
-		defer srv.stop()
-		before, err := srv.heap()
-		if err != nil {
-			return 0, err
-		}
-		cfg.Logger.Info("memory: registering", "side", side, "instances", n)
-		release, err := register([]string{srv.endpoint})
-		if err != nil {
-			return 0, err
-		}
-		defer release()
-		after, err := srv.heap()
-		if err != nil {
-			return 0, err
-		}
-		return perItem(before, after, n), nil
-	}
-	rawServer, err := serverPer("raw", func(eps []string) (func(), error) {
-		cli, err := rawClient(eps)
-		if err != nil {
-			return nil, err
-		}
-		_, _, err = run(ctx, n, 64, func(ctx context.Context, i int) error {
-			in := benchInstance("mem", "raw", i)
-			l, err := cli.Grant(ctx, int64(ttl/time.Second))
-			if err != nil {
-				return err
-			}
-			_, err = cli.Put(ctx, rawKey(in), rawValue(in), clientv3.WithLease(l.ID))
-			return err
-		})
-		return func() { _ = cli.Close() }, err
-	})
+	rawServer, err := serverHeapPer(ctx, cfg, exe, "raw", registerRawMem)
 	if err != nil {
 		return nil, err
 	}
-	beaconServer, err := serverPer("beacon", func(eps []string) (func(), error) {
-		st, err := beaconStore(ctx, eps)
-		if err != nil {
-			return nil, err
-		}
-		r, err := registry.New(st, registry.Config{LeaseTTL: ttl})
-		if err != nil {
-			_ = st.Close()
-			return nil, err
-		}
-		_, _, err = run(ctx, n, 64, func(ctx context.Context, i int) error {
-			_, err := r.Register(ctx, benchInstance("mem", "beacon", i))
-			return err
-		})
-		return func() { _ = r.Close(); _ = st.Close() }, err
-	})
+	beaconServer, err := serverHeapPer(ctx, cfg, exe, "beacon", registerBeaconMem)
 	if err != nil {
 		return nil, err
 	}
-
-	// Client memory per watcher, against one more server child.
-	srv, err := startServerChild(ctx, exe, cfg.NoFsync)
+	beaconClient, rawPerWatcher, err := clientHeapPerWatcher(ctx, cfg, exe)
 	if err != nil {
 		return nil, err
 	}
-	defer srv.stop()
-	eps := []string{srv.endpoint}
-	st, err := beaconStore(ctx, eps)
-	if err != nil {
-		return nil, err
-	}
-	defer st.Close()
-	r, err := registry.New(st, registry.Config{WatchLinger: -1})
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	const watched = 10
-	for i := range watched {
-		if _, err := r.Register(ctx, benchInstance("mem", "watch", i)); err != nil {
-			return nil, err
-		}
-	}
-	cfg.Logger.Info("memory: opening watchers", "side", "beacon", "watchers", m)
-	before := liveHeapBytes()
-	ws := make([]registry.Watcher, m)
-	for i := range ws {
-		if ws[i], err = r.Watch(ctx, beacon.Query{Namespace: "mem", Component: "watch"}); err != nil {
-			return nil, err
-		}
-		if _, err := ws[i].Next(ctx); err != nil {
-			return nil, err
-		}
-	}
-	beaconClient := perItem(before, liveHeapBytes(), m)
-	for _, w := range ws {
-		_ = w.Close()
-	}
-	ws = nil
-
-	cfg.Logger.Info("memory: opening watchers", "side", "raw", "watchers", m)
-	cli, err := rawClient(eps)
-	if err != nil {
-		return nil, err
-	}
-	defer cli.Close()
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	before = liveHeapBytes()
-	chans := make([]clientv3.WatchChan, m)
-	for i := range chans {
-		chans[i] = cli.Watch(wctx, "/services/mem/watch/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-		if resp := <-chans[i]; !resp.Created {
-			return nil, fmt.Errorf("bench: raw watch not created: %v", resp.Err())
-		}
-	}
-	rawPerWatcher := perItem(before, liveHeapBytes(), m)
-	runtime.KeepAlive(chans)
-	runtime.KeepAlive(ws)
-
 	rep := &Report{
 		Scenario: "memory",
 		Setup: fmt.Sprintf("embedded etcd 3.7 alone in a child process; %d instances registered per side (Beacon: one lease; raw: one lease each, same JSON values); %d watchers per side in this process",
@@ -296,4 +176,155 @@ func RunMemory(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	rep.Add(Row{Metric: fmt.Sprintf("client heap per watcher, %d watchers", m), Unit: "bytes", Beacon: beaconClient, Baseline: rawPerWatcher, Goal: 1})
 	rep.Note("server heap: the etcd process's heap after GC, before and after registering; client heap: this process's, before and after opening the watchers (each has received its snapshot)")
 	return rep, nil
+}
+
+// memLeaseTTL is the memory scenario's lease TTL: longer than any run.
+const memLeaseTTL = time.Hour
+
+// memRegister registers n instances with the etcd at eps, one side's way;
+// release undoes what it opened.
+type memRegister func(ctx context.Context, eps []string, n int) (release func(), err error)
+
+// serverHeapPer is the heap a new etcd server child grows by per instance
+// that register registers.
+func serverHeapPer(ctx context.Context, cfg RegistryConfig, exe []string, side string, register memRegister) (float64, error) {
+	n := cfg.MemInstances
+	srv, err := startServerChild(ctx, exe, cfg.NoFsync)
+	if err != nil {
+		return 0, err
+	}
+	defer srv.stop()
+	before, err := srv.heap()
+	if err != nil {
+		return 0, err
+	}
+	cfg.Logger.Info("memory: registering", "side", side, "instances", n)
+	release, err := register(ctx, []string{srv.endpoint}, n)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	after, err := srv.heap()
+	if err != nil {
+		return 0, err
+	}
+	return perItem(before, after, n), nil
+}
+
+// registerRawMem is the raw side: a lease and a put per instance.
+func registerRawMem(ctx context.Context, eps []string, n int) (func(), error) {
+	cli, err := rawClient(eps)
+	if err != nil {
+		return nil, err
+	}
+	_, _, err = run(ctx, n, 64, func(ctx context.Context, i int) error {
+		in := benchInstance("mem", "raw", i)
+		l, err := cli.Grant(ctx, int64(memLeaseTTL/time.Second))
+		if err != nil {
+			return err
+		}
+		_, err = cli.Put(ctx, rawKey(in), rawValue(in), clientv3.WithLease(l.ID))
+		return err
+	})
+	return func() { _ = cli.Close() }, err
+}
+
+// registerBeaconMem is Beacon's side: one registry session.
+func registerBeaconMem(ctx context.Context, eps []string, n int) (func(), error) {
+	st, err := beaconStore(ctx, eps)
+	if err != nil {
+		return nil, err
+	}
+	r, err := registry.New(st, registry.Config{LeaseTTL: memLeaseTTL})
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	_, _, err = run(ctx, n, 64, func(ctx context.Context, i int) error {
+		_, err := r.Register(ctx, benchInstance("mem", "beacon", i))
+		return err
+	})
+	return func() { _ = r.Close(); _ = st.Close() }, err
+}
+
+// clientHeapPerWatcher is this process's heap per watcher, Beacon's and
+// raw, against one more server child holding a few instances.
+func clientHeapPerWatcher(ctx context.Context, cfg RegistryConfig, exe []string) (beaconPer, rawPer float64, err error) {
+	srv, err := startServerChild(ctx, exe, cfg.NoFsync)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer srv.stop()
+	eps := []string{srv.endpoint}
+	st, err := beaconStore(ctx, eps)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer st.Close()
+	r, err := registry.New(st, registry.Config{WatchLinger: -1})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer r.Close()
+	const watched = 10
+	for i := range watched {
+		if _, err := r.Register(ctx, benchInstance("mem", "watch", i)); err != nil {
+			return 0, 0, err
+		}
+	}
+	cfg.Logger.Info("memory: opening watchers", "side", "beacon", "watchers", cfg.MemWatchers)
+	if beaconPer, err = beaconWatcherHeap(ctx, r, cfg.MemWatchers); err != nil {
+		return 0, 0, err
+	}
+	cfg.Logger.Info("memory: opening watchers", "side", "raw", "watchers", cfg.MemWatchers)
+	if rawPer, err = rawWatcherHeap(ctx, eps, cfg.MemWatchers); err != nil {
+		return 0, 0, err
+	}
+	return beaconPer, rawPer, nil
+}
+
+// beaconWatcherHeap is the heap per watcher of m Beacon watchers of r,
+// each past its snapshot.
+func beaconWatcherHeap(ctx context.Context, r registry.Registry, m int) (float64, error) {
+	before := liveHeapBytes()
+	ws := make([]registry.Watcher, 0, m)
+	defer func() {
+		for _, w := range ws {
+			_ = w.Close()
+		}
+	}()
+	for range m {
+		w, err := r.Watch(ctx, beacon.Query{Namespace: "mem", Component: "watch"})
+		if err != nil {
+			return 0, err
+		}
+		ws = append(ws, w)
+		if _, err := w.Next(ctx); err != nil {
+			return 0, err
+		}
+	}
+	return perItem(before, liveHeapBytes(), m), nil
+}
+
+// rawWatcherHeap is the heap per watch of m raw etcd watches on one
+// client.
+func rawWatcherHeap(ctx context.Context, eps []string, m int) (float64, error) {
+	cli, err := rawClient(eps)
+	if err != nil {
+		return 0, err
+	}
+	defer cli.Close()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	before := liveHeapBytes()
+	chans := make([]clientv3.WatchChan, m)
+	for i := range chans {
+		chans[i] = cli.Watch(wctx, "/services/mem/watch/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+		if resp := <-chans[i]; !resp.Created {
+			return 0, fmt.Errorf("bench: raw watch not created: %v", resp.Err())
+		}
+	}
+	per := perItem(before, liveHeapBytes(), m)
+	runtime.KeepAlive(chans)
+	return per, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
+	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -71,6 +72,19 @@ func (l *latencies) all() []time.Duration {
 	return out
 }
 
+// wait waits until every receiver has sample s: late when that takes
+// over 30 s.
+func (l *latencies) wait(ctx context.Context, s int) (late bool, err error) {
+	select {
+	case <-l.done[s]:
+		return false, nil
+	case <-time.After(30 * time.Second):
+		return true, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
 // RunWatch measures the time from a registration until every watcher has
 // it, with 1, 100 and 1000 watchers in one process: Beacon's watchers share
 // one etcd watch; the raw baseline opens one etcd watch per watcher (one
@@ -106,6 +120,9 @@ func RunWatch(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	return rep, nil
 }
 
+// watchRound measures one watcher count, n: it opens n Beacon watchers
+// and n raw etcd watches and writes cfg.Samples instances, one at a time,
+// for each side in turn.
 func watchRound(ctx context.Context, cfg RegistryConfig, tgt *etcdTarget, n int) (beaconLat, rawLat []time.Duration, beaconUp, rawUp float64, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -123,93 +140,30 @@ func watchRound(ctx context.Context, cfg RegistryConfig, tgt *etcdTarget, n int)
 	// One writer for both sides: a raw client putting the same JSON under
 	// one lease, so that only the watch paths differ. (Registration cost
 	// is the register scenario's.)
-	ks, err := beacon.NewKeyspace("/bench-beacon")
+	w, err := openSampleWriter(ctx, tgt.endpoints)
 	if err != nil {
 		return nil, nil, 0, 0, err
 	}
-	rawW, err := rawClient(tgt.endpoints)
-	if err != nil {
-		return nil, nil, 0, 0, err
-	}
-	defer rawW.Close()
-	lease, err := rawW.Grant(ctx, 60)
-	if err != nil {
-		return nil, nil, 0, 0, err
-	}
-	defer func() { _, _ = rawW.Revoke(context.WithoutCancel(ctx), lease.ID) }()
-	// Kept alive for as long as the round runs (5k watchers with many
-	// samples take minutes).
-	kctx, stopKeepAlive := context.WithCancel(ctx)
-	defer stopKeepAlive()
-	ka, err := rawW.KeepAlive(kctx, lease.ID)
-	if err != nil {
-		return nil, nil, 0, 0, err
-	}
-	go func() {
-		for range ka { //nolint:revive // drains the keep-alive responses until the round ends
-		}
-	}()
+	defer w.close(ctx)
 
 	// Readers: one process's worth of each.
-	rst, err := beaconStore(ctx, tgt.endpoints)
+	rd, err := openWatchReaders(ctx, tgt.endpoints)
 	if err != nil {
 		return nil, nil, 0, 0, err
 	}
-	defer rst.Close()
-	reader, err := registry.New(rst, registry.Config{Root: "/bench-beacon", WatchLinger: -1})
-	if err != nil {
-		return nil, nil, 0, 0, err
-	}
-	defer reader.Close()
-	rawR, err := rawClient(tgt.endpoints)
-	if err != nil {
-		return nil, nil, 0, 0, err
-	}
-	defer rawR.Close()
+	defer rd.close()
 
-	samples := cfg.Samples
-	bLat, rLat := newLatencies(samples, n), newLatencies(samples, n)
-	sampleOf := func(id string) int {
-		var v uint64
-		if _, err := fmt.Sscanf(id, "%x", &v); err != nil {
-			return -1
-		}
-		return int(v) - 1
-	}
+	bLat, rLat := newLatencies(cfg.Samples, n), newLatencies(cfg.Samples, n)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
 
-	// Beacon watchers.
 	before, err := etcdMetric(ctx, ep, watchMetric)
 	if err != nil {
 		return nil, nil, 0, 0, err
 	}
-	q := beacon.Query{Namespace: ns, Component: "w"}
-	for r := range n {
-		w, err := reader.Watch(ctx, q)
-		if err != nil {
-			return nil, nil, 0, 0, err
-		}
-		if _, err := w.Next(ctx); err != nil { // the (empty) snapshot
-			return nil, nil, 0, 0, err
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer w.Close()
-			for {
-				b, err := w.Next(ctx)
-				if err != nil {
-					return
-				}
-				for _, e := range b.Events {
-					if e.Type == beacon.Added {
-						bLat.got(sampleOf(e.Instance.ID), r)
-					}
-				}
-			}
-		}()
+	if err := rd.watchBeacon(ctx, &wg, beacon.Query{Namespace: ns, Component: "w"}, n, bLat); err != nil {
+		return nil, nil, 0, 0, err
 	}
 	// The shared watch is opened from the snapshot's revision, right
 	// after the snapshot: give the server a moment to count it.
@@ -222,67 +176,189 @@ func watchRound(ctx context.Context, cfg RegistryConfig, tgt *etcdTarget, n int)
 			break
 		}
 	}
-	beaconUp = mid - before
-
-	// Raw watchers: one etcd watch each, on one client.
-	prefix := "/bench-raw" + beacon.ServicesDir + ns + "/w/"
-	for r := range n {
-		wch := rawR.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-		select {
-		case resp := <-wch:
-			if !resp.Created {
-				return nil, nil, 0, 0, fmt.Errorf("raw watch: unexpected first response %+v", resp)
-			}
-		case <-ctx.Done():
-			return nil, nil, 0, 0, ctx.Err()
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for resp := range wch {
-				for _, e := range resp.Events {
-					if e.Type == clientv3.EventTypePut && e.IsCreate() {
-						k := string(e.Kv.Key)
-						rLat.got(sampleOf(k[len(k)-beacon.IDLength:]), r)
-					}
-				}
-			}
-		}()
+	if err := rd.watchRaw(ctx, &wg, "/bench-raw"+beacon.ServicesDir+ns+"/w/", n, rLat); err != nil {
+		return nil, nil, 0, 0, err
 	}
 	after, err := etcdMetric(ctx, ep, watchMetric)
 	if err != nil {
 		return nil, nil, 0, 0, err
 	}
-	rawUp = after - mid
+	if err := w.writeSamples(ctx, ns, cfg.Samples, bLat, rLat); err != nil {
+		return nil, nil, 0, 0, err
+	}
+	return bLat.all(), rLat.all(), mid - before, after - mid, nil
+}
 
-	wait := func(l *latencies, s int) error {
+// sampleWriter writes the watch scenario's samples for both sides: a raw
+// client putting the same JSON under one lease, kept alive while the
+// round runs (5k watchers with many samples take minutes).
+type sampleWriter struct {
+	cli           *clientv3.Client
+	lease         clientv3.LeaseID
+	ks            beacon.Keyspace
+	stopKeepAlive context.CancelFunc
+}
+
+func openSampleWriter(ctx context.Context, eps []string) (*sampleWriter, error) {
+	ks, err := beacon.NewKeyspace("/bench-beacon")
+	if err != nil {
+		return nil, err
+	}
+	cli, err := rawClient(eps)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := cli.Grant(ctx, 60)
+	if err != nil {
+		_ = cli.Close()
+		return nil, err
+	}
+	w := &sampleWriter{cli: cli, lease: lease.ID, ks: ks}
+	kctx, stop := context.WithCancel(ctx)
+	w.stopKeepAlive = stop
+	ka, err := cli.KeepAlive(kctx, lease.ID)
+	if err != nil {
+		w.close(ctx)
+		return nil, err
+	}
+	go func() {
+		for range ka { //nolint:revive // drains the keep-alive responses until the round ends
+		}
+	}()
+	return w, nil
+}
+
+// close revokes the lease (the samples go with it) and closes the client.
+func (w *sampleWriter) close(ctx context.Context) {
+	w.stopKeepAlive()
+	_, _ = w.cli.Revoke(context.WithoutCancel(ctx), w.lease)
+	_ = w.cli.Close()
+}
+
+// writeSamples writes each sample through Beacon's key layout, waits
+// until every Beacon watcher has it, then writes it under the raw prefix
+// and waits for every raw watch.
+func (w *sampleWriter) writeSamples(ctx context.Context, ns string, samples int, bLat, rLat *latencies) error {
+	for s := range samples {
+		in := benchInstance(ns, "w", s)
+		for _, side := range []struct {
+			key string
+			lat *latencies
+		}{{w.ks.Key(in.Ref()), bLat}, {rawKey(in), rLat}} {
+			side.lat.t0[s].Store(time.Now().UnixNano())
+			if _, err := w.cli.Put(ctx, side.key, rawValue(in), clientv3.WithLease(w.lease)); err != nil {
+				return err
+			}
+			late, err := side.lat.wait(ctx, s)
+			if err != nil {
+				return err
+			}
+			if late {
+				return fmt.Errorf("bench: sample %d not received by every watcher within 30 s", s)
+			}
+		}
+	}
+	return nil
+}
+
+// watchReaders are one process's worth of readers of each side: a Beacon
+// registry (its watchers share one etcd watch) and one raw etcd client.
+type watchReaders struct {
+	st     *etcdstore.Store
+	reader registry.Registry
+	raw    *clientv3.Client
+}
+
+func openWatchReaders(ctx context.Context, eps []string) (*watchReaders, error) {
+	st, err := beaconStore(ctx, eps)
+	if err != nil {
+		return nil, err
+	}
+	rd := &watchReaders{st: st}
+	if rd.reader, err = registry.New(st, registry.Config{Root: "/bench-beacon", WatchLinger: -1}); err != nil {
+		rd.close()
+		return nil, err
+	}
+	if rd.raw, err = rawClient(eps); err != nil {
+		rd.close()
+		return nil, err
+	}
+	return rd, nil
+}
+
+func (rd *watchReaders) close() {
+	if rd.raw != nil {
+		_ = rd.raw.Close()
+	}
+	if rd.reader != nil {
+		_ = rd.reader.Close()
+	}
+	_ = rd.st.Close()
+}
+
+// sampleOf is the sample an instance ID stands for (-1: none).
+func sampleOf(id string) int {
+	var v uint64
+	if _, err := fmt.Sscanf(id, "%x", &v); err != nil {
+		return -1
+	}
+	return int(v) - 1
+}
+
+// watchBeacon opens n Beacon watchers of q, each past its (empty)
+// snapshot, recording in lat when each has each sample until ctx ends.
+func (rd *watchReaders) watchBeacon(ctx context.Context, wg *sync.WaitGroup, q beacon.Query, n int, lat *latencies) error {
+	for r := range n {
+		w, err := rd.reader.Watch(ctx, q)
+		if err != nil {
+			return err
+		}
+		if _, err := w.Next(ctx); err != nil { // the (empty) snapshot
+			return err
+		}
+		wg.Go(func() {
+			defer w.Close()
+			for {
+				b, err := w.Next(ctx)
+				if err != nil {
+					return
+				}
+				for _, e := range b.Events {
+					if e.Type == beacon.Added {
+						lat.got(sampleOf(e.Instance.ID), r)
+					}
+				}
+			}
+		})
+	}
+	return nil
+}
+
+// watchRaw opens n etcd watches of prefix on the one raw client,
+// recording in lat when each has each sample until ctx ends.
+func (rd *watchReaders) watchRaw(ctx context.Context, wg *sync.WaitGroup, prefix string, n int, lat *latencies) error {
+	for r := range n {
+		wch := rd.raw.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 		select {
-		case <-l.done[s]:
-			return nil
-		case <-time.After(30 * time.Second):
-			return fmt.Errorf("bench: sample %d not received by every watcher within 30 s", s)
+		case resp := <-wch:
+			if !resp.Created {
+				return fmt.Errorf("raw watch: unexpected first response %+v", resp)
+			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		wg.Go(func() {
+			for resp := range wch {
+				for _, e := range resp.Events {
+					if e.Type == clientv3.EventTypePut && e.IsCreate() {
+						k := string(e.Kv.Key)
+						lat.got(sampleOf(k[len(k)-beacon.IDLength:]), r)
+					}
+				}
+			}
+		})
 	}
-	for s := range samples {
-		in := benchInstance(ns, "w", s)
-		bLat.t0[s].Store(time.Now().UnixNano())
-		if _, err := rawW.Put(ctx, ks.Key(in.Ref()), rawValue(in), clientv3.WithLease(lease.ID)); err != nil {
-			return nil, nil, 0, 0, err
-		}
-		if err := wait(bLat, s); err != nil {
-			return nil, nil, 0, 0, err
-		}
-		rLat.t0[s].Store(time.Now().UnixNano())
-		if _, err := rawW.Put(ctx, rawKey(in), rawValue(in), clientv3.WithLease(lease.ID)); err != nil {
-			return nil, nil, 0, 0, err
-		}
-		if err := wait(rLat, s); err != nil {
-			return nil, nil, 0, 0, err
-		}
-	}
-	return bLat.all(), rLat.all(), beaconUp, rawUp, nil
+	return nil
 }
 
 // settleWatchers waits (at most 10 s) until the server's watcher gauge is back to

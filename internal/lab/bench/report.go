@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"slices"
 	"text/tabwriter"
@@ -208,3 +209,22 @@ func Percentile(samples []time.Duration, p float64) time.Duration {
 	rank = max(0, min(rank, len(s)-1))
 	return s[rank]
 }
+
+// setDefault gives *p the value def when it is zero: in the scenarios'
+// configurations, the zero value means the default.
+func setDefault[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
+}
+
+// setPositive gives *p the value def when it is zero or negative.
+func setPositive[T int | time.Duration](p *T, def T) {
+	if *p <= 0 {
+		*p = def
+	}
+}
+
+// discardLogger is the logger of a configuration that gives none.
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

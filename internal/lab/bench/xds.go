@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -64,44 +63,24 @@ func (c XDSConfig) Validate() error {
 	if len(c.BeaconCommand) == 0 {
 		return errors.New("bench: the xds scenario needs the beacon binary (BeaconCommand) to run beacon serve")
 	}
-	for name, v := range map[string]int{"trials": c.Trials, "callers": c.Callers, "streams": c.Streams, "changes": c.Changes} {
-		if v < 0 {
-			return fmt.Errorf("bench: --%s %d: must be positive (0 for the default)", name, v)
-		}
+	if err := checkNotNegative(map[string]int{"trials": c.Trials, "callers": c.Callers, "streams": c.Streams, "changes": c.Changes},
+		map[string]time.Duration{"pace": c.Pace, "quiet": c.Quiet}); err != nil {
+		return err
 	}
 	if c.Streams > MaxXDSStreams {
 		return fmt.Errorf("bench: --streams %d: at most %d (each stream costs a goroutine and buffers on both sides: about 40 KB of this machine's memory)", c.Streams, MaxXDSStreams)
-	}
-	for name, d := range map[string]time.Duration{"pace": c.Pace, "quiet": c.Quiet} {
-		if d < 0 {
-			return fmt.Errorf("bench: --%s %v: must not be negative (0 for the default)", name, d)
-		}
 	}
 	return nil
 }
 
 func (c *XDSConfig) defaults() {
-	if c.Trials <= 0 {
-		c.Trials = 20
-	}
-	if c.Callers <= 0 {
-		c.Callers = 8
-	}
-	if c.Pace <= 0 {
-		c.Pace = time.Millisecond
-	}
-	if c.Quiet <= 0 {
-		c.Quiet = 100 * time.Millisecond
-	}
-	if c.Streams <= 0 {
-		c.Streams = 1000
-	}
-	if c.Changes <= 0 {
-		c.Changes = 20
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	setPositive(&c.Trials, 20)
+	setPositive(&c.Callers, 8)
+	setPositive(&c.Pace, time.Millisecond)
+	setPositive(&c.Quiet, 100*time.Millisecond)
+	setPositive(&c.Streams, 1000)
+	setPositive(&c.Changes, 20)
+	setDefault(&c.Logger, discardLogger())
 }
 
 // XDSProbePeer is the xDS client process of the xds scenario: grpc-go's own
@@ -245,23 +224,19 @@ func startServeForXDS(ctx context.Context, cfg XDSConfig) (*serveProc, error) {
 // the line's start up to its value, e.g. go_goroutines or
 // beacon_xds_marshals_total{type="endpoint"}.
 func scrape(ctx context.Context, base, series string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	var v string
+	found := false
+	err := readMetrics(ctx, base, func(line string) bool {
+		v, found = strings.CutPrefix(line, series+" ")
+		return !found
+	})
 	if err != nil {
 		return 0, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
+	if !found {
+		return 0, fmt.Errorf("bench: no %s at %s/metrics", series, base)
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	return 0, fmt.Errorf("bench: no %s at %s/metrics", series, base)
+	return strconv.ParseFloat(strings.TrimSpace(v), 64)
 }
 
 // xdsBench holds the backends, the registry and the two clients.

@@ -111,34 +111,34 @@ func (c Config) withDefaults() Config {
 	if c.TTL == 0 {
 		c.TTL = 3 * time.Second
 	}
-	if c.Sessions == 0 {
-		c.Sessions = 20
+	for p, n := range map[*int]int{&c.Sessions: 20, &c.Watchers: 3, &c.Trials: 1} {
+		if *p == 0 {
+			*p = n
+		}
 	}
-	if c.Watchers == 0 {
-		c.Watchers = 3
+	for p, d := range map[*time.Duration]time.Duration{
+		&c.Store.WatchSilenceTimeout: c.TTL / 2, &c.Store.ProbeTimeout: 500 * time.Millisecond, &c.Store.RequestTimeout: c.TTL,
+	} {
+		if *p == 0 {
+			*p = d
+		}
 	}
-	if c.Trials == 0 {
-		c.Trials = 1
-	}
-	if c.Store.WatchSilenceTimeout == 0 {
-		c.Store.WatchSilenceTimeout = c.TTL / 2
-	}
-	if c.Store.ProbeTimeout == 0 {
-		c.Store.ProbeTimeout = 500 * time.Millisecond
-	}
-	if c.Store.RequestTimeout == 0 {
-		c.Store.RequestTimeout = c.TTL
-	}
-	if c.Network == nil {
-		c.Network = func() (*etcdproc.Network, error) { return etcdproc.Loopback(), nil }
-	}
-	if c.Log == nil {
-		c.Log = slog.New(slog.DiscardHandler)
-	}
-	if c.Progress == nil {
-		c.Progress = io.Discard
-	}
+	defaultHarness(&c.Network, &c.Log, &c.Progress)
 	return c
+}
+
+// defaultHarness fills in what a drill's configuration leaves out of its
+// surroundings: members on loopback, no log, no progress.
+func defaultHarness(network *func() (*etcdproc.Network, error), log **slog.Logger, progress *io.Writer) {
+	if *network == nil {
+		*network = func() (*etcdproc.Network, error) { return etcdproc.Loopback(), nil }
+	}
+	if *log == nil {
+		*log = slog.New(slog.DiscardHandler)
+	}
+	if *progress == nil {
+		*progress = io.Discard
+	}
 }
 
 // Validate checks the configuration.

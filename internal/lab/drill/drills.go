@@ -188,25 +188,45 @@ func (r *runner) run(ctx context.Context, name string) (Result, error) {
 	return res, nil
 }
 
+// memberFault holds a member of c for 2 TTL in the state act puts it in
+// (what says which), then heal brings it back: a follower in even trials,
+// the leader in odd ones.
+func (r *runner) memberFault(c *etcdproc.Cluster, act, heal func(*etcdproc.Member) error, what string) fault {
+	var target *etcdproc.Member
+	return fault{hold: 2 * r.cfg.TTL,
+		inject: func(ctx context.Context, trial int) (string, error) {
+			m, role, err := pickMember(ctx, c, trial)
+			if err != nil {
+				return "", err
+			}
+			target = m
+			return role + " " + m.Name + " " + what, act(m)
+		},
+		heal: func(context.Context) error { return heal(target) }}
+}
+
+// pickMember is a follower of c in even trials, its leader in odd ones,
+// and which it is.
+func pickMember(ctx context.Context, c *etcdproc.Cluster, trial int) (*etcdproc.Member, string, error) {
+	leader, err := c.WaitLeader(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	if trial%2 == 1 {
+		return leader, "leader", nil
+	}
+	for _, m := range c.Members() {
+		if m != leader {
+			return m, "follower", nil
+		}
+	}
+	return leader, "leader", nil
+}
+
 // faultOf returns the fault of a drill.
 func (r *runner) faultOf(name string, c *etcdproc.Cluster) fault {
 	ttl := r.cfg.TTL
 	var target *etcdproc.Member
-	pick := func(ctx context.Context, trial int) (*etcdproc.Member, string, error) {
-		leader, err := c.WaitLeader(ctx)
-		if err != nil {
-			return nil, "", err
-		}
-		if trial%2 == 1 {
-			return leader, "leader", nil
-		}
-		for _, m := range c.Members() {
-			if m != leader {
-				return m, "follower", nil
-			}
-		}
-		return leader, "leader", nil
-	}
 	switch name {
 	case SinglePause:
 		m := c.Members()[0]
@@ -230,27 +250,9 @@ func (r *runner) faultOf(name string, c *etcdproc.Cluster) fault {
 			},
 			heal: func(context.Context) error { return target.Restart() }}
 	case MemberHang:
-		return fault{hold: 2 * ttl,
-			inject: func(ctx context.Context, trial int) (string, error) {
-				m, role, err := pick(ctx, trial)
-				if err != nil {
-					return "", err
-				}
-				target = m
-				return role + " " + m.Name + " stopped (SIGSTOP)", m.Pause()
-			},
-			heal: func(context.Context) error { return target.Resume() }}
+		return r.memberFault(c, (*etcdproc.Member).Pause, (*etcdproc.Member).Resume, "stopped (SIGSTOP)")
 	case Partition:
-		return fault{hold: 2 * ttl,
-			inject: func(ctx context.Context, trial int) (string, error) {
-				m, role, err := pick(ctx, trial)
-				if err != nil {
-					return "", err
-				}
-				target = m
-				return role + " " + m.Name + " cut off (link down)", m.Partition()
-			},
-			heal: func(context.Context) error { return target.Heal() }}
+		return r.memberFault(c, (*etcdproc.Member).Partition, (*etcdproc.Member).Heal, "cut off (link down)")
 	}
 	return fault{ // SIGKILL: the victim's death is the whole fault
 		inject: func(context.Context, int) (string, error) { return "registrant killed (SIGKILL)", nil },
@@ -594,6 +596,26 @@ func (r *runner) scoreFlaps(e *env, ws []*watcher, res *Result) {
 	}
 }
 
+// startTrialWith opens one extra watcher, name, through endpoints, waits
+// until it and the steady watchers agree, and starts trial n with all of
+// them. The caller closes the extra watcher.
+func (r *runner) startTrialWith(ctx context.Context, e *env, name string, endpoints []string, n int) (*watcher, *trialStart, error) {
+	extra, err := r.newWatcher(ctx, name, endpoints, e.ns)
+	if err != nil {
+		return nil, nil, err
+	}
+	all := append([]*watcher{extra}, e.watchers...)
+	var ts *trialStart
+	if err = e.converge(ctx, all, time.Minute); err == nil {
+		ts, err = r.startTrial(ctx, e, all, n)
+	}
+	if err != nil {
+		extra.close()
+		return nil, nil, err
+	}
+	return extra, ts, nil
+}
+
 // compactionTrial cuts one extra watcher off; meanwhile the victim dies,
 // an instance changes address, a new one registers, and etcd compacts its
 // history past the cut watcher's position. Healed, that watcher must
@@ -605,19 +627,12 @@ func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result
 		return err
 	}
 	defer p.Close()
-	cut, err := r.newWatcher(ctx, "cut", []string{p.Endpoint()}, e.ns)
+	cut, ts, err := r.startTrialWith(ctx, e, "cut", []string{p.Endpoint()}, n)
 	if err != nil {
 		return err
 	}
 	defer cut.close()
 	all := append([]*watcher{cut}, e.watchers...)
-	if err := e.converge(ctx, all, time.Minute); err != nil {
-		return err
-	}
-	ts, err := r.startTrial(ctx, e, all, n)
-	if err != nil {
-		return err
-	}
 	v := ts.v
 	defer v.kill()
 	t0 := time.Now()
@@ -694,19 +709,11 @@ func (r *runner) compactionTrial(ctx context.Context, e *env, n int, res *Result
 // with at most one event per changed instance, and every other watcher
 // must have had every change meanwhile.
 func (r *runner) slowTrial(ctx context.Context, e *env, n int, res *Result) error {
-	slow, err := r.newWatcher(ctx, "slow", e.c.Endpoints(), e.ns)
+	slow, ts, err := r.startTrialWith(ctx, e, "slow", e.c.Endpoints(), n)
 	if err != nil {
 		return err
 	}
 	defer slow.close()
-	all := append([]*watcher{slow}, e.watchers...)
-	if err := e.converge(ctx, all, time.Minute); err != nil {
-		return err
-	}
-	ts, err := r.startTrial(ctx, e, all, n)
-	if err != nil {
-		return err
-	}
 	v := ts.v
 	defer v.kill()
 	slow.hold()

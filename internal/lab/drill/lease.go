@@ -114,15 +114,7 @@ func (c LeaseConfig) withDefaults() LeaseConfig {
 	if c.FsyncDelay == 0 {
 		c.FsyncDelay = 500 * time.Millisecond
 	}
-	if c.Network == nil {
-		c.Network = func() (*etcdproc.Network, error) { return etcdproc.Loopback(), nil }
-	}
-	if c.Log == nil {
-		c.Log = slog.New(slog.DiscardHandler)
-	}
-	if c.Progress == nil {
-		c.Progress = io.Discard
-	}
+	defaultHarness(&c.Network, &c.Log, &c.Progress)
 	return c
 }
 
