@@ -22,6 +22,19 @@ import (
 	"github.com/miekg/dns"
 )
 
+// memberRefresh is how often the discovery tests' proxies read the member
+// list again: a member that has not published its client URLs when the
+// proxy first reads the list (a loaded machine) is found at the next read.
+const memberRefresh = 200 * time.Millisecond
+
+// waitEndpoints waits until p uses exactly the endpoints want (sorted).
+func waitEndpoints(t *testing.T, p *Proxy, want []string) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("the proxy to use the endpoints %v", want), func() bool {
+		return slices.Equal(endpointURLs(p), want)
+	})
+}
+
 func endpointURLs(p *Proxy) []string {
 	var out []string
 	for _, e := range p.Endpoints() {
@@ -58,10 +71,8 @@ func TestDiscoveryV3Token(t *testing.T) {
 	if _, err := dcli.Put(ctx, "/_etcd/registry/"+tok+"/members/1", "late=http://127.0.0.1:1"); err != nil {
 		t.Fatal(err)
 	}
-	p := startProxy(t, Config{DiscoveryToken: tok, DiscoveryEndpoints: disc.Endpoints()})
-	if got, want := endpointURLs(p), sorted(c.Endpoints()); !slices.Equal(got, want) {
-		t.Fatalf("endpoints %v, want %v", got, want)
-	}
+	p := startProxy(t, Config{DiscoveryToken: tok, DiscoveryEndpoints: disc.Endpoints(), RefreshInterval: memberRefresh})
+	waitEndpoints(t, p, sorted(c.Endpoints()))
 	cli := proxyClient(t, p)
 	if _, err := cli.Put(ctx, "k", "v"); err != nil {
 		t.Fatal(err)
@@ -101,10 +112,8 @@ func TestDiscoveryV2URL(t *testing.T) {
 		v2put(t, fmt.Sprintf("%s/%x", reg, 200+i), m.Name+"="+m.PeerURL())
 	}
 	v2put(t, reg+"/1", "late=http://127.0.0.1:1")
-	p := startProxy(t, Config{DiscoveryURL: reg})
-	if got, want := endpointURLs(p), sorted(c.Endpoints()); !slices.Equal(got, want) {
-		t.Fatalf("endpoints %v, want %v", got, want)
-	}
+	p := startProxy(t, Config{DiscoveryURL: reg, RefreshInterval: memberRefresh})
+	waitEndpoints(t, p, sorted(c.Endpoints()))
 	q, err := New(Config{DiscoveryURL: base + "/v2/keys/_etcd/registry/nosuchtoken"})
 	if err != nil {
 		t.Fatal(err)
@@ -198,10 +207,8 @@ func TestDiscoverySRV(t *testing.T) {
 		add(fmt.Sprintf("%s 60 IN A 127.0.0.1", host))
 	}
 	addr := startDNS(t, records)
-	p := startProxy(t, Config{DiscoverySRV: "example.test", DNSServer: addr})
-	if got, want := endpointURLs(p), sorted(c.Endpoints()); !slices.Equal(got, want) {
-		t.Fatalf("endpoints %v, want %v", got, want)
-	}
+	p := startProxy(t, Config{DiscoverySRV: "example.test", DNSServer: addr, RefreshInterval: memberRefresh})
+	waitEndpoints(t, p, sorted(c.Endpoints()))
 	peers, err := discoverSRV(ctxT(t), "nosuch.test", "", addr)
 	if err == nil || !strings.Contains(err.Error(), "_etcd-server._tcp.nosuch.test") {
 		t.Fatalf("missing SRV records: %v %v", peers, err)
