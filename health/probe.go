@@ -55,7 +55,10 @@ func withTimeout(ctx context.Context, timeout time.Duration, probe func(context.
 	defer cancel()
 	err := probe(ctx)
 	timedOut := errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded
-	if err != nil && ctx.Err() != nil && timedOut {
+	// gRPC ends a call at the deadline by its own timer, which can fire
+	// before the context's: the deadline passed is the test, not ctx.Err.
+	deadline, _ := ctx.Deadline()
+	if err != nil && timedOut && (ctx.Err() != nil || !time.Now().Before(deadline)) {
 		return fmt.Errorf("no answer within the check's timeout (%s)", timeout)
 	}
 	return err

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/naming/internal/publish"
 	"github.com/beaconplane/beacon/registry"
 	"google.golang.org/grpc/resolver"
@@ -78,7 +79,7 @@ func (r *nameResolver) run() {
 		d := bo.Next()
 		r.pub.Error(publish.ReasonWatchFailed, fmt.Errorf("%w: %s: %w", ErrWatchEnded, r.target, err))
 		r.log.Warn("registry watch ended; watching again", "err", err, "retry_in", d)
-		if !publish.Sleep(r.ctx, d) {
+		if !wait.Sleep(r.ctx, d) {
 			return
 		}
 	}

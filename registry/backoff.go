@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -33,18 +32,3 @@ func (b *backoff) next() time.Duration {
 
 // reset starts over from minBackoff.
 func (b *backoff) reset() { b.cur = 0 }
-
-// sleep waits for d or until ctx is done; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}

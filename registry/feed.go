@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/registry/internal/view"
 	"github.com/beaconplane/beacon/store"
 )
@@ -137,7 +138,7 @@ func (f *feed) run() {
 			f.setOutage(fmt.Errorf("registry: watch %s: list: %w", f.prefix, err))
 			d := bo.next()
 			log.Warn("watch cannot list; retrying", "err", err, "retry_in", d)
-			if !sleep(f.ctx, d) {
+			if !wait.Sleep(f.ctx, d) {
 				return
 			}
 			continue

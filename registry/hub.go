@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/store"
 )
 
@@ -134,18 +135,11 @@ func (h *hub) probe() {
 	r := h.r
 	interval := max(r.cfg.RetryMax, time.Second)
 	key := r.ks.Prefix(beacon.Query{}) // never a key: the answer is "not found"
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	failing := false
-	for {
-		select {
-		case <-r.ctx.Done():
-			return
-		case <-t.C:
-		}
+	wait.Every(r.ctx, interval, func() {
 		feeds := h.list()
 		if len(feeds) == 0 {
-			continue
+			return
 		}
 		err := h.ping(key, interval)
 		unreachable := errors.Is(err, store.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
@@ -184,7 +178,7 @@ func (h *hub) probe() {
 				f.setOutage(fmt.Errorf("registry: store unreachable: %w", err))
 			}
 		}
-	}
+	})
 }
 
 // ping reads a key that never exists, bounded by d: nil or an error that

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/store"
 )
 
@@ -240,7 +241,7 @@ func (k *leaseKeeper) renew(l store.LeaseID) {
 		k.log.Warn("session keep-alive failed; retrying", "lease", fmt.Sprintf("%x", l),
 			"err", err, "took", took.Round(time.Millisecond), "retry_in", d,
 			"since_last_renewal", time.Since(deadline.Add(-ttl)).Round(time.Millisecond), "ttl", ttl)
-		if !sleep(k.ctx, d) {
+		if !wait.Sleep(k.ctx, d) {
 			return
 		}
 	}

@@ -74,7 +74,7 @@ func keeperOver(t *testing.T, st store.Store) (*leaseKeeper, *verdictLog, chan s
 	return k, v, failed, cancel
 }
 
-func wait[T any](t *testing.T, ch <-chan T, what string) T {
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
 	select {
 	case x := <-ch:
@@ -99,10 +99,10 @@ func TestKeeperUnconfirmedOnlyPastTheTTL(t *testing.T) {
 		}
 		done := make(chan struct{})
 		go func() { defer close(done); k.renew(7) }()
-		wait(t, failed, "failed attempt")
-		wait(t, failed, "second attempt")
+		receive(t, failed, "failed attempt")
+		receive(t, failed, "second attempt")
 		if past {
-			if err := wait(t, v.unconfirmed, "unconfirmed report"); err == nil {
+			if err := receive(t, v.unconfirmed, "unconfirmed report"); err == nil {
 				t.Fatal("unconfirmed reported without the attempt's error")
 			}
 		}
@@ -129,7 +129,7 @@ func TestKeeperVerdictsFromTheStore(t *testing.T) {
 	k, v, _, _ := keeperOver(t, st)
 	k.hold(12345, time.Minute) // never granted
 	k.renew(12345)
-	if err := wait(t, v.lost, "lost verdict"); !errors.Is(err, store.ErrLeaseNotFound) {
+	if err := receive(t, v.lost, "lost verdict"); !errors.Is(err, store.ErrLeaseNotFound) {
 		t.Fatalf("lost with %v, want ErrLeaseNotFound", err)
 	}
 	l, err := st.Grant(context.Background(), 30*time.Second)
@@ -138,7 +138,7 @@ func TestKeeperVerdictsFromTheStore(t *testing.T) {
 	}
 	k.hold(l.ID, time.Minute)
 	k.renew(l.ID)
-	if got := wait(t, v.renewed, "renewal"); got != l.TTL {
+	if got := receive(t, v.renewed, "renewal"); got != l.TTL {
 		t.Fatalf("renewed with %v, want the store's %v", got, l.TTL)
 	}
 	if len(v.lost) != 0 || len(v.unconfirmed) != 0 {

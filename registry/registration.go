@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/store"
 )
 
@@ -180,7 +181,7 @@ func (r *StoreRegistry) retryInBackground(fn func(ctx context.Context) error) {
 				return
 			}
 			r.log.Debug("background cleanup failed; retrying", "err", err)
-			if !sleep(r.ctx, bo.next()) {
+			if !wait.Sleep(r.ctx, bo.next()) {
 				return
 			}
 		}
@@ -348,7 +349,7 @@ func (reg *registration) Drain(ctx context.Context, opts ...DrainOption) error {
 		return nil
 	}
 	if err == nil && o.grace > 0 {
-		sleep(ctx, o.grace)
+		wait.Sleep(ctx, o.grace)
 	}
 	if cerr := reg.Close(); cerr != nil {
 		return errors.Join(err, cerr)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/store"
 )
 
@@ -374,7 +375,7 @@ func (s *session) recover() {
 		}
 		d := bo.next()
 		s.r.log.Warn("session recovery failed; retrying", "attempt", attempt, "err", err, "retry_in", d)
-		if !sleep(s.r.ctx, d) {
+		if !wait.Sleep(s.r.ctx, d) {
 			return
 		}
 	}

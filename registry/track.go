@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/wait"
 )
 
 // trackMaxBackoff caps the delay before Track opens a watch again.
@@ -33,7 +34,7 @@ func Track(ctx context.Context, d Discoverer, q beacon.Query, apply func(Batch))
 		if errors.Is(err, ErrClosed) {
 			return err
 		}
-		if !sleep(ctx, bo.next()) {
+		if !wait.Sleep(ctx, bo.next()) {
 			return nil
 		}
 	}

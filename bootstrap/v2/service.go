@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/store"
 )
 
@@ -305,18 +306,11 @@ func (s *Service) expired(m meta) bool { return s.cfg.Now().Sub(m.Created) >= s.
 
 func (s *Service) gcLoop() {
 	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.GCInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-t.C:
-		}
+	wait.Every(s.ctx, s.cfg.GCInterval, func() {
 		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.GCInterval)
 		if _, err := s.CollectGarbage(ctx); err != nil && s.ctx.Err() == nil {
 			s.lg.Error("collecting expired discovery tokens failed; retrying at the next interval", "err", err)
 		}
 		cancel()
-	}
+	})
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/naming/internal/publish"
 	"github.com/beaconplane/beacon/store"
 	"google.golang.org/grpc"
@@ -196,7 +197,7 @@ func (r *etcdResolver) run() {
 			d := bo.Next()
 			r.pub.Error(publish.ReasonWatchFailed, fmt.Errorf("%w: %s: list: %w", ErrStale, r.raw, err))
 			r.log.Warn("cannot list endpoints; retrying", "err", err, "retry_in", d)
-			if !publish.Sleep(r.ctx, d) {
+			if !wait.Sleep(r.ctx, d) {
 				return
 			}
 			continue
@@ -235,7 +236,7 @@ func (r *etcdResolver) run() {
 			d := bo.Next()
 			r.pub.Error(publish.ReasonWatchFailed, fmt.Errorf("%w: %s: watch: %w", ErrStale, r.raw, err))
 			r.log.Warn("watch failed; re-listing", "err", err, "retry_in", d)
-			if !publish.Sleep(r.ctx, d) {
+			if !wait.Sleep(r.ctx, d) {
 				return
 			}
 		}
@@ -345,19 +346,12 @@ func (r *etcdResolver) publish(view *publish.View[decoded]) {
 // changed".
 func (r *etcdResolver) probe() {
 	defer r.wg.Done()
-	t := time.NewTicker(r.b.probe)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.ctx.Done():
-			return
-		case <-t.C:
-		}
+	wait.Every(r.ctx, r.b.probe, func() {
 		ctx, cancel := context.WithTimeout(r.ctx, r.b.probe)
 		_, err := r.b.st.Get(ctx, r.prefix)
 		cancel()
 		if r.ctx.Err() != nil || errors.Is(err, store.ErrClosed) {
-			continue // run finds out on its own
+			return // run finds out on its own
 		}
 		down := err != nil && !errors.Is(err, store.ErrNotFound)
 		if down {
@@ -369,5 +363,5 @@ func (r *etcdResolver) probe() {
 			default:
 			}
 		}
-	}
+	})
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/internal/defaults"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -137,7 +138,7 @@ func (w *writer) run() {
 	delay := time.Duration(0)
 	for {
 		if delay > 0 {
-			if !sleep(w.ctx, delay) {
+			if !wait.Sleep(w.ctx, delay) {
 				return
 			}
 		} else {
@@ -289,7 +290,7 @@ const visibilityDelay = 15 * time.Second
 // EndpointSlice lists it).
 func (w *writer) logVisibility() {
 	defer w.wg.Done()
-	if !sleep(w.ctx, visibilityDelay) {
+	if !wait.Sleep(w.ctx, visibilityDelay) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(w.ctx, w.r.cfg.Timeout)
@@ -616,7 +617,7 @@ func (g *registration) Drain(ctx context.Context, opts ...registry.DrainOption) 
 		cancel()
 	}
 	if markErr == nil && grace > 0 {
-		sleep(ctx, grace)
+		wait.Sleep(ctx, grace)
 	}
 	return errors.Join(markErr, g.Close())
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/wait"
 	shared "github.com/beaconplane/beacon/registry/internal/view"
 	"github.com/go-logr/logr"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -301,14 +302,7 @@ func (s *sink) Resync() error                       { return nil }
 func (v *view) probe() {
 	r := v.r
 	defer r.wg.Done()
-	t := time.NewTicker(probeInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.ctx.Done():
-			return
-		case <-t.C:
-		}
+	wait.Every(r.ctx, probeInterval, func() {
 		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
 		err := r.rawGet(ctx, "/version", nil)
 		cancel()
@@ -333,7 +327,7 @@ func (v *view) probe() {
 			v.releaseLocked()
 		}
 		v.mu.Unlock()
-	}
+	})
 }
 
 func (v *view) sourceFailed(src *source, err error) {

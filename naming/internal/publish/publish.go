@@ -5,7 +5,6 @@
 package publish
 
 import (
-	"context"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -182,15 +181,3 @@ func (b *Backoff) Next() time.Duration {
 
 // Reset starts over at Min.
 func (b *Backoff) Reset() { b.cur = 0 }
-
-// Sleep waits d or until ctx is done; it reports whether d elapsed.
-func Sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
