@@ -141,7 +141,8 @@ func (w *grpcWatch) ended(err error) bool {
 func (w *grpcWatch) stop() {
 	if w.watching {
 		w.cancel()
-		<-w.done // why it ended (cancelled)
+		err := <-w.done // why it ended: the cancel above, or an error the next probe meets again
+		_ = err
 		_ = w.cc.Close()
 		w.watching = false
 	}

@@ -116,7 +116,7 @@ func TestReconcilerRecordsStanding(t *testing.T) {
 	rc.setWritten(a, 5, conflict)
 	rc.setWritten(stranger, 9, nil) // not tracked: ignored
 	rc.invalidate(stranger)
-	if got := rc.outcome(a); !got.admitted || got.epoch != 5 || got.err != conflict {
+	if got := rc.outcome(a); !got.admitted || got.epoch != 5 || !errors.Is(got.err, conflict) {
 		t.Fatalf("after setWritten = %+v, want admitted, epoch 5, the conflict", got)
 	}
 	if got := rc.outcome(stranger); got != (writeOutcome{}) {
@@ -126,7 +126,7 @@ func TestReconcilerRecordsStanding(t *testing.T) {
 	if got := rc.outcome(a); got.epoch != 0 || !got.admitted {
 		t.Fatalf("after invalidate = %+v, want admitted in epoch 0", got)
 	}
-	if got := rc.remove(a); !got.admitted || got.err != conflict {
+	if got := rc.remove(a); !got.admitted || !errors.Is(got.err, conflict) {
 		t.Fatalf("remove returned %+v, want the last standing", got)
 	}
 	if got := rc.remove(a); got != (writeOutcome{}) {
