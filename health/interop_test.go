@@ -87,17 +87,7 @@ func startPeer(t *testing.T, name string, args ...string) *peerServer {
 	}
 	defer func() { _ = errLog.Close() }() // the child writes to its own copy
 	cmd.Stderr = errLog
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	in, out := testpeer.StartPiped(t, cmd)
 	s.in, s.proc = in, cmd.Process
 	port := make(chan string, 1)
 	read := make(chan struct{})

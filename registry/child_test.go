@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
@@ -99,17 +100,7 @@ func startChild(t *testing.T, endpoints []string, ns string, n int, ttl time.Dur
 		childTTLEnv+"="+ttl.String(),
 	)
 	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdin, stdout := testpeer.StartPiped(t, cmd)
 	c := &child{cmd: cmd, stdin: stdin}
 	t.Cleanup(func() {
 		_ = stdin.Close()

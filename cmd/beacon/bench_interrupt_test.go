@@ -151,7 +151,7 @@ func TestBenchRegisterInterrupted(t *testing.T) {
 		t.Skip("builds beacon")
 	}
 	srv := etcdtest.Start(t, etcdtest.Options{})
-	runUntilInterrupted(t, "register: raw etcd", "bench", "register", "--endpoints", srv.Endpoint(),
+	runUntilInterrupted(t, `side="raw etcd"`, "bench", "register", "--endpoints", srv.Endpoint(),
 		"--rounds", "50", "--instances", "3000", "--concurrency", "64")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

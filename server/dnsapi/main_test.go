@@ -13,6 +13,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/natstest"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store/etcd"
 	"go.uber.org/goleak"
@@ -84,18 +85,8 @@ func startChild(t *testing.T, endpoint string) (*exec.Cmd, string) {
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+endpoint)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdin, stdout := testpeer.StartPiped(t, cmd)
 	t.Cleanup(func() {
 		_ = stdin.Close()
 		_ = cmd.Process.Kill()

@@ -453,17 +453,7 @@ func startRegistrant(t *testing.T, endpoints []string) (*exec.Cmd, string) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", childEndpointsEnv+"="+strings.Join(endpoints, ","))
 	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdin, out := testpeer.StartPiped(t, cmd)
 	t.Cleanup(func() {
 		_ = stdin.Close()
 		_ = cmd.Process.Signal(syscall.SIGKILL)

@@ -170,17 +170,7 @@ func startProc(t testing.TB, bootstrapDoc []byte, env []string, name string, arg
 	cmd.Env = append(append(os.Environ(), "GRPC_XDS_BOOTSTRAP="+bs), env...)
 	stderr := &lockedBuffer{}
 	cmd.Stderr = stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	in, out := testpeer.StartPiped(t, cmd)
 	t.Cleanup(func() {
 		_ = in.Close()
 		done := make(chan struct{})

@@ -518,7 +518,7 @@ func (rb *registerBench) concurrent(ctx context.Context, rep *Report, wi, worker
 			switch i := (round + k) % 3; i {
 			case 0, 1:
 				s := sides[i]
-				cfg.Logger.Info("register", "side", s.name, "workers", workers, "round", round)
+				cfg.Logger.Info("register: load", "side", s.name, "workers", workers, "round", round)
 				res, err := s.measure(ctx, name, cfg.Instances, workers)
 				if err != nil {
 					return err

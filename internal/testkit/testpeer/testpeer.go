@@ -11,6 +11,7 @@
 package testpeer
 
 import (
+	"io"
 	"os"
 	"os/exec"
 	"path"
@@ -166,4 +167,23 @@ func Node(tb testing.TB, dir string) string {
 		Missing(tb, "the npm packages of "+dir+" are not installed: run npm ci --prefix "+dir)
 	}
 	return node
+}
+
+// StartPiped starts cmd with its stdin and stdout piped to the test, and
+// returns them; the test fails if it cannot. (Who stops the process stays
+// the caller's choice: its cleanup closes stdin, signals or waits.)
+func StartPiped(tb testing.TB, cmd *exec.Cmd) (stdin io.WriteCloser, stdout io.ReadCloser) {
+	tb.Helper()
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err = cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	return stdin, stdout
 }
