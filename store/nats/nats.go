@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/internal/mvcc"
 	"github.com/nats-io/nats.go"
@@ -541,14 +542,10 @@ func (s *Store) publishAll(ctx context.Context, all []*nats.Msg) (uint64, error)
 // backoff waits a little before retrying after a conflict.
 func backoff(ctx context.Context, attempt int) error {
 	d := time.Duration(min(attempt, 10)) * 200 * time.Microsecond
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
+	if !wait.Sleep(ctx, d) {
 		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
+	return nil
 }
 
 // optimistic runs try until JetStream does not refuse its write for a

@@ -13,6 +13,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/lab/etcdproc"
 	"github.com/beaconplane/beacon/internal/lab/netcut"
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/store"
 )
 
@@ -306,14 +307,10 @@ func (lw *leaderWatch) takeover() time.Time {
 
 // sleepCtx waits d: the fault's duration is part of the drill.
 func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	if !wait.Sleep(ctx, d) {
 		return ctx.Err()
 	}
+	return nil
 }
 
 // trial runs one trial of a fault drill: start a victim, inject the fault
