@@ -29,3 +29,18 @@ func ExampleValidateLabel() {
 	// Output:
 	// beacon: invalid namespace "Prod": must be a DNS label: 1-63 lower-case letters, digits or '-', starting and ending with a letter or digit
 }
+
+func ExampleParseCheck() {
+	c, err := beacon.ParseCheck("http:/healthz")
+	if err != nil {
+		panic(err)
+	}
+	c = c.WithDefaults()
+	fmt.Println(c.Kind, c.Path, c.Interval, c.Timeout, c.Rise, c.Fall)
+
+	_, err = beacon.ParseCheck("http:healthz")
+	fmt.Println(err)
+	// Output:
+	// http /healthz 10s 2s 2 3
+	// beacon: invalid check "http:healthz": the HTTP path must start with / and be a printable request path of at most 1024 bytes, with no space or fragment
+}

@@ -59,6 +59,14 @@ type Instance struct {
 	// Status is serving or draining. Empty is read as serving.
 	Status       Status    `json:"status"`
 	RegisteredAt time.Time `json:"registered_at"`
+	// Check is the health check the registrant declares, nil for none:
+	// the checkers (beacon serve) run it from outside the process.
+	Check *Check `json:"check,omitempty"`
+	// Health is the checkers' verdict, filled by the registry for readers
+	// of an instance that declares a Check. It is never stored with the
+	// instance: writers leave it nil, and what a stored value says is
+	// ignored.
+	Health *Health `json:"health,omitempty"`
 }
 
 // Ref returns the instance's name.
@@ -66,12 +74,27 @@ func (in Instance) Ref() Ref {
 	return Ref{Namespace: in.Namespace, Component: in.Component, Endpoint: in.Endpoint, ID: in.ID}
 }
 
-// Serving reports whether the instance takes new work.
-func (in Instance) Serving() bool { return in.Status == "" || in.Status == StatusServing }
+// Serving reports whether the instance takes new work: it is not
+// draining, and its health check (if it declares one) is not failing.
+func (in Instance) Serving() bool {
+	return (in.Status == "" || in.Status == StatusServing) && !in.Health.Failing()
+}
+
+// Draining reports whether the instance's registrant said it takes no new
+// work (as opposed to its health check failing).
+func (in Instance) Draining() bool { return in.Status == StatusDraining }
 
 // Clone returns a deep copy.
 func (in Instance) Clone() Instance {
 	in.Metadata = maps.Clone(in.Metadata)
+	if in.Check != nil {
+		c := *in.Check
+		in.Check = &c
+	}
+	if in.Health != nil {
+		h := *in.Health
+		in.Health = &h
+	}
 	return in
 }
 
@@ -79,7 +102,15 @@ func (in Instance) Clone() Instance {
 func (in Instance) Equal(o Instance) bool {
 	return in.Namespace == o.Namespace && in.Component == o.Component && in.Endpoint == o.Endpoint &&
 		in.ID == o.ID && in.Address == o.Address && in.Transport == o.Transport &&
-		in.Status == o.Status && in.RegisteredAt.Equal(o.RegisteredAt) && maps.Equal(in.Metadata, o.Metadata)
+		in.Status == o.Status && in.RegisteredAt.Equal(o.RegisteredAt) && maps.Equal(in.Metadata, o.Metadata) &&
+		equalPtr(in.Check, o.Check) && equalHealth(in.Health, o.Health)
+}
+
+func equalPtr[T comparable](a, b *T) bool { return a == b || a != nil && b != nil && *a == *b }
+
+func equalHealth(a, b *Health) bool {
+	return a == b || a != nil && b != nil && a.Status == b.Status && a.Reason == b.Reason &&
+		a.Since.Equal(b.Since) && a.Checker == b.Checker && a.Panic == b.Panic
 }
 
 // Validate checks every field against the rules of the key layout and the
@@ -113,6 +144,11 @@ func (in Instance) validate(maxMetadata int, write bool) error {
 	case "", StatusServing, StatusDraining:
 	default:
 		return fieldError(ErrInvalid, "status", string(in.Status), `must be "serving" or "draining"`)
+	}
+	if in.Check != nil {
+		if err := in.Check.Validate(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -147,6 +147,26 @@ func (k Keyspace) Key(r Ref) string {
 	return k.root + ServicesDir + r.Namespace + "/" + r.Component + "/" + r.Endpoint + "/" + r.ID
 }
 
+// HealthSuffix ends the key of the checkers' verdict on an instance: the
+// instance's key followed by "/health". A verdict lives beside its
+// instance, so that a watch of any prefix sees both in one ordered stream.
+const HealthSuffix = "/health"
+
+// HealthKey returns the store key of the checkers' verdict on the instance
+// at r. It does not validate r.
+func (k Keyspace) HealthKey(r Ref) string { return k.Key(r) + HealthSuffix }
+
+// ParseHealthKey returns the ref of the instance whose verdict is stored at
+// key, and false if key is not a verdict's key.
+func (k Keyspace) ParseHealthKey(key string) (Ref, bool) {
+	ikey, ok := strings.CutSuffix(key, HealthSuffix)
+	if !ok {
+		return Ref{}, false
+	}
+	r, err := k.Parse(ikey)
+	return r, err == nil
+}
+
 // Prefix returns the store prefix holding every instance selected by q. It
 // always ends with "/", so namespace "a" never matches namespace "ab".
 func (k Keyspace) Prefix(q Query) string {

@@ -172,3 +172,23 @@ func FuzzParseRef(f *testing.F) {
 		}
 	})
 }
+
+func TestHealthKeyRoundTrip(t *testing.T) {
+	ks, err := NewKeyspace("/root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Ref{Namespace: "prod", Component: "api", Endpoint: "rpc", ID: "00000000000000ab"}
+	key := ks.HealthKey(r)
+	if key != "/root/services/prod/api/rpc/00000000000000ab/health" {
+		t.Fatalf("HealthKey = %q", key)
+	}
+	if got, ok := ks.ParseHealthKey(key); !ok || got != r {
+		t.Fatalf("ParseHealthKey(%q) = %v, %v", key, got, ok)
+	}
+	for _, bad := range []string{ks.Key(r), key + "/x", "/root/services/prod/api/health", "/other/services/prod/api/rpc/00000000000000ab/health"} {
+		if _, ok := ks.ParseHealthKey(bad); ok {
+			t.Errorf("ParseHealthKey(%q) accepted a key that is no verdict's", bad)
+		}
+	}
+}

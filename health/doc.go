@@ -1,21 +1,21 @@
 // Package health checks whether an instance serves, apart from whether its
 // process lives (which its lease already says).
 //
-// A Check declares how: the standard gRPC health service (grpc.health.v1,
-// followed through its Watch stream, so that a change is seen when the
-// server pushes it, and called with Check once per interval on the same
-// connection, so that a hung server fails too; polled with Check alone
-// where the server has no Watch), an
-// HTTP GET whose answer must be 2xx (redirects are not followed), a TCP
-// connect, or a TTL the service itself refreshes — an application-level
-// "I am fine", distinct from the lease. Parse reads the command line's
-// form of a check:
+// A beacon.Check, declared with the instance it checks, says how: the
+// standard gRPC health service (grpc.health.v1, followed through its Watch
+// stream, so that a change is seen when the server pushes it, and called
+// with Check once per interval on the same connection, so that a hung
+// server fails too; polled with Check alone where the server has no
+// Watch), an HTTP GET whose answer must be 2xx (redirects are not
+// followed), a TCP connect, or a TTL the service itself refreshes — an
+// application-level "I am fine", distinct from the lease.
+// beacon.ParseCheck reads the command line's form of a check:
 //
 //	grpc | grpc:SERVICE | http:/PATH | tcp | ttl:DURATION
 //
-// and Validate refuses timing that cannot work (intervals outside
-// MinInterval..MaxInterval, a timeout longer than the interval, thresholds
-// of 0), saying what to write instead.
+// and Check.Validate refuses timing that cannot work (intervals outside
+// beacon.MinCheckInterval..MaxCheckInterval, a timeout longer than the
+// interval, thresholds of 0), saying what to write instead.
 //
 // A Runner probes one address with one check and turns the results into a
 // verdict with rise and fall thresholds:

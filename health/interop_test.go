@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 
@@ -219,7 +220,7 @@ func TestInteropProbe(t *testing.T) {
 			{"unsure", "the server reports UNKNOWN"},
 			{"nope", `the server does not know the service "nope"`},
 		} {
-			err := (&Prober{}).Probe(context.Background(), Check{Kind: GRPC, Service: tc.service}, s.addr)
+			err := (&Prober{}).Probe(context.Background(), beacon.Check{Kind: beacon.CheckGRPC, Service: tc.service}, s.addr)
 			switch {
 			case tc.says == "" && err != nil:
 				t.Errorf("%q failed: %v", tc.service, err)
@@ -267,7 +268,7 @@ func TestInteropWatchUnknownService(t *testing.T) {
 func TestInteropRunnerFollowsWatch(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, s *peerServer) {
 		s.set(t, "SERVING", "svc")
-		ch := runRunner(t, &Runner{Check: Check{Kind: GRPC, Service: "svc", Interval: MaxInterval, Rise: 1, Fall: 1}, Addr: s.addr})
+		ch := runRunner(t, &Runner{Check: beacon.Check{Kind: beacon.CheckGRPC, Service: "svc", Interval: beacon.MaxCheckInterval, Rise: 1, Fall: 1}, Addr: s.addr})
 		expect(t, ch, Passing)
 		start := time.Now()
 		s.set(t, "NOT_SERVING", "svc")
@@ -276,7 +277,7 @@ func TestInteropRunnerFollowsWatch(t *testing.T) {
 		}
 		s.set(t, "SERVING", "svc")
 		expect(t, ch, Passing)
-		if took := time.Since(start); took >= MaxInterval/2 {
+		if took := time.Since(start); took >= beacon.MaxCheckInterval/2 {
 			t.Fatalf("the flips took %s, not less than half an interval", took)
 		}
 		if checks, watches := s.count("check", "svc"), s.count("watch", "svc"); checks != 0 || watches != 1 {
@@ -292,7 +293,7 @@ func TestInteropRunnerFollowsWatch(t *testing.T) {
 func TestInteropRunnerThresholds(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, s *peerServer) {
 		const rise, fall = 2, 3
-		ch, ticks := runTicked(t, &Runner{Check: Check{Kind: GRPC, Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: rise, Fall: fall}, Addr: s.addr})
+		ch, ticks := runTicked(t, &Runner{Check: beacon.Check{Kind: beacon.CheckGRPC, Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: rise, Fall: fall}, Addr: s.addr})
 		expect(t, ch, Passing)
 		flip := func(status string, want Status, need int) {
 			t.Helper()
@@ -315,14 +316,14 @@ func TestInteropRunnerThresholds(t *testing.T) {
 // Fall intervals, and passes again once it resumes (SIGCONT).
 func TestInteropHungServer(t *testing.T) {
 	forEachPeer(t, func(t *testing.T, s *peerServer) {
-		ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: s.addr})
+		ch := runRunner(t, &Runner{Check: with(beacon.CheckGRPC, quick), Addr: s.addr})
 		expect(t, ch, Passing)
 		s.signal(t, syscall.SIGSTOP)
 		const says = "no answer within the check's timeout"
 		if c := expect(t, ch, Failing); c.reason == nil || !strings.Contains(c.reason.Error(), says) {
 			t.Fatalf("failing because %v, want %q", c.reason, says)
 		}
-		fast := Check{Kind: GRPC, Interval: time.Second, Timeout: 300 * time.Millisecond}
+		fast := beacon.Check{Kind: beacon.CheckGRPC, Interval: time.Second, Timeout: 300 * time.Millisecond}
 		if err := (&Prober{}).Probe(context.Background(), fast, s.addr); err == nil || !strings.Contains(err.Error(), says) {
 			t.Fatalf("a probe of the stopped server: %v, want %q", err, says)
 		}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/beaconplane/beacon"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -32,15 +33,15 @@ type Prober struct {
 // Probe runs one probe of c against addr within c's timeout and returns
 // nil if it passed, else why not. A TTL check is not probed: Probe refuses
 // it.
-func (p *Prober) Probe(ctx context.Context, c Check, addr string) error {
+func (p *Prober) Probe(ctx context.Context, c beacon.Check, addr string) error {
 	c = c.WithDefaults()
 	return withTimeout(ctx, c.Timeout, func(ctx context.Context) error {
 		switch c.Kind {
-		case HTTP:
+		case beacon.CheckHTTP:
 			return p.probeHTTP(ctx, addr, c.Path)
-		case TCP:
+		case beacon.CheckTCP:
 			return p.probeTCP(ctx, addr)
-		case GRPC:
+		case beacon.CheckGRPC:
 			return probeGRPC(ctx, addr, c.Service)
 		}
 		return fmt.Errorf("health: a %s check is reported by the service, not probed", c.Kind)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -71,29 +72,29 @@ func TestProbe(t *testing.T) {
 	hung, hungAddr := scriptedServer(t)
 	hung.stall()
 	httpAddr, closed := httpServer(t), closedAddr(t)
-	fast := func(c Check) Check { c.Interval, c.Timeout = time.Second, 300*time.Millisecond; return c }
+	fast := func(c beacon.Check) beacon.Check { c.Interval, c.Timeout = time.Second, 300*time.Millisecond; return c }
 	for _, tc := range []struct {
 		name  string
-		check Check
+		check beacon.Check
 		addr  string
 		says  string // "" for a pass
 	}{
-		{"GRPCServing", Check{Kind: GRPC}, grpcAddr, ""},
-		{"GRPCServiceServing", Check{Kind: GRPC, Service: "up"}, grpcAddr, ""},
-		{"GRPCNotServing", Check{Kind: GRPC, Service: "down"}, grpcAddr, "NOT_SERVING"},
-		{"GRPCServiceUnknown", Check{Kind: GRPC, Service: "nope"}, grpcAddr, `does not know the service "nope"`},
-		{"GRPCNoHealthService", Check{Kind: GRPC}, bareAddr, "does not serve grpc.health.v1.Health"},
-		{"GRPCRefused", Check{Kind: GRPC}, closed, "connection refused"},
-		{"GRPCHung", fast(Check{Kind: GRPC}), hungAddr, "no answer within the check's timeout (300ms)"},
-		{"GRPCAgainstHTTP", Check{Kind: GRPC}, httpAddr, ""},
-		{"HTTPOK", Check{Kind: HTTP, Path: "/ok"}, httpAddr, ""},
-		{"HTTP503", Check{Kind: HTTP, Path: "/down"}, httpAddr, "GET /down answered 503 Service Unavailable"},
-		{"HTTPRedirectNotFollowed", Check{Kind: HTTP, Path: "/moved"}, httpAddr, "answered 302"},
-		{"HTTPHung", fast(Check{Kind: HTTP, Path: "/slow"}), httpAddr, "no answer within the check's timeout (300ms)"},
-		{"HTTPRefused", Check{Kind: HTTP, Path: "/ok"}, closed, "connection refused"},
-		{"HTTPAgainstGRPC", Check{Kind: HTTP, Path: "/ok"}, grpcAddr, ""},
-		{"TCPOpen", Check{Kind: TCP}, httpAddr, ""},
-		{"TCPRefused", Check{Kind: TCP}, closed, "connection refused"},
+		{"GRPCServing", beacon.Check{Kind: beacon.CheckGRPC}, grpcAddr, ""},
+		{"GRPCServiceServing", beacon.Check{Kind: beacon.CheckGRPC, Service: "up"}, grpcAddr, ""},
+		{"GRPCNotServing", beacon.Check{Kind: beacon.CheckGRPC, Service: "down"}, grpcAddr, "NOT_SERVING"},
+		{"GRPCServiceUnknown", beacon.Check{Kind: beacon.CheckGRPC, Service: "nope"}, grpcAddr, `does not know the service "nope"`},
+		{"GRPCNoHealthService", beacon.Check{Kind: beacon.CheckGRPC}, bareAddr, "does not serve grpc.health.v1.Health"},
+		{"GRPCRefused", beacon.Check{Kind: beacon.CheckGRPC}, closed, "connection refused"},
+		{"GRPCHung", fast(beacon.Check{Kind: beacon.CheckGRPC}), hungAddr, "no answer within the check's timeout (300ms)"},
+		{"GRPCAgainstHTTP", beacon.Check{Kind: beacon.CheckGRPC}, httpAddr, ""},
+		{"HTTPOK", beacon.Check{Kind: beacon.CheckHTTP, Path: "/ok"}, httpAddr, ""},
+		{"HTTP503", beacon.Check{Kind: beacon.CheckHTTP, Path: "/down"}, httpAddr, "GET /down answered 503 Service Unavailable"},
+		{"HTTPRedirectNotFollowed", beacon.Check{Kind: beacon.CheckHTTP, Path: "/moved"}, httpAddr, "answered 302"},
+		{"HTTPHung", fast(beacon.Check{Kind: beacon.CheckHTTP, Path: "/slow"}), httpAddr, "no answer within the check's timeout (300ms)"},
+		{"HTTPRefused", beacon.Check{Kind: beacon.CheckHTTP, Path: "/ok"}, closed, "connection refused"},
+		{"HTTPAgainstGRPC", beacon.Check{Kind: beacon.CheckHTTP, Path: "/ok"}, grpcAddr, ""},
+		{"TCPOpen", beacon.Check{Kind: beacon.CheckTCP}, httpAddr, ""},
+		{"TCPRefused", beacon.Check{Kind: beacon.CheckTCP}, closed, "connection refused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := (&Prober{}).Probe(context.Background(), tc.check, tc.addr)
@@ -112,7 +113,7 @@ func TestProbe(t *testing.T) {
 }
 
 func TestProbeRefusesTTL(t *testing.T) {
-	if err := (&Prober{}).Probe(context.Background(), Check{Kind: TTL, TTL: time.Minute}, "127.0.0.1:1"); err == nil {
+	if err := (&Prober{}).Probe(context.Background(), beacon.Check{Kind: beacon.CheckTTL, TTL: time.Minute}, "127.0.0.1:1"); err == nil {
 		t.Fatal("a TTL check was probed")
 	}
 }

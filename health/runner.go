@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/beaconplane/beacon"
 	"google.golang.org/grpc"
 )
 
@@ -24,7 +25,7 @@ import (
 // too. A server without Watch is polled with Check. A TTL check counts a failure for
 // every interval in which the last Report is older than the TTL.
 type Runner struct {
-	Check  Check
+	Check  beacon.Check
 	Addr   string
 	Prober *Prober
 	// OnChange is called, from Run's goroutine, with each new status and,
@@ -53,7 +54,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.OnChange(v.status, v.reason)
 		}
 	}
-	if c.Kind == TTL {
+	if c.Kind == beacon.CheckTTL {
 		r.Report() // a TTL check starts with one TTL of grace
 	}
 	w := grpcWatch{pushed: make(chan error, 1), done: make(chan error, 1)}
@@ -76,11 +77,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		timer.Reset(nextWait(c.Interval, r.jitter()))
 		switch {
-		case c.Kind == TTL:
+		case c.Kind == beacon.CheckTTL:
 			observe(r.ttlResult(c.TTL))
-		case c.Kind == GRPC && w.watching:
+		case c.Kind == beacon.CheckGRPC && w.watching:
 			observe(withTimeout(ctx, c.Timeout, func(ctx context.Context) error { return checkGRPC(ctx, w.cc, c.Service) }))
-		case c.Kind == GRPC && !w.unsupported:
+		case c.Kind == beacon.CheckGRPC && !w.unsupported:
 			if err := w.start(ctx, r.Addr, c.Service); err != nil {
 				observe(err)
 			} // else its first push is the result

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -65,15 +66,15 @@ func expect(t *testing.T, ch <-chan change, want Status) change {
 	return change{}
 }
 
-var quick = Check{Interval: MinInterval, Timeout: 400 * time.Millisecond, Rise: 1, Fall: 2}
+var quick = beacon.Check{Interval: beacon.MinCheckInterval, Timeout: 400 * time.Millisecond, Rise: 1, Fall: 2}
 
-func with(kind Kind, c Check) Check { c.Kind = kind; return c }
+func with(kind beacon.CheckKind, c beacon.Check) beacon.Check { c.Kind = kind; return c }
 
 // TestRunnerGRPCWatch: a gRPC check follows the server's Watch: NOT_SERVING
 // takes the instance out, SERVING brings it back.
 func TestRunnerGRPCWatch(t *testing.T) {
 	hs, addr := grpcServer(t, false)
-	ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: addr})
+	ch := runRunner(t, &Runner{Check: with(beacon.CheckGRPC, quick), Addr: addr})
 	expect(t, ch, Passing)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	if c := expect(t, ch, Failing); c.reason == nil {
@@ -94,7 +95,7 @@ func TestRunnerGRPCServerGone(t *testing.T) {
 	healthpb.RegisterHealthServer(srv, newCheckOnly(true))
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
-	ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: lis.Addr().String()})
+	ch := runRunner(t, &Runner{Check: with(beacon.CheckGRPC, quick), Addr: lis.Addr().String()})
 	expect(t, ch, Passing)
 	srv.Stop()
 	expect(t, ch, Failing)
@@ -132,7 +133,7 @@ func TestRunnerGRPCPollsWithoutWatch(t *testing.T) {
 	healthpb.RegisterHealthServer(srv, hs)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
-	ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: lis.Addr().String()})
+	ch := runRunner(t, &Runner{Check: with(beacon.CheckGRPC, quick), Addr: lis.Addr().String()})
 	expect(t, ch, Passing)
 	hs.serving.Store(false)
 	expect(t, ch, Failing)
@@ -143,14 +144,14 @@ func TestRunnerGRPCPollsWithoutWatch(t *testing.T) {
 // TestRunnerHTTPUnreachable: an unreachable address fails after Fall
 // probes, with the dial error as the reason.
 func TestRunnerHTTPUnreachable(t *testing.T) {
-	ch := runRunner(t, &Runner{Check: with(HTTP, Check{Path: "/ok", Interval: quick.Interval, Timeout: quick.Timeout, Fall: 2}), Addr: closedAddr(t)})
+	ch := runRunner(t, &Runner{Check: with(beacon.CheckHTTP, beacon.Check{Path: "/ok", Interval: quick.Interval, Timeout: quick.Timeout, Fall: 2}), Addr: closedAddr(t)})
 	expect(t, ch, Failing)
 }
 
 // TestRunnerTTL: a TTL check fails once the service stops reporting, and
 // passes again at its next report.
 func TestRunnerTTL(t *testing.T) {
-	r := &Runner{Check: Check{Kind: TTL, TTL: MinTTL, Interval: MinInterval, Rise: 1, Fall: 1}}
+	r := &Runner{Check: beacon.Check{Kind: beacon.CheckTTL, TTL: beacon.MinCheckTTL, Interval: beacon.MinCheckInterval, Rise: 1, Fall: 1}}
 	ch := runRunner(t, r)
 	expect(t, ch, Passing) // the grace of one TTL at the start
 	expect(t, ch, Failing)
@@ -278,7 +279,7 @@ func (s *scripted) Watch(_ *healthpb.HealthCheckRequest, stream healthpb.Health_
 // only after Fall results (the first push and Fall-1 intervals).
 func TestRunnerGRPCRepeatedPushCountsOnce(t *testing.T) {
 	s, addr := scriptedServer(t)
-	c := with(GRPC, quick)
+	c := with(beacon.CheckGRPC, quick)
 	c.Interval, c.Fall = 2*time.Second, 3
 	ch, ticks := runTicked(t, &Runner{Check: c, Addr: addr})
 	expect(t, ch, Passing)
@@ -296,7 +297,7 @@ func TestRunnerGRPCRepeatedPushCountsOnce(t *testing.T) {
 // again once it answers.
 func TestRunnerGRPCHungWatch(t *testing.T) {
 	s, addr := scriptedServer(t)
-	ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: addr})
+	ch := runRunner(t, &Runner{Check: with(beacon.CheckGRPC, quick), Addr: addr})
 	expect(t, ch, Passing)
 	s.stall()
 	if c := expect(t, ch, Failing); c.reason == nil || !strings.Contains(c.reason.Error(), "no answer within the check's timeout (400ms)") {
@@ -309,7 +310,7 @@ func TestRunnerGRPCHungWatch(t *testing.T) {
 // TestRunnerGRPCUndialable: an address gRPC cannot dial fails the check,
 // saying why.
 func TestRunnerGRPCUndialable(t *testing.T) {
-	ch := runRunner(t, &Runner{Check: with(GRPC, quick), Addr: "%zz"})
+	ch := runRunner(t, &Runner{Check: with(beacon.CheckGRPC, quick), Addr: "%zz"})
 	if c := expect(t, ch, Failing); c.reason == nil || !strings.Contains(c.reason.Error(), "invalid URL escape") {
 		t.Fatalf("failing because %v, want the dial error", c.reason)
 	}

@@ -1,5 +1,7 @@
 package health
 
+import "github.com/beaconplane/beacon"
+
 // Status is a check's verdict on an instance.
 type Status string
 
@@ -28,7 +30,7 @@ type verdict struct {
 	reason     error
 }
 
-func newVerdict(c Check) verdict {
+func newVerdict(c beacon.Check) verdict {
 	c = c.WithDefaults()
 	return verdict{rise: c.Rise, fall: c.Fall, status: Unknown}
 }

@@ -3,12 +3,14 @@ package health
 import (
 	"errors"
 	"testing"
+
+	"github.com/beaconplane/beacon"
 )
 
 // run observes results, a sequence of check results: 'p' passed, 'f' failed.
 func run(t *testing.T, rise, fall int, results string) (statuses string, changes int) {
 	t.Helper()
-	v := newVerdict(Check{Kind: TCP, Rise: rise, Fall: fall})
+	v := newVerdict(beacon.Check{Kind: beacon.CheckTCP, Rise: rise, Fall: fall})
 	for _, r := range results {
 		var res error
 		if r == 'f' {
@@ -51,7 +53,7 @@ func TestVerdict(t *testing.T) {
 // TestVerdictReason: a failing verdict carries the last failure; passing
 // clears it.
 func TestVerdictReason(t *testing.T) {
-	v := newVerdict(Check{Kind: TCP, Rise: 1, Fall: 2})
+	v := newVerdict(beacon.Check{Kind: beacon.CheckTCP, Rise: 1, Fall: 2})
 	v.observe(errors.New("first"))
 	v.observe(errors.New("second"))
 	if v.status != Failing || v.reason == nil || v.reason.Error() != "second" {

@@ -81,6 +81,9 @@ func appendInstance(b []byte, in beacon.Instance) ([]byte, bool) {
 	if status == "" {
 		status = string(beacon.StatusServing)
 	}
+	if in.Check != nil || in.Health != nil {
+		return b, false // rare: MarshalJSON writes them
+	}
 	if !plain(in.Namespace) || !plain(in.Component) || !plain(in.Endpoint) || !plain(in.ID) ||
 		!plain(in.Address) || !plain(in.Transport) || !plain(status) {
 		return b, false

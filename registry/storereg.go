@@ -159,6 +159,7 @@ func (r *StoreRegistry) prepare(in beacon.Instance, ttl time.Duration) (beacon.I
 // encode returns the stored value of in: MarshalJSON's object, plus
 // lease_ttl_ms when ttl is known (see storedTTL).
 func encode(in beacon.Instance, ttl time.Duration) ([]byte, error) {
+	in.Health = nil // the checkers' verdict, never stored with the instance
 	// MarshalJSON's bytes, written directly when the instance allows it
 	// (json.Marshal would also re-scan and compact what MarshalJSON
 	// returns, an eighth of a registration's CPU, to the same bytes).

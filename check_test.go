@@ -1,4 +1,4 @@
-package health
+package beacon
 
 import (
 	"errors"
@@ -7,28 +7,28 @@ import (
 	"time"
 )
 
-func TestParse(t *testing.T) {
+func TestParseCheck(t *testing.T) {
 	for spec, want := range map[string]Check{
-		"grpc":            {Kind: GRPC},
-		"grpc:api.v1.Api": {Kind: GRPC, Service: "api.v1.Api"},
-		"http:/healthz":   {Kind: HTTP, Path: "/healthz"},
-		"http:/a?b=c":     {Kind: HTTP, Path: "/a?b=c"},
-		"tcp":             {Kind: TCP},
-		"ttl:30s":         {Kind: TTL, TTL: 30 * time.Second},
+		"grpc":            {Kind: CheckGRPC},
+		"grpc:api.v1.Api": {Kind: CheckGRPC, Service: "api.v1.Api"},
+		"http:/healthz":   {Kind: CheckHTTP, Path: "/healthz"},
+		"http:/a?b=c":     {Kind: CheckHTTP, Path: "/a?b=c"},
+		"tcp":             {Kind: CheckTCP},
+		"ttl:30s":         {Kind: CheckTTL, TTL: 30 * time.Second},
 	} {
-		got, err := Parse(spec)
+		got, err := ParseCheck(spec)
 		if err != nil || got != want {
-			t.Errorf("Parse(%q) = %+v, %v; want %+v", spec, got, err, want)
+			t.Errorf("ParseCheck(%q) = %+v, %v; want %+v", spec, got, err, want)
 		}
 		if got.String() != spec {
-			t.Errorf("Parse(%q).String() = %q", spec, got.String())
+			t.Errorf("ParseCheck(%q).String() = %q", spec, got.String())
 		}
 	}
 }
 
-// TestParseRefuses: each bad declaration is refused with ErrInvalidCheck
+// TestParseCheckRefuses: each bad declaration is refused with ErrInvalidCheck
 // and a message that says what to write instead.
-func TestParseRefuses(t *testing.T) {
+func TestParseCheckRefuses(t *testing.T) {
 	for spec, says := range map[string]string{
 		"":                                   "grpc, http:/PATH, tcp or ttl:DURATION",
 		"ping":                               "grpc, http:/PATH, tcp or ttl:DURATION",
@@ -45,9 +45,9 @@ func TestParseRefuses(t *testing.T) {
 		"ttl:-1s":                            "1s..24h0m0s",
 		"grpc:a\x00b":                        "printable",
 	} {
-		_, err := Parse(spec)
+		_, err := ParseCheck(spec)
 		if !errors.Is(err, ErrInvalidCheck) || !strings.Contains(err.Error(), says) {
-			t.Errorf("Parse(%q) = %v; want ErrInvalidCheck saying %q", spec, err, says)
+			t.Errorf("ParseCheck(%q) = %v; want ErrInvalidCheck saying %q", spec, err, says)
 		}
 	}
 }
@@ -57,10 +57,10 @@ func TestParseRefuses(t *testing.T) {
 // are refused, each naming the bound.
 func TestValidateTiming(t *testing.T) {
 	ok := []Check{
-		{Kind: TCP},
-		{Kind: TCP, Interval: MinInterval, Timeout: MinTimeout},
-		{Kind: TCP, Interval: MaxInterval, Rise: MaxThreshold, Fall: MaxThreshold},
-		{Kind: TCP, Interval: time.Second}, // the default timeout shrinks to the interval
+		{Kind: CheckTCP},
+		{Kind: CheckTCP, Interval: MinCheckInterval, Timeout: MinCheckTimeout},
+		{Kind: CheckTCP, Interval: MaxCheckInterval, Rise: MaxCheckThreshold, Fall: MaxCheckThreshold},
+		{Kind: CheckTCP, Interval: time.Second}, // the default timeout shrinks to the interval
 	}
 	for _, c := range ok {
 		if err := c.Validate(); err != nil {
@@ -68,15 +68,15 @@ func TestValidateTiming(t *testing.T) {
 		}
 	}
 	for says, c := range map[string]Check{
-		"interval 1ms":        {Kind: TCP, Interval: time.Millisecond},
-		"interval 8760h0m0s":  {Kind: TCP, Interval: 365 * 24 * time.Hour},
-		"interval -1s":        {Kind: TCP, Interval: -time.Second},
-		"timeout 2s must be":  {Kind: TCP, Interval: time.Second, Timeout: 2 * time.Second},
-		"timeout 1ms must be": {Kind: TCP, Timeout: time.Millisecond},
-		"rise -1":             {Kind: TCP, Rise: -1},
-		"rise 101":            {Kind: TCP, Rise: 101},
-		"fall -3":             {Kind: TCP, Fall: -3},
-		"fall 1000":           {Kind: TCP, Fall: 1000},
+		"interval 1ms":        {Kind: CheckTCP, Interval: time.Millisecond},
+		"interval 8760h0m0s":  {Kind: CheckTCP, Interval: 365 * 24 * time.Hour},
+		"interval -1s":        {Kind: CheckTCP, Interval: -time.Second},
+		"timeout 2s must be":  {Kind: CheckTCP, Interval: time.Second, Timeout: 2 * time.Second},
+		"timeout 1ms must be": {Kind: CheckTCP, Timeout: time.Millisecond},
+		"rise -1":             {Kind: CheckTCP, Rise: -1},
+		"rise 101":            {Kind: CheckTCP, Rise: 101},
+		"fall -3":             {Kind: CheckTCP, Fall: -3},
+		"fall 1000":           {Kind: CheckTCP, Fall: 1000},
 		"kind must be":        {Kind: "udp"},
 	} {
 		err := c.Validate()
@@ -87,12 +87,12 @@ func TestValidateTiming(t *testing.T) {
 }
 
 func TestWithDefaults(t *testing.T) {
-	got := Check{Kind: TCP}.WithDefaults()
-	want := Check{Kind: TCP, Interval: DefaultInterval, Timeout: DefaultTimeout, Rise: DefaultRise, Fall: DefaultFall}
+	got := Check{Kind: CheckTCP}.WithDefaults()
+	want := Check{Kind: CheckTCP, Interval: DefaultCheckInterval, Timeout: DefaultCheckTimeout, Rise: DefaultCheckRise, Fall: DefaultCheckFall}
 	if got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
-	if got := (Check{Kind: TCP, Interval: time.Second}).WithDefaults(); got.Timeout != time.Second {
+	if got := (Check{Kind: CheckTCP, Interval: time.Second}).WithDefaults(); got.Timeout != time.Second {
 		t.Fatalf("the default timeout %s exceeds the interval", got.Timeout)
 	}
 }
@@ -104,22 +104,22 @@ func FuzzParse(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, spec string) {
-		c, err := Parse(spec)
+		c, err := ParseCheck(spec)
 		if err != nil {
 			if !errors.Is(err, ErrInvalidCheck) {
-				t.Fatalf("Parse(%q): %v does not match ErrInvalidCheck", spec, err)
+				t.Fatalf("ParseCheck(%q): %v does not match ErrInvalidCheck", spec, err)
 			}
 			return
 		}
 		if err := c.Validate(); err != nil {
-			t.Fatalf("Parse(%q) accepted %+v, which does not validate: %v", spec, c, err)
+			t.Fatalf("ParseCheck(%q) accepted %+v, which does not validate: %v", spec, c, err)
 		}
-		again, err := Parse(c.String())
+		again, err := ParseCheck(c.String())
 		if err != nil || again != c {
-			t.Fatalf("Parse(%q) = %+v; its String %q parses to %+v, %v", spec, c, c.String(), again, err)
+			t.Fatalf("ParseCheck(%q) = %+v; its String %q parses to %+v, %v", spec, c, c.String(), again, err)
 		}
 		if !printable(c.Path) || !printable(c.Service) {
-			t.Fatalf("Parse(%q) accepted control characters", spec)
+			t.Fatalf("ParseCheck(%q) accepted control characters", spec)
 		}
 	})
 }

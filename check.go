@@ -1,0 +1,278 @@
+package beacon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrInvalidCheck matches every refused check declaration.
+var ErrInvalidCheck = errors.New("beacon: invalid check")
+
+// CheckKind is how an instance is checked.
+type CheckKind string
+
+// The check kinds.
+const (
+	// CheckGRPC follows the standard grpc.health.v1 service of the instance's
+	// address: its Watch stream where the server has it (changes are pushed)
+	// and its Check method once per interval (a hung server fails), else
+	// Check alone.
+	CheckGRPC CheckKind = "grpc"
+	// CheckHTTP sends GET Path to the instance's address; a 2xx answer passes.
+	CheckHTTP CheckKind = "http"
+	// CheckTCP opens a connection to the instance's address and closes it.
+	CheckTCP CheckKind = "tcp"
+	// CheckTTL passes while the service itself reports that it is fine at least
+	// once per TTL: an application-level heartbeat, apart from the lease.
+	CheckTTL CheckKind = "ttl"
+)
+
+// Defaults and bounds of a check's timing.
+const (
+	DefaultCheckInterval = 10 * time.Second
+	DefaultCheckTimeout  = 2 * time.Second
+	DefaultCheckRise     = 2
+	DefaultCheckFall     = 3
+
+	MinCheckInterval  = 500 * time.Millisecond
+	MaxCheckInterval  = 10 * time.Minute
+	MinCheckTimeout   = 50 * time.Millisecond
+	MaxCheckThreshold = 100
+	MinCheckTTL       = time.Second
+	MaxCheckTTL       = 24 * time.Hour
+	MaxCheckPathBytes = 1024
+)
+
+// Check declares how, and how often, an instance is checked. The zero
+// values of Interval, Timeout, Rise and Fall stand for their defaults.
+type Check struct {
+	Kind CheckKind `json:"kind"`
+	// Path is the HTTP check's request path, from "/".
+	Path string `json:"path,omitempty"`
+	// Service is the gRPC check's service name; "" asks for the server's
+	// overall health.
+	Service string `json:"service,omitempty"`
+	// CheckTTL is how long a TTL check's last report holds.
+	TTL time.Duration `json:"ttl,omitempty"`
+
+	Interval time.Duration `json:"interval,omitempty"`
+	Timeout  time.Duration `json:"timeout,omitempty"`
+	// Rise is how many passes in a row bring a failing instance back.
+	Rise int `json:"rise,omitempty"`
+	// Fall is how many failures in a row take a passing instance out.
+	Fall int `json:"fall,omitempty"`
+}
+
+// Parse reads the command line's form of a check: "grpc", "grpc:SERVICE",
+// "http:/PATH", "tcp" or "ttl:DURATION". Timing takes its defaults; the
+// caller sets Interval, Timeout, Rise and Fall from their own flags.
+func ParseCheck(spec string) (Check, error) {
+	kind, arg, hasArg := strings.Cut(spec, ":")
+	c := Check{Kind: CheckKind(kind)}
+	switch c.Kind {
+	case CheckGRPC:
+		c.Service = arg
+	case CheckHTTP:
+		if !hasArg {
+			return Check{}, invalidCheck(spec, `an HTTP check names its path: http:/healthz`)
+		}
+		c.Path = arg
+	case CheckTCP:
+		if hasArg {
+			return Check{}, invalidCheck(spec, `a TCP check takes no argument: tcp`)
+		}
+	case CheckTTL:
+		d, err := time.ParseDuration(arg)
+		if err != nil {
+			return Check{}, invalidCheck(spec, `a TTL check names how long a report holds: ttl:30s`)
+		}
+		c.TTL = d
+	default:
+		return Check{}, invalidCheck(spec, "the kind must be grpc, http:/PATH, tcp or ttl:DURATION")
+	}
+	if err := c.Validate(); err != nil {
+		return Check{}, err
+	}
+	return c, nil
+}
+
+// String is the command line's form of c (Parse's input).
+func (c Check) String() string {
+	switch c.Kind {
+	case CheckGRPC:
+		if c.Service != "" {
+			return "grpc:" + c.Service
+		}
+		return "grpc"
+	case CheckHTTP:
+		return "http:" + c.Path
+	case CheckTTL:
+		return "ttl:" + c.TTL.String()
+	}
+	return string(c.Kind)
+}
+
+// WithDefaults returns c with its zero timing fields set to the defaults.
+// The timeout never exceeds the interval.
+func (c Check) WithDefaults() Check {
+	if c.Interval == 0 {
+		c.Interval = DefaultCheckInterval
+	}
+	if c.Timeout == 0 {
+		c.Timeout = min(DefaultCheckTimeout, c.Interval)
+	}
+	if c.Rise == 0 {
+		c.Rise = DefaultCheckRise
+	}
+	if c.Fall == 0 {
+		c.Fall = DefaultCheckFall
+	}
+	return c
+}
+
+// Validate reports what is wrong with c, and what to write instead. Zero
+// timing fields are valid (they stand for the defaults).
+func (c Check) Validate() error {
+	if err := c.validateKind(); err != nil {
+		return err
+	}
+	d := c.WithDefaults()
+	switch {
+	case d.Interval < MinCheckInterval || d.Interval > MaxCheckInterval:
+		return invalidCheck(c.String(), fmt.Sprintf("interval %s is outside %s..%s", d.Interval, MinCheckInterval, MaxCheckInterval))
+	case d.Timeout < MinCheckTimeout || d.Timeout > d.Interval:
+		return invalidCheck(c.String(), fmt.Sprintf("timeout %s must be at least %s and at most the interval (%s)", d.Timeout, MinCheckTimeout, d.Interval))
+	case d.Rise < 1 || d.Rise > MaxCheckThreshold:
+		return invalidCheck(c.String(), fmt.Sprintf("rise %d must be 1..%d (passes in a row that bring an instance back)", d.Rise, MaxCheckThreshold))
+	case d.Fall < 1 || d.Fall > MaxCheckThreshold:
+		return invalidCheck(c.String(), fmt.Sprintf("fall %d must be 1..%d (failures in a row that take an instance out)", d.Fall, MaxCheckThreshold))
+	}
+	return nil
+}
+
+func (c Check) validateKind() error {
+	switch c.Kind {
+	case CheckGRPC:
+		if len(c.Service) > MaxCheckPathBytes || !printable(c.Service) {
+			return invalidCheck(c.String(), "the gRPC service name must be printable and at most 1024 bytes")
+		}
+	case CheckHTTP:
+		if !strings.HasPrefix(c.Path, "/") || len(c.Path) > MaxCheckPathBytes || !printable(c.Path) || strings.ContainsAny(c.Path, " #") {
+			return invalidCheck(c.String(), "the HTTP path must start with / and be a printable request path of at most 1024 bytes, with no space or fragment")
+		}
+	case CheckTCP:
+	case CheckTTL:
+		if c.TTL < MinCheckTTL || c.TTL > MaxCheckTTL {
+			return invalidCheck(c.String(), fmt.Sprintf("the TTL must be %s..%s", MinCheckTTL, MaxCheckTTL))
+		}
+	default:
+		return invalidCheck(string(c.Kind), "the kind must be grpc, http, tcp or ttl")
+	}
+	return nil
+}
+
+// printable reports whether s has no control characters (which would let a
+// declaration forge lines in logs or headers).
+func printable(s string) bool {
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+func invalidCheck(spec, rule string) error {
+	return fmt.Errorf("%w %q: %s", ErrInvalidCheck, shorten(spec), rule)
+}
+
+// checkJSON is a check's JSON form: durations as Go duration strings
+// ("10s"), so that a declaration reads as it is written on the command line.
+type checkJSON struct {
+	Kind     CheckKind `json:"kind"`
+	Path     string    `json:"path,omitempty"`
+	Service  string    `json:"service,omitempty"`
+	TTL      string    `json:"ttl,omitempty"`
+	Interval string    `json:"interval,omitempty"`
+	Timeout  string    `json:"timeout,omitempty"`
+	Rise     int       `json:"rise,omitempty"`
+	Fall     int       `json:"fall,omitempty"`
+}
+
+// MarshalJSON writes durations as strings ("10s").
+func (c Check) MarshalJSON() ([]byte, error) {
+	j := checkJSON{Kind: c.Kind, Path: c.Path, Service: c.Service, Rise: c.Rise, Fall: c.Fall}
+	for _, d := range []struct {
+		to *string
+		v  time.Duration
+	}{{&j.TTL, c.TTL}, {&j.Interval, c.Interval}, {&j.Timeout, c.Timeout}} {
+		if d.v != 0 {
+			*d.to = d.v.String()
+		}
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON reads durations written as strings ("10s", "1m30s").
+func (c *Check) UnmarshalJSON(data []byte) error {
+	var j checkJSON
+	if err := json.Unmarshal(data, &j); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidCheck, err)
+	}
+	out := Check{Kind: j.Kind, Path: j.Path, Service: j.Service, Rise: j.Rise, Fall: j.Fall}
+	for _, d := range []struct {
+		name string
+		from string
+		to   *time.Duration
+	}{{"ttl", j.TTL, &out.TTL}, {"interval", j.Interval, &out.Interval}, {"timeout", j.Timeout, &out.Timeout}} {
+		if d.from == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.from)
+		if err != nil {
+			return fmt.Errorf("%w: %s %q is not a duration such as \"10s\"", ErrInvalidCheck, d.name, shorten(d.from))
+		}
+		*d.to = v
+	}
+	*c = out
+	return nil
+}
+
+// HealthStatus is the checkers' verdict on an instance that declares a
+// check.
+type HealthStatus string
+
+// The verdicts. Unknown (no verdict yet) and passing instances are served;
+// failing ones are left out of routing as draining ones are, unless their
+// service is in panic (Health.Panic).
+const (
+	HealthUnknown HealthStatus = "unknown"
+	HealthPassing HealthStatus = "passing"
+	HealthFailing HealthStatus = "failing"
+)
+
+// Health is what the checkers say of an instance that declares a Check.
+// It is never stored with the instance: a checker writes its verdict under
+// a lease of its own (so that a checker that dies takes its verdicts with
+// it), and the registry's view joins the two for every reader.
+type Health struct {
+	Status HealthStatus `json:"status"`
+	// Reason is the last failure, while failing.
+	Reason string `json:"reason,omitempty"`
+	// Since is when the checker reached this verdict.
+	Since time.Time `json:"since,omitzero"`
+	// Checker names the checker that said so.
+	Checker string `json:"checker,omitempty"`
+	// Panic is set on a failing instance whose service has more failing
+	// instances than its panic threshold allows: health is ignored for the
+	// whole service, and the instance is served anyway.
+	Panic bool `json:"panic,omitempty"`
+}
+
+// Failing reports whether the verdict takes the instance out of routing:
+// failing, and its service not in panic.
+func (h *Health) Failing() bool { return h != nil && h.Status == HealthFailing && !h.Panic }
