@@ -342,12 +342,16 @@ func (r *StoreRegistry) ownsWith(ctx context.Context, ref beacon.Ref, kv store.K
 // (refuse).
 //
 // Its store calls are bounded as a session's keep-alives are (a sixth of
-// the lease's TTL, at most 2 s) and one that timed out is tried again at
+// the lease's TTL, at most 2 s; the ownership reads, local to the member
+// that answers them, half that) and one that timed out is tried again at
 // once, while ctx allows: a call that reached a hung store server (an
 // etcd member that accepts connections and answers nothing) costs one
-// attempt, and the next goes to another member (the etcd store leaves the
-// silent one out), instead of the whole heartbeat waiting for the store's
-// request timeout while the lease runs out.
+// attempt, and the next goes to another member (the etcd store soon
+// leaves the silent one out), instead of the whole heartbeat waiting for
+// the store's request timeout while the lease runs out. (With whole
+// attempts for the reads too, a heartbeat of a 3 s lease whose read and
+// keep-alive both met a cut-off follower took the HTTP client's whole
+// second, and CI's lease drill lost leases so.)
 //
 // The proof of ownership is read locally where the store can (a
 // serializable read: store.LocalReader), so that a heartbeat waits for no
@@ -361,13 +365,15 @@ func (r *StoreRegistry) ownsWith(ctx context.Context, ref beacon.Ref, kv store.K
 func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Secret) (time.Duration, error) {
 	limit := keepAliveTimeout(r.leased.ttl(ref))
 	var kv store.KeyValue
-	prove := func(read func(context.Context, string) (store.KeyValue, error)) error {
-		return retryTimedOut(ctx, limit, func(ctx context.Context) (err error) {
-			if _, kv, err = r.getWith(ctx, ref, read); err != nil {
-				return err
+	prove := func(read func(context.Context, string) (store.KeyValue, error)) (err error) {
+		kv, err = retryTimedOut(ctx, limit/2, func(ctx context.Context) (store.KeyValue, error) {
+			_, kv, err := r.getWith(ctx, ref, read)
+			if err != nil {
+				return kv, err
 			}
-			return r.ownsWith(ctx, ref, kv, secret, read)
+			return kv, r.ownsWith(ctx, ref, kv, secret, read)
 		})
+		return err
 	}
 	err := errNoLocalRead
 	if lr, ok := r.st.(store.LocalReader); ok {
@@ -379,20 +385,17 @@ func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Se
 	if _, wrong := errors.AsType[errWrongSecret](err); wrong {
 		// etcd checks the caller's write permission on the lease's keys
 		// to renew it: answer as the right secret would be answered.
-		refused := err
-		_ = retryTimedOut(ctx, limit, func(ctx context.Context) error {
-			refused = r.refuse(ctx, "heartbeat", ref, kv, err)
-			return refused
+		refused, _ := retryTimedOut(ctx, limit, func(ctx context.Context) (error, error) {
+			refused := r.refuse(ctx, "heartbeat", ref, kv, err)
+			return refused, refused
 		})
 		return 0, refused
 	}
 	if err != nil {
 		return 0, err
 	}
-	var ttl time.Duration
-	err = retryTimedOut(ctx, limit, func(ctx context.Context) (err error) {
-		ttl, err = r.st.KeepAlive(ctx, kv.Lease)
-		return err
+	ttl, err := retryTimedOut(ctx, limit, func(ctx context.Context) (time.Duration, error) {
+		return r.st.KeepAlive(ctx, kv.Lease)
 	})
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
@@ -409,24 +412,6 @@ func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Se
 
 // errNoLocalRead stands for a proof of ownership not read locally yet.
 var errNoLocalRead = errors.New("registry: not read locally")
-
-// heartbeatAttempts bounds the attempts of one heartbeat's store call.
-const heartbeatAttempts = 4
-
-// retryTimedOut runs call with a deadline of limit, again at once while an
-// attempt ran out of its time with the store unavailable, up to
-// heartbeatAttempts attempts and while ctx allows.
-func retryTimedOut(ctx context.Context, limit time.Duration, call func(context.Context) error) error {
-	for n := 1; ; n++ {
-		actx, cancel := context.WithTimeout(ctx, limit)
-		err := call(actx)
-		timedOut := actx.Err() != nil
-		cancel()
-		if err == nil || ctx.Err() != nil || !timedOut || !errors.Is(err, store.ErrUnavailable) || n == heartbeatAttempts {
-			return err
-		}
-	}
-}
 
 // UpdateLeased changes the registration at ref, whose secret the caller
 // presents, with compare-and-swap: mutate receives the stored instance and
