@@ -45,14 +45,6 @@ import (
 // healthBoard, which logs and counts each service once, however many
 // feeds see it.
 
-// ReportSuffix ends the key of a TTL check's report: the instance's key
-// followed by "/report", bound to the instance's own lease.
-const ReportSuffix = "/report"
-
-// ReportKey returns the store key of the TTL check's report on the
-// instance at ref. It does not validate ref.
-func ReportKey(ks beacon.Keyspace, ref beacon.Ref) string { return ks.Key(ref) + ReportSuffix }
-
 // keyKind is what a key under the services prefix holds.
 type keyKind uint8
 

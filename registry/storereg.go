@@ -55,6 +55,7 @@ var (
 	_ Getter          = (*StoreRegistry)(nil)
 	_ LeasedRegistrar = (*StoreRegistry)(nil)
 	_ SessionReporter = (*StoreRegistry)(nil)
+	_ TTLReporter     = (*StoreRegistry)(nil)
 )
 
 // New returns a registry over st. It does not contact the store: the lease
