@@ -111,3 +111,29 @@ func TestHealthPanicGaugeEndsWithTheRegistry(t *testing.T) {
 		t.Fatalf("gauge %v after Close, want 0", n)
 	}
 }
+
+// A registrant never advertises health: what it sets is dropped by
+// Register, Update, RegisterWithTTL and UpdateLeased alike.
+func TestRegistrantsAdvertiseNoHealth(t *testing.T) {
+	r := newRegistry(t, newMemoryStore(t), registry.Config{})
+	ctx := within(t, 30*time.Second)
+	says := &beacon.Health{Status: beacon.HealthFailing}
+	in := inst(uniqueNS(), "10.0.0.1:80")
+	in.Health = says
+	reg, err := r.Register(ctx, in)
+	if err != nil || reg.Instance().Health != nil {
+		t.Fatalf("Register: %v, health %+v", err, reg.Instance().Health)
+	}
+	if err := reg.Update(ctx, func(in *beacon.Instance) { in.Health = says }); err != nil || reg.Instance().Health != nil {
+		t.Fatalf("Update: %v, health %+v", err, reg.Instance().Health)
+	}
+	in.ID = ""
+	o, err := r.RegisterWithTTL(ctx, in, time.Minute)
+	if err != nil || o.Instance.Health != nil {
+		t.Fatalf("RegisterWithTTL: %v, health %+v", err, o.Instance.Health)
+	}
+	up, err := r.UpdateLeased(ctx, o.Instance.Ref(), o.Secret, func(in *beacon.Instance) { in.Health = says })
+	if err != nil || up.Health != nil {
+		t.Fatalf("UpdateLeased: %v, health %+v", err, up.Health)
+	}
+}

@@ -249,6 +249,7 @@ func (reg *registration) update(ctx context.Context, mutate func(*beacon.Instanc
 		if next.Status == "" {
 			next.Status = beacon.StatusServing
 		}
+		next.Health = nil // the checkers' verdict: never advertised by a registrant
 		if err := next.ValidateWith(reg.r.cfg.MaxMetadataSize); err != nil {
 			return err
 		}

@@ -152,6 +152,7 @@ func (r *StoreRegistry) prepare(in beacon.Instance, ttl time.Duration) (beacon.I
 	if err != nil {
 		return beacon.Instance{}, nil, err
 	}
+	in.Health = nil // the checkers' verdict: never advertised by a registrant
 	val, err := encode(in, ttl)
 	if err != nil {
 		return beacon.Instance{}, nil, err
