@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -72,15 +73,8 @@ func (r *StoreRegistry) classify(key string) (keyKind, string) {
 // what the value says of it is dropped.
 func decodeVerdict(val []byte) (beacon.Health, error) {
 	var h beacon.Health
-	if err := beacon.ValidateJSONText(val); err != nil {
+	if err := decodeOne(val, &h); err != nil {
 		return h, fmt.Errorf("decode verdict: %w", err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(val))
-	if err := dec.Decode(&h); err != nil {
-		return h, fmt.Errorf("decode verdict: %w", err)
-	}
-	if dec.More() {
-		return h, fmt.Errorf("decode verdict: trailing data after the JSON object")
 	}
 	switch h.Status {
 	case beacon.HealthUnknown, beacon.HealthPassing, beacon.HealthFailing:
@@ -89,6 +83,22 @@ func decodeVerdict(val []byte) (beacon.Health, error) {
 	}
 	h.Panic = false
 	return h, nil
+}
+
+// decodeOne decodes val, one JSON value holding text that decodes without
+// loss (beacon.ValidateJSONText), into v.
+func decodeOne(val []byte, v any) error {
+	if err := beacon.ValidateJSONText(val); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(val))
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("trailing data after the JSON value")
+	}
+	return nil
 }
 
 // inPanic reports whether a service with checked instances, failing of

@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -44,15 +43,8 @@ type TTLReport struct {
 // ParseTTLReport reads the value of a TTL check's report.
 func ParseTTLReport(val []byte) (TTLReport, error) {
 	var rep TTLReport
-	if err := beacon.ValidateJSONText(val); err != nil {
+	if err := decodeOne(val, &rep); err != nil {
 		return TTLReport{}, fmt.Errorf("registry: decode TTL report: %w", err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(val))
-	if err := dec.Decode(&rep); err != nil {
-		return TTLReport{}, fmt.Errorf("registry: decode TTL report: %w", err)
-	}
-	if dec.More() {
-		return TTLReport{}, errors.New("registry: decode TTL report: trailing data after the JSON object")
 	}
 	if rep.At.IsZero() {
 		return TTLReport{}, errors.New(`registry: decode TTL report: no "at" time`)

@@ -132,36 +132,38 @@ func testHealthUnknown(t *testing.T, h *harness) {
 	h.untilHealth(t, r, w, v, q, "10.0.0.1:80=unknown 10.0.0.2:80=- 10.0.0.9:80=-")
 }
 
-func testHealthVerdict(t *testing.T, h *harness) {
+// threeChecked registers three checked instances (10.0.0.1-3:80) of one
+// service and watches them: the setup of the verdict checks.
+func (h *harness) threeChecked(t *testing.T) (registry.Registry, *checker, beacon.Query, registry.Watcher, *View, []beacon.Ref) {
+	t.Helper()
 	r := h.registry(t)
 	c := h.checker(t, r)
 	q := beacon.Query{Namespace: h.ns}
 	w := h.watch(t, h.registry(t), q)
 	v := NewView()
-	a := h.register(t, r, h.checked("api", "10.0.0.1:80")).Instance()
-	h.register(t, r, h.checked("api", "10.0.0.2:80"))
-	h.register(t, r, h.checked("api", "10.0.0.3:80"))
+	var refs []beacon.Ref
+	for i := range 3 {
+		refs = append(refs, h.register(t, r, h.checked("api", fmt.Sprintf("10.0.0.%d:80", i+1))).Instance().Ref())
+	}
 	h.untilHealth(t, r, w, v, q, "10.0.0.1:80=unknown 10.0.0.2:80=unknown 10.0.0.3:80=unknown")
-	c.say(t, h, a.Ref(), beacon.HealthFailing)
+	return r, c, q, w, v, refs
+}
+
+func testHealthVerdict(t *testing.T, h *harness) {
+	r, c, q, w, v, refs := h.threeChecked(t)
+	c.say(t, h, refs[0], beacon.HealthFailing)
 	h.untilHealth(t, r, w, v, q, "10.0.0.1:80=failing 10.0.0.2:80=unknown 10.0.0.3:80=unknown")
-	got, _ := v.Get(a.Ref().String())
+	got, _ := v.Get(refs[0].String())
 	if got.Health.Reason != "conformance says failing" || got.Health.Checker != "conformance" || got.Health.Since.IsZero() {
 		t.Fatalf("the watch shows %+v, not the stored verdict", got.Health)
 	}
-	c.say(t, h, a.Ref(), beacon.HealthPassing)
+	c.say(t, h, refs[0], beacon.HealthPassing)
 	h.untilHealth(t, r, w, v, q, "10.0.0.1:80=passing 10.0.0.2:80=unknown 10.0.0.3:80=unknown")
 }
 
 func testHealthVerdictRevoked(t *testing.T, h *harness) {
-	r := h.registry(t)
-	c := h.checker(t, r)
-	q := beacon.Query{Namespace: h.ns}
-	w := h.watch(t, r, q)
-	v := NewView()
-	a := h.register(t, r, h.checked("api", "10.0.0.1:80")).Instance()
-	h.register(t, r, h.checked("api", "10.0.0.2:80"))
-	h.register(t, r, h.checked("api", "10.0.0.3:80"))
-	c.say(t, h, a.Ref(), beacon.HealthFailing)
+	r, c, q, w, v, refs := h.threeChecked(t)
+	c.say(t, h, refs[0], beacon.HealthFailing)
 	h.untilHealth(t, r, w, v, q, "10.0.0.1:80=failing 10.0.0.2:80=unknown 10.0.0.3:80=unknown")
 	// The checker dies: its lease ends, and its verdicts with it.
 	if err := c.st.Revoke(h.ctx(t), c.lease); err != nil {
@@ -184,15 +186,7 @@ func testHealthVerdictFirst(t *testing.T, h *harness) {
 }
 
 func testHealthPanic(t *testing.T, h *harness) {
-	r := h.registry(t)
-	c := h.checker(t, r)
-	q := beacon.Query{Namespace: h.ns}
-	w := h.watch(t, h.registry(t), q)
-	v := NewView()
-	var refs []beacon.Ref
-	for i := range 3 {
-		refs = append(refs, h.register(t, r, h.checked("api", fmt.Sprintf("10.0.0.%d:80", i+1))).Instance().Ref())
-	}
+	r, c, q, w, v, refs := h.threeChecked(t)
 	// Another service, unchecked, with a failing verdict: it counts for
 	// nothing.
 	web := h.register(t, r, h.instance("web", "rpc", "10.0.1.1:80")).Instance()
