@@ -32,6 +32,7 @@ type item = view.Item
 // versions), the connection to the store (conn), the removal hold (holds,
 // hold.go), the health join (health, health.go: verdicts and panic) and
 // the lifecycle (wake: news and the terminal error).
+// Lock order: hub.mu before feed.mu before healthBoard.mu.
 type feed struct {
 	h      *hub
 	prefix string
