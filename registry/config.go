@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"regexp"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry/internal/defaults"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -39,6 +41,8 @@ const (
 	// watcher, so that a consumer that reconnects (an SSE client, a gRPC
 	// channel) finds it warm and can resume.
 	DefaultWatchLinger = 30 * time.Second
+	// DefaultHealthPanicThreshold is Config.HealthPanicThreshold's default.
+	DefaultHealthPanicThreshold = defaults.HealthPanicThreshold
 	// maxRetryCap bounds the default retry backoff.
 	maxRetryCap = 5 * time.Second
 )
@@ -106,6 +110,16 @@ type Config struct {
 	// one); negative delivers every removal at once. See
 	// docs/operations.md.
 	RemovalHold time.Duration
+	// HealthPanicThreshold is the share of a service's checked instances
+	// (those of one namespace/component/endpoint that declare a Check)
+	// that may be failing before the service is in panic: when more than
+	// that share are failing, health is ignored for the service, and its
+	// failing instances carry Health.Panic and are served anyway
+	// (Instance.Serving), rather than all of its traffic going to the few
+	// instances left. Zero means DefaultHealthPanicThreshold (0.5: panic
+	// once more than half fail); negative never panics; above 1 is
+	// refused (no share exceeds it).
+	HealthPanicThreshold float64
 	// WatchLinger is how long a shared store watch stays open after its
 	// last watcher closed. Zero means DefaultWatchLinger; negative means
 	// close at once.
@@ -215,6 +229,10 @@ func (c Config) Validate() error {
 	if c.DrainGrace < 0 {
 		return fmt.Errorf("%w: DrainGrace %v is negative", ErrInvalidConfig, c.DrainGrace)
 	}
+	if math.IsNaN(c.HealthPanicThreshold) || c.HealthPanicThreshold > 1 {
+		return fmt.Errorf("%w: HealthPanicThreshold %v is not a share of a service's checked instances: use a value up to 1 "+
+			"(0 for the default, %v), or a negative one to turn the panic threshold off", ErrInvalidConfig, c.HealthPanicThreshold, DefaultHealthPanicThreshold)
+	}
 	return nil
 }
 
@@ -234,6 +252,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WatchLinger == 0 {
 		c.WatchLinger = DefaultWatchLinger
+	}
+	if c.HealthPanicThreshold == 0 {
+		c.HealthPanicThreshold = DefaultHealthPanicThreshold
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

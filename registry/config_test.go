@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -78,6 +79,9 @@ func TestConfigValidate(t *testing.T) {
 		"negative metadata":   {MaxMetadataSize: -1},
 		"negative retry":      {RetryMax: -time.Second},
 		"negative drain":      {DrainGrace: -time.Second},
+		"panic above 1":       {HealthPanicThreshold: 1.01},
+		"panic not a number":  {HealthPanicThreshold: math.NaN()},
+		"panic infinite":      {HealthPanicThreshold: math.Inf(1)},
 	}
 	for name, c := range bad {
 		if err := c.Validate(); !errors.Is(err, registry.ErrInvalidConfig) {
@@ -87,8 +91,13 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("New with %s: %v", name, err)
 		}
 	}
-	if err := (registry.Config{}).Validate(); err != nil {
-		t.Fatalf("zero Config: %v", err)
+	for _, ok := range []registry.Config{{}, {HealthPanicThreshold: 1}, {HealthPanicThreshold: -1}, {HealthPanicThreshold: math.Inf(-1)}} {
+		if err := ok.Validate(); err != nil {
+			t.Fatalf("Config %+v: %v", ok, err)
+		}
+	}
+	if err := (registry.Config{HealthPanicThreshold: 2}).Validate(); err == nil || !strings.Contains(err.Error(), "HealthPanicThreshold 2 ") {
+		t.Fatalf("a threshold above 1: %v, want an error naming the field", err)
 	}
 	if _, err := registry.New(nil, registry.Config{}); !errors.Is(err, registry.ErrInvalidConfig) {
 		t.Fatalf("nil store: %v", err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/testkit/natstest"
+	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/file"
 	bnats "github.com/beaconplane/beacon/store/nats"
 
@@ -17,30 +18,28 @@ import (
 // TestConformance runs the Registry conformance suite over every store
 // backend in this module: memory (one store shared by the simulated
 // processes), etcd and NATS (one client per process, on one server), file
-// (one Store per process on one directory, as processes on one host).
+// (one Store per process on one directory, as processes on one host). The
+// health checks' checker is one more such process.
 func TestConformance(t *testing.T) {
+	run := func(t *testing.T, ttl time.Duration, newStore func(tb testing.TB) store.Store) {
+		registrytest.Run(t, func(tb testing.TB) registry.Registry {
+			r, err := registry.New(newStore(tb), registry.Config{LeaseTTL: ttl})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return r
+		}, registrytest.Options{Store: newStore})
+	}
 	t.Run("memory", func(t *testing.T) {
 		st := newMemoryStore(t)
-		registrytest.Run(t, func(tb testing.TB) registry.Registry {
-			r, err := registry.New(st, registry.Config{LeaseTTL: registry.MinLeaseTTL})
-			if err != nil {
-				tb.Fatal(err)
-			}
-			return r
-		}, registrytest.Options{})
+		run(t, registry.MinLeaseTTL, func(testing.TB) store.Store { return st })
 	})
 	t.Run("etcd", func(t *testing.T) {
-		registrytest.Run(t, func(tb testing.TB) registry.Registry {
-			r, err := registry.New(newEtcdStore(tb, nil, etcd.Config{}), registry.Config{LeaseTTL: etcdTTL})
-			if err != nil {
-				tb.Fatal(err)
-			}
-			return r
-		}, registrytest.Options{})
+		run(t, etcdTTL, func(tb testing.TB) store.Store { return newEtcdStore(tb, nil, etcd.Config{}) })
 	})
 	t.Run("file", func(t *testing.T) {
 		dir := t.TempDir()
-		registrytest.Run(t, func(tb testing.TB) registry.Registry {
+		run(t, registry.MinLeaseTTL, func(tb testing.TB) store.Store {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			st, err := file.Open(ctx, file.Config{Dir: dir})
@@ -48,16 +47,12 @@ func TestConformance(t *testing.T) {
 				tb.Fatal(err)
 			}
 			tb.Cleanup(func() { _ = st.Close() })
-			r, err := registry.New(st, registry.Config{LeaseTTL: registry.MinLeaseTTL})
-			if err != nil {
-				tb.Fatal(err)
-			}
-			return r
-		}, registrytest.Options{})
+			return st
+		})
 	})
 	t.Run("nats", func(t *testing.T) {
 		srv := natstest.Start(t, natstest.Options{})
-		registrytest.Run(t, func(tb testing.TB) registry.Registry {
+		run(t, registry.MinLeaseTTL, func(tb testing.TB) store.Store {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			st, err := bnats.Open(ctx, bnats.Config{URL: srv.ClientURL()})
@@ -65,11 +60,7 @@ func TestConformance(t *testing.T) {
 				tb.Fatal(err)
 			}
 			tb.Cleanup(func() { _ = st.Close() })
-			r, err := registry.New(st, registry.Config{LeaseTTL: registry.MinLeaseTTL})
-			if err != nil {
-				tb.Fatal(err)
-			}
-			return r
-		}, registrytest.Options{})
+			return st
+		})
 	})
 }

@@ -56,6 +56,25 @@
 // Pickers (NewRoundRobin, NewRandom, NewP2C) choose an instance from a
 // watcher's view for each call.
 //
+// # Health
+//
+// An instance may declare a health check (beacon.Instance.Check). The
+// checkers' verdicts are stored beside the instances ({instance key}/health,
+// beacon.Keyspace.HealthKey), each under its checker's lease, and List, Get
+// and Watch join them: an instance with a check carries its verdict, or
+// Health{Status: unknown} while there is none; one without a check carries
+// no Health; what a stored value or a registrant says of health is
+// ignored. A verdict's change is an Updated event of its instance at the
+// verdict's revision; a verdict without its instance is kept aside until
+// it appears. When more than Config.HealthPanicThreshold (default 0.5) of a
+// service's checked instances are failing, the service is in panic: its
+// failing instances carry Health.Panic and are served anyway
+// (Instance.Serving); entering and leaving are logged once and counted in
+// beacon_registry_health_panic_services. A TTL check is reported by the
+// service itself (Report, ReportLeased: the TTLReporter capability) at
+// {instance key}/report (ReportKey), under the instance's own lease; the
+// view ignores reports.
+//
 // # Registrations owned by remote clients
 //
 // Servers that register instances on behalf of remote clients (the HTTP

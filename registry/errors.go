@@ -36,6 +36,9 @@ var (
 	// else (an operator) marked draining in the store; the session
 	// advertises them draining from then on (StateChange.Drained).
 	ErrDrainedElsewhere = errors.New("registry: instance drained in the store by someone else (an operator?); advertising it as draining")
+	// ErrNoTTLCheck reports a TTL report (Report, ReportLeased) for an
+	// instance that declares no TTL check. It comes with beacon.ErrInvalid.
+	ErrNoTTLCheck = errors.New("registry: the instance declares no TTL check")
 	// ErrInvalidConfig reports a Config that does not validate.
 	ErrInvalidConfig = errors.New("registry: invalid config")
 )

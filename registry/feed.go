@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/registry/internal/view"
 	"github.com/beaconplane/beacon/store"
@@ -26,10 +27,12 @@ import (
 // item is one instance in a feed.
 type item = view.Item
 
-// feed is the shared state of one watched prefix. Its mu guards four
+// feed is the shared state of one watched prefix. Its mu guards five
 // parts, each a type of its own: the view (instances, their log and
 // versions), the connection to the store (conn), the removal hold (holds,
-// hold.go) and the lifecycle (wake: news and the terminal error).
+// hold.go), the health join (health, health.go: verdicts and panic) and
+// the lifecycle (wake: news and the terminal error).
+// Lock order: hub.mu before feed.mu before healthBoard.mu.
 type feed struct {
 	h      *hub
 	prefix string
@@ -44,13 +47,15 @@ type feed struct {
 	view     *view.View
 	conn     conn
 	holds    *holds
+	health   *healthJoin
 	wake     view.Wake
 	holdWake chan struct{} // pokes expire (not guarded: a buffered channel)
 }
 
 func newFeed(ctx context.Context, cancel context.CancelFunc, h *hub, prefix string) *feed {
 	return &feed{h: h, prefix: prefix, ctx: ctx, cancel: cancel, view: view.New(),
-		holds: newHolds(h.r.cfg.RemovalHold), holdWake: make(chan struct{}, 1)}
+		holds: newHolds(h.r.cfg.RemovalHold), health: newHealthJoin(h.r.cfg.HealthPanicThreshold),
+		holdWake: make(chan struct{}, 1)}
 }
 
 // conn is a feed's connection to the store: whether it has listed,
@@ -122,6 +127,7 @@ func (f *feed) markStale(err error, outage bool) {
 // run lists, watches and re-lists until the feed is stopped.
 func (f *feed) run() {
 	defer f.h.r.wg.Done()
+	defer f.endHealth()
 	r := f.h.r
 	log := r.log.With("prefix", f.prefix)
 	bo := newBackoff(r.cfg.RetryMax)
@@ -207,40 +213,20 @@ func (f *feed) follow(rev int64) error {
 	}
 }
 
-// parse turns a stored key/value into an item, or nil if it is not a valid
-// instance.
-func (f *feed) parse(kv store.KeyValue) *item {
-	in, err := f.h.r.decode(kv)
-	if err != nil {
-		f.h.r.invalidValue(kv.Key, err)
-		return nil
-	}
-	return &item{Key: kv.Key, Inst: in, Create: kv.CreateRevision, Rev: kv.ModRevision, Lease: kv.Lease, TTL: storedTTL(kv.Value)}
-}
-
 // applyListing replaces the state with a listing at rev. After the first
 // listing, every difference is logged as a change at rev. A key whose
 // value is not a valid instance keeps its last valid instance, as it does
 // when the garbage arrives through the watch: a re-list never turns it
-// into a removal.
+// into a removal. Verdicts are reconciled as instances are.
 func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
-	items := make([]*item, 0, len(kvs))
-	var invalid map[string]bool // listed keys whose values are not instances
-	for _, kv := range kvs {
-		if it := f.parse(kv); it != nil {
-			items = append(items, it)
-		} else {
-			if invalid == nil {
-				invalid = make(map[string]bool)
-			}
-			invalid[kv.Key] = true
-		}
-	}
+	l := f.h.r.readListing(kvs)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	defer f.wake.Notify()
 	if !f.conn.synced {
-		f.view.Load(items, rev)
+		f.health.replaceVerdicts(l.verdicts)
+		f.reportPanics(f.health.joinAll(l.items))
+		f.view.Load(l.items, rev)
 		f.conn.synced, f.conn.stale = true, nil
 		return
 	}
@@ -257,22 +243,22 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 		f.conn.outage = false
 		f.holds.cameBack(now)
 	}
-	f.relistLocked(items, invalid, rev, now)
+	f.relistLocked(l, rev, now)
 	f.view.SetRev(rev)
 	f.conn.stale = nil
 	f.view.Trim()
 }
 
 // relistLocked logs the difference between the view and a re-listing at
-// rev (invalid: listed keys that hold no instance).
-func (f *feed) relistLocked(items []*item, invalid map[string]bool, rev int64, now time.Time) {
-	fresh := make(map[string]*item, len(items))
-	for _, it := range items {
+// rev.
+func (f *feed) relistLocked(l listing, rev int64, now time.Time) {
+	fresh := make(map[string]*item, len(l.items))
+	for _, it := range l.items {
 		fresh[it.Key] = it
 	}
 	var gone []*item
 	f.view.Ascend(func(old *item) bool {
-		if fresh[old.Key] == nil && !invalid[old.Key] {
+		if fresh[old.Key] == nil && !l.invalid[old.Key] {
 			gone = append(gone, old)
 		}
 		return true
@@ -282,14 +268,22 @@ func (f *feed) relistLocked(items []*item, invalid map[string]bool, rev int64, n
 		// counts apart towards a burst.
 		f.removeLocked(old, rev, f.holds.listingID(), now)
 	}
-	for _, it := range items {
+	changed := f.health.replaceVerdicts(l.verdicts)
+	for _, it := range l.items {
 		f.rewrittenLocked(it.Key)
+		it.Inst.Health = f.health.health(it.Key, it.Inst)
 		old, _ := f.view.Get(it.Key)
-		if old != nil && old.Rev == it.Rev && old.Create == it.Create {
+		if old != nil && old.Mod == it.Mod && old.Create == it.Create && old.Inst.Equal(it.Inst) {
 			continue // unchanged: keep the item watchers already hold
 		}
-		f.view.Set(it, rev) // logged unless rewritten with the same value (e.g. re-registered)
+		f.putLocked(it, rev) // logged unless rewritten with the same value (e.g. re-registered)
 	}
+	for _, key := range changed {
+		if fresh[key] == nil {
+			f.rejoinLocked(key, rev, false) // a held removal, or a value that is not an instance
+		}
+	}
+	f.settleLocked(rev, false)
 }
 
 // applyEvents applies one watch response.
@@ -297,45 +291,128 @@ func (f *feed) applyEvents(evs []store.Event) {
 	if len(evs) == 0 {
 		return
 	}
-	var parsed []*item
-	for _, e := range evs {
-		if e.Type == store.EventPut {
-			parsed = append(parsed, f.parse(e.KV))
-		}
+	read := make([]entry, len(evs))
+	for i, e := range evs {
+		read[i] = f.h.r.readKV(e.KV, e.Type == store.EventPut)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := time.Now()
 	last := f.view.Rev()
-	i := 0
-	for _, e := range evs {
-		var it *item
-		if e.Type == store.EventPut {
-			it = parsed[i]
-			i++
-		}
+	for i, e := range evs {
 		rev := e.Revision()
 		if rev <= f.view.Rev() {
 			continue // already in the state (a listing overtook the watch)
 		}
 		last = max(last, rev)
-		switch e.Type {
-		case store.EventPut:
-			if it == nil {
-				continue // not an instance: keep the last valid value, if any
-			}
-			f.rewrittenLocked(it.Key)
-			f.view.Set(it, rev)
-		case store.EventDelete:
-			if old, ok := f.view.Get(e.KV.Key); ok {
-				f.removeLocked(old, rev, rev, now)
-			}
-		}
+		f.applyLocked(e.Type, read[i], rev, now)
 	}
 	if last == f.view.Rev() {
 		return
 	}
+	f.settleLocked(last, false)
 	f.view.SetRev(last)
 	f.view.Trim()
 	f.wake.Notify()
+}
+
+// applyLocked applies one event at rev, read as e.
+func (f *feed) applyLocked(typ store.EventType, e entry, rev int64, now time.Time) {
+	switch {
+	case e.kind == reportKey:
+		// The checker's to read.
+	case e.kind == verdictKey:
+		var changed bool
+		if e.verdict != nil {
+			changed = f.health.setVerdict(e.key, *e.verdict)
+		} else {
+			changed = f.health.deleteVerdict(e.key) // deleted, or malformed: no verdict
+		}
+		if changed {
+			f.rejoinLocked(e.key, rev, false)
+		}
+	case typ == store.EventPut:
+		if e.it == nil {
+			return // not an instance: keep the last valid value, if any
+		}
+		f.rewrittenLocked(e.it.Key)
+		f.putLocked(e.it, rev)
+	default:
+		if old, ok := f.view.Get(e.key); ok {
+			f.removeLocked(old, rev, rev, now)
+		}
+	}
+}
+
+// putLocked installs it, joined with its verdict, at rev.
+func (f *feed) putLocked(it *item, rev int64) {
+	it.Inst.Health = f.health.health(it.Key, it.Inst)
+	old, _ := f.view.Set(it, rev)
+	f.health.count(it.Key, instanceOf(old), &it.Inst)
+}
+
+// deleteLocked removes it at rev if the view holds it.
+func (f *feed) deleteLocked(it *item, rev int64) {
+	if f.view.Delete(it, rev) {
+		f.health.count(it.Key, &it.Inst, nil)
+	}
+}
+
+// rejoinLocked joins the instance at key with its verdict again (the
+// verdict, or its service's panic, changed): its item is replaced at rev,
+// or, late, at the view's revision outside any store event (view.Amend).
+func (f *feed) rejoinLocked(key string, rev int64, late bool) {
+	cur, ok := f.view.Get(key)
+	if !ok {
+		return // kept aside until the instance appears
+	}
+	next := *cur
+	next.Inst = cur.Inst.Clone()
+	next.Inst.Health = f.health.health(key, cur.Inst)
+	if next.Inst.Equal(cur.Inst) {
+		return
+	}
+	if late {
+		next.Rev = f.view.Rev()
+		f.view.Amend(&next)
+	} else {
+		next.Rev = rev
+		f.view.Set(&next, rev)
+	}
+	f.holds.replaced(cur, &next)
+	f.health.count(key, &cur.Inst, &next.Inst)
+}
+
+// settleLocked settles the services whose counts changed: those that
+// entered or left panic are reported, and their failing instances joined
+// again (at rev, or late: see rejoinLocked).
+func (f *feed) settleLocked(rev int64, late bool) {
+	changes := f.health.settle()
+	f.reportPanics(changes)
+	for _, c := range changes {
+		for _, key := range c.keys {
+			f.rejoinLocked(key, rev, late)
+		}
+	}
+}
+
+func (f *feed) reportPanics(changes []panicChange) {
+	for _, c := range changes {
+		f.h.r.health.report(c)
+	}
+}
+
+// endHealth takes the feed's services out of the registry's panic count:
+// the feed stops.
+func (f *feed) endHealth() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reportPanics(f.health.close())
+}
+
+func instanceOf(it *item) *beacon.Instance {
+	if it == nil {
+		return nil
+	}
+	return &it.Inst
 }

@@ -26,9 +26,15 @@ type feedRig struct {
 
 func newFeedRig(t *testing.T) *feedRig {
 	t.Helper()
+	return newFeedRigWith(t, Config{RemovalHold: -1})
+}
+
+// newFeedRigWith is newFeedRig with a registry configured as cfg says.
+func newFeedRigWith(t *testing.T, cfg Config) *feedRig {
+	t.Helper()
 	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
-	r, err := New(st, Config{RemovalHold: -1})
+	r, err := New(st, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

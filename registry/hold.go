@@ -210,6 +210,14 @@ func (h *holds) rewritten(key string) (wasHeld bool) {
 	return p.held
 }
 
+// replaced notes that the item of a pending removal was replaced by next
+// (its health changed): the removal, when due, delivers next.
+func (h *holds) replaced(old, next *item) {
+	if p := h.pending[old.Key]; p != nil && p.it == old {
+		p.it = next
+	}
+}
+
 // cameBack notes that the store came back from an outage at now.
 func (h *holds) cameBack(now time.Time) { h.backAt = now }
 
@@ -249,7 +257,7 @@ func (f *feed) removeLocked(old *item, rev, burstKey int64, now time.Time) {
 		f.wakeExpiry()
 		return
 	}
-	f.view.Delete(old, rev)
+	f.deleteLocked(old, rev)
 }
 
 // rewrittenLocked notes that key was written: a pending removal of it is
@@ -301,6 +309,7 @@ func (f *feed) deliverDue(now time.Time) time.Duration {
 		// Logged at the current revision; if a batch was given at it
 		// already, a watcher resuming from it must get it too (Deliver).
 		if f.view.Deliver(p.it) {
+			f.health.count(p.it.Key, &p.it.Inst, nil)
 			delivered++
 			if p.held {
 				f.h.r.m.heldRemoval("delivered")
@@ -308,6 +317,7 @@ func (f *feed) deliverDue(now time.Time) time.Duration {
 		}
 	}
 	if delivered > 0 {
+		f.settleLocked(f.view.Rev(), true)
 		f.view.Trim()
 		f.wake.Notify()
 	}

@@ -436,6 +436,7 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 		if next.Status == "" {
 			next.Status = beacon.StatusServing
 		}
+		next.Health = nil // the checkers' verdict: never advertised by a registrant
 		if err := next.ValidateWith(r.cfg.MaxMetadataSize); err != nil {
 			return beacon.Instance{}, err
 		}

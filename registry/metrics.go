@@ -24,6 +24,7 @@ type metrics struct {
 	resyncs           *prometheus.CounterVec
 	held              *prometheus.CounterVec
 	invalid           prometheus.Counter
+	healthPanics      prometheus.Gauge
 	leased            *leasedCollector // leasedmetrics.go
 }
 
@@ -42,6 +43,7 @@ const (
 	metricResyncs           = "beacon_registry_watch_resyncs_total"
 	metricHeld              = "beacon_registry_watch_held_removals_total"
 	metricInvalid           = "beacon_registry_invalid_values_total"
+	metricHealthPanics      = "beacon_registry_health_panic_services"
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -96,7 +98,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"outcome"}),
 		invalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: metricInvalid,
-			Help: "Stored values under the services prefix that are not valid instances (skipped).",
+			Help: "Stored values under the services prefix that are not valid instances or health verdicts (skipped).",
+		}),
+		healthPanics: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: metricHealthPanics,
+			Help: "Watched services (namespace/component/endpoint) in health panic: more of their checked instances failing than the panic threshold allows, so that their failing instances are served too.",
 		}),
 		leased: newLeasedCollector(),
 	}
@@ -117,6 +123,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.resyncs = promreg.Register(reg, m.resyncs, &err)
 	m.held = promreg.Register(reg, m.held, &err)
 	m.invalid = promreg.Register(reg, m.invalid, &err)
+	m.healthPanics = promreg.Register(reg, m.healthPanics, &err)
 	m.leased = promreg.Register(reg, m.leased, &err)
 	if err != nil {
 		return nil, err
@@ -200,4 +207,8 @@ func (m *metrics) heldRemoval(outcome string) {
 
 func (m *metrics) invalidValue() {
 	m.invalid.Inc()
+}
+
+func (m *metrics) addHealthPanics(n int) {
+	m.healthPanics.Add(float64(n))
 }

@@ -125,6 +125,16 @@ func (rc *reconciler) remove(reg *registration) writeOutcome {
 	return t.writeOutcome
 }
 
+// admitted returns the registration admitted at key, or nil.
+func (rc *reconciler) admitted(key string) *registration {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if t, ok := rc.regs[key]; ok && t.admitted {
+		return t.reg
+	}
+	return nil
+}
+
 // outcome returns reg's standing (zero when it is not tracked).
 func (rc *reconciler) outcome(reg *registration) writeOutcome {
 	rc.mu.Lock()

@@ -30,12 +30,13 @@ type registration struct {
 	// caller's goroutine or the session's worker (the reconciler). Its
 	// standing with the store (admitted, epoch written, conflict) is the
 	// reconciler's (writeOutcome).
-	wmu     sync.Mutex
-	inst    beacon.Instance
-	val     []byte
-	lease   store.LeaseID
-	modRev  int64
-	removed bool
+	wmu      sync.Mutex
+	inst     beacon.Instance
+	val      []byte
+	lease    store.LeaseID
+	modRev   int64
+	removed  bool
+	reported bool // a TTL report was written (report.go): deleted with the instance
 
 	closeOnce sync.Once
 	closeErr  error
@@ -248,6 +249,7 @@ func (reg *registration) update(ctx context.Context, mutate func(*beacon.Instanc
 		if next.Status == "" {
 			next.Status = beacon.StatusServing
 		}
+		next.Health = nil // the checkers' verdict: never advertised by a registrant
 		if err := next.ValidateWith(reg.r.cfg.MaxMetadataSize); err != nil {
 			return err
 		}
@@ -380,6 +382,14 @@ func (reg *registration) close() error {
 	ctx, cancel := r.opContext()
 	defer cancel()
 	err := r.deleteIfOurs(ctx, reg.key, reg.modRev)
+	if reg.reported {
+		// Bound to the session's lease, which lives on: the checker would
+		// read it for an instance registered again with this ID.
+		if _, rerr := r.st.Delete(ctx, reg.key+ReportSuffix); rerr != nil && !errors.Is(rerr, store.ErrNotFound) {
+			r.log.Debug("deleting a deregistered instance's TTL report failed; it ends with the session's lease",
+				"instance", reg.ref.String(), "err", rerr)
+		}
+	}
 	if err != nil && !errors.Is(err, ErrClosed) {
 		// Keep trying in the background: the key is bound to the session
 		// lease, which is kept alive, so it must not be left behind.

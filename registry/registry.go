@@ -260,6 +260,20 @@ type Operator interface {
 	DeregisterInstance(ctx context.Context, ref beacon.Ref) error
 }
 
+// TTLReporter writes the reports of TTL checks (beacon.CheckTTL): a
+// service's own "I am fine", at least once per the TTL its check declares,
+// apart from its lease (see report.go). *StoreRegistry implements it;
+// registry/kube does not (readiness is the check there).
+type TTLReporter interface {
+	// Report reports for an instance registered through this registry
+	// (Register), under the session's lease.
+	Report(ctx context.Context, ref beacon.Ref) error
+	// ReportLeased reports for a registration made with RegisterWithTTL,
+	// whose secret the caller presents, under its own lease; a wrong
+	// secret answers as Heartbeat's does.
+	ReportLeased(ctx context.Context, ref beacon.Ref, secret Secret) error
+}
+
 // SessionReporter reports the state of a registry's own session: the lease
 // its Register calls are bound to.
 type SessionReporter interface {

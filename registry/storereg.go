@@ -44,6 +44,7 @@ type StoreRegistry struct {
 	creates *batcher
 	leased  *leasedTracker // leasedmetrics.go
 	perms   permCache      // refuse.go
+	health  *healthBoard   // health.go
 }
 
 var (
@@ -54,6 +55,7 @@ var (
 	_ Getter          = (*StoreRegistry)(nil)
 	_ LeasedRegistrar = (*StoreRegistry)(nil)
 	_ SessionReporter = (*StoreRegistry)(nil)
+	_ TTLReporter     = (*StoreRegistry)(nil)
 )
 
 // New returns a registry over st. It does not contact the store: the lease
@@ -85,6 +87,7 @@ func New(st store.Store, cfg Config) (*StoreRegistry, error) {
 		r.tx = tx
 		r.creates = newBatcher(batcherDeps{txn: tx.Txn, spawn: r.spawn, opContext: r.opContext, undo: r.undo})
 	}
+	r.health = newHealthBoard(r.log, m, cfg.HealthPanicThreshold)
 	r.sess = newSession(r)
 	r.hub = newHub(r)
 	r.leased = newLeasedTracker(cfg.LeaseTTL)
@@ -149,6 +152,7 @@ func (r *StoreRegistry) prepare(in beacon.Instance, ttl time.Duration) (beacon.I
 	if err != nil {
 		return beacon.Instance{}, nil, err
 	}
+	in.Health = nil // the checkers' verdict: never advertised by a registrant
 	val, err := encode(in, ttl)
 	if err != nil {
 		return beacon.Instance{}, nil, err
@@ -192,11 +196,14 @@ func (r *StoreRegistry) decode(kv store.KeyValue) (beacon.Instance, error) {
 	if in.Ref() != ref {
 		return beacon.Instance{}, fmt.Errorf("value at %s describes instance %s: key and value disagree", kv.Key, in.Ref())
 	}
+	in.Health = nil // never stored: the view joins the checkers' verdict
 	return in, nil
 }
 
-// List implements Discoverer. Values that are not valid instances are
-// skipped (and counted in beacon_registry_invalid_values_total).
+// List implements Discoverer. Values that are not valid instances or
+// verdicts are skipped (and counted in
+// beacon_registry_invalid_values_total). Instances carry their health as
+// a watch's do.
 func (r *StoreRegistry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance, int64, error) {
 	if err := q.Validate(); err != nil {
 		return nil, 0, err
@@ -208,22 +215,35 @@ func (r *StoreRegistry) List(ctx context.Context, q beacon.Query) ([]beacon.Inst
 	if err != nil {
 		return nil, 0, fmt.Errorf("registry: list %q: %w", q.String(), err)
 	}
-	out := make([]beacon.Instance, 0, len(kvs))
-	for _, kv := range kvs {
-		in, err := r.decode(kv)
-		if err != nil {
-			r.invalidValue(kv.Key, err)
-			continue
-		}
-		out = append(out, in)
+	l := r.readListing(kvs)
+	j := newHealthJoin(r.cfg.HealthPanicThreshold)
+	j.replaceVerdicts(l.verdicts)
+	j.joinAll(l.items)
+	out := make([]beacon.Instance, len(l.items))
+	for i, it := range l.items {
+		out[i] = it.Inst
 	}
 	return out, rev, nil
 }
 
-// Get returns one instance, or an error matching beacon.ErrNotFound.
+// Get returns one instance, or an error matching beacon.ErrNotFound. An
+// instance that declares a check is read with its whole endpoint, in one
+// listing: its health depends on its service's (the panic threshold).
 func (r *StoreRegistry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
 	in, _, err := r.get(ctx, ref)
-	return in, err
+	if err != nil || in.Check == nil {
+		return in, err
+	}
+	ins, _, err := r.List(ctx, beacon.Query{Namespace: ref.Namespace, Component: ref.Component, Endpoint: ref.Endpoint})
+	if err != nil {
+		return beacon.Instance{}, fmt.Errorf("registry: get %s: %w", ref, err)
+	}
+	for _, in := range ins {
+		if in.ID == ref.ID {
+			return in, nil
+		}
+	}
+	return beacon.Instance{}, fmt.Errorf("%w: %s", beacon.ErrNotFound, ref)
 }
 
 // get returns the instance and its key/value (for its lease and revision).

@@ -89,6 +89,12 @@ func TestCRDMatchesGoTypes(t *testing.T) {
 	}
 }
 
+// notOnKubernetes are the instance fields the InstanceSet has no place
+// for: readiness is the health check there, so a registration that
+// declares a check is refused (kube.ErrHealthCheck), and health is never
+// stored on any backend.
+var notOnKubernetes = map[string]bool{"spec.instances[].check": true, "spec.instances[].health": true}
+
 func compare(t *testing.T, path string, typ reflect.Type, p apiextensionsv1.JSONSchemaProps) {
 	t.Helper()
 	switch typ.Kind() {
@@ -113,6 +119,9 @@ func compare(t *testing.T, path string, typ reflect.Type, p apiextensionsv1.JSON
 		}
 		for name, ft := range fields {
 			sp, ok := p.Properties[name]
+			if !ok && notOnKubernetes[path+"."+name] {
+				continue
+			}
 			if !ok {
 				t.Errorf("%s.%s: Go field without a schema property", path, name)
 				continue

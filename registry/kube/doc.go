@@ -22,6 +22,9 @@
 // (starting, failing its readiness probe, terminating) is removed for
 // watchers, and added back once Ready: the readiness probe gates discovery.
 // Draining is the instance's status in the resource, as on every backend.
+// Readiness is the health check here: an instance that declares one
+// (beacon.Instance.Check) is refused (ErrHealthCheck), and instances carry
+// no Health.
 //
 // There is no lease. What replaces each of its guarantees:
 //

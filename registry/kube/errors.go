@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/store"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
@@ -53,7 +54,22 @@ var (
 	// ErrTooLarge reports a registration that would make the InstanceSet
 	// larger than MaxObjectSize or MaxInstances.
 	ErrTooLarge = errors.New("kube: InstanceSet too large")
+	// ErrHealthCheck reports a registration that declares a health check
+	// (beacon.Instance.Check): on Kubernetes the pod's readiness is the
+	// health check, and Beacon's checkers do not run. It comes with
+	// beacon.ErrInvalid.
+	ErrHealthCheck = errors.New("kube: health checks are not run on Kubernetes")
 )
+
+// checkRefused refuses in if it declares a health check.
+func checkRefused(in beacon.Instance) error {
+	if in.Check == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w: %s declares a %s check: on Kubernetes the pod's readiness is the health check (an instance "+
+		"is served only while its pod is Ready in an EndpointSlice); register it without a check and give its container a "+
+		"readinessProbe instead (grpc, httpGet, tcpSocket or exec)", ErrHealthCheck, beacon.ErrInvalid, in.Ref(), in.Check.Kind)
+}
 
 // op describes one API request for error messages: the RBAC verb, the
 // resource (as RBAC names it), and the namespace ("" for every namespace).

@@ -513,9 +513,18 @@ func (w *writer) checkCluster(ctx context.Context, ref beacon.Ref) error {
 	return nil
 }
 
-// prepare fills an instance's defaults and validates it.
+// prepare fills an instance's defaults and validates it. An instance
+// that declares a health check is refused: readiness is the check here.
 func (r *Registry) prepare(in beacon.Instance) (beacon.Instance, error) {
-	return defaults.Fill(in, r.cfg.MaxMetadataSize)
+	in, err := defaults.Fill(in, r.cfg.MaxMetadataSize)
+	if err != nil {
+		return beacon.Instance{}, err
+	}
+	if err := checkRefused(in); err != nil {
+		return beacon.Instance{}, err
+	}
+	in.Health = nil // never stored
+	return in, nil
 }
 
 // registration is one registered instance.
@@ -555,6 +564,10 @@ func (g *registration) Update(ctx context.Context, mutate func(*beacon.Instance)
 	if err := next.ValidateWith(w.r.cfg.MaxMetadataSize); err != nil {
 		return err
 	}
+	if err := checkRefused(next); err != nil {
+		return err
+	}
+	next.Health = nil // never stored
 	return g.set(ctx, next)
 }
 

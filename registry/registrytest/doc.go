@@ -11,7 +11,7 @@
 //				t.Fatal(err)
 //			}
 //			return r
-//		}, registrytest.Options{})
+//		}, registrytest.Options{Store: func(testing.TB) store.Store { return st }})
 //	}
 //
 // Each guarantee of DESIGN.md's Registry contract is a named check (a
@@ -19,7 +19,10 @@
 // one check must give two independent registries over the same backend
 // (two sessions, two leases). Checks use disjoint namespaces, so one backend
 // serves the whole run. An implementation that cannot offer a guarantee
-// lists the check in Options.Caveats with the reason.
+// lists the check in Options.Caveats with the reason. The health checks
+// ("Health/...") act as a health checker: they write verdicts beside their
+// instances through Options.Store, under a lease of their own, and are
+// skipped without it (registry/kube, where readiness is the check).
 //
 // View is what a well-behaved consumer of a Watcher holds: it applies
 // batches and checks the event contract as it goes (the first batch is a

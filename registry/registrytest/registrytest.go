@@ -14,6 +14,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store"
 )
 
 // Factory returns a new registry (a new "process") over the backend under
@@ -27,6 +28,14 @@ type Options struct {
 	Caveats map[string]string
 	// Timeout bounds every wait for an event; default 15 s.
 	Timeout time.Duration
+	// Store returns a client of the backend's store for the health checks
+	// ("Health/..."): they act as a checker does, writing verdicts beside
+	// their instances ({instance key}/health) under a lease of their own,
+	// and check what the registry shows. The registries of the factory
+	// must use the keyspace their Keyspace method (if any) returns, else
+	// the root "". Nil skips the health checks (registry/kube, where
+	// readiness is the health check).
+	Store func(t testing.TB) store.Store
 }
 
 type check struct {
@@ -54,6 +63,11 @@ var checks = []check{
 	{"Watch/LocalCancelKeepsView", testLocalCancel},
 	{"Watch/Resume", testWatchResume},
 	{"Watch/InvalidQuery", testWatchInvalidQuery},
+	{"Health/DeclaredCheckIsUnknown", testHealthUnknown},
+	{"Health/VerdictJoined", testHealthVerdict},
+	{"Health/VerdictLeaseRevoked", testHealthVerdictRevoked},
+	{"Health/VerdictBeforeInstance", testHealthVerdictFirst},
+	{"Health/Panic", testHealthPanic},
 }
 
 // Run runs every check against registries from newRegistry.

@@ -9,6 +9,11 @@ import (
 	"github.com/beaconplane/beacon"
 )
 
+// HealthPanicThreshold is the share of a service's checked instances
+// that may be failing before health is ignored for the service (its panic
+// threshold) when the configuration leaves it zero.
+const HealthPanicThreshold = 0.5
+
 // Fill returns a copy of in with its defaults filled in — a new ID, status
 // serving, registered now (UTC, to the millisecond) — and RegisteredAt in
 // UTC, validated with a metadata limit of maxMetadata bytes.

@@ -6,7 +6,7 @@
 //
 // # The structure
 //
-//	           Set / Delete / Deliver (owner's lock)        Version()
+//	   Set / Delete / Deliver / Amend (owner's lock)        Version()
 //	changes ─────────────────────────────▶ View ─────────────────────▶ *Version (immutable)
 //	                                        │                           tree clone, Seq, Rev, Relists
 //	                                        │
@@ -27,13 +27,15 @@
 //
 //   - Set logs a change unless the instance is unchanged (Equal); it
 //     replaces the item either way. Delete and Deliver remove only the
-//     very item the view holds at that key. Load logs nothing.
+//     very item the view holds at that key. Amend replaces the item at a
+//     key at the current revision (a change no store event carries), Late
+//     like Deliver's removals. Load logs nothing.
 //   - Every change has the next Seq; a version is cached until the seq, the
 //     revision or the re-listings change, and never changes afterwards.
 //   - Since(seq) is every change after seq, or false once trimmed; Trim
 //     keeps at least max(MinLogLen, items) changes and at most twice that.
 //   - After(rev) is every change at a later revision plus the Late ones at
-//     rev (removals delivered at rev after a batch was given at rev), or
+//     rev (Deliver's and Amend's, after a batch was given at rev), or
 //     false when the log no longer reaches back to rev (or after Rebase).
 //   - Applying DiffLog, DiffTrees or Resume to a consumer's state at the
 //     older version gives the newer one (the model test).
@@ -42,7 +44,10 @@
 //
 // registry (feed.go) adds the store's list and watch, its connection
 // state (stale, outage), the removal hold (hold.go: an item whose removal
-// is held stays in the view until Deliver) and resume from a revision.
+// is held stays in the view until Deliver), the join of health verdicts
+// and the panic threshold (health.go: a verdict's change, or a service
+// entering or leaving panic, replaces the items it changes) and resume
+// from a revision.
 // registry/kube adds the join of InstanceSets with EndpointSlice readiness
 // and re-listing rounds published as one step; its watchers select by
 // query (the match argument of the diffs). Wake is the wake-up channel and

@@ -24,9 +24,12 @@ type Item struct {
 	// Rev is the revision of the item's last change: an Added event of a
 	// snapshot or a tree walk carries it.
 	Rev int64
-	// Create is the store's create revision (0 where the source has none):
-	// with Rev, it tells a re-listed key unchanged.
+	// Create and Mod are the store's create and mod revisions of the
+	// instance's value (0 where the source has none): they tell a
+	// re-listed key unchanged. Rev differs from Mod when the item changed
+	// without its value (the registry joins health verdicts stored apart).
 	Create int64
+	Mod    int64
 	// Lease and TTL are read by the registry's removal hold: the key's
 	// lease (store.NoLease where unknown) and the lease TTL its value
 	// declares (0: none).
@@ -149,6 +152,26 @@ func (v *View) Deliver(it *Item) bool {
 	}
 	v.tree.Delete(it)
 	v.append(Change{Rev: v.rev, Key: it.Key, Before: it, Late: v.given >= v.rev})
+	return true
+}
+
+// Amend replaces the item at it.Key with it at the current revision,
+// outside any store event (a change its owner derives, such as a health
+// panic that a removal delivered late ends): like Deliver, the change is
+// Late if a batch was given at that revision already. It logs nothing if
+// the instance is unchanged (the item is replaced all the same), and is a
+// no-op if the view holds nothing at that key. It reports whether it
+// logged a change.
+func (v *View) Amend(it *Item) bool {
+	cur, ok := v.tree.Get(it)
+	if !ok {
+		return false
+	}
+	v.tree.ReplaceOrInsert(it)
+	if cur.Inst.Equal(it.Inst) {
+		return false
+	}
+	v.append(Change{Rev: v.rev, Key: it.Key, Before: cur, After: it, Late: v.given >= v.rev})
 	return true
 }
 

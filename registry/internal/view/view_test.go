@@ -421,6 +421,9 @@ func TestDiffsTakeAnyVersionToAnyLaterOne(t *testing.T) {
 		switch cur, ok := v.Get(key); {
 		case ok && rng.IntN(3) == 0:
 			v.Delete(cur, rev)
+		case ok && rng.IntN(4) == 0:
+			v.Given(v.Rev())
+			v.Amend(it(key, fmt.Sprint(rng.IntN(3)), v.Rev())) // at the revision already given
 		default:
 			v.Set(it(key, fmt.Sprint(rng.IntN(3)), rev), rev)
 		}
@@ -534,5 +537,37 @@ func TestLifeEndsOnceByEndOrContext(t *testing.T) {
 		if n := len(released); n != 0 {
 			t.Fatalf("byContext=%v: release ran %d more times, want once in all", byContext, n)
 		}
+	}
+}
+
+func TestAmendReplacesAtTheCurrentRevisionLateOnceGiven(t *testing.T) {
+	v := New()
+	a, b := it("a", "1", 5), it("b", "1", 5)
+	v.Load([]*Item{a, b}, 5)
+	if v.Amend(it("c", "1", 5)) || v.Len() != 2 {
+		t.Fatal("Amend of an absent key added it")
+	}
+	a2 := it("a", "2", 5)
+	if !v.Amend(a2) {
+		t.Fatal("Amend of a changed instance logged nothing")
+	}
+	v.Given(5)
+	b2 := it("b", "2", 5)
+	v.Amend(b2)
+	b3 := it("b", "2", 5)
+	if v.Amend(b3) {
+		t.Fatal("Amend of an equal instance logged a change")
+	}
+	if got, _ := v.Get("b"); got != b3 {
+		t.Fatal("Amend of an equal instance did not replace the item")
+	}
+	log, _ := v.Since(0)
+	if len(log) != 2 || log[0].Late || log[0].Before != a || log[0].After != a2 || log[0].Rev != 5 ||
+		!log[1].Late || log[1].Before != b || log[1].After != b2 || log[1].Rev != 5 {
+		t.Fatalf("log %+v", log)
+	}
+	// A watcher resuming from the revision it was given gets the late one.
+	if log, ok := v.After(5); !ok || len(log) != 1 || log[0].Key != "b" {
+		t.Fatalf("After(5) = %+v, %v", log, ok)
 	}
 }
