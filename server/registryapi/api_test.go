@@ -549,6 +549,7 @@ func TestRegistryWithoutLeases(t *testing.T) {
 	body := `{"namespace":"ns","component":"c","endpoint":"e","address":"127.0.0.1:2"}`
 	do(t, "POST", srv.URL+InstancesPath, body).wantError(t, http.StatusNotImplemented, "not_implemented")
 	doSecret(t, "POST", instanceURL(srv.URL, in)+"/heartbeat", ``, "s").wantError(t, http.StatusNotImplemented, "not_implemented")
+	doSecret(t, "POST", instanceURL(srv.URL, in)+"/report", ``, "s").wantError(t, http.StatusNotImplemented, "not_implemented")
 	doSecret(t, "PATCH", instanceURL(srv.URL, in), `{"address":"h:1"}`, "s").wantError(t, http.StatusNotImplemented, "not_implemented")
 	doSecret(t, "DELETE", instanceURL(srv.URL, in), "", "s").wantError(t, http.StatusNotImplemented, "not_implemented")
 	do(t, "POST", instanceURL(srv.URL, in)+"/drain", "").wantError(t, http.StatusNotImplemented, "not_implemented")
