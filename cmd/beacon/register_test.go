@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/healthtest"
+	etcdstore "github.com/beaconplane/beacon/store/etcd"
 )
 
 // TestRegisterLsWatch runs the registry commands against a real etcd:
@@ -332,5 +335,136 @@ func TestRegisterWarnsBelowElectionTTL(t *testing.T) {
 	long.waitLine(t, "registered prod/api/http/", 30*time.Second)
 	if strings.Contains(long.out(), "warning") {
 		t.Fatalf("warning for --ttl 5s:\n%s", long.out())
+	}
+}
+
+// TestRegisterCheckBadInput: a bad --check or timing flag is bad usage
+// naming the flag and saying what to write, before touching the network.
+func TestRegisterCheckBadInput(t *testing.T) {
+	reg := []string{"register", "prod/api/http", "--addr", "10.0.0.1:80"}
+	with := func(args ...string) []string { return append(append([]string{}, reg...), args...) }
+	checkBadInput(t, []badInput{
+		{args: with("--check", "icmp"), want: `--check "icmp": invalid check "icmp": the kind must be grpc, http:/PATH, tcp or ttl:DURATION`},
+		{args: with("--check", "http"), want: `--check "http": invalid check "http": an HTTP check names its path: http:/healthz`},
+		{args: with("--check", "http:healthz"), want: "the HTTP path must start with /"},
+		{args: with("--check", "tcp:80"), want: "a TCP check takes no argument: tcp"},
+		{args: with("--check", "ttl:30s"), want: `--check "ttl:30s": a TTL check passes while its service reports that it is fine, and beacon register has nothing to report with`},
+		{args: with("--check", ""), want: `--check "": empty`},
+		{args: with("--check-interval", "5s"), want: "--check-interval: set --check too"},
+		{args: with("--check", "tcp", "--check-interval", "100ms"), want: "--check-interval 100ms: invalid check \"tcp\": interval 100ms is outside 500ms..10m0s"},
+		{args: with("--check", "tcp", "--check-interval", "1s", "--check-timeout", "2s"), want: "--check-timeout 2s: invalid check \"tcp\": timeout 2s must be at least 50ms and at most the interval (1s)"},
+		{args: with("--check", "tcp", "--check-timeout", "20s"), want: "--check-timeout 20s:"},
+		{args: with("--check", "tcp", "--check-rise", "0"), want: "--check-rise 0: 0 is not a value of this flag"},
+		{args: with("--check", "tcp", "--check-rise", "101"), want: "--check-rise 101: invalid check \"tcp\": rise 101 must be 1..100"},
+		{args: with("--check", "tcp", "--check-fall", "-1"), want: "--check-fall -1: invalid check \"tcp\": fall -1 must be 1..100"},
+		{args: with("--check", "grpc", "--backend", "kubernetes"), want: "--check: on the kubernetes backend the pod's readiness is the check"},
+	})
+}
+
+// TestHealthColumn: beacon ls shows each instance's verdict in HEALTH:
+// "-" without a check, unknown until a verdict exists, passing, failing,
+// failing (panic).
+func TestHealthColumn(t *testing.T) {
+	at := func(id string) beacon.Instance {
+		return beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", ID: id, Address: "10.0.0.1:80",
+			Status: beacon.StatusServing, RegisteredAt: time.Now()}
+	}
+	declared := at("00000000000000a2")
+	declared.Check = &healthtest.Check
+	ins := []beacon.Instance{at("00000000000000a1"), declared, healthtest.Unknown(at("00000000000000a3")),
+		healthtest.Passing(at("00000000000000a4")), healthtest.Failing(at("00000000000000a5"), "refused"),
+		healthtest.Panic(at("00000000000000a6"), "refused")}
+	var out strings.Builder
+	if err := writeListTable(&out, ins, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if !strings.Contains(lines[0], "STATUS   HEALTH") {
+		t.Fatalf("header %q", lines[0])
+	}
+	col := strings.Index(lines[0], "HEALTH")
+	for i, want := range []string{"-", "unknown", "unknown", "passing", "failing", "failing (panic)"} {
+		if got := strings.TrimSpace(lines[i+1][col : col+len("failing (panic)")]); got != want {
+			t.Errorf("row %d: HEALTH %q, want %q\n%s", i, got, want, out.String())
+		}
+	}
+	var js strings.Builder
+	if err := writeListJSON(&js, ins[4:5], 7); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(js.String(), `"health": {`) || !strings.Contains(js.String(), `"status": "failing"`) || !strings.Contains(js.String(), `"reason": "refused"`) {
+		t.Errorf("ls -o json lacks the verdict:\n%s", js.String())
+	}
+}
+
+// TestLsWatchShowHealth: against a real etcd, beacon watch prints each
+// checked instance's verdict and a change of verdict alone as an update,
+// and beacon ls shows it; register --check declares the check.
+func TestLsWatchShowHealth(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ep := srv.Endpoint()
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: []string{ep}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ks, _ := beacon.NewKeyspace("")
+	put := func(in beacon.Instance) {
+		t.Helper()
+		if err := healthtest.Put(ctx, st, ks, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", ID: "00000000000000a1", Address: "10.0.0.1:80",
+		Status: beacon.StatusServing, RegisteredAt: time.Now().UTC()}
+	put(healthtest.Passing(a))
+
+	w := startBeacon(t, dir, nil, "watch", "prod", "--endpoints", ep)
+	if l := w.waitLine(t, "snapshot added", 30*time.Second); !strings.Contains(l, "serving health=passing rev=") {
+		t.Fatalf("snapshot line %q, want the verdict", l)
+	}
+	w.waitLine(t, "synced", 10*time.Second)
+	put(healthtest.Failing(a, "dial tcp 10.0.0.1:80: connection refused"))
+	if l := w.waitLine(t, "changes  updated", 10*time.Second); !strings.Contains(l, `serving health=failing reason="dial tcp 10.0.0.1:80: connection refused" rev=`) {
+		t.Fatalf("update line %q, want the failing verdict and its reason", l)
+	}
+
+	ls := startBeacon(t, dir, nil, "ls", "prod", "--endpoints", ep)
+	if err := ls.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("ls: %v\n%s", err, ls.errOut())
+	}
+	if !strings.Contains(ls.out(), "HEALTH") || !regexp.MustCompile(`prod/api/http/00000000000000a1 .* serving +failing `).MatchString(ls.out()) {
+		t.Fatalf("ls:\n%s", ls.out())
+	}
+
+	reg := startBeacon(t, dir, nil, "register", "prod/api/grpc", "--addr", "10.0.0.2:90", "--check", "grpc:api.v1.Greeter",
+		"--check-interval", "5s", "--check-fall", "2", "-o", "json", "--endpoints", ep)
+	var line struct {
+		Instance beacon.Instance `json:"instance"`
+	}
+	if err := json.Unmarshal([]byte(reg.waitLine(t, `"event":"registered"`, 30*time.Second)), &line); err != nil {
+		t.Fatal(err)
+	}
+	want := beacon.Check{Kind: beacon.CheckGRPC, Service: "api.v1.Greeter", Interval: 5 * time.Second, Fall: 2}
+	if line.Instance.Check == nil || *line.Instance.Check != want {
+		t.Fatalf("registered check %+v, want %+v", line.Instance.Check, want)
+	}
+	if l := w.waitLine(t, "prod/api/grpc/", 10*time.Second); !strings.Contains(l, "serving health=unknown rev=") {
+		t.Fatalf("watch line of the new registration %q, want health=unknown (no verdict yet)", l)
+	}
+	if err := reg.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("register: %v\n%s", err, reg.errOut())
+	}
+	if err := w.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("watch: %v\n%s", err, w.errOut())
 	}
 }
