@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"os/exec"
 	"regexp"
 	"strings"
 	"syscall"
@@ -13,6 +15,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/internal/testkit/healthtest"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 )
 
@@ -466,5 +469,75 @@ func TestLsWatchShowHealth(t *testing.T) {
 	}
 	if err := w.wait(t, 10*time.Second); err != nil {
 		t.Fatalf("watch: %v\n%s", err, w.errOut())
+	}
+}
+
+// TestServeChecksRegistrations runs the whole path: beacon serve (embedded
+// etcd, its checkers on by default), two beacon register --check tcp, one
+// at an address that listens and one at an address that refuses; beacon
+// watch sees the verdicts, beacon ls shows them, and DNS answers only the
+// passing instance. It needs the checker in beacon serve and the registry's
+// view of verdicts (the health-checker and health-view branches): until
+// `beacon serve --help` has --health-checks it is skipped.
+func TestServeChecksRegistrations(t *testing.T) {
+	help := startBeacon(t, t.TempDir(), nil, "serve", "--help")
+	if err := help.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("serve --help: %v", err)
+	}
+	if !strings.Contains(help.out(), "--health-checks") {
+		t.Skip("needs the health checker in beacon serve (health-checker and health-view branches)")
+	}
+	dir := t.TempDir()
+	client := freeURL(t)
+	dnsAddr := strings.TrimPrefix(freeURL(t), "http://")
+	srv := startBeacon(t, dir, nil, withFreePorts(t, []string{"serve", "--data-dir", t.TempDir(), "--listen-client-urls", client,
+		"--dns-addr", dnsAddr}, nil)...)
+	srv.waitLine(t, "beacon serve is ready", 60*time.Second)
+
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	go func() {
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	down := strings.TrimPrefix(freeURL(t), "http://") // nothing listens there
+	check := []string{"--check", "tcp", "--check-interval", "500ms", "--check-timeout", "200ms", "--check-rise", "1", "--check-fall", "1", "--endpoints", client}
+	w := startBeacon(t, dir, nil, "watch", "prod", "--endpoints", client)
+	w.waitLine(t, "synced", 30*time.Second)
+	good := startBeacon(t, dir, nil, append([]string{"register", "prod/api/http", "--addr", up.Addr().String(), "--id", "00000000000000d1"}, check...)...)
+	good.waitLine(t, "registered prod/api/http/00000000000000d1", 30*time.Second)
+	bad := startBeacon(t, dir, nil, append([]string{"register", "prod/api/http", "--addr", down, "--id", "00000000000000d2"}, check...)...)
+	bad.waitLine(t, "registered prod/api/http/00000000000000d2", 30*time.Second)
+	w.waitLine(t, "00000000000000d1 "+up.Addr().String()+" serving health=passing", 30*time.Second)
+	w.waitLine(t, "00000000000000d2 "+down+" serving health=failing reason=", 30*time.Second)
+
+	ls := startBeacon(t, dir, nil, "ls", "prod", "--endpoints", client)
+	if err := ls.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("ls: %v\n%s", err, ls.errOut())
+	}
+	if !regexp.MustCompile(`00000000000000d1 .* passing `).MatchString(ls.out()) || !regexp.MustCompile(`00000000000000d2 .* failing `).MatchString(ls.out()) {
+		t.Fatalf("ls:\n%s", ls.out())
+	}
+	digBin := testpeer.Binary(t, "apt-get install bind9-dnsutils", "dig")
+	host, port, _ := net.SplitHostPort(dnsAddr)
+	out, err := exec.Command(digBin, "@"+host, "-p", port, "+short", "+norecurse", "http.api.prod.beacon.", "A").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "127.0.0.1" {
+		t.Fatalf("dig A http.api.prod.beacon.: %q (%v), want only the passing instance's 127.0.0.1", out, err)
+	}
+	for _, b := range []*child{good, bad, w, srv} {
+		if err := b.cmd.Process.Signal(syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("%v after SIGINT: %v\n%s", b.cmd.Args, err, b.errOut())
+		}
 	}
 }
