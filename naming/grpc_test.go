@@ -250,25 +250,16 @@ func TestMetadataReachesCustomBalancer(t *testing.T) {
 // called whole, and a check that passes again brings the instance back.
 func TestRoundRobinLeavesOutFailing(t *testing.T) {
 	ctx := testContext(t)
-	st := memory.New(memory.Config{})
-	t.Cleanup(func() { _ = st.Close() })
-	r := newRegistry(t, st, registry.Config{})
+	r := healthtest.NewRegistry(t)
 	q := beacon.Query{Namespace: "hc", Component: "api", Endpoint: "grpc"}
-	put := func(ins ...beacon.Instance) {
-		t.Helper()
-		for _, in := range ins {
-			if err := healthtest.Put(ctx, st, r.Keyspace(), in); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	put := func(ins ...beacon.Instance) { t.Helper(); r.Put(t, ins...) }
 	at := func(be *namingtest.Backend) beacon.Instance {
 		return beacon.Instance{Namespace: q.Namespace, Component: q.Component, Endpoint: q.Endpoint, ID: beacon.NewID(),
 			Address: be.Addr(), Status: beacon.StatusServing, RegisteredAt: time.Now().UTC()}
 	}
 	i1, i2 := at(namingtest.Start(t, "b1")), at(namingtest.Start(t, "b2"))
 	put(healthtest.Passing(i1), healthtest.Passing(i2))
-	cc := dial(t, memBuilder(t, r), naming.Target(q), "round_robin")
+	cc := dial(t, memBuilder(t, r.StoreRegistry), naming.Target(q), "round_robin")
 	untilAll(ctx, t, cc, "b1", "b2")
 
 	put(healthtest.Failing(i1, "connection refused"))

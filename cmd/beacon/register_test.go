@@ -415,12 +415,7 @@ func TestLsWatchShowHealth(t *testing.T) {
 	}
 	defer st.Close()
 	ks, _ := beacon.NewKeyspace("")
-	put := func(in beacon.Instance) {
-		t.Helper()
-		if err := healthtest.Put(ctx, st, ks, in); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(in beacon.Instance) { t.Helper(); healthtest.PutAll(t, st, ks, in) }
 	a := beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", ID: "00000000000000a1", Address: "10.0.0.1:80",
 		Status: beacon.StatusServing, RegisteredAt: time.Now().UTC()}
 	put(healthtest.Passing(a))

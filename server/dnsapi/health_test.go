@@ -1,15 +1,12 @@
 package dnsapi
 
 import (
-	"context"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/healthtest"
-	"github.com/beaconplane/beacon/registry"
-	"github.com/beaconplane/beacon/store/memory"
 )
 
 // TestDigLeavesOutFailing: an instance whose health check fails is left
@@ -18,25 +15,8 @@ import (
 // the failing instances of a service in panic.
 func TestDigLeavesOutFailing(t *testing.T) {
 	t.Parallel()
-	st := memory.New(memory.Config{})
-	r, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = r.Close()
-		_ = st.Close()
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
-	defer cancel()
-	put := func(ins ...beacon.Instance) {
-		t.Helper()
-		for _, in := range ins {
-			if err := healthtest.Put(ctx, st, r.Keyspace(), in); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	r := healthtest.NewRegistry(t)
+	put := func(ins ...beacon.Instance) { t.Helper(); r.Put(t, ins...) }
 	at := func(ep, id, addr string) beacon.Instance {
 		in := testInstance(ep, addr)
 		in.ID, in.RegisteredAt = id, time.Now().UTC()
@@ -49,7 +29,7 @@ func TestDigLeavesOutFailing(t *testing.T) {
 		at("grpc", "00000000000000b3", "10.0.1.3:90")
 	put(healthtest.Passing(w1), healthtest.Failing(w2, "connection refused"), healthtest.Unknown(w3), w4,
 		healthtest.Passing(g1), healthtest.Panic(g2, "timeout"), healthtest.Panic(g3, "timeout"))
-	s, addr := startDNS(t, r, Config{})
+	s, addr := startDNS(t, r.StoreRegistry, Config{})
 	waitView(t, s, "6 instances answered", func() bool {
 		v := s.view.Load()
 		return v != nil && v.zone.instances == 6

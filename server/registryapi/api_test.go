@@ -25,23 +25,19 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // server on loopback.
 func newAPI(t *testing.T) (*httptest.Server, *registry.StoreRegistry) {
 	t.Helper()
-	st := memory.New(memory.Config{})
-	reg, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := newRegistryForTest(t)
+	return serveAPI(t, reg), reg
+}
+
+// serveAPI serves the API over reg on a real HTTP server on loopback,
+// closed with the test (before reg).
+func serveAPI(t *testing.T, reg *registry.StoreRegistry) *httptest.Server {
+	t.Helper()
 	h, err := New(reg, Config{KeepAliveInterval: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-		_ = reg.Close()
-		_ = st.Close()
-	})
-	return srv, reg
+	return newServer(t, h)
 }
 
 type reply struct {

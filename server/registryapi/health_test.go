@@ -13,7 +13,6 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/healthtest"
 	"github.com/beaconplane/beacon/registry"
-	"github.com/beaconplane/beacon/store/memory"
 )
 
 // TestRegisterWithCheck: a registration declares its check in beacon.Check's
@@ -91,31 +90,8 @@ func TestInvalidCheckIsBadRequest(t *testing.T) {
 // writes with the verdicts it chooses (healthtest.Put).
 func checkedAPI(t *testing.T) (*httptest.Server, func(ins ...beacon.Instance)) {
 	t.Helper()
-	st := memory.New(memory.Config{})
-	reg, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := New(reg, Config{KeepAliveInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-		_ = reg.Close()
-		_ = st.Close()
-	})
-	put := func(ins ...beacon.Instance) {
-		t.Helper()
-		for _, in := range ins {
-			if err := healthtest.Put(context.Background(), st, reg.Keyspace(), in); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	return srv, put
+	reg := healthtest.NewRegistry(t)
+	return serveAPI(t, reg.StoreRegistry), func(ins ...beacon.Instance) { t.Helper(); reg.Put(t, ins...) }
 }
 
 func checkedInstance(id, addr string) beacon.Instance {
@@ -193,27 +169,18 @@ func healthOf(in beacon.Instance) string {
 // beside the instance, where the instance's checker reads it; a wrong
 // secret is an unknown instance.
 func TestReport(t *testing.T) {
-	st := memory.New(memory.Config{})
-	reg, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = reg.Close(); _ = st.Close() })
-	if _, ok := any(reg).(Reporter); !ok {
+	reg := healthtest.NewRegistry(t)
+	if _, ok := any(reg.StoreRegistry).(Reporter); !ok {
 		t.Skip("needs registry.ReportLeased (health-view branch)")
 	}
-	h, err := New(reg, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := newServer(t, h)
+	srv := serveAPI(t, reg.StoreRegistry)
 	r := register(t, srv.URL, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80","check":{"kind":"ttl","ttl":"30s"}}`)
 	url := instanceURL(srv.URL, r.Instance) + "/report"
 	before := time.Now()
 	if rep := doSecret(t, "POST", url, "", r.Secret); rep.code != http.StatusNoContent {
 		t.Fatalf("report: %d %s", rep.code, rep.body)
 	}
-	kv, err := st.Get(context.Background(), reg.Keyspace().Key(r.Instance.Ref())+"/report")
+	kv, err := reg.Store.Get(context.Background(), reg.Keyspace().Key(r.Instance.Ref())+"/report")
 	if err != nil {
 		t.Fatalf("the report is not stored beside the instance: %v", err)
 	}

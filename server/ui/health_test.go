@@ -1,7 +1,6 @@
 package ui_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -21,16 +20,7 @@ func TestHealthShowsLive(t *testing.T) {
 	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
 	srv, reg := startHandlersOn(t, st, ui.Config{}, registryapi.Config{}, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	put := func(ins ...beacon.Instance) {
-		t.Helper()
-		for _, in := range ins {
-			if err := healthtest.Put(ctx, st, reg.Keyspace(), in); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	put := func(ins ...beacon.Instance) { t.Helper(); healthtest.PutAll(t, st, reg.Keyspace(), ins...) }
 	at := func(id, addr string) beacon.Instance {
 		return beacon.Instance{Namespace: "shop", Component: "cart", Endpoint: "http", ID: id, Address: addr, Transport: "http",
 			Status: beacon.StatusServing, RegisteredAt: time.Now().UTC()}

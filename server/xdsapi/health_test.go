@@ -8,33 +8,17 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/healthtest"
 	"github.com/beaconplane/beacon/naming/namingtest"
-	"github.com/beaconplane/beacon/registry"
-	"github.com/beaconplane/beacon/store"
-	"github.com/beaconplane/beacon/store/memory"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 )
 
 // checked is a registry over the memory backend whose instances the test
 // writes with the verdicts it chooses (healthtest.Put).
 type checked struct {
-	t  testing.TB
-	st store.Store
-	r  *registry.StoreRegistry
+	t testing.TB
+	r *healthtest.Registry
 }
 
-func newChecked(t testing.TB) *checked {
-	t.Helper()
-	st := memory.New(memory.Config{})
-	r, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = r.Close()
-		_ = st.Close()
-	})
-	return &checked{t: t, st: st, r: r}
-}
+func newChecked(t testing.TB) *checked { return &checked{t: t, r: healthtest.NewRegistry(t)} }
 
 // instance is a new instance of demo/greeter/grpc at addr.
 func (c *checked) instance(addr string) beacon.Instance {
@@ -45,11 +29,7 @@ func (c *checked) instance(addr string) beacon.Instance {
 // put writes the instances with their verdicts, in order.
 func (c *checked) put(ins ...beacon.Instance) {
 	c.t.Helper()
-	for _, in := range ins {
-		if err := healthtest.Put(testContext(c.t), c.st, c.r.Keyspace(), in); err != nil {
-			c.t.Fatal(err)
-		}
-	}
+	c.r.Put(c.t, ins...)
 }
 
 // TestPushesHealth: an instance whose check fails is pushed UNHEALTHY and

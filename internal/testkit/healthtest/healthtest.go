@@ -20,10 +20,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/memory"
 )
 
 // Checker is the checker every verdict made here names.
@@ -117,4 +120,45 @@ func Delete(ctx context.Context, st store.Store, ks beacon.Keyspace, ref beacon.
 		}
 	}
 	return nil
+}
+
+// Registry is a registry over a memory store, both closed with the test,
+// whose instances the test writes with Put.
+type Registry struct {
+	*registry.StoreRegistry
+	Store store.Store
+}
+
+// NewRegistry returns a Registry with the default registry.Config.
+func NewRegistry(t testing.TB) *Registry {
+	t.Helper()
+	st := memory.New(memory.Config{})
+	r, err := registry.New(st, registry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = r.Close()
+		_ = st.Close()
+	})
+	return &Registry{StoreRegistry: r, Store: st}
+}
+
+// Put writes the instances, in order, with their verdicts (see Put).
+func (r *Registry) Put(t testing.TB, ins ...beacon.Instance) {
+	t.Helper()
+	PutAll(t, r.Store, r.Keyspace(), ins...)
+}
+
+// PutAll writes the instances to st, in order, with their verdicts (see
+// Put), failing the test on an error.
+func PutAll(t testing.TB, st store.Store, ks beacon.Keyspace, ins ...beacon.Instance) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, in := range ins {
+		if err := Put(ctx, st, ks, in); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

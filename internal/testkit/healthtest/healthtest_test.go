@@ -9,8 +9,6 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/healthtest"
 	"github.com/beaconplane/beacon/registry"
-	"github.com/beaconplane/beacon/store"
-	"github.com/beaconplane/beacon/store/memory"
 	"go.uber.org/goleak"
 )
 
@@ -23,29 +21,11 @@ func inst(id, addr string) beacon.Instance {
 
 const a, b, c, d = "000000000000000a", "000000000000000b", "000000000000000c", "000000000000000d"
 
-func setup(t *testing.T) (context.Context, store.Store, *registry.StoreRegistry) {
+func setup(t *testing.T) (context.Context, *healthtest.Registry) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	st := memory.New(memory.Config{})
-	r, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = r.Close()
-		_ = st.Close()
-	})
-	return ctx, st, r
-}
-
-func put(ctx context.Context, t *testing.T, st store.Store, r *registry.StoreRegistry, ins ...beacon.Instance) {
-	t.Helper()
-	for _, in := range ins {
-		if err := healthtest.Put(ctx, st, r.Keyspace(), in); err != nil {
-			t.Fatal(err)
-		}
-	}
+	return ctx, healthtest.NewRegistry(t)
 }
 
 // health renders an instance's verdict as a reader sees it.
@@ -63,8 +43,8 @@ func health(in beacon.Instance) string {
 // TestReadersSeeVerdicts: what Put writes, a registry's readers see, and a
 // change of verdict alone is an update for watchers.
 func TestReadersSeeVerdicts(t *testing.T) {
-	ctx, st, r := setup(t)
-	put(ctx, t, st, r, healthtest.Passing(inst(a, "10.0.0.1:80")), healthtest.Failing(inst(b, "10.0.0.2:80"), "refused"),
+	ctx, r := setup(t)
+	r.Put(t, healthtest.Passing(inst(a, "10.0.0.1:80")), healthtest.Failing(inst(b, "10.0.0.2:80"), "refused"),
 		healthtest.Unknown(inst(c, "10.0.0.3:80")), inst(d, "10.0.0.4:80"))
 	ins, _, err := r.List(ctx, beacon.Query{Namespace: "demo"})
 	if err != nil {
@@ -88,7 +68,7 @@ func TestReadersSeeVerdicts(t *testing.T) {
 	if b, err := w.Next(ctx); err != nil || b.Kind != registry.Snapshot {
 		t.Fatalf("first batch %v, %v", b.Kind, err)
 	}
-	put(ctx, t, st, r, healthtest.Passing(inst(b, "10.0.0.2:80")))
+	r.Put(t, healthtest.Passing(inst(b, "10.0.0.2:80")))
 	for {
 		batch, err := w.Next(ctx)
 		if err != nil {
@@ -105,10 +85,10 @@ func TestReadersSeeVerdicts(t *testing.T) {
 // TestPutRefusesVerdictWithoutCheck: a verdict on an instance that declares
 // no check would be dropped by the registry's view; Put says so.
 func TestPutRefusesVerdictWithoutCheck(t *testing.T) {
-	ctx, st, r := setup(t)
+	ctx, r := setup(t)
 	in := healthtest.Failing(inst(a, "10.0.0.1:80"), "x")
 	in.Check = nil
-	if err := healthtest.Put(ctx, st, r.Keyspace(), in); err == nil {
+	if err := healthtest.Put(ctx, r.Store, r.Keyspace(), in); err == nil {
 		t.Fatal("Put wrote a verdict on an instance without a check")
 	}
 }
@@ -143,8 +123,8 @@ func TestPickersLeaveOutFailing(t *testing.T) {
 // TestFollowLeavesOutFailing: pickers fed by a watch (Follow) drop an
 // instance when its check fails and take it back when it passes.
 func TestFollowLeavesOutFailing(t *testing.T) {
-	ctx, st, r := setup(t)
-	put(ctx, t, st, r, healthtest.Passing(inst(a, "10.0.0.1:80")), healthtest.Passing(inst(b, "10.0.0.2:80")),
+	ctx, r := setup(t)
+	r.Put(t, healthtest.Passing(inst(a, "10.0.0.1:80")), healthtest.Passing(inst(b, "10.0.0.2:80")),
 		healthtest.Passing(inst(c, "10.0.0.3:80")))
 	w, err := r.Watch(ctx, beacon.Query{Namespace: "demo"})
 	if err != nil {
@@ -162,9 +142,9 @@ func TestFollowLeavesOutFailing(t *testing.T) {
 		}
 	}()
 	waitPicks(ctx, t, p, a, b, c)
-	put(ctx, t, st, r, healthtest.Failing(inst(b, "10.0.0.2:80"), "refused"))
+	r.Put(t, healthtest.Failing(inst(b, "10.0.0.2:80"), "refused"))
 	waitPicks(ctx, t, p, a, c)
-	put(ctx, t, st, r, healthtest.Passing(inst(b, "10.0.0.2:80")))
+	r.Put(t, healthtest.Passing(inst(b, "10.0.0.2:80")))
 	waitPicks(ctx, t, p, a, b, c)
 }
 
