@@ -17,9 +17,10 @@
 // # What the resolver pushes
 //
 // Every update is the full state: one resolver.Endpoint (one address) per
-// serving instance, sorted by instance name. Draining instances are left
-// out at once, so balancers stop sending them new calls while they finish
-// the calls they have; instances whose address is not host:port, and
+// serving instance, sorted by instance name. Draining instances, and those
+// whose health check fails (beacon.Instance.Serving: unless their service
+// is in panic), are left out at once, so balancers stop sending them new
+// calls while they finish the calls they have; instances whose address is not host:port, and
 // repeated addresses, are left out too (logged and counted). Each endpoint
 // carries its instance in its attributes — read them in a custom balancer
 // with InstanceFrom or MetadataValue (weight, zone, ...). The same
@@ -47,7 +48,8 @@
 // instead of waiting for their deadline, and calls made with
 // grpc.WaitForReady(true) wait until an instance appears. With pick_first
 // the call's error carries the resolver's message ("no serving instances
-// of beacon:///prod/api/grpc: 2 registered, 2 draining"); round_robin
+// of beacon:///prod/api/grpc: 2 registered, 1 draining, 1 failing their
+// health check, 0 with an address gRPC cannot dial"); round_robin
 // answers with its own "no children to pick from".
 //
 // # Authority

@@ -9,8 +9,9 @@ var (
 	// an error that says what was wrong.
 	ErrInvalidTarget = errors.New("naming: invalid target")
 	// ErrNoInstances is reported to gRPC while the target has no serving
-	// instance that gRPC can dial (none registered, or all draining), so
-	// that RPCs fail fast (unless they wait for ready) instead of hanging.
+	// instance that gRPC can dial (none registered, or all draining or
+	// failing their health check), so that RPCs fail fast (unless they
+	// wait for ready) instead of hanging.
 	ErrNoInstances = errors.New("naming: no serving instances")
 	// ErrStale is reported to gRPC while the registry watch has lost its
 	// backend: the channel keeps using the last known instances, and the

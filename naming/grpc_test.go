@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/testkit/healthtest"
 	"github.com/beaconplane/beacon/naming"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"github.com/beaconplane/beacon/registry"
@@ -242,4 +243,31 @@ func TestMetadataReachesCustomBalancer(t *testing.T) {
 		t.Fatal(err)
 	}
 	untilOnly(ctx, t, cc, 20, "b1")
+}
+
+// TestRoundRobinLeavesOutFailing: through a real registry, an instance
+// whose health check fails takes no new calls, a service in panic is
+// called whole, and a check that passes again brings the instance back.
+func TestRoundRobinLeavesOutFailing(t *testing.T) {
+	ctx := testContext(t)
+	r := healthtest.NewRegistry(t)
+	q := beacon.Query{Namespace: "hc", Component: "api", Endpoint: "grpc"}
+	put := func(ins ...beacon.Instance) { t.Helper(); r.Put(t, ins...) }
+	at := func(be *namingtest.Backend) beacon.Instance {
+		return beacon.Instance{Namespace: q.Namespace, Component: q.Component, Endpoint: q.Endpoint, ID: beacon.NewID(),
+			Address: be.Addr(), Status: beacon.StatusServing, RegisteredAt: time.Now().UTC()}
+	}
+	i1, i2 := at(namingtest.Start(t, "b1")), at(namingtest.Start(t, "b2"))
+	put(healthtest.Passing(i1), healthtest.Passing(i2))
+	cc := dial(t, memBuilder(t, r.StoreRegistry), naming.Target(q), "round_robin")
+	untilAll(ctx, t, cc, "b1", "b2")
+
+	put(healthtest.Failing(i1, "connection refused"))
+	untilOnly(ctx, t, cc, 20, "b2")
+	put(healthtest.Panic(i1, "connection refused"), healthtest.Panic(i2, "connection refused"))
+	untilAll(ctx, t, cc, "b1", "b2")
+	put(healthtest.Failing(i1, "connection refused"), healthtest.Passing(i2))
+	untilOnly(ctx, t, cc, 20, "b2")
+	put(healthtest.Passing(i1))
+	untilAll(ctx, t, cc, "b1", "b2")
 }

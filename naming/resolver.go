@@ -135,15 +135,21 @@ func (r *nameResolver) publish(view *publish.View[beacon.Instance]) {
 	entries, undialable := view.Entries()
 	var empty error
 	if len(entries) == undialable {
-		empty = r.noInstances(view.Len(), view.Len()-len(entries), undialable)
+		empty = r.noInstances(view, undialable)
 	}
 	r.pub.Publish(entries, empty)
 }
 
-func (r *nameResolver) noInstances(total, draining, undialable int) error {
+// noInstances says why view has no instance gRPC can dial: how many are
+// registered, and of those how many drain, fail their health check, or
+// have an address gRPC cannot dial.
+func (r *nameResolver) noInstances(view *publish.View[beacon.Instance], undialable int) error {
+	total := view.Len()
 	if total == 0 {
 		return fmt.Errorf("%w of %s: none registered", ErrNoInstances, r.target)
 	}
-	return fmt.Errorf("%w of %s: %d registered, %d draining, %d with an address gRPC cannot dial (want host:port)",
-		ErrNoInstances, r.target, total, draining, undialable)
+	draining := view.Count(beacon.Instance.Draining)
+	failing := view.Count(func(in beacon.Instance) bool { return !in.Draining() && in.Health.Failing() })
+	return fmt.Errorf("%w of %s: %d registered, %d draining, %d failing their health check, %d with an address gRPC cannot dial (want host:port)",
+		ErrNoInstances, r.target, total, draining, failing, undialable)
 }

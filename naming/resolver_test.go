@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/testkit/healthtest"
 	"github.com/beaconplane/beacon/naming"
 	"github.com/beaconplane/beacon/naming/internal/cctest"
 	"github.com/beaconplane/beacon/registry"
@@ -104,6 +105,32 @@ func TestResolverNoInstancesFailsFast(t *testing.T) {
 		t.Error("empty state has nil Endpoints; want an empty list")
 	}
 	cc.WaitError(t, i, "1 registered, 1 draining")
+}
+
+// TestResolverLeavesOutFailing: an instance whose health check fails is
+// left out as a draining one, and back when it passes; passing, unknown
+// and panic (failing in a service in panic) instances are pushed; with
+// none left the error counts the draining and the failing apart.
+func TestResolverLeavesOutFailing(t *testing.T) {
+	d := newFakeDiscoverer()
+	w := d.next()
+	cc, _ := buildResolver(t, d)
+
+	a := healthtest.Passing(inst("000000000000000a", "10.0.0.1:50051", nil))
+	b := healthtest.Unknown(inst("000000000000000b", "10.0.0.2:50051", nil))
+	c := inst("000000000000000c", "10.0.0.3:50051", nil)
+	w.send(registry.Snapshot, added(a), added(healthtest.Failing(b, "refused")), added(c))
+	i, _ := cc.WaitState(t, 0, "[10.0.0.1:50051 10.0.0.3:50051]")
+	w.send(registry.Changes, updated(b))
+	i, _ = cc.WaitState(t, i, "[10.0.0.1:50051 10.0.0.2:50051 10.0.0.3:50051]")
+	w.send(registry.Changes, updated(healthtest.Panic(a, "refused")), updated(healthtest.Panic(b, "refused")))
+	i, st := cc.WaitState(t, i, "[10.0.0.1:50051 10.0.0.2:50051 10.0.0.3:50051]")
+	if in, ok := naming.InstanceFrom(st.Endpoints[0].Attributes); !ok || in.Health == nil || !in.Health.Panic {
+		t.Errorf("InstanceFrom = %+v, %v; want the instance with its panic verdict", in, ok)
+	}
+	w.send(registry.Changes, updated(healthtest.Failing(a, "refused")), updated(healthtest.Failing(b, "refused")), updated(draining(c)))
+	i, _ = cc.WaitState(t, i, "[]")
+	cc.WaitError(t, i, "3 registered, 1 draining, 2 failing their health check, 0 with an address")
 }
 
 func TestResolverStaleReportsErrorThenResyncs(t *testing.T) {

@@ -487,6 +487,10 @@ func (c *apiChecker) registryScenario() {
 	c.do("POST", one+"/heartbeat", "application/json", `{}`)                          // 404: no secret
 	c.doHeader("POST", one+"/heartbeat", "", "", http.Header{"Beacon-Secret": {"x"}}) // 404: a wrong one
 	c.do("POST", one+"/heartbeat", "application/json", `{"lease":"`+rr.Lease+`"}`)    // 400: a lease
+	c.doHeader("POST", one+"/report", "", "", owner)                                  // 204, or 501 without ReportLeased
+	c.do("POST", one+"/report", "application/json", `{}`)                             // 404: no secret (or 501)
+	c.do("POST", coll, "application/json", `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.3:80","check":{"kind":"http","path":"/healthz","interval":"5s","timeout":"1s","rise":1,"fall":2}}`)
+	c.do("POST", coll, "application/json", `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.3:80","check":{"kind":"http","path":"healthz"}}`) // 400
 	c.doHeader("PATCH", one, "application/json", `{"status":"draining","metadata":{"zone":"b"}}`, owner)
 	c.doHeader("PATCH", one, "application/json", `{"status":"resting"}`, owner)           // 400
 	c.do("PATCH", one, "application/json", `{"lease":"`+rr.Lease+`","status":"serving"}`) // 400: a lease

@@ -26,7 +26,12 @@ func newLsCmd() *cobra.Command {
 		Short: "List registered instances",
 		Long: `List the instances registered under a namespace, component or endpoint (all of
 them without an argument), as a table or, with -o json, as one JSON object with
-the store revision of the listing and the instances (the stored value format).
+the store revision of the listing and the instances (the stored value format,
+with the checkers' verdict as "health").
+
+HEALTH is the verdict on an instance that declares a health check: unknown
+(no verdict yet), passing, failing (left out of routing), or failing (panic)
+(most of its service fails: served anyway); "-" for an instance without one.
 
 ` + registryConnHelp,
 		Example: `  beacon ls
@@ -72,10 +77,10 @@ func writeListJSON(w io.Writer, ins []beacon.Instance, rev int64) error {
 
 func writeListTable(w io.Writer, ins []beacon.Instance, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INSTANCE\tADDRESS\tTRANSPORT\tSTATUS\tAGE\tMETADATA")
+	fmt.Fprintln(tw, "INSTANCE\tADDRESS\tTRANSPORT\tSTATUS\tHEALTH\tAGE\tMETADATA")
 	for _, in := range ins {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", in.Ref(), printable(in.Address), dash(in.Transport), in.Status,
-			age(now.Sub(in.RegisteredAt)), dash(sortedMeta(in.Metadata)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", in.Ref(), printable(in.Address), dash(in.Transport), in.Status,
+			health(in), age(now.Sub(in.RegisteredAt)), dash(sortedMeta(in.Metadata)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -113,6 +118,22 @@ func printable(s string) string {
 }
 
 func unprintable(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }
+
+// health renders the checkers' verdict on an instance: "-" when it
+// declares no check, unknown until a verdict exists, passing, failing, or
+// "failing (panic)" when its service is in panic (served anyway).
+func health(in beacon.Instance) string {
+	h := in.Health
+	switch {
+	case h == nil && in.Check == nil:
+		return "-"
+	case h == nil:
+		return string(beacon.HealthUnknown)
+	case h.Panic:
+		return printable(string(h.Status)) + " (panic)"
+	}
+	return printable(string(h.Status))
+}
 
 func dash(s string) string {
 	if s == "" {

@@ -89,6 +89,12 @@ type registerFlags struct {
 	output    string
 
 	startTimeout time.Duration
+
+	check         string // --check, ParseCheck's form; "": none
+	checkInterval time.Duration
+	checkTimeout  time.Duration
+	checkRise     int
+	checkFall     int
 }
 
 func newRegisterCmd() *cobra.Command {
@@ -115,9 +121,20 @@ are not waited for.
 
 Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 
+Health check: --check declares how beacon serve's checkers probe the instance
+from outside, once per --check-interval for the whole cluster: grpc (the
+grpc.health.v1 service at --addr; grpc:SERVICE asks for one service), http:/PATH
+(GET of PATH; a 2xx answer passes), or tcp (a connection opens). After
+--check-fall failures in a row the instance is left out of routing (DNS,
+resolvers, xDS) as a draining one is, and after --check-rise passes in a row it
+is back; it stays registered either way. ttl:DURATION (the service reports
+itself) is for registrations made over HTTP or with the library: this command
+has nothing to report with.
+
 ` + registryConnHelp,
 		Example: `  beacon register prod/api/http --addr 10.0.0.5:8080 --meta zone=a --meta weight=10
-  beacon register prod/llm/generate --addr 10.0.0.6:9000 --transport tcp --ttl 5s -o json`,
+  beacon register prod/llm/generate --addr 10.0.0.6:9000 --transport tcp --ttl 5s -o json
+  beacon register prod/api/http --addr 10.0.0.5:8080 --check http:/healthz --check-interval 5s`,
 		Args: cobra.ExactArgs(1),
 		RunE: rf.run,
 	}
@@ -131,6 +148,11 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 	f.DurationVar(&rf.drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it (a second signal cuts it short; 0, the default: removed at once)")
 	f.StringVarP(&rf.output, "output", "o", "text", "text or json (one JSON object per line)")
 	f.DurationVar(&rf.startTimeout, "start-timeout", 0, "give up (exit 1) if the store has not answered within this long at start; 0: keep trying until interrupted")
+	f.StringVar(&rf.check, "check", "", "health check run by beacon serve: grpc, grpc:SERVICE, http:/PATH or tcp (default: none)")
+	f.DurationVar(&rf.checkInterval, "check-interval", beacon.DefaultCheckInterval, "how often the check runs (500ms to 10m; with --check)")
+	f.DurationVar(&rf.checkTimeout, "check-timeout", beacon.DefaultCheckTimeout, "how long one probe may take (50ms up to --check-interval; with --check)")
+	f.IntVar(&rf.checkRise, "check-rise", beacon.DefaultCheckRise, "passes in a row that bring a failing instance back (1 to 100; with --check)")
+	f.IntVar(&rf.checkFall, "check-fall", beacon.DefaultCheckFall, "failures in a row that take a passing instance out (1 to 100; with --check)")
 	allowZero(cmd, "drain", "removed at once")
 	allowZero(cmd, "start-timeout", "keep trying until interrupted")
 	_ = cmd.MarkFlagRequired("addr")
@@ -159,8 +181,12 @@ func (rf *registerFlags) run(cmd *cobra.Command, args []string) error {
 	if rf.drain < 0 {
 		return usagef("--drain %v: must not be negative", rf.drain)
 	}
+	check, err := rf.parseCheck(cmd)
+	if err != nil {
+		return err
+	}
 	in := beacon.Instance{Namespace: q.Namespace, Component: q.Component, Endpoint: q.Endpoint,
-		ID: rf.id, Address: rf.addr, Transport: rf.transport, Metadata: md}
+		ID: rf.id, Address: rf.addr, Transport: rf.transport, Metadata: md, Check: check}
 	if err := checkNewInstance(in); err != nil {
 		return err
 	}
@@ -183,6 +209,56 @@ func (rf *registerFlags) run(cmd *cobra.Command, args []string) error {
 	}
 	defer r.Close()
 	return runRegister(ctx, rf.conn, r, reg, rf.drain, emit)
+}
+
+// checkFlags are the flags that set a check's timing, each with the field
+// it sets, in the order parseCheck validates them (the timeout is checked
+// against the interval).
+var checkFlags = []struct {
+	name string
+	set  func(*beacon.Check, *registerFlags)
+}{
+	{"check-interval", func(c *beacon.Check, rf *registerFlags) { c.Interval = rf.checkInterval }},
+	{"check-timeout", func(c *beacon.Check, rf *registerFlags) { c.Timeout = rf.checkTimeout }},
+	{"check-rise", func(c *beacon.Check, rf *registerFlags) { c.Rise = rf.checkRise }},
+	{"check-fall", func(c *beacon.Check, rf *registerFlags) { c.Fall = rf.checkFall }},
+}
+
+// parseCheck returns the check --check and its timing flags declare (nil
+// for none). Timing flags left out leave their field zero: the check
+// takes the default. An invalid value is bad usage naming its flag.
+func (rf *registerFlags) parseCheck(cmd *cobra.Command) (*beacon.Check, error) {
+	flags := cmd.Flags()
+	if rf.check == "" {
+		for _, cf := range checkFlags {
+			if flags.Changed(cf.name) {
+				return nil, usagef("--%s: set --check too (grpc, grpc:SERVICE, http:/PATH or tcp): without a check there is nothing to time", cf.name)
+			}
+		}
+		return nil, nil
+	}
+	c, err := beacon.ParseCheck(rf.check)
+	if err != nil {
+		return nil, usagef("--check %q: %w", rf.check, err)
+	}
+	if c.Kind == beacon.CheckTTL {
+		return nil, usagef("--check %q: a TTL check passes while its service reports that it is fine, and beacon register has "+
+			"nothing to report with: declare grpc, http:/PATH or tcp, or register over HTTP (POST /v1/registry/instances) and report "+
+			"with POST .../report", rf.check)
+	}
+	if rf.conn.backendName() == backend.Kubernetes {
+		return nil, usagef("--check: on the kubernetes backend the pod's readiness is the check (an instance is live while its pod is Ready): give the container a readinessProbe instead")
+	}
+	for _, cf := range checkFlags {
+		if !flags.Changed(cf.name) {
+			continue
+		}
+		cf.set(&c, rf)
+		if err := c.Validate(); err != nil {
+			return nil, usagef("--%s %s: %w", cf.name, flags.Lookup(cf.name).Value, err)
+		}
+	}
+	return &c, nil
 }
 
 // checkNewInstance checks an instance to register, whose ID may still be

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"os/exec"
 	"regexp"
 	"strings"
 	"syscall"
@@ -11,6 +14,9 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/healthtest"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
+	etcdstore "github.com/beaconplane/beacon/store/etcd"
 )
 
 // TestRegisterLsWatch runs the registry commands against a real etcd:
@@ -332,5 +338,201 @@ func TestRegisterWarnsBelowElectionTTL(t *testing.T) {
 	long.waitLine(t, "registered prod/api/http/", 30*time.Second)
 	if strings.Contains(long.out(), "warning") {
 		t.Fatalf("warning for --ttl 5s:\n%s", long.out())
+	}
+}
+
+// TestRegisterCheckBadInput: a bad --check or timing flag is bad usage
+// naming the flag and saying what to write, before touching the network.
+func TestRegisterCheckBadInput(t *testing.T) {
+	reg := []string{"register", "prod/api/http", "--addr", "10.0.0.1:80"}
+	with := func(args ...string) []string { return append(append([]string{}, reg...), args...) }
+	checkBadInput(t, []badInput{
+		{args: with("--check", "icmp"), want: `--check "icmp": invalid check "icmp": the kind must be grpc, http:/PATH, tcp or ttl:DURATION`},
+		{args: with("--check", "http"), want: `--check "http": invalid check "http": an HTTP check names its path: http:/healthz`},
+		{args: with("--check", "http:healthz"), want: "the HTTP path must start with /"},
+		{args: with("--check", "tcp:80"), want: "a TCP check takes no argument: tcp"},
+		{args: with("--check", "ttl:30s"), want: `--check "ttl:30s": a TTL check passes while its service reports that it is fine, and beacon register has nothing to report with`},
+		{args: with("--check", ""), want: `--check "": empty`},
+		{args: with("--check-interval", "5s"), want: "--check-interval: set --check too"},
+		{args: with("--check", "tcp", "--check-interval", "100ms"), want: "--check-interval 100ms: invalid check \"tcp\": interval 100ms is outside 500ms..10m0s"},
+		{args: with("--check", "tcp", "--check-interval", "1s", "--check-timeout", "2s"), want: "--check-timeout 2s: invalid check \"tcp\": timeout 2s must be at least 50ms and at most the interval (1s)"},
+		{args: with("--check", "tcp", "--check-timeout", "20s"), want: "--check-timeout 20s:"},
+		{args: with("--check", "tcp", "--check-rise", "0"), want: "--check-rise 0: 0 is not a value of this flag"},
+		{args: with("--check", "tcp", "--check-rise", "101"), want: "--check-rise 101: invalid check \"tcp\": rise 101 must be 1..100"},
+		{args: with("--check", "tcp", "--check-fall", "-1"), want: "--check-fall -1: invalid check \"tcp\": fall -1 must be 1..100"},
+		{args: with("--check", "grpc", "--backend", "kubernetes"), want: "--check: on the kubernetes backend the pod's readiness is the check"},
+	})
+}
+
+// TestHealthColumn: beacon ls shows each instance's verdict in HEALTH:
+// "-" without a check, unknown until a verdict exists, passing, failing,
+// failing (panic).
+func TestHealthColumn(t *testing.T) {
+	at := func(id string) beacon.Instance {
+		return beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", ID: id, Address: "10.0.0.1:80",
+			Status: beacon.StatusServing, RegisteredAt: time.Now()}
+	}
+	declared := at("00000000000000a2")
+	declared.Check = &healthtest.Check
+	ins := []beacon.Instance{at("00000000000000a1"), declared, healthtest.Unknown(at("00000000000000a3")),
+		healthtest.Passing(at("00000000000000a4")), healthtest.Failing(at("00000000000000a5"), "refused"),
+		healthtest.Panic(at("00000000000000a6"), "refused")}
+	var out strings.Builder
+	if err := writeListTable(&out, ins, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if !strings.Contains(lines[0], "STATUS   HEALTH") {
+		t.Fatalf("header %q", lines[0])
+	}
+	col := strings.Index(lines[0], "HEALTH")
+	for i, want := range []string{"-", "unknown", "unknown", "passing", "failing", "failing (panic)"} {
+		if got := strings.TrimSpace(lines[i+1][col : col+len("failing (panic)")]); got != want {
+			t.Errorf("row %d: HEALTH %q, want %q\n%s", i, got, want, out.String())
+		}
+	}
+	var js strings.Builder
+	if err := writeListJSON(&js, ins[4:5], 7); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(js.String(), `"health": {`) || !strings.Contains(js.String(), `"status": "failing"`) || !strings.Contains(js.String(), `"reason": "refused"`) {
+		t.Errorf("ls -o json lacks the verdict:\n%s", js.String())
+	}
+}
+
+// TestLsWatchShowHealth: against a real etcd, beacon watch prints each
+// checked instance's verdict and a change of verdict alone as an update,
+// and beacon ls shows it; register --check declares the check.
+func TestLsWatchShowHealth(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ep := srv.Endpoint()
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: []string{ep}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ks, _ := beacon.NewKeyspace("")
+	put := func(in beacon.Instance) { t.Helper(); healthtest.PutAll(t, st, ks, in) }
+	a := beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", ID: "00000000000000a1", Address: "10.0.0.1:80",
+		Status: beacon.StatusServing, RegisteredAt: time.Now().UTC()}
+	put(healthtest.Passing(a))
+
+	w := startBeacon(t, dir, nil, "watch", "prod", "--endpoints", ep)
+	if l := w.waitLine(t, "snapshot added", 30*time.Second); !strings.Contains(l, "serving health=passing rev=") {
+		t.Fatalf("snapshot line %q, want the verdict", l)
+	}
+	w.waitLine(t, "synced", 10*time.Second)
+	put(healthtest.Failing(a, "dial tcp 10.0.0.1:80: connection refused"))
+	if l := w.waitLine(t, "changes  updated", 10*time.Second); !strings.Contains(l, `serving health=failing reason="dial tcp 10.0.0.1:80: connection refused" rev=`) {
+		t.Fatalf("update line %q, want the failing verdict and its reason", l)
+	}
+
+	ls := startBeacon(t, dir, nil, "ls", "prod", "--endpoints", ep)
+	if err := ls.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("ls: %v\n%s", err, ls.errOut())
+	}
+	if !strings.Contains(ls.out(), "HEALTH") || !regexp.MustCompile(`prod/api/http/00000000000000a1 .* serving +failing `).MatchString(ls.out()) {
+		t.Fatalf("ls:\n%s", ls.out())
+	}
+
+	reg := startBeacon(t, dir, nil, "register", "prod/api/grpc", "--addr", "10.0.0.2:90", "--check", "grpc:api.v1.Greeter",
+		"--check-interval", "5s", "--check-fall", "2", "-o", "json", "--endpoints", ep)
+	var line struct {
+		Instance beacon.Instance `json:"instance"`
+	}
+	if err := json.Unmarshal([]byte(reg.waitLine(t, `"event":"registered"`, 30*time.Second)), &line); err != nil {
+		t.Fatal(err)
+	}
+	want := beacon.Check{Kind: beacon.CheckGRPC, Service: "api.v1.Greeter", Interval: 5 * time.Second, Fall: 2}
+	if line.Instance.Check == nil || *line.Instance.Check != want {
+		t.Fatalf("registered check %+v, want %+v", line.Instance.Check, want)
+	}
+	if l := w.waitLine(t, "prod/api/grpc/", 10*time.Second); !strings.Contains(l, "serving health=unknown rev=") {
+		t.Fatalf("watch line of the new registration %q, want health=unknown (no verdict yet)", l)
+	}
+	if err := reg.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("register: %v\n%s", err, reg.errOut())
+	}
+	if err := w.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("watch: %v\n%s", err, w.errOut())
+	}
+}
+
+// TestServeChecksRegistrations runs the whole path: beacon serve (embedded
+// etcd, its checkers on by default), two beacon register --check tcp, one
+// at an address that listens and one at an address that refuses; beacon
+// watch sees the verdicts, beacon ls shows them, and DNS answers only the
+// passing instance. It needs the checker in beacon serve and the registry's
+// view of verdicts (the health-checker and health-view branches): until
+// `beacon serve --help` has --health-checks it is skipped.
+func TestServeChecksRegistrations(t *testing.T) {
+	help := startBeacon(t, t.TempDir(), nil, "serve", "--help")
+	if err := help.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("serve --help: %v", err)
+	}
+	if !strings.Contains(help.out(), "--health-checks") {
+		t.Skip("needs the health checker in beacon serve (health-checker and health-view branches)")
+	}
+	dir := t.TempDir()
+	client := freeURL(t)
+	dnsAddr := strings.TrimPrefix(freeURL(t), "http://")
+	srv := startBeacon(t, dir, nil, withFreePorts(t, []string{"serve", "--data-dir", t.TempDir(), "--listen-client-urls", client,
+		"--dns-addr", dnsAddr}, nil)...)
+	srv.waitLine(t, "beacon serve is ready", 60*time.Second)
+
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	go func() {
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	down := strings.TrimPrefix(freeURL(t), "http://") // nothing listens there
+	check := []string{"--check", "tcp", "--check-interval", "500ms", "--check-timeout", "200ms", "--check-rise", "1", "--check-fall", "1", "--endpoints", client}
+	w := startBeacon(t, dir, nil, "watch", "prod", "--endpoints", client)
+	w.waitLine(t, "synced", 30*time.Second)
+	good := startBeacon(t, dir, nil, append([]string{"register", "prod/api/http", "--addr", up.Addr().String(), "--id", "00000000000000d1"}, check...)...)
+	good.waitLine(t, "registered prod/api/http/00000000000000d1", 30*time.Second)
+	bad := startBeacon(t, dir, nil, append([]string{"register", "prod/api/http", "--addr", down, "--id", "00000000000000d2"}, check...)...)
+	bad.waitLine(t, "registered prod/api/http/00000000000000d2", 30*time.Second)
+	w.waitLine(t, "00000000000000d1 "+up.Addr().String()+" serving health=passing", 30*time.Second)
+	w.waitLine(t, "00000000000000d2 "+down+" serving health=failing reason=", 30*time.Second)
+
+	ls := startBeacon(t, dir, nil, "ls", "prod", "--endpoints", client)
+	if err := ls.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("ls: %v\n%s", err, ls.errOut())
+	}
+	if !regexp.MustCompile(`00000000000000d1 .* passing `).MatchString(ls.out()) || !regexp.MustCompile(`00000000000000d2 .* failing `).MatchString(ls.out()) {
+		t.Fatalf("ls:\n%s", ls.out())
+	}
+	digBin := testpeer.Binary(t, "apt-get install bind9-dnsutils", "dig")
+	host, port, _ := net.SplitHostPort(dnsAddr)
+	out, err := exec.Command(digBin, "@"+host, "-p", port, "+short", "+norecurse", "http.api.prod.beacon.", "A").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "127.0.0.1" {
+		t.Fatalf("dig A http.api.prod.beacon.: %q (%v), want only the passing instance's 127.0.0.1", out, err)
+	}
+	for _, b := range []*child{good, bad, w, srv} {
+		if err := b.cmd.Process.Signal(syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.wait(t, 30*time.Second); err != nil {
+			t.Fatalf("%v after SIGINT: %v\n%s", b.cmd.Args, err, b.errOut())
+		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
@@ -25,7 +27,10 @@ func newWatchCmd() *cobra.Command {
 		Short: "Follow registered instances: a snapshot, then every change",
 		Long: `Print the instances registered under a namespace, component or endpoint (all of
 them without an argument), one line per instance, then a "synced" line, then
-one line per change (added, updated, removed) until interrupted. If the store
+one line per change (added, updated, removed) until interrupted; an instance
+that declares a health check shows its verdict (health=unknown, passing,
+failing with the reason, or failing(panic)), and a change of verdict alone is
+an "updated" line. If the store
 becomes unreachable it prints a "stale" line and keeps trying; once back it
 prints the difference ("resync" lines). With -o json every line is one JSON
 object: {"kind","type","revision","instance"}, {"kind":"synced",...} or
@@ -106,7 +111,8 @@ func runWatch(ctx context.Context, out io.Writer, r registry.Discoverer, q beaco
 				_ = enc.Encode(watchLine{Kind: b.Kind.String(), Type: e.Type.String(), Revision: e.Revision, Instance: &in})
 				continue
 			}
-			fmt.Fprintf(out, "%-8s %-7s %s %s %s rev=%d%s\n", b.Kind, e.Type, in.Ref(), printable(in.Address), in.Status, e.Revision, metaSuffix(in.Metadata))
+			fmt.Fprintf(out, "%-8s %-7s %s %s %s%s rev=%d%s\n", b.Kind, e.Type, in.Ref(), printable(in.Address), in.Status, healthSuffix(in),
+				e.Revision, metaSuffix(in.Metadata))
 		}
 		if !synced || b.Kind == registry.Resync {
 			synced = true
@@ -118,6 +124,21 @@ func runWatch(ctx context.Context, out io.Writer, r registry.Discoverer, q beaco
 			}
 		}
 	}
+}
+
+// healthSuffix is the verdict on an instance that declares a check, as
+// watch prints it: " health=failing(panic)", with the reason of a failure
+// quoted (it is the prober's text).
+func healthSuffix(in beacon.Instance) string {
+	h := health(in)
+	if h == "-" {
+		return ""
+	}
+	s := " health=" + strings.ReplaceAll(h, " ", "")
+	if in.Health != nil && in.Health.Reason != "" {
+		s += " reason=" + strconv.Quote(in.Health.Reason)
+	}
+	return s
 }
 
 func metaSuffix(md map[string]string) string {

@@ -36,8 +36,9 @@
 // name would be longer than 255 bytes, are left out (logged, and counted in
 // beacon_dns_unanswerable_instances).
 //
-// Draining instances are left out, as if deregistered. Answers are
-// shuffled per query.
+// Instances that take no new work (beacon.Instance.Serving: draining, or
+// failing their health check in a service not in panic) are left out, as if
+// deregistered. Answers are shuffled per query.
 //
 // # Protocol
 //

@@ -323,7 +323,8 @@ const maxNameWire = 255
 
 // buildComponent precomputes every name of one component from its
 // instances, reusing the records of instances unchanged since prev (nil
-// for none). Draining instances, and instances DNS cannot answer for
+// for none). Instances that take no new work (draining, or failing their
+// health check: Serving), and instances DNS cannot answer for
 // (buildInstance), are left out: skipped counts the latter, and left lists
 // those not already left out by prev. It returns nil when nothing is left.
 func buildComponent(id compID, all []beacon.Instance, prev *compZone, domain string, ttl uint32) (cz *compZone, skipped int, left []leftOut) {

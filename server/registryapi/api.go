@@ -1,7 +1,8 @@
 // Package registryapi is the HTTP API of Beacon's service registry, served by
 // `beacon serve` for clients that do not speak Go: register an instance
-// with a TTL, heartbeat, update, deregister, list with filters, and watch as
-// Server-Sent Events resumable with Last-Event-ID; and, for an operator
+// with a TTL (and the health check to run on it), heartbeat, report a TTL
+// check, update, deregister, list with filters, and watch as Server-Sent
+// Events resumable with Last-Event-ID; and, for an operator
 // authenticated as an etcd user, drain or deregister any instance of a
 // namespace that user may write (operator.go).
 //
@@ -143,6 +144,7 @@ func (h *Handler) Register(r Router) {
 	h.handle(r, "PATCH "+one, h.update)
 	h.handle(r, "DELETE "+one, h.deregister)
 	h.handle(r, "POST "+one+"/heartbeat", h.heartbeat)
+	h.handle(r, "POST "+one+"/report", h.report)
 	h.handle(r, "POST "+one+"/drain", h.operatorDrain)           // operator.go
 	h.handle(r, "POST "+one+"/deregister", h.operatorDeregister) // operator.go
 	h.handle(r, "GET "+WatchPath, h.watch)
@@ -210,6 +212,9 @@ type RegisterRequest struct {
 	// TTL is the lease TTL: a duration string ("15s") or a number of
 	// seconds; 10 s when absent. It must be within [1 s, 1 h].
 	TTL TTL `json:"ttl,omitempty"`
+	// Check, when set, is the health check Beacon's checkers run on the
+	// instance (beacon.Check's JSON, durations as strings: "10s").
+	Check *Check `json:"check,omitempty"`
 }
 
 // RegisterResponse is the answer to a registration.
@@ -308,6 +313,14 @@ func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
 	in := beacon.Instance{
 		Namespace: req.Namespace, Component: req.Component, Endpoint: req.Endpoint, ID: req.ID,
 		Address: req.Address, Transport: req.Transport, Metadata: req.Metadata,
+	}
+	if req.Check != nil {
+		c := beacon.Check(*req.Check)
+		if err := c.Validate(); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_argument", "check: "+err.Error())
+			return
+		}
+		in.Check = &c
 	}
 	client := h.quota.client(r)
 	slot, ok := h.quota.reserveRegistration(w, client)
@@ -533,7 +546,7 @@ func formatLease(id store.LeaseID) string { return strconv.FormatUint(uint64(id)
 // decode reads a JSON body strictly: a JSON Content-Type (or none),
 // bounded, one object, no unknown fields, not empty.
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	return httpapi.DecodeJSON(w, r, v, maxBody, registry.ErrInvalidTTL)
+	return httpapi.DecodeJSON(w, r, v, maxBody, registry.ErrInvalidTTL, beacon.ErrInvalidCheck)
 }
 
 // ErrorResponse is the body of every error: {"code","message"}, the code
@@ -545,7 +558,8 @@ type ErrorResponse = httpapi.Error
 // fail maps a registry error to a status and code.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
-	case errors.Is(err, beacon.ErrInvalid), errors.Is(err, registry.ErrInvalidTTL), errors.Is(err, registry.ErrIdentityChanged):
+	case errors.Is(err, beacon.ErrInvalid), errors.Is(err, beacon.ErrInvalidCheck), errors.Is(err, registry.ErrInvalidTTL),
+		errors.Is(err, registry.ErrIdentityChanged):
 		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
 	case errors.Is(err, beacon.ErrAlreadyRegistered):
 		writeError(w, http.StatusConflict, "already_registered", err.Error())

@@ -25,23 +25,19 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // server on loopback.
 func newAPI(t *testing.T) (*httptest.Server, *registry.StoreRegistry) {
 	t.Helper()
-	st := memory.New(memory.Config{})
-	reg, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := newRegistryForTest(t)
+	return serveAPI(t, reg), reg
+}
+
+// serveAPI serves the API over reg on a real HTTP server on loopback,
+// closed with the test (before reg).
+func serveAPI(t *testing.T, reg *registry.StoreRegistry) *httptest.Server {
+	t.Helper()
 	h, err := New(reg, Config{KeepAliveInterval: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-		_ = reg.Close()
-		_ = st.Close()
-	})
-	return srv, reg
+	return newServer(t, h)
 }
 
 type reply struct {
@@ -549,6 +545,7 @@ func TestRegistryWithoutLeases(t *testing.T) {
 	body := `{"namespace":"ns","component":"c","endpoint":"e","address":"127.0.0.1:2"}`
 	do(t, "POST", srv.URL+InstancesPath, body).wantError(t, http.StatusNotImplemented, "not_implemented")
 	doSecret(t, "POST", instanceURL(srv.URL, in)+"/heartbeat", ``, "s").wantError(t, http.StatusNotImplemented, "not_implemented")
+	doSecret(t, "POST", instanceURL(srv.URL, in)+"/report", ``, "s").wantError(t, http.StatusNotImplemented, "not_implemented")
 	doSecret(t, "PATCH", instanceURL(srv.URL, in), `{"address":"h:1"}`, "s").wantError(t, http.StatusNotImplemented, "not_implemented")
 	doSecret(t, "DELETE", instanceURL(srv.URL, in), "", "s").wantError(t, http.StatusNotImplemented, "not_implemented")
 	do(t, "POST", instanceURL(srv.URL, in)+"/drain", "").wantError(t, http.StatusNotImplemented, "not_implemented")

@@ -5,12 +5,13 @@
 // CSS, embedded in the binary with go:embed: no build step, no CDN, no
 // external font. It shows
 //
-//   - Services: the namespace → component → endpoint tree with serving and
-//     draining counts, filters, the instances under the selected node
-//     (address, transport, status, metadata, age) and a sparkline of the
+//   - Services: the namespace → component → endpoint tree with serving,
+//     draining and failing counts, filters, the instances under the
+//     selected node (address, transport, status, health — a failing row
+//     marked, panic shown —, metadata, age) and a sparkline of the
 //     instance count over the last ten minutes;
-//   - Events: joins, updates, drains and leaves, newest first, filterable,
-//     each with its store revision;
+//   - Events: joins, updates, drains, failing and passing health checks
+//     and leaves, newest first, filterable, each with its store revision;
 //   - Cluster: the etcd members (name, ID, URLs, leader, raft term, DB size,
 //     revision, health) or another backend's health, and the registry
 //     session, from GET /v1/cluster;

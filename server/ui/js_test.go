@@ -8,6 +8,7 @@ import (
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/registryapi"
 	"github.com/beaconplane/beacon/server/ui"
+	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/memory"
 )
 
@@ -17,6 +18,12 @@ func startHandlers(t *testing.T, uiOpts ui.Config, apiOpts registryapi.Config, w
 	t.Helper()
 	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
+	return startHandlersOn(t, st, uiOpts, apiOpts, wrap)
+}
+
+// startHandlersOn is startHandlers over the store st.
+func startHandlersOn(t *testing.T, st store.Store, uiOpts ui.Config, apiOpts registryapi.Config, wrap func(http.Handler) http.Handler) (*httptest.Server, *registry.StoreRegistry) {
+	t.Helper()
 	reg, err := registry.New(st, registry.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -161,6 +168,22 @@ func TestModelInBrowser(t *testing.T) {
   const ch = m.changesSince(seq);
   check(ch.length === 1 && ch[0].kind === 'add' && ch[0].rec.key === 'a/x/p/0000000000000006', 'changesSince');
   check(m.changesSince(m.changeSeq).length === 0, 'no changes');
+  // Health: a verdict change alone is a change, counted up the tree and
+  // logged as failing / routed again; panic is served (not failing).
+  const check0 = { check: { kind: 'tcp' } };
+  m.change('added', { instance: inst('h', 'x', 'p', '0000000000000007', { ...check0, health: { status: 'passing' } }), revision: 22, batch: 'changes' });
+  m.change('updated', { instance: inst('h', 'x', 'p', '0000000000000007', { ...check0, health: { status: 'failing', reason: 'refused' } }), revision: 23, batch: 'changes' });
+  const failed = m.events[m.events.length - 1];
+  check(failed.kind === 'fail' && failed.detail === 'health passing → failing: refused', 'fail event: ' + failed.kind + ' ' + failed.detail);
+  check(m.node(['h', 'x', 'p']).failing === 1 && m.node(['h']).failing === 1 && m.root.failing === 1 && m.node(['h']).serving === 1, 'failing counts');
+  check(m.recs.get('h/x/p/0000000000000007').health === 'failing' && m.recs.get('h/x/p/0000000000000007').search.includes('failing'), 'failing rec');
+  m.change('updated', { instance: inst('h', 'x', 'p', '0000000000000007', { ...check0, health: { status: 'failing', reason: 'refused', panic: true } }), revision: 24, batch: 'changes' });
+  check(m.events[m.events.length - 1].kind === 'recover' && m.root.failing === 0 && m.recs.get('h/x/p/0000000000000007').health === 'panic', 'panic is served');
+  m.change('updated', { instance: inst('h', 'x', 'p', '0000000000000007', { ...check0, health: { status: 'failing', reason: 'refused' } }), revision: 25, batch: 'changes' });
+  m.change('removed', { instance: inst('h', 'x', 'p', '0000000000000007'), revision: 26, batch: 'changes' });
+  check(m.root.failing === 0 && !m.node(['h']), 'a failing instance that leaves is no longer counted');
+  m.change('added', { instance: inst('h', 'x', 'p', '0000000000000008', check0), revision: 27, batch: 'changes' });
+  check(m.recs.get('h/x/p/0000000000000008').health === 'unknown', 'a check without a verdict is unknown');
   return out;
 })()`)
 	if len(got) != 0 {

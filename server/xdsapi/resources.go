@@ -232,8 +232,10 @@ func localityOf(in beacon.Instance) locality {
 
 // endpoints turns a service's instances into the endpoints its
 // ClusterLoadAssignment may carry: an IP address each, no address twice
-// (a serving instance wins over a draining one, then the older
-// registration, then the lower ID), weights and priorities read. The
+// (a HEALTHY instance wins over an UNHEALTHY one, which wins over a
+// DRAINING one — a failing check may pass again, a drain is for good —
+// then the older registration, then the lower ID), weights and priorities
+// read. The
 // omissions say who was left out or defaulted, and why.
 func endpoints(ins []beacon.Instance) ([]endpoint, []omission) {
 	var out []endpoint
@@ -260,16 +262,8 @@ func endpoints(ins []beacon.Instance) ([]endpoint, []omission) {
 		if c := a.addr.Compare(b.addr); c != 0 {
 			return c
 		}
-		if a.in.Serving() != b.in.Serving() {
-			if a.in.Serving() {
-				return -1
-			}
-			return 1
-		}
-		if c := a.in.RegisteredAt.Compare(b.in.RegisteredAt); c != 0 {
-			return c
-		}
-		return strings.Compare(a.in.ID, b.in.ID)
+		return cmp.Or(cmp.Compare(healthRank(a.in), healthRank(b.in)), a.in.RegisteredAt.Compare(b.in.RegisteredAt),
+			strings.Compare(a.in.ID, b.in.ID))
 	})
 	kept := out[:0]
 	for i, e := range out {
@@ -282,9 +276,36 @@ func endpoints(ins []beacon.Instance) ([]endpoint, []omission) {
 	return kept, om
 }
 
-// buildAssignment is the ClusterLoadAssignment named name of eps:
-// serving instances HEALTHY, draining ones DRAINING (clients send them no
-// new RPCs), grouped into localities per priority. Priorities are
+// healthOf is how an instance is sent (healthStatus): DRAINING when its
+// registrant drains it, UNHEALTHY when its health check fails (and its
+// service is not in panic), HEALTHY otherwise. Clients send new RPCs to
+// HEALTHY endpoints only, and fail over to the next priority when one has
+// none.
+func healthOf(in beacon.Instance) corev3.HealthStatus {
+	switch {
+	case in.Draining():
+		return corev3.HealthStatus_DRAINING
+	case in.Health.Failing():
+		return corev3.HealthStatus_UNHEALTHY
+	}
+	return corev3.HealthStatus_HEALTHY
+}
+
+// healthRank orders the statuses healthOf gives, the one that keeps a
+// shared address first.
+func healthRank(in beacon.Instance) int {
+	switch healthOf(in) {
+	case corev3.HealthStatus_HEALTHY:
+		return 0
+	case corev3.HealthStatus_UNHEALTHY:
+		return 1
+	}
+	return 2
+}
+
+// buildAssignment is the ClusterLoadAssignment named name of eps, each
+// endpoint with its healthOf status (draining and failing instances stay
+// in the assignment), grouped into localities per priority. Priorities are
 // contiguous from 0; a locality's weight is the sum of its endpoints'
 // weights (never 0), kept within what clients accept.
 func buildAssignment(name string, eps []endpoint) *anypb.Any {
@@ -312,10 +333,6 @@ func buildAssignment(name string, eps []endpoint) *anypb.Any {
 			groups[k] = g
 			order = append(order, k)
 		}
-		health := corev3.HealthStatus_HEALTHY
-		if !e.in.Serving() {
-			health = corev3.HealthStatus_DRAINING
-		}
 		g.LbEndpoints = append(g.LbEndpoints, &endpointv3.LbEndpoint{
 			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
 				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
@@ -324,7 +341,7 @@ func buildAssignment(name string, eps []endpoint) *anypb.Any {
 					PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(e.addr.Port())},
 				}}},
 			}},
-			HealthStatus:        health,
+			HealthStatus:        healthOf(e.in),
 			LoadBalancingWeight: wrapperspb.UInt32(e.weight),
 		})
 	}

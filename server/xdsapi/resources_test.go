@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/testkit/healthtest"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 )
@@ -24,6 +25,10 @@ func inst(id, addr string, meta ...string) beacon.Instance {
 }
 
 func draining(in beacon.Instance) beacon.Instance { in.Status = beacon.StatusDraining; return in }
+
+func failing(in beacon.Instance) beacon.Instance { return healthtest.Failing(in, "connection refused") }
+
+func panicking(in beacon.Instance) beacon.Instance { return healthtest.Panic(in, "connection refused") }
 
 func registeredAt(in beacon.Instance, sec int64) beacon.Instance {
 	in.RegisteredAt = time.Unix(sec, 0)
@@ -72,6 +77,7 @@ func reasons(om []omission) []string {
 
 func TestAssignment(t *testing.T) {
 	const a, b, c, d = "000000000000000a", "000000000000000b", "000000000000000c", "000000000000000d"
+	const e, f = "000000000000000e", "000000000000000f"
 	for _, tc := range []struct {
 		name    string
 		ins     []beacon.Instance
@@ -83,6 +89,12 @@ func TestAssignment(t *testing.T) {
 			name: "serving and draining, default weight",
 			ins:  []beacon.Instance{inst(a, "10.0.0.1:80"), draining(inst(b, "10.0.0.2:80"))},
 			want: []string{"p0/// w20: 10.0.0.1:80/HEALTHY/10 10.0.0.2:80/DRAINING/10"},
+		},
+		{
+			name: "failing UNHEALTHY, kept; passing, unknown and panic HEALTHY; draining wins over failing",
+			ins: []beacon.Instance{failing(inst(a, "10.0.0.1:80")), healthtest.Passing(inst(b, "10.0.0.2:80")),
+				healthtest.Unknown(inst(c, "10.0.0.3:80")), panicking(inst(d, "10.0.0.4:80")), draining(failing(inst(e, "10.0.0.5:80")))},
+			want: []string{"p0/// w50: 10.0.0.1:80/UNHEALTHY/10 10.0.0.2:80/HEALTHY/10 10.0.0.3:80/HEALTHY/10 10.0.0.4:80/HEALTHY/10 10.0.0.5:80/DRAINING/10"},
 		},
 		{
 			name: "zones are localities weighted by the sum of their endpoints",
@@ -116,6 +128,14 @@ func TestAssignment(t *testing.T) {
 			ins:     []beacon.Instance{inst(a, "localhost:80"), inst(b, "http://10.0.0.1:80"), inst(c, "[fe80::1%eth0]:80"), inst(d, "10.0.0.4:80")},
 			want:    []string{"p0/// w10: 10.0.0.4:80/HEALTHY/10"},
 			omitted: []string{a + ":hostname", b + ":url", c + ":ipv6_zone"},
+		},
+		{
+			name: "one address once: healthy wins over failing, failing over draining",
+			ins: []beacon.Instance{registeredAt(draining(inst(a, "10.0.0.1:80")), 1), registeredAt(failing(inst(b, "10.0.0.1:80")), 2),
+				registeredAt(failing(inst(c, "10.0.0.2:80")), 1), registeredAt(panicking(inst(d, "10.0.0.2:80")), 2),
+				registeredAt(healthtest.Passing(inst(e, "10.0.0.3:80")), 2), registeredAt(failing(inst(f, "10.0.0.3:80")), 1)},
+			want:    []string{"p0/// w30: 10.0.0.1:80/UNHEALTHY/10 10.0.0.2:80/HEALTHY/10 10.0.0.3:80/HEALTHY/10"},
+			omitted: []string{a + ":duplicate_address", c + ":duplicate_address", f + ":duplicate_address"},
 		},
 		{
 			name: "one address once: serving wins over draining, then the older registration",

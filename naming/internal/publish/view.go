@@ -84,6 +84,17 @@ func (v *View[T]) Delete(key string) {
 // Len returns the number of keys, included in states or not.
 func (v *View[T]) Len() int { return len(v.m) }
 
+// Count returns how many values, included in states or not, satisfy f.
+func (v *View[T]) Count(f func(T) bool) int {
+	n := 0
+	for _, it := range v.m {
+		if f(it.v) {
+			n++
+		}
+	}
+	return n
+}
+
 // Entries returns the included entries, sorted by key, in a new slice, and
 // how many of them gRPC cannot dial.
 func (v *View[T]) Entries() (entries []Entry, undialable int) {

@@ -41,6 +41,9 @@ func TestView(t *testing.T) {
 	if v.Len() != 4 {
 		t.Errorf("Len = %d", v.Len())
 	}
+	if n := v.Count(func(x val) bool { return !x.serve }); n != 1 {
+		t.Errorf("Count(not served) = %d, want 1", n)
+	}
 	// Incremental changes keep the order; an equal Set builds nothing.
 	n := builds
 	v.Set("a", val{"h:1", true})

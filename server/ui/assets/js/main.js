@@ -355,10 +355,12 @@ class App {
     if (dirty.has('instances') || dirty.has('sync') || dirty.has('structure')) {
       if (m.synced) {
         const r = m.root;
+        const failing = r.failing ? [h('span', { class: 'sep', text: '·' }), h('b', { class: 'bad', text: num(r.failing) }), ' failing'] : [];
         this.summaryEl.replaceChildren(
           h('b', { text: num(r.total) }), ` ${r.total === 1 ? 'instance' : 'instances'}`,
           h('span', { class: 'sep', text: '·' }),
           h('b', { text: num(r.draining) }), ' draining',
+          ...failing,
           h('span', { class: 'sep', text: '·' }),
           h('b', { text: num(r.endpoints) }), ` ${r.endpoints === 1 ? 'endpoint' : 'endpoints'}`,
         );

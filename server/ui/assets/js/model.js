@@ -1,15 +1,29 @@
 // The page's copy of the registry, fed by the watch stream: instances by
-// key, a namespace → component → endpoint tree with serving/draining
-// counts, a timeline of events, and the instance count of every tree node
+// key, a namespace → component → endpoint tree with serving, draining and
+// failing counts, a timeline of events, and the instance count of every tree node
 // over the last minutes (for sparklines). Applying a message only marks
 // what changed; the views render once per animation frame.
 
-import { metaText } from './format.js';
+import { metaText, visible } from './format.js';
 
 export const MAX_EVENTS = 10000;
 export const HISTORY_MS = 10 * 60 * 1000;
 const MAX_CHANGES = 100000;
 const HISTORY_STEP_MS = 1000;
+
+// healthOf is the checkers' verdict on an instance as the page shows it:
+// '' when it declares no check, 'unknown' until a verdict exists,
+// 'passing', 'failing' (left out of routing, as a draining instance is) or
+// 'panic' (failing in a service in panic: served anyway).
+export function healthOf(inst) {
+  const h = inst.health;
+  if (!h) return inst.check ? 'unknown' : '';
+  if (h.status === 'failing') return h.panic ? 'panic' : 'failing';
+  return h.status === 'passing' ? 'passing' : 'unknown';
+}
+
+// HEALTH_TEXT is how each healthOf value reads.
+export const HEALTH_TEXT = { '': '–', unknown: 'unknown', passing: 'passing', failing: 'failing', panic: 'failing (panic)' };
 
 export function keyOf(inst) {
   return `${inst.namespace}/${inst.component}/${inst.endpoint}/${inst.id}`;
@@ -30,8 +44,10 @@ export class Rec {
     this.inst = inst;
     this.v += 1;
     this.draining = inst.status === 'draining';
+    this.health = healthOf(inst);
+    this.failing = this.health === 'failing';
     this.meta = metaText(inst.metadata);
-    this.search = `${this.key} ${inst.address} ${inst.transport || ''} ${inst.status || 'serving'} ${this.meta}`.toLowerCase();
+    this.search = `${this.key} ${inst.address} ${inst.transport || ''} ${inst.status || 'serving'} ${HEALTH_TEXT[this.health]} ${this.meta}`.toLowerCase();
     this.registeredMs = Date.parse(inst.registered_at) || 0;
     this.addrKey = addressKey(inst.address);
   }
@@ -58,6 +74,7 @@ export class Node {
     this.sortedCache = null;
     this.serving = 0;
     this.draining = 0;
+    this.failing = 0; // of serving and draining: those whose check fails
     this.endpoints = 0;
     this.version = 0;
     this.recs = level === 3 ? new Map() : null;
@@ -87,6 +104,7 @@ export class Node {
 function sameInstance(a, b) {
   if (a.address !== b.address || a.transport !== b.transport || (a.status || 'serving') !== (b.status || 'serving')) return false;
   if (a.registered_at !== b.registered_at) return false;
+  if (JSON.stringify(a.health || null) !== JSON.stringify(b.health || null) || JSON.stringify(a.check || null) !== JSON.stringify(b.check || null)) return false;
   const am = a.metadata || {};
   const bm = b.metadata || {};
   const ak = Object.keys(am);
@@ -99,6 +117,11 @@ function describeUpdate(prev, next) {
   if (prev.address !== next.address) parts.push(`address ${prev.address} → ${next.address}`);
   if ((prev.transport || '') !== (next.transport || '')) parts.push(`transport ${prev.transport || '–'} → ${next.transport || '–'}`);
   if ((prev.status || 'serving') !== (next.status || 'serving')) parts.push(`status ${prev.status || 'serving'} → ${next.status || 'serving'}`);
+  const ph = healthOf(prev);
+  const nh = healthOf(next);
+  const reason = next.health && next.health.reason ? `: ${visible(next.health.reason)}` : '';
+  if (ph !== nh) parts.push(`health ${HEALTH_TEXT[ph]} → ${HEALTH_TEXT[nh]}${nh === 'failing' || nh === 'panic' ? reason : ''}`);
+  else if (nh === 'failing' && reason && (prev.health.reason || '') !== next.health.reason) parts.push(`health failing${reason}`);
   const pm = prev.metadata || {};
   const nm = next.metadata || {};
   const changed = [];
@@ -222,14 +245,18 @@ export class Model {
       const prev = rec.inst;
       if (sameInstance(prev, inst)) return 0;
       const wasDraining = rec.draining;
+      const wasFailing = rec.failing;
       rec.set(inst);
       this.logChange('update', rec);
       const ep = this.node([inst.namespace, inst.component, inst.endpoint]);
       if (wasDraining !== rec.draining) this.count(ep, rec.draining ? -1 : 1, rec.draining ? 1 : -1);
+      if (wasFailing !== rec.failing) this.count(ep, 0, 0, rec.failing ? 1 : -1);
       this.bump(ep);
       let kind = 'update';
       if (!wasDraining && rec.draining) kind = 'drain';
       else if (wasDraining && !rec.draining) kind = 'undrain';
+      else if (!wasFailing && rec.failing) kind = 'fail';
+      else if (wasFailing && !rec.failing) kind = 'recover';
       if (logIt) this.log({ kind, inst, prev, rev, batch, t: now, detail: describeUpdate(prev, inst) });
       this.mark('instances');
       return 1;
@@ -254,7 +281,7 @@ export class Model {
       n = c;
     }
     n.recs.set(key, created);
-    this.count(n, created.draining ? 0 : 1, created.draining ? 1 : 0);
+    this.count(n, created.draining ? 0 : 1, created.draining ? 1 : 0, created.failing ? 1 : 0);
     this.bump(n);
     if (structural) this.mark('structure');
     if (logIt) this.log({ kind: 'join', inst, rev, batch, t: now, detail: '' });
@@ -270,7 +297,7 @@ export class Model {
     this.logChange('remove', rec);
     let n = this.node([inst.namespace, inst.component, inst.endpoint]);
     n.recs.delete(key);
-    this.count(n, rec.draining ? 0 : -1, rec.draining ? -1 : 0);
+    this.count(n, rec.draining ? 0 : -1, rec.draining ? -1 : 0, rec.failing ? -1 : 0);
     this.bump(n);
     // Drop nodes left empty.
     while (n && n.level > 0 && n.total === 0) {
@@ -309,10 +336,11 @@ export class Model {
     return ch.slice(i);
   }
 
-  count(ep, dServing, dDraining) {
+  count(ep, dServing, dDraining, dFailing = 0) {
     for (let n = ep; n; n = n.parent) {
       n.serving += dServing;
       n.draining += dDraining;
+      n.failing += dFailing;
       this.touched.add(n.key);
     }
   }

@@ -114,13 +114,15 @@ export class VirtualRows {
 export class Grid {
   // columns: [{id, title, cls, sortable, badge, tip, create, render}];
   // cellText(i, col) gives a cell's text, badgeClass(i, col) the class of
-  // a badge column's badge; a tip column repeats its text as a tooltip; a
+  // a badge column's badge, rowClass(i) a class marking the row ('' for
+  // none); a tip column repeats its text as a tooltip; a
   // column with create(cell) and render(cell, i) builds and updates its
   // cells itself (controls). onActivate(i) runs on Enter or click.
-  constructor({ label, columns, rowHeight = 30, idPrefix, cellText, badgeClass, isSelected, onActivate, sort, onSort, layout }) {
+  constructor({ label, columns, rowHeight = 30, idPrefix, cellText, badgeClass, rowClass, isSelected, onActivate, sort, onSort, layout }) {
     this.idPrefix = idPrefix;
     this.cellText = cellText;
     this.badgeClass = badgeClass || (() => '');
+    this.rowClass = rowClass || (() => '');
     this.isSelected = isSelected || (() => false);
     this.onActivate = onActivate || (() => {});
     this.onSort = onSort;
@@ -217,6 +219,12 @@ export class Grid {
       setAttr(row, 'aria-rowindex', String(i + 2));
     }
     setClass(row, 'active', i === this.active);
+    const mark = this.rowClass(i);
+    if (row.__mark !== mark) {
+      if (row.__mark) row.classList.remove(row.__mark);
+      if (mark) row.classList.add(mark);
+      row.__mark = mark;
+    }
     setAttr(row, 'aria-selected', this.isSelected(i) ? 'true' : 'false');
     const cells = row.children;
     for (let c = 0; c < this.columns.length; c += 1) {

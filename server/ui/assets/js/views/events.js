@@ -1,5 +1,5 @@
-// Events: a timeline of joins, updates, drains and leaves, newest first,
-// as the page saw them on the watch stream.
+// Events: a timeline of joins, updates, drains, failing health checks and
+// leaves, newest first, as the page saw them on the watch stream.
 
 import { h, setAttr, setText, show, uid } from '../dom.js';
 import { clock, num, plural, visible } from '../format.js';
@@ -12,10 +12,13 @@ const GROUPS = [
   { id: 'join', label: 'Joined', kinds: ['join'] },
   { id: 'update', label: 'Updated', kinds: ['update'] },
   { id: 'drain', label: 'Draining', kinds: ['drain', 'undrain'] },
+  { id: 'health', label: 'Health', kinds: ['fail', 'recover'] },
   { id: 'leave', label: 'Left', kinds: ['leave'] },
   { id: 'system', label: 'Stream', kinds: ['system'] },
 ];
-const LABEL = { join: 'joined', update: 'updated', drain: 'draining', undrain: 'serving again', leave: 'left', system: 'stream' };
+const LABEL = {
+  join: 'joined', update: 'updated', drain: 'draining', undrain: 'serving again', fail: 'failing', recover: 'routed again', leave: 'left', system: 'stream',
+};
 const COLUMNS = [
   { id: 'time', title: 'Time', cls: 'mono muted' },
   { id: 'kind', title: 'Event', badge: true },

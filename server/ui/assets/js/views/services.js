@@ -3,7 +3,7 @@
 
 import { append, h, setAttr, setClass, setText, show, uid } from '../dom.js';
 import { age, clock, dateTime, num, plural, visible } from '../format.js';
-import { HISTORY_MS } from '../model.js';
+import { HEALTH_TEXT, HISTORY_MS } from '../model.js';
 import { Grid, VirtualRows } from '../vrows.js';
 import { Sparkline } from '../sparkline.js';
 import { BASE, servicesURL } from '../router.js';
@@ -20,9 +20,22 @@ const ALL_COLUMNS = [
   { id: 'address', title: 'Address', sortable: true, cls: 'mono', tip: true },
   { id: 'transport', title: 'Transport', sortable: true },
   { id: 'status', title: 'Status', sortable: true, badge: true },
+  { id: 'health', title: 'Health', sortable: true, badge: true },
   { id: 'meta', title: 'Metadata', cls: 'meta', tip: true },
   { id: 'age', title: 'Age', sortable: true, cls: 'num' },
 ];
+
+// HEALTH_BADGE is the badge class of each healthOf value; HEALTH_RANK
+// sorts the instances out of routing first.
+const HEALTH_BADGE = { '': 'none', unknown: 'muted', passing: 'ok', failing: 'bad', panic: 'warn' };
+const HEALTH_RANK = { failing: 0, panic: 1, unknown: 2, passing: 3, '': 4 };
+
+// checkText describes a declared check: "http /healthz every 5s".
+function checkText(c) {
+  const what = c.kind === 'http' ? `http ${c.path}` : c.kind === 'grpc' && c.service ? `grpc ${c.service}` : c.kind === 'ttl' ? `ttl ${c.ttl}` : c.kind;
+  const opts = [c.timeout && `timeout ${c.timeout}`, c.rise && `rise ${c.rise}`, c.fall && `fall ${c.fall}`].filter(Boolean);
+  return `${visible(what)} every ${c.interval || '10s'}${opts.length ? ` (${opts.join(', ')})` : ''}`;
+}
 
 function instanceName(inst) {
   return `${inst.namespace}/${inst.component}/${inst.endpoint}/${inst.id}`;
@@ -38,6 +51,7 @@ const SORTS = {
   address: (a, b) => cmp(a.addrKey, b.addrKey) || cmp(a.key, b.key),
   transport: (a, b) => cmp(a.inst.transport || '', b.inst.transport || '') || cmp(a.key, b.key),
   status: (a, b) => cmp(a.draining, b.draining) || cmp(a.addrKey, b.addrKey) || cmp(a.key, b.key),
+  health: (a, b) => HEALTH_RANK[a.health] - HEALTH_RANK[b.health] || cmp(a.addrKey, b.addrKey) || cmp(a.key, b.key),
   // Ascending age: the youngest registration first.
   age: (a, b) => b.registeredMs - a.registeredMs || cmp(a.key, b.key),
 };
@@ -52,7 +66,7 @@ export class ServicesView {
     this.treeActive = -1;
     this.treeDirty = true;
     this.treeFilter = route.params.get('q') || '';
-    this.statusFilter = route.params.get('status') === 'draining' ? 'draining' : '';
+    this.statusFilter = ['draining', 'failing'].includes(route.params.get('status')) ? route.params.get('status') : '';
     this.instFilter = route.params.get('filter') || '';
     this.sort = { col: 'address', dir: 1 };
     this.list = [];
@@ -110,7 +124,8 @@ export class ServicesView {
         this.treeDirty = true;
         this.app.schedule();
       },
-    }, h('option', { value: '', text: 'All services' }), h('option', { value: 'draining', text: 'With draining instances' }));
+    }, h('option', { value: '', text: 'All services' }), h('option', { value: 'draining', text: 'With draining instances' }),
+    h('option', { value: 'failing', text: 'With failing instances' }));
     this.statusSelect.value = this.statusFilter;
     this.rootLink = h('a', { class: 'tree-root', href: BASE + 'services' }, h('span', { class: 'name', text: 'All services' }));
     this.rootCount = h('span', { class: 'n' });
@@ -147,6 +162,7 @@ export class ServicesView {
     this.nTotal = h('div', { class: 'value' });
     this.nServing = h('div', { class: 'value ok' });
     this.nDraining = h('div', { class: 'value warn' });
+    this.nFailing = h('div', { class: 'value failing' }); // red while any fails
     this.nEndpoints = h('div', { class: 'value' });
     this.endpointsCard = card('Endpoints', this.nEndpoints);
     this.spark = new Sparkline();
@@ -156,6 +172,7 @@ export class ServicesView {
       card('Instances', this.nTotal),
       card('Serving', this.nServing),
       card('Draining', this.nDraining),
+      card('Failing', this.nFailing),
       this.endpointsCard,
       h('div', { class: 'card spark' }, h('div', { class: 'head' }, this.sparkLabel, this.sparkNow), this.spark.el));
 
@@ -181,7 +198,8 @@ export class ServicesView {
       layout: 'all',
       sort: this.sort,
       cellText: (i, col) => this.cellText(i, col),
-      badgeClass: (i) => (this.list[i].draining ? 'draining' : 'serving'),
+      badgeClass: (i, col) => (col === 'health' ? HEALTH_BADGE[this.list[i].health] : this.list[i].draining ? 'draining' : 'serving'),
+      rowClass: (i) => (this.list[i].failing ? 'failing' : ''),
       isSelected: (i) => this.list[i] && this.list[i].key === this.inspectKey,
       onActivate: (i) => this.inspect(this.list[i]),
       onSort: (col) => {
@@ -248,12 +266,12 @@ export class ServicesView {
 
   flatten() {
     const f = this.treeFilter.trim().toLowerCase();
-    const onlyDraining = this.statusFilter === 'draining';
+    const only = this.statusFilter; // 'draining', 'failing' or ''
     const many = this.model.root.endpoints > MANY_ENDPOINTS;
     const out = [];
     const matches = (n) => n.key.includes(f) || (n.level < 3 && n.sorted().some(matches));
     const visit = (node) => {
-      const kids = node.sorted().filter((c) => (!onlyDraining || c.draining > 0) && (!f || matches(c)));
+      const kids = node.sorted().filter((c) => (!only || c[only] > 0) && (!f || matches(c)));
       kids.forEach((c, i) => {
         const expanded = c.level < 3 && (f !== '' || this.isExpanded(c, many));
         out.push({ node: c, expanded, pos: i + 1, size: kids.length });
@@ -278,7 +296,8 @@ export class ServicesView {
     el.__name = h('span', { class: 'name' });
     el.__n = h('span', { class: 'n' });
     el.__drain = h('span', { class: 'badge draining' });
-    el.append(el.__twisty, el.__name, el.__n, el.__drain);
+    el.__fail = h('span', { class: 'badge bad' });
+    el.append(el.__twisty, el.__name, el.__n, el.__drain, el.__fail);
     return el;
   }
 
@@ -294,7 +313,7 @@ export class ServicesView {
     setAttr(el, 'aria-posinset', String(it.pos));
     setAttr(el, 'aria-expanded', n.level < 3 ? String(it.expanded) : null);
     setAttr(el, 'aria-selected', n.key === this.path.join('/') ? 'true' : 'false');
-    setAttr(el, 'aria-label', `${n.name}, ${KIND[n.level]}, ${plural(n.total, 'instance')}${n.draining ? `, ${num(n.draining)} draining` : ''}`);
+    setAttr(el, 'aria-label', `${n.name}, ${KIND[n.level]}, ${plural(n.total, 'instance')}${n.draining ? `, ${num(n.draining)} draining` : ''}${n.failing ? `, ${num(n.failing)} failing` : ''}`);
     if (el.__level !== n.level) {
       el.__level = n.level;
       el.style.paddingLeft = `${4 + (n.level - 1) * 16}px`;
@@ -305,6 +324,8 @@ export class ServicesView {
     setText(el.__n, num(n.total));
     setText(el.__drain, n.draining ? `${num(n.draining)} draining` : '');
     show(el.__drain, n.draining > 0);
+    setText(el.__fail, n.failing ? `${num(n.failing)} failing` : '');
+    show(el.__fail, n.failing > 0);
   }
 
   refreshTree() {
@@ -418,6 +439,8 @@ export class ServicesView {
         return inst.transport || '–';
       case 'status':
         return inst.status || 'serving';
+      case 'health':
+        return HEALTH_TEXT[r.health];
       case 'meta':
         return visible(r.meta);
       case 'age':
@@ -557,7 +580,12 @@ export class ServicesView {
       ['Address', visible(inst.address)],
       ['Transport', inst.transport || '–'],
       ['Status', status],
+      ['Health', HEALTH_TEXT[last.rec.health]],
     ];
+    const hl = inst.health;
+    if (hl && hl.reason) rows.push(['Failure', visible(hl.reason)]);
+    if (hl && hl.since) rows.push(['Verdict since', `${dateTime(Date.parse(hl.since))}${hl.checker ? ` by ${visible(hl.checker)}` : ''}`]);
+    if (inst.check) rows.push(['Check', checkText(inst.check)]);
     this.inspectedAge = h('dd');
     setText(this.inspectedAge, this.registeredText());
     const dl = h('dl', { class: 'kv' }, rows.map(([k, v]) => [h('dt', { text: k }), h('dd', { text: v })]), h('dt', { text: 'Registered' }), this.inspectedAge);
@@ -565,7 +593,9 @@ export class ServicesView {
     this.inspector.replaceChildren();
     append(this.inspector, [
       h('header', {}, h('h2', { text: `${inst.namespace}/${inst.component}/${inst.endpoint}/${inst.id}` }),
-        h('span', { class: `badge ${last.goneAt ? 'leave' : status}`, text: last.goneAt ? 'gone' : status }), drain, deregister, close),
+        h('span', { class: `badge ${last.goneAt ? 'leave' : status}`, text: last.goneAt ? 'gone' : status }),
+        last.rec.health && !last.goneAt ? h('span', { class: `badge ${HEALTH_BADGE[last.rec.health]}`, text: HEALTH_TEXT[last.rec.health] }) : null,
+        drain, deregister, close),
       last.goneAt ? h('p', { class: 'note warn', text: `This instance left the registry at ${dateTime(last.goneAt)}; its last known state:` }) : null,
       dl,
       h('h3', { class: 'note', text: keys.length ? `Metadata (${keys.length})` : 'No metadata' }),
@@ -766,6 +796,8 @@ export class ServicesView {
     setText(this.nTotal, num(total));
     setText(this.nServing, num(node ? node.serving : 0));
     setText(this.nDraining, num(node ? node.draining : 0));
+    setText(this.nFailing, num(node ? node.failing : 0));
+    setClass(this.nFailing, 'bad', !!node && node.failing > 0);
     show(this.endpointsCard, this.path.length < 3);
     setText(this.nEndpoints, num(node ? node.endpoints : 0));
     if (dirty.has('history') || dirty.has('tick') || routeChanged) {
