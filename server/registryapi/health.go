@@ -1,7 +1,6 @@
 package registryapi
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,16 +73,6 @@ func checkValueRule(te *json.UnmarshalTypeError) string {
 // MarshalJSON writes beacon.Check's JSON form.
 func (c Check) MarshalJSON() ([]byte, error) { return json.Marshal(beacon.Check(c)) }
 
-// Reporter takes the reports of TTL checks (beacon.CheckTTL) for
-// registrations made over HTTP: ReportLeased records, for the instance at
-// ref, that its service says it is fine now, on behalf of whoever holds
-// the registration's secret (a wrong or missing one is answered as an
-// unknown instance). *registry.StoreRegistry implements it; the report
-// route of a registry without it answers 501.
-type Reporter interface {
-	ReportLeased(ctx context.Context, ref beacon.Ref, secret registry.Secret) error
-}
-
 // ReportRequest is the optional body of a TTL check's report. It carries
 // nothing: the secret goes in the Beacon-Secret header.
 type ReportRequest struct {
@@ -98,7 +87,7 @@ func (h *Handler) report(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	rep, ok := leased.(Reporter)
+	rep, ok := leased.(registry.TTLReporter) // the Kubernetes registry takes none: readiness is its check
 	if !ok {
 		writeError(w, http.StatusNotImplemented, "not_implemented",
 			"this server's registry backend does not take TTL check reports; declare a grpc, http or tcp check instead")

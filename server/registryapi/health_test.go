@@ -170,9 +170,6 @@ func healthOf(in beacon.Instance) string {
 // secret is an unknown instance.
 func TestReport(t *testing.T) {
 	reg := healthtest.NewRegistry(t)
-	if _, ok := any(reg.StoreRegistry).(Reporter); !ok {
-		t.Skip("needs registry.ReportLeased (health-view branch)")
-	}
 	srv := serveAPI(t, reg.StoreRegistry)
 	r := register(t, srv.URL, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80","check":{"kind":"ttl","ttl":"30s"}}`)
 	url := instanceURL(srv.URL, r.Instance) + "/report"

@@ -4,15 +4,12 @@
 // reader of a registry over that store then sees the instance with the
 // Health the test chose, without a checker running.
 //
-// Put writes the verdict in both forms a registry reads: at the verdict's
-// own key beside the instance (Keyspace.HealthKey, as the checkers write
-// it: the form the registry's view joins to the instance), and inside the
-// stored instance (the form a registry that does not join verdicts yet
-// reads, and one that does replaces). A test therefore holds on either.
-// Panic is not a stored fact but the view's verdict on a whole service:
-// a test that sets it must also make more than the registry's panic
-// threshold (registry.Config.HealthPanicThreshold, half by default) of
-// the service's checked instances failing, so that both forms agree.
+// Put writes the verdict where the checkers write it: at its own key
+// beside the instance (Keyspace.HealthKey), which the registry's view
+// joins to the instance. Panic is not a stored fact but the view's verdict
+// on a whole service: a test that sets it must also make more than the
+// registry's panic threshold (registry.Config.HealthPanicThreshold, half
+// by default) of the service's checked instances failing.
 package healthtest
 
 import (
@@ -102,6 +99,7 @@ func Put(ctx context.Context, st store.Store, ks beacon.Keyspace, in beacon.Inst
 			return fmt.Errorf("healthtest: write verdict: %w", err)
 		}
 	}
+	in.Health = nil // never stored with the instance
 	v, err := in.MarshalJSON()
 	if err != nil {
 		return err
