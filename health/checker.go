@@ -142,6 +142,8 @@ type Checker struct {
 	ks     beacon.Keyspace
 	writer *verdictWriter
 	cut    *cutoffDetector // used by the assessment goroutine only
+	// assessed, when set (tests), is called after each assessment.
+	assessed func(assessment, linkState)
 
 	ctx       context.Context // ended by Close
 	cancel    context.CancelFunc
@@ -209,7 +211,13 @@ func (c *Checker) Start() error {
 		c.spawn(func() { c.writer.work(c.ctx) })
 	}
 	c.spawn(func() {
-		wait.Every(c.ctx, c.cfg.PeerInterval, func() { c.cut.observe(c.assess(c.ctx)) })
+		wait.Every(c.ctx, c.cfg.PeerInterval, func() {
+			a := c.assess(c.ctx)
+			state := c.cut.observe(a)
+			if c.assessed != nil {
+				c.assessed(a, state)
+			}
+		})
 	})
 	return nil
 }

@@ -77,11 +77,10 @@ func (a assessment) cutOffReason() string {
 //	connected --cut off (no peer answers, or failing far more than every peer)--> cutOff   (enter)
 //	cutOff    --neither any more------------------------------------------------> connected (recover)
 type cutoffDetector struct {
-	state  linkState
-	w      *verdictWriter
-	gauge  prometheus.Gauge
-	log    *slog.Logger
-	notify func(linkState) // tests: called at each transition
+	state linkState
+	w     *verdictWriter
+	gauge prometheus.Gauge
+	log   *slog.Logger
 }
 
 // observe applies one assessment and returns the state after it.
@@ -92,11 +91,6 @@ func (d *cutoffDetector) observe(a assessment) linkState {
 		d.enter(reason)
 	case d.state == cutOff && reason == "":
 		d.recover()
-	default:
-		return d.state
-	}
-	if d.notify != nil {
-		d.notify(d.state)
 	}
 	return d.state
 }

@@ -110,10 +110,8 @@ func TestCutOffRecover(t *testing.T) {
 // TestCutOffStaysConnected: an assessment without reason changes nothing.
 func TestCutOffStaysConnected(t *testing.T) {
 	d, warns := newTestDetector(t)
-	notified := 0
-	d.notify = func(linkState) { notified++ }
-	if got := d.observe(fine); got != connected || notified != 0 || warns.n.Load() != 0 || testutil.ToFloat64(d.gauge) != 0 {
-		t.Fatalf("state %s, %d transitions, %d warnings", got, notified, warns.n.Load())
+	if got := d.observe(fine); got != connected || d.w.cutOff || warns.n.Load() != 0 || testutil.ToFloat64(d.gauge) != 0 {
+		t.Fatalf("state %s, writer cut off %v, %d warnings", got, d.w.cutOff, warns.n.Load())
 	}
 }
 

@@ -120,8 +120,8 @@ func TestFleetApply(t *testing.T) {
 	if !members || !slices.Equal(f.ids, []string{"a", "b"}) || len(touched) != 1 || touched[0] != testRef(0) {
 		t.Fatalf("after the snapshot: ids %v, touched %v, members changed %v", f.ids, touched, members)
 	}
-	if f.live() {
-		t.Fatal("live before its own registration succeeded")
+	if _, owns := f.owned(testRef(0)); f.live() || owns {
+		t.Fatal("live, and owning instances, before its own registration succeeded")
 	}
 	f.registered = true
 	if !f.live() || len(f.peers()) != 1 || f.peers()[0].id != "b" {
