@@ -353,21 +353,18 @@ func (c *Checker) startLocked(ref beacon.Ref, t target) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	rn := &running{target: t, cancel: cancel}
 	c.runners[ref] = rn
-	c.writer.own(ref)
+	token := c.writer.own(ref)
 	kind := t.check.Kind
 	r := &Runner{Check: t.check, Addr: t.addr, Prober: c.cfg.Prober, Jitter: c.cfg.Jitter,
 		OnProbe: func(result error, took time.Duration) { c.m.probe(kind, result, took) }}
 	r.OnChange = func(s Status, reason error) {
-		if ctx.Err() != nil {
-			return // stopped: no longer ours
-		}
 		rn.failing.Store(s == Failing)
 		c.m.changes.WithLabelValues(string(s)).Inc()
 		h := beacon.Health{Status: beacon.HealthStatus(s), Since: time.Now().UTC(), Checker: c.cfg.ID}
 		if reason != nil && s == Failing {
 			h.Reason = reason.Error()
 		}
-		c.writer.set(ref, h)
+		c.writer.set(ref, token, h)
 	}
 	if kind == beacon.CheckTTL {
 		r.Refresh = c.reportReader(ref, r)

@@ -248,7 +248,7 @@ func TestCheckerMarksFailingAndBack(t *testing.T) {
 	for name, open := range map[string]func(*testing.T) backend{"memory": memoryBackend, "etcd": etcdBackend} {
 		t.Run(name, func(t *testing.T) {
 			b := open(t)
-			startChecker(t, b, "a", nil)
+			a := startChecker(t, b, "a", nil)
 			reader := b.process(t)
 			hs, addr := grpcServer(t, false)
 			register(t, reader, 0, addr, checkOf(beacon.CheckGRPC))
@@ -263,7 +263,49 @@ func TestCheckerMarksFailingAndBack(t *testing.T) {
 			if h.Reason != "" {
 				t.Fatalf("a passing verdict with reason %q", h.Reason)
 			}
+			checkChangeMetrics(t, a)
 		})
+	}
+}
+
+// checkChangeMetrics: the checker counted the verdict changes of
+// TestCheckerMarksFailingAndBack, and owns its one instance.
+func checkChangeMetrics(t *testing.T, a *testChecker) {
+	t.Helper()
+	if n := testutil.ToFloat64(a.m.changes.WithLabelValues("passing")); n != 2 {
+		t.Errorf("%v changes to passing, want 2", n)
+	}
+	if n := testutil.ToFloat64(a.m.changes.WithLabelValues("failing")); n != 1 {
+		t.Errorf("%v changes to failing, want 1", n)
+	}
+	if n := testutil.ToFloat64(a.m.owned); n != 1 {
+		t.Errorf("owns %v instances, want 1", n)
+	}
+}
+
+// checkProbeMetrics: every metric is on the checker's registerer, and its
+// HTTP probes were counted and timed.
+func checkProbeMetrics(t *testing.T, a *testChecker) {
+	t.Helper()
+	if n := testutil.ToFloat64(a.m.probes.WithLabelValues("http", "pass")); n < 1 {
+		t.Errorf("%v passed HTTP probes, want some", n)
+	}
+	families, err := a.metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range families {
+		names = append(names, f.GetName())
+		if f.GetName() == "beacon_health_probe_duration_seconds" && f.GetMetric()[0].GetHistogram().GetSampleCount() < 1 {
+			t.Error("no probe duration observed")
+		}
+	}
+	for _, want := range []string{"beacon_health_probes_total", "beacon_health_probe_duration_seconds",
+		"beacon_health_verdict_changes_total", "beacon_health_owned_instances", "beacon_health_checker_cut_off"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("%s is not on the checker's registerer (%v)", want, names)
+		}
 	}
 }
 
@@ -345,6 +387,7 @@ func TestCheckersShareTheProbes(t *testing.T) {
 				t.Fatalf("the checkers own %v instances in all, want %d", owned, instances)
 			}
 			pc.countIntervals(t, 4)
+			checkProbeMetrics(t, checkers[0])
 
 			gone := checkers[n-1]
 			if err := gone.Close(); err != nil {
@@ -461,6 +504,32 @@ func TestCheckerDeletesVerdictOfGoneInstance(t *testing.T) {
 	awaitVerdict(t, reader.st, 1, "the verdict deleted once the instance went", func(h *beacon.Health) bool { return h == nil })
 }
 
+// TestCheckerFollowsAddressChange: an instance whose address changes is
+// probed at its new address, and no longer at the old one.
+func TestCheckerFollowsAddressChange(t *testing.T) {
+	b := memoryBackend(t)
+	startChecker(t, b, "a", nil)
+	reader := b.process(t)
+	hits := make(chan struct{}, 64)
+	old, moved := startTarget(t, nil), startTarget(t, hits)
+	reg := register(t, reader, 0, old.addr, checkOf(beacon.CheckHTTP))
+	awaitVerdict(t, reader.st, 0, "a passing verdict", verdictIs(beacon.HealthPassing, "a"))
+	if err := reg.Update(context.Background(), func(in *beacon.Instance) { in.Address = moved.addr }); err != nil {
+		t.Fatal(err)
+	}
+	before := old.probes.Load()
+	for range 3 {
+		select {
+		case <-hits:
+		case <-time.After(waitFor):
+			t.Fatalf("the new address was not probed within %v", waitFor)
+		}
+	}
+	if n := old.probes.Load() - before; n > 1 {
+		t.Fatalf("the old address was probed %d times after the move", n)
+	}
+}
+
 // TestCheckerTTLReport: a TTL check passes while the registrant writes
 // its report key, fails once the reports stop for longer than the TTL,
 // and passes again at the next report.
@@ -531,7 +600,7 @@ func TestCheckerCutOffWhenItsProbesFail(t *testing.T) {
 	}
 	for i := range tgs {
 		if owners[i] == "x" {
-			awaitVerdict(t, reader.st, i, "no failing verdict by x", func(h *beacon.Health) bool { return h == nil || h.Status != beacon.HealthFailing })
+			awaitVerdict(t, reader.st, i, "x's failing verdict withdrawn", func(h *beacon.Health) bool { return h == nil || h.Status != beacon.HealthFailing })
 		}
 	}
 	for _, tg := range tgs {
@@ -573,7 +642,7 @@ func TestCheckerCutOffWhenNoPeerAnswers(t *testing.T) {
 	}
 	tgs[i].down.Store(true)
 	x.awaitState(t, cutOff)
-	awaitVerdict(t, reader.st, i, "no failing verdict by x", func(h *beacon.Health) bool { return h == nil || h.Status != beacon.HealthFailing })
+	awaitVerdict(t, reader.st, i, "x's failing verdict withdrawn", func(h *beacon.Health) bool { return h == nil || h.Status != beacon.HealthFailing })
 	p.awaitState(t, connected) // p reaches x
 	if testutil.ToFloat64(p.m.cutOff) != 0 {
 		t.Fatal("p, which reaches x, is cut off")

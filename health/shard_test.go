@@ -148,4 +148,11 @@ func TestFleetApply(t *testing.T) {
 	if _, ok := f.owned(testRef(1)); !ok {
 		t.Fatal("the only live checker does not own a checked instance")
 	}
+	// A snapshot replaces everything: what it lacks is gone.
+	touched, members = f.apply(registry.Batch{Kind: registry.Snapshot, Events: []beacon.Event{
+		{Type: beacon.Added, Instance: checkerInstance("b", "127.0.0.1:2")},
+	}})
+	if !members || !slices.Equal(f.ids, []string{"b"}) || len(f.checked) != 0 || len(touched) != 1 || touched[0] != testRef(1) {
+		t.Fatalf("after a second snapshot: ids %v, checked %v, touched %v", f.ids, f.checked, touched)
+	}
 }

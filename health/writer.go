@@ -37,7 +37,7 @@ type verdictWriter struct {
 	grace time.Duration // how long a verdict outlives its instance
 	log   *slog.Logger
 
-	kick chan struct{} // wakes a worker: the queue has work
+	kick chan struct{} // wakes a worker per slot queued, up to all of them
 	lost chan struct{} // wakes the keeper: the lease ended
 
 	mu     sync.Mutex
@@ -49,7 +49,8 @@ type verdictWriter struct {
 
 // slot is one instance's verdict as this checker knows it.
 type slot struct {
-	owned   bool          // this checker runs the instance's Runner
+	owned   bool          // this checker runs the instance's Runner ...
+	runner  uint64        // ... this one (see own)
 	want    beacon.Health // the Runner's latest verdict (Status "" before the first)
 	wantGen uint64        // counts changes of want
 	haveGen uint64        // the wantGen last written ...
@@ -82,7 +83,7 @@ type op struct {
 
 func newVerdictWriter(st store.Store, ks beacon.Keyspace, id string, ttl time.Duration, log *slog.Logger) *verdictWriter {
 	return &verdictWriter{st: st, ks: ks, id: id, ttl: ttl, grace: ttl, log: log,
-		kick: make(chan struct{}, 1), lost: make(chan struct{}, 1), slots: map[beacon.Ref]*slot{}}
+		kick: make(chan struct{}, writeWorkers), lost: make(chan struct{}, 1), slots: map[beacon.Ref]*slot{}}
 }
 
 // callTimeout bounds each store call.
@@ -90,9 +91,11 @@ func (w *verdictWriter) callTimeout() time.Duration {
 	return min(max(w.ttl/3, time.Second), 5*time.Second)
 }
 
-// own starts a slot for an instance this checker now owns: the first
-// verdict of its new Runner is written whatever the store holds.
-func (w *verdictWriter) own(ref beacon.Ref) {
+// own starts a slot for an instance this checker now owns, run by a new
+// Runner, and returns that Runner's token for set: the first verdict of
+// the new Runner is written whatever the store holds, and the results of
+// a Runner stopped before it are not.
+func (w *verdictWriter) own(ref beacon.Ref) uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := w.slots[ref]
@@ -103,6 +106,8 @@ func (w *verdictWriter) own(ref beacon.Ref) {
 	s.owned, s.goneAt = true, time.Time{}
 	s.want = beacon.Health{}
 	s.wantGen++
+	s.runner++
+	return s.runner
 }
 
 // disown stops writing the instance's verdicts (another checker owns it
@@ -129,13 +134,14 @@ func (w *verdictWriter) gone(ref beacon.Ref) {
 	}
 }
 
-// set records the owned instance's new verdict and queues its write.
-func (w *verdictWriter) set(ref beacon.Ref, h beacon.Health) {
+// set records the new verdict of the owned instance's Runner (its token
+// from own) and queues its write.
+func (w *verdictWriter) set(ref beacon.Ref, runner uint64, h beacon.Health) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := w.slots[ref]
-	if s == nil || !s.owned {
-		return // the Runner was stopped meanwhile
+	if s == nil || !s.owned || s.runner != runner {
+		return // that Runner was stopped meanwhile
 	}
 	s.want = h
 	s.wantGen++
@@ -227,12 +233,6 @@ func (w *verdictWriter) take(ctx context.Context) (beacon.Ref, op, bool) {
 		}
 		ref := w.queue[0]
 		w.queue = w.queue[1:]
-		if len(w.queue) > 0 {
-			select { // another worker may take the next
-			case w.kick <- struct{}{}:
-			default:
-			}
-		}
 		s := w.slots[ref]
 		if s == nil {
 			continue

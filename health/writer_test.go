@@ -28,7 +28,12 @@ func newMemoryStore(t *testing.T) *memory.Store {
 // runWriter runs a verdict writer over st (TTL 1 s) until the test ends.
 func runWriter(t *testing.T, st store.Store, id string) *verdictWriter {
 	t.Helper()
-	w := newVerdictWriter(st, beacon.Keyspace{}, id, time.Second, slog.New(slog.DiscardHandler))
+	return runWriterTTL(t, st, id, time.Second)
+}
+
+func runWriterTTL(t *testing.T, st store.Store, id string, ttl time.Duration) *verdictWriter {
+	t.Helper()
+	w := newVerdictWriter(st, beacon.Keyspace{}, id, ttl, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1 + writeWorkers)
@@ -122,7 +127,7 @@ func TestWriterWritesUnderItsLease(t *testing.T) {
 	w := runWriter(t, st, "a")
 	ref := testRef(0)
 	w.own(ref)
-	w.set(ref, failingVerdict("a", "connection refused"))
+	w.set(ref, runnerOf(w, ref), failingVerdict("a", "connection refused"))
 	kv := awaitKey(t, st, beacon.Keyspace{}.HealthKey(ref), "a failing verdict", isVerdict(t, beacon.HealthFailing, "a"))
 	w.mu.Lock()
 	lease := w.lease
@@ -140,7 +145,7 @@ func TestWriterRewritesAfterLeaseLoss(t *testing.T) {
 	ref := testRef(0)
 	key := beacon.Keyspace{}.HealthKey(ref)
 	w.own(ref)
-	w.set(ref, passingVerdict("a"))
+	w.set(ref, runnerOf(w, ref), passingVerdict("a"))
 	kv := awaitKey(t, st, key, "a passing verdict", isVerdict(t, beacon.HealthPassing, "a"))
 	if err := st.Revoke(context.Background(), kv.Lease); err != nil {
 		t.Fatal(err)
@@ -185,10 +190,10 @@ func TestWriterOneWriteInFlightPerInstance(t *testing.T) {
 	w := runWriter(t, g, "a")
 	ref := testRef(0)
 	w.own(ref)
-	w.set(ref, failingVerdict("a", "first"))
+	w.set(ref, runnerOf(w, ref), failingVerdict("a", "first"))
 	<-g.entered
 	for i := range 9 {
-		w.set(ref, failingVerdict("a", "change "+string(rune('1'+i))))
+		w.set(ref, runnerOf(w, ref), failingVerdict("a", "change "+string(rune('1'+i))))
 	}
 	close(g.release)
 	awaitKey(t, g.Store, beacon.Keyspace{}.HealthKey(ref), "the last change", func(kv *store.KeyValue) bool {
@@ -210,7 +215,7 @@ func TestWriterDeletesOnlyItsOwnVerdict(t *testing.T) {
 	mine, theirs := testRef(0), testRef(1)
 	for _, ref := range []beacon.Ref{mine, theirs} {
 		w.own(ref)
-		w.set(ref, passingVerdict("a"))
+		w.set(ref, runnerOf(w, ref), passingVerdict("a"))
 		awaitKey(t, st, beacon.Keyspace{}.HealthKey(ref), "a passing verdict", isVerdict(t, beacon.HealthPassing, "a"))
 	}
 	b, _ := json.Marshal(passingVerdict("b")) // the new owner's
@@ -235,10 +240,10 @@ func TestWriterDisownKeepsVerdict(t *testing.T) {
 	w := runWriter(t, st, "a")
 	ref := testRef(0)
 	w.own(ref)
-	w.set(ref, failingVerdict("a", "down"))
+	w.set(ref, runnerOf(w, ref), failingVerdict("a", "down"))
 	awaitKey(t, st, beacon.Keyspace{}.HealthKey(ref), "a failing verdict", isVerdict(t, beacon.HealthFailing, "a"))
 	w.disown(ref)
-	w.set(ref, passingVerdict("a")) // a late result of the stopped Runner
+	w.set(ref, runnerOf(w, ref), passingVerdict("a")) // a late result of the stopped Runner
 	w.mu.Lock()
 	s := w.slots[ref]
 	next := w.nextLocked(s, time.Now().Add(time.Hour))
@@ -258,16 +263,135 @@ func TestWriterCutOff(t *testing.T) {
 	kdown, kup := beacon.Keyspace{}.HealthKey(down), beacon.Keyspace{}.HealthKey(up)
 	w.own(down)
 	w.own(up)
-	w.set(down, failingVerdict("a", "down"))
+	w.set(down, runnerOf(w, down), failingVerdict("a", "down"))
 	awaitKey(t, st, kdown, "a failing verdict", isVerdict(t, beacon.HealthFailing, "a"))
 	w.setCutOff(true)
 	awaitKey(t, st, kdown, "the failing verdict withdrawn", absent)
-	w.set(up, failingVerdict("a", "down too"))
-	w.set(up, passingVerdict("a"))
+	w.set(up, runnerOf(w, up), failingVerdict("a", "down too"))
+	w.set(up, runnerOf(w, up), passingVerdict("a"))
 	awaitKey(t, st, kup, "a passing verdict while cut off", isVerdict(t, beacon.HealthPassing, "a"))
 	if _, err := st.Get(context.Background(), kdown); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a failing verdict was written while cut off: %v", err)
 	}
 	w.setCutOff(false)
 	awaitKey(t, st, kdown, "the failing verdict written again", isVerdict(t, beacon.HealthFailing, "a"))
+}
+
+// TestWriterIgnoresLossOfAnOldLease: a write under a lease that has since
+// been replaced fails with ErrLeaseNotFound; that says nothing of the
+// current lease, which stays.
+func TestWriterIgnoresLossOfAnOldLease(t *testing.T) {
+	w := newVerdictWriter(nil, beacon.Keyspace{}, "a", time.Second, slog.New(slog.DiscardHandler))
+	w.lease = 2
+	w.loseLocked(1)
+	if w.lease != 2 || len(w.lost) != 0 {
+		t.Fatalf("the loss of lease 1 dropped lease 2 (now %d)", w.lease)
+	}
+	w.loseLocked(2)
+	if w.lease != store.NoLease || len(w.lost) != 1 {
+		t.Fatalf("the loss of the current lease left lease %d", w.lease)
+	}
+}
+
+// TestWriterRegrantsAtOnce: a write that finds the lease gone gets a new
+// lease granted and the verdicts written at once, not at the next
+// renewal (a third of a 30 s TTL later).
+func TestWriterRegrantsAtOnce(t *testing.T) {
+	st := newMemoryStore(t)
+	w := runWriterTTL(t, st, "a", 30*time.Second)
+	ref := testRef(0)
+	key := beacon.Keyspace{}.HealthKey(ref)
+	w.own(ref)
+	w.set(ref, runnerOf(w, ref), passingVerdict("a"))
+	kv := awaitKey(t, st, key, "a passing verdict", isVerdict(t, beacon.HealthPassing, "a"))
+	if err := st.Revoke(context.Background(), kv.Lease); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	w.set(ref, runnerOf(w, ref), failingVerdict("a", "down"))
+	awaitKey(t, st, key, "the verdict under a new lease", isVerdict(t, beacon.HealthFailing, "a"))
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the verdict was written %v after the lease loss was found, want at once", took)
+	}
+}
+
+// runnerOf is the token of the instance's current Runner.
+func runnerOf(w *verdictWriter, ref beacon.Ref) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s := w.slots[ref]; s != nil {
+		return s.runner
+	}
+	return 0
+}
+
+// TestWriterIgnoresAStoppedRunner: a result that a stopped Runner (its
+// instance's check or address changed, a new Runner took over) reported
+// late is not written.
+func TestWriterIgnoresAStoppedRunner(t *testing.T) {
+	w := newVerdictWriter(nil, beacon.Keyspace{}, "a", time.Second, slog.New(slog.DiscardHandler))
+	w.lease = 1
+	ref := testRef(0)
+	old := w.own(ref)
+	w.own(ref)
+	w.set(ref, old, failingVerdict("a", "the old address"))
+	if s := w.slots[ref]; s.want.Status != "" || len(w.queue) != 0 {
+		t.Fatalf("the stopped Runner's verdict was taken: %+v", s.want)
+	}
+}
+
+// TestWriterInstanceBack: an instance that is gone comes back (the same
+// ID: its registrant recovered its lease) and this checker owns it
+// again: its verdict is written, not deleted.
+func TestWriterInstanceBack(t *testing.T) {
+	w := newVerdictWriter(nil, beacon.Keyspace{}, "a", time.Second, slog.New(slog.DiscardHandler))
+	w.lease = 1
+	ref := testRef(0)
+	w.set(ref, w.own(ref), passingVerdict("a"))
+	w.gone(ref)
+	w.set(ref, w.own(ref), failingVerdict("a", "down"))
+	if o := w.nextLocked(w.slots[ref], time.Now().Add(time.Hour)); o.kind != opPut {
+		t.Fatalf("the next op of the instance back is %d, want its verdict's write", o.kind)
+	}
+}
+
+// TestWriterWritesInstancesAtOnce: the verdicts of several instances
+// queued together are written in parallel, writeWorkers at a time.
+func TestWriterWritesInstancesAtOnce(t *testing.T) {
+	g := &gatedStore{Store: newMemoryStore(t), entered: make(chan struct{}, 64), release: make(chan struct{})}
+	w := newVerdictWriter(g, beacon.Keyspace{}, "a", time.Minute, slog.New(slog.DiscardHandler))
+	l, err := g.Grant(context.Background(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.lease = l.ID
+	for i := range writeWorkers { // queued before any worker runs
+		w.set(testRef(i), w.own(testRef(i)), passingVerdict("a"))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range writeWorkers {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.work(ctx) }()
+	}
+	defer func() { close(g.release); cancel(); wg.Wait() }()
+	for range writeWorkers {
+		select {
+		case <-g.entered:
+		case <-time.After(waitFor):
+			t.Fatalf("%d writes in flight at once, want %d", g.inFlight.Load(), writeWorkers)
+		}
+	}
+}
+
+// TestWriterForgetsWithdrawnHandover: once the failing verdict of an
+// instance it handed over is withdrawn, the writer keeps nothing of it.
+func TestWriterForgetsWithdrawnHandover(t *testing.T) {
+	w := newVerdictWriter(nil, beacon.Keyspace{}, "a", time.Second, slog.New(slog.DiscardHandler))
+	ref := testRef(0)
+	w.slots[ref] = &slot{failing: true, withdraw: true, busy: true}
+	w.finish(ref, op{kind: opWithdraw}, nil)
+	if s := w.slots[ref]; s != nil {
+		t.Fatalf("slot %+v kept after its withdrawal", s)
+	}
 }
