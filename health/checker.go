@@ -74,8 +74,8 @@ type Config struct {
 // Validate reports what is wrong with c, naming the field.
 func (c Config) Validate() error {
 	var errs []error
-	if err := validateID(c.ID); err != nil {
-		errs = append(errs, err)
+	if err := ValidateCheckerID(c.ID); err != nil {
+		errs = append(errs, fmt.Errorf("%w: Config.ID: %w", ErrInvalidConfig, err))
 	}
 	if err := beacon.ValidateAddress(c.Addr); err != nil {
 		errs = append(errs, fmt.Errorf("%w: Config.Addr: %w", ErrInvalidConfig, err))
@@ -94,13 +94,15 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func validateID(id string) error {
+// ValidateCheckerID reports what is wrong with a checker's ID: 1 to
+// MaxCheckerIDLength letters, digits, '-', '_' or '.'.
+func ValidateCheckerID(id string) error {
 	if id == "" || len(id) > MaxCheckerIDLength {
-		return fmt.Errorf("%w: Config.ID %q: must be 1 to %d characters (the host name is a good one)", ErrInvalidConfig, id, MaxCheckerIDLength)
+		return fmt.Errorf("checker ID %q: must be 1 to %d characters (the host name is a good one)", id, MaxCheckerIDLength)
 	}
 	for _, r := range id {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
-			return fmt.Errorf("%w: Config.ID %q: use letters, digits, '-', '_' or '.'", ErrInvalidConfig, id)
+			return fmt.Errorf("checker ID %q: use letters, digits, '-', '_' or '.'", id)
 		}
 	}
 	return nil
