@@ -295,15 +295,15 @@ func (c *Checker) registerSelf() {
 		if c.ctx.Err() != nil {
 			return
 		}
-		if !warned {
-			warned = true
-			msg := "cannot register the health checker; retrying (it checks nothing until it is registered)"
-			if errors.Is(err, beacon.ErrAlreadyRegistered) {
-				msg = "another live health checker has this checker's ID (or this one's previous run, until its lease ends); " +
-					"retrying (it checks nothing until it is registered): give each checker its own ID"
-			}
-			c.log.Warn(msg, "instance", ref.String(), "err", err)
+		switch {
+		case warned:
+		case errors.Is(err, beacon.ErrAlreadyRegistered):
+			c.log.Warn("another live health checker has this checker's ID (or this one's previous run, until its lease ends); "+
+				"retrying (it checks nothing until it is registered): give each checker its own ID", "instance", ref.String(), "err", err)
+		default:
+			c.log.Warn("cannot register the health checker; retrying (it checks nothing until it is registered)", "instance", ref.String(), "err", err)
 		}
+		warned = true
 		if !wait.Sleep(c.ctx, c.cfg.LeaseTTL/3) {
 			return
 		}

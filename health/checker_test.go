@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -87,24 +88,24 @@ func (b backend) process(t *testing.T) process {
 // testChecker is a running Checker with what its test looks at.
 type testChecker struct {
 	*Checker
-	p         process
-	metrics   *prometheus.Registry
-	assessed  chan linkState // the state after each assessment
-	cutOffLog atomic.Int64   // warnings that it is cut off
+	p        process
+	metrics  *prometheus.Registry
+	assessed chan linkState // the state after each assessment
+	warnings *warnings
 }
 
 // startChecker starts a checker in a process of its own, listening on a
 // loopback port of its own (its address), until the test ends.
 func startChecker(t *testing.T, b backend, id string, tweak func(*Config)) *testChecker {
 	t.Helper()
-	tc := &testChecker{p: b.process(t), metrics: prometheus.NewRegistry(), assessed: make(chan linkState, 1024)}
+	tc := &testChecker{p: b.process(t), metrics: prometheus.NewRegistry(), assessed: make(chan linkState, 1024), warnings: &warnings{warned: make(chan struct{}, 64)}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
 	cfg := Config{ID: id, Addr: ln.Addr().String(), Registry: tc.p.reg, Store: tc.p.st, PeerInterval: interval,
-		Jitter: func() float64 { return 0.5 }, Metrics: tc.metrics, Logger: slog.New(cutOffCounter{&tc.cutOffLog})}
+		Jitter: func() float64 { return 0.5 }, Metrics: tc.metrics, Logger: slog.New(tc.warnings)}
 	if tweak != nil {
 		tweak(&cfg)
 	}
@@ -126,19 +127,55 @@ func startChecker(t *testing.T, b backend, id string, tweak func(*Config)) *test
 	return tc
 }
 
-// cutOffCounter is a slog handler that counts the warnings that a
-// checker is cut off.
-type cutOffCounter struct{ n *atomic.Int64 }
+// warnings is a slog handler that keeps the warnings' messages, and
+// signals each on its channel.
+type warnings struct {
+	mu     sync.Mutex
+	msgs   []string
+	warned chan struct{}
+}
 
-func (h cutOffCounter) Enabled(context.Context, slog.Level) bool { return true }
-func (h cutOffCounter) Handle(_ context.Context, r slog.Record) error {
-	if r.Level == slog.LevelWarn && strings.Contains(r.Message, "cut off") {
-		h.n.Add(1)
+func (h *warnings) Enabled(context.Context, slog.Level) bool { return true }
+func (h *warnings) Handle(_ context.Context, r slog.Record) error {
+	if r.Level == slog.LevelWarn {
+		h.mu.Lock()
+		h.msgs = append(h.msgs, r.Message)
+		h.mu.Unlock()
+		select {
+		case h.warned <- struct{}{}:
+		default:
+		}
 	}
 	return nil
 }
-func (h cutOffCounter) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h cutOffCounter) WithGroup(string) slog.Handler      { return h }
+func (h *warnings) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *warnings) WithGroup(string) slog.Handler      { return h }
+
+// await waits for a warning that says about.
+func (h *warnings) await(t *testing.T, about string) {
+	t.Helper()
+	deadline := time.After(waitFor)
+	for h.count(about) == 0 {
+		select {
+		case <-h.warned:
+		case <-deadline:
+			t.Fatalf("no warning %q within %v", about, waitFor)
+		}
+	}
+}
+
+// count returns how many warnings say about.
+func (h *warnings) count(about string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, m := range h.msgs {
+		if strings.Contains(m, about) {
+			n++
+		}
+	}
+	return n
+}
 
 // awaitState waits for an assessment that leaves the checker in want.
 func (tc *testChecker) awaitState(t *testing.T, want linkState) {
@@ -407,6 +444,18 @@ func TestCheckersShareTheProbes(t *testing.T) {
 	}
 }
 
+// ownedBy returns the first instance (testRef) that id owns among ids.
+func ownedBy(t *testing.T, ids []string, id string) int {
+	t.Helper()
+	for i := range 1000 {
+		if owner(testRef(i), ids) == id {
+			return i
+		}
+	}
+	t.Fatalf("%s owns none of 1000 instances among %v", id, ids)
+	return 0
+}
+
 // TestCheckerCrashedVerdictsExpire: a checker that dies (its store client
 // gone: no keep-alive, no revoke) loses its verdicts with its lease: the
 // instance is served again (no verdict) until the checker that takes it
@@ -416,10 +465,7 @@ func TestCheckerCrashedVerdictsExpire(t *testing.T) {
 	a := startChecker(t, b, "a", nil)
 	crashed := startChecker(t, b, "b", nil)
 	reader := b.process(t)
-	i := 0
-	for owner(testRef(i), []string{"a", "b"}) != "b" {
-		i++
-	}
+	i := ownedBy(t, []string{"a", "b"}, "b")
 	tg := startTarget(t, nil)
 	tg.down.Store(true)
 	c := checkOf(beacon.CheckHTTP)
@@ -455,10 +501,7 @@ func TestCheckerHandover(t *testing.T) {
 	b := memoryBackend(t)
 	startChecker(t, b, "a", nil)
 	reader := b.process(t)
-	i := 0
-	for owner(testRef(i), []string{"a", "b"}) != "b" {
-		i++
-	}
+	i := ownedBy(t, []string{"a", "b"}, "b")
 	tg := startTarget(t, nil)
 	tg.down.Store(true)
 	c := checkOf(beacon.CheckHTTP)
@@ -607,7 +650,7 @@ func TestCheckerCutOffWhenItsProbesFail(t *testing.T) {
 		tg.refuse.Store(false)
 	}
 	x.awaitState(t, connected)
-	if g, warned := testutil.ToFloat64(x.m.cutOff), x.cutOffLog.Load(); g != 0 || warned != 1 {
+	if g, warned := testutil.ToFloat64(x.m.cutOff), x.warnings.count("is cut off"); g != 0 || warned != 1 {
 		t.Fatalf("connected again: gauge %v, %d warnings that it was cut off (want 0 and 1)", g, warned)
 	}
 	for i := range tgs {
@@ -668,6 +711,30 @@ func TestCheckerMarksARealOutage(t *testing.T) {
 			c.awaitState(t, connected)
 		}
 	}
+}
+
+// TestCheckerSameID: a second checker with the ID of a live one cannot
+// register: it warns, and checks nothing until the first is gone; then
+// it registers and takes the instances over.
+func TestCheckerSameID(t *testing.T) {
+	b := memoryBackend(t)
+	first := startChecker(t, b, "a", nil)
+	reader := b.process(t)
+	tg := startTarget(t, nil)
+	register(t, reader, 0, tg.addr, checkOf(beacon.CheckHTTP))
+	key := beacon.Keyspace{}.HealthKey(testRef(0))
+	kv := awaitKey(t, reader.st, key, "a passing verdict", isVerdict(t, beacon.HealthPassing, "a"))
+	second := startChecker(t, b, "a", nil)
+	second.warnings.await(t, "another live health checker has this checker's ID")
+	if owned := testutil.ToFloat64(second.m.owned); owned != 0 {
+		t.Fatalf("the second checker a owns %v instances, want none", owned)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	awaitKey(t, reader.st, key, "a verdict under the second checker's lease", func(got *store.KeyValue) bool {
+		return isVerdict(t, beacon.HealthPassing, "a")(got) && got.Lease != kv.Lease
+	})
 }
 
 // TestCheckerConfig: a bad configuration is refused naming the field.

@@ -126,8 +126,7 @@ func TestWriterWritesUnderItsLease(t *testing.T) {
 	st := newMemoryStore(t)
 	w := runWriter(t, st, "a")
 	ref := testRef(0)
-	w.own(ref)
-	w.set(ref, runnerOf(w, ref), failingVerdict("a", "connection refused"))
+	w.set(ref, w.own(ref), failingVerdict("a", "connection refused"))
 	kv := awaitKey(t, st, beacon.Keyspace{}.HealthKey(ref), "a failing verdict", isVerdict(t, beacon.HealthFailing, "a"))
 	w.mu.Lock()
 	lease := w.lease
@@ -137,6 +136,20 @@ func TestWriterWritesUnderItsLease(t *testing.T) {
 	}
 }
 
+// writeThenRevoke has w write a passing verdict of a new Runner on ref,
+// then revokes the lease it is bound to; it returns the verdict as it was
+// written, and the Runner's token.
+func writeThenRevoke(t *testing.T, st store.Store, w *verdictWriter, ref beacon.Ref) (*store.KeyValue, uint64) {
+	t.Helper()
+	runner := w.own(ref)
+	w.set(ref, runner, passingVerdict("a"))
+	kv := awaitKey(t, st, beacon.Keyspace{}.HealthKey(ref), "a passing verdict", isVerdict(t, beacon.HealthPassing, "a"))
+	if err := st.Revoke(context.Background(), kv.Lease); err != nil {
+		t.Fatal(err)
+	}
+	return kv, runner
+}
+
 // TestWriterRewritesAfterLeaseLoss: when its lease ends (and its verdicts
 // with it), the writer grants a new one and writes the verdicts again.
 func TestWriterRewritesAfterLeaseLoss(t *testing.T) {
@@ -144,12 +157,7 @@ func TestWriterRewritesAfterLeaseLoss(t *testing.T) {
 	w := runWriter(t, st, "a")
 	ref := testRef(0)
 	key := beacon.Keyspace{}.HealthKey(ref)
-	w.own(ref)
-	w.set(ref, runnerOf(w, ref), passingVerdict("a"))
-	kv := awaitKey(t, st, key, "a passing verdict", isVerdict(t, beacon.HealthPassing, "a"))
-	if err := st.Revoke(context.Background(), kv.Lease); err != nil {
-		t.Fatal(err)
-	}
+	kv, _ := writeThenRevoke(t, st, w, ref)
 	again := awaitKey(t, st, key, "the verdict written again", isVerdict(t, beacon.HealthPassing, "a"))
 	if again.Lease == kv.Lease {
 		t.Fatalf("rewritten under the revoked lease %d", kv.Lease)
@@ -189,11 +197,11 @@ func TestWriterOneWriteInFlightPerInstance(t *testing.T) {
 	g := &gatedStore{Store: newMemoryStore(t), entered: make(chan struct{}, 16), release: make(chan struct{})}
 	w := runWriter(t, g, "a")
 	ref := testRef(0)
-	w.own(ref)
-	w.set(ref, runnerOf(w, ref), failingVerdict("a", "first"))
+	runner := w.own(ref)
+	w.set(ref, runner, failingVerdict("a", "first"))
 	<-g.entered
 	for i := range 9 {
-		w.set(ref, runnerOf(w, ref), failingVerdict("a", "change "+string(rune('1'+i))))
+		w.set(ref, runner, failingVerdict("a", "change "+string(rune('1'+i))))
 	}
 	close(g.release)
 	awaitKey(t, g.Store, beacon.Keyspace{}.HealthKey(ref), "the last change", func(kv *store.KeyValue) bool {
@@ -214,8 +222,7 @@ func TestWriterDeletesOnlyItsOwnVerdict(t *testing.T) {
 	ctx := context.Background()
 	mine, theirs := testRef(0), testRef(1)
 	for _, ref := range []beacon.Ref{mine, theirs} {
-		w.own(ref)
-		w.set(ref, runnerOf(w, ref), passingVerdict("a"))
+		w.set(ref, w.own(ref), passingVerdict("a"))
 		awaitKey(t, st, beacon.Keyspace{}.HealthKey(ref), "a passing verdict", isVerdict(t, beacon.HealthPassing, "a"))
 	}
 	b, _ := json.Marshal(passingVerdict("b")) // the new owner's
@@ -239,11 +246,11 @@ func TestWriterDisownKeepsVerdict(t *testing.T) {
 	st := newMemoryStore(t)
 	w := runWriter(t, st, "a")
 	ref := testRef(0)
-	w.own(ref)
-	w.set(ref, runnerOf(w, ref), failingVerdict("a", "down"))
+	runner := w.own(ref)
+	w.set(ref, runner, failingVerdict("a", "down"))
 	awaitKey(t, st, beacon.Keyspace{}.HealthKey(ref), "a failing verdict", isVerdict(t, beacon.HealthFailing, "a"))
 	w.disown(ref)
-	w.set(ref, runnerOf(w, ref), passingVerdict("a")) // a late result of the stopped Runner
+	w.set(ref, runner, passingVerdict("a")) // a late result of the stopped Runner
 	w.mu.Lock()
 	s := w.slots[ref]
 	next := w.nextLocked(s, time.Now().Add(time.Hour))
@@ -261,14 +268,13 @@ func TestWriterCutOff(t *testing.T) {
 	w := runWriter(t, st, "a")
 	down, up := testRef(0), testRef(1)
 	kdown, kup := beacon.Keyspace{}.HealthKey(down), beacon.Keyspace{}.HealthKey(up)
-	w.own(down)
-	w.own(up)
-	w.set(down, runnerOf(w, down), failingVerdict("a", "down"))
+	runDown, runUp := w.own(down), w.own(up)
+	w.set(down, runDown, failingVerdict("a", "down"))
 	awaitKey(t, st, kdown, "a failing verdict", isVerdict(t, beacon.HealthFailing, "a"))
 	w.setCutOff(true)
 	awaitKey(t, st, kdown, "the failing verdict withdrawn", absent)
-	w.set(up, runnerOf(w, up), failingVerdict("a", "down too"))
-	w.set(up, runnerOf(w, up), passingVerdict("a"))
+	w.set(up, runUp, failingVerdict("a", "down too"))
+	w.set(up, runUp, passingVerdict("a"))
 	awaitKey(t, st, kup, "a passing verdict while cut off", isVerdict(t, beacon.HealthPassing, "a"))
 	if _, err := st.Get(context.Background(), kdown); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a failing verdict was written while cut off: %v", err)
@@ -301,28 +307,13 @@ func TestWriterRegrantsAtOnce(t *testing.T) {
 	w := runWriterTTL(t, st, "a", 30*time.Second)
 	ref := testRef(0)
 	key := beacon.Keyspace{}.HealthKey(ref)
-	w.own(ref)
-	w.set(ref, runnerOf(w, ref), passingVerdict("a"))
-	kv := awaitKey(t, st, key, "a passing verdict", isVerdict(t, beacon.HealthPassing, "a"))
-	if err := st.Revoke(context.Background(), kv.Lease); err != nil {
-		t.Fatal(err)
-	}
+	_, runner := writeThenRevoke(t, st, w, ref)
 	start := time.Now()
-	w.set(ref, runnerOf(w, ref), failingVerdict("a", "down"))
+	w.set(ref, runner, failingVerdict("a", "down"))
 	awaitKey(t, st, key, "the verdict under a new lease", isVerdict(t, beacon.HealthFailing, "a"))
 	if took := time.Since(start); took > 5*time.Second {
 		t.Fatalf("the verdict was written %v after the lease loss was found, want at once", took)
 	}
-}
-
-// runnerOf is the token of the instance's current Runner.
-func runnerOf(w *verdictWriter, ref beacon.Ref) uint64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if s := w.slots[ref]; s != nil {
-		return s.runner
-	}
-	return 0
 }
 
 // TestWriterIgnoresAStoppedRunner: a result that a stopped Runner (its
