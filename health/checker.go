@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/wait"
@@ -234,7 +235,8 @@ func (c *Checker) spawn(fn func()) {
 
 // Close stops every Runner, deregisters the checker (its peers take its
 // instances over at once) and revokes its verdict lease (its verdicts go:
-// fail-open). It is idempotent and bounded by the lease TTL.
+// fail-open). It is idempotent, and bounded by twice the lease TTL (the
+// deregistration, then the revocation).
 func (c *Checker) Close() error {
 	c.closeOnce.Do(func() {
 		c.cancel()
@@ -364,7 +366,7 @@ func (c *Checker) startLocked(ref beacon.Ref, t target) {
 		c.m.changes.WithLabelValues(string(s)).Inc()
 		h := beacon.Health{Status: beacon.HealthStatus(s), Since: time.Now().UTC(), Checker: c.cfg.ID}
 		if reason != nil && s == Failing {
-			h.Reason = reason.Error()
+			h.Reason = shortReason(reason.Error())
 		}
 		c.writer.set(ref, token, h)
 	}
@@ -372,6 +374,23 @@ func (c *Checker) startLocked(ref beacon.Ref, t target) {
 		r.Refresh = c.reportReader(ref, r)
 	}
 	c.spawn(func() { _ = r.Run(ctx) })
+}
+
+// MaxReasonBytes bounds the reason of a verdict: a probe's error may
+// carry what the probed server said, of any length.
+const MaxReasonBytes = 1 << 10
+
+// shortReason is reason cut to MaxReasonBytes (at a character boundary,
+// ending with "…").
+func shortReason(reason string) string {
+	if len(reason) <= MaxReasonBytes {
+		return reason
+	}
+	cut := MaxReasonBytes - len("…")
+	for cut > 0 && !utf8.RuneStart(reason[cut]) {
+		cut--
+	}
+	return reason[:cut] + "…"
 }
 
 // reportReader is a TTL check's Refresh: it reads the instance's report

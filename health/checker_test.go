@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
@@ -762,5 +763,18 @@ func TestCheckerConfig(t *testing.T) {
 		if _, err := New(c); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), want) {
 			t.Errorf("want an error naming %s, got %v", want, err)
 		}
+	}
+}
+
+// TestShortReason: a verdict's reason is at most MaxReasonBytes of valid
+// UTF-8, whatever the probed server said.
+func TestShortReason(t *testing.T) {
+	if got := shortReason("refused"); got != "refused" {
+		t.Fatalf("a short reason became %q", got)
+	}
+	long := strings.Repeat("é", MaxReasonBytes)
+	got := shortReason(long)
+	if len(got) > MaxReasonBytes || !utf8.ValidString(got) || !strings.HasSuffix(got, "…") {
+		t.Fatalf("a reason of %d bytes became %d bytes (valid UTF-8 %v)", len(long), len(got), utf8.ValidString(got))
 	}
 }
