@@ -40,4 +40,62 @@
 // (testdata/node, testdata/python). Those two push every status their
 // application sets to a Watch, a repeated one too; a repeat counts as no
 // new result.
+//
+// # The Checker
+//
+// A Checker (run by `beacon serve`) runs the checks declared with the
+// instances of a registry, from outside their processes, sharing them
+// with the checkers of the other servers so that each instance is probed
+// once per interval for the whole cluster:
+//
+//   - Membership. Each checker registers itself through its registry's
+//     session as the instance beacon/health/checker/<id hash> (CheckerRef:
+//     the first 16 hex digits of the SHA-256 of Config.ID), with its ID
+//     in the metadata under "checker" (CheckerIDMetadata) and its HTTP
+//     address (Config.Addr) as the address. A second live checker with
+//     the same ID cannot register, and checks nothing until the first is
+//     gone. The checkers registered there (CheckersQuery) are its peers.
+//   - Sharing. Every instance that declares a check is owned by one
+//     checker, chosen by rendezvous hashing of the instance's name and the
+//     checkers' IDs: every checker computes the same owner from the same
+//     registrations, and one that joins or leaves moves only the instances
+//     it wins or held. The owner runs a Runner for it, at its address
+//     (host:port; a URL-form address is probed at its host and port, 80
+//     and 443 for http and https without one). A TTL check's report is the
+//     key {instance key}/report (ReportSuffix), read once per interval:
+//     a report written since the last read is a Report.
+//   - Verdicts. At each change of verdict (never per probe) the owner
+//     writes beacon.Health JSON — {"status", "reason" while failing,
+//     "since", "checker"} — at Keyspace.HealthKey, bound to a lease of its
+//     own (Config.LeaseTTL, by default its registry's session TTL) kept
+//     alive every TTL/3: a checker that dies takes its verdicts with it,
+//     and the instances it checked are served again (fail-open). A lost
+//     lease is granted again and every verdict written again. Each
+//     instance has at most one write in flight, and 8 writes run at once
+//     for all; the Runners' jitter spreads the first verdicts of a fleet
+//     restarted at once. On a handover the old owner's verdict stays until
+//     the new owner writes its own. The verdict of an instance that is
+//     gone, or no longer declares a check, is deleted by the checker it
+//     names, one lease TTL later (a registrant that lost its lease comes
+//     back with the same ID), with compare-and-delete: a verdict another
+//     checker wrote meanwhile stays. Close deregisters the checker (its
+//     peers take its instances over at once) and revokes its lease.
+//   - Self-outage. Every Config.PeerInterval (DefaultPeerInterval, 10 s)
+//     a checker connects (TCP) to its peers' addresses until one answers,
+//     and, when more than half of at least 3 instances it owns fail, reads
+//     the verdicts in the store to compare with its peers' failing shares
+//     (failing verdicts each wrote over the instances it owns). It is cut
+//     off when it has peers and none answers, or when its own share is
+//     above half while every peer's is below half (a checker without peers
+//     cannot tell, and is never cut off). Cut off, it warns once, sets
+//     beacon_health_checker_cut_off to 1, withdraws its failing verdicts
+//     (compare-and-delete) and writes no failing verdict until it is
+//     connected again; then it writes its current ones. Its passing
+//     verdicts are written all along.
+//
+// Its metrics, on Config.Metrics: beacon_health_probes_total{kind,result}
+// (result pass or fail; the statuses a gRPC server pushes are results,
+// not probes), beacon_health_probe_duration_seconds{kind},
+// beacon_health_verdict_changes_total{status},
+// beacon_health_owned_instances and beacon_health_checker_cut_off.
 package health

@@ -31,6 +31,19 @@ type Runner struct {
 	// OnChange is called, from Run's goroutine, with each new status and,
 	// for Failing, the last failure.
 	OnChange func(Status, error)
+	// OnProbe is called, from Run's goroutine, after each probe the
+	// Runner makes (a Check call, an HTTP GET, a TCP connect, a TTL
+	// check's judgement of its last report) with its result and how long
+	// it took. Statuses a gRPC server pushes on its Watch stream are
+	// results, not probes.
+	OnProbe func(result error, took time.Duration)
+	// Refresh, for a TTL check, is called once per interval before the
+	// last report's age is judged: it reads the service's latest report
+	// from wherever it is kept (the Checker: the store) and calls Report
+	// when there is a new one. An error skips the interval: the report
+	// could not be read, which says nothing about the service. Nil: only
+	// calls of Report count.
+	Refresh func(ctx context.Context) error
 	// Jitter returns a number in [0, 1); nil uses math/rand/v2.
 	Jitter func() float64
 
@@ -76,19 +89,36 @@ func (r *Runner) Run(ctx context.Context) error {
 		case <-timer.C:
 		}
 		timer.Reset(nextWait(c.Interval, r.jitter()))
-		switch {
-		case c.Kind == beacon.CheckTTL:
-			observe(r.ttlResult(c.TTL))
-		case c.Kind == beacon.CheckGRPC && w.watching:
-			observe(withTimeout(ctx, c.Timeout, func(ctx context.Context) error { return checkGRPC(ctx, w.cc, c.Service) }))
-		case c.Kind == beacon.CheckGRPC && !w.unsupported:
-			if err := w.start(ctx, r.Addr, c.Service); err != nil {
-				observe(err)
-			} // else its first push is the result
-		default:
-			observe(r.prober().Probe(ctx, c, r.Addr))
+		start := time.Now()
+		if probed, result := r.probe(ctx, c, &w); probed {
+			if r.OnProbe != nil {
+				r.OnProbe(result, time.Since(start))
+			}
+			observe(result)
 		}
 	}
+}
+
+// probe makes the interval's probe and returns its result; probed is
+// false when the interval has no result of its own: a gRPC Watch stream
+// just opened (its first push is the result), a TTL report that could not
+// be read.
+func (r *Runner) probe(ctx context.Context, c beacon.Check, w *grpcWatch) (probed bool, result error) {
+	switch {
+	case c.Kind == beacon.CheckTTL:
+		if r.Refresh != nil && r.Refresh(ctx) != nil {
+			return false, nil
+		}
+		return true, r.ttlResult(c.TTL)
+	case c.Kind == beacon.CheckGRPC && w.watching:
+		return true, withTimeout(ctx, c.Timeout, func(ctx context.Context) error { return checkGRPC(ctx, w.cc, c.Service) })
+	case c.Kind == beacon.CheckGRPC && !w.unsupported:
+		if err := w.start(ctx, r.Addr, c.Service); err != nil {
+			return true, err
+		}
+		return false, nil // its first push is the result
+	}
+	return true, r.prober().Probe(ctx, c, r.Addr)
 }
 
 // firstWait is the wait before a check's first probe, given a jitter j in

@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"sync"
@@ -314,4 +315,88 @@ func TestRunnerGRPCUndialable(t *testing.T) {
 	if c := expect(t, ch, Failing); c.reason == nil || !strings.Contains(c.reason.Error(), "invalid URL escape") {
 		t.Fatalf("failing because %v, want the dial error", c.reason)
 	}
+}
+
+// TestRunnerOnProbe: each interval's probe is reported with its result
+// and duration.
+func TestRunnerOnProbe(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	for _, tc := range []struct {
+		addr string
+		pass bool
+	}{{lis.Addr().String(), true}, {closedAddr(t), false}} {
+		probes := make(chan error, 16)
+		r := &Runner{Check: with(beacon.CheckTCP, quick), Addr: tc.addr,
+			OnProbe: func(result error, took time.Duration) {
+				if took <= 0 {
+					t.Errorf("a probe took %v", took)
+				}
+				probes <- result
+			}}
+		runRunner(t, r)
+		for range 2 {
+			select {
+			case result := <-probes:
+				if (result == nil) != tc.pass {
+					t.Fatalf("probe of %s: %v, want passing %v", tc.addr, result, tc.pass)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("no probe reported within 30 s")
+			}
+		}
+	}
+}
+
+// TestRunnerTTLRefresh: a TTL check's Refresh runs once per interval
+// before the report's age is judged; a report it finds keeps the check
+// passing, and an interval whose Refresh fails has no result (the report
+// could not be read: nothing is said of the service).
+func TestRunnerTTLRefresh(t *testing.T) {
+	var failRefresh, stopReporting atomic.Bool
+	refreshed := make(chan struct{}, 64)
+	probes := make(chan error, 64)
+	r := &Runner{Check: beacon.Check{Kind: beacon.CheckTTL, TTL: beacon.MinCheckTTL, Interval: beacon.MinCheckInterval, Rise: 1, Fall: 1},
+		OnProbe: func(result error, _ time.Duration) { probes <- result }}
+	r.Refresh = func(context.Context) error {
+		defer func() { refreshed <- struct{}{} }()
+		if failRefresh.Load() {
+			return errors.New("the store is down")
+		}
+		if !stopReporting.Load() {
+			r.Report()
+		}
+		return nil
+	}
+	failRefresh.Store(true)
+	ch := runRunner(t, r)
+	next := func() {
+		t.Helper()
+		select {
+		case <-refreshed:
+		case <-time.After(30 * time.Second):
+			t.Fatal("no Refresh within 30 s")
+		}
+	}
+	for range 4 { // 1.35 s of intervals (0.9 × 500 ms apart): past the TTL
+		next()
+	}
+	if len(probes) != 0 || len(ch) != 0 {
+		t.Fatalf("%d results and %d changes from intervals whose Refresh failed, want none", len(probes), len(ch))
+	}
+	failRefresh.Store(false)
+	expect(t, ch, Passing)
+	for range 4 { // past the TTL again, kept by the reports
+		next()
+	}
+	for len(probes) > 0 {
+		if err := <-probes; err != nil {
+			t.Fatalf("a reported TTL check failed: %v", err)
+		}
+	}
+	stopReporting.Store(true)
+	expect(t, ch, Failing)
 }

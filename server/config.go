@@ -110,6 +110,10 @@ type Config struct {
 	// empty, as in the zero value (`beacon serve` enables it by default).
 	XDS XDSConfig
 
+	// Health configures the health checker (health.go); disabled in the
+	// zero value (`beacon serve` enables it for store backends).
+	Health HealthConfig
+
 	// ShutdownTimeout bounds graceful shutdown; DefaultShutdownTimeout when
 	// zero.
 	ShutdownTimeout time.Duration
@@ -261,6 +265,7 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.DNS.validate()...)
 	errs = append(errs, c.XDS.validate()...)
+	errs = append(errs, c.Health.validate(c)...)
 	if c.V2BaseURL != "" {
 		if u, err := url.Parse(c.V2BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.HasSuffix(c.V2BaseURL, "/") {
 			errs = append(errs, fmt.Errorf("Config.V2BaseURL %q: want an http(s) URL without trailing slash, e.g. http://10.0.0.1:9379/v2/discovery", c.V2BaseURL))

@@ -38,6 +38,15 @@
 // a member waiting for its discovery peers is alive, and /readyz says it
 // is still starting.
 //
+// # Health checks
+//
+// With Config.Health.Enabled (`beacon serve --health-checks`, on by
+// default for store backends) the server runs a health.Checker over its
+// registry and store: it registers as beacon/health/checker/<id hash>
+// with its HTTP address, checks its share of the instances that declare
+// a check, and writes their verdicts under a lease of its own (package
+// health has the rules).
+//
 // # Security
 //
 // Config.Security configures TLS on the embedded etcd's client and peer
@@ -62,6 +71,7 @@
 //	├── boot      the discovery fallback proxy (discovery.go)
 //	├── dns       DNS listener and server (dns.go)
 //	├── xds       xDS listener and server (xds.go)
+//	├── health    the health checker: probes the instances that declare a check, writes verdicts (health.go)
 //	└── security  TLS settings and reloaders, and the authenticator (tls.go, auth*.go)
 //
 // Authentication is one unit, the authenticator (authn.go), constructed
@@ -95,8 +105,8 @@
 // goroutine the server started.
 //
 //	Start:  listen HTTP, DNS, xDS ─▶ serve /healthz (early) ─▶ open the data
-//	        (embedded member | registry backend | store) ─▶ full HTTP routes ─▶ DNS, xDS ─▶ ready
-//	Close:  HTTP (streams end, requests drain) ─▶ DNS ─▶ xDS ─▶ fallback proxy ─▶ authenticator
+//	        (embedded member | registry backend | store) ─▶ full HTTP routes ─▶ DNS, xDS, health checker ─▶ ready
+//	Close:  HTTP (streams end, requests drain) ─▶ DNS ─▶ xDS ─▶ health checker ─▶ fallback proxy ─▶ authenticator
 //	        ─▶ v2, registry, store ─▶ in-process client, embedded etcd ─▶ wait for goroutines
 //
 // Every user stops before what it uses. When embedded etcd stops on its

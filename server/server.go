@@ -38,6 +38,7 @@ type Server struct {
 	boot     bootstrapState // discovery fallback proxy (discovery.go)
 	dns      dnsState       // DNS interface (dns.go)
 	xds      xdsState       // xDS interface (xds.go)
+	health   healthState    // health checker (health.go)
 	security                // TLS, authentication, limits (tls.go, authn.go, limits.go)
 }
 
@@ -120,7 +121,8 @@ func New(cfg Config) (*Server, error) {
 // Start order: the listeners first (HTTP, DNS, xDS: a port in use fails
 // before etcd writes to its data directory), /healthz served at once
 // (serveEarly), then the data (openData: the embedded member, a registry
-// backend or a store), then the full HTTP routes, DNS and xDS over it.
+// backend or a store), then the full HTTP routes, DNS, xDS and the health
+// checker over it.
 func (s *Server) Start(ctx context.Context) (err error) {
 	s.life.mu.Lock()
 	if s.life.started {
@@ -156,6 +158,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := s.startXDS(); err != nil { // xds.go
+		return err
+	}
+	if err := s.startHealth(); err != nil { // health.go
 		return err
 	}
 	s.waitDNS(ctx)
@@ -221,17 +226,20 @@ func (s *Server) Wait(ctx context.Context) error {
 //  1. HTTP: long-lived streams end, requests drain (within
 //     Config.ShutdownTimeout, or until Abort), the listener closes;
 //  2. DNS, then xDS (readers of the registry);
-//  3. the discovery fallback proxy;
-//  4. authentication: its janitor, and every user view (etcd clients);
-//  5. the data: the v2 service, the registry, the store if the server
+//  3. the health checker (it deregisters, and its verdicts go with its
+//     lease);
+//  4. the discovery fallback proxy;
+//  5. authentication: its janitor, and every user view (etcd clients);
+//  6. the data: the v2 service, the registry, the store if the server
 //     opened it;
-//  6. the member: its in-process client, then embedded etcd;
-//  7. every goroutine the server started is waited for.
+//  7. the member: its in-process client, then embedded etcd;
+//  8. every goroutine the server started is waited for.
 func (s *Server) Close() error {
 	s.life.closeOnce.Do(func() {
 		errs := []error{s.closeHTTP()} // http.go
 		s.closeDNS()                   // dns.go
 		s.closeXDS()                   // xds.go
+		s.closeHealth()                // health.go
 		s.boot.close()                 // discovery.go
 		s.closeSecurity()              // authhttp.go
 		errs = append(errs, s.data.close()...)

@@ -38,6 +38,9 @@ var configFlags = map[string]string{
 	"Config.XDS.Addr":       "--xds-addr",
 	"Config.XDS.MaxStreams": "--xds-max-streams",
 
+	"Config.Health.Enabled":   "--health-checks",
+	"Config.Health.CheckerID": "--health-checker-id",
+
 	"Config.Security.Auth":             "--auth",
 	"Config.Security.RootPasswordFile": "--auth-root-password-file",
 	"Config.Security.AuthToken":        "--auth-token",

@@ -58,6 +58,7 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	addSecurityFlags(cmd, &cfg.Security)      // serve_security.go
 	addDNSFlags(cmd, &cfg.DNS)                // serve_dns.go
 	addXDSFlags(cmd, &cfg.XDS, &cfg.Security) // serve_xds.go
+	addHealthFlags(cmd, &cfg.Health)          // serve_health.go
 	cmd.Flags().StringVar(&etcdAuth.backend, "backend", backend.Etcd, "backend: etcd, memory, file, nats or kubernetes (env "+backend.EnvVar+")")
 	addKubeFlags(cmd, etcdAuth) // backend_kube.go
 	return cmd
@@ -115,6 +116,7 @@ func runServe(cmd *cobra.Command, cfg server.Config, etcdLogLevel string, etcdAu
 	}
 	cfg.Backend = etcdAuth.config()
 	cfg.Backend.Name = be.val
+	healthFlags(cmd, &cfg.Health, be.val) // serve_health.go
 	dnsFlags(&cfg.DNS)
 	if err := xdsFlags(cmd, &cfg.XDS); err != nil {
 		return err
