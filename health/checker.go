@@ -24,12 +24,6 @@ const DefaultPeerInterval = 10 * time.Second
 // MaxCheckerIDLength bounds a checker's ID.
 const MaxCheckerIDLength = 253
 
-// ReportSuffix ends the key of a TTL check's report: the instance's key
-// followed by "/report", JSON {"at":"RFC3339"}, written by the registrant
-// under the instance's lease. The checker reads it once per interval: a
-// report newer than the last it saw is Runner.Report.
-const ReportSuffix = "/report"
-
 // ErrInvalidConfig matches every refused Config.
 var ErrInvalidConfig = errors.New("health: invalid checker configuration")
 
@@ -396,7 +390,7 @@ func shortReason(reason string) string {
 // reportReader is a TTL check's Refresh: it reads the instance's report
 // key and calls r.Report when it was written since the last read.
 func (c *Checker) reportReader(ref beacon.Ref, r *Runner) func(context.Context) error {
-	key := c.ks.Key(ref) + ReportSuffix
+	key := registry.ReportKey(c.ks, ref)
 	var last int64
 	return func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, c.writer.callTimeout())

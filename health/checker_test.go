@@ -2,7 +2,6 @@ package health
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -584,11 +583,9 @@ func TestCheckerTTLReport(t *testing.T) {
 	c := checkOf(beacon.CheckTTL)
 	c.TTL = beacon.MinCheckTTL
 	reg := register(t, reader, 0, "10.0.0.1:80", c)
-	report := func() {
+	report := func() { // through the registry's own API, as a registrant does
 		t.Helper()
-		v, _ := json.Marshal(map[string]time.Time{"at": time.Now().UTC()})
-		key := beacon.Keyspace{}.Key(reg.Instance().Ref()) + ReportSuffix
-		if _, err := reader.st.Put(context.Background(), key, v, store.WithLease(reader.reg.Lease())); err != nil {
+		if err := reader.reg.Report(context.Background(), reg.Instance().Ref()); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -2,7 +2,6 @@ package health
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -130,13 +129,8 @@ func (c *Checker) assess(ctx context.Context) assessment {
 	a.peers = len(peers)
 	a.reached = c.reachAny(ctx, peers)
 	if a.peers > 0 && a.reached && highShare(a.failing, a.owned) {
-		verdicts, err := c.listVerdicts(ctx)
-		if err != nil {
-			c.log.Debug("cannot read the peers' verdicts", "err", err)
-			return a
-		}
 		c.mu.Lock()
-		a.shares, a.sharesKnown = peerShares(c.fleet, verdicts), true
+		a.shares, a.sharesKnown = peerShares(c.fleet), true
 		c.mu.Unlock()
 	}
 	return a
@@ -156,36 +150,15 @@ func (c *Checker) reachAny(ctx context.Context, peers []peer) bool {
 	return false
 }
 
-// listVerdicts reads every verdict in the store. (Once the registry's
-// view joins verdicts to instances, Instance.Health of the watched
-// instances says the same without a read.)
-func (c *Checker) listVerdicts(ctx context.Context) (map[beacon.Ref]beacon.Health, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.writer.callTimeout())
-	defer cancel()
-	kvs, _, err := c.cfg.Store.List(ctx, c.ks.Prefix(beacon.Query{}))
-	if err != nil {
-		return nil, err
-	}
-	out := map[beacon.Ref]beacon.Health{}
-	for _, kv := range kvs {
-		ref, ok := c.ks.ParseHealthKey(kv.Key)
-		var h beacon.Health
-		if ok && json.Unmarshal(kv.Value, &h) == nil {
-			out[ref] = h
-		}
-	}
-	return out, nil
-}
-
 // peerShares returns the failing share of every peer in f: of the
 // instances it owns, those whose verdict it wrote says failing (0 for a
-// peer that owns none).
-func peerShares(f *fleet, verdicts map[beacon.Ref]beacon.Health) map[string]float64 {
+// peer that owns none), as the registry's view joins the verdicts.
+func peerShares(f *fleet) map[string]float64 {
 	owned, failing := map[string]int{}, map[string]int{}
 	for ref := range f.checked {
 		o := f.owner(ref)
 		owned[o]++
-		if h, ok := verdicts[ref]; ok && h.Checker == o && h.Status == beacon.HealthFailing {
+		if h, ok := f.verdicts[ref]; ok && h.Checker == o && h.Status == beacon.HealthFailing {
 			failing[o]++
 		}
 	}

@@ -130,21 +130,26 @@ func TestPeerShares(t *testing.T) {
 		events = append(events, beacon.Event{Type: beacon.Added, Instance: checkedInstance(i, tcp)})
 	}
 	f.apply(registry.Batch{Kind: registry.Snapshot, Events: events})
-	verdicts := map[beacon.Ref]beacon.Health{}
+	var updates []beacon.Event // the verdicts, as the registry's view joins them
 	owned := map[string]int{}
 	failingB := 0
 	for i := range 30 {
 		o := f.owner(testRef(i))
 		owned[o]++
+		in := checkedInstance(i, tcp)
 		switch {
 		case o == "b" && failingB < 2:
 			failingB++
-			verdicts[testRef(i)] = beacon.Health{Status: beacon.HealthFailing, Checker: "b"}
+			in.Health = &beacon.Health{Status: beacon.HealthFailing, Checker: "b"}
 		case o == "c":
-			verdicts[testRef(i)] = beacon.Health{Status: beacon.HealthFailing, Checker: "a"} // not c's
+			in.Health = &beacon.Health{Status: beacon.HealthFailing, Checker: "a"} // not c's
+		default:
+			continue
 		}
+		updates = append(updates, beacon.Event{Type: beacon.Updated, Instance: in})
 	}
-	got := peerShares(f, verdicts)
+	f.apply(registry.Batch{Kind: registry.Changes, Events: updates})
+	got := peerShares(f)
 	if len(got) != 2 || got["b"] != float64(2)/float64(owned["b"]) || got["c"] != 0 {
 		t.Fatalf("shares %v, want b %v and c 0 (owned %v)", got, float64(2)/float64(owned["b"]), owned)
 	}

@@ -62,7 +62,7 @@
 //     it wins or held. The owner runs a Runner for it, at its address
 //     (host:port; a URL-form address is probed at its host and port, 80
 //     and 443 for http and https without one). A TTL check's report is the
-//     key {instance key}/report (ReportSuffix), read once per interval:
+//     key {instance key}/report (registry.ReportKey), read once per interval:
 //     a report written since the last read is a Report.
 //   - Verdicts. At each change of verdict (never per probe) the owner
 //     writes beacon.Health JSON — {"status", "reason" while failing,

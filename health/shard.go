@@ -118,10 +118,14 @@ type fleet struct {
 	members map[beacon.Ref]peer
 	ids     []string // the distinct IDs of members, sorted
 	checked map[beacon.Ref]target
+	// verdicts are the checked instances' verdicts as the registry's
+	// view joins them (the checkers' shares are read from them).
+	verdicts map[beacon.Ref]beacon.Health
 }
 
 func newFleet(id string) *fleet {
-	return &fleet{self: id, selfRef: CheckerRef(id), members: map[beacon.Ref]peer{}, checked: map[beacon.Ref]target{}}
+	return &fleet{self: id, selfRef: CheckerRef(id), members: map[beacon.Ref]peer{}, checked: map[beacon.Ref]target{},
+		verdicts: map[beacon.Ref]beacon.Health{}}
 }
 
 // apply applies one batch of the watch and returns the checked instances
@@ -132,6 +136,7 @@ func (f *fleet) apply(b registry.Batch) (touched []beacon.Ref, membersChanged bo
 			touched = append(touched, ref)
 		}
 		clear(f.checked)
+		clear(f.verdicts)
 		clear(f.members)
 		membersChanged = true
 	}
@@ -143,10 +148,14 @@ func (f *fleet) apply(b registry.Batch) (touched []beacon.Ref, membersChanged bo
 			continue
 		}
 		_, was := f.checked[ref]
+		delete(f.verdicts, ref)
 		if e.Type == beacon.Removed || in.Check == nil {
 			delete(f.checked, ref)
 		} else {
 			f.checked[ref] = target{check: *in.Check, addr: probeAddress(in.Address)}
+			if in.Health != nil {
+				f.verdicts[ref] = *in.Health
+			}
 		}
 		if _, is := f.checked[ref]; was || is {
 			touched = append(touched, ref)
