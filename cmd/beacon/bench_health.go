@@ -26,10 +26,14 @@ Reported:
   - the checking nodes' CPU per 1,000 checks/s;
   - NOT_SERVING -> out of the registry's view, and SERVING -> back, p50 and
     p99, for --trials instances one at a time (bound: fall x interval +
-    0.5 s, and rise x interval + 0.5 s).
+    0.5 s, and rise x interval + 0.5 s);
+  - with more than one node: 10 instances made to fail, the checker that
+    marked them killed (SIGKILL): its verdicts gone with its lease
+    (fail-open; bound: the lease TTL + 1 s), the instances marked failing
+    again by the others, and the probes per instance per interval again.
 
 The default run (3 nodes, 1,000 instances, 1 s interval) takes about a
-minute on 2 cores.`,
+minute and a half on 2 cores.`,
 		flags: func(f *pflag.FlagSet) {
 			f.IntVar(&cfg.Nodes, "nodes", 3, "beacon serve processes sharing the checks")
 			f.IntVar(&cfg.Instances, "instances", 1000, "checked instances")

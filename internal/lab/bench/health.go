@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -58,8 +61,9 @@ func (c HealthConfig) Validate() error {
 	if c.Instances > MaxHealthInstances {
 		return fmt.Errorf("bench: --instances %d: at most %d (each is a listener of this process)", c.Instances, MaxHealthInstances)
 	}
-	if c.Trials > c.Instances && c.Instances > 0 {
-		return fmt.Errorf("bench: --trials %d: at most --instances (%d): each trial uses an instance of its own", c.Trials, c.Instances)
+	if c.Instances > 0 && c.Trials+killedFailing > c.Instances {
+		return fmt.Errorf("bench: --trials %d: at most --instances - %d (%d): each trial uses an instance of its own, and %d more fail while a checker is killed",
+			c.Trials, killedFailing, c.Instances-killedFailing, killedFailing)
 	}
 	if c.Interval != 0 && (c.Interval < beacon.MinCheckInterval || c.Interval > beacon.MaxCheckInterval) {
 		return fmt.Errorf("bench: --interval %v: must be %v..%v", c.Interval, beacon.MinCheckInterval, beacon.MaxCheckInterval)
@@ -129,6 +133,11 @@ func RunHealth(ctx context.Context, cfg HealthConfig) (*Report, error) {
 	if err := hb.detection(ctx, r); err != nil {
 		return nil, err
 	}
+	if cfg.Nodes > 1 {
+		if err := hb.killChecker(ctx, r, nodes); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
 }
 
@@ -191,6 +200,7 @@ func (t *healthTargets) stop() {
 // checkerNode is one beacon serve process checking its share.
 type checkerNode struct {
 	*proc
+	id   string // its checker's ID
 	http string
 }
 
@@ -211,7 +221,7 @@ func startCheckers(ctx context.Context, cfg HealthConfig, eps []string) ([]*chec
 		argv := append(append([]string{}, cfg.BeaconCommand...), "serve", "--data-dir", filepath.Join(dir, "data"),
 			"--etcd-endpoints", eps[0], "--http-addr", addr, "--dns-addr=", "--xds-addr=",
 			"--health-checker-id", "node"+strconv.Itoa(i+1), "--log-level", "warn")
-		p, err := startProc(ctx, cfg.Logger, "beacon serve "+strconv.Itoa(i+1), addr, argv, dir)
+		p, err := startProcReady(ctx, cfg.Logger, "beacon serve "+strconv.Itoa(i+1), addr, argv, dir, httpReady("http://"+addr+"/readyz"))
 		if err != nil {
 			_ = os.RemoveAll(dir)
 			for _, n := range nodes {
@@ -219,7 +229,7 @@ func startCheckers(ctx context.Context, cfg HealthConfig, eps []string) ([]*chec
 			}
 			return nil, err
 		}
-		nodes = append(nodes, &checkerNode{proc: p, http: "http://" + addr})
+		nodes = append(nodes, &checkerNode{proc: p, id: "node" + strconv.Itoa(i+1), http: "http://" + addr})
 	}
 	return nodes, nil
 }
@@ -363,7 +373,7 @@ func (hb *healthBench) probeRate(ctx context.Context, r *Report, nodes []*checke
 	intervals := elapsed.Seconds() / hb.cfg.Interval.Seconds()
 	perInstance := float64(total) / float64(len(hb.targets.addrs)) / intervals
 	r.Add(Row{Metric: fmt.Sprintf("probes per instance per interval, %d nodes", len(nodes)), Unit: "probes",
-		Beacon: perInstance, Baseline: 1, Against: "goal (exactly 1)", Goal: 1.0})
+		Beacon: perInstance, Baseline: 1, Against: "goal (1; intervals are jittered ±10 %)", Goal: 1.1})
 	checksPerSec := float64(total) / elapsed.Seconds()
 	if checksPerSec > 0 {
 		r.Add(Row{Metric: "checking nodes' CPU per 1,000 checks/s (all nodes)", Unit: "cores",
@@ -415,4 +425,91 @@ func (hb *healthBench) detection(ctx context.Context, r *Report) error {
 			Baseline: Ms(backBound), Against: "bound (rise × interval + 0.5 s)", Goal: 1.0})
 	}
 	return nil
+}
+
+// httpReady returns a readiness test that GETs url and wants 200.
+func httpReady(url string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		return nil
+	}
+}
+
+// killedFailing is how many instances fail while a checker is killed.
+const killedFailing = 10
+
+// killChecker turns killedFailing instances NOT_SERVING, kills (SIGKILL)
+// the checker that marked the first of them, and times how long until its
+// verdicts are gone with its lease (fail-open: those instances served
+// again) and until the surviving checkers have marked them failing again;
+// then it counts the probes per instance per interval again, with one
+// node fewer.
+func (hb *healthBench) killChecker(ctx context.Context, r *Report, nodes []*checkerNode) error {
+	var svcs []string
+	for i := hb.cfg.Trials; i < hb.cfg.Trials+killedFailing; i++ {
+		svcs = append(svcs, targetService(i))
+		hb.targets.hs.SetServingStatus(targetService(i), healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+	allFailing := func(st map[string]beacon.Instance) bool {
+		for _, svc := range svcs {
+			if st[svc].Serving() {
+				return false
+			}
+		}
+		return true
+	}
+	limit := 30*time.Second + time.Duration(hb.cfg.Fall)*hb.cfg.Interval
+	if err := hb.waitFor(ctx, limit, "the instances failing", allFailing); err != nil {
+		return err
+	}
+	hb.mu.Lock()
+	victim := hb.state[svcs[0]].Health.Checker
+	var marked []string // the victim's failing verdicts
+	for _, svc := range svcs {
+		if hb.state[svc].Health.Checker == victim {
+			marked = append(marked, svc)
+		}
+	}
+	hb.mu.Unlock()
+	n := slices.IndexFunc(nodes, func(n *checkerNode) bool { return n.id == victim })
+	if n < 0 {
+		return fmt.Errorf("bench: health: the verdict names checker %q, not one of the nodes", victim)
+	}
+	t0 := time.Now()
+	_ = nodes[n].cmd.Process.Signal(syscall.SIGKILL)
+	gone := func(st map[string]beacon.Instance) bool {
+		for _, svc := range marked {
+			if h := st[svc].Health; h != nil && h.Checker == victim {
+				return false
+			}
+		}
+		return true
+	}
+	if err := hb.waitFor(ctx, limit+registry.DefaultLeaseTTL, "the killed checker's verdicts gone", gone); err != nil {
+		return err
+	}
+	goneAfter := time.Since(t0)
+	if err := hb.waitFor(ctx, limit+registry.DefaultLeaseTTL, "the instances failing again", allFailing); err != nil {
+		return err
+	}
+	remarked := time.Since(t0)
+	r.Add(Row{Metric: fmt.Sprintf("checker killed → its %d failing verdicts gone (fail-open)", len(marked)), Unit: "ms", Beacon: Ms(goneAfter),
+		Baseline: Ms(registry.DefaultLeaseTTL + time.Second), Against: "bound (its lease TTL + 1 s)", Goal: 1.0})
+	r.Add(Row{Metric: "checker killed → those instances marked failing again by the others", Unit: "ms", Beacon: Ms(remarked), NoBaseline: true})
+	for _, svc := range svcs {
+		hb.targets.hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+	}
+	alive := slices.Delete(slices.Clone(nodes), n, n+1)
+	return hb.probeRate(ctx, r, alive)
 }

@@ -33,6 +33,20 @@ type proc struct {
 // startProc starts argv (which must serve etcd's gRPC API on addr) and
 // waits until an etcd client can read through it.
 func startProc(ctx context.Context, log *slog.Logger, name, addr string, argv []string, tmpDir string) (*proc, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	return startProcReady(ctx, log, name, addr, argv, tmpDir, func(ctx context.Context) error {
+		_, err := cli.Get(ctx, "bench/ready")
+		return err
+	})
+}
+
+// startProcReady starts argv and waits (at most 30 s) until ready, tried
+// with a second each, succeeds.
+func startProcReady(ctx context.Context, log *slog.Logger, name, addr string, argv []string, tmpDir string, ready func(context.Context) error) (*proc, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.SysProcAttr = childAttr() // ends with the benchmark, even if it is killed
 	p := &proc{name: name, addr: addr, cmd: cmd, out: &syncBuf{}, done: make(chan struct{}), tmpDir: tmpDir}
@@ -42,16 +56,10 @@ func startProc(ctx context.Context, log *slog.Logger, name, addr string, argv []
 	}
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	log.Info("started", "process", name, "pid", cmd.Process.Pid, "addr", addr)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		p.stop()
-		return nil, err
-	}
-	defer cli.Close()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := cli.Get(cctx, "bench/ready")
+		err := ready(cctx)
 		cancel()
 		if err == nil {
 			return p, nil

@@ -1,0 +1,63 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
+)
+
+// TestRunHealthSmall runs the health scenario at a small size with two
+// beacon serve processes: every row is there; no instance is probed by
+// both checkers (at most one probe per interval, jitter aside), before
+// and after one is killed; every instance taken out and brought back; the
+// killed checker's verdicts went with its lease.
+func TestRunHealthSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds beacon, starts two beacon serve processes")
+	}
+	beaconBin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/cmd/beacon")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	r, err := RunHealth(ctx, HealthConfig{BeaconCommand: []string{beaconBin}, Nodes: 2, Instances: 30, Trials: 2, Window: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := r.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + b.String())
+	seen := map[string]Row{}
+	for _, row := range r.Rows {
+		seen[row.Metric] = row
+	}
+	for _, want := range []string{
+		"probes per instance per interval, 2 nodes", "probes per instance per interval, 1 nodes",
+		"NOT_SERVING → out of the registry's view, p99", "SERVING again → back in the view, p99",
+		"checker killed → those instances marked failing again by the others",
+	} {
+		if _, ok := seen[want]; !ok {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
+	}
+	for _, m := range []string{"probes per instance per interval, 2 nodes", "probes per instance per interval, 1 nodes"} {
+		// Two checkers probing one instance would make about 2.
+		if v := seen[m].Beacon; v <= 0 || v >= 1.5 {
+			t.Errorf("%s: %v, want about 1", m, v)
+		}
+	}
+}
+
+// Bad sizes are refused before anything starts.
+func TestHealthConfigValidate(t *testing.T) {
+	cmd := []string{"beacon"}
+	for _, c := range []HealthConfig{{}, {BeaconCommand: cmd, Instances: MaxHealthInstances + 1}, {BeaconCommand: cmd, Trials: -1},
+		{BeaconCommand: cmd, Instances: 5, Trials: 5}, {BeaconCommand: cmd, Interval: time.Millisecond}} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v: accepted", c)
+		}
+	}
+}
