@@ -10,6 +10,7 @@
 //	              (the serving loop deadlocked; Watch streams stay open)
 //	flap D        alternate not-serving and serving every D until the
 //	              next command
+//	flap D N      N changes, one every D, then serving; answered once done
 //
 // It exits when stdin closes. The drills (internal/lab/drill) build and
 // run it; the registrant that keeps its registration alive is another
@@ -23,6 +24,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -145,17 +147,39 @@ func commands(t *target, in *os.File) error {
 		case "hang":
 			t.hang()
 		case "flap":
-			d, err := time.ParseDuration(arg)
-			if err != nil || d <= 0 {
-				return fmt.Errorf("flap %q: want a positive duration such as 500ms", arg)
+			var err error
+			stopFlap, err = startFlap(t, arg)
+			if err != nil {
+				return err
 			}
-			stopFlap = flap(t, d)
 		default:
 			return fmt.Errorf("unknown command %q (serving, not-serving, hang, flap D)", line)
 		}
 		fmt.Println("ok", line)
 	}
 	return sc.Err()
+}
+
+// startFlap starts "flap D" (until the next command) or runs "flap D N"
+// (N changes, then serving) and returns the stop of a flap still going.
+func startFlap(t *target, arg string) (stop func(), err error) {
+	ds, ns, counted := strings.Cut(arg, " ")
+	d, err := time.ParseDuration(ds)
+	n, nerr := strconv.Atoi(ns)
+	if err != nil || d <= 0 || counted && (nerr != nil || n < 1) {
+		return nil, fmt.Errorf("flap %q: want a positive duration such as 500ms, and optionally a count of changes", arg)
+	}
+	if !counted {
+		return flap(t, d), nil
+	}
+	tick := time.NewTicker(d)
+	defer tick.Stop()
+	for i := range n {
+		<-tick.C
+		t.set(i%2 == 1)
+	}
+	t.set(true)
+	return func() {}, nil
 }
 
 // flap alternates not-serving and serving every d until the returned stop
