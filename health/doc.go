@@ -82,9 +82,10 @@
 //     peers take its instances over at once) and revokes its lease.
 //   - Self-outage. Every Config.PeerInterval (DefaultPeerInterval, 10 s)
 //     a checker connects (TCP) to its peers' addresses until one answers,
-//     and, when more than half of at least 3 instances it owns fail, reads
-//     the verdicts in the store to compare with its peers' failing shares
-//     (failing verdicts each wrote over the instances it owns). It is cut
+//     and, when more than half of at least 3 instances it owns fail,
+//     compares with its peers' failing shares (the failing verdicts each
+//     wrote over the instances it owns, as the registry's view joins them
+//     to the instances the checker watches). It is cut
 //     off when it has peers and none answers, or when its own share is
 //     above half while every peer's is below half (a checker without peers
 //     cannot tell, and is never cut off). Cut off, it warns once, sets
