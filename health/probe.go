@@ -1,12 +1,14 @@
 package health
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -79,13 +81,19 @@ func (p *Prober) probeHTTP(ctx context.Context, addr, path string) error {
 	if err != nil {
 		return err
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxBody))
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	_ = resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		if resp.StatusCode == http.StatusBadRequest && bytes.Contains(body, []byte("HTTP request to an HTTPS server")) {
+			return fmt.Errorf("GET %s answered %s: %w", path, resp.Status, errTLSOnly)
+		}
 		return fmt.Errorf("GET %s answered %s", path, resp.Status)
 	}
 	return nil
 }
+
+// errTLSOnly: the server answered a plaintext request as a TLS-only one.
+var errTLSOnly = errors.New("the server speaks TLS only, and checks speak plaintext (h2c for gRPC): serve the health endpoint without TLS on a port of its own, or use a tcp check")
 
 func (p *Prober) probeTCP(ctx context.Context, addr string) error {
 	d := p.Dialer
@@ -135,6 +143,12 @@ func grpcError(service string, err error) error {
 		return errUnimplemented
 	case codes.NotFound:
 		return fmt.Errorf("the server does not know the service %q (SERVICE_UNKNOWN)", service)
+	case codes.Unavailable:
+		if strings.Contains(err.Error(), "error reading server preface") {
+			// A TLS server closes a connection that does not start with a
+			// TLS handshake; so does any server that is not HTTP/2.
+			return fmt.Errorf("%w (the server closed the connection before speaking HTTP/2: it may be TLS-only, %w)", err, errTLSOnly)
+		}
 	}
 	return err
 }

@@ -2,8 +2,11 @@ package health
 
 import (
 	"context"
+	"io"
+	"log"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +75,11 @@ func TestProbe(t *testing.T) {
 	hung, hungAddr := scriptedServer(t)
 	hung.stall()
 	httpAddr, closed := httpServer(t), closedAddr(t)
+	tlsSrv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	tlsSrv.Config.ErrorLog = log.New(io.Discard, "", 0) // the handshake errors are the test
+	tlsSrv.StartTLS()
+	t.Cleanup(tlsSrv.Close)
+	tlsAddr := tlsSrv.Listener.Addr().String()
 	fast := func(c beacon.Check) beacon.Check { c.Interval, c.Timeout = time.Second, 300*time.Millisecond; return c }
 	for _, tc := range []struct {
 		name  string
@@ -93,6 +101,8 @@ func TestProbe(t *testing.T) {
 		{"HTTPHung", fast(beacon.Check{Kind: beacon.CheckHTTP, Path: "/slow"}), httpAddr, "no answer within the check's timeout (300ms)"},
 		{"HTTPRefused", beacon.Check{Kind: beacon.CheckHTTP, Path: "/ok"}, closed, "connection refused"},
 		{"HTTPAgainstGRPC", beacon.Check{Kind: beacon.CheckHTTP, Path: "/ok"}, grpcAddr, ""},
+		{"HTTPAgainstTLS", beacon.Check{Kind: beacon.CheckHTTP, Path: "/ok"}, tlsAddr, "speaks TLS only"},
+		{"GRPCAgainstTLS", beacon.Check{Kind: beacon.CheckGRPC}, tlsAddr, "may be TLS-only"},
 		{"TCPOpen", beacon.Check{Kind: beacon.CheckTCP}, httpAddr, ""},
 		{"TCPRefused", beacon.Check{Kind: beacon.CheckTCP}, closed, "connection refused"},
 	} {
