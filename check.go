@@ -67,7 +67,7 @@ type Check struct {
 	Fall int `json:"fall,omitempty"`
 }
 
-// Parse reads the command line's form of a check: "grpc", "grpc:SERVICE",
+// ParseCheck reads the command line's form of a check: "grpc", "grpc:SERVICE",
 // "http:/PATH", "tcp" or "ttl:DURATION". Timing takes its defaults; the
 // caller sets Interval, Timeout, Rise and Fall from their own flags.
 func ParseCheck(spec string) (Check, error) {
