@@ -53,6 +53,7 @@ const (
 	instanceKey keyKind = iota // an instance, or something that is not one
 	verdictKey                 // a checker's verdict on an instance
 	reportKey                  // a TTL check's report
+	dynamoKey                  // a key of the dynamo layout (dynview.go)
 )
 
 // classify tells a verdict's and a report's key from an instance's, and
@@ -373,6 +374,10 @@ func (b *healthBoard) malformed(key string, rev int64, err error) {
 // no value) as an entry: an instance (nil item if its value is not one,
 // reported), a verdict (nil if malformed, reported) or a report.
 func (r *StoreRegistry) readKV(kv store.KeyValue, put bool) entry {
+	if r.dynamo() {
+		d := r.readDynamo(kv, put)
+		return entry{kind: dynamoKey, key: kv.Key, dyn: &d}
+	}
 	kind, key := r.classify(kv.Key)
 	e := entry{kind: kind, key: key}
 	switch {
@@ -402,6 +407,7 @@ type entry struct {
 	key     string         // the key of the instance it is about
 	it      *item          // an instance (nil: a deletion, or not a valid value)
 	verdict *beacon.Health // a verdict (nil: a deletion, or malformed: no verdict)
+	dyn     *dynRead       // an entry of the dynamo layout
 }
 
 // listing is a listing of a prefix as the view reads it.
@@ -409,9 +415,17 @@ type listing struct {
 	items    []*item                  // valid instances, in key order
 	verdicts map[string]beacon.Health // valid verdicts by instance key
 	invalid  map[string]bool          // instance keys whose values are not instances
+	dyn      []dynRead                // the dynamo layout's key/values (its view makes the items)
 }
 
 func (r *StoreRegistry) readListing(kvs []store.KeyValue) listing {
+	if r.dynamo() {
+		l := listing{verdicts: make(map[string]beacon.Health), dyn: make([]dynRead, len(kvs))}
+		for i, kv := range kvs {
+			l.dyn[i] = r.readDynamo(kv, true)
+		}
+		return l
+	}
 	l := listing{items: make([]*item, 0, len(kvs)), verdicts: make(map[string]beacon.Health)}
 	for _, kv := range kvs {
 		e := r.readKV(kv, true)

@@ -45,6 +45,7 @@ type StoreRegistry struct {
 	leased  *leasedTracker // leasedmetrics.go
 	perms   permCache      // refuse.go
 	health  *healthBoard   // health.go
+	dynBad  *reporter      // dynview.go
 }
 
 var (
@@ -88,6 +89,7 @@ func New(st store.Store, cfg Config) (*StoreRegistry, error) {
 		r.creates = newBatcher(batcherDeps{txn: tx.Txn, spawn: r.spawn, opContext: r.opContext, undo: r.undo})
 	}
 	r.health = newHealthBoard(r.log, m, cfg.HealthPanicThreshold)
+	r.dynBad = newReporter(r.log, m)
 	r.sess = newSession(r)
 	r.hub = newHub(r)
 	r.leased = newLeasedTracker(cfg.LeaseTTL)
@@ -211,11 +213,16 @@ func (r *StoreRegistry) List(ctx context.Context, q beacon.Query) ([]beacon.Inst
 	if r.closed.Load() {
 		return nil, 0, ErrClosed
 	}
-	kvs, rev, err := r.st.List(ctx, r.ks.Prefix(q))
+	kvs, rev, err := r.st.List(ctx, r.storePrefix(q))
 	if err != nil {
 		return nil, 0, fmt.Errorf("registry: list %q: %w", q.String(), err)
 	}
 	l := r.readListing(kvs)
+	if r.dynamo() {
+		v := newDynView(q, r.dynBad)
+		v.replace(l.dyn)
+		l.items = v.items()
+	}
 	j := newHealthJoin(r.cfg.HealthPanicThreshold)
 	j.replaceVerdicts(l.verdicts)
 	j.joinAll(l.items)
@@ -230,6 +237,9 @@ func (r *StoreRegistry) List(ctx context.Context, q beacon.Query) ([]beacon.Inst
 // instance that declares a check is read with its whole endpoint, in one
 // listing: its health depends on its service's (the panic threshold).
 func (r *StoreRegistry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
+	if r.dynamo() {
+		return r.getDynamo(ctx, ref)
+	}
 	in, _, err := r.get(ctx, ref)
 	if err != nil || in.Check == nil {
 		return in, err
