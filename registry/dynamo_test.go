@@ -136,14 +136,17 @@ func TestDynamoLayoutRefusesWrites(t *testing.T) {
 	in := beacon.Instance{Namespace: "dynamo", Component: "backend", Endpoint: "generate", Address: "10.0.0.5:9999"}
 	ref := beacon.Ref{Namespace: "dynamo", Component: "backend", Endpoint: "generate", ID: "000000000000002a"}
 	calls := map[string]func() error{
-		"Register":           func() error { _, err := r.Register(ctx, in); return err },
-		"RegisterWithTTL":    func() error { _, err := r.RegisterWithTTL(ctx, in, time.Minute); return err },
-		"RegisterLeased":     func() error { _, _, err := r.RegisterLeased(ctx, in, 1); return err },
-		"GrantLease":         func() error { _, err := r.GrantLease(ctx, time.Minute); return err },
-		"KeepAliveLease":     func() error { _, err := r.KeepAliveLease(ctx, 1); return err },
-		"RevokeLease":        func() error { return r.RevokeLease(ctx, 1) },
-		"Heartbeat":          func() error { _, err := r.Heartbeat(ctx, ref, registry.Secret("")); return err },
-		"UpdateLeased":       func() error { _, err := r.UpdateLeased(ctx, ref, registry.Secret(""), func(*beacon.Instance) {}); return err },
+		"Register":        func() error { _, err := r.Register(ctx, in); return err },
+		"RegisterWithTTL": func() error { _, err := r.RegisterWithTTL(ctx, in, time.Minute); return err },
+		"RegisterLeased":  func() error { _, _, err := r.RegisterLeased(ctx, in, 1); return err },
+		"GrantLease":      func() error { _, err := r.GrantLease(ctx, time.Minute); return err },
+		"KeepAliveLease":  func() error { _, err := r.KeepAliveLease(ctx, 1); return err },
+		"RevokeLease":     func() error { return r.RevokeLease(ctx, 1) },
+		"Heartbeat":       func() error { _, err := r.Heartbeat(ctx, ref, registry.Secret("")); return err },
+		"UpdateLeased": func() error {
+			_, err := r.UpdateLeased(ctx, ref, registry.Secret(""), func(*beacon.Instance) {})
+			return err
+		},
 		"DeregisterLeased":   func() error { return r.DeregisterLeased(ctx, ref, registry.Secret("")) },
 		"DrainInstance":      func() error { _, err := r.DrainInstance(ctx, ref); return err },
 		"DeregisterInstance": func() error { return r.DeregisterInstance(ctx, ref) },
