@@ -68,6 +68,12 @@ func (r *StoreRegistry) Layout() Layout { return r.cfg.Layout }
 
 func (r *StoreRegistry) dynamo() bool { return r.cfg.Layout == LayoutDynamo }
 
+// CheckWritable returns the error every write gets when the layout is
+// read-only (ErrReadOnlyLayout, saying that action is refused and what to
+// do instead), nil when the registry takes writes: for servers that refuse
+// a request before they prepare it.
+func (r *StoreRegistry) CheckWritable(action string) error { return r.refuseWrite(action) }
+
 // refuseWrite refuses action when the layout is read-only.
 func (r *StoreRegistry) refuseWrite(action string) error {
 	if !r.dynamo() {

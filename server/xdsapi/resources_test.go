@@ -198,13 +198,19 @@ func TestParseName(t *testing.T) {
 		"grpc.greeter.demo": "demo/greeter/grpc",
 		"demo/greeter/grpc": "demo/greeter/grpc",
 		"a-1.b.c":           "c/b/a-1",
+		// The NVIDIA Dynamo runtime's names (registry.LayoutDynamo): the
+		// namespace is what follows the component, dots and all.
+		"a.b.c.d":                            "c.d/b/a",
+		"a_b.c.d":                            "d/c/a_b",
+		"clear_kv_blocks.backend.dynamo.t_1": "dynamo.t_1/backend/clear_kv_blocks",
+		"dynamo.t_1/backend/clear_kv_blocks": "dynamo.t_1/backend/clear_kv_blocks",
 	} {
 		svc, _, ok := parseName(name)
 		if !ok || svc.String() != want {
 			t.Errorf("parseName(%q) = %v, %v; want %s", name, svc, ok, want)
 		}
 	}
-	for _, name := range []string{"", ".", "a.b", "a.b.c.d", "A.b.c", "a/b", "/a/b", "a/b/", "a//b", "a_b.c.d", "é.b.c", strings.Repeat("a", 64) + ".b.c"} {
+	for _, name := range []string{"", ".", "a.b", "a.b.c..d", "a.b.c.", "A.b.c", "a/b", "/a/b", "a/b/", "a//b", "a/b.c/d", "é.b.c", strings.Repeat("a", 64) + ".b.c"} {
 		if svc, _, ok := parseName(name); ok {
 			t.Errorf("parseName(%q) = %v, want no service", name, svc)
 		}
