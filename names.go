@@ -113,6 +113,23 @@ func isReadLabel(s string) bool {
 	return true
 }
 
+// CheckDNSName reports whether DNS can name the instances of namespace ns
+// and endpoint ep (nil if it can): every name Beacon's writers write, and
+// of the read names all but a namespace nested with dots (DNS reads names
+// from the right: it would be read as several) and an endpoint starting
+// with '_' (it would stand where _tcp and _udp do; RFC 8552 keeps leading
+// underscores for such labels). Underscores elsewhere are served: DNS
+// carries them.
+func CheckDNSName(ns, ep string) error {
+	switch {
+	case strings.Contains(ns, "."):
+		return fieldError(ErrInvalidName, "namespace", ns, "holds dots, which DNS would read as several names")
+	case strings.HasPrefix(ep, "_"):
+		return fieldError(ErrInvalidName, "endpoint", ep, "starts with '_', which DNS keeps for labels such as _tcp (RFC 8552)")
+	}
+	return nil
+}
+
 // ValidateID checks that id is an instance ID: exactly 16 lower-case hex
 // digits.
 func ValidateID(id string) error {

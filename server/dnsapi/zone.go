@@ -320,20 +320,11 @@ func buildInstance(in beacon.Instance, compName, domain string, ttl uint32) *ins
 }
 
 // unnameable says why DNS cannot name an instance Beacon serves ("" if it
-// can): of the names Beacon reads but does not write (the NVIDIA Dynamo
-// runtime's, beacon.ValidateReadNamespace), a namespace nested with dots
-// would be read as several labels (names are read from the right), and an
-// endpoint starting with '_' would stand where _tcp and _udp do (RFC 8552
-// keeps leading underscores for such labels). Underscores elsewhere are
-// served: DNS carries them.
+// can): beacon.CheckDNSName, for the names Beacon reads but does not write
+// (the NVIDIA Dynamo runtime's).
 func unnameable(in beacon.Instance) string {
-	switch {
-	case strings.Contains(in.Namespace, "."):
-		return fmt.Sprintf("its namespace %q holds dots, which DNS would read as several names: "+
-			"reach it through the HTTP API, the beacon:/// resolver or xDS (docs/dynamo.md)", in.Namespace)
-	case strings.HasPrefix(in.Endpoint, "_"):
-		return fmt.Sprintf("its endpoint %q starts with '_', which DNS keeps for labels such as _tcp (RFC 8552): "+
-			"reach it through the HTTP API, the beacon:/// resolver or xDS (docs/dynamo.md)", in.Endpoint)
+	if err := beacon.CheckDNSName(in.Namespace, in.Endpoint); err != nil {
+		return err.Error() + ": reach it through the HTTP API, the beacon:/// resolver or xDS (docs/dynamo.md)"
 	}
 	return ""
 }
