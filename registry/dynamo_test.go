@@ -194,3 +194,35 @@ func TestLayoutConfig(t *testing.T) {
 		t.Errorf("ConfigFromEnv with a bad layout: %v", err)
 	}
 }
+
+// TestDynamoLayoutQueriesApart: in the dynamo layout every watch reads
+// Dynamo's whole root, yet each query gets its own instances only: a
+// namespace's watch sees none of another's, nor of its nested namespaces.
+func TestDynamoLayoutQueriesApart(t *testing.T) {
+	st := newMemoryStore(t)
+	r := newRegistry(t, st, registry.Config{Layout: registry.LayoutDynamo})
+	ctx := within(t, 10*time.Second)
+	for ns, id := range map[string]string{"qa": "1", "qb": "2", "qa.sub": "3"} {
+		if _, err := st.Put(ctx, "v1/instances/"+ns+"/backend/generate/"+id, []byte(dynamoEndpoint(ns, id, `{"tcp":"10.0.0.`+id+`:9999/generate"}`))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for ns, want := range map[string]string{
+		"qa":     "snapshot: added 0000000000000001 10.0.0.1:9999 tcp ",
+		"qb":     "snapshot: added 0000000000000002 10.0.0.2:9999 tcp ",
+		"qa.sub": "snapshot: added 0000000000000003 10.0.0.3:9999 tcp ",
+	} {
+		w, err := r.Watch(ctx, beacon.Query{Namespace: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantBatch(t, w, want)
+		_ = w.Close()
+		if ins, _, err := r.List(ctx, beacon.Query{Namespace: ns}); err != nil || len(ins) != 1 {
+			t.Fatalf("List(%s) = %v, %v", ns, ins, err)
+		}
+	}
+	if n := r.WatchStreams(); n != 3 {
+		t.Fatalf("%d shared watches, want one per query", n)
+	}
+}

@@ -1,12 +1,15 @@
 package registry
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/beaconplane/beacon/dynamo"
 	"github.com/beaconplane/beacon/store"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // dynRig is a feed of the dynamo layout, for query "feed", fed listings
@@ -105,8 +108,8 @@ func TestDynamoFeedKeepsLastValidEntry(t *testing.T) {
 	if it, ok := g.f.view.Get("v1/instances/feed/backend/generate/000000000000002a"); !ok || it.Inst.Address != "10.0.0.1:9999" {
 		t.Fatalf("the last valid entry is gone: %+v", it)
 	}
-	if got := g.reported("v1/instances/feed/backend/generate/2a"); got != 1 {
-		t.Fatalf("the malformed entry was reported %d times, want once: %q", got, g.logs.lines())
+	if got := g.reported("v1/instances/feed/backend/generate/2a"); got != 1 || testutil.ToFloat64(g.r.m.invalid) != 1 {
+		t.Fatalf("the malformed entry was reported %d times (counted %v), want once: %q", got, testutil.ToFloat64(g.r.m.invalid), g.logs.lines())
 	}
 	g.f.applyListing(nil, 14)
 	wantModels(t, g.batch(c), Resync, "removed 10.0.0.1:9999 ")
@@ -139,6 +142,9 @@ func TestDynamoFeedRefusesCollisions(t *testing.T) {
 			t.Fatalf("%s reported %d times, want once: %q", key, got, g.logs.lines())
 		}
 	}
+	if n := testutil.ToFloat64(g.r.m.invalid); n != 2 {
+		t.Fatalf("beacon_registry_invalid_values_total %v, want 2 (each key of the collision)", n)
+	}
 	g.f.applyEvents([]store.Event{del("v1/instances/feed/backend/generate/2a", 13)})
 	wantModels(t, g.batch(c), Changes, "added 10.0.0.2:9999 ")
 }
@@ -157,5 +163,36 @@ func TestDynamoFeedSelectsItsQuery(t *testing.T) {
 	wantModels(t, g.batch(&cursor{}), Snapshot, "added 10.0.0.1:9999 ")
 	if lines := g.logs.lines(); len(lines) != 0 {
 		t.Fatalf("logged %q", lines)
+	}
+}
+
+// A reporter reports each key once per revision, and forgets what it
+// reported past maxReported keys (a key may then be reported again),
+// so that it never grows without bound.
+func TestReporterBound(t *testing.T) {
+	logs := &records{}
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newReporter(slog.New(logs), m)
+	bad := errors.New("bad")
+	p.report("k0", 1, "msg", bad)
+	p.report("k0", 1, "msg", bad)
+	p.report("k0", 2, "msg", bad)
+	if n := len(logs.lines()); n != 2 {
+		t.Fatalf("%d reports, want 2 (revisions 1 and 2)", n)
+	}
+	for i := 1; i < maxReported; i++ {
+		p.report(fmt.Sprint("k", i), 1, "msg", bad)
+	}
+	p.report("k0", 2, "msg", bad) // still remembered
+	if n := len(logs.lines()); n != 1+maxReported {
+		t.Fatalf("%d reports, want %d", n, 1+maxReported)
+	}
+	p.report("one-too-many", 1, "msg", bad) // past the bound: forgets
+	p.report("k0", 2, "msg", bad)
+	if n, seen := len(logs.lines()), len(p.seen); n != 3+maxReported || seen != 2 {
+		t.Fatalf("%d reports, %d remembered; want %d and 2", n, seen, 3+maxReported)
 	}
 }

@@ -66,6 +66,18 @@ func (l Layout) validate(root string) error {
 // Layout returns the registry's layout.
 func (r *StoreRegistry) Layout() Layout { return r.cfg.Layout }
 
+// LayoutOf returns the layout of d: its Layout() when it has one (a
+// StoreRegistry, or a type embedding one), LayoutBeacon otherwise.
+// Consumers that tell a name of no service from a service with no
+// instances (xDS) take the read rules of beacon.Query.Validate for a
+// registry of the dynamo layout, the writers' labels otherwise.
+func LayoutOf(d Discoverer) Layout {
+	if l, ok := d.(interface{ Layout() Layout }); ok && l.Layout() == LayoutDynamo {
+		return LayoutDynamo
+	}
+	return LayoutBeacon
+}
+
 func (r *StoreRegistry) dynamo() bool { return r.cfg.Layout == LayoutDynamo }
 
 // CheckWritable returns the error every write gets when the layout is
