@@ -138,7 +138,7 @@ func (in Instance) ValidateRead(maxMetadata int) error {
 }
 
 func (in Instance) validate(maxMetadata int, write bool) error {
-	if err := in.Ref().validateWritten(); err != nil {
+	if err := in.Ref().ValidateWritten(); err != nil {
 		return err
 	}
 	return in.validateFields(maxMetadata, write)

@@ -49,9 +49,9 @@ func (r Ref) validate(check func(field, value string) error) error {
 	return ValidateID(r.ID)
 }
 
-// validateWritten checks the ref against the rules of Beacon's writers:
-// DNS labels (ValidateLabel).
-func (r Ref) validateWritten() error { return r.validate(ValidateLabel) }
+// ValidateWritten checks the ref against the rules of Beacon's writers
+// (DNS labels, ValidateLabel): the refs Beacon's own key layout can hold.
+func (r Ref) ValidateWritten() error { return r.validate(ValidateLabel) }
 
 // Query selects instances by namespace, component and endpoint. An empty
 // field matches everything below the fields before it; a field may only be
@@ -89,7 +89,13 @@ func ParseQuery(s string) (Query, error) {
 // Validate checks that no field is set after an empty one and that each
 // set field is a name Beacon may serve (the read rules:
 // ValidateReadNamespace, ValidateReadLabel).
-func (q Query) Validate() error {
+func (q Query) Validate() error { return q.validate(validateReadName) }
+
+// ValidateWritten is Validate with the rules of Beacon's writers (DNS
+// labels, ValidateLabel): the queries Beacon's own key layout can answer.
+func (q Query) ValidateWritten() error { return q.validate(ValidateLabel) }
+
+func (q Query) validate(check func(field, value string) error) error {
 	fields := [...]struct{ name, value string }{
 		{"namespace", q.Namespace}, {"component", q.Component}, {"endpoint", q.Endpoint},
 	}
@@ -104,7 +110,7 @@ func (q Query) Validate() error {
 		if empty != "" {
 			return fieldError(ErrInvalidName, f.name, f.value, "may only be set together with "+empty)
 		}
-		if err := validateReadName(f.name, f.value); err != nil {
+		if err := check(f.name, f.value); err != nil {
 			return err
 		}
 	}
@@ -216,7 +222,7 @@ func (k Keyspace) Parse(key string) (Ref, error) {
 		return Ref{}, fieldError(ErrInvalidKey, "key", key, rule)
 	}
 	r := Ref{Namespace: parts[0], Component: parts[1], Endpoint: parts[2], ID: parts[3]}
-	if err := r.validateWritten(); err != nil { // Beacon's layout holds what its writers wrote
+	if err := r.ValidateWritten(); err != nil { // Beacon's layout holds what its writers wrote
 		return Ref{}, err
 	}
 	return r, nil

@@ -169,7 +169,7 @@ func FuzzParseRef(f *testing.F) {
 		}
 		var ks Keyspace
 		back, err := ks.Parse(ks.Key(r))
-		if written := r.validateWritten() == nil; written && (err != nil || back != r) {
+		if written := r.ValidateWritten() == nil; written && (err != nil || back != r) {
 			t.Fatalf("the key of %v parses as %v, %v", r, back, err)
 		} else if !written && err == nil {
 			t.Fatalf("Beacon's keyspace parsed %v, whose names its writers refuse", r)

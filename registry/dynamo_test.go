@@ -226,3 +226,44 @@ func TestDynamoLayoutQueriesApart(t *testing.T) {
 		t.Fatalf("%d shared watches, want one per query", n)
 	}
 }
+
+// TestLayoutNames: a registry answers queries and refs of the names its
+// layout holds. Beacon's refuses Dynamo's names as it always did (its
+// writers never write them); the dynamo layout takes them.
+func TestLayoutNames(t *testing.T) {
+	ctx := within(t, 10*time.Second)
+	q := beacon.Query{Namespace: "dynamo.t_1", Component: "backend", Endpoint: "clear_kv_blocks"}
+	ref := beacon.Ref{Namespace: q.Namespace, Component: q.Component, Endpoint: q.Endpoint, ID: "000000000000002a"}
+	own := newRegistry(t, newMemoryStore(t), registry.Config{})
+	if _, _, err := own.List(ctx, q); !errors.Is(err, beacon.ErrInvalidName) || !strings.Contains(err.Error(), "DNS label") {
+		t.Errorf("Beacon's layout: List = %v, want the label rule", err)
+	}
+	if _, err := own.Watch(ctx, q); !errors.Is(err, beacon.ErrInvalidName) {
+		t.Errorf("Beacon's layout: Watch = %v", err)
+	}
+	if _, err := own.Get(ctx, ref); !errors.Is(err, beacon.ErrInvalidName) {
+		t.Errorf("Beacon's layout: Get = %v", err)
+	}
+	if err := own.DeregisterInstance(ctx, ref); !errors.Is(err, beacon.ErrInvalidName) {
+		t.Errorf("Beacon's layout: DeregisterInstance = %v", err)
+	}
+	if err := own.Report(ctx, ref); !errors.Is(err, beacon.ErrInvalidName) {
+		t.Errorf("Beacon's layout: Report = %v", err)
+	}
+	dyn := newRegistry(t, newMemoryStore(t), registry.Config{Layout: registry.LayoutDynamo})
+	if ins, _, err := dyn.List(ctx, q); err != nil || len(ins) != 0 {
+		t.Errorf("dynamo layout: List = %v, %v", ins, err)
+	}
+	if _, err := dyn.Get(ctx, ref); !errors.Is(err, beacon.ErrNotFound) {
+		t.Errorf("dynamo layout: Get = %v, want not found", err)
+	}
+	w, err := dyn.Watch(ctx, q)
+	if err != nil {
+		t.Fatalf("dynamo layout: Watch = %v", err)
+	}
+	defer w.Close()
+	wantBatch(t, w, "snapshot: ")
+	if registry.LayoutOf(dyn) != registry.LayoutDynamo || registry.LayoutOf(own) != registry.LayoutBeacon {
+		t.Errorf("LayoutOf: %v, %v", registry.LayoutOf(dyn), registry.LayoutOf(own))
+	}
+}

@@ -218,7 +218,7 @@ func (f *feed) applyDynamoLocked(put bool, d *dynRead, rev int64, now time.Time)
 // listing of its endpoint (its entries may be under any padding of its
 // ID, and its cards elsewhere).
 func (r *StoreRegistry) getDynamo(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
-	if err := ref.Validate(); err != nil {
+	if err := r.checkRef(ref); err != nil {
 		return beacon.Instance{}, err
 	}
 	ins, _, err := r.List(ctx, beacon.Query{Namespace: ref.Namespace, Component: ref.Component, Endpoint: ref.Endpoint})

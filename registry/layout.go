@@ -97,6 +97,24 @@ func (r *StoreRegistry) refuseWrite(action string) error {
 		LayoutBeacon, LayoutEnv)
 }
 
+// checkQuery validates q against the names the layout holds: Beacon's
+// writers' labels in Beacon's layout (a query of other names is refused,
+// as it always was), the read rules in the dynamo layout.
+func (r *StoreRegistry) checkQuery(q beacon.Query) error {
+	if r.dynamo() {
+		return q.Validate()
+	}
+	return q.ValidateWritten()
+}
+
+// checkRef is checkQuery for a ref.
+func (r *StoreRegistry) checkRef(ref beacon.Ref) error {
+	if r.dynamo() {
+		return ref.Validate()
+	}
+	return ref.ValidateWritten()
+}
+
 // storePrefix returns the store prefix a list or watch of q reads: the
 // query's prefix in Beacon's layout; Dynamo's whole root in the dynamo
 // layout, whose instances and cards live in two buckets (the view keeps

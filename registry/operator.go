@@ -64,7 +64,7 @@ func (r *StoreRegistry) DeregisterInstance(ctx context.Context, ref beacon.Ref) 
 	if err := r.refuseWrite("deregister an instance"); err != nil {
 		return err
 	}
-	if err := ref.Validate(); err != nil {
+	if err := r.checkRef(ref); err != nil {
 		return err
 	}
 	if r.closed.Load() {

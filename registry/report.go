@@ -82,7 +82,7 @@ func (r *StoreRegistry) Report(ctx context.Context, ref beacon.Ref) error {
 	if err := r.refuseWrite("report a TTL check"); err != nil {
 		return err
 	}
-	if err := ref.Validate(); err != nil {
+	if err := r.checkRef(ref); err != nil {
 		return err
 	}
 	if r.closed.Load() {

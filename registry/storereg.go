@@ -207,7 +207,7 @@ func (r *StoreRegistry) decode(kv store.KeyValue) (beacon.Instance, error) {
 // beacon_registry_invalid_values_total). Instances carry their health as
 // a watch's do.
 func (r *StoreRegistry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance, int64, error) {
-	if err := q.Validate(); err != nil {
+	if err := r.checkQuery(q); err != nil {
 		return nil, 0, err
 	}
 	if r.closed.Load() {
@@ -263,7 +263,7 @@ func (r *StoreRegistry) get(ctx context.Context, ref beacon.Ref) (beacon.Instanc
 
 // getWith is get, reading the key with read.
 func (r *StoreRegistry) getWith(ctx context.Context, ref beacon.Ref, read func(context.Context, string) (store.KeyValue, error)) (beacon.Instance, store.KeyValue, error) {
-	if err := ref.Validate(); err != nil {
+	if err := r.checkRef(ref); err != nil {
 		return beacon.Instance{}, store.KeyValue{}, err
 	}
 	if r.closed.Load() {

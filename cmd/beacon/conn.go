@@ -395,6 +395,12 @@ func (c *registryConn) openQuery(cmd *cobra.Command, args []string, output strin
 		return nil, q, err
 	}
 	r, err := c.open(cmd.Context(), registry.Config{Logger: logger})
+	if err == nil && registry.LayoutOf(r) != registry.LayoutDynamo {
+		if err = q.ValidateWritten(); err != nil { // Beacon's layout holds its writers' names only
+			_ = r.Close()
+			return nil, q, usage(err)
+		}
+	}
 	return r, q, err
 }
 

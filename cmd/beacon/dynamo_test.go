@@ -175,3 +175,17 @@ func TestServeDynamoLayout(t *testing.T) {
 		t.Fatalf("serve: %v\n%s", err, srv.errOut())
 	}
 }
+
+// Dynamo's names are bad usage of Beacon's own layout, as they always
+// were: its writers never write them.
+func TestDynamoNamesOutsideTheLayout(t *testing.T) {
+	e := etcdtest.Start(t, etcdtest.Options{})
+	checkBadInput(t, []badInput{
+		{args: []string{"ls", "dynamo/backend/clear_kv_blocks", "--endpoints", e.Endpoint()}, want: `invalid endpoint "clear_kv_blocks": must be a DNS label`},
+		{args: []string{"watch", "dynamo.t_1", "--endpoints", e.Endpoint()}, want: `invalid namespace "dynamo.t_1": must be a DNS label`},
+	})
+	if b := runBeacon(t, nil, "ls", "dynamo.t_1/backend/clear_kv_blocks", "--layout", "dynamo", "--endpoints", e.Endpoint()); b.exitCode() != 0 ||
+		!strings.Contains(b.out(), "(no instances)") {
+		t.Fatalf("ls of Dynamo's names in its layout: %d\n%s%s", b.exitCode(), b.out(), b.errOut())
+	}
+}
