@@ -1,11 +1,9 @@
 package registry
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -60,7 +58,7 @@ func (r *StoreRegistry) readDynamo(kv store.KeyValue, put bool) dynRead {
 	case errors.Is(err, dynamo.ErrNotServed):
 	case err != nil:
 		d.bad = true
-		r.dynBad.report(kv.Key, kv.ModRevision, "skipping a Dynamo entry Beacon cannot serve", err)
+		r.dynBad.report(slog.LevelError, kv.Key, kv.ModRevision, "skipping a Dynamo entry Beacon cannot serve", err)
 	default:
 		d.e, d.ok = e, true
 	}
@@ -121,7 +119,7 @@ func (v *dynView) reportCollision(ref beacon.Ref) {
 	keys := v.cat.Colliding(ref)
 	for _, key := range keys {
 		_, src, _ := v.cat.Get(key)
-		v.rep.report(key, src.mod, "skipping Dynamo entries whose instance IDs are one Beacon ID (a padded and an unpadded ID?): "+
+		v.rep.report(slog.LevelError, key, src.mod, "skipping Dynamo entries whose instance IDs are one Beacon ID (a padded and an unpadded ID?): "+
 			"neither is served while both exist", errCollision{ref: ref, keys: keys})
 	}
 }
@@ -164,37 +162,6 @@ func (v *dynView) items() []*item {
 	return out
 }
 
-// reporter logs and counts each entry Beacon cannot serve once per key and
-// revision, however many feeds read it. Its mu is a leaf lock.
-type reporter struct {
-	log  *slog.Logger
-	m    *metrics
-	mu   sync.Mutex
-	seen map[string]int64 // key -> revision reported
-}
-
-// maxReported bounds the keys a reporter remembers; past it, it forgets
-// them all (an entry may then be reported once more).
-const maxReported = 4096
-
-func newReporter(log *slog.Logger, m *metrics) *reporter {
-	return &reporter{log: log, m: m, seen: make(map[string]int64)}
-}
-
-func (p *reporter) report(key string, rev int64, msg string, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if r, ok := p.seen[key]; ok && r == rev {
-		return
-	}
-	if len(p.seen) >= maxReported {
-		clear(p.seen)
-	}
-	p.seen[key] = rev
-	p.m.invalidValue()
-	p.log.Error(msg, "key", key, "revision", rev, "err", err)
-}
-
 // applyDynamoLocked applies one event of the dynamo layout at rev: the
 // instance whose served state it may change is put in the view, or
 // removed from it.
@@ -212,23 +179,4 @@ func (f *feed) applyDynamoLocked(put bool, d *dynRead, rev int64, now time.Time)
 	if old, held := f.view.Get(key); held {
 		f.removeLocked(old, rev, rev, now)
 	}
-}
-
-// getDynamo is Get in the dynamo layout: the instance at ref, from a
-// listing of its endpoint (its entries may be under any padding of its
-// ID, and its cards elsewhere).
-func (r *StoreRegistry) getDynamo(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
-	if err := r.checkRef(ref); err != nil {
-		return beacon.Instance{}, err
-	}
-	ins, _, err := r.List(ctx, beacon.Query{Namespace: ref.Namespace, Component: ref.Component, Endpoint: ref.Endpoint})
-	if err != nil {
-		return beacon.Instance{}, fmt.Errorf("registry: get %s: %w", ref, err)
-	}
-	for _, in := range ins {
-		if in.ID == ref.ID {
-			return in, nil
-		}
-	}
-	return beacon.Instance{}, fmt.Errorf("%w: %s", beacon.ErrNotFound, ref)
 }

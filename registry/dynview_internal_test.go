@@ -175,23 +175,23 @@ func TestReporterBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newReporter(slog.New(logs), m)
+	p := newReporter(slog.New(logs), m, maxReported)
 	bad := errors.New("bad")
-	p.report("k0", 1, "msg", bad)
-	p.report("k0", 1, "msg", bad)
-	p.report("k0", 2, "msg", bad)
+	p.report(slog.LevelError, "k0", 1, "msg", bad)
+	p.report(slog.LevelError, "k0", 1, "msg", bad)
+	p.report(slog.LevelError, "k0", 2, "msg", bad)
 	if n := len(logs.lines()); n != 2 {
 		t.Fatalf("%d reports, want 2 (revisions 1 and 2)", n)
 	}
 	for i := 1; i < maxReported; i++ {
-		p.report(fmt.Sprint("k", i), 1, "msg", bad)
+		p.report(slog.LevelError, fmt.Sprint("k", i), 1, "msg", bad)
 	}
-	p.report("k0", 2, "msg", bad) // still remembered
+	p.report(slog.LevelError, "k0", 2, "msg", bad) // still remembered
 	if n := len(logs.lines()); n != 1+maxReported {
 		t.Fatalf("%d reports, want %d", n, 1+maxReported)
 	}
-	p.report("one-too-many", 1, "msg", bad) // past the bound: forgets
-	p.report("k0", 2, "msg", bad)
+	p.report(slog.LevelError, "one-too-many", 1, "msg", bad) // past the bound: forgets
+	p.report(slog.LevelError, "k0", 2, "msg", bad)
 	if n, seen := len(logs.lines()), len(p.seen); n != 3+maxReported || seen != 2 {
 		t.Fatalf("%d reports, %d remembered; want %d and 2", n, seen, 3+maxReported)
 	}

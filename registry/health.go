@@ -315,16 +315,17 @@ type healthBoard struct {
 	m         *metrics
 	threshold float64
 
+	bad *reporter // malformed verdicts
+
 	mu     sync.Mutex
-	panics map[string]int   // service → feeds that see it in panic
-	bad    map[string]int64 // key of a malformed verdict → the revision reported
+	panics map[string]int // service → feeds that see it in panic
 }
 
 // maxBadVerdicts bounds the malformed verdicts remembered as reported.
 const maxBadVerdicts = 1024
 
 func newHealthBoard(log *slog.Logger, m *metrics, threshold float64) *healthBoard {
-	return &healthBoard{log: log, m: m, threshold: threshold, panics: make(map[string]int), bad: make(map[string]int64)}
+	return &healthBoard{log: log, m: m, threshold: threshold, panics: make(map[string]int), bad: newReporter(log, m, maxBadVerdicts)}
 }
 
 // report notes a feed's service entering or leaving panic: the first
@@ -356,18 +357,7 @@ func (b *healthBoard) report(c panicChange) {
 // malformed reports a stored verdict that is not one, once per key and
 // revision; the view reads it as no verdict.
 func (b *healthBoard) malformed(key string, rev int64, err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if r, ok := b.bad[key]; ok && r == rev {
-		return
-	}
-	if len(b.bad) >= maxBadVerdicts {
-		clear(b.bad)
-	}
-	b.bad[key] = rev
-	b.m.invalidValue()
-	b.log.Warn("a stored health verdict is not valid; reading it as no verdict (health unknown)",
-		"key", key, "revision", rev, "err", err)
+	b.bad.report(slog.LevelWarn, key, rev, "a stored health verdict is not valid; reading it as no verdict (health unknown)", err)
 }
 
 // readKV reads one stored key/value (put: false for a deletion, which has

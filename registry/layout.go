@@ -27,6 +27,10 @@ const (
 	LayoutEnv = "BEACON_LAYOUT"
 )
 
+// maxReported bounds the bad Dynamo entries the registry remembers as
+// reported (reporter).
+const maxReported = 4096
+
 // ErrReadOnlyLayout reports a write (a registration, a heartbeat, an
 // operator's drain...) to a registry whose layout is a read-only view of
 // what another writer stores.

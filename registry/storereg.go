@@ -89,7 +89,7 @@ func New(st store.Store, cfg Config) (*StoreRegistry, error) {
 		r.creates = newBatcher(batcherDeps{txn: tx.Txn, spawn: r.spawn, opContext: r.opContext, undo: r.undo})
 	}
 	r.health = newHealthBoard(r.log, m, cfg.HealthPanicThreshold)
-	r.dynBad = newReporter(r.log, m)
+	r.dynBad = newReporter(r.log, m, maxReported)
 	r.sess = newSession(r)
 	r.hub = newHub(r)
 	r.leased = newLeasedTracker(cfg.LeaseTTL)
@@ -235,15 +235,25 @@ func (r *StoreRegistry) List(ctx context.Context, q beacon.Query) ([]beacon.Inst
 
 // Get returns one instance, or an error matching beacon.ErrNotFound. An
 // instance that declares a check is read with its whole endpoint, in one
-// listing: its health depends on its service's (the panic threshold).
+// listing: its health depends on its service's (the panic threshold). So
+// is every instance in the dynamo layout: its entries may be under any
+// padding of its ID, and its model cards elsewhere.
 func (r *StoreRegistry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
 	if r.dynamo() {
-		return r.getDynamo(ctx, ref)
+		if err := r.checkRef(ref); err != nil {
+			return beacon.Instance{}, err
+		}
+		return r.getListed(ctx, ref)
 	}
 	in, _, err := r.get(ctx, ref)
 	if err != nil || in.Check == nil {
 		return in, err
 	}
+	return r.getListed(ctx, ref)
+}
+
+// getListed returns the instance at ref from a listing of its endpoint.
+func (r *StoreRegistry) getListed(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
 	ins, _, err := r.List(ctx, beacon.Query{Namespace: ref.Namespace, Component: ref.Component, Endpoint: ref.Endpoint})
 	if err != nil {
 		return beacon.Instance{}, fmt.Errorf("registry: get %s: %w", ref, err)
