@@ -9,6 +9,12 @@
 //
 //	{root}/services/{namespace}/{component}/{endpoint}/{instance_id}
 //
+// Beacon's writers obey those rules (Instance.Validate). What Beacon reads
+// and serves, and so what a Query or Ref may name, also takes the names of
+// the NVIDIA Dynamo runtime, whose registrations Beacon serves read-only
+// (ValidateReadLabel, ValidateReadNamespace: '_' and namespaces nested
+// with dots).
+//
 // Validation failures are *FieldError values that name the field, the value
 // and the rule, and match ErrInvalid as well as a specific sentinel such as
 // ErrInvalidName or ErrMetadataTooLarge:

@@ -127,10 +127,25 @@ func (in Instance) ValidateWith(maxMetadata int) error { return in.validate(maxM
 // show them escaped.
 func (in Instance) ValidateStored(maxMetadata int) error { return in.validate(maxMetadata, false) }
 
-func (in Instance) validate(maxMetadata int, write bool) error {
+// ValidateRead is ValidateStored for an instance read from what another
+// writer stored (the NVIDIA Dynamo runtime's registrations): its names
+// obey the read rules (Ref.Validate) rather than the writers' DNS labels.
+func (in Instance) ValidateRead(maxMetadata int) error {
 	if err := in.Ref().Validate(); err != nil {
 		return err
 	}
+	return in.validateFields(maxMetadata, false)
+}
+
+func (in Instance) validate(maxMetadata int, write bool) error {
+	if err := in.Ref().ValidateWritten(); err != nil {
+		return err
+	}
+	return in.validateFields(maxMetadata, write)
+}
+
+// validateFields checks every field but the names and the ID.
+func (in Instance) validateFields(maxMetadata int, write bool) error {
 	if err := validateAddress(in.Address, write); err != nil {
 		return err
 	}

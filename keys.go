@@ -29,19 +29,29 @@ func (r Ref) String() string {
 	return r.Namespace + "/" + r.Component + "/" + r.Endpoint + "/" + r.ID
 }
 
-// Validate checks every part of the ref.
-func (r Ref) Validate() error {
-	if err := ValidateLabel("namespace", r.Namespace); err != nil {
+// Validate checks that the ref names an instance Beacon may serve: its
+// names obey the read rules (ValidateReadNamespace, ValidateReadLabel),
+// its ID is 16 hex digits. Beacon's writers obey stricter rules
+// (Instance.Validate).
+func (r Ref) Validate() error { return r.validate(validateReadName) }
+
+// validate checks the names with check, then the ID.
+func (r Ref) validate(check func(field, value string) error) error {
+	if err := check("namespace", r.Namespace); err != nil {
 		return err
 	}
-	if err := ValidateLabel("component", r.Component); err != nil {
+	if err := check("component", r.Component); err != nil {
 		return err
 	}
-	if err := ValidateLabel("endpoint", r.Endpoint); err != nil {
+	if err := check("endpoint", r.Endpoint); err != nil {
 		return err
 	}
 	return ValidateID(r.ID)
 }
+
+// ValidateWritten checks the ref against the rules of Beacon's writers
+// (DNS labels, ValidateLabel): the refs Beacon's own key layout can hold.
+func (r Ref) ValidateWritten() error { return r.validate(ValidateLabel) }
 
 // Query selects instances by namespace, component and endpoint. An empty
 // field matches everything below the fields before it; a field may only be
@@ -52,7 +62,8 @@ type Query struct {
 	Endpoint  string
 }
 
-// ParseQuery parses "", "ns", "ns/component" or "ns/component/endpoint".
+// ParseQuery parses "", "ns", "ns/component" or "ns/component/endpoint",
+// each name one Beacon may serve (Query.Validate).
 func ParseQuery(s string) (Query, error) {
 	if s == "" {
 		return Query{}, nil
@@ -75,9 +86,16 @@ func ParseQuery(s string) (Query, error) {
 	return q, nil
 }
 
-// Validate checks the set fields and that no field is set after an empty
-// one.
-func (q Query) Validate() error {
+// Validate checks that no field is set after an empty one and that each
+// set field is a name Beacon may serve (the read rules:
+// ValidateReadNamespace, ValidateReadLabel).
+func (q Query) Validate() error { return q.validate(validateReadName) }
+
+// ValidateWritten is Validate with the rules of Beacon's writers (DNS
+// labels, ValidateLabel): the queries Beacon's own key layout can answer.
+func (q Query) ValidateWritten() error { return q.validate(ValidateLabel) }
+
+func (q Query) validate(check func(field, value string) error) error {
 	fields := [...]struct{ name, value string }{
 		{"namespace", q.Namespace}, {"component", q.Component}, {"endpoint", q.Endpoint},
 	}
@@ -92,7 +110,7 @@ func (q Query) Validate() error {
 		if empty != "" {
 			return fieldError(ErrInvalidName, f.name, f.value, "may only be set together with "+empty)
 		}
-		if err := ValidateLabel(f.name, f.value); err != nil {
+		if err := check(f.name, f.value); err != nil {
 			return err
 		}
 	}
@@ -204,7 +222,7 @@ func (k Keyspace) Parse(key string) (Ref, error) {
 		return Ref{}, fieldError(ErrInvalidKey, "key", key, rule)
 	}
 	r := Ref{Namespace: parts[0], Component: parts[1], Endpoint: parts[2], ID: parts[3]}
-	if err := r.Validate(); err != nil {
+	if err := r.ValidateWritten(); err != nil { // Beacon's layout holds what its writers wrote
 		return Ref{}, err
 	}
 	return r, nil
@@ -217,7 +235,8 @@ func quoteRoot(root string) string {
 	return root
 }
 
-// ParseRef parses "namespace/component/endpoint/id".
+// ParseRef parses "namespace/component/endpoint/id", a ref Beacon may
+// serve (Ref.Validate).
 func ParseRef(s string) (Ref, error) {
 	parts := strings.Split(s, "/")
 	if len(parts) != 4 {

@@ -140,8 +140,9 @@ func TestParseRef(t *testing.T) {
 		{"prod/vllm/generate", "must be namespace/component/endpoint/id"},
 		{"prod/vllm/generate/3f2a9c0d11e4b5a7/x", "must be namespace/component/endpoint/id"},
 		{"Prod/vllm/generate/3f2a9c0d11e4b5a7", `invalid namespace "Prod"`},
-		{"prod/vllm_/generate/3f2a9c0d11e4b5a7", `invalid component "vllm_"`},
-		{"prod/vllm/-gen/3f2a9c0d11e4b5a7", `invalid endpoint "-gen"`},
+		{"prod/vllm.x/generate/3f2a9c0d11e4b5a7", `invalid component "vllm.x"`},
+		{"prod/vllm/gen erate/3f2a9c0d11e4b5a7", `invalid endpoint "gen erate"`},
+		{"prod..a/vllm/generate/3f2a9c0d11e4b5a7", `invalid namespace "prod..a"`},
 		{"prod/vllm/generate/3F2A9C0D11E4B5A7", "must be 16 lower-case hex digits"},
 	} {
 		_, err := ParseRef(tc.in)
@@ -167,8 +168,95 @@ func FuzzParseRef(f *testing.F) {
 			t.Fatalf("ParseRef(%q) = %v, which renders back as %q", s, r, r.String())
 		}
 		var ks Keyspace
-		if back, err := ks.Parse(ks.Key(r)); err != nil || back != r {
+		back, err := ks.Parse(ks.Key(r))
+		if written := r.ValidateWritten() == nil; written && (err != nil || back != r) {
 			t.Fatalf("the key of %v parses as %v, %v", r, back, err)
+		} else if !written && err == nil {
+			t.Fatalf("Beacon's keyspace parsed %v, whose names its writers refuse", r)
+		}
+	})
+}
+
+// TestReadNamesRefsAndQueries pins the split between the names Beacon
+// reads and serves (Query, Ref: Dynamo's names pass) and those its
+// writers write (Instance.Validate, and Beacon's own key layout).
+func TestReadNamesRefsAndQueries(t *testing.T) {
+	dyn := Ref{Namespace: "dynamo.tenant_1", Component: "vllm_worker", Endpoint: "clear_kv_blocks", ID: "000000000000002a"}
+	if got, err := ParseRef(dyn.String()); err != nil || got != dyn {
+		t.Fatalf("ParseRef(%q) = %v, %v: a Dynamo name must be readable", dyn, got, err)
+	}
+	if _, err := ParseQuery("dynamo.tenant_1/vllm_worker/clear_kv_blocks"); err != nil {
+		t.Fatalf("ParseQuery of Dynamo names: %v", err)
+	}
+	in := Instance{Namespace: dyn.Namespace, Component: dyn.Component, Endpoint: dyn.Endpoint, ID: dyn.ID, Address: "10.0.0.1:9999"}
+	if err := in.Validate(); !errors.Is(err, ErrInvalidName) || !strings.Contains(err.Error(), "DNS label") {
+		t.Fatalf("Instance.Validate of Dynamo names = %v, want the writers' DNS label rule", err)
+	}
+	if err := in.ValidateStored(DefaultMaxMetadataSize); !errors.Is(err, ErrInvalidName) {
+		t.Fatalf("ValidateStored of Dynamo names = %v: Beacon's layout holds only its writers' names", err)
+	}
+	if err := in.ValidateRead(DefaultMaxMetadataSize); err != nil {
+		t.Fatalf("ValidateRead of Dynamo names = %v", err)
+	}
+	var ks Keyspace
+	if _, err := ks.Parse(ks.Key(dyn)); !errors.Is(err, ErrInvalidName) {
+		t.Fatalf("Beacon's keyspace parsed a key with Dynamo's names: %v", err)
+	}
+}
+
+func TestValidateReadNames(t *testing.T) {
+	long := strings.Repeat("a", 63)
+	for _, tc := range []struct {
+		in          string
+		label, nsOK bool
+	}{
+		{"prod", true, true},
+		{"clear_kv_blocks", true, true},
+		{"_x", true, true},
+		{"-x-", true, true},
+		{long, true, true},
+		{long + "a", false, false},
+		{"ns1.ns2", false, true},
+		{long + "." + long + "." + long + "." + strings.Repeat("b", 61), false, true}, // 253
+		{long + "." + long + "." + long + "." + strings.Repeat("b", 62), false, false},
+		{"", false, false},
+		{"a..b", false, false},
+		{".a", false, false},
+		{"a.", false, false},
+		{"A", false, false},
+		{"a/b", false, false},
+		{"a b", false, false},
+		{"é", false, false},
+	} {
+		if err := ValidateReadLabel("endpoint", tc.in); (err == nil) != tc.label {
+			t.Errorf("ValidateReadLabel(%q) = %v, want ok=%v", tc.in, err, tc.label)
+		} else if err != nil && (!errors.Is(err, ErrInvalidName) || !strings.Contains(err.Error(), ReadLabelRule)) {
+			t.Errorf("ValidateReadLabel(%q) = %v: not ErrInvalidName with the rule", tc.in, err)
+		}
+		if err := ValidateReadNamespace(tc.in); (err == nil) != tc.nsOK {
+			t.Errorf("ValidateReadNamespace(%q) = %v, want ok=%v", tc.in, err, tc.nsOK)
+		} else if err != nil && (!errors.Is(err, ErrInvalidName) || !strings.Contains(err.Error(), ReadNamespaceRule)) {
+			t.Errorf("ValidateReadNamespace(%q) = %v: not ErrInvalidName with the rule", tc.in, err)
+		}
+	}
+}
+
+func FuzzValidateReadNamespace(f *testing.F) {
+	for _, s := range []string{"a", "a.b", "a..b", "_", "a_b.c-d", "."} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		err := ValidateReadNamespace(s)
+		// Every label Beacon writes is a namespace it reads.
+		if ValidateLabel("namespace", s) == nil && err != nil {
+			t.Fatalf("refused the written label %q: %v", s, err)
+		}
+		if err != nil {
+			return
+		}
+		if len(s) > MaxNamespaceLength || strings.ContainsAny(s, "/ ABCDEFGHIJKLMNOPQRSTUVWXYZ") || strings.Contains(s, "..") ||
+			s[0] == '.' || s[len(s)-1] == '.' {
+			t.Fatalf("accepted bad namespace %q", s)
 		}
 	})
 }

@@ -45,4 +45,14 @@
 //		return err
 //	}
 //	defer r.Close() // closes the store too
+//
+// What the registry reads in the store is the registry's Config.Layout,
+// not the backend's: registry.ConfigFromEnv reads it from BEACON_LAYOUT.
+// With registry.LayoutDynamo, a registry over a store (etcd: the store
+// Dynamo deployments use) is a read-only view of the Dynamo runtime's own
+// keys (v1/instances/..., docs/dynamo.md); the kubernetes driver refuses it.
+//
+//	rc, err := registry.ConfigFromEnv() // BEACON_LAYOUT=dynamo, BEACON_LEASE_TTL
+//	...
+//	r, err := backend.OpenRegistry(ctx, backend.FromEnv(), rc)
 package backend

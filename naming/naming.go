@@ -134,12 +134,20 @@ func (b *Builder) OverrideAuthority(t resolver.Target) string {
 
 // Build implements resolver.Builder. It validates the target and starts
 // the resolver's registry watch in the background; it never waits for the
-// network. A malformed target gives an error matching ErrInvalidTarget.
+// network. A malformed target gives an error matching ErrInvalidTarget, as
+// does one whose names the registry's layout cannot hold: only a registry
+// of the dynamo layout (registry.LayoutOf) serves the NVIDIA Dynamo
+// runtime's names, Beacon's own holds its writers' DNS labels.
 func (b *Builder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
 	raw := t.URL.String()
 	q, err := parseURL(b.scheme, &t.URL, raw)
 	if err != nil {
 		return nil, err
+	}
+	if registry.LayoutOf(b.d) != registry.LayoutDynamo {
+		if err := q.ValidateWritten(); err != nil {
+			return nil, fmt.Errorf("%w %q: %w", ErrInvalidTarget, raw, err)
+		}
 	}
 	return startResolver(b, q, raw, cc), nil
 }

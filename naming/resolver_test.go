@@ -280,6 +280,7 @@ func TestBuildRejectsMalformedTargets(t *testing.T) {
 	for _, raw := range []string{
 		"beacon://prod/api/grpc", "beacon:///prod/api", "beacon:///prod/api/grpc/x",
 		"beacon:///Prod/api/grpc", "beacon:///prod/api/grpc?x=1", "beacon:///",
+		"beacon:///prod/api/grpc_1", // a Dynamo name: a registry of Beacon's layout holds none
 	} {
 		u, err := url.Parse(raw)
 		if err != nil {

@@ -23,7 +23,9 @@ func Target(q beacon.Query) string {
 
 // ParseTarget parses a Beacon target: "beacon:///namespace/component/endpoint"
 // (or the equivalent "beacon:namespace/component/endpoint"). Each of the three
-// names must be a DNS label. Anything else, an authority
+// names must be one Beacon serves (beacon.Query.Validate): a DNS label, or
+// one of the NVIDIA Dynamo runtime's names ('_', a namespace nested with
+// dots). Anything else, an authority
 // ("beacon://host/..."), query parameters or a fragment gives an error
 // matching ErrInvalidTarget that says what to write instead.
 func ParseTarget(target string) (beacon.Query, error) {
@@ -65,12 +67,12 @@ func parseURL(scheme string, u *url.URL, raw string) (beacon.Query, error) {
 			"must name namespace, component and endpoint, like %s:///prod/api/grpc (got %d path segments in %q)",
 			scheme, countSegments(path), path))
 	}
-	for i, field := range [...]string{"namespace", "component", "endpoint"} {
-		if err := beacon.ValidateLabel(field, parts[i]); err != nil {
-			return beacon.Query{}, fmt.Errorf("%w %q: %w", ErrInvalidTarget, raw, err)
-		}
+	q := beacon.Query{Namespace: parts[0], Component: parts[1], Endpoint: parts[2]}
+	if err := (beacon.Ref{Namespace: q.Namespace, Component: q.Component, Endpoint: q.Endpoint, ID: beacon.FormatID(0)}).Validate(); err != nil {
+		// The names Beacon serves, Dynamo's among them: all three.
+		return beacon.Query{}, fmt.Errorf("%w %q: %w", ErrInvalidTarget, raw, err)
 	}
-	return beacon.Query{Namespace: parts[0], Component: parts[1], Endpoint: parts[2]}, nil
+	return q, nil
 }
 
 func countSegments(path string) int {

@@ -29,8 +29,10 @@ func TestParseTarget(t *testing.T) {
 		{"beacon:///", beacon.Query{}, "got 0 path segments"},
 		{"beacon:", beacon.Query{}, "got 0 path segments"},
 		{"beacon:///prod//grpc", beacon.Query{}, `invalid component ""`},
-		{"beacon:///Prod/api/grpc", beacon.Query{}, `invalid namespace "Prod": must be a DNS label`},
-		{"beacon:///prod/api/grpc_1", beacon.Query{}, `invalid endpoint "grpc_1"`},
+		{"beacon:///Prod/api/grpc", beacon.Query{}, `invalid namespace "Prod": must be one or more names of 1-63 lower-case letters`},
+		{"beacon:///prod/api/grpc.1", beacon.Query{}, `invalid endpoint "grpc.1"`},
+		// The NVIDIA Dynamo runtime's names, which Beacon serves read-only.
+		{"beacon:///dynamo.t_1/backend/clear_kv_blocks", beacon.Query{Namespace: "dynamo.t_1", Component: "backend", Endpoint: "clear_kv_blocks"}, ""},
 		{"beacon:///prod/api/grpc?lb=rr", beacon.Query{}, "query parameters"},
 		{"beacon:///prod/api/grpc?", beacon.Query{}, "query parameters"},
 		{"beacon:///prod/api/grpc#x", beacon.Query{}, "fragments"},

@@ -66,6 +66,11 @@ type Config struct {
 	// Root is the keyspace root: "" (keys start with /services/) or a path
 	// like "/beacon" (keys start with /beacon/services/).
 	Root string
+	// Layout is what the registry reads: Beacon's keys (LayoutBeacon, the
+	// zero value), or a read-only view of what the NVIDIA Dynamo runtime
+	// writes (LayoutDynamo: its v1/instances/ and v1/mdc/ keys, no Root;
+	// every write refused with ErrReadOnlyLayout).
+	Layout Layout
 	// LeaseTTL is the TTL of the session lease, kept alive every TTL/3.
 	// Zero means DefaultLeaseTTL; otherwise it must be in [1 s, 1 h].
 	LeaseTTL time.Duration
@@ -134,10 +139,16 @@ type Config struct {
 }
 
 // ConfigFromEnv returns a Config with LeaseTTL read from BEACON_LEASE_TTL
-// (a Go duration such as "10s", or a number of seconds), or an error naming
-// the variable if it is malformed or out of range.
+// (a Go duration such as "10s", or a number of seconds) and Layout from
+// BEACON_LAYOUT (beacon or dynamo), or an error naming the variable if one
+// is malformed or out of range.
 func ConfigFromEnv() (Config, error) {
 	var c Config
+	l, err := ParseLayout(os.Getenv(LayoutEnv))
+	if err != nil {
+		return c, fmt.Errorf("%s: %w", LayoutEnv, err)
+	}
+	c.Layout = l
 	v := strings.TrimSpace(os.Getenv(LeaseTTLEnv))
 	if v == "" {
 		return c, nil
@@ -213,6 +224,9 @@ func ValidateTTL(ttl time.Duration) error {
 func (c Config) Validate() error {
 	if _, err := beacon.NewKeyspace(c.Root); err != nil {
 		return fmt.Errorf("%w: Root: %w", ErrInvalidConfig, err)
+	}
+	if err := c.Layout.validate(c.Root); err != nil {
+		return err
 	}
 	if c.LeaseTTL != 0 {
 		if err := ValidateTTL(c.LeaseTTL); err != nil {

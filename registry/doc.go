@@ -94,6 +94,19 @@
 // adopts an operator's drain instead of undoing it (StateChange.Drained),
 // and writes back an instance an operator deregistered.
 //
+// # Layouts
+//
+// Config.Layout says what the registry reads. LayoutBeacon (the default)
+// is Beacon's own keys, read and written. LayoutDynamo is a read-only view
+// of what the NVIDIA Dynamo runtime writes: every feed watches Dynamo's
+// root (v1/) through the same self-healing watch, decodes instances and
+// model cards with package dynamo and keeps its query's entries in a
+// dynamo.Catalog (dynview.go): a card is an update of its instance, two
+// entries of one ID remove it, an entry Beacon cannot serve is reported
+// once and skipped. Every write (Register, RegisterWithTTL, Heartbeat, the
+// operator's drain...) is refused with ErrReadOnlyLayout. docs/dynamo.md
+// describes it.
+//
 // docs/registry.md describes the key and value format, the watch
 // guarantees and the metrics.
 package registry

@@ -35,7 +35,8 @@ type item = view.Item
 // Lock order: hub.mu before feed.mu before healthBoard.mu.
 type feed struct {
 	h      *hub
-	prefix string
+	prefix string // the store prefix it lists and watches
+	key    string // its key in the hub (the prefix, but in the dynamo layout)
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -49,13 +50,18 @@ type feed struct {
 	holds    *holds
 	health   *healthJoin
 	wake     view.Wake
+	dyn      *dynView      // the dynamo layout's catalog of the query's entries (nil in Beacon's)
 	holdWake chan struct{} // pokes expire (not guarded: a buffered channel)
 }
 
-func newFeed(ctx context.Context, cancel context.CancelFunc, h *hub, prefix string) *feed {
-	return &feed{h: h, prefix: prefix, ctx: ctx, cancel: cancel, view: view.New(),
+func newFeed(ctx context.Context, cancel context.CancelFunc, h *hub, q beacon.Query) *feed {
+	f := &feed{h: h, prefix: h.r.storePrefix(q), key: h.r.feedKey(q), ctx: ctx, cancel: cancel, view: view.New(),
 		holds: newHolds(h.r.cfg.RemovalHold), health: newHealthJoin(h.r.cfg.HealthPanicThreshold),
 		holdWake: make(chan struct{}, 1)}
+	if h.r.dynamo() {
+		f.dyn = newDynView(q, h.r.dynBad)
+	}
+	return f
 }
 
 // conn is a feed's connection to the store: whether it has listed,
@@ -223,6 +229,10 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	defer f.wake.Notify()
+	if f.dyn != nil {
+		f.dyn.replace(l.dyn)
+		l.items = f.dyn.items()
+	}
 	if !f.conn.synced {
 		f.health.replaceVerdicts(l.verdicts)
 		f.reportPanics(f.health.joinAll(l.items))
@@ -319,6 +329,8 @@ func (f *feed) applyEvents(evs []store.Event) {
 // applyLocked applies one event at rev, read as e.
 func (f *feed) applyLocked(typ store.EventType, e entry, rev int64, now time.Time) {
 	switch {
+	case e.kind == dynamoKey:
+		f.applyDynamoLocked(typ == store.EventPut, e.dyn, rev, now)
 	case e.kind == reportKey:
 		// The checker's to read.
 	case e.kind == verdictKey:

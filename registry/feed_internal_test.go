@@ -41,7 +41,7 @@ func newFeedRigWith(t *testing.T, cfg Config) *feedRig {
 	t.Cleanup(func() { _ = r.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return &feedRig{t: t, r: r, f: newFeed(ctx, cancel, r.hub, r.ks.Prefix(beacon.Query{Namespace: "feed"}))}
+	return &feedRig{t: t, r: r, f: newFeed(ctx, cancel, r.hub, beacon.Query{Namespace: "feed"})}
 }
 
 // kv is instance id's stored value with address addr.

@@ -53,6 +53,7 @@ const (
 	instanceKey keyKind = iota // an instance, or something that is not one
 	verdictKey                 // a checker's verdict on an instance
 	reportKey                  // a TTL check's report
+	dynamoKey                  // a key of the dynamo layout (dynview.go)
 )
 
 // classify tells a verdict's and a report's key from an instance's, and
@@ -314,16 +315,17 @@ type healthBoard struct {
 	m         *metrics
 	threshold float64
 
+	bad *reporter // malformed verdicts
+
 	mu     sync.Mutex
-	panics map[string]int   // service → feeds that see it in panic
-	bad    map[string]int64 // key of a malformed verdict → the revision reported
+	panics map[string]int // service → feeds that see it in panic
 }
 
 // maxBadVerdicts bounds the malformed verdicts remembered as reported.
 const maxBadVerdicts = 1024
 
 func newHealthBoard(log *slog.Logger, m *metrics, threshold float64) *healthBoard {
-	return &healthBoard{log: log, m: m, threshold: threshold, panics: make(map[string]int), bad: make(map[string]int64)}
+	return &healthBoard{log: log, m: m, threshold: threshold, panics: make(map[string]int), bad: newReporter(log, m, maxBadVerdicts)}
 }
 
 // report notes a feed's service entering or leaving panic: the first
@@ -355,24 +357,17 @@ func (b *healthBoard) report(c panicChange) {
 // malformed reports a stored verdict that is not one, once per key and
 // revision; the view reads it as no verdict.
 func (b *healthBoard) malformed(key string, rev int64, err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if r, ok := b.bad[key]; ok && r == rev {
-		return
-	}
-	if len(b.bad) >= maxBadVerdicts {
-		clear(b.bad)
-	}
-	b.bad[key] = rev
-	b.m.invalidValue()
-	b.log.Warn("a stored health verdict is not valid; reading it as no verdict (health unknown)",
-		"key", key, "revision", rev, "err", err)
+	b.bad.report(slog.LevelWarn, key, rev, "a stored health verdict is not valid; reading it as no verdict (health unknown)", err)
 }
 
 // readKV reads one stored key/value (put: false for a deletion, which has
 // no value) as an entry: an instance (nil item if its value is not one,
 // reported), a verdict (nil if malformed, reported) or a report.
 func (r *StoreRegistry) readKV(kv store.KeyValue, put bool) entry {
+	if r.dynamo() {
+		d := r.readDynamo(kv, put)
+		return entry{kind: dynamoKey, key: kv.Key, dyn: &d}
+	}
 	kind, key := r.classify(kv.Key)
 	e := entry{kind: kind, key: key}
 	switch {
@@ -402,6 +397,7 @@ type entry struct {
 	key     string         // the key of the instance it is about
 	it      *item          // an instance (nil: a deletion, or not a valid value)
 	verdict *beacon.Health // a verdict (nil: a deletion, or malformed: no verdict)
+	dyn     *dynRead       // an entry of the dynamo layout
 }
 
 // listing is a listing of a prefix as the view reads it.
@@ -409,9 +405,17 @@ type listing struct {
 	items    []*item                  // valid instances, in key order
 	verdicts map[string]beacon.Health // valid verdicts by instance key
 	invalid  map[string]bool          // instance keys whose values are not instances
+	dyn      []dynRead                // the dynamo layout's key/values (its view makes the items)
 }
 
 func (r *StoreRegistry) readListing(kvs []store.KeyValue) listing {
+	if r.dynamo() {
+		l := listing{verdicts: make(map[string]beacon.Health), dyn: make([]dynRead, len(kvs))}
+		for i, kv := range kvs {
+			l.dyn[i] = r.readDynamo(kv, true)
+		}
+		return l
+	}
 	l := listing{items: make([]*item, 0, len(kvs)), verdicts: make(map[string]beacon.Health)}
 	for _, kv := range kvs {
 		e := r.readKV(kv, true)

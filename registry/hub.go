@@ -38,17 +38,17 @@ func newHub(r *StoreRegistry) *hub {
 
 // acquire returns the feed of q's prefix, starting it if needed.
 func (h *hub) acquire(q beacon.Query) (*feed, error) {
-	prefix := h.r.ks.Prefix(q)
+	key := h.r.feedKey(q)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return nil, ErrClosed
 	}
-	f := h.feeds[prefix]
+	f := h.feeds[key]
 	if f == nil {
 		ctx, cancel := context.WithCancel(h.r.ctx)
-		f = newFeed(ctx, cancel, h, prefix)
-		h.feeds[prefix] = f
+		f = newFeed(ctx, cancel, h, q)
+		h.feeds[key] = f
 		h.r.m.addWatchStreams(1)
 		h.r.wg.Add(2)
 		go f.run()
@@ -83,7 +83,7 @@ func (h *hub) release(f *feed) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	f.refs--
-	if f.refs > 0 || h.closed || h.feeds[f.prefix] != f {
+	if f.refs > 0 || h.closed || h.feeds[f.key] != f {
 		return
 	}
 	if h.r.cfg.WatchLinger <= 0 || f.refused() {
@@ -95,7 +95,7 @@ func (h *hub) release(f *feed) {
 	f.linger = time.AfterFunc(h.r.cfg.WatchLinger, func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		if f.refs == 0 && !h.closed && h.feeds[f.prefix] == f {
+		if f.refs == 0 && !h.closed && h.feeds[f.key] == f {
 			h.stopLocked(f)
 		}
 	})
@@ -106,7 +106,7 @@ func (h *hub) release(f *feed) {
 }
 
 func (h *hub) stopLocked(f *feed) {
-	delete(h.feeds, f.prefix)
+	delete(h.feeds, f.key)
 	h.r.m.addWatchStreams(-1)
 	h.unlingerLocked(f)
 	f.cancel()

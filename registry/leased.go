@@ -108,6 +108,9 @@ func notFound(ref beacon.Ref) error { return fmt.Errorf("%w: %s", beacon.ErrNotF
 // GrantLease grants a lease with the given TTL, within [MinLeaseTTL,
 // MaxLeaseTTL], for an in-process caller to keep alive (RegisterLeased).
 func (r *StoreRegistry) GrantLease(ctx context.Context, ttl time.Duration) (store.Lease, error) {
+	if err := r.refuseWrite("grant a lease"); err != nil {
+		return store.Lease{}, err
+	}
 	if err := ValidateTTL(ttl); err != nil {
 		return store.Lease{}, err
 	}
@@ -127,6 +130,9 @@ func (r *StoreRegistry) GrantLease(ctx context.Context, ttl time.Duration) (stor
 // and store.ErrLeaseNotFound. It trusts the caller: never pass it a lease
 // ID received from a remote client (use Heartbeat).
 func (r *StoreRegistry) KeepAliveLease(ctx context.Context, id store.LeaseID) (time.Duration, error) {
+	if err := r.refuseWrite("keep a lease alive"); err != nil {
+		return 0, err
+	}
 	if err := r.checkLease(id); err != nil {
 		return 0, err
 	}
@@ -146,6 +152,9 @@ func (r *StoreRegistry) KeepAliveLease(ctx context.Context, id store.LeaseID) (t
 // beacon.ErrNotFound. It trusts the caller: never pass it a lease ID
 // received from a remote client (use DeregisterLeased).
 func (r *StoreRegistry) RevokeLease(ctx context.Context, id store.LeaseID) error {
+	if err := r.refuseWrite("revoke a lease"); err != nil {
+		return err
+	}
 	if err := r.checkLease(id); err != nil {
 		return err
 	}
@@ -194,6 +203,9 @@ func alreadyRegistered(ref beacon.Ref) error {
 // and the revision of the write. Instances written this way have no
 // ownership record: the HTTP API cannot act on them.
 func (r *StoreRegistry) RegisterLeased(ctx context.Context, in beacon.Instance, lease store.LeaseID) (beacon.Instance, int64, error) {
+	if err := r.refuseWrite("register an instance"); err != nil {
+		return beacon.Instance{}, 0, err
+	}
 	if err := r.checkLease(lease); err != nil {
 		return beacon.Instance{}, 0, err
 	}
@@ -221,6 +233,9 @@ func (r *StoreRegistry) RegisterLeased(ctx context.Context, in beacon.Instance, 
 // DeregisterLeased require. If anything fails, the lease is revoked:
 // nothing is left half-done.
 func (r *StoreRegistry) RegisterWithTTL(ctx context.Context, in beacon.Instance, ttl time.Duration) (Owned, error) {
+	if err := r.refuseWrite("register an instance"); err != nil {
+		return Owned{}, err
+	}
 	if err := ValidateTTL(ttl); err != nil {
 		return Owned{}, err
 	}
@@ -363,6 +378,9 @@ func (r *StoreRegistry) ownsWith(ctx context.Context, ref beacon.Ref, kv store.K
 // that has ended (notFound), and a proof that fails is checked again with
 // linearizable reads before it is refused.
 func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Secret) (time.Duration, error) {
+	if err := r.refuseWrite("heartbeat"); err != nil {
+		return 0, err
+	}
 	limit := keepAliveTimeout(r.leased.ttl(ref))
 	var kv store.KeyValue
 	prove := func(read func(context.Context, string) (store.KeyValue, error)) (err error) {
@@ -423,6 +441,9 @@ var errNoLocalRead = errors.New("registry: not read locally")
 // secret (refuse): no answer tells a right secret from a wrong one unless
 // the secret is right and the change allowed.
 func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret Secret, mutate func(*beacon.Instance)) (beacon.Instance, error) {
+	if err := r.refuseWrite("update an instance"); err != nil {
+		return beacon.Instance{}, err
+	}
 	for range 16 {
 		cur, kv, err := r.get(ctx, ref)
 		if err != nil {
@@ -473,6 +494,9 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 // the store would not allow it gets the same error whatever the secret
 // (refuse).
 func (r *StoreRegistry) DeregisterLeased(ctx context.Context, ref beacon.Ref, secret Secret) error {
+	if err := r.refuseWrite("deregister an instance"); err != nil {
+		return err
+	}
 	_, kv, err := r.get(ctx, ref)
 	if err != nil {
 		return err

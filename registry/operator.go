@@ -26,6 +26,9 @@ const maxOperatorAttempts = 16
 
 // DrainInstance implements Operator.
 func (r *StoreRegistry) DrainInstance(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
+	if err := r.refuseWrite("drain an instance"); err != nil {
+		return beacon.Instance{}, err
+	}
 	for range maxOperatorAttempts {
 		cur, kv, err := r.get(ctx, ref)
 		if err != nil {
@@ -58,7 +61,10 @@ func (r *StoreRegistry) DrainInstance(ctx context.Context, ref beacon.Ref) (beac
 // the instance's key, also a value that is not a valid instance (which
 // List and Watch skip).
 func (r *StoreRegistry) DeregisterInstance(ctx context.Context, ref beacon.Ref) error {
-	if err := ref.Validate(); err != nil {
+	if err := r.refuseWrite("deregister an instance"); err != nil {
+		return err
+	}
+	if err := r.checkRef(ref); err != nil {
 		return err
 	}
 	if r.closed.Load() {

@@ -63,6 +63,9 @@ func (r *StoreRegistry) spawn(fn func()) bool {
 // together, in one transaction per batch, when the store supports
 // transactions.
 func (r *StoreRegistry) Register(ctx context.Context, in beacon.Instance) (Registration, error) {
+	if err := r.refuseWrite("register an instance"); err != nil {
+		return nil, err
+	}
 	if r.closed.Load() {
 		return nil, ErrClosed
 	}

@@ -79,7 +79,10 @@ func ttlChecked(in beacon.Instance) error {
 // the session recovers a lost lease, Report waits for it (bounded by
 // ctx).
 func (r *StoreRegistry) Report(ctx context.Context, ref beacon.Ref) error {
-	if err := ref.Validate(); err != nil {
+	if err := r.refuseWrite("report a TTL check"); err != nil {
+		return err
+	}
+	if err := r.checkRef(ref); err != nil {
 		return err
 	}
 	if r.closed.Load() {
@@ -135,6 +138,9 @@ func (reg *registration) report(ctx context.Context) error {
 // does not allow the write); an owner's instance that declares no TTL
 // check gives ErrNoTTLCheck.
 func (r *StoreRegistry) ReportLeased(ctx context.Context, ref beacon.Ref, secret Secret) error {
+	if err := r.refuseWrite("report a TTL check"); err != nil {
+		return err
+	}
 	in, kv, err := r.get(ctx, ref)
 	if err != nil {
 		return err

@@ -45,6 +45,7 @@ type StoreRegistry struct {
 	leased  *leasedTracker // leasedmetrics.go
 	perms   permCache      // refuse.go
 	health  *healthBoard   // health.go
+	dynBad  *reporter      // dynview.go
 }
 
 var (
@@ -88,6 +89,7 @@ func New(st store.Store, cfg Config) (*StoreRegistry, error) {
 		r.creates = newBatcher(batcherDeps{txn: tx.Txn, spawn: r.spawn, opContext: r.opContext, undo: r.undo})
 	}
 	r.health = newHealthBoard(r.log, m, cfg.HealthPanicThreshold)
+	r.dynBad = newReporter(r.log, m, maxReported)
 	r.sess = newSession(r)
 	r.hub = newHub(r)
 	r.leased = newLeasedTracker(cfg.LeaseTTL)
@@ -205,17 +207,22 @@ func (r *StoreRegistry) decode(kv store.KeyValue) (beacon.Instance, error) {
 // beacon_registry_invalid_values_total). Instances carry their health as
 // a watch's do.
 func (r *StoreRegistry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance, int64, error) {
-	if err := q.Validate(); err != nil {
+	if err := r.checkQuery(q); err != nil {
 		return nil, 0, err
 	}
 	if r.closed.Load() {
 		return nil, 0, ErrClosed
 	}
-	kvs, rev, err := r.st.List(ctx, r.ks.Prefix(q))
+	kvs, rev, err := r.st.List(ctx, r.storePrefix(q))
 	if err != nil {
 		return nil, 0, fmt.Errorf("registry: list %q: %w", q.String(), err)
 	}
 	l := r.readListing(kvs)
+	if r.dynamo() {
+		v := newDynView(q, r.dynBad)
+		v.replace(l.dyn)
+		l.items = v.items()
+	}
 	j := newHealthJoin(r.cfg.HealthPanicThreshold)
 	j.replaceVerdicts(l.verdicts)
 	j.joinAll(l.items)
@@ -228,12 +235,25 @@ func (r *StoreRegistry) List(ctx context.Context, q beacon.Query) ([]beacon.Inst
 
 // Get returns one instance, or an error matching beacon.ErrNotFound. An
 // instance that declares a check is read with its whole endpoint, in one
-// listing: its health depends on its service's (the panic threshold).
+// listing: its health depends on its service's (the panic threshold). So
+// is every instance in the dynamo layout: its entries may be under any
+// padding of its ID, and its model cards elsewhere.
 func (r *StoreRegistry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
+	if r.dynamo() {
+		if err := r.checkRef(ref); err != nil {
+			return beacon.Instance{}, err
+		}
+		return r.getListed(ctx, ref)
+	}
 	in, _, err := r.get(ctx, ref)
 	if err != nil || in.Check == nil {
 		return in, err
 	}
+	return r.getListed(ctx, ref)
+}
+
+// getListed returns the instance at ref from a listing of its endpoint.
+func (r *StoreRegistry) getListed(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
 	ins, _, err := r.List(ctx, beacon.Query{Namespace: ref.Namespace, Component: ref.Component, Endpoint: ref.Endpoint})
 	if err != nil {
 		return beacon.Instance{}, fmt.Errorf("registry: get %s: %w", ref, err)
@@ -253,7 +273,7 @@ func (r *StoreRegistry) get(ctx context.Context, ref beacon.Ref) (beacon.Instanc
 
 // getWith is get, reading the key with read.
 func (r *StoreRegistry) getWith(ctx context.Context, ref beacon.Ref, read func(context.Context, string) (store.KeyValue, error)) (beacon.Instance, store.KeyValue, error) {
-	if err := ref.Validate(); err != nil {
+	if err := r.checkRef(ref); err != nil {
 		return beacon.Instance{}, store.KeyValue{}, err
 	}
 	if r.closed.Load() {

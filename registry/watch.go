@@ -11,7 +11,7 @@ import (
 // Watch implements Discoverer. Watchers of the same query in one registry
 // share one store watch.
 func (r *StoreRegistry) Watch(ctx context.Context, q beacon.Query, opts ...WatchOption) (Watcher, error) {
-	if err := q.Validate(); err != nil {
+	if err := r.checkQuery(q); err != nil {
 		return nil, err
 	}
 	var o watchOptions

@@ -65,6 +65,7 @@ func TestSettingsCheckedByEveryCommand(t *testing.T) {
 		"beacon token rm":             {"tok"},
 		"beacon auth grant-namespace": {"writers", "team-a"},
 		"beacon auth grant-bootstrap": {"admins"},
+		"beacon dynamo explain":       {"dynamo/backend/generate/2a"},
 	}
 	var tests []badInput
 	walk(rootCmd, func(c *cobra.Command) {

@@ -64,7 +64,10 @@ const registryConnHelp = connHelp + `
                   or kubernetes; else Dynamo's DYN_DISCOVERY_BACKEND: kubernetes,
                   etcd, kv_store (etcd), file (Beacon's file store, in BEACON_FILE_DIR:
                   not Dynamo's DYN_FILE_KV format) or mem (memory). Keys are Beacon's
-                  (<root>/services/...), not Dynamo's v1/instances/...
+                  (<root>/services/...), not Dynamo's v1/instances/...,
+                  unless --layout dynamo (below)
+
+` + layoutHelp + `
 
 ` + kubeEnvHelp
 
@@ -359,6 +362,7 @@ type registryConn struct {
 func addRegistryConnFlags(cmd *cobra.Command) *registryConn {
 	c := &registryConn{clientFlags: addClientFlags(cmd, true)}
 	cmd.Flags().StringVar(&c.root, "root", "", `keyspace root: keys live under <root>/services/ (e.g. "/beacon")`)
+	addLayoutFlag(cmd) // layout.go
 	return c
 }
 
@@ -391,6 +395,12 @@ func (c *registryConn) openQuery(cmd *cobra.Command, args []string, output strin
 		return nil, q, err
 	}
 	r, err := c.open(cmd.Context(), registry.Config{Logger: logger})
+	if err == nil && registry.LayoutOf(r) != registry.LayoutDynamo {
+		if err = q.ValidateWritten(); err != nil { // Beacon's layout holds its writers' names only
+			_ = r.Close()
+			return nil, q, usage(err)
+		}
+	}
 	return r, q, err
 }
 
@@ -398,13 +408,16 @@ func (c *registryConn) openQuery(cmd *cobra.Command, args []string, output strin
 // store, or a registry of its own (kubernetes). Closing it closes the
 // store too.
 func (c *registryConn) open(ctx context.Context, cfg registry.Config) (registry.Registry, error) {
-	cfg.Root = c.root
-	if err := cfg.Validate(); err != nil {
-		return nil, usagef("--root %q: %w", c.root, err)
-	}
 	bcfg, err := c.resolve()
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Layout, err = resolveLayout(c.cmd, bcfg.BackendName()); err != nil {
+		return nil, err
+	}
+	cfg.Root = c.root
+	if err := cfg.Validate(); err != nil {
+		return nil, usagef("--root %q: %w", c.root, err)
 	}
 	bcfg.File.MustExist = c.existing
 	octx, cancel := context.WithTimeout(ctx, c.dial+c.command)

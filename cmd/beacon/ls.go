@@ -80,7 +80,7 @@ func writeListTable(w io.Writer, ins []beacon.Instance, now time.Time) error {
 	fmt.Fprintln(tw, "INSTANCE\tADDRESS\tTRANSPORT\tSTATUS\tHEALTH\tAGE\tMETADATA")
 	for _, in := range ins {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", in.Ref(), printable(in.Address), dash(in.Transport), in.Status,
-			health(in), age(now.Sub(in.RegisteredAt)), dash(sortedMeta(in.Metadata)))
+			health(in), ageSince(in.RegisteredAt, now), dash(sortedMeta(in.Metadata)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -143,6 +143,15 @@ func dash(s string) string {
 }
 
 // age renders a duration like kubectl: 45s, 3m, 2h, 5d.
+// ageSince is the age of a registration made at t, "-" when the value has
+// no registration time (the Dynamo runtime's values have none).
+func ageSince(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return age(now.Sub(t))
+}
+
 func age(d time.Duration) string {
 	switch {
 	case d < 0:

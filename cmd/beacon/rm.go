@@ -66,6 +66,9 @@ and for keys written by hand; stop a live worker to take it out of service.
 			if !ok {
 				return usagef("rm deletes registrations from a store (etcd, memory, file, nats); the %s backend's instances belong to their pods: delete the pod or its InstanceSet instead", conn.backendName())
 			}
+			if err := sr.CheckWritable("rm"); err != nil { // --layout dynamo
+				return usage(err)
+			}
 			return runRm(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), bufio.NewReader(in), conn, sr.Store(), sr.StoreRegistry, refs, yes, output == "json")
 		},
 	}

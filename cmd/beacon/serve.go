@@ -35,12 +35,16 @@ BEACON_DISCOVERY_BACKEND=memory|file|nats (or --backend) the HTTP API runs on
 that backend without etcd. With --backend kubernetes it serves the instances
 of InstanceSet custom resources whose pods are Ready (lists and watches;
 registration over HTTP is refused: register from the pods), see
-docs/kubernetes.md and --kubeconfig, --kube-namespaces.
+docs/kubernetes.md and --kubeconfig, --kube-namespaces. With --layout dynamo
+(BEACON_LAYOUT=dynamo) it serves, read-only, what the NVIDIA Dynamo runtime
+writes to the etcd it fronts (--etcd-endpoints) or embeds: v1/instances/...
+with the model names of v1/mdc/..., through the HTTP API, the dashboard, DNS
+and xDS; every write is refused (docs/dynamo.md).
 
 It stops gracefully on SIGINT or SIGTERM, giving open HTTP requests up to
 --shutdown-timeout to finish; a second signal stops it without waiting.
 
-Environment (flags win): BEACON_DISCOVERY_BACKEND (else Dynamo's
+Environment (flags win): BEACON_LAYOUT, BEACON_DISCOVERY_BACKEND (else Dynamo's
 DYN_DISCOVERY_BACKEND=kubernetes|etcd|kv_store|file|mem, kv_store meaning etcd
 and mem memory; Beacon's backends, keys and file format, not Dynamo's:
 docs/store.md), ETCD_AUTH_USERNAME,
@@ -61,6 +65,7 @@ BEACON_LOG_LEVEL, BEACON_LOG_FORMAT.`,
 	addHealthFlags(cmd, &cfg.Health)          // serve_health.go
 	cmd.Flags().StringVar(&etcdAuth.backend, "backend", backend.Etcd, "backend: etcd, memory, file, nats or kubernetes (env "+backend.EnvVar+")")
 	addKubeFlags(cmd, etcdAuth) // backend_kube.go
+	addLayoutFlag(cmd)          // layout.go
 	return cmd
 }
 
@@ -113,6 +118,9 @@ func runServe(cmd *cobra.Command, cfg server.Config, etcdLogLevel string, etcdAu
 		if err := etcdAuth.checkTLSFiles(cmd.Flags()); err != nil {
 			return err
 		}
+	}
+	if cfg.Registry.Layout, err = resolveLayout(cmd, be.val); err != nil {
+		return err
 	}
 	cfg.Backend = etcdAuth.config()
 	cfg.Backend.Name = be.val

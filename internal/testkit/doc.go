@@ -1,6 +1,7 @@
 // Package testkit holds helpers that only tests link: an embedded etcd
 // (etcdtest), a real kube-apiserver (kubetest), an in-process NATS server
-// (natstest), certificates (testcerts), the third-party peers the tests run
+// (natstest), what the NVIDIA Dynamo runtime writes to etcd (dynamotest),
+// certificates (testcerts), the third-party peers the tests run
 // (testpeer), the conformance cases every registry backend passes
 // (backendtest) and checked instances with a verdict of the test's choosing
 // (healthtest).

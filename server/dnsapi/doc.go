@@ -34,7 +34,10 @@
 // keys quoted by '`'), continued in further strings of the record past 255
 // bytes. Instances whose address has no host DNS can carry, or whose <id>
 // name would be longer than 255 bytes, are left out (logged, and counted in
-// beacon_dns_unanswerable_instances).
+// beacon_dns_unanswerable_instances); so are, of the NVIDIA Dynamo
+// runtime's names that Beacon serves read-only, a namespace nested with
+// dots (DNS would read it as several names) and an endpoint starting with
+// '_' (it would stand where _tcp does). Underscores elsewhere are served.
 //
 // Instances that take no new work (beacon.Instance.Serving: draining, or
 // failing their health check in a service not in panic) are left out, as if

@@ -271,6 +271,9 @@ func buildInstance(in beacon.Instance, compName, domain string, ttl uint32) *ins
 		return dns.RR_Header{Name: name, Rrtype: t, Class: dns.ClassINET, Ttl: ttl}
 	}
 	r := &instRecords{in: in}
+	if r.why = unnameable(in); r.why != "" {
+		return r
+	}
 	t, ok := addressTarget(in.Address)
 	if !ok {
 		r.why = "its address has no IP address or host name DNS can carry"
@@ -314,6 +317,16 @@ func buildInstance(in beacon.Instance, compName, domain string, ttl uint32) *ins
 	}
 	r.node = n
 	return r
+}
+
+// unnameable says why DNS cannot name an instance Beacon serves ("" if it
+// can): beacon.CheckDNSName, for the names Beacon reads but does not write
+// (the NVIDIA Dynamo runtime's).
+func unnameable(in beacon.Instance) string {
+	if err := beacon.CheckDNSName(in.Namespace, in.Endpoint); err != nil {
+		return err.Error() + ": reach it through the HTTP API, the beacon:/// resolver or xDS (docs/dynamo.md)"
+	}
+	return ""
 }
 
 // maxNameWire is the longest domain name in wire format (RFC 1035). A

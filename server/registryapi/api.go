@@ -571,6 +571,8 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusNotFound, "not_found", err.Error())
 	case errors.Is(err, store.ErrUnavailable), errors.Is(err, registry.ErrClosed), errors.Is(err, store.ErrClosed):
 		writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+	case errors.Is(err, registry.ErrReadOnlyLayout): // --layout dynamo: the message says why and what to do
+		writeError(w, http.StatusNotImplemented, "not_implemented", err.Error())
 	case r.Context().Err() != nil:
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "request ended: "+err.Error())
 	default:

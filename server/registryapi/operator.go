@@ -38,6 +38,12 @@ func (h *Handler) operatorFor(w http.ResponseWriter, r *http.Request) (registry.
 		writeNoOperator(w)
 		return nil, "", false
 	}
+	if c, ok := h.reg.(interface{ CheckWritable(string) error }); ok {
+		if err := c.CheckWritable("drain or deregister an instance"); err != nil { // --layout dynamo
+			h.fail(w, r, err)
+			return nil, "", false
+		}
+	}
 	var (
 		d   registry.Discoverer
 		who string

@@ -219,14 +219,40 @@ func TestParseName(t *testing.T) {
 		"demo/greeter/grpc": "demo/greeter/grpc",
 		"a-1.b.c":           "c/b/a-1",
 	} {
-		svc, _, ok := parseName(name)
+		svc, _, ok := parseName(name, false)
 		if !ok || svc.String() != want {
 			t.Errorf("parseName(%q) = %v, %v; want %s", name, svc, ok, want)
 		}
 	}
 	for _, name := range []string{"", ".", "a.b", "a.b.c.d", "A.b.c", "a/b", "/a/b", "a/b/", "a//b", "a_b.c.d", "é.b.c", strings.Repeat("a", 64) + ".b.c"} {
-		if svc, _, ok := parseName(name); ok {
+		if svc, _, ok := parseName(name, false); ok {
 			t.Errorf("parseName(%q) = %v, want no service", name, svc)
+		}
+	}
+}
+
+// With a registry of the dynamo layout, names hold the NVIDIA Dynamo
+// runtime's: the DNS-like form is read from the left, the namespace being
+// what follows the component, dots and all.
+func TestParseReadName(t *testing.T) {
+	for name, want := range map[string]string{
+		"grpc.greeter.demo":                  "demo/greeter/grpc",
+		"a.b.c.d":                            "c.d/b/a",
+		"a_b.c.d":                            "d/c/a_b",
+		"-a.b.c":                             "c/b/-a",
+		"clear_kv_blocks.backend.dynamo.t_1": "dynamo.t_1/backend/clear_kv_blocks",
+		"dynamo.t_1/backend/clear_kv_blocks": "dynamo.t_1/backend/clear_kv_blocks",
+	} {
+		if svc, _, ok := parseName(name, true); !ok || svc.String() != want {
+			t.Errorf("parseName(%q, read) = %v, %v; want %s", name, svc, ok, want)
+		}
+		if svc, _, ok := parseName(name, false); ok != (name == "grpc.greeter.demo") {
+			t.Errorf("parseName(%q) = %v, %v: Beacon's own layout takes labels only", name, svc, ok)
+		}
+	}
+	for _, name := range []string{"", ".", "a.b", "a.b.c..d", "a.b.c.", "A.b.c", "a/b", "a/b/", "a/b.c/d", "a//b", strings.Repeat("a", 64) + ".b.c"} {
+		if svc, _, ok := parseName(name, true); ok {
+			t.Errorf("parseName(%q, read) = %v, want no service", name, svc)
 		}
 	}
 }
@@ -238,19 +264,32 @@ func FuzzParseName(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
-		svc, slash, ok := parseName(name)
-		if !ok {
-			return
-		}
-		back := svc.dnsName()
-		if slash {
-			back = svc.slashName()
-		}
-		if back != name {
-			t.Fatalf("parseName(%q) = %v, which names it %q", name, svc, back)
-		}
-		if err := (beacon.Ref{Namespace: svc.ns, Component: svc.comp, Endpoint: svc.ep, ID: "0000000000000001"}).Validate(); err != nil {
-			t.Fatalf("parseName(%q) accepted an invalid service: %v", name, err)
+		for _, read := range []bool{false, true} {
+			checkParsedName(t, name, read)
 		}
 	})
+}
+
+// checkParsedName fails unless name is no service or round-trips through
+// one of the two forms of the service parseName(name, read) finds; one
+// found without read is a service of Beacon's labels.
+func checkParsedName(t *testing.T, name string, read bool) {
+	svc, slash, ok := parseName(name, read)
+	if !ok {
+		return
+	}
+	back := svc.dnsName()
+	if slash {
+		back = svc.slashName()
+	}
+	if back != name {
+		t.Fatalf("parseName(%q, %v) = %v, which names it %q", name, read, svc, back)
+	}
+	ref := beacon.Ref{Namespace: svc.ns, Component: svc.comp, Endpoint: svc.ep, ID: "0000000000000001"}
+	if err := ref.Validate(); err != nil {
+		t.Fatalf("parseName(%q, %v) accepted an invalid service: %v", name, read, err)
+	}
+	if !read && (beacon.Instance{Namespace: svc.ns, Component: svc.comp, Endpoint: svc.ep, ID: ref.ID, Address: "10.0.0.1:1"}).Validate() != nil {
+		t.Fatalf("parseName(%q) accepted a service Beacon's writers cannot register", name)
+	}
 }

@@ -36,6 +36,9 @@ type Server struct {
 	log *slog.Logger
 	m   *metrics
 	idx *index
+	// readNames: the registry serves names its writers do not write (the
+	// dynamo layout), which resource names may then hold (parseName).
+	readNames bool
 
 	cancel context.CancelFunc
 	done   chan struct{} // closed when Close begins: streams end
@@ -64,7 +67,8 @@ func New(d registry.Discoverer, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "xds"), perPeer: map[string]int{}, done: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "xds"), perPeer: map[string]int{}, done: make(chan struct{}),
+		readNames: registry.LayoutOf(d) == registry.LayoutDynamo}
 	m, err := newMetrics(cfg.Metrics, s)
 	if err != nil {
 		return nil, err

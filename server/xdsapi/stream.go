@@ -192,7 +192,7 @@ func (s *stream) subscribe(ts *typeState, names []string) error {
 			continue
 		}
 		var st *svcState
-		if svc, _, ok := parseName(n); ok && ts.t < numTypes {
+		if svc, _, ok := parseName(n, s.srv.readNames); ok && ts.t < numTypes {
 			st = s.srv.idx.subscribe(s, svc, s.maskFor(svc)|ts.t.mask())
 		}
 		ts.names[n] = st
