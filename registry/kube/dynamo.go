@@ -142,9 +142,9 @@ func (d *Dynamo) Register(_ context.Context, in beacon.Instance) (registry.Regis
 	if d.r.closed.Load() {
 		return nil, registry.ErrClosed
 	}
-	return nil, fmt.Errorf("%w: registering %s refused: Dynamo's workers write their own %s resources, and their pods' "+
+	return nil, fmt.Errorf("%w: registering an instance of %s/%s/%s refused: Dynamo's workers write their own %s resources, and their pods' "+
 		"readiness decides when their instances go; register through Dynamo's runtime, or use Beacon's own layout of "+
-		"the kubernetes backend (InstanceSets) for Beacon's registrations", ErrReadOnly, in.Ref(), DynamoKind)
+		"the kubernetes backend (InstanceSets) for Beacon's registrations", ErrReadOnly, in.Namespace, in.Component, in.Endpoint, DynamoKind)
 }
 
 // Ping checks that the API server answers, serves DynamoWorkerMetadata,
