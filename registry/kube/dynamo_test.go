@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/dynamo"
+	"github.com/beaconplane/beacon/internal/lab/netcut"
 	"github.com/beaconplane/beacon/internal/testkit/kubetest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/registry/kube"
@@ -353,6 +355,58 @@ func TestDynamoPodDeleted(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A Dynamo worker pod replaced under the same name (a StatefulSet's: the
+// runtime's instance ID is a hash of the pod's name, so it keeps its ID)
+// with a new transport, while a reader is cut off from the API server,
+// which then restarts with etcd compacted: the reader's watches cannot
+// resume (410 Gone), it re-lists both resources as one step, and its
+// watchers get a Stale batch, then a Resync in which the instance is
+// Updated (its new transport), never Removed. Not parallel: it restarts
+// the shared API server.
+func TestDynamoResync(t *testing.T) {
+	e := newDynamoEnv(t, nil)
+	proxy, err := netcut.Start(strings.TrimPrefix(e.cp.Host(), "https://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	rc := e.cp.Admin()
+	rc.Host = "https://" + proxy.Addr()
+	f := follow(t, openDynamo(t, e.cp, e.ns, func(c *kube.Config) { c.REST = rc }), beacon.Query{Namespace: "dynamo"})
+	pod := e.cp.ReadyPod(t, e.ns, "vllm-worker-0")
+	w := worker{ns: "dynamo", comp: "backend", ep: "generate", id: 0x61, tcp: "10.244.6.1:9999/generate"}
+	e.write(t, pod, metadata(w))
+	f.until("the instance", func(v *registrytest.View) bool { return servedAt(v, w) })
+
+	proxy.Cut()
+	f.until("a stale batch", func(*registrytest.View) bool { return f.batches[len(f.batches)-1].Kind == registry.Stale })
+	since := len(f.batches)
+	e.cp.DeletePod(t, pod)
+	waitDWMGone(t, e.cp, e.ns, pod.Name)
+	moved := w
+	moved.tcp = "10.244.6.2:9999/generate"
+	e.write(t, e.cp.ReadyPod(t, e.ns, "vllm-worker-0"), metadata(moved))
+	e.cp.KillAPIServer(t)
+	e.cp.CompactEtcd(t)
+	e.cp.StartAPIServer(t)
+	proxy.Restore()
+
+	f.until("the new transport", func(v *registrytest.View) bool { return servedAt(v, moved) })
+	resynced := false
+	for _, b := range f.batches[since:] {
+		resynced = resynced || b.Kind == registry.Resync
+		for _, ev := range b.Events {
+			if ev.Type == beacon.Removed {
+				t.Fatalf("%s was removed when the reader re-listed (batches %v): a phantom removal", ev.Instance.Ref(), kinds(f.batches[since:]))
+			}
+		}
+	}
+	if !resynced {
+		t.Fatalf("no Resync after the Stale batch: %v", kinds(f.batches))
+	}
+	t.Logf("batches after the cut: %v", kinds(f.batches[since-1:]))
 }
 
 // waitDWMGone waits until the DynamoWorkerMetadata ns/name does not exist.
