@@ -16,22 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-// counter returns the value of a counter without labels.
-func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no %s in the registry", name)
-	return 0
-}
-
 // Entries Beacon cannot serve, which the API server stores as they come
 // (spec.data keeps unknown fields), are each reported once per version of
 // their object (logged and counted, however many Lists and watchers read
@@ -64,7 +48,7 @@ func TestDynamoMalformedEntries(t *testing.T) {
 		}
 	}
 	follow(t, e.d, beacon.Query{Namespace: "dynamo"}).until("the valid entry", func(v *registrytest.View) bool { return servedAt(v, good) })
-	if n, c := logs.n.Load(), counter(t, metrics, "beacon_kube_invalid_entries_total"); n != bad || c != bad {
+	if n, c := logs.n.Load(), counterValue(t, metrics, "beacon_kube_invalid_entries_total", ""); n != bad || c != bad {
 		t.Fatalf("%d bad entries logged %d times, counted %v times; want once each", bad, n, c)
 	}
 
@@ -90,7 +74,7 @@ func TestDynamoMalformedEntries(t *testing.T) {
 	barrier := worker{ns: "dynamo", comp: "backend", ep: "generate", id: 0x35, tcp: "10.244.3.5:9999/generate"}
 	e.write(t, other, metadata(barrier))
 	f.until("the next object", func(v *registrytest.View) bool { return servedAt(v, barrier) })
-	if c := counter(t, metrics, "beacon_kube_invalid_resources_total"); c != 1 || f.v.Len() != 3 {
+	if c := counterValue(t, metrics, "beacon_kube_invalid_resources_total", ""); c != 1 || f.v.Len() != 3 {
 		t.Fatalf("an object without spec: counted %v times (want 1), view %v", c, f.v)
 	}
 }

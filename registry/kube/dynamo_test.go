@@ -1,7 +1,6 @@
 package kube_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,11 +21,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
 	"sigs.k8s.io/yaml"
 )
 
@@ -337,7 +331,7 @@ func TestDynamoPodDeleted(t *testing.T) {
 	f.until("the instance", func(v *registrytest.View) bool { return servedAt(v, w) })
 	e.cp.DeletePod(t, pod)
 	f.until("the instance removed", func(v *registrytest.View) bool { return v.Len() == 0 })
-	waitDWMGone(t, e.cp, e.ns, pod.Name)
+	e.cp.WaitGoneResource(t, kube.DynamoGVR, e.ns, pod.Name)
 	if list, _, err := e.d.List(kubetest.Ctx(t), beacon.Query{}); err != nil || len(list) != 0 {
 		t.Fatalf("List after the pod was deleted: %v, %v", list, err)
 	}
@@ -384,7 +378,7 @@ func TestDynamoResync(t *testing.T) {
 	f.until("a stale batch", func(*registrytest.View) bool { return f.batches[len(f.batches)-1].Kind == registry.Stale })
 	since := len(f.batches)
 	e.cp.DeletePod(t, pod)
-	waitDWMGone(t, e.cp, e.ns, pod.Name)
+	e.cp.WaitGoneResource(t, kube.DynamoGVR, e.ns, pod.Name)
 	moved := w
 	moved.tcp = "10.244.6.2:9999/generate"
 	e.write(t, e.cp.ReadyPod(t, e.ns, "vllm-worker-0"), metadata(moved))
@@ -407,26 +401,4 @@ func TestDynamoResync(t *testing.T) {
 		t.Fatalf("no Resync after the Stale batch: %v", kinds(f.batches))
 	}
 	t.Logf("batches after the cut: %v", kinds(f.batches[since-1:]))
-}
-
-// waitDWMGone waits until the DynamoWorkerMetadata ns/name does not exist.
-func waitDWMGone(t *testing.T, cp *kubetest.ControlPlane, ns, name string) {
-	t.Helper()
-	sel := fields.OneTermEqualSelector("metadata.name", name).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = sel
-			return cp.Dynamic.Resource(kube.DynamoGVR).Namespace(ns).List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = sel
-			return cp.Dynamic.Resource(kube.DynamoGVR).Namespace(ns).Watch(ctx, o)
-		},
-	}
-	_, err := watchtools.UntilWithSync(kubetest.Ctx(t), lw, nil, func(store cache.Store) (bool, error) {
-		return len(store.List()) == 0, nil
-	}, func(e watch.Event) (bool, error) { return e.Type == watch.Deleted, nil })
-	if err != nil {
-		t.Fatalf("waiting for the garbage collector to delete DynamoWorkerMetadata %s/%s: %v", ns, name, err)
-	}
 }
