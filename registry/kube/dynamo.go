@@ -199,11 +199,9 @@ func decodeDynamo(u *unstructured.Unstructured, _ int, last *setInfo) (*setInfo,
 		}
 		for _, name := range slices.Sorted(maps.Keys(entries)) {
 			key := b.prefix + name
-			e, err := decodeEntry(key, entries[name])
-			switch {
-			case errors.Is(err, dynamo.ErrNotServed):
-				continue
-			case err != nil:
+			value, _ := json.Marshal(entries[name]) // decoded from JSON, it encodes
+			e, err := dynamo.Decode(key, value)
+			if err != nil {
 				skipped = append(skipped, fmt.Errorf("%s: %w", entryPath(key), err))
 				prev, ok := last.entry(key)
 				if !ok {
@@ -277,16 +275,6 @@ func bucket(data map[string]any, field string) (map[string]any, error) {
 		return nil, fmt.Errorf("spec.data.%s is a %T, not an object of entries by key", field, raw)
 	}
 	return entries, nil
-}
-
-// decodeEntry decodes the value of one entry, as the API server gives it,
-// at its etcd-equivalent key.
-func decodeEntry(key string, v any) (dynamo.Entry, error) {
-	value, err := json.Marshal(v)
-	if err != nil {
-		return dynamo.Entry{}, &dynamo.EntryError{Key: key, Err: err}
-	}
-	return dynamo.Decode(key, value)
 }
 
 // entry returns the entry the set held at key, if any (s may be nil).

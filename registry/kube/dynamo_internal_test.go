@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -91,6 +92,32 @@ func TestDecodeDynamo(t *testing.T) {
 	}
 	if w.ID != "000000000000002a" || w.Metadata[dynamo.MetaInstanceID] != "42" {
 		t.Fatalf("ID %s, instance_id %s", w.ID, w.Metadata[dynamo.MetaInstanceID])
+	}
+	for key, want := range map[string]string{
+		"v1/instances/dyn/c/e/2a": `spec.data.endpoints["dyn/c/e/2a"]`,
+		"v1/mdc/dyn/c/e/2a/lora":  `spec.data.model_cards["dyn/c/e/2a/lora"]`,
+		"elsewhere":               "elsewhere",
+	} {
+		if got := entryPath(key); got != want {
+			t.Errorf("entryPath(%q) = %s, want %s", key, got, want)
+		}
+	}
+}
+
+// Collisions are remembered up to a bound, then all forgotten.
+func TestCollisionsBounded(t *testing.T) {
+	var c collisions
+	for i := range maxCollisions {
+		if !c.first(fmt.Sprint(i), "a@1") {
+			t.Fatalf("collision %d not new", i)
+		}
+	}
+	if c.first("0", "a@1") {
+		t.Fatal("a remembered collision reported again")
+	}
+	c.first("new", "a@1")
+	if !c.first("0", "a@1") || len(c.seen) != 2 {
+		t.Fatalf("past the bound, %d remembered", len(c.seen))
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 )
 
@@ -72,19 +73,26 @@ func newDynamoEnv(t *testing.T, configure func(*kube.Config)) *dynamoEnv {
 	cp := kubetest.Shared(t)
 	installDynamoCRD(t, cp)
 	ns := cp.Namespace(t)
+	dynamoService(t, cp, ns, map[string]string{kubetest.PodLabel: "true"})
+	return &dynamoEnv{cp: cp, ns: ns, d: openDynamo(t, cp, ns, configure)}
+}
+
+// dynamoService creates a headless Service labelled as Dynamo's operator
+// labels them, selecting the pods with the given labels.
+func dynamoService(t *testing.T, cp *kubetest.ControlPlane, ns string, selector map[string]string) {
+	t.Helper()
 	_, err := cp.Core.Services(ns).Create(kubetest.Ctx(t), &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "dynamo-workers", Labels: map[string]string{
 			kube.DynamoBackendLabel: kube.DynamoBackendLabelValue, kube.DynamoEnabledLabel: kube.DynamoEnabledLabelValue}},
 		Spec: corev1.ServiceSpec{
 			ClusterIP: corev1.ClusterIPNone,
-			Selector:  map[string]string{kubetest.PodLabel: "true"},
+			Selector:  selector,
 			Ports:     []corev1.ServicePort{{Name: "system", Port: 9090}},
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &dynamoEnv{cp: cp, ns: ns, d: openDynamo(t, cp, ns, configure)}
 }
 
 // openDynamo opens a Dynamo registry reading ns, closed when the test ends.
@@ -307,14 +315,27 @@ func TestDynamoReadiness(t *testing.T) {
 		}
 	}
 
-	// A namespace whose Service lacks Dynamo's labels: its pods are Ready
-	// in slices Dynamo does not read.
-	plain := e.cp.Namespace(t)
-	ready := e.cp.ReadyPod(t, plain, "w")
-	(&dynamoEnv{cp: e.cp, ns: plain}).write(t, ready, metadata(w))
-	list, _, err := openDynamo(t, e.cp, plain, nil).List(kubetest.Ctx(t), beacon.Query{})
-	if err != nil || len(list) != 0 {
-		t.Fatalf("List with the pod Ready only in unlabelled slices: %v, %v", list, err)
+	// Only slices with Dynamo's labels count. A namespace whose Service
+	// with Beacon's label selects every test pod, and whose Service with
+	// Dynamo's labels selects one: the other is never served, though
+	// Ready (its object was written first, so seeing the second pod's
+	// instance means both were read).
+	plain := &dynamoEnv{cp: e.cp, ns: e.cp.Namespace(t)}
+	dynamoService(t, e.cp, plain.ns, map[string]string{"dynamo-worker": "true"})
+	plain.write(t, e.cp.ReadyPod(t, plain.ns, "beacon-only"), metadata(w))
+	dyn := e.cp.Pod(t, plain.ns, "dyn")
+	_, err := e.cp.Core.Pods(plain.ns).Patch(kubetest.Ctx(t), dyn.Name, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"dynamo-worker":"true"}}}`), metav1.PatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain.write(t, e.cp.SetReady(t, dyn, true), metadata(barrier))
+	plain.d = openDynamo(t, e.cp, plain.ns, nil)
+	pf := follow(t, plain.d, beacon.Query{Namespace: "dynamo"})
+	pf.until("the instance of the pod in the Dynamo-labelled slice", func(v *registrytest.View) bool { return servedAt(v, barrier) })
+	list, _, err := plain.d.List(kubetest.Ctx(t), beacon.Query{})
+	if err != nil || len(list) != 1 || pf.v.Len() != 1 {
+		t.Fatalf("a pod Ready only in slices without Dynamo's labels is served: List %v, %v; watcher %v", list, err, pf.v)
 	}
 }
 
