@@ -327,8 +327,8 @@ func (r *Registry) reportCollision(k string, cands []candidate) {
 	}
 	for _, c := range cands {
 		r.m.invalidEntry()
-		r.log.Warn("skipping an instance that the "+r.kind.kind+" of another Ready pod also holds: none of them is served "+
-			"while more than one pod holding it is Ready", r.kind.logKey(), c.set.key, "entry", entryPath(c.inst.Metadata[dynamo.MetaKey]),
+		r.log.Warn("skipping an instance that the resource of another Ready pod also holds: none of them is served "+
+			"while more than one pod holding it is Ready", "kind", r.kind.kind, r.kind.logKey(), c.set.key, "entry", entryPath(c.inst.Metadata[dynamo.MetaKey]),
 			"instance", k, "held_by", strings.Join(objs, ", "))
 	}
 }
