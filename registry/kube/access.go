@@ -36,7 +36,7 @@ func (r *Registry) readerPermissions() []permission {
 	for _, ns := range r.namespaces {
 		for _, verb := range []string{"list", "watch"} {
 			ps = append(ps,
-				permission{verb, Group, Resource, ns, "to read InstanceSets"},
+				permission{verb, r.kind.group, r.kind.resource, ns, "to read " + r.kind.kind + "s"},
 				permission{verb, "discovery.k8s.io", "endpointslices", ns, "to read which pods are Ready"})
 		}
 	}
@@ -110,16 +110,16 @@ func (r *Registry) checkAccess(ctx context.Context, ps []permission) error {
 	if len(denied) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %s may not %s: %s", ErrForbidden, r.whoAmI(ctx), strings.Join(denied, "; "), grantHint(clusterWide))
+	return fmt.Errorf("%w: %s may not %s: %s", ErrForbidden, r.whoAmI(ctx), strings.Join(denied, "; "), r.grantHint(clusterWide))
 }
 
 // grantHint says which shipped RBAC grants what was denied: the namespaced
 // Role, or, for every namespace, the ClusterRole.
-func grantHint(clusterWide bool) string {
+func (r *Registry) grantHint(clusterWide bool) string {
 	if clusterWide {
-		return "reading every namespace needs a ClusterRole: grant it with deploy/kubernetes/rbac-cluster.yaml, its binding naming the ServiceAccount"
+		return "reading every namespace needs a ClusterRole: grant it with " + r.kind.clusterRole + ", its binding naming the ServiceAccount"
 	}
-	return "grant it with a Role like deploy/kubernetes/rbac.yaml bound to its ServiceAccount"
+	return "grant it with " + r.kind.role + " bound to its ServiceAccount"
 }
 
 // whoAmI names the authenticated user for error messages.

@@ -101,10 +101,16 @@ func TestCRDNotInstalled(t *testing.T) {
 // waitCRD waits until the InstanceSet CRD (nil once deleted) satisfies ok.
 func waitCRD(t *testing.T, cp *kubetest.ControlPlane, ok func(*apiextensionsv1.CustomResourceDefinition) bool) {
 	t.Helper()
+	waitCRDNamed(t, cp, kube.CRDName, ok)
+}
+
+// waitCRDNamed waits until the CRD name (nil once deleted) satisfies ok.
+func waitCRDNamed(t *testing.T, cp *kubetest.ControlPlane, name string, ok func(*apiextensionsv1.CustomResourceDefinition) bool) {
+	t.Helper()
 	ctx := kubetest.Ctx(t)
 	crds := cp.Extension.CustomResourceDefinitions()
 	for {
-		list, err := crds.List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + kube.CRDName})
+		list, err := crds.List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,7 +121,7 @@ func waitCRD(t *testing.T, cp *kubetest.ControlPlane, ok func(*apiextensionsv1.C
 		if ok(cur) {
 			return
 		}
-		w, err := crds.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + kube.CRDName, ResourceVersion: list.ResourceVersion})
+		w, err := crds.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: list.ResourceVersion})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -57,6 +57,39 @@
 // skipped: readers keep the last valid content of that object, count it
 // (beacon_kube_invalid_resources_total) and log it.
 //
+// # The dynamo layout
+//
+// OpenDynamo opens a read-only registry (Dynamo) of what the NVIDIA Dynamo
+// runtime's Kubernetes discovery writes: one DynamoWorkerMetadata
+// (nvidia.com/v1alpha1) per worker pod (per container in its container
+// mode), owned by the pod, whose spec.data.endpoints and
+// spec.data.model_cards hold, by key, the values Dynamo writes in etcd
+// under v1/instances/ and v1/mdc/ (event channels are ignored). Package
+// dynamo decodes them as it does for the store side: the same names, IDs,
+// address, transport and metadata, plus MetaObject and MetaPod, and the
+// object's creation time as the registration time; a model card names the
+// instances of its own object. The same view, List and Watch serve them:
+// an instance is live while its object exists and its pod (the object's
+// one Pod ownerReference, by UID) is Ready in an EndpointSlice labelled
+// DynamoBackendLabel=kubernetes and DynamoEnabledLabel=true, as Dynamo's
+// operator labels its Services. A pod that is not Ready is left out, as
+// above, and as Dynamo's own frontends leave it out (Dynamo has no
+// draining state to map it to); in container mode an object is live while
+// its pod is Ready.
+//
+// An entry Beacon cannot serve is logged once per version of its object,
+// counted (beacon_kube_invalid_entries_total) and skipped, its key keeping
+// its last valid entry if it had one; an object nothing of which is valid
+// (no Pod owner, or several; no spec.data) is skipped as an invalid
+// InstanceSet is. An instance ID that two entries of one object (a padded
+// and an unpadded key) or the objects of two Ready pods hold is served by
+// none of them, and reported. (The API server keeps JSON numbers as
+// int64 or float64, so an instance_id of 2^63 or more, which Dynamo's
+// Kubernetes IDs never are, reads as malformed.) Register is refused with
+// ErrReadOnly. Reading needs list and watch on
+// dynamoworkermetadatas.nvidia.com and endpointslices.discovery.k8s.io
+// (deploy/kubernetes/rbac-dynamo.yaml).
+//
 // # Using it
 //
 // Programs open it by name with backend.OpenRegistry

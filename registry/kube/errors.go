@@ -110,11 +110,11 @@ func (r *Registry) explain(o op, err error) error {
 				ErrForbidden, o.verb, o.resource, o.where(), apiMessage(err), EnvKubeconfig)
 		}
 		return fmt.Errorf("%w: may not %s %s %s (%s): %s",
-			ErrForbidden, o.verb, o.resource, o.where(), apiMessage(err), grantHint(o.namespace == "" && o.verb != "discover"))
+			ErrForbidden, o.verb, o.resource, o.where(), apiMessage(err), r.grantHint(o.namespace == "" && o.verb != "discover"))
 	case apierrors.IsUnauthorized(err):
 		return fmt.Errorf("%w at %s (%s): check the kubeconfig or service account token", ErrUnauthorized, host, apiMessage(err))
-	case apierrors.IsNotFound(err) && o.resource == instanceSetsResource && notFoundResource(err):
-		return fmt.Errorf("%w (%s %s %s: %s)", ErrCRDNotInstalled, o.verb, o.resource, o.where(), apiMessage(err))
+	case apierrors.IsNotFound(err) && o.resource == r.kind.rbacName() && notFoundResource(err):
+		return fmt.Errorf("%w (%s %s %s: %s)", r.kind.notInstalled, o.verb, o.resource, o.where(), apiMessage(err))
 	case o.resource == instanceSetsResource && strings.Contains(apiMessage(err), "field not declared in schema"):
 		// Server-side apply of a field the installed schema lacks.
 		return fmt.Errorf("%w (%s %s %s: %s)", ErrCRDMismatch, o.verb, o.resource, o.where(), apiMessage(err))
@@ -191,7 +191,8 @@ func (e *backendError) Is(target error) bool { return target == store.ErrUnavail
 // unavailable marks err as a backendError when it is one of the registry's
 // errors about the API server or access to it.
 func unavailable(err error) error {
-	for _, s := range []error{ErrForbidden, ErrUnauthorized, ErrUnreachable, ErrUntrusted, ErrCRDNotInstalled, ErrCRDMismatch, ErrInvalidConfig} {
+	for _, s := range []error{ErrForbidden, ErrUnauthorized, ErrUnreachable, ErrUntrusted, ErrCRDNotInstalled, ErrCRDMismatch,
+		ErrDynamoNotInstalled, ErrDynamoMismatch, ErrInvalidConfig} {
 		if errors.Is(err, s) {
 			return &backendError{err}
 		}

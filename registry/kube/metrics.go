@@ -10,6 +10,7 @@ import (
 // Metric names, documented in docs/kubernetes.md.
 const (
 	metricInvalid       = "beacon_kube_invalid_resources_total"
+	metricInvalidEntry  = "beacon_kube_invalid_entries_total"
 	metricWrites        = "beacon_kube_writes_total"
 	metricWriteSeconds  = "beacon_kube_write_duration_seconds"
 	metricRelists       = "beacon_kube_relists_total"
@@ -20,19 +21,24 @@ const (
 // metrics are the registry's collectors: newMetrics always returns working
 // ones, exported only when a Registerer is given.
 type metrics struct {
-	invalid      prometheus.Counter
-	writes       *prometheus.CounterVec
-	writeSeconds prometheus.Histogram
-	relists      prometheus.Counter
-	watching     prometheus.Gauge
-	registered   prometheus.Gauge
+	invalid        prometheus.Counter
+	invalidEntries prometheus.Counter
+	writes         *prometheus.CounterVec
+	writeSeconds   prometheus.Histogram
+	relists        prometheus.Counter
+	watching       prometheus.Gauge
+	registered     prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		invalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: metricInvalid,
-			Help: "InstanceSet versions skipped because they are not valid (their last valid content is kept).",
+			Help: "InstanceSet (or DynamoWorkerMetadata) versions skipped because they are not valid (their last valid content is kept).",
+		}),
+		invalidEntries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricInvalidEntry,
+			Help: "Entries of DynamoWorkerMetadata versions skipped because Beacon cannot serve them (malformed, or an instance ID held twice).",
 		}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: metricWrites,
@@ -61,6 +67,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	var err error
 	m.invalid = promreg.Register(reg, m.invalid, &err)
+	m.invalidEntries = promreg.Register(reg, m.invalidEntries, &err)
 	m.writes = promreg.Register(reg, m.writes, &err)
 	m.writeSeconds = promreg.Register(reg, m.writeSeconds, &err)
 	m.relists = promreg.Register(reg, m.relists, &err)
@@ -71,6 +78,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 func (m *metrics) invalidResource() {
 	m.invalid.Inc()
+}
+
+func (m *metrics) invalidEntry() {
+	m.invalidEntries.Inc()
 }
 
 func (m *metrics) write(err error, d time.Duration) {

@@ -66,6 +66,7 @@ const (
 // It is safe for concurrent use; use one per process.
 type Registry struct {
 	cfg        Config
+	kind       *objects // what it reads: InstanceSets, or DynamoWorkerMetadata
 	log        *slog.Logger
 	m          *metrics
 	host       string
@@ -82,7 +83,8 @@ type Registry struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	valid *validCache
+	valid    *validCache
+	collided collisions // the dynamo layout's collisions reported
 
 	noAccessCheck bool // tests: see the requests' own errors
 
@@ -113,6 +115,11 @@ var (
 // checked when first needed: reader rights by the first List or Watch,
 // writer rights and the pod identity by the first Register.
 func Open(ctx context.Context, cfg Config) (*Registry, error) {
+	return open(ctx, cfg, instanceSets)
+}
+
+// open opens a Registry that reads kind's objects.
+func open(ctx context.Context, cfg Config, kind *objects) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -135,6 +142,7 @@ func Open(ctx context.Context, cfg Config) (*Registry, error) {
 	}
 	r := &Registry{
 		cfg:    cfg,
+		kind:   kind,
 		log:    cfg.Logger.With("component", "registry", "backend", BackendName),
 		m:      m,
 		host:   rc.Host,
@@ -228,7 +236,8 @@ func tune(rc *rest.Config) {
 	}
 }
 
-// probe checks that the API server answers and serves InstanceSets.
+// probe checks that the API server answers and serves the registry's
+// resource (InstanceSets, or DynamoWorkerMetadata).
 func (r *Registry) probe(ctx context.Context) error {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
@@ -238,19 +247,19 @@ func (r *Registry) probe(ctx context.Context) error {
 		return err
 	}
 	for _, a := range res.APIResources {
-		if a.Name == Resource {
+		if a.Name == r.kind.resource {
 			return nil
 		}
 	}
-	return ErrCRDNotInstalled
+	return r.kind.notInstalled
 }
 
-// discoveryResources reads the API server's resources of Beacon's group
-// version; start is when the caller began waiting (for the error's bound,
+// discoveryResources reads the API server's resources of the registry's
+// group version; start is when the caller began waiting (for the error's bound,
 // which ctx's deadline, the caller's or Config.Timeout, sets).
 func (r *Registry) discoveryResources(ctx context.Context, start time.Time) (*metav1.APIResourceList, error) {
 	var res metav1.APIResourceList
-	err := r.rawGet(ctx, "/apis/"+Group+"/"+Version, &res)
+	err := r.rawGet(ctx, "/apis/"+r.kind.group+"/"+r.kind.version, &res)
 	switch {
 	case err == nil:
 		return &res, nil
@@ -264,30 +273,30 @@ func (r *Registry) discoveryResources(ctx context.Context, start time.Time) (*me
 		return nil, fmt.Errorf("%w at %s: no answer within %v: %w; check that the cluster is up and the kubeconfig (%s) "+
 			"or in-cluster configuration points at it", ErrUnreachable, r.host, bound, context.Cause(ctx), EnvKubeconfig)
 	}
-	return nil, r.explain(op{verb: "discover", resource: instanceSetsResource}, err)
+	return nil, r.explain(op{verb: "discover", resource: r.kind.rbacName()}, err)
 }
 
-// groupVersions tells, once the API server has no InstanceSet version of
-// Beacon's, whether the group is served at all: a CRD of another version
-// is not the same as none.
+// groupVersions tells, once the API server does not serve the registry's
+// group version, whether the group is served at all: a CRD of another
+// version is not the same as none.
 func (r *Registry) groupVersions(ctx context.Context) error {
 	var g metav1.APIGroup
-	if err := r.rawGet(ctx, "/apis/"+Group, &g); err != nil || len(g.Versions) == 0 {
-		return ErrCRDNotInstalled
+	if err := r.rawGet(ctx, "/apis/"+r.kind.group, &g); err != nil || len(g.Versions) == 0 {
+		return r.kind.notInstalled
 	}
 	var served []string
 	for _, v := range g.Versions {
 		served = append(served, v.Version)
 	}
-	return fmt.Errorf("%w: the API server serves %s in version %s, and this Beacon reads and writes %s",
-		ErrCRDMismatch, Group, strings.Join(served, ", "), Version)
+	return fmt.Errorf("%w: the API server serves %s in version %s, and this Beacon uses %s %s",
+		r.kind.mismatch, r.kind.group, strings.Join(served, ", "), r.kind.kind, r.kind.version)
 }
 
-// Ping checks that the API server answers, still serves InstanceSets, and
-// lets this client read what List and Watch read in every watched
-// namespace (beacon serve's /readyz): a reader denied one of them would
-// otherwise be ready while every read fails. A granted check is not
-// repeated.
+// Ping checks that the API server answers, still serves the registry's
+// resource (InstanceSets, or DynamoWorkerMetadata), and lets this client
+// read what List and Watch read in every watched namespace (beacon serve's
+// /readyz): a reader denied one of them would otherwise be ready while
+// every read fails. A granted check is not repeated.
 func (r *Registry) Ping(ctx context.Context) error {
 	if r.closed.Load() {
 		return registry.ErrClosed
@@ -361,9 +370,9 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 	)
 	for _, ns := range r.namespaces {
 		g.Go(func() error {
-			list, err := r.dyn.Resource(GVR).Namespace(ns).List(gctx, metav1.ListOptions{})
+			list, err := r.dyn.Resource(r.kind.gvr()).Namespace(ns).List(gctx, metav1.ListOptions{})
 			if err != nil {
-				return r.explain(op{"list", instanceSetsResource, ns}, err)
+				return r.explain(op{"list", r.kind.rbacName(), ns}, err)
 			}
 			var parsed []*setInfo
 			present := make(map[string]bool, len(list.Items))
@@ -383,7 +392,7 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 			return nil
 		})
 		g.Go(func() error {
-			list, rv, err := r.listSlices(gctx, ns, discoverySelector)
+			list, rv, err := r.listSlices(gctx, ns, r.kind.slices)
 			if err != nil {
 				return err
 			}
@@ -401,7 +410,7 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 	if err := g.Wait(); err != nil {
 		return nil, 0, unavailable(err)
 	}
-	live := liveInstances(sets, func(pod string) bool { return ready[pod] })
+	live := r.liveInstances(sets, func(pod string) bool { return ready[pod] })
 	out := make([]beacon.Instance, 0, len(live))
 	for _, c := range live {
 		if q.Matches(c.inst.Ref()) {

@@ -345,7 +345,8 @@ func (h *countingHandler) Handle(_ context.Context, rec slog.Record) error {
 func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
 
-// counterValue returns the value of a counter with one label value.
+// counterValue returns the value of a counter with one label value ("":
+// a counter without labels).
 func counterValue(t *testing.T, g prometheus.Gatherer, name, label string) float64 {
 	t.Helper()
 	mfs, err := g.Gather()
@@ -357,6 +358,9 @@ func counterValue(t *testing.T, g prometheus.Gatherer, name, label string) float
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			if label == "" && len(m.GetLabel()) == 0 {
+				return m.GetCounter().GetValue()
+			}
 			for _, lp := range m.GetLabel() {
 				if lp.GetValue() == label {
 					return m.GetCounter().GetValue()

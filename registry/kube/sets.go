@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/dynamo"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
-// setInfo is the parsed, valid content of one InstanceSet.
+// setInfo is the parsed, valid content of one InstanceSet (or, in the
+// dynamo layout, of one DynamoWorkerMetadata).
 type setInfo struct {
 	key       string // namespace/name
 	uid       string
@@ -26,6 +28,9 @@ type setInfo struct {
 	holder    string
 	created   time.Time
 	instances []beacon.Instance
+	// entries are a DynamoWorkerMetadata's entries Beacon read, by key
+	// (dynamo.go); nil for an InstanceSet.
+	entries map[string]dynamo.Entry
 }
 
 // rawSpec is the spec as read: instances are decoded one by one, so that
@@ -107,30 +112,38 @@ func decodeSet(u *unstructured.Unstructured, maxMetadata int) (*setInfo, error) 
 
 // parseSet returns the set's valid content: its own, or, if it is not valid
 // (edited by hand into garbage), the last valid content seen for the same
-// object UID, or nil if there is none. An invalid version is counted and
-// logged once.
+// object UID, or nil if there is none. An invalid version, and what a
+// valid one skipped (entries of a DynamoWorkerMetadata), are counted and
+// logged once per version.
 func (r *Registry) parseSet(u *unstructured.Unstructured) *setInfo {
-	s, err := decodeSet(u, r.cfg.MaxMetadataSize)
+	uid, key, rv := string(u.GetUID()), u.GetNamespace()+"/"+u.GetName(), u.GetResourceVersion()
+	last := r.valid.last(uid)
+	s, skipped, err := r.kind.decode(u, r.cfg.MaxMetadataSize, last)
 	if err == nil {
 		r.valid.put(s)
+		if len(skipped) > 0 && r.valid.firstReport(uid, key, rv) {
+			for _, e := range skipped {
+				r.m.invalidEntry()
+				r.log.Warn("skipping an entry Beacon cannot serve; the rest of the resource is served",
+					"kind", r.kind.kind, r.kind.logKey(), key, "resourceVersion", rv, "err", e)
+			}
+		}
 		return s
 	}
-	last, first := r.valid.invalid(string(u.GetUID()), u.GetNamespace()+"/"+u.GetName(), u.GetResourceVersion())
-	if first {
+	if r.valid.firstReport(uid, key, rv) {
 		r.m.invalidResource()
 		kept := -1 // no valid content seen: it contributes nothing
 		if last != nil {
 			kept = len(last.instances)
 		}
-		r.log.Warn("skipping an InstanceSet that is not valid; its last valid content is kept",
-			"instanceset", u.GetNamespace()+"/"+u.GetName(), "resourceVersion", u.GetResourceVersion(),
-			"kept_instances", kept, "err", err)
+		r.log.Warn("skipping a resource version that is not valid; its last valid content is kept",
+			"kind", r.kind.kind, r.kind.logKey(), key, "resourceVersion", rv, "kept_instances", kept, "err", err)
 	}
 	return last
 }
 
-// validCache remembers the last valid content of every InstanceSet by
-// object UID, and which invalid versions were already reported.
+// validCache remembers the last valid content of every object by UID, and
+// which versions were already reported (invalid, or skipping entries).
 type validCache struct {
 	mu       sync.Mutex
 	byUID    map[string]*setInfo
@@ -151,14 +164,21 @@ func (c *validCache) put(s *setInfo) {
 	}
 }
 
-// invalid returns the last valid content of uid (object key), and whether
-// version rv was not reported yet.
-func (c *validCache) invalid(uid, key, rv string) (*setInfo, bool) {
+// last returns the last valid content of uid, or nil.
+func (c *validCache) last(uid string) *setInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.byUID[uid]
+}
+
+// firstReport records that version rv of object uid (at key) is reported,
+// and says whether it was not yet.
+func (c *validCache) firstReport(uid, key, rv string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	first := c.reported[uid].rv != rv
 	c.reported[uid] = invalidVersion{key: key, rv: rv}
-	return c.byUID[uid], first
+	return first
 }
 
 // retain forgets the objects of namespace ns ("" for all) whose UIDs a
@@ -202,23 +222,47 @@ func better(a, b candidate) bool {
 	return a.set.key < b.set.key
 }
 
-// liveInstances returns the instances of the sets whose pod is ready, one
-// per ref.
-func liveInstances(sets []*setInfo, ready func(pod string) bool) map[string]candidate {
-	out := map[string]candidate{}
+// liveInstances returns the instance served at each ref the sets whose pod
+// is ready hold (resolve).
+func (r *Registry) liveInstances(sets []*setInfo, ready func(pod string) bool) map[string]candidate {
+	byRef := map[string][]candidate{}
 	for _, s := range sets {
 		if !ready(s.pod) {
 			continue
 		}
 		for _, in := range s.instances {
 			k := refKey(in.Ref())
-			c := candidate{inst: in, set: s}
-			if old, ok := out[k]; !ok || better(c, old) {
-				out[k] = c
-			}
+			byRef[k] = append(byRef[k], candidate{inst: in, set: s})
+		}
+	}
+	out := make(map[string]candidate, len(byRef))
+	for k, cands := range byRef {
+		if c, ok := r.resolve(k, cands); ok {
+			out[k] = c
 		}
 	}
 	return out
+}
+
+// resolve picks the instance served at the ref key k from what the sets
+// of Ready pods offer (cands): the older set's (better), or, when the
+// registry's objects are exclusive (Dynamo's), none as soon as two offer
+// it, reported (reportCollision).
+func (r *Registry) resolve(k string, cands []candidate) (candidate, bool) {
+	switch {
+	case len(cands) == 0:
+		return candidate{}, false
+	case len(cands) > 1 && r.kind.exclusive:
+		r.reportCollision(k, cands)
+		return candidate{}, false
+	}
+	best := cands[0]
+	for _, c := range cands[1:] {
+		if better(c, best) {
+			best = c
+		}
+	}
+	return best, true
 }
 
 // podKey is the key of a pod's readiness: its namespace and UID. Only an

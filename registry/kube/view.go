@@ -55,7 +55,7 @@ type item = shared.Item
 
 // source is one reflector of the view.
 type source struct {
-	what   string // "instancesets" or "endpointslices"
+	what   string // the objects' resource ("instancesets") or "endpointslices"
 	ns     string
 	synced bool
 	err    error
@@ -63,6 +63,8 @@ type source struct {
 	watch  *relistingWatch // its current watch, if any
 }
 
+// view is the registry's shared watch state. Lock order: view.mu, then
+// the Registry's collisions.mu (a leaf, taken by resolve).
 type view struct {
 	r *Registry
 
@@ -108,17 +110,18 @@ func (r *Registry) viewFor() *view {
 	r.view = v
 	logger := logr.FromSlogHandler(r.log.Handler())
 	ctx := klog.NewContext(r.ctx, logger)
+	kind := r.kind
 	for _, ns := range r.namespaces {
-		sets := &source{what: Resource, ns: ns}
+		sets := &source{what: kind.resource, ns: ns}
 		sl := &source{what: "endpointslices", ns: ns}
 		v.sources = append(v.sources, sets, sl)
 		r.runReflector(ctx, logger, sets, &unstructured.Unstructured{}, &listWatch{
 			r: r, src: sets, v: v,
 			list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return r.dyn.Resource(GVR).Namespace(ns).List(ctx, o)
+				return r.dyn.Resource(kind.gvr()).Namespace(ns).List(ctx, o)
 			},
 			watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return r.dyn.Resource(GVR).Namespace(ns).Watch(ctx, o)
+				return r.dyn.Resource(kind.gvr()).Namespace(ns).Watch(ctx, o)
 			},
 		}, &sink{
 			add:     func(o any) { v.setChanged(o.(*unstructured.Unstructured)) },
@@ -128,11 +131,11 @@ func (r *Registry) viewFor() *view {
 		r.runReflector(ctx, logger, sl, &unstructured.Unstructured{}, &listWatch{
 			r: r, src: sl, v: v,
 			list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				o.LabelSelector = discoverySelector
+				o.LabelSelector = kind.slices
 				return r.dyn.Resource(endpointSlicesGVR).Namespace(ns).List(ctx, o)
 			},
 			watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				o.LabelSelector = discoverySelector
+				o.LabelSelector = kind.slices
 				return r.dyn.Resource(endpointSlicesGVR).Namespace(ns).Watch(ctx, o)
 			},
 		}, &sink{
@@ -189,8 +192,8 @@ func (lw *listWatch) Watch(o metav1.ListOptions) (watch.Interface, error) {
 }
 
 func (lw *listWatch) resource() string {
-	if lw.src.what == Resource {
-		return instanceSetsResource
+	if lw.src.what == lw.r.kind.resource {
+		return lw.r.kind.rbacName()
 	}
 	return endpointSlicesResource
 }
@@ -669,26 +672,11 @@ func (v *view) publishLocked(dirty map[string]bool) {
 	slices.Sort(keys)
 	changed := false
 	for _, k := range keys {
-		var best *candidate
-		for setKey := range v.refSets[k] {
-			s := v.sets[setKey]
-			if v.readyCount[s.pod] == 0 {
-				continue
-			}
-			for _, in := range s.instances {
-				if refKey(in.Ref()) == k {
-					c := candidate{inst: in, set: s}
-					if best == nil || better(c, *best) {
-						best = &c
-					}
-					break
-				}
-			}
-		}
+		best, ok := v.r.resolve(k, v.candidatesLocked(k))
 		old, _ := v.state.Get(k)
 		switch {
-		case best == nil && old == nil:
-		case best == nil:
+		case !ok && old == nil:
+		case !ok:
 			v.state.Delete(old, v.state.Rev())
 			changed = true
 		case old != nil && old.Inst.Equal(best.inst):
@@ -702,4 +690,23 @@ func (v *view) publishLocked(dirty map[string]bool) {
 		v.state.Trim()
 		v.notifyLocked()
 	}
+}
+
+// candidatesLocked returns what the objects of Ready pods offer at the ref
+// key k.
+func (v *view) candidatesLocked(k string) []candidate {
+	var out []candidate
+	for setKey := range v.refSets[k] {
+		s := v.sets[setKey]
+		if v.readyCount[s.pod] == 0 {
+			continue
+		}
+		for _, in := range s.instances {
+			if refKey(in.Ref()) == k {
+				out = append(out, candidate{inst: in, set: s})
+				break
+			}
+		}
+	}
+	return out
 }

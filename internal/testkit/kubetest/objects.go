@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -203,16 +204,23 @@ func (cp *ControlPlane) DeletePod(tb testing.TB, pod *corev1.Pod) {
 // WaitGone waits until the InstanceSet ns/name does not exist.
 func (cp *ControlPlane) WaitGone(tb testing.TB, ns, name string) {
 	tb.Helper()
+	cp.WaitGoneResource(tb, kube.GVR, ns, name)
+}
+
+// WaitGoneResource waits until the object ns/name of resource gvr does not
+// exist.
+func (cp *ControlPlane) WaitGoneResource(tb testing.TB, gvr schema.GroupVersionResource, ns, name string) {
+	tb.Helper()
 	ctx := Ctx(tb)
 	sel := fields.OneTermEqualSelector("metadata.name", name).String()
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = sel
-			return cp.Dynamic.Resource(kube.GVR).Namespace(ns).List(ctx, o)
+			return cp.Dynamic.Resource(gvr).Namespace(ns).List(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = sel
-			return cp.Dynamic.Resource(kube.GVR).Namespace(ns).Watch(ctx, o)
+			return cp.Dynamic.Resource(gvr).Namespace(ns).Watch(ctx, o)
 		},
 	}
 	present := false
@@ -223,7 +231,7 @@ func (cp *ControlPlane) WaitGone(tb testing.TB, ns, name string) {
 		return e.Type == watch.Deleted, nil
 	})
 	if err != nil {
-		tb.Fatalf("kubetest: waiting for InstanceSet %s/%s to be deleted: %v", ns, name, err)
+		tb.Fatalf("kubetest: waiting for %s %s/%s to be deleted: %v", gvr.Resource, ns, name, err)
 	}
 }
 
