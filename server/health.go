@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/health"
+	"github.com/beaconplane/beacon/registry"
 )
 
 // HealthConfig configures the server's health checker (package health,
@@ -35,6 +37,9 @@ func (c HealthConfig) validate(cfg Config) []error {
 	case cfg.Store != nil:
 	case name == backend.Kubernetes || cfg.Backend.IsRegistry():
 		errs = append(errs, fmt.Errorf("Config.Health.Enabled: the %s backend keeps no store for verdicts, and its readiness is the check: turn health checks off", name))
+	}
+	if cfg.Registry.Layout == registry.LayoutDynamo {
+		errs = append(errs, errors.New("Config.Health.Enabled: the dynamo layout is a read-only view of what the Dynamo runtime writes: no checker registers or writes verdicts there; turn health checks off"))
 	}
 	if c.CheckerID != "" {
 		if err := health.ValidateCheckerID(c.CheckerID); err != nil {

@@ -5,17 +5,20 @@ import (
 	"testing"
 
 	"github.com/beaconplane/beacon/backend"
+	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server"
 	"github.com/spf13/cobra"
 )
 
 // TestHealthFlags: health checks are on by default over every store
 // backend, off by default for kubernetes (readiness is the check), where
-// asking for them is refused naming the flag.
+// asking for them is refused naming the flag, and so for the dynamo layout
+// (a read-only view).
 func TestHealthFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args    []string
 		backend string
+		layout  registry.Layout
 		on      bool
 		err     string
 	}{
@@ -24,6 +27,8 @@ func TestHealthFlags(t *testing.T) {
 		{args: []string{"--health-checks=false"}, backend: backend.Etcd},
 		{backend: backend.Kubernetes},
 		{args: []string{"--health-checks"}, backend: backend.Kubernetes, on: true, err: "--health-checks: the kubernetes backend keeps no store"},
+		{backend: backend.Etcd, layout: registry.LayoutDynamo},
+		{args: []string{"--health-checks"}, backend: backend.Etcd, layout: registry.LayoutDynamo, on: true, err: "--health-checks: the dynamo layout is a read-only view"},
 		{args: []string{"--health-checker-id", "node 1"}, backend: backend.Etcd, on: true, err: `--health-checker-id: checker ID "node 1"`},
 	} {
 		var cfg server.Config
@@ -32,8 +37,8 @@ func TestHealthFlags(t *testing.T) {
 		if err := cmd.Flags().Parse(tc.args); err != nil {
 			t.Fatal(err)
 		}
-		cfg.Backend.Name = tc.backend
-		healthFlags(cmd, &cfg.Health, tc.backend)
+		cfg.Backend.Name, cfg.Registry.Layout = tc.backend, tc.layout
+		healthFlags(cmd, &cfg.Health, tc.backend, tc.layout)
 		if cfg.Health.Enabled != tc.on {
 			t.Errorf("%v with %s: health checks %v, want %v", tc.args, tc.backend, cfg.Health.Enabled, tc.on)
 		}
