@@ -113,7 +113,6 @@ func TestDynamoLayoutCLI(t *testing.T) {
 		{args: []string{"ls", "--layout", "v1", "--endpoints", ep}, want: `--layout "v1": want beacon or dynamo`},
 		{args: []string{"ls", "--endpoints", ep}, env: []string{"BEACON_LAYOUT=Dynamo"}, want: `BEACON_LAYOUT="Dynamo"`},
 		{args: []string{"ls", "--layout", "dynamo", "--root", "/beacon", "--endpoints", ep}, want: "which have no root"},
-		{args: []string{"watch", "--layout", "dynamo", "--backend", "kubernetes"}, want: "no Dynamo keys to read"},
 		{args: []string{"dynamo", "explain", "dynamo/backend/generate"}, want: "want namespace/component/endpoint/id"},
 		{args: []string{"dynamo", "explain", "dynamo/backend/generate/2A"}, want: "not lower-case hex"},
 	})

@@ -29,9 +29,9 @@ func resolveLayout(cmd *cobra.Command, be string) (registry.Layout, error) {
 	if err != nil {
 		return "", usagef("%v: want %s or %s", s, registry.LayoutBeacon, registry.LayoutDynamo)
 	}
-	if l == registry.LayoutDynamo && (backend.Config{Name: be}).IsRegistry() {
-		return "", usagef("%v: the %s backend has no Dynamo keys to read (Dynamo's DynamoWorkerMetadata resources are not read yet): "+
-			"point Beacon at the etcd of a Dynamo deployment that uses it (--backend etcd --endpoints ..., docs/dynamo.md)", s, be)
+	if l == registry.LayoutDynamo && be != backend.Kubernetes && (backend.Config{Name: be}).IsRegistry() {
+		return "", usagef("%v: the %s backend has no Dynamo registrations to read: "+
+			"point Beacon at the etcd (--backend etcd --endpoints ...) or the Kubernetes cluster (--backend kubernetes) of a Dynamo deployment (docs/dynamo.md)", s, be)
 	}
 	return l, nil
 }

@@ -66,7 +66,8 @@ var DynamoGVR = schema.GroupVersionResource{Group: DynamoGroup, Version: DynamoV
 
 var (
 	// ErrReadOnly reports a write to a Dynamo registry (OpenDynamo).
-	ErrReadOnly = errors.New("kube: the dynamo layout is a read-only view of what the Dynamo runtime writes")
+	// It is registry.ErrReadOnlyLayout, as over a store.
+	ErrReadOnly = registry.ErrReadOnlyLayout
 	// ErrDynamoNotInstalled reports a cluster that does not serve
 	// DynamoWorkerMetadata.
 	ErrDynamoNotInstalled = errors.New("kube: the DynamoWorkerMetadata custom resource definition (" + DynamoResource + "." +

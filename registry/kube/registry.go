@@ -34,15 +34,13 @@ func init() {
 			return nil, fmt.Errorf("%w: a key root (%q) does not apply to the %s backend, which stores no keys",
 				ErrInvalidConfig, dc.Registry.Root, BackendName)
 		}
-		if dc.Registry.Layout == registry.LayoutDynamo {
-			return nil, fmt.Errorf("%w: the %s layout is not read from Kubernetes yet (DynamoWorkerMetadata resources): "+
-				"point Beacon at the etcd of a Dynamo deployment that uses it (DYN_DISCOVERY_BACKEND=etcd), see docs/dynamo.md",
-				ErrInvalidConfig, registry.LayoutDynamo)
-		}
 		cfg := ConfigFromEnv(dc.Env())
 		cfg.MaxMetadataSize = dc.Registry.MaxMetadataSize
 		cfg.DrainGrace = dc.Registry.DrainGrace
 		cfg.Logger, cfg.Metrics = dc.Registry.Logger, dc.Registry.Metrics
+		if dc.Registry.Layout == registry.LayoutDynamo {
+			return OpenDynamo(ctx, cfg) // DynamoWorkerMetadata resources, read-only
+		}
 		return Open(ctx, cfg)
 	})
 }
