@@ -3,7 +3,6 @@ package registry
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -58,7 +57,9 @@ func (r *StoreRegistry) readDynamo(kv store.KeyValue, put bool) dynRead {
 	case errors.Is(err, dynamo.ErrNotServed):
 	case err != nil:
 		d.bad = true
-		r.dynBad.report(slog.LevelError, kv.Key, kv.ModRevision, "skipping a Dynamo entry Beacon cannot serve", err)
+		if r.dynBad.first(kv.Key, kv.ModRevision) {
+			r.dynBad.log.Error("skipping a Dynamo entry Beacon cannot serve", "key", kv.Key, "revision", kv.ModRevision, "err", err)
+		}
 	default:
 		d.e, d.ok = e, true
 	}
@@ -119,8 +120,10 @@ func (v *dynView) reportCollision(ref beacon.Ref) {
 	keys := v.cat.Colliding(ref)
 	for _, key := range keys {
 		_, src, _ := v.cat.Get(key)
-		v.rep.report(slog.LevelError, key, src.mod, "skipping Dynamo entries whose instance IDs are one Beacon ID (a padded and an unpadded ID?): "+
-			"neither is served while both exist", errCollision{ref: ref, keys: keys})
+		if v.rep.first(key, src.mod) {
+			v.rep.log.Error("skipping Dynamo entries whose instance IDs are one Beacon ID (a padded and an unpadded ID?): neither is served while both exist",
+				"key", key, "revision", src.mod, "err", errCollision{ref: ref, keys: keys})
+		}
 	}
 }
 

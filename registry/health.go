@@ -357,7 +357,9 @@ func (b *healthBoard) report(c panicChange) {
 // malformed reports a stored verdict that is not one, once per key and
 // revision; the view reads it as no verdict.
 func (b *healthBoard) malformed(key string, rev int64, err error) {
-	b.bad.report(slog.LevelWarn, key, rev, "a stored health verdict is not valid; reading it as no verdict (health unknown)", err)
+	if b.bad.first(key, rev) {
+		b.bad.log.Warn("a stored health verdict is not valid; reading it as no verdict (health unknown)", "key", key, "revision", rev, "err", err)
+	}
 }
 
 // readKV reads one stored key/value (put: false for a deletion, which has

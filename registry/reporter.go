@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"context"
 	"log/slog"
 	"sync"
 )
@@ -23,18 +22,19 @@ func newReporter(log *slog.Logger, m *metrics, limit int) *reporter {
 	return &reporter{log: log, m: m, limit: limit, seen: make(map[string]int64)}
 }
 
-// report logs msg at level with the key, the revision and err, unless it
-// was reported for that key and revision already.
-func (p *reporter) report(level slog.Level, key string, rev int64, msg string, err error) {
+// first counts the value at key and rev and reports whether it is the
+// first time: the caller then logs it (with p.log, the key, the revision
+// and why).
+func (p *reporter) first(key string, rev int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if r, ok := p.seen[key]; ok && r == rev {
-		return
+		return false
 	}
 	if len(p.seen) >= p.limit {
 		clear(p.seen)
 	}
 	p.seen[key] = rev
 	p.m.invalidValue()
-	p.log.Log(context.Background(), level, msg, "key", key, "revision", rev, "err", err)
+	return true
 }
