@@ -419,9 +419,16 @@ func TestLsWatchShowHealth(t *testing.T) {
 	a := beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http", ID: "00000000000000a1", Address: "10.0.0.1:80",
 		Status: beacon.StatusServing, RegisteredAt: time.Now().UTC()}
 	put(healthtest.Passing(a))
+	for _, id := range []string{"00000000000000b1", "00000000000000c1"} {
+		// Two more that pass: one failing instance of three is below
+		// the panic threshold, so it is shown failing, not in panic.
+		other := a
+		other.ID = id
+		put(healthtest.Passing(other))
+	}
 
 	w := startBeacon(t, dir, nil, "watch", "prod", "--endpoints", ep)
-	if l := w.waitLine(t, "snapshot added", 30*time.Second); !strings.Contains(l, "serving health=passing rev=") {
+	if l := w.waitLine(t, "00000000000000a1", 30*time.Second); !strings.Contains(l, "snapshot added") || !strings.Contains(l, "serving health=passing rev=") {
 		t.Fatalf("snapshot line %q, want the verdict", l)
 	}
 	w.waitLine(t, "synced", 10*time.Second)
