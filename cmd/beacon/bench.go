@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -155,4 +156,14 @@ func checkPeer(p bench.Peer, path string, used bool) error {
 		return usage(err)
 	}
 	return nil
+}
+
+// beaconCommand returns the command line that runs this beacon binary with
+// args: what the scenarios that start beacon processes (serve, proxy) run.
+func beaconCommand(args ...string) ([]string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find the beacon binary to run: %w", err)
+	}
+	return append([]string{exe}, args...), nil
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"log/slog"
-	"os"
 
 	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
@@ -44,11 +43,10 @@ minute and a half on 2 cores.`,
 			f.IntVar(&cfg.Window, "window", 5, "intervals over which probes are counted")
 		},
 		prepare: func(*cobra.Command) error {
-			exe, err := os.Executable()
-			if err != nil {
+			var err error
+			if cfg.BeaconCommand, err = beaconCommand(); err != nil {
 				return err
 			}
-			cfg.BeaconCommand = []string{exe}
 			return usage(cfg.Validate())
 		},
 		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {

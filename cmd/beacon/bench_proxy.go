@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/lab/bench"
@@ -59,11 +57,10 @@ stops both proxies and etcd and removes the keys written.`,
 		},
 		cpuProfile: "write a CPU profile of the benchmark's process (clients and etcd; the proxies have --pprof) to this file",
 		prepare: func(*cobra.Command) error {
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("find the beacon binary to run the proxy: %w", err)
+			var err error
+			if cfg.BeaconCommand, err = beaconCommand("proxy"); err != nil {
+				return err
 			}
-			cfg.BeaconCommand = []string{exe, "proxy"}
 			if err := cfg.Validate(); err != nil {
 				return usage(err)
 			}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"log/slog"
-	"os"
 
 	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
@@ -45,11 +44,10 @@ default run takes about a minute on 2 cores; the documented full size is
 			f.IntVar(&cfg.Changes, "changes", 20, "changes of that service to time")
 		},
 		prepare: func(*cobra.Command) error {
-			exe, err := os.Executable()
-			if err != nil {
+			var err error
+			if cfg.BeaconCommand, err = beaconCommand(); err != nil {
 				return err
 			}
-			cfg.BeaconCommand = []string{exe}
 			return usage(cfg.Validate())
 		},
 		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
