@@ -127,14 +127,17 @@ grpc.health.v1 service at --addr; grpc:SERVICE asks for one service), http:/PATH
 (GET of PATH; a 2xx answer passes), or tcp (a connection opens). After
 --check-fall failures in a row the instance is left out of routing (DNS,
 resolvers, xDS) as a draining one is, and after --check-rise passes in a row it
-is back; it stays registered either way. ttl:DURATION (the service reports
-itself) is for registrations made over HTTP or with the library: this command
-has nothing to report with.
+is back; it stays registered either way. ttl:DURATION: the service reports
+itself, on this command's standard input — each line says it is fine (its
+content is not read); the check fails when no line came for DURATION, and
+when standard input ends no report follows. Lines are coalesced to at most
+one write per DURATION/4.
 
 ` + registryConnHelp,
 		Example: `  beacon register prod/api/http --addr 10.0.0.5:8080 --meta zone=a --meta weight=10
   beacon register prod/llm/generate --addr 10.0.0.6:9000 --transport tcp --ttl 5s -o json
-  beacon register prod/api/http --addr 10.0.0.5:8080 --check http:/healthz --check-interval 5s`,
+  beacon register prod/api/http --addr 10.0.0.5:8080 --check http:/healthz --check-interval 5s
+  while ./selftest; do echo ok; sleep 10; done | beacon register prod/batch/jobs --addr 10.0.0.7:7000 --check ttl:30s`,
 		Args: cobra.ExactArgs(1),
 		RunE: rf.run,
 	}
@@ -148,7 +151,7 @@ has nothing to report with.
 	f.DurationVar(&rf.drain, "drain", 0, "on interrupt, advertise the instance as draining for this long before removing it (a second signal cuts it short; 0, the default: removed at once)")
 	f.StringVarP(&rf.output, "output", "o", "text", "text or json (one JSON object per line)")
 	f.DurationVar(&rf.startTimeout, "start-timeout", 0, "give up (exit 1) if the store has not answered within this long at start; 0: keep trying until interrupted")
-	f.StringVar(&rf.check, "check", "", "health check run by beacon serve: grpc, grpc:SERVICE, http:/PATH or tcp (default: none)")
+	f.StringVar(&rf.check, "check", "", "health check: grpc, grpc:SERVICE, http:/PATH or tcp (run by beacon serve), or ttl:DURATION (reported on standard input) (default: none)")
 	f.DurationVar(&rf.checkInterval, "check-interval", beacon.DefaultCheckInterval, "how often the check runs (500ms to 10m; with --check)")
 	f.DurationVar(&rf.checkTimeout, "check-timeout", beacon.DefaultCheckTimeout, "how long one probe may take (50ms up to --check-interval; with --check)")
 	f.IntVar(&rf.checkRise, "check-rise", beacon.DefaultCheckRise, "passes in a row that bring a failing instance back (1 to 100; with --check)")
@@ -208,7 +211,11 @@ func (rf *registerFlags) run(cmd *cobra.Command, args []string) error {
 		return err // r == nil: interrupted before the store answered
 	}
 	defer r.Close()
-	return runRegister(ctx, rf.conn, r, reg, rf.drain, emit)
+	reports, err := newTTLReports(rf.conn, r, reg, cmd.InOrStdin(), emit, logger)
+	if err != nil {
+		return errors.Join(err, reg.Close())
+	}
+	return runRegister(ctx, rf.conn, r, reg, rf.drain, emit, reports)
 }
 
 // checkFlags are the flags that set a check's timing, each with the field
@@ -232,7 +239,7 @@ func (rf *registerFlags) parseCheck(cmd *cobra.Command) (*beacon.Check, error) {
 	if rf.check == "" {
 		for _, cf := range checkFlags {
 			if flags.Changed(cf.name) {
-				return nil, usagef("--%s: set --check too (grpc, grpc:SERVICE, http:/PATH or tcp): without a check there is nothing to time", cf.name)
+				return nil, usagef("--%s: set --check too (grpc, grpc:SERVICE, http:/PATH, tcp or ttl:DURATION): without a check there is nothing to time", cf.name)
 			}
 		}
 		return nil, nil
@@ -240,11 +247,6 @@ func (rf *registerFlags) parseCheck(cmd *cobra.Command) (*beacon.Check, error) {
 	c, err := beacon.ParseCheck(rf.check)
 	if err != nil {
 		return nil, usagef("--check %q: %w", rf.check, err)
-	}
-	if c.Kind == beacon.CheckTTL {
-		return nil, usagef("--check %q: a TTL check passes while its service reports that it is fine, and beacon register has "+
-			"nothing to report with: declare grpc, http:/PATH or tcp, or register over HTTP (POST /v1/registry/instances) and report "+
-			"with POST .../report", rf.check)
 	}
 	if rf.conn.backendName() == backend.Kubernetes {
 		return nil, usagef("--check: on the kubernetes backend the pod's readiness is the check (an instance is live while its pod is Ready): give the container a readinessProbe instead")
@@ -401,8 +403,10 @@ func closeRegistry(r registry.Registry) {
 }
 
 // runRegister keeps reg advertised, printing every change of the session's
-// state, until ctx ends; then it deregisters.
-func runRegister(ctx context.Context, conn *registryConn, r registry.Registry, reg registry.Registration, drain time.Duration, emit emitFunc) error {
+// state and writing its TTL check's reports (if reports is not nil), until
+// ctx ends; then it stops the reports and deregisters.
+func runRegister(ctx context.Context, conn *registryConn, r registry.Registry, reg registry.Registration, drain time.Duration, emit emitFunc,
+	reports *ttlReports) error {
 	got := reg.Instance()
 	bound := conn.command // bound on deregistering
 	if l, ok := r.(leased); ok {
@@ -417,6 +421,7 @@ func runRegister(ctx context.Context, conn *registryConn, r registry.Registry, r
 		emit(registerLine{Event: "registered", Instance: &got},
 			fmt.Sprintf("registered %s at %s; Ctrl-C deregisters", got.Ref(), printable(got.Address)))
 	}
+	defer reports.start(ctx)()
 	var states <-chan registry.StateChange
 	if sr, ok := r.(registry.SessionReporter); ok {
 		states = sr.States()
