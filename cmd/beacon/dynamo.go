@@ -94,7 +94,7 @@ func runExplain(cmd *cobra.Command, conn *clientFlags, arg, output string) error
 			kvs = append(kvs, dynamo.KV{Key: kv.Key, Value: kv.Value, ModRevision: kv.ModRevision, Lease: int64(kv.Lease)})
 		}
 	}
-	x := dynamo.Explain(ref, kvs, func(id int64) dynamo.LeaseState { return leaseState(ctx, conn, st, id) })
+	x := dynamo.Explain(ref, kvs, dynamo.Etcd(func(id int64) dynamo.LeaseState { return leaseState(ctx, conn, st, id) }))
 	if output == "json" {
 		err = writeExplainJSON(cmd.OutOrStdout(), arg, x)
 	} else {
