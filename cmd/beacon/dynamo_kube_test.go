@@ -180,7 +180,7 @@ func TestDynamoExplainKubernetes(t *testing.T) {
 			"DYN_DISCOVERY_BACKEND=kubernetes"}},
 		{"in two resources", "25", "key=fail key=ok value=ok pod=ok readiness=ok key=ok value=ok pod=ok readiness=ok name=ok model card=warn", []string{
 			"2 resources hold this instance: " + c.ns + "/twin-0, " + c.ns + "/twin-1, alive in more than one",
-			"two workers have one instance ID"}},
+			"two workers have one instance ID", "delete the stale ones among " + c.ns + "/twin-0, " + c.ns + "/twin-1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x, b := explain(t, tc.id, "DYN_DISCOVERY_BACKEND=kubernetes")

@@ -121,13 +121,18 @@ func (s *explainSource) Stale(kvs []dynamo.KV) string {
 			holders = append(holders, kv.Holder)
 		}
 	}
-	if len(holders) == 1 {
-		ns, name, _ := strings.Cut(holders[0], "/")
+	kind := strings.ToLower(DynamoKind)
+	ns, name, _ := strings.Cut(holders[0], "/")
+	switch {
+	case len(holders) == 1 && len(kvs) > 1: // two keys of one instance in one resource
 		return fmt.Sprintf("restart the pod of %s %s (its runtime writes the resource anew), or edit the stale entry out "+
-			"(kubectl edit %s -n %s %s)", DynamoKind, holders[0], strings.ToLower(DynamoKind), ns, name)
+			"(kubectl edit %s -n %s %s)", DynamoKind, holders[0], kind, ns, name)
+	case len(holders) == 1:
+		return fmt.Sprintf("delete the stale resource %s (kubectl delete %s -n %s %s); the garbage collector deletes a "+
+			"resource with its pod", holders[0], kind, ns, name)
 	}
-	return fmt.Sprintf("delete the stale resource among %s (kubectl delete %s -n NAMESPACE NAME); the garbage collector "+
-		"deletes a resource with its pod", strings.Join(holders, ", "), strings.ToLower(DynamoKind))
+	return fmt.Sprintf("delete the stale ones among %s (kubectl delete %s -n NAMESPACE NAME); the garbage collector "+
+		"deletes a resource with its pod", strings.Join(holders, ", "), kind)
 }
 
 // Live checks the resource's pod and, if it is there (or cannot be told),

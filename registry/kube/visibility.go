@@ -55,7 +55,7 @@ func (r *Registry) readiness(ctx context.Context, namespace, name, uid string) (
 		return podReadiness{}, err
 	}
 	var rd podReadiness
-	var unlabelled, notReady []string
+	var unlabelled, notReady, readyIn []string
 	for _, s := range list {
 		cond, ready, listed := podIn(s, uid)
 		if !listed {
@@ -69,7 +69,7 @@ func (r *Registry) readiness(ctx context.Context, namespace, name, uid string) (
 		case !ready:
 			notReady = append(notReady, fmt.Sprintf("%s (%s)", sname, conditions(cond)))
 		default:
-			rd.Visible = true
+			rd.Visible, readyIn = true, append(readyIn, sname)
 		}
 	}
 	pod, labels := namespace+"/"+name, strings.ReplaceAll(r.kind.slices, ",", " ")
@@ -79,7 +79,7 @@ func (r *Registry) readiness(ctx context.Context, namespace, name, uid string) (
 	}
 	switch {
 	case rd.Visible:
-		rd.found = fmt.Sprintf("pod %s is Ready in %s", pod, strings.Join(rd.Slices, ", "))
+		rd.found = fmt.Sprintf("pod %s is Ready in %s", pod, strings.Join(readyIn, ", "))
 	case len(notReady) > 0:
 		rd.found = fmt.Sprintf("pod %s is not Ready in %s", pod, strings.Join(notReady, ", "))
 		rd.do = "watchers see its instances once its readiness probe passes (a starting or terminating pod is not Ready)"
