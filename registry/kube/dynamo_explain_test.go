@@ -56,6 +56,10 @@ func TestDynamoExplain(t *testing.T) {
 	e.write(t, pod, metadata(ready))
 	former := worker{ns: "dynamo", comp: "backend", ep: "generate", id: 0x72, tcp: "10.244.7.2:9999/generate"}
 	e.held(t, "w-former", []any{owner(pod.Name, "0f0f0f0f-0000-0000-0000-000000000000")}, metadata(former))
+	// Deleted, as the garbage collector deletes it: its finalizer holds it.
+	if err := e.cp.Dynamic.Resource(kube.DynamoGVR).Namespace(e.ns).Delete(ctx, "w-former", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	ownerless := worker{ns: "dynamo", comp: "backend", ep: "generate", id: 0x73, tcp: "10.244.7.3:9999/generate"}
 	e.apply(t, "ownerless", []any{}, map[string]any{"data": metadata(ownerless)})
 	stale := ready
@@ -74,7 +78,7 @@ func TestDynamoExplain(t *testing.T) {
 	}{
 		{"a former pod's", e.d, former, "key=ok value=ok pod=fail name=ok model card=warn", []string{
 			"pod " + e.ns + "/w is another pod (UID " + string(pod.UID) + ") than the resource's owner (UID 0f0f0f0f-",
-			"the garbage collector deletes it"}},
+			"; the resource is being deleted (since ", "held by its finalizers beacon.test/hold", "the garbage collector deletes it"}},
 		{"no owner", e.d, ownerless, "key=ok value=ok pod=fail name=ok model card=warn", []string{
 			"no ownerReference to its Pod", "something else wrote this one"}},
 		{"one of two alive", e.d, ready,
@@ -101,6 +105,13 @@ func TestDynamoExplain(t *testing.T) {
 		})
 	}
 
+	var isReader rbacv1.Role
+	shippedNamed(t, "rbac.yaml", "Role", "beacon-discovery-reader", &isReader)
+	rc := e.cp.ServiceAccount(t, e.ns, "is-reader", isReader.Rules)
+	_, err := openDynamo(t, e.cp, e.ns, func(c *kube.Config) { c.REST = rc }).Explain(ctx, ready.ref())
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "rbac-dynamo.yaml") {
+		t.Fatalf("Explain with Beacon's InstanceSet reader Role: %v", err)
+	}
 	if err := e.d.Close(); err != nil {
 		t.Fatal(err)
 	}
