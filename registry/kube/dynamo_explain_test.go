@@ -20,12 +20,7 @@ import (
 // released when the test ends.
 func (e *dynamoEnv) held(t *testing.T, name string, owners []any, data map[string]any) {
 	t.Helper()
-	e.apply(t, name, owners, map[string]any{"data": data})
-	patch := []byte(`{"metadata":{"finalizers":["beacon.test/hold"]}}`)
-	if _, err := e.cp.Dynamic.Resource(kube.DynamoGVR).Namespace(e.ns).Patch(kubetest.Ctx(t), name, types.MergePatchType, patch,
-		metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.apply(t, name, owners, map[string]any{"data": data}, "beacon.test/hold")
 	t.Cleanup(func() {
 		_, _ = e.cp.Dynamic.Resource(kube.DynamoGVR).Namespace(e.ns).Patch(kubetest.Ctx(t), name, types.MergePatchType,
 			[]byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
