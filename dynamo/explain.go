@@ -3,6 +3,8 @@ package dynamo
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -11,10 +13,14 @@ import (
 )
 
 // Explaining one instance: why a Dynamo frontend would or would not see
-// it. A frontend sees an instance when its key is under v1/instances/ and
-// its value parses; the key lives as long as its worker's lease; and the
-// frontend routes a model's requests to it when the model's card is under
-// v1/mdc/ with the instance's ID (frontends learn models from cards only).
+// it. A frontend sees an instance when one entry holds it (a key under
+// v1/instances/ in etcd, an entry of a DynamoWorkerMetadata's
+// spec.data.endpoints on Kubernetes) and its value parses, while what
+// keeps the entry alive does (its worker's lease in etcd; on Kubernetes,
+// its resource's pod, Ready in an EndpointSlice); and the frontend routes
+// a model's requests to it when the model's card names the instance's ID
+// (frontends learn models from cards only). A Source says where the
+// entries were read and what keeps them alive.
 
 // Verdict is the outcome of one Check.
 type Verdict string
@@ -43,7 +49,8 @@ type Check struct {
 type Explanation struct {
 	// Instance is the instance's Beacon ref (its ID in 16 hex digits).
 	Instance beacon.Ref `json:"-"`
-	// Seen: a frontend sees the instance (key, value and lease are fine).
+	// Seen: a frontend sees the instance (one entry holds it, its value
+	// parses, and what keeps it alive does: Source.Live).
 	Seen bool `json:"seen"`
 	// Models are the models whose requests a frontend routes to it (its
 	// cards' display names).
@@ -51,12 +58,33 @@ type Explanation struct {
 	Checks []Check  `json:"checks"`
 }
 
-// KV is one stored key/value, as Explain reads it.
+// KV is one stored entry, as Explain reads it: a key and value of an etcd
+// store, or an entry of a DynamoWorkerMetadata's spec.data, Key being the
+// etcd key of the same entry (the bucket's prefix and the entry's key).
 type KV struct {
 	Key         string
 	Value       []byte
-	ModRevision int64
+	ModRevision int64 // 0: not shown
 	Lease       int64 // 0: none
+	// Holder is the resource holding the entry, "" in a key/value store:
+	// on Kubernetes, its DynamoWorkerMetadata (namespace/name).
+	Holder string
+}
+
+// A Source is where Explain's entries were read and what keeps them
+// alive: an etcd store (Etcd), or a Kubernetes cluster (registry/kube).
+type Source interface {
+	// Where names where the entry kv is stored.
+	Where(kv KV) string
+	// Missing says what to do when no entry holds the instance.
+	Missing() string
+	// Stale says how to remove stale entries among kvs, which all hold
+	// the instance.
+	Stale(kvs []KV) string
+	// Live checks what keeps kv alive (etcd: its lease; Kubernetes: its
+	// pod and the pod's readiness): with a Fail among them, frontends do
+	// not see it.
+	Live(kv KV) []Check
 }
 
 // LeaseState is what the store says of a lease.
@@ -66,6 +94,24 @@ type LeaseState struct {
 	Left  time.Duration // its time to live
 	TTL   time.Duration // the TTL it was granted with
 }
+
+// Etcd is the Source of entries read from an etcd store (ComponentPrefixes),
+// lease saying what the store says of a lease ID: a key lives as long as
+// its lease.
+func Etcd(lease func(id int64) LeaseState) Source { return etcdSource{lease: lease} }
+
+type etcdSource struct{ lease func(id int64) LeaseState }
+
+func (etcdSource) Where(kv KV) string { return kv.Key }
+
+func (etcdSource) Missing() string {
+	return "the worker never registered this endpoint, or its lease ended: check that it runs, that its ETCD_ENDPOINTS is this etcd " +
+		"and DYN_DISCOVERY_BACKEND etcd, and its logs for lease errors"
+}
+
+func (etcdSource) Stale([]KV) string { return "delete the stale key (etcdctl del KEY)" }
+
+func (s etcdSource) Live(kv KV) []Check { return []Check{leaseCheck(kv, s.lease)} }
 
 // ParseInstance reads "namespace/component/endpoint/id", the ID in hex as
 // Dynamo's key has it (2a) or padded as Beacon shows it
@@ -94,21 +140,15 @@ func ComponentPrefixes(ref beacon.Ref) []string {
 }
 
 // Explain says why a Dynamo frontend would or would not see the instance
-// at ref, from kvs (what ComponentPrefixes hold) and lease (what the store
-// says of a lease ID).
-func Explain(ref beacon.Ref, kvs []KV, lease func(id int64) LeaseState) Explanation {
+// at ref, from kvs (the entries of its component: ComponentPrefixes in
+// etcd) read from src.
+func Explain(ref beacon.Ref, kvs []KV, src Source) Explanation {
 	x := Explanation{Instance: ref}
 	ins := matching(ref, kvs, KindEndpoint, true)
-	ok := x.checkKey(ref, ins, kvs)
-	if ok {
-		ok = x.checkValue(ins[0])
-	}
-	if ok {
-		ok = x.checkLease(ins[0], lease)
-	}
+	served, ok := x.checkInstance(ref, ins, kvs, src)
 	x.Seen = ok
 	x.checkName(ref)
-	x.checkCards(ref, kvs)
+	x.checkCards(ref, kvs, served, src)
 	return x
 }
 
@@ -133,28 +173,89 @@ func matching(ref beacon.Ref, kvs []KV, kind Kind, sameEndpoint bool) []KV {
 	return out
 }
 
-func (x *Explanation) checkKey(ref beacon.Ref, ins, kvs []KV) bool {
-	key := InstanceKey(ref)
-	switch len(ins) {
-	case 0:
-		do := "the worker never registered this endpoint, or its lease ended: check that it runs, that its ETCD_ENDPOINTS is this etcd " +
-			"and DYN_DISCOVERY_BACKEND etcd, and its logs for lease errors"
+// checkInstance checks the entries holding the instance (ins): there is
+// one, or one per holder; each parses and is alive. It returns the entry
+// frontends see and whether there is one.
+func (x *Explanation) checkInstance(ref beacon.Ref, ins, kvs []KV, src Source) (KV, bool) {
+	if len(ins) == 0 {
+		do := src.Missing()
 		if others := endpointsOf(matching(ref, kvs, KindEndpoint, false)); len(others) > 0 {
 			do = "the instance registered " + strings.Join(others, ", ") + " of this component, not this endpoint: check the endpoint's name"
 		}
-		x.add("key", Fail, "no "+key, do)
-		return false
+		x.add("key", Fail, "no "+src.Where(KV{Key: InstanceKey(ref)}), do)
+		return KV{}, false
+	}
+	holders, byHolder := groupByHolder(ins)
+	if len(holders) == 1 {
+		checks, live := entryChecks(ins, src)
+		x.Checks = append(x.Checks, checks...)
+		return ins[0], live
+	}
+	var (
+		checks     []Check
+		live, dead []KV
+	)
+	for _, h := range holders {
+		cs, ok := entryChecks(byHolder[h], src)
+		for _, c := range cs {
+			c.Found = h + ": " + c.Found
+			checks = append(checks, c)
+		}
+		if ok {
+			live = append(live, byHolder[h][0])
+		} else {
+			dead = append(dead, byHolder[h]...)
+		}
+	}
+	held := fmt.Sprintf("%d resources hold this instance: %s", len(holders), strings.Join(holders, ", "))
+	switch len(live) {
+	case 0:
+		x.add("key", Fail, held+"; in none is it alive", "see the checks of each below")
 	case 1:
-		x.add("key", OK, fmt.Sprintf("%s (revision %d)", ins[0].Key, ins[0].ModRevision), "")
-		return true
+		x.add("key", Warn, held+"; frontends see "+live[0].Holder+"'s, the only one alive", "the others are stale: "+src.Stale(dead))
+	default:
+		x.add("key", Fail, held+", alive in more than one",
+			"frontends keep whichever they read last and Beacon serves none: two workers have one instance ID, or all but one are stale: "+src.Stale(live))
 	}
-	keys := make([]string, len(ins))
-	for i, kv := range ins {
-		keys[i] = kv.Key
+	x.Checks = append(x.Checks, checks...)
+	if len(live) == 1 {
+		return live[0], true
 	}
-	x.add("key", Fail, "several keys hold this instance ID: "+strings.Join(keys, ", "),
-		"frontends keep whichever they read last and Beacon serves none: delete the stale key (etcdctl del KEY)")
-	return false
+	return KV{}, false
+}
+
+// groupByHolder returns the holders of kvs, sorted, and their entries.
+func groupByHolder(kvs []KV) ([]string, map[string][]KV) {
+	by := map[string][]KV{}
+	for _, kv := range kvs {
+		by[kv.Holder] = append(by[kv.Holder], kv)
+	}
+	return slices.Sorted(maps.Keys(by)), by
+}
+
+// entryChecks checks the entries of one holder that hold the instance:
+// one key, its value, what keeps it alive. It says whether frontends see
+// it.
+func entryChecks(ins []KV, src Source) ([]Check, bool) {
+	if len(ins) > 1 {
+		where := make([]string, len(ins))
+		for i, kv := range ins {
+			where[i] = src.Where(kv)
+		}
+		return []Check{{Check: "key", Verdict: Fail, Found: "several keys hold this instance ID: " + strings.Join(where, ", "),
+			Do: "frontends keep whichever they read last and Beacon serves none: " + src.Stale(ins)}}, false
+	}
+	kv := ins[0]
+	found := src.Where(kv)
+	if kv.ModRevision != 0 {
+		found += fmt.Sprintf(" (revision %d)", kv.ModRevision)
+	}
+	checks := []Check{{Check: "key", Verdict: OK, Found: found}, valueCheck(kv)}
+	if checks[1].Verdict == Fail {
+		return checks, false
+	}
+	live := src.Live(kv)
+	return append(checks, live...), !slices.ContainsFunc(live, func(c Check) bool { return c.Verdict == Fail })
 }
 
 func endpointsOf(kvs []KV) []string {
@@ -167,39 +268,33 @@ func endpointsOf(kvs []KV) []string {
 	return out
 }
 
-func (x *Explanation) checkValue(kv KV) bool {
+func valueCheck(kv KV) Check {
 	e, err := Decode(kv.Key, kv.Value)
 	var ee *EntryError
 	if errors.As(err, &ee) {
 		err = ee.Err
 	}
 	if err != nil {
-		x.add("value", Fail, err.Error(), "frontends skip a value they cannot parse: the worker's runtime wrote it wrongly, "+
-			"or someone else wrote the key; restart the worker (its lease ends and it registers again), or delete the key")
-		return false
+		return Check{Check: "value", Verdict: Fail, Found: err.Error(), Do: "frontends skip a value they cannot parse: the worker's runtime wrote it wrongly, " +
+			"or someone else wrote the entry; restart the worker (it registers again), or delete the entry"}
 	}
-	x.add("value", OK, fmt.Sprintf("Endpoint, %s %s", e.Instance.Transport, e.Instance.Metadata[MetaTarget]), "")
-	return true
+	return Check{Check: "value", Verdict: OK, Found: fmt.Sprintf("Endpoint, %s %s", e.Instance.Transport, e.Instance.Metadata[MetaTarget])}
 }
 
-func (x *Explanation) checkLease(kv KV, lease func(int64) LeaseState) bool {
+func leaseCheck(kv KV, lease func(int64) LeaseState) Check {
 	id := strconv.FormatInt(kv.Lease, 16)
 	if kv.Lease == 0 {
-		x.add("lease", Warn, "the key has no lease: it never goes by itself",
-			"if the worker is gone, frontends still route to it: delete the key (etcdctl del "+kv.Key+")")
-		return true
+		return Check{Check: "lease", Verdict: Warn, Found: "the key has no lease: it never goes by itself",
+			Do: "if the worker is gone, frontends still route to it: delete the key (etcdctl del " + kv.Key + ")"}
 	}
 	st := lease(kv.Lease)
 	switch {
 	case !st.Known:
-		x.add("lease", Warn, "lease "+id+": the store cannot say how long it has left", "")
-		return true
+		return Check{Check: "lease", Verdict: Warn, Found: "lease " + id + ": the store cannot say how long it has left"}
 	case !st.Alive:
-		x.add("lease", Fail, "lease "+id+" has ended", "the key goes with it: the worker must register again (restart it)")
-		return false
+		return Check{Check: "lease", Verdict: Fail, Found: "lease " + id + " has ended", Do: "the key goes with it: the worker must register again (restart it)"}
 	}
-	x.add("lease", OK, fmt.Sprintf("lease %s alive, %v of %v left", id, st.Left, st.TTL), "")
-	return true
+	return Check{Check: "lease", Verdict: OK, Found: fmt.Sprintf("lease %s alive, %v of %v left", id, st.Left, st.TTL)}
 }
 
 func (x *Explanation) checkName(ref beacon.Ref) {
@@ -211,7 +306,13 @@ func (x *Explanation) checkName(ref beacon.Ref) {
 	x.add("name", OK, served+"; in DNS as "+ref.Endpoint+"."+ref.Component+"."+ref.Namespace, "")
 }
 
-func (x *Explanation) checkCards(ref beacon.Ref, kvs []KV) {
+// checkCards checks the model cards of the instance: those beside the
+// entry frontends see (served: in the same resource on Kubernetes), or,
+// without one (served.Key ""), all of them.
+func (x *Explanation) checkCards(ref beacon.Ref, kvs []KV, served KV, src Source) {
+	if served.Key != "" {
+		kvs = slices.DeleteFunc(slices.Clone(kvs), func(kv KV) bool { return kv.Holder != served.Holder })
+	}
 	var found []string
 	own := matching(ref, kvs, KindModel, true)
 	for _, kv := range own {
@@ -221,7 +322,7 @@ func (x *Explanation) checkCards(ref beacon.Ref, kvs []KV) {
 			continue
 		}
 		x.Models = append(x.Models, e.Model)
-		found = append(found, e.Model+" ("+kv.Key+")")
+		found = append(found, e.Model+" ("+src.Where(kv)+")")
 	}
 	if len(found) > 0 {
 		x.add("model card", OK, strings.Join(found, ", "), "")
@@ -233,7 +334,7 @@ func (x *Explanation) checkCards(ref beacon.Ref, kvs []KV) {
 		x.add("model card", OK, "none on this endpoint; the instance's cards are on "+strings.Join(others, ", "), "")
 		return
 	}
-	x.add("model card", Warn, "none under "+ModelsKeyPrefix(ref)+" nor on another endpoint of this instance",
+	x.add("model card", Warn, "none under "+src.Where(KV{Key: ModelsKeyPrefix(ref), Holder: served.Holder})+" nor on another endpoint of this instance",
 		"frontends learn models from cards only: they route no model's requests here. Right for an endpoint that serves "+
 			"no model (clear_kv_blocks, load_metrics); for a model's endpoint, the worker has not registered its model yet "+
 			"(it does once the model is loaded): check its logs")

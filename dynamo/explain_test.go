@@ -80,7 +80,7 @@ func TestExplain(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			x := dynamo.Explain(r, tc.kvs, tc.lease)
+			x := dynamo.Explain(r, tc.kvs, dynamo.Etcd(tc.lease))
 			all := ""
 			for _, c := range x.Checks {
 				all += c.Found + " " + c.Do + "\n"
@@ -102,7 +102,7 @@ func TestExplainNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := dynamo.Explain(ref, nil, nil)
+	x := dynamo.Explain(ref, nil, dynamo.Etcd(nil))
 	if c := x.Checks[1]; c.Check != "name" || c.Verdict != dynamo.Warn || !strings.Contains(c.Found, "not in DNS") {
 		t.Fatalf("name check %+v", c)
 	}
@@ -110,5 +110,94 @@ func TestExplainNames(t *testing.T) {
 		if _, err := dynamo.ParseInstance(bad); err == nil {
 			t.Errorf("ParseInstance(%q) accepted", bad)
 		}
+	}
+}
+
+// resources is a Source whose entries are held by resources (as on
+// Kubernetes), alive when the map says so: what registry/kube's Source
+// says of a resource's pod, without a cluster.
+type resources map[string]bool
+
+func (resources) Where(kv dynamo.KV) string {
+	if kv.Holder == "" {
+		return "any resource's " + kv.Key
+	}
+	return kv.Holder + "'s " + kv.Key
+}
+
+func (resources) Missing() string { return "start the worker" }
+
+func (resources) Stale(kvs []dynamo.KV) string {
+	var hs []string
+	for _, kv := range kvs {
+		hs = append(hs, kv.Holder)
+	}
+	return "delete " + strings.Join(hs, " ")
+}
+
+func (r resources) Live(kv dynamo.KV) []dynamo.Check {
+	if r[kv.Holder] {
+		return []dynamo.Check{{Check: "pod", Verdict: dynamo.OK, Found: "there"}, {Check: "readiness", Verdict: dynamo.OK, Found: "Ready"}}
+	}
+	return []dynamo.Check{{Check: "pod", Verdict: dynamo.Warn, Found: "cannot say", Do: "grant get"},
+		{Check: "readiness", Verdict: dynamo.Fail, Found: "not Ready", Do: "wait"}}
+}
+
+// TestExplainHolders pins how Explain weighs entries held by resources
+// (Kubernetes' DynamoWorkerMetadata): the Source's checks in place of the
+// lease, one resource alive among several seen (the others stale), two
+// alive or none not seen, two keys in one resource never, and the model
+// cards of the resource seen only.
+func TestExplainHolders(t *testing.T) {
+	ref, err := dynamo.ParseInstance("dynamo/backend/generate/2a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "v1/instances/dynamo/backend/generate/2a"
+	in := func(holder string) dynamo.KV { return dynamo.KV{Key: key, Value: []byte(tcpValue), Holder: holder} }
+	card := func(holder string) dynamo.KV {
+		return dynamo.KV{Key: "v1/mdc/dynamo/backend/generate/2a", Value: []byte(modelValue), Holder: holder}
+	}
+	padded := dynamo.KV{Key: "v1/instances/dynamo/backend/generate/002a", Value: []byte(tcpValue), Holder: "ns/a"}
+	for _, tc := range []struct {
+		name     string
+		kvs      []dynamo.KV
+		alive    resources
+		want     string
+		seen     bool
+		mentions string
+	}{
+		{"one, alive", []dynamo.KV{in("ns/a"), card("ns/a")}, resources{"ns/a": true},
+			"key=ok value=ok pod=ok readiness=ok name=ok model card=ok", true, "Qwen/Qwen3-0.6B (ns/a's v1/mdc/"},
+		{"one, not alive", []dynamo.KV{in("ns/a"), card("ns/a")}, resources{},
+			"key=ok value=ok pod=warn readiness=fail name=ok model card=ok", false, "not Ready — wait"},
+		{"none", []dynamo.KV{card("ns/a")}, resources{}, "key=fail name=ok model card=ok", false,
+			"no any resource's " + key + " — start the worker"},
+		{"two, both alive", []dynamo.KV{in("ns/a"), in("ns/b")}, resources{"ns/a": true, "ns/b": true},
+			"key=fail key=ok value=ok pod=ok readiness=ok key=ok value=ok pod=ok readiness=ok name=ok model card=warn", false,
+			"2 resources hold this instance: ns/a, ns/b, alive in more than one — frontends keep whichever they read last and Beacon serves none: two workers have one instance ID, or all but one are stale: delete ns/a ns/b"},
+		{"two, one alive", []dynamo.KV{in("ns/a"), in("ns/b"), card("ns/a"), card("ns/b")}, resources{"ns/b": true},
+			"key=warn key=ok value=ok pod=warn readiness=fail key=ok value=ok pod=ok readiness=ok name=ok model card=ok", true,
+			"frontends see ns/b's, the only one alive — the others are stale: delete ns/a"},
+		{"two, none alive", []dynamo.KV{in("ns/a"), in("ns/b")}, resources{},
+			"key=fail key=ok value=ok pod=warn readiness=fail key=ok value=ok pod=warn readiness=fail name=ok model card=warn", false,
+			"ns/b: not Ready"},
+		{"cards of another resource", []dynamo.KV{in("ns/a"), card("ns/b")}, resources{"ns/a": true},
+			"key=ok value=ok pod=ok readiness=ok name=ok model card=warn", true, "none under ns/a's v1/mdc/dynamo/backend/generate/2a"},
+		{"two keys in one resource", []dynamo.KV{in("ns/a"), padded, card("ns/a")}, resources{"ns/a": true},
+			"key=fail name=ok model card=ok", false, "several keys hold this instance ID: ns/a's " + key + ", ns/a's " + padded.Key},
+		{"bad value in one of two", []dynamo.KV{{Key: key, Value: []byte("{"), Holder: "ns/a"}, in("ns/b")}, resources{"ns/a": true, "ns/b": true},
+			"key=warn key=ok value=fail key=ok value=ok pod=ok readiness=ok name=ok model card=warn", true, "ns/a: value is not JSON"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := dynamo.Explain(ref, tc.kvs, tc.alive)
+			all := ""
+			for _, c := range x.Checks {
+				all += c.Found + " — " + c.Do + "\n"
+			}
+			if got := verdicts(x); got != tc.want || x.Seen != tc.seen || !strings.Contains(all, tc.mentions) {
+				t.Fatalf("Explain: %s seen=%v\n%s\nwant %s seen=%v, mentioning %q", got, x.Seen, all, tc.want, tc.seen, tc.mentions)
+			}
+		})
 	}
 }

@@ -420,6 +420,12 @@ func (c *registryConn) open(ctx context.Context, cfg registry.Config) (registry.
 		return nil, usagef("--root %q: %w", c.root, err)
 	}
 	bcfg.File.MustExist = c.existing
+	return c.openRegistry(ctx, bcfg, cfg)
+}
+
+// openRegistry opens the registry bcfg and cfg describe, within the dial
+// and command timeouts.
+func (c *clientFlags) openRegistry(ctx context.Context, bcfg backend.Config, cfg registry.Config) (registry.Registry, error) {
 	octx, cancel := context.WithTimeout(ctx, c.dial+c.command)
 	defer cancel()
 	r, err := backend.OpenRegistry(octx, bcfg, cfg)

@@ -90,6 +90,13 @@
 // dynamoworkermetadatas.nvidia.com and endpointslices.discovery.k8s.io
 // (deploy/kubernetes/rbac-dynamo.yaml).
 //
+// Dynamo.Explain says, for one instance, why a Dynamo frontend would or
+// would not see it (`beacon dynamo explain --backend kubernetes`):
+// dynamo.Explain's checks, over the entries of the resources holding it,
+// with each resource's pod (it exists, with the owner's UID; get on pods)
+// and that pod's readiness (the same reasons as Visibility, with Dynamo's
+// labels) in place of etcd's lease.
+//
 // # Using it
 //
 // Programs open it by name with backend.OpenRegistry

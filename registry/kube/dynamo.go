@@ -85,6 +85,7 @@ const dynamoSelector = DynamoBackendLabel + "=" + DynamoBackendLabelValue + "," 
 var dynamoObjects = &objects{
 	kind: DynamoKind, group: DynamoGroup, version: DynamoVersion, resource: DynamoResource,
 	slices:       dynamoSelector,
+	services:     "(Dynamo's operator creates them for the components of a DynamoGraphDeployment)",
 	decode:       decodeDynamo,
 	exclusive:    true,
 	notInstalled: ErrDynamoNotInstalled, mismatch: ErrDynamoMismatch,
@@ -187,32 +188,24 @@ func decodeDynamo(u *unstructured.Unstructured, _ int, last *setInfo) (*setInfo,
 	if err := s.ownerPod(u); err != nil {
 		return nil, nil, err
 	}
-	data, err := specData(u)
+	kvs, err := objectEntries(u)
 	if err != nil {
 		return nil, nil, err
 	}
 	var skipped []error
 	cat := dynamo.NewCatalog[struct{}]()
-	for _, b := range dynamoBuckets {
-		entries, err := bucket(data, b.field)
+	for _, kv := range kvs {
+		e, err := dynamo.Decode(kv.Key, kv.Value)
 		if err != nil {
-			return nil, nil, err
-		}
-		for _, name := range slices.Sorted(maps.Keys(entries)) {
-			key := b.prefix + name
-			value, _ := json.Marshal(entries[name]) // decoded from JSON, it encodes
-			e, err := dynamo.Decode(key, value)
-			if err != nil {
-				skipped = append(skipped, fmt.Errorf("%s: %w", entryPath(key), err))
-				prev, ok := last.entry(key)
-				if !ok {
-					continue
-				}
-				e = prev
+			skipped = append(skipped, fmt.Errorf("%s: %w", entryPath(kv.Key), err))
+			prev, ok := last.entry(kv.Key)
+			if !ok {
+				continue
 			}
-			s.entries[key] = e
-			cat.Put(e, struct{}{})
+			e = prev
 		}
+		s.entries[kv.Key] = e
+		cat.Put(e, struct{}{})
 	}
 	for _, ref := range cat.Refs() {
 		served, ok := cat.Lookup(ref)
@@ -249,6 +242,29 @@ func (s *setInfo) ownerPod(u *unstructured.Unstructured) error {
 	}
 	s.pod = podKey(u.GetNamespace(), s.podUID)
 	return nil
+}
+
+// objectEntries returns the entries of a DynamoWorkerMetadata's spec.data
+// that Beacon reads (dynamoBuckets), each with the key Dynamo writes for
+// the same entry in etcd and its value as JSON, held by the object
+// (namespace/name); in bucket order, then by key.
+func objectEntries(u *unstructured.Unstructured) ([]dynamo.KV, error) {
+	data, err := specData(u)
+	if err != nil {
+		return nil, err
+	}
+	var out []dynamo.KV
+	for _, b := range dynamoBuckets {
+		entries, err := bucket(data, b.field)
+		if err != nil {
+			return nil, err
+		}
+		for _, name := range slices.Sorted(maps.Keys(entries)) {
+			value, _ := json.Marshal(entries[name]) // decoded from JSON, it encodes
+			out = append(out, dynamo.KV{Key: b.prefix + name, Value: value, Holder: u.GetNamespace() + "/" + u.GetName()})
+		}
+	}
+	return out, nil
 }
 
 // specData returns spec.data, which must be an object.

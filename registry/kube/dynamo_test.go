@@ -168,12 +168,16 @@ func owner(name, uid string) map[string]any {
 	return map[string]any{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": false, "blockOwnerDeletion": false}
 }
 
-// apply applies a DynamoWorkerMetadata (spec nil: none).
-func (e *dynamoEnv) apply(t *testing.T, name string, owners []any, spec map[string]any) {
+// apply applies a DynamoWorkerMetadata (spec nil: none), with finalizers
+// if any.
+func (e *dynamoEnv) apply(t *testing.T, name string, owners []any, spec map[string]any, finalizers ...string) {
 	t.Helper()
+	meta := map[string]any{"name": name, "namespace": e.ns, "ownerReferences": owners}
+	if len(finalizers) > 0 {
+		meta["finalizers"] = finalizers
+	}
 	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": kube.DynamoGroup + "/" + kube.DynamoVersion, "kind": kube.DynamoKind,
-		"metadata": map[string]any{"name": name, "namespace": e.ns, "ownerReferences": owners},
+		"apiVersion": kube.DynamoGroup + "/" + kube.DynamoVersion, "kind": kube.DynamoKind, "metadata": meta,
 	}}
 	if spec != nil {
 		obj.Object["spec"] = spec

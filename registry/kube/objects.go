@@ -18,8 +18,12 @@ type objects struct {
 	group    string
 	version  string
 	resource string // its plural
-	// slices selects the EndpointSlices that say which pods are Ready.
+	// slices selects the EndpointSlices that say which pods are Ready:
+	// label=value pairs, comma separated (selects).
 	slices string
+	// services says where Services with those labels come from, for the
+	// message of a pod in no EndpointSlice.
+	services string
 	// decode parses and checks one object, given the last valid content
 	// of the same object (UID), if any: its valid content, and what it
 	// skipped in it (reported once per version); or an error when it
@@ -40,7 +44,8 @@ type objects struct {
 // instanceSets are Beacon's own objects.
 var instanceSets = &objects{
 	kind: Kind, group: Group, version: Version, resource: Resource,
-	slices: discoverySelector,
+	slices:   discoverySelector,
+	services: "(see deploy/kubernetes/worker.yaml)",
 	decode: func(u *unstructured.Unstructured, maxMetadata int, _ *setInfo) (*setInfo, []error, error) {
 		s, err := decodeSet(u, maxMetadata)
 		return s, nil, err
@@ -52,6 +57,18 @@ var instanceSets = &objects{
 
 func (o *objects) gvr() schema.GroupVersionResource {
 	return schema.GroupVersionResource{Group: o.group, Version: o.version, Resource: o.resource}
+}
+
+// selects reports whether an EndpointSlice with these labels is one of
+// those o.slices selects.
+func (o *objects) selects(labels map[string]string) bool {
+	for _, pair := range strings.Split(o.slices, ",") {
+		k, v, _ := strings.Cut(pair, "=")
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // rbacName is the resource as RBAC and error messages name it

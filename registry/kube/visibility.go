@@ -30,60 +30,106 @@ func (r *Registry) Visibility(ctx context.Context) (Visibility, error) {
 	if err := p.check(); err != nil {
 		return Visibility{}, err
 	}
-	list, _, err := r.listSlices(ctx, p.Namespace, "")
+	rd, err := r.readiness(ctx, p.Namespace, p.Name, p.UID)
 	if err != nil {
 		return Visibility{}, err
 	}
-	var vis Visibility
-	var unlabelled, notReady []string
+	return rd.Visibility, nil
+}
+
+// podReadiness is Visibility with its Reason in two halves: what was
+// found, and what to do.
+type podReadiness struct {
+	Visibility
+	found, do string
+}
+
+// readiness says whether pod namespace/name (its UID uid) is Ready in an
+// EndpointSlice of its namespace that the registry's selector selects
+// (objects.slices: the label readers need), and if not why: in no slice,
+// only in slices without the label, or listed there but not Ready (with
+// the slice's conditions).
+func (r *Registry) readiness(ctx context.Context, namespace, name, uid string) (podReadiness, error) {
+	list, _, err := r.listSlices(ctx, namespace, "")
+	if err != nil {
+		return podReadiness{}, err
+	}
+	var rd podReadiness
+	var unlabelled, notReady, readyIn []string
 	for _, s := range list {
-		state, listed := podIn(s, p.UID)
+		cond, ready, listed := podIn(s, uid)
 		if !listed {
 			continue
 		}
-		name := s.Namespace + "/" + s.Name
-		vis.Slices = append(vis.Slices, name)
-		svc := s.Labels[discoveryv1.LabelServiceName]
+		sname := s.Namespace + "/" + s.Name
+		rd.Slices = append(rd.Slices, sname)
 		switch {
-		case s.Labels[DiscoveryLabel] != DiscoveryLabelValue:
-			unlabelled = append(unlabelled, fmt.Sprintf("EndpointSlice %s (Service %q)", name, svc))
-		case !state:
-			notReady = append(notReady, name)
+		case !r.kind.selects(s.Labels):
+			unlabelled = append(unlabelled, fmt.Sprintf("EndpointSlice %s (Service %q)", sname, s.Labels[discoveryv1.LabelServiceName]))
+		case !ready:
+			notReady = append(notReady, fmt.Sprintf("%s (%s)", sname, conditions(cond)))
 		default:
-			vis.Visible = true
+			rd.Visible, readyIn = true, append(readyIn, sname)
 		}
 	}
+	pod, labels := namespace+"/"+name, strings.ReplaceAll(r.kind.slices, ",", " ")
+	label := "label"
+	if strings.Contains(r.kind.slices, ",") {
+		label = "labels"
+	}
 	switch {
-	case vis.Visible:
+	case rd.Visible:
+		rd.found = fmt.Sprintf("pod %s is Ready in %s", pod, strings.Join(readyIn, ", "))
 	case len(notReady) > 0:
-		vis.Reason = fmt.Sprintf("pod %s/%s is not Ready in %s: watchers see its instances once its readiness probe "+
-			"passes (a starting or terminating pod is not Ready)", p.Namespace, p.Name, strings.Join(notReady, ", "))
+		rd.found = fmt.Sprintf("pod %s is not Ready in %s", pod, strings.Join(notReady, ", "))
+		rd.do = "watchers see its instances once its readiness probe passes (a starting or terminating pod is not Ready)"
 	case len(unlabelled) > 0:
 		lack := "which lacks"
 		if len(unlabelled) > 1 {
 			lack = "which lack"
 		}
-		vis.Reason = fmt.Sprintf("pod %s/%s is listed only in %s, %s the label %s=%s: label the Service "+
-			"(kubectl label service <name> %s=%s); the EndpointSlice controller copies it to the slices",
-			p.Namespace, p.Name, strings.Join(unlabelled, ", "), lack, DiscoveryLabel, DiscoveryLabelValue, DiscoveryLabel, DiscoveryLabelValue)
+		rd.found = fmt.Sprintf("pod %s is listed only in %s, %s the %s %s", pod, strings.Join(unlabelled, ", "), lack, label, labels)
+		rd.do = fmt.Sprintf("label the Service (kubectl label service <name> %s); the EndpointSlice controller copies it to the slices", labels)
 	default:
-		vis.Reason = fmt.Sprintf("pod %s/%s is in no EndpointSlice: create a Service whose selector matches the pod's "+
-			"labels, labelled %s=%s (see deploy/kubernetes/worker.yaml); a pod without an IP is listed in none",
-			p.Namespace, p.Name, DiscoveryLabel, DiscoveryLabelValue)
+		rd.found = fmt.Sprintf("pod %s is in no EndpointSlice", pod)
+		rd.do = fmt.Sprintf("create a Service whose selector matches the pod's labels, labelled %s %s; a pod without an IP is listed in none",
+			labels, r.kind.services)
 	}
-	return vis, nil
+	if !rd.Visible {
+		rd.Reason = rd.found + ": " + rd.do
+	}
+	return rd, nil
 }
 
-// podIn reports whether the slice lists the pod, and whether as ready.
-func podIn(s *discoveryv1.EndpointSlice, uid string) (ready, listed bool) {
+// podIn reports whether the slice lists the pod, whether as ready, and
+// the conditions it lists it with (its last endpoint of the pod).
+func podIn(s *discoveryv1.EndpointSlice, uid string) (cond discoveryv1.EndpointConditions, ready, listed bool) {
 	for _, e := range s.Endpoints {
 		if e.TargetRef == nil || e.TargetRef.Kind != "Pod" || string(e.TargetRef.UID) != uid {
 			continue
 		}
-		listed = true
+		listed, cond = true, e.Conditions
 		if endpointReady(e.Conditions) {
-			return true, true
+			return cond, true, true
 		}
 	}
-	return false, listed
+	return cond, false, listed
+}
+
+// conditions renders an endpoint's conditions as the slice has them
+// ("ready=false, terminating=true"); unset ones are left out.
+func conditions(c discoveryv1.EndpointConditions) string {
+	var out []string
+	for _, f := range []struct {
+		name string
+		v    *bool
+	}{{"ready", c.Ready}, {"serving", c.Serving}, {"terminating", c.Terminating}} {
+		if f.v != nil {
+			out = append(out, fmt.Sprintf("%s=%v", f.name, *f.v))
+		}
+	}
+	if len(out) == 0 {
+		return "no conditions"
+	}
+	return strings.Join(out, ", ")
 }

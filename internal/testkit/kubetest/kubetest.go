@@ -34,6 +34,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset/typed/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
@@ -44,6 +45,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/yaml"
 )
 
 // StartTimeout bounds the start of the control plane (long: the machine
@@ -199,8 +201,31 @@ func (cp *ControlPlane) InstallCRD(ctx context.Context) error {
 	if _, err := cp.Extension.CustomResourceDefinitions().Create(ctx, kube.CRD(), metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create the InstanceSet CRD: %w", err)
 	}
+	return cp.waitEstablished(ctx, kube.CRDName)
+}
+
+// InstallCRDFile creates the CRD a YAML file holds (Dynamo's:
+// registry/kube/testdata/nvidia.com_dynamoworkermetadatas.yaml), unless it
+// is there, and waits until it is established.
+func (cp *ControlPlane) InstallCRDFile(ctx context.Context, path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := yaml.UnmarshalStrict(b, &crd); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if _, err := cp.Extension.CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create the CRD of %s: %w", path, err)
+	}
+	return cp.waitEstablished(ctx, crd.Name)
+}
+
+// waitEstablished waits until the CRD name is established.
+func (cp *ControlPlane) waitEstablished(ctx context.Context, name string) error {
 	return wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		crd, err := cp.Extension.CustomResourceDefinitions().Get(ctx, kube.CRDName, metav1.GetOptions{})
+		crd, err := cp.Extension.CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
