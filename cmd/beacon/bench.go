@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -82,6 +83,9 @@ func addBenchScenario(s benchScenario) *cobra.Command {
 			}
 			defer stop()
 			r, err := s.run(cmd.Context(), logger)
+			if errors.Is(err, bench.ErrTooBig) {
+				return usage(err) // refused before it started anything
+			}
 			if r != nil {
 				if werr := writeBenchReport(cmd, output, r); werr != nil {
 					return werr

@@ -308,7 +308,11 @@ func freshnessCoreDNS(ctx context.Context, cli *clientv3.Client, lease clientv3.
 	if err := putSkyDNS(ctx, cli, in, lease); err != nil {
 		return 0, err
 	}
-	defer func() { _, _ = cli.Delete(context.WithoutCancel(ctx), skydnsKey(id)) }()
+	defer func() {
+		dctx, cancel := cleanupContext(ctx, 5*time.Second)
+		defer cancel()
+		_, _ = cli.Delete(dctx, skydnsKey(id))
+	}()
 	return pollUntilAnswered(ctx, addr, name, start)
 }
 

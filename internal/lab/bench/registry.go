@@ -306,10 +306,8 @@ func run(ctx context.Context, n, workers int, op func(ctx context.Context, i int
 	var wg sync.WaitGroup
 	var errOnce sync.Once
 	var firstErr error
-	opCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	opCtx, cancel := cleanupContext(ctx, 10*time.Second)
 	defer cancel()
-	stop := context.AfterFunc(ctx, func() { time.AfterFunc(10*time.Second, cancel) })
-	defer stop()
 	start := time.Now()
 	for range min(workers, n) {
 		wg.Add(1)
@@ -351,6 +349,9 @@ func CeilingBatch(workers int) int { return max(1, min(48, (workers+3)/4)) }
 func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := fits(memNeed{"--instances", cfg.Instances, costEtcdInstance + costRegistration, "instances registered at once"}); err != nil {
 		return nil, err
 	}
 	rb := &registerBench{cfg: cfg}
@@ -640,11 +641,8 @@ func (r *rawRegistrar) revokeAll(ctx context.Context) error {
 	ls := r.leases
 	r.leases = nil
 	r.mu.Unlock()
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	ctx, cancel := cleanupContext(ctx, 30*time.Second)
 	defer cancel()
-	stop := context.AfterFunc(ctx, func() { time.AfterFunc(30*time.Second, cancel) })
-	defer stop()
-	ctx = rctx
 	_, _, err := run(ctx, len(ls), 32, func(ctx context.Context, i int) error {
 		_, err := r.cli.Revoke(ctx, ls[i])
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {

@@ -147,6 +147,10 @@ func RunMemory(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if err := fits(memNeed{"--mem-instances", cfg.MemInstances, costEtcdInstance, "instances in etcd"},
+		memNeed{"--mem-watchers", cfg.MemWatchers, costWatcherPair, "watchers on each side"}); err != nil {
+		return nil, err
+	}
 	if len(cfg.Endpoints) > 0 {
 		return nil, fmt.Errorf("bench memory measures a server it starts itself; it does not take --endpoints")
 	}

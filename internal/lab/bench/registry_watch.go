@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,6 +93,10 @@ func (l *latencies) wait(ctx context.Context, s int) (late bool, err error) {
 func RunWatch(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	perPair := costFollowerPair + int64(cfg.Samples)*costSamplePair
+	if err := fits(memNeed{"--watchers", slices.Max(cfg.Watchers), perPair, "watchers on each side, with their samples"}); err != nil {
 		return nil, err
 	}
 	tgt, err := startTarget(ctx, cfg)
@@ -228,10 +233,13 @@ func openSampleWriter(ctx context.Context, eps []string) (*sampleWriter, error) 
 	return w, nil
 }
 
-// close revokes the lease (the samples go with it) and closes the client.
+// close revokes the lease (the samples go with it) and closes the client;
+// after an interrupt it waits at most 10 s for etcd (which may be gone).
 func (w *sampleWriter) close(ctx context.Context) {
 	w.stopKeepAlive()
-	_, _ = w.cli.Revoke(context.WithoutCancel(ctx), w.lease)
+	rctx, cancel := cleanupContext(ctx, 10*time.Second)
+	defer cancel()
+	_, _ = w.cli.Revoke(rctx, w.lease)
 	_ = w.cli.Close()
 }
 

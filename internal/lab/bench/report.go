@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -228,3 +229,14 @@ func setPositive[T int | time.Duration](p *T, def T) {
 
 // discardLogger is the logger of a configuration that gives none.
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// cleanupContext returns a context for the work that undoes a run (revokes,
+// deletes): ctx ending does not end it, so that an interrupted run still
+// removes what it made, but it ends grace after ctx does, so that an
+// interrupt is never held up by a store that no longer answers. Cancel
+// releases it.
+func cleanupContext(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(grace, cancel) })
+	return cctx, func() { stop(); cancel() }
+}
