@@ -148,7 +148,16 @@ type Checker struct {
 	started   atomic.Bool
 	closeOnce sync.Once
 
-	// Lock order: Checker.mu before verdictWriter.mu.
+	// The standing (cutoff.go): how many owned instances' latest result or
+	// verdict is a failure, how many are owned, whether a Runner turned
+	// Failing since the last assessment, and the wake-up of the
+	// assessment goroutine.
+	doubtful, owned atomic.Int64
+	turnedFailing   atomic.Bool
+	kick            chan struct{}
+	suspect         bool // published in its registration (assessment goroutine only)
+
+	// Lock order: Checker.mu before running.mu before verdictWriter.mu.
 	mu      sync.Mutex
 	fleet   *fleet
 	runners map[beacon.Ref]*running
@@ -160,6 +169,10 @@ type running struct {
 	target  target
 	cancel  context.CancelFunc
 	failing atomic.Bool // its latest verdict is Failing
+
+	mu      sync.Mutex
+	doubt   bool // counted in Checker.doubtful: its latest result or verdict is a failure
+	stopped bool // no longer counted
 }
 
 // New checks cfg and returns a Checker that is not yet running.
@@ -177,7 +190,8 @@ func New(cfg Config) (*Checker, error) {
 		ks = r.Keyspace()
 	}
 	log := cfg.Logger.With("component", "health-checker", "checker", cfg.ID)
-	c := &Checker{cfg: cfg, log: log, m: m, ks: ks, fleet: newFleet(cfg.ID), runners: map[beacon.Ref]*running{}}
+	c := &Checker{cfg: cfg, log: log, m: m, ks: ks, fleet: newFleet(cfg.ID), runners: map[beacon.Ref]*running{},
+		kick: make(chan struct{}, 1)}
 	c.writer = newVerdictWriter(cfg.Store, ks, cfg.ID, cfg.LeaseTTL, log)
 	c.cut = &cutoffDetector{w: c.writer, gauge: m.cutOff, log: log}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -207,15 +221,7 @@ func (c *Checker) Start() error {
 	for range writeWorkers {
 		c.spawn(func() { c.writer.work(c.ctx) })
 	}
-	c.spawn(func() {
-		wait.Every(c.ctx, c.cfg.PeerInterval, func() {
-			a := c.assess(c.ctx)
-			state := c.cut.observe(a)
-			if c.assessed != nil {
-				c.assessed(a, state)
-			}
-		})
-	})
+	c.spawn(c.stand)
 	return nil
 }
 
@@ -268,7 +274,12 @@ func (c *Checker) follow(w registry.Watcher) {
 		} else {
 			c.reshareLocked(touched)
 		}
+		suspects := c.fleet.suspectsChanged
+		c.fleet.suspectsChanged = false
 		c.mu.Unlock()
+		if suspects {
+			c.wake()
+		}
 	}
 }
 
@@ -330,6 +341,7 @@ func (c *Checker) reshareLocked(refs []beacon.Ref) {
 		rn := c.runners[ref]
 		if rn != nil && (!own || rn.target != t) {
 			rn.cancel()
+			c.uncount(rn)
 			delete(c.runners, ref)
 			rn = nil
 		}
@@ -344,6 +356,7 @@ func (c *Checker) reshareLocked(refs []beacon.Ref) {
 		}
 	}
 	c.m.owned.Set(float64(len(c.runners)))
+	c.owned.Store(int64(len(c.runners)))
 }
 
 // startLocked starts the Runner of an instance this checker now owns.
@@ -355,8 +368,13 @@ func (c *Checker) startLocked(ref beacon.Ref, t target) {
 	kind := t.check.Kind
 	r := &Runner{Check: t.check, Addr: t.addr, Prober: c.cfg.Prober, Jitter: c.cfg.Jitter,
 		OnProbe: func(result error, took time.Duration) { c.m.probe(kind, result, took) }}
+	r.OnResult = func(result error) { c.count(rn, result != nil) }
 	r.OnChange = func(s Status, reason error) {
 		rn.failing.Store(s == Failing)
+		if s == Failing {
+			c.turnedFailing.Store(true)
+			c.wake()
+		}
 		c.m.changes.WithLabelValues(string(s)).Inc()
 		h := beacon.Health{Status: beacon.HealthStatus(s), Since: time.Now().UTC(), Checker: c.cfg.ID}
 		if reason != nil && s == Failing {

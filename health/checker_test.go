@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -189,6 +190,20 @@ func (tc *testChecker) awaitState(t *testing.T, want linkState) {
 			}
 		case <-deadline:
 			t.Fatalf("checker %s: not %s within %v", tc.ID(), want, waitFor)
+		}
+	}
+}
+
+// awaitFailingVerdicts waits until the checker's Runners have turned
+// Failing n times in all (each such change wakes its assessment).
+func (tc *testChecker) awaitFailingVerdicts(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.After(waitFor)
+	for testutil.ToFloat64(tc.m.changes.WithLabelValues(string(Failing))) < float64(n) {
+		select {
+		case <-tc.assessed:
+		case <-deadline:
+			t.Fatalf("checker %s: fewer than %d Failing verdicts within %v", tc.ID(), n, waitFor)
 		}
 	}
 }
@@ -603,15 +618,111 @@ func TestCheckerTTLReport(t *testing.T) {
 // ids owns each.
 func spread(t *testing.T, p process, n int, ids []string) ([]*httpTarget, []string) {
 	t.Helper()
+	return spreadWith(t, p, n, ids, checkOf(beacon.CheckHTTP))
+}
+
+// spreadWith is spread with the HTTP check c.
+func spreadWith(t *testing.T, p process, n int, ids []string, c *beacon.Check) ([]*httpTarget, []string) {
+	t.Helper()
 	var tgs []*httpTarget
 	var owners []string
 	for i := range n {
 		tg := startTarget(t, nil)
 		tgs = append(tgs, tg)
 		owners = append(owners, owner(testRef(i), ids))
-		register(t, p, i, tg.addr, checkOf(beacon.CheckHTTP))
+		register(t, p, i, tg.addr, c)
 	}
 	return tgs, owners
+}
+
+// fallThree is an HTTP check out after three failures in a row: a
+// checker's Runners all see failures before their verdicts turn.
+func fallThree() *beacon.Check {
+	c := checkOf(beacon.CheckHTTP)
+	c.Fall = 3
+	return c
+}
+
+// failingVerdicts collects the failing verdicts written to st from now
+// on, as "instance by checker"; the function it returns reports those
+// written until it is called (it writes a marker key and waits for the
+// watch to reach it).
+func failingVerdicts(t *testing.T, st store.Store) func() []string {
+	t.Helper()
+	var mu sync.Mutex
+	var seen []string
+	marker := "/services/~marker"
+	reached := make(chan struct{}, 1)
+	ch := watchKey(t, st, "/services/")
+	go func() {
+		for e := range ch {
+			var h beacon.Health
+			switch {
+			case e.KV.Key == marker:
+				reached <- struct{}{}
+			case strings.HasSuffix(e.KV.Key, "/health") && json.Unmarshal(e.KV.Value, &h) == nil && h.Status == beacon.HealthFailing:
+				mu.Lock()
+				seen = append(seen, e.KV.Key+" by "+h.Checker)
+				mu.Unlock()
+			}
+		}
+	}()
+	return func() []string {
+		t.Helper()
+		if _, err := st.Put(context.Background(), marker, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-reached:
+		case <-time.After(waitFor):
+			t.Fatalf("the watch did not reach the marker within %v", waitFor)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+}
+
+// TestCheckerCutOffMarksNothing: a checker whose probes all fail while
+// its peers' pass — its Runners see the failures before their verdicts
+// turn Failing — writes none of those failing verdicts: it holds them
+// from the first failures and finds itself cut off at its first Failing
+// verdict. Connected again, it writes no failing verdict formed
+// meanwhile: it checks those instances afresh.
+func TestCheckerCutOffMarksNothing(t *testing.T) {
+	b := memoryBackend(t)
+	ids := []string{"x", "p", "q"}
+	x := startChecker(t, b, "x", func(c *Config) {
+		// Random phases: when most of its instances pass again, others
+		// have not been probed since (their latest result is a failure).
+		c.Prober, c.PeerInterval, c.Jitter = fromLoopback2(), 3*time.Second, nil
+	})
+	startChecker(t, b, "p", nil)
+	startChecker(t, b, "q", nil)
+	reader := b.process(t)
+	tgs, owners := spreadWith(t, reader, 12, ids, fallThree())
+	if n := countOf(owners, "x"); n < minCutOffInstances {
+		t.Fatalf("x owns %d instances, fewer than the %d the test needs", n, minCutOffInstances)
+	}
+	for i := range tgs {
+		awaitVerdict(t, reader.st, i, "a passing verdict", verdictIs(beacon.HealthPassing, owners[i]))
+	}
+	written := failingVerdicts(t, reader.st)
+	for _, tg := range tgs {
+		tg.refuse.Store(true)
+	}
+	x.awaitState(t, cutOff)
+	x.awaitFailingVerdicts(t, countOf(owners, "x")) // held, every one
+	for _, tg := range tgs {
+		tg.refuse.Store(false)
+	}
+	x.awaitState(t, connected)
+	for i := range tgs {
+		awaitVerdict(t, reader.st, i, "a passing verdict", verdictIs(beacon.HealthPassing, owners[i]))
+	}
+	if w := written(); len(w) > 0 {
+		t.Fatalf("failing verdicts written while x's probes alone failed: %v", w)
+	}
 }
 
 // TestCheckerCutOffWhenItsProbesFail: a checker whose probes are all
@@ -691,7 +802,8 @@ func TestCheckerCutOffWhenNoPeerAnswers(t *testing.T) {
 }
 
 // TestCheckerMarksARealOutage: when the instances are down for every
-// checker, each marks its own failing and none is cut off.
+// checker, each marks its own failing and none is cut off (each is
+// confirmed: most of its instances fail, and its peer sees as many).
 func TestCheckerMarksARealOutage(t *testing.T) {
 	b := memoryBackend(t)
 	ids := []string{"x", "p"}
@@ -706,7 +818,45 @@ func TestCheckerMarksARealOutage(t *testing.T) {
 	}
 	for _, c := range checkers {
 		for range 3 {
-			c.awaitState(t, connected)
+			c.awaitState(t, confirmed) // most fail, and the peer sees as many
+		}
+		if c.warnings.count("is cut off") != 0 {
+			t.Errorf("checker %s found itself cut off in an outage of every instance", c.ID())
+		}
+	}
+}
+
+// TestCheckerMarksARealOutageTogether: when the instances are down for
+// every checker, all see most of theirs fail before any verdict turns:
+// all hold, and each tells that its peers see as many failures from what
+// they publish (CheckerSuspectMetadata), not from verdicts none has
+// written. Every instance is marked by its owner; none is cut off.
+func TestCheckerMarksARealOutageTogether(t *testing.T) {
+	b := memoryBackend(t)
+	ids := []string{"x", "p"}
+	var checkers []*testChecker
+	for _, id := range ids {
+		checkers = append(checkers, startChecker(t, b, id, func(c *Config) { c.PeerInterval = time.Hour }))
+	}
+	reader := b.process(t)
+	tgs, owners := spreadWith(t, reader, 12, ids, fallThree())
+	for _, id := range ids {
+		if n := countOf(owners, id); n < minCutOffInstances {
+			t.Fatalf("%s owns %d instances, fewer than the %d that let it doubt", id, n, minCutOffInstances)
+		}
+	}
+	for i := range tgs {
+		awaitVerdict(t, reader.st, i, "a passing verdict", verdictIs(beacon.HealthPassing, owners[i]))
+	}
+	for _, tg := range tgs {
+		tg.down.Store(true)
+	}
+	for i := range tgs {
+		awaitVerdict(t, reader.st, i, "a failing verdict by its owner", verdictIs(beacon.HealthFailing, owners[i]))
+	}
+	for _, c := range checkers {
+		if c.warnings.count("is cut off") != 0 || testutil.ToFloat64(c.m.cutOff) != 0 {
+			t.Errorf("checker %s found itself cut off in an outage of every instance", c.ID())
 		}
 	}
 }

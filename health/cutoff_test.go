@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -59,7 +60,89 @@ func newTestDetector(t *testing.T) (*cutoffDetector, *warnCounter) {
 var (
 	unreachable = assessment{peers: 1}
 	fine        = assessment{owned: 4, peers: 1, reached: true}
+	// alone: 3 of 4 fail while the one peer's share is low.
+	alone = assessment{owned: 4, failing: 3, peers: 1, reached: true, shares: map[string]float64{"b": 0}, sharesKnown: true}
+	// together: 3 of 4 fail, and the peer fails as much.
+	together = assessment{owned: 4, failing: 3, peers: 1, reached: true, shares: map[string]float64{"b": 1}, sharesKnown: true}
 )
+
+func noRecheck() {}
+
+// rechecks counts the calls of its recheck.
+type rechecks int
+
+func (r *rechecks) recheck() { *r++ }
+
+func decisive(a assessment) assessment {
+	a.decisive = true
+	return a
+}
+
+// heldFailing gives d's writer a lease and one owned instance whose
+// failing verdict is not yet written.
+func heldFailing(d *cutoffDetector) *slot {
+	d.w.lease = 7
+	s := &slot{owned: true, wantGen: 1, want: beacon.Health{Status: beacon.HealthFailing}}
+	d.w.slots[testRef(0)] = s
+	return s
+}
+
+// TestCutOffDoubtHolds: a connected checker most of whose instances fail
+// for it holds their failing verdicts (doubtful) without concluding, until
+// a decisive look (a Runner turned Failing, or the regular one) compares
+// with its peers: failing alone, it is cut off.
+func TestCutOffDoubtHolds(t *testing.T) {
+	d, warns := newTestDetector(t)
+	s := heldFailing(d)
+	if got := d.observe(alone, noRecheck); got != doubtful {
+		t.Fatalf("state %s when most fail, not decisive: want doubtful", got)
+	}
+	if o := d.w.nextLocked(s, time.Now()); o.kind != opNone || warns.n.Load() != 0 || testutil.ToFloat64(d.gauge) != 0 {
+		t.Fatalf("doubtful: the failing verdict's next op is %d, %d warnings, gauge %v: want held, none, 0", o.kind, warns.n.Load(), testutil.ToFloat64(d.gauge))
+	}
+	if got := d.observe(decisive(alone), noRecheck); got != cutOff || warns.n.Load() != 1 {
+		t.Fatalf("state %s, %d warnings on a decisive look failing alone: want cut off, 1", got, warns.n.Load())
+	}
+}
+
+// TestCutOffDoubtConfirmed: a doubtful checker whose peer fails as much
+// (the instances' outage) writes its failing verdicts as found at the
+// decisive look, and stays confirmed — writing — while most still fail;
+// once few fail it is connected.
+func TestCutOffDoubtConfirmed(t *testing.T) {
+	d, warns := newTestDetector(t)
+	s := heldFailing(d)
+	var r rechecks
+	d.observe(together, r.recheck)
+	if got := d.observe(decisive(together), r.recheck); got != confirmed || r != 0 {
+		t.Fatalf("state %s, %d rechecks on a decisive look with a peer failing as much: want confirmed, none", got, r)
+	}
+	if o := d.w.nextLocked(s, time.Now()); o.kind != opPut || warns.n.Load() != 0 {
+		t.Fatalf("confirmed: the failing verdict's next op is %d, %d warnings: want its write, none", o.kind, warns.n.Load())
+	}
+	if got := d.observe(together, noRecheck); got != confirmed || d.w.holding {
+		t.Fatalf("state %s, holding %v on the next look: want confirmed, writing", got, d.w.holding)
+	}
+	if got := d.observe(fine, noRecheck); got != connected {
+		t.Fatalf("state %s once few fail: want connected", got)
+	}
+}
+
+// TestCutOffDoubtFades: a doubtful checker whose share of failures falls
+// again checks the instances failing for it afresh (recheck), and writes
+// failing verdicts again.
+func TestCutOffDoubtFades(t *testing.T) {
+	d, _ := newTestDetector(t)
+	s := heldFailing(d)
+	var r rechecks
+	d.observe(alone, r.recheck)
+	if got := d.observe(fine, r.recheck); got != connected || r != 1 {
+		t.Fatalf("state %s, %d rechecks once few fail: want connected, 1", got, r)
+	}
+	if o := d.w.nextLocked(s, time.Now()); o.kind != opPut {
+		t.Fatalf("released: the failing verdict's next op is %d, want its write", o.kind)
+	}
+}
 
 // TestCutOffEnter: connected → cut off: the gauge is 1, failing verdicts
 // stop being written (and those written are withdrawn), and the checker
@@ -70,16 +153,16 @@ func TestCutOffEnter(t *testing.T) {
 	ref := testRef(0)
 	d.w.slots[ref] = &slot{owned: true, failing: true, under: 7, haveGen: 1, wantGen: 1,
 		want: beacon.Health{Status: beacon.HealthFailing}}
-	if got := d.observe(unreachable); got != cutOff {
+	if got := d.observe(unreachable, noRecheck); got != cutOff {
 		t.Fatalf("state %s after no peer answered, want cut off", got)
 	}
-	if g := testutil.ToFloat64(d.gauge); g != 1 || !d.w.cutOff || !d.w.slots[ref].withdraw {
-		t.Fatalf("gauge %v, writer cut off %v, withdraw %v", g, d.w.cutOff, d.w.slots[ref].withdraw)
+	if g := testutil.ToFloat64(d.gauge); g != 1 || !d.w.holding || !d.w.slots[ref].withdraw {
+		t.Fatalf("gauge %v, writer holding %v, withdraw %v", g, d.w.holding, d.w.slots[ref].withdraw)
 	}
 	if o := d.w.nextLocked(d.w.slots[ref], time.Now()); o.kind != opWithdraw {
 		t.Fatalf("the failing verdict's next op is %d, want a withdrawal", o.kind)
 	}
-	d.observe(unreachable) // cut off stays cut off
+	d.observe(unreachable, noRecheck) // cut off stays cut off
 	if warns.n.Load() != 1 {
 		t.Fatalf("%d warnings, want 1", warns.n.Load())
 	}
@@ -92,15 +175,16 @@ func TestCutOffRecover(t *testing.T) {
 	d.w.lease = 7
 	ref := testRef(0)
 	d.w.slots[ref] = &slot{owned: true, wantGen: 1, want: beacon.Health{Status: beacon.HealthFailing}}
-	d.observe(unreachable)
+	d.observe(unreachable, noRecheck)
 	if o := d.w.nextLocked(d.w.slots[ref], time.Now()); o.kind != opNone {
 		t.Fatalf("a failing verdict is written while cut off (op %d)", o.kind)
 	}
-	if got := d.observe(fine); got != connected {
-		t.Fatalf("state %s once a peer answered, want connected", got)
+	var r rechecks
+	if got := d.observe(fine, r.recheck); got != connected || r != 1 {
+		t.Fatalf("state %s, %d rechecks once a peer answered: want connected, 1", got, r)
 	}
-	if g := testutil.ToFloat64(d.gauge); g != 0 || d.w.cutOff {
-		t.Fatalf("gauge %v, writer cut off %v", g, d.w.cutOff)
+	if g := testutil.ToFloat64(d.gauge); g != 0 || d.w.holding {
+		t.Fatalf("gauge %v, writer holding %v", g, d.w.holding)
 	}
 	if o := d.w.nextLocked(d.w.slots[ref], time.Now()); o.kind != opPut || o.h.Status != beacon.HealthFailing {
 		t.Fatalf("after recovery the failing verdict's next op is %+v, want its write", o)
@@ -110,8 +194,8 @@ func TestCutOffRecover(t *testing.T) {
 // TestCutOffStaysConnected: an assessment without reason changes nothing.
 func TestCutOffStaysConnected(t *testing.T) {
 	d, warns := newTestDetector(t)
-	if got := d.observe(fine); got != connected || d.w.cutOff || warns.n.Load() != 0 || testutil.ToFloat64(d.gauge) != 0 {
-		t.Fatalf("state %s, writer cut off %v, %d warnings", got, d.w.cutOff, warns.n.Load())
+	if got := d.observe(fine, noRecheck); got != connected || d.w.holding || warns.n.Load() != 0 || testutil.ToFloat64(d.gauge) != 0 {
+		t.Fatalf("state %s, writer holding %v, %d warnings", got, d.w.holding, warns.n.Load())
 	}
 }
 
@@ -120,16 +204,7 @@ func TestCutOffStaysConnected(t *testing.T) {
 // checker wrote (left from a handover) does not count.
 func TestPeerShares(t *testing.T) {
 	tcp := &beacon.Check{Kind: beacon.CheckTCP}
-	f := newFleet("a")
-	events := []beacon.Event{
-		{Type: beacon.Added, Instance: checkerInstance("a", "127.0.0.1:1")},
-		{Type: beacon.Added, Instance: checkerInstance("b", "127.0.0.1:2")},
-		{Type: beacon.Added, Instance: checkerInstance("c", "127.0.0.1:3")},
-	}
-	for i := range 30 {
-		events = append(events, beacon.Event{Type: beacon.Added, Instance: checkedInstance(i, tcp)})
-	}
-	f.apply(registry.Batch{Kind: registry.Snapshot, Events: events})
+	f := fleetOf([]string{"a", "b", "c"}, 30, tcp)
 	var updates []beacon.Event // the verdicts, as the registry's view joins them
 	owned := map[string]int{}
 	failingB := 0
@@ -153,4 +228,36 @@ func TestPeerShares(t *testing.T) {
 	if len(got) != 2 || got["b"] != float64(2)/float64(owned["b"]) || got["c"] != 0 {
 		t.Fatalf("shares %v, want b %v and c 0 (owned %v)", got, float64(2)/float64(owned["b"]), owned)
 	}
+}
+
+// TestPeerSuspect: a peer whose registration says that most of its
+// instances fail for it (CheckerSuspectMetadata) counts as failing all of
+// its own; the flag changes no owner (no re-share), but is noticed.
+func TestPeerSuspect(t *testing.T) {
+	f := fleetOf([]string{"a", "b"}, 10, &beacon.Check{Kind: beacon.CheckTCP})
+	f.suspectsChanged = false
+	b := checkerInstance("b", "127.0.0.1:2")
+	b.Metadata[CheckerSuspectMetadata] = "true"
+	_, members := f.apply(registry.Batch{Kind: registry.Changes, Events: []beacon.Event{{Type: beacon.Updated, Instance: b}}})
+	if members || !f.suspectsChanged {
+		t.Fatalf("b turned suspect: members changed %v (want false), suspects changed %v (want true)", members, f.suspectsChanged)
+	}
+	if got := peerShares(f); got["b"] != 1 {
+		t.Fatalf("shares %v, want b 1 (suspect, no failing verdict written)", got)
+	}
+}
+
+// fleetOf is the fleet of checker ids[0] after a snapshot of the checkers
+// ids (checker i at 127.0.0.1:i+1) and n instances checked with c.
+func fleetOf(ids []string, n int, c *beacon.Check) *fleet {
+	f := newFleet(ids[0])
+	var events []beacon.Event
+	for i, id := range ids {
+		events = append(events, beacon.Event{Type: beacon.Added, Instance: checkerInstance(id, fmt.Sprintf("127.0.0.1:%d", i+1))})
+	}
+	for i := range n {
+		events = append(events, beacon.Event{Type: beacon.Added, Instance: checkedInstance(i, c)})
+	}
+	f.apply(registry.Batch{Kind: registry.Snapshot, Events: events})
+	return f
 }

@@ -80,19 +80,28 @@
 //     back with the same ID), with compare-and-delete: a verdict another
 //     checker wrote meanwhile stays. Close deregisters the checker (its
 //     peers take its instances over at once) and revokes its lease.
-//   - Self-outage. Every Config.PeerInterval (DefaultPeerInterval, 10 s)
-//     a checker connects (TCP) to its peers' addresses until one answers,
-//     and, when more than half of at least 3 instances it owns fail,
-//     compares with its peers' failing shares (the failing verdicts each
-//     wrote over the instances it owns, as the registry's view joins them
-//     to the instances the checker watches). It is cut
-//     off when it has peers and none answers, or when its own share is
-//     above half while every peer's is below half (a checker without peers
-//     cannot tell, and is never cut off). Cut off, it warns once, sets
-//     beacon_health_checker_cut_off to 1, withdraws its failing verdicts
-//     (compare-and-delete) and writes no failing verdict until it is
-//     connected again; then it writes its current ones. Its passing
-//     verdicts are written all along.
+//   - Self-outage (cutoff.go). A checker cut off from its instances sees
+//     them all fail at their next probes, before their verdicts turn
+//     Failing. When more than half of at least 3 instances it owns fail
+//     for it (their latest result or verdict), it is doubtful: it holds
+//     its failing verdicts (writes none; those written stay) and says so
+//     in its registration (CheckerSuspectMetadata). It concludes at its
+//     first verdict that turns Failing and at every Config.PeerInterval
+//     (DefaultPeerInterval, 10 s), once it has held for the longest check
+//     interval of its instances (its peers see the same failures
+//     meanwhile): it is cut off when its peers' failing shares (the
+//     failing verdicts each wrote over the instances it owns, as the
+//     registry's view joins them) are all below half and none is suspect;
+//     otherwise the failures are the instances' (confirmed) and it writes
+//     what it held. It is cut off too when it has peers and none answers a
+//     TCP connect to its address (tried at every look; a checker without
+//     peers cannot tell, and is never cut off). Cut off, it warns once,
+//     sets beacon_health_checker_cut_off to 1, withdraws its failing
+//     verdicts (compare-and-delete) and writes no failing verdict until
+//     few of its instances fail for it again; then it restarts the Runners
+//     of those still failing for it (a failure seen meanwhile is not
+//     trusted) and writes what they find. Its passing verdicts are written
+//     all along.
 //
 // Its metrics, on Config.Metrics: beacon_health_probes_total{kind,result}
 // (result pass or fail; the statuses a gRPC server pushes are results,

@@ -37,6 +37,10 @@ type Runner struct {
 	// it took. Statuses a gRPC server pushes on its Watch stream are
 	// results, not probes.
 	OnProbe func(result error, took time.Duration)
+	// OnResult is called, from Run's goroutine, with every result —
+	// probes, pushed statuses, a Watch stream that broke — after the
+	// verdict took it in (after OnChange, if it changed).
+	OnResult func(result error)
 	// Refresh, for a TTL check, is called once per interval before the
 	// last report's age is judged: it reads the service's latest report
 	// from wherever it is kept (the Checker: the store) and calls Report
@@ -65,6 +69,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	observe := func(result error) {
 		if v.observe(result) && r.OnChange != nil {
 			r.OnChange(v.status, v.reason)
+		}
+		if r.OnResult != nil {
+			r.OnResult(result)
 		}
 	}
 	if c.Kind == beacon.CheckTTL {

@@ -22,6 +22,11 @@ const (
 	// CheckerIDMetadata is the metadata key of a checker's registration
 	// that holds its ID.
 	CheckerIDMetadata = "checker"
+	// CheckerSuspectMetadata is the metadata key of a checker's
+	// registration that is "true" while more than half of its instances
+	// fail for it: its peers then count it as seeing as many failures as
+	// they do (an outage of the instances, not of one checker).
+	CheckerSuspectMetadata = "suspect"
 )
 
 // CheckersQuery selects the checkers' registrations.
@@ -103,8 +108,9 @@ func probeAddress(addr string) string {
 
 // peer is one checker as registered.
 type peer struct {
-	id   string
-	addr string
+	id      string
+	addr    string
+	suspect bool // CheckerSuspectMetadata
 }
 
 // fleet is what a checker knows of the cluster from the registry's watch:
@@ -117,7 +123,10 @@ type fleet struct {
 
 	members map[beacon.Ref]peer
 	ids     []string // the distinct IDs of members, sorted
-	checked map[beacon.Ref]target
+	// suspectsChanged: a member's suspect changed since the flag was
+	// cleared (which changes no owner).
+	suspectsChanged bool
+	checked         map[beacon.Ref]target
 	// verdicts are the checked instances' verdicts as the registry's
 	// view joins them (the checkers' shares are read from them).
 	verdicts map[beacon.Ref]beacon.Health
@@ -183,9 +192,10 @@ func (f *fleet) applyMember(ref beacon.Ref, in beacon.Instance, removed bool) bo
 		delete(f.members, ref)
 		return had
 	}
-	p := peer{id: id, addr: in.Address}
+	p := peer{id: id, addr: in.Address, suspect: in.Metadata[CheckerSuspectMetadata] == "true"}
 	f.members[ref] = p
-	return !had || old != p
+	f.suspectsChanged = f.suspectsChanged || p.suspect != old.suspect
+	return !had || old.id != p.id || old.addr != p.addr
 }
 
 // live reports whether this checker takes part: its own registration

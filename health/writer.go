@@ -40,11 +40,12 @@ type verdictWriter struct {
 	kick chan struct{} // wakes a worker per slot queued, up to all of them
 	lost chan struct{} // wakes the keeper: the lease ended
 
-	mu     sync.Mutex
-	lease  store.LeaseID // store.NoLease while there is none
-	cutOff bool          // write no failing verdict (cutoff.go)
-	slots  map[beacon.Ref]*slot
-	queue  []beacon.Ref
+	mu      sync.Mutex
+	lease   store.LeaseID // store.NoLease while there is none
+	holding bool          // write no failing verdict (cutoff.go) ...
+	cutOff  bool          // ... and withdraw those written
+	slots   map[beacon.Ref]*slot
+	queue   []beacon.Ref
 }
 
 // slot is one instance's verdict as this checker knows it.
@@ -148,16 +149,32 @@ func (w *verdictWriter) set(ref beacon.Ref, runner uint64, h beacon.Health) {
 	w.enqueueLocked(ref, s)
 }
 
-// setCutOff turns the writing of failing verdicts off (withdrawing those
-// in the store) or on again (writing the current ones).
-func (w *verdictWriter) setCutOff(on bool) {
+// hold stops the writing of failing verdicts (a checker that cannot yet
+// tell, or that is cut off); withdraw also deletes those in the store.
+func (w *verdictWriter) hold(withdraw bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.cutOff = on
+	w.holding, w.cutOff = true, withdraw
+	if !withdraw {
+		return
+	}
 	for ref, s := range w.slots {
-		if on && s.failing && s.under == w.lease {
+		if s.failing && s.under == w.lease {
 			s.withdraw = true
+			w.enqueueLocked(ref, s)
 		}
+	}
+}
+
+// release writes the failing verdicts held.
+func (w *verdictWriter) release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.holding {
+		return
+	}
+	w.holding, w.cutOff = false, false
+	for ref, s := range w.slots {
 		w.enqueueLocked(ref, s)
 	}
 }
@@ -173,7 +190,7 @@ func (w *verdictWriter) nextLocked(s *slot, now time.Time) op {
 	case s.withdraw:
 		return op{kind: opWithdraw}
 	case s.owned && s.want.Status != "" && w.lease != store.NoLease &&
-		!(w.cutOff && s.want.Status == beacon.HealthFailing) &&
+		!(w.holding && s.want.Status == beacon.HealthFailing) &&
 		(s.haveGen != s.wantGen || s.under != w.lease):
 		return op{kind: opPut, h: s.want, gen: s.wantGen, lease: w.lease}
 	}
@@ -306,6 +323,7 @@ func (w *verdictWriter) finish(ref beacon.Ref, o op, err error) {
 	switch o.kind {
 	case opPut:
 		s.haveGen, s.under, s.failing = o.gen, o.lease, o.h.Status == beacon.HealthFailing
+		s.withdraw = s.failing && w.cutOff // written as the checker found itself cut off
 	case opWithdraw:
 		s.withdraw, s.failing, s.haveGen = false, false, 0
 		if !s.owned {

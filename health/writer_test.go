@@ -271,7 +271,7 @@ func TestWriterCutOff(t *testing.T) {
 	runDown, runUp := w.own(down), w.own(up)
 	w.set(down, runDown, failingVerdict("a", "down"))
 	awaitKey(t, st, kdown, "a failing verdict", isVerdict(t, beacon.HealthFailing, "a"))
-	w.setCutOff(true)
+	w.hold(true)
 	awaitKey(t, st, kdown, "the failing verdict withdrawn", absent)
 	w.set(up, runUp, failingVerdict("a", "down too"))
 	w.set(up, runUp, passingVerdict("a"))
@@ -279,8 +279,47 @@ func TestWriterCutOff(t *testing.T) {
 	if _, err := st.Get(context.Background(), kdown); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a failing verdict was written while cut off: %v", err)
 	}
-	w.setCutOff(false)
+	w.release()
 	awaitKey(t, st, kdown, "the failing verdict written again", isVerdict(t, beacon.HealthFailing, "a"))
+}
+
+// TestWriterHoldAndRelease: held, failing verdicts are not written
+// (passing ones are); released, they are.
+func TestWriterHoldAndRelease(t *testing.T) {
+	st := newMemoryStore(t)
+	w := runWriter(t, st, "a")
+	early, held := testRef(0), testRef(1)
+	runs := map[beacon.Ref]uint64{early: w.own(early), held: w.own(held)}
+	key := func(ref beacon.Ref) string { return beacon.Keyspace{}.HealthKey(ref) }
+	w.set(early, runs[early], failingVerdict("a", "down"))
+	awaitKey(t, st, key(early), "a failing verdict", isVerdict(t, beacon.HealthFailing, "a"))
+	w.hold(false)
+	w.set(held, runs[held], failingVerdict("a", "down"))
+	w.set(early, runs[early], passingVerdict("a"))
+	awaitKey(t, st, key(early), "a passing verdict while held", isVerdict(t, beacon.HealthPassing, "a"))
+	if _, err := st.Get(context.Background(), key(held)); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a failing verdict was written while held: %v", err)
+	}
+	w.release()
+	awaitKey(t, st, key(held), "the held failing verdict written", isVerdict(t, beacon.HealthFailing, "a"))
+}
+
+// TestWriterWithdrawsWhatLandsCutOff: a failing verdict whose write was
+// in flight when the checker found itself cut off is withdrawn once it
+// lands.
+func TestWriterWithdrawsWhatLandsCutOff(t *testing.T) {
+	w := newVerdictWriter(nil, beacon.Keyspace{}, "a", time.Second, slog.New(slog.DiscardHandler))
+	w.lease = 7
+	ref := testRef(0)
+	w.set(ref, w.own(ref), failingVerdict("a", "down"))
+	_, o, _ := w.take(context.Background())
+	w.hold(true)
+	w.finish(ref, o, nil)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if next := w.nextLocked(w.slots[ref], time.Now()); next.kind != opWithdraw {
+		t.Fatalf("a failing verdict written as the checker was cut off: next op %d, want its withdrawal", next.kind)
+	}
 }
 
 // TestWriterIgnoresLossOfAnOldLease: a write under a lease that has since

@@ -26,7 +26,13 @@ type healthTarget struct {
 func startHealthTarget(t *testing.T) *healthTarget {
 	t.Helper()
 	bin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/lab/healthtarget")
-	h := &healthTarget{cmd: exec.Command(bin)}
+	return runHealthTarget(t, exec.Command(bin))
+}
+
+// runHealthTarget starts cmd, a healthtarget, and reads its addresses.
+func runHealthTarget(t *testing.T, cmd *exec.Cmd) *healthTarget {
+	t.Helper()
+	h := &healthTarget{cmd: cmd}
 	in, out := testpeer.StartPiped(t, h.cmd)
 	h.in, h.lines = in, bufio.NewScanner(out)
 	t.Cleanup(func() {

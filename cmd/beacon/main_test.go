@@ -94,18 +94,33 @@ func withXDSPort(args []string) []string {
 // startBeaconIn is startBeacon with standard input (nil: none).
 func startBeaconIn(t *testing.T, dir string, env []string, stdin io.Reader, args ...string) *child {
 	t.Helper()
+	cmd := beaconCmd(t, dir, env, args...)
+	cmd.Stdin = stdin
+	return runChild(t, cmd)
+}
+
+// beaconCmd is the command that runs `beacon args...` in dir with extra
+// environment.
+func beaconCmd(t *testing.T, dir string, env []string, args ...string) *exec.Cmd {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe)
 	cmd.Dir = dir
-	cmd.Stdin = stdin
 	encoded, err := json.Marshal(withXDSPort(args)) // keeps empty and spaced arguments
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd.Env = append(append(os.Environ(), beaconMainEnv+"="+string(encoded)), env...)
+	return cmd
+}
+
+// runChild starts cmd, a beacon command (beaconCmd's, possibly wrapped),
+// collecting its output; the test's end kills it.
+func runChild(t *testing.T, cmd *exec.Cmd) *child {
+	t.Helper()
 	b := &child{cmd: cmd, lines: make(chan string, 100), wrote: make(chan struct{}, 1), done: make(chan struct{})}
 	cmd.Stderr = &lockedWriter{mu: &b.mu, w: &b.stderr, wrote: b.wrote}
 	out, err := cmd.StdoutPipe()

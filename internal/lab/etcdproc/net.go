@@ -22,6 +22,8 @@ import (
 // processes reach every member, members reach each other through the
 // bridge, and a member is partitioned away by taking its veth down (its
 // packets are then dropped, as on a dead link: no reset, no refusal).
+// Processes that are not members get places of their own the same way
+// (AddHost), where a drill can change their routes.
 type Network struct {
 	netns  bool
 	slot   int // netns: 10.231.<slot>.0/24 and names bcn<slot>...
@@ -216,6 +218,51 @@ func (n *Network) wrap(h *host, cmd *exec.Cmd) {
 	}
 	cmd.Args = append([]string{n.ip, "netns", "exec", h.ns, cmd.Path}, cmd.Args[1:]...)
 	cmd.Path = n.ip
+}
+
+// Host is a place of its own on a Network for a process that is not a
+// member (a server the drill probes, a client, a beacon serve over the
+// cluster): on a Netns network, a namespace with its own address on the
+// bridge; on Loopback, 127.0.0.1. Close of the Network removes it.
+type Host struct {
+	n *Network
+	h *host
+}
+
+// AddHost gives a new process its place on the network.
+func (n *Network) AddHost() (*Host, error) {
+	h, err := n.addHost()
+	if err != nil {
+		return nil, err
+	}
+	return &Host{n: n, h: h}, nil
+}
+
+// Addr is the host's IP address: processes on it listen there.
+func (h *Host) Addr() string { return h.h.addr }
+
+// Wrap makes cmd run on the host: in its namespace (through ip netns
+// exec, which becomes the command: cmd's process is the command's).
+func (h *Host) Wrap(cmd *exec.Cmd) { h.n.wrap(h.h, cmd) }
+
+// IP runs ip(8) with args in the host's namespace — `route add blackhole
+// 10.231.1.11/32` drops its packets to that address, as a partition does
+// — saying what failed. It needs a Netns network.
+func (h *Host) IP(args ...string) error {
+	if h.h.ns == "" {
+		return errors.New("etcdproc: a host's routes need network namespaces (run as root with iproute2)")
+	}
+	return h.n.run(append([]string{"-n", h.h.ns}, args...)...)
+}
+
+// Gateway is the caller's address on a Netns network's bridge: where
+// processes on its hosts reach the caller's own namespace ("" on
+// Loopback, where everything is on 127.0.0.1).
+func (n *Network) Gateway() string {
+	if !n.netns {
+		return ""
+	}
+	return n.gateway()
 }
 
 // setLink takes h's link down (partition) or up (heal).

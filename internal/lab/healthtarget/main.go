@@ -1,8 +1,9 @@
 // Command healthtarget is a server whose health the drills control: it
 // serves the standard gRPC health service (grpc.health.v1, overall
-// service "") and GET /healthz on one loopback port each, prints
-// "grpc ADDR" and "http ADDR", then reads commands from stdin, one per
-// line, answering each with "ok LINE" once done:
+// service "") and GET /healthz on one port each (of 127.0.0.1, or of the
+// address -host gives), prints "grpc ADDR" and "http ADDR", then reads
+// commands from stdin, one per line, answering each with "ok LINE" once
+// done:
 //
 //	serving       both checks pass (the start)
 //	not-serving   gRPC says NOT_SERVING, /healthz answers 503
@@ -12,7 +13,7 @@
 //	              next command
 //	flap D N      N changes, one every D, then serving; answered once done
 //
-// It exits when stdin closes. The drills (internal/lab/drill) build and
+// It exits when stdin closes. The health drills (cmd/beacon) build and
 // run it; the registrant that keeps its registration alive is another
 // process.
 package main
@@ -20,6 +21,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -104,12 +106,14 @@ func main() {
 }
 
 func run() error {
+	host := flag.String("host", "127.0.0.1", "IP address to listen on (a free port of it for each server)")
+	flag.Parse()
 	t := &target{hs: health.NewServer(), serving: true}
-	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	gl, err := net.Listen("tcp", net.JoinHostPort(*host, "0"))
 	if err != nil {
 		return err
 	}
-	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	hl, err := net.Listen("tcp", net.JoinHostPort(*host, "0"))
 	if err != nil {
 		return err
 	}
