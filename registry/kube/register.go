@@ -562,7 +562,7 @@ func (w *writer) checkCluster(ctx context.Context, ref beacon.Ref) error {
 }
 
 // prepare fills an instance's defaults and validates it. An instance
-// that declares a health check is refused: readiness is the check here.
+// that declares a TTL check is refused (checkRefused).
 func (r *Registry) prepare(in beacon.Instance) (beacon.Instance, error) {
 	in, err := defaults.Fill(in, r.cfg.MaxMetadataSize)
 	if err != nil {
