@@ -246,9 +246,6 @@ func (rf *registerFlags) parseCheck(cmd *cobra.Command) (*beacon.Check, error) {
 			"nothing to report with: declare grpc, http:/PATH or tcp, or register over HTTP (POST /v1/registry/instances) and report "+
 			"with POST .../report", rf.check)
 	}
-	if rf.conn.backendName() == backend.Kubernetes {
-		return nil, usagef("--check: on the kubernetes backend the pod's readiness is the check (an instance is live while its pod is Ready): give the container a readinessProbe instead")
-	}
 	for _, cf := range checkFlags {
 		if !flags.Changed(cf.name) {
 			continue
