@@ -12,8 +12,8 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/backend"
-	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/health"
+	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/memory"
 )
