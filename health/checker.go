@@ -47,7 +47,7 @@ type Config struct {
 	// reports read from it. Required, unless Registry keeps verdicts
 	// itself (registry.VerdictKeeper: the Kubernetes registry), whose
 	// VerdictSink then holds them; there, TTL checks have no reports to
-	// read, and fail.
+	// read: they are not run (unknown, served), with a warning.
 	Store store.Store
 	// LeaseTTL is the TTL of the lease the checker's verdicts are bound
 	// to. Zero means the registry's session TTL (its LeaseTTL method),
@@ -421,9 +421,10 @@ func shortReason(reason string) string {
 	return reason[:cut] + "…"
 }
 
-// errNoReports fails a TTL check over a registry without a store: there is
-// nowhere its service could report (registry/kube refuses TTL checks; one
-// that reaches a checker anyway was written by hand).
+// errNoReports is why a TTL check over a registry without a store is not
+// run (its interval skipped, so it stays unknown): there is nowhere its
+// service could report (registry/kube refuses TTL checks; one that
+// reaches a checker anyway was written by hand).
 var errNoReports = errors.New("a TTL check needs a store to report to, and this registry has none: " +
 	"declare a grpc, http or tcp check instead (on Kubernetes, an exec readinessProbe does what a TTL check does)")
 
@@ -432,8 +433,13 @@ var errNoReports = errors.New("a TTL check needs a store to report to, and this 
 func (c *Checker) reportReader(ref beacon.Ref, r *Runner) func(context.Context) error {
 	key := registry.ReportKey(c.ks, ref)
 	var last int64
+	warned := false
 	return func(ctx context.Context) error {
 		if c.cfg.Store == nil {
+			if !warned {
+				warned = true
+				c.log.Warn("cannot run a TTL check: its instance stays unknown (served)", "instance", ref.String(), "err", errNoReports)
+			}
 			return errNoReports
 		}
 		ctx, cancel := context.WithTimeout(ctx, c.writer.callTimeout())

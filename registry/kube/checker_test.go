@@ -1,8 +1,10 @@
 package kube_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -19,6 +21,13 @@ import (
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 )
 
 // Health checks on Kubernetes, run by a real health.Checker whose process
@@ -73,9 +82,16 @@ func countingListener(t *testing.T) (string, *atomic.Int64) {
 // registry of that pod, with its verdicts in the pod's InstanceSet.
 func startChecker(t *testing.T, cp *kubetest.ControlPlane, ns string, pod *corev1.Pod, id string) *health.Checker {
 	t.Helper()
+	return startCheckerWith(t, cp, ns, pod, id, nil)
+}
+
+// startCheckerWith is startChecker with a logger.
+func startCheckerWith(t *testing.T, cp *kubetest.ControlPlane, ns string, pod *corev1.Pod, id string, log *slog.Logger) *health.Checker {
+	t.Helper()
 	r := cp.Registry(t, ns, pod, nil)
 	addr, _ := countingListener(t)
-	c, err := health.New(health.Config{ID: id, Addr: addr, Registry: r, PeerInterval: time.Hour, Jitter: func() float64 { return 0.5 }})
+	c, err := health.New(health.Config{ID: id, Addr: addr, Registry: r, PeerInterval: time.Hour, Jitter: func() float64 { return 0.5 },
+		Logger: log})
 	if err != nil {
 		t.Fatalf("health.New over the Kubernetes registry: %v", err)
 	}
@@ -213,6 +229,181 @@ func TestCheckerVerdictsFailOpen(t *testing.T) {
 	}
 }
 
+// Handover: a second checker joins and takes over some instances; once
+// its own verdict on one shows, the first checker deletes its verdict on
+// it from its InstanceSet (kept, it would come back should the second
+// checker's pod stop being Ready). In the end each instance has a verdict
+// in exactly one checker's InstanceSet.
+func TestCheckersHandOverOnKubernetes(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	addr, _ := countingListener(t)
+	w := cp.Registry(t, ns, cp.ReadyPod(t, ns, "worker"), nil)
+	var refs []beacon.Ref
+	for range 8 {
+		in := inst(addr)
+		in.Check = &beacon.Check{Kind: beacon.CheckTCP, Interval: beacon.MinCheckInterval, Rise: 1, Fall: 1}
+		refs = append(refs, register(t, w, in).Instance().Ref())
+	}
+	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo"})
+	startChecker(t, cp, ns, cp.ReadyPod(t, ns, "checker-1"), "node-1")
+	for _, ref := range refs {
+		f.transition(ref, beacon.HealthPassing)
+	}
+	startChecker(t, cp, ns, cp.ReadyPod(t, ns, "checker-2"), "node-2")
+	untilSets(t, cp, ns, "each instance's verdict in one checker's InstanceSet", func(sets map[string]*unstructured.Unstructured) bool {
+		one, two := verdictKeys(sets["checker-1"]), verdictKeys(sets["checker-2"])
+		for _, ref := range refs {
+			if one[ref.String()] == two[ref.String()] {
+				return false
+			}
+		}
+		return len(one) > 0 && len(two) > 0
+	})
+}
+
+// verdictKeys returns the keys of an InstanceSet's verdicts (none for nil).
+func verdictKeys(u *unstructured.Unstructured) map[string]bool {
+	out := map[string]bool{}
+	if u == nil {
+		return out
+	}
+	vs, _, _ := unstructured.NestedMap(u.Object, "spec", "verdicts")
+	for k := range vs {
+		out[k] = true
+	}
+	return out
+}
+
+// untilSets watches the InstanceSets of ns until cond holds for them (by
+// name).
+func untilSets(t *testing.T, cp *kubetest.ControlPlane, ns, what string, cond func(map[string]*unstructured.Unstructured) bool) {
+	t.Helper()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return cp.Dynamic.Resource(kube.GVR).Namespace(ns).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cp.Dynamic.Resource(kube.GVR).Namespace(ns).Watch(ctx, o)
+		},
+	}
+	sets := map[string]*unstructured.Unstructured{}
+	_, err := watchtools.UntilWithSync(kubetest.Ctx(t), lw, &unstructured.Unstructured{}, func(store cache.Store) (bool, error) {
+		for _, o := range store.List() {
+			u := o.(*unstructured.Unstructured)
+			sets[u.GetName()] = u
+		}
+		return cond(sets), nil
+	}, func(e watch.Event) (bool, error) {
+		u, ok := e.Object.(*unstructured.Unstructured)
+		switch {
+		case !ok:
+		case e.Type == watch.Deleted:
+			delete(sets, u.GetName())
+		default:
+			sets[u.GetName()] = u
+		}
+		return cond(sets), nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s: %v (InstanceSets %v)", what, err, sets)
+	}
+}
+
+// A checker's verdicts edited by hand (another field manager adds one and
+// changes one) are written back as the checker holds them, as its
+// instances are.
+func TestVerdictsEditedByHand(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	pod := cp.ReadyPod(t, ns, "checker")
+	r := cp.Registry(t, ns, pod, nil)
+	sink, err := r.VerdictSink("node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := beacon.Ref{Namespace: "demo", Component: "api", Endpoint: "http", ID: "00000000000000a1"}
+	ctx := kubetest.Ctx(t)
+	if err := sink.PutVerdict(ctx, ref, beacon.Health{Status: beacon.HealthPassing, Since: time.Now().UTC(), Checker: "node-1"}); err != nil {
+		t.Fatal(err)
+	}
+	only := func(sets map[string]*unstructured.Unstructured) bool {
+		vs, _, _ := unstructured.NestedMap(sets[pod.Name].Object, "spec", "verdicts")
+		v, _ := vs[ref.String()].(map[string]any)
+		return len(vs) == 1 && v["status"] == "passing"
+	}
+	untilSets(t, cp, ns, "the checker's verdict", func(sets map[string]*unstructured.Unstructured) bool { return sets[pod.Name] != nil && only(sets) })
+	patch := fmt.Sprintf(`{"spec":{"verdicts":{%q:{"status":"failing"},"demo/api/http/00000000000000ff":{"status":"failing"}}}}`, ref.String())
+	edited, err := cp.Dynamic.Resource(kube.GVR).Namespace(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch),
+		metav1.PatchOptions{FieldManager: "kubectl-edit"})
+	if err != nil || len(verdictKeys(edited)) != 2 {
+		t.Fatalf("the edit: %v, %v", err, edited)
+	}
+	// Whatever is listed from now on is the edit or later: its verdict
+	// passing alone again is the checker's rewrite.
+	untilSets(t, cp, ns, "the checker's verdict alone again", only)
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
+	}
+	untilSets(t, cp, ns, "no verdict after Close", func(sets map[string]*unstructured.Unstructured) bool {
+		return sets[pod.Name] != nil && len(verdictKeys(sets[pod.Name])) == 0
+	})
+}
+
+// A TTL check that reaches a checker anyway (an InstanceSet written by
+// hand: Register refuses it) is not run: there is nowhere its service
+// could report to. The checker warns, saying so, and the instance stays
+// unknown (served) while the checker's other instances get verdicts.
+func TestCheckerTTLWithoutStore(t *testing.T) {
+	cp := kubetest.Shared(t)
+	ns := cp.Namespace(t)
+	pod := cp.ReadyPod(t, ns, "byhand")
+	ttl := inst("10.9.0.1:80")
+	ttl.ID, ttl.Status, ttl.RegisteredAt = "00000000000000a1", beacon.StatusServing, time.Now().UTC().Truncate(time.Second)
+	ttl.Check = &beacon.Check{Kind: beacon.CheckTTL, TTL: time.Second, Interval: beacon.MinCheckInterval, Fall: 1}
+	addr, _ := countingListener(t)
+	tcp := ttl
+	tcp.ID, tcp.Address = "00000000000000a2", addr
+	tcp.Check = &beacon.Check{Kind: beacon.CheckTCP, Interval: beacon.MinCheckInterval, Rise: 1, Fall: 1}
+	if _, err := cp.Dynamic.Resource(kube.GVR).Namespace(ns).Create(kubetest.Ctx(t), setObject(pod, ttl, tcp), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo"})
+	logs := &warnLog{warned: make(chan string, 64)}
+	startCheckerWith(t, cp, ns, cp.ReadyPod(t, ns, "checker"), "node-1", slog.New(logs))
+	f.transition(tcp.Ref(), beacon.HealthPassing)
+	for msg := ""; !strings.Contains(msg, "cannot run a TTL check"); {
+		select {
+		case msg = <-logs.warned:
+		case <-kubetest.Ctx(t).Done():
+			t.Fatal("no warning about the TTL check")
+		}
+		if strings.Contains(msg, "TTL") && (!strings.Contains(msg, "needs a store to report to") || !strings.Contains(msg, ttl.Ref().String())) {
+			t.Fatalf("warning %q: want it to name the instance and say that a TTL check needs a store", msg)
+		}
+	}
+	if got, _ := f.v.Get(ttl.Ref().String()); got.Health == nil || got.Health.Status != beacon.HealthUnknown || !got.Serving() {
+		t.Fatalf("the TTL-checked instance: %+v, want unknown and served", got.Health)
+	}
+}
+
+// warnLog is a slog handler that sends each warning, with its attributes,
+// on warned.
+type warnLog struct{ warned chan string }
+
+func (h *warnLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h *warnLog) Handle(_ context.Context, r slog.Record) error {
+	msg := r.Message
+	r.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
+	select {
+	case h.warned <- msg:
+	default:
+	}
+	return nil
+}
+func (h *warnLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *warnLog) WithGroup(string) slog.Handler      { return h }
+
 // A TTL check is refused on Kubernetes (no store for its reports), saying
 // what to use instead, at Register and Update, and writes nothing; a grpc,
 // http or tcp check is accepted and kept whole through the resource's
@@ -267,5 +458,9 @@ func TestVerdictSinkNeedsPodIdentity(t *testing.T) {
 	var keeper registry.VerdictKeeper = cp.Registry(t, ns, nil, nil)
 	if _, err := keeper.VerdictSink("node-1"); !errors.Is(err, kube.ErrNoPodIdentity) {
 		t.Fatalf("VerdictSink without a pod identity: %v, want ErrNoPodIdentity", err)
+	}
+	_, err := health.New(health.Config{ID: "node-1", Addr: "127.0.0.1:9379", Registry: keeper.(registry.Registry)})
+	if !errors.Is(err, health.ErrInvalidConfig) || !errors.Is(err, kube.ErrNoPodIdentity) || !strings.Contains(err.Error(), "POD_NAME, POD_NAMESPACE, POD_UID") {
+		t.Fatalf("a checker over a registry without a pod identity: %v, want an error naming the variables", err)
 	}
 }
