@@ -263,7 +263,8 @@ type Operator interface {
 // TTLReporter writes the reports of TTL checks (beacon.CheckTTL): a
 // service's own "I am fine", at least once per the TTL its check declares,
 // apart from its lease (see report.go). *StoreRegistry implements it;
-// registry/kube does not (readiness is the check there).
+// registry/kube does not (it has no store for reports, and refuses TTL
+// checks).
 type TTLReporter interface {
 	// Report reports for an instance registered through this registry
 	// (Register), under the session's lease.
