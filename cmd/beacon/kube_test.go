@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"regexp"
@@ -158,21 +157,7 @@ func checkBadInputEnv(t *testing.T, env []string, tests []badInput) {
 // checker stopped, its verdicts go (the instance is unknown again).
 func kubeHealthChecks(t *testing.T, cp *kubetest.ControlPlane, ns, dir string, kube []string, w *child, workerEnv []string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.Close()
-		}
-	}()
-	reg := startBeacon(t, dir, workerEnv, append([]string{"register", "demo/web/tcp", "--addr", ln.Addr().String(), "--check", "tcp",
+	reg := startBeacon(t, dir, workerEnv, append([]string{"register", "demo/web/tcp", "--addr", listenAndClose(t), "--check", "tcp",
 		"--check-interval", "500ms", "--check-rise", "1", "--check-fall", "1"}, kube...)...)
 	reg.waitLine(t, "registered demo/web/tcp/", 60*time.Second)
 	w.waitLine(t, "health=unknown", 60*time.Second)

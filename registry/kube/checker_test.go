@@ -111,6 +111,20 @@ func grpcChecked(addr, service string) beacon.Instance {
 	return in
 }
 
+// threeGRPCChecked registers, from a worker pod, three instances whose
+// checks are the services a, b and c of one grpc-go health server (all
+// SERVING): three, so that one failing is no panic.
+func threeGRPCChecked(t *testing.T, cp *kubetest.ControlPlane, ns string) (*grpchealth.Server, []beacon.Ref) {
+	t.Helper()
+	hs, addr := grpcHealth(t, "a", "b", "c")
+	w := cp.Registry(t, ns, cp.ReadyPod(t, ns, "worker"), nil)
+	var refs []beacon.Ref
+	for _, s := range []string{"a", "b", "c"} {
+		refs = append(refs, register(t, w, grpcChecked(addr, s)).Instance().Ref())
+	}
+	return hs, refs
+}
+
 // healthIs reports whether the view holds ref with this health status.
 func healthIs(ref beacon.Ref, s beacon.HealthStatus) func(*registrytest.View) bool {
 	return func(v *registrytest.View) bool {
@@ -144,14 +158,9 @@ func (f *follower) transition(ref beacon.Ref, s beacon.HealthStatus) []beacon.Ev
 func TestCheckerOnKubernetes(t *testing.T) {
 	cp := kubetest.Shared(t)
 	ns := cp.Namespace(t)
-	hs, addr := grpcHealth(t, "a", "b", "c")
-	w := cp.Registry(t, ns, cp.ReadyPod(t, ns, "worker"), nil)
-	var refs []beacon.Ref
-	for _, s := range []string{"a", "b", "c"} {
-		refs = append(refs, register(t, w, grpcChecked(addr, s)).Instance().Ref())
-	}
+	hs, refs := threeGRPCChecked(t, cp, ns)
 	plainAddr, probed := countingListener(t)
-	plain := register(t, w, inst(plainAddr)).Instance()
+	plain := register(t, cp.Registry(t, ns, cp.ReadyPod(t, ns, "plain"), nil), inst(plainAddr)).Instance()
 	reader := cp.Registry(t, ns, nil, nil)
 	f := follow(t, reader, beacon.Query{Namespace: "demo"})
 	if h := f.v.Instances(); len(h) != 4 {
@@ -201,12 +210,7 @@ func TestCheckerOnKubernetes(t *testing.T) {
 func TestCheckerVerdictsFailOpen(t *testing.T) {
 	cp := kubetest.Shared(t)
 	ns := cp.Namespace(t)
-	hs, addr := grpcHealth(t, "a", "b", "c")
-	w := cp.Registry(t, ns, cp.ReadyPod(t, ns, "worker"), nil)
-	var refs []beacon.Ref
-	for _, s := range []string{"a", "b", "c"} {
-		refs = append(refs, register(t, w, grpcChecked(addr, s)).Instance().Ref())
-	}
+	hs, refs := threeGRPCChecked(t, cp, ns)
 	f := follow(t, cp.Registry(t, ns, nil, nil), beacon.Query{Namespace: "demo"})
 	hs.SetServingStatus("a", healthpb.HealthCheckResponse_NOT_SERVING)
 	pod := cp.ReadyPod(t, ns, "checker")
