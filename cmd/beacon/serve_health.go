@@ -16,6 +16,13 @@ import (
 // where the other pods' checkers reach this one's.
 const envPodIP = "POD_IP"
 
+// healthOffOutsidePod is the Info log of a kubernetes serve without the
+// pod identity, which runs no health checker.
+const healthOffOutsidePod = "health checks off: on Kubernetes the health checker registers itself and keeps its " +
+	"verdicts in its pod's InstanceSet, which needs the pod identity from the Downward API; run beacon serve in a pod " +
+	"with " + kube.EnvPodName + ", " + kube.EnvPodNamespace + " and " + kube.EnvPodUID + " set " +
+	"(deploy/kubernetes/checker.yaml) to check the instances that declare a check"
+
 // addHealthFlags registers the health checker's flags on `beacon serve`
 // (docs/health.md).
 func addHealthFlags(cmd *cobra.Command, h *server.HealthConfig) {
@@ -47,10 +54,7 @@ func healthFlags(cmd *cobra.Command, cfg *server.Config, backendName string, get
 	case backendName == backend.Kubernetes:
 		if missing := missingPodIdentity(getenv); missing != "" {
 			h.Enabled = false
-			log.Info("health checks off: on Kubernetes the health checker registers itself and keeps its verdicts in its "+
-				"pod's InstanceSet, which needs the pod identity from the Downward API; run beacon serve in a pod with "+
-				kube.EnvPodName+", "+kube.EnvPodNamespace+" and "+kube.EnvPodUID+" set (deploy/kubernetes/checker.yaml) to "+
-				"check the instances that declare a check", "missing", missing)
+			log.Info(healthOffOutsidePod, "missing", missing)
 		}
 	}
 }
