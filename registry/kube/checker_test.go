@@ -171,8 +171,10 @@ func TestCheckerOnKubernetes(t *testing.T) {
 		f.transition(ref, beacon.HealthPassing)
 	}
 
+	start := time.Now()
 	hs.SetServingStatus("a", healthpb.HealthCheckResponse_NOT_SERVING)
 	evs := f.transition(refs[0], beacon.HealthFailing)
+	t.Logf("NOT_SERVING → failing for a watcher in %v (pushed on the Watch stream, written to the checker's InstanceSet)", time.Since(start).Round(time.Millisecond))
 	if len(evs) != 1 || evs[0].Type != beacon.Updated || evs[0].Instance.Serving() {
 		t.Fatalf("NOT_SERVING reached watchers as %+v, want one update of a not serving instance", evs)
 	}
@@ -217,8 +219,10 @@ func TestCheckerVerdictsFailOpen(t *testing.T) {
 	startChecker(t, cp, ns, pod, "node-1")
 	f.transition(refs[0], beacon.HealthFailing)
 
+	start := time.Now()
 	pod = cp.SetReady(t, pod, false)
 	evs := f.transition(refs[0], beacon.HealthUnknown)
+	t.Logf("checker's pod not Ready → its verdict ignored by a watcher in %v", time.Since(start).Round(time.Millisecond))
 	if len(evs) != 1 || evs[0].Type != beacon.Updated || !evs[0].Instance.Serving() {
 		t.Fatalf("the checker's pod not Ready reached watchers as %+v, want one update of a served instance", evs)
 	}
