@@ -44,7 +44,10 @@ type Config struct {
 	// else the default one.
 	Registry registry.Registry
 	// Store is the store behind Registry: verdicts are written to it, TTL
-	// reports read from it. Required.
+	// reports read from it. Required, unless Registry keeps verdicts
+	// itself (registry.VerdictKeeper: the Kubernetes registry), whose
+	// VerdictSink then holds them; there, TTL checks have no reports to
+	// read: they are not run (unknown, served), with a warning.
 	Store store.Store
 	// LeaseTTL is the TTL of the lease the checker's verdicts are bound
 	// to. Zero means the registry's session TTL (its LeaseTTL method),
@@ -75,8 +78,13 @@ func (c Config) Validate() error {
 	if err := beacon.ValidateAddress(c.Addr); err != nil {
 		errs = append(errs, fmt.Errorf("%w: Config.Addr: %w", ErrInvalidConfig, err))
 	}
-	if c.Registry == nil || c.Store == nil {
-		errs = append(errs, fmt.Errorf("%w: Config.Registry and Config.Store are required", ErrInvalidConfig))
+	_, keeps := c.Registry.(registry.VerdictKeeper)
+	switch {
+	case c.Registry == nil:
+		errs = append(errs, fmt.Errorf("%w: Config.Registry is required", ErrInvalidConfig))
+	case c.Store == nil && !keeps:
+		errs = append(errs, fmt.Errorf("%w: Config.Store is required: the registry (%T) does not keep verdicts itself "+
+			"(registry.VerdictKeeper), so they are written to the store behind it", ErrInvalidConfig, c.Registry))
 	}
 	if c.LeaseTTL != 0 {
 		if err := registry.ValidateTTL(c.LeaseTTL); err != nil {
@@ -190,12 +198,29 @@ func New(cfg Config) (*Checker, error) {
 		ks = r.Keyspace()
 	}
 	log := cfg.Logger.With("component", "health-checker", "checker", cfg.ID)
+	back, err := verdictsOf(cfg, ks)
+	if err != nil {
+		return nil, err
+	}
 	c := &Checker{cfg: cfg, log: log, m: m, ks: ks, fleet: newFleet(cfg.ID), runners: map[beacon.Ref]*running{},
 		kick: make(chan struct{}, 1)}
-	c.writer = newVerdictWriter(cfg.Store, ks, cfg.ID, cfg.LeaseTTL, log)
+	c.writer = newVerdictWriter(back, cfg.LeaseTTL, log)
 	c.cut = &cutoffDetector{w: c.writer, gauge: m.cutOff, log: log}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c, nil
+}
+
+// verdictsOf chooses where the checker keeps its verdicts: the sink of a
+// registry that keeps them itself, else the store.
+func verdictsOf(cfg Config, ks beacon.Keyspace) (verdictBackend, error) {
+	if k, ok := cfg.Registry.(registry.VerdictKeeper); ok {
+		sink, err := k.VerdictSink(cfg.ID)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Config.Registry: %w", ErrInvalidConfig, err)
+		}
+		return &sinkVerdicts{sink: sink}, nil
+	}
+	return &storeVerdicts{st: cfg.Store, ks: ks, id: cfg.ID}, nil
 }
 
 // ID returns the checker's ID.
@@ -351,12 +376,21 @@ func (c *Checker) reshareLocked(refs []beacon.Ref) {
 			c.startLocked(ref, t)
 		case !checked:
 			c.writer.gone(ref)
+		case !own && c.writer.back.perChecker() && c.superseded(ref):
+			c.writer.drop(ref)
 		case !own:
 			c.writer.disown(ref)
 		}
 	}
 	c.m.owned.Set(float64(len(c.runners)))
 	c.owned.Store(int64(len(c.runners)))
+}
+
+// superseded reports whether the registry's view shows another checker's
+// verdict on the instance at ref (its new owner's).
+func (c *Checker) superseded(ref beacon.Ref) bool {
+	h, ok := c.fleet.verdicts[ref]
+	return ok && h.Checker != "" && h.Checker != c.cfg.ID
 }
 
 // startLocked starts the Runner of an instance this checker now owns.
@@ -405,12 +439,27 @@ func shortReason(reason string) string {
 	return reason[:cut] + "…"
 }
 
+// errNoReports is why a TTL check over a registry without a store is not
+// run (its interval skipped, so it stays unknown): there is nowhere its
+// service could report (registry/kube refuses TTL checks; one that
+// reaches a checker anyway was written by hand).
+var errNoReports = errors.New("a TTL check needs a store to report to, and this registry has none: " +
+	"declare a grpc, http or tcp check instead (on Kubernetes, an exec readinessProbe does what a TTL check does)")
+
 // reportReader is a TTL check's Refresh: it reads the instance's report
 // key and calls r.Report when it was written since the last read.
 func (c *Checker) reportReader(ref beacon.Ref, r *Runner) func(context.Context) error {
 	key := registry.ReportKey(c.ks, ref)
 	var last int64
+	warned := false
 	return func(ctx context.Context) error {
+		if c.cfg.Store == nil {
+			if !warned {
+				warned = true
+				c.log.Warn("cannot run a TTL check: its instance stays unknown (served)", "instance", ref.String(), "err", errNoReports)
+			}
+			return errNoReports
+		}
 		ctx, cancel := context.WithTimeout(ctx, c.writer.callTimeout())
 		defer cancel()
 		kv, err := c.cfg.Store.Get(ctx, key)

@@ -898,12 +898,13 @@ func TestCheckerConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	for want, mutate := range map[string]func(*Config){
-		"Config.ID":           func(c *Config) { c.ID = "" },
-		"use letters":         func(c *Config) { c.ID = "node 1" },
-		"Config.Addr":         func(c *Config) { c.Addr = "nowhere" },
-		"Config.Store":        func(c *Config) { c.Store = nil },
-		"Config.LeaseTTL":     func(c *Config) { c.LeaseTTL = time.Millisecond },
-		"Config.PeerInterval": func(c *Config) { c.PeerInterval = -time.Second },
+		"Config.ID":   func(c *Config) { c.ID = "" },
+		"use letters": func(c *Config) { c.ID = "node 1" },
+		"Config.Addr": func(c *Config) { c.Addr = "nowhere" },
+		"Config.Store is required: the registry (*registry.StoreRegistry) does not keep verdicts itself": func(c *Config) { c.Store = nil },
+		"Config.Registry is required": func(c *Config) { c.Registry = nil },
+		"Config.LeaseTTL":             func(c *Config) { c.LeaseTTL = time.Millisecond },
+		"Config.PeerInterval":         func(c *Config) { c.PeerInterval = -time.Second },
 	} {
 		c := good
 		mutate(&c)

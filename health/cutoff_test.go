@@ -53,7 +53,7 @@ func newTestDetector(t *testing.T) (*cutoffDetector, *warnCounter) {
 	t.Helper()
 	h := &warnCounter{}
 	log := slog.New(h)
-	w := newVerdictWriter(nil, beacon.Keyspace{}, "a", registry.DefaultLeaseTTL, log)
+	w := newVerdictWriter(&storeVerdicts{id: "a"}, registry.DefaultLeaseTTL, log)
 	return &cutoffDetector{w: w, gauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "g", Help: "g"}), log: log}, h
 }
 

@@ -66,7 +66,13 @@
 //     a report written since the last read is a Report.
 //   - Verdicts. At each change of verdict (never per probe) the owner
 //     writes beacon.Health JSON — {"status", "reason" while failing,
-//     "since", "checker"} — at Keyspace.HealthKey, bound to a lease of its
+//     "since", "checker"} — to its backend (sink.go): over a registry that
+//     keeps verdicts itself (registry.VerdictKeeper: registry/kube, where
+//     they live in the checker's pod's InstanceSet and count while that pod
+//     is Ready, so that Config.Store is not needed and TTL checks are not
+//     run), to its VerdictSink, and a verdict of this checker on an
+//     instance another checker owns now is deleted once the new owner's
+//     shows; otherwise at Keyspace.HealthKey, bound to a lease of its
 //     own (Config.LeaseTTL, by default its registry's session TTL) kept
 //     alive every TTL/3: a checker that dies takes its verdicts with it,
 //     and the instances it checked are served again (fail-open). A lost

@@ -2,7 +2,6 @@ package health
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"sync"
@@ -17,10 +16,10 @@ import (
 // instances together (each instance has at most one).
 const writeWorkers = 8
 
-// verdictWriter keeps this checker's verdicts in the store: each at
-// Keyspace.HealthKey(ref), as beacon.Health JSON, bound to a lease the
-// writer grants itself and keeps alive (so that a checker that dies takes
-// its verdicts with it). It writes a verdict when it changes, never per
+// verdictWriter keeps this checker's verdicts in its backend (sink.go): in
+// the store, each at Keyspace.HealthKey(ref), as beacon.Health JSON, bound
+// to a lease the writer grants itself and keeps alive (so that a checker
+// that dies takes its verdicts with it); or in a registry's VerdictSink. It writes a verdict when it changes, never per
 // probe; when the lease is lost it grants a new one and writes every
 // verdict of the instances it owns again.
 //
@@ -30,9 +29,7 @@ const writeWorkers = 8
 // the keeper goroutine renews the lease every TTL/3 and sweeps the slots
 // whose write failed or whose deletion is due into the queue again.
 type verdictWriter struct {
-	st    store.Store
-	ks    beacon.Keyspace
-	id    string
+	back  verdictBackend // the store, or a registry's sink (sink.go)
 	ttl   time.Duration
 	grace time.Duration // how long a verdict outlives its instance
 	log   *slog.Logger
@@ -82,8 +79,8 @@ type op struct {
 	lease store.LeaseID
 }
 
-func newVerdictWriter(st store.Store, ks beacon.Keyspace, id string, ttl time.Duration, log *slog.Logger) *verdictWriter {
-	return &verdictWriter{st: st, ks: ks, id: id, ttl: ttl, grace: ttl, log: log,
+func newVerdictWriter(back verdictBackend, ttl time.Duration, log *slog.Logger) *verdictWriter {
+	return &verdictWriter{back: back, ttl: ttl, grace: ttl, log: log,
 		kick: make(chan struct{}, writeWorkers), lost: make(chan struct{}, 1), slots: map[beacon.Ref]*slot{}}
 }
 
@@ -132,6 +129,19 @@ func (w *verdictWriter) gone(ref beacon.Ref) {
 	defer w.mu.Unlock()
 	if s := w.slots[ref]; s != nil {
 		s.owned, s.goneAt = false, time.Now()
+	}
+}
+
+// drop deletes our verdict on an instance another checker owns, now that
+// the new owner's own verdict shows (a backend that keeps each checker's
+// verdicts apart: nothing overwrites ours, and kept it would come back
+// should the new owner die).
+func (w *verdictWriter) drop(ref beacon.Ref) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s := w.slots[ref]; s != nil && !s.owned {
+		s.goneAt = time.Now().Add(-w.grace)
+		w.enqueueLocked(ref, s)
 	}
 }
 
@@ -262,45 +272,17 @@ func (w *verdictWriter) take(ctx context.Context) (beacon.Ref, op, bool) {
 	}
 }
 
-// do makes the store call of o.
+// do makes the backend call of o.
 func (w *verdictWriter) do(ctx context.Context, ref beacon.Ref, o op) error {
-	key := w.ks.HealthKey(ref)
 	switch o.kind {
 	case opPut:
-		data, err := json.Marshal(o.h)
-		if err != nil {
-			return err
-		}
-		_, err = w.st.Put(ctx, key, data, store.WithLease(o.lease))
-		return err
+		return w.back.put(ctx, ref, o.h, o.lease)
 	case opWithdraw:
-		return w.deleteOurs(ctx, key, func(h beacon.Health) bool { return h.Status == beacon.HealthFailing })
+		return w.back.deleteOurs(ctx, ref, func(h beacon.Health) bool { return h.Status == beacon.HealthFailing })
 	case opDelete:
-		return w.deleteOurs(ctx, key, func(beacon.Health) bool { return true })
+		return w.back.deleteOurs(ctx, ref, func(beacon.Health) bool { return true })
 	}
 	return nil
-}
-
-// deleteOurs deletes the verdict at key if it names this checker and
-// match says so, with compare-and-delete on the revision read: a verdict
-// another checker wrote meanwhile stays.
-func (w *verdictWriter) deleteOurs(ctx context.Context, key string, match func(beacon.Health) bool) error {
-	kv, err := w.st.Get(ctx, key)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var h beacon.Health
-	if json.Unmarshal(kv.Value, &h) != nil || h.Checker != w.id || !match(h) {
-		return nil
-	}
-	_, err = w.st.Delete(ctx, key, store.IfModRevision(kv.ModRevision))
-	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrConflict) {
-		return nil
-	}
-	return err
 }
 
 // finish records the outcome of o. A failed write is retried by the next
@@ -392,11 +374,11 @@ func (w *verdictWriter) grant(ctx context.Context) bool {
 			return true
 		}
 		cctx, cancel := context.WithTimeout(ctx, w.callTimeout())
-		l, err := w.st.Grant(cctx, w.ttl)
+		l, err := w.back.grant(cctx, w.ttl)
 		cancel()
 		if err == nil {
 			w.mu.Lock()
-			w.lease = l.ID
+			w.lease = l
 			w.mu.Unlock()
 			w.sweep()
 			return true
@@ -417,7 +399,7 @@ func (w *verdictWriter) renew(ctx context.Context) {
 	l := w.lease
 	w.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, w.callTimeout())
-	_, err := w.st.KeepAlive(cctx, l)
+	err := w.back.keepAlive(cctx, l)
 	cancel()
 	switch {
 	case errors.Is(err, store.ErrLeaseNotFound):
@@ -442,7 +424,7 @@ func (w *verdictWriter) revoke() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), w.ttl)
 	defer cancel()
-	if err := w.st.Revoke(ctx, l); err != nil && !errors.Is(err, store.ErrLeaseNotFound) {
+	if err := w.back.revoke(ctx, l); err != nil && !errors.Is(err, store.ErrLeaseNotFound) {
 		w.log.Warn("cannot revoke the checker's verdict lease; its verdicts expire with it", "err", err, "ttl", w.ttl)
 	}
 }

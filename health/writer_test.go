@@ -33,7 +33,7 @@ func runWriter(t *testing.T, st store.Store, id string) *verdictWriter {
 
 func runWriterTTL(t *testing.T, st store.Store, id string, ttl time.Duration) *verdictWriter {
 	t.Helper()
-	w := newVerdictWriter(st, beacon.Keyspace{}, id, ttl, slog.New(slog.DiscardHandler))
+	w := newVerdictWriter(&storeVerdicts{st: st, id: id}, ttl, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1 + writeWorkers)
@@ -229,7 +229,7 @@ func TestWriterDeletesOnlyItsOwnVerdict(t *testing.T) {
 	if _, err := st.Put(ctx, beacon.Keyspace{}.HealthKey(theirs), b); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.deleteOurs(ctx, beacon.Keyspace{}.HealthKey(theirs), func(beacon.Health) bool { return true }); err != nil {
+	if err := w.back.deleteOurs(ctx, theirs, func(beacon.Health) bool { return true }); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Get(ctx, beacon.Keyspace{}.HealthKey(theirs)); err != nil {
@@ -308,7 +308,7 @@ func TestWriterHoldAndRelease(t *testing.T) {
 // in flight when the checker found itself cut off is withdrawn once it
 // lands.
 func TestWriterWithdrawsWhatLandsCutOff(t *testing.T) {
-	w := newVerdictWriter(nil, beacon.Keyspace{}, "a", time.Second, slog.New(slog.DiscardHandler))
+	w := newVerdictWriter(&storeVerdicts{id: "a"}, time.Second, slog.New(slog.DiscardHandler))
 	w.lease = 7
 	ref := testRef(0)
 	w.set(ref, w.own(ref), failingVerdict("a", "down"))
@@ -326,7 +326,7 @@ func TestWriterWithdrawsWhatLandsCutOff(t *testing.T) {
 // been replaced fails with ErrLeaseNotFound; that says nothing of the
 // current lease, which stays.
 func TestWriterIgnoresLossOfAnOldLease(t *testing.T) {
-	w := newVerdictWriter(nil, beacon.Keyspace{}, "a", time.Second, slog.New(slog.DiscardHandler))
+	w := newVerdictWriter(&storeVerdicts{id: "a"}, time.Second, slog.New(slog.DiscardHandler))
 	w.lease = 2
 	w.loseLocked(1)
 	if w.lease != 2 || len(w.lost) != 0 {
@@ -359,7 +359,7 @@ func TestWriterRegrantsAtOnce(t *testing.T) {
 // instance's check or address changed, a new Runner took over) reported
 // late is not written.
 func TestWriterIgnoresAStoppedRunner(t *testing.T) {
-	w := newVerdictWriter(nil, beacon.Keyspace{}, "a", time.Second, slog.New(slog.DiscardHandler))
+	w := newVerdictWriter(&storeVerdicts{id: "a"}, time.Second, slog.New(slog.DiscardHandler))
 	w.lease = 1
 	ref := testRef(0)
 	old := w.own(ref)
@@ -374,7 +374,7 @@ func TestWriterIgnoresAStoppedRunner(t *testing.T) {
 // ID: its registrant recovered its lease) and this checker owns it
 // again: its verdict is written, not deleted.
 func TestWriterInstanceBack(t *testing.T) {
-	w := newVerdictWriter(nil, beacon.Keyspace{}, "a", time.Second, slog.New(slog.DiscardHandler))
+	w := newVerdictWriter(&storeVerdicts{id: "a"}, time.Second, slog.New(slog.DiscardHandler))
 	w.lease = 1
 	ref := testRef(0)
 	w.set(ref, w.own(ref), passingVerdict("a"))
@@ -389,7 +389,7 @@ func TestWriterInstanceBack(t *testing.T) {
 // queued together are written in parallel, writeWorkers at a time.
 func TestWriterWritesInstancesAtOnce(t *testing.T) {
 	g := &gatedStore{Store: newMemoryStore(t), entered: make(chan struct{}, 64), release: make(chan struct{})}
-	w := newVerdictWriter(g, beacon.Keyspace{}, "a", time.Minute, slog.New(slog.DiscardHandler))
+	w := newVerdictWriter(&storeVerdicts{st: g, id: "a"}, time.Minute, slog.New(slog.DiscardHandler))
 	l, err := g.Grant(context.Background(), time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -417,7 +417,7 @@ func TestWriterWritesInstancesAtOnce(t *testing.T) {
 // TestWriterForgetsWithdrawnHandover: once the failing verdict of an
 // instance it handed over is withdrawn, the writer keeps nothing of it.
 func TestWriterForgetsWithdrawnHandover(t *testing.T) {
-	w := newVerdictWriter(nil, beacon.Keyspace{}, "a", time.Second, slog.New(slog.DiscardHandler))
+	w := newVerdictWriter(&storeVerdicts{id: "a"}, time.Second, slog.New(slog.DiscardHandler))
 	ref := testRef(0)
 	w.slots[ref] = &slot{failing: true, withdraw: true, busy: true}
 	w.finish(ref, op{kind: opWithdraw}, nil)

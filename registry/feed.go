@@ -9,6 +9,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/wait"
+	"github.com/beaconplane/beacon/registry/internal/healthjoin"
 	"github.com/beaconplane/beacon/registry/internal/view"
 	"github.com/beaconplane/beacon/store"
 )
@@ -30,7 +31,7 @@ type item = view.Item
 // feed is the shared state of one watched prefix. Its mu guards five
 // parts, each a type of its own: the view (instances, their log and
 // versions), the connection to the store (conn), the removal hold (holds,
-// hold.go), the health join (health, health.go: verdicts and panic) and
+// hold.go), the health join (health, healthjoin.Join: verdicts and panic) and
 // the lifecycle (wake: news and the terminal error).
 // Lock order: hub.mu before feed.mu before healthBoard.mu.
 type feed struct {
@@ -48,7 +49,7 @@ type feed struct {
 	view     *view.View
 	conn     conn
 	holds    *holds
-	health   *healthJoin
+	health   *healthjoin.Join
 	wake     view.Wake
 	dyn      *dynView      // the dynamo layout's catalog of the query's entries (nil in Beacon's)
 	holdWake chan struct{} // pokes expire (not guarded: a buffered channel)
@@ -56,7 +57,7 @@ type feed struct {
 
 func newFeed(ctx context.Context, cancel context.CancelFunc, h *hub, q beacon.Query) *feed {
 	f := &feed{h: h, prefix: h.r.storePrefix(q), key: h.r.feedKey(q), ctx: ctx, cancel: cancel, view: view.New(),
-		holds: newHolds(h.r.cfg.RemovalHold), health: newHealthJoin(h.r.cfg.HealthPanicThreshold),
+		holds: newHolds(h.r.cfg.RemovalHold), health: healthjoin.New(h.r.cfg.HealthPanicThreshold),
 		holdWake: make(chan struct{}, 1)}
 	if h.r.dynamo() {
 		f.dyn = newDynView(q, h.r.dynBad)
@@ -234,8 +235,8 @@ func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 		l.items = f.dyn.items()
 	}
 	if !f.conn.synced {
-		f.health.replaceVerdicts(l.verdicts)
-		f.reportPanics(f.health.joinAll(l.items))
+		f.health.ReplaceVerdicts(l.verdicts)
+		f.reportPanics(f.health.JoinAll(l.items))
 		f.view.Load(l.items, rev)
 		f.conn.synced, f.conn.stale = true, nil
 		return
@@ -278,10 +279,10 @@ func (f *feed) relistLocked(l listing, rev int64, now time.Time) {
 		// counts apart towards a burst.
 		f.removeLocked(old, rev, f.holds.listingID(), now)
 	}
-	changed := f.health.replaceVerdicts(l.verdicts)
+	changed := f.health.ReplaceVerdicts(l.verdicts)
 	for _, it := range l.items {
 		f.rewrittenLocked(it.Key)
-		it.Inst.Health = f.health.health(it.Key, it.Inst)
+		it.Inst.Health = f.health.Health(it.Key, it.Inst)
 		old, _ := f.view.Get(it.Key)
 		if old != nil && old.Mod == it.Mod && old.Create == it.Create && old.Inst.Equal(it.Inst) {
 			continue // unchanged: keep the item watchers already hold
@@ -336,9 +337,9 @@ func (f *feed) applyLocked(typ store.EventType, e entry, rev int64, now time.Tim
 	case e.kind == verdictKey:
 		var changed bool
 		if e.verdict != nil {
-			changed = f.health.setVerdict(e.key, *e.verdict)
+			changed = f.health.SetVerdict(e.key, *e.verdict)
 		} else {
-			changed = f.health.deleteVerdict(e.key) // deleted, or malformed: no verdict
+			changed = f.health.DeleteVerdict(e.key) // deleted, or malformed: no verdict
 		}
 		if changed {
 			f.rejoinLocked(e.key, rev, false)
@@ -358,15 +359,15 @@ func (f *feed) applyLocked(typ store.EventType, e entry, rev int64, now time.Tim
 
 // putLocked installs it, joined with its verdict, at rev.
 func (f *feed) putLocked(it *item, rev int64) {
-	it.Inst.Health = f.health.health(it.Key, it.Inst)
+	it.Inst.Health = f.health.Health(it.Key, it.Inst)
 	old, _ := f.view.Set(it, rev)
-	f.health.count(it.Key, instanceOf(old), &it.Inst)
+	f.health.Count(it.Key, instanceOf(old), &it.Inst)
 }
 
 // deleteLocked removes it at rev if the view holds it.
 func (f *feed) deleteLocked(it *item, rev int64) {
 	if f.view.Delete(it, rev) {
-		f.health.count(it.Key, &it.Inst, nil)
+		f.health.Count(it.Key, &it.Inst, nil)
 	}
 }
 
@@ -380,7 +381,7 @@ func (f *feed) rejoinLocked(key string, rev int64, late bool) {
 	}
 	next := *cur
 	next.Inst = cur.Inst.Clone()
-	next.Inst.Health = f.health.health(key, cur.Inst)
+	next.Inst.Health = f.health.Health(key, cur.Inst)
 	if next.Inst.Equal(cur.Inst) {
 		return
 	}
@@ -392,25 +393,25 @@ func (f *feed) rejoinLocked(key string, rev int64, late bool) {
 		f.view.Set(&next, rev)
 	}
 	f.holds.replaced(cur, &next)
-	f.health.count(key, &cur.Inst, &next.Inst)
+	f.health.Count(key, &cur.Inst, &next.Inst)
 }
 
 // settleLocked settles the services whose counts changed: those that
 // entered or left panic are reported, and their failing instances joined
 // again (at rev, or late: see rejoinLocked).
 func (f *feed) settleLocked(rev int64, late bool) {
-	changes := f.health.settle()
+	changes := f.health.Settle()
 	f.reportPanics(changes)
 	for _, c := range changes {
-		for _, key := range c.keys {
+		for _, key := range c.Keys {
 			f.rejoinLocked(key, rev, late)
 		}
 	}
 }
 
-func (f *feed) reportPanics(changes []panicChange) {
+func (f *feed) reportPanics(changes []healthjoin.PanicChange) {
 	for _, c := range changes {
-		f.h.r.health.report(c)
+		f.h.r.health.Report(c)
 	}
 }
 
@@ -419,7 +420,7 @@ func (f *feed) reportPanics(changes []panicChange) {
 func (f *feed) endHealth() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.reportPanics(f.health.close())
+	f.reportPanics(f.health.Close())
 }
 
 func instanceOf(it *item) *beacon.Instance {

@@ -2,17 +2,14 @@ package registry
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"slices"
 	"strings"
-	"sync"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry/internal/healthjoin"
 	"github.com/beaconplane/beacon/store"
 )
 
@@ -26,25 +23,15 @@ import (
 // under their instance's key, so one store watch of any prefix delivers
 // instances and verdicts in one ordered stream.
 //
-// A feed keeps the verdicts of its prefix in a healthJoin and joins them
-// to its instances: an instance that declares a Check carries its
-// verdict, or Health{Status: unknown} while there is none; an instance
-// that declares none carries no Health, whatever is stored; and what a
-// stored instance value says about its health is always replaced. A
-// verdict without its instance is kept aside (the instance may be written
-// again with the same ID after a lease loss) and joined when it appears.
-//
-// The join also keeps, per service (namespace/component/endpoint), how
-// many instances declare a check and which of those are failing, and
-// decides the service's panic: when more than Config.HealthPanicThreshold
-// of its checked instances are failing, each failing one carries
-// Health.Panic (and is served: Instance.Serving). The feed applies a
-// batch of changes, then settles the services whose counts changed, so
-// that a service passes no intermediate state of a batch, and replaces
-// the items of the failing instances of every service that entered or
-// left panic. Entering and leaving are reported to the registry's
-// healthBoard, which logs and counts each service once, however many
-// feeds see it.
+// A feed keeps the verdicts of its prefix in a healthjoin.Join (shared
+// with registry/kube's view) and joins them to its instances (an
+// instance that declares a Check carries its verdict, or unknown), and
+// decides each service's panic (Config.HealthPanicThreshold): see package
+// healthjoin. The feed applies a batch of changes, then settles the
+// services whose counts changed, and replaces the items of the failing
+// instances of every service that entered or left panic. Entering and
+// leaving are reported to the registry's healthBoard, which logs and
+// counts each service once, however many feeds see it.
 
 // keyKind is what a key under the services prefix holds.
 type keyKind uint8
@@ -102,256 +89,19 @@ func decodeOne(val []byte, v any) error {
 	return nil
 }
 
-// inPanic reports whether a service with checked instances, failing of
-// them failing, is in panic under threshold (negative: never).
-func inPanic(checked, failing int, threshold float64) bool {
-	return threshold >= 0 && checked > 0 && float64(failing) > threshold*float64(checked)
-}
-
-// healthJoin holds the verdicts of one feed's prefix and the health of its
-// services. It is bookkeeping only: the feed's mu guards it, and the feed
-// replaces its items as the join says.
-type healthJoin struct {
-	threshold float64
-	stored    map[string]beacon.Health  // instance key → its verdict as stored
-	services  map[string]*serviceHealth // service prefix → its counts
-	dirty     map[*serviceHealth]bool   // counts changed since settle
-	closed    bool                      // settle reports nothing any more
-}
-
-// serviceHealth is one service's counts, as the items in the view say.
-type serviceHealth struct {
-	prefix  string          // the instances' key prefix
-	name    string          // namespace/component/endpoint
-	checked int             // instances that declare a check
-	failing map[string]bool // keys of the checked instances that are failing
-	panic   bool
-}
-
-// panicChange is a service entering (or leaving) panic: its failing
-// instances' Health.Panic changes.
-type panicChange struct {
-	service          string
-	enter            bool
-	checked, failing int
-	keys             []string // the failing instances, in key order
-}
-
-func newHealthJoin(threshold float64) *healthJoin {
-	return &healthJoin{threshold: threshold, stored: make(map[string]beacon.Health),
-		services: make(map[string]*serviceHealth), dirty: make(map[*serviceHealth]bool)}
-}
-
-// setVerdict records h as the verdict on the instance at key and reports
-// whether that changed it.
-func (j *healthJoin) setVerdict(key string, h beacon.Health) bool {
-	h.Panic = false
-	if old, ok := j.stored[key]; ok && sameHealth(&old, &h) {
-		return false
-	}
-	j.stored[key] = h
-	return true
-}
-
-// deleteVerdict forgets the verdict on the instance at key and reports
-// whether there was one.
-func (j *healthJoin) deleteVerdict(key string) bool {
-	_, ok := j.stored[key]
-	delete(j.stored, key)
-	return ok
-}
-
-// replaceVerdicts makes the verdicts of a listing the only ones, and
-// returns the keys of the instances whose verdict changed, sorted.
-func (j *healthJoin) replaceVerdicts(listed map[string]beacon.Health) []string {
-	var changed []string
-	for key := range j.stored {
-		if _, ok := listed[key]; !ok {
-			delete(j.stored, key)
-			changed = append(changed, key)
-		}
-	}
-	for key, h := range listed {
-		if j.setVerdict(key, h) {
-			changed = append(changed, key)
-		}
-	}
-	slices.Sort(changed)
-	return changed
-}
-
-// health returns the Health the instance in, stored at key, carries: nil
-// without a check, else its verdict (unknown while there is none), with
-// Panic set on a failing one whose service is in panic.
-func (j *healthJoin) health(key string, in beacon.Instance) *beacon.Health {
-	if in.Check == nil {
-		return nil
-	}
-	h, ok := j.stored[key]
-	if !ok {
-		h = beacon.Health{Status: beacon.HealthUnknown}
-	}
-	if s := j.services[servicePrefix(key)]; s != nil && h.Status == beacon.HealthFailing {
-		h.Panic = s.panic
-	}
-	return &h
-}
-
-// count moves the service counts from old to cur, the instance at key
-// before and after a change (nil: absent), as joined.
-func (j *healthJoin) count(key string, old, cur *beacon.Instance) {
-	oc, of := tally(old)
-	nc, nf := tally(cur)
-	if oc == nc && of == nf {
-		return
-	}
-	p := servicePrefix(key)
-	s := j.services[p]
-	if s == nil {
-		in := cur
-		if in == nil {
-			in = old
-		}
-		s = &serviceHealth{prefix: p, name: in.Namespace + "/" + in.Component + "/" + in.Endpoint, failing: make(map[string]bool)}
-		j.services[p] = s
-	}
-	switch {
-	case nc && !oc:
-		s.checked++
-	case oc && !nc:
-		s.checked--
-	}
-	if nf {
-		s.failing[key] = true
-	} else {
-		delete(s.failing, key)
-	}
-	j.dirty[s] = true
-}
-
-// tally is what the instance in (nil: absent) counts for its service.
-func tally(in *beacon.Instance) (checked, failing bool) {
-	if in == nil || in.Check == nil {
-		return false, false
-	}
-	return true, in.Health != nil && in.Health.Status == beacon.HealthFailing
-}
-
-// settle decides the panic of every service whose counts changed since
-// the last settle, and returns those that entered or left it, by name.
-func (j *healthJoin) settle() []panicChange {
-	var out []panicChange
-	for s := range j.dirty {
-		if p := inPanic(s.checked, len(s.failing), j.threshold); p != s.panic {
-			s.panic = p
-			out = append(out, s.change())
-		}
-		if s.checked == 0 {
-			delete(j.services, s.prefix) // no panic without checked instances
-		}
-	}
-	clear(j.dirty)
-	if j.closed {
-		return nil
-	}
-	slices.SortFunc(out, func(a, b panicChange) int { return cmp.Compare(a.service, b.service) })
-	return out
-}
-
-func (s *serviceHealth) change() panicChange {
-	return panicChange{service: s.name, enter: s.panic, checked: s.checked, failing: len(s.failing),
-		keys: slices.Sorted(maps.Keys(s.failing))}
-}
-
-// close ends the join (its feed stops): it returns every service in panic
-// as leaving it, and settle reports nothing from then on.
-func (j *healthJoin) close() []panicChange {
-	if j.closed {
-		return nil
-	}
-	j.closed = true
-	var out []panicChange
-	for _, s := range j.services {
-		if s.panic {
-			c := s.change()
-			c.enter = false
-			out = append(out, c)
-		}
-	}
-	slices.SortFunc(out, func(a, b panicChange) int { return cmp.Compare(a.service, b.service) })
-	return out
-}
-
-// joinAll joins the items of a listing, not yet in any view, with j's
-// verdicts and counts them; it returns the services that entered panic.
-func (j *healthJoin) joinAll(items []*item) []panicChange {
-	for _, it := range items {
-		it.Inst.Health = j.health(it.Key, it.Inst)
-		j.count(it.Key, nil, &it.Inst)
-	}
-	changes := j.settle()
-	if len(changes) > 0 {
-		for _, it := range items {
-			it.Inst.Health = j.health(it.Key, it.Inst)
-		}
-	}
-	return changes
-}
-
-// servicePrefix returns the key prefix of the service of the instance at
-// key (up to and with its last "/").
-func servicePrefix(key string) string { return key[:strings.LastIndexByte(key, '/')+1] }
-
-func sameHealth(a, b *beacon.Health) bool {
-	return (beacon.Instance{Health: a}).Equal(beacon.Instance{Health: b})
-}
-
-// healthBoard is what a registry's feeds report about health, counted
-// once per registry: a service is in the prefix of every feed of its
-// namespace, of the root and of its own, each with a join of its own.
-// Lock order: feed.mu before healthBoard.mu.
+// healthBoard is what a registry's feeds report about health: the
+// services in panic, counted once per registry (healthjoin.Board), and
+// the malformed verdicts.
 type healthBoard struct {
-	log       *slog.Logger
-	m         *metrics
-	threshold float64
-
+	*healthjoin.Board
 	bad *reporter // malformed verdicts
-
-	mu     sync.Mutex
-	panics map[string]int // service → feeds that see it in panic
 }
 
 // maxBadVerdicts bounds the malformed verdicts remembered as reported.
 const maxBadVerdicts = 1024
 
 func newHealthBoard(log *slog.Logger, m *metrics, threshold float64) *healthBoard {
-	return &healthBoard{log: log, m: m, threshold: threshold, panics: make(map[string]int), bad: newReporter(log, m, maxBadVerdicts)}
-}
-
-// report notes a feed's service entering or leaving panic: the first
-// feed to see it enter and the last to see it leave log it and move the
-// gauge.
-func (b *healthBoard) report(c panicChange) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := b.panics[c.service]
-	switch {
-	case c.enter:
-		b.panics[c.service] = n + 1
-		if n > 0 {
-			return
-		}
-		b.m.addHealthPanics(1)
-		b.log.Warn("service in health panic: more of its checked instances are failing than the panic threshold allows; "+
-			"serving its failing instances too", "service", c.service, "failing", c.failing, "checked", c.checked, "threshold", b.threshold)
-	case n > 1:
-		b.panics[c.service] = n - 1
-	case n == 1:
-		delete(b.panics, c.service)
-		b.m.addHealthPanics(-1)
-		b.log.Info("service out of health panic: its failing instances are left out again",
-			"service", c.service, "failing", c.failing, "checked", c.checked, "threshold", b.threshold)
-	}
+	return &healthBoard{Board: healthjoin.NewBoard(log, m.addHealthPanics, threshold), bad: newReporter(log, m, maxBadVerdicts)}
 }
 
 // malformed reports a stored verdict that is not one, once per key and

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry/internal/healthjoin"
 	"github.com/beaconplane/beacon/store"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -276,20 +277,20 @@ func TestHealthBoardCountsAServiceOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := newHealthBoard(slog.New(logs), m, 0.5)
-	enter := panicChange{service: "ns/c/e", enter: true, checked: 2, failing: 2}
-	leave := panicChange{service: "ns/c/e", checked: 2, failing: 0}
-	b.report(enter)
-	b.report(enter)
-	b.report(panicChange{service: "ns/c/f", enter: true, checked: 1, failing: 1})
+	enter := healthjoin.PanicChange{Service: "ns/c/e", Enter: true, Checked: 2, Failing: 2}
+	leave := healthjoin.PanicChange{Service: "ns/c/e", Checked: 2, Failing: 0}
+	b.Report(enter)
+	b.Report(enter)
+	b.Report(healthjoin.PanicChange{Service: "ns/c/f", Enter: true, Checked: 1, Failing: 1})
 	if n := testutil.ToFloat64(m.healthPanics); n != 2 {
 		t.Fatalf("gauge %v, want 2 services", n)
 	}
-	b.report(leave)
+	b.Report(leave)
 	if n := testutil.ToFloat64(m.healthPanics); n != 2 || len(logs.lines()) != 2 {
 		t.Fatalf("one feed of two left: gauge %v, logs %q", n, logs.lines())
 	}
-	b.report(leave)
-	b.report(leave) // a feed that never saw it enter: nothing
+	b.Report(leave)
+	b.Report(leave) // a feed that never saw it enter: nothing
 	if n := testutil.ToFloat64(m.healthPanics); n != 1 || len(logs.lines()) != 3 {
 		t.Fatalf("every feed left: gauge %v, logs %q", n, logs.lines())
 	}

@@ -309,7 +309,7 @@ func (f *feed) deliverDue(now time.Time) time.Duration {
 		// Logged at the current revision; if a batch was given at it
 		// already, a watcher resuming from it must get it too (Deliver).
 		if f.view.Deliver(p.it) {
-			f.health.count(p.it.Key, &p.it.Inst, nil)
+			f.health.Count(p.it.Key, &p.it.Inst, nil)
 			delivered++
 			if p.held {
 				f.h.r.m.heldRemoval("delivered")

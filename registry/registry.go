@@ -263,7 +263,8 @@ type Operator interface {
 // TTLReporter writes the reports of TTL checks (beacon.CheckTTL): a
 // service's own "I am fine", at least once per the TTL its check declares,
 // apart from its lease (see report.go). *StoreRegistry implements it;
-// registry/kube does not (readiness is the check there).
+// registry/kube does not (it has no store for reports, and refuses TTL
+// checks).
 type TTLReporter interface {
 	// Report reports for an instance registered through this registry
 	// (Register), under the session's lease.
@@ -272,6 +273,34 @@ type TTLReporter interface {
 	// whose secret the caller presents, under its own lease; a wrong
 	// secret answers as Heartbeat's does.
 	ReportLeased(ctx context.Context, ref beacon.Ref, secret Secret) error
+}
+
+// VerdictKeeper is a Registry that keeps health checkers' verdicts itself,
+// without a store.Store to write them to (registry/kube keeps each
+// checker's verdicts in the checker's own InstanceSet). A health.Checker
+// over such a registry writes through its VerdictSink; over any other, to
+// the store behind it (Keyspace.HealthKey, under the checker's lease).
+type VerdictKeeper interface {
+	// VerdictSink returns where the checker with the given ID keeps its
+	// verdicts, or an error saying what the registry lacks to keep them
+	// (registry/kube: the pod identity).
+	VerdictSink(checkerID string) (VerdictSink, error)
+}
+
+// VerdictSink holds one checker's verdicts. The registry's view counts
+// them only while the checker is live (registry/kube: while its pod is
+// Ready), so that a dead checker's verdicts are ignored (fail-open), and
+// joins them to the instances as it joins stored ones.
+type VerdictSink interface {
+	// PutVerdict makes h the checker's verdict on the instance at ref. It
+	// may return before the verdict is visible to readers; the sink keeps
+	// trying until it is.
+	PutVerdict(ctx context.Context, ref beacon.Ref, h beacon.Health) error
+	// DeleteVerdict removes the checker's verdict on the instance at ref,
+	// if it has one.
+	DeleteVerdict(ctx context.Context, ref beacon.Ref) error
+	// Close removes every verdict of the checker, within a bounded time.
+	Close() error
 }
 
 // SessionReporter reports the state of a registry's own session: the lease

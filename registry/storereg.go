@@ -11,6 +11,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry/internal/defaults"
+	"github.com/beaconplane/beacon/registry/internal/healthjoin"
 	"github.com/beaconplane/beacon/store"
 )
 
@@ -223,9 +224,9 @@ func (r *StoreRegistry) List(ctx context.Context, q beacon.Query) ([]beacon.Inst
 		v.replace(l.dyn)
 		l.items = v.items()
 	}
-	j := newHealthJoin(r.cfg.HealthPanicThreshold)
-	j.replaceVerdicts(l.verdicts)
-	j.joinAll(l.items)
+	j := healthjoin.New(r.cfg.HealthPanicThreshold)
+	j.ReplaceVerdicts(l.verdicts)
+	j.JoinAll(l.items)
 	out := make([]beacon.Instance, len(l.items))
 	for i, it := range l.items {
 		out[i] = it.Inst

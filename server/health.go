@@ -7,7 +7,6 @@ import (
 	"os"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/health"
 	"github.com/beaconplane/beacon/registry"
 )
@@ -15,17 +14,24 @@ import (
 // HealthConfig configures the server's health checker (package health,
 // docs/health.md): it probes the instances that declare a check, shared
 // with the checkers of the cluster's other servers, and writes their
-// verdicts to the store.
+// verdicts to the store, or, over the kubernetes backend, to its pod's
+// InstanceSet (registry.VerdictKeeper).
 type HealthConfig struct {
 	// Enabled runs the checker. Off in the zero value; `beacon serve`
-	// turns it on for every store backend. A registry backend
-	// (kubernetes, where readiness is the check) refuses it.
+	// turns it on for every store backend, and for the kubernetes backend
+	// when it runs in a pod (the checker needs the pod identity there, as
+	// registering does: without it, Start fails saying what is missing).
+	// The dynamo layout (read-only) refuses it.
 	Enabled bool
 	// CheckerID names the checker in its verdicts and in the sharing of
 	// instances, one per server (health.Config.ID). Empty: the embedded
 	// etcd member's name (Config.Name) when the server runs one, else the
 	// host name.
 	CheckerID string
+	// Addr is where the other servers' checkers reach this one (its
+	// registration's address). Empty: the HTTP listener's address, with
+	// the host name for an unspecified host (0.0.0.0, ::).
+	Addr string
 }
 
 func (c HealthConfig) validate(cfg Config) []error {
@@ -33,17 +39,17 @@ func (c HealthConfig) validate(cfg Config) []error {
 		return nil
 	}
 	var errs []error
-	switch name := cfg.Backend.BackendName(); {
-	case cfg.Store != nil:
-	case name == backend.Kubernetes || cfg.Backend.IsRegistry():
-		errs = append(errs, fmt.Errorf("Config.Health.Enabled: the %s backend keeps no store for verdicts, and its readiness is the check: turn health checks off", name))
-	}
 	if cfg.Registry.Layout == registry.LayoutDynamo {
 		errs = append(errs, errors.New("Config.Health.Enabled: the dynamo layout is a read-only view of what the Dynamo runtime writes: no checker registers or writes verdicts there; turn health checks off"))
 	}
 	if c.CheckerID != "" {
 		if err := health.ValidateCheckerID(c.CheckerID); err != nil {
 			errs = append(errs, fmt.Errorf("Config.Health.CheckerID: %w", err))
+		}
+	}
+	if c.Addr != "" {
+		if err := beacon.ValidateAddress(c.Addr); err != nil {
+			errs = append(errs, fmt.Errorf("Config.Health.Addr: %w", err))
 		}
 	}
 	return errs
@@ -55,19 +61,24 @@ type healthState struct {
 }
 
 // startHealth starts the health checker over the registry and store
-// behind the HTTP API.
+// behind the HTTP API (a registry backend has no store: its registry
+// keeps the verdicts, registry.VerdictKeeper).
 func (s *Server) startHealth() error {
-	if !s.cfg.Health.Enabled || s.data.store == nil {
+	if !s.cfg.Health.Enabled {
 		return nil
 	}
 	id, err := s.checkerID()
 	if err != nil {
 		return err
 	}
-	c, err := health.New(health.Config{ID: id, Addr: s.checkerAddr(), Registry: s.data.registry, Store: s.data.store,
+	addr := s.cfg.Health.Addr
+	if addr == "" {
+		addr = s.checkerAddr()
+	}
+	c, err := health.New(health.Config{ID: id, Addr: addr, Registry: s.data.registry, Store: s.data.store,
 		Logger: s.log, Metrics: s.reg})
 	if err != nil {
-		return fmt.Errorf("health checker: %w", err)
+		return fmt.Errorf("Config.Health.Enabled: cannot run the health checker over the %s backend: %w", s.cfg.Backend.BackendName(), err)
 	}
 	if err := c.Start(); err != nil {
 		return fmt.Errorf("health checker: %w", err)
@@ -113,7 +124,7 @@ func (s *Server) checkerAddr() string {
 }
 
 // closeHealth stops the health checker: it deregisters, and its verdicts
-// go with its lease.
+// go (with its lease, or removed from its pod's InstanceSet).
 func (s *Server) closeHealth() {
 	if s.health.checker != nil {
 		_ = s.health.checker.Close()

@@ -13,6 +13,7 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/health"
+	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/memory"
 )
@@ -89,18 +90,20 @@ func awaitValue(ctx context.Context, t *testing.T, st store.Store, key string, o
 	t.Fatalf("no such value at %s: %v", key, ctx.Err())
 }
 
-// TestHealthConfig: health checks are refused over a registry backend,
-// and a bad checker ID is named.
+// TestHealthConfig: health checks are refused over the dynamo layout (a
+// read-only view), and a bad checker ID or address is named (the
+// kubernetes backend's, cmd/beacon's TestHealthFlags).
 func TestHealthConfig(t *testing.T) {
 	for want, cfg := range map[string]Config{
-		"Config.Health.Enabled":   {Backend: backend.Config{Name: backend.Kubernetes}, Health: HealthConfig{Enabled: true}},
+		"Config.Health.Enabled":   {Registry: registry.Config{Layout: registry.LayoutDynamo}, Health: HealthConfig{Enabled: true}},
 		"Config.Health.CheckerID": {Health: HealthConfig{Enabled: true, CheckerID: "node 1"}},
+		"Config.Health.Addr":      {Health: HealthConfig{Enabled: true, Addr: "no port"}},
 	} {
 		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("want an error naming %s, got %v", want, err)
 		}
 	}
-	if err := (Config{Health: HealthConfig{Enabled: true}}).Validate(); err != nil {
+	if err := (Config{Health: HealthConfig{Enabled: true, Addr: "10.1.2.3:9379"}}).Validate(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -67,6 +67,9 @@ func TestKubernetesBackend(t *testing.T) {
 	srv := startBeacon(t, dir, nil, append([]string{"serve", "--http-addr", strings.TrimPrefix(httpURL, "http://"),
 		"--dns-addr", "127.0.0.1:0", "--xds-addr", xdsAddr}, kube...)...)
 	srv.waitLine(t, "beacon serve is ready (kubernetes)", 60*time.Second)
+	if e := srv.errOut(); strings.Count(e, "health checks off") != 1 || !strings.Contains(e, `missing="POD_NAME, POD_NAMESPACE, POD_UID"`) {
+		t.Fatalf("serve outside a pod: want one log line saying why health checks are off, got:\n%s", e)
+	}
 	// xDS serves the Kubernetes registry as any other.
 	get := startBeacon(t, dir, nil, "xds", "get", "--server", xdsAddr, "--type", "endpoint", "http.api.demo")
 	if err := get.wait(t, 30*time.Second); err != nil || !strings.Contains(get.out(), `"address": "10.0.0.5"`) ||
@@ -119,7 +122,11 @@ func TestKubernetesBackend(t *testing.T) {
 		t.Fatalf("watch printed %q", removed)
 	}
 
+	kubeHealthChecks(t, cp, ns, dir, kube, w, podEnv)
+
 	checkBadInputEnv(t, []string{"KUBECONFIG=" + kc}, []badInput{
+		{args: []string{"serve", "--backend", "kubernetes", "--health-checks", "--http-addr", "127.0.0.1:0", "--dns-addr", "127.0.0.1:0"},
+			want: "--health-checks: cannot run the health checker over the kubernetes backend: health: invalid checker configuration: Config.Registry: kube: no pod identity: POD_NAME, POD_NAMESPACE, POD_UID are not set"},
 		{args: []string{"register", "demo/api/http", "--addr", "10.0.0.1:80", "--backend", "kubernetes"}, want: "POD_NAME, POD_NAMESPACE, POD_UID are not set"},
 		{args: []string{"register", "demo/api/http", "--addr", "10.0.0.1:80", "--backend", "kubernetes", "--ttl", "5s"}, want: "no lease"},
 		{args: []string{"ls", "--backend", "kubernetes", "--kubeconfig", filepath.Join(dir, "nope")}, want: `--kubeconfig "` + filepath.Join(dir, "nope") + `": no such file`},
@@ -141,5 +148,36 @@ func checkBadInputEnv(t *testing.T, env []string, tests []badInput) {
 		if !strings.Contains(stderr, tt.want) || !strings.HasPrefix(stderr, "beacon: ") || strings.Contains(stderr, "\n") {
 			t.Errorf("%v: stderr %q, want one 'beacon: ' line containing %q", tt.args, stderr, tt.want)
 		}
+	}
+}
+
+// kubeHealthChecks: beacon serve in a pod of its own (the pod identity
+// set) runs a health checker by default; an instance registered with
+// --check tcp is probed, and its verdict reaches `beacon watch`; the
+// checker stopped, its verdicts go (the instance is unknown again).
+func kubeHealthChecks(t *testing.T, cp *kubetest.ControlPlane, ns, dir string, kube []string, w *child, workerEnv []string) {
+	t.Helper()
+	reg := startBeacon(t, dir, workerEnv, append([]string{"register", "demo/web/tcp", "--addr", listenAndClose(t), "--check", "tcp",
+		"--check-interval", "500ms", "--check-rise", "1", "--check-fall", "1"}, kube...)...)
+	reg.waitLine(t, "registered demo/web/tcp/", 60*time.Second)
+	w.waitLine(t, "health=unknown", 60*time.Second)
+	pod := cp.ReadyPod(t, ns, "checker")
+	env := []string{"POD_NAME=" + pod.Name, "POD_NAMESPACE=" + pod.Namespace, "POD_UID=" + string(pod.UID), "CONTAINER_NAME="}
+	srv := startBeacon(t, dir, env, append([]string{"serve", "--http-addr", "127.0.0.1:0", "--dns-addr", "127.0.0.1:0",
+		"--health-checker-id", "checker-1"}, kube...)...)
+	srv.waitLine(t, "beacon serve is ready (kubernetes)", 60*time.Second)
+	if l := w.waitLine(t, "health=passing", 60*time.Second); !strings.Contains(l, "demo/web/tcp/") {
+		t.Fatalf("watch printed %q", l)
+	}
+	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
+	if err := srv.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("serve: %v\n%s", err, srv.errOut())
+	}
+	if l := w.waitLine(t, "health=unknown", 30*time.Second); !strings.Contains(l, "demo/web/tcp/") {
+		t.Fatalf("watch printed %q", l)
+	}
+	_ = reg.cmd.Process.Signal(syscall.SIGINT)
+	if err := reg.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("register: %v\n%s", err, reg.errOut())
 	}
 }

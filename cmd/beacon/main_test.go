@@ -162,6 +162,13 @@ func (b *child) waitLine(t *testing.T, s string, timeout time.Duration) string {
 				return l
 			}
 		case <-b.done:
+			// The lines it printed before exiting may still be queued:
+			// select picks either ready case.
+			for len(b.lines) > 0 {
+				if l := <-b.lines; strings.Contains(l, s) {
+					return l
+				}
+			}
 			t.Fatalf("beacon exited (%v) before printing %q\nstdout:\n%s\nstderr:\n%s", b.err, s, b.out(), b.errOut())
 		case <-deadline:
 			t.Fatalf("beacon did not print %q within %v\nstdout:\n%s\nstderr:\n%s", s, timeout, b.out(), b.errOut())

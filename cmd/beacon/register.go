@@ -248,8 +248,9 @@ func (rf *registerFlags) parseCheck(cmd *cobra.Command) (*beacon.Check, error) {
 	if err != nil {
 		return nil, usagef("--check %q: %w", rf.check, err)
 	}
-	if rf.conn.backendName() == backend.Kubernetes {
-		return nil, usagef("--check: on the kubernetes backend the pod's readiness is the check (an instance is live while its pod is Ready): give the container a readinessProbe instead")
+	if c.Kind == beacon.CheckTTL && rf.conn.backendName() == backend.Kubernetes {
+		return nil, usagef("--check %q: the kubernetes backend keeps no TTL reports: give the container an exec readinessProbe, "+
+			"or declare grpc, http:/PATH or tcp", rf.check)
 	}
 	for _, cf := range checkFlags {
 		if !flags.Changed(cf.name) {

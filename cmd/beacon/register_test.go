@@ -361,7 +361,6 @@ func TestRegisterCheckBadInput(t *testing.T) {
 		{args: with("--check", "tcp", "--check-rise", "0"), want: "--check-rise 0: 0 is not a value of this flag"},
 		{args: with("--check", "tcp", "--check-rise", "101"), want: "--check-rise 101: invalid check \"tcp\": rise 101 must be 1..100"},
 		{args: with("--check", "tcp", "--check-fall", "-1"), want: "--check-fall -1: invalid check \"tcp\": fall -1 must be 1..100"},
-		{args: with("--check", "grpc", "--backend", "kubernetes"), want: "--check: on the kubernetes backend the pod's readiness is the check"},
 	})
 }
 

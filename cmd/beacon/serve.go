@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/beaconplane/beacon/backend"
 	"github.com/beaconplane/beacon/server"
@@ -124,7 +125,7 @@ func runServe(cmd *cobra.Command, cfg server.Config, etcdLogLevel string, etcdAu
 	}
 	cfg.Backend = etcdAuth.config()
 	cfg.Backend.Name = be.val
-	healthFlags(cmd, &cfg.Health, be.val, cfg.Registry.Layout) // serve_health.go
+	healthFlags(cmd, &cfg, be.val, os.Getenv, logger) // serve_health.go
 	dnsFlags(&cfg.DNS)
 	if err := xdsFlags(cmd, &cfg.XDS); err != nil {
 		return err

@@ -49,7 +49,7 @@ func (r *Registry) writerPermissions() []permission {
 	return []permission{
 		{"get", "", "pods", ns, "to check POD_UID against the pod"},
 		{"create", Group, Resource, ns, "to create this process's InstanceSet (server-side apply of a new object)"},
-		{"patch", Group, Resource, ns, "to write this process's InstanceSet (server-side apply)"},
+		{"patch", Group, Resource, ns, "to write this process's InstanceSet (server-side apply): its instances, and its health checker's verdicts"},
 		{"delete", Group, Resource, ns, "to delete it on Close"},
 		{"list", Group, Resource, ns, "to check instance IDs against other processes and follow this process's InstanceSet"},
 		{"watch", Group, Resource, ns, "to follow this process's InstanceSet (re-written if deleted)"},

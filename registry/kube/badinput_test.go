@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -284,6 +285,8 @@ func TestConfig(t *testing.T) {
 		{kube.Config{Pod: kube.Pod{Name: "UPPER"}}, `POD_NAME "UPPER"`},
 		{kube.Config{Pod: kube.Pod{Container: "a.b"}}, `CONTAINER_NAME "a.b"`},
 		{kube.Config{MaxMetadataSize: kube.MaxMetadataSize + 1}, "MaxMetadataSize"},
+		{kube.Config{HealthPanicThreshold: 1.5}, "HealthPanicThreshold 1.5 is not a share"},
+		{kube.Config{HealthPanicThreshold: math.NaN()}, "HealthPanicThreshold NaN"},
 	} {
 		err := tc.cfg.Validate()
 		if !errors.Is(err, kube.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.says) {
@@ -413,6 +416,12 @@ func TestGarbageInstanceSet(t *testing.T) {
 	}
 	f.until("the hand-written instance", func(v *registrytest.View) bool { return has(v, good) })
 
+	// The schema refuses a verdict of an unknown status outright.
+	badVerdict := setObject(pod, good)
+	_ = unstructured.SetNestedField(badVerdict.Object, map[string]any{good.Ref().String(): map[string]any{"status": "sick"}}, "spec", "verdicts")
+	if _, err := sets.Apply(ctx, pod.Name, badVerdict, metav1.ApplyOptions{FieldManager: "by-hand", Force: true}); !apierrors.IsInvalid(err) {
+		t.Errorf("write with a verdict of status sick: %v, want the schema to refuse it", err)
+	}
 	// The schema refuses a bad ID, status or name outright.
 	for field, value := range map[string]any{"id": "xyz", "status": "up", "component": "Bad_Name"} {
 		bad := setObject(pod, good)
@@ -452,6 +461,9 @@ func TestGarbageInstanceSet(t *testing.T) {
 		func(u *unstructured.Unstructured) { // the spec names a pod other than its owner
 			u.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}})
 			_ = unstructured.SetNestedField(u.Object, map[string]any{"name": other.Name, "uid": string(pod.UID)}, "spec", "pod")
+		},
+		func(u *unstructured.Unstructured) { // a verdict on something that is no instance
+			_ = unstructured.SetNestedField(u.Object, map[string]any{"not-an-instance": map[string]any{"status": "failing"}}, "spec", "verdicts")
 		},
 	} {
 		before := invalid()

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry/internal/defaults"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
@@ -64,6 +66,11 @@ type Config struct {
 	MaxMetadataSize int
 	// DrainGrace is Drain's default grace period (registry.Config).
 	DrainGrace time.Duration
+	// HealthPanicThreshold is the share of a service's checked instances
+	// that may be failing before their health is ignored, as in
+	// registry.Config: zero means registry.DefaultHealthPanicThreshold
+	// (0.5), a negative value turns it off, at most 1.
+	HealthPanicThreshold float64
 	// Timeout bounds reaching the API server at Open, and each write the
 	// registry makes on its own behalf (Close, the removal after a drain).
 	// Zero means DefaultTimeout.
@@ -139,6 +146,11 @@ func (c Config) Validate() error {
 	}
 	if c.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("timeout %v is negative", c.Timeout))
+	}
+	if math.IsNaN(c.HealthPanicThreshold) || c.HealthPanicThreshold > 1 {
+		errs = append(errs, fmt.Errorf("HealthPanicThreshold %v is not a share of a service's checked instances: use a value "+
+			"up to 1 (0 for the default, %v), or a negative one to turn the panic threshold off", c.HealthPanicThreshold,
+			defaults.HealthPanicThreshold))
 	}
 	p := c.Pod
 	if p.Name != "" {

@@ -18,6 +18,12 @@ const (
 	// MaxMetadataSize is the largest metadata limit (Config.MaxMetadataSize)
 	// the schema admits: no metadata value, and no number of keys, above it.
 	MaxMetadataSize = 64 << 10
+	// MaxVerdicts bounds the verdicts of one InstanceSet (those of the
+	// checker its process runs).
+	MaxVerdicts = 1 << 16
+	// maxReasonLength bounds a verdict's reason (the checker cuts it to
+	// health.MaxReasonBytes).
+	maxReasonLength = 1 << 10
 )
 
 const labelPattern = `^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
@@ -104,8 +110,70 @@ func specSchema() apiextensionsv1.JSONSchemaProps {
 				XListMapKeys: []string{"namespace", "component", "endpoint", "id"},
 				Items:        &apiextensionsv1.JSONSchemaPropsOrArray{Schema: ptr(instanceSchema())},
 			},
+			"verdicts": {
+				Type: "object",
+				Description: "The health verdicts of the checker this process runs, by instance (namespace/component/" +
+					"endpoint/id); readers count them while the pod is Ready.",
+				MaxProperties: ptr[int64](MaxVerdicts),
+				AdditionalProperties: &apiextensionsv1.JSONSchemaPropsOrBool{
+					Allows: true,
+					Schema: ptr(verdictSchema()),
+				},
+			},
 		},
 	}
+}
+
+// verdictSchema is the schema of one health verdict (beacon.Health as
+// stored).
+func verdictSchema() apiextensionsv1.JSONSchemaProps {
+	return apiextensionsv1.JSONSchemaProps{
+		Type:        "object",
+		Description: "A checker's verdict on one instance.",
+		Required:    []string{"status"},
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"status":  enumSchema("unknown, passing or failing.", "unknown", "passing", "failing"),
+			"reason":  strSchema("Why it is failing (the last probe's error).", maxReasonLength),
+			"since":   {Type: "string", Format: "date-time", Description: "When the verdict last changed."},
+			"checker": strSchema("The checker's ID.", 253),
+		},
+	}
+}
+
+// checkSchema is the schema of an instance's declared health check
+// (beacon.Check as stored; durations as strings such as "10s").
+func checkSchema() apiextensionsv1.JSONSchemaProps {
+	dur := func(desc string) apiextensionsv1.JSONSchemaProps {
+		return strSchema(desc+` (a duration such as "10s").`, 32)
+	}
+	threshold := func(desc string) apiextensionsv1.JSONSchemaProps {
+		return apiextensionsv1.JSONSchemaProps{Type: "integer", Description: desc, Minimum: ptr[float64](0),
+			Maximum: ptr[float64](beacon.MaxCheckThreshold)}
+	}
+	return apiextensionsv1.JSONSchemaProps{
+		Type:        "object",
+		Description: "The instance's health check, run by Beacon's checkers (beacon serve) from outside its pod.",
+		Required:    []string{"kind"},
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"kind":     enumSchema("grpc, http or tcp (ttl is refused on Kubernetes).", "grpc", "http", "tcp", "ttl"),
+			"path":     strSchema("The HTTP check's request path.", beacon.MaxCheckPathBytes),
+			"service":  strSchema("The gRPC check's service name.", 253),
+			"ttl":      dur("A TTL check's TTL"),
+			"interval": dur("How often the instance is probed"),
+			"timeout":  dur("How long one probe may take"),
+			"rise":     threshold("Passes in a row that bring a failing instance back."),
+			"fall":     threshold("Failures in a row that take an instance out."),
+		},
+	}
+}
+
+// enumSchema is a string, one of values.
+func enumSchema(desc string, values ...string) apiextensionsv1.JSONSchemaProps {
+	p := apiextensionsv1.JSONSchemaProps{Type: "string", Description: desc}
+	for _, v := range values {
+		p.Enum = append(p.Enum, apiextensionsv1.JSON{Raw: []byte(`"` + v + `"`)})
+	}
+	return p
 }
 
 // instanceSchema is the schema of one instance, in the value format of
@@ -131,6 +199,7 @@ func instanceSchema() apiextensionsv1.JSONSchemaProps {
 			"metadata":      metadataSchema(),
 			"status":        statusSchema(),
 			"registered_at": {Type: "string", Format: "date-time", Description: "When the instance was registered."},
+			"check":         checkSchema(),
 		},
 	}
 }

@@ -89,15 +89,22 @@ func TestCRDMatchesGoTypes(t *testing.T) {
 	}
 }
 
-// notOnKubernetes are the instance fields the InstanceSet has no place
-// for: readiness is the health check there, so a registration that
-// declares a check is refused (kube.ErrHealthCheck), and health is never
-// stored on any backend.
-var notOnKubernetes = map[string]bool{"spec.instances[].check": true, "spec.instances[].health": true}
+// notOnKubernetes are the fields the InstanceSet has no place for: an
+// instance's health and a verdict's panic are the readers' to join and
+// decide, never stored on any backend.
+var notOnKubernetes = map[string]bool{"spec.instances[].health": true, "spec.verdicts{}.panic": true}
 
 func compare(t *testing.T, path string, typ reflect.Type, p apiextensionsv1.JSONSchemaProps) {
 	t.Helper()
+	if typ == reflect.TypeFor[time.Duration]() {
+		if p.Type != "string" {
+			t.Errorf("%s: a duration is a string such as \"10s\" (beacon.Check's JSON), schema says %s", path, p.Type)
+		}
+		return
+	}
 	switch typ.Kind() {
+	case reflect.Pointer:
+		compare(t, path, typ.Elem(), p)
 	case reflect.Struct:
 		if typ == reflect.TypeFor[time.Time]() {
 			if p.Type != "string" || p.Format != "date-time" {
@@ -192,6 +199,14 @@ func TestCRDAgreesWithValidation(t *testing.T) {
 		"year 1":                func(in *beacon.Instance) { in.RegisteredAt = time.Date(1, 1, 1, 0, 0, 0, 1e6, time.UTC) },
 		"year 9999":             func(in *beacon.Instance) { in.RegisteredAt = time.Date(9999, 12, 31, 23, 59, 59, 999e6, time.UTC) },
 		"ID ffff…":              func(in *beacon.Instance) { in.ID = "ffffffffffffffff" },
+		"gRPC check": func(in *beacon.Instance) {
+			in.Check = &beacon.Check{Kind: beacon.CheckGRPC, Service: "pkg.Svc", Interval: 2 * time.Second,
+				Timeout: time.Second, Rise: 1, Fall: beacon.MaxCheckThreshold}
+		},
+		"HTTP check path of 1024": func(in *beacon.Instance) {
+			in.Check = &beacon.Check{Kind: beacon.CheckHTTP, Path: "/" + strings.Repeat("p", beacon.MaxCheckPathBytes-1)}
+		},
+		"TCP check": func(in *beacon.Instance) { in.Check = &beacon.Check{Kind: beacon.CheckTCP} },
 	}
 	for name, mutate := range accepted {
 		in := base.Clone()
@@ -212,6 +227,10 @@ func TestCRDAgreesWithValidation(t *testing.T) {
 		"upper-case transport": func(in *beacon.Instance) { in.Transport = "GRPC" },
 		"transport of 33":      func(in *beacon.Instance) { in.Transport = strings.Repeat("a", 33) },
 		"status up":            func(in *beacon.Instance) { in.Status = "up" },
+		"check kind udp":       func(in *beacon.Instance) { in.Check = &beacon.Check{Kind: "udp"} },
+		"HTTP check path of 1025": func(in *beacon.Instance) {
+			in.Check = &beacon.Check{Kind: beacon.CheckHTTP, Path: "/" + strings.Repeat("p", beacon.MaxCheckPathBytes)}
+		},
 	}
 	for name, mutate := range refused {
 		in := base.Clone()

@@ -22,9 +22,28 @@
 // (starting, failing its readiness probe, terminating) is removed for
 // watchers, and added back once Ready: the readiness probe gates discovery.
 // Draining is the instance's status in the resource, as on every backend.
-// Readiness is the health check here: an instance that declares one
-// (beacon.Instance.Check) is refused (ErrHealthCheck), and instances carry
-// no Health.
+//
+// # Health checks
+//
+// Readiness is the check of an instance that declares none: it is never
+// probed. An instance may declare a grpc, http or tcp check
+// (beacon.Instance.Check, stored in the InstanceSet); a ttl check is
+// refused (ErrHealthCheck: there is no store for its service's reports;
+// an exec readinessProbe does what it would). The checks are run by
+// health.Checkers (beacon serve in pods), which keep their verdicts in
+// their own process's InstanceSet, beside their own registration
+// (spec.verdicts: instance → beacon.Health; Registry.VerdictSink, the
+// registry.VerdictKeeper interface), written by the same coalesced
+// server-side apply as the instances and garbage-collected with the pod.
+// Readers count a set's verdicts only while its pod is Ready in a
+// discovery EndpointSlice — while the checker's own registration is live —
+// so a checker whose pod stops being Ready or is deleted has its verdicts
+// ignored at once (fail-open). Where several Ready pods' sets hold a
+// verdict on one instance (a handover), the most recent counts; the old
+// owner deletes its own once the new owner's shows. The view, List and Get
+// join the verdicts to the instances with the store registries' code
+// (registry/internal/healthjoin): unknown until a verdict, the panic
+// threshold per service (Config.HealthPanicThreshold).
 //
 // There is no lease. What replaces each of its guarantees:
 //

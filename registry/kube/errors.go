@@ -54,21 +54,22 @@ var (
 	// ErrTooLarge reports a registration that would make the InstanceSet
 	// larger than MaxObjectSize or MaxInstances.
 	ErrTooLarge = errors.New("kube: InstanceSet too large")
-	// ErrHealthCheck reports a registration that declares a health check
-	// (beacon.Instance.Check): on Kubernetes the pod's readiness is the
-	// health check, and Beacon's checkers do not run. It comes with
-	// beacon.ErrInvalid.
-	ErrHealthCheck = errors.New("kube: health checks are not run on Kubernetes")
+	// ErrHealthCheck reports a registration that declares a TTL health
+	// check (beacon.CheckTTL): on Kubernetes there is no store for its
+	// service's reports. It comes with beacon.ErrInvalid.
+	ErrHealthCheck = errors.New("kube: TTL health checks are not run on Kubernetes")
 )
 
-// checkRefused refuses in if it declares a health check.
+// checkRefused refuses in if it declares a check Kubernetes cannot run: a
+// TTL check. grpc, http and tcp checks are run by Beacon's checkers (beacon
+// serve in a pod) like on every backend.
 func checkRefused(in beacon.Instance) error {
-	if in.Check == nil {
+	if in.Check == nil || in.Check.Kind != beacon.CheckTTL {
 		return nil
 	}
-	return fmt.Errorf("%w: %w: %s declares a %s check: on Kubernetes the pod's readiness is the health check (an instance "+
-		"is served only while its pod is Ready in an EndpointSlice); register it without a check and give its container a "+
-		"readinessProbe instead (grpc, httpGet, tcpSocket or exec)", ErrHealthCheck, beacon.ErrInvalid, in.Ref(), in.Check.Kind)
+	return fmt.Errorf("%w: %w: %s declares a ttl check: on Kubernetes there is no store for its reports; give the "+
+		"container an exec readinessProbe that runs the same test instead (the pod's readiness already takes an instance out "+
+		"of routing), or declare a grpc, http or tcp check", ErrHealthCheck, beacon.ErrInvalid, in.Ref())
 }
 
 // op describes one API request for error messages: the RBAC verb, the

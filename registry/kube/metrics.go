@@ -16,6 +16,9 @@ const (
 	metricRelists       = "beacon_kube_relists_total"
 	metricWatchers      = "beacon_kube_watchers"
 	metricRegistrations = "beacon_kube_registrations"
+	// metricHealthPanics is the store registries' gauge, under the same
+	// name, so that one alert serves every backend.
+	metricHealthPanics = "beacon_registry_health_panic_services"
 )
 
 // metrics are the registry's collectors: newMetrics always returns working
@@ -28,6 +31,7 @@ type metrics struct {
 	relists        prometheus.Counter
 	watching       prometheus.Gauge
 	registered     prometheus.Gauge
+	panics         prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -61,6 +65,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: metricRegistrations,
 			Help: "Instances registered through Kubernetes registries.",
 		}),
+		panics: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: metricHealthPanics,
+			Help: "Watched services (namespace/component/endpoint) in health panic: more of their checked instances failing than the panic threshold allows, so that their failing instances are served too.",
+		}),
 	}
 	if reg == nil {
 		return m, nil // counted, not exported
@@ -73,6 +81,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.relists = promreg.Register(reg, m.relists, &err)
 	m.watching = promreg.Register(reg, m.watching, &err)
 	m.registered = promreg.Register(reg, m.registered, &err)
+	m.panics = promreg.Register(reg, m.panics, &err)
 	return m, err
 }
 
@@ -103,4 +112,8 @@ func (m *metrics) watchers(n int) {
 
 func (m *metrics) registrations(n int) {
 	m.registered.Add(float64(n))
+}
+
+func (m *metrics) healthPanics(n int) {
+	m.panics.Add(float64(n))
 }

@@ -171,6 +171,15 @@ func TestRBAC(t *testing.T) {
 	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "create instancesets") {
 		t.Fatalf("Register with the reader's Role: %v", err)
 	}
+	// Nor keep a health checker's verdicts, which live in its InstanceSet.
+	sink, err := cp.Registry(t, ns, readerPod, func(c *kube.Config) { c.REST = reader }).VerdictSink("node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = sink.PutVerdict(kubetest.Ctx(t), explicit.Ref(), beacon.Health{Status: beacon.HealthPassing})
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "patch instancesets") {
+		t.Fatalf("a verdict with the reader's Role: %v", err)
+	}
 	// Each of its verbs is used by a reader.
 	for i, rule := range readerRole.Rules {
 		for _, verb := range rule.Verbs {

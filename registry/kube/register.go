@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -55,10 +56,13 @@ type writer struct {
 	fatal    error  // writing stopped for good (taken over, pod gone)
 	uid      types.UID
 	lastRV   int64
-	lastSpec []beacon.Instance
-	inflight []beacon.Instance // what the write under way applies (nil: none)
-	tried    bool              // a write was attempted
-	settled  chan struct{}     // closed and replaced after every attempt
+	lastSpec content  // what the last successful write applied
+	inflight *content // what the write under way applies (nil: none)
+	// verdicts are the verdicts of the checker this process runs
+	// (VerdictSink), by ref key, written with the instances.
+	verdicts map[string]beacon.Health
+	tried    bool          // a write was attempted
+	settled  chan struct{} // closed and replaced after every attempt
 	kick     chan struct{}
 
 	// followErr is why the watch of the process's own InstanceSet fails
@@ -155,10 +159,10 @@ func (w *writer) run() {
 			continue
 		}
 		g := w.gen
-		body, err := w.bodyLocked()
-		spec := w.specLocked()
+		spec := w.contentLocked()
+		body, err := w.render(spec)
 		w.tried = true
-		w.inflight = spec
+		w.inflight = &spec
 		w.mu.Unlock()
 
 		var obj *unstructured.Unstructured
@@ -226,9 +230,9 @@ func (w *writer) run() {
 // it holds exactly want, each operation guarded by a test of what it
 // changes; a failed guard (the object changed meanwhile) is an error, and
 // the write is retried.
-func (w *writer) converge(ctx context.Context, obj *unstructured.Unstructured, want []beacon.Instance) (*unstructured.Unstructured, error) {
-	mine := make(map[beacon.Ref]beacon.Instance, len(want))
-	for _, in := range want {
+func (w *writer) converge(ctx context.Context, obj *unstructured.Unstructured, want content) (*unstructured.Unstructured, error) {
+	mine := make(map[beacon.Ref]beacon.Instance, len(want.instances))
+	for _, in := range want.instances {
 		mine[in.Ref()] = in
 	}
 	for range 3 {
@@ -261,6 +265,7 @@ func (w *writer) converge(ctx context.Context, obj *unstructured.Unstructured, w
 				guarded(path+"/id", m["id"], map[string]any{"op": "replace", "path": path, "value": want})
 			}
 		}
+		ops = append(ops, convergeVerdicts(obj, want.verdicts)...)
 		if len(ops) == 0 {
 			return obj, nil
 		}
@@ -278,6 +283,28 @@ func (w *writer) converge(ctx context.Context, obj *unstructured.Unstructured, w
 		}
 	}
 	return nil, fmt.Errorf("kube: InstanceSet %s/%s keeps changing under this process's writes", w.ns, w.name)
+}
+
+// convergeVerdicts returns the guarded JSON patch operations that make the
+// verdicts of obj exactly want: a verdict another field manager added is
+// removed, one it changed is replaced.
+func convergeVerdicts(obj *unstructured.Unstructured, want map[string]beacon.Health) []map[string]any {
+	have, _, _ := unstructured.NestedMap(obj.Object, "spec", "verdicts")
+	var ops []map[string]any
+	for _, key := range slices.Sorted(maps.Keys(have)) {
+		path := "/spec/verdicts/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
+		raw, _ := json.Marshal(have[key])
+		var h beacon.Health
+		mine, ok := want[key]
+		switch {
+		case !ok:
+			ops = append(ops, map[string]any{"op": "test", "path": path, "value": have[key]}, map[string]any{"op": "remove", "path": path})
+		case json.Unmarshal(raw, &h) != nil || !sameHealth(h, mine):
+			ops = append(ops, map[string]any{"op": "test", "path": path, "value": have[key]},
+				map[string]any{"op": "replace", "path": path, "value": mine})
+		}
+	}
+	return ops
 }
 
 // visibilityDelay is how long after its first write the registry checks
@@ -305,22 +332,41 @@ func (w *writer) logVisibility() {
 	}
 }
 
-// specLocked returns the instances to advertise, sorted.
-func (w *writer) specLocked() []beacon.Instance {
+// content is what one write of the InstanceSet applies.
+type content struct {
+	instances []beacon.Instance        // sorted
+	verdicts  map[string]beacon.Health // by ref key
+}
+
+// matches reports whether the decoded set s holds exactly c.
+func (c content) matches(s *setInfo) bool {
+	return slices.EqualFunc(s.instances, c.instances, func(a, b beacon.Instance) bool { return a.Equal(b) }) &&
+		maps.EqualFunc(s.verdicts, c.verdicts, func(a, b beacon.Health) bool { return sameHealth(a, b) })
+}
+
+// sameHealth compares two verdicts as stored (times by instant).
+func sameHealth(a, b beacon.Health) bool {
+	return (beacon.Instance{Health: &a}).Equal(beacon.Instance{Health: &b})
+}
+
+// contentLocked returns what to advertise: the instances, sorted, and the
+// verdicts.
+func (w *writer) contentLocked() content {
 	out := make([]beacon.Instance, 0, len(w.regs))
 	for _, reg := range w.regs {
 		out = append(out, reg.inst.Clone())
 	}
 	sortInstances(out)
-	return out
+	return content{instances: out, verdicts: maps.Clone(w.verdicts)}
 }
 
 // bodyLocked renders the InstanceSet to apply.
 func (w *writer) bodyLocked() ([]byte, error) {
-	return w.render(w.specLocked())
+	return w.render(w.contentLocked())
 }
 
-func (w *writer) render(ins []beacon.Instance) ([]byte, error) {
+func (w *writer) render(c content) ([]byte, error) {
+	ins := c.instances
 	draining := 0
 	for _, in := range ins {
 		if !in.Serving() {
@@ -344,6 +390,7 @@ func (w *writer) render(ins []beacon.Instance) ([]byte, error) {
 			InstanceCount: len(ins),
 			DrainingCount: draining,
 			Instances:     ins,
+			Verdicts:      c.verdicts,
 		},
 	}
 	body, err := json.Marshal(&set)
@@ -351,7 +398,8 @@ func (w *writer) render(ins []beacon.Instance) ([]byte, error) {
 		return nil, fmt.Errorf("kube: encode InstanceSet: %w", err)
 	}
 	if len(body) > MaxObjectSize {
-		return nil, fmt.Errorf("%w: %d bytes with %d instances, more than %d", ErrTooLarge, len(body), len(ins), MaxObjectSize)
+		return nil, fmt.Errorf("%w: %d bytes with %d instances and %d health verdicts, more than %d", ErrTooLarge, len(body), len(ins),
+			len(c.verdicts), MaxObjectSize)
 	}
 	return body, nil
 }
@@ -514,7 +562,7 @@ func (w *writer) checkCluster(ctx context.Context, ref beacon.Ref) error {
 }
 
 // prepare fills an instance's defaults and validates it. An instance
-// that declares a health check is refused: readiness is the check here.
+// that declares a TTL check is refused (checkRefused).
 func (r *Registry) prepare(in beacon.Instance) (beacon.Instance, error) {
 	in, err := defaults.Fill(in, r.cfg.MaxMetadataSize)
 	if err != nil {
@@ -715,7 +763,7 @@ func (w *writer) followed(verb string, err error) {
 func (w *writer) gone(rv int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.fatal != nil || w.ctx.Err() != nil || w.uid == "" || rv <= w.lastRV || len(w.regs) == 0 {
+	if w.fatal != nil || w.ctx.Err() != nil || w.uid == "" || rv <= w.lastRV || len(w.regs)+len(w.verdicts) == 0 {
 		return // stopped, never written, a listing older than the last write, or nothing to advertise
 	}
 	w.uid = ""
@@ -745,14 +793,11 @@ func (w *writer) observed(u *unstructured.Unstructured) {
 		return
 	}
 	s, err := decodeSet(u, w.r.cfg.MaxMetadataSize)
-	same := func(spec []beacon.Instance) bool {
-		return slices.EqualFunc(s.instances, spec, func(a, b beacon.Instance) bool { return a.Equal(b) })
-	}
 	// The write under way may be seen before its answer is: its content is
 	// this process's own, not an edit.
 	foreignOwner := slices.ContainsFunc(u.GetOwnerReferences(), func(o metav1.OwnerReference) bool { return string(o.UID) != w.pod.UID })
 	if err == nil && s.podUID == w.pod.UID && s.podName == w.pod.Name && !foreignOwner &&
-		(same(w.lastSpec) || (w.inflight != nil && same(w.inflight))) {
+		(w.lastSpec.matches(s) || (w.inflight != nil && w.inflight.matches(s))) {
 		w.lastRV = rv
 		return
 	}

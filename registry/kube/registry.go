@@ -18,6 +18,8 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/registry/internal/defaults"
+	"github.com/beaconplane/beacon/registry/internal/healthjoin"
 	"golang.org/x/sync/errgroup"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,6 +39,7 @@ func init() {
 		cfg := ConfigFromEnv(dc.Env())
 		cfg.MaxMetadataSize = dc.Registry.MaxMetadataSize
 		cfg.DrainGrace = dc.Registry.DrainGrace
+		cfg.HealthPanicThreshold = dc.Registry.HealthPanicThreshold
 		cfg.Logger, cfg.Metrics = dc.Registry.Logger, dc.Registry.Metrics
 		if dc.Registry.Layout == registry.LayoutDynamo {
 			return OpenDynamo(ctx, cfg) // DynamoWorkerMetadata resources, read-only
@@ -82,7 +85,8 @@ type Registry struct {
 	closeErr  error
 
 	valid    *validCache
-	collided collisions // the dynamo layout's collisions reported
+	panics   *healthjoin.Board // services entering and leaving health panic (health.go)
+	collided collisions        // the dynamo layout's collisions reported
 
 	noAccessCheck bool // tests: see the requests' own errors
 
@@ -127,6 +131,9 @@ func open(ctx context.Context, cfg Config, kind *objects) (*Registry, error) {
 	if cfg.MaxMetadataSize == 0 {
 		cfg.MaxMetadataSize = beacon.DefaultMaxMetadataSize
 	}
+	if cfg.HealthPanicThreshold == 0 {
+		cfg.HealthPanicThreshold = defaults.HealthPanicThreshold
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -147,6 +154,7 @@ func open(ctx context.Context, cfg Config, kind *objects) (*Registry, error) {
 		valid:  newValidCache(),
 		states: make(chan registry.StateChange, statesBuffer),
 	}
+	r.panics = healthjoin.NewBoard(r.log, m.healthPanics, cfg.HealthPanicThreshold)
 	switch {
 	case len(cfg.Namespaces) == 1 && cfg.Namespaces[0] == AllNamespaces:
 		r.namespaces = []string{""}
@@ -408,11 +416,12 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 	if err := g.Wait(); err != nil {
 		return nil, 0, unavailable(err)
 	}
-	live := r.liveInstances(sets, func(pod string) bool { return ready[pod] })
+	isReady := func(pod string) bool { return ready[pod] }
+	live := r.joinHealth(r.liveInstances(sets, isReady), sets, isReady)
 	out := make([]beacon.Instance, 0, len(live))
-	for _, c := range live {
-		if q.Matches(c.inst.Ref()) {
-			out = append(out, c.inst.Clone())
+	for _, in := range live {
+		if q.Matches(in.Ref()) {
+			out = append(out, in)
 		}
 	}
 	slices.SortFunc(out, func(a, b beacon.Instance) int { return cmp.Compare(refKey(a.Ref()), refKey(b.Ref())) })

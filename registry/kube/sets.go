@@ -28,6 +28,9 @@ type setInfo struct {
 	holder    string
 	created   time.Time
 	instances []beacon.Instance
+	// verdicts are the health verdicts of the checker the set's process
+	// runs, by ref key (refKey), without Panic.
+	verdicts map[string]beacon.Health
 	// entries are a DynamoWorkerMetadata's entries Beacon read, by key
 	// (dynamo.go); nil for an InstanceSet.
 	entries map[string]dynamo.Entry
@@ -36,10 +39,11 @@ type setInfo struct {
 // rawSpec is the spec as read: instances are decoded one by one, so that
 // each is checked like a stored value.
 type rawSpec struct {
-	Pod       PodRef            `json:"pod"`
-	Container string            `json:"container"`
-	Holder    string            `json:"holder"`
-	Instances []json.RawMessage `json:"instances"`
+	Pod       PodRef                     `json:"pod"`
+	Container string                     `json:"container"`
+	Holder    string                     `json:"holder"`
+	Instances []json.RawMessage          `json:"instances"`
+	Verdicts  map[string]json.RawMessage `json:"verdicts"`
 }
 
 // decodeSet parses and checks an InstanceSet: a pod owner whose UID and
@@ -107,7 +111,38 @@ func decodeSet(u *unstructured.Unstructured, maxMetadata int) (*setInfo, error) 
 		seen[in.Ref()] = true
 		s.instances = append(s.instances, in)
 	}
+	if s.verdicts, err = decodeVerdicts(spec.Verdicts); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// decodeVerdicts checks and reads an InstanceSet's verdicts: each keyed by
+// an instance's namespace/component/endpoint/id, with a known status.
+// Panic is the view's to decide: what a value says of it is dropped.
+func decodeVerdicts(raw map[string]json.RawMessage) (map[string]beacon.Health, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]beacon.Health, len(raw))
+	for key, val := range raw {
+		ref, err := beacon.ParseRef(key)
+		if err != nil {
+			return nil, fmt.Errorf("spec.verdicts[%q]: not an instance's namespace/component/endpoint/id: %w", key, err)
+		}
+		var h beacon.Health
+		if err := json.Unmarshal(val, &h); err != nil {
+			return nil, fmt.Errorf("spec.verdicts[%q]: %w", key, err)
+		}
+		switch h.Status {
+		case beacon.HealthUnknown, beacon.HealthPassing, beacon.HealthFailing:
+		default:
+			return nil, fmt.Errorf("spec.verdicts[%q]: status %q is not unknown, passing or failing", key, h.Status)
+		}
+		h.Panic = false
+		out[refKey(ref)] = h
+	}
+	return out, nil
 }
 
 // parseSet returns the set's valid content: its own, or, if it is not valid

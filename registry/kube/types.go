@@ -64,6 +64,12 @@ type InstanceSetSpec struct {
 	// Instances are the registered instances, in the stored value format
 	// of every backend (docs/registry.md).
 	Instances []beacon.Instance `json:"instances"`
+	// Verdicts are the health verdicts of the checker this process runs
+	// (beacon serve's), by instance (namespace/component/endpoint/id),
+	// in the stored form of every backend (beacon.Health without panic).
+	// Readers count them only while this resource's pod is Ready: the
+	// checker's own registration is live exactly then.
+	Verdicts map[string]beacon.Health `json:"verdicts,omitempty"`
 }
 
 // PodRef names a pod.

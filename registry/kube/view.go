@@ -7,7 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/wait"
+	"github.com/beaconplane/beacon/registry/internal/healthjoin"
 	shared "github.com/beaconplane/beacon/registry/internal/view"
 	"github.com/go-logr/logr"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -68,12 +70,15 @@ type source struct {
 type view struct {
 	r *Registry
 
-	mu         sync.Mutex
-	sets       map[string]*setInfo        // valid content by namespace/name
-	setsByPod  map[string]map[string]bool // podKey -> set keys
-	refSets    map[string]map[string]bool // ref key -> set keys holding it
-	slices     map[string]map[string]bool // slice namespace/name -> ready podKeys
-	readyCount map[string]int             // podKey -> slices listing it ready
+	mu        sync.Mutex
+	sets      map[string]*setInfo        // valid content by namespace/name
+	setsByPod map[string]map[string]bool // podKey -> set keys
+	refSets   map[string]map[string]bool // ref key -> set keys holding it
+	// verdictSets are the set keys holding a verdict on a ref key.
+	verdictSets map[string]map[string]bool
+	health      *healthjoin.Join           // the live verdicts joined, and the services' panic (health.go)
+	slices      map[string]map[string]bool // slice namespace/name -> ready podKeys
+	readyCount  map[string]int             // podKey -> slices listing it ready
 
 	state    *shared.View // the live instances, their log and versions
 	sources  []*source
@@ -99,13 +104,15 @@ func (r *Registry) viewFor() *view {
 		return r.view
 	}
 	v := &view{
-		r:          r,
-		sets:       map[string]*setInfo{},
-		setsByPod:  map[string]map[string]bool{},
-		refSets:    map[string]map[string]bool{},
-		slices:     map[string]map[string]bool{},
-		readyCount: map[string]int{},
-		state:      shared.New(),
+		r:           r,
+		sets:        map[string]*setInfo{},
+		setsByPod:   map[string]map[string]bool{},
+		refSets:     map[string]map[string]bool{},
+		verdictSets: map[string]map[string]bool{},
+		health:      healthjoin.New(r.cfg.HealthPanicThreshold),
+		slices:      map[string]map[string]bool{},
+		readyCount:  map[string]int{},
+		state:       shared.New(),
 	}
 	r.view = v
 	logger := logr.FromSlogHandler(r.log.Handler())
@@ -446,6 +453,9 @@ func (v *view) fail(err error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.wake.Fail(err)
+	for _, c := range v.health.Close() {
+		v.r.panics.Report(c)
+	}
 }
 
 func (v *view) observeRV(rv string) {
@@ -520,10 +530,11 @@ func (v *view) putSetLocked(key string, s *setInfo) map[string]bool {
 		for _, in := range old.instances {
 			k := refKey(in.Ref())
 			dirty[k] = true
-			delete(v.refSets[k], key)
-			if len(v.refSets[k]) == 0 {
-				delete(v.refSets, k)
-			}
+			unindex(v.refSets, k, key)
+		}
+		for k := range old.verdicts {
+			dirty[k] = true
+			unindex(v.verdictSets, k, key)
 		}
 		delete(v.sets, key)
 	}
@@ -538,12 +549,29 @@ func (v *view) putSetLocked(key string, s *setInfo) map[string]bool {
 	for _, in := range s.instances {
 		k := refKey(in.Ref())
 		dirty[k] = true
-		if v.refSets[k] == nil {
-			v.refSets[k] = map[string]bool{}
-		}
-		v.refSets[k][key] = true
+		index(v.refSets, k, key)
+	}
+	for k := range s.verdicts {
+		dirty[k] = true
+		index(v.verdictSets, k, key)
 	}
 	return dirty
+}
+
+// index records that the set at setKey holds something at the ref key k.
+func index(m map[string]map[string]bool, k, setKey string) {
+	if m[k] == nil {
+		m[k] = map[string]bool{}
+	}
+	m[k][setKey] = true
+}
+
+// unindex forgets it.
+func unindex(m map[string]map[string]bool, k, setKey string) {
+	delete(m[k], setKey)
+	if len(m[k]) == 0 {
+		delete(m, k)
+	}
 }
 
 // slice converts an EndpointSlice from the reflector; one that does not
@@ -632,6 +660,9 @@ func (v *view) putSliceLocked(key string, ready map[string]bool) map[string]bool
 			for _, in := range v.sets[key].instances {
 				dirty[refKey(in.Ref())] = true
 			}
+			for k := range v.sets[key].verdicts {
+				dirty[k] = true
+			}
 		}
 	}
 	return dirty
@@ -672,24 +703,93 @@ func (v *view) publishLocked(dirty map[string]bool) {
 	slices.Sort(keys)
 	changed := false
 	for _, k := range keys {
+		if h, ok := v.verdictLocked(k); ok {
+			v.health.SetVerdict(k, h)
+		} else {
+			v.health.DeleteVerdict(k)
+		}
 		best, ok := v.r.resolve(k, v.candidatesLocked(k))
 		old, _ := v.state.Get(k)
+		var inst beacon.Instance
+		if ok {
+			inst = best.inst
+			inst.Health = v.health.Health(k, inst)
+		}
 		switch {
 		case !ok && old == nil:
 		case !ok:
 			v.state.Delete(old, v.state.Rev())
+			v.health.Count(k, &old.Inst, nil)
 			changed = true
-		case old != nil && old.Inst.Equal(best.inst):
+		case old != nil && old.Inst.Equal(inst):
 			// unchanged: keep the item (and the revision) watchers hold
 		default:
-			v.state.Set(&item{Key: k, Inst: best.inst, Rev: v.state.Rev()}, v.state.Rev())
+			v.state.Set(&item{Key: k, Inst: inst, Rev: v.state.Rev()}, v.state.Rev())
+			v.health.Count(k, instanceOf(old), &inst)
 			changed = true
 		}
+	}
+	if v.settleLocked() {
+		changed = true
 	}
 	if changed {
 		v.state.Trim()
 		v.notifyLocked()
 	}
+}
+
+// settleLocked settles the services whose health counts changed: those
+// that entered or left panic are reported, and their failing instances
+// joined again. It reports whether an item changed.
+func (v *view) settleLocked() bool {
+	changed := false
+	for _, c := range v.health.Settle() {
+		v.r.panics.Report(c)
+		for _, k := range c.Keys {
+			changed = v.rejoinLocked(k) || changed
+		}
+	}
+	return changed
+}
+
+// rejoinLocked joins the instance at the ref key k with its verdict again
+// (its service's panic changed) and reports whether its item changed.
+func (v *view) rejoinLocked(k string) bool {
+	cur, ok := v.state.Get(k)
+	if !ok {
+		return false
+	}
+	next := *cur
+	next.Inst = cur.Inst.Clone()
+	next.Inst.Health = v.health.Health(k, cur.Inst)
+	if next.Inst.Equal(cur.Inst) {
+		return false
+	}
+	next.Rev = v.state.Rev()
+	v.state.Set(&next, next.Rev)
+	v.health.Count(k, &cur.Inst, &next.Inst)
+	return true
+}
+
+// verdictLocked returns the verdict on the ref key k that counts: the
+// most recent of those the sets of Ready pods hold (newerVerdict).
+func (v *view) verdictLocked(k string) (beacon.Health, bool) {
+	var best liveVerdict
+	for setKey := range v.verdictSets[k] {
+		s := v.sets[setKey]
+		if v.readyCount[s.pod] == 0 {
+			continue
+		}
+		best = newerVerdict(best, liveVerdict{h: s.verdicts[k], set: s})
+	}
+	return best.h, best.set != nil
+}
+
+func instanceOf(it *item) *beacon.Instance {
+	if it == nil {
+		return nil
+	}
+	return &it.Inst
 }
 
 // candidatesLocked returns what the objects of Ready pods offer at the ref

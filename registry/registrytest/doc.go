@@ -21,8 +21,10 @@
 // serves the whole run. An implementation that cannot offer a guarantee
 // lists the check in Options.Caveats with the reason. The health checks
 // ("Health/...") act as a health checker: they write verdicts beside their
-// instances through Options.Store, under a lease of their own, and are
-// skipped without it (registry/kube, where readiness is the check).
+// instances through Options.Store, under a lease of their own, or, without
+// it, through the VerdictSink of a registry of their own
+// (registry.VerdictKeeper: registry/kube, where a checker's verdicts live
+// in its pod's InstanceSet).
 //
 // View is what a well-behaved consumer of a Watcher holds: it applies
 // batches and checks the event contract as it goes (the first batch is a

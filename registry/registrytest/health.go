@@ -15,24 +15,38 @@ import (
 )
 
 // The health checks: a checker's verdict, written beside its instance
-// under the checker's own lease, is joined to the instance by List, Get
-// and Watch; a verdict's lease ending takes it away (fail-open); a service
-// with more failing instances than the panic threshold (the default, 0.5)
-// serves them all.
+// under the checker's own lease (or, on a registry that keeps verdicts
+// itself, through the VerdictSink of a registry of its own), is joined to
+// the instance by List, Get and Watch; the checker dying takes its
+// verdicts away (fail-open); a service with more failing instances than
+// the panic threshold (the default, 0.5) serves them all.
 
 // checker is a health checker as the checks play it: a store client and
-// a lease its verdicts are bound to.
+// a lease its verdicts are bound to, or a process of its own (reg) and
+// its registry's VerdictSink.
 type checker struct {
 	st    store.Store
 	ks    beacon.Keyspace
 	lease store.LeaseID
+
+	reg  registry.Registry
+	sink registry.VerdictSink
 }
 
 // checker returns a checker over the backend, or skips the check.
 func (h *harness) checker(t *testing.T, r registry.Registry) *checker {
 	t.Helper()
 	if h.opts.Store == nil {
-		t.Skip("no store to write verdicts with (Options.Store): readiness is the health check of this registry")
+		reg := h.registry(t) // the checker's own process
+		k, ok := reg.(registry.VerdictKeeper)
+		if !ok {
+			t.Skip("no store to write verdicts with (Options.Store), and the registry keeps none itself (registry.VerdictKeeper)")
+		}
+		sink, err := k.VerdictSink("conformance")
+		if err != nil {
+			t.Fatalf("checker: VerdictSink: %v", err)
+		}
+		return &checker{reg: reg, sink: sink}
 	}
 	c := &checker{st: h.opts.Store(t)}
 	if k, ok := r.(interface{ Keyspace() beacon.Keyspace }); ok {
@@ -59,7 +73,14 @@ func (c *checker) grant(t *testing.T, h *harness) {
 // say writes the checker's verdict s on the instance at ref.
 func (c *checker) say(t *testing.T, h *harness, ref beacon.Ref, s beacon.HealthStatus) {
 	t.Helper()
-	val, err := json.Marshal(beacon.Health{Status: s, Reason: "conformance says " + string(s), Since: time.Now().UTC(), Checker: "conformance"})
+	v := beacon.Health{Status: s, Reason: "conformance says " + string(s), Since: time.Now().UTC(), Checker: "conformance"}
+	if c.sink != nil {
+		if err := c.sink.PutVerdict(h.ctx(t), ref, v); err != nil {
+			t.Fatalf("checker: write the verdict on %s: %v", ref, err)
+		}
+		return
+	}
+	val, err := json.Marshal(v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,8 +186,13 @@ func testHealthVerdictRevoked(t *testing.T, h *harness) {
 	r, c, q, w, v, refs := h.threeChecked(t)
 	c.say(t, h, refs[0], beacon.HealthFailing)
 	h.untilHealth(t, r, w, v, q, "10.0.0.1:80=failing 10.0.0.2:80=unknown 10.0.0.3:80=unknown")
-	// The checker dies: its lease ends, and its verdicts with it.
-	if err := c.st.Revoke(h.ctx(t), c.lease); err != nil {
+	// The checker dies: its lease ends (or its process, which keeps its
+	// verdicts), and its verdicts with it.
+	if c.sink != nil {
+		if err := c.reg.Close(); err != nil {
+			t.Fatalf("close the checker's registry: %v", err)
+		}
+	} else if err := c.st.Revoke(h.ctx(t), c.lease); err != nil {
 		t.Fatalf("revoke the checker's lease: %v", err)
 	}
 	h.untilHealth(t, r, w, v, q, "10.0.0.1:80=unknown 10.0.0.2:80=unknown 10.0.0.3:80=unknown")

@@ -33,8 +33,9 @@ type Options struct {
 	// their instances ({instance key}/health) under a lease of their own,
 	// and check what the registry shows. The registries of the factory
 	// must use the keyspace their Keyspace method (if any) returns, else
-	// the root "". Nil skips the health checks (registry/kube, where
-	// readiness is the health check).
+	// the root "". Nil: the checks write verdicts through the VerdictSink
+	// of a registry of the factory (registry.VerdictKeeper: registry/kube),
+	// or are skipped if it has none.
 	Store func(t testing.TB) store.Store
 }
 
