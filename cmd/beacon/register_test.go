@@ -353,6 +353,7 @@ func TestRegisterCheckBadInput(t *testing.T) {
 		{args: with("--check", "tcp:80"), want: "a TCP check takes no argument: tcp"},
 		{args: with("--check", "ttl:500ms"), want: `--check "ttl:500ms": invalid check "ttl:500ms": the TTL must be 1s..24h0m0s`},
 		{args: with("--check", "ttl"), want: `--check "ttl": invalid check "ttl": a TTL check names how long a report holds: ttl:30s`},
+		{args: with("--check", "ttl:30s", "--backend", "kubernetes"), want: `--check "ttl:30s": the kubernetes backend keeps no TTL reports: give the container an exec readinessProbe`},
 		{args: with("--check", ""), want: `--check "": empty`},
 		{args: with("--check-interval", "5s"), want: "--check-interval: set --check too"},
 		{args: with("--check", "tcp", "--check-interval", "100ms"), want: "--check-interval 100ms: invalid check \"tcp\": interval 100ms is outside 500ms..10m0s"},
