@@ -20,12 +20,16 @@ import (
 )
 
 // runUntilInterrupted runs the beacon binary with args, waits for a log
-// line containing ready, sends SIGINT, and returns its stderr once it has
-// exited.
+// line containing ready, sends SIGINT to its process group (Ctrl-C), and
+// returns its stderr once it has exited.
 func runUntilInterrupted(t *testing.T, ready string, args ...string) string {
 	t.Helper()
 	bin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/cmd/beacon")
 	cmd := exec.Command(bin, args...)
+	// Its own process group, signalled whole, as a terminal's Ctrl-C
+	// signals the foreground group: the benchmark's children get it too
+	// unless they are in groups of their own.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +62,7 @@ func runUntilInterrupted(t *testing.T, ready string, args ...string) string {
 	case <-time.After(3 * time.Minute):
 		t.Fatalf("beacon %v: no %q within 3 minutes", args, ready)
 	}
-	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
@@ -171,5 +175,21 @@ func TestBenchRegisterInterrupted(t *testing.T) {
 		if resp.Count != 0 {
 			t.Fatalf("%d keys left under %s after the interrupt", resp.Count, prefix)
 		}
+	}
+}
+
+// TestBenchWatchInterrupted: Ctrl-C (SIGINT to the process group) in the
+// middle of `beacon bench watch` with its own etcd: the benchmark undoes
+// its run (revokes the samples' lease) and stops that etcd; nothing is
+// left running. (That the etcd is out of the terminal's group, so that it
+// still answers the revoke: TestServerChildOwnGroup.)
+func TestBenchWatchInterrupted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds beacon")
+	}
+	log := runUntilInterrupted(t, "watch: measuring", "bench", "watch", "--watchers", "10", "--samples", "20000")
+	checkChildrenGone(t, log, 1)
+	if strings.Contains(log, "could not revoke") {
+		t.Fatalf("the interrupted benchmark could not undo its run:\n%s", log)
 	}
 }

@@ -198,7 +198,7 @@ func runDNSPerf(ctx context.Context, cfg DNSConfig, addr, queries string) (dnspe
 	args := []string{"-s", host, "-p", port, "-d", queries, "-l", strconv.Itoa(int(cfg.Duration / time.Second)),
 		"-c", strconv.Itoa(cfg.Clients), "-q", strconv.Itoa(cfg.Outstanding), "-v"}
 	cmd := exec.CommandContext(ctx, cfg.DNSPerf, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return dnsperfResult{}, err

@@ -176,6 +176,7 @@ func startTarget(ctx context.Context, cfg RegistryConfig) (*etcdTarget, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench: start etcd: %w", err)
 	}
+	cfg.Logger.Info("started", "process", "etcd-server", "pid", srv.cmd.Process.Pid, "addr", srv.endpoint)
 	setup := "single-node etcd 3.7 in its own process (fsync)"
 	if cfg.NoFsync {
 		setup = "single-node etcd 3.7 in its own process (no fsync)"
@@ -677,6 +678,7 @@ func runTxnPut(ctx context.Context, bin string, eps []string, n, workers, batch,
 		"txn-put", "--txn-ops", strconv.Itoa(batch), "--total", strconv.Itoa(txns),
 		"--key-size", strconv.Itoa(keySize), "--val-size", strconv.Itoa(valSize), "--key-space-size", strconv.Itoa(max(n, batch))}
 	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.SysProcAttr = childAttr()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		if ctx.Err() != nil {

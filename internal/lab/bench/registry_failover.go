@@ -63,6 +63,7 @@ type registrant struct {
 
 func startRegistrant(ctx context.Context, argv []string, readyMark string) (*registrant, error) {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.SysProcAttr = childAttr()
 	stdin, stdout, err := startPiped(cmd)
 	if err != nil {
 		return nil, err

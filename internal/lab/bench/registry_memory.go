@@ -77,6 +77,7 @@ func startServerChild(ctx context.Context, exe []string, noFsync bool) (*serverC
 		argv = append(argv, "--no-fsync")
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = childAttr()
 	stdin, stdout, err := startPiped(cmd)
 	if err != nil {
 		return nil, err

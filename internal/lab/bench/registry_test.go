@@ -214,3 +214,27 @@ func TestWatchAgainstHostPortEndpoint(t *testing.T) {
 		t.Fatalf("bench watch --endpoints tcp://...: %v, want an error naming --endpoints", err)
 	}
 }
+
+// TestServerChildOwnGroup: the scenarios' etcd server runs in a process
+// group of its own, so that a terminal's Ctrl-C (SIGINT to the foreground
+// group) reaches only the benchmark, which revokes its leases while that
+// etcd still answers and then stops it.
+func TestServerChildOwnGroup(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd in a child process")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := startServerChild(ctx, childCommand(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.stop()
+	child, err := syscall.Getpgid(srv.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if child == syscall.Getpgrp() {
+		t.Fatalf("the etcd server child is in the benchmark's process group (%d): a Ctrl-C stops it with the benchmark", child)
+	}
+}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -149,7 +150,7 @@ func watchRound(ctx context.Context, cfg RegistryConfig, tgt *etcdTarget, n int)
 	if err != nil {
 		return nil, nil, 0, 0, err
 	}
-	defer w.close(ctx)
+	defer w.close(ctx, cfg.Logger)
 
 	// Readers: one process's worth of each.
 	rd, err := openWatchReaders(ctx, tgt.endpoints)
@@ -223,7 +224,7 @@ func openSampleWriter(ctx context.Context, eps []string) (*sampleWriter, error) 
 	w.stopKeepAlive = stop
 	ka, err := cli.KeepAlive(kctx, lease.ID)
 	if err != nil {
-		w.close(ctx)
+		w.close(ctx, slog.New(slog.DiscardHandler)) // the error says what went wrong
 		return nil, err
 	}
 	go func() {
@@ -234,12 +235,15 @@ func openSampleWriter(ctx context.Context, eps []string) (*sampleWriter, error) 
 }
 
 // close revokes the lease (the samples go with it) and closes the client;
-// after an interrupt it waits at most 10 s for etcd (which may be gone).
-func (w *sampleWriter) close(ctx context.Context) {
+// after an interrupt it waits at most 10 s for etcd. A revoke that fails
+// is logged: the samples stay until the lease expires.
+func (w *sampleWriter) close(ctx context.Context, log *slog.Logger) {
 	w.stopKeepAlive()
 	rctx, cancel := cleanupContext(ctx, 10*time.Second)
 	defer cancel()
-	_, _ = w.cli.Revoke(rctx, w.lease)
+	if _, err := w.cli.Revoke(rctx, w.lease); err != nil {
+		log.Warn("watch: could not revoke the samples' lease; they stay until it expires", "lease", int64(w.lease), "err", err)
+	}
 	_ = w.cli.Close()
 }
 
