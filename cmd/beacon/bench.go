@@ -83,15 +83,12 @@ func addBenchScenario(s benchScenario) *cobra.Command {
 			}
 			defer stop()
 			r, err := s.run(cmd.Context(), logger)
-			if errors.Is(err, bench.ErrTooBig) {
-				return usage(err) // refused before it started anything
-			}
 			if r != nil {
 				if werr := writeBenchReport(cmd, output, r); werr != nil {
 					return werr
 				}
 			}
-			return err
+			return benchError(cmd.Context(), err, r != nil)
 		},
 	}
 	f := cmd.Flags()
@@ -170,4 +167,19 @@ func beaconCommand(args ...string) ([]string, error) {
 		return nil, fmt.Errorf("find the beacon binary to run: %w", err)
 	}
 	return append([]string{exe}, args...), nil
+}
+
+// benchError is what a scenario's error says to the user: bad usage for
+// sizes that do not fit (refused before anything started), the interrupt
+// for a call that an interrupt cut short.
+func benchError(ctx context.Context, err error, reported bool) error {
+	switch {
+	case errors.Is(err, bench.ErrTooBig):
+		return usage(err)
+	case err != nil && ctx.Err() != nil && reported:
+		return errors.New("bench interrupted: the report above is partial; what the run made was removed (a removal that failed is logged above)")
+	case err != nil && ctx.Err() != nil:
+		return errors.New("bench interrupted: nothing measured; what the run made was removed (a removal that failed is logged above)")
+	}
+	return err
 }

@@ -189,6 +189,9 @@ func TestBenchWatchInterrupted(t *testing.T) {
 	}
 	log := runUntilInterrupted(t, "watch: measuring", "bench", "watch", "--watchers", "10", "--samples", "20000")
 	checkChildrenGone(t, log, 1)
+	if !strings.Contains(log, "beacon: bench interrupted: nothing measured; what the run made was removed") {
+		t.Errorf("the interrupt is not said as such:\n%s", log)
+	}
 	if strings.Contains(log, "could not revoke") {
 		t.Fatalf("the interrupted benchmark could not undo its run:\n%s", log)
 	}
