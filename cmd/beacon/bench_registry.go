@@ -19,8 +19,9 @@ then --sequential with one worker, through Beacon's registry (one session: one
 lease for all, concurrent registrations batched into transactions), and
 measures beside it, against the same etcd member, in rounds that take the sides
 in turn: the batched-write ceiling (etcd's own benchmark tool, txn-put with as
-many keys in flight as workers, in transactions as large as Beacon's group
-commit makes them (a quarter of the workers, at most 48; --batch to choose),
+many keys in flight as workers, in transactions of the width etcd commits fastest
+(Beacon's own and 16 to 128 puts, each tried once before the rounds; --batch
+to choose),
 of the same key and value sizes) and the raw etcd client (grant a lease + put, per instance). It prints
 the medians of --rounds rounds with their spread, and p50/p99 latency.
 Goal: at least 0.8x the ceiling.
@@ -35,7 +36,7 @@ tool writes keys it cannot remove).`,
 			f.IntVar(&cfg.Rounds, "rounds", 3, "rounds taking the sides in turn (the median is shown, with the spread)")
 			f.IntSliceVar(&cfg.Concurrency, "concurrency", []int{64, 256}, "numbers of concurrent workers to measure")
 			f.IntVar(&cfg.Sequential, "sequential", 300, "instances registered by one worker")
-			f.IntVar(&cfg.Batch, "batch", 0, "puts per transaction of the batched-write ceiling (etcd benchmark txn-put --txn-ops; default: Beacon's batch for that many workers, a quarter of them up to 48)")
+			f.IntVar(&cfg.Batch, "batch", 0, "puts per transaction of the batched-write ceiling (etcd benchmark txn-put --txn-ops; default: the fastest of Beacon's batch for that many workers and 16, 32, 48, 64, 128 puts up to one per worker, each tried once before the rounds)")
 			f.StringVar(&cfg.BenchmarkBin, "benchmark-bin", "", "path of etcd's benchmark tool (default: found in $BEACON_PEERS_DIR/bin or PATH)")
 			f.BoolVar(&cfg.NoCeiling, "no-ceiling", false, "do not measure the batched-write ceiling (no etcd benchmark tool needed)")
 		})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -149,7 +150,7 @@ func TestRegisterCeiling(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep, err := RunRegister(ctx, RegistryConfig{NoFsync: true, Instances: 320, Concurrency: []int{16, 32}, Sequential: 10,
-		Rounds: 3, Batch: 8, BenchmarkBin: bin, Command: childCommand()})
+		Rounds: 3, BenchmarkBin: bin, Command: childCommand()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,5 +237,24 @@ func TestServerChildOwnGroup(t *testing.T) {
 	}
 	if child == syscall.Getpgrp() {
 		t.Fatalf("the etcd server child is in the benchmark's process group (%d): a Ctrl-C stops it with the benchmark", child)
+	}
+}
+
+// TestCeilingBatches: the ceiling tries Beacon's own width first, then the
+// wider ones up to one put per key in flight, each once.
+func TestCeilingBatches(t *testing.T) {
+	for _, tc := range []struct {
+		workers int
+		want    []int
+	}{
+		{1, []int{1}},
+		{16, []int{4, 16}},
+		{64, []int{16, 32, 48, 64}},
+		{256, []int{48, 16, 32, 64, 128}},
+		{1024, []int{48, 16, 32, 64, 128}},
+	} {
+		if got := ceilingBatches(tc.workers); !slices.Equal(got, tc.want) {
+			t.Errorf("ceilingBatches(%d) = %v, want %v", tc.workers, got, tc.want)
+		}
 	}
 }
