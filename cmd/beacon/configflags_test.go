@@ -145,4 +145,5 @@ func namesAnotherTool(s string) bool {
 var noFlag = map[string]bool{
 	"proxy.Config.PeerURLs":      true,
 	"proxy.Config.UpstreamConns": true,
+	"Config.Health.Addr":         true, // from POD_IP on kubernetes (healthFlags), checked there
 }

@@ -109,7 +109,7 @@ func (s *explainSource) namespaces() string {
 }
 
 func (s *explainSource) Missing() string {
-	return "no pod of " + s.namespaces() + " (the namespaces Beacon reads: --kube-namespaces) registered it: check that the worker runs " +
+	return "no pod of " + s.namespaces() + " (the namespaces Beacon reads: " + EnvNamespaces + ") registered it: check that the worker runs " +
 		"there with DYN_DISCOVERY_BACKEND=kubernetes (Dynamo's operator sets it), and its logs; its runtime writes the entry when " +
 		"the endpoint starts serving (kubectl get " + DynamoResource + " -n NAMESPACE -o yaml)"
 }
