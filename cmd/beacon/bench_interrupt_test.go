@@ -167,7 +167,7 @@ func TestBenchRegisterInterrupted(t *testing.T) {
 	if len(leases.Leases) != 0 {
 		t.Fatalf("%d leases left after the interrupt", len(leases.Leases))
 	}
-	for _, prefix := range []string{"/bench-raw/", "/bench-beacon/"} {
+	for _, prefix := range []string{"/bench-raw/", "/bench-beacon/", "/bench-txn/"} {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			t.Fatal(err)

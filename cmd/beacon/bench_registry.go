@@ -13,32 +13,37 @@ import (
 // The registry scenarios: `beacon bench register | watch | failover |
 // memory`, each beside its raw etcd client baseline.
 func init() {
-	addRegistryScenario("register", "Registrations/s: one Beacon session vs etcd's batched-write ceiling and raw grant + put",
+	addRegistryScenario("register", "Registrations/s: one Beacon session vs etcd's ceiling for the same operation, txn-put and raw grant + put",
 		`Registers --instances instances with each number of --concurrency workers,
 then --sequential with one worker, through Beacon's registry (one session: one
 lease for all, concurrent registrations batched into transactions), and
 measures beside it, against the same etcd member, in rounds that take the sides
-in turn: the batched-write ceiling (etcd's own benchmark tool, txn-put with as
-many keys in flight as workers, in transactions of the width etcd commits fastest
-(Beacon's own and 16 to 128 puts, each tried once before the rounds; --batch
-to choose),
-of the same key and value sizes) and the raw etcd client (grant a lease + put, per instance). It prints
-the medians of --rounds rounds with their spread, and p50/p99 latency.
-Goal: at least 0.8x the ceiling.
+in turn, with as many keys in flight as workers and keys and values of the same
+sizes:
+  same-op ceiling   a raw clientv3 client writing Beacon's operation (per key, a
+                    compare that it does not exist and a put under one lease) in
+                    transactions of the width etcd commits fastest (Beacon's own
+                    and 16 to 128 keys, each tried once before the rounds;
+                    --batch to choose)
+  txn-put ceiling   etcd's own benchmark tool, txn-put: plain puts, widths chosen
+                    the same way
+  raw grant+put     the raw etcd client: grant a lease + put, per instance
+It prints the medians of --rounds rounds with their spread, and p50/p99 latency.
+Goal: at least 0.8x the same-op ceiling.
 
 etcd's benchmark tool is found with --benchmark-bin, in
 $BEACON_PEERS_DIR/bin (default ~/.cache/beacon-peers/bin) or in PATH; build
 it with "bash .ci/build-peers benchmark" from a Beacon checkout, or skip the
-ceiling with --no-ceiling. Against --endpoints the ceiling is skipped (the
-tool writes keys it cannot remove).`,
+txn-put ceiling with --no-ceiling. Against --endpoints that ceiling is skipped
+(the tool writes keys it cannot remove).`,
 		bench.RunRegister, func(f *pflag.FlagSet, cfg *bench.RegistryConfig) {
 			f.IntVar(&cfg.Instances, "instances", 20000, "instances registered per round by the concurrent workers")
 			f.IntVar(&cfg.Rounds, "rounds", 3, "rounds taking the sides in turn (the median is shown, with the spread)")
 			f.IntSliceVar(&cfg.Concurrency, "concurrency", []int{64, 256}, "numbers of concurrent workers to measure")
 			f.IntVar(&cfg.Sequential, "sequential", 300, "instances registered by one worker")
-			f.IntVar(&cfg.Batch, "batch", 0, "puts per transaction of the batched-write ceiling (etcd benchmark txn-put --txn-ops; default: the fastest of Beacon's batch for that many workers and 16, 32, 48, 64, 128 puts up to one per worker, each tried once before the rounds)")
+			f.IntVar(&cfg.Batch, "batch", 0, "keys per transaction of both ceilings (for txn-put, --txn-ops; default: the fastest of Beacon's batch for that many workers and 16, 32, 48, 64, 128 up to one per worker, each tried once before the rounds)")
 			f.StringVar(&cfg.BenchmarkBin, "benchmark-bin", "", "path of etcd's benchmark tool (default: found in $BEACON_PEERS_DIR/bin or PATH)")
-			f.BoolVar(&cfg.NoCeiling, "no-ceiling", false, "do not measure the batched-write ceiling (no etcd benchmark tool needed)")
+			f.BoolVar(&cfg.NoCeiling, "no-ceiling", false, "do not measure the txn-put ceiling (no etcd benchmark tool needed; the same-op ceiling is measured all the same)")
 		})
 	addRegistryScenario("watch", "Register → watcher latency with 1, 100, 1000 watchers: one shared watch vs one etcd watch each",
 		`For each watcher count, opens that many Beacon watchers of one query in one

@@ -356,7 +356,7 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	if err := fits(memNeed{"--instances", cfg.Instances, costEtcdInstance + costRegistration, "instances registered at once"}); err != nil {
 		return nil, err
 	}
-	rb := &registerBench{cfg: cfg, batches: map[int]int{}, tried: map[int]string{}}
+	rb := &registerBench{cfg: cfg, batches: map[int]int{}, tried: map[int]string{}, sameWidth: map[int]int{}, sameTried: map[int]string{}}
 	if !cfg.NoCeiling && len(cfg.Endpoints) == 0 {
 		var err error
 		if rb.benchBin, err = BenchmarkPeer.Find(cfg.BenchmarkBin); err != nil {
@@ -401,7 +401,7 @@ func RunRegister(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	rep := &Report{
 		Scenario: "register",
 		Setup: fmt.Sprintf("%s; Beacon: one registry session (one lease, concurrent registrations batched into transactions); "+
-			"ceiling: etcd's benchmark txn-put, the same keys in flight as workers, in transactions of the width etcd commits fastest, %d-byte keys, %d-byte values; "+
+			"ceilings: Beacon's operation from a raw client (same-op) and etcd's benchmark txn-put, the same keys in flight as workers, in transactions of the width etcd commits fastest, %d-byte keys, %d-byte values; "+
 			"raw: clientv3 Grant + Put per instance, same values",
 			tgt.setup, rb.keySize, rb.valSize),
 	}
@@ -431,6 +431,10 @@ type registerBench struct {
 	// of workers (pickBatch), tried what it measured of each width.
 	batches map[int]int
 	tried   map[int]string
+	// sameWidth and sameTried are the same for the same-operation
+	// ceiling (registry_sameop.go).
+	sameWidth map[int]int
+	sameTried map[int]string
 }
 
 // registerResult is one side's registrations in one round.
@@ -485,13 +489,19 @@ func (rb *registerBench) beaconSide(ctx context.Context, round string, n, worker
 	return r, err
 }
 
-// batchOf is the ceiling's transaction size for workers: --batch, else
-// the one chosen by pickBatch (Beacon's own before it ran).
-func (rb *registerBench) batchOf(workers int) int {
+// batchOf is the txn-put ceiling's transaction width for workers.
+func (rb *registerBench) batchOf(workers int) int { return rb.width(rb.batches, workers) }
+
+// sameOpWidth is the same-operation ceiling's width for workers.
+func (rb *registerBench) sameOpWidth(workers int) int { return rb.width(rb.sameWidth, workers) }
+
+// width is a ceiling's transaction width for workers: --batch, else the
+// one pickBatch chose (Beacon's own before it ran).
+func (rb *registerBench) width(chosen map[int]int, workers int) int {
 	if rb.cfg.Batch > 0 {
 		return rb.cfg.Batch
 	}
-	if b, ok := rb.batches[workers]; ok {
+	if b, ok := chosen[workers]; ok {
 		return b
 	}
 	return CeilingBatch(workers)
@@ -515,29 +525,32 @@ func ceilingBatches(workers int) []int {
 	return out
 }
 
-// pickBatch measures the ceiling once for each of ceilingBatches(workers)
-// and keeps the fastest for the rounds; it notes each width's rate.
+// pickBatch chooses each ceiling's transaction width for workers (unless
+// --batch fixes it): the fastest of ceilingBatches(workers), each tried
+// once before the rounds.
 func (rb *registerBench) pickBatch(ctx context.Context, workers int) error {
-	if rb.cfg.Batch > 0 || rb.benchBin == "" {
+	if rb.cfg.Batch > 0 {
 		return nil
 	}
-	best, bestRate := 0, 0.0
-	var tried []string
-	for _, b := range ceilingBatches(workers) {
-		rb.cfg.Logger.Info("register: choosing the ceiling's transaction width", "workers", workers, "txn-ops", b)
-		res, err := runTxnPut(ctx, rb.benchBin, rb.tgt.endpoints, rb.cfg.Instances, workers, b, rb.keySize, rb.valSize)
-		if err != nil {
-			return err
-		}
-		rb.settle(ctx)
-		tried = append(tried, fmt.Sprintf("%d×%d %.0f/s", max(1, workers/b), b, res.keysPerSec))
-		if res.keysPerSec > bestRate {
-			best, bestRate = b, res.keysPerSec
-		}
+	n := rb.cfg.Instances
+	b, tried, err := rb.pickWidth(ctx, ceilingSameOp, workers, func(ctx context.Context, width int) (float64, error) {
+		r, err := rb.sameOpSide(ctx, "pick", n, workers, width)
+		return float64(n) / r.total.Seconds(), err
+	})
+	if err != nil {
+		return err
 	}
-	rb.batches[workers] = best
-	rb.tried[workers] = strings.Join(tried, ", ")
-	return nil
+	rb.sameWidth[workers], rb.sameTried[workers] = b, tried
+	if rb.benchBin == "" {
+		return nil
+	}
+	b, tried, err = rb.pickWidth(ctx, "txn-put", workers, func(ctx context.Context, width int) (float64, error) {
+		res, err := runTxnPut(ctx, rb.benchBin, rb.tgt.endpoints, n, workers, width, rb.keySize, rb.valSize)
+		rb.settle(ctx)
+		return res.keysPerSec, err
+	})
+	rb.batches[workers], rb.tried[workers] = b, tried
+	return err
 }
 
 // registerFigures are one side's figures over the rounds.
@@ -563,59 +576,82 @@ func (rb *registerBench) concurrent(ctx context.Context, rep *Report, wi, worker
 	if err := rb.pickBatch(ctx, workers); err != nil {
 		return err
 	}
-	var b, r, c registerFigures
+	var b, r, s, c registerFigures
+	sameOp := func(ctx context.Context, round string, n, workers int) (registerResult, error) {
+		return rb.sameOpSide(ctx, round, n, workers, rb.sameOpWidth(workers))
+	}
 	sides := []struct {
 		name    string
 		measure func(ctx context.Context, round string, n, workers int) (registerResult, error)
 		figs    *registerFigures
-	}{{"beacon", rb.beaconSide, &b}, {"raw etcd", rb.rawSide, &r}}
+	}{{"beacon", rb.beaconSide, &b}, {"raw etcd", rb.rawSide, &r}, {ceilingSameOp, sameOp, &s}, {"txn-put ceiling", nil, &c}}
 	for round := range cfg.Rounds {
 		name := fmt.Sprintf("c%d-%d", wi, round)
-		for k := range 3 {
-			switch i := (round + k) % 3; i {
-			case 0, 1:
-				s := sides[i]
-				cfg.Logger.Info("register: load", "side", s.name, "workers", workers, "round", round)
-				res, err := s.measure(ctx, name, cfg.Instances, workers)
-				if err != nil {
+		for k := range sides {
+			side := sides[(round+k)%len(sides)]
+			if side.measure == nil { // etcd's benchmark tool
+				if err := rb.txnPutRound(ctx, workers, &c); err != nil {
 					return err
 				}
-				s.figs.add(rb, cfg.Instances, res)
-			case 2:
-				if rb.benchBin == "" {
-					continue
-				}
-				cfg.Logger.Info("register: batched-write ceiling", "workers", workers, "round", round)
-				cpu0 := rb.tgt.cpu()
-				res, err := runTxnPut(ctx, rb.benchBin, rb.tgt.endpoints, cfg.Instances, workers, rb.batchOf(workers), rb.keySize, rb.valSize)
-				if err != nil {
-					return err
-				}
-				c.cpu = append(c.cpu, rb.cpuPer(rb.tgt.cpu()-cpu0))
-				rb.settle(ctx)
-				c.rate = append(c.rate, res.keysPerSec)
-				c.p99 = append(c.p99, res.p99ms)
+				continue
 			}
+			cfg.Logger.Info("register: load", "side", side.name, "workers", workers, "round", round)
+			res, err := side.measure(ctx, name, cfg.Instances, workers)
+			if err != nil {
+				return err
+			}
+			side.figs.add(rb, cfg.Instances, res)
 		}
 	}
+	rb.concurrentRows(rep, workers, b, r, s, c)
+	return nil
+}
+
+// txnPutRound runs one round of the txn-put ceiling (if etcd's benchmark
+// tool is there) and adds its figures to c.
+func (rb *registerBench) txnPutRound(ctx context.Context, workers int, c *registerFigures) error {
+	if rb.benchBin == "" {
+		return nil
+	}
+	rb.cfg.Logger.Info("register: batched-write ceiling", "workers", workers)
+	cpu0 := rb.tgt.cpu()
+	res, err := runTxnPut(ctx, rb.benchBin, rb.tgt.endpoints, rb.cfg.Instances, workers, rb.batchOf(workers), rb.keySize, rb.valSize)
+	if err != nil {
+		return err
+	}
+	c.cpu = append(c.cpu, rb.cpuPer(rb.tgt.cpu()-cpu0))
+	rb.settle(ctx)
+	c.rate = append(c.rate, res.keysPerSec)
+	c.p99 = append(c.p99, res.p99ms)
+	return nil
+}
+
+// concurrentRows adds the rows of one worker count: Beacon (b) against
+// the same-operation ceiling (s, the goal's baseline), etcd's txn-put (c)
+// and the raw client (r).
+func (rb *registerBench) concurrentRows(rep *Report, workers int, b, r, s, c registerFigures) {
 	m := fmt.Sprintf("registrations/s, %d workers", workers)
+	rep.Add(Spread(Row{Metric: m, Unit: "ops/s", HigherIsBetter: true, Goal: 0.8, Against: ceilingSameOp}, b.rate, s.rate))
 	if rb.benchBin != "" {
-		rep.Add(Spread(Row{Metric: m, Unit: "ops/s", HigherIsBetter: true, Goal: 0.8, Against: "txn-put ceiling"}, b.rate, c.rate))
+		rep.Add(Spread(Row{Metric: m, Unit: "ops/s", HigherIsBetter: true, Against: "txn-put ceiling"}, b.rate, c.rate))
 	}
 	rep.Add(Spread(Row{Metric: m, Unit: "ops/s", HigherIsBetter: true, Against: "raw grant+put"}, b.rate, r.rate))
 	rep.Add(Spread(Row{Metric: fmt.Sprintf("register p50, %d workers", workers), Unit: "ms", Against: "raw grant+put"}, b.p50, r.p50))
 	rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99, %d workers", workers), Unit: "ms", Against: "raw grant+put"}, b.p99, r.p99))
+	rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99 vs %d-key same-op txn p99, %d workers", rb.sameOpWidth(workers), workers), Unit: "ms",
+		Against: ceilingSameOp}, b.p99, s.p99))
 	if rb.benchBin != "" {
 		rep.Add(Spread(Row{Metric: fmt.Sprintf("register p99 vs %d-put txn p99, %d workers", rb.batchOf(workers), workers), Unit: "ms", Against: "txn-put ceiling"}, b.p99, c.p99))
 	}
-	if rb.tgt.pid != 0 {
-		m := fmt.Sprintf("etcd CPU per registration, %d workers", workers)
-		if rb.benchBin != "" {
-			rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "txn-put ceiling"}, b.cpu, c.cpu))
-		}
-		rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "raw grant+put"}, b.cpu, r.cpu))
+	if rb.tgt.pid == 0 {
+		return
 	}
-	return nil
+	m = fmt.Sprintf("etcd CPU per registration, %d workers", workers)
+	rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: ceilingSameOp}, b.cpu, s.cpu))
+	if rb.benchBin != "" {
+		rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "txn-put ceiling"}, b.cpu, c.cpu))
+	}
+	rep.Add(Spread(Row{Metric: m, Unit: "µs", Against: "raw grant+put"}, b.cpu, r.cpu))
 }
 
 // sequential measures cfg.Sequential registrations by one worker, raw
@@ -646,6 +682,16 @@ func (rb *registerBench) notes(rep *Report) {
 	cfg := rb.cfg
 	rep.Note("%d instances per round and worker count, %d rounds, sides in turn (median, with the spread in brackets); then %d instances by one worker",
 		cfg.Instances, cfg.Rounds, cfg.Sequential)
+	var widths []string
+	for _, w := range cfg.Concurrency {
+		size := fmt.Sprintf("%d workers: %d × %d keys", w, max(1, w/rb.sameOpWidth(w)), rb.sameOpWidth(w))
+		if t := rb.sameTried[w]; t != "" {
+			size += " (the fastest of " + t + ")"
+		}
+		widths = append(widths, size)
+	}
+	rep.Note("same-op ceiling (the goal's baseline): a raw clientv3 client writing Beacon's operation — per key, a compare that it does not exist and a put under one lease — "+
+		"in transactions with as many keys in flight as Beacon's workers, of the width etcd commits fastest (%s)", strings.Join(widths, "; "))
 	if rb.benchBin != "" {
 		var sizes []string
 		for _, w := range cfg.Concurrency {
@@ -660,7 +706,7 @@ func (rb *registerBench) notes(rep *Report) {
 		if cfg.Batch == 0 {
 			how = "in transactions of the width etcd commits fastest (clients × puts, each tried once before the rounds)"
 		}
-		rep.Note("ceiling: %s txn-put (%s): what etcd commits with as many keys in flight as Beacon's workers, %s",
+		rep.Note("txn-put ceiling: %s txn-put (%s): plain puts (no compare, no lease), as many keys in flight as Beacon's workers, %s",
 			rb.benchBin, strings.Join(sizes, "; "), how)
 	} else if !cfg.NoCeiling {
 		rep.Note("no ceiling against --endpoints: etcd's benchmark tool writes keys it cannot remove")
@@ -686,14 +732,19 @@ func (r *rawRegistrar) op(insts []beacon.Instance) func(ctx context.Context, i i
 		if err != nil {
 			return fmt.Errorf("raw grant: %w", err)
 		}
-		r.mu.Lock()
-		r.leases = append(r.leases, l.ID)
-		r.mu.Unlock()
+		r.track(l.ID)
 		if _, err := r.cli.Put(ctx, rawKey(in), rawValue(in), clientv3.WithLease(l.ID)); err != nil {
 			return fmt.Errorf("raw put: %w", err)
 		}
 		return nil
 	}
+}
+
+// track adds a lease for revokeAll to revoke.
+func (r *rawRegistrar) track(id clientv3.LeaseID) {
+	r.mu.Lock()
+	r.leases = append(r.leases, id)
+	r.mu.Unlock()
 }
 
 // revokeAll revokes every lease granted so far: untimed (20,000 revokes

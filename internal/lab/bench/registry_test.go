@@ -119,7 +119,7 @@ func TestRegistryScenariosSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, 6)
+	checkReport(t, rep, 9) // rate (same-op, raw), p50, p99, p99 vs same-op, CPU (same-op, raw); 1 worker: rate, p50
 	if rep, err = RunWatch(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestRegisterCeiling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, 2*7+2) // per worker count: rate (ceiling, raw), p50, p99, p99 vs txn, etcd CPU (ceiling, raw)
+	checkReport(t, rep, 2*10+2) // per worker count: rate (same-op, txn-put, raw), p50, p99, p99 vs each ceiling, etcd CPU (same-op, txn-put, raw)
 	ceilings := 0
 	for _, r := range rep.Rows {
 		if r.Against == "txn-put ceiling" && strings.HasPrefix(r.Metric, "registrations/s") {
