@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/testkit/healthtest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
-	"github.com/beaconplane/beacon/store/memory"
 )
 
 // reportRig is a registration with a TTL check on the memory backend, the
@@ -24,7 +24,7 @@ import (
 // got.
 type reportRig struct {
 	t      *testing.T
-	st     *memory.Store
+	st     store.Store
 	key    string // the report's key
 	lines  *io.PipeWriter
 	events chan string // what the reports emitted
@@ -33,12 +33,8 @@ type reportRig struct {
 
 func newReportRig(t *testing.T, ttl time.Duration) *reportRig {
 	t.Helper()
-	st := memory.New(memory.Config{})
-	r, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
+	r := healthtest.NewRegistry(t)
+	st := r.Store
 	ctx := context.Background()
 	reg, err := r.Register(ctx, beacon.Instance{Namespace: "prod", Component: "batch", Endpoint: "jobs", ID: "00000000000000e1",
 		Address: "127.0.0.1:7000", Check: &beacon.Check{Kind: beacon.CheckTTL, TTL: ttl}})
@@ -126,11 +122,7 @@ func TestTTLReportsCoalesce(t *testing.T) {
 // TestTTLReportsRefused: a TTL check's reports need a registry that takes
 // them; other checks read no standard input.
 func TestTTLReportsRefused(t *testing.T) {
-	r, err := registry.New(memory.New(memory.Config{}), registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := healthtest.NewRegistry(t)
 	reg, err := r.Register(context.Background(), beacon.Instance{Namespace: "prod", Component: "api", Endpoint: "http",
 		ID: "00000000000000e2", Address: "127.0.0.1:80", Check: &beacon.Check{Kind: beacon.CheckTCP}})
 	if err != nil {

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/testkit/healthtest"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/registry"
-	"github.com/beaconplane/beacon/store/memory"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -24,16 +24,7 @@ const testDeadline = 30 * time.Second
 // memRegistry is a registry over the memory backend, closed with the test.
 func memRegistry(t testing.TB) *registry.StoreRegistry {
 	t.Helper()
-	st := memory.New(memory.Config{})
-	r, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = r.Close()
-		_ = st.Close()
-	})
-	return r
+	return healthtest.NewRegistry(t).StoreRegistry
 }
 
 // startDNS serves d on loopback UDP and TCP ports chosen by the kernel and

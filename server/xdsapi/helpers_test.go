@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/testkit/healthtest"
 	"github.com/beaconplane/beacon/registry"
-	"github.com/beaconplane/beacon/store/memory"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -26,16 +26,7 @@ func testContext(t testing.TB) context.Context {
 // memRegistry is a registry over the memory backend, closed with the test.
 func memRegistry(t testing.TB) *registry.StoreRegistry {
 	t.Helper()
-	st := memory.New(memory.Config{})
-	r, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = r.Close()
-		_ = st.Close()
-	})
-	return r
+	return healthtest.NewRegistry(t).StoreRegistry
 }
 
 // startXDS serves d over ADS on a loopback port chosen by the kernel and
