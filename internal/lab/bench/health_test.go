@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -25,24 +24,11 @@ func TestRunHealthSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b strings.Builder
-	if err := r.WriteTable(&b); err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + b.String())
-	seen := map[string]Row{}
-	for _, row := range r.Rows {
-		seen[row.Metric] = row
-	}
-	for _, want := range []string{
+	seen := rowsByMetric(t, r,
 		"probes per instance per interval, 2 nodes", "probes per instance per interval, 1 nodes",
 		"NOT_SERVING → out of the registry's view, p99", "SERVING again → back in the view, p99",
 		"checker killed → those instances marked failing again by the others",
-	} {
-		if _, ok := seen[want]; !ok {
-			t.Errorf("report lacks %q:\n%s", want, b.String())
-		}
-	}
+	)
 	for _, m := range []string{"probes per instance per interval, 2 nodes", "probes per instance per interval, 1 nodes"} {
 		// Two checkers probing one instance would make about 2.
 		if v := seen[m].Beacon; v <= 0 || v >= 1.5 {

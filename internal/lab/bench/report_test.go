@@ -45,3 +45,24 @@ func TestPercentile(t *testing.T) {
 		t.Errorf("empty = %v", got)
 	}
 }
+
+// rowsByMetric logs r's table and returns its rows by metric, after
+// checking that every metric in want is there.
+func rowsByMetric(t *testing.T, r *Report, want ...string) map[string]Row {
+	t.Helper()
+	var b strings.Builder
+	if err := r.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + b.String())
+	seen := map[string]Row{}
+	for _, row := range r.Rows {
+		seen[row.Metric] = row
+	}
+	for _, m := range want {
+		if _, ok := seen[m]; !ok {
+			t.Errorf("report lacks %q:\n%s", m, b.String())
+		}
+	}
+	return seen
+}

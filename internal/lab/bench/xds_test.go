@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -25,24 +24,11 @@ func TestRunXDSSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b strings.Builder
-	if err := r.WriteTable(&b); err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + b.String())
-	seen := map[string]Row{}
-	for _, row := range r.Rows {
-		seen[row.Metric] = row
-	}
-	for _, want := range []string{
+	seen := rowsByMetric(t, r,
 		"register → first call to the new backend, p50", "drain → last call to the drained backend, p99",
 		"one change → 50 ADS streams updated, p99", "assignments encoded per change (for all streams)",
 		"beacon serve memory per idle ADS stream (heap + stacks)",
-	} {
-		if _, ok := seen[want]; !ok {
-			t.Errorf("report lacks %q:\n%s", want, b.String())
-		}
-	}
+	)
 	if row := seen["register → first call to the new backend, p50"]; row.Beacon <= 0 || row.Baseline <= 0 {
 		t.Errorf("a client never reached a new backend: %+v", row)
 	}
