@@ -258,3 +258,18 @@ func TestCeilingBatches(t *testing.T) {
 		}
 	}
 }
+
+// TestSampleOf: a watcher finds the sample in the ID the bench gave it
+// (both sides read it so), and anything else is no sample.
+func TestSampleOf(t *testing.T) {
+	for _, i := range []int{0, 1, 299, 1 << 20} {
+		if got := sampleOf(benchInstance("ns", "c", i).ID); got != i {
+			t.Errorf("sampleOf(ID of sample %d) = %d", i, got)
+		}
+	}
+	for _, id := range []string{"", "not-hex", "zz00000000000000"} {
+		if got := sampleOf(id); got != -1 {
+			t.Errorf("sampleOf(%q) = %d, want -1", id, got)
+		}
+	}
+}

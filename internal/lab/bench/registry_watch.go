@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -308,10 +309,13 @@ func (rd *watchReaders) close() {
 	_ = rd.st.Close()
 }
 
-// sampleOf is the sample an instance ID stands for (-1: none).
+// sampleOf is the sample an instance ID stands for (-1: none). It runs
+// once per watcher and event on both sides: fmt.Sscanf here took an eighth
+// of the run's CPU at 10,000 watchers, time that delayed both sides'
+// deliveries.
 func sampleOf(id string) int {
-	var v uint64
-	if _, err := fmt.Sscanf(id, "%x", &v); err != nil {
+	v, err := strconv.ParseUint(id, 16, 64)
+	if err != nil {
 		return -1
 	}
 	return int(v) - 1
