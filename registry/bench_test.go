@@ -98,8 +98,9 @@ func BenchmarkGroupCommit(b *testing.B) {
 // BenchmarkWatchDelivery measures one change reaching every one of n
 // watchers of one shared feed (time per change).
 func BenchmarkWatchDelivery(b *testing.B) {
-	for _, n := range []int{1, 100, 1000} {
+	for _, n := range []int{1, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("watchers=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
 			st := memory.New(memory.Config{})
 			defer st.Close()
 			r, err := registry.New(st, registry.Config{})

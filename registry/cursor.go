@@ -101,7 +101,7 @@ func (f *feed) changesLocked(c *cursor, old *view.Version) step {
 	f.mu.Unlock()
 	var events []beacon.Event
 	if ok {
-		events = view.DiffLog(old, cur, entries, nil)
+		events = f.diffs.Events(old, cur, func() []beacon.Event { return view.DiffLog(old, cur, entries, nil) })
 	} else {
 		events = view.DiffTrees(old, cur, nil)
 	}

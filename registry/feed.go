@@ -53,6 +53,9 @@ type feed struct {
 	wake     view.Wake
 	dyn      *dynView      // the dynamo layout's catalog of the query's entries (nil in Beacon's)
 	holdWake chan struct{} // pokes expire (not guarded: a buffered channel)
+	// diffs shares one diff among the watchers that move between the same
+	// two versions (not guarded: it synchronizes itself, taking no lock).
+	diffs view.Memo
 }
 
 func newFeed(ctx context.Context, cancel context.CancelFunc, h *hub, q beacon.Query) *feed {

@@ -20,6 +20,7 @@
 //
 //	watcher at version old ──▶ Since(old.Seq) ──ok──▶ DiffLog(old, cur)   one event per changed key
 //	                                        └─trimmed─▶ DiffTrees(old, cur) a walk of both trees
+//	                      (Memo: watchers at the same old version share one diff, each gets a copy)
 //	new watcher from rev  ──▶ After(rev)  ──ok──▶ Resume(entries, cur)
 //	                                        └─no──▶ Snapshot(cur)
 //
@@ -37,6 +38,9 @@
 //   - After(rev) is every change at a later revision plus the Late ones at
 //     rev (Deliver's and Amend's, after a batch was given at rev), or
 //     false when the log no longer reaches back to rev (or after Rebase).
+//   - A Memo computes the events of one pair of versions once, however many
+//     ask at once, answers another pair only with that pair's events, and
+//     gives each caller events of its own (memo_test.go).
 //   - Applying DiffLog, DiffTrees or Resume to a consumer's state at the
 //     older version gives the newer one (the model test).
 //
