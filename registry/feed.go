@@ -33,6 +33,8 @@ type item = view.Item
 // versions), the connection to the store (conn), the removal hold (holds,
 // hold.go), the health join (health, healthjoin.Join: verdicts and panic) and
 // the lifecycle (wake: news and the terminal error).
+// Watchers take mu for reading (next: they move on together after each
+// change), everything else for writing, unlocking through unlock.
 // Lock order: hub.mu before feed.mu before healthBoard.mu.
 type feed struct {
 	h      *hub
@@ -45,8 +47,9 @@ type feed struct {
 	refs   int
 	linger *time.Timer
 
-	mu       sync.Mutex
+	mu       sync.RWMutex
 	view     *view.View
+	cur      *view.Version // the view's version as the last writer left it: what watchers are served
 	conn     conn
 	holds    *holds
 	health   *healthjoin.Join
@@ -65,7 +68,17 @@ func newFeed(ctx context.Context, cancel context.CancelFunc, h *hub, q beacon.Qu
 	if h.r.dynamo() {
 		f.dyn = newDynView(q, h.r.dynBad)
 	}
+	f.cur = f.view.Version()
+	f.wake.C() // made before any reader: readers take it under the read lock
 	return f
+}
+
+// unlock ends a writer's hold of f.mu, leaving the view's current version
+// for readers: they serve f.cur under the read lock, where making a
+// version (which marks the tree copy-on-write) would be a write.
+func (f *feed) unlock() {
+	f.cur = f.view.Version()
+	f.mu.Unlock()
 }
 
 // conn is a feed's connection to the store: whether it has listed,
@@ -98,7 +111,7 @@ func (c *conn) refused() bool {
 // relist makes a stale feed drop its store watch and list again.
 func (f *feed) relist() {
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	defer f.unlock()
 	if f.conn.stale != nil && f.conn.unfollow != nil {
 		f.conn.forced = true
 		f.conn.unfollow()
@@ -108,15 +121,15 @@ func (f *feed) relist() {
 // fail ends the feed for good (the registry or the store closed).
 func (f *feed) fail(err error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	defer f.unlock()
 	f.wake.Fail(err)
 }
 
 // refused reports whether the store refuses the feed's prefix to the
 // registry's user.
 func (f *feed) refused() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.mu.RLock()
+	defer f.mu.RUnlock()
 	return f.conn.refused()
 }
 
@@ -128,7 +141,7 @@ func (f *feed) setStale(err error) { f.markStale(err, false) }
 
 func (f *feed) markStale(err error, outage bool) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	defer f.unlock()
 	f.conn.setStale(err)
 	f.conn.outage = f.conn.outage || outage
 	f.wake.Notify()
@@ -169,7 +182,7 @@ func (f *feed) run() {
 		f.mu.Lock()
 		forced := f.conn.forced
 		f.conn.forced = false
-		f.mu.Unlock()
+		f.unlock()
 		switch {
 		case forced:
 			r.m.resync("reconnect")
@@ -200,11 +213,11 @@ func (f *feed) follow(rev int64) error {
 	defer cancel()
 	f.mu.Lock()
 	f.conn.unfollow = cancel
-	f.mu.Unlock()
+	f.unlock()
 	defer func() {
 		f.mu.Lock()
 		f.conn.unfollow = nil
-		f.mu.Unlock()
+		f.unlock()
 	}()
 	ch := f.h.r.st.Watch(ctx, f.prefix, rev)
 	for {
@@ -231,7 +244,7 @@ func (f *feed) follow(rev int64) error {
 func (f *feed) applyListing(kvs []store.KeyValue, rev int64) {
 	l := f.h.r.readListing(kvs)
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	defer f.unlock()
 	defer f.wake.Notify()
 	if f.dyn != nil {
 		f.dyn.replace(l.dyn)
@@ -310,7 +323,7 @@ func (f *feed) applyEvents(evs []store.Event) {
 		read[i] = f.h.r.readKV(e.KV, e.Type == store.EventPut)
 	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	defer f.unlock()
 	now := time.Now()
 	last := f.view.Rev()
 	for i, e := range evs {
@@ -422,7 +435,7 @@ func (f *feed) reportPanics(changes []healthjoin.PanicChange) {
 // the feed stops.
 func (f *feed) endHealth() {
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	defer f.unlock()
 	f.reportPanics(f.health.Close())
 }
 

@@ -302,7 +302,7 @@ func (f *feed) expire() {
 // replaced meanwhile is dropped.
 func (f *feed) deliverDue(now time.Time) time.Duration {
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	defer f.unlock()
 	ready, next := f.holds.due(now)
 	delivered := 0
 	for _, p := range ready {

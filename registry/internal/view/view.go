@@ -3,6 +3,7 @@ package view
 import (
 	"cmp"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -70,7 +71,9 @@ func (v *Version) Ascend(fn func(*Item) bool) { v.tree.Ascend(fn) }
 
 // View is the current state (a copy-on-write B-tree of items), the
 // revision it is at, and a bounded log of its recent changes. It has no
-// lock: its owner's mutex guards it. Versions it hands out are immutable
+// lock: its owner's mutex guards it (Rev, Seq, Relists, Len, Get, Since,
+// After and Given only read, or Given atomically, so that an owner may
+// call them under a read lock; Version may make a version: a write). Versions it hands out are immutable
 // and may be read without that lock.
 type View struct {
 	tree     *btree.BTreeG[*Item]
@@ -81,7 +84,7 @@ type View struct {
 	floorRev int64    // every change at a revision above it is in log
 	snap     *Version // cached version at (seq, rev, relists)
 	relists  uint64
-	given    int64 // highest revision a batch was given at (Given)
+	given    atomic.Int64 // highest revision a batch was given at (Given)
 }
 
 // New returns an empty view at revision 0.
@@ -151,7 +154,7 @@ func (v *View) Deliver(it *Item) bool {
 		return false
 	}
 	v.tree.Delete(it)
-	v.append(Change{Rev: v.rev, Key: it.Key, Before: it, Late: v.given >= v.rev})
+	v.append(Change{Rev: v.rev, Key: it.Key, Before: it, Late: v.given.Load() >= v.rev})
 	return true
 }
 
@@ -171,12 +174,22 @@ func (v *View) Amend(it *Item) bool {
 	if cur.Inst.Equal(it.Inst) {
 		return false
 	}
-	v.append(Change{Rev: v.rev, Key: it.Key, Before: cur, After: it, Late: v.given >= v.rev})
+	v.append(Change{Rev: v.rev, Key: it.Key, Before: cur, After: it, Late: v.given.Load() >= v.rev})
 	return true
 }
 
-// Given records that a batch is given at rev.
-func (v *View) Given(rev int64) { v.given = max(v.given, rev) }
+// Given records that a batch is given at rev. Unlike the other methods it
+// may run under the owner's read lock, concurrently with other Given
+// calls: a writer's Deliver or Amend (under the write lock) sees every
+// Given of a reader that held the lock before it.
+func (v *View) Given(rev int64) {
+	for {
+		g := v.given.Load()
+		if g >= rev || v.given.CompareAndSwap(g, rev) {
+			return
+		}
+	}
+}
 
 // Relisted counts a re-listing: watchers get their next batch as a Resync.
 func (v *View) Relisted() { v.relists++ }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -403,6 +404,43 @@ func TestWakeNotifiesEveryWaiterAndKeepsTheFirstError(t *testing.T) {
 	case <-c2:
 	default:
 		t.Fatal("Fail did not wake the waiters")
+	}
+}
+
+// TestWakeHasTheNextChannelReadyAfterNotify: once C was called, Notify
+// makes the next channel itself, so that C only reads (the registry's
+// watchers call it under a shared read lock, where making it would race).
+func TestWakeHasTheNextChannelReadyAfterNotify(t *testing.T) {
+	var w Wake
+	w.C()
+	w.Notify()
+	if w.ch == nil {
+		t.Fatal("Notify left no channel: the next C would make one")
+	}
+	w.Fail(errors.New("end"))
+	if w.ch == nil {
+		t.Fatal("Fail left no channel")
+	}
+}
+
+// TestGivenConcurrentKeepsTheHighest: Given runs under the owner's read
+// lock, many at once; the highest revision stays, and a Deliver at it
+// afterwards is Late.
+func TestGivenConcurrentKeepsTheHighest(t *testing.T) {
+	v := New()
+	a := it("a", "1", 64)
+	v.Load([]*Item{a}, 64)
+	var wg sync.WaitGroup
+	for rev := range int64(65) {
+		wg.Go(func() { v.Given(rev) })
+	}
+	wg.Wait()
+	if g := v.given.Load(); g != 64 {
+		t.Fatalf("given %d after Given(0..64), want 64", g)
+	}
+	v.Deliver(a)
+	if log, _ := v.Since(0); len(log) != 1 || !log[0].Late {
+		t.Fatalf("a removal delivered at the revision given: log %+v, want one Late change", log)
 	}
 }
 

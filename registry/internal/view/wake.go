@@ -18,11 +18,13 @@ func (w *Wake) C() <-chan struct{} {
 	return w.ch
 }
 
-// Notify wakes every watcher waiting on C.
+// Notify wakes every watcher waiting on C. Once C was called, the next
+// channel is made at once, so that C only reads and readers sharing a read
+// lock may call it.
 func (w *Wake) Notify() {
 	if w.ch != nil {
 		close(w.ch)
-		w.ch = nil
+		w.ch = make(chan struct{})
 	}
 }
 
