@@ -17,6 +17,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/metadata"
 )
 
 // TestAuthPassthrough: with etcd authentication on, each client's own
@@ -319,5 +320,67 @@ func TestKeepAliveRefusedIsAnswered(t *testing.T) {
 	}
 	if r, err := root.KeepAliveOnce(ctx, g.ID); err != nil || r.TTL <= 0 {
 		t.Fatalf("root's keep-alive after bob's was refused: %+v %v", r, err)
+	}
+}
+
+// TestWatchCreateChecksTheRange: a watch created through the proxy is
+// checked against the client's own permissions over its whole range —
+// bob may read /team-a/ alone: his watch of it is created at the current
+// revision, his watches of /team-b/ and of the wider /team are refused
+// with etcd's error. The check reads no key (a transaction whose range is
+// in the branch not taken: no response, the current revision): a Range of
+// the range made etcd count every key under it for each watch created.
+func TestWatchCreateChecksTheRange(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{User: "root", Password: "root-pw"})
+	ctx := ctxT(t)
+	admin, err := clientv3.New(srv.ClientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	for _, step := range []func() error{
+		func() error { _, err := admin.UserAdd(ctx, "bob", "bob-pw"); return err },
+		func() error { _, err := admin.RoleAdd(ctx, "team-a"); return err },
+		func() error {
+			_, err := admin.RoleGrantPermission(ctx, "team-a", "/team-a/", clientv3.GetPrefixRangeEnd("/team-a/"), clientv3.PermissionType(clientv3.PermRead))
+			return err
+		},
+		func() error { _, err := admin.UserGrantRole(ctx, "bob", "team-a"); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := startProxy(t, Config{Endpoints: srv.Endpoints()})
+	bob, err := clientv3.New(clientv3.Config{Endpoints: []string{p.Addr().String()}, Username: "bob", Password: "bob-pw",
+		DialTimeout: testTimeout, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bob.Close()
+	put, err := admin.Put(ctx, "/team-a/x", "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr := <-bob.Watch(ctx, "/team-a/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	if !wr.Created || wr.Err() != nil || wr.Header.Revision < put.Header.Revision {
+		t.Fatalf("bob's watch of /team-a/: %+v (header %+v), want created at revision %d or later", wr, wr.Header, put.Header.Revision)
+	}
+	for _, prefix := range []string{"/team-b/", "/team"} {
+		wr := <-bob.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+		if !wr.Canceled || !strings.Contains(wr.Err().Error(), rpctypes.ErrPermissionDenied.Error()) {
+			t.Fatalf("bob's watch of %s: %+v (%v), want refused with etcd's %v", prefix, wr, wr.Err(), rpctypes.ErrPermissionDenied)
+		}
+	}
+
+	auth, err := admin.Authenticate(ctx, "root", "root-pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx := metadata.NewOutgoingContext(ctx, metadata.Pairs(rpctypes.TokenFieldNameGRPC, auth.Token))
+	resp, err := p.mayWatch(rctx, []byte("/team-a/"), []byte(clientv3.GetPrefixRangeEnd("/team-a/")))
+	if err != nil || !resp.Succeeded || len(resp.Responses) != 0 || resp.Header.Revision < put.Header.Revision {
+		t.Fatalf("mayWatch = %+v, %v: want the taken branch empty (no key read) at revision %d or later", resp, err, put.Header.Revision)
 	}
 }

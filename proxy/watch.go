@@ -653,3 +653,24 @@ func withRevision(h *pb.ResponseHeader, rev int64) *pb.ResponseHeader {
 	}
 	return &pb.ResponseHeader{ClusterId: h.ClusterId, MemberId: h.MemberId, Revision: rev, RaftTerm: h.RaftTerm}
 }
+
+// mayWatch checks, with the client's own credentials (ctx), that it may
+// read [key, end), and returns the current revision in the header. It
+// asks etcd a read-only serializable transaction with no compare whose
+// other branch reads the range: etcd checks every branch's permissions but
+// runs only the taken, empty one. A Range of the range itself (even
+// count-only, with a limit) makes etcd count every key in it: 9 ms a
+// watch created over 100,000 keys against 0.2 ms for the transaction,
+// whatever the keys.
+func (p *Proxy) mayWatch(ctx context.Context, key, end []byte) (*pb.TxnResponse, error) {
+	if len(key) == 0 {
+		key, end = []byte{0}, []byte{0}
+	}
+	check := &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{
+		Key: key, RangeEnd: end, Serializable: true, CountOnly: true, Limit: 1}}}
+	resp := new(pb.TxnResponse)
+	if _, _, err := p.invoke(ctx, kvSvc+"Txn", &pb.TxnRequest{Failure: []*pb.RequestOp{check}}, resp, false, true); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}

@@ -316,15 +316,7 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 		s.enqueue(watchCanceled(nil, id, reason))
 		return
 	}
-	// A count-only serializable Range checks the client may read the
-	// range (with its own token) and gives the current revision.
-	rk, re := cr.Key, cr.RangeEnd
-	if len(rk) == 0 {
-		rk, re = []byte{0}, []byte{0}
-	}
-	rresp := new(pb.RangeResponse)
-	_, _, err := h.p.invoke(s.rctx, kvSvc+"Range", &pb.RangeRequest{Key: rk, RangeEnd: re, Serializable: true, CountOnly: true, Limit: 1},
-		rresp, false, true)
+	rresp, err := h.p.mayWatch(s.rctx, cr.Key, cr.RangeEnd)
 	if err != nil {
 		s.enqueue(watchCanceled(nil, id, status.Convert(err).Message()))
 		return
@@ -473,9 +465,7 @@ func (s *cstream) requestProgress() {
 	h.mu.Unlock()
 	if len(ups) == 0 {
 		// No watcher: answer with the current revision.
-		rresp := new(pb.RangeResponse)
-		if _, _, err := h.p.invoke(s.rctx, kvSvc+"Range", &pb.RangeRequest{Key: []byte{0}, RangeEnd: []byte{0}, Serializable: true, CountOnly: true, Limit: 1},
-			rresp, false, true); err == nil {
+		if rresp, err := h.p.mayWatch(s.rctx, nil, nil); err == nil {
 			s.enqueue(&pb.WatchResponse{Header: rresp.Header, WatchId: clientv3.InvalidWatchID})
 		}
 		return
