@@ -125,18 +125,10 @@ func open(ctx context.Context, cfg Config, kind *objects) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.MaxMetadataSize == 0 {
-		cfg.MaxMetadataSize = beacon.DefaultMaxMetadataSize
-	}
-	if cfg.HealthPanicThreshold == 0 {
-		cfg.HealthPanicThreshold = defaults.HealthPanicThreshold
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	cfg.MaxMetadataSize = cmp.Or(cfg.MaxMetadataSize, beacon.DefaultMaxMetadataSize)
+	cfg.HealthPanicThreshold = cmp.Or(cfg.HealthPanicThreshold, defaults.HealthPanicThreshold)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	rc, kubeNS, err := restConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -231,15 +223,9 @@ func restConfig(cfg Config) (*rest.Config, string, error) {
 // tune sets Beacon's client defaults: a user agent, and rate limits that
 // do not throttle a burst of registrations or a re-list.
 func tune(rc *rest.Config) {
-	if rc.UserAgent == "" {
-		rc.UserAgent = "beacon (" + rest.DefaultKubernetesUserAgent() + ")"
-	}
-	if rc.QPS == 0 {
-		rc.QPS = 50
-	}
-	if rc.Burst == 0 {
-		rc.Burst = 100
-	}
+	rc.UserAgent = cmp.Or(rc.UserAgent, "beacon ("+rest.DefaultKubernetesUserAgent()+")")
+	rc.QPS = cmp.Or(rc.QPS, 50)
+	rc.Burst = cmp.Or(rc.Burst, 100)
 }
 
 // probe checks that the API server answers and serves the registry's
