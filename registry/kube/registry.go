@@ -414,21 +414,10 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 	return out, max(maxRV, 1), nil
 }
 
-// Get implements registry.Getter.
+// Get implements registry.Getter by listing ref's endpoint (its
+// EndpointSlices and InstanceSets are read whole).
 func (r *Registry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
-	if err := ref.Validate(); err != nil {
-		return beacon.Instance{}, err
-	}
-	ins, _, err := r.List(ctx, beacon.Query{Namespace: ref.Namespace, Component: ref.Component, Endpoint: ref.Endpoint})
-	if err != nil {
-		return beacon.Instance{}, err
-	}
-	for _, in := range ins {
-		if in.ID == ref.ID {
-			return in, nil
-		}
-	}
-	return beacon.Instance{}, fmt.Errorf("%w: %s", beacon.ErrNotFound, ref)
+	return registry.GetByList(ctx, r, ref)
 }
 
 // discoverySelector selects the EndpointSlices of discovery-enabled
