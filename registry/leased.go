@@ -312,6 +312,23 @@ func (e errWrongSecret) Unwrap() error { return e.error }
 // ownership record: a session's instance, a lease that ended),
 // errWrongSecret when the record is there and secret does not fit it, or
 // the store's error. Its read is linearizable.
+// getOwned reads the registration at ref for action (op in errors), made
+// by the caller that presents secret: refused on a read-only layout, and
+// refused as refuse says unless the secret is the owner's.
+func (r *StoreRegistry) getOwned(ctx context.Context, ref beacon.Ref, secret Secret, action, op string) (beacon.Instance, store.KeyValue, error) {
+	if err := r.refuseWrite(action); err != nil {
+		return beacon.Instance{}, store.KeyValue{}, err
+	}
+	in, kv, err := r.get(ctx, ref)
+	if err != nil {
+		return beacon.Instance{}, store.KeyValue{}, err
+	}
+	if err := r.owns(ctx, ref, kv, secret); err != nil {
+		return beacon.Instance{}, store.KeyValue{}, r.refuse(ctx, op, ref, kv, err)
+	}
+	return in, kv, nil
+}
+
 func (r *StoreRegistry) owns(ctx context.Context, ref beacon.Ref, kv store.KeyValue, secret Secret) error {
 	return r.ownsWith(ctx, ref, kv, secret, r.st.Get)
 }
@@ -494,15 +511,9 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 // the store would not allow it gets the same error whatever the secret
 // (refuse).
 func (r *StoreRegistry) DeregisterLeased(ctx context.Context, ref beacon.Ref, secret Secret) error {
-	if err := r.refuseWrite("deregister an instance"); err != nil {
-		return err
-	}
-	_, kv, err := r.get(ctx, ref)
+	_, kv, err := r.getOwned(ctx, ref, secret, "deregister an instance", "deregister")
 	if err != nil {
 		return err
-	}
-	if err := r.owns(ctx, ref, kv, secret); err != nil {
-		return r.refuse(ctx, "deregister", ref, kv, err)
 	}
 	err = r.st.Revoke(ctx, kv.Lease)
 	switch {
