@@ -139,15 +139,8 @@ func (r *StoreRegistry) ReportLeased(ctx context.Context, ref beacon.Ref, secret
 	if err := ttlChecked(in); err != nil {
 		return err
 	}
-	_, err = r.st.Put(ctx, kv.Key+ReportSuffix, newReport(), store.WithLease(kv.Lease))
-	switch {
-	case errors.Is(err, store.ErrLeaseNotFound):
-		r.leased.ended(kv.Lease)
-		return notFound(ref)
-	case errors.Is(err, store.ErrPermissionDenied):
-		return permissionDenied("report", ref)
-	case err != nil:
-		return fmt.Errorf("registry: report %s: %w", ref, err)
+	if _, err := r.st.Put(ctx, kv.Key+ReportSuffix, newReport(), store.WithLease(kv.Lease)); err != nil {
+		return r.ownedWriteError("report", ref, kv.Lease, err)
 	}
 	return nil
 }
