@@ -1,6 +1,7 @@
 package beacon
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -119,18 +120,10 @@ func (c Check) String() string {
 // WithDefaults returns c with its zero timing fields set to the defaults.
 // The timeout never exceeds the interval.
 func (c Check) WithDefaults() Check {
-	if c.Interval == 0 {
-		c.Interval = DefaultCheckInterval
-	}
-	if c.Timeout == 0 {
-		c.Timeout = min(DefaultCheckTimeout, c.Interval)
-	}
-	if c.Rise == 0 {
-		c.Rise = DefaultCheckRise
-	}
-	if c.Fall == 0 {
-		c.Fall = DefaultCheckFall
-	}
+	c.Interval = cmp.Or(c.Interval, DefaultCheckInterval)
+	c.Timeout = cmp.Or(c.Timeout, min(DefaultCheckTimeout, c.Interval))
+	c.Rise = cmp.Or(c.Rise, DefaultCheckRise)
+	c.Fall = cmp.Or(c.Fall, DefaultCheckFall)
 	return c
 }
 

@@ -3,7 +3,8 @@ package beacon
 import (
 	"errors"
 	"fmt"
-	"unicode/utf8"
+
+	"github.com/beaconplane/beacon/internal/clip"
 )
 
 // Sentinel errors. Every validation failure is a *FieldError that matches
@@ -51,14 +52,4 @@ func fieldError(sentinel error, field, value, rule string) error {
 }
 
 // shorten keeps error messages readable when the input is huge.
-func shorten(s string) string {
-	const max = 80
-	if len(s) <= max {
-		return s
-	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut-- // not inside a character
-	}
-	return s[:cut] + fmt.Sprintf("…(%d bytes)", len(s))
-}
+func shorten(s string) string { return clip.String(s, 80) }

@@ -153,15 +153,22 @@ func CheckName(name string) error {
 	case Etcd, Memory, File, NATS:
 		return nil
 	default:
-		if registry.HasDriver(n) {
-			return nil
-		}
-		if n == Kubernetes {
-			return fmt.Errorf("backend %q: the Kubernetes-native registry is not linked into this program: "+
-				"import _ %q (the beacon command does); or use %s", n, KubernetesImport, names())
-		}
-		return fmt.Errorf("unknown backend %q: use %s", n, names())
+		return checkDriver(n, fmt.Errorf("unknown backend %q: use %s", n, names()))
 	}
+}
+
+// checkDriver checks n, a name that is none of the store backends: nil for
+// a registry driver linked into this program, what to import for the
+// Kubernetes-native registry when it is not, else unknown.
+func checkDriver(n string, unknown error) error {
+	if registry.HasDriver(n) {
+		return nil
+	}
+	if n == Kubernetes {
+		return fmt.Errorf("backend %q: the Kubernetes-native registry is not linked into this program: "+
+			"import _ %q (the beacon command does); or use %s", n, KubernetesImport, names())
+	}
+	return unknown
 }
 
 // Validate checks the name and the chosen backend's configuration (a
@@ -189,14 +196,7 @@ func (c Config) Validate() error {
 	case NATS:
 		return c.NATS.Validate()
 	default:
-		if registry.HasDriver(n) {
-			return nil
-		}
-		if n == Kubernetes {
-			return fmt.Errorf("backend %q: the Kubernetes-native registry is not linked into this program: "+
-				"import _ %q (the beacon command does); or use %s", n, KubernetesImport, names())
-		}
-		return fmt.Errorf("backend %q (%s): unknown; use %s", n, EnvVar, names())
+		return checkDriver(n, fmt.Errorf("backend %q (%s): unknown; use %s", n, EnvVar, names()))
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/etcdwatch"
+	"github.com/beaconplane/beacon/internal/wait"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/types"
@@ -485,26 +486,22 @@ func (d *discovery) explain(ctx context.Context, err error) error {
 func (d *discovery) backoff(ctx context.Context, step string, cause error) error {
 	d.failures++
 	first, limit := d.cfg.backoff()
-	wait := first
-	for i := 1; i < d.failures && wait < limit; i++ {
-		wait *= 2
+	delay := first
+	for i := 1; i < d.failures && delay < limit; i++ {
+		delay *= 2
 	}
-	wait = min(wait, limit)
-	wait += time.Duration(rand.Int64N(int64(wait)/10 + 1))
-	d.lg.Warn("retry connecting to discovery service", "reason", step, "backoff", wait, "attempt", d.failures, "err", cause)
+	delay = min(delay, limit)
+	delay += time.Duration(rand.Int64N(int64(delay)/10 + 1))
+	d.lg.Warn("retry connecting to discovery service", "reason", step, "backoff", delay, "attempt", d.failures, "err", cause)
 	if d.progress != nil {
 		p := d.snapshot()
-		p.Err, p.RetryIn, p.Attempt = cause, wait, d.failures
+		p.Err, p.RetryIn, p.Attempt = cause, delay, d.failures
 		d.progress(p)
 	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
+	if wait.Sleep(ctx, delay) {
 		return nil
-	case <-ctx.Done():
-		return d.unavailable(ctx, cause)
 	}
+	return d.unavailable(ctx, cause)
 }
 
 // permanent returns the error to give up with, or nil to retry.

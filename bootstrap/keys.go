@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/beaconplane/beacon/internal/clip"
 	"github.com/google/uuid"
 )
 
@@ -114,14 +115,4 @@ func ParseID(s string) (uint64, error) {
 }
 
 // shorten keeps messages readable when the input is huge.
-func shorten(s string) string {
-	const limit = 80
-	if len(s) <= limit {
-		return s
-	}
-	cut := limit
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut-- // not inside a character
-	}
-	return s[:cut] + "…(" + strconv.Itoa(len(s)) + " bytes)"
-}
+func shorten(s string) string { return clip.String(s, 80) }

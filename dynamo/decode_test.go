@@ -264,3 +264,18 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeShortensWholeCharacters: a huge value quoted in an error is cut
+// before a character that straddles the limit, never inside it (which %q
+// would print as a stray \x byte).
+func TestDecodeShortensWholeCharacters(t *testing.T) {
+	typ := strings.Repeat("a", 199) + "é" + strings.Repeat("b", 10)
+	_, err := dynamo.Decode("v1/instances/dynamo/backend/generate/2a", []byte(`{"type":"`+typ+`"}`))
+	if err == nil {
+		t.Fatal("Decode of an unknown type succeeded")
+	}
+	want := `unknown type "` + strings.Repeat("a", 199) + `…(211 bytes)"`
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("Decode = %v, want %s", err, want)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/clip"
 )
 
 // The buckets Beacon reads, as key prefixes. Dynamo's etcd keys have no
@@ -118,13 +119,7 @@ func entryErrorf(key, format string, args ...any) error {
 }
 
 // shorten keeps messages readable when a key or value is huge.
-func shorten(s string) string {
-	const max = 200
-	if len(s) <= max {
-		return s
-	}
-	return s[:max] + fmt.Sprintf("…(%d bytes)", len(s))
-}
+func shorten(s string) string { return clip.String(s, 200) }
 
 // ParseKey parses the key of an instance or a model card. A key elsewhere
 // under Root gives ErrNotServed; anything else an *EntryError.

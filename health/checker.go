@@ -1,6 +1,7 @@
 package health
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -119,15 +120,11 @@ func (c Config) withDefaults() Config {
 			c.LeaseTTL = r.LeaseTTL()
 		}
 	}
-	if c.PeerInterval == 0 {
-		c.PeerInterval = DefaultPeerInterval
-	}
+	c.PeerInterval = cmp.Or(c.PeerInterval, DefaultPeerInterval)
 	if c.Prober == nil {
 		c.Prober = &Prober{}
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }
 

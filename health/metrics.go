@@ -19,39 +19,20 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	f := promreg.With(reg)
 	m := &metrics{
-		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "beacon_health_probes_total",
-			Help: "Probes this checker made, by check kind (grpc, http, tcp, ttl) and result (pass, fail).",
-		}, []string{"kind", "result"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "beacon_health_probe_duration_seconds",
-			Help:    "How long this checker's probes took, by check kind.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
-		}, []string{"kind"}),
-		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "beacon_health_verdict_changes_total",
-			Help: "Changes of verdict this checker reached, by new status (passing, failing).",
-		}, []string{"status"}),
-		owned: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "beacon_health_owned_instances",
-			Help: "Instances this checker owns and checks (its share of the instances that declare a check).",
-		}),
-		cutOff: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "beacon_health_checker_cut_off",
-			Help: "1 while this checker finds itself cut off (it then writes no failing verdict), else 0.",
-		}),
+		probes: f.CounterVec("beacon_health_probes_total",
+			"Probes this checker made, by check kind (grpc, http, tcp, ttl) and result (pass, fail).", "kind", "result"),
+		duration: f.HistogramVec("beacon_health_probe_duration_seconds",
+			"How long this checker's probes took, by check kind.", prometheus.ExponentialBuckets(0.001, 4, 8), "kind"),
+		changes: f.CounterVec("beacon_health_verdict_changes_total",
+			"Changes of verdict this checker reached, by new status (passing, failing).", "status"),
+		owned: f.Gauge("beacon_health_owned_instances",
+			"Instances this checker owns and checks (its share of the instances that declare a check)."),
+		cutOff: f.Gauge("beacon_health_checker_cut_off",
+			"1 while this checker finds itself cut off (it then writes no failing verdict), else 0."),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var err error
-	m.probes = promreg.Register(reg, m.probes, &err)
-	m.duration = promreg.Register(reg, m.duration, &err)
-	m.changes = promreg.Register(reg, m.changes, &err)
-	m.owned = promreg.Register(reg, m.owned, &err)
-	m.cutOff = promreg.Register(reg, m.cutOff, &err)
-	return m, err
+	return m, f.Err()
 }
 
 // probe counts one probe of a check of kind.

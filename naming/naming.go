@@ -1,6 +1,7 @@
 package naming
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -84,12 +85,8 @@ func NewBuilder(d registry.Discoverer, opts ...Option) (*Builder, error) {
 	if o.retryMax < 0 {
 		return nil, fmt.Errorf("%w: retry max %v is negative; use 0 for the default (%v)", ErrInvalidConfig, o.retryMax, DefaultRetryMax)
 	}
-	if o.retryMax == 0 {
-		o.retryMax = DefaultRetryMax
-	}
-	if o.log == nil {
-		o.log = slog.New(slog.DiscardHandler)
-	}
+	o.retryMax = cmp.Or(o.retryMax, DefaultRetryMax)
+	o.log = cmp.Or(o.log, slog.New(slog.DiscardHandler))
 	m, err := publish.NewMetrics(o.metrics)
 	if err != nil {
 		return nil, fmt.Errorf("%w: metrics: %w", ErrInvalidConfig, err)

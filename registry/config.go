@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -252,26 +253,12 @@ func (c Config) Validate() error {
 
 // withDefaults returns c with every zero value replaced by its default.
 func (c Config) withDefaults() Config {
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = DefaultLeaseTTL
-	}
-	if c.MaxMetadataSize == 0 {
-		c.MaxMetadataSize = beacon.DefaultMaxMetadataSize
-	}
-	if c.RetryMax == 0 {
-		c.RetryMax = min(c.LeaseTTL/3, maxRetryCap)
-	}
-	if c.VerifyInterval == 0 {
-		c.VerifyInterval = 10 * (c.LeaseTTL / 3)
-	}
-	if c.WatchLinger == 0 {
-		c.WatchLinger = DefaultWatchLinger
-	}
-	if c.HealthPanicThreshold == 0 {
-		c.HealthPanicThreshold = DefaultHealthPanicThreshold
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
+	c.MaxMetadataSize = cmp.Or(c.MaxMetadataSize, beacon.DefaultMaxMetadataSize)
+	c.RetryMax = cmp.Or(c.RetryMax, min(c.LeaseTTL/3, maxRetryCap))
+	c.VerifyInterval = cmp.Or(c.VerifyInterval, 10*(c.LeaseTTL/3))
+	c.WatchLinger = cmp.Or(c.WatchLinger, DefaultWatchLinger)
+	c.HealthPanicThreshold = cmp.Or(c.HealthPanicThreshold, DefaultHealthPanicThreshold)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }

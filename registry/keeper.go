@@ -165,13 +165,7 @@ func (k *leaseKeeper) run() {
 			wait = time.Hour
 		}
 		if wait > 0 {
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
-			}
-			timer.Reset(wait)
+			timer.Reset(wait) // no drain: since Go 1.23 a Reset timer never delivers a stale tick
 			select {
 			case <-k.ctx.Done():
 				return

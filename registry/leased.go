@@ -312,6 +312,23 @@ func (e errWrongSecret) Unwrap() error { return e.error }
 // ownership record: a session's instance, a lease that ended),
 // errWrongSecret when the record is there and secret does not fit it, or
 // the store's error. Its read is linearizable.
+// getOwned reads the registration at ref for action (op in errors), made
+// by the caller that presents secret: refused on a read-only layout, and
+// refused as refuse says unless the secret is the owner's.
+func (r *StoreRegistry) getOwned(ctx context.Context, ref beacon.Ref, secret Secret, action, op string) (beacon.Instance, store.KeyValue, error) {
+	if err := r.refuseWrite(action); err != nil {
+		return beacon.Instance{}, store.KeyValue{}, err
+	}
+	in, kv, err := r.get(ctx, ref)
+	if err != nil {
+		return beacon.Instance{}, store.KeyValue{}, err
+	}
+	if err := r.owns(ctx, ref, kv, secret); err != nil {
+		return beacon.Instance{}, store.KeyValue{}, r.refuse(ctx, op, ref, kv, err)
+	}
+	return in, kv, nil
+}
+
 func (r *StoreRegistry) owns(ctx context.Context, ref beacon.Ref, kv store.KeyValue, secret Secret) error {
 	return r.ownsWith(ctx, ref, kv, secret, r.st.Get)
 }
@@ -415,17 +432,26 @@ func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Se
 	ttl, err := retryTimedOut(ctx, limit, func(ctx context.Context) (time.Duration, error) {
 		return r.st.KeepAlive(ctx, kv.Lease)
 	})
-	switch {
-	case errors.Is(err, store.ErrLeaseNotFound):
-		r.leased.ended(kv.Lease)
-		return 0, notFound(ref)
-	case errors.Is(err, store.ErrPermissionDenied):
-		return 0, permissionDenied("heartbeat", ref)
-	case err != nil:
-		return 0, fmt.Errorf("registry: heartbeat %s: %w", ref, err)
+	if err != nil {
+		return 0, r.ownedWriteError("heartbeat", ref, kv.Lease, err)
 	}
 	r.leased.heartbeat(kv.Lease, ref, ttl)
 	return ttl, nil
+}
+
+// ownedWriteError is the error of op, a write on the owned registration at
+// ref under lease, that the store refused with err: a lease that ended is
+// forgotten and gives not found, a caller the store does not allow the
+// write gets permissionDenied.
+func (r *StoreRegistry) ownedWriteError(op string, ref beacon.Ref, lease store.LeaseID, err error) error {
+	switch {
+	case errors.Is(err, store.ErrLeaseNotFound):
+		r.leased.ended(lease)
+		return notFound(ref)
+	case errors.Is(err, store.ErrPermissionDenied):
+		return permissionDenied(op, ref)
+	}
+	return fmt.Errorf("registry: %s %s: %w", op, ref, err)
 }
 
 // errNoLocalRead stands for a proof of ownership not read locally yet.
@@ -477,13 +503,8 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 		case errors.Is(err, store.ErrNotFound):
 			r.leased.deregistered(kv.Lease, ref) // deleted under us
 			return beacon.Instance{}, notFound(ref)
-		case errors.Is(err, store.ErrLeaseNotFound):
-			r.leased.ended(kv.Lease)
-			return beacon.Instance{}, notFound(ref)
-		case errors.Is(err, store.ErrPermissionDenied):
-			return beacon.Instance{}, permissionDenied("update", ref)
 		}
-		return beacon.Instance{}, fmt.Errorf("registry: update %s: %w", ref, err)
+		return beacon.Instance{}, r.ownedWriteError("update", ref, kv.Lease, err)
 	}
 	return beacon.Instance{}, fmt.Errorf("registry: update %s: %w (too many concurrent writers)", ref, store.ErrConflict)
 }
@@ -494,25 +515,12 @@ func (r *StoreRegistry) UpdateLeased(ctx context.Context, ref beacon.Ref, secret
 // the store would not allow it gets the same error whatever the secret
 // (refuse).
 func (r *StoreRegistry) DeregisterLeased(ctx context.Context, ref beacon.Ref, secret Secret) error {
-	if err := r.refuseWrite("deregister an instance"); err != nil {
-		return err
-	}
-	_, kv, err := r.get(ctx, ref)
+	_, kv, err := r.getOwned(ctx, ref, secret, "deregister an instance", "deregister")
 	if err != nil {
 		return err
 	}
-	if err := r.owns(ctx, ref, kv, secret); err != nil {
-		return r.refuse(ctx, "deregister", ref, kv, err)
-	}
-	err = r.st.Revoke(ctx, kv.Lease)
-	switch {
-	case errors.Is(err, store.ErrLeaseNotFound):
-		r.leased.ended(kv.Lease)
-		return notFound(ref)
-	case errors.Is(err, store.ErrPermissionDenied):
-		return permissionDenied("deregister", ref)
-	case err != nil:
-		return fmt.Errorf("registry: deregister %s: %w", ref, err)
+	if err := r.st.Revoke(ctx, kv.Lease); err != nil {
+		return r.ownedWriteError("deregister", ref, kv.Lease, err)
 	}
 	r.leased.ended(kv.Lease)
 	return nil

@@ -47,85 +47,39 @@ const (
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	f := promreg.With(reg) // nil: counted, not exported
 	m := &metrics{
-		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: metricState,
-			Help: "Number of registry sessions in each state (idle, active, lost, recovered, closed); every state is a series, 0 when no session is in it.",
-		}, []string{"state"}),
-		leaseLosses: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: metricLeaseLosses,
-			Help: "Session leases lost: the store said the lease ended (expired or revoked).",
-		}),
-		recoveries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: metricRecoveries,
-			Help: "Recoveries after a lease loss: a lease held again and the instances re-registered.",
-		}),
-		keepAliveFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: metricKeepAliveFailures,
-			Help: "Failed keep-alive attempts of session leases.",
-		}),
-		unconfirmed: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: metricUnconfirmed,
-			Help: "Sessions whose lease no keep-alive renewed for a whole TTL and that the store has not said ended: they keep renewing it (the store unreachable, or an election).",
-		}),
-		registrations: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: metricRegistrations,
-			Help: "Instances registered through registry sessions (including conflicted ones); a server's HTTP registrations are in beacon_registry_leased_registrations.",
-		}),
-		conflicts: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: metricConflicts,
-			Help: "Registered instances not advertised because another live process holds their ID.",
-		}),
-		drainedElsewhere: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: metricDrainedElsewhere,
-			Help: "Instances a registry session advertised serving and found marked draining in the store by someone else (an operator); the session adopted the drain.",
-		}),
-		watchStreams: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: metricWatchStreams,
-			Help: "Shared store watches (one per watched prefix, shared by every watcher of it).",
-		}),
-		watchers: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: metricWatchers,
-			Help: "Open registry watchers.",
-		}),
-		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricResyncs,
-			Help: "Re-lists of a shared watch after compaction or a lost connection.",
-		}, []string{"reason"}),
-		held: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricHeld,
-			Help: "Removals a watch held back as a likely mass lease loss: cancelled by a re-registration of the same ID, or delivered when the hold ended.",
-		}, []string{"outcome"}),
-		invalid: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: metricInvalid,
-			Help: "Stored values under the services prefix that are not valid instances or health verdicts (skipped).",
-		}),
-		healthPanics: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: metricHealthPanics,
-			Help: "Watched services (namespace/component/endpoint) in health panic: more of their checked instances failing than the panic threshold allows, so that their failing instances are served too.",
-		}),
-		leased: newLeasedCollector(),
+		state: f.GaugeVec(metricState,
+			"Number of registry sessions in each state (idle, active, lost, recovered, closed); every state is a series, 0 when no session is in it.", "state"),
+		leaseLosses: f.Counter(metricLeaseLosses,
+			"Session leases lost: the store said the lease ended (expired or revoked)."),
+		recoveries: f.Counter(metricRecoveries,
+			"Recoveries after a lease loss: a lease held again and the instances re-registered."),
+		keepAliveFailures: f.Counter(metricKeepAliveFailures,
+			"Failed keep-alive attempts of session leases."),
+		unconfirmed: f.Gauge(metricUnconfirmed,
+			"Sessions whose lease no keep-alive renewed for a whole TTL and that the store has not said ended: they keep renewing it (the store unreachable, or an election)."),
+		registrations: f.Gauge(metricRegistrations,
+			"Instances registered through registry sessions (including conflicted ones); a server's HTTP registrations are in beacon_registry_leased_registrations."),
+		conflicts: f.Gauge(metricConflicts,
+			"Registered instances not advertised because another live process holds their ID."),
+		drainedElsewhere: f.Counter(metricDrainedElsewhere,
+			"Instances a registry session advertised serving and found marked draining in the store by someone else (an operator); the session adopted the drain."),
+		watchStreams: f.Gauge(metricWatchStreams,
+			"Shared store watches (one per watched prefix, shared by every watcher of it)."),
+		watchers: f.Gauge(metricWatchers,
+			"Open registry watchers."),
+		resyncs: f.CounterVec(metricResyncs,
+			"Re-lists of a shared watch after compaction or a lost connection.", "reason"),
+		held: f.CounterVec(metricHeld,
+			"Removals a watch held back as a likely mass lease loss: cancelled by a re-registration of the same ID, or delivered when the hold ended.", "outcome"),
+		invalid: f.Counter(metricInvalid,
+			"Stored values under the services prefix that are not valid instances or health verdicts (skipped)."),
+		healthPanics: f.Gauge(metricHealthPanics,
+			"Watched services (namespace/component/endpoint) in health panic: more of their checked instances failing than the panic threshold allows, so that their failing instances are served too."),
+		leased: promreg.Add(f, newLeasedCollector()),
 	}
-	if reg == nil {
-		return m, nil // counted, not exported
-	}
-	var err error
-	m.state = promreg.Register(reg, m.state, &err)
-	m.leaseLosses = promreg.Register(reg, m.leaseLosses, &err)
-	m.recoveries = promreg.Register(reg, m.recoveries, &err)
-	m.keepAliveFailures = promreg.Register(reg, m.keepAliveFailures, &err)
-	m.unconfirmed = promreg.Register(reg, m.unconfirmed, &err)
-	m.registrations = promreg.Register(reg, m.registrations, &err)
-	m.conflicts = promreg.Register(reg, m.conflicts, &err)
-	m.drainedElsewhere = promreg.Register(reg, m.drainedElsewhere, &err)
-	m.watchStreams = promreg.Register(reg, m.watchStreams, &err)
-	m.watchers = promreg.Register(reg, m.watchers, &err)
-	m.resyncs = promreg.Register(reg, m.resyncs, &err)
-	m.held = promreg.Register(reg, m.held, &err)
-	m.invalid = promreg.Register(reg, m.invalid, &err)
-	m.healthPanics = promreg.Register(reg, m.healthPanics, &err)
-	m.leased = promreg.Register(reg, m.leased, &err)
-	if err != nil {
+	if err := f.Err(); err != nil {
 		return nil, err
 	}
 	return m, nil

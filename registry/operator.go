@@ -57,11 +57,11 @@ func (r *StoreRegistry) DrainInstance(ctx context.Context, ref beacon.Ref) (beac
 	return beacon.Instance{}, fmt.Errorf("registry: drain %s: %w (it kept changing)", ref, store.ErrConflict)
 }
 
-// DeregisterInstance implements Operator. It deletes whatever is stored at
-// the instance's key, also a value that is not a valid instance (which
-// List and Watch skip).
-func (r *StoreRegistry) DeregisterInstance(ctx context.Context, ref beacon.Ref) error {
-	if err := r.refuseWrite("deregister an instance"); err != nil {
+// checkOperatorWrite refuses action on ref, a write by ref alone (no
+// secret), on a read-only layout, for a ref the layout does not hold, and
+// once the registry is closed.
+func (r *StoreRegistry) checkOperatorWrite(action string, ref beacon.Ref) error {
+	if err := r.refuseWrite(action); err != nil {
 		return err
 	}
 	if err := r.checkRef(ref); err != nil {
@@ -69,6 +69,16 @@ func (r *StoreRegistry) DeregisterInstance(ctx context.Context, ref beacon.Ref) 
 	}
 	if r.closed.Load() {
 		return ErrClosed
+	}
+	return nil
+}
+
+// DeregisterInstance implements Operator. It deletes whatever is stored at
+// the instance's key, also a value that is not a valid instance (which
+// List and Watch skip).
+func (r *StoreRegistry) DeregisterInstance(ctx context.Context, ref beacon.Ref) error {
+	if err := r.checkOperatorWrite("deregister an instance", ref); err != nil {
+		return err
 	}
 	key := r.ks.Key(ref)
 	for range maxOperatorAttempts {

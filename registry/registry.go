@@ -323,6 +323,16 @@ func Get(ctx context.Context, d Discoverer, ref beacon.Ref) (beacon.Instance, er
 	if g, ok := d.(Getter); ok {
 		return g.Get(ctx, ref)
 	}
+	return GetByList(ctx, d, ref)
+}
+
+// GetByList returns the instance at ref from d by listing ref's endpoint:
+// Get for a Discoverer without Getter, and the Get of a backend that can do
+// no better. An unknown instance gives an error matching beacon.ErrNotFound.
+func GetByList(ctx context.Context, d Discoverer, ref beacon.Ref) (beacon.Instance, error) {
+	if err := ref.Validate(); err != nil {
+		return beacon.Instance{}, err
+	}
 	ins, _, err := d.List(ctx, beacon.Query{Namespace: ref.Namespace, Component: ref.Component, Endpoint: ref.Endpoint})
 	if err != nil {
 		return beacon.Instance{}, err

@@ -79,14 +79,8 @@ func ttlChecked(in beacon.Instance) error {
 // the session recovers a lost lease, Report waits for it (bounded by
 // ctx).
 func (r *StoreRegistry) Report(ctx context.Context, ref beacon.Ref) error {
-	if err := r.refuseWrite("report a TTL check"); err != nil {
+	if err := r.checkOperatorWrite("report a TTL check", ref); err != nil {
 		return err
-	}
-	if err := r.checkRef(ref); err != nil {
-		return err
-	}
-	if r.closed.Load() {
-		return ErrClosed
 	}
 	reg := r.sess.rc.admitted(r.ks.Key(ref))
 	if reg == nil {
@@ -138,28 +132,15 @@ func (reg *registration) report(ctx context.Context) error {
 // does not allow the write); an owner's instance that declares no TTL
 // check gives ErrNoTTLCheck.
 func (r *StoreRegistry) ReportLeased(ctx context.Context, ref beacon.Ref, secret Secret) error {
-	if err := r.refuseWrite("report a TTL check"); err != nil {
-		return err
-	}
-	in, kv, err := r.get(ctx, ref)
+	in, kv, err := r.getOwned(ctx, ref, secret, "report a TTL check", "report")
 	if err != nil {
 		return err
-	}
-	if err := r.owns(ctx, ref, kv, secret); err != nil {
-		return r.refuse(ctx, "report", ref, kv, err)
 	}
 	if err := ttlChecked(in); err != nil {
 		return err
 	}
-	_, err = r.st.Put(ctx, kv.Key+ReportSuffix, newReport(), store.WithLease(kv.Lease))
-	switch {
-	case errors.Is(err, store.ErrLeaseNotFound):
-		r.leased.ended(kv.Lease)
-		return notFound(ref)
-	case errors.Is(err, store.ErrPermissionDenied):
-		return permissionDenied("report", ref)
-	case err != nil:
-		return fmt.Errorf("registry: report %s: %w", ref, err)
+	if _, err := r.st.Put(ctx, kv.Key+ReportSuffix, newReport(), store.WithLease(kv.Lease)); err != nil {
+		return r.ownedWriteError("report", ref, kv.Lease, err)
 	}
 	return nil
 }

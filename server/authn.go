@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 )
@@ -51,27 +53,14 @@ func newAuthenticator(a authority, o authOptions) *authenticator {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	if o.Log == nil {
-		o.Log = slog.New(slog.DiscardHandler)
-	}
-	if o.SweepEvery == 0 {
-		o.SweepEvery = time.Minute
-	}
+	o.Log = cmp.Or(o.Log, slog.New(slog.DiscardHandler))
+	o.SweepEvery = cmp.Or(o.SweepEvery, time.Minute)
 	n := &authenticator{auth: a, views: newAuthViews(a, o.Registry, o.MaxViews, o.Log, o.Now), throttle: newLoginThrottle(o.Now)}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.stop, n.done = cancel, make(chan struct{})
 	go func() {
 		defer close(n.done)
-		t := time.NewTicker(o.SweepEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				n.views.sweep()
-			}
-		}
+		wait.Every(ctx, o.SweepEvery, n.views.sweep)
 	}()
 	return n
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -161,12 +162,8 @@ func (c *Config) embedded() bool {
 
 // withDefaults returns a copy with every zero field set to its default.
 func (c Config) withDefaults() Config {
-	if c.Name == "" {
-		c.Name = DefaultName
-	}
-	if c.DataDir == "" {
-		c.DataDir = DefaultDataDir
-	}
+	c.Name = cmp.Or(c.Name, DefaultName)
+	c.DataDir = cmp.Or(c.DataDir, DefaultDataDir)
 	if len(c.ListenClientURLs) == 0 {
 		c.ListenClientURLs = []string{DefaultClientURL}
 	}
@@ -186,18 +183,10 @@ func (c Config) withDefaults() Config {
 		}
 		c.InitialCluster = strings.Join(pairs, ",")
 	}
-	if c.InitialClusterState == "" {
-		c.InitialClusterState = "new"
-	}
-	if c.InitialClusterToken == "" {
-		c.InitialClusterToken = "beacon"
-	}
-	if c.HTTPAddr == "" {
-		c.HTTPAddr = DefaultHTTPAddr
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
-	}
+	c.InitialClusterState = cmp.Or(c.InitialClusterState, "new")
+	c.InitialClusterToken = cmp.Or(c.InitialClusterToken, "beacon")
+	c.HTTPAddr = cmp.Or(c.HTTPAddr, DefaultHTTPAddr)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -129,27 +130,13 @@ type Security struct {
 const DefaultMaxConnsPerClient = 256
 
 func (s Security) withDefaults() Security {
-	if s.AuthTokenTTL == 0 {
-		s.AuthTokenTTL = DefaultAuthTokenTTL
-	}
-	if s.MaxAuthClients == 0 {
-		s.MaxAuthClients = DefaultMaxAuthClients
-	}
-	if s.MaxBodyBytes == 0 {
-		s.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if s.RequestTimeout == 0 {
-		s.RequestTimeout = DefaultRequestTimeout
-	}
-	if s.MaxConns == 0 {
-		s.MaxConns = defaultMaxConns()
-	}
-	if s.MaxConnsPerClient == 0 {
-		s.MaxConnsPerClient = DefaultMaxConnsPerClient
-	}
-	if s.IdleTimeout == 0 {
-		s.IdleTimeout = DefaultIdleTimeout
-	}
+	s.AuthTokenTTL = cmp.Or(s.AuthTokenTTL, DefaultAuthTokenTTL)
+	s.MaxAuthClients = cmp.Or(s.MaxAuthClients, DefaultMaxAuthClients)
+	s.MaxBodyBytes = cmp.Or(s.MaxBodyBytes, DefaultMaxBodyBytes)
+	s.RequestTimeout = cmp.Or(s.RequestTimeout, DefaultRequestTimeout)
+	s.MaxConns = cmp.Or(s.MaxConns, defaultMaxConns())
+	s.MaxConnsPerClient = cmp.Or(s.MaxConnsPerClient, DefaultMaxConnsPerClient)
+	s.IdleTimeout = cmp.Or(s.IdleTimeout, DefaultIdleTimeout)
 	return s
 }
 

@@ -1,6 +1,7 @@
 package v2
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -101,24 +102,12 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
-	}
-	if c.MaxAge == 0 {
-		c.MaxAge = DefaultMaxAge
-	}
-	if c.GCInterval == 0 {
-		c.GCInterval = DefaultGCInterval
-	}
-	if c.WaitTimeout == 0 {
-		c.WaitTimeout = DefaultWaitTimeout
-	}
-	if c.MaxMembers == 0 {
-		c.MaxMembers = DefaultMaxMembers
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Prefix = cmp.Or(c.Prefix, DefaultPrefix)
+	c.MaxAge = cmp.Or(c.MaxAge, DefaultMaxAge)
+	c.GCInterval = cmp.Or(c.GCInterval, DefaultGCInterval)
+	c.WaitTimeout = cmp.Or(c.WaitTimeout, DefaultWaitTimeout)
+	c.MaxMembers = cmp.Or(c.MaxMembers, DefaultMaxMembers)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	if c.Now == nil {
 		c.Now = time.Now
 	}

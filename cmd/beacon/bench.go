@@ -101,12 +101,31 @@ func addBenchScenario(s benchScenario) *cobra.Command {
 	return cmd
 }
 
-// benchResult is what a scenario's run returns: no report with an error.
-func benchResult(r *bench.Report, err error) (benchReport, error) {
-	if err != nil {
-		return nil, err
+// measure is the run of a scenario configured by *cfg: it gives the
+// configuration the process logger (in *logger, a field of *cfg) and
+// measures with runFn. An error comes without a report.
+func measure[C any](cfg *C, logger **slog.Logger, runFn func(context.Context, C) (*bench.Report, error)) func(context.Context, *slog.Logger) (benchReport, error) {
+	return func(ctx context.Context, l *slog.Logger) (benchReport, error) {
+		*logger = l
+		r, err := runFn(ctx, *cfg)
+		if err != nil {
+			return nil, err
+		}
+		return r, nil
 	}
-	return r, nil
+}
+
+// prepareBeacon is the prepare of a scenario that runs this binary (with
+// args) as processes of its own: it sets *command to run it, then checks
+// the configuration with validate.
+func prepareBeacon(command *[]string, validate func() error, args ...string) func(*cobra.Command) error {
+	return func(*cobra.Command) error {
+		var err error
+		if *command, err = beaconCommand(args...); err != nil {
+			return err
+		}
+		return usage(validate())
+	}
 }
 
 // checkBenchOutput refuses an output format no scenario prints, before any

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"context"
-	"log/slog"
-
 	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/pflag"
 )
@@ -26,9 +23,6 @@ own connection; no etcd member is started.`,
 			f.IntSliceVar(&cfg.Sizes, "sizes", []int{3, 5, 7}, "cluster sizes to bootstrap")
 			f.IntVar(&cfg.Rounds, "rounds", 15, "clusters of each size per side")
 		},
-		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
-			cfg.Logger = logger
-			return benchResult(bench.RunBootstrap(ctx, cfg))
-		},
+		run: measure(&cfg, &cfg.Logger, bench.RunBootstrap),
 	})
 }

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 
 	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
@@ -56,9 +54,6 @@ also on interrupt. The default run takes about a minute.`,
 			}
 			return usage(errors.Join(append(errs, cfg.Validate())...))
 		},
-		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
-			cfg.Logger = logger
-			return benchResult(bench.RunDNS(ctx, cfg))
-		},
+		run: measure(&cfg, &cfg.Logger, bench.RunDNS),
 	})
 }

@@ -1,11 +1,7 @@
 package main
 
 import (
-	"context"
-	"log/slog"
-
 	"github.com/beaconplane/beacon/internal/lab/bench"
-	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
 
@@ -42,16 +38,7 @@ minute and a half on 2 cores.`,
 			f.IntVar(&cfg.Trials, "trials", 20, "instances turned NOT_SERVING and back, timed")
 			f.IntVar(&cfg.Window, "window", 5, "intervals over which probes are counted")
 		},
-		prepare: func(*cobra.Command) error {
-			var err error
-			if cfg.BeaconCommand, err = beaconCommand(); err != nil {
-				return err
-			}
-			return usage(cfg.Validate())
-		},
-		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
-			cfg.Logger = logger
-			return benchResult(bench.RunHealth(ctx, cfg))
-		},
+		prepare: prepareBeacon(&cfg.BeaconCommand, func() error { return cfg.Validate() }),
+		run:     measure(&cfg, &cfg.Logger, bench.RunHealth),
 	})
 }

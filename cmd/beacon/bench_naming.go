@@ -1,9 +1,6 @@
 package main
 
 import (
-	"context"
-	"log/slog"
-
 	"github.com/beaconplane/beacon/internal/lab/bench"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -37,9 +34,6 @@ serve). The default run takes about a minute on 2 cores.`,
 			f.DurationVar(&cfg.DrainGrace, "drain-grace", 0, "rolling restart: time between draining a backend and stopping it (default 250ms)")
 		},
 		prepare: func(*cobra.Command) error { return usage(cfg.Validate()) },
-		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
-			cfg.Logger = logger
-			return benchResult(bench.RunNaming(ctx, cfg))
-		},
+		run:     measure(&cfg, &cfg.Logger, bench.RunNaming),
 	})
 }

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"log/slog"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/lab/bench"
@@ -66,9 +64,6 @@ stops both proxies and etcd and removes the keys written.`,
 			}
 			return checkPeer(bench.EtcdPeer, cfg.EtcdBin, !cfg.NoGRPCProxy)
 		},
-		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
-			cfg.Logger = logger
-			return benchResult(bench.RunProxy(ctx, cfg))
-		},
+		run: measure(&cfg, &cfg.Logger, bench.RunProxy),
 	})
 }

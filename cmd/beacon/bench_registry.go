@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/lab/bench"
@@ -97,10 +96,7 @@ func addRegistryScenario(name, short, long string, runFn func(ctx context.Contex
 			}
 			return checkPeer(bench.BenchmarkPeer, cfg.BenchmarkBin, !cfg.NoCeiling)
 		},
-		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
-			cfg.Logger = logger
-			return benchResult(runFn(ctx, cfg))
-		},
+		run: measure(&cfg, &cfg.Logger, runFn),
 	})
 }
 

@@ -1,11 +1,7 @@
 package main
 
 import (
-	"context"
-	"log/slog"
-
 	"github.com/beaconplane/beacon/internal/lab/bench"
-	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
 
@@ -43,16 +39,7 @@ default run takes about a minute on 2 cores; the documented full size is
 			f.IntVar(&cfg.Streams, "streams", 1000, "ADS streams following one service")
 			f.IntVar(&cfg.Changes, "changes", 20, "changes of that service to time")
 		},
-		prepare: func(*cobra.Command) error {
-			var err error
-			if cfg.BeaconCommand, err = beaconCommand(); err != nil {
-				return err
-			}
-			return usage(cfg.Validate())
-		},
-		run: func(ctx context.Context, logger *slog.Logger) (benchReport, error) {
-			cfg.Logger = logger
-			return benchResult(bench.RunXDS(ctx, cfg))
-		},
+		prepare: prepareBeacon(&cfg.BeaconCommand, func() error { return cfg.Validate() }),
+		run:     measure(&cfg, &cfg.Logger, bench.RunXDS),
 	})
 }

@@ -437,19 +437,15 @@ func ListenerNames(addr string, others ...string) []string {
 
 // metrics registers the reload collectors with reg (nil: none).
 func (r *Reloader) metrics(reg prometheus.Registerer) error {
-	r.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "beacon_tls_reloads_total",
-		Help: "Changes of a listener's TLS files: loaded, loaded_names_missing (a certificate that does not cover the listener's names, taken because the previous one expired), or refused_unreadable, refused_validity, refused_names (the previous files stay in use)."},
-		[]string{"listener", "outcome"})
-	refused := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "beacon_tls_files_refused",
-		Help: "1 while a listener's TLS files on disk are refused and the previous ones stay in use (see beacon_tls_reloads_total and the log)."},
-		[]string{"listener"})
-	var err error
-	if reg != nil {
-		r.reloads = promreg.Register(reg, r.reloads, &err)
-		refused = promreg.Register(reg, refused, &err)
-	}
+	f := promreg.With(reg)
+	r.reloads = f.CounterVec("beacon_tls_reloads_total",
+		"Changes of a listener's TLS files: loaded, loaded_names_missing (a certificate that does not cover the listener's names, taken because the previous one expired), or refused_unreadable, refused_validity, refused_names (the previous files stay in use).",
+		"listener", "outcome")
+	refused := f.GaugeVec("beacon_tls_files_refused",
+		"1 while a listener's TLS files on disk are refused and the previous ones stay in use (see beacon_tls_reloads_total and the log).",
+		"listener")
 	r.refusing = refused.WithLabelValues(r.listener)
-	return err
+	return f.Err()
 }
 
 // Certificate returns the current certificate (nil without CertFile).

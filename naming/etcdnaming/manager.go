@@ -1,6 +1,7 @@
 package etcdnaming
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -66,15 +67,9 @@ func buildOptions(opts []Option) (options, *publish.Metrics, error) {
 		return o, nil, fmt.Errorf("%w: probe interval %v and retry max %v may not be negative (0 means the default)",
 			ErrInvalidConfig, o.probe, o.retryMax)
 	}
-	if o.probe == 0 {
-		o.probe = DefaultProbeInterval
-	}
-	if o.retryMax == 0 {
-		o.retryMax = DefaultRetryMax
-	}
-	if o.log == nil {
-		o.log = slog.New(slog.DiscardHandler)
-	}
+	o.probe = cmp.Or(o.probe, DefaultProbeInterval)
+	o.retryMax = cmp.Or(o.retryMax, DefaultRetryMax)
+	o.log = cmp.Or(o.log, slog.New(slog.DiscardHandler))
 	m, err := publish.NewMetrics(o.metrics)
 	if err != nil {
 		return o, nil, fmt.Errorf("%w: metrics: %w", ErrInvalidConfig, err)

@@ -35,54 +35,26 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	f := promreg.With(reg) // nil: counted, not exported
 	m := &metrics{
-		invalid: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: metricInvalid,
-			Help: "InstanceSet (or DynamoWorkerMetadata) versions skipped because they are not valid (their last valid content is kept).",
-		}),
-		invalidEntries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: metricInvalidEntry,
-			Help: "Entries of DynamoWorkerMetadata versions skipped because Beacon cannot serve them (malformed, or an instance ID held twice).",
-		}),
-		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricWrites,
-			Help: "Server-side applies of this process's InstanceSet, by result (ok, error).",
-		}, []string{"result"}),
-		writeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    metricWriteSeconds,
-			Help:    "Duration of the server-side applies of this process's InstanceSet.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
-		}),
-		relists: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: metricRelists,
-			Help: "Re-lists of a watched resource after the first listing (410 Gone, a lost connection).",
-		}),
-		watching: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: metricWatchers,
-			Help: "Open watchers of Kubernetes registries.",
-		}),
-		registered: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: metricRegistrations,
-			Help: "Instances registered through Kubernetes registries.",
-		}),
-		panics: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: metricHealthPanics,
-			Help: "Watched services (namespace/component/endpoint) in health panic: more of their checked instances failing than the panic threshold allows, so that their failing instances are served too.",
-		}),
+		invalid: f.Counter(metricInvalid,
+			"InstanceSet (or DynamoWorkerMetadata) versions skipped because they are not valid (their last valid content is kept)."),
+		invalidEntries: f.Counter(metricInvalidEntry,
+			"Entries of DynamoWorkerMetadata versions skipped because Beacon cannot serve them (malformed, or an instance ID held twice)."),
+		writes: f.CounterVec(metricWrites,
+			"Server-side applies of this process's InstanceSet, by result (ok, error).", "result"),
+		writeSeconds: f.Histogram(metricWriteSeconds,
+			"Duration of the server-side applies of this process's InstanceSet.", prometheus.ExponentialBuckets(0.001, 2, 14)),
+		relists: f.Counter(metricRelists,
+			"Re-lists of a watched resource after the first listing (410 Gone, a lost connection)."),
+		watching: f.Gauge(metricWatchers,
+			"Open watchers of Kubernetes registries."),
+		registered: f.Gauge(metricRegistrations,
+			"Instances registered through Kubernetes registries."),
+		panics: f.Gauge(metricHealthPanics,
+			"Watched services (namespace/component/endpoint) in health panic: more of their checked instances failing than the panic threshold allows, so that their failing instances are served too."),
 	}
-	if reg == nil {
-		return m, nil // counted, not exported
-	}
-	var err error
-	m.invalid = promreg.Register(reg, m.invalid, &err)
-	m.invalidEntries = promreg.Register(reg, m.invalidEntries, &err)
-	m.writes = promreg.Register(reg, m.writes, &err)
-	m.writeSeconds = promreg.Register(reg, m.writeSeconds, &err)
-	m.relists = promreg.Register(reg, m.relists, &err)
-	m.watching = promreg.Register(reg, m.watching, &err)
-	m.registered = promreg.Register(reg, m.registered, &err)
-	m.panics = promreg.Register(reg, m.panics, &err)
-	return m, err
+	return m, f.Err()
 }
 
 func (m *metrics) invalidResource() {

@@ -125,18 +125,10 @@ func open(ctx context.Context, cfg Config, kind *objects) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.MaxMetadataSize == 0 {
-		cfg.MaxMetadataSize = beacon.DefaultMaxMetadataSize
-	}
-	if cfg.HealthPanicThreshold == 0 {
-		cfg.HealthPanicThreshold = defaults.HealthPanicThreshold
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	cfg.MaxMetadataSize = cmp.Or(cfg.MaxMetadataSize, beacon.DefaultMaxMetadataSize)
+	cfg.HealthPanicThreshold = cmp.Or(cfg.HealthPanicThreshold, defaults.HealthPanicThreshold)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	rc, kubeNS, err := restConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -231,15 +223,9 @@ func restConfig(cfg Config) (*rest.Config, string, error) {
 // tune sets Beacon's client defaults: a user agent, and rate limits that
 // do not throttle a burst of registrations or a re-list.
 func tune(rc *rest.Config) {
-	if rc.UserAgent == "" {
-		rc.UserAgent = "beacon (" + rest.DefaultKubernetesUserAgent() + ")"
-	}
-	if rc.QPS == 0 {
-		rc.QPS = 50
-	}
-	if rc.Burst == 0 {
-		rc.Burst = 100
-	}
+	rc.UserAgent = cmp.Or(rc.UserAgent, "beacon ("+rest.DefaultKubernetesUserAgent()+")")
+	rc.QPS = cmp.Or(rc.QPS, 50)
+	rc.Burst = cmp.Or(rc.Burst, 100)
 }
 
 // probe checks that the API server answers and serves the registry's
@@ -428,21 +414,10 @@ func (r *Registry) List(ctx context.Context, q beacon.Query) ([]beacon.Instance,
 	return out, max(maxRV, 1), nil
 }
 
-// Get implements registry.Getter.
+// Get implements registry.Getter by listing ref's endpoint (its
+// EndpointSlices and InstanceSets are read whole).
 func (r *Registry) Get(ctx context.Context, ref beacon.Ref) (beacon.Instance, error) {
-	if err := ref.Validate(); err != nil {
-		return beacon.Instance{}, err
-	}
-	ins, _, err := r.List(ctx, beacon.Query{Namespace: ref.Namespace, Component: ref.Component, Endpoint: ref.Endpoint})
-	if err != nil {
-		return beacon.Instance{}, err
-	}
-	for _, in := range ins {
-		if in.ID == ref.ID {
-			return in, nil
-		}
-	}
-	return beacon.Instance{}, fmt.Errorf("%w: %s", beacon.ErrNotFound, ref)
+	return registry.GetByList(ctx, r, ref)
 }
 
 // discoverySelector selects the EndpointSlices of discovery-enabled

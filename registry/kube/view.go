@@ -491,19 +491,30 @@ func (v *view) replaceSets(src *source, objs []any, rv string) {
 		parsed[key] = v.r.parseSet(u)
 		keys = append(keys, key)
 	}
+	relist(v, src, rv, v.sets, keys, parsed, v.putSetLocked)
+}
+
+// relist applies a (re-)listing of one source's objects of one kind, at
+// resource version rv: held is what the view holds of that kind, listed
+// the listing by key (namespace/name), put in keys' order; put installs
+// one object (the zero T: gone) and returns the ref keys whose live
+// instance may have changed. Held objects of the source's namespace that
+// the listing lacks are gone; the changes are published at once.
+func relist[T any](v *view, src *source, rv string, held map[string]T, keys []string, listed map[string]T, put func(string, T) map[string]bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.observeRV(rv)
 	dirty := map[string]bool{}
-	for key := range v.sets {
-		if _, ok := parsed[key]; !ok && inNamespace(key, src.ns) {
-			for k := range v.putSetLocked(key, nil) {
+	var gone T
+	for key := range held {
+		if _, ok := listed[key]; !ok && inNamespace(key, src.ns) {
+			for k := range put(key, gone) {
 				dirty[k] = true
 			}
 		}
 	}
 	for _, key := range keys {
-		for k := range v.putSetLocked(key, parsed[key]) {
+		for k := range put(key, listed[key]) {
 			dirty[k] = true
 		}
 	}
@@ -603,28 +614,14 @@ func (v *view) sliceDeleted(s *discoveryv1.EndpointSlice) {
 
 func (v *view) replaceSlices(src *source, objs []any, rv string) {
 	fresh := make(map[string]map[string]bool, len(objs))
+	keys := make([]string, 0, len(objs))
 	for _, o := range objs {
 		s := v.slice(o)
-		fresh[s.Namespace+"/"+s.Name] = readyPods(s)
+		key := s.Namespace + "/" + s.Name
+		fresh[key] = readyPods(s)
+		keys = append(keys, key)
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.observeRV(rv)
-	dirty := map[string]bool{}
-	for key := range v.slices {
-		if _, ok := fresh[key]; !ok && inNamespace(key, src.ns) {
-			for k := range v.putSliceLocked(key, nil) {
-				dirty[k] = true
-			}
-		}
-	}
-	for key, ready := range fresh {
-		for k := range v.putSliceLocked(key, ready) {
-			dirty[k] = true
-		}
-	}
-	v.sourceSyncedLocked(src)
-	v.publishLocked(dirty)
+	relist(v, src, rv, v.slices, keys, fresh, v.putSliceLocked)
 }
 
 // putSliceLocked installs the ready pods of a slice (nil: deleted) and

@@ -1,6 +1,7 @@
 package dnsapi
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -78,28 +79,14 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Domain == "" {
-		c.Domain = DefaultDomain
-	}
+	c.Domain = cmp.Or(c.Domain, DefaultDomain)
 	c.Domain = dns.CanonicalName(c.Domain)
-	if c.TTL == 0 {
-		c.TTL = DefaultTTL
-	}
-	if c.MaxStale == 0 {
-		c.MaxStale = DefaultMaxStale
-	}
-	if c.UDPSize == 0 {
-		c.UDPSize = DefaultUDPSize
-	}
-	if c.MaxTCPConns == 0 {
-		c.MaxTCPConns = DefaultMaxTCPConns
-	}
-	if c.MaxTCPConnsPerClient == 0 {
-		c.MaxTCPConnsPerClient = DefaultMaxTCPConnsPerClient
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.TTL = cmp.Or(c.TTL, DefaultTTL)
+	c.MaxStale = cmp.Or(c.MaxStale, DefaultMaxStale)
+	c.UDPSize = cmp.Or(c.UDPSize, DefaultUDPSize)
+	c.MaxTCPConns = cmp.Or(c.MaxTCPConns, DefaultMaxTCPConns)
+	c.MaxTCPConnsPerClient = cmp.Or(c.MaxTCPConnsPerClient, DefaultMaxTCPConnsPerClient)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }
 

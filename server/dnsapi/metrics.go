@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/promreg"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -25,23 +26,16 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
+	f := promreg.With(nil) // registered below, not shared: a second server on one Registerer is an error
 	m := &metrics{
-		queries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "beacon_dns_queries_total",
-			Help: "DNS queries answered, by query type and response code.",
-		}, []string{"qtype", "rcode"}),
-		truncated: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "beacon_dns_truncated_total",
-			Help: "UDP answers sent truncated (TC set: the client retries over TCP).",
-		}),
-		updates: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "beacon_dns_zone_updates_total",
-			Help: "Views of the registry swapped in (one per watch batch applied).",
-		}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "beacon_dns_dropped_total",
-			Help: "Packets dropped without an answer: too malformed to answer, or DNS responses (never answered, to avoid loops).",
-		}),
+		queries: f.CounterVec("beacon_dns_queries_total",
+			"DNS queries answered, by query type and response code.", "qtype", "rcode"),
+		truncated: f.Counter("beacon_dns_truncated_total",
+			"UDP answers sent truncated (TC set: the client retries over TCP)."),
+		updates: f.Counter("beacon_dns_zone_updates_total",
+			"Views of the registry swapped in (one per watch batch applied)."),
+		dropped: f.Counter("beacon_dns_dropped_total",
+			"Packets dropped without an answer: too malformed to answer, or DNS responses (never answered, to avoid loops)."),
 	}
 	m.cells = make([][]atomic.Pointer[prometheus.Counter], len(countedTypes)+1)
 	for i := range m.cells {
@@ -78,10 +72,8 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			return 0
 		}),
 	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("dns metrics: %w", err)
-		}
+	if err := promreg.RegisterEach(reg, cs...); err != nil {
+		return nil, fmt.Errorf("dns metrics: %w", err)
 	}
 	return m, nil
 }

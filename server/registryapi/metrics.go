@@ -13,25 +13,16 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "beacon", Subsystem: "registry_api", Name: "requests_total",
-			Help: "HTTP requests to the registry API, by route and status code.",
-		}, []string{"route", "code"}),
-		watches: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "beacon", Subsystem: "registry_api", Name: "watch_streams",
-			Help: "Open Server-Sent Events watch streams.",
-		}),
-	}
-	if reg == nil {
-		return m, nil
-	}
 	// A second API on the same registerer shares the first one's
 	// collectors.
-	var err error
-	m.requests = promreg.Register(reg, m.requests, &err)
-	m.watches = promreg.Register(reg, m.watches, &err)
-	if err != nil {
+	f := promreg.With(reg)
+	m := &metrics{
+		requests: f.CounterVec("beacon_registry_api_requests_total",
+			"HTTP requests to the registry API, by route and status code.", "route", "code"),
+		watches: f.Gauge("beacon_registry_api_watch_streams",
+			"Open Server-Sent Events watch streams."),
+	}
+	if err := f.Err(); err != nil {
 		return nil, err
 	}
 	return m, nil

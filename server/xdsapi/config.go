@@ -1,6 +1,7 @@
 package xdsapi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -86,24 +87,12 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.MaxStreams == 0 {
-		c.MaxStreams = DefaultMaxStreams
-	}
-	if c.MaxStreamsPerClient == 0 {
-		c.MaxStreamsPerClient = DefaultMaxStreamsPerClient
-	}
-	if c.MaxNamesPerStream == 0 {
-		c.MaxNamesPerStream = DefaultMaxNamesPerStream
-	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = DefaultAckTimeout
-	}
-	if c.PermissionRecheck == 0 {
-		c.PermissionRecheck = DefaultPermissionRecheck
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.MaxStreams = cmp.Or(c.MaxStreams, DefaultMaxStreams)
+	c.MaxStreamsPerClient = cmp.Or(c.MaxStreamsPerClient, DefaultMaxStreamsPerClient)
+	c.MaxNamesPerStream = cmp.Or(c.MaxNamesPerStream, DefaultMaxNamesPerStream)
+	c.AckTimeout = cmp.Or(c.AckTimeout, DefaultAckTimeout)
+	c.PermissionRecheck = cmp.Or(c.PermissionRecheck, DefaultPermissionRecheck)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }
 

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/promreg"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -34,39 +35,24 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
+	f := promreg.With(nil) // registered below, not shared: a second server on one Registerer is an error
 	m := &metrics{
-		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "beacon_xds_responses_total",
-			Help: "xDS responses sent, by resource type (listener, cluster, endpoint, other).",
-		}, []string{"type"}),
-		resources: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "beacon_xds_resources_sent_total",
-			Help: "Resources sent in xDS responses, by type.",
-		}, []string{"type"}),
-		marshals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "beacon_xds_marshals_total",
-			Help: "Resources encoded, by type: once per change of a service, shared by every stream that sends it.",
-		}, []string{"type"}),
-		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "beacon_xds_nacks_total",
-			Help: "Responses a client refused (NACK), by type and client (the node's user_agent_name); the log says why.",
-		}, []string{"type", "client"}),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "beacon_xds_streams_refused_total",
-			Help: "ADS streams refused at their start, by reason (max_streams, max_streams_per_client, unauthenticated).",
-		}, []string{"reason"}),
-		unknownType: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "beacon_xds_unknown_type_requests_total",
-			Help: "Subscriptions to a resource type Beacon serves none of (answered empty).",
-		}),
-		denied: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "beacon_xds_namespaces_denied_total",
-			Help: "Namespaces a stream's client asked for and may not read (answered as if they held nothing).",
-		}),
-		ackTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "beacon_xds_ack_timeouts_total",
-			Help: "Streams ended because the client answered no response within the ACK timeout while newer state waited.",
-		}),
+		responses: f.CounterVec("beacon_xds_responses_total",
+			"xDS responses sent, by resource type (listener, cluster, endpoint, other).", "type"),
+		resources: f.CounterVec("beacon_xds_resources_sent_total",
+			"Resources sent in xDS responses, by type.", "type"),
+		marshals: f.CounterVec("beacon_xds_marshals_total",
+			"Resources encoded, by type: once per change of a service, shared by every stream that sends it.", "type"),
+		nacks: f.CounterVec("beacon_xds_nacks_total",
+			"Responses a client refused (NACK), by type and client (the node's user_agent_name); the log says why.", "type", "client"),
+		refused: f.CounterVec("beacon_xds_streams_refused_total",
+			"ADS streams refused at their start, by reason (max_streams, max_streams_per_client, unauthenticated).", "reason"),
+		unknownType: f.Counter("beacon_xds_unknown_type_requests_total",
+			"Subscriptions to a resource type Beacon serves none of (answered empty)."),
+		denied: f.Counter("beacon_xds_namespaces_denied_total",
+			"Namespaces a stream's client asked for and may not read (answered as if they held nothing)."),
+		ackTimeouts: f.Counter("beacon_xds_ack_timeouts_total",
+			"Streams ended because the client answered no response within the ACK timeout while newer state waited."),
 		clients: map[string]string{},
 	}
 	for t := range numTypes + 1 {
@@ -102,10 +88,8 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 				return 0
 			}),
 	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("xds metrics: %w", err)
-		}
+	if err := promreg.RegisterEach(reg, cs...); err != nil {
+		return nil, fmt.Errorf("xds metrics: %w", err)
 	}
 	return m, nil
 }

@@ -1,6 +1,7 @@
 package etcd
 
 import (
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -231,15 +232,9 @@ func (c Config) resolve() (resolved, error) {
 	case c.ClientCert == "" && c.ClientKey != "":
 		return r, invalid("ClientKey %q is set but ClientCert is empty (set both, e.g. %s and %s, or neither)", c.ClientKey, EnvClientCert, EnvClientKey)
 	}
-	if r.dialTimeout == 0 {
-		r.dialTimeout = DefaultDialTimeout
-	}
-	if r.requestTimeout == 0 {
-		r.requestTimeout = DefaultRequestTimeout
-	}
-	if r.listPageSize == 0 {
-		r.listPageSize = DefaultListPageSize
-	}
+	r.dialTimeout = cmp.Or(r.dialTimeout, DefaultDialTimeout)
+	r.requestTimeout = cmp.Or(r.requestTimeout, DefaultRequestTimeout)
+	r.listPageSize = cmp.Or(r.listPageSize, DefaultListPageSize)
 	switch {
 	case r.watchSilence == 0:
 		r.watchSilence = DefaultWatchSilenceTimeout

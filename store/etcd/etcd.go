@@ -264,6 +264,15 @@ func (s *Store) begin(ctx context.Context) (c context.Context, tc *timedCall, er
 	return c, tc, nil
 }
 
+// beginValid is begin for a call whose input was checked: invalid, the
+// check's error, fails the call first, before anything else is checked.
+func (s *Store) beginValid(ctx context.Context, invalid error) (context.Context, *timedCall, error) {
+	if invalid != nil {
+		return nil, nil, invalid
+	}
+	return s.begin(ctx)
+}
+
 func fromKV(kv *mvccpb.KeyValue) store.KeyValue {
 	return fromKVKey(kv, string(kv.Key))
 }
@@ -299,10 +308,7 @@ func (s *Store) GetLocal(ctx context.Context, key string) (store.KeyValue, error
 }
 
 func (s *Store) get(ctx context.Context, key string, opts ...clientv3.OpOption) (store.KeyValue, error) {
-	if err := store.ValidateKey(key); err != nil {
-		return store.KeyValue{}, err
-	}
-	c, tc, err := s.begin(ctx)
+	c, tc, err := s.beginValid(ctx, store.ValidateKey(key))
 	if err != nil {
 		return store.KeyValue{}, err
 	}
@@ -323,10 +329,7 @@ func (s *Store) get(ctx context.Context, key string, opts ...clientv3.OpOption) 
 // others read at its revision, so the result is one snapshot. If the
 // snapshot is compacted between pages, List starts over (a few times).
 func (s *Store) List(ctx context.Context, prefix string) ([]store.KeyValue, int64, error) {
-	if err := store.ValidatePrefix(prefix); err != nil {
-		return nil, 0, err
-	}
-	c, tc, err := s.begin(ctx)
+	c, tc, err := s.beginValid(ctx, store.ValidatePrefix(prefix))
 	if err != nil {
 		return nil, 0, err
 	}
@@ -403,21 +406,16 @@ func leaseOpts(o store.WriteOptions) []clientv3.OpOption {
 // Create implements store.Writer with a transaction on the key's create
 // revision.
 func (s *Store) Create(ctx context.Context, key string, value []byte, opts ...store.WriteOption) (int64, error) {
-	if err := store.ValidateWrite(key, value); err != nil {
-		return 0, err
-	}
-	c, tc, err := s.begin(ctx)
+	c, tc, err := s.beginValid(ctx, store.ValidateWrite(key, value))
 	if err != nil {
 		return 0, err
 	}
 	defer s.wd.end(tc)
-	resp, err := s.cli.Txn(c).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...)).
-		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
-		Commit()
+	resp, err := s.txnElseGet(ctx, c, "create", key,
+		clientv3.OpPut(key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...),
+		clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
 	if err != nil {
-		return 0, s.wrap(ctx, c, fmt.Sprintf("create %q", key), err)
+		return 0, err
 	}
 	if !resp.Succeeded {
 		if kv := elseKV(resp); kv != nil {
@@ -430,10 +428,7 @@ func (s *Store) Create(ctx context.Context, key string, value []byte, opts ...st
 
 // Put implements store.Writer.
 func (s *Store) Put(ctx context.Context, key string, value []byte, opts ...store.WriteOption) (int64, error) {
-	if err := store.ValidateWrite(key, value); err != nil {
-		return 0, err
-	}
-	c, tc, err := s.begin(ctx)
+	c, tc, err := s.beginValid(ctx, store.ValidateWrite(key, value))
 	if err != nil {
 		return 0, err
 	}
@@ -449,26 +444,32 @@ func (s *Store) Put(ctx context.Context, key string, value []byte, opts ...store
 // revision; when it fails, the same transaction reads the key to tell a
 // conflict from an absent key.
 func (s *Store) Update(ctx context.Context, key string, value []byte, modRevision int64, opts ...store.WriteOption) (int64, error) {
-	if err := store.ValidateWrite(key, value); err != nil {
-		return 0, err
-	}
-	c, tc, err := s.begin(ctx)
+	c, tc, err := s.beginValid(ctx, store.ValidateWrite(key, value))
 	if err != nil {
 		return 0, err
 	}
 	defer s.wd.end(tc)
-	resp, err := s.cli.Txn(c).
-		If(casCompares(key, modRevision)...).
-		Then(clientv3.OpPut(key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...)).
-		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
-		Commit()
+	resp, err := s.txnElseGet(ctx, c, "update", key,
+		clientv3.OpPut(key, string(value), leaseOpts(store.ApplyWriteOptions(opts))...),
+		casCompares(key, modRevision)...)
 	if err != nil {
-		return 0, s.wrap(ctx, c, fmt.Sprintf("update %q", key), err)
+		return 0, err
 	}
 	if !resp.Succeeded {
 		return 0, casError(key, modRevision, elseKV(resp))
 	}
 	return resp.Header.Revision, nil
+}
+
+// txnElseGet runs then on key if cmps hold; if they do not, the same
+// transaction reads key (its revisions, not its value) for the caller's
+// error to say why. An error names the call as verb and key.
+func (s *Store) txnElseGet(parent, c context.Context, verb, key string, then clientv3.Op, cmps ...clientv3.Cmp) (*clientv3.TxnResponse, error) {
+	resp, err := s.cli.Txn(c).If(cmps...).Then(then).Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).Commit()
+	if err != nil {
+		return nil, s.wrap(parent, c, fmt.Sprintf("%s %q", verb, key), err)
+	}
+	return resp, nil
 }
 
 // casCompares is the precondition "key's ModRevision is rev". An absent key
@@ -502,33 +503,25 @@ func casError(key string, want int64, kv *mvccpb.KeyValue) error {
 // Delete implements store.Writer. With store.IfModRevision it is a
 // transaction like Update's.
 func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOption) (int64, error) {
-	if err := store.ValidateKey(key); err != nil {
-		return 0, err
-	}
 	o := store.ApplyDeleteOptions(opts)
-	c, tc, err := s.begin(ctx)
+	c, tc, err := s.beginValid(ctx, store.ValidateKey(key))
 	if err != nil {
 		return 0, err
 	}
 	defer s.wd.end(tc)
-	what := fmt.Sprintf("delete %q", key)
 	if o.IfModRevision == 0 {
 		resp, err := s.cli.Delete(c, key)
 		if err != nil {
-			return 0, s.wrap(ctx, c, what, err)
+			return 0, s.wrap(ctx, c, fmt.Sprintf("delete %q", key), err)
 		}
 		if resp.Deleted == 0 {
 			return 0, fmt.Errorf("%w: %q", store.ErrNotFound, key)
 		}
 		return resp.Header.Revision, nil
 	}
-	resp, err := s.cli.Txn(c).
-		If(casCompares(key, o.IfModRevision)...).
-		Then(clientv3.OpDelete(key)).
-		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
-		Commit()
+	resp, err := s.txnElseGet(ctx, c, "delete", key, clientv3.OpDelete(key), casCompares(key, o.IfModRevision)...)
 	if err != nil {
-		return 0, s.wrap(ctx, c, what, err)
+		return 0, err
 	}
 	if !resp.Succeeded {
 		return 0, casError(key, o.IfModRevision, elseKV(resp))
@@ -541,10 +534,7 @@ func (s *Store) Delete(ctx context.Context, key string, opts ...store.DeleteOpti
 // failure branch reads the conditioned keys to name the first that failed.
 // etcd limits a transaction to --max-txn-ops operations (128 by default).
 func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
-	if err := store.ValidateOps(ops); err != nil {
-		return 0, err
-	}
-	c, tc, err := s.begin(ctx)
+	c, tc, err := s.beginValid(ctx, store.ValidateOps(ops))
 	if err != nil {
 		return 0, err
 	}
@@ -658,10 +648,7 @@ func (s *Store) Compact(ctx context.Context, rev int64) error {
 // rounded up, and etcd raises TTLs below its minimum (about 2 s with the
 // default election timeout). The returned Lease has the TTL etcd granted.
 func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, error) {
-	if err := store.ValidateTTL(ttl); err != nil {
-		return store.Lease{}, err
-	}
-	c, tc, err := s.begin(ctx)
+	c, tc, err := s.beginValid(ctx, store.ValidateTTL(ttl))
 	if err != nil {
 		return store.Lease{}, err
 	}

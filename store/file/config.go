@@ -1,6 +1,7 @@
 package file
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -76,18 +77,10 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.History == 0 {
-		c.History = DefaultHistory
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.ReapInterval == 0 {
-		c.ReapInterval = DefaultReapInterval
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.History = cmp.Or(c.History, DefaultHistory)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.ReapInterval = cmp.Or(c.ReapInterval, DefaultReapInterval)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }
 

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/internal/mvcc"
 )
@@ -264,12 +265,8 @@ func flockFile(ctx context.Context, f *os.File) error {
 		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
 			return fmt.Errorf("file: cannot lock %s: %w", f.Name(), err)
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !wait.Sleep(ctx, delay) {
 			return ctx.Err()
-		case <-t.C:
 		}
 		delay = min(2*delay, 5*time.Millisecond)
 	}

@@ -209,18 +209,12 @@ func (s *Store) expireLoop() {
 		for _, id := range due {
 			_ = s.endLease(id) // fails only once closed
 		}
-		timer.Reset(wait)
+		timer.Reset(wait) // no drain: since Go 1.23 a Reset timer never delivers a stale tick
 		select {
 		case <-s.core.Done():
 			return
 		case <-timer.C:
 		case <-s.kick:
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
-			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -171,30 +172,14 @@ func btoi(b bool) int {
 }
 
 func (c Config) withDefaults() Config {
-	if c.URL == "" {
-		c.URL = DefaultURL
-	}
-	if c.Bucket == "" {
-		c.Bucket = DefaultBucket
-	}
-	if c.Replicas == 0 {
-		c.Replicas = 1
-	}
-	if c.History == 0 {
-		c.History = DefaultHistory
-	}
-	if c.MarkerTTL == 0 {
-		c.MarkerTTL = DefaultMarkerTTL
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = DefaultRequestTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.URL = cmp.Or(c.URL, DefaultURL)
+	c.Bucket = cmp.Or(c.Bucket, DefaultBucket)
+	c.Replicas = cmp.Or(c.Replicas, 1)
+	c.History = cmp.Or(c.History, DefaultHistory)
+	c.MarkerTTL = cmp.Or(c.MarkerTTL, DefaultMarkerTTL)
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return c
 }
 

@@ -45,38 +45,20 @@ type Metrics struct {
 // Collectors that reg already holds (another builder registered them) are
 // shared.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	f := promreg.With(reg)
 	m := &Metrics{
-		resolvers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: MetricResolvers,
-			Help: "Name resolvers running (one per gRPC channel and target).",
-		}, []string{"scheme"}),
-		updates: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricUpdates,
-			Help: "Resolver states pushed to gRPC (each a full list of endpoints).",
-		}, []string{"scheme"}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricErrors,
-			Help: "Errors reported to gRPC by name resolvers, by reason (stale, watch_failed, closed, no_instances).",
-		}, []string{"scheme", "reason"}),
-		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricSkipped,
-			Help: "Entries left out of a resolver state, by reason (invalid_json, no_addr, not_dialable, duplicate_address).",
-		}, []string{"scheme", "reason"}),
-		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricResyncs,
-			Help: "Full re-listings after a broken watch, by reason (compacted, watch_failed, reconnect).",
-		}, []string{"scheme", "reason"}),
+		resolvers: f.GaugeVec(MetricResolvers,
+			"Name resolvers running (one per gRPC channel and target).", "scheme"),
+		updates: f.CounterVec(MetricUpdates,
+			"Resolver states pushed to gRPC (each a full list of endpoints).", "scheme"),
+		errors: f.CounterVec(MetricErrors,
+			"Errors reported to gRPC by name resolvers, by reason (stale, watch_failed, closed, no_instances).", "scheme", "reason"),
+		skipped: f.CounterVec(MetricSkipped,
+			"Entries left out of a resolver state, by reason (invalid_json, no_addr, not_dialable, duplicate_address).", "scheme", "reason"),
+		resyncs: f.CounterVec(MetricResyncs,
+			"Full re-listings after a broken watch, by reason (compacted, watch_failed, reconnect).", "scheme", "reason"),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var err error
-	m.resolvers = promreg.Register(reg, m.resolvers, &err)
-	m.updates = promreg.Register(reg, m.updates, &err)
-	m.errors = promreg.Register(reg, m.errors, &err)
-	m.skipped = promreg.Register(reg, m.skipped, &err)
-	m.resyncs = promreg.Register(reg, m.resyncs, &err)
-	if err != nil {
+	if err := f.Err(); err != nil {
 		return nil, err
 	}
 	return m, nil
