@@ -2,6 +2,7 @@ package view
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/beaconplane/beacon"
 )
@@ -19,8 +20,8 @@ import (
 // (the same versions give the same events), which DiffLog and DiffTrees
 // are.
 type Memo struct {
-	mu   sync.Mutex // held only to read or replace last
-	last *memoEntry
+	mu   sync.Mutex // taken only to replace last
+	last atomic.Pointer[memoEntry]
 }
 
 type memoEntry struct {
@@ -32,15 +33,25 @@ type memoEntry struct {
 // Events returns the events from old to cur, computed by compute unless
 // another caller computes or computed them for the same pair.
 func (m *Memo) Events(old, cur *Version, compute func() []beacon.Event) []beacon.Event {
-	m.mu.Lock()
-	e := m.last
-	if e == nil || e.old != old || e.cur != cur {
-		e = &memoEntry{old: old, cur: cur}
-		m.last = e
-	}
-	m.mu.Unlock()
+	e := m.entry(old, cur)
 	e.once.Do(func() { e.events = compute() })
 	return cloneEvents(e.events)
+}
+
+// entry returns the entry of the pair, replacing the last one if it is of
+// another pair. Those asking for the remembered pair take no lock.
+func (m *Memo) entry(old, cur *Version) *memoEntry {
+	if e := m.last.Load(); e != nil && e.old == old && e.cur == cur {
+		return e
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.last.Load(); e != nil && e.old == old && e.cur == cur {
+		return e
+	}
+	e := &memoEntry{old: old, cur: cur}
+	m.last.Store(e)
+	return e
 }
 
 func cloneEvents(events []beacon.Event) []beacon.Event {
