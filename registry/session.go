@@ -312,13 +312,7 @@ func (s *session) loop() {
 		case <-s.r.ctx.Done():
 			return
 		case <-timer.C:
-		case <-s.kick:
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
-			}
+		case <-s.kick: // the Reset below drops a tick due meanwhile (Go 1.23 timers)
 		}
 		if s.currentState() == StateLost {
 			s.recover()
