@@ -136,7 +136,7 @@ func TestRegistryScenariosSmall(t *testing.T) {
 	if rep, err = RunMemory(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, 2)
+	checkReport(t, rep, 3) // server heap per instance, client heap per registration, client heap per watcher
 }
 
 // TestRegisterCeiling runs the register scenario at a small size with
