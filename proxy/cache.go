@@ -518,45 +518,44 @@ func (c *rangeCache) wrote(resp []byte) {
 // headerRevision reads header.revision (field 1, then field 3) of an
 // encoded etcd response; 0 if there is none.
 func headerRevision(b []byte) int64 {
+	v, ok := protoField(b, 1, protowire.BytesType)
+	if !ok {
+		return 0
+	}
+	hdr, n := protowire.ConsumeBytes(v)
+	if n < 0 {
+		return 0
+	}
+	if v, ok = protoField(hdr, 3, protowire.VarintType); !ok {
+		return 0
+	}
+	rev, n := protowire.ConsumeVarint(v)
+	if n < 0 {
+		return 0
+	}
+	return int64(rev)
+}
+
+// protoField finds the first field num of type typ in the encoded message
+// b and returns b from its value on; false if there is none or b is
+// malformed before it.
+func protoField(b []byte, num protowire.Number, typ protowire.Type) ([]byte, bool) {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		fnum, ftyp, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return 0
+			return nil, false
 		}
 		b = b[n:]
-		if num == 1 && typ == protowire.BytesType {
-			hdr, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return 0
-			}
-			for len(hdr) > 0 {
-				num, typ, n := protowire.ConsumeTag(hdr)
-				if n < 0 {
-					return 0
-				}
-				hdr = hdr[n:]
-				if num == 3 && typ == protowire.VarintType {
-					v, n := protowire.ConsumeVarint(hdr)
-					if n < 0 {
-						return 0
-					}
-					return int64(v)
-				}
-				n = protowire.ConsumeFieldValue(num, typ, hdr)
-				if n < 0 {
-					return 0
-				}
-				hdr = hdr[n:]
-			}
-			return 0
+		if fnum == num && ftyp == typ {
+			return b, true
 		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
+		n = protowire.ConsumeFieldValue(fnum, ftyp, b)
 		if n < 0 {
-			return 0
+			return nil, false
 		}
 		b = b[n:]
 	}
-	return 0
+	return nil, false
 }
 
 // stats for the metrics.
