@@ -331,18 +331,16 @@ func (r *hubRig) watchBehind(si int, key, end string, start int64, noPut, noDel 
 	id := r.nextID
 	r.nextID++
 	w := &cwatcher{id: id, idPart: watchIDPart(id), s: s, key: watchKey{key: key, end: end}, variant: filterVariant(noPut, noDel)}
-	s.mu.Lock()
-	s.watchers[id] = w
-	s.mu.Unlock()
-	r.h.watcherAdded()
 	head := r.etcd.head()
 	current := max(head-lag, 0)
-	if !r.h.attach(w, start, &pb.ResponseHeader{Revision: current}) {
+	s.add(w, start, &pb.ResponseHeader{Revision: current})
+	r.h.mu.Lock()
+	up := w.up
+	r.ups[up] = true
+	r.h.mu.Unlock()
+	if up == nil {
 		r.t.Fatal("attach refused")
 	}
-	r.h.mu.Lock()
-	r.ups[w.up] = true
-	r.h.mu.Unlock()
 	m := &modelWatcher{w: w, rec: r.recs[si], key: key, end: end, noPut: noPut, noDel: noDel, start: start, current: current, createdRev: head}
 	r.models = append(r.models, m)
 	return m
@@ -1061,4 +1059,79 @@ func TestHubResponseOfAReplacedWatchIsIgnored(t *testing.T) {
 			t.Fatalf("the client watcher was cancelled by the replaced watch's response: %v", resp)
 		}
 	}
+}
+
+// TestHubNoWatcherAttachedAfterItsStreamEnded: a client stream that ends
+// while a watcher's create is under way (its Range in flight) keeps no
+// watcher on an upstream: the stream's end (detachAll) found nothing to
+// detach yet, so attach refuses the watcher, which is counted out and
+// opens no upstream watch. Otherwise the upstream would feed a stream
+// nobody reads, for good.
+func TestHubNoWatcherAttachedAfterItsStreamEnded(t *testing.T) {
+	r := newHubRig(t, 1)
+	r.etcd.write("a", false)
+	s := r.streams[0]
+	s.detachAll() // the stream ends while create's Range is in flight
+	w := &cwatcher{id: 7, idPart: watchIDPart(7), s: s, key: watchKey{key: "a"}}
+	s.add(w, 0, &pb.ResponseHeader{Revision: 1}) // the Range answers
+	r.h.mu.Lock()
+	up := w.up
+	r.h.mu.Unlock()
+	s.mu.Lock()
+	kept := s.watchers[w.id] != nil
+	s.mu.Unlock()
+	if up != nil || r.upstreams("a", "") != 0 || kept || r.h.watchers.Load() != 0 {
+		t.Fatalf("a watcher created on an ended stream: attached %v, %d upstream watches, kept by the stream %v, %d watchers counted; want none",
+			up != nil, r.upstreams("a", ""), kept, r.h.watchers.Load())
+	}
+}
+
+// TestHubMergedUpstreamIsClosedAtOnce: when two upstreams merge, the one
+// whose receivers moved is closed at once (not only when its watch's
+// channel ends), so that a response still in flight on its watch sends
+// nothing and opens nothing through it: here a compaction below its next
+// revision, which would open an open upstream's watch again
+// (reopenCompacted) — on one that was merged, an etcd watch feeding no
+// one, for good.
+func TestHubMergedUpstreamIsClosedAtOnce(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	r.watch(0, "a", "", 0, false, false) // from 4: caught up at once
+	r.etcd.watchAt(t, 0)                 // opened: the next is the other's
+	past := r.watch(0, "a", "", 1, false, false)
+	absorbed := past.w.up
+	hist := r.etcd.watchAt(t, 1)
+	r.etcd.step(hist, 1) // created
+	hist.mu.Lock()       // its channel stays open while the test sends on it
+	var evs []*clientv3.Event
+	for rev := int64(1); rev <= 3; rev++ {
+		evs = append(evs, &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte("a"), Value: []byte(fmt.Sprint(rev)), ModRevision: rev}})
+	}
+	// Revisions 1..3: caught up at the other upstream's next revision, so
+	// the merge after this response moves its receiver there.
+	hist.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}, Events: evs}
+	// In flight: a compaction below its next revision (the send returns once
+	// the previous response and its merge are done).
+	hist.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}, CompactRevision: 2, Canceled: true}
+	// The compaction is dispatched once this is received.
+	hist.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}}
+	hist.mu.Unlock()
+	r.h.mu.Lock()
+	moved := past.w.up != absorbed
+	r.h.mu.Unlock()
+	absorbed.mu.Lock()
+	closed := absorbed.closed
+	absorbed.mu.Unlock()
+	r.etcd.mu.Lock()
+	opened := len(r.etcd.watches)
+	r.etcd.mu.Unlock()
+	if !moved || !closed || opened != 2 {
+		t.Fatalf("merged: receiver moved %v, the upstream it left closed %v, %d etcd watches opened; want moved, closed, 2", moved, closed, opened)
+	}
+	r.checkGroups()
+	r.etcd.write("a", false)
+	r.settle()
+	r.check()
 }

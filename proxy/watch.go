@@ -180,14 +180,19 @@ func (h *watchHub) watcherRemoved() {
 }
 
 // attach puts w on a fitting upstream (or a new one) and queues its
-// created response before any event.
+// created response before any event. It refuses (false) when the hub is
+// closed, or w's stream has ended: the stream's detachAll marks it ended
+// before it detaches its watchers under h.mu, so a watcher whose create
+// was still under way (its Range in flight) is either attached before and
+// detached by it, or refused here: never left on an upstream
+// (TestHubNoWatcherAttachedAfterItsStreamEnded).
 func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool {
 	if hdr == nil {
 		hdr = &pb.ResponseHeader{}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.closed {
+	if h.closed || w.s.ended() {
 		return false
 	}
 	current := hdr.Revision
