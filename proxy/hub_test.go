@@ -1135,3 +1135,38 @@ func TestHubMergedUpstreamIsClosedAtOnce(t *testing.T) {
 	r.settle()
 	r.check()
 }
+
+// TestHubEndedUpstreamIsClosedAtOnce: an upstream ended (here: every
+// watch cancelled, no member left to move to) is closed at once, so that
+// a response still in flight on its watch — a compaction below its next
+// revision, which would open an open upstream's watch again — opens no
+// etcd watch that feeds no one.
+func TestHubEndedUpstreamIsClosedAtOnce(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	m := r.watch(0, "a", "", 1, false, false)
+	u := m.w.up
+	mw := r.etcd.watchAt(t, 0)
+	r.etcd.step(mw, 1)  // created
+	r.etcd.step(mw, 10) // revisions 1..3: next 4
+	mw.mu.Lock()        // its channel stays open while the test sends on it
+	r.h.endAll("proxy: no etcd member is available")
+	mw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}, CompactRevision: 2, Canceled: true}
+	mw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}} // the compaction was dispatched
+	mw.mu.Unlock()
+	u.mu.Lock()
+	closed := u.closed
+	u.mu.Unlock()
+	r.etcd.mu.Lock()
+	opened := len(r.etcd.watches)
+	r.etcd.mu.Unlock()
+	if !closed || opened != 1 {
+		t.Fatalf("ended: upstream closed %v, %d etcd watches opened; want closed, 1", closed, opened)
+	}
+	r.checkGroups()
+	if resps := r.responses(m, 3); !resps[len(resps)-1].Canceled { // created, events, canceled
+		t.Fatalf("the watcher of the ended upstream: %v, want a canceled response last", resps)
+	}
+}

@@ -30,6 +30,7 @@ import (
 // its JSON gateway, /metrics and /health, forwarding to the members of one
 // cluster. Create it with New, run it with Serve or Run, stop it with
 // Close or by cancelling the context.
+// Lock order: mu, streamsMu, finding.mu and anon.mu are never held together, nor under another lock.
 type Proxy struct {
 	cfg        Config
 	log        *slog.Logger

@@ -493,7 +493,7 @@ func (u *upstream) end(hdr *pb.ResponseHeader, compactRev int64, reason string) 
 	h.mu.Lock()
 	u.mu.Lock()
 	already := u.closed
-	u.closed = true
+	u.closed = true // a response in flight reopens nothing (TestHubEndedUpstreamIsClosedAtOnce)
 	recv := u.receivers
 	u.receivers = map[*cwatcher]struct{}{}
 	u.mu.Unlock()
@@ -593,7 +593,7 @@ func (h *watchHub) moveLocked(from, to *upstream) bool {
 			w.s.mu.Unlock()
 		}
 		from.receivers = map[*cwatcher]struct{}{}
-		from.closed = true
+		from.closed = true // nothing is sent or reopened through it (TestHubMergedUpstreamIsClosedAtOnce)
 	}
 	to.mu.Unlock()
 	from.mu.Unlock()
