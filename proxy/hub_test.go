@@ -1170,3 +1170,72 @@ func TestHubEndedUpstreamIsClosedAtOnce(t *testing.T) {
 		t.Fatalf("the watcher of the ended upstream: %v, want a canceled response last", resps)
 	}
 }
+
+// TestHubMergesIntoTheUpstreamBehindWhenItCatchesUp: the merge check
+// after an upstream's response tries both directions: here the one that
+// responded has caught up behind the other, so the other's receivers
+// move to it at once, without waiting for the other (which may stay
+// quiet) to respond.
+func TestHubMergesIntoTheUpstreamBehindWhenItCatchesUp(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	r.watch(0, "a", "", 0, false, false) // from 4
+	ahead := r.etcd.watchAt(t, 0)
+	r.etcd.step(ahead, 1) // created at 3
+	r.watch(0, "a", "", 1, false, false)
+	behind := r.etcd.watchAt(t, 1)
+	r.etcd.write("a", false)
+	r.etcd.step(ahead, 1)  // revision 4: next 5
+	r.etcd.step(ahead, 1)  // progress: revision 4 dispatched
+	r.etcd.step(behind, 1) // created
+	r.etcd.step(behind, 3) // revisions 1..3 at etcd's 4: next 4, not caught up
+	if n := r.upstreams("a", ""); n != 2 {
+		t.Fatalf("%d upstream watches before the one behind caught up, want 2", n)
+	}
+	behind.mu.Lock() // the test sends on its channel
+	// Progress at 3: caught up, next 4, behind the other's 5.
+	behind.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}}
+	behind.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}} // the first and its merge check are done
+	behind.mu.Unlock()
+	if n := r.upstreams("a", ""); n != 1 {
+		t.Fatalf("%d upstream watches once the one behind caught up, want 1 (the other's receivers moved to it)", n)
+	}
+	r.settle()
+	r.check()
+}
+
+// TestHubProgressRequestSurvivesAMerge: a client's progress request
+// waits for every upstream of its stream; when one of them merges into
+// another, the wait moves to the one that absorbed it, so the request is
+// answered once that one reports progress (the merged one never will).
+func TestHubProgressRequestSurvivesAMerge(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	r.watch(0, "a", "", 0, false, false) // from 4
+	now := r.etcd.watchAt(t, 0)
+	r.etcd.step(now, 1) // created at 3
+	r.watch(0, "a", "", 1, false, false)
+	past := r.etcd.watchAt(t, 1)
+	r.etcd.step(past, 1) // created
+	r.streams[0].requestProgress()
+	r.etcd.step(past, 10) // revisions 1..3: caught up, merged into the other
+	r.etcd.step(past, 1)  // returns once that merge is done (sent, or its watch stopped)
+	r.etcd.step(now, 1)   // progress at 3
+	deadline := time.Now().Add(hubTimeout)
+	for {
+		wake := r.changed.next()
+		if resps := r.recs[0].responses(clientv3.InvalidWatchID); len(resps) > 0 {
+			if rev := resps[0].Header.GetRevision(); len(resps) != 1 || rev != 3 {
+				t.Fatalf("progress: %v, want one at revision 3", resps)
+			}
+			return
+		}
+		if !waitChange(wake, deadline) {
+			t.Fatalf("no progress notification: %d upstream watches", r.upstreams("a", ""))
+		}
+	}
+}
