@@ -1239,3 +1239,67 @@ func TestHubProgressRequestSurvivesAMerge(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamEndedUpstreamCancelsOnlyItsOwnWatcher: when an upstream
+// ends, each of its watchers that is still its stream's is dropped and
+// cancelled; one the client already cancelled (it got its canceled
+// response then) gets no second one, and a new watcher the client
+// created with the same ID stays, uncancelled.
+func TestStreamEndedUpstreamCancelsOnlyItsOwnWatcher(t *testing.T) {
+	r := newHubRig(t, 0)
+	u := &upstream{}
+	for _, reused := range []bool{false, true} {
+		s := r.bareStream()
+		old := &cwatcher{id: 5, idPart: watchIDPart(5), s: s}
+		mine := old
+		if reused {
+			mine = &cwatcher{id: 5, idPart: watchIDPart(5), s: s} // the client re-created ID 5
+		}
+		s.mu.Lock()
+		s.watchers[5] = mine
+		s.mu.Unlock()
+		s.upstreamEnded(old, u, &pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: 5, Canceled: true})
+		s.mu.Lock()
+		kept, queued := s.watchers[5], len(s.queue)
+		s.mu.Unlock()
+		if reused && (kept != mine || queued != 0) {
+			t.Fatalf("ID 5 re-created: the new watcher kept %v, %d responses queued; want kept, none", kept == mine, queued)
+		}
+		if !reused && (kept != nil || queued != 1) {
+			t.Fatalf("the stream's own watcher: still listed %v, %d responses queued; want dropped, one (canceled)", kept != nil, queued)
+		}
+	}
+}
+
+// TestHubProgressRequestDoesNotWaitForAnEndedUpstream: a client's
+// progress request waiting on several upstreams waits no more on one
+// that ends (it will never report progress): the others' progress
+// answers it.
+func TestHubProgressRequestDoesNotWaitForAnEndedUpstream(t *testing.T) {
+	r := newHubRig(t, 1)
+	r.etcd.write("a", false)
+	r.watch(0, "a", "", 0, false, false)
+	ua := r.etcd.watchAt(t, 0)
+	r.etcd.step(ua, 1) // created at 1
+	mb := r.watch(0, "b", "", 0, false, false)
+	r.etcd.step(r.etcd.watchAt(t, 1), 1)
+	r.streams[0].requestProgress()
+	r.h.mu.Lock()
+	ub := mb.w.up
+	r.h.mu.Unlock()
+	ub.end(nil, 0, "proxy: the watch of b ended")
+	r.etcd.step(ua, 1) // progress at 1: the request is complete
+	deadline := time.Now().Add(hubTimeout)
+	for {
+		wake := r.changed.next()
+		if resps := r.recs[0].responses(clientv3.InvalidWatchID); len(resps) > 0 {
+			if rev := resps[0].Header.GetRevision(); len(resps) != 1 || rev != 1 {
+				t.Fatalf("progress: %v, want one at revision 1", resps)
+			}
+			return
+		}
+		if !waitChange(wake, deadline) {
+			t.Fatal("no progress notification once the other upstream ended")
+		}
+	}
+}

@@ -513,16 +513,7 @@ func (u *upstream) end(hdr *pb.ResponseHeader, compactRev int64, reason string) 
 		// w left u.receivers here (a detach after this finds it gone):
 		// count it out here, even when its stream already dropped it.
 		h.watcherRemoved()
-		s := w.s
-		s.mu.Lock()
-		if s.watchers[w.id] == w {
-			delete(s.watchers, w.id)
-		}
-		s.mu.Unlock()
-		s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, hdr.Revision), WatchId: w.id, Canceled: true, CompactRevision: compactRev, CancelReason: reason})
-		if s.progressDone(u) {
-			s.answerProgress()
-		}
+		w.s.upstreamEnded(w, u, &pb.WatchResponse{Header: withRevision(hdr, hdr.Revision), WatchId: w.id, Canceled: true, CompactRevision: compactRev, CancelReason: reason})
 	}
 }
 

@@ -431,6 +431,26 @@ func (s *cstream) cancelWatch(id int64) {
 	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: id, Canceled: true})
 }
 
+// upstreamEnded cancels w, whose upstream u ended: the client gets resp
+// (canceled) unless w is no longer the stream's: the client cancelled it
+// (and got its canceled response from cancelWatch; it may have created
+// another watcher with the same ID since), or the stream ended. A
+// progress request waiting on u waits no more.
+func (s *cstream) upstreamEnded(w *cwatcher, u *upstream, resp *pb.WatchResponse) {
+	s.mu.Lock()
+	ours := s.watchers[w.id] == w
+	if ours {
+		delete(s.watchers, w.id)
+	}
+	s.mu.Unlock()
+	if ours {
+		s.enqueue(resp)
+	}
+	if s.progressDone(u) {
+		s.answerProgress()
+	}
+}
+
 // detachAll ends s: no watcher is attached to it from now on (attach
 // asks ended), and those it has are detached.
 func (s *cstream) detachAll() {
