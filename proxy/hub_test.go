@@ -1303,3 +1303,39 @@ func TestHubProgressRequestDoesNotWaitForAnEndedUpstream(t *testing.T) {
 		}
 	}
 }
+
+// TestHubLaggingWatcherFromNowJoinsTheUpstreamLeastAhead: a watcher from
+// now whose create read a revision every upstream of its range has
+// passed joins the one whose next revision is lowest: its created
+// revision is then the closest to the one its create read (any of them
+// would keep etcd's contract; the others start it further on).
+func TestHubLaggingWatcherFromNowJoinsTheUpstreamLeastAhead(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	r.watch(0, "a", "", 0, false, false) // from 4
+	aw := r.etcd.watchAt(t, 0)
+	r.etcd.step(aw, 1) // created at 3
+	r.etcd.write("a", false)
+	r.etcd.write("a", false)
+	r.etcd.step(aw, 10) // revisions 4, 5: next 6
+	r.etcd.step(aw, 1)  // progress: dispatched
+	r.watch(0, "a", "", 1, false, false)
+	pw := r.etcd.watchAt(t, 1)
+	r.etcd.step(pw, 1) // created
+	var evs []*clientv3.Event
+	for rev := int64(1); rev <= 3; rev++ {
+		evs = append(evs, &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte("a"), Value: []byte(fmt.Sprint(rev)), ModRevision: rev}})
+	}
+	pw.mu.Lock()                                                                            // the test sends on its channel
+	pw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 5}, Events: evs}   // next 4, still replaying
+	pw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 5}, Created: true} // the events are dispatched
+	pw.mu.Unlock()
+	late := r.watchBehind(0, "a", "", 0, false, false, 3) // create read revision 2
+	if resps := r.responses(late, 1); resps[0].Header.GetRevision() != 3 {
+		t.Fatalf("watcher from now, create at 2, upstreams at 4 and 6: created at %d, want 3", resps[0].Header.GetRevision())
+	}
+	r.settle()
+	r.check()
+}
