@@ -318,18 +318,14 @@ func (u *upstream) watchLocked(w clientv3.Watcher, from int64) {
 	h.wg.Go(func() { u.run(w.Watch(ctx, k.key, opts...), gen) })
 }
 
-// restart feeds u from a new watch on w (another member), from the first
-// revision it has not delivered; h.mu is held. It reports whether u was
-// still open.
-func (u *upstream) restart(w clientv3.Watcher) bool {
+// restart feeds u, an upstream of a group (so open: h.mu is held), from
+// a new watch on w (another member), from the first revision it has not
+// delivered.
+func (u *upstream) restart(w clientv3.Watcher) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if u.closed {
-		return false
-	}
 	u.heard.Store(time.Now().UnixNano())
 	u.reopenLocked(w, u.pos.Next)
-	return true
 }
 
 // reopenLocked feeds u from a new watch on w from revision from, in place

@@ -324,9 +324,8 @@ func (h *watchHub) checkMember() {
 	n := 0
 	for _, ups := range h.groups {
 		for _, u := range ups {
-			if u.restart(cli.Watcher) {
-				n++
-			}
+			u.restart(cli.Watcher)
+			n++
 		}
 	}
 	h.mu.Unlock()
