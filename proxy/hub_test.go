@@ -1339,3 +1339,26 @@ func TestHubLaggingWatcherFromNowJoinsTheUpstreamLeastAhead(t *testing.T) {
 	r.settle()
 	r.check()
 }
+
+// TestHubWatcherFromThePastCreatedAtTheCurrentRevision: a watcher from a
+// start revision is created, as etcd creates it, with the current
+// revision its create read in the header (not the revision before its
+// start), both on an upstream of its own and on one it joins.
+func TestHubWatcherFromThePastCreatedAtTheCurrentRevision(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	own := r.watch(0, "a", "", 1, false, false)
+	joined := r.watch(0, "a", "", 1, false, false)
+	if n := r.upstreams("a", ""); n != 1 {
+		t.Fatalf("%d upstream watches, want 1", n)
+	}
+	for _, m := range []*modelWatcher{own, joined} {
+		if resps := r.responses(m, 1); !resps[0].Created || resps[0].Header.GetRevision() != 3 {
+			t.Fatalf("watcher from 1 at revision 3: first response %v, want created at 3", resps[0])
+		}
+	}
+	r.settle()
+	r.check()
+}
