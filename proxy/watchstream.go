@@ -106,10 +106,7 @@ func (h *watchHub) serve(ss grpc.ServerStream) error {
 	}()
 	sendErr := s.sendLoop()
 	cancel(nil)
-	s.detachAll()
-	s.mu.Lock()
-	s.queue, s.spare, s.open = nil, nil, nil // what waits holds shared batches
-	s.mu.Unlock()
+	s.detachAll() // nothing holds s once its receive loop ends: what still waits for it goes with it
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
 		if status.Code(err) == codes.Unknown && ss.Context().Err() != nil {
 			return nil
