@@ -802,6 +802,34 @@ func TestHubWatcherFromTheUpstreamsNextRevisionSharesIt(t *testing.T) {
 	r.check()
 }
 
+// progressAt waits for stream si's one progress notification (watch ID
+// -1) and fails unless it is at revision rev.
+func (r *hubRig) progressAt(si int, rev int64) {
+	deadline := time.Now().Add(hubTimeout)
+	for {
+		wake := r.changed.next()
+		if resps := r.recs[si].responses(clientv3.InvalidWatchID); len(resps) > 0 {
+			if got := resps[0].Header.GetRevision(); len(resps) != 1 || got != rev {
+				r.t.Fatalf("progress: %v, want one at revision %d", resps, rev)
+			}
+			return
+		}
+		if !waitChange(wake, deadline) {
+			r.t.Fatalf("no progress notification within %v", hubTimeout)
+		}
+	}
+}
+
+// puts is an upstream response's events: puts of key a at revisions from
+// to to, as memEtcd sends them.
+func puts(from, to int64) []*clientv3.Event {
+	var evs []*clientv3.Event
+	for rev := from; rev <= to; rev++ {
+		evs = append(evs, &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte("a"), Value: []byte(fmt.Sprint(rev)), ModRevision: rev}})
+	}
+	return evs
+}
+
 // TestHubProgressAtTheRevisionEveryWatcherHas: a client's progress
 // request is answered once every upstream of its stream reported
 // progress, at the highest revision every watcher of the stream has
@@ -819,19 +847,7 @@ func TestHubProgressAtTheRevisionEveryWatcherHas(t *testing.T) {
 	r.etcd.step(ua, 1)       // progress at 2
 	r.etcd.write("c", false) // 3
 	r.etcd.step(ub, 1)       // progress at 3: the request is complete
-	deadline := time.Now().Add(hubTimeout)
-	for {
-		wake := r.changed.next()
-		if resps := r.recs[0].responses(clientv3.InvalidWatchID); len(resps) > 0 {
-			if rev := resps[0].Header.GetRevision(); len(resps) != 1 || rev != 2 {
-				t.Fatalf("progress: %v, want one at revision 2 (the watcher of a has all up to 2, of b up to 3)", resps)
-			}
-			return
-		}
-		if !waitChange(wake, deadline) {
-			t.Fatal("no progress notification")
-		}
-	}
+	r.progressAt(0, 2)       // the watcher of a has all up to 2, of b up to 3
 }
 
 // bareStream is a client stream of r's hub without a sender: what it
@@ -1105,13 +1121,9 @@ func TestHubMergedUpstreamIsClosedAtOnce(t *testing.T) {
 	hist := r.etcd.watchAt(t, 1)
 	r.etcd.step(hist, 1) // created
 	hist.mu.Lock()       // its channel stays open while the test sends on it
-	var evs []*clientv3.Event
-	for rev := int64(1); rev <= 3; rev++ {
-		evs = append(evs, &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte("a"), Value: []byte(fmt.Sprint(rev)), ModRevision: rev}})
-	}
 	// Revisions 1..3: caught up at the other upstream's next revision, so
 	// the merge after this response moves its receiver there.
-	hist.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}, Events: evs}
+	hist.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}, Events: puts(1, 3)}
 	// In flight: a compaction below its next revision (the send returns once
 	// the previous response and its merge are done).
 	hist.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}, CompactRevision: 2, Canceled: true}
@@ -1225,19 +1237,7 @@ func TestHubProgressRequestSurvivesAMerge(t *testing.T) {
 	r.etcd.step(past, 10) // revisions 1..3: caught up, merged into the other
 	r.etcd.step(past, 1)  // returns once that merge is done (sent, or its watch stopped)
 	r.etcd.step(now, 1)   // progress at 3
-	deadline := time.Now().Add(hubTimeout)
-	for {
-		wake := r.changed.next()
-		if resps := r.recs[0].responses(clientv3.InvalidWatchID); len(resps) > 0 {
-			if rev := resps[0].Header.GetRevision(); len(resps) != 1 || rev != 3 {
-				t.Fatalf("progress: %v, want one at revision 3", resps)
-			}
-			return
-		}
-		if !waitChange(wake, deadline) {
-			t.Fatalf("no progress notification: %d upstream watches", r.upstreams("a", ""))
-		}
-	}
+	r.progressAt(0, 3)
 }
 
 // TestStreamEndedUpstreamCancelsOnlyItsOwnWatcher: when an upstream
@@ -1289,19 +1289,7 @@ func TestHubProgressRequestDoesNotWaitForAnEndedUpstream(t *testing.T) {
 	r.h.mu.Unlock()
 	ub.end(nil, 0, "proxy: the watch of b ended")
 	r.etcd.step(ua, 1) // progress at 1: the request is complete
-	deadline := time.Now().Add(hubTimeout)
-	for {
-		wake := r.changed.next()
-		if resps := r.recs[0].responses(clientv3.InvalidWatchID); len(resps) > 0 {
-			if rev := resps[0].Header.GetRevision(); len(resps) != 1 || rev != 1 {
-				t.Fatalf("progress: %v, want one at revision 1", resps)
-			}
-			return
-		}
-		if !waitChange(wake, deadline) {
-			t.Fatal("no progress notification once the other upstream ended")
-		}
-	}
+	r.progressAt(0, 1)
 }
 
 // TestHubLaggingWatcherFromNowJoinsTheUpstreamLeastAhead: a watcher from
@@ -1323,14 +1311,10 @@ func TestHubLaggingWatcherFromNowJoinsTheUpstreamLeastAhead(t *testing.T) {
 	r.etcd.step(aw, 1)  // progress: dispatched
 	r.watch(0, "a", "", 1, false, false)
 	pw := r.etcd.watchAt(t, 1)
-	r.etcd.step(pw, 1) // created
-	var evs []*clientv3.Event
-	for rev := int64(1); rev <= 3; rev++ {
-		evs = append(evs, &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte("a"), Value: []byte(fmt.Sprint(rev)), ModRevision: rev}})
-	}
-	pw.mu.Lock()                                                                            // the test sends on its channel
-	pw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 5}, Events: evs}   // next 4, still replaying
-	pw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 5}, Created: true} // the events are dispatched
+	r.etcd.step(pw, 1)                                                                           // created
+	pw.mu.Lock()                                                                                 // the test sends on its channel
+	pw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 5}, Events: puts(1, 3)} // next 4, still replaying
+	pw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 5}, Created: true}      // the events are dispatched
 	pw.mu.Unlock()
 	late := r.watchBehind(0, "a", "", 0, false, false, 3) // create read revision 2
 	if resps := r.responses(late, 1); resps[0].Header.GetRevision() != 3 {
