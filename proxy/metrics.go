@@ -82,6 +82,20 @@ func (f *metricFactory) gaugeVec(name, help string, labels ...string) *prometheu
 	return keep(f, prometheus.NewGaugeVec(prometheus.GaugeOpts(metricOpts(name, help)), labels))
 }
 
+func (f *metricFactory) gaugeFunc(name, help string, fn func() float64) prometheus.GaugeFunc {
+	return keep(f, prometheus.NewGaugeFunc(prometheus.GaugeOpts(metricOpts(name, help)), fn))
+}
+
+// register registers every series f made.
+func (f *metricFactory) register(reg prometheus.Registerer) error {
+	for _, c := range f.made {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var f metricFactory
 	m := &metrics{
@@ -134,10 +148,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		kaSilences: f.counter("upstream_keepalive_silences_total",
 			"Times a keep-alive went unanswered on the upstream keep-alive stream for the keep-alive silence timeout and the stream moved to another member."),
 	}
-	for _, c := range f.made {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	if err := f.register(reg); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
