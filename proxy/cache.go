@@ -518,45 +518,44 @@ func (c *rangeCache) wrote(resp []byte) {
 // headerRevision reads header.revision (field 1, then field 3) of an
 // encoded etcd response; 0 if there is none.
 func headerRevision(b []byte) int64 {
+	v, ok := protoField(b, 1, protowire.BytesType)
+	if !ok {
+		return 0
+	}
+	hdr, n := protowire.ConsumeBytes(v)
+	if n < 0 {
+		return 0
+	}
+	if v, ok = protoField(hdr, 3, protowire.VarintType); !ok {
+		return 0
+	}
+	rev, n := protowire.ConsumeVarint(v)
+	if n < 0 {
+		return 0
+	}
+	return int64(rev)
+}
+
+// protoField finds the first field num of type typ in the encoded message
+// b and returns b from its value on; false if there is none or b is
+// malformed before it.
+func protoField(b []byte, num protowire.Number, typ protowire.Type) ([]byte, bool) {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		fnum, ftyp, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return 0
+			return nil, false
 		}
 		b = b[n:]
-		if num == 1 && typ == protowire.BytesType {
-			hdr, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return 0
-			}
-			for len(hdr) > 0 {
-				num, typ, n := protowire.ConsumeTag(hdr)
-				if n < 0 {
-					return 0
-				}
-				hdr = hdr[n:]
-				if num == 3 && typ == protowire.VarintType {
-					v, n := protowire.ConsumeVarint(hdr)
-					if n < 0 {
-						return 0
-					}
-					return int64(v)
-				}
-				n = protowire.ConsumeFieldValue(num, typ, hdr)
-				if n < 0 {
-					return 0
-				}
-				hdr = hdr[n:]
-			}
-			return 0
+		if fnum == num && ftyp == typ {
+			return b, true
 		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
+		n = protowire.ConsumeFieldValue(fnum, ftyp, b)
 		if n < 0 {
-			return 0
+			return nil, false
 		}
 		b = b[n:]
 	}
-	return 0
+	return nil, false
 }
 
 // stats for the metrics.
@@ -573,37 +572,31 @@ func (c *rangeCache) stats() (state int, lag int64, staleness time.Duration, key
 // registerCacheMetrics exports the cache's state as gauges read at
 // scrape time.
 func (p *Proxy) registerCacheMetrics(reg prometheus.Registerer) error {
-	const ns, sub = "beacon", "proxy"
-	read := func(f func(state int, lag int64, stale time.Duration, keys int, size int64) float64) func() float64 {
+	read := func(pick func(state int, lag int64, stale time.Duration, keys int, size int64) float64) func() float64 {
 		return func() float64 {
 			if p.cache == nil {
-				return f(cacheOff, 0, 0, 0, 0)
+				return pick(cacheOff, 0, 0, 0, 0)
 			}
-			return f(p.cache.stats())
+			return pick(p.cache.stats())
 		}
 	}
-	for _, g := range []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_state",
-			Help: "The serializable read cache: 0 off (no serializable read yet, or being reloaded), 1 loading, 2 serving, 3 disabled (too large, or the cluster requires authentication)."},
-			read(func(s int, _ int64, _ time.Duration, _ int, _ int64) float64 { return float64(s) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_revision_lag",
-			Help: "Revisions the cache is behind the newest the proxy knows of (its freshness probes and the writes it forwarded)."},
-			read(func(_ int, lag int64, _ time.Duration, _ int, _ int64) float64 { return float64(lag) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_staleness_seconds",
-			Help: "Age of the cache's last confirmation that it held every committed write; answers are served only while it is below the staleness bound."},
-			read(func(_ int, _ int64, st time.Duration, _ int, _ int64) float64 { return st.Seconds() })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_keys",
-			Help: "Keys in the serializable read cache."},
-			read(func(_ int, _ int64, _ time.Duration, k int, _ int64) float64 { return float64(k) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_bytes",
-			Help: "Approximate memory of the serializable read cache's keys and values."},
-			read(func(_ int, _ int64, _ time.Duration, _ int, b int64) float64 { return float64(b) })),
-	} {
-		if err := reg.Register(g); err != nil {
-			return err
-		}
-	}
-	return nil
+	var f metricFactory
+	f.gaugeFunc("cache_state",
+		"The serializable read cache: 0 off (no serializable read yet, or being reloaded), 1 loading, 2 serving, 3 disabled (too large, or the cluster requires authentication).",
+		read(func(s int, _ int64, _ time.Duration, _ int, _ int64) float64 { return float64(s) }))
+	f.gaugeFunc("cache_revision_lag",
+		"Revisions the cache is behind the newest the proxy knows of (its freshness probes and the writes it forwarded).",
+		read(func(_ int, lag int64, _ time.Duration, _ int, _ int64) float64 { return float64(lag) }))
+	f.gaugeFunc("cache_staleness_seconds",
+		"Age of the cache's last confirmation that it held every committed write; answers are served only while it is below the staleness bound.",
+		read(func(_ int, _ int64, st time.Duration, _ int, _ int64) float64 { return st.Seconds() }))
+	f.gaugeFunc("cache_keys",
+		"Keys in the serializable read cache.",
+		read(func(_ int, _ int64, _ time.Duration, k int, _ int64) float64 { return float64(k) }))
+	f.gaugeFunc("cache_bytes",
+		"Approximate memory of the serializable read cache's keys and values.",
+		read(func(_ int, _ int64, _ time.Duration, _ int, b int64) float64 { return float64(b) }))
+	return f.register(reg)
 }
 
 // cachedRange answers an encoded RangeRequest from the cache when it may.

@@ -331,18 +331,16 @@ func (r *hubRig) watchBehind(si int, key, end string, start int64, noPut, noDel 
 	id := r.nextID
 	r.nextID++
 	w := &cwatcher{id: id, idPart: watchIDPart(id), s: s, key: watchKey{key: key, end: end}, variant: filterVariant(noPut, noDel)}
-	s.mu.Lock()
-	s.watchers[id] = w
-	s.mu.Unlock()
-	r.h.watcherAdded()
 	head := r.etcd.head()
 	current := max(head-lag, 0)
-	if !r.h.attach(w, start, &pb.ResponseHeader{Revision: current}) {
+	s.add(w, start, &pb.ResponseHeader{Revision: current})
+	r.h.mu.Lock()
+	up := w.up
+	r.ups[up] = true
+	r.h.mu.Unlock()
+	if up == nil {
 		r.t.Fatal("attach refused")
 	}
-	r.h.mu.Lock()
-	r.ups[w.up] = true
-	r.h.mu.Unlock()
 	m := &modelWatcher{w: w, rec: r.recs[si], key: key, end: end, noPut: noPut, noDel: noDel, start: start, current: current, createdRev: head}
 	r.models = append(r.models, m)
 	return m
@@ -804,6 +802,34 @@ func TestHubWatcherFromTheUpstreamsNextRevisionSharesIt(t *testing.T) {
 	r.check()
 }
 
+// progressAt waits for stream si's one progress notification (watch ID
+// -1) and fails unless it is at revision rev.
+func (r *hubRig) progressAt(si int, rev int64) {
+	deadline := time.Now().Add(hubTimeout)
+	for {
+		wake := r.changed.next()
+		if resps := r.recs[si].responses(clientv3.InvalidWatchID); len(resps) > 0 {
+			if got := resps[0].Header.GetRevision(); len(resps) != 1 || got != rev {
+				r.t.Fatalf("progress: %v, want one at revision %d", resps, rev)
+			}
+			return
+		}
+		if !waitChange(wake, deadline) {
+			r.t.Fatalf("no progress notification within %v", hubTimeout)
+		}
+	}
+}
+
+// puts is an upstream response's events: puts of key a at revisions from
+// to to, as memEtcd sends them.
+func puts(from, to int64) []*clientv3.Event {
+	var evs []*clientv3.Event
+	for rev := from; rev <= to; rev++ {
+		evs = append(evs, &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte("a"), Value: []byte(fmt.Sprint(rev)), ModRevision: rev}})
+	}
+	return evs
+}
+
 // TestHubProgressAtTheRevisionEveryWatcherHas: a client's progress
 // request is answered once every upstream of its stream reported
 // progress, at the highest revision every watcher of the stream has
@@ -821,19 +847,7 @@ func TestHubProgressAtTheRevisionEveryWatcherHas(t *testing.T) {
 	r.etcd.step(ua, 1)       // progress at 2
 	r.etcd.write("c", false) // 3
 	r.etcd.step(ub, 1)       // progress at 3: the request is complete
-	deadline := time.Now().Add(hubTimeout)
-	for {
-		wake := r.changed.next()
-		if resps := r.recs[0].responses(clientv3.InvalidWatchID); len(resps) > 0 {
-			if rev := resps[0].Header.GetRevision(); len(resps) != 1 || rev != 2 {
-				t.Fatalf("progress: %v, want one at revision 2 (the watcher of a has all up to 2, of b up to 3)", resps)
-			}
-			return
-		}
-		if !waitChange(wake, deadline) {
-			t.Fatal("no progress notification")
-		}
-	}
+	r.progressAt(0, 2)       // the watcher of a has all up to 2, of b up to 3
 }
 
 // bareStream is a client stream of r's hub without a sender: what it
@@ -1028,10 +1042,10 @@ func TestHubMovedWatchIsHeardFromTheMove(t *testing.T) {
 	u.heard.Store(0)
 	start := time.Now()
 	r.h.mu.Lock()
-	moved := u.restart(r.etcd)
+	u.restart(r.etcd)
 	r.h.mu.Unlock()
-	if heard := time.Unix(0, u.heard.Load()); !moved || heard.Before(start) {
-		t.Fatalf("moved %v, heard at %v, want at the move (%v) or later", moved, heard, start)
+	if heard := time.Unix(0, u.heard.Load()); heard.Before(start) {
+		t.Fatalf("heard at %v, want at the move (%v) or later", heard, start)
 	}
 }
 
@@ -1061,4 +1075,274 @@ func TestHubResponseOfAReplacedWatchIsIgnored(t *testing.T) {
 			t.Fatalf("the client watcher was cancelled by the replaced watch's response: %v", resp)
 		}
 	}
+}
+
+// TestHubNoWatcherAttachedAfterItsStreamEnded: a client stream that ends
+// while a watcher's create is under way (its Range in flight) keeps no
+// watcher on an upstream: the stream's end (detachAll) found nothing to
+// detach yet, so attach refuses the watcher, which is counted out and
+// opens no upstream watch. Otherwise the upstream would feed a stream
+// nobody reads, for good.
+func TestHubNoWatcherAttachedAfterItsStreamEnded(t *testing.T) {
+	r := newHubRig(t, 1)
+	r.etcd.write("a", false)
+	s := r.streams[0]
+	s.detachAll() // the stream ends while create's Range is in flight
+	w := &cwatcher{id: 7, idPart: watchIDPart(7), s: s, key: watchKey{key: "a"}}
+	s.add(w, 0, &pb.ResponseHeader{Revision: 1}) // the Range answers
+	r.h.mu.Lock()
+	up := w.up
+	r.h.mu.Unlock()
+	s.mu.Lock()
+	kept := s.watchers[w.id] != nil
+	s.mu.Unlock()
+	if up != nil || r.upstreams("a", "") != 0 || kept || r.h.watchers.Load() != 0 {
+		t.Fatalf("a watcher created on an ended stream: attached %v, %d upstream watches, kept by the stream %v, %d watchers counted; want none",
+			up != nil, r.upstreams("a", ""), kept, r.h.watchers.Load())
+	}
+}
+
+// TestHubMergedUpstreamIsClosedAtOnce: when two upstreams merge, the one
+// whose receivers moved is closed at once (not only when its watch's
+// channel ends), so that a response still in flight on its watch sends
+// nothing and opens nothing through it: here a compaction below its next
+// revision, which would open an open upstream's watch again
+// (reopenCompacted) — on one that was merged, an etcd watch feeding no
+// one, for good.
+func TestHubMergedUpstreamIsClosedAtOnce(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	r.watch(0, "a", "", 0, false, false) // from 4: caught up at once
+	r.etcd.watchAt(t, 0)                 // opened: the next is the other's
+	past := r.watch(0, "a", "", 1, false, false)
+	absorbed := past.w.up
+	hist := r.etcd.watchAt(t, 1)
+	r.etcd.step(hist, 1) // created
+	hist.mu.Lock()       // its channel stays open while the test sends on it
+	// Revisions 1..3: caught up at the other upstream's next revision, so
+	// the merge after this response moves its receiver there.
+	hist.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}, Events: puts(1, 3)}
+	// In flight: a compaction below its next revision (the send returns once
+	// the previous response and its merge are done).
+	hist.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}, CompactRevision: 2, Canceled: true}
+	// The compaction is dispatched once this is received.
+	hist.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}}
+	hist.mu.Unlock()
+	r.h.mu.Lock()
+	moved := past.w.up != absorbed
+	r.h.mu.Unlock()
+	absorbed.mu.Lock()
+	closed := absorbed.closed
+	absorbed.mu.Unlock()
+	r.etcd.mu.Lock()
+	opened := len(r.etcd.watches)
+	r.etcd.mu.Unlock()
+	if !moved || !closed || opened != 2 {
+		t.Fatalf("merged: receiver moved %v, the upstream it left closed %v, %d etcd watches opened; want moved, closed, 2", moved, closed, opened)
+	}
+	r.checkGroups()
+	r.etcd.write("a", false)
+	r.settle()
+	r.check()
+}
+
+// TestHubEndedUpstreamIsClosedAtOnce: an upstream ended (here: every
+// watch cancelled, no member left to move to) is closed at once, so that
+// a response still in flight on its watch — a compaction below its next
+// revision, which would open an open upstream's watch again — opens no
+// etcd watch that feeds no one.
+func TestHubEndedUpstreamIsClosedAtOnce(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	m := r.watch(0, "a", "", 1, false, false)
+	u := m.w.up
+	mw := r.etcd.watchAt(t, 0)
+	r.etcd.step(mw, 1)  // created
+	r.etcd.step(mw, 10) // revisions 1..3: next 4
+	mw.mu.Lock()        // its channel stays open while the test sends on it
+	r.h.endAll("proxy: no etcd member is available")
+	mw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}, CompactRevision: 2, Canceled: true}
+	mw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}} // the compaction was dispatched
+	mw.mu.Unlock()
+	u.mu.Lock()
+	closed := u.closed
+	u.mu.Unlock()
+	r.etcd.mu.Lock()
+	opened := len(r.etcd.watches)
+	r.etcd.mu.Unlock()
+	if !closed || opened != 1 {
+		t.Fatalf("ended: upstream closed %v, %d etcd watches opened; want closed, 1", closed, opened)
+	}
+	r.checkGroups()
+	if resps := r.responses(m, 3); !resps[len(resps)-1].Canceled { // created, events, canceled
+		t.Fatalf("the watcher of the ended upstream: %v, want a canceled response last", resps)
+	}
+}
+
+// TestHubMergesIntoTheUpstreamBehindWhenItCatchesUp: the merge check
+// after an upstream's response tries both directions: here the one that
+// responded has caught up behind the other, so the other's receivers
+// move to it at once, without waiting for the other (which may stay
+// quiet) to respond.
+func TestHubMergesIntoTheUpstreamBehindWhenItCatchesUp(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	r.watch(0, "a", "", 0, false, false) // from 4
+	ahead := r.etcd.watchAt(t, 0)
+	r.etcd.step(ahead, 1) // created at 3
+	r.watch(0, "a", "", 1, false, false)
+	behind := r.etcd.watchAt(t, 1)
+	r.etcd.write("a", false)
+	r.etcd.step(ahead, 1)  // revision 4: next 5
+	r.etcd.step(ahead, 1)  // progress: revision 4 dispatched
+	r.etcd.step(behind, 1) // created
+	r.etcd.step(behind, 3) // revisions 1..3 at etcd's 4: next 4, not caught up
+	if n := r.upstreams("a", ""); n != 2 {
+		t.Fatalf("%d upstream watches before the one behind caught up, want 2", n)
+	}
+	behind.mu.Lock() // the test sends on its channel
+	// Progress at 3: caught up, next 4, behind the other's 5.
+	behind.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}}
+	behind.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}} // the first and its merge check are done
+	behind.mu.Unlock()
+	if n := r.upstreams("a", ""); n != 1 {
+		t.Fatalf("%d upstream watches once the one behind caught up, want 1 (the other's receivers moved to it)", n)
+	}
+	r.settle()
+	r.check()
+}
+
+// TestHubProgressRequestSurvivesAMerge: a client's progress request
+// waits for every upstream of its stream; when one of them merges into
+// another, the wait moves to the one that absorbed it, so the request is
+// answered once that one reports progress (the merged one never will).
+func TestHubProgressRequestSurvivesAMerge(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	r.watch(0, "a", "", 0, false, false) // from 4
+	now := r.etcd.watchAt(t, 0)
+	r.etcd.step(now, 1) // created at 3
+	r.watch(0, "a", "", 1, false, false)
+	past := r.etcd.watchAt(t, 1)
+	r.etcd.step(past, 1) // created
+	r.streams[0].requestProgress()
+	r.etcd.step(past, 10) // revisions 1..3: caught up, merged into the other
+	r.etcd.step(past, 1)  // returns once that merge is done (sent, or its watch stopped)
+	r.etcd.step(now, 1)   // progress at 3
+	r.progressAt(0, 3)
+}
+
+// TestStreamEndedUpstreamCancelsOnlyItsOwnWatcher: when an upstream
+// ends, each of its watchers that is still its stream's is dropped and
+// cancelled; one the client already cancelled (it got its canceled
+// response then) gets no second one, and a new watcher the client
+// created with the same ID stays, uncancelled.
+func TestStreamEndedUpstreamCancelsOnlyItsOwnWatcher(t *testing.T) {
+	r := newHubRig(t, 0)
+	u := &upstream{}
+	for _, reused := range []bool{false, true} {
+		s := r.bareStream()
+		old := &cwatcher{id: 5, idPart: watchIDPart(5), s: s}
+		mine := old
+		if reused {
+			mine = &cwatcher{id: 5, idPart: watchIDPart(5), s: s} // the client re-created ID 5
+		}
+		s.mu.Lock()
+		s.watchers[5] = mine
+		s.mu.Unlock()
+		s.upstreamEnded(old, u, &pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: 5, Canceled: true})
+		s.mu.Lock()
+		kept, queued := s.watchers[5], len(s.queue)
+		s.mu.Unlock()
+		if reused && (kept != mine || queued != 0) {
+			t.Fatalf("ID 5 re-created: the new watcher kept %v, %d responses queued; want kept, none", kept == mine, queued)
+		}
+		if !reused && (kept != nil || queued != 1) {
+			t.Fatalf("the stream's own watcher: still listed %v, %d responses queued; want dropped, one (canceled)", kept != nil, queued)
+		}
+	}
+}
+
+// TestHubProgressRequestDoesNotWaitForAnEndedUpstream: a client's
+// progress request waiting on several upstreams waits no more on one
+// that ends (it will never report progress): the others' progress
+// answers it.
+func TestHubProgressRequestDoesNotWaitForAnEndedUpstream(t *testing.T) {
+	r := newHubRig(t, 1)
+	r.etcd.write("a", false)
+	r.watch(0, "a", "", 0, false, false)
+	ua := r.etcd.watchAt(t, 0)
+	r.etcd.step(ua, 1) // created at 1
+	mb := r.watch(0, "b", "", 0, false, false)
+	r.etcd.step(r.etcd.watchAt(t, 1), 1)
+	r.streams[0].requestProgress()
+	r.h.mu.Lock()
+	ub := mb.w.up
+	r.h.mu.Unlock()
+	ub.end(nil, 0, "proxy: the watch of b ended")
+	r.etcd.step(ua, 1) // progress at 1: the request is complete
+	r.progressAt(0, 1)
+}
+
+// TestHubLaggingWatcherFromNowJoinsTheUpstreamLeastAhead: a watcher from
+// now whose create read a revision every upstream of its range has
+// passed joins the one whose next revision is lowest: its created
+// revision is then the closest to the one its create read (any of them
+// would keep etcd's contract; the others start it further on).
+func TestHubLaggingWatcherFromNowJoinsTheUpstreamLeastAhead(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	r.watch(0, "a", "", 0, false, false) // from 4
+	aw := r.etcd.watchAt(t, 0)
+	r.etcd.step(aw, 1) // created at 3
+	r.etcd.write("a", false)
+	r.etcd.write("a", false)
+	r.etcd.step(aw, 10) // revisions 4, 5: next 6
+	r.etcd.step(aw, 1)  // progress: dispatched
+	r.watch(0, "a", "", 1, false, false)
+	pw := r.etcd.watchAt(t, 1)
+	r.etcd.step(pw, 1)                                                                           // created
+	pw.mu.Lock()                                                                                 // the test sends on its channel
+	pw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 5}, Events: puts(1, 3)} // next 4, still replaying
+	pw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 5}, Created: true}      // the events are dispatched
+	pw.mu.Unlock()
+	late := r.watchBehind(0, "a", "", 0, false, false, 3) // create read revision 2
+	if resps := r.responses(late, 1); resps[0].Header.GetRevision() != 3 {
+		t.Fatalf("watcher from now, create at 2, upstreams at 4 and 6: created at %d, want 3", resps[0].Header.GetRevision())
+	}
+	r.settle()
+	r.check()
+}
+
+// TestHubWatcherFromThePastCreatedAtTheCurrentRevision: a watcher from a
+// start revision is created, as etcd creates it, with the current
+// revision its create read in the header (not the revision before its
+// start), both on an upstream of its own and on one it joins.
+func TestHubWatcherFromThePastCreatedAtTheCurrentRevision(t *testing.T) {
+	r := newHubRig(t, 1)
+	for range 3 {
+		r.etcd.write("a", false)
+	}
+	own := r.watch(0, "a", "", 1, false, false)
+	joined := r.watch(0, "a", "", 1, false, false)
+	if n := r.upstreams("a", ""); n != 1 {
+		t.Fatalf("%d upstream watches, want 1", n)
+	}
+	for _, m := range []*modelWatcher{own, joined} {
+		if resps := r.responses(m, 1); !resps[0].Created || resps[0].Header.GetRevision() != 3 {
+			t.Fatalf("watcher from 1 at revision 3: first response %v, want created at 3", resps[0])
+		}
+	}
+	r.settle()
+	r.check()
 }

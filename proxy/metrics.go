@@ -52,64 +52,104 @@ func (m *metrics) request(method string, err error) {
 	c.Inc()
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	const ns, sub = "beacon", "proxy"
-	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "requests_total", Help: "Client RPCs handled by the proxy, by gRPC method and status code."}, []string{"method", "code"}),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "refused_total", Help: "Write requests refused because the proxy is readonly, by method."}, []string{"method"}),
-		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "upstream_failures_total", Help: "Forwarded requests that failed on an endpoint (which was then benched), by endpoint."}, []string{"endpoint"}),
-		retries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "retries_total", Help: "Read requests retried on another endpoint after a failure."}),
-		loops: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "loops_detected_total", Help: "Forwarding loops detected (requests that came back to this proxy, or endpoints that are this proxy)."}),
-		refreshes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "refreshes_total", Help: "Member list refreshes, by result."}, []string{"result"}),
-		endpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "endpoints", Help: "Known endpoints by state: available, failed (benched), self (loop)."}, []string{"state"}),
-		endpointUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "endpoint_available", Help: "1 if the endpoint is in use, 0 if benched or excluded."}, []string{"endpoint"}),
-		clientWatchers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "client_watchers", Help: "Watchers opened by clients on the proxy."}),
-		clientStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "client_streams", Help: "Client gRPC streams open on the proxy (Watch, LeaseKeepAlive and other streaming calls; bounded by its MaxStreams)."}),
-		shedStreams: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "shed_streams_total", Help: "Client streams that had carried no request, closed to make room for a new stream of the same client address at its MaxStreamsPerClient."}),
-		upstreamWatches: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "upstream_watches", Help: "Watches the proxy holds on etcd; identical client watchers share one (the serializable cache holds one more while it is on)."}),
-		watchStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "client_watch_streams", Help: "Client Watch streams open on the proxy."}),
-		watchEvents: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "watch_events_total", Help: "Watch events delivered to client watchers."}),
-		watchDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "watch_slow_streams_total", Help: "Client watch streams ended because they did not keep up."}),
-		watchSilences: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "upstream_watch_silences_total", Help: "Times an etcd member sent nothing on a watch stream, not even an answer to a progress request, within the watch silence timeout."}),
-		watchMoves: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "upstream_watch_moves_total", Help: "Times the upstream watches moved to another member (the one they ran on was silent, failed or left)."}),
-		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "cache_hits_total", Help: "Serializable ranges answered from the watch-fed cache."}),
-		cacheMisses: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "cache_misses_total", Help: "Serializable ranges the cache could have answered but forwarded, by reason: stale (not confirmed within the staleness bound, or behind a write forwarded by this proxy), loading, off."}, []string{"reason"}),
-		kaClientStreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "keepalive_client_streams", Help: "Client LeaseKeepAlive streams open on the proxy."}),
-		kaUpstreams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "keepalive_upstream_streams", Help: "LeaseKeepAlive streams the proxy holds on etcd (shared by all clients)."}),
-		kaRequests: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "keepalive_requests_total", Help: "Lease keep-alive requests received from clients."}),
-		kaForwarded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "keepalive_forwarded_total", Help: "Lease keep-alive requests sent to etcd (concurrent requests for one lease share one)."}),
-		kaSilences: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "upstream_keepalive_silences_total", Help: "Times a keep-alive went unanswered on the upstream keep-alive stream for the keep-alive silence timeout and the stream moved to another member."}),
-	}
-	for _, c := range []prometheus.Collector{m.requests, m.refused, m.upstreamErrors, m.retries, m.loops,
-		m.refreshes, m.endpoints, m.endpointUp, m.clientWatchers, m.clientStreams, m.shedStreams, m.upstreamWatches, m.watchStreams,
-		m.watchEvents, m.watchDropped, m.watchSilences, m.watchMoves, m.cacheHits, m.cacheMisses, m.kaClientStreams, m.kaUpstreams, m.kaRequests, m.kaForwarded, m.kaSilences} {
+// metricFactory makes the proxy's series (namespace beacon_proxy) and
+// keeps each for registration, so that a series is named once.
+type metricFactory struct{ made []prometheus.Collector }
+
+func metricOpts(name, help string) prometheus.Opts {
+	return prometheus.Opts{Namespace: "beacon", Subsystem: "proxy", Name: name, Help: help}
+}
+
+// keep notes c for registration and returns it.
+func keep[C prometheus.Collector](f *metricFactory, c C) C {
+	f.made = append(f.made, c)
+	return c
+}
+
+func (f *metricFactory) counter(name, help string) prometheus.Counter {
+	return keep(f, prometheus.NewCounter(prometheus.CounterOpts(metricOpts(name, help))))
+}
+
+func (f *metricFactory) gauge(name, help string) prometheus.Gauge {
+	return keep(f, prometheus.NewGauge(prometheus.GaugeOpts(metricOpts(name, help))))
+}
+
+func (f *metricFactory) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return keep(f, prometheus.NewCounterVec(prometheus.CounterOpts(metricOpts(name, help)), labels))
+}
+
+func (f *metricFactory) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return keep(f, prometheus.NewGaugeVec(prometheus.GaugeOpts(metricOpts(name, help)), labels))
+}
+
+func (f *metricFactory) gaugeFunc(name, help string, fn func() float64) prometheus.GaugeFunc {
+	return keep(f, prometheus.NewGaugeFunc(prometheus.GaugeOpts(metricOpts(name, help)), fn))
+}
+
+// register registers every series f made.
+func (f *metricFactory) register(reg prometheus.Registerer) error {
+	for _, c := range f.made {
 		if err := reg.Register(c); err != nil {
-			return nil, err
+			return err
 		}
+	}
+	return nil
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	var f metricFactory
+	m := &metrics{
+		requests: f.counterVec("requests_total",
+			"Client RPCs handled by the proxy, by gRPC method and status code.", "method", "code"),
+		refused: f.counterVec("refused_total",
+			"Write requests refused because the proxy is readonly, by method.", "method"),
+		upstreamErrors: f.counterVec("upstream_failures_total",
+			"Forwarded requests that failed on an endpoint (which was then benched), by endpoint.", "endpoint"),
+		retries: f.counter("retries_total",
+			"Read requests retried on another endpoint after a failure."),
+		loops: f.counter("loops_detected_total",
+			"Forwarding loops detected (requests that came back to this proxy, or endpoints that are this proxy)."),
+		refreshes: f.counterVec("refreshes_total",
+			"Member list refreshes, by result.", "result"),
+		endpoints: f.gaugeVec("endpoints",
+			"Known endpoints by state: available, failed (benched), self (loop).", "state"),
+		endpointUp: f.gaugeVec("endpoint_available",
+			"1 if the endpoint is in use, 0 if benched or excluded.", "endpoint"),
+		clientWatchers: f.gauge("client_watchers",
+			"Watchers opened by clients on the proxy."),
+		clientStreams: f.gauge("client_streams",
+			"Client gRPC streams open on the proxy (Watch, LeaseKeepAlive and other streaming calls; bounded by its MaxStreams)."),
+		shedStreams: f.counter("shed_streams_total",
+			"Client streams that had carried no request, closed to make room for a new stream of the same client address at its MaxStreamsPerClient."),
+		upstreamWatches: f.gauge("upstream_watches",
+			"Watches the proxy holds on etcd; identical client watchers share one (the serializable cache holds one more while it is on)."),
+		watchStreams: f.gauge("client_watch_streams",
+			"Client Watch streams open on the proxy."),
+		watchEvents: f.counter("watch_events_total",
+			"Watch events delivered to client watchers."),
+		watchDropped: f.counter("watch_slow_streams_total",
+			"Client watch streams ended because they did not keep up."),
+		watchSilences: f.counter("upstream_watch_silences_total",
+			"Times an etcd member sent nothing on a watch stream, not even an answer to a progress request, within the watch silence timeout."),
+		watchMoves: f.counter("upstream_watch_moves_total",
+			"Times the upstream watches moved to another member (the one they ran on was silent, failed or left)."),
+		cacheHits: f.counter("cache_hits_total",
+			"Serializable ranges answered from the watch-fed cache."),
+		cacheMisses: f.counterVec("cache_misses_total",
+			"Serializable ranges the cache could have answered but forwarded, by reason: stale (not confirmed within the staleness bound, or behind a write forwarded by this proxy), loading, off.", "reason"),
+		kaClientStreams: f.gauge("keepalive_client_streams",
+			"Client LeaseKeepAlive streams open on the proxy."),
+		kaUpstreams: f.gauge("keepalive_upstream_streams",
+			"LeaseKeepAlive streams the proxy holds on etcd (shared by all clients)."),
+		kaRequests: f.counter("keepalive_requests_total",
+			"Lease keep-alive requests received from clients."),
+		kaForwarded: f.counter("keepalive_forwarded_total",
+			"Lease keep-alive requests sent to etcd (concurrent requests for one lease share one)."),
+		kaSilences: f.counter("upstream_keepalive_silences_total",
+			"Times a keep-alive went unanswered on the upstream keep-alive stream for the keep-alive silence timeout and the stream moved to another member."),
+	}
+	if err := f.register(reg); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -30,6 +30,7 @@ import (
 // its JSON gateway, /metrics and /health, forwarding to the members of one
 // cluster. Create it with New, run it with Serve or Run, stop it with
 // Close or by cancelling the context.
+// Lock order: mu, streamsMu, finding.mu and anon.mu are never held together, nor under another lock.
 type Proxy struct {
 	cfg        Config
 	log        *slog.Logger
@@ -404,22 +405,7 @@ func (p *Proxy) connect(list []*endpoint) error {
 			eps = append(eps, e.url)
 		}
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            eps,
-		DialTimeout:          p.cfg.DialTimeout,
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: 5 * time.Second,
-		TLS:                  p.cfg.ClientTLS,
-		Logger:               zap.NewNop(),
-		MaxCallSendMsgSize:   maxMsgSize,
-		MaxCallRecvMsgSize:   maxMsgSize,
-		DialOptions: []grpc.DialOption{
-			grpc.WithConnectParams(grpc.ConnectParams{
-				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
-				MinConnectTimeout: p.cfg.DialTimeout,
-			}),
-		},
-	})
+	cli, err := p.etcdClient(eps)
 	if err != nil {
 		return fmt.Errorf("proxy: connect to %v: %w", eps, err)
 	}
@@ -446,6 +432,28 @@ func (p *Proxy) connect(list []*endpoint) error {
 	p.dir.mu.Unlock()
 	p.log.Info("connected to cluster", "endpoints", eps, "mode", p.cfg.Mode)
 	return nil
+}
+
+// etcdClient is a clientv3 client of eps, as the proxy dials every
+// member: keep-alive pings every 10 s (5 s to answer), reconnects backing
+// off from 100 ms to 2 s, messages up to maxMsgSize.
+func (p *Proxy) etcdClient(eps []string) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{
+		Endpoints:            eps,
+		DialTimeout:          p.cfg.DialTimeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		TLS:                  p.cfg.ClientTLS,
+		Logger:               zap.NewNop(),
+		MaxCallSendMsgSize:   maxMsgSize,
+		MaxCallRecvMsgSize:   maxMsgSize,
+		DialOptions: []grpc.DialOption{
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+				MinConnectTimeout: p.cfg.DialTimeout,
+			}),
+		},
+	})
 }
 
 // newGRPCServer returns the client-facing gRPC server.

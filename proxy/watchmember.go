@@ -10,11 +10,7 @@ import (
 
 	"github.com/beaconplane/beacon/internal/etcdwatch"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/keepalive"
 )
 
 // Upstream watch silence.
@@ -82,24 +78,7 @@ func (h *watchHub) watchConn(member string, cli *clientv3.Client) {
 
 // memberClient connects to one member only.
 func (h *watchHub) memberClient(member string) (*clientv3.Client, error) {
-	cfg := h.p.cfg
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            []string{member},
-		DialTimeout:          cfg.DialTimeout,
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: 5 * time.Second,
-		TLS:                  cfg.ClientTLS,
-		Logger:               zap.NewNop(),
-		MaxCallSendMsgSize:   maxMsgSize,
-		MaxCallRecvMsgSize:   maxMsgSize,
-		DialOptions: []grpc.DialOption{
-			grpc.WithConnectParams(grpc.ConnectParams{
-				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
-				MinConnectTimeout: cfg.DialTimeout,
-			}),
-			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
-		},
-	})
+	cli, err := h.p.etcdClient([]string{member})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: connect to %s for watches: %w", member, err)
 	}
@@ -345,9 +324,8 @@ func (h *watchHub) checkMember() {
 	n := 0
 	for _, ups := range h.groups {
 		for _, u := range ups {
-			if u.restart(cli.Watcher) {
-				n++
-			}
+			u.restart(cli.Watcher)
+			n++
 		}
 	}
 	h.mu.Unlock()

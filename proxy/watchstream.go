@@ -97,8 +97,8 @@ func (h *watchHub) serve(ss grpc.ServerStream) error {
 	defer h.p.m.watchStreams.Dec()
 
 	// The receive loop ends by itself once this handler has returned
-	// (gRPC then fails its RecvMsg); watchers it still creates after that
-	// are detached by create itself.
+	// (gRPC then fails its RecvMsg); a watcher it still creates after
+	// detachAll is refused by attach.
 	go func() {
 		if err := s.recvLoop(); err != nil && status.Code(err) != codes.Canceled {
 			s.cancel(err)
@@ -106,10 +106,7 @@ func (h *watchHub) serve(ss grpc.ServerStream) error {
 	}()
 	sendErr := s.sendLoop()
 	cancel(nil)
-	s.detachAll()
-	s.mu.Lock()
-	s.queue, s.spare, s.open = nil, nil, nil // what waits holds shared batches
-	s.mu.Unlock()
+	s.detachAll() // nothing holds s once its receive loop ends: what still waits for it goes with it
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
 		if status.Code(err) == codes.Unknown && ss.Context().Err() != nil {
 			return nil
@@ -321,33 +318,30 @@ func (s *cstream) create(cr *pb.WatchCreateRequest) {
 		s.enqueue(watchCanceled(nil, id, status.Convert(err).Message()))
 		return
 	}
-	w := s.newWatcher(id, cr)
+	s.add(s.newWatcher(id, cr), cr.StartRevision, rresp.Header)
+}
+
+// add registers w on s and attaches it from revision start (0: from now;
+// hdr is the header of create's Range, at the current revision). A
+// watcher whose ID is taken, or that the hub refuses (the proxy or s is
+// closing), gets a canceled response instead.
+func (s *cstream) add(w *cwatcher, start int64, hdr *pb.ResponseHeader) {
+	h := s.hub
 	s.mu.Lock()
-	if s.closed {
+	if s.watchers[w.id] != nil {
 		s.mu.Unlock()
+		s.enqueue(watchCanceled(nil, w.id, "mvcc: duplicate watch ID"))
 		return
 	}
-	if s.watchers[id] != nil {
-		s.mu.Unlock()
-		s.enqueue(watchCanceled(nil, id, "mvcc: duplicate watch ID"))
-		return
-	}
-	s.watchers[id] = w
+	s.watchers[w.id] = w
 	s.mu.Unlock()
 	h.watcherAdded()
-	if !h.attach(w, cr.StartRevision, rresp.Header) {
+	if !h.attach(w, start, hdr) {
 		h.watcherRemoved()
 		s.mu.Lock()
-		delete(s.watchers, id)
+		delete(s.watchers, w.id)
 		s.mu.Unlock()
-		s.enqueue(watchCanceled(rresp.Header, id, "proxy: closing"))
-		return
-	}
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
-		h.detach(w) // the stream ended while this watcher was being attached
+		s.enqueue(watchCanceled(hdr, w.id, "proxy: closing"))
 	}
 }
 
@@ -426,6 +420,28 @@ func (s *cstream) cancelWatch(id int64) {
 	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: id, Canceled: true})
 }
 
+// upstreamEnded cancels w, whose upstream u ended: the client gets resp
+// (canceled) unless w is no longer the stream's: the client cancelled it
+// (and got its canceled response from cancelWatch; it may have created
+// another watcher with the same ID since), or the stream ended. A
+// progress request waiting on u waits no more.
+func (s *cstream) upstreamEnded(w *cwatcher, u *upstream, resp *pb.WatchResponse) {
+	s.mu.Lock()
+	ours := s.watchers[w.id] == w
+	if ours {
+		delete(s.watchers, w.id)
+	}
+	s.mu.Unlock()
+	if ours {
+		s.enqueue(resp)
+	}
+	if s.progressDone(u) {
+		s.answerProgress()
+	}
+}
+
+// detachAll ends s: no watcher is attached to it from now on (attach
+// asks ended), and those it has are detached.
 func (s *cstream) detachAll() {
 	s.mu.Lock()
 	s.closed = true
@@ -438,6 +454,13 @@ func (s *cstream) detachAll() {
 	for _, w := range ws {
 		s.hub.detach(w)
 	}
+}
+
+// ended reports whether s has ended (detachAll).
+func (s *cstream) ended() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
 }
 
 // requestProgress handles a client's WatchProgressRequest: once every
