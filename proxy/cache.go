@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/promreg"
 	"github.com/google/btree"
 	"github.com/prometheus/client_golang/prometheus"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -580,23 +581,23 @@ func (p *Proxy) registerCacheMetrics(reg prometheus.Registerer) error {
 			return pick(p.cache.stats())
 		}
 	}
-	var f metricFactory
-	f.gaugeFunc("cache_state",
+	f := promreg.With(nil) // registered below, not shared: a second proxy on one Registerer is an error
+	f.GaugeFunc("beacon_proxy_cache_state",
 		"The serializable read cache: 0 off (no serializable read yet, or being reloaded), 1 loading, 2 serving, 3 disabled (too large, or the cluster requires authentication).",
 		read(func(s int, _ int64, _ time.Duration, _ int, _ int64) float64 { return float64(s) }))
-	f.gaugeFunc("cache_revision_lag",
+	f.GaugeFunc("beacon_proxy_cache_revision_lag",
 		"Revisions the cache is behind the newest the proxy knows of (its freshness probes and the writes it forwarded).",
 		read(func(_ int, lag int64, _ time.Duration, _ int, _ int64) float64 { return float64(lag) }))
-	f.gaugeFunc("cache_staleness_seconds",
+	f.GaugeFunc("beacon_proxy_cache_staleness_seconds",
 		"Age of the cache's last confirmation that it held every committed write; answers are served only while it is below the staleness bound.",
 		read(func(_ int, _ int64, st time.Duration, _ int, _ int64) float64 { return st.Seconds() }))
-	f.gaugeFunc("cache_keys",
+	f.GaugeFunc("beacon_proxy_cache_keys",
 		"Keys in the serializable read cache.",
 		read(func(_ int, _ int64, _ time.Duration, k int, _ int64) float64 { return float64(k) }))
-	f.gaugeFunc("cache_bytes",
+	f.GaugeFunc("beacon_proxy_cache_bytes",
 		"Approximate memory of the serializable read cache's keys and values.",
 		read(func(_ int, _ int64, _ time.Duration, _ int, b int64) float64 { return float64(b) }))
-	return f.register(reg)
+	return promreg.RegisterEach(reg, f.Made()...)
 }
 
 // cachedRange answers an encoded RangeRequest from the cache when it may.

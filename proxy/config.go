@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -237,57 +238,23 @@ func (c *Config) setting(field string) string {
 
 // withDefaults returns a copy with zero values replaced.
 func (c Config) withDefaults() Config {
-	if c.Mode == "" {
-		c.Mode = ReadWrite
-	}
-	if c.ListenAddr == "" {
-		c.ListenAddr = DefaultListenAddr
-	}
-	if c.FailureWait == 0 {
-		c.FailureWait = DefaultFailureWait
-	}
-	if c.RefreshInterval == 0 {
-		c.RefreshInterval = DefaultRefreshInterval
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = DefaultWriteTimeout
-	}
-	if c.StartTimeout == 0 {
-		c.StartTimeout = DefaultStartTimeout
-	}
-	if c.UpstreamConns == 0 {
-		c.UpstreamConns = DefaultUpstreamConns
-	}
-	if c.WatchSilenceTimeout == 0 {
-		c.WatchSilenceTimeout = DefaultWatchSilence
-	}
-	if c.KeepAliveSilenceTimeout == 0 {
-		c.KeepAliveSilenceTimeout = DefaultKeepAliveSilence
-	}
-	if c.CacheMaxStaleness == 0 {
-		c.CacheMaxStaleness = DefaultCacheMaxStaleness
-	}
-	if c.CacheMaxBytes == 0 {
-		c.CacheMaxBytes = DefaultCacheMaxBytes
-	}
-	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = DefaultMaxRequestBytes
-	}
-	if c.MaxWatchers == 0 {
-		c.MaxWatchers = DefaultMaxWatchers
-	}
-	if c.MaxWatchersPerStream == 0 {
-		c.MaxWatchersPerStream = DefaultMaxWatchersPerStream
-	}
-	if c.MaxStreams == 0 {
-		c.MaxStreams = DefaultMaxStreams
-	}
-	if c.MaxStreamsPerClient == 0 {
-		c.MaxStreamsPerClient = DefaultMaxStreamsPerClient
-	}
+	c.Mode = cmp.Or(c.Mode, ReadWrite)
+	c.ListenAddr = cmp.Or(c.ListenAddr, DefaultListenAddr)
+	c.FailureWait = cmp.Or(c.FailureWait, DefaultFailureWait)
+	c.RefreshInterval = cmp.Or(c.RefreshInterval, DefaultRefreshInterval)
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	c.StartTimeout = cmp.Or(c.StartTimeout, DefaultStartTimeout)
+	c.UpstreamConns = cmp.Or(c.UpstreamConns, DefaultUpstreamConns)
+	c.WatchSilenceTimeout = cmp.Or(c.WatchSilenceTimeout, DefaultWatchSilence)
+	c.KeepAliveSilenceTimeout = cmp.Or(c.KeepAliveSilenceTimeout, DefaultKeepAliveSilence)
+	c.CacheMaxStaleness = cmp.Or(c.CacheMaxStaleness, DefaultCacheMaxStaleness)
+	c.CacheMaxBytes = cmp.Or(c.CacheMaxBytes, DefaultCacheMaxBytes)
+	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
+	c.MaxWatchers = cmp.Or(c.MaxWatchers, DefaultMaxWatchers)
+	c.MaxWatchersPerStream = cmp.Or(c.MaxWatchersPerStream, DefaultMaxWatchersPerStream)
+	c.MaxStreams = cmp.Or(c.MaxStreams, DefaultMaxStreams)
+	c.MaxStreamsPerClient = cmp.Or(c.MaxStreamsPerClient, DefaultMaxStreamsPerClient)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"sync"
 
+	"github.com/beaconplane/beacon/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/status"
@@ -52,103 +53,59 @@ func (m *metrics) request(method string, err error) {
 	c.Inc()
 }
 
-// metricFactory makes the proxy's series (namespace beacon_proxy) and
-// keeps each for registration, so that a series is named once.
-type metricFactory struct{ made []prometheus.Collector }
-
-func metricOpts(name, help string) prometheus.Opts {
-	return prometheus.Opts{Namespace: "beacon", Subsystem: "proxy", Name: name, Help: help}
-}
-
-// keep notes c for registration and returns it.
-func keep[C prometheus.Collector](f *metricFactory, c C) C {
-	f.made = append(f.made, c)
-	return c
-}
-
-func (f *metricFactory) counter(name, help string) prometheus.Counter {
-	return keep(f, prometheus.NewCounter(prometheus.CounterOpts(metricOpts(name, help))))
-}
-
-func (f *metricFactory) gauge(name, help string) prometheus.Gauge {
-	return keep(f, prometheus.NewGauge(prometheus.GaugeOpts(metricOpts(name, help))))
-}
-
-func (f *metricFactory) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
-	return keep(f, prometheus.NewCounterVec(prometheus.CounterOpts(metricOpts(name, help)), labels))
-}
-
-func (f *metricFactory) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
-	return keep(f, prometheus.NewGaugeVec(prometheus.GaugeOpts(metricOpts(name, help)), labels))
-}
-
-func (f *metricFactory) gaugeFunc(name, help string, fn func() float64) prometheus.GaugeFunc {
-	return keep(f, prometheus.NewGaugeFunc(prometheus.GaugeOpts(metricOpts(name, help)), fn))
-}
-
-// register registers every series f made.
-func (f *metricFactory) register(reg prometheus.Registerer) error {
-	for _, c := range f.made {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	var f metricFactory
+	f := promreg.With(nil) // registered below, not shared: a second proxy on one Registerer is an error
 	m := &metrics{
-		requests: f.counterVec("requests_total",
+		requests: f.CounterVec("beacon_proxy_requests_total",
 			"Client RPCs handled by the proxy, by gRPC method and status code.", "method", "code"),
-		refused: f.counterVec("refused_total",
+		refused: f.CounterVec("beacon_proxy_refused_total",
 			"Write requests refused because the proxy is readonly, by method.", "method"),
-		upstreamErrors: f.counterVec("upstream_failures_total",
+		upstreamErrors: f.CounterVec("beacon_proxy_upstream_failures_total",
 			"Forwarded requests that failed on an endpoint (which was then benched), by endpoint.", "endpoint"),
-		retries: f.counter("retries_total",
+		retries: f.Counter("beacon_proxy_retries_total",
 			"Read requests retried on another endpoint after a failure."),
-		loops: f.counter("loops_detected_total",
+		loops: f.Counter("beacon_proxy_loops_detected_total",
 			"Forwarding loops detected (requests that came back to this proxy, or endpoints that are this proxy)."),
-		refreshes: f.counterVec("refreshes_total",
+		refreshes: f.CounterVec("beacon_proxy_refreshes_total",
 			"Member list refreshes, by result.", "result"),
-		endpoints: f.gaugeVec("endpoints",
+		endpoints: f.GaugeVec("beacon_proxy_endpoints",
 			"Known endpoints by state: available, failed (benched), self (loop).", "state"),
-		endpointUp: f.gaugeVec("endpoint_available",
+		endpointUp: f.GaugeVec("beacon_proxy_endpoint_available",
 			"1 if the endpoint is in use, 0 if benched or excluded.", "endpoint"),
-		clientWatchers: f.gauge("client_watchers",
+		clientWatchers: f.Gauge("beacon_proxy_client_watchers",
 			"Watchers opened by clients on the proxy."),
-		clientStreams: f.gauge("client_streams",
+		clientStreams: f.Gauge("beacon_proxy_client_streams",
 			"Client gRPC streams open on the proxy (Watch, LeaseKeepAlive and other streaming calls; bounded by its MaxStreams)."),
-		shedStreams: f.counter("shed_streams_total",
+		shedStreams: f.Counter("beacon_proxy_shed_streams_total",
 			"Client streams that had carried no request, closed to make room for a new stream of the same client address at its MaxStreamsPerClient."),
-		upstreamWatches: f.gauge("upstream_watches",
+		upstreamWatches: f.Gauge("beacon_proxy_upstream_watches",
 			"Watches the proxy holds on etcd; identical client watchers share one (the serializable cache holds one more while it is on)."),
-		watchStreams: f.gauge("client_watch_streams",
+		watchStreams: f.Gauge("beacon_proxy_client_watch_streams",
 			"Client Watch streams open on the proxy."),
-		watchEvents: f.counter("watch_events_total",
+		watchEvents: f.Counter("beacon_proxy_watch_events_total",
 			"Watch events delivered to client watchers."),
-		watchDropped: f.counter("watch_slow_streams_total",
+		watchDropped: f.Counter("beacon_proxy_watch_slow_streams_total",
 			"Client watch streams ended because they did not keep up."),
-		watchSilences: f.counter("upstream_watch_silences_total",
+		watchSilences: f.Counter("beacon_proxy_upstream_watch_silences_total",
 			"Times an etcd member sent nothing on a watch stream, not even an answer to a progress request, within the watch silence timeout."),
-		watchMoves: f.counter("upstream_watch_moves_total",
+		watchMoves: f.Counter("beacon_proxy_upstream_watch_moves_total",
 			"Times the upstream watches moved to another member (the one they ran on was silent, failed or left)."),
-		cacheHits: f.counter("cache_hits_total",
+		cacheHits: f.Counter("beacon_proxy_cache_hits_total",
 			"Serializable ranges answered from the watch-fed cache."),
-		cacheMisses: f.counterVec("cache_misses_total",
+		cacheMisses: f.CounterVec("beacon_proxy_cache_misses_total",
 			"Serializable ranges the cache could have answered but forwarded, by reason: stale (not confirmed within the staleness bound, or behind a write forwarded by this proxy), loading, off.", "reason"),
-		kaClientStreams: f.gauge("keepalive_client_streams",
+		kaClientStreams: f.Gauge("beacon_proxy_keepalive_client_streams",
 			"Client LeaseKeepAlive streams open on the proxy."),
-		kaUpstreams: f.gauge("keepalive_upstream_streams",
+		kaUpstreams: f.Gauge("beacon_proxy_keepalive_upstream_streams",
 			"LeaseKeepAlive streams the proxy holds on etcd (shared by all clients)."),
-		kaRequests: f.counter("keepalive_requests_total",
+		kaRequests: f.Counter("beacon_proxy_keepalive_requests_total",
 			"Lease keep-alive requests received from clients."),
-		kaForwarded: f.counter("keepalive_forwarded_total",
+		kaForwarded: f.Counter("beacon_proxy_keepalive_forwarded_total",
 			"Lease keep-alive requests sent to etcd (concurrent requests for one lease share one)."),
-		kaSilences: f.counter("upstream_keepalive_silences_total",
+		kaSilences: f.Counter("beacon_proxy_upstream_keepalive_silences_total",
 			"Times a keep-alive went unanswered on the upstream keep-alive stream for the keep-alive silence timeout and the stream moved to another member."),
 	}
-	if err := f.register(reg); err != nil {
+	if err := promreg.RegisterEach(reg, f.Made()...); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -8,12 +8,23 @@ import "github.com/prometheus/client_golang/prometheus"
 // but are not registered (a caller that counts without exporting, or that
 // registers them itself).
 type Factory struct {
-	reg prometheus.Registerer
-	err error
+	reg  prometheus.Registerer
+	err  error
+	made []prometheus.Collector // without a Registerer: what it made, for the caller to register
 }
 
 // With returns a Factory that registers on reg (nil: none).
 func With(reg prometheus.Registerer) *Factory { return &Factory{reg: reg} }
+
+// Made returns, for a Factory without a Registerer, every collector it
+// made, in order (for RegisterEach, where a second registration must fail
+// rather than share).
+func (f *Factory) Made() []prometheus.Collector { return f.made }
+
+// GaugeFunc makes and registers a gauge whose value fn gives.
+func (f *Factory) GaugeFunc(name, help string, fn func() float64) prometheus.GaugeFunc {
+	return Add(f, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, fn))
+}
 
 // Err returns every registration failure so far, joined; nil if none.
 func (f *Factory) Err() error { return f.err }
@@ -22,6 +33,7 @@ func (f *Factory) Err() error { return f.err }
 // or the one shared in its place.
 func Add[C prometheus.Collector](f *Factory, c C) C {
 	if f.reg == nil {
+		f.made = append(f.made, c)
 		return c
 	}
 	return Register(f.reg, c, &f.err)

@@ -66,3 +66,33 @@ func TestRegisterEachStopsAtTheFirstFailure(t *testing.T) {
 		t.Fatal("a collector after the failure was registered")
 	}
 }
+
+// TestFactoryWithoutRegistererKeepsWhatItMade: without a Registerer a
+// Factory registers nothing and keeps every collector it made, in order,
+// for a caller that registers them without sharing (RegisterEach).
+func TestFactoryWithoutRegistererKeepsWhatItMade(t *testing.T) {
+	f := With(nil)
+	c := f.Counter("a_total", "a")
+	g := f.GaugeFunc("b", "b", func() float64 { return 2 })
+	made := f.Made()
+	if len(made) != 2 || made[0] != prometheus.Collector(c) || made[1] != prometheus.Collector(g) {
+		t.Fatalf("Made() = %v, want the counter then the gauge", made)
+	}
+	reg := prometheus.NewRegistry()
+	if err := RegisterEach(reg, made...); err != nil {
+		t.Fatal(err)
+	}
+	if err := RegisterEach(reg, With(nil).Made()...); err != nil {
+		t.Fatalf("nothing to register: %v", err)
+	}
+	f2 := With(nil)
+	f2.Counter("a_total", "a")
+	if err := RegisterEach(reg, f2.Made()...); err == nil {
+		t.Fatal("a second set of the same series registered: want an error, not sharing")
+	}
+	fr := With(prometheus.NewRegistry())
+	fr.Counter("c_total", "c")
+	if len(fr.Made()) != 0 {
+		t.Fatal("a Factory with a Registerer kept what it made")
+	}
+}
