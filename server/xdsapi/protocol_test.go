@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -80,14 +81,23 @@ func TestOnlyWhatChangedIsPushed(t *testing.T) {
 	defer other.Close()
 	streams := make([]*ads, 3)
 	resps := make([]*discoveryv3.DiscoveryResponse, 3)
+	both := []string{"grpc.greeter.demo", "grpc.other.demo"}
 	for i := range streams {
 		streams[i] = dialADS(t, addr, "raw")
-		streams[i].request(EndpointType, []string{"grpc.greeter.demo", "grpc.other.demo"}, nil, "")
+		streams[i].request(EndpointType, both, nil, "")
 		resps[i] = streams[i].recv()
 		if got := len(resps[i].GetResources()); got != 2 {
 			t.Fatalf("first EDS response holds %d assignments, want 2", got)
 		}
-		streams[i].request(EndpointType, []string{"grpc.greeter.demo", "grpc.other.demo"}, resps[i], "")
+		streams[i].request(EndpointType, both, resps[i], "")
+		// The server may have answered before a registration reached it
+		// (an empty assignment): its push follows; wait until both are in.
+		held := assignments(t, resps[i])
+		for len(held["grpc.greeter.demo"].GetEndpoints()) == 0 || len(held["grpc.other.demo"].GetEndpoints()) == 0 {
+			resps[i] = streams[i].recv()
+			maps.Copy(held, assignments(t, resps[i]))
+			streams[i].request(EndpointType, both, resps[i], "")
+		}
 	}
 	before := marshals(t, reg, "endpoint")
 	register(t, r, "127.0.0.1:5002", nil)

@@ -3,7 +3,9 @@ package xdsapi
 import (
 	"context"
 	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -341,16 +343,27 @@ func (s *stream) build(ts *typeState) (res []*anypb.Any, version uint64, ok bool
 		}
 		res = append(res, r.any)
 	}
+	// In name order, so that a response lists its resources the same way
+	// every time (they come from maps).
+	type subscribed struct {
+		name string
+		st   *svcState
+	}
+	var all []subscribed
 	for name, st := range ts.names {
-		add(name, st)
+		all = append(all, subscribed{name, st})
 	}
 	if ts.wildcard {
 		for svc, st := range x.services {
 			name := svc.dnsName()
 			if _, named := ts.names[name]; st.present() && !named {
-				add(name, st)
+				all = append(all, subscribed{name, st})
 			}
 		}
+	}
+	slices.SortFunc(all, func(a, b subscribed) int { return strings.Compare(a.name, b.name) })
+	for _, sub := range all {
+		add(sub.name, sub.st)
 	}
 	if !full {
 		return res, version, len(res) > 0
