@@ -282,13 +282,8 @@ func anonymousGatewayPut(t *testing.T, p *Proxy) (int, []byte) {
 // clients' keep-alives go on.
 func TestKeepAliveRefusedIsAnswered(t *testing.T) {
 	t.Parallel()
-	srv := etcdtest.Start(t, etcdtest.Options{User: "root", Password: "root-pw"})
+	srv, admin := startRootEtcd(t)
 	ctx := ctxT(t)
-	admin, err := clientv3.New(srv.ClientConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
 	if _, err := admin.UserAdd(ctx, "bob", "bob-pw"); err != nil {
 		t.Fatal(err)
 	}
@@ -332,13 +327,8 @@ func TestKeepAliveRefusedIsAnswered(t *testing.T) {
 // the range made etcd count every key under it for each watch created.
 func TestWatchCreateChecksTheRange(t *testing.T) {
 	t.Parallel()
-	srv := etcdtest.Start(t, etcdtest.Options{User: "root", Password: "root-pw"})
+	srv, admin := startRootEtcd(t)
 	ctx := ctxT(t)
-	admin, err := clientv3.New(srv.ClientConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
 	for _, step := range []func() error{
 		func() error { _, err := admin.UserAdd(ctx, "bob", "bob-pw"); return err },
 		func() error { _, err := admin.RoleAdd(ctx, "team-a"); return err },
@@ -383,4 +373,17 @@ func TestWatchCreateChecksTheRange(t *testing.T) {
 	if err != nil || !resp.Succeeded || len(resp.Responses) != 0 || resp.Header.Revision < put.Header.Revision {
 		t.Fatalf("mayWatch = %+v, %v: want the taken branch empty (no key read) at revision %d or later", resp, err, put.Header.Revision)
 	}
+}
+
+// startRootEtcd starts etcd with authentication on (user root, password
+// root-pw) and returns it with a client of root's.
+func startRootEtcd(t *testing.T) (*etcdtest.Server, *clientv3.Client) {
+	t.Helper()
+	srv := etcdtest.Start(t, etcdtest.Options{User: "root", Password: "root-pw"})
+	admin, err := clientv3.New(srv.ClientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close() })
+	return srv, admin
 }
