@@ -250,8 +250,8 @@ func TestCeilingBatches(t *testing.T) {
 		{1, []int{1}},
 		{16, []int{4, 16}},
 		{64, []int{16, 32, 48, 64}},
-		{256, []int{48, 16, 32, 64, 128}},
-		{1024, []int{48, 16, 32, 64, 128}},
+		{256, []int{64, 16, 32, 48, 128}},
+		{1024, []int{128, 16, 32, 48, 64}},
 	} {
 		if got := ceilingBatches(tc.workers); !slices.Equal(got, tc.want) {
 			t.Errorf("ceilingBatches(%d) = %v, want %v", tc.workers, got, tc.want)
