@@ -156,7 +156,7 @@ func TestDynamoLayoutRefusesWrites(t *testing.T) {
 	for name, call := range calls {
 		err := call()
 		if !errors.Is(err, registry.ErrReadOnlyLayout) || !strings.Contains(err.Error(), "read-only view") ||
-			!strings.Contains(err.Error(), "--layout beacon") {
+			!strings.Contains(err.Error(), "Config.Layout beacon") {
 			t.Errorf("%s = %v, want ErrReadOnlyLayout saying what to do", name, err)
 		}
 	}

@@ -96,7 +96,7 @@ func (r *StoreRegistry) refuseWrite(action string) error {
 		return nil
 	}
 	return fmt.Errorf("%w: %s refused: the Dynamo runtime's workers write these entries (%s..., %s...) and their leases "+
-		"decide when they go; register through Dynamo's runtime, or run Beacon with its own layout (--layout %s, %s unset) "+
+		"decide when they go; register through Dynamo's runtime, or run Beacon with its own layout (Config.Layout %s, %s unset) "+
 		"for Beacon's registrations (docs/dynamo.md)", ErrReadOnlyLayout, action, dynamo.InstancesPrefix, dynamo.ModelsPrefix,
 		LayoutBeacon, LayoutEnv)
 }

@@ -62,7 +62,7 @@ func newReport() []byte {
 func ttlChecked(in beacon.Instance) error {
 	switch {
 	case in.Check == nil:
-		return fmt.Errorf("%w: %w: %s declares no check: declare --check ttl:DURATION (beacon.Check{Kind: ttl}) when registering it to report for it",
+		return fmt.Errorf("%w: %w: %s declares no check: declare a ttl check (beacon.Check{Kind: beacon.CheckTTL, TTL: ...}) when registering it to report for it",
 			ErrNoTTLCheck, beacon.ErrInvalid, in.Ref())
 	case in.Check.Kind != beacon.CheckTTL:
 		return fmt.Errorf("%w: %w: %s declares a %s check, which the checkers probe: only a ttl check is reported by the service",

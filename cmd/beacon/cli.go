@@ -64,10 +64,11 @@ func exitCode(err error) int {
 }
 
 // errorLine renders err as the one line main prints: "beacon: ...", with
-// several problems (errors.Join) separated by "; " and without the
-// "beacon: " of the root package's errors repeated after the program's.
+// the configuration fields libraries name replaced by their flags, several
+// problems (errors.Join) separated by "; " and without the "beacon: " of
+// the root package's errors repeated after the program's.
 func errorLine(err error) string {
-	msg := strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
+	msg := strings.ReplaceAll(strings.TrimSpace(withFlagNames(err).Error()), "\n", "; ")
 	for strings.HasPrefix(msg, "beacon: ") {
 		msg = strings.TrimPrefix(msg, "beacon: ")
 	}

@@ -25,6 +25,7 @@ var configFlags = map[string]string{
 	"Config.Name":                "--name",
 	"Config.DataDir":             "--data-dir",
 	"Config.Backend":             "--backend",
+	"Config.Layout":              "--layout",
 
 	"Config.Discovery":           "--discovery-*",
 	"Config.Discovery.Fallback":  "--discovery-fallback",
