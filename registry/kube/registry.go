@@ -90,6 +90,8 @@ type Registry struct {
 
 	noAccessCheck bool // tests: see the requests' own errors
 
+	// readMu, viewMu, writerMu and stateMu each guard the field below
+	// them alone: none is held while another is taken.
 	readMu sync.Mutex
 	readOK bool
 

@@ -101,26 +101,26 @@ type Handler struct {
 // registry; registration over HTTP needs the registry.LeasedRegistrar
 // capability (every store-backed registry has it) and is otherwise refused
 // with 501 and the code not_implemented.
-func New(reg registry.Discoverer, opts Config) (*Handler, error) {
+func New(reg registry.Discoverer, cfg Config) (*Handler, error) {
 	if reg == nil {
 		return nil, errors.New("registryapi: nil registry")
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.KeepAliveInterval == 0 {
-		opts.KeepAliveInterval = 15 * time.Second
+	if cfg.KeepAliveInterval == 0 {
+		cfg.KeepAliveInterval = 15 * time.Second
 	}
-	m, err := newMetrics(opts.Metrics)
+	m, err := newMetrics(cfg.Metrics)
 	if err != nil {
 		return nil, err
 	}
-	q, err := newQuota(opts.Limits)
+	q, err := newQuota(cfg.Limits)
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{reg: reg, pick: opts.Registry, operators: opts.Operators, setting: setting.Namer(opts.SettingName), log: opts.Logger.With("component", "registry-api"),
-		keepAlive: opts.KeepAliveInterval, writeTimeout: streamWriteTimeout, m: m, quota: q}
+	h := &Handler{reg: reg, pick: cfg.Registry, operators: cfg.Operators, setting: setting.Namer(cfg.SettingName), log: cfg.Logger.With("component", "registry-api"),
+		keepAlive: cfg.KeepAliveInterval, writeTimeout: streamWriteTimeout, m: m, quota: q}
 	h.mux = httpapi.NewMux()
 	h.mux.NotFound = "see /v1/openapi.json"
 	h.Register(h.mux)

@@ -66,12 +66,12 @@ type asset struct {
 }
 
 // New returns the dashboard handler. Mount it at Prefix.
-func New(opts Config) (*Handler, error) {
-	if opts.StreamSilence == 0 {
-		opts.StreamSilence = DefaultStreamSilence
+func New(cfg Config) (*Handler, error) {
+	if cfg.StreamSilence == 0 {
+		cfg.StreamSilence = DefaultStreamSilence
 	}
-	if opts.StreamSilence < 0 {
-		return nil, fmt.Errorf("ui: StreamSilence %v: must be positive", opts.StreamSilence)
+	if cfg.StreamSilence < 0 {
+		return nil, fmt.Errorf("ui: StreamSilence %v: must be positive", cfg.StreamSilence)
 	}
 	h := &Handler{files: map[string]*asset{}}
 	err := fs.WalkDir(embedded, assetsDir, func(p string, d fs.DirEntry, err error) error {
@@ -84,7 +84,7 @@ func New(opts Config) (*Handler, error) {
 		}
 		if p == assetsDir+"/index.html" {
 			body = bytes.Replace(body, []byte("{{stream-silence-ms}}"),
-				[]byte(html.EscapeString(strconv.FormatInt(opts.StreamSilence.Milliseconds(), 10))), 1)
+				[]byte(html.EscapeString(strconv.FormatInt(cfg.StreamSilence.Milliseconds(), 10))), 1)
 			h.index = newAsset(p, body)
 			return nil
 		}

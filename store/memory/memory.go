@@ -56,8 +56,8 @@ type lease struct {
 
 // New returns an empty store at revision 1, with its lease expiry goroutine
 // running.
-func New(opts Config) *Store {
-	h := opts.History
+func New(cfg Config) *Store {
+	h := cfg.History
 	if h == 0 {
 		h = DefaultHistory
 	}
