@@ -51,6 +51,7 @@ func TestRunProxySmall(t *testing.T) {
 		"range (linearizable) throughput vs direct", "range (linearizable) throughput vs etcd grpc-proxy",
 		"range (serializable) throughput vs etcd grpc-proxy", "put p99 vs etcd grpc-proxy",
 		"proxy CPU per range (serializable) vs etcd grpc-proxy",
+		"time to open 40 watches over 4 streams at once vs etcd grpc-proxy", "time to open 40 watches over 4 streams at once vs direct",
 		"watch fan-out events/s, 40 watchers, burst of 20 puts vs etcd grpc-proxy",
 		"proxy CPU per event delivered, 40 watchers, burst of 20 puts vs etcd grpc-proxy",
 		"watch delivery p99, 40 watchers, 100 puts/s vs etcd grpc-proxy",
