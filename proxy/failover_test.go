@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -329,4 +331,28 @@ func follower(t *testing.T, c *etcdtest.Cluster) *etcdtest.Member {
 	}
 	t.Fatal("no follower")
 	return nil
+}
+
+// TestRefreshLeavesOutPortZero: a member listening on a port chosen at
+// start that was told no advertise URL advertises port 0. The proxy's
+// member list refresh replaced its working endpoint with that URL and was
+// left with none ("zero endpoints currently available" 30 s into a long
+// bench run); it now leaves such URLs out and keeps what works.
+func TestRefreshLeavesOutPortZero(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{Configure: func(c *embed.Config) {
+		c.AdvertiseClientUrls = []url.URL{{Scheme: "http", Host: "127.0.0.1:0"}}
+	}})
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), RefreshInterval: 50 * time.Millisecond})
+	cli := proxyClient(t, p)
+	ctx := ctxT(t)
+	eventually(t, "two member list refreshes", func() bool {
+		return value(t, p.m.refreshes.WithLabelValues("ok"))+value(t, p.m.refreshes.WithLabelValues("error")) >= 2
+	})
+	if _, err := cli.Put(ctx, "k", "v"); err != nil {
+		t.Fatalf("put through the proxy after refreshes over a port-0 member URL: %v", err)
+	}
+	if known := p.dir.known(); len(known) != 1 || strings.HasSuffix(known[0], ":0") {
+		t.Fatalf("known endpoints %v, want the working one", known)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"runtime"
 	"slices"
 	"sync"
@@ -603,13 +604,14 @@ func (p *Proxy) memberClientURLs(ctx context.Context) ([]string, error) {
 				clients = append(clients, m.ClientURLs...)
 			}
 		}
+		clients = p.dialable(clients)
 		if len(clients) > 0 {
 			if len(p.cfg.Endpoints) == 0 {
 				p.peers = peers
 			}
 			return clients, nil
 		}
-		err = errors.New("member list names no client URL")
+		err = errors.New("member list names no client URL the proxy can dial")
 	}
 	if len(p.cfg.Endpoints) > 0 {
 		return nil, err
@@ -627,11 +629,29 @@ func (p *Proxy) memberClientURLs(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("member list through the cluster: %w; through peer URLs: %w", err, perr)
 	}
 	clients, newPeers := clientURLs(ms)
-	if len(clients) == 0 {
-		return nil, errors.New("member list names no client URL")
+	if clients = p.dialable(clients); len(clients) == 0 {
+		return nil, errors.New("member list names no client URL the proxy can dial")
 	}
 	p.peers = newPeers
 	return clients, nil
+}
+
+// dialable leaves out the client URLs no one can dial: port 0, which a
+// member advertises when it listens on a port chosen at start and was told
+// no advertise URL. Replacing working endpoints with them left the proxy
+// with none (a 100,000-watch bench run, at its first refresh). Each is
+// warned about once.
+func (p *Proxy) dialable(urls []string) []string {
+	out := urls[:0:0]
+	for _, u := range urls {
+		if pu, err := url.Parse(u); err == nil && pu.Port() == "0" {
+			p.log.Log(context.Background(), p.warned.level("port 0", u), "a member advertises a client URL with port 0, "+
+				"which nobody can dial; leaving it out (give the member its real port in its advertised client URLs)", "url", u)
+			continue
+		}
+		out = append(out, u)
+	}
+	return out
 }
 
 // watchHub returns the watch hub once serving (nil before).
