@@ -260,9 +260,9 @@ func TestBatcherTakeRule(t *testing.T) {
 	}{
 		{"idle: a lone create goes at once", 1, 0, 0, 0, 1, 0},
 		{"in flight: below the share waits", 1, 1, 8, 0, 0, 9},
-		{"in flight: the share of the peak goes", 3, 1, 8, 0, 3, 11 - 2},
-		{"peak, not the instant's count, sets the share", 2, 1, 0, 12, 0, 12},
-		{"the share rounds up: a peak of 9 makes 3, so 2 wait", 2, 1, 0, 9, 0, 9},
+		{"in flight: the share of the peak goes", 8, 1, 8, 0, 8, 16 - 2},
+		{"peak, not the instant's count, sets the share", 5, 1, 0, 12, 0, 12},
+		{"the share rounds up: a peak of 9 makes 5, so 4 wait", 4, 1, 0, 9, 0, 9},
 		{"share capped at targetBatch", targetBatch, 1, 1000, 0, targetBatch, 1000 + targetBatch - (1000+targetBatch+7)/8},
 		{"below targetBatch with a huge peak waits", targetBatch - 1, 1, 1000, 0, 0, 1000 + targetBatch - 1},
 		{"maxInflight reached waits", 100, maxInflight, 100, 0, 0, 0},

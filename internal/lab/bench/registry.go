@@ -337,10 +337,10 @@ func run(ctx context.Context, n, workers int, op func(ctx context.Context, i int
 }
 
 // CeilingBatch is the transaction size Beacon's group commit reaches with
-// workers concurrent registrations (a quarter of them, at most 128, a
+// workers concurrent registrations (half of them, at most 128, a
 // transaction's most; see registry's batcher), which the ceiling uses
 // unless told otherwise.
-func CeilingBatch(workers int) int { return max(1, min(128, (workers+3)/4)) }
+func CeilingBatch(workers int) int { return max(1, min(128, (workers+1)/2)) }
 
 // RunRegister measures registrations per second for each number of
 // concurrent workers: Beacon's Register through one session (one shared

@@ -248,9 +248,9 @@ func TestCeilingBatches(t *testing.T) {
 		want    []int
 	}{
 		{1, []int{1}},
-		{16, []int{4, 16}},
-		{64, []int{16, 32, 48, 64}},
-		{256, []int{64, 16, 32, 48, 128}},
+		{16, []int{8, 16}},
+		{64, []int{32, 16, 48, 64}},
+		{256, []int{128, 16, 32, 48, 64}},
 		{1024, []int{128, 16, 32, 48, 64}},
 	} {
 		if got := ceilingBatches(tc.workers); !slices.Equal(got, tc.want) {
