@@ -53,14 +53,7 @@ func TestConformance(t *testing.T) {
 	t.Run("nats", func(t *testing.T) {
 		srv := natstest.Start(t, natstest.Options{})
 		run(t, registry.MinLeaseTTL, func(tb testing.TB) store.Store {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			st, err := bnats.Open(ctx, bnats.Config{URL: srv.ClientURL()})
-			if err != nil {
-				tb.Fatal(err)
-			}
-			tb.Cleanup(func() { _ = st.Close() })
-			return st
+			return natstest.Open(tb, bnats.Config{URL: srv.ClientURL()})
 		})
 	})
 }

@@ -97,7 +97,7 @@ func TestUnreachableServer(t *testing.T) {
 func TestAuthentication(t *testing.T) {
 	t.Run("UserPassword", func(t *testing.T) {
 		srv := natstest.Start(t, natstest.Options{User: "beacon", Password: "s3cret"})
-		s := open(t, bnats.Config{URL: srv.ClientURL(), User: "beacon", Password: "s3cret"})
+		s := natstest.Open(t, bnats.Config{URL: srv.ClientURL(), User: "beacon", Password: "s3cret"})
 		defer s.Close()
 		if _, err := s.Put(ctxT(t, 5*time.Second), "/a", []byte("v")); err != nil {
 			t.Fatal(err)
@@ -109,7 +109,7 @@ func TestAuthentication(t *testing.T) {
 	})
 	t.Run("Token", func(t *testing.T) {
 		srv := natstest.Start(t, natstest.Options{Token: "tok"})
-		s := open(t, bnats.Config{URL: srv.ClientURL(), Token: "tok"})
+		s := natstest.Open(t, bnats.Config{URL: srv.ClientURL(), Token: "tok"})
 		defer s.Close()
 		if _, err := s.Put(ctxT(t, 5*time.Second), "/a", []byte("v")); err != nil {
 			t.Fatal(err)
@@ -118,7 +118,7 @@ func TestAuthentication(t *testing.T) {
 	t.Run("TLS", func(t *testing.T) {
 		srv := natstest.Start(t, natstest.Options{TLS: true})
 		c := srv.Certs()
-		s := open(t, bnats.Config{URL: srv.URL(), CAFile: c.CA, CertFile: c.ClientCert, KeyFile: c.ClientKey})
+		s := natstest.Open(t, bnats.Config{URL: srv.URL(), CAFile: c.CA, CertFile: c.ClientCert, KeyFile: c.ClientKey})
 		defer s.Close()
 		if _, err := s.Put(ctxT(t, 5*time.Second), "/a", []byte("v")); err != nil {
 			t.Fatal(err)
@@ -129,7 +129,7 @@ func TestAuthentication(t *testing.T) {
 	})
 	t.Run("Domain", func(t *testing.T) {
 		srv := natstest.Start(t, natstest.Options{Domain: "hub"})
-		s := open(t, bnats.Config{URL: srv.ClientURL(), Domain: "hub"})
+		s := natstest.Open(t, bnats.Config{URL: srv.ClientURL(), Domain: "hub"})
 		defer s.Close()
 		rev, err := s.Put(ctxT(t, 5*time.Second), "/a", []byte("v"))
 		if err != nil {
@@ -159,7 +159,7 @@ func TestIncompatibleBuckets(t *testing.T) {
 		t.Fatalf("foreign bucket: %v", err)
 	}
 	// A Beacon bucket whose settings were changed.
-	s := open(t, bnats.Config{URL: srv.ClientURL(), Bucket: "edited"})
+	s := natstest.Open(t, bnats.Config{URL: srv.ClientURL(), Bucket: "edited"})
 	s.Close()
 	st, err := js.Stream(ctx, "KV_edited")
 	if err != nil {
@@ -189,7 +189,7 @@ func TestIncompatibleBuckets(t *testing.T) {
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	s = open(t, bnats.Config{URL: srv.ClientURL(), Bucket: "edited"})
+	s = natstest.Open(t, bnats.Config{URL: srv.ClientURL(), Bucket: "edited"})
 	defer s.Close()
 	l, err := s.Grant(ctx, time.Second)
 	if err != nil || l.TTL != 5*time.Second {
@@ -252,7 +252,7 @@ func TestServerTooOld(t *testing.T) {
 // that end inside a segment still list exactly the matching keys.
 func TestOddKeys(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
-	s := open(t, bnats.Config{URL: srv.ClientURL()})
+	s := natstest.Open(t, bnats.Config{URL: srv.ClientURL()})
 	defer s.Close()
 	ctx := ctxT(t, 20*time.Second)
 	keys := []string{"/odd/a.b", "/odd/a b", "/odd/a*", "/odd/a>", "/odd/a=", "/odd//x", "/odd/ü", "/odd/a/", "/odd/ab"}
@@ -281,7 +281,7 @@ func TestOddKeys(t *testing.T) {
 // More keys than one server read returns (1024) are listed in chunks.
 func TestListBeyondOneRead(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
-	s := open(t, bnats.Config{URL: srv.ClientURL()})
+	s := natstest.Open(t, bnats.Config{URL: srv.ClientURL()})
 	defer s.Close()
 	ctx := ctxT(t, 60*time.Second)
 	const n = 1100
@@ -302,7 +302,7 @@ func TestListBeyondOneRead(t *testing.T) {
 // key says so instead of skipping it.
 func TestDroppedHistoryIsCompaction(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
-	s := open(t, bnats.Config{URL: srv.ClientURL(), Bucket: "short", History: bnats.MinHistory})
+	s := natstest.Open(t, bnats.Config{URL: srv.ClientURL(), Bucket: "short", History: bnats.MinHistory})
 	defer s.Close()
 	ctx := ctxT(t, 20*time.Second)
 	first, err := s.Put(ctx, "/h/k", []byte("0"))
@@ -326,7 +326,7 @@ func TestDroppedHistoryIsCompaction(t *testing.T) {
 // missing the deletions.
 func TestCrashedClientKeysExpire(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
-	watcher := open(t, bnats.Config{URL: srv.ClientURL()})
+	watcher := natstest.Open(t, bnats.Config{URL: srv.ClientURL()})
 	defer watcher.Close()
 	ctx := ctxT(t, 30*time.Second)
 	_, rev, err := watcher.List(ctx, "/crash/")
@@ -334,7 +334,7 @@ func TestCrashedClientKeysExpire(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := watcher.Watch(ctx, "/crash/", rev+1)
-	crashed := open(t, bnats.Config{URL: srv.ClientURL()})
+	crashed := natstest.Open(t, bnats.Config{URL: srv.ClientURL()})
 	l, err := crashed.Grant(ctx, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -397,7 +397,7 @@ func TestCrashedClientKeysExpire(t *testing.T) {
 // gets all its events in one response.
 func TestTransactionIsOneRevision(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
-	s := open(t, bnats.Config{URL: srv.ClientURL()})
+	s := natstest.Open(t, bnats.Config{URL: srv.ClientURL()})
 	defer s.Close()
 	ctx := ctxT(t, 20*time.Second)
 	l, err := s.Grant(ctx, time.Minute)
@@ -448,7 +448,7 @@ func TestTransactionIsOneRevision(t *testing.T) {
 // silent.
 func TestServerGone(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
-	s := open(t, bnats.Config{URL: srv.ClientURL(), RequestTimeout: time.Second})
+	s := natstest.Open(t, bnats.Config{URL: srv.ClientURL(), RequestTimeout: time.Second})
 	defer s.Close()
 	ctx := ctxT(t, 30*time.Second)
 	w := s.Watch(ctx, "/gone/", 0)

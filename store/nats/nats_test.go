@@ -1,7 +1,6 @@
 package nats_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -16,21 +15,11 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, natstest.LeakOptions()...)
 }
 
-func open(tb testing.TB, cfg bnats.Config) *bnats.Store {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	s, err := bnats.Open(ctx, cfg)
-	if err != nil {
-		tb.Fatalf("Open: %v", err)
-	}
-	return s
-}
 
 func TestConformance(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
 	storetest.Run(t, func(tb testing.TB) store.Store {
-		return open(tb, bnats.Config{URL: srv.ClientURL()})
+		return natstest.Open(tb, bnats.Config{URL: srv.ClientURL()})
 	}, storetest.Options{
 		// The server expires TTLs on its own timer, up to about a second
 		// late.
@@ -41,5 +30,5 @@ func TestConformance(t *testing.T) {
 
 func BenchmarkNATS(b *testing.B) {
 	srv := natstest.Start(b, natstest.Options{})
-	storetest.Benchmark(b, func(tb testing.TB) store.Store { return open(tb, bnats.Config{URL: srv.ClientURL()}) })
+	storetest.Benchmark(b, func(tb testing.TB) store.Store { return natstest.Open(tb, bnats.Config{URL: srv.ClientURL()}) })
 }
