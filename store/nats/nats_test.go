@@ -15,7 +15,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, natstest.LeakOptions()...)
 }
 
-
 func TestConformance(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
 	storetest.Run(t, func(tb testing.TB) store.Store {
