@@ -86,6 +86,7 @@ func (r *StoreRegistry) Register(ctx context.Context, in beacon.Instance) (Regis
 }
 
 func (r *StoreRegistry) register(ctx context.Context, reg *registration) error {
+	fo := r.newFailover()
 	for {
 		lease, epoch, err := r.sess.acquire(ctx)
 		if err != nil {
@@ -123,6 +124,8 @@ func (r *StoreRegistry) register(ctx context.Context, reg *registration) error {
 			continue
 		case errors.Is(err, store.ErrInvalidKey), errors.Is(err, store.ErrValueTooLarge), errors.Is(err, store.ErrClosed):
 			return fmt.Errorf("registry: register %s: %w", reg.ref, err)
+		case fo.again(ctx, err):
+			continue // create-if-absent: a repeat of a write that landed finds it ours
 		}
 		// The write may have been applied: make sure nothing stays behind.
 		r.cleanup(reg.key, lease, reg.val, reg)
@@ -274,6 +277,7 @@ func (reg *registration) update(ctx context.Context, mutate func(*beacon.Instanc
 // it found (and adopted) an operator's drain instead of writing.
 func (reg *registration) write(ctx context.Context, next beacon.Instance, val []byte) error {
 	r := reg.r
+	fo := r.newFailover()
 	for {
 		if r.closed.Load() {
 			return ErrClosed
@@ -326,6 +330,8 @@ func (reg *registration) write(ctx context.Context, next beacon.Instance, val []
 			continue
 		case errors.Is(err, beacon.ErrAlreadyRegistered):
 			return err
+		case fo.again(ctx, err):
+			continue // compare-and-swap: a repeat of a write that landed finds it ours
 		}
 		// Unknown outcome: have the session write the registration again
 		// (with what it advertises) on its next pass.

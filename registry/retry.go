@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/store"
 )
 
@@ -32,4 +33,40 @@ func retryTimedOut[T any](ctx context.Context, limit time.Duration, call func(co
 			return v, err
 		}
 	}
+}
+
+// failover decides whether a write the store answered with ErrUnavailable
+// is tried again: a member died or an election is under way, and the
+// client's next attempt goes to another member or to the new leader. A
+// follower SIGKILLed under load failed 51 of 300 registrations before
+// (beacon bench cluster). The first retry is at once, later ones after a
+// backoff; it gives up when ctx ends, the registry closes, or a lease TTL
+// has passed since the first attempt (a write that cannot land within a
+// TTL would be late for the lease anyway). Only writes that are safe to
+// repeat use it: a create-if-absent and a compare-and-swap, whose repeat
+// after an attempt that did land finds the key holding the same value
+// under the same lease (writeOne settles that as written).
+type failover struct {
+	r     *StoreRegistry
+	start time.Time
+	tries int
+	bo    *backoff
+}
+
+func (r *StoreRegistry) newFailover() *failover {
+	return &failover{r: r, start: time.Now(), bo: newBackoff(r.cfg.RetryMax)}
+}
+
+// again reports whether the write that failed with err is to be tried
+// again, after waiting its turn.
+func (f *failover) again(ctx context.Context, err error) bool {
+	if !errors.Is(err, store.ErrUnavailable) || ctx.Err() != nil || f.r.closed.Load() || time.Since(f.start) >= f.r.cfg.LeaseTTL {
+		return false
+	}
+	f.tries++
+	f.r.log.Debug("store unavailable; trying the write again", "attempt", f.tries+1, "err", err)
+	if f.tries == 1 {
+		return true
+	}
+	return wait.Sleep(ctx, f.bo.next())
 }
