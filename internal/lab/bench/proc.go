@@ -151,8 +151,12 @@ func processCPU(pid int) time.Duration {
 }
 
 // rss is the process's resident memory in bytes.
-func (p *proc) rss() float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+func (p *proc) rss() float64 { return processRSS(p.cmd.Process.Pid) }
+
+// processRSS is the resident memory of process pid in bytes (0 when it
+// cannot be read).
+func processRSS(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}

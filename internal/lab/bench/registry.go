@@ -436,6 +436,9 @@ type registerBench struct {
 	// ceiling (registry_sameop.go).
 	sameWidth map[int]int
 	sameTried map[int]string
+	// ceilingKeys, when set, makes the keys and values the same-op
+	// ceiling writes in a round (default sameOpKeys under /bench-txn).
+	ceilingKeys func(round string, n int) (keys, vals []string)
 }
 
 // registerResult is one side's registrations in one round.

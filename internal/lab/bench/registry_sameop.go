@@ -29,6 +29,9 @@ const ceilingSameOp = "same-op ceiling"
 func (rb *registerBench) sameOpSide(ctx context.Context, round string, n, workers, width int) (registerResult, error) {
 	var r registerResult
 	keys, vals := sameOpKeys(benchInstances("txn-"+round, n))
+	if rb.ceilingKeys != nil {
+		keys, vals = rb.ceilingKeys(round, n)
+	}
 	l, err := rb.raw.cli.Grant(ctx, rawLeaseTTL)
 	if err != nil {
 		return r, fmt.Errorf("same-op ceiling: grant: %w", err)

@@ -350,6 +350,20 @@ func (m *Member) Running() bool {
 	}
 }
 
+// Pid is the member's process ID while it runs (0 when it does not): for
+// reading its CPU time and resident memory from /proc.
+func (m *Member) Pid() int {
+	if !m.Running() {
+		return 0
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cmd == nil {
+		return 0
+	}
+	return m.cmd.Process.Pid
+}
+
 // Paused reports whether the member is stopped by Pause.
 func (m *Member) Paused() bool {
 	m.mu.Lock()
