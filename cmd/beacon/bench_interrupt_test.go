@@ -196,3 +196,33 @@ func TestBenchWatchInterrupted(t *testing.T) {
 		t.Fatalf("the interrupted benchmark could not undo its run:\n%s", log)
 	}
 }
+
+var namespacesRE = regexp.MustCompile(`msg="cluster: members started" namespaces=(\S*)`)
+
+// TestBenchClusterInterrupted: Ctrl-C in the middle of `beacon bench
+// cluster`, while instances are being registered: every member process has
+// ended and every network namespace the run made is gone.
+func TestBenchClusterInterrupted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds beacon")
+	}
+	log := runUntilInterrupted(t, "cluster: registering", "bench", "cluster", "--instances", "200000", "--services", "20",
+		"--watchers", "6", "--ceiling", "100", "--rounds", "20")
+	checkChildrenGone(t, log, 3)
+	m := namespacesRE.FindStringSubmatch(log)
+	if m == nil {
+		t.Fatalf("no namespaces logged:\n%s", log)
+	}
+	if m[1] == "" {
+		return // on loopback: nothing more to remove
+	}
+	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip netns list: %v: %s", err, out)
+	}
+	for _, ns := range strings.Split(m[1], ",") {
+		if regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(ns) + `\b`).Match(out) {
+			t.Errorf("namespace %s left after the interrupt:\n%s", ns, out)
+		}
+	}
+}

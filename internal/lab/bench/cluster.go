@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -258,6 +259,10 @@ func (cb *clusterBench) start(ctx context.Context) error {
 		return fmt.Errorf("bench: start the cluster: %w", err)
 	}
 	cb.eps = cb.c.Endpoints()
+	for _, m := range cb.c.Members() {
+		cb.log.Info("started", "process", m.Name, "pid", m.Pid())
+	}
+	cb.log.Info("cluster: members started", "namespaces", strings.Join(nw.Namespaces(), ","))
 	total := cfg.Instances + cfg.KillInstances
 	cb.starts, cb.failed = make([]atomic.Int64, total), make([]atomic.Bool, total)
 	cb.changed = make(chan struct{}, 1)

@@ -255,6 +255,20 @@ func (h *Host) IP(args ...string) error {
 	return h.n.run(append([]string{"-n", h.h.ns}, args...)...)
 }
 
+// Namespaces are the network namespaces of the hosts added so far (none
+// on loopback).
+func (n *Network) Namespaces() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []string
+	for _, h := range n.hosts {
+		if h.ns != "" {
+			out = append(out, h.ns)
+		}
+	}
+	return out
+}
+
 // Gateway is the caller's address on a Netns network's bridge: where
 // processes on its hosts reach the caller's own namespace ("" on
 // Loopback, where everything is on 127.0.0.1).
