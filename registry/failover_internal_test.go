@@ -142,3 +142,28 @@ func TestUpdateRidesOutAnUnavailableStore(t *testing.T) {
 		})
 	}
 }
+
+// TestRegisterWithTTLRidesOutAnUnavailableStore: the HTTP API's
+// registration (a fresh lease, the instance and its ownership record in one
+// transaction) is tried again when the store answered ErrUnavailable —
+// applied or not — and succeeds: the instance is held under its lease and
+// Heartbeat with the secret works.
+func TestRegisterWithTTLRidesOutAnUnavailableStore(t *testing.T) {
+	for _, landed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("landed=%v", landed), func(t *testing.T) {
+			st, r := newUnsure(t, landed)
+			st.failing.Store(2)
+			o, err := r.RegisterWithTTL(t.Context(), beacon.Instance{Namespace: "fo", Component: "c", Endpoint: "e", Address: "10.0.0.1:1"}, 5*time.Second)
+			if err != nil {
+				t.Fatalf("RegisterWithTTL across a failover: %v", err)
+			}
+			kv, err := st.Store.Get(t.Context(), r.ks.Key(o.Instance.Ref()))
+			if err != nil || kv.Lease != o.Lease.ID {
+				t.Fatalf("instance in the store: %+v, %v; want it under lease %d", kv, err, o.Lease.ID)
+			}
+			if _, err := r.Heartbeat(t.Context(), o.Instance.Ref(), o.Secret); err != nil {
+				t.Fatalf("Heartbeat with the registration's secret: %v", err)
+			}
+		})
+	}
+}

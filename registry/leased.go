@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -273,13 +274,14 @@ func (r *StoreRegistry) writeOwned(ctx context.Context, in beacon.Instance, val 
 		return fmt.Errorf("registry: encode ownership record: %w", err)
 	}
 	okey, key := r.ownerKey(ref.Namespace, lease), r.ks.Key(ref)
-	if r.tx != nil {
-		_, err = r.tx.Txn(ctx,
-			store.Op{Kind: store.OpPut, Key: okey, Value: rec, Lease: lease, IfAbsent: true},
-			store.Op{Kind: store.OpPut, Key: key, Value: val, Lease: lease, IfAbsent: true})
-	} else {
-		if _, err = r.st.Create(ctx, okey, rec, store.WithLease(lease)); err == nil {
-			_, err = r.st.Create(ctx, key, val, store.WithLease(lease))
+	fo := r.newFailover()
+	for {
+		err = r.createOwned(ctx, okey, rec, key, val, lease)
+		if err != nil && fo.tries > 0 && r.holds(ctx, lease, okey, rec, key, val) {
+			return nil // an earlier attempt landed; its answer was lost
+		}
+		if !fo.again(ctx, err) {
+			break
 		}
 	}
 	var ce *store.ConflictError
@@ -293,6 +295,33 @@ func (r *StoreRegistry) writeOwned(ctx context.Context, in beacon.Instance, val 
 		return alreadyRegistered(ref)
 	}
 	return fmt.Errorf("registry: register %s: %w", ref, err)
+}
+
+// createOwned creates the ownership record okey and the instance key,
+// both bound to lease: in one transaction when the store has them.
+func (r *StoreRegistry) createOwned(ctx context.Context, okey string, rec []byte, key string, val []byte, lease store.LeaseID) error {
+	if r.tx != nil {
+		_, err := r.tx.Txn(ctx,
+			store.Op{Kind: store.OpPut, Key: okey, Value: rec, Lease: lease, IfAbsent: true},
+			store.Op{Kind: store.OpPut, Key: key, Value: val, Lease: lease, IfAbsent: true})
+		return err
+	}
+	_, err := r.st.Create(ctx, okey, rec, store.WithLease(lease))
+	if err == nil {
+		_, err = r.st.Create(ctx, key, val, store.WithLease(lease))
+	}
+	return err
+}
+
+// holds reports whether the store holds val at key and rec at okey, both
+// under lease: what writeOwned writes.
+func (r *StoreRegistry) holds(ctx context.Context, lease store.LeaseID, okey string, rec []byte, key string, val []byte) bool {
+	return r.holdsValue(ctx, lease, okey, rec) && r.holdsValue(ctx, lease, key, val)
+}
+
+func (r *StoreRegistry) holdsValue(ctx context.Context, lease store.LeaseID, key string, val []byte) bool {
+	kv, err := r.st.Get(ctx, key)
+	return err == nil && kv.Lease == lease && bytes.Equal(kv.Value, val)
 }
 
 func (r *StoreRegistry) ownerExists(ctx context.Context, key string) bool {
