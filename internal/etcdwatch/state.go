@@ -43,7 +43,14 @@ type State struct {
 	Silence Silence
 	phase   Phase
 	from    int64 // the replacement's start (Replacing, Syncing)
+	lagged  int   // silences in a row taken for etcd lagging (Lagged)
 }
+
+// MaxLagged is how many silences in a row a watch takes for etcd lagging
+// (Config.BeforeSilent) before it ends all the same: at the default 4 s
+// timeout, a watch that hears nothing for about 20 s ends even while every
+// member answers probes.
+const MaxLagged = 4
 
 // New returns the state of a watch opened from rev (0: now) at now, with
 // the silence timeout silence (0 or less: no silence check).
@@ -103,7 +110,23 @@ func (s *State) replace(rev int64) int64 {
 
 // OnHeard is the transition: etcd said something at now, on either watch, or the consumer
 // took a response.
-func (s *State) OnHeard(now time.Time) { s.Silence.Heard(now) }
+func (s *State) OnHeard(now time.Time) {
+	s.Silence.Heard(now)
+	s.lagged = 0
+}
+
+// Lagged is the transition: a silence at now was etcd lagging (its members
+// answer probes). It reports whether the watch carries on — its silence
+// measured again from now — which it does MaxLagged times in a row; after
+// that the silence stands.
+func (s *State) Lagged(now time.Time) bool {
+	if s.lagged >= MaxLagged {
+		return false
+	}
+	s.lagged++
+	s.Silence.Start(now)
+	return true
+}
 
 // OnReplacementCreated is the transition: etcd created the replacement at rev.
 func (s *State) OnReplacementCreated(rev int64) {

@@ -507,3 +507,38 @@ func TestNames(t *testing.T) {
 		t.Error("SilentError is not ErrSilent")
 	}
 }
+
+// TestLaggedMeasuresSilenceAgainAndIsBounded: a silence taken for lag
+// starts the silence over (no verdict for half a timeout), MaxLagged times
+// in a row; then the silence stands.
+func TestLaggedMeasuresSilenceAgainAndIsBounded(t *testing.T) {
+	s := New(1, T, at(0))
+	s.Opened()
+	for i := range MaxLagged {
+		if !s.Lagged(at(10 * (i + 1))) {
+			t.Fatalf("lag %d refused; want %d in a row taken", i+1, MaxLagged)
+		}
+		if tk := s.OnTick(at(10*(i+1) + 3)); tk != (Tick{}) {
+			t.Fatalf("3 s after lag %d: %+v; want nothing (quiet for less than half the timeout)", i+1, tk)
+		}
+	}
+	if s.Lagged(at(100)) {
+		t.Fatalf("lag %d taken; want the silence to stand after %d", MaxLagged+1, MaxLagged)
+	}
+}
+
+// TestHeardEndsALagStreak: hearing from etcd ends a streak of lags, so
+// that a later silence may again be taken for lag MaxLagged times.
+func TestHeardEndsALagStreak(t *testing.T) {
+	s := New(1, T, at(0))
+	s.Opened()
+	for i := range MaxLagged {
+		s.Lagged(at(i + 1))
+	}
+	s.OnHeard(at(20))
+	for i := range MaxLagged {
+		if !s.Lagged(at(30 + i)) {
+			t.Fatalf("lag %d after etcd was heard refused", i+1)
+		}
+	}
+}

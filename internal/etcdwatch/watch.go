@@ -47,10 +47,17 @@ type Config struct {
 	// StreamKey is the gRPC metadata key that gives each etcd watch its
 	// own stream (etcd ignores it). Empty: "beacon-watch".
 	StreamKey string
-	// BeforeSilent, if set, runs before Run returns a *SilentError (the
-	// store lets its prober leave the silent member out first); it must
-	// return once ctx ends.
-	BeforeSilent func(ctx context.Context)
+	// BeforeSilent, if set, runs before Run would return a *SilentError
+	// (the store lets its prober leave the silent member out first); it
+	// must return once ctx ends. It returns whether etcd is only lagging:
+	// every member answered a probe with a leader just now, so the watch
+	// is behind a busy etcd, not on a member that hangs or is cut off. The
+	// watch then carries on, its silence measured again from now, up to
+	// MaxLagged times in a row; ending it would re-list its prefix on an
+	// etcd that already cannot keep up (a process with thousands of
+	// watched prefixes re-listed 12,855 times in a minute on a busy
+	// 3-member cluster before).
+	BeforeSilent func(ctx context.Context) (lagging bool)
 	// Created, if set, is called once etcd has created the first watch.
 	Created func()
 	// Deliver hands the consumer the events of one response (never
@@ -166,8 +173,8 @@ func (r *runner) tick(now time.Time) error {
 	}
 	switch {
 	case t.Silent > 0:
-		if r.cfg.BeforeSilent != nil {
-			r.cfg.BeforeSilent(r.ctx)
+		if r.cfg.BeforeSilent != nil && r.cfg.BeforeSilent(r.ctx) && r.st.Lagged(time.Now()) {
+			return nil
 		}
 		return &SilentError{Quiet: t.Silent}
 	case t.Ask:

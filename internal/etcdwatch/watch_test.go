@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -250,7 +251,7 @@ func TestRunSilentWhenTheMemberIsDown(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- etcdwatch.Run(ctx, etcdwatch.Config{Client: cli, Key: "/down/", Options: []clientv3.OpOption{clientv3.WithPrefix()},
-			Silence: silence, BeforeSilent: func(context.Context) { close(before) },
+			Silence: silence, BeforeSilent: func(context.Context) bool { close(before); return false },
 			Created: func() { close(created) },
 			Deliver: func(context.Context, int64, []*clientv3.Event) error { return errors.New("delivered") }}, rev+1)
 	}()
@@ -273,6 +274,59 @@ func TestRunSilentWhenTheMemberIsDown(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("watch on a stopped member did not end")
 	}
+}
+
+// TestRunLaggingCarriesOn: a silent watch whose BeforeSilent says etcd is
+// only lagging carries on, its silence measured again; the first silence
+// that is not lagging ends it.
+func TestRunLaggingCarriesOn(t *testing.T) {
+	calls, err := runSilentWith(t, 2)
+	if !errors.Is(err, etcdwatch.ErrSilent) || calls != 3 {
+		t.Fatalf("after two lagging silences and one that is not: %v after %d calls; want ErrSilent after 3", err, calls)
+	}
+}
+
+// TestRunLaggingIsBounded: a watch that stays silent ends after
+// MaxLagged silences in a row taken for lag, even while BeforeSilent keeps
+// saying etcd is lagging.
+func TestRunLaggingIsBounded(t *testing.T) {
+	calls, err := runSilentWith(t, 1<<30)
+	if !errors.Is(err, etcdwatch.ErrSilent) || calls != etcdwatch.MaxLagged+1 {
+		t.Fatalf("always lagging: %v after %d calls; want ErrSilent after %d", err, calls, etcdwatch.MaxLagged+1)
+	}
+}
+
+// runSilentWith runs a watch on a member that is then stopped, its
+// BeforeSilent saying "lagging" the first lagging times, and returns how
+// the watch ended and how often BeforeSilent ran.
+func runSilentWith(t *testing.T, lagging int) (int, error) {
+	t.Helper()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	cli := srv.Client(t)
+	ctx := testCtx(t)
+	rev := put(ctx, t, cli, "/lag/a")
+	created := make(chan struct{})
+	var calls atomic.Int32
+	done := make(chan error, 1)
+	go func() {
+		done <- etcdwatch.Run(ctx, etcdwatch.Config{Client: cli, Key: "/lag/", Options: []clientv3.OpOption{clientv3.WithPrefix()},
+			Silence: silence, BeforeSilent: func(context.Context) bool { return int(calls.Add(1)) <= lagging },
+			Created: func() { close(created) },
+			Deliver: func(context.Context, int64, []*clientv3.Event) error { return errors.New("delivered") }}, rev+1)
+	}()
+	select {
+	case <-created:
+	case <-ctx.Done():
+		t.Fatal("not created")
+	}
+	srv.Stop()
+	select {
+	case err := <-done:
+		return int(calls.Load()), err
+	case <-ctx.Done():
+		t.Fatal("watch on a stopped member did not end")
+	}
+	return 0, nil
 }
 
 // TestRunDeliverErrorEnds: the consumer's error ends the watch with it;

@@ -140,20 +140,25 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 	}
 }
 
-// beforeSilent lets the probe leave a silent member out first, so that the
-// caller's next watch goes elsewhere — but never waits past the stated
-// bound (two probe timeouts: one sweep may be running, the next is ours).
-func (s *Store) beforeSilent(ctx context.Context) {
+// beforeSilent has the prober sweep the members before a silent watch
+// ends, so that the next watch goes to a member that answers, and reports
+// whether every member in use answered with a leader: then the silence is
+// etcd lagging, not a member that hangs or is cut off, and the watch
+// carries on (etcdwatch.Config.BeforeSilent). A store with one endpoint
+// has no prober: its silent watches end.
+func (s *Store) beforeSilent(ctx context.Context) bool {
 	if s.prober == nil {
-		return
+		return false
 	}
 	t := time.NewTimer(2 * s.prober.timeout)
 	defer t.Stop()
 	select {
 	case <-s.prober.suspect():
+		return s.prober.allHealthy()
 	case <-t.C:
 	case <-ctx.Done():
 	}
+	return false
 }
 
 func fromEvent(e *clientv3.Event) store.Event {
