@@ -93,7 +93,7 @@ func addRegistryScenario(name, short, long string, runFn func(ctx context.Contex
 			f.BoolVar(&cfg.NoFsync, "no-fsync", false, "run the scenario's etcd without fsync")
 			flags(f, &cfg)
 		},
-		cpuProfile: "write a CPU profile of the whole run (clients and embedded etcd) to this file",
+		cpuProfile: "write a CPU profile of the benchmark's own process (its clients; etcd and the watch scenario's watchers run in processes of their own: see bench watch --profile-dir) to this file",
 		prepare: func(*cobra.Command) error {
 			if err := cfg.Validate(); err != nil {
 				return usage(err)

@@ -367,15 +367,8 @@ func startWatchChild(ctx context.Context, log *slog.Logger, exe []string, side s
 		c.got[s] = make(chan struct{})
 	}
 	cmd.Stderr = c.stderr
-	stdin, err := cmd.StdinPipe()
+	stdin, stdout, err := startPiped(cmd)
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("bench: start the %s watchers' process: %w", side, err)
 	}
 	c.stdin = stdin
