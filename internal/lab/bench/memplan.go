@@ -52,7 +52,7 @@ const (
 
 // memNeed is one flag's share of a plan: n units of per bytes each.
 type memNeed struct {
-	flag string // e.g. "--instances"
+	flag string // e.g. "--instances"; "" for a fixed share (the watch scenario's two processes)
 	n    int
 	per  int64
 	what string // "instances registered at once", for the message
@@ -101,7 +101,7 @@ func fits(needs ...memNeed) error {
 	var top memNeed
 	for _, n := range needs {
 		total += int64(n.n) * n.per
-		if int64(n.n)*n.per > int64(top.n)*top.per {
+		if n.flag != "" && int64(n.n)*n.per > int64(top.n)*top.per { // a need of no flag is fixed: none to advise
 			top = n
 		}
 	}

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -103,5 +105,19 @@ func TestWatchChildConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: no error", c)
 		}
+	}
+}
+
+// TestWatchPlanCountsItsWatcherProcesses: the watch scenario's plan counts
+// the baseline of its two watcher processes: one watcher does not fit a
+// machine that has room for the benchmark's baseline alone.
+func TestWatchPlanCountsItsWatcherProcesses(t *testing.T) {
+	onMachine(t, int64(float64(memPlanBaseline+costWatchProcess)/memPlanHeadroom), nil)
+	_, err := RunWatch(context.Background(), RegistryConfig{Watchers: []int{1}, Samples: 1})
+	if !errors.Is(err, ErrTooBig) {
+		t.Fatalf("one watcher with room for one watcher process: %v, want ErrTooBig", err)
+	}
+	if !strings.Contains(err.Error(), "use --watchers 0 or less") {
+		t.Fatalf("the refusal advises no flag the user can change: %v", err)
 	}
 }
