@@ -79,7 +79,7 @@ func (w *watcher) Instances() []beacon.Instance {
 
 // Next implements Watcher.
 func (w *watcher) Next(ctx context.Context) (Batch, error) {
-	return view.Wait(ctx, w.life.Done(), w.ended, func() (Batch, bool, <-chan struct{}, error) {
+	return view.Wait(ctx, w.life, w.ended, func() (Batch, bool, <-chan struct{}, error) {
 		s := w.f.next(&w.cur)
 		if s.checkFrom {
 			return Batch{}, false, nil, w.f.checkFrom(ctx, &w.cur)

@@ -179,16 +179,17 @@ func TestBenchRegisterInterrupted(t *testing.T) {
 }
 
 // TestBenchWatchInterrupted: Ctrl-C (SIGINT to the process group) in the
-// middle of `beacon bench watch` with its own etcd: the benchmark undoes
-// its run (revokes the samples' lease) and stops that etcd; nothing is
-// left running. (That the etcd is out of the terminal's group, so that it
-// still answers the revoke: TestServerChildOwnGroup.)
+// middle of `beacon bench watch` with its own etcd, while it writes the
+// samples: the benchmark undoes its run (revokes the samples' lease) and
+// stops that etcd and both watcher processes; nothing is left running.
+// (That the etcd is out of the terminal's group, so that it still answers
+// the revoke: TestServerChildOwnGroup.)
 func TestBenchWatchInterrupted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds beacon")
 	}
-	log := runUntilInterrupted(t, "watch: measuring", "bench", "watch", "--watchers", "10", "--samples", "20000")
-	checkChildrenGone(t, log, 1)
+	log := runUntilInterrupted(t, "watch: writing samples", "bench", "watch", "--watchers", "10", "--samples", "20000")
+	checkChildrenGone(t, log, 3) // etcd, Beacon's watchers, raw etcd's watchers
 	if !strings.Contains(log, "beacon: bench interrupted: nothing measured; what the run made was removed") {
 		t.Errorf("the interrupt is not said as such:\n%s", log)
 	}

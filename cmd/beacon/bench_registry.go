@@ -46,14 +46,18 @@ txn-put ceiling with --no-ceiling. Against --endpoints that ceiling is skipped
 		})
 	addRegistryScenario("watch", "Register → watcher latency with 1, 100, 1000 watchers: one shared watch vs one etcd watch each",
 		`For each watcher count, opens that many Beacon watchers of one query in one
-process (sharing one etcd watch) and as many raw etcd watches, then registers
---samples instances one at a time, alternating Beacon and raw, and measures the
-time from each write until every watcher has it (p50, p99). It also counts the
-etcd server's watchers (etcd_debugging_mvcc_watcher_total): Beacon must add
-exactly one. Goal: Beacon's latency at most 1.0x the raw one.`,
+process (sharing one etcd watch) and as many raw etcd watches (one client) in
+another, each side a child process of its own (this binary, re-executed), then
+registers --samples instances one at a time from this process, alternating
+Beacon and raw, and measures the time from each write until every watcher has
+it (p50, p99). It also counts the etcd server's watchers
+(etcd_debugging_mvcc_watcher_total): Beacon must add exactly one; and reads
+each watcher process's CPU time per change and its resident memory. Goal:
+Beacon's latency at most 1.0x the raw one.`,
 		bench.RunWatch, func(f *pflag.FlagSet, cfg *bench.RegistryConfig) {
 			f.IntSliceVar(&cfg.Watchers, "watchers", []int{1, 100, 1000}, "watcher counts to measure")
 			f.IntVar(&cfg.Samples, "samples", 300, "registrations measured per watcher count")
+			f.StringVar(&cfg.WatchProfileDir, "profile-dir", "", "write CPU and allocation profiles of each side's watcher process (beacon.cpu, beacon.allocs, raw.cpu, raw.allocs; the last round's) to this existing directory")
 		})
 	addRegistryScenario("failover", "SIGKILL → removal observed: beacon register children vs raw keep-alive children",
 		`Starts --children "beacon register" processes and as many raw etcd client
@@ -89,7 +93,7 @@ func addRegistryScenario(name, short, long string, runFn func(ctx context.Contex
 			f.BoolVar(&cfg.NoFsync, "no-fsync", false, "run the scenario's etcd without fsync")
 			flags(f, &cfg)
 		},
-		cpuProfile: "write a CPU profile of the whole run (clients and embedded etcd) to this file",
+		cpuProfile: "write a CPU profile of the benchmark's own process (its clients; etcd and the watch scenario's watchers run in processes of their own: see bench watch --profile-dir) to this file",
 		prepare: func(*cobra.Command) error {
 			if err := cfg.Validate(); err != nil {
 				return usage(err)
@@ -131,5 +135,28 @@ func init() {
 		},
 	}
 	srv.Flags().BoolVar(&noFsync, "no-fsync", false, "run without fsync")
-	benchCmd.AddCommand(raw, srv)
+	benchCmd.AddCommand(raw, srv, watchWatchersCommand())
+}
+
+// watchWatchersCommand is the child of bench watch that runs one side's
+// watchers.
+func watchWatchersCommand() *cobra.Command {
+	var cfg bench.WatchChildConfig
+	cmd := &cobra.Command{
+		Use:    "watch-watchers",
+		Short:  "Child of bench watch: one side's watchers in a process of their own, reporting when each had each sample",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return bench.RunWatchChild(cmd.Context(), cfg, cmd.InOrStdin(), cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Side, "side", "", "beacon or raw")
+	f.StringSliceVar(&cfg.Endpoints, "endpoints", nil, "etcd endpoints")
+	f.StringVar(&cfg.Namespace, "namespace", "", "the samples' namespace")
+	f.IntVar(&cfg.Watchers, "watchers", 0, "watchers to open")
+	f.IntVar(&cfg.Samples, "samples", 0, "samples to expect")
+	f.StringVar(&cfg.ProfileDir, "profile-dir", "", "write <side>.cpu and <side>.allocs profiles here")
+	return cmd
 }

@@ -85,7 +85,7 @@ func (w *watcher) Instances() []beacon.Instance {
 
 // Next implements registry.Watcher.
 func (w *watcher) Next(ctx context.Context) (registry.Batch, error) {
-	return shared.Wait(ctx, w.life.Done(), w.ended, func() (registry.Batch, bool, <-chan struct{}, error) {
+	return shared.Wait(ctx, w.life, w.ended, func() (registry.Batch, bool, <-chan struct{}, error) {
 		s := w.v.next(&w.cur)
 		return s.batch, s.ok, s.wake, s.err
 	})

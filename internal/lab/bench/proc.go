@@ -153,8 +153,8 @@ func processCPU(pid int) time.Duration {
 // rss is the process's resident memory in bytes.
 func (p *proc) rss() float64 { return processRSS(p.cmd.Process.Pid) }
 
-// processRSS is the resident memory of process pid in bytes (0 when it
-// cannot be read).
+// processRSS is process pid's resident memory in bytes (VmRSS in
+// /proc/<pid>/status; 0 when not known).
 func processRSS(pid int) float64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {

@@ -59,8 +59,11 @@ type RegistryConfig struct {
 	// Watch: watcher counts (default 1, 100, 1000) and registrations
 	// measured for each (default 300: with one watcher, p99 is then the
 	// third-slowest sample rather than the slowest).
-	Watchers []int
-	Samples  int
+	// WatchProfileDir, when set, receives CPU and allocation profiles of
+	// each side's watcher process (see WatchChildConfig.ProfileDir).
+	Watchers        []int
+	Samples         int
+	WatchProfileDir string
 
 	// Failover: registrant processes killed per side (default 10) and
 	// their lease TTL (default 2 s, etcd's minimum). Command runs the

@@ -85,9 +85,12 @@ func startRegistrant(ctx context.Context, argv []string, readyMark string) (*reg
 }
 
 // startPiped starts cmd with pipes to its standard input and from its
-// standard output; its standard error is this process's.
+// standard output; its standard error is this process's unless cmd has
+// one.
 func startPiped(cmd *exec.Cmd) (stdin io.WriteCloser, stdout io.ReadCloser, err error) {
-	cmd.Stderr = os.Stderr
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
 	if stdin, err = cmd.StdinPipe(); err != nil {
 		return nil, nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -52,6 +53,11 @@ func TestRegistryBenchChild(t *testing.T) {
 		err = childRegister(ctx, args[1], opt("--id"), opt("--addr"), opt("--endpoints"), ttl)
 	case len(args) > 1 && args[1] == "raw-registrant":
 		err = RunRawRegistrant(ctx, strings.Split(opt("--endpoints"), ","), opt("--key"), opt("--value"), ttl, os.Stdin, os.Stdout)
+	case len(args) > 1 && args[1] == "watch-watchers":
+		n, _ := strconv.Atoi(opt("--watchers"))
+		samples, _ := strconv.Atoi(opt("--samples"))
+		err = RunWatchChild(ctx, WatchChildConfig{Side: opt("--side"), Endpoints: strings.Split(opt("--endpoints"), ","),
+			Namespace: opt("--namespace"), Watchers: n, Samples: samples, ProfileDir: opt("--profile-dir")}, os.Stdin, os.Stdout)
 	case len(args) > 1 && args[1] == "etcd-server":
 		err = RunEtcdServerChild(ctx, strings.Contains(strings.Join(args, " "), "--no-fsync"), os.Stdin, os.Stdout)
 	default:
@@ -123,7 +129,7 @@ func TestRegistryScenariosSmall(t *testing.T) {
 	if rep, err = RunWatch(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, 6)
+	checkReport(t, rep, 10) // per watcher count: p50, p99, etcd server watches, CPU per change, resident memory
 	for _, r := range rep.Rows {
 		if strings.HasPrefix(r.Metric, "etcd server watches") && r.Beacon != 1 {
 			t.Fatalf("Beacon opened %v etcd watches for %q, want 1", r.Beacon, r.Metric)
@@ -204,12 +210,12 @@ func TestWatchAgainstHostPortEndpoint(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	hostport := strings.TrimPrefix(srv.Endpoint(), "http://")
-	cfg := RegistryConfig{Endpoints: []string{hostport}, Watchers: []int{1}, Samples: 5, Rounds: 1}
+	cfg := RegistryConfig{Endpoints: []string{hostport}, Watchers: []int{1}, Samples: 5, Rounds: 1, Command: childCommand()}
 	rep, err := RunWatch(ctx, cfg)
 	if err != nil {
 		t.Fatalf("bench watch --endpoints %s: %v", hostport, err)
 	}
-	checkReport(t, rep, 3)
+	checkReport(t, rep, 5)
 	cfg.Endpoints = []string{"tcp://" + hostport}
 	if _, err := RunWatch(ctx, cfg); err == nil || !strings.Contains(err.Error(), "--endpoints") {
 		t.Fatalf("bench watch --endpoints tcp://...: %v, want an error naming --endpoints", err)

@@ -6,13 +6,10 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/beaconplane/beacon"
-	"github.com/beaconplane/beacon/registry"
-	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -89,16 +86,24 @@ func (l *latencies) wait(ctx context.Context, s int) (late bool, err error) {
 }
 
 // RunWatch measures the time from a registration until every watcher has
-// it, with 1, 100 and 1000 watchers in one process: Beacon's watchers share
-// one etcd watch; the raw baseline opens one etcd watch per watcher (one
-// client, as a process would).
+// it, for each watcher count: n Beacon watchers in one process (they share
+// one etcd watch) and n raw etcd watches (one client, as a process would)
+// in another. Each side runs in a child process of its own (`beacon bench
+// watch-watchers`), so that neither side's figure carries the other's
+// work (its garbage collection above all); this process only writes the
+// samples and waits for each side to report every watcher had one.
 func RunWatch(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	perPair := costFollowerPair + int64(cfg.Samples)*costSamplePair
-	if err := fits(memNeed{"--watchers", slices.Max(cfg.Watchers), perPair, "watchers on each side, with their samples"}); err != nil {
+	if err := fits(memNeed{"--watchers", slices.Max(cfg.Watchers), perPair, "watchers on each side, with their samples"},
+		memNeed{"", 2, costWatchProcess, "watcher processes"}); err != nil {
+		return nil, err
+	}
+	exe, err := cfg.executable()
+	if err != nil {
 		return nil, err
 	}
 	tgt, err := startTarget(ctx, cfg)
@@ -108,29 +113,56 @@ func RunWatch(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	defer tgt.stop()
 	rep := &Report{
 		Scenario: "watch",
-		Setup: fmt.Sprintf("%s; per watcher count, %d instances written one at a time (the same raw put of the same JSON for both sides), Beacon and raw alternating; latency from the write until every watcher has the event",
+		Setup: fmt.Sprintf("%s; per watcher count, each side's watchers in a process of their own (Beacon's sharing one etcd watch, "+
+			"raw etcd's one watch each on one client); %d instances written one at a time by this process (the same raw put of the same JSON "+
+			"for both sides), Beacon and raw alternating; latency from the write until every watcher has the event",
 			tgt.setup, cfg.Samples),
 	}
 	for _, n := range cfg.Watchers {
 		cfg.Logger.Info("watch: measuring", "watchers", n)
-		bl, rl, bUp, rUp, err := watchRound(ctx, cfg, tgt, n)
+		res, err := watchRound(ctx, cfg, exe, tgt, n)
 		if err != nil {
 			return nil, err
 		}
-		rep.Add(Row{Metric: fmt.Sprintf("register→watcher p50, %d watchers", n), Unit: "ms",
-			Beacon: Ms(Percentile(bl, 50)), Baseline: Ms(Percentile(rl, 50)), Goal: 1})
-		rep.Add(Row{Metric: fmt.Sprintf("register→watcher p99, %d watchers", n), Unit: "ms",
-			Beacon: Ms(Percentile(bl, 99)), Baseline: Ms(Percentile(rl, 99)), Goal: 1})
-		rep.Add(Row{Metric: fmt.Sprintf("etcd server watches, %d watchers", n), Unit: "watches", Beacon: bUp, Baseline: rUp})
+		res.addRows(rep, n, cfg.Samples)
 	}
 	rep.Note("etcd server watches: the change of %s when the watchers opened (Beacon's goal: exactly 1)", watchMetric)
+	rep.Note("CPU per change: the watcher process's CPU time while the samples were written, divided by the samples; " +
+		"resident memory: the watcher process's, after the samples")
 	return rep, nil
 }
 
-// watchRound measures one watcher count, n: it opens n Beacon watchers
-// and n raw etcd watches and writes cfg.Samples instances, one at a time,
-// for each side in turn.
-func watchRound(ctx context.Context, cfg RegistryConfig, tgt *etcdTarget, n int) (beaconLat, rawLat []time.Duration, beaconUp, rawUp float64, err error) {
+// watchResult is what one round measured of each side.
+type watchResult struct {
+	beacon, raw watchSide
+}
+
+// watchSide is one side's figures in a round.
+type watchSide struct {
+	lat     []time.Duration // every watcher's delay for every sample
+	watches float64         // etcd server watches its watchers added
+	cpu     time.Duration   // its process's CPU time while the samples were written
+	rss     float64         // its process's resident memory after them, bytes
+}
+
+func (res watchResult) addRows(rep *Report, n, samples int) {
+	b, r := res.beacon, res.raw
+	rep.Add(Row{Metric: fmt.Sprintf("register→watcher p50, %d watchers", n), Unit: "ms",
+		Beacon: Ms(Percentile(b.lat, 50)), Baseline: Ms(Percentile(r.lat, 50)), Goal: 1})
+	rep.Add(Row{Metric: fmt.Sprintf("register→watcher p99, %d watchers", n), Unit: "ms",
+		Beacon: Ms(Percentile(b.lat, 99)), Baseline: Ms(Percentile(r.lat, 99)), Goal: 1})
+	rep.Add(Row{Metric: fmt.Sprintf("etcd server watches, %d watchers", n), Unit: "watches", Beacon: b.watches, Baseline: r.watches})
+	rep.Add(Row{Metric: fmt.Sprintf("CPU per change, %d watchers", n), Unit: "ms",
+		Beacon: Ms(b.cpu / time.Duration(samples)), Baseline: Ms(r.cpu / time.Duration(samples))})
+	rep.Add(Row{Metric: fmt.Sprintf("watcher process resident memory, %d watchers", n), Unit: "MB",
+		Beacon: b.rss / 1e6, Baseline: r.rss / 1e6})
+}
+
+// watchRound measures one watcher count, n: it starts the process of n
+// Beacon watchers, then that of n raw etcd watches, and writes cfg.Samples
+// instances, one at a time, for each side in turn.
+func watchRound(ctx context.Context, cfg RegistryConfig, exe []string, tgt *etcdTarget, n int) (watchResult, error) {
+	var res watchResult
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ep := tgt.endpoints[0]
@@ -140,7 +172,7 @@ func watchRound(ctx context.Context, cfg RegistryConfig, tgt *etcdTarget, n int)
 	// its watches, or the counts would mix.
 	start, err := etcdMetric(ctx, ep, watchMetric)
 	if err != nil {
-		return nil, nil, 0, 0, err
+		return res, err
 	}
 	defer settleWatchers(context.WithoutCancel(ctx), ep, start)
 
@@ -149,56 +181,72 @@ func watchRound(ctx context.Context, cfg RegistryConfig, tgt *etcdTarget, n int)
 	// is the register scenario's.)
 	w, err := openSampleWriter(ctx, tgt.endpoints)
 	if err != nil {
-		return nil, nil, 0, 0, err
+		return res, err
 	}
 	defer w.close(ctx, cfg.Logger)
 
-	// Readers: one process's worth of each.
-	rd, err := openWatchReaders(ctx, tgt.endpoints)
-	if err != nil {
-		return nil, nil, 0, 0, err
-	}
-	bLat, rLat := newLatencies(cfg.Samples, n), newLatencies(cfg.Samples, n)
-	var wg sync.WaitGroup
-	defer func() {
-		// Close the clients before waiting for the readers: a cancelled
-		// context alone left 52,000 of 100,000 raw watch channels open
-		// for over ten minutes (clientv3 ends a stream's watches one at a
-		// time); closing the client ends them all.
-		cancel()
-		rd.close()
-		wg.Wait()
-	}()
-
+	args := watchChildArgs{endpoints: tgt.endpoints, namespace: ns, watchers: n, samples: cfg.Samples, profileDir: cfg.WatchProfileDir}
 	before, err := etcdMetric(ctx, ep, watchMetric)
 	if err != nil {
-		return nil, nil, 0, 0, err
+		return res, err
 	}
-	if err := rd.watchBeacon(ctx, &wg, beacon.Query{Namespace: ns, Component: "w"}, n, bLat); err != nil {
-		return nil, nil, 0, 0, err
+	bk, err := startWatchChild(ctx, cfg.Logger, exe, sideBeacon, args)
+	if err != nil {
+		return res, err
 	}
+	defer bk.stop()
 	// The shared watch is opened from the snapshot's revision, right
 	// after the snapshot: give the server a moment to count it.
 	mid := before
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if mid, err = etcdMetric(ctx, ep, watchMetric); err != nil {
-			return nil, nil, 0, 0, err
+			return res, err
 		}
 		if mid > before {
 			break
 		}
 	}
-	if err := rd.watchRaw(ctx, &wg, "/bench-raw"+beacon.ServicesDir+ns+"/w/", n, rLat); err != nil {
-		return nil, nil, 0, 0, err
+	raw, err := startWatchChild(ctx, cfg.Logger, exe, sideRaw, args)
+	if err != nil {
+		return res, err
 	}
+	defer raw.stop()
 	after, err := etcdMetric(ctx, ep, watchMetric)
 	if err != nil {
-		return nil, nil, 0, 0, err
+		return res, err
 	}
-	if err := w.writeSamples(ctx, ns, cfg.Samples, bLat, rLat); err != nil {
-		return nil, nil, 0, 0, err
+	res.beacon.watches, res.raw.watches = mid-before, after-mid
+	cfg.Logger.Info("watch: writing samples", "watchers", n, "samples", cfg.Samples)
+	if err := res.measure(ctx, cfg.Logger, w, ns, cfg.Samples, bk, raw); err != nil {
+		return res, err
 	}
-	return bLat.all(), rLat.all(), mid - before, after - mid, nil
+	return res, nil
+}
+
+// measure writes the samples, reads each watcher process's CPU time over
+// that span and its memory after it, and ends both processes, which then
+// report when each watcher had each sample.
+func (res *watchResult) measure(ctx context.Context, log *slog.Logger, w *sampleWriter, ns string, samples int, bk, raw *watchChild) error {
+	bCPU, rCPU := bk.cpu(), raw.cpu()
+	t0, err := w.writeSamples(ctx, ns, samples, bk, raw)
+	if err != nil {
+		return err
+	}
+	res.beacon.cpu, res.raw.cpu = bk.cpu()-bCPU, raw.cpu()-rCPU
+	res.beacon.rss, res.raw.rss = bk.rss(), raw.rss()
+	for _, s := range []struct {
+		c    *watchChild
+		t0   []int64
+		side *watchSide
+	}{{bk, t0.beacon, &res.beacon}, {raw, t0.raw, &res.raw}} {
+		at, err := s.c.finish(ctx)
+		if err != nil {
+			return err
+		}
+		s.side.lat = delays(at, s.t0)
+		log.Info("watch: watcher process", "side", s.c.side, "stats", s.c.stats)
+	}
+	return nil
 }
 
 // sampleWriter writes the watch scenario's samples for both sides: a raw
@@ -253,65 +301,50 @@ func (w *sampleWriter) close(ctx context.Context, log *slog.Logger) {
 	_ = w.cli.Close()
 }
 
+// writeTimes are when each sample was written for each side: unix
+// nanoseconds, read just before the put.
+type writeTimes struct {
+	beacon, raw []int64
+}
+
 // writeSamples writes each sample through Beacon's key layout, waits
 // until every Beacon watcher has it, then writes it under the raw prefix
 // and waits for every raw watch.
-func (w *sampleWriter) writeSamples(ctx context.Context, ns string, samples int, bLat, rLat *latencies) error {
+func (w *sampleWriter) writeSamples(ctx context.Context, ns string, samples int, bk, raw *watchChild) (writeTimes, error) {
+	t0 := writeTimes{beacon: make([]int64, samples), raw: make([]int64, samples)}
 	for s := range samples {
 		in := benchInstance(ns, "w", s)
 		for _, side := range []struct {
 			key string
-			lat *latencies
-		}{{w.ks.Key(in.Ref()), bLat}, {rawKey(in), rLat}} {
-			side.lat.t0[s].Store(time.Now().UnixNano())
+			t0  []int64
+			c   *watchChild
+		}{{w.ks.Key(in.Ref()), t0.beacon, bk}, {rawKey(in), t0.raw, raw}} {
+			side.t0[s] = time.Now().UnixNano()
 			if _, err := w.cli.Put(ctx, side.key, rawValue(in), clientv3.WithLease(w.lease)); err != nil {
-				return err
+				return t0, err
 			}
-			late, err := side.lat.wait(ctx, s)
-			if err != nil {
-				return err
-			}
-			if late {
-				return fmt.Errorf("bench: sample %d not received by every watcher within 30 s", s)
+			if err := side.c.wait(ctx, s); err != nil {
+				return t0, err
 			}
 		}
 	}
-	return nil
+	return t0, nil
 }
 
-// watchReaders are one process's worth of readers of each side: a Beacon
-// registry (its watchers share one etcd watch) and one raw etcd client.
-type watchReaders struct {
-	st     *etcdstore.Store
-	reader registry.Registry
-	raw    *clientv3.Client
-}
-
-func openWatchReaders(ctx context.Context, eps []string) (*watchReaders, error) {
-	st, err := beaconStore(ctx, eps)
-	if err != nil {
-		return nil, err
+// delays are, for every sample and watcher that had it, the time from the
+// write (t0, unix nanoseconds) to its arrival (at, the same clock: both
+// processes read the system's wall clock, so a step of that clock during a
+// run would show in the figures).
+func delays(at [][]int64, t0 []int64) []time.Duration {
+	var out []time.Duration
+	for s, row := range at {
+		for _, a := range row {
+			if a != 0 && s < len(t0) {
+				out = append(out, time.Duration(a-t0[s]))
+			}
+		}
 	}
-	rd := &watchReaders{st: st}
-	if rd.reader, err = registry.New(st, registry.Config{Root: "/bench-beacon", WatchLinger: -1}); err != nil {
-		rd.close()
-		return nil, err
-	}
-	if rd.raw, err = rawClient(eps); err != nil {
-		rd.close()
-		return nil, err
-	}
-	return rd, nil
-}
-
-func (rd *watchReaders) close() {
-	if rd.raw != nil {
-		_ = rd.raw.Close()
-	}
-	if rd.reader != nil {
-		_ = rd.reader.Close()
-	}
-	_ = rd.st.Close()
+	return out
 }
 
 // sampleOf is the sample an instance ID stands for (-1: none). It runs
@@ -324,62 +357,6 @@ func sampleOf(id string) int {
 		return -1
 	}
 	return int(v) - 1
-}
-
-// watchBeacon opens n Beacon watchers of q, each past its (empty)
-// snapshot, recording in lat when each has each sample until ctx ends.
-func (rd *watchReaders) watchBeacon(ctx context.Context, wg *sync.WaitGroup, q beacon.Query, n int, lat *latencies) error {
-	for r := range n {
-		w, err := rd.reader.Watch(ctx, q)
-		if err != nil {
-			return err
-		}
-		if _, err := w.Next(ctx); err != nil { // the (empty) snapshot
-			return err
-		}
-		wg.Go(func() {
-			defer w.Close()
-			for {
-				b, err := w.Next(ctx)
-				if err != nil {
-					return
-				}
-				for _, e := range b.Events {
-					if e.Type == beacon.Added {
-						lat.got(sampleOf(e.Instance.ID), r)
-					}
-				}
-			}
-		})
-	}
-	return nil
-}
-
-// watchRaw opens n etcd watches of prefix on the one raw client,
-// recording in lat when each has each sample until ctx ends.
-func (rd *watchReaders) watchRaw(ctx context.Context, wg *sync.WaitGroup, prefix string, n int, lat *latencies) error {
-	for r := range n {
-		wch := rd.raw.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-		select {
-		case resp := <-wch:
-			if !resp.Created {
-				return fmt.Errorf("raw watch: unexpected first response %+v", resp)
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		wg.Go(func() {
-			for resp := range wch {
-				for _, e := range resp.Events {
-					if e.Type == clientv3.EventTypePut && e.IsCreate() {
-						k := string(e.Kv.Key)
-						lat.got(sampleOf(k[len(k)-beacon.IDLength:]), r)
-					}
-				}
-			}
-		})
-	}
-	return nil
 }
 
 // settleWatchers waits (at most 10 s) until the server's watcher gauge is back to

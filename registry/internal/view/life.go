@@ -10,6 +10,7 @@ import (
 // done, whichever comes first, and then runs its release func.
 type Life struct {
 	done    chan struct{}
+	ctxDone <-chan struct{} // the Done of the context it began with
 	once    sync.Once
 	stop    func() bool // stops watching the context
 	release func()
@@ -18,7 +19,7 @@ type Life struct {
 // Begin starts a Life that ends when ctx is done or End is called;
 // release runs once, when it ends.
 func Begin(ctx context.Context, release func()) *Life {
-	l := &Life{done: make(chan struct{}), release: release}
+	l := &Life{done: make(chan struct{}), ctxDone: ctx.Done(), release: release}
 	// The callback must not read l.stop: it is written after AfterFunc
 	// returns, with no ordering against the callback.
 	l.stop = context.AfterFunc(ctx, l.end)

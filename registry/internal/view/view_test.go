@@ -510,11 +510,11 @@ func describe(evs []beacon.Event) []string {
 
 func TestWaitAsksAgainAfterEachWakeUntilABatch(t *testing.T) {
 	ended := errors.New("ended")
-	done := make(chan struct{})
+	life := Begin(context.Background(), func() {})
 	wake := make(chan struct{})
 	close(wake)
 	asked := 0
-	b, err := Wait(context.Background(), done, func() error { return ended }, func() (int, bool, <-chan struct{}, error) {
+	b, err := Wait(context.Background(), life, func() error { return ended }, func() (int, bool, <-chan struct{}, error) {
 		asked++
 		switch asked {
 		case 1:
@@ -528,21 +528,85 @@ func TestWaitAsksAgainAfterEachWakeUntilABatch(t *testing.T) {
 		t.Fatalf("Wait = %d, %v after %d asks", b, err, asked)
 	}
 	boom := errors.New("boom")
-	if _, err := Wait(context.Background(), done, nil, func() (int, bool, <-chan struct{}, error) { return 1, true, nil, boom }); !errors.Is(err, boom) {
+	if _, err := Wait(context.Background(), life, nil, func() (int, bool, <-chan struct{}, error) { return 1, true, nil, boom }); !errors.Is(err, boom) {
 		t.Fatalf("an error from ask: %v", err)
 	}
 	never := make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := Wait(ctx, done, nil, func() (int, bool, <-chan struct{}, error) { return 0, false, never, nil }); !errors.Is(err, context.Canceled) {
+	if _, err := Wait(ctx, life, nil, func() (int, bool, <-chan struct{}, error) { return 0, false, never, nil }); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a done context: %v", err)
 	}
-	close(done)
-	if _, err := Wait(context.Background(), done, func() error { return ended }, func() (int, bool, <-chan struct{}, error) {
+	life.End()
+	if _, err := Wait(context.Background(), life, func() error { return ended }, func() (int, bool, <-chan struct{}, error) {
 		t.Fatal("asked after the watcher ended")
 		return 0, false, nil, nil
 	}); !errors.Is(err, ended) {
 		t.Fatalf("an ended watcher: %v", err)
+	}
+}
+
+// A Wait on the very context its Life began with (not waited on apart:
+// the Life ends with it) returns that context's error when it ends while
+// waiting, as a Wait on another context does; a Life ended by End while
+// its context goes on gives ended().
+func TestWaitOnTheLifesContextReturnsItsError(t *testing.T) {
+	ended := errors.New("ended")
+	for _, tc := range []struct {
+		name      string
+		sameCtx   bool
+		endByLife bool
+		want      error
+	}{
+		{"the Life's context ends", true, false, context.Canceled},
+		{"another context ends", false, false, context.Canceled},
+		{"the Life ends, its context goes on", true, true, ended},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lifeCtx, cancelLife := context.WithCancel(context.Background())
+			defer cancelLife()
+			life := Begin(lifeCtx, func() {})
+			ctx, cancel := lifeCtx, cancelLife
+			if !tc.sameCtx {
+				ctx, cancel = context.WithCancel(context.Background())
+				defer cancel()
+			}
+			waiting := make(chan struct{})
+			never := make(chan struct{})
+			res := make(chan error, 1)
+			go func() {
+				_, err := Wait(ctx, life, func() error { return ended }, func() (int, bool, <-chan struct{}, error) {
+					close(waiting)
+					return 0, false, never, nil
+				})
+				res <- err
+			}()
+			select {
+			case <-waiting:
+			case <-time.After(time.Minute):
+				t.Fatal("Wait did not ask within a minute")
+			}
+			if tc.endByLife {
+				life.End()
+			} else {
+				cancel()
+			}
+			select {
+			case err := <-res:
+				if !errors.Is(err, tc.want) {
+					t.Fatalf("Wait = %v, want %v", err, tc.want)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("Wait did not return within a minute")
+			}
+			if !tc.sameCtx {
+				select {
+				case <-life.Done():
+					t.Fatal("the Life ended with another context")
+				default:
+				}
+			}
+		})
 	}
 }
 
