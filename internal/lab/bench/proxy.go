@@ -590,6 +590,11 @@ func (w *proxyWatchRound) steady(ctx context.Context) error {
 			return nil
 		}
 	}
+	if w.cfg.Logger.Enabled(ctx, slog.LevelDebug) { // each sample's spread: a growing queue, or one slow delivery
+		for k, d := range lat.lat {
+			w.cfg.Logger.Debug("proxy: latency sample", "side", s.name, "k", k, "p50", Percentile(d, 50), "p99", Percentile(d, 99), "max", slices.Max(d))
+		}
+	}
 	all := lat.all()
 	w.m.add(s.name, "lat50", Ms(Percentile(all, 50)))
 	w.m.add(s.name, "lat99", Ms(Percentile(all, 99)))
