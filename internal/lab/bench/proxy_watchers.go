@@ -142,7 +142,12 @@ type rawWatchStream struct {
 	h2      *h2Watch
 	mine    []int         // the round's watcher numbers on this stream, in the order created
 	created chan error    // the receiver's answer to each create
-	ids     map[int64]int // watch ID -> watcher number; the receiver's own
+	// The receiver's own: how many creates were answered, and which
+	// watcher each watch ID is (-1: none, or ended), in a slice for the
+	// small IDs servers give (0, 1, 2, ... per stream), a map beyond.
+	answered int
+	byID     []int32
+	ids      map[int64]int
 }
 
 // dialWatchStream opens a watch stream to endpoint for the watchers mine.
@@ -152,7 +157,7 @@ func dialWatchStream(ctx context.Context, w *proxyWatchRound, endpoint string, m
 		return nil, err
 	}
 	context.AfterFunc(ctx, func() { _ = h2.close() }) // the receiver's end
-	return &rawWatchStream{w: w, h2: h2, mine: mine, created: make(chan error, 1), ids: make(map[int64]int, len(mine))}, nil
+	return &rawWatchStream{w: w, h2: h2, mine: mine, created: make(chan error, 1), ids: map[int64]int{}}, nil
 }
 
 // open creates the stream's watches of key, one at a time.
@@ -206,18 +211,18 @@ func (s *rawWatchStream) receive() {
 // live watches.
 func (s *rawWatchStream) handle(m *watchMsg) int {
 	switch {
-	case m.created && len(s.ids) < len(s.mine):
+	case m.created && s.answered < len(s.mine):
+		s.answered++
 		if m.canceled {
-			s.ids[m.id] = -1
 			s.created <- fmt.Errorf("refused: %s", m.reason)
 			return 0
 		}
-		s.ids[m.id] = s.mine[len(s.ids)]
+		s.setWatcher(m.id, s.mine[s.answered-1])
 		s.created <- nil
 		return 1
 	case m.canceled:
-		if i, ok := s.ids[m.id]; ok && i >= 0 {
-			s.ids[m.id] = -1
+		if _, ok := s.watcher(m.id); ok {
+			s.setWatcher(m.id, -1)
 			s.w.ended.Add(1)
 			return -1
 		}
@@ -237,7 +242,7 @@ func (s *rawWatchStream) record(m *watchMsg) {
 	if len(m.samples) == 0 {
 		return
 	}
-	if i, ok := s.ids[m.id]; ok && i >= 0 {
+	if i, ok := s.watcher(m.id); ok {
 		for _, k := range m.samples {
 			w.lat.got(k, i)
 		}
@@ -277,4 +282,26 @@ func openRawWatchers(ctx context.Context, w *proxyWatchRound, wg *sync.WaitGroup
 		all = append(all, <-errs)
 	}
 	return close, errors.Join(all...)
+}
+
+// watcher returns the watcher that watch ID id is, if it is open.
+func (s *rawWatchStream) watcher(id int64) (int, bool) {
+	if id >= 0 && id < int64(len(s.byID)) {
+		i := s.byID[id]
+		return int(i), i >= 0
+	}
+	i, ok := s.ids[id]
+	return i, ok && i >= 0
+}
+
+// setWatcher records that watch ID id is watcher i (-1: none).
+func (s *rawWatchStream) setWatcher(id int64, i int) {
+	if id < 0 || id >= int64(2*len(s.mine)+64) {
+		s.ids[id] = i
+		return
+	}
+	for int64(len(s.byID)) <= id {
+		s.byID = append(s.byID, -1)
+	}
+	s.byID[id] = int32(i)
 }
