@@ -140,8 +140,8 @@ func eachField(b []byte, f func(num protowire.Number, v uint64, field []byte) er
 type rawWatchStream struct {
 	w       *proxyWatchRound
 	h2      *h2Watch
-	mine    []int         // the round's watcher numbers on this stream, in the order created
-	created chan error    // the receiver's answer to each create
+	mine    []int      // the round's watcher numbers on this stream, in the order created
+	created chan error // the receiver's answer to each create
 	// The receiver's own: how many creates were answered, and which
 	// watcher each watch ID is (-1: none, or ended), in a slice for the
 	// small IDs servers give (0, 1, 2, ... per stream), a map beyond.
