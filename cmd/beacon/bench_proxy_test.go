@@ -22,6 +22,12 @@ func TestBenchProxyTierInterrupted(t *testing.T) {
 	log := runUntilInterrupted(t, `msg="proxy: watches" side=beacon`, "bench", "proxy", "--endpoints", srv.Endpoint(), "--etcd-bin", etcdBin,
 		"--proxies", "2", "--rounds", "50", "--duration", "100ms", "--watches", "20", "--streams", "2", "--latency-puts", "2000")
 	checkChildrenGone(t, log, 4)
+	checkNoBenchKeys(t, srv)
+}
+
+// checkNoBenchKeys checks that no key is left under bench/ in srv.
+func checkNoBenchKeys(t *testing.T, srv *etcdtest.Server) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := srv.Client(t).Get(ctx, "bench/", clientv3.WithPrefix(), clientv3.WithCountOnly())

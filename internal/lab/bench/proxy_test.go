@@ -23,21 +23,7 @@ func TestRunProxySmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds beacon and etcd, starts etcd and two proxies")
 	}
-	beaconBin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/cmd/beacon")
-	etcdBin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/lab/etcd")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	r, err := RunProxy(ctx, ProxyConfig{Members: 1, Rounds: 2, Duration: 300 * time.Millisecond, Clients: 4, Conns: 2,
-		Watches: 40, Streams: 4, BurstPuts: 20, LatencyPuts: 10, LatencyRate: 100,
-		BeaconCommand: []string{beaconBin, "proxy"}, EtcdBin: etcdBin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	if err := r.WriteTable(&b); err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + b.String())
+	r, b := runProxySmall(t, ProxyConfig{Rounds: 2, Duration: 300 * time.Millisecond, Clients: 4})
 	seen := map[string]bool{}
 	for _, row := range r.Rows {
 		seen[row.Metric+" vs "+row.Against] = true
@@ -62,12 +48,36 @@ func TestRunProxySmall(t *testing.T) {
 		"proxy RSS 2 s after the burst vs etcd grpc-proxy",
 	} {
 		if !seen[want] {
-			t.Errorf("report lacks %q:\n%s", want, b.String())
+			t.Errorf("report lacks %q:\n%s", want, b)
 		}
 	}
-	if !strings.Contains(b.String(), "held 2 etcd watch(es) for the 40 identical client watches") {
-		t.Errorf("upstream watches:\n%s", b.String())
+	if !strings.Contains(b, "held 2 etcd watch(es) for the 40 identical client watches") {
+		t.Errorf("upstream watches:\n%s", b)
 	}
+}
+
+// runProxySmall runs the proxy scenario with cfg's rounds, duration,
+// clients and proxies, at the small size of the tests (one member, 40
+// watches over 4 streams), both proxies in their own processes built from
+// this module; it returns the report and its table.
+func runProxySmall(t *testing.T, cfg ProxyConfig) (*Report, string) {
+	t.Helper()
+	cfg.BeaconCommand = []string{testpeer.GoBuild(t, "github.com/beaconplane/beacon/cmd/beacon"), "proxy"}
+	cfg.EtcdBin = testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/lab/etcd")
+	cfg.Members, cfg.Conns, cfg.Watches, cfg.Streams = 1, 2, 40, 4
+	cfg.BurstPuts, cfg.LatencyPuts, cfg.LatencyRate = 20, 10, 100
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r, err := RunProxy(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := r.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + b.String())
+	return r, b.String()
 }
 
 func TestProxyConfigValidate(t *testing.T) {
@@ -99,21 +109,7 @@ func TestRunProxyTier(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds beacon and etcd, starts etcd and four proxies")
 	}
-	beaconBin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/cmd/beacon")
-	etcdBin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/lab/etcd")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	r, err := RunProxy(ctx, ProxyConfig{Members: 1, Rounds: 1, Duration: 200 * time.Millisecond, Clients: 2, Conns: 2,
-		Watches: 40, Streams: 4, Proxies: 2, BurstPuts: 20, LatencyPuts: 10, LatencyRate: 100,
-		BeaconCommand: []string{beaconBin, "proxy"}, EtcdBin: etcdBin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	if err := r.WriteTable(&b); err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + b.String())
+	r, b := runProxySmall(t, ProxyConfig{Rounds: 1, Duration: 200 * time.Millisecond, Clients: 2, Proxies: 2})
 	seen := map[string]Row{}
 	for _, row := range r.Rows {
 		seen[row.Metric+" vs "+row.Against] = row
@@ -125,20 +121,20 @@ func TestRunProxyTier(t *testing.T) {
 		"watch delivery p50, 40 watchers, 100 puts/s, tiers of 2 proxies vs direct",
 	} {
 		if row, ok := seen[want]; !ok || row.Beacon <= 0 || row.Baseline <= 0 {
-			t.Errorf("report lacks %q (or it is not measured):\n%s", want, b.String())
+			t.Errorf("report lacks %q (or it is not measured):\n%s", want, b)
 		}
 	}
 	cpu, ok := seen["tier's CPU per event delivered, 40 watchers, burst of 20 puts, tiers of 2 proxies vs etcd grpc-proxy"]
 	if !ok || cpu.Beacon <= 0 || cpu.Baseline <= 0 {
-		t.Errorf("the tiers' CPU per event is not measured:\n%s", b.String())
+		t.Errorf("the tiers' CPU per event is not measured:\n%s", b)
 	}
 	for _, against := range []string{sideDirect, sideGP} {
 		if lost := seen["events lost, 40 watchers, burst of 20 puts, tiers of 2 proxies vs "+against]; lost.Beacon != 0 || lost.Baseline != 0 {
 			t.Errorf("events lost: %+v", lost)
 		}
 	}
-	if !strings.Contains(b.String(), "Beacon's tier held 4 etcd watch(es) for the 40 identical client watches") {
-		t.Errorf("upstream watches:\n%s", b.String())
+	if !strings.Contains(b, "Beacon's tier held 4 etcd watch(es) for the 40 identical client watches") {
+		t.Errorf("upstream watches:\n%s", b)
 	}
 }
 
