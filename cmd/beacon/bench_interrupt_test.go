@@ -137,15 +137,7 @@ func TestBenchProxyInterrupted(t *testing.T) {
 	log := runUntilInterrupted(t, "op=range-s", "bench", "proxy", "--endpoints", srv.Endpoint(), "--etcd-bin", etcdBin,
 		"--rounds", "50", "--duration", "300ms", "--watches", "20", "--streams", "2")
 	checkChildrenGone(t, log, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := srv.Client(t).Get(ctx, "bench/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.Count != 0 {
-		t.Fatalf("%d keys left under bench/ after the interrupt", resp.Count)
-	}
+	checkNoBenchKeys(t, srv)
 }
 
 // TestBenchRegisterInterrupted: Ctrl-C in the middle of `beacon bench

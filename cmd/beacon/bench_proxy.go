@@ -21,10 +21,15 @@ starts etcd, or --endpoints), the sides in turn for --rounds rounds:
 
   - range (linearizable and serializable) and put throughput with p50 and p99
     latency, and each proxy's CPU per request (from /proc);
-  - --watches identical watches on one key over --streams connections: a burst
+  - --watches identical watches on one key over --streams connections (raw
+    etcd watch streams, many watches each, read without clientv3): a burst
     of --burst-puts puts (events per second delivered, CPU per event, events
     lost, memory), then --latency-puts at --latency-rate per second (delivery
     latency p50, p99).
+
+With --proxies K each proxy side is a tier of K processes, each with its
+own etcd watch, the streams spread evenly over them (--streams a multiple
+of K); CPU and memory are the tier's sums.
 
 Every figure is the median of the rounds, with the spread; ratios are Beacon
 over direct and over etcd's grpc-proxy. Goals against the grpc-proxy:
@@ -46,11 +51,13 @@ stops both proxies and etcd and removes the keys written.`,
 			f.IntVar(&cfg.Conns, "conns", 4, "client connections the workers share")
 			f.IntVar(&cfg.Watches, "watches", 1000, "identical watches to open")
 			f.IntVar(&cfg.Streams, "streams", 10, "connections (one watch stream each) the watches are spread over")
+			f.IntVar(&cfg.Proxies, "proxies", 1, "proxy processes per proxy side (a tier; each holds its own etcd watch), the streams spread evenly over them")
 			f.IntVar(&cfg.BurstPuts, "burst-puts", 400, "puts of the burst, as fast as 4 writers can")
 			f.IntVar(&cfg.LatencyPuts, "latency-puts", 100, "puts of the latency measurement")
 			f.IntVar(&cfg.LatencyRate, "latency-rate", 50, "puts per second of the latency measurement")
 			f.IntVar(&cfg.ValueSize, "value-size", 256, "bytes per value put")
 			f.StringVar(&cfg.EtcdBin, "etcd-bin", "", "etcd 3.7 binary whose grpc-proxy is measured (default: found in $BEACON_PEERS_DIR/bin or PATH)")
+			f.BoolVar(&cfg.ProxyPprof, "proxy-pprof", false, "run Beacon's proxies with --pprof: their profiles under /debug/pprof/ on the addresses logged as they start")
 			f.BoolVar(&cfg.NoGRPCProxy, "no-grpc-proxy", false, "leave etcd's grpc-proxy out (no etcd binary needed)")
 		},
 		cpuProfile: "write a CPU profile of the benchmark's process (clients and etcd; the proxies have --pprof) to this file",

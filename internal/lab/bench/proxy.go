@@ -1,12 +1,14 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +42,10 @@ type ProxyConfig struct {
 	// client connections [10] (one watch stream each), as etcd's
 	// `benchmark watch` does.
 	Watches, Streams int
+	// Proxies: each proxy side is a tier of this many proxy processes [1],
+	// each with its own upstream etcd watch, the streams spread evenly over
+	// them (Streams must be a multiple); CPU and memory are the tier's sum.
+	Proxies int
 	// BurstPuts are written as fast as 4 writers can, straight to etcd,
 	// for the fan-out measurement [400].
 	BurstPuts int
@@ -52,6 +58,9 @@ type ProxyConfig struct {
 	// binary and "proxy"; --endpoints, --listen-addr and --log-level are
 	// appended. Required.
 	BeaconCommand []string
+	// ProxyPprof runs Beacon's proxies with --pprof (profiles under
+	// /debug/pprof/ on the address each is logged as started on).
+	ProxyPprof bool
 	// EtcdBin is an etcd 3.7 binary for etcd's grpc-proxy (`etcd
 	// grpc-proxy start`); found in PeersDir()/bin or PATH when empty.
 	// NoGRPCProxy leaves that side out.
@@ -69,6 +78,7 @@ func (c *ProxyConfig) defaults() {
 	setDefault(&c.Conns, 4)
 	setDefault(&c.Watches, 1000)
 	setDefault(&c.Streams, 10)
+	setDefault(&c.Proxies, 1)
 	setDefault(&c.BurstPuts, 400)
 	setDefault(&c.LatencyPuts, 100)
 	setDefault(&c.LatencyRate, 50)
@@ -83,7 +93,7 @@ func (c ProxyConfig) Validate() error {
 		val, limit int
 	}{
 		{"members", c.Members, 9}, {"rounds", c.Rounds, maxRounds}, {"clients", c.Clients, maxConcurrency},
-		{"conns", c.Conns, 1000}, {"watches", c.Watches, maxWatchers}, {"streams", c.Streams, 10_000},
+		{"conns", c.Conns, 1000}, {"watches", c.Watches, maxWatchers}, {"streams", c.Streams, 10_000}, {"proxies", c.Proxies, maxProxies},
 		{"burst-puts", c.BurstPuts, maxInstances}, {"latency-puts", c.LatencyPuts, maxInstances},
 		{"latency-rate", c.LatencyRate, 100_000}, {"value-size", c.ValueSize, 1 << 20},
 	} {
@@ -100,26 +110,59 @@ func (c ProxyConfig) Validate() error {
 	if c.Streams > 0 && c.Watches > 0 && c.Streams > c.Watches {
 		return fmt.Errorf("bench: --streams %d: at most --watches (%d)", c.Streams, c.Watches)
 	}
+	if p, st := cmp.Or(c.Proxies, 1), cmp.Or(c.Streams, 10); st%p != 0 {
+		return fmt.Errorf("bench: --streams %d over --proxies %d: the streams must be a multiple of the proxies, to spread the watches evenly", st, p)
+	}
 	if len(c.BeaconCommand) == 0 {
 		return errors.New("bench: no command to run beacon proxy")
 	}
 	return nil
 }
 
-// side is one way to reach etcd: straight, or through a proxy process.
+// maxProxies bounds --proxies.
+const maxProxies = 64
+
+// The proxy scenario's memory plan (see memplan.go), measured at 100,000
+// watchers through one proxy (2026-12-02): Beacon's proxy 273 MiB and
+// etcd's grpc-proxy 281 MiB resident after the burst, both held while the
+// other side runs, about 600 B per watch in etcd (direct), and the
+// benchmark's raw watchers well under 1 kB each; a proxy process's own
+// baseline is about 45 MiB. Each latency sample costs 9 B per watcher
+// (the delay and a received mark).
+const (
+	costProxyWatcher = 8 << 10
+	costProxySample  = 9
+	costProxyProcess = 64 << 20
+)
+
+// side is one way to reach etcd: straight, or through a tier of proxy
+// processes.
 type side struct {
-	name string
-	eps  []string
-	proc *proc // nil for direct
-	clis []*clientv3.Client
+	name  string
+	eps   []string // etcd's, or one per proxy
+	procs []*proc  // none for direct
+	clis  []*clientv3.Client
 }
 
-// cpu is the CPU time the side's proxy process has used (0 for direct).
+// proxied says whether the side goes through proxies.
+func (s *side) proxied() bool { return len(s.procs) > 0 }
+
+// cpu is the CPU time the side's proxy processes have used (0 for direct).
 func (s *side) cpu() time.Duration {
-	if s.proc == nil {
-		return 0
+	var sum time.Duration
+	for _, p := range s.procs {
+		sum += p.cpu()
 	}
-	return s.proc.cpu()
+	return sum
+}
+
+// rss is the side's proxy processes' resident memory, in bytes.
+func (s *side) rss() float64 {
+	var sum float64
+	for _, p := range s.procs {
+		sum += p.rss()
+	}
+	return sum
 }
 
 // Names of the sides in the report (and sideBeacon, naming.go's "beacon").
@@ -137,6 +180,10 @@ const (
 func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := fits(memNeed{"--watches", cfg.Watches, costProxyWatcher + int64(cfg.LatencyPuts)*costProxySample, "watchers, with their latency samples"},
+		memNeed{"--proxies", 2 * cfg.Proxies, costProxyProcess, "proxy processes"}); err != nil {
 		return nil, err
 	}
 	etcdBin := ""
@@ -174,8 +221,8 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	}
 	r := &Report{
 		Scenario: "proxy",
-		Setup: fmt.Sprintf("%s; proxies in their own processes; %d workers over %d connections, %v per phase, %d-byte values; %d watches over %d streams; %d rounds, sides in turn; GOMAXPROCS=%d",
-			setup, cfg.Clients, cfg.Conns, cfg.Duration, cfg.ValueSize, cfg.Watches, cfg.Streams, cfg.Rounds, runtime.GOMAXPROCS(0)),
+		Setup: fmt.Sprintf("%s; %d process(es) per proxy side, each its own; %d workers over %d connections, %v per phase, %d-byte values; %d watches over %d raw watch streams (spread evenly over a side's proxies); %d rounds, sides in turn; GOMAXPROCS=%d",
+			setup, cfg.Proxies, cfg.Clients, cfg.Conns, cfg.Duration, cfg.ValueSize, cfg.Watches, cfg.Streams, cfg.Rounds, runtime.GOMAXPROCS(0)),
 	}
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		r.Setup += "; load average at start " + strings.Join(strings.Fields(string(b))[:3], " ")
@@ -186,7 +233,7 @@ func RunProxy(ctx context.Context, cfg ProxyConfig) (*Report, error) {
 	if err := measureWatches(ctx, cfg, sides, direct[0], r); err != nil {
 		return nil, err
 	}
-	r.Note("ratio: Beacon's proxy over the baseline named in 'vs', each measured in the same round (median of the per-round ratios' spread in brackets); CPU: the proxy process's threads' run time (/proc/<pid>/task/*/schedstat)")
+	r.Note("ratio: Beacon's proxy over the baseline named in 'vs', each measured in the same round (median of the per-round ratios' spread in brackets); CPU: the proxy processes' threads' run time (/proc/<pid>/task/*/schedstat), summed over a tier")
 	return r, nil
 }
 
@@ -201,19 +248,31 @@ func startSides(ctx context.Context, cfg ProxyConfig, etcdBin string, eps []stri
 		}
 	}
 	sides = []*side{{name: sideDirect, eps: eps}}
-	bp, err := startBeaconProxy(ctx, cfg.Logger, cfg.BeaconCommand, eps)
-	if err != nil {
+	tier := func(name string, start func() (*proc, error)) error {
+		s := &side{name: name}
+		for range cfg.Proxies {
+			p, err := start()
+			if err != nil {
+				return err
+			}
+			stops = append(stops, p.stop)
+			s.procs = append(s.procs, p)
+			s.eps = append(s.eps, "http://"+p.addr)
+		}
+		sides = append(sides, s)
+		return nil
+	}
+	command := cfg.BeaconCommand
+	if cfg.ProxyPprof {
+		command = append(slices.Clip(command), "--pprof")
+	}
+	if err := tier(sideBeacon, func() (*proc, error) { return startBeaconProxy(ctx, cfg.Logger, command, eps) }); err != nil {
 		return nil, stop, err
 	}
-	stops = append(stops, bp.stop)
-	sides = append(sides, &side{name: sideBeacon, eps: []string{"http://" + bp.addr}, proc: bp})
 	if etcdBin != "" {
-		gp, err := startGRPCProxy(ctx, cfg.Logger, etcdBin, eps)
-		if err != nil {
+		if err := tier(sideGP, func() (*proc, error) { return startGRPCProxy(ctx, cfg.Logger, etcdBin, eps) }); err != nil {
 			return nil, stop, err
 		}
-		stops = append(stops, gp.stop)
-		sides = append(sides, &side{name: sideGP, eps: []string{"http://" + gp.addr}, proc: gp})
 	}
 	for _, s := range sides {
 		if s.clis, err = clients(s.eps, cfg.Conns); err != nil {
@@ -264,7 +323,7 @@ func measureOps(ctx context.Context, cfg ProxyConfig, sides []*side, direct *cli
 				m.add(s.name, "rate", res.rate())
 				m.add(s.name, "p50", Ms(Percentile(res.lat, 50)))
 				m.add(s.name, "p99", Ms(Percentile(res.lat, 99)))
-				if s.proc != nil {
+				if s.proxied() {
 					m.add(s.name, "cpu", float64(s.cpu()-cpu0)/float64(time.Microsecond)/float64(res.ops))
 				}
 				if res.errors > 0 {
@@ -292,18 +351,22 @@ func measureWatches(ctx context.Context, cfg ProxyConfig, sides []*side, direct 
 			}
 		}
 	}
-	burst := fmt.Sprintf("%d watchers, burst of %d puts", cfg.Watches, cfg.BurstPuts)
-	wm.rows(r, fmt.Sprintf("time to open %d watches over %d streams at once", cfg.Watches, cfg.Streams), "s", "open", false, 0, 0)
+	tier, proxy := "", "proxy"
+	if cfg.Proxies > 1 {
+		tier, proxy = fmt.Sprintf(", tiers of %d proxies", cfg.Proxies), "tier's"
+	}
+	burst := fmt.Sprintf("%d watchers, burst of %d puts%s", cfg.Watches, cfg.BurstPuts, tier)
+	wm.rows(r, fmt.Sprintf("time to open %d watches over %d streams at once%s", cfg.Watches, cfg.Streams, tier), "s", "open", false, 0, 0)
 	wm.rows(r, "watch fan-out events/s, "+burst, "events/s", "events", true, 0, 1)
-	wm.gpRow(r, "proxy CPU per event delivered, "+burst, "µs", "cpu", 1)
+	wm.gpRow(r, proxy+" CPU per event delivered, "+burst, "µs", "cpu", 1)
 	wm.rows(r, "events lost, "+burst, "events", "lost", false, 0, 0)
-	wm.gpRow(r, fmt.Sprintf("proxy RSS with %d watchers open, idle", cfg.Watches), "MiB", "idle", 0)
-	wm.gpRow(r, "proxy RSS 2 s after the burst", "MiB", "after", 0)
-	lat := fmt.Sprintf("%d watchers, %d puts/s", cfg.Watches, cfg.LatencyRate)
+	wm.gpRow(r, fmt.Sprintf("%s RSS with %d watchers open, idle", proxy, cfg.Watches), "MiB", "idle", 0)
+	wm.gpRow(r, proxy+" RSS 2 s after the burst", "MiB", "after", 0)
+	lat := fmt.Sprintf("%d watchers, %d puts/s%s", cfg.Watches, cfg.LatencyRate, tier)
 	wm.rows(r, "watch delivery p50, "+lat, "ms", "lat50", false, 0, 0)
 	wm.rows(r, "watch delivery p99, "+lat, "ms", "lat99", false, 0, 1)
 	if up := wm.get(sideBeacon, "upstream"); len(up) > 0 {
-		r.Note("Beacon's proxy held %v etcd watch(es) for the %d identical client watches", up[0], cfg.Watches)
+		r.Note("Beacon's %s held %v etcd watch(es) for the %d identical client watches", strings.TrimSuffix(proxy, "'s"), up[0], cfg.Watches)
 	}
 	return nil
 }
@@ -393,28 +456,26 @@ func startGRPCProxy(ctx context.Context, log *slog.Logger, etcdBin string, eps [
 func watchRoundProxy(ctx context.Context, cfg ProxyConfig, s *side, writer *clientv3.Client, round int, m *samples, r *Report) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	clis, err := clients(s.eps, cfg.Streams)
-	if err != nil {
-		return err
-	}
-	defer closeAll(clis)
 	w := &proxyWatchRound{cfg: cfg, s: s, writer: writer, round: round, m: m, r: r,
 		key: fmt.Sprintf("bench/watch/%s/%d/%d", strings.ReplaceAll(s.name, " ", "-"), round, time.Now().UnixNano()),
 		lat: newLatencies(cfg.LatencyPuts, cfg.Watches)}
 	var wg sync.WaitGroup
+	start := time.Now()
+	closeConns, err := openRawWatchers(ctx, w, &wg, s.eps)
+	defer closeConns()
 	defer wg.Wait()
 	defer cancel()
-	if err := w.open(ctx, &wg, clis); err != nil {
+	if err != nil {
 		return err
 	}
+	m.add(s.name, "open", time.Since(start).Seconds())
 	if s.name == sideBeacon {
-		if up, err := proxyUpstreamWatches(ctx, s.proc.addr); err == nil {
+		if up, err := proxyUpstreamWatches(ctx, s.procs); err == nil {
 			m.add(s.name, "upstream", up)
 		}
 	}
-	if s.proc != nil {
-		runtime.GC()
-		m.add(s.name, "idle", s.proc.rss()/(1<<20))
+	if s.proxied() {
+		m.add(s.name, "idle", s.rss()/(1<<20))
 	}
 	if err := w.burst(ctx); err != nil {
 		return err
@@ -435,67 +496,6 @@ type proxyWatchRound struct {
 
 	got, ended, lastNanos atomic.Int64 // burst events received, watches ended, time of the last event
 	lat                   *latencies   // the steady rate's samples
-}
-
-// open opens the watches over clis, the clients at once (each creates its
-// share one after the other, waiting for each to be created, as etcd's
-// client does on a stream), each counted in got (a burst event) or lat (a
-// steady-rate sample, "l<k>") until it ends. It records how long opening
-// them all took.
-func (w *proxyWatchRound) open(ctx context.Context, wg *sync.WaitGroup, clis []*clientv3.Client) error {
-	start := time.Now()
-	errs := make(chan error, len(clis))
-	for c, cli := range clis {
-		go func() {
-			for i := c; i < w.cfg.Watches; i += len(clis) {
-				if err := w.openOne(ctx, wg, cli, i); err != nil {
-					errs <- err
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	var first error
-	for range clis {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	if first == nil {
-		w.m.add(w.s.name, "open", time.Since(start).Seconds())
-	}
-	return first
-}
-
-// openOne opens watch i on cli and follows it.
-func (w *proxyWatchRound) openOne(ctx context.Context, wg *sync.WaitGroup, cli *clientv3.Client, i int) error {
-	wch := cli.Watch(ctx, w.key, clientv3.WithCreatedNotify())
-	select {
-	case wr := <-wch:
-		if !wr.Created {
-			return fmt.Errorf("watch %d not created: %v", i, wr.Err())
-		}
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	wg.Go(func() {
-		defer w.ended.Add(1)
-		for wr := range wch {
-			for _, ev := range wr.Events {
-				v := string(ev.Kv.Value)
-				if s, ok := strings.CutPrefix(v, "l"); ok {
-					if k, err := strconv.Atoi(s); err == nil {
-						w.lat.got(k, i)
-					}
-					continue
-				}
-				w.got.Add(1)
-				w.lastNanos.Store(time.Now().UnixNano())
-			}
-		}
-	})
-	return nil
 }
 
 // burst writes cfg.BurstPuts puts from 4 writers, as fast as they can:
@@ -541,19 +541,19 @@ func (w *proxyWatchRound) burst(ctx context.Context) error {
 	}
 	m.add(s.name, "events", float64(received)/elapsed.Seconds())
 	m.add(s.name, "lost", float64(want-received))
-	if s.proc != nil {
+	if s.proxied() {
 		m.add(s.name, "cpu", float64(s.cpu()-cpu0)/float64(time.Microsecond)/float64(max(received, 1)))
 	}
 	if received < want {
 		w.r.Note("%s, round %d: %d of %d events delivered (%d of %d watchers ended)", s.name, w.round, received, want, w.ended.Load(), n)
 	}
-	if s.proc != nil {
+	if s.proxied() {
 		select {
 		case <-time.After(2 * time.Second):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		m.add(s.name, "after", s.proc.rss()/(1<<20))
+		m.add(s.name, "after", s.rss()/(1<<20))
 	}
 	return nil
 }
@@ -590,16 +590,29 @@ func (w *proxyWatchRound) steady(ctx context.Context) error {
 			return nil
 		}
 	}
+	if w.cfg.Logger.Enabled(ctx, slog.LevelDebug) { // each sample's spread: a growing queue, or one slow delivery
+		for k, d := range lat.lat {
+			w.cfg.Logger.Debug("proxy: latency sample", "side", s.name, "k", k, "p50", Percentile(d, 50), "p99", Percentile(d, 99), "max", slices.Max(d))
+		}
+	}
 	all := lat.all()
 	w.m.add(s.name, "lat50", Ms(Percentile(all, 50)))
 	w.m.add(s.name, "lat99", Ms(Percentile(all, 99)))
 	return nil
 }
 
-// proxyUpstreamWatches reads beacon_proxy_upstream_watches from a Beacon
-// proxy's /metrics.
-func proxyUpstreamWatches(ctx context.Context, addr string) (float64, error) {
-	return scrape(ctx, "http://"+addr, "beacon_proxy_upstream_watches")
+// proxyUpstreamWatches sums beacon_proxy_upstream_watches over Beacon
+// proxies' /metrics.
+func proxyUpstreamWatches(ctx context.Context, procs []*proc) (float64, error) {
+	var sum float64
+	for _, p := range procs {
+		v, err := scrape(ctx, "http://"+p.addr, "beacon_proxy_upstream_watches")
+		if err != nil {
+			return 0, err
+		}
+		sum += v
+	}
+	return sum, nil
 }
 
 type loadResult struct {
