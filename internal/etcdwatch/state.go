@@ -48,8 +48,8 @@ type State struct {
 
 // MaxLagged is how many silences in a row a watch takes for etcd lagging
 // (Config.BeforeSilent) before it ends all the same: at the default 4 s
-// timeout, a watch that hears nothing for about 20 s ends even while every
-// member answers probes.
+// timeout, a watch that hears nothing for about 20 s ends whatever the
+// probes found.
 const MaxLagged = 4
 
 // New returns the state of a watch opened from rev (0: now) at now, with
@@ -115,8 +115,8 @@ func (s *State) OnHeard(now time.Time) {
 	s.lagged = 0
 }
 
-// Lagged is the transition: a silence at now was etcd lagging (its members
-// answer probes). It reports whether the watch carries on — its silence
+// Lagged is the transition: a silence at now was etcd lagging (no other
+// member would serve the watch better: Config.BeforeSilent). It reports whether the watch carries on — its silence
 // measured again from now — which it does MaxLagged times in a row; after
 // that the silence stands.
 func (s *State) Lagged(now time.Time) bool {

@@ -49,9 +49,9 @@ type Config struct {
 	StreamKey string
 	// BeforeSilent, if set, runs before Run would return a *SilentError
 	// (the store lets its prober leave the silent member out first); it
-	// must return once ctx ends. It returns whether etcd is only lagging:
-	// every member answered a probe with a leader just now, so the watch
-	// is behind a busy etcd, not on a member that hangs or is cut off. The
+	// must return once ctx ends. It returns whether the watch should carry
+	// on instead: no other member would serve it better (every member
+	// answers, so etcd is lagging behind its writes, or none does). The
 	// watch then carries on, its silence measured again from now, up to
 	// MaxLagged times in a row; ending it would re-list its prefix on an
 	// etcd that already cannot keep up (a process with thousands of

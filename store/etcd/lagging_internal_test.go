@@ -8,13 +8,13 @@ import (
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 )
 
-// TestBeforeSilentSaysLaggingOnlyWhenEveryMemberAnswers: a silent watch is
-// taken for etcd lagging (and carries on) only when the probe finds every
-// member answering with a leader. With one member stopped it is not — the
-// sweep leaves that member out — nor on the next silence while it is out
-// (a silent watch may still be on it), and it is again once the member is
-// back.
-func TestBeforeSilentSaysLaggingOnlyWhenEveryMemberAnswers(t *testing.T) {
+// TestBeforeSilentEndsAWatchOnlyWhenAMemberIsLeftOut: a silent watch
+// carries on (etcd is taken for lagging) unless the probe leaves a member
+// out, so that the next watch goes to one that answers. With every member
+// answering it carries on; with one stopped it ends once the sweep leaves
+// that one out, and while it is out; with every member stopped (nowhere
+// better to go) it carries on; once they are back it carries on again.
+func TestBeforeSilentEndsAWatchOnlyWhenAMemberIsLeftOut(t *testing.T) {
 	t.Parallel()
 	c := etcdtest.StartProcessCluster(t, 3, etcdtest.ProcessClusterOptions{})
 	ms := c.Members()
@@ -25,12 +25,12 @@ func TestBeforeSilentSaysLaggingOnlyWhenEveryMemberAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	answering(ctx, t, s, "every member answers: not taken for lag")
+	if !s.beforeSilent(ctx) {
+		t.Fatal("every member answers: the watch ends")
+	}
+
 	if err := ms[1].Pause(); err != nil {
 		t.Fatal(err)
-	}
-	if s.beforeSilent(ctx) {
-		t.Fatal("a member stopped: taken for lag")
 	}
 	// A sweep may outlast beforeSilent's bound, or find no member
 	// answering in time on a busy machine (then it leaves none out): ask
@@ -40,44 +40,55 @@ func TestBeforeSilentSaysLaggingOnlyWhenEveryMemberAnswers(t *testing.T) {
 		if len(s.Excluded()) > 0 {
 			break
 		}
+		s.beforeSilent(ctx)
 		select {
 		case <-changed:
-		case <-s.prober.suspect():
 		case <-ctx.Done():
 			t.Fatal("the stopped member was not left out")
+		default:
 		}
 	}
 	if got := s.Excluded(); len(got) != 1 || got[0] != ms[1].ClientURL {
 		t.Fatalf("left out %v, want %s", got, ms[1].ClientURL)
 	}
 	if s.beforeSilent(ctx) {
-		t.Fatal("a member left out: taken for lag")
+		t.Fatal("a member left out: the watch carries on")
 	}
 	if err := ms[1].Resume(); err != nil {
 		t.Fatal(err)
 	}
+	waitNoneOut(ctx, t, s)
+	if !s.beforeSilent(ctx) {
+		t.Fatal("every member answers again: the watch ends")
+	}
+
+	for _, m := range ms {
+		if err := m.Pause(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !s.beforeSilent(ctx) {
+		t.Fatal("no member answers (nowhere better to go): the watch ends")
+	}
+	for _, m := range ms {
+		if err := m.Resume(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitNoneOut waits for the prober to put every member back.
+func waitNoneOut(ctx context.Context, t *testing.T, s *Store) {
+	t.Helper()
 	for {
 		changed := s.ExcludedChanged()
 		if len(s.Excluded()) == 0 {
-			break
+			return
 		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
 			t.Fatal("the resumed member was not put back")
-		}
-	}
-	answering(ctx, t, s, "every member answers again: not taken for lag")
-}
-
-// answering waits for beforeSilent to take a silence for lag: a probe may
-// time out on a busy machine even while every member answers, but the
-// sweeps that follow must find them all.
-func answering(ctx context.Context, t *testing.T, s *Store, msg string) {
-	t.Helper()
-	for !s.beforeSilent(ctx) {
-		if ctx.Err() != nil {
-			t.Fatal(msg)
 		}
 	}
 }

@@ -47,7 +47,6 @@ type prober struct {
 	last    time.Time            // end of the last sweep
 	changed chan struct{}        // closed when out changes
 	cli     *clientv3.Client     // asks for statuses; made on first use
-	healthy bool                 // the last sweep found every member healthy, none left out
 }
 
 // newProber probes members through a client of its own made from base
@@ -82,14 +81,6 @@ func (p *prober) suspect() <-chan struct{} {
 		}
 	}
 	return p.pending
-}
-
-// allHealthy reports whether the last sweep found every member answering
-// with a leader (none left out before it, none by it).
-func (p *prober) allHealthy() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.healthy
 }
 
 // excluded returns the endpoints left out now, sorted.
@@ -169,16 +160,11 @@ func (p *prober) sweep(stop <-chan struct{}) {
 		}
 	}()
 	got := p.probeAll(stop, in)
-	answered, led, all := false, false, len(in) > 0
+	answered, led := false, false
 	for _, g := range got {
 		answered = answered || g != silent
 		led = led || g == healthy
-		all = all && g == healthy
 	}
-	p.mu.Lock()
-	// With a member left out, a silent watch may be one still on it.
-	p.healthy = all && len(p.out) == 0
-	p.mu.Unlock()
 	var bad []string
 	for i, ep := range in {
 		if (got[i] == silent && answered) || (got[i] == leaderless && led) {

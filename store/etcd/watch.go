@@ -142,10 +142,15 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 
 // beforeSilent has the prober sweep the members before a silent watch
 // ends, so that the next watch goes to a member that answers, and reports
-// whether every member in use answered with a leader: then the silence is
-// etcd lagging, not a member that hangs or is cut off, and the watch
-// carries on (etcdwatch.Config.BeforeSilent). A store with one endpoint
-// has no prober: its silent watches end.
+// whether the watch should carry on instead (etcdwatch.Config.BeforeSilent):
+// it should unless a member is left out. Ending a watch helps only when
+// another member would serve the next one better: one that hangs or is
+// cut off is left out by the sweep (probed silent, or without a leader,
+// while another answers with one). When every member answers, the silence
+// is etcd lagging behind its writes; when none does (the cluster down, or
+// this process starved of CPU), the next watch would fare no better — and
+// in both cases a re-list adds load to an etcd that already cannot keep
+// up. A store with one endpoint has no prober: its silent watches end.
 func (s *Store) beforeSilent(ctx context.Context) bool {
 	if s.prober == nil {
 		return false
@@ -154,11 +159,13 @@ func (s *Store) beforeSilent(ctx context.Context) bool {
 	defer t.Stop()
 	select {
 	case <-s.prober.suspect():
-		return s.prober.allHealthy()
 	case <-t.C:
+		// A sweep still running leaves out a member that hangs when it
+		// ends; the watch's next silence sees it.
 	case <-ctx.Done():
+		return false
 	}
-	return false
+	return len(s.prober.excluded()) == 0
 }
 
 func fromEvent(e *clientv3.Event) store.Event {
