@@ -159,15 +159,21 @@ func (c *ClusterConfig) defaults() {
 }
 
 // The memory a cluster run takes per instance, every process of the run on
-// this machine included (2026-12-02, `beacon bench cluster --instances
-// 1000000`, RSS read from /proc at the end): per member, etcd's copy and
-// each serve node's registry view (its health checker and dashboard follow
-// every instance); in this process, the session's registration, the
-// fronts' views and each watcher's own view of its service.
+// this machine included, from the resident memory the run reports
+// (2026-12-03, `beacon bench cluster --instances 200000 --watchers 6000`:
+// members 1,408–1,424 MiB and this process 4,066 MiB for 220,000
+// instances, three watchers per service). Per member: etcd's copy, its
+// indexes and WAL, and each serve node's registry view (its health checker
+// and dashboard follow every instance). In this process: the session's
+// registration, and a view of the instance in each front's client and
+// each watcher of its service, with the watch streams' buffers and the
+// collector's headroom shared out over them. A start of 1,000,000
+// instances with 30,000 watchers on an earlier, lower plan grew this
+// process to 7.8 GB before the first registration.
 const (
-	costClusterMemberInstance = 3 << 10
-	costClusterInstance       = 3 << 10
-	costClusterWatcherCopy    = 768
+	costClusterMemberInstance = 6656
+	costClusterInstance       = 4 << 10
+	costClusterWatcherCopy    = 2560
 )
 
 // clusterPlan refuses sizes that do not fit this machine's memory.
