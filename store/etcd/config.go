@@ -97,10 +97,13 @@ type Config struct {
 	// ends with an error matching store.ErrWatchSilent and
 	// store.ErrUnavailable within 1.25 times it plus up to two
 	// ProbeTimeouts: the members are probed first (see ProbeTimeout), so
-	// that the caller's next watch goes to a member that answers. So does a
-	// watch during an outage of the whole cluster (the caller re-lists once
-	// it is back, instead of the etcd client resuming the watch). Each watch has a gRPC stream of its own for
-	// this. Zero means DefaultWatchSilenceTimeout; negative disables the
+	// that the caller's next watch goes to a member that answers. While
+	// the probe leaves no member out — every member answers (etcd lags
+	// behind its writes) or none does (the whole cluster down, this
+	// process starved of CPU) — the next watch would fare no better, and a
+	// silent watch carries on, its silence measured again, up to four
+	// times in a row (about five times the timeout) before it ends all the
+	// same. Each watch has a gRPC stream of its own for this. Zero means DefaultWatchSilenceTimeout; negative disables the
 	// check (a hung member is then noticed only by gRPC keep-alive, after
 	// 15 s or more).
 	WatchSilenceTimeout time.Duration

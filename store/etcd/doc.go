@@ -50,7 +50,11 @@
 //     reconnects (a short break resumes where it stopped), silence (a
 //     watch that hears nothing — no event, no progress notification it
 //     asked for — for Config.WatchSilenceTimeout ends with
-//     store.ErrWatchSilent), compaction (*store.CompactedError) and leader
+//     store.ErrWatchSilent, but with several endpoints only when the
+//     members' probe leaves one out: while every member answers, or none,
+//     the silence is etcd lagging and the watch carries on, up to four
+//     silences in a row, rather than re-list on an etcd that cannot keep
+//     up), compaction (*store.CompactedError) and leader
 //     loss (store.ErrUnavailable).
 //   - Compact is etcd's compaction of the whole cluster's history: it
 //     affects every client. Production clusters usually compact on their
