@@ -242,37 +242,9 @@ func TestRunCompactedEnds(t *testing.T) {
 // watch ends with a SilentError (nothing heard for the timeout) rather
 // than waiting for good.
 func TestRunSilentWhenTheMemberIsDown(t *testing.T) {
-	srv := etcdtest.Start(t, etcdtest.Options{})
-	cli := srv.Client(t)
-	ctx := testCtx(t)
-	rev := put(ctx, t, cli, "/down/a")
-	before := make(chan struct{})
-	created := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- etcdwatch.Run(ctx, etcdwatch.Config{Client: cli, Key: "/down/", Options: []clientv3.OpOption{clientv3.WithPrefix()},
-			Silence: silence, BeforeSilent: func(context.Context) bool { close(before); return false },
-			Created: func() { close(created) },
-			Deliver: func(context.Context, int64, []*clientv3.Event) error { return errors.New("delivered") }}, rev+1)
-	}()
-	select {
-	case <-created:
-	case <-ctx.Done():
-		t.Fatal("not created")
-	}
-	srv.Stop()
-	select {
-	case err := <-done:
-		select {
-		case <-before:
-		default:
-			t.Fatal("BeforeSilent not run")
-		}
-		if !errors.Is(err, etcdwatch.ErrSilent) {
-			t.Fatalf("member down: %v, want ErrSilent", err)
-		}
-	case <-ctx.Done():
-		t.Fatal("watch on a stopped member did not end")
+	calls, err := runSilentWith(t, 0)
+	if !errors.Is(err, etcdwatch.ErrSilent) || calls != 1 {
+		t.Fatalf("member down: %v after %d BeforeSilent calls; want ErrSilent after 1", err, calls)
 	}
 }
 
