@@ -256,6 +256,7 @@ func serveProxy(cmd *cobra.Command, cfg proxy.Config, logger *slog.Logger) error
 		return fmt.Errorf("proxy: listen on %s: %w", cfg.ListenAddr, err)
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "beacon proxy listening on %s; finding the etcd cluster (/health answers 503 until a member does)\n", l.Addr())
+	defer paceProxyGC(cmd.Context())()
 	return p.Serve(cmd.Context(), l)
 }
 

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"os"
-	"runtime/debug"
 	"time"
+
+	"github.com/beaconplane/beacon/internal/gcpace"
 
 	"github.com/beaconplane/beacon/proxy"
 	"github.com/spf13/cobra"
@@ -42,18 +44,33 @@ func addProxyPerfFlags(cmd *cobra.Command, cfg *proxy.Config) {
 		if !cache {
 			cfg.CacheMaxStaleness = -1
 		}
-		if os.Getenv("GOGC") == "" {
-			debug.SetGCPercent(proxyGCPercent)
-		}
 		return nil
 	}
 }
 
-// proxyGCPercent is the proxy's GOGC unless the environment sets one. The
-// proxy's live heap is small (3-6 MiB with 1000 watchers, gctrace) while
-// watch fan-out allocates per delivered event, so at Go's default of 100
-// it collected every half second at 50 puts/s to 1000 watchers (marks of
-// 2-9 ms), and a fan-out overlapping a mark on a 2-core machine made the
-// delivery tail. The price is resident memory: about 20 MiB more with
-// 1000 watchers; GOGC=100 in the environment restores the default.
-const proxyGCPercent = 400
+// proxyGC paces the proxy's collector unless the environment sets GOGC.
+// The proxy's live heap is small with few watchers (3-6 MiB with 1000,
+// gctrace) while watch fan-out allocates per delivered event: at Go's
+// default GOGC of 100 it collected every half second at 50 puts/s to 1000
+// watchers (marks of 2-9 ms), and a fan-out overlapping a mark on a 2-core
+// machine made the delivery tail, which GOGC 400 removed. With 100,000
+// watchers (150 MiB live) a fixed 400 let the proxy grow to 1.29x etcd's
+// grpc-proxy's memory after a burst, against 0.62x at 100. So the heap
+// gets a fixed headroom of 32 MiB over what is live, as GOGC between 100
+// and 400, set again every second.
+var proxyGC = gcpace.Pacer{Min: 100, Max: 400, Headroom: 32 << 20}
+
+// paceProxyGC runs proxyGC until ctx ends unless the environment sets
+// GOGC; the returned stop ends it and waits for it.
+func paceProxyGC(ctx context.Context) (stop func()) {
+	if os.Getenv("GOGC") != "" {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		proxyGC.Run(ctx, time.Second)
+	}()
+	return func() { cancel(); <-done }
+}
