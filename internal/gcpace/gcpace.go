@@ -16,6 +16,8 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"time"
+
+	"github.com/beaconplane/beacon/internal/wait"
 )
 
 // Pacer chooses GOGC from the live heap.
@@ -52,14 +54,5 @@ func (p Pacer) Apply() int {
 // Run applies the pacer at once and then every interval until ctx ends.
 func (p Pacer) Run(ctx context.Context, every time.Duration) {
 	p.Apply()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			p.Apply()
-		}
-	}
+	wait.Every(ctx, every, func() { p.Apply() })
 }
