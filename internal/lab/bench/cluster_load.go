@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -277,7 +278,7 @@ func (cb *clusterBench) killPhase(ctx context.Context, rep *Report) error {
 		}
 	}, true)
 	kill.Wait()
-	if err = cmpErr(err, killErr); err != nil {
+	if err = cmp.Or(err, killErr); err != nil {
 		return err
 	}
 	failed := 0
@@ -297,14 +298,6 @@ func (cb *clusterBench) killPhase(ctx context.Context, rep *Report) error {
 		return fmt.Errorf("bench: after a %s was killed, watchers never had %d instances that registered (waited %v)", role, missing, conv.Round(time.Millisecond))
 	}
 	return nil
-}
-
-// cmpErr is the first error of a and b.
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // converge waits (at most limit) until every watcher has every instance of
