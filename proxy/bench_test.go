@@ -206,13 +206,12 @@ func (d *discardStream) SendMsg(m any) error {
 // identical watchers over 10 client streams, queued, spliced and written
 // by each stream's sender (ns/op is per upstream event, ns/event per
 // client event). The reuse of scratch memory is measured by switching it
-// off: reuse=nofan drops the fan-out scratch (upstream.fan and its free
-// slices) after each response, reuse=nospare each stream's spare queue,
-// as if there were none (both take the streams' locks, as reuse=all does
-// too, so that only the reuse differs).
+// off: reuse=nospare drops each stream's spare queue, as if there were
+// none (it takes the streams' locks, as reuse=all does too, so that only
+// the reuse differs).
 func BenchmarkDispatch(b *testing.B) {
 	for _, watchers := range []int{100, 1000} {
-		for _, reuse := range []string{"all", "nofan", "nospare"} {
+		for _, reuse := range []string{"all", "nospare"} {
 			b.Run(fmt.Sprintf("watchers=%d/reuse=%s", watchers, reuse), func(b *testing.B) { benchDispatch(b, watchers, reuse) })
 		}
 	}
@@ -228,7 +227,7 @@ func benchDispatch(b *testing.B, watchers int, reuse string) {
 	h := newWatchHub(p)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	u := &upstream{hub: h, key: watchKey{key: "k"}, pos: etcdwatch.Position{Next: 1}, gen: 1, ctx: ctx, cancel: cancel, receivers: map[*cwatcher]struct{}{}}
+	u := &upstream{hub: h, key: watchKey{key: "k"}, pos: etcdwatch.Position{Next: 1}, gen: 1, ctx: ctx, cancel: cancel, recv: newReceivers()}
 	var streams []*discardStream
 	var css []*cstream
 	var wg sync.WaitGroup
@@ -239,14 +238,14 @@ func benchDispatch(b *testing.B, watchers int, reuse string) {
 		streams = append(streams, ds)
 		cctx, ccancel := context.WithCancelCause(ctx)
 		cs := &cstream{hub: h, ss: ds, ctx: cctx, cancel: ccancel, watchers: map[int64]*cwatcher{},
-			open: map[int64]int{}, signal: make(chan struct{}, 1), pending: map[*upstream]bool{}}
+			signal: make(chan struct{}, 1), pending: map[*upstream]bool{}}
 		css = append(css, cs)
 		wg.Go(func() { _ = cs.sendLoop() })
 		for i := range watchers / 10 {
 			id := int64(s*watchers + i)
-			w := &cwatcher{id: id, idPart: watchIDPart(id), s: cs, nextrev: 1, up: u}
+			w := &cwatcher{id: id, s: cs, up: u}
 			cs.watchers[id] = w
-			u.receivers[w] = struct{}{}
+			u.recv.add(w, 1)
 		}
 	}
 	val := make([]byte, 256)
@@ -257,9 +256,6 @@ func benchDispatch(b *testing.B, watchers int, reuse string) {
 		rev := int64(i + 1)
 		ev := &clientv3.Event{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte("k"), Value: val, CreateRevision: 1, ModRevision: rev, Version: rev}}
 		u.dispatch(&clientv3.WatchResponse{Header: &pb.ResponseHeader{ClusterId: 1, MemberId: 2, Revision: rev, RaftTerm: 3}, Events: []*clientv3.Event{ev}}, 1)
-		if reuse == "nofan" {
-			u.fan, u.free = nil, nil // this goroutine alone dispatches
-		}
 		for _, cs := range css {
 			cs.mu.Lock()
 			if reuse == "nospare" {

@@ -52,19 +52,21 @@
 //	     ▼
 //	upstream ─ pos (etcdwatch.Position): events below pos.Next (its
 //	  │  nextrev) were handed to its receivers; repeats dropped (Fresh)
-//	  │  dispatch: one shared evBatch per response; per receiver w,
-//	  │  the events from w.nextrev; maybeMerge after each response
+//	  │  dispatch: one shared evBatch per response; receivers.go keeps
+//	  │  one dense list per client stream (each entry: the watcher's
+//	  │  nextrev, ID, filters); maybeMerge after each response
 //	  │      ┌────────────────────────────────────────────────────┐
 //	  │      │ watchHub.groups[watchKey] = upstreams of one range │
 //	  │      │ (key, end, prevKV, token, via, requireLeader)      │
 //	  │      │ merge from → to when mergeable: both open, to      │
 //	  │      │ caught up, to.pos.Next <= from.pos.Next            │
 //	  │      └────────────────────────────────────────────────────┘
-//	  ▼
-//	cwatcher (nextrev, filters) ──▶ cstream queue: qitems (control
-//	  responses, or a watcher's segments merged while they wait; bounded:
-//	  past maxQueued/maxQueuedBytes the stream ends ResourceExhausted)
-//	     │ sendLoop: splice(header, watch ID, encoded events)
+//	  ▼ fanOut: per stream, one list of (watch ID, filters, from)
+//	cstream queue: qitems (a control response, or a batch for a list of
+//	  the stream's watchers; bounded: past maxQueued/maxQueuedBytes the
+//	  stream ends ResourceExhausted)
+//	     │ sender: items side by side for the same watchers merged per
+//	     │ watcher; splice(header, watch ID, encoded events) into one buffer
 //	     ▼
 //	client Watch stream
 //

@@ -37,7 +37,7 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	case *frame:
 		return mem.BufferSlice{mem.SliceBuffer(m.data)}, nil
 	case *spliced:
-		return m.parts, nil
+		return m.data, nil
 	}
 	return c.proto.Marshal(v)
 }

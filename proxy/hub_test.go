@@ -330,7 +330,7 @@ func (r *hubRig) watchBehind(si int, key, end string, start int64, noPut, noDel 
 	s := r.streams[si]
 	id := r.nextID
 	r.nextID++
-	w := &cwatcher{id: id, idPart: watchIDPart(id), s: s, key: watchKey{key: key, end: end}, variant: filterVariant(noPut, noDel)}
+	w := &cwatcher{id: id, s: s, key: watchKey{key: key, end: end}, variant: filterVariant(noPut, noDel)}
 	head := r.etcd.head()
 	current := max(head-lag, 0)
 	s.add(w, start, &pb.ResponseHeader{Revision: current})
@@ -489,9 +489,7 @@ func (r *hubRig) checkGroups() {
 			u.mu.Lock()
 			closed, key := u.closed, u.key
 			var stray bool
-			for w := range u.receivers {
-				stray = stray || w.up != u
-			}
+			u.recv.each(func(e *recvEntry) { stray = stray || e.w.up != u || !u.recv.has(e.w) })
 			u.mu.Unlock()
 			if closed || key != k || seen[u] || stray {
 				r.t.Fatalf("range %q..%q: upstream closed %v, of range %q..%q, listed twice %v, a receiver pointing elsewhere %v",
@@ -505,7 +503,7 @@ func (r *hubRig) checkGroups() {
 			continue
 		}
 		u.mu.Lock()
-		closed, n, stopped := u.closed, len(u.receivers), u.ctx.Err() != nil
+		closed, n, stopped := u.closed, u.recv.n, u.ctx.Err() != nil
 		u.mu.Unlock()
 		if !closed || n > 0 || !stopped {
 			r.t.Fatalf("an upstream of range %q..%q out of its group: closed %v, %d receivers, watch stopped %v", u.key.key, u.key.end, closed, n, stopped)
@@ -867,32 +865,54 @@ func batchAt(rev int64, size int) *evBatch {
 }
 
 // TestStreamMergesAWatchersEventsUntilAControlResponse: events waiting
-// for one watcher merge into one response while they fit the bound; a
-// control response for the watcher (a progress notification) ends the
-// merge, so that nothing queued after it is sent before it; a batch past
-// the bound starts a response of its own.
+// side by side for the same watchers merge into one response per watcher
+// while they fit the bound; a control response for any watcher (a
+// progress notification) ends the merge, so that nothing queued after it
+// is sent before it; a batch past the bound starts a response of its own;
+// events for other watchers end it too.
 func TestStreamMergesAWatchersEventsUntilAControlResponse(t *testing.T) {
 	r := newHubRig(t, 0)
 	s := r.bareStream()
-	w := &cwatcher{id: 1, idPart: watchIDPart(1), s: s}
-	fan := []fanItem{{w: w, from: 1}}
-	s.enqueueEvents(batchAt(1, 1), fan)
-	s.enqueueEvents(batchAt(2, 1), fan)
-	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{Revision: 2}, WatchId: 1})
-	s.enqueueEvents(batchAt(3, 1), fan)
-	s.enqueueEvents(batchAt(4, maxMergeBytes), fan)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var shape []string
-	for _, it := range s.queue {
-		if it.resp != nil {
-			shape = append(shape, "progress")
-			continue
+	fan := func(ids ...int64) []fanItem {
+		var f []fanItem
+		for _, id := range ids {
+			f = append(f, fanItem{id: id, from: 1})
 		}
-		shape = append(shape, fmt.Sprintf("%d segments", len(it.segs)))
+		return f
 	}
-	if want := []string{"2 segments", "progress", "1 segments", "1 segments"}; !slices.Equal(shape, want) {
-		t.Fatalf("queued %v, want %v", shape, want)
+	s.enqueueEvents(batchAt(1, 1), fan(1, 2))
+	s.enqueueEvents(batchAt(2, 1), fan(1, 2))
+	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{Revision: 2}, WatchId: 1})
+	s.enqueueEvents(batchAt(3, 1), fan(1, 2))
+	s.enqueueEvents(batchAt(4, maxMergeBytes), fan(1, 2))
+	s.enqueueEvents(batchAt(5, 1), fan(2))
+	s.enqueueEvents(batchAt(6, 1), fan(1, 2))
+	s.mu.Lock()
+	batch := s.queue
+	s.mu.Unlock()
+	var sn sender
+	if err := sn.send(s.ss, batch); err != nil {
+		t.Fatal(err)
+	}
+	shape := func(id int64) []string {
+		var got []string
+		for _, resp := range s.ss.(*recStream).responses(id) {
+			if len(resp.Events) == 0 {
+				got = append(got, "progress")
+				continue
+			}
+			got = append(got, fmt.Sprintf("%d events", len(resp.Events)))
+		}
+		return got
+	}
+	if got, want := shape(1), []string{"2 events", "progress", "1 events", "1 events", "1 events"}; !slices.Equal(got, want) {
+		t.Errorf("watcher 1 got %v, want %v", got, want)
+	}
+	if got, want := shape(2), []string{"2 events", "1 events", "1 events", "1 events", "1 events"}; !slices.Equal(got, want) {
+		t.Errorf("watcher 2 got %v, want %v", got, want)
+	}
+	if sn.events != 11 {
+		t.Errorf("sent %d events, want 11", sn.events)
 	}
 }
 
@@ -973,7 +993,7 @@ func TestHubReopenedWatchRepeatsNothing(t *testing.T) {
 	for range 3 {
 		r.etcd.write("a", false)
 	}
-	w := &cwatcher{id: 1, idPart: watchIDPart(1), s: s, key: watchKey{key: "a"}}
+	w := &cwatcher{id: 1, s: s, key: watchKey{key: "a"}}
 	if !r.h.attach(w, 1, &pb.ResponseHeader{Revision: 3}) {
 		t.Fatal("attach refused")
 	}
@@ -996,13 +1016,14 @@ func TestHubReopenedWatchRepeatsNothing(t *testing.T) {
 	defer s.mu.Unlock()
 	var revs [][]int64
 	for _, it := range s.queue {
-		for _, sg := range it.segs {
-			var batch []int64
-			for _, ev := range sg.b.events {
-				batch = append(batch, ev.Kv.ModRevision)
-			}
-			revs = append(revs, batch)
+		if it.b == nil {
+			continue
 		}
+		var batch []int64
+		for _, ev := range it.b.events {
+			batch = append(batch, ev.Kv.ModRevision)
+		}
+		revs = append(revs, batch)
 	}
 	if fmt.Sprint(revs) != "[[1 2 3] [4]]" {
 		t.Fatalf("batches queued %v, want [[1 2 3] [4]]", revs)
@@ -1088,7 +1109,7 @@ func TestHubNoWatcherAttachedAfterItsStreamEnded(t *testing.T) {
 	r.etcd.write("a", false)
 	s := r.streams[0]
 	s.detachAll() // the stream ends while create's Range is in flight
-	w := &cwatcher{id: 7, idPart: watchIDPart(7), s: s, key: watchKey{key: "a"}}
+	w := &cwatcher{id: 7, s: s, key: watchKey{key: "a"}}
 	s.add(w, 0, &pb.ResponseHeader{Revision: 1}) // the Range answers
 	r.h.mu.Lock()
 	up := w.up
@@ -1250,10 +1271,10 @@ func TestStreamEndedUpstreamCancelsOnlyItsOwnWatcher(t *testing.T) {
 	u := &upstream{}
 	for _, reused := range []bool{false, true} {
 		s := r.bareStream()
-		old := &cwatcher{id: 5, idPart: watchIDPart(5), s: s}
+		old := &cwatcher{id: 5, s: s}
 		mine := old
 		if reused {
-			mine = &cwatcher{id: 5, idPart: watchIDPart(5), s: s} // the client re-created ID 5
+			mine = &cwatcher{id: 5, s: s} // the client re-created ID 5
 		}
 		s.mu.Lock()
 		s.watchers[5] = mine

@@ -12,7 +12,6 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -33,10 +32,11 @@ import (
 // one that is behind (which loses nothing for either side) and the other
 // is cancelled.
 //
-// Delivery (watchstream.go, watchenc.go): an upstream response becomes one shared batch;
-// each receiver's stream queues a reference to it, merged with what the
-// same watcher already has waiting, and the stream's sender splices the
-// client response from encoded parts.
+// Delivery (receivers.go, watchstream.go, watchenc.go): an upstream
+// response becomes one shared batch; each client stream queues a
+// reference to it with the list of its watchers that need it, and the
+// stream's sender splices each watcher's response from encoded parts,
+// merging what waited side by side for the same watchers.
 
 type watchKey struct {
 	key, end      string
@@ -87,13 +87,13 @@ type upstream struct {
 	key   watchKey
 	heard atomic.Int64 // when a response last came, unix nanoseconds
 
-	mu        sync.Mutex
-	ctx       context.Context
-	cancel    context.CancelFunc
-	gen       int // which watch feeds it (restart starts a new one)
-	caughtUp  bool
-	closed    bool
-	receivers map[*cwatcher]struct{}
+	mu       sync.Mutex
+	ctx      context.Context
+	cancel   context.CancelFunc
+	gen      int // which watch feeds it (restart starts a new one)
+	caughtUp bool
+	closed   bool
+	recv     receivers // receivers.go
 	// pos is what u knows of revisions: Next (nextrev) the first one not
 	// yet handed to the receivers, OpenedAt the start of the current
 	// watch, Known the highest revision etcd reported on u's watches (or
@@ -101,54 +101,18 @@ type upstream struct {
 	// and from where (ReplaceFrom, Compacted), and which events it
 	// repeats (Fresh).
 	pos etcdwatch.Position
-	// fan groups one batch's receivers by client stream (dispatch's
-	// scratch, emptied after each batch); free keeps its slices.
-	// BenchmarkDispatch with them against allocating both per batch
-	// (reuse=all vs nofan, 10 streams, runs of 1000 responses, 2 shared
-	// cores, benchstat n=6, measured again 2026-12-02): per response -31%
-	// (p=0.004; -44% p=0.009 in alternating runs) at 100 watchers, -27%
-	// (p=0.026; within the noise, p=0.24, alternating) at 1000; 28-41%
-	// fewer bytes (p=0.002). Earlier: 22.3 µs vs 39.6 µs at 100.
-	fan  map[*cstream][]fanItem
-	free [][]fanItem
 }
 
-// fanAdd adds fi for stream s to the batch being dispatched; u.mu held.
-func (u *upstream) fanAdd(s *cstream, fi fanItem) {
-	if u.fan == nil {
-		u.fan = map[*cstream][]fanItem{}
-	}
-	ws, ok := u.fan[s]
-	if !ok && len(u.free) > 0 {
-		ws, u.free = u.free[len(u.free)-1], u.free[:len(u.free)-1]
-	}
-	u.fan[s] = append(ws, fi)
-}
-
-// fanOut queues b on every stream fanAdd named, once per stream, and
-// empties the scratch; u.mu held, so that batches reach each stream in
-// order.
-func (u *upstream) fanOut(b *evBatch) {
-	for s, ws := range u.fan {
-		s.enqueueEvents(b, ws)
-		clear(ws)
-		if len(u.free) < 64 && cap(ws) <= 4096 {
-			u.free = append(u.free, ws[:0])
-		}
-		delete(u.fan, s)
-	}
-}
-
+// cwatcher is one client watcher.
 type cwatcher struct {
 	id      int64
-	idPart  mem.Buffer // the watch ID, encoded (watchIDPart)
-	variant int        // filterVariant of its filters
-	s       *cstream
-	key     watchKey
-	progres bool
-	nextrev int64       // guarded by up.mu
-	up      *upstream   // guarded by hub.mu
+	variant int         // filterVariant of its filters
+	s       *cstream    // its client stream
 	sink    *rangeCache // an internal consumer instead of a client stream (s nil)
+	up      *upstream   // guarded by hub.mu
+	slot    int         // its place in up's receivers; guarded by up.mu
+	progres bool
+	key     watchKey
 }
 
 func newWatchHub(p *Proxy) *watchHub {
@@ -218,10 +182,9 @@ func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool
 		if start == 0 {
 			rev = next - 1
 		}
-		w.nextrev = next
 		w.up = u
 		w.s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, rev), WatchId: w.id, Created: true})
-		u.receivers[w] = struct{}{}
+		u.recv.add(w, next)
 	}
 	if best != nil {
 		best.mu.Lock()
@@ -249,8 +212,8 @@ func (h *watchHub) attachSink(w *cwatcher, rev int64) bool {
 		u = h.newUpstream(w.key, rev, false)
 	}
 	u.mu.Lock()
-	w.nextrev, w.up = rev, u
-	u.receivers[w] = struct{}{}
+	w.up = u
+	u.recv.add(w, rev)
 	u.mu.Unlock()
 	return true
 }
@@ -273,7 +236,7 @@ func (h *watchHub) fittingLocked(k watchKey, rev int64) *upstream {
 
 // newUpstream starts an upstream watch from rev; h.mu is held.
 func (h *watchHub) newUpstream(k watchKey, rev int64, current bool) *upstream {
-	u := &upstream{hub: h, key: k, pos: etcdwatch.Position{Next: rev}, caughtUp: current, receivers: map[*cwatcher]struct{}{}}
+	u := &upstream{hub: h, key: k, pos: etcdwatch.Position{Next: rev}, caughtUp: current, recv: newReceivers()}
 	u.heard.Store(time.Now().UnixNano())
 	h.groups[k] = append(h.groups[k], u)
 	h.p.m.upstreamWatches.Inc()
@@ -413,11 +376,12 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 	case wr.IsProgressNotify():
 		u.pos.Progress(hdr.Revision)
 		u.caughtUp = true
-		for w := range u.receivers {
-			w.nextrev = max(w.nextrev, hdr.Revision+1)
+		u.recv.each(func(e *recvEntry) {
+			e.nextrev = max(e.nextrev, hdr.Revision+1)
+			w := e.w
 			if w.sink != nil {
 				w.sink.progress(hdr.Revision)
-				continue
+				return
 			}
 			if w.progres {
 				w.s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, hdr.Revision), WatchId: w.id})
@@ -425,7 +389,7 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 			if w.s.progressDone(u) {
 				done = append(done, w.s)
 			}
-		}
+		})
 	default:
 		if len(wr.Events) == 0 {
 			break
@@ -437,20 +401,7 @@ func (u *upstream) dispatch(wr *clientv3.WatchResponse, gen int) {
 		if len(evs) == 0 {
 			break
 		}
-		b := newBatch(hdr, evs)
-		for w := range u.receivers {
-			from := w.nextrev
-			if from > b.last {
-				continue
-			}
-			w.nextrev = b.last + 1
-			if w.sink != nil {
-				w.sink.apply(b, from)
-				continue
-			}
-			u.fanAdd(w.s, fanItem{w: w, from: from})
-		}
-		u.fanOut(b)
+		u.fanOut(newBatch(hdr, evs))
 		if !u.caughtUp {
 			defer u.hub.requestProgress(u.key)
 		}
@@ -492,8 +443,7 @@ func (u *upstream) end(hdr *pb.ResponseHeader, compactRev int64, reason string) 
 	u.mu.Lock()
 	already := u.closed
 	u.closed = true // a response in flight reopens nothing (TestHubEndedUpstreamIsClosedAtOnce)
-	recv := u.receivers
-	u.receivers = map[*cwatcher]struct{}{}
+	recv := u.recv.takeAll()
 	u.mu.Unlock()
 	if !already {
 		h.removeLocked(u)
@@ -503,7 +453,8 @@ func (u *upstream) end(hdr *pb.ResponseHeader, compactRev int64, reason string) 
 	if hdr == nil {
 		hdr = &pb.ResponseHeader{}
 	}
-	for w := range recv {
+	for _, e := range recv {
+		w := e.w
 		if w.sink != nil {
 			w.sink.ended(reason)
 			continue
@@ -568,8 +519,9 @@ func (h *watchHub) moveLocked(from, to *upstream) bool {
 	to.mu.Lock()
 	ok := mergeable(from, to)
 	if ok {
-		for w := range from.receivers {
-			to.receivers[w] = struct{}{}
+		for _, e := range from.recv.takeAll() {
+			w := e.w
+			to.recv.add(w, e.nextrev)
 			w.up = to
 			if w.s == nil {
 				continue
@@ -581,7 +533,6 @@ func (h *watchHub) moveLocked(from, to *upstream) bool {
 			}
 			w.s.mu.Unlock()
 		}
-		from.receivers = map[*cwatcher]struct{}{}
 		from.closed = true // nothing is sent or reopened through it (TestHubMergedUpstreamIsClosedAtOnce)
 	}
 	to.mu.Unlock()
@@ -603,9 +554,8 @@ func (h *watchHub) detach(w *cwatcher) {
 		return
 	}
 	u.mu.Lock()
-	_, was := u.receivers[w]
-	delete(u.receivers, w)
-	empty := len(u.receivers) == 0 && !u.closed
+	was := u.recv.remove(w)
+	empty := u.recv.n == 0 && !u.closed
 	if empty {
 		u.closed = true
 	}

@@ -18,8 +18,8 @@ import (
 // encodes an upstream response's events once per filter variant, and each
 // client response is spliced from encoded parts: the shared header, the
 // watcher's own watch ID, and the shared events from the first one the
-// watcher needs. gRPC writes the parts without copying them into one
-// message first. Responses that wait for a slow client stream are merged
+// watcher needs, copied into one buffer that gRPC writes as it is.
+// Responses that wait for a slow client stream are merged
 // per watcher (several upstream responses in one client response, as
 // etcd's own watch server does), so a stream that lags gets fewer, larger
 // messages instead of falling further behind.
@@ -40,7 +40,7 @@ type evBatch struct {
 	size   int   // encoded size of all events, for the queue bounds
 
 	hdrOnce sync.Once
-	hdrPart mem.Buffer
+	hdrPart []byte
 
 	encs [4]struct {
 		once sync.Once
@@ -51,10 +51,9 @@ type evBatch struct {
 // encodedEvents is a batch's events that pass one filter variant,
 // encoded as repeated field 11 of a WatchResponse.
 type encodedEvents struct {
-	buf  []byte
-	off  []int   // where each event starts in buf
-	rev  []int64 // each event's mod revision (ascending)
-	full mem.Buffer
+	buf []byte
+	off []int   // where each event starts in buf
+	rev []int64 // each event's mod revision (ascending)
 }
 
 func newBatch(hdr *pb.ResponseHeader, evs []*mvccpb.Event) *evBatch {
@@ -93,7 +92,6 @@ func (b *evBatch) encoded(variant int) *encodedEvents {
 			e.buf = protowire.AppendVarint(e.buf, uint64(proto.Size(ev)))
 			e.buf, _ = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(e.buf, ev)
 		}
-		e.full = mem.SliceBuffer(e.buf)
 		slot.e = e
 	})
 	return slot.e
@@ -101,23 +99,20 @@ func (b *evBatch) encoded(variant int) *encodedEvents {
 
 // from returns the encoded events at or above revision rev and how many
 // there are.
-func (e *encodedEvents) from(rev int64) (mem.Buffer, int) {
+func (e *encodedEvents) from(rev int64) ([]byte, int) {
 	k := 0
 	if len(e.rev) > 0 && e.rev[0] < rev {
 		k = sort.Search(len(e.rev), func(i int) bool { return e.rev[i] >= rev })
 	}
 	n := len(e.rev) - k
-	switch {
-	case n == 0:
+	if n == 0 {
 		return nil, 0
-	case k == 0:
-		return e.full, n
 	}
-	return mem.SliceBuffer(e.buf[e.off[k]:]), n
+	return e.buf[e.off[k]:], n
 }
 
 // header returns the batch's header, encoded as field 1.
-func (b *evBatch) header() mem.Buffer {
+func (b *evBatch) header() []byte {
 	b.hdrOnce.Do(func() {
 		h := b.hdr
 		if h == nil {
@@ -125,27 +120,25 @@ func (b *evBatch) header() mem.Buffer {
 		}
 		buf := protowire.AppendTag(nil, fieldWatchHeader, protowire.BytesType)
 		buf = protowire.AppendVarint(buf, uint64(proto.Size(h)))
-		buf, _ = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(buf, h)
-		b.hdrPart = mem.SliceBuffer(buf)
+		b.hdrPart, _ = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(buf, h)
 	})
 	return b.hdrPart
 }
 
-// watchIDPart encodes a watch ID as field 2 (nil for 0, proto3's default).
-func watchIDPart(id int64) mem.Buffer {
-	if id == 0 {
-		return nil
-	}
-	buf := protowire.AppendTag(nil, fieldWatchID, protowire.VarintType)
-	return mem.SliceBuffer(protowire.AppendVarint(buf, uint64(id)))
+// spliced is a WatchResponse assembled from encoded parts into one
+// buffer, which the codec hands to gRPC as it is. A stream's sender keeps
+// one and fills it for each response (gRPC marshals as it sends): only
+// the buffer is new each time, from gRPC's pool when it is large enough
+// to be pooled (a merged response).
+type spliced struct {
+	data mem.BufferSlice
 }
 
-// spliced is a WatchResponse assembled from encoded parts; the codec
-// hands the parts to gRPC as they are. Most have few parts: they live in
-// the same allocation.
-type spliced struct {
-	parts  mem.BufferSlice
-	inline [4]mem.Buffer
+// flatMsg is a response too small for gRPC's pool and the slice gRPC
+// takes it in, in one allocation.
+type flatMsg struct {
+	parts [1]mem.Buffer
+	buf   mem.SliceBuffer
 }
 
 // seg is one upstream response's events for a watcher, from revision from.
@@ -154,32 +147,57 @@ type seg struct {
 	from int64
 }
 
-// splice assembles a watcher's response from its queued segments: the
-// newest segment's header, the watch ID, the events of every segment. It
-// returns nil when the filters left no event.
-func splice(w *cwatcher, segs []seg) (*spliced, int) {
-	nsegs := len(segs)
-	sp := &spliced{}
-	sp.parts = sp.inline[:0]
-	if nsegs+2 > len(sp.inline) {
-		sp.parts = make(mem.BufferSlice, 0, nsegs+2)
-	}
-	sp.parts = append(sp.parts, nil) // the header, once the last segment is known
-	if w.idPart != nil {
-		sp.parts = append(sp.parts, w.idPart)
-	}
-	n := 0
+// splice assembles into sp the response of a watcher with watch ID id
+// and filterVariant variant from its queued segments: the newest
+// segment's header, the watch ID (left out when 0, proto3's default), the
+// events of every segment. It returns how many events it holds: 0 when
+// the filters left none (sp is then left as it was).
+//
+// One copy of the events into the response, against gRPC writing shared
+// parts as they were (a part per segment, plus the watcher's own encoded
+// ID): with 100,000 watchers every part a watcher owned was a cache miss
+// as its stream's sender reached it, and every part a step in gRPC's
+// writes (issue 26; docs/proxy.md has the measurements).
+func splice(sp *spliced, id int64, variant int, segs []seg) int {
+	size, n := 0, 0
 	var last *evBatch
 	for _, s := range segs {
 		last = s.b
-		if p, k := s.b.encoded(w.variant).from(s.from); k > 0 {
-			sp.parts = append(sp.parts, p)
-			n += k
-		}
+		p, k := s.b.encoded(variant).from(s.from)
+		size += len(p)
+		n += k
 	}
 	if n == 0 {
-		return nil, 0
+		return 0
 	}
-	sp.parts[0] = last.header()
-	return sp, n
+	hdr := last.header()
+	size += len(hdr)
+	if id != 0 {
+		size += protowire.SizeTag(fieldWatchID) + protowire.SizeVarint(uint64(id))
+	}
+	pooled := !mem.IsBelowBufferPoolingThreshold(size)
+	var buf []byte
+	if pooled {
+		buf = (*mem.DefaultBufferPool().Get(size))[:0]
+	} else {
+		buf = make([]byte, 0, size)
+	}
+	buf = append(buf, hdr...)
+	if id != 0 {
+		buf = protowire.AppendTag(buf, fieldWatchID, protowire.VarintType)
+		buf = protowire.AppendVarint(buf, uint64(id))
+	}
+	for _, s := range segs {
+		p, _ := s.b.encoded(variant).from(s.from)
+		buf = append(buf, p...)
+	}
+	if pooled {
+		owned := buf // only a pooled buffer's header goes to the heap
+		sp.data = mem.BufferSlice{mem.NewBuffer(&owned, mem.DefaultBufferPool())}
+	} else {
+		f := &flatMsg{buf: buf}
+		f.parts[0] = &f.buf
+		sp.data = f.parts[:]
+	}
+	return n
 }

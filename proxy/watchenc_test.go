@@ -63,10 +63,10 @@ func TestSpliceDecodesToEtcdsResponse(t *testing.T) {
 			}
 		}
 		want.WatchId = id
-		w := &cwatcher{id: id, idPart: watchIDPart(id), variant: filterVariant(noPut, noDel)}
-		sp, n := splice(w, segs)
+		var sp spliced
+		n := splice(&sp, id, filterVariant(noPut, noDel), segs)
 		if len(want.Events) == 0 {
-			if sp != nil || n != 0 {
+			if sp.data != nil || n != 0 {
 				t.Fatalf("case %d: a response of %d events where the filters leave none", i, n)
 			}
 			continue
@@ -74,7 +74,7 @@ func TestSpliceDecodesToEtcdsResponse(t *testing.T) {
 		if n != len(want.Events) {
 			t.Fatalf("case %d: splice counts %d events, want %d", i, n, len(want.Events))
 		}
-		data, err := newCodec().Marshal(sp)
+		data, err := newCodec().Marshal(&sp)
 		if err != nil {
 			t.Fatal(err)
 		}
