@@ -6,10 +6,12 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -386,4 +388,69 @@ func startRootEtcd(t *testing.T) (*etcdtest.Server, *clientv3.Client) {
 	}
 	t.Cleanup(func() { _ = admin.Close() })
 	return srv, admin
+}
+
+// TestWatchChecksAreSharedOnlyByTheSameCredentials: creates checked at
+// once by several users, some allowed and some not, each get the answer
+// of their own credentials (a check in flight is shared only by the same
+// range and metadata), and a check's key tells every credential and
+// range apart.
+func TestWatchChecksAreSharedOnlyByTheSameCredentials(t *testing.T) {
+	t.Parallel()
+	srv, admin := startRootEtcd(t)
+	ctx := ctxT(t)
+	for _, step := range []func() error{
+		func() error { _, err := admin.UserAdd(ctx, "bob", "bob-pw"); return err },
+		func() error { _, err := admin.UserAdd(ctx, "eve", "eve-pw"); return err },
+		func() error { _, err := admin.RoleAdd(ctx, "team-a"); return err },
+		func() error {
+			_, err := admin.RoleGrantPermission(ctx, "team-a", "/team-a/", clientv3.GetPrefixRangeEnd("/team-a/"), clientv3.PermissionType(clientv3.PermRead))
+			return err
+		},
+		func() error { _, err := admin.UserGrantRole(ctx, "bob", "team-a"); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := startProxy(t, Config{Endpoints: srv.Endpoints()})
+	users := map[string]bool{"root": true, "bob": true, "eve": false} // may read /team-a/
+	tokens := map[string]context.Context{}
+	for u := range users {
+		auth, err := admin.Authenticate(ctx, u, u+"-pw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[u] = metadata.NewOutgoingContext(ctx, metadata.Pairs(rpctypes.TokenFieldNameGRPC, auth.Token))
+	}
+	key, end := []byte("/team-a/"), []byte(clientv3.GetPrefixRangeEnd("/team-a/"))
+	var wg sync.WaitGroup
+	errs := make(chan error, 300)
+	for i := range 300 {
+		u := []string{"root", "bob", "eve"}[i%3]
+		wg.Go(func() {
+			_, err := p.mayWatch(tokens[u], key, end)
+			if allowed := users[u]; allowed != (err == nil) {
+				errs <- fmt.Errorf("%s: check answered %v, want allowed %v", u, err, allowed)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	keys := map[string]bool{}
+	for u := range users {
+		keys[checkKey(tokens[u], key, end)] = true
+	}
+	keys[checkKey(tokens["bob"], key, []byte("/team-b"))] = true
+	keys[checkKey(tokens["bob"], []byte("/team-a"), []byte("/team-b/"))] = true
+	keys[checkKey(tokens["bob"], []byte("a\x00b"), []byte("c"))] = true // key and end may hold any byte
+	keys[checkKey(tokens["bob"], []byte("a"), []byte("b\x00c"))] = true
+	keys[checkKey(metadata.NewOutgoingContext(ctx, metadata.Pairs(rpctypes.TokenFieldNameGRPC, "x", viaKey, "p1")), key, end)] = true
+	keys[checkKey(metadata.NewOutgoingContext(ctx, metadata.Pairs(rpctypes.TokenFieldNameGRPC, "x", viaKey, "p2")), key, end)] = true
+	if len(keys) != 9 {
+		t.Errorf("9 different credentials and ranges gave %d check keys", len(keys))
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"golang.org/x/sync/singleflight"
 	"log/slog"
 	"math"
 	"net"
@@ -45,6 +46,7 @@ type Proxy struct {
 	forceCodec      grpc.CallOption
 	httpClient      *http.Client
 	dir             *director
+	watchChecks     singleflight.Group // mayWatch's checks in flight
 	// httpTimeout bounds reading a gateway request and writing a unary
 	// answer (httpRequestTimeout); idleTimeout closes connections without
 	// requests (httpIdleTimeout).

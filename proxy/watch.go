@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"encoding/binary"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +15,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // Watch coalescing.
@@ -606,7 +609,49 @@ func withRevision(h *pb.ResponseHeader, rev int64) *pb.ResponseHeader {
 // count-only, with a limit) makes etcd count every key in it: 9 ms a
 // watch created over 100,000 keys against 0.2 ms for the transaction,
 // whatever the keys.
+//
+// Creates of the same range with the same credentials that come while
+// such a check is in flight share its answer, as fresh as any
+// serializable one: a burst of creates (100,000 watches opened over 20
+// streams, each stream's creates one after another) asks etcd once per
+// round trip instead of once per watch. The check runs apart from the
+// first caller's context, so that one client leaving fails no other.
 func (p *Proxy) mayWatch(ctx context.Context, key, end []byte) (*pb.TxnResponse, error) {
+	ch := p.watchChecks.DoChan(checkKey(ctx, key, end), func() (any, error) {
+		return p.checkWatch(context.WithoutCancel(ctx), key, end)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.(*pb.TxnResponse), nil
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// checkKey names a check by its range and every outgoing metadata pair
+// (the credentials, the proxies it came through, require-leader), each
+// part prefixed by its length: keys and values may hold any byte, and no
+// two different checks may share a name.
+func checkKey(ctx context.Context, key, end []byte) string {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	b := make([]byte, 0, 256)
+	part := func(p []byte) { b = append(binary.AppendUvarint(b, uint64(len(p))), p...) }
+	part(key)
+	part(end)
+	for _, k := range slices.Sorted(maps.Keys(md)) {
+		for _, v := range md[k] {
+			part([]byte(k))
+			part([]byte(v))
+		}
+	}
+	return string(b)
+}
+
+// checkWatch is mayWatch's transaction.
+func (p *Proxy) checkWatch(ctx context.Context, key, end []byte) (*pb.TxnResponse, error) {
 	if len(key) == 0 {
 		key, end = []byte{0}, []byte{0}
 	}
