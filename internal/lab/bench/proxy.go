@@ -365,6 +365,7 @@ func measureWatches(ctx context.Context, cfg ProxyConfig, sides []*side, direct 
 	lat := fmt.Sprintf("%d watchers, %d puts/s%s", cfg.Watches, cfg.LatencyRate, tier)
 	wm.rows(r, "watch delivery p50, "+lat, "ms", "lat50", false, 0, 0)
 	wm.rows(r, "watch delivery p99, "+lat, "ms", "lat99", false, 0, 1)
+	wm.gpRow(r, proxy+" CPU per event delivered, "+lat, "µs", "cpuSteady", 1)
 	if up := wm.get(sideBeacon, "upstream"); len(up) > 0 {
 		r.Note("Beacon's %s held %v etcd watch(es) for the %d identical client watches", strings.TrimSuffix(proxy, "'s"), up[0], cfg.Watches)
 	}
@@ -567,6 +568,7 @@ func (w *proxyWatchRound) steady(ctx context.Context) error {
 		return nil // the proxy ended every watch (it dropped the burst)
 	}
 	lat.expect(live)
+	cpu0 := s.cpu()
 	tick := time.NewTicker(time.Second / time.Duration(w.cfg.LatencyRate))
 	defer tick.Stop()
 	for k := range w.cfg.LatencyPuts {
@@ -594,6 +596,9 @@ func (w *proxyWatchRound) steady(ctx context.Context) error {
 		for k, d := range lat.lat {
 			w.cfg.Logger.Debug("proxy: latency sample", "side", s.name, "k", k, "p50", Percentile(d, 50), "p99", Percentile(d, 99), "max", slices.Max(d))
 		}
+	}
+	if s.proxied() { // each event a message of its own: the senders keep up
+		w.m.add(s.name, "cpuSteady", float64(s.cpu()-cpu0)/float64(time.Microsecond)/float64(w.cfg.LatencyPuts*live))
 	}
 	all := lat.all()
 	w.m.add(s.name, "lat50", Ms(Percentile(all, 50)))
