@@ -26,7 +26,10 @@ discovery token.
      turn) each round, etcd's ceiling for the same operation — a compare-
      on-create and a put under a lease per key, from a raw client, in the
      transaction width that writes fastest — writes --ceiling keys on the
-     same cluster and revokes them. Beacon's instances stay resident.
+     same cluster and revokes them. Beacon's instances stay resident. Each
+     phase starts once every watcher has had a sentinel written after the
+     last one (one instance per service, then revoked), so that a round's
+     latencies are its own, not the backlog of the phase before.
   3. --kill-instances more are registered, and a third of the way in the
      member --kill names (follower or leader) is SIGKILLed. Then every
      watcher must have every instance that registered (goal: none missing).

@@ -237,8 +237,9 @@ type clusterBench struct {
 	// returned an error.
 	starts []atomic.Int64
 	failed []atomic.Bool
-	// ceilingRounds counts the same-op ceiling's rounds (their keys).
-	ceilingRounds int
+	// ceilingRounds counts the same-op ceiling's rounds (their keys),
+	// settles the sentinels written between phases (cluster_settle.go).
+	ceilingRounds, settles int
 }
 
 // start starts the cluster, the sessions and the watchers.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,11 +24,13 @@ type clusterWatcher struct {
 	service int
 	seen    []atomic.Uint64
 	count   atomic.Int64
-	// lat and latKill are the delays of the load's and of the kill
-	// phase's instances: written by the watcher's goroutine only, read
-	// once it ended.
-	lat, latKill           []time.Duration
+	// lat (by load round) and latKill are the delays of the load's and
+	// of the kill phase's instances: written by the watcher's goroutine
+	// only, read once it ended.
+	lat                    [][]time.Duration
+	latKill                []time.Duration
 	removed, stale, resync atomic.Int64
+	settled                atomic.Int64 // the last settle whose sentinel it had (cluster_settle.go)
 }
 
 // watch opens the watchers, each past its (empty) snapshot: watcher w
@@ -76,7 +79,12 @@ func (w *clusterWatcher) follow(ctx context.Context, rw registry.Watcher, cb *cl
 		for _, e := range b.Events {
 			switch e.Type {
 			case beacon.Added:
-				w.added(sampleOf(e.Instance.ID), now, cb)
+				i := sampleOf(e.Instance.ID)
+				if gen, ok := cb.sentinel(i); ok {
+					w.settled.Store(max(w.settled.Load(), int64(gen)))
+					continue
+				}
+				w.added(i, now, cb)
 			case beacon.Removed:
 				if i := sampleOf(e.Instance.ID); i >= 0 && i < len(cb.starts) {
 					w.removed.Add(1) // the ceiling's keys go when their lease is revoked
@@ -103,10 +111,27 @@ func (w *clusterWatcher) added(i int, now int64, cb *clusterBench) {
 	w.count.Add(1)
 	d := time.Duration(now - cb.starts[i].Load())
 	if i < cb.cfg.Instances {
-		w.lat = append(w.lat, d)
+		r := cb.roundOf(i)
+		if len(w.lat) <= r {
+			w.lat = append(w.lat, make([][]time.Duration, r+1-len(w.lat))...)
+		}
+		w.lat[r] = append(w.lat[r], d)
 	} else {
 		w.latKill = append(w.latKill, d)
 	}
+}
+
+// roundOf is the load round that registers instance i (of the first
+// Instances).
+func (cb *clusterBench) roundOf(i int) int {
+	r := i * cb.cfg.Rounds / cb.cfg.Instances
+	for r > 0 && i < r*cb.cfg.Instances/cb.cfg.Rounds {
+		r--
+	}
+	for r+1 < cb.cfg.Rounds && i >= (r+1)*cb.cfg.Instances/cb.cfg.Rounds {
+		r++
+	}
+	return r
 }
 
 // has reports whether w had instance i.
@@ -165,11 +190,22 @@ func (cb *clusterBench) load(ctx context.Context, rep *Report) error {
 		return err
 	}
 	var b, s registerFigures
-	var cpu time.Duration
+	var cpu, settled time.Duration
+	settle := func() error { // cluster_settle.go
+		took, err := cb.settle(ctx, cli, 2*time.Minute)
+		settled = max(settled, took)
+		return err
+	}
 	ceiling := func(r int) error {
 		res, err := rb.sameOpSide(ctx, fmt.Sprint("c", r), cfg.Ceiling, cfg.Workers, width)
 		s.rate = append(s.rate, float64(cfg.Ceiling)/res.total.Seconds())
 		s.p99 = append(s.p99, Ms(Percentile(res.lat, 99)))
+		if err != nil {
+			return err
+		}
+		return settle()
+	}
+	if err := settle(); err != nil {
 		return err
 	}
 	for r := range cfg.Rounds {
@@ -186,6 +222,9 @@ func (cb *clusterBench) load(ctx context.Context, rep *Report) error {
 			return err
 		}
 		cpu += cb.membersCPU() - cpu0
+		if err := settle(); err != nil {
+			return err
+		}
 		b.rate = append(b.rate, float64(hi-lo)/took.Seconds())
 		b.p50 = append(b.p50, Ms(Percentile(lat, 50)))
 		b.p99 = append(b.p99, Ms(Percentile(lat, 99)))
@@ -196,6 +235,7 @@ func (cb *clusterBench) load(ctx context.Context, rep *Report) error {
 		}
 	}
 	cb.loadRows(rep, b, s, width, tried, cpu)
+	rep.Note("each phase started once every watcher had had a sentinel written after the last phase (one instance per service, then revoked; the watchers took at most %v)", settled.Round(time.Millisecond))
 	return nil
 }
 
@@ -364,9 +404,13 @@ func (cb *clusterBench) resources(ctx context.Context, rep *Report) {
 	cb.stop()
 	cb.follow.Wait()
 	var lat, latKill []time.Duration
+	byRound := make([][]time.Duration, cfg.Rounds)
 	var removed, stale, resync int64
 	for _, w := range cb.watchers {
-		lat, latKill = append(lat, w.lat...), append(latKill, w.latKill...)
+		for r, l := range w.lat {
+			lat, byRound[r] = append(lat, l...), append(byRound[r], l...)
+		}
+		latKill = append(latKill, w.latKill...)
 		removed, stale, resync = removed+w.removed.Load(), stale+w.stale.Load(), resync+w.resync.Load()
 	}
 	goal := Row{Unit: "ms", Goal: 1, Against: "goal"}
@@ -375,6 +419,11 @@ func (cb *clusterBench) resources(ctx context.Context, rep *Report) {
 		row.Metric, row.Beacon, row.Baseline = fmt.Sprintf("register → watcher p%.0f (%d watchers)", p, cfg.Watchers), Ms(Percentile(lat, p)), clusterWatchGoalMs
 		rep.Add(row)
 	}
+	var rounds []string
+	for r, l := range byRound {
+		rounds = append(rounds, fmt.Sprintf("%d: %.1f ms", r, Ms(Percentile(l, 99))))
+	}
+	rep.Note("register → watcher p99 by round (%s; a same-op ceiling round runs before the odd ones, after the even ones)", strings.Join(rounds, ", "))
 	if len(latKill) > 0 {
 		rep.Add(Row{Metric: "register → watcher p99 while a member is SIGKILLed", Unit: "ms", Beacon: Ms(Percentile(latKill, 99)), NoBaseline: true})
 	}
