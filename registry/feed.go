@@ -147,6 +147,30 @@ func (f *feed) markStale(err error, outage bool) {
 	f.wake.Notify()
 }
 
+// maxFeedLists bounds the listings a registry's feeds make at once. A
+// store watch stream that goes silent (a member hung, or too busy to
+// answer) ends every feed on it together, and each re-lists: with 2,000
+// watched prefixes per registry on a cluster already past its capacity,
+// 2,000 listings at once all missed their deadline and were retried,
+// 18,000 failures in two minutes, and the cluster did not recover before
+// the benchmark gave up (issue 26, beacon bench cluster at 200,000
+// instances). Queued, each listing gets the store to itself long enough
+// to finish; a listing hung on a member holds one slot until its
+// deadline.
+const maxFeedLists = 16
+
+// listFeed lists prefix for a feed, at most maxFeedLists at once; its
+// deadline (the store's) starts once it has a slot.
+func (r *StoreRegistry) listFeed(ctx context.Context, prefix string) ([]store.KeyValue, int64, error) {
+	select {
+	case r.lists <- struct{}{}:
+	case <-ctx.Done():
+		return nil, 0, ctx.Err()
+	}
+	defer func() { <-r.lists }()
+	return r.st.List(ctx, prefix)
+}
+
 // run lists, watches and re-lists until the feed is stopped.
 func (f *feed) run() {
 	defer f.h.r.wg.Done()
@@ -155,7 +179,7 @@ func (f *feed) run() {
 	log := r.log.With("prefix", f.prefix)
 	bo := newBackoff(r.cfg.RetryMax)
 	for f.ctx.Err() == nil {
-		kvs, rev, err := r.st.List(f.ctx, f.prefix)
+		kvs, rev, err := r.listFeed(f.ctx, f.prefix)
 		if err != nil {
 			if f.ctx.Err() != nil {
 				return

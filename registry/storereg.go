@@ -40,6 +40,7 @@ type StoreRegistry struct {
 	closed    atomic.Bool
 	closeOnce sync.Once
 
+	lists   chan struct{} // a slot per feed listing in flight (listFeed)
 	sess    *session
 	hub     *hub
 	creates *batcher
@@ -84,6 +85,7 @@ func New(st store.Store, cfg Config) (*StoreRegistry, error) {
 		m:      m,
 		ctx:    ctx,
 		cancel: cancel,
+		lists:  make(chan struct{}, maxFeedLists),
 	}
 	if tx, ok := st.(store.Transactor); ok {
 		r.tx = tx
