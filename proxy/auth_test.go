@@ -331,19 +331,7 @@ func TestWatchCreateChecksTheRange(t *testing.T) {
 	t.Parallel()
 	srv, admin := startRootEtcd(t)
 	ctx := ctxT(t)
-	for _, step := range []func() error{
-		func() error { _, err := admin.UserAdd(ctx, "bob", "bob-pw"); return err },
-		func() error { _, err := admin.RoleAdd(ctx, "team-a"); return err },
-		func() error {
-			_, err := admin.RoleGrantPermission(ctx, "team-a", "/team-a/", clientv3.GetPrefixRangeEnd("/team-a/"), clientv3.PermissionType(clientv3.PermRead))
-			return err
-		},
-		func() error { _, err := admin.UserGrantRole(ctx, "bob", "team-a"); return err },
-	} {
-		if err := step(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addTeamA(ctx, t, admin, "bob")
 	p := startProxy(t, Config{Endpoints: srv.Endpoints()})
 	bob, err := clientv3.New(clientv3.Config{Endpoints: []string{p.Addr().String()}, Username: "bob", Password: "bob-pw",
 		DialTimeout: testTimeout, Logger: zap.NewNop()})
@@ -377,6 +365,25 @@ func TestWatchCreateChecksTheRange(t *testing.T) {
 	}
 }
 
+// addTeamA adds user (password user-pw) with role team-a, which may read
+// /team-a/.
+func addTeamA(ctx context.Context, t *testing.T, admin *clientv3.Client, user string) {
+	t.Helper()
+	for _, step := range []func() error{
+		func() error { _, err := admin.UserAdd(ctx, user, user+"-pw"); return err },
+		func() error { _, err := admin.RoleAdd(ctx, "team-a"); return err },
+		func() error {
+			_, err := admin.RoleGrantPermission(ctx, "team-a", "/team-a/", clientv3.GetPrefixRangeEnd("/team-a/"), clientv3.PermissionType(clientv3.PermRead))
+			return err
+		},
+		func() error { _, err := admin.UserGrantRole(ctx, user, "team-a"); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // startRootEtcd starts etcd with authentication on (user root, password
 // root-pw) and returns it with a client of root's.
 func startRootEtcd(t *testing.T) (*etcdtest.Server, *clientv3.Client) {
@@ -399,19 +406,9 @@ func TestWatchChecksAreSharedOnlyByTheSameCredentials(t *testing.T) {
 	t.Parallel()
 	srv, admin := startRootEtcd(t)
 	ctx := ctxT(t)
-	for _, step := range []func() error{
-		func() error { _, err := admin.UserAdd(ctx, "bob", "bob-pw"); return err },
-		func() error { _, err := admin.UserAdd(ctx, "eve", "eve-pw"); return err },
-		func() error { _, err := admin.RoleAdd(ctx, "team-a"); return err },
-		func() error {
-			_, err := admin.RoleGrantPermission(ctx, "team-a", "/team-a/", clientv3.GetPrefixRangeEnd("/team-a/"), clientv3.PermissionType(clientv3.PermRead))
-			return err
-		},
-		func() error { _, err := admin.UserGrantRole(ctx, "bob", "team-a"); return err },
-	} {
-		if err := step(); err != nil {
-			t.Fatal(err)
-		}
+	addTeamA(ctx, t, admin, "bob")
+	if _, err := admin.UserAdd(ctx, "eve", "eve-pw"); err != nil { // no role
+		t.Fatal(err)
 	}
 	p := startProxy(t, Config{Endpoints: srv.Endpoints()})
 	users := map[string]bool{"root": true, "bob": true, "eve": false} // may read /team-a/
