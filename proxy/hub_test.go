@@ -238,11 +238,43 @@ type recStream struct {
 	changed *changes // fired at each response
 	mu      sync.Mutex
 	got     map[int64][]*pb.WatchResponse
+	held    chan struct{} // while not nil, SendMsg waits for it to close (hold)
 }
 
 func (r *recStream) Context() context.Context { return r.ctx }
 
+// hold makes the stream's sender wait at its next response until
+// release, as a client that stops reading does: what comes meanwhile
+// queues, and the sender later takes it as one batch (merging).
+func (r *recStream) hold() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.held == nil {
+		r.held = make(chan struct{})
+	}
+}
+
+// release lets a held stream's sender go on.
+func (r *recStream) release() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.held != nil {
+		close(r.held)
+		r.held = nil
+	}
+}
+
 func (r *recStream) SendMsg(m any) error {
+	r.mu.Lock()
+	held := r.held
+	r.mu.Unlock()
+	if held != nil {
+		select {
+		case <-held:
+		case <-r.ctx.Done():
+			return r.ctx.Err()
+		}
+	}
 	data, err := newCodec().Marshal(m)
 	if err != nil {
 		return err
@@ -540,6 +572,13 @@ func TestHubDeliversEveryEventOnceInOrderUnderAnyInterleaving(t *testing.T) {
 				r.etcd.write(keys[rnd.IntN(3)], false)
 			}
 			for range 150 {
+				if rnd.IntN(6) == 0 { // a client stops or resumes reading
+					if rec := r.recs[rnd.IntN(len(r.recs))]; rnd.IntN(2) == 0 {
+						rec.hold()
+					} else {
+						rec.release()
+					}
+				}
 				switch op := rnd.IntN(10); {
 				case op < 2:
 					rg := hubRanges[rnd.IntN(len(hubRanges))]
@@ -560,6 +599,9 @@ func TestHubDeliversEveryEventOnceInOrderUnderAnyInterleaving(t *testing.T) {
 					}
 				}
 				r.checkGroups()
+			}
+			for _, rec := range r.recs {
+				rec.release()
 			}
 			r.settle()
 			r.check()
