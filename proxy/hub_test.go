@@ -543,6 +543,37 @@ func (r *hubRig) checkGroups() {
 	}
 }
 
+// waitMerged sends every open upstream watch progress notifications (as
+// etcd does to synced watches), each time the hub answered or at the next
+// beat, until no range of hubRanges has more than one upstream watch, or
+// hubTimeout: it returns a range that still has more, and how many. (The
+// hub merges upstreams after each response, in the goroutine that
+// received it: not yet done when step returns.)
+func (r *hubRig) waitMerged() ([2]string, int) {
+	deadline := time.Now().Add(hubTimeout)
+	beat := time.NewTicker(5 * time.Millisecond)
+	defer beat.Stop()
+	for {
+		wake := r.changed.next()
+		worst, most := [2]string{}, 0
+		for _, rg := range hubRanges {
+			if n := r.upstreams(rg[0], rg[1]); n > most {
+				worst, most = rg, n
+			}
+		}
+		if most <= 1 || time.Now().After(deadline) {
+			return worst, most
+		}
+		for _, w := range r.etcd.open() {
+			r.etcd.step(w, 1000)
+		}
+		select {
+		case <-wake:
+		case <-beat.C:
+		}
+	}
+}
+
 // upstreams counts the hub's upstream watches of a range.
 func (r *hubRig) upstreams(key, end string) int {
 	r.h.mu.Lock()
@@ -605,12 +636,9 @@ func TestHubDeliversEveryEventOnceInOrderUnderAnyInterleaving(t *testing.T) {
 			}
 			r.settle()
 			r.check()
-			// Synced, the upstreams of one range have merged into one.
-			r.settle() // the progress after the last events lets them merge
-			for _, rg := range hubRanges {
-				if n := r.upstreams(rg[0], rg[1]); n > 1 {
-					t.Errorf("range %q..%q: %d upstream watches once all are synced, want 1", rg[0], rg[1], n)
-				}
+			// Synced, the upstreams of one range merge into one.
+			if rg, n := r.waitMerged(); n > 1 {
+				t.Errorf("range %q..%q: %d upstream watches once all are synced, want 1", rg[0], rg[1], n)
 			}
 		})
 		if !ok {
@@ -907,11 +935,12 @@ func batchAt(rev int64, size int) *evBatch {
 }
 
 // TestStreamMergesAWatchersEventsUntilAControlResponse: events waiting
-// side by side for the same watchers merge into one response per watcher
-// while they fit the bound; a control response for any watcher (a
-// progress notification) ends the merge, so that nothing queued after it
-// is sent before it; a batch past the bound starts a response of its own;
-// events for other watchers end it too.
+// for the same list of watchers (one version of an upstream's list)
+// merge into one response per watcher while they fit the bound, also
+// across events queued between them for other watchers; a control
+// response for any watcher (a progress notification) ends the merge, so
+// that nothing queued after it is sent before it; a batch past the bound
+// starts a response of its own.
 func TestStreamMergesAWatchersEventsUntilAControlResponse(t *testing.T) {
 	r := newHubRig(t, 0)
 	s := r.bareStream()
@@ -922,13 +951,13 @@ func TestStreamMergesAWatchersEventsUntilAControlResponse(t *testing.T) {
 		}
 		return f
 	}
-	s.enqueueEvents(batchAt(1, 1), fan(1, 2))
-	s.enqueueEvents(batchAt(2, 1), fan(1, 2))
+	s.enqueueEvents(batchAt(1, 1), fan(1, 2), 10)
+	s.enqueueEvents(batchAt(2, 1), fan(1, 2), 10)
 	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{Revision: 2}, WatchId: 1})
-	s.enqueueEvents(batchAt(3, 1), fan(1, 2))
-	s.enqueueEvents(batchAt(4, maxMergeBytes), fan(1, 2))
-	s.enqueueEvents(batchAt(5, 1), fan(2))
-	s.enqueueEvents(batchAt(6, 1), fan(1, 2))
+	s.enqueueEvents(batchAt(3, 1), fan(1, 2), 10)
+	s.enqueueEvents(batchAt(3, 1), fan(3), 20) // another upstream's watcher
+	s.enqueueEvents(batchAt(4, 1), fan(1, 2), 10)
+	s.enqueueEvents(batchAt(5, maxMergeBytes), fan(1, 2), 10)
 	s.mu.Lock()
 	batch := s.queue
 	s.mu.Unlock()
@@ -947,11 +976,14 @@ func TestStreamMergesAWatchersEventsUntilAControlResponse(t *testing.T) {
 		}
 		return got
 	}
-	if got, want := shape(1), []string{"2 events", "progress", "1 events", "1 events", "1 events"}; !slices.Equal(got, want) {
+	if got, want := shape(1), []string{"2 events", "progress", "2 events", "1 events"}; !slices.Equal(got, want) {
 		t.Errorf("watcher 1 got %v, want %v", got, want)
 	}
-	if got, want := shape(2), []string{"2 events", "1 events", "1 events", "1 events", "1 events"}; !slices.Equal(got, want) {
+	if got, want := shape(2), []string{"2 events", "2 events", "1 events"}; !slices.Equal(got, want) {
 		t.Errorf("watcher 2 got %v, want %v", got, want)
+	}
+	if got, want := shape(3), []string{"1 events"}; !slices.Equal(got, want) {
+		t.Errorf("watcher 3 got %v, want %v", got, want)
 	}
 	if sn.events != 11 {
 		t.Errorf("sent %d events, want 11", sn.events)

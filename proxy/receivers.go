@@ -1,6 +1,9 @@
 package proxy
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // The receivers of an upstream watch, by client stream.
 //
@@ -23,19 +26,29 @@ type recvEntry struct {
 }
 
 // receivers is an upstream's receivers; guarded by upstream.mu. A
-// watcher's place in its stream's list is w.slot.
+// watcher's place in its stream's list is w.slot. Each list has a
+// version, new (from listVersions) whenever its watchers change, so that
+// two batches queued with the same version are for the same watchers in
+// the same order: never two states of a list that happen to look alike.
 type receivers struct {
 	lists map[*cstream][]recvEntry
+	vers  map[*cstream]uint64
 	n     int
 }
 
-func newReceivers() receivers { return receivers{lists: map[*cstream][]recvEntry{}} }
+// listVersions numbers the versions of every upstream's lists.
+var listVersions atomic.Uint64
+
+func newReceivers() receivers {
+	return receivers{lists: map[*cstream][]recvEntry{}, vers: map[*cstream]uint64{}}
+}
 
 // add makes w a receiver from revision next.
 func (r *receivers) add(w *cwatcher, next int64) {
 	l := r.lists[w.s]
 	w.slot = len(l)
 	r.lists[w.s] = append(l, recvEntry{nextrev: next, id: w.id, variant: w.variant, w: w})
+	r.vers[w.s] = listVersions.Add(1)
 	r.n++
 }
 
@@ -60,8 +73,10 @@ func (r *receivers) remove(w *cwatcher) bool {
 	l[last] = recvEntry{}
 	if last == 0 {
 		delete(r.lists, w.s)
+		delete(r.vers, w.s)
 	} else {
 		r.lists[w.s] = l[:last]
+		r.vers[w.s] = listVersions.Add(1)
 	}
 	r.n--
 	return true
@@ -105,7 +120,9 @@ var fanLists = sync.Pool{New: func() any { return new([]fanItem) }}
 
 // fanOut hands batch b to every receiver that still needs some of it: the
 // internal consumers one by one, each client stream its watchers' share
-// as one list. u.mu is held, so that batches reach each stream in order.
+// as one list, with the list's version when every watcher of it takes
+// part (0 when some had it all already: a share of a list merges with
+// nothing). u.mu is held, so that batches reach each stream in order.
 func (u *upstream) fanOut(b *evBatch) {
 	for s, l := range u.recv.lists {
 		if s == nil {
@@ -129,7 +146,11 @@ func (u *upstream) fanOut(b *evBatch) {
 			putFan(fan)
 			continue
 		}
-		s.enqueueEvents(b, fan)
+		var ver uint64
+		if len(fan) == len(l) {
+			ver = u.recv.vers[s]
+		}
+		s.enqueueEvents(b, fan, ver)
 	}
 }
 

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -16,6 +17,14 @@ func TestReceiversKeepEveryWatchersPlace(t *testing.T) {
 	r := newReceivers()
 	held := map[*cwatcher]int64{}
 	var gone []*cwatcher
+	versions := map[uint64]bool{}
+	newVersion := func(i int, s *cstream) { // of the list that changed
+		if v, ok := r.vers[s]; ok && (versions[v] || v == 0) {
+			t.Fatalf("step %d: the list that changed kept or reused version %d", i, v)
+		} else if ok {
+			versions[v] = true
+		}
+	}
 	for i := range 5000 {
 		if len(held) > 0 && rnd.IntN(3) == 0 {
 			for w := range held { // any one
@@ -24,6 +33,7 @@ func TestReceiversKeepEveryWatchersPlace(t *testing.T) {
 				}
 				delete(held, w)
 				gone = append(gone, w)
+				newVersion(i, w.s)
 				break
 			}
 		} else {
@@ -31,6 +41,7 @@ func TestReceiversKeepEveryWatchersPlace(t *testing.T) {
 			next := rnd.Int64N(100)
 			r.add(w, next)
 			held[w] = next
+			newVersion(i, w.s)
 		}
 		if r.n != len(held) {
 			t.Fatalf("step %d: count %d, want %d", i, r.n, len(held))
@@ -64,8 +75,9 @@ func TestReceiversKeepEveryWatchersPlace(t *testing.T) {
 
 // TestFanOutGivesEachStreamItsWatchersFromTheirRevision: a batch reaches
 // every receiver that still needs some of it, each from its own next
-// revision, one list per stream; one that has it all already gets
-// nothing; every receiver then needs the revision after the batch.
+// revision, one list per stream (with the list's version only when all of
+// it takes part); one that has it all already gets nothing; every
+// receiver then needs the revision after the batch.
 func TestFanOutGivesEachStreamItsWatchersFromTheirRevision(t *testing.T) {
 	r := newHubRig(t, 0)
 	s1, s2 := r.bareStream(), r.bareStream()
@@ -78,15 +90,17 @@ func TestFanOutGivesEachStreamItsWatchersFromTheirRevision(t *testing.T) {
 	u.mu.Lock()
 	u.fanOut(b)
 	u.mu.Unlock()
-	queued := func(s *cstream) []fanItem {
+	queued := func(s *cstream, ver uint64) []fanItem {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if len(s.queue) != 1 || s.queue[0].b != b {
-			t.Fatalf("stream queue %+v, want the batch once", s.queue)
+		if len(s.queue) != 1 || s.queue[0].b != b || s.queue[0].ver != ver {
+			t.Fatalf("stream queue %+v, want the batch once, list version %d", s.queue, ver)
 		}
 		return s.queue[0].fan
 	}
-	got1, got2 := queued(s1), queued(s2)
+	// Stream 1's whole list takes part (its version: merges with the
+	// same); stream 2's only in share (version 0: merges with nothing).
+	got1, got2 := queued(s1, u.recv.vers[s1]), queued(s2, 0)
 	want1 := []fanItem{{from: 3, id: 1}, {from: 5, id: 2, variant: 1}}
 	if len(got1) != 2 || got1[0] != want1[0] || got1[1] != want1[1] {
 		t.Errorf("stream 1 got %+v, want %+v", got1, want1)
@@ -101,26 +115,32 @@ func TestFanOutGivesEachStreamItsWatchersFromTheirRevision(t *testing.T) {
 	}
 }
 
-// TestSenderMergesOnlyTheSameWatchersInOrder: items for the same
-// watchers in another order, or other filters, are not merged (each
-// list's i-th entry must be the same watcher).
-func TestSenderMergesOnlyTheSameWatchersInOrder(t *testing.T) {
-	a := []fanItem{{id: 1}, {id: 2}}
-	for _, c := range []struct {
-		b    []fanItem
-		same bool
-	}{
-		{[]fanItem{{id: 1, from: 7}, {id: 2, from: 9}}, true},
-		{[]fanItem{{id: 2}, {id: 1}}, false},
-		{[]fanItem{{id: 1}}, false},
-		{[]fanItem{{id: 1}, {id: 2, variant: 2}}, false},
-	} {
-		if got := sameWatchers(a, c.b); got != c.same {
-			t.Errorf("sameWatchers(%v, %v) = %v, want %v", a, c.b, got, c.same)
+// TestSenderMergesOnlyTheSameListVersion: a share of a list (version 0:
+// some of its watchers had the batch already) merges with nothing, and
+// items of one version merge in order; the watcher gets every event in
+// revision order.
+func TestSenderMergesOnlyTheSameListVersion(t *testing.T) {
+	s := newHubRig(t, 0).bareStream()
+	one := func() []fanItem { return []fanItem{{id: 1, from: 1}} }
+	for i, ver := range []uint64{10, 0, 0, 11, 11} {
+		s.enqueueEvents(batchAt(int64(i+1), 1), one(), ver)
+	}
+	s.mu.Lock()
+	batch := s.queue
+	s.mu.Unlock()
+	var sn sender
+	if err := sn.send(s.ss, batch); err != nil {
+		t.Fatal(err)
+	}
+	var sizes []int
+	var revs []int64
+	for _, resp := range s.ss.(*recStream).responses(1) {
+		sizes = append(sizes, len(resp.Events))
+		for _, ev := range resp.Events {
+			revs = append(revs, ev.Kv.ModRevision)
 		}
 	}
-	batch := []qitem{{b: batchAt(1, 1), fan: a}, {b: batchAt(2, 1), fan: []fanItem{{id: 2}, {id: 1}}}}
-	if end := mergeRun(batch, 0); end != 1 {
-		t.Errorf("merge run of two lists in other orders ends at %d, want 1", end)
+	if !slices.Equal(sizes, []int{1, 1, 1, 2}) || !slices.Equal(revs, []int64{1, 2, 3, 4, 5}) {
+		t.Fatalf("responses of %v events, revisions %v; want [1 1 1 2], [1 2 3 4 5]", sizes, revs)
 	}
 }

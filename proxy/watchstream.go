@@ -38,11 +38,13 @@ const (
 
 // qitem is what waits for a client stream: a control response (created,
 // canceled, progress), or an upstream response's events for some of the
-// stream's watchers, each from its own revision (fanOut's list).
+// stream's watchers, each from its own revision (fanOut's list), with the
+// version of the upstream's list they are (0: a share of one).
 type qitem struct {
 	resp *pb.WatchResponse
 	b    *evBatch
 	fan  []fanItem
+	ver  uint64
 }
 
 // cstream is one client Watch stream: its watchers, and the responses
@@ -170,15 +172,15 @@ func (s *cstream) behindLocked() bool {
 }
 
 // enqueueEvents queues batch b's events for the watchers of fan (from
-// fanOut, which the stream now owns). One lock and one wake for all of
-// them: the sender then finds the whole batch at once rather than racing
-// the dispatcher for it watcher by watcher.
-func (s *cstream) enqueueEvents(b *evBatch, fan []fanItem) {
+// fanOut, which the stream now owns; ver its list's version). One lock
+// and one wake for all of them: the sender then finds the whole batch at
+// once rather than racing the dispatcher for it watcher by watcher.
+func (s *cstream) enqueueEvents(b *evBatch, fan []fanItem, ver uint64) {
 	if !s.lockToQueue() {
 		putFan(fan)
 		return
 	}
-	s.queue = append(s.queue, qitem{b: b, fan: fan})
+	s.queue = append(s.queue, qitem{b: b, fan: fan, ver: ver})
 	s.qbytes += b.size * len(fan)
 	s.mu.Unlock()
 	s.wake()
@@ -258,16 +260,25 @@ func (s *cstream) sendLoop() error {
 type sender struct {
 	sp     spliced // filled for each response, marshaled by SendMsg
 	segs   []seg
-	events int // events sent by the last send
+	runs   []run          // sendRuns' groups
+	open   map[uint64]int // sendRuns: list version -> its group still open
+	events int            // events sent by the last send
 }
 
-// send writes batch in order. Events for the same watchers that waited
-// side by side (nothing between them) are merged, per watcher, into one
-// response of at most maxMergeSegs upstream responses and about
-// maxMergeBytes, as etcd's own watch server does: a stream that lags gets
-// fewer, larger messages instead of falling further behind. Nothing is
-// merged across a control response, so that none is overtaken. Every
-// list of watchers is given back (putFan), sent or not.
+// run is events queued for the same watchers, sent as one response each.
+type run struct {
+	items []qitem
+	size  int // encoded bytes of one watcher's share, at most
+}
+
+// send writes batch in order. Between two control responses, the events
+// queued for the same version of an upstream's list of watchers are
+// merged, per watcher, into one response of at most maxMergeSegs upstream
+// responses and about maxMergeBytes, as etcd's own watch server does: a
+// stream that lags gets fewer, larger messages instead of falling further
+// behind, whatever else its other watchers' upstreams queued between.
+// Nothing is merged across a control response, so that none is
+// overtaken. Every list of watchers is given back (putFan), sent or not.
 func (sn *sender) send(ss grpc.ServerStream, batch []qitem) error {
 	sn.events = 0
 	var err error
@@ -279,9 +290,12 @@ func (sn *sender) send(ss grpc.ServerStream, batch []qitem) error {
 			i++
 			continue
 		}
-		j := mergeRun(batch, i)
+		j := i + 1
+		for j < len(batch) && batch[j].resp == nil {
+			j++
+		}
 		if err == nil {
-			err = sn.sendRun(ss, batch[i:j])
+			err = sn.sendRuns(ss, batch[i:j])
 		}
 		for k := i; k < j; k++ {
 			putFan(batch[k].fan)
@@ -291,33 +305,41 @@ func (sn *sender) send(ss grpc.ServerStream, batch []qitem) error {
 	return err
 }
 
-// mergeRun is the end of the run of event items from batch[i] that merge
-// into one response per watcher: each for the same watchers, in the same
-// order, within the bounds of one merged response.
-func mergeRun(batch []qitem, i int) int {
-	first, size := batch[i].fan, batch[i].b.size
-	j := i + 1
-	for ; j < len(batch) && j-i < maxMergeSegs; j++ {
-		it := batch[j]
-		if it.resp != nil || size+it.b.size > maxMergeBytes || !sameWatchers(first, it.fan) {
-			break
+// sendRuns groups items (events, no control response) by list version
+// into runs within the bounds of one merged response, and sends the runs
+// in the order they began. A watcher still gets its events in order: it
+// is on one upstream's list at a time (the one it moved from is closed),
+// a list's version changes with every change of its watchers and is never
+// used again, and a share of a list (version 0) comes only after the list
+// changed (a watcher joined or moved in ahead of the upstream) and before
+// its new version's first whole batch: so a watcher's items of one
+// version all come before its items of any later group.
+func (sn *sender) sendRuns(ss grpc.ServerStream, items []qitem) error {
+	if sn.open == nil {
+		sn.open = map[uint64]int{}
+	}
+	defer func() {
+		clear(sn.open)
+		clear(sn.runs)
+		sn.runs = sn.runs[:0]
+	}()
+	for _, it := range items {
+		if g, ok := sn.open[it.ver]; ok && it.ver != 0 {
+			if r := &sn.runs[g]; len(r.items) < maxMergeSegs && r.size+it.b.size <= maxMergeBytes {
+				r.items = append(r.items, it)
+				r.size += it.b.size
+				continue
+			}
 		}
-		size += it.b.size
+		sn.open[it.ver] = len(sn.runs)
+		sn.runs = append(sn.runs, run{items: []qitem{it}, size: it.b.size})
 	}
-	return j
-}
-
-// sameWatchers reports whether a and b list the same watchers in order.
-func sameWatchers(a, b []fanItem) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k := range a {
-		if a[k].id != b[k].id || a[k].variant != b[k].variant {
-			return false
+	for _, r := range sn.runs {
+		if err := sn.sendRun(ss, r.items); err != nil {
+			return err
 		}
 	}
-	return true
+	return nil
 }
 
 // sendRun sends each watcher of run (items for the same watchers) one
