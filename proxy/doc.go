@@ -65,8 +65,9 @@
 //	cstream queue: qitems (a control response, or a batch for a list of
 //	  the stream's watchers; bounded: past maxQueued/maxQueuedBytes the
 //	  stream ends ResourceExhausted)
-//	     │ sender: items side by side for the same watchers merged per
-//	     │ watcher; splice(header, watch ID, encoded events) into one buffer
+//	     │ sender: between control responses, items of the same list
+//	     │ version merged per watcher; splice(header, watch ID, encoded
+//	     │ events) into one buffer
 //	     ▼
 //	client Watch stream
 //
