@@ -934,6 +934,21 @@ func batchAt(rev int64, size int) *evBatch {
 	return newBatch(&pb.ResponseHeader{Revision: rev}, []*mvccpb.Event{ev})
 }
 
+// sendQueued takes what waits for bare stream s and sends it, as its
+// sender would (none runs on a bare stream).
+func sendQueued(t *testing.T, s *cstream) *sender {
+	t.Helper()
+	s.mu.Lock()
+	batch := s.queue
+	s.queue = nil
+	s.mu.Unlock()
+	var sn sender
+	if err := sn.send(s.ss, batch); err != nil {
+		t.Fatal(err)
+	}
+	return &sn
+}
+
 // TestStreamMergesAWatchersEventsUntilAControlResponse: events waiting
 // for the same list of watchers (one version of an upstream's list)
 // merge into one response per watcher while they fit the bound, also
@@ -958,13 +973,7 @@ func TestStreamMergesAWatchersEventsUntilAControlResponse(t *testing.T) {
 	s.enqueueEvents(batchAt(3, 1), fan(3), 20) // another upstream's watcher
 	s.enqueueEvents(batchAt(4, 1), fan(1, 2), 10)
 	s.enqueueEvents(batchAt(5, maxMergeBytes), fan(1, 2), 10)
-	s.mu.Lock()
-	batch := s.queue
-	s.mu.Unlock()
-	var sn sender
-	if err := sn.send(s.ss, batch); err != nil {
-		t.Fatal(err)
-	}
+	sn := sendQueued(t, s)
 	shape := func(id int64) []string {
 		var got []string
 		for _, resp := range s.ss.(*recStream).responses(id) {

@@ -125,13 +125,7 @@ func TestSenderMergesOnlyTheSameListVersion(t *testing.T) {
 	for i, ver := range []uint64{10, 0, 0, 11, 11} {
 		s.enqueueEvents(batchAt(int64(i+1), 1), one(), ver)
 	}
-	s.mu.Lock()
-	batch := s.queue
-	s.mu.Unlock()
-	var sn sender
-	if err := sn.send(s.ss, batch); err != nil {
-		t.Fatal(err)
-	}
+	sendQueued(t, s)
 	var sizes []int
 	var revs []int64
 	for _, resp := range s.ss.(*recStream).responses(1) {
