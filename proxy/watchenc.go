@@ -131,7 +131,8 @@ func (b *evBatch) header() []byte {
 // the buffer is new each time, from gRPC's pool when it is large enough
 // to be pooled (a merged response).
 type spliced struct {
-	data mem.BufferSlice
+	data  mem.BufferSlice
+	parts [][]byte // splice's scratch: each segment's encoded events
 }
 
 // flatMsg is a response too small for gRPC's pool and the slice gRPC
@@ -161,11 +162,15 @@ type seg struct {
 func splice(sp *spliced, id int64, variant int, segs []seg) int {
 	size, n := 0, 0
 	var last *evBatch
+	sp.parts = sp.parts[:0]
+	defer clear(sp.parts) // hold no batch past the response
 	for _, s := range segs {
 		last = s.b
-		p, k := s.b.encoded(variant).from(s.from)
-		size += len(p)
-		n += k
+		if p, k := s.b.encoded(variant).from(s.from); k > 0 {
+			sp.parts = append(sp.parts, p)
+			size += len(p)
+			n += k
+		}
 	}
 	if n == 0 {
 		return 0
@@ -187,8 +192,7 @@ func splice(sp *spliced, id int64, variant int, segs []seg) int {
 		buf = protowire.AppendTag(buf, fieldWatchID, protowire.VarintType)
 		buf = protowire.AppendVarint(buf, uint64(id))
 	}
-	for _, s := range segs {
-		p, _ := s.b.encoded(variant).from(s.from)
+	for _, p := range sp.parts {
 		buf = append(buf, p...)
 	}
 	if pooled {
