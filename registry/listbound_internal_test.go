@@ -65,13 +65,21 @@ func TestFeedListingsAreBounded(t *testing.T) {
 			snapshots <- err
 		})
 	}
-	for done := 0; done < feeds; done++ {
-		select { // a listing is in flight: let it finish
+	began := func(done int) {
+		select {
 		case <-g.entered:
 		case <-ctx.Done():
 			t.Fatalf("%d of %d listings done, no other began", done, feeds)
 		}
+	}
+	for range maxFeedLists { // as many in flight as the bound lets: none finished yet
+		began(0)
+	}
+	for done := range feeds { // then one finishes, and another begins
 		g.turn <- struct{}{}
+		if done+maxFeedLists < feeds {
+			began(done + 1)
+		}
 	}
 	wg.Wait()
 	close(snapshots)
