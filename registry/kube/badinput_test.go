@@ -47,7 +47,7 @@ func TestCRDNotInstalled(t *testing.T) {
 	if _, err := crds.Create(ctx, other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitCRD(t, cp, func(c *apiextensionsv1.CustomResourceDefinition) bool { return established(c) })
+	waitCRD(t, cp, kubetest.Established)
 	_, err = kube.Open(ctx, kube.Config{REST: cp.Admin()})
 	if !errors.Is(err, kube.ErrCRDMismatch) || !strings.Contains(err.Error(), "v1beta1") ||
 		!strings.Contains(err.Error(), "kubectl apply -f deploy/kubernetes/crd.yaml") {
@@ -66,7 +66,7 @@ func TestCRDNotInstalled(t *testing.T) {
 	if _, err := crds.Create(ctx, old, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitCRD(t, cp, func(c *apiextensionsv1.CustomResourceDefinition) bool { return established(c) })
+	waitCRD(t, cp, kubetest.Established)
 	ns := cp.Namespace(t)
 	pod := cp.SetReady(t, cp.Pod(t, ns, "w"), true)
 	r := cp.Registry(t, ns, pod, nil)
@@ -105,46 +105,13 @@ func waitCRD(t *testing.T, cp *kubetest.ControlPlane, ok func(*apiextensionsv1.C
 	waitCRDNamed(t, cp, kube.CRDName, ok)
 }
 
-// waitCRDNamed waits until the CRD name (nil once deleted) satisfies ok.
+// waitCRDNamed waits until the CRD name (nil once deleted) satisfies ok,
+// and the API server's discovery agrees (kubetest.WaitCRD).
 func waitCRDNamed(t *testing.T, cp *kubetest.ControlPlane, name string, ok func(*apiextensionsv1.CustomResourceDefinition) bool) {
 	t.Helper()
-	ctx := kubetest.Ctx(t)
-	crds := cp.Extension.CustomResourceDefinitions()
-	for {
-		list, err := crds.List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var cur *apiextensionsv1.CustomResourceDefinition
-		if len(list.Items) > 0 {
-			cur = &list.Items[0]
-		}
-		if ok(cur) {
-			return
-		}
-		w, err := crds.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: list.ResourceVersion})
-		if err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-w.ResultChan():
-		case <-ctx.Done():
-			t.Fatalf("waiting for the CRD: %v", ctx.Err())
-		}
-		w.Stop()
+	if err := cp.WaitCRD(kubetest.Ctx(t), name, ok); err != nil {
+		t.Fatal(err)
 	}
-}
-
-func established(c *apiextensionsv1.CustomResourceDefinition) bool {
-	if c == nil {
-		return false
-	}
-	for _, cond := range c.Status.Conditions {
-		if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-			return true
-		}
-	}
-	return false
 }
 
 // An API server that refuses connections, and one that accepts them and

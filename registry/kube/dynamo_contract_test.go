@@ -351,7 +351,7 @@ func TestDynamoNotInstalled(t *testing.T) {
 	if _, err := cp.Extension.CustomResourceDefinitions().Create(ctx, other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitCRDNamed(t, cp, other.Name, established)
+	waitCRDNamed(t, cp, other.Name, kubetest.Established)
 	_, err = kube.OpenDynamo(ctx, kube.Config{REST: cp.Admin()})
 	if !errors.Is(err, kube.ErrDynamoMismatch) || !strings.Contains(err.Error(), "serves nvidia.com in version v1,") {
 		t.Fatalf("OpenDynamo with nvidia.com/v1 only: %v", err)

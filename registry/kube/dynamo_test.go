@@ -55,7 +55,7 @@ func installDynamoCRD(t *testing.T, cp *kubetest.ControlPlane) {
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("create Dynamo's CRD: %v", err)
 	}
-	waitCRDNamed(t, cp, dynamoCRDName, established)
+	waitCRDNamed(t, cp, dynamoCRDName, kubetest.Established)
 }
 
 // dynamoEnv is a namespace of the shared control plane with Dynamo's CRD,

@@ -37,6 +37,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -222,20 +223,91 @@ func (cp *ControlPlane) InstallCRDFile(ctx context.Context, path string) error {
 	return cp.waitEstablished(ctx, crd.Name)
 }
 
-// waitEstablished waits until the CRD name is established.
+// waitEstablished waits until the CRD name is established and served.
 func (cp *ControlPlane) waitEstablished(ctx context.Context, name string) error {
-	return wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	return cp.WaitCRD(ctx, name, Established)
+}
+
+// Established reports whether crd (nil: deleted) is established.
+func Established(crd *apiextensionsv1.CustomResourceDefinition) bool {
+	if crd == nil {
+		return false
+	}
+	for _, c := range crd.Status.Conditions {
+		if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// WaitCRD waits until the CRD name (nil once deleted) satisfies ok and the
+// API server's discovery agrees with it: an established CRD's resource is
+// listed in every version it serves, a deleted one's in none. The
+// Established condition alone is not enough: discovery follows a CRD
+// asynchronously, and a client that reads it in between (kube.Open does)
+// finds the resource missing, or another version served.
+func (cp *ControlPlane) WaitCRD(ctx context.Context, name string, ok func(*apiextensionsv1.CustomResourceDefinition) bool) error {
+	rc := discovery.NewDiscoveryClientForConfigOrDie(cp.admin).RESTClient()
+	err := wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		crd, err := cp.Extension.CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
+		switch {
+		case apierrors.IsNotFound(err):
+			crd = nil
+		case err != nil:
 			return false, nil
 		}
-		for _, c := range crd.Status.Conditions {
-			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
+		if !ok(crd) {
+			return false, nil
+		}
+		return discoveryAgrees(ctx, rc, name, crd), nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the CRD %s and the API server's discovery of it: %w", name, err)
+	}
+	return nil
+}
+
+// discoveryAgrees reports whether discovery, as kube.Open reads it (the
+// group's and each version's document), lists the resource of the CRD name
+// in exactly the versions crd serves: none if crd is nil or not established.
+func discoveryAgrees(ctx context.Context, rc rest.Interface, name string, crd *apiextensionsv1.CustomResourceDefinition) bool {
+	plural, group, _ := strings.Cut(name, ".")
+	want := map[string]bool{}
+	if Established(crd) {
+		for _, v := range crd.Spec.Versions {
+			want[v.Name] = v.Served
+		}
+	}
+	var g metav1.APIGroup
+	err := rc.Get().AbsPath("/apis", group).Do(ctx).Into(&g)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return false
+	}
+	listed := map[string]bool{}
+	for _, v := range g.Versions {
+		var res metav1.APIResourceList
+		err := rc.Get().AbsPath("/apis", group, v.Version).Do(ctx).Into(&res)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return false
+		}
+		for _, r := range res.APIResources {
+			if r.Name == plural {
+				listed[v.Version] = true
 			}
 		}
-		return false, nil
-	})
+	}
+	for v, served := range want {
+		if served && !listed[v] {
+			return false
+		}
+	}
+	for v := range listed {
+		if !want[v] {
+			return false
+		}
+	}
+	return true
 }
 
 // Stop stops everything and removes the temporary files. It is
