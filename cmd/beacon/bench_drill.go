@@ -179,9 +179,11 @@ func (rep drillReport) WriteJSON(w io.Writer) error {
 	}
 	type leaseRow struct {
 		drill.LeaseResult
-		TTLSeconds float64 `json:"ttl_seconds"`
-		MaxGapMs   float64 `json:"max_gap_ms"`
-		Met        bool    `json:"met"`
+		TTLSeconds  float64 `json:"ttl_seconds"`
+		MaxGapMs    float64 `json:"max_gap_ms"`
+		LeaderGapMs float64 `json:"leader_gap_ms"`
+		Met         bool    `json:"met"`
+		Void        string  `json:"void,omitempty"`
 	}
 	out := struct {
 		Scenario string               `json:"scenario"`
@@ -193,7 +195,8 @@ func (rep drillReport) WriteJSON(w io.Writer) error {
 		out.Drills = append(out.Drills, row{Result: r, ConvergeP50Ms: ms(r.P50()), ConvergeMaxMs: ms(r.Max()), Met: r.Met()})
 	}
 	for _, r := range rep.Lease {
-		out.Lease = append(out.Lease, leaseRow{LeaseResult: r, TTLSeconds: r.TTL.Seconds(), MaxGapMs: ms(r.MaxGap), Met: r.Met()})
+		out.Lease = append(out.Lease, leaseRow{LeaseResult: r, TTLSeconds: r.TTL.Seconds(), MaxGapMs: ms(r.MaxGap),
+			LeaderGapMs: ms(r.LeaderGap), Met: r.Met(), Void: r.Void()})
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -188,10 +188,14 @@ func (t *sessionTracker) observe(e sessionEvent, st *pathStats) {
 			t.held = e.lease
 		}
 	case "lost":
-		if t.lost == nil {
-			st.open++
-			t.lostUnconf = t.unconf
+		if t.lost != nil {
+			// A report on the recovery's new lease (unconfirmed, or
+			// confirmed again: same state, no error): the loss is what
+			// the first event said.
+			return
 		}
+		st.open++
+		t.lostUnconf = t.unconf
 		if t.unconf {
 			t.unconf = false
 			st.open--
