@@ -7,6 +7,7 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -36,7 +37,7 @@ func randomBatch(rnd *rand.Rand, rev int64, n int) []*mvccpb.Event {
 // TestSpliceDecodesToEtcdsResponse: for random batches, filters, watch
 // IDs and start revisions within the segments, the spliced response is
 // the newest batch's header, the watch ID and every event the watcher
-// needs, in order.
+// needs, in order, also in a buffer an earlier response used.
 func TestSpliceDecodesToEtcdsResponse(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(23, 4))
 	for i := range 2000 {
@@ -85,6 +86,7 @@ func TestSpliceDecodesToEtcdsResponse(t *testing.T) {
 		if !proto.Equal(&got, &want) {
 			t.Fatalf("case %d: spliced\n%v\nwant\n%v", i, &got, &want)
 		}
+		data.Free() // as gRPC does once written: the next cases splice into reused, uncleared buffers
 	}
 }
 
@@ -101,5 +103,29 @@ func TestBatchSizeCoversItsEncoding(t *testing.T) {
 		if b.last != evs[len(evs)-1].Kv.ModRevision {
 			t.Fatalf("batch last %d, want %d", b.last, evs[len(evs)-1].Kv.ModRevision)
 		}
+	}
+}
+
+// TestResponseBufsAreReturnedToTheirPool: a spliced response's buffer has
+// the length asked for and a capacity gRPC pools (above mem's threshold),
+// so that gRPC's Free gives it back rather than dropping it; the small
+// ones all have one capacity, the pool's.
+func TestResponseBufsAreReturnedToTheirPool(t *testing.T) {
+	for _, n := range []int{0, 1, 300, 1024, smallResponseBuf, smallResponseBuf + 1, 5000, 40000} {
+		p := spliceBufs.Get(n)
+		if len(*p) != n || cap(*p) < n {
+			t.Fatalf("Get(%d): len %d cap %d", n, len(*p), cap(*p))
+		}
+		if n <= smallResponseBuf && cap(*p) != smallResponseBuf {
+			t.Fatalf("Get(%d): cap %d, want the small buffers' %d", n, cap(*p), smallResponseBuf)
+		}
+		if mem.IsBelowBufferPoolingThreshold(cap(*p)) {
+			t.Fatalf("Get(%d): cap %d is below gRPC's pooling threshold: Free would drop the buffer", n, cap(*p))
+		}
+		b := mem.NewBuffer(p, spliceBufs)
+		if _, ok := b.(mem.SliceBuffer); ok {
+			t.Fatalf("Get(%d): gRPC does not pool the buffer", n)
+		}
+		b.Free()
 	}
 }
