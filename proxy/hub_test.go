@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/gate"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -238,42 +239,18 @@ type recStream struct {
 	changed *changes // fired at each response
 	mu      sync.Mutex
 	got     map[int64][]*pb.WatchResponse
-	held    chan struct{} // while not nil, SendMsg waits for it to close (hold)
+	// held makes the stream's sender wait at its next response until
+	// released, as a client that stops reading does: what comes
+	// meanwhile queues, and the sender later takes it as one batch
+	// (merging).
+	held gate.Gate
 }
 
 func (r *recStream) Context() context.Context { return r.ctx }
 
-// hold makes the stream's sender wait at its next response until
-// release, as a client that stops reading does: what comes meanwhile
-// queues, and the sender later takes it as one batch (merging).
-func (r *recStream) hold() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.held == nil {
-		r.held = make(chan struct{})
-	}
-}
-
-// release lets a held stream's sender go on.
-func (r *recStream) release() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.held != nil {
-		close(r.held)
-		r.held = nil
-	}
-}
-
 func (r *recStream) SendMsg(m any) error {
-	r.mu.Lock()
-	held := r.held
-	r.mu.Unlock()
-	if held != nil {
-		select {
-		case <-held:
-		case <-r.ctx.Done():
-			return r.ctx.Err()
-		}
+	if err := r.held.Wait(r.ctx); err != nil {
+		return err
 	}
 	data, err := newCodec().Marshal(m)
 	if err != nil {
@@ -605,9 +582,9 @@ func TestHubDeliversEveryEventOnceInOrderUnderAnyInterleaving(t *testing.T) {
 			for range 150 {
 				if rnd.IntN(6) == 0 { // a client stops or resumes reading
 					if rec := r.recs[rnd.IntN(len(r.recs))]; rnd.IntN(2) == 0 {
-						rec.hold()
+						rec.held.Hold()
 					} else {
-						rec.release()
+						rec.held.Release()
 					}
 				}
 				switch op := rnd.IntN(10); {
@@ -632,7 +609,7 @@ func TestHubDeliversEveryEventOnceInOrderUnderAnyInterleaving(t *testing.T) {
 				r.checkGroups()
 			}
 			for _, rec := range r.recs {
-				rec.release()
+				rec.held.Release()
 			}
 			r.settle()
 			r.check()

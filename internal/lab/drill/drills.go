@@ -713,7 +713,7 @@ func (r *runner) slowTrial(ctx context.Context, e *env, n int, res *Result) erro
 	defer slow.close()
 	v := ts.v
 	defer v.kill()
-	slow.hold()
+	slow.held.Hold()
 	t0 := time.Now()
 	v.kill()
 	const rounds = 50
@@ -753,7 +753,7 @@ func (r *runner) slowTrial(ctx context.Context, e *env, n int, res *Result) erro
 	slow.mu.Unlock()
 	released := time.Now()
 	slow.expect(want)
-	slow.release()
+	slow.held.Release()
 	if err := slow.waitFor(wctx, "the final state", func(w *watcher) bool { return !w.converged.IsZero() }); err != nil {
 		return fmt.Errorf("%w: %w", errNoConvergence, err)
 	}

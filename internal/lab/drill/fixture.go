@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/gate"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
@@ -222,7 +223,7 @@ type watcher struct {
 	reg  *registry.StoreRegistry
 	w    registry.Watcher
 	done chan struct{}
-	gate chan struct{} // when not nil, Next waits until it is closed
+	held gate.Gate // a slow consumer: while held, the watcher sits on the batch it took
 
 	mu        sync.Mutex
 	view      map[string]beacon.Instance
@@ -265,13 +266,7 @@ func (w *watcher) run() {
 	defer close(w.done)
 	for {
 		b, err := w.w.Next(context.Background())
-		// A held watcher (a slow consumer) sits on the batch it took.
-		w.mu.Lock()
-		gate := w.gate
-		w.mu.Unlock()
-		if gate != nil {
-			<-gate
-		}
+		_ = w.held.Wait(context.Background()) // released by close at the latest
 		now := time.Now()
 		w.mu.Lock()
 		if err != nil {
@@ -376,26 +371,8 @@ func (w *watcher) expect(want map[string]string) {
 	w.changed = make(chan struct{})
 }
 
-// hold stops the watcher from reading (a slow consumer) until release.
-func (w *watcher) hold() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.gate == nil {
-		w.gate = make(chan struct{})
-	}
-}
-
-func (w *watcher) release() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.gate != nil {
-		close(w.gate)
-		w.gate = nil
-	}
-}
-
 func (w *watcher) close() {
-	w.release()
+	w.held.Release()
 	_ = w.w.Close()
 	<-w.done
 	_ = w.reg.Close()

@@ -536,8 +536,8 @@ const aftermath = 8 * time.Second
 // fault injects f, holds it, heals it, watches its aftermath (a resumed
 // member may act on what it missed: the longest TTL, at least aftermath)
 // and waits until every keeper renewed again. On the leader (elect), it
-// returns how long the other members took to elect a new one (electionTimeout
-// when none was elected while the fault lasted: hold).
+// returns how long the other members took to elect a new one (hold when
+// they elected none while the fault lasted).
 func (e *leaseEnv) fault(ctx context.Context, f leaseFault, hold time.Duration, elect bool) (time.Duration, error) {
 	if err := f.inject(); err != nil {
 		return 0, err

@@ -5,12 +5,14 @@
 package cctest
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/gate"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/serviceconfig"
 )
@@ -37,7 +39,7 @@ type ClientConn struct {
 	mu     sync.Mutex
 	events []Event
 	wake   chan struct{}
-	gate   chan struct{} // nil: open
+	gate   gate.Gate
 }
 
 var _ resolver.ClientConn = (*ClientConn)(nil)
@@ -46,12 +48,7 @@ var _ resolver.ClientConn = (*ClientConn)(nil)
 func New() *ClientConn { return &ClientConn{wake: make(chan struct{})} }
 
 func (c *ClientConn) add(e Event) {
-	c.mu.Lock()
-	gate := c.gate
-	c.mu.Unlock()
-	if gate != nil {
-		<-gate
-	}
+	_ = c.gate.Wait(context.Background()) // until Release
 	c.mu.Lock()
 	c.events = append(c.events, e)
 	close(c.wake)
@@ -60,23 +57,10 @@ func (c *ClientConn) add(e Event) {
 }
 
 // Hold makes the resolver's next calls block until Release.
-func (c *ClientConn) Hold() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.gate == nil {
-		c.gate = make(chan struct{})
-	}
-}
+func (c *ClientConn) Hold() { c.gate.Hold() }
 
 // Release lets blocked calls through.
-func (c *ClientConn) Release() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.gate != nil {
-		close(c.gate)
-		c.gate = nil
-	}
-}
+func (c *ClientConn) Release() { c.gate.Release() }
 
 // UpdateState implements resolver.ClientConn.
 func (c *ClientConn) UpdateState(s resolver.State) error {
