@@ -96,8 +96,12 @@ func (f *feed) firstLocked(c *cursor) step {
 // the versions differ only in what c does not see (nor owes a Resync).
 func (f *feed) changesLocked(c *cursor, old *view.Version) step {
 	cur := f.cur
+	// A Stale batch's Resync waits for the mark's end: changes applied
+	// while the feed is still stale (its view may still miss others) are
+	// delivered as Changes.
+	backFromStale := c.needResync && f.conn.stale == nil
 	entries, ok := f.view.Since(old.Seq)
-	if !ok || len(entries) > 0 || c.needResync || cur.Relists != old.Relists {
+	if !ok || len(entries) > 0 || backFromStale || cur.Relists != old.Relists {
 		f.view.Given(cur.Rev) // a batch is (most likely) on its way
 	}
 	f.mu.RUnlock()
@@ -109,13 +113,15 @@ func (f *feed) changesLocked(c *cursor, old *view.Version) step {
 	}
 	c.v.Store(cur)
 	kind := Changes
-	if cur.Relists != old.Relists || c.needResync {
+	if cur.Relists != old.Relists || backFromStale {
 		kind = Resync
 	}
-	if len(events) == 0 && !c.needResync {
+	if len(events) == 0 && !backFromStale {
 		return step{}
 	}
-	c.needResync = false
+	if backFromStale {
+		c.needResync = false
+	}
 	return step{batch: Batch{Kind: kind, Events: events, Revision: cur.Rev}, ok: true}
 }
 

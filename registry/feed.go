@@ -90,15 +90,30 @@ type conn struct {
 	outage   bool               // stale because the store was unreachable (not just a silent stream)
 	unfollow context.CancelFunc // ends the current store watch
 	forced   bool               // unfollow was called by relist
+	heard    uint64             // watch responses received: the probe's evidence that the watch is live
+	// onlyOutage says the stale mark has no cause but an unreachable
+	// store (setOutage, never setStale since): the store watch's next
+	// response may end it (resumedLocked).
+	onlyOutage bool
 }
 
 // setStale marks the view out of date with err (a new disconnection
-// unless it already was).
+// unless it already was): only a listing ends the mark.
 func (c *conn) setStale(err error) {
 	if c.stale == nil {
 		c.staleGen++
 	}
 	c.stale = err
+	c.onlyOutage = false
+}
+
+// setOutage marks the view out of date because the store is unreachable:
+// a listing ends the mark, or, if nothing else marked it since,
+// the store watch's next response.
+func (c *conn) setOutage(err error) {
+	only := c.stale == nil || c.onlyOutage
+	c.setStale(err)
+	c.outage, c.onlyOutage = true, only
 }
 
 // refused reports whether the store refuses the prefix to the registry's
@@ -108,14 +123,16 @@ func (c *conn) refused() bool {
 	return c.stale != nil && (errors.Is(c.stale, store.ErrPermissionDenied) || errors.Is(c.stale, store.ErrUnauthenticated))
 }
 
-// relist makes a stale feed drop its store watch and list again.
-func (f *feed) relist() {
+// relist makes a stale feed drop its store watch and list again; it
+// reports whether the feed was stale.
+func (f *feed) relist() bool {
 	f.mu.Lock()
 	defer f.unlock()
 	if f.conn.stale != nil && f.conn.unfollow != nil {
 		f.conn.forced = true
 		f.conn.unfollow()
 	}
+	return f.conn.stale != nil
 }
 
 // fail ends the feed for good (the registry or the store closed).
@@ -134,16 +151,42 @@ func (f *feed) refused() bool {
 }
 
 // setOutage turns the feed stale because the store is unreachable.
-func (f *feed) setOutage(err error) { f.markStale(err, true) }
+func (f *feed) setOutage(err error) {
+	f.mu.Lock()
+	defer f.unlock()
+	f.conn.setOutage(err)
+	f.wake.Notify()
+}
+
+// heard returns how many responses the feed's store watches delivered.
+func (f *feed) heard() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.conn.heard
+}
+
+// setOutageUnlessHeard turns the feed stale because the store did not
+// answer the hub's probe, unless its store watch delivered since heard
+// (the feed's heard() before the probe): a watch that delivers while the
+// store is too busy to answer a read in time (a cluster past its
+// capacity), or while the probe's read went to a hung member, is live and
+// its view complete. It reports whether the feed was marked.
+func (f *feed) setOutageUnlessHeard(heard uint64, err error) bool {
+	f.mu.Lock()
+	defer f.unlock()
+	if f.conn.heard != heard {
+		return false
+	}
+	f.conn.setOutage(err)
+	f.wake.Notify()
+	return true
+}
 
 // setStale turns the feed stale: its view may have missed changes.
-func (f *feed) setStale(err error) { f.markStale(err, false) }
-
-func (f *feed) markStale(err error, outage bool) {
+func (f *feed) setStale(err error) {
 	f.mu.Lock()
 	defer f.unlock()
 	f.conn.setStale(err)
-	f.conn.outage = f.conn.outage || outage
 	f.wake.Notify()
 }
 
@@ -339,9 +382,6 @@ func (f *feed) relistLocked(l listing, rev int64, now time.Time) {
 
 // applyEvents applies one watch response.
 func (f *feed) applyEvents(evs []store.Event) {
-	if len(evs) == 0 {
-		return
-	}
 	read := make([]entry, len(evs))
 	for i, e := range evs {
 		read[i] = f.h.r.readKV(e.KV, e.Type == store.EventPut)
@@ -349,6 +389,8 @@ func (f *feed) applyEvents(evs []store.Event) {
 	f.mu.Lock()
 	defer f.unlock()
 	now := time.Now()
+	f.conn.heard++
+	f.resumedLocked(now)
 	last := f.view.Rev()
 	for i, e := range evs {
 		rev := e.Revision()
@@ -364,6 +406,22 @@ func (f *feed) applyEvents(evs []store.Event) {
 	f.settleLocked(last, false)
 	f.view.SetRev(last)
 	f.view.Trim()
+	f.wake.Notify()
+}
+
+// resumedLocked ends a stale mark that only an unreachable store set, now
+// that the store watch delivers again. Every store watch starts at the
+// revision after the feed's last listing and resumes without a gap after
+// an outage (store.Watcher's contract), so a watch that delivers is live
+// and the view missed nothing: no re-listing is needed. The watchers get
+// a Resync (their Stale batch's end), and removals that follow are judged
+// as after an outage (holds.cameBack).
+func (f *feed) resumedLocked(now time.Time) {
+	if f.conn.stale == nil || !f.conn.onlyOutage {
+		return
+	}
+	f.conn.stale, f.conn.outage, f.conn.onlyOutage = nil, false, false
+	f.holds.cameBack(now)
 	f.wake.Notify()
 }
 

@@ -15,7 +15,7 @@ import (
 
 // feedRig drives one feed by hand: no goroutine lists or watches the
 // store, the test hands the feed listings and events (applyListing,
-// applyEvents, markStale) and reads each cursor's next step, so every
+// applyEvents, setStale, setOutage) and reads each cursor's next step, so every
 // rule of the feed and the cursor is checked without timing. The oracle
 // is explicit expected kinds, revisions and addresses.
 type feedRig struct {
@@ -194,6 +194,61 @@ func TestFeedStaleOncePerDisconnection(t *testing.T) {
 	}
 }
 
+// An outage mark ends when the feed's store watch delivers again: the
+// watch resumed without a gap (store.Watcher's contract), so the view
+// missed nothing and is not re-listed. The watchers get the Resync that
+// ends their Stale batch, with the changes the watch brought.
+func TestFeedOutageEndsWhenItsWatchDeliversAgain(t *testing.T) {
+	g := newFeedRig(t)
+	c := g.start(g.kv(1, "10.0.0.1:80", 5, 5), 10)
+	g.f.setOutage(errors.New("store unreachable"))
+	if b := g.batch(c); b.Kind != Stale {
+		t.Fatalf("after the outage mark: %v, want Stale", b.Kind)
+	}
+	relists := g.f.cur.Relists
+	g.f.applyEvents([]store.Event{{Type: store.EventPut, KV: g.kv(2, "10.0.0.2:80", 11, 11)}})
+	wantEvents(t, g.batch(c), Resync, "added 10.0.0.2:80")
+	if g.f.cur.Relists != relists {
+		t.Fatal("the feed re-listed to end an outage its watch came back from")
+	}
+	g.idle(c)
+	g.f.setOutage(errors.New("store unreachable again"))
+	if b := g.batch(c); b.Kind != Stale {
+		t.Fatalf("a second outage: %v, want Stale (the first one ended)", b.Kind)
+	}
+}
+
+// A stale mark with another cause than an unreachable store (a silent
+// stream, a refusal), even on top of an outage mark, is ended only by a
+// listing: changes the watch brings meanwhile are delivered as Changes
+// (the view may still miss others), and the Resync comes with the listing.
+func TestFeedStaleForAnotherCauseWaitsForAListing(t *testing.T) {
+	for _, order := range []string{"outage then silent", "silent then outage"} {
+		t.Run(order, func(t *testing.T) {
+			g := newFeedRig(t)
+			c := g.start(g.kv(1, "10.0.0.1:80", 5, 5), 10)
+			outage, silent := errors.New("store unreachable"), fmt.Errorf("watch: %w", store.ErrWatchSilent)
+			if order == "outage then silent" {
+				g.f.setOutage(outage)
+				g.f.setStale(silent)
+			} else {
+				g.f.setStale(silent)
+				g.f.setOutage(outage)
+			}
+			if b := g.batch(c); b.Kind != Stale {
+				t.Fatalf("after the marks: %v, want Stale", b.Kind)
+			}
+			g.f.applyEvents([]store.Event{{Type: store.EventPut, KV: g.kv(2, "10.0.0.2:80", 11, 11)}})
+			wantEvents(t, g.batch(c), Changes, "added 10.0.0.2:80")
+			g.idle(c)
+			g.f.applyListing([]store.KeyValue{g.kv(1, "10.0.0.1:80", 5, 5), g.kv(2, "10.0.0.2:80", 11, 11),
+				g.kv(3, "10.0.0.3:80", 12, 12)}, 12)
+			wantEvents(t, g.batch(c), Resync, "added 10.0.0.3:80")
+			g.idle(c)
+		})
+	}
+}
+
 // A feed the store refuses (the credentials or the permission were
 // withdrawn) is stopped when its last watcher leaves rather than kept
 // warm: lingering would only keep retrying what the store refuses.
@@ -278,5 +333,114 @@ func TestProbeRelistsFeedsWhenTheStoreIsBack(t *testing.T) {
 	st.down.Store(false)
 	if b, err := w.Next(ctx); err != nil || b.Kind != Resync {
 		t.Fatalf("once the store answers again: %v, %v; want a Resync", b.Kind, err)
+	}
+}
+
+// heldGets is a store whose Get, while down, hands each call to the test
+// (pinged) and answers ErrUnavailable once the test lets it (release):
+// the hub's probe then waits as long as the test wants, as it waits for a
+// store too busy to answer in time.
+type heldGets struct {
+	store.Store
+	down    atomic.Bool
+	pinged  chan struct{}
+	release chan struct{}
+}
+
+func (s *heldGets) Get(ctx context.Context, key string) (store.KeyValue, error) {
+	if !s.down.Load() {
+		return s.Store.Get(ctx, key)
+	}
+	s.pinged <- struct{}{}
+	<-s.release
+	return store.KeyValue{}, fmt.Errorf("probe: %w", store.ErrUnavailable)
+}
+
+// A store that does not answer the hub's probe in time while it still
+// streams events (a cluster past its capacity) makes stale only the feeds
+// that heard nothing meanwhile: a feed whose store watch delivered during
+// the probe stays current and is not re-listed when the probe succeeds
+// again; the quiet feed gets Stale, then its Resync.
+func TestProbeSparesFeedsWhoseWatchDelivers(t *testing.T) {
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	st := &heldGets{Store: mem, pinged: make(chan struct{}), release: make(chan struct{})}
+	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	watch := func(ns string) Watcher {
+		w, err := r.Watch(ctx, beacon.Query{Namespace: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Close() })
+		if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
+			t.Fatalf("%s: first batch %v, %v; want a Snapshot", ns, b.Kind, err)
+		}
+		return w
+	}
+	busy, quiet := watch("busy"), watch("quiet")
+	quietBatches := make(chan Batch)
+	go func() {
+		for {
+			b, err := quiet.Next(ctx)
+			if err != nil {
+				return
+			}
+			select {
+			case quietBatches <- b:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	// Each of the probe's reads waits while the busy prefix gets a change
+	// and its watcher the batch.
+	put := func(i int) {
+		in := beacon.Instance{Namespace: "busy", Component: "c", Endpoint: "e", ID: beacon.FormatID(uint64(i)),
+			Address: fmt.Sprintf("10.0.0.%d:80", i%250+1), Status: beacon.StatusServing, RegisteredAt: time.Unix(1, 0).UTC()}
+		val, err := encode(in, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := mem.Put(ctx, r.ks.Key(in.Ref()), val); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := busy.Next(ctx); err != nil || b.Kind != Changes {
+			t.Fatalf("busy watcher while the probe waits: %v (%v), %v; want Changes", b.Kind, b.Err, err)
+		}
+	}
+	st.down.Store(true)
+	for i, want := 1, Stale; ; {
+		select {
+		case <-st.pinged:
+			put(i)
+			i++
+			st.release <- struct{}{}
+		case b := <-quietBatches:
+			if b.Kind != want {
+				t.Fatalf("quiet watcher: %v (%v), want %v", b.Kind, b.Err, want)
+			}
+			if want == Resync {
+				r.hub.mu.Lock()
+				f := r.hub.feeds[r.ks.Prefix(beacon.Query{Namespace: "busy"})]
+				r.hub.mu.Unlock()
+				f.mu.RLock()
+				relists := f.view.Relists()
+				f.mu.RUnlock()
+				if relists != 0 {
+					t.Fatalf("the busy feed re-listed %d times; its watch delivered throughout", relists)
+				}
+				return
+			}
+			want = Resync
+			st.down.Store(false)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
 	}
 }

@@ -126,10 +126,15 @@ func (h *hub) close() {
 // probe checks that the store answers, while any feed exists. A store
 // watch stays silent while the store is unreachable (the etcd client
 // reconnects on its own), so without this a feed could not tell "nothing
-// changed" from "cannot know": on a failed probe every feed turns stale
-// (its watchers get a Stale batch), and on the first success after that
-// every feed re-lists, so that its watchers get a Resync batch with the
-// difference.
+// changed" from "cannot know": on a failed probe every feed whose store
+// watch delivered nothing while the probe waited turns stale (its
+// watchers get a Stale batch). A stale feed's mark ends when its watch
+// delivers again (it resumed without a gap: feed.resumedLocked) or, on
+// the first successful probe, by a re-listing, so that its watchers get
+// a Resync batch with the difference. A feed whose watch delivered
+// during the probe is live whatever the probe's read met: a store too
+// busy to answer one read in time still streams events, and re-listing
+// every feed of a store past its capacity only adds to its load.
 func (h *hub) probe() {
 	defer h.r.wg.Done()
 	r := h.r
@@ -140,6 +145,10 @@ func (h *hub) probe() {
 		feeds := h.list()
 		if len(feeds) == 0 {
 			return
+		}
+		heard := make([]uint64, len(feeds))
+		for i, f := range feeds {
+			heard[i] = f.heard()
 		}
 		err := h.ping(key, interval)
 		unreachable := errors.Is(err, store.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
@@ -164,19 +173,26 @@ func (h *hub) probe() {
 			// store is there.
 			if failing {
 				failing = false
-				r.log.Info("store reachable again; re-listing watched prefixes", "watches", len(feeds))
+				n := 0
 				for _, f := range feeds {
-					f.relist()
+					if f.relist() {
+						n++
+					}
 				}
+				r.log.Info("store reachable again; re-listing the stale watched prefixes", "stale", n, "watches", len(feeds))
 			}
 		default:
+			stale := 0
+			for i, f := range feeds {
+				if f.setOutageUnlessHeard(heard[i], fmt.Errorf("registry: store unreachable: %w", err)) {
+					stale++
+				}
+			}
 			if !failing {
-				r.log.Warn("store unreachable: watches may be stale until it answers again", "err", err)
+				r.log.Warn("store unreachable: watches that hear nothing from it are stale until it answers again",
+					"err", err, "stale", stale, "live", len(feeds)-stale)
 			}
 			failing = true
-			for _, f := range feeds {
-				f.setOutage(fmt.Errorf("registry: store unreachable: %w", err))
-			}
 		}
 	})
 }

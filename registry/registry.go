@@ -122,11 +122,14 @@ const (
 	// Changes holds the changes since the previous batch.
 	Changes
 	// Resync holds the difference between what the consumer saw and the
-	// state after a reconnect or compaction re-list. Apply it like Changes.
+	// state once the watch is back: after a reconnect or compaction
+	// re-list, or when a store watch that an outage silenced resumes
+	// without a gap. Apply it like Changes.
 	Resync
 	// Stale reports that the watch lost the store and is retrying: the view
 	// may be out of date. Events is empty and Err says why; a Resync batch
-	// follows when the watch is back.
+	// follows when the watch is back (changes that arrive before that come
+	// as Changes, the view still possibly out of date).
 	Stale
 )
 
