@@ -131,7 +131,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 				cmp = ">="
 			}
 			verdict := "met"
-			if !row.Met() {
+			switch {
+			case math.IsNaN(row.Ratio()):
+				verdict = "no baseline" // none in this run (--no-grpc-proxy) or zero: nothing to judge by
+			case !row.Met():
 				verdict = "MISSED"
 			}
 			goal = fmt.Sprintf("%s %.2fx %s", cmp, row.Goal, verdict)

@@ -17,7 +17,7 @@ func TestReportTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	for _, want := range []string{"3.00x", ">= 3.00x met", "<= 1.00x MISSED", "raw etcd"} {
+	for _, want := range []string{"3.00x", ">= 3.00x met", "<= 1.00x MISSED", "<= 1.00x no baseline", "raw etcd"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
