@@ -90,7 +90,12 @@ func TestResolverOverKubernetes(t *testing.T) {
 			t.Fatalf("after the pod went NotReady, calls gave: %v; List = %v, %v", seen, list, lerr)
 		}
 		// The resolver's update is asynchronous; wait for the channel to
-		// leave its current state before calling again.
-		cc.WaitForStateChange(ctx, cc.GetState())
+		// leave its current state before calling again — or call again
+		// after 2 s: a call that blocked (its pick before the update) can
+		// leave the channel in the state it will keep (a CI run waited
+		// out the test's deadline here in TRANSIENT_FAILURE).
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		cc.WaitForStateChange(sctx, cc.GetState())
+		cancel()
 	}
 }
