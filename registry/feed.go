@@ -165,6 +165,22 @@ func (f *feed) heard() uint64 {
 	return f.conn.heard
 }
 
+// awaitsProgress reports whether the feed is stale only because the store
+// was unreachable and its store watch still runs: the watch's next
+// response ends the mark, without a re-listing.
+func (f *feed) awaitsProgress() bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.conn.stale != nil && f.conn.onlyOutage && f.conn.unfollow != nil
+}
+
+// isStale reports whether the feed's view may be out of date.
+func (f *feed) isStale() bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.conn.stale != nil
+}
+
 // setOutageUnlessHeard turns the feed stale because the store did not
 // answer the hub's probe, unless its store watch delivered since heard
 // (the feed's heard() before the probe): a watch that delivers while the
@@ -286,7 +302,12 @@ func (f *feed) follow(rev int64) error {
 		f.conn.unfollow = nil
 		f.unlock()
 	}()
-	ch := f.h.r.st.Watch(ctx, f.prefix, rev)
+	var ch store.WatchChan
+	if pw := f.h.r.progress; pw != nil {
+		ch = pw.WatchProgress(ctx, f.prefix, rev) // progress ends an outage mark on a quiet prefix
+	} else {
+		ch = f.h.r.st.Watch(ctx, f.prefix, rev)
+	}
 	for {
 		select {
 		case resp, ok := <-ch:
@@ -380,8 +401,10 @@ func (f *feed) relistLocked(l listing, rev int64, now time.Time) {
 	f.settleLocked(rev, false)
 }
 
-// applyEvents applies one watch response.
+// applyEvents applies one watch response (none: a progress notification,
+// which still proves the watch live).
 func (f *feed) applyEvents(evs []store.Event) {
+
 	read := make([]entry, len(evs))
 	for i, e := range evs {
 		read[i] = f.h.r.readKV(e.KV, e.Type == store.EventPut)

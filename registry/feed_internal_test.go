@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/store"
+	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/beaconplane/beacon/store/memory"
 )
 
@@ -216,6 +218,9 @@ func TestFeedOutageEndsWhenItsWatchDeliversAgain(t *testing.T) {
 	if b := g.batch(c); b.Kind != Stale {
 		t.Fatalf("a second outage: %v, want Stale (the first one ended)", b.Kind)
 	}
+	g.f.applyEvents(nil) // a progress notification: no change, the watch live
+	wantEvents(t, g.batch(c), Resync)
+	g.idle(c)
 }
 
 // A stale mark with another cause than an unreachable store (a silent
@@ -289,20 +294,6 @@ func TestHubStopsARefusedFeedAtOnce(t *testing.T) {
 	}
 }
 
-// unreachableGets is a store whose Get answers ErrUnavailable while down
-// is set (what the hub's probe asks); everything else reaches the store.
-type unreachableGets struct {
-	store.Store
-	down atomic.Bool
-}
-
-func (s *unreachableGets) Get(ctx context.Context, key string) (store.KeyValue, error) {
-	if s.down.Load() {
-		return store.KeyValue{}, fmt.Errorf("probe: %w", store.ErrUnavailable)
-	}
-	return s.Store.Get(ctx, key)
-}
-
 // When the hub's probe finds the store unreachable, every watcher gets a
 // Stale batch; when it answers again, the probe has every feed re-list,
 // and the watchers get a Resync (the feed's own store watch never broke,
@@ -310,7 +301,7 @@ func (s *unreachableGets) Get(ctx context.Context, key string) (store.KeyValue, 
 func TestProbeRelistsFeedsWhenTheStoreIsBack(t *testing.T) {
 	mem := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = mem.Close() })
-	st := &unreachableGets{Store: mem}
+	st := newOutageStore(mem, 0)
 	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -326,34 +317,117 @@ func TestProbeRelistsFeedsWhenTheStoreIsBack(t *testing.T) {
 	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
 		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
 	}
-	st.down.Store(true)
-	if b, err := w.Next(ctx); err != nil || b.Kind != Stale || !errors.Is(b.Err, store.ErrUnavailable) {
-		t.Fatalf("while the store is unreachable: %v (%v), %v; want Stale", b.Kind, b.Err, err)
+	st.goDown()
+	if b := st.serve(ctx, t, w); b.Kind != Stale || !errors.Is(b.Err, store.ErrUnavailable) {
+		t.Fatalf("while the store is unreachable: %v (%v); want Stale", b.Kind, b.Err)
 	}
-	st.down.Store(false)
-	if b, err := w.Next(ctx); err != nil || b.Kind != Resync {
-		t.Fatalf("once the store answers again: %v, %v; want a Resync", b.Kind, err)
+	st.comeBack()
+	if b := st.serve(ctx, t, w); b.Kind != Resync {
+		t.Fatalf("once the store answers again: %v; want a Resync", b.Kind)
 	}
 }
 
-// heldGets is a store whose Get, while down, hands each call to the test
-// (pinged) and answers ErrUnavailable once the test lets it (release):
-// the hub's probe then waits as long as the test wants, as it waits for a
-// store too busy to answer in time.
-type heldGets struct {
+// outageStore makes a store look unreachable to the registry while down
+// is set: each Get (what the hub's probe asks) is handed to the test
+// (pinged) and answers ErrUnavailable once the test lets it (release),
+// as a store too busy to answer in time, or cut off. WatchProgress drops
+// progress notifications from then until a Get is answered again (the
+// store answers the probe before its watches report progress).
+// Everything else reaches the store. It promises progress every interval
+// (0: no promise), through progress's watches if set, else through plain
+// ones (a broken promise).
+type outageStore struct {
 	store.Store
-	down    atomic.Bool
-	pinged  chan struct{}
-	release chan struct{}
+	progress store.ProgressWatcher
+	interval time.Duration
+	down     atomic.Bool
+	answered atomic.Bool // a Get was answered since down was last set
+	pinged   chan struct{}
+	release  chan struct{}
 }
 
-func (s *heldGets) Get(ctx context.Context, key string) (store.KeyValue, error) {
+// goDown makes the store unreachable until comeBack.
+func (s *outageStore) goDown() {
+	s.answered.Store(false)
+	s.down.Store(true)
+}
+
+func (s *outageStore) comeBack() { s.down.Store(false) }
+
+func newOutageStore(st store.Store, interval time.Duration) *outageStore {
+	s := &outageStore{Store: st, interval: interval, pinged: make(chan struct{}), release: make(chan struct{})}
+	s.progress, _ = st.(store.ProgressWatcher)
+	return s
+}
+
+func (s *outageStore) Get(ctx context.Context, key string) (store.KeyValue, error) {
 	if !s.down.Load() {
-		return s.Store.Get(ctx, key)
+		kv, err := s.Store.Get(ctx, key)
+		s.answered.Store(true)
+		return kv, err
 	}
 	s.pinged <- struct{}{}
 	<-s.release
 	return store.KeyValue{}, fmt.Errorf("probe: %w", store.ErrUnavailable)
+}
+
+func (s *outageStore) ProgressInterval() time.Duration { return s.interval }
+
+func (s *outageStore) WatchProgress(ctx context.Context, prefix string, from int64) store.WatchChan {
+	if s.progress == nil {
+		return s.Store.Watch(ctx, prefix, from)
+	}
+	in := s.progress.WatchProgress(ctx, prefix, from)
+	out := make(chan store.WatchResponse)
+	go func() {
+		defer close(out)
+		for resp := range in {
+			if resp.Progress != 0 && (s.down.Load() || !s.answered.Load()) {
+				continue
+			}
+			select {
+			case out <- resp:
+			case <-ctx.Done():
+			}
+		}
+	}()
+	return out
+}
+
+// serve answers the probe's reads until the watcher's next batch, which
+// it returns.
+func (s *outageStore) serve(ctx context.Context, t *testing.T, w Watcher) Batch {
+	t.Helper()
+	batches := make(chan Batch, 1)
+	errs := make(chan error, 1)
+	go func() {
+		b, err := w.Next(ctx)
+		if err != nil {
+			errs <- err
+			return
+		}
+		batches <- b
+	}()
+	for {
+		select {
+		case <-s.pinged:
+			s.release <- struct{}{}
+		case b := <-batches:
+			return b
+		case err := <-errs:
+			t.Fatal(err)
+		}
+	}
+}
+
+// relists returns how many times the feed of q re-listed.
+func relists(r *StoreRegistry, q beacon.Query) uint64 {
+	r.hub.mu.Lock()
+	f := r.hub.feeds[r.feedKey(q)]
+	r.hub.mu.Unlock()
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.view.Relists()
 }
 
 // A store that does not answer the hub's probe in time while it still
@@ -364,7 +438,7 @@ func (s *heldGets) Get(ctx context.Context, key string) (store.KeyValue, error) 
 func TestProbeSparesFeedsWhoseWatchDelivers(t *testing.T) {
 	mem := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = mem.Close() })
-	st := &heldGets{Store: mem, pinged: make(chan struct{}), release: make(chan struct{})}
+	st := newOutageStore(mem, 0)
 	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -414,7 +488,7 @@ func TestProbeSparesFeedsWhoseWatchDelivers(t *testing.T) {
 			t.Fatalf("busy watcher while the probe waits: %v (%v), %v; want Changes", b.Kind, b.Err, err)
 		}
 	}
-	st.down.Store(true)
+	st.goDown()
 	for i, want := 1, Stale; ; {
 		select {
 		case <-st.pinged:
@@ -426,21 +500,94 @@ func TestProbeSparesFeedsWhoseWatchDelivers(t *testing.T) {
 				t.Fatalf("quiet watcher: %v (%v), want %v", b.Kind, b.Err, want)
 			}
 			if want == Resync {
-				r.hub.mu.Lock()
-				f := r.hub.feeds[r.ks.Prefix(beacon.Query{Namespace: "busy"})]
-				r.hub.mu.Unlock()
-				f.mu.RLock()
-				relists := f.view.Relists()
-				f.mu.RUnlock()
-				if relists != 0 {
-					t.Fatalf("the busy feed re-listed %d times; its watch delivered throughout", relists)
+				if n := relists(r, beacon.Query{Namespace: "busy"}); n != 0 {
+					t.Fatalf("the busy feed re-listed %d times; its watch delivered throughout", n)
 				}
 				return
 			}
 			want = Resync
-			st.down.Store(false)
+			st.comeBack()
 		case <-ctx.Done():
 			t.Fatal(ctx.Err())
 		}
+	}
+}
+
+// After an outage, a feed whose store promises progress and whose store
+// watch still runs is not re-listed when the probe succeeds again: its
+// watch's progress notification (etcd's, here a real one) ends the stale
+// mark, and its watchers get the Resync without the store listing the
+// prefix again.
+func TestProbeLeavesAQuietWatchToProveItself(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	est, err := etcd.Open(ctx, etcd.Config{Endpoints: srv.Endpoints(), WatchSilenceTimeout: 800 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = est.Close() })
+	st := newOutageStore(est, est.ProgressInterval())
+	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	q := beacon.Query{Namespace: "quiet"}
+	w, err := r.Watch(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
+		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
+	}
+	st.goDown()
+	if b := st.serve(ctx, t, w); b.Kind != Stale {
+		t.Fatalf("while the store does not answer: %v (%v), want Stale", b.Kind, b.Err)
+	}
+	st.comeBack()
+	if b := st.serve(ctx, t, w); b.Kind != Resync || len(b.Events) != 0 {
+		t.Fatalf("once the store answers: %v %v, want an empty Resync", b.Kind, b.Events)
+	}
+	if n := relists(r, q); n != 0 {
+		t.Fatalf("the feed re-listed %d times; its watch's progress ends the outage", n)
+	}
+}
+
+// A store that promises progress and does not deliver it (here: plain
+// watches) gets its stale feeds re-listed all the same, twice its
+// interval after it answers again: a broken promise costs time, never
+// a watch stale for good.
+func TestProbeRelistsAWatchThatReportsNoProgress(t *testing.T) {
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	st := newOutageStore(mem, 50*time.Millisecond)
+	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q := beacon.Query{Namespace: "promised"}
+	w, err := r.Watch(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
+		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
+	}
+	st.goDown()
+	if b := st.serve(ctx, t, w); b.Kind != Stale {
+		t.Fatalf("while the store does not answer: %v (%v), want Stale", b.Kind, b.Err)
+	}
+	st.comeBack()
+	if b := st.serve(ctx, t, w); b.Kind != Resync {
+		t.Fatalf("once the store answers: %v, want a Resync", b.Kind)
+	}
+	if n := relists(r, q); n != 1 {
+		t.Fatalf("the feed re-listed %d times, want once (no progress came)", n)
 	}
 }

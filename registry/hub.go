@@ -128,19 +128,24 @@ func (h *hub) close() {
 // reconnects on its own), so without this a feed could not tell "nothing
 // changed" from "cannot know": on a failed probe every feed whose store
 // watch delivered nothing while the probe waited turns stale (its
-// watchers get a Stale batch). A stale feed's mark ends when its watch
-// delivers again (it resumed without a gap: feed.resumedLocked) or, on
-// the first successful probe, by a re-listing, so that its watchers get
-// a Resync batch with the difference. A feed whose watch delivered
-// during the probe is live whatever the probe's read met: a store too
-// busy to answer one read in time still streams events, and re-listing
-// every feed of a store past its capacity only adds to its load.
+// watchers get a Stale batch). A feed whose watch delivered during the
+// probe (events, or progress from a store.ProgressWatcher) is live
+// whatever the probe's read met: a store too busy to answer one read in
+// time still streams events, and re-listing every feed of a store past
+// its capacity only adds to its load.
+//
+// A stale feed's mark ends when its watch delivers again (it resumed
+// without a gap: feed.resumedLocked) or by a re-listing, which gives its
+// watchers a Resync batch with the difference. Once the store answers
+// again, feeds whose store promises progress (ProgressInterval) and whose
+// watch still runs are given twice that interval to deliver before they
+// re-list; the others re-list at once.
 func (h *hub) probe() {
 	defer h.r.wg.Done()
 	r := h.r
 	interval := max(r.cfg.RetryMax, time.Second)
 	key := r.ks.Prefix(beacon.Query{}) // never a key: the answer is "not found"
-	failing := false
+	p := prober{h: h, awaiting: make(map[*feed]time.Time)}
 	wait.Every(r.ctx, interval, func() {
 		feeds := h.list()
 		if len(feeds) == 0 {
@@ -166,35 +171,73 @@ func (h *hub) probe() {
 			// watched prefix (a revoked role, a changed password): those
 			// watches are stale with the refusal, which consumers report
 			// (never a silent stop); they re-list once it is lifted.
-			failing = true
+			p.failing = true
 		case !unreachable:
 			// Any answer, even an error such as permission denied on
 			// the root (a user limited to some namespaces), means the
 			// store is there.
-			if failing {
-				failing = false
-				n := 0
-				for _, f := range feeds {
-					if f.relist() {
-						n++
-					}
-				}
-				r.log.Info("store reachable again; re-listing the stale watched prefixes", "stale", n, "watches", len(feeds))
-			}
+			p.answered(feeds, time.Now())
 		default:
-			stale := 0
-			for i, f := range feeds {
-				if f.setOutageUnlessHeard(heard[i], fmt.Errorf("registry: store unreachable: %w", err)) {
-					stale++
-				}
-			}
-			if !failing {
-				r.log.Warn("store unreachable: watches that hear nothing from it are stale until it answers again",
-					"err", err, "stale", stale, "live", len(feeds)-stale)
-			}
-			failing = true
+			p.unanswered(feeds, heard, err)
 		}
 	})
+}
+
+// prober is the probe's state between its rounds.
+type prober struct {
+	h        *hub
+	failing  bool                // the last round marked feeds stale
+	awaiting map[*feed]time.Time // stale feeds given until then to deliver progress
+}
+
+// unanswered marks stale the feeds whose watch delivered nothing since
+// heard (their counts before the probe's reads).
+func (p *prober) unanswered(feeds []*feed, heard []uint64, err error) {
+	stale := 0
+	for i, f := range feeds {
+		if f.setOutageUnlessHeard(heard[i], fmt.Errorf("registry: store unreachable: %w", err)) {
+			stale++
+		}
+	}
+	if !p.failing {
+		p.h.r.log.Warn("store unreachable: watches that hear nothing from it are stale until it answers again",
+			"err", err, "stale", stale, "live", len(feeds)-stale)
+	}
+	p.failing = true
+}
+
+// answered ends what the store's return ends: after failing rounds, a
+// stale feed re-lists, unless its watch runs and the store promises it
+// will report progress soon; one still stale when its time is up
+// re-lists then.
+func (p *prober) answered(feeds []*feed, now time.Time) {
+	r := p.h.r
+	if p.failing {
+		p.failing = false
+		relisted, awaiting := 0, 0
+		for _, f := range feeds {
+			switch {
+			case r.progress != nil && f.awaitsProgress():
+				p.awaiting[f] = now.Add(2 * r.progress.ProgressInterval())
+				awaiting++
+			case f.relist():
+				relisted++
+			}
+		}
+		r.log.Info("store reachable again; re-listing the stale watched prefixes",
+			"relisted", relisted, "awaiting_progress", awaiting, "watches", len(feeds))
+	}
+	for f, until := range p.awaiting {
+		switch {
+		case !f.isStale():
+			delete(p.awaiting, f)
+		case now.After(until):
+			delete(p.awaiting, f)
+			if f.relist() {
+				r.log.Warn("watch reported no progress after the store came back; re-listing", "prefix", f.prefix)
+			}
+		}
+	}
 }
 
 // ping reads a key that never exists, bounded by d: nil or an error that

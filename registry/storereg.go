@@ -26,12 +26,15 @@ import (
 // The registry does not own the store: closing the registry leaves the
 // store open, and the caller closes it afterwards.
 type StoreRegistry struct {
-	st  store.Store
-	tx  store.Transactor // nil if the store has no transactions
-	cfg Config
-	ks  beacon.Keyspace
-	log *slog.Logger
-	m   *metrics
+	st store.Store
+	tx store.Transactor // nil if the store has no transactions
+	// progress is the store when its watches promise progress
+	// notifications (store.ProgressWatcher with an interval), else nil.
+	progress store.ProgressWatcher
+	cfg      Config
+	ks       beacon.Keyspace
+	log      *slog.Logger
+	m        *metrics
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -86,6 +89,9 @@ func New(st store.Store, cfg Config) (*StoreRegistry, error) {
 		ctx:    ctx,
 		cancel: cancel,
 		lists:  make(chan struct{}, maxFeedLists),
+	}
+	if pw, ok := st.(store.ProgressWatcher); ok && pw.ProgressInterval() > 0 {
+		r.progress = pw
 	}
 	if tx, ok := st.(store.Transactor); ok {
 		r.tx = tx

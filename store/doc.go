@@ -32,8 +32,10 @@
 //
 // Optional capabilities are separate interfaces found by type assertion:
 // Compactor (compact history on demand), Transactor (several writes in one
-// revision, all or nothing) and LocalReader (a read served by whichever
-// server answers, without a round trip through a leader).
+// revision, all or nothing), LocalReader (a read served by whichever
+// server answers, without a round trip through a leader) and
+// ProgressWatcher (watches that report progress on a quiet prefix, so that
+// a consumer can tell "nothing changed" from "cannot know").
 //
 // Backends: store/etcd (production), store/memory (in-process), store/file
 // (several processes on one host, no daemon) and store/nats (NATS JetStream

@@ -114,11 +114,17 @@ type Watcher interface {
 // WatchChan delivers watch responses.
 type WatchChan <-chan WatchResponse
 
-// WatchResponse is one batch of events, or the error that ended the watch.
+// WatchResponse is one batch of events, or the error that ended the watch,
+// or (from ProgressWatcher.WatchProgress only) a progress notification.
 type WatchResponse struct {
 	Events []Event
 	// Err, when set, is the last response: the watch has ended.
 	Err error
+	// Progress, set only on a progress notification (no events, no
+	// error), is a revision up to which the watch has delivered every
+	// change: the watch is live, and a consumer that missed nothing from
+	// it knows its view is complete up to there.
+	Progress int64
 }
 
 // EventType is the kind of change.
@@ -162,6 +168,22 @@ type Store interface {
 	Leaser
 	Watcher
 	Close() error
+}
+
+// ProgressWatcher is implemented by stores whose watches can prove they
+// are live while nothing changes. A watch stays silent while its server
+// is unreachable (etcd's resumes without a gap once it is back), so on a
+// quiet prefix silence alone cannot tell "nothing changed" from "cannot
+// know"; a progress notification can.
+type ProgressWatcher interface {
+	// WatchProgress is Watch, with progress notifications besides the
+	// events: responses whose Progress is set (see WatchResponse).
+	WatchProgress(ctx context.Context, prefix string, fromRevision int64) WatchChan
+	// ProgressInterval is how often, at most, a live watch of
+	// WatchProgress on a quiet prefix reports progress while its server
+	// answers; 0 when this store's watches make no such promise (then
+	// they may send progress notifications, but silence proves nothing).
+	ProgressInterval() time.Duration
 }
 
 // LocalReader is implemented by stores that can read a key from whichever

@@ -65,6 +65,12 @@ type Config struct {
 	// revision. A non-nil error ends Run with that error. Time spent in
 	// Deliver is not silence.
 	Deliver func(ctx context.Context, header int64, evs []*clientv3.Event) error
+	// Progress, if set, hands the consumer each progress notification:
+	// every event up to rev was delivered (the position's Next - 1). A non-nil error ends Run with that
+	// error. With Silence set, a quiet watch gets one at least every
+	// Silence*3/4 while its member answers (it asks after half the
+	// timeout, then every quarter).
+	Progress func(ctx context.Context, rev int64) error
 }
 
 // streamSeq numbers the etcd watches' streams, process-wide.
@@ -241,6 +247,13 @@ func (r *runner) handle(wr clientv3.WatchResponse, ok, repl bool) error {
 		return nil
 	case wr.IsProgressNotify():
 		st.Progress(wr.Header.Revision)
+		if r.cfg.Progress == nil || st.Next <= 1 {
+			return nil
+		}
+		if err := r.cfg.Progress(r.ctx, st.Next-1); err != nil {
+			return err
+		}
+		st.OnHeard(time.Now())
 		return nil
 	}
 	evs := st.Fresh(wr.Header.Revision, wr.Events)

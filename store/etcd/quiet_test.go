@@ -278,3 +278,44 @@ func compactOthers(ctx context.Context, t *testing.T, s *etcd.Store, prefix stri
 	}
 	return last
 }
+
+// TestWatchProgressProvesAQuietWatchLive: WatchProgress delivers, after
+// the events, progress notifications on a prefix nobody writes to — a
+// revision up to which every change was delivered — at least as often
+// as ProgressInterval promises while the member answers; from the
+// revision after the last write (ahead of etcd) too. Watch delivers none
+// (TestQuietWatchFromNextRevisionStaysOpen).
+func TestWatchProgressProvesAQuietWatchLive(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, nil, etcd.Config{WatchSilenceTimeout: silence})
+	if got, want := s.ProgressInterval(), silence*3/4; got != want {
+		t.Fatalf("ProgressInterval() = %v with WatchSilenceTimeout %v, want %v", got, silence, want)
+	}
+	if got := newStore(t, nil, etcd.Config{WatchSilenceTimeout: -1}).ProgressInterval(); got != 0 {
+		t.Fatalf("ProgressInterval() = %v without a silence check, want 0 (no promise)", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rev, err := s.Put(ctx, "/progress/a", []byte("1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []int64{rev, rev + 1} {
+		w := s.WatchProgress(ctx, "/progress/", from)
+		if from == rev {
+			if resp := <-w; resp.Err != nil || len(resp.Events) != 1 || resp.Events[0].KV.ModRevision != rev || resp.Progress != 0 {
+				t.Fatalf("watch from %d: first response %+v, want the put at %d", from, resp, rev)
+			}
+		}
+		for n := 0; n < 2; n++ { // the first answer, and another one: it keeps proving itself
+			select {
+			case resp := <-w:
+				if resp.Err != nil || len(resp.Events) != 0 || resp.Progress < rev {
+					t.Fatalf("watch from %d: %+v, want a progress notification at %d or later", from, resp, rev)
+				}
+			case <-ctx.Done():
+				t.Fatalf("watch from %d: no progress notification on a quiet prefix", from)
+			}
+		}
+	}
+}

@@ -29,7 +29,8 @@ import (
 //     matching store.ErrUnavailable instead of leaving it silently stale.
 //   - The watch asks for progress notifications, which let a watch of a
 //     quiet prefix resume from a recent revision after a reconnect rather
-//     than one that may have been compacted. They are not delivered. A
+//     than one that may have been compacted. Watch does not deliver
+//     them; WatchProgress does (store.ProgressWatcher). A
 //     quiet watch that starts ahead of etcd's revision (the revision after
 //     a listing, on a key space nobody wrote to since) is opened again
 //     from the last revision etcd reported, without losing or repeating
@@ -48,6 +49,24 @@ import (
 //     the etcd client buffers the responses it has not taken, in memory
 //     and without a bound, so drain the channel promptly.
 func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) store.WatchChan {
+	return s.startWatch(ctx, prefix, fromRevision, false)
+}
+
+// WatchProgress implements store.ProgressWatcher: Watch, with etcd's
+// progress notifications (those the watch asks for when quiet, and etcd's
+// periodic ones) delivered as responses whose Progress is the revision
+// up to which every event was delivered.
+func (s *Store) WatchProgress(ctx context.Context, prefix string, fromRevision int64) store.WatchChan {
+	return s.startWatch(ctx, prefix, fromRevision, true)
+}
+
+// ProgressInterval implements store.ProgressWatcher: a quiet watch asks
+// its member for progress after half of Config.WatchSilenceTimeout, then
+// every quarter, so while the member answers a notification comes at
+// least every three quarters of it; 0 when the silence check is off.
+func (s *Store) ProgressInterval() time.Duration { return s.watchSilence * 3 / 4 }
+
+func (s *Store) startWatch(ctx context.Context, prefix string, fromRevision int64, progress bool) store.WatchChan {
 	ch := make(chan store.WatchResponse, 1)
 	fail := func(err error) store.WatchChan {
 		ch <- store.WatchResponse{Err: err}
@@ -68,7 +87,7 @@ func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) st
 	s.wg.Add(1)
 	s.mu.Unlock()
 	created := make(chan struct{})
-	go s.watch(ctx, ch, prefix, fromRevision, created)
+	go s.watch(ctx, ch, prefix, fromRevision, created, progress)
 	if fromRevision == 0 {
 		t := time.NewTimer(s.requestTimeout)
 		defer t.Stop()
@@ -86,13 +105,27 @@ func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) st
 // fails. It closes created once etcd has created the watch. The watch
 // itself (progress requests, the replacement of a quiet watch ahead of
 // etcd, the compaction fall-back, the silence verdict) is etcdwatch's.
-func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix string, from int64, created chan<- struct{}) {
+func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix string, from int64, created chan<- struct{}, progress bool) {
 	defer s.wg.Done()
 	defer close(ch)
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	stop := context.AfterFunc(s.closeCtx, cancel)
 	defer stop()
+	send := func(ctx context.Context, resp store.WatchResponse) error {
+		select {
+		case ch <- resp:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	var onProgress func(ctx context.Context, rev int64) error
+	if progress {
+		onProgress = func(ctx context.Context, rev int64) error {
+			return send(ctx, store.WatchResponse{Progress: rev})
+		}
+	}
 	// The empty prefix is the whole key space: clientv3.WithPrefix turns
 	// the empty key into the range ["\x00", end).
 	err := etcdwatch.Run(wctx, etcdwatch.Config{
@@ -107,13 +140,9 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 			for i, e := range es {
 				evs[i] = fromEvent(e)
 			}
-			select {
-			case ch <- store.WatchResponse{Events: evs}:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			return send(ctx, store.WatchResponse{Events: evs})
 		},
+		Progress: onProgress,
 	}, from)
 	if err == nil || wctx.Err() != nil {
 		return // cancelled or closed: close without an error
