@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/storefault"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
 	"github.com/beaconplane/beacon/store/memory"
@@ -301,12 +301,13 @@ func TestHubStopsARefusedFeedAtOnce(t *testing.T) {
 func TestProbeRelistsFeedsWhenTheStoreIsBack(t *testing.T) {
 	mem := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = mem.Close() })
-	st := newOutageStore(mem, 0)
+	st := storefault.New(mem, 0)
 	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close() })
+	t.Cleanup(st.Free) // before Close: a probe read held when the test fails
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	w, err := r.Watch(ctx, beacon.Query{Namespace: "probe"})
@@ -317,86 +318,19 @@ func TestProbeRelistsFeedsWhenTheStoreIsBack(t *testing.T) {
 	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
 		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
 	}
-	st.goDown()
-	if b := st.serve(ctx, t, w); b.Kind != Stale || !errors.Is(b.Err, store.ErrUnavailable) {
+	st.GoDown()
+	if b := serve(ctx, t, st, w); b.Kind != Stale || !errors.Is(b.Err, store.ErrUnavailable) {
 		t.Fatalf("while the store is unreachable: %v (%v); want Stale", b.Kind, b.Err)
 	}
-	st.comeBack()
-	if b := st.serve(ctx, t, w); b.Kind != Resync {
+	st.ComeBack()
+	if b := serve(ctx, t, st, w); b.Kind != Resync {
 		t.Fatalf("once the store answers again: %v; want a Resync", b.Kind)
 	}
 }
 
-// outageStore makes a store look unreachable to the registry while down
-// is set: each Get (what the hub's probe asks) is handed to the test
-// (pinged) and answers ErrUnavailable once the test lets it (release),
-// as a store too busy to answer in time, or cut off. WatchProgress drops
-// progress notifications from then until a Get is answered again (the
-// store answers the probe before its watches report progress).
-// Everything else reaches the store. It promises progress every interval
-// (0: no promise), through progress's watches if set, else through plain
-// ones (a broken promise).
-type outageStore struct {
-	store.Store
-	progress store.ProgressWatcher
-	interval time.Duration
-	down     atomic.Bool
-	answered atomic.Bool // a Get was answered since down was last set
-	pinged   chan struct{}
-	release  chan struct{}
-}
-
-// goDown makes the store unreachable until comeBack.
-func (s *outageStore) goDown() {
-	s.answered.Store(false)
-	s.down.Store(true)
-}
-
-func (s *outageStore) comeBack() { s.down.Store(false) }
-
-func newOutageStore(st store.Store, interval time.Duration) *outageStore {
-	s := &outageStore{Store: st, interval: interval, pinged: make(chan struct{}), release: make(chan struct{})}
-	s.progress, _ = st.(store.ProgressWatcher)
-	return s
-}
-
-func (s *outageStore) Get(ctx context.Context, key string) (store.KeyValue, error) {
-	if !s.down.Load() {
-		kv, err := s.Store.Get(ctx, key)
-		s.answered.Store(true)
-		return kv, err
-	}
-	s.pinged <- struct{}{}
-	<-s.release
-	return store.KeyValue{}, fmt.Errorf("probe: %w", store.ErrUnavailable)
-}
-
-func (s *outageStore) ProgressInterval() time.Duration { return s.interval }
-
-func (s *outageStore) WatchProgress(ctx context.Context, prefix string, from int64) store.WatchChan {
-	if s.progress == nil {
-		return s.Store.Watch(ctx, prefix, from)
-	}
-	in := s.progress.WatchProgress(ctx, prefix, from)
-	out := make(chan store.WatchResponse)
-	go func() {
-		defer close(out)
-		for resp := range in {
-			if resp.Progress != 0 && (s.down.Load() || !s.answered.Load()) {
-				continue
-			}
-			select {
-			case out <- resp:
-			case <-ctx.Done():
-			}
-		}
-	}()
-	return out
-}
-
-// serve answers the probe's reads until the watcher's next batch, which
-// it returns.
-func (s *outageStore) serve(ctx context.Context, t *testing.T, w Watcher) Batch {
+// serve fails the probe's reads until the watcher's next batch, which it
+// returns.
+func serve(ctx context.Context, t *testing.T, s *storefault.Store, w Watcher) Batch {
 	t.Helper()
 	batches := make(chan Batch, 1)
 	errs := make(chan error, 1)
@@ -410,8 +344,8 @@ func (s *outageStore) serve(ctx context.Context, t *testing.T, w Watcher) Batch 
 	}()
 	for {
 		select {
-		case <-s.pinged:
-			s.release <- struct{}{}
+		case <-s.Pinged():
+			s.Release()
 		case b := <-batches:
 			return b
 		case err := <-errs:
@@ -438,12 +372,13 @@ func relists(r *StoreRegistry, q beacon.Query) uint64 {
 func TestProbeSparesFeedsWhoseWatchDelivers(t *testing.T) {
 	mem := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = mem.Close() })
-	st := newOutageStore(mem, 0)
+	st := storefault.New(mem, 0)
 	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close() })
+	t.Cleanup(st.Free) // before Close: a probe read held when the test fails
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	watch := func(ns string) Watcher {
@@ -488,13 +423,13 @@ func TestProbeSparesFeedsWhoseWatchDelivers(t *testing.T) {
 			t.Fatalf("busy watcher while the probe waits: %v (%v), %v; want Changes", b.Kind, b.Err, err)
 		}
 	}
-	st.goDown()
+	st.GoDown()
 	for i, want := 1, Stale; ; {
 		select {
-		case <-st.pinged:
+		case <-st.Pinged():
 			put(i)
 			i++
-			st.release <- struct{}{}
+			st.Release()
 		case b := <-quietBatches:
 			if b.Kind != want {
 				t.Fatalf("quiet watcher: %v (%v), want %v", b.Kind, b.Err, want)
@@ -506,7 +441,7 @@ func TestProbeSparesFeedsWhoseWatchDelivers(t *testing.T) {
 				return
 			}
 			want = Resync
-			st.comeBack()
+			st.ComeBack()
 		case <-ctx.Done():
 			t.Fatal(ctx.Err())
 		}
@@ -527,12 +462,13 @@ func TestProbeLeavesAQuietWatchToProveItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = est.Close() })
-	st := newOutageStore(est, est.ProgressInterval())
+	st := storefault.New(est, est.ProgressInterval())
 	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close() })
+	t.Cleanup(st.Free) // before Close: a probe read held when the test fails
 	q := beacon.Query{Namespace: "quiet"}
 	w, err := r.Watch(ctx, q)
 	if err != nil {
@@ -542,12 +478,12 @@ func TestProbeLeavesAQuietWatchToProveItself(t *testing.T) {
 	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
 		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
 	}
-	st.goDown()
-	if b := st.serve(ctx, t, w); b.Kind != Stale {
+	st.GoDown()
+	if b := serve(ctx, t, st, w); b.Kind != Stale {
 		t.Fatalf("while the store does not answer: %v (%v), want Stale", b.Kind, b.Err)
 	}
-	st.comeBack()
-	if b := st.serve(ctx, t, w); b.Kind != Resync || len(b.Events) != 0 {
+	st.ComeBack()
+	if b := serve(ctx, t, st, w); b.Kind != Resync || len(b.Events) != 0 {
 		t.Fatalf("once the store answers: %v %v, want an empty Resync", b.Kind, b.Events)
 	}
 	if n := relists(r, q); n != 0 {
@@ -562,12 +498,13 @@ func TestProbeLeavesAQuietWatchToProveItself(t *testing.T) {
 func TestProbeRelistsAWatchThatReportsNoProgress(t *testing.T) {
 	mem := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = mem.Close() })
-	st := newOutageStore(mem, 50*time.Millisecond)
+	st := storefault.New(mem, 50*time.Millisecond)
 	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close() })
+	t.Cleanup(st.Free) // before Close: a probe read held when the test fails
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	q := beacon.Query{Namespace: "promised"}
@@ -579,15 +516,63 @@ func TestProbeRelistsAWatchThatReportsNoProgress(t *testing.T) {
 	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
 		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
 	}
-	st.goDown()
-	if b := st.serve(ctx, t, w); b.Kind != Stale {
+	st.GoDown()
+	if b := serve(ctx, t, st, w); b.Kind != Stale {
 		t.Fatalf("while the store does not answer: %v (%v), want Stale", b.Kind, b.Err)
 	}
-	st.comeBack()
-	if b := st.serve(ctx, t, w); b.Kind != Resync {
+	st.ComeBack()
+	if b := serve(ctx, t, st, w); b.Kind != Resync {
 		t.Fatalf("once the store answers: %v, want a Resync", b.Kind)
 	}
 	if n := relists(r, q); n != 1 {
 		t.Fatalf("the feed re-listed %d times, want once (no progress came)", n)
+	}
+}
+
+// A store watch that ends silent (its server hangs, is cut off or too busy
+// to answer) is opened again from the revision after the last one the
+// feed applied, not listed again: the watchers get Stale, then the new
+// watch's first event ends it with a Resync carrying that change.
+func TestSilentWatchResumesWithoutAListing(t *testing.T) {
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	st := storefault.New(mem, 0)
+	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	t.Cleanup(st.Free)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q := beacon.Query{Namespace: "silent"}
+	w, err := r.Watch(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
+		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
+	}
+	st.Silence()
+	if b, err := w.Next(ctx); err != nil || b.Kind != Stale || !errors.Is(b.Err, store.ErrWatchSilent) {
+		t.Fatalf("after the silence: %v (%v), %v; want Stale", b.Kind, b.Err, err)
+	}
+	in := beacon.Instance{Namespace: "silent", Component: "c", Endpoint: "e", ID: beacon.FormatID(7), Address: "10.0.0.7:80",
+		Status: beacon.StatusServing, RegisteredAt: time.Unix(1, 0).UTC()}
+	val, err := encode(in, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mem.Put(ctx, r.ks.Key(in.Ref()), val); err != nil {
+		t.Fatal(err)
+	}
+	b, err := w.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantEvents(t, b, Resync, "added 10.0.0.7:80")
+	if n := relists(r, q); n != 0 {
+		t.Fatalf("the feed listed its prefix again %d times after a silent watch", n)
 	}
 }
