@@ -40,8 +40,11 @@
 // watch ends (compaction during a partition, a lost leader), this one lists
 // again and pushes the full state. A store watch is silent while the store
 // is unreachable, so the resolver also probes the store (every
-// WithProbeInterval): while it does not answer, the resolver reports an
-// error matching ErrStale (balancers keep the endpoints they have), and
-// when it answers again the resolver re-lists. With no endpoint it reports
+// WithProbeInterval): while it does not answer and the watch delivers
+// nothing, the resolver reports an error matching ErrStale (balancers
+// keep the endpoints they have). The report ends when the watch delivers
+// again (an event, or a progress notification from a store that promises
+// them: the watch resumed without a gap) or, when the store answers
+// first, with a re-list. With no endpoint it reports
 // ErrNoEndpoints so calls fail fast instead of hanging.
 package etcdnaming

@@ -149,10 +149,13 @@ type etcdResolver struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	// Set by probe, read by run.
+	// Set by probe, read by run (run also clears down: see follow).
 	down    atomic.Bool
 	downErr atomic.Pointer[error]
 	health  chan struct{} // nudged when down changes
+	// Counted by run, read by probe: watch responses received (events or
+	// progress), the proof that the watch is live whatever a read met.
+	heard atomic.Uint64
 
 	// Owned by run.
 	reportedDown bool
@@ -252,11 +255,20 @@ func (r *etcdResolver) closed(err error) {
 
 // follow applies the watch from rev to view, publishing after every
 // response (one store revision: a multi-endpoint update arrives whole),
-// until the watch ends or the store answers again after an outage.
+// until the watch ends or the store answers again after an outage. A
+// response after the stale view was reported (events, or progress from a
+// store that promises it) ends the report without a re-listing: the
+// watch resumed without a gap (store.Watcher's contract), so the view
+// missed nothing.
 func (r *etcdResolver) follow(rev int64, view *publish.View[decoded]) error {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
-	ch := r.b.st.Watch(ctx, r.prefix, rev)
+	var ch store.WatchChan
+	if pw, ok := r.b.st.(store.ProgressWatcher); ok && pw.ProgressInterval() > 0 {
+		ch = pw.WatchProgress(ctx, r.prefix, rev)
+	} else {
+		ch = r.b.st.Watch(ctx, r.prefix, rev)
+	}
 	for {
 		select {
 		case resp, ok := <-ch:
@@ -270,10 +282,16 @@ func (r *etcdResolver) follow(rev int64, view *publish.View[decoded]) error {
 			if resp.Err != nil {
 				return resp.Err
 			}
+			r.heard.Add(1)
 			for _, ev := range resp.Events {
 				r.apply(view, ev)
 			}
-			r.publish(view)
+			if r.reportedDown {
+				r.reportedDown = false
+				r.down.Store(false) // the probe's next failure reports it again
+				r.log.Info("store watch delivers again; the endpoint list is current")
+			}
+			r.publish(view) // pushed even if unchanged after a reported error
 		case <-r.health:
 			down := r.down.Load()
 			switch {
@@ -347,13 +365,16 @@ func (r *etcdResolver) publish(view *publish.View[decoded]) {
 func (r *etcdResolver) probe() {
 	defer r.wg.Done()
 	wait.Every(r.ctx, r.b.probe, func() {
+		heard := r.heard.Load()
 		ctx, cancel := context.WithTimeout(r.ctx, r.b.probe)
 		_, err := r.b.st.Get(ctx, r.prefix)
 		cancel()
 		if r.ctx.Err() != nil || errors.Is(err, store.ErrClosed) {
 			return // run finds out on its own
 		}
-		down := err != nil && !errors.Is(err, store.ErrNotFound)
+		// A watch that delivered while the read waited is live: a store
+		// too busy to answer one read in time still streams events.
+		down := err != nil && !errors.Is(err, store.ErrNotFound) && r.heard.Load() == heard
 		if down {
 			r.downErr.Store(&err)
 		}
