@@ -299,33 +299,69 @@ func TestHubStopsARefusedFeedAtOnce(t *testing.T) {
 // and the watchers get a Resync (the feed's own store watch never broke,
 // so nothing else would end the Stale state).
 func TestProbeRelistsFeedsWhenTheStoreIsBack(t *testing.T) {
-	mem := memory.New(memory.Config{})
-	t.Cleanup(func() { _ = mem.Close() })
-	st := storefault.New(mem, 0)
+	ctx, g := memFaultRig(t, 0, "probe")
+	if b := g.outageAndBack(ctx, t); b.Kind != Resync {
+		t.Fatalf("once the store answers again: %v; want a Resync", b.Kind)
+	}
+}
+
+// faultRig is a registry over a storefault.Store, probing the store
+// every second, and one watch of q that took its Snapshot.
+type faultRig struct {
+	r  *StoreRegistry
+	st *storefault.Store
+	w  Watcher
+	q  beacon.Query
+}
+
+func newFaultRig(ctx context.Context, t *testing.T, st *storefault.Store, ns string) *faultRig {
+	t.Helper()
 	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close() })
 	t.Cleanup(st.Free) // before Close: a probe read held when the test fails
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	w, err := r.Watch(ctx, beacon.Query{Namespace: "probe"})
+	g := &faultRig{r: r, st: st, q: beacon.Query{Namespace: ns}}
+	g.w = g.watch(ctx, t, ns)
+	return g
+}
+
+// memFaultRig is newFaultRig over a new memory store promising progress
+// every interval; ctx ends with the test, or after a minute.
+func memFaultRig(t *testing.T, interval time.Duration, ns string) (context.Context, *faultRig) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	mem := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = mem.Close() })
+	return ctx, newFaultRig(ctx, t, storefault.New(mem, interval), ns)
+}
+
+// watch opens a watch of namespace ns that took its Snapshot.
+func (g *faultRig) watch(ctx context.Context, t *testing.T, ns string) Watcher {
+	t.Helper()
+	w, err := g.r.Watch(ctx, beacon.Query{Namespace: ns})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Close()
+	t.Cleanup(func() { _ = w.Close() })
 	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
-		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
+		t.Fatalf("%s: first batch %v, %v; want a Snapshot", ns, b.Kind, err)
 	}
-	st.GoDown()
-	if b := serve(ctx, t, st, w); b.Kind != Stale || !errors.Is(b.Err, store.ErrUnavailable) {
-		t.Fatalf("while the store is unreachable: %v (%v); want Stale", b.Kind, b.Err)
+	return w
+}
+
+// outageAndBack makes the store unreachable until the watch reports
+// Stale, then reachable again, and returns the watch's next batch.
+func (g *faultRig) outageAndBack(ctx context.Context, t *testing.T) Batch {
+	t.Helper()
+	g.st.GoDown()
+	if b := serve(ctx, t, g.st, g.w); b.Kind != Stale || !errors.Is(b.Err, store.ErrUnavailable) {
+		t.Fatalf("while the store does not answer: %v (%v), want Stale", b.Kind, b.Err)
 	}
-	st.ComeBack()
-	if b := serve(ctx, t, st, w); b.Kind != Resync {
-		t.Fatalf("once the store answers again: %v; want a Resync", b.Kind)
-	}
+	g.st.ComeBack()
+	return serve(ctx, t, g.st, g.w)
 }
 
 // serve fails the probe's reads until the watcher's next batch, which it
@@ -370,29 +406,8 @@ func relists(r *StoreRegistry, q beacon.Query) uint64 {
 // the probe stays current and is not re-listed when the probe succeeds
 // again; the quiet feed gets Stale, then its Resync.
 func TestProbeSparesFeedsWhoseWatchDelivers(t *testing.T) {
-	mem := memory.New(memory.Config{})
-	t.Cleanup(func() { _ = mem.Close() })
-	st := storefault.New(mem, 0)
-	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
-	t.Cleanup(st.Free) // before Close: a probe read held when the test fails
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	watch := func(ns string) Watcher {
-		w, err := r.Watch(ctx, beacon.Query{Namespace: ns})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = w.Close() })
-		if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
-			t.Fatalf("%s: first batch %v, %v; want a Snapshot", ns, b.Kind, err)
-		}
-		return w
-	}
-	busy, quiet := watch("busy"), watch("quiet")
+	ctx, g := memFaultRig(t, 0, "busy")
+	r, busy, quiet, st, mem := g.r, g.w, g.watch(ctx, t, "quiet"), g.st, g.st.Store
 	quietBatches := make(chan Batch)
 	go func() {
 		for {
@@ -462,31 +477,11 @@ func TestProbeLeavesAQuietWatchToProveItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = est.Close() })
-	st := storefault.New(est, est.ProgressInterval())
-	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
-	t.Cleanup(st.Free) // before Close: a probe read held when the test fails
-	q := beacon.Query{Namespace: "quiet"}
-	w, err := r.Watch(ctx, q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
-		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
-	}
-	st.GoDown()
-	if b := serve(ctx, t, st, w); b.Kind != Stale {
-		t.Fatalf("while the store does not answer: %v (%v), want Stale", b.Kind, b.Err)
-	}
-	st.ComeBack()
-	if b := serve(ctx, t, st, w); b.Kind != Resync || len(b.Events) != 0 {
+	g := newFaultRig(ctx, t, storefault.New(est, est.ProgressInterval()), "quiet")
+	if b := g.outageAndBack(ctx, t); b.Kind != Resync || len(b.Events) != 0 {
 		t.Fatalf("once the store answers: %v %v, want an empty Resync", b.Kind, b.Events)
 	}
-	if n := relists(r, q); n != 0 {
+	if n := relists(g.r, g.q); n != 0 {
 		t.Fatalf("the feed re-listed %d times; its watch's progress ends the outage", n)
 	}
 }
@@ -496,35 +491,11 @@ func TestProbeLeavesAQuietWatchToProveItself(t *testing.T) {
 // interval after it answers again: a broken promise costs time, never
 // a watch stale for good.
 func TestProbeRelistsAWatchThatReportsNoProgress(t *testing.T) {
-	mem := memory.New(memory.Config{})
-	t.Cleanup(func() { _ = mem.Close() })
-	st := storefault.New(mem, 50*time.Millisecond)
-	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
-	t.Cleanup(st.Free) // before Close: a probe read held when the test fails
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	q := beacon.Query{Namespace: "promised"}
-	w, err := r.Watch(ctx, q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
-		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
-	}
-	st.GoDown()
-	if b := serve(ctx, t, st, w); b.Kind != Stale {
-		t.Fatalf("while the store does not answer: %v (%v), want Stale", b.Kind, b.Err)
-	}
-	st.ComeBack()
-	if b := serve(ctx, t, st, w); b.Kind != Resync {
+	ctx, g := memFaultRig(t, 50*time.Millisecond, "promised")
+	if b := g.outageAndBack(ctx, t); b.Kind != Resync {
 		t.Fatalf("once the store answers: %v, want a Resync", b.Kind)
 	}
-	if n := relists(r, q); n != 1 {
+	if n := relists(g.r, g.q); n != 1 {
 		t.Fatalf("the feed re-listed %d times, want once (no progress came)", n)
 	}
 }
@@ -534,26 +505,8 @@ func TestProbeRelistsAWatchThatReportsNoProgress(t *testing.T) {
 // feed applied, not listed again: the watchers get Stale, then the new
 // watch's first event ends it with a Resync carrying that change.
 func TestSilentWatchResumesWithoutAListing(t *testing.T) {
-	mem := memory.New(memory.Config{})
-	t.Cleanup(func() { _ = mem.Close() })
-	st := storefault.New(mem, 0)
-	r, err := New(st, Config{RetryMax: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
-	t.Cleanup(st.Free)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	q := beacon.Query{Namespace: "silent"}
-	w, err := r.Watch(ctx, q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	if b, err := w.Next(ctx); err != nil || b.Kind != Snapshot {
-		t.Fatalf("first batch %v, %v; want a Snapshot", b.Kind, err)
-	}
+	ctx, g := memFaultRig(t, 0, "silent")
+	r, w, q, st, mem := g.r, g.w, g.q, g.st, g.st.Store
 	st.Silence()
 	if b, err := w.Next(ctx); err != nil || b.Kind != Stale || !errors.Is(b.Err, store.ErrWatchSilent) {
 		t.Fatalf("after the silence: %v (%v), %v; want Stale", b.Kind, b.Err, err)
