@@ -229,7 +229,7 @@ func (p *prober) answered(feeds []*feed, now time.Time) {
 	}
 	for f, until := range p.awaiting {
 		switch {
-		case !f.isStale():
+		case f.ctx.Err() != nil || !f.isStale(): // stopped, or it delivered
 			delete(p.awaiting, f)
 		case now.After(until):
 			delete(p.awaiting, f)
