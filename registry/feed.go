@@ -92,29 +92,45 @@ type conn struct {
 	unfollow context.CancelFunc // ends the current store watch
 	forced   bool               // unfollow was called by relist
 	heard    uint64             // watch responses received: the probe's evidence that the watch is live
-	// onlyOutage says the stale mark has no cause but an unreachable
-	// store (setOutage, never setStale since): the store watch's next
-	// response may end it (resumedLocked).
-	onlyOutage bool
+	// resumable says the stale mark has no cause but a store that did not
+	// answer (setSilent, setOutage; never setStale since): the store
+	// watch's next response may end it (resumedLocked).
+	resumable bool
 }
 
-// setStale marks the view out of date with err (a new disconnection
-// unless it already was): only a listing ends the mark.
-func (c *conn) setStale(err error) {
+// mark makes the view out of date with err (a new disconnection unless it
+// already was).
+func (c *conn) mark(err error) {
 	if c.stale == nil {
 		c.staleGen++
 	}
 	c.stale = err
-	c.onlyOutage = false
 }
 
-// setOutage marks the view out of date because the store is unreachable:
-// a listing ends the mark, or, if nothing else marked it since,
+// setStale marks the view out of date with err: only a listing ends the
+// mark.
+func (c *conn) setStale(err error) {
+	c.mark(err)
+	c.resumable = false
+}
+
+// setSilent marks the view out of date because the store watch heard
+// nothing: a listing ends the mark, or, if nothing else marked it since,
 // the store watch's next response.
+func (c *conn) setSilent(err error) {
+	resumable := c.stale == nil || c.resumable
+	c.mark(err)
+	c.resumable = resumable
+}
+
+// setOutage is setSilent for a store that did not answer at all: besides,
+// removals just after it answers again are judged as after an outage
+// (holds.cameBack), when etcd may end leases its registrants could not
+// renew. A silent watch alone (one member hung, the others answering the
+// registrants) is not that.
 func (c *conn) setOutage(err error) {
-	only := c.stale == nil || c.onlyOutage
-	c.setStale(err)
-	c.outage, c.onlyOutage = true, only
+	c.setSilent(err)
+	c.outage = true
 }
 
 // refused reports whether the store refuses the prefix to the registry's
@@ -172,7 +188,21 @@ func (f *feed) heard() uint64 {
 func (f *feed) awaitsProgress() bool {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return f.conn.stale != nil && f.conn.onlyOutage && f.conn.unfollow != nil
+	return f.conn.stale != nil && f.conn.resumable && f.conn.unfollow != nil
+}
+
+// storeBack notes that the store answers again after an outage (the
+// hub's probe found it so): removals from now on are judged as after one
+// (holds.cameBack), from the store's return rather than from whatever
+// ends the stale mark later — the watch's first delivery may be the
+// first lease expiry itself.
+func (f *feed) storeBack(now time.Time) {
+	f.mu.Lock()
+	defer f.unlock()
+	if f.conn.outage {
+		f.conn.outage = false
+		f.holds.cameBack(now)
+	}
 }
 
 // isStale reports whether the feed's view may be out of date.
@@ -304,7 +334,7 @@ func (f *feed) followResuming(rev int64, log *slog.Logger) error {
 		}
 		f.h.r.m.resync("silent")
 		f.mu.Lock()
-		f.conn.setOutage(fmt.Errorf("registry: watch %s: %w", f.prefix, err))
+		f.conn.setSilent(fmt.Errorf("registry: watch %s: %w", f.prefix, err))
 		f.wake.Notify()
 		rev = f.view.Rev() + 1
 		f.unlock()
@@ -455,19 +485,22 @@ func (f *feed) applyEvents(evs []store.Event) {
 	f.wake.Notify()
 }
 
-// resumedLocked ends a stale mark that only an unreachable store set, now
-// that the store watch delivers again. Every store watch starts at the
-// revision after the feed's last listing and resumes without a gap after
-// an outage (store.Watcher's contract), so a watch that delivers is live
-// and the view missed nothing: no re-listing is needed. The watchers get
-// a Resync (their Stale batch's end), and removals that follow are judged
-// as after an outage (holds.cameBack).
+// resumedLocked ends a stale mark that only a store that did not answer
+// set (setSilent, setOutage), now that the store watch delivers again.
+// Every store watch starts at the revision after the feed's last listing
+// or the last revision it applied, and resumes without a gap after an
+// outage (store.Watcher's contract), so a watch that delivers is live and
+// the view missed nothing: no re-listing is needed. The watchers get a
+// Resync (their Stale batch's end); after an outage, removals that follow
+// are judged as after one (holds.cameBack).
 func (f *feed) resumedLocked(now time.Time) {
-	if f.conn.stale == nil || !f.conn.onlyOutage {
+	if f.conn.stale == nil || !f.conn.resumable {
 		return
 	}
-	f.conn.stale, f.conn.outage, f.conn.onlyOutage = nil, false, false
-	f.holds.cameBack(now)
+	if f.conn.outage {
+		f.holds.cameBack(now)
+	}
+	f.conn.stale, f.conn.outage, f.conn.resumable = nil, false, false
 	f.wake.Notify()
 }
 

@@ -223,6 +223,38 @@ func TestFeedOutageEndsWhenItsWatchDeliversAgain(t *testing.T) {
 	g.idle(c)
 }
 
+// A silent store watch is not a store outage: the registrants renew
+// through the members that answer, so a removal the resumed watch
+// delivers is a death, coalesced only; after the store was unreachable,
+// the first removals are held for re-registrations (etcd may end leases
+// their registrants could not renew).
+func TestFeedSilenceIsNoOutageForRemovals(t *testing.T) {
+	for _, outage := range []bool{false, true} {
+		g := newFeedRigWith(t, Config{}) // removal holds on
+		kv := g.kv(1, "10.0.0.1:80", 5, 5)
+		c := g.start(kv, 10)
+		g.f.mu.Lock()
+		if outage {
+			g.f.conn.setOutage(errors.New("store unreachable"))
+		} else {
+			g.f.conn.setSilent(fmt.Errorf("watch: %w", store.ErrWatchSilent))
+		}
+		g.f.wake.Notify()
+		g.f.unlock()
+		if b := g.batch(c); b.Kind != Stale {
+			t.Fatalf("outage %v: %v, want Stale", outage, b.Kind)
+		}
+		g.f.applyEvents([]store.Event{{Type: store.EventDelete, KV: store.KeyValue{Key: kv.Key, ModRevision: 11}}})
+		g.f.mu.RLock()
+		p := g.f.holds.pending[kv.Key]
+		g.f.mu.RUnlock()
+		if p == nil || p.held != outage {
+			t.Fatalf("outage %v: the removal after the watch resumed is pending %v, held %v; want held %v",
+				outage, p != nil, p != nil && p.held, outage)
+		}
+	}
+}
+
 // A stale mark with another cause than an unreachable store (a silent
 // stream, a refusal), even on top of an outage mark, is ended only by a
 // listing: changes the watch brings meanwhile are delivered as Changes

@@ -216,6 +216,7 @@ func (p *prober) answered(feeds []*feed, now time.Time) {
 		p.failing = false
 		relisted, awaiting := 0, 0
 		for _, f := range feeds {
+			f.storeBack(now)
 			switch {
 			case r.progress != nil && f.awaitsProgress():
 				p.awaiting[f] = now.Add(2 * r.progress.ProgressInterval())
