@@ -81,17 +81,15 @@ func New(st store.Store, cfg Config) (*StoreRegistry, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &StoreRegistry{
-		st:     st,
-		cfg:    cfg,
-		ks:     ks,
-		log:    cfg.Logger.With("component", "registry"),
-		m:      m,
-		ctx:    ctx,
-		cancel: cancel,
-		lists:  make(chan struct{}, maxFeedLists),
-	}
-	if pw, ok := st.(store.ProgressWatcher); ok && pw.ProgressInterval() > 0 {
-		r.progress = pw
+		st:       st,
+		cfg:      cfg,
+		ks:       ks,
+		log:      cfg.Logger.With("component", "registry"),
+		m:        m,
+		ctx:      ctx,
+		cancel:   cancel,
+		lists:    make(chan struct{}, maxFeedLists),
+		progress: store.PromisedProgress(st),
 	}
 	if tx, ok := st.(store.Transactor); ok {
 		r.tx = tx

@@ -186,6 +186,16 @@ type ProgressWatcher interface {
 	ProgressInterval() time.Duration
 }
 
+// PromisedProgress returns w as a ProgressWatcher if its watches promise
+// progress notifications (a ProgressInterval above 0), else nil: the one
+// test of whether a consumer may wait for a quiet watch to prove itself.
+func PromisedProgress(w Watcher) ProgressWatcher {
+	if pw, ok := w.(ProgressWatcher); ok && pw.ProgressInterval() > 0 {
+		return pw
+	}
+	return nil
+}
+
 // LocalReader is implemented by stores that can read a key from whichever
 // server the call reaches, without a round trip through the cluster's
 // leader (etcd's serializable read): the answer may trail the latest

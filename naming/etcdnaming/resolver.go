@@ -264,7 +264,7 @@ func (r *etcdResolver) follow(rev int64, view *publish.View[decoded]) error {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
 	var ch store.WatchChan
-	if pw, ok := r.b.st.(store.ProgressWatcher); ok && pw.ProgressInterval() > 0 {
+	if pw := store.PromisedProgress(r.b.st); pw != nil {
 		ch = pw.WatchProgress(ctx, r.prefix, rev)
 	} else {
 		ch = r.b.st.Watch(ctx, r.prefix, rev)
