@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -427,6 +428,39 @@ func (hb *healthBench) detection(ctx context.Context, r *Report) error {
 	return nil
 }
 
+// serving describes which of svcs the view still has serving, and why.
+func (hb *healthBench) serving(svcs []string) string {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	var out []string
+	for _, svc := range svcs {
+		in, ok := hb.state[svc]
+		switch {
+		case !ok:
+			out = append(out, svc+" (not in the view)")
+		case in.Serving():
+			h := "no verdict"
+			if in.Health != nil {
+				h = fmt.Sprintf("%s by %q", in.Health.Status, in.Health.Checker)
+			}
+			out = append(out, svc+" ("+h+")")
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
+}
+
+// nodesOutput is the last lines each node printed, for an error.
+func nodesOutput(nodes []*checkerNode) string {
+	var b strings.Builder
+	for _, n := range nodes {
+		fmt.Fprintf(&b, "; %s printed: %s", n.name, lastLines(n.out.String(), 20))
+	}
+	return b.String()
+}
+
 // httpReady returns a readiness test that GETs url and wants 200.
 func httpReady(url string) func(context.Context) error {
 	return func(ctx context.Context) error {
@@ -446,20 +480,70 @@ func httpReady(url string) func(context.Context) error {
 	}
 }
 
-// killedFailing is how many instances fail while a checker is killed.
+// killedFailing is how many instances fail while a checker is killed, at
+// most (see pickFailing).
 const killedFailing = 10
 
-// killChecker turns killedFailing instances NOT_SERVING, kills (SIGKILL)
-// the checker that marked the first of them, and times how long until its
-// verdicts are gone with its lease (fail-open: those instances served
-// again) and until the surviving checkers have marked them failing again;
-// then it counts the probes per instance per interval again, with one
-// node fewer.
+// pickFailing chooses up to killedFailing of the instances not used by the
+// detection trials to fail, taking from each checker's share (by the
+// verdicts in st) fewer than half: a checker that sees more than half of
+// its instances fail while its peers see few concludes that it, not they,
+// is cut off (health/cutoff.go) and withholds its failing verdicts — the
+// scenario measures a checker's death, not that. With 30 instances on two
+// checkers, ten taken in order crossed that line on one checker about one
+// run in ten, and the run timed out waiting for verdicts held back by
+// design. Shares are taken in turn, so that every checker has some.
+func pickFailing(st map[string]beacon.Instance, trials int) []string {
+	owned := map[string]int{}
+	candidates := map[string][]string{}
+	var checkers []string
+	for i := range len(st) {
+		in, ok := st[targetService(i)]
+		if !ok || in.Health == nil {
+			continue
+		}
+		c := in.Health.Checker
+		if owned[c] == 0 {
+			checkers = append(checkers, c)
+		}
+		owned[c]++
+		if i >= trials {
+			candidates[c] = append(candidates[c], targetService(i))
+		}
+	}
+	slices.Sort(checkers)
+	var out []string
+	taken := map[string]int{}
+	for len(out) < killedFailing {
+		before := len(out)
+		for _, c := range checkers {
+			if len(out) < killedFailing && 2*(taken[c]+1) < owned[c] && taken[c] < len(candidates[c]) {
+				out = append(out, candidates[c][taken[c]])
+				taken[c]++
+			}
+		}
+		if len(out) == before {
+			break
+		}
+	}
+	return out
+}
+
+// killChecker turns up to killedFailing instances NOT_SERVING (pickFailing),
+// kills (SIGKILL) the checker that marked the first of them, and times how
+// long until its verdicts are gone with its lease (fail-open: those
+// instances served again) and until the surviving checkers have marked
+// them failing again; then it counts the probes per instance per interval
+// again, with one node fewer.
 func (hb *healthBench) killChecker(ctx context.Context, r *Report, nodes []*checkerNode) error {
-	var svcs []string
-	for i := hb.cfg.Trials; i < hb.cfg.Trials+killedFailing; i++ {
-		svcs = append(svcs, targetService(i))
-		hb.targets.hs.SetServingStatus(targetService(i), healthpb.HealthCheckResponse_NOT_SERVING)
+	hb.mu.Lock()
+	svcs := pickFailing(hb.state, hb.cfg.Trials)
+	hb.mu.Unlock()
+	if len(svcs) == 0 {
+		return fmt.Errorf("bench: health: no checker owns enough instances to fail fewer than half of its share; run more --instances")
+	}
+	for _, svc := range svcs {
+		hb.targets.hs.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
 	allFailing := func(st map[string]beacon.Instance) bool {
 		for _, svc := range svcs {
@@ -471,7 +555,7 @@ func (hb *healthBench) killChecker(ctx context.Context, r *Report, nodes []*chec
 	}
 	limit := 30*time.Second + time.Duration(hb.cfg.Fall)*hb.cfg.Interval
 	if err := hb.waitFor(ctx, limit, "the instances failing", allFailing); err != nil {
-		return err
+		return fmt.Errorf("%w (still serving: %s)%s", err, hb.serving(svcs), nodesOutput(nodes))
 	}
 	hb.mu.Lock()
 	victim := hb.state[svcs[0]].Health.Checker

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 
@@ -44,6 +45,38 @@ func TestHealthConfigValidate(t *testing.T) {
 		{BeaconCommand: cmd, Instances: 5, Trials: 5}, {BeaconCommand: cmd, Interval: time.Millisecond}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: accepted", c)
+		}
+	}
+}
+
+// The instances failed while a checker is killed are fewer than half of
+// every checker's share, however skewed the shares: more would make the
+// checker conclude that it is cut off and hold its verdicts back.
+func TestPickFailingStaysUnderHalfOfEveryShare(t *testing.T) {
+	for _, shares := range [][2]int{{15, 15}, {22, 8}, {27, 3}, {30, 0}} {
+		st := map[string]beacon.Instance{}
+		for i := range shares[0] + shares[1] {
+			c := "node1"
+			if i >= shares[0] {
+				c = "node2"
+			}
+			st[targetService(i)] = beacon.Instance{Health: &beacon.Health{Status: beacon.HealthPassing, Checker: c}}
+		}
+		owned, taken := map[string]int{}, map[string]int{}
+		for _, in := range st {
+			owned[in.Health.Checker]++
+		}
+		picked := pickFailing(st, 2)
+		for _, svc := range picked {
+			taken[st[svc].Health.Checker]++
+		}
+		for c, n := range taken {
+			if 2*n >= owned[c] {
+				t.Errorf("shares %v: %d of %s's %d instances picked", shares, n, c, owned[c])
+			}
+		}
+		if len(picked) == 0 || len(picked) > killedFailing {
+			t.Errorf("shares %v: %d picked, want 1..%d", shares, len(picked), killedFailing)
 		}
 	}
 }
