@@ -22,8 +22,11 @@ Reported:
   - NOT_SERVING -> out of the registry's view, and SERVING -> back, p50 and
     p99, for --trials instances one at a time (bound: fall x interval +
     0.5 s, and rise x interval + 0.5 s);
-  - with more than one node: 10 instances made to fail, the checker that
-    marked them killed (SIGKILL): its verdicts gone with its lease
+  - with more than one node: up to 10 instances made to fail, fewer than
+    half of each checker's share (a checker that sees more than half of
+    its own fail while its peers do not takes itself for cut off and
+    holds its verdicts back), the checker that marked the first killed
+    (SIGKILL): its verdicts gone with its lease
     (fail-open; bound: the lease TTL + 1 s), the instances marked failing
     again by the others, and the probes per instance per interval again.
 
