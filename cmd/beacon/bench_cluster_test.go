@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +32,7 @@ func TestBenchClusterSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts 4 beacon serve nodes")
 	}
+	machine.Exclusive(t)
 	b := startBeacon(t, t.TempDir(), nil, "bench", "cluster", "--instances", "600", "--services", "6", "--watchers", "18",
 		"--rounds", "2", "--workers", "20", "--sessions", "2", "--kill-instances", "300", "-o", "json")
 	if err := b.wait(t, 5*time.Minute); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"os"
 	"os/exec"
 	"testing"
@@ -51,6 +52,7 @@ func TestBenchDrillServeNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts 4 beacon serve nodes")
 	}
+	machine.Exclusive(t)
 	b := startBeacon(t, t.TempDir(), nil, "bench", "drill", "--drills", "member-hang,leader-kill", "--trials", "1",
 		"--sessions", "8", "--watchers", "2", "-o", "json")
 	if err := b.wait(t, 5*time.Minute); err != nil {

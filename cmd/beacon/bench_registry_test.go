@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +51,7 @@ func TestBenchWatchSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts an embedded etcd")
 	}
+	machine.Exclusive(t)
 	b := startBeacon(t, t.TempDir(), nil, "bench", "watch", "--watchers", "1,5", "--samples", "3", "--no-fsync", "-o", "json")
 	if err := b.wait(t, 2*time.Minute); err != nil {
 		t.Fatalf("bench watch: %v\n%s", err, b.errOut())

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"io"
 	"net"
 	"os/exec"
@@ -74,6 +75,7 @@ func (h *healthTarget) do(t *testing.T, cmd string) {
 // How fast each transition comes is measured by `beacon bench health`,
 // not here.
 func TestHealthDrills(t *testing.T) {
+	machine.Exclusive(t)
 	dir := t.TempDir()
 	client := freeURL(t)
 	srv := startBeacon(t, dir, nil, withFreePorts(t, []string{"serve", "--data-dir", t.TempDir(), "--listen-client-urls", client}, nil)...)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"net/http"
 	"os"
 	"os/exec"
@@ -54,6 +55,7 @@ const (
 // the checker's host loses its route to the instances (refused at once).
 // It needs root and ip(8): without them it skips, saying why.
 func TestHealthDrillCheckerPartitioned(t *testing.T) {
+	machine.Exclusive(t)
 	start := time.Now()
 	c := etcdtest.StartProcessCluster(t, 1, etcdtest.ProcessClusterOptions{Netns: true})
 	etcdURL := c.Endpoints()[0]

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"log/slog"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 // TestRunDNSSmall runs the DNS scenario at a tiny size against the real
 // peers: every row is there, both servers answered every query.
 func TestRunDNSSmall(t *testing.T) {
+	machine.Exclusive(t)
 	cfg := DNSConfig{
 		Instances: 3, Duration: time.Second, Rounds: 1, Clients: 2, Outstanding: 20, Trials: 3,
 		CoreDNS: testpeer.Built(t, "coredns"),

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ func TestRunHealthSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds beacon, starts two beacon serve processes")
 	}
+	machine.Exclusive(t)
 	beaconBin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/cmd/beacon")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ func TestNamingScenarioSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts etcd and gRPC servers")
 	}
+	machine.Exclusive(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// A drained backend is stopped after DrainGrace: a generous one keeps

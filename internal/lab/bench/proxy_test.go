@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"slices"
 	"strings"
 	"testing"
@@ -23,6 +24,7 @@ func TestRunProxySmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds beacon and etcd, starts etcd and two proxies")
 	}
+	machine.Exclusive(t)
 	r, b := runProxySmall(t, ProxyConfig{Rounds: 2, Duration: 300 * time.Millisecond, Clients: 4})
 	seen := map[string]bool{}
 	for _, row := range r.Rows {
@@ -109,6 +111,7 @@ func TestRunProxyTier(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds beacon and etcd, starts etcd and four proxies")
 	}
+	machine.Exclusive(t)
 	r, b := runProxySmall(t, ProxyConfig{Rounds: 1, Duration: 200 * time.Millisecond, Clients: 2, Proxies: 2})
 	seen := map[string]Row{}
 	for _, row := range r.Rows {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"os"
 	"os/signal"
 	"slices"
@@ -117,6 +118,7 @@ func TestRegistryScenariosSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts etcd servers and child processes")
 	}
+	machine.Exclusive(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := RegistryConfig{NoFsync: true, Instances: 200, Concurrency: []int{8}, Sequential: 20, Watchers: []int{1, 20}, Samples: 5,
@@ -152,6 +154,7 @@ func TestRegisterCeiling(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts etcd and etcd's benchmark tool")
 	}
+	machine.Exclusive(t)
 	bin := testpeer.Built(t, "benchmark")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ func TestRunXDSSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds beacon and xdsprobe, starts beacon serve")
 	}
+	machine.Exclusive(t)
 	beaconBin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/cmd/beacon")
 	probe := testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/lab/xdsprobe")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
