@@ -182,8 +182,13 @@ type LeaseResult struct {
 	// LeaderGap is, for a fault on the leader, how long the other members
 	// went without a leader (up to the fault's end when they elected none).
 	LeaderGap time.Duration `json:"leader_gap_ns"`
-	Skipped   string        `json:"skipped,omitempty"`
-	Notes     []string      `json:"notes,omitempty"`
+	// Elections is how many raft terms the members went through while the
+	// fault lasted (-1: not known). A fault on a follower moves no leader
+	// on a machine that gives etcd its heartbeats in time (etcd campaigns
+	// with pre-vote): one that did is the machine's doing.
+	Elections int      `json:"elections"`
+	Skipped   string   `json:"skipped,omitempty"`
+	Notes     []string `json:"notes,omitempty"`
 }
 
 // ElectionBudget is the longest election registry.MinElectionTTL is
@@ -201,13 +206,23 @@ func (r LeaseResult) Met() bool {
 // Void says why the goal cannot judge an asserted result that lost leases
 // ("" if it can): the cluster went without a leader for longer than
 // ElectionBudget, the election the TTL is derived for (a machine too busy
-// for etcd's timing elects late). Leases kept through a longer election
-// still meet the goal; a false loss (FalseLoss) is never excused.
+// for etcd's timing elects late); or, on a fault of a follower, whose TTL
+// is derived for a steady leader, the members elected one meanwhile (a
+// machine too busy for etcd's heartbeats; CI's went so during a follower's
+// slow disk, and every lease of both TTLs ended, those of the separate
+// `beacon register` processes too). Leases kept through either still meet
+// the goal; a false loss (FalseLoss) is never excused.
 func (r LeaseResult) Void() string {
-	if !r.Asserted || r.Lost == 0 || r.FalseLoss > 0 || r.LeaderGap <= ElectionBudget {
+	if !r.Asserted || r.Lost == 0 || r.FalseLoss > 0 {
 		return ""
 	}
-	return fmt.Sprintf("the members had no leader for %v, beyond the %v election the %v TTL is derived for", round(r.LeaderGap), ElectionBudget, r.TTL)
+	switch {
+	case r.LeaderGap > ElectionBudget:
+		return fmt.Sprintf("the members had no leader for %v, beyond the %v election the %v TTL is derived for", round(r.LeaderGap), ElectionBudget, r.TTL)
+	case r.Role == "follower" && r.Elections > 0:
+		return fmt.Sprintf("the members elected a leader %d time(s) during a fault of a follower, which moves none when etcd's heartbeats arrive in time: the %v TTL is derived for a steady leader", r.Elections, r.TTL)
+	}
+	return ""
 }
 
 // WriteLeaseTable prints lease drill results, one row per fault, role,
@@ -234,8 +249,11 @@ func WriteLeaseTable(w io.Writer, results []LeaseResult) error {
 			gap = round(r.MaxGap).String()
 		}
 		noLeader := "-"
-		if r.Role == "leader" {
+		switch {
+		case r.Role == "leader":
 			noLeader = round(r.LeaderGap).String()
+		case r.Elections > 0:
+			noLeader = fmt.Sprintf("%d election(s)", r.Elections)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", r.Fault, r.Role, r.Path, r.TTL, r.Leases,
 			r.Lost, r.FalseLoss, r.Revoked, r.Unconfirmed, r.Failed, gap, noLeader, goal)
@@ -501,16 +519,16 @@ func (e *leaseEnv) trial(ctx context.Context, fault, role string) ([]LeaseResult
 		g.stats().resetGap()
 		before[i] = g.stats().snapshot()
 	}
-	var election time.Duration
+	var out faultOutcome
 	if skipped == "" {
-		if election, err = e.fault(ctx, f, 2*asserted, role == "leader"); err != nil {
+		if out, err = e.fault(ctx, f, 2*asserted, role == "leader"); err != nil {
 			return nil, err
 		}
 	}
 	var res []LeaseResult
 	for i, g := range e.groups {
 		r := LeaseResult{Fault: fault, Role: role, Path: g.path(), TTL: g.ttl(), Asserted: g.ttl() == asserted,
-			Leases: g.size(), Skipped: skipped, LeaderGap: election}
+			Leases: g.size(), Skipped: skipped, LeaderGap: out.election, Elections: out.elections}
 		if skipped == "" {
 			countLease(&r, before[i], g.stats().snapshot())
 		}
@@ -533,14 +551,25 @@ func (e *leaseEnv) trial(ctx context.Context, fault, role string) ([]LeaseResult
 // timeout (5 s plus two election timeouts) before they land.
 const aftermath = 8 * time.Second
 
+// faultOutcome is what the members did while a fault lasted.
+type faultOutcome struct {
+	// election: on the leader, how long the other members took to elect a
+	// new one (the hold when they elected none while the fault lasted).
+	election time.Duration
+	// elections: raft terms gone through from injection to healing (-1:
+	// a reading failed).
+	elections int
+}
+
 // fault injects f, holds it, heals it, watches its aftermath (a resumed
 // member may act on what it missed: the longest TTL, at least aftermath)
 // and waits until every keeper renewed again. On the leader (elect), it
-// returns how long the other members took to elect a new one (hold when
-// they elected none while the fault lasted).
-func (e *leaseEnv) fault(ctx context.Context, f leaseFault, hold time.Duration, elect bool) (time.Duration, error) {
+// times the election of the next one.
+func (e *leaseEnv) fault(ctx context.Context, f leaseFault, hold time.Duration, elect bool) (faultOutcome, error) {
+	out := faultOutcome{elections: -1}
+	term0, termErr := e.c.Term(ctx)
 	if err := f.inject(); err != nil {
-		return 0, err
+		return out, err
 	}
 	injected := time.Now()
 	election := make(chan time.Duration, 1)
@@ -560,17 +589,20 @@ func (e *leaseEnv) fault(ctx context.Context, f leaseFault, hold time.Duration, 
 	if err := sleepCtx(ctx, hold); err != nil {
 		_ = f.heal()
 		<-election
-		return 0, err
+		return out, err
 	}
-	took := <-election
+	out.election = <-election
+	if term1, err := e.c.Term(ctx); err == nil && termErr == nil {
+		out.elections = int(term1 - term0)
+	}
 	if err := f.heal(); err != nil {
-		return 0, err
+		return out, err
 	}
 	healed := time.Now()
 	if err := sleepCtx(ctx, max(e.cfg.ttls()[len(e.cfg.ttls())-1], aftermath)); err != nil {
-		return 0, err
+		return out, err
 	}
-	return took, e.settle(ctx, healed)
+	return out, e.settle(ctx, healed)
 }
 
 // countLease fills r with what changed between two snapshots.

@@ -256,6 +256,29 @@ func (c *Cluster) Leader(ctx context.Context) (*Member, error) {
 	return nil, fmt.Errorf("etcdproc: no leader found: %w", errors.Join(errs...))
 }
 
+// Term returns the highest raft term the running, reachable members
+// report (bounded by ctx): it grows with every election, so two readings
+// tell whether the members elected a leader between them.
+func (c *Cluster) Term(ctx context.Context) (uint64, error) {
+	var term uint64
+	var errs []error
+	for _, m := range c.Members() {
+		if !m.Running() || m.Paused() || m.Partitioned() {
+			continue
+		}
+		st, err := m.status(ctx)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		term = max(term, st.RaftTerm)
+	}
+	if term == 0 {
+		return 0, fmt.Errorf("etcdproc: no member reported its raft term: %w", errors.Join(errs...))
+	}
+	return term, nil
+}
+
 // WaitLeader waits (polling every 50 ms, bounded by ctx) until a member is
 // leader by its own account and returns it.
 func (c *Cluster) WaitLeader(ctx context.Context) (*Member, error) {
