@@ -16,6 +16,8 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -94,6 +96,24 @@ func Built(tb testing.TB, name string) string {
 	return Binary(tb, "bash .ci/build-peers "+name+" (builds it into "+filepath.Dir(p)+")", name)
 }
 
+// buildDirPrefix starts the name of the temporary directory a test process
+// builds its peers in; the process's ID follows.
+const buildDirPrefix = "beacon-peer-bin-"
+
+// sweepBuildDirs removes the build directories of test processes that
+// have ended. A test process cannot remove its own (no hook runs at its
+// exit), and each holds a few binaries of tens of megabytes: one machine
+// had kept 18 GB of them in /tmp.
+func sweepBuildDirs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), buildDirPrefix+"*"))
+	for _, d := range dirs {
+		pid, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(d), buildDirPrefix), "-")
+		if n, err := strconv.Atoi(pid); ok && err == nil && n != os.Getpid() && !alive(n) {
+			_ = os.RemoveAll(d)
+		}
+	}
+}
+
 var (
 	goBuildMu   sync.Mutex
 	goBuildDir  string
@@ -122,11 +142,12 @@ func GoBuildWith(tb testing.TB, name, pkg string, flags ...string) string {
 		return bin
 	}
 	if goBuildDir == "" {
-		d, err := os.MkdirTemp("", "beacon-peer-bin-")
+		sweepBuildDirs()
+		d, err := os.MkdirTemp("", buildDirPrefix+strconv.Itoa(os.Getpid())+"-")
 		if err != nil {
 			tb.Fatalf("testpeer: %v", err)
 		}
-		goBuildDir = d // removed by the OS's temp cleaning; binaries are reused within the process
+		goBuildDir = d // binaries are reused within the process; the next process's sweep removes it
 	}
 	bin := filepath.Join(goBuildDir, name)
 	args := append(append([]string{"build"}, flags...), "-o", bin, pkg)

@@ -2,6 +2,10 @@ package testpeer
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
 	"testing"
 )
 
@@ -30,5 +34,34 @@ func TestMissing(t *testing.T) {
 	Missing(r, "not root")
 	if r.failed == "" || r.skipped != "" {
 		t.Fatalf("with %s: skipped %q, failed %q", RequireEnv, r.skipped, r.failed)
+	}
+}
+
+// The build directory of a test process that has ended is removed by the
+// next process's first build; a live process's is kept.
+func TestSweepRemovesTheBuildDirsOfEndedProcesses(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("no signal 0 to tell a live process")
+	}
+	ended := exec.Command("true")
+	if err := ended.Run(); err != nil {
+		t.Skip("no true(1):", err)
+	}
+	dead, err := os.MkdirTemp("", buildDirPrefix+strconv.Itoa(ended.Process.Pid)+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dead) })
+	live, err := os.MkdirTemp("", buildDirPrefix+strconv.Itoa(os.Getppid())+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(live) })
+	sweepBuildDirs()
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("%s of an ended process: still there (%v)", dead, err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("%s of a live process: %v", live, err)
 	}
 }
