@@ -45,6 +45,8 @@
 // keep the endpoints they have). The report ends when the watch delivers
 // again (an event, or a progress notification from a store that promises
 // them: the watch resumed without a gap) or, when the store answers
-// first, with a re-list. With no endpoint it reports
+// first, with a re-list — after twice the promised progress interval, if
+// the watch reported nothing meanwhile (at once from a store that
+// promises none). With no endpoint it reports
 // ErrNoEndpoints so calls fail fast instead of hanging.
 package etcdnaming

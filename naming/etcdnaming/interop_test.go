@@ -319,3 +319,74 @@ func TestResolverSparesAWatchThatDelivers(t *testing.T) {
 	rec.WaitError(t, i, "store unreachable")
 	st.ComeBack()
 }
+
+// serveReads fails every read the probe makes through st (held by
+// storefault while down; answered once it comes back) until the test
+// ends.
+func serveReads(t *testing.T, st *storefault.Store) {
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		for {
+			select {
+			case <-st.Pinged():
+				st.Release()
+			case <-done:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { close(done); <-finished })
+}
+
+// When the store answers the probe again before the watch delivers, a
+// watch that promises progress gets twice its interval to prove itself
+// live: its progress ends the stale report without a re-listing (on a
+// cluster too busy to answer, a re-listing per channel made it busier).
+func TestResolverLeavesAQuietWatchToProveItself(t *testing.T) {
+	ctx := testContext(t)
+	target := unique("interop/quiet")
+	m := newManager(t, etcdStore(t, server.Client(t)), target)
+	must(t, m.AddEndpoint(ctx, target+"/e1", etcdnaming.Endpoint{Addr: "10.0.0.1:1"}))
+	est, err := etcd.Open(ctx, etcd.Config{Endpoints: server.Endpoints(), WatchSilenceTimeout: 800 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = est.Close() })
+	st := storefault.New(est, est.ProgressInterval())
+	reg := prometheus.NewRegistry()
+	rec := buildResolver(t, st, "etcd:///"+target, etcdnaming.WithProbeInterval(100*time.Millisecond), etcdnaming.WithMetrics(reg))
+	t.Cleanup(st.Free)
+	i, _ := rec.WaitState(t, 0, "[10.0.0.1:1]")
+	st.GoDown()
+	serveReads(t, st)
+	i, _ = rec.WaitError(t, i, "store unreachable")
+	st.ComeBack()
+	rec.WaitState(t, i, "[10.0.0.1:1]")
+	if n := counter(t, reg, "beacon_naming_resyncs_total", "reconnect"); n != 0 {
+		t.Errorf("re-listed %v times once the store answered; the watch's progress ends the report", n)
+	}
+}
+
+// A store that promises progress and does not deliver it (here: the
+// memory store's plain watches) has the prefix listed again all the
+// same, twice the interval after it answers: a broken promise costs
+// time, never a channel stale for good.
+func TestResolverRelistsAWatchThatReportsNoProgress(t *testing.T) {
+	target := unique("interop/promised")
+	mem := memStore(t)
+	must(t, newManager(t, mem, target).AddEndpoint(testContext(t), target+"/e1", etcdnaming.Endpoint{Addr: "10.0.0.1:1"}))
+	st := storefault.New(mem, 50*time.Millisecond)
+	reg := prometheus.NewRegistry()
+	rec := buildResolver(t, st, "etcd:///"+target, etcdnaming.WithProbeInterval(100*time.Millisecond), etcdnaming.WithMetrics(reg))
+	t.Cleanup(st.Free)
+	i, _ := rec.WaitState(t, 0, "[10.0.0.1:1]")
+	st.GoDown()
+	serveReads(t, st)
+	i, _ = rec.WaitError(t, i, "store unreachable")
+	st.ComeBack()
+	rec.WaitState(t, i, "[10.0.0.1:1]")
+	if n := counter(t, reg, "beacon_naming_resyncs_total", "reconnect"); n != 1 {
+		t.Errorf("re-listed %v times once the store answered, want once (no progress came)", n)
+	}
+}

@@ -259,15 +259,33 @@ func (r *etcdResolver) closed(err error) {
 // response after the stale view was reported (events, or progress from a
 // store that promises it) ends the report without a re-listing: the
 // watch resumed without a gap (store.Watcher's contract), so the view
-// missed nothing.
+// missed nothing. When the probe finds the store answering first, a
+// watch that promises progress gets twice its interval to deliver before
+// the prefix is listed again (at once without a promise), as the
+// registry's feeds do: on a cluster too busy to answer, a re-listing per
+// channel made it busier.
 func (r *etcdResolver) follow(rev int64, view *publish.View[decoded]) error {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
 	var ch store.WatchChan
-	if pw := store.PromisedProgress(r.b.st); pw != nil {
+	pw := store.PromisedProgress(r.b.st)
+	if pw != nil {
 		ch = pw.WatchProgress(ctx, r.prefix, rev)
 	} else {
 		ch = r.b.st.Watch(ctx, r.prefix, rev)
+	}
+	var grace *time.Timer // armed while the store answers and the watch has yet to
+	var relist <-chan time.Time
+	defer func() {
+		if grace != nil {
+			grace.Stop()
+		}
+	}()
+	disarm := func() {
+		if relist != nil {
+			grace.Stop()
+			relist = nil
+		}
 	}
 	for {
 		select {
@@ -289,6 +307,7 @@ func (r *etcdResolver) follow(rev int64, view *publish.View[decoded]) error {
 			if r.reportedDown {
 				r.reportedDown = false
 				r.down.Store(false) // the probe's next failure reports it again
+				disarm()
 				r.log.Info("store watch delivers again; the endpoint list is current")
 			}
 			r.publish(view) // pushed even if unchanged after a reported error
@@ -303,9 +322,23 @@ func (r *etcdResolver) follow(rev int64, view *publish.View[decoded]) error {
 				}
 				r.pub.Error(publish.ReasonStale, fmt.Errorf("%w: %s: store unreachable: %w", ErrStale, r.raw, err))
 				r.log.Warn("store unreachable; keeping the last known endpoints", "err", err)
-			case !down && r.reportedDown:
+			case down:
+				disarm() // unreachable again: the watch resumes when it answers
+			case r.reportedDown && pw == nil:
 				return errReconnected
+			case r.reportedDown && relist == nil:
+				d := 2 * pw.ProgressInterval()
+				if grace == nil {
+					grace = time.NewTimer(d)
+				} else {
+					grace.Reset(d)
+				}
+				relist = grace.C
 			}
+		case <-relist:
+			r.log.Info("store answers again but its watch reported nothing in twice its progress interval; re-listing",
+				"progress_interval", pw.ProgressInterval())
+			return errReconnected
 		case <-r.ctx.Done():
 			return r.ctx.Err()
 		}
