@@ -320,6 +320,20 @@ func TestResolverSparesAWatchThatDelivers(t *testing.T) {
 	st.ComeBack()
 }
 
+// outageAndBack makes st look unreachable to rec's resolver (serving
+// [10.0.0.1:1]) until it reports the stale list, then brings it back and
+// waits for the list pushed again.
+func outageAndBack(t *testing.T, st *storefault.Store, rec *cctest.ClientConn) {
+	t.Helper()
+	t.Cleanup(st.Free)
+	i, _ := rec.WaitState(t, 0, "[10.0.0.1:1]")
+	st.GoDown()
+	serveReads(t, st)
+	i, _ = rec.WaitError(t, i, "store unreachable")
+	st.ComeBack()
+	rec.WaitState(t, i, "[10.0.0.1:1]")
+}
+
 // serveReads fails every read the probe makes through st (held by
 // storefault while down; answered once it comes back) until the test
 // ends.
@@ -356,13 +370,7 @@ func TestResolverLeavesAQuietWatchToProveItself(t *testing.T) {
 	st := storefault.New(est, est.ProgressInterval())
 	reg := prometheus.NewRegistry()
 	rec := buildResolver(t, st, "etcd:///"+target, etcdnaming.WithProbeInterval(100*time.Millisecond), etcdnaming.WithMetrics(reg))
-	t.Cleanup(st.Free)
-	i, _ := rec.WaitState(t, 0, "[10.0.0.1:1]")
-	st.GoDown()
-	serveReads(t, st)
-	i, _ = rec.WaitError(t, i, "store unreachable")
-	st.ComeBack()
-	rec.WaitState(t, i, "[10.0.0.1:1]")
+	outageAndBack(t, st, rec)
 	if n := counter(t, reg, "beacon_naming_resyncs_total", "reconnect"); n != 0 {
 		t.Errorf("re-listed %v times once the store answered; the watch's progress ends the report", n)
 	}
@@ -379,13 +387,7 @@ func TestResolverRelistsAWatchThatReportsNoProgress(t *testing.T) {
 	st := storefault.New(mem, 50*time.Millisecond)
 	reg := prometheus.NewRegistry()
 	rec := buildResolver(t, st, "etcd:///"+target, etcdnaming.WithProbeInterval(100*time.Millisecond), etcdnaming.WithMetrics(reg))
-	t.Cleanup(st.Free)
-	i, _ := rec.WaitState(t, 0, "[10.0.0.1:1]")
-	st.GoDown()
-	serveReads(t, st)
-	i, _ = rec.WaitError(t, i, "store unreachable")
-	st.ComeBack()
-	rec.WaitState(t, i, "[10.0.0.1:1]")
+	outageAndBack(t, st, rec)
 	if n := counter(t, reg, "beacon_naming_resyncs_total", "reconnect"); n != 1 {
 		t.Errorf("re-listed %v times once the store answered, want once (no progress came)", n)
 	}

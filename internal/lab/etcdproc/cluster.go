@@ -239,21 +239,18 @@ func (c *Cluster) Launcher() Launcher { return c.launch }
 // Leader returns the member that is leader by its own account, asking each
 // running, reachable member (bounded by ctx).
 func (c *Cluster) Leader(ctx context.Context) (*Member, error) {
-	var errs []error
-	for _, m := range c.Members() {
-		if !m.Running() || m.Paused() || m.Partitioned() {
-			continue
-		}
-		st, err := m.status(ctx)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+	var leader *Member
+	err := c.eachStatus(ctx, func(m *Member, st *clientv3.StatusResponse) bool {
 		if st.Leader != 0 && st.Leader == st.Header.MemberId {
-			return m, nil
+			leader = m
+			return false
 		}
+		return true
+	})
+	if leader == nil {
+		return nil, fmt.Errorf("etcdproc: no leader found: %w", err)
 	}
-	return nil, fmt.Errorf("etcdproc: no leader found: %w", errors.Join(errs...))
+	return leader, nil
 }
 
 // Term returns the highest raft term the running, reachable members
@@ -261,6 +258,20 @@ func (c *Cluster) Leader(ctx context.Context) (*Member, error) {
 // tell whether the members elected a leader between them.
 func (c *Cluster) Term(ctx context.Context) (uint64, error) {
 	var term uint64
+	err := c.eachStatus(ctx, func(_ *Member, st *clientv3.StatusResponse) bool {
+		term = max(term, st.RaftTerm)
+		return true
+	})
+	if term == 0 {
+		return 0, fmt.Errorf("etcdproc: no member reported its raft term: %w", err)
+	}
+	return term, nil
+}
+
+// eachStatus asks each running member that is neither paused nor cut off
+// for its status and hands it to fn until fn returns false; it returns
+// the errors of those that did not answer.
+func (c *Cluster) eachStatus(ctx context.Context, fn func(*Member, *clientv3.StatusResponse) bool) error {
 	var errs []error
 	for _, m := range c.Members() {
 		if !m.Running() || m.Paused() || m.Partitioned() {
@@ -271,12 +282,11 @@ func (c *Cluster) Term(ctx context.Context) (uint64, error) {
 			errs = append(errs, err)
 			continue
 		}
-		term = max(term, st.RaftTerm)
+		if !fn(m, st) {
+			break
+		}
 	}
-	if term == 0 {
-		return 0, fmt.Errorf("etcdproc: no member reported its raft term: %w", errors.Join(errs...))
-	}
-	return term, nil
+	return errors.Join(errs...)
 }
 
 // WaitLeader waits (polling every 50 ms, bounded by ctx) until a member is
