@@ -329,32 +329,13 @@ func (r *runner) trial(ctx context.Context, e *env, n int, f fault, res *Result)
 	v := ts.v
 	defer v.kill()
 	lw := watchLeader(ctx, e.c)
-	want := e.fleet.want()
+	defer lw.stop() // idempotent: stopped below before the takeover is read
 	counted := *res
-	term0, termErr := e.c.Term(ctx)
-	t0 := time.Now()
-	desc, err := f.inject(ctx, n)
+	ft, err := r.runFault(ctx, e, n, f, v)
 	if err != nil {
-		lw.stop()
 		return err
 	}
-	v.kill()
-	for _, w := range e.watchers {
-		w.expect(want)
-	}
-	if err := sleepCtx(ctx, f.hold); err != nil {
-		lw.stop()
-		return err
-	}
-	elections := -1
-	if term1, err := e.c.Term(ctx); err == nil && termErr == nil {
-		elections = int(term1 - term0)
-	}
-	healAt := time.Now()
-	if err := f.heal(ctx); err != nil {
-		lw.stop()
-		return err
-	}
+	desc, t0, healAt := ft.desc, ft.t0, ft.healAt
 	// After an outage, the leases' clock starts again when a leader is
 	// back (a restarted member extends every lease as it takes over).
 	var leaderBack time.Time
@@ -363,7 +344,6 @@ func (r *runner) trial(ctx context.Context, e *env, n int, f fault, res *Result)
 		_, err := e.c.WaitLeader(lctx)
 		lcancel()
 		if err != nil {
-			lw.stop()
 			return err
 		}
 		leaderBack = time.Now()
@@ -375,12 +355,10 @@ func (r *runner) trial(ctx context.Context, e *env, n int, f fault, res *Result)
 			_, gone := w.goneAt[v.id]
 			return !w.converged.IsZero() && gone
 		}); err != nil {
-			lw.stop()
 			return fmt.Errorf("%w (%s): %w", errNoConvergence, desc, err)
 		}
 	}
 	if err := healthy(ctx, e.c); err != nil {
-		lw.stop()
 		return err
 	}
 	lw.stop()
@@ -417,8 +395,8 @@ func (r *runner) trial(ctx context.Context, e *env, n int, f fault, res *Result)
 	}
 	r.scoreFlaps(e, e.watchers, res)
 	r.finishTrial(e, n, ts, res)
-	if f.onFollower != nil && f.onFollower() && elections > 0 {
-		excuse(n, elections, counted, res)
+	if f.onFollower != nil && f.onFollower() && ft.elections > 0 {
+		excuse(n, ft.elections, counted, res)
 	}
 	takeover := ""
 	if to := lw.takeover(); !to.IsZero() {
@@ -428,6 +406,42 @@ func (r *runner) trial(ctx context.Context, e *env, n int, f fault, res *Result)
 		n+1, desc, round(res.Removal[len(res.Removal)-1]), takeover, round(res.Converge[len(res.Converge)-1]),
 		res.Lost, res.Revoked, res.Flaps)
 	return nil
+}
+
+// faulted is what running a trial's fault found.
+type faulted struct {
+	desc   string
+	t0     time.Time // the fault's start and the victim's death
+	healAt time.Time
+	// elections: raft terms the members went through while the fault
+	// lasted (-1: a reading failed).
+	elections int
+}
+
+// runFault injects f and kills the victim v (every watcher now expects
+// the fleet without it), holds the fault and heals it, reading etcd's
+// raft term at both ends.
+func (r *runner) runFault(ctx context.Context, e *env, n int, f fault, v *victim) (faulted, error) {
+	want := e.fleet.want()
+	term0, termErr := e.c.Term(ctx)
+	out := faulted{t0: time.Now(), elections: -1}
+	desc, err := f.inject(ctx, n)
+	if err != nil {
+		return out, err
+	}
+	out.desc = desc
+	v.kill()
+	for _, w := range e.watchers {
+		w.expect(want)
+	}
+	if err := sleepCtx(ctx, f.hold); err != nil {
+		return out, err
+	}
+	if term1, err := e.c.Term(ctx); err == nil && termErr == nil {
+		out.elections = int(term1 - term0)
+	}
+	out.healAt = time.Now()
+	return out, f.heal(ctx)
 }
 
 // excuse takes the lost leases and flaps of trial n, a fault on a
