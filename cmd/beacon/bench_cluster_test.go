@@ -2,10 +2,11 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 )
 
 // TestBenchClusterBadInput: bad flags, and a size that does not fit the

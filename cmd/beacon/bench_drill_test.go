@@ -2,11 +2,12 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"os"
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 )
 
 // testSelfCommand runs this test binary as `beacon args...` (see TestMain).

@@ -2,10 +2,11 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 )
 
 // TestBenchCommandsBadInput: the bench commands refuse bad flags with one

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"fmt"
-	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"io"
 	"net"
 	"os/exec"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"errors"
-	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"log/slog"
 	"strings"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 

@@ -2,11 +2,11 @@ package bench
 
 import (
 	"context"
-	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 

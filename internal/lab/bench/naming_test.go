@@ -2,10 +2,11 @@ package bench
 
 import (
 	"context"
-	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 )
 
 // TestNamingScenarioSmall runs the naming scenario with a few trials on an

@@ -2,12 +2,12 @@ package bench
 
 import (
 	"context"
-	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"

@@ -2,10 +2,10 @@ package bench
 
 import (
 	"context"
-	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 

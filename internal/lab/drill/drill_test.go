@@ -1,20 +1,24 @@
 package drill_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
-	"github.com/beaconplane/beacon/internal/testkit/machine"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/lab/drill"
 	"github.com/beaconplane/beacon/internal/lab/etcdproc"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 
@@ -246,9 +250,21 @@ func TestLeaseDrills(t *testing.T) {
 	if *leaseFaults != "" {
 		cfg.Faults = strings.Split(*leaseFaults, ",")
 	}
+	warnings := &lockedBuffer{} // printed if the drills fail
+	var logOut io.Writer = warnings
 	if *logs {
-		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		logOut = os.Stderr
 	}
+	cfg.Log = slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	defer func() {
+		if t.Failed() {
+			t.Logf("the sessions' last warnings:\n%s", lastLines(warnings.String(), 40))
+			for _, f := range []string{"serve.log", "proxy.log"} {
+				b, _ := os.ReadFile(filepath.Join(dir, "lease", f))
+				t.Logf("%s, last lines:\n%s", f, lastLines(string(b), 40))
+			}
+		}
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	results, err := drill.RunLease(ctx, cfg)
@@ -280,4 +296,28 @@ func TestLeaseDrills(t *testing.T) {
 			t.Errorf("no lease drill ran the %s path", p)
 		}
 	}
+}
+
+// lockedBuffer is a bytes.Buffer for a logger many goroutines write to.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
