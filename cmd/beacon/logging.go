@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/beaconplane/beacon/registry/kube"
 	"github.com/spf13/cobra"
 )
 
@@ -62,8 +63,17 @@ func checkLogSettings(c *cobra.Command) error {
 
 // newLogger returns the process logger, writing to w in the format and at
 // the level of --log-format and --log-level (checked before the command
-// ran).
+// ran). client-go's own logs go to it too (kube.SetClientLogger).
 func newLogger(w io.Writer) (*slog.Logger, error) {
+	log, err := formatLogger(w)
+	if err == nil {
+		kube.SetClientLogger(log)
+	}
+	return log, err
+}
+
+// formatLogger is newLogger's logger.
+func formatLogger(w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 		return nil, usagef("--log-level %q: must be debug, info, warn or error", logLevel)

@@ -173,6 +173,7 @@ func open(ctx context.Context, cfg Config, kind *objects) (*Registry, error) {
 		return nil, err
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.ctx = withKlog(r.ctx, r.log) // every request's context derives from it
 	return r, nil
 }
 

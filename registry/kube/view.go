@@ -115,8 +115,8 @@ func (r *Registry) viewFor() *view {
 		state:       shared.New(),
 	}
 	r.view = v
-	logger := logr.FromSlogHandler(r.log.Handler())
-	ctx := klog.NewContext(r.ctx, logger)
+	ctx := r.ctx // carries the klog logger (withKlog)
+	logger := klog.FromContext(ctx)
 	kind := r.kind
 	for _, ns := range r.namespaces {
 		sets := &source{what: kind.resource, ns: ns}

@@ -7,7 +7,6 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry"
 	shared "github.com/beaconplane/beacon/registry/internal/view"
-	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
@@ -95,8 +94,8 @@ func (w *watcher) Next(ctx context.Context) (registry.Batch, error) {
 func (w *writer) follow() {
 	defer w.wg.Done()
 	r := w.r
-	logger := logr.FromSlogHandler(r.log.Handler())
-	ctx := klog.NewContext(w.ctx, logger)
+	ctx := w.ctx // derived from r.ctx: carries the klog logger (withKlog)
+	logger := klog.FromContext(ctx)
 	sel := fields.OneTermEqualSelector("metadata.name", w.name).String()
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
