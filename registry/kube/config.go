@@ -75,7 +75,10 @@ type Config struct {
 	// registry makes on its own behalf (Close, the removal after a drain).
 	// Zero means DefaultTimeout.
 	Timeout time.Duration
-	// Logger receives the registry's logs; nil discards them.
+	// Logger receives the registry's logs, client-go's about the
+	// registry's requests among them (cancellations left out); nil
+	// discards them. What client-go logs elsewhere goes to klog's global
+	// logger: SetClientLogger routes it.
 	Logger *slog.Logger
 	// Metrics registers the registry's Prometheus collectors (beacon_kube_*);
 	// nil means none.
