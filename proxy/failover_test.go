@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -216,7 +216,7 @@ func TestLoopDetection(t *testing.T) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	self := "http://localhost:" + itoaT(port)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	p, err := New(Config{Endpoints: append(c.Endpoints(), self), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -296,23 +296,6 @@ func serveOn(t *testing.T, p *Proxy, l net.Listener) {
 	case <-time.After(testTimeout):
 		t.Fatal("proxy not ready")
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // follower returns a member that is not the leader.

@@ -11,10 +11,10 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/internal/testkit/testcerts"
 	"github.com/beaconplane/beacon/internal/tlsfiles"
@@ -26,23 +26,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func clientTLS(t *testing.T, caFile string, leaf *testcerts.Leaf, serverName string) *tls.Config {
 	t.Helper()
@@ -98,7 +81,7 @@ func TestListenerMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	upstream := etcdtest.Start(t, etcdtest.Options{})
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	p := startProxy(t, Config{Endpoints: upstream.Endpoints(), ServerTLS: r.ServerConfig("h2", "http/1.1"),
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	addr := p.Addr().String()

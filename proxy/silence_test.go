@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -24,7 +25,7 @@ import (
 type etcdProc struct {
 	name, clientURL, peerURL string
 	cmd                      *exec.Cmd
-	out                      *syncBuffer
+	out                      *syncbuf.Buffer
 	exited                   chan struct{}
 }
 
@@ -43,7 +44,7 @@ func startEtcdProcesses(t *testing.T, n int) []*etcdProc {
 			t.Fatalf("free ports: %v %v", err1, err2)
 		}
 		procs[i] = &etcdProc{name: fmt.Sprintf("p%d", i+1), clientURL: "http://127.0.0.1:" + strconv.Itoa(cp),
-			peerURL: "http://127.0.0.1:" + strconv.Itoa(pp), out: &syncBuffer{}, exited: make(chan struct{})}
+			peerURL: "http://127.0.0.1:" + strconv.Itoa(pp), out: &syncbuf.Buffer{}, exited: make(chan struct{})}
 		initial = append(initial, procs[i].name+"="+procs[i].peerURL)
 	}
 	for _, p := range procs {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/internal/testkit/testcerts"
 	"github.com/beaconplane/beacon/internal/tlsfiles"
@@ -86,7 +87,7 @@ func testAnswersWhileFinding(t *testing.T, srv *etcdtest.Server, useTLS bool) {
 		t.Fatal(err)
 	}
 	gate := "127.0.0.1:" + strconv.Itoa(port) // nothing listens there yet
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg := Config{Endpoints: []string{"http://" + gate}, StartTimeout: 2 * testTimeout,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	scheme, creds := "http", insecure.NewCredentials()

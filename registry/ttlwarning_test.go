@@ -1,13 +1,12 @@
 package registry_test
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/registry"
 )
 
@@ -29,30 +28,12 @@ func TestTTLWarning(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestSessionWarnsBelowElectionTTL: a session whose TTL is below
 // MinElectionTTL logs the warning when it takes its lease; one at it does
 // not.
 func TestSessionWarnsBelowElectionTTL(t *testing.T) {
 	for _, ttl := range []time.Duration{3 * time.Second, registry.MinElectionTTL} {
-		var logs syncBuffer
+		var logs syncbuf.Buffer
 		r := newRegistry(t, newMemoryStore(t), registry.Config{LeaseTTL: ttl, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		if _, err := r.Register(within(t, 10*time.Second), inst(uniqueNS(), "10.0.0.1:80")); err != nil {
 			t.Fatal(err)

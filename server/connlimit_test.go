@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/backend"
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/server/registryapi"
 )
 
@@ -24,7 +25,7 @@ import (
 // every connection holds a request in flight (watch streams here) does a
 // new one wait until one closes, which is logged.
 func TestHTTPConnectionCap(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	cfg := Config{HTTPAddr: "127.0.0.1:0", Backend: backend.Config{Name: backend.Memory},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	cfg.Security.MaxConns = 3

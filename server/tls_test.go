@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -11,37 +10,19 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon/backend"
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/internal/testkit/testcerts"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
-// syncBuffer collects log output from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // waitLog waits until the log holds want.
-func waitLog(t *testing.T, logs *syncBuffer, want string) {
+func waitLog(t *testing.T, logs *syncbuf.Buffer, want string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(logs.String(), want) {
@@ -53,7 +34,7 @@ func waitLog(t *testing.T, logs *syncBuffer, want string) {
 }
 
 // waitLogLine waits until one line of the log holds every string of want.
-func waitLogLine(t *testing.T, logs *syncBuffer, want ...string) {
+func waitLogLine(t *testing.T, logs *syncbuf.Buffer, want ...string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -215,7 +196,7 @@ func serialOf(t *testing.T, addr string, cfg *tls.Config) *big.Int {
 // client side and a log line on the server side.
 func TestTLSListeners(t *testing.T) {
 	p := newPKI(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	s := startServer(t, tlsConfig(t, p, logs))
 	ep := s.Endpoints()
 	if !strings.HasPrefix(ep.HTTP, "https://") || !strings.HasPrefix(ep.ClientURLs[0], "https://") || !strings.HasPrefix(ep.PeerURLs[0], "https://") {
@@ -456,7 +437,7 @@ func TestExpiredCertificatesRefusedAtStart(t *testing.T) {
 // then taken.
 func TestHTTPSRotationKeepsTheListenersNames(t *testing.T) {
 	p := newPKI(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	leaf, err := p.ca.Issue("api", testcerts.LeafOptions{Server: true})
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
@@ -9,10 +8,10 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/internal/testkit/testcerts"
 	"github.com/beaconplane/beacon/internal/tlsfiles"
 	"github.com/beaconplane/beacon/proxy"
@@ -34,7 +33,7 @@ func TestProxyTLSRotationKeepsTheListenAddress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedLog{}
+	logs := &syncbuf.Buffer{}
 	reg := prometheus.NewRegistry()
 	cfg := proxy.Config{ListenAddr: "127.0.0.1:0", Registry: reg}
 	lt := &proxyListenTLS{files: tlsfiles.Files{CertFile: leaf.Cert, KeyFile: leaf.Key}}
@@ -102,22 +101,4 @@ beacon_tls_files_refused{listener="proxy"} 1
 `), "beacon_tls_files_refused"); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// lockedLog collects log output from any goroutine.
-type lockedLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -7,10 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"k8s.io/klog/v2"
+
+	"github.com/beaconplane/beacon/internal/syncbuf"
 )
 
 // What client-go logs through a context of the registry goes to the
@@ -37,7 +38,7 @@ func TestKlogContextDropsCancellations(t *testing.T) {
 // SetClientLogger sends klog's global output (client-go without a context
 // logger) to the program's logger, cancellations dropped.
 func TestSetClientLogger(t *testing.T) {
-	var buf lockedBuffer
+	var buf syncbuf.Buffer
 	SetClientLogger(slog.New(slog.NewTextHandler(&buf, nil)))
 	t.Cleanup(klog.ClearLogger)
 	klog.ErrorS(fmt.Errorf("reading body: %w", context.Canceled), "Unexpected error when reading response body")
@@ -47,22 +48,4 @@ func TestSetClientLogger(t *testing.T) {
 	if strings.Contains(out, "Unexpected error") || !strings.Contains(out, "Failed to watch") || !strings.Contains(out, "level=ERROR") {
 		t.Errorf("klog's global output:\n%s", out)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer klog's goroutines may write to.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

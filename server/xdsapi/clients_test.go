@@ -2,7 +2,6 @@ package xdsapi
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"google.golang.org/grpc"
@@ -90,25 +90,7 @@ type procClient struct {
 	mu     sync.Mutex
 	in     io.WriteCloser
 	out    *bufio.Scanner
-	stderr *lockedBuffer
-}
-
-// lockedBuffer collects a child's stderr for the test's log.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	stderr *syncbuf.Buffer
 }
 
 // callTimeout is the deadline of one RPC of a child client.
@@ -168,7 +150,7 @@ func startProc(t testing.TB, bootstrapDoc []byte, env []string, name string, arg
 	}
 	cmd := exec.Command(name, args...)
 	cmd.Env = append(append(os.Environ(), "GRPC_XDS_BOOTSTRAP="+bs), env...)
-	stderr := &lockedBuffer{}
+	stderr := &syncbuf.Buffer{}
 	cmd.Stderr = stderr
 	in, out := testpeer.StartPiped(t, cmd)
 	t.Cleanup(func() {

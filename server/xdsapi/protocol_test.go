@@ -1,7 +1,6 @@
 package xdsapi
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"maps"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -200,7 +200,7 @@ func TestUnansweredResponseEndsStream(t *testing.T) {
 func TestNackCountedAndLogged(t *testing.T) {
 	r := memRegistry(t)
 	reg := prometheus.NewRegistry()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	_, addr := startXDS(t, r, Config{Metrics: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	register(t, r, "127.0.0.1:5001", nil)
 	a := dialADS(t, addr, "test-agent")
@@ -341,24 +341,6 @@ func TestStreamsPerClientBounded(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "xdsapi.Config.MaxStreamsPerClient") {
 		t.Fatalf("third stream: %v, want ResourceExhausted naming the flag", err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // switchAccess lets a test grant and revoke namespaces while streams run.

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/file"
 )
@@ -244,7 +245,7 @@ func TestKilledWriterLosesNothingAcknowledged(t *testing.T) {
 		for l := range lines {
 			record(l)
 		}
-		var logs syncBuffer
+		var logs syncbuf.Buffer
 		s := open(t, file.Config{Dir: dir, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		if strings.Contains(logs.String(), "torn record") {
 			t.Logf("round %d: the kill tore a write; Open cut it off", round)
@@ -290,7 +291,7 @@ func TestKilledMidWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s := open(t, file.Config{Dir: dir, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	defer s.Close()
 	if !strings.Contains(logs.String(), "torn record") {

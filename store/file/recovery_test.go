@@ -10,11 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/file"
 )
@@ -38,24 +38,6 @@ func appendFile(t *testing.T, p string, b []byte) {
 	if _, err := f.Write(b); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// syncBuffer is a concurrency-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func writeSome(t *testing.T, dir string, n int) int64 {
@@ -84,7 +66,7 @@ func TestTornTailIsRepaired(t *testing.T) {
 			seg := lastSegment(t, dir)
 			before, _ := os.Stat(seg)
 			appendFile(t, seg, garbage)
-			var logs syncBuffer
+			var logs syncbuf.Buffer
 			s := open(t, file.Config{Dir: dir, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			defer s.Close()
 			kvs, got, err := s.List(context.Background(), "/k/")

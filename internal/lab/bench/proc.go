@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,12 +9,13 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/beaconplane/beacon/internal/syncbuf"
 )
 
 // proc is a program a scenario measures in a process of its own: Beacon's
@@ -25,7 +25,7 @@ type proc struct {
 	name   string
 	addr   string // host:port it serves etcd's API on
 	cmd    *exec.Cmd
-	out    *syncBuf
+	out    *syncbuf.Buffer
 	done   chan struct{}
 	tmpDir string
 }
@@ -49,7 +49,7 @@ func startProc(ctx context.Context, log *slog.Logger, name, addr string, argv []
 func startProcReady(ctx context.Context, log *slog.Logger, name, addr string, argv []string, tmpDir string, ready func(context.Context) error) (*proc, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.SysProcAttr = childAttr() // ends with the benchmark, even if it is killed
-	p := &proc{name: name, addr: addr, cmd: cmd, out: &syncBuf{}, done: make(chan struct{}), tmpDir: tmpDir}
+	p := &proc{name: name, addr: addr, cmd: cmd, out: &syncbuf.Buffer{}, done: make(chan struct{}), tmpDir: tmpDir}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("bench: start %s (%s): %w", name, argv[0], err)
@@ -172,21 +172,4 @@ func processRSS(pid int) float64 {
 		}
 	}
 	return 0
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/registry"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -338,7 +339,7 @@ type watchChild struct {
 	side    string
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
-	stderr  *syncBuf
+	stderr  *syncbuf.Buffer
 	ready   chan struct{}
 	got     []chan struct{} // closed when every watcher has the sample
 	exited  chan struct{}   // output read to its end and the process waited for
@@ -361,7 +362,7 @@ func startWatchChild(ctx context.Context, log *slog.Logger, exe []string, side s
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.SysProcAttr = childAttr() // its own group, and it ends with the benchmark
-	c := &watchChild{side: side, cmd: cmd, stderr: &syncBuf{}, ready: make(chan struct{}), got: make([]chan struct{}, a.samples),
+	c := &watchChild{side: side, cmd: cmd, stderr: &syncbuf.Buffer{}, ready: make(chan struct{}), got: make([]chan struct{}, a.samples),
 		exited: make(chan struct{}), at: make([][]int64, a.samples)}
 	for s := range c.got {
 		c.got[s] = make(chan struct{})

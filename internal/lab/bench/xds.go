@@ -17,6 +17,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/internal/lab/freeport"
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/naming"
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"github.com/beaconplane/beacon/registry"
@@ -252,7 +253,7 @@ type xdsBench struct {
 	stopCC func()
 	probe  *exec.Cmd
 	in     io.WriteCloser
-	out    *syncBuf
+	out    *syncbuf.Buffer
 	done   chan struct{}
 }
 
@@ -311,7 +312,7 @@ func (xb *xdsBench) startProbe(bin string) error {
 	cmd := exec.Command(bin, "--target", target, "--callers", strconv.Itoa(xb.cfg.Callers), "--pace", xb.cfg.Pace.String(), "--tag", sideXDS)
 	cmd.Env = append(os.Environ(), "GRPC_XDS_BOOTSTRAP="+bootFile)
 	cmd.SysProcAttr = childAttr()
-	xb.out = &syncBuf{}
+	xb.out = &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = xb.out, xb.out
 	if xb.in, err = cmd.StdinPipe(); err != nil {
 		return err

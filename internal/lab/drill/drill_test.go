@@ -1,7 +1,6 @@
 package drill_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -11,12 +10,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/lab/drill"
 	"github.com/beaconplane/beacon/internal/lab/etcdproc"
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/internal/testkit/machine"
 	"github.com/beaconplane/beacon/internal/testkit/testpeer"
@@ -250,7 +249,7 @@ func TestLeaseDrills(t *testing.T) {
 	if *leaseFaults != "" {
 		cfg.Faults = strings.Split(*leaseFaults, ",")
 	}
-	warnings := &lockedBuffer{} // printed if the drills fail
+	warnings := &syncbuf.Buffer{} // printed if the drills fail
 	var logOut io.Writer = warnings
 	if *logs {
 		logOut = os.Stderr
@@ -296,24 +295,6 @@ func TestLeaseDrills(t *testing.T) {
 			t.Errorf("no lease drill ran the %s path", p)
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer for a logger many goroutines write to.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // lastLines returns the last n lines of s.
