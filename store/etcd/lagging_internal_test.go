@@ -25,9 +25,7 @@ func TestBeforeSilentEndsAWatchOnlyWhenAMemberIsLeftOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if !s.beforeSilent(ctx) {
-		t.Fatal("every member answers: the watch ends")
-	}
+	carriesOnWhileAllAnswer(ctx, t, s)
 
 	if err := ms[1].Pause(); err != nil {
 		t.Fatal(err)
@@ -57,10 +55,7 @@ func TestBeforeSilentEndsAWatchOnlyWhenAMemberIsLeftOut(t *testing.T) {
 	if err := ms[1].Resume(); err != nil {
 		t.Fatal(err)
 	}
-	waitNoneOut(ctx, t, s)
-	if !s.beforeSilent(ctx) {
-		t.Fatal("every member answers again: the watch ends")
-	}
+	carriesOnWhileAllAnswer(ctx, t, s)
 
 	for _, m := range ms {
 		if err := m.Pause(); err != nil {
@@ -74,6 +69,25 @@ func TestBeforeSilentEndsAWatchOnlyWhenAMemberIsLeftOut(t *testing.T) {
 		if err := m.Resume(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// carriesOnWhileAllAnswer checks that a silent watch carries on while
+// every member answers. A sweep on a busy machine may find a member slow
+// (one just resumed still catches up: its linearizable read waits) and
+// leave it out, rightly; then the test waits until the prober puts it back
+// and asks again, until a sweep finds every member answering.
+func carriesOnWhileAllAnswer(ctx context.Context, t *testing.T, s *Store) {
+	t.Helper()
+	for {
+		waitNoneOut(ctx, t, s)
+		if s.beforeSilent(ctx) {
+			return
+		}
+		if len(s.Excluded()) == 0 {
+			t.Fatal("every member answers: the watch ends")
+		}
+		t.Logf("a sweep left %v out; waiting until it answers again", s.Excluded())
 	}
 }
 
