@@ -1,7 +1,6 @@
 package tlsfiles
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
@@ -9,10 +8,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/internal/testkit/testcerts"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -135,25 +134,8 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// logBuffer collects log lines from any goroutine.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+// textLogger logs into b as text.
+func textLogger(b *syncbuf.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // recheck lets the next call look at the files again, at now.
 func recheck(r *Reloader, now time.Time) {
@@ -193,8 +175,8 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs logBuffer
-	if _, err := NewReloader(Files{CertFile: early.Cert, KeyFile: early.Key}, Config{Logger: logs.logger()}); err != nil ||
+	var logs syncbuf.Buffer
+	if _, err := NewReloader(Files{CertFile: early.Cert, KeyFile: early.Key}, Config{Logger: textLogger(&logs)}); err != nil ||
 		!strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "is not valid until") {
 		t.Fatalf("a certificate not valid yet at start: %v, log %q; want a warning", err, logs.String())
 	}
@@ -207,8 +189,8 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs = logBuffer{}
-	r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Config{Logger: logs.logger()})
+	logs = syncbuf.Buffer{}
+	r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Config{Logger: textLogger(&logs)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,8 +236,8 @@ func TestReloaderRefusesCertificatesOutOfDate(t *testing.T) {
 	if err := os.WriteFile(bundle, append(a, b...), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs = logBuffer{}
-	r, err = NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key, TrustedCAFile: bundle}, Config{Logger: logs.logger()})
+	logs = syncbuf.Buffer{}
+	r, err = NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key, TrustedCAFile: bundle}, Config{Logger: textLogger(&logs)})
 	if err != nil || strings.Contains(logs.String(), "expired") {
 		t.Fatalf("a valid bundle: %v %s", err, logs.String())
 	}
@@ -296,9 +278,9 @@ func TestReloaderRefusesCertificateWithoutTheListenersNames(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var logs logBuffer
+			var logs syncbuf.Buffer
 			reg := prometheus.NewPedanticRegistry()
-			r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Config{Logger: logs.logger(), Listener: "http", Names: c.names, Metrics: reg})
+			r, err := NewReloader(Files{CertFile: leaf.Cert, KeyFile: leaf.Key}, Config{Logger: textLogger(&logs), Listener: "http", Names: c.names, Metrics: reg})
 			if err != nil {
 				t.Fatal(err)
 			}
