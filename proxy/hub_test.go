@@ -730,16 +730,30 @@ func TestHubCancelledWatcherGetsNothingMore(t *testing.T) {
 	}
 }
 
-// responses waits until m has received n responses, and returns them.
+// responses waits until m has received n responses, stepping every open
+// etcd watch meanwhile, and returns them.
 func (r *hubRig) responses(m *modelWatcher, n int) []*pb.WatchResponse {
+	return r.awaitResponses(m, n, true)
+}
+
+// received waits until m has received n responses, sending nothing on the
+// etcd watches: a step's send returns once the hub took the response, not
+// once it dispatched it, so a test that acts on the hub next waits here.
+func (r *hubRig) received(m *modelWatcher, n int) []*pb.WatchResponse {
+	return r.awaitResponses(m, n, false)
+}
+
+func (r *hubRig) awaitResponses(m *modelWatcher, n int, step bool) []*pb.WatchResponse {
 	deadline := time.Now().Add(hubTimeout)
 	for {
 		wake := r.changed.next()
 		if resps := m.rec.responses(m.w.id); len(resps) >= n {
 			return resps
 		}
-		for _, w := range r.etcd.open() {
-			r.etcd.step(w, 1000)
+		if step {
+			for _, w := range r.etcd.open() {
+				r.etcd.step(w, 1000)
+			}
 		}
 		if !waitChange(wake, deadline) {
 			r.t.Fatalf("watch %d: %d responses, want %d", m.w.id, len(m.rec.responses(m.w.id)), n)
@@ -1026,8 +1040,8 @@ func TestHubStreamIsAsFreshAsItsFreshestWatch(t *testing.T) {
 		r.etcd.write(key, false)
 		r.watch(0, key, "", 0, false, false)
 		r.etcd.step(r.etcd.watchAt(t, i), 1) // created at i+1
+		r.knownAt(key, int64(i+1))           // dispatched: heard is the test's to set
 	}
-	r.etcd.step(r.etcd.watchAt(t, 2), 1) // progress at 3: the created one is dispatched
 	r.h.mu.Lock()
 	for i, key := range []string{"a", "b", "c"} {
 		r.h.groups[watchKey{key: key}][0].heard.Store(int64([]int{1, 3, 2}[i]) * int64(time.Second))
@@ -1040,6 +1054,34 @@ func TestHubStreamIsAsFreshAsItsFreshestWatch(t *testing.T) {
 		if q := streams[watchKey{}]; len(streams) != 1 || q == nil || q.known != 3 || !q.heard.Equal(time.Unix(3, 0)) {
 			t.Fatalf("streams %v, want one, known 3, heard at 3 s", streams)
 		}
+	}
+}
+
+// knownAt waits until an upstream of key has dispatched etcd's report of
+// rev (its position's Known). Its goroutine stamps a response heard
+// before it dispatches it, so nothing of that response changes the
+// upstream after this returns; a step's send returns sooner, once the
+// goroutine took the response.
+func (r *hubRig) knownAt(key string, rev int64) {
+	deadline := time.Now().Add(hubTimeout)
+	beat := time.NewTicker(time.Millisecond)
+	defer beat.Stop()
+	for {
+		var known int64
+		r.h.mu.Lock()
+		for _, u := range r.h.groups[watchKey{key: key}] {
+			u.mu.Lock()
+			known = max(known, u.pos.Known)
+			u.mu.Unlock()
+		}
+		r.h.mu.Unlock()
+		if known >= rev {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("the upstream of %q knows revision %d after %v, want %d", key, known, hubTimeout, rev)
+		}
+		<-beat.C
 	}
 }
 
@@ -1244,6 +1286,7 @@ func TestHubEndedUpstreamIsClosedAtOnce(t *testing.T) {
 	mw := r.etcd.watchAt(t, 0)
 	r.etcd.step(mw, 1)  // created
 	r.etcd.step(mw, 10) // revisions 1..3: next 4
+	r.received(m, 2)    // created, events: dispatched before the end
 	mw.mu.Lock()        // its channel stays open while the test sends on it
 	r.h.endAll("proxy: no etcd member is available")
 	mw.ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 3}, CompactRevision: 2, Canceled: true}
