@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -437,7 +438,7 @@ func (r *hubRig) settle() {
 		if time.Now().After(deadline) {
 			for _, m := range r.models {
 				if want, got := r.want(m), r.got(m); !m.canceled && len(got) < len(want) {
-					r.t.Fatalf("watch %d (%q..%q from %d, created at %d): got %v, want %v after %v", m.w.id, m.key, m.end, m.start, m.createdRev, got, want, hubTimeout)
+					r.t.Fatalf("watch %d (%q..%q from %d, created at %d): got %v, want %v after %v\n%s", m.w.id, m.key, m.end, m.start, m.createdRev, got, want, hubTimeout, r.describe(m))
 				}
 			}
 			r.t.Fatalf("the upstream watches did not settle within %v", hubTimeout)
@@ -452,11 +453,57 @@ func (r *hubRig) settle() {
 	}
 }
 
-// delivered reports whether every watcher not cancelled has at least as
-// many events as it must receive.
+// describe says what m received, response by response, and where the
+// hub and memEtcd stand for it: for a failure's message.
+func (r *hubRig) describe(m *modelWatcher) string {
+	var b strings.Builder
+	for i, resp := range m.rec.responses(m.w.id) {
+		var revs []int64
+		for _, ev := range resp.Events {
+			revs = append(revs, ev.Kv.ModRevision)
+		}
+		fmt.Fprintf(&b, "response %d: header %d created %v canceled %v events %v\n", i, resp.Header.GetRevision(), resp.Created, resp.Canceled, revs)
+	}
+	r.h.mu.Lock()
+	u := m.w.up
+	if u != nil {
+		u.mu.Lock()
+		nextrev := int64(-1)
+		if u.recv.has(m.w) {
+			nextrev = u.recv.nextrev(m.w)
+		}
+		fmt.Fprintf(&b, "upstream %p: closed %v caught up %v position %+v gen %d receivers %d; the watcher's next revision %d, variant %d\n",
+			u, u.closed, u.caughtUp, u.pos, u.gen, u.recv.n, nextrev, m.w.variant)
+		u.mu.Unlock()
+	}
+	for k, ups := range r.h.groups {
+		for _, v := range ups {
+			v.mu.Lock()
+			fmt.Fprintf(&b, "group %q..%q: upstream %p position %+v caught up %v receivers %d\n", k.key, k.end, v, v.pos, v.caughtUp, v.recv.n)
+			v.mu.Unlock()
+		}
+	}
+	r.h.mu.Unlock()
+	r.etcd.mu.Lock()
+	for i, w := range r.etcd.watches {
+		w.mu.Lock()
+		fmt.Fprintf(&b, "etcd watch %d: %q..%q next %d created %v done %v\n", i, w.key, w.end, w.next, w.created, w.done)
+		w.mu.Unlock()
+	}
+	r.etcd.mu.Unlock()
+	return b.String()
+}
+
+// delivered reports whether every watcher not cancelled has its created
+// response (every watch gets one first; until it comes, a watcher from
+// now must receive nothing yet) and at least as many events as it must
+// receive.
 func (r *hubRig) delivered() bool {
 	for _, m := range r.models {
-		if !m.canceled && len(r.got(m)) < len(r.want(m)) {
+		if m.canceled {
+			continue
+		}
+		if len(m.rec.responses(m.w.id)) == 0 || len(r.got(m)) < len(r.want(m)) {
 			return false
 		}
 	}

@@ -171,13 +171,16 @@ func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool
 	}
 	best := h.fittingLocked(w.key, want)
 	if best == nil && start == 0 {
-		// From now: the most recent upstream also counts as now.
+		// From now: the most recent upstream also counts as now. Each
+		// upstream's next revision is read under its own lock, once.
+		var bestNext int64
 		for _, u := range h.groups[w.key] {
 			u.mu.Lock()
-			if best == nil || u.pos.Next < best.pos.Next {
-				best = u
-			}
+			next := u.pos.Next
 			u.mu.Unlock()
+			if best == nil || next < bestNext {
+				best, bestNext = u, next
+			}
 		}
 	}
 	created := func(u *upstream, next int64) {
