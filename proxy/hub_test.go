@@ -895,6 +895,52 @@ func TestHubUpstreamClosedWhenItsLastWatcherLeaves(t *testing.T) {
 // TestHubWatcherFromTheUpstreamsNextRevisionSharesIt: a watcher whose
 // start is exactly the next revision of an upstream of its range joins
 // it (it has delivered nothing the watcher needs).
+// TestHubWatcherFromThePastJoinsOnlyAnUpstreamNotPastItsStart: a watcher
+// from revision k is created while the upstream it fits (next revision k)
+// dispatches the event at k. Whichever comes first, the watcher gets that
+// event: it joins the upstream only if it is still at k when joined (the
+// choice and the join are one hold of its lock; a check released before
+// the join let the dispatch slip between and the watcher miss k), and
+// otherwise opens its own from k. The race is run many times (it is rare:
+// the dispatch must take the lock between the two), and the mechanism is
+// pinned on its own: the upstream chosen comes back locked.
+func TestHubWatcherFromThePastJoinsOnlyAnUpstreamNotPastItsStart(t *testing.T) {
+	r := newHubRig(t, 1)
+	r.etcd.write("a", false)
+	r.watch(0, "a", "", 0, false, false) // from 2
+	up := r.etcd.watchAt(t, 0)
+	r.etcd.step(up, 1) // created
+	for range 200 {
+		k := r.etcd.write("a", false)
+		stepped := make(chan struct{})
+		go func() {
+			defer close(stepped)
+			r.etcd.step(up, 1) // the event at k: the upstream moves past it
+		}()
+		r.watch(0, "a", "", k, false, false)
+		<-stepped
+	}
+	r.settle()
+	r.check()
+
+	k := watchKey{key: "a"}
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	for name, lock := range map[string]func() *upstream{
+		"fitting":     func() *upstream { return r.h.lockFittingLocked(k, r.etcd.head()+1) },
+		"least ahead": func() *upstream { return r.h.lockLeastAheadLocked(k) },
+	} {
+		u := lock()
+		if u == nil {
+			t.Fatalf("%s: no upstream", name)
+		}
+		if u.mu.TryLock() {
+			t.Fatalf("%s: the upstream came back unlocked: a dispatch may move it past the watcher's start before it joins", name)
+		}
+		u.mu.Unlock()
+	}
+}
+
 func TestHubWatcherFromTheUpstreamsNextRevisionSharesIt(t *testing.T) {
 	r := newHubRig(t, 1)
 	r.etcd.write("a", false)

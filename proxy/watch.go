@@ -155,6 +155,12 @@ func (h *watchHub) watcherRemoved() {
 // was still under way (its Range in flight) is either attached before and
 // detached by it, or refused here: never left on an upstream
 // (TestHubNoWatcherAttachedAfterItsStreamEnded).
+//
+// The upstream is chosen (or opened) and joined under one hold of its
+// lock: its dispatch moves its next revision under that lock alone, so an
+// upstream that fitted once may be past w's start by the time it is
+// locked again, and a new one may have dispatched events before w is on
+// it (TestHubWatcherFromThePastJoinsOnlyAnUpstreamNotPastItsStart).
 func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool {
 	if hdr == nil {
 		hdr = &pb.ResponseHeader{}
@@ -169,39 +175,23 @@ func (h *watchHub) attach(w *cwatcher, start int64, hdr *pb.ResponseHeader) bool
 	if want == 0 {
 		want = current + 1
 	}
-	best := h.fittingLocked(w.key, want)
-	if best == nil && start == 0 {
-		// From now: the most recent upstream also counts as now. Each
-		// upstream's next revision is read under its own lock, once.
-		var bestNext int64
-		for _, u := range h.groups[w.key] {
-			u.mu.Lock()
-			next := u.pos.Next
-			u.mu.Unlock()
-			if best == nil || next < bestNext {
-				best, bestNext = u, next
-			}
-		}
+	u := h.lockFittingLocked(w.key, want)
+	if u == nil && start == 0 {
+		// From now: the most recent upstream also counts as now.
+		u = h.lockLeastAheadLocked(w.key)
 	}
-	created := func(u *upstream, next int64) {
-		rev := current
-		if start == 0 {
-			rev = next - 1
-		}
-		w.up = u
-		w.s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, rev), WatchId: w.id, Created: true})
-		u.recv.add(w, next)
+	if u == nil {
+		u = h.lockNewUpstream(w.key, want, start == 0)
 	}
-	if best != nil {
-		best.mu.Lock()
-		created(best, max(want, best.pos.Next))
-		best.mu.Unlock()
-		return true
+	defer u.mu.Unlock()
+	next := max(want, u.pos.Next) // want, unless from now on an upstream ahead
+	rev := current
+	if start == 0 {
+		rev = next - 1
 	}
-	u := h.newUpstream(w.key, want, start == 0)
-	u.mu.Lock()
-	created(u, want)
-	u.mu.Unlock()
+	w.up = u
+	w.s.enqueue(&pb.WatchResponse{Header: withRevision(hdr, rev), WatchId: w.id, Created: true})
+	u.recv.add(w, next)
 	return true
 }
 
@@ -213,42 +203,64 @@ func (h *watchHub) attachSink(w *cwatcher, rev int64) bool {
 	if h.closed {
 		return false
 	}
-	u := h.fittingLocked(w.key, rev)
+	u := h.lockFittingLocked(w.key, rev)
 	if u == nil {
-		u = h.newUpstream(w.key, rev, false)
+		u = h.lockNewUpstream(w.key, rev, false)
 	}
-	u.mu.Lock()
 	w.up = u
 	u.recv.add(w, rev)
 	u.mu.Unlock()
 	return true
 }
 
-// fittingLocked is the first upstream of range k that has handed its
-// receivers nothing at or above rev (its next revision is not above it),
-// so that a watcher from rev loses nothing on it; nil: none. h.mu is held
-// (the groups hold only open upstreams).
-func (h *watchHub) fittingLocked(k watchKey, rev int64) *upstream {
+// lockFittingLocked returns, locked, the first upstream of range k that
+// has handed its receivers nothing at or above rev (its next revision is
+// not above it), so that a watcher from rev loses nothing on it; nil:
+// none. h.mu is held (the groups hold only open upstreams).
+func (h *watchHub) lockFittingLocked(k watchKey, rev int64) *upstream {
 	for _, u := range h.groups[k] {
 		u.mu.Lock()
-		ok := u.pos.Next <= rev
-		u.mu.Unlock()
-		if ok {
+		if u.pos.Next <= rev {
 			return u
 		}
+		u.mu.Unlock()
 	}
 	return nil
 }
 
-// newUpstream starts an upstream watch from rev; h.mu is held.
-func (h *watchHub) newUpstream(k watchKey, rev int64, current bool) *upstream {
+// lockLeastAheadLocked returns, locked, the upstream of range k whose
+// next revision is the lowest (each read under its own lock: it may have
+// moved on by the time the chosen one is locked again, which a watcher
+// from now does not mind); nil: none. h.mu is held.
+func (h *watchHub) lockLeastAheadLocked(k watchKey) *upstream {
+	var (
+		best     *upstream
+		bestNext int64
+	)
+	for _, u := range h.groups[k] {
+		u.mu.Lock()
+		next := u.pos.Next
+		u.mu.Unlock()
+		if best == nil || next < bestNext {
+			best, bestNext = u, next
+		}
+	}
+	if best != nil {
+		best.mu.Lock()
+	}
+	return best
+}
+
+// lockNewUpstream starts an upstream watch from rev and returns it
+// locked, so that no response of its watch is dispatched before the
+// caller has added the receiver it was opened for; h.mu is held.
+func (h *watchHub) lockNewUpstream(k watchKey, rev int64, current bool) *upstream {
 	u := &upstream{hub: h, key: k, pos: etcdwatch.Position{Next: rev}, caughtUp: current, recv: newReceivers()}
 	u.heard.Store(time.Now().UnixNano())
 	h.groups[k] = append(h.groups[k], u)
 	h.p.m.upstreamWatches.Inc()
 	u.mu.Lock()
 	u.watchLocked(h.w, rev)
-	u.mu.Unlock()
 	return u
 }
 
