@@ -545,7 +545,7 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 	// rare failure reads the keys at the revision the transaction saw.
 	var resp *clientv3.TxnResponse
 	if s.direct != nil {
-		resp, err = s.direct.txn(c, txnRequest(ops))
+		resp, err = s.direct.txn(c, ops)
 	} else {
 		resp, err = txnThroughKV(c, s.cli, ops)
 	}
@@ -596,7 +596,7 @@ func (s *Store) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
 	return 0, &store.ConflictError{Key: conds[0].Key, Err: store.ErrConflict}
 }
 
-// txnThroughKV sends ops as txnRequest does, through kv (the KV of a
+// txnThroughKV sends ops as txnWire does, through kv (the KV of a
 // client from NewFromClient).
 func txnThroughKV(c context.Context, kv clientv3.KV, ops []store.Op) (*clientv3.TxnResponse, error) {
 	var (

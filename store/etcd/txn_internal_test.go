@@ -1,7 +1,9 @@
 package etcd
 
 import (
+	"bytes"
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/beaconplane/beacon/store"
@@ -24,10 +26,30 @@ func (c *capturingKV) Txn(_ context.Context, in *pb.TxnRequest, _ ...grpc.CallOp
 	return &pb.TxnResponse{Header: &pb.ResponseHeader{}, Succeeded: true}, nil
 }
 
-// TestTxnRequestMatchesClientv3: the request the direct path builds is
-// the one clientv3's builder makes for the same ops (NewFromClient's
-// path), compares and all.
-func TestTxnRequestMatchesClientv3(t *testing.T) {
+// clientv3Request is the request clientv3's builder makes for ops
+// (NewFromClient's path).
+func clientv3Request(t testing.TB, ops []store.Op) *pb.TxnRequest {
+	capture := &capturingKV{}
+	if _, err := txnThroughKV(context.Background(), clientv3.NewKVFromKVClient(capture, nil), ops); err != nil {
+		t.Fatal(err)
+	}
+	return capture.got
+}
+
+// wireOf is what the direct path sends for ops: txnCodec's bytes.
+func wireOf(t testing.TB, ops []store.Op) []byte {
+	data, err := (txnCodec{encoding.GetCodecV2("proto")}).Marshal(txnWire(ops))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer data.Free()
+	return data.Materialize()
+}
+
+// TestTxnWireIsProtobufs: the request the direct path writes is, byte for
+// byte, protobuf's encoding of the request clientv3's builder makes for
+// the same ops (NewFromClient's path), compares and all.
+func TestTxnWireIsProtobufs(t *testing.T) {
 	for name, ops := range map[string][]store.Op{
 		"creates": {
 			{Kind: store.OpPut, Key: "/a", Value: []byte(`{"x":1}`), Lease: 7, IfAbsent: true},
@@ -40,17 +62,41 @@ func TestTxnRequestMatchesClientv3(t *testing.T) {
 			{Kind: store.OpDelete, Key: "/d", IfAbsent: true},
 			{Kind: store.OpPut, Key: "/e", Value: []byte("e"), IfAbsent: true, IfModRevision: 5},
 		},
+		"large": {
+			{Kind: store.OpPut, Key: strings.Repeat("k", 300), Value: make([]byte, 70_000), Lease: 1 << 62, IfAbsent: true},
+			{Kind: store.OpPut, Key: "/f", Value: []byte("f"), IfModRevision: 1 << 40},
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			capture := &capturingKV{}
-			if _, err := txnThroughKV(context.Background(), clientv3.NewKVFromKVClient(capture, nil), ops); err != nil {
-				t.Fatal(err)
-			}
-			if got := txnRequest(ops); !proto.Equal(got, capture.got) {
-				t.Errorf("direct request\n%v\nclientv3's\n%v", got, capture.got)
-			}
+			checkWire(t, ops)
 		})
 	}
+}
+
+func checkWire(t testing.TB, ops []store.Op) {
+	want, err := proto.Marshal(clientv3Request(t, ops))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wireOf(t, ops); !bytes.Equal(got, want) {
+		var dec pb.TxnRequest
+		derr := proto.Unmarshal(got, &dec)
+		t.Fatalf("ops %v: direct request\n%x (%v, %v)\nprotobuf's of clientv3's\n%x", ops, got, &dec, derr, want)
+	}
+}
+
+// FuzzTxnWire: any ops, written as protobuf would write clientv3's
+// request for them.
+func FuzzTxnWire(f *testing.F) {
+	f.Add("/a", []byte("v"), int64(7), true, int64(0), false, "/b", int64(-1))
+	f.Add("k", []byte{}, int64(0), false, int64(1<<40), true, "", int64(3))
+	f.Fuzz(func(t *testing.T, key string, val []byte, lease int64, absent bool, mod int64, del bool, key2 string, mod2 int64) {
+		op := store.Op{Kind: store.OpPut, Key: key, Value: val, Lease: store.LeaseID(lease), IfAbsent: absent, IfModRevision: mod}
+		if del {
+			op = store.Op{Kind: store.OpDelete, Key: key, IfAbsent: absent, IfModRevision: mod}
+		}
+		checkWire(t, []store.Op{op, {Kind: store.OpDelete, Key: key2, IfModRevision: mod2}})
+	})
 }
 
 // TestTxnSummaryMatchesProto: the transaction codec decodes the header
