@@ -35,8 +35,8 @@ type reconciler struct {
 	// is held only around its own fields.
 	mu       sync.Mutex
 	closed   bool
-	regs     map[string]tracked // by key: reserved, then admitted
-	conflict int                // registrations in conflict, as last reported
+	regs     map[string]*registration // by key: reserved, then admitted (their standing: registration.standing)
+	conflict int                      // registrations in conflict, as last reported
 }
 
 // reconcileNotes is what the reconciler tells its session.
@@ -44,13 +44,6 @@ type reconcileNotes interface {
 	// drainAdopted: the instance of ref was drained in the store by
 	// someone else, and its registration now advertises it draining.
 	drainAdopted(ref beacon.Ref)
-}
-
-// tracked is a registration and its standing, as the reconciler records
-// them (a value in its map, replaced whole under reconciler.mu).
-type tracked struct {
-	reg *registration
-	writeOutcome
 }
 
 // writeOutcome is a registration's standing with the store.
@@ -61,7 +54,7 @@ type writeOutcome struct {
 }
 
 func newReconciler(r *StoreRegistry, k *leaseKeeper, notes reconcileNotes) *reconciler {
-	return &reconciler{r: r, k: k, notes: notes, regs: make(map[string]tracked)}
+	return &reconciler{r: r, k: k, notes: notes, regs: make(map[string]*registration)}
 }
 
 // reserve claims reg's key in this process.
@@ -74,7 +67,8 @@ func (rc *reconciler) reserve(reg *registration) error {
 	if _, ok := rc.regs[reg.key]; ok {
 		return fmt.Errorf("%w: %s is already registered by this process", beacon.ErrAlreadyRegistered, reg.ref)
 	}
-	rc.regs[reg.key] = tracked{reg: reg}
+	reg.standing = writeOutcome{}
+	rc.regs[reg.key] = reg
 	return nil
 }
 
@@ -82,7 +76,7 @@ func (rc *reconciler) reserve(reg *registration) error {
 func (rc *reconciler) unreserve(reg *registration) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if t, ok := rc.regs[reg.key]; ok && t.reg == reg && !t.admitted {
+	if rc.regs[reg.key] == reg && !reg.standing.admitted {
 		delete(rc.regs, reg.key)
 	}
 }
@@ -92,7 +86,7 @@ func (rc *reconciler) claimed(key string, owner *registration) bool {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	t, ok := rc.regs[key]
-	return ok && t.reg != owner
+	return ok && t != owner
 }
 
 // admit records reg as written in epoch and tracked; it reports false
@@ -100,12 +94,10 @@ func (rc *reconciler) claimed(key string, owner *registration) bool {
 func (rc *reconciler) admit(reg *registration, epoch uint64) bool {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	t, ok := rc.regs[reg.key]
-	if !ok || t.reg != reg {
+	if rc.regs[reg.key] != reg {
 		return false
 	}
-	t.writeOutcome = writeOutcome{admitted: true, epoch: epoch}
-	rc.regs[reg.key] = t
+	reg.standing = writeOutcome{admitted: true, epoch: epoch}
 	rc.r.m.addRegistrations(1)
 	return true
 }
@@ -114,23 +106,22 @@ func (rc *reconciler) admit(reg *registration, epoch uint64) bool {
 func (rc *reconciler) remove(reg *registration) writeOutcome {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	t, ok := rc.regs[reg.key]
-	if !ok || t.reg != reg {
+	if rc.regs[reg.key] != reg {
 		return writeOutcome{}
 	}
 	delete(rc.regs, reg.key)
-	if t.admitted {
+	if reg.standing.admitted {
 		rc.r.m.addRegistrations(-1)
 	}
-	return t.writeOutcome
+	return reg.standing
 }
 
 // admitted returns the registration admitted at key, or nil.
 func (rc *reconciler) admitted(key string) *registration {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if t, ok := rc.regs[key]; ok && t.admitted {
-		return t.reg
+	if t := rc.regs[key]; t != nil && t.standing.admitted {
+		return t
 	}
 	return nil
 }
@@ -139,8 +130,8 @@ func (rc *reconciler) admitted(key string) *registration {
 func (rc *reconciler) outcome(reg *registration) writeOutcome {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if t, ok := rc.regs[reg.key]; ok && t.reg == reg {
-		return t.writeOutcome
+	if rc.regs[reg.key] == reg {
+		return reg.standing
 	}
 	return writeOutcome{}
 }
@@ -149,9 +140,8 @@ func (rc *reconciler) outcome(reg *registration) writeOutcome {
 func (rc *reconciler) setWritten(reg *registration, epoch uint64, err error) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if t, ok := rc.regs[reg.key]; ok && t.reg == reg {
-		t.epoch, t.err = epoch, err
-		rc.regs[reg.key] = t
+	if rc.regs[reg.key] == reg {
+		reg.standing.epoch, reg.standing.err = epoch, err
 	}
 }
 
@@ -159,9 +149,8 @@ func (rc *reconciler) setWritten(reg *registration, epoch uint64, err error) {
 func (rc *reconciler) invalidate(reg *registration) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if t, ok := rc.regs[reg.key]; ok && t.reg == reg {
-		t.epoch = 0
-		rc.regs[reg.key] = t
+	if rc.regs[reg.key] == reg {
+		reg.standing.epoch = 0
 	}
 }
 
@@ -169,8 +158,8 @@ func (rc *reconciler) invalidate(reg *registration) {
 func (rc *reconciler) conflictsLocked() []beacon.Ref {
 	var out []beacon.Ref
 	for _, t := range rc.regs {
-		if t.admitted && errors.Is(t.err, beacon.ErrAlreadyRegistered) {
-			out = append(out, t.reg.ref)
+		if t.standing.admitted && errors.Is(t.standing.err, beacon.ErrAlreadyRegistered) {
+			out = append(out, t.ref)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
@@ -194,7 +183,7 @@ func (rc *reconciler) report() (conflicts []beacon.Ref, registered int) {
 	rc.r.m.addConflicts(len(conflicts) - rc.conflict)
 	rc.conflict = len(conflicts)
 	for _, t := range rc.regs {
-		if t.admitted && t.err == nil {
+		if t.standing.admitted && t.standing.err == nil {
 			registered++
 		}
 	}
@@ -206,7 +195,7 @@ func (rc *reconciler) stale(epoch uint64) bool {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	for _, t := range rc.regs {
-		if t.admitted && t.epoch != epoch {
+		if t.standing.admitted && t.standing.epoch != epoch {
 			return true
 		}
 	}
@@ -219,11 +208,11 @@ func (rc *reconciler) pending(epoch uint64, mode reconcileMode) []*registration 
 	rc.mu.Lock()
 	var todo []*registration
 	for _, t := range rc.regs {
-		if !t.admitted {
+		if !t.standing.admitted {
 			continue
 		}
-		if t.epoch != epoch || (mode >= staleAndConflicts && t.err != nil) || mode == verifyAll {
-			todo = append(todo, t.reg)
+		if t.standing.epoch != epoch || (mode >= staleAndConflicts && t.standing.err != nil) || mode == verifyAll {
+			todo = append(todo, t)
 		}
 	}
 	rc.mu.Unlock()
@@ -239,14 +228,14 @@ func (rc *reconciler) close() {
 	rc.closed = true
 	n := 0
 	for _, t := range rc.regs {
-		if t.admitted {
+		if t.standing.admitted {
 			n++
 		}
 	}
 	rc.r.m.addRegistrations(-n)
 	rc.r.m.addConflicts(-rc.conflict)
 	rc.conflict = 0
-	rc.regs = map[string]tracked{}
+	rc.regs = map[string]*registration{}
 }
 
 // reconcileMode selects the registrations reconcile looks at.

@@ -26,10 +26,13 @@ type registration struct {
 	// Lock order: opMu before wmu before session.mu before reconciler.mu.
 	opMu sync.Mutex // serialises Update, Drain and Close
 
+	// standing is its standing with the store (admitted, epoch written,
+	// conflict): the reconciler's, guarded by reconciler.mu, and read
+	// only while the reconciler's map holds this registration.
+	standing writeOutcome
+
 	// wmu is held during every store write of this registration, by the
-	// caller's goroutine or the session's worker (the reconciler). Its
-	// standing with the store (admitted, epoch written, conflict) is the
-	// reconciler's (writeOutcome).
+	// caller's goroutine or the session's worker (the reconciler).
 	wmu      sync.Mutex
 	inst     beacon.Instance
 	val      []byte
