@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -169,6 +170,9 @@ func (r *StoreRegistry) prepare(in beacon.Instance, ttl time.Duration) (beacon.I
 	return in, val, nil
 }
 
+// encodeBufs holds encode's scratch buffers.
+var encodeBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
 // encode returns the stored value of in: MarshalJSON's object, plus
 // lease_ttl_ms when ttl is known (see storedTTL).
 func encode(in beacon.Instance, ttl time.Duration) ([]byte, error) {
@@ -176,7 +180,12 @@ func encode(in beacon.Instance, ttl time.Duration) ([]byte, error) {
 	// MarshalJSON's bytes, written directly when the instance allows it
 	// (json.Marshal would also re-scan and compact what MarshalJSON
 	// returns, an eighth of a registration's CPU, to the same bytes).
-	val, ok := appendInstance(make([]byte, 0, 256), in)
+	// Written in a scratch buffer, then copied at its size: the value is
+	// kept as long as the registration, and a buffer grown by appending
+	// (the TTL member tipped a 256-byte one over) kept up to twice that.
+	scratch := encodeBufs.Get().(*[]byte)
+	defer encodeBufs.Put(scratch)
+	val, ok := appendInstance((*scratch)[:0], in)
 	var err error
 	if !ok {
 		val, err = in.MarshalJSON()
@@ -185,6 +194,12 @@ func encode(in beacon.Instance, ttl time.Duration) ([]byte, error) {
 		return nil, fmt.Errorf("registry: encode instance %s: %w", in.Ref(), err)
 	}
 	val = appendTTL(val, ttl)
+	if ok {
+		if cap(val) <= 64<<10 {
+			*scratch = val[:0] // grown for a large instance: kept for the next
+		}
+		val = bytes.Clone(val)
+	}
 	if err := store.ValidateValue(val); err != nil {
 		return nil, fmt.Errorf("registry: instance %s: %w", in.Ref(), err)
 	}
