@@ -85,20 +85,36 @@ const (
 	cmpTargetMod      = int64(pb.Compare_MOD)
 )
 
-// appendTo appends the request to b (nil: counts nothing; size tells how
-// long it is).
-func (t txnWire) appendTo(b []byte) []byte {
-	for _, op := range t {
-		if op.IfAbsent {
-			b = appendCompare(b, op.Key, cmpEqual, cmpTargetCreate, fieldCmpCreateRev, 0)
+// compare is one of a transaction's preconditions.
+type compare struct {
+	result, target int64
+	unionField     protowire.Number // the target_union field: create or mod revision
+	union          int64
+}
+
+// compares returns op's preconditions (casCompares' rules): that the key
+// does not exist; that its mod revision is IfModRevision, and for a
+// revision <= 0 that it exists. They go to appendTo and size alike.
+func compares(op store.Op, buf *[3]compare) []compare {
+	cs := buf[:0]
+	if op.IfAbsent {
+		cs = append(cs, compare{cmpEqual, cmpTargetCreate, fieldCmpCreateRev, 0})
+	}
+	if op.IfModRevision != 0 {
+		cs = append(cs, compare{cmpEqual, cmpTargetMod, fieldCmpModRev, op.IfModRevision})
+		if op.IfModRevision < 0 {
+			cs = append(cs, compare{cmpGreater, cmpTargetCreate, fieldCmpCreateRev, 0})
 		}
-		if op.IfModRevision != 0 {
-			// casCompares: the mod revision, and for rev <= 0 that the
-			// key exists.
-			b = appendCompare(b, op.Key, cmpEqual, cmpTargetMod, fieldCmpModRev, op.IfModRevision)
-			if op.IfModRevision < 0 {
-				b = appendCompare(b, op.Key, cmpGreater, cmpTargetCreate, fieldCmpCreateRev, 0)
-			}
+	}
+	return cs
+}
+
+// appendTo appends the request to b; size says how long it is.
+func (t txnWire) appendTo(b []byte) []byte {
+	var buf [3]compare
+	for _, op := range t {
+		for _, c := range compares(op, &buf) {
+			b = appendCompare(b, op.Key, c)
 		}
 	}
 	for _, op := range t {
@@ -118,16 +134,11 @@ func (t txnWire) appendTo(b []byte) []byte {
 
 // size is the length of the request appendTo writes.
 func (t txnWire) size() int {
+	var buf [3]compare
 	n := 0
 	for _, op := range t {
-		if op.IfAbsent {
-			n += compareSize(op.Key, cmpEqual, cmpTargetCreate, fieldCmpCreateRev, 0)
-		}
-		if op.IfModRevision != 0 {
-			n += compareSize(op.Key, cmpEqual, cmpTargetMod, fieldCmpModRev, op.IfModRevision)
-			if op.IfModRevision < 0 {
-				n += compareSize(op.Key, cmpGreater, cmpTargetCreate, fieldCmpCreateRev, 0)
-			}
+		for _, c := range compares(op, &buf) {
+			n += protowire.SizeTag(fieldTxnCompare) + protowire.SizeBytes(compareBodySize(op.Key, c))
 		}
 		field, inner := requestSize(op)
 		n += protowire.SizeTag(fieldTxnSuccess) + protowire.SizeBytes(protowire.SizeTag(field)+protowire.SizeBytes(inner))
@@ -148,23 +159,19 @@ func requestSize(op store.Op) (field protowire.Number, size int) {
 // appendCompare appends one TxnRequest.compare: result and target (each
 // left out when zero, as proto3 does), the key, and the target_union
 // field, which a oneof writes even when zero.
-func appendCompare(b []byte, key string, result, target int64, unionField protowire.Number, union int64) []byte {
+func appendCompare(b []byte, key string, c compare) []byte {
 	b = protowire.AppendTag(b, fieldTxnCompare, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(compareBodySize(key, result, target, unionField, union)))
-	b = appendVarintField(b, fieldCmpResult, result)
-	b = appendVarintField(b, fieldCmpTarget, target)
+	b = protowire.AppendVarint(b, uint64(compareBodySize(key, c)))
+	b = appendVarintField(b, fieldCmpResult, c.result)
+	b = appendVarintField(b, fieldCmpTarget, c.target)
 	b = appendBytesField(b, fieldCmpKey, key)
-	b = protowire.AppendTag(b, unionField, protowire.VarintType)
-	return protowire.AppendVarint(b, uint64(union))
+	b = protowire.AppendTag(b, c.unionField, protowire.VarintType)
+	return protowire.AppendVarint(b, uint64(c.union))
 }
 
-func compareSize(key string, result, target int64, unionField protowire.Number, union int64) int {
-	return protowire.SizeTag(fieldTxnCompare) + protowire.SizeBytes(compareBodySize(key, result, target, unionField, union))
-}
-
-func compareBodySize(key string, result, target int64, unionField protowire.Number, union int64) int {
-	return varintFieldSize(fieldCmpResult, result) + varintFieldSize(fieldCmpTarget, target) + bytesFieldSize(fieldCmpKey, key) +
-		protowire.SizeTag(unionField) + protowire.SizeVarint(uint64(union))
+func compareBodySize(key string, c compare) int {
+	return varintFieldSize(fieldCmpResult, c.result) + varintFieldSize(fieldCmpTarget, c.target) + bytesFieldSize(fieldCmpKey, key) +
+		protowire.SizeTag(c.unionField) + protowire.SizeVarint(uint64(c.union))
 }
 
 // appendBytesField appends a bytes field, left out when empty (proto3).
