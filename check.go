@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // ErrInvalidCheck matches every refused check declaration.
@@ -151,11 +152,11 @@ func (c Check) validateKind() error {
 	switch c.Kind {
 	case CheckGRPC:
 		if len(c.Service) > MaxCheckPathBytes || !printable(c.Service) {
-			return invalidCheck(c.String(), "the gRPC service name must be printable and at most 1024 bytes")
+			return invalidCheck(c.String(), "the gRPC service name must be printable UTF-8 and at most 1024 bytes")
 		}
 	case CheckHTTP:
 		if !strings.HasPrefix(c.Path, "/") || len(c.Path) > MaxCheckPathBytes || !printable(c.Path) || strings.ContainsAny(c.Path, " #") {
-			return invalidCheck(c.String(), "the HTTP path must start with / and be a printable request path of at most 1024 bytes, with no space or fragment")
+			return invalidCheck(c.String(), "the HTTP path must start with / and be a printable UTF-8 request path of at most 1024 bytes, with no space or fragment")
 		}
 	case CheckTCP:
 	case CheckTTL:
@@ -168,9 +169,14 @@ func (c Check) validateKind() error {
 	return nil
 }
 
-// printable reports whether s has no control characters (which would let a
-// declaration forge lines in logs or headers).
+// printable reports whether s is valid UTF-8 (which is stored as it is
+// declared: JSON would store another character for an invalid byte) with
+// no control characters (which would let a declaration forge lines in
+// logs or headers).
 func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
 	for _, r := range s {
 		if !strconv.IsPrint(r) {
 			return false

@@ -1,6 +1,7 @@
 package beacon
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -44,6 +45,8 @@ func TestParseCheckRefuses(t *testing.T) {
 		"ttl:8760h":                          "1s..24h0m0s",
 		"ttl:-1s":                            "1s..24h0m0s",
 		"grpc:a\x00b":                        "printable",
+		"grpc:a\xffb":                        "printable UTF-8",
+		"http:/\xc3":                         "printable UTF-8",
 	} {
 		_, err := ParseCheck(spec)
 		if !errors.Is(err, ErrInvalidCheck) || !strings.Contains(err.Error(), says) {
@@ -119,7 +122,11 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("ParseCheck(%q) = %+v; its String %q parses to %+v, %v", spec, c, c.String(), again, err)
 		}
 		if !printable(c.Path) || !printable(c.Service) {
-			t.Fatalf("ParseCheck(%q) accepted control characters", spec)
+			t.Fatalf("ParseCheck(%q) accepted control characters or invalid UTF-8", spec)
+		}
+		var stored Check // what a watcher reads back of the declaration
+		if b, err := json.Marshal(c); err != nil || json.Unmarshal(b, &stored) != nil || stored != c {
+			t.Fatalf("ParseCheck(%q) = %+v; stored as %s it reads back as %+v", spec, c, b, stored)
 		}
 	})
 }

@@ -42,5 +42,5 @@ func ExampleParseCheck() {
 	fmt.Println(err)
 	// Output:
 	// http /healthz 10s 2s 2 3
-	// beacon: invalid check "http:healthz": the HTTP path must start with / and be a printable request path of at most 1024 bytes, with no space or fragment
+	// beacon: invalid check "http:healthz": the HTTP path must start with / and be a printable UTF-8 request path of at most 1024 bytes, with no space or fragment
 }
