@@ -90,6 +90,43 @@ func FuzzAppendInstance(f *testing.F) {
 	})
 }
 
+// FuzzEncodeRoundTrips: a registration keeps only its instance's stored
+// value and decodes it for Instance, so whatever Register accepts
+// (prepare) must decode to the instance prepare made of it — its
+// metadata (empty reads as none), check and time included.
+func FuzzEncodeRoundTrips(f *testing.F) {
+	f.Add("prod", "api", "grpc", "00000000000000ff", "10.0.0.1:9000", "tcp", "zone", "a", "", int64(1764075600123456789), "grpc:svc", int64(10e9))
+	f.Add("a", "b", "c", "", "h:1", "", "k", "say \"hi\" ü", "draining", int64(0), "http:/healthz", int64(0))
+	f.Add("a", "b", "c", "", "h:1", "", "", "", "", int64(-1), "", int64(-1))
+	r := &StoreRegistry{cfg: Config{MaxMetadataSize: beacon.DefaultMaxMetadataSize}}
+	f.Fuzz(func(t *testing.T, ns, comp, ep, id, addr, tr, mk, mv, status string, nanos int64, check string, ttl int64) {
+		in := beacon.Instance{
+			Namespace: ns, Component: comp, Endpoint: ep, ID: id, Address: addr, Transport: tr,
+			Metadata: map[string]string{}, Status: beacon.Status(status),
+		}
+		if mk != "" {
+			in.Metadata[mk] = mv
+		}
+		if nanos >= 0 {
+			in.RegisteredAt = time.Unix(0, nanos)
+		}
+		if c, err := beacon.ParseCheck(check); err == nil {
+			in.Check = &c
+		}
+		want, val, err := r.prepare(in, time.Duration(ttl))
+		if err != nil {
+			return
+		}
+		reg := &registration{ref: want.Ref()}
+		reg.advertise(val)
+		got := reg.Instance()
+		if !sameInstance(got, want) || got.RegisteredAt.Location() != time.UTC || got.Health != nil ||
+			(got.Check == nil) != (want.Check == nil) || (got.Check != nil && *got.Check != *want.Check) {
+			t.Fatalf("registered %+v (check %+v), stored %s, Instance() = %+v (check %+v)", want, want.Check, val, got, got.Check)
+		}
+	})
+}
+
 func BenchmarkEncodeInstance(b *testing.B) {
 	in := sampleInstance()
 	b.ReportAllocs()

@@ -68,8 +68,8 @@ func checkHeld(t *testing.T, st *unsureWrites, r *StoreRegistry, reg Registratio
 	if err != nil {
 		t.Fatalf("the registration is not in the store: %v", err)
 	}
-	if kv.Lease != r.Lease() || !bytes.Equal(kv.Value, rr.val) {
-		t.Fatalf("the store holds %q under lease %d; want %q under %d", kv.Value, kv.Lease, rr.val, r.Lease())
+	if kv.Lease != r.Lease() || !bytes.Equal(kv.Value, rr.value()) {
+		t.Fatalf("the store holds %q under lease %d; want %q under %d", kv.Value, kv.Lease, rr.value(), r.Lease())
 	}
 }
 

@@ -219,7 +219,7 @@ func (r *StoreRegistry) RegisterLeased(ctx context.Context, in beacon.Instance, 
 	switch {
 	case err == nil:
 		r.leased.registered(lease, in.Ref())
-		return in, rev, nil
+		return in.Clone(), rev, nil
 	case errors.Is(err, store.ErrKeyExists):
 		return beacon.Instance{}, 0, alreadyRegistered(in.Ref())
 	case errors.Is(err, store.ErrLeaseNotFound):
@@ -261,7 +261,7 @@ func (r *StoreRegistry) RegisterWithTTL(ctx context.Context, in beacon.Instance,
 		return Owned{}, err
 	}
 	r.leased.registered(l.ID, in.Ref())
-	return Owned{Instance: in, Lease: l, Secret: secret}, nil
+	return Owned{Instance: in.Clone(), Lease: l, Secret: secret}, nil
 }
 
 // writeOwned creates the ownership record and the instance, both bound to

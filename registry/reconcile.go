@@ -69,15 +69,22 @@ func (rc *reconciler) reserve(reg *registration) error {
 	}
 	reg.standing = writeOutcome{}
 	rc.regs[reg.key] = reg
+	reg.held = true
 	return nil
+}
+
+// letGoLocked stops tracking reg, which holds its key.
+func (rc *reconciler) letGoLocked(reg *registration) {
+	delete(rc.regs, reg.key)
+	reg.held = false
 }
 
 // unreserve gives up reg's key unless reg was admitted.
 func (rc *reconciler) unreserve(reg *registration) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if rc.regs[reg.key] == reg && !reg.standing.admitted {
-		delete(rc.regs, reg.key)
+	if reg.held && !reg.standing.admitted {
+		rc.letGoLocked(reg)
 	}
 }
 
@@ -94,7 +101,7 @@ func (rc *reconciler) claimed(key string, owner *registration) bool {
 func (rc *reconciler) admit(reg *registration, epoch uint64) bool {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if rc.regs[reg.key] != reg {
+	if !reg.held {
 		return false
 	}
 	reg.standing = writeOutcome{admitted: true, epoch: epoch}
@@ -106,10 +113,10 @@ func (rc *reconciler) admit(reg *registration, epoch uint64) bool {
 func (rc *reconciler) remove(reg *registration) writeOutcome {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if rc.regs[reg.key] != reg {
+	if !reg.held {
 		return writeOutcome{}
 	}
-	delete(rc.regs, reg.key)
+	rc.letGoLocked(reg)
 	if reg.standing.admitted {
 		rc.r.m.addRegistrations(-1)
 	}
@@ -130,7 +137,7 @@ func (rc *reconciler) admitted(key string) *registration {
 func (rc *reconciler) outcome(reg *registration) writeOutcome {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if rc.regs[reg.key] == reg {
+	if reg.held {
 		return reg.standing
 	}
 	return writeOutcome{}
@@ -140,7 +147,7 @@ func (rc *reconciler) outcome(reg *registration) writeOutcome {
 func (rc *reconciler) setWritten(reg *registration, epoch uint64, err error) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if rc.regs[reg.key] == reg {
+	if reg.held {
 		reg.standing.epoch, reg.standing.err = epoch, err
 	}
 }
@@ -149,7 +156,7 @@ func (rc *reconciler) setWritten(reg *registration, epoch uint64, err error) {
 func (rc *reconciler) invalidate(reg *registration) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if rc.regs[reg.key] == reg {
+	if reg.held {
 		reg.standing.epoch = 0
 	}
 }
@@ -231,6 +238,7 @@ func (rc *reconciler) close() {
 		if t.standing.admitted {
 			n++
 		}
+		t.held = false
 	}
 	rc.r.m.addRegistrations(-n)
 	rc.r.m.addConflicts(-rc.conflict)
@@ -326,7 +334,7 @@ func (rc *reconciler) writeChunk(ctx context.Context, chunk []*registration, cur
 // settle writes reg alone (writeOne, adopting a drain made in the store)
 // and returns the number of keys written (0 or 1).
 func (rc *reconciler) settle(ctx context.Context, reg *registration, lease store.LeaseID, epoch uint64) (int, error) {
-	ok, _, err := rc.writeOne(ctx, reg, reg.val, lease, epoch, drainAdopt)
+	ok, _, err := rc.writeOne(ctx, reg, reg.value(), lease, epoch, drainAdopt)
 	if ok {
 		return 1, err
 	}
@@ -360,12 +368,12 @@ func (rc *reconciler) planWrites(chunk []*registration, current map[string]store
 				rc.r.log.Warn("registered instance vanished from the store (deleted by someone else?); registering it again",
 					"instance", reg.ref.String())
 			}
-			writes = append(writes, chunkWrite{reg, store.Op{Kind: store.OpPut, Key: reg.key, Value: reg.val, Lease: lease, IfAbsent: true}})
-		case kv.Lease == lease && bytes.Equal(kv.Value, reg.val):
+			writes = append(writes, chunkWrite{reg, store.Op{Kind: store.OpPut, Key: reg.key, Value: reg.value(), Lease: lease, IfAbsent: true}})
+		case kv.Lease == lease && bytes.Equal(kv.Value, reg.value()):
 			reg.modRev, reg.lease = kv.ModRevision, lease
 			rc.setWritten(reg, epoch, nil)
 		case rc.k.ours(kv.Lease):
-			writes = append(writes, chunkWrite{reg, store.Op{Kind: store.OpPut, Key: reg.key, Value: reg.val, Lease: lease, IfModRevision: kv.ModRevision}})
+			writes = append(writes, chunkWrite{reg, store.Op{Kind: store.OpPut, Key: reg.key, Value: reg.value(), Lease: lease, IfModRevision: kv.ModRevision}})
 		default:
 			rc.setWritten(reg, epoch, holderError(reg.ref, kv))
 		}
@@ -417,8 +425,8 @@ type drainMode uint8
 const (
 	// drainOverwrite writes val regardless (a new registration).
 	drainOverwrite drainMode = iota
-	// drainAdopt adopts the drain and writes reg.val, now draining
-	// (reconciling: val is reg.val).
+	// drainAdopt adopts the drain and writes what reg advertises, now
+	// draining (reconciling: val is reg.value()).
 	drainAdopt
 	// drainYield adopts the drain and returns errDrainAdopted, so that the
 	// caller (Update) computes its value again from the drained instance.
@@ -441,7 +449,7 @@ func (rc *reconciler) writeOne(ctx context.Context, reg *registration, val []byt
 				reg.modRev, reg.lease = kv.ModRevision, kv.Lease
 				return false, nil, errDrainAdopted
 			}
-			val = reg.val
+			val = reg.value()
 		}
 		var rev int64
 		switch {
@@ -453,7 +461,8 @@ func (rc *reconciler) writeOne(ctx context.Context, reg *registration, val []byt
 		case err != nil:
 			return false, nil, err
 		case kv.Lease == lease && bytes.Equal(kv.Value, val):
-			reg.modRev, reg.lease, reg.val = kv.ModRevision, lease, val
+			reg.modRev, reg.lease = kv.ModRevision, lease
+			reg.advertise(val)
 			rc.setWritten(reg, epoch, nil)
 			return false, nil, nil
 		case rc.k.ours(kv.Lease):
@@ -469,7 +478,8 @@ func (rc *reconciler) writeOne(ctx context.Context, reg *registration, val []byt
 		if err != nil {
 			return false, nil, err
 		}
-		reg.modRev, reg.lease, reg.val = rev, lease, val
+		reg.modRev, reg.lease = rev, lease
+		reg.advertise(val)
 		rc.setWritten(reg, epoch, nil)
 		return true, nil, nil
 	}
@@ -484,21 +494,23 @@ func (rc *reconciler) writeOne(ctx context.Context, reg *registration, val []byt
 // Status again. It logs, counts and reports the adoption, and returns
 // whether it adopted. reg.wmu must be held.
 func (rc *reconciler) adoptDrain(reg *registration, kv store.KeyValue) bool {
-	if reg.inst.Status != beacon.StatusServing || bytes.Equal(kv.Value, reg.val) {
+	if bytes.Equal(kv.Value, reg.value()) {
+		return false
+	}
+	next := reg.Instance()
+	if next.Status != beacon.StatusServing {
 		return false
 	}
 	stored, err := rc.r.decode(kv)
 	if err != nil || stored.Status != beacon.StatusDraining {
 		return false
 	}
-	next := reg.inst.Clone()
 	next.Status = beacon.StatusDraining
 	val, err := encode(next, rc.r.cfg.LeaseTTL)
 	if err != nil {
 		return false
 	}
-	reg.inst, reg.val = next, val
-	reg.pub.Store(&next)
+	reg.advertise(val)
 	rc.r.m.drained()
 	rc.r.log.Warn("instance drained in the store by someone else (an operator?): advertising it as draining from now on; Update it with Status serving to serve again",
 		"instance", reg.ref.String(), "revision", kv.ModRevision)

@@ -90,6 +90,50 @@ func TestReconcilerReservesEachKeyOnce(t *testing.T) {
 	}
 }
 
+// A registration's held flag says exactly whether the reconciler's map
+// holds it at its key, after every operation that changes the map
+// (reserve, unreserve, remove, close), for the holder and for another
+// registration of the same key alike: the registration's own paths read
+// the flag instead of the map.
+func TestReconcilerHeldMirrorsTheMap(t *testing.T) {
+	rc, _ := reconcilerRig(t)
+	a, twin, b := trackedReg(rc, "00000000000000d1"), trackedReg(rc, "00000000000000d1"), trackedReg(rc, "00000000000000d2")
+	agree := func(step string) {
+		t.Helper()
+		rc.mu.Lock()
+		defer rc.mu.Unlock()
+		for _, reg := range []*registration{a, twin, b} {
+			if inMap := rc.regs[reg.key] == reg; reg.held != inMap {
+				t.Fatalf("after %s: %s held = %v, map holds it = %v", step, reg.ref.ID, reg.held, inMap)
+			}
+		}
+	}
+	agree("nothing")
+	_ = rc.reserve(a)
+	_ = rc.reserve(twin) // refused: the key is a's
+	_ = rc.reserve(b)
+	agree("reserve")
+	rc.unreserve(twin)
+	rc.unreserve(b)
+	agree("unreserve")
+	rc.admit(a, 1)
+	rc.unreserve(a) // admitted: kept
+	agree("unreserve of an admitted registration")
+	rc.remove(twin)
+	agree("remove of a registration not held")
+	rc.remove(a)
+	agree("remove")
+	_ = rc.reserve(twin)
+	_ = rc.reserve(b)
+	rc.admit(b, 1)
+	agree("reserve again")
+	rc.close()
+	agree("close")
+	if rc.admit(twin, 2) || rc.outcome(b) != (writeOutcome{}) {
+		t.Fatal("a closed reconciler admitted a registration or kept a standing")
+	}
+}
+
 // A registration's standing is what admit, setWritten and invalidate
 // recorded, only for the registration that holds the key; remove returns
 // the last standing and stops tracking it.
@@ -395,7 +439,7 @@ func TestReconcilerWriteRereadsAfterLosingACreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg.wmu.Lock()
-	wrote, conflict, err := g.r.sess.rc.writeOne(ctx, reg, reg.val, lease, epoch, drainAdopt)
+	wrote, conflict, err := g.r.sess.rc.writeOne(ctx, reg, reg.value(), lease, epoch, drainAdopt)
 	reg.wmu.Unlock()
 	if wrote || err != nil || !errors.Is(conflict, beacon.ErrAlreadyRegistered) {
 		t.Fatalf("writeOne = %v, conflict %v, err %v; want no write, a conflict, no error", wrote, conflict, err)
@@ -415,7 +459,7 @@ func TestReconcilerSettlesTheChangedKeyAlone(t *testing.T) {
 	}
 	lease := g.r.Lease()
 	recreate := func() {
-		if _, err := g.st.Store.Create(ctx, a.key, a.val, store.WithLease(lease)); err != nil {
+		if _, err := g.st.Store.Create(ctx, a.key, a.value(), store.WithLease(lease)); err != nil {
 			t.Error(err)
 		}
 	}

@@ -157,6 +157,8 @@ func (r *StoreRegistry) opContext() (context.Context, context.CancelFunc) {
 
 // prepare fills an instance's defaults, validates it and encodes it with
 // the TTL of the lease its registrant keeps it alive with (0: unknown).
+// The instance returned shares in's Metadata map and Check
+// (defaults.Fill): a caller that hands it back clones it.
 func (r *StoreRegistry) prepare(in beacon.Instance, ttl time.Duration) (beacon.Instance, []byte, error) {
 	in, err := defaults.Fill(in, r.cfg.MaxMetadataSize)
 	if err != nil {

@@ -561,10 +561,11 @@ func (w *writer) checkCluster(ctx context.Context, ref beacon.Ref) error {
 	return nil
 }
 
-// prepare fills an instance's defaults and validates it. An instance
-// that declares a TTL check is refused (checkRefused).
+// prepare fills an instance's defaults and validates it, in a copy that
+// the registration keeps. An instance that declares a TTL check is refused
+// (checkRefused).
 func (r *Registry) prepare(in beacon.Instance) (beacon.Instance, error) {
-	in, err := defaults.Fill(in, r.cfg.MaxMetadataSize)
+	in, err := defaults.Fill(in.Clone(), r.cfg.MaxMetadataSize)
 	if err != nil {
 		return beacon.Instance{}, err
 	}

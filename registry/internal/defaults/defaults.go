@@ -14,11 +14,12 @@ import (
 // threshold) when the configuration leaves it zero.
 const HealthPanicThreshold = 0.5
 
-// Fill returns a copy of in with its defaults filled in — a new ID, status
-// serving, registered now (UTC, to the millisecond) — and RegisteredAt in
-// UTC, validated with a metadata limit of maxMetadata bytes.
+// Fill returns in with its defaults filled in — a new ID, status serving,
+// registered now (UTC, to the millisecond) — and RegisteredAt in UTC,
+// validated with a metadata limit of maxMetadata bytes. The result shares
+// in's Metadata map and Check: a caller that keeps it, or hands it back,
+// keeps a Clone (one that only encodes it need not copy the map).
 func Fill(in beacon.Instance, maxMetadata int) (beacon.Instance, error) {
-	in = in.Clone()
 	if in.ID == "" {
 		in.ID = beacon.NewID()
 	}
