@@ -51,7 +51,9 @@ type Discoverer interface {
 
 // Registration is one registered instance.
 type Registration interface {
-	// Instance returns the instance as this process advertises it.
+	// Instance returns the instance as this process advertises it: a
+	// copy of its own, as a watcher reads it (empty metadata reads as
+	// none).
 	Instance() beacon.Instance
 	// Update changes the instance: mutate receives a copy and may change
 	// Address, Transport, Metadata and Status; the identity (namespace,
