@@ -72,9 +72,11 @@ at most TTL + 1 s, no false removal.`,
 	addRegistryScenario("memory", "Server memory per registered instance, client memory per watcher",
 		`Measures the heap (after GC) of an etcd server running in a child process
 before and after registering --mem-instances instances through Beacon (one
-lease) and with the raw client (one lease each), and the heap of this process
-before and after opening --mem-watchers watchers (Beacon: one shared etcd watch;
-raw: one etcd watch each). Use --mem-instances 100000 for the large run.`,
+lease) and with the raw client (one lease each), this process's heap and
+resident memory (after returning free memory to the OS) per registration it
+keeps alive, and its heap before and after opening --mem-watchers watchers
+(Beacon: one shared etcd watch; raw: one etcd watch each). Use
+--mem-instances 100000 for the large run.`,
 		bench.RunMemory, func(f *pflag.FlagSet, cfg *bench.RegistryConfig) {
 			f.IntVar(&cfg.MemInstances, "mem-instances", 10_000, "instances registered per side")
 			f.IntVar(&cfg.MemWatchers, "mem-watchers", 10_000, "watchers opened per side")

@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +17,14 @@ import (
 	"github.com/beaconplane/beacon/registry"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// residentBytes returns this process's resident memory after a garbage
+// collection that gives what is free back to the operating system: what
+// the process holds at rest, not the collector's slack of the moment.
+func residentBytes() uint64 {
+	debug.FreeOSMemory()
+	return uint64(processRSS(os.Getpid()))
+}
 
 // liveHeapBytes returns the heap in use after two garbage collections.
 func liveHeapBytes() uint64 {
@@ -160,6 +170,9 @@ func RunMemory(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 		return nil, err
 	}
 	n, m := cfg.MemInstances, cfg.MemWatchers
+	if err := warmMemory(ctx, cfg, exe); err != nil {
+		return nil, err
+	}
 	raw, err := heapPerInstance(ctx, cfg, exe, "raw", registerRawMem)
 	if err != nil {
 		return nil, err
@@ -179,8 +192,9 @@ func RunMemory(ctx context.Context, cfg RegistryConfig) (*Report, error) {
 	}
 	rep.Add(Row{Metric: fmt.Sprintf("etcd server heap per registered instance, %d", n), Unit: "bytes", Beacon: bea.server, Baseline: raw.server, Goal: 1})
 	rep.Add(Row{Metric: fmt.Sprintf("client heap per registration kept alive, %d", n), Unit: "bytes", Beacon: bea.client, Baseline: raw.client, Goal: 1})
+	rep.Add(Row{Metric: fmt.Sprintf("client resident memory per registration kept alive, %d", n), Unit: "bytes", Beacon: bea.clientRSS, Baseline: raw.clientRSS, Goal: 1})
 	rep.Add(Row{Metric: fmt.Sprintf("client heap per watcher, %d watchers", m), Unit: "bytes", Beacon: beaconClient, Baseline: rawPerWatcher, Goal: 1})
-	rep.Note("server heap: the etcd process's heap after GC, before and after registering; client heap: this process's, before and after registering (raw: each lease kept alive by clientv3's KeepAlive, as a registrant keeps it; Beacon: the registrations, which it re-registers by itself after a lost lease) and before and after opening the watchers (each has received its snapshot)")
+	rep.Note("server heap: the etcd process's heap after GC, before and after registering; client heap and resident memory: this process's (resident: after a collection that returns free memory to the OS), before and after registering (raw: each lease kept alive by clientv3's KeepAlive, as a registrant keeps it; Beacon: the registrations, which it re-registers by itself after a lost lease) and before and after opening the watchers (each has received its snapshot)")
 	return rep, nil
 }
 
@@ -192,8 +206,30 @@ const memLeaseTTL = time.Hour
 type memRegister func(ctx context.Context, eps []string, n int) (release func(), err error)
 
 // instanceHeap is what one registered instance costs, in bytes of heap
-// after GC: in the etcd server and in the registering process.
-type instanceHeap struct{ server, client float64 }
+// after GC: in the etcd server and in the registering process; and in
+// bytes of the registering process's resident memory (residentBytes).
+type instanceHeap struct{ server, client, clientRSS float64 }
+
+// warmMemory runs both sides' registrations once, small, against a server
+// child of their own, before anything is measured: the code and the
+// buffer pools both use are then in memory already, so that the side
+// measured first is not charged for them.
+func warmMemory(ctx context.Context, cfg RegistryConfig, exe []string) error {
+	srv, err := startServerChild(ctx, exe, cfg.NoFsync)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	cfg.Logger.Info("memory: warming up")
+	for _, register := range []memRegister{registerRawMem, registerBeaconMem} {
+		release, err := register(ctx, []string{srv.endpoint}, 200)
+		if err != nil {
+			return err
+		}
+		release()
+	}
+	return nil
+}
 
 // heapPerInstance is the heap a new etcd server child and this process
 // grow by per instance that register registers.
@@ -208,19 +244,20 @@ func heapPerInstance(ctx context.Context, cfg RegistryConfig, exe []string, side
 	if err != nil {
 		return instanceHeap{}, err
 	}
-	clientBefore := liveHeapBytes()
+	clientBefore, rssBefore := liveHeapBytes(), residentBytes()
 	cfg.Logger.Info("memory: registering", "side", side, "instances", n)
 	release, err := register(ctx, []string{srv.endpoint}, n)
 	if err != nil {
 		return instanceHeap{}, err
 	}
 	defer release()
-	clientAfter := liveHeapBytes()
+	clientAfter, rssAfter := liveHeapBytes(), residentBytes()
 	after, err := srv.heap()
 	if err != nil {
 		return instanceHeap{}, err
 	}
-	return instanceHeap{server: perItem(before, after, n), client: perItem(clientBefore, clientAfter, n)}, nil
+	return instanceHeap{server: perItem(before, after, n), client: perItem(clientBefore, clientAfter, n),
+		clientRSS: perItem(rssBefore, rssAfter, n)}, nil
 }
 
 // registerRawMem is the raw side: a lease and a put per instance, each

@@ -149,7 +149,7 @@ func TestRegistryScenariosSmall(t *testing.T) {
 	if rep, err = RunMemory(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, 3) // server heap per instance, client heap per registration, client heap per watcher
+	checkReport(t, rep, 4) // server heap per instance, client heap and resident memory per registration, client heap per watcher
 }
 
 // TestRegisterCeiling runs the register scenario at a small size with
