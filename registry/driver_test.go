@@ -3,7 +3,9 @@ package registry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,21 +13,26 @@ import (
 	"github.com/beaconplane/beacon/store/memory"
 )
 
+// driverRuns names each run's test driver apart: drivers register for the
+// life of the process, and -count=2 runs a test twice in one.
+var driverRuns atomic.Int64
+
 // A registry driver registers itself by name and is opened by it, with
 // its settings read through DriverConfig.Getenv.
 func TestDrivers(t *testing.T) {
 	var got registry.DriverConfig
 	st := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = st.Close() })
-	registry.RegisterDriver("test-memory", func(_ context.Context, dc registry.DriverConfig) (registry.Registry, error) {
+	name := fmt.Sprintf("test-memory-%d", driverRuns.Add(1))
+	registry.RegisterDriver(name, func(_ context.Context, dc registry.DriverConfig) (registry.Registry, error) {
 		got = dc
 		return registry.New(st, dc.Registry)
 	})
-	if !registry.HasDriver("test-memory") || !slices.Contains(registry.Drivers(), "test-memory") {
+	if !registry.HasDriver(name) || !slices.Contains(registry.Drivers(), name) {
 		t.Fatalf("driver not listed: %v", registry.Drivers())
 	}
 	env := map[string]string{"X": "1"}
-	r, err := registry.OpenDriver(context.Background(), "test-memory", registry.DriverConfig{
+	r, err := registry.OpenDriver(context.Background(), name, registry.DriverConfig{
 		Registry: registry.Config{DrainGrace: time.Second},
 		Getenv:   func(k string) string { return env[k] },
 	})
@@ -47,7 +54,7 @@ func TestDrivers(t *testing.T) {
 			t.Fatal("registering a name twice did not panic")
 		}
 	}()
-	registry.RegisterDriver("test-memory", func(context.Context, registry.DriverConfig) (registry.Registry, error) { return nil, nil })
+	registry.RegisterDriver(name, func(context.Context, registry.DriverConfig) (registry.Registry, error) { return nil, nil })
 }
 
 func TestOptionAccessors(t *testing.T) {
