@@ -14,6 +14,7 @@ import (
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/registry/internal/defaults"
+	"github.com/beaconplane/beacon/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -76,7 +77,8 @@ type Config struct {
 	// Zero means DefaultLeaseTTL; otherwise it must be in [1 s, 1 h].
 	LeaseTTL time.Duration
 	// MaxMetadataSize bounds an instance's metadata (keys plus values, in
-	// bytes). Zero means beacon.DefaultMaxMetadataSize (4 KiB). Larger
+	// bytes). Zero means beacon.DefaultMaxMetadataSize (4 KiB); at most
+	// store.MaxValueSize (512 KiB), the most a stored value holds. Larger
 	// metadata is refused, never truncated.
 	MaxMetadataSize int
 	// RetryMax caps the backoff between attempts to recover a lost lease
@@ -234,9 +236,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: LeaseTTL: %w", ErrInvalidConfig, err)
 		}
 	}
-	if c.MaxMetadataSize < 0 {
-		return fmt.Errorf("%w: MaxMetadataSize %d is negative; use 0 for the default (%d bytes)",
-			ErrInvalidConfig, c.MaxMetadataSize, beacon.DefaultMaxMetadataSize)
+	if c.MaxMetadataSize < 0 || c.MaxMetadataSize > store.MaxValueSize {
+		return fmt.Errorf("%w: MaxMetadataSize %d: must be between 0 (the default, %d bytes) and %d, the most a stored value holds",
+			ErrInvalidConfig, c.MaxMetadataSize, beacon.DefaultMaxMetadataSize, store.MaxValueSize)
 	}
 	if c.RetryMax < 0 {
 		return fmt.Errorf("%w: RetryMax %v is negative; use 0 for the default", ErrInvalidConfig, c.RetryMax)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store"
 )
 
 func TestParseTTL(t *testing.T) {
@@ -72,16 +73,17 @@ func FuzzParseTTL(f *testing.F) {
 
 func TestConfigValidate(t *testing.T) {
 	bad := map[string]registry.Config{
-		"root without slash":  {Root: "beacon"},
-		"root trailing slash": {Root: "/beacon/"},
-		"ttl too short":       {LeaseTTL: 100 * time.Millisecond},
-		"ttl too long":        {LeaseTTL: 2 * time.Hour},
-		"negative metadata":   {MaxMetadataSize: -1},
-		"negative retry":      {RetryMax: -time.Second},
-		"negative drain":      {DrainGrace: -time.Second},
-		"panic above 1":       {HealthPanicThreshold: 1.01},
-		"panic not a number":  {HealthPanicThreshold: math.NaN()},
-		"panic infinite":      {HealthPanicThreshold: math.Inf(1)},
+		"root without slash":      {Root: "beacon"},
+		"root trailing slash":     {Root: "/beacon/"},
+		"ttl too short":           {LeaseTTL: 100 * time.Millisecond},
+		"ttl too long":            {LeaseTTL: 2 * time.Hour},
+		"negative metadata":       {MaxMetadataSize: -1},
+		"metadata no value holds": {MaxMetadataSize: store.MaxValueSize + 1},
+		"negative retry":          {RetryMax: -time.Second},
+		"negative drain":          {DrainGrace: -time.Second},
+		"panic above 1":           {HealthPanicThreshold: 1.01},
+		"panic not a number":      {HealthPanicThreshold: math.NaN()},
+		"panic infinite":          {HealthPanicThreshold: math.Inf(1)},
 	}
 	for name, c := range bad {
 		if err := c.Validate(); !errors.Is(err, registry.ErrInvalidConfig) {
@@ -91,7 +93,7 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("New with %s: %v", name, err)
 		}
 	}
-	for _, ok := range []registry.Config{{}, {HealthPanicThreshold: 1}, {HealthPanicThreshold: -1}, {HealthPanicThreshold: math.Inf(-1)}} {
+	for _, ok := range []registry.Config{{}, {MaxMetadataSize: store.MaxValueSize}, {HealthPanicThreshold: 1}, {HealthPanicThreshold: -1}, {HealthPanicThreshold: math.Inf(-1)}} {
 		if err := ok.Validate(); err != nil {
 			t.Fatalf("Config %+v: %v", ok, err)
 		}
