@@ -98,7 +98,11 @@ func FuzzEncodeRoundTrips(f *testing.F) {
 	f.Add("prod", "api", "grpc", "00000000000000ff", "10.0.0.1:9000", "tcp", "zone", "a", "", int64(1764075600123456789), "grpc:svc", int64(10e9))
 	f.Add("a", "b", "c", "", "h:1", "", "k", "say \"hi\" ü", "draining", int64(0), "http:/healthz", int64(0))
 	f.Add("a", "b", "c", "", "h:1", "", "", "", "", int64(-1), "", int64(-1))
-	r := &StoreRegistry{cfg: Config{MaxMetadataSize: beacon.DefaultMaxMetadataSize}}
+	ks, err := beacon.NewKeyspace("/beacon")
+	if err != nil {
+		f.Fatal(err)
+	}
+	r := &StoreRegistry{cfg: Config{MaxMetadataSize: beacon.DefaultMaxMetadataSize}, ks: ks}
 	f.Fuzz(func(t *testing.T, ns, comp, ep, id, addr, tr, mk, mv, status string, nanos int64, check string, ttl int64) {
 		in := beacon.Instance{
 			Namespace: ns, Component: comp, Endpoint: ep, ID: id, Address: addr, Transport: tr,
@@ -117,7 +121,7 @@ func FuzzEncodeRoundTrips(f *testing.F) {
 		if err != nil {
 			return
 		}
-		reg := &registration{ref: want.Ref()}
+		reg := &registration{r: r, key: r.ks.Key(want.Ref()), ref: want.Ref()}
 		reg.advertise(val)
 		got := reg.Instance()
 		if !sameInstance(got, want) || got.RegisteredAt.Location() != time.UTC || got.Health != nil ||

@@ -234,11 +234,10 @@ func (reg *registration) advertise(val []byte) { reg.val.Store(&val) }
 // the memory the registering process kept for each, and copying the map
 // on the way in a twentieth of a registration's CPU.
 func (reg *registration) Instance() beacon.Instance {
-	in, err := beacon.UnmarshalInstance(reg.value())
+	in, err := reg.r.decode(store.KeyValue{Key: reg.key, Value: reg.value()})
 	if err != nil { // what prepare encodes decodes to it (FuzzEncodeRoundTrips)
 		panic(fmt.Sprintf("registry: the stored value of %s does not decode: %v", reg.ref, err))
 	}
-	in.Health = nil
 	return in
 }
 
