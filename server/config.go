@@ -28,6 +28,11 @@ const (
 	DefaultPeerURL         = "http://127.0.0.1:2380"
 	DefaultHTTPAddr        = "127.0.0.1:9379"
 	DefaultShutdownTimeout = 10 * time.Second
+	// DefaultAutoCompactionRetention is the history the embedded etcd
+	// keeps: five minutes, as the Kubernetes API server keeps of its etcd.
+	// A watcher away for longer lists again, which Beacon's watches do on
+	// their own; a longer history fills etcd's quota sooner under churn.
+	DefaultAutoCompactionRetention = 5 * time.Minute
 )
 
 // Config configures a Server. The zero value runs a single-node embedded
@@ -119,6 +124,18 @@ type Config struct {
 	// zero.
 	ShutdownTimeout time.Duration
 
+	// AutoCompactionRetention is how much history of changes the embedded
+	// etcd keeps: every AutoCompactionRetention (at most every hour) it
+	// compacts the revisions older than that (etcd's
+	// --auto-compaction-mode periodic). Without it every change would be
+	// kept until the backend reached its quota (2 GiB) and etcd refused
+	// every write ("database space exceeded"). A watch that resumes from a
+	// compacted revision lists again. DefaultAutoCompactionRetention when
+	// zero; negative keeps everything (for an operator who compacts
+	// with etcdctl compact). Only for the embedded etcd: an external
+	// cluster compacts as its operator set it.
+	AutoCompactionRetention time.Duration
+
 	// UnsafeNoFsync runs the embedded etcd without syncing its WAL to disk
 	// (etcd's --unsafe-no-fsync): faster, and data may be lost on a crash.
 	// For benchmarks and tests only.
@@ -187,6 +204,7 @@ func (c Config) withDefaults() Config {
 	c.InitialClusterToken = cmp.Or(c.InitialClusterToken, "beacon")
 	c.HTTPAddr = cmp.Or(c.HTTPAddr, DefaultHTTPAddr)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.AutoCompactionRetention = cmp.Or(c.AutoCompactionRetention, DefaultAutoCompactionRetention)
 	return c
 }
 
@@ -267,6 +285,7 @@ func (c Config) Validate() error {
 	if c.ShutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("shutdown timeout %v: must not be negative", c.ShutdownTimeout))
 	}
+	errs = append(errs, c.validateCompaction()...)
 	return errors.Join(errs...)
 }
 
@@ -310,4 +329,17 @@ func validName(s string) bool {
 		}
 	}
 	return true
+}
+
+// validateCompaction checks AutoCompactionRetention (after defaults).
+func (c Config) validateCompaction() []error {
+	r := c.AutoCompactionRetention
+	switch {
+	case !c.embedded() && r != DefaultAutoCompactionRetention:
+		return []error{errors.New("Config.AutoCompactionRetention applies to the embedded etcd only: " +
+			"an external cluster compacts as its members are configured (etcd --auto-compaction-retention)")}
+	case r > 0 && r < time.Second:
+		return []error{fmt.Errorf("Config.AutoCompactionRetention %v: keep at least 1s of history (negative keeps everything)", r)}
+	}
+	return nil
 }

@@ -235,6 +235,10 @@ func (s *Server) etcdConfig() (*embed.Config, error) {
 	ec.ClusterState = c.InitialClusterState
 	ec.InitialClusterToken = c.InitialClusterToken
 	ec.UnsafeNoFsync = c.UnsafeNoFsync
+	if c.AutoCompactionRetention > 0 {
+		ec.AutoCompactionMode = embed.CompactorModePeriodic
+		ec.AutoCompactionRetention = c.AutoCompactionRetention.String()
+	}
 	level := zapcore.WarnLevel
 	if c.EtcdLogLevel != nil {
 		level = *c.EtcdLogLevel

@@ -364,6 +364,10 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{args: []string{"serve", "--http-max-connections", "-1"}, want: "--http-max-connections -1: want at least 2"},
 		// Zero would silently be the default (256).
 		{args: []string{"serve", "--http-max-connections-per-client", "0"}, want: "--http-max-connections-per-client 0: give the most HTTP connections"},
+		{args: []string{"serve", "--auto-compaction-retention", "weekly"}, want: `--auto-compaction-retention "weekly": want a duration such as 5m or 1h, a number of hours, or 0 to keep every revision`},
+		{args: []string{"serve", "--auto-compaction-retention", "-1h"}, want: `--auto-compaction-retention "-1h": must not be negative`},
+		{args: []string{"serve", "--auto-compaction-retention", "10ms"}, want: "--auto-compaction-retention 10ms: keep at least 1s of history"},
+		{args: []string{"serve", "--etcd-endpoints", "http://127.0.0.1:1", "--auto-compaction-retention", "1h"}, want: "--auto-compaction-retention applies to the embedded etcd only"},
 	})
 }
 

@@ -89,6 +89,7 @@ func addServeEtcdFlags(f *pflag.FlagSet, cfg *server.Config, etcdLogLevel *strin
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "front this external etcd cluster instead of running embedded etcd")
 	f.StringVar(etcdLogLevel, "etcd-log-level", "warn", "lowest level of embedded etcd's logs to show")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "graceful shutdown bound")
+	addCompactionFlag(f) // serve_compaction.go
 }
 
 // runServe runs beacon serve with cfg until the command's context ends.
@@ -103,6 +104,9 @@ func runServe(cmd *cobra.Command, cfg server.Config, etcdLogLevel string, etcdAu
 		return usagef("--etcd-log-level %q: must be debug, info, warn or error", etcdLogLevel)
 	}
 	cfg.EtcdLogLevel = &lvl
+	if cfg.AutoCompactionRetention, err = compactionRetention(cmd.Flags()); err != nil {
+		return err
+	}
 	be, err := backendSetting(cmd.Flags())
 	if err != nil {
 		return err
