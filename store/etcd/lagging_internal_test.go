@@ -11,9 +11,10 @@ import (
 // TestBeforeSilentEndsAWatchOnlyWhenAMemberIsLeftOut: a silent watch
 // carries on (etcd is taken for lagging) unless the probe leaves a member
 // out, so that the next watch goes to one that answers. With every member
-// answering it carries on; with one stopped (the leader) it ends once the sweep leaves
-// that one out, and while it is out; with every member stopped (nowhere
-// better to go) it carries on; once they are back it carries on again.
+// answering it carries on; with one stopped (the leader) it ends once the
+// sweep leaves that one out, and while it is out; with every member
+// stopped (nowhere better to go) it carries on; once they are back it
+// carries on again.
 func TestBeforeSilentEndsAWatchOnlyWhenAMemberIsLeftOut(t *testing.T) {
 	t.Parallel()
 	c := etcdtest.StartProcessCluster(t, 3, etcdtest.ProcessClusterOptions{})
