@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -217,7 +218,7 @@ func validateAddress(addr string, write bool) error {
 // resolve it, and Beacon's DNS could not answer with it. IP addresses and
 // an empty host (a URL of a path) pass.
 func checkHostName(addr, host string) error {
-	if host == "" || net.ParseIP(host) != nil {
+	if _, err := netip.ParseAddr(host); host == "" || err == nil { // net.ParseIP allocates
 		return nil
 	}
 	name := strings.TrimSuffix(host, ".")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -83,7 +85,7 @@ func (rig *batcherRig) stored(t *testing.T, key string) bool {
 func (rig *batcherRig) ops(keys ...string) []*createOp {
 	out := make([]*createOp, len(keys))
 	for i, k := range keys {
-		out[i] = &createOp{key: k, val: []byte("v-" + k), lease: rig.lease, done: make(chan struct{})}
+		out[i] = newCreateOp(k, []byte("v-"+k), rig.lease)
 	}
 	return out
 }
@@ -111,7 +113,7 @@ func TestBatcherConflictFailsOnlyItsKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	batch := rig.ops("a", "b", "c")
-	b.commit(batch)
+	b.commit(slices.Clone(batch)) // commit owns its batch (filters it in place)
 	for _, op := range batch {
 		<-op.done
 	}
@@ -132,7 +134,7 @@ func TestBatcherStoreErrorFailsTheBatch(t *testing.T) {
 	boom := errors.New("boom")
 	b.txn = func(context.Context, ...store.Op) (int64, error) { return 0, boom }
 	batch := rig.ops("a", "b")
-	b.commit(batch)
+	b.commit(slices.Clone(batch))
 	for _, op := range batch {
 		<-op.done
 		if !errors.Is(op.err, boom) || rig.stored(t, op.key) {
@@ -148,7 +150,7 @@ func TestBatcherConflictOnAnUnknownKeyFailsTheBatch(t *testing.T) {
 	other := &store.ConflictError{Key: "not-ours", Err: store.ErrKeyExists}
 	b.txn = func(context.Context, ...store.Op) (int64, error) { rig.txns.Add(1); return 0, other }
 	batch := rig.ops("a", "b")
-	b.commit(batch)
+	b.commit(slices.Clone(batch))
 	for _, op := range batch {
 		<-op.done
 		if !errors.As(op.err, new(*store.ConflictError)) {
@@ -165,7 +167,7 @@ func TestBatcherAbandonedBeforeSendIsNotWritten(t *testing.T) {
 	rig, b := newBatcherRig(t)
 	batch := rig.ops("a", "b")
 	batch[0].state.Store(opAbandoned)
-	b.commit(batch)
+	b.commit(slices.Clone(batch))
 	<-batch[0].done
 	<-batch[1].done
 	if rig.stored(t, "a") {
@@ -178,7 +180,7 @@ func TestBatcherAbandonedBeforeSendIsNotWritten(t *testing.T) {
 	before := rig.txns.Load()
 	gone := rig.ops("c")
 	gone[0].state.Store(opAbandoned)
-	b.commit(gone)
+	b.commit(slices.Clone(gone))
 	<-gone[0].done
 	if rig.txns.Load() != before || rig.stored(t, "c") {
 		t.Fatal("a batch of abandoned creates reached the store")
@@ -191,7 +193,7 @@ func TestBatcherAbandonedInFlightIsUndone(t *testing.T) {
 	rig, b := newBatcherRig(t)
 	batch := rig.ops("a", "b")
 	rig.beforeTxn = func([]store.Op) { batch[0].state.CompareAndSwap(opPending, opAbandoned) }
-	b.commit(batch)
+	b.commit(slices.Clone(batch))
 	<-batch[1].done
 	select {
 	case k := <-rig.undone:
@@ -203,6 +205,51 @@ func TestBatcherAbandonedInFlightIsUndone(t *testing.T) {
 	}
 	if rig.stored(t, "a") || !rig.stored(t, "b") {
 		t.Fatalf("after the undo: a stored %v, b stored %v; want only b", rig.stored(t, "a"), rig.stored(t, "b"))
+	}
+}
+
+// An op whose caller gave up is never recycled: the token its
+// transaction's end sends it must not wake the next create, nor may it be
+// written as if still wanted.
+func TestBatcherAbandonedOpIsNotReused(t *testing.T) {
+	rig, b := newBatcherRig(t)
+	b.inflight = maxInflight // nothing may start: the create waits
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := b.create(ctx, "gone", []byte("v"), rig.lease)
+		errc <- err
+	}()
+	for deadline := time.Now().Add(time.Minute); ; runtime.Gosched() {
+		b.mu.Lock()
+		queued := len(b.queue)
+		b.mu.Unlock()
+		if queued == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the create never queued")
+		}
+	}
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("create = %v, want context.Canceled", err)
+	}
+	b.finished(0) // a slot frees: the abandoned op is taken, and dropped
+	rig.wg.Wait()
+	b.inflight = 0
+	if rig.txns.Load() != 0 || rig.stored(t, "gone") {
+		t.Fatal("an abandoned create reached the store")
+	}
+	for _, key := range []string{"next", "after"} {
+		rev, err := b.create(context.Background(), key, []byte("v"), rig.lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv, err := rig.st.Get(context.Background(), key)
+		if err != nil || kv.ModRevision != rev {
+			t.Fatalf("create(%s) = rev %d; stored %+v, %v: want its own write's revision", key, rev, kv, err)
+		}
 	}
 }
 
@@ -333,7 +380,7 @@ func TestBatcherAbandonedAndFailedIsNotUndone(t *testing.T) {
 		batch[0].state.CompareAndSwap(opPending, opAbandoned)
 		return 0, refused
 	}
-	b.commit(batch)
+	b.commit(slices.Clone(batch))
 	<-batch[0].done
 	<-batch[1].done
 	if !errors.Is(batch[1].err, refused) {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -132,7 +133,13 @@ func ValidateOps(ops []Op) error {
 	if len(ops) == 0 {
 		return fmt.Errorf("store: empty transaction")
 	}
-	seen := make(map[string]bool, len(ops))
+	seen := seenKeys.Get().(map[string]struct{})
+	defer func() {
+		if len(seen) <= maxPooledSeen {
+			clear(seen)
+			seenKeys.Put(seen)
+		}
+	}()
 	for _, op := range ops {
 		if err := ValidateWrite(op.Key, op.Value); err != nil {
 			return err
@@ -140,10 +147,17 @@ func ValidateOps(ops []Op) error {
 		if op.Kind != OpPut && op.Kind != OpDelete {
 			return fmt.Errorf("store: op on %q has unknown kind %d", op.Key, op.Kind)
 		}
-		if seen[op.Key] {
+		if _, dup := seen[op.Key]; dup {
 			return fmt.Errorf("%w: key %q appears twice in one transaction", ErrInvalidKey, op.Key)
 		}
-		seen[op.Key] = true
+		seen[op.Key] = struct{}{}
 	}
 	return nil
 }
+
+// seenKeys recycles ValidateOps's sets of keys: one made for every
+// transaction was a twentieth of what a batched registration allocated.
+// A set grown past maxPooledSeen keys is left to the collector.
+var seenKeys = sync.Pool{New: func() any { return make(map[string]struct{}) }}
+
+const maxPooledSeen = 1024
