@@ -127,7 +127,7 @@ func TestRegistryScenariosSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, 11) // rate (same-op, raw), p50, p99, p99 vs same-op, client CPU (same-op, raw), etcd CPU (same-op, raw); 1 worker: rate, p50
+	checkReport(t, rep, 12) // rate (same-op, raw), p50, p99, p99 vs same-op, client CPU (same-op, from an instance, raw), etcd CPU (same-op, raw); 1 worker: rate, p50
 	for _, r := range rep.Rows {
 		if strings.HasPrefix(r.Metric, "client CPU per registration") && (r.Beacon <= 0 || r.Baseline <= 0) {
 			t.Errorf("%s against %s: %v and %v µs, want both measured", r.Metric, r.Against, r.Beacon, r.Baseline)
