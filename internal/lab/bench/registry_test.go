@@ -168,7 +168,7 @@ func TestRegisterCeiling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkReport(t, rep, 2*12+2) // per worker count: rate (same-op, txn-put, raw), p50, p99, p99 vs each ceiling, client CPU (same-op, raw), etcd CPU (same-op, txn-put, raw)
+	checkReport(t, rep, 2*13+2) // per worker count: rate (same-op, txn-put, raw), p50, p99, p99 vs each ceiling, client CPU (same-op, from an instance, raw), etcd CPU (same-op, txn-put, raw)
 	ceilings := 0
 	for _, r := range rep.Rows {
 		if r.Against == "txn-put ceiling" && strings.HasPrefix(r.Metric, "registrations/s") {
