@@ -30,7 +30,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 // clearEnv unsets every variable FromEnv reads, for the test.
 func clearEnv(t *testing.T) {
 	for _, v := range []string{backend.EnvVar, backend.DynamoEnvVar, etcd.EnvEndpoints, etcd.EnvUsername, etcd.EnvPassword,
-		etcd.EnvCA, etcd.EnvClientCert, etcd.EnvClientKey, file.EnvDir, file.EnvHistory, nats.EnvURL} {
+		etcd.EnvCA, etcd.EnvClientCert, etcd.EnvClientKey, file.EnvDir, file.EnvHistory, file.EnvHistoryBytes, nats.EnvURL} {
 		t.Setenv(v, "")
 	}
 }

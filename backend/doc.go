@@ -15,7 +15,8 @@
 //	etcd (default)  ETCD_ENDPOINTS, ETCD_AUTH_USERNAME, ETCD_AUTH_PASSWORD,
 //	                ETCD_AUTH_CA, ETCD_AUTH_CLIENT_CERT, ETCD_AUTH_CLIENT_KEY
 //	memory          none
-//	file            BEACON_FILE_DIR (required), BEACON_FILE_HISTORY
+//	file            BEACON_FILE_DIR (required), BEACON_FILE_HISTORY,
+//	                BEACON_FILE_HISTORY_BYTES
 //	nats            NATS_URL, NATS_CREDS, NATS_USER, NATS_PASSWORD, NATS_TOKEN,
 //	                NATS_CA, NATS_CERT, NATS_KEY, NATS_DOMAIN,
 //	                BEACON_NATS_BUCKET, BEACON_NATS_REPLICAS

@@ -43,8 +43,11 @@
 // return, so no read returns them after the deadline, whether or not a
 // timer has run.
 //
-// Compaction truncates the log: when it holds twice History revisions, a
-// writer writes a snapshot (temporary file, fsync, rename, fsync of the
+// Compaction truncates the log: when it holds twice History revisions, or
+// its events weigh twice HistoryBytes in memory (a transaction or the end
+// of a lease is one revision of many events), a writer cuts it back to the
+// newest History revisions that weigh at most HistoryBytes (the current
+// revision whole): it writes a snapshot (temporary file, fsync, rename, fsync of the
 // directory), seals the segment, starts a new one and deletes the segments
 // below the window. Watches from before the window end with a
 // *store.CompactedError. Compact does the same on demand.

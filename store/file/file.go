@@ -556,13 +556,18 @@ func (s *Store) commitLocked(c mvcc.Change) (rev int64, changed bool, err error)
 	return b.Rev, true, nil
 }
 
-// maybeCompactLocked truncates the log when it holds twice the history.
+// maybeCompactLocked truncates the log when it holds twice the history, in
+// revisions or in bytes, down to the history.
 func (s *Store) maybeCompactLocked() error {
-	compact, rev := s.core.Revisions()
-	if rev-compact < 2*int64(s.cfg.History) {
+	revs, bytes := s.core.HistorySize()
+	if revs <= 2*int64(s.cfg.History) && bytes <= 2*s.cfg.HistoryBytes {
 		return nil
 	}
-	return s.rotateLocked(rev - int64(s.cfg.History) + 1)
+	compact, _ := s.core.Revisions()
+	if w := s.core.Window(int64(s.cfg.History), s.cfg.HistoryBytes); w > compact {
+		return s.rotateLocked(w)
+	}
+	return nil // the current revision alone is over the bound: it stays whole
 }
 
 // rotateLocked compacts to watermark w: it writes a snapshot of the current

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -390,5 +391,69 @@ func TestStaleTempFilesAndDamagedLeaseAreCleanedUp(t *testing.T) {
 	_, err = s.KeepAlive(ctx, l.ID)
 	if !errors.Is(err, store.ErrLeaseNotFound) {
 		t.Fatalf("KeepAlive of the damaged lease: %v", err)
+	}
+}
+
+// TestHistoryBytesTruncatesTheLog: transactions of many keys fill a history
+// bounded in bytes long before the bound in revisions: the writer truncates
+// the log down to the bound, and another process following the log compacts
+// its window with it.
+func TestHistoryBytesTruncatesTheLog(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // bounds every wait on a watch
+	defer cancel()
+	cfg := file.Config{Dir: dir, HistoryBytes: 16 << 10}
+	s := open(t, cfg)
+	defer s.Close()
+	follower := open(t, cfg)
+	defer follower.Close()
+	var revs []int64
+	for range 40 {
+		ops := make([]store.Op, 32)
+		for j := range ops {
+			ops[j] = store.Op{Kind: store.OpPut, Key: fmt.Sprintf("/k/%d", j), Value: make([]byte, 200)} // about 9 KiB a revision
+		}
+		rev, err := s.Txn(ctx, ops...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		revs = append(revs, rev)
+	}
+	if segs, _ := filepath.Glob(filepath.Join(dir, "wal", "*.log")); len(segs) > 3 {
+		t.Fatalf("%d log segments after truncation, want at most 3: %v", len(segs), segs)
+	}
+	for name, st := range map[string]*file.Store{"writer": s, "follower": follower} {
+		if _, _, err := st.List(ctx, "/"); err != nil { // catches up with the log
+			t.Fatal(err)
+		}
+		resp := <-st.Watch(ctx, "/k/", revs[len(revs)-6])
+		var ce *store.CompactedError
+		if !errors.As(resp.Err, &ce) {
+			t.Fatalf("%s: watch from 6 revisions of 9 KiB ago, with 16 KiB of history: err %v, %d events", name, resp.Err, len(resp.Events))
+		}
+		resp = <-st.Watch(ctx, "/k/", revs[len(revs)-1])
+		if resp.Err != nil || len(resp.Events) != 32 {
+			t.Fatalf("%s: watch from the newest revision: err %v, %d events", name, resp.Err, len(resp.Events))
+		}
+	}
+}
+
+// TestHistoryBytesFromTheEnvironment: BEACON_FILE_HISTORY_BYTES sets
+// HistoryBytes, and anything but a positive number is refused, naming the
+// variable.
+func TestHistoryBytesFromTheEnvironment(t *testing.T) {
+	t.Setenv(file.EnvDir, t.TempDir())
+	t.Setenv(file.EnvHistoryBytes, "1048576")
+	if c, err := file.ConfigFromEnv(); err != nil || c.HistoryBytes != 1<<20 {
+		t.Fatalf("%s=1048576: HistoryBytes %d, %v", file.EnvHistoryBytes, c.HistoryBytes, err)
+	}
+	for _, v := range []string{"0", "-5", "64MiB", "lots", "99999999999999999999"} {
+		t.Setenv(file.EnvHistoryBytes, v)
+		if _, err := file.ConfigFromEnv(); err == nil || !strings.Contains(err.Error(), file.EnvHistoryBytes) {
+			t.Errorf("%s=%q: %v, want an error naming the variable", file.EnvHistoryBytes, v, err)
+		}
+	}
+	if err := (file.Config{Dir: "d", HistoryBytes: -1}).Validate(); err == nil {
+		t.Error("a negative HistoryBytes is accepted")
 	}
 }

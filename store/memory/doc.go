@@ -23,9 +23,13 @@
 //   - Leases expire on a timer at their deadline (the TTL exactly as asked,
 //     no rounding); a lease's keys are deleted in one revision.
 //   - The compaction window: the store keeps the events of the last
-//     Config.History revisions (DefaultHistory, 100,000, when zero; all of
-//     them, until Compact, when negative). A watch from an older revision ends
-//     with a *store.CompactedError, the signal to re-list.
+//     Config.History revisions (DefaultHistory, 100,000, when zero), and of
+//     those only the newest that weigh at most Config.HistoryBytes
+//     (DefaultHistoryBytes, 64 MiB, when zero): a revision can hold many
+//     events, so the bound in bytes is the bound on memory. The current
+//     revision is kept whole; a negative bound is no bound. A watch from an
+//     older revision ends with a *store.CompactedError, the signal to
+//     re-list.
 //   - Watches read from that shared history rather than from per-watcher
 //     buffers: a slow watcher never blocks writers or other watchers, it
 //     only falls behind, and if it falls further behind than the window it

@@ -12,16 +12,34 @@ import (
 	"github.com/beaconplane/beacon/store/internal/mvcc"
 )
 
-// DefaultHistory is the number of revisions a store keeps for watches to
-// resume from when Config.History is zero.
-const DefaultHistory = 100_000
+// Defaults for the zero values of Config.
+const (
+	// DefaultHistory is the number of revisions a store keeps for watches
+	// to resume from.
+	DefaultHistory = 100_000
+	// DefaultHistoryBytes is what the events of those revisions may weigh
+	// at most (64 MiB).
+	DefaultHistoryBytes = 64 << 20
+)
 
 // Config configures a memory store. The zero value is ready to use.
+//
+// The history watches can start from is bounded twice, and the tighter
+// bound decides: in revisions, and in what their events weigh (keys, values
+// and about 72 bytes of bookkeeping each). One revision can hold many
+// events — a transaction of the registry's group commit holds up to 128,
+// the end of a lease all of its keys — so the bound in bytes is the one on
+// memory. The current revision is kept whole, whatever its size.
 type Config struct {
 	// History is how many of the most recent revisions watches can start
 	// from; older revisions are compacted automatically. Zero means
-	// DefaultHistory; negative means keep everything until Compact.
+	// DefaultHistory; negative means no bound in revisions.
 	History int
+	// HistoryBytes is what the events of that history may weigh at most;
+	// older revisions are compacted automatically. Zero means
+	// DefaultHistoryBytes; negative means no bound in bytes. Set both
+	// negative to keep everything until Compact.
+	HistoryBytes int64
 }
 
 // Store is an in-memory store.Store: keys, revisions, history and watches
@@ -57,15 +75,13 @@ type lease struct {
 // New returns an empty store at revision 1, with its lease expiry goroutine
 // running.
 func New(cfg Config) *Store {
-	h := cfg.History
-	if h == 0 {
-		h = DefaultHistory
-	}
+	h := cmp.Or(int64(cfg.History), DefaultHistory)
+	hb := cmp.Or(cfg.HistoryBytes, DefaultHistoryBytes)
 	s := &Store{
 		leases: make(map[store.LeaseID]*lease),
 		kick:   make(chan struct{}, 1),
 	}
-	s.core = mvcc.New(mvcc.Config{History: int64(h), LeaseAlive: s.leaseAlive})
+	s.core = mvcc.New(mvcc.Config{History: h, HistoryBytes: hb, LeaseAlive: s.leaseAlive})
 	s.wg.Add(1)
 	go s.expireLoop()
 	return s

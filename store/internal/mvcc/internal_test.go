@@ -3,6 +3,7 @@ package mvcc
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/beaconplane/beacon/store"
@@ -125,5 +126,134 @@ func TestEveryStateChangeWakesTheWatchers(t *testing.T) {
 		default:
 			t.Errorf("%s did not wake the watchers", name)
 		}
+	}
+}
+
+// checkLogSize fails unless logSize is what the log's events weigh.
+func checkLogSize(t *testing.T, s *Store) {
+	t.Helper()
+	var want int64
+	for _, e := range s.log {
+		want += EventSize(e)
+	}
+	if s.logSize != want {
+		t.Fatalf("logSize %d, the log's events weigh %d", s.logSize, want)
+	}
+}
+
+// txnOf is a transaction that puts n keys with values of size bytes.
+func txnOf(prefix string, n, size int) Change {
+	ops := make([]store.Op, n)
+	for i := range ops {
+		ops[i] = store.Op{Kind: store.OpPut, Key: fmt.Sprintf("%s/%d", prefix, i), Value: make([]byte, size)}
+	}
+	return Txn(ops)
+}
+
+// TestHistoryBytesBoundsTheLog: after every commit the log keeps exactly
+// the newest revisions that fit in HistoryBytes — no more (the bound
+// holds) and no fewer (the revision below the watermark would not fit) —
+// and the current revision whole even when it alone does not fit.
+func TestHistoryBytesBoundsTheLog(t *testing.T) {
+	const bound = 20_000
+	s := New(Config{HistoryBytes: bound})
+	defer s.Close()
+	weight := map[int64]int64{} // revision → what its events weigh
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 300 {
+		n := 1 + rng.IntN(40)
+		if i%50 == 49 {
+			n = 200 // a revision larger than the bound
+		}
+		rev, err := s.Commit(context.Background(), txnOf(fmt.Sprint(i%5), n, rng.IntN(100)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range s.log {
+			if e.KV.ModRevision == rev {
+				weight[rev] += EventSize(e)
+			}
+		}
+		checkLogSize(t, s)
+		// The expected watermark: the oldest revision from which on the
+		// events fit, or the current one.
+		want, sum := rev, weight[rev]
+		for r := rev - 1; r >= 1 && sum+weight[r] <= bound; r-- { // revision 1 has no events
+			want, sum = r, sum+weight[r]
+		}
+		if s.compact != want {
+			t.Fatalf("after revision %d the watermark is %d, want %d (the log weighs %d)", rev, s.compact, want, s.logSize)
+		}
+	}
+}
+
+// TestHistoryBytesAndRevisionsBothBound: with both bounds set, the tighter
+// one decides.
+func TestHistoryBytesAndRevisionsBothBound(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		revs, bytes int64
+		wantRevs    int64
+	}{
+		{"revisions tighter", 3, 1 << 20, 3},
+		{"bytes tighter", 100, 5 * (eventOverhead + 3), 5}, // keys "k0".."k6", values "v"
+	} {
+		s := New(Config{History: tc.revs, HistoryBytes: tc.bytes})
+		fill(t, s, 50)
+		if revs, _ := s.HistorySize(); revs != tc.wantRevs {
+			t.Errorf("%s: the log holds %d revisions, want %d", tc.name, revs, tc.wantRevs)
+		}
+		s.Close()
+	}
+}
+
+// TestCompactClearsTheDroppedEvents: a compaction that keeps most of the
+// log reslices it, and clears the events it drops, so that their keys and
+// values are not kept until the log next grows.
+func TestCompactClearsTheDroppedEvents(t *testing.T) {
+	s := New(Config{})
+	defer s.Close()
+	fill(t, s, 100)
+	before := s.log
+	if err := s.Compact(context.Background(), s.log[10].KV.ModRevision); err != nil {
+		t.Fatal(err)
+	}
+	if &s.log[0] != &before[10] {
+		t.Fatal("the log was copied; this test needs a compaction that reslices it")
+	}
+	for i, e := range before[:10] {
+		if e.KV.Key != "" || e.KV.Value != nil {
+			t.Fatalf("dropped event %d is kept: %+v", i, e)
+		}
+	}
+	checkLogSize(t, s)
+}
+
+// TestLogSizeFollowsEveryChange: applying, replaying, compacting and
+// installing keep logSize what the log weighs.
+func TestLogSizeFollowsEveryChange(t *testing.T) {
+	s := New(Config{})
+	defer s.Close()
+	fill(t, s, 20)
+	checkLogSize(t, s)
+	ev := func(rev int64) []store.Event {
+		return []store.Event{{Type: store.EventPut, KV: store.KeyValue{Key: "a", Value: []byte("xyz"), ModRevision: rev}}}
+	}
+	if err := s.Apply(s.rev+1, ev(s.rev+1)); err != nil {
+		t.Fatal(err)
+	}
+	checkLogSize(t, s)
+	s.CompactTo(s.rev - 5)
+	checkLogSize(t, s)
+	s.Install(40, 38, nil)
+	checkLogSize(t, s)
+	for rev := int64(38); rev <= 40; rev++ {
+		if err := s.Apply(rev, ev(rev)); err != nil { // a replay over the snapshot
+			t.Fatal(err)
+		}
+	}
+	checkLogSize(t, s)
+	if len(s.log) != 3 {
+		t.Fatalf("the replay logged %d events, want 3", len(s.log))
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/beaconplane/beacon/store"
 	"github.com/google/btree"
@@ -18,8 +19,15 @@ import (
 type Config struct {
 	// History is how many of the most recent revisions the event log keeps:
 	// after each commit, older revisions are compacted. Zero (or negative)
-	// keeps every revision until Compact or CompactTo.
+	// sets no bound in revisions.
 	History int64
+	// HistoryBytes bounds the event log by size as History bounds it by
+	// revisions: after each commit, the oldest revisions are compacted until
+	// the log's events weigh at most HistoryBytes (EventSize each), except
+	// that the current revision is always kept whole, however large. A
+	// revision can hold many events (a transaction, the end of a lease), so
+	// this is the bound on memory. Zero (or negative) sets no bound in size.
+	HistoryBytes int64
 	// LeaseAlive tells whether a write may bind a key to the lease (never
 	// store.NoLease): nil, or an error matching store.ErrLeaseNotFound that
 	// the write returns. It runs with the Store's lock held, so it must not
@@ -31,14 +39,16 @@ type Config struct {
 // log, watchers and the keys of each lease. See the package documentation.
 // It starts empty at revision 1. Its methods are safe for concurrent use.
 type Store struct {
-	history    int64
-	leaseAlive func(store.LeaseID) error
+	history      int64
+	historyBytes int64
+	leaseAlive   func(store.LeaseID) error
 
 	mu      sync.Mutex
 	rev     int64 // the current revision
 	compact int64 // the oldest revision still in the log
 	data    *btree.BTreeG[*store.KeyValue]
 	log     []store.Event                         // every event with revision >= compact, in order
+	logSize int64                                 // the EventSize of log's events
 	leases  map[store.LeaseID]map[string]struct{} // lease → the keys bound to it (only leases with keys)
 	changed chan struct{}                         // closed and replaced at every change
 	closed  bool
@@ -52,14 +62,33 @@ type Store struct {
 // New returns an empty Store at revision 1.
 func New(opts Config) *Store {
 	return &Store{
-		history:    opts.History,
-		leaseAlive: opts.LeaseAlive,
-		rev:        1,
-		compact:    1,
-		data:       btree.NewG(32, func(a, b *store.KeyValue) bool { return a.Key < b.Key }),
-		leases:     make(map[store.LeaseID]map[string]struct{}),
-		changed:    make(chan struct{}),
-		done:       make(chan struct{}),
+		history:      opts.History,
+		historyBytes: opts.HistoryBytes,
+		leaseAlive:   opts.LeaseAlive,
+		rev:          1,
+		compact:      1,
+		data:         btree.NewG(32, func(a, b *store.KeyValue) bool { return a.Key < b.Key }),
+		leases:       make(map[store.LeaseID]map[string]struct{}),
+		changed:      make(chan struct{}),
+		done:         make(chan struct{}),
+	}
+}
+
+// eventOverhead is what an event weighs in the log besides its key's and
+// value's bytes.
+const eventOverhead = int64(unsafe.Sizeof(store.Event{}))
+
+// EventSize is what an event weighs against Config.HistoryBytes: its key,
+// its value and the event itself as the log holds it.
+func EventSize(e store.Event) int64 {
+	return int64(len(e.KV.Key)+len(e.KV.Value)) + eventOverhead
+}
+
+// appendLogLocked adds events to the log and to its size.
+func (s *Store) appendLogLocked(events []store.Event) {
+	s.log = append(s.log, events...)
+	for _, e := range events {
+		s.logSize += EventSize(e)
 	}
 }
 
@@ -230,7 +259,7 @@ func (s *Store) Apply(rev int64, events []store.Event) error {
 	switch {
 	case rev <= s.rev:
 		if rev >= s.compact {
-			s.log = append(s.log, events...)
+			s.appendLogLocked(events)
 		}
 		return nil
 	case rev != s.rev+1:
@@ -262,11 +291,50 @@ func (s *Store) applyLocked(rev int64, events []store.Event) {
 		}
 		s.bind(&kv)
 	}
-	s.log = append(s.log, events...)
+	s.appendLogLocked(events)
 	s.notifyLocked()
-	if s.history > 0 && s.rev-s.compact >= s.history {
-		s.compactLocked(s.rev - s.history + 1)
+	if w := s.windowLocked(s.history, s.historyBytes); w > s.compact {
+		s.compactLocked(w)
 	}
+}
+
+// Window returns the watermark that would leave at most revs revisions and
+// bytes of events (EventSize) in the log — the current watermark if the log
+// is within both — never past the current revision, which is kept whole
+// whatever its size. A bound of zero or less is no bound. A backend that
+// compacts by its own records (file) asks it where to compact to.
+func (s *Store) Window(revs, bytes int64) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.windowLocked(revs, bytes)
+}
+
+// HistorySize returns how many revisions the log holds (from the watermark
+// to the current revision) and what its events weigh (EventSize).
+func (s *Store) HistorySize() (revs, bytes int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rev - s.compact + 1, s.logSize
+}
+
+func (s *Store) windowLocked(revs, bytes int64) int64 {
+	w := s.compact
+	if revs > 0 && s.rev-w >= revs {
+		w = s.rev - revs + 1
+	}
+	if bytes <= 0 || s.logSize <= bytes {
+		return w
+	}
+	// Drop the oldest events until the rest fit, then the rest of the
+	// revision the last one dropped belongs to: a revision goes whole.
+	excess, i := s.logSize-bytes, 0
+	for ; i < len(s.log) && excess > 0; i++ {
+		excess -= EventSize(s.log[i])
+	}
+	if i == 0 {
+		return w
+	}
+	return max(w, min(s.log[i-1].KV.ModRevision+1, s.rev))
 }
 
 func (s *Store) notifyLocked() {
@@ -290,7 +358,7 @@ func (s *Store) Install(rev, compact int64, kvs []store.KeyValue) {
 		s.data.ReplaceOrInsert(&kv)
 		s.bind(&kv)
 	}
-	s.rev, s.compact, s.log = rev, compact, nil
+	s.rev, s.compact, s.log, s.logSize = rev, compact, nil, 0
 	s.notifyLocked()
 }
 
@@ -351,16 +419,22 @@ func (s *Store) CompactTo(w int64) {
 
 // compactLocked drops the events below rev. A watcher that needed them
 // finds out when it next reads the log (one waiting for news is never
-// behind the watermark: a watermark is at most the current revision). The log is copied only when at least half of it goes, so
-// trimming costs O(1) amortised per write and a large drop frees memory.
+// behind the watermark: a watermark is at most the current revision). The
+// log is copied only when at least half of it goes, so trimming costs O(1)
+// amortised per write; otherwise the dropped events are cleared, so that
+// their keys and values are freed at once, not when the log next grows.
 func (s *Store) compactLocked(rev int64) {
 	s.compact = rev
 	i := sort.Search(len(s.log), func(i int) bool { return s.log[i].KV.ModRevision >= rev })
+	for _, e := range s.log[:i] {
+		s.logSize -= EventSize(e)
+	}
 	if i >= len(s.log)/2 {
 		s.log = slices.Clone(s.log[i:])
-	} else {
-		s.log = s.log[i:]
+		return
 	}
+	clear(s.log[:i])
+	s.log = s.log[i:]
 }
 
 // checkLease asks the backend whether a write may bind key to the lease.
