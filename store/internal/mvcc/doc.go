@@ -15,9 +15,12 @@
 //     the backend supplies) — and turned into the events of one revision.
 //     A refused change writes nothing.
 //   - The event log with its bounds: every event from the compaction
-//     watermark up to the current revision, in revision order. An optional
-//     window (Config.History) compacts older revisions after each commit;
-//     Compact and CompactTo move the watermark on demand. A watch from below
+//     watermark up to the current revision, in revision order. Optional
+//     bounds, in revisions (Config.History) and in what the events weigh
+//     (Config.HistoryBytes, EventSize each; the current revision is kept
+//     whole), compact older revisions after each commit; Compact and
+//     CompactTo move the watermark on demand, and Window tells a backend
+//     that compacts by its own records (file) where the bounds would. A watch from below
 //     the watermark ends with a *store.CompactedError.
 //   - Watchers: each watch is one goroutine that reads the shared log from
 //     its next revision under the lock, copies what matches its prefix (at
