@@ -33,8 +33,12 @@
 //     like Deliver's removals. Load logs nothing.
 //   - Every change has the next Seq; a version is cached until the seq, the
 //     revision or the re-listings change, and never changes afterwards.
-//   - Since(seq) is every change after seq, or false once trimmed; Trim
-//     keeps at least max(MinLogLen, items) changes and at most twice that.
+//   - Since(seq) is every change after seq, or false once trimmed. Trim
+//     keeps the log within twice its allowance in changes, max(MinLogLen,
+//     items), and in the weight of its replaced and removed items,
+//     max(MinLogBytes, the current items' weight), dropping the oldest
+//     changes down to both allowances once past either: one full turnover
+//     of the state always fits.
 //   - After(rev) is every change at a later revision plus the Late ones at
 //     rev (Deliver's and Amend's, after a batch was given at rev), or
 //     false when the log no longer reaches back to rev (or after Rebase).

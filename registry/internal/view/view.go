@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/store"
@@ -14,9 +15,17 @@ import (
 // btreeDegree is the degree of the view's B-tree.
 const btreeDegree = 16
 
-// MinLogLen is the least number of changes a view keeps for watchers to
-// catch up from (it keeps at least as many as it has instances).
-const MinLogLen = 4096
+// The log's allowance: the changes a view keeps for watchers to catch up
+// from. It is bounded twice, and Trim keeps the fewer changes of the two:
+// at most max(MinLogLen, items) changes, and replaced or removed items
+// (the memory only the log holds) weighing at most max(MinLogBytes, what
+// the current items weigh) — one full turnover of the state either way.
+// An item can weigh a few hundred bytes or, with large metadata, half a
+// megabyte, so the bound in bytes is the one on memory.
+const (
+	MinLogLen   = 4096
+	MinLogBytes = 2 << 20
+)
 
 // Item is one instance in a view. Items are immutable once in a view.
 type Item struct {
@@ -50,6 +59,31 @@ type Change struct {
 	// Late: a removal delivered at a revision watchers had already been
 	// given (see Deliver), so that one resuming from it gets it too.
 	Late bool
+
+	beforeWeight int64 // Before's weight, counted in the log's
+}
+
+// itemOverhead and mapEntryOverhead are what an item and an entry of its
+// metadata weigh besides their strings' bytes.
+const (
+	itemOverhead     = int64(unsafe.Sizeof(Item{}))
+	mapEntryOverhead = 48
+)
+
+// weight is about what the item holds in memory: itself, its strings, its
+// metadata and its check and health, if any.
+func (it *Item) weight() int64 {
+	in := &it.Inst
+	n := itemOverhead + int64(len(it.Key)+len(in.Namespace)+len(in.Component)+len(in.Endpoint)+
+		len(in.ID)+len(in.Address)+len(in.Transport)+len(in.Status))
+	n += int64(beacon.MetadataSize(in.Metadata) + mapEntryOverhead*len(in.Metadata))
+	if c := in.Check; c != nil {
+		n += int64(unsafe.Sizeof(*c)) + int64(len(c.Path)+len(c.Service))
+	}
+	if h := in.Health; h != nil {
+		n += int64(unsafe.Sizeof(*h)) + int64(len(h.Reason)+len(h.Checker))
+	}
+	return n
 }
 
 // Version is an immutable copy of a view's state.
@@ -76,15 +110,17 @@ func (v *Version) Ascend(fn func(*Item) bool) { v.tree.Ascend(fn) }
 // call them under a read lock; Version may make a version: a write). Versions it hands out are immutable
 // and may be read without that lock.
 type View struct {
-	tree     *btree.BTreeG[*Item]
-	rev      int64
-	seq      uint64
-	log      []Change // changes floorSeq+1 .. seq
-	floorSeq uint64   // every change after it is in log
-	floorRev int64    // every change at a revision above it is in log
-	snap     *Version // cached version at (seq, rev, relists)
-	relists  uint64
-	given    atomic.Int64 // highest revision a batch was given at (Given)
+	tree      *btree.BTreeG[*Item]
+	treeBytes int64 // the items' weight
+	rev       int64
+	seq       uint64
+	log       []Change // changes floorSeq+1 .. seq
+	logBytes  int64    // the weight of the log's Before items
+	floorSeq  uint64   // every change after it is in log
+	floorRev  int64    // every change at a revision above it is in log
+	snap      *Version // cached version at (seq, rev, relists)
+	relists   uint64
+	given     atomic.Int64 // highest revision a batch was given at (Given)
 }
 
 // New returns an empty view at revision 0.
@@ -114,7 +150,7 @@ func (v *View) Ascend(fn func(*Item) bool) { v.tree.Ascend(fn) }
 // seen an earlier state.
 func (v *View) Load(items []*Item, rev int64) {
 	for _, it := range items {
-		v.tree.ReplaceOrInsert(it)
+		v.put(it)
 	}
 	v.rev, v.floorRev = rev, rev
 }
@@ -127,7 +163,7 @@ func (v *View) SetRev(rev int64) { v.rev = rev }
 // holds an equal instance (then watchers have nothing to learn; the item
 // is replaced all the same). It reports whether it logged a change.
 func (v *View) Set(it *Item, rev int64) (old *Item, logged bool) {
-	old, _ = v.tree.ReplaceOrInsert(it)
+	old = v.put(it)
 	if old != nil && old.Inst.Equal(it.Inst) {
 		return old, false
 	}
@@ -141,7 +177,7 @@ func (v *View) Delete(it *Item, rev int64) bool {
 	if cur, ok := v.tree.Get(it); !ok || cur != it {
 		return false
 	}
-	v.tree.Delete(it)
+	v.remove(it)
 	v.append(Change{Rev: rev, Key: it.Key, Before: it})
 	return true
 }
@@ -153,7 +189,7 @@ func (v *View) Deliver(it *Item) bool {
 	if cur, ok := v.tree.Get(it); !ok || cur != it {
 		return false
 	}
-	v.tree.Delete(it)
+	v.remove(it)
 	v.append(Change{Rev: v.rev, Key: it.Key, Before: it, Late: v.given.Load() >= v.rev})
 	return true
 }
@@ -166,11 +202,10 @@ func (v *View) Deliver(it *Item) bool {
 // no-op if the view holds nothing at that key. It reports whether it
 // logged a change.
 func (v *View) Amend(it *Item) bool {
-	cur, ok := v.tree.Get(it)
-	if !ok {
+	if _, ok := v.tree.Get(it); !ok {
 		return false
 	}
-	v.tree.ReplaceOrInsert(it)
+	cur := v.put(it)
 	if cur.Inst.Equal(it.Inst) {
 		return false
 	}
@@ -197,26 +232,51 @@ func (v *View) Relisted() { v.relists++ }
 // Rebase forgets the log: the revision went back to rev (a store restored
 // from a backup), and no watcher can resume from an earlier one.
 func (v *View) Rebase(rev int64) {
-	v.log, v.floorSeq, v.floorRev = nil, v.seq, rev
+	v.log, v.logBytes, v.floorSeq, v.floorRev = nil, 0, v.seq, rev
+}
+
+// put installs it in the tree and returns the item it replaces, if any.
+func (v *View) put(it *Item) (old *Item) {
+	old, _ = v.tree.ReplaceOrInsert(it)
+	v.treeBytes += it.weight()
+	if old != nil {
+		v.treeBytes -= old.weight()
+	}
+	return old
+}
+
+// remove takes it out of the tree.
+func (v *View) remove(it *Item) {
+	v.tree.Delete(it)
+	v.treeBytes -= it.weight()
 }
 
 func (v *View) append(c Change) {
 	v.seq++
 	c.Seq = v.seq
+	if c.Before != nil {
+		c.beforeWeight = c.Before.weight()
+		v.logBytes += c.beforeWeight
+	}
 	v.log = append(v.log, c)
 }
 
-// Trim keeps the log at most twice its allowance, dropping the oldest half
-// when it grows past that (amortised O(1) per change).
+// Trim keeps the log within twice its allowance (see MinLogLen): past
+// that in changes or in bytes, it drops the oldest changes down to the
+// allowance (amortised O(1) per change).
 func (v *View) Trim() {
-	keep := max(MinLogLen, v.tree.Len())
-	if len(v.log) <= 2*keep {
+	keepN, keepB := max(MinLogLen, v.tree.Len()), max(MinLogBytes, v.treeBytes)
+	if len(v.log) <= 2*keepN && v.logBytes <= 2*keepB {
 		return
 	}
-	drop := len(v.log) - keep
+	drop, bytes := 0, v.logBytes
+	for drop < len(v.log) && (len(v.log)-drop > keepN || bytes > keepB) {
+		bytes -= v.log[drop].beforeWeight
+		drop++
+	}
 	v.floorSeq = v.log[drop-1].Seq
 	v.floorRev = max(v.floorRev, v.log[drop-1].Rev)
-	v.log = slices.Clone(v.log[drop:])
+	v.log, v.logBytes = slices.Clone(v.log[drop:]), bytes
 }
 
 // Version returns an immutable copy of the current state (cached until

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -671,5 +672,128 @@ func TestAmendReplacesAtTheCurrentRevisionLateOnceGiven(t *testing.T) {
 	// A watcher resuming from the revision it was given gets the late one.
 	if log, ok := v.After(5); !ok || len(log) != 1 || log[0].Key != "b" {
 		t.Fatalf("After(5) = %+v, %v", log, ok)
+	}
+}
+
+// big is an item whose metadata weighs about size bytes.
+func big(key, addr string, rev int64, size int) *Item {
+	i := it(key, addr, rev)
+	i.Inst.Metadata = map[string]string{"blob": string(make([]byte, size))}
+	return i
+}
+
+// checkWeights fails unless treeBytes and logBytes are what the items in
+// the tree and the log's Before items weigh.
+func checkWeights(t *testing.T, v *View) {
+	t.Helper()
+	var tree, log int64
+	v.tree.Ascend(func(i *Item) bool { tree += i.weight(); return true })
+	for _, c := range v.log {
+		if c.Before != nil {
+			log += c.Before.weight()
+		}
+	}
+	if v.treeBytes != tree || v.logBytes != log {
+		t.Fatalf("treeBytes %d, logBytes %d; the items weigh %d and %d", v.treeBytes, v.logBytes, tree, log)
+	}
+}
+
+func TestTrimBoundsTheLogInBytes(t *testing.T) {
+	v := New()
+	const size = 64 << 10 // 10 items of 64 KiB: the state weighs far less than MinLogBytes
+	for i := range 10 {
+		v.Set(big(fmt.Sprint(i), "0", 1, size), 1)
+	}
+	for i := range 1000 {
+		rev := int64(i + 2)
+		v.Set(big(fmt.Sprint(i%10), fmt.Sprint(i), rev, size), rev)
+		v.SetRev(rev)
+		v.Trim()
+		if v.logBytes > 2*MinLogBytes {
+			t.Fatalf("after %d updates the log holds %d bytes of replaced items, past twice MinLogBytes", i+1, v.logBytes)
+		}
+	}
+	if len(v.log) >= MinLogLen/8 {
+		t.Fatalf("the log keeps %d changes of 64 KiB items", len(v.log))
+	}
+	if _, ok := v.Since(0); ok {
+		t.Fatal("Since(0) after a trim")
+	}
+	checkWeights(t, v)
+}
+
+func TestTrimKeepsAFullTurnoverInBytes(t *testing.T) {
+	v := New()
+	const n, size = 64, 64 << 10 // the state weighs twice MinLogBytes
+	for i := range n {
+		v.Set(big(fmt.Sprint(i), "0", 1, size), 1)
+	}
+	v.SetRev(1)
+	v.Trim()
+	seq := v.Seq()
+	for i := range n { // every item replaced once
+		v.Set(big(fmt.Sprint(i), "1", 2, size), 2)
+	}
+	v.SetRev(2)
+	v.Trim()
+	if log, ok := v.Since(seq); !ok || len(log) != n {
+		t.Fatalf("after a turnover of the whole state, Since gives %d changes, %v; want all %d", len(log), ok, n)
+	}
+}
+
+func TestWeightsFollowEveryChange(t *testing.T) {
+	v := New()
+	rng := rand.New(rand.NewPCG(3, 4))
+	v.Load([]*Item{big("a", "0", 1, 100), it("b", "0", 1)}, 1)
+	checkWeights(t, v)
+	for i := range 3000 {
+		rev := v.Rev() + 1
+		key := fmt.Sprint(rng.IntN(20))
+		switch rng.IntN(6) {
+		case 0, 1:
+			v.Set(big(key, fmt.Sprint(i), rev, rng.IntN(4000)), rev)
+			v.SetRev(rev)
+		case 2:
+			if cur, ok := v.Get(key); ok {
+				v.Delete(cur, rev)
+				v.SetRev(rev)
+			}
+		case 3:
+			if cur, ok := v.Get(key); ok {
+				v.Deliver(cur)
+			}
+		case 4:
+			v.Amend(big(key, fmt.Sprint(i), v.Rev(), rng.IntN(4000)))
+		case 5:
+			if rng.IntN(100) == 0 {
+				v.Rebase(v.Rev())
+			}
+		}
+		v.Trim()
+		checkWeights(t, v)
+	}
+}
+
+// BenchmarkLogOfLargeItems updates 10 instances 8,000 times, trimming as
+// the feeds do, and reports the heap the view keeps, for 4 KiB (the
+// default limit) and 64 KiB of metadata per instance.
+func BenchmarkLogOfLargeItems(b *testing.B) {
+	for _, size := range []int{4 << 10, 64 << 10} {
+		b.Run(fmt.Sprintf("metadata=%dKiB", size>>10), func(b *testing.B) {
+			for b.Loop() {
+				v := New()
+				for i := range 8000 {
+					rev := int64(i + 1)
+					v.Set(big(fmt.Sprint(i%10), fmt.Sprint(i), rev, size), rev)
+					v.SetRev(rev)
+					v.Trim()
+				}
+				runtime.GC()
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
+				runtime.KeepAlive(v)
+			}
+		})
 	}
 }
