@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -79,6 +80,32 @@ func TestThrottleCountsPerAddressAndUser(t *testing.T) {
 	}
 	if w := th.throttled("192.0.2.9", pw("erin", "x")); w != failWindow-time.Duration(maxFails)*time.Second {
 		t.Fatalf("%d failures a second apart: wait %v, want %v", maxFails+5, w, failWindow-time.Duration(maxFails)*time.Second)
+	}
+}
+
+// TestThrottleKeysHaveAFixedSize: failures under user names as long as a
+// request's headers allow are kept under keys of a fixed size, and still
+// throttle that name (and only it).
+func TestThrottleKeysHaveAFixedSize(t *testing.T) {
+	clk := newTestClock()
+	th := newLoginThrottle(clk.now)
+	long := func(i int) string { return fmt.Sprintf("%d-%s", i, strings.Repeat("\"x\x00", 16<<10)) }
+	for i := range 200 {
+		th.failed("192.0.2.1", long(i))
+	}
+	for range maxFails - 1 {
+		th.failed("192.0.2.1", long(0))
+	}
+	for key := range th.fails {
+		if len(key) > len("192.0.2.1")+32 {
+			t.Fatalf("a key of %d bytes in the table of failures", len(key))
+		}
+	}
+	if w := th.throttled("192.0.2.1", pw(long(0), "x")); w == 0 {
+		t.Error("a long name that failed maxFails times is not throttled")
+	}
+	if w := th.throttled("192.0.2.1", pw(long(1), "x")); w != 0 {
+		t.Errorf("another long name is throttled: %v", w)
 	}
 }
 

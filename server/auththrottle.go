@@ -2,8 +2,9 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -26,7 +27,9 @@ import (
 //
 // Credentials that already succeeded are served from the cache and never
 // throttled. The table of failures holds at most maxFailEntries keys (see
-// failed), that of accepted credentials maxGood.
+// failed), that of accepted credentials maxGood; every key is of a fixed
+// size (a name is kept only as a salted hash), so that names as long as a
+// request's headers allow cannot make the tables large.
 const (
 	maxFails       = 20
 	maxAddrFails   = 100
@@ -55,9 +58,12 @@ func newLoginThrottle(now func() time.Time) *loginThrottle {
 }
 
 // failKeys are the keys a failure of user from addr counts under: the
-// address and user, and the address alone.
-func failKeys(addr, user string) [2]string {
-	return [2]string{addr + " " + strconv.Quote(user), addr}
+// address and the user's salted hash, and the address alone.
+func (v *loginThrottle) failKeys(addr, user string) [2]string {
+	h := sha256.New()
+	h.Write(v.salt)
+	h.Write([]byte(user))
+	return [2]string{addr + " " + hex.EncodeToString(h.Sum(nil)[:12]), addr}
 }
 
 // throttled reports how long a client at addr must wait before it may try
@@ -71,7 +77,7 @@ func (v *loginThrottle) throttled(addr string, id identity) time.Duration {
 	if at, ok := v.good[key]; ok && now.Sub(at) < goodFor {
 		return 0
 	}
-	kept := v.recentLocked(failKeys(addr, id.throttleName())[0], now)
+	kept := v.recentLocked(v.failKeys(addr, id.throttleName())[0], now)
 	if len(kept) < maxFails {
 		return 0
 	}
@@ -163,7 +169,7 @@ func (v *loginThrottle) failed(addr, user string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	now := v.now()
-	for _, key := range failKeys(addr, user) {
+	for _, key := range v.failKeys(addr, user) {
 		v.fails[key] = append(v.fails[key], now)
 		// Only the last maxAddrFails count; older ones need no room.
 		if n := len(v.fails[key]); n > maxAddrFails {
