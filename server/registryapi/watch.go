@@ -176,9 +176,19 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, wt registry.Wat
 		}
 		return nil
 	}
+	// send writes a batch; false ends the stream (a batch it could not
+	// encode, after an error event).
+	send := func(b registry.Batch) bool {
+		if err := writeBatch(bw, b); err != nil {
+			h.log.Error("watch stream ended", "remote", r.RemoteAddr, "err", err)
+			_ = flush()
+			return false
+		}
+		return true
+	}
 	fmt.Fprint(bw, "retry: 1000\n\n")
-	if first != nil {
-		writeBatch(bw, *first)
+	if first != nil && !send(*first) {
+		return
 	}
 	if flush() != nil {
 		return
@@ -205,7 +215,9 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, wt registry.Wat
 			_ = flush()
 			return
 		default:
-			writeBatch(bw, b)
+			if !send(b) {
+				return
+			}
 		}
 		if flush() != nil {
 			return
@@ -269,15 +281,16 @@ func refusal(err error) bool {
 	return errors.Is(err, store.ErrPermissionDenied) || errors.Is(err, store.ErrUnauthenticated)
 }
 
-func writeBatch(w *bufio.Writer, b registry.Batch) {
+// writeBatch writes b's events; an error (a snapshot it could not encode)
+// is written as an error event, and ends the stream.
+func writeBatch(w *bufio.Writer, b registry.Batch) error {
 	id := strconv.FormatInt(b.Revision, 10)
 	switch b.Kind {
 	case registry.Snapshot:
-		ins := make([]beacon.Instance, 0, len(b.Events))
-		for _, e := range b.Events {
-			ins = append(ins, e.Instance)
+		if err := writeSnapshot(w, id, b); err != nil {
+			writeSSE(w, "error", "", ErrorResponse{Code: "internal", Message: err.Error()})
+			return err
 		}
-		writeSSE(w, "snapshot", id, SnapshotMessage{Revision: b.Revision, Instances: ins})
 	case registry.Stale:
 		msg := "backend unreachable"
 		if b.Err != nil {
@@ -287,7 +300,7 @@ func writeBatch(w *bufio.Writer, b registry.Batch) {
 	default:
 		if len(b.Events) == 0 {
 			writeSSE(w, "synced", id, SyncedMessage{Revision: b.Revision})
-			return
+			return nil
 		}
 		for i, e := range b.Events {
 			eid := ""
@@ -297,6 +310,31 @@ func writeBatch(w *bufio.Writer, b registry.Batch) {
 			writeSSE(w, e.Type.String(), eid, EventMessage{Event: e, Batch: b.Kind.String()})
 		}
 	}
+	return nil
+}
+
+// writeSnapshot writes a snapshot event, its data what json.Marshal of a
+// SnapshotMessage gives, one instance at a time: a stream of a large
+// registry holds no second copy of its instances, nor their JSON whole
+// (100,000 instances are tens of MB, per stream). An instance that cannot
+// be encoded (none decoded from a store can) ends the snapshot where it is
+// and returns the error: an error event follows, and the stream ends.
+func writeSnapshot(w *bufio.Writer, id string, b registry.Batch) error {
+	fmt.Fprintf(w, "event: snapshot\nid: %s\ndata: {\"revision\":%d,\"instances\":[", id, b.Revision)
+	var err error
+	for i, e := range b.Events {
+		var data []byte
+		if data, err = json.Marshal(e.Instance); err != nil {
+			err = fmt.Errorf("cannot encode instance %s: %w", e.Instance.Ref(), err)
+			break
+		}
+		if i > 0 {
+			_ = w.WriteByte(',')
+		}
+		_, _ = w.Write(data)
+	}
+	_, _ = w.WriteString("]}\n\n")
+	return err
 }
 
 // writeSSE writes one event; JSON never contains a newline, so data is one
