@@ -74,6 +74,18 @@ type kaClient struct {
 	out    chan *pb.LeaseKeepAliveResponse
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	slow   atomic.Bool // ended as too slow (counted once)
+}
+
+// tooSlow ends a client stream that does not take its answers: more than
+// kaQueue wait for it.
+func (c *kaClient) tooSlow(p *Proxy) {
+	if c.slow.Swap(true) {
+		return
+	}
+	p.m.kaDropped.Inc()
+	c.cancel(status.Errorf(codes.ResourceExhausted,
+		"proxy: lease keep-alive stream too slow: more than %d answers waited for it; reopen it", kaQueue))
 }
 
 func newLeaseMux(p *Proxy) *leaseMux {
@@ -135,19 +147,25 @@ func (lm *leaseMux) serve(ss grpc.ServerStream) error {
 			up.request(req.ID, c)
 		}
 	}()
-	for {
-		select {
-		case <-ctx.Done():
-			if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && status.Code(err) != codes.Canceled {
-				return err
-			}
-			return nil
-		case r := <-c.out:
-			if err := ss.SendMsg(r); err != nil {
-				return err
+	err := sendAside(ctx, &lm.wg, func() error {
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case r := <-c.out:
+				if err := ss.SendMsg(r); err != nil {
+					return err
+				}
 			}
 		}
+	})
+	if err != nil {
+		return err
 	}
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && status.Code(err) != codes.Canceled {
+		return err
+	}
+	return nil
 }
 
 // acquire returns the upstream for key, starting it if needed.
@@ -481,7 +499,7 @@ func (up *kaUpstream) deliver(resp *pb.LeaseKeepAliveResponse) {
 			select {
 			case c.out <- resp:
 			default:
-				c.cancel(status.Error(codes.ResourceExhausted, "proxy: lease keep-alive stream too slow; reopen it"))
+				c.tooSlow(up.mux.p)
 			}
 		}
 	}

@@ -8,7 +8,12 @@ import (
 
 	"github.com/beaconplane/beacon/internal/lab/etcdproc"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 // TestLeaseKeepAliveMultiplexed: keep-alive streams of several clients
@@ -178,5 +183,74 @@ func TestKeepAliveLeavesAHungMember(t *testing.T) {
 	}
 	if now := p.keepAliveMember(); now == member {
 		t.Errorf("the keep-alive stream is still on the hung member %s", member)
+	}
+}
+
+// TestSlowKeepAliveStream: a client keep-alive stream that sends requests
+// but reads no answer is ended with ResourceExhausted once more than
+// kaQueue answers wait for it — freed at once, not when the client next
+// reads — and counted; the lease's other streams are not held up.
+func TestSlowKeepAliveStream(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.StartCluster(t, 1)
+	p := startProxy(t, Config{Endpoints: c.Endpoints()})
+	ctx := ctxT(t)
+	// Requests go round many leases, so that answers come a few at a time
+	// (requests for one lease in flight together are answered together):
+	// the client's windows fill first, and then the answers wait.
+	var leases []clientv3.LeaseID
+	for range 64 {
+		g, err := c.Client(t).Grant(ctx, 60)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, g.ID)
+	}
+	g := struct{ ID clientv3.LeaseID }{leases[0]}
+	conn, err := grpc.NewClient(p.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	slow, err := pb.NewLeaseClient(conn).LeaseKeepAlive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Answers of about 40 bytes: the windows take a few thousand, then
+	// kaQueue more wait. The requests are paced (10 a millisecond, far
+	// below what the proxy sends) so that answers wait only once the
+	// client's windows are full and the proxy's sender is blocked on them.
+	const most = 200_000
+	pace := time.NewTicker(time.Millisecond)
+	defer pace.Stop()
+	for n := 0; value(t, p.m.kaDropped) == 0; n++ {
+		if n == most {
+			t.Fatalf("%d keep-alives unread and the stream is still served", n)
+		}
+		if n%10 == 0 {
+			<-pace.C
+		}
+		if err := slow.Send(&pb.LeaseKeepAliveRequest{ID: int64(leases[n%len(leases)])}); err != nil {
+			break // the proxy ended the stream
+		}
+	}
+	eventually(t, "the slow keep-alive stream freed while its client reads nothing", func() bool {
+		return value(t, p.m.kaClientStreams) == 0
+	})
+	ka, err := proxyClient(t, p).KeepAliveOnce(ctx, g.ID)
+	if err != nil || ka.TTL <= 0 {
+		t.Fatalf("another stream's keep-alive of the lease: %+v, %v", ka, err)
+	}
+	for {
+		if _, err := slow.Recv(); err != nil {
+			if status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("slow stream ended with %v, want ResourceExhausted", err)
+			}
+			break
+		}
+	}
+	if v := value(t, p.m.kaDropped); v != 1 {
+		t.Errorf("keepalive_slow_streams_total = %v, want 1", v)
 	}
 }

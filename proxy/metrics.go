@@ -34,6 +34,7 @@ type metrics struct {
 	kaUpstreams     prometheus.Gauge
 	kaRequests      prometheus.Counter
 	kaForwarded     prometheus.Counter
+	kaDropped       prometheus.Counter
 	kaSilences      prometheus.Counter
 
 	reqCache sync.Map // reqKey -> prometheus.Counter
@@ -102,6 +103,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Lease keep-alive requests received from clients."),
 		kaForwarded: f.Counter("beacon_proxy_keepalive_forwarded_total",
 			"Lease keep-alive requests sent to etcd (concurrent requests for one lease share one)."),
+		kaDropped: f.Counter("beacon_proxy_keepalive_slow_streams_total",
+			"Client LeaseKeepAlive streams ended because they did not read their answers."),
 		kaSilences: f.Counter("beacon_proxy_upstream_keepalive_silences_total",
 			"Times a keep-alive went unanswered on the upstream keep-alive stream for the keep-alive silence timeout and the stream moved to another member."),
 	}

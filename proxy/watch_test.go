@@ -185,8 +185,9 @@ func TestWatchFiltersAndCompaction(t *testing.T) {
 }
 
 // TestSlowWatchStream: a client stream that stops reading is ended with
-// ResourceExhausted once what waits for it is past its bound, and does not
-// hold up other watchers of the same upstream watch, which get every event.
+// ResourceExhausted once what waits for it is past its bound — its watchers
+// freed at once, not when the client next reads — and does not hold up
+// other watchers of the same upstream watch, which get every event.
 //
 // What a stream that does not read absorbs before its queue grows depends
 // on gRPC flow control and on how etcd batches revisions (under load, many
@@ -239,6 +240,12 @@ func TestSlowWatchStream(t *testing.T) {
 		}
 		last, n = resp.Header.Revision, n+1
 	}
+	// The stream ended as slow goes at once, though its client still reads
+	// nothing and its sender is blocked on the client's window: its watcher
+	// and its place among the streams are freed.
+	eventually(t, "the slow stream's watcher detached while its client reads nothing", func() bool {
+		return p.watch.watchers.Load() == 1 && value(t, p.m.watchStreams) == 1
+	})
 	got := 0
 	for got < n {
 		wr, ok := <-fast

@@ -96,7 +96,7 @@ func (h *watchHub) serve(ss grpc.ServerStream) error {
 			s.cancel(err)
 		}
 	}()
-	sendErr := s.sendLoop()
+	sendErr := sendAside(ctx, &h.wg, s.sendLoop)
 	cancel(nil)
 	s.detachAll() // nothing holds s once its receive loop ends: what still waits for it goes with it
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
@@ -612,4 +612,25 @@ func (s *cstream) answerProgress() {
 		return
 	}
 	s.enqueue(&pb.WatchResponse{Header: &pb.ResponseHeader{Revision: rev}, WatchId: clientv3.InvalidWatchID})
+}
+
+// sendAside runs send, the loop that writes to a client stream, on a
+// goroutine that wg owns (its hub's or lease mux's, which waits for it
+// when it closes, after the servers stopped), and returns send's error, or
+// nil as soon as ctx ends, whichever comes first. A SendMsg blocked on a
+// client that stopped reading (its flow-control window full) returns only
+// when the stream ends, and the stream ends only when its handler returns:
+// a handler that waited for its sender would keep a stream it ended as too
+// slow — its watchers, what waits for them, its place among the streams —
+// for as long as the connection lives. gRPC cancels the stream when the
+// handler returns, which unblocks SendMsg.
+func sendAside(ctx context.Context, wg *sync.WaitGroup, send func() error) error {
+	done := make(chan error, 1)
+	wg.Go(func() { done <- send() })
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return nil
+	}
 }
