@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -291,5 +292,42 @@ func TestIdleConnectionsClosed(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the watch got nothing after the idle time")
+	}
+}
+
+// TestGatewayWatchClientThatStopsReading: a watch over the JSON gateway
+// whose client stops reading is dropped once a write to it has waited for
+// the request timeout: its watch and stream go, though what waits for it
+// is far below the watch queue's bound (it is not ended as slow).
+func TestGatewayWatchClientThatStopsReading(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := startProxyWith(t, Config{Endpoints: srv.Endpoints()}, func(p *Proxy) { p.httpTimeout = time.Second })
+	addr := p.Addr().String()
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	conn, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"create_request":{"key":"L3Mv","range_end":"L3Mw"}}` // /s/ to /s0
+	fmt.Fprintf(conn, "POST /v3/watch HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", addr, len(body), body)
+	eventually(t, "the gateway's watch", func() bool { return p.watch.watchers.Load() == 1 })
+	// About 10 MiB of events, past what the sockets between take, far
+	// below the watch queue's 64 MiB; the client reads none of it.
+	cli := srv.Client(t)
+	val := strings.Repeat("x", 256<<10)
+	for i := range 40 {
+		if _, err := cli.Put(context.Background(), fmt.Sprintf("/s/%d", i), val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the watch of the client that stopped reading ended", func() bool {
+		return p.watch.watchers.Load() == 0 && value(t, p.m.watchStreams) == 0
+	})
+	if v := value(t, p.m.watchDropped); v != 0 {
+		t.Errorf("watch_slow_streams_total = %v: the stream was ended by the queue's bound, not the write deadline", v)
 	}
 }

@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/internal/pprofhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -236,8 +238,11 @@ var streamingPaths = map[string]bool{
 }
 
 // limitHTTP bounds the gateway's HTTP server: header size and time, idle
-// connections, body size, and per-request deadlines on every route that
-// does not stream.
+// connections, body size, per-request deadlines on every route that does
+// not stream, and on a route that streams over HTTP a deadline per write
+// (each piece of 64 KiB must be taken within httpTimeout), so that a client
+// that stops reading is dropped rather than hold its stream forever. (A
+// stream upgraded to a websocket is the websocket proxy's.)
 func (p *Proxy) limitHTTP(hs *http.Server) {
 	hs.MaxHeaderBytes = maxHeaderBytes
 	hs.IdleTimeout = p.idleTimeout
@@ -255,6 +260,9 @@ func (p *Proxy) limitHTTP(hs *http.Server) {
 		now := time.Now()
 		switch hold := p.profileHold(r); {
 		case streamingPaths[r.URL.Path]:
+			if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+				w = httpapi.NewStreamWriter(w, p.httpTimeout)
+			}
 		case hold > 0:
 			// A profile holds the request that long before it answers;
 			// the read deadline too, since net/http cancels a request's

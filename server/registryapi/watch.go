@@ -162,19 +162,17 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, wt registry.Wat
 	// and streamWriteTimeout is gone (or not reading): end its stream.
 	// Every write to the connection is bounded, including those a large
 	// batch makes before the flush.
-	limit := h.keepAlive + h.writeTimeout
-	bw := bufio.NewWriter(deadlineWriter{w: w, rc: rc, limit: limit})
+	sw := httpapi.NewStreamWriter(w, h.keepAlive+h.writeTimeout)
+	bw := bufio.NewWriter(sw)
 	flush := func() error {
-		if err := bw.Flush(); err != nil {
-			h.dropped(r, err)
-			return err
+		err := bw.Flush()
+		if err == nil {
+			err = sw.FlushError()
 		}
-		_ = rc.SetWriteDeadline(time.Now().Add(limit))
-		if err := rc.Flush(); err != nil {
+		if err != nil {
 			h.dropped(r, err)
-			return err
 		}
-		return nil
+		return err
 	}
 	// send writes a batch; false ends the stream (a batch it could not
 	// encode, after an error event).
@@ -237,36 +235,6 @@ func (h *Handler) dropped(r *http.Request, err error) {
 
 // streamWriteTimeout bounds one write of a watch stream to a client.
 const streamWriteTimeout = 30 * time.Second
-
-// writeChunk is the most one deadline of a watch stream covers.
-const writeChunk = 64 << 10
-
-// deadlineWriter gives every write to a stream's connection its own
-// deadline, so that no write blocks forever on a client that stopped
-// reading. A large write (a snapshot of many instances is one) goes in
-// pieces of writeChunk, each with a fresh deadline: a client is dropped
-// when it stops taking data, not because one event is larger than what it
-// can read within one deadline.
-type deadlineWriter struct {
-	w     http.ResponseWriter
-	rc    *http.ResponseController
-	limit time.Duration
-}
-
-func (d deadlineWriter) Write(p []byte) (int, error) {
-	n := 0
-	for len(p) > 0 {
-		c := min(len(p), writeChunk)
-		_ = d.rc.SetWriteDeadline(time.Now().Add(d.limit))
-		m, err := d.w.Write(p[:c])
-		n += m
-		if err != nil {
-			return n, err
-		}
-		p = p[c:]
-	}
-	return n, nil
-}
 
 // next waits for the watch's next batch, at most one keep-alive interval.
 func (h *Handler) next(ctx context.Context, wt registry.Watcher) (registry.Batch, error) {
