@@ -10,9 +10,7 @@ import (
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -206,14 +204,7 @@ func TestSlowKeepAliveStream(t *testing.T) {
 		}
 		leases = append(leases, g.ID)
 	}
-	g := struct{ ID clientv3.LeaseID }{leases[0]}
-	conn, err := grpc.NewClient(p.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	slow, err := pb.NewLeaseClient(conn).LeaseKeepAlive(ctx)
+	slow, err := pb.NewLeaseClient(grpcConn(t, p, fixedWindows...)).LeaseKeepAlive(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +229,7 @@ func TestSlowKeepAliveStream(t *testing.T) {
 	eventually(t, "the slow keep-alive stream freed while its client reads nothing", func() bool {
 		return value(t, p.m.kaClientStreams) == 0
 	})
-	ka, err := proxyClient(t, p).KeepAliveOnce(ctx, g.ID)
+	ka, err := proxyClient(t, p).KeepAliveOnce(ctx, leases[0])
 	if err != nil || ka.TTL <= 0 {
 		t.Fatalf("another stream's keep-alive of the lease: %+v, %v", ka, err)
 	}

@@ -19,9 +19,15 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-func grpcConn(t *testing.T, p *Proxy) *grpc.ClientConn {
+// fixedWindows are a client's flow-control windows fixed at 64 KiB (no
+// estimation of the bandwidth-delay product, which grows them): a client
+// that stops reading stops the proxy's writes soon and predictably.
+var fixedWindows = []grpc.DialOption{grpc.WithInitialWindowSize(64 << 10), grpc.WithInitialConnWindowSize(64 << 10)}
+
+// grpcConn is a client connection to p, closed with the test.
+func grpcConn(t *testing.T, p *Proxy, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(p.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(p.Addr().String(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

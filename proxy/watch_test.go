@@ -206,13 +206,7 @@ func TestSlowWatchStream(t *testing.T) {
 	p.watchQueueBytes = 1 << 20 // 128 events of 8 KiB
 	serveOn(t, p, mustListen(t))
 	ctx := ctxT(t)
-	conn, err := grpc.NewClient(p.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	slow, err := pb.NewWatchClient(conn).Watch(ctx)
+	slow, err := pb.NewWatchClient(grpcConn(t, p, fixedWindows...)).Watch(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
