@@ -295,39 +295,66 @@ func TestIdleConnectionsClosed(t *testing.T) {
 	}
 }
 
-// TestGatewayWatchClientThatStopsReading: a watch over the JSON gateway
-// whose client stops reading is dropped once a write to it has waited for
-// the request timeout: its watch and stream go, though what waits for it
-// is far below the watch queue's bound (it is not ended as slow).
+// TestGatewayWatchClientThatStopsReading: a watch over the JSON gateway,
+// plain HTTP or a websocket, whose client stops reading is dropped once a
+// write to it has waited for the request timeout: its watch and stream go,
+// though what waits for it is far below the watch queue's bound (it is not
+// ended as slow).
 func TestGatewayWatchClientThatStopsReading(t *testing.T) {
 	t.Parallel()
-	srv := etcdtest.Start(t, etcdtest.Options{})
-	p := startProxyWith(t, Config{Endpoints: srv.Endpoints()}, func(p *Proxy) { p.httpTimeout = time.Second })
-	addr := p.Addr().String()
-	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-	}}
-	conn, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	body := `{"create_request":{"key":"L3Mv","range_end":"L3Mw"}}` // /s/ to /s0
-	fmt.Fprintf(conn, "POST /v3/watch HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", addr, len(body), body)
-	eventually(t, "the gateway's watch", func() bool { return p.watch.watchers.Load() == 1 })
-	// About 10 MiB of events, past what the sockets between take, far
-	// below the watch queue's 64 MiB; the client reads none of it.
-	cli := srv.Client(t)
-	val := strings.Repeat("x", 256<<10)
-	for i := range 40 {
-		if _, err := cli.Put(context.Background(), fmt.Sprintf("/s/%d", i), val); err != nil {
-			t.Fatal(err)
-		}
-	}
-	eventually(t, "the watch of the client that stopped reading ended", func() bool {
-		return p.watch.watchers.Load() == 0 && value(t, p.m.watchStreams) == 0
-	})
-	if v := value(t, p.m.watchDropped); v != 0 {
-		t.Errorf("watch_slow_streams_total = %v: the stream was ended by the queue's bound, not the write deadline", v)
+	for name, open := range map[string]func(t *testing.T, conn net.Conn, addr string){
+		"http": func(_ *testing.T, conn net.Conn, addr string) {
+			fmt.Fprintf(conn, "POST /v3/watch HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", addr, len(body), body)
+		},
+		"websocket": func(t *testing.T, conn net.Conn, addr string) {
+			fmt.Fprintf(conn, "GET /v3/watch HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+				"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", addr)
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+				t.Fatalf("websocket upgrade: %v %v", resp, err)
+			}
+			// One masked text frame (RFC 6455 5.2): the create request.
+			mask := [4]byte{1, 2, 3, 4}
+			frame := append([]byte{0x81, 0x80 | byte(len(body))}, mask[:]...)
+			for i := range len(body) {
+				frame = append(frame, body[i]^mask[i%4])
+			}
+			if _, err := conn.Write(frame); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			srv := etcdtest.Start(t, etcdtest.Options{})
+			p := startProxyWith(t, Config{Endpoints: srv.Endpoints()}, func(p *Proxy) { p.httpTimeout = time.Second })
+			addr := p.Addr().String()
+			d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+				return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+			}}
+			conn, err := d.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			open(t, conn, addr)
+			eventually(t, "the gateway's watch", func() bool { return p.watch.watchers.Load() == 1 })
+			// About 10 MiB of events, past what the sockets between take,
+			// far below the watch queue's 64 MiB; the client reads none.
+			cli := srv.Client(t)
+			val := strings.Repeat("x", 256<<10)
+			for i := range 40 {
+				if _, err := cli.Put(context.Background(), fmt.Sprintf("/s/%d", i), val); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, "the watch of the client that stopped reading ended", func() bool {
+				return p.watch.watchers.Load() == 0 && value(t, p.m.watchStreams) == 0
+			})
+			if v := value(t, p.m.watchDropped); v != 0 {
+				t.Errorf("watch_slow_streams_total = %v: the stream was ended by the queue's bound, not the write deadline", v)
+			}
+		})
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -241,8 +240,8 @@ var streamingPaths = map[string]bool{
 // connections, body size, per-request deadlines on every route that does
 // not stream, and on a route that streams over HTTP a deadline per write
 // (each piece of 64 KiB must be taken within httpTimeout), so that a client
-// that stops reading is dropped rather than hold its stream forever. (A
-// stream upgraded to a websocket is the websocket proxy's.)
+// that stops reading is dropped rather than hold its stream forever; a
+// stream upgraded to a websocket keeps the deadlines on its connection.
 func (p *Proxy) limitHTTP(hs *http.Server) {
 	hs.MaxHeaderBytes = maxHeaderBytes
 	hs.IdleTimeout = p.idleTimeout
@@ -260,9 +259,7 @@ func (p *Proxy) limitHTTP(hs *http.Server) {
 		now := time.Now()
 		switch hold := p.profileHold(r); {
 		case streamingPaths[r.URL.Path]:
-			if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-				w = httpapi.NewStreamWriter(w, p.httpTimeout)
-			}
+			w = httpapi.NewStreamWriter(w, p.httpTimeout)
 		case hold > 0:
 			// A profile holds the request that long before it answers;
 			// the read deadline too, since net/http cancels a request's

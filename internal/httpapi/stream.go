@@ -1,21 +1,40 @@
 package httpapi
 
 import (
+	"bufio"
+	"net"
 	"net/http"
 	"time"
 )
 
-// StreamChunk is the most one write deadline of a StreamWriter covers.
+// StreamChunk is the most one write deadline of a stream covers.
 const StreamChunk = 64 << 10
 
+// writeInPieces writes p with write in pieces of at most StreamChunk, each
+// under a deadline of its own (set), limit from when it starts: a client
+// that stops reading fails the write within limit of its last progress,
+// while one that reads slowly but steadily never does, however large p.
+func writeInPieces(p []byte, limit time.Duration, set func(time.Time) error, write func([]byte) (int, error)) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		c := min(len(p), StreamChunk)
+		_ = set(time.Now().Add(limit))
+		m, err := write(p[:c])
+		n += m
+		if err != nil {
+			return n, err
+		}
+		p = p[c:]
+	}
+	return n, nil
+}
+
 // StreamWriter is the http.ResponseWriter of a response that streams (a
-// watch): every write and flush to the client gets a deadline of its own,
-// limit from when it starts, and a large write goes in pieces of at most
-// StreamChunk, each with a fresh one. A client that stops reading is
-// dropped within limit of its last progress, its handler's writes failing,
-// so that no write blocks forever on it; one that reads slowly but steadily
-// is not, however large a write. Unwrap gives the ResponseWriter beneath
-// to http.ResponseController.
+// watch): every write (in pieces, see writeInPieces) and flush to the
+// client gets a deadline of its own, so that no write blocks forever on a
+// client that stopped reading. A connection its handler takes over (a
+// websocket upgrade) keeps the deadlines: see Hijack. Unwrap gives the
+// ResponseWriter beneath to http.ResponseController.
 type StreamWriter struct {
 	w     http.ResponseWriter
 	rc    *http.ResponseController
@@ -35,18 +54,7 @@ func (s *StreamWriter) WriteHeader(code int) { s.w.WriteHeader(code) }
 
 // Write writes p in pieces, each under its own deadline.
 func (s *StreamWriter) Write(p []byte) (int, error) {
-	n := 0
-	for len(p) > 0 {
-		c := min(len(p), StreamChunk)
-		_ = s.rc.SetWriteDeadline(time.Now().Add(s.limit))
-		m, err := s.w.Write(p[:c])
-		n += m
-		if err != nil {
-			return n, err
-		}
-		p = p[c:]
-	}
-	return n, nil
+	return writeInPieces(p, s.limit, s.rc.SetWriteDeadline, s.w.Write)
 }
 
 // FlushError sends what is buffered to the client, under a deadline.
@@ -59,5 +67,26 @@ func (s *StreamWriter) FlushError() error {
 // as grpc-gateway's); FlushError reports the error.
 func (s *StreamWriter) Flush() { _ = s.FlushError() }
 
+// Hijack implements http.Hijacker: the connection it returns writes in
+// pieces under deadlines as the StreamWriter does (reads are untouched).
+func (s *StreamWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := s.rc.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	return streamConn{Conn: c, limit: s.limit}, brw, nil
+}
+
 // Unwrap returns the ResponseWriter beneath.
 func (s *StreamWriter) Unwrap() http.ResponseWriter { return s.w }
+
+// streamConn is a hijacked connection whose writes go in pieces under
+// deadlines.
+type streamConn struct {
+	net.Conn
+	limit time.Duration
+}
+
+func (c streamConn) Write(p []byte) (int, error) {
+	return writeInPieces(p, c.limit, c.SetWriteDeadline, c.Conn.Write)
+}
