@@ -34,7 +34,17 @@ import (
 // and benched unless it answers (in an election every member is slow, and
 // none is benched for it).
 
+// kaQueue bounds the answers waiting for one client stream: past it the
+// stream is ended as too slow. An answer to a lease the client asked about
+// several times in one round trip waits once, with its count.
 const kaQueue = 256
+
+// kaAnswer is an answer waiting for a client: resp, owed n times (once
+// per request of the client that it answers).
+type kaAnswer struct {
+	resp *pb.LeaseKeepAliveResponse
+	n    int
+}
 
 // leaseMux shares one upstream keep-alive stream per member among the
 // clients' keep-alive streams. Lock order: leaseMux.mu before
@@ -71,7 +81,7 @@ type kaUpstream struct {
 }
 
 type kaClient struct {
-	out    chan *pb.LeaseKeepAliveResponse
+	out    chan kaAnswer
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	slow   atomic.Bool // ended as too slow (counted once)
@@ -123,7 +133,7 @@ func (lm *leaseMux) serve(ss grpc.ServerStream) error {
 
 	ctx, cancel := context.WithCancelCause(ss.Context())
 	defer cancel(nil)
-	c := &kaClient{out: make(chan *pb.LeaseKeepAliveResponse, kaQueue), ctx: ctx, cancel: cancel}
+	c := &kaClient{out: make(chan kaAnswer, kaQueue), ctx: ctx, cancel: cancel}
 	up := lm.acquire(key, md, c)
 	if up == nil {
 		return status.Error(codes.Unavailable, "proxy: closing")
@@ -152,9 +162,11 @@ func (lm *leaseMux) serve(ss grpc.ServerStream) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case r := <-c.out:
-				if err := ss.SendMsg(r); err != nil {
-					return err
+			case a := <-c.out:
+				for range a.n {
+					if err := ss.SendMsg(a.resp); err != nil {
+						return err
+					}
 				}
 			}
 		}
@@ -495,12 +507,10 @@ func (up *kaUpstream) deliver(resp *pb.LeaseKeepAliveResponse) {
 	delete(up.sentAt, resp.ID)
 	up.mu.Unlock()
 	for c, n := range ws {
-		for range n {
-			select {
-			case c.out <- resp:
-			default:
-				c.tooSlow(up.mux.p)
-			}
+		select {
+		case c.out <- kaAnswer{resp: resp, n: n}:
+		default:
+			c.tooSlow(up.mux.p)
 		}
 	}
 }

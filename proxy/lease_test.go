@@ -245,3 +245,48 @@ func TestSlowKeepAliveStream(t *testing.T) {
 		t.Errorf("keepalive_slow_streams_total = %v, want 1", v)
 	}
 }
+
+// TestKeepAliveBurstForOneLease: a client that sends many keep-alives for
+// one lease at once, and reads, gets an answer to each; requests in flight
+// together are answered together upstream, and their answers wait as one,
+// so the burst is not taken for a slow client.
+func TestKeepAliveBurstForOneLease(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.StartCluster(t, 1)
+	p := startProxy(t, Config{Endpoints: c.Endpoints()})
+	ctx := ctxT(t)
+	g, err := c.Client(t).Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ka, err := pb.NewLeaseClient(grpcConn(t, p)).LeaseKeepAlive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 4 * kaQueue
+	answers := make(chan error, 1)
+	go func() {
+		for range n {
+			r, err := ka.Recv()
+			if err == nil && r.TTL <= 0 {
+				err = fmt.Errorf("answer %+v", r)
+			}
+			if err != nil {
+				answers <- err
+				return
+			}
+		}
+		answers <- nil
+	}()
+	for range n {
+		if err := ka.Send(&pb.LeaseKeepAliveRequest{ID: int64(g.ID)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-answers; err != nil {
+		t.Fatalf("a burst of %d keep-alives for one lease: %v", n, err)
+	}
+	if v := value(t, p.m.kaDropped); v != 0 {
+		t.Errorf("keepalive_slow_streams_total = %v, want 0", v)
+	}
+}
