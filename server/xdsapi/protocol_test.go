@@ -155,16 +155,24 @@ func metricValue(t testing.TB, reg *prometheus.Registry, name string, labels map
 // the changes meanwhile are folded into the one it gets after its ACK.
 func TestOneResponseInFlightPerType(t *testing.T) {
 	r := memRegistry(t)
-	_, addr := startXDS(t, r, Config{})
+	s, addr := startXDS(t, r, Config{})
 	a := dialADS(t, addr, "raw")
 	a.request(EndpointType, []string{"grpc.greeter.demo"}, nil, "")
 	first := a.recv()
-	// Three changes while the first response waits for its ACK.
+	// Three changes while the first response waits for its ACK, all in
+	// the server's index before the ACK (a registration reaches it through
+	// the registry's watch, a moment after Register returns).
 	register(t, r, "127.0.0.1:5001", nil)
 	register(t, r, "127.0.0.1:5002", nil)
 	register(t, r, "127.0.0.1:5003", nil)
+	waitFor(t, s, "the three registrations in the index", func() bool {
+		s.idx.mu.RLock()
+		defer s.idx.mu.RUnlock()
+		st := s.idx.services[service{ns: "demo", comp: "greeter", ep: "grpc"}]
+		return st != nil && len(st.instances) == 3
+	})
 	// A request of another type is answered meanwhile: the stream is
-	// alive and has seen the changes.
+	// alive.
 	a.request(ClusterType, []string{"grpc.greeter.demo"}, nil, "")
 	if resp := a.recv(); resp.GetTypeUrl() != ClusterType {
 		t.Fatalf("got a %s response while the assignment awaited its ACK", resp.GetTypeUrl())
