@@ -2,6 +2,7 @@ package xdsapi
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -88,4 +89,18 @@ func register(t testing.TB, r registry.Registrar, addr string, meta map[string]s
 	}
 	t.Cleanup(func() { _ = reg.Close() })
 	return reg
+}
+
+// waitIndexed waits until the server's index holds n instances of svc: a
+// registration reaches it through the registry's watch, a moment after
+// Register returns, so a test that needs the server to know it before a
+// request waits here.
+func waitIndexed(t testing.TB, s *Server, svc service, n int) {
+	t.Helper()
+	waitFor(t, s, fmt.Sprintf("%d instances of %v in the index", n, svc), func() bool {
+		s.idx.mu.RLock()
+		defer s.idx.mu.RUnlock()
+		st := s.idx.services[svc]
+		return st != nil && len(st.instances) == n
+	})
 }

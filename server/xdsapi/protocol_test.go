@@ -165,12 +165,7 @@ func TestOneResponseInFlightPerType(t *testing.T) {
 	register(t, r, "127.0.0.1:5001", nil)
 	register(t, r, "127.0.0.1:5002", nil)
 	register(t, r, "127.0.0.1:5003", nil)
-	waitFor(t, s, "the three registrations in the index", func() bool {
-		s.idx.mu.RLock()
-		defer s.idx.mu.RUnlock()
-		st := s.idx.services[service{ns: "demo", comp: "greeter", ep: "grpc"}]
-		return st != nil && len(st.instances) == 3
-	})
+	waitIndexed(t, s, service{ns: "demo", comp: "greeter", ep: "grpc"}, 3)
 	// A request of another type is answered meanwhile: the stream is
 	// alive.
 	a.request(ClusterType, []string{"grpc.greeter.demo"}, nil, "")
@@ -247,8 +242,9 @@ func TestUnknownTypeAnsweredEmpty(t *testing.T) {
 // holds: services appear and disappear with their instances.
 func TestWildcardFollowsServices(t *testing.T) {
 	r := memRegistry(t)
-	_, addr := startXDS(t, r, Config{})
+	s, addr := startXDS(t, r, Config{})
 	register(t, r, "127.0.0.1:5001", nil)
+	waitIndexed(t, s, service{ns: "demo", comp: "greeter", ep: "grpc"}, 1)
 	a := dialADS(t, addr, "envoy")
 	a.request(ClusterType, nil, nil, "")
 	resp := a.recv()
