@@ -50,10 +50,20 @@ type identity struct {
 // tokens enter it hashed with a per-process salt, so that a wrong password
 // never matches a cached view.
 func (id identity) key(salt []byte) string {
+	sum := saltedSum(salt, id.method+"\x00"+id.user+"\x00"+id.password+"\x00"+id.token)
+	return hex.EncodeToString(sum[:])
+}
+
+// saltedSum is the SHA-256 of salt followed by s: what the server keeps of
+// a secret or of a client-chosen name, so that neither is kept in clear nor
+// makes a table's keys large.
+func saltedSum(salt []byte, s string) [sha256.Size]byte {
 	h := sha256.New()
 	h.Write(salt)
-	h.Write([]byte(id.method + "\x00" + id.user + "\x00" + id.password + "\x00" + id.token))
-	return hex.EncodeToString(h.Sum(nil))
+	h.Write([]byte(s))
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
 }
 
 // throttleName is what failures of id count under, with the client's

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"slices"
 	"sync"
@@ -60,10 +59,8 @@ func newLoginThrottle(now func() time.Time) *loginThrottle {
 // failKeys are the keys a failure of user from addr counts under: the
 // address and the user's salted hash, and the address alone.
 func (v *loginThrottle) failKeys(addr, user string) [2]string {
-	h := sha256.New()
-	h.Write(v.salt)
-	h.Write([]byte(user))
-	return [2]string{addr + " " + hex.EncodeToString(h.Sum(nil)[:12]), addr}
+	sum := saltedSum(v.salt, user)
+	return [2]string{addr + " " + hex.EncodeToString(sum[:12]), addr}
 }
 
 // throttled reports how long a client at addr must wait before it may try
