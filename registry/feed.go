@@ -63,7 +63,7 @@ type feed struct {
 }
 
 func newFeed(ctx context.Context, cancel context.CancelFunc, h *hub, q beacon.Query) *feed {
-	f := &feed{h: h, prefix: h.r.storePrefix(q), key: h.r.feedKey(q), ctx: ctx, cancel: cancel, view: view.New(),
+	f := &feed{h: h, prefix: h.r.ReadPrefix(q), key: h.r.feedKey(q), ctx: ctx, cancel: cancel, view: view.New(),
 		holds: newHolds(h.r.cfg.RemovalHold), health: healthjoin.New(h.r.cfg.HealthPanicThreshold),
 		holdWake: make(chan struct{}, 1)}
 	if h.r.dynamo() {

@@ -119,11 +119,13 @@ func (r *StoreRegistry) checkRef(ref beacon.Ref) error {
 	return ref.ValidateWritten()
 }
 
-// storePrefix returns the store prefix a list or watch of q reads: the
+// ReadPrefix returns the store prefix a List or Watch of q reads: the
 // query's prefix in Beacon's layout; Dynamo's whole root in the dynamo
 // layout, whose instances and cards live in two buckets (the view keeps
-// q's entries).
-func (r *StoreRegistry) storePrefix(q beacon.Query) string {
+// q's entries). It is the key range to authorize before serving q to
+// someone else from this registry: etcd asks read permission on exactly
+// that range of a registry acting as the reader.
+func (r *StoreRegistry) ReadPrefix(q beacon.Query) string {
 	if r.dynamo() {
 		return dynamo.Root
 	}

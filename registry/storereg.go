@@ -237,7 +237,7 @@ func (r *StoreRegistry) List(ctx context.Context, q beacon.Query) ([]beacon.Inst
 	if r.closed.Load() {
 		return nil, 0, ErrClosed
 	}
-	kvs, rev, err := r.st.List(ctx, r.storePrefix(q))
+	kvs, rev, err := r.st.List(ctx, r.ReadPrefix(q))
 	if err != nil {
 		return nil, 0, fmt.Errorf("registry: list %q: %w", q.String(), err)
 	}

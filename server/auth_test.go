@@ -18,7 +18,7 @@ const rootPassword = "r00t-pw"
 
 // authConfig is testConfig with etcd authentication on (cheap password
 // hashes: every user the tests create authenticates many times).
-func authConfig(t *testing.T) Config {
+func authConfig(t testing.TB) Config {
 	cfg := testConfig(t)
 	cfg.Security.Auth = true
 	cfg.Security.RootPassword = rootPassword
@@ -27,7 +27,7 @@ func authConfig(t *testing.T) Config {
 }
 
 // rootClient is an etcd client of s's embedded etcd as root.
-func rootClient(t *testing.T, s *Server) *clientv3.Client {
+func rootClient(t testing.TB, s *Server) *clientv3.Client {
 	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: s.Endpoints().ClientURLs, Username: "root", Password: rootPassword, DialTimeout: 10 * time.Second})
 	if err != nil {
@@ -39,7 +39,7 @@ func rootClient(t *testing.T, s *Server) *clientv3.Client {
 
 // grant creates user with password and a role of its own holding perms,
 // each "read|write|readwrite prefix".
-func grant(t *testing.T, cli *clientv3.Client, user, password string, perms ...string) {
+func grant(t testing.TB, cli *clientv3.Client, user, password string, perms ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

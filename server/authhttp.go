@@ -101,7 +101,7 @@ func (s *Server) closeSecurity() {
 func (s *Server) registryOptions(o registryapi.Config) registryapi.Config {
 	o.Registry = func(r *http.Request) (registry.Discoverer, error) {
 		if uv := viewFrom(r.Context()); uv != nil {
-			return uv.reg, nil
+			return &userRegistry{StoreRegistry: uv.reg, shared: s.data.registry, n: s.authn(), uv: uv, self: s.selfUser}, nil
 		}
 		return nil, nil
 	}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/beaconplane/beacon/internal/wait"
@@ -30,6 +31,12 @@ type authenticator struct {
 
 	stop context.CancelFunc // ends the janitor
 	done chan struct{}      // closed when the janitor has ended
+
+	// How often a watch served to a user reads etcd's auth revision, and
+	// at the latest probes its permission again (guardedWatch), as
+	// time.Durations: authRevisionEvery and permissionRecheck, shortened
+	// by tests.
+	revisionEvery, recheckEvery atomic.Int64
 }
 
 // authOptions are what an authenticator needs besides its authority.
@@ -56,6 +63,8 @@ func newAuthenticator(a authority, o authOptions) *authenticator {
 	o.Log = cmp.Or(o.Log, slog.New(slog.DiscardHandler))
 	o.SweepEvery = cmp.Or(o.SweepEvery, time.Minute)
 	n := &authenticator{auth: a, views: newAuthViews(a, o.Registry, o.MaxViews, o.Log, o.Now), throttle: newLoginThrottle(o.Now)}
+	n.revisionEvery.Store(int64(authRevisionEvery))
+	n.recheckEvery.Store(int64(permissionRecheck))
 	ctx, cancel := context.WithCancel(context.Background())
 	n.stop, n.done = cancel, make(chan struct{})
 	go func() {

@@ -87,6 +87,14 @@
 // call its checkIdentity and guardCheck; authViews and loginThrottle
 // each hold their own lock, never both.
 //
+// A user's reads and writes go through its view, as the user, except
+// watches: those come from the server's own registry (one copy of every
+// watched state, however many users watch), opened once etcd answered a
+// probe made as the user on the exact range the watch covers, and ended
+// when etcd no longer does (userRegistry, guardedWatch: authwatch.go).
+// xDS reads its index, which follows the same registry, the same way
+// (xdsAccess).
+//
 // # Locks
 //
 // No type here takes two locks: lifecycle.mu (started), httpState.mu

@@ -143,6 +143,7 @@ type sseView struct {
 	frames    chan sseFrame
 	live      map[string]bool // instance refs listed
 	snapshots int
+	failure   string // the data of the error event, if any
 }
 
 type sseFrame struct {
@@ -152,11 +153,21 @@ type sseFrame struct {
 
 func openSSE(t *testing.T, ctx context.Context, base, ns string) *sseView {
 	t.Helper()
+	return openSSEAs(t, ctx, base, ns, "")
+}
+
+// openSSEAs is openSSE with the Authorization header auth (none if
+// empty).
+func openSSEAs(t *testing.T, ctx context.Context, base, ns, auth string) *sseView {
+	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+registryapi.WatchPath+"?namespace="+ns, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -215,6 +226,8 @@ func (v *sseView) waitFor(t *testing.T, what string, cond func() bool) {
 				for _, in := range m.Instances {
 					v.live[in.Ref().String()] = true
 				}
+			case "error":
+				v.failure = string(f.data)
 			case "added", "updated", "removed":
 				var m registryapi.EventMessage
 				if err := json.Unmarshal(f.data, &m); err != nil {

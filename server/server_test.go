@@ -44,7 +44,7 @@ func etcdLeakOptions() []goleak.Option {
 }
 
 // testConfig returns a config with free loopback ports and a temp data dir.
-func testConfig(t *testing.T) Config {
+func testConfig(t testing.TB) Config {
 	t.Helper()
 	port := func() int {
 		p, err := etcdtest.FreePort()
@@ -61,7 +61,7 @@ func testConfig(t *testing.T) Config {
 	}
 }
 
-func startServer(t *testing.T, cfg Config) *Server {
+func startServer(t testing.TB, cfg Config) *Server {
 	t.Helper()
 	s, err := New(cfg)
 	if err != nil {

@@ -212,7 +212,7 @@ type xdsAccess struct {
 }
 
 func (a *xdsAccess) Readable(ctx context.Context, ns string) (bool, error) {
-	prefix := a.uv.reg.Keyspace().Prefix(beacon.Query{Namespace: ns})
+	prefix := a.uv.reg.ReadPrefix(beacon.Query{Namespace: ns})
 	err := probe(ctx, a.uv.cli, prefix, false)
 	switch {
 	case err == nil:

@@ -1,0 +1,175 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/registry"
+	"github.com/beaconplane/beacon/store"
+)
+
+// How a watch served to an authenticated user keeps checking that the user
+// may read it (guardedWatch): etcd's auth revision, which moves with every
+// change of users, roles or permissions, is read every authRevisionEvery
+// (in-process on an embedded member, cached authStatusTTL for a cluster
+// fronted), and the permission probed again when it moved, and at the
+// latest every permissionRecheck (a token that expired: etcd checks a
+// watch's credentials when it opens, never after).
+const (
+	authRevisionEvery = time.Second
+	permissionRecheck = 30 * time.Second
+	probeTimeout      = 5 * time.Second
+)
+
+// userRegistry is the registry of one authenticated user's request. Writes,
+// lists and gets go through the user's own registry (its view), as the
+// user: etcd decides each. Watches come from the server's own registry, so
+// that one copy of every watched state serves all users however many
+// there are: each is opened once etcd has answered a probe made as the
+// user that the user may read the exact key range the watch covers
+// (StoreRegistry.ReadPrefix), and ends when etcd no longer says so
+// (guardedWatch).
+type userRegistry struct {
+	*registry.StoreRegistry // the user's
+	shared                  registry.Discoverer
+	n                       *authenticator
+	uv                      *userView
+	self                    func() string // the server's own etcd user, for messages
+}
+
+// Watch implements registry.Discoverer.
+func (u *userRegistry) Watch(ctx context.Context, q beacon.Query, opts ...registry.WatchOption) (registry.Watcher, error) {
+	prefix := u.ReadPrefix(q)
+	rev, err := u.n.auth.revision(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := probe(ctx, u.uv.cli, prefix, false); err != nil {
+		return nil, err
+	}
+	w, err := u.shared.Watch(ctx, q, opts...)
+	if err != nil {
+		return nil, u.ownRefusal(prefix, err)
+	}
+	g := &guardedWatch{Watcher: w, prefix: prefix, own: u.ownRefusal, done: make(chan struct{})}
+	g.refused, g.deny = context.WithCancelCause(context.Background())
+	cctx, stop := context.WithCancel(ctx) // the watch ends with ctx, as the inner one does
+	g.stop = stop
+	go func() {
+		defer close(g.done)
+		g.recheck(cctx, recheck{
+			rev:      rev,
+			revision: u.n.auth.revision,
+			may:      func(ctx context.Context) error { return probe(ctx, u.uv.cli, prefix, false) },
+			every:    time.Duration(u.n.revisionEvery.Load()),
+			atLeast:  time.Duration(u.n.recheckEvery.Load()),
+		})
+	}()
+	return g, nil
+}
+
+// ownRefusal says that a refusal the server's own registry met is the
+// server's own etcd user's, not the caller's: the server then cannot
+// serve the watch (ErrUnavailable, with what to grant), whatever the
+// caller may read.
+func (u *userRegistry) ownRefusal(prefix string, err error) error {
+	if !errors.Is(err, store.ErrPermissionDenied) && !errors.Is(err, store.ErrUnauthenticated) {
+		return err
+	}
+	return fmt.Errorf("%w: this server's own etcd user (%s) may not read %s, which it watches on behalf of its callers: grant it read on that key prefix (beacon auth grant-namespace ROLE NAMESPACE --read-only, then etcdctl user grant-role USER ROLE) (%v)",
+		store.ErrUnavailable, u.self(), prefix, err)
+}
+
+// guardedWatch is a watch of the server's own registry served to one
+// user (userRegistry.Watch). While etcd says the user may read its range
+// it passes the batches through; once etcd says no (a role revoked, the
+// credentials no longer accepted) it delivers one Stale batch with that
+// refusal and then ends, returning the refusal from Next.
+type guardedWatch struct {
+	registry.Watcher // the server registry's
+	prefix           string
+	own              func(prefix string, err error) error
+
+	refused context.Context         // done once etcd refused the user; its cause is the refusal
+	deny    context.CancelCauseFunc // refuses
+	stop    context.CancelFunc      // ends recheck
+	done    chan struct{}           // closed when recheck has returned
+
+	closeOnce sync.Once
+	ended     error // Next's answer once the refusal was delivered
+}
+
+// recheck is what guardedWatch.recheck needs.
+type recheck struct {
+	rev      uint64                                // the auth revision of the last probe that passed
+	revision func(context.Context) (uint64, error) // etcd's auth revision
+	may      func(context.Context) error           // the probe, as the user
+	every    time.Duration                         // how often to read revision
+	atLeast  time.Duration                         // how often to probe when it does not move
+}
+
+// recheck probes the permission again whenever etcd's auth revision moves
+// past c.rev, and at the latest every c.atLeast, until ctx ends or etcd
+// refuses (deny). A probe that fails otherwise (etcd unreachable) is
+// tried again at the next tick: the watch's own Stale batches say that
+// the store is gone.
+func (g *guardedWatch) recheck(ctx context.Context, c recheck) {
+	tick := time.NewTicker(c.every)
+	defer tick.Stop()
+	checked := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		cur, err := c.revision(ctx)
+		if err != nil || cur == c.rev && time.Since(checked) < c.atLeast {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		err = c.may(pctx)
+		cancel()
+		switch {
+		case errors.Is(err, store.ErrPermissionDenied), errors.Is(err, store.ErrUnauthenticated):
+			g.deny(err)
+			return
+		case err == nil:
+			c.rev, checked = cur, time.Now()
+		}
+	}
+}
+
+// Next implements registry.Watcher.
+func (g *guardedWatch) Next(ctx context.Context) (registry.Batch, error) {
+	if g.ended != nil {
+		return registry.Batch{}, g.ended
+	}
+	nctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(g.refused, cancel)
+	defer stop()
+	b, err := g.Watcher.Next(nctx)
+	if g.refused.Err() != nil && ctx.Err() == nil {
+		// Refused: end, whatever the inner watch answered meanwhile.
+		g.ended = context.Cause(g.refused)
+		return registry.Batch{Kind: registry.Stale, Err: g.ended}, nil
+	}
+	if err == nil && b.Kind == registry.Stale && b.Err != nil {
+		b.Err = g.own(g.prefix, b.Err)
+	}
+	return b, err
+}
+
+// Close implements registry.Watcher. It is idempotent.
+func (g *guardedWatch) Close() error {
+	g.closeOnce.Do(func() {
+		g.stop()
+		<-g.done
+	})
+	return g.Watcher.Close()
+}
