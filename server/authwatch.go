@@ -55,21 +55,28 @@ func (u *userRegistry) Watch(ctx context.Context, q beacon.Query, opts ...regist
 	if err != nil {
 		return nil, u.ownRefusal(prefix, err)
 	}
-	g := &guardedWatch{Watcher: w, prefix: prefix, own: u.ownRefusal, done: make(chan struct{})}
+	return newGuardedWatch(ctx, w, prefix, u.ownRefusal, recheck{
+		rev:      rev,
+		revision: u.n.auth.revision,
+		may:      func(ctx context.Context) error { return probe(ctx, u.uv.cli, prefix, false) },
+		every:    time.Duration(u.n.revisionEvery.Load()),
+		atLeast:  time.Duration(u.n.recheckEvery.Load()),
+	}), nil
+}
+
+// newGuardedWatch guards w, the server registry's watch of prefix, with c
+// until ctx ends or it is closed; own rewrites the refusals w meets
+// (userRegistry.ownRefusal).
+func newGuardedWatch(ctx context.Context, w registry.Watcher, prefix string, own func(string, error) error, c recheck) *guardedWatch {
+	g := &guardedWatch{Watcher: w, prefix: prefix, own: own, done: make(chan struct{})}
 	g.refused, g.deny = context.WithCancelCause(context.Background())
 	cctx, stop := context.WithCancel(ctx) // the watch ends with ctx, as the inner one does
 	g.stop = stop
 	go func() {
 		defer close(g.done)
-		g.recheck(cctx, recheck{
-			rev:      rev,
-			revision: u.n.auth.revision,
-			may:      func(ctx context.Context) error { return probe(ctx, u.uv.cli, prefix, false) },
-			every:    time.Duration(u.n.revisionEvery.Load()),
-			atLeast:  time.Duration(u.n.recheckEvery.Load()),
-		})
+		g.recheck(cctx, c)
 	}()
-	return g, nil
+	return g
 }
 
 // ownRefusal says that a refusal the server's own registry met is the

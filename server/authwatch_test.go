@@ -15,10 +15,14 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/registry"
 	"github.com/beaconplane/beacon/server/registryapi"
+	"github.com/beaconplane/beacon/store"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -236,5 +240,109 @@ func snapshotRead(tb testing.TB, ctx context.Context, base, ns, auth string) io.
 			go func() { _, _ = io.Copy(io.Discard, br) }()
 			return resp.Body
 		}
+	}
+}
+
+// guardedSetup is an etcd with authentication on, where the user "svc"
+// (the server's own user, in these tests) may read /services/prod/ only,
+// and a registry acting as svc.
+func guardedSetup(t *testing.T) (*registry.StoreRegistry, *userRegistry) {
+	t.Helper()
+	srv := etcdtest.Start(t, etcdtest.Options{User: "root", Password: "rootpw",
+		Configure: func(c *embed.Config) { c.BcryptCost = uint(bcrypt.MinCost) }})
+	root := srv.Client(t)
+	grant(t, root, "svc", "svc-pw", "read /services/prod/")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: srv.Endpoints(), Username: "svc", Password: "svc-pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.New(st, registry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reg.Close(); _ = st.Close() })
+	return reg, &userRegistry{self: func() string { return `"svc"` }}
+}
+
+// never is a recheck that checks nothing within a test.
+func never() recheck {
+	return recheck{every: time.Hour, atLeast: time.Hour,
+		revision: func(context.Context) (uint64, error) { return 0, nil },
+		may:      func(context.Context) error { return nil }}
+}
+
+// TestGuardedWatchBlamesTheServersOwnUser: a watch the server's own
+// registry may not make (its etcd user lacks read on the prefix, which
+// the caller has) turns stale with an error that names the server's user
+// and what to grant it — unavailable, not the caller's permission error,
+// which would end the caller's stream and blame the caller.
+func TestGuardedWatchBlamesTheServersOwnUser(t *testing.T) {
+	reg, u := guardedSetup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w, err := reg.Watch(ctx, beacon.Query{Namespace: "dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGuardedWatch(ctx, w, "/services/dev/", u.ownRefusal, never())
+	defer g.Close()
+	b, err := g.Next(ctx)
+	if err != nil || b.Kind != registry.Stale {
+		t.Fatalf("first batch %v, %v; want stale", b.Kind, err)
+	}
+	if !errors.Is(b.Err, store.ErrUnavailable) || errors.Is(b.Err, store.ErrPermissionDenied) ||
+		!strings.Contains(b.Err.Error(), `own etcd user ("svc")`) || !strings.Contains(b.Err.Error(), "/services/dev/") {
+		t.Fatalf("stale with %v; want unavailable, naming the server's user and the prefix", b.Err)
+	}
+}
+
+// TestGuardedWatchEndsOnRefusal: once the recheck is refused, Next gives
+// one stale batch with the refusal, then the refusal as its error, while
+// the inner watch had nothing to say; Close is idempotent and ends the
+// recheck.
+func TestGuardedWatchEndsOnRefusal(t *testing.T) {
+	reg, u := guardedSetup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w, err := reg.Watch(ctx, beacon.Query{Namespace: "prod"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusal := fmt.Errorf("%w: revoked", store.ErrPermissionDenied)
+	c := never()
+	c.every = time.Millisecond
+	c.revision = func(context.Context) (uint64, error) { return 1, nil } // moved past 0
+	refuse := make(chan struct{})
+	c.may = func(ctx context.Context) error {
+		select {
+		case <-refuse:
+			return refusal
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	g := newGuardedWatch(ctx, w, "/services/prod/", u.ownRefusal, c)
+	if b, err := g.Next(ctx); err != nil || b.Kind != registry.Snapshot {
+		t.Fatalf("first batch %v, %v; want the (empty) snapshot", b.Kind, err)
+	}
+	close(refuse)
+	b, err := g.Next(ctx)
+	if err != nil || b.Kind != registry.Stale || !errors.Is(b.Err, refusal) {
+		t.Fatalf("after the refusal: %v (%v), %v; want stale with the refusal", b.Kind, b.Err, err)
+	}
+	if _, err := g.Next(ctx); !errors.Is(err, refusal) {
+		t.Fatalf("then: %v, want the refusal", err)
+	}
+	for range 2 {
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-g.done:
+	default:
+		t.Fatal("Close returned with the recheck running")
 	}
 }
