@@ -172,6 +172,17 @@ func TestLeastPrivilegeFront(t *testing.T) {
 	if r := (as{t: t, base: base, auth: basic("reader", "reader-pw")}).do("POST", registryapi.InstancesPath, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.2:80"}`); r.code != http.StatusForbidden {
 		t.Fatalf("register as a reader: %d %s", r.code, r.body)
 	}
+	// A reader's watch, served from the server's registry (as svc) once
+	// the external etcd said the reader may read prod, ends when it no
+	// longer may: the server reads the external cluster's auth revision.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reader := openSSEAs(t, ctx, base, "prod", basic("reader", "reader-pw"))
+	reader.waitFor(t, "the reader's snapshot", func() bool { return reader.snapshots == 1 && len(reader.live) == 1 })
+	if _, err := root.RoleRevokePermission(ctx, "reader-role", "/services/prod/", clientv3.GetPrefixRangeEnd("/services/prod/")); err != nil {
+		t.Fatal(err)
+	}
+	reader.waitFor(t, "the reader's stream to end", func() bool { return strings.Contains(reader.failure, "permission_denied") })
 	// The tokens API needs its own permission, which svc lacks: 403, not 500.
 	if r := svc.do("POST", "/v1/tokens", `{"size":3}`); r.code != http.StatusForbidden {
 		t.Fatalf("tokens as svc: %d %s", r.code, r.body)
