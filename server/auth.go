@@ -349,8 +349,9 @@ func (a *frontAuthority) open(ctx context.Context, id identity) (*etcdstore.Stor
 }
 
 // userView is what the HTTP API uses to act as one etcd user: a client,
-// a store and a registry over it. Views are cached (authViews) and shared
-// by the user's concurrent requests.
+// a store and a registry over it, which holds no watch (the user's watches
+// come from the server's registry, userRegistry). Views are cached
+// (authViews) and shared by the user's concurrent requests.
 type userView struct {
 	id  identity
 	rev uint64           // etcd's auth revision when id was authenticated
