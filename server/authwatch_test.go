@@ -30,7 +30,14 @@ import (
 // test ends.
 func rootRegistry(t testing.TB, ctx context.Context, s *Server) *registry.StoreRegistry {
 	t.Helper()
-	st, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: s.Endpoints().ClientURLs, Username: "root", Password: rootPassword})
+	return registryAs(t, ctx, etcdstore.Config{Endpoints: s.Endpoints().ClientURLs, Username: "root", Password: rootPassword})
+}
+
+// registryAs is a registry over an etcd store opened with cfg, both closed
+// when the test ends.
+func registryAs(t testing.TB, ctx context.Context, cfg etcdstore.Config) *registry.StoreRegistry {
+	t.Helper()
+	st, err := etcdstore.Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,15 +261,7 @@ func guardedSetup(t *testing.T) (*registry.StoreRegistry, *userRegistry) {
 	grant(t, root, "svc", "svc-pw", "read /services/prod/")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: srv.Endpoints(), Username: "svc", Password: "svc-pw"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := registry.New(st, registry.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = reg.Close(); _ = st.Close() })
+	reg := registryAs(t, ctx, etcdstore.Config{Endpoints: srv.Endpoints(), Username: "svc", Password: "svc-pw"})
 	return reg, &userRegistry{self: func() string { return `"svc"` }}
 }
 
