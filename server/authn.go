@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,24 +20,26 @@ import (
 
 // authenticator is authentication as one unit: etcd's verdict on
 // credentials (an authority), the cache of the views that act as the users
-// it accepted (authViews), and the throttle of failed attempts
-// (loginThrottle). The HTTP API (requireAuth, whoami, issueToken) and xDS
-// (authorizeXDS) authenticate through it alike; tests construct it
-// directly with newAuthenticator. It takes no lock of its own: authViews
-// and loginThrottle each hold theirs, never both at once.
+// it accepted (authViews), the throttle of failed attempts
+// (loginThrottle), and etcd's auth revision as the watches served to users
+// follow it (authRevisions). The HTTP API (requireAuth, whoami, issueToken)
+// and xDS (authorizeXDS) authenticate through it alike; tests construct it
+// directly with newAuthenticator. It takes no lock of its own: authViews,
+// loginThrottle and authRevisions each hold theirs, never two at once.
 type authenticator struct {
 	auth     authority // nil: the backend has no users (memory, file, nats)
 	views    *authViews
 	throttle *loginThrottle
 
-	stop context.CancelFunc // ends the janitor
-	done chan struct{}      // closed when the janitor has ended
+	stop context.CancelFunc // ends the janitor and the poller
+	done chan struct{}      // closed when both have ended
 
-	// How often a watch served to a user reads etcd's auth revision, and
-	// at the latest probes its permission again (guardedWatch), as
-	// time.Durations: authRevisionEvery and permissionRecheck, shortened
-	// by tests.
-	revisionEvery, recheckEvery atomic.Int64
+	// revs tells the watches served to users when etcd's auth revision
+	// moves (nil without an authority); recheckEvery is how often they
+	// probe their permission again all the same (guardedWatch): a
+	// time.Duration, permissionRecheck, shortened by tests.
+	revs         *authRevisions
+	recheckEvery atomic.Int64
 }
 
 // authOptions are what an authenticator needs besides its authority.
@@ -55,7 +58,8 @@ type authOptions struct {
 }
 
 // newAuthenticator returns an authenticator over a, with its janitor (which
-// closes idle views) running until close.
+// closes idle views) and, with an authority, the poller of etcd's auth
+// revision (authRevisions) running until close.
 func newAuthenticator(a authority, o authOptions) *authenticator {
 	if o.Now == nil {
 		o.Now = time.Now
@@ -63,13 +67,20 @@ func newAuthenticator(a authority, o authOptions) *authenticator {
 	o.Log = cmp.Or(o.Log, slog.New(slog.DiscardHandler))
 	o.SweepEvery = cmp.Or(o.SweepEvery, time.Minute)
 	n := &authenticator{auth: a, views: newAuthViews(a, o.Registry, o.MaxViews, o.Log, o.Now), throttle: newLoginThrottle(o.Now)}
-	n.revisionEvery.Store(int64(authRevisionEvery))
 	n.recheckEvery.Store(int64(permissionRecheck))
+	if a != nil {
+		n.revs = newAuthRevisions(a.revision)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.stop, n.done = cancel, make(chan struct{})
 	go func() {
 		defer close(n.done)
+		var poller sync.WaitGroup
+		if n.revs != nil {
+			poller.Go(func() { wait.Every(ctx, authRevisionEvery, func() { n.revs.poll(ctx) }) })
+		}
 		wait.Every(ctx, o.SweepEvery, n.views.sweep)
+		poller.Wait()
 	}()
 	return n
 }

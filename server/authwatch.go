@@ -15,15 +15,81 @@ import (
 // How a watch served to an authenticated user keeps checking that the user
 // may read it (guardedWatch): etcd's auth revision, which moves with every
 // change of users, roles or permissions, is read every authRevisionEvery
-// (in-process on an embedded member, cached authStatusTTL for a cluster
-// fronted), and the permission probed again when it moved, and at the
-// latest every permissionRecheck (a token that expired: etcd checks a
-// watch's credentials when it opens, never after).
+// by one goroutine for all watches (authRevisions; in-process on an
+// embedded member, cached authStatusTTL for a cluster fronted), and each
+// watch probes its permission again when it moved, and at the latest every
+// permissionRecheck (a token that expired: etcd checks a watch's
+// credentials when it opens it, never after). A probe that could not be
+// made (etcd unreachable) is tried again after probeRetry.
 const (
 	authRevisionEvery = time.Second
 	permissionRecheck = 30 * time.Second
 	probeTimeout      = 5 * time.Second
+	probeRetry        = time.Second
 )
+
+// authRevisions tells the guarded watches when etcd's auth revision
+// moves: the authenticator's goroutine reads it (poll) while any watch
+// listens, and closes the channel they wait on when it changed.
+type authRevisions struct {
+	read func(context.Context) (uint64, error)
+
+	mu        sync.Mutex
+	rev       uint64
+	moved     chan struct{} // closed when rev moves, then replaced
+	listeners int
+}
+
+func newAuthRevisions(read func(context.Context) (uint64, error)) *authRevisions {
+	return &authRevisions{read: read, moved: make(chan struct{})}
+}
+
+// current is the revision last read, and a channel closed when it moves.
+func (a *authRevisions) current() (uint64, <-chan struct{}) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.rev, a.moved
+}
+
+// listen counts a watch that waits on current's channels until release.
+func (a *authRevisions) listen() (release func()) {
+	a.mu.Lock()
+	a.listeners++
+	a.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			a.listeners--
+			a.mu.Unlock()
+		})
+	}
+}
+
+// poll reads the revision, if a watch listens, and tells them all when it
+// moved. A failed read (etcd unreachable) tells nothing: the watches'
+// own Stale batches say that the store is gone.
+func (a *authRevisions) poll(ctx context.Context) {
+	a.mu.Lock()
+	idle := a.listeners == 0
+	a.mu.Unlock()
+	if idle {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	rev, err := a.read(rctx)
+	cancel()
+	if err != nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if rev != a.rev {
+		a.rev = rev
+		close(a.moved)
+		a.moved = make(chan struct{})
+	}
+}
 
 // userRegistry is the registry of one authenticated user's request. Writes,
 // lists and gets go through the user's own registry (its view), as the
@@ -56,11 +122,10 @@ func (u *userRegistry) Watch(ctx context.Context, q beacon.Query, opts ...regist
 		return nil, u.ownRefusal(prefix, err)
 	}
 	return newGuardedWatch(ctx, w, prefix, u.ownRefusal, recheck{
-		rev:      rev,
-		revision: u.n.auth.revision,
-		may:      func(ctx context.Context) error { return probe(ctx, u.uv.cli, prefix, false) },
-		every:    time.Duration(u.n.revisionEvery.Load()),
-		atLeast:  time.Duration(u.n.recheckEvery.Load()),
+		rev:     rev,
+		changes: u.n.revs,
+		may:     func(ctx context.Context) error { return probe(ctx, u.uv.cli, prefix, false) },
+		atLeast: time.Duration(u.n.recheckEvery.Load()),
 	}), nil
 }
 
@@ -112,41 +177,46 @@ type guardedWatch struct {
 
 // recheck is what guardedWatch.recheck needs.
 type recheck struct {
-	rev      uint64                                // the auth revision of the last probe that passed
-	revision func(context.Context) (uint64, error) // etcd's auth revision
-	may      func(context.Context) error           // the probe, as the user
-	every    time.Duration                         // how often to read revision
-	atLeast  time.Duration                         // how often to probe when it does not move
+	rev     uint64                      // the auth revision of the last probe that passed
+	changes *authRevisions              // tells when the revision moves
+	may     func(context.Context) error // the probe, as the user
+	atLeast time.Duration               // how often to probe when the revision does not move
 }
 
 // recheck probes the permission again whenever etcd's auth revision moves
 // past c.rev, and at the latest every c.atLeast, until ctx ends or etcd
 // refuses (deny). A probe that fails otherwise (etcd unreachable) is
-// tried again at the next tick: the watch's own Stale batches say that
-// the store is gone.
+// tried again after probeRetry.
 func (g *guardedWatch) recheck(ctx context.Context, c recheck) {
-	tick := time.NewTicker(c.every)
-	defer tick.Stop()
-	checked := time.Now()
+	defer c.changes.listen()()
+	timer := time.NewTimer(c.atLeast)
+	defer timer.Stop()
+	due := false // the timer fired: probe whatever the revision
 	for {
+		cur, moved := c.changes.current()
+		if due || cur != c.rev {
+			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			err := c.may(pctx)
+			cancel()
+			next := c.atLeast
+			switch {
+			case errors.Is(err, store.ErrPermissionDenied), errors.Is(err, store.ErrUnauthenticated):
+				g.deny(err)
+				return
+			case err == nil:
+				c.rev = cur
+			default:
+				next = probeRetry
+			}
+			due = false
+			timer.Reset(next)
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
-		}
-		cur, err := c.revision(ctx)
-		if err != nil || cur == c.rev && time.Since(checked) < c.atLeast {
-			continue
-		}
-		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-		err = c.may(pctx)
-		cancel()
-		switch {
-		case errors.Is(err, store.ErrPermissionDenied), errors.Is(err, store.ErrUnauthenticated):
-			g.deny(err)
-			return
-		case err == nil:
-			c.rev, checked = cur, time.Now()
+		case <-moved:
+		case <-timer.C:
+			due = true
 		}
 	}
 }

@@ -267,9 +267,8 @@ func guardedSetup(t *testing.T) (*registry.StoreRegistry, *userRegistry) {
 
 // never is a recheck that checks nothing within a test.
 func never() recheck {
-	return recheck{every: time.Hour, atLeast: time.Hour,
-		revision: func(context.Context) (uint64, error) { return 0, nil },
-		may:      func(context.Context) error { return nil }}
+	return recheck{atLeast: time.Hour, changes: newAuthRevisions(nil),
+		may: func(context.Context) error { return nil }}
 }
 
 // TestGuardedWatchBlamesTheServersOwnUser: a watch the server's own
@@ -311,8 +310,7 @@ func TestGuardedWatchEndsOnRefusal(t *testing.T) {
 	}
 	refusal := fmt.Errorf("%w: revoked", store.ErrPermissionDenied)
 	c := never()
-	c.every = time.Millisecond
-	c.revision = func(context.Context) (uint64, error) { return 1, nil } // moved past 0
+	c.changes.rev = 1 // moved past the watch's 0
 	refuse := make(chan struct{})
 	c.may = func(ctx context.Context) error {
 		select {
@@ -343,5 +341,49 @@ func TestGuardedWatchEndsOnRefusal(t *testing.T) {
 	case <-g.done:
 	default:
 		t.Fatal("Close returned with the recheck running")
+	}
+}
+
+// TestAuthRevisionsTellListeners: the poller reads etcd's auth revision
+// only while a watch listens, and closes the channel the watches wait on
+// when, and only when, it moved.
+func TestAuthRevisionsTellListeners(t *testing.T) {
+	var etcdRev uint64 = 7
+	reads := 0
+	a := newAuthRevisions(func(context.Context) (uint64, error) { reads++; return etcdRev, nil })
+	a.poll(t.Context())
+	if reads != 0 {
+		t.Fatalf("%d reads with no watch listening, want none", reads)
+	}
+	release := a.listen()
+	_, moved := a.current()
+	a.poll(t.Context())
+	if rev, _ := a.current(); reads != 1 || rev != 7 {
+		t.Fatalf("listened to: %d reads, revision %d; want 1 and 7", reads, rev)
+	}
+	select {
+	case <-moved:
+	default:
+		t.Fatal("the revision moved from 0 to 7 and nobody was told")
+	}
+	_, moved = a.current()
+	a.poll(t.Context())
+	select {
+	case <-moved:
+		t.Fatal("told of a move while the revision stayed 7")
+	default:
+	}
+	etcdRev = 8
+	a.poll(t.Context())
+	select {
+	case <-moved:
+	default:
+		t.Fatal("the revision moved from 7 to 8 and nobody was told")
+	}
+	release()
+	release() // idempotent
+	a.poll(t.Context())
+	if reads != 3 {
+		t.Fatalf("%d reads after the last watch went, want 3", reads)
 	}
 }

@@ -81,7 +81,8 @@
 //	authenticator
 //	├── authority       enabled? revision? open a user's store; issue a token (auth.go)
 //	├── authViews       cached views acting as users, keyed by salted credential hashes (auth.go)
-//	└── loginThrottle   failures per (address, user); accepted credentials; one check at a time per noisy address (auththrottle.go)
+//	├── loginThrottle   failures per (address, user); accepted credentials; one check at a time per noisy address (auththrottle.go)
+//	└── authRevisions   etcd's auth revision, read every second while a watch served to a user listens (authwatch.go)
 //
 // The HTTP API (requireAuth, whoami, issueToken) and xDS (authorizeXDS)
 // call its checkIdentity and guardCheck; authViews and loginThrottle
@@ -99,7 +100,7 @@
 //
 // No type here takes two locks: lifecycle.mu (started), httpState.mu
 // (srv), bootstrapState.mu, clusterAPI.mu, frontAuthority.mu, authViews.mu,
-// loginThrottle.mu and tokenSource.mu (held while it fetches a token from
+// loginThrottle.mu, authRevisions.mu and tokenSource.mu (held while it fetches a token from
 // etcd, which takes none of these) are each released before another is
 // taken.
 //
