@@ -110,10 +110,10 @@ type userRegistry struct {
 // Watch implements registry.Discoverer.
 func (u *userRegistry) Watch(ctx context.Context, q beacon.Query, opts ...registry.WatchOption) (registry.Watcher, error) {
 	prefix := u.ReadPrefix(q)
-	rev, err := u.n.auth.revision(ctx)
-	if err != nil {
-		return nil, err
-	}
+	// The revision is taken before the probe, so that a change after it,
+	// once the poller reads it, makes the watch probe again (one the
+	// poller has not read yet costs a probe more, no more).
+	rev, _ := u.n.revs.current()
 	if err := probe(ctx, u.uv.cli, prefix, false); err != nil {
 		return nil, err
 	}
