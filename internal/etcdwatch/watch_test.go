@@ -11,10 +11,8 @@ import (
 
 	"github.com/beaconplane/beacon/internal/etcdwatch"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
-	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
 )
 
 func TestMain(m *testing.M) {
@@ -356,10 +354,9 @@ func TestRunClientClosed(t *testing.T) {
 // save it), and delivers the next write once. etcd may sync the
 // replacement before the compaction (the replacement then takes over and
 // the round passes the other way): three rounds make that unlikely every
-// time. The test learns that etcd created the replacement from the
-// replacement's own gRPC stream (replacementTap), not from etcd's
-// process-wide watcher gauge, which other watches' cancellations move
-// late.
+// time. The test learns that etcd created the replacement from its
+// client's watch streams (etcdtest.WatchTap), not from etcd's process-wide
+// watcher gauge, which other watches' cancellations move late.
 func TestRunReplacementCompactedKeepsTheWatch(t *testing.T) {
 	// Room for the replacement to be created before the watch would be
 	// silent (3/8 of it) on a machine busy with other tests.
@@ -369,7 +366,14 @@ func TestRunReplacementCompactedKeepsTheWatch(t *testing.T) {
 	ctx := testCtx(t)
 	for round := range 3 {
 		prefix := fmt.Sprintf("/replaced%d/", round)
-		tap, wcli := newReplacementTap(t, srv)
+		tap := etcdtest.NewWatchTap()
+		cfg := srv.ClientConfig()
+		cfg.DialOptions = append(cfg.DialOptions, tap.DialOption())
+		wcli, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = wcli.Close() })
 		rev := revision(ctx, t, cli)
 		wctx, cancel := context.WithCancel(ctx)
 		w := &watch{revs: make(chan int64, 10), created: make(chan struct{}), done: make(chan error, 1)}
@@ -385,14 +389,8 @@ func TestRunReplacementCompactedKeepsTheWatch(t *testing.T) {
 				},
 			}, rev+2)
 		}()
-		select {
-		case <-tap.created:
-		case err := <-w.done:
-			t.Fatalf("round %d: watch ended before etcd created its replacement: %v", round, err)
-		case <-ctx.Done():
-			t.Fatalf("round %d: etcd never created the replacement", round)
-		}
-		compactOthers(ctx, t, cli, 3) // rev+1 .. rev+3, past the start
+		tap.WaitCreated(ctx, t, 2, w.done) // the watch, then its replacement
+		compactOthers(ctx, t, cli, 3)      // rev+1 .. rev+3, past the start
 		w.quiet(t, 2*silence)
 		w.next(ctx, t, put(ctx, t, cli, prefix+"a"))
 		cancel()
@@ -400,54 +398,4 @@ func TestRunReplacementCompactedKeepsTheWatch(t *testing.T) {
 			t.Fatalf("round %d: watch ended with %v", round, err)
 		}
 	}
-}
-
-// replacementTap tells when etcd created the watch of each watch stream
-// of its client but the first: etcdwatch opens every etcd watch on a
-// stream of its own, so those are the replacements.
-type replacementTap struct {
-	streams atomic.Int64
-	created chan struct{}
-}
-
-// newReplacementTap returns a tap and the client it taps, closed when
-// the test ends.
-func newReplacementTap(t *testing.T, srv *etcdtest.Server) (*replacementTap, *clientv3.Client) {
-	t.Helper()
-	tap := &replacementTap{created: make(chan struct{}, 16)}
-	cfg := srv.ClientConfig()
-	cfg.DialOptions = append(cfg.DialOptions, grpc.WithStreamInterceptor(tap.intercept))
-	cli, err := clientv3.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cli.Close() })
-	return tap, cli
-}
-
-func (tap *replacementTap) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
-	streamer grpc.Streamer, opts ...grpc.CallOption,
-) (grpc.ClientStream, error) {
-	cs, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil || method != "/etcdserverpb.Watch/Watch" || tap.streams.Add(1) == 1 {
-		return cs, err
-	}
-	return &tappedStream{ClientStream: cs, created: tap.created}, nil
-}
-
-// tappedStream is a replacement's watch stream.
-type tappedStream struct {
-	grpc.ClientStream
-	created chan<- struct{}
-}
-
-func (s *tappedStream) RecvMsg(m any) error {
-	err := s.ClientStream.RecvMsg(m)
-	if wr, ok := m.(*etcdserverpb.WatchResponse); ok && err == nil && wr.Created {
-		select {
-		case s.created <- struct{}{}:
-		default: // the test waits for the first only
-		}
-	}
-	return err
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestQuietWatchFromNextRevisionStaysOpen: the list-then-watch pattern
@@ -182,20 +183,19 @@ func TestWatchFromCompactionRevision(t *testing.T) {
 // auto-compaction on a busy store every quiet watch re-listed every half
 // silence timeout.
 func TestQuietWatchOutlivesCompactionOfOtherKeys(t *testing.T) {
-	// Not parallel: it waits for etcd's (process-wide) watcher count.
 	srv := etcdtest.Start(t, etcdtest.Options{})
-	s := newStore(t, srv, etcd.Config{WatchSilenceTimeout: silence})
+	tap := etcdtest.NewWatchTap()
+	s := newStore(t, srv, etcd.Config{WatchSilenceTimeout: silence, Configure: tapped(tap)})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, rev, err := s.List(ctx, "/compactother/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := etcdtest.Watchers(t)
 	w := s.Watch(ctx, "/compactother/", rev+1)
 	// The compaction must follow the watch's creation (a watch created
 	// after it is rightly compacted).
-	etcdtest.WaitWatchers(ctx, t, before+1)
+	tap.WaitCreated(ctx, t, 1, nil)
 	last := compactOthers(ctx, t, s, "/compactother-not/", 5)
 	quiet := time.NewTimer(3 * silence)
 	defer quiet.Stop()
@@ -225,9 +225,9 @@ func TestQuietWatchOutlivesCompactionOfOtherKeys(t *testing.T) {
 // good, and etcd answers no progress request for a watch ahead of its
 // revision: it ended as silent on a healthy member.
 func TestQuietWatchFromAFutureRevision(t *testing.T) {
-	// Not parallel: it waits for etcd's (process-wide) watcher count.
 	srv := etcdtest.Start(t, etcdtest.Options{})
-	s := newStore(t, srv, etcd.Config{WatchSilenceTimeout: silence})
+	tap := etcdtest.NewWatchTap()
+	s := newStore(t, srv, etcd.Config{WatchSilenceTimeout: silence, Configure: tapped(tap)})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, rev, err := s.List(ctx, "/future/")
@@ -235,9 +235,8 @@ func TestQuietWatchFromAFutureRevision(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := rev + 10
-	before := etcdtest.Watchers(t)
 	w := s.Watch(ctx, "/future/", start)
-	etcdtest.WaitWatchers(ctx, t, before+1)
+	tap.WaitCreated(ctx, t, 1, nil)
 	last := compactOthers(ctx, t, s, "/future-not/", 3) // below the watch's start
 	quiet := time.NewTimer(3 * silence)
 	defer quiet.Stop()
@@ -318,4 +317,9 @@ func TestWatchProgressProvesAQuietWatchLive(t *testing.T) {
 			}
 		}
 	}
+}
+
+// tapped adds tap to a store's etcd client (etcd.Config.Configure).
+func tapped(tap *etcdtest.WatchTap) func(*clientv3.Config) {
+	return func(c *clientv3.Config) { c.DialOptions = append(c.DialOptions, tap.DialOption()) }
 }

@@ -10,7 +10,9 @@ import (
 
 // Watchers is the number of watchers of every embedded etcd server in this
 // process (etcd_debugging_mvcc_watcher_total, a process-wide gauge): tests
-// that read it must not run in parallel with others that watch.
+// that read it must not run in parallel with others that watch, and other
+// tests' cancellations reach it late. A test that can give its clients a
+// dial option waits on a WatchTap instead.
 func Watchers(tb testing.TB) float64 {
 	tb.Helper()
 	mfs, err := prometheus.DefaultGatherer.Gather()
