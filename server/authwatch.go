@@ -114,7 +114,8 @@ func (u *userRegistry) Watch(ctx context.Context, q beacon.Query, opts ...regist
 	// once the poller reads it, makes the watch probe again (one the
 	// poller has not read yet costs a probe more, no more).
 	rev, _ := u.n.revs.current()
-	if err := probe(ctx, u.uv.cli, prefix, false); err != nil {
+	may := func(ctx context.Context) error { return probe(ctx, u.uv.cli, prefix, false) }
+	if err := may(ctx); err != nil {
 		return nil, err
 	}
 	w, err := u.shared.Watch(ctx, q, opts...)
@@ -124,7 +125,7 @@ func (u *userRegistry) Watch(ctx context.Context, q beacon.Query, opts ...regist
 	return newGuardedWatch(ctx, w, prefix, u.ownRefusal, recheck{
 		rev:     rev,
 		changes: u.n.revs,
-		may:     func(ctx context.Context) error { return probe(ctx, u.uv.cli, prefix, false) },
+		may:     may,
 		atLeast: time.Duration(u.n.recheckEvery.Load()),
 	}), nil
 }

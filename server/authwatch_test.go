@@ -219,7 +219,9 @@ func liveHeap() uint64 {
 }
 
 // snapshotRead opens an SSE watch of ns as auth, reads it to the end of
-// its snapshot, and then drains it until closed.
+// its snapshot, and then drains it until closed, keeping none of it:
+// openSSEAs keeps every instance, which a measurement of the process's
+// heap would count as the server's.
 func snapshotRead(tb testing.TB, ctx context.Context, base, ns, auth string) io.Closer {
 	tb.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+registryapi.WatchPath+"?namespace="+ns, nil)
