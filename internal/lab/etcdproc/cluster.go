@@ -418,6 +418,17 @@ func (m *Member) signal(sig syscall.Signal) error {
 		return fmt.Errorf("etcdproc: %s is not running", m.Name)
 	}
 	if err := m.cmd.Process.Signal(sig); err != nil {
+		if errors.Is(err, os.ErrProcessDone) {
+			// Say how it ended: a member that exits while stopped was
+			// killed (SIGKILL is the one signal a stopped process
+			// takes), by the kernel or by Pdeathsig (the thread that
+			// started it ended).
+			exited := m.exited
+			m.mu.Unlock()
+			<-exited // Wait has reaped it: its exit status comes at once
+			m.mu.Lock()
+			return fmt.Errorf("etcdproc: signal %v to %s: it had exited (%v; paused: %v): %w", sig, m.Name, m.exitErr, m.paused, err)
+		}
 		return fmt.Errorf("etcdproc: signal %v to %s: %w", sig, m.Name, err)
 	}
 	fmt.Fprintf(m.log, "=== etcdproc: %v to %s at %s\n", sig, m.Name, time.Now().Format(time.RFC3339Nano))
