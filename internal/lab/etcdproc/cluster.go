@@ -359,6 +359,7 @@ func (m *Member) start() error {
 		err := cmd.Wait()
 		m.mu.Lock()
 		m.exitErr = err
+		fmt.Fprintf(m.log, "=== etcdproc: %s exited at %s: %v (paused: %v)\n", m.Name, time.Now().Format(time.RFC3339Nano), err, m.paused)
 		m.mu.Unlock()
 		close(exited)
 	}()
@@ -427,7 +428,8 @@ func (m *Member) signal(sig syscall.Signal) error {
 			m.mu.Unlock()
 			<-exited // Wait has reaped it: its exit status comes at once
 			m.mu.Lock()
-			return fmt.Errorf("etcdproc: signal %v to %s: it had exited (%v; paused: %v): %w", sig, m.Name, m.exitErr, m.paused, err)
+			return fmt.Errorf("etcdproc: signal %v to %s: it had exited (%v; paused: %v): %w; its log:\n%s",
+				sig, m.Name, m.exitErr, m.paused, err, tail(m.Log(), 30))
 		}
 		return fmt.Errorf("etcdproc: signal %v to %s: %w", sig, m.Name, err)
 	}
