@@ -186,6 +186,17 @@ type Config struct {
 	// bound when negative.
 	MaxWatchers, MaxWatchersPerStream int
 
+	// MaxWatchWaitingBytes bounds the events from etcd waiting for the
+	// client watch streams, all together: each response counted once (its
+	// encoded events), however many streams and watchers it waits for.
+	// When one takes them past it, the streams that have waited longest
+	// are ended with ResourceExhausted (their clients re-watch from the
+	// last revision they received) until what waits fits again. Each
+	// stream is also bounded on its own (64 MiB of events, counted once
+	// per watcher they are for), but streams are many (MaxStreams).
+	// DefaultMaxWatchWaitingBytes when zero; no bound when negative.
+	MaxWatchWaitingBytes int64
+
 	// MaxStreams bounds the client streams (Watch, LeaseKeepAlive and any
 	// other streaming call) open on the proxy at once: one past it is ended
 	// at once with ResourceExhausted and a message saying what to do. An
@@ -253,6 +264,7 @@ func (c Config) withDefaults() Config {
 	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
 	c.MaxWatchers = cmp.Or(c.MaxWatchers, DefaultMaxWatchers)
 	c.MaxWatchersPerStream = cmp.Or(c.MaxWatchersPerStream, DefaultMaxWatchersPerStream)
+	c.MaxWatchWaitingBytes = cmp.Or(c.MaxWatchWaitingBytes, DefaultMaxWatchWaitingBytes)
 	c.MaxStreams = cmp.Or(c.MaxStreams, DefaultMaxStreams)
 	c.MaxStreamsPerClient = cmp.Or(c.MaxStreamsPerClient, DefaultMaxStreamsPerClient)
 	if c.Logger == nil {

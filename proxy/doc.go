@@ -73,7 +73,11 @@
 //
 // A watcher from now joins an upstream of its range at once; one from the
 // past gets its own upstream, merged into the other once caught up.
-// Lock order: watchHub.mu, upstream.mu, then cstream.mu or rangeCache.mu.
+// What waits for the streams is bounded per stream and, each response
+// counted once, for all streams together (watchwait.go: past
+// Config.MaxWatchWaitingBytes the streams that waited longest are ended).
+// Lock order: watchHub.mu, upstream.mu, waitState.shedMu,
+// waitState.cstreamsMu, then cstream.mu or rangeCache.mu.
 // The invariants are tested in memory in hub_test.go (every watcher gets
 // exactly its events once, in order, under any interleaving; the merge
 // condition), the encoding in watchenc_test.go.

@@ -315,6 +315,7 @@ func newHubRig(t *testing.T, streams int) *hubRig {
 		rec := &recStream{ctx: ctx, changed: changed, got: map[int64][]*pb.WatchResponse{}}
 		cctx, ccancel := context.WithCancelCause(ctx)
 		s := newCStream(cctx, ctx, ccancel, r.h, rec)
+		r.h.addStream(s) // as serve does
 		r.streams = append(r.streams, s)
 		r.recs = append(r.recs, rec)
 		r.wg.Go(func() { _ = s.sendLoop() })
@@ -1008,7 +1009,9 @@ func (r *hubRig) bareStream() *cstream {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r.t.Cleanup(func() { cancel(nil) })
 	rec := &recStream{ctx: ctx, changed: newChanges(), got: map[int64][]*pb.WatchResponse{}}
-	return newCStream(ctx, ctx, cancel, r.h, rec)
+	s := newCStream(ctx, ctx, cancel, r.h, rec)
+	r.h.addStream(s) // as serve does
+	return s
 }
 
 // batchAt is an upstream response of one put of key a at rev, with a
@@ -1022,12 +1025,8 @@ func batchAt(rev int64, size int) *evBatch {
 // sender would (none runs on a bare stream).
 func sendQueued(t *testing.T, s *cstream) *sender {
 	t.Helper()
-	s.mu.Lock()
-	batch := s.queue
-	s.queue = nil
-	s.mu.Unlock()
 	var sn sender
-	if err := sn.send(s.ss, batch); err != nil {
+	if err := s.flush(&sn); err != nil {
 		t.Fatal(err)
 	}
 	return &sn

@@ -27,6 +27,9 @@ const (
 	// watchers clients open (Config.MaxWatchers).
 	DefaultMaxWatchers          = 100_000
 	DefaultMaxWatchersPerStream = 10_000
+	// DefaultMaxWatchWaitingBytes bounds the events waiting for all
+	// client watch streams together (Config.MaxWatchWaitingBytes).
+	DefaultMaxWatchWaitingBytes = 1 << 30
 	// DefaultMaxStreams bounds the client streams open at once
 	// (Config.MaxStreams).
 	DefaultMaxStreams = 10_000

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/beaconplane/beacon/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,7 @@ type metrics struct {
 	watchStreams    prometheus.Gauge
 	watchEvents     prometheus.Counter
 	watchDropped    prometheus.Counter
+	watchShed       prometheus.Counter
 	watchSilences   prometheus.Counter
 	watchMoves      prometheus.Counter
 	cacheHits       prometheus.Counter
@@ -36,6 +38,10 @@ type metrics struct {
 	kaForwarded     prometheus.Counter
 	kaDropped       prometheus.Counter
 	kaSilences      prometheus.Counter
+
+	// watchWaiting is the bytes of the events waiting for the client
+	// watch streams, each response once (watchwait.go); its gauge reads it.
+	watchWaiting atomic.Int64
 
 	reqCache sync.Map // reqKey -> prometheus.Counter
 }
@@ -87,6 +93,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Watch events delivered to client watchers."),
 		watchDropped: f.Counter("beacon_proxy_watch_slow_streams_total",
 			"Client watch streams ended because they did not keep up."),
+		watchShed: f.Counter("beacon_proxy_watch_shed_streams_total",
+			"Client watch streams ended, those that had waited longest first, because the events waiting for all streams passed MaxWatchWaitingBytes."),
 		watchSilences: f.Counter("beacon_proxy_upstream_watch_silences_total",
 			"Times an etcd member sent nothing on a watch stream, not even an answer to a progress request, within the watch silence timeout."),
 		watchMoves: f.Counter("beacon_proxy_upstream_watch_moves_total",
@@ -108,6 +116,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		kaSilences: f.Counter("beacon_proxy_upstream_keepalive_silences_total",
 			"Times a keep-alive went unanswered on the upstream keep-alive stream for the keep-alive silence timeout and the stream moved to another member."),
 	}
+	f.GaugeFunc("beacon_proxy_watch_waiting_bytes",
+		"Encoded events from etcd waiting for client watch streams, each response counted once however many streams it waits for (bounded by MaxWatchWaitingBytes).",
+		func() float64 { return float64(m.watchWaiting.Load()) })
 	if err := promreg.RegisterEach(reg, f.Made()...); err != nil {
 		return nil, err
 	}

@@ -62,7 +62,8 @@ const streamKey = "beacon-proxy-stream"
 // watchHub coalesces the client watchers into upstream watches.
 // Lock order: watchHub.mu, then upstream.mu (two upstreams only under
 // watchHub.mu: the one whose receivers move, then the other), then
-// cstream.mu or rangeCache.mu, which are innermost.
+// waitState.shedMu, then waitState.cstreamsMu, then cstream.mu or
+// rangeCache.mu, which are innermost (one cstream.mu at a time).
 type watchHub struct {
 	p      *Proxy
 	ctx    context.Context
@@ -81,6 +82,8 @@ type watchHub struct {
 	probes  map[watchKey]*etcdwatch.Silence // the silence check of each gRPC watch stream (watchKey.group)
 	groups  map[watchKey][]*upstream
 	closed  bool
+
+	waitState // what waits for the client streams (watchwait.go)
 }
 
 // upstream is one upstream watch and the client watchers it feeds.

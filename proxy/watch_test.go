@@ -267,6 +267,81 @@ func TestSlowWatchStream(t *testing.T) {
 	t.Logf("the stream that did not read was ended after %d writes of %d bytes", n, size)
 }
 
+// TestWatchStreamsShedPastTheProxysBound: what waits for all client
+// streams together is bounded apart from each stream's own bound: a
+// stream whose client stops reading, within its own bound, is ended
+// (ResourceExhausted, naming the setting) once what waits for the streams
+// passes the proxy's, as the one that waited longest; the watcher that
+// reads gets every event, and once it has, nothing waits.
+func TestWatchStreamsShedPastTheProxysBound(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.StartCluster(t, 1)
+	p, err := New(Config{Endpoints: c.Endpoints(), Logger: testLogger(t), MaxWatchWaitingBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveOn(t, p, mustListen(t))
+	ctx := ctxT(t)
+	slow, err := pb.NewWatchClient(grpcConn(t, p, fixedWindows...)).Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := slow.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("s")}}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := slow.Recv(); err != nil || !r.Created {
+		t.Fatalf("created: %v %v", r, err)
+	}
+	fast := proxyClient(t, p).Watch(ctx, "s")
+	direct := c.Client(t)
+	const size = 8 << 10
+	val := strings.Repeat("x", size)
+	// The slow stream absorbs its windows (128 KiB) and the proxy's bound
+	// (1 MiB) plus one response: a few hundred writes, far below its own
+	// bound (64 MiB).
+	const most = 2000
+	var last int64
+	n := 0
+	for value(t, p.m.watchShed) == 0 {
+		if n == most {
+			t.Fatalf("%d writes of %d bytes and the stream that does not read is still served", n, size)
+		}
+		resp, err := direct.Put(ctx, "s", val)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, n = resp.Header.Revision, n+1
+	}
+	got := 0
+	for got < n {
+		wr, ok := <-fast
+		if !ok || wr.Err() != nil {
+			t.Fatalf("the watcher that reads, after %d of %d events: %v (closed: %v)", got, n, wr.Err(), !ok)
+		}
+		for _, ev := range wr.Events {
+			if got++; ev.Kv.ModRevision == last && got != n {
+				t.Fatalf("the watcher that reads: revision %d was event %d of %d", last, got, n)
+			}
+		}
+	}
+	for {
+		_, err := slow.Recv()
+		if err != nil {
+			if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "MaxWatchWaitingBytes") {
+				t.Fatalf("the stream that does not read ended with %v, want ResourceExhausted naming the bound", err)
+			}
+			break
+		}
+	}
+	eventually(t, "nothing waits once the reader has everything and the other stream is gone", func() bool {
+		return p.m.watchWaiting.Load() == 0 && p.watch.watchers.Load() == 1
+	})
+	if v := value(t, p.m.watchDropped); v != 0 {
+		t.Errorf("watch_slow_streams_total = %v, want 0 (the stream was within its own bound)", v)
+	}
+	t.Logf("the stream that did not read was shed after %d writes of %d bytes", n, size)
+}
+
 // TestWatchResponseLargerThanBound: one upstream response larger than a
 // client stream's bounds on its own (a transaction of many large puts: one
 // revision) reaches every client that keeps up, whole, over gRPC and the

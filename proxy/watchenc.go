@@ -3,6 +3,7 @@ package proxy
 import (
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -38,6 +39,8 @@ type evBatch struct {
 	events []*mvccpb.Event
 	last   int64 // mod revision of the last event
 	size   int   // encoded size of all events, for the queue bounds
+
+	holders atomic.Int32 // client streams holding it (watchwait.go)
 
 	hdrOnce sync.Once
 	hdrPart []byte

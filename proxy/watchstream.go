@@ -45,11 +45,13 @@ type qitem struct {
 	b    *evBatch
 	fan  []fanItem
 	ver  uint64
+	seq  uint64 // the order in which b was queued, among all streams' batches (watchwait.go)
 }
 
 // cstream is one client Watch stream: its watchers, and the responses
 // waiting for its sender. Lock order: cstream.mu is innermost (taken
-// after watchHub.mu and upstream.mu, never before them).
+// after watchHub.mu, upstream.mu and the waitState's locks, never before
+// them).
 type cstream struct {
 	hub    *watchHub
 	ss     grpc.ServerStream
@@ -62,12 +64,14 @@ type cstream struct {
 	nextID   int64
 	queue    []qitem
 	spare    []qitem // the sender's last batch, reused
+	sending  []qitem // the batch the sender writes, until it lets go of its batches
 	qbytes   int
+	since    uint64 // seq of the oldest batch s holds, queued or sending (0: none)
 	signal   chan struct{}
 	pending  map[*upstream]bool // progress requested, not yet answered
 	wantProg bool
-	closed   bool // the stream has ended: no new watcher
-	overflow bool // the queue overflowed: the stream is being ended
+	closed   bool // the stream has ended: no new watcher, nothing queued
+	overflow bool // the stream is being ended (too slow, or shed): nothing queued
 }
 
 // newCStream is the state of client stream ss, ended by cancel; rctx
@@ -87,6 +91,8 @@ func (h *watchHub) serve(ss grpc.ServerStream) error {
 	s := newCStream(ctx, rctx, cancel, h, ss)
 	h.p.m.watchStreams.Inc()
 	defer h.p.m.watchStreams.Dec()
+	h.addStream(s)
+	defer h.removeStream(s)
 
 	// The receive loop ends by itself once this handler has returned
 	// (gRPC then fails its RecvMsg); a watcher it still creates after
@@ -98,7 +104,7 @@ func (h *watchHub) serve(ss grpc.ServerStream) error {
 	}()
 	sendErr := sendAside(ctx, &h.wg, s.sendLoop)
 	cancel(nil)
-	s.detachAll() // nothing holds s once its receive loop ends: what still waits for it goes with it
+	s.detachAll() // nothing holds s once its receive loop ends: what still waits for it is let go
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
 		if status.Code(err) == codes.Unknown && ss.Context().Err() != nil {
 			return nil
@@ -147,11 +153,12 @@ func (s *cstream) enqueue(rs ...*pb.WatchResponse) {
 	s.wake()
 }
 
-// lockToQueue locks s.mu to queue a response, unless the stream is being
-// ended, or is behind (it is then ended): it reports whether s.mu is held.
+// lockToQueue locks s.mu to queue a response, unless the stream has
+// ended or is being ended, or is behind (it is then ended): it reports
+// whether s.mu is held.
 func (s *cstream) lockToQueue() bool {
 	s.mu.Lock()
-	if s.overflow {
+	if s.overflow || s.closed {
 		s.mu.Unlock()
 		return false
 	}
@@ -174,16 +181,27 @@ func (s *cstream) behindLocked() bool {
 // enqueueEvents queues batch b's events for the watchers of fan (from
 // fanOut, which the stream now owns; ver its list's version). One lock
 // and one wake for all of them: the sender then finds the whole batch at
-// once rather than racing the dispatcher for it watcher by watcher.
+// once rather than racing the dispatcher for it watcher by watcher. If
+// b takes what waits for all streams past the proxy's bound, the streams
+// that have waited longest are ended (watchwait.go).
 func (s *cstream) enqueueEvents(b *evBatch, fan []fanItem, ver uint64) {
 	if !s.lockToQueue() {
 		putFan(fan)
 		return
 	}
-	s.queue = append(s.queue, qitem{b: b, fan: fan, ver: ver})
+	h := s.hub
+	seq := h.seq.Add(1)
+	s.queue = append(s.queue, qitem{b: b, fan: fan, ver: ver, seq: seq})
 	s.qbytes += b.size * len(fan)
+	if s.since == 0 {
+		s.since = seq
+	}
+	h.hold(b)
 	s.mu.Unlock()
 	s.wake()
+	if h.overWaiting() {
+		h.shed()
+	}
 }
 
 func (s *cstream) wake() {
@@ -195,18 +213,44 @@ func (s *cstream) wake() {
 
 // overflowed ends a stream that fell too far behind.
 func (s *cstream) overflowed() {
+	if s.end(status.Errorf(codes.ResourceExhausted,
+		"proxy: watch stream too slow: more than %d responses or %s of events still waiting for it when more came; re-create the watches from the last revision received",
+		s.hub.p.watchQueue, byteSize(s.hub.p.watchQueueBytes))) {
+		s.hub.p.m.watchDropped.Inc()
+	}
+}
+
+// end ends s with err and lets go of what waits for it; it reports
+// whether s was not being ended already.
+func (s *cstream) end(err error) bool {
 	s.mu.Lock()
 	if s.overflow {
 		s.mu.Unlock()
-		return
+		return false
 	}
 	s.overflow = true
-	s.queue, s.qbytes = nil, 0
+	s.dropLocked()
 	s.mu.Unlock()
-	s.hub.p.m.watchDropped.Inc()
-	s.cancel(status.Errorf(codes.ResourceExhausted,
-		"proxy: watch stream too slow: more than %d responses or %s of events still waiting for it when more came; re-create the watches from the last revision received",
-		s.hub.p.watchQueue, byteSize(s.hub.p.watchQueueBytes)))
+	s.cancel(err)
+	return true
+}
+
+// dropLocked lets go of every batch s holds, queued or being sent (its
+// sender then has nothing to let go of); s.mu held.
+func (s *cstream) dropLocked() {
+	s.hub.release(s.queue)
+	s.hub.release(s.sending)
+	s.queue, s.sending, s.qbytes, s.since = nil, nil, 0, 0
+}
+
+// firstSeq is the seq of the first batch in items (0: none).
+func firstSeq(items []qitem) uint64 {
+	for _, it := range items {
+		if it.b != nil {
+			return it.seq
+		}
+	}
+	return 0
 }
 
 // byteSize formats n bytes in MiB, or KiB below 1 MiB.
@@ -234,25 +278,34 @@ func (s *cstream) sendLoop() error {
 			return nil
 		case <-s.signal:
 		}
-		s.mu.Lock()
-		batch := s.queue
-		s.queue, s.spare = s.spare, nil
-		s.qbytes = 0
-		s.mu.Unlock()
-		err := sn.send(s.ss, batch)
-		clear(batch) // drop the references to shared batches
-		if err != nil {
+		if err := s.flush(&sn); err != nil {
 			return err
 		}
-		s.hub.p.m.watchEvents.Add(float64(sn.events))
-		if cap(batch) <= keepSpare {
-			s.mu.Lock()
-			if s.spare == nil && len(s.queue) == 0 {
-				s.spare = batch[:0]
-			}
-			s.mu.Unlock()
-		}
 	}
+}
+
+// flush takes what waits for s, sends it, and lets go of its batches.
+func (s *cstream) flush(sn *sender) error {
+	s.mu.Lock()
+	batch := s.queue
+	s.queue, s.spare = s.spare, nil
+	s.sending, s.qbytes = batch, 0
+	s.mu.Unlock()
+	err := sn.send(s.ss, batch)
+	s.mu.Lock()
+	s.hub.release(s.sending) // nil if end let go of it meanwhile
+	s.sending = nil
+	s.since = firstSeq(s.queue)
+	clear(batch) // drop the references to shared batches
+	if err == nil && cap(batch) <= keepSpare && s.spare == nil && len(s.queue) == 0 {
+		s.spare = batch[:0]
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	s.hub.p.m.watchEvents.Add(float64(sn.events))
+	return nil
 }
 
 // sender writes what waited for a stream; its scratch is reused from one
@@ -513,6 +566,7 @@ func (s *cstream) upstreamEnded(w *cwatcher, u *upstream, resp *pb.WatchResponse
 func (s *cstream) detachAll() {
 	s.mu.Lock()
 	s.closed = true
+	s.dropLocked()
 	ws := make([]*cwatcher, 0, len(s.watchers))
 	for _, w := range s.watchers {
 		ws = append(ws, w)

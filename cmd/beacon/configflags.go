@@ -89,6 +89,7 @@ var configFlags = map[string]string{
 	"proxy.Config.MaxStreamsPerClient":  "--max-streams-per-client",
 	"proxy.Config.MaxWatchers":          "--max-watchers",
 	"proxy.Config.MaxWatchersPerStream": "--max-watchers-per-stream",
+	"proxy.Config.MaxWatchWaitingBytes": "--max-watch-waiting-bytes",
 
 	"xdsapi.BootstrapConfig.Server":     "--server",
 	"xdsapi.BootstrapConfig.CertFile":   "--cert",
