@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/prometheus/client_golang/prometheus"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -202,9 +203,36 @@ func TestSlowWatchStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const size = 8 << 10
 	p.watchQueueBytes = 1 << 20 // 128 events of 8 KiB
 	serveOn(t, p, mustListen(t))
+	// The slow stream absorbs its windows (128 KiB), what its sender took,
+	// and the bound (1 MiB) plus one response: a few hundred writes.
+	n, err := slowBesideFast(t, c, p, p.m.watchDropped, func() {
+		// The stream ended as slow goes at once, though its client still
+		// reads nothing and its sender is blocked on the client's window:
+		// its watcher and its place among the streams are freed.
+		eventually(t, "the slow stream's watcher detached while its client reads nothing", func() bool {
+			return p.watch.watchers.Load() == 1 && value(t, p.m.watchStreams) == 1
+		})
+	})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("slow stream ended with %v, want ResourceExhausted", err)
+	}
+	if v := value(t, p.m.watchDropped); v != 1 {
+		t.Errorf("watch_slow_streams_total = %v, want 1", v)
+	}
+	t.Logf("the stream that did not read was ended after %d writes", n)
+}
+
+// slowBesideFast watches key s on p through a raw stream whose client
+// never reads (fixed flow-control windows: no BDP estimation grows them)
+// and through a clientv3 watcher that does, writes 8 KiB values to c until
+// counter counts (the proxy gave up on the slow stream; at most 2,000
+// writes), calls ended, checks that the reader got every event in order,
+// and returns the number of writes and the error the slow stream ended
+// with.
+func slowBesideFast(t *testing.T, c *etcdtest.Cluster, p *Proxy, counter prometheus.Metric, ended func()) (int, error) {
+	t.Helper()
 	ctx := ctxT(t)
 	slow, err := pb.NewWatchClient(grpcConn(t, p, fixedWindows...)).Watch(ctx)
 	if err != nil {
@@ -218,13 +246,11 @@ func TestSlowWatchStream(t *testing.T) {
 	}
 	fast := proxyClient(t, p).Watch(ctx, "s")
 	direct := c.Client(t)
+	const size, most = 8 << 10, 2000
 	val := strings.Repeat("x", size)
-	// The slow stream absorbs its windows (128 KiB), what its sender took,
-	// and the bound (1 MiB) plus one response: a few hundred writes.
-	const most = 2000
 	var last int64
 	n := 0
-	for value(t, p.m.watchDropped) == 0 {
+	for value(t, counter) == 0 {
 		if n == most {
 			t.Fatalf("%d writes of %d bytes and the stream that does not read is still served", n, size)
 		}
@@ -234,37 +260,24 @@ func TestSlowWatchStream(t *testing.T) {
 		}
 		last, n = resp.Header.Revision, n+1
 	}
-	// The stream ended as slow goes at once, though its client still reads
-	// nothing and its sender is blocked on the client's window: its watcher
-	// and its place among the streams are freed.
-	eventually(t, "the slow stream's watcher detached while its client reads nothing", func() bool {
-		return p.watch.watchers.Load() == 1 && value(t, p.m.watchStreams) == 1
-	})
+	ended()
 	got := 0
 	for got < n {
 		wr, ok := <-fast
 		if !ok || wr.Err() != nil {
-			t.Fatalf("fast watcher after %d of %d events: %v (closed: %v)", got, n, wr.Err(), !ok)
+			t.Fatalf("the watcher that reads, after %d of %d events: %v (closed: %v)", got, n, wr.Err(), !ok)
 		}
 		for _, ev := range wr.Events {
 			if got++; ev.Kv.ModRevision == last && got != n {
-				t.Fatalf("fast watcher: revision %d was event %d of %d", last, got, n)
+				t.Fatalf("the watcher that reads: revision %d was event %d of %d", last, got, n)
 			}
 		}
 	}
 	for {
-		_, err := slow.Recv()
-		if err != nil {
-			if status.Code(err) != codes.ResourceExhausted {
-				t.Fatalf("slow stream ended with %v, want ResourceExhausted", err)
-			}
-			break
+		if _, err := slow.Recv(); err != nil {
+			return n, err
 		}
 	}
-	if v := value(t, p.m.watchDropped); v != 1 {
-		t.Errorf("watch_slow_streams_total = %v, want 1", v)
-	}
-	t.Logf("the stream that did not read was ended after %d writes of %d bytes", n, size)
 }
 
 // TestWatchStreamsShedPastTheProxysBound: what waits for all client
@@ -281,57 +294,12 @@ func TestWatchStreamsShedPastTheProxysBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	serveOn(t, p, mustListen(t))
-	ctx := ctxT(t)
-	slow, err := pb.NewWatchClient(grpcConn(t, p, fixedWindows...)).Watch(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := slow.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("s")}}}); err != nil {
-		t.Fatal(err)
-	}
-	if r, err := slow.Recv(); err != nil || !r.Created {
-		t.Fatalf("created: %v %v", r, err)
-	}
-	fast := proxyClient(t, p).Watch(ctx, "s")
-	direct := c.Client(t)
-	const size = 8 << 10
-	val := strings.Repeat("x", size)
 	// The slow stream absorbs its windows (128 KiB) and the proxy's bound
 	// (1 MiB) plus one response: a few hundred writes, far below its own
 	// bound (64 MiB).
-	const most = 2000
-	var last int64
-	n := 0
-	for value(t, p.m.watchShed) == 0 {
-		if n == most {
-			t.Fatalf("%d writes of %d bytes and the stream that does not read is still served", n, size)
-		}
-		resp, err := direct.Put(ctx, "s", val)
-		if err != nil {
-			t.Fatal(err)
-		}
-		last, n = resp.Header.Revision, n+1
-	}
-	got := 0
-	for got < n {
-		wr, ok := <-fast
-		if !ok || wr.Err() != nil {
-			t.Fatalf("the watcher that reads, after %d of %d events: %v (closed: %v)", got, n, wr.Err(), !ok)
-		}
-		for _, ev := range wr.Events {
-			if got++; ev.Kv.ModRevision == last && got != n {
-				t.Fatalf("the watcher that reads: revision %d was event %d of %d", last, got, n)
-			}
-		}
-	}
-	for {
-		_, err := slow.Recv()
-		if err != nil {
-			if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "MaxWatchWaitingBytes") {
-				t.Fatalf("the stream that does not read ended with %v, want ResourceExhausted naming the bound", err)
-			}
-			break
-		}
+	n, err := slowBesideFast(t, c, p, p.m.watchShed, func() {})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "MaxWatchWaitingBytes") {
+		t.Fatalf("the stream that does not read ended with %v, want ResourceExhausted naming the bound", err)
 	}
 	eventually(t, "nothing waits once the reader has everything and the other stream is gone", func() bool {
 		return p.m.watchWaiting.Load() == 0 && p.watch.watchers.Load() == 1
@@ -339,7 +307,7 @@ func TestWatchStreamsShedPastTheProxysBound(t *testing.T) {
 	if v := value(t, p.m.watchDropped); v != 0 {
 		t.Errorf("watch_slow_streams_total = %v, want 0 (the stream was within its own bound)", v)
 	}
-	t.Logf("the stream that did not read was shed after %d writes of %d bytes", n, size)
+	t.Logf("the stream that did not read was shed after %d writes", n)
 }
 
 // TestWatchResponseLargerThanBound: one upstream response larger than a
