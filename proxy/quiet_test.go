@@ -154,7 +154,7 @@ func firstEventsThroughProxy(ctx context.Context, tb testing.TB, cli, direct *cl
 // has been compacted" though none of its events were. Now only a progress
 // request that goes unanswered opens them again.
 func TestQuietWatchThroughProxyOutlivesCompactionOfOtherKeys(t *testing.T) {
-	// Not parallel: it waits for etcd's (process-wide) watcher count.
+	t.Parallel()
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	const silence = time.Second
 	p := startProxy(t, Config{Endpoints: srv.Endpoints(), WatchSilenceTimeout: silence})
@@ -166,7 +166,6 @@ func TestQuietWatchThroughProxyOutlivesCompactionOfOtherKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	rev := put.Header.Revision
-	before := etcdtest.Watchers(t)
 	now := cli.Watch(ctx, "/quietc/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 	next := cli.Watch(ctx, "/quietc/", clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithCreatedNotify(), clientv3.WithPrevKV())
 	for _, w := range []clientv3.WatchChan{now, next} {
@@ -177,7 +176,7 @@ func TestQuietWatchThroughProxyOutlivesCompactionOfOtherKeys(t *testing.T) {
 	// The proxy confirms a watch before etcd created its upstream; the
 	// compaction must come after that (a watch created after it is
 	// rightly compacted).
-	etcdtest.WaitWatchers(ctx, t, before+2)
+	waitUpstreamsCreated(t, p)
 	compactOthers(ctx, t, direct, "/quietc-not/", 5)
 	quiet := time.NewTimer(3 * silence)
 	defer quiet.Stop()
@@ -214,7 +213,7 @@ func TestQuietWatchThroughProxyOutlivesCompactionOfOtherKeys(t *testing.T) {
 // again for good: etcd answered none of its progress requests, the proxy
 // took its only member for silent (benched it) and cancelled the watch.
 func TestQuietWatchFromAFutureRevisionThroughProxy(t *testing.T) {
-	// Not parallel: it waits for etcd's (process-wide) watcher count.
+	t.Parallel()
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	const silence = time.Second
 	p := startProxy(t, Config{Endpoints: srv.Endpoints(), WatchSilenceTimeout: silence})
@@ -226,12 +225,11 @@ func TestQuietWatchFromAFutureRevisionThroughProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := g.Header.Revision + 10
-	before := etcdtest.Watchers(t)
 	w := cli.Watch(ctx, "/future/", clientv3.WithPrefix(), clientv3.WithRev(start), clientv3.WithCreatedNotify())
 	if wr := <-w; !wr.Created {
 		t.Fatalf("not created: %+v", wr)
 	}
-	etcdtest.WaitWatchers(ctx, t, before+1)
+	waitUpstreamsCreated(t, p)
 	last := compactOthers(ctx, t, direct, "/future-not/", 3) // below the watch's start
 	quiet := time.NewTimer(4 * silence)
 	defer quiet.Stop()
@@ -252,6 +250,34 @@ func TestQuietWatchFromAFutureRevisionThroughProxy(t *testing.T) {
 	if wr.Err() != nil || len(wr.Events) != 1 || wr.Events[0].Kv.ModRevision != start {
 		t.Fatalf("want the put at %d alone (the ones before are below the start), got %+v", start, wr)
 	}
+}
+
+// waitUpstreamsCreated waits until etcd has created every upstream watch
+// of p (answered it: its first response, the created one, reported a
+// revision), and there is one. The proxy confirms a client's watch before
+// etcd has created its upstream. (etcd's own watcher gauge is
+// process-wide: other tests' watches, and cancellations counted late,
+// move it.)
+func waitUpstreamsCreated(t *testing.T, p *Proxy) {
+	t.Helper()
+	eventually(t, "etcd created the proxy's upstream watches", func() bool {
+		h := p.watch
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		n := 0
+		for _, ups := range h.groups {
+			for _, u := range ups {
+				u.mu.Lock()
+				created := u.pos.Known > 0
+				u.mu.Unlock()
+				if !created {
+					return false
+				}
+				n++
+			}
+		}
+		return n > 0
+	})
 }
 
 // compactOthers writes n keys under prefix, which no watch of the test

@@ -1,9 +1,7 @@
 package etcdtest
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -12,7 +10,8 @@ import (
 // process (etcd_debugging_mvcc_watcher_total, a process-wide gauge): tests
 // that read it must not run in parallel with others that watch, and other
 // tests' cancellations reach it late. A test that can give its clients a
-// dial option waits on a WatchTap instead.
+// dial option waits on a WatchTap instead; the proxy's tests wait for
+// its upstream watches' own created responses.
 func Watchers(tb testing.TB) float64 {
 	tb.Helper()
 	mfs, err := prometheus.DefaultGatherer.Gather()
@@ -30,22 +29,4 @@ func Watchers(tb testing.TB) float64 {
 	}
 	tb.Fatal("etcd_debugging_mvcc_watcher_total not found: is the etcd server embedded?")
 	return 0
-}
-
-// WaitWatchers waits until the embedded etcd servers of this process count
-// at least n watchers (Watchers): an etcd client's Watch returns, and a
-// proxy confirms a watch, before etcd has created it, so a test that must
-// act after the creation (a compaction) waits for it here. etcd exposes
-// no event for it: the gauge is read every 5 ms until ctx is done.
-func WaitWatchers(ctx context.Context, tb testing.TB, n float64) {
-	tb.Helper()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for Watchers(tb) < n {
-		select {
-		case <-ctx.Done():
-			tb.Fatalf("etcd never counted %v watchers (%v): %v", n, Watchers(tb), context.Cause(ctx))
-		case <-tick.C:
-		}
-	}
 }
