@@ -40,6 +40,7 @@ type evBatch struct {
 	last   int64 // mod revision of the last event
 	size   int   // encoded size of all events, for the queue bounds
 
+	seq     uint64       // its place among all batches, in the order they were made (watchwait.go)
 	holders atomic.Int32 // client streams holding it (watchwait.go)
 
 	hdrOnce sync.Once
@@ -60,7 +61,7 @@ type encodedEvents struct {
 }
 
 func newBatch(hdr *pb.ResponseHeader, evs []*mvccpb.Event) *evBatch {
-	b := &evBatch{hdr: hdr, events: evs, last: evs[len(evs)-1].Kv.ModRevision}
+	b := &evBatch{hdr: hdr, events: evs, last: evs[len(evs)-1].Kv.ModRevision, seq: batchSeqs.Add(1)}
 	for _, ev := range evs {
 		b.size += proto.Size(ev) + 4
 	}

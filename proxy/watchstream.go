@@ -45,7 +45,6 @@ type qitem struct {
 	b    *evBatch
 	fan  []fanItem
 	ver  uint64
-	seq  uint64 // the order in which b was queued, among all streams' batches (watchwait.go)
 }
 
 // cstream is one client Watch stream: its watchers, and the responses
@@ -66,7 +65,7 @@ type cstream struct {
 	spare    []qitem // the sender's last batch, reused
 	sending  []qitem // the batch the sender writes, until it lets go of its batches
 	qbytes   int
-	since    uint64 // seq of the oldest batch s holds, queued or sending (0: none)
+	since    uint64 // evBatch.seq of the oldest batch s holds, queued or sending (0: none)
 	signal   chan struct{}
 	pending  map[*upstream]bool // progress requested, not yet answered
 	wantProg bool
@@ -190,17 +189,16 @@ func (s *cstream) enqueueEvents(b *evBatch, fan []fanItem, ver uint64) {
 		return
 	}
 	h := s.hub
-	seq := h.seq.Add(1)
-	s.queue = append(s.queue, qitem{b: b, fan: fan, ver: ver, seq: seq})
+	s.queue = append(s.queue, qitem{b: b, fan: fan, ver: ver})
 	s.qbytes += b.size * len(fan)
 	if s.since == 0 {
-		s.since = seq
+		s.since = b.seq
 	}
 	h.hold(b)
 	s.mu.Unlock()
 	s.wake()
 	if h.overWaiting() {
-		h.shed()
+		h.shed(b)
 	}
 }
 
@@ -243,11 +241,11 @@ func (s *cstream) dropLocked() {
 	s.queue, s.sending, s.qbytes, s.since = nil, nil, 0, 0
 }
 
-// firstSeq is the seq of the first batch in items (0: none).
+// firstSeq is the evBatch.seq of the first batch in items (0: none).
 func firstSeq(items []qitem) uint64 {
 	for _, it := range items {
 		if it.b != nil {
-			return it.seq
+			return it.b.seq
 		}
 	}
 	return 0

@@ -20,16 +20,21 @@ import (
 // the batches held. When a batch takes that past
 // Config.MaxWatchWaitingBytes, the streams that have waited longest are
 // ended with ResourceExhausted, as a stream past its own bound is, until
-// what waits fits again. How long a stream has waited is the order in
-// which the oldest batch it holds was queued (its since): a stream that
-// keeps up holds only what came since its sender last ran, so those that
-// waited longest hold what the others were sent long ago.
+// what waits fits again. How long a stream has waited is the place of
+// the oldest batch it holds among all batches (its since, evBatch.seq):
+// a stream that keeps up holds only what came since its sender last ran,
+// so those that waited longest hold what the others were sent long ago.
+// As a stream's own bound does, the bound judges by what already waits,
+// never by the size of what comes: a stream holding nothing older than
+// the batch that came is not ended for it, so what waits stays below the
+// bound plus one batch.
 //
 // Invariants, each pinned by a test of watchwait_test.go: a batch counts
 // once while any stream holds it, and not at all once none does (sent,
 // or its streams ended, also while a sender still writes it); an ended
 // stream holds nothing and is queued nothing; past the bound, streams are
-// ended oldest first and only until what waits fits.
+// ended oldest first, only until what waits fits, and never for holding
+// only the batch that came.
 
 // hold counts b as held by one more stream.
 func (h *watchHub) hold(b *evBatch) {
@@ -71,17 +76,20 @@ func (h *watchHub) removeStream(s *cstream) {
 }
 
 // shed ends the streams that have waited longest until what waits fits
-// the bound. One caller sheds at a time; the others go on (the one
-// shedding reads waiting again after each stream it ends). It may be
-// called with an upstream's mu held: lock order upstream.mu, shedMu,
-// cstreamsMu, cstream.mu.
-func (h *watchHub) shed() {
+// the bound, sparing those that hold nothing older than b, the batch that
+// came (as a stream's own bound judges it by what already waits, never by
+// the size of what comes): what waits stays below the bound plus one
+// batch. One caller sheds at a time; the others go on (the one shedding
+// reads waiting again after each stream it ends). It may be called with
+// an upstream's mu held: lock order upstream.mu, shedMu, cstreamsMu,
+// cstream.mu.
+func (h *watchHub) shed(b *evBatch) {
 	if !h.shedMu.TryLock() {
 		return
 	}
 	defer h.shedMu.Unlock()
 	for h.overWaiting() {
-		s := h.longestWaiting()
+		s := h.longestWaiting(b.seq)
 		if s == nil {
 			return
 		}
@@ -94,9 +102,9 @@ func (h *watchHub) shed() {
 	}
 }
 
-// longestWaiting is the stream, not yet ending, that holds the batch
-// queued first; nil if none holds one.
-func (h *watchHub) longestWaiting() *cstream {
+// longestWaiting is the stream that holds the batch made first, if that
+// was made before batch before; nil if none does.
+func (h *watchHub) longestWaiting(before uint64) *cstream {
 	h.cstreamsMu.Lock()
 	defer h.cstreamsMu.Unlock()
 	var oldest *cstream
@@ -105,17 +113,20 @@ func (h *watchHub) longestWaiting() *cstream {
 		s.mu.Lock()
 		ss := s.since // 0 once s is being ended: it holds nothing
 		s.mu.Unlock()
-		if ss != 0 && (oldest == nil || ss < since) {
+		if ss != 0 && ss < before && (oldest == nil || ss < since) {
 			oldest, since = s, ss
 		}
 	}
 	return oldest
 }
 
+// batchSeqs numbers the batches of every upstream, in the order they are
+// made (evBatch.seq).
+var batchSeqs atomic.Uint64
+
 // waitState is the hub's part of what waits for the streams.
 type waitState struct {
-	seq        atomic.Uint64 // numbers queued batches, for since
-	shedMu     sync.Mutex    // one shed at a time (TryLock)
+	shedMu     sync.Mutex // one shed at a time (TryLock)
 	cstreamsMu sync.Mutex
 	cstreams   map[*cstream]struct{}
 }

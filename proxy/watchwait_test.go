@@ -125,11 +125,11 @@ func TestWaitingLetsGoOfTheBatchBeingSentWhenTheStreamEnds(t *testing.T) {
 // keeps up is not ended, however much it was sent.
 func TestShedEndsTheStreamsThatWaitedLongest(t *testing.T) {
 	r := newHubRig(t, 0)
+	slow, slower, keepsUp := r.bareStream(), r.bareStream(), r.bareStream()
+	queueTo(keepsUp, batchAt(1, 1000)) // the first batch, sent
+	sendQueued(t, keepsUp)
 	b1 := batchAt(1, 1000)
 	r.h.p.cfg.MaxWatchWaitingBytes = int64(3 * b1.size) // three batches fit
-	slow, slower, keepsUp := r.bareStream(), r.bareStream(), r.bareStream()
-	queueTo(keepsUp, batchAt(1, 1000)) // the first batch queued, and sent
-	sendQueued(t, keepsUp)
 	queueTo(slower, b1)
 	for rev := range int64(2) {
 		b := batchAt(rev+2, 1000)
@@ -210,5 +210,24 @@ func TestShedEndsAsManyStreamsAsItTakes(t *testing.T) {
 	queueTo(c, batchAt(3, 3000)) // five of b1's size wait: a and b must go
 	if !ending(a) || !ending(b) || ending(c) {
 		t.Fatalf("ended a %v, b %v, c %v; want a and b", ending(a), ending(b), ending(c))
+	}
+}
+
+// TestShedSparesTheBatchThatCame: a batch larger than the bound on its
+// own ends the streams holding older ones, not those it was queued for
+// that hold nothing older, whichever of them it reached first.
+func TestShedSparesTheBatchThatCame(t *testing.T) {
+	r := newHubRig(t, 0)
+	older, first, second := r.bareStream(), r.bareStream(), r.bareStream()
+	queueTo(older, batchAt(1, 100))
+	big := batchAt(2, 5000)
+	r.h.p.cfg.MaxWatchWaitingBytes = int64(big.size / 2)
+	queueTo(first, big)
+	queueTo(second, big)
+	if !ending(older) || ending(first) || ending(second) {
+		t.Fatalf("ended older %v, first %v, second %v; want the one holding an older batch alone", ending(older), ending(first), ending(second))
+	}
+	if got := waiting(r); got != int64(big.size) {
+		t.Fatalf("waiting %d, want the one batch that came, %d", got, big.size)
 	}
 }
