@@ -124,7 +124,8 @@ type cwatcher struct {
 func newWatchHub(p *Proxy) *watchHub {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &watchHub{p: p, ctx: ctx, cancel: cancel, kick: make(chan struct{}, 1),
-		probes: map[watchKey]*etcdwatch.Silence{}, groups: map[watchKey][]*upstream{}}
+		probes: map[watchKey]*etcdwatch.Silence{}, groups: map[watchKey][]*upstream{},
+		waitState: waitState{cstreams: map[*cstream]struct{}{}}}
 }
 
 // close cancels every upstream watch and waits for their goroutines.

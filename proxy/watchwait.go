@@ -63,9 +63,6 @@ func (h *watchHub) overWaiting() bool {
 func (h *watchHub) addStream(s *cstream) {
 	h.cstreamsMu.Lock()
 	defer h.cstreamsMu.Unlock()
-	if h.cstreams == nil {
-		h.cstreams = map[*cstream]struct{}{}
-	}
 	h.cstreams[s] = struct{}{}
 }
 
