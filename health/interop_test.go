@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -63,12 +62,12 @@ func startNodeServer(t *testing.T) *peerServer {
 
 func startPythonServer(t *testing.T) *peerServer {
 	py := testpeer.PythonGRPC(t)
-	if exec.Command(py, "-c", "import grpc_tools.protoc").Run() != nil {
+	if testpeer.Command(py, "-c", "import grpc_tools.protoc").Run() != nil {
 		testpeer.Missing(t, py+" has no grpc_tools (it generates the health stubs): install it with apt-get install python3-grpc-tools")
 	}
 	stubs := t.TempDir()
 	dir := filepath.Join("testdata", "python")
-	gen := exec.Command(py, "-m", "grpc_tools.protoc", "-I", dir, "--python_out="+stubs, "--grpc_python_out="+stubs, "health.proto")
+	gen := testpeer.Command(py, "-m", "grpc_tools.protoc", "-I", dir, "--python_out="+stubs, "--grpc_python_out="+stubs, "health.proto")
 	if out, err := gen.CombinedOutput(); err != nil {
 		t.Fatalf("generating the Python health stubs: %v\n%s", err, out)
 	}
@@ -80,7 +79,7 @@ func startPythonServer(t *testing.T) *peerServer {
 func startPeer(t *testing.T, name string, args ...string) *peerServer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, name, args...)
+	cmd := testpeer.CommandContext(ctx, name, args...)
 	s := &peerServer{acks: make(chan string, 16), errLog: filepath.Join(t.TempDir(), "stderr"), calls: map[string]int{}, arrived: make(chan struct{})}
 	errLog, err := os.Create(s.errLog)
 	if err != nil {

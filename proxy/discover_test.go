@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -132,7 +131,7 @@ func startEtcdV2(t *testing.T, bin string) string {
 	curl := "http://127.0.0.1:" + strconv.Itoa(cport)
 	purl := "http://127.0.0.1:" + strconv.Itoa(pport)
 	dir := t.TempDir()
-	cmd := exec.Command(bin, "--name", "v2", "--data-dir", filepath.Join(dir, "data"), "--enable-v2=true",
+	cmd := testpeer.Command(bin, "--name", "v2", "--data-dir", filepath.Join(dir, "data"), "--enable-v2=true",
 		"--listen-client-urls", curl, "--advertise-client-urls", curl,
 		"--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
 		"--initial-cluster", "v2="+purl, "--log-level", "error")

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -18,7 +17,7 @@ import (
 func buildEtcdctl(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "etcdctl")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/beaconplane/beacon/internal/etcdctl").CombinedOutput()
+	out, err := testpeer.Command("go", "build", "-o", bin, "github.com/beaconplane/beacon/internal/etcdctl").CombinedOutput()
 	if err != nil {
 		t.Fatalf("build etcdctl: %v\n%s", err, out)
 	}
@@ -35,7 +34,7 @@ func (c ctl) run(args ...string) (string, error) { return c.runIn("", args...) }
 
 func (c ctl) runIn(stdin string, args ...string) (string, error) {
 	c.t.Helper()
-	cmd := exec.CommandContext(ctxT(c.t), c.bin, append([]string{"--endpoints", c.ep, "--dial-timeout", "5s"}, args...)...)
+	cmd := testpeer.CommandContext(ctxT(c.t), c.bin, append([]string{"--endpoints", c.ep, "--dial-timeout", "5s"}, args...)...)
 	cmd.Env = append(os.Environ(), c.extraEnv...)
 	cmd.Stdin = strings.NewReader(stdin)
 	out, err := cmd.CombinedOutput()
@@ -103,7 +102,7 @@ func TestEtcdctlThroughProxy(t *testing.T) {
 	// watch prints events as they come.
 	ctx, cancel := context.WithCancel(ctxT(t))
 	defer cancel()
-	cmd := exec.CommandContext(ctx, e.bin, "--endpoints", e.ep, "watch", "w")
+	cmd := testpeer.CommandContext(ctx, e.bin, "--endpoints", e.ep, "watch", "w")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -48,7 +48,7 @@ func startEtcdProcesses(t *testing.T, n int) []*etcdProc {
 		initial = append(initial, procs[i].name+"="+procs[i].peerURL)
 	}
 	for _, p := range procs {
-		p.cmd = exec.Command(bin, "--name", p.name, "--data-dir", t.TempDir(),
+		p.cmd = testpeer.Command(bin, "--name", p.name, "--data-dir", t.TempDir(),
 			"--listen-client-urls", p.clientURL, "--advertise-client-urls", p.clientURL,
 			"--listen-peer-urls", p.peerURL, "--initial-advertise-peer-urls", p.peerURL,
 			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-token", "silence-test",

@@ -91,7 +91,7 @@ func startChild(t *testing.T, endpoints []string, ns string, n int, ttl time.Dur
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^$")
+	cmd := testpeer.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		childEnv+"=1",
 		childEndpointsEnv+"="+strings.Join(endpoints, ","),

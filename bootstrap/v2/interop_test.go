@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,7 +31,7 @@ func startEtcd34(t *testing.T, bin, name, discoveryURL string) *etcdtest.Process
 // the cluster is full.
 func TestEtcd34MembersBootstrapThroughV2Service(t *testing.T) {
 	bin := testpeer.Binary(t, "apt-get install -y etcd-server (Debian's etcd 3.4, which still speaks v2 discovery)", "/usr/bin/etcd", "etcd")
-	if out, err := exec.Command(bin, "--version").Output(); err != nil || !strings.Contains(string(out), "etcd Version: 3.4") {
+	if out, err := testpeer.Command(bin, "--version").Output(); err != nil || !strings.Contains(string(out), "etcd Version: 3.4") {
 		t.Fatalf("%s is not etcd 3.4 (v2 discovery was removed in 3.7): %s %v", bin, out, err)
 	}
 	registry := etcdtest.Start(t, etcdtest.Options{Name: "v2-registry"})

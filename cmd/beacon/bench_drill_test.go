@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/testkit/machine"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 
 // testSelfCommand runs this test binary as `beacon args...` (see TestMain).
@@ -16,7 +17,7 @@ func testSelfCommand(args ...string) *exec.Cmd {
 	if err != nil {
 		exe = os.Args[0]
 	}
-	cmd := exec.Command(exe)
+	cmd := testpeer.Command(exe)
 	encoded, err := json.Marshal(args)
 	if err != nil {
 		panic(err) // a []string always encodes

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -25,11 +24,11 @@ import (
 func runUntilInterrupted(t *testing.T, ready string, args ...string) string {
 	t.Helper()
 	bin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/cmd/beacon")
-	cmd := exec.Command(bin, args...)
+	cmd := testpeer.Command(bin, args...)
 	// Its own process group, signalled whole, as a terminal's Ctrl-C
 	// signals the foreground group: the benchmark's children get it too
 	// unless they are in groups of their own.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr.Setpgid = true
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -209,7 +208,7 @@ func TestBenchClusterInterrupted(t *testing.T) {
 	if m[1] == "" {
 		return // on loopback: nothing more to remove
 	}
-	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
+	out, err := testpeer.Command("ip", "netns", "list").CombinedOutput()
 	if err != nil {
 		t.Fatalf("ip netns list: %v: %s", err, out)
 	}

@@ -27,7 +27,7 @@ type healthTarget struct {
 func startHealthTarget(t *testing.T) *healthTarget {
 	t.Helper()
 	bin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/lab/healthtarget")
-	return runHealthTarget(t, exec.Command(bin))
+	return runHealthTarget(t, testpeer.Command(bin))
 }
 
 // runHealthTarget starts cmd, a healthtarget, and reads its addresses.

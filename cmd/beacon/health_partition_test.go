@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
@@ -196,7 +195,6 @@ func startOn(t *testing.T, dir string, host *etcdproc.Host, args ...string) *chi
 	if host != nil {
 		host.Wrap(cmd)
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return runChild(t, cmd)
 }
 
@@ -330,9 +328,8 @@ func checkLsServing(t *testing.T, dir, etcdURL string, refs []beacon.Ref) {
 func startHealthTargetOn(t *testing.T, host *etcdproc.Host) *healthTarget {
 	t.Helper()
 	bin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/internal/lab/healthtarget")
-	cmd := exec.Command(bin, "-host", host.Addr())
+	cmd := testpeer.Command(bin, "-host", host.Addr())
 	host.Wrap(cmd)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return runHealthTarget(t, cmd)
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 
 // The tests run the beacon command itself in a child process: the test
@@ -107,7 +108,7 @@ func beaconCmd(t *testing.T, dir string, env []string, args ...string) *exec.Cmd
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe)
+	cmd := testpeer.Command(exe)
 	cmd.Dir = dir
 	encoded, err := json.Marshal(withXDSPort(args)) // keeps empty and spaced arguments
 	if err != nil {

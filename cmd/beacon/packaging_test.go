@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -173,9 +172,9 @@ func TestDockerfileCMDServes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^TestDockerfileCMDServes$", "-test.v", "-test.timeout=3m")
+	cmd := testpeer.Command(exe, "-test.run=^TestDockerfileCMDServes$", "-test.v", "-test.timeout=3m")
 	cmd.Env = append(os.Environ(), readmeNetnsEnv+"=docker")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
 	out, err := cmd.CombinedOutput()
 	if err != nil && strings.Contains(err.Error(), "operation not permitted") {
 		testpeer.Missing(t, fmt.Sprintf("cannot make a network namespace (%v): the Dockerfile's CMD is checked as flags only (TestDockerfile)", err))
@@ -221,9 +220,9 @@ func TestPrivilegedTestsSkipWithoutRoot(t *testing.T) {
 		{"", []string{"--- SKIP: TestDockerfileCMDServes", "--- SKIP: TestReadmeServeCommand", "not root (uid 65534)"}},
 		{"1", []string{"--- FAIL: TestDockerfileCMDServes", "--- FAIL: TestReadmeServeCommand", testpeer.RequireEnv + " is set"}},
 	} {
-		cmd := exec.Command(bin, "-test.run=^(TestDockerfileCMDServes|TestReadmeServeCommand)$", "-test.v")
+		cmd := testpeer.Command(bin, "-test.run=^(TestDockerfileCMDServes|TestReadmeServeCommand)$", "-test.v")
 		cmd.Env = append(os.Environ(), testpeer.RequireEnv+"="+tc.require, "HOME="+base, "TMPDIR="+base)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 65534, Gid: 65534}
 		out, _ := cmd.CombinedOutput()
 		for _, w := range tc.want {
 			if !strings.Contains(string(out), w) {

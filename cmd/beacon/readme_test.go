@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -79,9 +78,9 @@ func TestReadmeServeCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^TestReadmeServeCommand$", "-test.v", "-test.timeout=3m")
+	cmd := testpeer.Command(exe, "-test.run=^TestReadmeServeCommand$", "-test.v", "-test.timeout=3m")
 	cmd.Env = append(os.Environ(), readmeNetnsEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
 	out, err := cmd.CombinedOutput()
 	var perr *os.PathError
 	if err != nil && (errorsAsPath(err, &perr) || strings.Contains(err.Error(), "operation not permitted")) {
@@ -366,7 +365,7 @@ func TestReadmeTourHTTP(t *testing.T) {
 		c = strings.ReplaceAll(c, "curl -s ", curl+" -sS --fail-with-body --max-time 10 ")
 		fmt.Fprintf(&script, "%s\necho \"#%d rc=$?\"\n", strings.TrimRight(c, "\n"), i)
 	}
-	out, err := exec.Command(bash, "-c", script.String()).CombinedOutput()
+	out, err := testpeer.Command(bash, "-c", script.String()).CombinedOutput()
 	if err != nil {
 		t.Fatalf("the tour's commands: %v\n%s", err, out)
 	}

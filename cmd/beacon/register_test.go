@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os/exec"
 	"regexp"
 	"strings"
 	"syscall"
@@ -526,7 +525,7 @@ func TestServeChecksRegistrations(t *testing.T) {
 	}
 	digBin := testpeer.Binary(t, "apt-get install bind9-dnsutils", "dig")
 	host, port, _ := net.SplitHostPort(dnsAddr)
-	out, err := exec.Command(digBin, "@"+host, "-p", port, "+short", "+norecurse", "http.api.prod.beacon.", "A").CombinedOutput()
+	out, err := testpeer.Command(digBin, "@"+host, "-p", port, "+short", "+norecurse", "http.api.prod.beacon.", "A").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "127.0.0.1" {
 		t.Fatalf("dig A http.api.prod.beacon.: %q (%v), want only the passing instance's 127.0.0.1", out, err)
 	}

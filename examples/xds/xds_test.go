@@ -7,7 +7,6 @@ import (
 	"context"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -74,7 +73,7 @@ func TestExampleClients(t *testing.T) {
 			argv := c.argv(t)
 			cctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(cctx, argv[0], argv[1:]...)
+			cmd := testpeer.CommandContext(cctx, argv[0], argv[1:]...)
 			cmd.Env = append(os.Environ(), "GRPC_XDS_BOOTSTRAP="+bootFile)
 			cmd.WaitDelay = time.Second
 			out, err := cmd.CombinedOutput()

@@ -1,9 +1,10 @@
 package kube_test
 
 import (
-	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 
 // Only registry/kube (and what wires it: cmd/beacon, the test harness)
@@ -15,7 +16,7 @@ func TestClientGoStaysOptIn(t *testing.T) {
 		t.Skip("runs go list")
 	}
 	pkgs := []string{".", "./store", "./backend", "./registry", "./naming", "./bootstrap", "./server", "./server/registryapi"}
-	cmd := exec.Command("go", append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, pkgs...)...)
+	cmd := testpeer.Command("go", append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, pkgs...)...)
 	cmd.Dir = "../.."
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -47,7 +46,7 @@ func runCoreDNS(t *testing.T, corefile func(port int) string) string {
 	if err := os.WriteFile(conf, []byte(corefile(port)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-conf", conf)
+	cmd := testpeer.Command(bin, "-conf", conf)
 	out := &lockedOutput{want: "CoreDNS-", seen: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

@@ -3,7 +3,6 @@ package dnsapi
 import (
 	"context"
 	"errors"
-	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
@@ -139,7 +138,7 @@ func dig(t testing.TB, addr string, args ...string) digResult {
 	bin := testpeer.Binary(t, "apt-get install bind9-dnsutils", "dig")
 	host, port, _ := strings.Cut(addr, ":")
 	full := append([]string{"@" + host, "-p", port, "+norecurse", "+time=5", "+tries=1", "+nocookie", "+noall", "+comments", "+answer", "+authority"}, args...)
-	out, err := exec.Command(bin, full...).CombinedOutput()
+	out, err := testpeer.Command(bin, full...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("dig %s: %v\n%s", strings.Join(full, " "), err, out)
 	}

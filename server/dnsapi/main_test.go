@@ -83,7 +83,7 @@ func startChild(t *testing.T, endpoint string) (*exec.Cmd, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^$")
+	cmd := testpeer.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+endpoint)
 	cmd.Stderr = os.Stderr
 	stdin, stdout := testpeer.StartPiped(t, cmd)

@@ -450,7 +450,7 @@ func runChild() int {
 // returns its process and the ID it registered.
 func startRegistrant(t *testing.T, endpoints []string) (*exec.Cmd, string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := testpeer.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", childEndpointsEnv+"="+strings.Join(endpoints, ","))
 	cmd.Stderr = os.Stderr
 	stdin, out := testpeer.StartPiped(t, cmd)

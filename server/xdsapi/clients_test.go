@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -148,7 +147,7 @@ func startProc(t testing.TB, bootstrapDoc []byte, env []string, name string, arg
 	if err := os.WriteFile(bs, bootstrapDoc, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(name, args...)
+	cmd := testpeer.Command(name, args...)
 	cmd.Env = append(append(os.Environ(), "GRPC_XDS_BOOTSTRAP="+bs), env...)
 	stderr := &syncbuf.Buffer{}
 	cmd.Stderr = stderr

@@ -2,7 +2,6 @@ package xdsapi
 
 import (
 	"net"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -46,7 +45,7 @@ func TestClientsSIGKILLedWorkerGone(t *testing.T) {
 	register(t, r, two.Addr(), nil)
 	beaconBin := testpeer.GoBuild(t, "github.com/beaconplane/beacon/cmd/beacon")
 	forEachClient(t, func(t *testing.T, k clientKind) {
-		worker := exec.Command(beaconBin, "register", "demo/greeter/grpc", "--addr", one.Addr(), "--ttl", "2s", "--endpoints", srv.Endpoint())
+		worker := testpeer.Command(beaconBin, "register", "demo/greeter/grpc", "--addr", one.Addr(), "--ttl", "2s", "--endpoints", srv.Endpoint())
 		if err := worker.Start(); err != nil {
 			t.Fatal(err)
 		}

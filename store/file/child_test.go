@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/internal/syncbuf"
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/file"
 )
@@ -154,22 +155,23 @@ func child(role, dir, arg string) error {
 	return nil
 }
 
-// startChild starts a child process in role on dir; lines receives its
-// stdout lines and is closed when it exits.
-func startChild(t testing.TB, role, dir, arg string, attr *syscall.SysProcAttr) (*exec.Cmd, <-chan string) {
+// startChild starts a child process in role on dir (as the user of cred,
+// when not nil); lines receives its stdout lines and is closed when it
+// exits.
+func startChild(t testing.TB, role, dir, arg string, cred *syscall.Credential) (*exec.Cmd, <-chan string) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startChildExe(t, exe, role, dir, arg, attr)
+	return startChildExe(t, exe, role, dir, arg, cred)
 }
 
-func startChildExe(t testing.TB, exe, role, dir, arg string, attr *syscall.SysProcAttr) (*exec.Cmd, <-chan string) {
+func startChildExe(t testing.TB, exe, role, dir, arg string, cred *syscall.Credential) (*exec.Cmd, <-chan string) {
 	t.Helper()
-	cmd := exec.Command(exe, "-test.run=^$")
+	cmd := testpeer.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+role, childDirEnv+"="+dir, childArgEnv+"="+arg)
-	cmd.SysProcAttr = attr
+	cmd.SysProcAttr.Credential = cred
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()

@@ -252,7 +252,7 @@ func TestUnwritableDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst.Close()
-	_, lines := startChildExe(t, bin, "open", dir, "", &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}})
+	_, lines := startChildExe(t, bin, "open", dir, "", &syscall.Credential{Uid: 65534, Gid: 65534})
 	l := nextLine(t, lines, 30*time.Second)
 	if !strings.HasPrefix(l, "error") || !strings.Contains(l, "not writable") {
 		t.Fatalf("Open of a read-only directory as nobody: %q", l)

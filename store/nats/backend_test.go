@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -211,7 +210,7 @@ func TestSmallMaxPayload(t *testing.T) {
 // version Beacon needs.
 func TestServerTooOld(t *testing.T) {
 	bin := testpeer.Binary(t, "apt-get install nats-server", "nats-server", "/usr/sbin/nats-server")
-	out, err := exec.Command(bin, "--version").Output()
+	out, err := testpeer.Command(bin, "--version").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +218,7 @@ func TestServerTooOld(t *testing.T) {
 		t.Skipf("%s is %s: not an old server", bin, strings.TrimSpace(string(out)))
 	}
 	dir := t.TempDir()
-	cmd := exec.Command(bin, "-js", "-a", "127.0.0.1", "-p", "-1", "-sd", filepath.Join(dir, "js"), "-ports_file_dir", dir)
+	cmd := testpeer.Command(bin, "-js", "-a", "127.0.0.1", "-p", "-1", "-sd", filepath.Join(dir, "js"), "-ports_file_dir", dir)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

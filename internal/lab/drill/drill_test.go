@@ -72,7 +72,7 @@ func TestDrills(t *testing.T) {
 		Members:    etcdproc.EtcdMembers{Bin: bin, NoFsync: true, LogLevel: *etcdLog},
 		Network:    network,
 		Dir:        dir,
-		Registrant: func() *exec.Cmd { return exec.Command(exe, "-test.run=^$") },
+		Registrant: func() *exec.Cmd { return testpeer.Command(exe, "-test.run=^$") },
 		Trials:     *trials,
 		Sessions:   *sessions,
 		Progress:   &progress,
@@ -127,7 +127,7 @@ func TestExpiryThroughput(t *testing.T) {
 	results, err := drill.MeasureExpiry(ctx, drill.Config{
 		Members:    etcdproc.EtcdMembers{Bin: bin, NoFsync: true},
 		Dir:        t.TempDir(),
-		Registrant: func() *exec.Cmd { return exec.Command(exe, "-test.run=^$") },
+		Registrant: func() *exec.Cmd { return testpeer.Command(exe, "-test.run=^$") },
 	}, *expiryN, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +243,7 @@ func TestLeaseDrills(t *testing.T) {
 		Members:  members,
 		Network:  network,
 		Dir:      dir,
-		Beacon:   func(args ...string) *exec.Cmd { return exec.Command(beaconBin, args...) },
+		Beacon:   func(args ...string) *exec.Cmd { return testpeer.Command(beaconBin, args...) },
 		Progress: &progress,
 	}
 	if *leaseFaults != "" {

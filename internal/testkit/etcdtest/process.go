@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 )
 
 // Process is an etcd member run from a binary (for example Debian's etcd
@@ -42,7 +44,7 @@ func StartProcess(tb testing.TB, bin, name string, args ...string) *Process {
 		PeerURL:   "http://127.0.0.1:" + strconv.Itoa(pport),
 		exited:    make(chan struct{}),
 	}
-	p.cmd = exec.Command(bin, append([]string{
+	p.cmd = testpeer.Command(bin, append([]string{
 		"--name", name, "--data-dir", tb.TempDir(),
 		"--listen-client-urls", p.ClientURL, "--advertise-client-urls", p.ClientURL,
 		"--listen-peer-urls", p.PeerURL, "--initial-advertise-peer-urls", p.PeerURL,

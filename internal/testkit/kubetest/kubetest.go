@@ -366,10 +366,10 @@ func (cp *ControlPlane) spawn(name, bin string, args ...string) (*process, error
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, args...)
+	cmd := testpeer.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	// The control plane dies with the test process, even on a crash.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// The control plane dies with the test process, even on a crash
+	// (testpeer.Command).
 	if err := cmd.Start(); err != nil {
 		_ = f.Close()
 		return nil, fmt.Errorf("start %s: %w", bin, err)

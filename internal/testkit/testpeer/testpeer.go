@@ -8,6 +8,10 @@
 // Locally a missing peer skips the test with instructions. In CI, where
 // BEACON_REQUIRE_PEERS=1 is set by .ci/run after it installs every peer, a
 // missing peer fails the test instead, so nothing is skipped silently.
+//
+// Every test starts its processes (these peers, the beacon binary, the test
+// binary in another role) with Command or CommandContext, which make them
+// die with the test process however it ends.
 package testpeer
 
 import (
@@ -151,7 +155,7 @@ func GoBuildWith(tb testing.TB, name, pkg string, flags ...string) string {
 	}
 	bin := filepath.Join(goBuildDir, name)
 	args := append(append([]string{"build"}, flags...), "-o", bin, pkg)
-	out, err := exec.Command("go", args...).CombinedOutput()
+	out, err := Command("go", args...).CombinedOutput()
 	if err != nil {
 		tb.Fatalf("testpeer: go %v: %v\n%s", args, err, out)
 	}
@@ -161,7 +165,7 @@ func GoBuildWith(tb testing.TB, name, pkg string, flags ...string) string {
 
 var pythonGRPC = sync.OnceValue(func() string {
 	for _, p := range []string{"/usr/bin/python3", "python3"} {
-		if path, err := exec.LookPath(p); err == nil && exec.Command(path, "-c", "import grpc").Run() == nil {
+		if path, err := exec.LookPath(p); err == nil && Command(path, "-c", "import grpc").Run() == nil {
 			return path
 		}
 	}

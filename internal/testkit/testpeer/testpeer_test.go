@@ -3,7 +3,6 @@ package testpeer
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"testing"
@@ -43,7 +42,7 @@ func TestSweepRemovesTheBuildDirsOfEndedProcesses(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("no signal 0 to tell a live process")
 	}
-	ended := exec.Command("true")
+	ended := Command("true")
 	if err := ended.Run(); err != nil {
 		t.Skip("no true(1):", err)
 	}
