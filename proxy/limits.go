@@ -262,7 +262,9 @@ func (p *Proxy) limitHTTP(hs *http.Server) {
 		now := time.Now()
 		switch hold := p.profileHold(r); {
 		case streamingPaths[r.URL.Path]:
-			w = httpapi.NewStreamWriter(w, p.httpTimeout)
+			sw := httpapi.NewStreamWriter(r.Context(), w, p.httpTimeout)
+			defer sw.Release()
+			w = sw
 		case hold > 0:
 			// A profile holds the request that long before it answers;
 			// the read deadline too, since net/http cancels a request's

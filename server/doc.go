@@ -115,10 +115,14 @@
 //
 //	Start:  listen HTTP, DNS, xDS ─▶ serve /healthz (early) ─▶ open the data
 //	        (embedded member | registry backend | store) ─▶ full HTTP routes ─▶ DNS, xDS, health checker ─▶ ready
-//	Close:  HTTP (streams end, requests drain) ─▶ DNS ─▶ xDS ─▶ health checker ─▶ fallback proxy ─▶ authenticator
-//	        ─▶ v2, registry, store ─▶ in-process client, embedded etcd ─▶ wait for goroutines
+//	Close:  HTTP (streams end, saying why; requests drain, those left at the timeout are cut) ─▶ DNS ─▶ xDS
+//	        ─▶ health checker ─▶ fallback proxy ─▶ authenticator ─▶ v2, registry, store ─▶ in-process client
+//	        ─▶ etcd's client RPCs (a second, then its streams are ended) ─▶ embedded etcd ─▶ wait for goroutines
 //
-// Every user stops before what it uses. When embedded etcd stops on its
+// Every user stops before what it uses. A stop succeeds however its
+// clients behave: a request still open at the timeout is cut, with a
+// warning, and a stream whose client does not read is ended within a
+// second. When embedded etcd stops on its
 // own, the server asks etcd whether this member was removed (its applied
 // membership, else the other members' member list) and says what to do.
 //

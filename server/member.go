@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -15,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
 )
 
 // etcdStartTimeout bounds how long embedded etcd may take to become ready
@@ -32,10 +36,66 @@ type member struct {
 	// ready whether etcd joined its cluster (startcheck.go).
 	dataDir *dataDirGuard
 	ready   bool
+	// grpcMu guards grpcServers: embedded etcd's client gRPC servers,
+	// which its serving goroutines hand over as they make them
+	// (embed.Config.ServiceRegister), for close to end their streams.
+	grpcMu      sync.Mutex
+	grpcServers []*grpc.Server
 }
 
-// close closes the in-process client, then embedded etcd.
-func (m *member) close() {
+// clientStreamGrace is how long closing the member lets etcd's client
+// RPCs finish before it ends the streams left: watches and keep-alive
+// streams never end by themselves, and etcd's own Close waits its request
+// timeout (7 s by default) for them while its raft and lessor still run
+// and no new stream — a keep-alive of a registry session — is taken: the
+// leases of this member's clients expired during a graceful restart.
+// Unary requests take milliseconds; a second leaves the leases (2 s and
+// more, renewed every third of it) their time.
+const clientStreamGrace = time.Second
+
+// registerGRPC records one of etcd's client gRPC servers.
+func (m *member) registerGRPC(gs *grpc.Server) {
+	m.grpcMu.Lock()
+	defer m.grpcMu.Unlock()
+	m.grpcServers = append(m.grpcServers, gs)
+}
+
+// endClientStreams stops etcd's client gRPC servers gracefully and, after
+// grace (at once when abort is done), ends every RPC still open, so that
+// embed's Close finds them stopped. It reports whether RPCs were left to
+// end.
+func (m *member) endClientStreams(abort context.Context, grace time.Duration) (cut bool) {
+	m.grpcMu.Lock()
+	servers := slices.Clone(m.grpcServers)
+	m.grpcMu.Unlock()
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		var wg sync.WaitGroup
+		for _, gs := range servers {
+			wg.Go(gs.GracefulStop)
+		}
+		wg.Wait()
+	}()
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-drained:
+		return false
+	case <-timer.C:
+	case <-abort.Done():
+	}
+	for _, gs := range servers {
+		gs.Stop() // ends the graceful stops too
+	}
+	<-drained
+	return true
+}
+
+// close closes the in-process client, ends etcd's client RPCs (after
+// clientStreamGrace; at once when abort is done), then closes embedded
+// etcd.
+func (m *member) close(abort context.Context, log *slog.Logger) {
 	if m.client != nil {
 		_ = m.client.Close()
 	}
@@ -49,6 +109,10 @@ func (m *member) close() {
 		// became ready (no quorum) must be stopped first, or Close
 		// never returns.
 		m.etcd.Server.HardStop()
+	}
+	if m.endClientStreams(abort, clientStreamGrace) {
+		log.Info("ended the etcd client streams still open (watches, keep-alives); their clients reconnect to another member or when this one is back",
+			"grace", clientStreamGrace)
 	}
 	m.etcd.Close()
 }
@@ -231,6 +295,7 @@ func (s *Server) etcdConfig() (*embed.Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	ec.ServiceRegister = s.member.registerGRPC // for close to end client streams
 	ec.InitialCluster = c.InitialCluster
 	ec.ClusterState = c.InitialClusterState
 	ec.InitialClusterToken = c.InitialClusterToken

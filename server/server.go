@@ -223,8 +223,9 @@ func (s *Server) Wait(ctx context.Context) error {
 // Close shuts down gracefully within the configured timeout. Close is
 // idempotent. Shutdown order — every user stops before what it uses:
 //
-//  1. HTTP: long-lived streams end, requests drain (within
-//     Config.ShutdownTimeout, or until Abort), the listener closes;
+//  1. HTTP: long-lived streams end (each says why, within
+//     httpapi.EndGrace), requests drain (within Config.ShutdownTimeout,
+//     or until Abort: those left are cut), the listener closes;
 //  2. DNS, then xDS (readers of the registry);
 //  3. the health checker (it deregisters, and its verdicts go with its
 //     lease);
@@ -232,18 +233,21 @@ func (s *Server) Wait(ctx context.Context) error {
 //  5. authentication: its janitor, and every user view (etcd clients);
 //  6. the data: the v2 service, the registry, the store if the server
 //     opened it;
-//  7. the member: its in-process client, then embedded etcd;
+//  7. the member: its in-process client; etcd's client RPCs, streams
+//     ended after a second (clientStreamGrace: etcd would wait 7 s for
+//     them, its lessor running, while no client can renew a lease), or
+//     at once after Abort; then embedded etcd;
 //  8. every goroutine the server started is waited for.
 func (s *Server) Close() error {
 	s.life.closeOnce.Do(func() {
-		errs := []error{s.closeHTTP()} // http.go
-		s.closeDNS()                   // dns.go
-		s.closeXDS()                   // xds.go
-		s.closeHealth()                // health.go
-		s.boot.close()                 // discovery.go
-		s.closeSecurity()              // authhttp.go
-		errs = append(errs, s.data.close()...)
-		s.member.close() // member.go
+		s.closeHTTP()     // http.go
+		s.closeDNS()      // dns.go
+		s.closeXDS()      // xds.go
+		s.closeHealth()   // health.go
+		s.boot.close()    // discovery.go
+		s.closeSecurity() // authhttp.go
+		errs := s.data.close()
+		s.member.close(s.life.abortCtx, s.log) // member.go
 		s.life.wg.Wait()
 		s.life.closeErr = errors.Join(errs...)
 	})

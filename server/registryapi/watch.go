@@ -89,6 +89,9 @@ func (h *Handler) watch(w http.ResponseWriter, r *http.Request) {
 	// is refused with 401/403 instead of a stream of stale events.
 	first, err := h.next(ctx, wt)
 	switch {
+	case closing(ctx):
+		writeError(w, http.StatusServiceUnavailable, "unavailable", serverClosing)
+		return
 	case ctx.Err() != nil:
 		return
 	case err == nil && first.Kind == registry.Stale && refusal(first.Err):
@@ -162,7 +165,8 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, wt registry.Wat
 	// and streamWriteTimeout is gone (or not reading): end its stream.
 	// Every write to the connection is bounded, including those a large
 	// batch makes before the flush.
-	sw := httpapi.NewStreamWriter(w, h.keepAlive+h.writeTimeout)
+	sw := httpapi.NewStreamWriter(ctx, w, h.keepAlive+h.writeTimeout)
+	defer sw.Release()
 	bw := bufio.NewWriter(sw)
 	flush := func() error {
 		err := bw.Flush()
@@ -194,6 +198,12 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, wt registry.Wat
 	for {
 		b, err := h.next(ctx, wt)
 		switch {
+		case closing(ctx):
+			// Said within httpapi.EndGrace, or not at all to a client
+			// that does not read.
+			writeSSE(bw, "error", "", ErrorResponse{Code: "unavailable", Message: serverClosing})
+			_ = flush()
+			return
 		case ctx.Err() != nil:
 			return
 		case errors.Is(err, context.DeadlineExceeded):
@@ -221,6 +231,16 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, wt registry.Wat
 			return
 		}
 	}
+}
+
+// serverClosing is what a watch is told when the server shuts down.
+const serverClosing = "the server is shutting down: watch again (with Last-Event-ID, to resume) through another server, or once this one is back"
+
+// closing reports whether ctx ended because the server shuts down (its
+// streams' base context is canceled with http.ErrServerClosed), not
+// because the client went.
+func closing(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), http.ErrServerClosed)
 }
 
 // dropped logs a watch stream ended because its client did not take a

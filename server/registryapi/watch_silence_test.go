@@ -228,3 +228,60 @@ func dialSmallBuffer(ctx context.Context, t *testing.T, addr string, rcvbuf int)
 	}
 	return conn
 }
+
+// TestWatchBlockedOnAClientThatDoesNotReadEndsWhenTheServerCloses: a
+// stream blocked writing to a client that does not read ends within
+// httpapi.EndGrace once the server closes (its base context canceled with
+// http.ErrServerClosed), however long its own write deadline: a shutdown
+// does not wait for a client that does not read. Here each write may wait
+// an hour, so only the server's closing can end it.
+func TestWatchBlockedOnAClientThatDoesNotReadEndsWhenTheServerCloses(t *testing.T) {
+	t.Parallel()
+	st := memory.New(memory.Config{})
+	reg, err := registry.New(st, registry.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reg.Close(); _ = st.Close() }()
+	h, err := New(reg, Config{KeepAliveInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.writeTimeout = time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	md := map[string]string{"pad": strings.Repeat("x", 3500)}
+	for i := range 1500 {
+		if _, err := reg.Register(ctx, beacon.Instance{Namespace: "big", Component: "api", Endpoint: "http",
+			Address: fmt.Sprintf("10.%d.%d.1:80", i/250, i%250), Metadata: md}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base, closeServer := context.WithCancelCause(context.Background())
+	defer closeServer(nil)
+	returned := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(returned)
+		h.ServeHTTP(w, r)
+	}))
+	srv.Config.BaseContext = func(net.Listener) context.Context { return base }
+	srv.Listener = smallSendBuffers{srv.Listener}
+	srv.Start()
+	defer srv.Close()
+
+	conn := dialSmallBuffer(ctx, t, srv.Listener.Addr().String(), 4096)
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET %s?namespace=big HTTP/1.1\r\nHost: x\r\n\r\n", WatchPath)
+	// The stream's header arrives; then the client reads nothing more,
+	// and the handler blocks writing the snapshot of megabytes.
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the watch: %v, %v", resp, err)
+	}
+	closeServer(http.ErrServerClosed)
+	select {
+	case <-returned:
+	case <-ctx.Done():
+		t.Fatal("the stream blocked on a client that does not read did not end when the server closed")
+	}
+}
