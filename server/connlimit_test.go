@@ -168,6 +168,22 @@ func TestHTTPConnectionsPerClient(t *testing.T) {
 // Before, 15 of 16 heartbeats were refused and the registration expired;
 // now every one is answered.
 func TestSilentFloodDoesNotStarveHeartbeats(t *testing.T) {
+	floodHeartbeats(t, "")
+}
+
+// TestStalledBodyFloodDoesNotStarveHeartbeats: as above, each connection
+// of the flood sending a registration's header and the first byte of its
+// body of 100, then nothing. Before, every heartbeat was refused (a
+// request whose body had not come counted as in flight, never closed for
+// another) and the registration expired.
+func TestStalledBodyFloodDoesNotStarveHeartbeats(t *testing.T) {
+	floodHeartbeats(t, "POST "+registryapi.InstancesPath+" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+}
+
+// floodHeartbeats heartbeats a registration over HTTP while a flood from
+// the same address holds every place it may, each connection opening
+// with opening (nothing: silent).
+func floodHeartbeats(t *testing.T, opening string) {
 	cfg := Config{HTTPAddr: "127.0.0.1:0", Backend: backend.Config{Name: backend.Memory}}
 	s := startServer(t, cfg)
 	base := s.Endpoints().HTTP
@@ -193,6 +209,10 @@ func TestSilentFloodDoesNotStarveHeartbeats(t *testing.T) {
 			for fctx.Err() == nil {
 				c, err := (&net.Dialer{}).DialContext(fctx, "tcp", addr)
 				if err != nil {
+					continue
+				}
+				if _, err := io.WriteString(c, opening); err != nil {
+					_ = c.Close()
 					continue
 				}
 				if first {
@@ -248,7 +268,7 @@ func TestSilentFloodDoesNotStarveHeartbeats(t *testing.T) {
 	}
 	n := 0
 	reopened.Range(func(any, any) bool { n++; return true })
-	t.Logf("32 heartbeats under a flood of %d silent connections: %d failed; %d flood connections were closed and reopened",
+	t.Logf("32 heartbeats under a flood of %d connections: %d failed; %d flood connections were closed and reopened",
 		DefaultMaxConnsPerClient, failed, n)
 	if n == 0 {
 		t.Fatal("no flood connection was closed: the flood did not reach the cap")

@@ -17,17 +17,22 @@
 // therefore sheds its own first, and cannot lock out those who share its
 // address and make requests.
 //
-// What counts as a request: for a server that marks them (Handler with
-// ConnContext, as net/http allows), from the moment a request's header
-// has been read until its handler returns; for any other server (DNS over
-// TCP), a connection the server has written to has completed a request
-// (such servers write only to answer), and none is ever in flight.
+// What counts as a request in flight: for a server that marks them
+// (Handler with ConnContext, as net/http allows), from the moment a
+// request has arrived whole — its header, and its body read to its end —
+// until its handler returns; a request whose body is still coming (or
+// never comes: one byte of a body of a hundred, and then nothing) holds
+// its connection no more than a silent one does. For any other server (DNS
+// over TCP), a connection the server has written to has completed a
+// request (such servers write only to answer), and none is ever in
+// flight.
 package connlimit
 
 import (
 	"container/list"
 	"context"
 	"crypto/tls"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -357,9 +362,9 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 }
 
 // Handler marks each request h serves as in flight on its connection,
-// from the moment its header has been read until h returns, on a listener
-// with Config.Marked (needs ConnContext). Requests on other connections
-// pass through.
+// from the moment it has arrived whole (its body read to its end, at once
+// when it has none) until h returns, on a listener with Config.Marked
+// (needs ConnContext). Requests on other connections pass through.
 func Handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := ours(r.Context().Value(connKey{}))
@@ -367,10 +372,68 @@ func Handler(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
-		c.begin()
-		defer c.end()
+		q := &request{c: c}
+		defer q.end()
+		if r.Body == nil || r.Body == http.NoBody {
+			q.begin()
+		} else {
+			r.Body = &bodyUntilEnd{ReadCloser: r.Body, q: q}
+		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// A request's states: its body still coming, in flight, its handler
+// returned.
+const (
+	reqArriving int32 = iota
+	reqInFlight
+	reqDone
+)
+
+// request is one request on c, from its header to its handler's return.
+type request struct {
+	c     *conn
+	state atomic.Int32
+}
+
+// begin marks the request in flight, once, unless its handler returned.
+func (q *request) begin() {
+	if q.state.CompareAndSwap(reqArriving, reqInFlight) {
+		q.c.begin()
+	}
+}
+
+// end marks the handler returned. A request that was never in flight was
+// answered all the same (refused before its body ended): its connection,
+// still queued, goes behind the idle ones as one that completed a request.
+func (q *request) end() {
+	if q.state.Swap(reqDone) == reqInFlight {
+		q.c.end()
+		return
+	}
+	q.c.served.Store(true)
+	q.c.l.mu.Lock()
+	defer q.c.l.mu.Unlock()
+	if q.c.inAll != nil {
+		q.c.l.unparkLocked(q.c)
+		q.c.l.parkLocked(q.c)
+	}
+}
+
+// bodyUntilEnd is a request's body that marks the request in flight when
+// it has been read to its end.
+type bodyUntilEnd struct {
+	io.ReadCloser
+	q *request
+}
+
+func (b *bodyUntilEnd) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.q.begin()
+	}
+	return n, err
 }
 
 // ours finds the listener's conn under v (a TLS connection wraps it).

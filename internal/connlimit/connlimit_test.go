@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -373,4 +374,87 @@ func (b *syncBuffer) waitFor(t *testing.T, sub string) {
 			t.Fatalf("no log line %q; logs:\n%s", sub, b.buf.String())
 		}
 	}
+}
+
+// TestBodyStillComingIsNoRequestInFlight: a request whose body has not
+// arrived (a byte of a hundred, then nothing) holds its connection no
+// more than a silent connection does: at the address's cap a new
+// connection takes the place of the one stalled longest, where before it
+// was refused, so one local process trickling bodies locked every other
+// out of the server. A request whose body has arrived is in flight, and
+// kept.
+func TestBodyStillComingIsNoRequestInFlight(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := Listener(raw, Config{Max: 10, PerAddr: 2, Marked: true})
+	reading, held := make(chan struct{}, 16), make(chan struct{}, 1)
+	release := make(chan struct{})
+	srv := &http.Server{ConnContext: ConnContext, ReadHeaderTimeout: testDeadline,
+		Handler: Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				reading <- struct{}{}
+			}
+			if _, err := io.ReadAll(r.Body); err != nil {
+				return // the connection was shed
+			}
+			if r.URL.Path == "/hold" {
+				held <- struct{}{}
+				<-release
+			}
+			_, _ = io.WriteString(w, "ok")
+		}))}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	addr := raw.Addr().String()
+	// send writes a request's header and the first part of its body, and
+	// waits until its handler reads the body.
+	send := func(path, part string, length int) net.Conn {
+		c := dialFrom(t, "127.0.0.2", addr)
+		if _, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", path, length, part); err != nil {
+			t.Fatal(err)
+		}
+		<-reading
+		return c
+	}
+	answered := func(c net.Conn, rest, what string) {
+		t.Helper()
+		_ = c.SetDeadline(time.Now().Add(testDeadline))
+		if _, err := io.WriteString(c, rest); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		_ = resp.Body.Close()
+	}
+	get := func(what string) { answered(dialFrom(t, "127.0.0.2", addr), "GET / HTTP/1.1\r\nHost: x\r\n\r\n", what) }
+
+	first := send("/", "{", 100)
+	second := send("/", "{", 100)
+	get("a request from an address whose places both hold bodies that never end")
+	closedByServer(t, first, "the connection whose body stalled longest")
+	get("another")
+	closedByServer(t, second, "the other stalled connection")
+	// A request whose body arrived whole is in flight: kept, though
+	// older than the stalled one that makes room instead.
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	whole := send("/hold", "{}", 2)
+	<-held
+	stalled := send("/", "{", 100)
+	get("a request beside one in flight and one stalled")
+	closedByServer(t, stalled, "the stalled connection, for the newcomer")
+	close(release)
+	released = true
+	answered(whole, "", "the request that arrived whole")
+	// One that gets the rest of its body is answered.
+	late := send("/", "{", 2)
+	answered(late, "}", "a request whose body ended late")
 }
