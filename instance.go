@@ -203,7 +203,7 @@ func validateAddress(addr string, write bool) error {
 	if err != nil || host == "" {
 		return fieldError(ErrInvalidAddress, "address", addr, rule)
 	}
-	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+	if !validPort(port) {
 		return fieldError(ErrInvalidAddress, "address", addr, rule)
 	}
 	if !write {
@@ -212,30 +212,60 @@ func validateAddress(addr string, write bool) error {
 	return checkHostName(addr, host)
 }
 
-// checkHostName refuses a host name of addr that DNS cannot carry: a
-// label (between dots) longer than 63 bytes or empty, or more than 253
-// bytes in all (RFC 1035; one trailing dot allowed). Callers would fail to
-// resolve it, and Beacon's DNS could not answer with it. IP addresses and
-// an empty host (a URL of a path) pass.
+// checkHostName refuses a host name of addr that resolvers and Beacon's
+// DNS cannot carry (see HostNameProblem). IP addresses and an empty host
+// (a URL of a path) pass.
 func checkHostName(addr, host string) error {
 	if _, err := netip.ParseAddr(host); host == "" || err == nil { // net.ParseIP allocates
 		return nil
 	}
-	name := strings.TrimSuffix(host, ".")
-	for _, label := range strings.Split(name, ".") {
-		switch {
-		case label == "":
-			return fieldError(ErrInvalidAddress, "address", addr, "has an empty label (two dots in a row, or a leading dot) in its host name")
-		case len(label) > 63:
-			return fieldError(ErrInvalidAddress, "address", addr,
-				fmt.Sprintf("has a host name label of %d bytes (%.20s…): DNS carries at most 63 between dots", len(label), label))
-		}
-	}
-	if len(name) > 253 {
-		return fieldError(ErrInvalidAddress, "address", addr,
-			fmt.Sprintf("has a host name of %d bytes: DNS carries at most 253", len(name)))
+	if why := HostNameProblem(host); why != "" {
+		return fieldError(ErrInvalidAddress, "address", addr, why)
 	}
 	return nil
+}
+
+// HostNameProblem says why host, a host name (not an IP address), is
+// not one that resolvers (Go's among them) and Beacon's DNS can carry, or
+// "" when it is: labels between dots (one trailing dot allowed) of 1 to
+// 63 letters, digits, '-' (never first or last in a label) and '_' (for
+// names like _acme), 253 bytes at most in all (RFC 1035, RFC 1123). An
+// internationalized name is written in its ASCII form (xn--…).
+func HostNameProblem(host string) string {
+	name := strings.TrimSuffix(host, ".")
+	if len(name) > 253 {
+		return fmt.Sprintf("has a host name of %d bytes: DNS carries at most 253", len(name))
+	}
+	for label := range strings.SplitSeq(name, ".") {
+		switch {
+		case label == "":
+			return "has an empty label (two dots in a row, or a leading dot) in its host name"
+		case len(label) > 63:
+			return fmt.Sprintf("has a host name label of %d bytes (%.20s…): DNS carries at most 63 between dots", len(label), label)
+		case label[0] == '-' || label[len(label)-1] == '-':
+			return fmt.Sprintf("has a host name label %q that begins or ends with '-': resolvers refuse it", label)
+		}
+		for _, r := range label {
+			switch {
+			case 'a' <= r && r <= 'z', 'A' <= r && r <= 'Z', '0' <= r && r <= '9', r == '-', r == '_':
+			case r >= utf8.RuneSelf:
+				return fmt.Sprintf("has %q in its host name: write an internationalized name in its ASCII form (xn--…, as idn2 or golang.org/x/net/idna give it)", r)
+			default:
+				return fmt.Sprintf("has %q in its host name: a host name is letters, digits, '-' and '_' between dots", r)
+			}
+		}
+	}
+	return ""
+}
+
+// validPort reports whether port is a port number 1-65535 written in
+// decimal digits alone (strconv.Atoi would take "+80").
+func validPort(port string) bool {
+	if port == "" || len(port) > 5 || strings.Trim(port, "0123456789") != "" {
+		return false
+	}
+	p, _ := strconv.Atoi(port)
+	return p >= 1 && p <= 65535
 }
 
 func validateTransport(t string) error {

@@ -70,6 +70,17 @@ func TestInstanceValidate(t *testing.T) {
 		{"empty host label", func(i *Instance) { i.Address = "a..example.com:80" }, ErrInvalidAddress},
 		{"URL host label of 64", func(i *Instance) { i.Address = "nats://" + strings.Repeat("a", 64) + ":4222/s" }, ErrInvalidAddress},
 		{"URL without host", func(i *Instance) { i.Address = "unix:///run/app.sock" }, nil},
+		// Host names resolvers and Beacon's DNS carry, and only those:
+		// before, the next six were stored and then left out of DNS.
+		{"host name with '-' and '_'", func(i *Instance) { i.Address = "api-1.my_svc.example.com:80" }, nil},
+		{"markup as host", func(i *Instance) { i.Address = "<script>alert(1)</script>:80" }, ErrInvalidAddress},
+		{"unicode host", func(i *Instance) { i.Address = "é.com:80" }, ErrInvalidAddress},
+		{"punycode host", func(i *Instance) { i.Address = "xn--9ca.com:80" }, nil},
+		{"label starting with '-'", func(i *Instance) { i.Address = "-a.com:80" }, ErrInvalidAddress},
+		{"label ending with '-'", func(i *Instance) { i.Address = "a-.com:80" }, ErrInvalidAddress},
+		{"URL host with '*'", func(i *Instance) { i.Address = "nats://a*b:4222/s" }, ErrInvalidAddress},
+		{"signed port", func(i *Instance) { i.Address = "1.2.3.4:+80" }, ErrInvalidAddress},
+		{"port with leading zeros", func(i *Instance) { i.Address = "1.2.3.4:0080" }, nil},
 		{"bad status", func(i *Instance) { i.Status = "up" }, ErrInvalid},
 		{"bad transport", func(i *Instance) { i.Transport = "GRPC" }, ErrInvalid},
 	}

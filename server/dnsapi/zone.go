@@ -210,29 +210,11 @@ func addressTarget(addr string) (t target, ok bool) {
 		t.ip = ip.Unmap().WithZone("")
 		return t, true
 	}
-	if host == "" || len(host) > 253 || !isHostname(host) {
+	if host == "" || beacon.HostNameProblem(host) != "" {
 		return t, false
 	}
 	t.host = dns.CanonicalName(host)
 	return t, true
-}
-
-// isHostname accepts dot-separated labels of letters, digits, '-' and '_'
-// (underscore for names like _acme; anything else would need escaping).
-func isHostname(h string) bool {
-	h = strings.TrimSuffix(h, ".")
-	for l := range strings.SplitSeq(h, ".") {
-		if l == "" || len(l) > 63 {
-			return false
-		}
-		for i := 0; i < len(l); i++ {
-			c := l[i]
-			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // srvNumbers reads the SRV priority and weight of an instance from its
