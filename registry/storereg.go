@@ -111,6 +111,17 @@ func (r *StoreRegistry) Keyspace() beacon.Keyspace { return r.ks }
 // LeaseTTL returns the TTL the session asks for.
 func (r *StoreRegistry) LeaseTTL() time.Duration { return r.cfg.LeaseTTL }
 
+// GrantedTTL returns the TTL the store granted the session's current
+// lease, which may be longer than asked (etcd grants at least its minimum,
+// about 2 s by default); 0 while the session holds none.
+func (r *StoreRegistry) GrantedTTL() time.Duration {
+	if r.sess.currentLease() == store.NoLease {
+		return 0
+	}
+	_, ttl := r.sess.k.current()
+	return ttl
+}
+
 // MaxMetadataSize returns the metadata limit instances are checked against.
 func (r *StoreRegistry) MaxMetadataSize() int { return r.cfg.MaxMetadataSize }
 

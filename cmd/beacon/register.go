@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -295,6 +296,7 @@ type registerLine struct {
 type leased interface {
 	Lease() store.LeaseID
 	LeaseTTL() time.Duration
+	GrantedTTL() time.Duration
 }
 
 // emitFunc prints one event of register: its JSON line, or its text.
@@ -416,8 +418,9 @@ func runRegister(ctx context.Context, conn *registryConn, r registry.Registry, r
 		if w := registry.TTLWarning(l.LeaseTTL()); w != "" && conn.backendName() == backend.Etcd {
 			emit(registerLine{Event: "warning", Warning: w}, "warning: "+w)
 		}
-		emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: l.LeaseTTL().String()},
-			fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), printable(got.Address), lease, l.LeaseTTL()))
+		ttl := cmp.Or(l.GrantedTTL(), l.LeaseTTL()) // what the store granted: etcd rounds 1s up to 2s
+		emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: ttl.String()},
+			fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), printable(got.Address), lease, ttl))
 	} else {
 		emit(registerLine{Event: "registered", Instance: &got},
 			fmt.Sprintf("registered %s at %s; Ctrl-C deregisters", got.Ref(), printable(got.Address)))

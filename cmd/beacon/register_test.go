@@ -340,6 +340,18 @@ func TestRegisterWarnsBelowElectionTTL(t *testing.T) {
 	}
 }
 
+// TestRegisterReportsTheGrantedTTL: register says the TTL the store
+// granted, not the one asked for: etcd grants at least about 2 s, so
+// --ttl 1s is reported as 2s (before, "ttl 1s" while the lease had 2).
+func TestRegisterReportsTheGrantedTTL(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := startBeacon(t, t.TempDir(), nil, "register", "prod/api/http", "--addr", "10.0.0.7:8080", "--ttl", "1s", "--endpoints", srv.Endpoint())
+	line := p.waitLine(t, "registered prod/api/http/", 30*time.Second)
+	if !strings.Contains(line, "ttl 2s)") {
+		t.Fatalf("register --ttl 1s says %q; etcd granted 2s", line)
+	}
+}
+
 // TestRegisterCheckBadInput: a bad --check or timing flag is bad usage
 // naming the flag and saying what to write, before touching the network.
 func TestRegisterCheckBadInput(t *testing.T) {
