@@ -148,6 +148,21 @@ func (c Check) Validate() error {
 	return nil
 }
 
+// validateUnused refuses, from a writer, a field the check's kind does
+// not read (a TCP check's path), which was stored and meant nothing.
+// Readers take what older writers stored.
+func (c Check) validateUnused() error {
+	switch {
+	case c.Path != "" && c.Kind != CheckHTTP:
+		return invalidCheck(c.String(), fmt.Sprintf("a %s check has no path (only an http check does)", c.Kind))
+	case c.Service != "" && c.Kind != CheckGRPC:
+		return invalidCheck(c.String(), fmt.Sprintf("a %s check has no service (only a grpc check does)", c.Kind))
+	case c.TTL != 0 && c.Kind != CheckTTL:
+		return invalidCheck(c.String(), fmt.Sprintf("a %s check has no ttl (only a ttl check does: the lease's TTL is the registration's)", c.Kind))
+	}
+	return nil
+}
+
 func (c Check) validateKind() error {
 	switch c.Kind {
 	case CheckGRPC:
@@ -191,6 +206,8 @@ func invalidCheck(spec, rule string) error {
 
 // checkJSON is a check's JSON form: durations as Go duration strings
 // ("10s"), so that a declaration reads as it is written on the command line.
+// Rise and Fall are pointers so that an explicit 0 is told from one left
+// out.
 type checkJSON struct {
 	Kind     CheckKind `json:"kind"`
 	Path     string    `json:"path,omitempty"`
@@ -198,13 +215,21 @@ type checkJSON struct {
 	TTL      string    `json:"ttl,omitempty"`
 	Interval string    `json:"interval,omitempty"`
 	Timeout  string    `json:"timeout,omitempty"`
-	Rise     int       `json:"rise,omitempty"`
-	Fall     int       `json:"fall,omitempty"`
+	Rise     *int      `json:"rise,omitempty"`
+	Fall     *int      `json:"fall,omitempty"`
+}
+
+// nonZero is &v, or nil for 0 (left out).
+func nonZero(v int) *int {
+	if v == 0 {
+		return nil
+	}
+	return &v
 }
 
 // MarshalJSON writes durations as strings ("10s").
 func (c Check) MarshalJSON() ([]byte, error) {
-	j := checkJSON{Kind: c.Kind, Path: c.Path, Service: c.Service, Rise: c.Rise, Fall: c.Fall}
+	j := checkJSON{Kind: c.Kind, Path: c.Path, Service: c.Service, Rise: nonZero(c.Rise), Fall: nonZero(c.Fall)}
 	for _, d := range []struct {
 		to *string
 		v  time.Duration
@@ -216,13 +241,29 @@ func (c Check) MarshalJSON() ([]byte, error) {
 	return json.Marshal(j)
 }
 
-// UnmarshalJSON reads durations written as strings ("10s", "1m30s").
+// UnmarshalJSON reads durations written as strings ("10s", "1m30s"). A
+// field given as zero ("0s", 0) is refused: left out, a field takes its
+// default; zero is no interval, timeout, TTL or count of probes, and was
+// read as the default without a word.
 func (c *Check) UnmarshalJSON(data []byte) error {
 	var j checkJSON
 	if err := json.Unmarshal(data, &j); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidCheck, err)
 	}
-	out := Check{Kind: j.Kind, Path: j.Path, Service: j.Service, Rise: j.Rise, Fall: j.Fall}
+	out := Check{Kind: j.Kind, Path: j.Path, Service: j.Service}
+	for _, n := range []struct {
+		name string
+		from *int
+		to   *int
+	}{{"rise", j.Rise, &out.Rise}, {"fall", j.Fall, &out.Fall}} {
+		if n.from == nil {
+			continue
+		}
+		if *n.from == 0 {
+			return fmt.Errorf("%w: %s 0: must be 1..%d; leave %q out for its default", ErrInvalidCheck, n.name, MaxCheckThreshold, n.name)
+		}
+		*n.to = *n.from
+	}
 	for _, d := range []struct {
 		name string
 		from string
@@ -234,6 +275,9 @@ func (c *Check) UnmarshalJSON(data []byte) error {
 		v, err := time.ParseDuration(d.from)
 		if err != nil {
 			return fmt.Errorf("%w: %s %q is not a duration such as \"10s\"", ErrInvalidCheck, d.name, shorten(d.from))
+		}
+		if v == 0 {
+			return fmt.Errorf("%w: %s %q is zero: give a duration such as \"10s\", or leave %q out for its default", ErrInvalidCheck, d.name, shorten(d.from), d.name)
 		}
 		*d.to = v
 	}

@@ -100,6 +100,50 @@ func TestWithDefaults(t *testing.T) {
 	}
 }
 
+// TestCheckJSONRefusesZeroes: a field sent as zero is refused, naming
+// it, where it was read as the field's default without a word (while 1ns
+// and 101 were refused); left out, a field still takes its default.
+func TestCheckJSONRefusesZeroes(t *testing.T) {
+	for _, body := range []string{
+		`{"kind":"http","path":"/h","interval":"0s"}`,
+		`{"kind":"http","path":"/h","timeout":"0ms"}`,
+		`{"kind":"ttl","ttl":"0s"}`,
+		`{"kind":"tcp","rise":0}`,
+		`{"kind":"tcp","fall":0}`,
+	} {
+		var c Check
+		err := json.Unmarshal([]byte(body), &c)
+		if !errors.Is(err, ErrInvalidCheck) || !strings.Contains(err.Error(), "leave") {
+			t.Errorf("%s: %v, want it refused, saying to leave the field out", body, err)
+		}
+	}
+	var c Check
+	if err := json.Unmarshal([]byte(`{"kind":"tcp","rise":3}`), &c); err != nil || c != (Check{Kind: CheckTCP, Rise: 3}) {
+		t.Fatalf("rise 3: %+v, %v", c, err)
+	}
+}
+
+// TestWrittenCheckHasNoFieldItsKindIgnores: a writer may not declare a
+// field the check's kind does not read (a TCP check's path was stored and
+// meant nothing); a reader takes what an older writer stored.
+func TestWrittenCheckHasNoFieldItsKindIgnores(t *testing.T) {
+	for name, c := range map[string]Check{
+		"tcp with a path":   {Kind: CheckTCP, Path: "/x"},
+		"http with service": {Kind: CheckHTTP, Path: "/h", Service: "s"},
+		"grpc with a ttl":   {Kind: CheckGRPC, TTL: time.Minute},
+		"ttl with a path":   {Kind: CheckTTL, TTL: time.Minute, Path: "/x"},
+	} {
+		in := validInstance()
+		in.Check = &c
+		if err := in.Validate(); !errors.Is(err, ErrInvalidCheck) {
+			t.Errorf("%s: written: %v, want refused", name, err)
+		}
+		if err := in.ValidateRead(DefaultMaxMetadataSize); err != nil {
+			t.Errorf("%s: read: %v, want taken", name, err)
+		}
+	}
+}
+
 // FuzzParse: Parse never panics; what it accepts validates, prints back to
 // a spec that parses to the same check, and has no control characters.
 func FuzzParse(f *testing.F) {

@@ -165,6 +165,9 @@ func (in Instance) validateFields(maxMetadata int, write bool) error {
 		if err := in.Check.Validate(); err != nil {
 			return err
 		}
+		if write {
+			return in.Check.validateUnused()
+		}
 	}
 	return nil
 }
