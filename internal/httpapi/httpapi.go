@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path"
 	"slices"
 	"sort"
 	"strconv"
@@ -445,11 +446,32 @@ func pathSample(name string) string {
 	return "x" + name
 }
 
+// cleanPath is p without empty, "." and ".." segments, keeping a trailing
+// slash (as http.ServeMux cleans a path before it redirects).
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c
+}
+
 // methods a 405 may list.
 var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
 
 // ServeHTTP routes r; see Mux.
 func (m *Mux) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if clean := cleanPath(r.URL.Path); clean != r.URL.Path {
+		// http.ServeMux would redirect (307, no body) to the clean
+		// path: an API answers in JSON, and a client should send the
+		// path it means.
+		WriteError(w, http.StatusBadRequest, CodeInvalidArgument, fmt.Sprintf(
+			"path %s has an empty, '.' or '..' segment: request %s", r.URL.EscapedPath(), clean))
+		return
+	}
 	if _, pattern := m.mux.Handler(r); pattern != "" {
 		if m.Queries != nil {
 			if rule, ok := m.Queries(pattern); ok {
@@ -473,10 +495,11 @@ func (m *Mux) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if len(allow) > 0 {
 		w.Header().Set("Allow", strings.Join(allow, ", "))
 		WriteError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed,
-			fmt.Sprintf("%s is not allowed on %s; use %s", r.Method, r.URL.Path, strings.Join(allow, ", ")))
+			fmt.Sprintf("%s is not allowed on %s; use %s", r.Method, r.URL.EscapedPath(), strings.Join(allow, ", ")))
 		return
 	}
-	msg := fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)
+	msg := fmt.Sprintf("no route %s %s", r.Method, r.URL.EscapedPath()) // as sent: %2F stays
+
 	if m.NotFound != "" {
 		msg += "; " + m.NotFound
 	}

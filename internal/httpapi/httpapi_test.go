@@ -251,20 +251,30 @@ func TestMuxAnswersJSON(t *testing.T) {
 	m.NotFound = "see the docs"
 	m.HandleFunc("GET /a/{id}", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, r.PathValue("id")) })
 	m.HandleFunc("DELETE /a/{id}", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) })
+	m.HandleFunc("GET /a/{id}/b/{x}", func(w http.ResponseWriter, _ *http.Request) {})
 	srv := httptest.NewServer(m)
 	defer srv.Close()
+	noRedirects := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	for _, tt := range []struct {
 		method, path string
 		code         int
 		allow, code2 string
+		says         string
 	}{
-		{"GET", "/a/1", 200, "", ""},
-		{"PUT", "/a/1", 405, "GET, HEAD, DELETE", CodeMethodNotAllowed},
-		{"GET", "/b", 404, "", CodeNotFound},
-		{"GET", "/a", 404, "", CodeNotFound},
+		{"GET", "/a/1", 200, "", "", ""},
+		{"PUT", "/a/1", 405, "GET, HEAD, DELETE", CodeMethodNotAllowed, "on /a/1;"},
+		{"GET", "/b", 404, "", CodeNotFound, ""},
+		{"GET", "/a", 404, "", CodeNotFound, ""},
+		// Paths http.ServeMux would redirect (307, no body) get JSON.
+		{"POST", "//a/1", 400, "", CodeInvalidArgument, "request /a/1"},
+		{"DELETE", "/a/./1", 400, "", CodeInvalidArgument, "request /a/1"},
+		{"GET", "/a/x/../1/", 400, "", CodeInvalidArgument, "request /a/1/"},
+		// An escaped slash is one segment: the message shows it as sent,
+		// not as a path that looks routable.
+		{"GET", "/a/1%2fb/2", 404, "", CodeNotFound, "no route GET /a/1%2fb/2"},
 	} {
 		req, _ := http.NewRequest(tt.method, srv.URL+tt.path, nil)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := noRedirects.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -275,12 +285,13 @@ func TestMuxAnswersJSON(t *testing.T) {
 		}
 		if tt.code2 != "" {
 			var e Error
-			if err := json.Unmarshal(b, &e); err != nil || e.Code != tt.code2 || resp.Header.Get("Content-Type") != "application/json" {
+			if err := json.Unmarshal(b, &e); err != nil || e.Code != tt.code2 || resp.Header.Get("Content-Type") != "application/json" ||
+				!strings.Contains(e.Message, tt.says) {
 				t.Errorf("%s %s: body %s", tt.method, tt.path, b)
 			}
 		}
 	}
-	if got := m.Patterns(); len(got) != 2 || got[0] != "GET /a/{id}" {
+	if got := m.Patterns(); len(got) != 3 || got[0] != "GET /a/{id}" {
 		t.Errorf("Patterns = %v", got)
 	}
 	if !m.Serves("GET", "/a/{id}") || m.Serves("POST", "/a/{id}") || m.Serves("GET", "/b") {
