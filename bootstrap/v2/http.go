@@ -134,6 +134,10 @@ func (s *Service) serveNew(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid form: "+err.Error(), http.StatusBadRequest)
 		return
 	}
+	if vs := r.Form["size"]; len(vs) > 1 {
+		http.Error(w, fmt.Sprintf("size given %d times (%s): give it once, e.g. /new?size=3", len(vs), strings.Join(vs, ", ")), http.StatusBadRequest)
+		return
+	}
 	size, err := ParseSizeParam(r.FormValue("size"))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)

@@ -362,7 +362,7 @@ func TestTokensExpire(t *testing.T) {
 
 func TestBadRequests(t *testing.T) {
 	e := newEnv(t, nil, func(c *v2.Config) { c.MaxMembers = 1 })
-	for _, q := range []string{"size=0", "size=-1", "size=abc", "size=1001", "size=3.5"} {
+	for _, q := range []string{"size=0", "size=-1", "size=abc", "size=1001", "size=3.5", "size=3&size=4"} {
 		r := e.do(t, "GET", "/new?"+q, nil)
 		if r.status != 400 || !strings.Contains(r.body, "size") {
 			t.Errorf("/new?%s: %d %q", q, r.status, r.body)
