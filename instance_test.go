@@ -167,3 +167,20 @@ func FuzzValidateAddress(f *testing.F) {
 		}
 	})
 }
+
+// TestRoutingWarnings: each routing metadata value DNS and xDS cannot
+// read gets a warning naming it; readable or absent ones get none.
+func TestRoutingWarnings(t *testing.T) {
+	in := validInstance()
+	in.Metadata = map[string]string{MetaWeight: "70000", MetaPriority: "+1", MetaLBPolicy: "random", "zone": "a"}
+	if got := in.RoutingWarnings(); len(got) != 3 {
+		t.Fatalf("RoutingWarnings = %q, want one per unreadable key", got)
+	}
+	in.Metadata = map[string]string{MetaWeight: "0", MetaPriority: "65535", MetaLBPolicy: "least_request"}
+	if got := in.RoutingWarnings(); got != nil {
+		t.Fatalf("RoutingWarnings of readable values = %q", got)
+	}
+	if v, ok := Uint16Meta(nil, MetaWeight, DefaultWeight); v != DefaultWeight || !ok {
+		t.Fatalf("Uint16Meta of an absent key = %d, %v", v, ok)
+	}
+}

@@ -405,26 +405,39 @@ func closeRegistry(r registry.Registry) {
 	}
 }
 
+// announce prints what was registered, after its warnings (a TTL too
+// short for an election, routing metadata DNS and xDS cannot read), and
+// returns how long deregistering may take.
+func announce(conn *registryConn, r registry.Registry, got beacon.Instance, emit emitFunc) time.Duration {
+	warn := func(w string) { emit(registerLine{Event: "warning", Warning: w}, "warning: "+w) }
+	l, ok := r.(leased)
+	if ok && conn.backendName() == backend.Etcd {
+		if w := registry.TTLWarning(l.LeaseTTL()); w != "" {
+			warn(w)
+		}
+	}
+	for _, w := range got.RoutingWarnings() {
+		warn(w)
+	}
+	if !ok {
+		emit(registerLine{Event: "registered", Instance: &got},
+			fmt.Sprintf("registered %s at %s; Ctrl-C deregisters", got.Ref(), printable(got.Address)))
+		return conn.command
+	}
+	lease := fmt.Sprintf("%x", l.Lease())
+	ttl := cmp.Or(l.GrantedTTL(), l.LeaseTTL()) // what the store granted: etcd rounds 1s up to 2s
+	emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: ttl.String()},
+		fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), printable(got.Address), lease, ttl))
+	return l.LeaseTTL()
+}
+
 // runRegister keeps reg advertised, printing every change of the session's
 // state and writing its TTL check's reports (if reports is not nil), until
 // ctx ends; then it stops the reports and deregisters.
 func runRegister(ctx context.Context, conn *registryConn, r registry.Registry, reg registry.Registration, drain time.Duration, emit emitFunc,
 	reports *ttlReports) error {
 	got := reg.Instance()
-	bound := conn.command // bound on deregistering
-	if l, ok := r.(leased); ok {
-		lease := fmt.Sprintf("%x", l.Lease())
-		bound = l.LeaseTTL()
-		if w := registry.TTLWarning(l.LeaseTTL()); w != "" && conn.backendName() == backend.Etcd {
-			emit(registerLine{Event: "warning", Warning: w}, "warning: "+w)
-		}
-		ttl := cmp.Or(l.GrantedTTL(), l.LeaseTTL()) // what the store granted: etcd rounds 1s up to 2s
-		emit(registerLine{Event: "registered", Instance: &got, Lease: lease, TTL: ttl.String()},
-			fmt.Sprintf("registered %s at %s (lease %s, ttl %v); Ctrl-C deregisters", got.Ref(), printable(got.Address), lease, ttl))
-	} else {
-		emit(registerLine{Event: "registered", Instance: &got},
-			fmt.Sprintf("registered %s at %s; Ctrl-C deregisters", got.Ref(), printable(got.Address)))
-	}
+	bound := announce(conn, r, got, emit)
 	defer reports.start(ctx)()
 	var states <-chan registry.StateChange
 	if sr, ok := r.(registry.SessionReporter); ok {

@@ -342,13 +342,20 @@ func TestRegisterWarnsBelowElectionTTL(t *testing.T) {
 
 // TestRegisterReportsTheGrantedTTL: register says the TTL the store
 // granted, not the one asked for: etcd grants at least about 2 s, so
-// --ttl 1s is reported as 2s (before, "ttl 1s" while the lease had 2).
+// --ttl 1s is reported as 2s (before, "ttl 1s" while the lease had 2);
+// and it warns of routing metadata no one reads.
 func TestRegisterReportsTheGrantedTTL(t *testing.T) {
 	srv := etcdtest.Start(t, etcdtest.Options{})
-	p := startBeacon(t, t.TempDir(), nil, "register", "prod/api/http", "--addr", "10.0.0.7:8080", "--ttl", "1s", "--endpoints", srv.Endpoint())
+	p := startBeacon(t, t.TempDir(), nil, "register", "prod/api/http", "--addr", "10.0.0.7:8080", "--ttl", "1s", "--endpoints", srv.Endpoint(),
+		"--meta", "priority=-1")
 	line := p.waitLine(t, "registered prod/api/http/", 30*time.Second)
 	if !strings.Contains(line, "ttl 2s)") {
 		t.Fatalf("register --ttl 1s says %q; etcd granted 2s", line)
+	}
+	// Routing metadata DNS and xDS cannot read is registered with a
+	// warning (the registry package's RoutingWarnings).
+	if !strings.Contains(p.out(), `warning: metadata priority="-1" is not 0-65535`) {
+		t.Fatalf("no warning of priority=-1:\n%s", p.out())
 	}
 }
 

@@ -218,15 +218,11 @@ func addressTarget(addr string) (t target, ok bool) {
 }
 
 // srvNumbers reads the SRV priority and weight of an instance from its
-// metadata keys "priority" and "weight" (0-65535); 10 and 10 otherwise.
+// metadata keys "priority" and "weight" (0-65535); 10 and 10 otherwise
+// (beacon.Uint16Meta, as xDS reads them).
 func srvNumbers(in beacon.Instance) (prio, weight uint16) {
-	prio, weight = 10, 10
-	if v, err := strconv.ParseUint(in.Metadata["priority"], 10, 16); err == nil {
-		prio = uint16(v)
-	}
-	if v, err := strconv.ParseUint(in.Metadata["weight"], 10, 16); err == nil {
-		weight = uint16(v)
-	}
+	prio, _ = beacon.Uint16Meta(in.Metadata, beacon.MetaPriority, beacon.DefaultPriority)
+	weight, _ = beacon.Uint16Meta(in.Metadata, beacon.MetaWeight, beacon.DefaultWeight)
 	return prio, weight
 }
 

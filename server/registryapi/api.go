@@ -230,8 +230,10 @@ type RegisterResponse struct {
 	// TTLSeconds is the granted TTL: heartbeat well within it (every
 	// third of it is the usual cadence).
 	TTLSeconds float64 `json:"ttl_seconds"`
-	// Warning, when set, says that the TTL is below the shortest that
-	// rides out an etcd leader election (registry.TTLWarning).
+	// Warning, when set, says what was registered but will not work as
+	// meant: a TTL below the shortest that rides out an etcd leader
+	// election (registry.TTLWarning), routing metadata DNS and xDS
+	// cannot read (Instance.RoutingWarnings); several are joined by "; ".
 	Warning string `json:"warning,omitempty"`
 }
 
@@ -335,11 +337,13 @@ func (h *Handler) register(w http.ResponseWriter, r *http.Request) {
 	}
 	slot.commit(o.Instance.Ref(), o.Lease.TTL)
 	h.log.Info("registered", "instance", o.Instance.Ref().String(), "address", o.Instance.Address, "ttl", o.Lease.TTL, "client", client)
-	warning := registry.TTLWarning(o.Lease.TTL)
-	if warning != "" {
+	warnings := o.Instance.RoutingWarnings()
+	if w := registry.TTLWarning(o.Lease.TTL); w != "" {
 		h.log.Warn("registration TTL below the shortest that rides out an etcd leader election", "instance", o.Instance.Ref().String(),
-			"ttl", o.Lease.TTL, "client", client, "warning", warning)
+			"ttl", o.Lease.TTL, "client", client, "warning", w)
+		warnings = append([]string{w}, warnings...)
 	}
+	warning := strings.Join(warnings, "; ")
 	// The answer carries the registration's secret: no cache may keep it
 	// (as POST /v1/auth/token's token).
 	w.Header().Set("Cache-Control", "no-store")

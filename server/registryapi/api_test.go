@@ -586,3 +586,24 @@ func TestRegisterWarnsBelowElectionTTL(t *testing.T) {
 		t.Fatalf("TTL 5s answered with warning %q", long.Warning)
 	}
 }
+
+// TestRegisterWarnsOfRoutingMetadataNoOneReads: metadata weight,
+// priority or lb_policy that DNS and xDS cannot read is registered (it is
+// free-form) with a warning that says how the instance is routed instead;
+// before, DNS used its defaults without a word. With a short TTL both
+// warnings come.
+func TestRegisterWarnsOfRoutingMetadataNoOneReads(t *testing.T) {
+	srv, _ := newAPI(t)
+	got := register(t, srv.URL, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.1:80","ttl":"3s",`+
+		`"metadata":{"weight":"70000","priority":"-1","lb_policy":"random"}}`)
+	for _, want := range []string{"below 5s", `weight="70000" is not 0-65535`, `priority="-1" is not 0-65535`, `lb_policy="random" is none of`} {
+		if !strings.Contains(got.Warning, want) {
+			t.Errorf("warning %q lacks %q", got.Warning, want)
+		}
+	}
+	fine := register(t, srv.URL, `{"namespace":"prod","component":"api","endpoint":"http","address":"10.0.0.2:80","ttl":"5s",`+
+		`"metadata":{"weight":"0","priority":"65535","lb_policy":"ring_hash"}}`)
+	if fine.Warning != "" {
+		t.Fatalf("readable routing metadata answered with warning %q", fine.Warning)
+	}
+}

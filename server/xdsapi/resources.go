@@ -5,7 +5,6 @@ import (
 	"math"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/beaconplane/beacon"
@@ -28,12 +27,12 @@ const (
 	// MetaWeight is the instance's share of its locality's traffic,
 	// 0-65535 (DefaultWeight when absent). xDS carries no weight 0: 0 is
 	// sent as 1, the smallest share.
-	MetaWeight = "weight"
+	MetaWeight = beacon.MetaWeight
 	// MetaPriority orders instances into failover tiers, 0-65535, lower
 	// first (DefaultPriority when absent); a client uses the next tier
 	// only when the one before has no healthy instance. The distinct
 	// values of a service become xDS priorities 0, 1, ... in order.
-	MetaPriority = "priority"
+	MetaPriority = beacon.MetaPriority
 	// MetaRegion, MetaZone and MetaSubZone place the instance in a
 	// locality. Clients spread traffic over localities by their weight,
 	// which is the sum of their instances' weights.
@@ -43,14 +42,14 @@ const (
 	// MetaLBPolicy chooses the service's load-balancing policy
 	// (round_robin, the default, ring_hash or least_request): the value
 	// most of its instances carry, ties to the first in that order.
-	MetaLBPolicy = "lb_policy"
+	MetaLBPolicy = beacon.MetaLBPolicy
 )
 
 // DefaultWeight and DefaultPriority apply to instances that set none, as
 // in DNS.
 const (
-	DefaultWeight   = 10
-	DefaultPriority = 10
+	DefaultWeight   = beacon.DefaultWeight
+	DefaultPriority = beacon.DefaultPriority
 )
 
 // Type URLs of the resources Beacon serves.
@@ -201,18 +200,11 @@ func socketAddress(addr string) (netip.AddrPort, string) {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), ""
 }
 
-// uint16Meta reads a 0-65535 metadata value; ok is false when the key is
-// set to anything else.
+// uint16Meta reads a 0-65535 metadata value (beacon.Uint16Meta); ok is
+// false when the key is set to anything else.
 func uint16Meta(in beacon.Instance, key string, def uint32) (v uint32, ok bool) {
-	s, set := in.Metadata[key]
-	if !set {
-		return def, true
-	}
-	n, err := strconv.ParseUint(s, 10, 16)
-	if err != nil {
-		return def, false
-	}
-	return uint32(n), true
+	n, ok := beacon.Uint16Meta(in.Metadata, key, uint16(def))
+	return uint32(n), ok
 }
 
 // endpoint is one instance as its ClusterLoadAssignment carries it.

@@ -293,3 +293,16 @@ func checkParsedName(t *testing.T, name string, read bool) {
 		t.Fatalf("parseName(%q) accepted a service Beacon's writers cannot register", name)
 	}
 }
+
+// TestPoliciesAreTheRegistrys: the policies xDS serves are those
+// beacon.LBPolicies names (what a registration is warned against), in
+// its order (the default first).
+func TestPoliciesAreTheRegistrys(t *testing.T) {
+	var names []string
+	for _, p := range lbPolicies {
+		names = append(names, p.name)
+	}
+	if !slices.Equal(names, beacon.LBPolicies) {
+		t.Fatalf("xDS serves %v; beacon.LBPolicies is %v", names, beacon.LBPolicies)
+	}
+}
