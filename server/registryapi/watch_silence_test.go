@@ -70,13 +70,7 @@ func TestWatchDropsClientThatStopsReading(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	// A snapshot of several megabytes: far more than socket buffers hold.
-	md := map[string]string{"pad": strings.Repeat("x", 3500)}
-	for i := range 1500 {
-		if _, err := reg.Register(ctx, beacon.Instance{Namespace: "big", Component: "api", Endpoint: "http",
-			Address: fmt.Sprintf("10.%d.%d.1:80", i/250, i%250), Metadata: md}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	registerBig(ctx, t, reg, 1500)
 	// A client with a tiny receive buffer that sends its request and
 	// never reads.
 	conn := dialSmallBuffer(ctx, t, srv.Listener.Addr().String(), 4096)
@@ -104,6 +98,19 @@ func TestWatchDropsClientThatStopsReading(t *testing.T) {
 	for _, mf := range mfs {
 		if mf.GetName() == "beacon_registry_watchers" && mf.GetMetric()[0].GetGauge().GetValue() != 0 {
 			t.Fatalf("registry watchers still open: %v", mf.GetMetric()[0].GetGauge().GetValue())
+		}
+	}
+}
+
+// registerBig registers n instances of big/api/http with 3.5 KB of
+// metadata each: a snapshot of n × 3.6 KB.
+func registerBig(ctx context.Context, t *testing.T, reg *registry.StoreRegistry, n int) {
+	t.Helper()
+	md := map[string]string{"pad": strings.Repeat("x", 3500)}
+	for i := range n {
+		if _, err := reg.Register(ctx, beacon.Instance{Namespace: "big", Component: "api", Endpoint: "http",
+			Address: fmt.Sprintf("10.%d.%d.1:80", i/250, i%250), Metadata: md}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
@@ -161,13 +168,7 @@ func TestWatchSlowSteadyClientGetsLargeSnapshot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const n = 850 // about 3 MB
-	md := map[string]string{"pad": strings.Repeat("x", 3500)}
-	for i := range n {
-		if _, err := reg.Register(ctx, beacon.Instance{Namespace: "big", Component: "api", Endpoint: "http",
-			Address: fmt.Sprintf("10.%d.%d.1:80", i/250, i%250), Metadata: md}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	registerBig(ctx, t, reg, n)
 	conn := dialSmallBuffer(ctx, t, srv.Listener.Addr().String(), 32<<10)
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(50 * time.Second))
@@ -250,13 +251,7 @@ func TestWatchBlockedOnAClientThatDoesNotReadEndsWhenTheServerCloses(t *testing.
 	h.writeTimeout = time.Hour
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	md := map[string]string{"pad": strings.Repeat("x", 3500)}
-	for i := range 1500 {
-		if _, err := reg.Register(ctx, beacon.Instance{Namespace: "big", Component: "api", Endpoint: "http",
-			Address: fmt.Sprintf("10.%d.%d.1:80", i/250, i%250), Metadata: md}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	registerBig(ctx, t, reg, 1500)
 	base, closeServer := context.WithCancelCause(context.Background())
 	defer closeServer(nil)
 	returned := make(chan struct{})
