@@ -236,9 +236,6 @@ func checkHostName(addr, host string) error {
 // internationalized name is written in its ASCII form (xn--…).
 func HostNameProblem(host string) string {
 	name := strings.TrimSuffix(host, ".")
-	if len(name) > 253 {
-		return fmt.Sprintf("has a host name of %d bytes: DNS carries at most 253", len(name))
-	}
 	for label := range strings.SplitSeq(name, ".") {
 		switch {
 		case label == "":
@@ -257,6 +254,9 @@ func HostNameProblem(host string) string {
 				return fmt.Sprintf("has %q in its host name: a host name is letters, digits, '-' and '_' between dots", r)
 			}
 		}
+	}
+	if len(name) > 253 {
+		return fmt.Sprintf("has a host name of %d bytes: DNS carries at most 253", len(name))
 	}
 	return ""
 }

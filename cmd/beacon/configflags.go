@@ -19,6 +19,7 @@ var configFlags = map[string]string{
 	"Config.ListenPeerURLs":          "--listen-peer-urls",
 	"Config.EtcdEndpoints":           "--etcd-endpoints",
 	"Config.HTTPAddr":                "--http-addr",
+	"Config.ShutdownTimeout":         "--shutdown-timeout",
 	"Config.V2BaseURL":               "--v2-base-url",
 	"Config.V2TokenMaxAge":           "--v2-token-ttl",
 	"Config.CORSAllowedOrigins":      "--cors-allowed-origins",
