@@ -10,10 +10,13 @@
 // that never completed a request (silent: opened and left, or trickling a
 // request that never ends), else the one idle longest since its last
 // request. A connection with a request in flight is never closed for
-// another. Only when every connection of the address has one is a new
-// connection from it refused (closed at once); only when every connection
-// of the listener has one does a new connection wait (in the kernel's
-// accept queue) until one closes. A client that holds idle connections
+// another, unless its client has stopped taking the answer (a write to it
+// has waited stuckWrite, a second): that place is its to lose, as a silent
+// connection's is. Only when every connection of the address has a
+// request in flight, its client reading, is a new connection from it
+// refused (closed at once); only when every connection of the listener
+// has one does a new connection wait (in the kernel's accept queue) until
+// one closes. A client that holds idle connections
 // therefore sheds its own first, and cannot lock out those who share its
 // address and make requests.
 //
@@ -73,23 +76,44 @@ func Listener(ln net.Listener, opts Config) net.Listener {
 }
 
 // queue orders the connections that may make room: silent ones by
-// accept time, idle ones by the end of their last request.
-type queue struct{ silent, idle list.List }
+// accept time, idle ones by the end of their last request; and holds
+// those with a request in flight (busy), which make room only when stuck.
+type queue struct{ silent, idle, busy list.List }
 
 func (q *queue) init() {
 	q.silent.Init()
 	q.idle.Init()
+	q.busy.Init()
 }
 
-// victim returns the connection to close to make room, or nil.
-func (q *queue) victim() *conn {
+// stuckWrite is how long a write to its client must have waited for a
+// connection with a request in flight to make room as an idle one does:
+// its client has stopped taking its answers (a process that sends request
+// after request and never reads), and the place is its to lose, as a
+// silent connection's is. A client that reads, however slowly, makes
+// progress; only one whose kernel buffers stay full waits that long.
+const stuckWrite = time.Second
+
+// victim returns the connection to close to make room, or nil: the
+// oldest silent one, else the one idle longest, else the one whose write
+// has waited longest, if at least stuckWrite.
+func (q *queue) victim(now time.Time) *conn {
 	if e := q.silent.Front(); e != nil {
 		return e.Value.(*conn)
 	}
 	if e := q.idle.Front(); e != nil {
 		return e.Value.(*conn)
 	}
-	return nil
+	var stuck *conn
+	var since int64
+	for e := q.busy.Front(); e != nil; e = e.Next() {
+		c := e.Value.(*conn)
+		w := c.writingSince.Load()
+		if w != 0 && now.UnixNano()-w >= int64(stuckWrite) && (stuck == nil || w < since) {
+			stuck, since = c, w
+		}
+	}
+	return stuck
 }
 
 // victimLocked returns the connection of q to close to make room, or nil
@@ -98,7 +122,7 @@ func (l *listener) victimLocked(q *queue) *conn {
 	if l.opts.NeverShed {
 		return nil
 	}
-	return q.victim()
+	return q.victim(time.Now())
 }
 
 // host is one client address.
@@ -196,7 +220,7 @@ func (l *listener) roomFor(name string) bool {
 	l.mu.Unlock()
 	_ = shed.Close()
 	if warn {
-		l.opts.Log.Warn("connections from one client address at their cap: closed its oldest idle connection to make room for a new one (a client holding connections open, or clients behind one address)",
+		l.opts.Log.Warn("connections from one client address at their cap: closed its oldest idle connection (or one whose client stopped reading) to make room for a new one (a client holding connections open, or clients behind one address)",
 			"listener", l.opts.What, "addr", l.Addr().String(), "client", name, "max_per_client", l.opts.PerAddr)
 	}
 	return true
@@ -238,6 +262,7 @@ func (l *listener) takePlace() {
 // (once a minute).
 func (l *listener) shedLocked(c *conn) bool {
 	l.unparkLocked(c)
+	l.unbusyLocked(c)
 	c.shed = true
 	return l.warnLocked(evShed)
 }
@@ -254,6 +279,25 @@ func (l *listener) parkLocked(c *conn) {
 	} else {
 		c.inAll, c.inHost = l.all.silent.PushBack(c), c.host.q.silent.PushBack(c)
 	}
+}
+
+// busyLocked holds c, with a request in flight now, among the busy.
+func (l *listener) busyLocked(c *conn) {
+	if c.shed || c.closed || c.busyAll != nil {
+		return
+	}
+	c.busyAll, c.busyHost = l.all.busy.PushBack(c), c.host.q.busy.PushBack(c)
+}
+
+// unbusyLocked takes c out of the busy (its last request ended, or it
+// closes).
+func (l *listener) unbusyLocked(c *conn) {
+	if c.busyAll == nil {
+		return
+	}
+	l.all.busy.Remove(c.busyAll)
+	c.host.q.busy.Remove(c.busyHost)
+	c.busyAll, c.busyHost = nil, nil
 }
 
 // unparkLocked takes c out of the queues (a request starts, or it closes).
@@ -289,13 +333,15 @@ type conn struct {
 	host *host
 	once sync.Once
 
-	served atomic.Bool  // a request completed (or, unmarked, an answer written)
-	busy   atomic.Int32 // requests in flight (marked servers)
+	served       atomic.Bool  // a request completed (or, unmarked, an answer written)
+	busy         atomic.Int32 // requests in flight (marked servers)
+	writingSince atomic.Int64 // when the write under way began (Unix ns; 0: none), marked servers
 
 	// Guarded by l.mu.
-	inAll, inHost *list.Element // in the queues (nil: a request in flight, or gone)
-	parkedIdle    bool          // queued as idle (else as silent)
-	shed, closed  bool
+	inAll, inHost     *list.Element // in the queues (nil: a request in flight, or gone)
+	parkedIdle        bool          // queued as idle (else as silent)
+	busyAll, busyHost *list.Element // among the busy (a request in flight)
+	shed, closed      bool
 }
 
 func (c *conn) Close() error {
@@ -304,6 +350,7 @@ func (c *conn) Close() error {
 		l := c.l
 		l.mu.Lock()
 		l.unparkLocked(c)
+		l.unbusyLocked(c)
 		c.closed = true
 		if c.host.n--; c.host.n <= 0 {
 			delete(l.hosts, c.host.name)
@@ -321,6 +368,12 @@ func (c *conn) Close() error {
 // and opened a new connection could find it still first in line, and
 // shed instead of one idle longer (seen in CI under load).
 func (c *conn) Write(b []byte) (int, error) {
+	if c.l.opts.Marked {
+		// How long this write waits on the client says whether it
+		// still reads (see stuckWrite).
+		c.writingSince.Store(time.Now().UnixNano())
+		defer c.writingSince.Store(0)
+	}
 	if len(b) > 0 && !c.l.opts.Marked {
 		c.l.mu.Lock()
 		c.l.unparkLocked(c)
@@ -338,6 +391,7 @@ func (c *conn) begin() {
 	}
 	c.l.mu.Lock()
 	c.l.unparkLocked(c)
+	c.l.busyLocked(c)
 	c.l.mu.Unlock()
 }
 
@@ -348,6 +402,7 @@ func (c *conn) end() {
 	}
 	c.l.mu.Lock()
 	if c.busy.Load() == 0 && c.inAll == nil {
+		c.l.unbusyLocked(c)
 		c.l.parkLocked(c)
 	}
 	c.l.mu.Unlock()

@@ -458,3 +458,66 @@ func TestBodyStillComingIsNoRequestInFlight(t *testing.T) {
 	late := send("/", "{", 2)
 	answered(late, "}", "a request whose body ended late")
 }
+
+// TestClientThatStopsReadingMakesRoom: a connection with a request in
+// flight whose client has stopped taking the answer (its write waits on
+// full buffers) makes room for a newcomer once a write has waited
+// stuckWrite, as a silent one does at once. Before, a process that sent
+// requests on every place of its address and never read its answers
+// (pipelined GETs of the OpenAPI document) refused every other local
+// client until their registrations expired. A request in flight whose
+// client reads is never shed (TestRequestsInFlightAreNeverShed).
+func TestClientThatStopsReadingMakesRoom(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := Listener(raw, Config{Max: 10, PerAddr: 2, Marked: true})
+	writing := make(chan struct{}, 4)
+	srv := &http.Server{ConnContext: ConnContext, ReadHeaderTimeout: testDeadline,
+		Handler: Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/endless" {
+				_, _ = io.WriteString(w, "ok")
+				return
+			}
+			writing <- struct{}{}
+			chunk := make([]byte, 64<<10)
+			for { // until the connection is closed
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
+			}
+		}))}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	addr := raw.Addr().String()
+	for range 2 {
+		c := dialFrom(t, "127.0.0.2", addr)
+		if _, err := io.WriteString(c, "GET /endless HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		<-writing // and never read
+	}
+	// Both places hold a request whose client does not read: the
+	// newcomer is refused until a write has waited stuckWrite, then
+	// takes the place of the one stuck longest.
+	tick := time.NewTicker(stuckWrite / 4)
+	defer tick.Stop()
+	deadline := time.After(testDeadline)
+	for attempt := 1; ; attempt++ {
+		c := dialFrom(t, "127.0.0.2", addr)
+		_ = c.SetDeadline(time.Now().Add(testDeadline))
+		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err == nil {
+			_ = resp.Body.Close()
+			t.Logf("served on attempt %d", attempt)
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("a newcomer beside two clients that stopped reading was still refused after %v: %v", testDeadline, err)
+		}
+	}
+}
