@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -272,9 +273,16 @@ var zeroUnchecked = map[string]bool{"http-max-connections-per-client": true}
 // allowZero: `--proxy-refresh-interval 0`, `--max-watches 0` or
 // `--shutdown-timeout 0` silently meant the default, which 0 (none? no
 // limit? never?) does not say.
+//
+// It refuses, too, a bound (an integer flag named max-…) given a negative
+// value, unless it is -1 and the flag says "-1: no limit": --max-watchers
+// -2 silently meant no limit.
 func checkZeroFlags(c *cobra.Command) error {
 	var err error
 	c.Flags().VisitAll(func(fl *pflag.Flag) {
+		if err == nil && fl.Changed {
+			err = checkBoundFlag(fl)
+		}
 		if err != nil || !fl.Changed || len(fl.Annotations[zeroMeans]) > 0 || zeroUnchecked[fl.Name] {
 			return
 		}
@@ -291,6 +299,23 @@ func checkZeroFlags(c *cobra.Command) error {
 		err = usagef("--%s %s: 0 is not a value of this flag (not \"none\", \"never\" nor \"no limit\"): give a positive value, or %s", fl.Name, fl.Value, def)
 	})
 	return err
+}
+
+// checkBoundFlag refuses a negative value of a bound (an integer flag
+// whose name has max in it) but the -1 of one that says "-1: no limit".
+func checkBoundFlag(fl *pflag.Flag) error {
+	if !strings.Contains(fl.Name, "max") || !strings.HasPrefix(fl.Value.Type(), "int") {
+		return nil
+	}
+	n, perr := strconv.ParseInt(fl.Value.String(), 10, 64)
+	noLimit := strings.Contains(fl.Usage, "-1: no limit")
+	if perr != nil || n >= 0 || (n == -1 && noLimit) {
+		return nil
+	}
+	if noLimit {
+		return usagef("--%s %d: a bound is a positive number, or -1 for no limit", fl.Name, n)
+	}
+	return usagef("--%s %d: a bound is a positive number (leave it out for its default, %s)", fl.Name, n, fl.DefValue)
 }
 
 // numericFlag reports whether fl takes a number or a duration.

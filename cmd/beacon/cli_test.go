@@ -747,3 +747,38 @@ func TestJSONLogDurations(t *testing.T) {
 		t.Fatalf("JSON log line %s (%v): want \"ttl\":\"10s\" and \"took\":\"1.5s\"", buf.String(), err)
 	}
 }
+
+// TestNegativeBoundsAreRefused: every bound (an integer flag named
+// max-…) of every command given -2 is bad usage naming the flag, and -1
+// too unless its help says "-1: no limit": --max-watchers -2 and
+// --max-registrations -2 silently meant no limit.
+func TestNegativeBoundsAreRefused(t *testing.T) {
+	setup(rootCmd)
+	n := 0
+	walk(rootCmd, func(c *cobra.Command) {
+		c.Flags().VisitAll(func(fl *pflag.Flag) {
+			if !strings.Contains(fl.Name, "max") || !strings.HasPrefix(fl.Value.Type(), "int") {
+				return
+			}
+			n++
+			orig, changed := fl.Value.String(), fl.Changed
+			defer func() { _ = fl.Value.Set(orig); fl.Changed = changed }()
+			for _, v := range []string{"-2", "-1"} {
+				if err := c.Flags().Set(fl.Name, v); err != nil {
+					t.Fatalf("%s --%s %s: %v", c.CommandPath(), fl.Name, v, err)
+				}
+				err := checkZeroFlags(c)
+				noLimit := strings.Contains(fl.Usage, "-1: no limit")
+				switch {
+				case v == "-1" && noLimit && err != nil:
+					t.Errorf("%s --%s -1 (its help: no limit): %v", c.CommandPath(), fl.Name, err)
+				case (v == "-2" || !noLimit) && (err == nil || !strings.Contains(err.Error(), "--"+fl.Name+" "+v)):
+					t.Errorf("%s --%s %s: %v, want it refused naming the flag", c.CommandPath(), fl.Name, v, err)
+				}
+			}
+		})
+	})
+	if n < 10 {
+		t.Fatalf("only %d bounds found", n)
+	}
+}

@@ -362,7 +362,17 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{args: []string{"proxy", "--listen-addr", "unix:///x"}, want: `--listen-addr "unix:///x": is a Unix socket: Unix sockets are not supported here; give host:port, e.g. 127.0.0.1:23790`},
 		{args: []string{"proxy", "--listen-addr", "23790"}, want: `--listen-addr "23790": is a bare port: give host:port (:23790 for every interface`},
 		{args: []string{"serve", "--dns-addr", "127.0.0.1:70000"}, want: `--dns-addr "127.0.0.1:70000"`},
-		{args: []string{"serve", "--http-max-connections", "-1"}, want: "--http-max-connections -1: want at least 2"},
+		// A negative bound was silently no limit (or a contradictory
+		// message): only -1, on a bound that says "-1: no limit".
+		{args: []string{"serve", "--http-max-connections", "-1"}, want: "--http-max-connections -1: a bound is a positive number (leave it out for its default"},
+		{args: []string{"serve", "--max-registrations", "-2"}, want: "--max-registrations -2: a bound is a positive number"},
+		{args: []string{"serve", "--max-watches-per-client", "-1"}, want: "--max-watches-per-client -1: a bound is a positive number"},
+		{args: []string{"serve", "--max-watches", "-4"}, want: "--max-watches -4: a bound is a positive number, or -1 for no limit"},
+		{args: []string{"proxy", "--max-watchers", "-2"}, want: "--max-watchers -2: a bound is a positive number, or -1 for no limit"},
+		{args: []string{"proxy", "--max-watch-waiting-bytes", "-5"}, want: "--max-watch-waiting-bytes -5"},
+		// Client certificates asked for without TLS were silently not
+		// asked for.
+		{args: []string{"proxy", "--client-cert-auth", "--endpoints", "http://127.0.0.1:1"}, want: "--client-cert-auth needs --trusted-ca-file"},
 		// Zero would silently be the default (256).
 		{args: []string{"serve", "--http-max-connections-per-client", "0"}, want: "--http-max-connections-per-client 0: give the most HTTP connections"},
 		{args: []string{"serve", "--auto-compaction-retention", "weekly"}, want: `--auto-compaction-retention "weekly": want a duration such as 5m or 1h, a number of hours, or 0 to keep every revision`},

@@ -90,8 +90,9 @@ func (q *queue) init() {
 // connection with a request in flight to make room as an idle one does:
 // its client has stopped taking its answers (a process that sends request
 // after request and never reads), and the place is its to lose, as a
-// silent connection's is. A client that reads, however slowly, makes
-// progress; only one whose kernel buffers stay full waits that long.
+// silent connection's is. A client that reads keeps each write short (a
+// write ends once what it writes fits in the kernel's buffers); one that
+// leaves them full for a second counts, at a cap, as one that stopped.
 const stuckWrite = time.Second
 
 // victim returns the connection to close to make room, or nil: the

@@ -37,8 +37,11 @@ type Files struct {
 	ClientCertAuth bool
 }
 
-// Enabled reports whether any file is set.
-func (f Files) Enabled() bool { return f.CertFile != "" || f.KeyFile != "" || f.TrustedCAFile != "" }
+// Enabled reports whether any file is set, or client certificates are
+// asked for (which needs them: Validate says so).
+func (f Files) Enabled() bool {
+	return f.CertFile != "" || f.KeyFile != "" || f.TrustedCAFile != "" || f.ClientCertAuth
+}
 
 // Validate checks the combination (not the files' contents). name says
 // how errors name a field of Files ("CertFile", "KeyFile",
