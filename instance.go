@@ -200,7 +200,7 @@ func validateAddress(addr string, write bool) error {
 		if !write {
 			return nil
 		}
-		return checkHostName(addr, u.Hostname())
+		return checkURLAddress(addr, u)
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil || host == "" {
@@ -212,14 +212,39 @@ func validateAddress(addr string, write bool) error {
 	if !write {
 		return nil
 	}
+	if ip, err := netip.ParseAddr(host); strings.HasPrefix(addr, "[") && (err != nil || !ip.Is6()) {
+		return fieldError(ErrInvalidAddress, "address", addr, "has brackets around something other than an IPv6 address: write [2001:db8::1]:80, 10.0.0.1:80 or host:80")
+	}
 	return checkHostName(addr, host)
 }
 
-// checkHostName refuses a host name of addr that resolvers and Beacon's
-// DNS cannot carry (see HostNameProblem). IP addresses and an empty host
-// (a URL of a path) pass.
+// checkURLAddress checks, for a writer, what a URL address holds: no
+// credentials (every reader sees an address), a host when it has a port
+// or no path, a port of digits 1-65535, and a host as checkHostName
+// wants it.
+func checkURLAddress(addr string, u *url.URL) error {
+	switch {
+	case u.User != nil:
+		return fieldError(ErrInvalidAddress, "address", addr, "carries credentials (user:password@): every reader of the registry sees an address; give the service its credentials another way")
+	case u.Host == "" && strings.Trim(u.Path, "/") == "":
+		return fieldError(ErrInvalidAddress, "address", addr, "has neither a host nor a path: write a URL like nats://host:4222 or unix:///run/app.sock")
+	case u.Host != "" && u.Hostname() == "":
+		return fieldError(ErrInvalidAddress, "address", addr, "has a port but no host")
+	case u.Host != "" && (strings.HasSuffix(u.Host, ":") || u.Port() != "" && !validPort(u.Port())):
+		return fieldError(ErrInvalidAddress, "address", addr, "has a port that is not a number 1-65535")
+	}
+	return checkHostName(addr, u.Hostname())
+}
+
+// checkHostName refuses a host of addr that is neither an IP address
+// (an IPv6 zone is an interface's name) nor a host name resolvers and
+// Beacon's DNS carry (see HostNameProblem). An empty host (a URL of a
+// path) passes.
 func checkHostName(addr, host string) error {
-	if _, err := netip.ParseAddr(host); host == "" || err == nil { // net.ParseIP allocates
+	if ip, err := netip.ParseAddr(host); host == "" || err == nil { // net.ParseIP allocates
+		if z := ip.Zone(); z != "" && strings.Trim(z, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != "" {
+			return fieldError(ErrInvalidAddress, "address", addr, fmt.Sprintf("has the IPv6 zone %q: a zone is an interface's name (eth0)", z))
+		}
 		return nil
 	}
 	if why := HostNameProblem(host); why != "" {
@@ -257,6 +282,10 @@ func HostNameProblem(host string) string {
 	}
 	if len(name) > 253 {
 		return fmt.Sprintf("has a host name of %d bytes: DNS carries at most 253", len(name))
+	}
+	if last := name[strings.LastIndexByte(name, '.')+1:]; strings.Trim(last, "0123456789") == "" ||
+		strings.HasPrefix(strings.ToLower(last), "0x") && strings.Trim(strings.ToLower(last[2:]), "0123456789abcdef") == "" {
+		return fmt.Sprintf("is a number where a host name ends (%s): not an IP address as written (four numbers 0-255, no leading zeros) nor a host name, and resolvers read it differently (glibc as an IP address, Go as a name)", host)
 	}
 	return ""
 }

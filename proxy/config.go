@@ -53,6 +53,11 @@ const (
 	DefaultWatchSilence    = 5 * time.Second
 	// DefaultKeepAliveSilence is Config.KeepAliveSilenceTimeout's default.
 	DefaultKeepAliveSilence = 500 * time.Millisecond
+	// MinWatchSilence and MinKeepAliveSilence are the shortest silence
+	// timeouts Validate takes: 20 ms benched a healthy member within
+	// seconds, and every request failed.
+	MinWatchSilence     = time.Second
+	MinKeepAliveSilence = 100 * time.Millisecond
 	// EmptyRefreshInterval is the refresh interval while no endpoint is
 	// reachable (when RefreshInterval is longer).
 	EmptyRefreshInterval = time.Second
@@ -358,6 +363,18 @@ func (c Config) Validate() error {
 	} {
 		if d < 0 {
 			return fmt.Errorf("%w: proxy.Config.%s %v must not be negative", ErrInvalidConfig, name, d)
+		}
+	}
+	for _, b := range []struct {
+		name     string
+		v, least time.Duration
+		why      string
+	}{
+		{"WatchSilenceTimeout", c.WatchSilenceTimeout, MinWatchSilence, "a member answers a progress request within half of it"},
+		{"KeepAliveSilenceTimeout", c.KeepAliveSilenceTimeout, MinKeepAliveSilence, "a member answers a keep-alive within it"},
+	} {
+		if b.v > 0 && b.v < b.least {
+			return fmt.Errorf("%w: proxy.Config.%s %v: at least %v (%s, even busy: shorter benches healthy members), or negative for no check", ErrInvalidConfig, b.name, b.v, b.least, b.why)
 		}
 	}
 	if c.CacheMaxBytes < 0 {

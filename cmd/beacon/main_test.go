@@ -373,6 +373,9 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		// Client certificates asked for without TLS were silently not
 		// asked for.
 		{args: []string{"proxy", "--client-cert-auth", "--endpoints", "http://127.0.0.1:1"}, want: "--client-cert-auth needs --trusted-ca-file"},
+		// A silence timeout too short benched healthy members.
+		{args: []string{"proxy", "--watch-silence-timeout", "20ms", "--endpoints", "http://127.0.0.1:1"}, want: "--watch-silence-timeout 20ms: at least 1s"},
+		{args: []string{"proxy", "--keepalive-silence-timeout", "1ns", "--endpoints", "http://127.0.0.1:1"}, want: "--keepalive-silence-timeout 1ns: at least 100ms"},
 		// Zero would silently be the default (256).
 		{args: []string{"serve", "--http-max-connections-per-client", "0"}, want: "--http-max-connections-per-client 0: give the most HTTP connections"},
 		{args: []string{"serve", "--auto-compaction-retention", "weekly"}, want: `--auto-compaction-retention "weekly": want a duration such as 5m or 1h, a number of hours, or 0 to keep every revision`},

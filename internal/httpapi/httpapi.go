@@ -464,13 +464,17 @@ var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.Me
 
 // ServeHTTP routes r; see Mux.
 func (m *Mux) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if clean := cleanPath(r.URL.Path); clean != r.URL.Path {
-		// http.ServeMux would redirect (307, no body) to the clean
-		// path: an API answers in JSON, and a client should send the
-		// path it means.
-		WriteError(w, http.StatusBadRequest, CodeInvalidArgument, fmt.Sprintf(
-			"path %s has an empty, '.' or '..' segment: request %s", r.URL.EscapedPath(), clean))
-		return
+	// Judged as sent: an escaped slash (%2F) is within a segment, not
+	// between two; CONNECT's request has no path.
+	if sent := r.URL.EscapedPath(); sent != "" {
+		if clean := cleanPath(sent); clean != sent {
+			// http.ServeMux would redirect (307, no body) to the clean
+			// path: an API answers in JSON, and a client should send
+			// the path it means.
+			WriteError(w, http.StatusBadRequest, CodeInvalidArgument, fmt.Sprintf(
+				"path %s has an empty, '.' or '..' segment: request %s", sent, clean))
+			return
+		}
 	}
 	if _, pattern := m.mux.Handler(r); pattern != "" {
 		if m.Queries != nil {

@@ -272,6 +272,10 @@ func TestMuxAnswersJSON(t *testing.T) {
 		// An escaped slash is one segment: the message shows it as sent,
 		// not as a path that looks routable.
 		{"GET", "/a/1%2fb/2", 404, "", CodeNotFound, "no route GET /a/1%2fb/2"},
+		// %2F.. is within a segment: no segment is "..", and no
+		// suggestion built from the decoded path.
+		{"GET", "/a/1/%2F..", 404, "", CodeNotFound, "no route GET /a/1/%2F.."},
+		{"GET", "/a/1/b/%2F..", 200, "", "", ""}, // {x} is "/.."
 	} {
 		req, _ := http.NewRequest(tt.method, srv.URL+tt.path, nil)
 		resp, err := noRedirects.Do(req)
