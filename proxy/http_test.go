@@ -146,6 +146,20 @@ func TestV2AndUnknownPathsAnswered(t *testing.T) {
 		if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(b), "no such path /nope: this listener serves etcd's v3 gRPC API") {
 			t.Errorf("%s GET /nope: %d %s", mode, resp.StatusCode, b)
 		}
+		// A path with an empty, '.' or '..' segment: a JSON 400 naming
+		// the clean path, where ServeMux answered a bodyless 307.
+		noRedirects := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		for _, path := range []string{"//v3/kv/range", "/v3/./kv/range", "/v3/kv/../kv/range", "//health"} {
+			resp, err := noRedirects.Post(base+path, "application/json", strings.NewReader(`{"key":"Zm9v"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "has an empty, '.' or '..' segment: request /") {
+				t.Errorf("%s POST %s: %d %s", mode, path, resp.StatusCode, b)
+			}
+		}
 		// Two etcd tokens: etcd would read one of them.
 		req, err := http.NewRequest("POST", base+"/v3/kv/range", strings.NewReader(`{"key":"Zm9v"}`))
 		if err != nil {

@@ -255,6 +255,9 @@ func (p *Proxy) limitHTTP(hs *http.Server) {
 	next := hs.Handler
 	limit := p.cfg.maxGatewayBody()
 	hs.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if httpapi.RefuseUncleanPath(w, r) {
+			return
+		}
 		if r.Body != nil {
 			r.Body = http.MaxBytesReader(w, r.Body, limit)
 		}

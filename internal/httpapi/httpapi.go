@@ -446,6 +446,26 @@ func pathSample(name string) string {
 	return "x" + name
 }
 
+// RefuseUncleanPath answers a request whose path has an empty, "." or
+// ".." segment with a JSON 400 naming the clean path, and reports whether
+// it did: http.ServeMux would redirect (307, no body) to the clean path,
+// and an API answers in JSON, to a client that should send the path it
+// means. The path is judged as sent: an escaped slash (%2F) is within a
+// segment, not between two; CONNECT's request has no path.
+func RefuseUncleanPath(w http.ResponseWriter, r *http.Request) bool {
+	sent := r.URL.EscapedPath()
+	if sent == "" {
+		return false
+	}
+	clean := cleanPath(sent)
+	if clean == sent {
+		return false
+	}
+	WriteError(w, http.StatusBadRequest, CodeInvalidArgument, fmt.Sprintf(
+		"path %s has an empty, '.' or '..' segment: request %s", sent, clean))
+	return true
+}
+
 // cleanPath is p without empty, "." and ".." segments, keeping a trailing
 // slash (as http.ServeMux cleans a path before it redirects).
 func cleanPath(p string) string {
@@ -464,17 +484,8 @@ var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.Me
 
 // ServeHTTP routes r; see Mux.
 func (m *Mux) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	// Judged as sent: an escaped slash (%2F) is within a segment, not
-	// between two; CONNECT's request has no path.
-	if sent := r.URL.EscapedPath(); sent != "" {
-		if clean := cleanPath(sent); clean != sent {
-			// http.ServeMux would redirect (307, no body) to the clean
-			// path: an API answers in JSON, and a client should send
-			// the path it means.
-			WriteError(w, http.StatusBadRequest, CodeInvalidArgument, fmt.Sprintf(
-				"path %s has an empty, '.' or '..' segment: request %s", sent, clean))
-			return
-		}
+	if RefuseUncleanPath(w, r) {
+		return
 	}
 	if _, pattern := m.mux.Handler(r); pattern != "" {
 		if m.Queries != nil {
