@@ -159,6 +159,8 @@ func (c Check) validateUnused() error {
 		return invalidCheck(c.String(), fmt.Sprintf("a %s check has no service (only a grpc check does)", c.Kind))
 	case c.TTL != 0 && c.Kind != CheckTTL:
 		return invalidCheck(c.String(), fmt.Sprintf("a %s check has no ttl (only a ttl check does: the lease's TTL is the registration's)", c.Kind))
+	case c.Timeout != 0 && c.Kind == CheckTTL:
+		return invalidCheck(c.String(), "a ttl check has no timeout: it probes nothing (the service reports; the interval is how often the last report is judged)")
 	}
 	return nil
 }
@@ -206,15 +208,15 @@ func invalidCheck(spec, rule string) error {
 
 // checkJSON is a check's JSON form: durations as Go duration strings
 // ("10s"), so that a declaration reads as it is written on the command line.
-// Rise and Fall are pointers so that an explicit 0 is told from one left
-// out.
+// The durations, Rise and Fall are pointers so that an explicit zero (or
+// "") is told from a field left out.
 type checkJSON struct {
 	Kind     CheckKind `json:"kind"`
 	Path     string    `json:"path,omitempty"`
 	Service  string    `json:"service,omitempty"`
-	TTL      string    `json:"ttl,omitempty"`
-	Interval string    `json:"interval,omitempty"`
-	Timeout  string    `json:"timeout,omitempty"`
+	TTL      *string   `json:"ttl,omitempty"`
+	Interval *string   `json:"interval,omitempty"`
+	Timeout  *string   `json:"timeout,omitempty"`
 	Rise     *int      `json:"rise,omitempty"`
 	Fall     *int      `json:"fall,omitempty"`
 }
@@ -231,11 +233,12 @@ func nonZero(v int) *int {
 func (c Check) MarshalJSON() ([]byte, error) {
 	j := checkJSON{Kind: c.Kind, Path: c.Path, Service: c.Service, Rise: nonZero(c.Rise), Fall: nonZero(c.Fall)}
 	for _, d := range []struct {
-		to *string
+		to **string
 		v  time.Duration
 	}{{&j.TTL, c.TTL}, {&j.Interval, c.Interval}, {&j.Timeout, c.Timeout}} {
 		if d.v != 0 {
-			*d.to = d.v.String()
+			v := d.v.String()
+			*d.to = &v
 		}
 	}
 	return json.Marshal(j)
@@ -266,18 +269,18 @@ func (c *Check) UnmarshalJSON(data []byte) error {
 	}
 	for _, d := range []struct {
 		name string
-		from string
+		from *string
 		to   *time.Duration
 	}{{"ttl", j.TTL, &out.TTL}, {"interval", j.Interval, &out.Interval}, {"timeout", j.Timeout, &out.Timeout}} {
-		if d.from == "" {
+		if d.from == nil {
 			continue
 		}
-		v, err := time.ParseDuration(d.from)
+		v, err := time.ParseDuration(*d.from)
 		if err != nil {
-			return fmt.Errorf("%w: %s %q is not a duration such as \"10s\"", ErrInvalidCheck, d.name, shorten(d.from))
+			return fmt.Errorf("%w: %s %q is not a duration such as \"10s\" (leave %q out for its default)", ErrInvalidCheck, d.name, shorten(*d.from), d.name)
 		}
 		if v == 0 {
-			return fmt.Errorf("%w: %s %q is zero: give a duration such as \"10s\", or leave %q out for its default", ErrInvalidCheck, d.name, shorten(d.from), d.name)
+			return fmt.Errorf("%w: %s %q is zero: give a duration such as \"10s\", or leave %q out for its default", ErrInvalidCheck, d.name, shorten(*d.from), d.name)
 		}
 		*d.to = v
 	}

@@ -110,6 +110,8 @@ func TestCheckJSONRefusesZeroes(t *testing.T) {
 		`{"kind":"ttl","ttl":"0s"}`,
 		`{"kind":"tcp","rise":0}`,
 		`{"kind":"tcp","fall":0}`,
+		`{"kind":"http","path":"/h","interval":""}`,
+		`{"kind":"http","path":"/h","timeout":""}`,
 	} {
 		var c Check
 		err := json.Unmarshal([]byte(body), &c)
