@@ -434,6 +434,11 @@ func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	// The answer is the instance, as stored: its warnings go in Warning
+	// headers, as Kubernetes' API server sends them (kubectl prints them).
+	for _, warning := range out.RoutingWarnings() {
+		w.Header().Add("Warning", `299 - "`+strings.ReplaceAll(warning, `"`, `'`)+`"`)
+	}
 	writeJSON(w, http.StatusOK, out)
 }
 

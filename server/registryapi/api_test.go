@@ -41,8 +41,9 @@ func serveAPI(t *testing.T, reg *registry.StoreRegistry) *httptest.Server {
 }
 
 type reply struct {
-	code int
-	body []byte
+	code   int
+	body   []byte
+	header http.Header
 }
 
 func (r reply) decode(t *testing.T, v any) {
@@ -97,7 +98,7 @@ func doSecret(t *testing.T, method, url, body, secret string) reply {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reply{resp.StatusCode, b}
+	return reply{resp.StatusCode, b, resp.Header}
 }
 
 func register(t *testing.T, base, body string) RegisterResponse {
@@ -145,8 +146,14 @@ func TestRegisterListGetHeartbeatUpdateDeregister(t *testing.T) {
 	}
 
 	up := doSecret(t, "PATCH", instanceURL(base, reg.Instance), `{"address":"10.0.0.2:80","status":"draining"}`, reg.Secret)
-	if up.code != 200 {
-		t.Fatalf("update: %d %s", up.code, up.body)
+	if up.code != 200 || len(up.header.Values("Warning")) != 0 {
+		t.Fatalf("update: %d %s, warnings %q", up.code, up.body, up.header.Values("Warning"))
+	}
+	// Routing metadata DNS and xDS cannot read is taken with a Warning
+	// header each (the answer's body is the instance); before, none.
+	weird := doSecret(t, "PATCH", instanceURL(base, reg.Instance), `{"metadata":{"zone":"a","weight":"abc","lb_policy":"x"}}`, reg.Secret)
+	if ws := weird.header.Values("Warning"); weird.code != 200 || len(ws) != 2 || !strings.HasPrefix(ws[0], `299 - "metadata weight='abc' is not 0-65535`) {
+		t.Fatalf("update with unreadable routing metadata: %d %s, warnings %q", weird.code, weird.body, ws)
 	}
 	up.decode(t, &got)
 	if got.Address != "10.0.0.2:80" || got.Status != beacon.StatusDraining || got.Metadata["zone"] != "a" {

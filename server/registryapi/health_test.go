@@ -83,7 +83,7 @@ func TestInvalidCheckIsBadRequest(t *testing.T) {
 	}
 	rec := httptest.NewRecorder()
 	h.fail(rec, httptest.NewRequest("POST", InstancesPath, nil), fmt.Errorf("registry: %w: this backend runs no checks", beacon.ErrInvalidCheck))
-	reply{rec.Code, rec.Body.Bytes()}.wantError(t, http.StatusBadRequest, "invalid_argument")
+	reply{rec.Code, rec.Body.Bytes(), rec.Header()}.wantError(t, http.StatusBadRequest, "invalid_argument")
 }
 
 // checkedAPI serves the API over a registry whose instances the test

@@ -59,7 +59,7 @@ func doHeaders(t *testing.T, method, url, body string, headers map[string]string
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reply{resp.StatusCode, b}
+	return reply{resp.StatusCode, b, resp.Header}
 }
 
 type openStream struct {
