@@ -286,7 +286,45 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("shutdown timeout %v: must not be negative", c.ShutdownTimeout))
 	}
 	errs = append(errs, c.validateCompaction()...)
+	errs = append(errs, c.validateDistinctListeners()...)
 	return errors.Join(errs...)
+}
+
+// validateDistinctListeners refuses two TCP listeners given one address
+// (the same host and port, not port 0): the second failed when the server
+// started, as "address already in use (is another beacon serve
+// running?)", which it was not.
+func (c Config) validateDistinctListeners() []error {
+	seen := map[string]string{}
+	var errs []error
+	add := func(field, addr string) {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || port == "0" || addr == "" {
+			return
+		}
+		key := net.JoinHostPort(host, port)
+		if first, ok := seen[key]; ok {
+			errs = append(errs, fmt.Errorf("%s and %s are both %s: give each its own port", first, field, key))
+			return
+		}
+		seen[key] = field
+	}
+	add("Config.HTTPAddr", c.HTTPAddr)
+	add("Config.XDS.Addr", c.XDS.Addr)
+	add("Config.DNS.Addr", c.DNS.Addr) // its TCP listener
+	if c.embedded() {
+		for _, set := range []struct {
+			field string
+			urls  []string
+		}{{"Config.ListenClientURLs", c.ListenClientURLs}, {"Config.ListenPeerURLs", c.ListenPeerURLs}} {
+			for _, raw := range set.urls {
+				if u, err := url.Parse(raw); err == nil {
+					add(set.field, u.Host)
+				}
+			}
+		}
+	}
+	return errs
 }
 
 // validateURL checks an etcd URL: http or https, a host and a port, no path.

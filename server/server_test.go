@@ -313,3 +313,22 @@ func TestRegistryAPIOverEmbeddedEtcd(t *testing.T) {
 		t.Fatalf("lease: %+v %v", ttl, err)
 	}
 }
+
+// TestListenersNeedTheirOwnAddresses: two listeners given one address
+// are refused when the config is checked, naming both: the second failed
+// at start as "address already in use (is another beacon serve
+// running?)", which it was not.
+func TestListenersNeedTheirOwnAddresses(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPAddr = "127.0.0.1:31998"
+	cfg.XDS.Addr = "127.0.0.1:31998"
+	err := cfg.Validate()
+	if err == nil || !strings.Contains(err.Error(), "Config.HTTPAddr and Config.XDS.Addr are both 127.0.0.1:31998") {
+		t.Fatalf("Validate: %v", err)
+	}
+	cfg.XDS.Addr = "127.0.0.1:0"
+	cfg.HTTPAddr = "127.0.0.1:0"
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("two listeners on port 0: %v", err)
+	}
+}

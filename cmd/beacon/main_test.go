@@ -373,6 +373,11 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		// Client certificates asked for without TLS were silently not
 		// asked for.
 		{args: []string{"proxy", "--client-cert-auth", "--endpoints", "http://127.0.0.1:1"}, want: "--client-cert-auth needs --trusted-ca-file"},
+		// Two listeners on one address: the second failed at start as
+		// "is another beacon serve running?".
+		{args: []string{"serve", "--http-addr", "127.0.0.1:31999", "--xds-addr", "127.0.0.1:31999"}, want: "--http-addr and --xds-addr are both 127.0.0.1:31999: give each its own port"},
+		{args: []string{"serve", "--auth-token-ttl", "0"}, want: "--auth-token-ttl"},
+		{args: []string{"serve", "--auto-compaction-retention", "1ns"}, want: "--auto-compaction-retention 1ns: keep at least 1s of history (0 keeps every revision)"},
 		// A silence timeout too short benched healthy members.
 		{args: []string{"proxy", "--watch-silence-timeout", "20ms", "--endpoints", "http://127.0.0.1:1"}, want: "--watch-silence-timeout 20ms: at least 1s"},
 		{args: []string{"proxy", "--keepalive-silence-timeout", "1ns", "--endpoints", "http://127.0.0.1:1"}, want: "--keepalive-silence-timeout 1ns: at least 100ms"},

@@ -37,6 +37,10 @@ func compactionRetention(f *pflag.FlagSet) (time.Duration, error) {
 	switch {
 	case d < 0:
 		return 0, usagef("--auto-compaction-retention %q: must not be negative (0 keeps every revision)", v)
+	case d > 0 && d < time.Second:
+		// The library's message would say "negative keeps everything":
+		// true of the Config field, not of the flag.
+		return 0, usagef("--auto-compaction-retention %s: keep at least 1s of history (0 keeps every revision)", v)
 	case d == 0:
 		return -1, nil
 	}

@@ -69,6 +69,9 @@ func (s secondsFlag) String() string {
 
 func (s secondsFlag) Set(v string) error {
 	if n, err := strconv.ParseUint(v, 10, 32); err == nil {
+		if n == 0 {
+			return fmt.Errorf("0 is not a lifetime: want a number of seconds or a duration of at least 1s, e.g. 300 or 5m (leave it out for 300)")
+		}
 		*s.d = time.Duration(n) * time.Second
 		return nil
 	}
