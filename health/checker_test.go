@@ -36,8 +36,11 @@ const interval = beacon.MinCheckInterval
 // failure and back after one pass.
 func checkOf(kind beacon.CheckKind) *beacon.Check {
 	c := &beacon.Check{Kind: kind, Interval: interval, Timeout: 400 * time.Millisecond, Rise: 1, Fall: 1}
-	if kind == beacon.CheckHTTP {
+	switch kind {
+	case beacon.CheckHTTP:
 		c.Path = "/healthz"
+	case beacon.CheckTTL:
+		c.Timeout = 0 // a TTL check probes nothing: it has no timeout
 	}
 	return c
 }
