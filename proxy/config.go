@@ -210,16 +210,18 @@ type Config struct {
 	// keep-alive stream. DefaultMaxStreams when zero; no bound when
 	// negative.
 	MaxStreams int
-	// MaxStreamsPerClient bounds the client streams one client address
-	// has open at once, so that one client cannot take all MaxStreams
-	// from the others. At the bound, a new stream takes the place of the
-	// oldest one of the address on which the client has sent nothing yet
-	// (ended with ResourceExhausted): every process of a host shares its
-	// address, so streams opened and left idle cannot lock out the
-	// others'. Only when every stream of the address has carried a request
-	// is a new one refused. DefaultMaxStreamsPerClient when zero; no bound
-	// when negative (behind a load balancer that does not keep client
-	// addresses, every client has its address: raise it or turn it off).
+	// MaxStreamsPerClient bounds the client streams of each kind (watch,
+	// lease keep-alive, other) one client address has open at once, so
+	// that one client cannot take all MaxStreams from the others. Every
+	// process of a host shares its address, so kinds do not share places
+	// (watches cannot lock out another process's keep-alives, and so its
+	// lease), and at the bound a new stream takes the place of the oldest
+	// one of its address and kind on which the client has sent nothing yet
+	// (ended with ResourceExhausted). Only when every stream of the address
+	// and kind has carried a request is a new one refused.
+	// DefaultMaxStreamsPerClient when zero; no bound when negative (behind
+	// a load balancer that does not keep client addresses, every client
+	// has its address: raise it or turn it off).
 	MaxStreamsPerClient int
 
 	// ClientTLS is used to reach members (client and peer URLs with

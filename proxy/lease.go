@@ -85,6 +85,30 @@ type kaClient struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	slow   atomic.Bool // ended as too slow (counted once)
+	// owed counts the client's requests not answered yet; once it has
+	// closed its side (sentAll), the stream ends when none is owed.
+	owed    atomic.Int64
+	sentAll atomic.Bool
+}
+
+// requested counts a request of the client, before it is forwarded.
+func (c *kaClient) requested() { c.owed.Add(1) }
+
+// answered counts n answers sent to the client; true when the stream is
+// done: the client has closed its side and nothing more is owed.
+func (c *kaClient) answered(n int) bool {
+	return c.owed.Add(-int64(n)) <= 0 && c.sentAll.Load()
+}
+
+// closedSend notes that the client has closed its side (the JSON gateway
+// does after the request body): the stream goes on until every request
+// is answered, as etcd answers each before it reads the next, and ends
+// at once if none is owed.
+func (c *kaClient) closedSend() {
+	c.sentAll.Store(true)
+	if c.owed.Load() <= 0 {
+		c.cancel(nil)
+	}
 }
 
 // tooSlow ends a client stream that does not take its answers: more than
@@ -147,13 +171,14 @@ func (lm *leaseMux) serve(ss grpc.ServerStream) error {
 			req := new(pb.LeaseKeepAliveRequest)
 			if err := ss.RecvMsg(req); err != nil {
 				if errors.Is(err, io.EOF) {
-					cancel(nil)
+					c.closedSend()
 				} else {
 					cancel(err)
 				}
 				return
 			}
 			p.m.kaRequests.Inc()
+			c.requested()
 			up.request(req.ID, c)
 		}
 	}()
@@ -167,6 +192,9 @@ func (lm *leaseMux) serve(ss grpc.ServerStream) error {
 					if err := ss.SendMsg(a.resp); err != nil {
 						return err
 					}
+				}
+				if c.answered(a.n) {
+					return nil
 				}
 			}
 		}

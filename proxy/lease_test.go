@@ -1,7 +1,11 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +14,9 @@ import (
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -288,5 +294,67 @@ func TestKeepAliveBurstForOneLease(t *testing.T) {
 	}
 	if v := value(t, p.m.kaDropped); v != 0 {
 		t.Errorf("keepalive_slow_streams_total = %v, want 0", v)
+	}
+}
+
+// TestKeepAliveAnsweredAfterTheClientClosesItsSide: a client that sends
+// its keep-alives and closes its side of the stream (the JSON gateway does
+// after the request body: `curl -d '{"ID":…}' …/v3/lease/keepalive`) gets
+// an answer to each, then the end of the stream, as from etcd, which
+// answers each request before it reads the next. The proxy ended such a
+// stream at once, with no answer.
+func TestKeepAliveAnsweredAfterTheClientClosesItsSide(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := startProxy(t, Config{Endpoints: srv.Endpoints()})
+	ctx := ctxT(t)
+	g, err := srv.Client(t).Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	member, err := url.Parse(srv.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three keep-alives of one lease (answered together upstream) and one
+	// of a lease that does not exist (TTL 0).
+	ids := []int64{int64(g.ID), int64(g.ID), 1, int64(g.ID)}
+	answers := func(target string) []string {
+		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ka, err := pb.NewLeaseClient(conn).LeaseKeepAlive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			if err := ka.Send(&pb.LeaseKeepAliveRequest{ID: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := ka.CloseSend(); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for {
+			r, err := ka.Recv()
+			if errors.Is(err, io.EOF) {
+				slices.Sort(got)
+				return got
+			}
+			if err != nil {
+				t.Fatalf("%s: after %d answers: %v", target, len(got), err)
+			}
+			got = append(got, fmt.Sprintf("lease %x ttl>0=%v", r.ID, r.TTL > 0))
+		}
+	}
+	want := answers(member.Host)
+	if len(want) != len(ids) {
+		t.Fatalf("etcd answered %q, want %d answers", want, len(ids))
+	}
+	if got := answers(p.Addr().String()); !slices.Equal(got, want) {
+		t.Fatalf("through the proxy: %q, want what etcd answers: %q", got, want)
 	}
 }

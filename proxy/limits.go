@@ -65,14 +65,13 @@ func (p *Proxy) profileHold(r *http.Request) time.Duration {
 // ResourceExhausted and what to do, a client stream past Config.MaxStreams
 // (an empty watch stream costs the proxy two goroutines and gRPC's buffers,
 // about 20 KiB: nothing else bounded how many one client could open), and
-// keeps the client_streams gauge. Past Config.MaxStreamsPerClient, a
-// silent stream of the same address (one that has carried no request)
-// makes room for the new one; only if there is none is the new one
-// refused.
+// keeps the client_streams gauge. Past Config.MaxStreamsPerClient
+// streams of one kind, a silent stream of the same address and kind (one
+// that has carried no request) makes room for the new one; only if there
+// is none is the new one refused.
 func (p *Proxy) limitStreams(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	n := p.streams.Add(1)
-	client := clientAddr(ss.Context())
-	cs := newClientStream(ss, p, client)
+	cs := newClientStream(ss, p, clientKind{clientAddr(ss.Context()), streamKind(info.FullMethod)})
 	defer func() {
 		p.streams.Add(-1)
 		p.m.clientStreams.Dec()
@@ -81,7 +80,7 @@ func (p *Proxy) limitStreams(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	p.m.clientStreams.Inc()
 	if limit := p.cfg.MaxStreamsPerClient; limit > 0 && !p.admitStream(cs, limit) {
 		err := status.Errorf(codes.ResourceExhausted,
-			"proxy: %s has %d client streams open on this proxy, each carrying requests, the most one client address may have (%s): close watch and keep-alive streams you no longer need (an etcd client needs one of each), or raise the limit", client, limit, p.cfg.setting("proxy.Config.MaxStreamsPerClient"))
+			"proxy: %s has %d %s streams open on this proxy, each carrying requests, the most one client address may have of a kind (%s): close the %[3]s streams you no longer need (an etcd client needs one), or raise the limit", cs.key.client, limit, cs.key.kind, p.cfg.setting("proxy.Config.MaxStreamsPerClient"))
 		p.refuseStream(ss, info, err)
 		return err
 	}
@@ -94,7 +93,29 @@ func (p *Proxy) limitStreams(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	return handler(srv, cs)
 }
 
-// clientStreams are the streams of one client address.
+// clientKind is the unit of Config.MaxStreamsPerClient: the streams of
+// one kind of one client address. Every process of a host shares its
+// address, so one bound for all its streams let a process that opened
+// watch streams up to it refuse another's lease keep-alive stream, and
+// so cost it its lease; streams of one kind cannot take another's places.
+type clientKind struct {
+	client string // clientAddr
+	kind   string // streamKind
+}
+
+// streamKind names the kind of a client stream: "watch" and "lease
+// keep-alive" (the two streams an etcd client keeps open), or "other".
+func streamKind(fullMethod string) string {
+	switch fullMethod {
+	case "/etcdserverpb.Watch/Watch":
+		return "watch"
+	case "/etcdserverpb.Lease/LeaseKeepAlive":
+		return "lease keep-alive"
+	}
+	return "other"
+}
+
+// clientStreams are the streams of one clientKind.
 type clientStreams struct {
 	n      int
 	silent list.List // streams that have carried no request, oldest first
@@ -105,17 +126,17 @@ type clientStreams struct {
 type clientStream struct {
 	grpc.ServerStream
 	p       *Proxy
-	client  string
+	key     clientKind
 	ctx     context.Context
 	cancel  context.CancelCauseFunc
 	spoke   atomic.Bool
-	elem    *list.Element // in its client's silent list (guarded by p.streamsMu)
+	elem    *list.Element // in its key's silent list (guarded by p.streamsMu)
 	counted bool          // counted in streamsBy (guarded by p.streamsMu)
 }
 
-func newClientStream(ss grpc.ServerStream, p *Proxy, client string) *clientStream {
+func newClientStream(ss grpc.ServerStream, p *Proxy, key clientKind) *clientStream {
 	ctx, cancel := context.WithCancelCause(ss.Context())
-	return &clientStream{ServerStream: ss, p: p, client: client, ctx: ctx, cancel: cancel}
+	return &clientStream{ServerStream: ss, p: p, key: key, ctx: ctx, cancel: cancel}
 }
 
 func (s *clientStream) Context() context.Context { return s.ctx }
@@ -126,7 +147,7 @@ func (s *clientStream) RecvMsg(m any) error {
 	if err == nil && !s.spoke.Swap(true) {
 		s.p.streamsMu.Lock()
 		if s.elem != nil {
-			s.p.streamsBy[s.client].silent.Remove(s.elem)
+			s.p.streamsBy[s.key].silent.Remove(s.elem)
 			s.elem = nil
 		}
 		s.p.streamsMu.Unlock()
@@ -134,19 +155,19 @@ func (s *clientStream) RecvMsg(m any) error {
 	return err
 }
 
-// admitStream counts cs against its client's bound, shedding the
-// client's oldest silent stream if the bound is reached; false if it is
-// reached and none is silent.
+// admitStream counts cs against its client's bound for its kind,
+// shedding the oldest silent stream of that client and kind if the bound
+// is reached; false if it is reached and none is silent.
 func (p *Proxy) admitStream(cs *clientStream, limit int) bool {
 	p.streamsMu.Lock()
 	if p.streamsBy == nil {
-		p.streamsBy = map[string]*clientStreams{}
+		p.streamsBy = map[clientKind]*clientStreams{}
 	}
-	c := p.streamsBy[cs.client]
+	c := p.streamsBy[cs.key]
 	if c == nil {
 		c = &clientStreams{}
 		c.silent.Init()
-		p.streamsBy[cs.client] = c
+		p.streamsBy[cs.key] = c
 	}
 	var shed *clientStream
 	if c.n >= limit {
@@ -168,12 +189,12 @@ func (p *Proxy) admitStream(cs *clientStream, limit int) bool {
 	if shed != nil {
 		p.m.shedStreams.Inc()
 		shed.cancel(status.Errorf(codes.ResourceExhausted,
-			"proxy: stream closed to make room: %s has %d client streams open on this proxy, the most one client address may have (%s), and this one had carried no request", cs.client, limit, p.cfg.setting("proxy.Config.MaxStreamsPerClient")))
+			"proxy: stream closed to make room: %s has %d %s streams open on this proxy, the most one client address may have of a kind (%s), and this one had carried no request", cs.key.client, limit, cs.key.kind, p.cfg.setting("proxy.Config.MaxStreamsPerClient")))
 	}
 	return true
 }
 
-// endStream takes cs out of its client's count.
+// endStream takes cs out of its client's count for its kind.
 func (p *Proxy) endStream(cs *clientStream) {
 	cs.cancel(nil)
 	p.streamsMu.Lock()
@@ -181,13 +202,13 @@ func (p *Proxy) endStream(cs *clientStream) {
 	if !cs.counted {
 		return
 	}
-	c := p.streamsBy[cs.client]
+	c := p.streamsBy[cs.key]
 	if cs.elem != nil {
 		c.silent.Remove(cs.elem)
 		cs.elem = nil
 	}
 	if c.n--; c.n <= 0 {
-		delete(p.streamsBy, cs.client)
+		delete(p.streamsBy, cs.key)
 	}
 }
 

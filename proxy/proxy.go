@@ -63,10 +63,10 @@ type Proxy struct {
 	// in place: until then every request is answered with notReady.
 	started atomic.Bool
 	// streams counts the client streams open (limits.go), streamsBy
-	// those of each client address.
+	// those of each client address and kind.
 	streams   atomic.Int64
 	streamsMu sync.Mutex
-	streamsBy map[string]*clientStreams
+	streamsBy map[clientKind]*clientStreams
 	finding   finding // what finding the cluster has tried (start)
 	warned    *onceLog
 	// refreshLog bounds the lines of a member list refresh that keeps

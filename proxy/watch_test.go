@@ -588,26 +588,15 @@ func TestStreamBoundPerClient(t *testing.T) {
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	p := startProxy(t, Config{Endpoints: srv.Endpoints(), MaxStreams: 100, MaxStreamsPerClient: 2})
 	ctx := ctxT(t)
-	// from dials the proxy from a loopback source address of its own.
-	from := func(src string) *grpc.ClientConn {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
-		conn, err := grpc.NewClient(p.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = conn.Close() })
-		return conn
-	}
 	watch := func(conn *grpc.ClientConn) (*pb.WatchResponse, error) { return openWatch(ctx, conn, "/k") }
-	greedy, other := from("127.0.0.2"), from("127.0.0.3")
+	greedy, other := dialFrom(t, p, "127.0.0.2"), dialFrom(t, p, "127.0.0.3")
 	for i := range 2 {
 		if r, err := watch(greedy); err != nil || !r.Created {
 			t.Fatalf("stream %d of 127.0.0.2: %+v %v", i+1, r, err)
 		}
 	}
 	_, err := watch(greedy)
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "127.0.0.2 has 2 client streams") || !strings.Contains(err.Error(), "proxy.Config.MaxStreamsPerClient") {
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "127.0.0.2 has 2 watch streams") || !strings.Contains(err.Error(), "proxy.Config.MaxStreamsPerClient") {
 		t.Fatalf("a 3rd stream of 127.0.0.2: %v, want ResourceExhausted saying why", err)
 	}
 	if r, err := watch(other); err != nil || !r.Created {
@@ -616,26 +605,14 @@ func TestStreamBoundPerClient(t *testing.T) {
 
 	// Gateway watches: per HTTP client address.
 	gateway := func(src string) (int, string) {
-		c := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}).DialContext}}
-		t.Cleanup(c.CloseIdleConnections)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.Addr().String()+"/v3/watch",
-			strings.NewReader(`{"create_request":{"key":"L2s="}}`))
-		// A client naming another address for itself is not believed.
-		req.Header.Set("Grpc-Metadata-"+gatewayClientKey, "192.0.2.1")
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = resp.Body.Close() })
-		line, _ := bufio.NewReader(resp.Body).ReadString('\n')
-		return resp.StatusCode, line
+		return gatewayStream(t, p, src, "/v3/watch", `{"create_request":{"key":"L2s="}}`)
 	}
 	for i := range 2 {
 		if code, line := gateway("127.0.0.4"); code != 200 || !strings.Contains(line, `"created":true`) {
 			t.Fatalf("gateway stream %d of 127.0.0.4: %d %s", i+1, code, line)
 		}
 	}
-	if _, line := gateway("127.0.0.4"); !strings.Contains(line, "127.0.0.4 has 2 client streams") {
+	if _, line := gateway("127.0.0.4"); !strings.Contains(line, "127.0.0.4 has 2 watch streams") {
 		t.Fatalf("a 3rd gateway stream of 127.0.0.4: %s, want the per-client refusal", line)
 	}
 	if code, line := gateway("127.0.0.5"); code != 200 || !strings.Contains(line, `"created":true`) {
@@ -654,18 +631,9 @@ func TestSilentStreamsMakeRoomPerClient(t *testing.T) {
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	p := startProxy(t, Config{Endpoints: srv.Endpoints(), MaxStreams: 100, MaxStreamsPerClient: 4})
 	ctx := ctxT(t)
-	from := func(src string) *grpc.ClientConn {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
-		conn, err := grpc.NewClient(p.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = conn.Close() })
-		return conn
-	}
-	// One process of 127.0.0.2 opens the address's four places, silent.
-	flood := from("127.0.0.2")
+	// One process of 127.0.0.2 opens the address's four watch places,
+	// silent.
+	flood := dialFrom(t, p, "127.0.0.2")
 	var silent []pb.Watch_WatchClient
 	for range 4 {
 		ws, err := pb.NewWatchClient(flood).Watch(ctx)
@@ -682,9 +650,10 @@ func TestSilentStreamsMakeRoomPerClient(t *testing.T) {
 			ended <- err
 		}()
 	}
-	// Another process of the same address: its watch and its lease
-	// keep-alive are served, each in place of a silent stream.
-	legit := from("127.0.0.2")
+	// Another process of the same address: its watch is served in place
+	// of a silent stream; its lease keep-alive, a kind of its own, beside
+	// them.
+	legit := dialFrom(t, p, "127.0.0.2")
 	if r, err := openWatch(ctx, legit, "/k"); err != nil || !r.Created {
 		t.Fatalf("a watch of another process of 127.0.0.2: %+v %v", r, err)
 	}
@@ -702,8 +671,8 @@ func TestSilentStreamsMakeRoomPerClient(t *testing.T) {
 	if r, err := ka.Recv(); err != nil || r.TTL <= 0 {
 		t.Fatalf("a keep-alive of another process of 127.0.0.2: %+v %v", r, err)
 	}
-	// Two silent streams made room (the oldest the proxy admitted), and
-	// say why.
+	// One silent stream made room (the oldest the proxy admitted), and
+	// says why.
 	shed := func(n int) {
 		t.Helper()
 		for range n {
@@ -714,19 +683,19 @@ func TestSilentStreamsMakeRoomPerClient(t *testing.T) {
 			}
 		}
 	}
-	shed(2)
-	if n := value(t, p.m.shedStreams); n != 2 {
-		t.Fatalf("shed_streams_total = %v, want 2", n)
+	shed(1)
+	if n := value(t, p.m.shedStreams); n != 1 {
+		t.Fatalf("shed_streams_total = %v, want 1", n)
 	}
-	// The remaining places hold two silent streams and two that carry
-	// requests: two more newcomers take the silent ones' places, then the
-	// next is refused — the streams in use are never shed.
-	for range 2 {
+	// The remaining watch places hold three silent streams and one that
+	// carries requests: three more newcomers take the silent ones' places,
+	// then the next is refused — the streams in use are never shed.
+	for range 3 {
 		if r, err := openWatch(ctx, legit, "/k"); err != nil || !r.Created {
 			t.Fatalf("a watch in place of a silent stream: %+v %v", r, err)
 		}
 	}
-	shed(2)
+	shed(3)
 	if _, err := openWatch(ctx, legit, "/k"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "each carrying requests") {
 		t.Fatalf("a stream past the bound with none silent: %v, want ResourceExhausted", err)
 	}
@@ -736,4 +705,98 @@ func TestSilentStreamsMakeRoomPerClient(t *testing.T) {
 	if r, err := ka.Recv(); err != nil || r.TTL <= 0 {
 		t.Fatalf("the keep-alive stream after the bound was reached: %+v %v", r, err)
 	}
+}
+
+// TestStreamKindsHoldPlacesOfTheirOwn: MaxStreamsPerClient bounds each
+// kind of stream of an address on its own. Every process of a host shares
+// its address: one process holding the address's places with watch
+// streams, each carrying a request, got another process's lease
+// keep-alive stream refused, and that process lost its lease. Now the
+// watches are refused past the bound and keep-alives are not, and the
+// other way round, over gRPC and through the JSON gateway alike.
+func TestStreamKindsHoldPlacesOfTheirOwn(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := startProxy(t, Config{Endpoints: srv.Endpoints(), MaxStreams: 100, MaxStreamsPerClient: 2})
+	ctx := ctxT(t)
+	flood, other := dialFrom(t, p, "127.0.0.2"), dialFrom(t, p, "127.0.0.2")
+	for i := range 2 {
+		if r, err := openWatch(ctx, flood, "/k"); err != nil || !r.Created {
+			t.Fatalf("watch stream %d of 127.0.0.2: %+v %v", i+1, r, err)
+		}
+	}
+	if _, err := openWatch(ctx, other, "/k"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "127.0.0.2 has 2 watch streams") {
+		t.Fatalf("a 3rd watch stream of 127.0.0.2: %v, want ResourceExhausted naming the kind", err)
+	}
+	lease, err := pb.NewLeaseClient(other).LeaseGrant(ctx, &pb.LeaseGrantRequest{TTL: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepAlive := func(conn *grpc.ClientConn) error {
+		ka, err := pb.NewLeaseClient(conn).LeaseKeepAlive(ctx)
+		if err != nil {
+			return err
+		}
+		if err := ka.Send(&pb.LeaseKeepAliveRequest{ID: lease.ID}); err != nil {
+			return err
+		}
+		r, err := ka.Recv()
+		if err == nil && r.TTL <= 0 {
+			return fmt.Errorf("TTL %d", r.TTL)
+		}
+		return err
+	}
+	for i := range 2 {
+		if err := keepAlive(other); err != nil {
+			t.Fatalf("keep-alive stream %d of 127.0.0.2, its watch places all taken: %v", i+1, err)
+		}
+	}
+	if err := keepAlive(flood); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "127.0.0.2 has 2 lease keep-alive streams") {
+		t.Fatalf("a 3rd keep-alive stream of 127.0.0.2: %v, want ResourceExhausted naming the kind", err)
+	}
+
+	// Through the gateway: an HTTP client's watches do not take its
+	// keep-alives' places.
+	for i := range 2 {
+		if code, line := gatewayStream(t, p, "127.0.0.4", "/v3/watch", `{"create_request":{"key":"L2s="}}`); code != 200 || !strings.Contains(line, `"created":true`) {
+			t.Fatalf("gateway watch stream %d of 127.0.0.4: %d %s", i+1, code, line)
+		}
+	}
+	body := fmt.Sprintf(`{"ID":"%d"}`, lease.ID)
+	if code, line := gatewayStream(t, p, "127.0.0.4", "/v3/lease/keepalive", body); code != 200 || !strings.Contains(line, `"TTL"`) {
+		t.Fatalf("a gateway keep-alive of 127.0.0.4, its watch places all taken: %d %s", code, line)
+	}
+}
+
+// dialFrom dials p from the loopback source address src, as a process of
+// another host would.
+func dialFrom(t *testing.T, p *Proxy, src string) *grpc.ClientConn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	conn, err := grpc.NewClient(p.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// gatewayStream opens a JSON gateway stream from the loopback source
+// address src and returns its status and first line; the stream stays
+// open until the test ends.
+func gatewayStream(t *testing.T, p *Proxy, src, path, body string) (int, string) {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}).DialContext}}
+	t.Cleanup(c.CloseIdleConnections)
+	req, _ := http.NewRequestWithContext(ctxT(t), http.MethodPost, "http://"+p.Addr().String()+path, strings.NewReader(body))
+	// A client naming another address for itself is not believed.
+	req.Header.Set("Grpc-Metadata-"+gatewayClientKey, "192.0.2.1")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = resp.Body.Close() })
+	line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+	return resp.StatusCode, line
 }

@@ -159,7 +159,7 @@ func (p *proxyFlags) addLimitFlags(f *pflag.FlagSet) {
 	f.IntVar(&p.cfg.MaxWatchersPerStream, "max-watchers-per-stream", proxy.DefaultMaxWatchersPerStream, "most watchers on one client watch stream (one etcd client) (-1: no limit)")
 	f.Int64Var(&p.cfg.MaxWatchWaitingBytes, "max-watch-waiting-bytes", proxy.DefaultMaxWatchWaitingBytes, "most bytes of events waiting for all client watch streams together, each counted once; past it the streams that have waited longest are ended, their clients re-watch (-1: no limit)")
 	f.IntVar(&p.cfg.MaxStreams, "max-streams", proxy.DefaultMaxStreams, "most client streams (watch, lease keep-alive, ...) open on the proxy at once; an etcd client needs one watch and one keep-alive stream (-1: no limit)")
-	f.IntVar(&p.cfg.MaxStreamsPerClient, "max-streams-per-client", proxy.DefaultMaxStreamsPerClient, "most client streams one client address (every local process, everyone behind one NAT) may have open at once, so that one client cannot take --max-streams from the others; at the bound a new stream takes the place of one that has carried no request, and is refused only while every one has (-1: no limit; 0 is refused)")
+	f.IntVar(&p.cfg.MaxStreamsPerClient, "max-streams-per-client", proxy.DefaultMaxStreamsPerClient, "most client streams of each kind (watch, lease keep-alive, other) one client address (every local process, everyone behind one NAT) may have open at once, so that one client cannot take --max-streams from the others; at the bound a new stream takes the place of one of its kind that has carried no request, and is refused only while every one has (-1: no limit; 0 is refused)")
 }
 
 // resolve completes p.cfg from the flags and variables, checking each
