@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/grpcstop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
@@ -118,16 +119,7 @@ func (s *servers) stop(ctx context.Context) {
 	_ = s.hs.Shutdown(sctx)
 	cancel()
 	_ = s.hs.Close()
-	stopped := make(chan struct{})
-	go func() { s.gs.GracefulStop(); close(stopped) }()
-	sctx, cancel = context.WithTimeout(ctx, stopGrace)
-	select {
-	case <-stopped:
-	case <-sctx.Done():
-		s.gs.Stop()
-		<-stopped
-	}
-	cancel()
+	grpcstop.Stop(ctx, stopGrace, s.gs)
 	<-s.innerDone
 	_ = s.gconn.Close()
 }

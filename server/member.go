@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/grpcstop"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -68,28 +69,7 @@ func (m *member) endClientStreams(abort context.Context, grace time.Duration) (c
 	m.grpcMu.Lock()
 	servers := slices.Clone(m.grpcServers)
 	m.grpcMu.Unlock()
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		var wg sync.WaitGroup
-		for _, gs := range servers {
-			wg.Go(gs.GracefulStop)
-		}
-		wg.Wait()
-	}()
-	timer := time.NewTimer(grace)
-	defer timer.Stop()
-	select {
-	case <-drained:
-		return false
-	case <-timer.C:
-	case <-abort.Done():
-	}
-	for _, gs := range servers {
-		gs.Stop() // ends the graceful stops too
-	}
-	<-drained
-	return true
+	return grpcstop.Stop(abort, grace, servers...)
 }
 
 // close closes the in-process client, ends etcd's client RPCs (after

@@ -415,3 +415,22 @@ func TestSubscriptionChangeAfterACK(t *testing.T) {
 		t.Fatalf("after a second channel's subscription: %v", got)
 	}
 }
+
+// Close tells every open stream why it ends (Unavailable: the server is
+// shutting down), rather than cut its connection under it: clients saw
+// "Unavailable: EOF" (internal/grpcstop bounds the wait for streams that
+// do not end).
+func TestCloseTellsStreamsWhy(t *testing.T) {
+	r := memRegistry(t)
+	s, addr := startXDS(t, r, Config{})
+	a := dialADS(t, addr, "raw")
+	a.request(ListenerType, []string{"grpc.greeter.demo"}, nil, "")
+	a.recv()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.recvErr()
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "shutting down") {
+		t.Fatalf("an open stream ended with %v, want Unavailable saying the server is shutting down", err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon"
+	"github.com/beaconplane/beacon/internal/grpcstop"
 	"github.com/beaconplane/beacon/internal/setting"
 	"github.com/beaconplane/beacon/registry"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -180,8 +181,12 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
-// Close ends every stream and stops following the registry. It is
-// idempotent.
+// closeGrace is how long Close lets streams end with their reason (the
+// server is shutting down: connect again) before it cuts connections.
+const closeGrace = time.Second
+
+// Close ends every stream, telling its client why, and stops following
+// the registry. It is idempotent.
 func (s *Server) Close() error {
 	s.once.Do(func() {
 		s.mu.Lock()
@@ -189,9 +194,7 @@ func (s *Server) Close() error {
 		servers := s.servers
 		s.mu.Unlock()
 		close(s.done)
-		for _, gs := range servers {
-			gs.Stop()
-		}
+		grpcstop.Stop(context.Background(), closeGrace, servers...)
 		s.cancel()
 		s.wg.Wait()
 	})
