@@ -34,6 +34,10 @@ type XDSConfig struct {
 	// MaxStreamsPerClient bounds those of one client address;
 	// xdsapi.DefaultMaxStreamsPerClient when zero, no bound when negative.
 	MaxStreamsPerClient int
+	// MaxNamesPerClient bounds the resource names the streams of one
+	// client address subscribe to together;
+	// xdsapi.DefaultMaxNamesPerClient when zero, no bound when negative.
+	MaxNamesPerClient int
 }
 
 func (c XDSConfig) validate() []error {
@@ -91,6 +95,7 @@ func (s *Server) startXDS() error {
 	cfg := xdsapi.Config{
 		MaxStreams:          s.cfg.XDS.MaxStreams,
 		MaxStreamsPerClient: s.cfg.XDS.MaxStreamsPerClient,
+		MaxNamesPerClient:   s.cfg.XDS.MaxNamesPerClient,
 		Authorize:           s.authorizeXDS,
 		Logger:              s.log,
 		Metrics:             s.reg,

@@ -66,6 +66,7 @@ var configFlags = map[string]string{
 	"dnsapi.Config.MaxStale":            "--dns-max-stale",
 	"xdsapi.Config.MaxStreams":          "--xds-max-streams",
 	"xdsapi.Config.MaxStreamsPerClient": "--xds-max-streams-per-client",
+	"xdsapi.Config.MaxNamesPerClient":   "--xds-max-names-per-client",
 	"registryapi.Config.Operators":      "--auth",
 
 	// The kubernetes backend of every registry command.

@@ -22,9 +22,14 @@ const (
 	// that one client cannot take every stream; a process needs one.
 	DefaultMaxStreamsPerClient = 1_000
 	// DefaultMaxNamesPerStream bounds the resource names one stream
-	// subscribes to, per type (a client that wants every service
-	// subscribes to the wildcard instead).
+	// subscribes to, over all its types (a client that wants every
+	// service subscribes to the wildcard instead); a name costs the
+	// server about 110 bytes.
 	DefaultMaxNamesPerStream = 100_000
+	// DefaultMaxNamesPerClient bounds those of every stream of one
+	// client address together, so that one client cannot take the
+	// server's memory by opening streams.
+	DefaultMaxNamesPerClient = 100_000
 	// DefaultPermissionRecheck is how long a stream trusts its client's
 	// permission to read a namespace before it asks again.
 	DefaultPermissionRecheck = 30 * time.Second
@@ -67,9 +72,14 @@ type Config struct {
 	// past it is refused with ResourceExhausted);
 	// DefaultMaxStreamsPerClient when zero, no bound when negative.
 	MaxStreamsPerClient int
-	// MaxNamesPerStream bounds the names one stream subscribes to, per
-	// type; DefaultMaxNamesPerStream when zero.
+	// MaxNamesPerStream bounds the names one stream subscribes to, over
+	// all its types; DefaultMaxNamesPerStream when zero.
 	MaxNamesPerStream int
+	// MaxNamesPerClient bounds the names the streams of one client
+	// address subscribe to together; DefaultMaxNamesPerClient when zero,
+	// no bound when negative. A request past either bound ends its stream
+	// with ResourceExhausted.
+	MaxNamesPerClient int
 	// AckTimeout is how long a response may wait for the client's ACK or
 	// NACK while newer state waits, before the stream is ended with
 	// DeadlineExceeded; DefaultAckTimeout when zero.
@@ -90,6 +100,7 @@ func (c Config) withDefaults() Config {
 	c.MaxStreams = cmp.Or(c.MaxStreams, DefaultMaxStreams)
 	c.MaxStreamsPerClient = cmp.Or(c.MaxStreamsPerClient, DefaultMaxStreamsPerClient)
 	c.MaxNamesPerStream = cmp.Or(c.MaxNamesPerStream, DefaultMaxNamesPerStream)
+	c.MaxNamesPerClient = cmp.Or(c.MaxNamesPerClient, DefaultMaxNamesPerClient)
 	c.AckTimeout = cmp.Or(c.AckTimeout, DefaultAckTimeout)
 	c.PermissionRecheck = cmp.Or(c.PermissionRecheck, DefaultPermissionRecheck)
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))

@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		nacks: f.CounterVec("beacon_xds_nacks_total",
 			"Responses a client refused (NACK), by type and client (the node's user_agent_name); the log says why.", "type", "client"),
 		refused: f.CounterVec("beacon_xds_streams_refused_total",
-			"ADS streams refused at their start, by reason (max_streams, max_streams_per_client, unauthenticated).", "reason"),
+			"ADS streams refused at their start, or ended for a request past a bound, by reason (max_streams, max_streams_per_client, max_names_per_stream, max_names_per_client, unauthenticated).", "reason"),
 		unknownType: f.Counter("beacon_xds_unknown_type_requests_total",
 			"Subscriptions to a resource type Beacon serves none of (answered empty)."),
 		denied: f.Counter("beacon_xds_namespaces_denied_total",

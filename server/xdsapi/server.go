@@ -47,12 +47,13 @@ type Server struct {
 
 	// mu guards the stream counts and the gRPC servers (never held with
 	// the index's lock).
-	mu      sync.Mutex
-	streams int
-	perPeer map[string]int
-	servers []*grpc.Server
-	closed  bool
-	once    sync.Once
+	mu       sync.Mutex
+	streams  int
+	perPeer  map[string]int
+	namesPer map[string]int // names subscribed by the streams of each client address
+	servers  []*grpc.Server
+	closed   bool
+	once     sync.Once
 }
 
 var _ discoveryv3.AggregatedDiscoveryServiceServer = (*Server)(nil)
@@ -68,7 +69,7 @@ func New(d registry.Discoverer, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "xds"), perPeer: map[string]int{}, done: make(chan struct{}),
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "xds"), perPeer: map[string]int{}, namesPer: map[string]int{}, done: make(chan struct{}),
 		readNames: registry.LayoutOf(d) == registry.LayoutDynamo}
 	m, err := newMetrics(cfg.Metrics, s)
 	if err != nil {
@@ -228,6 +229,26 @@ func (s *Server) admit(host string) (release func(), err error) {
 	}, nil
 }
 
+// reserveNames counts delta more (or, negative, fewer) names subscribed
+// by a stream of host against MaxNamesPerClient; an error when the bound
+// would be passed (nothing is counted then).
+func (s *Server) reserveNames(host string, delta int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.namesPer[host] + delta
+	if limit := s.cfg.MaxNamesPerClient; delta > 0 && limit > 0 && n > limit {
+		s.m.refused.WithLabelValues("max_names_per_client").Inc()
+		return status.Errorf(codes.ResourceExhausted, "%s would subscribe to %d resource names over its xDS streams, the most one client address may (%s): subscribe with no names, the wildcard, to get every service, or raise the bound",
+			host, n, setting.Namer(s.cfg.SettingName).Name("xdsapi.Config.MaxNamesPerClient"))
+	}
+	if n <= 0 {
+		delete(s.namesPer, host)
+	} else {
+		s.namesPer[host] = n
+	}
+	return nil
+}
+
 // streamCount returns the open streams.
 func (s *Server) streamCount() int {
 	s.mu.Lock()
@@ -268,14 +289,15 @@ func (s *Server) StreamAggregatedResources(ss discoveryv3.AggregatedDiscoverySer
 	}
 	st := &stream{
 		srv: s, ctx: ctx, send: ss.Send, peer: host, access: access,
-		wake: make(chan struct{}, 1), types: map[string]*typeState{}, visible: map[string]bool{},
+		wake: make(chan struct{}, 1), types: map[string]*typeState{}, refs: map[service]*[numTypes]int{}, visible: map[string]bool{},
 	}
 	s.idx.addStream(st)
 	defer func() {
 		st.mu.Lock()
-		subscribed := st.subscribed()
+		subscribed, names := st.subscribed(), st.names
 		st.mu.Unlock()
 		s.idx.removeStream(st, subscribed)
+		_ = s.reserveNames(host, -names)
 	}()
 	recvErr := make(chan error, 1)
 	s.wg.Add(1)

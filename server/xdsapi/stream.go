@@ -55,6 +55,12 @@ type stream struct {
 	mu    sync.Mutex
 	node  nodeInfo
 	types map[string]*typeState // by type URL
+	// refs counts, per service and type, the subscribed names that
+	// designate it (a service has several names): the types under which
+	// the index has the stream follow it, kept as names come and go so
+	// that a request of n names costs O(n), not O(n²).
+	refs  map[service]*[numTypes]int
+	names int // subscribed, over all types (MaxNamesPerStream)
 	nonce uint64
 }
 
@@ -156,8 +162,7 @@ func (s *stream) handle(req *discoveryv3.DiscoveryRequest) error {
 // subscribe sets what the client follows of a type to names.
 func (s *stream) subscribe(ts *typeState, names []string) error {
 	if len(names) > s.srv.cfg.MaxNamesPerStream {
-		return status.Errorf(codes.ResourceExhausted, "%d resource names of type %s in one request: at most %d per stream (subscribe with no names, the wildcard, to get every service)",
-			len(names), ts.url, s.srv.cfg.MaxNamesPerStream)
+		return s.tooManyNames(ts, len(names))
 	}
 	wildcard := false
 	want := make(map[string]struct{}, len(names))
@@ -168,6 +173,14 @@ func (s *stream) subscribe(ts *typeState, names []string) error {
 		}
 		want[n] = struct{}{}
 	}
+	delta := len(want) - len(ts.names)
+	if s.names+delta > s.srv.cfg.MaxNamesPerStream {
+		return s.tooManyNames(ts, s.names+delta)
+	}
+	if err := s.srv.reserveNames(s.peer, delta); err != nil {
+		return err
+	}
+	s.names += delta
 	if len(names) == 0 && !ts.explicit {
 		wildcard = true // the legacy wildcard: an empty first subscription
 	}
@@ -186,7 +199,9 @@ func (s *stream) subscribe(ts *typeState, names []string) error {
 			st := ts.names[n]
 			delete(ts.names, n)
 			delete(ts.sent, n)
-			s.resubscribe(ts.t, st)
+			if st != nil {
+				s.follow(st.svc, ts.t, -1)
+			}
 		}
 	}
 	for n := range want {
@@ -195,37 +210,41 @@ func (s *stream) subscribe(ts *typeState, names []string) error {
 		}
 		var st *svcState
 		if svc, _, ok := parseName(n, s.srv.readNames); ok && ts.t < numTypes {
-			st = s.srv.idx.subscribe(s, svc, s.maskFor(svc)|ts.t.mask())
+			st = s.follow(svc, ts.t, +1)
 		}
 		ts.names[n] = st
 	}
 	return nil
 }
 
-// maskFor returns the types under which the stream subscribes to svc.
-func (s *stream) maskFor(svc service) typeMask {
-	var m typeMask
-	for _, ts := range s.types {
-		if ts.t == numTypes {
-			continue
-		}
-		for _, st := range ts.names {
-			if st != nil && st.svc == svc {
-				m |= ts.t.mask()
-				break
-			}
-		}
-	}
-	return m
+// tooManyNames is the error of a request that would have the stream
+// subscribe to n names.
+func (s *stream) tooManyNames(ts *typeState, n int) error {
+	s.srv.m.refused.WithLabelValues("max_names_per_stream").Inc()
+	return status.Errorf(codes.ResourceExhausted, "a request of type %s would have this stream subscribe to %d resource names: at most %d per stream, over all types (subscribe with no names, the wildcard, to get every service)",
+		ts.url, n, s.srv.cfg.MaxNamesPerStream)
 }
 
-// resubscribe updates the index after the stream dropped a name of type t
-// that designated st.
-func (s *stream) resubscribe(t rtype, st *svcState) {
-	if st == nil || t == numTypes {
-		return
+// follow counts one more (delta +1) or one fewer (-1) name of type t
+// designating svc, and has the index follow svc for the stream under the
+// types that still have one; it returns svc's state (nil once none has).
+func (s *stream) follow(svc service, t rtype, delta int) *svcState {
+	c := s.refs[svc]
+	if c == nil {
+		c = new([numTypes]int)
+		s.refs[svc] = c
 	}
-	s.srv.idx.subscribe(s, st.svc, s.maskFor(st.svc))
+	c[t] += delta
+	var m typeMask
+	for t, n := range c {
+		if n > 0 {
+			m |= rtype(t).mask()
+		}
+	}
+	if m == 0 {
+		delete(s.refs, svc)
+	}
+	return s.srv.idx.subscribe(s, svc, m)
 }
 
 // subscribed returns every service the stream subscribes to.
