@@ -64,8 +64,11 @@ type svcState struct {
 	// dnsName. The listeners never change.
 	listener, slashListener *resource
 	cluster, assignment     *resource
-	omitted                 []omission
-	policy                  clusterv3.Cluster_LbPolicy
+	// roundRobin is the cluster with the default policy, for clients
+	// known to refuse the service's (nil while that is the default).
+	roundRobin *resource
+	omitted    []omission
+	policy     clusterv3.Cluster_LbPolicy
 	// listed is whether the service was present when it was last
 	// rebuilt, i.e. in wildcard answers.
 	listed bool
@@ -82,7 +85,9 @@ func (s *svcState) present() bool { return len(s.instances) > 0 }
 
 // resourceFor returns the resource of type t that name (one of the
 // service's names) designates.
-func (s *svcState) resourceFor(t rtype, name string) *resource {
+// A client that refuses the service's policy (refuses) gets its cluster
+// with the default policy.
+func (s *svcState) resourceFor(t rtype, name string, refuses policySet) *resource {
 	switch t {
 	case tListener:
 		if name == s.svc.slashName() {
@@ -90,6 +95,9 @@ func (s *svcState) resourceFor(t rtype, name string) *resource {
 		}
 		return s.listener
 	case tCluster:
+		if s.roundRobin != nil && refuses.has(s.policy) {
+			return s.roundRobin
+		}
 		return s.cluster
 	default:
 		return s.assignment
@@ -217,7 +225,12 @@ func (x *index) rebuild(st *svcState) []omission {
 	if policy != st.policy {
 		st.policy = policy
 		st.cluster = &resource{any: buildCluster(name, policy), version: x.gen}
+		st.roundRobin = nil
 		x.m.marshalled(tCluster, 1)
+		if policy != lbPolicies[0].policy {
+			st.roundRobin = &resource{any: buildCluster(name, lbPolicies[0].policy), version: x.gen}
+			x.m.marshalled(tCluster, 1)
+		}
 		changed |= tCluster.mask()
 	}
 	if a := buildAssignment(name, eps); !bytes.Equal(a.Value, st.assignment.any.Value) {

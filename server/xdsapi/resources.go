@@ -137,6 +137,38 @@ var lbPolicies = []struct {
 	{"least_request", clusterv3.Cluster_LEAST_REQUEST},
 }
 
+// policySet is a set of load-balancing policies.
+type policySet uint8
+
+func (p policySet) has(policy clusterv3.Cluster_LbPolicy) bool { return p&(1<<policy) != 0 }
+
+func policiesOf(policies ...clusterv3.Cluster_LbPolicy) policySet {
+	var p policySet
+	for _, policy := range policies {
+		p |= 1 << policy
+	}
+	return p
+}
+
+// refusedPolicies returns the policies a client implementation, by its
+// node's user_agent_name, is known to refuse: such a client gets the
+// service's cluster with round_robin instead, rather than NACK it (a new
+// cluster refused leaves its calls failing) or crash on it. Seen with
+// real clients (TestPolicyFallbackPerClient): gRPC C-core (Python 1.51)
+// refuses least_request ("LB policy is not supported") and its process
+// dies of SIGSEGV on ring_hash; grpc-js (@grpc/grpc-js-xds 1.14) refuses
+// least_request. grpc-go, Envoy and other clients get the service's
+// policy.
+func refusedPolicies(userAgent string) policySet {
+	switch {
+	case strings.HasPrefix(userAgent, "gRPC C-core"):
+		return policiesOf(clusterv3.Cluster_LEAST_REQUEST, clusterv3.Cluster_RING_HASH)
+	case strings.HasPrefix(userAgent, "gRPC Node"):
+		return policiesOf(clusterv3.Cluster_LEAST_REQUEST)
+	}
+	return 0
+}
+
 // buildCluster is the EDS Cluster named name, its endpoints over ADS.
 func buildCluster(name string, policy clusterv3.Cluster_LbPolicy) *anypb.Any {
 	return marshal(&clusterv3.Cluster{

@@ -191,3 +191,28 @@ type onTarget struct {
 }
 
 func (o onTarget) Call(ctx context.Context) (string, error) { return o.c.CallOn(ctx, o.i) }
+
+// TestPolicyFallbackPerClient: every client implementation routes a
+// service whatever its lb_policy, and accepts its cluster: one known to
+// refuse the policy gets the cluster with round_robin. C-core (Python
+// 1.51) NACKed least_request and its process died of SIGSEGV on
+// ring_hash; grpc-js NACKed least_request; a cluster refused at first
+// sight leaves the client's calls failing.
+func TestPolicyFallbackPerClient(t *testing.T) {
+	for _, policy := range []string{"ring_hash", "least_request"} {
+		t.Run(policy, func(t *testing.T) {
+			r := memRegistry(t)
+			reg := prometheus.NewRegistry()
+			_, addr := startXDS(t, r, Config{Metrics: reg})
+			one, two := namingtest.Start(t, "one"), namingtest.Start(t, "two")
+			register(t, r, one.Addr(), map[string]string{"lb_policy": policy})
+			register(t, r, two.Addr(), map[string]string{"lb_policy": policy})
+			forEachClient(t, func(t *testing.T, k clientKind) {
+				reachAll(t, k.start(t, addr, "xds:///grpc.greeter.demo"), "one", "two")
+			})
+			if n := metricSum(t, reg, "beacon_xds_nacks_total"); n != 0 {
+				t.Fatalf("clients NACKed %v responses", n)
+			}
+		})
+	}
+}

@@ -395,7 +395,8 @@ func (s *Server) DeltaAggregatedResources(discoveryv3.AggregatedDiscoveryService
 
 // nodeOf reads who a client is from its first request's node.
 func (s *Server) nodeOf(n *corev3.Node) nodeInfo {
-	return nodeInfo{id: truncate(n.GetId(), 200), cluster: truncate(n.GetCluster(), 200), client: s.m.clientLabel(n.GetUserAgentName()), seen: true}
+	return nodeInfo{id: truncate(n.GetId(), 200), cluster: truncate(n.GetCluster(), 200), client: s.m.clientLabel(n.GetUserAgentName()),
+		refuses: refusedPolicies(n.GetUserAgentName()), seen: true}
 }
 
 // nacked counts and logs a client's refusal of a response.

@@ -67,7 +67,8 @@ type stream struct {
 // nodeInfo is who the client says it is (its first request's node).
 type nodeInfo struct {
 	id, cluster string
-	client      string // user agent, as a metrics label
+	client      string    // user agent, as a metrics label
+	refuses     policySet // load-balancing policies its implementation refuses
 	seen        bool
 }
 
@@ -352,7 +353,7 @@ func (s *stream) build(ts *typeState) (res []*anypb.Any, version uint64, ok bool
 		if st == nil || !s.readable(st.svc.ns) {
 			return
 		}
-		r := st.resourceFor(ts.t, name)
+		r := st.resourceFor(ts.t, name, s.node.refuses)
 		if full {
 			sent[name] = r.version
 		} else if v, seen := ts.sent[name]; seen && v == r.version {
