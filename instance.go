@@ -212,6 +212,9 @@ func validateAddress(addr string, write bool) error {
 	if !write {
 		return nil
 	}
+	if err := checkPortForm(addr, port); err != nil {
+		return err
+	}
 	if ip, err := netip.ParseAddr(host); strings.HasPrefix(addr, "[") && (err != nil || !ip.Is6()) {
 		return fieldError(ErrInvalidAddress, "address", addr, "has brackets around something other than an IPv6 address: write [2001:db8::1]:80, 10.0.0.1:80 or host:80")
 	}
@@ -233,17 +236,33 @@ func checkURLAddress(addr string, u *url.URL) error {
 	case u.Host != "" && (strings.HasSuffix(u.Host, ":") || u.Port() != "" && !validPort(u.Port())):
 		return fieldError(ErrInvalidAddress, "address", addr, "has a port that is not a number 1-65535")
 	}
+	if err := checkPortForm(addr, u.Port()); err != nil {
+		return err
+	}
 	return checkHostName(addr, u.Hostname())
 }
 
-// checkHostName refuses a host of addr that is neither an IP address
-// (an IPv6 zone is an interface's name) nor a host name resolvers and
-// Beacon's DNS carry (see HostNameProblem). An empty host (a URL of a
-// path) passes.
+// checkPortForm refuses, for a writer, a port written with leading zeros:
+// one endpoint written two ways (h:080, h:80) would be two to every reader
+// that compares addresses, and some read a leading 0 as octal.
+func checkPortForm(addr, port string) error {
+	if len(port) > 1 && port[0] == '0' {
+		return fieldError(ErrInvalidAddress, "address", addr, fmt.Sprintf("has a port with leading zeros: write %s", strings.TrimLeft(port, "0")))
+	}
+	return nil
+}
+
+// checkHostName refuses a host of addr that is neither an IP address a
+// client can connect to (an IPv6 zone is an interface's name; see
+// IPProblem) nor a host name resolvers and Beacon's DNS carry (see
+// HostNameProblem). An empty host (a URL of a path) passes.
 func checkHostName(addr, host string) error {
 	if ip, err := netip.ParseAddr(host); host == "" || err == nil { // net.ParseIP allocates
 		if z := ip.Zone(); z != "" && strings.Trim(z, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != "" {
 			return fieldError(ErrInvalidAddress, "address", addr, fmt.Sprintf("has the IPv6 zone %q: a zone is an interface's name (eth0)", z))
+		}
+		if why := IPProblem(ip); host != "" && why != "" {
+			return fieldError(ErrInvalidAddress, "address", addr, why)
 		}
 		return nil
 	}
@@ -251,6 +270,23 @@ func checkHostName(addr, host string) error {
 		return fieldError(ErrInvalidAddress, "address", addr, why)
 	}
 	return nil
+}
+
+// IPProblem says why ip is no address of one host that a client can
+// connect to, or "" when it is: not the unspecified address (0.0.0.0,
+// ::, a listener's "every interface"), a broadcast or a multicast
+// address. Endpoints of Kubernetes refuse the same.
+func IPProblem(ip netip.Addr) string {
+	ip = ip.Unmap()
+	switch {
+	case ip.IsUnspecified():
+		return fmt.Sprintf("is the unspecified address %s, which a listener uses for every interface and a client cannot reach: register the address clients connect to (the host's IP, or 127.0.0.1 on one host)", ip)
+	case ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "is the broadcast address 255.255.255.255: register the address of one host"
+	case ip.IsMulticast():
+		return fmt.Sprintf("is the multicast address %s: register the address of one host", ip)
+	}
+	return ""
 }
 
 // HostNameProblem says why host, a host name (not an IP address), is

@@ -208,7 +208,7 @@ func addressTarget(addr string) (t target, ok bool) {
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
 		t.ip = ip.Unmap().WithZone("")
-		return t, true
+		return t, beacon.IPProblem(t.ip) == ""
 	}
 	if host == "" || beacon.HostNameProblem(host) != "" {
 		return t, false

@@ -73,3 +73,18 @@ func TestIncrementalRebuild(t *testing.T) {
 		t.Errorf("after removing every instance: %+v", empty)
 	}
 }
+
+// An address that names no host to connect to — unspecified, broadcast,
+// multicast, which older writers could store — is left out of DNS, as
+// beacon.IPProblem refuses it to writers now; a host's own stays.
+func TestAddressTargetLeavesOutNoHost(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"0.0.0.0:80": false, "[::]:80": false, "255.255.255.255:80": false, "224.0.0.1:80": false,
+		"[::ffff:0.0.0.0]:80": false, "http://0.0.0.0:80/": false,
+		"127.0.0.1:80": true, "10.0.0.1:80": true, "[2001:db8::1]:80": true, "web.example:80": true,
+	} {
+		if _, ok := addressTarget(addr); ok != want {
+			t.Errorf("addressTarget(%q) ok = %v, want %v", addr, ok, want)
+		}
+	}
+}

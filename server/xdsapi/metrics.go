@@ -141,14 +141,14 @@ func (m *metrics) clientLabel(ua string) string {
 type omittedCollector struct{ s *Server }
 
 var omittedDesc = prometheus.NewDesc("beacon_xds_omitted_endpoints",
-	"Instances left out of xDS (reason hostname, url, ipv6_zone, duplicate_address) or served with a default in place of a metadata value (invalid_weight, invalid_priority, invalid_lb_policy); the log names each.",
+	"Instances left out of xDS (reason hostname, url, ipv6_zone, not_one_host, duplicate_address) or served with a default in place of a metadata value (invalid_weight, invalid_priority, invalid_lb_policy); the log names each.",
 	[]string{"reason"}, nil)
 
 func (c *omittedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- omittedDesc }
 
 func (c *omittedCollector) Collect(ch chan<- prometheus.Metric) {
 	_, om := c.s.idx.counts()
-	for _, r := range []string{reasonHostname, reasonURL, reasonIPv6Zone, reasonDuplicate, reasonWeight, reasonPriority, reasonPolicy} {
+	for _, r := range []string{reasonHostname, reasonURL, reasonIPv6Zone, reasonNotOne, reasonDuplicate, reasonWeight, reasonPriority, reasonPolicy} {
 		ch <- prometheus.MustNewConstMetric(omittedDesc, prometheus.GaugeValue, float64(om[r]), r)
 	}
 }

@@ -67,6 +67,7 @@ const (
 	reasonHostname  = "hostname"          // the address names a host, not an IP (grpc-js and C-core NACK it)
 	reasonURL       = "url"               // the address is a URL, not host:port
 	reasonIPv6Zone  = "ipv6_zone"         // an IPv6 address with a zone (fe80::1%eth0) means nothing elsewhere
+	reasonNotOne    = "not_one_host"      // unspecified, broadcast or multicast: no host to connect to (beacon.IPProblem)
 	reasonDuplicate = "duplicate_address" // another instance of the service has the same address
 	reasonWeight    = "invalid_weight"    // weight is not 0-65535: DefaultWeight is used
 	reasonPriority  = "invalid_priority"  // priority is not 0-65535: DefaultPriority is used
@@ -229,6 +230,9 @@ func socketAddress(addr string) (netip.AddrPort, string) {
 	if ap.Addr().Zone() != "" {
 		return netip.AddrPort{}, reasonIPv6Zone
 	}
+	if beacon.IPProblem(ap.Addr()) != "" {
+		return netip.AddrPort{}, reasonNotOne
+	}
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), ""
 }
 
@@ -384,8 +388,11 @@ func buildAssignment(name string, eps []endpoint) *anypb.Any {
 // setLocalityWeights keeps the weights within what clients accept (they
 // refuse a locality whose endpoint weights add up past 2^32-1, and a
 // priority whose locality weights do) and gives each locality the sum of
-// its endpoints' weights: where a sum would not fit, the weights it adds up
-// are scaled down to fit, each at least 1.
+// its HEALTHY endpoints' weights (of all of them when none is: a weight
+// is never 0): gRPC clients split calls between localities by these
+// weights alone, so a locality counting its UNHEALTHY or DRAINING
+// endpoints sent their share to its healthy ones. Where a sum would not
+// fit, the weights it adds up are scaled down to fit, each at least 1.
 func setLocalityWeights(locs []*endpointv3.LocalityLbEndpoints) {
 	byPrio := map[uint32][]int{} // locality indexes per priority
 	sums := make([]uint64, len(locs))
@@ -394,10 +401,15 @@ func setLocalityWeights(locs []*endpointv3.LocalityLbEndpoints) {
 		for j, e := range l.LbEndpoints {
 			ws[j] = uint64(e.GetLoadBalancingWeight().GetValue())
 		}
+		var all, healthy uint64
 		for j, w := range scaleToFit(ws) {
 			l.LbEndpoints[j].LoadBalancingWeight = wrapperspb.UInt32(w)
-			sums[i] += uint64(w)
+			all += uint64(w)
+			if l.LbEndpoints[j].GetHealthStatus() == corev3.HealthStatus_HEALTHY {
+				healthy += uint64(w)
+			}
 		}
+		sums[i] = cmp.Or(healthy, all)
 		byPrio[l.Priority] = append(byPrio[l.Priority], i)
 	}
 	for _, idx := range byPrio {

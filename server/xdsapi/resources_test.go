@@ -86,15 +86,26 @@ func TestAssignment(t *testing.T) {
 	}{
 		{name: "empty", ins: nil, want: nil},
 		{
+			// gRPC splits calls between localities by their weights
+			// alone: zone a counting its failing and draining instances
+			// sent 3/4 of the calls to its one healthy instance.
+			name: "a locality weighs its HEALTHY endpoints only; one with none, all of them",
+			ins: []beacon.Instance{failing(inst(a, "10.0.0.1:80", "zone", "a")), draining(inst(b, "10.0.0.2:80", "zone", "a")),
+				inst(c, "10.0.0.3:80", "zone", "a"), inst(d, "10.0.0.4:80", "zone", "b"),
+				failing(inst(e, "10.0.0.5:80", "zone", "c")), draining(inst(f, "10.0.0.6:80", "zone", "c"))},
+			want: []string{"p0//a/ w10: 10.0.0.1:80/UNHEALTHY/10 10.0.0.2:80/DRAINING/10 10.0.0.3:80/HEALTHY/10",
+				"p0//b/ w10: 10.0.0.4:80/HEALTHY/10", "p0//c/ w20: 10.0.0.5:80/UNHEALTHY/10 10.0.0.6:80/DRAINING/10"},
+		},
+		{
 			name: "serving and draining, default weight",
 			ins:  []beacon.Instance{inst(a, "10.0.0.1:80"), draining(inst(b, "10.0.0.2:80"))},
-			want: []string{"p0/// w20: 10.0.0.1:80/HEALTHY/10 10.0.0.2:80/DRAINING/10"},
+			want: []string{"p0/// w10: 10.0.0.1:80/HEALTHY/10 10.0.0.2:80/DRAINING/10"},
 		},
 		{
 			name: "failing UNHEALTHY, kept; passing, unknown and panic HEALTHY; draining wins over failing",
 			ins: []beacon.Instance{failing(inst(a, "10.0.0.1:80")), healthtest.Passing(inst(b, "10.0.0.2:80")),
 				healthtest.Unknown(inst(c, "10.0.0.3:80")), panicking(inst(d, "10.0.0.4:80")), draining(failing(inst(e, "10.0.0.5:80")))},
-			want: []string{"p0/// w50: 10.0.0.1:80/UNHEALTHY/10 10.0.0.2:80/HEALTHY/10 10.0.0.3:80/HEALTHY/10 10.0.0.4:80/HEALTHY/10 10.0.0.5:80/DRAINING/10"},
+			want: []string{"p0/// w30: 10.0.0.1:80/UNHEALTHY/10 10.0.0.2:80/HEALTHY/10 10.0.0.3:80/HEALTHY/10 10.0.0.4:80/HEALTHY/10 10.0.0.5:80/DRAINING/10"},
 		},
 		{
 			name: "zones are localities weighted by the sum of their endpoints",
@@ -124,17 +135,18 @@ func TestAssignment(t *testing.T) {
 			want: []string{"p0/// w20: 10.0.0.9:80/HEALTHY/10 2001:db8::1:443/HEALTHY/10"},
 		},
 		{
-			name:    "addresses a client would refuse are left out",
-			ins:     []beacon.Instance{inst(a, "localhost:80"), inst(b, "http://10.0.0.1:80"), inst(c, "[fe80::1%eth0]:80"), inst(d, "10.0.0.4:80")},
+			name: "addresses a client would refuse are left out",
+			ins: []beacon.Instance{inst(a, "localhost:80"), inst(b, "http://10.0.0.1:80"), inst(c, "[fe80::1%eth0]:80"), inst(d, "10.0.0.4:80"),
+				inst(e, "0.0.0.0:80"), inst(f, "[ff02::1]:80")},
 			want:    []string{"p0/// w10: 10.0.0.4:80/HEALTHY/10"},
-			omitted: []string{a + ":hostname", b + ":url", c + ":ipv6_zone"},
+			omitted: []string{a + ":hostname", b + ":url", c + ":ipv6_zone", e + ":not_one_host", f + ":not_one_host"},
 		},
 		{
 			name: "one address once: healthy wins over failing, failing over draining",
 			ins: []beacon.Instance{registeredAt(draining(inst(a, "10.0.0.1:80")), 1), registeredAt(failing(inst(b, "10.0.0.1:80")), 2),
 				registeredAt(failing(inst(c, "10.0.0.2:80")), 1), registeredAt(panicking(inst(d, "10.0.0.2:80")), 2),
 				registeredAt(healthtest.Passing(inst(e, "10.0.0.3:80")), 2), registeredAt(failing(inst(f, "10.0.0.3:80")), 1)},
-			want:    []string{"p0/// w30: 10.0.0.1:80/UNHEALTHY/10 10.0.0.2:80/HEALTHY/10 10.0.0.3:80/HEALTHY/10"},
+			want:    []string{"p0/// w20: 10.0.0.1:80/UNHEALTHY/10 10.0.0.2:80/HEALTHY/10 10.0.0.3:80/HEALTHY/10"},
 			omitted: []string{a + ":duplicate_address", c + ":duplicate_address", f + ":duplicate_address"},
 		},
 		{
