@@ -228,7 +228,14 @@ func Open(ctx context.Context, c Config) (store.Store, error) {
 	}
 	switch c.name() {
 	case Memory:
-		return memory.New(c.Memory), nil
+		// A process's memory store is a history of its own: one that
+		// starts at 1 again after a restart told clients resuming from
+		// the previous life's revisions the wrong changes.
+		mc := c.Memory
+		if mc.FirstRevision <= 0 {
+			mc.FirstRevision = memory.FirstRevisionNow()
+		}
+		return memory.New(mc), nil
 	case File:
 		return file.Open(ctx, c.File)
 	case NATS:

@@ -3,6 +3,7 @@ package backend_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -206,5 +207,44 @@ func TestOpenRegistry(t *testing.T) {
 	}
 	if _, err := backend.OpenRegistry(ctxT(t, time.Second), backend.Config{Name: "zookeeper"}, registry.Config{}); err == nil {
 		t.Fatal("OpenRegistry of an unknown backend")
+	}
+}
+
+// TestMemoryLivesShareNoRevision: the memory store of a process (beacon
+// serve --backend memory) and that of its next life share no revision, so
+// a watch resuming from a revision of the first is compacted in the second
+// (the registry re-lists, an SSE client gets a snapshot). Both started at
+// 1: a client resuming from revision 4 after a restart got only the new
+// life's changes after its revision 4, kept the old life's instances for
+// good and missed the new life's first ones.
+func TestMemoryLivesShareNoRevision(t *testing.T) {
+	ctx := ctxT(t, 10*time.Second)
+	open := func() store.Store {
+		st, err := backend.Open(ctx, backend.Config{Name: backend.Memory})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		return st
+	}
+	first := open()
+	var last int64
+	for _, k := range []string{"/old/a1", "/old/a2", "/old/a3"} {
+		rev, err := first.Put(ctx, k, []byte("v"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = rev
+	}
+	second := open()
+	for i := range 6 {
+		if _, err := second.Put(ctx, fmt.Sprintf("/new/%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp := <-second.Watch(ctx, "/", last+1)
+	var ce *store.CompactedError
+	if !errors.As(resp.Err, &ce) {
+		t.Fatalf("a watch of the second life from revision %d of the first: %+v, want it compacted", last+1, resp)
 	}
 }

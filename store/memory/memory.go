@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/beaconplane/beacon/store"
@@ -40,7 +41,36 @@ type Config struct {
 	// DefaultHistoryBytes; negative means no bound in bytes. Set both
 	// negative to keep everything until Compact.
 	HistoryBytes int64
+	// FirstRevision is the store's revision before its first write (1,
+	// as in etcd, when zero or less). A store that stands for a service
+	// clients resume watches from (`beacon serve --backend memory`) starts
+	// where no earlier store of the same address reached (FirstRevisionNow),
+	// so that a client resuming with a revision of a previous life is
+	// compacted and re-lists, rather than get this store's changes since a
+	// revision that meant something else: instances of the old life kept
+	// for good, new ones missed.
+	FirstRevision int64
 }
+
+// FirstRevisionNow returns a first revision no store created before it
+// in this process or (the clock permitting) an earlier one reached: the
+// time in microseconds since the Unix epoch, above every value it
+// returned before. Microseconds keep revisions below 2^53, which
+// JavaScript's numbers (the dashboard, any JSON reader in a browser)
+// hold exactly, for centuries; a store would have to write more than one
+// revision a microsecond to reach the next life's first.
+func FirstRevisionNow() int64 {
+	now := time.Now().UnixMicro()
+	for {
+		last := lastFirst.Load()
+		next := max(now, last+1)
+		if lastFirst.CompareAndSwap(last, next) {
+			return next
+		}
+	}
+}
+
+var lastFirst atomic.Int64
 
 // Store is an in-memory store.Store: keys, revisions, history and watches
 // are the MVCC core's (store/internal/mvcc); the store adds leases that
@@ -72,8 +102,8 @@ type lease struct {
 	deadline time.Time
 }
 
-// New returns an empty store at revision 1, with its lease expiry goroutine
-// running.
+// New returns an empty store at revision Config.FirstRevision, with its
+// lease expiry goroutine running.
 func New(cfg Config) *Store {
 	h := cmp.Or(int64(cfg.History), DefaultHistory)
 	hb := cmp.Or(cfg.HistoryBytes, DefaultHistoryBytes)
@@ -82,6 +112,9 @@ func New(cfg Config) *Store {
 		kick:   make(chan struct{}, 1),
 	}
 	s.core = mvcc.New(mvcc.Config{History: h, HistoryBytes: hb, LeaseAlive: s.leaseAlive})
+	if first := cfg.FirstRevision; first > 1 {
+		s.core.Install(first, first, nil)
+	}
 	s.wg.Add(1)
 	go s.expireLoop()
 	return s
