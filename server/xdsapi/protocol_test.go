@@ -513,3 +513,29 @@ func manyNames(n int) []string {
 	}
 	return out
 }
+
+// A client that NACKs every response as fast as it can (it wrote 5,000
+// WARN lines, 5.7 MB, in 0.67 s) gets its NACKs of a type logged at WARN
+// once per nackLogEvery; every one is counted.
+func TestNackLogBounded(t *testing.T) {
+	r := memRegistry(t)
+	reg := prometheus.NewRegistry()
+	var logs syncbuf.Buffer
+	_, addr := startXDS(t, r, Config{Metrics: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	a := dialADS(t, addr, "storm")
+	const n = 50
+	subs := [][]string{{"grpc.greeter.demo"}, {"grpc.greeter.demo", "other.greeter.demo"}}
+	a.request(ClusterType, subs[0], nil, "")
+	resp := a.recv()
+	for i := range n {
+		// A NACK that changes the subscription is answered anew.
+		a.request(ClusterType, subs[(i+1)%2], resp, "no thanks")
+		resp = a.recv()
+	}
+	if got := metricSum(t, reg, "beacon_xds_nacks_total"); got != n {
+		t.Fatalf("beacon_xds_nacks_total = %v, want %d", got, n)
+	}
+	if warns := strings.Count(logs.String(), "level=WARN"); warns != 1 {
+		t.Fatalf("%d NACKs logged %d WARN lines, want 1:\n%s", n, warns, logs.String())
+	}
+}

@@ -92,6 +92,10 @@ type typeState struct {
 	// and sentAt when it was sent.
 	lastNonce, awaiting string
 	sentAt              time.Time
+	// nackWarned is when a NACK of this type was last logged at WARN;
+	// nacksQuiet counts those logged at DEBUG since.
+	nackWarned time.Time
+	nacksQuiet int
 }
 
 // notify tells the stream that resources of the types in m changed.
