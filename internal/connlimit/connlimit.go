@@ -117,6 +117,14 @@ func (q *queue) victim(now time.Time) *conn {
 	return stuck
 }
 
+// whyNoRoom says, for the log, why no connection made room for a new one.
+func (l *listener) whyNoRoom() string {
+	if l.opts.NeverShed {
+		return "none closed to make room (this listener's connections carry streams it cannot see)"
+	}
+	return "each with a request in flight"
+}
+
 // victimLocked returns the connection of q to close to make room, or nil
 // (none, or the listener never sheds).
 func (l *listener) victimLocked(q *queue) *conn {
@@ -212,7 +220,7 @@ func (l *listener) roomFor(name string) bool {
 		warn := l.warnLocked(evRefuse)
 		l.mu.Unlock()
 		if warn {
-			l.opts.Log.Warn("connections from one client address at their cap, each with a request in flight: a further one from it is closed at once (clients behind one address: raise the per-client bound)",
+			l.opts.Log.Warn("connections from one client address at their cap, "+l.whyNoRoom()+": a further one from it is closed at once (clients behind one address: raise the per-client bound)",
 				"listener", l.opts.What, "addr", l.Addr().String(), "client", name, "max_per_client", l.opts.PerAddr)
 		}
 		return false
@@ -252,7 +260,7 @@ func (l *listener) takePlace() {
 		l.opts.Log.Warn("connections at their cap: closed the oldest idle connection to make room for a new one (a flood of connections, or raise the open-file limit)",
 			"listener", l.opts.What, "addr", l.Addr().String(), "max", cap(l.sem))
 	case warnWait:
-		l.opts.Log.Warn("connections at their cap, each with a request in flight: new ones wait until one closes (a flood of connections, or raise the open-file limit)",
+		l.opts.Log.Warn("connections at their cap, "+l.whyNoRoom()+": new ones wait until one closes (a flood of connections, or raise the open-file limit)",
 			"listener", l.opts.What, "addr", l.Addr().String(), "max", cap(l.sem))
 	}
 	l.sem <- struct{}{}
