@@ -15,6 +15,7 @@ import (
 	"github.com/beaconplane/beacon/internal/syncbuf"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -538,4 +539,65 @@ func TestNackLogBounded(t *testing.T) {
 	if warns := strings.Count(logs.String(), "level=WARN"); warns != 1 {
 		t.Fatalf("%d NACKs logged %d WARN lines, want 1:\n%s", n, warns, logs.String())
 	}
+}
+
+// A client that stops reading (its flow-control window full) is ended once
+// a response has waited AckTimeout to be read: Send blocked until the
+// stream ended, which only the handler's return brings about, so the ACK
+// deadline, checked between sends, never came (a stream lived over 200 s
+// with a minute's deadline) and held its place and goroutines.
+func TestClientThatDoesNotReadIsEnded(t *testing.T) {
+	r := memRegistry(t)
+	reg := prometheus.NewRegistry()
+	ended := make(chan struct{})
+	log := slog.New(onMessage{slog.NewTextHandler(testWriter{t}, nil), "does not read its responses", sync.OnceFunc(func() { close(ended) })})
+	s, addr := startXDS(t, r, Config{AckTimeout: 200 * time.Millisecond, Metrics: reg, Logger: log})
+	// A fixed window of 64 KiB (no BDP growth), and two responses of
+	// about 2,000 resources each that the client does not read: the
+	// first leaves the stream's write quota spent, the second waits.
+	a := dialADS(t, addr, "no-reader", grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	a.request(ClusterType, manyNames(2_000), nil, "")
+	a.request(EndpointType, manyNames(2_000), nil, "")
+	select {
+	case <-ended:
+	case <-time.After(testDeadline):
+		t.Fatal("the stream of a client that does not read was not ended")
+	}
+	for {
+		_, err := a.recvErr()
+		if err == nil {
+			continue // what was buffered before the end
+		}
+		if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "does not read") {
+			t.Fatalf("the stream ended with %v, want DeadlineExceeded saying the client does not read", err)
+		}
+		break
+	}
+	if n := metricValue(t, reg, "beacon_xds_ack_timeouts_total", nil); n != 1 {
+		t.Fatalf("beacon_xds_ack_timeouts_total = %v, want 1", n)
+	}
+	waitFor(t, s, "the stream gone", func() bool { return s.streamCount() == 0 })
+}
+
+// onMessage is a slog handler that calls do when a record's message
+// contains msg.
+type onMessage struct {
+	slog.Handler
+	msg string
+	do  func()
+}
+
+func (h onMessage) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.msg) {
+		h.do()
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h onMessage) WithAttrs(as []slog.Attr) slog.Handler {
+	return onMessage{h.Handler.WithAttrs(as), h.msg, h.do}
+}
+
+func (h onMessage) WithGroup(name string) slog.Handler {
+	return onMessage{h.Handler.WithGroup(name), h.msg, h.do}
 }

@@ -305,7 +305,33 @@ func (s *Server) StreamAggregatedResources(ss discoveryv3.AggregatedDiscoverySer
 		defer s.wg.Done()
 		recvErr <- s.receive(st, ss)
 	}()
-	return s.run(st, recvErr)
+	sent := make(chan error, 1)
+	s.wg.Go(func() { sent <- s.run(st, recvErr) }) // ends with the stream too
+	return s.watchSends(st, sent)
+}
+
+// watchSends waits for the sending loop to end, and ends the stream
+// itself when a send has waited AckTimeout: a client that does not read
+// (its flow-control window full) blocks Send until the stream ends, which
+// only the handler's return brings about, so the ACK deadline, checked
+// between sends, never came and such a stream held its place and its
+// goroutines for as long as its connection lived.
+func (s *Server) watchSends(st *stream, sent <-chan error) error {
+	t := time.NewTicker(s.cfg.AckTimeout / 4)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-sent:
+			return err
+		case now := <-t.C:
+			if since := st.sendingSince.Load(); since != 0 && now.Sub(time.Unix(0, since)) >= s.cfg.AckTimeout {
+				s.m.ackTimeouts.Inc()
+				err := status.Errorf(codes.DeadlineExceeded, "a response has waited %v for the client to read it: it does not read its stream", s.cfg.AckTimeout)
+				s.log.Warn("xds: stream ended: the client does not read its responses", "node", st.nodeID(), "peer", st.peer, "err", err)
+				return err
+			}
+		}
+	}
 }
 
 // receive applies the client's requests until the stream ends, waking the
@@ -364,7 +390,7 @@ func (s *Server) run(st *stream, recvErr <-chan error) error {
 			return err
 		}
 		for _, resp := range out {
-			if err := st.send(resp); err != nil {
+			if err := st.sendTracked(resp); err != nil {
 				return err
 			}
 			s.m.sentResponse(resp)

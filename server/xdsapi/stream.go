@@ -38,6 +38,9 @@ type stream struct {
 	srv    *Server
 	ctx    context.Context
 	send   func(*discoveryv3.DiscoveryResponse) error
+	// sendingSince is when the send under way began (UnixNano; 0: none):
+	// the handler ends a stream whose client does not read (watchSends).
+	sendingSince atomic.Int64
 	peer   string // client address, for logs and the per-client bound
 	access Access // nil: every namespace is readable
 
@@ -96,6 +99,13 @@ type typeState struct {
 	// nacksQuiet counts those logged at DEBUG since.
 	nackWarned time.Time
 	nacksQuiet int
+}
+
+// sendTracked sends resp, noting for watchSends when it began.
+func (s *stream) sendTracked(resp *discoveryv3.DiscoveryResponse) error {
+	s.sendingSince.Store(time.Now().UnixNano())
+	defer s.sendingSince.Store(0)
+	return s.send(resp)
 }
 
 // notify tells the stream that resources of the types in m changed.
