@@ -35,14 +35,14 @@ const maxTypesPerStream = 16
 //
 // Lock order: stream.mu, then index.mu.
 type stream struct {
-	srv    *Server
-	ctx    context.Context
-	send   func(*discoveryv3.DiscoveryResponse) error
+	srv  *Server
+	ctx  context.Context
+	send func(*discoveryv3.DiscoveryResponse) error
 	// sendingSince is when the send under way began (UnixNano; 0: none):
 	// the handler ends a stream whose client does not read (watchSends).
 	sendingSince atomic.Int64
-	peer   string // client address, for logs and the per-client bound
-	access Access // nil: every namespace is readable
+	peer         string // client address, for logs and the per-client bound
+	access       Access // nil: every namespace is readable
 
 	// dirty holds the types the index changed since the sending goroutine
 	// last looked; wake is signalled with it.
