@@ -864,6 +864,26 @@ func TestCheckerMarksARealOutageTogether(t *testing.T) {
 	}
 }
 
+// TestCheckerAloneWritesFailingAtOnce: a checker without peers, most of
+// whose instances fail, writes their failing verdicts as they turn — it
+// does not hold them for the interval of an unrelated instance checked
+// every 10 minutes (nor at all: it could never find itself cut off).
+func TestCheckerAloneWritesFailingAtOnce(t *testing.T) {
+	b := memoryBackend(t)
+	startChecker(t, b, "x", nil)
+	reader := b.process(t)
+	slow := &beacon.Check{Kind: beacon.CheckTCP, Interval: beacon.MaxCheckInterval}
+	register(t, reader, 0, startTarget(t, nil).addr, slow)
+	for i := 1; i <= 4; i++ {
+		tg := startTarget(t, nil)
+		tg.down.Store(true)
+		register(t, reader, i, tg.addr, checkOf(beacon.CheckHTTP))
+	}
+	for i := 1; i <= 4; i++ {
+		awaitVerdict(t, reader.st, i, "a failing verdict by x", verdictIs(beacon.HealthFailing, "x"))
+	}
+}
+
 // TestCheckerSameID: a second checker with the ID of a live one cannot
 // register: it warns, and checks nothing until the first is gone; then
 // it registers and takes the instances over.

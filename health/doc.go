@@ -89,19 +89,23 @@
 //   - Self-outage (cutoff.go). A checker cut off from its instances sees
 //     them all fail at their next probes, before their verdicts turn
 //     Failing. When more than half of at least 3 instances it owns fail
-//     for it (their latest result or verdict), it is doubtful: it holds
-//     its failing verdicts (writes none; those written stay) and says so
-//     in its registration (CheckerSuspectMetadata). It concludes at its
-//     first verdict that turns Failing and at every Config.PeerInterval
-//     (DefaultPeerInterval, 10 s), once it has held for the longest check
-//     interval of its instances (its peers see the same failures
-//     meanwhile): it is cut off when its peers' failing shares (the
+//     for it (their latest result or verdict), it says so in its
+//     registration (CheckerSuspectMetadata) and, if it has peers, it is
+//     doubtful: it holds its failing verdicts (writes none; those written
+//     stay). It concludes at its first verdict that turns Failing and at
+//     every Config.PeerInterval (DefaultPeerInterval, 10 s), once it has
+//     held for the longest check interval of the instances failing for it
+//     (its peers see the same failures meanwhile), at most 30 s: an
+//     unrelated slow check does not delay the others' verdicts. It is cut
+//     off when its peers' failing shares (the
 //     failing verdicts each wrote over the instances it owns, as the
 //     registry's view joins them) are all below half and none is suspect;
 //     otherwise the failures are the instances' (confirmed) and it writes
 //     what it held. It is cut off too when it has peers and none answers a
-//     TCP connect to its address (tried at every look; a checker without
-//     peers cannot tell, and is never cut off). Cut off, it warns once,
+//     TCP connect to its address (tried at every look). A checker
+//     without peers cannot tell its outage from the instances', is never
+//     cut off, and so holds nothing: it writes its verdicts as they turn.
+//     Cut off, it warns once,
 //     sets beacon_health_checker_cut_off to 1, withdraws its failing
 //     verdicts (compare-and-delete) and writes no failing verdict until
 //     few of its instances fail for it again; then it restarts the Runners
