@@ -27,7 +27,11 @@
 //	   └──in a row──▶ Failing        Rise passes in a row
 //
 // Anything shorter than a threshold changes nothing, which damps an
-// instance flapping faster than the thresholds. Unknown and Passing are
+// instance flapping faster than the thresholds. The thresholds count
+// intervals, not results: a result counts only when it comes at least
+// 0.9 interval (the shortest jittered wait) after the last one counted,
+// so that a status a gRPC server pushes and the Check just after it count
+// once. Unknown and Passing are
 // served: checks take instances out, they never hold a new one back
 // (fail-open). Every wait is jittered, the first one anywhere within one
 // interval, so that checks declared together (a fleet restarted at once)

@@ -18,12 +18,14 @@ import (
 // ±10 %.
 //
 // A gRPC check follows the server's Watch stream, so a change is seen when
-// the server pushes it: each pushed change counts as one result when it
-// comes. Once per interval a Check on the stream's connection counts as
-// one more, so that rise and fall mean the same for every kind and a
-// server that stops answering (hung, its stream open but silent) fails
-// too. A server without Watch is polled with Check. A TTL check counts a failure for
-// every interval in which the last Report is older than the TTL.
+// the server pushes it: each pushed change is a result when it comes.
+// Once per interval a Check on the stream's connection is one more, so
+// that a server that stops answering (hung, its stream open but silent)
+// fails too. Rise and fall count intervals, not results (see verdict): a
+// push and the Check just after it count once, so that they mean the same
+// for every kind. A server without Watch is polled with Check. A TTL
+// check counts a failure for every interval in which the last Report is
+// older than the TTL.
 type Runner struct {
 	Check  beacon.Check
 	Addr   string
@@ -66,14 +68,7 @@ func (r *Runner) Report() {
 func (r *Runner) Run(ctx context.Context) error {
 	c := r.Check.WithDefaults()
 	v := newVerdict(c)
-	observe := func(result error) {
-		if v.observe(result) && r.OnChange != nil {
-			r.OnChange(v.status, v.reason)
-		}
-		if r.OnResult != nil {
-			r.OnResult(result)
-		}
-	}
+	observe := r.observer(&v)
 	if c.Kind == beacon.CheckTTL {
 		r.Report() // a TTL check starts with one TTL of grace
 	}
@@ -86,23 +81,44 @@ func (r *Runner) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case pushed := <-w.pushed:
-			observe(pushed)
+			observe(pushed, time.Now())
 			continue
 		case err := <-w.done:
 			if w.ended(err) && ctx.Err() == nil {
-				observe(err) // the stream broke: the server is gone
+				observe(err, time.Now()) // the stream broke: the server is gone
 			}
 			continue
 		case <-timer.C:
 		}
+		// The tick's time, taken before the timer is set again, is when
+		// its result counts: two ticks are then at least the shortest
+		// wait apart, however long their probes take.
+		tick := time.Now()
 		timer.Reset(nextWait(c.Interval, r.jitter()))
-		start := time.Now()
 		if probed, result := r.probe(ctx, c, &w); probed {
-			if r.OnProbe != nil {
-				r.OnProbe(result, time.Since(start))
-			}
-			observe(result)
+			r.probed(result, tick)
+			observe(result, tick)
 		}
+	}
+}
+
+// observer returns the function that gives v one result, and reports a
+// change of verdict (OnChange) and the result (OnResult).
+func (r *Runner) observer(v *verdict) func(result error, at time.Time) {
+	return func(result error, at time.Time) {
+		if v.observe(result, at) && r.OnChange != nil {
+			r.OnChange(v.status, v.reason)
+		}
+		if r.OnResult != nil {
+			r.OnResult(result)
+		}
+	}
+}
+
+// probed reports a probe that started at start (OnProbe).
+func (r *Runner) probed(result error, start time.Time) {
+	if r.OnProbe != nil {
+		r.OnProbe(result, time.Since(start))
 	}
 }
 

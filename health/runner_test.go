@@ -293,6 +293,36 @@ func TestRunnerGRPCRepeatedPushCountsOnce(t *testing.T) {
 	}
 }
 
+// TestRunnerGRPCFlapShorterThanFallChangesNothing: a real gRPC health
+// server NOT_SERVING for two ticks at a time (interval 1 s, the waits
+// 0.9 s, the shortest the jitter allows; fall 3, rise 2) changes nothing,
+// although each outage gives three failures — the push, and the Check of
+// each tick — two of them in one interval; a lasting outage fails the
+// check. The flips are made from the Runner's own ticks (its Jitter), so
+// that the test does not depend on how fast the machine is.
+func TestRunnerGRPCFlapShorterThanFallChangesNothing(t *testing.T) {
+	hs, addr := grpcServer(t, false)
+	const lasting = 12 // from this draw of the jitter on, NOT_SERVING stays
+	var draws int
+	jitter := func() float64 {
+		draws++ // 1: the first wait; n > 1: the tick n-1, before its probe
+		switch {
+		case draws >= lasting || draws%3 == 0:
+			hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		case draws%3 == 2 && draws > 2:
+			hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		}
+		return 0
+	}
+	c := beacon.Check{Kind: beacon.CheckGRPC, Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: 2, Fall: 3}
+	ch, _ := runTicked(t, &Runner{Check: c, Addr: addr, Jitter: jitter})
+	expect(t, ch, Passing)
+	if got := expect(t, ch, Failing); got.ticks < int64(lasting+c.Fall-1) {
+		t.Fatalf("failing at draw %d of the jitter, while NOT_SERVING lasted two ticks at a time until draw %d: "+
+			"a push and a Check in one interval counted twice", got.ticks, lasting)
+	}
+}
+
 // TestRunnerGRPCHungWatch: a server that hangs with its Watch stream open
 // fails the check (each interval's Check finds no answer), and passes
 // again once it answers.
