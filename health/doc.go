@@ -17,8 +17,9 @@
 // beacon.MinCheckInterval..MaxCheckInterval, a timeout longer than the
 // interval, thresholds of 0), saying what to write instead.
 //
-// A Runner probes one address with one check and turns the results into a
-// verdict with rise and fall thresholds:
+// A Runner probes one address with one check (a TTL check: judges its
+// last report) and turns the results into a verdict with rise and fall
+// thresholds (a TTL check: 1 and 1):
 //
 //	            pass                   Fall failures in a row
 //	Unknown ─────────────▶ Passing ─────────────────────────▶ Failing
@@ -66,8 +67,12 @@
 //     it wins or held. The owner runs a Runner for it, at its address
 //     (host:port; a URL-form address is probed at its host and port, 80
 //     and 443 for http and https without one). A TTL check's report is the
-//     key {instance key}/report (registry.ReportKey), read once per interval:
-//     a report written since the last read is a Report.
+//     key {instance key}/report (registry.ReportKey), read every
+//     beacon.TTLReadInterval (a quarter TTL, at most 10 s) and when the
+//     last report turns one TTL old: a report written since the last read
+//     is a Report. A TTL check has no interval, rise or fall: it fails one
+//     TTL after the last report it saw (before any: after the Runner
+//     started) and passes at the next.
 //   - Verdicts. At each change of verdict (never per probe) the owner
 //     writes beacon.Health JSON — {"status", "reason" while failing,
 //     "since", "checker"} — to its backend (sink.go): over a registry that

@@ -42,8 +42,13 @@ type verdict struct {
 	counted    time.Time     // when the streak's last counted result came
 }
 
+// newVerdict is the verdict of c. A TTL check's has no thresholds: one
+// report passes it, one report too old fails it.
 func newVerdict(c beacon.Check) verdict {
 	c = c.WithDefaults()
+	if c.Kind == beacon.CheckTTL {
+		return verdict{rise: 1, fall: 1, status: Unknown}
+	}
 	return verdict{rise: c.Rise, fall: c.Fall, status: Unknown, spacing: nextWait(c.Interval, 0)}
 }
 
