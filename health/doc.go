@@ -8,7 +8,9 @@
 // server fails too; polled with Check alone where the server has no
 // Watch), an HTTP GET whose answer must be 2xx (redirects are not
 // followed), a TCP connect, or a TTL the service itself refreshes — an
-// application-level "I am fine", distinct from the lease.
+// application-level "I am fine", distinct from the lease. Checks speak
+// plaintext only (HTTP/1.1, and h2c for gRPC): a failure against a
+// TLS-only server says that it seems to be one (errTLSOnly).
 // beacon.ParseCheck reads the command line's form of a check:
 //
 //	grpc | grpc:SERVICE | http:/PATH | tcp | ttl:DURATION

@@ -125,7 +125,8 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 Health check: --check declares how beacon serve's checkers probe the instance
 from outside, once per --check-interval for the whole cluster: grpc (the
 grpc.health.v1 service at --addr; grpc:SERVICE asks for one service), http:/PATH
-(GET of PATH; a 2xx answer passes), or tcp (a connection opens). After
+(GET of PATH; a 2xx answer passes), or tcp (a connection opens); checks
+speak plaintext only (HTTP/1.1, h2c for gRPC: no TLS). After
 --check-fall failures in a row the instance is left out of routing (DNS,
 resolvers, xDS) as a draining one is, and after --check-rise passes in a row it
 is back; it stays registered either way. ttl:DURATION: the service reports
