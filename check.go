@@ -29,7 +29,10 @@ const (
 	// CheckTCP opens a connection to the instance's address and closes it.
 	CheckTCP CheckKind = "tcp"
 	// CheckTTL passes while the service itself reports that it is fine at least
-	// once per TTL: an application-level heartbeat, apart from the lease.
+	// once per TTL: an application-level heartbeat, apart from the lease. It
+	// fails one TTL after the last report (or, before any, after its check is
+	// first seen) and passes again at the next one; it has no interval,
+	// timeout, rise or fall (see TTLReadInterval).
 	CheckTTL CheckKind = "ttl"
 )
 
@@ -49,8 +52,18 @@ const (
 	MaxCheckPathBytes = 1024
 )
 
+// TTLReadInterval is how often a checker reads the last report of a TTL
+// check whose TTL is ttl: a quarter of it, at most DefaultCheckInterval.
+// It reads it again at the moment it turns one TTL old, so the check
+// fails one TTL after the last report the checker saw, which is at most
+// one TTLReadInterval after it was written (beacon register writes one at
+// least every quarter TTL while the service reports).
+func TTLReadInterval(ttl time.Duration) time.Duration { return min(ttl/4, DefaultCheckInterval) }
+
 // Check declares how, and how often, an instance is checked. The zero
-// values of Interval, Timeout, Rise and Fall stand for their defaults.
+// values of Interval, Timeout, Rise and Fall stand for their defaults; a
+// TTL check has none of them (a writer refuses them, a reader ignores
+// them: its TTL is its only timing).
 type Check struct {
 	Kind CheckKind `json:"kind"`
 	// Path is the HTTP check's request path, from "/".
@@ -160,7 +173,9 @@ func (c Check) validateUnused() error {
 	case c.TTL != 0 && c.Kind != CheckTTL:
 		return invalidCheck(c.String(), fmt.Sprintf("a %s check has no ttl (only a ttl check does: the lease's TTL is the registration's)", c.Kind))
 	case c.Timeout != 0 && c.Kind == CheckTTL:
-		return invalidCheck(c.String(), "a ttl check has no timeout: it probes nothing (the service reports; the interval is how often the last report is judged)")
+		return invalidCheck(c.String(), "a ttl check has no timeout: it probes nothing (the service reports)")
+	case (c.Interval != 0 || c.Rise != 0 || c.Fall != 0) && c.Kind == CheckTTL:
+		return invalidCheck(c.String(), "a ttl check has no interval, rise or fall: it fails one TTL after the last report and passes again at the next one")
 	}
 	return nil
 }

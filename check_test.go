@@ -130,10 +130,14 @@ func TestCheckJSONRefusesZeroes(t *testing.T) {
 // meant nothing); a reader takes what an older writer stored.
 func TestWrittenCheckHasNoFieldItsKindIgnores(t *testing.T) {
 	for name, c := range map[string]Check{
-		"tcp with a path":   {Kind: CheckTCP, Path: "/x"},
-		"http with service": {Kind: CheckHTTP, Path: "/h", Service: "s"},
-		"grpc with a ttl":   {Kind: CheckGRPC, TTL: time.Minute},
-		"ttl with a path":   {Kind: CheckTTL, TTL: time.Minute, Path: "/x"},
+		"tcp with a path":      {Kind: CheckTCP, Path: "/x"},
+		"http with service":    {Kind: CheckHTTP, Path: "/h", Service: "s"},
+		"grpc with a ttl":      {Kind: CheckGRPC, TTL: time.Minute},
+		"ttl with a path":      {Kind: CheckTTL, TTL: time.Minute, Path: "/x"},
+		"ttl with a timeout":   {Kind: CheckTTL, TTL: time.Minute, Timeout: time.Second},
+		"ttl with an interval": {Kind: CheckTTL, TTL: time.Minute, Interval: time.Second},
+		"ttl with a rise":      {Kind: CheckTTL, TTL: time.Minute, Rise: 2},
+		"ttl with a fall":      {Kind: CheckTTL, TTL: time.Minute, Fall: 3},
 	} {
 		in := validInstance()
 		in.Check = &c

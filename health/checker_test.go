@@ -40,7 +40,7 @@ func checkOf(kind beacon.CheckKind) *beacon.Check {
 	case beacon.CheckHTTP:
 		c.Path = "/healthz"
 	case beacon.CheckTTL:
-		c.Timeout = 0 // a TTL check probes nothing: it has no timeout
+		*c = beacon.Check{Kind: kind} // a TTL check has no timing but its TTL (the caller's)
 	}
 	return c
 }
@@ -617,6 +617,27 @@ func TestCheckerTTLReport(t *testing.T) {
 	awaitVerdict(t, reader.st, 0, "a passing verdict after a report", verdictIs(beacon.HealthPassing, "a"))
 }
 
+// TestCheckerTTLNeverReported: an instance whose service never reports
+// fails one TTL after its checker first sees its check — it is not served
+// as unknown for the default interval times fall — and passes at its
+// first report.
+func TestCheckerTTLNeverReported(t *testing.T) {
+	b := memoryBackend(t)
+	startChecker(t, b, "a", nil)
+	reader := b.process(t)
+	c := checkOf(beacon.CheckTTL)
+	c.TTL = beacon.MinCheckTTL
+	reg := register(t, reader, 0, "10.0.0.1:80", c)
+	h := awaitVerdict(t, reader.st, 0, "a failing verdict, never reported", verdictIs(beacon.HealthFailing, "a"))
+	if !strings.Contains(h.Reason, "has not reported since its check was first seen") {
+		t.Fatalf("failing because %q", h.Reason)
+	}
+	if err := reader.reg.Report(context.Background(), reg.Instance().Ref()); err != nil {
+		t.Fatal(err)
+	}
+	awaitVerdict(t, reader.st, 0, "a passing verdict at the first report", verdictIs(beacon.HealthPassing, "a"))
+}
+
 // spread registers n HTTP targets, returning them and which checker of
 // ids owns each.
 func spread(t *testing.T, p process, n int, ids []string) ([]*httpTarget, []string) {
@@ -861,6 +882,26 @@ func TestCheckerMarksARealOutageTogether(t *testing.T) {
 		if c.warnings.count("is cut off") != 0 || testutil.ToFloat64(c.m.cutOff) != 0 {
 			t.Errorf("checker %s found itself cut off in an outage of every instance", c.ID())
 		}
+	}
+}
+
+// TestCheckerAloneWritesFailingAtOnce: a checker without peers, most of
+// whose instances fail, writes their failing verdicts as they turn — it
+// does not hold them for the interval of an unrelated instance checked
+// every 10 minutes (nor at all: it could never find itself cut off).
+func TestCheckerAloneWritesFailingAtOnce(t *testing.T) {
+	b := memoryBackend(t)
+	startChecker(t, b, "x", nil)
+	reader := b.process(t)
+	slow := &beacon.Check{Kind: beacon.CheckTCP, Interval: beacon.MaxCheckInterval}
+	register(t, reader, 0, startTarget(t, nil).addr, slow)
+	for i := 1; i <= 4; i++ {
+		tg := startTarget(t, nil)
+		tg.down.Store(true)
+		register(t, reader, i, tg.addr, checkOf(beacon.CheckHTTP))
+	}
+	for i := 1; i <= 4; i++ {
+		awaitVerdict(t, reader.st, i, "a failing verdict by x", verdictIs(beacon.HealthFailing, "x"))
 	}
 }
 

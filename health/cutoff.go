@@ -16,6 +16,20 @@ import (
 // high failing share can say that it, not they, is cut off.
 const minCutOffInstances = 3
 
+// maxSettle caps how long a doubtful checker holds its failing verdicts
+// before it may conclude. Its peers show the same failures once their
+// own instances have been probed, which the intervals of the instances
+// failing for it estimate; but one slow check among those (an instance
+// checked every 10 minutes, failing for hours) must not hold every other
+// failure that long. 30 s is three default intervals (and three default
+// peer looks): a peer whose instances fail too has probed them by then
+// unless all of them are checked less often. Concluding too early costs
+// little: a checker that finds itself cut off wrongly recovers at the
+// first look where a peer fails as much, and checks its failing
+// instances afresh; holding too long costs every failing instance its
+// detection.
+const maxSettle = 30 * time.Second
+
 // linkState is whether a checker trusts its own failures: a checker that
 // is itself cut off (from the network, from the instances) marks nothing.
 type linkState uint8
@@ -87,7 +101,8 @@ func (a assessment) cutOffReason() string {
 // cutoffDetector moves a checker between its link states, one assessment
 // at a time (high: more than half of its instances fail for it):
 //
-//	connected --high--> doubtful  (hold its failing verdicts, for at least settle)
+//	connected --high, with peers--> doubtful  (hold its failing verdicts, for at least settle)
+//	connected, doubtful --high, no peers--> confirmed  (alone it cannot tell: it writes them)
 //	doubtful  --decisive, a peer fails as much--> confirmed  (release them)
 //	doubtful, confirmed --not high--> connected  (release)
 //	any --cut off (no peer answers; or decisive, doubtful or confirmed, and failing far more than every peer)--> cutOff  (enter)
@@ -105,18 +120,22 @@ type cutoffDetector struct {
 	gauge prometheus.Gauge
 	log   *slog.Logger
 	// since it is doubtful, and for how long it stays so before it may
-	// conclude: the longest check interval of its instances then, within
-	// which its peers, whose Runners probe at other moments, see the same
-	// failures and publish that they do.
+	// conclude (settleTime): the longest check interval of the instances
+	// failing for it then, at most maxSettle, within which its peers,
+	// whose Runners probe at other moments, see the same failures and
+	// publish that they do.
 	since     time.Time
 	settleFor time.Duration
 }
 
 // doubt holds the failing verdicts of a connected checker whose share of
-// failures is high, before its peers are asked; settle returns how long
-// it stays doubtful before it may conclude.
+// failures is high and which has peers, before they are asked; settle
+// returns how long it stays doubtful before it may conclude. A checker
+// without peers holds nothing: it has no one to compare with and is
+// never cut off, so holding would only delay the verdicts it writes in
+// the end.
 func (d *cutoffDetector) doubt(a assessment, settle func() time.Duration) {
-	if d.state == connected && highShare(a.failing, a.owned) {
+	if d.state == connected && a.peers > 0 && highShare(a.failing, a.owned) {
 		d.state, d.since, d.settleFor = doubtful, time.Now(), settle()
 		d.w.hold(false)
 		d.log.Info("most of the instances this health checker checks fail for it: it holds their failing verdicts "+
@@ -147,6 +166,8 @@ func (d *cutoffDetector) observe(a assessment, recheck func()) linkState {
 		d.enter(reason)
 	case !highShare(a.failing, a.owned):
 		d.settle(connected, recheck)
+	case a.peers == 0:
+		d.settle(confirmed, recheck) // alone: its failures are taken as the instances' (see doubt)
 	default:
 		d.doubt(a, func() time.Duration { return 0 }) // if the caller did not
 		switch {
@@ -223,8 +244,8 @@ func (c *Checker) stand() {
 		if c.ctx.Err() != nil {
 			return
 		}
-		a := assessment{owned: int(c.owned.Load()), failing: int(c.doubtful.Load())}
-		c.cut.doubt(a, c.longestInterval) // before the peers are asked: that may take a while
+		a := assessment{owned: int(c.owned.Load()), failing: int(c.doubtful.Load()), peers: c.peerCount()}
+		c.cut.doubt(a, c.settleTime) // before the peers are asked: that may take a while
 		if tick || deferred || c.turnedFailing.Load() {
 			switch wait := c.cut.unsettled(); {
 			case wait > 0 && settled == nil:
@@ -308,16 +329,30 @@ func (c *Checker) recheck() {
 	}
 }
 
-// longestInterval returns the longest check interval of the owned
-// instances.
-func (c *Checker) longestInterval() time.Duration {
+// settleTime returns how long a doubtful checker holds before it may
+// conclude: the longest check interval of the instances failing for it
+// (latest result or verdict), at most maxSettle. Only those: an
+// instance that passes says nothing of the outage, and its interval (one
+// team's 10-minute check) must not delay every other instance's verdict.
+func (c *Checker) settleTime() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var longest time.Duration
 	for _, rn := range c.runners {
-		longest = max(longest, rn.target.check.WithDefaults().Interval)
+		rn.mu.Lock()
+		if rn.doubt {
+			longest = max(longest, rn.target.check.WithDefaults().Interval)
+		}
+		rn.mu.Unlock()
 	}
-	return longest
+	return min(longest, maxSettle)
+}
+
+// peerCount returns how many other checkers are registered.
+func (c *Checker) peerCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.fleet.peers())
 }
 
 // askPeers completes a: whether a peer answers, and (when its own share

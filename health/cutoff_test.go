@@ -144,6 +144,57 @@ func TestCutOffDoubtFades(t *testing.T) {
 	}
 }
 
+// TestCutOffAloneHoldsNothing: a checker without peers, most of whose
+// instances fail, holds nothing — it cannot be cut off, so holding would
+// only delay its verdicts — and one left doubtful when its last peer
+// goes writes what it held.
+func TestCutOffAloneHoldsNothing(t *testing.T) {
+	d, warns := newTestDetector(t)
+	s := heldFailing(d)
+	lonely := assessment{owned: 4, failing: 3}
+	if got := d.observe(lonely, noRecheck); got != confirmed || d.w.holding {
+		t.Fatalf("state %s, holding %v with no peers: want confirmed, writing", got, d.w.holding)
+	}
+	if o := d.w.nextLocked(s, time.Now()); o.kind != opPut {
+		t.Fatalf("no peers: the failing verdict's next op is %d, want its write", o.kind)
+	}
+	if got := d.observe(decisive(lonely), noRecheck); got != confirmed || warns.n.Load() != 0 {
+		t.Fatalf("state %s, %d warnings on a decisive look with no peers: want confirmed, none", got, warns.n.Load())
+	}
+
+	d, _ = newTestDetector(t)
+	s = heldFailing(d)
+	d.observe(alone, noRecheck)
+	if got := d.observe(lonely, noRecheck); got != confirmed || d.w.holding {
+		t.Fatalf("doubtful, then its peers gone: state %s, holding %v: want confirmed, writing", got, d.w.holding)
+	}
+	if o := d.w.nextLocked(s, time.Now()); o.kind != opPut {
+		t.Fatalf("peers gone: the held failing verdict's next op is %d, want its write", o.kind)
+	}
+}
+
+// TestSettleTimeIgnoresPassingInstances: a doubtful checker holds for the
+// longest interval of the instances failing for it, not of every
+// instance it owns (one team's slow check must not delay every other
+// failure), and never longer than maxSettle.
+func TestSettleTimeIgnoresPassingInstances(t *testing.T) {
+	runner := func(iv time.Duration, failing bool) *running {
+		return &running{target: target{check: beacon.Check{Kind: beacon.CheckTCP, Interval: iv}}, doubt: failing}
+	}
+	c := &Checker{runners: map[beacon.Ref]*running{
+		testRef(0): runner(3*time.Minute, false),
+		testRef(1): runner(time.Second, true),
+		testRef(2): runner(2*time.Second, true),
+	}}
+	if got := c.settleTime(); got != 2*time.Second {
+		t.Fatalf("settle %v with a passing 3m check and failing 1s and 2s ones: want 2s", got)
+	}
+	c.runners[testRef(3)] = runner(beacon.MaxCheckInterval, true)
+	if got := c.settleTime(); got != maxSettle {
+		t.Fatalf("settle %v with a failing %v check: want the cap %v", got, beacon.MaxCheckInterval, maxSettle)
+	}
+}
+
 // TestCutOffEnter: connected → cut off: the gauge is 1, failing verdicts
 // stop being written (and those written are withdrawn), and the checker
 // warns once, however long it stays cut off.

@@ -8,7 +8,9 @@
 // server fails too; polled with Check alone where the server has no
 // Watch), an HTTP GET whose answer must be 2xx (redirects are not
 // followed), a TCP connect, or a TTL the service itself refreshes — an
-// application-level "I am fine", distinct from the lease.
+// application-level "I am fine", distinct from the lease. Checks speak
+// plaintext only (HTTP/1.1, and h2c for gRPC): a failure against a
+// TLS-only server says that it seems to be one (errTLSOnly).
 // beacon.ParseCheck reads the command line's form of a check:
 //
 //	grpc | grpc:SERVICE | http:/PATH | tcp | ttl:DURATION
@@ -17,8 +19,9 @@
 // beacon.MinCheckInterval..MaxCheckInterval, a timeout longer than the
 // interval, thresholds of 0), saying what to write instead.
 //
-// A Runner probes one address with one check and turns the results into a
-// verdict with rise and fall thresholds:
+// A Runner probes one address with one check (a TTL check: judges its
+// last report) and turns the results into a verdict with rise and fall
+// thresholds (a TTL check: 1 and 1):
 //
 //	            pass                   Fall failures in a row
 //	Unknown ─────────────▶ Passing ─────────────────────────▶ Failing
@@ -27,7 +30,11 @@
 //	   └──in a row──▶ Failing        Rise passes in a row
 //
 // Anything shorter than a threshold changes nothing, which damps an
-// instance flapping faster than the thresholds. Unknown and Passing are
+// instance flapping faster than the thresholds. The thresholds count
+// intervals, not results: a result counts only when it comes at least
+// 0.9 interval (the shortest jittered wait) after the last one counted,
+// so that a status a gRPC server pushes and the Check just after it count
+// once. Unknown and Passing are
 // served: checks take instances out, they never hold a new one back
 // (fail-open). Every wait is jittered, the first one anywhere within one
 // interval, so that checks declared together (a fleet restarted at once)
@@ -62,8 +69,12 @@
 //     it wins or held. The owner runs a Runner for it, at its address
 //     (host:port; a URL-form address is probed at its host and port, 80
 //     and 443 for http and https without one). A TTL check's report is the
-//     key {instance key}/report (registry.ReportKey), read once per interval:
-//     a report written since the last read is a Report.
+//     key {instance key}/report (registry.ReportKey), read every
+//     beacon.TTLReadInterval (a quarter TTL, at most 10 s) and when the
+//     last report turns one TTL old: a report written since the last read
+//     is a Report. A TTL check has no interval, rise or fall: it fails one
+//     TTL after the last report it saw (before any: after the Runner
+//     started) and passes at the next.
 //   - Verdicts. At each change of verdict (never per probe) the owner
 //     writes beacon.Health JSON — {"status", "reason" while failing,
 //     "since", "checker"} — to its backend (sink.go): over a registry that
@@ -89,19 +100,23 @@
 //   - Self-outage (cutoff.go). A checker cut off from its instances sees
 //     them all fail at their next probes, before their verdicts turn
 //     Failing. When more than half of at least 3 instances it owns fail
-//     for it (their latest result or verdict), it is doubtful: it holds
-//     its failing verdicts (writes none; those written stay) and says so
-//     in its registration (CheckerSuspectMetadata). It concludes at its
-//     first verdict that turns Failing and at every Config.PeerInterval
-//     (DefaultPeerInterval, 10 s), once it has held for the longest check
-//     interval of its instances (its peers see the same failures
-//     meanwhile): it is cut off when its peers' failing shares (the
+//     for it (their latest result or verdict), it says so in its
+//     registration (CheckerSuspectMetadata) and, if it has peers, it is
+//     doubtful: it holds its failing verdicts (writes none; those written
+//     stay). It concludes at its first verdict that turns Failing and at
+//     every Config.PeerInterval (DefaultPeerInterval, 10 s), once it has
+//     held for the longest check interval of the instances failing for it
+//     (its peers see the same failures meanwhile), at most 30 s: an
+//     unrelated slow check does not delay the others' verdicts. It is cut
+//     off when its peers' failing shares (the
 //     failing verdicts each wrote over the instances it owns, as the
 //     registry's view joins them) are all below half and none is suspect;
 //     otherwise the failures are the instances' (confirmed) and it writes
 //     what it held. It is cut off too when it has peers and none answers a
-//     TCP connect to its address (tried at every look; a checker without
-//     peers cannot tell, and is never cut off). Cut off, it warns once,
+//     TCP connect to its address (tried at every look). A checker
+//     without peers cannot tell its outage from the instances', is never
+//     cut off, and so holds nothing: it writes its verdicts as they turn.
+//     Cut off, it warns once,
 //     sets beacon_health_checker_cut_off to 1, withdraws its failing
 //     verdicts (compare-and-delete) and writes no failing verdict until
 //     few of its instances fail for it again; then it restarts the Runners

@@ -286,7 +286,8 @@ func TestInteropRunnerFollowsWatch(t *testing.T) {
 }
 
 // TestInteropRunnerThresholds: a flip pushed by the server counts as one
-// result, the ticks after it one each: the verdict changes after Fall
+// result, the ticks after it one each (from the first a full wait after
+// it): the verdict changes after Fall
 // failures and Rise passes, not sooner, although both servers push every
 // status set, a repeated one too (which counts once).
 func TestInteropRunnerThresholds(t *testing.T) {

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/beaconplane/beacon"
@@ -79,12 +81,12 @@ func (p *Prober) probeHTTP(ctx context.Context, addr, path string) error {
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return err
+		return httpError(err)
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	_ = resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		if resp.StatusCode == http.StatusBadRequest && bytes.Contains(body, []byte("HTTP request to an HTTPS server")) {
+		if resp.StatusCode == http.StatusBadRequest && complainsOfPlaintext(body) {
 			return fmt.Errorf("GET %s answered %s: %w", path, resp.Status, errTLSOnly)
 		}
 		return fmt.Errorf("GET %s answered %s", path, resp.Status)
@@ -93,7 +95,49 @@ func (p *Prober) probeHTTP(ctx context.Context, addr, path string) error {
 }
 
 // errTLSOnly: the server answered a plaintext request as a TLS-only one.
+// Checks speak plaintext only (they have no certificates to trust, nor a
+// name to verify): every failure that points to TLS wraps it.
 var errTLSOnly = errors.New("the server speaks TLS only, and checks speak plaintext (h2c for gRPC): serve the health endpoint without TLS on a port of its own, or use a tcp check")
+
+// complainsOfPlaintext reports whether an HTTP 400's body is a TLS
+// server's answer to plaintext: Go's net/http and nginx say so.
+func complainsOfPlaintext(body []byte) bool {
+	return bytes.Contains(body, []byte("HTTP request to an HTTPS server")) ||
+		bytes.Contains(body, []byte("plain HTTP request was sent to HTTPS port"))
+}
+
+// httpError says what an HTTP check's failed request means: a TLS record
+// where an HTTP answer was due is a TLS-only server's (an alert: OpenSSL
+// and others answer plaintext so); a connection closed without an answer
+// may be one (Go's crypto/tls closes it so, as it does for gRPC).
+func httpError(err error) error {
+	const malformed = "malformed HTTP response "
+	if _, quoted, ok := strings.Cut(err.Error(), malformed); ok {
+		if q, qerr := strconv.QuotedPrefix(quoted); qerr == nil {
+			if answer, uerr := strconv.Unquote(q); uerr == nil && isTLSRecord([]byte(answer)) {
+				return fmt.Errorf("%w (the server answered with a TLS record: %w)", err, errTLSOnly)
+			}
+		}
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+		return mayBeTLSOnly(err, "the server closed the connection without an HTTP answer")
+	}
+	return err
+}
+
+// isTLSRecord reports whether b starts as a TLS record does: its content
+// type (20 change_cipher_spec, 21 alert, 22 handshake, 23 application
+// data) and the major version 3 (SSL 3.0 to TLS 1.3 all say 3).
+func isTLSRecord(b []byte) bool {
+	return len(b) >= 2 && b[0] >= 20 && b[0] <= 23 && b[1] == 3
+}
+
+// mayBeTLSOnly adds to err that the server, which did what did says, may
+// be TLS-only: the one hint of every kind whose server closed a plaintext
+// connection on it.
+func mayBeTLSOnly(err error, did string) error {
+	return fmt.Errorf("%w (%s: it may be TLS-only, %w)", err, did, errTLSOnly)
+}
 
 func (p *Prober) probeTCP(ctx context.Context, addr string) error {
 	d := p.Dialer
@@ -147,7 +191,7 @@ func grpcError(service string, err error) error {
 		if strings.Contains(err.Error(), "error reading server preface") {
 			// A TLS server closes a connection that does not start with a
 			// TLS handshake; so does any server that is not HTTP/2.
-			return fmt.Errorf("%w (the server closed the connection before speaking HTTP/2: it may be TLS-only, %w)", err, errTLSOnly)
+			return mayBeTLSOnly(err, "the server closed the connection before speaking HTTP/2")
 		}
 	}
 	return err

@@ -2,6 +2,8 @@ package health
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"io"
 	"log"
 	"net"
@@ -117,6 +119,71 @@ func TestProbe(t *testing.T) {
 				t.Fatalf("failed: %v", err)
 			case tc.says != "" && (err == nil || !strings.Contains(err.Error(), tc.says)):
 				t.Fatalf("got %v, want a failure saying %q", err, tc.says)
+			}
+		})
+	}
+}
+
+// tlsListener serves TLS as crypto/tls does for any protocol (a gRPC
+// server with TLS credentials does so): a connection whose first bytes
+// are no TLS handshake fails it, and is closed without a word. With
+// alert, it answers every connection with a TLS alert record first, as
+// OpenSSL-based servers do.
+func tlsListener(t *testing.T, alert bool) string {
+	t.Helper()
+	certs := httptest.NewTLSServer(http.NotFoundHandler()) // for its certificate
+	certs.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lis.Close() })
+	ln := tls.NewListener(lis, &tls.Config{Certificates: certs.TLS.Certificates})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if raw := c.(*tls.Conn).NetConn(); alert {
+				// Once a record header is read that is none: level fatal
+				// (2), protocol_version (70), TLS 1.2's record version.
+				_, _ = io.ReadFull(raw, make([]byte, 5))
+				_, _ = raw.Write([]byte{21, 3, 3, 0, 2, 2, 70})
+			} else {
+				_ = c.(*tls.Conn).Handshake()
+			}
+			_ = c.Close()
+		}
+	}()
+	return lis.Addr().String()
+}
+
+// TestProbeSaysTLS: checks speak plaintext; an HTTP check against a TLS
+// server says that the server seems TLS-only, whether it answers with a
+// TLS alert record (for certain) or closes the connection without an
+// answer (maybe) — as the gRPC check does. A TCP check only connects: it
+// passes.
+func TestProbeSaysTLS(t *testing.T) {
+	closes, alerts := tlsListener(t, false), tlsListener(t, true)
+	for _, tc := range []struct {
+		name  string
+		check beacon.Check
+		addr  string
+		says  string
+	}{
+		{"HTTPClosed", beacon.Check{Kind: beacon.CheckHTTP, Path: "/ok"}, closes, "may be TLS-only"},
+		{"HTTPAlert", beacon.Check{Kind: beacon.CheckHTTP, Path: "/ok"}, alerts, "the server answered with a TLS record"},
+		{"GRPCClosed", beacon.Check{Kind: beacon.CheckGRPC}, closes, "may be TLS-only"},
+		{"TCP", beacon.Check{Kind: beacon.CheckTCP}, closes, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := (&Prober{}).Probe(context.Background(), tc.check, tc.addr)
+			switch {
+			case tc.says == "" && err != nil:
+				t.Fatalf("failed: %v", err)
+			case tc.says != "" && (!errors.Is(err, errTLSOnly) || !strings.Contains(err.Error(), tc.says)):
+				t.Fatalf("got %v, want a failure saying %q and that checks speak plaintext", err, tc.says)
 			}
 		})
 	}

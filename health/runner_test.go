@@ -149,13 +149,41 @@ func TestRunnerHTTPUnreachable(t *testing.T) {
 	expect(t, ch, Failing)
 }
 
-// TestRunnerTTL: a TTL check fails once the service stops reporting, and
-// passes again at its next report.
+// TestRunnerTTL: a TTL check whose service never reported stays unknown
+// (no grace pass) and fails one TTL after the check started; it passes at
+// the next report, and fails again one TTL after the last one.
 func TestRunnerTTL(t *testing.T) {
-	r := &Runner{Check: beacon.Check{Kind: beacon.CheckTTL, TTL: beacon.MinCheckTTL, Interval: beacon.MinCheckInterval, Rise: 1, Fall: 1}}
+	const ttl = beacon.MinCheckTTL
+	r := &Runner{Check: beacon.Check{Kind: beacon.CheckTTL, TTL: ttl}}
+	start := time.Now()
 	ch := runRunner(t, r)
-	expect(t, ch, Passing) // the grace of one TTL at the start
-	expect(t, ch, Failing)
+	if c := expect(t, ch, Failing); time.Since(start) < ttl || !strings.Contains(c.reason.Error(), "since its check was first seen") {
+		t.Fatalf("failing %v after the start because %v: want one TTL (%v), never reported", time.Since(start), c.reason, ttl)
+	}
+	r.Report()
+	expect(t, ch, Passing)
+	r.Report()
+	last := time.Now()
+	if expect(t, ch, Failing); time.Since(last) < ttl {
+		t.Fatalf("failing %v after the last report, before its TTL (%v)", time.Since(last), ttl)
+	}
+}
+
+// TestRunnerTTLIgnoresIntervalAndThresholds: a TTL check fails one TTL
+// after the last report whatever interval, rise and fall an older writer
+// stored with it (an interval of 10 minutes and fall 3 would take half an
+// hour), and passes at the next report whatever the rise.
+func TestRunnerTTLIgnoresIntervalAndThresholds(t *testing.T) {
+	const ttl = beacon.MinCheckTTL
+	c := beacon.Check{Kind: beacon.CheckTTL, TTL: ttl, Interval: beacon.MaxCheckInterval, Rise: 3, Fall: 3}
+	r := &Runner{Check: c}
+	r.Report()
+	last := time.Now()
+	ch := runRunner(t, r)
+	expect(t, ch, Passing)
+	if expect(t, ch, Failing); time.Since(last) < ttl {
+		t.Fatalf("failing %v after the last report, before its TTL (%v)", time.Since(last), ttl)
+	}
 	r.Report()
 	expect(t, ch, Passing)
 }
@@ -293,6 +321,36 @@ func TestRunnerGRPCRepeatedPushCountsOnce(t *testing.T) {
 	}
 }
 
+// TestRunnerGRPCFlapShorterThanFallChangesNothing: a real gRPC health
+// server NOT_SERVING for two ticks at a time (interval 1 s, the waits
+// 0.9 s, the shortest the jitter allows; fall 3, rise 2) changes nothing,
+// although each outage gives three failures — the push, and the Check of
+// each tick — two of them in one interval; a lasting outage fails the
+// check. The flips are made from the Runner's own ticks (its Jitter), so
+// that the test does not depend on how fast the machine is.
+func TestRunnerGRPCFlapShorterThanFallChangesNothing(t *testing.T) {
+	hs, addr := grpcServer(t, false)
+	const lasting = 12 // from this draw of the jitter on, NOT_SERVING stays
+	var draws int
+	jitter := func() float64 {
+		draws++ // 1: the first wait; n > 1: the tick n-1, before its probe
+		switch {
+		case draws >= lasting || draws%3 == 0:
+			hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		case draws%3 == 2 && draws > 2:
+			hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		}
+		return 0
+	}
+	c := beacon.Check{Kind: beacon.CheckGRPC, Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: 2, Fall: 3}
+	ch, _ := runTicked(t, &Runner{Check: c, Addr: addr, Jitter: jitter})
+	expect(t, ch, Passing)
+	if got := expect(t, ch, Failing); got.ticks < int64(lasting+c.Fall-1) {
+		t.Fatalf("failing at draw %d of the jitter, while NOT_SERVING lasted two ticks at a time until draw %d: "+
+			"a push and a Check in one interval counted twice", got.ticks, lasting)
+	}
+}
+
 // TestRunnerGRPCHungWatch: a server that hangs with its Watch stream open
 // fails the check (each interval's Check finds no answer), and passes
 // again once it answers.
@@ -351,15 +409,15 @@ func TestRunnerOnProbe(t *testing.T) {
 	}
 }
 
-// TestRunnerTTLRefresh: a TTL check's Refresh runs once per interval
-// before the report's age is judged; a report it finds keeps the check
-// passing, and an interval whose Refresh fails has no result (the report
-// could not be read: nothing is said of the service).
+// TestRunnerTTLRefresh: a TTL check's Refresh runs before each judgement
+// of the report's age (every beacon.TTLReadInterval); a report it finds
+// keeps the check passing, and a judgement whose Refresh fails has no
+// result (the report could not be read: nothing is said of the service).
 func TestRunnerTTLRefresh(t *testing.T) {
 	var failRefresh, stopReporting atomic.Bool
 	refreshed := make(chan struct{}, 64)
 	probes := make(chan error, 64)
-	r := &Runner{Check: beacon.Check{Kind: beacon.CheckTTL, TTL: beacon.MinCheckTTL, Interval: beacon.MinCheckInterval, Rise: 1, Fall: 1},
+	r := &Runner{Check: beacon.Check{Kind: beacon.CheckTTL, TTL: beacon.MinCheckTTL},
 		OnProbe: func(result error, _ time.Duration) { probes <- result }}
 	r.Refresh = func(context.Context) error {
 		defer func() { refreshed <- struct{}{} }()
@@ -381,7 +439,7 @@ func TestRunnerTTLRefresh(t *testing.T) {
 			t.Fatal("no Refresh within 30 s")
 		}
 	}
-	for range 4 { // 1.35 s of intervals (0.9 × 500 ms apart): past the TTL
+	for range 8 { // 7 reads at least 225 ms apart (0.9 × TTL/4), or 6 and the one at expiry: past the TTL
 		next()
 	}
 	if len(probes) != 0 || len(ch) != 0 {
@@ -389,7 +447,7 @@ func TestRunnerTTLRefresh(t *testing.T) {
 	}
 	failRefresh.Store(false)
 	expect(t, ch, Passing)
-	for range 4 { // past the TTL again, kept by the reports
+	for range 8 { // past the TTL again, kept by the reports
 		next()
 	}
 	for len(probes) > 0 {

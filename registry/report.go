@@ -20,7 +20,8 @@ import (
 // the instance's key followed by "/report" (ReportKey), {"at": the time,
 // RFC 3339 with nanoseconds}, bound to the instance's own lease, so that
 // it goes with the instance; the checker that owns the instance reads it
-// once per interval, and the registry's view ignores it. Report writes it
+// every beacon.TTLReadInterval (and when the last one turns one TTL old),
+// and the registry's view ignores it. Report writes it
 // for an instance registered through the registry's session (bound to the
 // session's lease), ReportLeased for one registered with RegisterWithTTL
 // (bound to its lease; the owner presents the secret, as for Heartbeat).

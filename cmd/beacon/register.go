@@ -125,14 +125,17 @@ Lease TTL: --ttl or BEACON_LEASE_TTL (default 10s; 1s to 1h).
 Health check: --check declares how beacon serve's checkers probe the instance
 from outside, once per --check-interval for the whole cluster: grpc (the
 grpc.health.v1 service at --addr; grpc:SERVICE asks for one service), http:/PATH
-(GET of PATH; a 2xx answer passes), or tcp (a connection opens). After
+(GET of PATH; a 2xx answer passes), or tcp (a connection opens); checks
+speak plaintext only (HTTP/1.1, h2c for gRPC: no TLS). After
 --check-fall failures in a row the instance is left out of routing (DNS,
 resolvers, xDS) as a draining one is, and after --check-rise passes in a row it
 is back; it stays registered either way. ttl:DURATION: the service reports
 itself, on this command's standard input — each line says it is fine (its
-content is not read); the check fails when no line came for DURATION, and
-when standard input ends no report follows. Lines are coalesced to at most
-one write per DURATION/4.
+content is not read); the check fails one DURATION after the last report (at
+most a quarter more, 10s at most: the checker reads reports every DURATION/4)
+and passes again at the next; when standard input ends no report follows.
+Lines are coalesced to at most one write per DURATION/4. A ttl check has no
+--check-interval, --check-timeout, --check-rise or --check-fall.
 
 ` + registryConnHelp,
 		Example: `  beacon register prod/api/http --addr 10.0.0.5:8080 --meta zone=a --meta weight=10
@@ -256,6 +259,10 @@ func (rf *registerFlags) parseCheck(cmd *cobra.Command) (*beacon.Check, error) {
 	for _, cf := range checkFlags {
 		if !flags.Changed(cf.name) {
 			continue
+		}
+		if c.Kind == beacon.CheckTTL {
+			return nil, usagef("--%s: a ttl check has no %s: it fails one TTL after the last report and passes again at the next one",
+				cf.name, strings.TrimPrefix(cf.name, "check-"))
 		}
 		cf.set(&c, rf)
 		if err := c.Validate(); err != nil {

@@ -119,8 +119,9 @@ func (t *ttlReports) end(err error) {
 	if err != nil {
 		what = "standard input could not be read (" + err.Error() + ")"
 	}
-	w := fmt.Sprintf("%s: no more TTL reports; %s fails its check %v after the last one and leaves routing, registered all the same",
-		what, t.ref, t.ttl)
+	w := fmt.Sprintf("%s: no more TTL reports; %s fails its check %v after the last one (%v at most: the checker reads "+
+		"reports every %v) and leaves routing, registered all the same", what, t.ref, t.ttl, t.ttl+beacon.TTLReadInterval(t.ttl),
+		beacon.TTLReadInterval(t.ttl))
 	t.emit(registerLine{Event: "warning", Warning: w}, "warning: "+w)
 }
 

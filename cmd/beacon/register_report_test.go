@@ -110,7 +110,9 @@ func TestTTLReportsCoalesce(t *testing.T) {
 	if err := rig.lines.Close(); err != nil {
 		t.Fatal(err)
 	}
-	rig.waitEvent("warning: warning: standard input ended: no more TTL reports")
+	// What it says is what the checker does (health.Runner: one TTL, and
+	// at most one read of the report later).
+	rig.waitEvent("warning: warning: standard input ended: no more TTL reports; prod/batch/jobs/00000000000000e1 fails its check 4s after the last one (5s at most: the checker reads reports every 1s)")
 	if n := rig.writes(); n != 2 {
 		t.Fatalf("%d reports for 1,001 lines written within one window, want 2 (the first line, then the window's last)", n)
 	}
@@ -149,7 +151,9 @@ func TestTTLReportsRefused(t *testing.T) {
 // for each line of its standard input; beacon serve's checker passes the
 // instance while lines come, fails it when they stop for the TTL, passes
 // it again when they resume; the end of standard input is said, and the
-// instance stays registered (failing).
+// instance stays registered (failing). The check declares no timing but
+// its TTL: it fails one TTL after the last report, not after the default
+// interval times the default fall (30 s).
 func TestRegisterReportsTTL(t *testing.T) {
 	dir := t.TempDir()
 	client := freeURL(t)
@@ -161,7 +165,7 @@ func TestRegisterReportsTTL(t *testing.T) {
 	pr, pw := io.Pipe()
 	defer pw.Close()
 	reg := startBeaconIn(t, dir, nil, pr, "register", "prod/batch/jobs", "--addr", "127.0.0.1:7000", "--id", "00000000000000e4",
-		"--check", "ttl:1s", "--check-interval", "500ms", "--check-rise", "1", "--check-fall", "1", "--endpoints", client)
+		"--check", "ttl:1s", "--endpoints", client)
 	reg.waitLine(t, "registered prod/batch/jobs/00000000000000e4", 30*time.Second)
 	reg.waitLine(t, "reading TTL reports from standard input", 10*time.Second)
 
