@@ -24,9 +24,15 @@ type rawMsg struct {
 // server returns in one response.
 var errTooMany = errors.New("nats: too many subjects for one read")
 
-// reqCtx bounds one request by the request timeout (and by ctx).
+// reqCtx bounds one request by the request timeout, by ctx, and by Close:
+// no request outlives the store.
 func (s *Store) reqCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	stop := context.AfterFunc(s.bg, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 func parseRaw(m *nats.Msg) (rawMsg, error) {

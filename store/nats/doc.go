@@ -51,9 +51,12 @@
 // message of every key under the prefix with one direct-get request that
 // the server isolates from writes and that reports the revision it was as
 // of, so the snapshot is exact and a watch from its revision + 1 continues
-// it; more than 1024 keys are read in chunks as of one revision. Watch is an
-// ordered consumer from the requested revision on the prefix's subjects
-// and the lease subjects.
+// it; more than 1024 keys are read in chunks as of one revision. Watch is a
+// consumer from the requested revision on the prefix's subjects and the
+// lease subjects; when it fails (the server lost it, missed heartbeats,
+// dropped messages) the watch ends with store.ErrUnavailable rather than
+// re-creating it. Every request is bounded by the request timeout and by
+// Close, so Close returns promptly whatever the server does.
 //
 // # Transactions
 //

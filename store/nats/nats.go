@@ -74,6 +74,7 @@ type Store struct {
 	js        jetstream.JetStream
 	stream    string // KV_<bucket>
 	pre       string // "$KV.<bucket>."
+	api       string // the JetStream API subject prefix ($JS.API, or of the domain)
 	directPre string // the direct get API subject of the stream
 	markerTTL time.Duration
 
@@ -119,6 +120,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.Domain != "" {
 		api = "$JS." + cfg.Domain + ".API"
 	}
+	s.api = api
 	s.directPre = api + ".DIRECT.GET." + s.stream
 	opts := []nats.Option{
 		nats.Name(cmp.Or(cfg.Name, "beacon")),
@@ -283,14 +285,14 @@ func versionAtLeast(v, min string) bool {
 }
 
 // unavailable wraps a failure to reach the server (including no answer
-// within the request timeout) in store.ErrUnavailable. Cancellation by the
-// caller is returned as is.
+// within the request timeout) in store.ErrUnavailable. A request that Close
+// ended is store.ErrClosed; cancellation by the caller is returned as is.
 func (s *Store) unavailable(what string, err error) error {
+	if s.isClosed() && (errors.Is(err, context.Canceled) || errors.Is(err, nats.ErrConnectionClosed)) {
+		return store.ErrClosed
+	}
 	if errors.Is(err, context.Canceled) {
 		return err
-	}
-	if errors.Is(err, nats.ErrConnectionClosed) && s.isClosed() {
-		return store.ErrClosed
 	}
 	return fmt.Errorf("%w: nats: cannot %s: %w", store.ErrUnavailable, what, err)
 }
@@ -311,7 +313,10 @@ func (s *Store) begin(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the connection and ends every watch. It is idempotent.
+// Close ends every watch and every request in flight (they fail with
+// store.ErrClosed), waits for the store's goroutines and closes the
+// connection. Every wait of the store ends when Close cancels it, so Close
+// returns promptly whatever the server does. It is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
