@@ -9,7 +9,13 @@
 // # Data model
 //
 // The bucket is the stream KV_<bucket> (subjects $KV.<bucket>.>), created by
-// Open with the settings below, and readable by ordinary KV tools. Inside it:
+// Open with the settings below, and readable by ordinary KV tools. A store
+// that only reads (Config.MustExist) never creates it and reports a missing
+// one with ErrNoBucket; any other store creates it again, with the same
+// settings, when it finds it gone (a server restarted without its JetStream
+// data), logs so, and fails that request with store.ErrUnavailable: the
+// owners of the registrations, whose leases went with the bucket, write them
+// again, and watches end so that their clients list again. Inside it:
 //
 //	$KV.<bucket>.k.<tokens>   keys: one token per '/'-separated segment,
 //	                          bytes outside [-_a-zA-Z0-9] escaped as =XX,

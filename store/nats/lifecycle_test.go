@@ -1,16 +1,21 @@
 package nats_test
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/syncbuf"
 	"github.com/beaconplane/beacon/internal/testkit/natstest"
 	"github.com/beaconplane/beacon/store"
 	bnats "github.com/beaconplane/beacon/store/nats"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // muteServer replaces srv, on the same port, with a server whose
@@ -106,5 +111,130 @@ func TestCloseEndsWhateverTheServerDoes(t *testing.T) {
 	}
 	if err := s.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestReaderDoesNotCreateBucket: a store that only reads (MustExist)
+// refuses a bucket that does not exist, naming it and saying what creates
+// one, and creates nothing: a mistyped BEACON_NATS_BUCKET listed "(no
+// instances)" and left a new stream behind.
+func TestReaderDoesNotCreateBucket(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	ctx := ctxT(t, 20*time.Second)
+	_, err := bnats.Open(ctx, bnats.Config{URL: srv.ClientURL(), Bucket: "bekon", MustExist: true})
+	if !errors.Is(err, bnats.ErrNoBucket) || !strings.Contains(err.Error(), `"bekon"`) || !strings.Contains(err.Error(), "created by the first program that writes") {
+		t.Fatalf("reader Open of a missing bucket: %v", err)
+	}
+	js := jsClient(t, srv)
+	if _, err := js.Stream(ctx, "KV_bekon"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("a reader created the bucket: %v", err)
+	}
+	natstest.Open(t, bnats.Config{URL: srv.ClientURL(), Bucket: "bekon"}) // a writer creates it
+	r := natstest.Open(t, bnats.Config{URL: srv.ClientURL(), Bucket: "bekon", MustExist: true})
+	if kvs, _, err := r.List(ctx, "/"); err != nil || len(kvs) != 0 {
+		t.Fatalf("reader List of an existing empty bucket: %v, %v", kvs, err)
+	}
+}
+
+func jsClient(t *testing.T, srv *natstest.Server) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// endsWith waits for the watch to end with an error matching want.
+func endsWith(t *testing.T, ctx context.Context, w store.WatchChan, want error) error {
+	t.Helper()
+	for {
+		select {
+		case resp, ok := <-w:
+			if !ok {
+				t.Fatal("the watch closed without an error")
+			}
+			if resp.Err != nil {
+				if !errors.Is(resp.Err, want) {
+					t.Fatalf("the watch ended with %v, want %v", resp.Err, want)
+				}
+				return resp.Err
+			}
+		case <-ctx.Done():
+			t.Fatal("the watch went stale")
+		}
+	}
+}
+
+// TestWriterRecreatesLostBucket: when the bucket goes away while the
+// stores run (nats-server restarted without its JetStream data), a store
+// that writes creates it again with Open's settings and says so, so that
+// registrants find their lease gone and register again, and watches end
+// (their clients list again); a reader names the missing bucket and
+// creates nothing. Nothing re-created it: keep-alives failed with "no
+// responders" until an unrelated Open did.
+func TestWriterRecreatesLostBucket(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	var logs syncbuf.Buffer
+	w := natstest.Open(t, bnats.Config{URL: srv.ClientURL(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	r := natstest.Open(t, bnats.Config{URL: srv.ClientURL(), MustExist: true})
+	ctx := ctxT(t, 60*time.Second)
+	js := jsClient(t, srv)
+	l, err := w.Grant(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Put(ctx, "/lost/a", []byte("v"), store.WithLease(l.ID)); err != nil {
+		t.Fatal(err)
+	}
+	rw := r.Watch(ctx, "/lost/", 0)
+	if err := js.DeleteStream(ctx, "KV_beacon"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The reader names the bucket, and its watch ends; neither creates it.
+	if _, _, err := r.List(ctx, "/lost/"); !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, bnats.ErrNoBucket) || !strings.Contains(err.Error(), `"beacon"`) {
+		t.Fatalf("reader List of a lost bucket: %v", err)
+	}
+	t.Log(endsWith(t, ctx, rw, bnats.ErrNoBucket))
+	if _, err := js.Stream(ctx, "KV_beacon"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("a reader created the lost bucket again: %v", err)
+	}
+
+	// The writer's next request creates it again, with Open's settings.
+	if _, err := w.KeepAlive(ctx, l.ID); !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), `bucket "beacon" was gone`) {
+		t.Fatalf("keep-alive in a lost bucket: %v", err)
+	}
+	if !strings.Contains(logs.String(), "gone from the NATS server (restarted without its JetStream data?): created it again") {
+		t.Fatalf("re-creation not logged:\n%s", logs.String())
+	}
+	st, err := js.Stream(ctx, "KV_beacon")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st.CachedInfo().Config; c.MaxMsgsPerSubject != bnats.DefaultHistory || !c.AllowMsgTTL || !c.AllowAtomicPublish || c.SubjectDeleteMarkerTTL != bnats.DefaultMarkerTTL {
+		t.Fatalf("bucket created again with other settings: %+v", c)
+	}
+	// The lease went with the bucket: its owner registers again.
+	if _, err := w.KeepAlive(ctx, l.ID); !errors.Is(err, store.ErrLeaseNotFound) {
+		t.Fatalf("keep-alive of a lease the lost bucket held: %v", err)
+	}
+	if kvs, _, err := r.List(ctx, "/lost/"); err != nil || len(kvs) != 0 {
+		t.Fatalf("reader List of the bucket created again: %v, %v", kvs, err)
+	}
+
+	// A writer's watch ends too, and its failure creates the bucket again.
+	ww := w.Watch(ctx, "/lost/", 0)
+	if err := js.DeleteStream(ctx, "KV_beacon"); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(endsWith(t, ctx, ww, store.ErrUnavailable))
+	if _, err := js.Stream(ctx, "KV_beacon"); err != nil {
+		t.Fatalf("the bucket after a writer's watch found it gone: %v", err)
 	}
 }

@@ -201,7 +201,7 @@ func (s *Store) consume(ctx context.Context, filter string, from uint64) (jetstr
 		Replicas:          1,
 	})
 	if err != nil {
-		return nil, nil, s.unavailable("watch", err)
+		return nil, nil, s.fail(ctx, "watch", err)
 	}
 	// A consumer the server lost (a restart) sends no heartbeats: the
 	// watch ends after two missed ones rather than waiting in silence.
@@ -209,7 +209,7 @@ func (s *Store) consume(ctx context.Context, filter string, from uint64) (jetstr
 	it, err := cons.Messages(jetstream.PullHeartbeat(hb), jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		s.deleteConsumer(cons.CachedInfo().Name)
-		return nil, nil, s.unavailable("watch", err)
+		return nil, nil, s.fail(ctx, "watch", err)
 	}
 	return it, func() {
 		it.Stop()
@@ -234,7 +234,7 @@ func (w *watcher) follow(ctx context.Context, it jetstream.MessagesContext, send
 			if ctx.Err() != nil {
 				return nil
 			}
-			return w.s.unavailable("watch", err)
+			return w.s.fail(ctx, "watch", err)
 		}
 		flush, err := w.step(ctx, msg)
 		if err != nil {
