@@ -238,3 +238,45 @@ func TestWriterRecreatesLostBucket(t *testing.T) {
 		t.Fatalf("the bucket after a writer's watch found it gone: %v", err)
 	}
 }
+
+// restartWithoutData restarts the server on its port with an empty store
+// directory, as nats-server restarted with its -sd directory removed.
+func restartWithoutData(t *testing.T, srv *natstest.Server) *natstest.Server {
+	t.Helper()
+	port := srv.Addr().(*net.TCPAddr).Port
+	srv.Stop()
+	return natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.Port = port }})
+}
+
+// TestRestartWithoutDataRecreatesBucket: the case the tester found. After
+// nats-server restarts without its JetStream data, a registrant's
+// keep-alive finds its lease gone (its store created the bucket again)
+// instead of failing with "no responders" until an unrelated Open.
+func TestRestartWithoutDataRecreatesBucket(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	s := natstest.Open(t, bnats.Config{URL: srv.ClientURL(), RequestTimeout: 2 * time.Second})
+	ctx := ctxT(t, 60*time.Second)
+	l, err := s.Grant(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, "/restart/a", []byte("v"), store.WithLease(l.ID)); err != nil {
+		t.Fatal(err)
+	}
+	srv = restartWithoutData(t, srv)
+	// Each keep-alive ends within the request timeout; the first ones may
+	// find the store still reconnecting, or the bucket gone.
+	for attempt := 1; ; attempt++ {
+		_, err := s.KeepAlive(ctx, l.ID)
+		if errors.Is(err, store.ErrLeaseNotFound) {
+			break
+		}
+		if !errors.Is(err, store.ErrUnavailable) || attempt == 10 {
+			t.Fatalf("keep-alive %d after the server lost its data: %v", attempt, err)
+		}
+		t.Logf("keep-alive %d: %v", attempt, err)
+	}
+	if _, err := jsClient(t, srv).Stream(ctx, "KV_beacon"); err != nil {
+		t.Fatalf("the bucket after the restart: %v", err)
+	}
+}
