@@ -21,6 +21,7 @@ import (
 	"github.com/beaconplane/beacon/registry"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	filestore "github.com/beaconplane/beacon/store/file"
+	natsstore "github.com/beaconplane/beacon/store/nats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -534,6 +535,28 @@ func TestNATSReadersNeedABucket(t *testing.T) {
 	if _, err := js.Stream(context.Background(), "KV_bekon"); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("a reader created the bucket: %v", err)
 	}
+}
+
+// TestNATSWatchEndsOnSIGINTWhenServerHangs: beacon watch on the nats
+// backend exits on SIGINT while its server takes requests and answers
+// none; it ignored SIGINT and SIGTERM, its store's Close waiting for a
+// consumer's re-creation that never ended.
+func TestNATSWatchEndsOnSIGINTWhenServerHangs(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	natstest.Open(t, natsstore.Config{URL: srv.ClientURL()}) // creates the bucket
+	env := []string{"BEACON_DISCOVERY_BACKEND=nats", "NATS_URL=" + srv.ClientURL()}
+	watch := startBeacon(t, t.TempDir(), env, "watch", "prod")
+	watch.waitLine(t, "synced", 30*time.Second)
+	requests := natstest.Hang(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	select {
+	case <-requests: // the watch reconnected and asks the hung server
+	case <-ctx.Done():
+		t.Fatal("beacon watch never reached the hung server")
+	}
+	_ = watch.cmd.Process.Signal(syscall.SIGINT)
+	_ = watch.wait(t, 30*time.Second)
 }
 
 // TestFileReadersNeedAStore: ls, watch and rm on the file backend refuse

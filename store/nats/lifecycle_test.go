@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -13,41 +12,9 @@ import (
 	"github.com/beaconplane/beacon/internal/testkit/natstest"
 	"github.com/beaconplane/beacon/store"
 	bnats "github.com/beaconplane/beacon/store/nats"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// muteServer replaces srv, on the same port, with a server whose
-// JetStream API takes every request and answers none, as a server that
-// hangs does. It returns the subjects of the requests as they come.
-func muteServer(t *testing.T, srv *natstest.Server) <-chan string {
-	t.Helper()
-	port := srv.Addr().(*net.TCPAddr).Port
-	srv.Stop()
-	mute := natstest.Start(t, natstest.Options{Configure: func(o *server.Options) {
-		o.Port = port
-		o.JetStream = false
-	}})
-	nc, err := nats.Connect(mute.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	got := make(chan string, 1024)
-	if _, err := nc.Subscribe("$JS.API.>", func(m *nats.Msg) {
-		select {
-		case got <- m.Subject:
-		default:
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return got
-}
 
 // TestCloseEndsWhateverTheServerDoes: Close ends every wait of the store,
 // however long the server takes to answer. jetstream's ordered consumer
@@ -67,7 +34,7 @@ func TestCloseEndsWhateverTheServerDoes(t *testing.T) {
 	if resp := <-w; resp.Err != nil || len(resp.Events) != 1 {
 		t.Fatalf("before the server hung: %+v", resp)
 	}
-	requests := muteServer(t, srv)
+	requests := natstest.Hang(t, srv)
 	// The watch asks the mute server for something once it has
 	// reconnected.
 	select {
@@ -239,15 +206,6 @@ func TestWriterRecreatesLostBucket(t *testing.T) {
 	}
 }
 
-// restartWithoutData restarts the server on its port with an empty store
-// directory, as nats-server restarted with its -sd directory removed.
-func restartWithoutData(t *testing.T, srv *natstest.Server) *natstest.Server {
-	t.Helper()
-	port := srv.Addr().(*net.TCPAddr).Port
-	srv.Stop()
-	return natstest.Start(t, natstest.Options{Configure: func(o *server.Options) { o.Port = port }})
-}
-
 // TestRestartWithoutDataRecreatesBucket: the case the tester found. After
 // nats-server restarts without its JetStream data, a registrant's
 // keep-alive finds its lease gone (its store created the bucket again)
@@ -263,7 +221,7 @@ func TestRestartWithoutDataRecreatesBucket(t *testing.T) {
 	if _, err := s.Put(ctx, "/restart/a", []byte("v"), store.WithLease(l.ID)); err != nil {
 		t.Fatal(err)
 	}
-	srv = restartWithoutData(t, srv)
+	srv = natstest.Replace(t, srv, natstest.Options{}) // without its JetStream data
 	// Each keep-alive ends within the request timeout; the first ones may
 	// find the store still reconnecting, or the bucket gone.
 	for attempt := 1; ; attempt++ {
