@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -15,10 +16,14 @@ import (
 	"github.com/beaconplane/beacon"
 	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
+	"github.com/beaconplane/beacon/internal/testkit/natstest"
 	"github.com/beaconplane/beacon/proxy"
 	"github.com/beaconplane/beacon/registry"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	filestore "github.com/beaconplane/beacon/store/file"
+	natsstore "github.com/beaconplane/beacon/store/nats"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -503,6 +508,55 @@ func TestRmCommand(t *testing.T) {
 		{args: []string{"rm", "prod/api/http"}, want: "want namespace/component/endpoint/id"},
 		{args: []string{"rm"}, want: "requires at least 1 arg"},
 	})
+}
+
+// TestNATSReadersNeedABucket: ls, watch and rm on the nats backend refuse
+// a BEACON_NATS_BUCKET that names no bucket (a mistyped name) with bad
+// usage naming it, and create no bucket: ls printed "(no instances)", exit
+// 0, and left the stream KV_bekon behind.
+func TestNATSReadersNeedABucket(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	env := []string{"BEACON_DISCOVERY_BACKEND=nats", "NATS_URL=" + srv.ClientURL(), "BEACON_NATS_BUCKET=bekon"}
+	want := `BEACON_NATS_BUCKET="bekon": the NATS server has no stream KV_bekon`
+	checkBadInput(t, []badInput{
+		{args: []string{"ls"}, env: env, want: want},
+		{args: []string{"watch", "prod"}, env: env, want: want},
+		{args: []string{"rm", "--yes", "prod/api/http/00000000000000a1"}, env: env, want: want},
+	})
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Stream(context.Background(), "KV_bekon"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("a reader created the bucket: %v", err)
+	}
+}
+
+// TestNATSWatchEndsOnSIGINTWhenServerHangs: beacon watch on the nats
+// backend exits on SIGINT while its server takes requests and answers
+// none; it ignored SIGINT and SIGTERM, its store's Close waiting for a
+// consumer's re-creation that never ended.
+func TestNATSWatchEndsOnSIGINTWhenServerHangs(t *testing.T) {
+	srv := natstest.Start(t, natstest.Options{})
+	natstest.Open(t, natsstore.Config{URL: srv.ClientURL()}) // creates the bucket
+	env := []string{"BEACON_DISCOVERY_BACKEND=nats", "NATS_URL=" + srv.ClientURL()}
+	watch := startBeacon(t, t.TempDir(), env, "watch", "prod")
+	watch.waitLine(t, "synced", 30*time.Second)
+	requests := natstest.Hang(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	select {
+	case <-requests: // the watch reconnected and asks the hung server
+	case <-ctx.Done():
+		t.Fatal("beacon watch never reached the hung server")
+	}
+	_ = watch.cmd.Process.Signal(syscall.SIGINT)
+	_ = watch.wait(t, 30*time.Second)
 }
 
 // TestFileReadersNeedAStore: ls, watch and rm on the file backend refuse

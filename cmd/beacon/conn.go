@@ -17,6 +17,7 @@ import (
 	"github.com/beaconplane/beacon/registry"
 	etcdstore "github.com/beaconplane/beacon/store/etcd"
 	filestore "github.com/beaconplane/beacon/store/file"
+	natsstore "github.com/beaconplane/beacon/store/nats"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -354,8 +355,9 @@ type registryConn struct {
 	*clientFlags
 	root string
 	// existing: the command only reads or removes what is there (ls,
-	// watch, rm), so a file store must already exist: a mistyped
-	// BEACON_FILE_DIR is an error, not an empty store in a new directory.
+	// watch, rm), so a file store or NATS bucket must already exist: a
+	// mistyped BEACON_FILE_DIR or BEACON_NATS_BUCKET is an error, not an
+	// empty store in a new directory or bucket.
 	existing bool
 }
 
@@ -420,6 +422,7 @@ func (c *registryConn) open(ctx context.Context, cfg registry.Config) (registry.
 		return nil, usagef("--root %q: %w", c.root, err)
 	}
 	bcfg.File.MustExist = c.existing
+	bcfg.NATS.MustExist = c.existing
 	return c.openRegistry(ctx, bcfg, cfg)
 }
 
@@ -429,8 +432,8 @@ func (c *clientFlags) openRegistry(ctx context.Context, bcfg backend.Config, cfg
 	octx, cancel := context.WithTimeout(ctx, c.dial+c.command)
 	defer cancel()
 	r, err := backend.OpenRegistry(octx, bcfg, cfg)
-	if errors.Is(err, filestore.ErrNoStore) {
-		return nil, usagef("open %s backend: %w", bcfg.BackendName(), err) // BEACON_FILE_DIR names no store
+	if errors.Is(err, filestore.ErrNoStore) || errors.Is(err, natsstore.ErrNoBucket) {
+		return nil, usagef("open %s backend: %w", bcfg.BackendName(), err) // BEACON_FILE_DIR or BEACON_NATS_BUCKET names no store
 	}
 	if err != nil {
 		return nil, withFlagNames(fmt.Errorf("open %s backend: %w", bcfg.BackendName(), err))

@@ -80,6 +80,14 @@ type Config struct {
 	// context may end it sooner), and how long a watch survives a lost
 	// connection. Default 5 s.
 	RequestTimeout time.Duration
+	// MustExist makes the store a reader of an existing bucket: Open
+	// fails with an error matching ErrNoBucket when the bucket does not
+	// exist instead of creating it, and the store never creates it later.
+	// For programs that only read or remove (beacon ls, beacon watch,
+	// beacon rm), so that a mistyped bucket is an error rather than an
+	// empty listing and a new bucket. Without it a store creates a missing
+	// bucket at Open, and again when the bucket goes away while it runs.
+	MustExist bool
 	// Name is the client connection name shown by the server.
 	Name string
 	// Logger receives connection events. Nil discards them.

@@ -24,9 +24,15 @@ type rawMsg struct {
 // server returns in one response.
 var errTooMany = errors.New("nats: too many subjects for one read")
 
-// reqCtx bounds one request by the request timeout (and by ctx).
+// reqCtx bounds one request by the request timeout, by ctx, and by Close:
+// no request outlives the store.
 func (s *Store) reqCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	stop := context.AfterFunc(s.bg, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 func parseRaw(m *nats.Msg) (rawMsg, error) {
@@ -49,11 +55,11 @@ func (s *Store) last(ctx context.Context, subject string) (*rawMsg, error) {
 // message it answers, or nil if there is none (404); what names the read
 // in errors ("of SUBJECT").
 func (s *Store) directGet(ctx context.Context, subject string, body []byte, what string) (*rawMsg, error) {
-	ctx, cancel := s.reqCtx(ctx)
+	rctx, cancel := s.reqCtx(ctx)
 	defer cancel()
-	m, err := s.nc.RequestWithContext(ctx, subject, body)
+	m, err := s.nc.RequestWithContext(rctx, subject, body)
 	if err != nil {
-		return nil, s.unavailable("read", err)
+		return nil, s.fail(ctx, "read", err)
 	}
 	switch st := m.Header.Get("Status"); st {
 	case "":
@@ -93,7 +99,7 @@ func (s *Store) firstSince(ctx context.Context, t time.Time) (*rawMsg, error) {
 // sequence the read was as of. It fails with errTooMany beyond the server's
 // limit (1024 subjects).
 func (s *Store) multiLast(ctx context.Context, filters []string, upTo uint64) ([]rawMsg, uint64, error) {
-	ctx, cancel := s.reqCtx(ctx)
+	rctx, cancel := s.reqCtx(ctx)
 	defer cancel()
 	inbox := s.nc.NewRespInbox()
 	sub, err := s.nc.SubscribeSync(inbox)
@@ -107,9 +113,9 @@ func (s *Store) multiLast(ctx context.Context, filters []string, upTo uint64) ([
 	}
 	var out []rawMsg
 	for {
-		m, err := sub.NextMsgWithContext(ctx)
+		m, err := sub.NextMsgWithContext(rctx)
 		if err != nil {
-			return nil, 0, s.unavailable("read", err)
+			return nil, 0, s.fail(ctx, "read", err)
 		}
 		switch st := m.Header.Get("Status"); st {
 		case "":

@@ -9,7 +9,13 @@
 // # Data model
 //
 // The bucket is the stream KV_<bucket> (subjects $KV.<bucket>.>), created by
-// Open with the settings below, and readable by ordinary KV tools. Inside it:
+// Open with the settings below, and readable by ordinary KV tools. A store
+// that only reads (Config.MustExist) never creates it and reports a missing
+// one with ErrNoBucket; any other store creates it again, with the same
+// settings, when it finds it gone (a server restarted without its JetStream
+// data), logs so, and fails that request with store.ErrUnavailable: the
+// owners of the registrations, whose leases went with the bucket, write them
+// again, and watches end so that their clients list again. Inside it:
 //
 //	$KV.<bucket>.k.<tokens>   keys: one token per '/'-separated segment,
 //	                          bytes outside [-_a-zA-Z0-9] escaped as =XX,
@@ -51,9 +57,12 @@
 // message of every key under the prefix with one direct-get request that
 // the server isolates from writes and that reports the revision it was as
 // of, so the snapshot is exact and a watch from its revision + 1 continues
-// it; more than 1024 keys are read in chunks as of one revision. Watch is an
-// ordered consumer from the requested revision on the prefix's subjects
-// and the lease subjects.
+// it; more than 1024 keys are read in chunks as of one revision. Watch is a
+// consumer from the requested revision on the prefix's subjects and the
+// lease subjects; when it fails (the server lost it, missed heartbeats,
+// dropped messages) the watch ends with store.ErrUnavailable rather than
+// re-creating it. Every request is bounded by the request timeout and by
+// Close, so Close returns promptly whatever the server does.
 //
 // # Transactions
 //

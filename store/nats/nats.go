@@ -34,6 +34,10 @@ var (
 	// ErrIncompatibleServer reports a server configured so that the store
 	// cannot keep the contract (a max_payload below the value limit).
 	ErrIncompatibleServer = errors.New("nats: incompatible server")
+	// ErrNoBucket reports a bucket missing from the server for a store
+	// that does not create it (Config.MustExist): at Open, or later, when
+	// the bucket went away (then it matches store.ErrUnavailable too).
+	ErrNoBucket = errors.New("nats: no such bucket")
 )
 
 // minPayload is the smallest message the server and the bucket must
@@ -74,8 +78,11 @@ type Store struct {
 	js        jetstream.JetStream
 	stream    string // KV_<bucket>
 	pre       string // "$KV.<bucket>."
+	api       string // the JetStream API subject prefix ($JS.API, or of the domain)
 	directPre string // the direct get API subject of the stream
 	markerTTL time.Duration
+
+	recreate sync.Mutex // one look at a bucket that seems gone at a time
 
 	mu        sync.Mutex
 	closed    bool
@@ -100,7 +107,7 @@ func (s *Store) metaSubject() string    { return s.pre + "m" }
 func (s *Store) compactSubject() string { return s.pre + "c" }
 
 // Open connects to the servers, checks their version and the bucket (which
-// it creates if missing), and returns the store. An unreachable server
+// it creates if missing, unless cfg.MustExist), and returns the store. An unreachable server
 // gives an error matching store.ErrUnavailable after cfg.DialTimeout.
 func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
@@ -119,6 +126,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.Domain != "" {
 		api = "$JS." + cfg.Domain + ".API"
 	}
+	s.api = api
 	s.directPre = api + ".DIRECT.GET." + s.stream
 	opts := []nats.Option{
 		nats.Name(cmp.Or(cfg.Name, "beacon")),
@@ -185,34 +193,110 @@ func (s *Store) setup(ctx context.Context) error {
 		}
 		return s.unavailable("reach JetStream", err)
 	}
-	st, err := s.js.Stream(rctx, s.stream)
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		st, err = s.js.CreateStream(rctx, s.streamConfig())
-		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return fmt.Errorf("nats: cannot create bucket %q: %w", s.cfg.Bucket, err)
-		}
-		if err != nil { // created concurrently by another process
-			if st, err = s.js.Stream(rctx, s.stream); err != nil {
-				return fmt.Errorf("nats: bucket %q: %w", s.cfg.Bucket, err)
-			}
-		}
-	case err != nil:
-		return s.unavailable("look up the bucket", err)
-	}
-	if err := s.checkBucket(st.CachedInfo().Config); err != nil {
+	st, _, err := s.bucket(ctx)
+	if err != nil {
 		return err
 	}
 	s.markerTTL = st.CachedInfo().Config.SubjectDeleteMarkerTTL
+	return nil
+}
+
+// bucket looks up the bucket's stream, checks it, and initialises it.
+// Unless the store only reads (Config.MustExist), a missing bucket is
+// created with streamConfig; created says whether this call created it.
+// Open and a writer that finds its bucket gone both use it, so that a
+// bucket created again has the settings of one Open creates.
+func (s *Store) bucket(ctx context.Context) (st jetstream.Stream, created bool, err error) {
+	rctx, cancel := s.reqCtx(ctx)
+	defer cancel()
+	st, err = s.js.Stream(rctx, s.stream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound) && s.cfg.MustExist:
+		return nil, false, s.noBucket()
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		st, err = s.js.CreateStream(rctx, s.streamConfig())
+		created = err == nil
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // created concurrently by another process
+			st, err = s.js.Stream(rctx, s.stream)
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("nats: cannot create bucket %q: %w", s.cfg.Bucket, err)
+		}
+	case err != nil:
+		return nil, false, s.unavailable("look up the bucket", err)
+	}
+	if err := s.checkBucket(st.CachedInfo().Config); err != nil {
+		return nil, false, err
+	}
 	// The meta subject is never empty: every multi-subject read includes
 	// it, so that the read always reports the revision it was as of.
 	m := nats.NewMsg(s.metaSubject())
 	m.Data = []byte(`{"format":"beacon","version":1}`)
 	m.Header.Set(hdrExpSubj, "0")
 	if _, err := s.js.PublishMsg(rctx, m); err != nil && !isConflict(err) {
-		return s.unavailable("initialise the bucket", err)
+		return nil, false, s.unavailable("initialise the bucket", err)
 	}
-	return nil
+	return st, created, nil
+}
+
+// noBucket is the error of a missing bucket the store does not create.
+func (s *Store) noBucket() error {
+	return fmt.Errorf("%w: %s: the NATS server has no stream %s; check the name: a bucket is created by the first program that writes to it (beacon register, beacon serve)",
+		ErrNoBucket, s.cfg.setting("Bucket", "bucket", s.cfg.Bucket), s.stream)
+}
+
+// fail is unavailable for a request to the bucket, except when nothing
+// answered it, or a watch's consumer vanished, while the connection is up:
+// then the bucket may be gone (see lostBucket).
+func (s *Store) fail(ctx context.Context, what string, err error) error {
+	if !noResponse(err) || !s.nc.IsConnected() || s.isClosed() {
+		return s.unavailable(what, err)
+	}
+	return s.lostBucket(ctx, what, err)
+}
+
+// noResponse reports a request to the bucket that no stream answered, or
+// a consumer that went with its stream (deleted, or silent).
+func noResponse(err error) bool {
+	for _, e := range []error{nats.ErrNoResponders, jetstream.ErrNoStreamResponse, jetstream.ErrStreamNotFound,
+		jetstream.ErrConsumerDeleted, jetstream.ErrConsumerNotFound, jetstream.ErrNoHeartbeat} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// lostBucket looks up the bucket after a request nothing answered. When
+// its stream is gone (the server restarted without its JetStream data, or
+// someone deleted it), a writer creates it again, as Open does, so that
+// the owners of registrations, whose leases went with it, write them
+// again, and watches, which end, list again; a reader (Config.MustExist)
+// reports the missing bucket by name. Either way the request fails with
+// store.ErrUnavailable, to be retried.
+func (s *Store) lostBucket(ctx context.Context, what string, cause error) error {
+	s.recreate.Lock()
+	defer s.recreate.Unlock()
+	rctx, cancel := s.reqCtx(ctx)
+	_, err := s.js.Stream(rctx, s.stream)
+	cancel()
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return s.unavailable(what, cause) // there (again), or the server does not say
+	}
+	if s.cfg.MustExist {
+		return fmt.Errorf("%w: nats: cannot %s: %w: bucket %q is gone from the NATS server (restarted without its JetStream data?); the next program that writes to it creates it again",
+			store.ErrUnavailable, what, ErrNoBucket, s.cfg.Bucket)
+	}
+	_, created, err := s.bucket(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: nats: cannot %s: bucket %q is gone from the NATS server and cannot be created again: %w",
+			store.ErrUnavailable, what, s.cfg.Bucket, err)
+	}
+	if created {
+		s.logger.Warn("the bucket is gone from the NATS server (restarted without its JetStream data?): created it again; registrations will be written again by their owners",
+			"stream", s.stream)
+	}
+	return fmt.Errorf("%w: nats: cannot %s: bucket %q was gone from the NATS server (created again, empty)", store.ErrUnavailable, what, s.cfg.Bucket)
 }
 
 func (s *Store) streamConfig() jetstream.StreamConfig {
@@ -283,14 +367,14 @@ func versionAtLeast(v, min string) bool {
 }
 
 // unavailable wraps a failure to reach the server (including no answer
-// within the request timeout) in store.ErrUnavailable. Cancellation by the
-// caller is returned as is.
+// within the request timeout) in store.ErrUnavailable. A request that Close
+// ended is store.ErrClosed; cancellation by the caller is returned as is.
 func (s *Store) unavailable(what string, err error) error {
+	if s.isClosed() && (errors.Is(err, context.Canceled) || errors.Is(err, nats.ErrConnectionClosed)) {
+		return store.ErrClosed
+	}
 	if errors.Is(err, context.Canceled) {
 		return err
-	}
-	if errors.Is(err, nats.ErrConnectionClosed) && s.isClosed() {
-		return store.ErrClosed
 	}
 	return fmt.Errorf("%w: nats: cannot %s: %w", store.ErrUnavailable, what, err)
 }
@@ -311,7 +395,10 @@ func (s *Store) begin(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the connection and ends every watch. It is idempotent.
+// Close ends every watch and every request in flight (they fail with
+// store.ErrClosed), waits for the store's goroutines and closes the
+// connection. Every wait of the store ends when Close cancels it, so Close
+// returns promptly whatever the server does. It is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
@@ -494,16 +581,16 @@ func (s *Store) publish(ctx context.Context, touches []*nats.Msg, m *nats.Msg) (
 // publishAll writes msgs, in one atomic batch if there are several, and
 // returns the sequence of the last.
 func (s *Store) publishAll(ctx context.Context, all []*nats.Msg) (uint64, error) {
-	ctx, cancel := s.reqCtx(ctx)
+	rctx, cancel := s.reqCtx(ctx)
 	defer cancel()
 	m := all[len(all)-1]
 	if len(all) == 1 {
-		ack, err := s.js.PublishMsg(ctx, m)
+		ack, err := s.js.PublishMsg(rctx, m)
 		if err != nil {
 			if isConflict(err) {
 				return 0, err
 			}
-			return 0, s.unavailable("write", err)
+			return 0, s.fail(ctx, "write", err)
 		}
 		return ack.Sequence, nil
 	}
@@ -519,9 +606,9 @@ func (s *Store) publishAll(ctx context.Context, all []*nats.Msg) (uint64, error)
 		}
 	}
 	m.Header.Set(hdrBatchDone, "1")
-	resp, err := s.nc.RequestMsgWithContext(ctx, m)
+	resp, err := s.nc.RequestMsgWithContext(rctx, m)
 	if err != nil {
-		return 0, s.unavailable("write", err)
+		return 0, s.fail(ctx, "write", err)
 	}
 	var ack struct {
 		Error *jetstream.APIError `json:"error"`
@@ -766,7 +853,7 @@ func (s *Store) snapshotAt(ctx context.Context, prefix string, upTo uint64) ([]r
 	defer cancel()
 	st, err := s.js.Stream(rctx, s.stream)
 	if err != nil {
-		return nil, 0, s.unavailable("list subjects", err)
+		return nil, 0, s.fail(ctx, "list subjects", err)
 	}
 	info, err := st.Info(rctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {

@@ -81,6 +81,9 @@ type watcher struct {
 	live    map[string]bool   // key → whether this watch has it existing
 	pruned  uint64            // last keys of deleted keys below this were dropped
 	pending []store.Event
+	// delivered is the consumer's sequence of the last message read: the
+	// next must follow it.
+	delivered uint64
 
 	// caughtUp is when the watch last had nothing pending. Lease-end
 	// markers written since then live for the marker TTL, so the watch must
@@ -96,8 +99,15 @@ func (s *Store) watch(parent context.Context, ch chan<- store.WatchResponse, pre
 	defer s.wg.Done()
 	defer close(ch)
 	ctx, cancel := context.WithCancelCause(parent)
-	defer cancel(nil)
-	go s.endSilentWatch(ctx, cancel)
+	silent := make(chan struct{})
+	go func() {
+		defer close(silent)
+		s.endSilentWatch(ctx, cancel)
+	}()
+	defer func() {
+		cancel(nil)
+		<-silent
+	}()
 	defer func() {
 		// Lost connection: the last response says so (not on cancel or
 		// Close, which just close the channel).
@@ -165,30 +175,53 @@ func (s *Store) endSilentWatch(ctx context.Context, cancel context.CancelCauseFu
 	}
 }
 
-// consume opens an ordered consumer of the key subjects of filter and of
-// the lease subjects, from stream sequence from. stop ends it and deletes
-// it on the server.
-func (s *Store) consume(ctx context.Context, filter string, from uint64) (it jetstream.MessagesContext, stop func(), err error) {
-	cons, err := s.js.OrderedConsumer(ctx, s.stream, jetstream.OrderedConsumerConfig{
+// consume creates a consumer of the key subjects of filter and of the
+// lease subjects, from stream sequence from, and returns its messages and
+// stop, which ends them and has the server delete the consumer.
+//
+// It is not jetstream's ordered consumer: after any failure that one
+// re-creates itself in a loop of its own, with requests bounded by no
+// context of ours and retried forever, so a watch, and Close waiting for
+// it, hung as long as the server did not answer or the bucket was gone.
+// Here the one request is bounded by ctx (which Close ends) and the request
+// timeout, and any failure of the messages ends the watch, whose client
+// lists again.
+func (s *Store) consume(ctx context.Context, filter string, from uint64) (jetstream.MessagesContext, func(), error) {
+	rctx, cancel := s.reqCtx(ctx)
+	defer cancel()
+	cons, err := s.js.CreateConsumer(rctx, s.stream, jetstream.ConsumerConfig{
 		FilterSubjects: []string{filter, s.pre + "l.>"},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    from,
+		AckPolicy:      jetstream.AckNonePolicy,
+		// Pull requests keep it alive; this bounds how long the consumer
+		// of a process that vanished stays on the server.
+		InactiveThreshold: max(time.Minute, 2*s.cfg.RequestTimeout),
+		MemoryStorage:     true,
+		Replicas:          1,
 	})
 	if err != nil {
-		return nil, nil, s.unavailable("watch", err)
+		return nil, nil, s.fail(ctx, "watch", err)
 	}
-	if it, err = cons.Messages(); err != nil {
-		return nil, nil, s.unavailable("watch", err)
+	// A consumer the server lost (a restart) sends no heartbeats: the
+	// watch ends after two missed ones rather than waiting in silence.
+	hb := min(max(s.cfg.RequestTimeout/2, 500*time.Millisecond), 15*time.Second)
+	it, err := cons.Messages(jetstream.PullHeartbeat(hb), jetstream.WithMessagesErrOnMissingHeartbeat(true))
+	if err != nil {
+		s.deleteConsumer(cons.CachedInfo().Name)
+		return nil, nil, s.fail(ctx, "watch", err)
 	}
 	return it, func() {
 		it.Stop()
-		// Delete the server's consumer now rather than when it times out.
-		if info := cons.CachedInfo(); info != nil {
-			dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
-			_ = s.js.DeleteConsumer(dctx, s.stream, info.Name)
-			dcancel()
-		}
+		s.deleteConsumer(cons.CachedInfo().Name)
 	}, nil
+}
+
+// deleteConsumer asks the server to delete a consumer now rather than when
+// it is idle, without waiting for the answer (Close must not wait for the
+// server); Close flushes the request with the connection.
+func (s *Store) deleteConsumer(name string) {
+	_ = s.nc.Publish(s.api+".CONSUMER.DELETE."+s.stream+"."+name, nil)
 }
 
 // follow turns the consumer's messages into responses until ctx ends
@@ -198,10 +231,10 @@ func (w *watcher) follow(ctx context.Context, it jetstream.MessagesContext, send
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			if ctx.Err() != nil {
 				return nil
 			}
-			return w.s.unavailable("watch", err)
+			return w.s.fail(ctx, "watch", err)
 		}
 		flush, err := w.step(ctx, msg)
 		if err != nil {
@@ -224,6 +257,12 @@ func (w *watcher) step(ctx context.Context, msg jetstream.Msg) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("nats: watch: %w", err)
 	}
+	if meta.Sequence.Consumer != w.delivered+1 {
+		// The client dropped messages (it fell behind): the watch cannot
+		// go on without a gap.
+		return false, fmt.Errorf("%w: nats: watch: messages %d to %d of its consumer were lost", store.ErrUnavailable, w.delivered+1, meta.Sequence.Consumer-1)
+	}
+	w.delivered = meta.Sequence.Consumer
 	if w.behind && time.Since(w.caughtUp) > w.s.retention() {
 		// Lease-end markers may have expired before this watch got to
 		// them: make sure none that matters did.

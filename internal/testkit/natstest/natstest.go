@@ -13,6 +13,7 @@ import (
 
 	"github.com/beaconplane/beacon/internal/testkit/testcerts"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 )
 
@@ -118,4 +119,48 @@ func LeakOptions() []goleak.Option {
 		opts = append(opts, goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server."+f))
 	}
 	return opts
+}
+
+// Replace stops srv and starts, on its port, a server with o (a new, empty
+// store directory): clients reconnect to it. Restarting without the
+// JetStream data, or with a different server, is what a test makes of it.
+func Replace(tb testing.TB, srv *Server, o Options) *Server {
+	tb.Helper()
+	port := srv.Addr().(*net.TCPAddr).Port
+	srv.Stop()
+	configure := o.Configure
+	o.Configure = func(opts *server.Options) {
+		opts.Port = port
+		if configure != nil {
+			configure(opts)
+		}
+	}
+	return Start(tb, o)
+}
+
+// Hang replaces srv, on its port, with a server without JetStream whose
+// JetStream API takes every request and answers none, as a server that
+// hangs does. It returns the subjects of the requests as they come (those
+// that find the channel full are dropped).
+func Hang(tb testing.TB, srv *Server) <-chan string {
+	tb.Helper()
+	mute := Replace(tb, srv, Options{Configure: func(o *server.Options) { o.JetStream = false }})
+	nc, err := nats.Connect(mute.ClientURL())
+	if err != nil {
+		tb.Fatalf("natstest: %v", err)
+	}
+	tb.Cleanup(nc.Close)
+	got := make(chan string, 1024)
+	if _, err := nc.Subscribe("$JS.API.>", func(m *nats.Msg) {
+		select {
+		case got <- m.Subject:
+		default:
+		}
+	}); err != nil {
+		tb.Fatalf("natstest: %v", err)
+	}
+	if err := nc.Flush(); err != nil {
+		tb.Fatalf("natstest: %v", err)
+	}
+	return got
 }
