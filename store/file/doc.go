@@ -60,6 +60,15 @@
 // (store.Transactor: several writes in one revision, all or nothing). There
 // are no caveats in the conformance suite.
 //
+// # Waiting for the lock
+//
+// A process stopped or hung while it holds the lock stops every writer of
+// the host. Every wait for a lock (the store's, the write slot of this
+// process in front of it, a lease file's, Open's) ends with the caller's
+// context or Close, with an error naming the lock file and, when
+// /proc/locks tells, the process holding it; a write whose caller gave up
+// is not applied afterwards. A wait that lasts 5 s is logged.
+//
 // # Crashes and damage
 //
 //   - A write interrupted by a crash (even SIGKILL mid-write) was never

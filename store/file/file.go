@@ -55,15 +55,16 @@ const (
 // locking between processes. Create it with Open; Close it to release its
 // files and goroutines.
 //
-// Lock order: wmu, the lock file's flock, tmu, a lease file's flock, the
-// core's lock, lmu.
+// Lock order: wslot, the lock file's flock, tmu, a lease file's flock, the
+// core's lock, lmu. Waits for wslot and the flocks end with the caller's
+// context or Close (lock.go).
 type Store struct {
 	cfg    Config
 	dir    string
 	logger *slog.Logger
 
-	lockf *os.File   // flock target: every change holds LOCK_EX on it
-	wmu   sync.Mutex // this process's writers (flock is per open file)
+	lockf *os.File      // flock target: every change holds LOCK_EX on it
+	wslot chan struct{} // this process's writers take turns (flock is per open file)
 
 	tmu      sync.Mutex // the log reader: seg, segFirst, segOff; every change to core
 	seg      *os.File
@@ -111,6 +112,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		leaseTTLs:      make(map[store.LeaseID]time.Duration),
 		leaseDeadlines: make(map[store.LeaseID]time.Time),
 		kick:           make(chan struct{}, 1),
+		wslot:          make(chan struct{}, 1),
 	}
 	// The history window is kept by the log's compaction records.
 	s.core = mvcc.New(mvcc.Config{LeaseAlive: s.leaseAlive})
@@ -158,7 +160,7 @@ func (s *Store) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("file: store directory %s is not writable (%w): every process of the store needs to create and lock files there; fix its permissions or choose another %s", s.dir, err, EnvDir)
 	}
-	if err := s.flock(ctx); err != nil {
+	if err := s.waitLock(ctx, s.lockf, s.lockf.Name()); err != nil {
 		return err
 	}
 	defer s.funlock()
@@ -476,30 +478,35 @@ func (s *Store) apply(rec record) error {
 	return nil
 }
 
-// flock takes the store's exclusive file lock, polling so that ctx can
-// cancel the wait.
-func (s *Store) flock(ctx context.Context) error { return flockFile(ctx, s.lockf) }
+func (s *Store) funlock() { _ = unlockFile(s.lockf) }
 
-func (s *Store) funlock() { _ = syscall.Flock(int(s.lockf.Fd()), syscall.LOCK_UN) }
+func unlockFile(f *os.File) error { return syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }
 
 // locked runs fn holding the write lock (in-process and on the file),
-// with the in-memory state caught up with the log.
+// with the in-memory state caught up with the log. A caller whose context
+// ends while it waits gets an error naming the lock, and fn does not run:
+// a write is never applied after its caller gave up.
 func (s *Store) locked(ctx context.Context, fn func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
+	if err := s.acquireSlot(ctx); err != nil {
+		return err
+	}
+	defer s.releaseSlot()
 	if s.core.Closed() {
 		return store.ErrClosed
 	}
-	if err := s.flock(ctx); err != nil {
+	if err := s.waitLock(ctx, s.lockf, s.lockf.Name()); err != nil {
 		return err
 	}
 	defer s.funlock()
 	s.tmu.Lock()
 	defer s.tmu.Unlock()
 	if err := s.catchUp(true); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
 		return err
 	}
 	return fn()
@@ -731,11 +738,11 @@ func (s *Store) Close() error {
 		}
 	})
 	s.wg.Wait()
-	s.wmu.Lock()
+	s.wslot <- struct{}{} // every wait for it ends on Close
 	s.tmu.Lock()
 	s.closeFiles()
 	s.tmu.Unlock()
-	s.wmu.Unlock()
+	<-s.wslot
 	return nil
 }
 
