@@ -60,6 +60,17 @@
 // (store.Transactor: several writes in one revision, all or nothing). There
 // are no caveats in the conformance suite.
 //
+// # Replacing the directory
+//
+// A store is the directory whose lock file a process holds. Every write
+// (under the lock) and the background loop (every second, or PollInterval
+// without notifications) compare the lock file at the path with the one
+// held. When the directory was moved away, removed or replaced, the process
+// logs it, ends its watches with ErrReplaced, and opens the store now at the
+// path; its old leases are gone there (store.ErrLeaseNotFound), so
+// registrants register again. It never creates a store in place of a
+// removed one; until one is there, reads and writes fail with ErrReplaced.
+//
 // # Waiting for the lock
 //
 // A process stopped or hung while it holds the lock stops every writer of

@@ -70,6 +70,10 @@ type Store struct {
 	seg      *os.File
 	segFirst int64
 	segOff   int64
+	// lost, when set, says why the directory at the path is no longer
+	// the one this process opened (identity.go). Written holding wslot
+	// and tmu, read holding either.
+	lost error
 
 	core *mvcc.Store
 
@@ -480,6 +484,35 @@ func (s *Store) apply(rec record) error {
 
 func (s *Store) funlock() { _ = unlockFile(s.lockf) }
 
+// lockInPlace takes the store's lock, on the store now at the path: if
+// the directory was replaced, it re-opens the new one first (identity.go),
+// so that no write lands in a log nobody reads any more. The caller holds
+// the write slot.
+func (s *Store) lockInPlace(ctx context.Context) error {
+	for {
+		if s.core.Closed() {
+			return store.ErrClosed
+		}
+		if s.lost != nil {
+			if err := s.reopen(ctx); err != nil {
+				return err
+			}
+		}
+		if err := s.waitLock(ctx, s.lockf, s.lockf.Name()); err != nil {
+			return err
+		}
+		err := s.checkPlace()
+		if err == nil {
+			return nil
+		}
+		s.funlock()
+		if !errors.Is(err, ErrReplaced) {
+			return err
+		}
+		s.markLost(err)
+	}
+}
+
 func unlockFile(f *os.File) error { return syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }
 
 // locked runs fn holding the write lock (in-process and on the file),
@@ -494,10 +527,7 @@ func (s *Store) locked(ctx context.Context, fn func() error) error {
 		return err
 	}
 	defer s.releaseSlot()
-	if s.core.Closed() {
-		return store.ErrClosed
-	}
-	if err := s.waitLock(ctx, s.lockf, s.lockf.Name()); err != nil {
+	if err := s.lockInPlace(ctx); err != nil {
 		return err
 	}
 	defer s.funlock()
@@ -652,8 +682,16 @@ func (s *Store) sync(ctx context.Context) error {
 	}
 	s.tmu.Lock()
 	defer s.tmu.Unlock()
-	if s.core.Closed() {
+	return s.syncLocked()
+}
+
+// syncLocked is sync with tmu held.
+func (s *Store) syncLocked() error {
+	switch {
+	case s.core.Closed():
 		return store.ErrClosed
+	case s.lost != nil:
+		return fmt.Errorf("%w; this process re-opens the store at the path as soon as there is one", s.lost)
 	}
 	return s.catchUp(false)
 }
@@ -794,6 +832,10 @@ func (s *Store) background() {
 				continue
 			}
 		case <-pollT.C:
+			// While the store is lost, reads and writes report it.
+			if err := s.followPlace(ctx); err != nil && !errors.Is(err, ErrReplaced) && ctx.Err() == nil {
+				s.logger.Warn("cannot check the store directory", "err", err)
+			}
 		case <-reapT.C:
 			s.reapExpired(ctx)
 			continue
