@@ -71,6 +71,12 @@
 // registrants register again. It never creates a store in place of a
 // removed one; until one is there, reads and writes fail with ErrReplaced.
 //
+// # Permissions
+//
+// Files are created 0666 and directories 0777, less the process umask, so
+// that users of one group can share a store: a setgid, group-writable
+// directory and umask 002 (docs/store.md shows how).
+//
 // # Waiting for the lock
 //
 // A process stopped or hung while it holds the lock stops every writer of

@@ -48,6 +48,17 @@ const (
 	tmpInfix     = ".tmp-"
 )
 
+// Modes of the files and directories a store creates, before the process
+// umask: the umask decides, as for every Unix tool, so that users of one
+// group can share a store (umask 002 in a setgid group directory). No file
+// is kept private: the store holds no secret (the registry keeps only the
+// SHA-256 of its secrets), and who may read or change the store is who may
+// read or write its directory.
+const (
+	filePerm = 0o666
+	dirPerm  = 0o777
+)
+
 // Store is a store.Store kept in a directory and shared by the processes of
 // one host. Its in-memory state (keys, revisions, the history window,
 // watches, the keys of each lease) is the MVCC core (store/internal/mvcc),
@@ -149,7 +160,7 @@ func (s *Store) open(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+	if err := os.MkdirAll(s.dir, dirPerm); err != nil {
 		return fmt.Errorf("file: cannot create store directory %s: %w", s.dir, err)
 	}
 	entries, err := os.ReadDir(s.dir)
@@ -160,7 +171,7 @@ func (s *Store) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.lockf, err = os.OpenFile(s.path(lockName), os.O_RDWR|os.O_CREATE, 0o644)
+	s.lockf, err = os.OpenFile(s.path(lockName), os.O_RDWR|os.O_CREATE, filePerm)
 	if err != nil {
 		return fmt.Errorf("file: store directory %s is not writable (%w): every process of the store needs to create and lock files there; fix its permissions or choose another %s", s.dir, err, EnvDir)
 	}
@@ -231,7 +242,7 @@ func (s *Store) checkMarker(entries []fs.DirEntry) (bool, error) {
 // directories exist. The caller holds the lock.
 func (s *Store) recoverFiles() error {
 	for _, d := range []string{walDir, leaseDir} {
-		if err := os.MkdirAll(s.path(d), 0o755); err != nil {
+		if err := os.MkdirAll(s.path(d), dirPerm); err != nil {
 			return fmt.Errorf("file: cannot create %s: %w", s.path(d), err)
 		}
 	}
@@ -331,7 +342,7 @@ func (s *Store) openSegment(first int64) error {
 // makes it the one appended to. The caller holds the lock.
 func (s *Store) createSegment(first int64) error {
 	p := s.path(walDir, segName(first))
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, filePerm)
 	if err != nil {
 		return fmt.Errorf("file: cannot create log segment %s: %w", p, err)
 	}

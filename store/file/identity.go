@@ -79,7 +79,7 @@ func (s *Store) reopen(ctx context.Context) error {
 	if err := s.checkExists(); err != nil {
 		return fmt.Errorf("%w; no store to re-open there yet: %w", lost, err)
 	}
-	f, err := os.OpenFile(s.path(lockName), os.O_RDWR|os.O_CREATE, 0o666)
+	f, err := os.OpenFile(s.path(lockName), os.O_RDWR|os.O_CREATE, filePerm)
 	if err != nil {
 		return fmt.Errorf("%w; cannot re-open the store: %w", lost, err)
 	}

@@ -193,7 +193,7 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, erro
 // writeSynced creates p (which must not exist) holding b, synced to disk;
 // on failure it leaves no file behind.
 func writeSynced(p string, b []byte) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, filePerm)
 	if err != nil {
 		return err
 	}
