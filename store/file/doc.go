@@ -95,6 +95,9 @@
 //     removed on Open.
 //   - A lease file that cannot be parsed ends the lease (its keys are
 //     deleted), with a warning.
+//   - A writer whose log segment is shorter than it has read it (truncated
+//     under the live processes) refuses to write a hole there and fails
+//     with ErrCorrupt; a process that only reads logs it once.
 //   - Any other damage (a checksum mismatch inside the log followed by more
 //     data, a damaged snapshot) is refused with ErrCorrupt naming the file
 //     and offset, and nothing is changed: move the directory away and restore

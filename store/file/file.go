@@ -85,6 +85,8 @@ type Store struct {
 	// the one this process opened (identity.go). Written holding wslot
 	// and tmu, read holding either.
 	lost error
+	// warnedShort: a log shorter than read was logged (warnShortLog).
+	warnedShort bool
 
 	core *mvcc.Store
 
@@ -559,6 +561,9 @@ var writeAt = func(f *os.File, b []byte, off int64) (int, error) { return f.Writ
 // appendLocked writes rec at the end of the log, syncs it, and applies it.
 // The caller holds the write lock.
 func (s *Store) appendLocked(rec record) error {
+	if err := s.checkLogSize(); err != nil {
+		return err
+	}
 	b := encodeRecord(rec)
 	if _, err := writeAt(s.seg, b, s.segOff); err != nil {
 		_ = s.seg.Truncate(s.segOff)
@@ -570,6 +575,40 @@ func (s *Store) appendLocked(rec record) error {
 	}
 	s.segOff += int64(len(b))
 	return s.apply(rec)
+}
+
+// checkLogSize refuses to append to a segment that is not as long as this
+// process has read it: caught up under the lock, the segment ends exactly
+// at segOff, unless it was truncated (or rewritten) under the live
+// processes, and a write at segOff would leave a hole that every process
+// opening the store later refuses as damage. The caller holds the write
+// lock.
+func (s *Store) checkLogSize() error {
+	fi, err := s.seg.Stat()
+	if err != nil {
+		return fmt.Errorf("file: cannot stat %s: %w", s.seg.Name(), err)
+	}
+	if fi.Size() != s.segOff {
+		return fmt.Errorf("%w: %s is %d bytes, but this process has read it to offset %d: the log was truncated or changed under the live processes; not writing to it. Stop the processes using the store, move the directory away and restore it from a backup",
+			ErrCorrupt, s.seg.Name(), fi.Size(), s.segOff)
+	}
+	return nil
+}
+
+// warnShortLog logs, once, a log segment shorter than this process has
+// read it, so that a damaged log is not silent in a process that does not
+// write (a writer refuses it: checkLogSize).
+func (s *Store) warnShortLog() {
+	s.tmu.Lock()
+	defer s.tmu.Unlock()
+	if s.seg == nil || s.lost != nil || s.warnedShort {
+		return
+	}
+	if fi, err := s.seg.Stat(); err == nil && fi.Size() < s.segOff {
+		s.warnedShort = true
+		s.logger.Warn("the log was truncated under this process; writes to it are refused: stop the processes using the store, move the directory away and restore it from a backup",
+			"segment", s.seg.Name(), "size", fi.Size(), "read_to", s.segOff)
+	}
 }
 
 // commit writes c as the next revision, if it changes anything, under the
@@ -847,6 +886,7 @@ func (s *Store) background() {
 			if err := s.followPlace(ctx); err != nil && !errors.Is(err, ErrReplaced) && ctx.Err() == nil {
 				s.logger.Warn("cannot check the store directory", "err", err)
 			}
+			s.warnShortLog()
 		case <-reapT.C:
 			s.reapExpired(ctx)
 			continue
