@@ -883,7 +883,7 @@ func (s *Store) background() {
 			}
 		case <-pollT.C:
 			// While the store is lost, reads and writes report it.
-			if err := s.followPlace(ctx); err != nil && !errors.Is(err, ErrReplaced) && ctx.Err() == nil {
+			if err := s.followPlace(ctx); err != nil && !errors.Is(err, ErrReplaced) && !errors.Is(err, store.ErrClosed) && ctx.Err() == nil {
 				s.logger.Warn("cannot check the store directory", "err", err)
 			}
 			s.warnShortLog()

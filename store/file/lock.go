@@ -14,9 +14,9 @@ import (
 	"github.com/beaconplane/beacon/store"
 )
 
-// Every wait for a lock in this package goes through waitLock: the store's
-// flock, this process's write slot (wslot) in front of it, and a lease
-// file's flock. A process stopped (SIGSTOP) or hung while it holds the
+// Every wait for a lock in this package goes through waitLock (the store's
+// flock, a lease file's flock) or acquireSlot (this process's write slot,
+// wslot, in front of the store's flock). A process stopped (SIGSTOP) or hung while it holds the
 // store's lock stops every writer of the host, so a wait ends with the
 // caller's context or Close, is logged once it has lasted lockWarnAfter,
 // and fails with an error naming the lock file and, when /proc/locks tells,
