@@ -48,7 +48,7 @@ func checkLockError(t *testing.T, what string, err error, lock string) {
 }
 
 func shortCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond) // long enough to reach the wait on a loaded machine
 	t.Cleanup(cancel)
 	return ctx
 }
