@@ -64,7 +64,9 @@ type Config struct {
 	// new directory.
 	MustExist bool
 	// Logger receives warnings about recovery actions (a torn log tail
-	// repaired, stale temporary files removed). Nil discards them.
+	// repaired, stale temporary files removed), a directory replaced under
+	// the process and re-opened, a long wait for a lock, and a log
+	// truncated under the process. Nil discards them.
 	Logger *slog.Logger
 
 	envErr error // a bad environment variable, reported by Validate

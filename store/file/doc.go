@@ -60,6 +60,32 @@
 // (store.Transactor: several writes in one revision, all or nothing). There
 // are no caveats in the conformance suite.
 //
+// # Replacing the directory
+//
+// A store is the directory whose lock file a process holds. Every write
+// (under the lock) and the background loop (every second, or PollInterval
+// without notifications) compare the lock file at the path with the one
+// held. When the directory was moved away, removed or replaced, the process
+// logs it, ends its watches with ErrReplaced, and opens the store now at the
+// path; its old leases are gone there (store.ErrLeaseNotFound), so
+// registrants register again. It never creates a store in place of a
+// removed one; until one is there, reads and writes fail with ErrReplaced.
+//
+// # Permissions
+//
+// Files are created 0666 and directories 0777, less the process umask, so
+// that users of one group can share a store: a setgid, group-writable
+// directory and umask 002 (docs/store.md shows how).
+//
+// # Waiting for the lock
+//
+// A process stopped or hung while it holds the lock stops every writer of
+// the host. Every wait for a lock (the store's, the write slot of this
+// process in front of it, a lease file's, Open's) ends with the caller's
+// context or Close, with an error naming the lock file and, when
+// /proc/locks tells, the process holding it; a write whose caller gave up
+// is not applied afterwards. A wait that lasts 5 s is logged.
+//
 // # Crashes and damage
 //
 //   - A write interrupted by a crash (even SIGKILL mid-write) was never
@@ -69,6 +95,9 @@
 //     removed on Open.
 //   - A lease file that cannot be parsed ends the lease (its keys are
 //     deleted), with a warning.
+//   - A writer whose log segment is shorter than it has read it (truncated
+//     under the live processes) refuses to write a hole there and fails
+//     with ErrCorrupt; a process that only reads logs it once.
 //   - Any other damage (a checksum mismatch inside the log followed by more
 //     data, a damaged snapshot) is refused with ErrCorrupt naming the file
 //     and offset, and nothing is changed: move the directory away and restore

@@ -1,6 +1,9 @@
 package file
 
-import "os"
+import (
+	"os"
+	"time"
+)
 
 // TearNextWrites makes every later log write stop halfway: it writes half
 // the record, calls midway, and never returns (the test kills the process).
@@ -12,4 +15,12 @@ func TearNextWrites(midway func()) {
 		midway()
 		select {}
 	}
+}
+
+// SetLockWarnAfter sets how long a lock wait lasts before it is logged,
+// until the test ends.
+func SetLockWarnAfter(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := lockWarnAfter
+	lockWarnAfter = d
+	t.Cleanup(func() { lockWarnAfter = old })
 }

@@ -48,6 +48,17 @@ const (
 	tmpInfix     = ".tmp-"
 )
 
+// Modes of the files and directories a store creates, before the process
+// umask: the umask decides, as for every Unix tool, so that users of one
+// group can share a store (umask 002 in a setgid group directory). No file
+// is kept private: the store holds no secret (the registry keeps only the
+// SHA-256 of its secrets), and who may read or change the store is who may
+// read or write its directory.
+const (
+	filePerm = 0o666
+	dirPerm  = 0o777
+)
+
 // Store is a store.Store kept in a directory and shared by the processes of
 // one host. Its in-memory state (keys, revisions, the history window,
 // watches, the keys of each lease) is the MVCC core (store/internal/mvcc),
@@ -55,20 +66,27 @@ const (
 // locking between processes. Create it with Open; Close it to release its
 // files and goroutines.
 //
-// Lock order: wmu, the lock file's flock, tmu, a lease file's flock, the
-// core's lock, lmu.
+// Lock order: wslot, the lock file's flock, tmu, a lease file's flock, the
+// core's lock, lmu. Waits for wslot and the flocks end with the caller's
+// context or Close (lock.go).
 type Store struct {
 	cfg    Config
 	dir    string
 	logger *slog.Logger
 
-	lockf *os.File   // flock target: every change holds LOCK_EX on it
-	wmu   sync.Mutex // this process's writers (flock is per open file)
+	lockf *os.File      // flock target: every change holds LOCK_EX on it
+	wslot chan struct{} // this process's writers take turns (flock is per open file)
 
 	tmu      sync.Mutex // the log reader: seg, segFirst, segOff; every change to core
 	seg      *os.File
 	segFirst int64
 	segOff   int64
+	// lost, when set, says why the directory at the path is no longer
+	// the one this process opened (identity.go). Written holding wslot
+	// and tmu, read holding either.
+	lost error
+	// warnedShort: a log shorter than read was logged (warnShortLog).
+	warnedShort bool
 
 	core *mvcc.Store
 
@@ -111,6 +129,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		leaseTTLs:      make(map[store.LeaseID]time.Duration),
 		leaseDeadlines: make(map[store.LeaseID]time.Time),
 		kick:           make(chan struct{}, 1),
+		wslot:          make(chan struct{}, 1),
 	}
 	// The history window is kept by the log's compaction records.
 	s.core = mvcc.New(mvcc.Config{LeaseAlive: s.leaseAlive})
@@ -143,7 +162,7 @@ func (s *Store) open(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+	if err := os.MkdirAll(s.dir, dirPerm); err != nil {
 		return fmt.Errorf("file: cannot create store directory %s: %w", s.dir, err)
 	}
 	entries, err := os.ReadDir(s.dir)
@@ -154,11 +173,11 @@ func (s *Store) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.lockf, err = os.OpenFile(s.path(lockName), os.O_RDWR|os.O_CREATE, 0o644)
+	s.lockf, err = os.OpenFile(s.path(lockName), os.O_RDWR|os.O_CREATE, filePerm)
 	if err != nil {
 		return fmt.Errorf("file: store directory %s is not writable (%w): every process of the store needs to create and lock files there; fix its permissions or choose another %s", s.dir, err, EnvDir)
 	}
-	if err := s.flock(ctx); err != nil {
+	if err := s.waitLock(ctx, s.lockf, s.lockf.Name()); err != nil {
 		return err
 	}
 	defer s.funlock()
@@ -225,7 +244,7 @@ func (s *Store) checkMarker(entries []fs.DirEntry) (bool, error) {
 // directories exist. The caller holds the lock.
 func (s *Store) recoverFiles() error {
 	for _, d := range []string{walDir, leaseDir} {
-		if err := os.MkdirAll(s.path(d), 0o755); err != nil {
+		if err := os.MkdirAll(s.path(d), dirPerm); err != nil {
 			return fmt.Errorf("file: cannot create %s: %w", s.path(d), err)
 		}
 	}
@@ -325,7 +344,7 @@ func (s *Store) openSegment(first int64) error {
 // makes it the one appended to. The caller holds the lock.
 func (s *Store) createSegment(first int64) error {
 	p := s.path(walDir, segName(first))
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, filePerm)
 	if err != nil {
 		return fmt.Errorf("file: cannot create log segment %s: %w", p, err)
 	}
@@ -476,30 +495,61 @@ func (s *Store) apply(rec record) error {
 	return nil
 }
 
-// flock takes the store's exclusive file lock, polling so that ctx can
-// cancel the wait.
-func (s *Store) flock(ctx context.Context) error { return flockFile(ctx, s.lockf) }
+func (s *Store) funlock() { _ = unlockFile(s.lockf) }
 
-func (s *Store) funlock() { _ = syscall.Flock(int(s.lockf.Fd()), syscall.LOCK_UN) }
+// lockInPlace takes the store's lock, on the store now at the path: if
+// the directory was replaced, it re-opens the new one first (identity.go),
+// so that no write lands in a log nobody reads any more. The caller holds
+// the write slot.
+func (s *Store) lockInPlace(ctx context.Context) error {
+	for {
+		if s.core.Closed() {
+			return store.ErrClosed
+		}
+		if s.lost != nil {
+			if err := s.reopen(ctx); err != nil {
+				return err
+			}
+		}
+		if err := s.waitLock(ctx, s.lockf, s.lockf.Name()); err != nil {
+			return err
+		}
+		err := s.checkPlace()
+		if err == nil {
+			return nil
+		}
+		s.funlock()
+		if !errors.Is(err, ErrReplaced) {
+			return err
+		}
+		s.markLost(err)
+	}
+}
+
+func unlockFile(f *os.File) error { return syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }
 
 // locked runs fn holding the write lock (in-process and on the file),
-// with the in-memory state caught up with the log.
+// with the in-memory state caught up with the log. A caller whose context
+// ends while it waits gets an error naming the lock, and fn does not run:
+// a write is never applied after its caller gave up.
 func (s *Store) locked(ctx context.Context, fn func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if s.core.Closed() {
-		return store.ErrClosed
+	if err := s.acquireSlot(ctx); err != nil {
+		return err
 	}
-	if err := s.flock(ctx); err != nil {
+	defer s.releaseSlot()
+	if err := s.lockInPlace(ctx); err != nil {
 		return err
 	}
 	defer s.funlock()
 	s.tmu.Lock()
 	defer s.tmu.Unlock()
 	if err := s.catchUp(true); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
 		return err
 	}
 	return fn()
@@ -511,6 +561,9 @@ var writeAt = func(f *os.File, b []byte, off int64) (int, error) { return f.Writ
 // appendLocked writes rec at the end of the log, syncs it, and applies it.
 // The caller holds the write lock.
 func (s *Store) appendLocked(rec record) error {
+	if err := s.checkLogSize(); err != nil {
+		return err
+	}
 	b := encodeRecord(rec)
 	if _, err := writeAt(s.seg, b, s.segOff); err != nil {
 		_ = s.seg.Truncate(s.segOff)
@@ -522,6 +575,40 @@ func (s *Store) appendLocked(rec record) error {
 	}
 	s.segOff += int64(len(b))
 	return s.apply(rec)
+}
+
+// checkLogSize refuses to append to a segment that is not as long as this
+// process has read it: caught up under the lock, the segment ends exactly
+// at segOff, unless it was truncated (or rewritten) under the live
+// processes, and a write at segOff would leave a hole that every process
+// opening the store later refuses as damage. The caller holds the write
+// lock.
+func (s *Store) checkLogSize() error {
+	fi, err := s.seg.Stat()
+	if err != nil {
+		return fmt.Errorf("file: cannot stat %s: %w", s.seg.Name(), err)
+	}
+	if fi.Size() != s.segOff {
+		return fmt.Errorf("%w: %s is %d bytes, but this process has read it to offset %d: the log was truncated or changed under the live processes; not writing to it. Stop the processes using the store, move the directory away and restore it from a backup",
+			ErrCorrupt, s.seg.Name(), fi.Size(), s.segOff)
+	}
+	return nil
+}
+
+// warnShortLog logs, once, a log segment shorter than this process has
+// read it, so that a damaged log is not silent in a process that does not
+// write (a writer refuses it: checkLogSize).
+func (s *Store) warnShortLog() {
+	s.tmu.Lock()
+	defer s.tmu.Unlock()
+	if s.seg == nil || s.lost != nil || s.warnedShort {
+		return
+	}
+	if fi, err := s.seg.Stat(); err == nil && fi.Size() < s.segOff {
+		s.warnedShort = true
+		s.logger.Warn("the log was truncated under this process; writes to it are refused: stop the processes using the store, move the directory away and restore it from a backup",
+			"segment", s.seg.Name(), "size", fi.Size(), "read_to", s.segOff)
+	}
 }
 
 // commit writes c as the next revision, if it changes anything, under the
@@ -645,8 +732,16 @@ func (s *Store) sync(ctx context.Context) error {
 	}
 	s.tmu.Lock()
 	defer s.tmu.Unlock()
-	if s.core.Closed() {
+	return s.syncLocked()
+}
+
+// syncLocked is sync with tmu held.
+func (s *Store) syncLocked() error {
+	switch {
+	case s.core.Closed():
 		return store.ErrClosed
+	case s.lost != nil:
+		return fmt.Errorf("%w; this process re-opens the store at the path as soon as there is one", s.lost)
 	}
 	return s.catchUp(false)
 }
@@ -731,11 +826,11 @@ func (s *Store) Close() error {
 		}
 	})
 	s.wg.Wait()
-	s.wmu.Lock()
+	s.wslot <- struct{}{} // every wait for it ends on Close
 	s.tmu.Lock()
 	s.closeFiles()
 	s.tmu.Unlock()
-	s.wmu.Unlock()
+	<-s.wslot
 	return nil
 }
 
@@ -787,6 +882,11 @@ func (s *Store) background() {
 				continue
 			}
 		case <-pollT.C:
+			// While the store is lost, reads and writes report it.
+			if err := s.followPlace(ctx); err != nil && !errors.Is(err, ErrReplaced) && !errors.Is(err, store.ErrClosed) && ctx.Err() == nil {
+				s.logger.Warn("cannot check the store directory", "err", err)
+			}
+			s.warnShortLog()
 		case <-reapT.C:
 			s.reapExpired(ctx)
 			continue

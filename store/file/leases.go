@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/internal/mvcc"
 )
@@ -119,7 +118,7 @@ func (s *Store) endIfExpired(ctx context.Context, id store.LeaseID) error {
 		if !exists && !orphan {
 			return nil // ended by another process meanwhile
 		}
-		return s.endLeaseLocked(id, true)
+		return s.endLeaseLocked(ctx, id, true)
 	})
 }
 
@@ -194,7 +193,7 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (store.Lease, erro
 // writeSynced creates p (which must not exist) holding b, synced to disk;
 // on failure it leaves no file behind.
 func writeSynced(p string, b []byte) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, filePerm)
 	if err != nil {
 		return err
 	}
@@ -226,10 +225,10 @@ func (s *Store) KeepAlive(ctx context.Context, id store.LeaseID) (time.Duration,
 		return 0, fmt.Errorf("file: cannot renew lease %x: %w", id, err)
 	}
 	defer f.Close()
-	if err := flockFile(ctx, f); err != nil {
+	if err := s.waitLock(ctx, f, f.Name()); err != nil {
 		return 0, err
 	}
-	defer func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }()
+	defer func() { _ = unlockFile(f) }()
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 		return 0, fmt.Errorf("file: cannot renew lease %x: %w", id, err)
@@ -254,24 +253,6 @@ func (s *Store) KeepAlive(ctx context.Context, id store.LeaseID) (time.Duration,
 	return ttl, nil
 }
 
-// flockFile takes an exclusive lock on f, polling so ctx can cancel.
-func flockFile(ctx context.Context, f *os.File) error {
-	delay := 20 * time.Microsecond
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			return fmt.Errorf("file: cannot lock %s: %w", f.Name(), err)
-		}
-		if !wait.Sleep(ctx, delay) {
-			return ctx.Err()
-		}
-		delay = min(2*delay, 5*time.Millisecond)
-	}
-}
-
 // Revoke implements store.Leaser.
 func (s *Store) Revoke(ctx context.Context, id store.LeaseID) error {
 	return s.locked(ctx, func() error {
@@ -282,22 +263,23 @@ func (s *Store) Revoke(ctx context.Context, id store.LeaseID) error {
 		if !exists {
 			return fmt.Errorf("%w: lease %x", store.ErrLeaseNotFound, id)
 		}
-		return s.endLeaseLocked(id, false)
+		return s.endLeaseLocked(ctx, id, false)
 	})
 }
 
 // endLeaseLocked deletes the lease's keys in one revision, then the lease
 // file. A crash in between leaves a lease file without keys, which the
 // next reaper removes. The caller holds the write lock.
-func (s *Store) endLeaseLocked(id store.LeaseID, onlyIfExpired bool) error {
+func (s *Store) endLeaseLocked(ctx context.Context, id store.LeaseID, onlyIfExpired bool) error {
 	// Exclude a concurrent KeepAlive: it holds the lease file's lock
-	// while it checks the deadline and renews.
+	// while it checks the deadline and renews. A KeepAlive stopped while
+	// it holds it must not stop the store: the wait ends with ctx.
 	if f, err := os.Open(s.leasePath(id)); err == nil {
 		defer f.Close()
-		if err := flockFile(context.Background(), f); err != nil {
+		if err := s.waitLock(ctx, f, f.Name()); err != nil {
 			return err
 		}
-		defer func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }()
+		defer func() { _ = unlockFile(f) }()
 		if onlyIfExpired {
 			if exists, expired, _, err := s.leaseState(id); err != nil || (exists && !expired) {
 				return err // renewed meanwhile

@@ -457,3 +457,43 @@ func TestHistoryBytesFromTheEnvironment(t *testing.T) {
 		t.Error("a negative HistoryBytes is accepted")
 	}
 }
+
+// TestWriterRefusesALogShortenedUnderIt: a live writer whose log segment
+// was truncated under it (by hand, by a tool) does not write at its own
+// offset, which would leave a zero-filled hole that every later Open
+// refuses: it fails with ErrCorrupt naming the segment, and the file is
+// left as it was. A process that only reads logs it.
+func TestWriterRefusesALogShortenedUnderIt(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, file.Config{Dir: dir})
+	defer s.Close()
+	for i := range 5 {
+		if _, err := s.Put(context.Background(), fmt.Sprintf("/k/%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logged := make(chan string, 100)
+	reader := open(t, file.Config{Dir: dir, DisableNotify: true, PollInterval: time.Millisecond,
+		Logger: slog.New(signalHandler{slog.DiscardHandler, logged})})
+	defer reader.Close()
+	seg := lastSegment(t, dir)
+	before, err := os.Stat(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(seg, before.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, logged, "the log was truncated under this process") // a process that only reads says so
+	_, err = s.Put(context.Background(), "/k/after", []byte("v"))
+	if !errors.Is(err, file.ErrCorrupt) || !strings.Contains(err.Error(), seg) || !strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("a write to a log truncated under the writer: %v, want ErrCorrupt naming %s", err, seg)
+	}
+	after, err := os.Stat(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Size() != before.Size()/2 {
+		t.Fatalf("the truncated segment is now %d bytes, want it left at %d", after.Size(), before.Size()/2)
+	}
+}

@@ -16,7 +16,14 @@ func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) st
 	if err := mvcc.CheckWatch(prefix, fromRevision); err != nil {
 		return mvcc.Failed(err)
 	}
-	if err := s.sync(ctx); err != nil {
+	if err := s.core.Usable(ctx); err != nil {
+		return mvcc.Failed(err)
+	}
+	// Under tmu, so that the store cannot be re-opened in between
+	// (identity.go): the watch starts in the history it synced with.
+	s.tmu.Lock()
+	defer s.tmu.Unlock()
+	if err := s.syncLocked(); err != nil {
 		return mvcc.Failed(err)
 	}
 	return s.core.Watch(ctx, prefix, fromRevision)

@@ -2,9 +2,11 @@ package mvcc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/beaconplane/beacon/store"
 )
@@ -116,6 +118,7 @@ func TestEveryStateChangeWakesTheWatchers(t *testing.T) {
 			_ = s.Apply(s.rev+1, []store.Event{{Type: store.EventDelete, KV: store.KeyValue{Key: "k", ModRevision: s.rev + 1}}})
 		},
 		"install": func() { s.Install(s.rev+1, s.rev+1, nil) },
+		"reset":   func() { s.Reset(errors.New("replaced")) },
 	} {
 		s.mu.Lock()
 		ch := s.changed
@@ -255,5 +258,39 @@ func TestLogSizeFollowsEveryChange(t *testing.T) {
 	checkLogSize(t, s)
 	if len(s.log) != 3 {
 		t.Fatalf("the replay logged %d events, want 3", len(s.log))
+	}
+}
+
+// TestResetEndsEveryWatchWithItsReason: after a Reset the revisions start
+// again, so a watch started before it, whatever revision it waits for,
+// ends with the Reset's error instead of waiting (or reading the new
+// history as if it were the old one); a watch started after it follows
+// the new history.
+func TestResetEndsEveryWatchWithItsReason(t *testing.T) {
+	s := New(Config{})
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fill(t, s, 5)
+	waiting := s.Watch(ctx, "", 0) // waits for revision 7
+	behind := s.Watch(ctx, "", 2)  // has events to read
+	reason := errors.New("the key space was replaced")
+	s.Reset(reason)
+	if rev, compact := s.Revisions(); rev != 1 || compact != 1 || s.data.Len() != 0 {
+		t.Fatalf("after Reset: revision %d, watermark %d, %d keys; want 1, 1, none", rev, compact, s.data.Len())
+	}
+	for name, ch := range map[string]store.WatchChan{"waiting": waiting, "behind": behind} {
+		var last store.WatchResponse
+		for resp := range ch {
+			last = resp
+		}
+		if !errors.Is(last.Err, reason) {
+			t.Fatalf("%s watch ended with %v, want the Reset's reason", name, last.Err)
+		}
+	}
+	after := s.Watch(ctx, "", 0)
+	fill(t, s, 1)
+	if resp := <-after; resp.Err != nil || len(resp.Events) != 1 || resp.Events[0].KV.ModRevision != 2 {
+		t.Fatalf("a watch after Reset got %+v, want the new history's revision 2", resp)
 	}
 }

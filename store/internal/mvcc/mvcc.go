@@ -53,6 +53,10 @@ type Store struct {
 	changed chan struct{}                         // closed and replaced at every change
 	closed  bool
 	scratch txn // Commit's, reused under mu
+	// epoch counts Resets; a watch started in an earlier epoch ends with
+	// resetErr, since its revisions no longer name the same history.
+	epoch    uint64
+	resetErr error
 
 	done      chan struct{} // closed by Close
 	watchers  sync.WaitGroup
@@ -359,6 +363,22 @@ func (s *Store) Install(rev, compact int64, kvs []store.KeyValue) {
 		s.bind(&kv)
 	}
 	s.rev, s.compact, s.log, s.logSize = rev, compact, nil, 0
+	s.notifyLocked()
+}
+
+// Reset empties the state (revision 1, as New) and ends every watch
+// started before it with err: for a backend whose key space was replaced
+// by another one (the file store's directory, replaced under a live
+// process), where revisions start again and a watcher's next revision
+// means nothing in the new history. Watchers must re-list.
+func (s *Store) Reset(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.data.Clear(false)
+	clear(s.leases)
+	s.rev, s.compact, s.log, s.logSize = 1, 1, nil, 0
+	s.epoch++
+	s.resetErr = err
 	s.notifyLocked()
 }
 

@@ -48,19 +48,21 @@ func (s *Store) Watch(ctx context.Context, prefix string, fromRevision int64) st
 	if next == 0 {
 		next = s.rev + 1
 	}
+	epoch := s.epoch
 	s.watchers.Add(1)
 	s.mu.Unlock()
 	ch := make(chan store.WatchResponse, 1)
-	go s.watch(ctx, ch, prefix, next)
+	go s.watch(ctx, ch, prefix, next, epoch)
 	return ch
 }
 
-// watch feeds one watcher from the event log, starting at revision next.
-func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix string, next int64) {
+// watch feeds one watcher from the event log, starting at revision next,
+// until a Reset ends the epoch it started in.
+func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix string, next int64, epoch uint64) {
 	defer s.watchers.Done()
 	defer close(ch)
 	for {
-		resp, last, changed, ok := s.read(prefix, next)
+		resp, last, changed, ok := s.read(prefix, next, epoch)
 		switch {
 		case !ok:
 			return // closed
@@ -95,15 +97,20 @@ func (s *Store) watch(ctx context.Context, ch chan<- store.WatchResponse, prefix
 	}
 }
 
-// read takes what a watcher at revision next has to send: a
+// read takes what a watcher at revision next has to send: the Reset's
+// error if the state was reset since the watch began (epoch), a
 // *store.CompactedError if next left the log, or the events under prefix
 // (see collectLocked) with the last revision examined; with nothing new,
 // the channel that the next change closes. It reports false once closed.
-func (s *Store) read(prefix string, next int64) (resp store.WatchResponse, last int64, changed <-chan struct{}, ok bool) {
+func (s *Store) read(prefix string, next int64, epoch uint64) (resp store.WatchResponse, last int64, changed <-chan struct{}, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return resp, 0, nil, false
+	}
+	if epoch != s.epoch {
+		resp.Err = s.resetErr
+		return resp, 0, nil, true
 	}
 	if next < s.compact {
 		resp.Err = &store.CompactedError{Requested: next, CompactRevision: s.compact}
