@@ -260,7 +260,8 @@ func TestFeedPanicEnterAndLeave(t *testing.T) {
 		t.Fatalf("gauge %v in panic after it ended, want 0", n)
 	}
 	want := []string{
-		"WARN service in health panic: more of its checked instances are failing than the panic threshold allows; serving its failing instances too service=feed/c/e failing=2 checked=3",
+		"WARN service in health panic: more of the checked instances of a priority are failing than the panic threshold allows, " +
+			"and no later priority has an instance to fail over to; serving its failing instances too service=feed/c/e failing=2 checked=3",
 		"INFO service out of health panic: its failing instances are left out again service=feed/c/e failing=1 checked=3",
 	}
 	if got := logs.lines(); !slices.Equal(got, want) {
