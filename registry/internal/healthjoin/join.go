@@ -155,6 +155,8 @@ func (j *Join) Health(key string, in beacon.Instance) *beacon.Health {
 	return &h
 }
 
+// levelInPanic reports whether the level prio of the service of the
+// instance at key is in panic, as last settled.
 func (j *Join) levelInPanic(key string, prio uint16) bool {
 	s := j.services[servicePrefix(key)]
 	if s == nil {
@@ -179,7 +181,7 @@ func (j *Join) Count(key string, old, cur *beacon.Instance) {
 	if om == cm {
 		return
 	}
-	s := j.service(key, cmp.Or(cur, old))
+	s := j.service(key, cmp.Or(cur, old)) // the one not nil
 	s.add(key, om, -1)
 	s.add(key, cm, +1)
 	j.dirty[s] = true
@@ -200,8 +202,10 @@ func (j *Join) service(key string, in *beacon.Instance) *serviceHealth {
 
 // mark is what one instance counts for its service.
 type mark struct {
-	present, checked, failing, working bool
-	level                              uint16
+	present bool   // the instance exists
+	level   uint16 // its priority
+	// it declares a check; the check fails; it takes work (tally)
+	checked, failing, working bool
 }
 
 // tally is what the instance in (nil: absent) counts for its service. A
@@ -233,9 +237,10 @@ func (s *serviceHealth) add(key string, m mark, d int) {
 	if m.working {
 		l.working += d
 	}
-	if m.failing && d > 0 {
+	switch {
+	case m.failing && d > 0:
 		l.failing[key] = true
-	} else if m.failing {
+	case m.failing:
 		delete(l.failing, key)
 	}
 }
