@@ -315,10 +315,10 @@ type Health struct {
 	Checker string `json:"checker,omitempty"`
 	// Panic is set on a failing instance whose priority level is in panic:
 	// more of the checked instances at its MetaPriority in its service are
-	// failing than the panic threshold allows, and no later priority (a
-	// larger value) has an instance that takes work for clients to fail
-	// over to. Health is ignored for that level, and the instance is served
-	// anyway. See docs/health.md.
+	// failing than the panic threshold allows, and no other priority has an
+	// instance that takes work (where clients would go instead). Health is
+	// ignored for that level, and the instance is served anyway. See
+	// docs/health.md.
 	Panic bool `json:"panic,omitempty"`
 }
 

@@ -122,9 +122,9 @@ type Config struct {
 	// priority level of a service (those of one
 	// namespace/component/endpoint and one beacon.MetaPriority that declare
 	// a Check) that may be failing before the level is in panic: when more
-	// than that share are failing, and no later level (a larger priority)
-	// has an instance that takes work for clients to fail over to, health
-	// is ignored for the level, and its failing instances carry
+	// than that share are failing, and no other level has an instance that
+	// takes work (where clients would go instead), health is ignored for
+	// the level, and its failing instances carry
 	// Health.Panic and are served anyway (Instance.Serving), rather than
 	// all of its traffic going to the few instances left. Zero means
 	// DefaultHealthPanicThreshold (0.5: panic once more than half fail);

@@ -69,8 +69,8 @@
 // it appears. Panic is judged per priority level of a service (the
 // instances of one beacon.MetaPriority): when more than
 // Config.HealthPanicThreshold (default 0.5) of a level's checked instances
-// are failing and no later level (a larger priority) has an instance that
-// takes work, the level is in panic: its failing instances carry
+// are failing and no other level has an instance that takes work (where
+// clients would go instead), the level is in panic: its failing instances carry
 // Health.Panic and are served anyway (Instance.Serving). The failing
 // instances of other levels are left out, so that clients fail over. Each
 // level entering and leaving is logged once, naming its priority, and

@@ -261,7 +261,7 @@ func TestFeedPanicEnterAndLeave(t *testing.T) {
 	}
 	want := []string{
 		"WARN service in health panic: more of the checked instances of a priority are failing than the panic threshold allows, " +
-			"and no later priority has an instance to fail over to; serving its failing instances too service=feed/c/e failing=2 checked=3",
+			"and no other priority has an instance that takes work; serving its failing instances too service=feed/c/e failing=2 checked=3",
 		"INFO service out of health panic: its failing instances are left out again service=feed/c/e failing=1 checked=3",
 	}
 	if got := logs.lines(); !slices.Equal(got, want) {
@@ -297,9 +297,9 @@ func TestFeedPanicLevelLeavesWhileAnotherStays(t *testing.T) {
 	}
 	want := []string{
 		"WARN service in health panic: more of the checked instances of a priority are failing than the panic threshold allows, " +
-			"and no later priority has an instance to fail over to; serving its failing instances too service=feed/c/e failing=2 checked=2",
+			"and no other priority has an instance that takes work; serving its failing instances too service=feed/c/e failing=2 checked=2",
 		"WARN another priority of a service in health panic: more of its checked instances are failing than the panic threshold allows, " +
-			"and no later priority has an instance to fail over to; serving its failing instances too service=feed/c/e failing=2 checked=2",
+			"and no other priority has an instance that takes work; serving its failing instances too service=feed/c/e failing=2 checked=2",
 		"INFO a priority of a service out of health panic, others still in it: its failing instances are left out again service=feed/c/e failing=2 checked=2",
 	}
 	if got := logs.lines(); !slices.Equal(got, want) {

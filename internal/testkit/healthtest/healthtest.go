@@ -10,7 +10,7 @@
 // on a priority level of a service: a test that sets it must also make
 // more than the registry's panic threshold
 // (registry.Config.HealthPanicThreshold, half by default) of the level's
-// checked instances failing, with no later priority to fail over to.
+// checked instances failing, with no other priority taking work.
 package healthtest
 
 import (

@@ -16,13 +16,15 @@
 // key up to its last "/") are its instances' distinct priorities
 // (beacon.MetaPriority, lower first). A level is in panic when more than
 // the threshold of its checked instances are failing (InPanic) and no
-// later level (a larger priority) has an instance that takes work — not
-// draining, and not failing by its own check (passing, unknown or
-// unchecked) — for clients to fail over to. Each failing instance of a
-// level in panic carries Health.Panic (and is served:
-// Instance.Serving); the failing instances of any other level are left
-// out, and clients fail over past it. With one level this is the
-// threshold over the whole service.
+// other level has an instance that takes work — not draining, and not
+// failing by its own check (passing, unknown or unchecked). Clients send
+// their calls to the first level with such an instance: a later one is
+// where they fail over to, an earlier one keeps them (and consumers blind
+// to priorities, such as DNS A records and the beacon:/// resolver, would
+// otherwise mix a failing backup tier into a healthy primary one). Each
+// failing instance of a level in panic carries Health.Panic (and is
+// served: Instance.Serving); the failing instances of any other level are
+// left out. With one level this is the threshold over the whole service.
 //
 // The join keeps, per level, how many instances it holds, how many
 // declare a check, how many take work and which checked ones are
@@ -48,8 +50,7 @@ import (
 
 // InPanic reports whether a level with checked instances, failing of
 // them failing, is over threshold (negative: never). A level over it is
-// in panic unless a later level can take its traffic (see the package
-// doc).
+// in panic unless another level takes work (see the package doc).
 func InPanic(checked, failing int, threshold float64) bool {
 	return threshold >= 0 && checked > 0 && float64(failing) > threshold*float64(checked)
 }
@@ -67,7 +68,7 @@ type Join struct {
 
 // serviceHealth is one service's counts, as the items in the view say.
 // It is kept while the service has instances, checked or not: an
-// unchecked one is a level clients can fail over to.
+// unchecked one takes work, and keeps the other levels out of panic.
 type serviceHealth struct {
 	prefix string                  // the instances' key prefix
 	name   string                  // namespace/component/endpoint
@@ -174,8 +175,8 @@ func priority(in *beacon.Instance) uint16 {
 
 // Count moves the service counts from old to cur, the instance at key
 // before and after a change (nil: absent), as joined. Every instance is
-// counted, checked or not: one that takes work is failover for the
-// earlier levels, and an instance may change its priority or its status.
+// counted, checked or not: one that takes work keeps the other levels out
+// of panic, and an instance may change its priority or its status.
 func (j *Join) Count(key string, old, cur *beacon.Instance) {
 	om, cm := tally(old), tally(cur)
 	if om == cm {
@@ -210,7 +211,7 @@ type mark struct {
 
 // tally is what the instance in (nil: absent) counts for its service. A
 // failing instance does not take work even while its level's panic serves
-// it: a level in panic is no failover for an earlier one.
+// it: a level in panic is no failover for another.
 func tally(in *beacon.Instance) mark {
 	if in == nil {
 		return mark{}
@@ -265,18 +266,20 @@ func (j *Join) Settle() []PanicChange {
 }
 
 // settle decides the panic of each level of s, appends those that
-// flipped to out, and forgets the levels left without instances. The
-// last level is decided first: whether a level can fail over depends on
-// the levels after it.
+// flipped to out, and forgets the levels left without instances.
 func (s *serviceHealth) settle(threshold float64, out []PanicChange) []PanicChange {
-	failover := false // a later level has an instance that takes work
-	for _, p := range slices.Backward(slices.Sorted(maps.Keys(s.levels))) {
+	working := 0
+	for _, l := range s.levels {
+		working += l.working
+	}
+	for _, p := range slices.Sorted(maps.Keys(s.levels)) {
 		l := s.levels[p]
-		if inPanic := !failover && InPanic(l.checked, len(l.failing), threshold); inPanic != l.panic {
+		// Another level that takes work is where clients go: an earlier
+		// one keeps them, a later one takes them over.
+		if inPanic := l.working == working && InPanic(l.checked, len(l.failing), threshold); inPanic != l.panic {
 			l.panic = inPanic
 			out = append(out, s.change(p))
 		}
-		failover = failover || l.working > 0
 		if l.instances == 0 {
 			delete(s.levels, p) // and so not in panic: it has no checked instance
 		}
@@ -393,12 +396,12 @@ func (b *Board) Report(c PanicChange) {
 func (b *Board) entered(c PanicChange, first bool) {
 	if !first {
 		b.log.Warn("another priority of a service in health panic: more of its checked instances are failing than the panic threshold allows, "+
-			"and no later priority has an instance to fail over to; serving its failing instances too", b.attrs(c)...)
+			"and no other priority has an instance that takes work; serving its failing instances too", b.attrs(c)...)
 		return
 	}
 	b.gauge(1)
 	b.log.Warn("service in health panic: more of the checked instances of a priority are failing than the panic threshold allows, "+
-		"and no later priority has an instance to fail over to; serving its failing instances too", b.attrs(c)...)
+		"and no other priority has an instance that takes work; serving its failing instances too", b.attrs(c)...)
 }
 
 // left logs a level leaving panic; last: the service's last.

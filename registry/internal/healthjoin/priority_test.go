@@ -86,11 +86,9 @@ func TestPanicFailsOverToALaterPriority(t *testing.T) {
 	})
 }
 
-// A backup tier failing beyond the threshold too: the last level has no
-// later one, so it is in panic, and so is every earlier level over the
-// threshold that no later level can relieve. A later level with an
-// instance that takes work relieves the earlier ones, even in panic
-// itself.
+// A backup tier failing beyond the threshold too: no level has an
+// instance that takes work, so every level over the threshold is in
+// panic. A level with one relieves the others, even in panic itself.
 func TestPanicAtTheLastPriorityWithoutFailover(t *testing.T) {
 	runLevelSteps(t, 0.5, []levelStep{
 		{primaryDown, nil, "b4:passing b5:passing p1:failing p2:failing p3:failing"},
@@ -106,8 +104,8 @@ func TestPanicAtTheLastPriorityWithoutFailover(t *testing.T) {
 }
 
 // Draining instances take no new work: a later level of them only is no
-// failover, and an instance that starts draining can put an earlier
-// level in panic.
+// failover, and an instance that starts draining can put another level in
+// panic.
 func TestPanicDrainingLaterPriorityIsNoFailover(t *testing.T) {
 	runLevelSteps(t, 0.5, []levelStep{
 		{func(g *joinRig) {
@@ -150,10 +148,11 @@ func TestPanicInstanceMovingBetweenPriorities(t *testing.T) {
 			g.verdict("b4", pass)
 		}, nil, "b3:failing b4:passing p1:failing p2:failing"},
 		// b4 moves up: the primaries have no failover left, 2 of 3
-		// failing; the backup is b3 alone, failing.
-		{func(g *joinRig) { g.putAt("b4", true, "", "") }, []string{"enter ns/c/e 2/3 2", "enter ns/c/e@20 1/1 1"},
-			"b3:failing! b4:passing p1:failing! p2:failing!"},
-		{func(g *joinRig) { g.putAt("b4", true, "20", "") }, []string{"leave ns/c/e 2/2 2", "leave ns/c/e@20 1/2 1"},
+		// failing; the backup is b3 alone, failing, but b4 keeps the
+		// clients at the primaries.
+		{func(g *joinRig) { g.putAt("b4", true, "", "") }, []string{"enter ns/c/e 2/3 2"},
+			"b3:failing b4:passing p1:failing! p2:failing!"},
+		{func(g *joinRig) { g.putAt("b4", true, "20", "") }, []string{"leave ns/c/e 2/2 2"},
 			"b3:failing b4:passing p1:failing p2:failing"},
 		// A failing instance moving into a level in panic joins it at
 		// once; moving out, it is left out at once.
@@ -166,6 +165,32 @@ func TestPanicInstanceMovingBetweenPriorities(t *testing.T) {
 			"b3:failing! b4:failing! p1:failing! p2:failing!"},
 		{func(g *joinRig) { g.verdict("b4", pass) }, []string{"leave ns/c/e 1/1 1", "leave ns/c/e@20 2/2 2", "leave ns/c/e@30 0/1 0"},
 			"b3:failing b4:passing p1:failing p2:failing"},
+	})
+}
+
+// A failing backup tier behind primaries that take work is no panic: the
+// clients stay at the primaries, and consumers blind to priorities (DNS A
+// records, the beacon:/// resolver, pickers) must not get the failing
+// backups mixed in. Only when no primary takes work is the backup tier
+// where clients go, and in panic.
+func TestPanicNotAtALevelBehindOneThatTakesWork(t *testing.T) {
+	runLevelSteps(t, 0.5, []levelStep{
+		{func(g *joinRig) {
+			for _, id := range []string{"p1", "p2", "p3"} {
+				g.put(id, true)
+				g.verdict(id, pass)
+			}
+			g.putAt("b4", true, "20", "")
+			g.verdict("b4", fail)
+		}, nil, "b4:failing p1:passing p2:passing p3:passing"},
+		{func(g *joinRig) {
+			for _, id := range []string{"p1", "p2", "p3"} {
+				g.verdict(id, fail)
+			}
+		}, []string{"enter ns/c/e 3/3 3", "enter ns/c/e@20 1/1 1"},
+			"b4:failing! p1:failing! p2:failing! p3:failing!"},
+		{func(g *joinRig) { g.put("p5", false) }, []string{"leave ns/c/e@20 1/1 1"},
+			"b4:failing p1:failing! p2:failing! p3:failing! p5:-"},
 	})
 }
 
