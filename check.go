@@ -309,7 +309,7 @@ type HealthStatus string
 
 // The verdicts. Unknown (no verdict yet) and passing instances are served;
 // failing ones are left out of routing as draining ones are, unless their
-// service is in panic (Health.Panic).
+// priority level of their service is in panic (Health.Panic).
 const (
 	HealthUnknown HealthStatus = "unknown"
 	HealthPassing HealthStatus = "passing"
@@ -328,12 +328,15 @@ type Health struct {
 	Since time.Time `json:"since,omitzero"`
 	// Checker names the checker that said so.
 	Checker string `json:"checker,omitempty"`
-	// Panic is set on a failing instance whose service has more failing
-	// instances than its panic threshold allows: health is ignored for the
-	// whole service, and the instance is served anyway.
+	// Panic is set on a failing instance whose priority level is in panic:
+	// more of the checked instances at its MetaPriority in its service are
+	// failing than the panic threshold allows, and no other priority has an
+	// instance that takes work (where clients would go instead). Health is
+	// ignored for that level, and the instance is served anyway. See
+	// docs/health.md.
 	Panic bool `json:"panic,omitempty"`
 }
 
 // Failing reports whether the verdict takes the instance out of routing:
-// failing, and its service not in panic.
+// failing, and its priority level not in panic.
 func (h *Health) Failing() bool { return h != nil && h.Status == HealthFailing && !h.Panic }

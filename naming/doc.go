@@ -18,8 +18,8 @@
 //
 // Every update is the full state: one resolver.Endpoint (one address) per
 // serving instance, sorted by instance name. Draining instances, and those
-// whose health check fails (beacon.Instance.Serving: unless their service
-// is in panic), are left out at once, so balancers stop sending them new
+// whose health check fails (beacon.Instance.Serving: unless their priority
+// level is in panic), are left out at once, so balancers stop sending them new
 // calls while they finish the calls they have; instances whose address is not host:port, and
 // repeated addresses, are left out too (logged and counted). Each endpoint
 // carries its instance in its attributes — read them in a custom balancer

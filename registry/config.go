@@ -118,15 +118,17 @@ type Config struct {
 	// one); negative delivers every removal at once. See
 	// docs/operations.md.
 	RemovalHold time.Duration
-	// HealthPanicThreshold is the share of a service's checked instances
-	// (those of one namespace/component/endpoint that declare a Check)
-	// that may be failing before the service is in panic: when more than
-	// that share are failing, health is ignored for the service, and its
-	// failing instances carry Health.Panic and are served anyway
-	// (Instance.Serving), rather than all of its traffic going to the few
-	// instances left. Zero means DefaultHealthPanicThreshold (0.5: panic
-	// once more than half fail); negative never panics; above 1 is
-	// refused (no share exceeds it).
+	// HealthPanicThreshold is the share of the checked instances of a
+	// priority level of a service (those of one
+	// namespace/component/endpoint and one beacon.MetaPriority that declare
+	// a Check) that may be failing before the level is in panic: when more
+	// than that share are failing, and no other level has an instance that
+	// takes work (where clients would go instead), health is ignored for
+	// the level, and its failing instances carry
+	// Health.Panic and are served anyway (Instance.Serving), rather than
+	// all of its traffic going to the few instances left. Zero means
+	// DefaultHealthPanicThreshold (0.5: panic once more than half fail);
+	// negative never panics; above 1 is refused (no share exceeds it).
 	HealthPanicThreshold float64
 	// WatchLinger is how long a shared store watch stays open after its
 	// last watcher closed. Zero means DefaultWatchLinger; negative means

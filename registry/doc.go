@@ -66,11 +66,16 @@
 // no Health; what a stored value or a registrant says of health is
 // ignored. A verdict's change is an Updated event of its instance at the
 // verdict's revision; a verdict without its instance is kept aside until
-// it appears. When more than Config.HealthPanicThreshold (default 0.5) of a
-// service's checked instances are failing, the service is in panic: its
-// failing instances carry Health.Panic and are served anyway
-// (Instance.Serving); entering and leaving are logged once and counted in
-// beacon_registry_health_panic_services. A TTL check is reported by the
+// it appears. Panic is judged per priority level of a service (the
+// instances of one beacon.MetaPriority): when more than
+// Config.HealthPanicThreshold (default 0.5) of a level's checked instances
+// are failing and no other level has an instance that takes work (where
+// clients would go instead), the level is in panic: its failing instances carry
+// Health.Panic and are served anyway (Instance.Serving). The failing
+// instances of other levels are left out, so that clients fail over. Each
+// level entering and leaving is logged once, naming its priority, and
+// beacon_registry_health_panic_services counts the services with a level
+// in panic. A TTL check is reported by the
 // service itself (Report, ReportLeased: the TTLReporter capability) at
 // {instance key}/report (ReportKey), under the instance's own lease; the
 // view ignores reports.

@@ -549,7 +549,7 @@ func (f *feed) deleteLocked(it *item, rev int64) {
 }
 
 // rejoinLocked joins the instance at key with its verdict again (the
-// verdict, or its service's panic, changed): its item is replaced at rev,
+// verdict, or its level's panic, changed): its item is replaced at rev,
 // or, late, at the view's revision outside any store event (view.Amend).
 func (f *feed) rejoinLocked(key string, rev int64, late bool) {
 	cur, ok := f.view.Get(key)
@@ -573,9 +573,9 @@ func (f *feed) rejoinLocked(key string, rev int64, late bool) {
 	f.health.Count(key, &cur.Inst, &next.Inst)
 }
 
-// settleLocked settles the services whose counts changed: those that
-// entered or left panic are reported, and their failing instances joined
-// again (at rev, or late: see rejoinLocked).
+// settleLocked settles the services whose counts changed: the priority
+// levels that entered or left panic are reported, and their failing
+// instances joined again (at rev, or late: see rejoinLocked).
 func (f *feed) settleLocked(rev int64, late bool) {
 	changes := f.health.Settle()
 	f.reportPanics(changes)

@@ -26,12 +26,13 @@ import (
 // A feed keeps the verdicts of its prefix in a healthjoin.Join (shared
 // with registry/kube's view) and joins them to its instances (an
 // instance that declares a Check carries its verdict, or unknown), and
-// decides each service's panic (Config.HealthPanicThreshold): see package
-// healthjoin. The feed applies a batch of changes, then settles the
-// services whose counts changed, and replaces the items of the failing
-// instances of every service that entered or left panic. Entering and
-// leaving are reported to the registry's healthBoard, which logs and
-// counts each service once, however many feeds see it.
+// decides the panic of each priority level of each service
+// (Config.HealthPanicThreshold): see package healthjoin. The feed applies a
+// batch of changes, then settles the services whose counts changed, and
+// replaces the items of the failing instances of every level that entered
+// or left panic. Entering and leaving are reported to the registry's
+// healthBoard, which logs each level and counts each service once, however
+// many feeds see it.
 
 // keyKind is what a key under the services prefix holds.
 type keyKind uint8

@@ -260,8 +260,47 @@ func TestFeedPanicEnterAndLeave(t *testing.T) {
 		t.Fatalf("gauge %v in panic after it ended, want 0", n)
 	}
 	want := []string{
-		"WARN service in health panic: more of its checked instances are failing than the panic threshold allows; serving its failing instances too service=feed/c/e failing=2 checked=3",
+		"WARN service in health panic: more of the checked instances of a priority are failing than the panic threshold allows, " +
+			"and no other priority has an instance that takes work; serving its failing instances too service=feed/c/e failing=2 checked=3",
 		"INFO service out of health panic: its failing instances are left out again service=feed/c/e failing=1 checked=3",
+	}
+	if got := logs.lines(); !slices.Equal(got, want) {
+		t.Fatalf("logs %q, want %q", got, want)
+	}
+}
+
+// Panic is judged per priority: a level that leaves panic while another
+// stays in it updates exactly its own failing instances, the service
+// stays counted in panic, and the log names the level that left.
+func TestFeedPanicLevelLeavesWhileAnotherStays(t *testing.T) {
+	logs := &records{}
+	g := newFeedRigWith(t, Config{RemovalHold: -1, Logger: slog.New(logs)})
+	backup := func(id uint64, addr string) beacon.Instance {
+		in := checked(id, addr)
+		in.Metadata = map[string]string{beacon.MetaPriority: "20"}
+		return in
+	}
+	g.f.applyListing([]store.KeyValue{g.kvOf(checked(1, "10.0.0.1:80"), 5, 5), g.kvOf(checked(2, "10.0.0.2:80"), 5, 5),
+		g.kvOf(backup(3, "10.0.0.3:80"), 5, 5), g.kvOf(backup(4, "10.0.0.4:80"), 5, 5)}, 10)
+	c := &cursor{}
+	g.batch(c)
+	g.f.applyEvents([]store.Event{put(g.verdict(1, beacon.HealthFailing, 11)), put(g.verdict(2, beacon.HealthFailing, 11)),
+		put(g.verdict(3, beacon.HealthFailing, 11)), put(g.verdict(4, beacon.HealthFailing, 11))})
+	wantHealth(t, g.batch(c), Changes, "updated 10.0.0.1:80 failing!@11", "updated 10.0.0.2:80 failing!@11",
+		"updated 10.0.0.3:80 failing!@11", "updated 10.0.0.4:80 failing!@11")
+	// A passing backup: the backups stay in panic (2 of 3), the primaries
+	// can fail over to it and leave.
+	g.f.applyEvents([]store.Event{put(g.verdict(5, beacon.HealthPassing, 12)), put(g.kvOf(backup(5, "10.0.0.5:80"), 12, 12))})
+	wantHealth(t, g.batch(c), Changes, "updated 10.0.0.1:80 failing@12", "updated 10.0.0.2:80 failing@12", "added 10.0.0.5:80 passing@12")
+	if n := testutil.ToFloat64(g.r.m.healthPanics); n != 1 {
+		t.Fatalf("gauge %v in panic, want 1: the backups still are", n)
+	}
+	want := []string{
+		"WARN service in health panic: more of the checked instances of a priority are failing than the panic threshold allows, " +
+			"and no other priority has an instance that takes work; serving its failing instances too service=feed/c/e failing=2 checked=2",
+		"WARN another priority of a service in health panic: more of its checked instances are failing than the panic threshold allows, " +
+			"and no other priority has an instance that takes work; serving its failing instances too service=feed/c/e failing=2 checked=2",
+		"INFO a priority of a service out of health panic, others still in it: its failing instances are left out again service=feed/c/e failing=2 checked=2",
 	}
 	if got := logs.lines(); !slices.Equal(got, want) {
 		t.Fatalf("logs %q, want %q", got, want)

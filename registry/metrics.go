@@ -76,7 +76,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		invalid: f.Counter(metricInvalid,
 			"Stored values under the services prefix that are not valid instances or health verdicts (skipped)."),
 		healthPanics: f.Gauge(metricHealthPanics,
-			"Watched services (namespace/component/endpoint) in health panic: more of their checked instances failing than the panic threshold allows, so that their failing instances are served too."),
+			"Watched services (namespace/component/endpoint) in health panic: at one of their priorities, more checked instances failing than the panic threshold allows and no other priority taking work, so that its failing instances are served too."),
 		leased: promreg.Add(f, newLeasedCollector()),
 	}
 	if err := f.Err(); err != nil {

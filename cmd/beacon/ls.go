@@ -121,7 +121,7 @@ func unprintable(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicod
 
 // health renders the checkers' verdict on an instance: "-" when it
 // declares no check, unknown until a verdict exists, passing, failing, or
-// "failing (panic)" when its service is in panic (served anyway).
+// "failing (panic)" when its priority level is in panic (served anyway).
 func health(in beacon.Instance) string {
 	h := in.Health
 	switch {

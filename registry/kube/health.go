@@ -12,9 +12,10 @@ import (
 // verdict on one instance, the most recent counts (newerVerdict). The view
 // joins them to its instances with the join the store registries use
 // (healthjoin: unknown until a verdict, a failing one left out of
-// routing, the panic threshold per service, Config.HealthPanicThreshold),
-// so that a verdict that changes, or a checker's pod that stops being
-// Ready, is one update of the instances concerned for every watcher.
+// routing, the panic threshold per priority level of a service,
+// Config.HealthPanicThreshold), so that a verdict that changes, or a
+// checker's pod that stops being Ready, is one update of the instances
+// concerned for every watcher.
 
 // liveVerdict is a verdict a set of a Ready pod holds.
 type liveVerdict struct {

@@ -52,7 +52,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		registered: f.Gauge(metricRegistrations,
 			"Instances registered through Kubernetes registries."),
 		panics: f.Gauge(metricHealthPanics,
-			"Watched services (namespace/component/endpoint) in health panic: more of their checked instances failing than the panic threshold allows, so that their failing instances are served too."),
+			"Watched services (namespace/component/endpoint) in health panic: at one of their priorities, more checked instances failing than the panic threshold allows and no other priority taking work, so that its failing instances are served too."),
 	}
 	return m, f.Err()
 }

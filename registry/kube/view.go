@@ -735,8 +735,8 @@ func (v *view) publishLocked(dirty map[string]bool) {
 	}
 }
 
-// settleLocked settles the services whose health counts changed: those
-// that entered or left panic are reported, and their failing instances
+// settleLocked settles the services whose health counts changed: the
+// priority levels that entered or left panic are reported, and their failing instances
 // joined again. It reports whether an item changed.
 func (v *view) settleLocked() bool {
 	changed := false
@@ -750,7 +750,7 @@ func (v *view) settleLocked() bool {
 }
 
 // rejoinLocked joins the instance at the ref key k with its verdict again
-// (its service's panic changed) and reports whether its item changed.
+// (its level's panic changed) and reports whether its item changed.
 func (v *view) rejoinLocked(k string) bool {
 	cur, ok := v.state.Get(k)
 	if !ok {

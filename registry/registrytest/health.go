@@ -18,8 +18,9 @@ import (
 // under the checker's own lease (or, on a registry that keeps verdicts
 // itself, through the VerdictSink of a registry of its own), is joined to
 // the instance by List, Get and Watch; the checker dying takes its
-// verdicts away (fail-open); a service with more failing instances than
-// the panic threshold (the default, 0.5) serves them all.
+// verdicts away (fail-open); a service (at one priority) with more
+// failing instances than the panic threshold (the default, 0.5) serves
+// them all.
 
 // checker is a health checker as the checks play it: a store client and
 // a lease its verdicts are bound to, or a process of its own (reg) and

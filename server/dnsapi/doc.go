@@ -40,7 +40,7 @@
 // '_' (it would stand where _tcp does). Underscores elsewhere are served.
 //
 // Instances that take no new work (beacon.Instance.Serving: draining, or
-// failing their health check in a service not in panic) are left out, as if
+// failing their health check at a priority not in panic) are left out, as if
 // deregistered. Answers are shuffled per query.
 //
 // # Protocol

@@ -2,6 +2,7 @@ package dnsapi
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,5 +53,39 @@ func TestDigLeavesOutFailing(t *testing.T) {
 	waitView(t, s, "7 instances answered", func() bool { return s.view.Load().zone.instances == 7 })
 	if got := sorted(dig(t, addr, "web.api.prod.beacon.", "A").rdata("A")); !slices.Equal(got, []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"}) {
 		t.Errorf("A web.api.prod.beacon. = %v after the check passed again, want all four", got)
+	}
+}
+
+// TestDigFailsOverWhenAPrimaryTierFails: panic is judged per priority. A
+// whole primary tier failing (3 of 5 checked instances) while the backup
+// tier at priority 20 passes is no panic: the primaries are left out, and
+// the SRV answer is the backups, so resolvers fail over to them.
+func TestDigFailsOverWhenAPrimaryTierFails(t *testing.T) {
+	t.Parallel()
+	r := healthtest.NewRegistry(t)
+	at := func(id, addr, prio string) beacon.Instance {
+		in := testInstance("grpc", addr)
+		in.ID, in.RegisteredAt = id, time.Now().UTC()
+		if prio != "" {
+			in.Metadata = map[string]string{beacon.MetaPriority: prio}
+		}
+		return in
+	}
+	r.Put(t, healthtest.Failing(at("00000000000000c1", "10.0.2.1:90", ""), "NOT_SERVING"),
+		healthtest.Failing(at("00000000000000c2", "10.0.2.2:90", ""), "NOT_SERVING"),
+		healthtest.Failing(at("00000000000000c3", "10.0.2.3:90", ""), "NOT_SERVING"),
+		healthtest.Passing(at("00000000000000c4", "10.0.2.4:90", "20")),
+		healthtest.Passing(at("00000000000000c5", "10.0.2.5:90", "20")))
+	s, addr := startDNS(t, r.StoreRegistry, Config{})
+	waitView(t, s, "the 2 backups answered", func() bool {
+		v := s.view.Load()
+		return v != nil && v.zone.instances == 2
+	})
+	if got := sorted(dig(t, addr, "grpc.api.prod.beacon.", "A").rdata("A")); !slices.Equal(got, []string{"10.0.2.4", "10.0.2.5"}) {
+		t.Errorf("A grpc.api.prod.beacon. = %v, want the backups only", got)
+	}
+	srv := dig(t, addr, "_grpc._tcp.api.prod.beacon.", "SRV").rdata("SRV")
+	if len(srv) != 2 || !strings.HasPrefix(srv[0], "20 ") || !strings.HasPrefix(srv[1], "20 ") {
+		t.Errorf("SRV _grpc._tcp.api.prod.beacon. = %v, want the 2 backups at priority 20", srv)
 	}
 }

@@ -306,7 +306,7 @@ func endpoints(ins []beacon.Instance) ([]endpoint, []omission) {
 
 // healthOf is how an instance is sent (healthStatus): DRAINING when its
 // registrant drains it, UNHEALTHY when its health check fails (and its
-// service is not in panic), HEALTHY otherwise. Clients send new RPCs to
+// priority level is not in panic), HEALTHY otherwise. Clients send new RPCs to
 // HEALTHY endpoints only, and fail over to the next priority when one has
 // none.
 func healthOf(in beacon.Instance) corev3.HealthStatus {

@@ -7,9 +7,10 @@
 // Put writes the verdict where the checkers write it: at its own key
 // beside the instance (Keyspace.HealthKey), which the registry's view
 // joins to the instance. Panic is not a stored fact but the view's verdict
-// on a whole service: a test that sets it must also make more than the
-// registry's panic threshold (registry.Config.HealthPanicThreshold, half
-// by default) of the service's checked instances failing.
+// on a priority level of a service: a test that sets it must also make
+// more than the registry's panic threshold
+// (registry.Config.HealthPanicThreshold, half by default) of the level's
+// checked instances failing, with no other priority taking work.
 package healthtest
 
 import (
@@ -57,7 +58,8 @@ func Failing(in beacon.Instance, reason string) beacon.Instance {
 	return with(in, beacon.Health{Status: beacon.HealthFailing, Reason: reason, Since: Since, Checker: Checker})
 }
 
-// Panic returns in failing for reason in a service in panic: served anyway.
+// Panic returns in failing for reason at a priority level in panic: served
+// anyway.
 func Panic(in beacon.Instance, reason string) beacon.Instance {
 	in = Failing(in, reason)
 	in.Health.Panic = true

@@ -54,11 +54,19 @@ func joinKey(id string) string {
 	return "/services/ns/c/" + ep + "/" + id
 }
 
-// put writes the instance id, declaring a check or not.
-func (g *joinRig) put(id string, checked bool) {
+// put writes the instance id, declaring a check or not, at the default
+// priority.
+func (g *joinRig) put(id string, checked bool) { g.putAt(id, checked, "", "") }
+
+// putAt writes the instance id, declaring a check or not, with metadata
+// priority=prio ("": none) and status.
+func (g *joinRig) putAt(id string, checked bool, prio string, status beacon.Status) {
 	key := joinKey(id)
 	parts := strings.Split(key, "/")
-	in := beacon.Instance{Namespace: "ns", Component: "c", Endpoint: parts[4], ID: parts[5]}
+	in := beacon.Instance{Namespace: "ns", Component: "c", Endpoint: parts[4], ID: parts[5], Status: status}
+	if prio != "" {
+		in.Metadata = map[string]string{beacon.MetaPriority: prio}
+	}
 	if checked {
 		in.Check = &beacon.Check{Kind: beacon.CheckTCP}
 	}
@@ -102,7 +110,9 @@ func (g *joinRig) rejoin(key string) {
 	g.j.Count(key, &old, &in)
 }
 
-// settle returns the changes as "enter|leave service failing/checked keys".
+// settle returns the changes as "enter|leave service failing/checked
+// keys", the service followed by "@" and the priority unless it is the
+// default one.
 func (g *joinRig) settle() []string {
 	var out []string
 	for _, c := range g.j.Settle() {
@@ -113,7 +123,11 @@ func (g *joinRig) settle() []string {
 		for _, key := range c.Keys {
 			g.rejoin(key)
 		}
-		out = append(out, fmt.Sprintf("%s %s %d/%d %d", verb, c.Service, c.Failing, c.Checked, len(c.Keys)))
+		level := c.Service
+		if c.Priority != beacon.DefaultPriority {
+			level += fmt.Sprintf("@%d", c.Priority)
+		}
+		out = append(out, fmt.Sprintf("%s %s %d/%d %d", verb, level, c.Failing, c.Checked, len(c.Keys)))
 	}
 	return out
 }
@@ -290,19 +304,26 @@ func TestHealthJoinVerdicts(t *testing.T) {
 	}
 }
 
-// A service is forgotten once none of its instances declares a check:
-// its counts are kept only while they can matter.
-func TestHealthJoinForgetsServicesWithoutChecks(t *testing.T) {
+// A service is counted while it has instances, checked or not (an
+// unchecked one is failover for the earlier priorities), and forgotten
+// once it has none; so is a priority level.
+func TestHealthJoinForgetsServicesWithoutInstances(t *testing.T) {
 	g := newJoinRig(t, 0.5)
 	g.put("a", true)
-	g.put("b", false)
+	g.putAt("b", false, "20", "")
 	g.settle()
-	if len(g.j.services) != 1 {
-		t.Fatalf("%d services counted, want 1", len(g.j.services))
+	if len(g.j.services) != 1 || len(g.j.services["/services/ns/c/e/"].levels) != 2 {
+		t.Fatalf("%d services counted, want 1 with 2 levels", len(g.j.services))
 	}
 	g.put("a", false)
+	g.remove("b")
+	g.settle()
+	if s := g.j.services["/services/ns/c/e/"]; s == nil || len(s.levels) != 1 {
+		t.Fatalf("service with one unchecked instance left: %+v, want it counted at one level", s)
+	}
+	g.remove("a")
 	g.settle()
 	if len(g.j.services) != 0 {
-		t.Fatalf("%d services counted after the last check went, want none", len(g.j.services))
+		t.Fatalf("%d services counted after the last instance went, want none", len(g.j.services))
 	}
 }
