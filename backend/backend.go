@@ -1,9 +1,11 @@
 package backend
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 
@@ -213,6 +215,17 @@ func (c Config) IsRegistry() bool {
 
 // ErrNotAStore reports a backend that is a registry, not a store.
 var ErrNotAStore = errors.New("backend: not a store")
+
+// WithLogger returns c with log as the logger of each store's
+// configuration that has none (etcd, file, NATS): their warnings (a file
+// store's directory replaced under the process, a long wait for its lock;
+// NATS connection events) go where the caller's go.
+func (c Config) WithLogger(log *slog.Logger) Config {
+	c.Etcd.Logger = cmp.Or(c.Etcd.Logger, log)
+	c.File.Logger = cmp.Or(c.File.Logger, log)
+	c.NATS.Logger = cmp.Or(c.NATS.Logger, log)
+	return c
+}
 
 // Open validates c and opens the store. For remote backends it checks that
 // the backend is reachable, failing with a clear error after the backend's

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -42,7 +44,19 @@ func (s *Server) guard(next http.Handler) http.Handler {
 			r.Body = http.MaxBytesReader(w, r.Body, s.sec.MaxBodyBytes)
 		}
 		rc := http.NewResponseController(w)
-		switch d := s.requestDeadline(r); {
+		d := s.requestDeadline(r)
+		if d >= 0 {
+			// What the request waits for (the store: a lock held by a
+			// stopped process, a cluster without a leader) ends with its
+			// deadline too: socket deadlines alone left the handler
+			// waiting, its answer unsent, and a registration applied
+			// long after its client had given up (its secret never
+			// received, the instance advertised for its whole TTL).
+			ctx, cancel := context.WithTimeoutCause(r.Context(), d, fmt.Errorf("the request took longer than %v (%s)", d, s.cfg.setting("Config.Security.RequestTimeout")))
+			defer cancel()
+			r = r.WithContext(ctx)
+		}
+		switch {
 		case d < 0: // a stream: it manages its own deadlines
 		case d > s.sec.RequestTimeout:
 			// A long poll (a GET, no body to wait for): the read deadline

@@ -188,9 +188,7 @@ func (s *Server) openData(ctx context.Context) error {
 	if len(s.cfg.EtcdEndpoints) > 0 {
 		b.Etcd.Endpoints = s.cfg.EtcdEndpoints
 	}
-	if b.Etcd.Logger == nil {
-		b.Etcd.Logger = s.log
-	}
+	b = b.WithLogger(s.log)
 	st, err := backend.Open(ctx, b)
 	if err != nil {
 		return fmt.Errorf("open %s backend: %w", b.BackendName(), err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -432,10 +431,10 @@ func (c *registryConn) open(ctx context.Context, cfg registry.Config) (registry.
 func (c *clientFlags) openRegistry(ctx context.Context, bcfg backend.Config, cfg registry.Config) (registry.Registry, error) {
 	octx, cancel := context.WithTimeout(ctx, c.dial+c.command)
 	defer cancel()
-	// The file store's warnings (a directory replaced under the process,
-	// a long wait for its lock, a torn log repaired) go where the
+	// The stores' warnings (a file store's directory replaced under the
+	// process, a long wait for its lock, a torn log repaired) go where the
 	// registry's go; they were discarded.
-	bcfg.File.Logger = cmp.Or(bcfg.File.Logger, cfg.Logger)
+	bcfg = bcfg.WithLogger(cfg.Logger)
 	r, err := backend.OpenRegistry(octx, bcfg, cfg)
 	if errors.Is(err, filestore.ErrNoStore) || errors.Is(err, natsstore.ErrNoBucket) {
 		return nil, usagef("open %s backend: %w", bcfg.BackendName(), err) // BEACON_FILE_DIR or BEACON_NATS_BUCKET names no store

@@ -16,6 +16,7 @@
 package registryapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -583,7 +584,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, registry.ErrReadOnlyLayout): // --layout dynamo: the message says why and what to do
 		writeError(w, http.StatusNotImplemented, "not_implemented", err.Error())
 	case r.Context().Err() != nil:
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "request ended: "+err.Error())
+		writeError(w, http.StatusServiceUnavailable, "unavailable", fmt.Sprintf("request ended: %v: %v", context.Cause(r.Context()), err))
 	default:
 		h.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusInternalServerError, "internal", err.Error())
