@@ -220,8 +220,8 @@ func (l *listener) roomFor(name string) bool {
 		warn := l.warnLocked(evRefuse)
 		l.mu.Unlock()
 		if warn {
-			l.opts.Log.Warn("connections from one client address at their cap, "+l.whyNoRoom()+": a further one from it is closed at once (clients behind one address: raise the per-client bound)",
-				"listener", l.opts.What, "addr", l.Addr().String(), "client", name, "max_per_client", l.opts.PerAddr)
+			l.opts.Log.Warn("connections from one client address at their cap, none of which can make room: a further one from it is closed at once (clients behind one address: raise the per-client bound)",
+				"listener", l.opts.What, "addr", l.Addr().String(), "client", name, "max_per_client", l.opts.PerAddr, "why", l.whyNoRoom())
 		}
 		return false
 	}
@@ -260,8 +260,8 @@ func (l *listener) takePlace() {
 		l.opts.Log.Warn("connections at their cap: closed the oldest idle connection to make room for a new one (a flood of connections, or raise the open-file limit)",
 			"listener", l.opts.What, "addr", l.Addr().String(), "max", cap(l.sem))
 	case warnWait:
-		l.opts.Log.Warn("connections at their cap, "+l.whyNoRoom()+": new ones wait until one closes (a flood of connections, or raise the open-file limit)",
-			"listener", l.opts.What, "addr", l.Addr().String(), "max", cap(l.sem))
+		l.opts.Log.Warn("connections at their cap, none of which can make room: new ones wait until one closes (a flood of connections, or raise the open-file limit)",
+			"listener", l.opts.What, "addr", l.Addr().String(), "max", cap(l.sem), "why", l.whyNoRoom())
 	}
 	l.sem <- struct{}{}
 }

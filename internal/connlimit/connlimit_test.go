@@ -267,7 +267,7 @@ func TestRequestsInFlightAreNeverShed(t *testing.T) {
 	<-started
 	waited := make(chan error, 1)
 	go func() { waited <- get("127.0.0.4", "/") }()
-	logs.waitFor(t, "each with a request in flight: new ones wait")
+	logs.waitFor(t, "none of which can make room: new ones wait")
 	select {
 	case err := <-waited:
 		t.Fatalf("a connection past the listener's cap, every place holding a request, was served (%v)", err)
