@@ -133,6 +133,12 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		nats.Timeout(cfg.DialTimeout),
 		nats.MaxReconnects(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil {
+				// The store's own Close: nothing went wrong (every
+				// `beacon ls --backend nats` warned of it before its
+				// answer; TestNATSReadersNeedABucket).
+				return
+			}
 			s.logger.Warn("disconnected from NATS", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
