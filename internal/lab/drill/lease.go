@@ -539,7 +539,8 @@ func (e *leaseEnv) trial(ctx context.Context, fault, role string) ([]LeaseResult
 		lost += r.Lost
 	}
 	if skipped == "" {
-		fmt.Fprintf(e.cfg.Progress, "  %s %s %s for %v: %d lease(s) lost in all\n", role, target.Name, f.desc, 2*asserted, lost)
+		fmt.Fprintf(e.cfg.Progress, "  %s %s %s for %v (%s to %s UTC): %d lease(s) lost in all\n", role, target.Name, f.desc, 2*asserted,
+			out.injected.UTC().Format(clock), out.healed.UTC().Format(clock), lost)
 	} else {
 		fmt.Fprintf(e.cfg.Progress, "  %s on the %s skipped: %s\n", fault, role, skipped)
 	}
@@ -559,6 +560,8 @@ type faultOutcome struct {
 	// elections: raft terms gone through from injection to healing (-1:
 	// a reading failed).
 	elections int
+	// injected and healed: when the fault began and ended.
+	injected, healed time.Time
 }
 
 // fault injects f, holds it, heals it, watches its aftermath (a resumed
@@ -572,6 +575,7 @@ func (e *leaseEnv) fault(ctx context.Context, f leaseFault, hold time.Duration, 
 		return out, err
 	}
 	injected := time.Now()
+	out.injected = injected
 	election := make(chan time.Duration, 1)
 	if elect {
 		wctx, cancel := context.WithTimeout(ctx, hold)
@@ -599,6 +603,7 @@ func (e *leaseEnv) fault(ctx context.Context, f leaseFault, hold time.Duration, 
 		return out, err
 	}
 	healed := time.Now()
+	out.healed = healed
 	if err := sleepCtx(ctx, max(e.cfg.ttls()[len(e.cfg.ttls())-1], aftermath)); err != nil {
 		return out, err
 	}

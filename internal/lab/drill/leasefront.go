@@ -179,19 +179,24 @@ func (g *httpGroup) register(ctx context.Context, i int, id string) (httpReg, er
 
 // heartbeat keeps registration i alive until ctx ends; after a 404 (the
 // lease ended) it counts the loss and registers again under the same ID.
+// The heartbeats that failed since the last answered one are kept for the
+// loss's note: when each started, how long it took and what it got.
 func (g *httpGroup) heartbeat(ctx context.Context, i int, reg httpReg) {
 	every := g.leaseTTL / 3
+	var failed []string
 	for ctx.Err() == nil {
 		start := time.Now()
-		code := g.beat(ctx, reg, every)
+		code, why := g.beat(ctx, reg, every)
 		switch {
 		case ctx.Err() != nil:
 			return
 		case code == http.StatusOK:
 			g.st.gap(g.ren.ok(i, start))
+			failed = failed[:0]
 			_ = sleepCtx(ctx, time.Until(start.Add(every)))
 		case code == http.StatusNotFound:
-			g.lost(ctx, i, reg)
+			g.lost(ctx, i, reg, failed)
+			failed = failed[:0]
 			for {
 				r, err := g.register(ctx, i, reg.id)
 				if err == nil {
@@ -205,6 +210,9 @@ func (g *httpGroup) heartbeat(ctx context.Context, i int, reg httpReg) {
 			}
 		default:
 			g.st.failure()
+			if len(failed) < maxFailedNoted {
+				failed = append(failed, fmt.Sprintf("%s took %v: %s", start.UTC().Format(clock), round(time.Since(start)), why))
+			}
 			if time.Since(start) < every/2 {
 				_ = sleepCtx(ctx, 50*time.Millisecond) // a fast failure: no tight loop
 			}
@@ -212,9 +220,15 @@ func (g *httpGroup) heartbeat(ctx context.Context, i int, reg httpReg) {
 	}
 }
 
+// maxFailedNoted bounds the failed heartbeats a loss's note lists.
+const maxFailedNoted = 4
+
+// clock is how notes write a wall-clock time, to compare with the logs.
+const clock = "15:04:05.000"
+
 // beat sends one heartbeat, bounded by timeout, and returns its status (0
-// when it got no answer).
-func (g *httpGroup) beat(ctx context.Context, reg httpReg, timeout time.Duration) int {
+// when it got no answer) and, unless it is 200, what it got.
+func (g *httpGroup) beat(ctx context.Context, reg httpReg, timeout time.Duration) (int, string) {
 	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	url := fmt.Sprintf("%s/v1/registry/instances/%s/%s/rpc/%s/heartbeat", g.srv.base, g.ns, g.comp, reg.id)
@@ -222,16 +236,18 @@ func (g *httpGroup) beat(ctx context.Context, reg httpReg, timeout time.Duration
 	req.Header.Set("Beacon-Secret", reg.secret)
 	resp, err := g.hc.Do(req)
 	if err != nil {
-		return 0
+		return 0, err.Error()
 	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode
+	return resp.StatusCode, fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
 }
 
 // lost counts registration i's loss: revoked when etcd deleted it before
-// its last answered heartbeat's TTL ran out, lost otherwise.
-func (g *httpGroup) lost(ctx context.Context, i int, reg httpReg) {
+// its last answered heartbeat's TTL ran out, lost otherwise (noting the
+// heartbeats that failed meanwhile).
+func (g *httpGroup) lost(ctx context.Context, i int, reg httpReg, failed []string) {
 	last := g.ren.lastOK(i)
 	key := fmt.Sprintf("/services/%s/%s/rpc/%s", g.ns, g.comp, reg.id)
 	deleted := g.ref.waitDeleted(ctx, key, reg.at.Add(-time.Second), time.Second)
@@ -243,8 +259,8 @@ func (g *httpGroup) lost(ctx context.Context, i int, reg httpReg) {
 		g.st.revoked++
 	default:
 		g.st.lost++
-		g.st.notes = append(g.st.notes, fmt.Sprintf("HTTP registration %d (TTL %v): 404 %v after its last answered heartbeat (%s)",
-			i, g.leaseTTL, round(time.Since(last)), deletedAfter(deleted, last)))
+		g.st.notes = append(g.st.notes, fmt.Sprintf("HTTP registration %d (TTL %v): 404 %v after its last answered heartbeat at %s (%s); failed since: %s",
+			i, g.leaseTTL, round(time.Since(last)), last.UTC().Format(clock), deletedAfter(deleted, last), noneOr(failed)))
 	}
 }
 
@@ -364,4 +380,12 @@ func deletedAfter(deleted, last time.Time) string {
 		return "etcd had not deleted it"
 	}
 	return fmt.Sprintf("etcd deleted it %v after that answer", round(deleted.Sub(last)))
+}
+
+// noneOr joins what failed, or says nothing did.
+func noneOr(failed []string) string {
+	if len(failed) == 0 {
+		return "none"
+	}
+	return strings.Join(failed, "; ")
 }
