@@ -261,6 +261,7 @@ func (r *StoreRegistry) RegisterWithTTL(ctx context.Context, in beacon.Instance,
 		return Owned{}, err
 	}
 	r.leased.registered(l.ID, in.Ref())
+	r.leased.prove(l.ID, in.Ref(), secret.hash())
 	return Owned{Instance: in.Clone(), Lease: l, Secret: secret}, nil
 }
 
@@ -403,34 +404,68 @@ func (r *StoreRegistry) ownsWith(ctx context.Context, ref beacon.Ref, kv store.K
 // (refuse).
 //
 // Its store calls are bounded as a session's keep-alives are (a sixth of
-// the lease's TTL, at most 2 s; the ownership reads, local to the member
-// that answers them, half that) and one that timed out is tried again at
-// once, while ctx allows: a call that reached a hung store server (an
-// etcd member that accepts connections and answers nothing) costs one
-// attempt, and the next goes to another member (the etcd store soon
-// leaves the silent one out), instead of the whole heartbeat waiting for
-// the store's request timeout while the lease runs out. (With whole
-// attempts for the reads too, a heartbeat of a 3 s lease whose read and
-// keep-alive both met a cut-off follower took the HTTP client's whole
-// second, and CI's lease drill lost leases so.)
+// the lease's TTL, at most 2 s; the reads, local to the member that
+// answers them, half that) and one that timed out is tried again at once,
+// while ctx allows: a call that reached a hung store server (an etcd
+// member that accepts connections and answers nothing) costs one attempt,
+// and the next goes to another member (the etcd store soon leaves the
+// silent one out), instead of the whole heartbeat waiting for the store's
+// request timeout while the lease runs out.
 //
-// The proof of ownership is read locally where the store can (a
-// serializable read: store.LocalReader), so that a heartbeat waits for no
-// round trip through the cluster's leader but the keep-alive's own: with
-// the leader's disk slow, linearizable reads took over a second on every
-// member and the heartbeats of a 3 s lease timed out until it expired. A
-// stale read is safe here: an ownership record never changes while its
-// lease lives, a proof against a record already gone only renews a lease
-// that has ended (notFound), and a proof that fails is checked again with
-// linearizable reads before it is refused.
+// The first heartbeat of a registration through this registry proves
+// ownership against the store (prove); later ones with the same secret
+// need only find the instance still bound to its lease, and read it while
+// the keep-alive goes out (renewProven): one round trip, not three in a
+// row, so that fewer of a heartbeat's calls can meet a hung member, and
+// none waits for another.
 func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Secret) (time.Duration, error) {
 	if err := r.refuseWrite("heartbeat"); err != nil {
 		return 0, err
 	}
+	if err := r.checkRef(ref); err != nil {
+		return 0, err
+	}
+	if r.closed.Load() {
+		return 0, ErrClosed
+	}
 	limit := keepAliveTimeout(r.leased.ttl(ref))
+	h := secret.hash()
+	if lease, ok := r.leased.proven(ref, h); ok {
+		if ttl, settled, err := r.renewProven(ctx, ref, lease, limit); settled {
+			return ttl, err
+		}
+	}
+	kv, err := r.prove(ctx, ref, secret, limit)
+	if err != nil {
+		return 0, err
+	}
+	ttl, err := retryTimedOut(ctx, r.st, limit, func(ctx context.Context) (time.Duration, error) {
+		return r.st.KeepAlive(ctx, kv.Lease)
+	})
+	if err != nil {
+		return 0, r.ownedWriteError("heartbeat", ref, kv.Lease, err)
+	}
+	r.leased.heartbeat(kv.Lease, ref, ttl)
+	r.leased.prove(kv.Lease, ref, h)
+	return ttl, nil
+}
+
+// prove reads the registration at ref and checks that secret is its
+// owner's, returning it as stored, with Heartbeat's bounds (limit).
+//
+// The reads are local where the store can (a serializable read:
+// store.LocalReader), so that a heartbeat waits for no round trip through
+// the cluster's leader but the keep-alive's own: with the leader's disk
+// slow, linearizable reads took over a second on every member and the
+// heartbeats of a 3 s lease timed out until it expired. A stale read is
+// safe here: an ownership record never changes while its lease lives, a
+// proof against a record already gone only renews a lease that has ended
+// (notFound), and a proof that fails is checked again with linearizable
+// reads before it is refused.
+func (r *StoreRegistry) prove(ctx context.Context, ref beacon.Ref, secret Secret, limit time.Duration) (store.KeyValue, error) {
 	var kv store.KeyValue
-	prove := func(read func(context.Context, string) (store.KeyValue, error)) (err error) {
-		kv, err = retryTimedOut(ctx, limit/2, func(ctx context.Context) (store.KeyValue, error) {
+	check := func(read func(context.Context, string) (store.KeyValue, error)) (err error) {
+		kv, err = retryTimedOut(ctx, r.st, limit/2, func(ctx context.Context) (store.KeyValue, error) {
 			_, kv, err := r.getWith(ctx, ref, read)
 			if err != nil {
 				return kv, err
@@ -441,31 +476,59 @@ func (r *StoreRegistry) Heartbeat(ctx context.Context, ref beacon.Ref, secret Se
 	}
 	err := errNoLocalRead
 	if lr, ok := r.st.(store.LocalReader); ok {
-		err = prove(lr.GetLocal)
+		err = check(lr.GetLocal)
 	}
 	if errors.Is(err, beacon.ErrNotFound) || errors.Is(err, errNoLocalRead) {
-		err = prove(r.st.Get)
+		err = check(r.st.Get)
 	}
 	if _, wrong := errors.AsType[errWrongSecret](err); wrong {
 		// etcd checks the caller's write permission on the lease's keys
 		// to renew it: answer as the right secret would be answered.
-		refused, _ := retryTimedOut(ctx, limit, func(ctx context.Context) (error, error) {
+		refused, _ := retryTimedOut(ctx, r.st, limit, func(ctx context.Context) (error, error) {
 			refused := r.refuse(ctx, "heartbeat", ref, kv, err)
 			return refused, refused
 		})
-		return 0, refused
+		return kv, refused
 	}
-	if err != nil {
-		return 0, err
+	return kv, err
+}
+
+// renewProven is the heartbeat of a registration whose owner's secret was
+// proven before (leasedTracker.proven): it renews lease while it reads the
+// instance (locally where the store can) and checks that the instance is
+// still bound to lease. Renewing first is safe: the lease is the proven
+// owner's. It is settled unless the instance was not found bound to lease
+// (deleted, registered again, or a stale local read), which Heartbeat's
+// proof then decides from the store.
+func (r *StoreRegistry) renewProven(ctx context.Context, ref beacon.Ref, lease store.LeaseID, limit time.Duration) (ttl time.Duration, settled bool, err error) {
+	read := r.st.Get
+	if lr, ok := r.st.(store.LocalReader); ok {
+		read = lr.GetLocal
 	}
-	ttl, err := retryTimedOut(ctx, limit, func(ctx context.Context) (time.Duration, error) {
-		return r.st.KeepAlive(ctx, kv.Lease)
+	var kv store.KeyValue
+	var rerr error
+	done := make(chan struct{})
+	go func() { // owned by renewProven, which waits for it
+		defer close(done)
+		kv, rerr = retryTimedOut(ctx, r.st, limit/2, func(ctx context.Context) (store.KeyValue, error) {
+			_, kv, err := r.getWith(ctx, ref, read)
+			return kv, err
+		})
+	}()
+	ttl, err = retryTimedOut(ctx, r.st, limit, func(ctx context.Context) (time.Duration, error) {
+		return r.st.KeepAlive(ctx, lease)
 	})
-	if err != nil {
-		return 0, r.ownedWriteError("heartbeat", ref, kv.Lease, err)
+	<-done
+	switch {
+	case err != nil:
+		return 0, true, r.ownedWriteError("heartbeat", ref, lease, err)
+	case rerr == nil && kv.Lease == lease:
+		r.leased.heartbeat(lease, ref, ttl)
+		return ttl, true, nil
+	case rerr != nil && !errors.Is(rerr, beacon.ErrNotFound):
+		return 0, true, rerr
 	}
-	r.leased.heartbeat(kv.Lease, ref, ttl)
-	return ttl, nil
+	return 0, false, nil
 }
 
 // ownedWriteError is the error of op, a write on the owned registration at

@@ -77,6 +77,7 @@ func heartbeatThrough(t *testing.T, ctx context.Context, r *registry.StoreRegist
 		ok, failed int
 		slowest    time.Duration
 		lost       error
+		first      error // the first failure
 	}
 	results := make(chan outcome, len(owned))
 	for _, o := range owned {
@@ -100,6 +101,9 @@ func heartbeatThrough(t *testing.T, ctx context.Context, r *registry.StoreRegist
 					return
 				case err != nil:
 					out.failed++
+					if out.first == nil {
+						out.first = err
+					}
 					next.Stop()
 					continue // at once
 				}
@@ -118,6 +122,9 @@ func heartbeatThrough(t *testing.T, ctx context.Context, r *registry.StoreRegist
 			t.Errorf("lease lost while two of three members were healthy: %v", out.lost)
 		}
 		t.Logf("%d heartbeats answered, %d failed; slowest %v", out.ok, out.failed, out.slowest.Round(time.Millisecond))
+		if out.first != nil {
+			t.Logf("the first failure: %v", out.first)
+		}
 	}
 }
 

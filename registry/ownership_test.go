@@ -1,9 +1,11 @@
 package registry_test
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,5 +176,109 @@ func TestOwnershipRecords(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("ownership record not deleted with its lease")
 		}
+	}
+}
+
+// ownerReads is a store that counts the reads of ownership records under
+// prefix (every backend used here has transactions).
+type ownerReads struct {
+	store.Store
+	prefix string
+	n      atomic.Int32
+}
+
+func (o *ownerReads) count(key string) {
+	if strings.HasPrefix(key, o.prefix) {
+		o.n.Add(1)
+	}
+}
+
+func (o *ownerReads) Get(ctx context.Context, key string) (store.KeyValue, error) {
+	o.count(key)
+	return o.Store.Get(ctx, key)
+}
+
+func (o *ownerReads) GetLocal(ctx context.Context, key string) (store.KeyValue, error) {
+	o.count(key)
+	if lr, ok := o.Store.(store.LocalReader); ok {
+		return lr.GetLocal(ctx, key)
+	}
+	return o.Store.Get(ctx, key)
+}
+
+func (o *ownerReads) Txn(ctx context.Context, ops ...store.Op) (int64, error) {
+	return o.Store.(store.Transactor).Txn(ctx, ops...)
+}
+
+// TestHeartbeatOfAProvenOwner: once a registry has proven a secret its
+// registration's (registering it, or a heartbeat checked against the
+// ownership record), its heartbeats read no ownership record — one round
+// trip to the store, the instance read while the lease is renewed — and
+// still answer not found for an instance deleted under a live lease
+// (etcdctl del) and for one registered again by someone else. A registry
+// that has not seen the registration (a restarted server) proves the
+// secret against the store once.
+func TestHeartbeatOfAProvenOwner(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			ns := uniqueNS()
+			inner := b.store(t)
+			st := &ownerReads{Store: inner}
+			r := newRegistry(t, st, registry.Config{LeaseTTL: b.ttl})
+			st.prefix = r.Keyspace().OwnersPrefix(ns)
+			ctx := within(t, 60*time.Second)
+			o, err := r.RegisterWithTTL(ctx, inst(ns, "10.0.0.1:80"), time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := o.Instance.Ref()
+			heartbeats := func(r *registry.StoreRegistry, n int) {
+				t.Helper()
+				for range n {
+					if _, err := r.Heartbeat(ctx, ref, o.Secret); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			heartbeats(r, 3)
+			if got := st.n.Load(); got != 0 {
+				t.Fatalf("3 heartbeats of the registering registry read the ownership record %d times; want 0", got)
+			}
+
+			// A restarted server: proven once against the store.
+			restarted := newRegistry(t, st, registry.Config{LeaseTTL: b.ttl})
+			heartbeats(restarted, 3)
+			if got := st.n.Load(); got != 1 {
+				t.Fatalf("3 heartbeats through a registry that had not seen the registration read the record %d times; want 1", got)
+			}
+
+			// Deleted under its live lease: not found, for both.
+			if _, err := inner.Delete(ctx, r.Keyspace().Key(ref)); err != nil {
+				t.Fatal(err)
+			}
+			for _, reg := range []*registry.StoreRegistry{r, restarted} {
+				if _, err := reg.Heartbeat(ctx, ref, o.Secret); !errors.Is(err, beacon.ErrNotFound) {
+					t.Fatalf("heartbeat of an instance deleted under its live lease: %v; want not found", err)
+				}
+			}
+
+			// Registered again by someone else under the same ID: the old
+			// secret is refused, the new one works.
+			again := inst(ns, "10.0.0.9:80")
+			again.ID = o.Instance.ID
+			other, err := newRegistry(t, inner, registry.Config{LeaseTTL: b.ttl}).RegisterWithTTL(ctx, again, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, reg := range []*registry.StoreRegistry{r, restarted} {
+				if _, err := reg.Heartbeat(ctx, ref, o.Secret); !errors.Is(err, beacon.ErrNotFound) {
+					t.Fatalf("heartbeat with the secret of the registration before: %v; want not found", err)
+				}
+				if _, err := reg.Heartbeat(ctx, ref, other.Secret); err != nil {
+					t.Fatalf("heartbeat with the new registration's secret: %v", err)
+				}
+			}
+		})
 	}
 }

@@ -12,19 +12,31 @@ import (
 // heartbeatAttempts bounds the attempts of one heartbeat's store call.
 const heartbeatAttempts = 4
 
-// retryTimedOut runs call with a deadline of limit, again at once while an
+// retryTimedOut runs call with a deadline of limit, again while an
 // attempt ran out of its time with the store unavailable, up to
 // heartbeatAttempts attempts and while ctx allows: one attempt at a time.
 // An attempt that failed before its deadline is an answer, as is a
 // success.
+//
+// A store that leaves out servers that do not answer (store.Failover:
+// etcd with several members) gets the chance to before the next attempt
+// (awaitFailover), so that the retry does not go to the hung member the
+// timed-out attempt reached: tried again at once, with the client's
+// balancer choosing among three members, one heartbeat in three or so met
+// it again and its client gave up.
 //
 // Attempts are not hedged (a second started beside a slow first): in the
 // lease drill, hedged ownership reads made a leader resumed from SIGSTOP
 // end 15 of 16 HTTP registrations that had been renewed in time (none
 // without), while shorter sequential attempts for reads removed the
 // failed renewals as well.
-func retryTimedOut[T any](ctx context.Context, limit time.Duration, call func(context.Context) (T, error)) (T, error) {
+func retryTimedOut[T any](ctx context.Context, st store.Store, limit time.Duration, call func(context.Context) (T, error)) (T, error) {
+	fo, _ := st.(store.Failover)
 	for n := 1; ; n++ {
+		var changed <-chan struct{}
+		if fo != nil {
+			changed = fo.ExcludedChanged()
+		}
 		actx, cancel := context.WithTimeout(ctx, limit)
 		v, err := call(actx)
 		timedOut := actx.Err() != nil
@@ -32,6 +44,28 @@ func retryTimedOut[T any](ctx context.Context, limit time.Duration, call func(co
 		if err == nil || ctx.Err() != nil || !timedOut || !errors.Is(err, store.ErrUnavailable) || n == heartbeatAttempts {
 			return v, err
 		}
+		if fo != nil {
+			awaitFailover(ctx, fo, changed, limit/2)
+		}
+	}
+}
+
+// awaitFailover waits, at most most, until the store has left out (or put
+// back) a server since changed was taken — at once if it did while the
+// attempt ran — or has probed its servers and found nothing to change.
+func awaitFailover(ctx context.Context, fo store.Failover, changed <-chan struct{}, most time.Duration) {
+	select {
+	case <-changed:
+		return
+	default:
+	}
+	t := time.NewTimer(most)
+	defer t.Stop()
+	select {
+	case <-changed:
+	case <-fo.Probed():
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 

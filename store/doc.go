@@ -33,9 +33,11 @@
 // Optional capabilities are separate interfaces found by type assertion:
 // Compactor (compact history on demand), Transactor (several writes in one
 // revision, all or nothing), LocalReader (a read served by whichever
-// server answers, without a round trip through a leader) and
+// server answers, without a round trip through a leader),
 // ProgressWatcher (watches that report progress on a quiet prefix, so that
-// a consumer can tell "nothing changed" from "cannot know").
+// a consumer can tell "nothing changed" from "cannot know") and Failover
+// (a store that leaves out servers that do not answer says when it has,
+// so that a timed-out call is tried again past the hung server).
 //
 // Backends: store/etcd (production), store/memory (in-process), store/file
 // (several processes on one host, no daemon) and store/nats (NATS JetStream

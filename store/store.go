@@ -206,6 +206,21 @@ type LocalReader interface {
 	GetLocal(ctx context.Context, key string) (KeyValue, error)
 }
 
+// Failover is implemented by stores that leave out, for a while, the
+// servers that do not answer while others do (etcd with several
+// endpoints). A call that timed out on a hung server is best tried again
+// once the store has moved on: at once, the retry may reach the same
+// server and time out too.
+type Failover interface {
+	// ExcludedChanged returns a channel closed at the next change of the
+	// servers left out (nil if the store never leaves one out).
+	ExcludedChanged() <-chan struct{}
+	// Probed has the store check its servers, if it is not doing so
+	// already, and returns a channel closed once it has (at once if
+	// there is nothing to choose between).
+	Probed() <-chan struct{}
+}
+
 // Compactor is implemented by stores whose history can be compacted on
 // demand. After Compact(rev), watches from a revision below rev fail with
 // ErrCompacted. Compacting to a revision already compacted fails with an

@@ -219,6 +219,24 @@ func (s *Store) ExcludedChanged() <-chan struct{} {
 	return s.prober.changes()
 }
 
+// Probed implements store.Failover: it has the store probe every member
+// (one sweep at a time, at most one per ProbeTimeout) and returns a
+// channel closed when that sweep has ended; closed at once with a single
+// endpoint.
+func (s *Store) Probed() <-chan struct{} {
+	if s.prober == nil {
+		return closedChan
+	}
+	return s.prober.suspect()
+}
+
+// closedChan is a channel closed from the start.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
 // Client returns the etcd client, for callers that need etcd features the
 // store contract does not offer (naming, bootstrap). It stays usable until
 // Close if the Store made it.

@@ -129,6 +129,15 @@ func TestHungMemberLeftOut(t *testing.T) {
 		}
 	}
 	t.Logf("stopped member left out %v after the pause (%d calls timed out first)", leftOut.Round(time.Millisecond), timeouts)
+	// A probe asked for now ends (store.Failover), and leaves it out.
+	select {
+	case <-s.Probed():
+	case <-ctx.Done():
+		t.Fatal("a probe asked for did not end")
+	}
+	if !slices.Equal(s.Excluded(), []string{hung.ClientURL}) {
+		t.Fatalf("after a probe, excluded %v; want the stopped member", s.Excluded())
+	}
 	// From now on (once the client's balancer has applied the new
 	// endpoints, a matter of milliseconds: two calls), no call waits for
 	// the stopped member.

@@ -307,3 +307,18 @@ func TestGetLocal(t *testing.T) {
 		t.Fatalf("GetLocal of an absent key: %v", err)
 	}
 }
+
+// TestProbedWithOneEndpoint: a store of one endpoint has nothing to choose
+// between: Probed is closed at once, and nothing is ever left out.
+func TestProbedWithOneEndpoint(t *testing.T) {
+	s := newStore(t, nil, etcd.Config{})
+	var fo store.Failover = s
+	select {
+	case <-fo.Probed():
+	default:
+		t.Fatal("Probed of a one-endpoint store is not closed")
+	}
+	if fo.ExcludedChanged() != nil || len(s.Excluded()) != 0 {
+		t.Fatalf("a one-endpoint store leaves out %v", s.Excluded())
+	}
+}
