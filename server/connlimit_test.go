@@ -62,7 +62,7 @@ func TestHTTPConnectionCap(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitLog(t, &logs, "none of which can make room: new ones wait")
+	waitLog(t, &logs, "and its client reading: new ones wait")
 	select {
 	case err := <-done:
 		t.Fatalf("a request past the cap was answered (%v) while 3 streams held it", err)

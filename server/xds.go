@@ -78,11 +78,12 @@ func (s *Server) listenXDS() error {
 		perClient = xdsapi.DefaultMaxStreamsPerClient
 	}
 	s.xds.addr = ln.Addr().String()
-	// A gRPC connection carries long-lived streams the listener cannot
-	// see: it would look idle and be shed. Bounds reached refuse instead;
-	// connections with no stream are closed by the gRPC server's idle
-	// timeout (xdsapi).
-	s.xds.ln = connlimit.Listener(ln, connlimit.Config{Max: s.sec.MaxConns, PerAddr: perClient, NeverShed: true,
+	// The gRPC server marks each stream on its connection (GRPCMarks in
+	// startXDS): a bound reached closes a connection that never carried a
+	// stream (a flood of idle ones), else one whose streams all ended,
+	// never one with a stream open, and refuses a newcomer only when every
+	// connection of its address streams.
+	s.xds.ln = connlimit.Listener(ln, connlimit.Config{Max: s.sec.MaxConns, PerAddr: perClient, Marked: true,
 		Log: s.log.With("component", "xds"), What: "xDS"})
 	return nil
 }
@@ -100,6 +101,7 @@ func (s *Server) startXDS() error {
 		Logger:              s.log,
 		Metrics:             s.reg,
 		SettingName:         s.cfg.SettingName,
+		ServerOptions:       []grpc.ServerOption{grpc.StatsHandler(connlimit.GRPCMarks(s.xds.ln))},
 	}
 	if f := s.sec.XDSTLS; f.CertFile != "" {
 		r, err := tlsfiles.NewReloader(f, tlsfiles.Config{Logger: s.log.With("component", "xds-tls"), Listener: "xds",

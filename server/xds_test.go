@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/beaconplane/beacon/naming/namingtest"
 	"github.com/beaconplane/beacon/server/xdsapi"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	grpccreds "google.golang.org/grpc/credentials"
@@ -20,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/xds"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // xdsConfig is testConfig with xDS on a free loopback port.
@@ -186,5 +189,71 @@ func TestXDSMutualTLS(t *testing.T) {
 	defer cancel()
 	if err := namingtest.ReachAll(ctx, cc, "one"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestXDSIdleFloodDoesNotLockOutClients: a local process holding idle
+// connections to the xDS port (as many as one address may hold) does not
+// lock out the other local clients: a new connection takes the place of
+// the oldest one that never carried a stream, never of one streaming.
+// Before, the listener shed nothing, and a client waited for the gRPC
+// handshake timeout (10 s) to clear a place, seeing "broken pipe".
+func TestXDSIdleFloodDoesNotLockOutClients(t *testing.T) {
+	cfg := xdsConfig(t)
+	cfg.XDS.MaxStreamsPerClient = 4
+	s := startServer(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// One client streaming, then a flood filling the address's places.
+	cc, err := grpc.NewClient(s.XDSAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: xdsapi.ListenerType}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: xdsapi.ListenerType, VersionInfo: first.GetVersionInfo(),
+		ResponseNonce: first.GetNonce()}); err != nil { // ACK
+		t.Fatal(err)
+	}
+	var d net.Dialer
+	for range 3 {
+		c, err := d.DialContext(ctx, "tcp", s.XDSAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	for i := range 3 { // each takes an idle place, and ends
+		if _, err := listeners(t, s.XDSAddr(), "", nil, "nothing.here"); err != nil {
+			t.Fatalf("client %d past a flood of idle connections: %v", i+1, err)
+		}
+	}
+	// The streaming client kept its connection: a change still reaches it.
+	reg, err := s.Registry().Register(ctx, beacon.Instance{Namespace: "flood", Component: "api", Endpoint: "grpc", Address: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("the streaming client, after the flood: %v", err)
+		}
+		if slices.ContainsFunc(resp.GetResources(), func(a *anypb.Any) bool {
+			l := &listenerv3.Listener{}
+			return a.UnmarshalTo(l) == nil && strings.HasPrefix(l.GetName(), "grpc.api.flood")
+		}) {
+			return
+		}
 	}
 }

@@ -25,10 +25,12 @@
 // request has arrived whole — its header, and its body read to its end —
 // until its handler returns; a request whose body is still coming (or
 // never comes: one byte of a body of a hundred, and then nothing) holds
-// its connection no more than a silent one does. For any other server (DNS
-// over TCP), a connection the server has written to has completed a
-// request (such servers write only to answer), and none is ever in
-// flight.
+// its connection no more than a silent one does. For a gRPC server
+// (GRPCMarks), each RPC from its start to its end: a connection with a
+// stream open (an xDS client's) is in use however long the stream lasts.
+// For any other server (DNS over TCP), a connection the server has
+// written to has completed a request (such servers write only to answer),
+// and none is ever in flight.
 package connlimit
 
 import (
@@ -52,13 +54,9 @@ type Config struct {
 	// port); no bound when <= 0.
 	PerAddr int
 	// Marked says that the server marks each request (Handler and
-	// ConnContext); otherwise a write marks a completed request.
+	// ConnContext, or GRPCMarks); otherwise a write marks a completed
+	// request.
 	Marked bool
-	// NeverShed closes no connection to make room: a bound reached
-	// refuses a new connection (per address) or makes it wait (in all).
-	// For servers whose connections carry long-lived streams the listener
-	// cannot see (gRPC), which would look idle.
-	NeverShed bool
 	// Log receives one line a minute at most per kind of event; nil
 	// discards. What names the listener in it (e.g. "HTTP").
 	Log  *slog.Logger
@@ -70,7 +68,7 @@ func Listener(ln net.Listener, opts Config) net.Listener {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	l := &listener{Listener: ln, opts: opts, sem: make(chan struct{}, max(opts.Max, 1)), hosts: map[string]*host{}}
+	l := &listener{Listener: ln, opts: opts, sem: make(chan struct{}, max(opts.Max, 1)), hosts: map[string]*host{}, byAddr: map[string]*conn{}}
 	l.all.init()
 	return l
 }
@@ -117,20 +115,8 @@ func (q *queue) victim(now time.Time) *conn {
 	return stuck
 }
 
-// whyNoRoom says, for the log, why no connection made room for a new one.
-func (l *listener) whyNoRoom() string {
-	if l.opts.NeverShed {
-		return "none closed to make room (this listener's connections carry streams it cannot see)"
-	}
-	return "each with a request in flight"
-}
-
-// victimLocked returns the connection of q to close to make room, or nil
-// (none, or the listener never sheds).
+// victimLocked returns the connection of q to close to make room, or nil.
 func (l *listener) victimLocked(q *queue) *conn {
-	if l.opts.NeverShed {
-		return nil
-	}
 	return q.victim(time.Now())
 }
 
@@ -149,7 +135,8 @@ type listener struct {
 	mu     sync.Mutex
 	all    queue
 	hosts  map[string]*host
-	warned [3]time.Time // per event kind: when last logged
+	byAddr map[string]*conn // by client address and port (GRPCMarks)
+	warned [3]time.Time     // per event kind: when last logged
 }
 
 // Event kinds logged.
@@ -200,6 +187,10 @@ func (l *listener) admit(nc net.Conn) *conn {
 	}
 	h.n++
 	c.host = h
+	if ra := nc.RemoteAddr(); ra != nil {
+		c.addr = ra.String()
+		l.byAddr[c.addr] = c
+	}
 	l.parkLocked(c)
 	l.mu.Unlock()
 	return c
@@ -220,8 +211,8 @@ func (l *listener) roomFor(name string) bool {
 		warn := l.warnLocked(evRefuse)
 		l.mu.Unlock()
 		if warn {
-			l.opts.Log.Warn("connections from one client address at their cap, none of which can make room: a further one from it is closed at once (clients behind one address: raise the per-client bound)",
-				"listener", l.opts.What, "addr", l.Addr().String(), "client", name, "max_per_client", l.opts.PerAddr, "why", l.whyNoRoom())
+			l.opts.Log.Warn("connections from one client address at their cap, each with a request or stream in flight and its client reading: a further one from it is closed at once (clients behind one address: raise the per-client bound)",
+				"listener", l.opts.What, "addr", l.Addr().String(), "client", name, "max_per_client", l.opts.PerAddr)
 		}
 		return false
 	}
@@ -260,8 +251,8 @@ func (l *listener) takePlace() {
 		l.opts.Log.Warn("connections at their cap: closed the oldest idle connection to make room for a new one (a flood of connections, or raise the open-file limit)",
 			"listener", l.opts.What, "addr", l.Addr().String(), "max", cap(l.sem))
 	case warnWait:
-		l.opts.Log.Warn("connections at their cap, none of which can make room: new ones wait until one closes (a flood of connections, or raise the open-file limit)",
-			"listener", l.opts.What, "addr", l.Addr().String(), "max", cap(l.sem), "why", l.whyNoRoom())
+		l.opts.Log.Warn("connections at their cap, each with a request or stream in flight and its client reading: new ones wait until one closes (a flood of connections, or raise the open-file limit)",
+			"listener", l.opts.What, "addr", l.Addr().String(), "max", cap(l.sem))
 	}
 	l.sem <- struct{}{}
 }
@@ -340,6 +331,7 @@ type conn struct {
 	net.Conn
 	l    *listener
 	host *host
+	addr string // the client's address and port
 	once sync.Once
 
 	served       atomic.Bool  // a request completed (or, unmarked, an answer written)
@@ -363,6 +355,9 @@ func (c *conn) Close() error {
 		c.closed = true
 		if c.host.n--; c.host.n <= 0 {
 			delete(l.hosts, c.host.name)
+		}
+		if l.byAddr[c.addr] == c {
+			delete(l.byAddr, c.addr)
 		}
 		l.mu.Unlock()
 		<-l.sem
