@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/beaconplane/beacon/bootstrap"
+	"github.com/beaconplane/beacon/internal/connlimit"
 	"github.com/beaconplane/beacon/internal/hostport"
 	"github.com/beaconplane/beacon/internal/setting"
 	"github.com/prometheus/client_golang/prometheus"
@@ -223,6 +224,21 @@ type Config struct {
 	// a load balancer that does not keep client addresses, every client
 	// has its address: raise it or turn it off).
 	MaxStreamsPerClient int
+	// MaxConns bounds the client connections open at once, so that a flood
+	// of connections cannot take the file descriptors the proxy needs for
+	// its members. At the bound, a new connection takes the place of the
+	// oldest one that has carried no call (nor gateway request), else of
+	// the one idle longest; one with a call or stream in flight is never
+	// closed for it, and only while every one has one does a new
+	// connection wait (in the kernel's accept queue). A quarter of the
+	// open-file limit (at least 256) when zero; no bound when negative.
+	MaxConns int
+	// MaxConnsPerClient bounds the connections of one client address, as
+	// MaxConns does: at the bound, a new one takes the place of one of the
+	// address's, and is refused only while every one has a call or stream
+	// in flight. DefaultMaxConnsPerClient when zero; no bound when
+	// negative.
+	MaxConnsPerClient int
 
 	// ClientTLS is used to reach members (client and peer URLs with
 	// https); nil uses the system roots for https URLs.
@@ -274,6 +290,8 @@ func (c Config) withDefaults() Config {
 	c.MaxWatchWaitingBytes = cmp.Or(c.MaxWatchWaitingBytes, DefaultMaxWatchWaitingBytes)
 	c.MaxStreams = cmp.Or(c.MaxStreams, DefaultMaxStreams)
 	c.MaxStreamsPerClient = cmp.Or(c.MaxStreamsPerClient, DefaultMaxStreamsPerClient)
+	c.MaxConns = cmp.Or(c.MaxConns, connlimit.DefaultMax())
+	c.MaxConnsPerClient = cmp.Or(c.MaxConnsPerClient, DefaultMaxConnsPerClient)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

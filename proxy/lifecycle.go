@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/connlimit"
 	"github.com/beaconplane/beacon/internal/grpcstop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -52,7 +53,8 @@ type servers struct {
 // startServers starts the servers on l; on error, l is closed and
 // nothing runs.
 func (p *Proxy) startServers(ctx context.Context, l net.Listener) (*servers, error) {
-	s := &servers{gs: p.newGRPCServer(), errc: make(chan error, 3), innerDone: make(chan struct{})}
+	l = p.limitConns(l) // limits.go
+	s := &servers{gs: p.newGRPCServer(connlimit.GRPCMarks(l)), errc: make(chan error, 3), innerDone: make(chan struct{})}
 	// The JSON gateway calls the proxy's own gRPC server in memory, so
 	// HTTP clients get the same forwarding, fail-over and readonly rules.
 	s.inner = bufconn.Listen(1 << 20)
@@ -76,10 +78,13 @@ func (p *Proxy) startServers(ctx context.Context, l net.Listener) (*servers, err
 		_ = l.Close()
 		return nil, err
 	}
-	s.hs = &http.Server{Handler: p.httpHandler(gwmux)}
+	// Each gateway request is in flight on its connection while it runs
+	// (limitConns): connlimit.Handler, here and with TLS below.
+	s.hs = &http.Server{Handler: p.httpHandler(gwmux), ConnContext: connlimit.ConnContext}
 	p.limitHTTP(s.hs) // limits.go
 	if p.cfg.ServerTLS == nil {
-		s.split = newSplitListener(l)
+		s.hs.Handler = connlimit.Handler(s.hs.Handler)
+		s.split = newSplitListener(l, p.log)
 		go func() { s.errc <- s.gs.Serve(s.split.grpc) }()
 		go func() { s.errc <- s.hs.Serve(s.split.web) }()
 		go func() { s.errc <- s.split.serve() }()
@@ -91,13 +96,14 @@ func (p *Proxy) startServers(ctx context.Context, l net.Listener) (*servers, err
 	}
 	s.hs.TLSConfig = tlsCfg
 	web := s.hs.Handler
-	s.hs.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// A gRPC call over TLS is a request of the HTTP server's too.
+	s.hs.Handler = connlimit.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
 			s.gs.ServeHTTP(w, r)
 			return
 		}
 		web.ServeHTTP(w, r)
-	})
+	}))
 	go func() { s.errc <- s.hs.ServeTLS(l, "", "") }()
 	return s, nil
 }

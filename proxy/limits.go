@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/connlimit"
 	"github.com/beaconplane/beacon/internal/httpapi"
 	"github.com/beaconplane/beacon/internal/pprofhttp"
 	"google.golang.org/grpc"
@@ -36,6 +37,9 @@ const (
 	// DefaultMaxStreamsPerClient bounds those of one client address
 	// (Config.MaxStreamsPerClient).
 	DefaultMaxStreamsPerClient = 1_000
+	// DefaultMaxConnsPerClient bounds the connections of one client
+	// address (Config.MaxConnsPerClient): an etcd client needs one.
+	DefaultMaxConnsPerClient = 1_000
 	// grpcOverheadBytes is the allowance for gRPC framing, as etcd adds.
 	grpcOverheadBytes = 512 * 1024
 	// httpRequestTimeout bounds reading a gateway request's body and
@@ -303,4 +307,19 @@ func (p *Proxy) limitHTTP(hs *http.Server) {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// limitConns bounds l's client connections (Config.MaxConns, in all, and
+// MaxConnsPerClient, per client address; internal/connlimit). The servers
+// mark what is in flight on a connection — each gRPC call, stream or
+// gateway request — so that a bound reached closes a connection that has
+// carried none (a flood of idle ones) or the one idle longest, never one
+// in use. Unbounded, a local flood of a thousand idle connections took
+// every file descriptor of a proxy run with the common limit of 1,024.
+func (p *Proxy) limitConns(l net.Listener) net.Listener {
+	if p.cfg.MaxConns < 0 {
+		return l
+	}
+	return connlimit.Listener(l, connlimit.Config{Max: p.cfg.MaxConns, PerAddr: p.cfg.MaxConnsPerClient, Marked: true,
+		Log: p.log, What: "proxy"})
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -23,10 +25,12 @@ const sniffTimeout = 10 * time.Second
 type splitListener struct {
 	root      net.Listener
 	grpc, web *chanListener
+	log       *slog.Logger
 	wg        sync.WaitGroup
+	warned    time.Time // when an accept error was last logged (serve's)
 }
 
-func newSplitListener(l net.Listener) *splitListener {
+func newSplitListener(l net.Listener, log *slog.Logger) *splitListener {
 	done := make(chan struct{})
 	var once sync.Once
 	closeAll := func() { once.Do(func() { close(done) }) }
@@ -34,20 +38,60 @@ func newSplitListener(l net.Listener) *splitListener {
 		root: l,
 		grpc: &chanListener{addr: l.Addr(), ch: make(chan net.Conn), done: done, close: closeAll},
 		web:  &chanListener{addr: l.Addr(), ch: make(chan net.Conn), done: done, close: closeAll},
+		log:  log,
 	}
 }
 
-// serve accepts until the root listener is closed.
+// serve accepts until the root listener is closed. An accept that fails
+// for want of resources (file descriptors, kernel memory) or because a
+// client gave up on its connection is tried again after a pause growing
+// from 5 ms to 1 s, as net/http's server does: before, the first such
+// error closed the listener, and the proxy, alive, took no connection
+// again.
 func (s *splitListener) serve() error {
 	defer s.wg.Wait()
+	var pause time.Duration
 	for {
 		c, err := s.root.Accept()
+		if err != nil && retryableAccept(err) {
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			s.warnAccept(err, pause)
+			select {
+			case <-time.After(pause):
+				continue
+			case <-s.grpc.done:
+				err = net.ErrClosed
+			}
+		}
 		if err != nil {
 			s.grpc.close()
 			return err
 		}
+		pause = 0
 		s.wg.Go(func() { s.route(c) })
 	}
+}
+
+// retryableAccept reports whether an accept failed for a passing reason:
+// the process or the system out of file descriptors, the kernel out of
+// memory, a connection reset before it was accepted.
+func retryableAccept(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.ECONNRESET} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// warnAccept logs a failed accept, at most once a minute.
+func (s *splitListener) warnAccept(err error, pause time.Duration) {
+	if time.Since(s.warned) < time.Minute {
+		return
+	}
+	s.warned = time.Now()
+	s.log.Warn("accepting a client connection failed; trying again (out of file descriptors: raise the open-file limit, or lower --max-connections)",
+		"err", err, "pause", pause)
 }
 
 func (s *splitListener) route(c net.Conn) {
@@ -125,3 +169,7 @@ func (c *peekedConn) Read(b []byte) (int, error) {
 	}
 	return c.Conn.Read(b)
 }
+
+// NetConn returns the connection it reads from (connlimit finds its own
+// connection under it).
+func (c *peekedConn) NetConn() net.Conn { return c.Conn }

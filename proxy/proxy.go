@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 )
 
@@ -459,12 +460,13 @@ func (p *Proxy) etcdClient(eps []string) (*clientv3.Client, error) {
 	})
 }
 
-// newGRPCServer returns the client-facing gRPC server.
-func (p *Proxy) newGRPCServer() *grpc.Server {
-	gs := grpc.NewServer(
+// newGRPCServer returns the client-facing gRPC server; marks, if not nil,
+// marks each call in flight on its connection (limitConns).
+func (p *Proxy) newGRPCServer(marks stats.Handler) *grpc.Server {
+	opts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(p.codec),
 		// Reused stream workers keep their grown stacks.
-		grpc.NumStreamWorkers(uint32(4*runtime.GOMAXPROCS(0))),
+		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
 		grpc.UnknownServiceHandler(p.handleUnknown),
 		// Unary methods check in unaryHandler (a MethodHandler of its
 		// own, which interceptors do not wrap).
@@ -481,7 +483,11 @@ func (p *Proxy) newGRPCServer() *grpc.Server {
 		// the proxy needs for its members (limits.go).
 		grpc.ConnectionTimeout(headerTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Hour, Timeout: 20 * time.Second, MaxConnectionIdle: p.idleTimeout}),
-	)
+	}
+	if marks != nil {
+		opts = append(opts, grpc.StatsHandler(marks))
+	}
+	gs := grpc.NewServer(opts...)
 	for _, d := range p.serviceDescs() {
 		switch d.ServiceName {
 		case "etcdserverpb.Lease":

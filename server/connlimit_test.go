@@ -107,12 +107,6 @@ func serverClosed(t *testing.T, c net.Conn, what string) {
 	}
 }
 
-func TestDefaultMaxConns(t *testing.T) {
-	if n := defaultMaxConns(); n < 256 {
-		t.Errorf("defaultMaxConns() = %d, want at least 256", n)
-	}
-}
-
 // TestHTTPConnectionsPerClient: one client address holds at most
 // MaxConnsPerClient connections. A new one from it takes a silent one's
 // place; with every one of them holding a request in flight, one past the

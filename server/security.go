@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/connlimit"
 	"github.com/beaconplane/beacon/internal/tlsfiles"
 	"github.com/beaconplane/beacon/server/registryapi"
 )
@@ -134,7 +135,7 @@ func (s Security) withDefaults() Security {
 	s.MaxAuthClients = cmp.Or(s.MaxAuthClients, DefaultMaxAuthClients)
 	s.MaxBodyBytes = cmp.Or(s.MaxBodyBytes, DefaultMaxBodyBytes)
 	s.RequestTimeout = cmp.Or(s.RequestTimeout, DefaultRequestTimeout)
-	s.MaxConns = cmp.Or(s.MaxConns, defaultMaxConns())
+	s.MaxConns = cmp.Or(s.MaxConns, connlimit.DefaultMax())
 	s.MaxConnsPerClient = cmp.Or(s.MaxConnsPerClient, DefaultMaxConnsPerClient)
 	s.IdleTimeout = cmp.Or(s.IdleTimeout, DefaultIdleTimeout)
 	return s

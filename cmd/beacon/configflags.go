@@ -89,6 +89,8 @@ var configFlags = map[string]string{
 	"proxy.Config.CacheMaxBytes":           "--cache-max-bytes",
 	"proxy.Config.MaxStreams":              "--max-streams",
 	"proxy.Config.MaxStreamsPerClient":     "--max-streams-per-client",
+	"proxy.Config.MaxConns":                "--max-connections",
+	"proxy.Config.MaxConnsPerClient":       "--max-connections-per-client",
 	"proxy.Config.MaxWatchers":             "--max-watchers",
 	"proxy.Config.MaxWatchersPerStream":    "--max-watchers-per-stream",
 	"proxy.Config.MaxWatchWaitingBytes":    "--max-watch-waiting-bytes",

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -126,5 +128,48 @@ func TestProxyCommandAnswersWhileFindingTheCluster(t *testing.T) {
 	}
 	if n := strings.Count(stderr, `level=WARN msg="cluster not reachable yet`); n != 1 {
 		t.Fatalf("%d WARN lines for the retries of 4 s, want 1:\n%s", n, stderr)
+	}
+}
+
+// TestProxyOutOfFileDescriptorsRecovers: a proxy that runs out of file
+// descriptors (a flood of connections with its connection bound off, the
+// open-file limit low) logs why it cannot accept, and serves again once
+// the flood ends. Before, the first failed accept closed its listener for
+// good while the process lived on, silent.
+func TestProxyOutOfFileDescriptorsRecovers(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	addr := strings.TrimPrefix(freeURL(t), "http://")
+	cmd := beaconCmd(t, t.TempDir(), nil, "proxy", "--endpoints", strings.TrimPrefix(srv.Endpoint(), "http://"), "--listen-addr", addr,
+		"--max-connections", "-1", "--log-level", "warn")
+	prlimit, err := exec.LookPath("prlimit") // util-linux, on every Debian
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Args = append([]string{prlimit, "--nofile=128:128", "--", cmd.Path}, cmd.Args[1:]...)
+	cmd.Path = prlimit
+	b := runChild(t, cmd)
+	b.waitLine(t, "serving on "+addr, 30*time.Second)
+
+	var flood []net.Conn
+	for range 400 {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			break // the accept queue is full
+		}
+		flood = append(flood, c)
+	}
+	waitStderr(t, b, "accepting a client connection failed; trying again", 30*time.Second)
+	for _, c := range flood {
+		_ = c.Close()
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, "after-the-flood", "v"); err != nil {
+		t.Fatalf("a put once the flood ended: %v\nstderr:\n%s", err, b.errOut())
 	}
 }

@@ -36,13 +36,13 @@ package connlimit
 import (
 	"container/list"
 	"context"
-	"crypto/tls"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -61,6 +61,18 @@ type Config struct {
 	// discards. What names the listener in it (e.g. "HTTP").
 	Log  *slog.Logger
 	What string
+}
+
+// DefaultMax is a bound on a listener's connections that leaves the
+// process the file descriptors it needs for everything else: a quarter of
+// its open-file limit (Go raises the soft limit to the hard one at
+// start), at least 256.
+func DefaultMax() int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {
+		return 1024
+	}
+	return int(max(256, min(rl.Cur/4, 1<<20)))
 }
 
 // Listener returns ln bounded as opts say.
@@ -495,13 +507,14 @@ func (b *bodyUntilEnd) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// ours finds the listener's conn under v (a TLS connection wraps it).
+// ours finds the listener's conn under v (a TLS connection wraps it, as
+// does any connection with a NetConn method).
 func ours(v any) *conn {
 	for range 4 {
 		switch c := v.(type) {
 		case *conn:
 			return c
-		case *tls.Conn:
+		case interface{ NetConn() net.Conn }:
 			v = c.NetConn()
 		default:
 			return nil

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -502,5 +503,18 @@ func TestClientThatStopsReadingMakesRoom(t *testing.T) {
 		case <-deadline:
 			t.Fatalf("a newcomer beside two clients that stopped reading was still refused after %v: %v", testDeadline, err)
 		}
+	}
+}
+
+// TestDefaultMax leaves most file descriptors to the rest of the process,
+// and is never below 256.
+func TestDefaultMax(t *testing.T) {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	n := DefaultMax()
+	if n < 256 || (rl.Cur >= 1024 && uint64(n) > rl.Cur/4) {
+		t.Errorf("DefaultMax() = %d with an open-file limit of %d; want a quarter of it, at least 256", n, rl.Cur)
 	}
 }
