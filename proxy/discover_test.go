@@ -7,8 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,7 +15,6 @@ import (
 
 	"github.com/beaconplane/beacon/bootstrap"
 	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
-	"github.com/beaconplane/beacon/internal/testkit/testpeer"
 	"github.com/miekg/dns"
 )
 
@@ -101,8 +98,7 @@ func TestDiscoveryV3Token(t *testing.T) {
 // discovery registry).
 func TestDiscoveryV2URL(t *testing.T) {
 	t.Parallel()
-	bin := testpeer.Binary(t, "apt-get install -y etcd-server", "/usr/bin/etcd", "etcd")
-	base := startEtcdV2(t, bin)
+	base := etcdtest.StartDebianEtcd(t, "--enable-v2=true")
 	c := etcdtest.StartCluster(t, 3)
 	tok := "6fa3e2c1b0d94e8f9a7b5c4d3e2f1a0b"
 	reg := base + "/v2/keys/_etcd/registry/" + tok
@@ -121,52 +117,6 @@ func TestDiscoveryV2URL(t *testing.T) {
 	if err := q.Serve(ctxT(t), l); !errors.Is(err, ErrSizeNotFound) {
 		t.Fatalf("unknown v2 token: %v, want ErrSizeNotFound", err)
 	}
-}
-
-// startEtcdV2 runs Debian's etcd 3.4 with the v2 API on loopback.
-func startEtcdV2(t *testing.T, bin string) string {
-	t.Helper()
-	cport, _ := etcdtest.FreePort()
-	pport, _ := etcdtest.FreePort()
-	curl := "http://127.0.0.1:" + strconv.Itoa(cport)
-	purl := "http://127.0.0.1:" + strconv.Itoa(pport)
-	dir := t.TempDir()
-	cmd := testpeer.Command(bin, "--name", "v2", "--data-dir", filepath.Join(dir, "data"), "--enable-v2=true",
-		"--listen-client-urls", curl, "--advertise-client-urls", curl,
-		"--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
-		"--initial-cluster", "v2="+purl, "--log-level", "error")
-	logf, err := os.Create(filepath.Join(dir, "etcd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		_ = logf.Close()
-	})
-	hc := httpClient(t)
-	eventually(t, "etcd v2 API up", func() bool {
-		select {
-		case err := <-exited:
-			exited <- err
-			b, _ := os.ReadFile(logf.Name())
-			t.Fatalf("etcd 3.4 exited: %v\n%s", err, b)
-		default:
-		}
-		resp, err := hc.Get(curl + "/v2/keys/")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	return curl
 }
 
 func v2put(t *testing.T, u, value string) {

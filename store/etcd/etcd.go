@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/minver"
 	"github.com/beaconplane/beacon/store"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -46,7 +47,16 @@ var (
 	_ store.Compactor   = (*Store)(nil)
 	_ store.Transactor  = (*Store)(nil)
 	_ store.LocalReader = (*Store)(nil)
+	_ store.Failover    = (*Store)(nil)
 )
+
+// MinServerVersion is the oldest etcd the store works with: Beacon asks
+// etcd whether authentication is on (AuthStatus, which came with 3.5), and
+// is tested against 3.5 and later only.
+const MinServerVersion = "3.5.0"
+
+// ErrServerTooOld reports a cluster older than MinServerVersion (Open).
+var ErrServerTooOld = errors.New("etcd: server too old")
 
 // reconnectBackoff replaces gRPC's default reconnect backoff (1 s growing
 // to 120 s), so that a client finds a cluster that comes back within a
@@ -115,6 +125,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		// read only some keys, which is fine.
 		_ = cli.Close()
 		return nil, fail(err)
+	}
+	if err := checkVersion(dctx, cli); err != nil {
+		_ = cli.Close()
+		return nil, err
 	}
 	s := newStore(cli, true, r)
 	s.direct = newDirectKV(cli, ccfg)
@@ -198,6 +212,26 @@ func newStore(cli *clientv3.Client, owned bool, r resolved) *Store {
 		s.wd.run(s.requestTimeout, s.closeCtx.Done())
 	}()
 	return s
+}
+
+// checkVersion refuses a cluster older than MinServerVersion, as the
+// first member that answers its status reports it: fronting etcd 3.4, beacon
+// serve said it was ready and answered every registry request 503
+// (AuthStatus unimplemented). A member that does not answer, or does not
+// let this user read its status, leaves the question to the next.
+func checkVersion(ctx context.Context, cli *clientv3.Client) error {
+	for _, ep := range cli.Endpoints() {
+		st, err := cli.Status(ctx, ep)
+		if err != nil {
+			continue
+		}
+		if !minver.AtLeast(st.Version, MinServerVersion) {
+			return fmt.Errorf("%w: the member at %s runs etcd %s; Beacon needs etcd %s or later (it asks etcd whether authentication is on, which etcd 3.4 cannot answer): upgrade the cluster",
+				ErrServerTooOld, ep, st.Version, MinServerVersion)
+		}
+		return nil
+	}
+	return nil
 }
 
 // Excluded returns the endpoints the store leaves out now because their

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/testkit/etcdtest"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -320,5 +321,24 @@ func TestProbedWithOneEndpoint(t *testing.T) {
 	}
 	if fo.ExcludedChanged() != nil || len(s.Excluded()) != 0 {
 		t.Fatalf("a one-endpoint store leaves out %v", s.Excluded())
+	}
+}
+
+// TestOpenRefusesEtcdTooOld: Open refuses Debian's etcd 3.4 with
+// ErrServerTooOld, naming the version and what to do. Before, beacon
+// serve fronting it said it was ready, then answered every registry
+// request 503 (AuthStatus is unimplemented before 3.5).
+func TestOpenRefusesEtcdTooOld(t *testing.T) {
+	t.Parallel()
+	ep := etcdtest.StartDebianEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := etcd.Open(ctx, etcd.Config{Endpoints: []string{ep}})
+	if err == nil {
+		_ = s.Close()
+		t.Fatal("Open of etcd 3.4 succeeded")
+	}
+	if !errors.Is(err, etcd.ErrServerTooOld) || !strings.Contains(err.Error(), "etcd 3.4.") || !strings.Contains(err.Error(), "upgrade") {
+		t.Fatalf("Open of etcd 3.4: %v; want ErrServerTooOld naming the version and what to do", err)
 	}
 }

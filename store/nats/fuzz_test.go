@@ -8,35 +8,6 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-func TestVersionAtLeast(t *testing.T) {
-	for _, c := range []struct {
-		v, min string
-		want   bool
-	}{
-		{"2.12.0", "2.12.0", true},
-		{"2.15.2", "2.12.0", true},
-		{"2.11.9", "2.12.0", false},
-		{"2.9.10", "2.12.0", false},
-		{"3.0.0-beta.1", "2.12.0", true},
-		{"", "2.12.0", false},
-	} {
-		if got := versionAtLeast(c.v, c.min); got != c.want {
-			t.Errorf("versionAtLeast(%q, %q) = %v", c.v, c.min, got)
-		}
-	}
-}
-
-func FuzzVersionAtLeast(f *testing.F) {
-	for _, v := range []string{"2.12.0", "2.9.10", "3.0.0-rc1", "x.y", "2..1", ""} {
-		f.Add(v)
-	}
-	f.Fuzz(func(t *testing.T, v string) {
-		if versionAtLeast(v, MinServerVersion) && !versionAtLeast(v, "0.0.0") {
-			t.Fatalf("%q is at least %s but not 0.0.0", v, MinServerVersion)
-		}
-	})
-}
-
 func FuzzConfigValidate(f *testing.F) {
 	f.Add("nats://127.0.0.1:4222", "beacon", 1, 64)
 	f.Add("tls://a:1,nats://b:2", "b_1-x", 3, 8)

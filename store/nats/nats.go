@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/beaconplane/beacon/internal/minver"
 	"github.com/beaconplane/beacon/internal/wait"
 	"github.com/beaconplane/beacon/store"
 	"github.com/beaconplane/beacon/store/internal/mvcc"
@@ -174,7 +175,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 }
 
 func (s *Store) setup(ctx context.Context) error {
-	if v := s.nc.ConnectedServerVersion(); !versionAtLeast(v, MinServerVersion) {
+	if v := s.nc.ConnectedServerVersion(); !minver.AtLeast(v, MinServerVersion) {
 		return fmt.Errorf("%w: nats-server %s lacks per-message TTLs (2.11) and atomic batch publish (2.12), which Beacon's leases need; upgrade the server to %s or later",
 			ErrServerTooOld, v, MinServerVersion)
 	}
@@ -356,20 +357,6 @@ func (s *Store) checkBucket(c jetstream.StreamConfig) error {
 		return bad("mirrors and sourced buckets are not supported")
 	}
 	return nil
-}
-
-// versionAtLeast compares dotted versions ("2.12.1" >= "2.12.0").
-func versionAtLeast(v, min string) bool {
-	parse := func(s string) [3]int {
-		var out [3]int
-		s, _, _ = strings.Cut(s, "-")
-		for i, p := range strings.SplitN(s, ".", 3) {
-			out[i], _ = strconv.Atoi(p)
-		}
-		return out
-	}
-	a, b := parse(v), parse(min)
-	return slices.Compare(a[:], b[:]) >= 0
 }
 
 // unavailable wraps a failure to reach the server (including no answer
