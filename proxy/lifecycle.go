@@ -84,7 +84,7 @@ func (p *Proxy) startServers(ctx context.Context, l net.Listener) (*servers, err
 	p.limitHTTP(s.hs) // limits.go
 	if p.cfg.ServerTLS == nil {
 		s.hs.Handler = connlimit.Handler(s.hs.Handler)
-		s.split = newSplitListener(l, p.log)
+		s.split = newSplitListener(l, p.log, p.cfg.setting("proxy.Config.MaxConns"))
 		go func() { s.errc <- s.gs.Serve(s.split.grpc) }()
 		go func() { s.errc <- s.hs.Serve(s.split.web) }()
 		go func() { s.errc <- s.split.serve() }()

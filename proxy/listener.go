@@ -26,19 +26,21 @@ type splitListener struct {
 	root      net.Listener
 	grpc, web *chanListener
 	log       *slog.Logger
+	maxConns  string // names Config.MaxConns in the log (SettingName)
 	wg        sync.WaitGroup
 	warned    time.Time // when an accept error was last logged (serve's)
 }
 
-func newSplitListener(l net.Listener, log *slog.Logger) *splitListener {
+func newSplitListener(l net.Listener, log *slog.Logger, maxConns string) *splitListener {
 	done := make(chan struct{})
 	var once sync.Once
 	closeAll := func() { once.Do(func() { close(done) }) }
 	return &splitListener{
-		root: l,
-		grpc: &chanListener{addr: l.Addr(), ch: make(chan net.Conn), done: done, close: closeAll},
-		web:  &chanListener{addr: l.Addr(), ch: make(chan net.Conn), done: done, close: closeAll},
-		log:  log,
+		root:     l,
+		grpc:     &chanListener{addr: l.Addr(), ch: make(chan net.Conn), done: done, close: closeAll},
+		web:      &chanListener{addr: l.Addr(), ch: make(chan net.Conn), done: done, close: closeAll},
+		log:      log,
+		maxConns: maxConns,
 	}
 }
 
@@ -90,8 +92,8 @@ func (s *splitListener) warnAccept(err error, pause time.Duration) {
 		return
 	}
 	s.warned = time.Now()
-	s.log.Warn("accepting a client connection failed; trying again (out of file descriptors: raise the open-file limit, or lower --max-connections)",
-		"err", err, "pause", pause)
+	s.log.Warn("accepting a client connection failed; trying again (out of file descriptors: raise the open-file limit, or lower the connection bound)",
+		"err", err, "pause", pause, "bound", s.maxConns)
 }
 
 func (s *splitListener) route(c net.Conn) {
