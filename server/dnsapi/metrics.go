@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		updates: f.Counter("beacon_dns_zone_updates_total",
 			"Views of the registry swapped in (one per watch batch applied)."),
 		dropped: f.Counter("beacon_dns_dropped_total",
-			"Packets dropped without an answer: too malformed to answer, or DNS responses (never answered, to avoid loops)."),
+			"Packets dropped without an answer: shorter than a DNS header, or DNS responses (never answered, to avoid loops). Malformed queries with a header are answered FORMERR and counted in beacon_dns_queries_total."),
 	}
 	m.cells = make([][]atomic.Pointer[prometheus.Counter], len(countedTypes)+1)
 	for i := range m.cells {

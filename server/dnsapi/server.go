@@ -256,8 +256,20 @@ func (s *Server) accept(h dns.Header) dns.MsgAcceptAction {
 	return a
 }
 
-// invalid counts packets too short or broken to answer.
-func (s *Server) invalid([]byte, error) { s.m.dropped.Inc() }
+// invalid counts the packets miekg/dns cannot unpack. One shorter than a
+// DNS header is dropped without an answer; one with a header (a
+// compression loop, a name over 255 bytes) is answered FORMERR by
+// miekg/dns after this call, and counted so.
+func (s *Server) invalid(m []byte, _ error) {
+	if len(m) < headerSize {
+		s.m.dropped.Inc()
+		return
+	}
+	s.m.count(0, dns.RcodeFormatError, false)
+}
+
+// headerSize is the size of a DNS message header (RFC 1035 4.1.1).
+const headerSize = 12
 
 // Listen opens UDP and TCP listeners on the same address (a port of 0
 // picks one free for both). A port in use gives an error matching
