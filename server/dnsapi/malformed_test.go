@@ -104,7 +104,12 @@ func TestMalformedAnsweredFormerrAndCounted(t *testing.T) {
 	}{
 		{"name pointing at itself", cat(header(1, 0, 0, 0), []byte{0xc0, 12, 0, 1, 0, 1})},
 		{"name over 255 bytes", cat(header(1, 0, 0, 0), long)},
+		{"question without class", cat(header(1, 0, 0, 0), question[:len(question)-2])},
+		{"question without type and class", cat(header(1, 0, 0, 0), question[:len(question)-4])},
+		{"question counted, absent", header(1, 0, 0, 0)},
+		{"additional record counted, absent", cat(header(1, 0, 0, 1), question)},
 		{"OPT record cut short", cat(header(1, 0, 0, 1), question, []byte{0, 0, 41, 0x04, 0xd0, 0, 0, 0, 0, 0, 4, 0})},
+		{"answer record counted, absent", cat(header(1, 1, 0, 0), question)},
 	} {
 		for _, network := range []string{"udp", "tcp"} {
 			dropped := metricValue(t, metrics, "beacon_dns_dropped_total")
