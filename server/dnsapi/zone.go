@@ -257,6 +257,14 @@ func buildInstance(in beacon.Instance, compName, domain string, ttl uint32) *ins
 		r.why = "its address has no IP address or host name DNS can carry"
 		return r
 	}
+	if t.host != "" && dns.IsSubDomain(domain, t.host) {
+		// Its <id> name would be a CNAME to a name of this zone (itself,
+		// or another alias: a loop), and its SRV records would point at
+		// a name Beacon holds no address for, or at an alias (RFC 2782
+		// forbids it).
+		r.why = fmt.Sprintf("its address is a host name inside the zone %s, which Beacon answers from registrations alone: register the instance's IP address or a host name outside the zone", domain)
+		return r
+	}
 	epName := in.Endpoint + "." + compName
 	idName := in.ID + "." + epName
 	// The <id> name is the longest the instance has (longer than the
