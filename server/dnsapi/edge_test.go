@@ -211,3 +211,33 @@ func TestHostNameInsideZoneLeftOut(t *testing.T) {
 		t.Errorf("a host name outside the zone: %v, want its CNAME", m.Answer)
 	}
 }
+
+// A link-local address with a zone (fe80::1%eth0) reaches the instance
+// only through that interface of its own host, and AAAA cannot carry the
+// zone: it is left out (counted, logged), not served as a bare fe80::1.
+func TestZonedAddressLeftOut(t *testing.T) {
+	t.Parallel()
+	r := memRegistry(t)
+	metrics := prometheus.NewRegistry()
+	s, addr := startDNS(t, r, Config{Metrics: metrics})
+	register(t, r, testInstance("web", "[fe80::1%eth0]:80"))
+	register(t, r, testInstance("web", "http://[fe80::2%25eth0]:81/"))
+	register(t, r, testInstance("web", "[2001:db8::1]:80"))
+	waitView(t, s, "3 instances applied", func() bool {
+		v := s.view.Load()
+		return v != nil && v.zone.instances+v.zone.unanswerable == 3
+	})
+	if got := metricValue(t, metrics, "beacon_dns_unanswerable_instances"); got != 2 {
+		t.Errorf("beacon_dns_unanswerable_instances = %v, want 2", got)
+	}
+	var got []string
+	for _, rr := range query(t, addr, "udp", "web.api.prod.beacon.", dns.TypeAAAA, 0).Answer {
+		got = append(got, rr.(*dns.AAAA).AAAA.String())
+	}
+	if !slices.Equal(got, []string{"2001:db8::1"}) {
+		t.Errorf("AAAA web.api.prod.beacon. = %v, want 2001:db8::1 only", got)
+	}
+	if srv := query(t, addr, "udp", "web.api.prod.beacon.", dns.TypeSRV, 0).Answer; len(srv) != 1 {
+		t.Errorf("SRV web.api.prod.beacon. = %v, want the one instance without a zone", srv)
+	}
+}

@@ -55,7 +55,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	cs := []prometheus.Collector{
 		m.queries, m.truncated, m.updates, m.dropped,
 		gauge("beacon_dns_instances", "Serving instances in the DNS view.", func(v *view) float64 { return float64(v.zone.instances) }),
-		gauge("beacon_dns_unanswerable_instances", "Serving instances left out of the DNS view: their address has no IP address or host name DNS can carry, or is a host name inside the zone, or their name would be longer than 255 bytes (the log says which).",
+		gauge("beacon_dns_unanswerable_instances", "Serving instances left out of the DNS view: their address has no IP address or host name DNS can carry, or is an IPv6 address with a zone, or a host name inside the zone, or their name would be longer than 255 bytes (the log says which).",
 			func(v *view) float64 { return float64(v.zone.unanswerable) }),
 		gauge("beacon_dns_names", "Names in the DNS view (the size of the answer cache).", func(v *view) float64 { return float64(v.zone.names) }),
 		gauge("beacon_dns_stale_seconds", "Seconds since the registry watch behind DNS lost its store (0 while it is live); past the server's maximum staleness (MaxStale) names answer SERVFAIL.",

@@ -81,10 +81,11 @@ func TestAddressTargetLeavesOutNoHost(t *testing.T) {
 	for addr, want := range map[string]bool{
 		"0.0.0.0:80": false, "[::]:80": false, "255.255.255.255:80": false, "224.0.0.1:80": false,
 		"[::ffff:0.0.0.0]:80": false, "http://0.0.0.0:80/": false,
+		"[fe80::1%eth0]:80": false, "http://[fe80::1%25eth0]:80/": false,
 		"127.0.0.1:80": true, "10.0.0.1:80": true, "[2001:db8::1]:80": true, "web.example:80": true,
 	} {
-		if _, ok := addressTarget(addr); ok != want {
-			t.Errorf("addressTarget(%q) ok = %v, want %v", addr, ok, want)
+		if _, why := addressTarget(addr); (why == "") != want {
+			t.Errorf("addressTarget(%q) = %q, want it served: %v", addr, why, want)
 		}
 	}
 }
