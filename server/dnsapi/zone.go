@@ -79,7 +79,9 @@ func newZone(domain string, ttl uint32) *zone {
 }
 
 // setSerial sets the SOA, whose serial follows the store revision so that
-// secondary tooling sees the zone change.
+// secondary tooling sees the zone change: its low 32 bits (the memory
+// backend's revisions start above 2^32), which increase in RFC 1982 serial
+// arithmetic while fewer than 2^31 revisions pass between two views.
 func (z *zone) setSerial(rev int64) {
 	z.soa = &dns.SOA{
 		Hdr:     dns.RR_Header{Name: z.domain, Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: z.ttl},

@@ -89,3 +89,17 @@ func TestAddressTargetLeavesOutNoHost(t *testing.T) {
 		}
 	}
 }
+
+// The SOA serial is the revision's low 32 bits (docs/dns.md): a memory
+// store's revisions start at the wall-clock time in microseconds.
+func TestSOASerialIsRevisionModulo32Bits(t *testing.T) {
+	const rev = int64(1_764_000_000_000_000) // 2025-11-24 in microseconds
+	z, _ := newZone(DefaultDomain, 5).with(rev, nil)
+	if z.soa.Serial != uint32(rev%(1<<32)) {
+		t.Errorf("serial %d for revision %d, want %d", z.soa.Serial, rev, rev%(1<<32))
+	}
+	next, _ := z.with(rev+1, nil)
+	if next.soa.Serial-z.soa.Serial != 1 {
+		t.Errorf("serial %d after %d: the next revision does not increase it by one", next.soa.Serial, z.soa.Serial)
+	}
+}
