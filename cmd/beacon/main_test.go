@@ -386,6 +386,8 @@ func TestServeBadInputFailsWithOneLine(t *testing.T) {
 		{args: []string{"serve", "--auto-compaction-retention", "weekly"}, want: `--auto-compaction-retention "weekly": want a duration such as 5m or 1h, a number of hours, or 0 to keep every revision`},
 		{args: []string{"serve", "--auto-compaction-retention", "-1h"}, want: `--auto-compaction-retention "-1h": must not be negative`},
 		{args: []string{"serve", "--auto-compaction-retention", "10ms"}, want: "--auto-compaction-retention 10ms: keep at least 1s of history"},
+		// -1s was accepted and meant SERVFAIL at once, which 0s says.
+		{args: []string{"serve", "--dns-max-stale", "-1s"}, want: "--dns-max-stale -1s: must not be negative (0s: SERVFAIL at once)"},
 		{args: []string{"serve", "--etcd-endpoints", "http://127.0.0.1:1", "--auto-compaction-retention", "1h"}, want: "--auto-compaction-retention applies to the embedded etcd only"},
 	})
 }

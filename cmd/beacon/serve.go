@@ -130,7 +130,9 @@ func runServe(cmd *cobra.Command, cfg server.Config, etcdLogLevel string, etcdAu
 	cfg.Backend = etcdAuth.config()
 	cfg.Backend.Name = be.val
 	healthFlags(cmd, &cfg, be.val, os.Getenv, logger) // serve_health.go
-	dnsFlags(&cfg.DNS)
+	if err := dnsFlags(&cfg.DNS); err != nil {
+		return err
+	}
 	if err := xdsFlags(cmd, &cfg.XDS); err != nil {
 		return err
 	}

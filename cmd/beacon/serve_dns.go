@@ -21,9 +21,14 @@ func addDNSFlags(cmd *cobra.Command, d *server.DNSConfig) {
 // dnsFlags turns the DNS flags into the server's configuration, whose zero
 // values mean "the default" (an empty zone and a zero TTL are refused with
 // every empty or zero flag, checkEmptyFlags and checkZeroFlags): a zero
-// --dns-max-stale means no stale answers at all.
-func dnsFlags(d *server.DNSConfig) {
+// --dns-max-stale means no stale answers at all, and a negative one is
+// refused (the library reads it as 0s does here, which -1s does not say).
+func dnsFlags(d *server.DNSConfig) error {
+	if d.MaxStale < 0 {
+		return usagef("--dns-max-stale %v: must not be negative (0s: SERVFAIL at once)", d.MaxStale)
+	}
 	if d.Addr != "" && d.MaxStale == 0 {
 		d.MaxStale = -1 // SERVFAIL as soon as the watch is stale
 	}
+	return nil
 }

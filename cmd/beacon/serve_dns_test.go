@@ -13,7 +13,8 @@ import (
 // and a zero TTL are errors (checkEmptyFlags, checkZeroFlags: as every
 // empty or zero flag, also with DNS disabled), and --dns-max-stale 0s means SERVFAIL as soon
 // as the registry's watch is stale (server.DNSConfig's zero value would
-// mean 30 s).
+// mean 30 s); a negative --dns-max-stale is refused, as other durations'
+// negatives are.
 func TestDNSFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args     []string
@@ -22,7 +23,8 @@ func TestDNSFlags(t *testing.T) {
 	}{
 		{args: nil, maxStale: 30 * time.Second},
 		{args: []string{"--dns-max-stale", "0s"}, maxStale: -1},
-		{args: []string{"--dns-max-stale", "-5s"}, maxStale: -5 * time.Second},
+		{args: []string{"--dns-max-stale", "-5s"}, err: "--dns-max-stale -5s: must not be negative"},
+		{args: []string{"--dns-max-stale", "-1s", "--dns-addr="}, err: "--dns-max-stale -1s: must not be negative"},
 		{args: []string{"--dns-max-stale", "1m"}, maxStale: time.Minute},
 		{args: []string{"--dns-ttl", "0s"}, err: "--dns-ttl 0s"},
 		{args: []string{"--dns-domain="}, err: `--dns-domain "": empty`},
@@ -40,7 +42,7 @@ func TestDNSFlags(t *testing.T) {
 			err = checkZeroFlags(cmd)
 		}
 		if err == nil {
-			dnsFlags(&d)
+			err = dnsFlags(&d)
 		}
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {

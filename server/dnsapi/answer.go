@@ -64,6 +64,10 @@ func (a *answerer) answer(z *zone, req *dns.Msg, udp bool) *dns.Msg {
 		m.Rcode = dns.RcodeNotImplemented
 		return m
 	}
+	// QCLASS ANY (255, RFC 1035 3.2.5) asks for the records of every
+	// class; Beacon's are all IN, so it is answered as IN. BIND does the
+	// same: its view selection (client.c) lets a query of class ANY
+	// match a view of class IN.
 	if q.Qclass != dns.ClassINET && q.Qclass != dns.ClassANY {
 		m.Rcode = dns.RcodeRefused
 		return m

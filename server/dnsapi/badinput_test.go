@@ -109,6 +109,11 @@ func TestBadInput(t *testing.T) {
 		{"no question", func() *dns.Msg { m := q("x.", dns.TypeA); m.Question = nil; return m }(), dns.RcodeFormatError},
 		{"NOTIFY", func() *dns.Msg { m := q("beacon.", dns.TypeSOA); m.Opcode = dns.OpcodeNotify; return m }(), dns.RcodeNotImplemented},
 		{"UPDATE", func() *dns.Msg { m := q("beacon.", dns.TypeSOA); m.Opcode = dns.OpcodeUpdate; return m }(), dns.RcodeNotImplemented},
+		{"ANY class: answered as IN", func() *dns.Msg {
+			m := q("web.api.prod.beacon.", dns.TypeA)
+			m.Question[0].Qclass = dns.ClassANY
+			return m
+		}(), dns.RcodeSuccess},
 		{"CHAOS class", func() *dns.Msg { m := q("version.bind.", dns.TypeTXT); m.Question[0].Qclass = dns.ClassCHAOS; return m }(), dns.RcodeRefused},
 		{"EDNS version 1", func() *dns.Msg {
 			m := q("web.api.prod.beacon.", dns.TypeA)

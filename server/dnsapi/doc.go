@@ -32,8 +32,11 @@
 // metadata keys "priority" and "weight" (0-65535), 10 otherwise. TXT holds
 // one record per metadata key, "key=value" (RFC 1464, with '=' and '`' in
 // keys quoted by '`'), continued in further strings of the record past 255
-// bytes. Instances whose address has no host DNS can carry, or whose <id>
-// name would be longer than 255 bytes, are left out (logged, and counted in
+// bytes. Instances whose address has no host DNS can carry, or is an IPv6
+// address with a zone (fe80::1%eth0: no AAAA record carries the zone), or
+// is a host name inside the zone (a CNAME back into the zone could loop,
+// and an SRV target must not be an alias), or whose <id> name would be
+// longer than 255 bytes, are left out (logged, and counted in
 // beacon_dns_unanswerable_instances); so are, of the NVIDIA Dynamo
 // runtime's names that Beacon serves read-only, a namespace nested with
 // dots (DNS would read it as several names) and an endpoint starting with

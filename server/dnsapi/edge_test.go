@@ -164,3 +164,80 @@ func TestEscapedDotUnderTheZone(t *testing.T) {
 		}
 	}
 }
+
+// An instance whose address is a host name inside the zone is left out
+// (counted, logged): its <id> name would be a CNAME to itself, or to
+// another such instance pointing back (a loop), and SRV targets would be
+// names that are themselves aliases, which RFC 2782 forbids.
+func TestHostNameInsideZoneLeftOut(t *testing.T) {
+	t.Parallel()
+	r := memRegistry(t)
+	metrics := prometheus.NewRegistry()
+	s, addr := startDNS(t, r, Config{Metrics: metrics})
+	const comp = "web.loop.prod.beacon."
+	in := func(id, address string) beacon.Instance {
+		return beacon.Instance{Namespace: "prod", Component: "loop", Endpoint: "web", ID: id, Address: address}
+	}
+	for _, i := range []beacon.Instance{
+		in("1111111111111111", "1111111111111111."+comp+":80"), // itself
+		in("2222222222222222", "3333333333333333."+comp+":80"), // each other
+		in("3333333333333333", "2222222222222222."+comp+":80"),
+		in("4444444444444444", "WEB.Loop.prod.BEACON:80"), // the endpoint's own name, any case
+		in("5555555555555555", "10.0.0.5:80"),
+		in("6666666666666666", "web-6.example.com:80"), // outside the zone: a CNAME, as before
+	} {
+		register(t, r, i)
+	}
+	waitView(t, s, "6 instances applied", func() bool {
+		v := s.view.Load()
+		return v != nil && v.zone.instances+v.zone.unanswerable == 6
+	})
+	if got := metricValue(t, metrics, "beacon_dns_unanswerable_instances"); got != 4 {
+		t.Errorf("beacon_dns_unanswerable_instances = %v, want 4", got)
+	}
+	for _, id := range []string{"1111111111111111", "2222222222222222", "3333333333333333", "4444444444444444"} {
+		if m := query(t, addr, "udp", id+"."+comp, dns.TypeA, 0); m.Rcode != dns.RcodeNameError || len(m.Answer) != 0 {
+			t.Errorf("%s.%s A: %s %v, want NXDOMAIN", id, comp, dns.RcodeToString[m.Rcode], m.Answer)
+		}
+	}
+	var targets []string
+	for _, rr := range query(t, addr, "tcp", comp, dns.TypeSRV, 0).Answer {
+		targets = append(targets, rr.(*dns.SRV).Target)
+	}
+	if want := []string{"5555555555555555." + comp, "web-6.example.com."}; !slices.Equal(sorted(targets), want) {
+		t.Errorf("SRV %s targets = %v, want %v", comp, sorted(targets), want)
+	}
+	if m := query(t, addr, "udp", "6666666666666666."+comp, dns.TypeA, 0); len(m.Answer) != 1 || m.Answer[0].Header().Rrtype != dns.TypeCNAME {
+		t.Errorf("a host name outside the zone: %v, want its CNAME", m.Answer)
+	}
+}
+
+// A link-local address with a zone (fe80::1%eth0) reaches the instance
+// only through that interface of its own host, and AAAA cannot carry the
+// zone: it is left out (counted, logged), not served as a bare fe80::1.
+func TestZonedAddressLeftOut(t *testing.T) {
+	t.Parallel()
+	r := memRegistry(t)
+	metrics := prometheus.NewRegistry()
+	s, addr := startDNS(t, r, Config{Metrics: metrics})
+	register(t, r, testInstance("web", "[fe80::1%eth0]:80"))
+	register(t, r, testInstance("web", "http://[fe80::2%25eth0]:81/"))
+	register(t, r, testInstance("web", "[2001:db8::1]:80"))
+	waitView(t, s, "3 instances applied", func() bool {
+		v := s.view.Load()
+		return v != nil && v.zone.instances+v.zone.unanswerable == 3
+	})
+	if got := metricValue(t, metrics, "beacon_dns_unanswerable_instances"); got != 2 {
+		t.Errorf("beacon_dns_unanswerable_instances = %v, want 2", got)
+	}
+	var got []string
+	for _, rr := range query(t, addr, "udp", "web.api.prod.beacon.", dns.TypeAAAA, 0).Answer {
+		got = append(got, rr.(*dns.AAAA).AAAA.String())
+	}
+	if !slices.Equal(got, []string{"2001:db8::1"}) {
+		t.Errorf("AAAA web.api.prod.beacon. = %v, want 2001:db8::1 only", got)
+	}
+	if srv := query(t, addr, "udp", "web.api.prod.beacon.", dns.TypeSRV, 0).Answer; len(srv) != 1 {
+		t.Errorf("SRV web.api.prod.beacon. = %v, want the one instance without a zone", srv)
+	}
+}

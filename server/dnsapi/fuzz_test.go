@@ -245,3 +245,39 @@ func TestStaleBound(t *testing.T) {
 		t.Error("no view: something served")
 	}
 }
+
+// FuzzSectionsComplete: the section walk never panics or reads past the
+// packet, and every message miekg/dns packs holds its sections in full.
+func FuzzSectionsComplete(f *testing.F) {
+	q := new(dns.Msg)
+	q.SetQuestion("web.api.prod.beacon.", dns.TypeSRV)
+	q.SetEdns0(1232, false)
+	b, err := q.Pack()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Add(b[:len(b)-1])
+	f.Add([]byte{0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 12, 0, 1, 0, 1})
+	f.Add([]byte{0, 1, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, pkt []byte) {
+		if len(pkt) < headerSize {
+			return
+		}
+		complete := sectionsComplete(pkt)
+		want := len(pkt)
+		if !complete {
+			want = headerSize
+		}
+		if got := checkSections(pkt); len(got) != want {
+			t.Fatalf("checkSections kept %d of %d bytes; sectionsComplete %v", len(got), len(pkt), complete)
+		}
+		m := new(dns.Msg)
+		if m.Unpack(pkt) != nil {
+			return
+		}
+		if out, err := m.Pack(); err == nil && !sectionsComplete(out) {
+			t.Fatalf("a message miekg/dns packs is incomplete: % x", out)
+		}
+	})
+}

@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		updates: f.Counter("beacon_dns_zone_updates_total",
 			"Views of the registry swapped in (one per watch batch applied)."),
 		dropped: f.Counter("beacon_dns_dropped_total",
-			"Packets dropped without an answer: too malformed to answer, or DNS responses (never answered, to avoid loops)."),
+			"Packets dropped without an answer: shorter than a DNS header, or DNS responses (never answered, to avoid loops). Malformed queries with a header are answered FORMERR and counted in beacon_dns_queries_total."),
 	}
 	m.cells = make([][]atomic.Pointer[prometheus.Counter], len(countedTypes)+1)
 	for i := range m.cells {
@@ -55,7 +55,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	cs := []prometheus.Collector{
 		m.queries, m.truncated, m.updates, m.dropped,
 		gauge("beacon_dns_instances", "Serving instances in the DNS view.", func(v *view) float64 { return float64(v.zone.instances) }),
-		gauge("beacon_dns_unanswerable_instances", "Serving instances left out of the DNS view: their address has no IP address or host name DNS can carry, or their name would be longer than 255 bytes (the log says which).",
+		gauge("beacon_dns_unanswerable_instances", "Serving instances left out of the DNS view: their address has no IP address or host name DNS can carry, or is an IPv6 address with a zone, or a host name inside the zone, or their name would be longer than 255 bytes (the log says which).",
 			func(v *view) float64 { return float64(v.zone.unanswerable) }),
 		gauge("beacon_dns_names", "Names in the DNS view (the size of the answer cache).", func(v *view) float64 { return float64(v.zone.names) }),
 		gauge("beacon_dns_stale_seconds", "Seconds since the registry watch behind DNS lost its store (0 while it is live); past the server's maximum staleness (MaxStale) names answer SERVFAIL.",

@@ -2,6 +2,7 @@ package dnsapi
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -256,8 +257,111 @@ func (s *Server) accept(h dns.Header) dns.MsgAcceptAction {
 	return a
 }
 
-// invalid counts packets too short or broken to answer.
-func (s *Server) invalid([]byte, error) { s.m.dropped.Inc() }
+// invalid counts the packets miekg/dns cannot unpack. One shorter than a
+// DNS header is dropped without an answer; one with a header (a
+// compression loop, a name over 255 bytes) is answered FORMERR by
+// miekg/dns after this call, and counted so.
+func (s *Server) invalid(m []byte, _ error) {
+	if len(m) < headerSize {
+		s.m.dropped.Inc()
+		return
+	}
+	s.m.count(0, dns.RcodeFormatError, false)
+}
+
+// headerSize is the size of a DNS message header (RFC 1035 4.1.1).
+const headerSize = 12
+
+// strictReader hands on a message whose sections do not hold every record
+// its header counts as its header alone, which ServeDNS answers FORMERR
+// (no question). miekg/dns unpacks such a message without error: it stops
+// at the end of the packet, so a question cut off after its type (no
+// class) would be answered with class 0, and a query whose header counts
+// an additional record that is absent would be answered as if it had none.
+// The bytes read are not modified (a DecorateReader must not): a shorter
+// slice of them is returned.
+type strictReader struct{ dns.Reader }
+
+func (r strictReader) ReadTCP(conn net.Conn, timeout time.Duration) ([]byte, error) {
+	m, err := r.Reader.ReadTCP(conn, timeout)
+	return checkSections(m), err
+}
+
+func (r strictReader) ReadUDP(conn *net.UDPConn, timeout time.Duration) ([]byte, *dns.SessionUDP, error) {
+	m, sess, err := r.Reader.ReadUDP(conn, timeout)
+	return checkSections(m), sess, err
+}
+
+func (r strictReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration) ([]byte, net.Addr, error) {
+	pr, ok := r.Reader.(dns.PacketConnReader)
+	if !ok {
+		return nil, nil, errors.New("dnsapi: the DNS reader cannot read a net.PacketConn")
+	}
+	m, addr, err := pr.ReadPacketConn(conn, timeout)
+	return checkSections(m), addr, err
+}
+
+// checkSections returns m, or its header alone if its sections do not
+// hold every question and record its header counts (see strictReader).
+func checkSections(m []byte) []byte {
+	if len(m) < headerSize || sectionsComplete(m) {
+		return m
+	}
+	return m[:headerSize]
+}
+
+// sectionsComplete walks the question and record sections of a message
+// (m holds at least a header) and reports whether each one the header
+// counts is there in full: a question's name, type and class; a record's
+// name, fixed fields and RDATA. Names are only skipped (a compression
+// pointer ends one); their content is miekg/dns's to check.
+func sectionsComplete(m []byte) bool {
+	qd := int(binary.BigEndian.Uint16(m[4:]))
+	rrs := int(binary.BigEndian.Uint16(m[6:])) + int(binary.BigEndian.Uint16(m[8:])) + int(binary.BigEndian.Uint16(m[10:]))
+	off := headerSize
+	for range qd {
+		if off = skipName(m, off); off < 0 || off+4 > len(m) {
+			return false
+		}
+		off += 4 // type, class
+	}
+	for range rrs {
+		if off = skipName(m, off); off < 0 || off+10 > len(m) {
+			return false
+		}
+		off += 10 + int(binary.BigEndian.Uint16(m[off+8:])) // type, class, TTL, RDLENGTH, RDATA
+		if off > len(m) {
+			return false
+		}
+	}
+	return true
+}
+
+// skipName returns the offset after the name at off, or -1 if the name
+// runs past the end of m or uses a label type other than a plain label or
+// a compression pointer (RFC 1035 4.1.4; RFC 6891 retired the others).
+func skipName(m []byte, off int) int {
+	for off < len(m) {
+		c := m[off]
+		switch c & 0xC0 {
+		case 0x00:
+			if c == 0 {
+				return off + 1
+			}
+			off += 1 + int(c)
+		case 0xC0:
+			if off+2 > len(m) {
+				return -1
+			}
+			return off + 2
+		default:
+			return -1
+		}
+	}
+	return -1
+}
+
+func decorate(r dns.Reader) dns.Reader { return strictReader{r} }
 
 // Listen opens UDP and TCP listeners on the same address (a port of 0
 // picks one free for both). A port in use gives an error matching
@@ -312,7 +416,7 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 	}
 	if pc != nil {
 		srv := &dns.Server{PacketConn: pc, Handler: s, UDPSize: dns.DefaultMsgSize,
-			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid}
+			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid, DecorateReader: decorate}
 		if err := s.start(srv); err != nil {
 			if ln != nil {
 				_ = ln.Close()
@@ -324,7 +428,7 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 		srv := &dns.Server{Listener: connlimit.Listener(ln, connlimit.Config{
 			Max: s.cfg.MaxTCPConns, PerAddr: s.cfg.MaxTCPConnsPerClient, Log: s.log, What: "DNS over TCP"}), Handler: s,
 			ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
-			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid}
+			MsgAcceptFunc: s.accept, MsgInvalidFunc: s.invalid, DecorateReader: decorate}
 		return s.start(srv)
 	}
 	return nil

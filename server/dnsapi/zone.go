@@ -79,7 +79,9 @@ func newZone(domain string, ttl uint32) *zone {
 }
 
 // setSerial sets the SOA, whose serial follows the store revision so that
-// secondary tooling sees the zone change.
+// secondary tooling sees the zone change: its low 32 bits (the memory
+// backend's revisions start above 2^32), which increase in RFC 1982 serial
+// arithmetic while fewer than 2^31 revisions pass between two views.
 func (z *zone) setSerial(rev int64) {
 	z.soa = &dns.SOA{
 		Hdr:     dns.RR_Header{Name: z.domain, Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: z.ttl},
@@ -182,39 +184,52 @@ type target struct {
 	port uint16     // 0 when the address has none (a URL without port)
 }
 
+// noHost is why an address with no host DNS can carry is left out.
+const noHost = "its address has no IP address or host name DNS can carry"
+
 // addressTarget reads host and port from an instance address: host:port,
-// or a URL (nats://host:4222/subject). ok is false for an address with no
-// usable host (it is then left out of DNS).
-func addressTarget(addr string) (t target, ok bool) {
+// or a URL (nats://host:4222/subject). why says why the address has no
+// host DNS can carry ("" when it has one); the instance is then left out
+// of DNS.
+func addressTarget(addr string) (t target, why string) {
 	var host, port string
 	if strings.Contains(addr, "://") {
 		u, err := url.Parse(addr)
 		if err != nil {
-			return t, false
+			return t, noHost
 		}
 		host, port = u.Hostname(), u.Port()
 	} else {
 		var err error
 		if host, port, err = net.SplitHostPort(addr); err != nil {
-			return t, false
+			return t, noHost
 		}
 	}
 	if port != "" {
 		p, err := strconv.ParseUint(port, 10, 16)
 		if err != nil || p == 0 {
-			return t, false
+			return t, noHost
 		}
 		t.port = uint16(p)
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
-		t.ip = ip.Unmap().WithZone("")
-		return t, beacon.IPProblem(t.ip) == ""
+		if ip.Zone() != "" {
+			// fe80::1%eth0: the zone names an interface of the
+			// registering host; an A/AAAA record cannot carry it, and
+			// without it the address reaches no one else.
+			return t, fmt.Sprintf("its address %s has an IPv6 zone (%%%s): a link-local address is reachable only through that host's interface, and DNS cannot carry the zone; register a global or unique local address", ip, ip.Zone())
+		}
+		t.ip = ip.Unmap()
+		if beacon.IPProblem(t.ip) != "" {
+			return t, noHost
+		}
+		return t, ""
 	}
 	if host == "" || beacon.HostNameProblem(host) != "" {
-		return t, false
+		return t, noHost
 	}
 	t.host = dns.CanonicalName(host)
-	return t, true
+	return t, ""
 }
 
 // srvNumbers reads the SRV priority and weight of an instance from its
@@ -252,9 +267,17 @@ func buildInstance(in beacon.Instance, compName, domain string, ttl uint32) *ins
 	if r.why = unnameable(in); r.why != "" {
 		return r
 	}
-	t, ok := addressTarget(in.Address)
-	if !ok {
-		r.why = "its address has no IP address or host name DNS can carry"
+	t, why := addressTarget(in.Address)
+	if why != "" {
+		r.why = why
+		return r
+	}
+	if t.host != "" && dns.IsSubDomain(domain, t.host) {
+		// Its <id> name would be a CNAME to a name of this zone (itself,
+		// or another alias: a loop), and its SRV records would point at
+		// a name Beacon holds no address for, or at an alias (RFC 2782
+		// forbids it).
+		r.why = fmt.Sprintf("its address is a host name inside the zone %s, which Beacon answers from registrations alone: register the instance's IP address or a host name outside the zone", domain)
 		return r
 	}
 	epName := in.Endpoint + "." + compName

@@ -81,10 +81,25 @@ func TestAddressTargetLeavesOutNoHost(t *testing.T) {
 	for addr, want := range map[string]bool{
 		"0.0.0.0:80": false, "[::]:80": false, "255.255.255.255:80": false, "224.0.0.1:80": false,
 		"[::ffff:0.0.0.0]:80": false, "http://0.0.0.0:80/": false,
+		"[fe80::1%eth0]:80": false, "http://[fe80::1%25eth0]:80/": false,
 		"127.0.0.1:80": true, "10.0.0.1:80": true, "[2001:db8::1]:80": true, "web.example:80": true,
 	} {
-		if _, ok := addressTarget(addr); ok != want {
-			t.Errorf("addressTarget(%q) ok = %v, want %v", addr, ok, want)
+		if _, why := addressTarget(addr); (why == "") != want {
+			t.Errorf("addressTarget(%q) = %q, want it served: %v", addr, why, want)
 		}
+	}
+}
+
+// The SOA serial is the revision's low 32 bits (docs/dns.md): a memory
+// store's revisions start at the wall-clock time in microseconds.
+func TestSOASerialIsRevisionModulo32Bits(t *testing.T) {
+	const rev = int64(1_764_000_000_000_000) // 2025-11-24 in microseconds
+	z, _ := newZone(DefaultDomain, 5).with(rev, nil)
+	if z.soa.Serial != uint32(rev%(1<<32)) {
+		t.Errorf("serial %d for revision %d, want %d", z.soa.Serial, rev, rev%(1<<32))
+	}
+	next, _ := z.with(rev+1, nil)
+	if next.soa.Serial-z.soa.Serial != 1 {
+		t.Errorf("serial %d after %d: the next revision does not increase it by one", next.soa.Serial, z.soa.Serial)
 	}
 }
