@@ -246,7 +246,7 @@ func TestTokenHTTPAPI(t *testing.T) {
 		mine()[0].Registered != 2 || mine()[0].Members != 2 || mine()[0].State != bootstrap.StateFull {
 		t.Fatalf("list with a full token: %d %+v", code, list)
 	}
-	if code := call("DELETE", "/v1/tokens/"+created.Token, "", &rm); code != 200 || rm.Deleted != 4 {
+	if code := call("DELETE", "/v1/tokens/"+created.Token, "", &rm); code != 200 || rm.Deleted != 6 {
 		t.Fatalf("remove: %d %+v", code, rm)
 	}
 	if code := call("PUT", "/v1/tokens/x", "", &e); code != 405 || e.Code != "method_not_allowed" {

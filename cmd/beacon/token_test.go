@@ -86,7 +86,7 @@ func TestTokenCommands(t *testing.T) {
 	if rm := tokenRm("n\n"); rm.exitCode() != 0 || !strings.Contains(rm.out(), "kept token "+tok) {
 		t.Fatalf("rm answered n: %d\n%s%s", rm.exitCode(), rm.out(), rm.errOut())
 	}
-	if rm := tokenRm("y\n"); rm.exitCode() != 0 || !strings.Contains(rm.errOut(), prompt) || !strings.Contains(rm.out(), "Removed token "+tok+" (4 keys)") {
+	if rm := tokenRm("y\n"); rm.exitCode() != 0 || !strings.Contains(rm.errOut(), prompt) || !strings.Contains(rm.out(), "Removed token "+tok+" (6 keys)") {
 		t.Fatalf("rm answered y: %d\n%s%s", rm.exitCode(), rm.out(), rm.errOut())
 	}
 	if rm := tokenRm("", "--yes"); rm.exitCode() != exitFailure || !strings.Contains(rm.errOut(), "token not found") {
