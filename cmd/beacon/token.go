@@ -202,8 +202,16 @@ func printTokenStatus(out io.Writer, format string, st bootstrap.Status) error {
 		return icErr
 	}
 	fmt.Fprintf(out, "Token:  %s\nSize:   %d\n", st.Token, st.Size)
-	switch st.State {
-	case bootstrap.StateFull:
+	switch {
+	case st.State == bootstrap.StateFull && icErr != nil:
+		// The size is reached, but the members cannot form a cluster
+		// (two share a name or a peer URL): say so, not "can form".
+		fmt.Fprintf(out, "State:  full: cannot form: all %d members registered, but their registrations clash (below)", st.Size)
+		if n := len(st.Late()); n > 0 {
+			fmt.Fprintf(out, " (%d more came too late)", n)
+		}
+		fmt.Fprintln(out)
+	case st.State == bootstrap.StateFull:
 		fmt.Fprintf(out, "State:  full: all %d members registered; the cluster can form", st.Size)
 		if n := len(st.Late()); n > 0 {
 			fmt.Fprintf(out, " (%d more came too late)", n)
@@ -218,8 +226,11 @@ func printTokenStatus(out io.Writer, format string, st bootstrap.Status) error {
 		fmt.Fprintln(tw, "#\tNAME\tMEMBER ID\tPEER URLS\tIN CLUSTER")
 		for i, m := range st.Members {
 			in := "yes"
-			if i >= st.Size {
+			switch {
+			case i >= st.Size:
 				in = "no (cluster was full)"
+			case icErr != nil:
+				in = "no (cannot form)"
 			}
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", i+1, printable(m.Name), m.ID, printable(strings.Join(m.PeerURLs, ",")), in)
 		}
