@@ -682,7 +682,7 @@ func (r *registry) conflict(self, name string, urls []string) error {
 		if m.Name == name {
 			return fmt.Errorf("%w: member %q is already registered under token %q as %s (%s); give each member its own name "+
 				"(if this member's peer URLs changed since it registered, the token cannot be used any more: create a new one)",
-				ErrDuplicateName, name, r.token, m.Key, m.Value)
+				ErrDuplicateName, name, r.token, m.Key, shorten(m.Value))
 		}
 		theirs, err := types.NewURLs(m.PeerURLs)
 		if err != nil {
@@ -692,7 +692,7 @@ func (r *registry) conflict(self, name string, urls []string) error {
 			for _, mine := range urls {
 				if u == mine {
 					return fmt.Errorf("%w: %s is already registered under token %q by member %q (%s)",
-						ErrDuplicateURL, mine, r.token, m.Name, m.Key)
+						ErrDuplicateURL, mine, r.token, shorten(m.Name), m.Key)
 				}
 			}
 		}
