@@ -17,6 +17,12 @@ const (
 	// StateFull: the first size members have registered; the cluster
 	// can form, and any later member gets ErrFullCluster.
 	StateFull State = "full"
+	// StateNoSize: the token has keys but no size key (it was removed,
+	// or never created); no member can join. ListTokens only.
+	StateNoSize State = "no_size"
+	// StateBadSize: the size key is not an integer greater than 0; no
+	// member can join. ListTokens only.
+	StateBadSize State = "bad_size"
 )
 
 // Status is a token's registry as read at one revision.

@@ -368,8 +368,9 @@ cluster (two share a name or a peer URL). -o json prints the same object as GET 
 		fmt.Fprintln(tw, "TOKEN\tSIZE\tREGISTERED\tSTATE\tCREATED")
 		for _, t := range list.Tokens {
 			state, size := string(t.State), strconv.Itoa(t.Size)
+			sizeKnown := t.State == bootstrap.StateWaiting || t.State == bootstrap.StateFull
 			switch {
-			case t.Problem != "" && t.State == "":
+			case !sizeKnown:
 				state, size = "invalid: "+t.Problem, "-"
 			case t.Problem != "":
 				state += ", cannot form: " + t.Problem // two members share a name, ...
@@ -379,7 +380,7 @@ cluster (two share a name or a peer URL). -o json prints the same object as GET 
 				created = t.CreatedAt.Local().Format(time.DateTime) + " (" + created + ")"
 			}
 			reg := strconv.Itoa(t.Members)
-			if t.State != "" && t.Members != t.Registered {
+			if sizeKnown && t.Members != t.Registered {
 				reg = fmt.Sprintf("%d (%d too late)", t.Registered, t.Members-t.Registered)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Token, size, reg, state, created)
