@@ -246,7 +246,7 @@ func TestTokenHTTPAPI(t *testing.T) {
 		mine()[0].Registered != 2 || mine()[0].Members != 2 || mine()[0].State != bootstrap.StateFull {
 		t.Fatalf("list with a full token: %d %+v", code, list)
 	}
-	if code := call("DELETE", "/v1/tokens/"+created.Token, "", &rm); code != 200 || rm.Deleted != 4 {
+	if code := call("DELETE", "/v1/tokens/"+created.Token, "", &rm); code != 200 || rm.Deleted != 6 {
 		t.Fatalf("remove: %d %+v", code, rm)
 	}
 	if code := call("PUT", "/v1/tokens/x", "", &e); code != 405 || e.Code != "method_not_allowed" {
@@ -305,10 +305,11 @@ func TestListTokens(t *testing.T) {
 	if s := got[byHand]; s.Size != 2 || s.Full || s.State != bootstrap.StateWaiting || s.CreatedAt != nil || s.CreatedRevision == 0 {
 		t.Errorf("token written by hand: %+v", s)
 	}
-	if s := got[bad]; s.Size != 0 || s.State != "" || !strings.Contains(s.Problem, "size key is bad") {
+	// Every token has a state, also one whose size cannot be read.
+	if s := got[bad]; s.Size != 0 || s.State != bootstrap.StateBadSize || !strings.Contains(s.Problem, "size key is bad") {
 		t.Errorf("bad size: %+v", s)
 	}
-	if s := got[orphan]; s.Members != 1 || !strings.Contains(s.Problem, "size key not found") {
+	if s := got[orphan]; s.Members != 1 || s.State != bootstrap.StateNoSize || !strings.Contains(s.Problem, "size key not found") {
 		t.Errorf("orphan: %+v", s)
 	}
 	if list.Tokens[0].Token != made {

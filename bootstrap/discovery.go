@@ -15,6 +15,7 @@ import (
 
 	"github.com/beaconplane/beacon/internal/etcdwatch"
 	"github.com/beaconplane/beacon/internal/wait"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/types"
@@ -80,8 +81,10 @@ func WithProgress(fn func(Progress)) Option {
 // IDs etcd computes will be the IDs registered.
 //
 // The registration is the key MembersPrefix/<MemberID(peerURLs, token)>
-// with the value MemberValue(name, peerURLs). A member that joins again
-// with the same name and peer URLs (after a restart) keeps its place.
+// with the value MemberValue(name, peerURLs), written with the claim of the
+// name (NameKey) in one transaction that fails if another member holds
+// either. A member that joins again with the same name and peer URLs
+// (after a restart) keeps its place.
 //
 // Join fails at once with ErrSizeNotFound or ErrBadSizeKey, with
 // ErrFullCluster if Size members registered before it, with
@@ -116,7 +119,7 @@ func Join(ctx context.Context, cfg Config, name string, peerURLs []string, opts 
 		if err := d.reg.conflict(self, name, urls); err != nil {
 			return Cluster{}, err
 		}
-		if err := d.register(ctx, self, value); err != nil {
+		if err := d.register(ctx, self, name, value); err != nil {
 			return Cluster{}, err
 		}
 		// Read again, as etcd does: a watch must start after the current
@@ -126,7 +129,7 @@ func Join(ctx context.Context, cfg Config, name string, peerURLs []string, opts 
 			return Cluster{}, err
 		}
 	}
-	if err := d.wait(ctx, self, value); err != nil {
+	if err := d.wait(ctx, self, name, value); err != nil {
 		return Cluster{}, err
 	}
 	if i := d.reg.index(self); i < 0 || i >= d.reg.size {
@@ -149,7 +152,7 @@ func GetCluster(ctx context.Context, cfg Config, opts ...Option) (Cluster, error
 	if err := d.list(ctx); err != nil {
 		return Cluster{}, err
 	}
-	if err := d.wait(ctx, "", ""); err != nil {
+	if err := d.wait(ctx, "", "", ""); err != nil {
 		return Cluster{}, err
 	}
 	return d.reg.status().Cluster()
@@ -258,10 +261,16 @@ func readRegistry(ctx context.Context, cli *clientv3.Client, token string, timeo
 	return reg, nil
 }
 
-// register writes the member's key (a plain put, as etcd does, so that a
-// member registering again keeps its create revision and its place) and
-// records it locally.
-func (d *discovery) register(ctx context.Context, key, value string) error {
+// register writes the member's registration, and the claim of its name
+// (NameKey), in one transaction that succeeds only if neither is held by
+// another member: a registration under the same key (the same peer URLs)
+// with another name is refused with ErrDuplicateURL, a name claimed by
+// another registered member with ErrDuplicateName. Two members racing for
+// one key or one name cannot both register. A registration with this
+// member's name (a restart) is written again with a plain put, which keeps
+// its create revision and so its place. It records the registration
+// locally.
+func (d *discovery) register(ctx context.Context, key, name, value string) error {
 	return d.retry(ctx, "register member itself", func(ctx context.Context) error {
 		cli, err := d.client()
 		if err != nil {
@@ -269,18 +278,101 @@ func (d *discovery) register(ctx context.Context, key, value string) error {
 		}
 		rctx, cancel := context.WithTimeout(ctx, d.cfg.requestTimeout())
 		defer cancel()
-		resp, err := cli.Put(rctx, key, value, clientv3.WithPrevKV())
+		createRev, err := claim(rctx, cli, d.cfg.Token, key, name, value)
 		if err != nil {
 			return err
-		}
-		createRev := resp.Header.Revision
-		if resp.PrevKv != nil {
-			createRev = resp.PrevKv.CreateRevision
 		}
 		d.reg.put(key, value, createRev)
 		d.lg.Debug("registered member itself", "memberKey", key, "memberInfo", value)
 		return nil
 	})
+}
+
+// maxClaimRounds bounds the compare-and-swap rounds of one claim; each
+// lost round means another writer changed the keys in between.
+const maxClaimRounds = 8
+
+// claim registers the member (see register) and returns the registration's
+// create revision.
+func claim(ctx context.Context, cli *clientv3.Client, token, key, name, value string) (int64, error) {
+	nameKey := NameKey(token, name)
+	id := key[strings.LastIndexByte(key, '/')+1:]
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(nameKey), "=", 0),
+	}
+	ops := []clientv3.Op{clientv3.OpPut(key, value), clientv3.OpPut(nameKey, id)}
+	createRev := int64(0) // 0: the put creates the key
+	for range maxClaimRounds {
+		resp, err := cli.Txn(ctx).If(cmps...).Then(ops...).
+			Else(clientv3.OpGet(key), clientv3.OpGet(nameKey)).Commit()
+		if err != nil {
+			return 0, err
+		}
+		if resp.Succeeded {
+			if createRev == 0 {
+				createRev = resp.Header.Revision
+			}
+			return createRev, nil
+		}
+		// Someone holds the key or the name: find out who, and try
+		// again on exactly what was read.
+		cmps, ops, createRev = cmps[:0], ops[:0], 0
+		mine, claimed := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
+		if mine != nil {
+			other, _ := memberFromKV(token, key, string(mine.Value), mine.CreateRevision)
+			if other.Name != name {
+				return 0, fmt.Errorf("%w: %s is already registered under token %q by member %q (%s = %s): "+
+					"two members cannot share peer URLs; fix --initial-advertise-peer-urls",
+					ErrDuplicateURL, strings.Join(urlsOf(value), ","), token, shorten(other.Name), key, shorten(other.Value))
+			}
+			// This member, registered before (a restart).
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", mine.ModRevision))
+			createRev = mine.CreateRevision
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+		}
+		ops = append(ops, clientv3.OpPut(key, value))
+		switch {
+		case claimed == nil:
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(nameKey), "=", 0))
+			ops = append(ops, clientv3.OpPut(nameKey, id))
+		case string(claimed.Value) == id:
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(nameKey), "=", claimed.ModRevision))
+		default:
+			// Claimed by another member: refused while that member is
+			// registered; a claim whose registration was deleted is stale.
+			holder := MembersPrefix(token) + "/" + string(claimed.Value)
+			if _, err := ParseID(string(claimed.Value)); err == nil {
+				get, err := cli.Get(ctx, holder)
+				if err != nil {
+					return 0, err
+				}
+				if len(get.Kvs) > 0 {
+					return 0, fmt.Errorf("%w: member %q is already registered under token %q as %s (%s); give each member its own name",
+						ErrDuplicateName, shorten(name), token, holder, shorten(string(get.Kvs[0].Value)))
+				}
+			}
+			cmps = append(cmps,
+				clientv3.Compare(clientv3.ModRevision(nameKey), "=", claimed.ModRevision),
+				clientv3.Compare(clientv3.CreateRevision(holder), "=", 0))
+			ops = append(ops, clientv3.OpPut(nameKey, id))
+		}
+	}
+	return 0, fmt.Errorf("bootstrap: register %s: the registry changed under each of %d attempts", key, maxClaimRounds)
+}
+
+func firstKV(r *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
+	if rng := r.GetResponseRange(); rng != nil && len(rng.Kvs) > 0 {
+		return rng.Kvs[0]
+	}
+	return nil
+}
+
+// urlsOf returns the peer URLs of a registration value.
+func urlsOf(value string) []string {
+	_, urls, _ := ParseMemberValue(value)
+	return urls
 }
 
 var (
@@ -292,7 +384,7 @@ var (
 // wait keeps the registry up to date until it is full. self, when set, is
 // this member's key: if it disappears (deleted by hand), wait registers it
 // again with value.
-func (d *discovery) wait(ctx context.Context, self, value string) error {
+func (d *discovery) wait(ctx context.Context, self, name, value string) error {
 	for {
 		d.report()
 		if d.reg.full() {
@@ -319,7 +411,7 @@ func (d *discovery) wait(ctx context.Context, self, value string) error {
 			return err
 		}
 		if self != "" && d.reg.index(self) < 0 && !d.reg.full() {
-			if err := d.register(ctx, self, value); err != nil {
+			if err := d.register(ctx, self, name, value); err != nil {
 				return err
 			}
 			if err := d.list(ctx); err != nil {
@@ -507,7 +599,8 @@ func (d *discovery) backoff(ctx context.Context, step string, cause error) error
 // permanent returns the error to give up with, or nil to retry.
 func permanent(err error) error {
 	switch {
-	case errors.Is(err, ErrSizeNotFound), errors.Is(err, ErrBadSizeKey), errors.Is(err, ErrInvalidConfig):
+	case errors.Is(err, ErrSizeNotFound), errors.Is(err, ErrBadSizeKey), errors.Is(err, ErrInvalidConfig),
+		errors.Is(err, ErrDuplicateName), errors.Is(err, ErrDuplicateURL):
 		return err
 	case errors.Is(err, rpctypes.ErrAuthNotEnabled):
 		return nil
@@ -577,12 +670,19 @@ func (d *discovery) report() {
 func (r *registry) conflict(self, name string, urls []string) error {
 	for _, m := range r.members {
 		if m.Key == self {
+			// The same peer URLs: the same member restarting, or another
+			// member that claims them.
+			if m.Name != name {
+				return fmt.Errorf("%w: %s is already registered under token %q by member %q (%s = %s): "+
+					"two members cannot share peer URLs; fix --initial-advertise-peer-urls",
+					ErrDuplicateURL, strings.Join(urls, ","), r.token, shorten(m.Name), m.Key, shorten(m.Value))
+			}
 			continue
 		}
 		if m.Name == name {
 			return fmt.Errorf("%w: member %q is already registered under token %q as %s (%s); give each member its own name "+
 				"(if this member's peer URLs changed since it registered, the token cannot be used any more: create a new one)",
-				ErrDuplicateName, name, r.token, m.Key, m.Value)
+				ErrDuplicateName, name, r.token, m.Key, shorten(m.Value))
 		}
 		theirs, err := types.NewURLs(m.PeerURLs)
 		if err != nil {
@@ -592,7 +692,7 @@ func (r *registry) conflict(self, name string, urls []string) error {
 			for _, mine := range urls {
 				if u == mine {
 					return fmt.Errorf("%w: %s is already registered under token %q by member %q (%s)",
-						ErrDuplicateURL, mine, r.token, m.Name, m.Key)
+						ErrDuplicateURL, mine, r.token, shorten(m.Name), m.Key)
 				}
 			}
 		}

@@ -428,3 +428,107 @@ func TestJoinSurvivesRegistryOutage(t *testing.T) {
 		t.Fatalf("waiting member after the outage: %+v", r)
 	}
 }
+
+// An identical peer URL set under another name is another member, not a
+// restart: it is refused and never overwrites the first registration.
+func TestSamePeerURLsUnderAnotherNameIsRefused(t *testing.T) {
+	srv := registryServer(t)
+	tok, cli := createToken(t, 3)
+	cfg := config(srv, tok)
+	ctx := testCtx(t, 20*time.Second)
+
+	crash, cancel := context.WithCancel(ctx)
+	progress := make(chan bootstrap.Progress, 10)
+	n0 := joinAsync(t, crash, cfg, "n0", peerURL(0), bootstrap.WithProgress(func(p bootstrap.Progress) { progress <- p }))
+	await(t, progress, "n0 registered")
+
+	_, err := bootstrap.Join(ctx, cfg, "n1", []string{peerURL(0)})
+	if !errors.Is(err, bootstrap.ErrDuplicateURL) || !strings.Contains(err.Error(), `"n0"`) {
+		t.Fatalf("n1 with n0's peer URL: %v, want %v naming n0", err, bootstrap.ErrDuplicateURL)
+	}
+	st, err := bootstrap.TokenStatus(ctx, cli, tok)
+	if err != nil || len(st.Members) != 1 || st.Members[0].Name != "n0" {
+		t.Fatalf("registry after n1: %+v, %v", st.Members, err)
+	}
+
+	// n0 restarting (same name, same URLs) keeps its place.
+	cancel()
+	await(t, n0, "n0 cancelled")
+	n0again := joinAsync(t, ctx, cfg, "n0", peerURL(0))
+	b := joinAsync(t, ctx, cfg, "b", peerURL(1))
+	c := joinAsync(t, ctx, cfg, "c", peerURL(2))
+	for _, ch := range []<-chan joinResult{n0again, b, c} {
+		if r := await(t, ch, "join"); r.err != nil || r.cluster.Members[0].Name != "n0" {
+			t.Fatalf("join after restart: %+v", r)
+		}
+	}
+}
+
+// Members that join at the same moment with the same peer URLs, or with
+// the same name, cannot both register: exactly one does, the others are
+// refused.
+func TestRacingJoinersWithOnePeerURLSetOrNameRegisterOnce(t *testing.T) {
+	srv := registryServer(t)
+	for _, tc := range []struct {
+		what string
+		name func(i int) string
+		url  func(i int) string
+		want error
+	}{
+		{"same peer URLs", func(i int) string { return "n" + strconv.Itoa(i) }, func(int) string { return peerURL(0) }, bootstrap.ErrDuplicateURL},
+		{"same name", func(int) string { return "same" }, peerURL, bootstrap.ErrDuplicateName},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			tok, cli := createToken(t, 5)
+			cfg := config(srv, tok)
+			ctx := testCtx(t, 20*time.Second)
+			joins, cancel := context.WithCancel(ctx)
+			defer cancel()
+			const n = 4
+			results := make(chan error, n)
+			var wg sync.WaitGroup
+			t.Cleanup(wg.Wait)
+			for i := range n {
+				wg.Go(func() {
+					_, err := bootstrap.Join(joins, cfg, tc.name(i), []string{tc.url(i)})
+					results <- err
+				})
+			}
+			for refused := 0; refused < n-1; refused++ {
+				select {
+				case err := <-results:
+					if !errors.Is(err, tc.want) {
+						t.Fatalf("join: %v, want %v", err, tc.want)
+					}
+				case <-time.After(5 * time.Second):
+					st, _ := bootstrap.TokenStatus(ctx, cli, tok)
+					t.Fatalf("%d of %d joiners refused after 5 s; registry: %+v", refused, n-1, st.Members)
+				}
+			}
+			st, err := bootstrap.TokenStatus(ctx, cli, tok)
+			if err != nil || len(st.Members) != 1 {
+				t.Fatalf("registry: %+v, %v; want one member", st.Members, err)
+			}
+		})
+	}
+}
+
+// A name claim whose registration was deleted by hand does not keep the
+// name: a member with that name and new peer URLs can join.
+func TestStaleNameClaimIsTakenOver(t *testing.T) {
+	srv := registryServer(t)
+	tok, cli := createToken(t, 1)
+	cfg := config(srv, tok)
+	ctx := testCtx(t, 20*time.Second)
+	first, err := bootstrap.Join(ctx, cfg, "a", []string{peerURL(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Delete(ctx, first.Members[0].Key); err != nil {
+		t.Fatal(err)
+	}
+	again, err := bootstrap.Join(ctx, cfg, "a", []string{peerURL(1)})
+	if err != nil || again.Members[0].PeerURLs[0] != peerURL(1) {
+		t.Fatalf("join after the deletion: %+v, %v", again, err)
+	}
+}

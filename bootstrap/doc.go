@@ -10,7 +10,7 @@
 //	/_etcd/registry/<token>/_config/size           the cluster size N (decimal)
 //	/_etcd/registry/<token>/members/<member-id>    one key per member
 //
-// A member registers with a plain put of "name=peerURL[,name=peerURL…]"
+// A member registers "name=peerURL[,name=peerURL…]"
 // (sorted pairs) under its member ID: the first 8 bytes, big-endian, of
 // the SHA-1 of its sorted peer URLs followed by the token, in lower-case
 // hex (MemberID). The first N registrations by create revision form the
@@ -19,7 +19,9 @@
 // with the token as --initial-cluster-token, computes the same member IDs.
 // Keys, values, IDs, ordering and error messages are exactly etcd's
 // (server/etcdserver/api/v3discovery, etcd 3.6 and later), so real etcd
-// members and Beacon interoperate both ways.
+// members and Beacon interoperate both ways. Beacon also claims the name
+// (NameKey) in the transaction that registers, so that two Beacon members
+// can never register one name or one peer-URL set; etcd ignores the claims.
 //
 // # Client
 //

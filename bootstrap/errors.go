@@ -59,5 +59,5 @@ func invalid(sentinel error, format string, args ...any) error {
 }
 
 func invalidValue(sentinel error, value, rule string) error {
-	return fmt.Errorf("%w (value %q: %s)", sentinel, shorten(value), rule)
+	return fmt.Errorf("%w (value %q: %s)", sentinel, shorten(value), shorten(rule))
 }

@@ -101,6 +101,18 @@ func MemberKey(token string, id uint64) string {
 	return path.Join(MembersPrefix(token), FormatID(id))
 }
 
+// NamesPrefix is where Beacon's members claim their names,
+// "/_etcd/registry/<token>/_names/". etcd's discovery reads only the size
+// key and the keys under MembersPrefix, so it ignores these keys.
+func NamesPrefix(token string) string { return TokenPrefix(token) + "_names/" }
+
+// NameKey is the claim of a member name under a token: its value is the
+// member ID that holds the name. Join writes it in the same transaction as
+// the registration, only if no other registered member holds it, so that
+// two Beacon members can never register under one name. The name is
+// appended as is (ValidateName allows '/'; path.Join would clean "..").
+func NameKey(token, name string) string { return NamesPrefix(token) + name }
+
 // FormatID renders a member ID as etcd does: lower-case hex, no padding.
 func FormatID(id uint64) string { return strconv.FormatUint(id, 16) }
 

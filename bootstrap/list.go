@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path"
 	"sort"
@@ -23,8 +24,9 @@ type TokenSummary struct {
 	// Size is the cluster size from the size key; 0 when the key is
 	// missing or bad (Problem says which).
 	Size int `json:"size"`
-	// State is waiting or full; empty when the size is not known.
-	State State `json:"state,omitempty"`
+	// State is waiting or full, or, when the size is not known,
+	// no_size or bad_size (Problem says more).
+	State State `json:"state"`
 	// Full is State == full: the first Size members registered.
 	Full bool `json:"full"`
 	// Registered is how many of the Size slots are taken; Members counts
@@ -38,7 +40,7 @@ type TokenSummary struct {
 	// written otherwise.
 	CreatedAt *time.Time `json:"created_at,omitempty"`
 	// Problem says what is wrong with a token whose size key is missing
-	// or bad (Size 0, no State), or with a full token whose members
+	// or bad (Size 0, State no_size or bad_size), or with a full token whose members
 	// cannot form a cluster: two share a name or a peer URL, or a URL
 	// etcd refuses (the error InitialCluster gives; GET /v1/tokens/{token}
 	// and beacon token status give it too).
@@ -113,7 +115,10 @@ func ListTokens(ctx context.Context, cli *clientv3.Client) (TokenList, error) {
 			s.CreatedRevision = e.sizeRev
 		}
 		if e.reg.sizeErr != nil {
-			s.Size, s.Problem = 0, e.reg.sizeErr.Error()
+			s.Size, s.Problem, s.State = 0, e.reg.sizeErr.Error(), StateNoSize
+			if errors.Is(e.reg.sizeErr, ErrBadSizeKey) {
+				s.State = StateBadSize
+			}
 		} else {
 			s.State, s.Registered, s.Full = st.State, st.Registered(), st.State == StateFull
 			if _, err := st.InitialCluster(); s.Full && err != nil {

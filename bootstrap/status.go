@@ -17,6 +17,12 @@ const (
 	// StateFull: the first size members have registered; the cluster
 	// can form, and any later member gets ErrFullCluster.
 	StateFull State = "full"
+	// StateNoSize: the token has keys but no size key (it was removed,
+	// or never created); no member can join. ListTokens only.
+	StateNoSize State = "no_size"
+	// StateBadSize: the size key is not an integer greater than 0; no
+	// member can join. ListTokens only.
+	StateBadSize State = "bad_size"
 )
 
 // Status is a token's registry as read at one revision.
@@ -90,11 +96,11 @@ func initialCluster(members []Member) (string, error) {
 		bad := ""
 		for _, m := range members {
 			if _, _, perr := ParseMemberValue(m.Value); perr != nil {
-				bad = fmt.Sprintf(" (member %s, key %s, registered %q)", m.Name, m.Key, m.Value)
+				bad = fmt.Sprintf(" (member %s, key %s, registered %q)", shorten(m.Name), m.Key, shorten(m.Value))
 				break
 			}
 		}
-		return "", fmt.Errorf("%w: %v%s", ErrInvalidURL, err, bad)
+		return "", fmt.Errorf("%w: %s%s", ErrInvalidURL, shorten(err.Error()), bad)
 	}
 	names := make(map[string]string, len(members))
 	urls := make(map[string]string)
@@ -102,14 +108,14 @@ func initialCluster(members []Member) (string, error) {
 		name, peerURLs, _ := ParseMemberValue(m.Value)
 		if other, ok := names[name]; ok {
 			return "", fmt.Errorf("%w: %q is registered by %s and %s: every member needs its own name",
-				ErrDuplicateName, name, other, m.Key)
+				ErrDuplicateName, shorten(name), other, m.Key)
 		}
 		names[name] = m.Key
 		canon, _ := types.NewURLs(peerURLs)
 		for _, u := range canon.StringSlice() {
 			if other, ok := urls[u]; ok && other != m.Key {
 				return "", fmt.Errorf("%w: %s is registered by %s and %s (discovery cluster %s has duplicate url)",
-					ErrDuplicateURL, u, other, m.Key, ic)
+					ErrDuplicateURL, shorten(u), other, m.Key, shorten(ic))
 			}
 			urls[u] = m.Key
 		}

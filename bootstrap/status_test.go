@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -84,5 +85,44 @@ func TestSizeErrors(t *testing.T) {
 	r.setSize([]byte("0"), true)
 	if !errors.Is(r.sizeErr, ErrBadSizeKey) || r.full() {
 		t.Fatalf("bad size: %v", r.sizeErr)
+	}
+}
+
+// TestLongValuesAreShortenedInErrors: a registration with a 1 MiB name,
+// written into the registry by hand, was echoed in full in the error of a
+// clash (and so in the 409 of GET /v1/tokens/{token}, the list's problem
+// and beacon token status). Long values are now cut, saying their length.
+func TestLongValuesAreShortenedInErrors(t *testing.T) {
+	big := strings.Repeat("n", 1<<20)
+	mk := func(vals ...string) Status {
+		r := newRegistry("t")
+		r.setSize([]byte("2"), true)
+		for i, v := range vals {
+			r.put(MembersPrefix("t")+"/"+string(rune('a'+i)), v, int64(i+1))
+		}
+		return r.status()
+	}
+	for _, tc := range []struct {
+		vals []string
+		want error
+	}{
+		{[]string{big + "=http://a:1", big + "=http://b:1"}, ErrDuplicateName},
+		{[]string{big + "=http://a:1", "b=http://a:1"}, ErrDuplicateURL},
+		{[]string{big + "=http://a:1", "b=ftp://" + big + ":1"}, ErrInvalidURL},
+	} {
+		_, err := mk(tc.vals...).InitialCluster()
+		if !errors.Is(err, tc.want) || len(err.Error()) > 1000 || !strings.Contains(err.Error(), "bytes)") {
+			t.Errorf("%v: message of %d bytes: %.300s", tc.want, len(err.Error()), err)
+		}
+	}
+	r := newRegistry("t")
+	r.setSize([]byte("3"), true)
+	r.put(MembersPrefix("t")+"/a", big+"=http://a:1", 1)
+	r.put(MembersPrefix("t")+"/c", "x=http://c:1,x=http://"+big+":1", 2)
+	for _, err := range []error{r.conflict(MembersPrefix("t")+"/b", "x", []string{"http://b:1"}),
+		r.conflict(MembersPrefix("t")+"/b", "x", []string{"http://a:1"})} {
+		if err == nil || len(err.Error()) > 1000 {
+			t.Errorf("conflict message of %d bytes: %.300v", len(fmt.Sprint(err)), err)
+		}
 	}
 }

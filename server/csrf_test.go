@@ -151,3 +151,31 @@ func TestStateChangingGETsRefusedCrossSite(t *testing.T) {
 		t.Errorf("a cross-site read: %d %s", r.code, r.body)
 	}
 }
+
+// TestTokenCreationIsRateLimited: 1,500 GET /v2/discovery/new and 1,500
+// POST /v1/tokens from one address all created tokens within seconds,
+// although the threat model promises per-client caps. Token creations are
+// now counted per client per minute, over both APIs, and one over the cap
+// is answered 429 with Retry-After, creating nothing.
+func TestTokenCreationIsRateLimited(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Security.Limits.MaxTokenCreationsPerClient = 2
+	s := startServer(t, cfg)
+	anon := as{t: t, base: s.Endpoints().HTTP}
+	if r := anon.do("GET", V2Path+"/new?size=3", ""); r.code != http.StatusOK {
+		t.Fatalf("first /new: %d %s", r.code, r.body)
+	}
+	if r := anon.do("POST", "/v1/tokens", `{"size":3}`, "Content-Type", "application/json"); r.code != http.StatusCreated {
+		t.Fatalf("first POST /v1/tokens: %d %s", r.code, r.body)
+	}
+	for _, req := range [][]string{{"GET", V2Path + "/new?size=3", ""}, {"POST", "/v1/tokens", `{"size":3}`}} {
+		r := anon.do(req[0], req[1], req[2], "Content-Type", "application/json")
+		if r.code != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" || !strings.Contains(r.body, "discovery tokens") {
+			t.Errorf("%s %s over the cap: %d Retry-After %q %s, want 429", req[0], req[1], r.code, r.header.Get("Retry-After"), r.body)
+		}
+	}
+	// Reading is not creating.
+	if r := anon.do("GET", "/v1/tokens", ""); r.code != http.StatusOK {
+		t.Fatalf("GET /v1/tokens: %d %s", r.code, r.body)
+	}
+}

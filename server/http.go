@@ -189,7 +189,9 @@ func (s *Server) mountAPIs(mux *httpapi.Mux) error {
 	api.Register(mux)
 	mux.Handle("GET /v1/openapi.json", httpapi.NoQuery(openAPIHandler(mux))) // openapi.go
 	if cli := s.etcdClient(); cli != nil {
-		bootstrap.NewTokenAPI(cli, s.clientEndpoints(), s.log).Register(guarded{mux, s.guardTokens}) // authhttp.go
+		bootstrap.NewTokenAPI(cli, s.clientEndpoints(), s.log).Register(guarded{mux, func(h http.Handler) http.Handler {
+			return s.guardTokens(limitTokenCreation(api, h)) // authhttp.go
+		}})
 	}
 	if s.data.store == nil {
 		mountWithoutStore(mux) // registrybackend.go
@@ -204,8 +206,30 @@ func (s *Server) mountAPIs(mux *httpapi.Mux) error {
 		return fmt.Errorf("v2 discovery: %w", err)
 	}
 	s.data.v2 = v2svc
-	mux.Handle(V2Path+"/", s.guardV2(limitV2Waits(api, http.StripPrefix(V2Path, v2svc))))
+	mux.Handle(V2Path+"/", s.guardV2(limitTokenCreation(api, limitV2Waits(api, http.StripPrefix(V2Path, v2svc)))))
 	return nil
+}
+
+// limitTokenCreation counts each creation of a discovery token (POST
+// /v1/tokens, GET or POST /v2/discovery/new) against the per-minute caps of
+// its client and of the server. It runs after the permission check, so a
+// request refused for lack of permission spends nothing and the client is
+// the authenticated user.
+func limitTokenCreation(api *registryapi.Handler, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if createsToken(r) && !api.CreateTokenAllowed(w, r) {
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// createsToken reports the requests that create a discovery token.
+func createsToken(r *http.Request) bool {
+	if r.URL.Path == bootstrap.TokenPath {
+		return r.Method == http.MethodPost
+	}
+	return writesDespiteMethod(r) && (r.Method == http.MethodGet || r.Method == http.MethodPost) // csrf.go
 }
 
 // limitV2Waits counts each v2 long poll (wait=true), which holds a store

@@ -91,7 +91,8 @@ type Security struct {
 	// hosts of the server's own URLs; "*" accepts any.
 	HostWhitelist []string
 
-	// Limits bound watch streams and registrations per client and in all
+	// Limits bound watch streams, registrations and discovery token
+	// creations per client and in all
 	// (registryapi.Limits; the client is the authenticated user, else the
 	// remote address).
 	Limits registryapi.Limits

@@ -26,7 +26,7 @@ func FuzzParseSizeParam(f *testing.F) {
 			}
 			return
 		}
-		if n < 1 || n > bootstrap.MaxSize {
+		if n < 1 || n > bootstrap.MaxSize || s != "" && (s[0] < '0' || s[0] > '9') {
 			t.Fatalf("ParseSizeParam(%q) = %d", s, n)
 		}
 	})

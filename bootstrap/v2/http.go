@@ -21,7 +21,7 @@ const casAttempts = 16
 // ServeHTTP serves, relative to where the service is mounted (strip the
 // mount prefix with http.StripPrefix):
 //
-//	GET|POST|PUT /new[?size=N]    create a token; 200 text/plain BaseURL/<token>
+//	GET|POST     /new[?size=N]    create a token; 200 text/plain BaseURL/<token>
 //	GET          /health          200 "OK" when the store answers
 //	GET          /<token>[/]      list the registrations (etcd v2 JSON)
 //	GET          /<token>?wait=true&waitIndex=N&recursive=true   long-poll
@@ -124,9 +124,9 @@ func validMember(rest string) bool {
 
 func (s *Service) serveNew(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
-	case http.MethodGet, http.MethodPost, http.MethodPut:
+	case http.MethodGet, http.MethodPost:
 	default:
-		methodNotAllowed(w, "GET, POST, PUT")
+		methodNotAllowed(w, "GET, POST")
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxForm)

@@ -13,13 +13,14 @@ import (
 const DefaultSize = 3
 
 // ParseSizeParam parses the size parameter of /new: empty means
-// DefaultSize; otherwise a decimal integer from 1 to bootstrap.MaxSize.
+// DefaultSize; otherwise a decimal integer from 1 to bootstrap.MaxSize,
+// digits only (no sign: "+3" is refused, as strconv.ParseUint refuses it).
 func ParseSizeParam(s string) (int, error) {
 	if s == "" {
 		return DefaultSize, nil
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil {
+	if err != nil || s[0] < '0' || s[0] > '9' {
 		return 0, fmt.Errorf("%w: size %q is not a whole number: use e.g. /new?size=3", bootstrap.ErrInvalidSize, s)
 	}
 	if err := bootstrap.ValidateSize(n); err != nil {

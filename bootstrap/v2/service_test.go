@@ -362,7 +362,7 @@ func TestTokensExpire(t *testing.T) {
 
 func TestBadRequests(t *testing.T) {
 	e := newEnv(t, nil, func(c *v2.Config) { c.MaxMembers = 1 })
-	for _, q := range []string{"size=0", "size=-1", "size=abc", "size=1001", "size=3.5", "size=3&size=4"} {
+	for _, q := range []string{"size=0", "size=-1", "size=abc", "size=1001", "size=3.5", "size=3&size=4", "size=%2B3"} {
 		r := e.do(t, "GET", "/new?"+q, nil)
 		if r.status != 400 || !strings.Contains(r.body, "size") {
 			t.Errorf("/new?%s: %d %q", q, r.status, r.body)
@@ -452,4 +452,21 @@ func TestClosedServiceRefuses(t *testing.T) {
 		t.Fatalf("CreateToken after Close: %v", err)
 	}
 	_ = e.svc.Close() // idempotent
+}
+
+// /new creates tokens on GET and POST only (bootstrap.md); PUT, like any
+// other method, is answered 405 and creates nothing.
+func TestNewRefusesPut(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	for _, m := range []string{"PUT", "DELETE", "PATCH"} {
+		r := e.do(t, m, "/new?size=2", nil)
+		if r.status != http.StatusMethodNotAllowed || strings.Contains(r.body, e.base) {
+			t.Errorf("%s /new: %d %q, want 405", m, r.status, r.body)
+		}
+	}
+	for _, m := range []string{"GET", "POST"} {
+		if r := e.do(t, m, "/new?size=2", nil); r.status != 200 {
+			t.Errorf("%s /new: %d %q", m, r.status, r.body)
+		}
+	}
 }

@@ -38,6 +38,8 @@ func addSecurityFlags(cmd *cobra.Command, s *server.Security) {
 	f.IntVar(&s.Limits.MaxWatchesPerClient, "max-watches-per-client", 0, fmt.Sprintf("most watch streams per client (user, else address) (default %d)", registryapi.DefaultMaxWatchesPerClient))
 	f.IntVar(&s.Limits.MaxRegistrations, "max-registrations", 0, fmt.Sprintf("most live registrations made through this server (default %d)", registryapi.DefaultMaxRegistrations))
 	f.IntVar(&s.Limits.MaxRegistrationsPerClient, "max-registrations-per-client", 0, fmt.Sprintf("most live registrations per client (default %d)", registryapi.DefaultMaxRegistrationsPerClient))
+	f.IntVar(&s.Limits.MaxTokenCreations, "max-token-creations", 0, fmt.Sprintf("most discovery tokens created per minute through this server (POST /v1/tokens, /v2/discovery/new) (default %d; -1: no limit)", registryapi.DefaultMaxTokenCreations))
+	f.IntVar(&s.Limits.MaxTokenCreationsPerClient, "max-token-creations-per-client", 0, fmt.Sprintf("most discovery tokens one client creates per minute (default %d)", registryapi.DefaultMaxTokenCreationsPerClient))
 	f.IntVar(&s.MaxAuthClients, "max-auth-clients", 0, fmt.Sprintf("most per-user etcd clients kept for authenticated requests (default %d)", server.DefaultMaxAuthClients))
 	f.Int64Var(&s.MaxBodyBytes, "max-body-bytes", 0, fmt.Sprintf("largest HTTP request body (default %d)", server.DefaultMaxBodyBytes))
 	f.DurationVar(&s.RequestTimeout, "http-request-timeout", 0, fmt.Sprintf("time to read an HTTP request and write its answer; watch streams excepted (default %v)", server.DefaultRequestTimeout))

@@ -202,8 +202,16 @@ func printTokenStatus(out io.Writer, format string, st bootstrap.Status) error {
 		return icErr
 	}
 	fmt.Fprintf(out, "Token:  %s\nSize:   %d\n", st.Token, st.Size)
-	switch st.State {
-	case bootstrap.StateFull:
+	switch {
+	case st.State == bootstrap.StateFull && icErr != nil:
+		// The size is reached, but the members cannot form a cluster
+		// (two share a name or a peer URL): say so, not "can form".
+		fmt.Fprintf(out, "State:  full: cannot form: all %d members registered, but their registrations clash (below)", st.Size)
+		if n := len(st.Late()); n > 0 {
+			fmt.Fprintf(out, " (%d more came too late)", n)
+		}
+		fmt.Fprintln(out)
+	case st.State == bootstrap.StateFull:
 		fmt.Fprintf(out, "State:  full: all %d members registered; the cluster can form", st.Size)
 		if n := len(st.Late()); n > 0 {
 			fmt.Fprintf(out, " (%d more came too late)", n)
@@ -218,8 +226,11 @@ func printTokenStatus(out io.Writer, format string, st bootstrap.Status) error {
 		fmt.Fprintln(tw, "#\tNAME\tMEMBER ID\tPEER URLS\tIN CLUSTER")
 		for i, m := range st.Members {
 			in := "yes"
-			if i >= st.Size {
+			switch {
+			case i >= st.Size:
 				in = "no (cluster was full)"
+			case icErr != nil:
+				in = "no (cannot form)"
 			}
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", i+1, printable(m.Name), m.ID, printable(strings.Join(m.PeerURLs, ",")), in)
 		}
@@ -357,8 +368,9 @@ cluster (two share a name or a peer URL). -o json prints the same object as GET 
 		fmt.Fprintln(tw, "TOKEN\tSIZE\tREGISTERED\tSTATE\tCREATED")
 		for _, t := range list.Tokens {
 			state, size := string(t.State), strconv.Itoa(t.Size)
+			sizeKnown := t.State == bootstrap.StateWaiting || t.State == bootstrap.StateFull
 			switch {
-			case t.Problem != "" && t.State == "":
+			case !sizeKnown:
 				state, size = "invalid: "+t.Problem, "-"
 			case t.Problem != "":
 				state += ", cannot form: " + t.Problem // two members share a name, ...
@@ -368,7 +380,7 @@ cluster (two share a name or a peer URL). -o json prints the same object as GET 
 				created = t.CreatedAt.Local().Format(time.DateTime) + " (" + created + ")"
 			}
 			reg := strconv.Itoa(t.Members)
-			if t.State != "" && t.Members != t.Registered {
+			if sizeKnown && t.Members != t.Registered {
 				reg = fmt.Sprintf("%d (%d too late)", t.Registered, t.Members-t.Registered)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Token, size, reg, state, created)

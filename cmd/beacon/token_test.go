@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"syscall"
 	"testing"
@@ -86,7 +87,7 @@ func TestTokenCommands(t *testing.T) {
 	if rm := tokenRm("n\n"); rm.exitCode() != 0 || !strings.Contains(rm.out(), "kept token "+tok) {
 		t.Fatalf("rm answered n: %d\n%s%s", rm.exitCode(), rm.out(), rm.errOut())
 	}
-	if rm := tokenRm("y\n"); rm.exitCode() != 0 || !strings.Contains(rm.errOut(), prompt) || !strings.Contains(rm.out(), "Removed token "+tok+" (4 keys)") {
+	if rm := tokenRm("y\n"); rm.exitCode() != 0 || !strings.Contains(rm.errOut(), prompt) || !strings.Contains(rm.out(), "Removed token "+tok+" (6 keys)") {
 		t.Fatalf("rm answered y: %d\n%s%s", rm.exitCode(), rm.out(), rm.errOut())
 	}
 	if rm := tokenRm("", "--yes"); rm.exitCode() != exitFailure || !strings.Contains(rm.errOut(), "token not found") {
@@ -115,4 +116,23 @@ func TestTokenBadInput(t *testing.T) {
 		{args: []string{"token", "status"}, want: ""},
 		{args: []string{"token", "new", "-o", "yaml", "--endpoints", "http://127.0.0.1:1"}, want: "yaml"},
 	})
+}
+
+// A full token whose members share a name cannot form a cluster:
+// `beacon token status` must not say it can, in the State line or the
+// IN CLUSTER column, and fails with the clash.
+func TestTokenStatusDuplicateNameCannotForm(t *testing.T) {
+	st := bootstrap.Status{Token: "t", Size: 2, State: bootstrap.StateFull, Members: []bootstrap.Member{
+		{ID: "1", Name: "dup", PeerURLs: []string{"http://10.0.0.1:2380"}, Value: "dup=http://10.0.0.1:2380", Key: "/_etcd/registry/t/members/1", CreateRevision: 2},
+		{ID: "2", Name: "dup", PeerURLs: []string{"http://10.0.0.2:2380"}, Value: "dup=http://10.0.0.2:2380", Key: "/_etcd/registry/t/members/2", CreateRevision: 3},
+	}}
+	var out strings.Builder
+	err := printTokenStatus(&out, "table", st)
+	if !errors.Is(err, bootstrap.ErrDuplicateName) {
+		t.Fatalf("error %v, want %v", err, bootstrap.ErrDuplicateName)
+	}
+	if strings.Contains(out.String(), "can form") || strings.Contains(out.String(), " yes") ||
+		!strings.Contains(out.String(), "State:  full: cannot form") || strings.Count(out.String(), "no (cannot form)") != 2 {
+		t.Fatalf("status of a token that cannot form:\n%s", out.String())
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"path"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -326,6 +327,14 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64, plai
 					return false
 				}
 			}
+			// A body of another JSON type than the object wanted ([],
+			// "x", 3): encoding/json names the Go type, which means
+			// nothing to a client.
+			var ute *json.UnmarshalTypeError
+			if errors.As(err, &ute) && ute.Field == "" && ute.Type != nil && ute.Type.Kind() == reflect.Struct {
+				WriteError(w, http.StatusBadRequest, CodeInvalidArgument, "the body must be a JSON object, not "+jsonKind(ute.Value))
+				return false
+			}
 			WriteError(w, http.StatusBadRequest, CodeInvalidArgument, "malformed JSON body: "+err.Error())
 		}
 		return false
@@ -344,6 +353,15 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64, plai
 		return false
 	}
 	return true
+}
+
+// jsonKind names a JSON value kind as UnmarshalTypeError.Value gives it
+// ("array", "string", "number 3", "bool") with its article.
+func jsonKind(v string) string {
+	if v == "array" {
+		return "an array"
+	}
+	return "a " + v
 }
 
 // notJSONText names what a body that is not JSON text at all starts with

@@ -150,6 +150,12 @@ func TestDecodeJSON(t *testing.T) {
 		{"application/json", `{"a":[1,null]}`, 400, `"a[1]" is null`},
 		{"application/json", `null`, 400, "the body is null: send a JSON object"},
 		{"application/json", `{"a":"null"}`, 0, ""},
+		// Another JSON type than an object: said so, not with the Go
+		// type encoding/json names ("struct { A interface {} …").
+		{"application/json", `[]`, 400, "the body must be a JSON object, not an array"},
+		{"application/json", `"x"`, 400, "the body must be a JSON object, not a string"},
+		{"application/json", `3`, 400, "the body must be a JSON object, not a number"},
+		{"application/json", `true`, 400, "the body must be a JSON object, not a bool"},
 		// Bodies that are not JSON text, named.
 		{"application/json", "\x1f\x8b\x08\x00\x00\x00", 400, "the body is gzip-compressed"},
 		{"application/json", "\x28\xb5\x2f\xfd\x00", 400, "the body is zstd-compressed"},

@@ -3,6 +3,7 @@ package registryapi
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -157,5 +158,57 @@ func TestLimits(t *testing.T) {
 			t.Fatalf("a closed stream did not free its place: %d", resp.StatusCode)
 		}
 		waitABit(t)
+	}
+}
+
+// TestTokenCreationLimits: token creations are a rate per client and in
+// all (a bucket of N refilled at N per minute), refused with 429 and a
+// Retry-After of when the next one is allowed; -1 lifts a cap.
+func TestTokenCreationLimits(t *testing.T) {
+	q, err := newQuota(Limits{MaxTokenCreationsPerClient: 2, MaxTokenCreations: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	q.now = func() time.Time { return now }
+	allow := func(client string) *httptest.ResponseRecorder {
+		t.Helper()
+		w := httptest.NewRecorder()
+		if q.allowCreate(w, client) {
+			w.Code = 0
+		}
+		return w
+	}
+	for _, c := range []string{"a", "a"} {
+		if w := allow(c); w.Code != 0 {
+			t.Fatalf("creation of %s within the cap: %d %s", c, w.Code, w.Body)
+		}
+	}
+	w := allow("a")
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "30" || !strings.Contains(w.Body.String(), "client a") {
+		t.Fatalf("third creation of a in a minute: %d Retry-After %q %s", w.Code, w.Header().Get("Retry-After"), w.Body)
+	}
+	if w := allow("b"); w.Code != 0 {
+		t.Fatalf("b: %d %s", w.Code, w.Body)
+	}
+	if w := allow("c"); w.Code != http.StatusTooManyRequests || !strings.Contains(w.Body.String(), "this server") {
+		t.Fatalf("over the total: %d %s", w.Code, w.Body)
+	}
+	now = now.Add(30 * time.Second) // one more for a, 1.5 more in all
+	if w := allow("a"); w.Code != 0 {
+		t.Fatalf("a after 30 s: %d %s", w.Code, w.Body)
+	}
+	if w := allow("a"); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("a again at once: %d", w.Code)
+	}
+
+	unlimited, err := newQuota(Limits{MaxTokenCreationsPerClient: -1, MaxTokenCreations: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10_000 {
+		if !unlimited.allowCreate(httptest.NewRecorder(), "a") {
+			t.Fatal("refused without limits")
+		}
 	}
 }

@@ -20,6 +20,11 @@ const (
 	DefaultMaxWatchesPerClient       = 128
 	DefaultMaxRegistrations          = 100_000
 	DefaultMaxRegistrationsPerClient = 1000
+	// DefaultMaxTokenCreationsPerClient and DefaultMaxTokenCreations are
+	// discovery tokens created per minute (POST /v1/tokens and v2
+	// discovery's /new), by one client and in all.
+	DefaultMaxTokenCreationsPerClient = 60
+	DefaultMaxTokenCreations          = 600
 	// watchRetryAfter is the Retry-After of a refused watch stream.
 	watchRetryAfter = 5 * time.Second
 )
@@ -37,6 +42,11 @@ type Limits struct {
 	MaxWatchesPerClient       int
 	MaxRegistrations          int
 	MaxRegistrationsPerClient int
+	// MaxTokenCreationsPerClient and MaxTokenCreations bound discovery
+	// tokens created per minute (CreateTokenAllowed), by one client and
+	// in all; each is also the burst allowed at once.
+	MaxTokenCreationsPerClient int
+	MaxTokenCreations          int
 	// Client names the client a request counts against: the
 	// authenticated user, for example. Nil (or an empty name) means the
 	// remote IP address.
@@ -67,6 +77,79 @@ type quota struct {
 	owner    map[string]string               // ref → client
 	pending  map[string]int                  // client → registrations in flight
 	nRegs    int                             // entries in regs, expired or not, plus pending
+
+	maxCreates, maxCreatesClient int
+	creates                      map[string]*bucket // client → its token creations
+	allCreates                   bucket
+	swept                        time.Time // when full buckets were last forgotten
+}
+
+// bucket is a token bucket refilled at n per minute up to n.
+type bucket struct {
+	left float64
+	at   time.Time
+}
+
+// take spends one unit of b, or returns how long until one is there.
+func (b *bucket) take(n int, now time.Time) (bool, time.Duration) {
+	if n == math.MaxInt {
+		return true, 0
+	}
+	perSec := float64(n) / 60
+	if b.at.IsZero() {
+		b.left = float64(n)
+	} else {
+		b.left = math.Min(float64(n), b.left+now.Sub(b.at).Seconds()*perSec)
+	}
+	b.at = now
+	if b.left < 1 {
+		return false, time.Duration((1 - b.left) / perSec * float64(time.Second))
+	}
+	b.left--
+	return true, 0
+}
+
+// allowCreate spends one token creation of client and of the server, or
+// answers 429 with Retry-After.
+func (q *quota) allowCreate(w http.ResponseWriter, client string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.now()
+	if now.Sub(q.swept) > time.Minute {
+		// A bucket untouched for a minute is full again: forget it.
+		for c, b := range q.creates {
+			if now.Sub(b.at) > time.Minute {
+				delete(q.creates, c)
+			}
+		}
+		q.swept = now
+	}
+	b := q.creates[client]
+	if b == nil {
+		b = &bucket{}
+	}
+	saved, savedAll := *b, q.allCreates
+	if ok, wait := b.take(q.maxCreatesClient, now); !ok {
+		*b = saved
+		tooMany(w, wait, fmt.Sprintf("client %s created %d discovery tokens within the last minute, the most one client may (a token bootstraps one whole cluster)", client, q.maxCreatesClient))
+		return false
+	}
+	if ok, wait := q.allCreates.take(q.maxCreates, now); !ok {
+		*b, q.allCreates = saved, savedAll
+		tooMany(w, wait, fmt.Sprintf("this server created %d discovery tokens within the last minute, its limit: retry later", q.maxCreates))
+		return false
+	}
+	q.creates[client] = b
+	return true
+}
+
+// CreateTokenAllowed counts the creation of a discovery token by r's
+// client (POST /v1/tokens, v2 discovery's /new) against the per-minute
+// caps of the client and of the server (Limits.MaxTokenCreationsPerClient,
+// Limits.MaxTokenCreations), or answers 429 with Retry-After and returns
+// false.
+func (h *Handler) CreateTokenAllowed(w http.ResponseWriter, r *http.Request) bool {
+	return h.quota.allowCreate(w, h.quota.client(r))
 }
 
 func newQuota(l Limits) (*quota, error) {
@@ -81,6 +164,9 @@ func newQuota(l Limits) (*quota, error) {
 		regs:             map[string]map[string]time.Time{},
 		owner:            map[string]string{},
 		pending:          map[string]int{},
+		maxCreates:       limit(l.MaxTokenCreations, DefaultMaxTokenCreations),
+		maxCreatesClient: limit(l.MaxTokenCreationsPerClient, DefaultMaxTokenCreationsPerClient),
+		creates:          map[string]*bucket{},
 	}, nil
 }
 
