@@ -3,6 +3,7 @@ package dnsapi
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"runtime"
@@ -19,22 +20,52 @@ import (
 // wait (for packets a server must drop).
 func raw(t *testing.T, addr string, pkt []byte, wait time.Duration) *dns.Msg {
 	t.Helper()
-	c, err := net.Dial("udp", addr)
+	return exchangeRaw(t, "udp", addr, pkt, wait)
+}
+
+// rawTCP sends pkt over TCP (with its length prefix) and returns the
+// reply, or nil if the server sent none within wait.
+func rawTCP(t *testing.T, addr string, pkt []byte, wait time.Duration) *dns.Msg {
+	t.Helper()
+	return exchangeRaw(t, "tcp", addr, pkt, wait)
+}
+
+// exchangeRaw sends pkt to addr over network (udp, or tcp with its length
+// prefix) and returns the reply, or nil if none came within wait.
+func exchangeRaw(t *testing.T, network, addr string, pkt []byte, wait time.Duration) *dns.Msg {
+	t.Helper()
+	c, err := net.Dial(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	if network == "tcp" {
+		pkt = append(binary.BigEndian.AppendUint16(nil, uint16(len(pkt))), pkt...)
+	}
 	if _, err := c.Write(pkt); err != nil {
 		t.Fatal(err)
 	}
 	_ = c.SetReadDeadline(time.Now().Add(wait))
-	buf := make([]byte, 65535)
-	n, err := c.Read(buf)
-	if err != nil {
-		return nil
+	var reply []byte
+	if network == "tcp" {
+		var n [2]byte
+		if _, err := io.ReadFull(c, n[:]); err != nil {
+			return nil
+		}
+		reply = make([]byte, binary.BigEndian.Uint16(n[:]))
+		if _, err := io.ReadFull(c, reply); err != nil {
+			t.Fatalf("reply cut short: %v", err)
+		}
+	} else {
+		buf := make([]byte, 65535)
+		n, err := c.Read(buf)
+		if err != nil {
+			return nil
+		}
+		reply = buf[:n]
 	}
 	m := new(dns.Msg)
-	if err := m.Unpack(buf[:n]); err != nil {
+	if err := m.Unpack(reply); err != nil {
 		t.Fatalf("reply does not unpack: %v", err)
 	}
 	return m

@@ -2,8 +2,6 @@ package dnsapi
 
 import (
 	"encoding/binary"
-	"io"
-	"net"
 	"runtime"
 	"strings"
 	"testing"
@@ -12,34 +10,6 @@ import (
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// rawTCP sends pkt over TCP (with its length prefix) and returns the
-// reply, or nil if the server sent none within wait.
-func rawTCP(t *testing.T, addr string, pkt []byte, wait time.Duration) *dns.Msg {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(pkt))), pkt...)); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(wait))
-	var n [2]byte
-	if _, err := io.ReadFull(c, n[:]); err != nil {
-		return nil
-	}
-	buf := make([]byte, binary.BigEndian.Uint16(n[:]))
-	if _, err := io.ReadFull(c, buf); err != nil {
-		t.Fatalf("reply cut short: %v", err)
-	}
-	m := new(dns.Msg)
-	if err := m.Unpack(buf); err != nil {
-		t.Fatalf("reply does not unpack: %v", err)
-	}
-	return m
-}
 
 // rcodeCount sums beacon_dns_queries_total over query types for one rcode.
 func rcodeCount(t *testing.T, g prometheus.Gatherer, rcode string) float64 {
